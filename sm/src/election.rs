@@ -1,0 +1,1 @@
+//! Placeholder: the election machine is being written.

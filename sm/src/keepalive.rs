@@ -1,0 +1,1 @@
+//! Placeholder: the keepalive machine is being written.

@@ -1,0 +1,106 @@
+//! Sans-IO state machines behind fleetcoord.
+//!
+//! Every piece of fleetcoord's protocol logic — lease keepalive, prefix
+//! watching with resync, leader election and leader observation — lives here
+//! as a deterministic state machine. This crate does no I/O, reads no clock
+//! and uses no global random number generator: time comes in as `now`,
+//! randomness from a seed given to `new`, and etcd is reached only by emitting
+//! [`Command`]s that a driver executes. The same inputs always give the same
+//! outputs, which is what lets `tests/sim.rs` and the fuzz targets explore
+//! faults exhaustively.
+//!
+//! # The machine contract
+//!
+//! Every machine implements [`Machine`]:
+//!
+//! * `new(config, now, seed)` builds it (an inherent constructor).
+//! * [`Machine::handle`] feeds one event: an RPC reply ([`RpcReply`], which
+//!   converts into every machine's event type) or a user request.
+//! * [`Machine::handle_timeout`] tells it that time passed; early or repeated
+//!   calls do nothing.
+//! * [`Machine::poll_command`] hands out the next command, in order.
+//! * [`Machine::poll_timeout`] says when `handle_timeout` is next needed.
+//!
+//! Polling order: after **every** `handle*` call, drain `poll_command` until
+//! it returns `None`, executing each command, then read `poll_timeout` and
+//! sleep until that instant (or until the next event). `now` must never go
+//! backwards, and a returned deadline is never earlier than the last `now`.
+//! Notifications for users are commands too ([`Command::Notify`]), so the
+//! order of "request sent" and "user told" is the machine's decision.
+//!
+//! A driver loop, with the I/O left abstract:
+//!
+//! ```
+//! use fleetcoord_sm::{Command, Machine, RpcReply, Request, RpcId};
+//! use std::time::Instant;
+//!
+//! /// Whatever talks to etcd; here it answers nothing.
+//! fn execute(_id: RpcId, _request: Request) -> Option<RpcReply> { None }
+//!
+//! fn drive<M: Machine>(machine: &mut M, mut notify: impl FnMut(M::Notification)) {
+//!     loop {
+//!         let mut replies = Vec::new();
+//!         while let Some(command) = machine.poll_command() {
+//!             match command {
+//!                 Command::Rpc { id, request } => replies.extend(execute(id, request)),
+//!                 Command::Cancel { .. } => {}
+//!                 Command::Notify(n) => notify(n),
+//!             }
+//!         }
+//!         if let Some(reply) = replies.pop() {
+//!             machine.handle(Instant::now(), reply.into());
+//!             continue;
+//!         }
+//!         match machine.poll_timeout() {
+//!             // A real driver sleeps until `at` or the next reply, whichever is first.
+//!             Some(at) => machine.handle_timeout(at.max(Instant::now())),
+//!             None => return,
+//!         }
+//!     }
+//! }
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod backoff;
+pub mod election;
+pub mod keepalive;
+pub mod observe;
+pub mod rpc;
+pub mod timer;
+pub mod watch;
+
+pub use backoff::{Backoff, BackoffConfig};
+pub use rpc::{
+    Command, Compare, EventKind, KeyRange, KeyValue, LeaseId, RangeRequest, Request, Response,
+    Revision, RpcError, RpcId, RpcIds, RpcReply, SortOrder, Txn, TxnOp, TxnOpResponse,
+    WatchEvent,
+};
+pub use timer::TimerTable;
+
+use std::time::Instant;
+
+/// The shape shared by every machine in this crate, so one driver loop can
+/// run them all.
+pub trait Machine {
+    /// Inputs: RPC replies and user requests.
+    type Event: From<RpcReply>;
+    /// What the machine tells its user through [`Command::Notify`].
+    type Notification;
+
+    /// Feed one event observed at `now`.
+    fn handle(&mut self, now: Instant, event: Self::Event);
+
+    /// Let time pass; fires every timer due at `now`. Calls before the
+    /// deadline, or repeated calls, do nothing.
+    fn handle_timeout(&mut self, now: Instant);
+
+    /// The next command, in order; `None` when the queue is empty.
+    #[must_use]
+    fn poll_command(&mut self) -> Option<Command<Self::Notification>>;
+
+    /// When [`Machine::handle_timeout`] is next needed; `None` = no timer.
+    #[must_use]
+    fn poll_timeout(&self) -> Option<Instant>;
+}

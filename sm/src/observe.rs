@@ -1,0 +1,1 @@
+//! Placeholder: the observe machine is being written.

@@ -1,0 +1,361 @@
+//! The etcd vocabulary shared by every machine.
+//!
+//! Machines never talk to etcd; they emit [`Request`]s inside
+//! [`Command::Rpc`] and receive [`Response`]s inside an [`RpcReply`]. The
+//! driver implements this small vocabulary once, so every machine gets the
+//! same, thin glue. Everything here is plain data: keys and values are bytes,
+//! revisions and lease ids are etcd's `i64`s.
+
+/// An etcd lease id. etcd never hands out 0; 0 means "no lease".
+pub type LeaseId = i64;
+
+/// An etcd revision (the store's logical clock). 0 means "none".
+pub type Revision = i64;
+
+/// Identifies one request of one machine, so its reply finds its way back.
+///
+/// Ids are unique within a machine for its whole life; a machine ignores a
+/// reply whose id it no longer waits for (late replies after a cancel or a
+/// state change are normal, not errors).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub struct RpcId(pub u64);
+
+/// A key with its value and metadata, as etcd stores it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub struct KeyValue {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The value.
+    pub value: Vec<u8>,
+    /// Revision at which this key was last created (changes on delete + put).
+    pub create_revision: Revision,
+    /// Revision of the last modification.
+    pub mod_revision: Revision,
+    /// Number of modifications since creation.
+    pub version: i64,
+    /// Lease the key is bound to, 0 for none.
+    pub lease: LeaseId,
+}
+
+/// The keys a range, delete or watch covers.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub enum KeyRange {
+    /// Exactly this key.
+    Key(Vec<u8>),
+    /// Every key starting with these bytes.
+    Prefix(Vec<u8>),
+}
+
+impl KeyRange {
+    /// Whether `key` falls in this range.
+    pub fn contains(&self, key: &[u8]) -> bool {
+        match self {
+            KeyRange::Key(k) => k.as_slice() == key,
+            KeyRange::Prefix(p) => key.starts_with(p),
+        }
+    }
+}
+
+/// Order of a range's result. Only create-revision order is needed by the
+/// protocols here (election queues and leader lookups).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub enum SortOrder {
+    /// Key order (etcd's default).
+    #[default]
+    Key,
+    /// Oldest create revision first.
+    CreateAscending,
+    /// Newest create revision first.
+    CreateDescending,
+}
+
+/// A read of a key or prefix at the current revision.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub struct RangeRequest {
+    /// The keys to read.
+    pub range: KeyRange,
+    /// Result order.
+    pub sort: SortOrder,
+    /// At most this many keys; 0 means no limit.
+    pub limit: i64,
+    /// Only keys with `create_revision <= max_create_revision`; 0 means no bound.
+    pub max_create_revision: Revision,
+}
+
+impl RangeRequest {
+    /// All keys of `range`, in key order, no limit.
+    pub fn all(range: KeyRange) -> Self {
+        RangeRequest { range, sort: SortOrder::Key, limit: 0, max_create_revision: 0 }
+    }
+}
+
+/// One guard of a [`Txn`]; all guards must hold for the success branch.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub enum Compare {
+    /// `create_revision(key) == revision` (0 = the key does not exist).
+    CreateRevisionEquals {
+        /// The key compared.
+        key: Vec<u8>,
+        /// The expected create revision.
+        revision: Revision,
+    },
+    /// `mod_revision(key) == revision` (0 = the key does not exist).
+    ModRevisionEquals {
+        /// The key compared.
+        key: Vec<u8>,
+        /// The expected mod revision.
+        revision: Revision,
+    },
+}
+
+/// One operation inside a [`Txn`] branch.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub enum TxnOp {
+    /// Write `key = value`, bound to `lease` (0 = no lease).
+    Put {
+        /// The key.
+        key: Vec<u8>,
+        /// The value.
+        value: Vec<u8>,
+        /// The lease, 0 for none.
+        lease: LeaseId,
+    },
+    /// Read.
+    Range(RangeRequest),
+    /// Delete.
+    Delete(KeyRange),
+}
+
+/// An etcd transaction: `if all(compare) then success else failure`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub struct Txn {
+    /// Guards; an empty list always succeeds.
+    pub compare: Vec<Compare>,
+    /// Run when every guard holds.
+    pub success: Vec<TxnOp>,
+    /// Run otherwise.
+    pub failure: Vec<TxnOp>,
+}
+
+/// What a machine asks the driver to do against etcd.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub enum Request {
+    /// Grant a lease of `ttl_secs` seconds. etcd may grant a longer TTL.
+    Grant {
+        /// Requested TTL in whole seconds (>= 1).
+        ttl_secs: i64,
+    },
+    /// Revoke a lease, deleting every key bound to it.
+    Revoke {
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// Send one renewal for `lease` on its renewal stream and wait for the
+    /// reply. The driver opens the stream on first use and reopens it after a
+    /// failure; a broken stream fails the outstanding renewal.
+    KeepAlive {
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// Write one key.
+    Put {
+        /// The key.
+        key: Vec<u8>,
+        /// The value.
+        value: Vec<u8>,
+        /// The lease, 0 for none.
+        lease: LeaseId,
+    },
+    /// Read.
+    Range(RangeRequest),
+    /// Delete.
+    Delete(KeyRange),
+    /// Transaction.
+    Txn(Txn),
+    /// Open a watch; it answers with any number of [`Response::WatchEvents`]
+    /// (the first, possibly empty, once the watch is created) until it fails,
+    /// is canceled by etcd ([`Response::WatchCanceled`]) or by the machine
+    /// ([`Command::Cancel`]). Watches carry previous values (`prev_kv`).
+    Watch {
+        /// The keys watched.
+        range: KeyRange,
+        /// First revision delivered.
+        start_revision: Revision,
+    },
+}
+
+/// Whether a watch event wrote or deleted its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub enum EventKind {
+    /// A put (create or update).
+    Put,
+    /// A delete, including one caused by a lease expiring or being revoked.
+    Delete,
+}
+
+/// One change seen by a watch.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub struct WatchEvent {
+    /// Put or delete.
+    pub kind: EventKind,
+    /// The key after the change. For a delete only `key` and `mod_revision`
+    /// (the delete's revision) are meaningful.
+    pub kv: KeyValue,
+    /// The key before the change, when etcd still had it.
+    pub prev_kv: Option<KeyValue>,
+}
+
+/// The result of one operation inside a [`Txn`] branch, in branch order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub enum TxnOpResponse {
+    /// A put was applied.
+    Put,
+    /// Keys read.
+    Range {
+        /// The keys, in the requested order.
+        kvs: Vec<KeyValue>,
+    },
+    /// Keys deleted.
+    Delete {
+        /// How many keys were deleted.
+        deleted: i64,
+    },
+}
+
+/// etcd's answer to a [`Request`]. Every variant carries the store revision
+/// from the response header where etcd provides one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub enum Response {
+    /// Answer to [`Request::Grant`].
+    Granted {
+        /// The new lease.
+        lease: LeaseId,
+        /// The TTL etcd actually granted, in seconds.
+        ttl_secs: i64,
+    },
+    /// Answer to [`Request::Revoke`].
+    Revoked,
+    /// Answer to [`Request::KeepAlive`]. `ttl_secs == 0` means the lease no
+    /// longer exists.
+    KeptAlive {
+        /// Remaining TTL after the renewal.
+        ttl_secs: i64,
+    },
+    /// Answer to [`Request::Put`].
+    Put {
+        /// Revision of the write.
+        revision: Revision,
+    },
+    /// Answer to [`Request::Range`].
+    Range {
+        /// Store revision the read was served at.
+        revision: Revision,
+        /// The keys.
+        kvs: Vec<KeyValue>,
+    },
+    /// Answer to [`Request::Delete`].
+    Deleted {
+        /// Store revision after the delete.
+        revision: Revision,
+        /// How many keys were deleted.
+        deleted: i64,
+    },
+    /// Answer to [`Request::Txn`].
+    Txn {
+        /// Store revision after the transaction.
+        revision: Revision,
+        /// Whether the guards held.
+        succeeded: bool,
+        /// Results of the branch that ran.
+        responses: Vec<TxnOpResponse>,
+    },
+    /// Changes on a watch, in revision order. Empty when the watch was just
+    /// created.
+    WatchEvents {
+        /// The changes.
+        events: Vec<WatchEvent>,
+    },
+    /// etcd ended the watch. `compact_revision > 0` means the start revision
+    /// was compacted away.
+    WatchCanceled {
+        /// The compaction revision, or 0.
+        compact_revision: Revision,
+    },
+}
+
+/// Why a request failed. Small on purpose: machines only decide "retry" or
+/// "give up", and the message is for logs.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+#[non_exhaustive]
+pub enum RpcError {
+    /// etcd could not be reached, the stream broke, or the call timed out.
+    Unavailable(String),
+    /// etcd refused the request (bad argument, too large, ...); retrying the
+    /// same request will not help.
+    Rejected(String),
+}
+
+/// A reply to a [`Command::Rpc`], handed back to the machine that asked.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub struct RpcReply {
+    /// The request this answers.
+    pub id: RpcId,
+    /// The outcome.
+    pub result: Result<Response, RpcError>,
+}
+
+/// What a machine asks of its driver. `N` is the machine's notification type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command<N> {
+    /// Run `request` against etcd and hand the outcome back as an [`RpcReply`]
+    /// with this `id`.
+    Rpc {
+        /// Correlates the reply.
+        id: RpcId,
+        /// What to run.
+        request: Request,
+    },
+    /// Stop a watch or forget an outstanding request; no reply is expected
+    /// (one that arrives anyway is ignored).
+    Cancel {
+        /// The request to stop.
+        id: RpcId,
+    },
+    /// Tell the user something.
+    Notify(N),
+}
+
+/// Allocates [`RpcId`]s in increasing order.
+#[derive(Clone, Debug, Default)]
+pub struct RpcIds {
+    next: u64,
+}
+
+impl RpcIds {
+    /// Ids starting at `first`; machines composed into one use disjoint ranges.
+    pub fn starting_at(first: u64) -> Self {
+        RpcIds { next: first }
+    }
+
+    /// The next unused id.
+    pub fn next_id(&mut self) -> RpcId {
+        let id = RpcId(self.next);
+        self.next += 1;
+        id
+    }
+}

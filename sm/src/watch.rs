@@ -1,0 +1,1 @@
+//! Placeholder: the watch machine is being written.

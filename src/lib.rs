@@ -1,0 +1,1 @@
+//! fleetcoord: cross-host coordination on etcd v3 for blocking programs.
