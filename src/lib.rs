@@ -1,1 +1,9 @@
 //! fleetcoord: cross-host coordination on etcd v3 for blocking programs.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod error;
+mod validate;
+
+pub use error::{Error, Result};
