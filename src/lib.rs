@@ -4,6 +4,8 @@
 #![warn(missing_docs)]
 
 pub mod error;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod validate;
 
 pub use error::{Error, Result};

@@ -1,0 +1,1 @@
+//! Placeholder: the etcd test harness is being written.
