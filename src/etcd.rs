@@ -162,9 +162,35 @@ impl Etcd {
         M::Notification: Send + 'static,
     {
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = runner::MachineTask { machine, inputs: rx, stop, notify: Box::new(notify) };
-        self.spawn(move |shared| runner::run(shared, task))?;
+        self.run_machine_with(machine, rx, stop, notify)?;
         Ok(tx)
+    }
+
+    /// [`Etcd::run_machine`] with a caller-made input channel, for callers
+    /// whose notification handler must also feed the machine.
+    pub(crate) fn run_machine_with<M>(
+        &self,
+        machine: M,
+        inputs: mpsc::UnboundedReceiver<M::Event>,
+        stop: fn() -> M::Event,
+        notify: impl FnMut(M::Notification) -> bool + Send + 'static,
+    ) -> Result<()>
+    where
+        M: Machine + Send + 'static,
+        M::Event: Send + 'static,
+        M::Notification: Send + 'static,
+    {
+        let task = runner::MachineTask { machine, inputs, stop, notify: Box::new(notify) };
+        self.spawn(move |shared| runner::run(shared, task))
+    }
+
+    /// Run a helper task on the driver runtime.
+    pub(crate) fn spawn_task<F, Fut>(&self, job: F) -> Result<()>
+    where
+        F: FnOnce(Shared) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.spawn(job)
     }
 
     fn spawn<F, Fut>(&self, job: F) -> Result<()>

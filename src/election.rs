@@ -1,0 +1,537 @@
+//! [`Election`]: leader election on a name, compatible with Go's
+//! `clientv3/concurrency` and `etcdctl elect`.
+
+use crate::error::{Error, Result};
+use crate::etcd::{assert_not_async, Etcd};
+use crate::liveness::rand_seed;
+use crate::validate;
+use fleetcoord_sm::election::{
+    Election as ElectionMachine, ElectionConfig, ElectionError, ElectionInput, ElectionNotice,
+};
+use fleetcoord_sm::keepalive::LivenessState;
+use fleetcoord_sm::{
+    BackoffConfig, Compare, KeyRange, KeyValue, RangeRequest, Request, Response, SortOrder, Txn,
+    TxnOp,
+};
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+pub use crate::observe::LeaderObserver;
+
+/// Where elections live unless told otherwise.
+pub const DEFAULT_ELECTION_PREFIX: &str = "/coord/election/";
+
+/// Settings for [`Election::with_options`].
+#[derive(Clone, Debug)]
+pub struct ElectionOptions {
+    /// Prepended to the election name; candidate keys are
+    /// `<prefix><name>/<lease id hex>`. Default [`DEFAULT_ELECTION_PREFIX`].
+    /// Use `""` to share an election with `etcdctl elect <name>`, whose keys
+    /// are `<name>/<lease id hex>`.
+    pub prefix: String,
+    /// TTL of the session lease. A leader that dies is replaced about this
+    /// long after its last renewal. Whole seconds, at least 1. Default 10 s.
+    pub ttl: Duration,
+}
+
+impl Default for ElectionOptions {
+    fn default() -> Self {
+        ElectionOptions { prefix: DEFAULT_ELECTION_PREFIX.into(), ttl: Duration::from_secs(10) }
+    }
+}
+
+/// The leader of an election as etcd has it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderInfo {
+    /// The leader's candidate key.
+    pub key: String,
+    /// The value the leader campaigned or proclaimed with.
+    pub value: Vec<u8>,
+    /// The leader's session lease.
+    pub lease: i64,
+    /// The key's create revision: the leader's fencing token.
+    pub token: i64,
+}
+
+impl LeaderInfo {
+    pub(crate) fn from_kv(kv: &KeyValue) -> LeaderInfo {
+        LeaderInfo {
+            key: String::from_utf8_lossy(&kv.key).into_owned(),
+            value: kv.value.clone(),
+            lease: kv.lease,
+            token: kv.create_revision,
+        }
+    }
+}
+
+/// Outcome of [`Election::try_campaign`].
+#[derive(Debug)]
+pub enum TryCampaign {
+    /// This candidate leads now.
+    Elected(Leadership),
+    /// Somebody else leads (`None`: the queue emptied meanwhile); this
+    /// candidate's key was removed again.
+    NotElected(Option<LeaderInfo>),
+}
+
+/// One election, with its own session (a lease kept alive in the
+/// background; it self-heals like [`crate::HostLiveness`]).
+///
+/// Guarantees:
+/// * At most one candidate holds a [`Leadership`] with
+///   [`Leadership::is_held`] true at any instant, provided clocks advance at
+///   the same rate: a leader stops believing at its session's local deadline,
+///   which passes before etcd can expire its lease and let the next one in.
+/// * Leadership is reported only after the own key was read back (unlike
+///   Go's client, etcd #19597); a campaign whose session is lost while it
+///   waits fails with [`Error::SessionLost`].
+/// * Fencing tokens (the key's create revision) strictly increase from one
+///   leader to the next.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = fleetcoord::testing::EtcdServer::start()?;
+/// use fleetcoord::{Election, Etcd, EtcdOptions};
+///
+/// let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default())?;
+/// let election = Election::new(&etcd, "db-primary")?;
+/// let leadership = election.campaign(b"host-a")?;
+/// println!("leading with fencing token {}", leadership.fencing_token());
+/// assert_eq!(election.leader()?.map(|l| l.value), Some(b"host-a".to_vec()));
+/// leadership.resign()?;
+/// # Ok(()) }
+/// ```
+pub struct Election {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Election {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Election").field("prefix", &self.inner.prefix).finish()
+    }
+}
+
+struct Inner {
+    etcd: Etcd,
+    prefix: String,
+    input: mpsc::UnboundedSender<ElectionInput>,
+    /// One user operation at a time; the machine would answer `Busy`.
+    op: Mutex<()>,
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
+    waiter: Option<crossbeam_channel::Sender<ElectionNotice>>,
+    held: Option<Held>,
+    session: Option<LivenessState>,
+}
+
+struct Held {
+    token: i64,
+    flag: Arc<AtomicBool>,
+    lost: crossbeam_channel::Sender<()>,
+}
+
+impl Election {
+    /// Join the election `name` with default options.
+    pub fn new(etcd: &Etcd, name: &str) -> Result<Election> {
+        Self::with_options(etcd, name, ElectionOptions::default())
+    }
+
+    /// Join the election `name`. Starts the session at once; campaigns wait
+    /// for it.
+    pub fn with_options(etcd: &Etcd, name: &str, options: ElectionOptions) -> Result<Election> {
+        assert_not_async();
+        validate::key("name", name)?;
+        if name.starts_with('/') && options.prefix.ends_with('/') || name.ends_with('/') {
+            return Err(Error::invalid("name", format!("{name:?} must not start or end with '/'")));
+        }
+        if !options.prefix.is_empty() {
+            validate::prefix("prefix", &options.prefix)?;
+        }
+        validate::ttl("ttl", options.ttl)?;
+        let prefix = format!("{}{}/", options.prefix, name);
+        let config = ElectionConfig {
+            prefix: prefix.clone().into_bytes(),
+            ttl_secs: options.ttl.as_secs() as i64,
+            backoff: BackoffConfig::default(),
+        };
+        let machine = ElectionMachine::new(config, Instant::now(), rand_seed());
+        let state = Arc::new(Mutex::new(State::default()));
+        let handler_state = state.clone();
+        let input = etcd.run_machine(machine, || ElectionInput::Stop, move |notice| {
+            handle_notice(&handler_state, notice);
+            true
+        })?;
+        Ok(Election {
+            inner: Arc::new(Inner { etcd: etcd.clone(), prefix, input, op: Mutex::new(()), state }),
+        })
+    }
+
+    /// The key prefix candidates of this election use (`<prefix><name>/`).
+    pub fn key_prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// Campaign with `value` and block until this candidate leads.
+    ///
+    /// Fails with [`Error::SessionLost`] when the session lease is lost
+    /// while waiting, [`Error::Closed`] after [`Election::close`].
+    pub fn campaign(&self, value: &[u8]) -> Result<Leadership> {
+        self.campaign_inner(value, None)
+    }
+
+    /// [`Election::campaign`], giving up after `timeout` (the candidate key
+    /// is removed again and [`Error::Timeout`] returned).
+    pub fn campaign_timeout(&self, value: &[u8], timeout: Duration) -> Result<Leadership> {
+        self.campaign_inner(value, Some(timeout))
+    }
+
+    fn campaign_inner(&self, value: &[u8], timeout: Option<Duration>) -> Result<Leadership> {
+        validate::payload("value", value)?;
+        let _op = self.inner.op.lock();
+        let rx = self.inner.begin(ElectionInput::Campaign { value: value.to_vec() })?;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            match self.inner.wait(&rx, deadline)? {
+                Some(ElectionNotice::Elected { token, lease, key }) => {
+                    return Ok(self.leadership(token, lease, key));
+                }
+                Some(ElectionNotice::CampaignFailed(e)) => return Err(election_error(e)),
+                Some(_) => continue,
+                None => {
+                    // Timed out: cancel, then wait for the machine to confirm
+                    // so no half-finished campaign stays behind.
+                    let _ = self.inner.input.send(ElectionInput::CancelCampaign);
+                    loop {
+                        match self.inner.wait(&rx, Some(Instant::now() + Duration::from_secs(10)))? {
+                            Some(ElectionNotice::Elected { token, lease, key }) => {
+                                // Won just before the cancel arrived: step down again.
+                                drop(self.leadership(token, lease, key));
+                                break;
+                            }
+                            Some(ElectionNotice::CampaignFailed(_)) | None => break,
+                            Some(_) => continue,
+                        }
+                    }
+                    return Err(Error::Timeout(timeout.unwrap_or_default()));
+                }
+            }
+        }
+    }
+
+    /// Become leader only if nobody else leads; never waits for other
+    /// candidates (it may wait for the session to be granted).
+    pub fn try_campaign(&self, value: &[u8]) -> Result<TryCampaign> {
+        validate::payload("value", value)?;
+        let _op = self.inner.op.lock();
+        let rx = self.inner.begin(ElectionInput::TryCampaign { value: value.to_vec() })?;
+        loop {
+            match self.inner.wait(&rx, None)? {
+                Some(ElectionNotice::Elected { token, lease, key }) => {
+                    return Ok(TryCampaign::Elected(self.leadership(token, lease, key)));
+                }
+                Some(ElectionNotice::NotElected { leader }) => {
+                    return Ok(TryCampaign::NotElected(leader.as_ref().map(LeaderInfo::from_kv)));
+                }
+                Some(ElectionNotice::CampaignFailed(e)) => return Err(election_error(e)),
+                _ => continue,
+            }
+        }
+    }
+
+    /// The current leader, read from etcd (one linearizable read).
+    pub fn leader(&self) -> Result<Option<LeaderInfo>> {
+        current_leader(&self.inner.etcd, &self.inner.prefix)
+    }
+
+    /// Stream the leader of this election: the current one first, then every
+    /// change, `None` when no candidate remains.
+    pub fn observe(&self) -> Result<LeaderObserver> {
+        LeaderObserver::start(&self.inner.etcd, &self.inner.prefix)
+    }
+
+    /// The session's state (granting, registered, suspended, lost).
+    pub fn session(&self) -> Option<LivenessState> {
+        self.inner.state.lock().session.clone()
+    }
+
+    /// Leave the election: stop leading or campaigning and revoke the
+    /// session lease (which deletes the candidate key). Waits until etcd
+    /// confirmed the revoke; an error means the lease will instead expire
+    /// after its TTL. Outstanding [`Leadership`]s report `is_held() == false`.
+    pub fn close(self) -> Result<()> {
+        self.inner.stop();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(LivenessState::Stopped { revoked }) = self.session() {
+                return if revoked {
+                    Ok(())
+                } else {
+                    Err(Error::Etcd("the session lease could not be revoked; it will expire after its TTL".into()))
+                };
+            }
+            if self.inner.input.is_closed() {
+                return Err(Error::DriverGone);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Err(Error::Timeout(Duration::from_secs(10)))
+    }
+
+    fn leadership(&self, token: i64, lease: i64, key: Vec<u8>) -> Leadership {
+        let (lost_tx, lost) = crossbeam_channel::bounded(1);
+        let flag = Arc::new(AtomicBool::new(true));
+        let mut state = self.inner.state.lock();
+        if let Some(old) = state.held.take() {
+            old.flag.store(false, Ordering::SeqCst);
+        }
+        state.held = Some(Held { token, flag: flag.clone(), lost: lost_tx });
+        Leadership {
+            inner: self.inner.clone(),
+            token,
+            lease,
+            key: String::from_utf8_lossy(&key).into_owned(),
+            held: flag,
+            lost,
+            resigned: false,
+        }
+    }
+}
+
+impl Drop for Election {
+    fn drop(&mut self) {
+        // Leaderships hold the inner state too; only the last owner stops.
+        if Arc::strong_count(&self.inner) == 1 {
+            self.inner.stop();
+        }
+    }
+}
+
+impl Inner {
+    /// Register as the waiter for the next answers, then send `input`.
+    fn begin(&self, input: ElectionInput) -> Result<crossbeam_channel::Receiver<ElectionNotice>> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        self.state.lock().waiter = Some(tx);
+        self.input.send(input).map_err(|_| Error::DriverGone)?;
+        Ok(rx)
+    }
+
+    /// The next answer; `Ok(None)` when `deadline` passed.
+    fn wait(
+        &self,
+        rx: &crossbeam_channel::Receiver<ElectionNotice>,
+        deadline: Option<Instant>,
+    ) -> Result<Option<ElectionNotice>> {
+        loop {
+            let slice = Duration::from_millis(250);
+            let wait = match deadline {
+                Some(d) => d.saturating_duration_since(Instant::now()).min(slice),
+                None => slice,
+            };
+            match rx.recv_timeout(wait) {
+                Ok(notice) => return Ok(Some(notice)),
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Err(Error::DriverGone),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    if self.input.is_closed() {
+                        return Err(Error::DriverGone);
+                    }
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    fn stop(&self) {
+        let _ = self.input.send(ElectionInput::Stop);
+    }
+}
+
+fn handle_notice(state: &Mutex<State>, notice: ElectionNotice) {
+    let mut state = state.lock();
+    match &notice {
+        ElectionNotice::LeadershipLost { token } => {
+            if state.held.as_ref().is_some_and(|h| h.token == *token) {
+                if let Some(held) = state.held.take() {
+                    held.flag.store(false, Ordering::SeqCst);
+                    let _ = held.lost.try_send(());
+                }
+            }
+            return;
+        }
+        ElectionNotice::Session(s) => {
+            if let LivenessState::Stopped { .. } = s {
+                if let Some(held) = state.held.take() {
+                    held.flag.store(false, Ordering::SeqCst);
+                    let _ = held.lost.try_send(());
+                }
+            }
+            state.session = Some(s.clone());
+            return;
+        }
+        ElectionNotice::Resigned => {
+            if let Some(held) = state.held.take() {
+                held.flag.store(false, Ordering::SeqCst);
+            }
+        }
+        _ => {}
+    }
+    if let Some(waiter) = &state.waiter {
+        let _ = waiter.send(notice);
+    }
+}
+
+fn election_error(e: ElectionError) -> Error {
+    match e {
+        ElectionError::SessionLost => Error::SessionLost,
+        ElectionError::Canceled => Error::Timeout(Duration::ZERO),
+        ElectionError::NotLeader => Error::NotLeader,
+        ElectionError::Stopped => Error::Closed,
+        ElectionError::Rejected(msg) => Error::Etcd(msg),
+        other => Error::Etcd(format!("{other:?}")),
+    }
+}
+
+/// The first-created key under `prefix`, i.e. the leader.
+pub(crate) fn current_leader(etcd: &Etcd, prefix: &str) -> Result<Option<LeaderInfo>> {
+    let request = Request::Range(RangeRequest {
+        range: KeyRange::Prefix(prefix.as_bytes().to_vec()),
+        sort: SortOrder::CreateAscending,
+        limit: 1,
+        max_create_revision: 0,
+    });
+    match etcd.request(request)? {
+        Response::Range { kvs, .. } => Ok(kvs.first().map(LeaderInfo::from_kv)),
+        other => Err(Error::Etcd(format!("unexpected answer to a range: {other:?}"))),
+    }
+}
+
+/// Proof of leadership, returned by a successful campaign.
+///
+/// [`Leadership::lost`] fires (and [`Leadership::is_held`] turns false)
+/// when leadership ends without a resign: the session's local deadline
+/// passed, its lease was lost, or the candidate key was deleted. Dropping a
+/// `Leadership` resigns.
+pub struct Leadership {
+    inner: Arc<Inner>,
+    token: i64,
+    lease: i64,
+    key: String,
+    held: Arc<AtomicBool>,
+    lost: crossbeam_channel::Receiver<()>,
+    resigned: bool,
+}
+
+impl std::fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leadership")
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .field("held", &self.is_held())
+            .finish()
+    }
+}
+
+impl Leadership {
+    /// The fencing token: the candidate key's create revision. Strictly
+    /// greater than every earlier leader's token of this election. Pass it
+    /// along with writes so stale leaders can be refused.
+    pub fn fencing_token(&self) -> i64 {
+        self.token
+    }
+
+    /// The candidate key (`<prefix><name>/<lease hex>`).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The session lease the key is bound to.
+    pub fn lease(&self) -> i64 {
+        self.lease
+    }
+
+    /// Whether this candidate may still act as leader.
+    pub fn is_held(&self) -> bool {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// Receives `()` once if leadership is lost (not on resign).
+    pub fn lost(&self) -> &crossbeam_channel::Receiver<()> {
+        &self.lost
+    }
+
+    /// Replace the leader's value (what [`Election::leader`] and observers
+    /// see). Fails with [`Error::NotLeader`] when leadership is gone.
+    pub fn proclaim(&self, value: &[u8]) -> Result<()> {
+        validate::payload("value", value)?;
+        if !self.is_held() {
+            return Err(Error::NotLeader);
+        }
+        let _op = self.inner.op.lock();
+        let rx = self.inner.begin(ElectionInput::Proclaim { value: value.to_vec() })?;
+        loop {
+            match self.inner.wait(&rx, None)? {
+                Some(ElectionNotice::Proclaimed) => return Ok(()),
+                Some(ElectionNotice::ProclaimFailed(e)) => return Err(election_error(e)),
+                _ => continue,
+            }
+        }
+    }
+
+    /// Run `ops` in one etcd transaction only if this leadership is still
+    /// current in etcd (guarded by the fencing token). Returns whether the
+    /// transaction ran. This is the fence: a deposed leader's write is
+    /// refused by etcd itself, whatever it believes.
+    pub fn txn_if_leader(&self, ops: Vec<TxnOp>) -> Result<bool> {
+        let txn = Txn {
+            compare: vec![Compare::CreateRevisionEquals {
+                key: self.key.as_bytes().to_vec(),
+                revision: self.token,
+            }],
+            success: ops,
+            failure: vec![],
+        };
+        match self.inner.etcd.request(Request::Txn(txn))? {
+            Response::Txn { succeeded, .. } => Ok(succeeded),
+            other => Err(Error::Etcd(format!("unexpected answer to a txn: {other:?}"))),
+        }
+    }
+
+    /// Step down: delete the candidate key so the next candidate leads.
+    /// `is_held` turns false before the request is sent.
+    pub fn resign(mut self) -> Result<()> {
+        self.resign_inner()
+    }
+
+    fn resign_inner(&mut self) -> Result<()> {
+        if self.resigned {
+            return Ok(());
+        }
+        self.resigned = true;
+        self.held.store(false, Ordering::SeqCst);
+        let _op = self.inner.op.lock();
+        let rx = self.inner.begin(ElectionInput::Resign)?;
+        loop {
+            match self.inner.wait(&rx, Some(Instant::now() + Duration::from_secs(15)))? {
+                Some(ElectionNotice::Resigned) => return Ok(()),
+                Some(_) => continue,
+                None => return Err(Error::Timeout(Duration::from_secs(15))),
+            }
+        }
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        let _ = self.resign_inner();
+        if Arc::strong_count(&self.inner) == 1 {
+            self.inner.stop();
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! [`HostLiveness`]: this host's lease-bound key under the hosts prefix.
+
+use crate::error::{Error, Result};
+use crate::etcd::{assert_not_async, Etcd};
+use crate::validate;
+use fleetcoord_sm::keepalive::{Binding, Keepalive, KeepaliveConfig, KeepaliveEvent};
+use fleetcoord_sm::BackoffConfig;
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+pub use fleetcoord_sm::keepalive::LivenessState;
+
+/// Where hosts register unless told otherwise.
+pub const DEFAULT_HOSTS_PREFIX: &str = "/coord/hosts/";
+
+/// Settings for [`HostLiveness::register_with`].
+#[derive(Clone, Debug)]
+pub struct LivenessOptions {
+    /// Key prefix; the host's key is `<prefix><host id>`. Must start and end
+    /// with `/`. Default [`DEFAULT_HOSTS_PREFIX`].
+    pub prefix: String,
+    /// Lease TTL: how long after this process dies (or is cut off) the fleet
+    /// sees it `Down`. Whole seconds, at least 1 s; etcd may round a short
+    /// TTL up (3.4 grants 1 s as 2 s). Default 5 s.
+    pub ttl: Duration,
+    /// How long [`HostLiveness::register_with`] waits for the first
+    /// registration before failing. Default 10 s.
+    pub register_timeout: Duration,
+}
+
+impl Default for LivenessOptions {
+    fn default() -> Self {
+        LivenessOptions {
+            prefix: DEFAULT_HOSTS_PREFIX.into(),
+            ttl: Duration::from_secs(5),
+            register_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// This host's registration: a key `<prefix><host id>` holding its metadata,
+/// bound to a lease that a background keepalive renews.
+///
+/// Guarantees:
+/// * While the state is [`LivenessState::Registered`], the key exists.
+/// * The keepalive heals itself: when renewals fail it retries on the same
+///   lease until the local deadline, then (or when etcd says the lease is
+///   gone) grants a new lease and writes the key again, with jittered
+///   exponential backoff. Each step is reported on [`HostLiveness::states`].
+/// * [`HostLiveness::close`] (and `Drop`) revoke the lease, so watchers see
+///   the host `Down` within milliseconds instead of after the TTL.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = fleetcoord::testing::EtcdServer::start()?;
+/// use fleetcoord::{Etcd, EtcdOptions, HostLiveness, LivenessState};
+/// use std::time::Duration;
+///
+/// let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default())?;
+/// let host = HostLiveness::register(&etcd, uuid::Uuid::new_v4(), br#"{"zone":"a"}"#, Duration::from_secs(5))?;
+/// assert!(matches!(host.state(), LivenessState::Registered { .. }));
+/// host.set_metadata(br#"{"zone":"b"}"#)?;
+/// host.close()?; // revokes: watchers see Down at once
+/// # Ok(()) }
+/// ```
+pub struct HostLiveness {
+    host_id: Uuid,
+    key: String,
+    input: mpsc::UnboundedSender<KeepaliveEvent>,
+    state: Arc<Mutex<LivenessState>>,
+    states: crossbeam_channel::Receiver<LivenessState>,
+    stopped: crossbeam_channel::Receiver<bool>,
+    closed: bool,
+    _etcd: Etcd,
+}
+
+impl std::fmt::Debug for HostLiveness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostLiveness").field("key", &self.key).field("state", &self.state()).finish()
+    }
+}
+
+impl HostLiveness {
+    /// Register `host_id` with `metadata` under the default prefix, with a
+    /// lease of `ttl`. Blocks until the key is written (or fails after
+    /// [`LivenessOptions::register_timeout`]).
+    pub fn register(etcd: &Etcd, host_id: Uuid, metadata: &[u8], ttl: Duration) -> Result<HostLiveness> {
+        Self::register_with(etcd, host_id, metadata, LivenessOptions { ttl, ..LivenessOptions::default() })
+    }
+
+    /// [`HostLiveness::register`] with every setting explicit.
+    pub fn register_with(
+        etcd: &Etcd,
+        host_id: Uuid,
+        metadata: &[u8],
+        options: LivenessOptions,
+    ) -> Result<HostLiveness> {
+        assert_not_async();
+        validate::prefix("prefix", &options.prefix)?;
+        validate::ttl("ttl", options.ttl)?;
+        validate::payload("metadata", metadata)?;
+        if host_id.is_nil() {
+            return Err(Error::invalid("host_id", "the nil UUID is not a host id"));
+        }
+        let key = format!("{}{}", options.prefix, host_id.hyphenated());
+        let config = KeepaliveConfig {
+            ttl_secs: options.ttl.as_secs() as i64,
+            binding: Some(Binding { key: key.clone().into_bytes(), value: metadata.to_vec() }),
+            backoff: BackoffConfig::default(),
+        };
+        let machine = Keepalive::new(config, Instant::now(), rand_seed());
+        let state = Arc::new(Mutex::new(LivenessState::Registering));
+        let (states_tx, states) = crossbeam_channel::unbounded();
+        let (first_tx, first) = crossbeam_channel::bounded::<LivenessState>(1);
+        let (stopped_tx, stopped) = crossbeam_channel::bounded(1);
+        let shared_state = state.clone();
+        let mut first_tx = Some(first_tx);
+        let input = etcd.run_machine(machine, || KeepaliveEvent::Stop, move |s: LivenessState| {
+            *shared_state.lock() = s.clone();
+            if let LivenessState::Registered { .. } = s {
+                if let Some(tx) = first_tx.take() {
+                    let _ = tx.send(s.clone());
+                }
+            }
+            if let LivenessState::Stopped { revoked } = s {
+                let _ = stopped_tx.try_send(revoked);
+            }
+            // A user who ignores state changes must not keep them in memory
+            // forever: the receiver is ours too, so it never disconnects; cap it.
+            if states_tx.len() < 1024 {
+                let _ = states_tx.send(s);
+            }
+            true
+        })?;
+        let mut host = HostLiveness {
+            host_id,
+            key,
+            input,
+            state,
+            states,
+            stopped,
+            closed: false,
+            _etcd: etcd.clone(),
+        };
+        match first.recv_timeout(options.register_timeout) {
+            Ok(_) => Ok(host),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                host.stop_and_wait();
+                Err(Error::Timeout(options.register_timeout))
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                host.closed = true;
+                Err(Error::DriverGone)
+            }
+        }
+    }
+
+    /// The host id this registration is for.
+    pub fn host_id(&self) -> Uuid {
+        self.host_id
+    }
+
+    /// The etcd key holding this host's metadata.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The latest state.
+    pub fn state(&self) -> LivenessState {
+        self.state.lock().clone()
+    }
+
+    /// The lease currently believed alive, if any.
+    pub fn lease(&self) -> Option<i64> {
+        match self.state() {
+            LivenessState::Registered { lease } | LivenessState::Suspended { lease } => Some(lease),
+            _ => None,
+        }
+    }
+
+    /// Every state change, in order (the newest 1,024 are kept when nobody
+    /// reads them).
+    pub fn states(&self) -> &crossbeam_channel::Receiver<LivenessState> {
+        &self.states
+    }
+
+    /// Replace this host's metadata. Written at once when registered, and
+    /// used for every later re-registration.
+    pub fn set_metadata(&self, metadata: &[u8]) -> Result<()> {
+        validate::payload("metadata", metadata)?;
+        if self.closed {
+            return Err(Error::Closed);
+        }
+        self.input.send(KeepaliveEvent::SetValue(metadata.to_vec())).map_err(|_| Error::DriverGone)
+    }
+
+    /// Revoke the lease (the key disappears, watchers see `Down` at once)
+    /// and stop renewing. Returns an error when the revoke could not be
+    /// confirmed; the keepalive stops either way and the lease then expires
+    /// after its TTL.
+    pub fn close(mut self) -> Result<()> {
+        match self.stop_and_wait() {
+            Some(true) => Ok(()),
+            Some(false) => Err(Error::Etcd("the lease could not be revoked; it will expire after its TTL".into())),
+            None => Err(Error::DriverGone),
+        }
+    }
+
+    fn stop_and_wait(&mut self) -> Option<bool> {
+        if self.closed {
+            return Some(true);
+        }
+        self.closed = true;
+        if self.input.send(KeepaliveEvent::Stop).is_err() {
+            return None;
+        }
+        // Revoke is one request; allow its timeout plus slack.
+        self.stopped.recv_timeout(Duration::from_secs(10)).ok()
+    }
+}
+
+impl Drop for HostLiveness {
+    fn drop(&mut self) {
+        let _ = self.stop_and_wait();
+    }
+}
+
+/// A seed for a machine's jitter. Machines are deterministic given their
+/// seed; outside tests we want hosts to differ, so take it from the OS.
+pub(crate) fn rand_seed() -> u64 {
+    use rand_core::{OsRng, RngCore};
+    OsRng.next_u64()
+}

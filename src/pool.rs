@@ -1,0 +1,122 @@
+//! [`ElectionPool`]: many elections, one long-lived session each.
+
+use crate::election::{Election, ElectionOptions, Leadership, TryCampaign};
+use crate::error::{Error, Result};
+use crate::etcd::Etcd;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Campaigns on many election names, keeping one session (lease) per name
+/// for as long as the pool lives.
+///
+/// The first campaign on a name creates its [`Election`] (and session);
+/// later campaigns on that name reuse it, so a campaign/resign cycle costs
+/// no lease grant or revoke. Each session self-heals. [`ElectionPool::release`]
+/// ends one name's session, [`ElectionPool::close`] all of them.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = fleetcoord::testing::EtcdServer::start()?;
+/// use fleetcoord::{ElectionPool, Etcd, EtcdOptions};
+///
+/// let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default())?;
+/// let pool = ElectionPool::new(&etcd);
+/// let first = pool.campaign("shard-7", b"me")?;
+/// let lease = first.lease();
+/// first.resign()?;
+/// let again = pool.campaign("shard-7", b"me")?;
+/// assert_eq!(again.lease(), lease, "the session is reused");
+/// # drop(again);
+/// pool.close()?;
+/// # Ok(()) }
+/// ```
+pub struct ElectionPool {
+    etcd: Etcd,
+    options: ElectionOptions,
+    elections: Mutex<HashMap<String, Arc<Election>>>,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for ElectionPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ElectionPool").field("names", &self.elections.lock().len()).finish()
+    }
+}
+
+impl ElectionPool {
+    /// A pool with default [`ElectionOptions`].
+    pub fn new(etcd: &Etcd) -> ElectionPool {
+        Self::with_options(etcd, ElectionOptions::default())
+    }
+
+    /// A pool whose elections all use `options`.
+    pub fn with_options(etcd: &Etcd, options: ElectionOptions) -> ElectionPool {
+        ElectionPool {
+            etcd: etcd.clone(),
+            options,
+            elections: Mutex::new(HashMap::new()),
+            closed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// The election for `name`, created (with its session) on first use.
+    pub fn election(&self, name: &str) -> Result<Arc<Election>> {
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Closed);
+        }
+        let mut elections = self.elections.lock();
+        if let Some(e) = elections.get(name) {
+            return Ok(e.clone());
+        }
+        let election = Arc::new(Election::with_options(&self.etcd, name, self.options.clone())?);
+        elections.insert(name.to_string(), election.clone());
+        Ok(election)
+    }
+
+    /// Campaign on `name`; blocks until leader. See [`Election::campaign`].
+    pub fn campaign(&self, name: &str, value: &[u8]) -> Result<Leadership> {
+        self.election(name)?.campaign(value)
+    }
+
+    /// Campaign on `name` for at most `timeout`.
+    pub fn campaign_timeout(&self, name: &str, value: &[u8], timeout: Duration) -> Result<Leadership> {
+        self.election(name)?.campaign_timeout(value, timeout)
+    }
+
+    /// Become leader of `name` only if nobody else is.
+    pub fn try_campaign(&self, name: &str, value: &[u8]) -> Result<TryCampaign> {
+        self.election(name)?.try_campaign(value)
+    }
+
+    /// End the session for `name` (revoking its lease). A later campaign on
+    /// `name` starts a new session.
+    pub fn release(&self, name: &str) -> Result<()> {
+        let election = self.elections.lock().remove(name);
+        match election.map(Arc::try_unwrap) {
+            Some(Ok(e)) => e.close(),
+            // Still shared by a caller of `election()`: it stops when they drop it.
+            Some(Err(_)) | None => Ok(()),
+        }
+    }
+
+    /// End every session. Later calls return [`Error::Closed`].
+    pub fn close(&self) -> Result<()> {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let names: Vec<String> = self.elections.lock().keys().cloned().collect();
+        let mut first_error = None;
+        for name in names {
+            if let Err(e) = self.release(&name) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for ElectionPool {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}

@@ -1,0 +1,238 @@
+//! [`HostWatcher`]: the fleet's hosts as a stream of Up/Updated/Down events.
+
+use crate::error::{Error, Result};
+use crate::etcd::{assert_not_async, Etcd};
+use crate::liveness::{rand_seed, DEFAULT_HOSTS_PREFIX};
+use crate::validate;
+use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchInput, WatchNotice};
+use fleetcoord_sm::{BackoffConfig, KeyRange, KeyValue, RangeRequest, Request, Response};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+/// What is known about one host: its id and its key's current (or, in a
+/// `Down`, last-seen) state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostInfo {
+    /// The host id (the last segment of its key).
+    pub id: Uuid,
+    /// The metadata the host registered with, as bytes.
+    pub metadata: Vec<u8>,
+    /// The lease the key is bound to.
+    pub lease: i64,
+    /// Revision at which this registration was created. A host that
+    /// re-registers (new lease) gets a new one.
+    pub create_revision: i64,
+    /// Revision of the last metadata change.
+    pub mod_revision: i64,
+}
+
+/// A change in the set of live hosts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostEvent {
+    /// The host registered (or, before `Synced`, was already registered).
+    Up(HostInfo),
+    /// The host changed its metadata.
+    Updated(HostInfo),
+    /// The host's key is gone: it closed, its lease expired, or it was
+    /// deleted. Carries the last-seen metadata.
+    Down(HostInfo),
+    /// Every host that existed when the watcher started has been reported;
+    /// sent exactly once, after the replayed `Up`s.
+    Synced,
+}
+
+/// Settings for [`HostWatcher::watch_with`].
+#[derive(Clone, Debug)]
+pub struct WatcherOptions {
+    /// Key prefix hosts register under. Default [`DEFAULT_HOSTS_PREFIX`].
+    pub prefix: String,
+    /// Soft capacity of the event channel; see [`HostWatcher`]. Default 4,096.
+    pub capacity: usize,
+}
+
+impl Default for WatcherOptions {
+    fn default() -> Self {
+        WatcherOptions { prefix: DEFAULT_HOSTS_PREFIX.into(), capacity: 4096 }
+    }
+}
+
+/// Streams the fleet's hosts as [`HostEvent`]s on a crossbeam receiver.
+///
+/// A new watcher first replays every registered host as `Up`, then sends
+/// `Synced`, then live changes. After a dropped connection or a compaction
+/// it re-reads the prefix and reports the difference (`Down` for hosts that
+/// vanished meanwhile, `Up` for new ones, `Down` + `Up` for hosts that
+/// re-registered, `Updated` for changed metadata): no change is lost, none is
+/// invented, and no `Down` comes without an earlier `Up`.
+///
+/// Slow consumers: the driver never blocks on you. When more than
+/// `capacity` events are waiting unread, the watcher pauses its etcd watch;
+/// once you have read half of them it re-reads the prefix and sends the
+/// difference. Memory is therefore bounded by `capacity` plus one diff (at
+/// most two events per host), and no change is dropped — intermediate
+/// states of a host may be coalesced, its final state never is.
+///
+/// Keys under the prefix that are not host ids are logged once and skipped.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = fleetcoord::testing::EtcdServer::start()?;
+/// use fleetcoord::{Etcd, EtcdOptions, HostEvent, HostLiveness, HostWatcher};
+/// use std::time::Duration;
+///
+/// let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default())?;
+/// let watcher = HostWatcher::watch(&etcd)?;
+/// assert_eq!(watcher.events().recv_timeout(Duration::from_secs(5))?, HostEvent::Synced);
+/// let id = uuid::Uuid::new_v4();
+/// let host = HostLiveness::register(&etcd, id, b"meta", Duration::from_secs(5))?;
+/// match watcher.events().recv_timeout(Duration::from_secs(5))? {
+///     HostEvent::Up(info) => assert_eq!((info.id, info.metadata.as_slice()), (id, &b"meta"[..])),
+///     other => panic!("expected Up, got {other:?}"),
+/// }
+/// host.close()?;
+/// assert!(matches!(watcher.events().recv_timeout(Duration::from_secs(5))?, HostEvent::Down(_)));
+/// # Ok(()) }
+/// ```
+pub struct HostWatcher {
+    events: crossbeam_channel::Receiver<HostEvent>,
+    input: mpsc::UnboundedSender<WatchInput>,
+    _etcd: Etcd,
+}
+
+impl std::fmt::Debug for HostWatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostWatcher").field("pending", &self.events.len()).finish()
+    }
+}
+
+pub(crate) fn host_info(prefix_len: usize, kv: &KeyValue) -> Option<HostInfo> {
+    let id = std::str::from_utf8(kv.key.get(prefix_len..)?).ok()?;
+    Some(HostInfo {
+        id: Uuid::parse_str(id).ok()?,
+        metadata: kv.value.clone(),
+        lease: kv.lease,
+        create_revision: kv.create_revision,
+        mod_revision: kv.mod_revision,
+    })
+}
+
+impl HostWatcher {
+    /// Watch the default hosts prefix.
+    pub fn watch(etcd: &Etcd) -> Result<HostWatcher> {
+        Self::watch_with(etcd, WatcherOptions::default())
+    }
+
+    /// Watch with explicit settings.
+    pub fn watch_with(etcd: &Etcd, options: WatcherOptions) -> Result<HostWatcher> {
+        assert_not_async();
+        validate::prefix("prefix", &options.prefix)?;
+        if options.capacity < 2 {
+            return Err(Error::invalid("capacity", "must be at least 2"));
+        }
+        let prefix_len = options.prefix.len();
+        let config = WatchConfig {
+            prefix: options.prefix.into_bytes(),
+            keys: KeyRule::HostId,
+            backoff: BackoffConfig::default(),
+        };
+        let machine = Watch::new(config, Instant::now(), rand_seed());
+        let (tx, events) = crossbeam_channel::unbounded();
+        let (input_tx, input_rx) = mpsc::unbounded_channel();
+        let paused = Arc::new(AtomicBool::new(false));
+        let capacity = options.capacity;
+        let notify = {
+            let tx = tx.clone();
+            let input_tx = input_tx.clone();
+            let paused = paused.clone();
+            move |notice: WatchNotice| {
+                let event = match notice {
+                    WatchNotice::Up(kv) => host_info(prefix_len, &kv).map(HostEvent::Up),
+                    WatchNotice::Updated(kv) => host_info(prefix_len, &kv).map(HostEvent::Updated),
+                    WatchNotice::Down(kv) => host_info(prefix_len, &kv).map(HostEvent::Down),
+                    WatchNotice::Synced => Some(HostEvent::Synced),
+                    WatchNotice::InvalidKey(key) => {
+                        log::warn!("ignoring key {:?} under the hosts prefix: not a host id", String::from_utf8_lossy(&key));
+                        None
+                    }
+                    _ => None,
+                };
+                let Some(event) = event else { return true };
+                if tx.send(event).is_err() {
+                    return false;
+                }
+                if tx.len() >= capacity && !paused.swap(true, Ordering::SeqCst) {
+                    let _ = input_tx.send(WatchInput::ConsumerFull);
+                }
+                true
+            }
+        };
+        etcd.run_machine_with(machine, input_rx, || WatchInput::Stop, notify)?;
+        spawn_resume_poller(etcd, tx, input_tx.clone(), paused, capacity)?;
+        Ok(HostWatcher { events, input: input_tx, _etcd: etcd.clone() })
+    }
+
+    /// The events, in order.
+    pub fn events(&self) -> &crossbeam_channel::Receiver<HostEvent> {
+        &self.events
+    }
+
+    /// Stop watching. Events already queued stay readable until the watcher
+    /// is dropped.
+    pub fn close(self) {}
+}
+
+impl Drop for HostWatcher {
+    fn drop(&mut self) {
+        let _ = self.input.send(WatchInput::Stop);
+    }
+}
+
+/// While a watch is paused for a slow consumer, check every 50 ms whether
+/// the consumer caught up (half the capacity drained) and resume it.
+pub(crate) fn spawn_resume_poller<T: Send + 'static, I: Send + 'static>(
+    etcd: &Etcd,
+    tx: crossbeam_channel::Sender<T>,
+    input: mpsc::UnboundedSender<I>,
+    paused: Arc<AtomicBool>,
+    capacity: usize,
+) -> Result<()>
+where
+    I: From<ConsumerReady>,
+{
+    etcd.spawn_task(move |_shared| async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if input.is_closed() {
+                return;
+            }
+            if paused.load(Ordering::SeqCst) && tx.len() <= capacity / 2 {
+                paused.store(false, Ordering::SeqCst);
+                if input.send(I::from(ConsumerReady)).is_err() {
+                    return;
+                }
+            }
+        }
+    })
+}
+
+/// Marker converted into a machine's "consumer ready" input.
+pub(crate) struct ConsumerReady;
+
+impl From<ConsumerReady> for WatchInput {
+    fn from(_: ConsumerReady) -> Self {
+        WatchInput::ConsumerReady
+    }
+}
+
+/// List the hosts registered under `prefix` right now (one linearizable read).
+pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
+    validate::prefix("prefix", prefix)?;
+    let response = etcd.request(Request::Range(RangeRequest::all(KeyRange::Prefix(prefix.as_bytes().to_vec()))))?;
+    match response {
+        Response::Range { kvs, .. } => Ok(kvs.iter().filter_map(|kv| host_info(prefix.len(), kv)).collect()),
+        other => Err(Error::Etcd(format!("unexpected answer to a range: {other:?}"))),
+    }
+}
