@@ -39,7 +39,10 @@ pub struct ElectionOptions {
 
 impl Default for ElectionOptions {
     fn default() -> Self {
-        ElectionOptions { prefix: DEFAULT_ELECTION_PREFIX.into(), ttl: Duration::from_secs(10) }
+        ElectionOptions {
+            prefix: DEFAULT_ELECTION_PREFIX.into(),
+            ttl: Duration::from_secs(10),
+        }
     }
 }
 
@@ -110,7 +113,9 @@ pub struct Election {
 
 impl std::fmt::Debug for Election {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Election").field("prefix", &self.inner.prefix).finish()
+        f.debug_struct("Election")
+            .field("prefix", &self.inner.prefix)
+            .finish()
     }
 }
 
@@ -148,7 +153,10 @@ impl Election {
         assert_not_async();
         validate::key("name", name)?;
         if name.starts_with('/') && options.prefix.ends_with('/') || name.ends_with('/') {
-            return Err(Error::invalid("name", format!("{name:?} must not start or end with '/'")));
+            return Err(Error::invalid(
+                "name",
+                format!("{name:?} must not start or end with '/'"),
+            ));
         }
         if !options.prefix.is_empty() {
             validate::prefix("prefix", &options.prefix)?;
@@ -163,12 +171,21 @@ impl Election {
         let machine = ElectionMachine::new(config, Instant::now(), rand_seed());
         let state = Arc::new(Mutex::new(State::default()));
         let handler_state = state.clone();
-        let input = etcd.run_machine(machine, || ElectionInput::Stop, move |notice| {
-            handle_notice(&handler_state, notice);
-            true
-        })?;
+        let input = etcd.run_machine(
+            machine,
+            move |notice| {
+                handle_notice(&handler_state, notice);
+                true
+            },
+        )?;
         Ok(Election {
-            inner: Arc::new(Inner { etcd: etcd.clone(), prefix, input, op: Mutex::new(()), state }),
+            inner: Arc::new(Inner {
+                etcd: etcd.clone(),
+                prefix,
+                input,
+                op: Mutex::new(()),
+                state,
+            }),
         })
     }
 
@@ -194,7 +211,9 @@ impl Election {
     fn campaign_inner(&self, value: &[u8], timeout: Option<Duration>) -> Result<Leadership> {
         validate::payload("value", value)?;
         let _op = self.inner.op.lock();
-        let rx = self.inner.begin(ElectionInput::Campaign { value: value.to_vec() })?;
+        let rx = self.inner.begin(ElectionInput::Campaign {
+            value: value.to_vec(),
+        })?;
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
             match self.inner.wait(&rx, deadline)? {
@@ -208,7 +227,10 @@ impl Election {
                     // so no half-finished campaign stays behind.
                     let _ = self.inner.input.send(ElectionInput::CancelCampaign);
                     loop {
-                        match self.inner.wait(&rx, Some(Instant::now() + Duration::from_secs(10)))? {
+                        match self
+                            .inner
+                            .wait(&rx, Some(Instant::now() + Duration::from_secs(10)))?
+                        {
                             Some(ElectionNotice::Elected { token, lease, key }) => {
                                 // Won just before the cancel arrived: step down again.
                                 drop(self.leadership(token, lease, key));
@@ -229,14 +251,18 @@ impl Election {
     pub fn try_campaign(&self, value: &[u8]) -> Result<TryCampaign> {
         validate::payload("value", value)?;
         let _op = self.inner.op.lock();
-        let rx = self.inner.begin(ElectionInput::TryCampaign { value: value.to_vec() })?;
+        let rx = self.inner.begin(ElectionInput::TryCampaign {
+            value: value.to_vec(),
+        })?;
         loop {
             match self.inner.wait(&rx, None)? {
                 Some(ElectionNotice::Elected { token, lease, key }) => {
                     return Ok(TryCampaign::Elected(self.leadership(token, lease, key)));
                 }
                 Some(ElectionNotice::NotElected { leader }) => {
-                    return Ok(TryCampaign::NotElected(leader.as_ref().map(LeaderInfo::from_kv)));
+                    return Ok(TryCampaign::NotElected(
+                        leader.as_ref().map(LeaderInfo::from_kv),
+                    ));
                 }
                 Some(ElectionNotice::CampaignFailed(e)) => return Err(election_error(e)),
                 _ => continue,
@@ -272,7 +298,10 @@ impl Election {
                 return if revoked {
                     Ok(())
                 } else {
-                    Err(Error::Etcd("the session lease could not be revoked; it will expire after its TTL".into()))
+                    Err(Error::Etcd(
+                        "the session lease could not be revoked; it will expire after its TTL"
+                            .into(),
+                    ))
                 };
             }
             if self.inner.input.is_closed() {
@@ -290,7 +319,11 @@ impl Election {
         if let Some(old) = state.held.take() {
             old.flag.store(false, Ordering::SeqCst);
         }
-        state.held = Some(Held { token, flag: flag.clone(), lost: lost_tx });
+        state.held = Some(Held {
+            token,
+            flag: flag.clone(),
+            lost: lost_tx,
+        });
         Leadership {
             inner: self.inner.clone(),
             token,
@@ -335,7 +368,9 @@ impl Inner {
             };
             match rx.recv_timeout(wait) {
                 Ok(notice) => return Ok(Some(notice)),
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Err(Error::DriverGone),
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    return Err(Error::DriverGone)
+                }
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                     if self.input.is_closed() {
                         return Err(Error::DriverGone);
@@ -408,7 +443,9 @@ pub(crate) fn current_leader(etcd: &Etcd, prefix: &str) -> Result<Option<LeaderI
     });
     match etcd.request(request)? {
         Response::Range { kvs, .. } => Ok(kvs.first().map(LeaderInfo::from_kv)),
-        other => Err(Error::Etcd(format!("unexpected answer to a range: {other:?}"))),
+        other => Err(Error::Etcd(format!(
+            "unexpected answer to a range: {other:?}"
+        ))),
     }
 }
 
@@ -474,7 +511,9 @@ impl Leadership {
             return Err(Error::NotLeader);
         }
         let _op = self.inner.op.lock();
-        let rx = self.inner.begin(ElectionInput::Proclaim { value: value.to_vec() })?;
+        let rx = self.inner.begin(ElectionInput::Proclaim {
+            value: value.to_vec(),
+        })?;
         loop {
             match self.inner.wait(&rx, None)? {
                 Some(ElectionNotice::Proclaimed) => return Ok(()),
@@ -499,7 +538,9 @@ impl Leadership {
         };
         match self.inner.etcd.request(Request::Txn(txn))? {
             Response::Txn { succeeded, .. } => Ok(succeeded),
-            other => Err(Error::Etcd(format!("unexpected answer to a txn: {other:?}"))),
+            other => Err(Error::Etcd(format!(
+                "unexpected answer to a txn: {other:?}"
+            ))),
         }
     }
 
@@ -518,7 +559,10 @@ impl Leadership {
         let _op = self.inner.op.lock();
         let rx = self.inner.begin(ElectionInput::Resign)?;
         loop {
-            match self.inner.wait(&rx, Some(Instant::now() + Duration::from_secs(15)))? {
+            match self
+                .inner
+                .wait(&rx, Some(Instant::now() + Duration::from_secs(15)))?
+            {
                 Some(ElectionNotice::Resigned) => return Ok(()),
                 Some(_) => continue,
                 None => return Err(Error::Timeout(Duration::from_secs(15))),

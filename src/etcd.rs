@@ -56,7 +56,9 @@ struct Inner {
 
 impl std::fmt::Debug for Etcd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Etcd").field("endpoints", &self.inner.endpoints).finish()
+        f.debug_struct("Etcd")
+            .field("endpoints", &self.inner.endpoints)
+            .finish()
     }
 }
 
@@ -77,22 +79,38 @@ impl Etcd {
     pub fn connect<S: AsRef<str>>(endpoints: &[S], options: EtcdOptions) -> Result<Etcd> {
         assert_not_async();
         if endpoints.is_empty() {
-            return Err(Error::invalid("endpoints", "at least one endpoint is required"));
+            return Err(Error::invalid(
+                "endpoints",
+                "at least one endpoint is required",
+            ));
         }
         let mut normalized = Vec::with_capacity(endpoints.len());
         for e in endpoints {
             let e = e.as_ref().trim();
             if e.is_empty() || e.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                return Err(Error::invalid("endpoints", format!("{e:?} is not a host:port endpoint")));
+                return Err(Error::invalid(
+                    "endpoints",
+                    format!("{e:?} is not a host:port endpoint"),
+                ));
             }
             if e.starts_with("https://") {
-                return Err(Error::invalid("endpoints", format!("{e}: TLS endpoints are not supported yet")));
+                return Err(Error::invalid(
+                    "endpoints",
+                    format!("{e}: TLS endpoints are not supported yet"),
+                ));
             }
-            let e = if e.starts_with("http://") { e.to_string() } else { format!("http://{e}") };
+            let e = if e.starts_with("http://") {
+                e.to_string()
+            } else {
+                format!("http://{e}")
+            };
             normalized.push(e);
         }
         if options.connect_timeout.is_zero() || options.request_timeout.is_zero() {
-            return Err(Error::invalid("options", "timeouts must be greater than zero"));
+            return Err(Error::invalid(
+                "options",
+                "timeouts must be greater than zero",
+            ));
         }
         let connect = ec::ConnectOptions::new()
             .with_connect_timeout(options.connect_timeout)
@@ -102,9 +120,17 @@ impl Etcd {
             normalized.clone(),
             connect,
             options.connect_timeout,
-            DriverOptions { request_timeout: options.request_timeout },
+            DriverOptions {
+                request_timeout: options.request_timeout,
+            },
         )?;
-        Ok(Etcd { inner: Arc::new(Inner { endpoints: normalized, options, driver: Mutex::new(driver) }) })
+        Ok(Etcd {
+            inner: Arc::new(Inner {
+                endpoints: normalized,
+                options,
+                driver: Mutex::new(driver),
+            }),
+        })
     }
 
     /// The endpoints this handle connects to.
@@ -132,9 +158,16 @@ impl Etcd {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.spawn(move |mut shared: Shared| async move {
             let timeout = shared.options.request_timeout;
-            let result = match tokio::time::timeout(timeout, driver::exec::unary(&mut shared.client, &request)).await {
+            let result = match tokio::time::timeout(
+                timeout,
+                driver::exec::unary(&mut shared.client, &request),
+            )
+            .await
+            {
                 Ok(r) => r,
-                Err(_) => Err(RpcError::Unavailable(format!("no answer within {timeout:?}"))),
+                Err(_) => Err(RpcError::Unavailable(format!(
+                    "no answer within {timeout:?}"
+                ))),
             };
             let _ = tx.send(result);
         })?;
@@ -153,16 +186,15 @@ impl Etcd {
     pub(crate) fn run_machine<M>(
         &self,
         machine: M,
-        stop: fn() -> M::Event,
         notify: impl FnMut(M::Notification) -> bool + Send + 'static,
     ) -> Result<mpsc::UnboundedSender<M::Event>>
     where
         M: Machine + Send + 'static,
-        M::Event: Send + 'static,
+        M::Event: Send + runner::StopInput + 'static,
         M::Notification: Send + 'static,
     {
         let (tx, rx) = mpsc::unbounded_channel();
-        self.run_machine_with(machine, rx, stop, notify)?;
+        self.run_machine_with(machine, rx, notify)?;
         Ok(tx)
     }
 
@@ -172,15 +204,18 @@ impl Etcd {
         &self,
         machine: M,
         inputs: mpsc::UnboundedReceiver<M::Event>,
-        stop: fn() -> M::Event,
         notify: impl FnMut(M::Notification) -> bool + Send + 'static,
     ) -> Result<()>
     where
         M: Machine + Send + 'static,
-        M::Event: Send + 'static,
+        M::Event: Send + runner::StopInput + 'static,
         M::Notification: Send + 'static,
     {
-        let task = runner::MachineTask { machine, inputs, stop, notify: Box::new(notify) };
+        let task = runner::MachineTask {
+            machine,
+            inputs,
+            notify: Box::new(notify),
+        };
         self.spawn(move |shared| runner::run(shared, task))
     }
 
@@ -199,7 +234,12 @@ impl Etcd {
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
         let msg = DriverMsg::Spawn(Box::new(move |shared| Box::pin(job(shared))));
-        self.inner.driver.lock().tx.send(msg).map_err(|_| Error::DriverGone)
+        self.inner
+            .driver
+            .lock()
+            .tx
+            .send(msg)
+            .map_err(|_| Error::DriverGone)
     }
 }
 

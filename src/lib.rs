@@ -17,10 +17,10 @@ mod validate;
 mod watcher;
 
 pub use coordinator::conformance;
-pub use error::{Error, Result};
 pub use election::{
     Election, ElectionOptions, LeaderInfo, LeaderObserver, Leadership, TryCampaign,
 };
+pub use error::{Error, Result};
 pub use etcd::{Etcd, EtcdOptions};
 pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
 pub use pool::ElectionPool;

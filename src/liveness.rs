@@ -79,7 +79,10 @@ pub struct HostLiveness {
 
 impl std::fmt::Debug for HostLiveness {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostLiveness").field("key", &self.key).field("state", &self.state()).finish()
+        f.debug_struct("HostLiveness")
+            .field("key", &self.key)
+            .field("state", &self.state())
+            .finish()
     }
 }
 
@@ -87,8 +90,21 @@ impl HostLiveness {
     /// Register `host_id` with `metadata` under the default prefix, with a
     /// lease of `ttl`. Blocks until the key is written (or fails after
     /// [`LivenessOptions::register_timeout`]).
-    pub fn register(etcd: &Etcd, host_id: Uuid, metadata: &[u8], ttl: Duration) -> Result<HostLiveness> {
-        Self::register_with(etcd, host_id, metadata, LivenessOptions { ttl, ..LivenessOptions::default() })
+    pub fn register(
+        etcd: &Etcd,
+        host_id: Uuid,
+        metadata: &[u8],
+        ttl: Duration,
+    ) -> Result<HostLiveness> {
+        Self::register_with(
+            etcd,
+            host_id,
+            metadata,
+            LivenessOptions {
+                ttl,
+                ..LivenessOptions::default()
+            },
+        )
     }
 
     /// [`HostLiveness::register`] with every setting explicit.
@@ -108,7 +124,10 @@ impl HostLiveness {
         let key = format!("{}{}", options.prefix, host_id.hyphenated());
         let config = KeepaliveConfig {
             ttl_secs: options.ttl.as_secs() as i64,
-            binding: Some(Binding { key: key.clone().into_bytes(), value: metadata.to_vec() }),
+            binding: Some(Binding {
+                key: key.clone().into_bytes(),
+                value: metadata.to_vec(),
+            }),
             backoff: BackoffConfig::default(),
         };
         let machine = Keepalive::new(config, Instant::now(), rand_seed());
@@ -118,23 +137,26 @@ impl HostLiveness {
         let (stopped_tx, stopped) = crossbeam_channel::bounded(1);
         let shared_state = state.clone();
         let mut first_tx = Some(first_tx);
-        let input = etcd.run_machine(machine, || KeepaliveEvent::Stop, move |s: LivenessState| {
-            *shared_state.lock() = s.clone();
-            if let LivenessState::Registered { .. } = s {
-                if let Some(tx) = first_tx.take() {
-                    let _ = tx.send(s.clone());
+        let input = etcd.run_machine(
+            machine,
+            move |s: LivenessState| {
+                *shared_state.lock() = s.clone();
+                if let LivenessState::Registered { .. } = s {
+                    if let Some(tx) = first_tx.take() {
+                        let _ = tx.send(s.clone());
+                    }
                 }
-            }
-            if let LivenessState::Stopped { revoked } = s {
-                let _ = stopped_tx.try_send(revoked);
-            }
-            // A user who ignores state changes must not keep them in memory
-            // forever: the receiver is ours too, so it never disconnects; cap it.
-            if states_tx.len() < 1024 {
-                let _ = states_tx.send(s);
-            }
-            true
-        })?;
+                if let LivenessState::Stopped { revoked } = s {
+                    let _ = stopped_tx.try_send(revoked);
+                }
+                // A user who ignores state changes must not keep them in memory
+                // forever: the receiver is ours too, so it never disconnects; cap it.
+                if states_tx.len() < 1024 {
+                    let _ = states_tx.send(s);
+                }
+                true
+            },
+        )?;
         let mut host = HostLiveness {
             host_id,
             key,
@@ -194,7 +216,9 @@ impl HostLiveness {
         if self.closed {
             return Err(Error::Closed);
         }
-        self.input.send(KeepaliveEvent::SetValue(metadata.to_vec())).map_err(|_| Error::DriverGone)
+        self.input
+            .send(KeepaliveEvent::SetValue(metadata.to_vec()))
+            .map_err(|_| Error::DriverGone)
     }
 
     /// Revoke the lease (the key disappears, watchers see `Down` at once)
@@ -204,7 +228,9 @@ impl HostLiveness {
     pub fn close(mut self) -> Result<()> {
         match self.stop_and_wait() {
             Some(true) => Ok(()),
-            Some(false) => Err(Error::Etcd("the lease could not be revoked; it will expire after its TTL".into())),
+            Some(false) => Err(Error::Etcd(
+                "the lease could not be revoked; it will expire after its TTL".into(),
+            )),
             None => Err(Error::DriverGone),
         }
     }

@@ -28,15 +28,25 @@ impl std::fmt::Debug for LeaderObserver {
 
 impl LeaderObserver {
     pub(crate) fn start(etcd: &Etcd, prefix: &str) -> Result<LeaderObserver> {
-        let config = ObserveConfig { prefix: prefix.as_bytes().to_vec(), backoff: BackoffConfig::default() };
+        let config = ObserveConfig {
+            prefix: prefix.as_bytes().to_vec(),
+            backoff: BackoffConfig::default(),
+        };
         let machine = Observe::new(config, Instant::now(), rand_seed());
         let (tx, leaders) = crossbeam_channel::unbounded();
-        let input = etcd.run_machine(machine, || ObserveInput::Stop, move |notice| match notice {
-            ObserveNotice::Leader(kv) => tx.send(kv.as_ref().map(LeaderInfo::from_kv)).is_ok(),
-            #[allow(unreachable_patterns)]
-            _ => true,
-        })?;
-        Ok(LeaderObserver { leaders, input, _etcd: etcd.clone() })
+        let input = etcd.run_machine(
+            machine,
+            move |notice| match notice {
+                ObserveNotice::Leader(kv) => tx.send(kv.as_ref().map(LeaderInfo::from_kv)).is_ok(),
+                #[allow(unreachable_patterns)]
+                _ => true,
+            },
+        )?;
+        Ok(LeaderObserver {
+            leaders,
+            input,
+            _etcd: etcd.clone(),
+        })
     }
 
     /// The leader changes, in order.

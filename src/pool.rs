@@ -41,7 +41,9 @@ pub struct ElectionPool {
 
 impl std::fmt::Debug for ElectionPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ElectionPool").field("names", &self.elections.lock().len()).finish()
+        f.debug_struct("ElectionPool")
+            .field("names", &self.elections.lock().len())
+            .finish()
     }
 }
 
@@ -70,7 +72,11 @@ impl ElectionPool {
         if let Some(e) = elections.get(name) {
             return Ok(e.clone());
         }
-        let election = Arc::new(Election::with_options(&self.etcd, name, self.options.clone())?);
+        let election = Arc::new(Election::with_options(
+            &self.etcd,
+            name,
+            self.options.clone(),
+        )?);
         elections.insert(name.to_string(), election.clone());
         Ok(election)
     }
@@ -81,7 +87,12 @@ impl ElectionPool {
     }
 
     /// Campaign on `name` for at most `timeout`.
-    pub fn campaign_timeout(&self, name: &str, value: &[u8], timeout: Duration) -> Result<Leadership> {
+    pub fn campaign_timeout(
+        &self,
+        name: &str,
+        value: &[u8],
+        timeout: Duration,
+    ) -> Result<Leadership> {
         self.election(name)?.campaign_timeout(value, timeout)
     }
 

@@ -55,7 +55,10 @@ pub struct WatcherOptions {
 
 impl Default for WatcherOptions {
     fn default() -> Self {
-        WatcherOptions { prefix: DEFAULT_HOSTS_PREFIX.into(), capacity: 4096 }
+        WatcherOptions {
+            prefix: DEFAULT_HOSTS_PREFIX.into(),
+            capacity: 4096,
+        }
     }
 }
 
@@ -104,7 +107,9 @@ pub struct HostWatcher {
 
 impl std::fmt::Debug for HostWatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostWatcher").field("pending", &self.events.len()).finish()
+        f.debug_struct("HostWatcher")
+            .field("pending", &self.events.len())
+            .finish()
     }
 }
 
@@ -154,7 +159,10 @@ impl HostWatcher {
                     WatchNotice::Down(kv) => host_info(prefix_len, &kv).map(HostEvent::Down),
                     WatchNotice::Synced => Some(HostEvent::Synced),
                     WatchNotice::InvalidKey(key) => {
-                        log::warn!("ignoring key {:?} under the hosts prefix: not a host id", String::from_utf8_lossy(&key));
+                        log::warn!(
+                            "ignoring key {:?} under the hosts prefix: not a host id",
+                            String::from_utf8_lossy(&key)
+                        );
                         None
                     }
                     _ => None,
@@ -169,9 +177,13 @@ impl HostWatcher {
                 true
             }
         };
-        etcd.run_machine_with(machine, input_rx, || WatchInput::Stop, notify)?;
+        etcd.run_machine_with(machine, input_rx, notify)?;
         spawn_resume_poller(etcd, tx, input_tx.clone(), paused, capacity)?;
-        Ok(HostWatcher { events, input: input_tx, _etcd: etcd.clone() })
+        Ok(HostWatcher {
+            events,
+            input: input_tx,
+            _etcd: etcd.clone(),
+        })
     }
 
     /// The events, in order.
@@ -230,9 +242,16 @@ impl From<ConsumerReady> for WatchInput {
 /// List the hosts registered under `prefix` right now (one linearizable read).
 pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
     validate::prefix("prefix", prefix)?;
-    let response = etcd.request(Request::Range(RangeRequest::all(KeyRange::Prefix(prefix.as_bytes().to_vec()))))?;
+    let response = etcd.request(Request::Range(RangeRequest::all(KeyRange::Prefix(
+        prefix.as_bytes().to_vec(),
+    ))))?;
     match response {
-        Response::Range { kvs, .. } => Ok(kvs.iter().filter_map(|kv| host_info(prefix.len(), kv)).collect()),
-        other => Err(Error::Etcd(format!("unexpected answer to a range: {other:?}"))),
+        Response::Range { kvs, .. } => Ok(kvs
+            .iter()
+            .filter_map(|kv| host_info(prefix.len(), kv))
+            .collect()),
+        other => Err(Error::Etcd(format!(
+            "unexpected answer to a range: {other:?}"
+        ))),
     }
 }

@@ -3,11 +3,11 @@
 //! decisions here; those live in `sm`.
 
 use etcd_client as ec;
-use tonic::Code;
 use fleetcoord_sm::{
     Compare, EventKind, KeyRange, KeyValue, RangeRequest, Request, Response, RpcError, SortOrder,
     Txn, TxnOp, TxnOpResponse, WatchEvent,
 };
+use tonic::Code;
 
 /// Map an etcd-client error onto the two outcomes machines distinguish:
 /// worth retrying (`Unavailable`) or not (`Rejected`).
@@ -115,11 +115,20 @@ fn txn(t: &Txn) -> ec::Txn {
 
 /// Run a unary request (everything but `Watch` and `KeepAlive`, which are
 /// streams handled by the runner).
-pub(crate) async fn unary(client: &mut ec::Client, request: &Request) -> Result<Response, RpcError> {
+pub(crate) async fn unary(
+    client: &mut ec::Client,
+    request: &Request,
+) -> Result<Response, RpcError> {
     match request {
         Request::Grant { ttl_secs } => {
-            let r = client.lease_grant(*ttl_secs, None).await.map_err(rpc_error)?;
-            Ok(Response::Granted { lease: r.id(), ttl_secs: r.ttl() })
+            let r = client
+                .lease_grant(*ttl_secs, None)
+                .await
+                .map_err(rpc_error)?;
+            Ok(Response::Granted {
+                lease: r.id(),
+                ttl_secs: r.ttl(),
+            })
         }
         Request::Revoke { lease } => {
             client.lease_revoke(*lease).await.map_err(rpc_error)?;
@@ -130,7 +139,9 @@ pub(crate) async fn unary(client: &mut ec::Client, request: &Request) -> Result<
                 .put(key.clone(), value.clone(), put_options(*lease))
                 .await
                 .map_err(rpc_error)?;
-            Ok(Response::Put { revision: header_revision(r.header()) })
+            Ok(Response::Put {
+                revision: header_revision(r.header()),
+            })
         }
         Request::Range(range) => {
             let r = client
@@ -147,7 +158,10 @@ pub(crate) async fn unary(client: &mut ec::Client, request: &Request) -> Result<
                 .delete(range_key(range), Some(delete_options(range)))
                 .await
                 .map_err(rpc_error)?;
-            Ok(Response::Deleted { revision: header_revision(r.header()), deleted: r.deleted() })
+            Ok(Response::Deleted {
+                revision: header_revision(r.header()),
+                deleted: r.deleted(),
+            })
         }
         Request::Txn(t) => {
             let r = client.txn(txn(t)).await.map_err(rpc_error)?;
@@ -156,10 +170,12 @@ pub(crate) async fn unary(client: &mut ec::Client, request: &Request) -> Result<
                 .into_iter()
                 .map(|op| match op {
                     ec::TxnOpResponse::Put(_) => TxnOpResponse::Put,
-                    ec::TxnOpResponse::Get(g) => {
-                        TxnOpResponse::Range { kvs: g.kvs().iter().map(key_value).collect() }
-                    }
-                    ec::TxnOpResponse::Delete(d) => TxnOpResponse::Delete { deleted: d.deleted() },
+                    ec::TxnOpResponse::Get(g) => TxnOpResponse::Range {
+                        kvs: g.kvs().iter().map(key_value).collect(),
+                    },
+                    ec::TxnOpResponse::Delete(d) => TxnOpResponse::Delete {
+                        deleted: d.deleted(),
+                    },
                     // We never send nested transactions.
                     ec::TxnOpResponse::Txn(_) => TxnOpResponse::Put,
                 })
@@ -191,7 +207,9 @@ pub(crate) fn watch_options(range: &KeyRange, start_revision: i64) -> (Vec<u8>, 
 /// Convert one etcd watch response into the sm vocabulary.
 pub(crate) fn watch_response(r: &ec::WatchResponse) -> Response {
     if r.canceled() {
-        return Response::WatchCanceled { compact_revision: r.compact_revision() };
+        return Response::WatchCanceled {
+            compact_revision: r.compact_revision(),
+        };
     }
     let events = r
         .events()
@@ -202,7 +220,11 @@ pub(crate) fn watch_response(r: &ec::WatchResponse) -> Response {
                 ec::EventType::Put => EventKind::Put,
                 ec::EventType::Delete => EventKind::Delete,
             };
-            Some(WatchEvent { kind, kv, prev_kv: e.prev_kv().map(key_value) })
+            Some(WatchEvent {
+                kind,
+                kv,
+                prev_kv: e.prev_kv().map(key_value),
+            })
         })
         .collect();
     Response::WatchEvents { events }

@@ -107,12 +107,18 @@ pub(crate) fn start(
         })
         .map_err(Error::Io)?;
     match ready_rx.recv_timeout(connect_timeout + Duration::from_secs(5)) {
-        Ok(Ok(())) => Ok(DriverHandle { tx, thread: Some(thread) }),
+        Ok(Ok(())) => Ok(DriverHandle {
+            tx,
+            thread: Some(thread),
+        }),
         Ok(Err(e)) => {
             let _ = thread.join();
             Err(e)
         }
-        Err(_) => Err(Error::Connect { endpoints: shown, reason: "the driver thread did not start".into() }),
+        Err(_) => Err(Error::Connect {
+            endpoints: shown,
+            reason: "the driver thread did not start".into(),
+        }),
     }
 }
 
@@ -124,7 +130,9 @@ async fn connect_checked(
     timeout: Duration,
 ) -> std::result::Result<ec::Client, String> {
     let attempt = async {
-        let mut client = ec::Client::connect(endpoints, Some(options)).await.map_err(|e| e.to_string())?;
+        let mut client = ec::Client::connect(endpoints, Some(options))
+            .await
+            .map_err(|e| e.to_string())?;
         client.status().await.map_err(|e| e.to_string())?;
         Ok::<_, String>(client)
     };

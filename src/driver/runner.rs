@@ -5,7 +5,9 @@
 use super::exec;
 use super::Shared;
 use etcd_client as ec;
-use fleetcoord_sm::{Command, KeyRange, LeaseId, Machine, Request, Response, RpcError, RpcId, RpcReply};
+use fleetcoord_sm::{
+    Command, KeyRange, LeaseId, Machine, Request, Response, RpcError, RpcId, RpcReply,
+};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -17,12 +19,37 @@ pub(crate) struct MachineTask<M: Machine> {
     pub machine: M,
     /// User requests; when every sender is gone the machine is stopped.
     pub inputs: mpsc::UnboundedReceiver<M::Event>,
-    /// The event that asks the machine to stop (revoke, resign, cancel).
-    pub stop: fn() -> M::Event,
     /// Receives each notification. Returns `false` once nobody listens any
     /// more; the runner then stops the machine.
     pub notify: Box<dyn FnMut(M::Notification) -> bool + Send>,
 }
+
+/// The input that asks a machine to stop (revoke, resign, cancel); the
+/// runner ends the task once the machine has finished stopping.
+pub(crate) trait StopInput {
+    fn stop() -> Self;
+    fn is_stop(&self) -> bool;
+}
+
+macro_rules! stop_input {
+    ($($ty:path => $variant:path),* $(,)?) => {$(
+        impl StopInput for $ty {
+            fn stop() -> Self {
+                $variant
+            }
+            fn is_stop(&self) -> bool {
+                matches!(self, $variant)
+            }
+        }
+    )*};
+}
+
+stop_input!(
+    fleetcoord_sm::keepalive::KeepaliveEvent => fleetcoord_sm::keepalive::KeepaliveEvent::Stop,
+    fleetcoord_sm::watch::WatchInput => fleetcoord_sm::watch::WatchInput::Stop,
+    fleetcoord_sm::election::ElectionInput => fleetcoord_sm::election::ElectionInput::Stop,
+    fleetcoord_sm::observe::ObserveInput => fleetcoord_sm::observe::ObserveInput::Stop,
+);
 
 /// A renewal stream for one lease, opened lazily and dropped on failure.
 struct KeepaliveStream {
@@ -37,10 +64,15 @@ const STOP_GRACE: Duration = Duration::from_secs(3);
 pub(crate) async fn run<M>(shared: Shared, task: MachineTask<M>)
 where
     M: Machine + Send + 'static,
-    M::Event: Send,
+    M::Event: Send + StopInput,
     M::Notification: Send,
 {
-    let MachineTask { mut machine, mut inputs, stop, mut notify } = task;
+    let MachineTask {
+        mut machine,
+        mut inputs,
+        mut notify,
+    } = task;
+    let stop = <M::Event as StopInput>::stop;
     let (reply_tx, mut replies) = mpsc::unbounded_channel::<RpcReply>();
     let mut inflight: HashMap<RpcId, AbortHandle> = HashMap::new();
     let mut keepalive: Option<KeepaliveStream> = None;
@@ -52,7 +84,14 @@ where
         while let Some(command) = machine.poll_command() {
             match command {
                 Command::Rpc { id, request } => {
-                    start_rpc(&shared, id, request, &reply_tx, &mut inflight, &mut keepalive);
+                    start_rpc(
+                        &shared,
+                        id,
+                        request,
+                        &reply_tx,
+                        &mut inflight,
+                        &mut keepalive,
+                    );
                 }
                 Command::Cancel { id } => {
                     if let Some(handle) = inflight.remove(&id) {
@@ -101,7 +140,12 @@ where
             input = inputs.recv(), if stop_deadline.is_none() => {
                 last_now = Instant::now().max(last_now);
                 match input {
-                    Some(event) => machine.handle(last_now, event),
+                    Some(event) => {
+                        if event.is_stop() {
+                            stop_deadline = Some(tokio::time::Instant::now() + STOP_GRACE);
+                        }
+                        machine.handle(last_now, event)
+                    }
                     None => {
                         stop_deadline = Some(tokio::time::Instant::now() + STOP_GRACE);
                         machine.handle(last_now, stop());
@@ -141,7 +185,10 @@ fn start_rpc(
 ) {
     let reply_tx = reply_tx.clone();
     match request {
-        Request::Watch { range, start_revision } => {
+        Request::Watch {
+            range,
+            start_revision,
+        } => {
             let client = shared.client.clone();
             let handle = tokio::spawn(watch(client, id, range, start_revision, reply_tx));
             inflight.insert(id, handle.abort_handle());
@@ -154,7 +201,10 @@ fn start_rpc(
                     let client = shared.client.clone();
                     let timeout = shared.options.request_timeout;
                     tokio::spawn(renewals(client, lease, rx, reply_tx.clone(), timeout));
-                    keepalive.insert(KeepaliveStream { lease, requests: tx })
+                    keepalive.insert(KeepaliveStream {
+                        lease,
+                        requests: tx,
+                    })
                 }
             };
             if stream.requests.send(id).is_err() {
@@ -168,10 +218,13 @@ fn start_rpc(
             let mut client = shared.client.clone();
             let timeout = shared.options.request_timeout;
             let handle = tokio::spawn(async move {
-                let result = match tokio::time::timeout(timeout, exec::unary(&mut client, &request)).await {
-                    Ok(result) => result,
-                    Err(_) => Err(RpcError::Unavailable(format!("no answer within {timeout:?}"))),
-                };
+                let result =
+                    match tokio::time::timeout(timeout, exec::unary(&mut client, &request)).await {
+                        Ok(result) => result,
+                        Err(_) => Err(RpcError::Unavailable(format!(
+                            "no answer within {timeout:?}"
+                        ))),
+                    };
                 let _ = reply_tx.send(RpcReply { id, result });
             });
             inflight.insert(id, handle.abort_handle());
@@ -192,7 +245,10 @@ async fn watch(
     let mut stream = match client.watch(key, Some(options)).await {
         Ok(s) => s,
         Err(e) => {
-            let _ = reply_tx.send(RpcReply { id, result: Err(exec::rpc_error(e)) });
+            let _ = reply_tx.send(RpcReply {
+                id,
+                result: Err(exec::rpc_error(e)),
+            });
             return;
         }
     };
@@ -224,7 +280,9 @@ async fn renewals(
         let result = tokio::time::timeout(timeout, renew_once(&client, lease, &mut stream)).await;
         let result = match result {
             Ok(r) => r,
-            Err(_) => Err(RpcError::Unavailable(format!("no renewal answer within {timeout:?}"))),
+            Err(_) => Err(RpcError::Unavailable(format!(
+                "no renewal answer within {timeout:?}"
+            ))),
         };
         if result.is_err() {
             stream = None;

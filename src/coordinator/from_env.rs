@@ -1,0 +1,83 @@
+//! Picking a backend from the environment. Coordination is never on the
+//! critical path: whatever goes wrong here degrades to noop with a warning.
+
+use super::{Coordinator, MemoryCoordinator, NoopCoordinator};
+use crate::error::{Error, Result};
+
+/// The backend named by `COORD` (`memory`, `noop`, `etcd`, `nats`, `redis`;
+/// case-insensitive), connected to `COORD_URL` where it needs one.
+///
+/// Unset or empty `COORD` gives [`MemoryCoordinator`], the embedded default.
+/// An unknown value, a backend not built into this binary, or a failed
+/// connection logs a warning through `log` and gives [`NoopCoordinator`].
+/// Explicit construction always wins: call a backend's constructor to get an
+/// error instead of a fallback.
+pub fn from_env() -> Box<dyn Coordinator> {
+    let coord = std::env::var("COORD").ok();
+    let url = std::env::var("COORD_URL").ok();
+    from_env_vars(coord.as_deref(), url.as_deref())
+}
+
+/// [`from_env`] with the two variables given as arguments (`coord` =
+/// `COORD`, `url` = `COORD_URL`), for tests and for configuration that does
+/// not come from the environment.
+pub fn from_env_vars(coord: Option<&str>, url: Option<&str>) -> Box<dyn Coordinator> {
+    let name = coord.map(str::trim).unwrap_or("").to_ascii_lowercase();
+    let url = url.map(str::trim).filter(|u| !u.is_empty());
+    let connected = match name.as_str() {
+        "" | "memory" => return Box::new(MemoryCoordinator::new()),
+        "noop" => return Box::new(NoopCoordinator::new()),
+        "etcd" => connect_etcd(url),
+        "nats" => Err(Error::Unsupported(
+            "the nats backend is not built into this binary",
+        )),
+        "redis" => Err(Error::Unsupported(
+            "the redis backend is not built into this binary",
+        )),
+        _ => {
+            log::warn!(
+                "COORD={name:?} is not a known coordinator backend (memory, noop, etcd, nats, redis); \
+                 coordination is disabled (noop)"
+            );
+            return Box::new(NoopCoordinator::new());
+        }
+    };
+    match connected {
+        Ok(coordinator) => coordinator,
+        Err(e) => {
+            log::warn!("COORD={name}: {e}; coordination is disabled (noop)");
+            Box::new(NoopCoordinator::new())
+        }
+    }
+}
+
+/// Connects the etcd backend to `url` (comma-separated endpoints).
+fn connect_etcd(url: Option<&str>) -> Result<Box<dyn Coordinator>> {
+    let url = url.unwrap_or("127.0.0.1:2379");
+    Ok(Box::new(super::EtcdCoordinator::connect(url)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_by_name() {
+        assert!(from_env_vars(None, None).capabilities().delivers);
+        assert!(
+            from_env_vars(Some(" Memory "), None)
+                .capabilities()
+                .delivers
+        );
+        assert!(!from_env_vars(Some("noop"), None).capabilities().delivers);
+    }
+
+    #[test]
+    fn unknown_and_unavailable_fall_back_to_noop() {
+        for name in ["bogus", "etcd", "nats", "redis"] {
+            let c = from_env_vars(Some(name), Some("http://127.0.0.1:1"));
+            assert!(!c.capabilities().delivers, "{name}");
+            assert!(c.ping().is_ok(), "{name}");
+        }
+    }
+}

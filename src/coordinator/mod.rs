@@ -1,0 +1,284 @@
+//! A transport-agnostic bus for temporarily-synced state.
+//!
+//! [`Coordinator`] offers three things every process of a deployment must
+//! see within tens of milliseconds — it is neither an event store nor a
+//! database:
+//!
+//! * **pub/sub** on exact topics ([`Coordinator::publish`],
+//!   [`Coordinator::subscribe`]): live-only, ordered per topic;
+//! * **streams** ([`Coordinator::append_stream`], [`Coordinator::read_stream`]):
+//!   append-only, sequence-numbered, replayable from the start, the end or
+//!   strictly after an ID;
+//! * **KV buckets** ([`Coordinator::kv_set`], [`Coordinator::kv_get`],
+//!   [`Coordinator::kv_delete`], [`Coordinator::kv_watch`]) with pattern
+//!   watches that deliver a snapshot, then [`KvEvent::Synced`], then changes.
+//!
+//! Backends: [`MemoryCoordinator`] (one process, the embedded default),
+//! [`NoopCoordinator`] (accepts everything, delivers nothing) and the etcd
+//! backend. [`from_env`] picks one from the `COORD` environment variable.
+//! Every backend passes the public [`conformance`] suite, which third-party
+//! backends can run from their own tests.
+//!
+//! The API is blocking; receivers are crossbeam channels wrapped in a
+//! [`Feed`] that cancels its subscription when dropped.
+//!
+//! ```
+//! use fleetcoord::coordinator::{Coordinator, KvEvent, MemoryCoordinator, StreamPosition};
+//! use std::time::Duration;
+//!
+//! let coord = MemoryCoordinator::new();
+//!
+//! // pub/sub: a subscription is live as soon as `subscribe` returns.
+//! let sub = coord.subscribe("deploys")?;
+//! coord.publish("deploys", b"v42")?;
+//! let msg = sub.recv_timeout(Duration::from_secs(1)).unwrap();
+//! assert_eq!((msg.topic.as_str(), msg.payload.as_slice()), ("deploys", &b"v42"[..]));
+//!
+//! // streams: IDs count from 1; a reader from the start replays, then tails.
+//! let first = coord.append_stream("audit", b"login")?;
+//! let reader = coord.read_stream("audit", StreamPosition::Start)?;
+//! assert_eq!(reader.recv_timeout(Duration::from_secs(1)).unwrap().id, first);
+//!
+//! // KV: a watch sends the matching snapshot, then `Synced`, then changes.
+//! coord.kv_set("config", "feature.a", b"on")?;
+//! let watch = coord.kv_watch("config", "feature.*")?;
+//! let events: Vec<KvEvent> = watch.iter().take(2).collect();
+//! assert_eq!(events[1], KvEvent::Synced);
+//!
+//! coord.close()?;
+//! assert!(coord.ping().is_err());
+//! # Ok::<(), fleetcoord::Error>(())
+//! ```
+
+pub mod conformance;
+mod etcd;
+mod feed;
+mod from_env;
+mod memory;
+mod noop;
+pub mod pattern;
+
+pub use etcd::{EtcdCoordinator, EtcdCoordinatorOptions};
+pub use feed::Feed;
+pub use from_env::{from_env, from_env_vars};
+pub use memory::MemoryCoordinator;
+pub use noop::NoopCoordinator;
+
+use crate::error::{Error, Result};
+use std::fmt;
+use std::str::FromStr;
+
+/// A coordination backend. Blocking, `Send + Sync` and object-safe, so it can
+/// be shared as `Arc<dyn Coordinator>` or chosen at run time as
+/// `Box<dyn Coordinator>`.
+///
+/// Shared guarantees of every backend:
+/// * names (`topic`, `stream`, `bucket`) and KV keys are single segments:
+///   non-empty, at most 255 bytes, no `/`, no NUL or control characters;
+///   payloads and values are at most [`MAX_PAYLOAD`] bytes. Anything else is
+///   rejected with [`Error::InvalidArgument`] naming the field (`"topic"`,
+///   `"stream"`, `"bucket"`, `"key"`, `"pattern"`, `"payload"`, `"value"`)
+///   before anything is written;
+/// * a [`Feed`] returned by `subscribe`, `read_stream` or `kv_watch` is live
+///   when the call returns: nothing sent afterwards is missed;
+/// * after [`close`](Coordinator::close) every call except `close` returns
+///   [`Error::Closed`], and every feed opened through this handle ends (its
+///   channel disconnects once the items already queued are read).
+pub trait Coordinator: Send + Sync {
+    /// Sends `payload` to every current subscriber of exactly `topic`.
+    /// Live-only: subscribers that join later never see it.
+    fn publish(&self, topic: &str, payload: &[u8]) -> Result<()>;
+
+    /// Receives every message published on exactly `topic` (no prefix or
+    /// pattern matching) from now on, in publish order. Dropping the
+    /// subscription unsubscribes.
+    fn subscribe(&self, topic: &str) -> Result<Subscription>;
+
+    /// Appends `payload` to `stream` and returns its ID. IDs are sequence
+    /// numbers per stream, starting at 1 and strictly increasing, also under
+    /// concurrent appenders.
+    fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId>;
+
+    /// Reads `stream` from `from` (see [`StreamPosition`]), then tails it.
+    /// Entries arrive in ID order, each exactly once.
+    fn read_stream(&self, stream: &str, from: StreamPosition) -> Result<StreamReader>;
+
+    /// Sets `key` in `bucket` to `value`.
+    fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()>;
+
+    /// Reads `key` in `bucket`; [`Error::NotFound`] when it is not set.
+    fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>>;
+
+    /// Deletes `key` in `bucket`. Deleting a missing key succeeds and tells
+    /// no watcher anything.
+    fn kv_delete(&self, bucket: &str, key: &str) -> Result<()>;
+
+    /// Watches the keys of `bucket` that match `pattern` (see [`pattern`]):
+    /// one [`KvEvent::Put`] per matching key (the snapshot), then exactly one
+    /// [`KvEvent::Synced`] (also for an empty bucket), then every later put
+    /// and delete in the order they happened.
+    fn kv_watch(&self, bucket: &str, pattern: &str) -> Result<KvWatcher>;
+
+    /// Checks that the backend answers.
+    fn ping(&self) -> Result<()>;
+
+    /// Closes this handle. Idempotent and safe to call from several threads
+    /// at once; afterwards every other call returns [`Error::Closed`].
+    fn close(&self) -> Result<()>;
+
+    /// What this backend does; the [`conformance`] suite skips, visibly, the
+    /// cases a backend declares it does not support.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+}
+
+/// The largest payload or value any backend accepts, in bytes (etcd caps
+/// requests at 1.5 MiB; this leaves room for the key and the envelope).
+pub const MAX_PAYLOAD: usize = crate::validate::MAX_PAYLOAD;
+
+/// What a backend declares about itself. Construct with
+/// [`Capabilities::default`] (a complete backend) and adjust the fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Published messages, stream entries and KV values are stored and
+    /// delivered. `false` for a backend that accepts everything and delivers
+    /// nothing (noop).
+    pub delivers: bool,
+    /// Streams keep at most this many newest entries; older ones are
+    /// trimmed. `None`: nothing is trimmed.
+    pub stream_max_len: Option<u64>,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities {
+            delivers: true,
+            stream_max_len: None,
+        }
+    }
+}
+
+/// One published message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// The exact topic it was published on.
+    pub topic: String,
+    /// The bytes given to `publish`, unchanged.
+    pub payload: Vec<u8>,
+}
+
+/// The ID of a stream entry: its sequence number in the stream, counting
+/// from 1. Displays and parses as the plain decimal number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StreamId(pub u64);
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl FromStr for StreamId {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        s.parse::<u64>().map(StreamId).map_err(|e| {
+            Error::invalid(
+                "stream id",
+                format!("{s:?} is not a decimal sequence number: {e}"),
+            )
+        })
+    }
+}
+
+/// Where a stream reader starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamPosition {
+    /// Replay every retained entry, then tail.
+    Start,
+    /// Only entries appended after `read_stream` returns.
+    End,
+    /// Entries with an ID strictly greater than this one, then tail. If the
+    /// ID is older than the oldest retained entry (it was trimmed), reading
+    /// starts at the oldest retained entry; if it is beyond the newest entry,
+    /// reading starts with the next entry appended.
+    After(StreamId),
+}
+
+/// One stream entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamEntry {
+    /// Its sequence number.
+    pub id: StreamId,
+    /// The bytes given to `append_stream`, unchanged.
+    pub payload: Vec<u8>,
+}
+
+/// What a KV watch reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KvEvent {
+    /// `key` holds `value`: a snapshot entry before `Synced`, a set after it.
+    Put {
+        /// The key within the bucket.
+        key: String,
+        /// Its value.
+        value: Vec<u8>,
+    },
+    /// `key` was deleted (only after `Synced`).
+    Deleted {
+        /// The key within the bucket.
+        key: String,
+    },
+    /// The snapshot is complete; sent exactly once per watch.
+    Synced,
+}
+
+/// Messages of one topic; dropping it unsubscribes.
+pub type Subscription = Feed<Message>;
+/// Entries of one stream; dropping it stops the reader.
+pub type StreamReader = Feed<StreamEntry>;
+/// Events of one KV watch; dropping it stops the watch.
+pub type KvWatcher = Feed<KvEvent>;
+
+/// Checks a topic, stream or bucket name.
+pub(crate) fn check_name(what: &'static str, name: &str) -> Result<()> {
+    crate::validate::segment(what, name)
+}
+
+/// Checks a KV key: a single segment, so a bucket's keys never nest.
+pub(crate) fn check_key(key: &str) -> Result<()> {
+    crate::validate::segment("key", key)
+}
+
+/// Checks a payload (`what` = `"payload"`) or a KV value (`"value"`).
+pub(crate) fn check_payload(what: &'static str, payload: &[u8]) -> Result<()> {
+    crate::validate::payload(what, payload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_id_text_round_trip() {
+        let id: StreamId = "42".parse().unwrap();
+        assert_eq!(id, StreamId(42));
+        assert_eq!(id.to_string(), "42");
+        assert!(matches!(
+            "x".parse::<StreamId>(),
+            Err(Error::InvalidArgument {
+                what: "stream id",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn trait_is_object_safe() {
+        let boxed: Box<dyn Coordinator> = Box::new(MemoryCoordinator::new());
+        let shared: std::sync::Arc<dyn Coordinator> = std::sync::Arc::from(boxed);
+        assert!(shared.ping().is_ok());
+    }
+}

@@ -1,0 +1,201 @@
+//! A backend that accepts everything and delivers nothing.
+
+use super::{
+    check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvWatcher,
+    StreamId, StreamPosition, StreamReader, Subscription,
+};
+use crate::error::{Error, Result};
+use crossbeam_channel::{unbounded, Sender};
+use parking_lot::Mutex;
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+/// A [`Coordinator`] for when coordination is switched off (or could not be
+/// set up): calls succeed and go nowhere, so code written against the trait
+/// keeps running.
+///
+/// * `publish`, `kv_set`, `kv_delete` succeed; nothing is stored.
+/// * `append_stream` succeeds with unique, increasing IDs from one counter
+///   shared by all streams and all noop handles of the process (so callers
+///   that compare IDs keep working); no entry is stored.
+/// * `kv_get` returns [`Error::NotFound`].
+/// * feeds from `subscribe`, `read_stream` and `kv_watch` stay open and
+///   silent (a KV watch never even says `Synced`) until the handle closes.
+/// * `ping` succeeds; `close` is idempotent, then every call returns
+///   [`Error::Closed`].
+///
+/// Input is validated exactly as by the other backends.
+#[derive(Debug, Default)]
+pub struct NoopCoordinator {
+    inner: Arc<Mutex<Inner>>,
+}
+
+#[derive(Default)]
+struct Inner {
+    closed: bool,
+    next_feed: u64,
+    /// The senders that keep open feeds open, keyed by feed id.
+    senders: HashMap<u64, Box<dyn Any + Send>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("closed", &self.closed)
+            .field("feeds", &self.senders.len())
+            .finish()
+    }
+}
+
+impl NoopCoordinator {
+    /// A new, open noop coordinator.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.inner.lock().closed {
+            return Err(Error::Closed);
+        }
+        Ok(())
+    }
+
+    fn silent_feed<T: Send + 'static>(&self) -> Result<Feed<T>> {
+        let (tx, rx) = unbounded::<T>();
+        let mut inner = self.inner.lock();
+        if inner.closed {
+            return Err(Error::Closed);
+        }
+        inner.next_feed += 1;
+        let id = inner.next_feed;
+        let keep: Sender<T> = tx;
+        inner.senders.insert(id, Box::new(keep));
+        let weak: Weak<Mutex<Inner>> = Arc::downgrade(&self.inner);
+        Ok(Feed::new(rx, move || {
+            if let Some(inner) = weak.upgrade() {
+                inner.lock().senders.remove(&id);
+            }
+        }))
+    }
+}
+
+impl Coordinator for NoopCoordinator {
+    fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
+        self.check_open()?;
+        check_name("topic", topic)?;
+        check_payload("payload", payload)
+    }
+
+    fn subscribe(&self, topic: &str) -> Result<Subscription> {
+        self.check_open()?;
+        check_name("topic", topic)?;
+        self.silent_feed()
+    }
+
+    fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
+        self.check_open()?;
+        check_name("stream", stream)?;
+        check_payload("payload", payload)?;
+        // Process-wide, so handles from one factory never hand out the same
+        // ID, as handles onto one real stream would not.
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Ok(StreamId(NEXT.fetch_add(1, Ordering::Relaxed)))
+    }
+
+    fn read_stream(&self, stream: &str, _from: StreamPosition) -> Result<StreamReader> {
+        self.check_open()?;
+        check_name("stream", stream)?;
+        self.silent_feed()
+    }
+
+    fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
+        self.check_open()?;
+        check_name("bucket", bucket)?;
+        check_key(key)?;
+        check_payload("value", value)
+    }
+
+    fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
+        self.check_open()?;
+        check_name("bucket", bucket)?;
+        check_key(key)?;
+        Err(Error::NotFound)
+    }
+
+    fn kv_delete(&self, bucket: &str, key: &str) -> Result<()> {
+        self.check_open()?;
+        check_name("bucket", bucket)?;
+        check_key(key)
+    }
+
+    fn kv_watch(&self, bucket: &str, pat: &str) -> Result<KvWatcher> {
+        self.check_open()?;
+        check_name("bucket", bucket)?;
+        pattern::validate(pat)?;
+        self.silent_feed()
+    }
+
+    fn ping(&self) -> Result<()> {
+        self.check_open()
+    }
+
+    fn close(&self) -> Result<()> {
+        let senders = {
+            let mut inner = self.inner.lock();
+            inner.closed = true;
+            std::mem::take(&mut inner.senders)
+        };
+        // Dropping the senders outside the lock ends every open feed.
+        drop(senders);
+        Ok(())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            delivers: false,
+            ..Capabilities::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crossbeam_channel::RecvTimeoutError;
+    use std::time::Duration;
+
+    #[test]
+    fn silent_until_close() {
+        let c = NoopCoordinator::new();
+        let sub = c.subscribe("t").unwrap();
+        c.publish("t", b"x").unwrap();
+        assert!(matches!(
+            sub.recv_timeout(Duration::from_millis(20)),
+            Err(RecvTimeoutError::Timeout)
+        ));
+        c.close().unwrap();
+        assert!(matches!(
+            sub.recv_timeout(Duration::from_secs(1)),
+            Err(RecvTimeoutError::Disconnected)
+        ));
+    }
+
+    #[test]
+    fn dropped_feeds_release_their_sender() {
+        let c = NoopCoordinator::new();
+        let w = c.kv_watch("b", "*").unwrap();
+        assert_eq!(c.inner.lock().senders.len(), 1);
+        drop(w);
+        assert!(c.inner.lock().senders.is_empty());
+    }
+
+    #[test]
+    fn append_ids_increase() {
+        let c = NoopCoordinator::new();
+        let a = c.append_stream("s", b"").unwrap();
+        let b = c.append_stream("s", b"").unwrap();
+        assert!(b > a);
+    }
+}

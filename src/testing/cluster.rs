@@ -1,0 +1,181 @@
+//! Several etcd processes forming one cluster.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::server::{unique_token, MemberSpec};
+use super::{net, EtcdBuilder, EtcdServer};
+use crate::{Error, Result};
+
+/// How many times a cluster start is retried after losing a port race.
+const PORT_ATTEMPTS: usize = 3;
+
+/// An etcd cluster of `n` real processes on loopback, configured with a
+/// static `--initial-cluster`.
+///
+/// Guarantees: after [`EtcdCluster::start`] returns `Ok`, every member
+/// answered `/health` with true (so the cluster has a leader). Each member
+/// is an [`EtcdServer`] with its own temp dir; dropping the cluster kills
+/// every member and removes their directories.
+///
+/// ```
+/// use fleetcoord::testing::EtcdCluster;
+///
+/// let mut cluster = EtcdCluster::start(3)?;
+/// let leader = cluster.leader_index()?;
+/// cluster.kill(leader)?;
+/// let next = cluster.leader_index()?; // the other two elect a new leader
+/// assert_ne!(leader, next);
+/// cluster.restart(leader)?;
+/// # Ok::<(), fleetcoord::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct EtcdCluster {
+    members: Vec<EtcdServer>,
+    health_timeout: Duration,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members with default options and waits until all are
+    /// healthy. `n` must be at least 1.
+    pub fn start(n: usize) -> Result<EtcdCluster> {
+        EtcdBuilder::new().start_cluster(n)
+    }
+
+    pub(crate) fn start_with(builder: &EtcdBuilder, n: usize) -> Result<EtcdCluster> {
+        if n == 0 {
+            return Err(Error::invalid("n", "a cluster needs at least one member"));
+        }
+        let mut last = None;
+        for _ in 0..PORT_ATTEMPTS {
+            let ports = (0..n)
+                .map(|_| Ok((net::free_port()?, net::free_port()?)))
+                .collect::<std::io::Result<Vec<(u16, u16)>>>()?;
+            let initial_cluster = ports
+                .iter()
+                .enumerate()
+                .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+                .collect::<Vec<_>>()
+                .join(",");
+            let token = unique_token();
+            // All members must run before any can become healthy: quorum.
+            let mut members = ports
+                .iter()
+                .enumerate()
+                .map(|(i, &(client_port, peer_port))| {
+                    EtcdServer::spawn(&MemberSpec {
+                        name: format!("m{i}"),
+                        client_port,
+                        peer_port,
+                        initial_cluster: initial_cluster.clone(),
+                        token: token.clone(),
+                        builder,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            match members.iter_mut().try_for_each(EtcdServer::wait_healthy) {
+                Ok(()) => {
+                    return Ok(EtcdCluster {
+                        members,
+                        health_timeout: builder.health_timeout,
+                    })
+                }
+                Err(e) if members.iter().any(EtcdServer::lost_port_race) => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::invalid("n", "no start attempt was made")))
+    }
+
+    /// Number of members, running or not.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Always false: a cluster has at least one member.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// The client endpoints of all members, killed ones included (clients
+    /// are expected to fail over between them).
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(EtcdServer::endpoint).collect()
+    }
+
+    /// Member `i` (0-based), for its endpoint, pid or log.
+    ///
+    /// # Panics
+    /// If `i >= self.len()`, like slice indexing.
+    pub fn member(&self, i: usize) -> &EtcdServer {
+        &self.members[i]
+    }
+
+    /// All members in index order.
+    pub fn members(&self) -> &[EtcdServer] {
+        &self.members
+    }
+
+    fn member_mut(&mut self, i: usize) -> Result<&mut EtcdServer> {
+        let len = self.members.len();
+        self.members
+            .get_mut(i)
+            .ok_or_else(|| Error::invalid("i", format!("member {i} of a {len}-member cluster")))
+    }
+
+    /// SIGKILLs member `i` (see [`EtcdServer::kill`]).
+    pub fn kill(&mut self, i: usize) -> Result<()> {
+        self.member_mut(i)?.kill()
+    }
+
+    /// Restarts member `i` with its data and waits until it is healthy,
+    /// which needs quorum (see [`EtcdServer::restart`]).
+    pub fn restart(&mut self, i: usize) -> Result<()> {
+        self.member_mut(i)?.restart()
+    }
+
+    /// SIGSTOPs member `i` (see [`EtcdServer::pause`]).
+    pub fn pause(&mut self, i: usize) -> Result<()> {
+        self.member_mut(i)?.pause()
+    }
+
+    /// SIGCONTs member `i` (see [`EtcdServer::resume`]).
+    pub fn resume(&mut self, i: usize) -> Result<()> {
+        self.member_mut(i)?.resume()
+    }
+
+    /// The index of the raft leader, waiting up to the health timeout
+    /// (20 s by default) until exactly one running member reports
+    /// `etcd_server_is_leader 1` on its `/metrics` page. Paused or killed
+    /// members are not counted, so a stale leader that is paused is never
+    /// returned.
+    pub fn leader_index(&self) -> Result<usize> {
+        let deadline = Instant::now() + self.health_timeout;
+        loop {
+            let leaders: Vec<usize> = self
+                .members
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| m.pid().is_some() && reports_leader(m))
+                .map(|(i, _)| i)
+                .collect();
+            if let [only] = leaders[..] {
+                return Ok(only);
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout(self.health_timeout));
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn reports_leader(member: &EtcdServer) -> bool {
+    let timeout = Duration::from_millis(500);
+    match net::http(member.client_addr(), "GET", "/metrics", "", timeout) {
+        Ok((200, body)) => body
+            .lines()
+            .any(|line| line.trim() == "etcd_server_is_leader 1"),
+        _ => false,
+    }
+}

@@ -1,0 +1,411 @@
+//! One real `etcd` process: start, health, kill, restart, pause, resume.
+
+use std::ffi::OsString;
+use std::fs::OpenOptions;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::net;
+use super::EtcdBuilder;
+use crate::{Error, Result};
+
+/// How many times a start is retried when another process took one of the
+/// ports between our probe and etcd's bind.
+const PORT_ATTEMPTS: usize = 3;
+
+/// A real `etcd` process on free loopback ports with its own temporary data
+/// directory.
+///
+/// Guarantees: after [`EtcdServer::start`] returns `Ok`, etcd answered
+/// `GET /health` with `"health":"true"`. Dropping the value SIGKILLs the
+/// process (also when it is paused), waits for it and deletes the data
+/// directory and the log. The ports stay the same across
+/// [`restart`](EtcdServer::restart), so clients can reconnect to the same
+/// endpoint.
+///
+/// ```
+/// use fleetcoord::testing::EtcdServer;
+///
+/// let mut etcd = EtcdServer::start()?;
+/// assert!(etcd.is_healthy());
+/// etcd.kill()?;
+/// assert!(!etcd.is_healthy());
+/// etcd.restart()?; // same port, same data
+/// assert!(etcd.is_healthy());
+/// # Ok::<(), fleetcoord::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct EtcdServer {
+    bin: PathBuf,
+    args: Vec<String>,
+    client_port: u16,
+    health_timeout: Duration,
+    child: Option<Child>,
+    log_path: PathBuf,
+    // Last field: dropped after `Drop::drop` killed the process.
+    dir: tempfile::TempDir,
+}
+
+/// What to pass to one etcd process; shared by single servers and cluster
+/// members.
+pub(crate) struct MemberSpec<'a> {
+    pub(crate) name: String,
+    pub(crate) client_port: u16,
+    pub(crate) peer_port: u16,
+    pub(crate) initial_cluster: String,
+    pub(crate) token: String,
+    pub(crate) builder: &'a EtcdBuilder,
+}
+
+impl EtcdServer {
+    /// Starts a single-member etcd with default options and waits until it
+    /// is healthy (at most 20 s).
+    ///
+    /// The binary is `$ETCD_BIN` if set, else `etcd` from `PATH`. A missing
+    /// binary is an error telling how to install it; it is never a skip.
+    pub fn start() -> Result<EtcdServer> {
+        EtcdBuilder::new().start()
+    }
+
+    /// Single-member start with retries on port collisions.
+    pub(crate) fn start_with(builder: &EtcdBuilder) -> Result<EtcdServer> {
+        let mut last = None;
+        for _ in 0..PORT_ATTEMPTS {
+            let client_port = net::free_port()?;
+            let peer_port = net::free_port()?;
+            let spec = MemberSpec {
+                name: "fleetcoord-test".to_string(),
+                client_port,
+                peer_port,
+                initial_cluster: format!("fleetcoord-test=http://127.0.0.1:{peer_port}"),
+                token: unique_token(),
+                builder,
+            };
+            let mut server = EtcdServer::spawn(&spec)?;
+            match server.wait_healthy() {
+                Ok(()) => return Ok(server),
+                Err(e) if server.lost_port_race() => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io_error("no start attempt was made").into()))
+    }
+
+    /// Creates the temp dir and launches the process without waiting for it.
+    pub(crate) fn spawn(spec: &MemberSpec<'_>) -> Result<EtcdServer> {
+        let bin = find_etcd()?;
+        let dir = tempfile::Builder::new()
+            .prefix("fleetcoord-etcd-")
+            .tempdir()?;
+        let data_dir = dir.path().join("data");
+        let client_url = format!("http://127.0.0.1:{}", spec.client_port);
+        let peer_url = format!("http://127.0.0.1:{}", spec.peer_port);
+        let mut args: Vec<String> = [
+            "--name",
+            &spec.name,
+            "--data-dir",
+            &data_dir.to_string_lossy(),
+            "--listen-client-urls",
+            &client_url,
+            "--advertise-client-urls",
+            &client_url,
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+            "--initial-cluster",
+            &spec.initial_cluster,
+            "--initial-cluster-token",
+            &spec.token,
+            "--initial-cluster-state",
+            "new",
+            "--logger",
+            "zap",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(spec.builder.extra_args.iter().cloned());
+        let log_path = dir.path().join("etcd.log");
+        let mut server = EtcdServer {
+            bin,
+            args,
+            client_port: spec.client_port,
+            health_timeout: spec.builder.health_timeout,
+            child: None,
+            log_path,
+            dir,
+        };
+        server.launch()?;
+        Ok(server)
+    }
+
+    /// Runs the binary with the stored arguments, appending to the log so a
+    /// restart keeps the history of earlier runs.
+    fn launch(&mut self) -> Result<()> {
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)?;
+        let child = Command::new(&self.bin)
+            .args(&self.args)
+            // etcd reads ETCD_* variables as flags and warns about unknown ones.
+            .env_remove("ETCD_BIN")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| io_error(format!("cannot run {}: {e}", self.bin.display())))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Polls `/health` until it says true, the process exits, or the
+    /// health timeout passes; errors carry the tail of etcd's log.
+    pub(crate) fn wait_healthy(&mut self) -> Result<()> {
+        let deadline = Instant::now() + self.health_timeout;
+        loop {
+            let exited = match self.child.as_mut() {
+                Some(child) => child.try_wait()?,
+                None => return Err(self.start_error("etcd is not running (it was killed)")),
+            };
+            if let Some(status) = exited {
+                self.child = None;
+                return Err(self.start_error(&format!("etcd exited during start-up ({status})")));
+            }
+            if self.is_healthy() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let why = format!("etcd not healthy after {:?}", self.health_timeout);
+                return Err(self.start_error(&why));
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn start_error(&self, what: &str) -> Error {
+        Error::Connect {
+            endpoints: self.endpoint(),
+            reason: format!("{what}; etcd's log:\n{}", self.log_excerpt()),
+        }
+    }
+
+    /// The log's first lines (where etcd reports bad flags, followed by
+    /// pages of usage) and its last lines (where it reports runtime trouble).
+    fn log_excerpt(&self) -> String {
+        const HEAD: usize = 5;
+        const TAIL: usize = 20;
+        let text = self.log_text();
+        let lines: Vec<&str> = text.lines().collect();
+        if lines.len() <= HEAD + TAIL {
+            return lines.join("\n");
+        }
+        format!(
+            "{}\n[...]\n{}",
+            lines[..HEAD].join("\n"),
+            lines[lines.len() - TAIL..].join("\n")
+        )
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read(&self.log_path)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// True when this start failed because another process took a port.
+    pub(crate) fn lost_port_race(&self) -> bool {
+        self.log_text().contains("address already in use")
+    }
+
+    /// `127.0.0.1:PORT`, the client endpoint. Stable across restarts.
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    pub(crate) fn client_addr(&self) -> std::net::SocketAddr {
+        net::loopback(self.client_port)
+    }
+
+    /// The client endpoint as a one-element list, the shape connect calls take.
+    pub fn endpoints(&self) -> Vec<String> {
+        vec![self.endpoint()]
+    }
+
+    /// The process id while the process runs (also while paused); `None`
+    /// after [`kill`](EtcdServer::kill).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The data directory (inside the temp dir removed on drop).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// True if `GET /health` answers `"health":"true"` within one second.
+    /// A paused or killed server is not healthy; neither is a cluster member
+    /// without quorum.
+    pub fn is_healthy(&self) -> bool {
+        matches!(
+            net::http(self.client_addr(), "GET", "/health", "", Duration::from_secs(1)),
+            Ok((200, body)) if body.contains("\"health\":\"true\"")
+        )
+    }
+
+    /// SIGKILLs the process and waits for it to be gone. The data directory
+    /// stays, so [`restart`](EtcdServer::restart) finds the same data. Does
+    /// nothing if it is already killed.
+    pub fn kill(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            // Kill failing means it already exited; wait reaps it either way.
+            let _ = child.kill();
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Kills the process if it runs, starts it again on the same ports with
+    /// the same data directory and waits until it is healthy. A cluster
+    /// member needs quorum to report healthy.
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill()?;
+        self.launch()?;
+        self.wait_healthy()
+    }
+
+    /// Freezes the process with SIGSTOP: connections stay open, nothing is
+    /// answered, leases stop being checked until [`resume`](EtcdServer::resume).
+    pub fn pause(&self) -> Result<()> {
+        self.signal("STOP")
+    }
+
+    /// Continues a paused process with SIGCONT.
+    pub fn resume(&self) -> Result<()> {
+        self.signal("CONT")
+    }
+
+    // The crate forbids unsafe code, so signals go through the shell's kill
+    // builtin (always present, unlike procps' kill binary).
+    fn signal(&self, sig: &str) -> Result<()> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| io_error("etcd is not running (it was killed)"))?;
+        let status = Command::new("sh")
+            .args(["-c", "kill -s \"$0\" \"$1\"", sig, &pid.to_string()])
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(io_error(format!("kill -s {sig} {pid} failed ({status})")).into())
+        }
+    }
+
+    /// The last `n` lines of etcd's combined stdout and stderr (all runs).
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = self.log_text();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// The path of the log file (inside the temp dir removed on drop).
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        let _ = self.kill();
+    }
+}
+
+/// A token per cluster so members of two test clusters never talk to each
+/// other even if a port is reused.
+pub(crate) fn unique_token() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "fleetcoord-test-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn io_error(msg: impl Into<String>) -> io::Error {
+    io::Error::other(msg.into())
+}
+
+const INSTALL_HINT: &str = "run `make test` (which installs it) or \
+    `apt-get install etcd-server`, or set ETCD_BIN to the etcd binary";
+
+/// `$ETCD_BIN`, else the first `etcd` file on `PATH`.
+fn find_etcd() -> Result<PathBuf> {
+    find_etcd_in(std::env::var_os("ETCD_BIN"), std::env::var_os("PATH"))
+}
+
+fn find_etcd_in(etcd_bin: Option<OsString>, path: Option<OsString>) -> Result<PathBuf> {
+    if let Some(bin) = etcd_bin {
+        let bin = PathBuf::from(bin);
+        if bin.is_file() {
+            return Ok(bin);
+        }
+        return Err(not_found(format!(
+            "etcd not found: ETCD_BIN={} is not a file; {INSTALL_HINT}",
+            bin.display()
+        )));
+    }
+    std::env::split_paths(&path.unwrap_or_default())
+        .map(|dir| dir.join("etcd"))
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| not_found(format!("etcd not found in PATH; {INSTALL_HINT}")))
+}
+
+fn not_found(msg: String) -> Error {
+    Error::Io(io::Error::new(io::ErrorKind::NotFound, msg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(r: Result<PathBuf>) -> String {
+        match r {
+            Err(Error::Io(e)) if e.kind() == io::ErrorKind::NotFound => e.to_string(),
+            other => panic!("expected a not-found error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn missing_binary_says_how_to_install() {
+        let empty = tempfile::tempdir().unwrap();
+        let msg = message(find_etcd_in(None, Some(empty.path().into())));
+        assert!(msg.contains("etcd not found"), "{msg}");
+        assert!(msg.contains("make test"), "{msg}");
+        assert!(msg.contains("apt-get install etcd-server"), "{msg}");
+        assert!(msg.contains("ETCD_BIN"), "{msg}");
+    }
+
+    #[test]
+    fn etcd_bin_wins_and_must_exist() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no-etcd");
+        let msg = message(find_etcd_in(Some(missing.clone().into()), None));
+        assert!(msg.contains("ETCD_BIN="), "{msg}");
+        assert!(msg.contains("make test"), "{msg}");
+
+        let fake = dir.path().join("my-etcd");
+        std::fs::write(&fake, b"").unwrap();
+        let on_path = dir.path().join("etcd");
+        std::fs::write(&on_path, b"").unwrap();
+        assert_eq!(find_etcd_in(Some(fake.clone().into()), None).unwrap(), fake);
+        assert_eq!(
+            find_etcd_in(None, Some(dir.path().into())).unwrap(),
+            on_path
+        );
+    }
+}
