@@ -1,3 +1,354 @@
+//! Fuzz the election machine with arbitrary replies, inputs and time.
+//!
+//! The target plays a loose etcd: it answers any outstanding request with a
+//! reply shaped like the request but with generated data (revisions, keys,
+//! succeeded flags, watch deletes), with errors, with replies of the wrong
+//! variant, or with arbitrary replies to arbitrary ids; it advances time and
+//! breaks streams. A small reference model tracks what the user was told.
+//! After every step:
+//! * `Elected` only answers an open campaign: never after `SessionLost` (or
+//!   any other answer) without a new `Campaign`/`TryCampaign`;
+//! * `is_leader()` implies an `Elected` not yet followed by `LeadershipLost`,
+//!   `Resign` or `Stop`, a token equal to the elected one, and a session
+//!   deadline strictly after `now` (false from the deadline instant on);
+//! * RPC ids are never reused; after `Session(Stopped)` no RPC is issued;
+//! * `poll_timeout` is never before `now`; draining commands terminates.
+
 #![no_main]
-// placeholder, being written
-libfuzzer_sys::fuzz_target!(|_data: &[u8]| {});
+
+use arbitrary::Arbitrary;
+use fleetcoord_sm::election::{Election, ElectionConfig, ElectionInput, ElectionNotice};
+use fleetcoord_sm::keepalive::LivenessState;
+use fleetcoord_sm::{
+    BackoffConfig, Command, EventKind, KeyRange, KeyValue, Machine, Request, Response, Revision,
+    RpcError, RpcId, RpcReply, TxnOp, TxnOpResponse, WatchEvent,
+};
+use libfuzzer_sys::fuzz_target;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+const MAX_COMMANDS_PER_STEP: usize = 1_000;
+const PREFIX: &[u8] = b"/e/";
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    ttl_secs: i8,
+    seed: u64,
+    jitter_percent: u8,
+    ops: Vec<Op>,
+}
+
+#[derive(Arbitrary, Debug)]
+enum User {
+    Campaign(u8),
+    TryCampaign(u8),
+    Resign,
+    Proclaim(u8),
+    CancelCampaign,
+    Stop,
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+struct Shape {
+    succeeded: bool,
+    /// Whether a read finds a key, and whose.
+    found: u8,
+    revision_step: u8,
+    create: u8,
+    ttl: u8,
+    delete_event: bool,
+}
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    Advance(u16),
+    User(User),
+    /// Answer outstanding request number `pick` with a plausible reply.
+    Reply(u8, Shape),
+    /// Fail outstanding request number `pick`.
+    Fail(u8, bool),
+    /// Answer outstanding request number `pick` with anything at all.
+    Raw(u8, Response),
+    /// A reply to any id.
+    Stray(RpcReply),
+    /// Every open watch and renewal fails.
+    DropStreams,
+}
+
+struct Reference {
+    open_campaigns: u32,
+    elected: Option<Revision>,
+    stopped: bool,
+}
+
+struct Fuzz {
+    machine: Election,
+    now: Instant,
+    outstanding: BTreeMap<RpcId, Request>,
+    seen_ids: BTreeSet<RpcId>,
+    revision: Revision,
+    model: Reference,
+}
+
+impl Fuzz {
+    fn drain(&mut self) {
+        for _ in 0..MAX_COMMANDS_PER_STEP {
+            let Some(command) = self.machine.poll_command() else {
+                return self.check();
+            };
+            match command {
+                Command::Rpc { id, request } => {
+                    assert!(!self.model.stopped, "rpc {request:?} after Stopped");
+                    assert!(self.seen_ids.insert(id), "id {id:?} reused");
+                    self.outstanding.insert(id, request);
+                }
+                Command::Cancel { id } => {
+                    self.outstanding.remove(&id);
+                }
+                Command::Notify(n) => self.notice(n),
+            }
+        }
+        panic!("more than {MAX_COMMANDS_PER_STEP} commands in one step");
+    }
+
+    fn notice(&mut self, n: ElectionNotice) {
+        let m = &mut self.model;
+        match n {
+            ElectionNotice::Elected { token, .. } => {
+                assert!(m.open_campaigns > 0, "Elected without an open campaign");
+                m.open_campaigns -= 1;
+                m.elected = Some(token);
+            }
+            ElectionNotice::NotElected { .. } | ElectionNotice::CampaignFailed(_) => {
+                assert!(m.open_campaigns > 0, "campaign answer without a campaign");
+                m.open_campaigns -= 1;
+            }
+            ElectionNotice::LeadershipLost { .. } => m.elected = None,
+            ElectionNotice::Session(LivenessState::Stopped { .. }) => m.stopped = true,
+            _ => {}
+        }
+    }
+
+    fn check(&self) {
+        if let Some(at) = self.machine.poll_timeout() {
+            assert!(at >= self.now, "poll_timeout before now");
+        }
+        if self.machine.is_leader() {
+            assert!(self.model.elected.is_some(), "leader without Elected");
+            assert_eq!(self.machine.token(), self.model.elected);
+            let deadline = self.machine.session_deadline();
+            assert!(
+                deadline.is_some_and(|d| d > self.now),
+                "leader past the local deadline"
+            );
+        } else {
+            assert_eq!(self.machine.token(), None);
+        }
+    }
+
+    fn pick(&self, pick: u8) -> Option<(RpcId, Request)> {
+        if self.outstanding.is_empty() {
+            return None;
+        }
+        let index = usize::from(pick) % self.outstanding.len();
+        self.outstanding
+            .iter()
+            .nth(index)
+            .map(|(id, r)| (*id, r.clone()))
+    }
+
+    fn deliver(&mut self, id: RpcId, result: Result<Response, RpcError>) {
+        let keep = matches!(
+            (self.outstanding.get(&id), &result),
+            (
+                Some(Request::Watch { .. }),
+                Ok(Response::WatchEvents { .. })
+            )
+        );
+        if !keep {
+            self.outstanding.remove(&id);
+        }
+        self.machine
+            .handle(self.now, RpcReply { id, result }.into());
+    }
+
+    fn kv(&self, range: &KeyRange, s: Shape) -> Vec<KeyValue> {
+        let key = match (range, s.found % 3) {
+            (_, 0) => return Vec::new(),
+            (KeyRange::Key(k), _) => k.clone(),
+            (KeyRange::Prefix(p), 1) => [p.as_slice(), b"1"].concat(),
+            (KeyRange::Prefix(_), _) => self.machine.my_key().unwrap_or_default(),
+        };
+        let create = i64::from(s.create).min(self.revision);
+        vec![KeyValue {
+            key,
+            value: vec![s.found],
+            create_revision: create,
+            mod_revision: self.revision,
+            version: 1,
+            lease: 1,
+        }]
+    }
+
+    fn plausible(&mut self, request: &Request, s: Shape) -> Response {
+        self.revision += i64::from(s.revision_step % 4);
+        match request {
+            Request::Grant { .. } => Response::Granted {
+                lease: 0x100 + i64::from(s.create),
+                ttl_secs: i64::from(s.ttl % 12),
+            },
+            Request::KeepAlive { .. } => Response::KeptAlive {
+                ttl_secs: i64::from(s.ttl % 12),
+            },
+            Request::Revoke { .. } => Response::Revoked,
+            Request::Put { .. } => Response::Put {
+                revision: self.revision,
+            },
+            Request::Delete(_) => Response::Deleted {
+                revision: self.revision,
+                deleted: i64::from(s.succeeded),
+            },
+            Request::Range(r) => Response::Range {
+                revision: self.revision,
+                kvs: self.kv(&r.range, s),
+            },
+            Request::Watch { range, .. } => {
+                let events = if s.delete_event {
+                    let key = match range {
+                        KeyRange::Key(k) | KeyRange::Prefix(k) => k.clone(),
+                    };
+                    let kv = KeyValue {
+                        key,
+                        mod_revision: self.revision,
+                        ..KeyValue::default()
+                    };
+                    vec![WatchEvent {
+                        kind: EventKind::Delete,
+                        kv,
+                        prev_kv: None,
+                    }]
+                } else {
+                    Vec::new()
+                };
+                Response::WatchEvents { events }
+            }
+            Request::Txn(t) => {
+                let branch = if s.succeeded { &t.success } else { &t.failure };
+                let responses = branch
+                    .iter()
+                    .map(|op| match op {
+                        TxnOp::Put { .. } => TxnOpResponse::Put,
+                        TxnOp::Delete(_) => TxnOpResponse::Delete { deleted: 1 },
+                        TxnOp::Range(r) => TxnOpResponse::Range {
+                            kvs: self.kv(&r.range, s),
+                        },
+                    })
+                    .collect();
+                Response::Txn {
+                    revision: self.revision,
+                    succeeded: s.succeeded,
+                    responses,
+                }
+            }
+        }
+    }
+
+    fn step(&mut self, op: Op) {
+        match op {
+            Op::Advance(ms) => {
+                self.now += Duration::from_millis(u64::from(ms));
+                self.machine.handle_timeout(self.now);
+            }
+            Op::User(u) => {
+                let input = match u {
+                    User::Campaign(v) => ElectionInput::Campaign { value: vec![v] },
+                    User::TryCampaign(v) => ElectionInput::TryCampaign { value: vec![v] },
+                    User::Resign => ElectionInput::Resign,
+                    User::Proclaim(v) => ElectionInput::Proclaim { value: vec![v] },
+                    User::CancelCampaign => ElectionInput::CancelCampaign,
+                    User::Stop => ElectionInput::Stop,
+                };
+                match &input {
+                    ElectionInput::Campaign { .. } | ElectionInput::TryCampaign { .. } => {
+                        self.model.open_campaigns += 1
+                    }
+                    // Belief ends before anything is sent.
+                    ElectionInput::Resign | ElectionInput::Stop => self.model.elected = None,
+                    _ => {}
+                }
+                self.machine.handle(self.now, input);
+                if matches!(u, User::Resign | User::Stop) {
+                    assert!(!self.machine.is_leader(), "leader right after resign/stop");
+                }
+            }
+            Op::Reply(pick, shape) => {
+                if let Some((id, request)) = self.pick(pick) {
+                    let response = self.plausible(&request, shape);
+                    self.deliver(id, Ok(response));
+                }
+            }
+            Op::Fail(pick, rejected) => {
+                if let Some((id, _)) = self.pick(pick) {
+                    let error = if rejected {
+                        RpcError::Rejected("no".into())
+                    } else {
+                        RpcError::Unavailable("down".into())
+                    };
+                    self.deliver(id, Err(error));
+                }
+            }
+            Op::Raw(pick, response) => {
+                if let Some((id, _)) = self.pick(pick) {
+                    self.deliver(id, Ok(response));
+                }
+            }
+            Op::Stray(reply) => {
+                let id = reply.id;
+                self.deliver(id, reply.result);
+            }
+            Op::DropStreams => {
+                let streams: Vec<RpcId> = self
+                    .outstanding
+                    .iter()
+                    .filter(|(_, r)| matches!(r, Request::Watch { .. } | Request::KeepAlive { .. }))
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in streams {
+                    self.deliver(id, Err(RpcError::Unavailable("stream dropped".into())));
+                    self.drain();
+                }
+            }
+        }
+        self.drain();
+    }
+}
+
+fuzz_target!(|input: Input| {
+    let now = Instant::now();
+    let config = ElectionConfig {
+        prefix: PREFIX.to_vec(),
+        ttl_secs: i64::from(input.ttl_secs),
+        backoff: BackoffConfig {
+            initial: Duration::from_millis(50),
+            max: Duration::from_secs(2),
+            multiplier: 2,
+            jitter_percent: input.jitter_percent,
+        },
+    };
+    let mut fuzz = Fuzz {
+        machine: Election::new(config, now, input.seed),
+        now,
+        outstanding: BTreeMap::new(),
+        seen_ids: BTreeSet::new(),
+        revision: 1,
+        model: Reference {
+            open_campaigns: 0,
+            elected: None,
+            stopped: false,
+        },
+    };
+    fuzz.drain();
+    for op in input.ops.into_iter().take(256) {
+        fuzz.step(op);
+    }
+});

@@ -1,3 +1,387 @@
+//! Fuzz the keepalive machine against a small reference lease server.
+//!
+//! The target plays etcd: it answers any outstanding request, in any order,
+//! truthfully (the reference server processes it at the reply instant, which
+//! is never before the send instant), with a chosen TTL, with a failure, a
+//! lost reply (processed, then an error), a "lease not found", a TTL of 0, or
+//! a reply of the wrong variant; it advances time (expiring leases), breaks
+//! the renewal stream, changes the value, stops, and feeds stray replies.
+//! After every step:
+//! * while `lease()` is `Some`, the reference server still has that lease and
+//!   its expiry is not before the machine's local deadline; in binding mode
+//!   the key is bound to it once registered;
+//! * at most one renewal is outstanding;
+//! * nothing but a single Revoke is issued after `Stop`; once `Stopped`,
+//!   `poll_timeout` is `None` and `Stopped` is the last notification;
+//! * consecutive notifications differ;
+//! * `poll_timeout` is never before `now`; draining commands terminates.
+
 #![no_main]
-// placeholder, being written
-libfuzzer_sys::fuzz_target!(|_data: &[u8]| {});
+
+use arbitrary::Arbitrary;
+use fleetcoord_sm::keepalive::{
+    Binding, Keepalive, KeepaliveConfig, KeepaliveEvent, LivenessState,
+};
+use fleetcoord_sm::{
+    BackoffConfig, Command, LeaseId, Machine, Request, Response, RpcError, RpcId, RpcReply,
+};
+use libfuzzer_sys::fuzz_target;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+const MAX_COMMANDS_PER_STEP: usize = 1_000;
+const KEY: &[u8] = b"/coord/hosts/h";
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    ttl_secs: i8,
+    binding: bool,
+    seed: u64,
+    initial_ms: u16,
+    max_ms: u16,
+    multiplier: u8,
+    jitter_percent: u8,
+    ops: Vec<Op>,
+}
+
+#[derive(Arbitrary, Debug, Clone, Copy)]
+enum Outcome {
+    /// Processed; the reply tells the truth.
+    Truth,
+    /// Processed with this TTL (grant or renewal); the server's expiry
+    /// follows the TTL it reported.
+    Ttl(u8),
+    /// Not processed.
+    Unavailable,
+    /// Processed, reply lost.
+    LostReply,
+    /// A "lease not found" rejection, whatever the truth.
+    LeaseNotFound,
+    /// A renewal reply of TTL 0, whatever the truth.
+    TtlZero,
+    /// A reply of the wrong variant.
+    WrongVariant,
+}
+
+#[derive(Arbitrary, Debug)]
+enum Op {
+    AdvanceMs(u16),
+    AdvanceSecs(u8),
+    /// Jump to the machine's next deadline.
+    AdvanceToTimeout,
+    /// Answer outstanding request number `pick` (modulo their count).
+    Reply {
+        pick: u8,
+        outcome: Outcome,
+    },
+    /// The renewal stream breaks: the outstanding renewal fails.
+    DropStream,
+    /// The server extends every lease by a full TTL (leader change).
+    ExtendLeases,
+    SetValue(u8),
+    Stop,
+    /// A reply to an id the machine is not waiting for.
+    Stray(RpcReply),
+}
+
+struct ServerLease {
+    ttl: Duration,
+    expiry: Instant,
+}
+
+/// The reference server: leases on the fuzz clock and the one key.
+#[derive(Default)]
+struct Server {
+    next_lease: LeaseId,
+    leases: BTreeMap<LeaseId, ServerLease>,
+    key: Option<(Vec<u8>, LeaseId)>,
+}
+
+impl Server {
+    /// Expires every lease due at `now`, with its key.
+    fn advance(&mut self, now: Instant) {
+        self.leases.retain(|_, l| l.expiry > now);
+        self.drop_orphan_key();
+    }
+
+    fn revoke(&mut self, lease: LeaseId) -> bool {
+        let existed = self.leases.remove(&lease).is_some();
+        self.drop_orphan_key();
+        existed
+    }
+
+    fn drop_orphan_key(&mut self) {
+        if let Some((_, lease)) = &self.key {
+            if !self.leases.contains_key(lease) {
+                self.key = None;
+            }
+        }
+    }
+
+    /// Runs `request` at `now`; `ttl` overrides the TTL a grant or renewal
+    /// reports (and the server then keeps the lease that long).
+    fn process(
+        &mut self,
+        now: Instant,
+        request: &Request,
+        ttl: Option<u8>,
+    ) -> Result<Response, RpcError> {
+        let not_found = || {
+            Err(RpcError::Rejected(
+                "etcdserver: requested lease not found".into(),
+            ))
+        };
+        match request {
+            Request::Grant { ttl_secs } => {
+                self.next_lease += 1;
+                let lease = self.next_lease;
+                let secs = ttl.map_or(*ttl_secs, i64::from);
+                let duration = Duration::from_secs(u64::try_from(secs).unwrap_or(0));
+                if secs > 0 {
+                    self.leases.insert(
+                        lease,
+                        ServerLease {
+                            ttl: duration,
+                            expiry: now + duration,
+                        },
+                    );
+                }
+                Ok(Response::Granted {
+                    lease,
+                    ttl_secs: secs,
+                })
+            }
+            Request::KeepAlive { lease } => match self.leases.get_mut(lease) {
+                Some(l) => {
+                    if let Some(t) = ttl.filter(|t| *t > 0) {
+                        l.ttl = Duration::from_secs(u64::from(t));
+                    }
+                    l.expiry = now + l.ttl;
+                    let secs = i64::try_from(l.ttl.as_secs()).unwrap_or(i64::MAX);
+                    Ok(Response::KeptAlive { ttl_secs: secs })
+                }
+                None => Ok(Response::KeptAlive { ttl_secs: 0 }),
+            },
+            Request::Put { key, value, lease } => {
+                if !self.leases.contains_key(lease) {
+                    return not_found();
+                }
+                assert_eq!(key.as_slice(), KEY);
+                self.key = Some((value.clone(), *lease));
+                Ok(Response::Put { revision: 1 })
+            }
+            Request::Revoke { lease } => {
+                if self.revoke(*lease) {
+                    Ok(Response::Revoked)
+                } else {
+                    not_found()
+                }
+            }
+            other => panic!("keepalive never sends {other:?}"),
+        }
+    }
+
+    fn extend(&mut self, now: Instant) {
+        for l in self.leases.values_mut() {
+            l.expiry = l.expiry.max(now + l.ttl);
+        }
+    }
+}
+
+struct Run {
+    machine: Keepalive,
+    server: Server,
+    now: Instant,
+    binding: bool,
+    outstanding: Vec<(RpcId, Request)>,
+    notifications: Vec<LivenessState>,
+    stop_requested: bool,
+    revokes: usize,
+}
+
+impl Run {
+    fn drain(&mut self) {
+        for _ in 0..MAX_COMMANDS_PER_STEP {
+            let Some(command) = self.machine.poll_command() else {
+                return;
+            };
+            match command {
+                Command::Rpc { id, request } => {
+                    assert!(self.outstanding.iter().all(|(o, _)| *o != id), "id reused");
+                    if self.stop_requested {
+                        assert!(
+                            matches!(request, Request::Revoke { .. }),
+                            "{request:?} after stop"
+                        );
+                        self.revokes += 1;
+                        assert!(self.revokes <= 1, "second revoke");
+                    }
+                    self.outstanding.push((id, request));
+                }
+                Command::Cancel { id } => self.outstanding.retain(|(o, _)| *o != id),
+                Command::Notify(n) => {
+                    assert_ne!(self.notifications.last(), Some(&n), "repeated notification");
+                    assert!(
+                        !matches!(
+                            self.notifications.last(),
+                            Some(LivenessState::Stopped { .. })
+                        ),
+                        "notification after Stopped"
+                    );
+                    self.notifications.push(n);
+                }
+            }
+        }
+        panic!("more than {MAX_COMMANDS_PER_STEP} commands in one step");
+    }
+
+    fn check(&self) {
+        if let Some(at) = self.machine.poll_timeout() {
+            assert!(at >= self.now, "poll_timeout before now");
+        }
+        let renewals = self
+            .outstanding
+            .iter()
+            .filter(|(_, r)| matches!(r, Request::KeepAlive { .. }))
+            .count();
+        assert!(renewals <= 1, "{renewals} renewals outstanding");
+        if let Some(lease) = self.machine.lease() {
+            let server = self
+                .server
+                .leases
+                .get(&lease)
+                .expect("machine trusts an expired lease");
+            let local = self
+                .machine
+                .local_deadline()
+                .expect("a held lease has a deadline");
+            assert!(
+                local <= server.expiry,
+                "local deadline after the server's expiry"
+            );
+            assert!(
+                local > self.now,
+                "a lease past its local deadline is still held"
+            );
+            if self.binding {
+                let bound = self.server.key.as_ref().map(|(_, l)| *l);
+                assert_eq!(bound, Some(lease), "registered but the key is not bound");
+            }
+        }
+        if matches!(self.machine.state(), LivenessState::Stopped { .. }) {
+            assert_eq!(self.machine.poll_timeout(), None);
+            assert!(self.machine.lease().is_none());
+        }
+    }
+
+    fn advance(&mut self, by: Duration) {
+        self.now += by;
+        self.server.advance(self.now);
+        if self.machine.poll_timeout().is_some_and(|at| at <= self.now) {
+            self.machine.handle_timeout(self.now);
+        }
+    }
+
+    fn reply(&mut self, pick: u8, outcome: Outcome, latency_ms: u8) {
+        if self.outstanding.is_empty() {
+            return;
+        }
+        let (id, request) = self
+            .outstanding
+            .remove(usize::from(pick) % self.outstanding.len());
+        let result = match outcome {
+            Outcome::Truth => self.server.process(self.now, &request, None),
+            Outcome::Ttl(t) => self.server.process(self.now, &request, Some(t)),
+            Outcome::Unavailable => Err(RpcError::Unavailable("injected".into())),
+            Outcome::LostReply => {
+                let _ = self.server.process(self.now, &request, None);
+                Err(RpcError::Unavailable("reply lost".into()))
+            }
+            Outcome::LeaseNotFound => Err(RpcError::Rejected("requested lease not found".into())),
+            Outcome::TtlZero => Ok(Response::KeptAlive { ttl_secs: 0 }),
+            Outcome::WrongVariant => Ok(match request {
+                Request::Put { .. } => Response::Revoked,
+                _ => Response::Put { revision: 1 },
+            }),
+        };
+        self.machine
+            .handle(self.now, RpcReply { id, result }.into());
+    }
+
+    fn apply(&mut self, op: Op) {
+        match op {
+            Op::AdvanceMs(ms) => self.advance(Duration::from_millis(u64::from(ms))),
+            Op::AdvanceSecs(s) => self.advance(Duration::from_secs(u64::from(s))),
+            Op::AdvanceToTimeout => {
+                if let Some(at) = self.machine.poll_timeout() {
+                    self.advance(at.saturating_duration_since(self.now));
+                }
+            }
+            Op::Reply {
+                pick,
+                outcome,
+                latency_ms,
+            } => self.reply(pick, outcome, latency_ms),
+            Op::DropStream => {
+                let renewal = self
+                    .outstanding
+                    .iter()
+                    .position(|(_, r)| matches!(r, Request::KeepAlive { .. }));
+                if let Some(index) = renewal {
+                    let (id, _) = self.outstanding.remove(index);
+                    let result = Err(RpcError::Unavailable("stream dropped".into()));
+                    self.machine
+                        .handle(self.now, RpcReply { id, result }.into());
+                }
+            }
+            Op::ExtendLeases => self.server.extend(self.now),
+            Op::SetValue(v) => {
+                self.machine
+                    .handle(self.now, KeepaliveEvent::SetValue(vec![v]));
+            }
+            Op::Stop => {
+                self.stop_requested = true;
+                self.machine.handle(self.now, KeepaliveEvent::Stop);
+            }
+            Op::Stray(reply) => {
+                if self.outstanding.iter().all(|(id, _)| *id != reply.id) {
+                    self.machine.handle(self.now, reply.into());
+                }
+            }
+        }
+    }
+}
+
+fuzz_target!(|input: Input| {
+    let now = Instant::now();
+    let config = KeepaliveConfig {
+        ttl_secs: i64::from(input.ttl_secs),
+        binding: input.binding.then(|| Binding {
+            key: KEY.to_vec(),
+            value: b"0".to_vec(),
+        }),
+        backoff: BackoffConfig {
+            initial: Duration::from_millis(u64::from(input.initial_ms)),
+            max: Duration::from_millis(u64::from(input.max_ms)),
+            multiplier: u32::from(input.multiplier),
+            jitter_percent: input.jitter_percent,
+        },
+    };
+    let mut run = Run {
+        machine: Keepalive::new(config, now, input.seed),
+        server: Server::default(),
+        now,
+        binding: input.binding,
+        outstanding: Vec::new(),
+        notifications: Vec::new(),
+        stop_requested: false,
+        revokes: 0,
+    };
+    run.drain();
+    run.check();
+    for op in input.ops.into_iter().take(2_000) {
+        run.apply(op);
+        run.drain();
+        run.check();
+    }
+});

@@ -48,7 +48,11 @@ pub struct Backoff {
 impl Backoff {
     /// A schedule with no failures yet.
     pub fn new(config: BackoffConfig, seed: u64) -> Self {
-        Backoff { config, seed, failures: 0 }
+        Backoff {
+            config,
+            seed,
+            failures: 0,
+        }
     }
 
     /// Consecutive failures recorded since the last success.
@@ -124,7 +128,10 @@ mod tests {
             let nominal = Duration::from_millis(100)
                 .saturating_mul(2u32.saturating_pow(n))
                 .min(Duration::from_secs(5));
-            assert!(d <= nominal && d >= nominal / 2, "{n}: {d:?} vs {nominal:?}");
+            assert!(
+                d <= nominal && d >= nominal / 2,
+                "{n}: {d:?} vs {nominal:?}"
+            );
             differs |= d != c.delay_for(n);
         }
         assert!(differs, "different seeds must give different jitter");

@@ -1,1 +1,678 @@
-//! Placeholder: the keepalive machine is being written.
+//! Lease keepalive that heals itself: grant, (put), renew, re-grant.
+//!
+//! [`Keepalive`] holds one etcd lease alive for as long as it runs, in one of
+//! two modes: lease-only (an election session) or lease plus one key bound to
+//! it ([`Binding`], host liveness). It never trusts a lease longer than etcd
+//! can: the *local deadline* is the send time of the last acknowledged
+//! renewal (or of the grant) plus the TTL etcd returned. etcd computes its own
+//! expiry from the moment it *received* that request, which is later, so the
+//! machine always presumes the lease lost before etcd can expire it.
+//!
+//! Life cycle, as seen through [`LivenessState`] notifications:
+//! `Registering → Registered ⇄ Suspended`, then on loss
+//! `Lost → Registering → …` again, and finally `Stopped`.
+//!
+//! * Renewals: at most one `KeepAlive` outstanding; the next one is sent at
+//!   `min(last_ack_send + ttl/3, now + (deadline - now)/2)`, so at least half
+//!   of the remaining lifetime is always left for a retry.
+//! * A failed renewal (error, wrong reply, or no reply by the midpoint of the
+//!   remaining lifetime) makes the state `Suspended`; renewals are retried on
+//!   the same lease after a backoff delay, but never at or after the local
+//!   deadline. A retry that would land there is dropped: the deadline decides.
+//! * When the deadline passes, a renewal reply says TTL 0, or a put is
+//!   rejected with "lease not found", the lease is `Lost`: a new one is
+//!   granted (at once the first time, after a backoff delay when the previous
+//!   registration attempt failed) and the key put again.
+//! * Grant and put failures are retried with backoff; a put is retried on the
+//!   same lease (putting the same value again is idempotent).
+//! * A grant, put or revoke without any reply for one requested TTL counts as
+//!   failed (the request is canceled), so a lost reply never stalls the
+//!   machine.
+//! * [`KeepaliveEvent::Stop`] cancels everything and revokes the lease; no
+//!   renewal, grant or put is ever sent afterwards.
+//!
+//! Backoff: registration (grant, put, an unproven lease lost) and renewal
+//! failures count separately, each with its own jitter seed derived from the
+//! seed given to [`Keepalive::new`]. The registration count is reset when a
+//! lease is proven by its first acknowledged renewal; the renewal count on
+//! every acknowledged renewal.
+
+#[cfg(test)]
+mod tests;
+
+use crate::backoff::{Backoff, BackoffConfig};
+use crate::rpc::{Command, LeaseId, Request, Response, RpcError, RpcId, RpcIds, RpcReply};
+use crate::timer::TimerTable;
+use crate::Machine;
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// The largest TTL the machine believes, in seconds (etcd's own maximum).
+/// Larger replies are clamped down, which only makes the local deadline
+/// earlier and therefore stays safe.
+pub const MAX_TTL_SECS: i64 = 9_000_000_000;
+
+/// A key kept bound to the lease (host liveness): it exists exactly while the
+/// lease lives, so its disappearance is the cluster-wide "down" signal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub struct Binding {
+    /// The key written with the lease.
+    pub key: Vec<u8>,
+    /// Its initial value; [`KeepaliveEvent::SetValue`] replaces it.
+    pub value: Vec<u8>,
+}
+
+/// How a [`Keepalive`] behaves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeepaliveConfig {
+    /// Requested lease TTL in seconds; values below 1 are treated as 1. etcd
+    /// may grant more, and the granted TTL is the one used. Also the time the
+    /// machine waits for a grant, put or revoke reply before giving up on it.
+    pub ttl_secs: i64,
+    /// `Some` for lease + key mode, `None` for lease-only mode.
+    pub binding: Option<Binding>,
+    /// Delays between failed attempts.
+    pub backoff: BackoffConfig,
+}
+
+/// Inputs of a [`Keepalive`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub enum KeepaliveEvent {
+    /// The reply to one of the machine's requests (others are ignored).
+    Rpc(RpcReply),
+    /// Replace the bound key's value; written at once when registered, and
+    /// used by every later registration. Ignored in lease-only mode.
+    SetValue(Vec<u8>),
+    /// Revoke the lease and stop for good. Repeated calls do nothing.
+    Stop,
+}
+
+impl From<RpcReply> for KeepaliveEvent {
+    fn from(reply: RpcReply) -> Self {
+        KeepaliveEvent::Rpc(reply)
+    }
+}
+
+/// What the user of a [`Keepalive`] is told, in order, via
+/// [`Command::Notify`]. Consecutive notifications always differ.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LivenessState {
+    /// Granting a lease or writing the key; nothing is registered yet.
+    Registering,
+    /// The lease is held (and the key written, in binding mode).
+    Registered {
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// Renewals are failing; the lease may still be alive and renewals are
+    /// retried until the local deadline.
+    Suspended {
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// The lease is gone (local deadline passed or etcd said so); a new one
+    /// is being granted.
+    Lost {
+        /// The lease that was lost.
+        lease: LeaseId,
+    },
+    /// Final. `revoked` is false when there was no lease to revoke or the
+    /// revoke failed (the lease then expires on its own).
+    Stopped {
+        /// Whether etcd confirmed the revoke.
+        revoked: bool,
+    },
+}
+
+/// The machine's timers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Timer {
+    /// Next renewal, or the give-up instant of the outstanding one.
+    Renew,
+    /// The local deadline of the lease.
+    Deadline,
+    /// Next grant/put attempt, or the give-up instant of the outstanding
+    /// grant, put or revoke.
+    Retry,
+}
+
+/// One held lease.
+#[derive(Clone, Debug)]
+struct Lease {
+    id: LeaseId,
+    ttl: Duration,
+    deadline: Instant,
+    last_ack_send: Instant,
+    /// Outstanding renewal and its send time.
+    renewal: Option<(RpcId, Instant)>,
+    /// Outstanding put and the value generation it writes.
+    put: Option<(RpcId, u64)>,
+    /// Value generation known to be written with this lease.
+    written: Option<u64>,
+    /// Renewals are failing.
+    failing: bool,
+    /// At least one renewal was acknowledged.
+    proven: bool,
+}
+
+#[derive(Clone, Debug)]
+enum Phase {
+    /// No lease; a grant is outstanding (with its send time) or scheduled.
+    Granting {
+        grant: Option<(RpcId, Instant)>,
+    },
+    Leased(Lease),
+    Stopping {
+        revoke: RpcId,
+    },
+    Stopped,
+}
+
+/// The keepalive state machine. See the module docs for its guarantees.
+#[derive(Clone, Debug)]
+pub struct Keepalive {
+    ttl_request: i64,
+    binding: Option<Binding>,
+    value_gen: u64,
+    phase: Phase,
+    state: LivenessState,
+    timers: TimerTable<Timer>,
+    register_backoff: Backoff,
+    renew_backoff: Backoff,
+    ids: RpcIds,
+    first_id: u64,
+    issued: u64,
+    queue: VecDeque<Command<LivenessState>>,
+    now: Instant,
+}
+
+impl Keepalive {
+    /// Starts registering at `now`: the first commands are
+    /// `Notify(Registering)` and `Rpc(Grant)`. RPC ids start at 0.
+    pub fn new(config: KeepaliveConfig, now: Instant, seed: u64) -> Self {
+        Self::with_first_rpc_id(config, now, seed, 0)
+    }
+
+    /// Like [`Keepalive::new`], with RPC ids starting at `first_rpc_id`, so a
+    /// machine embedding this one can keep id ranges disjoint.
+    pub fn with_first_rpc_id(
+        config: KeepaliveConfig,
+        now: Instant,
+        seed: u64,
+        first_rpc_id: u64,
+    ) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let register_seed = rng.next_u64();
+        let renew_seed = rng.next_u64();
+        let mut machine = Keepalive {
+            ttl_request: config.ttl_secs.clamp(1, MAX_TTL_SECS),
+            binding: config.binding,
+            value_gen: 0,
+            phase: Phase::Granting { grant: None },
+            state: LivenessState::Registering,
+            timers: TimerTable::new(),
+            register_backoff: Backoff::new(config.backoff.clone(), register_seed),
+            renew_backoff: Backoff::new(config.backoff, renew_seed),
+            ids: RpcIds::starting_at(first_rpc_id),
+            first_id: first_rpc_id,
+            issued: 0,
+            queue: VecDeque::new(),
+            now,
+        };
+        machine
+            .queue
+            .push_back(Command::Notify(LivenessState::Registering));
+        machine.send_grant(now);
+        machine
+    }
+
+    /// The state last notified.
+    pub fn state(&self) -> &LivenessState {
+        &self.state
+    }
+
+    /// The lease, while `Registered` or `Suspended`.
+    pub fn lease(&self) -> Option<LeaseId> {
+        match (&self.state, &self.phase) {
+            (
+                LivenessState::Registered { .. } | LivenessState::Suspended { .. },
+                Phase::Leased(l),
+            ) => Some(l.id),
+            _ => None,
+        }
+    }
+
+    /// While a lease is held (also while its key is still being written),
+    /// the instant from which it must be presumed gone. Never later than
+    /// etcd's own expiry of that lease. `None` without a lease and once
+    /// stopping.
+    pub fn local_deadline(&self) -> Option<Instant> {
+        match &self.phase {
+            Phase::Leased(l) => Some(l.deadline),
+            _ => None,
+        }
+    }
+
+    /// Whether `id` was issued by this machine (replies to it belong here).
+    pub fn owns(&self, id: RpcId) -> bool {
+        id.0 >= self.first_id && id.0 - self.first_id < self.issued
+    }
+
+    fn next_id(&mut self) -> RpcId {
+        self.issued = self.issued.saturating_add(1);
+        self.ids.next_id()
+    }
+
+    fn rpc(&mut self, request: Request) -> RpcId {
+        let id = self.next_id();
+        self.queue.push_back(Command::Rpc { id, request });
+        id
+    }
+
+    fn notify(&mut self, state: LivenessState) {
+        if self.state != state {
+            self.state = state.clone();
+            self.queue.push_back(Command::Notify(state));
+        }
+    }
+
+    /// Arms `timer`, never earlier than the last `now` seen.
+    fn arm(&mut self, timer: Timer, at: Instant) {
+        self.timers.set(timer, at.max(self.now));
+    }
+
+    fn request_timeout(&self) -> Duration {
+        secs(self.ttl_request)
+    }
+
+    /// Notifies the state that follows from the phase, if it changed.
+    fn sync_state(&mut self) {
+        let desired = match &self.phase {
+            Phase::Granting { .. } => LivenessState::Registering,
+            Phase::Leased(l) => {
+                if self.binding.is_some() && l.written.is_none() {
+                    LivenessState::Registering
+                } else if l.failing {
+                    LivenessState::Suspended { lease: l.id }
+                } else {
+                    LivenessState::Registered { lease: l.id }
+                }
+            }
+            Phase::Stopping { .. } | Phase::Stopped => return,
+        };
+        self.notify(desired);
+    }
+
+    fn send_grant(&mut self, now: Instant) {
+        let id = self.rpc(Request::Grant {
+            ttl_secs: self.ttl_request,
+        });
+        self.phase = Phase::Granting {
+            grant: Some((id, now)),
+        };
+        let at = now.checked_add(self.request_timeout()).unwrap_or(now);
+        self.arm(Timer::Retry, at);
+    }
+
+    fn schedule_grant(&mut self, now: Instant) {
+        self.phase = Phase::Granting { grant: None };
+        let delay = self.register_backoff.next_delay();
+        self.arm(Timer::Retry, now.checked_add(delay).unwrap_or(now));
+    }
+
+    fn on_grant_reply(&mut self, now: Instant, sent: Instant, result: Result<Response, RpcError>) {
+        self.timers.stop(Timer::Retry);
+        let granted = match result {
+            Ok(Response::Granted { lease, ttl_secs }) if lease != 0 && ttl_secs > 0 => {
+                let ttl = secs(ttl_secs);
+                sent.checked_add(ttl)
+                    .filter(|d| *d > now)
+                    .map(|d| (lease, ttl, d))
+            }
+            _ => None,
+        };
+        let Some((id, ttl, deadline)) = granted else {
+            // An unusable grant (error, nonsense, or already expired) is a
+            // failed attempt; whatever lease it named expires by itself.
+            self.schedule_grant(now);
+            return;
+        };
+        self.phase = Phase::Leased(Lease {
+            id,
+            ttl,
+            deadline,
+            last_ack_send: sent,
+            renewal: None,
+            put: None,
+            written: None,
+            failing: false,
+            proven: false,
+        });
+        self.arm(Timer::Deadline, deadline);
+        self.schedule_renewal(now);
+        if self.binding.is_some() {
+            self.send_put(now);
+        }
+        self.sync_state();
+    }
+
+    /// Arms the next renewal after an acknowledged one (or the grant).
+    fn schedule_renewal(&mut self, now: Instant) {
+        let Phase::Leased(l) = &self.phase else {
+            return;
+        };
+        let by_ttl = l.last_ack_send.checked_add(l.ttl / 3).unwrap_or(now);
+        let half_left = now + l.deadline.saturating_duration_since(now) / 2;
+        self.arm(Timer::Renew, by_ttl.min(half_left));
+    }
+
+    fn send_keepalive(&mut self, now: Instant) {
+        let Phase::Leased(l) = &self.phase else {
+            return;
+        };
+        let (lease, deadline) = (l.id, l.deadline);
+        let id = self.rpc(Request::KeepAlive { lease });
+        if let Phase::Leased(l) = &mut self.phase {
+            l.renewal = Some((id, now));
+        }
+        // Give up on this renewal halfway to the deadline, leaving the other
+        // half for retries.
+        let give_up = now + deadline.saturating_duration_since(now) / 2;
+        if give_up > now {
+            self.arm(Timer::Renew, give_up);
+        } else {
+            self.timers.stop(Timer::Renew);
+        }
+    }
+
+    fn on_renewal_failed(&mut self, now: Instant) {
+        let Phase::Leased(l) = &mut self.phase else {
+            return;
+        };
+        l.renewal = None;
+        l.failing = true;
+        let deadline = l.deadline;
+        let at = now.checked_add(self.renew_backoff.next_delay());
+        match at {
+            Some(at) if at < deadline => self.arm(Timer::Renew, at),
+            _ => self.timers.stop(Timer::Renew),
+        }
+        self.sync_state();
+    }
+
+    fn on_renewal_reply(
+        &mut self,
+        now: Instant,
+        sent: Instant,
+        result: Result<Response, RpcError>,
+    ) {
+        if let Phase::Leased(l) = &mut self.phase {
+            l.renewal = None;
+        }
+        match result {
+            Ok(Response::KeptAlive { ttl_secs }) if ttl_secs > 0 => {
+                let Phase::Leased(l) = &mut self.phase else {
+                    return;
+                };
+                let ttl = secs(ttl_secs);
+                let Some(deadline) = sent.checked_add(ttl).filter(|d| *d > now) else {
+                    // Acknowledged, but too late to still trust the lease.
+                    self.lose(now, false);
+                    return;
+                };
+                l.ttl = ttl;
+                l.deadline = deadline;
+                l.last_ack_send = sent;
+                l.failing = false;
+                if !l.proven {
+                    l.proven = true;
+                    self.register_backoff.reset();
+                }
+                self.renew_backoff.reset();
+                self.arm(Timer::Deadline, deadline);
+                self.schedule_renewal(now);
+                self.sync_state();
+            }
+            Ok(Response::KeptAlive { .. }) => {
+                let proven = matches!(&self.phase, Phase::Leased(l) if l.proven);
+                // A lease that never renewed counts as a failed registration,
+                // so a server that keeps forgetting leases is not hammered.
+                self.lose(now, !proven);
+            }
+            _ => self.on_renewal_failed(now),
+        }
+    }
+
+    fn send_put(&mut self, now: Instant) {
+        let Some(binding) = &self.binding else { return };
+        let Phase::Leased(l) = &self.phase else {
+            return;
+        };
+        let request = Request::Put {
+            key: binding.key.clone(),
+            value: binding.value.clone(),
+            lease: l.id,
+        };
+        let generation = self.value_gen;
+        let id = self.rpc(request);
+        if let Phase::Leased(l) = &mut self.phase {
+            l.put = Some((id, generation));
+        }
+        let at = now.checked_add(self.request_timeout()).unwrap_or(now);
+        self.arm(Timer::Retry, at);
+    }
+
+    fn on_put_reply(&mut self, now: Instant, generation: u64, result: Result<Response, RpcError>) {
+        self.timers.stop(Timer::Retry);
+        let Phase::Leased(l) = &mut self.phase else {
+            return;
+        };
+        l.put = None;
+        match result {
+            Ok(Response::Put { .. }) => {
+                l.written = Some(generation);
+                self.sync_state();
+                if generation != self.value_gen {
+                    self.send_put(now);
+                }
+            }
+            Err(RpcError::Rejected(message))
+                if message.to_ascii_lowercase().contains("lease not found") =>
+            {
+                self.lose(now, true);
+            }
+            _ => self.schedule_put(now),
+        }
+    }
+
+    fn schedule_put(&mut self, now: Instant) {
+        let delay = self.register_backoff.next_delay();
+        self.arm(Timer::Retry, now.checked_add(delay).unwrap_or(now));
+    }
+
+    /// Forgets the lease and registers again. `failed` says whether this
+    /// counts as a failed registration attempt (then the grant waits).
+    fn lose(&mut self, now: Instant, failed: bool) {
+        let Phase::Leased(l) = std::mem::replace(&mut self.phase, Phase::Granting { grant: None })
+        else {
+            return;
+        };
+        for (id, _) in l.renewal.iter() {
+            self.queue.push_back(Command::Cancel { id: *id });
+        }
+        for (id, _) in l.put.iter() {
+            self.queue.push_back(Command::Cancel { id: *id });
+        }
+        self.timers.clear();
+        self.renew_backoff.reset();
+        self.notify(LivenessState::Lost { lease: l.id });
+        self.sync_state();
+        if failed || self.register_backoff.failures() > 0 {
+            self.schedule_grant(now);
+        } else {
+            self.send_grant(now);
+        }
+    }
+
+    fn stop(&mut self, now: Instant) {
+        self.timers.clear();
+        match std::mem::replace(&mut self.phase, Phase::Stopped) {
+            Phase::Granting { grant } => {
+                // A grant in flight may still create a lease; it expires on
+                // its own after one TTL, as nobody renews it.
+                if let Some((id, _)) = grant {
+                    self.queue.push_back(Command::Cancel { id });
+                }
+                self.notify(LivenessState::Stopped { revoked: false });
+            }
+            Phase::Leased(l) => {
+                for (id, _) in l.renewal.iter() {
+                    self.queue.push_back(Command::Cancel { id: *id });
+                }
+                for (id, _) in l.put.iter() {
+                    self.queue.push_back(Command::Cancel { id: *id });
+                }
+                let revoke = self.rpc(Request::Revoke { lease: l.id });
+                self.phase = Phase::Stopping { revoke };
+                let at = now.checked_add(self.request_timeout()).unwrap_or(now);
+                self.arm(Timer::Retry, at);
+            }
+            already @ (Phase::Stopping { .. } | Phase::Stopped) => self.phase = already,
+        }
+    }
+
+    fn finish(&mut self, revoked: bool) {
+        self.timers.clear();
+        self.phase = Phase::Stopped;
+        self.notify(LivenessState::Stopped { revoked });
+    }
+
+    fn on_reply(&mut self, now: Instant, reply: RpcReply) {
+        let RpcReply { id, result } = reply;
+        match &self.phase {
+            Phase::Granting {
+                grant: Some((grant, sent)),
+            } if *grant == id => {
+                let sent = *sent;
+                self.on_grant_reply(now, sent, result);
+            }
+            Phase::Leased(l) => {
+                if let Some((_, sent)) = l.renewal.filter(|(r, _)| *r == id) {
+                    self.on_renewal_reply(now, sent, result);
+                } else if let Some((_, generation)) = l.put.filter(|(p, _)| *p == id) {
+                    self.on_put_reply(now, generation, result);
+                }
+            }
+            Phase::Stopping { revoke } if *revoke == id => {
+                self.finish(matches!(result, Ok(Response::Revoked)));
+            }
+            _ => {}
+        }
+    }
+
+    fn on_timer(&mut self, now: Instant, timer: Timer) {
+        match (timer, &self.phase) {
+            (Timer::Deadline, Phase::Leased(_)) => self.lose(now, false),
+            (Timer::Renew, Phase::Leased(l)) => match l.renewal {
+                Some((id, _)) => {
+                    self.queue.push_back(Command::Cancel { id });
+                    self.on_renewal_failed(now);
+                }
+                None => self.send_keepalive(now),
+            },
+            (
+                Timer::Retry,
+                Phase::Granting {
+                    grant: Some((id, _)),
+                },
+            ) => {
+                let id = *id;
+                self.queue.push_back(Command::Cancel { id });
+                self.schedule_grant(now);
+            }
+            (Timer::Retry, Phase::Granting { grant: None }) => self.send_grant(now),
+            (Timer::Retry, Phase::Leased(l)) => match l.put {
+                Some((id, _)) => {
+                    if let Phase::Leased(l) = &mut self.phase {
+                        l.put = None;
+                    }
+                    self.queue.push_back(Command::Cancel { id });
+                    self.schedule_put(now);
+                }
+                None if l.written != Some(self.value_gen) => self.send_put(now),
+                None => {}
+            },
+            (Timer::Retry, Phase::Stopping { revoke }) => {
+                let id = *revoke;
+                self.queue.push_back(Command::Cancel { id });
+                self.finish(false);
+            }
+            _ => {}
+        }
+    }
+
+    fn observe(&mut self, now: Instant) {
+        debug_assert!(now >= self.now, "time went backwards");
+        self.now = self.now.max(now);
+    }
+}
+
+impl Machine for Keepalive {
+    type Event = KeepaliveEvent;
+    type Notification = LivenessState;
+
+    fn handle(&mut self, now: Instant, event: KeepaliveEvent) {
+        self.observe(now);
+        let now = self.now;
+        match event {
+            KeepaliveEvent::Rpc(reply) => self.on_reply(now, reply),
+            KeepaliveEvent::SetValue(value) => {
+                let Some(binding) = &mut self.binding else {
+                    return;
+                };
+                if matches!(self.phase, Phase::Stopping { .. } | Phase::Stopped) {
+                    return;
+                }
+                binding.value = value;
+                self.value_gen = self.value_gen.wrapping_add(1);
+                // Written now only when nothing else is pending; otherwise the
+                // in-flight put or the scheduled retry picks the value up.
+                if let Phase::Leased(l) = &self.phase {
+                    if l.put.is_none() && !self.timers.is_armed(Timer::Retry) {
+                        self.send_put(now);
+                    }
+                }
+            }
+            KeepaliveEvent::Stop => self.stop(now),
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        self.observe(now);
+        let now = self.now;
+        // The deadline goes first so nothing is sent on a lease presumed gone.
+        if matches!(&self.phase, Phase::Leased(l) if l.deadline <= now) {
+            self.lose(now, false);
+        }
+        while let Some(timer) = self.timers.pop_expired(now) {
+            self.on_timer(now, timer);
+        }
+    }
+
+    fn poll_command(&mut self) -> Option<Command<LivenessState>> {
+        self.queue.pop_front()
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next().map(|at| at.max(self.now))
+    }
+}
+
+fn secs(ttl_secs: i64) -> Duration {
+    Duration::from_secs(u64::try_from(ttl_secs.clamp(0, MAX_TTL_SECS)).unwrap_or(0))
+}

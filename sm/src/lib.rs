@@ -74,8 +74,7 @@ pub mod watch;
 pub use backoff::{Backoff, BackoffConfig};
 pub use rpc::{
     Command, Compare, EventKind, KeyRange, KeyValue, LeaseId, RangeRequest, Request, Response,
-    Revision, RpcError, RpcId, RpcIds, RpcReply, SortOrder, Txn, TxnOp, TxnOpResponse,
-    WatchEvent,
+    Revision, RpcError, RpcId, RpcIds, RpcReply, SortOrder, Txn, TxnOp, TxnOpResponse, WatchEvent,
 };
 pub use timer::TimerTable;
 

@@ -90,7 +90,12 @@ pub struct RangeRequest {
 impl RangeRequest {
     /// All keys of `range`, in key order, no limit.
     pub fn all(range: KeyRange) -> Self {
-        RangeRequest { range, sort: SortOrder::Key, limit: 0, max_create_revision: 0 }
+        RangeRequest {
+            range,
+            sort: SortOrder::Key,
+            limit: 0,
+            max_create_revision: 0,
+        }
     }
 }
 

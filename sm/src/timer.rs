@@ -45,7 +45,10 @@ impl<T: Copy + Eq> TimerTable<T> {
 
     /// The deadline of `timer`, if armed.
     pub fn get(&self, timer: T) -> Option<Instant> {
-        self.slots.iter().find(|(t, _)| *t == timer).map(|(_, at)| *at)
+        self.slots
+            .iter()
+            .find(|(t, _)| *t == timer)
+            .map(|(_, at)| *at)
     }
 
     /// Whether `timer` is armed.

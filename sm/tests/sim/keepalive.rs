@@ -1,1 +1,371 @@
-// placeholder, being written
+//! The keepalive machine against the model etcd, over many seeds.
+//!
+//! Each seed runs a random schedule of healthy periods, failed requests,
+//! lost replies, dropped renewal streams, etcd pauses longer than the TTL,
+//! lease extensions (leader changes) and value changes, then a quiet period,
+//! then `Stop`. Invariants checked after every step:
+//!
+//! * (a) while the machine holds a lease it believes in (`lease()` is
+//!   `Some`), the model still has that lease and the local deadline is not
+//!   later than the model's expiry; in binding mode the key exists, bound to
+//!   that lease;
+//! * (b) in a run without faults the lease is never lost and, once
+//!   registered, the key never disappears;
+//! * (c) no KeepAlive, Grant or Put is emitted after Stop or after a Revoke
+//!   (checked on every command by [`Spy`]);
+//! * (d) `poll_timeout` is never earlier than the last `now` ([`Spy`]);
+//! * (e) after the faults stop, the machine ends Registered with the key
+//!   present in the model, holding the latest value; and Stop revokes.
+
+use crate::model::*;
+use fleetcoord_sm::keepalive::{
+    Binding, Keepalive, KeepaliveConfig, KeepaliveEvent, LivenessState,
+};
+use fleetcoord_sm::{BackoffConfig, Command, Machine, Request};
+use std::time::{Duration, Instant};
+
+const SEEDS: u64 = 1_000;
+const KEY: &[u8] = b"/coord/hosts/0f0e0d0c-0b0a-0908-0706-050403020100";
+
+/// Wraps the machine and checks (c) and (d) on every command and deadline.
+struct Spy {
+    machine: Keepalive,
+    stop_requested: bool,
+    revoke_sent: bool,
+    last_now: Option<Instant>,
+}
+
+impl Machine for Spy {
+    type Event = KeepaliveEvent;
+    type Notification = LivenessState;
+
+    fn handle(&mut self, now: Instant, event: KeepaliveEvent) {
+        self.stop_requested |= event == KeepaliveEvent::Stop;
+        self.last_now = Some(now);
+        self.machine.handle(now, event);
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        self.last_now = Some(now);
+        self.machine.handle_timeout(now);
+    }
+
+    fn poll_command(&mut self) -> Option<Command<LivenessState>> {
+        let command = self.machine.poll_command()?;
+        if let Command::Rpc { request, .. } = &command {
+            match request {
+                Request::Revoke { .. } => {
+                    assert!(self.stop_requested, "revoke without stop");
+                    assert!(!self.revoke_sent, "second revoke");
+                    self.revoke_sent = true;
+                }
+                other => assert!(
+                    !self.stop_requested && !self.revoke_sent,
+                    "(c) {other:?} after stop/revoke"
+                ),
+            }
+        }
+        Some(command)
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        let at = self.machine.poll_timeout();
+        if let (Some(at), Some(now)) = (at, self.last_now) {
+            assert!(at >= now, "(d) poll_timeout {at:?} before now {now:?}");
+        }
+        at
+    }
+}
+
+/// What one schedule entry does at its start.
+#[derive(Clone, Copy, Debug)]
+enum Phase {
+    Healthy,
+    FailingRequests,
+    LosingReplies,
+    DropStreams,
+    PauseLongerThanTtl,
+    ExtendLeases,
+    LoseInflight,
+    SetValue,
+}
+
+struct World {
+    etcd: ModelEtcd,
+    h: Harness<Spy>,
+    rng: ChaCha8Rng,
+    faults: Faults,
+    now: Instant,
+    binding: bool,
+    /// The run injects no faults at all: (b) applies.
+    clean: bool,
+    /// The key was seen registered at least once (for (b)).
+    registered_once: bool,
+    steps: u64,
+    events_injected: u64,
+}
+
+impl World {
+    fn check(&mut self) {
+        let m = &self.h.machine.machine;
+        if let Some(lease) = m.lease() {
+            let local = m.local_deadline().expect("a lease has a deadline");
+            let server = self.etcd.lease_deadline(lease);
+            assert!(
+                server.is_some(),
+                "(a) machine holds lease {lease:x} the model expired"
+            );
+            assert!(
+                server.is_some_and(|server| local <= server),
+                "(a) local deadline {local:?} after the model's {server:?}"
+            );
+            if self.binding {
+                let kv = self.etcd.get(KEY);
+                assert_eq!(
+                    kv.map(|kv| kv.lease),
+                    Some(lease),
+                    "(a) key not bound to the lease"
+                );
+            }
+            self.registered_once = true;
+        }
+        if self.clean && !self.h.machine.stop_requested {
+            for (_, n) in &self.h.notifications {
+                assert!(
+                    !matches!(n, LivenessState::Lost { .. }),
+                    "(b) healthy run lost its lease"
+                );
+                assert!(
+                    !matches!(n, LivenessState::Suspended { .. }),
+                    "(b) healthy run suspended"
+                );
+            }
+            if self.registered_once && self.binding {
+                assert!(
+                    self.etcd.get(KEY).is_some(),
+                    "(b) key vanished in a healthy run"
+                );
+            }
+        }
+    }
+
+    /// Steps through every event up to `until`, checking after each step.
+    fn run_until(&mut self, until: Instant) {
+        loop {
+            let next = {
+                let nodes: [&mut dyn Node; 1] = [&mut self.h];
+                world_next_time(&self.etcd, &nodes)
+            };
+            let Some(t) = next.filter(|t| *t <= until) else {
+                break;
+            };
+            let t = t.max(self.now);
+            step(
+                &mut self.etcd,
+                &mut [&mut self.h],
+                t,
+                &mut self.rng,
+                &self.faults,
+            );
+            self.now = t;
+            self.steps += 1;
+            self.check();
+        }
+        self.now = self.now.max(until);
+    }
+
+    fn pump(&mut self) {
+        self.h
+            .pump(&mut self.etcd, self.now, &mut self.rng, &self.faults);
+        self.check();
+    }
+}
+
+fn pick(rng: &mut ChaCha8Rng, n: u64) -> u64 {
+    rng.next_u64() % n
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+struct Totals {
+    steps: u64,
+    faults: u64,
+    losses: u64,
+    clean_runs: u64,
+}
+
+fn run_seed(seed: u64, totals: &mut Totals) {
+    let mut rng = rng(seed);
+    let ttl = 2 + pick(&mut rng, 9) as i64;
+    let binding = pick(&mut rng, 4) != 0;
+    let clean = seed % 10 == 0;
+    let mut value = b"boot".to_vec();
+    let config = KeepaliveConfig {
+        ttl_secs: ttl,
+        binding: binding.then(|| Binding {
+            key: KEY.to_vec(),
+            value: value.clone(),
+        }),
+        backoff: BackoffConfig::default(),
+    };
+    let t0 = Instant::now();
+    let spy = Spy {
+        machine: Keepalive::new(config, t0, seed),
+        stop_requested: false,
+        revoke_sent: false,
+        last_now: Some(t0),
+    };
+    let mut w = World {
+        etcd: ModelEtcd::new(),
+        h: Harness::new(spy),
+        rng,
+        faults: Faults::none(),
+        now: t0,
+        binding,
+        clean,
+        registered_once: false,
+        steps: 0,
+        events_injected: 0,
+    };
+    w.pump();
+    let ttl_d = Duration::from_secs(ttl as u64);
+    let phases = 4 + pick(&mut w.rng, 12);
+    for _ in 0..phases {
+        let phase = if clean {
+            match pick(&mut w.rng, 3) {
+                0 => Phase::SetValue,
+                _ => Phase::Healthy,
+            }
+        } else {
+            match pick(&mut w.rng, 8) {
+                0 => Phase::Healthy,
+                1 => Phase::FailingRequests,
+                2 => Phase::LosingReplies,
+                3 => Phase::DropStreams,
+                4 => Phase::PauseLongerThanTtl,
+                5 => Phase::ExtendLeases,
+                6 => Phase::LoseInflight,
+                _ => Phase::SetValue,
+            }
+        };
+        w.faults = Faults::none();
+        let length = ms(200 + pick(&mut w.rng, 3 * ttl as u64 * 1000));
+        match phase {
+            Phase::Healthy => {}
+            Phase::FailingRequests => {
+                w.faults = Faults {
+                    fail_request: 0.3,
+                    ..Faults::moderate()
+                };
+            }
+            Phase::LosingReplies => {
+                w.faults = Faults {
+                    lose_reply: 0.3,
+                    ..Faults::moderate()
+                };
+            }
+            Phase::DropStreams => {
+                w.h.drop_streams(w.now);
+                w.events_injected += 1;
+            }
+            Phase::PauseLongerThanTtl => {
+                w.etcd.pause();
+                w.events_injected += 1;
+                let until = w.now + ttl_d + ms(pick(&mut w.rng, 2 * ttl as u64 * 1000));
+                w.run_until(until);
+                w.etcd.resume(w.now);
+                w.pump();
+            }
+            Phase::ExtendLeases => {
+                w.etcd.extend_all_leases(w.now);
+                w.events_injected += 1;
+            }
+            Phase::LoseInflight => {
+                w.h.lose_all_inflight();
+                w.events_injected += 1;
+            }
+            Phase::SetValue => {
+                // Sometimes several in a row: later ones find a put in flight.
+                for _ in 0..1 + pick(&mut w.rng, 3) {
+                    value = format!("v{}", pick(&mut w.rng, 1_000_000)).into_bytes();
+                    let now = w.now;
+                    w.h.machine
+                        .handle(now, KeepaliveEvent::SetValue(value.clone()));
+                    w.pump();
+                }
+            }
+        }
+        let until = w.now + length;
+        w.run_until(until);
+    }
+
+    // Quiet: enough for any backoff (5 s cap) plus a lease that must first
+    // run out locally, plus a grant and a put.
+    w.faults = Faults::none();
+    let until = w.now + 2 * ttl_d + Duration::from_secs(12);
+    w.run_until(until);
+    let m = &w.h.machine.machine;
+    let lease = m.lease();
+    assert!(
+        matches!(m.state(), LivenessState::Registered { .. }),
+        "(e) seed {seed}: not registered after the faults: {:?}",
+        m.state()
+    );
+    if binding {
+        let kv = w.etcd.get(KEY).expect("(e) key present");
+        assert_eq!(kv.value, value, "(e) seed {seed}: latest value");
+        assert_eq!(Some(kv.lease), lease);
+    }
+
+    let now = w.now;
+    w.h.machine.handle(now, KeepaliveEvent::Stop);
+    w.pump();
+    let until = w.now + 2 * ttl_d;
+    w.run_until(until);
+    let last = w.h.notifications.last().map(|(_, n)| n.clone());
+    assert_eq!(
+        last,
+        Some(LivenessState::Stopped { revoked: true }),
+        "seed {seed}"
+    );
+    assert_eq!(w.h.machine.poll_timeout(), None);
+    let lease = lease.expect("registered has a lease");
+    assert!(!w.etcd.lease_exists(lease), "revoked lease still alive");
+    assert!(w.etcd.get(KEY).is_none(), "key outlived the revoke");
+    // Later input changes nothing.
+    w.h.machine.handle(until, KeepaliveEvent::Stop);
+    w.h.machine.handle_timeout(until + ttl_d);
+    w.pump();
+
+    totals.steps += w.steps;
+    totals.faults += w.h.faults_injected + w.events_injected;
+    totals.losses +=
+        w.h.notifications
+            .iter()
+            .filter(|(_, n)| matches!(n, LivenessState::Lost { .. }))
+            .count() as u64;
+    totals.clean_runs += u64::from(clean);
+}
+
+#[test]
+fn keepalive_survives_random_fault_schedules() {
+    let mut totals = Totals {
+        steps: 0,
+        faults: 0,
+        losses: 0,
+        clean_runs: 0,
+    };
+    for seed in 0..SEEDS {
+        run_seed(seed, &mut totals);
+    }
+    println!(
+        "keepalive sim: {SEEDS} seeds ({} fault-free), {} steps, {} faults injected, {} leases lost and re-registered",
+        totals.clean_runs, totals.steps, totals.faults, totals.losses
+    );
+    assert!(
+        totals.losses > 0,
+        "the schedules never exercised a lost lease"
+    );
+}

@@ -1,1 +1,0 @@
-//! Placeholder: the election machine is being written.

@@ -1,0 +1,348 @@
+//! Leader election on a key prefix, compatible with Go's
+//! `clientv3/concurrency` election and `etcdctl elect`.
+//!
+//! An [`Election`] is the election protocol plus its own session: a lease
+//! kept alive by a lease-only [`Keepalive`]. Candidates queue up as keys
+//! `<prefix><lease id in lowercase hex>`; the key with the lowest create
+//! revision leads, and that create revision is the leader's fencing token.
+//!
+//! Guarantees:
+//! * [`Election::is_leader`] is true only between an
+//!   [`ElectionNotice::Elected`] and the first of: resign, stop, deletion of
+//!   the own key, or the session's *local deadline*. That deadline is
+//!   measured from the send time of the last acknowledged renewal, so it
+//!   always passes before etcd can expire the lease and let the next
+//!   candidate in: two holders never believe they lead at once.
+//! * `Elected` is only reported after the own key was read back with its
+//!   create revision once no older candidate remained (Go skips this check,
+//!   etcd #19597), so a candidate whose key vanished while it waited never
+//!   claims leadership.
+//! * A campaign racing a session loss ends with
+//!   `CampaignFailed(SessionLost)`, never with `Elected`.
+//! * The session outlives campaigns: resign and campaign again reuse it.
+
+mod protocol;
+mod requests;
+#[cfg(test)]
+mod tests;
+
+use crate::backoff::BackoffConfig;
+use crate::keepalive::{Keepalive, KeepaliveConfig, KeepaliveEvent, LivenessState};
+use crate::rpc::{Command, Compare, KeyValue, LeaseId, Revision, RpcReply};
+use crate::Machine;
+use protocol::{Protocol, SessionFact, UserRequest};
+use std::collections::VecDeque;
+use std::time::Instant;
+
+/// RPC ids of the protocol start here; the session's start at 0, so a reply
+/// id alone tells which part it belongs to.
+const PROTOCOL_FIRST_RPC_ID: u64 = 1 << 40;
+
+/// How an [`Election`] behaves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ElectionConfig {
+    /// The election's key prefix, ending with `/` (e.g. `b"/coord/election/db/"`).
+    /// Candidate keys are this prefix plus the lease id in lowercase hex.
+    pub prefix: Vec<u8>,
+    /// TTL of the session lease, in seconds.
+    pub ttl_secs: i64,
+    /// Delays between failed attempts (session and protocol alike).
+    pub backoff: BackoffConfig,
+}
+
+/// Inputs of an [`Election`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub enum ElectionInput {
+    /// The reply to one of the machine's requests (others are ignored).
+    Rpc(RpcReply),
+    /// Queue up and wait until leader; answered by `Elected` or `CampaignFailed`.
+    Campaign {
+        /// The leader's value (what observers see).
+        value: Vec<u8>,
+    },
+    /// Become leader only if nobody else is; answered by `Elected`,
+    /// `NotElected` or `CampaignFailed`. Never waits for other candidates.
+    TryCampaign {
+        /// The leader's value.
+        value: Vec<u8>,
+    },
+    /// Stop leading (or campaigning) and delete the own key; answered by
+    /// `Resigned`. The session stays up for later campaigns.
+    Resign,
+    /// Replace the leader's value; answered by `Proclaimed` or `ProclaimFailed`.
+    Proclaim {
+        /// The new value.
+        value: Vec<u8>,
+    },
+    /// Give up a running campaign; answered by `CampaignFailed(Canceled)`.
+    CancelCampaign,
+    /// Leave for good: stop believing at once, revoke the session lease
+    /// (which deletes the own key), then `Session(Stopped{..})`.
+    Stop,
+}
+
+impl From<RpcReply> for ElectionInput {
+    fn from(reply: RpcReply) -> Self {
+        ElectionInput::Rpc(reply)
+    }
+}
+
+/// Why a campaign or proclaim did not succeed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ElectionError {
+    /// The session lease was lost (or presumed lost) while it ran.
+    SessionLost,
+    /// The user canceled the campaign.
+    Canceled,
+    /// Another campaign or proclaim is still running, or this one leads already.
+    Busy,
+    /// Not the leader (any more).
+    NotLeader,
+    /// The election was stopped.
+    Stopped,
+    /// etcd refused a request; retrying it would not help.
+    Rejected(String),
+}
+
+/// What an [`Election`] tells its user, in order, via [`Command::Notify`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ElectionNotice {
+    /// This candidate leads, verified against etcd.
+    Elected {
+        /// The own candidate key.
+        key: Vec<u8>,
+        /// The key's create revision: the fencing token, strictly greater
+        /// than that of every earlier leader of this election.
+        token: Revision,
+        /// The session lease the key is bound to.
+        lease: LeaseId,
+    },
+    /// Answer to `TryCampaign` when someone else leads (`None` if the
+    /// queue emptied meanwhile); the own key was removed again.
+    NotElected {
+        /// The current leader's key and value.
+        leader: Option<KeyValue>,
+    },
+    /// A campaign ended without leadership.
+    CampaignFailed(ElectionError),
+    /// Leadership ended without a resign: session lost, local deadline
+    /// passed, own key deleted, or stop.
+    LeadershipLost {
+        /// The token of the leadership that ended.
+        token: Revision,
+    },
+    /// The resign finished; the own key is gone.
+    Resigned,
+    /// The proclaimed value is written.
+    Proclaimed,
+    /// The proclaim did not happen.
+    ProclaimFailed(ElectionError),
+    /// The session changed state.
+    Session(LivenessState),
+}
+
+/// The election state machine. See the module docs for its guarantees.
+#[derive(Debug)]
+pub struct Election {
+    prefix: Vec<u8>,
+    session: Keepalive,
+    protocol: Protocol,
+    queue: VecDeque<Command<ElectionNotice>>,
+    now: Instant,
+}
+
+impl Election {
+    /// Starts the session at `now` (its first commands are
+    /// `Notify(Session(Registering))` and a lease grant). No campaign runs
+    /// until one is asked for.
+    pub fn new(config: ElectionConfig, now: Instant, seed: u64) -> Self {
+        let session_config = KeepaliveConfig {
+            ttl_secs: config.ttl_secs,
+            binding: None,
+            backoff: config.backoff.clone(),
+        };
+        let session = Keepalive::with_first_rpc_id(session_config, now, seed, 0);
+        let protocol_seed = seed.rotate_left(29) ^ 0x9e37_79b9_7f4a_7c15;
+        let protocol = Protocol::new(
+            config.prefix.clone(),
+            config.backoff,
+            now,
+            protocol_seed,
+            PROTOCOL_FIRST_RPC_ID,
+        );
+        let mut election = Election {
+            prefix: config.prefix,
+            session,
+            protocol,
+            queue: VecDeque::new(),
+            now,
+        };
+        election.drain();
+        election
+    }
+
+    /// What the user may believe right now: leader, with a session whose
+    /// local deadline has not passed. Turns false at the deadline instant.
+    pub fn is_leader(&self) -> bool {
+        self.protocol.is_leader()
+            && self.protocol.leader_lease() == self.session.lease()
+            && self
+                .session
+                .local_deadline()
+                .is_some_and(|deadline| self.now < deadline)
+    }
+
+    /// The fencing token while [`Election::is_leader`] holds.
+    pub fn token(&self) -> Option<Revision> {
+        if self.is_leader() {
+            self.protocol.token()
+        } else {
+            None
+        }
+    }
+
+    /// While leader, the guard that fences a user's own etcd transaction:
+    /// `create_revision(my_key) == token`. A transaction carrying it fails
+    /// once this leadership has ended, whatever this process still believes.
+    pub fn fence(&self) -> Option<Compare> {
+        let token = self.token()?;
+        let key = self.my_key()?;
+        Some(Compare::CreateRevisionEquals {
+            key,
+            revision: token,
+        })
+    }
+
+    /// When the session lease must be presumed gone (`None` without a lease).
+    pub fn session_deadline(&self) -> Option<Instant> {
+        self.session.local_deadline()
+    }
+
+    /// The candidate key of the current session: prefix + lowercase hex lease id.
+    pub fn my_key(&self) -> Option<Vec<u8>> {
+        self.session
+            .lease()
+            .map(|lease| requests::candidate_key(&self.prefix, lease))
+    }
+
+    /// Move everything both parts want done into the one ordered queue,
+    /// telling the protocol about every session change on the way.
+    fn drain(&mut self) {
+        loop {
+            let mut progressed = false;
+            while let Some(command) = self.session.poll_command() {
+                progressed = true;
+                match command {
+                    Command::Rpc { id, request } => {
+                        self.queue.push_back(Command::Rpc { id, request })
+                    }
+                    Command::Cancel { id } => self.queue.push_back(Command::Cancel { id }),
+                    Command::Notify(state) => {
+                        let fact = match &state {
+                            LivenessState::Registered { lease } => {
+                                Some(SessionFact::Up { lease: *lease })
+                            }
+                            LivenessState::Suspended { .. } => Some(SessionFact::Suspended),
+                            LivenessState::Lost { .. } | LivenessState::Stopped { .. } => {
+                                Some(SessionFact::Lost)
+                            }
+                            _ => None,
+                        };
+                        self.queue
+                            .push_back(Command::Notify(ElectionNotice::Session(state)));
+                        if let Some(fact) = fact {
+                            self.protocol.session(self.now, fact);
+                            // Consequences (e.g. LeadershipLost) come right after the cause.
+                            while let Some(command) = self.protocol.poll_command() {
+                                self.queue.push_back(command);
+                            }
+                        }
+                    }
+                }
+            }
+            while let Some(command) = self.protocol.poll_command() {
+                progressed = true;
+                self.queue.push_back(command);
+            }
+            if !progressed {
+                break;
+            }
+        }
+    }
+
+    fn advance(&mut self, now: Instant) {
+        debug_assert!(now >= self.now, "time went backwards");
+        self.now = self.now.max(now);
+    }
+}
+
+impl Machine for Election {
+    type Event = ElectionInput;
+    type Notification = ElectionNotice;
+
+    fn handle(&mut self, now: Instant, event: ElectionInput) {
+        // Timers due by now fire first: a reply must never be judged by a
+        // session whose deadline has already passed.
+        self.handle_timeout(now);
+        let now = self.now;
+        match event {
+            ElectionInput::Rpc(reply) => {
+                if self.session.owns(reply.id) {
+                    self.session.handle(now, KeepaliveEvent::Rpc(reply));
+                } else {
+                    self.protocol.reply(now, reply);
+                }
+            }
+            ElectionInput::Campaign { value } => self.protocol.user(
+                now,
+                UserRequest::Campaign {
+                    value,
+                    try_only: false,
+                },
+            ),
+            ElectionInput::TryCampaign { value } => self.protocol.user(
+                now,
+                UserRequest::Campaign {
+                    value,
+                    try_only: true,
+                },
+            ),
+            ElectionInput::Resign => self.protocol.user(now, UserRequest::Resign),
+            ElectionInput::Proclaim { value } => {
+                self.protocol.user(now, UserRequest::Proclaim { value })
+            }
+            ElectionInput::CancelCampaign => self.protocol.user(now, UserRequest::CancelCampaign),
+            ElectionInput::Stop => {
+                self.protocol.user(now, UserRequest::Stop);
+                self.drain();
+                self.session.handle(now, KeepaliveEvent::Stop);
+            }
+        }
+        self.drain();
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        self.advance(now);
+        self.session.handle_timeout(self.now);
+        self.drain();
+        self.protocol.handle_timeout(self.now);
+        self.drain();
+    }
+
+    fn poll_command(&mut self) -> Option<Command<ElectionNotice>> {
+        self.queue.pop_front()
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        let session = self.session.poll_timeout();
+        let protocol = self.protocol.poll_timeout();
+        let next = match (session, protocol) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        next.map(|at| at.max(self.now))
+    }
+}

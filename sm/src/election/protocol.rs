@@ -1,0 +1,797 @@
+//! The election protocol proper, with the session reduced to two facts
+//! ("up with lease L", "lost"). Keeping the lease machinery out makes every
+//! step here testable with hand-written replies.
+
+use super::requests;
+use super::{ElectionError, ElectionNotice};
+use crate::backoff::{Backoff, BackoffConfig};
+use crate::rpc::{
+    Command, EventKind, KeyValue, LeaseId, Request, Response, Revision, RpcError, RpcId, RpcIds,
+    RpcReply, TxnOpResponse,
+};
+use crate::timer::TimerTable;
+use std::collections::VecDeque;
+use std::time::Instant;
+
+/// What the protocol needs to know about its session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SessionFact {
+    /// The lease is registered and renewing.
+    Up { lease: LeaseId },
+    /// Renewals fail; the lease may still be alive.
+    Suspended,
+    /// The lease is gone (or presumed gone): every key of it is gone too.
+    Lost,
+}
+
+/// User requests, without the RPC replies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum UserRequest {
+    Campaign { value: Vec<u8>, try_only: bool },
+    Resign,
+    Proclaim { value: Vec<u8> },
+    CancelCampaign,
+    Stop,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Timer {
+    Retry,
+    ProclaimRetry,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Session {
+    Down,
+    Up(LeaseId),
+    Suspended(LeaseId),
+}
+
+impl Session {
+    fn lease(self) -> Option<LeaseId> {
+        match self {
+            Session::Down => None,
+            Session::Up(l) | Session::Suspended(l) => Some(l),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    WaitSession,
+    Create,
+    FixValue,
+    FindOlder,
+    WatchOlder { key: Vec<u8>, from: Revision },
+    Verify,
+}
+
+#[derive(Clone, Debug)]
+struct Campaign {
+    value: Vec<u8>,
+    try_only: bool,
+    lease: LeaseId,
+    key: Vec<u8>,
+    /// My key's create revision; 0 while unknown.
+    my_rev: Revision,
+    step: Step,
+    /// The request of `step` in flight; `None` while waiting (session or backoff).
+    pending: Option<RpcId>,
+}
+
+#[derive(Clone, Debug)]
+enum Guard {
+    Watching(RpcId),
+    Checking(RpcId),
+    Waiting,
+}
+
+#[derive(Clone, Debug)]
+struct Leading {
+    key: Vec<u8>,
+    lease: LeaseId,
+    rev: Revision,
+    guard: Guard,
+    proclaim: Option<(Vec<u8>, Option<RpcId>)>,
+}
+
+#[derive(Clone, Debug)]
+struct Withdraw {
+    key: Vec<u8>,
+    rev: Option<Revision>,
+    pending: Option<RpcId>,
+    then: Vec<ElectionNotice>,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Idle,
+    Campaigning(Campaign),
+    Leading(Leading),
+    Withdrawing(Withdraw),
+    Stopped,
+}
+
+/// The protocol state machine; `Election` wraps it with its session.
+#[derive(Debug)]
+pub(crate) struct Protocol {
+    prefix: Vec<u8>,
+    ids: RpcIds,
+    backoff: Backoff,
+    proclaim_backoff: Backoff,
+    timers: TimerTable<Timer>,
+    queue: VecDeque<Command<ElectionNotice>>,
+    session: Session,
+    op: Op,
+    now: Instant,
+}
+
+fn kvs_of(response: &TxnOpResponse) -> Option<&[KeyValue]> {
+    match response {
+        TxnOpResponse::Range { kvs } => Some(kvs),
+        _ => None,
+    }
+}
+
+impl Protocol {
+    pub(crate) fn new(
+        prefix: Vec<u8>,
+        backoff: BackoffConfig,
+        now: Instant,
+        seed: u64,
+        first_id: u64,
+    ) -> Self {
+        Protocol {
+            prefix,
+            ids: RpcIds::starting_at(first_id),
+            backoff: Backoff::new(backoff.clone(), seed),
+            proclaim_backoff: Backoff::new(backoff, seed.rotate_left(17) ^ 0x5bd1_e995),
+            timers: TimerTable::new(),
+            queue: VecDeque::new(),
+            session: Session::Down,
+            op: Op::Idle,
+            now,
+        }
+    }
+
+    /// Leader as far as the protocol knows; the session deadline is checked
+    /// by the wrapper, which owns the clock of the lease.
+    pub(crate) fn is_leader(&self) -> bool {
+        matches!(self.op, Op::Leading(_))
+    }
+
+    pub(crate) fn leader_lease(&self) -> Option<LeaseId> {
+        match &self.op {
+            Op::Leading(l) => Some(l.lease),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn token(&self) -> Option<Revision> {
+        match &self.op {
+            Op::Leading(l) => Some(l.rev),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn poll_command(&mut self) -> Option<Command<ElectionNotice>> {
+        self.queue.pop_front()
+    }
+
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next().map(|at| at.max(self.now))
+    }
+
+    fn advance(&mut self, now: Instant) {
+        debug_assert!(now >= self.now, "time went backwards");
+        self.now = self.now.max(now);
+    }
+
+    fn notify(&mut self, notice: ElectionNotice) {
+        self.queue.push_back(Command::Notify(notice));
+    }
+
+    fn send(&mut self, request: Request) -> RpcId {
+        let id = self.ids.next_id();
+        self.queue.push_back(Command::Rpc { id, request });
+        id
+    }
+
+    fn cancel(&mut self, id: Option<RpcId>) {
+        if let Some(id) = id {
+            self.queue.push_back(Command::Cancel { id });
+        }
+    }
+
+    fn arm_retry(&mut self) {
+        let at = self.now + self.backoff.next_delay();
+        self.timers.set(Timer::Retry, at);
+    }
+
+    // ----- session -------------------------------------------------------
+
+    pub(crate) fn session(&mut self, now: Instant, fact: SessionFact) {
+        self.advance(now);
+        let previous = self.session.lease();
+        self.session = match fact {
+            SessionFact::Up { lease } => Session::Up(lease),
+            SessionFact::Suspended => match previous {
+                Some(l) => Session::Suspended(l),
+                None => Session::Down,
+            },
+            SessionFact::Lost => Session::Down,
+        };
+        let current = self.session.lease();
+        // A new lease without a "lost" in between still means the old one is gone.
+        if previous.is_some() && previous != current {
+            self.session_lost();
+        }
+        if let (Session::Up(lease), Op::Campaigning(c)) = (self.session, &self.op) {
+            if matches!(c.step, Step::WaitSession) {
+                let mut c = c.clone();
+                c.lease = lease;
+                c.key = requests::candidate_key(&self.prefix, lease);
+                c.step = Step::Create;
+                self.op = self.send_step(c);
+            }
+        }
+    }
+
+    fn session_lost(&mut self) {
+        let op = std::mem::replace(&mut self.op, Op::Idle);
+        self.op = match op {
+            Op::Campaigning(c) => {
+                // The key (if any) dies with the lease; a campaign waiting
+                // for the session is bounded by it too.
+                self.cancel(c.pending);
+                self.timers.stop(Timer::Retry);
+                self.notify(ElectionNotice::CampaignFailed(ElectionError::SessionLost));
+                Op::Idle
+            }
+            Op::Leading(l) => {
+                self.lose_leadership(l, ElectionError::SessionLost);
+                Op::Idle
+            }
+            Op::Withdrawing(w) => {
+                // The key dies with the lease; nothing is left to delete.
+                self.cancel(w.pending);
+                self.timers.stop(Timer::Retry);
+                for n in w.then {
+                    self.notify(n);
+                }
+                Op::Idle
+            }
+            other => other,
+        };
+    }
+
+    fn lose_leadership(&mut self, l: Leading, proclaim_error: ElectionError) {
+        match l.guard {
+            Guard::Watching(id) | Guard::Checking(id) => self.cancel(Some(id)),
+            Guard::Waiting => {}
+        }
+        self.timers.stop(Timer::Retry);
+        self.timers.stop(Timer::ProclaimRetry);
+        self.notify(ElectionNotice::LeadershipLost { token: l.rev });
+        if let Some((_, pending)) = l.proclaim {
+            self.cancel(pending);
+            self.notify(ElectionNotice::ProclaimFailed(proclaim_error));
+        }
+    }
+
+    // ----- user requests ---------------------------------------------------
+
+    pub(crate) fn user(&mut self, now: Instant, request: UserRequest) {
+        self.advance(now);
+        let op = std::mem::replace(&mut self.op, Op::Idle);
+        self.op = match (op, request) {
+            (Op::Stopped, r) => {
+                match r {
+                    UserRequest::Campaign { .. } => {
+                        self.notify(ElectionNotice::CampaignFailed(ElectionError::Stopped))
+                    }
+                    UserRequest::Proclaim { .. } => {
+                        self.notify(ElectionNotice::ProclaimFailed(ElectionError::Stopped))
+                    }
+                    UserRequest::Resign => self.notify(ElectionNotice::Resigned),
+                    UserRequest::CancelCampaign | UserRequest::Stop => {}
+                }
+                Op::Stopped
+            }
+            (op, UserRequest::Stop) => {
+                self.stop(op);
+                Op::Stopped
+            }
+            (Op::Idle, UserRequest::Campaign { value, try_only }) => {
+                self.backoff.reset();
+                self.timers.stop(Timer::Retry);
+                let c = Campaign {
+                    value,
+                    try_only,
+                    lease: 0,
+                    key: Vec::new(),
+                    my_rev: 0,
+                    step: Step::WaitSession,
+                    pending: None,
+                };
+                match self.session {
+                    Session::Up(lease) => {
+                        let c = Campaign {
+                            lease,
+                            key: requests::candidate_key(&self.prefix, lease),
+                            step: Step::Create,
+                            ..c
+                        };
+                        self.send_step(c)
+                    }
+                    _ => Op::Campaigning(c),
+                }
+            }
+            (op, UserRequest::Campaign { .. }) => {
+                self.notify(ElectionNotice::CampaignFailed(ElectionError::Busy));
+                op
+            }
+            (Op::Campaigning(c), UserRequest::CancelCampaign) => self.abandon(
+                c,
+                vec![ElectionNotice::CampaignFailed(ElectionError::Canceled)],
+            ),
+            (op, UserRequest::CancelCampaign) => op,
+            (Op::Campaigning(c), UserRequest::Resign) => self.abandon(
+                c,
+                vec![
+                    ElectionNotice::CampaignFailed(ElectionError::Canceled),
+                    ElectionNotice::Resigned,
+                ],
+            ),
+            (Op::Leading(l), UserRequest::Resign) => {
+                let key = l.key.clone();
+                let rev = l.rev;
+                match l.guard {
+                    Guard::Watching(id) | Guard::Checking(id) => self.cancel(Some(id)),
+                    Guard::Waiting => {}
+                }
+                self.timers.stop(Timer::Retry);
+                self.timers.stop(Timer::ProclaimRetry);
+                if let Some((_, pending)) = l.proclaim {
+                    self.cancel(pending);
+                    self.notify(ElectionNotice::ProclaimFailed(ElectionError::NotLeader));
+                }
+                self.backoff.reset();
+                self.send_withdraw(Withdraw {
+                    key,
+                    rev: Some(rev),
+                    pending: None,
+                    then: vec![ElectionNotice::Resigned],
+                })
+            }
+            (Op::Withdrawing(mut w), UserRequest::Resign) => {
+                w.then.push(ElectionNotice::Resigned);
+                Op::Withdrawing(w)
+            }
+            (op, UserRequest::Resign) => {
+                self.notify(ElectionNotice::Resigned);
+                op
+            }
+            (Op::Leading(mut l), UserRequest::Proclaim { value }) => {
+                if l.proclaim.is_some() {
+                    self.notify(ElectionNotice::ProclaimFailed(ElectionError::Busy));
+                } else {
+                    self.proclaim_backoff.reset();
+                    let id = self.send(requests::guarded_put(&l.key, &value, l.lease, l.rev));
+                    l.proclaim = Some((value, Some(id)));
+                }
+                Op::Leading(l)
+            }
+            (op, UserRequest::Proclaim { .. }) => {
+                self.notify(ElectionNotice::ProclaimFailed(ElectionError::NotLeader));
+                op
+            }
+        };
+    }
+
+    fn stop(&mut self, op: Op) {
+        match op {
+            Op::Campaigning(c) => {
+                self.cancel(c.pending);
+                self.notify(ElectionNotice::CampaignFailed(ElectionError::Stopped));
+            }
+            Op::Leading(l) => self.lose_leadership(l, ElectionError::Stopped),
+            Op::Withdrawing(w) => {
+                self.cancel(w.pending);
+                for n in w.then {
+                    self.notify(n);
+                }
+            }
+            Op::Idle | Op::Stopped => {}
+        }
+        self.timers.clear();
+    }
+
+    /// Leave the queue: stop waiting and delete my key (if it may exist),
+    /// then tell the user `then`.
+    fn abandon(&mut self, c: Campaign, then: Vec<ElectionNotice>) -> Op {
+        self.cancel(c.pending);
+        self.timers.stop(Timer::Retry);
+        if matches!(c.step, Step::WaitSession) {
+            for n in then {
+                self.notify(n);
+            }
+            return Op::Idle;
+        }
+        let rev = (c.my_rev != 0).then_some(c.my_rev);
+        self.backoff.reset();
+        self.send_withdraw(Withdraw {
+            key: c.key,
+            rev,
+            pending: None,
+            then,
+        })
+    }
+
+    fn send_withdraw(&mut self, mut w: Withdraw) -> Op {
+        let request = match w.rev {
+            Some(rev) => requests::guarded_delete(&w.key, rev),
+            None => requests::plain_delete(&w.key),
+        };
+        w.pending = Some(self.send(request));
+        Op::Withdrawing(w)
+    }
+
+    fn send_step(&mut self, mut c: Campaign) -> Op {
+        let request = match &c.step {
+            Step::WaitSession => return Op::Campaigning(c),
+            Step::Create if c.try_only => {
+                requests::try_create(&self.prefix, &c.key, &c.value, c.lease)
+            }
+            Step::Create => requests::create(&c.key, &c.value, c.lease),
+            Step::FixValue => requests::guarded_put(&c.key, &c.value, c.lease, c.my_rev),
+            Step::FindOlder => requests::newest_older(&self.prefix, c.my_rev),
+            Step::WatchOlder { key, from } => requests::watch_key(key, *from),
+            Step::Verify => requests::read_key(&c.key),
+        };
+        c.pending = Some(self.send(request));
+        Op::Campaigning(c)
+    }
+
+    // ----- timers ----------------------------------------------------------
+
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+        self.advance(now);
+        while let Some(timer) = self.timers.pop_expired(self.now) {
+            let op = std::mem::replace(&mut self.op, Op::Idle);
+            self.op = match (timer, op) {
+                (Timer::Retry, Op::Campaigning(c)) if c.pending.is_none() => self.send_step(c),
+                (Timer::Retry, Op::Withdrawing(w)) if w.pending.is_none() => self.send_withdraw(w),
+                (Timer::Retry, Op::Leading(mut l)) if matches!(l.guard, Guard::Waiting) => {
+                    l.guard = Guard::Checking(self.send(requests::read_key(&l.key)));
+                    Op::Leading(l)
+                }
+                (Timer::ProclaimRetry, Op::Leading(mut l)) => {
+                    if let Some((value, None)) = l.proclaim.take() {
+                        let id = self.send(requests::guarded_put(&l.key, &value, l.lease, l.rev));
+                        l.proclaim = Some((value, Some(id)));
+                    }
+                    Op::Leading(l)
+                }
+                (_, op) => op,
+            };
+        }
+    }
+
+    // ----- replies ---------------------------------------------------------
+
+    pub(crate) fn reply(&mut self, now: Instant, reply: RpcReply) {
+        self.advance(now);
+        let op = std::mem::replace(&mut self.op, Op::Idle);
+        self.op = match op {
+            Op::Campaigning(c) if c.pending == Some(reply.id) => {
+                self.campaign_reply(c, reply.result)
+            }
+            Op::Withdrawing(w) if w.pending == Some(reply.id) => {
+                self.withdraw_reply(w, reply.result)
+            }
+            Op::Leading(l) => self.leading_reply(l, reply),
+            other => other,
+        };
+    }
+
+    fn fail_campaign(&mut self, c: Campaign, error: ElectionError) -> Op {
+        // Leave no key behind to block the others, then tell the user.
+        self.abandon(
+            Campaign { pending: None, ..c },
+            vec![ElectionNotice::CampaignFailed(error)],
+        )
+    }
+
+    fn retry_step(&mut self, mut c: Campaign) -> Op {
+        c.pending = None;
+        self.arm_retry();
+        Op::Campaigning(c)
+    }
+
+    fn campaign_reply(&mut self, mut c: Campaign, result: Result<Response, RpcError>) -> Op {
+        let response = match result {
+            Ok(r) => r,
+            Err(RpcError::Rejected(msg)) => {
+                if matches!(c.step, Step::WatchOlder { .. }) {
+                    return self.restart_wait(c);
+                }
+                return self.fail_campaign(c, ElectionError::Rejected(msg));
+            }
+            Err(_) => {
+                if matches!(c.step, Step::WatchOlder { .. }) {
+                    return self.restart_wait(c);
+                }
+                return self.retry_step(c);
+            }
+        };
+        match c.step.clone() {
+            Step::WaitSession => Op::Campaigning(c),
+            Step::Create => self.created(c, response),
+            Step::FixValue => match response {
+                Response::Txn {
+                    succeeded: true,
+                    revision,
+                    ..
+                } => {
+                    self.backoff.reset();
+                    if c.try_only {
+                        self.elect(c, revision)
+                    } else {
+                        c.step = Step::FindOlder;
+                        self.send_step(c)
+                    }
+                }
+                Response::Txn {
+                    succeeded: false, ..
+                } => {
+                    // My key vanished between the reads: join the queue again.
+                    c.my_rev = 0;
+                    c.step = Step::Create;
+                    self.send_step(c)
+                }
+                _ => self.retry_step(c),
+            },
+            Step::FindOlder => match response {
+                Response::Range { revision, kvs } => {
+                    self.backoff.reset();
+                    let older = kvs
+                        .iter()
+                        .find(|kv| kv.create_revision < c.my_rev && kv.key != c.key);
+                    c.step = match older {
+                        Some(kv) => Step::WatchOlder {
+                            key: kv.key.clone(),
+                            from: revision.saturating_add(1),
+                        },
+                        None => Step::Verify,
+                    };
+                    self.send_step(c)
+                }
+                _ => self.retry_step(c),
+            },
+            Step::WatchOlder { key, .. } => match response {
+                Response::WatchEvents { events } => {
+                    if events
+                        .iter()
+                        .any(|e| e.kind == EventKind::Delete && e.kv.key == key)
+                    {
+                        self.cancel(c.pending);
+                        c.step = Step::FindOlder;
+                        self.send_step(c)
+                    } else {
+                        Op::Campaigning(c)
+                    }
+                }
+                _ => self.restart_wait(c),
+            },
+            Step::Verify => match response {
+                Response::Range { revision, kvs } => {
+                    self.backoff.reset();
+                    let mine = kvs
+                        .iter()
+                        .any(|kv| kv.key == c.key && kv.create_revision == c.my_rev);
+                    if mine {
+                        self.elect(c, revision)
+                    } else {
+                        // Gone while we waited (etcd #19597): queue up again, never claim.
+                        c.my_rev = 0;
+                        c.step = Step::Create;
+                        self.send_step(c)
+                    }
+                }
+                _ => self.retry_step(c),
+            },
+        }
+    }
+
+    /// The watch on an older key broke: read again after a pause, since the
+    /// key may have gone while nobody watched.
+    fn restart_wait(&mut self, mut c: Campaign) -> Op {
+        self.cancel(c.pending);
+        c.step = Step::FindOlder;
+        self.retry_step(c)
+    }
+
+    fn created(&mut self, mut c: Campaign, response: Response) -> Op {
+        let Response::Txn {
+            revision,
+            succeeded,
+            responses,
+        } = response
+        else {
+            return self.retry_step(c);
+        };
+        let existing = if succeeded {
+            None
+        } else {
+            match responses
+                .first()
+                .and_then(kvs_of)
+                .and_then(|kvs| kvs.first())
+            {
+                Some(kv) => Some(kv.clone()),
+                None => return self.retry_step(c),
+            }
+        };
+        c.my_rev = match &existing {
+            Some(kv) => kv.create_revision,
+            None => revision,
+        };
+        if c.my_rev <= 0 {
+            return self.retry_step(c);
+        }
+        self.backoff.reset();
+        let stale_value = existing.as_ref().is_some_and(|kv| kv.value != c.value);
+        if c.try_only {
+            let first = match responses.get(1).and_then(kvs_of) {
+                Some(kvs) => kvs.first().cloned(),
+                None => return self.retry_step(c),
+            };
+            let first_is_mine = first
+                .as_ref()
+                .is_some_and(|kv| kv.key == c.key && kv.create_revision == c.my_rev);
+            if !first_is_mine {
+                let then = vec![ElectionNotice::NotElected { leader: first }];
+                return self.send_withdraw(Withdraw {
+                    key: c.key,
+                    rev: Some(c.my_rev),
+                    pending: None,
+                    then,
+                });
+            }
+            if !stale_value {
+                return self.elect(c, revision);
+            }
+            c.step = Step::FixValue;
+            return self.send_step(c);
+        }
+        c.step = if stale_value {
+            Step::FixValue
+        } else {
+            Step::FindOlder
+        };
+        self.send_step(c)
+    }
+
+    /// My key exists with my revision as of `revision` and nothing older
+    /// remains: no later key can get ahead of it, so I lead until it goes.
+    fn elect(&mut self, c: Campaign, revision: Revision) -> Op {
+        if self.session.lease() != Some(c.lease) {
+            self.notify(ElectionNotice::CampaignFailed(ElectionError::SessionLost));
+            return Op::Idle;
+        }
+        self.notify(ElectionNotice::Elected {
+            key: c.key.clone(),
+            token: c.my_rev,
+            lease: c.lease,
+        });
+        let watch = self.send(requests::watch_key(&c.key, revision.saturating_add(1)));
+        Op::Leading(Leading {
+            key: c.key,
+            lease: c.lease,
+            rev: c.my_rev,
+            guard: Guard::Watching(watch),
+            proclaim: None,
+        })
+    }
+
+    fn withdraw_reply(&mut self, mut w: Withdraw, result: Result<Response, RpcError>) -> Op {
+        match result {
+            // Either way my key of that revision is gone (a failed guard means it already was).
+            Ok(Response::Txn { .. })
+            | Ok(Response::Deleted { .. })
+            | Err(RpcError::Rejected(_)) => {
+                for n in w.then {
+                    self.notify(n);
+                }
+                Op::Idle
+            }
+            _ => {
+                w.pending = None;
+                self.arm_retry();
+                Op::Withdrawing(w)
+            }
+        }
+    }
+
+    fn leading_reply(&mut self, mut l: Leading, reply: RpcReply) -> Op {
+        if let Some((value, Some(id))) = &l.proclaim {
+            if *id == reply.id {
+                let value = value.clone();
+                return match reply.result {
+                    Ok(Response::Txn {
+                        succeeded: true, ..
+                    }) => {
+                        l.proclaim = None;
+                        self.notify(ElectionNotice::Proclaimed);
+                        Op::Leading(l)
+                    }
+                    Ok(Response::Txn {
+                        succeeded: false, ..
+                    }) => {
+                        l.proclaim = None;
+                        self.notify(ElectionNotice::ProclaimFailed(ElectionError::NotLeader));
+                        self.lose_leadership(l, ElectionError::NotLeader);
+                        Op::Idle
+                    }
+                    Err(RpcError::Rejected(msg)) => {
+                        l.proclaim = None;
+                        self.notify(ElectionNotice::ProclaimFailed(ElectionError::Rejected(msg)));
+                        Op::Leading(l)
+                    }
+                    _ => {
+                        l.proclaim = Some((value, None));
+                        let at = self.now + self.proclaim_backoff.next_delay();
+                        self.timers.set(Timer::ProclaimRetry, at);
+                        Op::Leading(l)
+                    }
+                };
+            }
+        }
+        match l.guard.clone() {
+            Guard::Watching(id) if id == reply.id => match reply.result {
+                Ok(Response::WatchEvents { events }) => {
+                    let gone = events.iter().any(|e| {
+                        e.kv.key == l.key
+                            && (e.kind == EventKind::Delete || e.kv.create_revision != l.rev)
+                    });
+                    if gone {
+                        self.lose_leadership(l, ElectionError::NotLeader);
+                        Op::Idle
+                    } else {
+                        Op::Leading(l)
+                    }
+                }
+                _ => {
+                    self.cancel(Some(id));
+                    l.guard = Guard::Waiting;
+                    self.arm_retry();
+                    Op::Leading(l)
+                }
+            },
+            Guard::Checking(id) if id == reply.id => match reply.result {
+                Ok(Response::Range { revision, kvs }) => {
+                    self.backoff.reset();
+                    if kvs
+                        .iter()
+                        .any(|kv| kv.key == l.key && kv.create_revision == l.rev)
+                    {
+                        l.guard = Guard::Watching(
+                            self.send(requests::watch_key(&l.key, revision.saturating_add(1))),
+                        );
+                        Op::Leading(l)
+                    } else {
+                        self.lose_leadership(l, ElectionError::NotLeader);
+                        Op::Idle
+                    }
+                }
+                _ => {
+                    l.guard = Guard::Waiting;
+                    self.arm_retry();
+                    Op::Leading(l)
+                }
+            },
+            _ => Op::Leading(l),
+        }
+    }
+}

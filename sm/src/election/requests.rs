@@ -1,0 +1,112 @@
+//! The etcd requests of the election protocol, in one place so the key
+//! layout and guards stay Go-compatible (`clientv3/concurrency`).
+
+use crate::rpc::{
+    Compare, KeyRange, LeaseId, RangeRequest, Request, Revision, SortOrder, Txn, TxnOp,
+};
+
+/// `prefix + lowercase hex lease id`: the key Go's `concurrency.Election`
+/// and `etcdctl elect` use, so processes in both languages share a queue.
+pub(crate) fn candidate_key(prefix: &[u8], lease: LeaseId) -> Vec<u8> {
+    let mut key = prefix.to_vec();
+    key.extend_from_slice(format!("{lease:x}").as_bytes());
+    key
+}
+
+fn create_rev_is(key: &[u8], revision: Revision) -> Compare {
+    Compare::CreateRevisionEquals {
+        key: key.to_vec(),
+        revision,
+    }
+}
+
+fn put(key: &[u8], value: &[u8], lease: LeaseId) -> TxnOp {
+    TxnOp::Put {
+        key: key.to_vec(),
+        value: value.to_vec(),
+        lease,
+    }
+}
+
+fn first_created(prefix: &[u8]) -> TxnOp {
+    TxnOp::Range(RangeRequest {
+        range: KeyRange::Prefix(prefix.to_vec()),
+        sort: SortOrder::CreateAscending,
+        limit: 1,
+        max_create_revision: 0,
+    })
+}
+
+/// Join the queue: create my key unless it exists, else read it back.
+pub(crate) fn create(key: &[u8], value: &[u8], lease: LeaseId) -> Request {
+    Request::Txn(Txn {
+        compare: vec![create_rev_is(key, 0)],
+        success: vec![put(key, value, lease)],
+        failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(key.to_vec())))],
+    })
+}
+
+/// Like [`create`], and in the same revision read who is first in line, so
+/// the answer is atomic and needs no separate verification.
+pub(crate) fn try_create(prefix: &[u8], key: &[u8], value: &[u8], lease: LeaseId) -> Request {
+    Request::Txn(Txn {
+        compare: vec![create_rev_is(key, 0)],
+        success: vec![put(key, value, lease), first_created(prefix)],
+        failure: vec![
+            TxnOp::Range(RangeRequest::all(KeyRange::Key(key.to_vec()))),
+            first_created(prefix),
+        ],
+    })
+}
+
+/// Overwrite my value only while my key is still the one created at `rev`
+/// (used by proclaim and when a campaign finds a stale value).
+pub(crate) fn guarded_put(key: &[u8], value: &[u8], lease: LeaseId, rev: Revision) -> Request {
+    Request::Txn(Txn {
+        compare: vec![create_rev_is(key, rev)],
+        success: vec![put(key, value, lease)],
+        failure: vec![],
+    })
+}
+
+/// Delete my key only if it is still the one created at `rev`; a key of a
+/// later campaign must survive a late withdrawal of an earlier one.
+pub(crate) fn guarded_delete(key: &[u8], rev: Revision) -> Request {
+    Request::Txn(Txn {
+        compare: vec![create_rev_is(key, rev)],
+        success: vec![TxnOp::Delete(KeyRange::Key(key.to_vec()))],
+        failure: vec![],
+    })
+}
+
+/// Delete my key whatever its revision: used when a create may have landed
+/// but its revision never reached us. The key is unique to our lease.
+pub(crate) fn plain_delete(key: &[u8]) -> Request {
+    Request::Delete(KeyRange::Key(key.to_vec()))
+}
+
+/// The newest key created before mine: the one candidate I wait for
+/// (Go's `waitDeletes`), so a release wakes one waiter, not the herd.
+pub(crate) fn newest_older(prefix: &[u8], my_rev: Revision) -> Request {
+    Request::Range(RangeRequest {
+        range: KeyRange::Prefix(prefix.to_vec()),
+        sort: SortOrder::CreateDescending,
+        limit: 1,
+        // max_create_revision 0 means "no bound"; a revision of 1 can
+        // never have an older key, so clamp to 1 and let the answer show it.
+        max_create_revision: (my_rev - 1).max(1),
+    })
+}
+
+/// Read exactly one key.
+pub(crate) fn read_key(key: &[u8]) -> Request {
+    Request::Range(RangeRequest::all(KeyRange::Key(key.to_vec())))
+}
+
+/// Watch exactly one key from `start_revision`.
+pub(crate) fn watch_key(key: &[u8], start_revision: Revision) -> Request {
+    Request::Watch {
+        range: KeyRange::Key(key.to_vec()),
+        start_revision,
+    }
+}

@@ -1,0 +1,826 @@
+//! Exact command sequences of the election protocol, driven by hand-written
+//! replies.
+
+use super::*;
+use crate::rpc::{
+    Compare, EventKind, KeyRange, RangeRequest, Request, Response, RpcError, RpcId, SortOrder, Txn,
+    TxnOp, TxnOpResponse, WatchEvent,
+};
+use std::time::Duration;
+
+const LEASE: LeaseId = 0x2a1f;
+const P: u64 = PROTOCOL_FIRST_RPC_ID;
+
+fn config() -> ElectionConfig {
+    ElectionConfig {
+        prefix: b"/e/".to_vec(),
+        ttl_secs: 9,
+        backoff: BackoffConfig {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+            multiplier: 2,
+            jitter_percent: 0,
+        },
+    }
+}
+
+fn drain(e: &mut Election) -> Vec<Command<ElectionNotice>> {
+    std::iter::from_fn(|| e.poll_command()).collect()
+}
+
+fn ok(e: &mut Election, now: Instant, id: u64, response: Response) -> Vec<Command<ElectionNotice>> {
+    e.handle(
+        now,
+        RpcReply {
+            id: RpcId(id),
+            result: Ok(response),
+        }
+        .into(),
+    );
+    drain(e)
+}
+
+fn my_key() -> Vec<u8> {
+    b"/e/2a1f".to_vec()
+}
+
+fn kv(key: &[u8], value: &[u8], create: Revision) -> KeyValue {
+    KeyValue {
+        key: key.to_vec(),
+        value: value.to_vec(),
+        create_revision: create,
+        mod_revision: create,
+        version: 1,
+        lease: LEASE,
+    }
+}
+
+fn rpc(id: u64, request: Request) -> Command<ElectionNotice> {
+    Command::Rpc {
+        id: RpcId(id),
+        request,
+    }
+}
+
+fn note(n: ElectionNotice) -> Command<ElectionNotice> {
+    Command::Notify(n)
+}
+
+/// An election whose session holds lease `LEASE`, at `t0`.
+fn registered(t0: Instant) -> Election {
+    let mut e = Election::new(config(), t0, 7);
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            note(ElectionNotice::Session(LivenessState::Registering)),
+            rpc(0, Request::Grant { ttl_secs: 9 })
+        ]
+    );
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: 9
+            }
+        ),
+        vec![note(ElectionNotice::Session(LivenessState::Registered {
+            lease: LEASE
+        }))]
+    );
+    e
+}
+
+fn create_txn(value: &[u8]) -> Request {
+    Request::Txn(Txn {
+        compare: vec![Compare::CreateRevisionEquals {
+            key: my_key(),
+            revision: 0,
+        }],
+        success: vec![TxnOp::Put {
+            key: my_key(),
+            value: value.to_vec(),
+            lease: LEASE,
+        }],
+        failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(my_key())))],
+    })
+}
+
+fn older(max_create_revision: Revision) -> Request {
+    Request::Range(RangeRequest {
+        range: KeyRange::Prefix(b"/e/".to_vec()),
+        sort: SortOrder::CreateDescending,
+        limit: 1,
+        max_create_revision,
+    })
+}
+
+fn verify() -> Request {
+    Request::Range(RangeRequest::all(KeyRange::Key(my_key())))
+}
+
+fn watch(key: &[u8], start_revision: Revision) -> Request {
+    Request::Watch {
+        range: KeyRange::Key(key.to_vec()),
+        start_revision,
+    }
+}
+
+fn first_created() -> TxnOp {
+    TxnOp::Range(RangeRequest {
+        range: KeyRange::Prefix(b"/e/".to_vec()),
+        sort: SortOrder::CreateAscending,
+        limit: 1,
+        max_create_revision: 0,
+    })
+}
+
+fn delete_mine(rev: Revision) -> Request {
+    Request::Txn(Txn {
+        compare: vec![Compare::CreateRevisionEquals {
+            key: my_key(),
+            revision: rev,
+        }],
+        success: vec![TxnOp::Delete(KeyRange::Key(my_key()))],
+        failure: vec![],
+    })
+}
+
+fn txn(revision: Revision, succeeded: bool, responses: Vec<TxnOpResponse>) -> Response {
+    Response::Txn {
+        revision,
+        succeeded,
+        responses,
+    }
+}
+
+/// Campaign with no other candidate, ending as leader with token 5.
+fn elected(t0: Instant) -> Election {
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            value: b"a".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    assert_eq!(
+        ok(&mut e, t0, P, txn(5, true, vec![TxnOpResponse::Put])),
+        vec![rpc(P + 1, older(4))]
+    );
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 1,
+            Response::Range {
+                revision: 5,
+                kvs: vec![]
+            }
+        ),
+        vec![rpc(P + 2, verify())]
+    );
+    assert!(!e.is_leader(), "not before the own key is verified");
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 2,
+            Response::Range {
+                revision: 6,
+                kvs: vec![kv(&my_key(), b"a", 5)]
+            }
+        ),
+        vec![
+            note(ElectionNotice::Elected {
+                key: my_key(),
+                token: 5,
+                lease: LEASE
+            }),
+            rpc(P + 3, watch(&my_key(), 7)),
+        ]
+    );
+    assert!(e.is_leader());
+    assert_eq!(e.token(), Some(5));
+    e
+}
+
+#[test]
+fn keys_are_the_prefix_plus_lowercase_hex_lease() {
+    let t0 = Instant::now();
+    let e = registered(t0);
+    assert_eq!(e.my_key(), Some(b"/e/2a1f".to_vec()));
+    assert_eq!(
+        requests::candidate_key(b"/x/", 0x694d_77a5_c8e1_f00d),
+        b"/x/694d77a5c8e1f00d".to_vec()
+    );
+}
+
+#[test]
+fn campaign_without_contenders_is_verified_then_elected() {
+    let t0 = Instant::now();
+    let e = elected(t0);
+    assert_eq!(e.session_deadline(), Some(t0 + Duration::from_secs(9)));
+    assert_eq!(
+        e.fence(),
+        Some(Compare::CreateRevisionEquals {
+            key: my_key(),
+            revision: 5
+        })
+    );
+}
+
+#[test]
+fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            value: b"a".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    assert_eq!(
+        ok(&mut e, t0, P, txn(7, true, vec![TxnOpResponse::Put])),
+        vec![rpc(P + 1, older(6))]
+    );
+    let other = kv(b"/e/99", b"b", 4);
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 1,
+            Response::Range {
+                revision: 7,
+                kvs: vec![other.clone()]
+            }
+        ),
+        vec![rpc(P + 2, watch(b"/e/99", 8))]
+    );
+    assert_eq!(
+        ok(&mut e, t0, P + 2, Response::WatchEvents { events: vec![] }),
+        vec![]
+    );
+    let put = WatchEvent {
+        kind: EventKind::Put,
+        kv: other.clone(),
+        prev_kv: None,
+    };
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 2,
+            Response::WatchEvents { events: vec![put] }
+        ),
+        vec![]
+    );
+    let deleted = WatchEvent {
+        kind: EventKind::Delete,
+        kv: KeyValue {
+            key: b"/e/99".to_vec(),
+            mod_revision: 9,
+            ..KeyValue::default()
+        },
+        prev_kv: Some(other),
+    };
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 2,
+            Response::WatchEvents {
+                events: vec![deleted]
+            }
+        ),
+        vec![Command::Cancel { id: RpcId(P + 2) }, rpc(P + 3, older(6))]
+    );
+    assert!(!e.is_leader());
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 3,
+            Response::Range {
+                revision: 9,
+                kvs: vec![]
+            }
+        ),
+        vec![rpc(P + 4, verify())]
+    );
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 4,
+            Response::Range {
+                revision: 9,
+                kvs: vec![kv(&my_key(), b"a", 7)]
+            }
+        ),
+        vec![
+            note(ElectionNotice::Elected {
+                key: my_key(),
+                token: 7,
+                lease: LEASE
+            }),
+            rpc(P + 5, watch(&my_key(), 10)),
+        ]
+    );
+}
+
+#[test]
+fn campaign_never_claims_a_key_that_vanished_while_waiting() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            value: b"a".to_vec(),
+        },
+    );
+    drain(&mut e);
+    ok(&mut e, t0, P, txn(7, true, vec![TxnOpResponse::Put]));
+    ok(
+        &mut e,
+        t0,
+        P + 1,
+        Response::Range {
+            revision: 9,
+            kvs: vec![],
+        },
+    );
+    // The verification finds no key: queue up again instead of leading.
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 2,
+            Response::Range {
+                revision: 9,
+                kvs: vec![]
+            }
+        ),
+        vec![rpc(P + 3, create_txn(b"a"))]
+    );
+    assert!(!e.is_leader());
+}
+
+#[test]
+fn campaign_with_an_existing_key_of_another_value_proclaims_it_first() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            value: b"new".to_vec(),
+        },
+    );
+    drain(&mut e);
+    let existing = TxnOpResponse::Range {
+        kvs: vec![kv(&my_key(), b"old", 3)],
+    };
+    let fix = Request::Txn(Txn {
+        compare: vec![Compare::CreateRevisionEquals {
+            key: my_key(),
+            revision: 3,
+        }],
+        success: vec![TxnOp::Put {
+            key: my_key(),
+            value: b"new".to_vec(),
+            lease: LEASE,
+        }],
+        failure: vec![],
+    });
+    assert_eq!(
+        ok(&mut e, t0, P, txn(8, false, vec![existing])),
+        vec![rpc(P + 1, fix)]
+    );
+    assert_eq!(
+        ok(&mut e, t0, P + 1, txn(9, true, vec![TxnOpResponse::Put])),
+        vec![rpc(P + 2, older(2))]
+    );
+}
+
+#[test]
+fn session_loss_while_waiting_fails_the_campaign_and_never_elects() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            value: b"a".to_vec(),
+        },
+    );
+    drain(&mut e);
+    ok(&mut e, t0, P, txn(7, true, vec![TxnOpResponse::Put]));
+    ok(
+        &mut e,
+        t0,
+        P + 1,
+        Response::Range {
+            revision: 7,
+            kvs: vec![kv(b"/e/99", b"b", 4)],
+        },
+    );
+    // No renewal is ever answered: at the local deadline the session is lost.
+    let deadline = t0 + Duration::from_secs(9);
+    let mut all = Vec::new();
+    while let Some(at) = e.poll_timeout() {
+        if at > deadline {
+            break;
+        }
+        e.handle_timeout(at);
+        all.extend(drain(&mut e));
+    }
+    let lost = all.iter().position(|c| {
+        *c == note(ElectionNotice::Session(LivenessState::Lost {
+            lease: LEASE,
+        }))
+    });
+    let lost = lost.expect("session lost at the deadline");
+    assert_eq!(all[lost + 1], Command::Cancel { id: RpcId(P + 2) });
+    assert_eq!(
+        all[lost + 2],
+        note(ElectionNotice::CampaignFailed(ElectionError::SessionLost))
+    );
+    // A late delete and a late verification change nothing.
+    let late = WatchEvent {
+        kind: EventKind::Delete,
+        kv: kv(b"/e/99", b"", 0),
+        prev_kv: None,
+    };
+    let after = ok(
+        &mut e,
+        deadline,
+        P + 2,
+        Response::WatchEvents { events: vec![late] },
+    );
+    assert!(
+        after.iter().all(|c| !matches!(
+            c,
+            Command::Notify(ElectionNotice::Elected { .. }) | Command::Rpc { .. }
+        )),
+        "{after:?}"
+    );
+    assert!(!e.is_leader());
+}
+
+#[test]
+fn leader_stops_believing_at_the_local_deadline() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    let deadline = t0 + Duration::from_secs(9);
+    let mut seen = Vec::new();
+    while let Some(at) = e.poll_timeout() {
+        if at > deadline {
+            break;
+        }
+        assert!(e.is_leader(), "still leader before {at:?}");
+        e.handle_timeout(at);
+        seen.extend(drain(&mut e));
+    }
+    assert!(!e.is_leader());
+    assert!(
+        seen.contains(&note(ElectionNotice::LeadershipLost { token: 5 })),
+        "{seen:?}"
+    );
+}
+
+#[test]
+fn try_campaign_wins_when_first_in_line() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::TryCampaign {
+            value: b"a".to_vec(),
+        },
+    );
+    let expected = Request::Txn(Txn {
+        compare: vec![Compare::CreateRevisionEquals {
+            key: my_key(),
+            revision: 0,
+        }],
+        success: vec![
+            TxnOp::Put {
+                key: my_key(),
+                value: b"a".to_vec(),
+                lease: LEASE,
+            },
+            first_created(),
+        ],
+        failure: vec![
+            TxnOp::Range(RangeRequest::all(KeyRange::Key(my_key()))),
+            first_created(),
+        ],
+    });
+    assert_eq!(drain(&mut e), vec![rpc(P, expected)]);
+    let first = TxnOpResponse::Range {
+        kvs: vec![kv(&my_key(), b"a", 12)],
+    };
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P,
+            txn(12, true, vec![TxnOpResponse::Put, first])
+        ),
+        vec![
+            note(ElectionNotice::Elected {
+                key: my_key(),
+                token: 12,
+                lease: LEASE
+            }),
+            rpc(P + 1, watch(&my_key(), 13)),
+        ]
+    );
+    assert!(e.is_leader());
+}
+
+#[test]
+fn try_campaign_loses_deletes_its_key_and_names_the_leader() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::TryCampaign {
+            value: b"a".to_vec(),
+        },
+    );
+    drain(&mut e);
+    let leader = kv(b"/e/1", b"boss", 3);
+    let first = TxnOpResponse::Range {
+        kvs: vec![leader.clone()],
+    };
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P,
+            txn(12, true, vec![TxnOpResponse::Put, first])
+        ),
+        vec![rpc(P + 1, delete_mine(12))]
+    );
+    assert!(!e.is_leader());
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 1,
+            txn(13, true, vec![TxnOpResponse::Delete { deleted: 1 }])
+        ),
+        vec![note(ElectionNotice::NotElected {
+            leader: Some(leader)
+        })]
+    );
+}
+
+#[test]
+fn resign_drops_belief_before_sending_and_keeps_the_session() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    e.handle(t0, ElectionInput::Resign);
+    assert!(!e.is_leader());
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            Command::Cancel { id: RpcId(P + 3) },
+            rpc(P + 4, delete_mine(5))
+        ]
+    );
+    // A failed guard means nothing was left to delete: resigned all the same.
+    assert_eq!(
+        ok(&mut e, t0, P + 4, txn(9, false, vec![])),
+        vec![note(ElectionNotice::Resigned)]
+    );
+    assert_eq!(e.my_key(), Some(my_key()));
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            value: b"b".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![rpc(P + 5, create_txn(b"b"))]);
+}
+
+#[test]
+fn resign_retries_after_an_unavailable_error() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    e.handle(t0, ElectionInput::Resign);
+    drain(&mut e);
+    e.handle(
+        t0,
+        RpcReply {
+            id: RpcId(P + 4),
+            result: Err(RpcError::Unavailable("x".into())),
+        }
+        .into(),
+    );
+    assert_eq!(drain(&mut e), vec![]);
+    let retry = t0 + Duration::from_millis(100);
+    assert_eq!(e.poll_timeout(), Some(retry));
+    e.handle_timeout(retry);
+    assert_eq!(drain(&mut e), vec![rpc(P + 5, delete_mine(5))]);
+}
+
+#[test]
+fn proclaim_is_guarded_by_the_token() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    e.handle(
+        t0,
+        ElectionInput::Proclaim {
+            value: b"v2".to_vec(),
+        },
+    );
+    let put = Request::Txn(Txn {
+        compare: vec![Compare::CreateRevisionEquals {
+            key: my_key(),
+            revision: 5,
+        }],
+        success: vec![TxnOp::Put {
+            key: my_key(),
+            value: b"v2".to_vec(),
+            lease: LEASE,
+        }],
+        failure: vec![],
+    });
+    assert_eq!(drain(&mut e), vec![rpc(P + 4, put.clone())]);
+    assert_eq!(
+        ok(&mut e, t0, P + 4, txn(8, true, vec![TxnOpResponse::Put])),
+        vec![note(ElectionNotice::Proclaimed)]
+    );
+    assert!(e.is_leader());
+    e.handle(
+        t0,
+        ElectionInput::Proclaim {
+            value: b"v2".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![rpc(P + 5, put)]);
+    assert_eq!(
+        ok(&mut e, t0, P + 5, txn(9, false, vec![])),
+        vec![
+            note(ElectionNotice::ProclaimFailed(ElectionError::NotLeader)),
+            Command::Cancel { id: RpcId(P + 3) },
+            note(ElectionNotice::LeadershipLost { token: 5 }),
+        ]
+    );
+    assert!(!e.is_leader());
+}
+
+#[test]
+fn proclaim_when_not_leader_fails_at_once() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::Proclaim {
+            value: b"v".to_vec(),
+        },
+    );
+    assert_eq!(
+        drain(&mut e),
+        vec![note(ElectionNotice::ProclaimFailed(
+            ElectionError::NotLeader
+        ))]
+    );
+}
+
+#[test]
+fn deletion_of_the_own_key_ends_leadership() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    let gone = WatchEvent {
+        kind: EventKind::Delete,
+        kv: kv(&my_key(), b"", 0),
+        prev_kv: None,
+    };
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 3,
+            Response::WatchEvents { events: vec![gone] }
+        ),
+        vec![
+            Command::Cancel { id: RpcId(P + 3) },
+            note(ElectionNotice::LeadershipLost { token: 5 })
+        ]
+    );
+    assert!(!e.is_leader());
+}
+
+#[test]
+fn second_campaign_is_busy_and_cancel_deletes_the_key() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            value: b"a".to_vec(),
+        },
+    );
+    drain(&mut e);
+    ok(&mut e, t0, P, txn(7, true, vec![TxnOpResponse::Put]));
+    e.handle(
+        t0,
+        ElectionInput::TryCampaign {
+            value: b"a".to_vec(),
+        },
+    );
+    assert_eq!(
+        drain(&mut e),
+        vec![note(ElectionNotice::CampaignFailed(ElectionError::Busy))]
+    );
+    e.handle(t0, ElectionInput::CancelCampaign);
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            Command::Cancel { id: RpcId(P + 1) },
+            rpc(P + 2, delete_mine(7))
+        ]
+    );
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 2,
+            txn(8, true, vec![TxnOpResponse::Delete { deleted: 1 }])
+        ),
+        vec![note(ElectionNotice::CampaignFailed(
+            ElectionError::Canceled
+        ))]
+    );
+}
+
+#[test]
+fn campaign_before_the_session_waits_for_it() {
+    let t0 = Instant::now();
+    let mut e = Election::new(config(), t0, 7);
+    drain(&mut e);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            value: b"a".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![]);
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: 9
+            }
+        ),
+        vec![
+            note(ElectionNotice::Session(LivenessState::Registered {
+                lease: LEASE
+            })),
+            rpc(P, create_txn(b"a")),
+        ]
+    );
+}
+
+#[test]
+fn stop_ends_leadership_at_once_and_revokes() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    e.handle(t0, ElectionInput::Stop);
+    assert!(!e.is_leader());
+    let commands = drain(&mut e);
+    assert_eq!(commands[0], Command::Cancel { id: RpcId(P + 3) });
+    assert_eq!(
+        commands[1],
+        note(ElectionNotice::LeadershipLost { token: 5 })
+    );
+    assert!(
+        commands.contains(&rpc(1, Request::Revoke { lease: LEASE })),
+        "{commands:?}"
+    );
+    assert_eq!(
+        ok(&mut e, t0, 1, Response::Revoked),
+        vec![note(ElectionNotice::Session(LivenessState::Stopped {
+            revoked: true
+        }))]
+    );
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            value: b"a".to_vec(),
+        },
+    );
+    assert_eq!(
+        drain(&mut e),
+        vec![note(ElectionNotice::CampaignFailed(ElectionError::Stopped))]
+    );
+    assert_eq!(e.poll_timeout(), None);
+}

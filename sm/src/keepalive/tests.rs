@@ -1,0 +1,685 @@
+//! Exact command sequences and instants of the keepalive machine.
+
+use super::*;
+
+const TTL: i64 = 9;
+const LEASE: LeaseId = 7;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn s(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// 100 ms doubling to 1 s, no jitter: every retry instant is exact.
+fn flat_backoff() -> BackoffConfig {
+    BackoffConfig {
+        initial: ms(100),
+        max: s(1),
+        multiplier: 2,
+        jitter_percent: 0,
+    }
+}
+
+fn config(binding: bool) -> KeepaliveConfig {
+    KeepaliveConfig {
+        ttl_secs: TTL,
+        binding: binding.then(|| Binding {
+            key: b"/coord/hosts/a".to_vec(),
+            value: b"v1".to_vec(),
+        }),
+        backoff: flat_backoff(),
+    }
+}
+
+type Cmd = Command<LivenessState>;
+
+fn drain(m: &mut Keepalive) -> Vec<Cmd> {
+    std::iter::from_fn(|| m.poll_command()).collect()
+}
+
+fn rpc(id: u64, request: Request) -> Cmd {
+    Command::Rpc {
+        id: RpcId(id),
+        request,
+    }
+}
+
+fn ok(id: u64, response: Response) -> KeepaliveEvent {
+    KeepaliveEvent::Rpc(RpcReply {
+        id: RpcId(id),
+        result: Ok(response),
+    })
+}
+
+fn err(id: u64) -> KeepaliveEvent {
+    KeepaliveEvent::Rpc(RpcReply {
+        id: RpcId(id),
+        result: Err(RpcError::Unavailable("stream broke".into())),
+    })
+}
+
+fn registered() -> Cmd {
+    Command::Notify(LivenessState::Registered { lease: LEASE })
+}
+
+fn put(id: u64, value: &[u8]) -> Cmd {
+    rpc(
+        id,
+        Request::Put {
+            key: b"/coord/hosts/a".to_vec(),
+            value: value.to_vec(),
+            lease: LEASE,
+        },
+    )
+}
+
+/// A lease-only machine granted `LEASE` (TTL 9 s) by a reply at t0 + 10 ms.
+fn granted(t0: Instant) -> Keepalive {
+    let mut m = Keepalive::new(config(false), t0, 1);
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Notify(LivenessState::Registering),
+            rpc(0, Request::Grant { ttl_secs: TTL })
+        ]
+    );
+    m.handle(
+        t0 + ms(10),
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut m), vec![registered()]);
+    m
+}
+
+#[test]
+fn lease_only_registers_and_renews_at_a_third_of_the_ttl() {
+    let t0 = Instant::now();
+    let mut m = granted(t0);
+    assert_eq!(m.lease(), Some(LEASE));
+    // Deadline from the grant's send time, not the reply's arrival.
+    assert_eq!(m.local_deadline(), Some(t0 + s(9)));
+    assert_eq!(m.poll_timeout(), Some(t0 + s(3)));
+
+    m.handle_timeout(t0 + s(2));
+    assert_eq!(drain(&mut m), vec![]);
+    m.handle_timeout(t0 + s(3));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(1, Request::KeepAlive { lease: LEASE })]
+    );
+    // No second renewal while one is outstanding: the timer now gives up
+    // halfway to the deadline.
+    assert_eq!(m.poll_timeout(), Some(t0 + s(6)));
+
+    m.handle(t0 + ms(3500), ok(1, Response::KeptAlive { ttl_secs: TTL }));
+    assert_eq!(drain(&mut m), vec![]);
+    assert_eq!(m.local_deadline(), Some(t0 + s(12)));
+    assert_eq!(m.poll_timeout(), Some(t0 + s(6)));
+
+    m.handle_timeout(t0 + s(6));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(2, Request::KeepAlive { lease: LEASE })]
+    );
+}
+
+#[test]
+fn a_late_ack_renews_at_once_and_uses_the_replied_ttl() {
+    let t0 = Instant::now();
+    let mut m = granted(t0);
+    m.handle_timeout(t0 + s(3));
+    let _ = drain(&mut m);
+    // The ack arrives late: deadline t0+12 from the send time; t0+3+3 s has
+    // already passed, so the next renewal is due at once.
+    m.handle(t0 + s(8), ok(1, Response::KeptAlive { ttl_secs: TTL }));
+    assert_eq!(m.local_deadline(), Some(t0 + s(12)));
+    assert_eq!(m.poll_timeout(), Some(t0 + s(8)));
+    m.handle_timeout(t0 + s(8));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(2, Request::KeepAlive { lease: LEASE })]
+    );
+    // Its give-up instant is half of the remaining 4 s.
+    assert_eq!(m.poll_timeout(), Some(t0 + s(10)));
+    // A shorter TTL in the reply shortens both the deadline and the period.
+    m.handle(t0 + ms(8100), ok(2, Response::KeptAlive { ttl_secs: 3 }));
+    assert_eq!(m.local_deadline(), Some(t0 + s(11)));
+    assert_eq!(m.poll_timeout(), Some(t0 + s(9)));
+}
+
+#[test]
+fn an_ack_after_the_deadline_it_implies_loses_the_lease() {
+    let t0 = Instant::now();
+    let mut m = granted(t0);
+    m.handle_timeout(t0 + s(3));
+    let _ = drain(&mut m);
+    // Sent at t0+3 with TTL 2: trusted until t0+5 only, and now is t0+5.
+    m.handle(t0 + s(5), ok(1, Response::KeptAlive { ttl_secs: 2 }));
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Notify(LivenessState::Lost { lease: LEASE }),
+            Command::Notify(LivenessState::Registering),
+            rpc(2, Request::Grant { ttl_secs: TTL }),
+        ]
+    );
+}
+
+#[test]
+fn binding_mode_puts_the_key_before_registered() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(config(true), t0, 1);
+    let _ = drain(&mut m);
+    m.handle(
+        t0 + ms(10),
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
+    assert_eq!(m.state(), &LivenessState::Registering);
+    assert_eq!(m.lease(), None);
+    assert_eq!(m.local_deadline(), Some(t0 + s(9)));
+    m.handle(t0 + ms(20), ok(1, Response::Put { revision: 5 }));
+    assert_eq!(drain(&mut m), vec![registered()]);
+    assert_eq!(m.lease(), Some(LEASE));
+    assert_eq!(m.poll_timeout(), Some(t0 + s(3)));
+}
+
+#[test]
+fn put_failures_retry_on_the_same_lease_with_backoff() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(config(true), t0, 1);
+    let _ = drain(&mut m);
+    m.handle(
+        t0,
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    let _ = drain(&mut m);
+    m.handle(t0 + ms(10), err(1));
+    assert_eq!(drain(&mut m), vec![]);
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(110)));
+    m.handle_timeout(t0 + ms(110));
+    assert_eq!(drain(&mut m), vec![put(2, b"v1")]);
+    m.handle(
+        t0 + ms(120),
+        ok(
+            2,
+            Response::Range {
+                revision: 1,
+                kvs: vec![],
+            },
+        ),
+    );
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(320)));
+    m.handle_timeout(t0 + ms(320));
+    assert_eq!(drain(&mut m), vec![put(3, b"v1")]);
+    m.handle(t0 + ms(330), ok(3, Response::Put { revision: 9 }));
+    assert_eq!(drain(&mut m), vec![registered()]);
+}
+
+#[test]
+fn put_rejected_for_a_missing_lease_loses_it_and_regrants_after_backoff() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(config(true), t0, 1);
+    let _ = drain(&mut m);
+    m.handle(
+        t0,
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    let _ = drain(&mut m);
+    let reply = RpcReply {
+        id: RpcId(1),
+        result: Err(RpcError::Rejected(
+            "etcdserver: requested lease not found".into(),
+        )),
+    };
+    m.handle(t0 + ms(10), reply.into());
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Notify(LivenessState::Lost { lease: LEASE }),
+            Command::Notify(LivenessState::Registering),
+        ]
+    );
+    assert_eq!(m.local_deadline(), None);
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(110)));
+    m.handle_timeout(t0 + ms(110));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(2, Request::Grant { ttl_secs: TTL })]
+    );
+}
+
+#[test]
+fn renewal_errors_suspend_once_and_retry_with_backoff_until_acked() {
+    let t0 = Instant::now();
+    let mut m = granted(t0);
+    m.handle_timeout(t0 + s(3));
+    let _ = drain(&mut m);
+    m.handle(t0 + s(3), err(1));
+    assert_eq!(
+        drain(&mut m),
+        vec![Command::Notify(LivenessState::Suspended { lease: LEASE })]
+    );
+    assert_eq!(m.lease(), Some(LEASE));
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(3100)));
+    m.handle_timeout(t0 + ms(3100));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(2, Request::KeepAlive { lease: LEASE })]
+    );
+    m.handle(t0 + ms(3100), err(2));
+    assert_eq!(drain(&mut m), vec![], "Suspended is notified once");
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(3300)));
+    m.handle_timeout(t0 + ms(3300));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(3, Request::KeepAlive { lease: LEASE })]
+    );
+    m.handle(t0 + ms(3400), ok(3, Response::KeptAlive { ttl_secs: TTL }));
+    assert_eq!(drain(&mut m), vec![registered()]);
+    assert_eq!(m.local_deadline(), Some(t0 + ms(12300)));
+    // Backoff was reset: the next failure waits the initial delay again.
+    m.handle_timeout(t0 + ms(6300));
+    let _ = drain(&mut m);
+    m.handle(t0 + ms(6300), err(4));
+    let _ = drain(&mut m);
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(6400)));
+}
+
+#[test]
+fn jittered_retry_instants_follow_the_seeded_schedule() {
+    let t0 = Instant::now();
+    let seed = 99;
+    let mut cfg = config(false);
+    cfg.backoff = BackoffConfig::default();
+    let mut m = Keepalive::new(cfg.clone(), t0, seed);
+    let _ = drain(&mut m);
+    // Seed derivation: registration first, renewal second.
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let register = Backoff::new(cfg.backoff.clone(), rng.next_u64());
+    let renew = Backoff::new(cfg.backoff.clone(), rng.next_u64());
+    let mut now = t0;
+    for n in 0..3 {
+        m.handle(now, err(n));
+        assert_eq!(drain(&mut m), vec![]);
+        now += register.delay_for(n as u32);
+        assert_eq!(m.poll_timeout(), Some(now));
+        m.handle_timeout(now);
+        assert_eq!(
+            drain(&mut m),
+            vec![rpc(n + 1, Request::Grant { ttl_secs: TTL })]
+        );
+    }
+    m.handle(
+        now,
+        ok(
+            3,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    let _ = drain(&mut m);
+    now += s(3);
+    m.handle_timeout(now);
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(4, Request::KeepAlive { lease: LEASE })]
+    );
+    m.handle(now, err(4));
+    let _ = drain(&mut m);
+    assert_eq!(m.poll_timeout(), Some(now + renew.delay_for(0)));
+    assert_ne!(
+        register.delay_for(0),
+        renew.delay_for(0),
+        "independent jitter streams"
+    );
+}
+
+#[test]
+fn deadline_passing_loses_the_lease_and_regrants_at_once() {
+    let t0 = Instant::now();
+    let mut m = granted(t0);
+    m.handle_timeout(t0 + s(3));
+    let _ = drain(&mut m);
+    // No reply: give up at t0+6 and retry after 100 ms, 200 ms, ...
+    m.handle_timeout(t0 + s(6));
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Cancel { id: RpcId(1) },
+            Command::Notify(LivenessState::Suspended { lease: LEASE }),
+        ]
+    );
+    let mut id = 2;
+    let mut now = t0 + s(6);
+    while let Some(at) = m.poll_timeout().filter(|at| *at < t0 + s(9)) {
+        now = at;
+        m.handle_timeout(now);
+        assert_eq!(
+            drain(&mut m),
+            vec![rpc(id, Request::KeepAlive { lease: LEASE })]
+        );
+        m.handle(now, err(id));
+        id += 1;
+    }
+    // 100+200+400+800+1000 ms = 2.5 s of retries fit before t0+9; the next
+    // (1 s later, t0+9.5) would not, so none is scheduled.
+    assert_eq!(now, t0 + ms(8500));
+    assert_eq!(m.poll_timeout(), Some(t0 + s(9)));
+    m.handle_timeout(t0 + s(9));
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Notify(LivenessState::Lost { lease: LEASE }),
+            Command::Notify(LivenessState::Registering),
+            rpc(id, Request::Grant { ttl_secs: TTL }),
+        ]
+    );
+    assert_eq!(m.lease(), None);
+    assert_eq!(m.local_deadline(), None);
+}
+
+#[test]
+fn ttl_zero_loses_the_lease() {
+    let t0 = Instant::now();
+    let mut m = granted(t0);
+    m.handle_timeout(t0 + s(3));
+    let _ = drain(&mut m);
+    m.handle(t0 + ms(3001), ok(1, Response::KeptAlive { ttl_secs: TTL }));
+    m.handle_timeout(t0 + s(6));
+    let _ = drain(&mut m);
+    m.handle(t0 + ms(6001), ok(2, Response::KeptAlive { ttl_secs: 0 }));
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Notify(LivenessState::Lost { lease: LEASE }),
+            Command::Notify(LivenessState::Registering),
+            rpc(3, Request::Grant { ttl_secs: TTL }),
+        ]
+    );
+}
+
+#[test]
+fn ttl_zero_on_a_lease_that_never_renewed_backs_off() {
+    let t0 = Instant::now();
+    let mut m = granted(t0);
+    m.handle_timeout(t0 + s(3));
+    let _ = drain(&mut m);
+    m.handle(t0 + s(3), ok(1, Response::KeptAlive { ttl_secs: 0 }));
+    assert_eq!(drain(&mut m).len(), 2);
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(3100)));
+}
+
+#[test]
+fn set_value_puts_now_or_after_the_put_in_flight() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(config(true), t0, 1);
+    let _ = drain(&mut m);
+    m.handle(
+        t0,
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
+    m.handle(t0, KeepaliveEvent::SetValue(b"v2".to_vec()));
+    assert_eq!(drain(&mut m), vec![], "waits for the put in flight");
+    m.handle(t0 + ms(1), ok(1, Response::Put { revision: 2 }));
+    assert_eq!(drain(&mut m), vec![registered(), put(2, b"v2")]);
+    m.handle(t0 + ms(2), ok(2, Response::Put { revision: 3 }));
+    assert_eq!(drain(&mut m), vec![]);
+    m.handle(t0 + ms(3), KeepaliveEvent::SetValue(b"v3".to_vec()));
+    assert_eq!(drain(&mut m), vec![put(3, b"v3")]);
+    m.handle(t0 + ms(4), ok(3, Response::Put { revision: 4 }));
+    // A re-registration uses the latest value.
+    m.handle_timeout(t0 + s(3));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(4, Request::KeepAlive { lease: LEASE })]
+    );
+    m.handle(t0 + s(3), ok(4, Response::KeptAlive { ttl_secs: TTL }));
+    m.handle_timeout(t0 + s(6));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(5, Request::KeepAlive { lease: LEASE })]
+    );
+    m.handle(t0 + s(6), ok(5, Response::KeptAlive { ttl_secs: 0 }));
+    assert_eq!(
+        drain(&mut m).last(),
+        Some(&rpc(6, Request::Grant { ttl_secs: TTL }))
+    );
+    m.handle(
+        t0 + s(6),
+        ok(
+            6,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut m), vec![put(7, b"v3")]);
+}
+
+#[test]
+fn set_value_is_ignored_in_lease_only_mode() {
+    let t0 = Instant::now();
+    let mut m = granted(t0);
+    m.handle(t0 + ms(20), KeepaliveEvent::SetValue(b"x".to_vec()));
+    assert_eq!(drain(&mut m), vec![]);
+    assert_eq!(m.poll_timeout(), Some(t0 + s(3)));
+}
+
+#[test]
+fn stop_cancels_the_renewal_and_revokes() {
+    let t0 = Instant::now();
+    let mut m = granted(t0);
+    m.handle_timeout(t0 + s(3));
+    let _ = drain(&mut m);
+    m.handle(t0 + s(4), KeepaliveEvent::Stop);
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Cancel { id: RpcId(1) },
+            rpc(2, Request::Revoke { lease: LEASE })
+        ]
+    );
+    assert_eq!(m.lease(), None);
+    m.handle(t0 + s(4), KeepaliveEvent::Stop);
+    m.handle(t0 + s(4), ok(1, Response::KeptAlive { ttl_secs: TTL }));
+    assert_eq!(drain(&mut m), vec![]);
+    m.handle(t0 + s(5), ok(2, Response::Revoked));
+    assert_eq!(
+        drain(&mut m),
+        vec![Command::Notify(LivenessState::Stopped { revoked: true })]
+    );
+    assert_eq!(m.poll_timeout(), None);
+    m.handle_timeout(t0 + s(100));
+    m.handle(t0 + s(100), KeepaliveEvent::SetValue(vec![1]));
+    m.handle(t0 + s(100), KeepaliveEvent::Stop);
+    assert_eq!(drain(&mut m), vec![]);
+}
+
+#[test]
+fn stop_reports_a_failed_or_unanswered_revoke() {
+    let t0 = Instant::now();
+    let mut m = granted(t0);
+    m.handle(t0 + s(1), KeepaliveEvent::Stop);
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(1, Request::Revoke { lease: LEASE })]
+    );
+    m.handle(t0 + s(1), err(1));
+    assert_eq!(
+        drain(&mut m),
+        vec![Command::Notify(LivenessState::Stopped { revoked: false })]
+    );
+
+    let mut m = granted(t0);
+    m.handle(t0 + s(1), KeepaliveEvent::Stop);
+    let _ = drain(&mut m);
+    assert_eq!(m.poll_timeout(), Some(t0 + s(10)));
+    m.handle_timeout(t0 + s(10));
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Cancel { id: RpcId(1) },
+            Command::Notify(LivenessState::Stopped { revoked: false })
+        ]
+    );
+    assert_eq!(m.poll_timeout(), None);
+}
+
+#[test]
+fn stop_without_a_lease_stops_at_once() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(config(true), t0, 1);
+    let _ = drain(&mut m);
+    m.handle(t0, KeepaliveEvent::Stop);
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Cancel { id: RpcId(0) },
+            Command::Notify(LivenessState::Stopped { revoked: false })
+        ]
+    );
+    assert_eq!(m.poll_timeout(), None);
+    m.handle(
+        t0,
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut m), vec![]);
+}
+
+#[test]
+fn odd_replies_count_as_failures_and_strangers_are_ignored() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(config(false), t0, 1);
+    let _ = drain(&mut m);
+    m.handle(
+        t0,
+        ok(
+            42,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut m), vec![]);
+    assert_eq!(
+        m.poll_timeout(),
+        Some(t0 + s(9)),
+        "still waiting for grant 0"
+    );
+    m.handle(
+        t0,
+        ok(
+            0,
+            Response::Granted {
+                lease: 0,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(100)));
+    m.handle_timeout(t0 + ms(100));
+    let _ = drain(&mut m);
+    m.handle(t0 + ms(100), ok(1, Response::Revoked));
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(300)));
+    m.handle_timeout(t0 + ms(300));
+    let _ = drain(&mut m);
+    // A grant that never answers is given up after one TTL.
+    m.handle_timeout(t0 + ms(9300));
+    assert_eq!(drain(&mut m), vec![Command::Cancel { id: RpcId(2) }]);
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(9700)));
+}
+
+#[test]
+fn ids_start_where_asked_and_owns_knows_them() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::with_first_rpc_id(config(false), t0, 1, 1000);
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Notify(LivenessState::Registering),
+            rpc(1000, Request::Grant { ttl_secs: TTL })
+        ]
+    );
+    assert!(m.owns(RpcId(1000)));
+    assert!(!m.owns(RpcId(1001)));
+    assert!(!m.owns(RpcId(999)));
+}
+
+#[test]
+fn huge_ttls_and_tiny_configs_do_not_panic() {
+    let t0 = Instant::now();
+    let mut cfg = config(false);
+    cfg.ttl_secs = -5;
+    cfg.backoff.initial = Duration::ZERO;
+    let mut m = Keepalive::new(cfg, t0, 1);
+    assert_eq!(drain(&mut m)[1], rpc(0, Request::Grant { ttl_secs: 1 }));
+    m.handle(
+        t0,
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: i64::MAX,
+            },
+        ),
+    );
+    assert_eq!(m.local_deadline(), Some(t0 + secs(MAX_TTL_SECS)));
+    m.handle(t0, err(0));
+    let mut now = t0;
+    for _ in 0..100 {
+        let Some(at) = m.poll_timeout() else { break };
+        assert!(at >= now);
+        now = at;
+        m.handle_timeout(now);
+        for c in drain(&mut m) {
+            if let Command::Rpc { id, .. } = c {
+                m.handle(now, err(id.0));
+            }
+        }
+    }
+}

@@ -1,0 +1,547 @@
+//! Exact notice and command sequences for hand-built cases.
+
+use super::*;
+use crate::rpc::{EventKind, RpcError};
+use std::time::Duration;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn config() -> WatchConfig {
+    WatchConfig {
+        prefix: b"/h/".to_vec(),
+        keys: KeyRule::HostId,
+        backoff: BackoffConfig {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+            multiplier: 2,
+            jitter_percent: 0,
+        },
+    }
+}
+
+/// Tests need some instant to start from; the machine itself never reads a clock.
+fn start() -> Instant {
+    Instant::now()
+}
+
+fn host(n: u32) -> Vec<u8> {
+    format!("/h/00000000-0000-0000-0000-{n:012x}").into_bytes()
+}
+
+fn kv(key: &[u8], value: &str, create: Revision, modified: Revision) -> KeyValue {
+    KeyValue {
+        key: key.to_vec(),
+        value: value.as_bytes().to_vec(),
+        create_revision: create,
+        mod_revision: modified,
+        version: 1,
+        lease: 7,
+    }
+}
+
+fn put(kv: KeyValue) -> WatchEvent {
+    WatchEvent {
+        kind: EventKind::Put,
+        kv,
+        prev_kv: None,
+    }
+}
+
+fn del(key: &[u8], revision: Revision) -> WatchEvent {
+    let kv = KeyValue {
+        key: key.to_vec(),
+        mod_revision: revision,
+        ..KeyValue::default()
+    };
+    WatchEvent {
+        kind: EventKind::Delete,
+        kv,
+        prev_kv: None,
+    }
+}
+
+fn drain(w: &mut Watch) -> Vec<Command<WatchNotice>> {
+    std::iter::from_fn(|| w.poll_command()).collect()
+}
+
+fn ok(id: RpcId, response: Response) -> WatchInput {
+    WatchInput::Rpc(RpcReply {
+        id,
+        result: Ok(response),
+    })
+}
+
+fn failed(id: RpcId) -> WatchInput {
+    WatchInput::Rpc(RpcReply {
+        id,
+        result: Err(RpcError::Unavailable("gone".into())),
+    })
+}
+
+fn range_cmd(id: u64) -> Command<WatchNotice> {
+    Command::Rpc {
+        id: RpcId(id),
+        request: Request::Range(RangeRequest::all(KeyRange::Prefix(b"/h/".to_vec()))),
+    }
+}
+
+fn watch_cmd(id: u64, start_revision: Revision) -> Command<WatchNotice> {
+    Command::Rpc {
+        id: RpcId(id),
+        request: Request::Watch {
+            range: KeyRange::Prefix(b"/h/".to_vec()),
+            start_revision,
+        },
+    }
+}
+
+fn n(notice: WatchNotice) -> Command<WatchNotice> {
+    Command::Notify(notice)
+}
+
+/// A machine that replayed `kvs` at revision 10 and whose watch (id 1) is
+/// established.
+fn live_with(now: Instant, kvs: Vec<KeyValue>) -> Watch {
+    let mut w = Watch::new(config(), now, 1);
+    assert_eq!(drain(&mut w), vec![range_cmd(0)]);
+    w.handle(now, ok(RpcId(0), Response::Range { revision: 10, kvs }));
+    drain(&mut w);
+    w.handle(now, ok(RpcId(1), Response::WatchEvents { events: vec![] }));
+    assert!(drain(&mut w).is_empty());
+    assert!(w.is_live());
+    w
+}
+
+#[test]
+fn replays_the_snapshot_in_key_order_then_synced_then_watches_from_the_next_revision() {
+    let t0 = start();
+    let mut w = Watch::new(config(), t0, 1);
+    assert_eq!(drain(&mut w), vec![range_cmd(0)]);
+    assert!(!w.is_synced());
+    let (a, b) = (kv(&host(1), "a", 3, 4), kv(&host(2), "b", 5, 5));
+    let bad = kv(b"/h/not-a-uuid", "x", 6, 6);
+    let outside = kv(b"/other", "x", 2, 2);
+    let snapshot = vec![bad.clone(), b.clone(), outside, a.clone()];
+    w.handle(
+        t0,
+        ok(
+            RpcId(0),
+            Response::Range {
+                revision: 10,
+                kvs: snapshot,
+            },
+        ),
+    );
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Up(a.clone())),
+            n(WatchNotice::Up(b.clone())),
+            n(WatchNotice::InvalidKey(bad.key)),
+            n(WatchNotice::Synced),
+            watch_cmd(1, 11),
+        ]
+    );
+    assert!(w.is_synced());
+    assert!(!w.is_live(), "live only once the watch answers");
+    assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![a, b]);
+    assert_eq!(w.poll_timeout(), None);
+}
+
+#[test]
+fn repeated_events_are_ignored_and_one_revision_may_carry_several_events() {
+    let t0 = start();
+    let (a, b) = (kv(&host(1), "a", 3, 3), kv(&host(2), "b", 4, 4));
+    let mut w = live_with(t0, vec![a.clone(), b.clone()]);
+    let c = kv(&host(3), "c", 11, 11);
+    let a2 = kv(&host(1), "a2", 3, 12);
+    // Revision 9 and 10 are already in the snapshot: a repeat after reconnect.
+    let stale = put(kv(&host(9), "old", 9, 9));
+    w.handle(
+        t0,
+        ok(
+            RpcId(1),
+            Response::WatchEvents {
+                events: vec![stale, put(c.clone())],
+            },
+        ),
+    );
+    assert_eq!(drain(&mut w), vec![n(WatchNotice::Up(c.clone()))]);
+    // etcd repeats revision 11 and then a lease revoke deletes two keys at 13.
+    let events = vec![
+        put(c.clone()),
+        put(a2.clone()),
+        del(&host(2), 13),
+        del(&host(3), 13),
+    ];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Updated(a2.clone())),
+            n(WatchNotice::Down(b)),
+            n(WatchNotice::Down(c)),
+        ]
+    );
+    // The same batch again changes nothing.
+    let events = vec![put(a2.clone()), del(&host(2), 13)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert!(drain(&mut w).is_empty());
+    assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![a2]);
+}
+
+#[test]
+fn a_put_with_a_new_create_revision_is_down_then_up_and_unknown_deletes_are_silent() {
+    let t0 = start();
+    let a = kv(&host(1), "a", 3, 3);
+    let mut w = live_with(t0, vec![a.clone()]);
+    let reborn = kv(&host(1), "again", 12, 12);
+    let events = vec![
+        del(&host(5), 11),
+        put(reborn.clone()),
+        put(kv(b"/x", "y", 13, 13)),
+    ];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(
+        drain(&mut w),
+        vec![n(WatchNotice::Down(a)), n(WatchNotice::Up(reborn))]
+    );
+}
+
+#[test]
+fn compaction_resyncs_with_a_diff_against_the_known_set() {
+    let t0 = start();
+    let a = kv(&host(1), "a", 3, 3);
+    let b = kv(&host(2), "b-last-seen", 4, 8);
+    let c = kv(&host(3), "c", 5, 5);
+    let same = kv(&host(4), "same", 6, 6);
+    let mut w = live_with(t0, vec![a, b.clone(), c.clone(), same.clone()]);
+    w.handle(
+        t0,
+        ok(
+            RpcId(1),
+            Response::WatchCanceled {
+                compact_revision: 20,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut w), vec![Command::Cancel { id: RpcId(1) }]);
+    assert!(!w.is_live());
+    assert_eq!(w.poll_timeout(), Some(t0 + 100 * MS));
+    w.handle_timeout(t0 + 99 * MS);
+    assert!(drain(&mut w).is_empty(), "early timeouts do nothing");
+    w.handle_timeout(t0 + 100 * MS);
+    assert_eq!(drain(&mut w), vec![range_cmd(2)]);
+    assert_eq!(w.poll_timeout(), None);
+    let a2 = kv(&host(1), "a2", 3, 21);
+    let c2 = kv(&host(3), "c2", 22, 22);
+    let d = kv(&host(5), "d", 23, 23);
+    let snapshot = vec![a2.clone(), c2.clone(), same.clone(), d.clone()];
+    w.handle(
+        t0 + 101 * MS,
+        ok(
+            RpcId(2),
+            Response::Range {
+                revision: 30,
+                kvs: snapshot,
+            },
+        ),
+    );
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Updated(a2.clone())),
+            n(WatchNotice::Down(b)),
+            n(WatchNotice::Down(c)),
+            n(WatchNotice::Up(c2.clone())),
+            n(WatchNotice::Up(d.clone())),
+            watch_cmd(3, 31),
+        ]
+    );
+    assert_eq!(
+        w.known().cloned().collect::<Vec<_>>(),
+        vec![a2, c2, same, d]
+    );
+}
+
+#[test]
+fn invalid_keys_are_reported_once_whatever_path_they_come_by() {
+    let t0 = start();
+    let bad = kv(b"/h/BAD", "x", 3, 3);
+    let mut w = Watch::new(config(), t0, 1);
+    drain(&mut w);
+    w.handle(
+        t0,
+        ok(
+            RpcId(0),
+            Response::Range {
+                revision: 10,
+                kvs: vec![bad.clone()],
+            },
+        ),
+    );
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::InvalidKey(bad.key.clone())),
+            n(WatchNotice::Synced),
+            watch_cmd(1, 11)
+        ]
+    );
+    let other = kv(b"/h/worse", "x", 11, 11);
+    let events = vec![
+        put(kv(b"/h/BAD", "y", 3, 11)),
+        put(other.clone()),
+        del(b"/h/BAD", 12),
+    ];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(
+        drain(&mut w),
+        vec![n(WatchNotice::InvalidKey(other.key.clone()))]
+    );
+    w.handle(t0, failed(RpcId(1)));
+    drain(&mut w);
+    w.handle_timeout(t0 + Duration::from_secs(1));
+    assert_eq!(drain(&mut w), vec![range_cmd(2)]);
+    w.handle(
+        t0 + Duration::from_secs(1),
+        ok(
+            RpcId(2),
+            Response::Range {
+                revision: 12,
+                kvs: vec![bad, other],
+            },
+        ),
+    );
+    assert_eq!(drain(&mut w), vec![watch_cmd(3, 13)]);
+    assert_eq!(w.known().count(), 0);
+}
+
+#[test]
+fn a_full_consumer_pauses_everything_and_ready_resyncs() {
+    let t0 = start();
+    let a = kv(&host(1), "a", 3, 3);
+    let mut w = live_with(t0, vec![a.clone()]);
+    w.handle(t0, WatchInput::ConsumerFull);
+    assert_eq!(drain(&mut w), vec![Command::Cancel { id: RpcId(1) }]);
+    assert!(!w.is_live());
+    let b = kv(&host(2), "b", 11, 11);
+    w.handle(
+        t0,
+        ok(
+            RpcId(1),
+            Response::WatchEvents {
+                events: vec![put(b.clone())],
+            },
+        ),
+    );
+    w.handle(t0, WatchInput::ConsumerFull);
+    assert!(
+        drain(&mut w).is_empty(),
+        "nothing while the consumer is full"
+    );
+    assert_eq!(w.poll_timeout(), None);
+    w.handle(t0 + MS, WatchInput::ConsumerReady);
+    assert_eq!(drain(&mut w), vec![range_cmd(2)]);
+    w.handle(t0 + MS, WatchInput::ConsumerReady);
+    assert!(drain(&mut w).is_empty(), "one request at a time");
+    let snapshot = vec![kv(&host(1), "a", 3, 3), b.clone()];
+    w.handle(
+        t0 + MS,
+        ok(
+            RpcId(2),
+            Response::Range {
+                revision: 11,
+                kvs: snapshot,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut w), vec![n(WatchNotice::Up(b)), watch_cmd(3, 12)]);
+}
+
+#[test]
+fn a_full_consumer_before_the_first_snapshot_still_gets_synced_exactly_once() {
+    let t0 = start();
+    let mut w = Watch::new(config(), t0, 1);
+    drain(&mut w);
+    w.handle(t0, WatchInput::ConsumerFull);
+    assert_eq!(drain(&mut w), vec![Command::Cancel { id: RpcId(0) }]);
+    let a = kv(&host(1), "a", 3, 3);
+    w.handle(
+        t0,
+        ok(
+            RpcId(0),
+            Response::Range {
+                revision: 10,
+                kvs: vec![a.clone()],
+            },
+        ),
+    );
+    assert!(drain(&mut w).is_empty(), "the canceled range is late");
+    assert!(!w.is_synced());
+    w.handle(t0, WatchInput::ConsumerReady);
+    assert_eq!(drain(&mut w), vec![range_cmd(1)]);
+    w.handle(
+        t0,
+        ok(
+            RpcId(1),
+            Response::Range {
+                revision: 10,
+                kvs: vec![a.clone()],
+            },
+        ),
+    );
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Up(a)),
+            n(WatchNotice::Synced),
+            watch_cmd(2, 11)
+        ]
+    );
+}
+
+#[test]
+fn failures_back_off_exponentially_and_an_established_watch_resets_the_backoff() {
+    let t0 = start();
+    let mut w = Watch::new(config(), t0, 1);
+    drain(&mut w);
+    let mut now = t0;
+    let mut id = 0;
+    for delay_ms in [100u32, 200, 400, 800, 1000] {
+        w.handle(now, failed(RpcId(id)));
+        assert_eq!(drain(&mut w), vec![Command::Cancel { id: RpcId(id) }]);
+        assert_eq!(w.poll_timeout(), Some(now + delay_ms * MS));
+        now += delay_ms * MS;
+        w.handle_timeout(now);
+        id += 1;
+        assert_eq!(drain(&mut w), vec![range_cmd(id)]);
+    }
+    // A wrong variant counts as a failure too.
+    w.handle(now, ok(RpcId(id), Response::Revoked));
+    drain(&mut w);
+    assert_eq!(w.poll_timeout(), Some(now + 1000 * MS));
+    now += 1000 * MS;
+    w.handle_timeout(now);
+    id += 1;
+    drain(&mut w);
+    w.handle(
+        now,
+        ok(
+            RpcId(id),
+            Response::Range {
+                revision: 5,
+                kvs: vec![],
+            },
+        ),
+    );
+    id += 1;
+    assert_eq!(
+        drain(&mut w),
+        vec![n(WatchNotice::Synced), watch_cmd(id, 6)]
+    );
+    // The watch is refused before it is established: the backoff still grows.
+    w.handle(now, ok(RpcId(id), Response::Put { revision: 3 }));
+    drain(&mut w);
+    assert_eq!(w.poll_timeout(), Some(now + 1000 * MS));
+    now += 1000 * MS;
+    w.handle_timeout(now);
+    drain(&mut w);
+    id += 1;
+    w.handle(
+        now,
+        ok(
+            RpcId(id),
+            Response::Range {
+                revision: 5,
+                kvs: vec![],
+            },
+        ),
+    );
+    drain(&mut w);
+    id += 1;
+    w.handle(now, ok(RpcId(id), Response::WatchEvents { events: vec![] }));
+    assert!(w.is_live());
+    w.handle(now, failed(RpcId(id)));
+    drain(&mut w);
+    assert_eq!(
+        w.poll_timeout(),
+        Some(now + 100 * MS),
+        "reset after an established watch"
+    );
+}
+
+#[test]
+fn late_replies_and_unknown_ids_are_ignored() {
+    let t0 = start();
+    let mut w = live_with(t0, vec![]);
+    w.handle(t0, failed(RpcId(0)));
+    w.handle(
+        t0,
+        ok(
+            RpcId(77),
+            Response::WatchCanceled {
+                compact_revision: 3,
+            },
+        ),
+    );
+    w.handle(
+        t0,
+        ok(
+            RpcId(0),
+            Response::Range {
+                revision: 99,
+                kvs: vec![kv(&host(1), "a", 1, 1)],
+            },
+        ),
+    );
+    assert!(drain(&mut w).is_empty());
+    assert!(w.is_live());
+    assert_eq!(w.known().count(), 0);
+}
+
+#[test]
+fn stop_cancels_and_then_nothing_happens() {
+    let t0 = start();
+    let mut w = Watch::new(config(), t0, 1);
+    drain(&mut w);
+    w.handle(t0, failed(RpcId(0)));
+    drain(&mut w);
+    assert!(w.poll_timeout().is_some());
+    w.handle(t0, WatchInput::Stop);
+    assert!(
+        drain(&mut w).is_empty(),
+        "nothing outstanding to cancel while waiting"
+    );
+    assert_eq!(w.poll_timeout(), None);
+    w.handle_timeout(t0 + Duration::from_secs(10));
+    w.handle(t0 + Duration::from_secs(10), WatchInput::ConsumerReady);
+    assert!(drain(&mut w).is_empty());
+
+    let mut w = live_with(t0, vec![]);
+    w.handle(t0, WatchInput::Stop);
+    assert_eq!(drain(&mut w), vec![Command::Cancel { id: RpcId(1) }]);
+    w.handle(
+        t0,
+        ok(
+            RpcId(1),
+            Response::WatchEvents {
+                events: vec![put(kv(&host(1), "a", 11, 11))],
+            },
+        ),
+    );
+    assert!(drain(&mut w).is_empty());
+    assert!(!w.is_live());
+}
+
+#[test]
+fn poll_timeout_is_never_before_the_last_now() {
+    let t0 = start();
+    let mut w = Watch::new(config(), t0, 1);
+    drain(&mut w);
+    w.handle(t0, failed(RpcId(0)));
+    drain(&mut w);
+    let later = t0 + Duration::from_secs(5);
+    w.handle(later, WatchInput::ConsumerReady);
+    assert_eq!(w.poll_timeout(), Some(later));
+}
