@@ -1,11 +1,13 @@
 //! The public conformance suite every [`Coordinator`] backend must pass,
 //! including third-party ones:
 //!
-//! ```
-//! #[test]
-//! fn my_backend_conforms() {
-//!     fleetcoord::conformance::run(|| Box::new(fleetcoord::coordinator::MemoryCoordinator::new()));
-//! }
+//! ```no_run
+//! // In tests/conformance_mine.rs, inside a #[test] function:
+//! use fleetcoord::coordinator::MemoryCoordinator;
+//!
+//! let hub = MemoryCoordinator::new();
+//! let report = fleetcoord::conformance::run(|| Box::new(hub.clone()));
+//! assert!(report.skipped.is_empty());
 //! ```
 //!
 //! **The factory.** Each call must return a new, independent handle onto

@@ -151,6 +151,25 @@ pub struct Capabilities {
     pub stream_max_len: Option<u64>,
 }
 
+impl Capabilities {
+    /// These capabilities, declaring that nothing is stored or delivered.
+    pub const fn without_delivery(self) -> Self {
+        Capabilities {
+            delivers: false,
+            ..self
+        }
+    }
+
+    /// These capabilities, declaring that streams keep their newest
+    /// `max_len` entries.
+    pub const fn with_stream_max_len(self, max_len: u64) -> Self {
+        Capabilities {
+            stream_max_len: Some(max_len),
+            ..self
+        }
+    }
+}
+
 impl Default for Capabilities {
     fn default() -> Self {
         Capabilities {
