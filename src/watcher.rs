@@ -204,7 +204,7 @@ impl Drop for HostWatcher {
 
 /// While a watch is paused for a slow consumer, check every 50 ms whether
 /// the consumer caught up (half the capacity drained) and resume it.
-pub(crate) fn spawn_resume_poller<T: Send + 'static, I: Send + 'static>(
+pub(crate) fn spawn_resume_poller<T: Send + 'static, I>(
     etcd: &Etcd,
     tx: crossbeam_channel::Sender<T>,
     input: mpsc::UnboundedSender<I>,
@@ -212,7 +212,7 @@ pub(crate) fn spawn_resume_poller<T: Send + 'static, I: Send + 'static>(
     capacity: usize,
 ) -> Result<()>
 where
-    I: From<ConsumerReady>,
+    I: From<ConsumerReady> + Send + 'static,
 {
     etcd.spawn_task(move |_shared| async move {
         loop {

@@ -1,7 +1,9 @@
 //! First contact with a real etcd: connect, register, watch, elect.
 
 use fleetcoord::testing::EtcdServer;
-use fleetcoord::{Election, Etcd, EtcdOptions, HostEvent, HostLiveness, HostWatcher, LivenessState};
+use fleetcoord::{
+    Election, Etcd, EtcdOptions, HostEvent, HostLiveness, HostWatcher, LivenessState,
+};
 use std::time::{Duration, Instant};
 
 // Generous: a loaded 2-core CI machine can take seconds per step.
@@ -12,7 +14,10 @@ fn register_watch_close_and_elect() {
     let server = EtcdServer::start().expect("etcd");
     let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
     let watcher = HostWatcher::watch(&etcd).expect("watch");
-    assert_eq!(watcher.events().recv_timeout(WAIT).unwrap(), HostEvent::Synced);
+    assert_eq!(
+        watcher.events().recv_timeout(WAIT).unwrap(),
+        HostEvent::Synced
+    );
     let id = uuid::Uuid::new_v4();
     let host = HostLiveness::register(&etcd, id, b"m1", Duration::from_secs(2)).expect("register");
     assert!(matches!(host.state(), LivenessState::Registered { .. }));
@@ -37,7 +42,11 @@ fn register_watch_close_and_elect() {
     let b = Election::new(&etcd, "smoke").unwrap();
     let la = a.campaign(b"a").unwrap();
     let observer = a.observe().unwrap();
-    let first = observer.leaders().recv_timeout(WAIT).unwrap().expect("a leads");
+    let first = observer
+        .leaders()
+        .recv_timeout(WAIT)
+        .unwrap()
+        .expect("a leads");
     assert_eq!(first.value, b"a".to_vec());
     let t2 = std::thread::spawn(move || b.campaign(b"b").map(|l| (l.fencing_token(), b, l)));
     std::thread::sleep(Duration::from_millis(300));

@@ -373,9 +373,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut c = Capabilities::default();
-        c.stream_max_len = self.stream_max_len;
-        c
+        Capabilities { stream_max_len: self.stream_max_len, ..Capabilities::default() }
     }
 }
 

@@ -113,6 +113,11 @@ fn txn(t: &Txn) -> ec::Txn {
         .or_else(t.failure.iter().map(txn_op).collect::<Vec<_>>())
 }
 
+/// How often an idempotent read is tried before its failure is reported:
+/// enough that a balancer picking a dead member one time in three almost
+/// never fails a read while the other members answer.
+const READ_ATTEMPTS: u32 = 8;
+
 /// Run a unary request (everything but `Watch` and `KeepAlive`, which are
 /// streams handled by the runner).
 pub(crate) async fn unary(
@@ -144,10 +149,22 @@ pub(crate) async fn unary(
             })
         }
         Request::Range(range) => {
-            let r = client
-                .get(range_key(&range.range), Some(get_options(range)))
-                .await
-                .map_err(rpc_error)?;
+            // With several endpoints, etcd-client's balancer keeps handing
+            // some calls to a member that is down (etcdv3/etcd-client#39),
+            // which fails them at once. A read is idempotent, so pick again;
+            // the caller's per-call deadline still bounds the whole loop.
+            let mut attempt = 1;
+            let r = loop {
+                match client
+                    .get(range_key(&range.range), Some(get_options(range)))
+                    .await
+                    .map_err(rpc_error)
+                {
+                    Ok(r) => break r,
+                    Err(RpcError::Unavailable(_)) if attempt < READ_ATTEMPTS => attempt += 1,
+                    Err(e) => return Err(e),
+                }
+            };
             Ok(Response::Range {
                 revision: header_revision(r.header()),
                 kvs: r.kvs().iter().map(key_value).collect(),
