@@ -1,4 +1,49 @@
-//! fleetcoord: cross-host coordination on etcd v3 for blocking programs.
+//! fleetcoord: cross-host coordination on etcd v3 for programs that are not
+//! async — plain threads, CLIs, other runtimes.
+//!
+//! * [`HostLiveness`] keeps this host's key `/coord/hosts/<uuid>` alive on a
+//!   short-TTL lease; lease expiry is the fleet-wide "host down" signal. The
+//!   keepalive heals itself after etcd blips, restarts and pauses.
+//! * [`HostWatcher`] streams [`HostEvent`]s: the existing hosts as `Up`, then
+//!   `Synced`, then live `Up` / `Updated` / `Down` (with last-seen metadata).
+//! * [`Election`] (campaign, try_campaign, resign, proclaim, observe, fencing
+//!   token, lost-leadership signal), compatible with Go's
+//!   `clientv3/concurrency` and `etcdctl elect`; [`ElectionPool`] keeps one
+//!   long-lived session per election name.
+//! * [`coordinator`]: pub/sub, streams and KV with pattern watches, on etcd,
+//!   in memory, or noop, with a public [`conformance`] suite.
+//!
+//! Everything is blocking and hands out crossbeam receivers. One [`Etcd`]
+//! handle owns one background thread (a small tokio runtime and the single
+//! etcd connection); the protocol logic lives in the deterministic,
+//! fuzzed state machines of the `fleetcoord-sm` crate.
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let server = fleetcoord::testing::EtcdServer::start()?;
+//! # let endpoint = server.endpoint();
+//! use fleetcoord::{Election, Etcd, EtcdOptions, HostEvent, HostLiveness, HostWatcher};
+//! use std::time::Duration;
+//!
+//! let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default())?;
+//!
+//! // Announce this host; the key disappears within the TTL if we die.
+//! let me = uuid::Uuid::new_v4();
+//! let liveness = HostLiveness::register(&etcd, me, br#"{"role":"db"}"#, Duration::from_secs(5))?;
+//!
+//! // Watch the fleet: existing hosts are replayed, then `Synced`.
+//! let watcher = HostWatcher::watch(&etcd)?;
+//! assert!(matches!(watcher.events().recv_timeout(Duration::from_secs(5))?, HostEvent::Up(h) if h.id == me));
+//! assert_eq!(watcher.events().recv_timeout(Duration::from_secs(5))?, HostEvent::Synced);
+//!
+//! // Lead something; the fencing token guards writes against stale leaders.
+//! let leadership = Election::new(&etcd, "scheduler")?.campaign(me.to_string().as_bytes())?;
+//! assert!(leadership.is_held() && leadership.fencing_token() > 0);
+//!
+//! leadership.resign()?;
+//! liveness.close()?;
+//! # Ok(()) }
+//! ```
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -1,0 +1,410 @@
+//! Election, Leadership and LeaderObserver against a real etcd.
+//!
+//! Every test starts its own etcd (`fleetcoord::testing::EtcdServer`), so
+//! the tests share nothing and can run in parallel. A missing `etcd` or
+//! `etcdctl` binary fails the test with install instructions.
+
+use fleetcoord::testing::{EtcdServer, FaultProxy, Mode};
+use fleetcoord::{Election, ElectionOptions, Error, Etcd, EtcdOptions, Leadership, TryCampaign};
+use fleetcoord_sm::TxnOp;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+// Generous: a loaded 2-core CI machine can take seconds per step, and the
+// assertions are about what happens, not about how fast.
+const WAIT: Duration = Duration::from_secs(10);
+
+const INSTALL: &str =
+    "run `make test` (which installs them) or `apt-get install etcd-server etcd-client`";
+
+fn start_etcd() -> EtcdServer {
+    EtcdServer::start().unwrap_or_else(|e| panic!("cannot start etcd ({e}); {INSTALL}"))
+}
+
+fn connect(endpoint: &str) -> Etcd {
+    Etcd::connect(&[endpoint], EtcdOptions::default()).expect("connect")
+}
+
+fn options(ttl_secs: u64) -> ElectionOptions {
+    ElectionOptions {
+        prefix: "/test/election/".into(),
+        ttl: Duration::from_secs(ttl_secs),
+    }
+}
+
+/// Runs `etcdctl` (API v3) against `endpoint`; panics with install
+/// instructions when it is missing and with its stderr when it fails.
+fn etcdctl(endpoint: &str, args: &[&str]) -> String {
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg("--endpoints")
+        .arg(endpoint)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run etcdctl ({e}); {INSTALL}"));
+    assert!(
+        out.status.success(),
+        "etcdctl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The keys under `prefix`, read with etcdctl (not through fleetcoord).
+fn raw_keys(endpoint: &str, prefix: &str) -> Vec<String> {
+    etcdctl(endpoint, &["get", prefix, "--prefix", "--keys-only"])
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn one_of_two_leads_and_a_timed_out_campaign_leaves_no_key() {
+    let server = start_etcd();
+    let etcd = connect(&server.endpoint());
+    let a = Election::with_options(&etcd, "two", options(5)).unwrap();
+    let b = Election::with_options(&etcd, "two", options(5)).unwrap();
+    let la = a.campaign(b"a").unwrap();
+    assert!(la.is_held());
+    assert!(
+        la.key().starts_with(a.key_prefix()),
+        "{} vs {}",
+        la.key(),
+        a.key_prefix()
+    );
+
+    let t = Instant::now();
+    match b.campaign_timeout(b"b", Duration::from_secs(1)) {
+        Err(Error::Timeout(_)) => {}
+        other => panic!("expected Error::Timeout, got {other:?}"),
+    }
+    // The timeout applies to the wait; cancelling may take a round trip more.
+    assert!(
+        t.elapsed() >= Duration::from_secs(1) && t.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        t.elapsed()
+    );
+
+    let leader = b.leader().unwrap().expect("a leads");
+    assert_eq!(
+        (leader.value.as_slice(), leader.key.as_str()),
+        (&b"a"[..], la.key())
+    );
+    assert_eq!(leader.token, la.fencing_token());
+    assert_eq!(leader.lease, la.lease());
+    assert_eq!(
+        raw_keys(&server.endpoint(), b.key_prefix()),
+        vec![la.key().to_string()],
+        "b's key must be gone"
+    );
+    assert!(la.is_held());
+    assert!(la.lost().try_recv().is_err());
+}
+
+#[test]
+fn resign_hands_over_quickly() {
+    let server = start_etcd();
+    let endpoint = server.endpoint();
+    let etcd = connect(&endpoint);
+    let a = Arc::new(Election::with_options(&etcd, "handover", options(5)).unwrap());
+    let b = Arc::new(Election::with_options(&etcd, "handover", options(5)).unwrap());
+    let mut leader = a.campaign(b"a").unwrap();
+    let mut waiting = b;
+    let mut idle = a;
+    let mut latencies = Vec::new();
+    for round in 0..5 {
+        let campaigner = waiting.clone();
+        let value = format!("round-{round}").into_bytes();
+        let handle = thread::spawn(move || {
+            let l = campaigner.campaign(&value).unwrap();
+            (Instant::now(), l)
+        });
+        // Resign only once the other candidate is queued (its key exists),
+        // so the latency measured is the handover, not the campaign start.
+        wait_until("the second candidate's key", || {
+            raw_keys(&endpoint, idle.key_prefix()).len() == 2
+        });
+        let old_token = leader.fencing_token();
+        let t0 = Instant::now();
+        leader.resign().unwrap();
+        let (won_at, next) = handle.join().unwrap();
+        let latency = won_at.duration_since(t0);
+        latencies.push(latency);
+        assert!(next.is_held());
+        assert!(next.fencing_token() > old_token);
+        assert_eq!(
+            idle.leader().unwrap().map(|l| l.token),
+            Some(next.fencing_token())
+        );
+        leader = next;
+        std::mem::swap(&mut waiting, &mut idle);
+    }
+    latencies.sort();
+    println!(
+        "resign -> new leader latency: min {:?}, median {:?}, max {:?} (n = 5)",
+        latencies[0], latencies[2], latencies[4]
+    );
+    // etcd needs about a millisecond for this (delete, watch event, one
+    // read); seconds would mean the waiter polls or missed the delete.
+    assert!(latencies[4] < Duration::from_secs(2), "{latencies:?}");
+    leader.resign().unwrap();
+}
+
+#[test]
+fn try_campaign_names_the_leader_or_wins() {
+    let server = start_etcd();
+    let etcd = connect(&server.endpoint());
+    let a = Election::with_options(&etcd, "try", options(5)).unwrap();
+    let b = Election::with_options(&etcd, "try", options(5)).unwrap();
+    let la = match a.try_campaign(b"a").unwrap() {
+        TryCampaign::Elected(l) => l,
+        other => panic!("nobody leads, a must win: {other:?}"),
+    };
+    match b.try_campaign(b"b").unwrap() {
+        TryCampaign::NotElected(Some(leader)) => {
+            assert_eq!(leader.value, b"a".to_vec());
+            assert_eq!(leader.key, la.key());
+            assert_eq!(leader.token, la.fencing_token());
+        }
+        other => panic!("a leads, b must not: {other:?}"),
+    }
+    assert_eq!(
+        raw_keys(&server.endpoint(), b.key_prefix()),
+        vec![la.key().to_string()],
+        "b's key must be removed"
+    );
+    let token_a = la.fencing_token();
+    la.resign().unwrap();
+    match b.try_campaign(b"b").unwrap() {
+        TryCampaign::Elected(lb) => {
+            assert!(lb.fencing_token() > token_a);
+            assert_eq!(a.leader().unwrap().map(|l| l.value), Some(b"b".to_vec()));
+        }
+        other => panic!("nobody leads, b must win: {other:?}"),
+    }
+}
+
+#[test]
+fn fencing_tokens_strictly_increase_and_one_holder_at_a_time() {
+    let server = start_etcd();
+    let etcd = connect(&server.endpoint());
+    let holders = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let mut threads = Vec::new();
+    // Four candidates, each leading twice: eight successive leaders.
+    for i in 0..4 {
+        let election = Election::with_options(&etcd, "fence", options(5)).unwrap();
+        let holders = holders.clone();
+        let tx = tx.clone();
+        threads.push(thread::spawn(move || {
+            for _ in 0..2 {
+                let l = election.campaign(format!("c{i}").as_bytes()).unwrap();
+                assert_eq!(
+                    holders.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two holders at once"
+                );
+                tx.send(l.fencing_token()).unwrap();
+                thread::sleep(Duration::from_millis(50));
+                assert!(l.is_held());
+                holders.fetch_sub(1, Ordering::SeqCst);
+                l.resign().unwrap();
+            }
+        }));
+    }
+    drop(tx);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let tokens: Vec<i64> = rx.iter().collect();
+    assert_eq!(tokens.len(), 8);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens not strictly increasing: {tokens:?}"
+    );
+}
+
+#[test]
+fn observe_reports_leader_proclaim_handover_and_none() {
+    let server = start_etcd();
+    let endpoint = server.endpoint();
+    let etcd = connect(&endpoint);
+    let a = Election::with_options(&etcd, "observed", options(5)).unwrap();
+    let b = Election::with_options(&etcd, "observed", options(5)).unwrap();
+    let observer = a.observe().unwrap();
+    let next = || {
+        observer
+            .leaders()
+            .recv_timeout(WAIT)
+            .expect("an observation")
+    };
+    assert_eq!(next(), None, "nobody campaigns yet");
+
+    let la = a.campaign(b"a").unwrap();
+    let seen = next().expect("a leads");
+    assert_eq!(
+        (seen.value.as_slice(), seen.key.as_str(), seen.token),
+        (&b"a"[..], la.key(), la.fencing_token())
+    );
+
+    la.proclaim(b"a2").unwrap();
+    let seen = next().expect("a still leads");
+    assert_eq!(
+        (seen.value.as_slice(), seen.token),
+        (&b"a2"[..], la.fencing_token())
+    );
+
+    let prefix = a.key_prefix().to_string();
+    let hb = thread::spawn(move || {
+        let l = b.campaign(b"b").unwrap();
+        (b, l)
+    });
+    wait_until("b's key", || raw_keys(&endpoint, &prefix).len() == 2);
+    la.resign().unwrap();
+    let (_b, lb) = hb.join().unwrap();
+    let seen = next().expect("b leads");
+    assert_eq!(
+        (seen.value.as_slice(), seen.token),
+        (&b"b"[..], lb.fencing_token())
+    );
+
+    lb.resign().unwrap();
+    assert_eq!(next(), None, "the last candidate resigned");
+    // Nothing else happened, so nothing else may be reported.
+    assert!(observer
+        .leaders()
+        .recv_timeout(Duration::from_millis(300))
+        .is_err());
+}
+
+#[test]
+fn txn_if_leader_runs_for_the_leader_and_not_for_a_deposed_one() {
+    let server = start_etcd();
+    let endpoint = server.endpoint();
+    let etcd = connect(&endpoint);
+    let a = Election::with_options(&etcd, "txn", options(5)).unwrap();
+    let b = Election::with_options(&etcd, "txn", options(5)).unwrap();
+    let la = a.campaign(b"a").unwrap();
+    let put = |v: &str| {
+        vec![TxnOp::Put {
+            key: b"/test/fenced".to_vec(),
+            value: v.as_bytes().to_vec(),
+            lease: 0,
+        }]
+    };
+    assert!(la.txn_if_leader(put("from-a")).unwrap());
+    assert_eq!(
+        etcdctl(&endpoint, &["get", "/test/fenced", "--print-value-only"]).trim(),
+        "from-a"
+    );
+
+    // Depose a behind its back: an operator deletes its key.
+    etcdctl(&endpoint, &["del", la.key()]);
+    let lb = b.campaign(b"b").unwrap();
+    assert!(lb.fencing_token() > la.fencing_token());
+    assert!(
+        !la.txn_if_leader(put("from-deposed-a")).unwrap(),
+        "etcd must refuse a deposed leader"
+    );
+    assert!(lb.txn_if_leader(put("from-b")).unwrap());
+    assert_eq!(
+        etcdctl(&endpoint, &["get", "/test/fenced", "--print-value-only"]).trim(),
+        "from-b"
+    );
+    // The key's deletion also ends a's belief in its leadership.
+    la.lost()
+        .recv_timeout(WAIT)
+        .expect("a notices its key was deleted");
+    assert!(!la.is_held());
+}
+
+#[test]
+fn cut_off_leader_loses_before_the_other_wins() {
+    let server = start_etcd();
+    let proxy = FaultProxy::start(&server.endpoint()).unwrap();
+    let etcd_a = connect(&proxy.endpoint());
+    let etcd_b = connect(&server.endpoint());
+    let a = Election::with_options(&etcd_a, "cut", options(2)).unwrap();
+    let b = Election::with_options(&etcd_b, "cut", options(2)).unwrap();
+    let la = a.campaign(b"a").unwrap();
+    let prefix = a.key_prefix().to_string();
+    let endpoint = server.endpoint();
+    let hb = thread::spawn(move || {
+        let l = b.campaign(b"b").unwrap();
+        (Instant::now(), b, l)
+    });
+    wait_until("b's key", || raw_keys(&endpoint, &prefix).len() == 2);
+
+    let cut = Instant::now();
+    proxy.set_mode(Mode::Blackhole);
+    la.lost()
+        .recv_timeout(WAIT)
+        .expect("a must notice it lost leadership");
+    let lost_at = Instant::now();
+    assert!(!la.is_held());
+    let (won_at, _b, lb) = hb.join().unwrap();
+    println!(
+        "TTL 2 s: cut -> a lost {:?}, cut -> b elected {:?}",
+        lost_at.duration_since(cut),
+        won_at.duration_since(cut)
+    );
+    assert!(
+        lost_at < won_at,
+        "a still believed it led when b was elected"
+    );
+    assert!(lb.is_held());
+    // b can only win after etcd expired a's lease (about one TTL, 2 s, plus
+    // up to 0.5 s for etcd's expiry loop); well under WAIT in any case.
+    assert!(won_at.duration_since(cut) >= Duration::from_secs(1));
+    proxy.set_mode(Mode::Pass);
+}
+
+#[test]
+fn campaign_fails_when_its_session_is_lost_while_waiting() {
+    let server = start_etcd();
+    let proxy = FaultProxy::start(&server.endpoint()).unwrap();
+    let etcd_direct = connect(&server.endpoint());
+    let etcd_cut = connect(&proxy.endpoint());
+    let leader_side = Election::with_options(&etcd_direct, "lost-wait", options(2)).unwrap();
+    let waiter = Election::with_options(&etcd_cut, "lost-wait", options(2)).unwrap();
+    let leader = leader_side.campaign(b"leader").unwrap();
+    let prefix = waiter.key_prefix().to_string();
+    let handle = thread::spawn(move || {
+        let r = waiter.campaign(b"waiter");
+        (
+            Instant::now(),
+            r.map(|l: Leadership| l.fencing_token()),
+            waiter,
+        )
+    });
+    wait_until("the waiter's key", || {
+        raw_keys(&server.endpoint(), &prefix).len() == 2
+    });
+    let cut = Instant::now();
+    proxy.set_mode(Mode::Blackhole);
+    let (failed_at, result, _waiter) = handle.join().unwrap();
+    match result {
+        Err(Error::SessionLost) => {}
+        other => panic!("expected Error::SessionLost, got {other:?}"),
+    }
+    println!(
+        "TTL 2 s: cut -> campaign failed {:?}",
+        failed_at.duration_since(cut)
+    );
+    // The session's local deadline is at most one TTL after the cut.
+    assert!(failed_at.duration_since(cut) < WAIT);
+    assert!(leader.is_held(), "the leader was not affected");
+    proxy.set_mode(Mode::Pass);
+}
