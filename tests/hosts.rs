@@ -1,0 +1,419 @@
+//! HostLiveness and HostWatcher against a real etcd: registration, graceful
+//! and crash departures, replay, invalid keys and slow consumers.
+//!
+//! Timing bounds are generous on purpose: these run on small shared CI
+//! machines where a step can stall for a second. Each bound says why.
+
+use fleetcoord::testing::EtcdServer;
+use fleetcoord::{
+    list_hosts, Etcd, EtcdOptions, HostEvent, HostInfo, HostLiveness, HostWatcher, LivenessOptions,
+    WatcherOptions, DEFAULT_HOSTS_PREFIX,
+};
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+/// Upper bound for any single step that normally takes milliseconds; a
+/// loaded 2-core machine can stall for seconds.
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Set only in the child process of `crashed_host_goes_down_after_ttl`.
+const CHILD_ENDPOINT: &str = "FLEETCOORD_TEST_CHILD_ENDPOINT";
+const CHILD_HOST: &str = "FLEETCOORD_TEST_CHILD_HOST";
+const CHILD_TTL: &str = "FLEETCOORD_TEST_CHILD_TTL";
+const CHILD_MARKER: &str = "fleetcoord-child: registered";
+
+fn connect(server: &EtcdServer) -> Etcd {
+    Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect")
+}
+
+fn next(watcher: &HostWatcher) -> HostEvent {
+    watcher
+        .events()
+        .recv_timeout(WAIT)
+        .unwrap_or_else(|e| panic!("no host event within {WAIT:?}: {e}"))
+}
+
+fn expect_synced(watcher: &HostWatcher) {
+    assert_eq!(next(watcher), HostEvent::Synced);
+}
+
+/// Applies one event to a view of the fleet, checking that the stream is
+/// consistent: no `Down`/`Updated` for an unknown host, no second `Up`
+/// without a `Down` in between.
+fn apply(view: &mut HashMap<Uuid, HostInfo>, event: HostEvent) {
+    match event {
+        HostEvent::Up(info) => {
+            if let Some(old) = view.insert(info.id, info.clone()) {
+                panic!(
+                    "Up for {} which is already up ({old:?}); new {info:?}",
+                    info.id
+                );
+            }
+        }
+        HostEvent::Updated(info) => {
+            assert!(view.contains_key(&info.id), "Updated without Up: {info:?}");
+            view.insert(info.id, info);
+        }
+        HostEvent::Down(info) => {
+            assert!(view.remove(&info.id).is_some(), "Down without Up: {info:?}");
+        }
+        HostEvent::Synced => panic!("a second Synced"),
+    }
+}
+
+fn etcd_view(etcd: &Etcd) -> HashMap<Uuid, HostInfo> {
+    list_hosts(etcd, DEFAULT_HOSTS_PREFIX)
+        .expect("list_hosts")
+        .into_iter()
+        .map(|h| (h.id, h))
+        .collect()
+}
+
+#[test]
+fn register_up_then_graceful_close_down_within_a_second() {
+    let server = EtcdServer::start().expect("etcd");
+    let etcd = connect(&server);
+    let watcher = HostWatcher::watch(&etcd).expect("watch");
+    expect_synced(&watcher);
+
+    let id = Uuid::new_v4();
+    let host = HostLiveness::register(&etcd, id, br#"{"zone":"a"}"#, Duration::from_secs(5))
+        .expect("register");
+    let up = match next(&watcher) {
+        HostEvent::Up(info) => info,
+        other => panic!("expected Up, got {other:?}"),
+    };
+    assert_eq!(up.id, id);
+    assert_eq!(up.metadata, br#"{"zone":"a"}"#.to_vec());
+    assert_eq!(Some(up.lease), host.lease());
+
+    let started = Instant::now();
+    host.close().expect("close revokes");
+    let down = match next(&watcher) {
+        HostEvent::Down(info) => info,
+        other => panic!("expected Down, got {other:?}"),
+    };
+    let latency = started.elapsed();
+    println!("graceful close -> Down: {latency:?}");
+    assert_eq!(down.id, id);
+    assert_eq!(down.metadata, br#"{"zone":"a"}"#.to_vec());
+    // A revoke is one round trip plus one watch event (~1 ms here); one
+    // second leaves room for a stalled machine yet is far below any TTL, so
+    // it proves the lease was revoked rather than left to expire.
+    assert!(
+        latency < Duration::from_secs(1),
+        "close -> Down took {latency:?}"
+    );
+    assert!(etcd_view(&etcd).is_empty(), "key still present after close");
+}
+
+/// Kills the child process on drop, so a failing test leaves nothing behind.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Not a test of its own: the body of the child process that
+/// `crashed_host_goes_down_after_ttl` starts and SIGKILLs. Without the
+/// environment variables (a normal test run) it returns at once.
+#[test]
+fn child_host_process() {
+    let Ok(endpoint) = std::env::var(CHILD_ENDPOINT) else {
+        return;
+    };
+    let id: Uuid = std::env::var(CHILD_HOST)
+        .expect("host id")
+        .parse()
+        .expect("uuid");
+    let ttl: u64 = std::env::var(CHILD_TTL)
+        .expect("ttl")
+        .parse()
+        .expect("ttl secs");
+    let etcd = Etcd::connect(&[endpoint], EtcdOptions::default()).expect("child connect");
+    let host = HostLiveness::register(&etcd, id, b"child-metadata", Duration::from_secs(ttl))
+        .expect("child register");
+    println!("{CHILD_MARKER} lease {:?}", host.lease());
+    use std::io::Write;
+    std::io::stdout().flush().unwrap();
+    // Keep the lease alive until the parent kills us; the bound only
+    // matters if the parent died without killing us.
+    std::thread::sleep(Duration::from_secs(120));
+}
+
+#[test]
+fn crashed_host_goes_down_after_ttl() {
+    const TTL: u64 = 2;
+    let server = EtcdServer::start().expect("etcd");
+    let etcd = connect(&server);
+    let watcher = HostWatcher::watch(&etcd).expect("watch");
+    expect_synced(&watcher);
+
+    let id = Uuid::new_v4();
+    let exe = std::env::current_exe().expect("current test binary");
+    let child = Command::new(exe)
+        .args([
+            "--exact",
+            "child_host_process",
+            "--nocapture",
+            "--include-ignored",
+        ])
+        .env(CHILD_ENDPOINT, server.endpoint())
+        .env(CHILD_HOST, id.to_string())
+        .env(CHILD_TTL, TTL.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn child");
+    let mut child = ChildGuard(child);
+    let stdout = child.0.stdout.take().expect("child stdout");
+    let (lines_tx, lines) = crossbeam_channel::unbounded();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    // Starting a process and connecting takes well under a second; 20 s
+    // covers a cold, loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = lines
+            .recv_timeout(left)
+            .expect("child never said it registered");
+        if line.contains(CHILD_MARKER) {
+            break;
+        }
+    }
+    match next(&watcher) {
+        HostEvent::Up(info) => {
+            assert_eq!(info.id, id);
+            assert_eq!(info.metadata, b"child-metadata".to_vec());
+        }
+        other => panic!("expected the child's Up, got {other:?}"),
+    }
+    // Give the child a few renewals so the expiry below is measured from a
+    // renewed lease, not from the grant.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        watcher.events().is_empty(),
+        "unexpected event while the child lives: {:?}",
+        watcher.events().try_recv()
+    );
+
+    child.0.kill().expect("SIGKILL the child");
+    let killed = Instant::now();
+    child.0.wait().expect("reap child");
+    let event = watcher
+        .events()
+        .recv_timeout(Duration::from_secs(TTL + 10))
+        .expect("no Down for the crashed host");
+    let latency = killed.elapsed();
+    println!("crash -> Down at TTL {TTL} s: {latency:?}");
+    match event {
+        HostEvent::Down(info) => {
+            assert_eq!(info.id, id);
+            assert_eq!(
+                info.metadata,
+                b"child-metadata".to_vec(),
+                "Down must carry the last-seen metadata"
+            );
+        }
+        other => panic!("expected Down, got {other:?}"),
+    }
+    // The child renews every TTL/3, so at the kill its lease had at least
+    // 2/3 of the TTL left: etcd cannot expire it sooner than that (minus a
+    // little scheduling slack). etcd's lessor checks every 500 ms and a
+    // loaded machine adds delay, hence TTL + 3 s above.
+    let lower = Duration::from_millis(TTL * 1000 * 2 / 3 - 200);
+    assert!(
+        latency >= lower,
+        "Down after {latency:?}: before the lease could have expired"
+    );
+    assert!(
+        latency <= Duration::from_secs(TTL + 3),
+        "Down after {latency:?}: far beyond the TTL"
+    );
+    assert!(etcd_view(&etcd).is_empty());
+}
+
+#[test]
+fn fresh_watcher_replays_existing_hosts_then_synced() {
+    const N: usize = 20;
+    let server = EtcdServer::start().expect("etcd");
+    let etcd = connect(&server);
+    let mut hosts = Vec::new();
+    let mut expected = HashMap::new();
+    for i in 0..N {
+        let id = Uuid::new_v4();
+        let meta = format!("host-{i}").into_bytes();
+        hosts.push(
+            HostLiveness::register(&etcd, id, &meta, Duration::from_secs(10)).expect("register"),
+        );
+        expected.insert(id, meta);
+    }
+
+    let listed = list_hosts(&etcd, DEFAULT_HOSTS_PREFIX).expect("list");
+    assert_eq!(listed.len(), N);
+    for h in &listed {
+        assert_eq!(expected.get(&h.id), Some(&h.metadata), "{h:?}");
+    }
+
+    let watcher = HostWatcher::watch(&etcd).expect("watch");
+    let mut seen = HashMap::new();
+    for _ in 0..N {
+        match next(&watcher) {
+            HostEvent::Up(info) => assert!(
+                seen.insert(info.id, info.metadata).is_none(),
+                "host replayed twice"
+            ),
+            other => panic!(
+                "expected {N} Ups before Synced, got {other:?} after {}",
+                seen.len()
+            ),
+        }
+    }
+    expect_synced(&watcher);
+    assert_eq!(seen, expected);
+    // Nothing changed, so nothing more may arrive.
+    assert!(watcher
+        .events()
+        .recv_timeout(Duration::from_millis(300))
+        .is_err());
+    drop(hosts);
+}
+
+fn etcdctl_put(server: &EtcdServer, key: &str, value: &str) {
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &server.endpoint(), "put", key, value])
+        .output()
+        .expect("run etcdctl (Debian package etcd-client)");
+    assert!(
+        out.status.success(),
+        "etcdctl put failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn invalid_keys_under_the_prefix_are_skipped() {
+    let server = EtcdServer::start().expect("etcd");
+    let etcd = connect(&server);
+    let valid = Uuid::new_v4();
+    let host =
+        HostLiveness::register(&etcd, valid, b"ok", Duration::from_secs(10)).expect("register");
+    etcdctl_put(&server, "/coord/hosts/not-a-uuid", "x");
+    etcdctl_put(
+        &server,
+        &format!("/coord/hosts/{}/nested", Uuid::new_v4()),
+        "x",
+    );
+
+    let listed = list_hosts(&etcd, DEFAULT_HOSTS_PREFIX).expect("list");
+    assert_eq!(listed.iter().map(|h| h.id).collect::<Vec<_>>(), vec![valid]);
+
+    let watcher = HostWatcher::watch(&etcd).expect("watch");
+    match next(&watcher) {
+        HostEvent::Up(info) => assert_eq!(info.id, valid),
+        other => panic!("expected the one valid host, got {other:?}"),
+    }
+    expect_synced(&watcher);
+
+    // Live: an invalid key is skipped, the valid change after it arrives.
+    etcdctl_put(&server, "/coord/hosts/also-not-a-uuid", "y");
+    let second = Uuid::new_v4();
+    let host2 =
+        HostLiveness::register(&etcd, second, b"two", Duration::from_secs(10)).expect("register");
+    match next(&watcher) {
+        HostEvent::Up(info) => assert_eq!(info.id, second),
+        other => panic!("expected Up for the second host, got {other:?}"),
+    }
+    assert!(watcher
+        .events()
+        .recv_timeout(Duration::from_millis(300))
+        .is_err());
+    drop((host, host2));
+}
+
+#[test]
+fn slow_consumer_converges_to_etcd() {
+    let server = EtcdServer::start().expect("etcd");
+    let etcd = connect(&server);
+    let watcher = HostWatcher::watch_with(
+        &etcd,
+        WatcherOptions {
+            capacity: 8,
+            ..WatcherOptions::default()
+        },
+    )
+    .expect("watch");
+    expect_synced(&watcher);
+
+    // 100 changes while nobody reads: 40 registrations, 30 metadata
+    // updates, 30 graceful leaves.
+    let options = LivenessOptions {
+        ttl: Duration::from_secs(10),
+        ..LivenessOptions::default()
+    };
+    let mut hosts: Vec<HostLiveness> = (0..40)
+        .map(|i| {
+            HostLiveness::register_with(
+                &etcd,
+                Uuid::new_v4(),
+                format!("v0-{i}").as_bytes(),
+                options.clone(),
+            )
+            .expect("register")
+        })
+        .collect();
+    for (i, h) in hosts.iter().enumerate().take(30) {
+        h.set_metadata(format!("v1-{i}").as_bytes())
+            .expect("set_metadata");
+    }
+    for h in hosts.drain(10..40) {
+        h.close().expect("close");
+    }
+    // Let the queued metadata writes of the survivors land.
+    std::thread::sleep(Duration::from_millis(500));
+    let pending = watcher.events().len();
+    println!("events queued unread after 100 changes (capacity 8): {pending}");
+    // Unpaused, the watcher would have queued at least 100 events; a watch
+    // paused at capacity holds far fewer (capacity plus one etcd batch).
+    assert!(
+        pending < 100,
+        "the watcher did not pause: {pending} events queued"
+    );
+
+    let expected = etcd_view(&etcd);
+    assert_eq!(expected.len(), 10);
+    let mut view = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    // Drain until the view matches etcd and nothing more arrives for a
+    // while; the resume poller runs every 50 ms, so 1 s of quiet is ample.
+    loop {
+        match watcher.events().recv_timeout(Duration::from_secs(1)) {
+            Ok(event) => apply(&mut view, event),
+            Err(_) if view == expected => break,
+            Err(_) => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "view never matched etcd:\n view {view:?}\n etcd {expected:?}"
+        );
+    }
+    let ids: HashSet<Uuid> = hosts.iter().map(|h| h.host_id()).collect();
+    assert_eq!(view.keys().copied().collect::<HashSet<_>>(), ids);
+    for (i, h) in hosts.iter().enumerate() {
+        assert_eq!(view[&h.host_id()].metadata, format!("v1-{i}").into_bytes());
+    }
+}
