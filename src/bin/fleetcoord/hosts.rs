@@ -1,0 +1,180 @@
+//! `hosts`, `watch-hosts` and `agent`: the fleet's membership.
+
+use crate::follow::{follow, CountArgs};
+use crate::output::{lease_hex, metadata_value, object, text};
+use crate::{duration, CliError, Ctx};
+use crossbeam_channel::{select, Receiver};
+use fleetcoord::{
+    list_hosts, HostEvent, HostInfo, HostLiveness, HostWatcher, LivenessOptions, LivenessState,
+    WatcherOptions, DEFAULT_HOSTS_PREFIX,
+};
+use serde_json::{json, Value};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// `--prefix` shared by the host commands.
+#[derive(clap::Args, Debug)]
+pub struct PrefixArgs {
+    /// Key prefix hosts register under (starts and ends with '/').
+    #[arg(long, default_value = DEFAULT_HOSTS_PREFIX)]
+    pub prefix: String,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct HostsArgs {
+    #[command(flatten)]
+    prefix: PrefixArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    prefix: PrefixArgs,
+    #[command(flatten)]
+    count: CountArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct AgentArgs {
+    /// This host's id (a UUID).
+    #[arg(long, value_name = "UUID")]
+    host_id: Uuid,
+    /// Metadata to publish, as JSON.
+    #[arg(long, value_name = "JSON", default_value = "{}", value_parser = parse_json)]
+    meta: String,
+    /// Lease TTL: how soon after this process dies the fleet sees it Down
+    /// (whole seconds, e.g. 5s).
+    #[arg(long, default_value = "5s", value_parser = duration::parse)]
+    ttl: Duration,
+    #[command(flatten)]
+    prefix: PrefixArgs,
+}
+
+fn parse_json(text: &str) -> Result<String, String> {
+    serde_json::from_str::<Value>(text)
+        .map(|_| text.to_string())
+        .map_err(|e| format!("not valid JSON: {e}"))
+}
+
+fn host_fields(info: &HostInfo) -> Value {
+    object([
+        ("id", json!(info.id.to_string())),
+        ("metadata", metadata_value(&info.metadata)),
+        ("lease", json!(lease_hex(info.lease))),
+        ("create_revision", json!(info.create_revision)),
+        ("mod_revision", json!(info.mod_revision)),
+    ])
+}
+
+fn host_line(info: &HostInfo) -> String {
+    format!(
+        "{}  lease {}  since rev {}  {}",
+        info.id,
+        lease_hex(info.lease),
+        info.create_revision,
+        text(&info.metadata)
+    )
+}
+
+/// `hosts`: one linearizable read of the prefix.
+pub fn list(ctx: &Ctx, args: HostsArgs) -> Result<(), CliError> {
+    let hosts = list_hosts(&ctx.etcd, &args.prefix.prefix)?;
+    if hosts.is_empty() && !ctx.out.is_json() {
+        eprintln!("no hosts registered under {}", args.prefix.prefix);
+    }
+    for info in &hosts {
+        ctx.out.emit(host_line(info), host_fields(info))?;
+    }
+    Ok(())
+}
+
+/// `watch-hosts`: the watcher's events, including the initial replay and
+/// `synced`.
+pub fn watch(ctx: &Ctx, args: WatchArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
+    let options = WatcherOptions {
+        prefix: args.prefix.prefix,
+        ..WatcherOptions::default()
+    };
+    let watcher = HostWatcher::watch_with(&ctx.etcd, options)?;
+    follow(
+        watcher.events(),
+        shutdown,
+        args.count,
+        "the host watch ended",
+        |event| {
+            let (name, info) = match &event {
+                HostEvent::Up(i) => ("up", Some(i)),
+                HostEvent::Updated(i) => ("updated", Some(i)),
+                HostEvent::Down(i) => ("down", Some(i)),
+                HostEvent::Synced => ("synced", None),
+            };
+            let mut value = info.map(host_fields).unwrap_or_else(|| json!({}));
+            if let Value::Object(map) = &mut value {
+                map.insert("event".into(), json!(name));
+            }
+            let human = match info {
+                Some(i) => format!("{:<8}{}", name.to_uppercase(), host_line(i)),
+                None => "SYNCED  (every host registered so far was listed above)".into(),
+            };
+            ctx.out.emit(human, value).map_err(CliError::from)
+        },
+    )
+}
+
+fn state_record(host: Uuid, state: &LivenessState) -> (String, Value) {
+    let (name, lease, extra) = match state {
+        LivenessState::Registering => ("registering", None, None),
+        LivenessState::Registered { lease } => ("registered", Some(*lease), None),
+        LivenessState::Suspended { lease } => ("suspended", Some(*lease), None),
+        LivenessState::Lost { lease } => ("lost", Some(*lease), None),
+        LivenessState::Stopped { revoked } => ("stopped", None, Some(*revoked)),
+        #[allow(unreachable_patterns)]
+        _ => ("unknown", None, None),
+    };
+    let mut human = format!("{host}: {name}");
+    let mut value = object([("host_id", json!(host.to_string())), ("state", json!(name))]);
+    if let Value::Object(map) = &mut value {
+        if let Some(lease) = lease {
+            human.push_str(&format!(" (lease {})", lease_hex(lease)));
+            map.insert("lease".into(), json!(lease_hex(lease)));
+        }
+        if let Some(revoked) = extra {
+            human.push_str(if revoked {
+                " (lease revoked: watchers see Down now)"
+            } else {
+                " (lease not revoked: it expires after its TTL)"
+            });
+            map.insert("revoked".into(), json!(revoked));
+        }
+    }
+    (human, value)
+}
+
+/// `agent`: register, print every liveness state change, revoke on
+/// Ctrl-C / SIGTERM.
+pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
+    let options = LivenessOptions {
+        prefix: args.prefix.prefix,
+        ttl: args.ttl,
+        ..LivenessOptions::default()
+    };
+    let host = HostLiveness::register_with(&ctx.etcd, args.host_id, args.meta.as_bytes(), options)?;
+    // States up to the first registration were queued while `register`
+    // waited; they are printed below in order.
+    loop {
+        select! {
+            recv(host.states()) -> state => match state {
+                Ok(state) => {
+                    let (human, value) = state_record(args.host_id, &state);
+                    ctx.out.emit(human, value)?;
+                }
+                Err(_) => return Err(CliError::Message("the keepalive stopped unexpectedly".into())),
+            },
+            recv(shutdown) -> _ => break,
+        }
+    }
+    let revoked = host.close().is_ok();
+    let (human, value) = state_record(args.host_id, &LivenessState::Stopped { revoked });
+    ctx.out.emit(human, value)?;
+    Ok(())
+}

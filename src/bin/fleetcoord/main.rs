@@ -1,0 +1,175 @@
+//! `fleetcoord`: look at a live fleet and take part in it from the shell,
+//! the way `etcdctl` does for etcd itself.
+//!
+//! Exit status: 0 on success (also after Ctrl-C / SIGTERM, which stop
+//! long-running commands cleanly), 1 on a runtime error (message on
+//! stderr), 2 on a usage error.
+
+#![forbid(unsafe_code)]
+
+mod bus;
+mod duration;
+mod election;
+mod follow;
+mod hosts;
+mod output;
+mod signal;
+
+use clap::{Parser, Subcommand};
+use fleetcoord::{Etcd, EtcdOptions};
+use output::Out;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Used when neither `--endpoints` nor `ETCD_ENDPOINTS` is given.
+const DEFAULT_ENDPOINT: &str = "127.0.0.1:2379";
+
+/// Cross-host coordination on etcd: hosts, leader elections, KV, pub/sub
+/// and streams.
+#[derive(Parser, Debug)]
+#[command(name = "fleetcoord", version, propagate_version = true)]
+struct Cli {
+    /// etcd endpoints, comma-separated host:port [default: $ETCD_ENDPOINTS,
+    /// else 127.0.0.1:2379]
+    #[arg(long, global = true, value_name = "HOST:PORT,...")]
+    endpoints: Option<String>,
+
+    /// Print one JSON object per line instead of text for people.
+    #[arg(long, global = true)]
+    json: bool,
+
+    /// How long to try reaching etcd before giving up (e.g. 500ms, 5s).
+    #[arg(long, global = true, default_value = "5s", value_parser = duration::parse)]
+    connect_timeout: Duration,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List the live hosts and their metadata.
+    Hosts(hosts::HostsArgs),
+    /// Stream host Up / Updated / Down events as they happen.
+    WatchHosts(hosts::WatchArgs),
+    /// Register this process as a host until Ctrl-C, printing its liveness
+    /// state changes; exiting revokes the lease so watchers see Down at once.
+    Agent(hosts::AgentArgs),
+    /// Campaign in an election; print when leading (with the fencing token),
+    /// hold until Ctrl-C, then resign.
+    Elect(election::ElectArgs),
+    /// Print the current leader of an election.
+    Leader(election::NameArgs),
+    /// Stream the leader of an election as it changes.
+    Observe(election::ObserveArgs),
+    /// KV buckets: get, set, del, watch.
+    #[command(subcommand)]
+    Kv(bus::KvCommand),
+    /// Publish a message on a topic (live-only: current subscribers see it).
+    Pub(bus::PubArgs),
+    /// Print the messages published on a topic from now on.
+    Sub(bus::SubArgs),
+    /// Append-only streams: append, read.
+    #[command(subcommand)]
+    Stream(bus::StreamCommand),
+}
+
+/// Why a command failed.
+#[derive(Debug)]
+pub enum CliError {
+    /// A library call failed.
+    Fleet(fleetcoord::Error),
+    /// Anything else, already phrased for the user.
+    Message(String),
+    /// Stdout went away; not worth a message.
+    Stdout(output::Closed),
+}
+
+impl From<fleetcoord::Error> for CliError {
+    fn from(e: fleetcoord::Error) -> Self {
+        CliError::Fleet(e)
+    }
+}
+
+impl From<output::Closed> for CliError {
+    fn from(e: output::Closed) -> Self {
+        CliError::Stdout(e)
+    }
+}
+
+/// What every command gets: the connection and the output.
+pub struct Ctx {
+    pub etcd: Etcd,
+    pub out: Out,
+}
+
+fn endpoints(flag: Option<String>) -> Vec<String> {
+    let raw = flag
+        .or_else(|| std::env::var("ETCD_ENDPOINTS").ok())
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_ENDPOINT.to_string());
+    raw.split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn run(cli: Cli) -> Result<(), CliError> {
+    // Long-running commands take signals over before connecting, so that a
+    // Ctrl-C during a slow connect still ends in a clean exit.
+    let shutdown = match &cli.command {
+        Command::WatchHosts(_)
+        | Command::Agent(_)
+        | Command::Elect(_)
+        | Command::Observe(_)
+        | Command::Sub(_)
+        | Command::Kv(bus::KvCommand::Watch(_))
+        | Command::Stream(bus::StreamCommand::Read(_)) => {
+            Some(signal::install().map_err(CliError::Message)?)
+        }
+        _ => None,
+    };
+    let shutdown = shutdown.unwrap_or_else(crossbeam_channel::never);
+    let options = EtcdOptions {
+        connect_timeout: cli.connect_timeout,
+        ..EtcdOptions::default()
+    };
+    let etcd = Etcd::connect(&endpoints(cli.endpoints), options)?;
+    let ctx = Ctx {
+        etcd: etcd.clone(),
+        out: Out::new(cli.json),
+    };
+    let result = match cli.command {
+        Command::Hosts(a) => hosts::list(&ctx, a),
+        Command::WatchHosts(a) => hosts::watch(&ctx, a, &shutdown),
+        Command::Agent(a) => hosts::agent(&ctx, a, &shutdown),
+        Command::Elect(a) => election::elect(&ctx, a, &shutdown),
+        Command::Leader(a) => election::leader(&ctx, a),
+        Command::Observe(a) => election::observe(&ctx, a, &shutdown),
+        Command::Kv(c) => bus::kv(&ctx, c, &shutdown),
+        Command::Pub(a) => bus::publish(&ctx, a),
+        Command::Sub(a) => bus::subscribe(&ctx, a, &shutdown),
+        Command::Stream(c) => bus::stream(&ctx, c, &shutdown),
+    };
+    drop(ctx);
+    // Closing revokes whatever a command left registered (a campaign
+    // interrupted before it won, for instance) before the process exits.
+    let _ = etcd.close();
+    result
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(CliError::Stdout(_)) => ExitCode::SUCCESS,
+        Err(CliError::Fleet(e)) => {
+            eprintln!("fleetcoord: error: {e}");
+            ExitCode::FAILURE
+        }
+        Err(CliError::Message(m)) => {
+            eprintln!("fleetcoord: error: {m}");
+            ExitCode::FAILURE
+        }
+    }
+}

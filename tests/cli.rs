@@ -1,0 +1,372 @@
+//! The `fleetcoord` binary, spawned against a real etcd: exit codes, usage
+//! errors, `--json` output, and each command family end to end.
+
+use fleetcoord::testing::EtcdServer;
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Lines};
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Upper bound for any step that normally takes milliseconds; a loaded
+/// 2-core machine can stall for seconds.
+const WAIT: Duration = Duration::from_secs(15);
+
+fn cli() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_fleetcoord"));
+    // The default endpoint must come from the test, never from the runner.
+    command.env_remove("ETCD_ENDPOINTS").stdin(Stdio::null());
+    command
+}
+
+fn run(server: &EtcdServer, args: &[&str]) -> Output {
+    cli()
+        .args(["--endpoints", &server.endpoint()])
+        .args(args)
+        .output()
+        .expect("spawn fleetcoord")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).expect("utf-8 stdout")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn ok(server: &EtcdServer, args: &[&str]) -> String {
+    let output = run(server, args);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "fleetcoord {args:?} failed: {}",
+        stderr(&output)
+    );
+    stdout(&output)
+}
+
+/// Every stdout line as a JSON object; panics on anything else.
+fn json_lines(text: &str) -> Vec<Value> {
+    text.lines()
+        .map(|line| {
+            let value: Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not a JSON line: {line:?}: {e}"));
+            assert!(value.is_object(), "not an object: {line}");
+            value
+        })
+        .collect()
+}
+
+/// A long-running `fleetcoord --json ...`; killed on drop so a failing test
+/// leaves nothing behind.
+struct Running {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Running {
+    fn start(server: &EtcdServer, args: &[&str]) -> Running {
+        let mut child = cli()
+            .args(["--json", "--endpoints", &server.endpoint()])
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn fleetcoord");
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        Running { child, lines }
+    }
+
+    /// Reads records until one has `key` == `value`; returns it.
+    fn until(&mut self, key: &str, value: &str) -> Value {
+        for line in self.lines.by_ref() {
+            let line = line.expect("read child stdout");
+            let record: Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("not a JSON line: {line:?}: {e}"));
+            if record[key] == value {
+                return record;
+            }
+        }
+        panic!("the child's stdout ended before a record with {key} = {value}");
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill(1)");
+        assert!(status.success());
+    }
+
+    /// Waits for the exit and returns the status code.
+    fn wait(&mut self) -> Option<i32> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "fleetcoord did not exit");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn usage_errors_exit_2_with_a_message() {
+    for args in [
+        &[][..],
+        &["no-such-command"],
+        &["hosts", "--no-such-flag"],
+        &["agent", "--host-id", "not-a-uuid"],
+        &[
+            "agent",
+            "--host-id",
+            "7f1c3a6e-8b2d-4a55-9f10-2b9d5f8e1c01",
+            "--ttl",
+            "5x",
+        ],
+        &[
+            "agent",
+            "--host-id",
+            "7f1c3a6e-8b2d-4a55-9f10-2b9d5f8e1c01",
+            "--meta",
+            "{not json",
+        ],
+        &["--connect-timeout", "soon", "hosts"],
+        &["kv", "get", "only-a-bucket"],
+        &["stream", "read", "s", "--from", "middle"],
+    ] {
+        let output = cli().args(args).output().expect("spawn fleetcoord");
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert!(output.stdout.is_empty(), "{args:?} printed on stdout");
+        assert!(!stderr(&output).trim().is_empty(), "{args:?}: no message");
+    }
+    let junk = cli()
+        .args(["agent", "--host-id", "7f1c3a6e-8b2d-4a55-9f10-2b9d5f8e1c01"])
+        .args(["--ttl", "1.5s"])
+        .output()
+        .expect("spawn");
+    assert!(
+        stderr(&junk).contains("not a duration"),
+        "{}",
+        stderr(&junk)
+    );
+}
+
+#[test]
+fn unreachable_endpoint_exits_1_naming_it() {
+    // A port nobody listens on: bind, learn it, release it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let endpoint = format!("127.0.0.1:{port}");
+    let started = Instant::now();
+    let output = cli()
+        .args(["--endpoints", &endpoint, "--connect-timeout", "1s", "hosts"])
+        .output()
+        .expect("spawn fleetcoord");
+    assert_eq!(output.status.code(), Some(1));
+    assert!(stderr(&output).contains(&endpoint), "{}", stderr(&output));
+    assert!(output.stdout.is_empty());
+    assert!(started.elapsed() < WAIT, "took {:?}", started.elapsed());
+}
+
+#[test]
+fn endpoints_default_to_the_environment() {
+    let server = EtcdServer::start().unwrap();
+    let output = cli()
+        .env("ETCD_ENDPOINTS", server.endpoint())
+        .args(["--json", "hosts"])
+        .output()
+        .expect("spawn fleetcoord");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stdout(&output), "");
+}
+
+#[test]
+fn kv_set_get_del_round_trip() {
+    let server = EtcdServer::start().unwrap();
+    let set = json_lines(&ok(
+        &server,
+        &["--json", "kv", "set", "cfg", "mode", "blue green"],
+    ));
+    assert_eq!(set.len(), 1);
+    assert_eq!(set[0]["event"], "set");
+    assert_eq!(ok(&server, &["kv", "get", "cfg", "mode"]), "blue green\n");
+    let got = json_lines(&ok(&server, &["--json", "kv", "get", "cfg", "mode"]));
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (&got[0]["bucket"], &got[0]["key"], &got[0]["value"]),
+        (&"cfg".into(), &"mode".into(), &"blue green".into())
+    );
+    ok(&server, &["kv", "del", "cfg", "mode"]);
+    let missing = run(&server, &["kv", "get", "cfg", "mode"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(stderr(&missing).contains("mode"), "{}", stderr(&missing));
+
+    // An invalid name is a runtime error from the library, not a usage error.
+    let bad = run(&server, &["kv", "set", "a/b", "k", "v"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stderr(&bad).contains("bucket"), "{}", stderr(&bad));
+}
+
+#[test]
+fn kv_watch_sees_snapshot_then_changes() {
+    let server = EtcdServer::start().unwrap();
+    ok(&server, &["kv", "set", "cfg", "a", "1"]);
+    let mut watch = Running::start(&server, &["kv", "watch", "cfg", "--count", "3"]);
+    let first = watch.until("event", "put");
+    assert_eq!((&first["key"], &first["value"]), (&"a".into(), &"1".into()));
+    watch.until("event", "synced");
+    ok(&server, &["kv", "set", "cfg", "b", "2"]);
+    let change = watch.until("event", "put");
+    assert_eq!(change["key"], "b");
+    assert_eq!(watch.wait(), Some(0), "--count 3 ends the watch");
+}
+
+#[test]
+fn hosts_lists_a_running_agent() {
+    let server = EtcdServer::start().unwrap();
+    let id = "5b0f8a2c-3d4e-4f60-8a71-92b3c4d5e6f7";
+    let mut agent = Running::start(
+        &server,
+        &[
+            "agent",
+            "--host-id",
+            id,
+            "--meta",
+            r#"{"zone":"a"}"#,
+            "--ttl",
+            "2s",
+        ],
+    );
+    let registered = agent.until("state", "registered");
+    assert_eq!(registered["host_id"], id);
+
+    let hosts = json_lines(&ok(&server, &["--json", "hosts"]));
+    assert_eq!(hosts.len(), 1, "{hosts:?}");
+    assert_eq!(hosts[0]["id"], id);
+    assert_eq!(hosts[0]["metadata"]["zone"], "a");
+    assert_eq!(hosts[0]["lease"], registered["lease"]);
+    assert!(ok(&server, &["hosts"]).contains(id));
+
+    // A crash: the lease is not revoked, the host stays listed until its
+    // TTL runs out.
+    agent.child.kill().unwrap();
+    agent.child.wait().unwrap();
+    let deadline = Instant::now() + WAIT;
+    while !ok(&server, &["--json", "hosts"]).is_empty() {
+        assert!(Instant::now() < deadline, "the crashed agent never expired");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn agent_revokes_on_sigterm_and_watchers_see_it() {
+    let server = EtcdServer::start().unwrap();
+    let id = "0e7d6c5b-4a39-4281-9706-f5e4d3c2b1a0";
+    let mut watch = Running::start(&server, &["watch-hosts", "--count", "3"]);
+    watch.until("event", "synced");
+    let mut agent = Running::start(&server, &["agent", "--host-id", id, "--ttl", "30s"]);
+    agent.until("state", "registered");
+    assert_eq!(watch.until("event", "up")["id"], id);
+    agent.signal("-TERM");
+    let stopped = agent.until("state", "stopped");
+    assert_eq!(stopped["revoked"], true);
+    assert_eq!(agent.wait(), Some(0));
+    // A 30 s lease gone at once: only a revoke does that.
+    assert_eq!(watch.until("event", "down")["id"], id);
+    assert_eq!(watch.wait(), Some(0));
+    assert_eq!(ok(&server, &["hosts", "--json"]), "");
+}
+
+#[test]
+fn elect_then_leader_then_resign() {
+    let server = EtcdServer::start().unwrap();
+    let none = json_lines(&ok(&server, &["--json", "leader", "db"]));
+    assert_eq!(none.len(), 1);
+    assert_eq!(none[0]["name"], "db");
+    assert!(none[0]["leader"].is_null());
+
+    let mut first = Running::start(&server, &["elect", "db", "--value", "node-1"]);
+    let elected = first.until("event", "elected");
+    let token = elected["token"].as_i64().expect("token is a number");
+    let leader = json_lines(&ok(&server, &["--json", "leader", "db"]));
+    assert_eq!(leader[0]["leader"]["value"], "node-1");
+    assert_eq!(leader[0]["leader"]["token"], token);
+    assert!(ok(&server, &["leader", "db"]).contains("node-1"));
+
+    let mut second = Running::start(&server, &["elect", "db", "--value", "node-2"]);
+    second.until("event", "campaigning");
+    first.signal("-INT");
+    assert_eq!(first.until("event", "resigned")["token"], token);
+    assert_eq!(first.wait(), Some(0));
+    let next = second.until("event", "elected");
+    assert!(next["token"].as_i64().expect("token") > token);
+
+    second.signal("-TERM");
+    assert_eq!(second.wait(), Some(0));
+    let after = json_lines(&ok(&server, &["--json", "leader", "db"]));
+    assert!(after[0]["leader"].is_null(), "{after:?}");
+}
+
+#[test]
+fn observe_reports_the_current_leader() {
+    let server = EtcdServer::start().unwrap();
+    let mut leader = Running::start(&server, &["elect", "jobs", "--value", "w1"]);
+    leader.until("event", "elected");
+    let seen = json_lines(&ok(&server, &["--json", "observe", "jobs", "--count", "1"]));
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0]["leader"]["value"], "w1");
+}
+
+#[test]
+fn streams_append_and_replay() {
+    let server = EtcdServer::start().unwrap();
+    assert_eq!(ok(&server, &["stream", "append", "audit", "login"]), "1\n");
+    let second = json_lines(&ok(
+        &server,
+        &["--json", "stream", "append", "audit", "logout"],
+    ));
+    assert_eq!(second[0]["id"], 2);
+    let read = json_lines(&ok(
+        &server,
+        &["--json", "stream", "read", "audit", "--count", "2"],
+    ));
+    let entries: Vec<(i64, &str)> = read
+        .iter()
+        .map(|r| (r["id"].as_i64().unwrap(), r["payload"].as_str().unwrap()))
+        .collect();
+    assert_eq!(entries, [(1, "login"), (2, "logout")]);
+    let after = json_lines(&ok(
+        &server,
+        &[
+            "--json", "stream", "read", "audit", "--from", "1", "--count", "1",
+        ],
+    ));
+    assert_eq!(after[0]["payload"], "logout");
+}
+
+#[test]
+fn sub_receives_what_pub_sends() {
+    let server = EtcdServer::start().unwrap();
+    let mut sub = Running::start(&server, &["sub", "deploys", "--count", "1"]);
+    // `sub` prints nothing until a message arrives, so publish until its
+    // subscription was live for one of them.
+    let deadline = Instant::now() + WAIT;
+    while sub.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "sub never received a message");
+        ok(&server, &["pub", "deploys", "v42"]);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let message = sub.until("topic", "deploys");
+    assert_eq!(message["payload"], "v42");
+    assert_eq!(sub.wait(), Some(0));
+}
