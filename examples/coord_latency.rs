@@ -43,7 +43,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("memory", Box::new(MemoryCoordinator::new())),
     ];
     println!("{count} messages per row, sent one at a time");
-    println!("{:<8} {:<22} {:>10} {:>10} {:>10}", "backend", "operation", "p50", "p99", "max");
+    println!(
+        "{:<8} {:<22} {:>10} {:>10} {:>10}",
+        "backend", "operation", "p50", "p99", "max"
+    );
     for (name, coord) in &backends {
         let pubsub = measure_pubsub(coord.as_ref(), count)?;
         report(name, "publish -> deliver", pubsub);
@@ -54,7 +57,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn measure_pubsub(coord: &dyn Coordinator, count: usize) -> Result<Vec<Duration>, Box<dyn std::error::Error>> {
+fn measure_pubsub(
+    coord: &dyn Coordinator,
+    count: usize,
+) -> Result<Vec<Duration>, Box<dyn std::error::Error>> {
     let sub = coord.subscribe("latency")?;
     let mut samples = Vec::with_capacity(count);
     for i in 0..count {
@@ -72,7 +78,10 @@ fn measure_pubsub(coord: &dyn Coordinator, count: usize) -> Result<Vec<Duration>
     Ok(samples)
 }
 
-fn measure_kv(coord: &dyn Coordinator, count: usize) -> Result<Vec<Duration>, Box<dyn std::error::Error>> {
+fn measure_kv(
+    coord: &dyn Coordinator,
+    count: usize,
+) -> Result<Vec<Duration>, Box<dyn std::error::Error>> {
     let watch = coord.kv_watch("latency", "*")?;
     while watch.recv_timeout(WAIT)? != KvEvent::Synced {}
     let mut samples = Vec::with_capacity(count);

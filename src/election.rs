@@ -171,13 +171,10 @@ impl Election {
         let machine = ElectionMachine::new(config, Instant::now(), rand_seed());
         let state = Arc::new(Mutex::new(State::default()));
         let handler_state = state.clone();
-        let input = etcd.run_machine(
-            machine,
-            move |notice| {
-                handle_notice(&handler_state, notice);
-                true
-            },
-        )?;
+        let input = etcd.run_machine(machine, move |notice| {
+            handle_notice(&handler_state, notice);
+            true
+        })?;
         Ok(Election {
             inner: Arc::new(Inner {
                 etcd: etcd.clone(),

@@ -62,6 +62,9 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub(crate) fn invalid(what: &'static str, why: impl Into<String>) -> Self {
-        Error::InvalidArgument { what, why: why.into() }
+        Error::InvalidArgument {
+            what,
+            why: why.into(),
+        }
     }
 }

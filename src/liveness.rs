@@ -137,26 +137,23 @@ impl HostLiveness {
         let (stopped_tx, stopped) = crossbeam_channel::bounded(1);
         let shared_state = state.clone();
         let mut first_tx = Some(first_tx);
-        let input = etcd.run_machine(
-            machine,
-            move |s: LivenessState| {
-                *shared_state.lock() = s.clone();
-                if let LivenessState::Registered { .. } = s {
-                    if let Some(tx) = first_tx.take() {
-                        let _ = tx.send(s.clone());
-                    }
+        let input = etcd.run_machine(machine, move |s: LivenessState| {
+            *shared_state.lock() = s.clone();
+            if let LivenessState::Registered { .. } = s {
+                if let Some(tx) = first_tx.take() {
+                    let _ = tx.send(s.clone());
                 }
-                if let LivenessState::Stopped { revoked } = s {
-                    let _ = stopped_tx.try_send(revoked);
-                }
-                // A user who ignores state changes must not keep them in memory
-                // forever: the receiver is ours too, so it never disconnects; cap it.
-                if states_tx.len() < 1024 {
-                    let _ = states_tx.send(s);
-                }
-                true
-            },
-        )?;
+            }
+            if let LivenessState::Stopped { revoked } = s {
+                let _ = stopped_tx.try_send(revoked);
+            }
+            // A user who ignores state changes must not keep them in memory
+            // forever: the receiver is ours too, so it never disconnects; cap it.
+            if states_tx.len() < 1024 {
+                let _ = states_tx.send(s);
+            }
+            true
+        })?;
         let mut host = HostLiveness {
             host_id,
             key,

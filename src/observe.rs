@@ -34,14 +34,11 @@ impl LeaderObserver {
         };
         let machine = Observe::new(config, Instant::now(), rand_seed());
         let (tx, leaders) = crossbeam_channel::unbounded();
-        let input = etcd.run_machine(
-            machine,
-            move |notice| match notice {
-                ObserveNotice::Leader(kv) => tx.send(kv.as_ref().map(LeaderInfo::from_kv)).is_ok(),
-                #[allow(unreachable_patterns)]
-                _ => true,
-            },
-        )?;
+        let input = etcd.run_machine(machine, move |notice| match notice {
+            ObserveNotice::Leader(kv) => tx.send(kv.as_ref().map(LeaderInfo::from_kv)).is_ok(),
+            #[allow(unreachable_patterns)]
+            _ => true,
+        })?;
         Ok(LeaderObserver {
             leaders,
             input,

@@ -25,14 +25,23 @@ pub fn segment(what: &'static str, value: &str) -> Result<()> {
     if value.len() > MAX_SEGMENT {
         return Err(Error::invalid(
             what,
-            format!("is {} bytes long; at most {MAX_SEGMENT} are allowed", value.len()),
+            format!(
+                "is {} bytes long; at most {MAX_SEGMENT} are allowed",
+                value.len()
+            ),
         ));
     }
     if value.contains('/') {
-        return Err(Error::invalid(what, format!("{value:?} contains '/', which separates key segments")));
+        return Err(Error::invalid(
+            what,
+            format!("{value:?} contains '/', which separates key segments"),
+        ));
     }
     if value.chars().any(char::is_control) {
-        return Err(Error::invalid(what, "contains a NUL or other control character"));
+        return Err(Error::invalid(
+            what,
+            "contains a NUL or other control character",
+        ));
     }
     Ok(())
 }
@@ -46,11 +55,17 @@ pub fn key(what: &'static str, value: &str) -> Result<()> {
     if value.len() > MAX_KEY {
         return Err(Error::invalid(
             what,
-            format!("is {} bytes long; at most {MAX_KEY} are allowed", value.len()),
+            format!(
+                "is {} bytes long; at most {MAX_KEY} are allowed",
+                value.len()
+            ),
         ));
     }
     if value.chars().any(char::is_control) {
-        return Err(Error::invalid(what, "contains a NUL or other control character"));
+        return Err(Error::invalid(
+            what,
+            "contains a NUL or other control character",
+        ));
     }
     Ok(())
 }
@@ -60,7 +75,10 @@ pub fn key(what: &'static str, value: &str) -> Result<()> {
 pub fn prefix(what: &'static str, value: &str) -> Result<()> {
     key(what, value)?;
     if !value.starts_with('/') || !value.ends_with('/') {
-        return Err(Error::invalid(what, format!("{value:?} must start and end with '/'")));
+        return Err(Error::invalid(
+            what,
+            format!("{value:?} must start and end with '/'"),
+        ));
     }
     Ok(())
 }
@@ -82,13 +100,22 @@ pub fn payload(what: &'static str, value: &[u8]) -> Result<()> {
 /// A lease TTL: at least one second, at most one day, whole seconds.
 pub fn ttl(what: &'static str, value: Duration) -> Result<()> {
     if value < Duration::from_secs(1) {
-        return Err(Error::invalid(what, format!("{value:?} is below the 1 s minimum etcd leases allow")));
+        return Err(Error::invalid(
+            what,
+            format!("{value:?} is below the 1 s minimum etcd leases allow"),
+        ));
     }
     if value > Duration::from_secs(86_400) {
-        return Err(Error::invalid(what, format!("{value:?} is above the one-day maximum")));
+        return Err(Error::invalid(
+            what,
+            format!("{value:?} is above the one-day maximum"),
+        ));
     }
     if value.subsec_nanos() != 0 {
-        return Err(Error::invalid(what, format!("{value:?} is not a whole number of seconds; etcd leases count seconds")));
+        return Err(Error::invalid(
+            what,
+            format!("{value:?} is not a whole number of seconds; etcd leases count seconds"),
+        ));
     }
     Ok(())
 }

@@ -14,9 +14,21 @@ fn etcd_backend_conforms() {
     let endpoint = server.endpoint();
     let report = fleetcoord::conformance::run(|| {
         let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default()).expect("connect");
-        let options = EtcdCoordinatorOptions { root: "/conformance".into(), stream_max_len: Some(64) };
-        Box::new(EtcdCoordinator::with_options(&etcd, options).expect("coordinator")) as Box<dyn Coordinator>
+        let options = EtcdCoordinatorOptions {
+            root: "/conformance".into(),
+            stream_max_len: Some(64),
+        };
+        Box::new(EtcdCoordinator::with_options(&etcd, options).expect("coordinator"))
+            as Box<dyn Coordinator>
     });
-    assert!(report.skipped.is_empty(), "etcd declares everything: {:?}", report.skipped);
-    assert!(report.passed.len() >= 20, "only {} cases ran", report.passed.len());
+    assert!(
+        report.skipped.is_empty(),
+        "etcd declares everything: {:?}",
+        report.skipped
+    );
+    assert!(
+        report.passed.len() >= 20,
+        "only {} cases ran",
+        report.passed.len()
+    );
 }

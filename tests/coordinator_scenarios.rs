@@ -25,16 +25,27 @@ fn b_sees_a_kv_set_through_kv_watch() {
     let watch = b.kv_watch("fleet", "*").unwrap();
     assert_eq!(
         watch.recv_timeout(WAIT).unwrap(),
-        KvEvent::Put { key: "existing".into(), value: b"1".to_vec() }
+        KvEvent::Put {
+            key: "existing".into(),
+            value: b"1".to_vec()
+        }
     );
     assert_eq!(watch.recv_timeout(WAIT).unwrap(), KvEvent::Synced);
     a.kv_set("fleet", "leader", b"host-a").unwrap();
     assert_eq!(
         watch.recv_timeout(WAIT).unwrap(),
-        KvEvent::Put { key: "leader".into(), value: b"host-a".to_vec() }
+        KvEvent::Put {
+            key: "leader".into(),
+            value: b"host-a".to_vec()
+        }
     );
     a.kv_delete("fleet", "leader").unwrap();
-    assert_eq!(watch.recv_timeout(WAIT).unwrap(), KvEvent::Deleted { key: "leader".into() });
+    assert_eq!(
+        watch.recv_timeout(WAIT).unwrap(),
+        KvEvent::Deleted {
+            key: "leader".into()
+        }
+    );
     assert_eq!(b.kv_get("fleet", "existing").unwrap(), b"1".to_vec());
 }
 
@@ -45,17 +56,25 @@ fn consumers_from_end_and_start_read_every_entry_in_order() {
     let consumer = container(&server);
     // Entries before the consumers start: only the Start reader sees them.
     for i in 0..5u32 {
-        producer.append_stream("jobs", format!("early-{i}").as_bytes()).unwrap();
+        producer
+            .append_stream("jobs", format!("early-{i}").as_bytes())
+            .unwrap();
     }
     let from_end = consumer.read_stream("jobs", StreamPosition::End).unwrap();
     let from_start = consumer.read_stream("jobs", StreamPosition::Start).unwrap();
     let producer_thread = std::thread::spawn(move || {
         (0..200u32)
-            .map(|i| producer.append_stream("jobs", format!("late-{i}").as_bytes()).unwrap())
+            .map(|i| {
+                producer
+                    .append_stream("jobs", format!("late-{i}").as_bytes())
+                    .unwrap()
+            })
             .collect::<Vec<_>>()
     });
     let ids = producer_thread.join().unwrap();
-    let expected_late: Vec<Vec<u8>> = (0..200u32).map(|i| format!("late-{i}").into_bytes()).collect();
+    let expected_late: Vec<Vec<u8>> = (0..200u32)
+        .map(|i| format!("late-{i}").into_bytes())
+        .collect();
 
     let mut end_payloads = Vec::new();
     let mut last = 0;
@@ -70,7 +89,9 @@ fn consumers_from_end_and_start_read_every_entry_in_order() {
 
     let mut start_payloads = Vec::new();
     for expected_id in 1..=205u64 {
-        let e = from_start.recv_timeout(WAIT).expect("entry from Start reader");
+        let e = from_start
+            .recv_timeout(WAIT)
+            .expect("entry from Start reader");
         assert_eq!(e.id.0, expected_id);
         start_payloads.push(e.payload);
     }

@@ -69,10 +69,12 @@ enum Op {
     AdvanceSecs(u8),
     /// Jump to the machine's next deadline.
     AdvanceToTimeout,
-    /// Answer outstanding request number `pick` (modulo their count).
+    /// Answer outstanding request number `pick` (modulo their count); the
+    /// server processes it now, the reply arrives `latency_ms` later.
     Reply {
         pick: u8,
         outcome: Outcome,
+        latency_ms: u8,
     },
     /// The renewal stream breaks: the outstanding renewal fails.
     DropStream,
@@ -304,6 +306,8 @@ impl Run {
                 _ => Response::Put { revision: 1 },
             }),
         };
+        // Time passes (and timers fire) between processing and delivery.
+        self.advance(Duration::from_millis(u64::from(latency_ms)));
         self.machine
             .handle(self.now, RpcReply { id, result }.into());
     }

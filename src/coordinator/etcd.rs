@@ -2,8 +2,8 @@
 //! with the same sm `Watch` machine that powers [`crate::HostWatcher`].
 
 use super::{
-    check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvEvent, KvWatcher, Message,
-    StreamEntry, StreamId, StreamPosition, StreamReader, Subscription,
+    check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvEvent,
+    KvWatcher, Message, StreamEntry, StreamId, StreamPosition, StreamReader, Subscription,
 };
 use crate::error::{Error, Result};
 use crate::etcd::{Etcd, EtcdOptions};
@@ -31,7 +31,10 @@ pub struct EtcdCoordinatorOptions {
 
 impl Default for EtcdCoordinatorOptions {
     fn default() -> Self {
-        EtcdCoordinatorOptions { root: "/coord".into(), stream_max_len: None }
+        EtcdCoordinatorOptions {
+            root: "/coord".into(),
+            stream_max_len: None,
+        }
     }
 }
 
@@ -66,7 +69,9 @@ pub struct EtcdCoordinator {
 
 impl std::fmt::Debug for EtcdCoordinator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdCoordinator").field("root", &self.root).finish()
+        f.debug_struct("EtcdCoordinator")
+            .field("root", &self.root)
+            .finish()
     }
 }
 
@@ -89,7 +94,10 @@ impl EtcdCoordinator {
     pub fn with_options(etcd: &Etcd, options: EtcdCoordinatorOptions) -> Result<EtcdCoordinator> {
         let root = options.root;
         if !root.starts_with('/') || root.ends_with('/') || root.len() < 2 {
-            return Err(Error::invalid("root", format!("{root:?} must start with '/' and not end with '/'")));
+            return Err(Error::invalid(
+                "root",
+                format!("{root:?} must start with '/' and not end with '/'"),
+            ));
         }
         validate::key("root", &root)?;
         if options.stream_max_len == Some(0) {
@@ -107,7 +115,11 @@ impl EtcdCoordinator {
     /// Connect to comma-separated `endpoints` and build a coordinator with
     /// default options.
     pub fn connect(endpoints: &str) -> Result<EtcdCoordinator> {
-        let list: Vec<&str> = endpoints.split(',').map(str::trim).filter(|e| !e.is_empty()).collect();
+        let list: Vec<&str> = endpoints
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .collect();
         let etcd = Etcd::connect(&list, EtcdOptions::default())?;
         Self::new(&etcd)
     }
@@ -143,11 +155,17 @@ impl EtcdCoordinator {
     fn start_feed<T: Send + 'static>(
         &self,
         prefix: Vec<u8>,
-        mut on_notice: impl FnMut(WatchNotice, bool, &crossbeam_channel::Sender<T>) -> bool + Send + 'static,
+        mut on_notice: impl FnMut(WatchNotice, bool, &crossbeam_channel::Sender<T>) -> bool
+            + Send
+            + 'static,
     ) -> Result<Feed<T>> {
         let mut feeds = self.feeds.lock();
         self.check_open()?;
-        let config = WatchConfig { prefix, keys: KeyRule::Any, backoff: BackoffConfig::default() };
+        let config = WatchConfig {
+            prefix,
+            keys: KeyRule::Any,
+            backoff: BackoffConfig::default(),
+        };
         let machine = Watch::new(config, Instant::now(), rand_seed());
         let (tx, rx) = crossbeam_channel::unbounded();
         let (synced_tx, synced_rx) = crossbeam_channel::bounded::<()>(1);
@@ -176,7 +194,11 @@ impl EtcdCoordinator {
     }
 
     fn read_head(&self, head: &[u8]) -> Result<(u64, i64)> {
-        match self.etcd.request(Request::Range(RangeRequest::all(KeyRange::Key(head.to_vec()))))? {
+        match self
+            .etcd
+            .request(Request::Range(RangeRequest::all(KeyRange::Key(
+                head.to_vec(),
+            ))))? {
             Response::Range { kvs, .. } => match kvs.first() {
                 None => Ok((0, 0)),
                 Some(kv) => Ok((parse_seq(&kv.value)?, kv.mod_revision)),
@@ -194,7 +216,12 @@ fn parse_seq(bytes: &[u8]) -> Result<u64> {
     std::str::from_utf8(bytes)
         .ok()
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| Error::Etcd(format!("stream head holds {:?}, not a sequence number", String::from_utf8_lossy(bytes))))
+        .ok_or_else(|| {
+            Error::Etcd(format!(
+                "stream head holds {:?}, not a sequence number",
+                String::from_utf8_lossy(bytes)
+            ))
+        })
 }
 
 fn entry_key(prefix: &[u8], seq: u64) -> Vec<u8> {
@@ -204,7 +231,10 @@ fn entry_key(prefix: &[u8], seq: u64) -> Vec<u8> {
 }
 
 fn entry_seq(prefix_len: usize, kv: &KeyValue) -> Option<u64> {
-    std::str::from_utf8(kv.key.get(prefix_len..)?).ok()?.parse().ok()
+    std::str::from_utf8(kv.key.get(prefix_len..)?)
+        .ok()?
+        .parse()
+        .ok()
 }
 
 impl Coordinator for EtcdCoordinator {
@@ -212,7 +242,11 @@ impl Coordinator for EtcdCoordinator {
         self.check_open()?;
         check_name("topic", topic)?;
         check_payload("payload", payload)?;
-        self.etcd.request(Request::Put { key: self.topic_key(topic), value: payload.to_vec(), lease: 0 })?;
+        self.etcd.request(Request::Put {
+            key: self.topic_key(topic),
+            value: payload.to_vec(),
+            lease: 0,
+        })?;
         Ok(())
     }
 
@@ -224,9 +258,12 @@ impl Coordinator for EtcdCoordinator {
         // Watching the key as a prefix also matches longer topic names; keep
         // the exact key only.
         self.start_feed(key.clone(), move |notice, synced, tx| match notice {
-            WatchNotice::Up(kv) | WatchNotice::Updated(kv) if synced && kv.key == key => {
-                tx.send(Message { topic: topic.clone(), payload: kv.value }).is_ok()
-            }
+            WatchNotice::Up(kv) | WatchNotice::Updated(kv) if synced && kv.key == key => tx
+                .send(Message {
+                    topic: topic.clone(),
+                    payload: kv.value,
+                })
+                .is_ok(),
             _ => true,
         })
     }
@@ -241,22 +278,40 @@ impl Coordinator for EtcdCoordinator {
             let (seq, head_rev) = self.read_head(&head)?;
             let next = seq + 1;
             let mut success = vec![
-                TxnOp::Put { key: head.clone(), value: next.to_string().into_bytes(), lease: 0 },
-                TxnOp::Put { key: entry_key(&entries, next), value: payload.to_vec(), lease: 0 },
+                TxnOp::Put {
+                    key: head.clone(),
+                    value: next.to_string().into_bytes(),
+                    lease: 0,
+                },
+                TxnOp::Put {
+                    key: entry_key(&entries, next),
+                    value: payload.to_vec(),
+                    lease: 0,
+                },
             ];
             if let Some(max) = self.stream_max_len {
                 if next > max {
-                    success.push(TxnOp::Delete(KeyRange::Key(entry_key(&entries, next - max))));
+                    success.push(TxnOp::Delete(KeyRange::Key(entry_key(
+                        &entries,
+                        next - max,
+                    ))));
                 }
             }
             let txn = Txn {
-                compare: vec![Compare::ModRevisionEquals { key: head.clone(), revision: head_rev }],
+                compare: vec![Compare::ModRevisionEquals {
+                    key: head.clone(),
+                    revision: head_rev,
+                }],
                 success,
                 failure: vec![],
             };
             match self.etcd.request(Request::Txn(txn))? {
-                Response::Txn { succeeded: true, .. } => return Ok(StreamId(next)),
-                Response::Txn { succeeded: false, .. } => {
+                Response::Txn {
+                    succeeded: true, ..
+                } => return Ok(StreamId(next)),
+                Response::Txn {
+                    succeeded: false, ..
+                } => {
                     // Another appender won this sequence number; back off a
                     // little (growing with contention) and read the head again.
                     std::thread::sleep(Duration::from_micros(50 * u64::from(attempt.min(40))));
@@ -264,7 +319,9 @@ impl Coordinator for EtcdCoordinator {
                 other => return Err(unexpected(&other)),
             }
         }
-        Err(Error::Etcd(format!("append to {stream:?} lost {APPEND_ATTEMPTS} races in a row")))
+        Err(Error::Etcd(format!(
+            "append to {stream:?} lost {APPEND_ATTEMPTS} races in a row"
+        )))
     }
 
     fn read_stream(&self, stream: &str, from: StreamPosition) -> Result<StreamReader> {
@@ -284,7 +341,11 @@ impl Coordinator for EtcdCoordinator {
             WatchNotice::Up(kv) | WatchNotice::Updated(kv) => match entry_seq(prefix_len, &kv) {
                 Some(seq) if seq > last => {
                     last = seq;
-                    tx.send(StreamEntry { id: StreamId(seq), payload: kv.value }).is_ok()
+                    tx.send(StreamEntry {
+                        id: StreamId(seq),
+                        payload: kv.value,
+                    })
+                    .is_ok()
                 }
                 _ => true,
             },
@@ -297,7 +358,11 @@ impl Coordinator for EtcdCoordinator {
         check_name("bucket", bucket)?;
         check_key(key)?;
         check_payload("value", value)?;
-        self.etcd.request(Request::Put { key: self.kv_key(bucket, key), value: value.to_vec(), lease: 0 })?;
+        self.etcd.request(Request::Put {
+            key: self.kv_key(bucket, key),
+            value: value.to_vec(),
+            lease: 0,
+        })?;
         Ok(())
     }
 
@@ -305,7 +370,11 @@ impl Coordinator for EtcdCoordinator {
         self.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
-        match self.etcd.request(Request::Range(RangeRequest::all(KeyRange::Key(self.kv_key(bucket, key)))))? {
+        match self
+            .etcd
+            .request(Request::Range(RangeRequest::all(KeyRange::Key(
+                self.kv_key(bucket, key),
+            ))))? {
             Response::Range { mut kvs, .. } => match kvs.pop() {
                 Some(kv) => Ok(kv.value),
                 None => Err(Error::NotFound),
@@ -318,7 +387,8 @@ impl Coordinator for EtcdCoordinator {
         self.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
-        self.etcd.request(Request::Delete(KeyRange::Key(self.kv_key(bucket, key))))?;
+        self.etcd
+            .request(Request::Delete(KeyRange::Key(self.kv_key(bucket, key))))?;
         Ok(())
     }
 
@@ -336,16 +406,25 @@ impl Coordinator for EtcdCoordinator {
                 WatchNotice::Down(kv) => (kv, true),
                 _ => return true,
             };
-            let Some(key) = kv.key.get(prefix_len..).and_then(|k| std::str::from_utf8(k).ok()) else {
+            let Some(key) = kv
+                .key
+                .get(prefix_len..)
+                .and_then(|k| std::str::from_utf8(k).ok())
+            else {
                 return true;
             };
             if !pattern::matches(&pattern, key) {
                 return true;
             }
             let event = if deleted {
-                KvEvent::Deleted { key: key.to_string() }
+                KvEvent::Deleted {
+                    key: key.to_string(),
+                }
             } else {
-                KvEvent::Put { key: key.to_string(), value: kv.value }
+                KvEvent::Put {
+                    key: key.to_string(),
+                    value: kv.value,
+                }
             };
             tx.send(event).is_ok()
         })
@@ -353,7 +432,10 @@ impl Coordinator for EtcdCoordinator {
 
     fn ping(&self) -> Result<()> {
         self.check_open()?;
-        let probe = RangeRequest { limit: 1, ..RangeRequest::all(KeyRange::Key(self.root.clone().into_bytes())) };
+        let probe = RangeRequest {
+            limit: 1,
+            ..RangeRequest::all(KeyRange::Key(self.root.clone().into_bytes()))
+        };
         match self.etcd.request(Request::Range(probe))? {
             Response::Range { .. } => Ok(()),
             other => Err(unexpected(&other)),
@@ -373,7 +455,10 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { stream_max_len: self.stream_max_len, ..Capabilities::default() }
+        Capabilities {
+            stream_max_len: self.stream_max_len,
+            ..Capabilities::default()
+        }
     }
 }
 
