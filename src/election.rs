@@ -151,18 +151,8 @@ impl Election {
     /// for it.
     pub fn with_options(etcd: &Etcd, name: &str, options: ElectionOptions) -> Result<Election> {
         assert_not_async();
-        validate::key("name", name)?;
-        if name.starts_with('/') && options.prefix.ends_with('/') || name.ends_with('/') {
-            return Err(Error::invalid(
-                "name",
-                format!("{name:?} must not start or end with '/'"),
-            ));
-        }
-        if !options.prefix.is_empty() {
-            validate::prefix("prefix", &options.prefix)?;
-        }
+        let prefix = election_prefix(name, &options)?;
         validate::ttl("ttl", options.ttl)?;
-        let prefix = format!("{}{}/", options.prefix, name);
         let config = ElectionConfig {
             prefix: prefix.clone().into_bytes(),
             ttl_secs: options.ttl.as_secs() as i64,
@@ -184,6 +174,28 @@ impl Election {
                 state,
             }),
         })
+    }
+
+    /// The current leader of election `name`, without joining it (no
+    /// session, no lease): one linearizable read.
+    pub fn leader_of(
+        etcd: &Etcd,
+        name: &str,
+        options: &ElectionOptions,
+    ) -> Result<Option<LeaderInfo>> {
+        assert_not_async();
+        current_leader(etcd, &election_prefix(name, options)?)
+    }
+
+    /// Stream the leader of election `name` without joining it; see
+    /// [`Election::observe`].
+    pub fn observe_of(
+        etcd: &Etcd,
+        name: &str,
+        options: &ElectionOptions,
+    ) -> Result<LeaderObserver> {
+        assert_not_async();
+        LeaderObserver::start(etcd, &election_prefix(name, options)?)
     }
 
     /// The key prefix candidates of this election use (`<prefix><name>/`).
@@ -428,6 +440,21 @@ fn election_error(e: ElectionError) -> Error {
         ElectionError::Rejected(msg) => Error::Etcd(msg),
         other => Error::Etcd(format!("{other:?}")),
     }
+}
+
+/// `<prefix><name>/`, after checking both.
+fn election_prefix(name: &str, options: &ElectionOptions) -> Result<String> {
+    validate::key("name", name)?;
+    if name.starts_with('/') && options.prefix.ends_with('/') || name.ends_with('/') {
+        return Err(Error::invalid(
+            "name",
+            format!("{name:?} must not start or end with '/'"),
+        ));
+    }
+    if !options.prefix.is_empty() {
+        validate::prefix("prefix", &options.prefix)?;
+    }
+    Ok(format!("{}{}/", options.prefix, name))
 }
 
 /// The first-created key under `prefix`, i.e. the leader.

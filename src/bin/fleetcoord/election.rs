@@ -4,7 +4,7 @@ use crate::follow::{follow, CountArgs};
 use crate::output::{event, lease_hex, object, text};
 use crate::{duration, CliError, Ctx};
 use crossbeam_channel::{select, Receiver};
-use fleetcoord::{Election, ElectionOptions, LeaderInfo, LivenessState};
+use fleetcoord::{Election, ElectionOptions, LeaderInfo};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,8 +63,7 @@ fn leader_line(name: &str, leader: Option<&LeaderInfo>) -> String {
 
 /// `leader`: one linearizable read.
 pub fn leader(ctx: &Ctx, args: NameArgs) -> Result<(), CliError> {
-    let election = Election::new(&ctx.etcd, &args.name)?;
-    let current = election.leader()?;
+    let current = Election::leader_of(&ctx.etcd, &args.name, &ElectionOptions::default())?;
     ctx.out.emit(
         leader_line(&args.name, current.as_ref()),
         object([
@@ -72,30 +71,12 @@ pub fn leader(ctx: &Ctx, args: NameArgs) -> Result<(), CliError> {
             ("leader", leader_value(current.as_ref())),
         ]),
     )?;
-    close(election);
     Ok(())
-}
-
-/// Ends an election's session so its lease does not linger for its TTL.
-/// `Election::new` grants the session lease in the background; a close
-/// that overtakes the grant leaves the granted lease behind, so wait
-/// (briefly) for the session first.
-fn close(election: Election) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    while !matches!(
-        election.session(),
-        Some(LivenessState::Registered { .. } | LivenessState::Stopped { .. })
-    ) && std::time::Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let _ = election.close();
 }
 
 /// `observe`: the current leader, then every change.
 pub fn observe(ctx: &Ctx, args: ObserveArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
-    let election = Election::new(&ctx.etcd, &args.name)?;
-    let observer = election.observe()?;
+    let observer = Election::observe_of(&ctx.etcd, &args.name, &ElectionOptions::default())?;
     let result = follow(
         observer.leaders(),
         shutdown,
@@ -114,7 +95,6 @@ pub fn observe(ctx: &Ctx, args: ObserveArgs, shutdown: &Receiver<()>) -> Result<
         },
     );
     drop(observer);
-    close(election);
     result
 }
 
