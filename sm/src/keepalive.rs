@@ -170,6 +170,11 @@ enum Phase {
     Stopping {
         revoke: RpcId,
     },
+    /// Stopped while a grant was in flight: waiting for it, so a lease it
+    /// created is revoked instead of lingering for a TTL.
+    StoppingGrant {
+        grant: RpcId,
+    },
     Stopped,
 }
 
@@ -303,7 +308,7 @@ impl Keepalive {
                     LivenessState::Registered { lease: l.id }
                 }
             }
-            Phase::Stopping { .. } | Phase::Stopped => return,
+            Phase::Stopping { .. } | Phase::StoppingGrant { .. } | Phase::Stopped => return,
         };
         self.notify(desired);
     }
@@ -522,12 +527,16 @@ impl Keepalive {
     fn stop(&mut self, now: Instant) {
         self.timers.clear();
         match std::mem::replace(&mut self.phase, Phase::Stopped) {
-            Phase::Granting { grant } => {
-                // A grant in flight may still create a lease; it expires on
-                // its own after one TTL, as nobody renews it.
-                if let Some((id, _)) = grant {
-                    self.queue.push_back(Command::Cancel { id });
-                }
+            Phase::Granting {
+                grant: Some((grant, _)),
+            } => {
+                // The grant in flight may still create a lease: wait for it
+                // (bounded by the retry timer) and revoke what it created.
+                self.phase = Phase::StoppingGrant { grant };
+                let at = now.checked_add(self.request_timeout()).unwrap_or(now);
+                self.arm(Timer::Retry, at);
+            }
+            Phase::Granting { grant: None } => {
                 self.notify(LivenessState::Stopped { revoked: false });
             }
             Phase::Leased(l) => {
@@ -542,7 +551,9 @@ impl Keepalive {
                 let at = now.checked_add(self.request_timeout()).unwrap_or(now);
                 self.arm(Timer::Retry, at);
             }
-            already @ (Phase::Stopping { .. } | Phase::Stopped) => self.phase = already,
+            already @ (Phase::Stopping { .. } | Phase::StoppingGrant { .. } | Phase::Stopped) => {
+                self.phase = already
+            }
         }
     }
 
@@ -571,6 +582,15 @@ impl Keepalive {
             Phase::Stopping { revoke } if *revoke == id => {
                 self.finish(matches!(result, Ok(Response::Revoked)));
             }
+            Phase::StoppingGrant { grant } if *grant == id => match result {
+                Ok(Response::Granted { lease, .. }) if lease != 0 => {
+                    let revoke = self.rpc(Request::Revoke { lease });
+                    self.phase = Phase::Stopping { revoke };
+                    let at = now.checked_add(self.request_timeout()).unwrap_or(now);
+                    self.arm(Timer::Retry, at);
+                }
+                _ => self.finish(false),
+            },
             _ => {}
         }
     }
@@ -607,8 +627,8 @@ impl Keepalive {
                 None if l.written != Some(self.value_gen) => self.send_put(now),
                 None => {}
             },
-            (Timer::Retry, Phase::Stopping { revoke }) => {
-                let id = *revoke;
+            (Timer::Retry, Phase::Stopping { revoke: id } | Phase::StoppingGrant { grant: id }) => {
+                let id = *id;
                 self.queue.push_back(Command::Cancel { id });
                 self.finish(false);
             }
@@ -635,7 +655,10 @@ impl Machine for Keepalive {
                 let Some(binding) = &mut self.binding else {
                     return;
                 };
-                if matches!(self.phase, Phase::Stopping { .. } | Phase::Stopped) {
+                if matches!(
+                    self.phase,
+                    Phase::Stopping { .. } | Phase::StoppingGrant { .. } | Phase::Stopped
+                ) {
                     return;
                 }
                 binding.value = value;

@@ -564,11 +564,44 @@ fn stop_reports_a_failed_or_unanswered_revoke() {
 }
 
 #[test]
-fn stop_without_a_lease_stops_at_once() {
+fn stop_during_a_grant_revokes_the_lease_it_creates() {
+    // A grant still in flight at Stop may create a lease; revoking it keeps
+    // it from lingering (and holding a key or an election slot) for a TTL.
     let t0 = Instant::now();
     let mut m = Keepalive::new(config(true), t0, 1);
     let _ = drain(&mut m);
     m.handle(t0, KeepaliveEvent::Stop);
+    assert_eq!(drain(&mut m), vec![]);
+    assert_eq!(m.poll_timeout(), Some(t0 + s(TTL as u64)));
+    m.handle(
+        t0 + ms(5),
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(1, Request::Revoke { lease: LEASE })]
+    );
+    m.handle(t0 + ms(6), ok(1, Response::Revoked));
+    assert_eq!(
+        drain(&mut m),
+        vec![Command::Notify(LivenessState::Stopped { revoked: true })]
+    );
+    assert_eq!(m.poll_timeout(), None);
+}
+
+#[test]
+fn stop_during_an_unanswered_grant_gives_up_after_the_request_timeout() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(config(true), t0, 1);
+    let _ = drain(&mut m);
+    m.handle(t0, KeepaliveEvent::Stop);
+    m.handle_timeout(t0 + s(TTL as u64));
     assert_eq!(
         drain(&mut m),
         vec![
@@ -577,8 +610,9 @@ fn stop_without_a_lease_stops_at_once() {
         ]
     );
     assert_eq!(m.poll_timeout(), None);
+    // A grant answered after giving up is ignored.
     m.handle(
-        t0,
+        t0 + s(TTL as u64 + 1),
         ok(
             0,
             Response::Granted {
