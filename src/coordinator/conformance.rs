@@ -114,7 +114,7 @@ fn run_selected<F: Fn() -> Box<dyn Coordinator>>(
     }
     let _ = writeln!(
         std::io::stderr().lock(),
-        "conformance: {} passed, {} skipped, {} failed",
+        "conformance suite: {} case(s) ok, {} skipped by declaration, {} failing",
         report.passed.len(),
         report.skipped.len(),
         failures.len()
