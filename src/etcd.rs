@@ -9,6 +9,17 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+/// A lease's remaining and granted time to live, whole seconds as etcd
+/// reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseTtl {
+    /// Time left before etcd expires the lease unless it is renewed.
+    pub remaining: Duration,
+    /// The TTL etcd granted; `granted - remaining` is the time since the
+    /// last renewal.
+    pub granted: Duration,
+}
+
 /// How to connect to etcd.
 #[derive(Clone, Debug)]
 pub struct EtcdOptions {
@@ -150,6 +161,33 @@ impl Etcd {
         assert_not_async();
         self.inner.shutdown();
         Ok(())
+    }
+
+    /// How long `lease` has left and what TTL it was granted, or `None`
+    /// when etcd no longer has it. One request.
+    pub fn lease_ttl(&self, lease: i64) -> Result<Option<LeaseTtl>> {
+        assert_not_async();
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.spawn(move |mut shared: Shared| async move {
+            let timeout = shared.options.request_timeout;
+            let call = shared.client.lease_time_to_live(lease, None);
+            let result = match tokio::time::timeout(timeout, call).await {
+                Ok(Ok(r)) if r.ttl() < 0 => Ok(None),
+                Ok(Ok(r)) => Ok(Some(LeaseTtl {
+                    remaining: Duration::from_secs(r.ttl().max(0) as u64),
+                    granted: Duration::from_secs(r.granted_ttl().max(0) as u64),
+                })),
+                Ok(Err(e)) => Err(Error::Etcd(e.to_string())),
+                Err(_) => Err(Error::Timeout(timeout)),
+            };
+            let _ = tx.send(result);
+        })?;
+        let wait = self.inner.options.request_timeout + Duration::from_secs(1);
+        match rx.recv_timeout(wait) {
+            Ok(result) => result,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Timeout(wait)),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
+        }
     }
 
     /// Run one unary request with the configured request timeout.

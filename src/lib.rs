@@ -66,7 +66,7 @@ pub use election::{
     Election, ElectionOptions, LeaderInfo, LeaderObserver, Leadership, TryCampaign,
 };
 pub use error::{Error, Result};
-pub use etcd::{Etcd, EtcdOptions};
+pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
 pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
 pub use pool::ElectionPool;
 pub use watcher::{list_hosts, HostEvent, HostInfo, HostWatcher, WatcherOptions};

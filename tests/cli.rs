@@ -255,6 +255,17 @@ fn hosts_lists_a_running_agent() {
     assert_eq!(hosts[0]["id"], id);
     assert_eq!(hosts[0]["metadata"]["zone"], "a");
     assert_eq!(hosts[0]["lease"], registered["lease"]);
+    let remaining = hosts[0]["lease_remaining_secs"]
+        .as_u64()
+        .expect("lease_remaining_secs");
+    let granted = hosts[0]["lease_granted_secs"]
+        .as_u64()
+        .expect("lease_granted_secs");
+    assert!(
+        remaining > 0 && remaining <= granted,
+        "{remaining} of {granted}"
+    );
+    assert!(hosts[0]["lease_age_secs"].as_u64().is_some());
     assert!(ok(&server, &["hosts"]).contains(id));
 
     // A crash: the lease is not revoked, the host stays listed until its

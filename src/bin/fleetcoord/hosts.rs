@@ -4,6 +4,7 @@ use crate::follow::{follow, CountArgs};
 use crate::output::{lease_hex, metadata_value, object, text};
 use crate::{duration, CliError, Ctx};
 use crossbeam_channel::{select, Receiver};
+use fleetcoord::LeaseTtl;
 use fleetcoord::{
     list_hosts, HostEvent, HostInfo, HostLiveness, HostWatcher, LivenessOptions, LivenessState,
     WatcherOptions, DEFAULT_HOSTS_PREFIX,
@@ -76,6 +77,32 @@ fn host_line(info: &HostInfo) -> String {
     )
 }
 
+/// `hosts` adds the lease's age (time since its last renewal) and
+/// remaining TTL; `None` when the lease vanished between the two reads.
+fn lease_fields(ttl: Option<LeaseTtl>) -> (String, Value) {
+    match ttl {
+        Some(t) => {
+            let age = t.granted.saturating_sub(t.remaining);
+            (
+                format!(
+                    "renewed {}s ago, expires in {}s",
+                    age.as_secs(),
+                    t.remaining.as_secs()
+                ),
+                object([
+                    ("lease_age_secs", json!(age.as_secs())),
+                    ("lease_remaining_secs", json!(t.remaining.as_secs())),
+                    ("lease_granted_secs", json!(t.granted.as_secs())),
+                ]),
+            )
+        }
+        None => (
+            "lease gone".to_string(),
+            object([("lease_remaining_secs", Value::Null)]),
+        ),
+    }
+}
+
 /// `hosts`: one linearizable read of the prefix.
 pub fn list(ctx: &Ctx, args: HostsArgs) -> Result<(), CliError> {
     let hosts = list_hosts(&ctx.etcd, &args.prefix.prefix)?;
@@ -83,7 +110,13 @@ pub fn list(ctx: &Ctx, args: HostsArgs) -> Result<(), CliError> {
         eprintln!("no hosts registered under {}", args.prefix.prefix);
     }
     for info in &hosts {
-        ctx.out.emit(host_line(info), host_fields(info))?;
+        let (lease_text, lease_json) = lease_fields(ctx.etcd.lease_ttl(info.lease)?);
+        let mut fields = host_fields(info);
+        if let (Value::Object(all), Value::Object(extra)) = (&mut fields, lease_json) {
+            all.extend(extra);
+        }
+        ctx.out
+            .emit(format!("{}  {}", host_line(info), lease_text), fields)?;
     }
     Ok(())
 }
