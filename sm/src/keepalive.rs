@@ -37,9 +37,6 @@
 //! lease is proven by its first acknowledged renewal; the renewal count on
 //! every acknowledged renewal.
 
-#[cfg(test)]
-mod tests;
-
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::rpc::{Command, LeaseId, Request, Response, RpcError, RpcId, RpcIds, RpcReply};
 use crate::timer::TimerTable;

@@ -37,7 +37,12 @@
 //! /// Whatever talks to etcd; here it answers nothing.
 //! fn execute(_id: RpcId, _request: Request) -> Option<RpcReply> { None }
 //!
-//! fn drive<M: Machine>(machine: &mut M, mut notify: impl FnMut(M::Notification)) {
+//! /// `clock` is the driver's: the machines themselves never read one.
+//! fn drive<M: Machine>(
+//!     machine: &mut M,
+//!     clock: impl Fn() -> Instant,
+//!     mut notify: impl FnMut(M::Notification),
+//! ) {
 //!     loop {
 //!         let mut replies = Vec::new();
 //!         while let Some(command) = machine.poll_command() {
@@ -48,12 +53,12 @@
 //!             }
 //!         }
 //!         if let Some(reply) = replies.pop() {
-//!             machine.handle(Instant::now(), reply.into());
+//!             machine.handle(clock(), reply.into());
 //!             continue;
 //!         }
 //!         match machine.poll_timeout() {
 //!             // A real driver sleeps until `at` or the next reply, whichever is first.
-//!             Some(at) => machine.handle_timeout(at.max(Instant::now())),
+//!             Some(at) => machine.handle_timeout(at.max(clock())),
 //!             None => return,
 //!         }
 //!     }

@@ -156,6 +156,3 @@ impl Machine for Observe {
         self.watch.poll_timeout()
     }
 }
-
-#[cfg(test)]
-mod tests;

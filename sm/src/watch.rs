@@ -20,8 +20,6 @@
 //! canceled ([`Command::Cancel`]) before its successor is opened.
 
 mod keys;
-#[cfg(test)]
-mod tests;
 mod view;
 
 pub use keys::KeyRule;

@@ -23,8 +23,6 @@
 
 mod protocol;
 mod requests;
-#[cfg(test)]
-mod tests;
 
 use crate::backoff::BackoffConfig;
 use crate::keepalive::{Keepalive, KeepaliveConfig, KeepaliveEvent, LivenessState};

@@ -110,3 +110,14 @@ pub(crate) fn watch_key(key: &[u8], start_revision: Revision) -> Request {
         start_revision,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn candidate_keys_are_the_prefix_plus_lowercase_hex_lease() {
+        assert_eq!(
+            super::candidate_key(b"/x/", 0x694d_77a5_c8e1_f00d),
+            b"/x/694d77a5c8e1f00d".to_vec()
+        );
+    }
+}

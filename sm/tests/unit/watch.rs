@@ -1,8 +1,10 @@
 //! Exact notice and command sequences for hand-built cases.
 
-use super::*;
-use crate::rpc::{EventKind, RpcError};
-use std::time::Duration;
+use fleetcoord_sm::rpc::{EventKind, RpcError};
+use fleetcoord_sm::watch::*;
+use fleetcoord_sm::*;
+#[allow(unused_imports)]
+use std::time::{Duration, Instant};
 
 const MS: Duration = Duration::from_millis(1);
 

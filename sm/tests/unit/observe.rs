@@ -1,10 +1,12 @@
 //! Exact leader reports for hand-built elections.
 
-use super::*;
-use crate::rpc::{
+use fleetcoord_sm::observe::*;
+use fleetcoord_sm::rpc::{
     EventKind, KeyRange, RangeRequest, Request, Response, RpcError, RpcId, WatchEvent,
 };
-use std::time::Duration;
+use fleetcoord_sm::*;
+#[allow(unused_imports)]
+use std::time::{Duration, Instant};
 
 fn config() -> ObserveConfig {
     ObserveConfig {

@@ -1,6 +1,11 @@
 //! Exact command sequences and instants of the keepalive machine.
 
-use super::*;
+use fleetcoord_sm::keepalive::*;
+use fleetcoord_sm::*;
+#[allow(unused_imports)]
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
+use std::time::{Duration, Instant};
 
 const TTL: i64 = 9;
 const LEASE: LeaseId = 7;
@@ -702,7 +707,10 @@ fn huge_ttls_and_tiny_configs_do_not_panic() {
             },
         ),
     );
-    assert_eq!(m.local_deadline(), Some(t0 + secs(MAX_TTL_SECS)));
+    assert_eq!(
+        m.local_deadline(),
+        Some(t0 + Duration::from_secs(MAX_TTL_SECS as u64))
+    );
     m.handle(t0, err(0));
     let mut now = t0;
     for _ in 0..100 {

@@ -1,0 +1,17 @@
+//! Exact-sequence tests of each machine through its public API: concrete
+//! instants, commands and notifications for hand-built cases.
+//!
+//! They live outside `src/` so that the crate's sources never read the
+//! clock, not even in tests; here `Instant::now()` only provides a base
+//! instant that every expectation is relative to.
+
+#[path = "unit/election.rs"]
+mod election;
+#[path = "unit/keepalive.rs"]
+mod keepalive;
+#[path = "unit/observe.rs"]
+mod observe;
+#[path = "unit/timer.rs"]
+mod timer;
+#[path = "unit/watch.rs"]
+mod watch;
