@@ -94,6 +94,12 @@ where
                     );
                 }
                 Command::Cancel { id } => {
+                    // A renewal the machine gave up on is deliberately not
+                    // aborted: while etcd elects a new raft leader a renewal
+                    // is merely slow, and its stream succeeds once the leader
+                    // is back, whereas a fresh stream may be routed to the
+                    // dead member (measured with tests/cluster.rs). Its late
+                    // reply is ignored by the machine.
                     if let Some(handle) = inflight.remove(&id) {
                         handle.abort();
                     }
