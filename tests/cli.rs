@@ -1,10 +1,13 @@
 //! The `fleetcoord` binary, spawned against a real etcd: exit codes, usage
 //! errors, `--json` output, and each command family end to end.
 
+mod common;
+
+use common::ChildGuard;
 use fleetcoord::testing::EtcdServer;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Lines};
-use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::process::{ChildStdout, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// Upper bound for any step that normally takes milliseconds; a loaded
@@ -60,7 +63,7 @@ fn json_lines(text: &str) -> Vec<Value> {
 /// A long-running `fleetcoord --json ...`; killed on drop so a failing test
 /// leaves nothing behind.
 struct Running {
-    child: Child,
+    child: ChildGuard,
     lines: Lines<BufReader<ChildStdout>>,
 }
 
@@ -73,7 +76,10 @@ impl Running {
             .spawn()
             .expect("spawn fleetcoord");
         let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        Running { child, lines }
+        Running {
+            child: ChildGuard(child),
+            lines,
+        }
     }
 
     /// Reads records until one has `key` == `value`; returns it.
@@ -107,13 +113,6 @@ impl Running {
             assert!(Instant::now() < deadline, "fleetcoord did not exit");
             std::thread::sleep(Duration::from_millis(10));
         }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

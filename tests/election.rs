@@ -4,10 +4,12 @@
 //! the tests share nothing and can run in parallel. A missing `etcd` or
 //! `etcdctl` binary fails the test with install instructions.
 
-use fleetcoord::testing::{EtcdServer, FaultProxy, Mode};
-use fleetcoord::{Election, ElectionOptions, Error, Etcd, EtcdOptions, Leadership, TryCampaign};
+mod common;
+
+use common::{connect, etcdctl, etcdctl_keys, start_etcd};
+use fleetcoord::testing::{FaultProxy, Mode};
+use fleetcoord::{Election, ElectionOptions, Error, Leadership, TryCampaign};
 use fleetcoord_sm::TxnOp;
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -17,49 +19,11 @@ use std::time::{Duration, Instant};
 // assertions are about what happens, not about how fast.
 const WAIT: Duration = Duration::from_secs(10);
 
-const INSTALL: &str =
-    "run `make test` (which installs them) or `apt-get install etcd-server etcd-client`";
-
-fn start_etcd() -> EtcdServer {
-    EtcdServer::start().unwrap_or_else(|e| panic!("cannot start etcd ({e}); {INSTALL}"))
-}
-
-fn connect(endpoint: &str) -> Etcd {
-    Etcd::connect(&[endpoint], EtcdOptions::default()).expect("connect")
-}
-
 fn options(ttl_secs: u64) -> ElectionOptions {
     ElectionOptions {
         prefix: "/test/election/".into(),
         ttl: Duration::from_secs(ttl_secs),
     }
-}
-
-/// Runs `etcdctl` (API v3) against `endpoint`; panics with install
-/// instructions when it is missing and with its stderr when it fails.
-fn etcdctl(endpoint: &str, args: &[&str]) -> String {
-    let out = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .arg("--endpoints")
-        .arg(endpoint)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run etcdctl ({e}); {INSTALL}"));
-    assert!(
-        out.status.success(),
-        "etcdctl {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// The keys under `prefix`, read with etcdctl (not through fleetcoord).
-fn raw_keys(endpoint: &str, prefix: &str) -> Vec<String> {
-    etcdctl(endpoint, &["get", prefix, "--prefix", "--keys-only"])
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(str::to_string)
-        .collect()
 }
 
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
@@ -105,7 +69,7 @@ fn one_of_two_leads_and_a_timed_out_campaign_leaves_no_key() {
     assert_eq!(leader.token, la.fencing_token());
     assert_eq!(leader.lease, la.lease());
     assert_eq!(
-        raw_keys(&server.endpoint(), b.key_prefix()),
+        etcdctl_keys(&server.endpoint(), b.key_prefix()),
         vec![la.key().to_string()],
         "b's key must be gone"
     );
@@ -134,7 +98,7 @@ fn resign_hands_over_quickly() {
         // Resign only once the other candidate is queued (its key exists),
         // so the latency measured is the handover, not the campaign start.
         wait_until("the second candidate's key", || {
-            raw_keys(&endpoint, idle.key_prefix()).len() == 2
+            etcdctl_keys(&endpoint, idle.key_prefix()).len() == 2
         });
         let old_token = leader.fencing_token();
         let t0 = Instant::now();
@@ -181,7 +145,7 @@ fn try_campaign_names_the_leader_or_wins() {
         other => panic!("a leads, b must not: {other:?}"),
     }
     assert_eq!(
-        raw_keys(&server.endpoint(), b.key_prefix()),
+        etcdctl_keys(&server.endpoint(), b.key_prefix()),
         vec![la.key().to_string()],
         "b's key must be removed"
     );
@@ -271,7 +235,7 @@ fn observe_reports_leader_proclaim_handover_and_none() {
         let l = b.campaign(b"b").unwrap();
         (b, l)
     });
-    wait_until("b's key", || raw_keys(&endpoint, &prefix).len() == 2);
+    wait_until("b's key", || etcdctl_keys(&endpoint, &prefix).len() == 2);
     la.resign().unwrap();
     let (_b, lb) = hb.join().unwrap();
     let seen = next().expect("b leads");
@@ -345,7 +309,7 @@ fn cut_off_leader_loses_before_the_other_wins() {
         let l = b.campaign(b"b").unwrap();
         (Instant::now(), b, l)
     });
-    wait_until("b's key", || raw_keys(&endpoint, &prefix).len() == 2);
+    wait_until("b's key", || etcdctl_keys(&endpoint, &prefix).len() == 2);
 
     let cut = Instant::now();
     proxy.set_mode(Mode::Blackhole);
@@ -390,7 +354,7 @@ fn campaign_fails_when_its_session_is_lost_while_waiting() {
         )
     });
     wait_until("the waiter's key", || {
-        raw_keys(&server.endpoint(), &prefix).len() == 2
+        etcdctl_keys(&server.endpoint(), &prefix).len() == 2
     });
     let cut = Instant::now();
     proxy.set_mode(Mode::Blackhole);

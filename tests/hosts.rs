@@ -4,14 +4,16 @@
 //! Timing bounds are generous on purpose: these run on small shared CI
 //! machines where a step can stall for a second. Each bound says why.
 
+mod common;
+
+use common::{apply, connect, etcdctl, ChildGuard};
 use fleetcoord::testing::EtcdServer;
 use fleetcoord::{
     list_hosts, Etcd, EtcdOptions, HostEvent, HostInfo, HostLiveness, HostWatcher, LivenessOptions,
     WatcherOptions, DEFAULT_HOSTS_PREFIX,
 };
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
@@ -25,10 +27,6 @@ const CHILD_HOST: &str = "FLEETCOORD_TEST_CHILD_HOST";
 const CHILD_TTL: &str = "FLEETCOORD_TEST_CHILD_TTL";
 const CHILD_MARKER: &str = "fleetcoord-child: registered";
 
-fn connect(server: &EtcdServer) -> Etcd {
-    Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect")
-}
-
 fn next(watcher: &HostWatcher) -> HostEvent {
     watcher
         .events()
@@ -38,30 +36,6 @@ fn next(watcher: &HostWatcher) -> HostEvent {
 
 fn expect_synced(watcher: &HostWatcher) {
     assert_eq!(next(watcher), HostEvent::Synced);
-}
-
-/// Applies one event to a view of the fleet, checking that the stream is
-/// consistent: no `Down`/`Updated` for an unknown host, no second `Up`
-/// without a `Down` in between.
-fn apply(view: &mut HashMap<Uuid, HostInfo>, event: HostEvent) {
-    match event {
-        HostEvent::Up(info) => {
-            if let Some(old) = view.insert(info.id, info.clone()) {
-                panic!(
-                    "Up for {} which is already up ({old:?}); new {info:?}",
-                    info.id
-                );
-            }
-        }
-        HostEvent::Updated(info) => {
-            assert!(view.contains_key(&info.id), "Updated without Up: {info:?}");
-            view.insert(info.id, info);
-        }
-        HostEvent::Down(info) => {
-            assert!(view.remove(&info.id).is_some(), "Down without Up: {info:?}");
-        }
-        HostEvent::Synced => panic!("a second Synced"),
-    }
 }
 
 fn etcd_view(etcd: &Etcd) -> HashMap<Uuid, HostInfo> {
@@ -75,7 +49,7 @@ fn etcd_view(etcd: &Etcd) -> HashMap<Uuid, HostInfo> {
 #[test]
 fn register_up_then_graceful_close_down_within_a_second() {
     let server = EtcdServer::start().expect("etcd");
-    let etcd = connect(&server);
+    let etcd = connect(&server.endpoint());
     let watcher = HostWatcher::watch(&etcd).expect("watch");
     expect_synced(&watcher);
 
@@ -110,16 +84,6 @@ fn register_up_then_graceful_close_down_within_a_second() {
     assert!(etcd_view(&etcd).is_empty(), "key still present after close");
 }
 
-/// Kills the child process on drop, so a failing test leaves nothing behind.
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Not a test of its own: the body of the child process that
 /// `crashed_host_goes_down_after_ttl` starts and SIGKILLs. Without the
 /// environment variables (a normal test run) it returns at once.
@@ -151,7 +115,7 @@ fn child_host_process() {
 fn crashed_host_goes_down_after_ttl() {
     const TTL: u64 = 2;
     let server = EtcdServer::start().expect("etcd");
-    let etcd = connect(&server);
+    let etcd = connect(&server.endpoint());
     let watcher = HostWatcher::watch(&etcd).expect("watch");
     expect_synced(&watcher);
 
@@ -173,15 +137,7 @@ fn crashed_host_goes_down_after_ttl() {
         .spawn()
         .expect("spawn child");
     let mut child = ChildGuard(child);
-    let stdout = child.0.stdout.take().expect("child stdout");
-    let (lines_tx, lines) = crossbeam_channel::unbounded();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
+    let lines = common::lines_of(child.stdout.take().expect("child stdout"));
     // Starting a process and connecting takes well under a second; 20 s
     // covers a cold, loaded machine.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -210,9 +166,9 @@ fn crashed_host_goes_down_after_ttl() {
         watcher.events().try_recv()
     );
 
-    child.0.kill().expect("SIGKILL the child");
+    child.kill().expect("SIGKILL the child");
     let killed = Instant::now();
-    child.0.wait().expect("reap child");
+    child.wait().expect("reap child");
     let event = watcher
         .events()
         .recv_timeout(Duration::from_secs(TTL + 10))
@@ -250,7 +206,7 @@ fn crashed_host_goes_down_after_ttl() {
 fn fresh_watcher_replays_existing_hosts_then_synced() {
     const N: usize = 20;
     let server = EtcdServer::start().expect("etcd");
-    let etcd = connect(&server);
+    let etcd = connect(&server.endpoint());
     let mut hosts = Vec::new();
     let mut expected = HashMap::new();
     for i in 0..N {
@@ -292,31 +248,22 @@ fn fresh_watcher_replays_existing_hosts_then_synced() {
     drop(hosts);
 }
 
-fn etcdctl_put(server: &EtcdServer, key: &str, value: &str) {
-    let out = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args(["--endpoints", &server.endpoint(), "put", key, value])
-        .output()
-        .expect("run etcdctl (Debian package etcd-client)");
-    assert!(
-        out.status.success(),
-        "etcdctl put failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn invalid_keys_under_the_prefix_are_skipped() {
     let server = EtcdServer::start().expect("etcd");
-    let etcd = connect(&server);
+    let etcd = connect(&server.endpoint());
     let valid = Uuid::new_v4();
     let host =
         HostLiveness::register(&etcd, valid, b"ok", Duration::from_secs(10)).expect("register");
-    etcdctl_put(&server, "/coord/hosts/not-a-uuid", "x");
-    etcdctl_put(
-        &server,
-        &format!("/coord/hosts/{}/nested", Uuid::new_v4()),
-        "x",
+    let endpoint = server.endpoint();
+    etcdctl(&endpoint, &["put", "/coord/hosts/not-a-uuid", "x"]);
+    etcdctl(
+        &endpoint,
+        &[
+            "put",
+            &format!("/coord/hosts/{}/nested", Uuid::new_v4()),
+            "x",
+        ],
     );
 
     let listed = list_hosts(&etcd, DEFAULT_HOSTS_PREFIX).expect("list");
@@ -330,7 +277,7 @@ fn invalid_keys_under_the_prefix_are_skipped() {
     expect_synced(&watcher);
 
     // Live: an invalid key is skipped, the valid change after it arrives.
-    etcdctl_put(&server, "/coord/hosts/also-not-a-uuid", "y");
+    etcdctl(&endpoint, &["put", "/coord/hosts/also-not-a-uuid", "y"]);
     let second = Uuid::new_v4();
     let host2 =
         HostLiveness::register(&etcd, second, b"two", Duration::from_secs(10)).expect("register");
@@ -348,7 +295,7 @@ fn invalid_keys_under_the_prefix_are_skipped() {
 #[test]
 fn slow_consumer_converges_to_etcd() {
     let server = EtcdServer::start().expect("etcd");
-    let etcd = connect(&server);
+    let etcd = connect(&server.endpoint());
     let watcher = HostWatcher::watch_with(
         &etcd,
         WatcherOptions {

@@ -7,10 +7,11 @@
 //! resigns (deletes its key) before exiting; its 60 s session lease is left
 //! to expire, which does not matter once the key is gone.
 
-use fleetcoord::testing::EtcdServer;
-use fleetcoord::{Election, ElectionOptions, Etcd, EtcdOptions, TryCampaign};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use common::{ChildGuard, INSTALL};
+use fleetcoord::{Election, ElectionOptions, TryCampaign};
+use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -18,14 +19,11 @@ use std::time::{Duration, Instant};
 // process needs a moment to start.
 const WAIT: Duration = Duration::from_secs(10);
 
-const INSTALL: &str =
-    "run `make test` (which installs them) or `apt-get install etcd-server etcd-client`";
-
 const NAME: &str = "interop";
 
 /// A running `etcdctl elect` whose stdout lines arrive on a channel.
 struct Etcdctl {
-    child: Child,
+    child: ChildGuard,
     lines: crossbeam_channel::Receiver<String>,
 }
 
@@ -39,17 +37,11 @@ impl Etcdctl {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run etcdctl ({e}); {INSTALL}"));
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = crossbeam_channel::unbounded();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Etcdctl { child, lines }
+        let lines = common::lines_of(child.stdout.take().unwrap());
+        Etcdctl {
+            child: ChildGuard(child),
+            lines,
+        }
     }
 
     /// The next `(key, value)` pair etcdctl prints (once elected, or per
@@ -81,19 +73,11 @@ impl Etcdctl {
     }
 }
 
-impl Drop for Etcdctl {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn etcdctl_elect_and_fleetcoord_share_an_election() {
-    let server =
-        EtcdServer::start().unwrap_or_else(|e| panic!("cannot start etcd ({e}); {INSTALL}"));
+    let server = common::start_etcd();
     let endpoint = server.endpoint();
-    let etcd = Etcd::connect(&[&endpoint], EtcdOptions::default()).expect("connect");
+    let etcd = common::connect(&endpoint);
     let options = ElectionOptions {
         prefix: String::new(),
         ttl: Duration::from_secs(5),
@@ -168,7 +152,7 @@ fn etcdctl_elect_and_fleetcoord_share_an_election() {
     let go = Etcdctl::spawn(&endpoint, &[NAME, "go-again"]);
     // etcdctl prints nothing until elected; give it time to queue up.
     let deadline = Instant::now() + WAIT;
-    while etcd_keys(&endpoint).len() < 2 {
+    while common::etcdctl_keys(&endpoint, &format!("{NAME}/")).len() < 2 {
         assert!(Instant::now() < deadline, "etcdctl never queued up");
         thread::sleep(Duration::from_millis(20));
     }
@@ -192,30 +176,4 @@ fn etcdctl_elect_and_fleetcoord_share_an_election() {
         .expect("etcdctl -l reports the new leader");
     assert_eq!((lkey, lvalue), (key, "go-again".to_string()));
     go.interrupt();
-}
-
-/// The election's keys as etcd has them, via etcdctl.
-fn etcd_keys(endpoint: &str) -> Vec<String> {
-    let out = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args([
-            "--endpoints",
-            endpoint,
-            "get",
-            &format!("{NAME}/"),
-            "--prefix",
-            "--keys-only",
-        ])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run etcdctl ({e}); {INSTALL}"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(str::to_string)
-        .collect()
 }

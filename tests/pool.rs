@@ -4,21 +4,18 @@
 //! not as fleetcoord believes. Each test starts its own etcd, so every
 //! lease it lists belongs to the test.
 
+mod common;
+
 use fleetcoord::testing::EtcdServer;
-use fleetcoord::{ElectionOptions, ElectionPool, Error, Etcd, EtcdOptions};
-use std::process::Command;
+use fleetcoord::{ElectionOptions, ElectionPool, Error, Etcd};
 use std::time::{Duration, Instant};
 
 // Generous: a loaded 2-core CI machine can take seconds per step.
 const WAIT: Duration = Duration::from_secs(10);
 
-const INSTALL: &str =
-    "run `make test` (which installs them) or `apt-get install etcd-server etcd-client`";
-
 fn start_etcd() -> (EtcdServer, Etcd) {
-    let server =
-        EtcdServer::start().unwrap_or_else(|e| panic!("cannot start etcd ({e}); {INSTALL}"));
-    let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    let server = common::start_etcd();
+    let etcd = common::connect(&server.endpoint());
     (server, etcd)
 }
 
@@ -34,18 +31,8 @@ fn pool(etcd: &Etcd) -> ElectionPool {
 
 /// The leases etcd holds, via `etcdctl lease list` (ids in hex).
 fn leases(endpoint: &str) -> Vec<i64> {
-    let out = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args(["--endpoints", endpoint, "lease", "list"])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run etcdctl ({e}); {INSTALL}"));
-    assert!(
-        out.status.success(),
-        "etcdctl lease list: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     // "found N leases" and then one id per line.
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = common::etcdctl(endpoint, &["lease", "list"]);
     let mut lines = text.lines();
     let header = lines.next().unwrap_or_default();
     let ids: Vec<i64> = lines

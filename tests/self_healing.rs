@@ -6,9 +6,12 @@
 //! The tests take a lock so they run one at a time: each needs seconds of
 //! quiet timing, and three etcds plus clients on two cores would blur it.
 
+mod common;
+
+use common::{apply, connect};
 use fleetcoord::testing::{EtcdServer, FaultProxy, Mode};
 use fleetcoord::{
-    list_hosts, Etcd, EtcdOptions, HostEvent, HostInfo, HostLiveness, HostWatcher, LivenessState,
+    list_hosts, Etcd, HostEvent, HostInfo, HostLiveness, HostWatcher, LivenessState,
     DEFAULT_HOSTS_PREFIX,
 };
 use std::collections::HashMap;
@@ -31,28 +34,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn connect(endpoint: &str) -> Etcd {
-    Etcd::connect(&[endpoint], EtcdOptions::default()).expect("connect")
-}
-
-fn apply(view: &mut HashMap<Uuid, HostInfo>, event: HostEvent) {
-    match event {
-        HostEvent::Up(info) => {
-            if let Some(old) = view.insert(info.id, info.clone()) {
-                panic!("Up for a host already up: old {old:?}, new {info:?}");
-            }
-        }
-        HostEvent::Updated(info) => {
-            assert!(view.contains_key(&info.id), "Updated without Up: {info:?}");
-            view.insert(info.id, info);
-        }
-        HostEvent::Down(info) => {
-            assert!(view.remove(&info.id).is_some(), "Down without Up: {info:?}");
-        }
-        HostEvent::Synced => panic!("a second Synced"),
-    }
 }
 
 /// The fleet as etcd has it, retried while etcd is still coming back.

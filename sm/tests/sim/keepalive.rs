@@ -151,14 +151,7 @@ impl World {
 
     /// Steps through every event up to `until`, checking after each step.
     fn run_until(&mut self, until: Instant) {
-        loop {
-            let next = {
-                let nodes: [&mut dyn Node; 1] = [&mut self.h];
-                world_next_time(&self.etcd, &nodes)
-            };
-            let Some(t) = next.filter(|t| *t <= until) else {
-                break;
-            };
+        while let Some(t) = next_due(&self.etcd, &mut self.h, until) {
             let t = t.max(self.now);
             step(
                 &mut self.etcd,
@@ -179,14 +172,6 @@ impl World {
             .pump(&mut self.etcd, self.now, &mut self.rng, &self.faults);
         self.check();
     }
-}
-
-fn pick(rng: &mut ChaCha8Rng, n: u64) -> u64 {
-    rng.next_u64() % n
-}
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
 }
 
 struct Totals {

@@ -20,7 +20,10 @@
 //! * [`Node`] — the object-safe face of a harness, so machines of different
 //!   types can be stepped together: [`step`] processes one instant for all of
 //!   them in the required order, [`world_next_time`] finds the next instant,
-//!   [`run_until`] loops the two. [`next_time`] is the minimum of options.
+//!   [`run_until`] loops the two. [`next_time`] is the minimum of options;
+//!   [`next_due`] is the next instant of a one-node world up to a bound.
+//! * Small helpers for schedules: [`rng`] (seeded), [`chance`], [`pick`]
+//!   (a number in `0..n`), [`ms`].
 //!
 //! Ordering at one instant (what [`step`] does, and what hand-written loops
 //! must do): `etcd.advance(now)` (leases expire first), then every due
@@ -547,6 +550,16 @@ pub fn chance(rng: &mut ChaCha8Rng, p: f64) -> bool {
     unit < p
 }
 
+/// A uniform-enough pick in `0..n` (`n` > 0).
+pub fn pick(rng: &mut ChaCha8Rng, n: u64) -> u64 {
+    rng.next_u64() % n
+}
+
+/// `n` milliseconds.
+pub fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stream {
     Unary,
@@ -962,6 +975,13 @@ pub fn next_time(candidates: &[Option<Instant>]) -> Option<Instant> {
 pub fn world_next_time(etcd: &ModelEtcd, nodes: &[&mut dyn Node]) -> Option<Instant> {
     let nodes_next = nodes.iter().filter_map(|n| n.next_event_time()).min();
     next_time(&[nodes_next, etcd.next_deadline()])
+}
+
+/// The next instant anything happens in a world of one node, when it is
+/// no later than `until`.
+pub fn next_due(etcd: &ModelEtcd, node: &mut dyn Node, until: Instant) -> Option<Instant> {
+    let nodes: [&mut dyn Node; 1] = [node];
+    world_next_time(etcd, &nodes).filter(|t| *t <= until)
 }
 
 /// Pumps every node until a whole round writes nothing, so every watch has

@@ -33,14 +33,6 @@ const SEEDS: u64 = 1_000;
 const PREFIX: &[u8] = b"/coord/hosts/";
 const HOSTS: usize = 6;
 
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
-
-fn pick(rng: &mut ChaCha8Rng, n: u64) -> u64 {
-    rng.next_u64() % n
-}
-
 fn is_valid(key: &[u8]) -> bool {
     key.strip_prefix(PREFIX)
         .is_some_and(|s| KeyRule::HostId.accepts(s))
@@ -226,14 +218,7 @@ impl World {
 
     /// Runs every event up to `until` under `faults`, checking after each step.
     fn run_to(&mut self, until: Instant, faults: &Faults) {
-        loop {
-            let next = {
-                let nodes: [&mut dyn Node; 1] = [&mut self.h];
-                world_next_time(&self.etcd, &nodes)
-            };
-            let Some(t) = next.filter(|t| *t <= until) else {
-                break;
-            };
+        while let Some(t) = next_due(&self.etcd, &mut self.h, until) {
             step(&mut self.etcd, &mut [&mut self.h], t, &mut self.rng, faults);
             self.steps += 1;
             self.check();

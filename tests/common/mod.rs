@@ -1,0 +1,117 @@
+//! Helpers shared by the integration tests. A test file includes them with
+//! `mod common;`; as a subdirectory of `tests/` this is no test target of
+//! its own.
+//!
+//! Not every test file uses every helper.
+#![allow(dead_code)]
+
+use fleetcoord::testing::EtcdServer;
+use fleetcoord::{Etcd, EtcdOptions, HostEvent, HostInfo};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read};
+use std::ops::{Deref, DerefMut};
+use std::process::{Child, Command};
+use uuid::Uuid;
+
+/// How to get the `etcd` and `etcdctl` binaries the tests need.
+pub const INSTALL: &str =
+    "run `make test` (which installs them) or `apt-get install etcd-server etcd-client`";
+
+/// Starts a fresh etcd; panics with install instructions when it cannot.
+pub fn start_etcd() -> EtcdServer {
+    EtcdServer::start().unwrap_or_else(|e| panic!("cannot start etcd ({e}); {INSTALL}"))
+}
+
+pub fn connect(endpoint: &str) -> Etcd {
+    Etcd::connect(&[endpoint], EtcdOptions::default()).expect("connect")
+}
+
+/// Runs `etcdctl` (API v3) against `endpoint`; panics with install
+/// instructions when it is missing and with its stderr when it fails.
+/// Returns its stdout.
+pub fn etcdctl(endpoint: &str, args: &[&str]) -> String {
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg("--endpoints")
+        .arg(endpoint)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run etcdctl ({e}); {INSTALL}"));
+    assert!(
+        out.status.success(),
+        "etcdctl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The keys under `prefix`, read with etcdctl (not through fleetcoord).
+pub fn etcdctl_keys(endpoint: &str, prefix: &str) -> Vec<String> {
+    etcdctl(endpoint, &["get", prefix, "--prefix", "--keys-only"])
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Applies one event to a view of the fleet, checking that the stream is
+/// consistent: no `Down`/`Updated` for an unknown host, no second `Up`
+/// without a `Down` in between.
+pub fn apply(view: &mut HashMap<Uuid, HostInfo>, event: HostEvent) {
+    match event {
+        HostEvent::Up(info) => {
+            if let Some(old) = view.insert(info.id, info.clone()) {
+                panic!(
+                    "Up for {} which is already up ({old:?}); new {info:?}",
+                    info.id
+                );
+            }
+        }
+        HostEvent::Updated(info) => {
+            assert!(view.contains_key(&info.id), "Updated without Up: {info:?}");
+            view.insert(info.id, info);
+        }
+        HostEvent::Down(info) => {
+            assert!(view.remove(&info.id).is_some(), "Down without Up: {info:?}");
+        }
+        HostEvent::Synced => panic!("a second Synced"),
+    }
+}
+
+/// Kills the child process on drop, so a failing test leaves nothing behind.
+pub struct ChildGuard(pub Child);
+
+impl Deref for ChildGuard {
+    type Target = Child;
+
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl DerefMut for ChildGuard {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Reads `output` line by line on a thread of its own; the lines arrive on
+/// the returned channel until the output ends or the receiver is dropped.
+pub fn lines_of(output: impl Read + Send + 'static) -> crossbeam_channel::Receiver<String> {
+    let (tx, lines) = crossbeam_channel::unbounded();
+    std::thread::spawn(move || {
+        for line in BufReader::new(output).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    lines
+}
