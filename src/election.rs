@@ -135,10 +135,15 @@ struct State {
     session: Option<LivenessState>,
 }
 
+/// The leadership the machine last reported, registered by the driver's
+/// notification handler the moment `Elected` arrives — before the waiting
+/// user thread sees it — so a `LeadershipLost` that follows at once is
+/// never missed.
 struct Held {
     token: i64,
     flag: Arc<AtomicBool>,
     lost: crossbeam_channel::Sender<()>,
+    lost_rx: crossbeam_channel::Receiver<()>,
 }
 
 impl Election {
@@ -240,9 +245,10 @@ impl Election {
                             .inner
                             .wait(&rx, Some(Instant::now() + Duration::from_secs(10)))?
                         {
-                            Some(ElectionNotice::Elected { token, lease, key }) => {
-                                // Won just before the cancel arrived: step down again.
-                                drop(self.leadership(token, lease, key));
+                            Some(ElectionNotice::Elected { .. }) => {
+                                // Won just before the cancel arrived: step
+                                // down again (we hold the op lock already).
+                                let _ = self.inner.resign_locked();
                                 break;
                             }
                             Some(ElectionNotice::CampaignFailed(_)) | None => break,
@@ -322,17 +328,19 @@ impl Election {
     }
 
     fn leadership(&self, token: i64, lease: i64, key: Vec<u8>) -> Leadership {
-        let (lost_tx, lost) = crossbeam_channel::bounded(1);
-        let flag = Arc::new(AtomicBool::new(true));
-        let mut state = self.inner.state.lock();
-        if let Some(old) = state.held.take() {
-            old.flag.store(false, Ordering::SeqCst);
-        }
-        state.held = Some(Held {
-            token,
-            flag: flag.clone(),
-            lost: lost_tx,
-        });
+        let (flag, lost) = {
+            let state = self.inner.state.lock();
+            match state.held.as_ref().filter(|h| h.token == token) {
+                Some(h) => (h.flag.clone(), h.lost_rx.clone()),
+                None => {
+                    // Lost again before we got here: hand out a leadership
+                    // that says so.
+                    let (tx, rx) = crossbeam_channel::bounded(1);
+                    let _ = tx.send(());
+                    (Arc::new(AtomicBool::new(false)), rx)
+                }
+            }
+        };
         Leadership {
             inner: self.inner.clone(),
             token,
@@ -395,6 +403,19 @@ impl Inner {
     fn stop(&self) {
         let _ = self.input.send(ElectionInput::Stop);
     }
+
+    /// Resign and wait for the answer; the caller holds `op`.
+    fn resign_locked(&self) -> Result<()> {
+        const RESIGN_WAIT: Duration = Duration::from_secs(15);
+        let rx = self.begin(ElectionInput::Resign)?;
+        loop {
+            match self.wait(&rx, Some(Instant::now() + RESIGN_WAIT))? {
+                Some(ElectionNotice::Resigned) => return Ok(()),
+                Some(_) => continue,
+                None => return Err(Error::Timeout(RESIGN_WAIT)),
+            }
+        }
+    }
 }
 
 fn handle_notice(state: &Mutex<State>, notice: ElectionNotice) {
@@ -423,6 +444,18 @@ fn handle_notice(state: &Mutex<State>, notice: ElectionNotice) {
             if let Some(held) = state.held.take() {
                 held.flag.store(false, Ordering::SeqCst);
             }
+        }
+        ElectionNotice::Elected { token, .. } => {
+            if let Some(old) = state.held.take() {
+                old.flag.store(false, Ordering::SeqCst);
+            }
+            let (lost, lost_rx) = crossbeam_channel::bounded(1);
+            state.held = Some(Held {
+                token: *token,
+                flag: Arc::new(AtomicBool::new(true)),
+                lost,
+                lost_rx,
+            });
         }
         _ => {}
     }
@@ -580,18 +613,25 @@ impl Leadership {
         }
         self.resigned = true;
         self.held.store(false, Ordering::SeqCst);
-        let _op = self.inner.op.lock();
-        let rx = self.inner.begin(ElectionInput::Resign)?;
-        loop {
-            match self
-                .inner
-                .wait(&rx, Some(Instant::now() + Duration::from_secs(15)))?
-            {
-                Some(ElectionNotice::Resigned) => return Ok(()),
-                Some(_) => continue,
-                None => return Err(Error::Timeout(Duration::from_secs(15))),
-            }
+        // Only the current leadership may resign: the machine's Resign
+        // carries no token, and an old, already lost Leadership dropped
+        // after a new campaign must not end the new one.
+        let current = |inner: &Inner| {
+            inner
+                .state
+                .lock()
+                .held
+                .as_ref()
+                .is_some_and(|h| h.token == self.token)
+        };
+        if !current(&self.inner) {
+            return Ok(());
         }
+        let _op = self.inner.op.lock();
+        if !current(&self.inner) {
+            return Ok(());
+        }
+        self.inner.resign_locked()
     }
 }
 

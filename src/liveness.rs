@@ -13,6 +13,9 @@ use uuid::Uuid;
 
 pub use fleetcoord_sm::keepalive::LivenessState;
 
+/// State changes kept for a reader that does not keep up.
+const MAX_QUEUED_STATES: usize = 1024;
+
 /// Where hosts register unless told otherwise.
 pub const DEFAULT_HOSTS_PREFIX: &str = "/coord/hosts/";
 
@@ -133,6 +136,7 @@ impl HostLiveness {
         let machine = Keepalive::new(config, Instant::now(), rand_seed());
         let state = Arc::new(Mutex::new(LivenessState::Registering));
         let (states_tx, states) = crossbeam_channel::unbounded();
+        let oldest = states.clone();
         let (first_tx, first) = crossbeam_channel::bounded::<LivenessState>(1);
         let (stopped_tx, stopped) = crossbeam_channel::bounded(1);
         let shared_state = state.clone();
@@ -148,10 +152,12 @@ impl HostLiveness {
                 let _ = stopped_tx.try_send(revoked);
             }
             // A user who ignores state changes must not keep them in memory
-            // forever: the receiver is ours too, so it never disconnects; cap it.
-            if states_tx.len() < 1024 {
-                let _ = states_tx.send(s);
+            // forever (the receiver is ours too, so it never disconnects):
+            // keep the newest, dropping the oldest.
+            if states_tx.len() >= MAX_QUEUED_STATES {
+                let _ = oldest.try_recv();
             }
+            let _ = states_tx.send(s);
             true
         })?;
         let mut host = HostLiveness {

@@ -48,8 +48,9 @@ pub(crate) struct DriverHandle {
     pub thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Longest the driver waits for machine tasks to finish after shutdown.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(4);
+/// Slack beyond a machine's own stop grace (one request timeout plus a
+/// second, see the runner) that the driver waits for tasks after shutdown.
+const SHUTDOWN_SLACK: Duration = Duration::from_secs(2);
 
 /// Start the driver thread, connect, and report the outcome before
 /// returning — the caller learns about a bad endpoint here, not later.
@@ -81,6 +82,7 @@ pub(crate) fn start(
                     }
                 };
                 let (shutdown_tx, shutdown_rx) = watch::channel(false);
+                let shutdown_grace = options.request_timeout + SHUTDOWN_SLACK;
                 let shared = Shared { client, options, shutdown: shutdown_rx };
                 let _ = ready_tx.send(Ok(()));
                 let mut tasks = tokio::task::JoinSet::new();
@@ -95,12 +97,12 @@ pub(crate) fn start(
                     }
                 }
                 let _ = shutdown_tx.send(true);
-                let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+                let drained = tokio::time::timeout(shutdown_grace, async {
                     while tasks.join_next().await.is_some() {}
                 })
                 .await;
                 if drained.is_err() {
-                    log::warn!("fleetcoord driver: tasks still running after {SHUTDOWN_GRACE:?}; aborting them");
+                    log::warn!("fleetcoord driver: tasks still running after {shutdown_grace:?}; aborting them");
                     tasks.abort_all();
                 }
             });

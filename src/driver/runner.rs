@@ -57,9 +57,10 @@ struct KeepaliveStream {
     requests: mpsc::UnboundedSender<RpcId>,
 }
 
-/// Longest a stopping machine may take to finish (revoke, resign) before the
-/// runner gives up on it; a dead etcd must not block shutdown forever.
-const STOP_GRACE: Duration = Duration::from_secs(3);
+/// Slack beyond one request timeout that a stopping machine gets to finish
+/// (revoke, resign) before the runner gives up on it; a dead etcd must not
+/// block shutdown forever, but a slow one should still see the revoke.
+const STOP_SLACK: Duration = Duration::from_secs(1);
 
 pub(crate) async fn run<M>(shared: Shared, task: MachineTask<M>)
 where
@@ -79,6 +80,7 @@ where
     let mut shutdown = shared.shutdown.clone();
     let mut stop_deadline: Option<tokio::time::Instant> = None;
     let mut last_now = Instant::now();
+    let stop_grace = shared.options.request_timeout + STOP_SLACK;
 
     loop {
         while let Some(command) = machine.poll_command() {
@@ -107,7 +109,7 @@ where
                 Command::Notify(n) => {
                     if !notify(n) && stop_deadline.is_none() {
                         // The user dropped the receiver and handle: stop as if asked.
-                        stop_deadline = Some(tokio::time::Instant::now() + STOP_GRACE);
+                        stop_deadline = Some(tokio::time::Instant::now() + stop_grace);
                         machine.handle(Instant::now().max(last_now), stop());
                     }
                 }
@@ -119,7 +121,7 @@ where
                 break;
             }
             if tokio::time::Instant::now() >= deadline {
-                log::warn!("machine did not finish stopping within {STOP_GRACE:?}; abandoning it");
+                log::warn!("machine did not finish stopping within {stop_grace:?}; abandoning it");
                 break;
             }
         }
@@ -148,19 +150,19 @@ where
                 match input {
                     Some(event) => {
                         if event.is_stop() {
-                            stop_deadline = Some(tokio::time::Instant::now() + STOP_GRACE);
+                            stop_deadline = Some(tokio::time::Instant::now() + stop_grace);
                         }
                         machine.handle(last_now, event)
                     }
                     None => {
-                        stop_deadline = Some(tokio::time::Instant::now() + STOP_GRACE);
+                        stop_deadline = Some(tokio::time::Instant::now() + stop_grace);
                         machine.handle(last_now, stop());
                     }
                 }
             }
             _ = shutdown.changed(), if stop_deadline.is_none() => {
                 last_now = Instant::now().max(last_now);
-                stop_deadline = Some(tokio::time::Instant::now() + STOP_GRACE);
+                stop_deadline = Some(tokio::time::Instant::now() + stop_grace);
                 machine.handle(last_now, stop());
             }
             _ = sleep(sleep_until) => {

@@ -1,0 +1,80 @@
+//! How `Leadership` handles behave when users hold, drop and race them:
+//! regressions for a self-deadlock in `campaign_timeout` and for a stale
+//! handle resigning a newer leadership.
+
+mod common;
+
+use fleetcoord::{Election, Error};
+use std::time::Duration;
+
+// Generous bounds: the operations take milliseconds; these only turn a hang
+// into a failure on a loaded machine.
+const WAIT: Duration = Duration::from_secs(20);
+
+#[test]
+fn campaign_timeout_racing_its_own_win_never_hangs() {
+    let server = common::start_etcd();
+    let etcd = common::connect(&server.endpoint());
+    let election = Election::new(&etcd, "race").expect("election");
+    // Tiny timeouts make the campaign win right around the moment it is
+    // cancelled; the win must then be resigned without deadlocking.
+    let (done_tx, done) = crossbeam_channel::bounded(1);
+    let worker = std::thread::spawn(move || {
+        let mut wins = 0;
+        for i in 0..300u64 {
+            match election.campaign_timeout(b"v", Duration::from_micros(50 + (i % 40) * 100)) {
+                Ok(leadership) => {
+                    wins += 1;
+                    leadership.resign().expect("resign");
+                }
+                Err(Error::Timeout(_)) => {}
+                Err(e) => panic!("iteration {i}: {e}"),
+            }
+        }
+        let _ = done_tx.send(wins);
+        election
+    });
+    let wins = done
+        .recv_timeout(Duration::from_secs(120))
+        .expect("campaign_timeout loop hung (deadlock)");
+    let election = worker.join().expect("worker");
+    println!("{wins} of 300 tiny-timeout campaigns won");
+    // Whatever happened, nothing is left behind and the election still works.
+    assert_eq!(election.leader().expect("leader"), None);
+    let l = election
+        .campaign_timeout(b"final", WAIT)
+        .expect("campaign after the loop");
+    assert!(l.is_held());
+}
+
+#[test]
+fn dropping_a_lost_leadership_does_not_resign_the_new_one() {
+    let server = common::start_etcd();
+    let endpoint = server.endpoint();
+    let etcd = common::connect(&endpoint);
+    let election = Election::new(&etcd, "stale").expect("election");
+    let first = election.campaign(b"one").expect("first campaign");
+    // Depose it from outside: delete the candidate key.
+    common::etcdctl(&endpoint, &["del", first.key()]);
+    first
+        .lost()
+        .recv_timeout(WAIT)
+        .expect("lost() fires when the key is deleted");
+    assert!(!first.is_held());
+
+    let second = election.campaign(b"two").expect("second campaign");
+    assert!(second.fencing_token() > first.fencing_token());
+    drop(first);
+    // Give a wrongly sent resign time to land before checking.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        second.is_held(),
+        "dropping the stale handle ended the new leadership"
+    );
+    let leader = election.leader().expect("leader").expect("someone leads");
+    assert_eq!(
+        (leader.token, leader.value),
+        (second.fencing_token(), b"two".to_vec())
+    );
+    assert!(second.lost().try_recv().is_err());
+}
