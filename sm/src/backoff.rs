@@ -76,10 +76,14 @@ impl Backoff {
     pub fn delay_for(&self, failures: u32) -> Duration {
         let mut nominal = self.config.initial;
         for _ in 0..failures {
-            if nominal >= self.config.max {
+            let grown = nominal.saturating_mul(self.config.multiplier.max(1));
+            // Stop once the cap is reached or nothing grows any more (zero
+            // initial delay, multiplier 1): the loop must not cost one step
+            // per failure forever.
+            if nominal >= self.config.max || grown == nominal {
                 break;
             }
-            nominal = nominal.saturating_mul(self.config.multiplier.max(1));
+            nominal = grown;
         }
         let nominal = nominal.min(self.config.max);
         let jitter_percent = u128::from(self.config.jitter_percent.min(100));
@@ -135,6 +139,31 @@ mod tests {
             differs |= d != c.delay_for(n);
         }
         assert!(differs, "different seeds must give different jitter");
+    }
+
+    #[test]
+    fn degenerate_configs_are_cheap_and_do_not_overflow() {
+        let flat = Backoff::new(
+            BackoffConfig {
+                initial: Duration::ZERO,
+                max: Duration::from_secs(1),
+                multiplier: 1,
+                jitter_percent: 50,
+            },
+            3,
+        );
+        // u32::MAX failures must not mean u32::MAX loop steps.
+        assert_eq!(flat.delay_for(u32::MAX), Duration::ZERO);
+        let huge = Backoff::new(
+            BackoffConfig {
+                initial: Duration::MAX,
+                max: Duration::MAX,
+                multiplier: 2,
+                jitter_percent: 0,
+            },
+            3,
+        );
+        assert_eq!(huge.delay_for(7), Duration::MAX);
     }
 
     #[test]

@@ -204,7 +204,11 @@ impl Protocol {
     }
 
     fn arm_retry(&mut self) {
-        let at = self.now + self.backoff.next_delay();
+        // An absurd configured delay must not panic: fall back to now.
+        let at = self
+            .now
+            .checked_add(self.backoff.next_delay())
+            .unwrap_or(self.now);
         self.timers.set(Timer::Retry, at);
     }
 
@@ -741,7 +745,10 @@ impl Protocol {
                     }
                     _ => {
                         l.proclaim = Some((value, None));
-                        let at = self.now + self.proclaim_backoff.next_delay();
+                        let at = self
+                            .now
+                            .checked_add(self.proclaim_backoff.next_delay())
+                            .unwrap_or(self.now);
                         self.timers.set(Timer::ProclaimRetry, at);
                         Op::Leading(l)
                     }

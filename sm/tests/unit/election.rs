@@ -825,3 +825,57 @@ fn stop_ends_leadership_at_once_and_revokes() {
     );
     assert_eq!(e.poll_timeout(), None);
 }
+
+#[test]
+fn an_absurd_backoff_does_not_panic() {
+    // Found by review: retry instants were computed with a plain `+`.
+    let t0 = Instant::now();
+    let config = ElectionConfig {
+        prefix: b"/e/".to_vec(),
+        ttl_secs: 9,
+        backoff: BackoffConfig {
+            initial: Duration::MAX,
+            max: Duration::MAX,
+            multiplier: 2,
+            jitter_percent: 0,
+        },
+    };
+    let mut e = Election::new(config, t0, 1);
+    let mut ids = Vec::new();
+    let mut now = t0;
+    // Fail every request for a while; nothing may panic and time must not
+    // go backwards in the machine's answers.
+    for step in 0..50u64 {
+        while let Some(c) = e.poll_command() {
+            if let Command::Rpc { id, .. } = c {
+                ids.push(id);
+            }
+        }
+        if step == 1 {
+            e.handle(
+                now,
+                ElectionInput::Campaign {
+                    value: b"v".to_vec(),
+                },
+            );
+        }
+        // The session's grant succeeds; every later request fails, so the
+        // campaign's create Txn is retried with the absurd backoff.
+        for id in std::mem::take(&mut ids) {
+            let result = if id.0 == 0 {
+                Ok(Response::Granted {
+                    lease: 42,
+                    ttl_secs: 9,
+                })
+            } else {
+                Err(RpcError::Unavailable("down".into()))
+            };
+            e.handle(now, ElectionInput::Rpc(RpcReply { id, result }));
+        }
+        if let Some(at) = e.poll_timeout() {
+            assert!(at >= now);
+        }
+        now += Duration::from_millis(10);
+        e.handle_timeout(now);
+    }
+}
