@@ -237,24 +237,7 @@ impl Election {
                 Some(ElectionNotice::CampaignFailed(e)) => return Err(election_error(e)),
                 Some(_) => continue,
                 None => {
-                    // Timed out: cancel, then wait for the machine to confirm
-                    // so no half-finished campaign stays behind.
-                    let _ = self.inner.input.send(ElectionInput::CancelCampaign);
-                    loop {
-                        match self
-                            .inner
-                            .wait(&rx, Some(Instant::now() + Duration::from_secs(10)))?
-                        {
-                            Some(ElectionNotice::Elected { .. }) => {
-                                // Won just before the cancel arrived: step
-                                // down again (we hold the op lock already).
-                                let _ = self.inner.resign_locked();
-                                break;
-                            }
-                            Some(ElectionNotice::CampaignFailed(_)) | None => break,
-                            Some(_) => continue,
-                        }
-                    }
+                    self.inner.cancel_and_settle(&rx)?;
                     return Err(Error::Timeout(timeout.unwrap_or_default()));
                 }
             }
@@ -262,24 +245,32 @@ impl Election {
     }
 
     /// Become leader only if nobody else leads; never waits for other
-    /// candidates (it may wait for the session to be granted).
+    /// candidates. It may wait for the session to be granted, at most three
+    /// request timeouts, then fails with [`Error::Timeout`] leaving nothing
+    /// behind.
     pub fn try_campaign(&self, value: &[u8]) -> Result<TryCampaign> {
         validate::payload("value", value)?;
         let _op = self.inner.op.lock();
         let rx = self.inner.begin(ElectionInput::TryCampaign {
             value: value.to_vec(),
         })?;
+        let bound = self.inner.etcd.options().request_timeout * 3;
+        let deadline = Instant::now() + bound;
         loop {
-            match self.inner.wait(&rx, None)? {
-                Some(ElectionNotice::Elected { token, lease, key }) => {
+            let Some(notice) = self.inner.wait(&rx, Some(deadline))? else {
+                self.inner.cancel_and_settle(&rx)?;
+                return Err(Error::Timeout(bound));
+            };
+            match notice {
+                ElectionNotice::Elected { token, lease, key } => {
                     return Ok(TryCampaign::Elected(self.leadership(token, lease, key)));
                 }
-                Some(ElectionNotice::NotElected { leader }) => {
+                ElectionNotice::NotElected { leader } => {
                     return Ok(TryCampaign::NotElected(
                         leader.as_ref().map(LeaderInfo::from_kv),
                     ));
                 }
-                Some(ElectionNotice::CampaignFailed(e)) => return Err(election_error(e)),
+                ElectionNotice::CampaignFailed(e) => return Err(election_error(e)),
                 _ => continue,
             }
         }
@@ -402,6 +393,23 @@ impl Inner {
 
     fn stop(&self) {
         let _ = self.input.send(ElectionInput::Stop);
+    }
+
+    /// After a campaign or try-campaign timed out: cancel it and wait for
+    /// the machine to confirm, so no half-finished campaign stays behind;
+    /// a win that raced the cancel is resigned again. The caller holds `op`.
+    fn cancel_and_settle(&self, rx: &crossbeam_channel::Receiver<ElectionNotice>) -> Result<()> {
+        const SETTLE_WAIT: Duration = Duration::from_secs(10);
+        let _ = self.input.send(ElectionInput::CancelCampaign);
+        loop {
+            match self.wait(rx, Some(Instant::now() + SETTLE_WAIT))? {
+                Some(ElectionNotice::Elected { .. }) => return self.resign_locked(),
+                Some(ElectionNotice::CampaignFailed(_))
+                | Some(ElectionNotice::NotElected { .. })
+                | None => return Ok(()),
+                Some(_) => continue,
+            }
+        }
     }
 
     /// Resign and wait for the answer; the caller holds `op`.
@@ -571,8 +579,14 @@ impl Leadership {
         let rx = self.inner.begin(ElectionInput::Proclaim {
             value: value.to_vec(),
         })?;
+        // One guarded put, retried by the machine while the session holds;
+        // bounded so a dead etcd cannot block the caller (and every other
+        // operation on this election) forever.
+        let bound = self.inner.etcd.options().request_timeout * 3;
+        let deadline = Instant::now() + bound;
         loop {
-            match self.inner.wait(&rx, None)? {
+            match self.inner.wait(&rx, Some(deadline))? {
+                None => return Err(Error::Timeout(bound)),
                 Some(ElectionNotice::Proclaimed) => return Ok(()),
                 Some(ElectionNotice::ProclaimFailed(e)) => return Err(election_error(e)),
                 _ => continue,

@@ -78,3 +78,32 @@ fn dropping_a_lost_leadership_does_not_resign_the_new_one() {
     );
     assert!(second.lost().try_recv().is_err());
 }
+
+#[test]
+fn try_campaign_against_an_unreachable_etcd_times_out() {
+    use fleetcoord::testing::{FaultProxy, Mode};
+    use fleetcoord::{Etcd, EtcdOptions};
+    let server = common::start_etcd();
+    let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
+    let options = EtcdOptions {
+        request_timeout: Duration::from_secs(1),
+        ..EtcdOptions::default()
+    };
+    let etcd = Etcd::connect(&[proxy.endpoint()], options).expect("connect");
+    // Cut the network before the session can be granted: the try-campaign
+    // can then neither win nor lose, and must give up (3 request timeouts).
+    proxy.set_mode(Mode::Blackhole);
+    proxy.reset_all();
+    let election = Election::new(&etcd, "unreachable").expect("election");
+    let started = std::time::Instant::now();
+    match election.try_campaign(b"v") {
+        Err(Error::Timeout(bound)) => assert_eq!(bound, Duration::from_secs(3)),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    // The bound plus the cancel's settling time; generous for a busy machine.
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        started.elapsed()
+    );
+}
