@@ -55,6 +55,15 @@ stop_input!(
 struct KeepaliveStream {
     lease: LeaseId,
     requests: mpsc::UnboundedSender<RpcId>,
+    /// The task owning the stream, aborted when the stream is replaced or
+    /// its lease revoked, so no renewal is ever sent after a revoke.
+    task: AbortHandle,
+}
+
+impl Drop for KeepaliveStream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// Slack beyond one request timeout that a stopping machine gets to finish
@@ -208,10 +217,11 @@ fn start_rpc(
                     let (tx, rx) = mpsc::unbounded_channel();
                     let client = shared.client.clone();
                     let timeout = shared.options.request_timeout;
-                    tokio::spawn(renewals(client, lease, rx, reply_tx.clone(), timeout));
+                    let task = tokio::spawn(renewals(client, lease, rx, reply_tx.clone(), timeout));
                     keepalive.insert(KeepaliveStream {
                         lease,
                         requests: tx,
+                        task: task.abort_handle(),
                     })
                 }
             };
@@ -223,6 +233,13 @@ fn start_rpc(
             }
         }
         request => {
+            if let Request::Revoke { lease } = &request {
+                // Renewals queued for this lease must not reach etcd after
+                // the revoke: drop (and abort) its stream first.
+                if keepalive.as_ref().is_some_and(|k| k.lease == *lease) {
+                    *keepalive = None;
+                }
+            }
             let mut client = shared.client.clone();
             let timeout = shared.options.request_timeout;
             let handle = tokio::spawn(async move {
