@@ -30,6 +30,50 @@ pub(crate) fn rpc_error(err: ec::Error) -> RpcError {
     }
 }
 
+/// Whether a call failed before reaching any etcd member: the client's
+/// balancer picked a member whose TCP connect was refused. Nothing was sent,
+/// so any request — writes included — can be tried again at once.
+///
+/// With several endpoints, etcd-client's balancer keeps handing some calls
+/// to a member that is down (etcdv3/etcd-client#39); without this, a third
+/// of all calls fail while one of three members is dead.
+pub(crate) fn is_connect_failure(err: &ec::Error) -> bool {
+    match err {
+        ec::Error::TransportError(_) => true,
+        ec::Error::GRpcStatus(status) => {
+            status.code() == Code::Unavailable
+                && (status.message().starts_with("tcp connect error")
+                    || status.message().starts_with("error trying to connect"))
+        }
+        _ => false,
+    }
+}
+
+/// How often a call that failed to connect is tried again (each failure is
+/// immediate): enough that picking the dead member of three every time is
+/// vanishingly rare.
+pub(crate) const CONNECT_ATTEMPTS: u32 = 12;
+
+/// Evaluate an etcd-client call, again while it fails to connect (see
+/// [`is_connect_failure`]).
+macro_rules! on_a_live_member {
+    ($call:expr) => {{
+        let mut attempt = 1;
+        loop {
+            match $call {
+                Err(e)
+                    if attempt < $crate::driver::exec::CONNECT_ATTEMPTS
+                        && $crate::driver::exec::is_connect_failure(&e) =>
+                {
+                    attempt += 1
+                }
+                other => break other,
+            }
+        }
+    }};
+}
+pub(crate) use on_a_live_member;
+
 pub(crate) fn key_value(kv: &ec::KeyValue) -> KeyValue {
     KeyValue {
         key: kv.key().to_vec(),
@@ -126,33 +170,32 @@ pub(crate) async fn unary(
 ) -> Result<Response, RpcError> {
     match request {
         Request::Grant { ttl_secs } => {
-            let r = client
-                .lease_grant(*ttl_secs, None)
-                .await
-                .map_err(rpc_error)?;
+            let r =
+                on_a_live_member!(client.lease_grant(*ttl_secs, None).await).map_err(rpc_error)?;
             Ok(Response::Granted {
                 lease: r.id(),
                 ttl_secs: r.ttl(),
             })
         }
         Request::Revoke { lease } => {
-            client.lease_revoke(*lease).await.map_err(rpc_error)?;
+            on_a_live_member!(client.lease_revoke(*lease).await).map_err(rpc_error)?;
             Ok(Response::Revoked)
         }
         Request::Put { key, value, lease } => {
-            let r = client
-                .put(key.clone(), value.clone(), put_options(*lease))
-                .await
-                .map_err(rpc_error)?;
+            let r = on_a_live_member!(
+                client
+                    .put(key.clone(), value.clone(), put_options(*lease))
+                    .await
+            )
+            .map_err(rpc_error)?;
             Ok(Response::Put {
                 revision: header_revision(r.header()),
             })
         }
         Request::Range(range) => {
-            // With several endpoints, etcd-client's balancer keeps handing
-            // some calls to a member that is down (etcdv3/etcd-client#39),
-            // which fails them at once. A read is idempotent, so pick again;
-            // the caller's per-call deadline still bounds the whole loop.
+            // A read is idempotent: besides connect failures, any
+            // Unavailable is worth another try (e.g. a member that lost its
+            // raft leader); the per-call deadline still bounds the loop.
             let mut attempt = 1;
             let r = loop {
                 match client
@@ -171,17 +214,19 @@ pub(crate) async fn unary(
             })
         }
         Request::Delete(range) => {
-            let r = client
-                .delete(range_key(range), Some(delete_options(range)))
-                .await
-                .map_err(rpc_error)?;
+            let r = on_a_live_member!(
+                client
+                    .delete(range_key(range), Some(delete_options(range)))
+                    .await
+            )
+            .map_err(rpc_error)?;
             Ok(Response::Deleted {
                 revision: header_revision(r.header()),
                 deleted: r.deleted(),
             })
         }
         Request::Txn(t) => {
-            let r = client.txn(txn(t)).await.map_err(rpc_error)?;
+            let r = on_a_live_member!(client.txn(txn(t)).await).map_err(rpc_error)?;
             let responses = r
                 .op_responses()
                 .into_iter()

@@ -267,16 +267,17 @@ async fn watch(
     reply_tx: mpsc::UnboundedSender<RpcReply>,
 ) {
     let (key, options) = exec::watch_options(&range, start_revision);
-    let mut stream = match client.watch(key, Some(options)).await {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = reply_tx.send(RpcReply {
-                id,
-                result: Err(exec::rpc_error(e)),
-            });
-            return;
-        }
-    };
+    let mut stream =
+        match exec::on_a_live_member!(client.watch(key.clone(), Some(options.clone())).await) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = reply_tx.send(RpcReply {
+                    id,
+                    result: Err(exec::rpc_error(e)),
+                });
+                return;
+            }
+        };
     loop {
         let result = match stream.message().await {
             Ok(Some(r)) => Ok(exec::watch_response(&r)),
@@ -325,7 +326,15 @@ async fn renew_once(
 ) -> Result<Response, RpcError> {
     if stream.is_none() {
         let mut c = client.clone();
-        *stream = Some(c.lease_keep_alive(lease).await.map_err(exec::rpc_error)?);
+        // Opening the stream already renews once and reads the answer;
+        // etcd-client reports a TTL of 0 there as this error.
+        match exec::on_a_live_member!(c.lease_keep_alive(lease).await) {
+            Ok(opened) => *stream = Some(opened),
+            Err(ec::Error::LeaseKeepAliveError(msg)) if msg.contains("lease not found") => {
+                return Ok(Response::KeptAlive { ttl_secs: 0 });
+            }
+            Err(e) => return Err(exec::rpc_error(e)),
+        }
     }
     let Some((keeper, responses)) = stream.as_mut() else {
         return Err(RpcError::Unavailable("renewal stream missing".into()));
