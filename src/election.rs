@@ -298,6 +298,16 @@ impl Election {
     /// after its TTL. Outstanding [`Leadership`]s report `is_held() == false`.
     pub fn close(self) -> Result<()> {
         self.inner.stop();
+        self.wait_closed()
+    }
+
+    /// Ask the session to stop without waiting (see [`Election::close`]).
+    pub(crate) fn begin_close(&self) {
+        self.inner.stop();
+    }
+
+    /// Wait for a stop asked for earlier to be confirmed.
+    pub(crate) fn wait_closed(&self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Some(LivenessState::Stopped { revoked }) = self.session() {

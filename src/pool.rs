@@ -115,11 +115,16 @@ impl ElectionPool {
     /// End every session. Later calls return [`Error::Closed`].
     pub fn close(&self) -> Result<()> {
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
-        let names: Vec<String> = self.elections.lock().keys().cloned().collect();
+        let elections: Vec<Arc<Election>> = self.elections.lock().drain().map(|(_, e)| e).collect();
+        // Stop every session first, then wait: with etcd down each stop
+        // takes its full grace period, and they should overlap.
+        for e in &elections {
+            e.begin_close();
+        }
         let mut first_error = None;
-        for name in names {
-            if let Err(e) = self.release(&name) {
-                first_error.get_or_insert(e);
+        for e in &elections {
+            if let Err(err) = e.wait_closed() {
+                first_error.get_or_insert(err);
             }
         }
         first_error.map_or(Ok(()), Err)
