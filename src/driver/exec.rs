@@ -157,11 +157,6 @@ fn txn(t: &Txn) -> ec::Txn {
         .or_else(t.failure.iter().map(txn_op).collect::<Vec<_>>())
 }
 
-/// How often an idempotent read is tried before its failure is reported:
-/// enough that a balancer picking a dead member one time in three almost
-/// never fails a read while the other members answer.
-const READ_ATTEMPTS: u32 = 8;
-
 /// Run a unary request (everything but `Watch` and `KeepAlive`, which are
 /// streams handled by the runner).
 pub(crate) async fn unary(
@@ -193,21 +188,12 @@ pub(crate) async fn unary(
             })
         }
         Request::Range(range) => {
-            // A read is idempotent: besides connect failures, any
-            // Unavailable is worth another try (e.g. a member that lost its
-            // raft leader); the per-call deadline still bounds the loop.
-            let mut attempt = 1;
-            let r = loop {
-                match client
+            let r = on_a_live_member!(
+                client
                     .get(range_key(&range.range), Some(get_options(range)))
                     .await
-                    .map_err(rpc_error)
-                {
-                    Ok(r) => break r,
-                    Err(RpcError::Unavailable(_)) if attempt < READ_ATTEMPTS => attempt += 1,
-                    Err(e) => return Err(e),
-                }
-            };
+            )
+            .map_err(rpc_error)?;
             Ok(Response::Range {
                 revision: header_revision(r.header()),
                 kvs: r.kvs().iter().map(key_value).collect(),
