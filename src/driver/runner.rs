@@ -124,7 +124,6 @@ where
                 }
             }
         }
-        inflight.retain(|_, h| !h.is_finished());
         if let Some(deadline) = stop_deadline {
             if machine.poll_timeout().is_none() && inflight.is_empty() {
                 break;
@@ -144,12 +143,10 @@ where
             biased;
             reply = replies.recv() => {
                 let Some(reply) = reply else { break };
-                let finished = !matches!(reply.result, Ok(Response::WatchEvents { .. }));
-                if finished {
-                    if let Some(h) = inflight.remove(&reply.id) {
-                        // A watch that reported its end is over; unary tasks are done.
-                        drop(h);
-                    }
+                // Every task's last message is its only non-`WatchEvents`
+                // reply (a unary answer, or a watch's end): it is done.
+                if !matches!(reply.result, Ok(Response::WatchEvents { .. })) {
+                    inflight.remove(&reply.id);
                 }
                 last_now = Instant::now().max(last_now);
                 machine.handle(last_now, reply.into());
