@@ -1,9 +1,9 @@
 //! [`Election`]: leader election on a name, compatible with Go's
 //! `clientv3/concurrency` and `etcdctl elect`.
 
+use crate::driver::rand_seed;
 use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
-use crate::liveness::rand_seed;
 use crate::validate;
 use fleetcoord_sm::election::{
     Election as ElectionMachine, ElectionConfig, ElectionError, ElectionInput, ElectionNotice,

@@ -166,55 +166,53 @@ impl Etcd {
     /// How long `lease` has left and what TTL it was granted, or `None`
     /// when etcd no longer has it. One request.
     pub fn lease_ttl(&self, lease: i64) -> Result<Option<LeaseTtl>> {
-        assert_not_async();
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        self.spawn(move |mut shared: Shared| async move {
-            let timeout = shared.options.request_timeout;
-            let call = shared.client.lease_time_to_live(lease, None);
-            let result = match tokio::time::timeout(timeout, call).await {
-                Ok(Ok(r)) if r.ttl() < 0 => Ok(None),
-                Ok(Ok(r)) => Ok(Some(LeaseTtl {
-                    remaining: Duration::from_secs(r.ttl().max(0) as u64),
-                    granted: Duration::from_secs(r.granted_ttl().max(0) as u64),
-                })),
-                Ok(Err(e)) => Err(Error::Etcd(e.to_string())),
-                Err(_) => Err(Error::Timeout(timeout)),
-            };
-            let _ = tx.send(result);
-        })?;
-        let wait = self.inner.options.request_timeout + Duration::from_secs(1);
-        match rx.recv_timeout(wait) {
-            Ok(result) => result,
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Timeout(wait)),
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
-        }
+        self.call(move |mut shared| async move {
+            let r = shared
+                .client
+                .lease_time_to_live(lease, None)
+                .await
+                .map_err(|e| Error::Etcd(e.to_string()))?;
+            Ok((r.ttl() >= 0).then(|| LeaseTtl {
+                remaining: Duration::from_secs(r.ttl().max(0) as u64),
+                granted: Duration::from_secs(r.granted_ttl().max(0) as u64),
+            }))
+        })
     }
 
     /// Run one unary request with the configured request timeout.
     pub(crate) fn request(&self, request: Request) -> Result<Response> {
+        self.call(move |mut shared| async move {
+            driver::exec::unary(&mut shared.client, &request)
+                .await
+                .map_err(|e| match e {
+                    RpcError::Rejected(msg) | RpcError::Unavailable(msg) => Error::Etcd(msg),
+                    other => Error::Etcd(format!("{other:?}")),
+                })
+        })
+    }
+
+    /// Run `job` on the driver within one request timeout and wait for its
+    /// result: the one way user threads make a single call.
+    fn call<T, F, Fut>(&self, job: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Shared) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+    {
         assert_not_async();
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.spawn(move |mut shared: Shared| async move {
+        self.spawn(move |shared: Shared| async move {
             let timeout = shared.options.request_timeout;
-            let result = match tokio::time::timeout(
-                timeout,
-                driver::exec::unary(&mut shared.client, &request),
-            )
-            .await
-            {
-                Ok(r) => r,
-                Err(_) => Err(RpcError::Unavailable(format!(
-                    "no answer within {timeout:?}"
-                ))),
-            };
+            let result = tokio::time::timeout(timeout, job(shared))
+                .await
+                .unwrap_or(Err(Error::Timeout(timeout)));
             let _ = tx.send(result);
         })?;
+        // The driver enforces the timeout; the slack only covers a driver
+        // too busy to report it.
         let wait = self.inner.options.request_timeout + Duration::from_secs(1);
         match rx.recv_timeout(wait) {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(RpcError::Rejected(msg))) => Err(Error::Etcd(msg)),
-            Ok(Err(RpcError::Unavailable(msg))) => Err(Error::Etcd(msg)),
-            Ok(Err(other)) => Err(Error::Etcd(format!("{other:?}"))),
+            Ok(result) => result,
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Timeout(wait)),
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
         }
@@ -255,15 +253,6 @@ impl Etcd {
             notify: Box::new(notify),
         };
         self.spawn(move |shared| runner::run(shared, task))
-    }
-
-    /// Run a helper task on the driver runtime.
-    pub(crate) fn spawn_task<F, Fut>(&self, job: F) -> Result<()>
-    where
-        F: FnOnce(Shared) -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = ()> + Send + 'static,
-    {
-        self.spawn(job)
     }
 
     fn spawn<F, Fut>(&self, job: F) -> Result<()>

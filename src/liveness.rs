@@ -1,5 +1,6 @@
 //! [`HostLiveness`]: this host's lease-bound key under the hosts prefix.
 
+use crate::driver::rand_seed;
 use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::validate;
@@ -255,11 +256,4 @@ impl Drop for HostLiveness {
     fn drop(&mut self) {
         let _ = self.stop_and_wait();
     }
-}
-
-/// A seed for a machine's jitter. Machines are deterministic given their
-/// seed; outside tests we want hosts to differ, so take it from the OS.
-pub(crate) fn rand_seed() -> u64 {
-    use rand_core::{OsRng, RngCore};
-    OsRng.next_u64()
 }

@@ -1,9 +1,9 @@
 //! [`LeaderObserver`]: the leader of an election as a stream.
 
+use crate::driver::rand_seed;
 use crate::election::LeaderInfo;
 use crate::error::Result;
 use crate::etcd::Etcd;
-use crate::liveness::rand_seed;
 use fleetcoord_sm::observe::{Observe, ObserveConfig, ObserveInput, ObserveNotice};
 use fleetcoord_sm::BackoffConfig;
 use std::time::Instant;

@@ -1,8 +1,9 @@
 //! [`HostWatcher`]: the fleet's hosts as a stream of Up/Updated/Down events.
 
+use crate::driver::rand_seed;
 use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
-use crate::liveness::{rand_seed, DEFAULT_HOSTS_PREFIX};
+use crate::liveness::DEFAULT_HOSTS_PREFIX;
 use crate::validate;
 use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchInput, WatchNotice};
 use fleetcoord_sm::{BackoffConfig, KeyRange, KeyValue, RangeRequest, Request, Response};
@@ -173,12 +174,19 @@ impl HostWatcher {
                 }
                 if tx.len() >= capacity && !paused.swap(true, Ordering::SeqCst) {
                     let _ = input_tx.send(WatchInput::ConsumerFull);
+                    // This runs on the driver runtime; the poller lives only
+                    // while the watch is paused.
+                    tokio::spawn(resume_when_drained(
+                        tx.clone(),
+                        input_tx.clone(),
+                        paused.clone(),
+                        capacity / 2,
+                    ));
                 }
                 true
             }
         };
         etcd.run_machine_with(machine, input_rx, notify)?;
-        spawn_resume_poller(etcd, tx, input_tx.clone(), paused, capacity)?;
         Ok(HostWatcher {
             events,
             input: input_tx,
@@ -203,39 +211,20 @@ impl Drop for HostWatcher {
 }
 
 /// While a watch is paused for a slow consumer, check every 50 ms whether
-/// the consumer caught up (half the capacity drained) and resume it.
-pub(crate) fn spawn_resume_poller<T: Send + 'static, I>(
-    etcd: &Etcd,
-    tx: crossbeam_channel::Sender<T>,
-    input: mpsc::UnboundedSender<I>,
+/// the consumer has read its queue down to `low_water`, then resume it.
+async fn resume_when_drained(
+    tx: crossbeam_channel::Sender<HostEvent>,
+    input: mpsc::UnboundedSender<WatchInput>,
     paused: Arc<AtomicBool>,
-    capacity: usize,
-) -> Result<()>
-where
-    I: From<ConsumerReady> + Send + 'static,
-{
-    etcd.spawn_task(move |_shared| async move {
-        loop {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            if input.is_closed() {
-                return;
-            }
-            if paused.load(Ordering::SeqCst) && tx.len() <= capacity / 2 {
-                paused.store(false, Ordering::SeqCst);
-                if input.send(I::from(ConsumerReady)).is_err() {
-                    return;
-                }
-            }
+    low_water: usize,
+) {
+    while !input.is_closed() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if tx.len() <= low_water {
+            paused.store(false, Ordering::SeqCst);
+            let _ = input.send(WatchInput::ConsumerReady);
+            return;
         }
-    })
-}
-
-/// Marker converted into a machine's "consumer ready" input.
-pub(crate) struct ConsumerReady;
-
-impl From<ConsumerReady> for WatchInput {
-    fn from(_: ConsumerReady) -> Self {
-        WatchInput::ConsumerReady
     }
 }
 

@@ -5,9 +5,9 @@ use super::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvEvent,
     KvWatcher, Message, StreamEntry, StreamId, StreamPosition, StreamReader, Subscription,
 };
+use crate::driver::rand_seed;
 use crate::error::{Error, Result};
 use crate::etcd::{Etcd, EtcdOptions};
-use crate::liveness::rand_seed;
 use crate::validate;
 use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchInput, WatchNotice};
 use fleetcoord_sm::{

@@ -143,3 +143,10 @@ async fn connect_checked(
         Err(_) => Err(format!("no answer within {timeout:?}")),
     }
 }
+
+/// A seed for a machine's jitter. Machines are deterministic given their
+/// seed; outside tests hosts should differ, so it comes from the OS.
+pub(crate) fn rand_seed() -> u64 {
+    use rand_core::{OsRng, RngCore};
+    OsRng.next_u64()
+}
