@@ -6,12 +6,12 @@ use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::validate;
 use fleetcoord_sm::election::{
-    Election as ElectionMachine, ElectionConfig, ElectionError, ElectionInput, ElectionNotice,
+    fenced_txn, Election as ElectionMachine, ElectionConfig, ElectionError, ElectionInput,
+    ElectionNotice,
 };
 use fleetcoord_sm::keepalive::LivenessState;
 use fleetcoord_sm::{
-    BackoffConfig, Compare, KeyRange, KeyValue, RangeRequest, Request, Response, SortOrder, Txn,
-    TxnOp,
+    BackoffConfig, KeyRange, KeyValue, RangeRequest, Request, Response, SortOrder, TxnOp,
 };
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -609,15 +609,8 @@ impl Leadership {
     /// transaction ran. This is the fence: a deposed leader's write is
     /// refused by etcd itself, whatever it believes.
     pub fn txn_if_leader(&self, ops: Vec<TxnOp>) -> Result<bool> {
-        let txn = Txn {
-            compare: vec![Compare::CreateRevisionEquals {
-                key: self.key.as_bytes().to_vec(),
-                revision: self.token,
-            }],
-            success: ops,
-            failure: vec![],
-        };
-        match self.inner.etcd.request(Request::Txn(txn))? {
+        let txn = fenced_txn(self.key.as_bytes(), self.token, ops);
+        match self.inner.etcd.request(txn)? {
             Response::Txn { succeeded, .. } => Ok(succeeded),
             other => Err(Error::Etcd(format!(
                 "unexpected answer to a txn: {other:?}"

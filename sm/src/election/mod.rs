@@ -24,6 +24,8 @@
 mod protocol;
 mod requests;
 
+pub use requests::fenced_txn;
+
 use crate::backoff::BackoffConfig;
 use crate::keepalive::{Keepalive, KeepaliveConfig, KeepaliveEvent, LivenessState};
 use crate::rpc::{Command, Compare, KeyValue, LeaseId, Revision, RpcReply};

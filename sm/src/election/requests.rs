@@ -62,19 +62,23 @@ pub(crate) fn try_create(prefix: &[u8], key: &[u8], value: &[u8], lease: LeaseId
 /// Overwrite my value only while my key is still the one created at `rev`
 /// (used by proclaim and when a campaign finds a stale value).
 pub(crate) fn guarded_put(key: &[u8], value: &[u8], lease: LeaseId, rev: Revision) -> Request {
-    Request::Txn(Txn {
-        compare: vec![create_rev_is(key, rev)],
-        success: vec![put(key, value, lease)],
-        failure: vec![],
-    })
+    fenced_txn(key, rev, vec![put(key, value, lease)])
 }
 
 /// Delete my key only if it is still the one created at `rev`; a key of a
 /// later campaign must survive a late withdrawal of an earlier one.
 pub(crate) fn guarded_delete(key: &[u8], rev: Revision) -> Request {
+    fenced_txn(key, rev, vec![TxnOp::Delete(KeyRange::Key(key.to_vec()))])
+}
+
+/// The fence: a transaction that runs `ops` only while the candidate `key`
+/// still exists with create revision `token`, i.e. only while that
+/// leadership is current in etcd. Resign, proclaim and users' guarded
+/// writes all go through it.
+pub fn fenced_txn(key: &[u8], token: Revision, ops: Vec<TxnOp>) -> Request {
     Request::Txn(Txn {
-        compare: vec![create_rev_is(key, rev)],
-        success: vec![TxnOp::Delete(KeyRange::Key(key.to_vec()))],
+        compare: vec![create_rev_is(key, token)],
+        success: ops,
         failure: vec![],
     })
 }
