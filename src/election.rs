@@ -4,6 +4,7 @@
 use crate::driver::rand_seed;
 use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
+use crate::liveness::{close_outcome, CLOSE_WAIT};
 use crate::validate;
 use fleetcoord_sm::election::{
     fenced_txn, Election as ElectionMachine, ElectionConfig, ElectionError, ElectionInput,
@@ -126,6 +127,8 @@ struct Inner {
     /// One user operation at a time; the machine would answer `Busy`.
     op: Mutex<()>,
     state: Arc<Mutex<State>>,
+    /// Whether the session's revoke succeeded, once it has stopped.
+    stopped: crossbeam_channel::Receiver<bool>,
 }
 
 #[derive(Default)]
@@ -166,7 +169,11 @@ impl Election {
         let machine = ElectionMachine::new(config, Instant::now(), rand_seed());
         let state = Arc::new(Mutex::new(State::default()));
         let handler_state = state.clone();
+        let (stopped_tx, stopped) = crossbeam_channel::bounded(1);
         let input = etcd.run_machine(machine, move |notice| {
+            if let ElectionNotice::Session(LivenessState::Stopped { revoked }) = &notice {
+                let _ = stopped_tx.try_send(*revoked);
+            }
             handle_notice(&handler_state, notice);
             true
         })?;
@@ -177,6 +184,7 @@ impl Election {
                 input,
                 op: Mutex::new(()),
                 state,
+                stopped,
             }),
         })
     }
@@ -308,24 +316,7 @@ impl Election {
 
     /// Wait for a stop asked for earlier to be confirmed.
     pub(crate) fn wait_closed(&self) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Some(LivenessState::Stopped { revoked }) = self.session() {
-                return if revoked {
-                    Ok(())
-                } else {
-                    Err(Error::Etcd(
-                        "the session lease could not be revoked; it will expire after its TTL"
-                            .into(),
-                    ))
-                };
-            }
-            if self.inner.input.is_closed() {
-                return Err(Error::DriverGone);
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Err(Error::Timeout(Duration::from_secs(10)))
+        close_outcome(self.inner.stopped.recv_timeout(CLOSE_WAIT))
     }
 
     fn leadership(&self, token: i64, lease: i64, key: Vec<u8>) -> Leadership {

@@ -174,7 +174,7 @@ impl HostLiveness {
         match first.recv_timeout(options.register_timeout) {
             Ok(_) => Ok(host),
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                host.stop_and_wait();
+                let _ = host.stop_and_wait();
                 Err(Error::Timeout(options.register_timeout))
             }
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
@@ -230,25 +230,37 @@ impl HostLiveness {
     /// confirmed; the keepalive stops either way and the lease then expires
     /// after its TTL.
     pub fn close(mut self) -> Result<()> {
-        match self.stop_and_wait() {
-            Some(true) => Ok(()),
-            Some(false) => Err(Error::Etcd(
-                "the lease could not be revoked; it will expire after its TTL".into(),
-            )),
-            None => Err(Error::DriverGone),
-        }
+        self.stop_and_wait()
     }
 
-    fn stop_and_wait(&mut self) -> Option<bool> {
+    fn stop_and_wait(&mut self) -> Result<()> {
         if self.closed {
-            return Some(true);
+            return Ok(());
         }
         self.closed = true;
         if self.input.send(KeepaliveEvent::Stop).is_err() {
-            return None;
+            return Err(Error::DriverGone);
         }
-        // Revoke is one request; allow its timeout plus slack.
-        self.stopped.recv_timeout(Duration::from_secs(10)).ok()
+        close_outcome(self.stopped.recv_timeout(CLOSE_WAIT))
+    }
+}
+
+/// How long a close waits for its lease's revoke to be confirmed: the
+/// revoke's request timeout plus the driver's stop slack, generously.
+pub(crate) const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+/// What `close` reports once a keepalive has stopped (`Ok(revoked)`), or
+/// did not say so in time.
+pub(crate) fn close_outcome(
+    stopped: std::result::Result<bool, crossbeam_channel::RecvTimeoutError>,
+) -> Result<()> {
+    match stopped {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Error::Etcd(
+            "the lease could not be revoked; it will expire after its TTL".into(),
+        )),
+        Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Timeout(CLOSE_WAIT)),
+        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
     }
 }
 
