@@ -7,13 +7,11 @@ use crate::etcd::{assert_not_async, Etcd};
 use crate::liveness::{close_outcome, CLOSE_WAIT};
 use crate::validate;
 use fleetcoord_sm::election::{
-    fenced_txn, Election as ElectionMachine, ElectionConfig, ElectionError, ElectionInput,
-    ElectionNotice,
+    fenced_txn, leader_query, Election as ElectionMachine, ElectionConfig, ElectionError,
+    ElectionInput, ElectionNotice,
 };
 use fleetcoord_sm::keepalive::LivenessState;
-use fleetcoord_sm::{
-    BackoffConfig, KeyRange, KeyValue, RangeRequest, Request, Response, SortOrder, TxnOp,
-};
+use fleetcoord_sm::{BackoffConfig, KeyValue, Response, TxnOp};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -501,13 +499,7 @@ fn election_prefix(name: &str, options: &ElectionOptions) -> Result<String> {
 
 /// The first-created key under `prefix`, i.e. the leader.
 pub(crate) fn current_leader(etcd: &Etcd, prefix: &str) -> Result<Option<LeaderInfo>> {
-    let request = Request::Range(RangeRequest {
-        range: KeyRange::Prefix(prefix.as_bytes().to_vec()),
-        sort: SortOrder::CreateAscending,
-        limit: 1,
-        max_create_revision: 0,
-    });
-    match etcd.request(request)? {
+    match etcd.request(leader_query(prefix.as_bytes()))? {
         Response::Range { kvs, .. } => Ok(kvs.first().map(LeaderInfo::from_kv)),
         other => Err(Error::Etcd(format!(
             "unexpected answer to a range: {other:?}"

@@ -24,7 +24,7 @@
 mod protocol;
 mod requests;
 
-pub use requests::fenced_txn;
+pub use requests::{fenced_txn, leader_query};
 
 use crate::backoff::BackoffConfig;
 use crate::keepalive::{Keepalive, KeepaliveConfig, KeepaliveEvent, LivenessState};

@@ -29,12 +29,23 @@ fn put(key: &[u8], value: &[u8], lease: LeaseId) -> TxnOp {
 }
 
 fn first_created(prefix: &[u8]) -> TxnOp {
-    TxnOp::Range(RangeRequest {
+    TxnOp::Range(first_created_range(prefix))
+}
+
+fn first_created_range(prefix: &[u8]) -> RangeRequest {
+    RangeRequest {
         range: KeyRange::Prefix(prefix.to_vec()),
         sort: SortOrder::CreateAscending,
         limit: 1,
         max_create_revision: 0,
-    })
+    }
+}
+
+/// Read the leader of the election under `prefix`: the candidate key with
+/// the lowest create revision (the rule every candidate and Go's client
+/// follow). The answer's single key, if any, is the leader.
+pub fn leader_query(prefix: &[u8]) -> Request {
+    Request::Range(first_created_range(prefix))
 }
 
 /// Join the queue: create my key unless it exists, else read it back.
