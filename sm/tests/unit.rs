@@ -11,6 +11,8 @@ mod election;
 mod keepalive;
 #[path = "unit/observe.rs"]
 mod observe;
+#[path = "unit/support.rs"]
+mod support;
 #[path = "unit/timer.rs"]
 mod timer;
 #[path = "unit/watch.rs"]

@@ -1,6 +1,7 @@
 //! Exact command sequences of the election protocol, driven by hand-written
 //! replies.
 
+use crate::support::drain;
 use fleetcoord_sm::election::*;
 use fleetcoord_sm::keepalive::LivenessState;
 use fleetcoord_sm::rpc::{
@@ -27,10 +28,6 @@ fn config() -> ElectionConfig {
             jitter_percent: 0,
         },
     }
-}
-
-fn drain(e: &mut Election) -> Vec<Command<ElectionNotice>> {
-    std::iter::from_fn(|| e.poll_command()).collect()
 }
 
 fn ok(e: &mut Election, now: Instant, id: u64, response: Response) -> Vec<Command<ElectionNotice>> {

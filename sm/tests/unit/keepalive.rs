@@ -1,5 +1,6 @@
 //! Exact command sequences and instants of the keepalive machine.
 
+use crate::support::drain;
 use fleetcoord_sm::keepalive::*;
 use fleetcoord_sm::*;
 #[allow(unused_imports)]
@@ -40,10 +41,6 @@ fn config(binding: bool) -> KeepaliveConfig {
 }
 
 type Cmd = Command<LivenessState>;
-
-fn drain(m: &mut Keepalive) -> Vec<Cmd> {
-    std::iter::from_fn(|| m.poll_command()).collect()
-}
 
 fn rpc(id: u64, request: Request) -> Cmd {
     Command::Rpc {

@@ -1,9 +1,8 @@
 //! Exact leader reports for hand-built elections.
 
+use crate::support::{delete_event, drain, put_event};
 use fleetcoord_sm::observe::*;
-use fleetcoord_sm::rpc::{
-    EventKind, KeyRange, RangeRequest, Request, Response, RpcError, RpcId, WatchEvent,
-};
+use fleetcoord_sm::rpc::{KeyRange, RangeRequest, Request, Response, RpcError, RpcId, WatchEvent};
 use fleetcoord_sm::*;
 #[allow(unused_imports)]
 use std::time::{Duration, Instant};
@@ -32,28 +31,11 @@ fn cand(lease: i64, value: &str, create: Revision, modified: Revision) -> KeyVal
 }
 
 fn put(kv: KeyValue) -> WatchEvent {
-    WatchEvent {
-        kind: EventKind::Put,
-        kv,
-        prev_kv: None,
-    }
+    put_event(kv)
 }
 
 fn del(lease: i64, revision: Revision) -> WatchEvent {
-    let kv = KeyValue {
-        key: format!("/e/{lease:x}").into_bytes(),
-        mod_revision: revision,
-        ..KeyValue::default()
-    };
-    WatchEvent {
-        kind: EventKind::Delete,
-        kv,
-        prev_kv: None,
-    }
-}
-
-fn drain(o: &mut Observe) -> Vec<Command<ObserveNotice>> {
-    std::iter::from_fn(|| o.poll_command()).collect()
+    delete_event(format!("/e/{lease:x}").into_bytes(), revision)
 }
 
 fn ok(id: u64, response: Response) -> ObserveInput {

@@ -1,6 +1,7 @@
 //! Exact notice and command sequences for hand-built cases.
 
-use fleetcoord_sm::rpc::{EventKind, RpcError};
+use crate::support::{delete_event, drain, put_event};
+use fleetcoord_sm::rpc::RpcError;
 use fleetcoord_sm::watch::*;
 use fleetcoord_sm::*;
 #[allow(unused_imports)]
@@ -42,28 +43,11 @@ fn kv(key: &[u8], value: &str, create: Revision, modified: Revision) -> KeyValue
 }
 
 fn put(kv: KeyValue) -> WatchEvent {
-    WatchEvent {
-        kind: EventKind::Put,
-        kv,
-        prev_kv: None,
-    }
+    put_event(kv)
 }
 
 fn del(key: &[u8], revision: Revision) -> WatchEvent {
-    let kv = KeyValue {
-        key: key.to_vec(),
-        mod_revision: revision,
-        ..KeyValue::default()
-    };
-    WatchEvent {
-        kind: EventKind::Delete,
-        kv,
-        prev_kv: None,
-    }
-}
-
-fn drain(w: &mut Watch) -> Vec<Command<WatchNotice>> {
-    std::iter::from_fn(|| w.poll_command()).collect()
+    delete_event(key.to_vec(), revision)
 }
 
 fn ok(id: RpcId, response: Response) -> WatchInput {
