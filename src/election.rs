@@ -134,6 +134,21 @@ struct State {
     waiter: Option<crossbeam_channel::Sender<ElectionNotice>>,
     held: Option<Held>,
     session: Option<LivenessState>,
+    /// The machine task has ended; no answer will ever come.
+    driver_gone: bool,
+}
+
+/// Owned by the notification handler, so it is dropped exactly when the
+/// machine task ends: it then drops the waiter's sender, and a blocked
+/// operation wakes with `DriverGone` instead of polling for it.
+struct EndOfNotices(Arc<Mutex<State>>);
+
+impl Drop for EndOfNotices {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.driver_gone = true;
+        state.waiter = None;
+    }
 }
 
 /// The leadership the machine last reported, registered by the driver's
@@ -166,13 +181,13 @@ impl Election {
         };
         let machine = ElectionMachine::new(config, Instant::now(), rand_seed());
         let state = Arc::new(Mutex::new(State::default()));
-        let handler_state = state.clone();
+        let handler_state = EndOfNotices(state.clone());
         let (stopped_tx, stopped) = crossbeam_channel::bounded(1);
         let input = etcd.run_machine(machine, move |notice| {
             if let ElectionNotice::Session(LivenessState::Stopped { revoked }) = &notice {
                 let _ = stopped_tx.try_send(*revoked);
             }
-            handle_notice(&handler_state, notice);
+            handle_notice(&handler_state.0, notice);
             true
         })?;
         Ok(Election {
@@ -356,7 +371,13 @@ impl Inner {
     /// Register as the waiter for the next answers, then send `input`.
     fn begin(&self, input: ElectionInput) -> Result<crossbeam_channel::Receiver<ElectionNotice>> {
         let (tx, rx) = crossbeam_channel::unbounded();
-        self.state.lock().waiter = Some(tx);
+        {
+            let mut state = self.state.lock();
+            if state.driver_gone {
+                return Err(Error::DriverGone);
+            }
+            state.waiter = Some(tx);
+        }
         self.input.send(input).map_err(|_| Error::DriverGone)?;
         Ok(rx)
     }
@@ -367,26 +388,16 @@ impl Inner {
         rx: &crossbeam_channel::Receiver<ElectionNotice>,
         deadline: Option<Instant>,
     ) -> Result<Option<ElectionNotice>> {
-        loop {
-            let slice = Duration::from_millis(250);
-            let wait = match deadline {
-                Some(d) => d.saturating_duration_since(Instant::now()).min(slice),
-                None => slice,
-            };
-            match rx.recv_timeout(wait) {
-                Ok(notice) => return Ok(Some(notice)),
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                    return Err(Error::DriverGone)
-                }
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    if self.input.is_closed() {
-                        return Err(Error::DriverGone);
-                    }
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Ok(None);
-                    }
-                }
-            }
+        let received = match deadline {
+            Some(d) => rx.recv_deadline(d),
+            None => rx
+                .recv()
+                .map_err(|_| crossbeam_channel::RecvTimeoutError::Disconnected),
+        };
+        match received {
+            Ok(notice) => Ok(Some(notice)),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Ok(None),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
         }
     }
 

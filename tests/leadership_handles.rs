@@ -107,3 +107,28 @@ fn try_campaign_against_an_unreachable_etcd_times_out() {
         started.elapsed()
     );
 }
+
+#[test]
+fn a_blocked_campaign_returns_when_the_connection_closes() {
+    let server = common::start_etcd();
+    let leader_etcd = common::connect(&server.endpoint());
+    let leader = Election::new(&leader_etcd, "closing").expect("election");
+    let _held = leader.campaign(b"first").expect("first leads");
+
+    let etcd = common::connect(&server.endpoint());
+    let waiting = Election::new(&etcd, "closing").expect("election");
+    let (done_tx, done) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        let _ = done_tx.send(waiting.campaign(b"second").map(|_| ()));
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    etcd.close().expect("close");
+    // The waiting campaign must end (with an error: it never led), not hang.
+    let result = done
+        .recv_timeout(WAIT)
+        .expect("campaign still blocked after the connection closed");
+    assert!(
+        result.is_err(),
+        "a campaign behind a live leader cannot succeed"
+    );
+}
