@@ -47,26 +47,31 @@ lint: deps-build deps-rust
 # `make demo ENDPOINTS=host:port` runs it against an existing etcd instead.
 # The demo spawns the `fleetcoord` binary, so both are built first.
 demo: deps-build deps-etcd
-	$(CARGO) build --quiet --features testing --bin fleetcoord --example demo
-	$(CARGO) run --quiet --features testing --example demo $(if $(ENDPOINTS),-- --endpoints $(ENDPOINTS))
+	$(CARGO) build --quiet -p fleetcoord-cli --bin fleetcoord --example demo
+	$(CARGO) run --quiet -p fleetcoord-cli --example demo $(if $(ENDPOINTS),-- --endpoints $(ENDPOINTS))
 
 deps: deps-build deps-etcd deps-fuzz deps-rust
 
-# apt_install(binary package ...): installs the Debian packages whose binaries
-# are missing. apt-get update first; sudo when not root; a clear failure where
-# apt-get is unavailable.
+# apt_install(what package ...): installs the Debian package of every `what`
+# that is missing. A `what` starting with `/` is a file the build reads (a
+# header, a .proto), anything else a command on PATH: checking only for a
+# binary is how `libprotobuf-dev` went missing once (protoc was there, the
+# well-known .proto files it needs were not). apt-get update first; sudo when
+# not root; a clear failure where apt-get or sudo is unavailable.
 define apt_install
 	@missing=""; \
 	set -- $(1); \
 	while [ $$# -gt 0 ]; do \
-	  command -v "$$1" >/dev/null 2>&1 || missing="$$missing $$2"; \
+	  case "$$1" in \
+	    /*) [ -e "$$1" ] || missing="$$missing $$2" ;; \
+	    *) command -v "$$1" >/dev/null 2>&1 || missing="$$missing $$2" ;; \
+	  esac; \
 	  shift 2; \
 	done; \
 	if [ -n "$$missing" ]; then \
 	  if ! command -v apt-get >/dev/null 2>&1; then \
 	    echo "make: missing packages:$$missing. apt-get is not available here;" \
-	      "install them with your package manager (etcd provides etcd and etcdctl," \
-	      "protobuf provides protoc) and run make again" >&2; \
+	      "install their equivalents with your package manager and run make again" >&2; \
 	    exit 1; \
 	  fi; \
 	  sudo=""; \
@@ -81,13 +86,17 @@ define apt_install
 	fi
 endef
 
+# etcd-client's build script runs protoc on etcd's .proto files, which import
+# protobuf's well-known types (google/protobuf/descriptor.proto ...).
 deps-build:
-	$(call apt_install,protoc protobuf-compiler)
+	$(call apt_install,protoc protobuf-compiler /usr/include/google/protobuf/descriptor.proto libprotobuf-dev cc gcc)
 
 deps-etcd:
 	$(call apt_install,etcd etcd-server etcdctl etcd-client)
 
+# libfuzzer-sys compiles libFuzzer (C++) with the host's C and C++ compilers.
 deps-fuzz: deps-rust
+	$(call apt_install,cc gcc c++ g++)
 	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install --locked cargo-fuzz
 
 # rustfmt and clippy are not in rustup's minimal profile.

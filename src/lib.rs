@@ -11,7 +11,8 @@
 //!   `clientv3/concurrency` and `etcdctl elect`; [`ElectionPool`] keeps one
 //!   long-lived session per election name.
 //! * [`coordinator`]: pub/sub, streams and KV with pattern watches, on etcd,
-//!   in memory, or noop, with a public [`conformance`] suite.
+//!   in memory, or noop, with a public `conformance` suite (feature
+//!   `conformance`).
 //!
 //! Everything is blocking and hands out crossbeam receivers. One [`Etcd`]
 //! handle owns one background thread (a small tokio runtime and the single
@@ -61,6 +62,7 @@ pub mod testing;
 mod validate;
 mod watcher;
 
+#[cfg(feature = "conformance")]
 pub use coordinator::conformance;
 pub use election::{
     Election, ElectionOptions, LeaderInfo, LeaderObserver, Leadership, TryCampaign,

@@ -16,7 +16,8 @@
 //! Backends: [`MemoryCoordinator`] (one process, the embedded default),
 //! [`NoopCoordinator`] (accepts everything, delivers nothing) and the etcd
 //! backend. [`from_env`] picks one from the `COORD` environment variable.
-//! Every backend passes the public [`conformance`] suite, which third-party
+//! Every backend passes the public `conformance` suite (feature `conformance`,
+//! implied by `testing`), which third-party
 //! backends can run from their own tests.
 //!
 //! The API is blocking; receivers are crossbeam channels wrapped in a
@@ -50,6 +51,7 @@
 //! # Ok::<(), fleetcoord::Error>(())
 //! ```
 
+#[cfg(feature = "conformance")]
 pub mod conformance;
 mod etcd;
 mod feed;
@@ -126,7 +128,7 @@ pub trait Coordinator: Send + Sync {
     /// at once; afterwards every other call returns [`Error::Closed`].
     fn close(&self) -> Result<()>;
 
-    /// What this backend does; the [`conformance`] suite skips, visibly, the
+    /// What this backend does; the `conformance` suite skips, visibly, the
     /// cases a backend declares it does not support.
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()

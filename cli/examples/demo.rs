@@ -6,8 +6,8 @@
 //! crash (SIGKILL) and its Down after the lease TTL, a leader handing over
 //! to the next campaigner with a higher fencing token, and a graceful leave.
 //!
-//! Run: `cargo build --features testing --bin fleetcoord --example demo`,
-//! then `cargo run --features testing --example demo`. It looks for the
+//! Run: `cargo build -p fleetcoord-cli --bin fleetcoord --example demo`,
+//! then `cargo run -p fleetcoord-cli --example demo`. It looks for the
 //! `fleetcoord` binary next to its own build directory, or at
 //! `$FLEETCOORD_BIN`.
 
@@ -133,7 +133,7 @@ fn find_cli() -> Result<PathBuf, Error> {
     }
     Err(
         "the fleetcoord binary was not found next to the demo; build it first with \
-         `cargo build --features testing --bin fleetcoord` (make demo does) or set FLEETCOORD_BIN"
+         `cargo build -p fleetcoord-cli --bin fleetcoord` (make demo does) or set FLEETCOORD_BIN"
             .into(),
     )
 }

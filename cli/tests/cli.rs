@@ -1,6 +1,7 @@
 //! The `fleetcoord` binary, spawned against a real etcd: exit codes, usage
 //! errors, `--json` output, and each command family end to end.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use common::ChildGuard;
