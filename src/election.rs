@@ -71,6 +71,7 @@ impl LeaderInfo {
 
 /// Outcome of [`Election::try_campaign`].
 #[derive(Debug)]
+#[must_use = "TryCampaign::Elected holds a Leadership that resigns when dropped"]
 pub enum TryCampaign {
     /// This candidate leads now.
     Elected(Leadership),
@@ -106,6 +107,7 @@ pub enum TryCampaign {
 /// leadership.resign()?;
 /// # Ok(()) }
 /// ```
+#[must_use = "dropping the last handle of an Election leaves it (revokes its session)"]
 pub struct Election {
     inner: Arc<Inner>,
 }
@@ -524,6 +526,28 @@ pub(crate) fn current_leader(etcd: &Etcd, prefix: &str) -> Result<Option<LeaderI
 /// when leadership ends without a resign: the session's local deadline
 /// passed, its lease was lost, or the candidate key was deleted. Dropping a
 /// `Leadership` resigns.
+///
+/// Discarding it by mistake is a compile-time warning (`#[must_use]`), an
+/// error under `#![deny(unused_must_use)]`:
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// fn lead(election: &fleetcoord::Election) -> fleetcoord::Result<()> {
+///     election.campaign(b"me")?; // would resign at once
+///     Ok(())
+/// }
+/// ```
+///
+/// while keeping it compiles:
+///
+/// ```no_run
+/// #![deny(unused_must_use)]
+/// fn lead(election: &fleetcoord::Election) -> fleetcoord::Result<()> {
+///     let _leadership = election.campaign(b"me")?;
+///     Ok(())
+/// }
+/// ```
+#[must_use = "dropping a Leadership resigns at once; keep it for as long as you lead"]
 pub struct Leadership {
     inner: Arc<Inner>,
     token: i64,

@@ -70,6 +70,7 @@ impl Default for LivenessOptions {
 /// host.close()?; // revokes: watchers see Down at once
 /// # Ok(()) }
 /// ```
+#[must_use = "dropping a HostLiveness revokes the lease: the host is reported Down at once"]
 pub struct HostLiveness {
     host_id: Uuid,
     key: String,

@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 /// `None` when the last candidate left. Consecutive duplicates are never
 /// sent. After a dropped connection or compaction it re-reads the election
 /// and reports the leader if it changed meanwhile.
+#[must_use = "dropping a LeaderObserver stops observing"]
 pub struct LeaderObserver {
     leaders: crossbeam_channel::Receiver<Option<LeaderInfo>>,
     input: mpsc::UnboundedSender<ObserveInput>,

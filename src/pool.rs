@@ -32,6 +32,7 @@ use std::time::Duration;
 /// pool.close()?;
 /// # Ok(()) }
 /// ```
+#[must_use = "dropping an ElectionPool leaves every election of the pool"]
 pub struct ElectionPool {
     etcd: Etcd,
     options: ElectionOptions,

@@ -100,6 +100,7 @@ impl Default for WatcherOptions {
 /// assert!(matches!(watcher.events().recv_timeout(Duration::from_secs(5))?, HostEvent::Down(_)));
 /// # Ok(()) }
 /// ```
+#[must_use = "dropping a HostWatcher stops the watch"]
 pub struct HostWatcher {
     events: crossbeam_channel::Receiver<HostEvent>,
     input: mpsc::UnboundedSender<WatchInput>,

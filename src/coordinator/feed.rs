@@ -15,6 +15,7 @@ type Hook = Box<dyn FnOnce() + Send>;
 /// The feed ends (`recv` returns an error) when its backend stops sending:
 /// after the coordinator handle that opened it is closed, or when the
 /// backend gives up on it. Items already queued are still delivered first.
+#[must_use = "dropping a Feed cancels its subscription, stream read or watch"]
 pub struct Feed<T> {
     rx: Receiver<T>,
     // A Mutex only to make the feed `Sync`; the hook is taken once, on drop.

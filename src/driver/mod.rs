@@ -134,13 +134,57 @@ async fn connect_checked(
     let attempt = async {
         let mut client = ec::Client::connect(endpoints, Some(options))
             .await
-            .map_err(|e| e.to_string())?;
-        client.status().await.map_err(|e| e.to_string())?;
+            .map_err(|e| connect_reason(&e))?;
+        client.status().await.map_err(|e| connect_reason(&e))?;
         Ok::<_, String>(client)
     };
     match tokio::time::timeout(timeout, attempt).await {
         Ok(result) => result,
         Err(_) => Err(format!("no answer within {timeout:?}")),
+    }
+}
+
+/// Why connecting failed, as one line for an operator. The Display of
+/// etcd-client's error embeds tonic's `Status`, whose Display appends its
+/// cause with `{:?}` — a struct dump. The root cause of the `source()`
+/// chain says it plainly ("connection refused", a DNS failure), so that is
+/// what the message carries.
+fn connect_reason(e: &ec::Error) -> String {
+    use std::error::Error as _;
+    let reason = match e {
+        ec::Error::GRpcStatus(status) => match status.source() {
+            Some(cause) => root_cause(cause),
+            // etcd (or something at that address) answered with a status.
+            None if !status.message().is_empty() => status.message().to_string(),
+            None => status.code().to_string(),
+        },
+        ec::Error::TransportError(t) => root_cause(t),
+        ec::Error::IoError(io) => root_cause(io),
+        other => other.to_string(),
+    };
+    // Display impls may still contain line breaks; the message is one line.
+    reason.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The Display of the innermost error, in the lowercase style of the rest
+/// of the message: an OS error's "(os error N)" suffix is dropped, since
+/// the text before it says the same.
+fn root_cause(mut e: &(dyn std::error::Error + 'static)) -> String {
+    while let Some(next) = e.source() {
+        e = next;
+    }
+    let text = e.to_string();
+    let text = match text.find(" (os error ") {
+        Some(at) if text.ends_with(')') => text[..at].to_string(),
+        _ => text,
+    };
+    // "Connection refused" reads "connection refused"; "DNS ..." stays.
+    let mut chars = text.chars();
+    match (chars.next(), chars.next()) {
+        (Some(first), Some(second)) if first.is_uppercase() && second.is_lowercase() => {
+            first.to_lowercase().chain(text.chars().skip(1)).collect()
+        }
+        _ => text,
     }
 }
 
