@@ -11,6 +11,8 @@ mod election;
 mod keepalive;
 #[path = "unit/observe.rs"]
 mod observe;
+#[path = "unit/stream.rs"]
+mod stream;
 #[path = "unit/support.rs"]
 mod support;
 #[path = "unit/timer.rs"]

@@ -1,0 +1,329 @@
+//! The append machine: head-guarded transactions, retried with backoff.
+
+use super::requests;
+use super::{StreamError, StreamKeys};
+use crate::backoff::{Backoff, BackoffConfig};
+use crate::rpc::{Command, Response, RpcError, RpcId, RpcIds, RpcReply};
+use crate::timer::TimerTable;
+use crate::Machine;
+use std::collections::VecDeque;
+use std::num::NonZeroU64;
+use std::time::{Duration, Instant};
+
+/// How an [`Append`] machine appends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendConfig {
+    /// The stream's keys.
+    pub keys: StreamKeys,
+    /// Keep only the newest `n` entries: each append deletes the entry that
+    /// falls out. `None` keeps everything.
+    pub max_len: Option<NonZeroU64>,
+    /// Delays between attempts that lost the race for the head.
+    pub backoff: BackoffConfig,
+    /// Transactions tried per append before it fails with
+    /// [`StreamError::Contended`]; 0 counts as 1.
+    pub max_attempts: u32,
+}
+
+impl AppendConfig {
+    /// Appends to `keys` with the defaults: no trimming, at most 32
+    /// attempts, backoff from 1 ms doubling to 100 ms with full jitter.
+    ///
+    /// The loser of a race knows the winner is done, so the first retry is
+    /// almost immediate; full jitter spreads a crowd of appenders over the
+    /// whole delay instead of re-colliding in lockstep; the cap keeps one
+    /// append's latency in the tens of milliseconds under ordinary
+    /// contention; 32 lost races with these delays (about two seconds)
+    /// mean something is wrong, not busy.
+    pub fn new(keys: StreamKeys) -> Self {
+        AppendConfig {
+            keys,
+            max_len: None,
+            backoff: BackoffConfig {
+                initial: Duration::from_millis(1),
+                max: Duration::from_millis(100),
+                multiplier: 2,
+                jitter_percent: 100,
+            },
+            max_attempts: 32,
+        }
+    }
+}
+
+/// Inputs of [`Append`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub enum AppendInput {
+    /// The reply to one of the machine's requests (others are ignored).
+    Rpc(RpcReply),
+    /// Append this payload. Appends run one at a time in the order asked;
+    /// each is answered by exactly one notice, in the same order.
+    Append(Vec<u8>),
+    /// Cancel everything: the running and the queued appends fail; the
+    /// machine issues nothing afterwards and answers later appends with
+    /// [`StreamError::Stopped`].
+    Stop,
+}
+
+impl From<RpcReply> for AppendInput {
+    fn from(reply: RpcReply) -> Self {
+        AppendInput::Rpc(reply)
+    }
+}
+
+/// The outcome of one append, in the order the appends were asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AppendNotice {
+    /// The entry is written with this sequence number (its ID).
+    Appended {
+        /// The ID.
+        seq: u64,
+    },
+    /// The append failed; the error says whether anything may be written.
+    Failed(StreamError),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Timer {
+    /// Backoff after a lost race, before reading the head again.
+    Retry,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Nothing to do.
+    Idle,
+    /// The head read of the current append is outstanding.
+    ReadingHead(RpcId),
+    /// The transaction that would give the current append `seq` is
+    /// outstanding.
+    Committing { id: RpcId, seq: u64 },
+    /// Waiting for [`Timer::Retry`].
+    Waiting,
+    /// Stopped for good.
+    Stopped,
+}
+
+/// The append machine: see the [module docs](super).
+///
+/// At most one request is outstanding at any time. The payload being
+/// appended is the front of the queue until its notice is emitted.
+#[derive(Clone, Debug)]
+pub struct Append {
+    keys: StreamKeys,
+    max_len: Option<NonZeroU64>,
+    max_attempts: u32,
+    backoff: Backoff,
+    ids: RpcIds,
+    timers: TimerTable<Timer>,
+    queue: VecDeque<Command<AppendNotice>>,
+    /// Payloads asked for and not yet answered; the front one is running.
+    pending: VecDeque<Vec<u8>>,
+    /// Races the running append has lost.
+    lost: u32,
+    phase: Phase,
+    last_now: Instant,
+}
+
+impl Append {
+    /// An idle machine; feed [`AppendInput::Append`] to start. Retry jitter
+    /// is derived from `seed` alone.
+    pub fn new(config: AppendConfig, now: Instant, seed: u64) -> Self {
+        Append {
+            keys: config.keys,
+            max_len: config.max_len,
+            max_attempts: config.max_attempts.max(1),
+            backoff: Backoff::new(config.backoff, seed),
+            ids: RpcIds::default(),
+            timers: TimerTable::new(),
+            queue: VecDeque::new(),
+            pending: VecDeque::new(),
+            lost: 0,
+            phase: Phase::Idle,
+            last_now: now,
+        }
+    }
+
+    /// Appends asked for and not yet answered, the running one included.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn observe_now(&mut self, now: Instant) {
+        debug_assert!(now >= self.last_now, "time went backwards");
+        self.last_now = self.last_now.max(now);
+    }
+
+    /// Start the next queued append, if any and if nothing runs.
+    fn start_next(&mut self) {
+        if self.phase != Phase::Idle || self.pending.is_empty() {
+            return;
+        }
+        self.lost = 0;
+        // Each append has its own schedule: an earlier append's lost races
+        // say nothing about the contention now.
+        self.backoff.reset();
+        self.read_head();
+    }
+
+    fn read_head(&mut self) {
+        let id = self.ids.next_id();
+        let request = requests::read_head(&self.keys);
+        self.queue.push_back(Command::Rpc { id, request });
+        self.phase = Phase::ReadingHead(id);
+    }
+
+    /// Answer the running append and move on to the next.
+    fn finish(&mut self, notice: AppendNotice) {
+        self.pending.pop_front();
+        self.queue.push_back(Command::Notify(notice));
+        self.phase = Phase::Idle;
+        self.start_next();
+    }
+
+    fn on_head(&mut self, result: Result<Response, RpcError>) {
+        let kvs = match result {
+            Ok(Response::Range { kvs, .. }) => kvs,
+            Ok(other) => {
+                return self.finish(AppendNotice::Failed(StreamError::Unexpected(format!(
+                    "{other:?} to a head read"
+                ))))
+            }
+            // Nothing was written; the caller decides whether to try again.
+            Err(e) => return self.finish(AppendNotice::Failed(StreamError::Rpc(e))),
+        };
+        let txn = requests::parse_head(&self.keys, &kvs).and_then(|head| {
+            let payload = self.pending.front().map(Vec::as_slice).unwrap_or_default();
+            requests::append(&self.keys, head, payload, self.max_len)
+        });
+        match txn {
+            Ok((seq, request)) => {
+                let id = self.ids.next_id();
+                self.queue.push_back(Command::Rpc { id, request });
+                self.phase = Phase::Committing { id, seq };
+            }
+            Err(e) => self.finish(AppendNotice::Failed(e)),
+        }
+    }
+
+    fn on_commit(&mut self, now: Instant, seq: u64, result: Result<Response, RpcError>) {
+        match result {
+            Ok(Response::Txn {
+                succeeded: true, ..
+            }) => self.finish(AppendNotice::Appended { seq }),
+            Ok(Response::Txn {
+                succeeded: false, ..
+            }) => self.lost_race(now),
+            // etcd refused the transaction: it was not applied.
+            Err(RpcError::Rejected(m)) => self.finish(AppendNotice::Failed(StreamError::Rpc(
+                RpcError::Rejected(m),
+            ))),
+            // Anything else may have been applied; retrying could write the
+            // payload twice.
+            Err(e) => self.finish(AppendNotice::Failed(StreamError::Indeterminate(e))),
+            Ok(other) => self.finish(AppendNotice::Failed(StreamError::Unexpected(format!(
+                "{other:?} to an append transaction"
+            )))),
+        }
+    }
+
+    fn lost_race(&mut self, now: Instant) {
+        self.lost = self.lost.saturating_add(1);
+        if self.lost >= self.max_attempts {
+            let attempts = self.lost;
+            return self.finish(AppendNotice::Failed(StreamError::Contended { attempts }));
+        }
+        let delay = self.backoff.next_delay();
+        if delay.is_zero() {
+            return self.read_head();
+        }
+        // An absurd configured delay must not panic; retrying at once is the
+        // harmless fallback.
+        self.timers
+            .set(Timer::Retry, now.checked_add(delay).unwrap_or(now));
+        self.phase = Phase::Waiting;
+    }
+
+    fn on_reply(&mut self, now: Instant, reply: RpcReply) {
+        match self.phase {
+            Phase::ReadingHead(id) if id == reply.id => self.on_head(reply.result),
+            Phase::Committing { id, seq } if id == reply.id => {
+                self.on_commit(now, seq, reply.result)
+            }
+            _ => {}
+        }
+    }
+
+    fn stop(&mut self) {
+        let running = match self.phase {
+            Phase::ReadingHead(id) => {
+                self.queue.push_back(Command::Cancel { id });
+                StreamError::Stopped
+            }
+            Phase::Committing { id, .. } => {
+                self.queue.push_back(Command::Cancel { id });
+                StreamError::Indeterminate(RpcError::Unavailable(
+                    "stopped while the append transaction was in flight".into(),
+                ))
+            }
+            Phase::Idle | Phase::Waiting | Phase::Stopped => StreamError::Stopped,
+        };
+        self.timers.clear();
+        self.phase = Phase::Stopped;
+        if self.pending.pop_front().is_some() {
+            self.queue
+                .push_back(Command::Notify(AppendNotice::Failed(running)));
+        }
+        for _ in self.pending.drain(..) {
+            self.queue
+                .push_back(Command::Notify(AppendNotice::Failed(StreamError::Stopped)));
+        }
+    }
+}
+
+impl Machine for Append {
+    type Event = AppendInput;
+    type Notification = AppendNotice;
+
+    fn handle(&mut self, now: Instant, event: AppendInput) {
+        self.observe_now(now);
+        match event {
+            AppendInput::Append(_) if self.phase == Phase::Stopped => {
+                self.queue
+                    .push_back(Command::Notify(AppendNotice::Failed(StreamError::Stopped)));
+            }
+            AppendInput::Append(payload) => {
+                self.pending.push_back(payload);
+                self.start_next();
+            }
+            AppendInput::Rpc(reply) => self.on_reply(now, reply),
+            AppendInput::Stop => {
+                if self.phase != Phase::Stopped {
+                    self.stop();
+                }
+            }
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        self.observe_now(now);
+        while let Some(timer) = self.timers.pop_expired(now) {
+            match timer {
+                Timer::Retry => {
+                    if self.phase == Phase::Waiting {
+                        self.read_head();
+                    }
+                }
+            }
+        }
+    }
+
+    fn poll_command(&mut self) -> Option<Command<AppendNotice>> {
+        self.queue.pop_front()
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next().map(|at| at.max(self.last_now))
+    }
+}

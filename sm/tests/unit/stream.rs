@@ -1,0 +1,842 @@
+//! Exact command sequences of the stream machines: the append's guarded
+//! transaction, backoff and failure outcomes; the reader's first read per
+//! position, delivery rule, re-reads and stop.
+
+use crate::support::{delete_event, drain, put_event};
+use fleetcoord_sm::stream::requests;
+use fleetcoord_sm::stream::*;
+use fleetcoord_sm::*;
+use std::num::NonZeroU64;
+use std::time::{Duration, Instant};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn keys() -> StreamKeys {
+    StreamKeys::new("/c", "s")
+}
+
+/// No jitter, so every deadline is exact: 10 ms doubling up to 40 ms.
+fn backoff() -> BackoffConfig {
+    BackoffConfig {
+        initial: Duration::from_millis(10),
+        max: Duration::from_millis(40),
+        multiplier: 2,
+        jitter_percent: 0,
+    }
+}
+
+fn append_config(max_len: Option<u64>, max_attempts: u32) -> AppendConfig {
+    AppendConfig {
+        max_len: max_len.and_then(NonZeroU64::new),
+        backoff: backoff(),
+        max_attempts,
+        ..AppendConfig::new(keys())
+    }
+}
+
+/// Tests need some instant to start from; the machines never read a clock.
+fn start() -> Instant {
+    Instant::now()
+}
+
+fn head(seq: &str, mod_revision: Revision) -> KeyValue {
+    KeyValue {
+        key: keys().head().to_vec(),
+        value: seq.as_bytes().to_vec(),
+        create_revision: 2,
+        mod_revision,
+        version: 1,
+        lease: 0,
+    }
+}
+
+fn entry(seq: u64, payload: &str, revision: Revision) -> KeyValue {
+    KeyValue {
+        key: keys().entry_key(seq),
+        value: payload.as_bytes().to_vec(),
+        create_revision: revision,
+        mod_revision: revision,
+        version: 1,
+        lease: 0,
+    }
+}
+
+fn reply<E: From<RpcReply>>(id: u64, result: Result<Response, RpcError>) -> E {
+    RpcReply {
+        id: RpcId(id),
+        result,
+    }
+    .into()
+}
+
+fn ok<E: From<RpcReply>>(id: u64, response: Response) -> E {
+    reply(id, Ok(response))
+}
+
+fn unavailable<E: From<RpcReply>>(id: u64) -> E {
+    reply(id, Err(RpcError::Unavailable("gone".into())))
+}
+
+fn range(revision: Revision, kvs: Vec<KeyValue>) -> Response {
+    Response::Range { revision, kvs }
+}
+
+fn txn(succeeded: bool) -> Response {
+    Response::Txn {
+        revision: 50,
+        succeeded,
+        responses: vec![],
+    }
+}
+
+fn rpc<N>(id: u64, request: Request) -> Command<N> {
+    Command::Rpc {
+        id: RpcId(id),
+        request,
+    }
+}
+
+fn read_head_cmd<N>(id: u64) -> Command<N> {
+    rpc(
+        id,
+        Request::Range(RangeRequest::all(KeyRange::Key(
+            b"/c/stream/s/head".to_vec(),
+        ))),
+    )
+}
+
+/// The append transaction, spelled out once by hand: everything else is
+/// compared against it.
+fn append_cmd(
+    id: u64,
+    guard: Revision,
+    seq: u64,
+    payload: &str,
+    trim: Option<u64>,
+) -> Command<AppendNotice> {
+    let mut success = vec![
+        TxnOp::Put {
+            key: b"/c/stream/s/head".to_vec(),
+            value: seq.to_string().into_bytes(),
+            lease: 0,
+        },
+        TxnOp::Put {
+            key: format!("/c/stream/s/e/{seq:020}").into_bytes(),
+            value: payload.as_bytes().to_vec(),
+            lease: 0,
+        },
+    ];
+    if let Some(gone) = trim {
+        success.push(TxnOp::Delete(KeyRange::Key(
+            format!("/c/stream/s/e/{gone:020}").into_bytes(),
+        )));
+    }
+    rpc(
+        id,
+        Request::Txn(Txn {
+            compare: vec![Compare::ModRevisionEquals {
+                key: b"/c/stream/s/head".to_vec(),
+                revision: guard,
+            }],
+            success,
+            failure: vec![],
+        }),
+    )
+}
+
+fn appended(seq: u64) -> Command<AppendNotice> {
+    Command::Notify(AppendNotice::Appended { seq })
+}
+
+fn failed(error: StreamError) -> Command<AppendNotice> {
+    Command::Notify(AppendNotice::Failed(error))
+}
+
+#[test]
+fn the_first_append_guards_on_the_absent_head_and_writes_entry_one() {
+    let t0 = start();
+    let mut a = Append::new(append_config(None, 5), t0, 1);
+    assert!(drain(&mut a).is_empty(), "idle until asked");
+    assert_eq!(a.poll_timeout(), None);
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    assert_eq!(drain(&mut a), vec![read_head_cmd(0)]);
+    a.handle(t0, ok(0, range(1, vec![])));
+    assert_eq!(drain(&mut a), vec![append_cmd(1, 0, 1, "x", None)]);
+    a.handle(t0 + MS, ok(1, txn(true)));
+    assert_eq!(drain(&mut a), vec![appended(1)]);
+    assert_eq!((a.pending(), a.poll_timeout()), (0, None));
+}
+
+#[test]
+fn trimming_deletes_exactly_the_entry_that_falls_out() {
+    let t0 = start();
+    let mut a = Append::new(append_config(Some(3), 5), t0, 1);
+    // seq 3 with max 3: nothing falls out yet; seq 4: entry 1 does.
+    for (at, guard, seq, trim) in [
+        ("2", 7, 3, None),
+        ("3", 8, 4, Some(1)),
+        ("9", 20, 10, Some(7)),
+    ] {
+        a.handle(t0, AppendInput::Append(b"p".to_vec()));
+        let read = drain(&mut a);
+        let Some(Command::Rpc { id, .. }) = read.first() else {
+            panic!("{read:?}")
+        };
+        let id = id.0;
+        a.handle(t0, ok(id, range(guard, vec![head(at, guard)])));
+        assert_eq!(
+            drain(&mut a),
+            vec![append_cmd(id + 1, guard, seq, "p", trim)]
+        );
+        a.handle(t0, ok(id + 1, txn(true)));
+        assert_eq!(drain(&mut a), vec![appended(seq)]);
+    }
+}
+
+#[test]
+fn a_lost_race_waits_the_backoff_then_reads_the_head_again() {
+    let t0 = start();
+    let mut a = Append::new(append_config(None, 5), t0, 1);
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    a.handle(t0, ok(0, range(4, vec![head("3", 4)])));
+    assert_eq!(
+        drain(&mut a),
+        vec![read_head_cmd(0), append_cmd(1, 4, 4, "x", None)]
+    );
+    a.handle(t0 + MS, ok(1, txn(false)));
+    assert!(drain(&mut a).is_empty(), "no busy retry");
+    assert_eq!(a.poll_timeout(), Some(t0 + 11 * MS));
+    a.handle_timeout(t0 + 10 * MS);
+    assert!(drain(&mut a).is_empty(), "early timeouts do nothing");
+    a.handle_timeout(t0 + 11 * MS);
+    assert_eq!(drain(&mut a), vec![read_head_cmd(2)]);
+    assert_eq!(a.poll_timeout(), None);
+    a.handle(t0 + 12 * MS, ok(2, range(6, vec![head("5", 6)])));
+    assert_eq!(drain(&mut a), vec![append_cmd(3, 6, 6, "x", None)]);
+    a.handle(t0 + 13 * MS, ok(3, txn(true)));
+    assert_eq!(drain(&mut a), vec![appended(6)]);
+}
+
+#[test]
+fn an_append_that_loses_every_race_is_contended_after_max_attempts() {
+    let t0 = start();
+    let mut a = Append::new(append_config(None, 4), t0, 1);
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    drain(&mut a);
+    let mut now = t0;
+    let mut deadlines = Vec::new();
+    for attempt in 0..4u64 {
+        let (read, commit) = (2 * attempt, 2 * attempt + 1);
+        a.handle(now, ok(read, range(9, vec![head("8", 9)])));
+        assert_eq!(drain(&mut a), vec![append_cmd(commit, 9, 9, "x", None)]);
+        a.handle(now, ok(commit, txn(false)));
+        if attempt == 3 {
+            break;
+        }
+        assert!(drain(&mut a).is_empty());
+        let at = a.poll_timeout().expect("backoff timer");
+        deadlines.push(at - now);
+        now = at;
+        a.handle_timeout(now);
+        assert_eq!(drain(&mut a), vec![read_head_cmd(commit + 1)]);
+    }
+    assert_eq!(
+        deadlines,
+        vec![10 * MS, 20 * MS, 40 * MS],
+        "doubling, capped"
+    );
+    assert_eq!(
+        drain(&mut a),
+        vec![failed(StreamError::Contended { attempts: 4 })]
+    );
+    assert_eq!(a.poll_timeout(), None);
+    // The next append starts a fresh schedule.
+    a.handle(now, AppendInput::Append(b"y".to_vec()));
+    assert_eq!(drain(&mut a), vec![read_head_cmd(8)]);
+    a.handle(now, ok(8, range(9, vec![head("8", 9)])));
+    a.handle(now, ok(9, txn(false)));
+    assert_eq!(a.poll_timeout(), Some(now + 10 * MS));
+}
+
+#[test]
+fn a_garbage_or_exhausted_head_fails_the_append_without_writing() {
+    let t0 = start();
+    let mut a = Append::new(append_config(None, 5), t0, 1);
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    a.handle(t0, ok(0, range(3, vec![head("12a", 3)])));
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            read_head_cmd(0),
+            failed(StreamError::BadHead {
+                value: b"12a".to_vec()
+            })
+        ]
+    );
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    a.handle(t0, ok(1, range(3, vec![head("18446744073709551615", 3)])));
+    assert_eq!(
+        drain(&mut a),
+        vec![read_head_cmd(1), failed(StreamError::Exhausted)]
+    );
+}
+
+#[test]
+fn failed_requests_fail_the_append_and_only_an_unanswered_txn_is_indeterminate() {
+    let t0 = start();
+    let gone = RpcError::Unavailable("gone".into());
+    let refused = RpcError::Rejected("too large".into());
+    let mut a = Append::new(append_config(None, 5), t0, 1);
+    // A failed head read wrote nothing.
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    a.handle(t0, unavailable(0));
+    assert_eq!(
+        drain(&mut a),
+        vec![read_head_cmd(0), failed(StreamError::Rpc(gone.clone()))]
+    );
+    // A transaction etcd refused was not applied.
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    a.handle(t0, ok(1, range(3, vec![])));
+    a.handle(t0, reply(2, Err(refused.clone())));
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            read_head_cmd(1),
+            append_cmd(2, 0, 1, "x", None),
+            failed(StreamError::Rpc(refused))
+        ]
+    );
+    // A transaction without an answer may have been applied: no retry.
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    a.handle(t0, ok(3, range(3, vec![])));
+    a.handle(t0, unavailable(4));
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            read_head_cmd(3),
+            append_cmd(4, 0, 1, "x", None),
+            failed(StreamError::Indeterminate(gone))
+        ]
+    );
+    assert_eq!(a.poll_timeout(), None);
+}
+
+#[test]
+fn appends_run_one_at_a_time_and_are_answered_in_order() {
+    let t0 = start();
+    let mut a = Append::new(append_config(None, 5), t0, 1);
+    a.handle(t0, AppendInput::Append(b"a".to_vec()));
+    a.handle(t0, AppendInput::Append(b"b".to_vec()));
+    assert_eq!(drain(&mut a), vec![read_head_cmd(0)], "b waits for a");
+    assert_eq!(a.pending(), 2);
+    a.handle(t0, ok(0, range(3, vec![])));
+    a.handle(t0, ok(1, txn(true)));
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            append_cmd(1, 0, 1, "a", None),
+            appended(1),
+            read_head_cmd(2)
+        ]
+    );
+    a.handle(t0, ok(2, range(4, vec![head("1", 4)])));
+    a.handle(t0, ok(3, txn(true)));
+    assert_eq!(
+        drain(&mut a),
+        vec![append_cmd(3, 4, 2, "b", None), appended(2)]
+    );
+}
+
+#[test]
+fn late_and_unknown_replies_are_ignored() {
+    let t0 = start();
+    let mut a = Append::new(append_config(None, 5), t0, 1);
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    drain(&mut a);
+    a.handle(t0, ok(7, txn(true)));
+    a.handle(t0, ok(1, range(1, vec![])));
+    assert!(drain(&mut a).is_empty());
+    a.handle(t0, ok(0, txn(true)));
+    assert_eq!(
+        drain(&mut a),
+        vec![failed(StreamError::Unexpected(format!(
+            "{:?} to a head read",
+            txn(true)
+        )))]
+    );
+}
+
+#[test]
+fn stop_fails_the_running_and_queued_appends_and_everything_later() {
+    let t0 = start();
+    let mut a = Append::new(append_config(None, 5), t0, 1);
+    a.handle(t0, AppendInput::Append(b"a".to_vec()));
+    a.handle(t0, AppendInput::Append(b"b".to_vec()));
+    drain(&mut a);
+    a.handle(t0, AppendInput::Stop);
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            Command::Cancel { id: RpcId(0) },
+            failed(StreamError::Stopped),
+            failed(StreamError::Stopped)
+        ]
+    );
+    a.handle(t0, ok(0, range(1, vec![])));
+    a.handle(t0, AppendInput::Append(b"c".to_vec()));
+    assert_eq!(drain(&mut a), vec![failed(StreamError::Stopped)]);
+    assert_eq!(a.poll_timeout(), None);
+
+    // Stopped with the transaction in flight: it may still land.
+    let mut a = Append::new(append_config(None, 5), t0, 1);
+    a.handle(t0, AppendInput::Append(b"a".to_vec()));
+    a.handle(t0, ok(0, range(1, vec![])));
+    drain(&mut a);
+    a.handle(t0, AppendInput::Stop);
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            Command::Cancel { id: RpcId(1) },
+            failed(StreamError::Indeterminate(RpcError::Unavailable(
+                "stopped while the append transaction was in flight".into()
+            )))
+        ]
+    );
+
+    // Stopped while backing off: the timer goes, nothing was written.
+    let mut a = Append::new(append_config(None, 5), t0, 1);
+    a.handle(t0, AppendInput::Append(b"a".to_vec()));
+    a.handle(t0, ok(0, range(1, vec![])));
+    a.handle(t0, ok(1, txn(false)));
+    drain(&mut a);
+    assert!(a.poll_timeout().is_some());
+    a.handle(t0, AppendInput::Stop);
+    assert_eq!(drain(&mut a), vec![failed(StreamError::Stopped)]);
+    assert_eq!(a.poll_timeout(), None);
+    a.handle_timeout(t0 + Duration::from_secs(1));
+    assert!(drain(&mut a).is_empty());
+}
+
+#[test]
+fn the_append_request_builder_matches_the_layout() {
+    let keys = keys();
+    let head = Head {
+        seq: 41,
+        mod_revision: 77,
+    };
+    let (seq, request) = requests::append(&keys, head, b"p", NonZeroU64::new(40)).expect("append");
+    assert_eq!(seq, 42);
+    assert_eq!(
+        rpc::<AppendNotice>(0, request),
+        append_cmd(0, 77, 42, "p", Some(2))
+    );
+    let at_max = Head {
+        seq: u64::MAX,
+        mod_revision: 1,
+    };
+    assert_eq!(
+        requests::append(&keys, at_max, b"p", None),
+        Err(StreamError::Exhausted)
+    );
+    assert_eq!(
+        requests::parse_head(&keys, &[head_kv_other_key()]),
+        Ok(Head::default()),
+        "only the head key counts"
+    );
+}
+
+fn head_kv_other_key() -> KeyValue {
+    KeyValue {
+        key: b"/c/stream/s/headless".to_vec(),
+        value: b"zzz".to_vec(),
+        ..KeyValue::default()
+    }
+}
+
+// ---- reader ----
+
+fn reader(from: ReadFrom, now: Instant) -> Reader {
+    let config = ReaderConfig {
+        keys: keys(),
+        from,
+        backoff: BackoffConfig {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+            multiplier: 2,
+            jitter_percent: 0,
+        },
+    };
+    Reader::new(config, now, 1)
+}
+
+fn read_entries_cmd(id: u64) -> Command<ReaderNotice> {
+    rpc(
+        id,
+        Request::Range(RangeRequest::all(KeyRange::Prefix(
+            b"/c/stream/s/e/".to_vec(),
+        ))),
+    )
+}
+
+fn watch_cmd(id: u64, start_revision: Revision) -> Command<ReaderNotice> {
+    rpc(
+        id,
+        Request::Watch {
+            range: KeyRange::Prefix(b"/c/stream/s/e/".to_vec()),
+            start_revision,
+        },
+    )
+}
+
+fn deliver(seq: u64, payload: &str) -> Command<ReaderNotice> {
+    Command::Notify(ReaderNotice::Entry(Entry {
+        seq,
+        payload: payload.as_bytes().to_vec(),
+    }))
+}
+
+fn live() -> Command<ReaderNotice> {
+    Command::Notify(ReaderNotice::Live)
+}
+
+fn events(events: Vec<WatchEvent>) -> Response {
+    Response::WatchEvents { events }
+}
+
+/// A Start reader that read entries 1..=3 at revision 10 and whose watch
+/// (id 1) is established.
+fn live_reader(now: Instant) -> Reader {
+    let mut r = reader(ReadFrom::Start, now);
+    let kvs = (1..=3)
+        .map(|s| entry(s, &format!("p{s}"), s as i64 + 2))
+        .collect();
+    r.handle(now, ok(0, range(10, kvs)));
+    r.handle(now, ok(1, events(vec![])));
+    drain(&mut r);
+    assert!(r.is_watching());
+    r
+}
+
+#[test]
+fn start_delivers_every_entry_in_order_then_live_then_watches_from_the_next_revision() {
+    let t0 = start();
+    let mut r = reader(ReadFrom::Start, t0);
+    assert_eq!(drain(&mut r), vec![read_entries_cmd(0)]);
+    assert!(!r.is_live());
+    let junk = KeyValue {
+        key: b"/c/stream/s/e/junk".to_vec(),
+        ..entry(1, "j", 4)
+    };
+    // Answer order does not matter; sequence order does.
+    let kvs = vec![
+        entry(3, "c", 7),
+        junk.clone(),
+        entry(1, "a", 5),
+        entry(2, "b", 6),
+    ];
+    r.handle(t0, ok(0, range(10, kvs)));
+    assert_eq!(
+        drain(&mut r),
+        vec![
+            Command::Notify(ReaderNotice::InvalidKey(junk.key.clone())),
+            deliver(1, "a"),
+            deliver(2, "b"),
+            deliver(3, "c"),
+            live(),
+            watch_cmd(1, 11),
+        ]
+    );
+    assert!(r.is_live() && !r.is_watching());
+    assert_eq!((r.last(), r.poll_timeout()), (3, None));
+}
+
+#[test]
+fn watch_batches_deliver_new_entries_once_and_ignore_repeats_deletes_and_junk() {
+    let t0 = start();
+    let mut r = live_reader(t0);
+    let junk = b"/c/stream/s/e/0001".to_vec();
+    let batch = vec![
+        put_event(entry(3, "p3", 5)),
+        put_event(entry(4, "p4", 11)),
+        delete_event(keys().entry_key(1), 11),
+        put_event(KeyValue {
+            key: junk.clone(),
+            ..entry(9, "j", 12)
+        }),
+        put_event(entry(5, "p5", 13)),
+    ];
+    r.handle(t0, ok(1, events(batch)));
+    assert_eq!(
+        drain(&mut r),
+        vec![
+            Command::Notify(ReaderNotice::InvalidKey(junk.clone())),
+            deliver(4, "p4"),
+            deliver(5, "p5"),
+        ]
+    );
+    // Repeats after a reconnect, and the same junk key again: nothing.
+    r.handle(
+        t0,
+        ok(
+            1,
+            events(vec![
+                put_event(entry(5, "p5", 13)),
+                put_event(KeyValue {
+                    key: junk,
+                    ..entry(9, "j", 14)
+                }),
+            ]),
+        ),
+    );
+    assert!(drain(&mut r).is_empty());
+    assert_eq!(r.last(), 5);
+}
+
+#[test]
+fn end_reads_only_the_head_and_delivers_what_comes_after_it() {
+    let t0 = start();
+    let mut r = reader(ReadFrom::End, t0);
+    assert_eq!(drain(&mut r), vec![read_head_cmd(0)]);
+    r.handle(t0, ok(0, range(7, vec![head("5", 7)])));
+    assert_eq!(drain(&mut r), vec![live(), watch_cmd(1, 8)]);
+    assert_eq!(r.last(), 5);
+    r.handle(t0, ok(1, events(vec![put_event(entry(6, "new", 8))])));
+    assert_eq!(drain(&mut r), vec![deliver(6, "new")]);
+    // An empty stream's end is 0.
+    let mut r = reader(ReadFrom::End, t0);
+    r.handle(t0, ok(0, range(3, vec![])));
+    assert_eq!(
+        drain(&mut r),
+        vec![read_head_cmd(0), live(), watch_cmd(1, 4)]
+    );
+}
+
+fn head_and_entries(
+    revision: Revision,
+    head_kvs: Vec<KeyValue>,
+    entries: Vec<KeyValue>,
+) -> Response {
+    Response::Txn {
+        revision,
+        succeeded: true,
+        responses: vec![
+            TxnOpResponse::Range { kvs: head_kvs },
+            TxnOpResponse::Range { kvs: entries },
+        ],
+    }
+}
+
+#[test]
+fn after_reads_head_and_entries_at_one_revision_skipping_trimmed_and_clamping_to_the_head() {
+    let t0 = start();
+    let mut r = reader(ReadFrom::After(2), t0);
+    assert_eq!(
+        drain(&mut r),
+        vec![rpc(0, requests::read_head_and_entries(&keys()))]
+    );
+    // Entry 3 was trimmed: the oldest retained one follows.
+    let retained = vec![entry(4, "d", 14), entry(5, "e", 15), entry(6, "f", 16)];
+    r.handle(
+        t0,
+        ok(
+            0,
+            head_and_entries(20, vec![head("6", 16)], retained.clone()),
+        ),
+    );
+    assert_eq!(
+        drain(&mut r),
+        vec![
+            deliver(4, "d"),
+            deliver(5, "e"),
+            deliver(6, "f"),
+            live(),
+            watch_cmd(1, 21)
+        ]
+    );
+    // Beyond the head: the next append is the first entry.
+    let mut r = reader(ReadFrom::After(100), t0);
+    r.handle(
+        t0,
+        ok(0, head_and_entries(20, vec![head("6", 16)], retained)),
+    );
+    assert_eq!(
+        drain(&mut r),
+        vec![
+            rpc(0, requests::read_head_and_entries(&keys())),
+            live(),
+            watch_cmd(1, 21)
+        ]
+    );
+    assert_eq!(r.last(), 6);
+    r.handle(t0, ok(1, events(vec![put_event(entry(7, "g", 21))])));
+    assert_eq!(drain(&mut r), vec![deliver(7, "g")]);
+}
+
+#[test]
+fn a_failed_or_compacted_watch_backs_off_then_rereads_after_the_last_delivered_entry() {
+    let t0 = start();
+    let mut r = live_reader(t0);
+    r.handle(t0 + MS, unavailable(1));
+    assert!(
+        drain(&mut r).is_empty(),
+        "the watch has ended: nothing to cancel"
+    );
+    assert_eq!(r.poll_timeout(), Some(t0 + 101 * MS));
+    r.handle_timeout(t0 + 101 * MS);
+    assert_eq!(drain(&mut r), vec![read_entries_cmd(2)]);
+    // Entries 1..=3 again (delivered already), 4 and 5 new; no second Live.
+    let kvs = (1..=5)
+        .map(|s| entry(s, &format!("p{s}"), s as i64 + 2))
+        .collect();
+    r.handle(t0 + 102 * MS, ok(2, range(30, kvs)));
+    assert_eq!(
+        drain(&mut r),
+        vec![deliver(4, "p4"), deliver(5, "p5"), watch_cmd(3, 31)]
+    );
+    // Compaction cancels the watch; the same re-read follows, with the
+    // backoff grown because no watch was established in between.
+    let t1 = t0 + 200 * MS;
+    r.handle(
+        t1,
+        ok(
+            3,
+            Response::WatchCanceled {
+                compact_revision: 40,
+            },
+        ),
+    );
+    assert_eq!(r.poll_timeout(), Some(t1 + 200 * MS));
+    r.handle_timeout(t1 + 200 * MS);
+    assert_eq!(drain(&mut r), vec![read_entries_cmd(4)]);
+    r.handle(
+        t1 + 200 * MS,
+        ok(4, range(45, vec![entry(5, "p5", 7), entry(6, "p6", 44)])),
+    );
+    assert_eq!(drain(&mut r), vec![deliver(6, "p6"), watch_cmd(5, 46)]);
+    // Established again: the next failure starts from the initial delay.
+    let t2 = t1 + 300 * MS;
+    r.handle(t2, ok(5, events(vec![])));
+    r.handle(t2, unavailable(5));
+    assert_eq!(r.poll_timeout(), Some(t2 + 100 * MS));
+}
+
+#[test]
+fn a_failed_first_read_is_retried_with_the_same_position() {
+    let t0 = start();
+    let mut r = reader(ReadFrom::End, t0);
+    drain(&mut r);
+    r.handle(t0, unavailable(0));
+    r.handle_timeout(t0 + 100 * MS);
+    assert_eq!(drain(&mut r), vec![read_head_cmd(1)]);
+    // A nonsense answer counts as a failure, too.
+    r.handle(t0 + 100 * MS, ok(1, txn(true)));
+    r.handle_timeout(t0 + 300 * MS);
+    assert_eq!(drain(&mut r), vec![read_head_cmd(2)]);
+    assert!(!r.is_live());
+}
+
+#[test]
+fn a_garbage_head_or_a_refused_request_fails_the_reader_for_good() {
+    let t0 = start();
+    let mut r = reader(ReadFrom::End, t0);
+    drain(&mut r);
+    r.handle(t0, ok(0, range(3, vec![head("-1", 3)])));
+    assert_eq!(
+        drain(&mut r),
+        vec![Command::Notify(ReaderNotice::Failed(
+            StreamError::BadHead {
+                value: b"-1".to_vec()
+            }
+        ))]
+    );
+    assert_eq!(r.poll_timeout(), None);
+    r.handle(t0, ReaderInput::ConsumerReady);
+    assert!(drain(&mut r).is_empty());
+
+    let mut r = live_reader(t0);
+    let refused = RpcError::Rejected("permission denied".into());
+    r.handle(t0, reply(1, Err(refused.clone())));
+    assert_eq!(
+        drain(&mut r),
+        vec![Command::Notify(ReaderNotice::Failed(StreamError::Rpc(
+            refused
+        )))]
+    );
+    assert_eq!(r.poll_timeout(), None);
+}
+
+#[test]
+fn a_full_consumer_pauses_the_reader_and_ready_rereads_after_the_last_entry() {
+    let t0 = start();
+    let mut r = live_reader(t0);
+    r.handle(t0, ReaderInput::ConsumerFull);
+    assert_eq!(drain(&mut r), vec![Command::Cancel { id: RpcId(1) }]);
+    r.handle(t0, ok(1, events(vec![put_event(entry(4, "late", 11))])));
+    assert!(drain(&mut r).is_empty(), "a canceled watch is ignored");
+    assert_eq!(r.poll_timeout(), None);
+    r.handle(t0, ReaderInput::ConsumerReady);
+    assert_eq!(drain(&mut r), vec![read_entries_cmd(2)]);
+    let kvs = vec![entry(3, "p3", 5), entry(4, "p4", 11)];
+    r.handle(t0, ok(2, range(12, kvs)));
+    assert_eq!(drain(&mut r), vec![deliver(4, "p4"), watch_cmd(3, 13)]);
+
+    // Full before the first read: that read, position included, waits.
+    let mut r = reader(ReadFrom::End, t0);
+    r.handle(t0, ReaderInput::ConsumerFull);
+    r.handle(t0, ReaderInput::ConsumerReady);
+    assert_eq!(
+        drain(&mut r),
+        vec![
+            read_head_cmd(0),
+            Command::Cancel { id: RpcId(0) },
+            read_head_cmd(1)
+        ]
+    );
+}
+
+#[test]
+fn stop_cancels_and_then_nothing_happens() {
+    let t0 = start();
+    let mut r = live_reader(t0);
+    r.handle(t0, unavailable(1));
+    assert!(r.poll_timeout().is_some());
+    r.handle(t0, ReaderInput::Stop);
+    assert!(drain(&mut r).is_empty(), "only a timer was pending");
+    assert_eq!(r.poll_timeout(), None);
+    r.handle_timeout(t0 + Duration::from_secs(5));
+    r.handle(t0 + Duration::from_secs(5), ReaderInput::ConsumerReady);
+    assert!(drain(&mut r).is_empty());
+
+    let mut r = live_reader(t0);
+    r.handle(t0, ReaderInput::Stop);
+    assert_eq!(drain(&mut r), vec![Command::Cancel { id: RpcId(1) }]);
+    r.handle(t0, ok(1, events(vec![put_event(entry(4, "late", 11))])));
+    assert!(drain(&mut r).is_empty());
+}
+
+#[test]
+fn the_cursor_delivers_only_entries_after_the_last_in_order() {
+    let keys = keys();
+    let mut c = Cursor::new(2);
+    let batch = c.read(
+        &keys,
+        vec![entry(5, "e", 9), entry(1, "a", 3), entry(3, "c", 5)],
+    );
+    assert_eq!(
+        batch.entries.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [3, 5],
+        "sorted, repeats dropped, the trimmed 4 skipped"
+    );
+    assert_eq!(c.last(), 5);
+    let batch = c.events(
+        &keys,
+        vec![
+            put_event(entry(4, "late", 8)),
+            put_event(entry(6, "f", 10)),
+            put_event(entry(6, "f again", 10)),
+        ],
+    );
+    assert_eq!(batch.entries.iter().map(|e| e.seq).collect::<Vec<_>>(), [6]);
+    assert!(!c.admit(6) && c.admit(7) && c.last() == 7);
+    assert_eq!(c.reread(&keys), requests::read_entries(&keys));
+}
