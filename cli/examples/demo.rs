@@ -199,7 +199,12 @@ fn describe_child(record: &Value) -> String {
     let field = |k: &str| record.get(k).and_then(Value::as_str).unwrap_or("?");
     if let Some(state) = record.get("state").and_then(Value::as_str) {
         return match state {
-            "registered" => format!("registered, lease {}", field("lease")),
+            // `--json` carries lease ids as decimal integers; people read
+            // them in hex, as etcdctl prints them.
+            "registered" => match record.get("lease").and_then(Value::as_i64) {
+                Some(lease) => format!("registered, lease {lease:016x}"),
+                None => "registered".to_string(),
+            },
             "stopped" => format!("stopped, lease revoked: {}", record["revoked"]),
             other => other.to_string(),
         };
@@ -301,7 +306,7 @@ fn run(endpoints: Option<String>) -> Result<(), Error> {
             HostEvent::Updated(i) => say("host watcher", format!("UPDATED {}", host_name(i))),
             HostEvent::Down(i) => say(
                 "host watcher",
-                format!("DOWN    {} (lease {:x} gone)", host_name(i), i.lease),
+                format!("DOWN    {} (lease {:016x} gone)", host_name(i), i.lease),
             ),
             HostEvent::Synced => say("host watcher", "synced: every registered host listed"),
         }

@@ -1,48 +1,75 @@
-//! Durations on the command line: a whole number and a unit (`500ms`, `5s`,
-//! `2m`, `1h`). Hand-rolled because the grammar is this small and a clear
-//! message for junk matters more than breadth.
+//! Durations on the command line, written the way etcdctl, kubectl and
+//! other Go tools take them: `500ms`, `5s`, `1m30s`, `2h`, `1.5s`.
+//! Parsing is humantime's; this module adds the rules each flag needs
+//! (no zero, whole seconds for lease TTLs) so that a bad value is a usage
+//! error before anything connects, not a runtime error after.
 
 use std::time::Duration;
 
-/// Parses `<digits><unit>` with unit `ms`, `s`, `m` or `h`. Rejects anything
-/// else (missing unit, fractions, signs, spaces, overflow) with a message
-/// that shows the accepted forms.
-pub fn parse(text: &str) -> Result<Duration, String> {
-    let junk = || {
-        format!("{text:?} is not a duration: expected a whole number and a unit ms, s, m or h (e.g. 500ms, 5s, 2m)")
-    };
-    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(junk)?;
-    let (digits, unit) = text.split_at(split);
-    if digits.is_empty() {
-        return Err(junk());
+/// Shown with every rejection, so the message alone says what to type.
+const FORMS: &str = "a number and a unit, e.g. 500ms, 5s, 1m30s, 2h";
+
+/// Any duration humantime accepts, zero included.
+fn parse(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration ({e}); expected {FORMS}"))
+}
+
+/// The longest timeout accepted. The library adds slack to the connect
+/// timeout with plain `Duration` arithmetic, which panics near
+/// `Duration::MAX`; a day is far beyond any useful wait and far from that.
+const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// A timeout: zero would mean "fail before trying", which no one means.
+pub fn timeout(text: &str) -> Result<Duration, String> {
+    let value = parse(text)?;
+    if value.is_zero() {
+        return Err(format!("{text:?} is zero; a timeout must be longer"));
     }
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is too large a duration"))?;
-    let millis_per_unit: u64 = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => return Err(junk()),
-    };
-    n.checked_mul(millis_per_unit)
-        .map(Duration::from_millis)
-        .ok_or_else(|| format!("{text:?} is too large a duration"))
+    if value > MAX_TIMEOUT {
+        return Err(format!("{text:?} is longer than the 24h maximum"));
+    }
+    Ok(value)
+}
+
+/// A lease TTL: etcd leases count whole seconds and last at least one, so
+/// `0s`, `500ms` or `1.5s` are rejected here rather than by the library
+/// after connecting. (The library's one-day maximum is left to it.)
+pub fn ttl(text: &str) -> Result<Duration, String> {
+    let value = parse(text)?;
+    if value < Duration::from_secs(1) {
+        return Err(format!(
+            "{text:?} is below one second, the shortest lease etcd grants"
+        ));
+    }
+    if value.subsec_nanos() != 0 {
+        return Err(format!(
+            "{text:?} is not a whole number of seconds; etcd leases count seconds"
+        ));
+    }
+    Ok(value)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::parse;
+    use super::{parse, timeout, ttl};
     use std::time::Duration;
 
     #[test]
-    fn accepts_each_unit() {
-        assert_eq!(parse("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse("5s"), Ok(Duration::from_secs(5)));
-        assert_eq!(parse("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse("1h"), Ok(Duration::from_secs(3600)));
-        assert_eq!(parse("0s"), Ok(Duration::ZERO));
+    fn accepts_go_style_durations() {
+        for (text, want) in [
+            ("500ms", Duration::from_millis(500)),
+            ("5s", Duration::from_secs(5)),
+            ("2m", Duration::from_secs(120)),
+            ("1h", Duration::from_secs(3600)),
+            ("2h", Duration::from_secs(7200)),
+            ("1m30s", Duration::from_secs(90)),
+            ("1h2m3s", Duration::from_secs(3723)),
+            ("1.5s", Duration::from_millis(1500)),
+            ("0s", Duration::ZERO),
+        ] {
+            assert_eq!(parse(text), Ok(want), "{text}");
+        }
     }
 
     #[test]
@@ -51,20 +78,42 @@ mod tests {
             "",
             "5",
             "s",
-            "5 s",
-            " 5s",
-            "5sec",
-            "1.5s",
+            "ms",
+            "soon",
+            "5x",
             "-1s",
             "+1s",
-            "5S",
-            "ms",
             "5ms5",
+            "1.s",
             "99999999999999999999s",
             "18446744073709551615h",
         ] {
             let err = parse(bad).expect_err(bad);
-            assert!(err.contains("duration"), "{bad:?}: {err}");
+            assert!(err.contains("not a duration"), "{bad:?}: {err}");
+            assert!(err.contains("1m30s"), "{bad:?}: {err}");
+            assert!(!err.contains('\n'), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn timeouts_are_positive() {
+        assert_eq!(timeout("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(timeout("1ms"), Ok(Duration::from_millis(1)));
+        assert_eq!(timeout("24h"), Ok(Duration::from_secs(86_400)));
+        for bad in ["0s", "0ms", "0", "soon", "25h", "18446744073709551615s"] {
+            let err = timeout(bad).expect_err(bad);
+            assert!(err.contains(bad), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn ttls_are_whole_seconds_of_at_least_one() {
+        assert_eq!(ttl("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(ttl("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(ttl("1000ms"), Ok(Duration::from_secs(1)));
+        for bad in ["0s", "500ms", "1.5s", "2500ms", "soon"] {
+            let err = ttl(bad).expect_err(bad);
+            assert!(err.contains(bad), "{bad:?}: {err}");
         }
     }
 }

@@ -1,7 +1,7 @@
 //! `elect`, `leader` and `observe`: leader elections.
 
 use crate::follow::{follow, CountArgs};
-use crate::output::{event, lease_hex, object, text};
+use crate::output::{event, lease_json, object, text};
 use crate::{duration, CliError, Ctx};
 use crossbeam_channel::{select, Receiver};
 use fleetcoord::{Election, ElectionOptions, LeaderInfo};
@@ -33,7 +33,7 @@ pub struct ElectArgs {
     value: Option<String>,
     /// Session lease TTL: a leader that dies is replaced about this long
     /// after its last renewal (whole seconds).
-    #[arg(long, default_value = "10s", value_parser = duration::parse)]
+    #[arg(long, default_value = "10s", value_parser = duration::ttl)]
     ttl: Duration,
 }
 
@@ -44,7 +44,7 @@ fn leader_value(leader: Option<&LeaderInfo>) -> Value {
             ("value", json!(text(&l.value))),
             ("token", json!(l.token)),
             ("key", json!(l.key)),
-            ("lease", json!(lease_hex(l.lease))),
+            ("lease", lease_json(l.lease)),
         ]),
     }
 }
@@ -157,7 +157,7 @@ pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), 
                 ("value", json!(value)),
                 ("token", json!(leadership.fencing_token())),
                 ("key", json!(leadership.key())),
-                ("lease", json!(lease_hex(leadership.lease()))),
+                ("lease", lease_json(leadership.lease())),
             ],
         ),
     )?;

@@ -1,7 +1,7 @@
 //! `hosts`, `watch-hosts` and `agent`: the fleet's membership.
 
 use crate::follow::{follow, CountArgs};
-use crate::output::{lease_hex, metadata_value, object, text};
+use crate::output::{lease_hex, lease_json, metadata_value, object, text};
 use crate::{duration, CliError, Ctx};
 use crossbeam_channel::{select, Receiver};
 use fleetcoord::LeaseTtl;
@@ -45,7 +45,7 @@ pub struct AgentArgs {
     meta: String,
     /// Lease TTL: how soon after this process dies the fleet sees it Down
     /// (whole seconds, e.g. 5s).
-    #[arg(long, default_value = "5s", value_parser = duration::parse)]
+    #[arg(long, default_value = "5s", value_parser = duration::ttl)]
     ttl: Duration,
     #[command(flatten)]
     prefix: PrefixArgs,
@@ -61,7 +61,7 @@ fn host_fields(info: &HostInfo) -> Value {
     object([
         ("id", json!(info.id.to_string())),
         ("metadata", metadata_value(&info.metadata)),
-        ("lease", json!(lease_hex(info.lease))),
+        ("lease", lease_json(info.lease)),
         ("create_revision", json!(info.create_revision)),
         ("mod_revision", json!(info.mod_revision)),
     ])
@@ -110,9 +110,9 @@ pub fn list(ctx: &Ctx, args: HostsArgs) -> Result<(), CliError> {
         eprintln!("no hosts registered under {}", args.prefix.prefix);
     }
     for info in &hosts {
-        let (lease_text, lease_json) = lease_fields(ctx.etcd.lease_ttl(info.lease)?);
+        let (lease_text, lease_extra) = lease_fields(ctx.etcd.lease_ttl(info.lease)?);
         let mut fields = host_fields(info);
-        if let (Value::Object(all), Value::Object(extra)) = (&mut fields, lease_json) {
+        if let (Value::Object(all), Value::Object(extra)) = (&mut fields, lease_extra) {
             all.extend(extra);
         }
         ctx.out
@@ -169,7 +169,7 @@ fn state_record(host: Uuid, state: &LivenessState) -> (String, Value) {
     if let Value::Object(map) = &mut value {
         if let Some(lease) = lease {
             human.push_str(&format!(" (lease {})", lease_hex(lease)));
-            map.insert("lease".into(), json!(lease_hex(lease)));
+            map.insert("lease".into(), lease_json(lease));
         }
         if let Some(revoked) = extra {
             human.push_str(if revoked {

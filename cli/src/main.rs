@@ -21,16 +21,22 @@ use output::Out;
 use std::process::ExitCode;
 use std::time::Duration;
 
-/// Used when neither `--endpoints` nor `ETCD_ENDPOINTS` is given.
+/// Used when neither `--endpoints` nor an endpoints variable is set.
 const DEFAULT_ENDPOINT: &str = "127.0.0.1:2379";
+
+/// Where endpoints come from when `--endpoints` is absent, first set wins:
+/// our own variable, then etcdctl's, so a shell already set up for etcdctl
+/// works unchanged (its `http://` URLs included: the library takes them).
+const ENDPOINT_VARS: [&str; 2] = ["ETCD_ENDPOINTS", "ETCDCTL_ENDPOINTS"];
 
 /// Cross-host coordination on etcd: hosts, leader elections, KV, pub/sub
 /// and streams.
 #[derive(Parser, Debug)]
 #[command(name = "fleetcoord", version, propagate_version = true)]
 struct Cli {
-    /// etcd endpoints, comma-separated host:port [default: $ETCD_ENDPOINTS,
-    /// else 127.0.0.1:2379]
+    /// etcd endpoints, comma-separated host:port or http://host:port
+    /// [default: $ETCD_ENDPOINTS, else $ETCDCTL_ENDPOINTS, else
+    /// 127.0.0.1:2379]
     #[arg(long, global = true, value_name = "HOST:PORT,...")]
     endpoints: Option<String>,
 
@@ -38,8 +44,9 @@ struct Cli {
     #[arg(long, global = true)]
     json: bool,
 
-    /// How long to try reaching etcd before giving up (e.g. 500ms, 5s).
-    #[arg(long, global = true, default_value = "5s", value_parser = duration::parse)]
+    /// How long to try reaching etcd before giving up (e.g. 500ms, 5s,
+    /// 1m30s).
+    #[arg(long, global = true, default_value = "5s", value_parser = duration::timeout)]
     connect_timeout: Duration,
 
     #[command(subcommand)]
@@ -103,10 +110,14 @@ pub struct Ctx {
     pub out: Out,
 }
 
-fn endpoints(flag: Option<String>) -> Vec<String> {
-    let raw = flag
-        .or_else(|| std::env::var("ETCD_ENDPOINTS").ok())
-        .filter(|s| !s.trim().is_empty())
+/// The endpoints to use: the flag, else the first of [`ENDPOINT_VARS`]
+/// that is set, else the default. A blank value counts as unset, as an
+/// `export ETCD_ENDPOINTS=` meant to clear it would.
+fn endpoints(flag: Option<String>, var: impl Fn(&str) -> Option<String>) -> Vec<String> {
+    let raw = std::iter::once(flag)
+        .chain(ENDPOINT_VARS.iter().map(|name| var(name)))
+        .flatten()
+        .find(|s| !s.trim().is_empty())
         .unwrap_or_else(|| DEFAULT_ENDPOINT.to_string());
     raw.split(',')
         .map(|s| s.trim().to_string())
@@ -134,7 +145,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
         connect_timeout: cli.connect_timeout,
         ..EtcdOptions::default()
     };
-    let etcd = Etcd::connect(&endpoints(cli.endpoints), options)?;
+    let endpoints = endpoints(cli.endpoints, |name| std::env::var(name).ok());
+    let etcd = Etcd::connect(&endpoints, options)?;
     let ctx = Ctx {
         etcd: etcd.clone(),
         out: Out::new(cli.json),
@@ -158,8 +170,20 @@ fn run(cli: Cli) -> Result<(), CliError> {
     result
 }
 
+/// Sends the library's `log` records (a keepalive that keeps failing, a
+/// driver that would not stop) to stderr, where an operator sees them
+/// beside our own messages. `warn` by default so that normal runs stay
+/// quiet; `RUST_LOG=debug` and friends select more.
+fn init_logger() {
+    // Fails only if a logger is installed already, which nothing here does.
+    let _ = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .target(env_logger::Target::Stderr)
+        .try_init();
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logger();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(CliError::Stdout(_)) => ExitCode::SUCCESS,
@@ -171,5 +195,51 @@ fn main() -> ExitCode {
             eprintln!("fleetcoord: error: {m}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::endpoints;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn endpoints_come_from_flag_then_our_var_then_etcdctls_then_default() {
+        let both = [
+            ("ETCD_ENDPOINTS", "a:1"),
+            ("ETCDCTL_ENDPOINTS", "http://b:2"),
+        ];
+        assert_eq!(endpoints(Some("f:0".into()), env(&both)), ["f:0"]);
+        assert_eq!(endpoints(None, env(&both)), ["a:1"]);
+        assert_eq!(
+            endpoints(None, env(&[("ETCDCTL_ENDPOINTS", "http://b:2,http://c:3")])),
+            ["http://b:2", "http://c:3"]
+        );
+        assert_eq!(endpoints(None, env(&[])), ["127.0.0.1:2379"]);
+    }
+
+    #[test]
+    fn blank_values_count_as_unset() {
+        let vars = [("ETCD_ENDPOINTS", " "), ("ETCDCTL_ENDPOINTS", "b:2")];
+        assert_eq!(endpoints(Some(String::new()), env(&vars)), ["b:2"]);
+        assert_eq!(
+            endpoints(None, env(&[("ETCD_ENDPOINTS", "")])),
+            ["127.0.0.1:2379"]
+        );
+    }
+
+    #[test]
+    fn list_items_are_trimmed_and_empty_ones_dropped() {
+        assert_eq!(
+            endpoints(Some(" a:1 , ,b:2,".into()), env(&[])),
+            ["a:1", "b:2"]
+        );
     }
 }

@@ -51,9 +51,19 @@ pub fn metadata_value(bytes: &[u8]) -> Value {
     serde_json::from_slice(bytes).unwrap_or_else(|_| Value::String(text(bytes)))
 }
 
-/// A lease id as etcd tools print it (hex, as in `etcdctl lease list`).
+/// A lease id for people, exactly as etcdctl prints it (`lease grant`,
+/// `lease list`: Go's `%016x`), so an id can be pasted into
+/// `etcdctl lease timetolive` and found in etcdctl's output. etcd issues
+/// only positive ids, so the sign never shows.
 pub fn lease_hex(lease: i64) -> String {
-    format!("{lease:x}")
+    format!("{lease:016x}")
+}
+
+/// A lease id in `--json` output: a decimal integer, as `etcdctl -w json`
+/// writes it, so scripts can join the two. Ids exceed 2^53: read them with
+/// a parser that keeps 64-bit integers.
+pub fn lease_json(lease: i64) -> Value {
+    json!(lease)
 }
 
 /// Builds an object from pairs, keeping their order readable in code.
@@ -72,4 +82,20 @@ pub fn event<const N: usize>(name: &str, fields: [(&str, Value); N]) -> Value {
         map.insert("event".into(), json!(name));
     }
     value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{lease_hex, lease_json};
+
+    #[test]
+    fn lease_ids_are_etcdctl_hex_for_people_and_decimal_in_json() {
+        // An id etcdctl printed as `lease 4818a22e1b2ef205 granted ...` and
+        // as `"ID":5195080489080123909` with `-w json`.
+        let id = 5_195_080_489_080_123_909;
+        assert_eq!(lease_hex(id), "4818a22e1b2ef205");
+        assert_eq!(lease_json(id).to_string(), "5195080489080123909");
+        // Zero-padded to 16 digits like Go's %016x, never 0x-prefixed.
+        assert_eq!(lease_hex(0x2a), "000000000000002a");
+    }
 }

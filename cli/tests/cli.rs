@@ -4,7 +4,7 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
-use common::ChildGuard;
+use common::{etcdctl, start_etcd, ChildGuard};
 use fleetcoord::testing::EtcdServer;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Lines};
@@ -17,8 +17,13 @@ const WAIT: Duration = Duration::from_secs(15);
 
 fn cli() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_fleetcoord"));
-    // The default endpoint must come from the test, never from the runner.
-    command.env_remove("ETCD_ENDPOINTS").stdin(Stdio::null());
+    // The default endpoint must come from the test, never from the runner,
+    // and neither may the log level (tests count stderr lines).
+    command
+        .env_remove("ETCD_ENDPOINTS")
+        .env_remove("ETCDCTL_ENDPOINTS")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
     command
 }
 
@@ -139,6 +144,16 @@ fn usage_errors_exit_2_with_a_message() {
             "{not json",
         ],
         &["--connect-timeout", "soon", "hosts"],
+        &["--connect-timeout", "0s", "hosts"],
+        &["--connect-timeout", "25h", "hosts"],
+        &[
+            "agent",
+            "--host-id",
+            "7f1c3a6e-8b2d-4a55-9f10-2b9d5f8e1c01",
+            "--ttl",
+            "0s",
+        ],
+        &["elect", "db", "--ttl", "500ms"],
         &["kv", "get", "only-a-bucket"],
         &["stream", "read", "s", "--from", "middle"],
     ] {
@@ -148,39 +163,112 @@ fn usage_errors_exit_2_with_a_message() {
         assert!(!stderr(&output).trim().is_empty(), "{args:?}: no message");
     }
     let junk = cli()
+        .args(["--connect-timeout", "soon", "hosts"])
+        .output()
+        .expect("spawn");
+    assert!(
+        stderr(&junk).contains("not a duration") && stderr(&junk).contains("1m30s"),
+        "{}",
+        stderr(&junk)
+    );
+    // A duration, but not one a lease can have.
+    let fraction = cli()
         .args(["agent", "--host-id", "7f1c3a6e-8b2d-4a55-9f10-2b9d5f8e1c01"])
         .args(["--ttl", "1.5s"])
         .output()
         .expect("spawn");
+    assert_eq!(fraction.status.code(), Some(2));
     assert!(
-        stderr(&junk).contains("not a duration"),
+        stderr(&fraction).contains("whole number of seconds"),
         "{}",
-        stderr(&junk)
+        stderr(&fraction)
     );
 }
 
 #[test]
-fn unreachable_endpoint_exits_1_naming_it() {
-    // A port nobody listens on: bind, learn it, release it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+fn go_style_durations_are_accepted() {
+    let server = start_etcd();
+    ok(&server, &["--connect-timeout", "1m30s", "hosts"]);
+    ok(&server, &["--connect-timeout", "1.5s", "hosts"]);
+    let mut agent = Running::start(
+        &server,
+        &[
+            "agent",
+            "--host-id",
+            "1d2c3b4a-5e6f-4a70-8b91-a2b3c4d5e6f7",
+            "--ttl",
+            "1m30s",
+        ],
+    );
+    agent.until("state", "registered");
+    let hosts = json_lines(&ok(&server, &["--json", "hosts"]));
+    assert_eq!(hosts[0]["lease_granted_secs"], 90, "{hosts:?}");
+}
+
+/// A free loopback port: bind, learn it, release it.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")
-        .port();
-    let endpoint = format!("127.0.0.1:{port}");
+        .port()
+}
+
+/// Runs `fleetcoord hosts` against `endpoint` expecting a connection
+/// failure; checks it is one plain line naming the endpoint and returns it.
+fn connect_error(endpoint: &str, timeout: &str) -> String {
     let started = Instant::now();
     let output = cli()
-        .args(["--endpoints", &endpoint, "--connect-timeout", "1s", "hosts"])
+        .args([
+            "--endpoints",
+            endpoint,
+            "--connect-timeout",
+            timeout,
+            "hosts",
+        ])
         .output()
         .expect("spawn fleetcoord");
-    assert_eq!(output.status.code(), Some(1));
-    assert!(stderr(&output).contains(&endpoint), "{}", stderr(&output));
-    assert!(output.stdout.is_empty());
     assert!(started.elapsed() < WAIT, "took {:?}", started.elapsed());
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(output.stdout.is_empty());
+    let text = stderr(&output);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 1, "not one line: {text:?}");
+    let line = lines[0];
+    assert!(
+        line.starts_with("fleetcoord: error: cannot connect to etcd at "),
+        "{line}"
+    );
+    assert!(line.contains(endpoint), "{line}");
+    // No Debug dumps of tonic's or hyper's error structs.
+    for dump in ["Status {", "tonic", "{", "Os ", "ConnectError"] {
+        assert!(!line.contains(dump), "{dump:?} in {line}");
+    }
+    line.to_string()
+}
+
+#[test]
+fn connection_errors_are_one_plain_line() {
+    let refused = connect_error(&format!("127.0.0.1:{}", free_port()), "2s");
+    assert!(refused.ends_with(": connection refused"), "{refused}");
+
+    // Something that accepts TCP but never speaks HTTP/2: only the timeout
+    // ends the attempt.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let endpoint = silent.local_addr().expect("local_addr").to_string();
+    let timed_out = connect_error(&endpoint, "300ms");
+    assert!(
+        timed_out.ends_with(": no answer within 300ms"),
+        "{timed_out}"
+    );
+    drop(silent);
+
+    // `.invalid` never resolves (RFC 6761); the resolver's words vary.
+    connect_error("no-such-host.invalid:2379", "2s");
 }
 
 #[test]
 fn endpoints_default_to_the_environment() {
-    let server = EtcdServer::start().unwrap();
+    let server = start_etcd();
     let output = cli()
         .env("ETCD_ENDPOINTS", server.endpoint())
         .args(["--json", "hosts"])
@@ -191,8 +279,56 @@ fn endpoints_default_to_the_environment() {
 }
 
 #[test]
+fn etcdctl_endpoints_are_honoured_after_ours() {
+    let server = start_etcd();
+    let dead = format!("127.0.0.1:{}", free_port());
+    let hosts = |vars: &[(&str, String)], flag: Option<&str>| {
+        let mut command = cli();
+        command.envs(vars.iter().map(|(k, v)| (k, v)));
+        if let Some(flag) = flag {
+            command.args(["--endpoints", flag]);
+        }
+        command
+            .args(["--connect-timeout", "2s", "--json", "hosts"])
+            .output()
+            .expect("spawn fleetcoord")
+    };
+    // etcdctl's variable, with the `http://` scheme etcdctl users write.
+    let alone = hosts(
+        &[("ETCDCTL_ENDPOINTS", format!("http://{}", server.endpoint()))],
+        None,
+    );
+    assert_eq!(alone.status.code(), Some(0), "{}", stderr(&alone));
+
+    // ETCD_ENDPOINTS comes first: pointing it at a dead port fails even
+    // though ETCDCTL_ENDPOINTS is good...
+    let ours_first = hosts(
+        &[
+            ("ETCD_ENDPOINTS", dead.clone()),
+            ("ETCDCTL_ENDPOINTS", server.endpoint()),
+        ],
+        None,
+    );
+    assert_eq!(ours_first.status.code(), Some(1));
+    assert!(
+        stderr(&ours_first).contains(&dead),
+        "{}",
+        stderr(&ours_first)
+    );
+    // ...and the flag comes before both.
+    let flag_first = hosts(
+        &[
+            ("ETCD_ENDPOINTS", dead.clone()),
+            ("ETCDCTL_ENDPOINTS", dead.clone()),
+        ],
+        Some(&server.endpoint()),
+    );
+    assert_eq!(flag_first.status.code(), Some(0), "{}", stderr(&flag_first));
+}
+
+#[test]
 fn kv_set_get_del_round_trip() {
-    let server = EtcdServer::start().unwrap();
+    let server = start_etcd();
     let set = json_lines(&ok(
         &server,
         &["--json", "kv", "set", "cfg", "mode", "blue green"],
@@ -219,7 +355,7 @@ fn kv_set_get_del_round_trip() {
 
 #[test]
 fn kv_watch_sees_snapshot_then_changes() {
-    let server = EtcdServer::start().unwrap();
+    let server = start_etcd();
     ok(&server, &["kv", "set", "cfg", "a", "1"]);
     let mut watch = Running::start(&server, &["kv", "watch", "cfg", "--count", "3"]);
     let first = watch.until("event", "put");
@@ -233,7 +369,7 @@ fn kv_watch_sees_snapshot_then_changes() {
 
 #[test]
 fn hosts_lists_a_running_agent() {
-    let server = EtcdServer::start().unwrap();
+    let server = start_etcd();
     let id = "5b0f8a2c-3d4e-4f60-8a71-92b3c4d5e6f7";
     let mut agent = Running::start(
         &server,
@@ -281,7 +417,7 @@ fn hosts_lists_a_running_agent() {
 
 #[test]
 fn agent_revokes_on_sigterm_and_watchers_see_it() {
-    let server = EtcdServer::start().unwrap();
+    let server = start_etcd();
     let id = "0e7d6c5b-4a39-4281-9706-f5e4d3c2b1a0";
     let mut watch = Running::start(&server, &["watch-hosts", "--count", "3"]);
     watch.until("event", "synced");
@@ -300,7 +436,7 @@ fn agent_revokes_on_sigterm_and_watchers_see_it() {
 
 #[test]
 fn elect_then_leader_then_resign() {
-    let server = EtcdServer::start().unwrap();
+    let server = start_etcd();
     let none = json_lines(&ok(&server, &["--json", "leader", "db"]));
     assert_eq!(none.len(), 1);
     assert_eq!(none[0]["name"], "db");
@@ -330,7 +466,7 @@ fn elect_then_leader_then_resign() {
 
 #[test]
 fn observe_reports_the_current_leader() {
-    let server = EtcdServer::start().unwrap();
+    let server = start_etcd();
     let mut leader = Running::start(&server, &["elect", "jobs", "--value", "w1"]);
     leader.until("event", "elected");
     let seen = json_lines(&ok(&server, &["--json", "observe", "jobs", "--count", "1"]));
@@ -340,7 +476,7 @@ fn observe_reports_the_current_leader() {
 
 #[test]
 fn streams_append_and_replay() {
-    let server = EtcdServer::start().unwrap();
+    let server = start_etcd();
     assert_eq!(ok(&server, &["stream", "append", "audit", "login"]), "1\n");
     let second = json_lines(&ok(
         &server,
@@ -367,7 +503,7 @@ fn streams_append_and_replay() {
 
 #[test]
 fn sub_receives_what_pub_sends() {
-    let server = EtcdServer::start().unwrap();
+    let server = start_etcd();
     let mut sub = Running::start(&server, &["sub", "deploys", "--count", "1"]);
     // `sub` prints nothing until a message arrives, so publish until its
     // subscription was live for one of them.
@@ -380,4 +516,113 @@ fn sub_receives_what_pub_sends() {
     let message = sub.until("topic", "deploys");
     assert_eq!(message["payload"], "v42");
     assert_eq!(sub.wait(), Some(0));
+}
+
+/// The lines etcdctl prints for `lease list`: simple and `-w json`.
+fn etcdctl_leases(server: &EtcdServer) -> (Vec<String>, Vec<Value>) {
+    let simple = etcdctl(&server.endpoint(), &["lease", "list"]);
+    let listed = simple.lines().skip(1).map(str::to_string).collect();
+    let json: Value = serde_json::from_str(&etcdctl(
+        &server.endpoint(),
+        &["-w", "json", "lease", "list"],
+    ))
+    .expect("etcdctl -w json prints JSON");
+    let ids = json["leases"]
+        .as_array()
+        .expect("leases")
+        .iter()
+        .map(|l| l["id"].clone())
+        .collect();
+    (listed, ids)
+}
+
+#[test]
+fn lease_ids_print_as_etcdctl_prints_them() {
+    let server = start_etcd();
+    let id = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d";
+    let mut agent = Running::start(&server, &["agent", "--host-id", id, "--ttl", "30s"]);
+    let registered = agent.until("state", "registered");
+    let (hex, decimal) = etcdctl_leases(&server);
+    assert_eq!((hex.len(), decimal.len()), (1, 1), "{hex:?} {decimal:?}");
+    let (hex, decimal) = (&hex[0], &decimal[0]);
+
+    // --json: the decimal integer of `etcdctl -w json`.
+    assert!(registered["lease"].is_u64(), "{registered}");
+    assert_eq!(&registered["lease"], decimal);
+    let hosts = json_lines(&ok(&server, &["--json", "hosts"]));
+    assert_eq!(&hosts[0]["lease"], decimal);
+    // For people: etcdctl's hex, as `etcdctl lease list` shows it.
+    let human = ok(&server, &["hosts"]);
+    assert!(human.contains(&format!("lease {hex} ")), "{human} vs {hex}");
+    // The two forms name the same lease.
+    let parsed = i64::from_str_radix(hex, 16).expect("etcdctl prints hex");
+    assert_eq!(decimal.as_i64(), Some(parsed));
+
+    // The election records follow the same rule.
+    let mut leader = Running::start(&server, &["elect", "db", "--value", "n1"]);
+    let elected = leader.until("event", "elected");
+    let lease = elected["lease"]
+        .as_i64()
+        .expect("elected lease is a number");
+    let current = json_lines(&ok(&server, &["--json", "leader", "db"]));
+    assert_eq!(current[0]["leader"]["lease"], lease);
+    let (hex, _) = etcdctl_leases(&server);
+    assert!(hex.contains(&format!("{lease:016x}")), "{hex:?}");
+
+    agent.signal("-TERM");
+    assert_eq!(agent.wait(), Some(0));
+    leader.signal("-TERM");
+    assert_eq!(leader.wait(), Some(0));
+}
+
+#[test]
+fn agent_human_output_shows_the_lease_in_hex() {
+    let server = start_etcd();
+    let id = "3c4d5e6f-7a8b-4c9d-8e0f-1a2b3c4d5e6f";
+    let mut child = cli()
+        .args(["--endpoints", &server.endpoint()])
+        .args(["agent", "--host-id", id, "--ttl", "30s"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn fleetcoord");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let _child = ChildGuard(child);
+    let registered = lines
+        .by_ref()
+        .map(|l| l.expect("read child stdout"))
+        .find(|l| l.contains("registered"))
+        .expect("a registered line");
+    let (hex, _) = etcdctl_leases(&server);
+    assert_eq!(hex.len(), 1, "{hex:?}");
+    assert_eq!(registered, format!("{id}: registered (lease {})", hex[0]));
+}
+
+#[test]
+fn library_warnings_reach_stderr() {
+    let server = start_etcd();
+    // The host watcher warns about (and skips) a key that is not a host id.
+    etcdctl(&server.endpoint(), &["put", "/coord/hosts/not-a-uuid", "x"]);
+    let watch = |level: Option<&str>| {
+        let mut command = cli();
+        if let Some(level) = level {
+            command.env("RUST_LOG", level);
+        }
+        command
+            .args(["--endpoints", &server.endpoint()])
+            .args(["--json", "watch-hosts", "--count", "1"])
+            .output()
+            .expect("spawn fleetcoord")
+    };
+    let default = watch(None);
+    assert_eq!(default.status.code(), Some(0), "{}", stderr(&default));
+    assert_eq!(json_lines(&stdout(&default))[0]["event"], "synced");
+    let warned = stderr(&default);
+    assert!(
+        warned.contains("WARN") && warned.contains("not a host id"),
+        "{warned:?}"
+    );
+    // RUST_LOG chooses: `error` silences warnings.
+    let quiet = watch(Some("error"));
+    assert_eq!(quiet.status.code(), Some(0), "{}", stderr(&quiet));
+    assert_eq!(stderr(&quiet), "");
 }
