@@ -13,3 +13,6 @@ mod watch;
 
 #[path = "sim/election.rs"]
 mod election;
+
+#[path = "sim/stream.rs"]
+mod stream;
