@@ -23,8 +23,22 @@ pub use crate::observe::LeaderObserver;
 /// Where elections live unless told otherwise.
 pub const DEFAULT_ELECTION_PREFIX: &str = "/coord/election/";
 
-/// Settings for [`Election::with_options`].
+/// Settings for [`Election::with_options`] and [`crate::ElectionPool`].
+///
+/// Start from [`ElectionOptions::default`] and change what you need with the
+/// `with_*` methods; the fields are public for reading. `#[non_exhaustive]`
+/// so that new settings are not a breaking change.
+///
+/// ```
+/// use fleetcoord::ElectionOptions;
+/// use std::time::Duration;
+///
+/// // Share elections with `etcdctl elect <name>`, with a 5 s session.
+/// let options = ElectionOptions::default().with_prefix("").with_ttl(Duration::from_secs(5));
+/// assert_eq!(options.prefix, "");
+/// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ElectionOptions {
     /// Prepended to the election name; candidate keys are
     /// `<prefix><name>/<lease id hex>`. Default [`DEFAULT_ELECTION_PREFIX`].
@@ -42,6 +56,24 @@ impl Default for ElectionOptions {
             prefix: DEFAULT_ELECTION_PREFIX.into(),
             ttl: Duration::from_secs(10),
         }
+    }
+}
+
+impl ElectionOptions {
+    /// These options with [`ElectionOptions::prefix`] set (checked when the
+    /// election is joined).
+    #[must_use]
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// These options with [`ElectionOptions::ttl`] set (checked when the
+    /// election is joined).
+    #[must_use]
+    pub const fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
     }
 }
 
@@ -70,6 +102,9 @@ impl LeaderInfo {
 }
 
 /// Outcome of [`Election::try_campaign`].
+///
+/// Deliberately exhaustive (not `#[non_exhaustive]`): a try either elects
+/// this candidate or it does not; there is no third outcome to add.
 #[derive(Debug)]
 #[must_use = "TryCampaign::Elected holds a Leadership that resigns when dropped"]
 pub enum TryCampaign {

@@ -21,7 +21,20 @@ pub struct LeaseTtl {
 }
 
 /// How to connect to etcd.
+///
+/// Start from [`EtcdOptions::default`] and change what you need with the
+/// `with_*` methods; the fields are public for reading. The struct is
+/// `#[non_exhaustive]` so that new settings are not a breaking change.
+///
+/// ```
+/// use fleetcoord::EtcdOptions;
+/// use std::time::Duration;
+///
+/// let options = EtcdOptions::default().with_connect_timeout(Duration::from_secs(2));
+/// assert_eq!(options.connect_timeout, Duration::from_secs(2));
+/// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct EtcdOptions {
     /// How long [`Etcd::connect`] may take before it fails with
     /// [`Error::Connect`]. Default 5 s.
@@ -42,6 +55,31 @@ impl Default for EtcdOptions {
             request_timeout: Duration::from_secs(5),
             keepalive_interval: Duration::from_secs(2),
         }
+    }
+}
+
+impl EtcdOptions {
+    /// These options with [`EtcdOptions::connect_timeout`] set. Must be
+    /// greater than zero ([`Etcd::connect`] checks).
+    #[must_use]
+    pub const fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// These options with [`EtcdOptions::request_timeout`] set. Must be
+    /// greater than zero ([`Etcd::connect`] checks).
+    #[must_use]
+    pub const fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// These options with [`EtcdOptions::keepalive_interval`] set.
+    #[must_use]
+    pub const fn with_keepalive_interval(mut self, interval: Duration) -> Self {
+        self.keepalive_interval = interval;
+        self
     }
 }
 

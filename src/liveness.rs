@@ -21,7 +21,22 @@ const MAX_QUEUED_STATES: usize = 1024;
 pub const DEFAULT_HOSTS_PREFIX: &str = "/coord/hosts/";
 
 /// Settings for [`HostLiveness::register_with`].
+///
+/// Start from [`LivenessOptions::default`] and change what you need with the
+/// `with_*` methods; the fields are public for reading. `#[non_exhaustive]`
+/// so that new settings are not a breaking change.
+///
+/// ```
+/// use fleetcoord::LivenessOptions;
+/// use std::time::Duration;
+///
+/// let options = LivenessOptions::default()
+///     .with_prefix("/myapp/hosts/")
+///     .with_ttl(Duration::from_secs(3));
+/// assert_eq!(options.prefix, "/myapp/hosts/");
+/// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct LivenessOptions {
     /// Key prefix; the host's key is `<prefix><host id>`. Must start and end
     /// with `/`. Default [`DEFAULT_HOSTS_PREFIX`].
@@ -42,6 +57,31 @@ impl Default for LivenessOptions {
             ttl: Duration::from_secs(5),
             register_timeout: Duration::from_secs(10),
         }
+    }
+}
+
+impl LivenessOptions {
+    /// These options with [`LivenessOptions::prefix`] set (checked by
+    /// [`HostLiveness::register_with`]).
+    #[must_use]
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// These options with [`LivenessOptions::ttl`] set (checked by
+    /// [`HostLiveness::register_with`]).
+    #[must_use]
+    pub const fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// These options with [`LivenessOptions::register_timeout`] set.
+    #[must_use]
+    pub const fn with_register_timeout(mut self, timeout: Duration) -> Self {
+        self.register_timeout = timeout;
+        self
     }
 }
 
@@ -105,10 +145,7 @@ impl HostLiveness {
             etcd,
             host_id,
             metadata,
-            LivenessOptions {
-                ttl,
-                ..LivenessOptions::default()
-            },
+            LivenessOptions::default().with_ttl(ttl),
         )
     }
 

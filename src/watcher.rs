@@ -31,6 +31,11 @@ pub struct HostInfo {
 }
 
 /// A change in the set of live hosts.
+///
+/// Deliberately exhaustive (not `#[non_exhaustive]`): up, updated, down and
+/// the sync marker are everything a consumer needs to mirror the fleet, so a
+/// new variant would change what correct handling is and should break the
+/// build rather than fall into a wildcard arm.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HostEvent {
     /// The host registered (or, before `Synced`, was already registered).
@@ -46,7 +51,19 @@ pub enum HostEvent {
 }
 
 /// Settings for [`HostWatcher::watch_with`].
+///
+/// Start from [`WatcherOptions::default`] and change what you need with the
+/// `with_*` methods; the fields are public for reading. `#[non_exhaustive]`
+/// so that new settings are not a breaking change.
+///
+/// ```
+/// use fleetcoord::WatcherOptions;
+///
+/// let options = WatcherOptions::default().with_prefix("/myapp/hosts/").with_capacity(256);
+/// assert_eq!(options.capacity, 256);
+/// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct WatcherOptions {
     /// Key prefix hosts register under. Default [`DEFAULT_HOSTS_PREFIX`].
     pub prefix: String,
@@ -60,6 +77,24 @@ impl Default for WatcherOptions {
             prefix: DEFAULT_HOSTS_PREFIX.into(),
             capacity: 4096,
         }
+    }
+}
+
+impl WatcherOptions {
+    /// These options with [`WatcherOptions::prefix`] set (checked by
+    /// [`HostWatcher::watch_with`]).
+    #[must_use]
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// These options with [`WatcherOptions::capacity`] set (checked by
+    /// [`HostWatcher::watch_with`]).
+    #[must_use]
+    pub const fn with_capacity(mut self, capacity: usize) -> Self {
+        self.capacity = capacity;
+        self
     }
 }
 

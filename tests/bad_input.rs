@@ -40,10 +40,7 @@ fn endpoints_are_checked_before_connecting() {
         Etcd::connect(&["127.0.0.1:2379 127.0.0.1:2380"], EtcdOptions::default()),
         "endpoints",
     );
-    let zero = EtcdOptions {
-        connect_timeout: Duration::ZERO,
-        ..EtcdOptions::default()
-    };
+    let zero = EtcdOptions::default().with_connect_timeout(Duration::ZERO);
     invalid(Etcd::connect(&["127.0.0.1:2379"], zero), "options");
 }
 
@@ -57,10 +54,7 @@ fn unreachable_endpoint_fails_with_connect_error_in_time() {
         .port();
     let endpoint = format!("127.0.0.1:{port}");
     let timeout = Duration::from_secs(2);
-    let options = EtcdOptions {
-        connect_timeout: timeout,
-        ..EtcdOptions::default()
-    };
+    let options = EtcdOptions::default().with_connect_timeout(timeout);
     let started = Instant::now();
     let result = Etcd::connect(&[endpoint.as_str()], options);
     let took = started.elapsed();
@@ -123,13 +117,7 @@ fn liveness_and_watcher_arguments() {
             "prefix",
         );
         invalid(
-            HostWatcher::watch_with(
-                &etcd,
-                WatcherOptions {
-                    prefix: prefix.into(),
-                    ..WatcherOptions::default()
-                },
-            ),
+            HostWatcher::watch_with(&etcd, WatcherOptions::default().with_prefix(prefix)),
             "prefix",
         );
         invalid(list_hosts(&etcd, prefix), "prefix");
@@ -140,13 +128,7 @@ fn liveness_and_watcher_arguments() {
         "prefix",
     );
     invalid(
-        HostWatcher::watch_with(
-            &etcd,
-            WatcherOptions {
-                capacity: 1,
-                ..WatcherOptions::default()
-            },
-        ),
+        HostWatcher::watch_with(&etcd, WatcherOptions::default().with_capacity(1)),
         "capacity",
     );
 
@@ -178,10 +160,7 @@ fn election_arguments() {
         invalid(Election::new(&etcd, name), "name");
     }
     for prefix in ["no-slashes", "/no-trailing", "no-leading/"] {
-        let options = ElectionOptions {
-            prefix: prefix.into(),
-            ..ElectionOptions::default()
-        };
+        let options = ElectionOptions::default().with_prefix(prefix);
         invalid(Election::with_options(&etcd, "e", options), "prefix");
     }
     for ttl in [
@@ -189,10 +168,7 @@ fn election_arguments() {
         Duration::from_millis(999),
         Duration::from_millis(2500),
     ] {
-        let options = ElectionOptions {
-            ttl,
-            ..ElectionOptions::default()
-        };
+        let options = ElectionOptions::default().with_ttl(ttl);
         invalid(Election::with_options(&etcd, "e", options), "ttl");
     }
     // The handle still works after all that.

@@ -53,10 +53,7 @@ fn killing_the_etcd_leader_causes_no_false_down_and_keeps_leadership() {
     let election = Election::with_options(
         &hosts_etcd,
         "cluster-test",
-        ElectionOptions {
-            ttl: TTL,
-            ..ElectionOptions::default()
-        },
+        ElectionOptions::default().with_ttl(TTL),
     )
     .expect("election");
     let leadership = election.campaign(b"me").expect("campaign");

@@ -14,10 +14,9 @@ fn etcd_backend_conforms() {
     let endpoint = server.endpoint();
     let report = fleetcoord::conformance::run(|| {
         let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default()).expect("connect");
-        let options = EtcdCoordinatorOptions {
-            root: "/conformance".into(),
-            stream_max_len: Some(64),
-        };
+        let options = EtcdCoordinatorOptions::default()
+            .with_root("/conformance")
+            .with_stream_max_len(64);
         Box::new(EtcdCoordinator::with_options(&etcd, options).expect("coordinator"))
             as Box<dyn Coordinator>
     });

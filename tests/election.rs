@@ -20,10 +20,9 @@ use std::time::{Duration, Instant};
 const WAIT: Duration = Duration::from_secs(10);
 
 fn options(ttl_secs: u64) -> ElectionOptions {
-    ElectionOptions {
-        prefix: "/test/election/".into(),
-        ttl: Duration::from_secs(ttl_secs),
-    }
+    ElectionOptions::default()
+        .with_prefix("/test/election/")
+        .with_ttl(Duration::from_secs(ttl_secs))
 }
 
 fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {

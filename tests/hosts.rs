@@ -296,22 +296,13 @@ fn invalid_keys_under_the_prefix_are_skipped() {
 fn slow_consumer_converges_to_etcd() {
     let server = EtcdServer::start().expect("etcd");
     let etcd = connect(&server.endpoint());
-    let watcher = HostWatcher::watch_with(
-        &etcd,
-        WatcherOptions {
-            capacity: 8,
-            ..WatcherOptions::default()
-        },
-    )
-    .expect("watch");
+    let watcher =
+        HostWatcher::watch_with(&etcd, WatcherOptions::default().with_capacity(8)).expect("watch");
     expect_synced(&watcher);
 
     // 100 changes while nobody reads: 40 registrations, 30 metadata
     // updates, 30 graceful leaves.
-    let options = LivenessOptions {
-        ttl: Duration::from_secs(10),
-        ..LivenessOptions::default()
-    };
+    let options = LivenessOptions::default().with_ttl(Duration::from_secs(10));
     let mut hosts: Vec<HostLiveness> = (0..40)
         .map(|i| {
             HostLiveness::register_with(

@@ -78,10 +78,9 @@ fn etcdctl_elect_and_fleetcoord_share_an_election() {
     let server = common::start_etcd();
     let endpoint = server.endpoint();
     let etcd = common::connect(&endpoint);
-    let options = ElectionOptions {
-        prefix: String::new(),
-        ttl: Duration::from_secs(5),
-    };
+    let options = ElectionOptions::default()
+        .with_prefix("")
+        .with_ttl(Duration::from_secs(5));
     let ours = Election::with_options(&etcd, NAME, options).unwrap();
     assert_eq!(ours.key_prefix(), format!("{NAME}/"));
 

@@ -85,10 +85,7 @@ fn try_campaign_against_an_unreachable_etcd_times_out() {
     use fleetcoord::{Etcd, EtcdOptions};
     let server = common::start_etcd();
     let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
-    let options = EtcdOptions {
-        request_timeout: Duration::from_secs(1),
-        ..EtcdOptions::default()
-    };
+    let options = EtcdOptions::default().with_request_timeout(Duration::from_secs(1));
     let etcd = Etcd::connect(&[proxy.endpoint()], options).expect("connect");
     // Cut the network before the session can be granted: the try-campaign
     // can then neither win nor lose, and must give up (3 request timeouts).

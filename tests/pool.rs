@@ -22,10 +22,9 @@ fn start_etcd() -> (EtcdServer, Etcd) {
 fn pool(etcd: &Etcd) -> ElectionPool {
     ElectionPool::with_options(
         etcd,
-        ElectionOptions {
-            prefix: "/test/pool/".into(),
-            ttl: Duration::from_secs(5),
-        },
+        ElectionOptions::default()
+            .with_prefix("/test/pool/")
+            .with_ttl(Duration::from_secs(5)),
     )
 }
 

@@ -104,10 +104,7 @@ pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), 
     let value = args
         .value
         .unwrap_or_else(|| format!("fleetcoord-{}", std::process::id()));
-    let options = ElectionOptions {
-        ttl: args.ttl,
-        ..ElectionOptions::default()
-    };
+    let options = ElectionOptions::default().with_ttl(args.ttl);
     let election = Arc::new(Election::with_options(&ctx.etcd, &name, options)?);
     ctx.out.emit(
         format!("{name}: campaigning as {value}"),

@@ -124,10 +124,7 @@ pub fn list(ctx: &Ctx, args: HostsArgs) -> Result<(), CliError> {
 /// `watch-hosts`: the watcher's events, including the initial replay and
 /// `synced`.
 pub fn watch(ctx: &Ctx, args: WatchArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
-    let options = WatcherOptions {
-        prefix: args.prefix.prefix,
-        ..WatcherOptions::default()
-    };
+    let options = WatcherOptions::default().with_prefix(args.prefix.prefix);
     let watcher = HostWatcher::watch_with(&ctx.etcd, options)?;
     follow(
         watcher.events(),
@@ -186,11 +183,9 @@ fn state_record(host: Uuid, state: &LivenessState) -> (String, Value) {
 /// `agent`: register, print every liveness state change, revoke on
 /// Ctrl-C / SIGTERM.
 pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
-    let options = LivenessOptions {
-        prefix: args.prefix.prefix,
-        ttl: args.ttl,
-        ..LivenessOptions::default()
-    };
+    let options = LivenessOptions::default()
+        .with_prefix(args.prefix.prefix)
+        .with_ttl(args.ttl);
     let host = HostLiveness::register_with(&ctx.etcd, args.host_id, args.meta.as_bytes(), options)?;
     // States up to the first registration were queued while `register`
     // waited; they are printed below in order.

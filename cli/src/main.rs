@@ -141,10 +141,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         _ => None,
     };
     let shutdown = shutdown.unwrap_or_else(crossbeam_channel::never);
-    let options = EtcdOptions {
-        connect_timeout: cli.connect_timeout,
-        ..EtcdOptions::default()
-    };
+    let options = EtcdOptions::default().with_connect_timeout(cli.connect_timeout);
     let endpoints = endpoints(cli.endpoints, |name| std::env::var(name).ok());
     let etcd = Etcd::connect(&endpoints, options)?;
     let ctx = Ctx {

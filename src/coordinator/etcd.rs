@@ -19,7 +19,19 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 /// Settings of an [`EtcdCoordinator`].
+///
+/// Start from [`EtcdCoordinatorOptions::default`] and change what you need
+/// with the `with_*` methods; the fields are public for reading.
+/// `#[non_exhaustive]` so that new settings are not a breaking change.
+///
+/// ```
+/// use fleetcoord::coordinator::EtcdCoordinatorOptions;
+///
+/// let options = EtcdCoordinatorOptions::default().with_root("/myapp").with_stream_max_len(1000);
+/// assert_eq!(options.stream_max_len, Some(1000));
+/// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct EtcdCoordinatorOptions {
     /// Every key lives under this root (`<root>/kv/…`, `<root>/topic/…`,
     /// `<root>/stream/…`). Starts with `/`, no trailing `/`. Default `/coord`.
@@ -35,6 +47,24 @@ impl Default for EtcdCoordinatorOptions {
             root: "/coord".into(),
             stream_max_len: None,
         }
+    }
+}
+
+impl EtcdCoordinatorOptions {
+    /// These options with [`EtcdCoordinatorOptions::root`] set (checked by
+    /// [`EtcdCoordinator::with_options`]).
+    #[must_use]
+    pub fn with_root(mut self, root: impl Into<String>) -> Self {
+        self.root = root.into();
+        self
+    }
+
+    /// These options keeping only the newest `max_len` entries of each
+    /// stream (at least 1, checked by [`EtcdCoordinator::with_options`]).
+    #[must_use]
+    pub const fn with_stream_max_len(mut self, max_len: u64) -> Self {
+        self.stream_max_len = Some(max_len);
+        self
     }
 }
 

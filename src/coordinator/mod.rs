@@ -140,7 +140,11 @@ pub trait Coordinator: Send + Sync {
 pub const MAX_PAYLOAD: usize = crate::validate::MAX_PAYLOAD;
 
 /// What a backend declares about itself. Construct with
-/// [`Capabilities::default`] (a complete backend) and adjust the fields.
+/// [`Capabilities::default`] (a complete backend) and adjust it with
+/// [`Capabilities::without_delivery`] and
+/// [`Capabilities::with_stream_max_len`]. `#[non_exhaustive]` so that new
+/// declarations are not a breaking change; the fields are public for
+/// reading.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Capabilities {
@@ -215,7 +219,11 @@ impl FromStr for StreamId {
 }
 
 /// Where a stream reader starts.
+///
+/// `#[non_exhaustive]`: more starting points (e.g. "the last n entries") may
+/// be added; code that matches on a position needs a wildcard arm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StreamPosition {
     /// Replay every retained entry, then tail.
     Start,
@@ -238,6 +246,11 @@ pub struct StreamEntry {
 }
 
 /// What a KV watch reports.
+///
+/// Deliberately exhaustive (not `#[non_exhaustive]`): snapshot entries,
+/// sets, deletes and the sync marker are everything a consumer needs to
+/// mirror a bucket, so a new variant would change what correct handling is
+/// and should break the build rather than fall into a wildcard arm.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KvEvent {
     /// `key` holds `value`: a snapshot entry before `Synced`, a set after it.

@@ -12,7 +12,11 @@ use std::time::{Duration, Instant};
 use crate::{Error, Result};
 
 /// What the proxy does with bytes, in both directions.
+///
+/// `#[non_exhaustive]`: more faults (e.g. bandwidth limits) may be added;
+/// code that matches on a mode needs a wildcard arm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Mode {
     /// Forward everything at once.
     Pass,
