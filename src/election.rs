@@ -5,13 +5,14 @@ use crate::driver::rand_seed;
 use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::liveness::{close_outcome, CLOSE_WAIT};
+use crate::txn::{TxnOp, TxnOpResponse};
 use crate::validate;
 use fleetcoord_sm::election::{
     fenced_txn, leader_query, Election as ElectionMachine, ElectionConfig, ElectionError,
     ElectionInput, ElectionNotice,
 };
 use fleetcoord_sm::keepalive::LivenessState;
-use fleetcoord_sm::{BackoffConfig, KeyValue, Response, TxnOp};
+use fleetcoord_sm::{BackoffConfig, KeyValue, Response};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -658,13 +659,61 @@ impl Leadership {
     }
 
     /// Run `ops` in one etcd transaction only if this leadership is still
-    /// current in etcd (guarded by the fencing token). Returns whether the
-    /// transaction ran. This is the fence: a deposed leader's write is
-    /// refused by etcd itself, whatever it believes.
-    pub fn txn_if_leader(&self, ops: Vec<TxnOp>) -> Result<bool> {
+    /// current in etcd: the transaction is guarded on the candidate key
+    /// still having this fencing token as its create revision. This is the
+    /// fence: a deposed leader's write is refused by etcd itself, whatever
+    /// the deposed process believes (even while [`Leadership::is_held`]
+    /// still says true, e.g. right after a long pause).
+    ///
+    /// Returns `Ok(Some(responses))` when the ops ran, one
+    /// [`TxnOpResponse`] per op in the order given, all applied atomically;
+    /// `Ok(None)` when etcd refused because this leadership is over (nothing
+    /// was applied). An empty `ops` is a linearizable "do I still lead?"
+    /// check. Fails with [`Error::InvalidArgument`] for an empty key or
+    /// prefix, or ops larger than one etcd request; etcd also limits the
+    /// number of ops per transaction (128 by default), which comes back as
+    /// [`Error::Etcd`]. It does not wait for [`Election`] operations and may
+    /// run concurrently with them.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = fleetcoord::testing::EtcdServer::start()?;
+    /// use fleetcoord::{Election, Etcd, EtcdOptions, TxnOp, TxnOpResponse};
+    ///
+    /// let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default())?;
+    /// let election = Election::new(&etcd, "scheduler")?;
+    /// let leadership = election.campaign(b"host-a")?;
+    ///
+    /// let ops = [TxnOp::put("/jobs/owner", "host-a"), TxnOp::get("/jobs/owner")];
+    /// match leadership.txn_if_leader(ops)? {
+    ///     Some(responses) => {
+    ///         assert_eq!(responses[0], TxnOpResponse::Put);
+    ///         let TxnOpResponse::Get { kvs } = &responses[1] else { unreachable!() };
+    ///         assert_eq!(kvs[0].value, b"host-a");
+    ///     }
+    ///     None => println!("no longer leader: nothing was written"),
+    /// }
+    /// leadership.resign()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn txn_if_leader(
+        &self,
+        ops: impl IntoIterator<Item = TxnOp>,
+    ) -> Result<Option<Vec<TxnOpResponse>>> {
+        let ops = crate::txn::check_ops(ops)?;
         let txn = fenced_txn(self.key.as_bytes(), self.token, ops);
         match self.inner.etcd.request(txn)? {
-            Response::Txn { succeeded, .. } => Ok(succeeded),
+            Response::Txn {
+                succeeded: true,
+                responses,
+                ..
+            } => Ok(Some(
+                responses.into_iter().map(TxnOpResponse::from).collect(),
+            )),
+            // The fence's failure branch is empty: nothing ran.
+            Response::Txn {
+                succeeded: false, ..
+            } => Ok(None),
             other => Err(Error::Etcd(format!(
                 "unexpected answer to a txn: {other:?}"
             ))),

@@ -9,7 +9,9 @@
 //! * [`Election`] (campaign, try_campaign, resign, proclaim, observe, fencing
 //!   token, lost-leadership signal), compatible with Go's
 //!   `clientv3/concurrency` and `etcdctl elect`; [`ElectionPool`] keeps one
-//!   long-lived session per election name.
+//!   long-lived session per election name;
+//!   [`Leadership::txn_if_leader`] runs [`TxnOp`]s only while etcd still
+//!   has this leader.
 //! * [`coordinator`]: pub/sub, streams and KV with pattern watches, on etcd,
 //!   in memory, or noop, with a public `conformance` suite (feature
 //!   `conformance`).
@@ -59,6 +61,7 @@ mod observe;
 mod pool;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod txn;
 mod validate;
 mod watcher;
 
@@ -71,4 +74,5 @@ pub use error::{Error, Result};
 pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
 pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
 pub use pool::ElectionPool;
+pub use txn::{KeyValue, TxnOp, TxnOpResponse};
 pub use watcher::{list_hosts, HostEvent, HostInfo, HostWatcher, WatcherOptions};

@@ -8,8 +8,7 @@ mod common;
 
 use common::{connect, etcdctl, etcdctl_keys, start_etcd};
 use fleetcoord::testing::{FaultProxy, Mode};
-use fleetcoord::{Election, ElectionOptions, Error, Leadership, TryCampaign};
-use fleetcoord_sm::TxnOp;
+use fleetcoord::{Election, ElectionOptions, Error, Leadership, TryCampaign, TxnOp, TxnOpResponse};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -260,14 +259,8 @@ fn txn_if_leader_runs_for_the_leader_and_not_for_a_deposed_one() {
     let a = Election::with_options(&etcd, "txn", options(5)).unwrap();
     let b = Election::with_options(&etcd, "txn", options(5)).unwrap();
     let la = a.campaign(b"a").unwrap();
-    let put = |v: &str| {
-        vec![TxnOp::Put {
-            key: b"/test/fenced".to_vec(),
-            value: v.as_bytes().to_vec(),
-            lease: 0,
-        }]
-    };
-    assert!(la.txn_if_leader(put("from-a")).unwrap());
+    let put = |v: &str| vec![TxnOp::put("/test/fenced", v)];
+    assert!(la.txn_if_leader(put("from-a")).unwrap().is_some());
     assert_eq!(
         etcdctl(&endpoint, &["get", "/test/fenced", "--print-value-only"]).trim(),
         "from-a"
@@ -278,10 +271,10 @@ fn txn_if_leader_runs_for_the_leader_and_not_for_a_deposed_one() {
     let lb = b.campaign(b"b").unwrap();
     assert!(lb.fencing_token() > la.fencing_token());
     assert!(
-        !la.txn_if_leader(put("from-deposed-a")).unwrap(),
+        la.txn_if_leader(put("from-deposed-a")).unwrap().is_none(),
         "etcd must refuse a deposed leader"
     );
-    assert!(lb.txn_if_leader(put("from-b")).unwrap());
+    assert!(lb.txn_if_leader(put("from-b")).unwrap().is_some());
     assert_eq!(
         etcdctl(&endpoint, &["get", "/test/fenced", "--print-value-only"]).trim(),
         "from-b"
@@ -291,6 +284,72 @@ fn txn_if_leader_runs_for_the_leader_and_not_for_a_deposed_one() {
         .recv_timeout(WAIT)
         .expect("a notices its key was deleted");
     assert!(!la.is_held());
+}
+
+#[test]
+fn txn_if_leader_returns_one_response_per_op_in_order() {
+    let server = start_etcd();
+    let etcd = connect(&server.endpoint());
+    let election = Election::with_options(&etcd, "txn-responses", options(5)).unwrap();
+    let leadership = election.campaign(b"a").unwrap();
+    // etcd refuses a put and a delete of the same key in one transaction,
+    // hence three.
+    let written = leadership
+        .txn_if_leader([
+            TxnOp::put("/test/txn/a", "1"),
+            TxnOp::put_with_lease("/test/txn/b", "2", leadership.lease()),
+            TxnOp::get_prefix("/test/txn/"),
+        ])
+        .unwrap()
+        .expect("the leader's transaction runs");
+    assert_eq!(written.len(), 3);
+    assert_eq!(written[0], TxnOpResponse::Put);
+    assert_eq!(written[1], TxnOpResponse::Put);
+    let TxnOpResponse::Get { kvs } = &written[2] else {
+        panic!("a get answers Get: {:?}", written[2]);
+    };
+    let read: Vec<_> = kvs
+        .iter()
+        .map(|kv| (kv.key.as_slice(), kv.value.as_slice(), kv.lease))
+        .collect();
+    assert_eq!(
+        read,
+        [
+            (b"/test/txn/a".as_slice(), b"1".as_slice(), 0),
+            (
+                b"/test/txn/b".as_slice(),
+                b"2".as_slice(),
+                leadership.lease()
+            ),
+        ]
+    );
+    assert!(kvs
+        .iter()
+        .all(|kv| kv.version == 1 && kv.create_revision > 0));
+
+    let deleted = leadership
+        .txn_if_leader([TxnOp::delete("/test/txn/a"), TxnOp::get("/test/txn/a")])
+        .unwrap()
+        .expect("the leader's transaction runs");
+    assert_eq!(
+        deleted,
+        [
+            TxnOpResponse::Delete { deleted: 1 },
+            TxnOpResponse::Get { kvs: vec![] }
+        ]
+    );
+    assert_eq!(
+        leadership
+            .txn_if_leader([TxnOp::delete_prefix("/test/txn/")])
+            .unwrap(),
+        Some(vec![TxnOpResponse::Delete { deleted: 1 }])
+    );
+    // No ops: a linearizable "do I still lead?".
+    assert_eq!(leadership.txn_if_leader([]).unwrap(), Some(vec![]));
+    assert!(matches!(
+        leadership.txn_if_leader([TxnOp::delete_prefix("")]),
+        Err(Error::InvalidArgument { what: "ops", .. })
+    ));
 }
 
 #[test]
