@@ -1,8 +1,9 @@
 //! Picking a backend from the environment. Coordination is never on the
 //! critical path: whatever goes wrong here degrades to noop with a warning.
 
-use super::{Coordinator, MemoryCoordinator, NoopCoordinator};
+use super::{Coordinator, EtcdCoordinator, MemoryCoordinator, NoopCoordinator};
 use crate::error::{Error, Result};
+use crate::etcd::Etcd;
 
 /// The backend named by `COORD` (`memory`, `noop`, `etcd`, `nats`, `redis`;
 /// case-insensitive), connected to `COORD_URL` where it needs one.
@@ -22,12 +23,59 @@ pub fn from_env() -> Box<dyn Coordinator> {
 /// `COORD`, `url` = `COORD_URL`), for tests and for configuration that does
 /// not come from the environment.
 pub fn from_env_vars(coord: Option<&str>, url: Option<&str>) -> Box<dyn Coordinator> {
+    pick(coord, url, None)
+}
+
+/// [`from_env`] for a process that already has an [`Etcd`] handle: with
+/// `COORD=etcd` the coordinator is an [`EtcdCoordinator`] on `etcd` (default
+/// options), so the process keeps one etcd connection and one driver
+/// thread. `COORD_URL` is then not used at all — the handle's own endpoints
+/// apply — and no connection attempt can fail. Every other `COORD` value
+/// behaves exactly as in [`from_env`], `COORD_URL` included.
+///
+/// The coordinator holds a clone of `etcd`, so the connection stays up
+/// while either is in use; closing the coordinator does not close `etcd`.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = fleetcoord::testing::EtcdServer::start()?;
+/// use fleetcoord::coordinator::from_env_with_etcd;
+/// use fleetcoord::{Etcd, EtcdOptions};
+///
+/// let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default())?;
+/// let coord = from_env_with_etcd(&etcd); // COORD=etcd: shares `etcd`
+/// coord.kv_set("config", "rollout", b"50%")?;
+/// # Ok(()) }
+/// ```
+pub fn from_env_with_etcd(etcd: &Etcd) -> Box<dyn Coordinator> {
+    let coord = std::env::var("COORD").ok();
+    let url = std::env::var("COORD_URL").ok();
+    from_env_vars_with_etcd(coord.as_deref(), url.as_deref(), etcd)
+}
+
+/// [`from_env_with_etcd`] with the two variables given as arguments
+/// (`coord` = `COORD`, `url` = `COORD_URL`; `url` is not used when `coord`
+/// names etcd).
+pub fn from_env_vars_with_etcd(
+    coord: Option<&str>,
+    url: Option<&str>,
+    etcd: &Etcd,
+) -> Box<dyn Coordinator> {
+    pick(coord, url, Some(etcd))
+}
+
+/// The one selection both entry points share; `etcd`, when given, replaces
+/// connecting to `url` for the etcd backend.
+fn pick(coord: Option<&str>, url: Option<&str>, etcd: Option<&Etcd>) -> Box<dyn Coordinator> {
     let name = coord.map(str::trim).unwrap_or("").to_ascii_lowercase();
     let url = url.map(str::trim).filter(|u| !u.is_empty());
     let connected = match name.as_str() {
         "" | "memory" => return Box::new(MemoryCoordinator::new()),
         "noop" => return Box::new(NoopCoordinator::new()),
-        "etcd" => connect_etcd(url),
+        "etcd" => match etcd {
+            Some(etcd) => EtcdCoordinator::new(etcd).map(|c| Box::new(c) as Box<dyn Coordinator>),
+            None => connect_etcd(url),
+        },
         "nats" => Err(Error::Unsupported(
             "the nats backend is not built into this binary",
         )),
@@ -54,7 +102,7 @@ pub fn from_env_vars(coord: Option<&str>, url: Option<&str>) -> Box<dyn Coordina
 /// Connects the etcd backend to `url` (comma-separated endpoints).
 fn connect_etcd(url: Option<&str>) -> Result<Box<dyn Coordinator>> {
     let url = url.unwrap_or("127.0.0.1:2379");
-    Ok(Box::new(super::EtcdCoordinator::connect(url)?))
+    Ok(Box::new(EtcdCoordinator::connect(url)?))
 }
 
 #[cfg(test)]

@@ -15,7 +15,9 @@
 //!
 //! Backends: [`MemoryCoordinator`] (one process, the embedded default),
 //! [`NoopCoordinator`] (accepts everything, delivers nothing) and the etcd
-//! backend. [`from_env`] picks one from the `COORD` environment variable.
+//! backend. [`from_env`] picks one from the `COORD` environment variable;
+//! [`from_env_with_etcd`] does the same but puts the etcd backend on an
+//! [`Etcd`](crate::Etcd) handle the process already has.
 //! Every backend passes the public `conformance` suite (feature `conformance`,
 //! implied by `testing`), which third-party
 //! backends can run from their own tests.
@@ -62,7 +64,7 @@ pub mod pattern;
 
 pub use etcd::{EtcdCoordinator, EtcdCoordinatorOptions};
 pub use feed::Feed;
-pub use from_env::{from_env, from_env_vars};
+pub use from_env::{from_env, from_env_vars, from_env_vars_with_etcd, from_env_with_etcd};
 pub use memory::MemoryCoordinator;
 pub use noop::NoopCoordinator;
 

@@ -1,0 +1,95 @@
+//! `from_env_with_etcd`: `COORD=etcd` reuses the process's `Etcd` handle
+//! instead of connecting to `COORD_URL`; every other `COORD` behaves as in
+//! `from_env`.
+
+mod common;
+
+use common::{connect, etcdctl, start_etcd};
+use fleetcoord::coordinator::{from_env_vars, from_env_vars_with_etcd, from_env_with_etcd};
+use fleetcoord::Error;
+
+/// Nothing listens on port 1: connecting there fails.
+const DEAD_URL: &str = "127.0.0.1:1";
+
+#[test]
+fn etcd_uses_the_given_handle_not_coord_url() {
+    let server = start_etcd();
+    let endpoint = server.endpoint();
+    let etcd = connect(&endpoint);
+
+    // Connecting to COORD_URL would fail and fall back to noop...
+    assert!(
+        !from_env_vars(Some("etcd"), Some(DEAD_URL))
+            .capabilities()
+            .delivers
+    );
+    // ...the given handle is used instead, whatever COORD_URL says.
+    for url in [Some(DEAD_URL), None] {
+        let coord = from_env_vars_with_etcd(Some(" ETCD "), url, &etcd);
+        assert!(coord.capabilities().delivers, "{url:?}");
+        coord.kv_set("config", "rollout", b"50%").unwrap();
+        assert_eq!(
+            etcdctl(
+                &endpoint,
+                &["get", "/coord/kv/config/rollout", "--print-value-only"]
+            )
+            .trim(),
+            "50%"
+        );
+        // Closing the coordinator leaves the shared handle open.
+        coord.close().unwrap();
+        assert!(etcd.lease_ttl(1).is_ok());
+    }
+
+    // It is that very connection: once the handle is closed, the
+    // coordinator has no driver left.
+    let coord = from_env_vars_with_etcd(Some("etcd"), Some(DEAD_URL), &etcd);
+    coord.ping().unwrap();
+    etcd.close().unwrap();
+    assert!(matches!(coord.ping(), Err(Error::DriverGone)));
+}
+
+#[test]
+fn other_backends_behave_as_from_env() {
+    let server = start_etcd();
+    let etcd = connect(&server.endpoint());
+    for (coord, delivers) in [
+        (None, true),
+        (Some(""), true),
+        (Some("memory"), true),
+        (Some("noop"), false),
+        (Some("bogus"), false),
+        (Some("nats"), false),
+        (Some("redis"), false),
+    ] {
+        let shared = from_env_vars_with_etcd(coord, Some(DEAD_URL), &etcd);
+        let own = from_env_vars(coord, Some(DEAD_URL));
+        assert_eq!(shared.capabilities(), own.capabilities(), "{coord:?}");
+        assert_eq!(shared.capabilities().delivers, delivers, "{coord:?}");
+        assert!(shared.ping().is_ok(), "{coord:?}");
+    }
+}
+
+/// The only test here that touches the process environment, so no other
+/// test can observe the change.
+#[test]
+fn reads_coord_and_ignores_coord_url_from_the_environment() {
+    let server = start_etcd();
+    let endpoint = server.endpoint();
+    let etcd = connect(&endpoint);
+    std::env::set_var("COORD", "etcd");
+    std::env::set_var("COORD_URL", DEAD_URL);
+    let coord = from_env_with_etcd(&etcd);
+    std::env::remove_var("COORD");
+    std::env::remove_var("COORD_URL");
+    assert!(coord.capabilities().delivers);
+    coord.publish("deploys", b"v42").unwrap();
+    assert_eq!(
+        etcdctl(
+            &endpoint,
+            &["get", "/coord/topic/deploys", "--print-value-only"]
+        )
+        .trim(),
+        "v42"
+    );
+}
