@@ -76,3 +76,9 @@ pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_P
 pub use pool::ElectionPool;
 pub use txn::{KeyValue, TxnOp, TxnOpResponse};
 pub use watcher::{list_hosts, HostEvent, HostInfo, HostWatcher, WatcherOptions};
+
+// The README's Rust blocks run as doc tests, so they cannot drift from the
+// API they show. Only compiled for `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme_doctests {}
