@@ -14,7 +14,7 @@ FUZZ_SECONDS ?= 60
 # cargo-fuzz needs nightly flags; this lets the stable toolchain accept them.
 FUZZ_ENV := RUSTC_BOOTSTRAP=1
 
-.PHONY: test fuzz lint demo deps deps-build deps-etcd deps-fuzz deps-rust
+.PHONY: test fuzz lint demo deps deps-build deps-etcd deps-fuzz deps-rust cross qemu-sm deps-qemu-sm msrv
 
 test: deps
 	$(CARGO) fmt --all --check
@@ -105,3 +105,100 @@ deps-rust:
 	  $(CARGO) fmt --version >/dev/null 2>&1 || rustup component add rustfmt; \
 	  $(CARGO) clippy --version >/dev/null 2>&1 || rustup component add clippy; \
 	fi
+
+# ---- cross-architecture checks, qemu runs of fleetcoord-sm, MSRV ----------
+
+# Targets `make cross` type-checks; override to narrow or widen the list, e.g.
+# `make cross CROSS_TARGETS=aarch64-unknown-linux-gnu`. 64-bit Linux only:
+# big-endian s390x and weakly ordered aarch64/riscv64/ppc64le/loongarch64 are
+# where a host-only build would hide a portability bug.
+CROSS_TARGETS ?= aarch64-unknown-linux-gnu riscv64gc-unknown-linux-gnu \
+  powerpc64le-unknown-linux-gnu s390x-unknown-linux-gnu \
+  loongarch64-unknown-linux-gnu
+
+# `cargo check` writes metadata only and never links, so no cross gcc or
+# libc is needed; build scripts (etcd-client runs protoc) run on the host,
+# hence deps-build. A target whose std rustup cannot add (not shipped for this
+# toolchain, or the dist server refuses it) is reported as skipped with
+# rustup's reason instead of failing the whole run; a check that fails does
+# fail it.
+cross: deps-build
+	@checked=""; skipped=""; \
+	for t in $(CROSS_TARGETS); do \
+	  if command -v rustup >/dev/null 2>&1 && ! err=$$(rustup target add "$$t" 2>&1); then \
+	    reason=$$(printf '%s\n' "$$err" | sed -n '/^error/,/^Stack backtrace/p' \
+	      | grep -v -e '^Stack backtrace' -e '^ *$$' | tr -s ' ' | paste -sd' ' -); \
+	    echo "== skipping $$t: rustup target add failed: $$reason" >&2; \
+	    skipped="$$skipped $$t"; \
+	    continue; \
+	  fi; \
+	  echo "== cargo check --target $$t"; \
+	  $(CARGO) check --workspace --all-targets --all-features --target "$$t"; \
+	  checked="$$checked $$t"; \
+	done; \
+	echo "== make cross: checked:$${checked:- none}; skipped:$${skipped:- none}"
+
+# Targets whose fleetcoord-sm tests `make qemu-sm` runs under qemu-user:
+# aarch64 (weak memory order) and s390x (big-endian) by default. Override with
+# QEMU_SM_TARGETS=...; every target needs a QEMU_<target> entry below.
+QEMU_SM_TARGETS ?= aarch64-unknown-linux-gnu s390x-unknown-linux-gnu
+# Per target: GNU triple of its cross gcc (also the sysroot under /usr),
+# qemu-user binary suffix, Debian architecture of libc6-dev-<arch>-cross.
+QEMU_aarch64-unknown-linux-gnu := aarch64-linux-gnu aarch64 arm64
+QEMU_s390x-unknown-linux-gnu := s390x-linux-gnu s390x s390x
+QEMU_powerpc64le-unknown-linux-gnu := powerpc64le-linux-gnu ppc64le ppc64el
+QEMU_riscv64gc-unknown-linux-gnu := riscv64-linux-gnu riscv64 riscv64
+# Fail at parse time, naming the target, rather than half-way through a run.
+$(foreach t,$(QEMU_SM_TARGETS),$(if $(QEMU_$(t)),,$(error QEMU_SM_TARGETS: no QEMU_$(t) entry in the Makefile)))
+# <target>:<gnu triple>:<qemu suffix> words for the recipe's shell loop.
+qemu_sm_specs := $(foreach t,$(QEMU_SM_TARGETS),$(t):$(word 1,$(QEMU_$(t))):$(word 2,$(QEMU_$(t))))
+
+# Running the tests links them, so unlike `make cross` this needs the cross
+# gcc AND the cross libc: gcc-<triple> installed without recommends leaves
+# out libc6-dev-<arch>-cross, and the link then fails on Scrt1.o and -lc.
+# /usr/<triple>/lib/libc.so (the linker script -lc opens, PIE or not) is the
+# file checked for. qemu-user runs the test binaries (-L points it at the
+# cross libc's dynamic loader). fleetcoord-sm does no I/O and has no build
+# scripts, so protoc is not needed.
+deps-qemu-sm:
+	$(call apt_install,$(foreach t,$(QEMU_SM_TARGETS),qemu-$(word 2,$(QEMU_$(t))) qemu-user $(word 1,$(QEMU_$(t)))-gcc gcc-$(word 1,$(QEMU_$(t))) /usr/$(word 1,$(QEMU_$(t)))/lib/libc.so libc6-dev-$(word 3,$(QEMU_$(t)))-cross))
+
+# Tests each target's build of fleetcoord-sm (unit tests, the simulation,
+# doc tests) through its qemu runner, then prints test counts and seconds.
+
+qemu-sm: deps-qemu-sm
+	@summary=""; \
+	for spec in $(qemu_sm_specs); do \
+	  IFS=: read -r t gnu qemu <<< "$$spec"; \
+	  if command -v rustup >/dev/null 2>&1; then rustup target add "$$t"; fi; \
+	  var=$$(printf '%s' "$$t" | tr 'a-z-' 'A-Z_'); \
+	  log=$$(mktemp); \
+	  start=$$(date +%s); \
+	  echo "== cargo test -p fleetcoord-sm --target $$t (qemu-$$qemu)"; \
+	  env "CARGO_TARGET_$${var}_LINKER=$$gnu-gcc" \
+	    "CARGO_TARGET_$${var}_RUNNER=qemu-$$qemu -L /usr/$$gnu" \
+	    $(CARGO) test -p fleetcoord-sm --target "$$t" 2>&1 | tee "$$log"; \
+	  secs=$$(( $$(date +%s) - start )); \
+	  passed=$$(grep -o 'test result: ok\. [0-9]* passed' "$$log" | awk '{n += $$4} END {print n + 0}'); \
+	  rm -f "$$log"; \
+	  summary="$$summary $$t: $$passed tests passed in $${secs}s;"; \
+	done; \
+	echo "== make qemu-sm:$$summary"
+
+# The minimum supported Rust version is the `rust-version` of Cargo.toml; it
+# must be at least the highest `rust_version` among the packages Cargo.lock
+# resolves to (see `cargo metadata`), which is why it is checked with
+# --locked on exactly that toolchain. sm/ and cli/ must declare the same.
+MSRV := $(shell sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
+# Its own target dir: an old rustc's artifacts would evict the stable ones.
+MSRV_TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)/msrv
+
+msrv: deps-build
+	@for f in sm/Cargo.toml cli/Cargo.toml; do \
+	  grep -qx 'rust-version = "$(MSRV)"' "$$f" || { \
+	    echo "make: $$f must declare rust-version = \"$(MSRV)\" like Cargo.toml" >&2; exit 1; }; \
+	done
+	@command -v rustup >/dev/null 2>&1 || { \
+	  echo "make: msrv needs rustup to install Rust $(MSRV)" >&2; exit 1; }
+	@rustup run $(MSRV) rustc --version >/dev/null 2>&1 || rustup toolchain install $(MSRV) --profile minimal
+	CARGO_TARGET_DIR=$(MSRV_TARGET_DIR) $(CARGO) +$(MSRV) check --workspace --all-targets --all-features --locked

@@ -259,6 +259,35 @@ fn an_append_that_loses_every_race_is_contended_after_max_attempts() {
 }
 
 #[test]
+fn no_retry_starts_beyond_the_patience() {
+    let t0 = start();
+    let config = AppendConfig {
+        patience: 25 * MS,
+        ..append_config(None, 5)
+    };
+    let mut a = Append::new(config, t0, 1);
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    a.handle(t0, ok(0, range(9, vec![head("8", 9)])));
+    a.handle(t0 + MS, ok(1, txn(false)));
+    assert_eq!(a.poll_timeout(), Some(t0 + 11 * MS), "within the patience");
+    a.handle_timeout(t0 + 11 * MS);
+    a.handle(t0 + 11 * MS, ok(2, range(9, vec![head("8", 9)])));
+    // The next retry would start at 12 + 20 ms, beyond 25 ms.
+    a.handle(t0 + 12 * MS, ok(3, txn(false)));
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            read_head_cmd(0),
+            append_cmd(1, 9, 9, "x", None),
+            read_head_cmd(2),
+            append_cmd(3, 9, 9, "x", None),
+            failed(StreamError::Contended { attempts: 2 })
+        ]
+    );
+    assert_eq!(a.poll_timeout(), None);
+}
+
+#[test]
 fn a_garbage_or_exhausted_head_fails_the_append_without_writing() {
     let t0 = start();
     let mut a = Append::new(append_config(None, 5), t0, 1);
