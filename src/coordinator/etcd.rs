@@ -1,19 +1,25 @@
-//! The etcd backend: pub/sub, streams and KV on keys under one root, watched
-//! with the same sm `Watch` machine that powers [`crate::HostWatcher`].
+//! The etcd backend: pub/sub, streams and KV on keys under one root. Pub/sub
+//! and KV are watched with the same sm `Watch` machine that powers
+//! [`crate::HostWatcher`]; streams are sm's `Append` and `Reader` machines.
+//! All of them run on the driver; this file only maps names and notices.
 
 use super::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvEvent,
     KvWatcher, Message, StreamEntry, StreamId, StreamPosition, StreamReader, Subscription,
 };
 use crate::driver::rand_seed;
+use crate::driver::runner::StopInput;
 use crate::error::{Error, Result};
 use crate::etcd::{Etcd, EtcdOptions};
 use crate::validate;
-use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchInput, WatchNotice};
-use fleetcoord_sm::{
-    BackoffConfig, Compare, KeyRange, KeyValue, RangeRequest, Request, Response, Txn, TxnOp,
+use fleetcoord_sm::stream::{
+    Append, AppendConfig, AppendInput, AppendNotice, ReadFrom, Reader, ReaderConfig, ReaderInput,
+    ReaderNotice, StreamError, StreamKeys,
 };
+use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchInput, WatchNotice};
+use fleetcoord_sm::{BackoffConfig, KeyRange, Machine, RangeRequest, Request, Response};
 use parking_lot::Mutex;
+use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -82,9 +88,14 @@ impl EtcdCoordinatorOptions {
 ///   topic's latest message if it changed meanwhile, and messages published
 ///   in between are not replayed.
 /// * **streams**: IDs are sequence numbers, assigned by a transaction guarded
-///   on the head key (retried on conflict), so concurrent appenders from any
-///   number of processes get unique, increasing IDs. Readers deliver each
-///   entry exactly once, in order, across reconnects and compactions.
+///   on the head key, so concurrent appenders from any number of processes
+///   get unique, increasing IDs. An append that loses the race retries after
+///   a short jittered backoff, a bounded number of times, then fails. An
+///   append whose transaction fails in flight is not retried (it may have
+///   landed; retrying could write it twice) and returns an error. Readers
+///   deliver each entry exactly once, in order, across reconnects and
+///   compactions; with `stream_max_len`, entries trimmed before a reader
+///   got to them are skipped.
 /// * **KV watches** resync after reconnects and compaction by re-reading the
 ///   bucket and reporting the difference; no change is lost, intermediate
 ///   values of a key may be coalesced.
@@ -94,7 +105,55 @@ pub struct EtcdCoordinator {
     root: String,
     stream_max_len: Option<u64>,
     closed: AtomicBool,
-    feeds: Mutex<Vec<mpsc::UnboundedSender<WatchInput>>>,
+    feeds: Mutex<Vec<FeedInput>>,
+}
+
+/// The input end of a machine behind an open feed, kept so that `close`
+/// can stop it.
+#[derive(Clone)]
+enum FeedInput {
+    Watch(mpsc::UnboundedSender<WatchInput>),
+    Stream(mpsc::UnboundedSender<ReaderInput>),
+}
+
+impl FeedInput {
+    fn is_closed(&self) -> bool {
+        match self {
+            FeedInput::Watch(tx) => tx.is_closed(),
+            FeedInput::Stream(tx) => tx.is_closed(),
+        }
+    }
+
+    fn stop(&self) {
+        match self {
+            FeedInput::Watch(tx) => {
+                let _ = tx.send(WatchInput::Stop);
+            }
+            FeedInput::Stream(tx) => {
+                let _ = tx.send(ReaderInput::Stop);
+            }
+        }
+    }
+}
+
+// How the driver's runner stops the stream machines (as it does every
+// machine it runs) when the handle closes or nobody listens any more.
+impl StopInput for AppendInput {
+    fn stop() -> Self {
+        AppendInput::Stop
+    }
+    fn is_stop(&self) -> bool {
+        matches!(self, AppendInput::Stop)
+    }
+}
+
+impl StopInput for ReaderInput {
+    fn stop() -> Self {
+        ReaderInput::Stop
+    }
+    fn is_stop(&self) -> bool {
+        matches!(self, ReaderInput::Stop)
+    }
 }
 
 impl std::fmt::Debug for EtcdCoordinator {
@@ -109,10 +168,10 @@ impl std::fmt::Debug for EtcdCoordinator {
 /// initial snapshot before failing.
 const FEED_START_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Appends retry this often on a conflicting concurrent append before
-/// giving up (each retry is one round trip; contention this long means
-/// something is wrong).
-const APPEND_ATTEMPTS: u32 = 1000;
+/// Beyond the longest an append machine can take, how long `append_stream`
+/// still waits for its answer: the machine bounds every attempt, so this only
+/// covers a driver too busy to answer.
+const APPEND_SLACK: Duration = Duration::from_secs(1);
 
 impl EtcdCoordinator {
     /// A coordinator on `etcd` with default options.
@@ -170,12 +229,8 @@ impl EtcdCoordinator {
         format!("{}/topic/{topic}", self.root).into_bytes()
     }
 
-    fn stream_head(&self, stream: &str) -> Vec<u8> {
-        format!("{}/stream/{stream}/head", self.root).into_bytes()
-    }
-
-    fn stream_entries(&self, stream: &str) -> Vec<u8> {
-        format!("{}/stream/{stream}/e/", self.root).into_bytes()
+    fn stream_keys(&self, stream: &str) -> StreamKeys {
+        StreamKeys::new(&self.root, stream)
     }
 
     /// Start a Watch machine on `prefix`; `on_notice(notice, synced)` turns
@@ -189,51 +244,65 @@ impl EtcdCoordinator {
             + Send
             + 'static,
     ) -> Result<Feed<T>> {
-        let mut feeds = self.feeds.lock();
-        self.check_open()?;
         let config = WatchConfig {
             prefix,
             keys: KeyRule::Any,
             backoff: BackoffConfig::default(),
         };
         let machine = Watch::new(config, Instant::now(), rand_seed());
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let (synced_tx, synced_rx) = crossbeam_channel::bounded::<()>(1);
         let mut synced = false;
-        let input = self.etcd.run_machine(machine, move |notice| {
+        self.run_feed(machine, FeedInput::Watch, move |notice, tx, started| {
             if notice == WatchNotice::Synced {
                 synced = true;
-                let _ = synced_tx.try_send(());
+                let _ = started.try_send(Ok(()));
             }
-            on_notice(notice, synced, &tx)
-        })?;
+            on_notice(notice, synced, tx)
+        })
+    }
+
+    /// Run `machine` behind a feed: `on_notice(notice, items, started)` turns
+    /// its notices into feed items (returning `false` once the feed is gone)
+    /// and reports on `started` when the feed is live, or why it cannot be.
+    /// Returns once it is live, so nothing written afterwards is missed.
+    fn run_feed<M, T>(
+        &self,
+        machine: M,
+        input: fn(mpsc::UnboundedSender<M::Event>) -> FeedInput,
+        mut on_notice: impl FnMut(
+                M::Notification,
+                &crossbeam_channel::Sender<T>,
+                &crossbeam_channel::Sender<Result<()>>,
+            ) -> bool
+            + Send
+            + 'static,
+    ) -> Result<Feed<T>>
+    where
+        M: Machine + Send + 'static,
+        M::Event: Send + StopInput + 'static,
+        M::Notification: Send + 'static,
+        T: Send + 'static,
+    {
+        let mut feeds = self.feeds.lock();
+        self.check_open()?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (started_tx, started_rx) = crossbeam_channel::bounded::<Result<()>>(1);
+        let input = input(
+            self.etcd
+                .run_machine(machine, move |notice| on_notice(notice, &tx, &started_tx))?,
+        );
         feeds.retain(|f| !f.is_closed());
         feeds.push(input.clone());
         drop(feeds);
         let stop = input.clone();
-        let feed = Feed::new(rx, move || {
-            let _ = stop.send(WatchInput::Stop);
-        });
-        match synced_rx.recv_timeout(FEED_START_TIMEOUT) {
-            Ok(()) => Ok(feed),
-            Err(_) => {
-                let _ = input.send(WatchInput::Stop);
+        let feed = Feed::new(rx, move || stop.stop());
+        match started_rx.recv_timeout(FEED_START_TIMEOUT) {
+            Ok(Ok(())) => Ok(feed),
+            Ok(Err(e)) => Err(e),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                input.stop();
                 Err(Error::Timeout(FEED_START_TIMEOUT))
             }
-        }
-    }
-
-    fn read_head(&self, head: &[u8]) -> Result<(u64, i64)> {
-        match self
-            .etcd
-            .request(Request::Range(RangeRequest::all(KeyRange::Key(
-                head.to_vec(),
-            ))))? {
-            Response::Range { kvs, .. } => match kvs.first() {
-                None => Ok((0, 0)),
-                Some(kv) => Ok((parse_seq(&kv.value)?, kv.mod_revision)),
-            },
-            other => Err(unexpected(&other)),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
         }
     }
 }
@@ -242,29 +311,25 @@ fn unexpected(response: &Response) -> Error {
     Error::Etcd(format!("unexpected answer from etcd: {response:?}"))
 }
 
-fn parse_seq(bytes: &[u8]) -> Result<u64> {
-    std::str::from_utf8(bytes)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| {
-            Error::Etcd(format!(
-                "stream head holds {:?}, not a sequence number",
-                String::from_utf8_lossy(bytes)
-            ))
-        })
+fn stream_error(stream: &str, error: StreamError) -> Error {
+    match error {
+        // Only the runner stops an append early: the driver is shutting down.
+        StreamError::Stopped => Error::DriverGone,
+        StreamError::Contended { attempts } => Error::Etcd(format!(
+            "append to {stream:?} lost {attempts} races in a row"
+        )),
+        other => Error::Etcd(format!("stream {stream:?}: {other}")),
+    }
 }
 
-fn entry_key(prefix: &[u8], seq: u64) -> Vec<u8> {
-    let mut key = prefix.to_vec();
-    key.extend_from_slice(format!("{seq:020}").as_bytes());
-    key
-}
-
-fn entry_seq(prefix_len: usize, kv: &KeyValue) -> Option<u64> {
-    std::str::from_utf8(kv.key.get(prefix_len..)?)
-        .ok()?
-        .parse()
-        .ok()
+/// The longest an append machine can take: its last attempt starts within
+/// its patience, and an attempt is a head read and a transaction, each
+/// bounded by the request timeout.
+fn append_wait(config: &AppendConfig, request_timeout: Duration) -> Duration {
+    config
+        .patience
+        .saturating_add(request_timeout.saturating_mul(2))
+        .saturating_add(APPEND_SLACK)
 }
 
 impl Coordinator for EtcdCoordinator {
@@ -302,85 +367,82 @@ impl Coordinator for EtcdCoordinator {
         self.check_open()?;
         check_name("stream", stream)?;
         check_payload("payload", payload)?;
-        let head = self.stream_head(stream);
-        let entries = self.stream_entries(stream);
-        for attempt in 0..APPEND_ATTEMPTS {
-            let (seq, head_rev) = self.read_head(&head)?;
-            let next = seq + 1;
-            let mut success = vec![
-                TxnOp::Put {
-                    key: head.clone(),
-                    value: next.to_string().into_bytes(),
-                    lease: 0,
-                },
-                TxnOp::Put {
-                    key: entry_key(&entries, next),
-                    value: payload.to_vec(),
-                    lease: 0,
-                },
-            ];
-            if let Some(max) = self.stream_max_len {
-                if next > max {
-                    success.push(TxnOp::Delete(KeyRange::Key(entry_key(
-                        &entries,
-                        next - max,
-                    ))));
-                }
+        let config = AppendConfig {
+            max_len: self.stream_max_len.and_then(NonZeroU64::new),
+            ..AppendConfig::new(self.stream_keys(stream))
+        };
+        let wait = append_wait(&config, self.etcd.options().request_timeout);
+        // One machine per call: it runs on the driver, whose timer does the
+        // backoff between lost races, so no thread sleeps or spins here.
+        let now = Instant::now();
+        let mut machine = Append::new(config, now, rand_seed());
+        machine.handle(now, AppendInput::Append(payload.to_vec()));
+        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+        let input = self.etcd.run_machine(machine, move |notice| {
+            let _ = done_tx.try_send(notice);
+            // This machine answers one append: `false` lets the runner retire it.
+            false
+        })?;
+        match done_rx.recv_timeout(wait) {
+            Ok(AppendNotice::Appended { seq }) => Ok(StreamId(seq)),
+            Ok(AppendNotice::Failed(e)) => Err(stream_error(stream, e)),
+            Ok(other) => Err(Error::Etcd(format!(
+                "append to {stream:?}: unknown outcome {other:?}"
+            ))),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                let _ = input.send(AppendInput::Stop);
+                Err(Error::Timeout(wait))
             }
-            let txn = Txn {
-                compare: vec![Compare::ModRevisionEquals {
-                    key: head.clone(),
-                    revision: head_rev,
-                }],
-                success,
-                failure: vec![],
-            };
-            match self.etcd.request(Request::Txn(txn))? {
-                Response::Txn {
-                    succeeded: true, ..
-                } => return Ok(StreamId(next)),
-                Response::Txn {
-                    succeeded: false, ..
-                } => {
-                    // Another appender won this sequence number; back off a
-                    // little (growing with contention) and read the head again.
-                    std::thread::sleep(Duration::from_micros(50 * u64::from(attempt.min(40))));
-                }
-                other => return Err(unexpected(&other)),
-            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
         }
-        Err(Error::Etcd(format!(
-            "append to {stream:?} lost {APPEND_ATTEMPTS} races in a row"
-        )))
     }
 
     fn read_stream(&self, stream: &str, from: StreamPosition) -> Result<StreamReader> {
         self.check_open()?;
         check_name("stream", stream)?;
-        let prefix = self.stream_entries(stream);
-        let prefix_len = prefix.len();
-        // Entries at or below `last` are never delivered again: this makes
-        // delivery exactly-once across the resyncs the watch does.
-        let mut last = match from {
-            StreamPosition::Start => 0,
-            // Beyond the head: start with the next append, as if at the end.
-            StreamPosition::After(id) => id.0.min(self.read_head(&self.stream_head(stream))?.0),
-            StreamPosition::End => self.read_head(&self.stream_head(stream))?.0,
+        let from = match from {
+            StreamPosition::Start => ReadFrom::Start,
+            StreamPosition::End => ReadFrom::End,
+            StreamPosition::After(id) => ReadFrom::After(id.0),
         };
-        self.start_feed(prefix, move |notice, _synced, tx| match notice {
-            WatchNotice::Up(kv) | WatchNotice::Updated(kv) => match entry_seq(prefix_len, &kv) {
-                Some(seq) if seq > last => {
-                    last = seq;
-                    tx.send(StreamEntry {
-                        id: StreamId(seq),
-                        payload: kv.value,
+        let config = ReaderConfig {
+            keys: self.stream_keys(stream),
+            from,
+            backoff: BackoffConfig::default(),
+        };
+        let machine = Reader::new(config, Instant::now(), rand_seed());
+        let name = stream.to_string();
+        self.run_feed(
+            machine,
+            FeedInput::Stream,
+            move |notice, tx, started| match notice {
+                ReaderNotice::Entry(entry) => tx
+                    .send(StreamEntry {
+                        id: StreamId(entry.seq),
+                        payload: entry.payload,
                     })
-                    .is_ok()
+                    .is_ok(),
+                ReaderNotice::Live => {
+                    let _ = started.try_send(Ok(()));
+                    true
+                }
+                ReaderNotice::InvalidKey(key) => {
+                    log::warn!(
+                        "stream {name:?}: ignoring {:?}, which is not an entry key",
+                        String::from_utf8_lossy(&key)
+                    );
+                    true
+                }
+                ReaderNotice::Failed(e) => {
+                    // Before the feed is live this fails `read_stream`;
+                    // afterwards the feed ends.
+                    log::warn!("stream {name:?}: reader gave up: {e}");
+                    let _ = started.try_send(Err(stream_error(&name, e)));
+                    false
                 }
                 _ => true,
             },
-            _ => true,
-        })
+        )
     }
 
     fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
@@ -479,7 +541,7 @@ impl Coordinator for EtcdCoordinator {
             std::mem::take(&mut *feeds)
         };
         for feed in feeds {
-            let _ = feed.send(WatchInput::Stop);
+            feed.stop();
         }
         Ok(())
     }
