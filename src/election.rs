@@ -451,7 +451,7 @@ impl Inner {
         let _ = self.input.send(ElectionInput::CancelCampaign);
         loop {
             match self.wait(rx, Some(Instant::now() + SETTLE_WAIT))? {
-                Some(ElectionNotice::Elected { .. }) => return self.resign_locked(),
+                Some(ElectionNotice::Elected { token, .. }) => return self.resign_locked(token),
                 Some(ElectionNotice::CampaignFailed(_))
                 | Some(ElectionNotice::NotElected { .. })
                 | None => return Ok(()),
@@ -460,13 +460,15 @@ impl Inner {
         }
     }
 
-    /// Resign and wait for the answer; the caller holds `op`.
-    fn resign_locked(&self) -> Result<()> {
+    /// Resign the leadership `token` and wait for the answer; the caller
+    /// holds `op`.
+    fn resign_locked(&self, token: i64) -> Result<()> {
         const RESIGN_WAIT: Duration = Duration::from_secs(15);
-        let rx = self.begin(ElectionInput::Resign)?;
+        let rx = self.begin(ElectionInput::Resign { token })?;
         loop {
             match self.wait(&rx, Some(Instant::now() + RESIGN_WAIT))? {
-                Some(ElectionNotice::Resigned) => return Ok(()),
+                // A dropped handle's resign may be answered here too.
+                Some(ElectionNotice::Resigned { token: t }) if t == token => return Ok(()),
                 Some(_) => continue,
                 None => return Err(Error::Timeout(RESIGN_WAIT)),
             }
@@ -496,7 +498,11 @@ fn handle_notice(state: &Mutex<State>, notice: ElectionNotice) {
             state.session = Some(s.clone());
             return;
         }
-        ElectionNotice::Resigned => {
+        // Only the resigned leadership ends: a dropped handle's late resign
+        // is answered even when a newer leadership holds.
+        ElectionNotice::Resigned { token }
+            if state.held.as_ref().is_some_and(|h| h.token == *token) =>
+        {
             if let Some(held) = state.held.take() {
                 held.flag.store(false, Ordering::SeqCst);
             }
@@ -560,8 +566,16 @@ pub(crate) fn current_leader(etcd: &Etcd, prefix: &str) -> Result<Option<LeaderI
 ///
 /// [`Leadership::lost`] fires (and [`Leadership::is_held`] turns false)
 /// when leadership ends without a resign: the session's local deadline
-/// passed, its lease was lost, or the candidate key was deleted. Dropping a
-/// `Leadership` resigns.
+/// passed, its lease was lost, or the candidate key was deleted.
+///
+/// **Dropping** a `Leadership` resigns without waiting: `is_held` turns
+/// false, the resign is handed to the driver and `drop` returns at once,
+/// also when etcd is unreachable. If the resign cannot be done, the key
+/// goes with the session's lease after its TTL. A campaign started right
+/// after the drop waits until the old key is deleted. Closing or dropping
+/// the [`Etcd`] handle still lets a pending resign finish within its grace
+/// period, so a process that drops its guards and exits hands over at once.
+/// [`Leadership::resign`] is the blocking call that reports the outcome.
 ///
 /// Discarding it by mistake is a compile-time warning (`#[must_use]`), an
 /// error under `#![deny(unused_must_use)]`:
@@ -732,31 +746,44 @@ impl Leadership {
         }
         self.resigned = true;
         self.held.store(false, Ordering::SeqCst);
-        // Only the current leadership may resign: the machine's Resign
-        // carries no token, and an old, already lost Leadership dropped
-        // after a new campaign must not end the new one.
-        let current = |inner: &Inner| {
-            inner
-                .state
-                .lock()
-                .held
-                .as_ref()
-                .is_some_and(|h| h.token == self.token)
-        };
-        if !current(&self.inner) {
+        if !self.is_current() {
             return Ok(());
         }
         let _op = self.inner.op.lock();
-        if !current(&self.inner) {
+        if !self.is_current() {
             return Ok(());
         }
-        self.inner.resign_locked()
+        self.inner.resign_locked(self.token)
+    }
+
+    /// Whether the machine last reported this leadership as held. A stale
+    /// handle skips its resign; the machine would ignore it anyway (the
+    /// resign carries the token), this only saves the round trip.
+    fn is_current(&self) -> bool {
+        self.inner
+            .state
+            .lock()
+            .held
+            .as_ref()
+            .is_some_and(|h| h.token == self.token)
     }
 }
 
+// Drop never waits for etcd; see "Dropping" in the type's docs.
 impl Drop for Leadership {
     fn drop(&mut self) {
-        let _ = self.resign_inner();
+        if !self.resigned {
+            self.resigned = true;
+            self.held.store(false, Ordering::SeqCst);
+            if self.is_current() {
+                // Fire and forget: the answer (`Resigned` with this token)
+                // is ignored by whichever operation is waiting then.
+                let _ = self
+                    .inner
+                    .input
+                    .send(ElectionInput::Resign { token: self.token });
+            }
+        }
         if Arc::strong_count(&self.inner) == 1 {
             self.inner.stop();
         }

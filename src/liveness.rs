@@ -97,6 +97,13 @@ impl LivenessOptions {
 /// * [`HostLiveness::close`] (and `Drop`) revoke the lease, so watchers see
 ///   the host `Down` within milliseconds instead of after the TTL.
 ///
+/// **Dropping** hands the revoke to the driver and returns at once, also
+/// when etcd is unreachable; if the revoke fails the lease expires after its
+/// TTL. Closing or dropping the [`Etcd`] handle still lets a pending revoke
+/// finish within its grace period, so a process that drops its guards and
+/// exits is seen `Down` at once. [`HostLiveness::close`] is the blocking call
+/// that reports the outcome.
+///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let server = fleetcoord::testing::EtcdServer::start()?;
@@ -302,8 +309,12 @@ pub(crate) fn close_outcome(
     }
 }
 
+// Drop never waits for etcd; see "Dropping" in the type's docs.
 impl Drop for HostLiveness {
     fn drop(&mut self) {
-        let _ = self.stop_and_wait();
+        if !self.closed {
+            self.closed = true;
+            let _ = self.input.send(KeepaliveEvent::Stop);
+        }
     }
 }

@@ -14,7 +14,8 @@ use std::time::Duration;
 /// The first campaign on a name creates its [`Election`] (and session);
 /// later campaigns on that name reuse it, so a campaign/resign cycle costs
 /// no lease grant or revoke. Each session self-heals. [`ElectionPool::release`]
-/// ends one name's session, [`ElectionPool::close`] all of them.
+/// ends one name's session, [`ElectionPool::close`] all of them and waits
+/// for the revokes; dropping the pool asks for the same without waiting.
 ///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -132,8 +133,13 @@ impl ElectionPool {
     }
 }
 
+// Drop never waits for etcd: every session is asked to stop (revoke) and
+// the driver finishes that in the background, as for `Leadership`.
 impl Drop for ElectionPool {
     fn drop(&mut self) {
-        let _ = self.close();
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        for (_, election) in self.elections.lock().drain() {
+            election.begin_close();
+        }
     }
 }

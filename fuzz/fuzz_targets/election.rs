@@ -9,7 +9,7 @@
 //! * `Elected` only answers an open campaign: never after `SessionLost` (or
 //!   any other answer) without a new `Campaign`/`TryCampaign`;
 //! * `is_leader()` implies an `Elected` not yet followed by `LeadershipLost`,
-//!   `Resign` or `Stop`, a token equal to the elected one, and a session
+//!   `Resign` of its token or `Stop`, a token equal to the elected one, and a session
 //!   deadline strictly after `now` (false from the deadline instant on);
 //! * RPC ids are never reused; after `Session(Stopped)` no RPC is issued;
 //! * `poll_timeout` is never before `now`; draining commands terminates.
@@ -42,7 +42,8 @@ struct Input {
 enum User {
     Campaign(u8),
     TryCampaign(u8),
-    Resign,
+    /// Resign the latest elected token, or (`true`) a stale one.
+    Resign(bool),
     Proclaim(u8),
     CancelCampaign,
     Stop,
@@ -78,6 +79,8 @@ enum Op {
 struct Reference {
     open_campaigns: u32,
     elected: Option<Revision>,
+    /// The latest `Elected` token, kept after the leadership ends.
+    last_token: Revision,
     stopped: bool,
 }
 
@@ -118,6 +121,7 @@ impl Fuzz {
                 assert!(m.open_campaigns > 0, "Elected without an open campaign");
                 m.open_campaigns -= 1;
                 m.elected = Some(token);
+                m.last_token = token;
             }
             ElectionNotice::NotElected { .. } | ElectionNotice::CampaignFailed(_) => {
                 assert!(m.open_campaigns > 0, "campaign answer without a campaign");
@@ -263,7 +267,16 @@ impl Fuzz {
                 let input = match u {
                     User::Campaign(v) => ElectionInput::Campaign { value: vec![v] },
                     User::TryCampaign(v) => ElectionInput::TryCampaign { value: vec![v] },
-                    User::Resign => ElectionInput::Resign,
+                    User::Resign(stale) => {
+                        let latest = self.model.last_token;
+                        ElectionInput::Resign {
+                            token: if stale {
+                                latest.saturating_sub(1)
+                            } else {
+                                latest
+                            },
+                        }
+                    }
                     User::Proclaim(v) => ElectionInput::Proclaim { value: vec![v] },
                     User::CancelCampaign => ElectionInput::CancelCampaign,
                     User::Stop => ElectionInput::Stop,
@@ -272,12 +285,16 @@ impl Fuzz {
                     ElectionInput::Campaign { .. } | ElectionInput::TryCampaign { .. } => {
                         self.model.open_campaigns += 1
                     }
-                    // Belief ends before anything is sent.
-                    ElectionInput::Resign | ElectionInput::Stop => self.model.elected = None,
+                    // Belief ends before anything is sent, for the
+                    // resigned token only: a stale resign ends nothing.
+                    ElectionInput::Resign { token } if self.model.elected == Some(*token) => {
+                        self.model.elected = None
+                    }
+                    ElectionInput::Stop => self.model.elected = None,
                     _ => {}
                 }
                 self.machine.handle(self.now, input);
-                if matches!(u, User::Resign | User::Stop) {
+                if matches!(u, User::Stop) || matches!(u, User::Resign(false)) {
                     assert!(!self.machine.is_leader(), "leader right after resign/stop");
                 }
             }
@@ -344,6 +361,7 @@ fuzz_target!(|input: Input| {
         model: Reference {
             open_campaigns: 0,
             elected: None,
+            last_token: 0,
             stopped: false,
         },
     };

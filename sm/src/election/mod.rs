@@ -67,9 +67,16 @@ pub enum ElectionInput {
         /// The leader's value.
         value: Vec<u8>,
     },
-    /// Stop leading (or campaigning) and delete the own key; answered by
-    /// `Resigned`. The session stays up for later campaigns.
-    Resign,
+    /// Stop leading and delete the own key, if this machine leads with
+    /// fencing token `token`; answered by `Resigned { token }` either way.
+    /// A resign for any other token (a stale handle whose leadership was
+    /// lost, while a newer campaign runs or leads) changes nothing. The
+    /// session stays up for later campaigns; a campaign asked for while the
+    /// key is still being deleted starts once it is gone.
+    Resign {
+        /// The fencing token of the leadership to end.
+        token: Revision,
+    },
     /// Replace the leader's value; answered by `Proclaimed` or `ProclaimFailed`.
     Proclaim {
         /// The new value.
@@ -134,8 +141,12 @@ pub enum ElectionNotice {
         /// The token of the leadership that ended.
         token: Revision,
     },
-    /// The resign finished; the own key is gone.
-    Resigned,
+    /// The resign of the leadership with `token` finished: that key is
+    /// gone (or this machine never led with that token).
+    Resigned {
+        /// The token the resign was asked for.
+        token: Revision,
+    },
     /// The proclaimed value is written.
     Proclaimed,
     /// The proclaim did not happen.
@@ -310,7 +321,9 @@ impl Machine for Election {
                     try_only: true,
                 },
             ),
-            ElectionInput::Resign => self.protocol.user(now, UserRequest::Resign),
+            ElectionInput::Resign { token } => {
+                self.protocol.user(now, UserRequest::Resign { token })
+            }
             ElectionInput::Proclaim { value } => {
                 self.protocol.user(now, UserRequest::Proclaim { value })
             }

@@ -28,7 +28,7 @@ pub(crate) enum SessionFact {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum UserRequest {
     Campaign { value: Vec<u8>, try_only: bool },
-    Resign,
+    Resign { token: Revision },
     Proclaim { value: Vec<u8> },
     CancelCampaign,
     Stop,
@@ -123,6 +123,10 @@ pub(crate) struct Protocol {
     queue: VecDeque<Command<ElectionNotice>>,
     session: Session,
     op: Op,
+    /// A campaign asked for while a withdraw was still deleting the previous
+    /// key (a dropped leadership resigns without waiting): it starts once
+    /// the withdraw is done instead of failing with `Busy`.
+    queued: Option<UserRequest>,
     now: Instant,
 }
 
@@ -150,6 +154,7 @@ impl Protocol {
             queue: VecDeque::new(),
             session: Session::Down,
             op: Op::Idle,
+            queued: None,
             now,
         }
     }
@@ -239,6 +244,18 @@ impl Protocol {
                 self.op = self.send_step(c);
             }
         }
+        self.start_queued();
+    }
+
+    /// Starts the campaign that waited for a withdraw, once the machine is
+    /// idle again. Its answer follows the withdraw's own notices.
+    fn start_queued(&mut self) {
+        if matches!(self.op, Op::Idle) {
+            if let Some(request) = self.queued.take() {
+                let now = self.now;
+                self.user(now, request);
+            }
+        }
     }
 
     fn session_lost(&mut self) {
@@ -297,7 +314,9 @@ impl Protocol {
                     UserRequest::Proclaim { .. } => {
                         self.notify(ElectionNotice::ProclaimFailed(ElectionError::Stopped))
                     }
-                    UserRequest::Resign => self.notify(ElectionNotice::Resigned),
+                    UserRequest::Resign { token } => {
+                        self.notify(ElectionNotice::Resigned { token })
+                    }
                     UserRequest::CancelCampaign | UserRequest::Stop => {}
                 }
                 Op::Stopped
@@ -331,6 +350,12 @@ impl Protocol {
                     _ => Op::Campaigning(c),
                 }
             }
+            (Op::Withdrawing(w), request @ UserRequest::Campaign { .. })
+                if self.queued.is_none() =>
+            {
+                self.queued = Some(request);
+                Op::Withdrawing(w)
+            }
             (op, UserRequest::Campaign { .. }) => {
                 self.notify(ElectionNotice::CampaignFailed(ElectionError::Busy));
                 op
@@ -339,15 +364,16 @@ impl Protocol {
                 c,
                 vec![ElectionNotice::CampaignFailed(ElectionError::Canceled)],
             ),
-            (op, UserRequest::CancelCampaign) => op,
-            (Op::Campaigning(c), UserRequest::Resign) => self.abandon(
-                c,
-                vec![
-                    ElectionNotice::CampaignFailed(ElectionError::Canceled),
-                    ElectionNotice::Resigned,
-                ],
-            ),
-            (Op::Leading(l), UserRequest::Resign) => {
+            (op, UserRequest::CancelCampaign) => {
+                if self.queued.take().is_some() {
+                    self.notify(ElectionNotice::CampaignFailed(ElectionError::Canceled));
+                }
+                op
+            }
+            // Only the leadership with this token may resign: a stale handle
+            // (its leadership lost, a newer campaign running or won) must not
+            // end what came after it.
+            (Op::Leading(l), UserRequest::Resign { token }) if l.rev == token => {
                 let key = l.key.clone();
                 let rev = l.rev;
                 match l.guard {
@@ -365,15 +391,15 @@ impl Protocol {
                     key,
                     rev: Some(rev),
                     pending: None,
-                    then: vec![ElectionNotice::Resigned],
+                    then: vec![ElectionNotice::Resigned { token }],
                 })
             }
-            (Op::Withdrawing(mut w), UserRequest::Resign) => {
-                w.then.push(ElectionNotice::Resigned);
+            (Op::Withdrawing(mut w), UserRequest::Resign { token }) => {
+                w.then.push(ElectionNotice::Resigned { token });
                 Op::Withdrawing(w)
             }
-            (op, UserRequest::Resign) => {
-                self.notify(ElectionNotice::Resigned);
+            (op, UserRequest::Resign { token }) => {
+                self.notify(ElectionNotice::Resigned { token });
                 op
             }
             (Op::Leading(mut l), UserRequest::Proclaim { value }) => {
@@ -407,6 +433,10 @@ impl Protocol {
                 }
             }
             Op::Idle | Op::Stopped => {}
+        }
+        // Answered after the withdraw's own notices, in the order asked.
+        if self.queued.take().is_some() {
+            self.notify(ElectionNotice::CampaignFailed(ElectionError::Stopped));
         }
         self.timers.clear();
     }
@@ -497,6 +527,7 @@ impl Protocol {
             Op::Leading(l) => self.leading_reply(l, reply),
             other => other,
         };
+        self.start_queued();
     }
 
     fn fail_campaign(&mut self, c: Campaign, error: ElectionError) -> Op {

@@ -49,6 +49,9 @@ struct Seat {
     partitioned_until: Option<Instant>,
     /// Campaign requests not yet answered (Busy answers one at once).
     open_campaigns: u32,
+    /// The token of this candidate's latest `Elected`, which its user
+    /// would resign with (possibly long after it was lost: a stale handle).
+    last_token: i64,
     stopping: bool,
     generation: u64,
 }
@@ -60,6 +63,7 @@ impl Seat {
             faults: Faults::none(),
             partitioned_until: None,
             open_campaigns: 0,
+            last_token: 0,
             stopping: false,
             generation: 0,
         }
@@ -126,7 +130,7 @@ impl World {
                     break;
                 }
             }
-            if !self.next_time().is_some_and(|t| t <= now) {
+            if self.next_time().is_none_or(|t| t > now) {
                 self.stats.steps += 1;
                 self.check(now);
                 return;
@@ -159,6 +163,7 @@ impl World {
                             self.max_token
                         );
                         self.max_token = token;
+                        s.last_token = token;
                         s.open_campaigns -= 1;
                         self.stats.elections += 1;
                     }
@@ -218,7 +223,17 @@ impl World {
         match roll {
             0..=29 => self.input(seat, ElectionInput::Campaign { value }, now),
             30..=41 => self.input(seat, ElectionInput::TryCampaign { value }, now),
-            42..=51 => self.input(seat, ElectionInput::Resign, now),
+            42..=51 => {
+                // Mostly the latest leadership's token; sometimes an older
+                // one, as a stale handle's drop would send.
+                let latest = self.seats[seat].last_token;
+                let token = if roll.is_multiple_of(3) {
+                    latest.saturating_sub(1)
+                } else {
+                    latest
+                };
+                self.input(seat, ElectionInput::Resign { token }, now)
+            }
             52..=61 => self.input(seat, ElectionInput::Proclaim { value }, now),
             62..=67 => self.input(seat, ElectionInput::CancelCampaign, now),
             68..=69 => self.input(seat, ElectionInput::Stop, now),
@@ -318,7 +333,7 @@ fn run_seed(seed: u64, stats: &mut Stats) {
     let t0 = Instant::now();
     let mut rng = rng(seed);
     let candidates = 2 + (rng.next_u64() % 2) as usize;
-    let base = if rng.next_u64() % 5 == 0 {
+    let base = if rng.next_u64().is_multiple_of(5) {
         Faults::none()
     } else {
         Faults::moderate()

@@ -185,7 +185,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
     let mut rng = rng(seed);
     let ttl = 2 + pick(&mut rng, 9) as i64;
     let binding = pick(&mut rng, 4) != 0;
-    let clean = seed % 10 == 0;
+    let clean = seed.is_multiple_of(10);
     let mut value = b"boot".to_vec();
     let config = KeepaliveConfig {
         ttl_secs: ttl,

@@ -248,7 +248,7 @@ impl World {
             let due = self
                 .etcd
                 .lease_deadline(lease)
-                .map_or(true, |d| d <= self.now + half);
+                .is_none_or(|d| d <= self.now + half);
             if due {
                 if let Some(Response::KeptAlive { ttl_secs: 0 }) =
                     self.run(Request::KeepAlive { lease })

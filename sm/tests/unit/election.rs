@@ -581,7 +581,7 @@ fn try_campaign_loses_deletes_its_key_and_names_the_leader() {
 fn resign_drops_belief_before_sending_and_keeps_the_session() {
     let t0 = Instant::now();
     let mut e = elected(t0);
-    e.handle(t0, ElectionInput::Resign);
+    e.handle(t0, ElectionInput::Resign { token: 5 });
     assert!(!e.is_leader());
     assert_eq!(
         drain(&mut e),
@@ -593,7 +593,7 @@ fn resign_drops_belief_before_sending_and_keeps_the_session() {
     // A failed guard means nothing was left to delete: resigned all the same.
     assert_eq!(
         ok(&mut e, t0, P + 4, txn(9, false, vec![])),
-        vec![note(ElectionNotice::Resigned)]
+        vec![note(ElectionNotice::Resigned { token: 5 })]
     );
     assert_eq!(e.my_key(), Some(my_key()));
     e.handle(
@@ -606,10 +606,128 @@ fn resign_drops_belief_before_sending_and_keeps_the_session() {
 }
 
 #[test]
+fn a_stale_resign_is_answered_and_ends_nothing() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    // Token 4 belonged to an earlier leadership of this machine.
+    e.handle(t0, ElectionInput::Resign { token: 4 });
+    assert_eq!(
+        drain(&mut e),
+        vec![note(ElectionNotice::Resigned { token: 4 })]
+    );
+    assert!(e.is_leader());
+    assert_eq!(e.token(), Some(5));
+}
+
+#[test]
+fn a_resign_does_not_cancel_a_running_campaign() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            value: b"a".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    // A dropped handle of an earlier leadership resigns its token late.
+    e.handle(t0, ElectionInput::Resign { token: 3 });
+    assert_eq!(
+        drain(&mut e),
+        vec![note(ElectionNotice::Resigned { token: 3 })]
+    );
+    assert_eq!(
+        ok(&mut e, t0, P, txn(5, true, vec![TxnOpResponse::Put])),
+        vec![rpc(P + 1, older(4))]
+    );
+}
+
+#[test]
+fn a_campaign_during_a_resign_starts_once_the_key_is_gone() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    e.handle(t0, ElectionInput::Resign { token: 5 });
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            Command::Cancel { id: RpcId(P + 3) },
+            rpc(P + 4, delete_mine(5))
+        ]
+    );
+    // Not Busy: it waits for the delete.
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            value: b"b".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![]);
+    assert_eq!(
+        ok(&mut e, t0, P + 4, txn(9, true, vec![])),
+        vec![
+            note(ElectionNotice::Resigned { token: 5 }),
+            rpc(P + 5, create_txn(b"b"))
+        ]
+    );
+}
+
+#[test]
+fn a_campaign_waiting_for_a_resign_can_be_canceled_or_stopped() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    e.handle(t0, ElectionInput::Resign { token: 5 });
+    drain(&mut e);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            value: b"b".to_vec(),
+        },
+    );
+    e.handle(t0, ElectionInput::CancelCampaign);
+    assert_eq!(
+        drain(&mut e),
+        vec![note(ElectionNotice::CampaignFailed(
+            ElectionError::Canceled
+        ))]
+    );
+    // Nothing starts after the delete.
+    assert_eq!(
+        ok(&mut e, t0, P + 4, txn(9, true, vec![])),
+        vec![note(ElectionNotice::Resigned { token: 5 })]
+    );
+
+    let mut e = elected(t0);
+    e.handle(t0, ElectionInput::Resign { token: 5 });
+    drain(&mut e);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            value: b"b".to_vec(),
+        },
+    );
+    e.handle(t0, ElectionInput::Stop);
+    let notices: Vec<_> = drain(&mut e)
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::Notify(n) => Some(n),
+            _ => None,
+        })
+        .filter(|n| !matches!(n, ElectionNotice::Session(_)))
+        .collect();
+    assert_eq!(
+        notices,
+        vec![
+            ElectionNotice::Resigned { token: 5 },
+            ElectionNotice::CampaignFailed(ElectionError::Stopped)
+        ]
+    );
+}
+
+#[test]
 fn resign_retries_after_an_unavailable_error() {
     let t0 = Instant::now();
     let mut e = elected(t0);
-    e.handle(t0, ElectionInput::Resign);
+    e.handle(t0, ElectionInput::Resign { token: 5 });
     drain(&mut e);
     e.handle(
         t0,
