@@ -143,11 +143,13 @@ cross: deps-build
 # QEMU_SM_TARGETS=...; every target needs a QEMU_<target> entry below.
 QEMU_SM_TARGETS ?= aarch64-unknown-linux-gnu s390x-unknown-linux-gnu
 # Per target: GNU triple of its cross gcc (also the sysroot under /usr),
-# qemu-user binary suffix, Debian architecture of libc6-dev-<arch>-cross.
-QEMU_aarch64-unknown-linux-gnu := aarch64-linux-gnu aarch64 arm64
-QEMU_s390x-unknown-linux-gnu := s390x-linux-gnu s390x s390x
-QEMU_powerpc64le-unknown-linux-gnu := powerpc64le-linux-gnu ppc64le ppc64el
-QEMU_riscv64gc-unknown-linux-gnu := riscv64-linux-gnu riscv64 riscv64
+# qemu-user binary suffix, then the Debian packages of the cross gcc and of
+# the cross libc, spelled out so every package an install step can install
+# is named literally here.
+QEMU_aarch64-unknown-linux-gnu := aarch64-linux-gnu aarch64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross
+QEMU_s390x-unknown-linux-gnu := s390x-linux-gnu s390x gcc-s390x-linux-gnu libc6-dev-s390x-cross
+QEMU_powerpc64le-unknown-linux-gnu := powerpc64le-linux-gnu ppc64le gcc-powerpc64le-linux-gnu libc6-dev-ppc64el-cross
+QEMU_riscv64gc-unknown-linux-gnu := riscv64-linux-gnu riscv64 gcc-riscv64-linux-gnu libc6-dev-riscv64-cross
 # Fail at parse time, naming the target, rather than half-way through a run.
 $(foreach t,$(QEMU_SM_TARGETS),$(if $(QEMU_$(t)),,$(error QEMU_SM_TARGETS: no QEMU_$(t) entry in the Makefile)))
 # <target>:<gnu triple>:<qemu suffix> words for the recipe's shell loop.
@@ -161,7 +163,7 @@ qemu_sm_specs := $(foreach t,$(QEMU_SM_TARGETS),$(t):$(word 1,$(QEMU_$(t))):$(wo
 # cross libc's dynamic loader). fleetcoord-sm does no I/O and has no build
 # scripts, so protoc is not needed.
 deps-qemu-sm:
-	$(call apt_install,$(foreach t,$(QEMU_SM_TARGETS),qemu-$(word 2,$(QEMU_$(t))) qemu-user $(word 1,$(QEMU_$(t)))-gcc gcc-$(word 1,$(QEMU_$(t))) /usr/$(word 1,$(QEMU_$(t)))/lib/libc.so libc6-dev-$(word 3,$(QEMU_$(t)))-cross))
+	$(call apt_install,$(foreach t,$(QEMU_SM_TARGETS),qemu-$(word 2,$(QEMU_$(t))) qemu-user $(word 1,$(QEMU_$(t)))-gcc $(word 3,$(QEMU_$(t))) /usr/$(word 1,$(QEMU_$(t)))/lib/libc.so $(word 4,$(QEMU_$(t)))))
 
 # Tests each target's build of fleetcoord-sm (unit tests, the simulation,
 # doc tests) through its qemu runner, then prints test counts and seconds.
