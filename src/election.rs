@@ -1,7 +1,7 @@
 //! [`Election`]: leader election on a name, compatible with Go's
 //! `clientv3/concurrency` and `etcdctl elect`.
 
-use crate::driver::rand_seed;
+use crate::driver::{rand_seed, MachineHandle, Notify};
 use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::liveness::{close_outcome, CLOSE_WAIT};
@@ -17,7 +17,6 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
 
 pub use crate::observe::LeaderObserver;
 
@@ -159,12 +158,10 @@ impl std::fmt::Debug for Election {
 struct Inner {
     etcd: Etcd,
     prefix: String,
-    input: mpsc::UnboundedSender<ElectionInput>,
+    machine: MachineHandle<ElectionMachine>,
     /// One user operation at a time; the machine would answer `Busy`.
     op: Mutex<()>,
     state: Arc<Mutex<State>>,
-    /// Whether the session's revoke succeeded, once it has stopped.
-    stopped: crossbeam_channel::Receiver<bool>,
 }
 
 #[derive(Default)]
@@ -220,22 +217,20 @@ impl Election {
         let machine = ElectionMachine::new(config, Instant::now(), rand_seed());
         let state = Arc::new(Mutex::new(State::default()));
         let handler_state = EndOfNotices(state.clone());
-        let (stopped_tx, stopped) = crossbeam_channel::bounded(1);
-        let input = etcd.run_machine(machine, move |notice| {
-            if let ElectionNotice::Session(LivenessState::Stopped { revoked }) = &notice {
-                let _ = stopped_tx.try_send(*revoked);
-            }
-            handle_notice(&handler_state.0, notice);
-            true
-        })?;
+        let machine = etcd.run(
+            machine,
+            Notify(move |notice| {
+                handle_notice(&handler_state.0, notice);
+                true
+            }),
+        )?;
         Ok(Election {
             inner: Arc::new(Inner {
                 etcd: etcd.clone(),
                 prefix,
-                input,
+                machine,
                 op: Mutex::new(()),
                 state,
-                stopped,
             }),
         })
     }
@@ -367,7 +362,12 @@ impl Election {
 
     /// Wait for a stop asked for earlier to be confirmed.
     pub(crate) fn wait_closed(&self) -> Result<()> {
-        close_outcome(self.inner.stopped.recv_timeout(CLOSE_WAIT))
+        let finished = self.inner.machine.wait_finished(CLOSE_WAIT);
+        let revoked = match self.inner.state.lock().session {
+            Some(LivenessState::Stopped { revoked }) => Some(revoked),
+            _ => None,
+        };
+        close_outcome(finished, revoked)
     }
 
     fn leadership(&self, token: i64, lease: i64, key: Vec<u8>) -> Leadership {
@@ -416,7 +416,7 @@ impl Inner {
             }
             state.waiter = Some(tx);
         }
-        self.input.send(input).map_err(|_| Error::DriverGone)?;
+        self.machine.send(input).map_err(|_| Error::DriverGone)?;
         Ok(rx)
     }
 
@@ -440,7 +440,7 @@ impl Inner {
     }
 
     fn stop(&self) {
-        let _ = self.input.send(ElectionInput::Stop);
+        self.machine.stop();
     }
 
     /// After a campaign or try-campaign timed out: cancel it and wait for
@@ -448,7 +448,7 @@ impl Inner {
     /// a win that raced the cancel is resigned again. The caller holds `op`.
     fn cancel_and_settle(&self, rx: &crossbeam_channel::Receiver<ElectionNotice>) -> Result<()> {
         const SETTLE_WAIT: Duration = Duration::from_secs(10);
-        let _ = self.input.send(ElectionInput::CancelCampaign);
+        let _ = self.machine.send(ElectionInput::CancelCampaign);
         loop {
             match self.wait(rx, Some(Instant::now() + SETTLE_WAIT))? {
                 Some(ElectionNotice::Elected { token, .. }) => return self.resign_locked(token),
@@ -780,7 +780,7 @@ impl Drop for Leadership {
                 // is ignored by whichever operation is waiting then.
                 let _ = self
                     .inner
-                    .input
+                    .machine
                     .send(ElectionInput::Resign { token: self.token });
             }
         }

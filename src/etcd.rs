@@ -1,13 +1,14 @@
 //! [`Etcd`]: the one connection every primitive shares.
 
-use crate::driver::{self, runner, DriverHandle, DriverMsg, DriverOptions, Shared};
+use crate::driver::handle::Sink;
+use crate::driver::runner::MachineTask;
+use crate::driver::{
+    self, CallError, ConnectSettings, DriverHandle, DriverMsg, MachineHandle, StartError, UnaryCall,
+};
 use crate::error::{Error, Result};
-use etcd_client as ec;
 use fleetcoord_sm::{Machine, Request, Response, RpcError};
-use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 /// A lease's remaining and granted time to live, whole seconds as etcd
 /// reports them.
@@ -100,7 +101,7 @@ pub struct Etcd {
 struct Inner {
     endpoints: Vec<String>,
     options: EtcdOptions,
-    driver: Mutex<DriverHandle>,
+    driver: DriverHandle,
 }
 
 impl std::fmt::Debug for Etcd {
@@ -161,23 +162,24 @@ impl Etcd {
                 "timeouts must be greater than zero",
             ));
         }
-        let connect = ec::ConnectOptions::new()
-            .with_connect_timeout(options.connect_timeout)
-            .with_keep_alive(options.keepalive_interval, options.keepalive_interval)
-            .with_keep_alive_while_idle(true);
-        let driver = driver::start(
-            normalized.clone(),
-            connect,
-            options.connect_timeout,
-            DriverOptions {
-                request_timeout: options.request_timeout,
+        let driver = driver::start(ConnectSettings {
+            endpoints: normalized.clone(),
+            connect_timeout: options.connect_timeout,
+            request_timeout: options.request_timeout,
+            keepalive_interval: options.keepalive_interval,
+        })
+        .map_err(|e| match e {
+            StartError::Io(e) => Error::Io(e),
+            StartError::Connect(reason) => Error::Connect {
+                endpoints: normalized.join(","),
+                reason,
             },
-        )?;
+        })?;
         Ok(Etcd {
             inner: Arc::new(Inner {
                 endpoints: normalized,
                 options,
-                driver: Mutex::new(driver),
+                driver,
             }),
         })
     }
@@ -197,136 +199,84 @@ impl Etcd {
     /// period), then the runtime stops and the thread is joined. Idempotent.
     pub fn close(&self) -> Result<()> {
         assert_not_async();
-        self.inner.shutdown();
+        self.inner.driver.shutdown();
         Ok(())
     }
 
     /// How long `lease` has left and what TTL it was granted, or `None`
     /// when etcd no longer has it. One request.
     pub fn lease_ttl(&self, lease: i64) -> Result<Option<LeaseTtl>> {
-        self.call(move |mut shared| async move {
-            let r = shared
-                .client
-                .lease_time_to_live(lease, None)
-                .await
-                .map_err(|e| Error::Etcd(e.to_string()))?;
-            Ok((r.ttl() >= 0).then(|| LeaseTtl {
-                remaining: Duration::from_secs(r.ttl().max(0) as u64),
-                granted: Duration::from_secs(r.granted_ttl().max(0) as u64),
-            }))
-        })
-    }
-
-    /// Run one unary request with the configured request timeout.
-    pub(crate) fn request(&self, request: Request) -> Result<Response> {
-        self.call(move |mut shared| async move {
-            driver::exec::unary(&mut shared.client, &request)
-                .await
-                .map_err(|e| match e {
-                    RpcError::Rejected(msg) | RpcError::Unavailable(msg) => Error::Etcd(msg),
-                    other => Error::Etcd(format!("{other:?}")),
-                })
-        })
-    }
-
-    /// Run `job` on the driver within one request timeout and wait for its
-    /// result: the one way user threads make a single call.
-    fn call<T, F, Fut>(&self, job: F) -> Result<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(Shared) -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = Result<T>> + Send + 'static,
-    {
-        assert_not_async();
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        self.spawn(move |shared: Shared| async move {
-            let timeout = shared.options.request_timeout;
-            let result = tokio::time::timeout(timeout, job(shared))
-                .await
-                .unwrap_or(Err(Error::Timeout(timeout)));
-            let _ = tx.send(result);
-        })?;
-        // The driver enforces the timeout; the slack only covers a driver
-        // too busy to report it.
-        let wait = self.inner.options.request_timeout + Duration::from_secs(1);
-        match rx.recv_timeout(wait) {
-            Ok(result) => result,
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Timeout(wait)),
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
+        match self.request(Request::LeaseTimeToLive { lease })? {
+            Response::LeaseTimeToLive {
+                ttl_secs,
+                granted_secs,
+            } => Ok((ttl_secs >= 0).then(|| LeaseTtl {
+                remaining: Duration::from_secs(u64::try_from(ttl_secs).unwrap_or(0)),
+                granted: Duration::from_secs(u64::try_from(granted_secs).unwrap_or(0)),
+            })),
+            other => Err(Error::Etcd(format!(
+                "unexpected answer to a lease query: {other:?}"
+            ))),
         }
     }
 
-    /// Start a machine task; returns the sender for its inputs.
-    pub(crate) fn run_machine<M>(
-        &self,
-        machine: M,
-        notify: impl FnMut(M::Notification) -> bool + Send + 'static,
-    ) -> Result<mpsc::UnboundedSender<M::Event>>
-    where
-        M: Machine + Send + 'static,
-        M::Event: Send + runner::StopInput + 'static,
-        M::Notification: Send + 'static,
-    {
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.run_machine_with(machine, rx, notify)?;
-        Ok(tx)
-    }
-
-    /// [`Etcd::run_machine`] with a caller-made input channel, for callers
-    /// whose notification handler must also feed the machine.
-    pub(crate) fn run_machine_with<M>(
-        &self,
-        machine: M,
-        inputs: mpsc::UnboundedReceiver<M::Event>,
-        notify: impl FnMut(M::Notification) -> bool + Send + 'static,
-    ) -> Result<()>
-    where
-        M: Machine + Send + 'static,
-        M::Event: Send + runner::StopInput + 'static,
-        M::Notification: Send + 'static,
-    {
-        let task = runner::MachineTask {
-            machine,
-            inputs,
-            notify: Box::new(notify),
-        };
-        self.spawn(move |shared| runner::run(shared, task))
-    }
-
-    fn spawn<F, Fut>(&self, job: F) -> Result<()>
-    where
-        F: FnOnce(Shared) -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = ()> + Send + 'static,
-    {
-        let msg = DriverMsg::Spawn(Box::new(move |shared| Box::pin(job(shared))));
+    /// Run one unary request within the request timeout: the one way user
+    /// threads make a single call. Giving up (a panic unwinding through
+    /// here) cancels the call on the driver.
+    pub(crate) fn request(&self, request: Request) -> Result<Response> {
+        assert_not_async();
+        let (call, pending) = UnaryCall::new(request);
         self.inner
             .driver
-            .lock()
-            .tx
-            .send(msg)
-            .map_err(|_| Error::DriverGone)
+            .send(DriverMsg::Unary(call))
+            .map_err(|_| Error::DriverGone)?;
+        // The driver enforces the timeout; the slack only covers a driver
+        // too busy to report it.
+        let wait = self
+            .inner
+            .options
+            .request_timeout
+            .saturating_add(Duration::from_secs(1));
+        match pending.wait(wait) {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(CallError::Timeout(after))) => Err(Error::Timeout(after)),
+            Ok(Err(CallError::Rpc(e))) => Err(rpc_error(e)),
+            Err(_) => Err(Error::DriverGone),
+        }
+    }
+
+    /// Start `machine` on the driver; its notices go to `sink`. Returns the
+    /// primitive's handle on it: inputs in, stop (also on drop), and the
+    /// signal that it finished.
+    pub(crate) fn run<M>(
+        &self,
+        machine: M,
+        sink: impl Sink<M::Notification> + 'static,
+    ) -> Result<MachineHandle<M>>
+    where
+        M: Machine + Send + 'static,
+        M::Event: Send + 'static,
+        M::Notification: 'static,
+    {
+        let (task, handle) = MachineTask::new(machine, sink);
+        self.inner
+            .driver
+            .send(DriverMsg::Run(Box::new(task)))
+            .map_err(|_| Error::DriverGone)?;
+        Ok(handle)
     }
 }
 
-impl Inner {
-    fn shutdown(&self) {
-        let thread = {
-            let mut driver = self.driver.lock();
-            let _ = driver.tx.send(DriverMsg::Shutdown);
-            driver.thread.take()
-        };
-        if let Some(thread) = thread {
-            // Joining from the driver thread itself (a handle dropped inside a
-            // task) would deadlock; the thread ends on its own then.
-            if thread.thread().id() != std::thread::current().id() && thread.join().is_err() {
-                log::error!("fleetcoord driver thread panicked");
-            }
-        }
+/// The facade's reading of an error a machine or call reported.
+pub(crate) fn rpc_error(e: RpcError) -> Error {
+    match e {
+        RpcError::Rejected(msg) | RpcError::Unavailable(msg) => Error::Etcd(msg),
+        other => Error::Etcd(format!("{other:?}")),
     }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.shutdown();
+        self.driver.shutdown();
     }
 }

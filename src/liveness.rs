@@ -1,15 +1,16 @@
 //! [`HostLiveness`]: this host's lease-bound key under the hosts prefix.
 
-use crate::driver::rand_seed;
+use crate::driver::handle::WaitError;
+use crate::driver::{rand_seed, Finished, MachineHandle, Notify};
 use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::validate;
+use crossbeam_channel::TrySendError;
 use fleetcoord_sm::keepalive::{Binding, Keepalive, KeepaliveConfig, KeepaliveEvent};
 use fleetcoord_sm::BackoffConfig;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
 use uuid::Uuid;
 
 pub use fleetcoord_sm::keepalive::LivenessState;
@@ -121,11 +122,9 @@ impl LivenessOptions {
 pub struct HostLiveness {
     host_id: Uuid,
     key: String,
-    input: mpsc::UnboundedSender<KeepaliveEvent>,
+    machine: MachineHandle<Keepalive>,
     state: Arc<Mutex<LivenessState>>,
     states: crossbeam_channel::Receiver<LivenessState>,
-    stopped: crossbeam_channel::Receiver<bool>,
-    closed: bool,
     _etcd: Etcd,
 }
 
@@ -181,39 +180,37 @@ impl HostLiveness {
         };
         let machine = Keepalive::new(config, Instant::now(), rand_seed());
         let state = Arc::new(Mutex::new(LivenessState::Registering));
-        let (states_tx, states) = crossbeam_channel::unbounded();
+        let (states_tx, states) = crossbeam_channel::bounded(MAX_QUEUED_STATES);
         let oldest = states.clone();
         let (first_tx, first) = crossbeam_channel::bounded::<LivenessState>(1);
-        let (stopped_tx, stopped) = crossbeam_channel::bounded(1);
         let shared_state = state.clone();
         let mut first_tx = Some(first_tx);
-        let input = etcd.run_machine(machine, move |s: LivenessState| {
-            *shared_state.lock() = s.clone();
-            if let LivenessState::Registered { .. } = s {
-                if let Some(tx) = first_tx.take() {
-                    let _ = tx.send(s.clone());
+        let machine = etcd.run(
+            machine,
+            Notify(move |s: LivenessState| {
+                *shared_state.lock() = s.clone();
+                if let LivenessState::Registered { .. } = s {
+                    if let Some(tx) = first_tx.take() {
+                        let _ = tx.send(s.clone());
+                    }
                 }
-            }
-            if let LivenessState::Stopped { revoked } = s {
-                let _ = stopped_tx.try_send(revoked);
-            }
-            // A user who ignores state changes must not keep them in memory
-            // forever (the receiver is ours too, so it never disconnects):
-            // keep the newest, dropping the oldest.
-            if states_tx.len() >= MAX_QUEUED_STATES {
-                let _ = oldest.try_recv();
-            }
-            let _ = states_tx.send(s);
-            true
-        })?;
-        let mut host = HostLiveness {
+                // A user who ignores state changes must not keep them in
+                // memory forever, and the driver must never wait for a
+                // reader: past the bound the newest are kept (the receiver
+                // is ours too, so it never disconnects).
+                if let Err(TrySendError::Full(s)) = states_tx.try_send(s) {
+                    let _ = oldest.try_recv();
+                    let _ = states_tx.try_send(s);
+                }
+                true
+            }),
+        )?;
+        let host = HostLiveness {
             host_id,
             key,
-            input,
+            machine,
             state,
             states,
-            stopped,
-            closed: false,
             _etcd: etcd.clone(),
         };
         match first.recv_timeout(options.register_timeout) {
@@ -222,10 +219,7 @@ impl HostLiveness {
                 let _ = host.stop_and_wait();
                 Err(Error::Timeout(options.register_timeout))
             }
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                host.closed = true;
-                Err(Error::DriverGone)
-            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
         }
     }
 
@@ -262,10 +256,7 @@ impl HostLiveness {
     /// used for every later re-registration.
     pub fn set_metadata(&self, metadata: &[u8]) -> Result<()> {
         validate::payload("metadata", metadata)?;
-        if self.closed {
-            return Err(Error::Closed);
-        }
-        self.input
+        self.machine
             .send(KeepaliveEvent::SetValue(metadata.to_vec()))
             .map_err(|_| Error::DriverGone)
     }
@@ -274,19 +265,17 @@ impl HostLiveness {
     /// and stop renewing. Returns an error when the revoke could not be
     /// confirmed; the keepalive stops either way and the lease then expires
     /// after its TTL.
-    pub fn close(mut self) -> Result<()> {
+    pub fn close(self) -> Result<()> {
         self.stop_and_wait()
     }
 
-    fn stop_and_wait(&mut self) -> Result<()> {
-        if self.closed {
-            return Ok(());
-        }
-        self.closed = true;
-        if self.input.send(KeepaliveEvent::Stop).is_err() {
-            return Err(Error::DriverGone);
-        }
-        close_outcome(self.stopped.recv_timeout(CLOSE_WAIT))
+    fn stop_and_wait(&self) -> Result<()> {
+        let finished = self.machine.stop_and_wait(CLOSE_WAIT);
+        let revoked = match self.state() {
+            LivenessState::Stopped { revoked } => Some(revoked),
+            _ => None,
+        };
+        close_outcome(finished, revoked)
     }
 }
 
@@ -294,27 +283,22 @@ impl HostLiveness {
 /// revoke's request timeout plus the driver's stop slack, generously.
 pub(crate) const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
-/// What `close` reports once a keepalive has stopped (`Ok(revoked)`), or
-/// did not say so in time.
+/// What `close` reports once a lease-holding machine has stopped: `revoked`
+/// is what its final `Stopped` state said, if it got that far.
 pub(crate) fn close_outcome(
-    stopped: std::result::Result<bool, crossbeam_channel::RecvTimeoutError>,
+    finished: std::result::Result<Finished, WaitError>,
+    revoked: Option<bool>,
 ) -> Result<()> {
-    match stopped {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(Error::Etcd(
+    match (finished, revoked) {
+        (Ok(_), Some(true)) => Ok(()),
+        (Ok(_), Some(false)) => Err(Error::Etcd(
             "the lease could not be revoked; it will expire after its TTL".into(),
         )),
-        Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Timeout(CLOSE_WAIT)),
-        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
+        // Cut short by the driver's shutdown before the revoke was answered.
+        (Ok(_), None) => Err(Error::DriverGone),
+        (Err(WaitError::Timeout(after)), _) => Err(Error::Timeout(after)),
     }
 }
 
-// Drop never waits for etcd; see "Dropping" in the type's docs.
-impl Drop for HostLiveness {
-    fn drop(&mut self) {
-        if !self.closed {
-            self.closed = true;
-            let _ = self.input.send(KeepaliveEvent::Stop);
-        }
-    }
-}
+// Dropping the `MachineHandle` stops the keepalive without waiting; see
+// "Dropping" in the type's docs.

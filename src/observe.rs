@@ -1,23 +1,30 @@
 //! [`LeaderObserver`]: the leader of an election as a stream.
 
-use crate::driver::rand_seed;
+use crate::driver::{rand_seed, Feed, FeedItem, MachineHandle};
 use crate::election::LeaderInfo;
 use crate::error::Result;
 use crate::etcd::Etcd;
-use fleetcoord_sm::observe::{Observe, ObserveConfig, ObserveInput, ObserveNotice};
+use fleetcoord_sm::observe::{Observe, ObserveConfig, ObserveNotice};
 use fleetcoord_sm::BackoffConfig;
 use std::time::Instant;
-use tokio::sync::mpsc;
+
+/// Leader changes kept for a reader that does not keep up; past it the
+/// observer pauses and, once read, reports the leader of that moment (the
+/// one backpressure policy of watch-fed receivers).
+const CAPACITY: usize = 1024;
 
 /// Streams an election's leader: the current one first (`None` if nobody
 /// campaigns), then every change — a new leader, a proclaimed value, or
 /// `None` when the last candidate left. Consecutive duplicates are never
 /// sent. After a dropped connection or compaction it re-reads the election
-/// and reports the leader if it changed meanwhile.
+/// and reports the leader if it changed meanwhile. The channel holds 1,024
+/// changes; a reader further behind sees the intermediate leaders coalesced
+/// into the current one, never a missed final state.
 #[must_use = "dropping a LeaderObserver stops observing"]
 pub struct LeaderObserver {
     leaders: crossbeam_channel::Receiver<Option<LeaderInfo>>,
-    input: mpsc::UnboundedSender<ObserveInput>,
+    /// Dropping it stops observing.
+    _machine: MachineHandle<Observe>,
     _etcd: Etcd,
 }
 
@@ -34,15 +41,15 @@ impl LeaderObserver {
             backoff: BackoffConfig::default(),
         };
         let machine = Observe::new(config, Instant::now(), rand_seed());
-        let (tx, leaders) = crossbeam_channel::unbounded();
-        let input = etcd.run_machine(machine, move |notice| match notice {
-            ObserveNotice::Leader(kv) => tx.send(kv.as_ref().map(LeaderInfo::from_kv)).is_ok(),
+        let (feed, leaders) = Feed::new(CAPACITY, |notice| match notice {
+            ObserveNotice::Leader(kv) => FeedItem::Item(kv.as_ref().map(LeaderInfo::from_kv)),
             #[allow(unreachable_patterns)]
-            _ => true,
-        })?;
+            _ => FeedItem::Skip,
+        });
+        let machine = etcd.run(machine, feed)?;
         Ok(LeaderObserver {
             leaders,
-            input,
+            _machine: machine,
             _etcd: etcd.clone(),
         })
     }
@@ -50,11 +57,5 @@ impl LeaderObserver {
     /// The leader changes, in order.
     pub fn leaders(&self) -> &crossbeam_channel::Receiver<Option<LeaderInfo>> {
         &self.leaders
-    }
-}
-
-impl Drop for LeaderObserver {
-    fn drop(&mut self) {
-        let _ = self.input.send(ObserveInput::Stop);
     }
 }

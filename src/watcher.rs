@@ -1,16 +1,13 @@
 //! [`HostWatcher`]: the fleet's hosts as a stream of Up/Updated/Down events.
 
-use crate::driver::rand_seed;
+use crate::driver::{rand_seed, Feed, FeedItem, MachineHandle};
 use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::liveness::DEFAULT_HOSTS_PREFIX;
 use crate::validate;
-use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchInput, WatchNotice};
+use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchNotice};
 use fleetcoord_sm::{BackoffConfig, KeyRange, KeyValue, RangeRequest, Request, Response};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
+use std::time::Instant;
 use uuid::Uuid;
 
 /// What is known about one host: its id and its key's current (or, in a
@@ -67,7 +64,8 @@ pub enum HostEvent {
 pub struct WatcherOptions {
     /// Key prefix hosts register under. Default [`DEFAULT_HOSTS_PREFIX`].
     pub prefix: String,
-    /// Soft capacity of the event channel; see [`HostWatcher`]. Default 4,096.
+    /// Capacity of the event channel (a bounded channel); see
+    /// [`HostWatcher`]. Default 4,096.
     pub capacity: usize,
 }
 
@@ -107,12 +105,15 @@ impl WatcherOptions {
 /// re-registered, `Updated` for changed metadata): no change is lost, none is
 /// invented, and no `Down` comes without an earlier `Up`.
 ///
-/// Slow consumers: the driver never blocks on you. When more than
-/// `capacity` events are waiting unread, the watcher pauses its etcd watch;
-/// once you have read half of them it re-reads the prefix and sends the
-/// difference. Memory is therefore bounded by `capacity` plus one diff (at
-/// most two events per host), and no change is dropped — intermediate
-/// states of a host may be coalesced, its final state never is.
+/// Slow consumers: the driver never blocks on you. The event channel is
+/// bounded by `capacity`; when it is full, the watcher pauses its etcd
+/// watch (holding back the rest of the etcd response it was delivering);
+/// once you have read half of the channel it re-reads the prefix and sends
+/// the difference. Memory is therefore bounded by `capacity` plus one etcd
+/// response and one diff (at most two events per host), and no change is
+/// dropped — intermediate states of a host may be coalesced, its final
+/// state never is. Every watch-fed receiver of fleetcoord follows this one
+/// policy.
 ///
 /// Keys under the prefix that are not host ids are logged once and skipped.
 ///
@@ -138,7 +139,8 @@ impl WatcherOptions {
 #[must_use = "dropping a HostWatcher stops the watch"]
 pub struct HostWatcher {
     events: crossbeam_channel::Receiver<HostEvent>,
-    input: mpsc::UnboundedSender<WatchInput>,
+    /// Dropping it stops the watch.
+    _machine: MachineHandle<Watch>,
     _etcd: Etcd,
 }
 
@@ -181,51 +183,27 @@ impl HostWatcher {
             backoff: BackoffConfig::default(),
         };
         let machine = Watch::new(config, Instant::now(), rand_seed());
-        let (tx, events) = crossbeam_channel::unbounded();
-        let (input_tx, input_rx) = mpsc::unbounded_channel();
-        let paused = Arc::new(AtomicBool::new(false));
-        let capacity = options.capacity;
-        let notify = {
-            let tx = tx.clone();
-            let input_tx = input_tx.clone();
-            let paused = paused.clone();
-            move |notice: WatchNotice| {
-                let event = match notice {
-                    WatchNotice::Up(kv) => host_info(prefix_len, &kv).map(HostEvent::Up),
-                    WatchNotice::Updated(kv) => host_info(prefix_len, &kv).map(HostEvent::Updated),
-                    WatchNotice::Down(kv) => host_info(prefix_len, &kv).map(HostEvent::Down),
-                    WatchNotice::Synced => Some(HostEvent::Synced),
-                    WatchNotice::InvalidKey(key) => {
-                        log::warn!(
-                            "ignoring key {:?} under the hosts prefix: not a host id",
-                            String::from_utf8_lossy(&key)
-                        );
-                        None
-                    }
-                    _ => None,
-                };
-                let Some(event) = event else { return true };
-                if tx.send(event).is_err() {
-                    return false;
+        let (feed, events) = Feed::new(options.capacity, move |notice: WatchNotice| {
+            let event = match notice {
+                WatchNotice::Up(kv) => host_info(prefix_len, &kv).map(HostEvent::Up),
+                WatchNotice::Updated(kv) => host_info(prefix_len, &kv).map(HostEvent::Updated),
+                WatchNotice::Down(kv) => host_info(prefix_len, &kv).map(HostEvent::Down),
+                WatchNotice::Synced => Some(HostEvent::Synced),
+                WatchNotice::InvalidKey(key) => {
+                    log::warn!(
+                        "ignoring key {:?} under the hosts prefix: not a host id",
+                        String::from_utf8_lossy(&key)
+                    );
+                    None
                 }
-                if tx.len() >= capacity && !paused.swap(true, Ordering::SeqCst) {
-                    let _ = input_tx.send(WatchInput::ConsumerFull);
-                    // This runs on the driver runtime; the poller lives only
-                    // while the watch is paused.
-                    tokio::spawn(resume_when_drained(
-                        tx.clone(),
-                        input_tx.clone(),
-                        paused.clone(),
-                        capacity / 2,
-                    ));
-                }
-                true
-            }
-        };
-        etcd.run_machine_with(machine, input_rx, notify)?;
+                _ => None,
+            };
+            event.map_or(FeedItem::Skip, FeedItem::Item)
+        });
+        let machine = etcd.run(machine, feed)?;
         Ok(HostWatcher {
             events,
-            input: input_tx,
+            _machine: machine,
             _etcd: etcd.clone(),
         })
     }
@@ -238,30 +216,6 @@ impl HostWatcher {
     /// Stop watching. Events already queued stay readable until the watcher
     /// is dropped.
     pub fn close(self) {}
-}
-
-impl Drop for HostWatcher {
-    fn drop(&mut self) {
-        let _ = self.input.send(WatchInput::Stop);
-    }
-}
-
-/// While a watch is paused for a slow consumer, check every 50 ms whether
-/// the consumer has read its queue down to `low_water`, then resume it.
-async fn resume_when_drained(
-    tx: crossbeam_channel::Sender<HostEvent>,
-    input: mpsc::UnboundedSender<WatchInput>,
-    paused: Arc<AtomicBool>,
-    low_water: usize,
-) {
-    while !input.is_closed() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        if tx.len() <= low_water {
-            paused.store(false, Ordering::SeqCst);
-            let _ = input.send(WatchInput::ConsumerReady);
-            return;
-        }
-    }
 }
 
 /// List the hosts registered under `prefix` right now (one linearizable read).

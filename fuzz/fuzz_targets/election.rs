@@ -197,6 +197,10 @@ impl Fuzz {
     fn plausible(&mut self, request: &Request, s: Shape) -> Response {
         self.revision += i64::from(s.revision_step % 4);
         match request {
+            Request::LeaseTimeToLive { .. } => Response::LeaseTimeToLive {
+                ttl_secs: -1,
+                granted_secs: 0,
+            },
             Request::Grant { .. } => Response::Granted {
                 lease: 0x100 + i64::from(s.create),
                 ttl_secs: i64::from(s.ttl % 12),

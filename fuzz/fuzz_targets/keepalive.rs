@@ -134,6 +134,10 @@ impl Server {
             ))
         };
         match request {
+            Request::LeaseTimeToLive { .. } => Ok(Response::LeaseTimeToLive {
+                ttl_secs: -1,
+                granted_secs: 0,
+            }),
             Request::Grant { ttl_secs } => {
                 self.next_lease += 1;
                 let lease = self.next_lease;

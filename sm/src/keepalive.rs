@@ -691,6 +691,14 @@ impl Machine for Keepalive {
     fn poll_timeout(&self) -> Option<Instant> {
         self.timers.next().map(|at| at.max(self.now))
     }
+
+    fn stop_input() -> KeepaliveEvent {
+        KeepaliveEvent::Stop
+    }
+
+    fn is_finished(&self) -> bool {
+        matches!(self.phase, Phase::Stopped) && self.queue.is_empty()
+    }
 }
 
 fn secs(ttl_secs: i64) -> Duration {

@@ -109,4 +109,29 @@ pub trait Machine {
     /// When [`Machine::handle_timeout`] is next needed; `None` = no timer.
     #[must_use]
     fn poll_timeout(&self) -> Option<Instant>;
+
+    /// The input that asks the machine to stop: cancel what it does,
+    /// revoke or resign what it holds. Handled like any other input; the
+    /// machine then works towards [`Machine::is_finished`].
+    fn stop_input() -> Self::Event;
+
+    /// Stopped with nothing left to do: no request it still waits for, no
+    /// timer, no command queued. A driver may drop the machine then, and
+    /// only then without cutting a revoke or resign short.
+    fn is_finished(&self) -> bool;
+
+    /// For a machine that feeds a consumer: the input telling it that the
+    /// consumer's queue is full, so it stops producing (it pauses its watch)
+    /// until [`Machine::consumer_ready_input`]. `None` (the default) for
+    /// machines whose notices are few and must never wait.
+    fn consumer_full_input() -> Option<Self::Event> {
+        None
+    }
+
+    /// The input telling a paused machine that its consumer caught up: it
+    /// resumes where the consumer left off (a resync diff for watches, the
+    /// entry after the last delivered one for streams).
+    fn consumer_ready_input() -> Option<Self::Event> {
+        None
+    }
 }

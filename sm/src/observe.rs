@@ -155,4 +155,20 @@ impl Machine for Observe {
     fn poll_timeout(&self) -> Option<Instant> {
         self.watch.poll_timeout()
     }
+
+    fn stop_input() -> ObserveInput {
+        ObserveInput::Stop
+    }
+
+    fn is_finished(&self) -> bool {
+        self.watch.is_finished() && self.queue.is_empty()
+    }
+
+    fn consumer_full_input() -> Option<ObserveInput> {
+        Some(ObserveInput::ConsumerFull)
+    }
+
+    fn consumer_ready_input() -> Option<ObserveInput> {
+        Some(ObserveInput::ConsumerReady)
+    }
 }

@@ -171,6 +171,12 @@ pub enum Request {
         /// The lease.
         lease: LeaseId,
     },
+    /// Read a lease's remaining and granted TTL (an operator's question;
+    /// no machine needs it, but it goes through the one executor too).
+    LeaseTimeToLive {
+        /// The lease.
+        lease: LeaseId,
+    },
     /// Write one key.
     Put {
         /// The key.
@@ -258,6 +264,14 @@ pub enum Response {
     KeptAlive {
         /// Remaining TTL after the renewal.
         ttl_secs: i64,
+    },
+    /// Answer to [`Request::LeaseTimeToLive`]. `ttl_secs < 0` means the
+    /// lease does not exist (etcd answers -1).
+    LeaseTimeToLive {
+        /// Seconds left before etcd expires the lease unless renewed.
+        ttl_secs: i64,
+        /// The TTL etcd granted.
+        granted_secs: i64,
     },
     /// Answer to [`Request::Put`].
     Put {

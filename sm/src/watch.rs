@@ -319,4 +319,20 @@ impl Machine for Watch {
         }
         self.timers.next().map(|at| at.max(self.last_now))
     }
+
+    fn stop_input() -> WatchInput {
+        WatchInput::Stop
+    }
+
+    fn is_finished(&self) -> bool {
+        self.phase == Phase::Stopped && self.queue.is_empty()
+    }
+
+    fn consumer_full_input() -> Option<WatchInput> {
+        Some(WatchInput::ConsumerFull)
+    }
+
+    fn consumer_ready_input() -> Option<WatchInput> {
+        Some(WatchInput::ConsumerReady)
+    }
 }

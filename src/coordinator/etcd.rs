@@ -7,22 +7,21 @@ use super::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvEvent,
     KvWatcher, Message, StreamEntry, StreamId, StreamPosition, StreamReader, Subscription,
 };
-use crate::driver::rand_seed;
-use crate::driver::runner::StopInput;
+use crate::driver::{self, rand_seed, FeedItem, Notify, StopHandle};
 use crate::error::{Error, Result};
 use crate::etcd::{Etcd, EtcdOptions};
 use crate::validate;
 use fleetcoord_sm::stream::{
-    Append, AppendConfig, AppendInput, AppendNotice, ReadFrom, Reader, ReaderConfig, ReaderInput,
-    ReaderNotice, StreamError, StreamKeys,
+    Append, AppendConfig, AppendInput, AppendNotice, ReadFrom, Reader, ReaderConfig, ReaderNotice,
+    StreamError, StreamKeys,
 };
-use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchInput, WatchNotice};
+use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchNotice};
 use fleetcoord_sm::{BackoffConfig, KeyRange, Machine, RangeRequest, Request, Response};
 use parking_lot::Mutex;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
 
 /// Settings of an [`EtcdCoordinator`].
 ///
@@ -45,6 +44,10 @@ pub struct EtcdCoordinatorOptions {
     /// Keep only the newest `n` entries of each stream (each append deletes
     /// the entry that falls out). `None` keeps everything. Default `None`.
     pub stream_max_len: Option<u64>,
+    /// Capacity of every feed's channel (subscriptions, stream readers, KV
+    /// watches), at least 2; see "Slow consumers" on [`EtcdCoordinator`].
+    /// Default 4,096.
+    pub feed_capacity: usize,
 }
 
 impl Default for EtcdCoordinatorOptions {
@@ -52,6 +55,7 @@ impl Default for EtcdCoordinatorOptions {
         EtcdCoordinatorOptions {
             root: "/coord".into(),
             stream_max_len: None,
+            feed_capacity: 4096,
         }
     }
 }
@@ -70,6 +74,14 @@ impl EtcdCoordinatorOptions {
     #[must_use]
     pub const fn with_stream_max_len(mut self, max_len: u64) -> Self {
         self.stream_max_len = Some(max_len);
+        self
+    }
+
+    /// These options with [`EtcdCoordinatorOptions::feed_capacity`] set
+    /// (checked by [`EtcdCoordinator::with_options`]).
+    #[must_use]
+    pub const fn with_feed_capacity(mut self, capacity: usize) -> Self {
+        self.feed_capacity = capacity;
         self
     }
 }
@@ -99,61 +111,23 @@ impl EtcdCoordinatorOptions {
 /// * **KV watches** resync after reconnects and compaction by re-reading the
 ///   bucket and reporting the difference; no change is lost, intermediate
 ///   values of a key may be coalesced.
-/// * Feeds are unbounded channels: a feed that is not read grows in memory.
+/// * **Slow consumers**: every feed is a bounded channel of
+///   `feed_capacity` and the driver never blocks on it. When it is full the
+///   feed's watch pauses; once half of it was read, a subscription or KV
+///   watch re-reads its keys and reports the difference (a subscription:
+///   the topic's latest message if it changed; a KV watch: the keys'
+///   current values and deletions), and a stream reader continues after the
+///   last entry it delivered, so a stream still delivers every entry
+///   exactly once. Memory stays bounded by the channel plus one etcd
+///   response.
 pub struct EtcdCoordinator {
     etcd: Etcd,
     root: String,
     stream_max_len: Option<u64>,
+    feed_capacity: usize,
     closed: AtomicBool,
-    feeds: Mutex<Vec<FeedInput>>,
-}
-
-/// The input end of a machine behind an open feed, kept so that `close`
-/// can stop it.
-#[derive(Clone)]
-enum FeedInput {
-    Watch(mpsc::UnboundedSender<WatchInput>),
-    Stream(mpsc::UnboundedSender<ReaderInput>),
-}
-
-impl FeedInput {
-    fn is_closed(&self) -> bool {
-        match self {
-            FeedInput::Watch(tx) => tx.is_closed(),
-            FeedInput::Stream(tx) => tx.is_closed(),
-        }
-    }
-
-    fn stop(&self) {
-        match self {
-            FeedInput::Watch(tx) => {
-                let _ = tx.send(WatchInput::Stop);
-            }
-            FeedInput::Stream(tx) => {
-                let _ = tx.send(ReaderInput::Stop);
-            }
-        }
-    }
-}
-
-// How the driver's runner stops the stream machines (as it does every
-// machine it runs) when the handle closes or nobody listens any more.
-impl StopInput for AppendInput {
-    fn stop() -> Self {
-        AppendInput::Stop
-    }
-    fn is_stop(&self) -> bool {
-        matches!(self, AppendInput::Stop)
-    }
-}
-
-impl StopInput for ReaderInput {
-    fn stop() -> Self {
-        ReaderInput::Stop
-    }
-    fn is_stop(&self) -> bool {
-        matches!(self, ReaderInput::Stop)
-    }
+    /// The machines behind open feeds, kept so that `close` can stop them.
+    feeds: Mutex<Vec<Arc<dyn StopHandle>>>,
 }
 
 impl std::fmt::Debug for EtcdCoordinator {
@@ -192,10 +166,14 @@ impl EtcdCoordinator {
         if options.stream_max_len == Some(0) {
             return Err(Error::invalid("stream_max_len", "must be at least 1"));
         }
+        if options.feed_capacity < 2 {
+            return Err(Error::invalid("feed_capacity", "must be at least 2"));
+        }
         Ok(EtcdCoordinator {
             etcd: etcd.clone(),
             root,
             stream_max_len: options.stream_max_len,
+            feed_capacity: options.feed_capacity,
             closed: AtomicBool::new(false),
             feeds: Mutex::new(Vec::new()),
         })
@@ -234,15 +212,13 @@ impl EtcdCoordinator {
     }
 
     /// Start a Watch machine on `prefix`; `on_notice(notice, synced)` turns
-    /// its notices into feed items (returning `false` once the feed is
-    /// gone). Returns after the initial snapshot was delivered, so the feed
-    /// is live: anything written later has a higher revision and will come.
+    /// its notices into feed items. Returns after the initial snapshot was
+    /// delivered, so the feed is live: anything written later has a higher
+    /// revision and will come.
     fn start_feed<T: Send + 'static>(
         &self,
         prefix: Vec<u8>,
-        mut on_notice: impl FnMut(WatchNotice, bool, &crossbeam_channel::Sender<T>) -> bool
-            + Send
-            + 'static,
+        mut on_notice: impl FnMut(WatchNotice, bool) -> FeedItem<T> + Send + 'static,
     ) -> Result<Feed<T>> {
         let config = WatchConfig {
             prefix,
@@ -251,55 +227,49 @@ impl EtcdCoordinator {
         };
         let machine = Watch::new(config, Instant::now(), rand_seed());
         let mut synced = false;
-        self.run_feed(machine, FeedInput::Watch, move |notice, tx, started| {
+        self.run_feed(machine, move |notice, started| {
             if notice == WatchNotice::Synced {
                 synced = true;
                 let _ = started.try_send(Ok(()));
             }
-            on_notice(notice, synced, tx)
+            on_notice(notice, synced)
         })
     }
 
-    /// Run `machine` behind a feed: `on_notice(notice, items, started)` turns
-    /// its notices into feed items (returning `false` once the feed is gone)
-    /// and reports on `started` when the feed is live, or why it cannot be.
-    /// Returns once it is live, so nothing written afterwards is missed.
+    /// Run `machine` behind a feed: `translate(notice, started)` turns its
+    /// notices into feed items and reports on `started` when the feed is
+    /// live, or why it cannot be. Returns once it is live, so nothing
+    /// written afterwards is missed.
     fn run_feed<M, T>(
         &self,
         machine: M,
-        input: fn(mpsc::UnboundedSender<M::Event>) -> FeedInput,
-        mut on_notice: impl FnMut(
-                M::Notification,
-                &crossbeam_channel::Sender<T>,
-                &crossbeam_channel::Sender<Result<()>>,
-            ) -> bool
+        mut translate: impl FnMut(M::Notification, &crossbeam_channel::Sender<Result<()>>) -> FeedItem<T>
             + Send
             + 'static,
     ) -> Result<Feed<T>>
     where
         M: Machine + Send + 'static,
-        M::Event: Send + StopInput + 'static,
-        M::Notification: Send + 'static,
+        M::Event: Send + 'static,
+        M::Notification: 'static,
         T: Send + 'static,
     {
         let mut feeds = self.feeds.lock();
         self.check_open()?;
-        let (tx, rx) = crossbeam_channel::unbounded();
         let (started_tx, started_rx) = crossbeam_channel::bounded::<Result<()>>(1);
-        let input = input(
-            self.etcd
-                .run_machine(machine, move |notice| on_notice(notice, &tx, &started_tx))?,
-        );
-        feeds.retain(|f| !f.is_closed());
-        feeds.push(input.clone());
+        let (sink, rx) = driver::Feed::new(self.feed_capacity, move |notice| {
+            translate(notice, &started_tx)
+        });
+        let handle: Arc<dyn StopHandle> = Arc::new(self.etcd.run(machine, sink)?);
+        feeds.retain(|f| !f.is_finished());
+        feeds.push(handle.clone());
         drop(feeds);
-        let stop = input.clone();
+        let stop = handle.clone();
         let feed = Feed::new(rx, move || stop.stop());
         match started_rx.recv_timeout(FEED_START_TIMEOUT) {
             Ok(Ok(())) => Ok(feed),
             Ok(Err(e)) => Err(e),
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                input.stop();
+                handle.stop();
                 Err(Error::Timeout(FEED_START_TIMEOUT))
             }
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
@@ -352,14 +322,14 @@ impl Coordinator for EtcdCoordinator {
         let topic = topic.to_string();
         // Watching the key as a prefix also matches longer topic names; keep
         // the exact key only.
-        self.start_feed(key.clone(), move |notice, synced, tx| match notice {
-            WatchNotice::Up(kv) | WatchNotice::Updated(kv) if synced && kv.key == key => tx
-                .send(Message {
+        self.start_feed(key.clone(), move |notice, synced| match notice {
+            WatchNotice::Up(kv) | WatchNotice::Updated(kv) if synced && kv.key == key => {
+                FeedItem::Item(Message {
                     topic: topic.clone(),
                     payload: kv.value,
                 })
-                .is_ok(),
-            _ => true,
+            }
+            _ => FeedItem::Skip,
         })
     }
 
@@ -378,11 +348,14 @@ impl Coordinator for EtcdCoordinator {
         let mut machine = Append::new(config, now, rand_seed());
         machine.handle(now, AppendInput::Append(payload.to_vec()));
         let (done_tx, done_rx) = crossbeam_channel::bounded(1);
-        let input = self.etcd.run_machine(machine, move |notice| {
-            let _ = done_tx.try_send(notice);
-            // This machine answers one append: `false` lets the runner retire it.
-            false
-        })?;
+        let machine = self.etcd.run(
+            machine,
+            Notify(move |notice| {
+                let _ = done_tx.try_send(notice);
+                // This machine answers one append: `false` lets the runner retire it.
+                false
+            }),
+        )?;
         match done_rx.recv_timeout(wait) {
             Ok(AppendNotice::Appended { seq }) => Ok(StreamId(seq)),
             Ok(AppendNotice::Failed(e)) => Err(stream_error(stream, e)),
@@ -390,7 +363,7 @@ impl Coordinator for EtcdCoordinator {
                 "append to {stream:?}: unknown outcome {other:?}"
             ))),
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                let _ = input.send(AppendInput::Stop);
+                machine.stop();
                 Err(Error::Timeout(wait))
             }
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
@@ -412,37 +385,31 @@ impl Coordinator for EtcdCoordinator {
         };
         let machine = Reader::new(config, Instant::now(), rand_seed());
         let name = stream.to_string();
-        self.run_feed(
-            machine,
-            FeedInput::Stream,
-            move |notice, tx, started| match notice {
-                ReaderNotice::Entry(entry) => tx
-                    .send(StreamEntry {
-                        id: StreamId(entry.seq),
-                        payload: entry.payload,
-                    })
-                    .is_ok(),
-                ReaderNotice::Live => {
-                    let _ = started.try_send(Ok(()));
-                    true
-                }
-                ReaderNotice::InvalidKey(key) => {
-                    log::warn!(
-                        "stream {name:?}: ignoring {:?}, which is not an entry key",
-                        String::from_utf8_lossy(&key)
-                    );
-                    true
-                }
-                ReaderNotice::Failed(e) => {
-                    // Before the feed is live this fails `read_stream`;
-                    // afterwards the feed ends.
-                    log::warn!("stream {name:?}: reader gave up: {e}");
-                    let _ = started.try_send(Err(stream_error(&name, e)));
-                    false
-                }
-                _ => true,
-            },
-        )
+        self.run_feed(machine, move |notice, started| match notice {
+            ReaderNotice::Entry(entry) => FeedItem::Item(StreamEntry {
+                id: StreamId(entry.seq),
+                payload: entry.payload,
+            }),
+            ReaderNotice::Live => {
+                let _ = started.try_send(Ok(()));
+                FeedItem::Skip
+            }
+            ReaderNotice::InvalidKey(key) => {
+                log::warn!(
+                    "stream {name:?}: ignoring {:?}, which is not an entry key",
+                    String::from_utf8_lossy(&key)
+                );
+                FeedItem::Skip
+            }
+            ReaderNotice::Failed(e) => {
+                // Before the feed is live this fails `read_stream`;
+                // afterwards the feed ends.
+                log::warn!("stream {name:?}: reader gave up: {e}");
+                let _ = started.try_send(Err(stream_error(&name, e)));
+                FeedItem::End
+            }
+            _ => FeedItem::Skip,
+        })
     }
 
     fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
@@ -491,22 +458,22 @@ impl Coordinator for EtcdCoordinator {
         let prefix = format!("{}/kv/{bucket}/", self.root).into_bytes();
         let prefix_len = prefix.len();
         let pattern = pattern.to_string();
-        self.start_feed(prefix, move |notice, _synced, tx| {
+        self.start_feed(prefix, move |notice, _synced| {
             let (kv, deleted) = match notice {
-                WatchNotice::Synced => return tx.send(KvEvent::Synced).is_ok(),
+                WatchNotice::Synced => return FeedItem::Item(KvEvent::Synced),
                 WatchNotice::Up(kv) | WatchNotice::Updated(kv) => (kv, false),
                 WatchNotice::Down(kv) => (kv, true),
-                _ => return true,
+                _ => return FeedItem::Skip,
             };
             let Some(key) = kv
                 .key
                 .get(prefix_len..)
                 .and_then(|k| std::str::from_utf8(k).ok())
             else {
-                return true;
+                return FeedItem::Skip;
             };
             if !pattern::matches(&pattern, key) {
-                return true;
+                return FeedItem::Skip;
             }
             let event = if deleted {
                 KvEvent::Deleted {
@@ -518,7 +485,7 @@ impl Coordinator for EtcdCoordinator {
                     value: kv.value,
                 }
             };
-            tx.send(event).is_ok()
+            FeedItem::Item(event)
         })
     }
 

@@ -199,6 +199,14 @@ pub(crate) async fn unary(
                 kvs: r.kvs().iter().map(key_value).collect(),
             })
         }
+        Request::LeaseTimeToLive { lease } => {
+            let r = on_a_live_member!(client.lease_time_to_live(*lease, None).await)
+                .map_err(rpc_error)?;
+            Ok(Response::LeaseTimeToLive {
+                ttl_secs: r.ttl(),
+                granted_secs: r.granted_ttl(),
+            })
+        }
         Request::Delete(range) => {
             let r = on_a_live_member!(
                 client

@@ -1,20 +1,39 @@
 //! The driver thread: one per [`crate::Etcd`] handle, running a tokio
 //! `current_thread` runtime and the one `etcd_client::Client`.
 //!
-//! User threads talk to it through [`DriverMsg`]s on a tokio unbounded
-//! channel (sending never blocks and needs no runtime) and get answers on
-//! crossbeam channels. Every primitive is a task on this runtime that runs
-//! one sm machine ([`runner`]).
+//! User threads reach it by exactly two typed messages (see [`DriverMsg`]):
+//! a unary [`Request`] with its reply channel, or "run this machine". Sending
+//! never blocks and needs no runtime; answers come back on crossbeam
+//! channels. Every machine runs as a task on this runtime ([`runner`]), and
+//! [`exec`] is the one place that turns the plain-data requests of `sm` into
+//! etcd-client calls. Nothing here knows the facade: errors are the driver's
+//! own small types, which the facade maps to its `Error`.
 
 pub(crate) mod exec;
+pub(crate) mod handle;
 pub(crate) mod runner;
 
-use crate::error::{Error, Result};
+pub(crate) use handle::{
+    CallError, Feed, FeedItem, Finished, MachineHandle, Notify, StopHandle, UnaryCall,
+};
+
 use etcd_client as ec;
-use std::future::Future;
-use std::pin::Pin;
+use fleetcoord_sm::RpcError;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
+
+/// How to reach etcd, in plain data: the facade never names etcd-client.
+#[derive(Clone, Debug)]
+pub(crate) struct ConnectSettings {
+    /// `http://host:port` URLs.
+    pub endpoints: Vec<String>,
+    /// How long connecting (and the first request that proves it) may take.
+    pub connect_timeout: Duration,
+    /// Deadline of each unary request and renewal.
+    pub request_timeout: Duration,
+    /// HTTP/2 keepalive ping interval and timeout.
+    pub keepalive_interval: Duration,
+}
 
 /// Settings the driver applies to every request it runs.
 #[derive(Clone, Debug)]
@@ -31,21 +50,58 @@ pub(crate) struct Shared {
     pub shutdown: watch::Receiver<bool>,
 }
 
-type Job = Box<dyn FnOnce(Shared) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
-
-/// A message from a user thread to the driver.
+/// A message from a user thread to the driver: the only two things a user
+/// thread ever asks of it, plus shutdown.
 pub(crate) enum DriverMsg {
-    /// Spawn this job as a task on the driver runtime.
-    Spawn(Job),
+    /// Run one request against etcd within the request timeout and answer
+    /// on the call's reply channel, unless the caller gives up first.
+    Unary(UnaryCall),
+    /// Run this machine until it finishes (see [`runner::run`]).
+    Run(Box<dyn runner::Runnable>),
     /// Stop every task (letting machines revoke and resign within their
     /// grace period), then stop the runtime.
     Shutdown,
 }
 
+/// The driver thread has stopped; nothing more can be done through it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Gone;
+
+/// Why the driver could not be started.
+#[derive(Debug)]
+pub(crate) enum StartError {
+    /// The thread or its runtime could not be created.
+    Io(std::io::Error),
+    /// etcd did not answer; one line for an operator.
+    Connect(String),
+}
+
 /// The user-side end of the driver: a sender and the thread to join.
 pub(crate) struct DriverHandle {
-    pub tx: mpsc::UnboundedSender<DriverMsg>,
-    pub thread: Option<std::thread::JoinHandle<()>>,
+    tx: mpsc::UnboundedSender<DriverMsg>,
+    thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl DriverHandle {
+    /// Hand `msg` to the driver.
+    pub(crate) fn send(&self, msg: DriverMsg) -> Result<(), Gone> {
+        self.tx.send(msg).map_err(|_| Gone)
+    }
+
+    /// Ask the driver to stop and join its thread (unless called from it).
+    /// Machines get their grace period to revoke and resign first.
+    /// Idempotent; concurrent callers do not wait on each other's join.
+    pub(crate) fn shutdown(&self) {
+        let _ = self.tx.send(DriverMsg::Shutdown);
+        let thread = self.thread.lock().take();
+        if let Some(thread) = thread {
+            // Joining from the driver thread itself (a handle dropped inside a
+            // task) would deadlock; the thread ends on its own then.
+            if thread.thread().id() != std::thread::current().id() && thread.join().is_err() {
+                log::error!("fleetcoord driver thread panicked");
+            }
+        }
+    }
 }
 
 /// Slack beyond a machine's own stop grace (one request timeout plus a
@@ -54,47 +110,51 @@ const SHUTDOWN_SLACK: Duration = Duration::from_secs(2);
 
 /// Start the driver thread, connect, and report the outcome before
 /// returning — the caller learns about a bad endpoint here, not later.
-pub(crate) fn start(
-    endpoints: Vec<String>,
-    connect: ec::ConnectOptions,
-    connect_timeout: Duration,
-    options: DriverOptions,
-) -> Result<DriverHandle> {
+pub(crate) fn start(settings: ConnectSettings) -> Result<DriverHandle, StartError> {
     let (tx, mut rx) = mpsc::unbounded_channel::<DriverMsg>();
-    let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<()>>(1);
-    let shown = endpoints.join(",");
+    let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<(), StartError>>(1);
+    let connect_timeout = settings.connect_timeout;
     let thread = std::thread::Builder::new()
         .name("fleetcoord-driver".into())
         .spawn(move || {
             let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => {
-                    let _ = ready_tx.send(Err(Error::Io(e)));
+                    let _ = ready_tx.send(Err(StartError::Io(e)));
                     return;
                 }
             };
             runtime.block_on(async move {
-                let client = match connect_checked(&endpoints, connect, connect_timeout).await {
-                    Ok(c) => c,
-                    Err(reason) => {
-                        let _ = ready_tx.send(Err(Error::Connect { endpoints: endpoints.join(","), reason }));
-                        return;
-                    }
-                };
+                let options = ec::ConnectOptions::new()
+                    .with_connect_timeout(settings.connect_timeout)
+                    .with_keep_alive(settings.keepalive_interval, settings.keepalive_interval)
+                    .with_keep_alive_while_idle(true);
+                let client =
+                    match connect_checked(&settings.endpoints, options, settings.connect_timeout).await {
+                        Ok(c) => c,
+                        Err(reason) => {
+                            let _ = ready_tx.send(Err(StartError::Connect(reason)));
+                            return;
+                        }
+                    };
                 let (shutdown_tx, shutdown_rx) = watch::channel(false);
-                let shutdown_grace = options.request_timeout + SHUTDOWN_SLACK;
+                let options = DriverOptions { request_timeout: settings.request_timeout };
+                let shutdown_grace = options.request_timeout.saturating_add(SHUTDOWN_SLACK);
                 let shared = Shared { client, options, shutdown: shutdown_rx };
                 let _ = ready_tx.send(Ok(()));
                 let mut tasks = tokio::task::JoinSet::new();
                 while let Some(msg) = rx.recv().await {
                     match msg {
-                        DriverMsg::Spawn(job) => {
-                            tasks.spawn(job(shared.clone()));
-                            // Reap finished tasks so a long-lived handle does not accumulate them.
-                            while tasks.try_join_next().is_some() {}
+                        DriverMsg::Unary(call) => {
+                            tasks.spawn(handle::unary(shared.clone(), call));
+                        }
+                        DriverMsg::Run(task) => {
+                            tasks.spawn(task.run(shared.clone()));
                         }
                         DriverMsg::Shutdown => break,
                     }
+                    // Reap finished tasks so a long-lived handle does not accumulate them.
+                    while tasks.try_join_next().is_some() {}
                 }
                 let _ = shutdown_tx.send(true);
                 let drained = tokio::time::timeout(shutdown_grace, async {
@@ -107,21 +167,38 @@ pub(crate) fn start(
                 }
             });
         })
-        .map_err(Error::Io)?;
-    match ready_rx.recv_timeout(connect_timeout + Duration::from_secs(5)) {
+        .map_err(StartError::Io)?;
+    // The driver bounds connecting by `connect_timeout`; the slack only
+    // covers a thread too slow to report.
+    let wait = connect_timeout.saturating_add(Duration::from_secs(5));
+    match ready_rx.recv_timeout(wait) {
         Ok(Ok(())) => Ok(DriverHandle {
             tx,
-            thread: Some(thread),
+            thread: parking_lot::Mutex::new(Some(thread)),
         }),
         Ok(Err(e)) => {
             let _ = thread.join();
             Err(e)
         }
-        Err(_) => Err(Error::Connect {
-            endpoints: shown,
-            reason: "the driver thread did not start".into(),
-        }),
+        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+            // The thread keeps trying in the background; its sender is gone
+            // once it reports, and the thread then ends.
+            Err(StartError::Connect(format!(
+                "no answer within {connect_timeout:?}"
+            )))
+        }
+        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+            let _ = thread.join();
+            Err(StartError::Connect(
+                "the driver thread ended before connecting".into(),
+            ))
+        }
     }
+}
+
+/// The error of a request that got no answer within `timeout`.
+pub(crate) fn no_answer(timeout: Duration) -> RpcError {
+    RpcError::Unavailable(format!("no answer within {timeout:?}"))
 }
 
 /// Connect and prove the cluster answers: etcd-client connects lazily, so

@@ -1,55 +1,83 @@
 //! Runs one sm [`Machine`] inside the driver runtime: executes its commands
 //! against etcd, feeds replies, user inputs and timeouts back, and hands
-//! notifications to the user. Glue only — every decision is the machine's.
+//! notices to the machine's [`Sink`]. Glue only — every decision is the
+//! machine's; the runner only keeps the contract: drain commands after
+//! every `handle*`, sleep until `poll_timeout`, stop with the machine's stop
+//! input, end when it `is_finished()`, pause it while its consumer is full.
 
 use super::exec;
-use super::Shared;
+use super::handle::{Control, Finished, MachineHandle, Relief, Sink};
+use super::{no_answer, Shared};
 use etcd_client as ec;
 use fleetcoord_sm::{
     Command, KeyRange, LeaseId, Machine, Request, Response, RpcError, RpcId, RpcReply,
 };
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
-/// How a machine task is wired to its user.
+/// A machine with everything it needs to run: its inputs, where its notices
+/// go, and whom to tell when it finished.
 pub(crate) struct MachineTask<M: Machine> {
-    /// The machine to run.
-    pub machine: M,
+    machine: M,
     /// User requests; when every sender is gone the machine is stopped.
-    pub inputs: mpsc::UnboundedReceiver<M::Event>,
-    /// Receives each notification. Returns `false` once nobody listens any
-    /// more; the runner then stops the machine.
-    pub notify: Box<dyn FnMut(M::Notification) -> bool + Send>,
+    inputs: mpsc::UnboundedReceiver<Control<M::Event>>,
+    sink: Box<dyn Sink<M::Notification>>,
+    finished: crossbeam_channel::Sender<Finished>,
 }
 
-/// The input that asks a machine to stop (revoke, resign, cancel); the
-/// runner ends the task once the machine has finished stopping.
-pub(crate) trait StopInput {
-    fn stop() -> Self;
-    fn is_stop(&self) -> bool;
+impl<M> MachineTask<M>
+where
+    M: Machine + Send + 'static,
+    M::Event: Send + 'static,
+    M::Notification: 'static,
+{
+    /// The task for `machine` and the primitive's handle on it.
+    pub(crate) fn new(
+        machine: M,
+        sink: impl Sink<M::Notification> + 'static,
+    ) -> (MachineTask<M>, MachineHandle<M>) {
+        let (input_tx, inputs) = mpsc::unbounded_channel();
+        let (finished, finished_rx) = crossbeam_channel::bounded(1);
+        (
+            MachineTask {
+                machine,
+                inputs,
+                sink: Box::new(sink),
+                finished,
+            },
+            MachineHandle::new(input_tx, finished_rx),
+        )
+    }
 }
 
-macro_rules! stop_input {
-    ($($ty:path => $variant:path),* $(,)?) => {$(
-        impl StopInput for $ty {
-            fn stop() -> Self {
-                $variant
-            }
-            fn is_stop(&self) -> bool {
-                matches!(self, $variant)
-            }
-        }
-    )*};
+/// A machine task with its type erased, as the driver receives it.
+pub(crate) trait Runnable: Send {
+    /// The task's future on the driver runtime.
+    fn run(self: Box<Self>, shared: Shared) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 }
 
-stop_input!(
-    fleetcoord_sm::keepalive::KeepaliveEvent => fleetcoord_sm::keepalive::KeepaliveEvent::Stop,
-    fleetcoord_sm::watch::WatchInput => fleetcoord_sm::watch::WatchInput::Stop,
-    fleetcoord_sm::election::ElectionInput => fleetcoord_sm::election::ElectionInput::Stop,
-    fleetcoord_sm::observe::ObserveInput => fleetcoord_sm::observe::ObserveInput::Stop,
-);
+impl<M> Runnable for MachineTask<M>
+where
+    M: Machine + Send + 'static,
+    M::Event: Send + 'static,
+    M::Notification: 'static,
+{
+    fn run(self: Box<Self>, shared: Shared) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(run(shared, *self))
+    }
+}
+
+/// One reply for the machine and whether it is the last its request sends:
+/// an explicit end-of-stream marker, so the runner never guesses from the
+/// response variant when a request is done.
+struct Delivery {
+    reply: RpcReply,
+    last: bool,
+}
 
 /// A renewal stream for one lease, opened lazily and dropped on failure.
 struct KeepaliveStream {
@@ -71,27 +99,38 @@ impl Drop for KeepaliveStream {
 /// block shutdown forever, but a slow one should still see the revoke.
 const STOP_SLACK: Duration = Duration::from_secs(1);
 
+/// How often a paused feed checks whether its consumer has caught up. A
+/// crossbeam channel cannot signal free space, so this polls — only while
+/// a consumer is behind.
+const RELIEF_POLL: Duration = Duration::from_millis(50);
+
 pub(crate) async fn run<M>(shared: Shared, task: MachineTask<M>)
 where
     M: Machine + Send + 'static,
-    M::Event: Send + StopInput,
-    M::Notification: Send,
+    M::Event: Send,
 {
     let MachineTask {
         mut machine,
         mut inputs,
-        mut notify,
+        mut sink,
+        finished,
     } = task;
-    let stop = <M::Event as StopInput>::stop;
-    let (reply_tx, mut replies) = mpsc::unbounded_channel::<RpcReply>();
+    let (reply_tx, mut replies) = mpsc::unbounded_channel::<Delivery>();
     let mut inflight: HashMap<RpcId, AbortHandle> = HashMap::new();
     let mut keepalive: Option<KeepaliveStream> = None;
     let mut shutdown = shared.shutdown.clone();
     let mut stop_deadline: Option<tokio::time::Instant> = None;
+    let mut paused = false;
     let mut last_now = Instant::now();
-    let stop_grace = shared.options.request_timeout + STOP_SLACK;
+    let stop_grace = shared.options.request_timeout.saturating_add(STOP_SLACK);
+    let stop = |machine: &mut M, last_now: Instant, deadline: &mut Option<tokio::time::Instant>| {
+        if deadline.is_none() {
+            *deadline = Some(tokio::time::Instant::now() + stop_grace);
+            machine.handle(last_now, M::stop_input());
+        }
+    };
 
-    loop {
+    let outcome = loop {
         while let Some(command) = machine.poll_command() {
             match command {
                 Command::Rpc { id, request } => {
@@ -116,21 +155,27 @@ where
                     }
                 }
                 Command::Notify(n) => {
-                    if !notify(n) && stop_deadline.is_none() {
-                        // The user dropped the receiver and handle: stop as if asked.
-                        stop_deadline = Some(tokio::time::Instant::now() + stop_grace);
-                        machine.handle(Instant::now().max(last_now), stop());
+                    if !sink.deliver(n) {
+                        // Nobody listens any more: stop as if asked.
+                        last_now = Instant::now().max(last_now);
+                        stop(&mut machine, last_now, &mut stop_deadline);
                     }
                 }
             }
         }
-        if let Some(deadline) = stop_deadline {
-            if machine.poll_timeout().is_none() && inflight.is_empty() {
-                break;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                log::warn!("machine did not finish stopping within {stop_grace:?}; abandoning it");
-                break;
+        if machine.is_finished() {
+            break Finished::Done;
+        }
+        if stop_deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            log::warn!("machine did not finish stopping within {stop_grace:?}; abandoning it");
+            break Finished::Abandoned;
+        }
+        if !paused && stop_deadline.is_none() && sink.is_full() {
+            if let Some(pause) = M::consumer_full_input() {
+                paused = true;
+                last_now = Instant::now().max(last_now);
+                machine.handle(last_now, pause);
+                continue;
             }
         }
         let timeout = machine.poll_timeout();
@@ -141,45 +186,53 @@ where
         };
         tokio::select! {
             biased;
-            reply = replies.recv() => {
-                let Some(reply) = reply else { break };
-                // Every task's last message is its only non-`WatchEvents`
-                // reply (a unary answer, or a watch's end): it is done.
-                if !matches!(reply.result, Ok(Response::WatchEvents { .. })) {
+            delivery = replies.recv() => {
+                // The runner holds a sender itself, so this never ends.
+                let Some(Delivery { reply, last }) = delivery else { break Finished::Abandoned };
+                if last {
                     inflight.remove(&reply.id);
                 }
                 last_now = Instant::now().max(last_now);
                 machine.handle(last_now, reply.into());
             }
-            input = inputs.recv(), if stop_deadline.is_none() => {
+            control = inputs.recv(), if stop_deadline.is_none() => {
                 last_now = Instant::now().max(last_now);
-                match input {
-                    Some(event) => {
-                        if event.is_stop() {
-                            stop_deadline = Some(tokio::time::Instant::now() + stop_grace);
-                        }
-                        machine.handle(last_now, event)
-                    }
-                    None => {
-                        stop_deadline = Some(tokio::time::Instant::now() + stop_grace);
-                        machine.handle(last_now, stop());
-                    }
+                match control {
+                    Some(Control::Input(input)) => machine.handle(last_now, input),
+                    // Asked to stop, or every handle is gone.
+                    Some(Control::Stop) | None => stop(&mut machine, last_now, &mut stop_deadline),
                 }
             }
             _ = shutdown.changed(), if stop_deadline.is_none() => {
                 last_now = Instant::now().max(last_now);
-                stop_deadline = Some(tokio::time::Instant::now() + stop_grace);
-                machine.handle(last_now, stop());
+                stop(&mut machine, last_now, &mut stop_deadline);
+            }
+            _ = tokio::time::sleep(RELIEF_POLL), if paused && stop_deadline.is_none() => {
+                match sink.relieve() {
+                    Relief::Room => {
+                        paused = false;
+                        if let Some(resume) = M::consumer_ready_input() {
+                            last_now = Instant::now().max(last_now);
+                            machine.handle(last_now, resume);
+                        }
+                    }
+                    Relief::Full => {}
+                    Relief::Gone => {
+                        last_now = Instant::now().max(last_now);
+                        stop(&mut machine, last_now, &mut stop_deadline);
+                    }
+                }
             }
             _ = sleep(sleep_until) => {
                 last_now = Instant::now().max(last_now);
                 machine.handle_timeout(last_now);
             }
         }
-    }
+    };
     for (_, handle) in inflight.drain() {
         handle.abort();
     }
+    let _ = finished.try_send(outcome);
 }
 
 async fn sleep(until: Option<tokio::time::Instant>) {
@@ -193,7 +246,7 @@ fn start_rpc(
     shared: &Shared,
     id: RpcId,
     request: Request,
-    reply_tx: &mpsc::UnboundedSender<RpcReply>,
+    reply_tx: &mpsc::UnboundedSender<Delivery>,
     inflight: &mut HashMap<RpcId, AbortHandle>,
     keepalive: &mut Option<KeepaliveStream>,
 ) {
@@ -223,9 +276,12 @@ fn start_rpc(
                 }
             };
             if stream.requests.send(id).is_err() {
-                let _ = reply_tx.send(RpcReply {
-                    id,
-                    result: Err(RpcError::Unavailable("renewal stream closed".into())),
+                let _ = reply_tx.send(Delivery {
+                    reply: RpcReply {
+                        id,
+                        result: Err(RpcError::Unavailable("renewal stream closed".into())),
+                    },
+                    last: true,
                 });
             }
         }
@@ -243,11 +299,12 @@ fn start_rpc(
                 let result =
                     match tokio::time::timeout(timeout, exec::unary(&mut client, &request)).await {
                         Ok(result) => result,
-                        Err(_) => Err(RpcError::Unavailable(format!(
-                            "no answer within {timeout:?}"
-                        ))),
+                        Err(_) => Err(no_answer(timeout)),
                     };
-                let _ = reply_tx.send(RpcReply { id, result });
+                let _ = reply_tx.send(Delivery {
+                    reply: RpcReply { id, result },
+                    last: true,
+                });
             });
             inflight.insert(id, handle.abort_handle());
         }
@@ -261,28 +318,39 @@ async fn watch(
     id: RpcId,
     range: KeyRange,
     start_revision: i64,
-    reply_tx: mpsc::UnboundedSender<RpcReply>,
+    reply_tx: mpsc::UnboundedSender<Delivery>,
 ) {
     let (key, options) = exec::watch_options(&range, start_revision);
     let mut stream =
         match exec::on_a_live_member!(client.watch(key.clone(), Some(options.clone())).await) {
             Ok(s) => s,
             Err(e) => {
-                let _ = reply_tx.send(RpcReply {
-                    id,
-                    result: Err(exec::rpc_error(e)),
+                let _ = reply_tx.send(Delivery {
+                    reply: RpcReply {
+                        id,
+                        result: Err(exec::rpc_error(e)),
+                    },
+                    last: true,
                 });
                 return;
             }
         };
     loop {
-        let result = match stream.message().await {
-            Ok(Some(r)) => Ok(exec::watch_response(&r)),
-            Ok(None) => Err(RpcError::Unavailable("watch stream ended".into())),
-            Err(e) => Err(exec::rpc_error(e)),
+        let (result, last) = match stream.message().await {
+            Ok(Some(r)) => {
+                let response = exec::watch_response(&r);
+                // etcd ends a watch by cancelling it; nothing follows.
+                let last = matches!(response, Response::WatchCanceled { .. });
+                (Ok(response), last)
+            }
+            Ok(None) => (
+                Err(RpcError::Unavailable("watch stream ended".into())),
+                true,
+            ),
+            Err(e) => (Err(exec::rpc_error(e)), true),
         };
-        let last = !matches!(result, Ok(Response::WatchEvents { .. }));
-        if reply_tx.send(RpcReply { id, result }).is_err() || last {
+        let reply = RpcReply { id, result };
+        if reply_tx.send(Delivery { reply, last }).is_err() || last {
             return;
         }
     }
@@ -295,7 +363,7 @@ async fn renewals(
     client: ec::Client,
     lease: LeaseId,
     mut requests: mpsc::UnboundedReceiver<RpcId>,
-    reply_tx: mpsc::UnboundedSender<RpcReply>,
+    reply_tx: mpsc::UnboundedSender<Delivery>,
     timeout: Duration,
 ) {
     let mut stream: Option<(ec::LeaseKeeper, ec::LeaseKeepAliveStream)> = None;
@@ -310,7 +378,9 @@ async fn renewals(
         if result.is_err() {
             stream = None;
         }
-        if reply_tx.send(RpcReply { id, result }).is_err() {
+        // Renewals are not tracked in flight; each id gets exactly this one reply.
+        let reply = RpcReply { id, result };
+        if reply_tx.send(Delivery { reply, last: true }).is_err() {
             return;
         }
     }

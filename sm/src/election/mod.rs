@@ -358,4 +358,12 @@ impl Machine for Election {
         };
         next.map(|at| at.max(self.now))
     }
+
+    fn stop_input() -> ElectionInput {
+        ElectionInput::Stop
+    }
+
+    fn is_finished(&self) -> bool {
+        self.protocol.is_stopped() && self.session.is_finished() && self.queue.is_empty()
+    }
 }

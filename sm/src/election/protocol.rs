@@ -172,6 +172,11 @@ impl Protocol {
         }
     }
 
+    /// Stopped for good (the `Stop` request was handled).
+    pub(crate) fn is_stopped(&self) -> bool {
+        matches!(self.op, Op::Stopped) && self.queue.is_empty()
+    }
+
     pub(crate) fn token(&self) -> Option<Revision> {
         match &self.op {
             Op::Leading(l) => Some(l.rev),

@@ -346,4 +346,12 @@ impl Machine for Append {
     fn poll_timeout(&self) -> Option<Instant> {
         self.timers.next().map(|at| at.max(self.last_now))
     }
+
+    fn stop_input() -> AppendInput {
+        AppendInput::Stop
+    }
+
+    fn is_finished(&self) -> bool {
+        self.phase == Phase::Stopped && self.queue.is_empty()
+    }
 }

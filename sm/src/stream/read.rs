@@ -481,4 +481,20 @@ impl Machine for Reader {
         }
         self.timers.next().map(|at| at.max(self.last_now))
     }
+
+    fn stop_input() -> ReaderInput {
+        ReaderInput::Stop
+    }
+
+    fn is_finished(&self) -> bool {
+        self.phase == Phase::Stopped && self.queue.is_empty()
+    }
+
+    fn consumer_full_input() -> Option<ReaderInput> {
+        Some(ReaderInput::ConsumerFull)
+    }
+
+    fn consumer_ready_input() -> Option<ReaderInput> {
+        Some(ReaderInput::ConsumerReady)
+    }
 }

@@ -39,6 +39,14 @@ impl Machine for Spy {
     type Event = KeepaliveEvent;
     type Notification = LivenessState;
 
+    fn stop_input() -> KeepaliveEvent {
+        Keepalive::stop_input()
+    }
+
+    fn is_finished(&self) -> bool {
+        self.machine.is_finished()
+    }
+
     fn handle(&mut self, now: Instant, event: KeepaliveEvent) {
         self.stop_requested |= event == KeepaliveEvent::Stop;
         self.last_now = Some(now);

@@ -125,6 +125,12 @@ impl ModelEtcd {
         self.advance(now);
         match request {
             Request::Grant { ttl_secs } => self.grant(now, *ttl_secs),
+            // No machine asks; the model answers like etcd for a lease it
+            // does not know.
+            Request::LeaseTimeToLive { .. } => Ok(Response::LeaseTimeToLive {
+                ttl_secs: -1,
+                granted_secs: 0,
+            }),
             Request::Revoke { lease } => {
                 if self.leases.contains_key(lease) {
                     self.expire_lease(*lease);
@@ -1115,6 +1121,16 @@ mod tests {
     impl Machine for Probe {
         type Event = RpcReply;
         type Notification = String;
+        fn stop_input() -> RpcReply {
+            // The probe has no stop; this reply to nothing is ignored.
+            RpcReply {
+                id: RpcId(u64::MAX),
+                result: Err(RpcError::Unavailable("stop".into())),
+            }
+        }
+        fn is_finished(&self) -> bool {
+            false
+        }
         fn handle(&mut self, now: Instant, event: RpcReply) {
             self.log.push((now, format!("reply {}", event.id.0)));
             self.replies.push((now, event));

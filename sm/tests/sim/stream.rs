@@ -84,6 +84,14 @@ impl Machine for AppendSpy {
     type Event = AppendInput;
     type Notification = AppendNotice;
 
+    fn stop_input() -> AppendInput {
+        Append::stop_input()
+    }
+
+    fn is_finished(&self) -> bool {
+        self.machine.is_finished()
+    }
+
     fn handle(&mut self, now: Instant, event: AppendInput) {
         self.last_now = now;
         match &event {
@@ -164,6 +172,14 @@ struct ReaderSpy {
 impl Machine for ReaderSpy {
     type Event = ReaderInput;
     type Notification = ReaderNotice;
+
+    fn stop_input() -> ReaderInput {
+        Reader::stop_input()
+    }
+
+    fn is_finished(&self) -> bool {
+        self.machine.is_finished()
+    }
 
     fn handle(&mut self, now: Instant, event: ReaderInput) {
         self.last_now = now;

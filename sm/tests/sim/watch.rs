@@ -50,6 +50,14 @@ impl Machine for Spy {
     type Event = WatchInput;
     type Notification = WatchNotice;
 
+    fn stop_input() -> WatchInput {
+        Watch::stop_input()
+    }
+
+    fn is_finished(&self) -> bool {
+        self.machine.is_finished()
+    }
+
     fn handle(&mut self, now: Instant, event: WatchInput) {
         self.last_now = now;
         match &event {

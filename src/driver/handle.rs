@@ -1,0 +1,338 @@
+//! The user-thread side of the two driver messages, and where a machine's
+//! notices go.
+//!
+//! * [`UnaryCall`]: one request, one answer. The caller keeps the cancel
+//!   sender for as long as it waits; when it gives up (times out, unwinds)
+//!   the sender drops and the driver drops the call (reqwest::blocking does
+//!   the same with its `execute_request`).
+//! * [`MachineHandle`]: what a primitive holds of its running machine — the
+//!   input sender and the "finished" signal. Dropping it stops the machine
+//!   without waiting.
+//! * Sinks ([`Notify`], [`Feed`]): what the runner does with notices. A
+//!   [`Feed`] is the one backpressure policy for everything watch-fed: a
+//!   bounded channel; when it is full the runner pauses the machine and
+//!   resumes it once the consumer has read half of it.
+
+use super::{exec, Gone, Shared};
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use fleetcoord_sm::{Machine, Request, Response, RpcError};
+use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// Why a unary call has no response.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum CallError {
+    /// etcd answered with an error, or the connection failed.
+    Rpc(RpcError),
+    /// No answer within the request timeout.
+    Timeout(Duration),
+}
+
+/// One request from a user thread, answered on `reply`.
+pub(crate) struct UnaryCall {
+    request: Request,
+    reply: Sender<Result<Response, CallError>>,
+    /// Resolves when the caller stopped waiting: the call is dropped then.
+    canceled: oneshot::Receiver<()>,
+}
+
+/// The caller's end of a [`UnaryCall`]: wait for the answer; dropping it
+/// cancels the call if it is still running.
+pub(crate) struct PendingCall {
+    answer: Receiver<Result<Response, CallError>>,
+    _cancel: oneshot::Sender<()>,
+}
+
+impl UnaryCall {
+    /// A call for `request` and the caller's end of it.
+    pub(crate) fn new(request: Request) -> (UnaryCall, PendingCall) {
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        let (cancel, canceled) = oneshot::channel();
+        (
+            UnaryCall {
+                request,
+                reply,
+                canceled,
+            },
+            PendingCall {
+                answer,
+                _cancel: cancel,
+            },
+        )
+    }
+}
+
+impl PendingCall {
+    /// Wait for the answer at most `wait`; `Err(Gone)` when the driver
+    /// stopped, `Ok(Err(Timeout))` when it did not answer in time.
+    pub(crate) fn wait(self, wait: Duration) -> Result<Result<Response, CallError>, Gone> {
+        match self.answer.recv_timeout(wait) {
+            Ok(answer) => Ok(answer),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Ok(Err(CallError::Timeout(wait))),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Gone),
+        }
+    }
+}
+
+/// Runs one unary call on the driver, bounded by the request timeout.
+pub(crate) async fn unary(shared: Shared, call: UnaryCall) {
+    let UnaryCall {
+        request,
+        reply,
+        canceled,
+    } = call;
+    let mut client = shared.client;
+    let timeout = shared.options.request_timeout;
+    tokio::select! {
+        result = tokio::time::timeout(timeout, exec::unary(&mut client, &request)) => {
+            let answer = match result {
+                Ok(r) => r.map_err(CallError::Rpc),
+                Err(_) => Err(CallError::Timeout(timeout)),
+            };
+            let _ = reply.send(answer);
+        }
+        // The caller gave up: nobody wants the answer, stop the work.
+        _ = canceled => {}
+    }
+}
+
+/// How a machine task ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Finished {
+    /// The machine reported [`Machine::is_finished`]: its revoke/resign (if
+    /// any) was answered, whatever the answer.
+    Done,
+    /// It did not finish within its stop grace, or the driver shut down
+    /// first; whatever it was doing was cut short.
+    Abandoned,
+}
+
+/// What a [`MachineHandle`] sends its machine's task.
+pub(crate) enum Control<I> {
+    /// An input for the machine.
+    Input(I),
+    /// Stop: the runner feeds the machine's stop input and gives it its
+    /// grace period to finish (revoke, resign).
+    Stop,
+}
+
+/// A primitive's hold on its running machine.
+pub(crate) struct MachineHandle<M: Machine> {
+    input: mpsc::UnboundedSender<Control<M::Event>>,
+    finished: Receiver<Finished>,
+    _machine: PhantomData<fn() -> M>,
+}
+
+impl<M: Machine> MachineHandle<M> {
+    pub(crate) fn new(
+        input: mpsc::UnboundedSender<Control<M::Event>>,
+        finished: Receiver<Finished>,
+    ) -> Self {
+        MachineHandle {
+            input,
+            finished,
+            _machine: PhantomData,
+        }
+    }
+
+    /// Feed the machine one input.
+    pub(crate) fn send(&self, input: M::Event) -> Result<(), Gone> {
+        self.input.send(Control::Input(input)).map_err(|_| Gone)
+    }
+
+    /// Ask the machine to stop; returns at once.
+    pub(crate) fn stop(&self) {
+        let _ = self.input.send(Control::Stop);
+    }
+
+    /// Wait at most `wait` for a stop asked for earlier to finish. `Err`
+    /// when it did not finish in time.
+    pub(crate) fn wait_finished(&self, wait: Duration) -> Result<Finished, WaitError> {
+        match self.finished.recv_timeout(wait) {
+            Ok(f) => Ok(f),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(WaitError::Timeout(wait)),
+            // The task ended without saying so: the driver aborted it.
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Ok(Finished::Abandoned),
+        }
+    }
+
+    /// Stop and wait at most `wait` for the machine to finish.
+    pub(crate) fn stop_and_wait(&self, wait: Duration) -> Result<Finished, WaitError> {
+        self.stop();
+        self.wait_finished(wait)
+    }
+}
+
+/// A stop that was not confirmed in time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WaitError {
+    /// Still running after this long.
+    Timeout(Duration),
+}
+
+// Dropping the handle stops the machine and does not wait (Drop never
+// blocks on etcd); the runner lets a revoke or resign finish in the
+// background.
+impl<M: Machine> Drop for MachineHandle<M> {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A machine handle of any type, for owners of several (a coordinator
+/// closing all its feeds).
+pub(crate) trait StopHandle: Send + Sync {
+    /// Ask the machine to stop; returns at once.
+    fn stop(&self);
+    /// Whether the machine task has ended.
+    fn is_finished(&self) -> bool;
+}
+
+impl<M> StopHandle for MachineHandle<M>
+where
+    M: Machine,
+    M::Event: Send,
+{
+    fn stop(&self) {
+        MachineHandle::stop(self);
+    }
+
+    fn is_finished(&self) -> bool {
+        self.input.is_closed()
+    }
+}
+
+/// Where the runner puts a machine's notices.
+pub(crate) trait Sink<N>: Send {
+    /// Take one notice. `false` once nobody listens any more: the runner
+    /// then stops the machine.
+    fn deliver(&mut self, notice: N) -> bool;
+
+    /// The consumer's queue is at its bound: the runner pauses the machine.
+    fn is_full(&self) -> bool {
+        false
+    }
+
+    /// While paused: move held-back items on and say whether the machine
+    /// may resume.
+    fn relieve(&mut self) -> Relief {
+        Relief::Room
+    }
+}
+
+/// What [`Sink::relieve`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Relief {
+    /// The consumer has read at least half of its queue: resume.
+    Room,
+    /// Still too full.
+    Full,
+    /// The consumer is gone: stop.
+    Gone,
+}
+
+/// A sink that hands every notice to a function, for machines whose notices
+/// are few and answer the primitive itself (keepalive states, election
+/// answers): they are never held back.
+pub(crate) struct Notify<F>(pub F);
+
+impl<N, F> Sink<N> for Notify<F>
+where
+    F: FnMut(N) -> bool + Send,
+{
+    fn deliver(&mut self, notice: N) -> bool {
+        (self.0)(notice)
+    }
+}
+
+/// What a feed makes of one notice.
+pub(crate) enum FeedItem<T> {
+    /// Give this to the consumer.
+    Item(T),
+    /// Nothing for the consumer (a marker handled on the side, a log line).
+    Skip,
+    /// The feed is over: stop the machine.
+    End,
+}
+
+/// The one backpressure policy for watch-fed receivers: a bounded channel of
+/// `capacity`. When it is full, items the machine still produces (the rest
+/// of one etcd response) are held here and the runner pauses the machine
+/// (its watch is cancelled); once the consumer has read the queue down to
+/// half, the held items go out and the machine resumes — a watch with a
+/// resync diff against what the consumer was told, a stream reader after
+/// the last entry delivered. Nothing is dropped; memory stays bounded by
+/// the channel plus one response or one diff.
+pub(crate) struct Feed<N, T> {
+    translate: Box<dyn FnMut(N) -> FeedItem<T> + Send>,
+    tx: Sender<T>,
+    held: VecDeque<T>,
+    low_water: usize,
+}
+
+impl<N, T: Send> Feed<N, T> {
+    /// A feed of `capacity` (at least 1) and the consumer's receiver.
+    pub(crate) fn new(
+        capacity: usize,
+        translate: impl FnMut(N) -> FeedItem<T> + Send + 'static,
+    ) -> (Feed<N, T>, Receiver<T>) {
+        let capacity = capacity.max(1);
+        let (tx, rx) = crossbeam_channel::bounded(capacity);
+        (
+            Feed {
+                translate: Box::new(translate),
+                tx,
+                held: VecDeque::new(),
+                low_water: capacity / 2,
+            },
+            rx,
+        )
+    }
+}
+
+impl<N, T: Send> Sink<N> for Feed<N, T> {
+    fn deliver(&mut self, notice: N) -> bool {
+        let item = match (self.translate)(notice) {
+            FeedItem::Item(item) => item,
+            FeedItem::Skip => return true,
+            FeedItem::End => return false,
+        };
+        if !self.held.is_empty() {
+            // Order: nothing overtakes what is already held back.
+            self.held.push_back(item);
+            return true;
+        }
+        match self.tx.try_send(item) {
+            Ok(()) => true,
+            Err(TrySendError::Full(item)) => {
+                self.held.push_back(item);
+                true
+            }
+            Err(TrySendError::Disconnected(_)) => false,
+        }
+    }
+
+    fn is_full(&self) -> bool {
+        !self.held.is_empty() || self.tx.is_full()
+    }
+
+    fn relieve(&mut self) -> Relief {
+        while let Some(item) = self.held.pop_front() {
+            match self.tx.try_send(item) {
+                Ok(()) => {}
+                Err(TrySendError::Full(item)) => {
+                    self.held.push_front(item);
+                    return Relief::Full;
+                }
+                Err(TrySendError::Disconnected(_)) => return Relief::Gone,
+            }
+        }
+        if self.tx.len() <= self.low_water {
+            Relief::Room
+        } else {
+            Relief::Full
+        }
+    }
+}
