@@ -57,8 +57,6 @@ pub mod election;
 pub mod error;
 mod etcd;
 mod liveness;
-mod observe;
-mod pool;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod txn;
@@ -68,12 +66,11 @@ mod watcher;
 #[cfg(feature = "conformance")]
 pub use coordinator::conformance;
 pub use election::{
-    Election, ElectionOptions, LeaderInfo, LeaderObserver, Leadership, TryCampaign,
+    Election, ElectionOptions, ElectionPool, LeaderInfo, LeaderObserver, Leadership, TryCampaign,
 };
 pub use error::{Error, Result};
 pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
 pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
-pub use pool::ElectionPool;
 pub use txn::{KeyValue, TxnOp, TxnOpResponse};
 pub use watcher::{list_hosts, HostEvent, HostInfo, HostWatcher, WatcherOptions};
 

@@ -5,11 +5,10 @@ use crate::driver::{rand_seed, MachineHandle, Notify};
 use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::liveness::{close_outcome, CLOSE_WAIT};
-use crate::txn::{TxnOp, TxnOpResponse};
 use crate::validate;
 use fleetcoord_sm::election::{
-    fenced_txn, leader_query, Election as ElectionMachine, ElectionConfig, ElectionError,
-    ElectionInput, ElectionNotice,
+    leader_query, Election as ElectionMachine, ElectionConfig, ElectionError, ElectionInput,
+    ElectionNotice,
 };
 use fleetcoord_sm::keepalive::LivenessState;
 use fleetcoord_sm::{BackoffConfig, KeyValue, Response};
@@ -18,7 +17,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use crate::observe::LeaderObserver;
+mod leadership;
+mod observer;
+mod pool;
+
+pub use leadership::Leadership;
+pub use observer::LeaderObserver;
+pub use pool::ElectionPool;
 
 /// Where elections live unless told otherwise.
 pub const DEFAULT_ELECTION_PREFIX: &str = "/coord/election/";
@@ -559,233 +564,5 @@ pub(crate) fn current_leader(etcd: &Etcd, prefix: &str) -> Result<Option<LeaderI
         other => Err(Error::Etcd(format!(
             "unexpected answer to a range: {other:?}"
         ))),
-    }
-}
-
-/// Proof of leadership, returned by a successful campaign.
-///
-/// [`Leadership::lost`] fires (and [`Leadership::is_held`] turns false)
-/// when leadership ends without a resign: the session's local deadline
-/// passed, its lease was lost, or the candidate key was deleted.
-///
-/// **Dropping** a `Leadership` resigns without waiting: `is_held` turns
-/// false, the resign is handed to the driver and `drop` returns at once,
-/// also when etcd is unreachable. If the resign cannot be done, the key
-/// goes with the session's lease after its TTL. A campaign started right
-/// after the drop waits until the old key is deleted. Closing or dropping
-/// the [`Etcd`] handle still lets a pending resign finish within its grace
-/// period, so a process that drops its guards and exits hands over at once.
-/// [`Leadership::resign`] is the blocking call that reports the outcome.
-///
-/// Discarding it by mistake is a compile-time warning (`#[must_use]`), an
-/// error under `#![deny(unused_must_use)]`:
-///
-/// ```compile_fail
-/// #![deny(unused_must_use)]
-/// fn lead(election: &fleetcoord::Election) -> fleetcoord::Result<()> {
-///     election.campaign(b"me")?; // would resign at once
-///     Ok(())
-/// }
-/// ```
-///
-/// while keeping it compiles:
-///
-/// ```no_run
-/// #![deny(unused_must_use)]
-/// fn lead(election: &fleetcoord::Election) -> fleetcoord::Result<()> {
-///     let _leadership = election.campaign(b"me")?;
-///     Ok(())
-/// }
-/// ```
-#[must_use = "dropping a Leadership resigns at once; keep it for as long as you lead"]
-pub struct Leadership {
-    inner: Arc<Inner>,
-    token: i64,
-    lease: i64,
-    key: String,
-    held: Arc<AtomicBool>,
-    lost: crossbeam_channel::Receiver<()>,
-    resigned: bool,
-}
-
-impl std::fmt::Debug for Leadership {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Leadership")
-            .field("key", &self.key)
-            .field("token", &self.token)
-            .field("held", &self.is_held())
-            .finish()
-    }
-}
-
-impl Leadership {
-    /// The fencing token: the candidate key's create revision. Strictly
-    /// greater than every earlier leader's token of this election. Pass it
-    /// along with writes so stale leaders can be refused.
-    pub fn fencing_token(&self) -> i64 {
-        self.token
-    }
-
-    /// The candidate key (`<prefix><name>/<lease hex>`).
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// The session lease the key is bound to.
-    pub fn lease(&self) -> i64 {
-        self.lease
-    }
-
-    /// Whether this candidate may still act as leader.
-    pub fn is_held(&self) -> bool {
-        self.held.load(Ordering::SeqCst)
-    }
-
-    /// Receives `()` once if leadership is lost (not on resign).
-    pub fn lost(&self) -> &crossbeam_channel::Receiver<()> {
-        &self.lost
-    }
-
-    /// Replace the leader's value (what [`Election::leader`] and observers
-    /// see). Fails with [`Error::NotLeader`] when leadership is gone.
-    pub fn proclaim(&self, value: &[u8]) -> Result<()> {
-        validate::payload("value", value)?;
-        if !self.is_held() {
-            return Err(Error::NotLeader);
-        }
-        let _op = self.inner.op.lock();
-        let rx = self.inner.begin(ElectionInput::Proclaim {
-            value: value.to_vec(),
-        })?;
-        // One guarded put, retried by the machine while the session holds;
-        // bounded so a dead etcd cannot block the caller (and every other
-        // operation on this election) forever.
-        let bound = self.inner.etcd.options().request_timeout * 3;
-        let deadline = Instant::now() + bound;
-        loop {
-            match self.inner.wait(&rx, Some(deadline))? {
-                None => return Err(Error::Timeout(bound)),
-                Some(ElectionNotice::Proclaimed) => return Ok(()),
-                Some(ElectionNotice::ProclaimFailed(e)) => return Err(election_error(e)),
-                _ => continue,
-            }
-        }
-    }
-
-    /// Run `ops` in one etcd transaction only if this leadership is still
-    /// current in etcd: the transaction is guarded on the candidate key
-    /// still having this fencing token as its create revision. This is the
-    /// fence: a deposed leader's write is refused by etcd itself, whatever
-    /// the deposed process believes (even while [`Leadership::is_held`]
-    /// still says true, e.g. right after a long pause).
-    ///
-    /// Returns `Ok(Some(responses))` when the ops ran, one
-    /// [`TxnOpResponse`] per op in the order given, all applied atomically;
-    /// `Ok(None)` when etcd refused because this leadership is over (nothing
-    /// was applied). An empty `ops` is a linearizable "do I still lead?"
-    /// check. Fails with [`Error::InvalidArgument`] for an empty key or
-    /// prefix, or ops larger than one etcd request; etcd also limits the
-    /// number of ops per transaction (128 by default), which comes back as
-    /// [`Error::Etcd`]. It does not wait for [`Election`] operations and may
-    /// run concurrently with them.
-    ///
-    /// ```
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = fleetcoord::testing::EtcdServer::start()?;
-    /// use fleetcoord::{Election, Etcd, EtcdOptions, TxnOp, TxnOpResponse};
-    ///
-    /// let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default())?;
-    /// let election = Election::new(&etcd, "scheduler")?;
-    /// let leadership = election.campaign(b"host-a")?;
-    ///
-    /// let ops = [TxnOp::put("/jobs/owner", "host-a"), TxnOp::get("/jobs/owner")];
-    /// match leadership.txn_if_leader(ops)? {
-    ///     Some(responses) => {
-    ///         assert_eq!(responses[0], TxnOpResponse::Put);
-    ///         let TxnOpResponse::Get { kvs } = &responses[1] else { unreachable!() };
-    ///         assert_eq!(kvs[0].value, b"host-a");
-    ///     }
-    ///     None => println!("no longer leader: nothing was written"),
-    /// }
-    /// leadership.resign()?;
-    /// # Ok(()) }
-    /// ```
-    pub fn txn_if_leader(
-        &self,
-        ops: impl IntoIterator<Item = TxnOp>,
-    ) -> Result<Option<Vec<TxnOpResponse>>> {
-        let ops = crate::txn::check_ops(ops)?;
-        let txn = fenced_txn(self.key.as_bytes(), self.token, ops);
-        match self.inner.etcd.request(txn)? {
-            Response::Txn {
-                succeeded: true,
-                responses,
-                ..
-            } => Ok(Some(
-                responses.into_iter().map(TxnOpResponse::from).collect(),
-            )),
-            // The fence's failure branch is empty: nothing ran.
-            Response::Txn {
-                succeeded: false, ..
-            } => Ok(None),
-            other => Err(Error::Etcd(format!(
-                "unexpected answer to a txn: {other:?}"
-            ))),
-        }
-    }
-
-    /// Step down: delete the candidate key so the next candidate leads.
-    /// `is_held` turns false before the request is sent.
-    pub fn resign(mut self) -> Result<()> {
-        self.resign_inner()
-    }
-
-    fn resign_inner(&mut self) -> Result<()> {
-        if self.resigned {
-            return Ok(());
-        }
-        self.resigned = true;
-        self.held.store(false, Ordering::SeqCst);
-        if !self.is_current() {
-            return Ok(());
-        }
-        let _op = self.inner.op.lock();
-        if !self.is_current() {
-            return Ok(());
-        }
-        self.inner.resign_locked(self.token)
-    }
-
-    /// Whether the machine last reported this leadership as held. A stale
-    /// handle skips its resign; the machine would ignore it anyway (the
-    /// resign carries the token), this only saves the round trip.
-    fn is_current(&self) -> bool {
-        self.inner
-            .state
-            .lock()
-            .held
-            .as_ref()
-            .is_some_and(|h| h.token == self.token)
-    }
-}
-
-// Drop never waits for etcd; see "Dropping" in the type's docs.
-impl Drop for Leadership {
-    fn drop(&mut self) {
-        if !self.resigned {
-            self.resigned = true;
-            self.held.store(false, Ordering::SeqCst);
-            if self.is_current() {
-                // Fire and forget: the answer (`Resigned` with this token)
-                // is ignored by whichever operation is waiting then.
-                let _ = self
-                    .inner
-                    .machine
-                    .send(ElectionInput::Resign { token: self.token });
-            }
-        }
-        if Arc::strong_count(&self.inner) == 1 {
-            self.inner.stop();
-        }
     }
 }

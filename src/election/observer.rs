@@ -1,7 +1,7 @@
 //! [`LeaderObserver`]: the leader of an election as a stream.
 
+use super::LeaderInfo;
 use crate::driver::{rand_seed, Feed, FeedItem, MachineHandle};
-use crate::election::LeaderInfo;
 use crate::error::Result;
 use crate::etcd::Etcd;
 use fleetcoord_sm::observe::{Observe, ObserveConfig, ObserveNotice};

@@ -1,6 +1,6 @@
 //! [`ElectionPool`]: many elections, one long-lived session each.
 
-use crate::election::{Election, ElectionOptions, Leadership, TryCampaign};
+use super::{Election, ElectionOptions, Leadership, TryCampaign};
 use crate::error::{Error, Result};
 use crate::etcd::Etcd;
 use parking_lot::Mutex;
