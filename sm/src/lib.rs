@@ -16,15 +16,29 @@
 //!
 //! * `new(config, now, seed)` builds it (an inherent constructor).
 //! * [`Machine::handle`] feeds one event: an RPC reply ([`RpcReply`], which
-//!   converts into every machine's event type) or a user request.
+//!   converts into every machine's event type) or a user request. In every
+//!   machine, `handle` never fires a timer: only `handle_timeout` does. So a
+//!   driver that has an input at `now` while `poll_timeout()` is due calls
+//!   `handle_timeout(now)` first — otherwise the input would be judged by a
+//!   state whose deadline has passed (a leader's session, a lease).
+//!   Deadlines that decide safety are also checked against the last `now`
+//!   directly (`Election::is_leader` is false from its session's deadline
+//!   on, whether or not its timer has fired).
 //! * [`Machine::handle_timeout`] tells it that time passed; early or repeated
 //!   calls do nothing.
+//! * [`Machine::stop_input`] is the input that asks it to stop (revoke,
+//!   resign, cancel); [`Machine::is_finished`] says when it has, so a driver
+//!   drops it then and never guesses from timers or requests in flight.
+//! * Machines that feed a consumer name the inputs that pause and resume
+//!   them when the consumer falls behind ([`Machine::consumer_full_input`],
+//!   [`Machine::consumer_ready_input`]); the driver applies one policy to all.
 //! * [`Machine::poll_command`] hands out the next command, in order.
 //! * [`Machine::poll_timeout`] says when `handle_timeout` is next needed.
 //!
 //! Polling order: after **every** `handle*` call, drain `poll_command` until
 //! it returns `None`, executing each command, then read `poll_timeout` and
-//! sleep until that instant (or until the next event). `now` must never go
+//! sleep until that instant (or until the next event; if both are ready,
+//! the timer goes first). `now` must never go
 //! backwards, and a returned deadline is never earlier than the last `now`.
 //! Notifications for users are commands too ([`Command::Notify`]), so the
 //! order of "request sent" and "user told" is the machine's decision.

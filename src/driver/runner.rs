@@ -193,10 +193,12 @@ where
                     inflight.remove(&reply.id);
                 }
                 last_now = Instant::now().max(last_now);
+                fire_due_timers(&mut machine, last_now);
                 machine.handle(last_now, reply.into());
             }
             control = inputs.recv(), if stop_deadline.is_none() => {
                 last_now = Instant::now().max(last_now);
+                fire_due_timers(&mut machine, last_now);
                 match control {
                     Some(Control::Input(input)) => machine.handle(last_now, input),
                     // Asked to stop, or every handle is gone.
@@ -233,6 +235,15 @@ where
         handle.abort();
     }
     let _ = finished.try_send(outcome);
+}
+
+/// The contract's rule: `handle` never fires timers, so a driver with an
+/// input at `now` fires the timers due by then first. (The select above is
+/// biased towards replies, which may be ready together with a due timer.)
+fn fire_due_timers<M: Machine>(machine: &mut M, now: Instant) {
+    if machine.poll_timeout().is_some_and(|at| at <= now) {
+        machine.handle_timeout(now);
+    }
 }
 
 async fn sleep(until: Option<tokio::time::Instant>) {

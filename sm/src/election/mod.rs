@@ -295,9 +295,7 @@ impl Machine for Election {
     type Notification = ElectionNotice;
 
     fn handle(&mut self, now: Instant, event: ElectionInput) {
-        // Timers due by now fire first: a reply must never be judged by a
-        // session whose deadline has already passed.
-        self.handle_timeout(now);
+        self.advance(now);
         let now = self.now;
         match event {
             ElectionInput::Rpc(reply) => {
