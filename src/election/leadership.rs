@@ -13,7 +13,7 @@ use std::time::Instant;
 #[cfg(doc)]
 use super::Election;
 #[cfg(doc)]
-use crate::Etcd;
+use crate::etcd::Etcd;
 
 /// Proof of leadership, returned by a successful campaign.
 ///

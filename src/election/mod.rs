@@ -28,7 +28,7 @@ pub use pool::ElectionPool;
 /// Where elections live unless told otherwise.
 pub const DEFAULT_ELECTION_PREFIX: &str = "/coord/election/";
 
-/// Settings for [`Election::with_options`] and [`crate::ElectionPool`].
+/// Settings for [`Election::with_options`] and [`ElectionPool`].
 ///
 /// Start from [`ElectionOptions::default`] and change what you need with the
 /// `with_*` methods; the fields are public for reading. `#[non_exhaustive]`
@@ -121,7 +121,7 @@ pub enum TryCampaign {
 }
 
 /// One election, with its own session (a lease kept alive in the
-/// background; it self-heals like [`crate::HostLiveness`]).
+/// background; it self-heals like [`crate::liveness::HostLiveness`]).
 ///
 /// Guarantees:
 /// * At most one candidate holds a [`Leadership`] with
