@@ -5,11 +5,24 @@ use super::{
     KvWatcher, Message, StreamEntry, StreamId, StreamPosition, StreamReader, Subscription,
 };
 use crate::error::{Error, Result};
-use crossbeam_channel::{unbounded, Sender};
+use crossbeam_channel::{bounded, Sender, TrySendError};
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// Default capacity of every feed's channel, as for the etcd backend.
+pub(crate) const DEFAULT_FEED_CAPACITY: usize = 4096;
+
+/// Smallest feed capacity: below 2, "read down to half" would mean "empty".
+const MIN_FEED_CAPACITY: usize = 2;
+
+/// How long the catch-up thread waits between rounds: [`CATCH_UP_FAST`]
+/// after a round in which a consumer had read enough to be sent more (it
+/// is reading), doubling up to [`CATCH_UP_SLOW`] while none had.
+const CATCH_UP_FAST: Duration = Duration::from_millis(1);
+const CATCH_UP_SLOW: Duration = Duration::from_millis(20);
 
 /// A [`Coordinator`] inside one process, built on `parking_lot` and
 /// crossbeam.
@@ -21,15 +34,43 @@ use std::sync::{Arc, Weak};
 /// only that handle and ends only the feeds it opened; the hub lives while
 /// any handle does.
 ///
-/// **Delivery never blocks the sender.** Every feed is an unbounded channel,
+/// **Slow consumers.** Delivery never blocks the sender, and no feed grows
+/// without bound: every feed is a bounded channel of
+/// [`with_feed_capacity`](Self::with_feed_capacity) items (default 4,096),
 /// filled while the hub's lock is held (which is what orders each topic,
-/// stream and bucket). A feed that is not drained keeps every item queued:
-/// memory grows by the size of what is sent until it is read or dropped.
+/// stream and bucket). When a feed's channel is full the feed falls
+/// *behind*: the hub stops sending to it and remembers only where it was —
+///
+/// * a stream reader: the ID of the last entry it was given;
+/// * a KV watch: for each key changed since, what the watch was last told
+///   about it (so at most one remembered value per key of the bucket);
+/// * a subscription: the newest message published since (one message).
+///
+/// Once the consumer has read its channel down to half, the feed catches
+/// up: a stream reader gets every retained entry after the last one it was
+/// given, in order — each entry exactly once; a KV watch gets the
+/// difference between what it was told and the bucket now (`Put` for keys
+/// that changed or appeared, `Deleted` for keys that are gone; intermediate
+/// values are coalesced, final ones never are); a subscription gets the
+/// newest message, so, like the etcd backend, pub/sub is at-most-once for a
+/// consumer that falls behind — it always ends with the latest message.
+/// Catching up happens on the next write to the same topic, stream or
+/// bucket, and otherwise on a background thread of the hub that runs only
+/// while some feed is behind (it checks every 1–20 ms, faster while the
+/// consumer is reading) and ends when none is. The same applies to a
+/// stream replay or a KV snapshot larger than the channel: what does not
+/// fit is delivered as the consumer reads. Memory per feed is thus bounded
+/// by its channel plus one message (subscription), one number (stream
+/// reader) or one value per key of the bucket (KV watch).
+///
 /// Dropped feeds are removed at once by their drop hook, and any channel
-/// found disconnected is removed on the next send.
+/// found disconnected is removed on the next send. A feed ended by `close`
+/// delivers what is in its channel; what it was behind on is not sent.
 ///
 /// **Streams** number entries 1, 2, 3… per stream and keep all of them, or
-/// only the newest `n` with [`with_stream_max_len`](Self::with_stream_max_len).
+/// only the newest `n` with [`with_stream_max_len`](Self::with_stream_max_len);
+/// a reader that is behind while its next entries are trimmed continues at
+/// the oldest retained entry, as a new reader from a trimmed position would.
 pub struct MemoryCoordinator {
     hub: Arc<Hub>,
     id: u64,
@@ -42,13 +83,16 @@ struct Hub {
     state: Mutex<State>,
     next_id: AtomicU64,
     stream_max_len: Option<usize>,
+    feed_capacity: AtomicUsize,
 }
 
 #[derive(Default)]
 struct State {
-    topics: HashMap<String, Vec<Reg<Message>>>,
+    topics: HashMap<String, Vec<Sub>>,
     streams: HashMap<String, Stream>,
     buckets: HashMap<String, Bucket>,
+    /// Whether the catch-up thread runs.
+    catching_up: bool,
 }
 
 /// A registered feed: `id` for its drop hook, `owner` for `close`.
@@ -58,17 +102,303 @@ struct Reg<T> {
     tx: Sender<T>,
 }
 
+/// What a non-blocking send did.
+enum Sent<T> {
+    Done,
+    Full(T),
+    Gone,
+}
+
+impl<T> Reg<T> {
+    fn send(&self, item: T) -> Sent<T> {
+        match self.tx.try_send(item) {
+            Ok(()) => Sent::Done,
+            Err(TrySendError::Full(item)) => Sent::Full(item),
+            Err(TrySendError::Disconnected(_)) => Sent::Gone,
+        }
+    }
+
+    /// Whether a feed that is behind may catch up: its consumer has read
+    /// the channel down to half.
+    fn has_room(&self) -> bool {
+        let capacity = self.tx.capacity().unwrap_or(usize::MAX);
+        self.tx.len() <= capacity / 2
+    }
+}
+
+/// A feed's state after a send or a catch-up attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Health {
+    /// Everything has been delivered.
+    Current,
+    /// Something is still to be delivered.
+    Behind,
+    /// The consumer is gone: unregister it.
+    Gone,
+}
+
+/// A subscription; `latest` is the newest message it has not been given
+/// (`Some` = behind).
+struct Sub {
+    reg: Reg<Message>,
+    latest: Option<Message>,
+}
+
+impl Sub {
+    fn offer(&mut self, msg: &Message) -> Health {
+        if self.latest.is_some() {
+            // Behind: the newer message replaces the older one.
+            self.latest = Some(msg.clone());
+            return self.catch_up();
+        }
+        match self.reg.send(msg.clone()) {
+            Sent::Done => Health::Current,
+            Sent::Full(msg) => {
+                self.latest = Some(msg);
+                Health::Behind
+            }
+            Sent::Gone => Health::Gone,
+        }
+    }
+
+    fn catch_up(&mut self) -> Health {
+        let Some(msg) = self.latest.take() else {
+            return Health::Current;
+        };
+        if !self.reg.has_room() {
+            self.latest = Some(msg);
+            return Health::Behind;
+        }
+        match self.reg.send(msg) {
+            Sent::Done => Health::Current,
+            Sent::Full(msg) => {
+                self.latest = Some(msg);
+                Health::Behind
+            }
+            Sent::Gone => Health::Gone,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Stream {
     head: u64,
     entries: VecDeque<StreamEntry>,
-    readers: Vec<Reg<StreamEntry>>,
+    readers: Vec<StreamSub>,
+}
+
+/// A stream reader: `last` is the ID of the last entry it was given (or its
+/// starting point); `behind` while retained entries after it are undelivered.
+struct StreamSub {
+    reg: Reg<StreamEntry>,
+    last: u64,
+    behind: bool,
+}
+
+impl StreamSub {
+    /// Offer the newest entry (already pushed to `entries`).
+    fn offer(&mut self, entry: &StreamEntry, entries: &VecDeque<StreamEntry>) -> Health {
+        if self.behind {
+            return self.catch_up(entries);
+        }
+        match self.reg.send(entry.clone()) {
+            Sent::Done => {
+                self.last = entry.id.0;
+                Health::Current
+            }
+            Sent::Full(_) => {
+                self.behind = true;
+                Health::Behind
+            }
+            Sent::Gone => Health::Gone,
+        }
+    }
+
+    /// Deliver the retained entries after `last`, in order, while they fit.
+    fn catch_up(&mut self, entries: &VecDeque<StreamEntry>) -> Health {
+        if !self.behind {
+            return Health::Current;
+        }
+        if !self.reg.has_room() {
+            return Health::Behind;
+        }
+        let start = entries.partition_point(|e| e.id.0 <= self.last);
+        for entry in entries.range(start..) {
+            match self.reg.send(entry.clone()) {
+                Sent::Done => self.last = entry.id.0,
+                Sent::Full(_) => return Health::Behind,
+                Sent::Gone => return Health::Gone,
+            }
+        }
+        self.behind = false;
+        Health::Current
+    }
 }
 
 #[derive(Default)]
 struct Bucket {
     entries: BTreeMap<String, Vec<u8>>,
-    watchers: Vec<(Reg<KvEvent>, String)>,
+    watchers: Vec<KvSub>,
+}
+
+/// A KV watch. While it is behind, `snapshot` holds the keys of its initial
+/// snapshot not yet sent (their values are read when they are sent), and
+/// `told` what it was last told about each key changed since it fell
+/// behind (`None`: that the key does not exist). For every other matching
+/// key, what it was told is the bucket's current value.
+struct KvSub {
+    reg: Reg<KvEvent>,
+    pattern: String,
+    snapshot: BTreeSet<String>,
+    synced: bool,
+    told: BTreeMap<String, Option<Vec<u8>>>,
+}
+
+impl KvSub {
+    fn is_behind(&self) -> bool {
+        !self.synced || !self.snapshot.is_empty() || !self.told.is_empty()
+    }
+
+    /// Offer the change of `key` from `before` to what `entries` holds now.
+    fn offer(
+        &mut self,
+        key: &str,
+        before: Option<&[u8]>,
+        event: &KvEvent,
+        entries: &BTreeMap<String, Vec<u8>>,
+    ) -> Health {
+        if self.is_behind() {
+            self.remember(key, before);
+            return self.catch_up(entries);
+        }
+        match self.reg.send(event.clone()) {
+            Sent::Done => Health::Current,
+            Sent::Full(_) => {
+                self.remember(key, before);
+                Health::Behind
+            }
+            Sent::Gone => Health::Gone,
+        }
+    }
+
+    /// Record what the watch knows about `key` before its first change
+    /// while behind; later changes keep the first record.
+    fn remember(&mut self, key: &str, before: Option<&[u8]>) {
+        if self.snapshot.contains(key) || self.told.contains_key(key) {
+            return;
+        }
+        self.told.insert(key.to_owned(), before.map(<[u8]>::to_vec));
+    }
+
+    /// Send what is pending while it fits: the rest of the snapshot, then
+    /// `Synced`, then the difference between `told` and `entries`.
+    fn catch_up(&mut self, entries: &BTreeMap<String, Vec<u8>>) -> Health {
+        if !self.is_behind() {
+            return Health::Current;
+        }
+        if !self.reg.has_room() {
+            return Health::Behind;
+        }
+        while let Some(key) = self.snapshot.first() {
+            // A snapshot key deleted meanwhile was never told: skip it.
+            if let Some(value) = entries.get(key) {
+                let event = KvEvent::Put {
+                    key: key.clone(),
+                    value: value.clone(),
+                };
+                match self.reg.send(event) {
+                    Sent::Done => {}
+                    Sent::Full(_) => return Health::Behind,
+                    Sent::Gone => return Health::Gone,
+                }
+            }
+            self.snapshot.pop_first();
+        }
+        if !self.synced {
+            match self.reg.send(KvEvent::Synced) {
+                Sent::Done => self.synced = true,
+                Sent::Full(_) => return Health::Behind,
+                Sent::Gone => return Health::Gone,
+            }
+        }
+        while let Some((key, told)) = self.told.first_key_value() {
+            let event = match (told, entries.get(key)) {
+                (_, Some(now)) if told.as_ref() != Some(now) => Some(KvEvent::Put {
+                    key: key.clone(),
+                    value: now.clone(),
+                }),
+                (Some(_), None) => Some(KvEvent::Deleted { key: key.clone() }),
+                _ => None,
+            };
+            if let Some(event) = event {
+                match self.reg.send(event) {
+                    Sent::Done => {}
+                    Sent::Full(_) => return Health::Behind,
+                    Sent::Gone => return Health::Gone,
+                }
+            }
+            self.told.pop_first();
+        }
+        Health::Current
+    }
+}
+
+/// Keeps the feeds for which `step` does not say [`Health::Gone`]; true if
+/// any of them is still behind.
+fn step_all<T>(feeds: &mut Vec<T>, mut step: impl FnMut(&mut T) -> Health) -> bool {
+    let mut behind = false;
+    feeds.retain_mut(|f| match step(f) {
+        Health::Current => true,
+        Health::Behind => {
+            behind = true;
+            true
+        }
+        Health::Gone => false,
+    });
+    behind
+}
+
+impl State {
+    /// One catch-up round over every feed that is behind. Returns whether
+    /// any is still behind, and whether any consumer had read enough to be
+    /// sent more (so another round soon is worth it).
+    fn catch_up(&mut self) -> (bool, bool) {
+        let mut behind = false;
+        let mut moved = false;
+        for subs in self.topics.values_mut() {
+            behind |= step_all(subs, |s| {
+                if s.latest.is_none() {
+                    return Health::Current;
+                }
+                moved |= s.reg.has_room();
+                s.catch_up()
+            });
+        }
+        self.topics.retain(|_, subs| !subs.is_empty());
+        for stream in self.streams.values_mut() {
+            let entries = &stream.entries;
+            behind |= step_all(&mut stream.readers, |r| {
+                if !r.behind {
+                    return Health::Current;
+                }
+                moved |= r.reg.has_room();
+                r.catch_up(entries)
+            });
+        }
+        for bucket in self.buckets.values_mut() {
+            let entries = &bucket.entries;
+            behind |= step_all(&mut bucket.watchers, |w| {
+                if !w.is_behind() {
+                    return Health::Current;
+                }
+                moved |= w.reg.has_room();
+                w.catch_up(entries)
+            });
+        }
+        self.buckets
+            .retain(|_, b| !(b.entries.is_empty() && b.watchers.is_empty()));
+        (behind, moved)
+    }
 }
 
 /// Where a feed is registered, for its drop hook.
@@ -79,7 +409,8 @@ enum Place {
 }
 
 impl MemoryCoordinator {
-    /// A new, empty hub whose streams keep every entry.
+    /// A new, empty hub whose streams keep every entry, with feeds of the
+    /// default capacity (4,096).
     pub fn new() -> Self {
         Self::with_hub(None)
     }
@@ -91,11 +422,41 @@ impl MemoryCoordinator {
         Self::with_hub(Some(max_len.max(1)))
     }
 
+    /// This handle, with the capacity of every feed opened afterwards
+    /// through any handle onto its hub set to `capacity` (at least 2;
+    /// default 4,096). See "Slow consumers" above.
+    ///
+    /// ```
+    /// use fleetcoord::coordinator::{Coordinator, MemoryCoordinator};
+    ///
+    /// let coord = MemoryCoordinator::new().with_feed_capacity(2);
+    /// assert_eq!(coord.feed_capacity(), 2);
+    /// let sub = coord.subscribe("t")?;
+    /// for i in 0..10u8 {
+    ///     coord.publish("t", &[i])?; // never blocks
+    /// }
+    /// assert_eq!(sub.receiver().len(), 2);
+    /// # Ok::<(), fleetcoord::Error>(())
+    /// ```
+    #[must_use]
+    pub fn with_feed_capacity(self, capacity: usize) -> Self {
+        self.hub
+            .feed_capacity
+            .store(capacity.max(MIN_FEED_CAPACITY), Ordering::Relaxed);
+        self
+    }
+
+    /// The capacity of feeds opened from now on.
+    pub fn feed_capacity(&self) -> usize {
+        self.hub.feed_capacity.load(Ordering::Relaxed)
+    }
+
     fn with_hub(stream_max_len: Option<usize>) -> Self {
         let hub = Hub {
             state: Mutex::new(State::default()),
             next_id: AtomicU64::new(1),
             stream_max_len,
+            feed_capacity: AtomicUsize::new(DEFAULT_FEED_CAPACITY),
         };
         Self::handle(Arc::new(hub))
     }
@@ -124,12 +485,15 @@ impl MemoryCoordinator {
         Ok(state)
     }
 
-    fn new_reg<T>(&self, tx: Sender<T>) -> Reg<T> {
-        Reg {
+    /// A registration with a new bounded channel, and its receiver.
+    fn new_reg<T>(&self) -> (Reg<T>, crossbeam_channel::Receiver<T>) {
+        let (tx, rx) = bounded(self.feed_capacity());
+        let reg = Reg {
             id: self.hub.next_id.fetch_add(1, Ordering::Relaxed),
             owner: self.id,
             tx,
-        }
+        };
+        (reg, rx)
     }
 
     fn feed<T>(&self, rx: crossbeam_channel::Receiver<T>, id: u64, place: Place) -> Feed<T> {
@@ -137,20 +501,59 @@ impl MemoryCoordinator {
         Feed::new(rx, move || unregister(&hub, id, place))
     }
 
+    /// Make sure the catch-up thread runs while a feed is behind. Called
+    /// with the lock held, which is also what the thread needs to end: it
+    /// cannot miss a feed that falls behind while it decides to stop.
+    fn keep_up(&self, state: &mut State, behind: bool) {
+        if !behind || state.catching_up {
+            return;
+        }
+        let hub = Arc::downgrade(&self.hub);
+        let spawned = std::thread::Builder::new()
+            .name("fleetcoord-memory-catch-up".into())
+            .spawn(move || catch_up_loop(&hub));
+        match spawned {
+            Ok(_) => state.catching_up = true,
+            // Feeds that are behind then catch up on the next write to them.
+            Err(e) => log::warn!("cannot start the memory hub's catch-up thread: {e}"),
+        }
+    }
+
     /// Ends every feed this handle opened (their senders are dropped).
     fn close_feeds(&self, state: &mut State) {
         let me = self.id;
         state.topics.retain(|_, subs| {
-            subs.retain(|r| r.owner != me);
+            subs.retain(|s| s.reg.owner != me);
             !subs.is_empty()
         });
         for stream in state.streams.values_mut() {
-            stream.readers.retain(|r| r.owner != me);
+            stream.readers.retain(|r| r.reg.owner != me);
         }
         state.buckets.retain(|_, b| {
-            b.watchers.retain(|(r, _)| r.owner != me);
+            b.watchers.retain(|w| w.reg.owner != me);
             !(b.entries.is_empty() && b.watchers.is_empty())
         });
+    }
+}
+
+/// The catch-up thread: while some feed is behind, deliver to it as its
+/// consumer reads; end when none is, or when the hub is gone.
+fn catch_up_loop(hub: &Weak<Hub>) {
+    let mut pause = CATCH_UP_FAST;
+    loop {
+        std::thread::sleep(pause);
+        let Some(hub) = hub.upgrade() else { return };
+        let mut state = hub.state.lock();
+        let (behind, moved) = state.catch_up();
+        if !behind {
+            state.catching_up = false;
+            return;
+        }
+        pause = if moved {
+            CATCH_UP_FAST
+        } else {
+            (pause * 2).min(CATCH_UP_SLOW)
+        };
     }
 }
 
@@ -160,7 +563,7 @@ fn unregister(hub: &Weak<Hub>, id: u64, place: Place) {
     match place {
         Place::Topic(topic) => {
             if let Some(subs) = state.topics.get_mut(&topic) {
-                subs.retain(|r| r.id != id);
+                subs.retain(|s| s.reg.id != id);
                 if subs.is_empty() {
                     state.topics.remove(&topic);
                 }
@@ -168,12 +571,12 @@ fn unregister(hub: &Weak<Hub>, id: u64, place: Place) {
         }
         Place::Stream(name) => {
             if let Some(stream) = state.streams.get_mut(&name) {
-                stream.readers.retain(|r| r.id != id);
+                stream.readers.retain(|r| r.reg.id != id);
             }
         }
         Place::Bucket(name) => {
             if let Some(bucket) = state.buckets.get_mut(&name) {
-                bucket.watchers.retain(|(r, _)| r.id != id);
+                bucket.watchers.retain(|w| w.reg.id != id);
                 if bucket.entries.is_empty() && bucket.watchers.is_empty() {
                     state.buckets.remove(&name);
                 }
@@ -206,6 +609,7 @@ impl std::fmt::Debug for MemoryCoordinator {
         f.debug_struct("MemoryCoordinator")
             .field("handle", &self.id)
             .field("closed", &self.closed.load(Ordering::Relaxed))
+            .field("feed_capacity", &self.feed_capacity())
             .finish()
     }
 }
@@ -216,30 +620,31 @@ impl Coordinator for MemoryCoordinator {
         check_name("topic", topic)?;
         check_payload("payload", payload)?;
         let mut state = self.lock()?;
-        if let Some(subs) = state.topics.get_mut(topic) {
-            let msg = Message {
-                topic: topic.to_owned(),
-                payload: payload.to_vec(),
-            };
-            subs.retain(|r| r.tx.send(msg.clone()).is_ok());
-            if subs.is_empty() {
-                state.topics.remove(topic);
-            }
+        let Some(subs) = state.topics.get_mut(topic) else {
+            return Ok(());
+        };
+        let msg = Message {
+            topic: topic.to_owned(),
+            payload: payload.to_vec(),
+        };
+        let behind = step_all(subs, |s| s.offer(&msg));
+        if subs.is_empty() {
+            state.topics.remove(topic);
         }
+        self.keep_up(&mut state, behind);
         Ok(())
     }
 
     fn subscribe(&self, topic: &str) -> Result<Subscription> {
         self.check_open()?;
         check_name("topic", topic)?;
-        let (tx, rx) = unbounded();
-        let reg = self.new_reg(tx);
+        let (reg, rx) = self.new_reg();
         let id = reg.id;
         self.lock()?
             .topics
             .entry(topic.to_owned())
             .or_default()
-            .push(reg);
+            .push(Sub { reg, latest: None });
         Ok(self.feed(rx, id, Place::Topic(topic.to_owned())))
     }
 
@@ -250,41 +655,47 @@ impl Coordinator for MemoryCoordinator {
         let mut state = self.lock()?;
         let s = state.streams.entry(stream.to_owned()).or_default();
         s.head += 1;
+        let id = StreamId(s.head);
         let entry = StreamEntry {
-            id: StreamId(s.head),
+            id,
             payload: payload.to_vec(),
         };
-        s.readers.retain(|r| r.tx.send(entry.clone()).is_ok());
-        s.entries.push_back(entry);
+        s.entries.push_back(entry.clone());
+        let entries = &s.entries;
+        let behind = step_all(&mut s.readers, |r| r.offer(&entry, entries));
         if let Some(max) = self.hub.stream_max_len {
             while s.entries.len() > max {
                 s.entries.pop_front();
             }
         }
-        Ok(StreamId(s.head))
+        self.keep_up(&mut state, behind);
+        Ok(id)
     }
 
     fn read_stream(&self, stream: &str, from: StreamPosition) -> Result<StreamReader> {
         self.check_open()?;
         check_name("stream", stream)?;
-        let (tx, rx) = unbounded();
-        let reg = self.new_reg(tx);
+        let (reg, rx) = self.new_reg();
         let id = reg.id;
         let mut state = self.lock()?;
         let s = state.streams.entry(stream.to_owned()).or_default();
         // Replay and registration happen under one lock: no gap, no repeat.
-        let after = match from {
-            StreamPosition::Start => Some(0),
-            StreamPosition::End => None,
-            StreamPosition::After(StreamId(n)) => Some(n),
+        // A reader starts behind its starting point; what of the replay
+        // does not fit in its channel comes as the consumer reads.
+        let last = match from {
+            StreamPosition::Start => 0,
+            StreamPosition::End => s.head,
+            StreamPosition::After(StreamId(n)) => n.min(s.head),
         };
-        if let Some(after) = after {
-            for entry in s.entries.iter().filter(|e| e.id.0 > after) {
-                // The receiver is still in hand, so this cannot fail.
-                let _ = reg.tx.send(entry.clone());
-            }
-        }
-        s.readers.push(reg);
+        let mut reader = StreamSub {
+            reg,
+            last,
+            behind: true,
+        };
+        // The receiver is still in hand, so this cannot be Gone.
+        let behind = reader.catch_up(&s.entries) == Health::Behind;
+        s.readers.push(reader);
+        self.keep_up(&mut state, behind);
         drop(state);
         Ok(self.feed(rx, id, Place::Stream(stream.to_owned())))
     }
@@ -296,16 +707,19 @@ impl Coordinator for MemoryCoordinator {
         check_payload("value", value)?;
         let mut state = self.lock()?;
         let b = state.buckets.entry(bucket.to_owned()).or_default();
-        b.entries.insert(key.to_owned(), value.to_vec());
-        b.watchers.retain(|(r, pat)| {
-            !pattern::matches(pat, key)
-                || r.tx
-                    .send(KvEvent::Put {
-                        key: key.to_owned(),
-                        value: value.to_vec(),
-                    })
-                    .is_ok()
+        let before = b.entries.insert(key.to_owned(), value.to_vec());
+        let event = KvEvent::Put {
+            key: key.to_owned(),
+            value: value.to_vec(),
+        };
+        let entries = &b.entries;
+        let behind = step_all(&mut b.watchers, |w| {
+            if !pattern::matches(&w.pattern, key) {
+                return w.catch_up(entries);
+            }
+            w.offer(key, before.as_deref(), &event, entries)
         });
+        self.keep_up(&mut state, behind);
         Ok(())
     }
 
@@ -330,19 +744,23 @@ impl Coordinator for MemoryCoordinator {
         let Some(b) = state.buckets.get_mut(bucket) else {
             return Ok(());
         };
-        if b.entries.remove(key).is_some() {
-            b.watchers.retain(|(r, pat)| {
-                !pattern::matches(pat, key)
-                    || r.tx
-                        .send(KvEvent::Deleted {
-                            key: key.to_owned(),
-                        })
-                        .is_ok()
+        let mut behind = false;
+        if let Some(before) = b.entries.remove(key) {
+            let event = KvEvent::Deleted {
+                key: key.to_owned(),
+            };
+            let entries = &b.entries;
+            behind = step_all(&mut b.watchers, |w| {
+                if !pattern::matches(&w.pattern, key) {
+                    return w.catch_up(entries);
+                }
+                w.offer(key, Some(&before), &event, entries)
             });
         }
         if b.entries.is_empty() && b.watchers.is_empty() {
             state.buckets.remove(bucket);
         }
+        self.keep_up(&mut state, behind);
         Ok(())
     }
 
@@ -350,20 +768,28 @@ impl Coordinator for MemoryCoordinator {
         self.check_open()?;
         check_name("bucket", bucket)?;
         pattern::validate(pat)?;
-        let (tx, rx) = unbounded();
-        let reg = self.new_reg(tx);
+        let (reg, rx) = self.new_reg();
         let id = reg.id;
         let mut state = self.lock()?;
         let b = state.buckets.entry(bucket.to_owned()).or_default();
-        // The receiver is still in hand, so these sends cannot fail.
-        for (key, value) in b.entries.iter().filter(|(k, _)| pattern::matches(pat, k)) {
-            let _ = reg.tx.send(KvEvent::Put {
-                key: key.clone(),
-                value: value.clone(),
-            });
-        }
-        let _ = reg.tx.send(KvEvent::Synced);
-        b.watchers.push((reg, pat.to_owned()));
+        // The watch starts behind its whole snapshot; what does not fit in
+        // its channel comes as the consumer reads, then `Synced`.
+        let mut watcher = KvSub {
+            reg,
+            pattern: pat.to_owned(),
+            snapshot: b
+                .entries
+                .keys()
+                .filter(|k| pattern::matches(pat, k))
+                .cloned()
+                .collect(),
+            synced: false,
+            told: BTreeMap::new(),
+        };
+        // The receiver is still in hand, so this cannot be Gone.
+        let behind = watcher.catch_up(&b.entries) == Health::Behind;
+        b.watchers.push(watcher);
+        self.keep_up(&mut state, behind);
         drop(state);
         Ok(self.feed(rx, id, Place::Bucket(bucket.to_owned())))
     }
@@ -391,7 +817,8 @@ impl Coordinator for MemoryCoordinator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use crossbeam_channel::RecvTimeoutError;
+    use std::time::Instant;
 
     const T: Duration = Duration::from_secs(1);
 
@@ -402,6 +829,23 @@ mod tests {
             s.streams.values().map(|s| s.readers.len()).sum(),
             s.buckets.values().map(|b| b.watchers.len()).sum(),
         )
+    }
+
+    fn catching_up(c: &MemoryCoordinator) -> bool {
+        c.hub.state.lock().catching_up
+    }
+
+    /// Waits until the catch-up thread has ended (nothing is behind).
+    fn settle(c: &MemoryCoordinator) {
+        let wait = Duration::from_secs(5);
+        let deadline = Instant::now() + wait;
+        while catching_up(c) {
+            assert!(
+                Instant::now() < deadline,
+                "still catching up after {wait:?}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     #[test]
@@ -465,5 +909,180 @@ mod tests {
             .unwrap();
         assert_eq!(c.append_stream("s", b"2").unwrap(), StreamId(2));
         assert_eq!(r.recv_timeout(T).unwrap().id, StreamId(2));
+    }
+
+    #[test]
+    fn capacity_is_at_least_two_and_applies_to_new_feeds() {
+        let c = MemoryCoordinator::new();
+        assert_eq!(c.feed_capacity(), DEFAULT_FEED_CAPACITY);
+        let old = c.subscribe("t").unwrap();
+        let c = c.with_feed_capacity(0);
+        assert_eq!(c.feed_capacity(), MIN_FEED_CAPACITY);
+        let other = c.clone().with_feed_capacity(8);
+        assert_eq!(c.feed_capacity(), 8, "the capacity is the hub's");
+        let new = other.subscribe("t").unwrap();
+        assert_eq!(old.receiver().capacity(), Some(DEFAULT_FEED_CAPACITY));
+        assert_eq!(new.receiver().capacity(), Some(8));
+    }
+
+    #[test]
+    fn slow_subscriber_is_bounded_and_ends_with_the_latest_message() {
+        let c = MemoryCoordinator::new().with_feed_capacity(4);
+        let slow = c.subscribe("t").unwrap();
+        let fast = c.subscribe("t").unwrap();
+        let mut seen_fast = Vec::new();
+        for i in 0..10_000u32 {
+            c.publish("t", &i.to_be_bytes()).unwrap();
+            assert!(slow.receiver().len() <= 4);
+            while let Ok(m) = fast.try_recv() {
+                seen_fast.push(m.payload);
+            }
+        }
+        // The fast one may have fallen behind for a moment, never for long.
+        while let Ok(m) = fast.recv_timeout(Duration::from_millis(100)) {
+            seen_fast.push(m.payload);
+        }
+        assert_eq!(seen_fast.last().unwrap(), &9_999u32.to_be_bytes());
+        // The slow one: what fit, then (after reading) the newest one.
+        let mut seen = Vec::new();
+        while let Ok(m) = slow.recv_timeout(Duration::from_millis(500)) {
+            seen.push(u32::from_be_bytes(m.payload.try_into().unwrap()));
+        }
+        assert_eq!(seen, [0, 1, 2, 3, 9_999]);
+        settle(&c);
+        // Current again: the next message is delivered as usual.
+        c.publish("t", b"next").unwrap();
+        assert_eq!(slow.recv_timeout(T).unwrap().payload, b"next");
+    }
+
+    #[test]
+    fn slow_stream_reader_gets_every_entry_once_in_order() {
+        let c = MemoryCoordinator::new().with_feed_capacity(8);
+        let tail = c.read_stream("s", StreamPosition::Start).unwrap();
+        for i in 0..5_000u32 {
+            c.append_stream("s", &i.to_be_bytes()).unwrap();
+        }
+        assert_eq!(tail.receiver().len(), 8);
+        // A replay larger than the channel is delivered as it is read too.
+        let replay = c.read_stream("s", StreamPosition::Start).unwrap();
+        assert_eq!(replay.receiver().len(), 8);
+        let writer = {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                for i in 5_000..6_000u32 {
+                    c.append_stream("s", &i.to_be_bytes()).unwrap();
+                }
+            })
+        };
+        for reader in [&tail, &replay] {
+            for want in 1..=6_000u64 {
+                assert!(reader.receiver().len() <= 8);
+                let entry = reader.recv_timeout(T).unwrap();
+                assert_eq!(entry.id, StreamId(want));
+                assert_eq!(entry.payload, ((want - 1) as u32).to_be_bytes());
+            }
+            assert!(matches!(
+                reader.recv_timeout(Duration::from_millis(50)),
+                Err(RecvTimeoutError::Timeout)
+            ));
+        }
+        writer.join().unwrap();
+        settle(&c);
+    }
+
+    #[test]
+    fn behind_reader_skips_only_trimmed_entries() {
+        let c = MemoryCoordinator::with_stream_max_len(10).with_feed_capacity(4);
+        let r = c.read_stream("s", StreamPosition::Start).unwrap();
+        for i in 0..100u8 {
+            c.append_stream("s", &[i]).unwrap();
+        }
+        let ids: Vec<u64> = std::iter::from_fn(|| r.recv_timeout(Duration::from_millis(500)).ok())
+            .map(|e| e.id.0)
+            .collect();
+        assert_eq!(ids, [1, 2, 3, 4, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100]);
+    }
+
+    /// Applies KV events to a map, checking the watch contract.
+    fn mirror(watch: &KvWatcher, view: &mut BTreeMap<String, Vec<u8>>, synced: &mut bool) {
+        while let Ok(event) = watch.recv_timeout(Duration::from_millis(500)) {
+            match event {
+                KvEvent::Put { key, value } => {
+                    if !*synced {
+                        assert!(!view.contains_key(&key), "{key} twice in the snapshot");
+                    }
+                    view.insert(key, value);
+                }
+                KvEvent::Deleted { key } => {
+                    assert!(*synced, "Deleted before Synced");
+                    assert!(view.remove(&key).is_some(), "Deleted {key}, never told");
+                }
+                KvEvent::Synced => {
+                    assert!(!*synced, "a second Synced");
+                    *synced = true;
+                }
+            }
+        }
+    }
+
+    fn bucket(c: &MemoryCoordinator, name: &str, pat: &str) -> BTreeMap<String, Vec<u8>> {
+        let state = c.hub.state.lock();
+        state.buckets[name]
+            .entries
+            .iter()
+            .filter(|(k, _)| pattern::matches(pat, k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn slow_kv_watch_converges_to_the_bucket() {
+        let c = MemoryCoordinator::new().with_feed_capacity(4);
+        for k in 0..20u32 {
+            c.kv_set("b", &format!("k{k:02}"), b"initial").unwrap();
+        }
+        // A snapshot larger than the channel, changed while it is sent.
+        let all = c.kv_watch("b", "*").unwrap();
+        let some = c.kv_watch("b", "k1?").unwrap();
+        assert_eq!(all.receiver().len(), 4);
+        for round in 0..500u32 {
+            let key = format!("k{:02}", (round * 7) % 30);
+            if round % 5 == 0 {
+                c.kv_delete("b", &key).unwrap();
+            } else {
+                c.kv_set("b", &key, &round.to_be_bytes()).unwrap();
+            }
+            assert!(all.receiver().len() <= 4 && some.receiver().len() <= 4);
+        }
+        for (watch, pat) in [(&all, "*"), (&some, "k1?")] {
+            let (mut view, mut synced) = (BTreeMap::new(), false);
+            mirror(watch, &mut view, &mut synced);
+            assert!(synced);
+            assert_eq!(view, bucket(&c, "b", pat), "pattern {pat}");
+            // Live again: a change arrives as itself.
+            c.kv_set("b", "k10", b"live").unwrap();
+            mirror(watch, &mut view, &mut synced);
+            assert_eq!(view["k10"], b"live");
+        }
+        settle(&c);
+    }
+
+    #[test]
+    fn catch_up_thread_ends_when_nothing_is_behind() {
+        let c = MemoryCoordinator::new().with_feed_capacity(2);
+        let sub = c.subscribe("t").unwrap();
+        for i in 0..5u8 {
+            c.publish("t", &[i]).unwrap();
+        }
+        assert!(catching_up(&c));
+        while sub.recv_timeout(Duration::from_millis(500)).is_ok() {}
+        settle(&c);
+        // A dropped feed that was behind does not keep it running either.
+        for i in 0..5u8 {
+            c.publish("t", &[i]).unwrap();
+        }
+        assert!(catching_up(&c));
+        drop(sub);
+        settle(&c);
     }
 }

@@ -5,7 +5,7 @@ use super::{
     StreamId, StreamPosition, StreamReader, Subscription,
 };
 use crate::error::{Error, Result};
-use crossbeam_channel::{unbounded, Sender};
+use crossbeam_channel::{bounded, Sender};
 use parking_lot::Mutex;
 use std::any::Any;
 use std::collections::HashMap;
@@ -63,7 +63,9 @@ impl NoopCoordinator {
     }
 
     fn silent_feed<T: Send + 'static>(&self) -> Result<Feed<T>> {
-        let (tx, rx) = unbounded::<T>();
+        // Nothing is ever sent: a zero-capacity channel, kept open by its
+        // sender until the feed is dropped or the handle closes.
+        let (tx, rx) = bounded::<T>(0);
         let mut inner = self.inner.lock();
         if inner.closed {
             return Err(Error::Closed);
@@ -189,6 +191,13 @@ mod tests {
         assert_eq!(c.inner.lock().senders.len(), 1);
         drop(w);
         assert!(c.inner.lock().senders.is_empty());
+    }
+
+    #[test]
+    fn feeds_hold_nothing() {
+        let c = NoopCoordinator::new();
+        let r = c.read_stream("s", StreamPosition::Start).unwrap();
+        assert_eq!(r.receiver().capacity(), Some(0));
     }
 
     #[test]
