@@ -182,6 +182,8 @@ impl Fuzz {
             (KeyRange::Key(k), _) => k.clone(),
             (KeyRange::Prefix(p), 1) => [p.as_slice(), b"1"].concat(),
             (KeyRange::Prefix(_), _) => self.machine.my_key().unwrap_or_default(),
+            // The election never reads a prefix from a key on.
+            (KeyRange::PrefixFrom { from, .. }, _) => from.clone(),
         };
         let create = i64::from(s.create).min(self.revision);
         vec![KeyValue {
@@ -224,6 +226,7 @@ impl Fuzz {
                 let events = if s.delete_event {
                     let key = match range {
                         KeyRange::Key(k) | KeyRange::Prefix(k) => k.clone(),
+                        KeyRange::PrefixFrom { from, .. } => from.clone(),
                     };
                     let kv = KeyValue {
                         key,

@@ -47,6 +47,14 @@ pub enum KeyRange {
     Key(Vec<u8>),
     /// Every key starting with these bytes.
     Prefix(Vec<u8>),
+    /// Every key starting with `prefix` that is not below `from` (byte
+    /// order): the rest of a prefix, for reading it page by page.
+    PrefixFrom {
+        /// The prefix.
+        prefix: Vec<u8>,
+        /// The first key that may be included.
+        from: Vec<u8>,
+    },
 }
 
 impl KeyRange {
@@ -55,8 +63,34 @@ impl KeyRange {
         match self {
             KeyRange::Key(k) => k.as_slice() == key,
             KeyRange::Prefix(p) => key.starts_with(p),
+            KeyRange::PrefixFrom { prefix, from } => {
+                key.starts_with(prefix) && key >= from.as_slice()
+            }
         }
     }
+}
+
+/// The first key after every key starting with `prefix` (etcd's
+/// `range_end` for a prefix): `prefix` with its last byte below 0xff
+/// incremented and what follows dropped; `[0]` ("no end") when every byte
+/// is 0xff.
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// The first key after `key` in byte order: where the next page of a range
+/// starts when `key` was the last one read.
+pub fn key_after(key: &[u8]) -> Vec<u8> {
+    let mut next = key.to_vec();
+    next.push(0);
+    next
 }
 
 /// Order of a range's result. Only create-revision order is needed by the

@@ -3,6 +3,7 @@
 //! decisions here; those live in `sm`.
 
 use etcd_client as ec;
+use fleetcoord_sm::rpc::prefix_end;
 use fleetcoord_sm::{
     Compare, EventKind, KeyRange, KeyValue, RangeRequest, Request, Response, RpcError, SortOrder,
     Txn, TxnOp, TxnOpResponse, WatchEvent,
@@ -91,8 +92,10 @@ fn header_revision(header: Option<&ec::ResponseHeader>) -> i64 {
 
 fn get_options(range: &RangeRequest) -> ec::GetOptions {
     let mut options = ec::GetOptions::new();
-    if let KeyRange::Prefix(_) = range.range {
-        options = options.with_prefix();
+    match &range.range {
+        KeyRange::Key(_) => {}
+        KeyRange::Prefix(_) => options = options.with_prefix(),
+        KeyRange::PrefixFrom { prefix, .. } => options = options.with_range(prefix_end(prefix)),
     }
     if range.limit > 0 {
         options = options.with_limit(range.limit);
@@ -115,6 +118,7 @@ fn get_options(range: &RangeRequest) -> ec::GetOptions {
 fn range_key(range: &KeyRange) -> Vec<u8> {
     match range {
         KeyRange::Key(k) | KeyRange::Prefix(k) => k.clone(),
+        KeyRange::PrefixFrom { from, .. } => from.clone(),
     }
 }
 
@@ -122,6 +126,9 @@ fn delete_options(range: &KeyRange) -> ec::DeleteOptions {
     match range {
         KeyRange::Key(_) => ec::DeleteOptions::new(),
         KeyRange::Prefix(_) => ec::DeleteOptions::new().with_prefix(),
+        KeyRange::PrefixFrom { prefix, .. } => {
+            ec::DeleteOptions::new().with_range(prefix_end(prefix))
+        }
     }
 }
 
@@ -254,8 +261,10 @@ pub(crate) fn watch_options(range: &KeyRange, start_revision: i64) -> (Vec<u8>, 
     if start_revision > 0 {
         options = options.with_start_revision(start_revision);
     }
-    if let KeyRange::Prefix(_) = range {
-        options = options.with_prefix();
+    match range {
+        KeyRange::Key(_) => {}
+        KeyRange::Prefix(_) => options = options.with_prefix(),
+        KeyRange::PrefixFrom { prefix, .. } => options = options.with_range(prefix_end(prefix)),
     }
     (range_key(range), options)
 }

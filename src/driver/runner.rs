@@ -102,7 +102,7 @@ const STOP_SLACK: Duration = Duration::from_secs(1);
 /// How often a paused feed checks whether its consumer has caught up. A
 /// crossbeam channel cannot signal free space, so this polls — only while
 /// a consumer is behind.
-const RELIEF_POLL: Duration = Duration::from_millis(50);
+const RELIEF_POLL: Duration = Duration::from_millis(10);
 
 pub(crate) async fn run<M>(shared: Shared, task: MachineTask<M>)
 where

@@ -45,7 +45,7 @@ mod read;
 pub mod requests;
 
 pub use append::{Append, AppendConfig, AppendInput, AppendNotice};
-pub use read::{Batch, Cursor, ReadFrom, Reader, ReaderConfig, ReaderInput, ReaderNotice};
+pub use read::{Batch, Cursor, ReadFrom, Reader, ReaderConfig, ReaderInput, ReaderNotice, PAGE};
 
 use crate::rpc::{Revision, RpcError};
 use std::fmt;

@@ -5,7 +5,7 @@ use super::requests;
 use super::{Entry, StreamError, StreamKeys};
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::rpc::{
-    Command, EventKind, KeyValue, Request, Response, RpcError, RpcId, RpcIds, RpcReply, WatchEvent,
+    self, Command, EventKind, KeyValue, Response, RpcError, RpcId, RpcIds, RpcReply, WatchEvent,
 };
 use crate::timer::TimerTable;
 use crate::Machine;
@@ -101,12 +101,10 @@ impl Cursor {
         batch
     }
 
-    /// What to read after a watch failure, a compaction or a pause: the
-    /// entries after [`Cursor::last`]. The request vocabulary has no range
-    /// start key, so this reads the whole entry prefix; [`Cursor::read`]
-    /// drops what was delivered.
-    pub fn reread(&self, keys: &StreamKeys) -> Request {
-        requests::read_entries(keys)
+    /// Where to read from after a watch failure, a compaction or a pause:
+    /// the key of the entry after [`Cursor::last`].
+    pub fn resume_key(&self, keys: &StreamKeys) -> Vec<u8> {
+        keys.entry_key(self.last.saturating_add(1))
     }
 }
 
@@ -162,9 +160,10 @@ pub enum ReaderNotice {
     /// The next entry: sequence numbers strictly increase from one entry to
     /// the next.
     Entry(Entry),
-    /// The first read has been delivered completely: every entry appended
-    /// from now on will come. Emitted exactly once, after the entries of
-    /// that read and before any other entry.
+    /// The first page has been read and its entries delivered: every
+    /// entry appended from now on will come (from a later page or the
+    /// watch). Emitted exactly once, after the entries of that page and
+    /// before any other entry.
     Live,
     /// A key under the entry prefix that is not an entry key; reported once
     /// per key for the machine's life, then ignored.
@@ -214,9 +213,19 @@ pub struct Reader {
     /// however often it is read again; grows only with distinct bad keys.
     reported: BTreeSet<Vec<u8>>,
     live: bool,
+    /// Where the next page starts.
+    next_from: Vec<u8>,
+    /// Keys per page: [`PAGE`], halved each time etcd refuses a page (an
+    /// answer over the gRPC message limit is refused), down to one entry.
+    page: i64,
     phase: Phase,
     last_now: Instant,
 }
+
+/// Keys per page of a read. Entries are at most 1.5 MiB each (etcd's
+/// request limit), so a page of large entries can exceed the client's 4 MiB
+/// answer limit: the reader then halves the page and reads again.
+pub const PAGE: i64 = 256;
 
 impl Reader {
     /// A reader that immediately asks for its first read. Retry jitter is
@@ -225,6 +234,11 @@ impl Reader {
         let after = match config.from {
             ReadFrom::After(seq) => seq,
             ReadFrom::Start | ReadFrom::End => 0,
+        };
+        let next_from = match config.from {
+            // Everything under the prefix, so junk keys are reported too.
+            ReadFrom::Start => config.keys.entry_prefix().to_vec(),
+            _ => config.keys.entry_key(after.saturating_add(1)),
         };
         let mut reader = Reader {
             keys: config.keys,
@@ -236,6 +250,8 @@ impl Reader {
             queue: VecDeque::new(),
             reported: BTreeSet::new(),
             live: false,
+            next_from,
+            page: PAGE,
             phase: Phase::Waiting,
             last_now: now,
         };
@@ -272,16 +288,27 @@ impl Reader {
     fn start_read(&mut self) {
         let request = match self.unresolved {
             // The whole stream is wanted: no head needed.
-            Some(ReadFrom::Start) => requests::read_entries(&self.keys),
+            Some(ReadFrom::Start) | None => {
+                requests::read_entries(&self.keys, &self.next_from, self.page)
+            }
             // Nothing before the head is wanted: read only the head.
             Some(ReadFrom::End) => requests::read_head(&self.keys),
             // Clamp to the head and take entries from the same snapshot.
-            Some(ReadFrom::After(_)) => requests::read_head_and_entries(&self.keys),
-            None => self.cursor.reread(&self.keys),
+            Some(ReadFrom::After(_)) => {
+                requests::read_head_and_entries(&self.keys, &self.next_from, self.page)
+            }
         };
         let id = self.ids.next_id();
         self.queue.push_back(Command::Rpc { id, request });
         self.phase = Phase::Reading(id);
+    }
+
+    /// The next read starts after the last delivered entry (a failed page,
+    /// watch or pause may have left `next_from` anywhere).
+    fn resume_after_last(&mut self) {
+        if self.unresolved.is_none() {
+            self.next_from = self.cursor.resume_key(&self.keys);
+        }
     }
 
     /// Drop whatever is outstanding (request or retry timer).
@@ -298,6 +325,7 @@ impl Reader {
     /// Called when the outstanding request has ended (answered, failed or
     /// canceled by etcd), so there is nothing to cancel.
     fn retry_later(&mut self, now: Instant) {
+        self.resume_after_last();
         let delay = self.backoff.next_delay();
         // An absurd configured delay must not panic; retrying at once is the
         // harmless fallback.
@@ -365,6 +393,14 @@ impl Reader {
     fn on_read(&mut self, now: Instant, result: Result<Response, RpcError>) {
         let response = match result {
             Ok(response) => response,
+            // An answer over the message limit is refused too: a smaller
+            // page may fit. Only a one-entry page that is refused is final.
+            Err(RpcError::Rejected(_))
+                if self.page > 1 && self.unresolved != Some(ReadFrom::End) =>
+            {
+                self.page /= 2;
+                return self.start_read();
+            }
             Err(RpcError::Rejected(m)) => {
                 return self.fail(StreamError::Rpc(RpcError::Rejected(m)))
             }
@@ -375,14 +411,25 @@ impl Reader {
             Err(Some(e)) => return self.fail(e),
             Err(None) => return self.retry_later(now),
         };
+        let was_head_only = self.unresolved == Some(ReadFrom::End);
         self.unresolved = None;
+        let full = !was_head_only && i64::try_from(kvs.len()).unwrap_or(i64::MAX) >= self.page;
+        if let Some(last) = kvs.last() {
+            self.next_from = rpc::key_after(&last.key);
+        } else {
+            self.resume_after_last();
+        }
         let batch = self.cursor.read(&self.keys, kvs);
         self.deliver(batch);
         if !self.live {
             self.live = true;
             self.queue.push_back(Command::Notify(ReaderNotice::Live));
         }
-        // Everything up to `revision` is in the read: the watch takes over
+        if full {
+            // There may be more: the next page, from just after this one.
+            return self.start_read();
+        }
+        // Everything up to `revision` is in the reads: the watch takes over
         // exactly after it.
         let id = self.ids.next_id();
         let request = requests::watch_entries(&self.keys, revision.saturating_add(1));
@@ -443,6 +490,7 @@ impl Machine for Reader {
             ReaderInput::Rpc(reply) => self.on_reply(now, reply),
             ReaderInput::ConsumerFull => {
                 self.abandon();
+                self.resume_after_last();
                 self.phase = Phase::Paused;
             }
             ReaderInput::ConsumerReady => {

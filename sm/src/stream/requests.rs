@@ -12,31 +12,39 @@ pub fn read_head(keys: &StreamKeys) -> Request {
     Request::Range(RangeRequest::all(KeyRange::Key(keys.head().to_vec())))
 }
 
-/// Read every retained entry.
-///
-/// A reader resuming after entry `last` only needs entries `> last`, but
-/// the request vocabulary has no range start key, so it reads the whole
-/// entry prefix and [`Cursor`](super::Cursor) drops what was delivered.
-pub fn read_entries(keys: &StreamKeys) -> Request {
-    Request::Range(entries_range(keys))
+/// Read one page of entries: at most `page` keys of the entry prefix from
+/// key `from` on, in key order (which is sequence order: entry keys are
+/// zero-padded). A full page means there may be more; the next page starts
+/// just after its last key. Reading page by page keeps every answer under
+/// the gRPC message limit and lets a slow consumer pause the reader
+/// between pages, so a stream of any length is read in bounded memory.
+pub fn read_entries(keys: &StreamKeys, from: &[u8], page: i64) -> Request {
+    Request::Range(entries_range(keys, from, page))
 }
 
-/// Read the head and every retained entry at one revision, so a reader
-/// starting after an ID can clamp it to the head and take the entries from
-/// the same snapshot. Answered by a [`Txn`] response with two ranges.
-pub fn read_head_and_entries(keys: &StreamKeys) -> Request {
+/// Read the head and the first page of entries from `from` at one
+/// revision, so a reader starting after an ID can clamp it to the head and
+/// take the entries from the same snapshot. Answered by a [`Txn`] response
+/// with two ranges.
+pub fn read_head_and_entries(keys: &StreamKeys, from: &[u8], page: i64) -> Request {
     Request::Txn(Txn {
         compare: vec![],
         success: vec![
             TxnOp::Range(RangeRequest::all(KeyRange::Key(keys.head().to_vec()))),
-            TxnOp::Range(entries_range(keys)),
+            TxnOp::Range(entries_range(keys, from, page)),
         ],
         failure: vec![],
     })
 }
 
-fn entries_range(keys: &StreamKeys) -> RangeRequest {
-    RangeRequest::all(KeyRange::Prefix(keys.entry_prefix().to_vec()))
+fn entries_range(keys: &StreamKeys, from: &[u8], page: i64) -> RangeRequest {
+    RangeRequest {
+        limit: page,
+        ..RangeRequest::all(KeyRange::PrefixFrom {
+            prefix: keys.entry_prefix().to_vec(),
+            from: from.to_vec(),
+        })
+    }
 }
 
 /// Watch the entry prefix from `start_revision`.

@@ -498,13 +498,23 @@ fn reader(from: ReadFrom, now: Instant) -> Reader {
     Reader::new(config, now, 1)
 }
 
-fn read_entries_cmd(id: u64) -> Command<ReaderNotice> {
+/// A page read from key `from`, as the reader sends it.
+fn read_entries_cmd(id: u64, from: &[u8]) -> Command<ReaderNotice> {
     rpc(
         id,
-        Request::Range(RangeRequest::all(KeyRange::Prefix(
-            b"/c/stream/s/e/".to_vec(),
-        ))),
+        Request::Range(RangeRequest {
+            limit: PAGE,
+            ..RangeRequest::all(KeyRange::PrefixFrom {
+                prefix: b"/c/stream/s/e/".to_vec(),
+                from: from.to_vec(),
+            })
+        }),
     )
+}
+
+/// Where a page read resumes after entry `seq` was delivered.
+fn after(seq: u64) -> Vec<u8> {
+    keys().entry_key(seq + 1)
 }
 
 fn watch_cmd(id: u64, start_revision: Revision) -> Command<ReaderNotice> {
@@ -550,7 +560,7 @@ fn live_reader(now: Instant) -> Reader {
 fn start_delivers_every_entry_in_order_then_live_then_watches_from_the_next_revision() {
     let t0 = start();
     let mut r = reader(ReadFrom::Start, t0);
-    assert_eq!(drain(&mut r), vec![read_entries_cmd(0)]);
+    assert_eq!(drain(&mut r), vec![read_entries_cmd(0, b"/c/stream/s/e/")]);
     assert!(!r.is_live());
     let junk = KeyValue {
         key: b"/c/stream/s/e/junk".to_vec(),
@@ -661,7 +671,10 @@ fn after_reads_head_and_entries_at_one_revision_skipping_trimmed_and_clamping_to
     let mut r = reader(ReadFrom::After(2), t0);
     assert_eq!(
         drain(&mut r),
-        vec![rpc(0, requests::read_head_and_entries(&keys()))]
+        vec![rpc(
+            0,
+            requests::read_head_and_entries(&keys(), &after(2), PAGE)
+        )]
     );
     // Entry 3 was trimmed: the oldest retained one follows.
     let retained = vec![entry(4, "d", 14), entry(5, "e", 15), entry(6, "f", 16)];
@@ -691,7 +704,10 @@ fn after_reads_head_and_entries_at_one_revision_skipping_trimmed_and_clamping_to
     assert_eq!(
         drain(&mut r),
         vec![
-            rpc(0, requests::read_head_and_entries(&keys())),
+            rpc(
+                0,
+                requests::read_head_and_entries(&keys(), &after(100), PAGE)
+            ),
             live(),
             watch_cmd(1, 21)
         ]
@@ -712,7 +728,7 @@ fn a_failed_or_compacted_watch_backs_off_then_rereads_after_the_last_delivered_e
     );
     assert_eq!(r.poll_timeout(), Some(t0 + 101 * MS));
     r.handle_timeout(t0 + 101 * MS);
-    assert_eq!(drain(&mut r), vec![read_entries_cmd(2)]);
+    assert_eq!(drain(&mut r), vec![read_entries_cmd(2, &after(3))]);
     // Entries 1..=3 again (delivered already), 4 and 5 new; no second Live.
     let kvs = (1..=5)
         .map(|s| entry(s, &format!("p{s}"), s as i64 + 2))
@@ -736,7 +752,7 @@ fn a_failed_or_compacted_watch_backs_off_then_rereads_after_the_last_delivered_e
     );
     assert_eq!(r.poll_timeout(), Some(t1 + 200 * MS));
     r.handle_timeout(t1 + 200 * MS);
-    assert_eq!(drain(&mut r), vec![read_entries_cmd(4)]);
+    assert_eq!(drain(&mut r), vec![read_entries_cmd(4, &after(5))]);
     r.handle(
         t1 + 200 * MS,
         ok(4, range(45, vec![entry(5, "p5", 7), entry(6, "p6", 44)])),
@@ -804,7 +820,7 @@ fn a_full_consumer_pauses_the_reader_and_ready_rereads_after_the_last_entry() {
     assert!(drain(&mut r).is_empty(), "a canceled watch is ignored");
     assert_eq!(r.poll_timeout(), None);
     r.handle(t0, ReaderInput::ConsumerReady);
-    assert_eq!(drain(&mut r), vec![read_entries_cmd(2)]);
+    assert_eq!(drain(&mut r), vec![read_entries_cmd(2, &after(3))]);
     let kvs = vec![entry(3, "p3", 5), entry(4, "p4", 11)];
     r.handle(t0, ok(2, range(12, kvs)));
     assert_eq!(drain(&mut r), vec![deliver(4, "p4"), watch_cmd(3, 13)]);
@@ -867,5 +883,63 @@ fn the_cursor_delivers_only_entries_after_the_last_in_order() {
     );
     assert_eq!(batch.entries.iter().map(|e| e.seq).collect::<Vec<_>>(), [6]);
     assert!(!c.admit(6) && c.admit(7) && c.last() == 7);
-    assert_eq!(c.reread(&keys), requests::read_entries(&keys));
+    assert_eq!(c.resume_key(&keys), keys.entry_key(8));
+}
+
+#[test]
+fn a_full_page_is_followed_by_the_next_one_and_only_the_last_page_opens_the_watch() {
+    let t0 = start();
+    let mut r = reader(ReadFrom::Start, t0);
+    drain(&mut r);
+    let page: u64 = PAGE.try_into().unwrap();
+    let first: Vec<KeyValue> = (1..=page).map(|s| entry(s, "x", 5)).collect();
+    r.handle(t0, ok(0, range(10, first)));
+    let commands = drain(&mut r);
+    // Every entry of the page, Live (the reader is live after one page),
+    // then the next page from just after the last key read.
+    assert_eq!(commands.len(), PAGE as usize + 2);
+    assert_eq!(commands[PAGE as usize], live());
+    assert_eq!(
+        commands[PAGE as usize + 1],
+        read_entries_cmd(1, &rpc::key_after(&keys().entry_key(page)))
+    );
+    // A short page is the last: the watch starts after its revision.
+    r.handle(t0, ok(1, range(12, vec![entry(page + 1, "y", 11)])));
+    assert_eq!(
+        drain(&mut r),
+        vec![deliver(page + 1, "y"), watch_cmd(2, 13)]
+    );
+}
+
+#[test]
+fn a_refused_page_is_read_again_with_half_as_many_entries_down_to_one() {
+    let t0 = start();
+    let mut r = reader(ReadFrom::Start, t0);
+    drain(&mut r);
+    // etcd-client refuses an answer over its message limit.
+    let too_large = || reply(0, Err(RpcError::Rejected("message too large".into())));
+    r.handle(t0, too_large());
+    let halved = Request::Range(RangeRequest {
+        limit: PAGE / 2,
+        ..RangeRequest::all(KeyRange::PrefixFrom {
+            prefix: b"/c/stream/s/e/".to_vec(),
+            from: b"/c/stream/s/e/".to_vec(),
+        })
+    });
+    assert_eq!(drain(&mut r), vec![rpc(1, halved)]);
+    // Refused down to a single entry: then it is final.
+    let mut id = 1;
+    let mut failed = false;
+    while !failed {
+        r.handle(
+            t0,
+            reply(id, Err(RpcError::Rejected("message too large".into()))),
+        );
+        id += 1;
+        failed = drain(&mut r)
+            .iter()
+            .any(|c| matches!(c, Command::Notify(ReaderNotice::Failed(_))));
+        assert!(id < 20, "never gave up");
+    }
+    assert_eq!(id, 1 + PAGE.ilog2() as u64, "one refusal per halving");
 }
