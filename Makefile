@@ -190,13 +190,14 @@ qemu-sm: deps-qemu-sm
 # The minimum supported Rust version is the `rust-version` of Cargo.toml; it
 # must be at least the highest `rust_version` among the packages Cargo.lock
 # resolves to (see `cargo metadata`), which is why it is checked with
-# --locked on exactly that toolchain. sm/ and cli/ must declare the same.
+# --locked on exactly that toolchain. sm/, cli/ and test-support/ must
+# declare the same.
 MSRV := $(shell sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml)
 # Its own target dir: an old rustc's artifacts would evict the stable ones.
 MSRV_TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)/msrv
 
 msrv: deps-build
-	@for f in sm/Cargo.toml cli/Cargo.toml; do \
+	@for f in sm/Cargo.toml cli/Cargo.toml test-support/Cargo.toml; do \
 	  grep -qx 'rust-version = "$(MSRV)"' "$$f" || { \
 	    echo "make: $$f must declare rust-version = \"$(MSRV)\" like Cargo.toml" >&2; exit 1; }; \
 	done

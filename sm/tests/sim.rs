@@ -1,9 +1,8 @@
 //! Deterministic simulation: every machine against a model etcd on a virtual
 //! clock, with fault injection, over many seeds; invariants checked after
-//! every step. See each module for the invariants it checks.
-
-#[path = "sim/model.rs"]
-mod model;
+//! every step. See each module for the invariants it checks. The model etcd,
+//! the fault harness and the world loop are the `fleetcoord-test-support`
+//! crate, shared with the fuzz targets.
 
 #[path = "sim/keepalive.rs"]
 mod keepalive;

@@ -17,9 +17,9 @@
 //! After the faults stop and every live candidate campaigns, one of them is
 //! elected within a quiet period.
 
-use crate::model::*;
 use fleetcoord_sm::election::{Election, ElectionConfig, ElectionInput, ElectionNotice};
 use fleetcoord_sm::{BackoffConfig, Machine};
+use fleetcoord_test_support::*;
 use std::time::{Duration, Instant};
 
 const SEEDS: u64 = 1_000;
@@ -107,7 +107,7 @@ impl World {
         next_time(&[nodes, self.etcd.next_deadline()])
     }
 
-    /// `model::step` with a fault profile per candidate, so one of them can
+    /// `fleetcoord_test_support::step` with a fault profile per candidate, so one of them can
     /// be cut off while the others talk to etcd.
     fn step(&mut self, now: Instant) {
         for _ in 0..10_000 {

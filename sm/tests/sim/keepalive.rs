@@ -17,11 +17,11 @@
 //! * (e) after the faults stop, the machine ends Registered with the key
 //!   present in the model, holding the latest value; and Stop revokes.
 
-use crate::model::*;
 use fleetcoord_sm::keepalive::{
     Binding, Keepalive, KeepaliveConfig, KeepaliveEvent, LivenessState,
 };
 use fleetcoord_sm::{BackoffConfig, Command, Machine, Request};
+use fleetcoord_test_support::*;
 use std::time::{Duration, Instant};
 
 const SEEDS: u64 = 1_000;

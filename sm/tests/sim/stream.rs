@@ -34,7 +34,6 @@
 //! has delivered up to the head and is watching: so every entry was read by
 //! every reader exactly once, in order, unless trimmed before it could be.
 
-use crate::model::*;
 use fleetcoord_sm::stream::{
     Append, AppendConfig, AppendInput, AppendNotice, Entry, ReadFrom, Reader, ReaderConfig,
     ReaderInput, ReaderNotice, StreamError, StreamKeys,
@@ -43,6 +42,7 @@ use fleetcoord_sm::{
     BackoffConfig, Command, EventKind, KeyRange, Machine, Request, Response, Revision, RpcId,
     RpcReply, TxnOp,
 };
+use fleetcoord_test_support::*;
 use std::collections::{BTreeSet, VecDeque};
 use std::num::NonZeroU64;
 use std::time::{Duration, Instant};
@@ -434,7 +434,7 @@ impl World {
         next_time(&[a, r, self.etcd.next_deadline()])
     }
 
-    /// `model::step` over both kinds of harness, then the checks.
+    /// `fleetcoord_test_support::step` over both kinds of harness, then the checks.
     fn step(&mut self, now: Instant) {
         let (etcd, rng, faults) = (&mut self.etcd, &mut self.rng, &self.faults);
         for _ in 0..10_000 {

@@ -21,11 +21,11 @@
 //! Once settled, the consumer's view equals the model's prefix exactly, the
 //! watch is live, and `Stop` leaves no timer and sends nothing more.
 
-use crate::model::*;
 use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchInput, WatchNotice};
 use fleetcoord_sm::{
     BackoffConfig, Command, KeyValue, LeaseId, Machine, Request, Response, RpcId, RpcReply,
 };
+use fleetcoord_test_support::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,65 @@
+//! A model etcd and a harness that runs `fleetcoord-sm` machines against it
+//! on a virtual clock, with faults. `fleetcoord-sm`'s simulation
+//! (`sm/tests/sim.rs`) and the fuzz targets share it, so there is one
+//! faithful etcd model to trust and to fix.
+//!
+//! Everything is re-exported at the root; `use fleetcoord_test_support::*`.
+//!
+//! * [`ModelEtcd`] ([`etcd`]) — in-memory etcd v3: revisions, leases on the
+//!   virtual clock, watch history, compaction, pause/resume, leader change.
+//!   `execute(now, &request) -> Result<Response, RpcError>` runs one request
+//!   exactly as etcd would (except `Request::Watch`, which the harness
+//!   serves). Inspection: `revision()`, `get(key)`, `range_prefix(prefix)`,
+//!   `lease_exists(lease)`, `lease_deadline(lease)`, `leases()`,
+//!   `next_deadline()`, `watch_history(range, from)`.
+//! * [`Faults`] ([`faults`]) — probabilities of a failed request / lost
+//!   reply and the reply latency range; `Faults::none()`,
+//!   `Faults::moderate()`.
+//! * [`Harness<M>`] ([`harness`]) — one machine plus everything on the wire
+//!   for it: replies in flight, active watches, requests queued while etcd
+//!   is paused, notifications (`pub notifications: Vec<(Instant, N)>`).
+//!   `pump`, `fire_timeout`, `deliver_due`, `next_event_time`,
+//!   `drop_streams(now)`, `lose_all_inflight()`.
+//! * [`Node`] ([`world`]) — the object-safe face of a harness, so machines
+//!   of different types can be stepped together: [`step`] processes one
+//!   instant for all of them in the required order, [`world_next_time`]
+//!   finds the next instant, [`run_until`] loops the two. [`next_time`] is
+//!   the minimum of options; [`next_due`] is the next instant of a one-node
+//!   world up to a bound; [`ms`] spells virtual durations.
+//! * Seeded randomness for schedules ([`random`]): [`rng`], [`chance`],
+//!   [`pick`] (a number in `0..n`).
+//!
+//! Ordering at one instant (what [`step`] does, and what hand-written loops
+//! must do): `etcd.advance(now)` (leases expire first), then every due
+//! `handle_timeout`, then every due reply delivery, then pump every harness
+//! until no new write happens (so each watch sees every other harness's
+//! writes). Timeouts before deliveries is the point: a leader's local deadline
+//! fires before anyone else can learn that its key is gone.
+//!
+//! Requests are executed when the harness pumps them (the send instant);
+//! replies arrive after a latency drawn from `faults.latency`. Watch batches
+//! are one per revision and never reordered; keepalive replies of one harness
+//! are never reordered (they share one stream).
+//!
+//! A fuzz target that answers requests itself (in any order, at any time)
+//! uses [`ModelEtcd`] alone: `execute` for the truth, then lies on top of it
+//! where the target means to play a loose etcd.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod etcd;
+pub mod faults;
+pub mod harness;
+pub mod random;
+pub mod world;
+
+pub use etcd::{ModelEtcd, MAX_LEASE_TTL_SECS, MAX_TXN_OPS};
+pub use faults::Faults;
+pub use harness::Harness;
+pub use random::{chance, pick, rng, ChaCha8Rng, RngCore, SeedableRng};
+pub use world::{ms, next_due, next_time, run_until, settle, step, world_next_time, Node};
+
+/// Work allowed at one instant before the harness or the world declares a
+/// livelock: far above any real protocol's burst, far below "hangs forever".
+const LIVELOCK_LIMIT: usize = 100_000;
