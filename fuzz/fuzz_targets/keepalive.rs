@@ -1,15 +1,17 @@
-//! Fuzz the keepalive machine against a small reference lease server.
+//! Fuzz the keepalive machine against the shared model etcd
+//! (`fleetcoord-test-support`).
 //!
-//! The target plays etcd: it answers any outstanding request, in any order,
-//! truthfully (the reference server processes it at the reply instant, which
-//! is never before the send instant), with a chosen TTL, with a failure, a
-//! lost reply (processed, then an error), a "lease not found", a TTL of 0, or
-//! a reply of the wrong variant; it advances time (expiring leases), breaks
-//! the renewal stream, changes the value, stops, and feeds stray replies.
-//! After every step:
-//! * while `lease()` is `Some`, the reference server still has that lease and
-//!   its expiry is not before the machine's local deadline; in binding mode
-//!   the key is bound to it once registered;
+//! The target plays the wire: it answers any outstanding request, in any
+//! order, truthfully (the model etcd executes it at the reply instant, which
+//! is never before the send instant), with a chosen TTL (the model then keeps
+//! the lease that long), with a failure, a lost reply (executed, then an
+//! error), a "lease not found", a TTL of 0, or a reply of the wrong variant;
+//! it advances time (expiring leases), breaks the renewal stream, extends
+//! every lease (an etcd leader change), changes the value, stops, and feeds
+//! stray replies. After every step:
+//! * while `lease()` is `Some`, the model etcd still has that lease and its
+//!   expiry is not before the machine's local deadline; in binding mode the
+//!   key is bound to it once registered;
 //! * at most one renewal is outstanding;
 //! * nothing but a single Revoke is issued after `Stop`; once `Stopped`,
 //!   `poll_timeout` is `None` and `Stopped` is the last notification;
@@ -23,10 +25,10 @@ use fleetcoord_sm::keepalive::{
     Binding, Keepalive, KeepaliveConfig, KeepaliveEvent, LivenessState,
 };
 use fleetcoord_sm::{
-    BackoffConfig, Command, LeaseId, Machine, Request, Response, RpcError, RpcId, RpcReply,
+    BackoffConfig, Command, Machine, Request, Response, RpcError, RpcId, RpcReply,
 };
+use fleetcoord_test_support::ModelEtcd;
 use libfuzzer_sys::fuzz_target;
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 const MAX_COMMANDS_PER_STEP: usize = 1_000;
@@ -48,7 +50,7 @@ struct Input {
 enum Outcome {
     /// Processed; the reply tells the truth.
     Truth,
-    /// Processed with this TTL (grant or renewal); the server's expiry
+    /// Processed with this TTL (grant or renewal); the model's expiry
     /// follows the TTL it reported.
     Ttl(u8),
     /// Not processed.
@@ -70,7 +72,7 @@ enum Op {
     /// Jump to the machine's next deadline.
     AdvanceToTimeout,
     /// Answer outstanding request number `pick` (modulo their count); the
-    /// server processes it now, the reply arrives `latency_ms` later.
+    /// model executes it now, the reply arrives `latency_ms` later.
     Reply {
         pick: u8,
         outcome: Outcome,
@@ -78,7 +80,7 @@ enum Op {
     },
     /// The renewal stream breaks: the outstanding renewal fails.
     DropStream,
-    /// The server extends every lease by a full TTL (leader change).
+    /// The model extends every lease by a full TTL (leader change).
     ExtendLeases,
     SetValue(u8),
     Stop,
@@ -86,117 +88,9 @@ enum Op {
     Stray(RpcReply),
 }
 
-struct ServerLease {
-    ttl: Duration,
-    expiry: Instant,
-}
-
-/// The reference server: leases on the fuzz clock and the one key.
-#[derive(Default)]
-struct Server {
-    next_lease: LeaseId,
-    leases: BTreeMap<LeaseId, ServerLease>,
-    key: Option<(Vec<u8>, LeaseId)>,
-}
-
-impl Server {
-    /// Expires every lease due at `now`, with its key.
-    fn advance(&mut self, now: Instant) {
-        self.leases.retain(|_, l| l.expiry > now);
-        self.drop_orphan_key();
-    }
-
-    fn revoke(&mut self, lease: LeaseId) -> bool {
-        let existed = self.leases.remove(&lease).is_some();
-        self.drop_orphan_key();
-        existed
-    }
-
-    fn drop_orphan_key(&mut self) {
-        if let Some((_, lease)) = &self.key {
-            if !self.leases.contains_key(lease) {
-                self.key = None;
-            }
-        }
-    }
-
-    /// Runs `request` at `now`; `ttl` overrides the TTL a grant or renewal
-    /// reports (and the server then keeps the lease that long).
-    fn process(
-        &mut self,
-        now: Instant,
-        request: &Request,
-        ttl: Option<u8>,
-    ) -> Result<Response, RpcError> {
-        let not_found = || {
-            Err(RpcError::Rejected(
-                "etcdserver: requested lease not found".into(),
-            ))
-        };
-        match request {
-            Request::LeaseTimeToLive { .. } => Ok(Response::LeaseTimeToLive {
-                ttl_secs: -1,
-                granted_secs: 0,
-            }),
-            Request::Grant { ttl_secs } => {
-                self.next_lease += 1;
-                let lease = self.next_lease;
-                let secs = ttl.map_or(*ttl_secs, i64::from);
-                let duration = Duration::from_secs(u64::try_from(secs).unwrap_or(0));
-                if secs > 0 {
-                    self.leases.insert(
-                        lease,
-                        ServerLease {
-                            ttl: duration,
-                            expiry: now + duration,
-                        },
-                    );
-                }
-                Ok(Response::Granted {
-                    lease,
-                    ttl_secs: secs,
-                })
-            }
-            Request::KeepAlive { lease } => match self.leases.get_mut(lease) {
-                Some(l) => {
-                    if let Some(t) = ttl.filter(|t| *t > 0) {
-                        l.ttl = Duration::from_secs(u64::from(t));
-                    }
-                    l.expiry = now + l.ttl;
-                    let secs = i64::try_from(l.ttl.as_secs()).unwrap_or(i64::MAX);
-                    Ok(Response::KeptAlive { ttl_secs: secs })
-                }
-                None => Ok(Response::KeptAlive { ttl_secs: 0 }),
-            },
-            Request::Put { key, value, lease } => {
-                if !self.leases.contains_key(lease) {
-                    return not_found();
-                }
-                assert_eq!(key.as_slice(), KEY);
-                self.key = Some((value.clone(), *lease));
-                Ok(Response::Put { revision: 1 })
-            }
-            Request::Revoke { lease } => {
-                if self.revoke(*lease) {
-                    Ok(Response::Revoked)
-                } else {
-                    not_found()
-                }
-            }
-            other => panic!("keepalive never sends {other:?}"),
-        }
-    }
-
-    fn extend(&mut self, now: Instant) {
-        for l in self.leases.values_mut() {
-            l.expiry = l.expiry.max(now + l.ttl);
-        }
-    }
-}
-
 struct Run {
     machine: Keepalive,
-    server: Server,
+    etcd: ModelEtcd,
     now: Instant,
     binding: bool,
     outstanding: Vec<(RpcId, Request)>,
@@ -206,6 +100,39 @@ struct Run {
 }
 
 impl Run {
+    /// Executes `request` on the model at `now`. With `ttl`, a grant or a
+    /// renewal reports that TTL instead of etcd's, and the model keeps the
+    /// lease that long, so the checks still hold the machine to what it was
+    /// told. A TTL of 0 leaves a renewal truthful and makes a grant's lease
+    /// die at once.
+    fn process(&mut self, request: &Request, ttl: Option<u8>) -> Result<Response, RpcError> {
+        match request {
+            Request::Put { key, .. } => assert_eq!(key.as_slice(), KEY),
+            Request::Grant { .. } | Request::KeepAlive { .. } | Request::Revoke { .. } => {}
+            other => panic!("keepalive never sends {other:?}"),
+        }
+        let truth = self.etcd.execute(self.now, request)?;
+        let Some(ttl) = ttl.map(i64::from) else {
+            return Ok(truth);
+        };
+        Ok(match (request, truth) {
+            (_, Response::Granted { lease, .. }) => {
+                self.etcd.retime_lease(self.now, lease, ttl);
+                Response::Granted {
+                    lease,
+                    ttl_secs: ttl,
+                }
+            }
+            (Request::KeepAlive { lease }, Response::KeptAlive { ttl_secs })
+                if ttl_secs > 0 && ttl > 0 =>
+            {
+                self.etcd.retime_lease(self.now, *lease, ttl);
+                Response::KeptAlive { ttl_secs: ttl }
+            }
+            (_, truth) => truth,
+        })
+    }
+
     fn drain(&mut self) {
         for _ in 0..MAX_COMMANDS_PER_STEP {
             let Some(command) = self.machine.poll_command() else {
@@ -252,25 +179,21 @@ impl Run {
             .count();
         assert!(renewals <= 1, "{renewals} renewals outstanding");
         if let Some(lease) = self.machine.lease() {
-            let server = self
-                .server
-                .leases
-                .get(&lease)
+            let expiry = self
+                .etcd
+                .lease_deadline(lease)
                 .expect("machine trusts an expired lease");
             let local = self
                 .machine
                 .local_deadline()
                 .expect("a held lease has a deadline");
-            assert!(
-                local <= server.expiry,
-                "local deadline after the server's expiry"
-            );
+            assert!(local <= expiry, "local deadline after the model's expiry");
             assert!(
                 local > self.now,
                 "a lease past its local deadline is still held"
             );
             if self.binding {
-                let bound = self.server.key.as_ref().map(|(_, l)| *l);
+                let bound = self.etcd.get(KEY).map(|kv| kv.lease);
                 assert_eq!(bound, Some(lease), "registered but the key is not bound");
             }
         }
@@ -282,7 +205,7 @@ impl Run {
 
     fn advance(&mut self, by: Duration) {
         self.now += by;
-        self.server.advance(self.now);
+        self.etcd.advance(self.now);
         if self.machine.poll_timeout().is_some_and(|at| at <= self.now) {
             self.machine.handle_timeout(self.now);
         }
@@ -296,11 +219,11 @@ impl Run {
             .outstanding
             .remove(usize::from(pick) % self.outstanding.len());
         let result = match outcome {
-            Outcome::Truth => self.server.process(self.now, &request, None),
-            Outcome::Ttl(t) => self.server.process(self.now, &request, Some(t)),
+            Outcome::Truth => self.process(&request, None),
+            Outcome::Ttl(t) => self.process(&request, Some(t)),
             Outcome::Unavailable => Err(RpcError::Unavailable("injected".into())),
             Outcome::LostReply => {
-                let _ = self.server.process(self.now, &request, None);
+                let _ = self.process(&request, None);
                 Err(RpcError::Unavailable("reply lost".into()))
             }
             Outcome::LeaseNotFound => Err(RpcError::Rejected("requested lease not found".into())),
@@ -342,7 +265,7 @@ impl Run {
                         .handle(self.now, RpcReply { id, result }.into());
                 }
             }
-            Op::ExtendLeases => self.server.extend(self.now),
+            Op::ExtendLeases => self.etcd.extend_all_leases(self.now),
             Op::SetValue(v) => {
                 self.machine
                     .handle(self.now, KeepaliveEvent::SetValue(vec![v]));
@@ -377,7 +300,7 @@ fuzz_target!(|input: Input| {
     };
     let mut run = Run {
         machine: Keepalive::new(config, now, input.seed),
-        server: Server::default(),
+        etcd: ModelEtcd::new(),
         now,
         binding: input.binding,
         outstanding: Vec::new(),

@@ -1,10 +1,12 @@
-//! Fuzz the watch machine against a small reference etcd.
+//! Fuzz the watch machine against the shared model etcd
+//! (`fleetcoord-test-support`).
 //!
-//! Operations change the reference store (puts, deletes, lease revokes that
-//! delete several keys at one revision), answer the machine's one outstanding
-//! request coherently (snapshots, watch batches per revision, repeats of old
-//! batches, compaction), inject failures, stall the consumer, stop, or feed
-//! arbitrary replies. After every step:
+//! Operations change the model's store (puts, with or without a lease,
+//! deletes, and transactions that delete several keys at one revision as a
+//! lease revoke does), answer the machine's one outstanding request
+//! coherently (snapshots read from the model, watch batches per revision
+//! from its history, repeats of old batches, compaction), inject failures,
+//! stall the consumer, stop, or feed arbitrary replies. After every step:
 //! * the consumer's view, rebuilt from the notices alone, equals `known()`;
 //! * no `Up` for a key already up, no `Updated`/`Down` for a key not up, a
 //!   `Down` carries exactly the last-seen value, an `Updated` is newer than
@@ -13,23 +15,29 @@
 //!   reported once and never as `Up`;
 //! * at most one request outstanding; nothing issued after `Stop`;
 //! * `poll_timeout` never before `now`;
-//! * once live and caught up with the reference history (and no arbitrary
-//!   reply reached an outstanding request), the view equals the store.
+//! * once live and caught up with the model's history (and no arbitrary
+//!   reply reached an outstanding request), the view equals the model's
+//!   keys under the prefix.
 
 #![no_main]
 
 use arbitrary::Arbitrary;
 use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchInput, WatchNotice};
 use fleetcoord_sm::{
-    BackoffConfig, Command, EventKind, KeyRange, KeyValue, Machine, Request, Response, Revision,
-    RpcError, RpcId, RpcReply, WatchEvent,
+    BackoffConfig, Command, KeyRange, KeyValue, LeaseId, Machine, RangeRequest, Request, Response,
+    Revision, RpcError, RpcId, RpcReply, Txn, TxnOp, WatchEvent,
 };
+use fleetcoord_test_support::ModelEtcd;
 use libfuzzer_sys::fuzz_target;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 const PREFIX: &[u8] = b"/h/";
 const MAX_COMMANDS_PER_STEP: usize = 10_000;
+/// TTL of the lease keys may be bound to: longer than any run (256 steps of
+/// at most 65.5 s), so only a delete removes a key and the store changes only
+/// when an operation says so.
+const LEASE_TTL_SECS: i64 = 24 * 60 * 60;
 
 /// Keys 0..4 are valid host ids, 4 is an invalid key under the prefix, 5 is
 /// outside the prefix.
@@ -68,88 +76,8 @@ enum Op {
 
 #[derive(Debug)]
 enum Outstanding {
-    Range(RpcId),
+    Range(RpcId, RangeRequest),
     Watch { id: RpcId, cursor: Revision },
-}
-
-#[derive(Default)]
-struct Store {
-    revision: Revision,
-    kvs: BTreeMap<Vec<u8>, KeyValue>,
-    /// One batch per revision, as etcd delivers them.
-    history: BTreeMap<Revision, Vec<WatchEvent>>,
-    compacted: Revision,
-}
-
-impl Store {
-    fn put(&mut self, key: Vec<u8>, value: u8, lease: bool) {
-        self.revision += 1;
-        let prev = self.kvs.get(&key).cloned();
-        let kv = KeyValue {
-            key: key.clone(),
-            value: vec![value],
-            create_revision: prev.as_ref().map_or(self.revision, |p| p.create_revision),
-            mod_revision: self.revision,
-            version: prev.as_ref().map_or(1, |p| p.version + 1),
-            lease: if lease { 9 } else { 0 },
-        };
-        self.kvs.insert(key, kv.clone());
-        let event = WatchEvent {
-            kind: EventKind::Put,
-            kv,
-            prev_kv: prev,
-        };
-        self.history.insert(self.revision, vec![event]);
-    }
-
-    fn delete(&mut self, keys: &[Vec<u8>]) {
-        let present: Vec<&Vec<u8>> = keys.iter().filter(|k| self.kvs.contains_key(*k)).collect();
-        if present.is_empty() {
-            return;
-        }
-        self.revision += 1;
-        let mut batch = Vec::new();
-        for key in present {
-            let prev = self.kvs.remove(key);
-            let kv = KeyValue {
-                key: key.clone(),
-                mod_revision: self.revision,
-                ..KeyValue::default()
-            };
-            batch.push(WatchEvent {
-                kind: EventKind::Delete,
-                kv,
-                prev_kv: prev,
-            });
-        }
-        self.history.insert(self.revision, batch);
-    }
-
-    fn snapshot(&self) -> Response {
-        let kvs = self
-            .kvs
-            .values()
-            .filter(|kv| kv.key.starts_with(PREFIX))
-            .cloned()
-            .collect();
-        Response::Range {
-            revision: self.revision,
-            kvs,
-        }
-    }
-
-    fn batch(&self, revision: Revision) -> Vec<WatchEvent> {
-        let events = self.history.get(&revision).cloned().unwrap_or_default();
-        events
-            .into_iter()
-            .filter(|e| e.kv.key.starts_with(PREFIX))
-            .collect()
-    }
-
-    fn compact(&mut self) {
-        self.compacted = self.revision;
-        self.history = self.history.split_off(&(self.revision + 1));
-    }
 }
 
 struct Consumer {
@@ -199,7 +127,9 @@ impl Consumer {
 
 struct World {
     machine: Watch,
-    store: Store,
+    etcd: ModelEtcd,
+    /// The lease a put may bind its key to.
+    lease: LeaseId,
     consumer: Consumer,
     outstanding: Option<Outstanding>,
     now: Instant,
@@ -211,6 +141,28 @@ struct World {
 }
 
 impl World {
+    /// A write the target makes itself; the model accepts every one.
+    fn write(&mut self, request: Request) {
+        if let Err(e) = self.etcd.execute(self.now, &request) {
+            panic!("the model refused {request:?}: {e:?}");
+        }
+    }
+
+    /// The watch batch etcd sends for `revision`: the events under the
+    /// prefix written at that revision (none if it touched other keys or
+    /// was compacted away).
+    fn batch(&self, revision: Revision) -> Vec<WatchEvent> {
+        let range = KeyRange::Prefix(PREFIX.to_vec());
+        let events = self
+            .etcd
+            .watch_history(&range, revision)
+            .unwrap_or_default();
+        events
+            .into_iter()
+            .take_while(|e| e.kv.mod_revision == revision)
+            .collect()
+    }
+
     fn feed(&mut self, input: WatchInput) {
         self.machine.handle(self.now, input);
         self.drain();
@@ -234,7 +186,7 @@ impl World {
                     self.outstanding = Some(match request {
                         Request::Range(r) => {
                             assert_eq!(r.range, KeyRange::Prefix(PREFIX.to_vec()));
-                            Outstanding::Range(id)
+                            Outstanding::Range(id, r)
                         }
                         Request::Watch {
                             range,
@@ -262,7 +214,7 @@ impl World {
 
     fn outstanding_id(&self) -> Option<RpcId> {
         match self.outstanding {
-            Some(Outstanding::Range(id)) | Some(Outstanding::Watch { id, .. }) => Some(id),
+            Some(Outstanding::Range(id, _)) | Some(Outstanding::Watch { id, .. }) => Some(id),
             None => None,
         }
     }
@@ -278,15 +230,11 @@ impl World {
         }
         let caught_up = matches!(
             self.outstanding,
-            Some(Outstanding::Watch { cursor, .. }) if cursor > self.store.revision
+            Some(Outstanding::Watch { cursor, .. }) if cursor > self.etcd.revision()
         );
         if self.machine.is_live() && caught_up && !self.tainted {
-            let expected: Vec<&KeyValue> = self
-                .store
-                .kvs
-                .values()
-                .filter(|kv| is_valid(&kv.key))
-                .collect();
+            let store = self.etcd.range_prefix(PREFIX);
+            let expected: Vec<&KeyValue> = store.iter().filter(|kv| is_valid(&kv.key)).collect();
             assert_eq!(view, expected, "settled view differs from the store");
         }
     }
@@ -302,38 +250,51 @@ impl World {
                 key: k,
                 value,
                 lease,
-            } => self.store.put(key(k), value, lease),
-            Op::Delete(k) => self.store.delete(&[key(k)]),
+            } => self.write(Request::Put {
+                key: key(k),
+                value: vec![value],
+                lease: if lease { self.lease } else { 0 },
+            }),
+            Op::Delete(k) => self.write(Request::Delete(KeyRange::Key(key(k)))),
             Op::Revoke(mask) => {
-                let keys: Vec<Vec<u8>> = (0..6).filter(|i| mask & (1 << i) != 0).map(key).collect();
-                self.store.delete(&keys);
+                let success = (0..6)
+                    .filter(|i| mask & (1 << i) != 0)
+                    .map(|i| TxnOp::Delete(KeyRange::Key(key(i))))
+                    .collect();
+                self.write(Request::Txn(Txn {
+                    compare: Vec::new(),
+                    success,
+                    failure: Vec::new(),
+                }));
             }
             Op::ReplyRange => {
-                if let Some(Outstanding::Range(id)) = self.outstanding {
-                    self.outstanding = None;
-                    let snapshot = self.store.snapshot();
-                    self.reply(id, Ok(snapshot));
+                let range = self
+                    .outstanding
+                    .take_if(|o| matches!(o, Outstanding::Range(..)));
+                if let Some(Outstanding::Range(id, read)) = range {
+                    let snapshot = self.etcd.execute(self.now, &Request::Range(read));
+                    self.reply(id, snapshot);
                 }
             }
             Op::DeliverWatch(batches) => {
                 let Some(Outstanding::Watch { id, cursor }) = self.outstanding else {
                     return;
                 };
-                if cursor <= self.store.compacted {
+                let compact_revision = self.etcd.compacted_revision();
+                if compact_revision > 0 && cursor <= compact_revision {
                     self.outstanding = None;
-                    let compact_revision = self.store.compacted;
                     return self.reply(id, Ok(Response::WatchCanceled { compact_revision }));
                 }
                 let last = self
-                    .store
-                    .revision
+                    .etcd
+                    .revision()
                     .min(cursor + Revision::from(batches % 8));
                 let mut next = cursor;
                 if last < cursor {
                     self.reply(id, Ok(Response::WatchEvents { events: vec![] }));
                 }
                 while next <= last && self.outstanding_id() == Some(id) {
-                    let events = self.store.batch(next);
+                    let events = self.batch(next);
                     next += 1;
                     self.outstanding = Some(Outstanding::Watch { id, cursor: next });
                     self.reply(id, Ok(Response::WatchEvents { events }));
@@ -344,7 +305,7 @@ impl World {
                     return;
                 };
                 let revision = cursor - 1 - Revision::from(back % 4);
-                let events = self.store.batch(revision);
+                let events = self.batch(revision);
                 self.reply(id, Ok(Response::WatchEvents { events }));
             }
             Op::Fail => {
@@ -364,7 +325,7 @@ impl World {
                     );
                 }
             }
-            Op::Compact => self.store.compact(),
+            Op::Compact => self.etcd.compact(self.etcd.revision()),
             Op::WrongVariant => {
                 if let Some(id) = self.outstanding_id() {
                     self.outstanding = None;
@@ -419,7 +380,8 @@ impl World {
                             id,
                             cursor: start_revision,
                         },
-                        _ => Outstanding::Range(id),
+                        Request::Range(r) => Outstanding::Range(id, r),
+                        other => panic!("unexpected request {other:?}"),
                     });
                 }
                 Command::Cancel { .. } => {}
@@ -438,9 +400,20 @@ fuzz_target!(|input: (u64, Vec<Op>)| {
         backoff: BackoffConfig::default(),
     };
     let now = Instant::now();
+    let mut etcd = ModelEtcd::new();
+    let lease = match etcd.execute(
+        now,
+        &Request::Grant {
+            ttl_secs: LEASE_TTL_SECS,
+        },
+    ) {
+        Ok(Response::Granted { lease, .. }) => lease,
+        other => panic!("the model refused a grant: {other:?}"),
+    };
     let mut world = World {
         machine: Watch::new(config, now, seed),
-        store: Store::default(),
+        etcd,
+        lease,
         consumer: Consumer {
             view: BTreeMap::new(),
             synced: false,
