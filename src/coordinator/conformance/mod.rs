@@ -1,0 +1,156 @@
+//! The public conformance suite every [`Coordinator`] backend must pass,
+//! including third-party ones:
+//!
+//! ```no_run
+//! // In tests/conformance_mine.rs, inside a #[test] function:
+//! use fleetcoord::coordinator::MemoryCoordinator;
+//!
+//! let hub = MemoryCoordinator::new();
+//! let report = fleetcoord::conformance::run(|| Box::new(hub.clone()));
+//! assert!(report.skipped.is_empty());
+//! ```
+//!
+//! **The factory.** Each call must return a new, independent handle onto
+//! *the same* backing store — as two processes connected to the same server
+//! would be — because several cases check that what one handle writes
+//! another sees. Closing one handle must not affect the others. Each case
+//! opens its own handles and closes them at its end; names carry a random
+//! suffix, so cases never see each other's data even on a shared server.
+//!
+//! **Asynchronous backends.** Every expected delivery may take up to
+//! [`WAIT`]; absence is checked for at most [`QUIET`], or not at all where
+//! per-topic, per-stream or per-bucket ordering lets a later item prove that
+//! an earlier one was never sent.
+//!
+//! **Declarations.** Cases a backend declares it cannot pass (through
+//! [`Coordinator::capabilities`]) are skipped, and each skip is printed as
+//! `skipped: <case> (backend declares ...)` on standard error, bypassing the
+//! test harness's output capture so it is always visible.
+//!
+//! [`run`] runs every case, then panics listing each failed case and why.
+
+mod case;
+mod expect;
+mod kv;
+mod lifecycle;
+mod payload;
+mod pubsub;
+#[cfg(test)]
+mod self_test;
+mod stream;
+
+use super::{Capabilities, Coordinator};
+use case::{Case, Ctx};
+use std::cell::RefCell;
+use std::io::Write;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+/// How long one expected item may take to arrive. Generous on purpose:
+/// networked backends deliver in tens of milliseconds, but CI machines
+/// stall for seconds, and a slow pass is better than a flaky failure. A
+/// passing run never waits this long.
+pub const WAIT: Duration = Duration::from_secs(5);
+
+/// How long the suite watches for an item that must not arrive. Short,
+/// because every passing run pays it.
+pub const QUIET: Duration = Duration::from_millis(200);
+
+/// What a run did. Failed cases make [`run`] panic instead of returning.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct Report {
+    /// What the backend declared.
+    pub capabilities: Capabilities,
+    /// Cases that ran and passed.
+    pub passed: Vec<&'static str>,
+    /// Cases skipped by declaration, with the declaration.
+    pub skipped: Vec<(&'static str, &'static str)>,
+}
+
+/// Runs every case against handles from `factory` (see the module docs for
+/// what the factory must return). Panics, after running all cases, with the
+/// name and failure of each case that failed.
+pub fn run<F: Fn() -> Box<dyn Coordinator>>(factory: F) -> Report {
+    run_selected(factory, |_| true)
+}
+
+/// Every case, one concern after another.
+fn cases() -> impl Iterator<Item = &'static Case> {
+    [
+        lifecycle::CASES,
+        pubsub::CASES,
+        stream::CASES,
+        kv::CASES,
+        payload::CASES,
+    ]
+    .into_iter()
+    .flatten()
+}
+
+/// [`run`] restricted to the cases whose name `select` accepts.
+fn run_selected<F: Fn() -> Box<dyn Coordinator>>(
+    factory: F,
+    select: impl Fn(&str) -> bool,
+) -> Report {
+    let capabilities = {
+        let probe = factory();
+        let caps = probe.capabilities();
+        let _ = probe.close();
+        caps
+    };
+    let mut report = Report {
+        capabilities,
+        ..Report::default()
+    };
+    let mut failures = Vec::new();
+    for case in cases().filter(|c| select(c.name)) {
+        if let Some(reason) = case.needs.unmet(&capabilities) {
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "skipped: {} (backend declares {reason})",
+                case.name
+            );
+            report.skipped.push((case.name, reason));
+            continue;
+        }
+        let ctx = Ctx {
+            factory: &factory,
+            caps: capabilities,
+            opened: RefCell::new(Vec::new()),
+        };
+        let outcome = catch_unwind(AssertUnwindSafe(|| (case.run)(&ctx)));
+        for c in ctx.opened.borrow().iter() {
+            let _ = c.close();
+        }
+        match outcome {
+            Ok(()) => report.passed.push(case.name),
+            Err(panic) => failures.push(format!("{}: {}", case.name, panic_text(&*panic))),
+        }
+    }
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "conformance suite: {} case(s) ok, {} skipped by declaration, {} failing",
+        report.passed.len(),
+        report.skipped.len(),
+        failures.len()
+    );
+    if !failures.is_empty() {
+        panic!(
+            "{} conformance case(s) failed:\n  {}",
+            failures.len(),
+            failures.join("\n  ")
+        );
+    }
+    report
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panicked".to_owned()
+    }
+}
