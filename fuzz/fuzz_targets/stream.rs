@@ -1,17 +1,18 @@
-//! Fuzz the stream machines — one appender, one reader — against a small
-//! reference etcd holding one stream.
+//! Fuzz the stream machines — one appender, one reader — against the shared
+//! model etcd (`fleetcoord-test-support`) holding one stream.
 //!
-//! The target plays etcd and the world: it answers the appender's and the
-//! reader's outstanding requests truthfully (executing them on the
-//! reference store), fails them without executing them (unavailable or
+//! The target plays the wire and the world: it answers the appender's and
+//! the reader's outstanding requests truthfully (executing them on the
+//! model etcd), fails them without executing them (unavailable or
 //! refused), executes one and loses its reply, lets a foreign appender win
 //! races, garbles and restores the head, writes junk keys under the entry
 //! prefix, delivers, repeats or cancels watch batches, compacts, stalls the
 //! consumer, stops either machine, advances time, and feeds stray replies
 //! (ids never issued) and arbitrary replies to outstanding requests.
 //!
-//! The store keeps a *ledger*: every entry ever written, with the revision
-//! that wrote it and the one that trimmed it. After every step:
+//! The target keeps a *ledger*, read from the model's history after every
+//! write: every entry ever written, with the revision that wrote it and the
+//! one that trimmed it. After every step:
 //! * each payload is written at most once (no append is ever applied
 //!   twice), and a payload whose append failed with anything but
 //!   `Indeterminate` is never written, now or later;
@@ -40,9 +41,10 @@ use fleetcoord_sm::stream::{
     ReaderInput, ReaderNotice, StreamError, StreamKeys,
 };
 use fleetcoord_sm::{
-    BackoffConfig, Command, Compare, EventKind, KeyRange, KeyValue, Machine, RangeRequest, Request,
-    Response, Revision, RpcError, RpcId, RpcReply, Txn, TxnOp, TxnOpResponse, WatchEvent,
+    BackoffConfig, Command, EventKind, KeyRange, Machine, Request, Response, Revision, RpcError,
+    RpcId, RpcReply, Txn, TxnOp, WatchEvent,
 };
+use fleetcoord_test_support::ModelEtcd;
 use libfuzzer_sys::fuzz_target;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::num::NonZeroU64;
@@ -95,28 +97,27 @@ struct Written {
     trimmed: Option<Revision>,
 }
 
-/// A reference etcd for one stream: revisions, keys, per-revision history,
-/// compaction, and the ledger of entries.
+/// The shared model etcd holding the stream, and the ledger of every entry
+/// ever written to it, read from the model's history after every write (so
+/// a compaction never hides one).
 struct Store {
+    etcd: ModelEtcd,
     keys: StreamKeys,
-    revision: Revision,
-    kvs: BTreeMap<Vec<u8>, KeyValue>,
-    history: BTreeMap<Revision, Vec<WatchEvent>>,
-    compacted: Revision,
     ledger: BTreeMap<u64, Written>,
     payloads: BTreeSet<Vec<u8>>,
+    /// The model's history is read into the ledger from this revision on.
+    next_revision: Revision,
     /// A reply was arbitrary: entries may be written out of turn.
     tainted: bool,
 }
 
 impl Store {
     fn new(keys: StreamKeys) -> Self {
+        let etcd = ModelEtcd::new();
         Store {
+            next_revision: etcd.revision() + 1,
+            etcd,
             keys,
-            revision: 1,
-            kvs: BTreeMap::new(),
-            history: BTreeMap::new(),
-            compacted: 0,
             ledger: BTreeMap::new(),
             payloads: BTreeSet::new(),
             tainted: false,
@@ -136,163 +137,94 @@ impl Store {
             .map_or(0, |(seq, _)| *seq)
     }
 
-    fn read(&self, r: &RangeRequest) -> Vec<KeyValue> {
-        self.kvs
-            .values()
-            .filter(|kv| r.range.contains(&kv.key))
-            .cloned()
+    fn revision(&self) -> Revision {
+        self.etcd.revision()
+    }
+
+    fn entries(&self) -> KeyRange {
+        KeyRange::Prefix(self.keys.entry_prefix().to_vec())
+    }
+
+    /// Runs one request of a stream machine on the model at `now`, then
+    /// reads what it wrote into the ledger.
+    fn execute(&mut self, now: Instant, request: &Request) -> Result<Response, RpcError> {
+        match request {
+            Request::Range(_) | Request::Txn(_) => {}
+            other => panic!("a stream machine sent {other:?}"),
+        }
+        let result = self.etcd.execute(now, request);
+        self.ingest();
+        result
+    }
+
+    /// A write of the world's own (foreign writers, junk, a garbled head).
+    fn write(&mut self, now: Instant, request: Request) {
+        if let Err(e) = self.etcd.execute(now, &request) {
+            panic!("the model refused {request:?}: {e:?}");
+        }
+        self.ingest();
+    }
+
+    /// Records every entry written or trimmed since the last call, checking
+    /// that no payload is written twice and, while every reply was
+    /// truthful, that entries are written in turn.
+    fn ingest(&mut self) {
+        let events = self
+            .etcd
+            .watch_history(&self.entries(), self.next_revision)
+            .expect("the ledger reads every write before any compaction");
+        self.next_revision = self.etcd.revision() + 1;
+        for event in events {
+            let Some(seq) = self.keys.entry_seq(&event.kv.key) else {
+                continue;
+            };
+            let revision = event.kv.mod_revision;
+            match event.kind {
+                EventKind::Put => {
+                    let value = event.kv.value;
+                    assert!(
+                        self.payloads.insert(value.clone()),
+                        "payload {:?} written twice",
+                        String::from_utf8_lossy(&value)
+                    );
+                    if !self.tainted {
+                        assert_eq!(seq, self.head() + 1, "entry {seq} written out of turn");
+                    }
+                    let trimmed = None;
+                    self.ledger.insert(
+                        seq,
+                        Written {
+                            payload: value,
+                            revision,
+                            trimmed,
+                        },
+                    );
+                }
+                EventKind::Delete => {
+                    if let Some(w) = self.ledger.get_mut(&seq) {
+                        w.trimmed = Some(revision);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The watch batch etcd sends for `revision`: entry keys written at
+    /// that revision (none if it wrote elsewhere or was compacted away).
+    fn batch(&self, revision: Revision) -> Vec<WatchEvent> {
+        let events = self
+            .etcd
+            .watch_history(&self.entries(), revision)
+            .unwrap_or_default();
+        events
+            .into_iter()
+            .take_while(|e| e.kv.mod_revision == revision)
             .collect()
     }
 
-    fn holds(&self, compare: &Compare) -> bool {
-        match compare {
-            Compare::CreateRevisionEquals { key, revision } => {
-                self.kvs.get(key).map_or(0, |kv| kv.create_revision) == *revision
-            }
-            Compare::ModRevisionEquals { key, revision } => {
-                self.kvs.get(key).map_or(0, |kv| kv.mod_revision) == *revision
-            }
-        }
-    }
-
-    fn put(&mut self, revision: Revision, key: &[u8], value: &[u8]) {
-        let prev = self.kvs.get(key).cloned();
-        let kv = KeyValue {
-            key: key.to_vec(),
-            value: value.to_vec(),
-            create_revision: prev.as_ref().map_or(revision, |p| p.create_revision),
-            mod_revision: revision,
-            version: prev.as_ref().map_or(1, |p| p.version + 1),
-            lease: 0,
-        };
-        self.kvs.insert(key.to_vec(), kv.clone());
-        self.history.entry(revision).or_default().push(WatchEvent {
-            kind: EventKind::Put,
-            kv,
-            prev_kv: prev,
-        });
-        if let Some(seq) = self.keys.entry_seq(key) {
-            assert!(
-                self.payloads.insert(value.to_vec()),
-                "payload {:?} written twice",
-                String::from_utf8_lossy(value)
-            );
-            if !self.tainted {
-                assert_eq!(seq, self.head() + 1, "entry {seq} written out of turn");
-            }
-            self.ledger.insert(
-                seq,
-                Written {
-                    payload: value.to_vec(),
-                    revision,
-                    trimmed: None,
-                },
-            );
-        }
-    }
-
-    fn delete(&mut self, revision: Revision, range: &KeyRange) -> i64 {
-        let gone: Vec<Vec<u8>> = self
-            .kvs
-            .keys()
-            .filter(|k| range.contains(k))
-            .cloned()
-            .collect();
-        for key in &gone {
-            let prev = self.kvs.remove(key);
-            self.history.entry(revision).or_default().push(WatchEvent {
-                kind: EventKind::Delete,
-                kv: KeyValue {
-                    key: key.clone(),
-                    mod_revision: revision,
-                    ..KeyValue::default()
-                },
-                prev_kv: prev,
-            });
-            if let Some(w) = self
-                .keys
-                .entry_seq(key)
-                .and_then(|seq| self.ledger.get_mut(&seq))
-            {
-                w.trimmed = Some(revision);
-            }
-        }
-        gone.len() as i64
-    }
-
-    /// Writes outside any transaction (foreign writers, junk).
-    fn write(&mut self, key: &[u8], value: &[u8]) {
-        self.revision += 1;
-        let revision = self.revision;
-        self.put(revision, key, value);
-    }
-
-    /// Runs one request the way etcd would; only what the stream machines
-    /// may send is understood.
-    fn execute(&mut self, request: &Request) -> Response {
-        match request {
-            Request::Range(r) => Response::Range {
-                revision: self.revision,
-                kvs: self.read(r),
-            },
-            Request::Txn(Txn {
-                compare,
-                success,
-                failure,
-            }) => {
-                let succeeded = compare.iter().all(|c| self.holds(c));
-                let ops = if succeeded { success } else { failure };
-                let revision = self.revision + 1;
-                let mut wrote = false;
-                let mut responses = Vec::new();
-                for op in ops {
-                    match op {
-                        TxnOp::Put { key, value, .. } => {
-                            self.put(revision, key, value);
-                            wrote = true;
-                            responses.push(TxnOpResponse::Put);
-                        }
-                        TxnOp::Delete(range) => {
-                            let deleted = self.delete(revision, range);
-                            wrote |= deleted > 0;
-                            responses.push(TxnOpResponse::Delete { deleted });
-                        }
-                        TxnOp::Range(r) => {
-                            responses.push(TxnOpResponse::Range { kvs: self.read(r) })
-                        }
-                    }
-                }
-                if wrote {
-                    self.revision = revision;
-                }
-                Response::Txn {
-                    revision: self.revision,
-                    succeeded,
-                    responses,
-                }
-            }
-            other => panic!("a stream machine sent {other:?}"),
-        }
-    }
-
-    /// The watch batch of one revision, entry keys only.
-    fn batch(&self, revision: Revision) -> Vec<WatchEvent> {
-        let prefix = self.keys.entry_prefix();
-        self.history
-            .get(&revision)
-            .map(|events| {
-                events
-                    .iter()
-                    .filter(|e| e.kv.key.starts_with(prefix))
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
+    /// Drops all history up to the current revision.
     fn compact(&mut self) {
-        self.compacted = self.revision;
-        self.history = self.history.split_off(&(self.revision + 1));
+        self.etcd.compact(self.etcd.revision());
     }
 }
 
@@ -548,7 +480,7 @@ impl World {
         }
         let caught_up = matches!(
             self.rd_out,
-            Some(ReaderOut::Watch { cursor, .. }) if cursor > self.store.revision
+            Some(ReaderOut::Watch { cursor, .. }) if cursor > self.store.revision()
         );
         if caught_up && self.reader.is_watching() && !self.store.tainted && !self.rd_stopped {
             assert_eq!(
@@ -589,13 +521,13 @@ impl World {
             }
             Op::AnswerAppender => {
                 if let Some((id, request)) = self.app_out.take() {
-                    let response = self.store.execute(&request);
-                    self.feed_appender(reply(id, Ok(response)));
+                    let result = self.store.execute(self.now, &request);
+                    self.feed_appender(reply(id, result));
                 }
             }
             Op::LoseAppenderReply => {
                 if let Some((id, request)) = self.app_out.take() {
-                    let _ = self.store.execute(&request);
+                    let _ = self.store.execute(self.now, &request);
                     if let Some(p) = txn_payload(&self.store.keys, &request) {
                         self.in_doubt.insert(p);
                     }
@@ -617,7 +549,7 @@ impl World {
                 }
             }
             Op::ForeignAppend => {
-                let head = self.store.kvs.get(self.store.keys.head()).cloned();
+                let head = self.store.etcd.get(self.store.keys.head());
                 let seq = match head {
                     None => 0,
                     Some(kv) => match std::str::from_utf8(&kv.value)
@@ -631,15 +563,28 @@ impl World {
                 let Some(next) = seq.checked_add(1) else {
                     return;
                 };
-                self.store.revision += 1;
-                let revision = self.store.revision;
-                let head_key = self.store.keys.head().to_vec();
-                let entry = self.store.keys.entry_key(next);
                 let payload = format!("f{}", self.next_payload).into_bytes();
                 self.next_payload += 1;
-                self.store
-                    .put(revision, &head_key, next.to_string().as_bytes());
-                self.store.put(revision, &entry, &payload);
+                // Head and entry at one revision, as an appender's
+                // transaction writes them.
+                let success = vec![
+                    TxnOp::Put {
+                        key: self.store.keys.head().to_vec(),
+                        value: next.to_string().into_bytes(),
+                        lease: 0,
+                    },
+                    TxnOp::Put {
+                        key: self.store.keys.entry_key(next),
+                        value: payload,
+                        lease: 0,
+                    },
+                ];
+                let txn = Txn {
+                    compare: Vec::new(),
+                    success,
+                    failure: Vec::new(),
+                };
+                self.store.write(self.now, Request::Txn(txn));
             }
             Op::GarbleHead(b) => {
                 let value: &[u8] = match b % 4 {
@@ -649,12 +594,12 @@ impl World {
                     _ => b" 7",
                 };
                 let key = self.store.keys.head().to_vec();
-                self.store.write(&key, value);
+                self.put(key, value.to_vec());
             }
             Op::RestoreHead => {
                 let key = self.store.keys.head().to_vec();
                 let head = self.store.head().to_string();
-                self.store.write(&key, head.as_bytes());
+                self.put(key, head.into_bytes());
             }
             Op::JunkEntry(b) => {
                 let mut key = self.store.keys.entry_prefix().to_vec();
@@ -663,13 +608,13 @@ impl World {
                     1 => b"0000000000000000001",
                     _ => b"99999999999999999999",
                 });
-                self.store.write(&key, b"?");
+                self.put(key, b"?".to_vec());
             }
             Op::AnswerReader => {
                 if let Some(ReaderOut::Read(id, request)) = self.rd_out.take() {
-                    let response = self.store.execute(&request);
-                    let revision = self.store.revision;
-                    self.feed_reader(Source::Read(revision), reply(id, Ok(response)));
+                    let result = self.store.execute(self.now, &request);
+                    let revision = self.store.revision();
+                    self.feed_reader(Source::Read(revision), reply(id, result));
                 } else if let Some(out) = self.rd_out.take() {
                     self.rd_out = Some(out);
                 }
@@ -691,9 +636,9 @@ impl World {
                 let Some(ReaderOut::Watch { id, cursor }) = self.rd_out else {
                     return;
                 };
-                if cursor <= self.store.compacted {
+                let compacted = self.store.etcd.watch_history(&self.store.entries(), cursor);
+                if let Err(compact_revision) = compacted {
                     self.rd_out = None;
-                    let compact_revision = self.store.compacted;
                     return self.feed_reader(
                         Source::Other,
                         reply(id, Ok(Response::WatchCanceled { compact_revision })),
@@ -701,7 +646,7 @@ impl World {
                 }
                 let last = self
                     .store
-                    .revision
+                    .revision()
                     .min(cursor + Revision::from(batches % 8));
                 if last < cursor {
                     self.feed_reader(
@@ -793,6 +738,16 @@ impl World {
             }
         }
         self.check();
+    }
+
+    /// A write of one key by the world, outside any machine.
+    fn put(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        let put = Request::Put {
+            key,
+            value,
+            lease: 0,
+        };
+        self.store.write(self.now, put);
     }
 
     fn watching(&self, id: RpcId) -> bool {

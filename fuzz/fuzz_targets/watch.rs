@@ -280,8 +280,8 @@ impl World {
                 let Some(Outstanding::Watch { id, cursor }) = self.outstanding else {
                     return;
                 };
-                let compact_revision = self.etcd.compacted_revision();
-                if compact_revision > 0 && cursor <= compact_revision {
+                let range = KeyRange::Prefix(PREFIX.to_vec());
+                if let Err(compact_revision) = self.etcd.watch_history(&range, cursor) {
                     self.outstanding = None;
                     return self.reply(id, Ok(Response::WatchCanceled { compact_revision }));
                 }
