@@ -28,7 +28,7 @@ pub struct ElectArgs {
     /// The election's name.
     name: String,
     /// What the leader announces (observers and `leader` show it)
-    /// [default: fleetcoord-<pid>].
+    /// [default: `fleetcoord-<pid>`].
     #[arg(long)]
     value: Option<String>,
     /// Session lease TTL: a leader that dies is replaced about this long
