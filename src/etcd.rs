@@ -5,7 +5,9 @@ use crate::driver::runner::MachineTask;
 use crate::driver::{
     self, CallError, ConnectSettings, DriverHandle, DriverMsg, MachineHandle, StartError, UnaryCall,
 };
+use crate::endpoint;
 use crate::error::{Error, Result};
+use crate::validate;
 use fleetcoord_sm::{Machine, Request, Response, RpcError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,16 +40,26 @@ pub struct LeaseTtl {
 #[non_exhaustive]
 pub struct EtcdOptions {
     /// How long [`Etcd::connect`] may take before it fails with
-    /// [`Error::Connect`]. Default 5 s.
+    /// [`Error::Connect`]. 1 ms to 24 h. Default 5 s.
     pub connect_timeout: Duration,
     /// Deadline of each individual request (put, get, txn, grant, revoke,
     /// one renewal). Long-lived calls — watches, a campaign's wait — have no
-    /// deadline. Default 5 s.
+    /// deadline. 1 ms to 24 h. Default 5 s.
     pub request_timeout: Duration,
     /// HTTP/2 ping interval and timeout: how soon a silently dead connection
-    /// (a blackholed network) is noticed and watches resync. Default 2 s.
+    /// (a blackholed network) is noticed and watches resync. 1 s to 1 h.
+    /// The same value is the time a ping may take to be answered, so below
+    /// a second a stalled scheduler on a loaded host would read as a dead
+    /// connection and break every watch and keepalive stream on it (zero
+    /// made the client reconnect without pause). Default 2 s.
     pub keepalive_interval: Duration,
 }
+
+/// Shortest [`EtcdOptions::keepalive_interval`] accepted.
+const MIN_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// Longest [`EtcdOptions::keepalive_interval`] accepted: a dead connection
+/// going unnoticed for longer helps no one.
+const MAX_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3600);
 
 impl Default for EtcdOptions {
     fn default() -> Self {
@@ -60,27 +72,41 @@ impl Default for EtcdOptions {
 }
 
 impl EtcdOptions {
-    /// These options with [`EtcdOptions::connect_timeout`] set. Must be
-    /// greater than zero ([`Etcd::connect`] checks).
+    /// These options with [`EtcdOptions::connect_timeout`] set (1 ms to
+    /// 24 h; [`Etcd::connect`] checks).
     #[must_use]
     pub const fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
-    /// These options with [`EtcdOptions::request_timeout`] set. Must be
-    /// greater than zero ([`Etcd::connect`] checks).
+    /// These options with [`EtcdOptions::request_timeout`] set (1 ms to
+    /// 24 h; [`Etcd::connect`] checks).
     #[must_use]
     pub const fn with_request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
         self
     }
 
-    /// These options with [`EtcdOptions::keepalive_interval`] set.
+    /// These options with [`EtcdOptions::keepalive_interval`] set (1 s to
+    /// 1 h; [`Etcd::connect`] checks).
     #[must_use]
     pub const fn with_keepalive_interval(mut self, interval: Duration) -> Self {
         self.keepalive_interval = interval;
         self
+    }
+
+    /// Every field within its documented range, or the first one that is
+    /// not, named.
+    fn check(&self) -> Result<()> {
+        validate::timeout("connect_timeout", self.connect_timeout)?;
+        validate::timeout("request_timeout", self.request_timeout)?;
+        validate::within(
+            "keepalive_interval",
+            self.keepalive_interval,
+            MIN_KEEPALIVE_INTERVAL,
+            MAX_KEEPALIVE_INTERVAL,
+        )
     }
 }
 
@@ -126,6 +152,13 @@ impl Etcd {
     /// Returns only once etcd has answered a request, or fails with
     /// [`Error::Connect`] naming the endpoints within
     /// [`EtcdOptions::connect_timeout`].
+    ///
+    /// Checked before anything is dialled, each failing with
+    /// [`Error::InvalidArgument`]: every endpoint (a host name, a dotted-quad
+    /// IPv4 address or a bracketed IPv6 address, then `:` and a port
+    /// 1..=65535; surrounding whitespace is ignored; `https://` is not
+    /// supported yet), and every option against the range documented on
+    /// its field of [`EtcdOptions`].
     pub fn connect<S: AsRef<str>>(endpoints: &[S], options: EtcdOptions) -> Result<Etcd> {
         assert_not_async();
         if endpoints.is_empty() {
@@ -136,32 +169,12 @@ impl Etcd {
         }
         let mut normalized = Vec::with_capacity(endpoints.len());
         for e in endpoints {
-            let e = e.as_ref().trim();
-            if e.is_empty() || e.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                return Err(Error::invalid(
-                    "endpoints",
-                    format!("{e:?} is not a host:port endpoint"),
-                ));
-            }
-            if e.starts_with("https://") {
-                return Err(Error::invalid(
-                    "endpoints",
-                    format!("{e}: TLS endpoints are not supported yet"),
-                ));
-            }
-            let e = if e.starts_with("http://") {
-                e.to_string()
-            } else {
-                format!("http://{e}")
-            };
-            normalized.push(e);
+            let e = e.as_ref();
+            let url = endpoint::parse(e)
+                .map_err(|why| Error::invalid("endpoints", format!("{e:?}: {why}")))?;
+            normalized.push(url);
         }
-        if options.connect_timeout.is_zero() || options.request_timeout.is_zero() {
-            return Err(Error::invalid(
-                "options",
-                "timeouts must be greater than zero",
-            ));
-        }
+        options.check()?;
         let driver = driver::start(ConnectSettings {
             endpoints: normalized.clone(),
             connect_timeout: options.connect_timeout,

@@ -52,8 +52,10 @@
 #![warn(missing_docs)]
 
 pub mod coordinator;
+mod deadline;
 mod driver;
 pub mod election;
+mod endpoint;
 pub mod error;
 mod etcd;
 mod liveness;

@@ -47,7 +47,7 @@ pub struct LivenessOptions {
     /// TTL up (3.4 grants 1 s as 2 s). Default 5 s.
     pub ttl: Duration,
     /// How long [`HostLiveness::register_with`] waits for the first
-    /// registration before failing. Default 10 s.
+    /// registration before failing. 1 ms to 24 h. Default 10 s.
     pub register_timeout: Duration,
 }
 
@@ -78,7 +78,8 @@ impl LivenessOptions {
         self
     }
 
-    /// These options with [`LivenessOptions::register_timeout`] set.
+    /// These options with [`LivenessOptions::register_timeout`] set (1 ms
+    /// to 24 h, checked by [`HostLiveness::register_with`]).
     #[must_use]
     pub const fn with_register_timeout(mut self, timeout: Duration) -> Self {
         self.register_timeout = timeout;
@@ -165,6 +166,7 @@ impl HostLiveness {
         assert_not_async();
         validate::prefix("prefix", &options.prefix)?;
         validate::ttl("ttl", options.ttl)?;
+        validate::timeout("register_timeout", options.register_timeout)?;
         validate::payload("metadata", metadata)?;
         if host_id.is_nil() {
             return Err(Error::invalid("host_id", "the nil UUID is not a host id"));

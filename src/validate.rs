@@ -46,6 +46,67 @@ pub fn segment(what: &'static str, value: &str) -> Result<()> {
     Ok(())
 }
 
+/// An election name: a single segment (see [`segment`]). A `/` would make
+/// `a/b` a sub-election of `a`: its candidate keys `<prefix>a/b/<lease>`
+/// lie inside the range `<prefix>a/` that election `a` reads, so `a` would
+/// report, and wait for, the candidates of `a/b`.
+pub fn election_name(what: &'static str, value: &str) -> Result<()> {
+    if value.contains('/') {
+        return Err(Error::invalid(
+            what,
+            format!(
+                "{value:?} contains '/': an election name is one key segment, since the \
+                 candidates of \"a/b\" would also be candidates of election \"a\""
+            ),
+        ));
+    }
+    segment(what, value)
+}
+
+/// Largest capacity accepted for a bounded event channel. crossbeam
+/// allocates every slot of a bounded channel up front, so an unbounded
+/// request (`usize::MAX`) would abort the process; a million pending
+/// events is far past any consumer that still keeps up.
+pub const MAX_CAPACITY: usize = 1 << 20;
+
+/// The capacity of a bounded event channel: at least 2 (the half-read
+/// resume rule needs room for one event while another is read), at most
+/// [`MAX_CAPACITY`].
+pub fn capacity(what: &'static str, value: usize) -> Result<()> {
+    if !(2..=MAX_CAPACITY).contains(&value) {
+        return Err(Error::invalid(
+            what,
+            format!("{value} is outside 2..={MAX_CAPACITY}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Shortest timeout accepted: timers count milliseconds, so anything
+/// shorter would expire before the first tick (and zero means "fail before
+/// trying", which nobody means).
+pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+
+/// Longest timeout accepted: a day is past any useful wait, and far enough
+/// from `Duration::MAX` that adding slack to it never overflows.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// A timeout option: [`MIN_TIMEOUT`]..=[`MAX_TIMEOUT`].
+pub fn timeout(what: &'static str, value: Duration) -> Result<()> {
+    within(what, value, MIN_TIMEOUT, MAX_TIMEOUT)
+}
+
+/// `value` within `min..=max`, or an error naming `what` and the range.
+pub fn within(what: &'static str, value: Duration, min: Duration, max: Duration) -> Result<()> {
+    if value < min || value > max {
+        return Err(Error::invalid(
+            what,
+            format!("{value:?} is outside {min:?}..={max:?}"),
+        ));
+    }
+    Ok(())
+}
+
 /// A key that may contain `/` (a KV key, an election name path): non-empty,
 /// at most [`MAX_KEY`] bytes, no NUL or control characters.
 pub fn key(what: &'static str, value: &str) -> Result<()> {
@@ -132,6 +193,33 @@ mod tests {
                 Err(Error::InvalidArgument { what: "name", .. }) => {}
                 other => panic!("{bad:?}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn election_names_are_single_segments() {
+        assert!(election_name("name", "db-primary").is_ok());
+        for bad in ["", "nest/sub", "/a", "a/", "a\0b"] {
+            assert!(election_name("name", bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn capacity_and_timeout_bounds() {
+        assert!(capacity("capacity", 2).is_ok());
+        assert!(capacity("capacity", MAX_CAPACITY).is_ok());
+        for bad in [0, 1, MAX_CAPACITY + 1, usize::MAX] {
+            assert!(capacity("capacity", bad).is_err(), "{bad}");
+        }
+        assert!(timeout("t", MIN_TIMEOUT).is_ok());
+        assert!(timeout("t", MAX_TIMEOUT).is_ok());
+        for bad in [
+            Duration::ZERO,
+            Duration::from_micros(999),
+            MAX_TIMEOUT + Duration::from_nanos(1),
+            Duration::MAX,
+        ] {
+            assert!(timeout("t", bad).is_err(), "{bad:?}");
         }
     }
 

@@ -64,8 +64,8 @@ pub enum HostEvent {
 pub struct WatcherOptions {
     /// Key prefix hosts register under. Default [`DEFAULT_HOSTS_PREFIX`].
     pub prefix: String,
-    /// Capacity of the event channel (a bounded channel); see
-    /// [`HostWatcher`]. Default 4,096.
+    /// Capacity of the event channel (a bounded channel, allocated up
+    /// front); see [`HostWatcher`]. 2 to 1,048,576. Default 4,096.
     pub capacity: usize,
 }
 
@@ -173,9 +173,7 @@ impl HostWatcher {
     pub fn watch_with(etcd: &Etcd, options: WatcherOptions) -> Result<HostWatcher> {
         assert_not_async();
         validate::prefix("prefix", &options.prefix)?;
-        if options.capacity < 2 {
-            return Err(Error::invalid("capacity", "must be at least 2"));
-        }
+        validate::capacity("capacity", options.capacity)?;
         let prefix_len = options.prefix.len();
         let config = WatchConfig {
             prefix: options.prefix.into_bytes(),

@@ -2,10 +2,11 @@
 //! refused with `InvalidArgument` naming the field (or `Connect` naming the
 //! endpoint), nothing panics, and nothing is half-written to etcd.
 
+use fleetcoord::coordinator::{EtcdCoordinator, EtcdCoordinatorOptions};
 use fleetcoord::testing::EtcdServer;
 use fleetcoord::{
-    list_hosts, Election, ElectionOptions, Error, Etcd, EtcdOptions, HostLiveness, HostWatcher,
-    LivenessOptions, WatcherOptions, DEFAULT_HOSTS_PREFIX,
+    list_hosts, Election, ElectionOptions, ElectionPool, Error, Etcd, EtcdOptions, HostLiveness,
+    HostWatcher, LivenessOptions, TryCampaign, WatcherOptions, DEFAULT_HOSTS_PREFIX,
 };
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -41,7 +42,7 @@ fn endpoints_are_checked_before_connecting() {
         "endpoints",
     );
     let zero = EtcdOptions::default().with_connect_timeout(Duration::ZERO);
-    invalid(Etcd::connect(&["127.0.0.1:2379"], zero), "options");
+    invalid(Etcd::connect(&["127.0.0.1:2379"], zero), "connect_timeout");
 }
 
 #[test]
@@ -176,4 +177,226 @@ fn election_arguments() {
     let leadership = election.campaign(b"v").expect("campaign");
     assert!(leadership.is_held());
     leadership.resign().expect("resign");
+}
+
+/// A `/` in an election name would make it a sub-election: the candidates
+/// of `nest/sub` (keys `<prefix>nest/sub/<lease>`) fall inside the range
+/// `<prefix>nest/` that election `nest` reads, so `nest` would report and
+/// wait for the leader of `nest/sub`. Such names are refused everywhere a
+/// name is taken, by the election and by the pool, before anything is
+/// written.
+#[test]
+fn election_names_with_a_slash_are_refused() {
+    let server = EtcdServer::start().expect("etcd");
+    let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    let options = ElectionOptions::default();
+    for name in ["nest/sub", "a/b/c", "nest//sub"] {
+        let why = invalid(Election::new(&etcd, name), "name");
+        assert!(why.contains('/'), "{why}");
+        invalid(Election::leader_of(&etcd, name, &options), "name");
+        invalid(Election::observe_of(&etcd, name, &options), "name");
+        let etcdctl_style = ElectionOptions::default().with_prefix("");
+        invalid(Election::with_options(&etcd, name, etcdctl_style), "name");
+
+        let pool = ElectionPool::new(&etcd);
+        invalid(pool.election(name), "name");
+        invalid(pool.campaign(name, b"v"), "name");
+        invalid(pool.try_campaign(name, b"v"), "name");
+        invalid(
+            pool.campaign_timeout(name, b"v", Duration::from_secs(1)),
+            "name",
+        );
+        pool.close().expect("close pool");
+    }
+    // Nothing was written: no candidate key anywhere.
+    assert_eq!(
+        Election::leader_of(&etcd, "nest", &options).expect("leader_of"),
+        None
+    );
+
+    // Names that only share a beginning stay independent.
+    let nest = Election::new(&etcd, "nest").expect("nest");
+    let sibling = Election::new(&etcd, "nest-sub").expect("nest-sub");
+    let leading = nest.campaign(b"nest").expect("campaign nest");
+    match sibling.try_campaign(b"sibling").expect("try nest-sub") {
+        TryCampaign::Elected(l) => l.resign().expect("resign nest-sub"),
+        TryCampaign::NotElected(leader) => panic!("nest-sub saw a leader: {leader:?}"),
+    }
+    leading.resign().expect("resign nest");
+}
+
+/// Durations near `Duration::MAX` used to overflow `Instant + Duration`
+/// and panic. A campaign timeout that large means "no deadline"; option
+/// timeouts that large are refused with the field named.
+#[test]
+fn huge_durations_never_panic() {
+    let server = EtcdServer::start().expect("etcd");
+    let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+
+    let election = Election::new(&etcd, "huge").expect("election");
+    let leadership = election
+        .campaign_timeout(b"v", Duration::MAX)
+        .expect("an uncontested campaign wins, whatever its timeout");
+    assert!(leadership.is_held());
+    leadership.resign().expect("resign");
+    let pool = ElectionPool::new(&etcd);
+    let pooled = pool
+        .campaign_timeout("huge-pooled", b"v", Duration::MAX)
+        .expect("pooled campaign");
+    pooled.resign().expect("resign pooled");
+    pool.close().expect("close pool");
+
+    let endpoint = [server.endpoint()];
+    let huge = Duration::MAX;
+    invalid(
+        Etcd::connect(&endpoint, EtcdOptions::default().with_connect_timeout(huge)),
+        "connect_timeout",
+    );
+    invalid(
+        Etcd::connect(&endpoint, EtcdOptions::default().with_request_timeout(huge)),
+        "request_timeout",
+    );
+    invalid(
+        Etcd::connect(
+            &endpoint,
+            EtcdOptions::default().with_keepalive_interval(huge),
+        ),
+        "keepalive_interval",
+    );
+    invalid(
+        HostLiveness::register_with(
+            &etcd,
+            Uuid::new_v4(),
+            b"m",
+            LivenessOptions::default().with_register_timeout(huge),
+        ),
+        "register_timeout",
+    );
+}
+
+/// Every option is range-checked where it is used, naming the field: a
+/// zero keepalive interval, for one, made the client reconnect constantly.
+#[test]
+fn options_out_of_range_are_refused() {
+    let server = EtcdServer::start().expect("etcd");
+    let endpoint = [server.endpoint()];
+    let connect = |options: EtcdOptions| Etcd::connect(&endpoint, options);
+    for interval in [
+        Duration::ZERO,
+        Duration::from_millis(999),
+        Duration::from_secs(3601),
+    ] {
+        invalid(
+            connect(EtcdOptions::default().with_keepalive_interval(interval)),
+            "keepalive_interval",
+        );
+    }
+    for timeout in [
+        Duration::ZERO,
+        Duration::from_micros(999),
+        Duration::from_secs(86_401),
+    ] {
+        invalid(
+            connect(EtcdOptions::default().with_connect_timeout(timeout)),
+            "connect_timeout",
+        );
+        invalid(
+            connect(EtcdOptions::default().with_request_timeout(timeout)),
+            "request_timeout",
+        );
+    }
+
+    let etcd = connect(EtcdOptions::default()).expect("connect");
+    for timeout in [Duration::ZERO, Duration::from_secs(86_401)] {
+        invalid(
+            HostLiveness::register_with(
+                &etcd,
+                Uuid::new_v4(),
+                b"m",
+                LivenessOptions::default().with_register_timeout(timeout),
+            ),
+            "register_timeout",
+        );
+    }
+    for capacity in [0, 1, usize::MAX, (1 << 20) + 1] {
+        invalid(
+            HostWatcher::watch_with(&etcd, WatcherOptions::default().with_capacity(capacity)),
+            "capacity",
+        );
+        invalid(
+            EtcdCoordinator::with_options(
+                &etcd,
+                EtcdCoordinatorOptions::default().with_feed_capacity(capacity),
+            ),
+            "feed_capacity",
+        );
+    }
+    // The bounds themselves are accepted.
+    let edges = EtcdOptions::default()
+        .with_connect_timeout(Duration::from_secs(86_400))
+        .with_request_timeout(Duration::from_millis(1))
+        .with_keepalive_interval(Duration::from_secs(1));
+    connect(edges)
+        .expect("options at their bounds")
+        .close()
+        .expect("close");
+    let largest = HostWatcher::watch_with(&etcd, WatcherOptions::default().with_capacity(1 << 20))
+        .expect("largest capacity");
+    drop(largest);
+    assert!(list_hosts(&etcd, DEFAULT_HOSTS_PREFIX).unwrap().is_empty());
+}
+
+/// An endpoint is `host:port` or `http://host:port`, the host a name, an
+/// IPv4 address or a bracketed IPv6 address, the port 1..=65535. Anything
+/// else used to be passed on and dialled on port 80. Only loopback hosts
+/// appear here: a wrongly accepted endpoint is dialled.
+#[test]
+fn endpoints_are_parsed_strictly() {
+    for bad in [
+        "127.0.0.1:99999",
+        "127.0.0.1:65536",
+        "127.0.0.1:0",
+        "localhost:notaport",
+        "localhost:",
+        "localhost",
+        "127.0.0.1",
+        "http://127.0.0.1",
+        "http://",
+        "http://127.0.0.1:2379/v3",
+        "http://127.0.0.1:2379?x=1",
+        "http://user@127.0.0.1:2379",
+        "[::1]",
+        "[::1]:",
+        "::1:2379",
+        "[::1:2379",
+        "127.0.0.1:2379:2380",
+        "127.0.0.1:+2379",
+        "127.0.0.1:-1",
+        ":2379",
+    ] {
+        let why = invalid(Etcd::connect(&[bad], EtcdOptions::default()), "endpoints");
+        assert!(
+            why.contains(bad),
+            "{bad:?}: the reason does not name it: {why}"
+        );
+    }
+    let server = EtcdServer::start().expect("etcd");
+    let port = server.endpoint().rsplit(':').next().unwrap().to_string();
+    for good in [
+        format!("127.0.0.1:{port}"),
+        format!("http://127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        format!("  127.0.0.1:{port} "),
+    ] {
+        let etcd = Etcd::connect(&[good.as_str()], EtcdOptions::default())
+            .unwrap_or_else(|e| panic!("{good:?}: {e}"));
+        assert_eq!(
+            etcd.endpoints(),
+            [format!(
+                "http://{}",
+                good.trim().trim_start_matches("http://")
+            )]
+        );
+        etcd.close().expect("close");
+    }
 }

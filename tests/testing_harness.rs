@@ -341,6 +341,29 @@ fn proxy_delays_both_directions() {
     );
 }
 
+/// `Duration::MAX` used to overflow `Instant + Duration` in the harness: a
+/// delay that large panicked the proxy's thread, a health timeout that
+/// large panicked `start`. Now the delay discards like a blackhole and the
+/// health timeout means no limit.
+#[test]
+fn harness_takes_duration_max() {
+    let etcd = EtcdBuilder::new()
+        .health_timeout(Duration::MAX)
+        .start()
+        .expect("a health timeout of Duration::MAX waits without a limit");
+    let proxy = FaultProxy::start(&etcd.endpoint()).unwrap();
+    proxy.set_mode(Mode::Delay(Duration::MAX));
+    assert!(
+        !healthy_via(&proxy.endpoint()),
+        "an endless delay delivered"
+    );
+    proxy.set_mode(Mode::Pass);
+    assert!(
+        healthy_via(&proxy.endpoint()),
+        "the proxy works again after the endless delay"
+    );
+}
+
 #[test]
 fn proxy_drop_closes_connections() {
     let etcd = EtcdServer::start().unwrap();

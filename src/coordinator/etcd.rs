@@ -45,8 +45,8 @@ pub struct EtcdCoordinatorOptions {
     /// the entry that falls out). `None` keeps everything. Default `None`.
     pub stream_max_len: Option<u64>,
     /// Capacity of every feed's channel (subscriptions, stream readers, KV
-    /// watches), at least 2; see "Slow consumers" on [`EtcdCoordinator`].
-    /// Default 4,096.
+    /// watches), allocated up front: 2 to 1,048,576; see "Slow consumers"
+    /// on [`EtcdCoordinator`]. Default 4,096.
     pub feed_capacity: usize,
 }
 
@@ -166,9 +166,7 @@ impl EtcdCoordinator {
         if options.stream_max_len == Some(0) {
             return Err(Error::invalid("stream_max_len", "must be at least 1"));
         }
-        if options.feed_capacity < 2 {
-            return Err(Error::invalid("feed_capacity", "must be at least 2"));
-        }
+        validate::capacity("feed_capacity", options.feed_capacity)?;
         Ok(EtcdCoordinator {
             etcd: etcd.clone(),
             root,

@@ -125,7 +125,17 @@ where
     let stop_grace = shared.options.request_timeout.saturating_add(STOP_SLACK);
     let stop = |machine: &mut M, last_now: Instant, deadline: &mut Option<tokio::time::Instant>| {
         if deadline.is_none() {
-            *deadline = Some(tokio::time::Instant::now() + stop_grace);
+            // `request_timeout` is bounded when the handle is built, so the
+            // sum fits; checked all the same, because a panic here would
+            // take the whole driver down. A grace too long to represent is
+            // as good as a year, and `deadline` must be `Some` from here
+            // on: it is also the "stopping" flag.
+            let now = tokio::time::Instant::now();
+            *deadline = Some(
+                now.checked_add(stop_grace)
+                    .or_else(|| now.checked_add(Duration::from_secs(365 * 86_400)))
+                    .unwrap_or(now),
+            );
             machine.handle(last_now, M::stop_input());
         }
     };

@@ -1,6 +1,7 @@
 //! [`Leadership`]: proof of leadership, its fence and its hand-over.
 
 use super::{election_error, Inner};
+use crate::deadline::deadline_after;
 use crate::error::{Error, Result};
 use crate::txn::{TxnOp, TxnOpResponse};
 use crate::validate;
@@ -8,7 +9,6 @@ use fleetcoord_sm::election::{fenced_txn, ElectionInput, ElectionNotice};
 use fleetcoord_sm::Response;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 #[cfg(doc)]
 use super::Election;
@@ -113,10 +113,10 @@ impl Leadership {
         // One guarded put, retried by the machine while the session holds;
         // bounded so a dead etcd cannot block the caller (and every other
         // operation on this election) forever.
-        let bound = self.inner.etcd.options().request_timeout * 3;
-        let deadline = Instant::now() + bound;
+        let bound = self.inner.etcd.options().request_timeout.saturating_mul(3);
+        let deadline = deadline_after(bound);
         loop {
-            match self.inner.wait(&rx, Some(deadline))? {
+            match self.inner.wait(&rx, deadline)? {
                 None => return Err(Error::Timeout(bound)),
                 Some(ElectionNotice::Proclaimed) => return Ok(()),
                 Some(ElectionNotice::ProclaimFailed(e)) => return Err(election_error(e)),

@@ -1,6 +1,7 @@
 //! [`Election`]: leader election on a name, compatible with Go's
 //! `clientv3/concurrency` and `etcdctl elect`.
 
+use crate::deadline::deadline_after;
 use crate::driver::{rand_seed, MachineHandle, Notify};
 use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
@@ -204,12 +205,28 @@ struct Held {
 
 impl Election {
     /// Join the election `name` with default options.
+    ///
+    /// # Names
+    ///
+    /// `name` is one key segment: non-empty, at most 255 bytes, no `/`, no
+    /// control characters; anything else is [`Error::InvalidArgument`]
+    /// naming `"name"`. A `/` is refused because it would nest elections:
+    /// the candidates of `a/b` (keys `<prefix>a/b/<lease hex>`) lie inside
+    /// the key range `<prefix>a/` of election `a`, which would then report
+    /// the leader of `a/b` as its own and make its campaigns wait for it.
+    /// Elections with different names under one prefix are therefore
+    /// independent. Names without `/` keep the key layout of Go's
+    /// `concurrency` package, so `etcdctl elect <name>` still shares an
+    /// election with a prefix of `""`. Keep prefixes of different elections
+    /// from nesting in the same way (`/x/` with name `a` and `/x/a/` with
+    /// name `b`), since the prefix is not checked against other prefixes.
     pub fn new(etcd: &Etcd, name: &str) -> Result<Election> {
         Self::with_options(etcd, name, ElectionOptions::default())
     }
 
-    /// Join the election `name`. Starts the session at once; campaigns wait
-    /// for it.
+    /// Join the election `name` (one key segment, see "Names" on
+    /// [`Election::new`]). Starts the session at once; campaigns wait for
+    /// it.
     pub fn with_options(etcd: &Etcd, name: &str, options: ElectionOptions) -> Result<Election> {
         assert_not_async();
         let prefix = election_prefix(name, &options)?;
@@ -276,7 +293,9 @@ impl Election {
     }
 
     /// [`Election::campaign`], giving up after `timeout` (the candidate key
-    /// is removed again and [`Error::Timeout`] returned).
+    /// is removed again and [`Error::Timeout`] returned). Any duration is
+    /// accepted; one too long to add to the current time (such as
+    /// `Duration::MAX`) means no timeout, as in [`Election::campaign`].
     pub fn campaign_timeout(&self, value: &[u8], timeout: Duration) -> Result<Leadership> {
         self.campaign_inner(value, Some(timeout))
     }
@@ -287,7 +306,8 @@ impl Election {
         let rx = self.inner.begin(ElectionInput::Campaign {
             value: value.to_vec(),
         })?;
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A timeout too large for an `Instant` (`Duration::MAX`) means none.
+        let deadline = timeout.and_then(deadline_after);
         loop {
             match self.inner.wait(&rx, deadline)? {
                 Some(ElectionNotice::Elected { token, lease, key }) => {
@@ -313,10 +333,10 @@ impl Election {
         let rx = self.inner.begin(ElectionInput::TryCampaign {
             value: value.to_vec(),
         })?;
-        let bound = self.inner.etcd.options().request_timeout * 3;
-        let deadline = Instant::now() + bound;
+        let bound = self.inner.etcd.options().request_timeout.saturating_mul(3);
+        let deadline = deadline_after(bound);
         loop {
-            let Some(notice) = self.inner.wait(&rx, Some(deadline))? else {
+            let Some(notice) = self.inner.wait(&rx, deadline)? else {
                 self.inner.cancel_and_settle(&rx)?;
                 return Err(Error::Timeout(bound));
             };
@@ -455,7 +475,7 @@ impl Inner {
         const SETTLE_WAIT: Duration = Duration::from_secs(10);
         let _ = self.machine.send(ElectionInput::CancelCampaign);
         loop {
-            match self.wait(rx, Some(Instant::now() + SETTLE_WAIT))? {
+            match self.wait(rx, deadline_after(SETTLE_WAIT))? {
                 Some(ElectionNotice::Elected { token, .. }) => return self.resign_locked(token),
                 Some(ElectionNotice::CampaignFailed(_))
                 | Some(ElectionNotice::NotElected { .. })
@@ -471,7 +491,7 @@ impl Inner {
         const RESIGN_WAIT: Duration = Duration::from_secs(15);
         let rx = self.begin(ElectionInput::Resign { token })?;
         loop {
-            match self.wait(&rx, Some(Instant::now() + RESIGN_WAIT))? {
+            match self.wait(&rx, deadline_after(RESIGN_WAIT))? {
                 // A dropped handle's resign may be answered here too.
                 Some(ElectionNotice::Resigned { token: t }) if t == token => return Ok(()),
                 Some(_) => continue,
@@ -542,15 +562,11 @@ fn election_error(e: ElectionError) -> Error {
     }
 }
 
-/// `<prefix><name>/`, after checking both.
+/// `<prefix><name>/`, after checking both. The name is one segment (no
+/// `/`): that is what keeps elections under one prefix independent, see
+/// [`Election::new`].
 fn election_prefix(name: &str, options: &ElectionOptions) -> Result<String> {
-    validate::key("name", name)?;
-    if name.starts_with('/') && options.prefix.ends_with('/') || name.ends_with('/') {
-        return Err(Error::invalid(
-            "name",
-            format!("{name:?} must not start or end with '/'"),
-        ));
-    }
+    validate::election_name("name", name)?;
     if !options.prefix.is_empty() {
         validate::prefix("prefix", &options.prefix)?;
     }

@@ -17,6 +17,12 @@ use std::time::Duration;
 /// ends one name's session, [`ElectionPool::close`] all of them and waits
 /// for the revokes; dropping the pool asks for the same without waiting.
 ///
+/// Names follow the rule of [`Election::new`]: one key segment, no `/`
+/// (a name with `/` would nest inside another election of the pool). Every
+/// method that takes a name refuses a bad one with
+/// [`Error::InvalidArgument`] naming `"name"`, before any session starts.
+/// The options are checked on the first campaign.
+///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let server = fleetcoord::testing::EtcdServer::start()?;

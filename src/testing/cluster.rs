@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::server::{unique_token, MemberSpec};
 use super::{net, EtcdBuilder, EtcdServer};
+use crate::deadline::deadline_after;
 use crate::{Error, Result};
 
 /// How many times a cluster start is retried after losing a port race.
@@ -150,7 +151,7 @@ impl EtcdCluster {
     /// members are not counted, so a stale leader that is paused is never
     /// returned.
     pub fn leader_index(&self) -> Result<usize> {
-        let deadline = Instant::now() + self.health_timeout;
+        let deadline = deadline_after(self.health_timeout);
         loop {
             let leaders: Vec<usize> = self
                 .members
@@ -162,7 +163,7 @@ impl EtcdCluster {
             if let [only] = leaders[..] {
                 return Ok(only);
             }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(Error::Timeout(self.health_timeout));
             }
             thread::sleep(Duration::from_millis(100));

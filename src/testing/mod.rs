@@ -91,7 +91,8 @@ impl EtcdBuilder {
     }
 
     /// How long a start or restart waits for `/health` to say true, and how
-    /// long [`EtcdCluster::leader_index`] waits for a leader.
+    /// long [`EtcdCluster::leader_index`] waits for a leader. A duration too
+    /// long to add to the current time (`Duration::MAX`) means no limit.
     pub fn health_timeout(mut self, timeout: Duration) -> Self {
         self.health_timeout = timeout;
         self

@@ -25,7 +25,9 @@ pub enum Mode {
     /// acknowledged as closed. Bytes discarded mid-stream are lost for good,
     /// so a protocol connection usually fails once traffic passes again.
     Blackhole,
-    /// Forward every byte this long after it was read; order is kept.
+    /// Forward every byte this long after it was read; order is kept. A
+    /// delay too long to add to the current time (`Duration::MAX`) discards
+    /// the bytes, as [`Mode::Blackhole`] does.
     Delay(Duration),
 }
 
@@ -265,7 +267,12 @@ fn pump(mut src: TcpStream, dst: TcpStream, shared: &Arc<Shared>) {
         let due = match shared.mode() {
             Mode::Pass => Instant::now(),
             Mode::Blackhole => continue,
-            Mode::Delay(d) => Instant::now() + d,
+            // A delay too long to represent would deliver never: that is a
+            // blackhole, and the sum must not panic this thread.
+            Mode::Delay(d) => match Instant::now().checked_add(d) {
+                Some(due) => due,
+                None => continue,
+            },
         };
         if tx.send((due, buf[..n].to_vec())).is_err() {
             break;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::net;
 use super::EtcdBuilder;
+use crate::deadline::deadline_after;
 use crate::{Error, Result};
 
 /// How many times a start is retried when another process took one of the
@@ -167,7 +168,7 @@ impl EtcdServer {
     /// Polls `/health` until it says true, the process exits, or the
     /// health timeout passes; errors carry the tail of etcd's log.
     pub(crate) fn wait_healthy(&mut self) -> Result<()> {
-        let deadline = Instant::now() + self.health_timeout;
+        let deadline = deadline_after(self.health_timeout);
         loop {
             let exited = match self.child.as_mut() {
                 Some(child) => child.try_wait()?,
@@ -180,7 +181,7 @@ impl EtcdServer {
             if self.is_healthy() {
                 return Ok(());
             }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 let why = format!("etcd not healthy after {:?}", self.health_timeout);
                 return Err(self.start_error(&why));
             }
