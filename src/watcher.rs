@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::liveness::DEFAULT_HOSTS_PREFIX;
 use crate::validate;
-use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchNotice};
+use fleetcoord_sm::watch::{parse_host_id, KeyRule, Watch, WatchConfig, WatchNotice};
 use fleetcoord_sm::{BackoffConfig, KeyRange, KeyValue, RangeRequest, Request, Response};
 use std::time::Instant;
 use uuid::Uuid;
@@ -152,10 +152,13 @@ impl std::fmt::Debug for HostWatcher {
     }
 }
 
+/// The host a key under the prefix names, by sm's one rule for host keys
+/// (the one the watch machine applies as [`KeyRule::HostId`]), so that
+/// [`list_hosts`] and [`HostWatcher`] always agree on which keys are hosts.
 pub(crate) fn host_info(prefix_len: usize, kv: &KeyValue) -> Option<HostInfo> {
-    let id = std::str::from_utf8(kv.key.get(prefix_len..)?).ok()?;
+    let id = parse_host_id(kv.key.get(prefix_len..)?)?;
     Some(HostInfo {
-        id: Uuid::parse_str(id).ok()?,
+        id: Uuid::from_bytes(id),
         metadata: kv.value.clone(),
         lease: kv.lease,
         create_revision: kv.create_revision,
@@ -217,6 +220,11 @@ impl HostWatcher {
 }
 
 /// List the hosts registered under `prefix` right now (one linearizable read).
+///
+/// The same keys count as hosts as for [`HostWatcher`]: only the canonical
+/// spelling of a host id (a lowercase, hyphenated UUID, as
+/// [`crate::HostLiveness`] writes it); any other key under the prefix is
+/// skipped.
 pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
     validate::prefix("prefix", prefix)?;
     let response = etcd.request(Request::Range(RangeRequest::all(KeyRange::Prefix(

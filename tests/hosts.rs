@@ -355,3 +355,51 @@ fn slow_consumer_converges_to_etcd() {
         assert_eq!(view[&h.host_id()].metadata, format!("v1-{i}").into_bytes());
     }
 }
+
+/// `list_hosts` and `HostWatcher` apply one rule to the keys under the
+/// prefix: only the canonical spelling of a host id (lowercase, hyphenated)
+/// is a host. A hand-written key with another spelling of the same UUID is
+/// skipped by both, so one host is never listed twice.
+#[test]
+fn list_hosts_and_the_watcher_agree_on_non_canonical_keys() {
+    let server = EtcdServer::start().expect("etcd");
+    let etcd = connect(&server.endpoint());
+    let endpoint = server.endpoint();
+    let id = Uuid::parse_str("3f2c1d4e-5a6b-4c7d-8e9f-0a1b2c3d4e5f").unwrap();
+    etcdctl(
+        &endpoint,
+        &["put", &format!("/coord/hosts/{id}"), "canonical"],
+    );
+    for other in [
+        id.simple().to_string(),
+        id.hyphenated().to_string().to_uppercase(),
+        id.braced().to_string(),
+        id.urn().to_string(),
+    ] {
+        etcdctl(
+            &endpoint,
+            &["put", &format!("/coord/hosts/{other}"), "other"],
+        );
+    }
+
+    let listed = list_hosts(&etcd, DEFAULT_HOSTS_PREFIX).expect("list");
+    assert_eq!(
+        listed
+            .iter()
+            .map(|h| (h.id, h.metadata.as_slice()))
+            .collect::<Vec<_>>(),
+        vec![(id, &b"canonical"[..])],
+        "list_hosts: {listed:?}"
+    );
+
+    let watcher = HostWatcher::watch(&etcd).expect("watch");
+    let mut replayed = Vec::new();
+    loop {
+        match next(&watcher) {
+            HostEvent::Up(info) => replayed.push(info),
+            HostEvent::Synced => break,
+            other => panic!("before Synced: {other:?}"),
+        }
+    }
+    assert_eq!(replayed, listed, "the watcher and list_hosts disagree");
+}

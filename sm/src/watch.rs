@@ -22,7 +22,7 @@
 mod keys;
 mod view;
 
-pub use keys::KeyRule;
+pub use keys::{parse_host_id, KeyRule};
 
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::rpc::{
