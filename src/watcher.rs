@@ -18,12 +18,19 @@ pub struct HostInfo {
     pub id: Uuid,
     /// The metadata the host registered with, as bytes.
     pub metadata: Vec<u8>,
-    /// The lease the key is bound to.
+    /// The lease the key is bound to. It changes, in an
+    /// [`HostEvent::Updated`], when the host registers again on a new lease
+    /// while its old key still exists (see there).
     pub lease: i64,
-    /// Revision at which this registration was created. A host that
-    /// re-registers (new lease) gets a new one.
+    /// Revision at which the host's key was created. It changes only when
+    /// the key was deleted and written again — the host went `Down` (lease
+    /// expired or revoked) and came `Up` — not when a registration on a new
+    /// lease overwrote the key while it still existed: etcd keeps a key's
+    /// create revision across puts. To notice a new registration either
+    /// way, compare [`HostInfo::lease`].
     pub create_revision: i64,
-    /// Revision of the last metadata change.
+    /// Revision of the last write to the key (new metadata, or a
+    /// registration on a new lease).
     pub mod_revision: i64,
 }
 
@@ -37,10 +44,18 @@ pub struct HostInfo {
 pub enum HostEvent {
     /// The host registered (or, before `Synced`, was already registered).
     Up(HostInfo),
-    /// The host changed its metadata.
+    /// The host's key was written again while it existed: new metadata, or
+    /// a registration on a new lease before the old one expired (the
+    /// self-healing keepalive does this when it gave its lease up locally
+    /// but etcd had not expired it yet, e.g. after an etcd restart renewed
+    /// every lease; so does a restarted process that reuses its host id
+    /// within the TTL). The host never looked absent in etcd, so this is
+    /// no `Down` + `Up`: `lease` is the new lease, `create_revision` stays
+    /// the same, and the old lease's later expiry removes nothing.
     Updated(HostInfo),
     /// The host's key is gone: it closed, its lease expired, or it was
-    /// deleted. Carries the last-seen metadata.
+    /// deleted. Carries the last-seen metadata. A host that registers again
+    /// after this comes back `Up` with a new `create_revision`.
     Down(HostInfo),
     /// Every host that existed when the watcher started has been reported;
     /// sent exactly once, after the replayed `Up`s.
@@ -101,9 +116,12 @@ impl WatcherOptions {
 /// A new watcher first replays every registered host as `Up`, then sends
 /// `Synced`, then live changes. After a dropped connection or a compaction
 /// it re-reads the prefix and reports the difference (`Down` for hosts that
-/// vanished meanwhile, `Up` for new ones, `Down` + `Up` for hosts that
-/// re-registered, `Updated` for changed metadata): no change is lost, none is
-/// invented, and no `Down` comes without an earlier `Up`.
+/// vanished meanwhile, `Up` for new ones, `Down` + `Up` for hosts whose key
+/// was deleted and created again, `Updated` for keys written again — new
+/// metadata or a new lease): no change is lost, none is invented, and no
+/// `Down` comes without an earlier `Up`. A `Down` therefore always means
+/// the key was gone from etcd, never merely that the host moved to a new
+/// lease (see [`HostEvent::Updated`]).
 ///
 /// Slow consumers: the driver never blocks on you. The event channel is
 /// bounded by `capacity`; when it is full, the watcher pauses its etcd

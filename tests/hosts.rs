@@ -403,3 +403,76 @@ fn list_hosts_and_the_watcher_agree_on_non_canonical_keys() {
     }
     assert_eq!(replayed, listed, "the watcher and list_hosts disagree");
 }
+
+/// What a watcher sees when a host registers again while its old key still
+/// exists — the self-healing keepalive does this after its local deadline
+/// passed but before etcd expired the old lease (after an etcd restart,
+/// say), and so does a restarted process reusing its id. The put lands on
+/// the existing key: it is `Updated`, with the new lease and the old create
+/// revision, and the old lease expiring later is no `Down`. Played here
+/// with etcdctl, exactly as the keepalive writes it (a put with the new
+/// lease).
+#[test]
+fn registration_on_a_new_lease_over_a_live_key_is_updated() {
+    let server = EtcdServer::start().expect("etcd");
+    let etcd = connect(&server.endpoint());
+    let endpoint = server.endpoint();
+    let lease = |ttl: &str| {
+        // "lease 694d77aa9e38260f granted with TTL(60s)"
+        let text = etcdctl(&endpoint, &["lease", "grant", ttl]);
+        let hex = text
+            .split_whitespace()
+            .nth(1)
+            .expect("lease id")
+            .to_string();
+        (i64::from_str_radix(&hex, 16).expect("hex lease id"), hex)
+    };
+    let watcher = HostWatcher::watch(&etcd).expect("watch");
+    expect_synced(&watcher);
+
+    let id = Uuid::new_v4();
+    let key = format!("/coord/hosts/{id}");
+    let (old, old_hex) = lease("60");
+    etcdctl(&endpoint, &["put", "--lease", &old_hex, &key, "first"]);
+    let up = match next(&watcher) {
+        HostEvent::Up(info) => info,
+        other => panic!("expected Up, got {other:?}"),
+    };
+    assert_eq!(up.lease, old);
+
+    let (new, new_hex) = lease("60");
+    etcdctl(&endpoint, &["put", "--lease", &new_hex, &key, "second"]);
+    match next(&watcher) {
+        HostEvent::Updated(info) => {
+            assert_eq!(info.lease, new, "the new lease is reported");
+            assert_eq!(
+                info.create_revision, up.create_revision,
+                "the key was never deleted, so its create revision stays"
+            );
+            assert!(info.mod_revision > up.mod_revision);
+        }
+        other => panic!("expected Updated with the new lease, got {other:?}"),
+    }
+    // The old lease ending takes nothing with it: the key is on the new one.
+    etcdctl(&endpoint, &["lease", "revoke", &old_hex]);
+    assert!(
+        watcher
+            .events()
+            .recv_timeout(Duration::from_millis(500))
+            .is_err(),
+        "the old lease's end is no event"
+    );
+    // A re-registration after the key was gone is Down, then Up with a new
+    // create revision.
+    etcdctl(&endpoint, &["lease", "revoke", &new_hex]);
+    assert!(matches!(next(&watcher), HostEvent::Down(info) if info.lease == new));
+    let (third, third_hex) = lease("60");
+    etcdctl(&endpoint, &["put", "--lease", &third_hex, &key, "third"]);
+    match next(&watcher) {
+        HostEvent::Up(info) => {
+            assert_eq!(info.lease, third);
+            assert!(info.create_revision > up.create_revision);
+        }
+        other => panic!("expected Up, got {other:?}"),
+    }
+}
