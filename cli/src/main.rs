@@ -37,7 +37,7 @@ struct Cli {
     /// etcd endpoints, comma-separated host:port or http://host:port
     /// [default: $ETCD_ENDPOINTS, else $ETCDCTL_ENDPOINTS, else
     /// 127.0.0.1:2379]
-    #[arg(long, global = true, value_name = "HOST:PORT,...")]
+    #[arg(long, global = true, value_name = "HOST:PORT,...", value_parser = endpoint_flag)]
     endpoints: Option<String>,
 
     /// Print one JSON object per line instead of text for people.
@@ -110,19 +110,37 @@ pub struct Ctx {
     pub out: Out,
 }
 
-/// The endpoints to use: the flag, else the first of [`ENDPOINT_VARS`]
-/// that is set, else the default. A blank value counts as unset, as an
-/// `export ETCD_ENDPOINTS=` meant to clear it would.
-fn endpoints(flag: Option<String>, var: impl Fn(&str) -> Option<String>) -> Vec<String> {
-    let raw = std::iter::once(flag)
-        .chain(ENDPOINT_VARS.iter().map(|name| var(name)))
-        .flatten()
-        .find(|s| !s.trim().is_empty())
-        .unwrap_or_else(|| DEFAULT_ENDPOINT.to_string());
+/// The items of a comma-separated endpoint list, trimmed, empty ones
+/// dropped.
+fn split_endpoints(raw: &str) -> Vec<String> {
     raw.split(',')
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
         .collect()
+}
+
+/// `--endpoints` must name at least one endpoint. A flag given on purpose
+/// but empty (`--endpoints ""`, an unset shell variable expanded into it)
+/// is a mistake to report, not a request for the environment's endpoints
+/// or the default: that would quietly talk to another cluster.
+fn endpoint_flag(text: &str) -> Result<String, String> {
+    if split_endpoints(text).is_empty() {
+        return Err("names no endpoint; expected host:port[,host:port...]".into());
+    }
+    Ok(text.to_string())
+}
+
+/// The endpoints to use: the flag (never blank, see [`endpoint_flag`]),
+/// else the first of [`ENDPOINT_VARS`] that names an endpoint, else the
+/// default. A variable naming none counts as unset, as an
+/// `export ETCD_ENDPOINTS=` meant to clear it would.
+fn endpoints(flag: Option<String>, var: impl Fn(&str) -> Option<String>) -> Vec<String> {
+    std::iter::once(flag)
+        .chain(ENDPOINT_VARS.iter().map(|name| var(name)))
+        .flatten()
+        .map(|raw| split_endpoints(&raw))
+        .find(|list| !list.is_empty())
+        .unwrap_or_else(|| vec![DEFAULT_ENDPOINT.to_string()])
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
@@ -197,7 +215,7 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::endpoints;
+    use super::{endpoint_flag, endpoints};
 
     fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |name| {
@@ -223,13 +241,21 @@ mod tests {
     }
 
     #[test]
-    fn blank_values_count_as_unset() {
-        let vars = [("ETCD_ENDPOINTS", " "), ("ETCDCTL_ENDPOINTS", "b:2")];
-        assert_eq!(endpoints(Some(String::new()), env(&vars)), ["b:2"]);
+    fn blank_variables_count_as_unset() {
+        let vars = [("ETCD_ENDPOINTS", " , "), ("ETCDCTL_ENDPOINTS", "b:2")];
+        assert_eq!(endpoints(None, env(&vars)), ["b:2"]);
         assert_eq!(
             endpoints(None, env(&[("ETCD_ENDPOINTS", "")])),
             ["127.0.0.1:2379"]
         );
+    }
+
+    #[test]
+    fn a_blank_flag_is_refused() {
+        for blank in ["", " ", ",", " , ,"] {
+            assert!(endpoint_flag(blank).is_err(), "{blank:?}");
+        }
+        assert_eq!(endpoint_flag(" a:1, "), Ok(" a:1, ".to_string()));
     }
 
     #[test]

@@ -278,6 +278,32 @@ fn endpoints_default_to_the_environment() {
     assert_eq!(stdout(&output), "");
 }
 
+/// `--endpoints ""` (or only separators) names no endpoint: a usage error,
+/// not a silent fallback to the environment or the default.
+#[test]
+fn empty_endpoints_flag_is_a_usage_error() {
+    let server = start_etcd();
+    for flag in ["", " ", ",", " , "] {
+        let output = cli()
+            .env("ETCD_ENDPOINTS", server.endpoint())
+            .args(["--endpoints", flag, "--json", "hosts"])
+            .output()
+            .expect("spawn fleetcoord");
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "--endpoints {flag:?}: {}",
+            stderr(&output)
+        );
+        assert!(output.stdout.is_empty());
+        assert!(
+            stderr(&output).contains("--endpoints"),
+            "{}",
+            stderr(&output)
+        );
+    }
+}
+
 #[test]
 fn etcdctl_endpoints_are_honoured_after_ours() {
     let server = start_etcd();
