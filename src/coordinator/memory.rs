@@ -423,8 +423,10 @@ impl MemoryCoordinator {
     }
 
     /// This handle, with the capacity of every feed opened afterwards
-    /// through any handle onto its hub set to `capacity` (at least 2;
-    /// default 4,096). See "Slow consumers" above.
+    /// through any handle onto its hub set to `capacity`, clamped to 2 ..=
+    /// 1,048,576 (channels are allocated up front; the same bounds as
+    /// [`EtcdCoordinatorOptions::feed_capacity`](super::EtcdCoordinatorOptions::feed_capacity)),
+    /// default 4,096. See "Slow consumers" above.
     ///
     /// ```
     /// use fleetcoord::coordinator::{Coordinator, MemoryCoordinator};
@@ -440,9 +442,10 @@ impl MemoryCoordinator {
     /// ```
     #[must_use]
     pub fn with_feed_capacity(self, capacity: usize) -> Self {
-        self.hub
-            .feed_capacity
-            .store(capacity.max(MIN_FEED_CAPACITY), Ordering::Relaxed);
+        self.hub.feed_capacity.store(
+            capacity.clamp(MIN_FEED_CAPACITY, crate::validate::MAX_CAPACITY),
+            Ordering::Relaxed,
+        );
         self
     }
 
@@ -923,6 +926,19 @@ mod tests {
         let new = other.subscribe("t").unwrap();
         assert_eq!(old.receiver().capacity(), Some(DEFAULT_FEED_CAPACITY));
         assert_eq!(new.receiver().capacity(), Some(8));
+    }
+
+    /// crossbeam allocates a bounded channel's slots up front: a capacity
+    /// of `usize::MAX` used to abort the process at the next subscribe.
+    #[test]
+    fn capacity_is_at_most_the_library_wide_maximum() {
+        let c = MemoryCoordinator::new().with_feed_capacity(usize::MAX);
+        assert_eq!(c.feed_capacity(), crate::validate::MAX_CAPACITY);
+        let sub = c.subscribe("t").unwrap();
+        assert_eq!(
+            sub.receiver().capacity(),
+            Some(crate::validate::MAX_CAPACITY)
+        );
     }
 
     #[test]
