@@ -5,9 +5,13 @@
 use crate::error::{Error, Result};
 use std::time::Duration;
 
-/// etcd rejects requests over 1.5 MiB; keep headroom for the key and the
-/// request envelope.
-pub const MAX_PAYLOAD: usize = 1024 * 1024 + 512 * 1024 - 4096;
+/// etcd rejects requests over 1.5 MiB; keep headroom for the keys and the
+/// request envelope. The largest requests sent name the longest keys
+/// accepted ([`MAX_KEY`] plus a [`MAX_SEGMENT`] name, about 1.3 KiB) up to
+/// seven times: an election's try-campaign holds its candidate key three
+/// times and its prefix four (twice with a range end), about 9 KiB. 16 KiB
+/// covers that with room to spare; 4 KiB did not.
+pub const MAX_PAYLOAD: usize = 1024 * 1024 + 512 * 1024 - 16 * 1024;
 
 /// Longest name segment (bucket, topic, stream, election name) accepted.
 pub const MAX_SEGMENT: usize = 255;

@@ -2,7 +2,7 @@
 //! refused with `InvalidArgument` naming the field (or `Connect` naming the
 //! endpoint), nothing panics, and nothing is half-written to etcd.
 
-use fleetcoord::coordinator::{EtcdCoordinator, EtcdCoordinatorOptions};
+use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, EtcdCoordinatorOptions};
 use fleetcoord::testing::EtcdServer;
 use fleetcoord::{
     list_hosts, Election, ElectionOptions, ElectionPool, Error, Etcd, EtcdOptions, HostLiveness,
@@ -399,4 +399,51 @@ fn endpoints_are_parsed_strictly() {
         );
         etcd.close().expect("close");
     }
+}
+
+/// The largest payload accepted must fit in one etcd request beside the
+/// longest keys accepted, in the largest request each API sends (an
+/// election's try-campaign names its key three times and its prefix four;
+/// a trimming stream append names four keys). A 4 KiB margin was not
+/// enough: etcd refused such a try-campaign as too large.
+#[test]
+fn largest_payload_fits_beside_the_longest_keys() {
+    let server = EtcdServer::start().expect("etcd");
+    let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    let largest = vec![b'x'; fleetcoord::coordinator::MAX_PAYLOAD];
+    let longest_prefix = format!("/{}/", "p".repeat(1022));
+    let longest_name = "n".repeat(255);
+
+    let options = ElectionOptions::default().with_prefix(longest_prefix.clone());
+    let election = Election::with_options(&etcd, &longest_name, options).expect("election");
+    match election.try_campaign(&largest).expect("try_campaign") {
+        TryCampaign::Elected(leadership) => {
+            leadership.proclaim(&largest).expect("proclaim");
+            leadership.resign().expect("resign");
+        }
+        TryCampaign::NotElected(leader) => panic!("nobody else campaigns: {leader:?}"),
+    }
+    election
+        .campaign(&largest)
+        .expect("campaign")
+        .resign()
+        .expect("resign");
+    election.close().expect("close");
+
+    let root = format!("/{}", "r".repeat(1023));
+    let options = EtcdCoordinatorOptions::default()
+        .with_root(root)
+        .with_stream_max_len(1);
+    let coordinator = EtcdCoordinator::with_options(&etcd, options).expect("coordinator");
+    for _ in 0..2 {
+        coordinator
+            .append_stream(&longest_name, &largest)
+            .expect("append (the second one trims the first)");
+    }
+    coordinator
+        .kv_set(&longest_name, &longest_name, &largest)
+        .expect("kv_set");
+    coordinator
+        .publish(&longest_name, &largest)
+        .expect("publish");
 }

@@ -26,9 +26,8 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
-/// The largest payload the library accepts (its `MAX_PAYLOAD`: etcd's
-/// 1.5 MiB request limit less 4 KiB for the key and envelope).
-const MAX_PAYLOAD: usize = 1024 * 1024 + 512 * 1024 - 4096;
+/// The largest payload the library accepts.
+const MAX_PAYLOAD: usize = fleetcoord::coordinator::MAX_PAYLOAD;
 
 /// Beyond a call's own documented timeout, how long it may take on a
 /// loaded machine (thread start-up, a close's grace period).
