@@ -11,13 +11,13 @@ use std::time::Duration;
 
 #[derive(clap::Args, Debug)]
 pub struct NameArgs {
-    /// The election's name.
+    /// The election's name: one key segment (no '/').
     name: String,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct ObserveArgs {
-    /// The election's name.
+    /// The election's name: one key segment (no '/').
     name: String,
     #[command(flatten)]
     count: CountArgs,
@@ -25,7 +25,7 @@ pub struct ObserveArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct ElectArgs {
-    /// The election's name.
+    /// The election's name: one key segment (no '/').
     name: String,
     /// What the leader announces (observers and `leader` show it)
     /// [default: `fleetcoord-<pid>`].
