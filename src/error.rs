@@ -1,12 +1,14 @@
 //! The one error type of fleetcoord.
 
+use fleetcoord_sm::RpcError;
 use std::time::Duration;
 
 /// Everything that can go wrong in fleetcoord.
 ///
 /// Variants name the field or endpoint involved so the message alone says
 /// what to fix. The enum is `#[non_exhaustive]`: match the variants you act
-/// on and log the rest.
+/// on and log the rest. [`Error::is_retryable`] says whether making the
+/// same call again may succeed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -26,12 +28,22 @@ pub enum Error {
         /// What failed.
         reason: String,
     },
-    /// etcd answered with an error or the connection broke mid-request.
-    #[error("etcd request failed: {0}")]
-    Etcd(String),
+    /// etcd answered with an error, the connection broke mid-request, or
+    /// etcd's answer made no sense; `kind` says which, for code that acts on
+    /// it, and `message` says it for people.
+    #[error("etcd request failed: {message}")]
+    Etcd {
+        /// What kind of failure, decided from etcd's gRPC status code.
+        kind: EtcdErrorKind,
+        /// What etcd (or the connection) said, for logs.
+        message: String,
+    },
     /// The operation did not finish in time.
     #[error("timed out after {0:?}")]
     Timeout(Duration),
+    /// The operation was canceled before it finished.
+    #[error("canceled")]
+    Canceled,
     /// The driver thread has stopped (closed, or it failed); nothing more
     /// can be done with this handle.
     #[error("the fleetcoord driver thread has stopped")]
@@ -57,6 +69,53 @@ pub enum Error {
     Io(#[from] std::io::Error),
 }
 
+/// What kind of failure an [`Error::Etcd`] is.
+///
+/// Decided once, from etcd's gRPC status code, never from message text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum EtcdErrorKind {
+    /// etcd could not be reached, the connection or a stream broke, the
+    /// request timed out, or etcd had no leader or changed it. A write that
+    /// failed this way may or may not have been applied.
+    Unavailable,
+    /// etcd refused the request (an invalid or too large request, a lease
+    /// TTL too large, a database out of space, ...).
+    Rejected,
+    /// The lease named does not exist any more: it expired or was revoked.
+    LeaseNotFound,
+    /// The revision asked for has been compacted away.
+    Compacted,
+    /// The authenticated user lacks the permission.
+    PermissionDenied,
+    /// etcd refused the authentication token (expired or invalidated).
+    Unauthenticated,
+    /// Concurrent writers kept winning the race for the same key (a stream
+    /// append); nothing was written.
+    Contended,
+    /// etcd's answer did not fit the request, or the data under
+    /// fleetcoord's keys was not written by fleetcoord: a bug or a foreign
+    /// writer, not a transient condition.
+    Unexpected,
+}
+
+impl EtcdErrorKind {
+    /// Whether the same call may succeed if made again; see
+    /// [`Error::is_retryable`].
+    pub fn is_retryable(self) -> bool {
+        match self {
+            EtcdErrorKind::Unavailable
+            | EtcdErrorKind::Unauthenticated
+            | EtcdErrorKind::Contended => true,
+            EtcdErrorKind::Rejected
+            | EtcdErrorKind::LeaseNotFound
+            | EtcdErrorKind::Compacted
+            | EtcdErrorKind::PermissionDenied
+            | EtcdErrorKind::Unexpected => false,
+        }
+    }
+}
+
 /// `Result` with fleetcoord's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
@@ -65,6 +124,198 @@ impl Error {
         Error::InvalidArgument {
             what,
             why: why.into(),
+        }
+    }
+
+    /// An [`Error::Etcd`] of `kind`.
+    pub(crate) fn etcd(kind: EtcdErrorKind, message: impl Into<String>) -> Self {
+        Error::Etcd {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// An [`Error::Etcd`] of kind [`EtcdErrorKind::Unexpected`]: etcd
+    /// answered `answer` where it could not have.
+    pub(crate) fn unexpected(answer: impl std::fmt::Debug) -> Self {
+        Error::etcd(
+            EtcdErrorKind::Unexpected,
+            format!("unexpected answer from etcd: {answer:?}"),
+        )
+    }
+
+    /// A failed request as the user sees it, its message prefixed with
+    /// `context` (what was being done).
+    pub(crate) fn rpc_in(context: impl std::fmt::Display, e: RpcError) -> Self {
+        match Error::from(e) {
+            Error::Etcd { kind, message } => Error::etcd(kind, format!("{context}: {message}")),
+            other => other,
+        }
+    }
+
+    /// Whether making the same call again, unchanged, may succeed.
+    ///
+    /// It does not say whether the failed call had an effect: a write that
+    /// failed with [`EtcdErrorKind::Unavailable`] or timed out may have been
+    /// applied (an append may then be stored twice if retried).
+    ///
+    /// | error | retryable | why |
+    /// |---|---|---|
+    /// | [`Error::Timeout`] | yes | etcd was slow or unreachable for a while |
+    /// | [`Error::Connect`] | yes | etcd may be reachable later |
+    /// | [`Error::SessionLost`] | yes | the session re-grants its lease by itself |
+    /// | [`Error::Etcd`] `Unavailable` | yes | network, leader change, overload |
+    /// | [`Error::Etcd`] `Unauthenticated` | yes | the client logs in again on the next call |
+    /// | [`Error::Etcd`] `Contended` | yes | another writer won this time |
+    /// | [`Error::Etcd`] `Rejected`, `PermissionDenied`, `Unexpected` | no | the same request fails the same way |
+    /// | [`Error::Etcd`] `LeaseNotFound` | no | the lease is gone; a new one is needed |
+    /// | [`Error::Etcd`] `Compacted` | no | read again from the current revision |
+    /// | [`Error::InvalidArgument`], [`Error::Unsupported`] | no | the input or backend must change |
+    /// | [`Error::NotFound`] | no | the key is absent until someone writes it |
+    /// | [`Error::NotLeader`] | no | campaign again instead |
+    /// | [`Error::Canceled`] | no | the caller canceled it |
+    /// | [`Error::Closed`], [`Error::DriverGone`] | no | make a new object or connection |
+    /// | [`Error::Io`] | no | a local failure to look at |
+    ///
+    /// ```
+    /// use fleetcoord::Error;
+    /// use std::time::Duration;
+    ///
+    /// assert!(Error::Timeout(Duration::from_secs(5)).is_retryable());
+    /// assert!(!Error::Closed.is_retryable());
+    /// ```
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Timeout(_) | Error::Connect { .. } | Error::SessionLost => true,
+            Error::Etcd { kind, .. } => kind.is_retryable(),
+            Error::InvalidArgument { .. }
+            | Error::Canceled
+            | Error::DriverGone
+            | Error::NotFound
+            | Error::Closed
+            | Error::NotLeader
+            | Error::Unsupported(_)
+            | Error::Io(_) => false,
+        }
+    }
+}
+
+/// The one conversion of a failed request into the user's error.
+impl From<RpcError> for Error {
+    fn from(e: RpcError) -> Self {
+        let kind = match &e {
+            RpcError::Unavailable(_) => EtcdErrorKind::Unavailable,
+            RpcError::Rejected(_) => EtcdErrorKind::Rejected,
+            RpcError::LeaseNotFound => EtcdErrorKind::LeaseNotFound,
+            RpcError::Compacted { .. } => EtcdErrorKind::Compacted,
+            RpcError::PermissionDenied(_) => EtcdErrorKind::PermissionDenied,
+            RpcError::Unauthenticated(_) => EtcdErrorKind::Unauthenticated,
+            // A variant newer than this mapping keeps at least its policy.
+            other if other.is_retryable() => EtcdErrorKind::Unavailable,
+            _ => EtcdErrorKind::Rejected,
+        };
+        Error::etcd(kind, e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rpc_error_keeps_its_kind_message_and_policy() {
+        let cases = [
+            (
+                RpcError::Unavailable("Unavailable: etcdserver: leader changed".into()),
+                EtcdErrorKind::Unavailable,
+                "etcd request failed: Unavailable: etcdserver: leader changed",
+            ),
+            (
+                RpcError::Rejected("etcdserver: request is too large".into()),
+                EtcdErrorKind::Rejected,
+                "etcd request failed: etcdserver: request is too large",
+            ),
+            (
+                RpcError::LeaseNotFound,
+                EtcdErrorKind::LeaseNotFound,
+                "etcd request failed: lease not found",
+            ),
+            (
+                RpcError::Compacted {
+                    compact_revision: 7,
+                },
+                EtcdErrorKind::Compacted,
+                "etcd request failed: the requested revision has been compacted \
+                 (compaction revision 7)",
+            ),
+            (
+                RpcError::PermissionDenied("etcdserver: permission denied".into()),
+                EtcdErrorKind::PermissionDenied,
+                "etcd request failed: etcdserver: permission denied",
+            ),
+            (
+                RpcError::Unauthenticated("etcdserver: invalid auth token".into()),
+                EtcdErrorKind::Unauthenticated,
+                "etcd request failed: etcdserver: invalid auth token",
+            ),
+        ];
+        for (rpc, kind, text) in cases {
+            let retryable = rpc.is_retryable();
+            let error = Error::from(rpc.clone());
+            assert_eq!(error.to_string(), text);
+            match &error {
+                Error::Etcd { kind: k, .. } => assert_eq!(*k, kind, "{rpc:?}"),
+                other => panic!("{rpc:?} became {other:?}"),
+            }
+            // The facade and the machines follow one policy.
+            assert_eq!(error.is_retryable(), retryable, "{rpc:?}");
+        }
+    }
+
+    #[test]
+    fn context_prefixes_the_message_and_keeps_the_kind() {
+        match Error::rpc_in("stream \"jobs\"", RpcError::LeaseNotFound) {
+            Error::Etcd { kind, message } => {
+                assert_eq!(kind, EtcdErrorKind::LeaseNotFound);
+                assert_eq!(message, "stream \"jobs\": lease not found");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_transient_failures_are_retryable() {
+        let retryable = [
+            Error::Timeout(Duration::from_secs(1)),
+            Error::Connect {
+                endpoints: "http://127.0.0.1:2379".into(),
+                reason: "connection refused".into(),
+            },
+            Error::SessionLost,
+            Error::etcd(EtcdErrorKind::Unavailable, "x"),
+            Error::etcd(EtcdErrorKind::Unauthenticated, "x"),
+            Error::etcd(EtcdErrorKind::Contended, "x"),
+        ];
+        for e in &retryable {
+            assert!(e.is_retryable(), "{e:?}");
+        }
+        let permanent = [
+            Error::invalid("name", "empty"),
+            Error::etcd(EtcdErrorKind::Rejected, "x"),
+            Error::etcd(EtcdErrorKind::LeaseNotFound, "x"),
+            Error::etcd(EtcdErrorKind::Compacted, "x"),
+            Error::etcd(EtcdErrorKind::PermissionDenied, "x"),
+            Error::unexpected("Revoked"),
+            Error::Canceled,
+            Error::DriverGone,
+            Error::NotFound,
+            Error::Closed,
+            Error::NotLeader,
+            Error::Unsupported("streams"),
+            Error::Io(std::io::Error::other("x")),
+        ];
+        for e in &permanent {
+            assert!(!e.is_retryable(), "{e:?}");
         }
     }
 }

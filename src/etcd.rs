@@ -8,7 +8,7 @@ use crate::driver::{
 use crate::endpoint;
 use crate::error::{Error, Result};
 use crate::validate;
-use fleetcoord_sm::{Machine, Request, Response, RpcError};
+use fleetcoord_sm::{Machine, Request, Response};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -227,9 +227,7 @@ impl Etcd {
                 remaining: Duration::from_secs(u64::try_from(ttl_secs).unwrap_or(0)),
                 granted: Duration::from_secs(u64::try_from(granted_secs).unwrap_or(0)),
             })),
-            other => Err(Error::Etcd(format!(
-                "unexpected answer to a lease query: {other:?}"
-            ))),
+            other => Err(Error::unexpected(other)),
         }
     }
 
@@ -253,7 +251,7 @@ impl Etcd {
         match pending.wait(wait) {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(CallError::Timeout(after))) => Err(Error::Timeout(after)),
-            Ok(Err(CallError::Rpc(e))) => Err(rpc_error(e)),
+            Ok(Err(CallError::Rpc(e))) => Err(Error::from(e)),
             Err(_) => Err(Error::DriverGone),
         }
     }
@@ -277,14 +275,6 @@ impl Etcd {
             .send(DriverMsg::Run(Box::new(task)))
             .map_err(|_| Error::DriverGone)?;
         Ok(handle)
-    }
-}
-
-/// The facade's reading of an error a machine or call reported.
-pub(crate) fn rpc_error(e: RpcError) -> Error {
-    match e {
-        RpcError::Rejected(msg) | RpcError::Unavailable(msg) => Error::Etcd(msg),
-        other => Error::Etcd(format!("{other:?}")),
     }
 }
 

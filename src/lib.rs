@@ -70,7 +70,7 @@ pub use coordinator::conformance;
 pub use election::{
     Election, ElectionOptions, ElectionPool, LeaderInfo, LeaderObserver, Leadership, TryCampaign,
 };
-pub use error::{Error, Result};
+pub use error::{Error, EtcdErrorKind, Result};
 pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
 pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
 pub use txn::{KeyValue, TxnOp, TxnOpResponse};

@@ -2,7 +2,7 @@
 
 use crate::driver::handle::WaitError;
 use crate::driver::{rand_seed, Finished, MachineHandle, Notify};
-use crate::error::{Error, Result};
+use crate::error::{Error, EtcdErrorKind, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::validate;
 use crossbeam_channel::TrySendError;
@@ -293,8 +293,11 @@ pub(crate) fn close_outcome(
 ) -> Result<()> {
     match (finished, revoked) {
         (Ok(_), Some(true)) => Ok(()),
-        (Ok(_), Some(false)) => Err(Error::Etcd(
-            "the lease could not be revoked; it will expire after its TTL".into(),
+        // The machine does not say why; etcd being unreachable is the
+        // usual reason, and the lease expires by itself either way.
+        (Ok(_), Some(false)) => Err(Error::etcd(
+            EtcdErrorKind::Unavailable,
+            "the lease could not be revoked; it will expire after its TTL",
         )),
         // Cut short by the driver's shutdown before the revoke was answered.
         (Ok(_), None) => Err(Error::DriverGone),

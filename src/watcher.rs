@@ -253,8 +253,6 @@ pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
             .iter()
             .filter_map(|kv| host_info(prefix.len(), kv))
             .collect()),
-        other => Err(Error::Etcd(format!(
-            "unexpected answer to a range: {other:?}"
-        ))),
+        other => Err(Error::unexpected(other)),
     }
 }

@@ -226,7 +226,7 @@ impl Run {
                 let _ = self.process(&request, None);
                 Err(RpcError::Unavailable("reply lost".into()))
             }
-            Outcome::LeaseNotFound => Err(RpcError::Rejected("requested lease not found".into())),
+            Outcome::LeaseNotFound => Err(RpcError::LeaseNotFound),
             Outcome::TtlZero => Ok(Response::KeptAlive { ttl_secs: 0 }),
             Outcome::WrongVariant => Ok(match request {
                 Request::Put { .. } => Response::Revoked,

@@ -19,8 +19,8 @@
 //!   remaining lifetime) makes the state `Suspended`; renewals are retried on
 //!   the same lease after a backoff delay, but never at or after the local
 //!   deadline. A retry that would land there is dropped: the deadline decides.
-//! * When the deadline passes, a renewal reply says TTL 0, or a put is
-//!   rejected with "lease not found", the lease is `Lost`: a new one is
+//! * When the deadline passes, a renewal reply says TTL 0, or a put fails
+//!   with [`RpcError::LeaseNotFound`], the lease is `Lost`: a new one is
 //!   granted (at once the first time, after a backoff delay when the previous
 //!   registration attempt failed) and the key put again.
 //! * Grant and put failures are retried with backoff; a put is retried on the
@@ -483,11 +483,9 @@ impl Keepalive {
                     self.send_put(now);
                 }
             }
-            Err(RpcError::Rejected(message))
-                if message.to_ascii_lowercase().contains("lease not found") =>
-            {
-                self.lose(now, true);
-            }
+            // etcd expired the lease before the key was bound to it (a
+            // pause longer than the TTL): only a new lease helps.
+            Err(RpcError::LeaseNotFound) => self.lose(now, true),
             _ => self.schedule_put(now),
         }
     }

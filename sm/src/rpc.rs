@@ -349,18 +349,99 @@ pub enum Response {
     },
 }
 
-/// Why a request failed. Small on purpose: machines only decide "retry" or
-/// "give up", and the message is for logs.
+/// Why a request failed.
+///
+/// Machines branch on the variant, never on the message: the driver decides
+/// the variant once, from etcd's gRPC status code (see fleetcoord's
+/// `driver/exec.rs`), and the strings are kept for logs only.
+///
+/// What a machine may do next:
+///
+/// | variant | resend the same request? | did etcd apply it? |
+/// |---|---|---|
+/// | [`Unavailable`](RpcError::Unavailable) | yes, later | unknown |
+/// | [`Unauthenticated`](RpcError::Unauthenticated) | yes (the client re-authenticates) | no |
+/// | [`Rejected`](RpcError::Rejected) | no | no |
+/// | [`LeaseNotFound`](RpcError::LeaseNotFound) | no: the lease is gone | no |
+/// | [`Compacted`](RpcError::Compacted) | no: read again at the current revision | no |
+/// | [`PermissionDenied`](RpcError::PermissionDenied) | no | no |
+///
+/// [`RpcError::is_retryable`] is the first column; [`RpcError::is_refusal`]
+/// the last.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
 #[non_exhaustive]
 pub enum RpcError {
-    /// etcd could not be reached, the stream broke, or the call timed out.
+    /// etcd could not be reached, the connection or stream broke, the call
+    /// timed out, or etcd was busy (no leader, leader changed). The request
+    /// may or may not have been applied; sending it again later may succeed.
     Unavailable(String),
-    /// etcd refused the request (bad argument, too large, ...); retrying the
-    /// same request will not help.
+    /// etcd refused the request (bad argument, too large, too many
+    /// operations, ...); retrying the same request will not help.
     Rejected(String),
+    /// The lease the request names does not exist any more: it expired or
+    /// was revoked (etcd's `ErrGRPCLeaseNotFound`). Only a new lease helps.
+    LeaseNotFound,
+    /// The revision the request asked for has been compacted away (etcd's
+    /// `ErrGRPCCompacted`): start over from a fresh read. A watch learns of
+    /// compaction differently, from [`Response::WatchCanceled`], because
+    /// etcd ends such a watch with a response rather than an error.
+    Compacted {
+        /// The compaction revision when etcd said it, else 0.
+        compact_revision: Revision,
+    },
+    /// The authenticated user may not do this (etcd's
+    /// `ErrGRPCPermissionDenied`); retrying will not help until an operator
+    /// grants the permission.
+    PermissionDenied(String),
+    /// etcd refused the auth token, which expired or was invalidated (etcd's
+    /// `ErrGRPCInvalidAuthToken`). Retryable: the client re-authenticates
+    /// before its next call, and a failed re-authentication is reported as
+    /// [`RpcError::Rejected`], so retries end.
+    Unauthenticated(String),
 }
+
+impl RpcError {
+    /// Whether sending the same request again later may succeed. True for
+    /// [`RpcError::Unavailable`] and [`RpcError::Unauthenticated`]; see the
+    /// table on [`RpcError`].
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            RpcError::Unavailable(_) | RpcError::Unauthenticated(_) => true,
+            RpcError::Rejected(_)
+            | RpcError::LeaseNotFound
+            | RpcError::Compacted { .. }
+            | RpcError::PermissionDenied(_) => false,
+        }
+    }
+
+    /// Whether etcd answered and refused the request, so it was certainly
+    /// not applied. Only [`RpcError::Unavailable`] leaves that open.
+    pub fn is_refusal(&self) -> bool {
+        !matches!(self, RpcError::Unavailable(_))
+    }
+}
+
+impl std::fmt::Display for RpcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RpcError::Unavailable(message)
+            | RpcError::Rejected(message)
+            | RpcError::PermissionDenied(message)
+            | RpcError::Unauthenticated(message) => f.write_str(message),
+            RpcError::LeaseNotFound => f.write_str("lease not found"),
+            RpcError::Compacted {
+                compact_revision: 0,
+            } => f.write_str("the requested revision has been compacted"),
+            RpcError::Compacted { compact_revision } => write!(
+                f,
+                "the requested revision has been compacted (compaction revision {compact_revision})"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RpcError {}
 
 /// A reply to a [`Command::Rpc`], handed back to the machine that asked.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

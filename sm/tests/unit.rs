@@ -11,6 +11,8 @@ mod election;
 mod keepalive;
 #[path = "unit/observe.rs"]
 mod observe;
+#[path = "unit/rpc.rs"]
+mod rpc;
 #[path = "unit/stream.rs"]
 mod stream;
 #[path = "unit/support.rs"]

@@ -8,7 +8,7 @@ use super::{
     KvWatcher, Message, StreamEntry, StreamId, StreamPosition, StreamReader, Subscription,
 };
 use crate::driver::{self, rand_seed, FeedItem, Notify, StopHandle};
-use crate::error::{Error, Result};
+use crate::error::{Error, EtcdErrorKind, Result};
 use crate::etcd::{Etcd, EtcdOptions};
 use crate::validate;
 use fleetcoord_sm::stream::{
@@ -275,18 +275,29 @@ impl EtcdCoordinator {
     }
 }
 
-fn unexpected(response: &Response) -> Error {
-    Error::Etcd(format!("unexpected answer from etcd: {response:?}"))
-}
-
 fn stream_error(stream: &str, error: StreamError) -> Error {
+    let context = format!("stream {stream:?}");
     match error {
         // Only the runner stops an append early: the driver is shutting down.
         StreamError::Stopped => Error::DriverGone,
-        StreamError::Contended { attempts } => Error::Etcd(format!(
-            "append to {stream:?} lost {attempts} races in a row"
-        )),
-        other => Error::Etcd(format!("stream {stream:?}: {other}")),
+        StreamError::Contended { attempts } => Error::etcd(
+            EtcdErrorKind::Contended,
+            format!("append to {stream:?} lost {attempts} races in a row"),
+        ),
+        StreamError::Rpc(e) => Error::rpc_in(context, e),
+        // The append may have been stored: say so in the message; the kind
+        // still says whether trying again can work.
+        StreamError::Indeterminate(e) => match Error::rpc_in(context, e) {
+            Error::Etcd { kind, message } => Error::etcd(
+                kind,
+                format!("{message} (the append may or may not have been applied)"),
+            ),
+            other => other,
+        },
+        StreamError::Exhausted => {
+            Error::etcd(EtcdErrorKind::Rejected, format!("{context}: {error}"))
+        }
+        other => Error::etcd(EtcdErrorKind::Unexpected, format!("{context}: {other}")),
     }
 }
 
@@ -357,9 +368,10 @@ impl Coordinator for EtcdCoordinator {
         match done_rx.recv_timeout(wait) {
             Ok(AppendNotice::Appended { seq }) => Ok(StreamId(seq)),
             Ok(AppendNotice::Failed(e)) => Err(stream_error(stream, e)),
-            Ok(other) => Err(Error::Etcd(format!(
-                "append to {stream:?}: unknown outcome {other:?}"
-            ))),
+            Ok(other) => Err(Error::etcd(
+                EtcdErrorKind::Unexpected,
+                format!("append to {stream:?}: unknown outcome {other:?}"),
+            )),
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                 machine.stop();
                 Err(Error::Timeout(wait))
@@ -436,7 +448,7 @@ impl Coordinator for EtcdCoordinator {
                 Some(kv) => Ok(kv.value),
                 None => Err(Error::NotFound),
             },
-            other => Err(unexpected(&other)),
+            other => Err(Error::unexpected(other)),
         }
     }
 
@@ -495,7 +507,7 @@ impl Coordinator for EtcdCoordinator {
         };
         match self.etcd.request(Request::Range(probe))? {
             Response::Range { .. } => Ok(()),
-            other => Err(unexpected(&other)),
+            other => Err(Error::unexpected(other)),
         }
     }
 

@@ -10,24 +10,65 @@ use fleetcoord_sm::{
 };
 use tonic::Code;
 
-/// Map an etcd-client error onto the two outcomes machines distinguish:
-/// worth retrying (`Unavailable`) or not (`Rejected`).
+/// The one place an etcd-client error becomes an [`RpcError`], the typed
+/// vocabulary machines and the facade branch on.
+///
+/// The gRPC status code decides. Where etcd uses one code for several
+/// errors that callers must tell apart, the status message is compared
+/// with the text of etcd's own error constant (`rpctypes` in
+/// etcd's `api/v3rpc/rpctypes/error.go`, stable since etcd 3.0); such
+/// comparisons exist here and nowhere else.
 pub(crate) fn rpc_error(err: ec::Error) -> RpcError {
-    match &err {
-        ec::Error::GRpcStatus(status) => match status.code() {
-            Code::InvalidArgument
-            | Code::NotFound
-            | Code::AlreadyExists
-            | Code::PermissionDenied
-            | Code::FailedPrecondition
-            | Code::OutOfRange
-            | Code::Unimplemented
-            | Code::Unauthenticated
-            | Code::ResourceExhausted => RpcError::Rejected(status.message().to_string()),
-            code => RpcError::Unavailable(format!("{code:?}: {}", status.message())),
+    match err {
+        ec::Error::GRpcStatus(status) => status_error(&status),
+        ec::Error::InvalidArgs(msg) => RpcError::Rejected(msg),
+        // etcd-client reports a keepalive stream whose opening renewal got
+        // a TTL of 0 with this exact text (`LeaseClient::keep_alive` in
+        // etcd-client's `rpc/lease.rs`); its other `LeaseKeepAliveError`s
+        // are a closed local channel, i.e. a broken stream.
+        ec::Error::LeaseKeepAliveError(msg) if msg == EC_KEEPALIVE_TTL_ZERO => {
+            RpcError::LeaseNotFound
+        }
+        other => RpcError::Unavailable(other.to_string()),
+    }
+}
+
+/// etcd's `ErrGRPCCompacted` (code `OutOfRange`, which it shares with
+/// `ErrGRPCFutureRev` and `ErrGRPCLeaseTTLTooLarge`).
+const ETCD_COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
+
+/// What etcd-client 0.21 says when a keepalive stream opens on a lease etcd
+/// no longer has.
+const EC_KEEPALIVE_TTL_ZERO: &str = "lease not found";
+
+fn status_error(status: &tonic::Status) -> RpcError {
+    let message = status.message();
+    match status.code() {
+        // etcd's only NotFound on the KV and Lease services is
+        // `ErrGRPCLeaseNotFound` ("etcdserver: requested lease not found");
+        // `ErrGRPCMemberNotFound` belongs to the Cluster service, which no
+        // request here calls.
+        Code::NotFound => RpcError::LeaseNotFound,
+        Code::OutOfRange if message == ETCD_COMPACTED => RpcError::Compacted {
+            compact_revision: 0,
         },
-        ec::Error::InvalidArgs(msg) => RpcError::Rejected(msg.clone()),
-        _ => RpcError::Unavailable(err.to_string()),
+        // `ErrGRPCPermissionDenied`.
+        Code::PermissionDenied => RpcError::PermissionDenied(message.to_string()),
+        // `ErrGRPCInvalidAuthToken`: the token expired or was invalidated.
+        Code::Unauthenticated => RpcError::Unauthenticated(message.to_string()),
+        // Bad arguments, a request or answer too large, too many
+        // operations, a future revision, a lease TTL too large, no space,
+        // not supported: the same request fails the same way.
+        Code::InvalidArgument
+        | Code::AlreadyExists
+        | Code::FailedPrecondition
+        | Code::OutOfRange
+        | Code::Unimplemented
+        | Code::ResourceExhausted => RpcError::Rejected(message.to_string()),
+        // No connection, no leader, leader changed, timed out, canceled, a
+        // transport failure (`Unknown`, `Internal`): the request may work
+        // later.
+        code => RpcError::Unavailable(format!("{code:?}: {message}")),
     }
 }
 
@@ -38,16 +79,38 @@ pub(crate) fn rpc_error(err: ec::Error) -> RpcError {
 /// With several endpoints, etcd-client's balancer keeps handing some calls
 /// to a member that is down (etcdv3/etcd-client#39); without this, a third
 /// of all calls fail while one of three members is dead.
+///
+/// The status code alone cannot say it: `Unavailable` also means "sent, and
+/// the connection broke", after which a write may have been applied. The
+/// status's cause can: tonic keeps the connector's error as its source, and
+/// at the root of that chain is the OS error of the `connect` call. Only a
+/// connect fails with these kinds, and they fail at once (a connect that
+/// times out is not retried here; the request's own deadline covers it).
 pub(crate) fn is_connect_failure(err: &ec::Error) -> bool {
     match err {
         ec::Error::TransportError(_) => true,
         ec::Error::GRpcStatus(status) => {
-            status.code() == Code::Unavailable
-                && (status.message().starts_with("tcp connect error")
-                    || status.message().starts_with("error trying to connect"))
+            status.code() == Code::Unavailable && connect_refused(status)
         }
         _ => false,
     }
+}
+
+fn connect_refused(status: &tonic::Status) -> bool {
+    use std::io::ErrorKind;
+    let mut cause = std::error::Error::source(status);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                ErrorKind::ConnectionRefused
+                    | ErrorKind::HostUnreachable
+                    | ErrorKind::NetworkUnreachable
+            );
+        }
+        cause = e.source();
+    }
+    false
 }
 
 /// How often a call that failed to connect is tried again (each failure is
@@ -293,4 +356,340 @@ pub(crate) fn watch_response(r: &ec::WatchResponse) -> Response {
         })
         .collect();
     Response::WatchEvents { events }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Status;
+
+    fn grpc(code: Code, message: &str) -> RpcError {
+        rpc_error(ec::Error::GRpcStatus(Status::new(code, message)))
+    }
+
+    fn rejected(message: &str) -> RpcError {
+        RpcError::Rejected(message.into())
+    }
+
+    /// The statuses etcd sends (its `rpctypes` constants) and the transport
+    /// failures tonic reports, each with the variant machines branch on.
+    #[test]
+    fn statuses_map_by_code() {
+        let cases = [
+            (
+                Code::NotFound,
+                "etcdserver: requested lease not found",
+                RpcError::LeaseNotFound,
+            ),
+            (
+                Code::OutOfRange,
+                "etcdserver: mvcc: required revision has been compacted",
+                RpcError::Compacted {
+                    compact_revision: 0,
+                },
+            ),
+            (
+                Code::OutOfRange,
+                "etcdserver: mvcc: required revision is a future revision",
+                rejected("etcdserver: mvcc: required revision is a future revision"),
+            ),
+            (
+                Code::OutOfRange,
+                "etcdserver: too large lease TTL",
+                rejected("etcdserver: too large lease TTL"),
+            ),
+            // tonic's own refusal of an answer over the client's 4 MiB
+            // limit; the stream reader halves its page on `Rejected`.
+            (
+                Code::OutOfRange,
+                "Error, decoded message length too large: found 5242880 bytes, \
+                 the limit is: 4194304 bytes",
+                rejected(
+                    "Error, decoded message length too large: found 5242880 bytes, \
+                     the limit is: 4194304 bytes",
+                ),
+            ),
+            (
+                Code::PermissionDenied,
+                "etcdserver: permission denied",
+                RpcError::PermissionDenied("etcdserver: permission denied".into()),
+            ),
+            (
+                Code::Unauthenticated,
+                "etcdserver: invalid auth token",
+                RpcError::Unauthenticated("etcdserver: invalid auth token".into()),
+            ),
+            (
+                Code::InvalidArgument,
+                "etcdserver: request is too large",
+                rejected("etcdserver: request is too large"),
+            ),
+            (
+                Code::InvalidArgument,
+                "etcdserver: duplicate key given in txn request",
+                rejected("etcdserver: duplicate key given in txn request"),
+            ),
+            (
+                Code::InvalidArgument,
+                "etcdserver: authentication failed, invalid user ID or password",
+                rejected("etcdserver: authentication failed, invalid user ID or password"),
+            ),
+            (
+                Code::InvalidArgument,
+                "etcdserver: user name is empty",
+                rejected("etcdserver: user name is empty"),
+            ),
+            (
+                Code::ResourceExhausted,
+                "etcdserver: mvcc: database space exceeded",
+                rejected("etcdserver: mvcc: database space exceeded"),
+            ),
+            (
+                Code::FailedPrecondition,
+                "etcdserver: lease already exists",
+                rejected("etcdserver: lease already exists"),
+            ),
+            (
+                Code::Unavailable,
+                "etcdserver: leader changed",
+                RpcError::Unavailable("Unavailable: etcdserver: leader changed".into()),
+            ),
+            (
+                Code::Unavailable,
+                "etcdserver: no leader",
+                RpcError::Unavailable("Unavailable: etcdserver: no leader".into()),
+            ),
+            (
+                Code::Unavailable,
+                "etcdserver: request timed out",
+                RpcError::Unavailable("Unavailable: etcdserver: request timed out".into()),
+            ),
+            (
+                Code::DeadlineExceeded,
+                "context deadline exceeded",
+                RpcError::Unavailable("DeadlineExceeded: context deadline exceeded".into()),
+            ),
+            (
+                Code::Cancelled,
+                "operation was canceled",
+                RpcError::Unavailable("Cancelled: operation was canceled".into()),
+            ),
+            (
+                Code::Unknown,
+                "transport error",
+                RpcError::Unavailable("Unknown: transport error".into()),
+            ),
+        ];
+        for (code, message, expected) in cases {
+            assert_eq!(grpc(code, message), expected, "{code:?} {message:?}");
+        }
+    }
+
+    #[test]
+    fn the_code_decides_not_the_text() {
+        // A NotFound is a missing lease whatever it says; a message that
+        // merely mentions a lease does not make one.
+        assert_eq!(grpc(Code::NotFound, ""), RpcError::LeaseNotFound);
+        assert_eq!(
+            grpc(Code::InvalidArgument, "requested lease not found"),
+            rejected("requested lease not found")
+        );
+        assert_eq!(
+            grpc(Code::Unavailable, "required revision has been compacted"),
+            RpcError::Unavailable("Unavailable: required revision has been compacted".into())
+        );
+    }
+
+    #[test]
+    fn client_side_errors() {
+        assert_eq!(
+            rpc_error(ec::Error::InvalidArgs("key is empty".into())),
+            rejected("key is empty")
+        );
+        assert_eq!(
+            rpc_error(ec::Error::LeaseKeepAliveError("lease not found".into())),
+            RpcError::LeaseNotFound
+        );
+        // The renewal channel closed: the stream is broken, nothing more.
+        assert_eq!(
+            rpc_error(ec::Error::LeaseKeepAliveError("channel closed".into())),
+            RpcError::Unavailable("lease keep alive error: channel closed".into())
+        );
+        assert_eq!(
+            rpc_error(ec::Error::WatchError(
+                "failed to create lease keeper".into()
+            )),
+            RpcError::Unavailable("watch error: failed to create lease keeper".into())
+        );
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    #[test]
+    fn only_a_refused_connect_counts_as_a_connect_failure() {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            listener.local_addr().expect("addr").port()
+        };
+        let refused = runtime().block_on(async {
+            let mut client = ec::Client::connect([format!("http://127.0.0.1:{port}")], None)
+                .await
+                .expect("lazy connect");
+            client.get("k", None).await.expect_err("nobody listens")
+        });
+        assert!(is_connect_failure(&refused), "{refused:?}");
+        assert!(matches!(rpc_error(refused), RpcError::Unavailable(_)));
+        // The same words without the OS error behind them prove nothing:
+        // the request may have been sent.
+        for status in [
+            Status::new(Code::Unavailable, "tcp connect error"),
+            Status::new(Code::Unavailable, "etcdserver: leader changed"),
+            Status::new(Code::InvalidArgument, "tcp connect error"),
+        ] {
+            assert!(!is_connect_failure(&ec::Error::GRpcStatus(status)));
+        }
+    }
+
+    /// What a real etcd answers, through the same mapping.
+    #[cfg(feature = "testing")]
+    mod against_etcd {
+        use super::*;
+        use crate::testing::{EtcdBuilder, EtcdServer};
+
+        const MISSING_LEASE: i64 = 0x0bad_1ea5e;
+
+        #[test]
+        fn leases_revisions_and_limits() {
+            let server = EtcdServer::start().expect("etcd");
+            runtime().block_on(async {
+                let mut client = ec::Client::connect([server.endpoint()], None)
+                    .await
+                    .expect("connect");
+                for request in [
+                    Request::Revoke {
+                        lease: MISSING_LEASE,
+                    },
+                    Request::Put {
+                        key: b"k".to_vec(),
+                        value: Vec::new(),
+                        lease: MISSING_LEASE,
+                    },
+                ] {
+                    assert_eq!(
+                        unary(&mut client, &request).await,
+                        Err(RpcError::LeaseNotFound),
+                        "{request:?}"
+                    );
+                }
+                let opened = client.lease_keep_alive(MISSING_LEASE).await;
+                assert_eq!(
+                    opened.map(|_| ()).map_err(rpc_error),
+                    Err(RpcError::LeaseNotFound)
+                );
+
+                let first = client.put("k", "1", None).await.expect("put");
+                let old = first.header().expect("header").revision();
+                let second = client.put("k", "2", None).await.expect("put");
+                let now = second.header().expect("header").revision();
+                client.compact(now, None).await.expect("compact");
+                let at = |revision| Some(ec::GetOptions::new().with_revision(revision));
+                assert_eq!(
+                    client
+                        .get("k", at(old))
+                        .await
+                        .map(|_| ())
+                        .map_err(rpc_error),
+                    Err(RpcError::Compacted {
+                        compact_revision: 0
+                    })
+                );
+                assert!(matches!(
+                    client.get("k", at(now + 100)).await.map_err(rpc_error),
+                    Err(RpcError::Rejected(_))
+                ));
+                assert!(matches!(
+                    unary(&mut client, &Request::Grant { ttl_secs: i64::MAX }).await,
+                    Err(RpcError::Rejected(_))
+                ));
+                let too_large = Request::Put {
+                    key: b"k".to_vec(),
+                    value: vec![0; 2 << 20],
+                    lease: 0,
+                };
+                assert!(matches!(
+                    unary(&mut client, &too_large).await,
+                    Err(RpcError::Rejected(_))
+                ));
+            });
+        }
+
+        #[test]
+        fn permission_denied_and_an_expired_token() {
+            // Simple tokens expire after two idle seconds (checked once a
+            // second); each use restarts the clock.
+            let server = EtcdBuilder::new()
+                .arg("--auth-token-ttl=2")
+                .start()
+                .expect("etcd");
+            runtime().block_on(async {
+                let mut admin = ec::Client::connect([server.endpoint()], None)
+                    .await
+                    .expect("connect");
+                admin.user_add("root", "root-pw", None).await.expect("root");
+                admin
+                    .user_grant_role("root", "root")
+                    .await
+                    .expect("root role");
+                admin.role_add("coord").await.expect("role");
+                let mine = ec::Permission::read_write("/coord/").with_prefix();
+                admin
+                    .role_grant_permission("coord", mine)
+                    .await
+                    .expect("grant");
+                admin
+                    .user_add("agent", "agent-pw", None)
+                    .await
+                    .expect("user");
+                admin
+                    .user_grant_role("agent", "coord")
+                    .await
+                    .expect("user role");
+                admin.auth_enable().await.expect("auth on");
+
+                let options = ec::ConnectOptions::new().with_user("agent", "agent-pw");
+                let mut agent = ec::Client::connect([server.endpoint()], Some(options))
+                    .await
+                    .expect("log in");
+                let put = |key: &str| Request::Put {
+                    key: key.as_bytes().to_vec(),
+                    value: Vec::new(),
+                    lease: 0,
+                };
+                unary(&mut agent, &put("/coord/x"))
+                    .await
+                    .expect("inside the grant");
+                assert_eq!(
+                    unary(&mut agent, &put("/elsewhere")).await,
+                    Err(RpcError::PermissionDenied(
+                        "etcdserver: permission denied".into()
+                    ))
+                );
+                // Without a token refresh (etcd-client's
+                // `with_auto_token_refresh`, off here), the first call after
+                // expiry is refused.
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                assert_eq!(
+                    unary(&mut agent, &put("/coord/x")).await,
+                    Err(RpcError::Unauthenticated(
+                        "etcdserver: invalid auth token".into()
+                    ))
+                );
+            });
+        }
+    }
 }

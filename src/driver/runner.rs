@@ -415,13 +415,12 @@ async fn renew_once(
     if stream.is_none() {
         let mut c = client.clone();
         // Opening the stream already renews once and reads the answer;
-        // etcd-client reports a TTL of 0 there as this error.
-        match exec::on_a_live_member!(c.lease_keep_alive(lease).await) {
+        // etcd-client reports a TTL of 0 there as an error. Hand the
+        // machine what etcd said.
+        match exec::on_a_live_member!(c.lease_keep_alive(lease).await).map_err(exec::rpc_error) {
             Ok(opened) => *stream = Some(opened),
-            Err(ec::Error::LeaseKeepAliveError(msg)) if msg.contains("lease not found") => {
-                return Ok(Response::KeptAlive { ttl_secs: 0 });
-            }
-            Err(e) => return Err(exec::rpc_error(e)),
+            Err(RpcError::LeaseNotFound) => return Ok(Response::KeptAlive { ttl_secs: 0 }),
+            Err(e) => return Err(e),
         }
     }
     let Some((keeper, responses)) = stream.as_mut() else {

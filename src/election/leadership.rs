@@ -181,9 +181,7 @@ impl Leadership {
             Response::Txn {
                 succeeded: false, ..
             } => Ok(None),
-            other => Err(Error::Etcd(format!(
-                "unexpected answer to a txn: {other:?}"
-            ))),
+            other => Err(Error::unexpected(other)),
         }
     }
 

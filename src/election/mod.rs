@@ -3,7 +3,7 @@
 
 use crate::deadline::deadline_after;
 use crate::driver::{rand_seed, MachineHandle, Notify};
-use crate::error::{Error, Result};
+use crate::error::{Error, EtcdErrorKind, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::liveness::{close_outcome, CLOSE_WAIT};
 use crate::validate;
@@ -554,11 +554,14 @@ fn handle_notice(state: &Mutex<State>, notice: ElectionNotice) {
 fn election_error(e: ElectionError) -> Error {
     match e {
         ElectionError::SessionLost => Error::SessionLost,
-        ElectionError::Canceled => Error::Timeout(Duration::ZERO),
+        // Only a timed-out campaign cancels, and it reports its own
+        // `Error::Timeout`; this is for a cancel that reaches a caller anyway.
+        ElectionError::Canceled => Error::Canceled,
         ElectionError::NotLeader => Error::NotLeader,
         ElectionError::Stopped => Error::Closed,
-        ElectionError::Rejected(msg) => Error::Etcd(msg),
-        other => Error::Etcd(format!("{other:?}")),
+        ElectionError::Rejected(e) => Error::from(e),
+        // `Busy` cannot reach a caller: one operation runs at a time.
+        other => Error::etcd(EtcdErrorKind::Unexpected, format!("election: {other:?}")),
     }
 }
 
@@ -577,8 +580,6 @@ fn election_prefix(name: &str, options: &ElectionOptions) -> Result<String> {
 pub(crate) fn current_leader(etcd: &Etcd, prefix: &str) -> Result<Option<LeaderInfo>> {
     match etcd.request(leader_query(prefix.as_bytes()))? {
         Response::Range { kvs, .. } => Ok(kvs.first().map(LeaderInfo::from_kv)),
-        other => Err(Error::Etcd(format!(
-            "unexpected answer to a range: {other:?}"
-        ))),
+        other => Err(Error::unexpected(other)),
     }
 }

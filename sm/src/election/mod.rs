@@ -28,7 +28,7 @@ pub use requests::{fenced_txn, leader_query};
 
 use crate::backoff::BackoffConfig;
 use crate::keepalive::{Keepalive, KeepaliveConfig, KeepaliveEvent, LivenessState};
-use crate::rpc::{Command, Compare, KeyValue, LeaseId, Revision, RpcReply};
+use crate::rpc::{Command, Compare, KeyValue, LeaseId, Revision, RpcError, RpcReply};
 use crate::Machine;
 use protocol::{Protocol, SessionFact, UserRequest};
 use std::collections::VecDeque;
@@ -109,8 +109,9 @@ pub enum ElectionError {
     NotLeader,
     /// The election was stopped.
     Stopped,
-    /// etcd refused a request; retrying it would not help.
-    Rejected(String),
+    /// A request failed in a way retrying would not help (see
+    /// [`RpcError::is_retryable`]); the error says how, for the user.
+    Rejected(RpcError),
 }
 
 /// What an [`Election`] tells its user, in order, via [`Command::Notify`].

@@ -552,11 +552,11 @@ impl Protocol {
     fn campaign_reply(&mut self, mut c: Campaign, result: Result<Response, RpcError>) -> Op {
         let response = match result {
             Ok(r) => r,
-            Err(RpcError::Rejected(msg)) => {
+            Err(e) if !e.is_retryable() => {
                 if matches!(c.step, Step::WatchOlder { .. }) {
                     return self.restart_wait(c);
                 }
-                return self.fail_campaign(c, ElectionError::Rejected(msg));
+                return self.fail_campaign(c, ElectionError::Rejected(e));
             }
             Err(_) => {
                 if matches!(c.step, Step::WatchOlder { .. }) {
@@ -736,21 +736,22 @@ impl Protocol {
     }
 
     fn withdraw_reply(&mut self, mut w: Withdraw, result: Result<Response, RpcError>) -> Op {
-        match result {
+        let done = match &result {
             // Either way my key of that revision is gone (a failed guard means it already was).
-            Ok(Response::Txn { .. })
-            | Ok(Response::Deleted { .. })
-            | Err(RpcError::Rejected(_)) => {
-                for n in w.then {
-                    self.notify(n);
-                }
-                Op::Idle
+            Ok(Response::Txn { .. }) | Ok(Response::Deleted { .. }) => true,
+            // Resending would fail the same way; give up on the withdraw.
+            Err(e) => !e.is_retryable(),
+            Ok(_) => false,
+        };
+        if done {
+            for n in w.then {
+                self.notify(n);
             }
-            _ => {
-                w.pending = None;
-                self.arm_retry();
-                Op::Withdrawing(w)
-            }
+            Op::Idle
+        } else {
+            w.pending = None;
+            self.arm_retry();
+            Op::Withdrawing(w)
         }
     }
 
@@ -774,9 +775,9 @@ impl Protocol {
                         self.lose_leadership(l, ElectionError::NotLeader);
                         Op::Idle
                     }
-                    Err(RpcError::Rejected(msg)) => {
+                    Err(e) if !e.is_retryable() => {
                         l.proclaim = None;
-                        self.notify(ElectionNotice::ProclaimFailed(ElectionError::Rejected(msg)));
+                        self.notify(ElectionNotice::ProclaimFailed(ElectionError::Rejected(e)));
                         Op::Leading(l)
                     }
                     _ => {

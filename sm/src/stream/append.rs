@@ -232,9 +232,7 @@ impl Append {
                 succeeded: false, ..
             }) => self.lost_race(now),
             // etcd refused the transaction: it was not applied.
-            Err(RpcError::Rejected(m)) => self.finish(AppendNotice::Failed(StreamError::Rpc(
-                RpcError::Rejected(m),
-            ))),
+            Err(e) if e.is_refusal() => self.finish(AppendNotice::Failed(StreamError::Rpc(e))),
             // Anything else may have been applied; retrying could write the
             // payload twice.
             Err(e) => self.finish(AppendNotice::Failed(StreamError::Indeterminate(e))),

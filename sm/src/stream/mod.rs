@@ -179,21 +179,13 @@ impl fmt::Display for StreamError {
                 String::from_utf8_lossy(value)
             ),
             StreamError::Exhausted => write!(f, "stream sequence numbers are exhausted"),
-            StreamError::Rpc(e) => write!(f, "{}", rpc_message(e)),
-            StreamError::Indeterminate(e) => write!(
-                f,
-                "{} (the append may or may not have been applied)",
-                rpc_message(e)
-            ),
+            StreamError::Rpc(e) => write!(f, "{e}"),
+            StreamError::Indeterminate(e) => {
+                write!(f, "{e} (the append may or may not have been applied)")
+            }
             StreamError::Unexpected(what) => write!(f, "unexpected answer from etcd: {what}"),
             StreamError::Stopped => write!(f, "stopped"),
         }
-    }
-}
-
-fn rpc_message(e: &RpcError) -> &str {
-    match e {
-        RpcError::Unavailable(m) | RpcError::Rejected(m) => m,
     }
 }
 

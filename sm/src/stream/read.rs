@@ -393,17 +393,16 @@ impl Reader {
     fn on_read(&mut self, now: Instant, result: Result<Response, RpcError>) {
         let response = match result {
             Ok(response) => response,
-            // An answer over the message limit is refused too: a smaller
-            // page may fit. Only a one-entry page that is refused is final.
+            // An answer over the message limit is refused too (the driver
+            // reports it as `Rejected`): a smaller page may fit. Only a
+            // one-entry page that is refused is final.
             Err(RpcError::Rejected(_))
                 if self.page > 1 && self.unresolved != Some(ReadFrom::End) =>
             {
                 self.page /= 2;
                 return self.start_read();
             }
-            Err(RpcError::Rejected(m)) => {
-                return self.fail(StreamError::Rpc(RpcError::Rejected(m)))
-            }
+            Err(e) if !e.is_retryable() => return self.fail(StreamError::Rpc(e)),
             Err(_) => return self.retry_later(now),
         };
         let (revision, kvs) = match self.read_answer(response) {
@@ -459,7 +458,7 @@ impl Reader {
                 let batch = self.cursor.events(&self.keys, events);
                 self.deliver(batch);
             }
-            Err(RpcError::Rejected(m)) => self.fail(StreamError::Rpc(RpcError::Rejected(m))),
+            Err(e) if !e.is_retryable() => self.fail(StreamError::Rpc(e)),
             // Failed, canceled (compaction or otherwise), or nonsense: read
             // again after the last delivered entry.
             _ => self.retry_later(now),

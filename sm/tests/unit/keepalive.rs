@@ -257,9 +257,7 @@ fn put_rejected_for_a_missing_lease_loses_it_and_regrants_after_backoff() {
     let _ = drain(&mut m);
     let reply = RpcReply {
         id: RpcId(1),
-        result: Err(RpcError::Rejected(
-            "etcdserver: requested lease not found".into(),
-        )),
+        result: Err(RpcError::LeaseNotFound),
     };
     m.handle(t0 + ms(10), reply.into());
     assert_eq!(
@@ -276,6 +274,36 @@ fn put_rejected_for_a_missing_lease_loses_it_and_regrants_after_backoff() {
         drain(&mut m),
         vec![rpc(2, Request::Grant { ttl_secs: TTL })]
     );
+}
+
+#[test]
+fn only_the_lease_not_found_variant_loses_the_lease_not_its_wording() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(config(true), t0, 1);
+    let _ = drain(&mut m);
+    m.handle(
+        t0,
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    let _ = drain(&mut m);
+    // Rejected for some other reason, whatever the text says: the put is
+    // retried on the same lease.
+    let reply = RpcReply {
+        id: RpcId(1),
+        result: Err(RpcError::Rejected(
+            "etcdserver: requested lease not found".into(),
+        )),
+    };
+    m.handle(t0 + ms(10), reply.into());
+    assert_eq!(drain(&mut m), vec![], "no Lost");
+    m.handle_timeout(t0 + ms(110));
+    assert_eq!(drain(&mut m), vec![put(2, b"v1")]);
 }
 
 #[test]

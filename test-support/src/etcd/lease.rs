@@ -48,7 +48,7 @@ impl ModelEtcd {
         if lease == 0 || self.leases.contains_key(&lease) {
             Ok(())
         } else {
-            Err(RpcError::Rejected("requested lease not found".into()))
+            Err(RpcError::LeaseNotFound)
         }
     }
 
@@ -57,7 +57,7 @@ impl ModelEtcd {
         if self.expire_lease(lease) {
             Ok(Response::Revoked)
         } else {
-            Err(RpcError::Rejected("lease not found".into()))
+            Err(RpcError::LeaseNotFound)
         }
     }
 

@@ -81,11 +81,11 @@ fn revoke_and_put_reject_unknown_leases() {
     let mut etcd = ModelEtcd::new();
     assert_eq!(
         etcd.execute(t0, &Request::Revoke { lease: 42 }),
-        Err(RpcError::Rejected("lease not found".into()))
+        Err(RpcError::LeaseNotFound)
     );
     assert_eq!(
         etcd.execute(t0, &put("k", "v", 42)),
-        Err(RpcError::Rejected("requested lease not found".into()))
+        Err(RpcError::LeaseNotFound)
     );
     let (lease, _) = grant(&mut etcd, t0, 10);
     etcd.execute(t0, &put("k", "v", lease)).unwrap();
@@ -258,7 +258,7 @@ fn txn_rejects_duplicates_and_unknown_leases_without_writing() {
     };
     assert_eq!(
         etcd.execute(t0, &Request::Txn(bad_lease)),
-        Err(RpcError::Rejected("requested lease not found".into()))
+        Err(RpcError::LeaseNotFound)
     );
     assert_eq!(etcd.revision(), 1);
     assert!(etcd.range_prefix(b"").is_empty());
