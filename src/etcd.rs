@@ -262,12 +262,12 @@ impl Etcd {
     pub(crate) fn run<M>(
         &self,
         machine: M,
-        sink: impl Sink<M::Notification> + 'static,
+        sink: impl Sink<M::Notice> + 'static,
     ) -> Result<MachineHandle<M>>
     where
         M: Machine + Send + 'static,
-        M::Event: Send + 'static,
-        M::Notification: 'static,
+        M::Input: Send + 'static,
+        M::Notice: 'static,
     {
         let (task, handle) = MachineTask::new(machine, sink);
         self.inner

@@ -6,7 +6,7 @@ use crate::error::{Error, EtcdErrorKind, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::validate;
 use crossbeam_channel::TrySendError;
-use fleetcoord_sm::keepalive::{Binding, Keepalive, KeepaliveConfig, KeepaliveEvent};
+use fleetcoord_sm::keepalive::{Binding, Keepalive, KeepaliveConfig, KeepaliveInput};
 use fleetcoord_sm::BackoffConfig;
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -259,7 +259,7 @@ impl HostLiveness {
     pub fn set_metadata(&self, metadata: &[u8]) -> Result<()> {
         validate::payload("metadata", metadata)?;
         self.machine
-            .send(KeepaliveEvent::SetValue(metadata.to_vec()))
+            .send(KeepaliveInput::SetValue(metadata.to_vec()))
             .map_err(|_| Error::DriverGone)
     }
 

@@ -22,7 +22,7 @@
 
 use arbitrary::Arbitrary;
 use fleetcoord_sm::keepalive::{
-    Binding, Keepalive, KeepaliveConfig, KeepaliveEvent, LivenessState,
+    Binding, Keepalive, KeepaliveConfig, KeepaliveInput, LivenessState,
 };
 use fleetcoord_sm::{
     BackoffConfig, Command, Machine, Request, Response, RpcError, RpcId, RpcReply,
@@ -268,11 +268,11 @@ impl Run {
             Op::ExtendLeases => self.etcd.extend_all_leases(self.now),
             Op::SetValue(v) => {
                 self.machine
-                    .handle(self.now, KeepaliveEvent::SetValue(vec![v]));
+                    .handle(self.now, KeepaliveInput::SetValue(vec![v]));
             }
             Op::Stop => {
                 self.stop_requested = true;
-                self.machine.handle(self.now, KeepaliveEvent::Stop);
+                self.machine.handle(self.now, KeepaliveInput::Stop);
             }
             Op::Stray(reply) => {
                 if self.outstanding.iter().all(|(id, _)| *id != reply.id) {

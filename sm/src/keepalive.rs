@@ -28,7 +28,7 @@
 //! * A grant, put or revoke without any reply for one requested TTL counts as
 //!   failed (the request is canceled), so a lost reply never stalls the
 //!   machine.
-//! * [`KeepaliveEvent::Stop`] cancels everything and revokes the lease; no
+//! * [`KeepaliveInput::Stop`] cancels everything and revokes the lease; no
 //!   renewal, grant or put is ever sent afterwards.
 //!
 //! Backoff: registration (grant, put, an unproven lease lost) and renewal
@@ -58,7 +58,7 @@ pub const MAX_TTL_SECS: i64 = 9_000_000_000;
 pub struct Binding {
     /// The key written with the lease.
     pub key: Vec<u8>,
-    /// Its initial value; [`KeepaliveEvent::SetValue`] replaces it.
+    /// Its initial value; [`KeepaliveInput::SetValue`] replaces it.
     pub value: Vec<u8>,
 }
 
@@ -78,7 +78,7 @@ pub struct KeepaliveConfig {
 /// Inputs of a [`Keepalive`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
-pub enum KeepaliveEvent {
+pub enum KeepaliveInput {
     /// The reply to one of the machine's requests (others are ignored).
     Rpc(RpcReply),
     /// Replace the bound key's value; written at once when registered, and
@@ -88,9 +88,9 @@ pub enum KeepaliveEvent {
     Stop,
 }
 
-impl From<RpcReply> for KeepaliveEvent {
+impl From<RpcReply> for KeepaliveInput {
     fn from(reply: RpcReply) -> Self {
-        KeepaliveEvent::Rpc(reply)
+        KeepaliveInput::Rpc(reply)
     }
 }
 
@@ -638,15 +638,15 @@ impl Keepalive {
 }
 
 impl Machine for Keepalive {
-    type Event = KeepaliveEvent;
-    type Notification = LivenessState;
+    type Input = KeepaliveInput;
+    type Notice = LivenessState;
 
-    fn handle(&mut self, now: Instant, event: KeepaliveEvent) {
+    fn handle(&mut self, now: Instant, input: KeepaliveInput) {
         self.observe(now);
         let now = self.now;
-        match event {
-            KeepaliveEvent::Rpc(reply) => self.on_reply(now, reply),
-            KeepaliveEvent::SetValue(value) => {
+        match input {
+            KeepaliveInput::Rpc(reply) => self.on_reply(now, reply),
+            KeepaliveInput::SetValue(value) => {
                 let Some(binding) = &mut self.binding else {
                     return;
                 };
@@ -666,7 +666,7 @@ impl Machine for Keepalive {
                     }
                 }
             }
-            KeepaliveEvent::Stop => self.stop(now),
+            KeepaliveInput::Stop => self.stop(now),
         }
     }
 
@@ -690,8 +690,8 @@ impl Machine for Keepalive {
         self.timers.next().map(|at| at.max(self.now))
     }
 
-    fn stop_input() -> KeepaliveEvent {
-        KeepaliveEvent::Stop
+    fn stop_input() -> KeepaliveInput {
+        KeepaliveInput::Stop
     }
 
     fn is_finished(&self) -> bool {

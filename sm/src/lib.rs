@@ -15,8 +15,8 @@
 //! Every machine implements [`Machine`]:
 //!
 //! * `new(config, now, seed)` builds it (an inherent constructor).
-//! * [`Machine::handle`] feeds one event: an RPC reply ([`RpcReply`], which
-//!   converts into every machine's event type) or a user request. In every
+//! * [`Machine::handle`] feeds one input: an RPC reply ([`RpcReply`], which
+//!   converts into every machine's input type) or a user request. In every
 //!   machine, `handle` never fires a timer: only `handle_timeout` does. So a
 //!   driver that has an input at `now` while `poll_timeout()` is due calls
 //!   `handle_timeout(now)` first — otherwise the input would be judged by a
@@ -37,7 +37,7 @@
 //!
 //! Polling order: after **every** `handle*` call, drain `poll_command` until
 //! it returns `None`, executing each command, then read `poll_timeout` and
-//! sleep until that instant (or until the next event; if both are ready,
+//! sleep until that instant (or until the next input; if both are ready,
 //! the timer goes first). `now` must never go
 //! backwards, and a returned deadline is never earlier than the last `now`.
 //! Notifications for users are commands too ([`Command::Notify`]), so the
@@ -56,7 +56,7 @@
 //! fn drive<M: Machine>(
 //!     machine: &mut M,
 //!     clock: impl Fn() -> Instant,
-//!     mut notify: impl FnMut(M::Notification),
+//!     mut notify: impl FnMut(M::Notice),
 //! ) {
 //!     loop {
 //!         let mut replies = Vec::new();
@@ -105,12 +105,12 @@ use std::time::Instant;
 /// run them all.
 pub trait Machine {
     /// Inputs: RPC replies and user requests.
-    type Event: From<RpcReply>;
+    type Input: From<RpcReply>;
     /// What the machine tells its user through [`Command::Notify`].
-    type Notification;
+    type Notice;
 
-    /// Feed one event observed at `now`.
-    fn handle(&mut self, now: Instant, event: Self::Event);
+    /// Feed one input observed at `now`.
+    fn handle(&mut self, now: Instant, input: Self::Input);
 
     /// Let time pass; fires every timer due at `now`. Calls before the
     /// deadline, or repeated calls, do nothing.
@@ -118,7 +118,7 @@ pub trait Machine {
 
     /// The next command, in order; `None` when the queue is empty.
     #[must_use]
-    fn poll_command(&mut self) -> Option<Command<Self::Notification>>;
+    fn poll_command(&mut self) -> Option<Command<Self::Notice>>;
 
     /// When [`Machine::handle_timeout`] is next needed; `None` = no timer.
     #[must_use]
@@ -127,7 +127,7 @@ pub trait Machine {
     /// The input that asks the machine to stop: cancel what it does,
     /// revoke or resign what it holds. Handled like any other input; the
     /// machine then works towards [`Machine::is_finished`].
-    fn stop_input() -> Self::Event;
+    fn stop_input() -> Self::Input;
 
     /// Stopped with nothing left to do: no request it still waits for, no
     /// timer, no command queued. A driver may drop the machine then, and
@@ -138,14 +138,14 @@ pub trait Machine {
     /// consumer's queue is full, so it stops producing (it pauses its watch)
     /// until [`Machine::consumer_ready_input`]. `None` (the default) for
     /// machines whose notices are few and must never wait.
-    fn consumer_full_input() -> Option<Self::Event> {
+    fn consumer_full_input() -> Option<Self::Input> {
         None
     }
 
     /// The input telling a paused machine that its consumer caught up: it
     /// resumes where the consumer left off (a resync diff for watches, the
     /// entry after the last delivered one for streams).
-    fn consumer_ready_input() -> Option<Self::Event> {
+    fn consumer_ready_input() -> Option<Self::Input> {
         None
     }
 }

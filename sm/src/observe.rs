@@ -129,17 +129,17 @@ fn identity(kv: Option<&KeyValue>) -> Option<(&[u8], Revision, &[u8])> {
 }
 
 impl Machine for Observe {
-    type Event = ObserveInput;
-    type Notification = ObserveNotice;
+    type Input = ObserveInput;
+    type Notice = ObserveNotice;
 
-    fn handle(&mut self, now: Instant, event: ObserveInput) {
-        let event = match event {
+    fn handle(&mut self, now: Instant, input: ObserveInput) {
+        let input = match input {
             ObserveInput::Rpc(reply) => WatchInput::Rpc(reply),
             ObserveInput::ConsumerFull => WatchInput::ConsumerFull,
             ObserveInput::ConsumerReady => WatchInput::ConsumerReady,
             ObserveInput::Stop => WatchInput::Stop,
         };
-        self.watch.handle(now, event);
+        self.watch.handle(now, input);
         self.pump();
     }
 

@@ -269,15 +269,15 @@ impl Watch {
 }
 
 impl Machine for Watch {
-    type Event = WatchInput;
-    type Notification = WatchNotice;
+    type Input = WatchInput;
+    type Notice = WatchNotice;
 
-    fn handle(&mut self, now: Instant, event: WatchInput) {
+    fn handle(&mut self, now: Instant, input: WatchInput) {
         self.observe_now(now);
         if self.phase == Phase::Stopped {
             return;
         }
-        match event {
+        match input {
             WatchInput::Rpc(reply) => self.on_reply(now, reply),
             WatchInput::ConsumerFull => {
                 self.abandon();

@@ -241,14 +241,14 @@ impl EtcdCoordinator {
     fn run_feed<M, T>(
         &self,
         machine: M,
-        mut translate: impl FnMut(M::Notification, &crossbeam_channel::Sender<Result<()>>) -> FeedItem<T>
+        mut translate: impl FnMut(M::Notice, &crossbeam_channel::Sender<Result<()>>) -> FeedItem<T>
             + Send
             + 'static,
     ) -> Result<Feed<T>>
     where
         M: Machine + Send + 'static,
-        M::Event: Send + 'static,
-        M::Notification: 'static,
+        M::Input: Send + 'static,
+        M::Notice: 'static,
         T: Send + 'static,
     {
         let mut feeds = self.feeds.lock();

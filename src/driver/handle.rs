@@ -120,14 +120,14 @@ pub(crate) enum Control<I> {
 
 /// A primitive's hold on its running machine.
 pub(crate) struct MachineHandle<M: Machine> {
-    input: mpsc::UnboundedSender<Control<M::Event>>,
+    input: mpsc::UnboundedSender<Control<M::Input>>,
     finished: Receiver<Finished>,
     _machine: PhantomData<fn() -> M>,
 }
 
 impl<M: Machine> MachineHandle<M> {
     pub(crate) fn new(
-        input: mpsc::UnboundedSender<Control<M::Event>>,
+        input: mpsc::UnboundedSender<Control<M::Input>>,
         finished: Receiver<Finished>,
     ) -> Self {
         MachineHandle {
@@ -138,7 +138,7 @@ impl<M: Machine> MachineHandle<M> {
     }
 
     /// Feed the machine one input.
-    pub(crate) fn send(&self, input: M::Event) -> Result<(), Gone> {
+    pub(crate) fn send(&self, input: M::Input) -> Result<(), Gone> {
         self.input.send(Control::Input(input)).map_err(|_| Gone)
     }
 
@@ -193,7 +193,7 @@ pub(crate) trait StopHandle: Send + Sync {
 impl<M> StopHandle for MachineHandle<M>
 where
     M: Machine,
-    M::Event: Send,
+    M::Input: Send,
 {
     fn stop(&self) {
         MachineHandle::stop(self);

@@ -24,21 +24,21 @@ use tokio::task::AbortHandle;
 pub(crate) struct MachineTask<M: Machine> {
     machine: M,
     /// User requests; when every sender is gone the machine is stopped.
-    inputs: mpsc::UnboundedReceiver<Control<M::Event>>,
-    sink: Box<dyn Sink<M::Notification>>,
+    inputs: mpsc::UnboundedReceiver<Control<M::Input>>,
+    sink: Box<dyn Sink<M::Notice>>,
     finished: crossbeam_channel::Sender<Finished>,
 }
 
 impl<M> MachineTask<M>
 where
     M: Machine + Send + 'static,
-    M::Event: Send + 'static,
-    M::Notification: 'static,
+    M::Input: Send + 'static,
+    M::Notice: 'static,
 {
     /// The task for `machine` and the primitive's handle on it.
     pub(crate) fn new(
         machine: M,
-        sink: impl Sink<M::Notification> + 'static,
+        sink: impl Sink<M::Notice> + 'static,
     ) -> (MachineTask<M>, MachineHandle<M>) {
         let (input_tx, inputs) = mpsc::unbounded_channel();
         let (finished, finished_rx) = crossbeam_channel::bounded(1);
@@ -63,8 +63,8 @@ pub(crate) trait Runnable: Send {
 impl<M> Runnable for MachineTask<M>
 where
     M: Machine + Send + 'static,
-    M::Event: Send + 'static,
-    M::Notification: 'static,
+    M::Input: Send + 'static,
+    M::Notice: 'static,
 {
     fn run(self: Box<Self>, shared: Shared) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(run(shared, *self))
@@ -107,7 +107,7 @@ const RELIEF_POLL: Duration = Duration::from_millis(10);
 pub(crate) async fn run<M>(shared: Shared, task: MachineTask<M>)
 where
     M: Machine + Send + 'static,
-    M::Event: Send,
+    M::Input: Send,
 {
     let MachineTask {
         mut machine,

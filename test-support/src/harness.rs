@@ -48,7 +48,7 @@ pub struct Harness<M: Machine> {
     /// The machine; call its user-facing methods directly, then `pump`.
     pub machine: M,
     /// Every `Command::Notify`, with the instant it was emitted, in order.
-    pub notifications: Vec<(Instant, M::Notification)>,
+    pub notifications: Vec<(Instant, M::Notice)>,
     /// How long after `drop_streams` the stream errors arrive.
     pub stream_drop_delay: Duration,
     /// Requests handed to etcd (including failed ones), for statistics.
@@ -368,7 +368,7 @@ impl<M: Machine> Harness<M> {
     }
 
     /// Takes every notification recorded so far.
-    pub fn drain_notifications(&mut self) -> Vec<(Instant, M::Notification)> {
+    pub fn drain_notifications(&mut self) -> Vec<(Instant, M::Notice)> {
         std::mem::take(&mut self.notifications)
     }
 }

@@ -27,7 +27,7 @@ mod requests;
 pub use requests::{fenced_txn, leader_query};
 
 use crate::backoff::BackoffConfig;
-use crate::keepalive::{Keepalive, KeepaliveConfig, KeepaliveEvent, LivenessState};
+use crate::keepalive::{Keepalive, KeepaliveConfig, KeepaliveInput, LivenessState};
 use crate::rpc::{Command, Compare, KeyValue, LeaseId, Revision, RpcError, RpcReply};
 use crate::Machine;
 use protocol::{Protocol, SessionFact, UserRequest};
@@ -292,16 +292,16 @@ impl Election {
 }
 
 impl Machine for Election {
-    type Event = ElectionInput;
-    type Notification = ElectionNotice;
+    type Input = ElectionInput;
+    type Notice = ElectionNotice;
 
-    fn handle(&mut self, now: Instant, event: ElectionInput) {
+    fn handle(&mut self, now: Instant, input: ElectionInput) {
         self.advance(now);
         let now = self.now;
-        match event {
+        match input {
             ElectionInput::Rpc(reply) => {
                 if self.session.owns(reply.id) {
-                    self.session.handle(now, KeepaliveEvent::Rpc(reply));
+                    self.session.handle(now, KeepaliveInput::Rpc(reply));
                 } else {
                     self.protocol.reply(now, reply);
                 }
@@ -330,7 +330,7 @@ impl Machine for Election {
             ElectionInput::Stop => {
                 self.protocol.user(now, UserRequest::Stop);
                 self.drain();
-                self.session.handle(now, KeepaliveEvent::Stop);
+                self.session.handle(now, KeepaliveInput::Stop);
             }
         }
         self.drain();

@@ -73,7 +73,7 @@ struct Campaign {
     lease: LeaseId,
     key: Vec<u8>,
     /// My key's create revision; 0 while unknown.
-    my_rev: Revision,
+    token: Revision,
     step: Step,
     /// The request of `step` in flight; `None` while waiting (session or backoff).
     pending: Option<RpcId>,
@@ -90,7 +90,7 @@ enum Guard {
 struct Leading {
     key: Vec<u8>,
     lease: LeaseId,
-    rev: Revision,
+    token: Revision,
     guard: Guard,
     proclaim: Option<(Vec<u8>, Option<RpcId>)>,
 }
@@ -98,7 +98,7 @@ struct Leading {
 #[derive(Clone, Debug)]
 struct Withdraw {
     key: Vec<u8>,
-    rev: Option<Revision>,
+    token: Option<Revision>,
     pending: Option<RpcId>,
     then: Vec<ElectionNotice>,
 }
@@ -179,7 +179,7 @@ impl Protocol {
 
     pub(crate) fn token(&self) -> Option<Revision> {
         match &self.op {
-            Op::Leading(l) => Some(l.rev),
+            Op::Leading(l) => Some(l.token),
             _ => None,
         }
     }
@@ -298,7 +298,7 @@ impl Protocol {
         }
         self.timers.stop(Timer::Retry);
         self.timers.stop(Timer::ProclaimRetry);
-        self.notify(ElectionNotice::LeadershipLost { token: l.rev });
+        self.notify(ElectionNotice::LeadershipLost { token: l.token });
         if let Some((_, pending)) = l.proclaim {
             self.cancel(pending);
             self.notify(ElectionNotice::ProclaimFailed(proclaim_error));
@@ -338,7 +338,7 @@ impl Protocol {
                     try_only,
                     lease: 0,
                     key: Vec::new(),
-                    my_rev: 0,
+                    token: 0,
                     step: Step::WaitSession,
                     pending: None,
                 };
@@ -378,9 +378,9 @@ impl Protocol {
             // Only the leadership with this token may resign: a stale handle
             // (its leadership lost, a newer campaign running or won) must not
             // end what came after it.
-            (Op::Leading(l), UserRequest::Resign { token }) if l.rev == token => {
+            (Op::Leading(l), UserRequest::Resign { token }) if l.token == token => {
                 let key = l.key.clone();
-                let rev = l.rev;
+                let old_token = l.token;
                 match l.guard {
                     Guard::Watching(id) | Guard::Checking(id) => self.cancel(Some(id)),
                     Guard::Waiting => {}
@@ -394,7 +394,7 @@ impl Protocol {
                 self.backoff.reset();
                 self.send_withdraw(Withdraw {
                     key,
-                    rev: Some(rev),
+                    token: Some(old_token),
                     pending: None,
                     then: vec![ElectionNotice::Resigned { token }],
                 })
@@ -412,7 +412,7 @@ impl Protocol {
                     self.notify(ElectionNotice::ProclaimFailed(ElectionError::Busy));
                 } else {
                     self.proclaim_backoff.reset();
-                    let id = self.send(requests::guarded_put(&l.key, &value, l.lease, l.rev));
+                    let id = self.send(requests::guarded_put(&l.key, &value, l.lease, l.token));
                     l.proclaim = Some((value, Some(id)));
                 }
                 Op::Leading(l)
@@ -457,19 +457,19 @@ impl Protocol {
             }
             return Op::Idle;
         }
-        let rev = (c.my_rev != 0).then_some(c.my_rev);
+        let token = (c.token != 0).then_some(c.token);
         self.backoff.reset();
         self.send_withdraw(Withdraw {
             key: c.key,
-            rev,
+            token,
             pending: None,
             then,
         })
     }
 
     fn send_withdraw(&mut self, mut w: Withdraw) -> Op {
-        let request = match w.rev {
-            Some(rev) => requests::guarded_delete(&w.key, rev),
+        let request = match w.token {
+            Some(token) => requests::guarded_delete(&w.key, token),
             None => requests::plain_delete(&w.key),
         };
         w.pending = Some(self.send(request));
@@ -483,8 +483,8 @@ impl Protocol {
                 requests::try_create(&self.prefix, &c.key, &c.value, c.lease)
             }
             Step::Create => requests::create(&c.key, &c.value, c.lease),
-            Step::FixValue => requests::guarded_put(&c.key, &c.value, c.lease, c.my_rev),
-            Step::FindOlder => requests::newest_older(&self.prefix, c.my_rev),
+            Step::FixValue => requests::guarded_put(&c.key, &c.value, c.lease, c.token),
+            Step::FindOlder => requests::newest_older(&self.prefix, c.token),
             Step::WatchOlder { key, from } => requests::watch_key(key, *from),
             Step::Verify => requests::read_key(&c.key),
         };
@@ -507,7 +507,7 @@ impl Protocol {
                 }
                 (Timer::ProclaimRetry, Op::Leading(mut l)) => {
                     if let Some((value, None)) = l.proclaim.take() {
-                        let id = self.send(requests::guarded_put(&l.key, &value, l.lease, l.rev));
+                        let id = self.send(requests::guarded_put(&l.key, &value, l.lease, l.token));
                         l.proclaim = Some((value, Some(id)));
                     }
                     Op::Leading(l)
@@ -586,7 +586,7 @@ impl Protocol {
                     succeeded: false, ..
                 } => {
                     // My key vanished between the reads: join the queue again.
-                    c.my_rev = 0;
+                    c.token = 0;
                     c.step = Step::Create;
                     self.send_step(c)
                 }
@@ -597,7 +597,7 @@ impl Protocol {
                     self.backoff.reset();
                     let older = kvs
                         .iter()
-                        .find(|kv| kv.create_revision < c.my_rev && kv.key != c.key);
+                        .find(|kv| kv.create_revision < c.token && kv.key != c.key);
                     c.step = match older {
                         Some(kv) => Step::WatchOlder {
                             key: kv.key.clone(),
@@ -629,12 +629,12 @@ impl Protocol {
                     self.backoff.reset();
                     let mine = kvs
                         .iter()
-                        .any(|kv| kv.key == c.key && kv.create_revision == c.my_rev);
+                        .any(|kv| kv.key == c.key && kv.create_revision == c.token);
                     if mine {
                         self.elect(c, revision)
                     } else {
                         // Gone while we waited (etcd #19597): queue up again, never claim.
-                        c.my_rev = 0;
+                        c.token = 0;
                         c.step = Step::Create;
                         self.send_step(c)
                     }
@@ -673,11 +673,11 @@ impl Protocol {
                 None => return self.retry_step(c),
             }
         };
-        c.my_rev = match &existing {
+        c.token = match &existing {
             Some(kv) => kv.create_revision,
             None => revision,
         };
-        if c.my_rev <= 0 {
+        if c.token <= 0 {
             return self.retry_step(c);
         }
         self.backoff.reset();
@@ -689,12 +689,12 @@ impl Protocol {
             };
             let first_is_mine = first
                 .as_ref()
-                .is_some_and(|kv| kv.key == c.key && kv.create_revision == c.my_rev);
+                .is_some_and(|kv| kv.key == c.key && kv.create_revision == c.token);
             if !first_is_mine {
                 let then = vec![ElectionNotice::NotElected { leader: first }];
                 return self.send_withdraw(Withdraw {
                     key: c.key,
-                    rev: Some(c.my_rev),
+                    token: Some(c.token),
                     pending: None,
                     then,
                 });
@@ -722,14 +722,14 @@ impl Protocol {
         }
         self.notify(ElectionNotice::Elected {
             key: c.key.clone(),
-            token: c.my_rev,
+            token: c.token,
             lease: c.lease,
         });
         let watch = self.send(requests::watch_key(&c.key, revision.saturating_add(1)));
         Op::Leading(Leading {
             key: c.key,
             lease: c.lease,
-            rev: c.my_rev,
+            token: c.token,
             guard: Guard::Watching(watch),
             proclaim: None,
         })
@@ -797,7 +797,7 @@ impl Protocol {
                 Ok(Response::WatchEvents { events }) => {
                     let gone = events.iter().any(|e| {
                         e.kv.key == l.key
-                            && (e.kind == EventKind::Delete || e.kv.create_revision != l.rev)
+                            && (e.kind == EventKind::Delete || e.kv.create_revision != l.token)
                     });
                     if gone {
                         self.lose_leadership(l, ElectionError::NotLeader);
@@ -818,7 +818,7 @@ impl Protocol {
                     self.backoff.reset();
                     if kvs
                         .iter()
-                        .any(|kv| kv.key == l.key && kv.create_revision == l.rev)
+                        .any(|kv| kv.key == l.key && kv.create_revision == l.token)
                     {
                         l.guard = Guard::Watching(
                             self.send(requests::watch_key(&l.key, revision.saturating_add(1))),

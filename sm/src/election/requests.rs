@@ -70,16 +70,16 @@ pub(crate) fn try_create(prefix: &[u8], key: &[u8], value: &[u8], lease: LeaseId
     })
 }
 
-/// Overwrite my value only while my key is still the one created at `rev`
+/// Overwrite my value only while my key is still the one created at `token`
 /// (used by proclaim and when a campaign finds a stale value).
-pub(crate) fn guarded_put(key: &[u8], value: &[u8], lease: LeaseId, rev: Revision) -> Request {
-    fenced_txn(key, rev, vec![put(key, value, lease)])
+pub(crate) fn guarded_put(key: &[u8], value: &[u8], lease: LeaseId, token: Revision) -> Request {
+    fenced_txn(key, token, vec![put(key, value, lease)])
 }
 
-/// Delete my key only if it is still the one created at `rev`; a key of a
+/// Delete my key only if it is still the one created at `token`; a key of a
 /// later campaign must survive a late withdrawal of an earlier one.
-pub(crate) fn guarded_delete(key: &[u8], rev: Revision) -> Request {
-    fenced_txn(key, rev, vec![TxnOp::Delete(KeyRange::Key(key.to_vec()))])
+pub(crate) fn guarded_delete(key: &[u8], token: Revision) -> Request {
+    fenced_txn(key, token, vec![TxnOp::Delete(KeyRange::Key(key.to_vec()))])
 }
 
 /// The fence: a transaction that runs `ops` only while the candidate `key`
@@ -102,14 +102,14 @@ pub(crate) fn plain_delete(key: &[u8]) -> Request {
 
 /// The newest key created before mine: the one candidate I wait for
 /// (Go's `waitDeletes`), so a release wakes one waiter, not the herd.
-pub(crate) fn newest_older(prefix: &[u8], my_rev: Revision) -> Request {
+pub(crate) fn newest_older(prefix: &[u8], token: Revision) -> Request {
     Request::Range(RangeRequest {
         range: KeyRange::Prefix(prefix.to_vec()),
         sort: SortOrder::CreateDescending,
         limit: 1,
         // max_create_revision 0 means "no bound"; a revision of 1 can
         // never have an older key, so clamp to 1 and let the answer show it.
-        max_create_revision: (my_rev - 1).max(1),
+        max_create_revision: (token - 1).max(1),
     })
 }
 

@@ -301,12 +301,12 @@ impl Append {
 }
 
 impl Machine for Append {
-    type Event = AppendInput;
-    type Notification = AppendNotice;
+    type Input = AppendInput;
+    type Notice = AppendNotice;
 
-    fn handle(&mut self, now: Instant, event: AppendInput) {
+    fn handle(&mut self, now: Instant, input: AppendInput) {
         self.observe_now(now);
-        match event {
+        match input {
             AppendInput::Append(_) if self.phase == Phase::Stopped => {
                 self.queue
                     .push_back(Command::Notify(AppendNotice::Failed(StreamError::Stopped)));

@@ -477,15 +477,15 @@ impl Reader {
 }
 
 impl Machine for Reader {
-    type Event = ReaderInput;
-    type Notification = ReaderNotice;
+    type Input = ReaderInput;
+    type Notice = ReaderNotice;
 
-    fn handle(&mut self, now: Instant, event: ReaderInput) {
+    fn handle(&mut self, now: Instant, input: ReaderInput) {
         self.observe_now(now);
         if self.phase == Phase::Stopped {
             return;
         }
-        match event {
+        match input {
             ReaderInput::Rpc(reply) => self.on_reply(now, reply),
             ReaderInput::ConsumerFull => {
                 self.abandon();

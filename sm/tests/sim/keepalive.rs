@@ -18,7 +18,7 @@
 //!   present in the model, holding the latest value; and Stop revokes.
 
 use fleetcoord_sm::keepalive::{
-    Binding, Keepalive, KeepaliveConfig, KeepaliveEvent, LivenessState,
+    Binding, Keepalive, KeepaliveConfig, KeepaliveInput, LivenessState,
 };
 use fleetcoord_sm::{BackoffConfig, Command, Machine, Request};
 use fleetcoord_test_support::*;
@@ -36,10 +36,10 @@ struct Spy {
 }
 
 impl Machine for Spy {
-    type Event = KeepaliveEvent;
-    type Notification = LivenessState;
+    type Input = KeepaliveInput;
+    type Notice = LivenessState;
 
-    fn stop_input() -> KeepaliveEvent {
+    fn stop_input() -> KeepaliveInput {
         Keepalive::stop_input()
     }
 
@@ -47,10 +47,10 @@ impl Machine for Spy {
         self.machine.is_finished()
     }
 
-    fn handle(&mut self, now: Instant, event: KeepaliveEvent) {
-        self.stop_requested |= event == KeepaliveEvent::Stop;
+    fn handle(&mut self, now: Instant, input: KeepaliveInput) {
+        self.stop_requested |= input == KeepaliveInput::Stop;
         self.last_now = Some(now);
-        self.machine.handle(now, event);
+        self.machine.handle(now, input);
     }
 
     fn handle_timeout(&mut self, now: Instant) {
@@ -285,7 +285,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
                     value = format!("v{}", pick(&mut w.rng, 1_000_000)).into_bytes();
                     let now = w.now;
                     w.h.machine
-                        .handle(now, KeepaliveEvent::SetValue(value.clone()));
+                        .handle(now, KeepaliveInput::SetValue(value.clone()));
                     w.pump();
                 }
             }
@@ -313,7 +313,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
     }
 
     let now = w.now;
-    w.h.machine.handle(now, KeepaliveEvent::Stop);
+    w.h.machine.handle(now, KeepaliveInput::Stop);
     w.pump();
     let until = w.now + 2 * ttl_d;
     w.run_until(until);
@@ -328,7 +328,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
     assert!(!w.etcd.lease_exists(lease), "revoked lease still alive");
     assert!(w.etcd.get(KEY).is_none(), "key outlived the revoke");
     // Later input changes nothing.
-    w.h.machine.handle(until, KeepaliveEvent::Stop);
+    w.h.machine.handle(until, KeepaliveInput::Stop);
     w.h.machine.handle_timeout(until + ttl_d);
     w.pump();
 

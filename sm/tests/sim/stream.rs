@@ -81,8 +81,8 @@ struct AppendSpy {
 }
 
 impl Machine for AppendSpy {
-    type Event = AppendInput;
-    type Notification = AppendNotice;
+    type Input = AppendInput;
+    type Notice = AppendNotice;
 
     fn stop_input() -> AppendInput {
         Append::stop_input()
@@ -92,9 +92,9 @@ impl Machine for AppendSpy {
         self.machine.is_finished()
     }
 
-    fn handle(&mut self, now: Instant, event: AppendInput) {
+    fn handle(&mut self, now: Instant, input: AppendInput) {
         self.last_now = now;
-        match &event {
+        match &input {
             AppendInput::Rpc(RpcReply { id, result }) => {
                 if let Some((out, payload)) = self.outstanding.take() {
                     if out != *id {
@@ -107,7 +107,7 @@ impl Machine for AppendSpy {
             AppendInput::Stop => self.stopped = true,
             AppendInput::Append(_) => {}
         }
-        self.machine.handle(now, event);
+        self.machine.handle(now, input);
     }
 
     fn handle_timeout(&mut self, now: Instant) {
@@ -170,8 +170,8 @@ struct ReaderSpy {
 }
 
 impl Machine for ReaderSpy {
-    type Event = ReaderInput;
-    type Notification = ReaderNotice;
+    type Input = ReaderInput;
+    type Notice = ReaderNotice;
 
     fn stop_input() -> ReaderInput {
         Reader::stop_input()
@@ -181,10 +181,10 @@ impl Machine for ReaderSpy {
         self.machine.is_finished()
     }
 
-    fn handle(&mut self, now: Instant, event: ReaderInput) {
+    fn handle(&mut self, now: Instant, input: ReaderInput) {
         self.last_now = now;
         self.source = Source::Other;
-        match &event {
+        match &input {
             ReaderInput::Rpc(RpcReply { id, result }) => {
                 if let Some((out, is_watch)) = self.outstanding {
                     if out == *id {
@@ -208,7 +208,7 @@ impl Machine for ReaderSpy {
             ReaderInput::Stop => self.stopped = true,
             ReaderInput::ConsumerFull | ReaderInput::ConsumerReady => {}
         }
-        self.machine.handle(now, event);
+        self.machine.handle(now, input);
     }
 
     fn handle_timeout(&mut self, now: Instant) {

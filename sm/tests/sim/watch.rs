@@ -47,8 +47,8 @@ struct Spy {
 }
 
 impl Machine for Spy {
-    type Event = WatchInput;
-    type Notification = WatchNotice;
+    type Input = WatchInput;
+    type Notice = WatchNotice;
 
     fn stop_input() -> WatchInput {
         Watch::stop_input()
@@ -58,9 +58,9 @@ impl Machine for Spy {
         self.machine.is_finished()
     }
 
-    fn handle(&mut self, now: Instant, event: WatchInput) {
+    fn handle(&mut self, now: Instant, input: WatchInput) {
         self.last_now = now;
-        match &event {
+        match &input {
             // Anything but a watch batch ends the request it answers.
             WatchInput::Rpc(RpcReply { id, result })
                 if !matches!(result, Ok(Response::WatchEvents { .. })) =>
@@ -70,7 +70,7 @@ impl Machine for Spy {
             WatchInput::Stop => self.stopped = true,
             _ => {}
         }
-        self.machine.handle(now, event);
+        self.machine.handle(now, input);
     }
 
     fn handle_timeout(&mut self, now: Instant) {

@@ -49,15 +49,15 @@ fn rpc(id: u64, request: Request) -> Cmd {
     }
 }
 
-fn ok(id: u64, response: Response) -> KeepaliveEvent {
-    KeepaliveEvent::Rpc(RpcReply {
+fn ok(id: u64, response: Response) -> KeepaliveInput {
+    KeepaliveInput::Rpc(RpcReply {
         id: RpcId(id),
         result: Ok(response),
     })
 }
 
-fn err(id: u64) -> KeepaliveEvent {
-    KeepaliveEvent::Rpc(RpcReply {
+fn err(id: u64) -> KeepaliveInput {
+    KeepaliveInput::Rpc(RpcReply {
         id: RpcId(id),
         result: Err(RpcError::Unavailable("stream broke".into())),
     })
@@ -485,13 +485,13 @@ fn set_value_puts_now_or_after_the_put_in_flight() {
         ),
     );
     assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
-    m.handle(t0, KeepaliveEvent::SetValue(b"v2".to_vec()));
+    m.handle(t0, KeepaliveInput::SetValue(b"v2".to_vec()));
     assert_eq!(drain(&mut m), vec![], "waits for the put in flight");
     m.handle(t0 + ms(1), ok(1, Response::Put { revision: 2 }));
     assert_eq!(drain(&mut m), vec![registered(), put(2, b"v2")]);
     m.handle(t0 + ms(2), ok(2, Response::Put { revision: 3 }));
     assert_eq!(drain(&mut m), vec![]);
-    m.handle(t0 + ms(3), KeepaliveEvent::SetValue(b"v3".to_vec()));
+    m.handle(t0 + ms(3), KeepaliveInput::SetValue(b"v3".to_vec()));
     assert_eq!(drain(&mut m), vec![put(3, b"v3")]);
     m.handle(t0 + ms(4), ok(3, Response::Put { revision: 4 }));
     // A re-registration uses the latest value.
@@ -528,7 +528,7 @@ fn set_value_puts_now_or_after_the_put_in_flight() {
 fn set_value_is_ignored_in_lease_only_mode() {
     let t0 = Instant::now();
     let mut m = granted(t0);
-    m.handle(t0 + ms(20), KeepaliveEvent::SetValue(b"x".to_vec()));
+    m.handle(t0 + ms(20), KeepaliveInput::SetValue(b"x".to_vec()));
     assert_eq!(drain(&mut m), vec![]);
     assert_eq!(m.poll_timeout(), Some(t0 + s(3)));
 }
@@ -539,7 +539,7 @@ fn stop_cancels_the_renewal_and_revokes() {
     let mut m = granted(t0);
     m.handle_timeout(t0 + s(3));
     let _ = drain(&mut m);
-    m.handle(t0 + s(4), KeepaliveEvent::Stop);
+    m.handle(t0 + s(4), KeepaliveInput::Stop);
     assert_eq!(
         drain(&mut m),
         vec![
@@ -548,7 +548,7 @@ fn stop_cancels_the_renewal_and_revokes() {
         ]
     );
     assert_eq!(m.lease(), None);
-    m.handle(t0 + s(4), KeepaliveEvent::Stop);
+    m.handle(t0 + s(4), KeepaliveInput::Stop);
     m.handle(t0 + s(4), ok(1, Response::KeptAlive { ttl_secs: TTL }));
     assert_eq!(drain(&mut m), vec![]);
     m.handle(t0 + s(5), ok(2, Response::Revoked));
@@ -558,8 +558,8 @@ fn stop_cancels_the_renewal_and_revokes() {
     );
     assert_eq!(m.poll_timeout(), None);
     m.handle_timeout(t0 + s(100));
-    m.handle(t0 + s(100), KeepaliveEvent::SetValue(vec![1]));
-    m.handle(t0 + s(100), KeepaliveEvent::Stop);
+    m.handle(t0 + s(100), KeepaliveInput::SetValue(vec![1]));
+    m.handle(t0 + s(100), KeepaliveInput::Stop);
     assert_eq!(drain(&mut m), vec![]);
 }
 
@@ -567,7 +567,7 @@ fn stop_cancels_the_renewal_and_revokes() {
 fn stop_reports_a_failed_or_unanswered_revoke() {
     let t0 = Instant::now();
     let mut m = granted(t0);
-    m.handle(t0 + s(1), KeepaliveEvent::Stop);
+    m.handle(t0 + s(1), KeepaliveInput::Stop);
     assert_eq!(
         drain(&mut m),
         vec![rpc(1, Request::Revoke { lease: LEASE })]
@@ -579,7 +579,7 @@ fn stop_reports_a_failed_or_unanswered_revoke() {
     );
 
     let mut m = granted(t0);
-    m.handle(t0 + s(1), KeepaliveEvent::Stop);
+    m.handle(t0 + s(1), KeepaliveInput::Stop);
     let _ = drain(&mut m);
     assert_eq!(m.poll_timeout(), Some(t0 + s(10)));
     m.handle_timeout(t0 + s(10));
@@ -600,7 +600,7 @@ fn stop_during_a_grant_revokes_the_lease_it_creates() {
     let t0 = Instant::now();
     let mut m = Keepalive::new(config(true), t0, 1);
     let _ = drain(&mut m);
-    m.handle(t0, KeepaliveEvent::Stop);
+    m.handle(t0, KeepaliveInput::Stop);
     assert_eq!(drain(&mut m), vec![]);
     assert_eq!(m.poll_timeout(), Some(t0 + s(TTL as u64)));
     m.handle(
@@ -630,7 +630,7 @@ fn stop_during_an_unanswered_grant_gives_up_after_the_request_timeout() {
     let t0 = Instant::now();
     let mut m = Keepalive::new(config(true), t0, 1);
     let _ = drain(&mut m);
-    m.handle(t0, KeepaliveEvent::Stop);
+    m.handle(t0, KeepaliveInput::Stop);
     m.handle_timeout(t0 + s(TTL as u64));
     assert_eq!(
         drain(&mut m),

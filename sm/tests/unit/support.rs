@@ -3,7 +3,7 @@
 use fleetcoord_sm::{Command, EventKind, KeyValue, Machine, Revision, WatchEvent};
 
 /// Every command the machine has queued, in order.
-pub fn drain<M: Machine>(m: &mut M) -> Vec<Command<M::Notification>> {
+pub fn drain<M: Machine>(m: &mut M) -> Vec<Command<M::Notice>> {
     std::iter::from_fn(|| m.poll_command()).collect()
 }
 

@@ -63,8 +63,8 @@ impl Probe {
 }
 
 impl Machine for Probe {
-    type Event = RpcReply;
-    type Notification = String;
+    type Input = RpcReply;
+    type Notice = String;
     fn stop_input() -> RpcReply {
         // The probe has no stop; this reply to nothing is ignored.
         RpcReply {
@@ -75,9 +75,9 @@ impl Machine for Probe {
     fn is_finished(&self) -> bool {
         false
     }
-    fn handle(&mut self, now: Instant, event: RpcReply) {
-        self.log.push((now, format!("reply {}", event.id.0)));
-        self.replies.push((now, event));
+    fn handle(&mut self, now: Instant, input: RpcReply) {
+        self.log.push((now, format!("reply {}", input.id.0)));
+        self.replies.push((now, input));
     }
     fn handle_timeout(&mut self, now: Instant) {
         if self.timer.is_some_and(|t| t <= now) {
