@@ -38,12 +38,13 @@
 //! every acknowledged renewal.
 
 use crate::backoff::{Backoff, BackoffConfig};
-use crate::rpc::{Command, LeaseId, Request, Response, RpcError, RpcId, RpcIds, RpcReply};
+use crate::clock::Clock;
+use crate::outbox::Outbox;
+use crate::rpc::{Command, LeaseId, Request, Response, RpcError, RpcId, RpcReply};
 use crate::timer::TimerTable;
 use crate::Machine;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// The largest TTL the machine believes, in seconds (etcd's own maximum).
@@ -186,11 +187,8 @@ pub struct Keepalive {
     timers: TimerTable<Timer>,
     register_backoff: Backoff,
     renew_backoff: Backoff,
-    ids: RpcIds,
-    first_id: u64,
-    issued: u64,
-    queue: VecDeque<Command<LivenessState>>,
-    now: Instant,
+    outbox: Outbox<LivenessState>,
+    clock: Clock,
 }
 
 impl Keepalive {
@@ -220,15 +218,10 @@ impl Keepalive {
             timers: TimerTable::new(),
             register_backoff: Backoff::new(config.backoff.clone(), register_seed),
             renew_backoff: Backoff::new(config.backoff, renew_seed),
-            ids: RpcIds::starting_at(first_rpc_id),
-            first_id: first_rpc_id,
-            issued: 0,
-            queue: VecDeque::new(),
-            now,
+            outbox: Outbox::new(first_rpc_id),
+            clock: Clock::new(now),
         };
-        machine
-            .queue
-            .push_back(Command::Notify(LivenessState::Registering));
+        machine.outbox.notify(LivenessState::Registering);
         machine.send_grant(now);
         machine
     }
@@ -262,30 +255,19 @@ impl Keepalive {
 
     /// Whether `id` was issued by this machine (replies to it belong here).
     pub fn owns(&self, id: RpcId) -> bool {
-        id.0 >= self.first_id && id.0 - self.first_id < self.issued
-    }
-
-    fn next_id(&mut self) -> RpcId {
-        self.issued = self.issued.saturating_add(1);
-        self.ids.next_id()
-    }
-
-    fn rpc(&mut self, request: Request) -> RpcId {
-        let id = self.next_id();
-        self.queue.push_back(Command::Rpc { id, request });
-        id
+        self.outbox.owns(id)
     }
 
     fn notify(&mut self, state: LivenessState) {
         if self.state != state {
             self.state = state.clone();
-            self.queue.push_back(Command::Notify(state));
+            self.outbox.notify(state);
         }
     }
 
     /// Arms `timer`, never earlier than the last `now` seen.
     fn arm(&mut self, timer: Timer, at: Instant) {
-        self.timers.set(timer, at.max(self.now));
+        self.timers.set(timer, self.clock.clamp(at));
     }
 
     fn request_timeout(&self) -> Duration {
@@ -311,7 +293,7 @@ impl Keepalive {
     }
 
     fn send_grant(&mut self, now: Instant) {
-        let id = self.rpc(Request::Grant {
+        let id = self.outbox.rpc(Request::Grant {
             ttl_secs: self.ttl_request,
         });
         self.phase = Phase::Granting {
@@ -378,7 +360,7 @@ impl Keepalive {
             return;
         };
         let (lease, deadline) = (l.id, l.deadline);
-        let id = self.rpc(Request::KeepAlive { lease });
+        let id = self.outbox.rpc(Request::KeepAlive { lease });
         if let Phase::Leased(l) = &mut self.phase {
             l.renewal = Some((id, now));
         }
@@ -461,7 +443,7 @@ impl Keepalive {
             lease: l.id,
         };
         let generation = self.value_gen;
-        let id = self.rpc(request);
+        let id = self.outbox.rpc(request);
         if let Phase::Leased(l) = &mut self.phase {
             l.put = Some((id, generation));
         }
@@ -503,10 +485,10 @@ impl Keepalive {
             return;
         };
         for (id, _) in l.renewal.iter() {
-            self.queue.push_back(Command::Cancel { id: *id });
+            self.outbox.cancel(*id);
         }
         for (id, _) in l.put.iter() {
-            self.queue.push_back(Command::Cancel { id: *id });
+            self.outbox.cancel(*id);
         }
         self.timers.clear();
         self.renew_backoff.reset();
@@ -536,12 +518,12 @@ impl Keepalive {
             }
             Phase::Leased(l) => {
                 for (id, _) in l.renewal.iter() {
-                    self.queue.push_back(Command::Cancel { id: *id });
+                    self.outbox.cancel(*id);
                 }
                 for (id, _) in l.put.iter() {
-                    self.queue.push_back(Command::Cancel { id: *id });
+                    self.outbox.cancel(*id);
                 }
-                let revoke = self.rpc(Request::Revoke { lease: l.id });
+                let revoke = self.outbox.rpc(Request::Revoke { lease: l.id });
                 self.phase = Phase::Stopping { revoke };
                 let at = now.checked_add(self.request_timeout()).unwrap_or(now);
                 self.arm(Timer::Retry, at);
@@ -579,7 +561,7 @@ impl Keepalive {
             }
             Phase::StoppingGrant { grant } if *grant == id => match result {
                 Ok(Response::Granted { lease, .. }) if lease != 0 => {
-                    let revoke = self.rpc(Request::Revoke { lease });
+                    let revoke = self.outbox.rpc(Request::Revoke { lease });
                     self.phase = Phase::Stopping { revoke };
                     let at = now.checked_add(self.request_timeout()).unwrap_or(now);
                     self.arm(Timer::Retry, at);
@@ -595,7 +577,7 @@ impl Keepalive {
             (Timer::Deadline, Phase::Leased(_)) => self.lose(now, false),
             (Timer::Renew, Phase::Leased(l)) => match l.renewal {
                 Some((id, _)) => {
-                    self.queue.push_back(Command::Cancel { id });
+                    self.outbox.cancel(id);
                     self.on_renewal_failed(now);
                 }
                 None => self.send_keepalive(now),
@@ -607,7 +589,7 @@ impl Keepalive {
                 },
             ) => {
                 let id = *id;
-                self.queue.push_back(Command::Cancel { id });
+                self.outbox.cancel(id);
                 self.schedule_grant(now);
             }
             (Timer::Retry, Phase::Granting { grant: None }) => self.send_grant(now),
@@ -616,7 +598,7 @@ impl Keepalive {
                     if let Phase::Leased(l) = &mut self.phase {
                         l.put = None;
                     }
-                    self.queue.push_back(Command::Cancel { id });
+                    self.outbox.cancel(id);
                     self.schedule_put(now);
                 }
                 None if l.written != Some(self.value_gen) => self.send_put(now),
@@ -624,16 +606,11 @@ impl Keepalive {
             },
             (Timer::Retry, Phase::Stopping { revoke: id } | Phase::StoppingGrant { grant: id }) => {
                 let id = *id;
-                self.queue.push_back(Command::Cancel { id });
+                self.outbox.cancel(id);
                 self.finish(false);
             }
             _ => {}
         }
-    }
-
-    fn observe(&mut self, now: Instant) {
-        debug_assert!(now >= self.now, "time went backwards");
-        self.now = self.now.max(now);
     }
 }
 
@@ -642,8 +619,7 @@ impl Machine for Keepalive {
     type Notice = LivenessState;
 
     fn handle(&mut self, now: Instant, input: KeepaliveInput) {
-        self.observe(now);
-        let now = self.now;
+        let now = self.clock.observe(now);
         match input {
             KeepaliveInput::Rpc(reply) => self.on_reply(now, reply),
             KeepaliveInput::SetValue(value) => {
@@ -671,8 +647,7 @@ impl Machine for Keepalive {
     }
 
     fn handle_timeout(&mut self, now: Instant) {
-        self.observe(now);
-        let now = self.now;
+        let now = self.clock.observe(now);
         // The deadline goes first so nothing is sent on a lease presumed gone.
         if matches!(&self.phase, Phase::Leased(l) if l.deadline <= now) {
             self.lose(now, false);
@@ -683,11 +658,11 @@ impl Machine for Keepalive {
     }
 
     fn poll_command(&mut self) -> Option<Command<LivenessState>> {
-        self.queue.pop_front()
+        self.outbox.pop()
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.next().map(|at| at.max(self.now))
+        self.timers.next().map(|at| self.clock.clamp(at))
     }
 
     fn stop_input() -> KeepaliveInput {
@@ -695,7 +670,7 @@ impl Machine for Keepalive {
     }
 
     fn is_finished(&self) -> bool {
-        matches!(self.phase, Phase::Stopped) && self.queue.is_empty()
+        matches!(self.phase, Phase::Stopped) && self.outbox.is_empty()
     }
 }
 

@@ -42,6 +42,9 @@
 //! backwards, and a returned deadline is never earlier than the last `now`.
 //! Notifications for users are commands too ([`Command::Notify`]), so the
 //! order of "request sent" and "user told" is the machine's decision.
+//! Every machine keeps its commands and RPC ids in one [`Outbox`] and the
+//! last `now` it has seen in a [`Clock`], which also clamps the deadlines
+//! it returns; composed machines give their parts disjoint id ranges.
 //!
 //! A driver loop, with the I/O left abstract:
 //!
@@ -84,15 +87,19 @@
 #![warn(missing_docs)]
 
 pub mod backoff;
+pub mod clock;
 pub mod election;
 pub mod keepalive;
 pub mod observe;
+pub mod outbox;
 pub mod rpc;
 pub mod stream;
 pub mod timer;
 pub mod watch;
 
 pub use backoff::{Backoff, BackoffConfig};
+pub use clock::Clock;
+pub use outbox::Outbox;
 pub use rpc::{
     Command, Compare, EventKind, KeyRange, KeyValue, LeaseId, RangeRequest, Request, Response,
     Revision, RpcError, RpcId, RpcIds, RpcReply, SortOrder, Txn, TxnOp, TxnOpResponse, WatchEvent,

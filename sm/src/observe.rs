@@ -13,10 +13,10 @@
 //! reported, never a stale one.
 
 use crate::backoff::BackoffConfig;
+use crate::outbox::Outbox;
 use crate::rpc::{Command, KeyValue, Revision, RpcReply};
 use crate::watch::{KeyRule, Watch, WatchConfig, WatchInput};
 use crate::Machine;
-use std::collections::VecDeque;
 use std::time::Instant;
 
 /// What to observe and how to retry.
@@ -62,7 +62,7 @@ pub enum ObserveNotice {
 #[derive(Clone, Debug)]
 pub struct Observe {
     watch: Watch,
-    queue: VecDeque<Command<ObserveNotice>>,
+    outbox: Outbox<ObserveNotice>,
     /// The leader last reported; `None` until the first report.
     reported: Option<Option<KeyValue>>,
 }
@@ -77,7 +77,7 @@ impl Observe {
         };
         let mut observe = Observe {
             watch: Watch::new(watch, now, seed),
-            queue: VecDeque::new(),
+            outbox: Outbox::default(),
             reported: None,
         };
         observe.pump();
@@ -96,8 +96,8 @@ impl Observe {
     fn pump(&mut self) {
         while let Some(command) = self.watch.poll_command() {
             match command {
-                Command::Rpc { id, request } => self.queue.push_back(Command::Rpc { id, request }),
-                Command::Cancel { id } => self.queue.push_back(Command::Cancel { id }),
+                Command::Rpc { id, request } => self.outbox.push(Command::Rpc { id, request }),
+                Command::Cancel { id } => self.outbox.cancel(id),
                 Command::Notify(_) => {}
             }
         }
@@ -114,8 +114,7 @@ impl Observe {
             Some(before) => identity(before.as_ref()) != identity(leader.as_ref()),
         };
         if changed {
-            self.queue
-                .push_back(Command::Notify(ObserveNotice::Leader(leader.clone())));
+            self.outbox.notify(ObserveNotice::Leader(leader.clone()));
         }
         // Kept fresh even without a report, so `leader()` shows the latest
         // mod revision and lease of an unchanged leader.
@@ -149,7 +148,7 @@ impl Machine for Observe {
     }
 
     fn poll_command(&mut self) -> Option<Command<ObserveNotice>> {
-        self.queue.pop_front()
+        self.outbox.pop()
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
@@ -161,7 +160,7 @@ impl Machine for Observe {
     }
 
     fn is_finished(&self) -> bool {
-        self.watch.is_finished() && self.queue.is_empty()
+        self.watch.is_finished() && self.outbox.is_empty()
     }
 
     fn consumer_full_input() -> Option<ObserveInput> {

@@ -492,4 +492,10 @@ impl RpcIds {
         self.next += 1;
         id
     }
+
+    /// The id [`RpcIds::next_id`] will return next, without using it:
+    /// every id issued so far is below it.
+    pub fn peek(&self) -> RpcId {
+        RpcId(self.next)
+    }
 }

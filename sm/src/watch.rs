@@ -25,13 +25,14 @@ mod view;
 pub use keys::{parse_host_id, KeyRule};
 
 use crate::backoff::{Backoff, BackoffConfig};
+use crate::clock::Clock;
+use crate::outbox::Outbox;
 use crate::rpc::{
-    Command, KeyRange, KeyValue, RangeRequest, Request, Response, Revision, RpcId, RpcIds,
-    RpcReply, WatchEvent,
+    Command, KeyRange, KeyValue, RangeRequest, Request, Response, Revision, RpcId, RpcReply,
+    WatchEvent,
 };
 use crate::timer::TimerTable;
 use crate::Machine;
-use std::collections::VecDeque;
 use std::time::Instant;
 use view::View;
 
@@ -115,15 +116,14 @@ enum Phase {
 pub struct Watch {
     prefix: Vec<u8>,
     backoff: Backoff,
-    ids: RpcIds,
     timers: TimerTable<Timer>,
-    queue: VecDeque<Command<WatchNotice>>,
+    outbox: Outbox<WatchNotice>,
     view: View,
     /// Highest revision the view reflects; events at or below it are repeats.
     revision: Revision,
     synced: bool,
     phase: Phase,
-    last_now: Instant,
+    clock: Clock,
 }
 
 impl Watch {
@@ -134,13 +134,12 @@ impl Watch {
             view: View::new(config.prefix.clone(), config.keys),
             prefix: config.prefix,
             backoff: Backoff::new(config.backoff, seed),
-            ids: RpcIds::default(),
             timers: TimerTable::new(),
-            queue: VecDeque::new(),
+            outbox: Outbox::default(),
             revision: 0,
             synced: false,
             phase: Phase::Waiting,
-            last_now: now,
+            clock: Clock::new(now),
         };
         watch.start_range();
         watch
@@ -169,24 +168,16 @@ impl Watch {
         )
     }
 
-    fn observe_now(&mut self, now: Instant) {
-        debug_assert!(now >= self.last_now, "time went backwards");
-        self.last_now = self.last_now.max(now);
-    }
-
     fn start_range(&mut self) {
-        let id = self.ids.next_id();
         let request = Request::Range(RangeRequest::all(KeyRange::Prefix(self.prefix.clone())));
-        self.queue.push_back(Command::Rpc { id, request });
+        let id = self.outbox.rpc(request);
         self.phase = Phase::Ranging(id);
     }
 
     /// Drop whatever is outstanding (request or retry timer).
     fn abandon(&mut self) {
         match self.phase {
-            Phase::Ranging(id) | Phase::Watching { id, .. } => {
-                self.queue.push_back(Command::Cancel { id })
-            }
+            Phase::Ranging(id) | Phase::Watching { id, .. } => self.outbox.cancel(id),
             Phase::Waiting => self.timers.stop(Timer::Retry),
             Phase::Paused | Phase::Stopped => {}
         }
@@ -203,7 +194,9 @@ impl Watch {
     }
 
     fn notify_all(&mut self, notices: Vec<WatchNotice>) {
-        self.queue.extend(notices.into_iter().map(Command::Notify));
+        for notice in notices {
+            self.outbox.notify(notice);
+        }
     }
 
     fn on_snapshot(&mut self, revision: Revision, kvs: Vec<KeyValue>) {
@@ -215,12 +208,10 @@ impl Watch {
         }
         self.notify_all(notices);
         self.revision = revision;
-        let id = self.ids.next_id();
-        let request = Request::Watch {
+        let id = self.outbox.rpc(Request::Watch {
             range: KeyRange::Prefix(self.prefix.clone()),
             start_revision: revision.saturating_add(1),
-        };
-        self.queue.push_back(Command::Rpc { id, request });
+        });
         self.phase = Phase::Watching {
             id,
             established: false,
@@ -273,7 +264,7 @@ impl Machine for Watch {
     type Notice = WatchNotice;
 
     fn handle(&mut self, now: Instant, input: WatchInput) {
-        self.observe_now(now);
+        self.clock.observe(now);
         if self.phase == Phase::Stopped {
             return;
         }
@@ -297,7 +288,7 @@ impl Machine for Watch {
     }
 
     fn handle_timeout(&mut self, now: Instant) {
-        self.observe_now(now);
+        self.clock.observe(now);
         while let Some(timer) = self.timers.pop_expired(now) {
             match timer {
                 Timer::Retry => {
@@ -310,14 +301,14 @@ impl Machine for Watch {
     }
 
     fn poll_command(&mut self) -> Option<Command<WatchNotice>> {
-        self.queue.pop_front()
+        self.outbox.pop()
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
         if self.phase == Phase::Stopped {
             return None;
         }
-        self.timers.next().map(|at| at.max(self.last_now))
+        self.timers.next().map(|at| self.clock.clamp(at))
     }
 
     fn stop_input() -> WatchInput {
@@ -325,7 +316,7 @@ impl Machine for Watch {
     }
 
     fn is_finished(&self) -> bool {
-        self.phase == Phase::Stopped && self.queue.is_empty()
+        self.phase == Phase::Stopped && self.outbox.is_empty()
     }
 
     fn consumer_full_input() -> Option<WatchInput> {

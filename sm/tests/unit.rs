@@ -5,12 +5,16 @@
 //! clock, not even in tests; here `Instant::now()` only provides a base
 //! instant that every expectation is relative to.
 
+#[path = "unit/clock.rs"]
+mod clock;
 #[path = "unit/election.rs"]
 mod election;
 #[path = "unit/keepalive.rs"]
 mod keepalive;
 #[path = "unit/observe.rs"]
 mod observe;
+#[path = "unit/outbox.rs"]
+mod outbox;
 #[path = "unit/rpc.rs"]
 mod rpc;
 #[path = "unit/stream.rs"]

@@ -27,15 +27,17 @@ mod requests;
 pub use requests::{fenced_txn, leader_query};
 
 use crate::backoff::BackoffConfig;
+use crate::clock::Clock;
 use crate::keepalive::{Keepalive, KeepaliveConfig, KeepaliveInput, LivenessState};
+use crate::outbox::Outbox;
 use crate::rpc::{Command, Compare, KeyValue, LeaseId, Revision, RpcError, RpcReply};
 use crate::Machine;
 use protocol::{Protocol, SessionFact, UserRequest};
-use std::collections::VecDeque;
 use std::time::Instant;
 
 /// RPC ids of the protocol start here; the session's start at 0, so a reply
-/// id alone tells which part it belongs to.
+/// id alone tells which part it belongs to (see [`Outbox`]): the session
+/// would have to issue 2^40 requests to reach the protocol's range.
 const PROTOCOL_FIRST_RPC_ID: u64 = 1 << 40;
 
 /// How an [`Election`] behaves.
@@ -162,8 +164,9 @@ pub struct Election {
     prefix: Vec<u8>,
     session: Keepalive,
     protocol: Protocol,
-    queue: VecDeque<Command<ElectionNotice>>,
-    now: Instant,
+    /// The commands of both parts, forwarded in order; it issues no ids.
+    outbox: Outbox<ElectionNotice>,
+    clock: Clock,
 }
 
 impl Election {
@@ -189,8 +192,8 @@ impl Election {
             prefix: config.prefix,
             session,
             protocol,
-            queue: VecDeque::new(),
-            now,
+            outbox: Outbox::default(),
+            clock: Clock::new(now),
         };
         election.drain();
         election
@@ -204,7 +207,7 @@ impl Election {
             && self
                 .session
                 .local_deadline()
-                .is_some_and(|deadline| self.now < deadline)
+                .is_some_and(|deadline| self.clock.now() < deadline)
     }
 
     /// The fencing token while [`Election::is_leader`] holds.
@@ -248,10 +251,8 @@ impl Election {
             while let Some(command) = self.session.poll_command() {
                 progressed = true;
                 match command {
-                    Command::Rpc { id, request } => {
-                        self.queue.push_back(Command::Rpc { id, request })
-                    }
-                    Command::Cancel { id } => self.queue.push_back(Command::Cancel { id }),
+                    Command::Rpc { id, request } => self.outbox.push(Command::Rpc { id, request }),
+                    Command::Cancel { id } => self.outbox.cancel(id),
                     Command::Notify(state) => {
                         let fact = match &state {
                             LivenessState::Registered { lease } => {
@@ -263,13 +264,12 @@ impl Election {
                             }
                             _ => None,
                         };
-                        self.queue
-                            .push_back(Command::Notify(ElectionNotice::Session(state)));
+                        self.outbox.notify(ElectionNotice::Session(state));
                         if let Some(fact) = fact {
-                            self.protocol.session(self.now, fact);
+                            self.protocol.session(self.clock.now(), fact);
                             // Consequences (e.g. LeadershipLost) come right after the cause.
                             while let Some(command) = self.protocol.poll_command() {
-                                self.queue.push_back(command);
+                                self.outbox.push(command);
                             }
                         }
                     }
@@ -277,17 +277,12 @@ impl Election {
             }
             while let Some(command) = self.protocol.poll_command() {
                 progressed = true;
-                self.queue.push_back(command);
+                self.outbox.push(command);
             }
             if !progressed {
                 break;
             }
         }
-    }
-
-    fn advance(&mut self, now: Instant) {
-        debug_assert!(now >= self.now, "time went backwards");
-        self.now = self.now.max(now);
     }
 }
 
@@ -296,8 +291,7 @@ impl Machine for Election {
     type Notice = ElectionNotice;
 
     fn handle(&mut self, now: Instant, input: ElectionInput) {
-        self.advance(now);
-        let now = self.now;
+        let now = self.clock.observe(now);
         match input {
             ElectionInput::Rpc(reply) => {
                 if self.session.owns(reply.id) {
@@ -337,15 +331,15 @@ impl Machine for Election {
     }
 
     fn handle_timeout(&mut self, now: Instant) {
-        self.advance(now);
-        self.session.handle_timeout(self.now);
+        let now = self.clock.observe(now);
+        self.session.handle_timeout(now);
         self.drain();
-        self.protocol.handle_timeout(self.now);
+        self.protocol.handle_timeout(now);
         self.drain();
     }
 
     fn poll_command(&mut self) -> Option<Command<ElectionNotice>> {
-        self.queue.pop_front()
+        self.outbox.pop()
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
@@ -355,7 +349,7 @@ impl Machine for Election {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        next.map(|at| at.max(self.now))
+        next.map(|at| self.clock.clamp(at))
     }
 
     fn stop_input() -> ElectionInput {
@@ -363,6 +357,6 @@ impl Machine for Election {
     }
 
     fn is_finished(&self) -> bool {
-        self.protocol.is_stopped() && self.session.is_finished() && self.queue.is_empty()
+        self.protocol.is_stopped() && self.session.is_finished() && self.outbox.is_empty()
     }
 }

@@ -5,12 +5,13 @@
 use super::requests;
 use super::{ElectionError, ElectionNotice};
 use crate::backoff::{Backoff, BackoffConfig};
+use crate::clock::Clock;
+use crate::outbox::Outbox;
 use crate::rpc::{
-    Command, EventKind, KeyValue, LeaseId, Request, Response, Revision, RpcError, RpcId, RpcIds,
-    RpcReply, TxnOpResponse,
+    Command, EventKind, KeyValue, LeaseId, Response, Revision, RpcError, RpcId, RpcReply,
+    TxnOpResponse,
 };
 use crate::timer::TimerTable;
-use std::collections::VecDeque;
 use std::time::Instant;
 
 /// What the protocol needs to know about its session.
@@ -116,18 +117,17 @@ enum Op {
 #[derive(Debug)]
 pub(crate) struct Protocol {
     prefix: Vec<u8>,
-    ids: RpcIds,
     backoff: Backoff,
     proclaim_backoff: Backoff,
     timers: TimerTable<Timer>,
-    queue: VecDeque<Command<ElectionNotice>>,
+    outbox: Outbox<ElectionNotice>,
     session: Session,
     op: Op,
     /// A campaign asked for while a withdraw was still deleting the previous
     /// key (a dropped leadership resigns without waiting): it starts once
     /// the withdraw is done instead of failing with `Busy`.
     queued: Option<UserRequest>,
-    now: Instant,
+    clock: Clock,
 }
 
 fn kvs_of(response: &TxnOpResponse) -> Option<&[KeyValue]> {
@@ -147,15 +147,14 @@ impl Protocol {
     ) -> Self {
         Protocol {
             prefix,
-            ids: RpcIds::starting_at(first_id),
             backoff: Backoff::new(backoff.clone(), seed),
             proclaim_backoff: Backoff::new(backoff, seed.rotate_left(17) ^ 0x5bd1_e995),
             timers: TimerTable::new(),
-            queue: VecDeque::new(),
+            outbox: Outbox::new(first_id),
             session: Session::Down,
             op: Op::Idle,
             queued: None,
-            now,
+            clock: Clock::new(now),
         }
     }
 
@@ -174,7 +173,7 @@ impl Protocol {
 
     /// Stopped for good (the `Stop` request was handled).
     pub(crate) fn is_stopped(&self) -> bool {
-        matches!(self.op, Op::Stopped) && self.queue.is_empty()
+        matches!(self.op, Op::Stopped) && self.outbox.is_empty()
     }
 
     pub(crate) fn token(&self) -> Option<Revision> {
@@ -185,47 +184,31 @@ impl Protocol {
     }
 
     pub(crate) fn poll_command(&mut self) -> Option<Command<ElectionNotice>> {
-        self.queue.pop_front()
+        self.outbox.pop()
     }
 
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.next().map(|at| at.max(self.now))
+        self.timers.next().map(|at| self.clock.clamp(at))
     }
 
-    fn advance(&mut self, now: Instant) {
-        debug_assert!(now >= self.now, "time went backwards");
-        self.now = self.now.max(now);
-    }
-
-    fn notify(&mut self, notice: ElectionNotice) {
-        self.queue.push_back(Command::Notify(notice));
-    }
-
-    fn send(&mut self, request: Request) -> RpcId {
-        let id = self.ids.next_id();
-        self.queue.push_back(Command::Rpc { id, request });
-        id
-    }
-
+    /// Cancels the outstanding request, if there is one.
     fn cancel(&mut self, id: Option<RpcId>) {
         if let Some(id) = id {
-            self.queue.push_back(Command::Cancel { id });
+            self.outbox.cancel(id);
         }
     }
 
     fn arm_retry(&mut self) {
         // An absurd configured delay must not panic: fall back to now.
-        let at = self
-            .now
-            .checked_add(self.backoff.next_delay())
-            .unwrap_or(self.now);
+        let now = self.clock.now();
+        let at = now.checked_add(self.backoff.next_delay()).unwrap_or(now);
         self.timers.set(Timer::Retry, at);
     }
 
     // ----- session -------------------------------------------------------
 
     pub(crate) fn session(&mut self, now: Instant, fact: SessionFact) {
-        self.advance(now);
+        self.clock.observe(now);
         let previous = self.session.lease();
         self.session = match fact {
             SessionFact::Up { lease } => Session::Up(lease),
@@ -257,7 +240,7 @@ impl Protocol {
     fn start_queued(&mut self) {
         if matches!(self.op, Op::Idle) {
             if let Some(request) = self.queued.take() {
-                let now = self.now;
+                let now = self.clock.now();
                 self.user(now, request);
             }
         }
@@ -271,7 +254,8 @@ impl Protocol {
                 // for the session is bounded by it too.
                 self.cancel(c.pending);
                 self.timers.stop(Timer::Retry);
-                self.notify(ElectionNotice::CampaignFailed(ElectionError::SessionLost));
+                self.outbox
+                    .notify(ElectionNotice::CampaignFailed(ElectionError::SessionLost));
                 Op::Idle
             }
             Op::Leading(l) => {
@@ -283,7 +267,7 @@ impl Protocol {
                 self.cancel(w.pending);
                 self.timers.stop(Timer::Retry);
                 for n in w.then {
-                    self.notify(n);
+                    self.outbox.notify(n);
                 }
                 Op::Idle
             }
@@ -298,29 +282,31 @@ impl Protocol {
         }
         self.timers.stop(Timer::Retry);
         self.timers.stop(Timer::ProclaimRetry);
-        self.notify(ElectionNotice::LeadershipLost { token: l.token });
+        self.outbox
+            .notify(ElectionNotice::LeadershipLost { token: l.token });
         if let Some((_, pending)) = l.proclaim {
             self.cancel(pending);
-            self.notify(ElectionNotice::ProclaimFailed(proclaim_error));
+            self.outbox
+                .notify(ElectionNotice::ProclaimFailed(proclaim_error));
         }
     }
 
     // ----- user requests ---------------------------------------------------
 
     pub(crate) fn user(&mut self, now: Instant, request: UserRequest) {
-        self.advance(now);
+        self.clock.observe(now);
         let op = std::mem::replace(&mut self.op, Op::Idle);
         self.op = match (op, request) {
             (Op::Stopped, r) => {
                 match r {
-                    UserRequest::Campaign { .. } => {
-                        self.notify(ElectionNotice::CampaignFailed(ElectionError::Stopped))
-                    }
-                    UserRequest::Proclaim { .. } => {
-                        self.notify(ElectionNotice::ProclaimFailed(ElectionError::Stopped))
-                    }
+                    UserRequest::Campaign { .. } => self
+                        .outbox
+                        .notify(ElectionNotice::CampaignFailed(ElectionError::Stopped)),
+                    UserRequest::Proclaim { .. } => self
+                        .outbox
+                        .notify(ElectionNotice::ProclaimFailed(ElectionError::Stopped)),
                     UserRequest::Resign { token } => {
-                        self.notify(ElectionNotice::Resigned { token })
+                        self.outbox.notify(ElectionNotice::Resigned { token })
                     }
                     UserRequest::CancelCampaign | UserRequest::Stop => {}
                 }
@@ -362,7 +348,8 @@ impl Protocol {
                 Op::Withdrawing(w)
             }
             (op, UserRequest::Campaign { .. }) => {
-                self.notify(ElectionNotice::CampaignFailed(ElectionError::Busy));
+                self.outbox
+                    .notify(ElectionNotice::CampaignFailed(ElectionError::Busy));
                 op
             }
             (Op::Campaigning(c), UserRequest::CancelCampaign) => self.abandon(
@@ -371,7 +358,8 @@ impl Protocol {
             ),
             (op, UserRequest::CancelCampaign) => {
                 if self.queued.take().is_some() {
-                    self.notify(ElectionNotice::CampaignFailed(ElectionError::Canceled));
+                    self.outbox
+                        .notify(ElectionNotice::CampaignFailed(ElectionError::Canceled));
                 }
                 op
             }
@@ -389,7 +377,8 @@ impl Protocol {
                 self.timers.stop(Timer::ProclaimRetry);
                 if let Some((_, pending)) = l.proclaim {
                     self.cancel(pending);
-                    self.notify(ElectionNotice::ProclaimFailed(ElectionError::NotLeader));
+                    self.outbox
+                        .notify(ElectionNotice::ProclaimFailed(ElectionError::NotLeader));
                 }
                 self.backoff.reset();
                 self.send_withdraw(Withdraw {
@@ -404,21 +393,25 @@ impl Protocol {
                 Op::Withdrawing(w)
             }
             (op, UserRequest::Resign { token }) => {
-                self.notify(ElectionNotice::Resigned { token });
+                self.outbox.notify(ElectionNotice::Resigned { token });
                 op
             }
             (Op::Leading(mut l), UserRequest::Proclaim { value }) => {
                 if l.proclaim.is_some() {
-                    self.notify(ElectionNotice::ProclaimFailed(ElectionError::Busy));
+                    self.outbox
+                        .notify(ElectionNotice::ProclaimFailed(ElectionError::Busy));
                 } else {
                     self.proclaim_backoff.reset();
-                    let id = self.send(requests::guarded_put(&l.key, &value, l.lease, l.token));
+                    let id = self
+                        .outbox
+                        .rpc(requests::guarded_put(&l.key, &value, l.lease, l.token));
                     l.proclaim = Some((value, Some(id)));
                 }
                 Op::Leading(l)
             }
             (op, UserRequest::Proclaim { .. }) => {
-                self.notify(ElectionNotice::ProclaimFailed(ElectionError::NotLeader));
+                self.outbox
+                    .notify(ElectionNotice::ProclaimFailed(ElectionError::NotLeader));
                 op
             }
         };
@@ -428,20 +421,22 @@ impl Protocol {
         match op {
             Op::Campaigning(c) => {
                 self.cancel(c.pending);
-                self.notify(ElectionNotice::CampaignFailed(ElectionError::Stopped));
+                self.outbox
+                    .notify(ElectionNotice::CampaignFailed(ElectionError::Stopped));
             }
             Op::Leading(l) => self.lose_leadership(l, ElectionError::Stopped),
             Op::Withdrawing(w) => {
                 self.cancel(w.pending);
                 for n in w.then {
-                    self.notify(n);
+                    self.outbox.notify(n);
                 }
             }
             Op::Idle | Op::Stopped => {}
         }
         // Answered after the withdraw's own notices, in the order asked.
         if self.queued.take().is_some() {
-            self.notify(ElectionNotice::CampaignFailed(ElectionError::Stopped));
+            self.outbox
+                .notify(ElectionNotice::CampaignFailed(ElectionError::Stopped));
         }
         self.timers.clear();
     }
@@ -453,7 +448,7 @@ impl Protocol {
         self.timers.stop(Timer::Retry);
         if matches!(c.step, Step::WaitSession) {
             for n in then {
-                self.notify(n);
+                self.outbox.notify(n);
             }
             return Op::Idle;
         }
@@ -472,7 +467,7 @@ impl Protocol {
             Some(token) => requests::guarded_delete(&w.key, token),
             None => requests::plain_delete(&w.key),
         };
-        w.pending = Some(self.send(request));
+        w.pending = Some(self.outbox.rpc(request));
         Op::Withdrawing(w)
     }
 
@@ -488,26 +483,28 @@ impl Protocol {
             Step::WatchOlder { key, from } => requests::watch_key(key, *from),
             Step::Verify => requests::read_key(&c.key),
         };
-        c.pending = Some(self.send(request));
+        c.pending = Some(self.outbox.rpc(request));
         Op::Campaigning(c)
     }
 
     // ----- timers ----------------------------------------------------------
 
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
-        self.advance(now);
-        while let Some(timer) = self.timers.pop_expired(self.now) {
+        let now = self.clock.observe(now);
+        while let Some(timer) = self.timers.pop_expired(now) {
             let op = std::mem::replace(&mut self.op, Op::Idle);
             self.op = match (timer, op) {
                 (Timer::Retry, Op::Campaigning(c)) if c.pending.is_none() => self.send_step(c),
                 (Timer::Retry, Op::Withdrawing(w)) if w.pending.is_none() => self.send_withdraw(w),
                 (Timer::Retry, Op::Leading(mut l)) if matches!(l.guard, Guard::Waiting) => {
-                    l.guard = Guard::Checking(self.send(requests::read_key(&l.key)));
+                    l.guard = Guard::Checking(self.outbox.rpc(requests::read_key(&l.key)));
                     Op::Leading(l)
                 }
                 (Timer::ProclaimRetry, Op::Leading(mut l)) => {
                     if let Some((value, None)) = l.proclaim.take() {
-                        let id = self.send(requests::guarded_put(&l.key, &value, l.lease, l.token));
+                        let id = self
+                            .outbox
+                            .rpc(requests::guarded_put(&l.key, &value, l.lease, l.token));
                         l.proclaim = Some((value, Some(id)));
                     }
                     Op::Leading(l)
@@ -520,7 +517,7 @@ impl Protocol {
     // ----- replies ---------------------------------------------------------
 
     pub(crate) fn reply(&mut self, now: Instant, reply: RpcReply) {
-        self.advance(now);
+        self.clock.observe(now);
         let op = std::mem::replace(&mut self.op, Op::Idle);
         self.op = match op {
             Op::Campaigning(c) if c.pending == Some(reply.id) => {
@@ -717,15 +714,18 @@ impl Protocol {
     /// remains: no later key can get ahead of it, so I lead until it goes.
     fn elect(&mut self, c: Campaign, revision: Revision) -> Op {
         if self.session.lease() != Some(c.lease) {
-            self.notify(ElectionNotice::CampaignFailed(ElectionError::SessionLost));
+            self.outbox
+                .notify(ElectionNotice::CampaignFailed(ElectionError::SessionLost));
             return Op::Idle;
         }
-        self.notify(ElectionNotice::Elected {
+        self.outbox.notify(ElectionNotice::Elected {
             key: c.key.clone(),
             token: c.token,
             lease: c.lease,
         });
-        let watch = self.send(requests::watch_key(&c.key, revision.saturating_add(1)));
+        let watch = self
+            .outbox
+            .rpc(requests::watch_key(&c.key, revision.saturating_add(1)));
         Op::Leading(Leading {
             key: c.key,
             lease: c.lease,
@@ -745,7 +745,7 @@ impl Protocol {
         };
         if done {
             for n in w.then {
-                self.notify(n);
+                self.outbox.notify(n);
             }
             Op::Idle
         } else {
@@ -764,28 +764,30 @@ impl Protocol {
                         succeeded: true, ..
                     }) => {
                         l.proclaim = None;
-                        self.notify(ElectionNotice::Proclaimed);
+                        self.outbox.notify(ElectionNotice::Proclaimed);
                         Op::Leading(l)
                     }
                     Ok(Response::Txn {
                         succeeded: false, ..
                     }) => {
                         l.proclaim = None;
-                        self.notify(ElectionNotice::ProclaimFailed(ElectionError::NotLeader));
+                        self.outbox
+                            .notify(ElectionNotice::ProclaimFailed(ElectionError::NotLeader));
                         self.lose_leadership(l, ElectionError::NotLeader);
                         Op::Idle
                     }
                     Err(e) if !e.is_retryable() => {
                         l.proclaim = None;
-                        self.notify(ElectionNotice::ProclaimFailed(ElectionError::Rejected(e)));
+                        self.outbox
+                            .notify(ElectionNotice::ProclaimFailed(ElectionError::Rejected(e)));
                         Op::Leading(l)
                     }
                     _ => {
                         l.proclaim = Some((value, None));
-                        let at = self
-                            .now
+                        let now = self.clock.now();
+                        let at = now
                             .checked_add(self.proclaim_backoff.next_delay())
-                            .unwrap_or(self.now);
+                            .unwrap_or(now);
                         self.timers.set(Timer::ProclaimRetry, at);
                         Op::Leading(l)
                     }
@@ -821,7 +823,8 @@ impl Protocol {
                         .any(|kv| kv.key == l.key && kv.create_revision == l.token)
                     {
                         l.guard = Guard::Watching(
-                            self.send(requests::watch_key(&l.key, revision.saturating_add(1))),
+                            self.outbox
+                                .rpc(requests::watch_key(&l.key, revision.saturating_add(1))),
                         );
                         Op::Leading(l)
                     } else {

@@ -3,7 +3,9 @@
 use super::requests;
 use super::{StreamError, StreamKeys};
 use crate::backoff::{Backoff, BackoffConfig};
-use crate::rpc::{Command, Response, RpcError, RpcId, RpcIds, RpcReply};
+use crate::clock::Clock;
+use crate::outbox::Outbox;
+use crate::rpc::{Command, Response, RpcError, RpcId, RpcReply};
 use crate::timer::TimerTable;
 use crate::Machine;
 use std::collections::VecDeque;
@@ -126,9 +128,8 @@ pub struct Append {
     max_attempts: u32,
     patience: Duration,
     backoff: Backoff,
-    ids: RpcIds,
     timers: TimerTable<Timer>,
-    queue: VecDeque<Command<AppendNotice>>,
+    outbox: Outbox<AppendNotice>,
     /// Payloads asked for and not yet answered; the front one is running.
     pending: VecDeque<Vec<u8>>,
     /// Races the running append has lost.
@@ -136,7 +137,7 @@ pub struct Append {
     /// When the running append began.
     started: Instant,
     phase: Phase,
-    last_now: Instant,
+    clock: Clock,
 }
 
 impl Append {
@@ -149,14 +150,13 @@ impl Append {
             max_attempts: config.max_attempts.max(1),
             patience: config.patience,
             backoff: Backoff::new(config.backoff, seed),
-            ids: RpcIds::default(),
             timers: TimerTable::new(),
-            queue: VecDeque::new(),
+            outbox: Outbox::default(),
             pending: VecDeque::new(),
             lost: 0,
             started: now,
             phase: Phase::Idle,
-            last_now: now,
+            clock: Clock::new(now),
         }
     }
 
@@ -165,18 +165,13 @@ impl Append {
         self.pending.len()
     }
 
-    fn observe_now(&mut self, now: Instant) {
-        debug_assert!(now >= self.last_now, "time went backwards");
-        self.last_now = self.last_now.max(now);
-    }
-
     /// Start the next queued append, if any and if nothing runs.
     fn start_next(&mut self) {
         if self.phase != Phase::Idle || self.pending.is_empty() {
             return;
         }
         self.lost = 0;
-        self.started = self.last_now;
+        self.started = self.clock.now();
         // Each append has its own schedule: an earlier append's lost races
         // say nothing about the contention now.
         self.backoff.reset();
@@ -184,16 +179,14 @@ impl Append {
     }
 
     fn read_head(&mut self) {
-        let id = self.ids.next_id();
-        let request = requests::read_head(&self.keys);
-        self.queue.push_back(Command::Rpc { id, request });
+        let id = self.outbox.rpc(requests::read_head(&self.keys));
         self.phase = Phase::ReadingHead(id);
     }
 
     /// Answer the running append and move on to the next.
     fn finish(&mut self, notice: AppendNotice) {
         self.pending.pop_front();
-        self.queue.push_back(Command::Notify(notice));
+        self.outbox.notify(notice);
         self.phase = Phase::Idle;
         self.start_next();
     }
@@ -215,8 +208,7 @@ impl Append {
         });
         match txn {
             Ok((seq, request)) => {
-                let id = self.ids.next_id();
-                self.queue.push_back(Command::Rpc { id, request });
+                let id = self.outbox.rpc(request);
                 self.phase = Phase::Committing { id, seq };
             }
             Err(e) => self.finish(AppendNotice::Failed(e)),
@@ -276,11 +268,11 @@ impl Append {
     fn stop(&mut self) {
         let running = match self.phase {
             Phase::ReadingHead(id) => {
-                self.queue.push_back(Command::Cancel { id });
+                self.outbox.cancel(id);
                 StreamError::Stopped
             }
             Phase::Committing { id, .. } => {
-                self.queue.push_back(Command::Cancel { id });
+                self.outbox.cancel(id);
                 StreamError::Indeterminate(RpcError::Unavailable(
                     "stopped while the append transaction was in flight".into(),
                 ))
@@ -290,12 +282,11 @@ impl Append {
         self.timers.clear();
         self.phase = Phase::Stopped;
         if self.pending.pop_front().is_some() {
-            self.queue
-                .push_back(Command::Notify(AppendNotice::Failed(running)));
+            self.outbox.notify(AppendNotice::Failed(running));
         }
         for _ in self.pending.drain(..) {
-            self.queue
-                .push_back(Command::Notify(AppendNotice::Failed(StreamError::Stopped)));
+            self.outbox
+                .notify(AppendNotice::Failed(StreamError::Stopped));
         }
     }
 }
@@ -305,11 +296,11 @@ impl Machine for Append {
     type Notice = AppendNotice;
 
     fn handle(&mut self, now: Instant, input: AppendInput) {
-        self.observe_now(now);
+        self.clock.observe(now);
         match input {
             AppendInput::Append(_) if self.phase == Phase::Stopped => {
-                self.queue
-                    .push_back(Command::Notify(AppendNotice::Failed(StreamError::Stopped)));
+                self.outbox
+                    .notify(AppendNotice::Failed(StreamError::Stopped));
             }
             AppendInput::Append(payload) => {
                 self.pending.push_back(payload);
@@ -325,7 +316,7 @@ impl Machine for Append {
     }
 
     fn handle_timeout(&mut self, now: Instant) {
-        self.observe_now(now);
+        self.clock.observe(now);
         while let Some(timer) = self.timers.pop_expired(now) {
             match timer {
                 Timer::Retry => {
@@ -338,11 +329,11 @@ impl Machine for Append {
     }
 
     fn poll_command(&mut self) -> Option<Command<AppendNotice>> {
-        self.queue.pop_front()
+        self.outbox.pop()
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.next().map(|at| at.max(self.last_now))
+        self.timers.next().map(|at| self.clock.clamp(at))
     }
 
     fn stop_input() -> AppendInput {
@@ -350,6 +341,6 @@ impl Machine for Append {
     }
 
     fn is_finished(&self) -> bool {
-        self.phase == Phase::Stopped && self.queue.is_empty()
+        self.phase == Phase::Stopped && self.outbox.is_empty()
     }
 }

@@ -4,12 +4,14 @@
 use super::requests;
 use super::{Entry, StreamError, StreamKeys};
 use crate::backoff::{Backoff, BackoffConfig};
+use crate::clock::Clock;
+use crate::outbox::Outbox;
 use crate::rpc::{
-    self, Command, EventKind, KeyValue, Response, RpcError, RpcId, RpcIds, RpcReply, WatchEvent,
+    self, Command, EventKind, KeyValue, Response, RpcError, RpcId, RpcReply, WatchEvent,
 };
 use crate::timer::TimerTable;
 use crate::Machine;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 use std::time::Instant;
 
 /// The delivery rule of a reader: entries strictly after the last delivered
@@ -206,9 +208,8 @@ pub struct Reader {
     unresolved: Option<ReadFrom>,
     cursor: Cursor,
     backoff: Backoff,
-    ids: RpcIds,
     timers: TimerTable<Timer>,
-    queue: VecDeque<Command<ReaderNotice>>,
+    outbox: Outbox<ReaderNotice>,
     /// Kept for the machine's life so each bad key is reported once,
     /// however often it is read again; grows only with distinct bad keys.
     reported: BTreeSet<Vec<u8>>,
@@ -219,7 +220,7 @@ pub struct Reader {
     /// answer over the gRPC message limit is refused), down to one entry.
     page: i64,
     phase: Phase,
-    last_now: Instant,
+    clock: Clock,
 }
 
 /// Keys per page of a read. Entries are at most 1.5 MiB each (etcd's
@@ -245,15 +246,14 @@ impl Reader {
             unresolved: Some(config.from),
             cursor: Cursor::new(after),
             backoff: Backoff::new(config.backoff, seed),
-            ids: RpcIds::default(),
             timers: TimerTable::new(),
-            queue: VecDeque::new(),
+            outbox: Outbox::default(),
             reported: BTreeSet::new(),
             live: false,
             next_from,
             page: PAGE,
             phase: Phase::Waiting,
-            last_now: now,
+            clock: Clock::new(now),
         };
         reader.start_read();
         reader
@@ -280,11 +280,6 @@ impl Reader {
         )
     }
 
-    fn observe_now(&mut self, now: Instant) {
-        debug_assert!(now >= self.last_now, "time went backwards");
-        self.last_now = self.last_now.max(now);
-    }
-
     fn start_read(&mut self) {
         let request = match self.unresolved {
             // The whole stream is wanted: no head needed.
@@ -298,8 +293,7 @@ impl Reader {
                 requests::read_head_and_entries(&self.keys, &self.next_from, self.page)
             }
         };
-        let id = self.ids.next_id();
-        self.queue.push_back(Command::Rpc { id, request });
+        let id = self.outbox.rpc(request);
         self.phase = Phase::Reading(id);
     }
 
@@ -314,9 +308,7 @@ impl Reader {
     /// Drop whatever is outstanding (request or retry timer).
     fn abandon(&mut self) {
         match self.phase {
-            Phase::Reading(id) | Phase::Watching { id, .. } => {
-                self.queue.push_back(Command::Cancel { id })
-            }
+            Phase::Reading(id) | Phase::Watching { id, .. } => self.outbox.cancel(id),
             Phase::Waiting => self.timers.stop(Timer::Retry),
             Phase::Paused | Phase::Stopped => {}
         }
@@ -339,23 +331,18 @@ impl Reader {
     fn fail(&mut self, error: StreamError) {
         self.timers.clear();
         self.phase = Phase::Stopped;
-        self.queue
-            .push_back(Command::Notify(ReaderNotice::Failed(error)));
+        self.outbox.notify(ReaderNotice::Failed(error));
     }
 
     fn deliver(&mut self, batch: Batch) {
         for key in batch.invalid {
             if self.reported.insert(key.clone()) {
-                self.queue
-                    .push_back(Command::Notify(ReaderNotice::InvalidKey(key)));
+                self.outbox.notify(ReaderNotice::InvalidKey(key));
             }
         }
-        self.queue.extend(
-            batch
-                .entries
-                .into_iter()
-                .map(|e| Command::Notify(ReaderNotice::Entry(e))),
-        );
+        for entry in batch.entries {
+            self.outbox.notify(ReaderNotice::Entry(entry));
+        }
     }
 
     /// The entries to deliver from a read's answer, resolving the starting
@@ -422,7 +409,7 @@ impl Reader {
         self.deliver(batch);
         if !self.live {
             self.live = true;
-            self.queue.push_back(Command::Notify(ReaderNotice::Live));
+            self.outbox.notify(ReaderNotice::Live);
         }
         if full {
             // There may be more: the next page, from just after this one.
@@ -430,9 +417,8 @@ impl Reader {
         }
         // Everything up to `revision` is in the reads: the watch takes over
         // exactly after it.
-        let id = self.ids.next_id();
         let request = requests::watch_entries(&self.keys, revision.saturating_add(1));
-        self.queue.push_back(Command::Rpc { id, request });
+        let id = self.outbox.rpc(request);
         self.phase = Phase::Watching {
             id,
             established: false,
@@ -481,7 +467,7 @@ impl Machine for Reader {
     type Notice = ReaderNotice;
 
     fn handle(&mut self, now: Instant, input: ReaderInput) {
-        self.observe_now(now);
+        self.clock.observe(now);
         if self.phase == Phase::Stopped {
             return;
         }
@@ -506,7 +492,7 @@ impl Machine for Reader {
     }
 
     fn handle_timeout(&mut self, now: Instant) {
-        self.observe_now(now);
+        self.clock.observe(now);
         while let Some(timer) = self.timers.pop_expired(now) {
             match timer {
                 Timer::Retry => {
@@ -519,14 +505,14 @@ impl Machine for Reader {
     }
 
     fn poll_command(&mut self) -> Option<Command<ReaderNotice>> {
-        self.queue.pop_front()
+        self.outbox.pop()
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
         if self.phase == Phase::Stopped {
             return None;
         }
-        self.timers.next().map(|at| at.max(self.last_now))
+        self.timers.next().map(|at| self.clock.clamp(at))
     }
 
     fn stop_input() -> ReaderInput {
@@ -534,7 +520,7 @@ impl Machine for Reader {
     }
 
     fn is_finished(&self) -> bool {
-        self.phase == Phase::Stopped && self.queue.is_empty()
+        self.phase == Phase::Stopped && self.outbox.is_empty()
     }
 
     fn consumer_full_input() -> Option<ReaderInput> {
