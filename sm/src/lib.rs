@@ -70,13 +70,22 @@
 //!                 Command::Notify(n) => notify(n),
 //!             }
 //!         }
+//!         if machine.is_finished() {
+//!             return;
+//!         }
 //!         if let Some(reply) = replies.pop() {
-//!             machine.handle(clock(), reply.into());
+//!             let now = clock();
+//!             // Timers due by now go first: `handle` never fires them.
+//!             if machine.poll_timeout().is_some_and(|at| at <= now) {
+//!                 machine.handle_timeout(now);
+//!             }
+//!             machine.handle(now, reply.into());
 //!             continue;
 //!         }
 //!         match machine.poll_timeout() {
 //!             // A real driver sleeps until `at` or the next reply, whichever is first.
 //!             Some(at) => machine.handle_timeout(at.max(clock())),
+//!             // No timer: a real driver waits for the next input here.
 //!             None => return,
 //!         }
 //!     }
