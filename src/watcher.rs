@@ -5,7 +5,10 @@ use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::liveness::DEFAULT_HOSTS_PREFIX;
 use crate::validate;
-use fleetcoord_sm::watch::{parse_host_id, KeyRule, Watch, WatchConfig, WatchNotice};
+use fleetcoord_sm::rpc::key_after;
+use fleetcoord_sm::watch::{
+    parse_host_id, KeyRule, Watch, WatchConfig, WatchNotice, DEFAULT_PAGE_SIZE,
+};
 use fleetcoord_sm::{BackoffConfig, KeyRange, KeyValue, RangeRequest, Request, Response};
 use std::time::Instant;
 use uuid::Uuid;
@@ -200,6 +203,7 @@ impl HostWatcher {
             prefix: options.prefix.into_bytes(),
             keys: KeyRule::HostId,
             backoff: BackoffConfig::default(),
+            page_size: DEFAULT_PAGE_SIZE,
         };
         let machine = Watch::new(config, Instant::now(), rand_seed());
         let (feed, events) = Feed::new(options.capacity, move |notice: WatchNotice| {
@@ -214,6 +218,10 @@ impl HostWatcher {
                         String::from_utf8_lossy(&key)
                     );
                     None
+                }
+                WatchNotice::Failed(e) => {
+                    log::warn!("host watcher gave up, its events end here: {e}");
+                    return FeedItem::End;
                 }
                 _ => None,
             };
@@ -237,7 +245,10 @@ impl HostWatcher {
     pub fn close(self) {}
 }
 
-/// List the hosts registered under `prefix` right now (one linearizable read).
+/// List the hosts registered under `prefix` right now: linearizable reads
+/// of [`DEFAULT_PAGE_SIZE`] keys each, all at the revision of the first, so
+/// the list is the prefix as it was at one instant however large it is (a
+/// page refused as too large is read again at half the size).
 ///
 /// The same keys count as hosts as for [`HostWatcher`]: only the canonical
 /// spelling of a host id (a lowercase, hyphenated UUID, as
@@ -245,14 +256,57 @@ impl HostWatcher {
 /// skipped.
 pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
     validate::prefix("prefix", prefix)?;
-    let response = etcd.request(Request::Range(RangeRequest::all(KeyRange::Prefix(
-        prefix.as_bytes().to_vec(),
-    ))))?;
-    match response {
-        Response::Range { kvs, .. } => Ok(kvs
-            .iter()
-            .filter_map(|kv| host_info(prefix.len(), kv))
-            .collect()),
-        other => Err(Error::unexpected(other)),
+    let prefix_bytes = prefix.as_bytes().to_vec();
+    let mut hosts = Vec::new();
+    let mut revision = 0;
+    let mut page = DEFAULT_PAGE_SIZE;
+    let mut from: Option<Vec<u8>> = None;
+    loop {
+        let range = match &from {
+            None => KeyRange::Prefix(prefix_bytes.clone()),
+            Some(from) => KeyRange::PrefixFrom {
+                prefix: prefix_bytes.clone(),
+                from: from.clone(),
+            },
+        };
+        let request = Request::Range(RangeRequest {
+            limit: page,
+            revision,
+            ..RangeRequest::all(range)
+        });
+        let (header, kvs) = match etcd.request(request) {
+            Ok(Response::Range { revision, kvs }) => (revision, kvs),
+            Ok(other) => return Err(Error::unexpected(other)),
+            // Refused, most likely as over the message limit: try a
+            // smaller page.
+            Err(Error::Etcd {
+                kind: crate::error::EtcdErrorKind::Rejected,
+                ..
+            }) if page > 1 => {
+                page /= 2;
+                continue;
+            }
+            // Compacted between pages: start over at the current revision.
+            Err(Error::Etcd {
+                kind: crate::error::EtcdErrorKind::Compacted,
+                ..
+            }) if revision > 0 => {
+                hosts.clear();
+                revision = 0;
+                from = None;
+                page = DEFAULT_PAGE_SIZE;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        if revision == 0 {
+            revision = header;
+        }
+        let full = i64::try_from(kvs.len()).unwrap_or(i64::MAX) >= page;
+        hosts.extend(kvs.iter().filter_map(|kv| host_info(prefix.len(), kv)));
+        match kvs.last() {
+            Some(last) if full => from = Some(key_after(&last.key)),
+            _ => return Ok(hosts),
+        }
     }
 }

@@ -14,8 +14,8 @@
 
 use crate::backoff::BackoffConfig;
 use crate::outbox::Outbox;
-use crate::rpc::{Command, KeyValue, Revision, RpcReply};
-use crate::watch::{KeyRule, Watch, WatchConfig, WatchInput};
+use crate::rpc::{Command, KeyValue, Revision, RpcError, RpcReply};
+use crate::watch::{KeyRule, Watch, WatchConfig, WatchInput, WatchNotice, DEFAULT_PAGE_SIZE};
 use crate::Machine;
 use std::time::Instant;
 
@@ -56,6 +56,10 @@ pub enum ObserveNotice {
     /// no candidate remains. Never repeated without a change of key, create
     /// revision or value.
     Leader(Option<KeyValue>),
+    /// The underlying watch met an error retrying cannot fix (see
+    /// [`WatchNotice::Failed`]); the machine has stopped and reports
+    /// nothing more.
+    Failed(RpcError),
 }
 
 /// The observe machine: see the [module docs](self).
@@ -74,6 +78,7 @@ impl Observe {
             prefix: config.prefix,
             keys: KeyRule::Any,
             backoff: config.backoff,
+            page_size: DEFAULT_PAGE_SIZE,
         };
         let mut observe = Observe {
             watch: Watch::new(watch, now, seed),
@@ -98,6 +103,10 @@ impl Observe {
             match command {
                 Command::Rpc { id, request } => self.outbox.push(Command::Rpc { id, request }),
                 Command::Cancel { id } => self.outbox.cancel(id),
+                Command::Notify(WatchNotice::Failed(e)) => {
+                    self.outbox.notify(ObserveNotice::Failed(e));
+                    return;
+                }
                 Command::Notify(_) => {}
             }
         }

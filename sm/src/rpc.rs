@@ -107,7 +107,7 @@ pub enum SortOrder {
     CreateDescending,
 }
 
-/// A read of a key or prefix at the current revision.
+/// A read of a key or prefix, at the current revision or an older one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
 pub struct RangeRequest {
@@ -119,6 +119,11 @@ pub struct RangeRequest {
     pub limit: i64,
     /// Only keys with `create_revision <= max_create_revision`; 0 means no bound.
     pub max_create_revision: Revision,
+    /// Read the store as it was at this revision; 0 means the current one.
+    /// A revision at or below etcd's last compaction that etcd can no longer
+    /// serve fails with [`RpcError::Compacted`]. The answer's header
+    /// revision is still the *current* store revision, as etcd's is.
+    pub revision: Revision,
 }
 
 impl RangeRequest {
@@ -129,6 +134,7 @@ impl RangeRequest {
             sort: SortOrder::Key,
             limit: 0,
             max_create_revision: 0,
+            revision: 0,
         }
     }
 }

@@ -1,8 +1,18 @@
 //! Prefix watch with snapshot replay, revision de-duplication and resync.
 //!
 //! [`Watch`] keeps a consumer informed of every key under a prefix: it reads
-//! a snapshot (`Range`), replays it as [`WatchNotice::Up`]s, says
+//! a snapshot, replays it as [`WatchNotice::Up`]s, says
 //! [`WatchNotice::Synced`], then watches from the snapshot revision + 1.
+//!
+//! Snapshots are read in pages of [`WatchConfig::page_size`] keys, all at
+//! one revision: the header revision of the first page. The first snapshot
+//! streams its `Up`s page by page; a resync collects its pages and emits the
+//! diff after the last one. A page read at a revision etcd has compacted
+//! meanwhile restarts the snapshot at the current revision; a page etcd
+//! refuses (an answer over the client's message limit is refused) is read
+//! again at half the size, down to one key. An error that retrying cannot
+//! fix (a refused one-key page, a denied permission) ends the machine with
+//! [`WatchNotice::Failed`] instead of a silent retry loop.
 //! Whenever the watch fails, is canceled (compaction or otherwise), answers
 //! with something unexpected, or the consumer falls behind, it reads a fresh
 //! snapshot and emits only the *difference* against what the consumer was
@@ -28,8 +38,8 @@ use crate::backoff::{Backoff, BackoffConfig};
 use crate::clock::Clock;
 use crate::outbox::Outbox;
 use crate::rpc::{
-    Command, KeyRange, KeyValue, RangeRequest, Request, Response, Revision, RpcId, RpcReply,
-    WatchEvent,
+    key_after, Command, KeyRange, KeyValue, RangeRequest, Request, Response, Revision, RpcError,
+    RpcId, RpcReply, WatchEvent,
 };
 use crate::timer::TimerTable;
 use crate::Machine;
@@ -46,7 +56,16 @@ pub struct WatchConfig {
     pub keys: KeyRule,
     /// Delays between failed attempts; reset once a watch is established.
     pub backoff: BackoffConfig,
+    /// Keys per snapshot page ([`DEFAULT_PAGE_SIZE`] unless a test wants
+    /// many pages); values below 1 count as 1. Halved for the rest of a
+    /// snapshot whenever etcd refuses a page as too large.
+    pub page_size: i64,
 }
+
+/// Keys per snapshot page by default: with etcd's 1.5 MiB value limit a
+/// page may still exceed the client's 4 MiB answer limit, and is then
+/// halved; with typical small values a page stays well under it.
+pub const DEFAULT_PAGE_SIZE: i64 = 1000;
 
 /// Inputs of [`Watch`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -89,6 +108,10 @@ pub enum WatchNotice {
     /// A key under the prefix that does not satisfy the [`KeyRule`];
     /// reported once per key for the machine's life, then ignored.
     InvalidKey(Vec<u8>),
+    /// etcd answered a snapshot read with an error that retrying cannot
+    /// fix (a permission denied, a one-key page still too large, ...). The
+    /// machine has stopped; this is its last notice.
+    Failed(RpcError),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,9 +122,9 @@ enum Timer {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
-    /// Waiting for [`Timer::Retry`] before reading a snapshot.
+    /// Waiting for [`Timer::Retry`] before reading a snapshot page.
     Waiting,
-    /// A snapshot read is outstanding.
+    /// A snapshot page read is outstanding.
     Ranging(RpcId),
     /// A watch is open; `established` once its first response arrived.
     Watching { id: RpcId, established: bool },
@@ -123,7 +146,29 @@ pub struct Watch {
     revision: Revision,
     synced: bool,
     phase: Phase,
+    /// The snapshot being read, while one is (kept across retries of a
+    /// page, dropped when the watch is paused or replaced).
+    snapshot: Option<Snapshot>,
+    page_size: i64,
     clock: Clock,
+}
+
+/// A snapshot read page by page.
+#[derive(Clone, Debug)]
+struct Snapshot {
+    /// Revision every page is read at: the first page's header revision,
+    /// 0 until that page answered.
+    revision: Revision,
+    /// Where the next page starts; `None` for the first page.
+    from: Option<Vec<u8>>,
+    /// Keys per page for the rest of this snapshot.
+    page: i64,
+    /// Deliver each page as it comes (the first snapshot, while the
+    /// consumer has been told nothing, so the diff is all `Up`s) rather
+    /// than collect the pages and diff after the last.
+    streaming: bool,
+    /// Pages collected so far when not streaming.
+    collected: Vec<KeyValue>,
 }
 
 impl Watch {
@@ -139,6 +184,8 @@ impl Watch {
             revision: 0,
             synced: false,
             phase: Phase::Waiting,
+            snapshot: None,
+            page_size: config.page_size.max(1),
             clock: Clock::new(now),
         };
         watch.start_range();
@@ -168,8 +215,36 @@ impl Watch {
         )
     }
 
+    /// Start a fresh snapshot at the current revision.
     fn start_range(&mut self) {
-        let request = Request::Range(RangeRequest::all(KeyRange::Prefix(self.prefix.clone())));
+        self.snapshot = Some(Snapshot {
+            revision: 0,
+            from: None,
+            page: self.page_size,
+            streaming: !self.synced && self.view.is_empty(),
+            collected: Vec::new(),
+        });
+        self.read_page();
+    }
+
+    /// Ask for the next page of the snapshot under way (a fresh one if
+    /// none is).
+    fn read_page(&mut self) {
+        let Some(snapshot) = &self.snapshot else {
+            return self.start_range();
+        };
+        let range = match &snapshot.from {
+            None => KeyRange::Prefix(self.prefix.clone()),
+            Some(from) => KeyRange::PrefixFrom {
+                prefix: self.prefix.clone(),
+                from: from.clone(),
+            },
+        };
+        let request = Request::Range(RangeRequest {
+            limit: snapshot.page,
+            revision: snapshot.revision,
+            ..RangeRequest::all(range)
+        });
         let id = self.outbox.rpc(request);
         self.phase = Phase::Ranging(id);
     }
@@ -193,15 +268,82 @@ impl Watch {
         self.phase = Phase::Waiting;
     }
 
+    /// Give up for good: tell the consumer why and stop.
+    fn fail(&mut self, error: RpcError) {
+        self.abandon();
+        self.timers.clear();
+        self.snapshot = None;
+        self.phase = Phase::Stopped;
+        self.outbox.notify(WatchNotice::Failed(error));
+    }
+
     fn notify_all(&mut self, notices: Vec<WatchNotice>) {
         for notice in notices {
             self.outbox.notify(notice);
         }
     }
 
-    fn on_snapshot(&mut self, revision: Revision, kvs: Vec<KeyValue>) {
+    fn on_page(&mut self, now: Instant, result: Result<Response, RpcError>) {
+        let Some(mut snapshot) = self.snapshot.take() else {
+            return self.retry_later(now);
+        };
+        let (header, kvs) = match result {
+            Ok(Response::Range { revision, kvs }) => (revision, kvs),
+            // The snapshot's revision was compacted between pages: start
+            // over at the current one.
+            Err(RpcError::Compacted { .. }) if snapshot.revision > 0 => {
+                return self.start_range();
+            }
+            // Refused, most likely as over the message limit: a smaller
+            // page may fit. A refused one-key page is final.
+            Err(RpcError::Rejected(_)) if snapshot.page > 1 => {
+                snapshot.page /= 2;
+                self.snapshot = Some(snapshot);
+                return self.read_page();
+            }
+            Err(e) if !e.is_retryable() && !matches!(e, RpcError::Compacted { .. }) => {
+                return self.fail(e);
+            }
+            Err(_) => {
+                // Try the same page again later, at the same revision.
+                self.snapshot = Some(snapshot);
+                return self.retry_later(now);
+            }
+            Ok(_) => return self.retry_later(now),
+        };
+        if snapshot.revision == 0 {
+            snapshot.revision = header;
+        }
+        let full = i64::try_from(kvs.len()).unwrap_or(i64::MAX) >= snapshot.page;
+        if full {
+            snapshot.from = kvs.last().map(|kv| key_after(&kv.key));
+        }
+        if snapshot.streaming {
+            let mut notices = Vec::new();
+            self.view.add(kvs, &mut notices);
+            self.notify_all(notices);
+        } else {
+            snapshot.collected.extend(kvs);
+        }
+        if full {
+            self.snapshot = Some(snapshot);
+            return self.read_page();
+        }
+        let kvs = if snapshot.streaming {
+            None
+        } else {
+            Some(snapshot.collected)
+        };
+        self.on_snapshot(snapshot.revision, kvs);
+    }
+
+    /// The last page is in: `kvs` are every page's keys when they were
+    /// collected (a resync), `None` when each page was delivered already.
+    fn on_snapshot(&mut self, revision: Revision, kvs: Option<Vec<KeyValue>>) {
         let mut notices = Vec::new();
-        self.view.resync(kvs, &mut notices);
+        if let Some(kvs) = kvs {
+            self.view.resync(kvs, &mut notices);
+        }
         if !self.synced {
             self.synced = true;
             notices.push(WatchNotice::Synced);
@@ -237,10 +379,7 @@ impl Watch {
 
     fn on_reply(&mut self, now: Instant, reply: RpcReply) {
         match self.phase {
-            Phase::Ranging(id) if id == reply.id => match reply.result {
-                Ok(Response::Range { revision, kvs }) => self.on_snapshot(revision, kvs),
-                _ => self.retry_later(now),
-            },
+            Phase::Ranging(id) if id == reply.id => self.on_page(now, reply.result),
             Phase::Watching { id, established } if id == reply.id => match reply.result {
                 Ok(Response::WatchEvents { events }) => {
                     if !established {
@@ -272,6 +411,7 @@ impl Machine for Watch {
             WatchInput::Rpc(reply) => self.on_reply(now, reply),
             WatchInput::ConsumerFull => {
                 self.abandon();
+                self.snapshot = None;
                 self.phase = Phase::Paused;
             }
             WatchInput::ConsumerReady => {
@@ -281,6 +421,7 @@ impl Machine for Watch {
             }
             WatchInput::Stop => {
                 self.abandon();
+                self.snapshot = None;
                 self.timers.clear();
                 self.phase = Phase::Stopped;
             }
@@ -293,7 +434,7 @@ impl Machine for Watch {
             match timer {
                 Timer::Retry => {
                     if self.phase == Phase::Waiting {
-                        self.start_range();
+                        self.read_page();
                     }
                 }
             }

@@ -15,7 +15,7 @@ use fleetcoord_sm::stream::{
     Append, AppendConfig, AppendInput, AppendNotice, ReadFrom, Reader, ReaderConfig, ReaderNotice,
     StreamError, StreamKeys,
 };
-use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchNotice};
+use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchNotice, DEFAULT_PAGE_SIZE};
 use fleetcoord_sm::{BackoffConfig, KeyRange, Machine, RangeRequest, Request, Response};
 use parking_lot::Mutex;
 use std::num::NonZeroU64;
@@ -222,13 +222,26 @@ impl EtcdCoordinator {
             prefix,
             keys: KeyRule::Any,
             backoff: BackoffConfig::default(),
+            page_size: DEFAULT_PAGE_SIZE,
         };
+        let what = String::from_utf8_lossy(&config.prefix).into_owned();
         let machine = Watch::new(config, Instant::now(), rand_seed());
         let mut synced = false;
         self.run_feed(machine, move |notice, started| {
-            if notice == WatchNotice::Synced {
-                synced = true;
-                let _ = started.try_send(Ok(()));
+            match &notice {
+                WatchNotice::Synced => {
+                    synced = true;
+                    let _ = started.try_send(Ok(()));
+                }
+                WatchNotice::Failed(e) => {
+                    // Before the feed is live this fails the call that
+                    // started it; afterwards the feed ends.
+                    log::warn!("watch of {what:?} gave up: {e}");
+                    let _ = started
+                        .try_send(Err(Error::rpc_in(format!("watch of {what:?}"), e.clone())));
+                    return FeedItem::End;
+                }
+                _ => {}
             }
             on_notice(notice, synced)
         })

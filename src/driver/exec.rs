@@ -166,6 +166,9 @@ fn get_options(range: &RangeRequest) -> ec::GetOptions {
     if range.max_create_revision > 0 {
         options = options.with_max_create_revision(range.max_create_revision);
     }
+    if range.revision > 0 {
+        options = options.with_revision(range.revision);
+    }
     match range.sort {
         SortOrder::Key => {}
         SortOrder::CreateAscending => {

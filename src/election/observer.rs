@@ -43,6 +43,10 @@ impl LeaderObserver {
         let machine = Observe::new(config, Instant::now(), rand_seed());
         let (feed, leaders) = Feed::new(CAPACITY, |notice| match notice {
             ObserveNotice::Leader(kv) => FeedItem::Item(kv.as_ref().map(LeaderInfo::from_kv)),
+            ObserveNotice::Failed(e) => {
+                log::warn!("leader observer gave up, its changes end here: {e}");
+                FeedItem::End
+            }
             #[allow(unreachable_patterns)]
             _ => FeedItem::Skip,
         });

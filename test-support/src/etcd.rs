@@ -90,7 +90,7 @@ impl ModelEtcd {
             }
             Request::Range(r) => Ok(Response::Range {
                 revision: self.revision,
-                kvs: self.read(r),
+                kvs: self.read_at(r)?,
             }),
             Request::Delete(range) => {
                 let revision = self.revision + 1;
@@ -110,31 +110,48 @@ impl ModelEtcd {
         }
     }
 
-    fn read(&self, r: &RangeRequest) -> Vec<KeyValue> {
-        let mut kvs: Vec<KeyValue> = self
+    /// A range at `r.revision` (0 = now), as etcd serves it: a future
+    /// revision is refused, one below the last compaction is `Compacted`,
+    /// and any other is rebuilt from the current keys by undoing, newest
+    /// first, the history written after it (compaction keeps every event
+    /// above the compaction revision, so this is always possible).
+    fn read_at(&self, r: &RangeRequest) -> Result<Vec<KeyValue>, RpcError> {
+        if r.revision <= 0 || r.revision == self.revision {
+            return Ok(self.read(r));
+        }
+        if r.revision > self.revision {
+            return Err(RpcError::Rejected(
+                "etcdserver: mvcc: required revision is a future revision".into(),
+            ));
+        }
+        if r.revision < self.compacted {
+            return Err(RpcError::Compacted {
+                compact_revision: self.compacted,
+            });
+        }
+        let mut then: BTreeMap<Vec<u8>, KeyValue> = self
             .kvs
-            .values()
-            .filter(|kv| r.range.contains(&kv.key))
-            .filter(|kv| r.max_create_revision <= 0 || kv.create_revision <= r.max_create_revision)
-            .cloned()
+            .iter()
+            .filter(|(key, _)| r.range.contains(key))
+            .map(|(key, kv)| (key.clone(), kv.clone()))
             .collect();
-        match r.sort {
-            SortOrder::Key => {}
-            SortOrder::CreateAscending => kvs.sort_by(|a, b| {
-                a.create_revision
-                    .cmp(&b.create_revision)
-                    .then(a.key.cmp(&b.key))
-            }),
-            SortOrder::CreateDescending => kvs.sort_by(|a, b| {
-                b.create_revision
-                    .cmp(&a.create_revision)
-                    .then(a.key.cmp(&b.key))
-            }),
+        for event in self.history.iter().rev() {
+            if event.kv.mod_revision <= r.revision {
+                break;
+            }
+            if !r.range.contains(&event.kv.key) {
+                continue;
+            }
+            match &event.prev_kv {
+                Some(prev) => then.insert(prev.key.clone(), prev.clone()),
+                None => then.remove(&event.kv.key),
+            };
         }
-        if r.limit > 0 {
-            kvs.truncate(usize::try_from(r.limit).unwrap_or(usize::MAX));
-        }
-        kvs
+        Ok(select(then.values(), r))
+    }
+
+    fn read(&self, r: &RangeRequest) -> Vec<KeyValue> {
+        select(self.kvs.values(), r)
     }
 
     fn apply_put(&mut self, revision: Revision, key: &[u8], value: &[u8], lease: LeaseId) {
@@ -257,4 +274,31 @@ impl ModelEtcd {
             .cloned()
             .collect()
     }
+}
+
+/// The keys of `kvs` (in key order) that `r` selects, sorted and limited
+/// as `r` asks.
+fn select<'a>(kvs: impl Iterator<Item = &'a KeyValue>, r: &RangeRequest) -> Vec<KeyValue> {
+    let mut kvs: Vec<KeyValue> = kvs
+        .filter(|kv| r.range.contains(&kv.key))
+        .filter(|kv| r.max_create_revision <= 0 || kv.create_revision <= r.max_create_revision)
+        .cloned()
+        .collect();
+    match r.sort {
+        SortOrder::Key => {}
+        SortOrder::CreateAscending => kvs.sort_by(|a, b| {
+            a.create_revision
+                .cmp(&b.create_revision)
+                .then(a.key.cmp(&b.key))
+        }),
+        SortOrder::CreateDescending => kvs.sort_by(|a, b| {
+            b.create_revision
+                .cmp(&a.create_revision)
+                .then(a.key.cmp(&b.key))
+        }),
+    }
+    if r.limit > 0 {
+        kvs.truncate(usize::try_from(r.limit).unwrap_or(usize::MAX));
+    }
+    kvs
 }

@@ -38,6 +38,7 @@ fn first_created_range(prefix: &[u8]) -> RangeRequest {
         sort: SortOrder::CreateAscending,
         limit: 1,
         max_create_revision: 0,
+        revision: 0,
     }
 }
 
@@ -110,6 +111,7 @@ pub(crate) fn newest_older(prefix: &[u8], token: Revision) -> Request {
         // max_create_revision 0 means "no bound"; a revision of 1 can
         // never have an older key, so clamp to 1 and let the answer show it.
         max_create_revision: (token - 1).max(1),
+        revision: 0,
     })
 }
 

@@ -34,6 +34,43 @@ impl View {
         self.known.values()
     }
 
+    /// Whether the consumer has been told of no key at all.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.known.is_empty()
+    }
+
+    /// Add one page of a snapshot streamed into the set, in key order:
+    /// `Up` for new keys, and for a key already known (which a page never
+    /// repeats, but nothing is taken on trust) what [`View::resync`] would
+    /// say for it. Keys not in the page are left alone.
+    pub(crate) fn add(&mut self, kvs: Vec<KeyValue>, out: &mut Vec<WatchNotice>) {
+        let mut page = BTreeMap::new();
+        for kv in kvs {
+            if kv.key.starts_with(&self.prefix) {
+                page.insert(kv.key.clone(), kv);
+            }
+        }
+        for (key, now) in page {
+            match self.known.remove(&key) {
+                None => {
+                    if self.admit(&key, out) {
+                        out.push(WatchNotice::Up(now.clone()));
+                        self.known.insert(key, now);
+                    }
+                }
+                Some(before) => {
+                    if before.create_revision != now.create_revision {
+                        out.push(WatchNotice::Down(before));
+                        out.push(WatchNotice::Up(now.clone()));
+                    } else if before != now {
+                        out.push(WatchNotice::Updated(now.clone()));
+                    }
+                    self.known.insert(key, now);
+                }
+            }
+        }
+    }
+
     /// Replace the set with a fresh snapshot and describe the difference:
     /// `Down` (last seen) for vanished keys, `Up` for new ones, `Down`+`Up`
     /// where the create revision changed, `Updated` where anything else

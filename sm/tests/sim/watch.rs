@@ -123,10 +123,18 @@ struct Consumer {
 impl Consumer {
     fn apply(&mut self, notice: WatchNotice, etcd_revision: i64) {
         if self.synced == 0 {
+            // A first snapshot interrupted between pages (compaction, a
+            // stalled consumer) is finished as a resync, whose diff may
+            // correct keys replayed from its earlier pages; the checks
+            // below still hold for those notices.
             assert!(
                 matches!(
                     notice,
-                    WatchNotice::Up(_) | WatchNotice::InvalidKey(_) | WatchNotice::Synced
+                    WatchNotice::Up(_)
+                        | WatchNotice::InvalidKey(_)
+                        | WatchNotice::Synced
+                        | WatchNotice::Down(_)
+                        | WatchNotice::Updated(_)
                 ),
                 "{notice:?} before Synced"
             );
@@ -368,6 +376,9 @@ fn run_seed(seed: u64, totals: &mut Totals) {
         prefix: PREFIX.to_vec(),
         keys: KeyRule::HostId,
         backoff: BackoffConfig::default(),
+        // Small pages, so snapshots span several (and compactions and
+        // faults land between them).
+        page_size: 1 + pick(&mut rng, 4) as i64,
     };
     let spy = Spy {
         machine: Watch::new(config, start, seed),

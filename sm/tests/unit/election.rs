@@ -116,6 +116,7 @@ fn older(max_create_revision: Revision) -> Request {
         sort: SortOrder::CreateDescending,
         limit: 1,
         max_create_revision,
+        revision: 0,
     })
 }
 
@@ -136,6 +137,7 @@ fn first_created() -> TxnOp {
         sort: SortOrder::CreateAscending,
         limit: 1,
         max_create_revision: 0,
+        revision: 0,
     })
 }
 

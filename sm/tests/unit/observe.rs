@@ -57,7 +57,10 @@ fn leader(kv: Option<KeyValue>) -> Command<ObserveNotice> {
 /// after the snapshot.
 fn synced(now: Instant, kvs: Vec<KeyValue>) -> (Observe, Vec<Command<ObserveNotice>>) {
     let mut o = Observe::new(config(), now, 3);
-    let range = Request::Range(RangeRequest::all(KeyRange::Prefix(b"/e/".to_vec())));
+    let range = Request::Range(RangeRequest {
+        limit: fleetcoord_sm::watch::DEFAULT_PAGE_SIZE,
+        ..RangeRequest::all(KeyRange::Prefix(b"/e/".to_vec()))
+    });
     assert_eq!(
         drain(&mut o),
         vec![Command::Rpc {

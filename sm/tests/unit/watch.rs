@@ -19,6 +19,7 @@ fn config() -> WatchConfig {
             multiplier: 2,
             jitter_percent: 0,
         },
+        page_size: DEFAULT_PAGE_SIZE,
     }
 }
 
@@ -67,7 +68,10 @@ fn failed(id: RpcId) -> WatchInput {
 fn range_cmd(id: u64) -> Command<WatchNotice> {
     Command::Rpc {
         id: RpcId(id),
-        request: Request::Range(RangeRequest::all(KeyRange::Prefix(b"/h/".to_vec()))),
+        request: Request::Range(RangeRequest {
+            limit: DEFAULT_PAGE_SIZE,
+            ..RangeRequest::all(KeyRange::Prefix(b"/h/".to_vec()))
+        }),
     }
 }
 

@@ -79,6 +79,16 @@ fn check_branch(ops: &[TxnOp]) -> Result<(), RpcError> {
             "too many operations in txn request".into(),
         ));
     }
+    // No protocol reads an old revision inside a transaction, so the model
+    // does not serve it rather than serve it wrong.
+    if ops
+        .iter()
+        .any(|op| matches!(op, TxnOp::Range(r) if r.revision != 0))
+    {
+        return Err(RpcError::Rejected(
+            "model etcd: a range at a revision inside a txn is not modelled".into(),
+        ));
+    }
     let puts: Vec<&[u8]> = ops
         .iter()
         .filter_map(|op| match op {

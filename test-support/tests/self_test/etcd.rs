@@ -277,6 +277,7 @@ fn range_sorts_limits_and_bounds_create_revision() {
             sort,
             limit,
             max_create_revision,
+            revision: 0,
         })
     };
     let r = |etcd: &mut ModelEtcd, req| keys(&kvs(etcd.execute(t0, &req).unwrap()));
