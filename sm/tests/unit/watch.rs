@@ -535,3 +535,257 @@ fn poll_timeout_is_never_before_the_last_now() {
     w.handle(later, WatchInput::ConsumerReady);
     assert_eq!(w.poll_timeout(), Some(later));
 }
+
+fn paged(page_size: i64) -> WatchConfig {
+    WatchConfig {
+        page_size,
+        ..config()
+    }
+}
+
+fn page_cmd(id: u64, limit: i64, after: Option<&[u8]>, revision: Revision) -> Command<WatchNotice> {
+    let range = match after {
+        None => KeyRange::Prefix(b"/h/".to_vec()),
+        Some(last) => KeyRange::PrefixFrom {
+            prefix: b"/h/".to_vec(),
+            from: rpc::key_after(last),
+        },
+    };
+    Command::Rpc {
+        id: RpcId(id),
+        request: Request::Range(RangeRequest {
+            limit,
+            revision,
+            ..RangeRequest::all(range)
+        }),
+    }
+}
+
+fn page(id: u64, header: Revision, kvs: Vec<KeyValue>) -> WatchInput {
+    ok(
+        RpcId(id),
+        Response::Range {
+            revision: header,
+            kvs,
+        },
+    )
+}
+
+fn refused(id: u64, error: RpcError) -> WatchInput {
+    WatchInput::Rpc(RpcReply {
+        id: RpcId(id),
+        result: Err(error),
+    })
+}
+
+#[test]
+fn the_first_snapshot_streams_each_page_at_the_first_pages_revision_then_synced() {
+    let t0 = start();
+    let mut w = Watch::new(paged(2), t0, 1);
+    assert_eq!(drain(&mut w), vec![page_cmd(0, 2, None, 0)]);
+    let (a, b, c) = (
+        kv(&host(1), "a", 3, 3),
+        kv(&host(2), "b", 4, 4),
+        kv(&host(3), "c", 5, 5),
+    );
+    w.handle(t0, page(0, 10, vec![a.clone(), b.clone()]));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Up(a.clone())),
+            n(WatchNotice::Up(b.clone())),
+            page_cmd(1, 2, Some(&host(2)), 10),
+        ]
+    );
+    assert!(!w.is_synced());
+    // Later pages carry the current revision in their header: ignored.
+    w.handle(t0, page(1, 12, vec![c.clone()]));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Up(c)),
+            n(WatchNotice::Synced),
+            watch_cmd(2, 11)
+        ]
+    );
+    assert!(w.is_synced());
+}
+
+#[test]
+fn a_full_last_page_costs_one_empty_page_more() {
+    let t0 = start();
+    let mut w = Watch::new(paged(2), t0, 1);
+    drain(&mut w);
+    let (a, b) = (kv(&host(1), "a", 3, 3), kv(&host(2), "b", 4, 4));
+    w.handle(t0, page(0, 10, vec![a.clone(), b.clone()]));
+    drain(&mut w);
+    w.handle(t0, page(1, 10, vec![]));
+    assert_eq!(
+        drain(&mut w),
+        vec![n(WatchNotice::Synced), watch_cmd(2, 11)]
+    );
+    assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![a, b]);
+}
+
+/// Page size 2, first snapshot [a, b] + [c] at revision 10, watch (id 2)
+/// established.
+fn live_paged(now: Instant) -> (Watch, [KeyValue; 3]) {
+    let mut w = Watch::new(paged(2), now, 1);
+    let (a, b, c) = (
+        kv(&host(1), "a", 3, 3),
+        kv(&host(2), "b", 4, 4),
+        kv(&host(3), "c", 5, 5),
+    );
+    drain(&mut w);
+    w.handle(now, page(0, 10, vec![a.clone(), b.clone()]));
+    drain(&mut w);
+    w.handle(now, page(1, 10, vec![c.clone()]));
+    drain(&mut w);
+    w.handle(now, ok(RpcId(2), Response::WatchEvents { events: vec![] }));
+    assert!(w.is_live());
+    (w, [a, b, c])
+}
+
+#[test]
+fn a_resync_collects_every_page_and_emits_the_diff_after_the_last() {
+    let t0 = start();
+    let (mut w, [a, b, c]) = live_paged(t0);
+    w.handle(t0, failed(RpcId(2)));
+    assert_eq!(drain(&mut w), vec![Command::Cancel { id: RpcId(2) }]);
+    let t1 = t0 + 100 * MS;
+    w.handle_timeout(t1);
+    assert_eq!(drain(&mut w), vec![page_cmd(3, 2, None, 0)]);
+    // a changed, b unchanged: nothing is said before the last page.
+    let a2 = kv(&host(1), "a2", 3, 15);
+    w.handle(t1, page(3, 20, vec![a2.clone(), b.clone()]));
+    assert_eq!(drain(&mut w), vec![page_cmd(4, 2, Some(&host(2)), 20)]);
+    // c vanished, d is new.
+    let d = kv(&host(4), "d", 16, 16);
+    w.handle(t1, page(4, 21, vec![d.clone()]));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Updated(a2.clone())),
+            n(WatchNotice::Down(c)),
+            n(WatchNotice::Up(d.clone())),
+            watch_cmd(5, 21),
+        ]
+    );
+    assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![a2, b, d]);
+}
+
+#[test]
+fn compaction_between_pages_restarts_the_snapshot_at_the_current_revision() {
+    let t0 = start();
+    let mut w = Watch::new(paged(2), t0, 1);
+    drain(&mut w);
+    let (a, b, c) = (
+        kv(&host(1), "a", 3, 3),
+        kv(&host(2), "b", 4, 4),
+        kv(&host(3), "c", 5, 5),
+    );
+    w.handle(t0, page(0, 10, vec![a.clone(), b.clone()]));
+    drain(&mut w);
+    w.handle(
+        t0,
+        refused(
+            1,
+            RpcError::Compacted {
+                compact_revision: 12,
+            },
+        ),
+    );
+    // At once, no backoff: a fresh snapshot from the first page.
+    assert_eq!(drain(&mut w), vec![page_cmd(2, 2, None, 0)]);
+    assert_eq!(w.poll_timeout(), None);
+    // The consumer already has a and b: this snapshot is a diff.
+    w.handle(t0, page(2, 15, vec![b.clone(), c.clone()]));
+    assert_eq!(drain(&mut w), vec![page_cmd(3, 2, Some(&host(3)), 15)]);
+    w.handle(t0, page(3, 15, vec![]));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Down(a)),
+            n(WatchNotice::Up(c.clone())),
+            n(WatchNotice::Synced),
+            watch_cmd(4, 16),
+        ]
+    );
+    assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![b, c]);
+}
+
+#[test]
+fn a_refused_page_is_halved_down_to_one_key_then_the_watch_fails() {
+    let t0 = start();
+    let mut w = Watch::new(paged(4), t0, 1);
+    drain(&mut w);
+    let a = kv(&host(1), "a", 3, 3);
+    let big = || RpcError::Rejected("decoded message length too large".into());
+    w.handle(t0, refused(0, big()));
+    assert_eq!(drain(&mut w), vec![page_cmd(1, 2, None, 0)]);
+    w.handle(t0, page(1, 10, vec![a.clone(), kv(&host(2), "b", 4, 4)]));
+    let b = kv(&host(2), "b", 4, 4);
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Up(a)),
+            n(WatchNotice::Up(b)),
+            page_cmd(2, 2, Some(&host(2)), 10),
+        ]
+    );
+    // The smaller page holds for the rest of the snapshot and halves again.
+    w.handle(t0, refused(2, big()));
+    assert_eq!(drain(&mut w), vec![page_cmd(3, 1, Some(&host(2)), 10)]);
+    w.handle(t0, refused(3, big()));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            Command::Cancel { id: RpcId(3) },
+            n(WatchNotice::Failed(big())),
+        ]
+    );
+    assert_eq!(w.poll_timeout(), None);
+    assert!(w.is_finished());
+    // Nothing more, whatever comes.
+    w.handle(t0, WatchInput::ConsumerReady);
+    w.handle_timeout(t0 + Duration::from_secs(60));
+    assert!(drain(&mut w).is_empty());
+}
+
+#[test]
+fn a_permanent_error_fails_the_watch_instead_of_retrying_forever() {
+    let t0 = start();
+    let mut w = Watch::new(paged(2), t0, 1);
+    drain(&mut w);
+    let denied = RpcError::PermissionDenied("etcdserver: permission denied".into());
+    w.handle(t0, refused(0, denied.clone()));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            Command::Cancel { id: RpcId(0) },
+            n(WatchNotice::Failed(denied)),
+        ]
+    );
+    assert_eq!(w.poll_timeout(), None);
+    assert!(w.is_finished());
+}
+
+#[test]
+fn a_transient_error_retries_the_same_page_at_the_same_revision() {
+    let t0 = start();
+    let mut w = Watch::new(paged(2), t0, 1);
+    drain(&mut w);
+    let (a, b) = (kv(&host(1), "a", 3, 3), kv(&host(2), "b", 4, 4));
+    w.handle(t0, page(0, 10, vec![a.clone(), b.clone()]));
+    drain(&mut w);
+    w.handle(t0, failed(RpcId(1)));
+    assert_eq!(drain(&mut w), vec![Command::Cancel { id: RpcId(1) }]);
+    assert_eq!(w.poll_timeout(), Some(t0 + 100 * MS));
+    w.handle_timeout(t0 + 100 * MS);
+    assert_eq!(drain(&mut w), vec![page_cmd(2, 2, Some(&host(2)), 10)]);
+    w.handle(t0 + 100 * MS, page(2, 11, vec![]));
+    assert_eq!(
+        drain(&mut w),
+        vec![n(WatchNotice::Synced), watch_cmd(3, 11)]
+    );
+}

@@ -408,3 +408,65 @@ fn time_to_live_reports_whole_seconds_left_and_the_granted_ttl() {
         })
     );
 }
+
+#[test]
+fn range_at_an_old_revision_rebuilds_it_from_history_until_compacted() {
+    let t0 = Instant::now();
+    let mut etcd = ModelEtcd::new();
+    etcd.execute(t0, &put("/e/a", "1", 0)).unwrap(); // rev 2
+    etcd.execute(t0, &put("/e/b", "1", 0)).unwrap(); // rev 3
+    etcd.execute(t0, &put("/e/a", "2", 0)).unwrap(); // rev 4
+    etcd.execute(t0, &Request::Delete(KeyRange::Key(b"/e/b".to_vec())))
+        .unwrap(); // rev 5
+    etcd.execute(t0, &put("/e/c", "1", 0)).unwrap(); // rev 6
+    let at = |revision| {
+        Request::Range(RangeRequest {
+            revision,
+            ..RangeRequest::all(KeyRange::Prefix(b"/e/".to_vec()))
+        })
+    };
+    let read = |etcd: &mut ModelEtcd, revision| match etcd.execute(t0, &at(revision)).unwrap() {
+        Response::Range { revision, kvs } => (revision, kvs),
+        other => panic!("unexpected {other:?}"),
+    };
+    let now = read(&mut etcd, 0).1;
+    assert_eq!(read(&mut etcd, 6).1, now);
+    let (header, then) = read(&mut etcd, 3);
+    // The header is the current revision, as etcd's is.
+    assert_eq!(header, 6);
+    assert_eq!(keys(&then), ["/e/a", "/e/b"]);
+    assert_eq!(
+        (
+            then[0].value.as_slice(),
+            then[0].mod_revision,
+            then[0].version
+        ),
+        (&b"1"[..], 2, 1)
+    );
+    assert_eq!(keys(&read(&mut etcd, 4).1), ["/e/a", "/e/b"]);
+    assert_eq!(read(&mut etcd, 4).1[0].value, b"2");
+    assert_eq!(keys(&read(&mut etcd, 5).1), ["/e/a"]);
+    assert!(read(&mut etcd, 1).1.is_empty());
+    assert!(matches!(
+        etcd.execute(t0, &at(7)),
+        Err(RpcError::Rejected(_))
+    ));
+    etcd.compact(4);
+    assert_eq!(keys(&read(&mut etcd, 4).1), ["/e/a", "/e/b"]);
+    assert_eq!(
+        etcd.execute(t0, &at(3)),
+        Err(RpcError::Compacted {
+            compact_revision: 4
+        })
+    );
+    // Paging: a limit and a start key at an old revision.
+    let page = Request::Range(RangeRequest {
+        revision: 4,
+        limit: 1,
+        ..RangeRequest::all(KeyRange::PrefixFrom {
+            prefix: b"/e/".to_vec(),
+            from: rpc::key_after(b"/e/a"),
+        })
+    });
+    assert_eq!(keys(&kvs(etcd.execute(t0, &page).unwrap())), ["/e/b"]);
+}
