@@ -23,7 +23,8 @@
 //! Slow consumers: the driver feeds [`WatchInput::ConsumerFull`] when the
 //! consumer's channel passes its soft capacity. The machine then cancels its
 //! request and says nothing until [`WatchInput::ConsumerReady`], when it
-//! resyncs. Memory therefore stays bounded by the channel capacity plus one
+//! resyncs — or, in the middle of the first snapshot, reads its next page
+//! (at the snapshot's revision, so nothing is lost or repeated). Memory therefore stays bounded by the channel capacity plus one
 //! diff, and the driver never blocks or drops a notice.
 //!
 //! Exactly one request is outstanding at any time; a watch being replaced is
@@ -411,12 +412,17 @@ impl Machine for Watch {
             WatchInput::Rpc(reply) => self.on_reply(now, reply),
             WatchInput::ConsumerFull => {
                 self.abandon();
-                self.snapshot = None;
+                // A first snapshot being streamed continues where it
+                // stopped (at its revision, unless compacted meanwhile);
+                // collected pages are dropped, a later resync reads afresh.
+                if !self.snapshot.as_ref().is_some_and(|s| s.streaming) {
+                    self.snapshot = None;
+                }
                 self.phase = Phase::Paused;
             }
             WatchInput::ConsumerReady => {
                 if self.phase == Phase::Paused {
-                    self.start_range();
+                    self.read_page();
                 }
             }
             WatchInput::Stop => {

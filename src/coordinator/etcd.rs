@@ -210,9 +210,12 @@ impl EtcdCoordinator {
     }
 
     /// Start a Watch machine on `prefix`; `on_notice(notice, synced)` turns
-    /// its notices into feed items. Returns after the initial snapshot was
-    /// delivered, so the feed is live: anything written later has a higher
-    /// revision and will come.
+    /// its notices into feed items. Returns once the snapshot's revision is
+    /// fixed (its first page was delivered, or `Synced` for an empty
+    /// prefix), so the feed is live: anything written later has a higher
+    /// revision and will come. It does not wait for the last page: a
+    /// snapshot larger than the feed's capacity can only be delivered
+    /// while the caller reads.
     fn start_feed<T: Send + 'static>(
         &self,
         prefix: Vec<u8>,
@@ -231,6 +234,9 @@ impl EtcdCoordinator {
             match &notice {
                 WatchNotice::Synced => {
                     synced = true;
+                    let _ = started.try_send(Ok(()));
+                }
+                WatchNotice::Up(_) => {
                     let _ = started.try_send(Ok(()));
                 }
                 WatchNotice::Failed(e) => {

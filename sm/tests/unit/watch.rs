@@ -789,3 +789,31 @@ fn a_transient_error_retries_the_same_page_at_the_same_revision() {
         vec![n(WatchNotice::Synced), watch_cmd(3, 11)]
     );
 }
+
+#[test]
+fn a_full_consumer_in_the_first_snapshot_continues_it_from_the_next_page() {
+    let t0 = start();
+    let mut w = Watch::new(paged(2), t0, 1);
+    drain(&mut w);
+    let (a, b, c) = (
+        kv(&host(1), "a", 3, 3),
+        kv(&host(2), "b", 4, 4),
+        kv(&host(3), "c", 5, 5),
+    );
+    w.handle(t0, page(0, 10, vec![a.clone(), b.clone()]));
+    drain(&mut w);
+    w.handle(t0, WatchInput::ConsumerFull);
+    assert_eq!(drain(&mut w), vec![Command::Cancel { id: RpcId(1) }]);
+    assert_eq!(w.poll_timeout(), None);
+    w.handle(t0, WatchInput::ConsumerReady);
+    assert_eq!(drain(&mut w), vec![page_cmd(2, 2, Some(&host(2)), 10)]);
+    w.handle(t0, page(2, 30, vec![c.clone()]));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Up(c)),
+            n(WatchNotice::Synced),
+            watch_cmd(3, 11)
+        ]
+    );
+}
