@@ -138,6 +138,13 @@ impl WatcherOptions {
 ///
 /// Keys under the prefix that are not host ids are logged once and skipped.
 ///
+/// Large fleets: the prefix is read in pages of 1,000 keys at one revision,
+/// and the initial `Up`s arrive page by page. Transient errors are retried
+/// with backoff; an error retrying cannot fix (the etcd user may not read
+/// the prefix, one key larger than the client's message limit) is logged
+/// with `log::warn` and ends the channel: `recv` then reports it
+/// disconnected.
+///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let server = fleetcoord::testing::EtcdServer::start()?;

@@ -49,6 +49,19 @@ fn key(index: u8) -> Vec<u8> {
     }
 }
 
+/// A snapshot page: the prefix, or the rest of it from some key.
+fn assert_page(r: &RangeRequest) {
+    match &r.range {
+        KeyRange::Prefix(p) => assert_eq!(p.as_slice(), PREFIX),
+        KeyRange::PrefixFrom { prefix, from } => {
+            assert_eq!(prefix.as_slice(), PREFIX);
+            assert!(from.as_slice() > PREFIX);
+        }
+        other => panic!("a snapshot page of {other:?}"),
+    }
+    assert!(r.limit >= 1, "an unlimited page");
+}
+
 fn is_valid(key: &[u8]) -> bool {
     key.strip_prefix(PREFIX)
         .is_some_and(|s| KeyRule::HostId.accepts(s))
@@ -84,6 +97,8 @@ struct Consumer {
     view: BTreeMap<Vec<u8>, KeyValue>,
     synced: bool,
     reported: BTreeSet<Vec<u8>>,
+    /// The machine gave up with `Failed` (its last notice).
+    failed: bool,
 }
 
 impl Consumer {
@@ -91,6 +106,7 @@ impl Consumer {
         if !replay {
             assert!(self.synced, "non-replay notice before Synced: {notice:?}");
         }
+        assert!(!self.failed, "{notice:?} after Failed");
         match notice {
             WatchNotice::Up(kv) => {
                 assert!(is_valid(&kv.key), "Up for an invalid key");
@@ -119,6 +135,10 @@ impl Consumer {
             WatchNotice::InvalidKey(key) => {
                 assert!(!is_valid(&key) && key.starts_with(PREFIX));
                 assert!(self.reported.insert(key), "invalid key reported twice");
+            }
+            WatchNotice::Failed(e) => {
+                assert!(!e.is_retryable(), "gave up on a retryable {e:?}");
+                self.failed = true;
             }
             other => panic!("unknown notice {other:?}"),
         }
@@ -185,7 +205,7 @@ impl World {
                     self.next_stray = self.next_stray.max(id.0 + 1);
                     self.outstanding = Some(match request {
                         Request::Range(r) => {
-                            assert_eq!(r.range, KeyRange::Prefix(PREFIX.to_vec()));
+                            assert_page(&r);
                             Outstanding::Range(id, r)
                         }
                         Request::Watch {
@@ -227,6 +247,10 @@ impl World {
         if let Some(at) = self.machine.poll_timeout() {
             assert!(at >= self.now, "deadline in the past");
             assert!(!self.stopped);
+            assert!(!self.consumer.failed, "a timer after Failed");
+        }
+        if self.consumer.failed {
+            assert!(self.outstanding.is_none(), "a request after Failed");
         }
         let caught_up = matches!(
             self.outstanding,
@@ -398,6 +422,8 @@ fuzz_target!(|input: (u64, Vec<Op>)| {
         prefix: PREFIX.to_vec(),
         keys: KeyRule::HostId,
         backoff: BackoffConfig::default(),
+        // Small pages, so snapshots span several.
+        page_size: 1 + (seed % 3) as i64,
     };
     let now = Instant::now();
     let mut etcd = ModelEtcd::new();
@@ -418,6 +444,7 @@ fuzz_target!(|input: (u64, Vec<Op>)| {
             view: BTreeMap::new(),
             synced: false,
             reported: BTreeSet::new(),
+            failed: false,
         },
         outstanding: None,
         now,

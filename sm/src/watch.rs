@@ -317,7 +317,16 @@ impl Watch {
         }
         let full = i64::try_from(kvs.len()).unwrap_or(i64::MAX) >= snapshot.page;
         if full {
-            snapshot.from = kvs.last().map(|kv| key_after(&kv.key));
+            let next = kvs.last().map(|kv| key_after(&kv.key));
+            // The next page must start inside the prefix and past this
+            // one; anything else is not etcd's answer to this read.
+            let advances = next.as_ref().is_some_and(|next| {
+                next.starts_with(&self.prefix) && snapshot.from.as_ref().is_none_or(|f| next > f)
+            });
+            if !advances {
+                return self.retry_later(now);
+            }
+            snapshot.from = next;
         }
         if snapshot.streaming {
             let mut notices = Vec::new();

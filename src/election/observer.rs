@@ -19,7 +19,9 @@ const CAPACITY: usize = 1024;
 /// sent. After a dropped connection or compaction it re-reads the election
 /// and reports the leader if it changed meanwhile. The channel holds 1,024
 /// changes; a reader further behind sees the intermediate leaders coalesced
-/// into the current one, never a missed final state.
+/// into the current one, never a missed final state. An error retrying
+/// cannot fix (the etcd user may not read the election's keys) is logged
+/// with `log::warn` and ends the channel.
 #[must_use = "dropping a LeaderObserver stops observing"]
 pub struct LeaderObserver {
     leaders: crossbeam_channel::Receiver<Option<LeaderInfo>>,

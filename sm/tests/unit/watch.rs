@@ -649,7 +649,7 @@ fn live_paged(now: Instant) -> (Watch, [KeyValue; 3]) {
 #[test]
 fn a_resync_collects_every_page_and_emits_the_diff_after_the_last() {
     let t0 = start();
-    let (mut w, [a, b, c]) = live_paged(t0);
+    let (mut w, [_, b, c]) = live_paged(t0);
     w.handle(t0, failed(RpcId(2)));
     assert_eq!(drain(&mut w), vec![Command::Cancel { id: RpcId(2) }]);
     let t1 = t0 + 100 * MS;
