@@ -61,7 +61,12 @@ pub enum HostEvent {
     /// after this comes back `Up` with a new `create_revision`.
     Down(HostInfo),
     /// Every host that existed when the watcher started has been reported;
-    /// sent exactly once, after the replayed `Up`s.
+    /// sent exactly once, after the replayed `Up`s. The replay is read in
+    /// pages at one revision; if it is interrupted between pages (etcd
+    /// compacted that revision, or you fell behind), it is finished as a
+    /// difference against what was already reported, so an `Updated` or
+    /// `Down` correcting an earlier `Up` may come before `Synced` — never a
+    /// `Down` without an earlier `Up`.
     Synced,
 }
 

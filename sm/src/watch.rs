@@ -104,7 +104,10 @@ pub enum WatchNotice {
     /// Carries the last-seen key and value, since etcd no longer has them.
     Down(KeyValue),
     /// The first snapshot has been replayed completely. Emitted exactly
-    /// once, before any notice that is not part of that replay.
+    /// once, before any notice that is not part of that replay. A replay
+    /// interrupted between pages (compaction, a paused consumer) finishes
+    /// as a diff, so `Updated`/`Down` correcting an earlier `Up` may
+    /// precede it; a `Down` never comes without an earlier `Up`.
     Synced,
     /// A key under the prefix that does not satisfy the [`KeyRule`];
     /// reported once per key for the machine's life, then ignored.
