@@ -1,15 +1,15 @@
 //! [`HostWatcher`]: the fleet's hosts as a stream of Up/Updated/Down events.
 
-use crate::driver::{rand_seed, Feed, FeedItem, MachineHandle};
+use crate::driver::{rand_seed, Feed, FeedItem, MachineHandle, Notify};
 use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::liveness::DEFAULT_HOSTS_PREFIX;
 use crate::validate;
-use fleetcoord_sm::rpc::key_after;
 use fleetcoord_sm::watch::{
     parse_host_id, KeyRule, Watch, WatchConfig, WatchNotice, DEFAULT_PAGE_SIZE,
 };
-use fleetcoord_sm::{BackoffConfig, KeyRange, KeyValue, RangeRequest, Request, Response};
+use fleetcoord_sm::{BackoffConfig, KeyValue};
+use std::collections::BTreeMap;
 use std::time::Instant;
 use uuid::Uuid;
 
@@ -257,68 +257,66 @@ impl HostWatcher {
     pub fn close(self) {}
 }
 
-/// List the hosts registered under `prefix` right now: linearizable reads
-/// of [`DEFAULT_PAGE_SIZE`] keys each, all at the revision of the first, so
-/// the list is the prefix as it was at one instant however large it is (a
-/// page refused as too large is read again at half the size).
+/// List the hosts registered under `prefix` right now: the snapshot a
+/// [`HostWatcher`] starts with — read in pages all at the revision of the
+/// first, so the list is the prefix as it was at one instant however large
+/// it is — without the watch that would follow it. It is the same sm
+/// `Watch` machine, stopped at `Synced`, so paging, compaction between
+/// pages and refused pages are handled in one place. Transient failures are
+/// retried for up to three request timeouts, then [`Error::Timeout`];
+/// a permanent one (permission denied, say) is returned as it is.
 ///
 /// The same keys count as hosts as for [`HostWatcher`]: only the canonical
 /// spelling of a host id (a lowercase, hyphenated UUID, as
 /// [`crate::HostLiveness`] writes it); any other key under the prefix is
 /// skipped.
 pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
+    assert_not_async();
     validate::prefix("prefix", prefix)?;
-    let prefix_bytes = prefix.as_bytes().to_vec();
-    let mut hosts = Vec::new();
-    let mut revision = 0;
-    let mut page = DEFAULT_PAGE_SIZE;
-    let mut from: Option<Vec<u8>> = None;
-    loop {
-        let range = match &from {
-            None => KeyRange::Prefix(prefix_bytes.clone()),
-            Some(from) => KeyRange::PrefixFrom {
-                prefix: prefix_bytes.clone(),
-                from: from.clone(),
-            },
-        };
-        let request = Request::Range(RangeRequest {
-            limit: page,
-            revision,
-            ..RangeRequest::all(range)
-        });
-        let (header, kvs) = match etcd.request(request) {
-            Ok(Response::Range { revision, kvs }) => (revision, kvs),
-            Ok(other) => return Err(Error::unexpected(other)),
-            // Refused, most likely as over the message limit: try a
-            // smaller page.
-            Err(Error::Etcd {
-                kind: crate::error::EtcdErrorKind::Rejected,
-                ..
-            }) if page > 1 => {
-                page /= 2;
-                continue;
+    let prefix_len = prefix.len();
+    let config = WatchConfig {
+        prefix: prefix.as_bytes().to_vec(),
+        keys: KeyRule::HostId,
+        backoff: BackoffConfig::default(),
+        page_size: DEFAULT_PAGE_SIZE,
+    };
+    let machine = Watch::new(config, Instant::now(), rand_seed());
+    let (done_tx, done) = crossbeam_channel::bounded(1);
+    // Keyed by etcd key, so the list comes out in key order.
+    let mut view: BTreeMap<Vec<u8>, KeyValue> = BTreeMap::new();
+    let _machine = etcd.run(
+        machine,
+        Notify(move |notice| match notice {
+            WatchNotice::Up(kv) | WatchNotice::Updated(kv) => {
+                view.insert(kv.key.clone(), kv);
+                true
             }
-            // Compacted between pages: start over at the current revision.
-            Err(Error::Etcd {
-                kind: crate::error::EtcdErrorKind::Compacted,
-                ..
-            }) if revision > 0 => {
-                hosts.clear();
-                revision = 0;
-                from = None;
-                page = DEFAULT_PAGE_SIZE;
-                continue;
+            // An interrupted replay finishes as a diff.
+            WatchNotice::Down(kv) => {
+                view.remove(&kv.key);
+                true
             }
-            Err(e) => return Err(e),
-        };
-        if revision == 0 {
-            revision = header;
-        }
-        let full = i64::try_from(kvs.len()).unwrap_or(i64::MAX) >= page;
-        hosts.extend(kvs.iter().filter_map(|kv| host_info(prefix.len(), kv)));
-        match kvs.last() {
-            Some(last) if full => from = Some(key_after(&last.key)),
-            _ => return Ok(hosts),
-        }
+            // The snapshot is complete: `false` stops the machine before
+            // its watch matters.
+            WatchNotice::Synced => {
+                let _ = done_tx.try_send(Ok(std::mem::take(&mut view)));
+                false
+            }
+            WatchNotice::Failed(e) => {
+                let _ = done_tx.try_send(Err(Error::from(e)));
+                false
+            }
+            _ => true,
+        }),
+    )?;
+    let wait = etcd.options().request_timeout.saturating_mul(3);
+    match done.recv_timeout(wait) {
+        Ok(Ok(view)) => Ok(view
+            .values()
+            .filter_map(|kv| host_info(prefix_len, kv))
+            .collect()),
+        Ok(Err(e)) => Err(e),
+        Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Timeout(wait)),
+        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
     }
 }
