@@ -14,7 +14,7 @@ FUZZ_SECONDS ?= 60
 # cargo-fuzz needs nightly flags; this lets the stable toolchain accept them.
 FUZZ_ENV := RUSTC_BOOTSTRAP=1
 
-.PHONY: test fuzz lint demo deps deps-build deps-etcd deps-fuzz deps-rust cross qemu-sm deps-qemu-sm msrv
+.PHONY: test fuzz lint demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust cross qemu-sm deps-qemu-sm msrv
 
 test: deps
 	$(CARGO) fmt --all --check
@@ -50,7 +50,7 @@ demo: deps-build deps-etcd
 	$(CARGO) build --quiet -p fleetcoord-cli --bin fleetcoord --example demo
 	$(CARGO) run --quiet -p fleetcoord-cli --example demo $(if $(ENDPOINTS),-- --endpoints $(ENDPOINTS))
 
-deps: deps-build deps-etcd deps-fuzz deps-rust
+deps: deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust
 
 # apt_install(what package ...): installs the Debian package of every `what`
 # that is missing. A `what` starting with `/` is a file the build reads (a
@@ -93,6 +93,14 @@ deps-build:
 
 deps-etcd:
 	$(call apt_install,etcd etcd-server etcdctl etcd-client)
+
+# The NATS and Redis backends' tests start real servers (fleetcoord::testing);
+# redis-cli creates the test cluster.
+deps-nats:
+	$(call apt_install,nats-server nats-server)
+
+deps-redis:
+	$(call apt_install,redis-server redis-server redis-cli redis-tools)
 
 # libfuzzer-sys compiles libFuzzer (C++) with the host's C and C++ compilers.
 deps-fuzz: deps-rust

@@ -1,12 +1,71 @@
-//! `kv`, `pub`, `sub` and `stream`: the coordination bus on etcd.
+//! `kv`, `pub`, `sub` and `stream`: the coordination bus, on whichever
+//! backend `--coord` (or `COORD`) names.
 
 use crate::follow::{follow, CountArgs};
-use crate::output::{event, object, text};
-use crate::{CliError, Ctx};
+use crate::output::{event, object, text, Out};
+use crate::CliError;
 use crossbeam_channel::Receiver;
-use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, KvEvent, StreamId, StreamPosition};
+use fleetcoord::coordinator::{Coordinator, KvEvent, StreamId, StreamPosition};
 use fleetcoord::Error;
 use serde_json::json;
+
+/// The backend of the bus commands: `--coord`/`--coord-url`, else
+/// `COORD`/`COORD_URL`, else etcd at `--endpoints`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct BackendArgs {
+    /// Coordination backend for kv, pub, sub and stream: etcd, nats, redis
+    /// [default: $COORD, else etcd]
+    #[arg(long, global = true, value_name = "BACKEND", value_parser = backend_flag)]
+    coord: Option<String>,
+    /// Server URLs of that backend, comma-separated (etcd: --endpoints
+    /// applies when this is absent) [default: $COORD_URL]
+    #[arg(long, global = true, value_name = "URL,...")]
+    coord_url: Option<String>,
+}
+
+/// The backends an operator can point the bus commands at. `memory` and
+/// `noop` would make every command a silent no-op across processes.
+const CLI_BACKENDS: [&str; 3] = ["etcd", "nats", "redis"];
+
+fn backend_flag(text: &str) -> Result<String, String> {
+    let name = text.trim().to_ascii_lowercase();
+    if CLI_BACKENDS.contains(&name.as_str()) {
+        Ok(name)
+    } else {
+        Err(format!("expected one of {}", CLI_BACKENDS.join(", ")))
+    }
+}
+
+/// Where the bus commands go, resolved from flags and environment.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The etcd of `--endpoints` (one connection shared with the rest).
+    Etcd,
+    /// Another backend (or etcd at other URLs), connected by name.
+    Other { name: String, url: Option<String> },
+}
+
+impl BackendArgs {
+    /// Flags win over `COORD`/`COORD_URL`; a blank variable counts as
+    /// unset. An unknown `COORD` is a usage error here, not a noop: the
+    /// operator asked for a backend and must learn it is not there.
+    pub fn resolve(&self, var: impl Fn(&str) -> Option<String>) -> Result<Backend, CliError> {
+        let nonblank = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
+        let name = match nonblank(self.coord.clone()) {
+            Some(name) => name,
+            None => match nonblank(var("COORD")) {
+                Some(raw) => backend_flag(&raw)
+                    .map_err(|e| CliError::Message(format!("COORD={raw:?}: {e}")))?,
+                None => "etcd".to_string(),
+            },
+        };
+        let url = nonblank(self.coord_url.clone()).or_else(|| nonblank(var("COORD_URL")));
+        Ok(match (name.as_str(), url) {
+            ("etcd", None) => Backend::Etcd,
+            (_, url) => Backend::Other { name, url },
+        })
+    }
+}
 
 #[derive(clap::Subcommand, Debug)]
 pub enum KvCommand {
@@ -92,12 +151,12 @@ fn parse_position(text: &str) -> Result<StreamPosition, String> {
     }
 }
 
-fn coordinator(ctx: &Ctx) -> Result<EtcdCoordinator, CliError> {
-    Ok(EtcdCoordinator::new(&ctx.etcd)?)
-}
-
-pub fn kv(ctx: &Ctx, command: KvCommand, shutdown: &Receiver<()>) -> Result<(), CliError> {
-    let coord = coordinator(ctx)?;
+pub fn kv(
+    out: &Out,
+    coord: &dyn Coordinator,
+    command: KvCommand,
+    shutdown: &Receiver<()>,
+) -> Result<(), CliError> {
     match command {
         KvCommand::Get(a) => {
             let value = match coord.kv_get(&a.bucket, &a.key) {
@@ -110,7 +169,7 @@ pub fn kv(ctx: &Ctx, command: KvCommand, shutdown: &Receiver<()>) -> Result<(), 
                 }
                 Err(e) => return Err(e.into()),
             };
-            ctx.out.emit(
+            out.emit(
                 text(&value),
                 object([
                     ("bucket", json!(a.bucket)),
@@ -121,14 +180,14 @@ pub fn kv(ctx: &Ctx, command: KvCommand, shutdown: &Receiver<()>) -> Result<(), 
         }
         KvCommand::Set(a) => {
             coord.kv_set(&a.bucket, &a.key, a.value.as_bytes())?;
-            ctx.out.emit(
+            out.emit(
                 format!("set {}/{}", a.bucket, a.key),
                 event("set", [("bucket", json!(a.bucket)), ("key", json!(a.key))]),
             )?;
         }
         KvCommand::Del(a) => {
             coord.kv_delete(&a.bucket, &a.key)?;
-            ctx.out.emit(
+            out.emit(
                 format!("deleted {}/{}", a.bucket, a.key),
                 event(
                     "deleted",
@@ -157,28 +216,29 @@ pub fn kv(ctx: &Ctx, command: KvCommand, shutdown: &Receiver<()>) -> Result<(), 
                         #[allow(unreachable_patterns)]
                         _ => return Ok(()),
                     };
-                    ctx.out.emit(human, value).map_err(CliError::from)
+                    out.emit(human, value).map_err(CliError::from)
                 },
             )?;
         }
     }
-    let _ = coord.close();
     Ok(())
 }
 
-pub fn publish(ctx: &Ctx, args: PubArgs) -> Result<(), CliError> {
-    let coord = coordinator(ctx)?;
+pub fn publish(out: &Out, coord: &dyn Coordinator, args: PubArgs) -> Result<(), CliError> {
     coord.publish(&args.topic, args.message.as_bytes())?;
-    ctx.out.emit(
+    out.emit(
         format!("published to {}", args.topic),
         event("published", [("topic", json!(args.topic))]),
     )?;
-    let _ = coord.close();
     Ok(())
 }
 
-pub fn subscribe(ctx: &Ctx, args: SubArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
-    let coord = coordinator(ctx)?;
+pub fn subscribe(
+    out: &Out,
+    coord: &dyn Coordinator,
+    args: SubArgs,
+    shutdown: &Receiver<()>,
+) -> Result<(), CliError> {
     let sub = coord.subscribe(&args.topic)?;
     let result = follow(
         sub.receiver(),
@@ -186,28 +246,30 @@ pub fn subscribe(ctx: &Ctx, args: SubArgs, shutdown: &Receiver<()>) -> Result<()
         args.count,
         "the subscription ended",
         |m| {
-            ctx.out
-                .emit(
-                    format!("{}: {}", m.topic, text(&m.payload)),
-                    object([
-                        ("topic", json!(m.topic)),
-                        ("payload", json!(text(&m.payload))),
-                    ]),
-                )
-                .map_err(CliError::from)
+            out.emit(
+                format!("{}: {}", m.topic, text(&m.payload)),
+                object([
+                    ("topic", json!(m.topic)),
+                    ("payload", json!(text(&m.payload))),
+                ]),
+            )
+            .map_err(CliError::from)
         },
     );
     drop(sub);
-    let _ = coord.close();
     result
 }
 
-pub fn stream(ctx: &Ctx, command: StreamCommand, shutdown: &Receiver<()>) -> Result<(), CliError> {
-    let coord = coordinator(ctx)?;
+pub fn stream(
+    out: &Out,
+    coord: &dyn Coordinator,
+    command: StreamCommand,
+    shutdown: &Receiver<()>,
+) -> Result<(), CliError> {
     match command {
         StreamCommand::Append(a) => {
             let id = coord.append_stream(&a.stream, a.payload.as_bytes())?;
-            ctx.out.emit(
+            out.emit(
                 id,
                 object([("stream", json!(a.stream)), ("id", json!(id.0))]),
             )?;
@@ -220,20 +282,78 @@ pub fn stream(ctx: &Ctx, command: StreamCommand, shutdown: &Receiver<()>) -> Res
                 a.count,
                 "the stream reader ended",
                 |entry| {
-                    ctx.out
-                        .emit(
-                            format!("{}: {}", entry.id, text(&entry.payload)),
-                            object([
-                                ("stream", json!(a.stream)),
-                                ("id", json!(entry.id.0)),
-                                ("payload", json!(text(&entry.payload))),
-                            ]),
-                        )
-                        .map_err(CliError::from)
+                    out.emit(
+                        format!("{}: {}", entry.id, text(&entry.payload)),
+                        object([
+                            ("stream", json!(a.stream)),
+                            ("id", json!(entry.id.0)),
+                            ("payload", json!(text(&entry.payload))),
+                        ]),
+                    )
+                    .map_err(CliError::from)
                 },
             )?;
         }
     }
-    let _ = coord.close();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Backend, BackendArgs};
+
+    fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    fn args(coord: Option<&str>, url: Option<&str>) -> BackendArgs {
+        BackendArgs {
+            coord: coord.map(str::to_string),
+            coord_url: url.map(str::to_string),
+        }
+    }
+
+    fn other(name: &str, url: Option<&str>) -> Backend {
+        Backend::Other {
+            name: name.to_string(),
+            url: url.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn flags_win_over_the_environment_which_wins_over_etcd() {
+        let env = [("COORD", "redis"), ("COORD_URL", "redis://127.0.0.1:7000")];
+        let resolve = |a: BackendArgs, e| a.resolve(vars(e)).ok();
+        assert_eq!(resolve(args(None, None), &[]), Some(Backend::Etcd));
+        assert_eq!(
+            resolve(args(None, None), &env),
+            Some(other("redis", Some("redis://127.0.0.1:7000")))
+        );
+        assert_eq!(
+            resolve(args(Some("nats"), Some("nats://127.0.0.1:1")), &env),
+            Some(other("nats", Some("nats://127.0.0.1:1")))
+        );
+        // etcd at other URLs than --endpoints is a connection of its own.
+        assert_eq!(
+            resolve(args(Some("etcd"), Some("127.0.0.1:1")), &[]),
+            Some(other("etcd", Some("127.0.0.1:1")))
+        );
+        let blank = [("COORD", " "), ("COORD_URL", "")];
+        assert_eq!(resolve(args(None, None), &blank), Some(Backend::Etcd));
+    }
+
+    #[test]
+    fn an_unknown_coord_variable_is_an_error_not_a_noop() {
+        assert!(args(None, None)
+            .resolve(vars(&[("COORD", "bogus")]))
+            .is_err());
+        assert!(args(None, None)
+            .resolve(vars(&[("COORD", "noop")]))
+            .is_err());
+    }
 }

@@ -16,6 +16,7 @@ mod output;
 mod signal;
 
 use clap::{Parser, Subcommand};
+use fleetcoord::coordinator::{Coordinator, EtcdCoordinator};
 use fleetcoord::{Etcd, EtcdOptions};
 use output::Out;
 use std::process::ExitCode;
@@ -48,6 +49,9 @@ struct Cli {
     /// 1m30s).
     #[arg(long, global = true, default_value = "5s", value_parser = duration::timeout)]
     connect_timeout: Duration,
+
+    #[command(flatten)]
+    backend: bus::BackendArgs,
 
     #[command(subcommand)]
     command: Command,
@@ -159,12 +163,30 @@ fn run(cli: Cli) -> Result<(), CliError> {
         _ => None,
     };
     let shutdown = shutdown.unwrap_or_else(crossbeam_channel::never);
+    let out = Out::new(cli.json);
+    // The bus commands need etcd only when their backend is the etcd of
+    // `--endpoints`; `--coord nats` must work where no etcd runs.
+    let backend = match &cli.command {
+        Command::Kv(_) | Command::Pub(_) | Command::Sub(_) | Command::Stream(_) => {
+            Some(cli.backend.resolve(|name| std::env::var(name).ok())?)
+        }
+        _ => None,
+    };
+    if let Some(bus::Backend::Other { name, url }) = backend {
+        let coord = fleetcoord::coordinator::connect(&name, url.as_deref()).map_err(|e| {
+            let at = url.as_deref().unwrap_or("its default URL");
+            CliError::Message(format!("cannot use the {name} backend at {at}: {e}"))
+        })?;
+        let result = run_bus(cli.command, &out, coord.as_ref(), &shutdown);
+        let _ = coord.close();
+        return result;
+    }
     let options = EtcdOptions::default().with_connect_timeout(cli.connect_timeout);
     let endpoints = endpoints(cli.endpoints, |name| std::env::var(name).ok());
     let etcd = Etcd::connect(&endpoints, options)?;
     let ctx = Ctx {
         etcd: etcd.clone(),
-        out: Out::new(cli.json),
+        out,
     };
     let result = match cli.command {
         Command::Hosts(a) => hosts::list(&ctx, a),
@@ -173,16 +195,37 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Elect(a) => election::elect(&ctx, a, &shutdown),
         Command::Leader(a) => election::leader(&ctx, a),
         Command::Observe(a) => election::observe(&ctx, a, &shutdown),
-        Command::Kv(c) => bus::kv(&ctx, c, &shutdown),
-        Command::Pub(a) => bus::publish(&ctx, a),
-        Command::Sub(a) => bus::subscribe(&ctx, a, &shutdown),
-        Command::Stream(c) => bus::stream(&ctx, c, &shutdown),
+        bus_command => EtcdCoordinator::new(&ctx.etcd)
+            .map_err(CliError::from)
+            .and_then(|coord| {
+                let result = run_bus(bus_command, &ctx.out, &coord, &shutdown);
+                let _ = coord.close();
+                result
+            }),
     };
     drop(ctx);
     // Closing revokes whatever a command left registered (a campaign
     // interrupted before it won, for instance) before the process exits.
     let _ = etcd.close();
     result
+}
+
+/// Runs a bus command (`kv`, `pub`, `sub`, `stream`) on `coord`.
+fn run_bus(
+    command: Command,
+    out: &Out,
+    coord: &dyn Coordinator,
+    shutdown: &crossbeam_channel::Receiver<()>,
+) -> Result<(), CliError> {
+    match command {
+        Command::Kv(c) => bus::kv(out, coord, c, shutdown),
+        Command::Pub(a) => bus::publish(out, coord, a),
+        Command::Sub(a) => bus::subscribe(out, coord, a, shutdown),
+        Command::Stream(c) => bus::stream(out, coord, c, shutdown),
+        other => Err(CliError::Message(format!(
+            "internal: {other:?} is not a bus command"
+        ))),
+    }
 }
 
 /// Sends the library's `log` records (a keepalive that keeps failing, a

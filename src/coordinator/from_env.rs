@@ -68,41 +68,79 @@ pub fn from_env_vars_with_etcd(
 /// connecting to `url` for the etcd backend.
 fn pick(coord: Option<&str>, url: Option<&str>, etcd: Option<&Etcd>) -> Box<dyn Coordinator> {
     let name = coord.map(str::trim).unwrap_or("").to_ascii_lowercase();
-    let url = url.map(str::trim).filter(|u| !u.is_empty());
-    let connected = match name.as_str() {
-        "" | "memory" => return Box::new(MemoryCoordinator::new()),
-        "noop" => return Box::new(NoopCoordinator::new()),
-        "etcd" => match etcd {
-            Some(etcd) => EtcdCoordinator::new(etcd).map(|c| Box::new(c) as Box<dyn Coordinator>),
-            None => connect_etcd(url),
-        },
-        "nats" => Err(Error::Unsupported(
-            "the nats backend is not built into this binary",
-        )),
-        "redis" => Err(Error::Unsupported(
-            "the redis backend is not built into this binary",
-        )),
-        _ => {
-            log::warn!(
-                "COORD={name:?} is not a known coordinator backend (memory, noop, etcd, nats, redis); \
-                 coordination is disabled (noop)"
-            );
-            return Box::new(NoopCoordinator::new());
+    let connected = match (name.as_str(), etcd) {
+        ("", _) => return Box::new(MemoryCoordinator::new()),
+        ("etcd", Some(etcd)) => {
+            EtcdCoordinator::new(etcd).map(|c| Box::new(c) as Box<dyn Coordinator>)
         }
+        _ => connect(&name, url),
     };
     match connected {
         Ok(coordinator) => coordinator,
         Err(e) => {
-            log::warn!("COORD={name}: {e}; coordination is disabled (noop)");
+            let url = url.map(str::trim).filter(|u| !u.is_empty());
+            let at = url.map(|u| format!(" at {u}")).unwrap_or_default();
+            log::warn!("COORD={name}{at}: {e}; coordination is disabled (noop)");
             Box::new(NoopCoordinator::new())
         }
     }
 }
 
-/// Connects the etcd backend to `url` (comma-separated endpoints).
-fn connect_etcd(url: Option<&str>) -> Result<Box<dyn Coordinator>> {
-    let url = url.unwrap_or("127.0.0.1:2379");
-    Ok(Box::new(EtcdCoordinator::connect(url)?))
+/// Connects the backend named `backend` (`memory`, `noop`, `etcd`, `nats`,
+/// `redis`; case-insensitive) to `url`, the backend's comma-separated
+/// server list (`None` or blank: the backend's local default, e.g.
+/// `127.0.0.1:2379` for etcd). Unlike [`from_env`] it never falls back:
+/// an unknown name is [`Error::InvalidArgument`], a backend whose cargo
+/// feature is off [`Error::Unsupported`], and a failed connection the
+/// backend's error. What the CLI's `--coord`/`--coord-url` use.
+///
+/// ```
+/// let coord = fleetcoord::coordinator::connect("memory", None)?;
+/// coord.kv_set("config", "mode", b"on")?;
+/// assert!(fleetcoord::coordinator::connect("carrier-pigeon", None).is_err());
+/// # Ok::<(), fleetcoord::Error>(())
+/// ```
+pub fn connect(backend: &str, url: Option<&str>) -> Result<Box<dyn Coordinator>> {
+    let url = url.map(str::trim).filter(|u| !u.is_empty());
+    match backend.trim().to_ascii_lowercase().as_str() {
+        "memory" => Ok(Box::new(MemoryCoordinator::new())),
+        "noop" => Ok(Box::new(NoopCoordinator::new())),
+        "etcd" => Ok(Box::new(EtcdCoordinator::connect(
+            url.unwrap_or("127.0.0.1:2379"),
+        )?)),
+        "nats" => connect_nats(url),
+        "redis" => connect_redis(url),
+        other => Err(Error::invalid(
+            "coordinator backend",
+            format!("{other:?} is not one of memory, noop, etcd, nats, redis"),
+        )),
+    }
+}
+
+#[cfg(feature = "nats")]
+fn connect_nats(url: Option<&str>) -> Result<Box<dyn Coordinator>> {
+    let url = url.unwrap_or(super::nats::DEFAULT_URL);
+    Ok(Box::new(super::NatsCoordinator::connect(url)?))
+}
+
+#[cfg(not(feature = "nats"))]
+fn connect_nats(_: Option<&str>) -> Result<Box<dyn Coordinator>> {
+    Err(Error::Unsupported(
+        "the nats backend is not built into this binary (cargo feature `nats`)",
+    ))
+}
+
+#[cfg(feature = "redis")]
+fn connect_redis(url: Option<&str>) -> Result<Box<dyn Coordinator>> {
+    let url = url.unwrap_or(super::redis::DEFAULT_URL);
+    Ok(Box::new(super::RedisCoordinator::connect(url)?))
+}
+
+#[cfg(not(feature = "redis"))]
+fn connect_redis(_: Option<&str>) -> Result<Box<dyn Coordinator>> {
+    Err(Error::Unsupported(
+        "the redis backend is not built into this binary (cargo feature `redis`)",
+    ))
 }
 
 #[cfg(test)]

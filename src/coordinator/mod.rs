@@ -59,14 +59,22 @@ mod etcd;
 mod feed;
 mod from_env;
 mod memory;
+#[cfg(feature = "nats")]
+pub mod nats;
 mod noop;
 pub mod pattern;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 pub use etcd::{EtcdCoordinator, EtcdCoordinatorOptions};
 pub use feed::Feed;
-pub use from_env::{from_env, from_env_vars, from_env_vars_with_etcd, from_env_with_etcd};
+pub use from_env::{connect, from_env, from_env_vars, from_env_vars_with_etcd, from_env_with_etcd};
 pub use memory::MemoryCoordinator;
+#[cfg(feature = "nats")]
+pub use nats::NatsCoordinator;
 pub use noop::NoopCoordinator;
+#[cfg(feature = "redis")]
+pub use redis::RedisCoordinator;
 
 use crate::error::{Error, Result};
 use std::fmt;
