@@ -9,6 +9,9 @@
 //! etcd-client calls. Nothing here knows the facade: errors are the driver's
 //! own small types, which the facade maps to its `Error`.
 
+// Only the NATS and Redis backends run a client other than etcd-client.
+#[cfg(any(feature = "nats", feature = "redis"))]
+pub(crate) mod bridge;
 pub(crate) mod exec;
 pub(crate) mod handle;
 pub(crate) mod runner;

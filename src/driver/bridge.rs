@@ -1,0 +1,458 @@
+//! The runtime thread of an async client that is not etcd-client (the NATS
+//! and Redis backends): one thread running a tokio `current_thread` runtime,
+//! reached from user threads by exactly two typed messages — "run this call
+//! and answer me" ([`Bridge::call`]) and "run this task until shutdown"
+//! ([`Bridge::spawn`]) — plus [`FeedSender`], the async face of the one
+//! backpressure policy of every feed.
+//!
+//! Same shape as the etcd driver ([`super::start`]): connecting happens on
+//! the new runtime before [`start`] returns, so a bad URL is reported to the
+//! caller, not later; sending never blocks and needs no runtime; a call the
+//! caller gave up on is cancelled (its future dropped), as reqwest's
+//! blocking client does with a dropped receiver.
+
+// Until the first backend on it lands (then this line goes).
+#![allow(dead_code)]
+
+use super::StartError;
+use crate::coordinator::Feed;
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+
+type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// How long tasks get to wind down after [`Bridge::shutdown`] before they
+/// are aborted: enough to unsubscribe or close a server-side consumer, short
+/// enough that `close()` never feels stuck.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// How often a paused feed looks at its consumer's queue. The same
+/// 10 ms as the etcd runner: a crossbeam channel cannot wake an async task.
+const RELIEF_POLL: Duration = Duration::from_millis(10);
+
+/// Why a [`Bridge::call`] has no answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BridgeError {
+    /// No answer within the caller's timeout; the call was cancelled, but
+    /// what it sent may have reached the server (the outcome is unknown).
+    Timeout,
+    /// The bridge has shut down (or the call was made from its own thread,
+    /// where waiting would deadlock).
+    Gone,
+}
+
+enum Msg {
+    Run(Job),
+    Shutdown,
+}
+
+/// Resolves when the bridge shuts down; every spawned task gets one and
+/// should end promptly (within [`SHUTDOWN_GRACE`]) once it fires.
+#[derive(Clone)]
+pub(crate) struct Stopping(watch::Receiver<bool>);
+
+impl Stopping {
+    /// Waits until the bridge is shutting down.
+    pub(crate) async fn wait(&self) {
+        let mut rx = self.0.clone();
+        // An error means the sender is gone: the runtime is ending anyway.
+        let _ = rx.wait_for(|stopping| *stopping).await;
+    }
+
+    /// Whether the bridge is shutting down.
+    pub(crate) fn is_stopping(&self) -> bool {
+        *self.0.borrow()
+    }
+}
+
+/// The user-side end of a runtime thread. Dropping it shuts the thread down.
+pub(crate) struct Bridge {
+    tx: mpsc::UnboundedSender<Msg>,
+    stopping: Stopping,
+    thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+    thread_id: std::thread::ThreadId,
+}
+
+/// Starts a thread named `name` with its runtime, runs `connect` on it
+/// within `connect_timeout`, and returns the bridge with what `connect`
+/// produced (typically a cloneable async client). `connect`'s error is one
+/// line for an operator; it becomes [`StartError::Connect`].
+pub(crate) fn start<C, Fut, F>(
+    name: &str,
+    connect_timeout: Duration,
+    connect: F,
+) -> Result<(Bridge, C), StartError>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = Result<C, String>> + 'static,
+    C: Send + 'static,
+{
+    let (tx, mut rx) = mpsc::unbounded_channel::<Msg>();
+    let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<C, StartError>>(1);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let thread = std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(StartError::Io(e)));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let client = match tokio::time::timeout(connect_timeout, connect()).await {
+                    Ok(Ok(client)) => client,
+                    Ok(Err(reason)) => {
+                        let _ = ready_tx.send(Err(StartError::Connect(reason)));
+                        return;
+                    }
+                    Err(_) => {
+                        let _ = ready_tx.send(Err(StartError::Connect(format!(
+                            "no answer within {connect_timeout:?}"
+                        ))));
+                        return;
+                    }
+                };
+                if ready_tx.send(Ok(client)).is_err() {
+                    return;
+                }
+                let mut tasks = tokio::task::JoinSet::new();
+                while let Some(msg) = rx.recv().await {
+                    match msg {
+                        Msg::Run(job) => {
+                            tasks.spawn(job);
+                        }
+                        Msg::Shutdown => break,
+                    }
+                    // Reap finished tasks so a long-lived handle does not
+                    // accumulate them.
+                    while tasks.try_join_next().is_some() {}
+                }
+                let _ = stop_tx.send(true);
+                let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+                    while tasks.join_next().await.is_some() {}
+                })
+                .await;
+                if drained.is_err() {
+                    log::warn!(
+                        "fleetcoord: tasks still running {SHUTDOWN_GRACE:?} after close; aborting them"
+                    );
+                    tasks.abort_all();
+                }
+            });
+        })
+        .map_err(StartError::Io)?;
+    let thread_id = thread.thread().id();
+    // The runtime bounds connecting by `connect_timeout`; the slack only
+    // covers a thread too slow to report.
+    let wait = connect_timeout.saturating_add(Duration::from_secs(5));
+    let ready = ready_rx.recv_timeout(wait);
+    let fail = |thread: std::thread::JoinHandle<()>, e: StartError| {
+        let _ = tx.send(Msg::Shutdown);
+        let _ = thread.join();
+        Err(e)
+    };
+    match ready {
+        Ok(Ok(client)) => Ok((
+            Bridge {
+                tx,
+                stopping: Stopping(stop_rx),
+                thread: parking_lot::Mutex::new(Some(thread)),
+                thread_id,
+            },
+            client,
+        )),
+        Ok(Err(e)) => fail(thread, e),
+        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+            // The thread ends on its own once connecting gives up: its
+            // ready sender then finds nobody listening.
+            drop(tx);
+            Err(StartError::Connect(format!(
+                "no answer within {connect_timeout:?}"
+            )))
+        }
+        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => fail(
+            thread,
+            StartError::Connect("the runtime thread ended before connecting".into()),
+        ),
+    }
+}
+
+impl Bridge {
+    /// Runs `fut` on the runtime and blocks the caller until its output, at
+    /// most `timeout` (saturating: `Duration::MAX` waits for ever). On
+    /// timeout the future is dropped at its next await point.
+    pub(crate) fn call<T, Fut>(&self, timeout: Duration, fut: Fut) -> Result<T, BridgeError>
+    where
+        T: Send + 'static,
+        Fut: Future<Output = T> + Send + 'static,
+    {
+        if std::thread::current().id() == self.thread_id {
+            log::error!("fleetcoord: a blocking call from the runtime thread itself was refused");
+            return Err(BridgeError::Gone);
+        }
+        let (reply_tx, reply_rx) = crossbeam_channel::bounded::<T>(1);
+        let (cancel_tx, cancel_rx) = oneshot::channel::<()>();
+        let job = async move {
+            tokio::select! {
+                out = fut => {
+                    let _ = reply_tx.send(out);
+                }
+                // Fires when the caller gives up and drops `cancel_tx`.
+                _ = cancel_rx => {}
+            }
+        };
+        self.tx
+            .send(Msg::Run(Box::pin(job)))
+            .map_err(|_| BridgeError::Gone)?;
+        let answer = reply_rx.recv_timeout(timeout);
+        drop(cancel_tx);
+        match answer {
+            Ok(out) => Ok(out),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(BridgeError::Timeout),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(BridgeError::Gone),
+        }
+    }
+
+    /// Runs `task` on the runtime until it ends or, after shutdown, its
+    /// grace period is over. `task` gets the [`Stopping`] signal to select
+    /// on.
+    pub(crate) fn spawn<Fut, F>(&self, task: F) -> Result<(), BridgeError>
+    where
+        F: FnOnce(Stopping) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        if self.stopping.is_stopping() {
+            return Err(BridgeError::Gone);
+        }
+        let job = task(self.stopping.clone());
+        self.tx
+            .send(Msg::Run(Box::pin(job)))
+            .map_err(|_| BridgeError::Gone)
+    }
+
+    /// Signals every task to stop, gives them [`SHUTDOWN_GRACE`], aborts
+    /// the rest and joins the thread (unless called from it). Idempotent;
+    /// concurrent callers do not wait on each other's join.
+    pub(crate) fn shutdown(&self) {
+        let _ = self.tx.send(Msg::Shutdown);
+        let thread = self.thread.lock().take();
+        if let Some(thread) = thread {
+            // Joining from the runtime thread itself (a handle dropped inside
+            // a task) would deadlock; the thread ends on its own then.
+            if thread.thread().id() != std::thread::current().id() && thread.join().is_err() {
+                log::error!("fleetcoord runtime thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Why [`FeedSender::try_send`] did not deliver.
+#[derive(Debug)]
+pub(crate) enum FeedFull<T> {
+    /// The consumer's queue is at its bound; here is the item back. Hold
+    /// it, pause the source, and wait for [`FeedSender::relieved`].
+    Full(T),
+    /// The consumer dropped the feed: stop.
+    Gone,
+}
+
+/// The sending end of a [`Feed`] for async tasks: a bounded crossbeam
+/// channel, never blocking the runtime. The policy is the one every
+/// watch-fed receiver follows (see `driver::handle::Feed`): when the queue
+/// is full the task pauses its source, waits until the consumer has read
+/// the queue down to half, then resumes — a stream after the last entry
+/// delivered, a KV watch with a diff against what the consumer was told.
+pub(crate) struct FeedSender<T> {
+    tx: Sender<T>,
+    low_water: usize,
+    gone: watch::Receiver<bool>,
+}
+
+/// A feed of `capacity` items (at least 1): the sender for a task, and the
+/// [`Feed`] for the user, whose drop the sender observes at once
+/// ([`FeedSender::gone`]) so that the task can release server resources.
+pub(crate) fn feed_channel<T: Send + 'static>(capacity: usize) -> (FeedSender<T>, Feed<T>) {
+    let capacity = capacity.max(1);
+    let (tx, rx): (Sender<T>, Receiver<T>) = crossbeam_channel::bounded(capacity);
+    let (gone_tx, gone_rx) = watch::channel(false);
+    let feed = Feed::new(rx, move || {
+        let _ = gone_tx.send(true);
+    });
+    (
+        FeedSender {
+            tx,
+            low_water: capacity / 2,
+            gone: gone_rx,
+        },
+        feed,
+    )
+}
+
+impl<T> FeedSender<T> {
+    /// Queues `item` for the consumer without waiting.
+    pub(crate) fn try_send(&self, item: T) -> Result<(), FeedFull<T>> {
+        match self.tx.try_send(item) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(item)) => Err(FeedFull::Full(item)),
+            Err(TrySendError::Disconnected(_)) => Err(FeedFull::Gone),
+        }
+    }
+
+    /// Waits until the consumer has read its queue down to half (`true`)
+    /// or dropped the feed (`false`).
+    pub(crate) async fn relieved(&self) -> bool {
+        loop {
+            if self.is_gone() {
+                return false;
+            }
+            if self.tx.len() <= self.low_water {
+                return true;
+            }
+            tokio::time::sleep(RELIEF_POLL).await;
+        }
+    }
+
+    /// Resolves once the consumer has dropped the feed.
+    pub(crate) async fn gone(&self) {
+        let mut rx = self.gone.clone();
+        // An error means the hook's sender is gone, i.e. the feed dropped.
+        let _ = rx.wait_for(|gone| *gone).await;
+    }
+
+    /// Whether the consumer has dropped the feed.
+    pub(crate) fn is_gone(&self) -> bool {
+        *self.gone.borrow()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn started() -> Bridge {
+        let (bridge, answer) = start("test-bridge", Duration::from_secs(5), || async {
+            Ok::<u32, String>(42)
+        })
+        .unwrap();
+        assert_eq!(answer, 42);
+        bridge
+    }
+
+    #[test]
+    fn a_failed_connect_is_reported_by_start() {
+        let err = start("test-bridge", Duration::from_secs(5), || async {
+            Err::<(), _>("refused at nats://127.0.0.1:1".to_string())
+        })
+        .err()
+        .unwrap();
+        assert!(matches!(err, StartError::Connect(ref m) if m.contains("127.0.0.1:1")));
+        let err = start("test-bridge", Duration::from_millis(50), || async {
+            std::future::pending::<Result<(), String>>().await
+        })
+        .err()
+        .unwrap();
+        assert!(matches!(err, StartError::Connect(ref m) if m.contains("no answer")));
+    }
+
+    #[test]
+    fn call_answers_and_cancels_on_timeout() {
+        let bridge = started();
+        assert_eq!(bridge.call(Duration::from_secs(5), async { 7 }), Ok(7));
+        let (dropped_tx, dropped_rx) = crossbeam_channel::bounded::<()>(1);
+        struct OnDrop(Sender<()>);
+        impl Drop for OnDrop {
+            fn drop(&mut self) {
+                let _ = self.0.send(());
+            }
+        }
+        let guard = OnDrop(dropped_tx);
+        let slow = async move {
+            let _guard = guard;
+            std::future::pending::<()>().await
+        };
+        assert_eq!(
+            bridge.call(Duration::from_millis(20), slow),
+            Err(BridgeError::Timeout)
+        );
+        // The abandoned future is dropped, not left running.
+        assert!(dropped_rx.recv_timeout(Duration::from_secs(5)).is_ok());
+        assert_eq!(bridge.call(Duration::MAX, async { 8 }), Ok(8));
+        bridge.shutdown();
+        bridge.shutdown();
+        assert_eq!(
+            bridge.call(Duration::from_secs(1), async { 9 }),
+            Err(BridgeError::Gone)
+        );
+        assert!(bridge.spawn(|_| async {}).is_err());
+    }
+
+    #[test]
+    fn tasks_see_stopping_and_end_within_the_grace() {
+        let bridge = started();
+        let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
+        bridge
+            .spawn(move |stopping| async move {
+                stopping.wait().await;
+                assert!(stopping.is_stopping());
+                let _ = done_tx.send(());
+            })
+            .unwrap();
+        let t = std::time::Instant::now();
+        bridge.shutdown();
+        assert!(done_rx.try_recv().is_ok(), "the task ran to its end");
+        assert!(t.elapsed() < SHUTDOWN_GRACE);
+    }
+
+    #[test]
+    fn feed_pauses_at_its_bound_and_resumes_at_half() {
+        let bridge = started();
+        let (tx, feed) = feed_channel::<u32>(4);
+        for i in 0..4 {
+            assert!(tx.try_send(i).is_ok());
+        }
+        assert!(matches!(tx.try_send(4), Err(FeedFull::Full(4))));
+        let (relieved_tx, relieved_rx) = crossbeam_channel::bounded(2);
+        bridge
+            .spawn(move |_| async move {
+                let room = tx.relieved().await;
+                let _ = relieved_tx.send((room, tx.try_send(4).is_ok()));
+                tx.gone().await;
+                let refused = matches!(tx.try_send(5), Err(FeedFull::Gone));
+                let _ = relieved_tx.send((tx.is_gone(), refused));
+            })
+            .unwrap();
+        assert_eq!(feed.recv().unwrap(), 0);
+        // Three queued of four: above half, still paused.
+        assert!(relieved_rx
+            .recv_timeout(Duration::from_millis(100))
+            .is_err());
+        assert_eq!(feed.recv().unwrap(), 1);
+        assert_eq!(
+            relieved_rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+            (true, true)
+        );
+        let rest: Vec<u32> = feed.receiver().try_iter().collect();
+        assert_eq!(rest, [2, 3, 4]);
+        drop(feed);
+        // Dropping the feed wakes the task at once, and it sees it gone.
+        assert_eq!(
+            relieved_rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+            (true, true)
+        );
+        bridge.shutdown();
+    }
+}
