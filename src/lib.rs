@@ -12,6 +12,9 @@
 //!   long-lived session per election name;
 //!   [`Leadership::txn_if_leader`] runs [`TxnOp`]s only while etcd still
 //!   has this leader.
+//! * [`Mutex`] (lock, try_lock, a fenced [`MutexGuard`]): the same protocol
+//!   as an election whose value nobody reads, compatible with Go's
+//!   `concurrency.Mutex` and `etcdctl lock`.
 //! * [`coordinator`]: pub/sub, streams and KV with pattern watches, on etcd,
 //!   in memory, or noop, with a public `conformance` suite (feature
 //!   `conformance`).
@@ -67,6 +70,7 @@ mod watcher;
 
 #[cfg(feature = "conformance")]
 pub use coordinator::conformance;
+pub use election::mutex::{Mutex, MutexGuard, DEFAULT_LOCK_PREFIX};
 pub use election::{
     Election, ElectionOptions, ElectionPool, LeaderInfo, LeaderObserver, Leadership, TryCampaign,
 };

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod leadership;
+pub(crate) mod mutex;
 mod observer;
 mod pool;
 

@@ -1,0 +1,164 @@
+//! [`Mutex`]: a fenced distributed lock, compatible with Go's
+//! `concurrency.Mutex` and `etcdctl lock`.
+//!
+//! A mutex is an election whose value nobody reads: the same
+//! lowest-create-revision protocol, the same session machine, the same
+//! fence. Only the vocabulary and the default prefix differ, so everything
+//! [`Election`] guarantees (one holder at a time as etcd sees it, a fencing
+//! token that only grows, `lost()` before the lease can expire) holds here.
+
+use super::{Election, ElectionOptions, Leadership, TryCampaign};
+use crate::error::Result;
+use crate::etcd::Etcd;
+use crate::txn::{TxnOp, TxnOpResponse};
+use fleetcoord_sm::keepalive::LivenessState;
+use std::time::Duration;
+
+/// Where locks live unless told otherwise. Use a prefix of `""` to share a
+/// lock with `etcdctl lock <name>` (keys `<name>/<lease id hex>`).
+pub const DEFAULT_LOCK_PREFIX: &str = "/coord/lock/";
+
+/// A distributed mutex on a name.
+///
+/// Waiters queue in etcd by the create revision of their key; the lowest
+/// holds the lock. Holding is fenced: [`MutexGuard::txn_if_held`] writes
+/// only while this holder's key is still the one etcd has, whatever this
+/// process believes after a pause. Options are [`ElectionOptions`]:
+/// `prefix` (default [`DEFAULT_LOCK_PREFIX`]) and the session `ttl`.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = fleetcoord::testing::EtcdServer::start()?;
+/// use fleetcoord::{Etcd, EtcdOptions, Mutex, TxnOp};
+///
+/// let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default())?;
+/// let mutex = Mutex::new(&etcd, "nightly-backup")?;
+/// let guard = mutex.lock()?; // blocks until held
+/// // Write only while the lock is still ours in etcd.
+/// let wrote = guard.txn_if_held([TxnOp::put("/backup/owner", "host-a")])?;
+/// assert!(wrote.is_some());
+/// assert!(Mutex::new(&etcd, "nightly-backup")?.try_lock()?.is_none());
+/// guard.unlock()?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[must_use = "dropping the last handle of a Mutex revokes its session"]
+pub struct Mutex {
+    election: Election,
+}
+
+impl Mutex {
+    /// The mutex `name` (one key segment, as election names) under
+    /// [`DEFAULT_LOCK_PREFIX`], with a 10 s session.
+    pub fn new(etcd: &Etcd, name: &str) -> Result<Mutex> {
+        Self::with_options(
+            etcd,
+            name,
+            ElectionOptions::default().with_prefix(DEFAULT_LOCK_PREFIX),
+        )
+    }
+
+    /// The mutex `name` with `options` (the prefix applies as given: use
+    /// `with_prefix(DEFAULT_LOCK_PREFIX)` or `""` explicitly). Starts the
+    /// session at once; locking waits for it.
+    pub fn with_options(etcd: &Etcd, name: &str, options: ElectionOptions) -> Result<Mutex> {
+        Ok(Mutex {
+            election: Election::with_options(etcd, name, options)?,
+        })
+    }
+
+    /// Blocks until this handle holds the lock. Fails with
+    /// [`Error::SessionLost`](crate::Error::SessionLost) if the session
+    /// lease is lost while waiting.
+    pub fn lock(&self) -> Result<MutexGuard> {
+        self.election.campaign(b"").map(MutexGuard::new)
+    }
+
+    /// [`Mutex::lock`], giving up after `timeout` with
+    /// [`Error::Timeout`](crate::Error::Timeout) (the waiting key is
+    /// removed again; `Duration::MAX` means no timeout).
+    pub fn lock_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
+        self.election
+            .campaign_timeout(b"", timeout)
+            .map(MutexGuard::new)
+    }
+
+    /// Takes the lock only if nobody holds it or waits for it; never waits
+    /// for other holders. `Ok(None)`: somebody else has it (nothing is left
+    /// behind).
+    pub fn try_lock(&self) -> Result<Option<MutexGuard>> {
+        Ok(match self.election.try_campaign(b"")? {
+            TryCampaign::Elected(leadership) => Some(MutexGuard::new(leadership)),
+            TryCampaign::NotElected(_) => None,
+        })
+    }
+
+    /// The key prefix waiters of this mutex use (`<prefix><name>/`).
+    pub fn key_prefix(&self) -> &str {
+        self.election.key_prefix()
+    }
+
+    /// The session's state (granting, registered, suspended, lost).
+    pub fn session(&self) -> Option<LivenessState> {
+        self.election.session()
+    }
+
+    /// Leaves: releases the lock if held, stops waiting, revokes the
+    /// session. An error means the lease will expire after its TTL instead.
+    pub fn close(self) -> Result<()> {
+        self.election.close()
+    }
+}
+
+/// Holding a [`Mutex`]. Dropping it unlocks without waiting (as
+/// [`Leadership`] resigns on drop); [`MutexGuard::unlock`] waits for etcd.
+#[derive(Debug)]
+#[must_use = "dropping a MutexGuard unlocks at once; keep it while you need the lock"]
+pub struct MutexGuard {
+    leadership: Leadership,
+}
+
+impl MutexGuard {
+    fn new(leadership: Leadership) -> MutexGuard {
+        MutexGuard { leadership }
+    }
+
+    /// The fencing token: this holder's key's create revision, strictly
+    /// greater than every earlier holder's. Pass it with writes to
+    /// resources that can refuse stale holders.
+    pub fn fencing_token(&self) -> i64 {
+        self.leadership.fencing_token()
+    }
+
+    /// This holder's key (`<prefix><name>/<lease hex>`).
+    pub fn key(&self) -> &str {
+        self.leadership.key()
+    }
+
+    /// Whether this holder may still act: false once the lock is lost or
+    /// released, and before the session's lease can expire in etcd.
+    pub fn is_held(&self) -> bool {
+        self.leadership.is_held()
+    }
+
+    /// Receives `()` once if the lock is lost (not on unlock).
+    pub fn lost(&self) -> &crossbeam_channel::Receiver<()> {
+        self.leadership.lost()
+    }
+
+    /// Runs `ops` atomically only while this holder's key is still the one
+    /// in etcd; `Ok(None)` when etcd refused (the lock is gone and nothing
+    /// was applied). See [`Leadership::txn_if_leader`].
+    pub fn txn_if_held(
+        &self,
+        ops: impl IntoIterator<Item = TxnOp>,
+    ) -> Result<Option<Vec<TxnOpResponse>>> {
+        self.leadership.txn_if_leader(ops)
+    }
+
+    /// Releases the lock and waits until etcd deleted the key, so the next
+    /// waiter can take it.
+    pub fn unlock(self) -> Result<()> {
+        self.leadership.resign()
+    }
+}
