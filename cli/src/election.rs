@@ -1,10 +1,11 @@
 //! `elect`, `leader` and `observe`: leader elections.
 
 use crate::follow::{follow, CountArgs};
-use crate::output::{event, lease_json, object, text};
+use crate::gated::{self, Ended, GateArgs};
+use crate::output::{event, lease_json, object, text, Out};
 use crate::{duration, CliError, Ctx};
 use crossbeam_channel::{select, Receiver};
-use fleetcoord::{Election, ElectionOptions, LeaderInfo};
+use fleetcoord::{Election, ElectionOptions, LeaderInfo, Leadership};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +36,8 @@ pub struct ElectArgs {
     /// after its last renewal (whole seconds).
     #[arg(long, default_value = "10s", value_parser = duration::ttl)]
     ttl: Duration,
+    #[command(flatten)]
+    gate: GateArgs,
 }
 
 fn leader_value(leader: Option<&LeaderInfo>) -> Value {
@@ -98,7 +101,32 @@ pub fn observe(ctx: &Ctx, args: ObserveArgs, shutdown: &Receiver<()>) -> Result<
     result
 }
 
-/// `elect`: campaign, report leadership, hold it until a signal, resign.
+/// Runs `acquire` (a blocking campaign or lock) on its own thread so that
+/// a signal meanwhile still ends the process cleanly. `None`: a signal came
+/// first; the caller then closes the connection, which revokes the session
+/// and with it the waiting key.
+pub fn acquire_or_shutdown<T: Send + 'static>(
+    acquire: impl FnOnce() -> fleetcoord::Result<T> + Send + 'static,
+    shutdown: &Receiver<()>,
+) -> Result<Option<T>, CliError> {
+    let (won_tx, won) = crossbeam_channel::bounded(1);
+    let thread = std::thread::spawn(move || {
+        let _ = won_tx.send(acquire());
+    });
+    select! {
+        recv(won) -> result => {
+            let _ = thread.join();
+            match result {
+                Ok(result) => Ok(Some(result?)),
+                Err(_) => Err(CliError::Message("the campaign thread ended without an answer".into())),
+            }
+        }
+        recv(shutdown) -> _ => Ok(None),
+    }
+}
+
+/// `elect`: campaign, report leadership, then hold it until a signal (and
+/// resign), or run the gated command while leading.
 pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
     let name = args.name;
     let value = args
@@ -106,42 +134,89 @@ pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), 
         .unwrap_or_else(|| format!("fleetcoord-{}", std::process::id()));
     let options = ElectionOptions::default().with_ttl(args.ttl);
     let election = Arc::new(Election::with_options(&ctx.etcd, &name, options)?);
-    ctx.out.emit(
-        format!("{name}: campaigning as {value}"),
-        event(
-            "campaigning",
-            [("name", json!(name)), ("value", json!(value))],
-        ),
-    )?;
-
-    // `campaign` blocks until elected; a signal meanwhile must still end the
-    // process cleanly, so the campaign runs on its own thread.
-    let (won_tx, won) = crossbeam_channel::bounded(1);
-    let campaign = {
-        let election = election.clone();
-        let value = value.clone();
-        std::thread::spawn(move || {
-            let _ = won_tx.send(election.campaign(value.as_bytes()));
-        })
-    };
-    let leadership = select! {
-        recv(won) -> result => match result {
-            Ok(result) => result?,
-            Err(_) => return Err(CliError::Message("the campaign thread ended without an answer".into())),
-        },
-        recv(shutdown) -> _ => {
-            // Closing the connection revokes the session lease, which deletes
-            // the candidate key: the queue moves on at once.
+    let gated = !args.gate.command.is_empty();
+    // While a command runs, stdout is the command's.
+    let out = if gated { ctx.out.on_stderr() } else { ctx.out };
+    loop {
+        out.emit(
+            format!("{name}: campaigning as {value}"),
+            event(
+                "campaigning",
+                [("name", json!(name)), ("value", json!(value))],
+            ),
+        )?;
+        let campaigner = election.clone();
+        let bytes = value.clone().into_bytes();
+        let Some(leadership) = acquire_or_shutdown(move || campaigner.campaign(&bytes), shutdown)?
+        else {
             let _ = ctx.etcd.close();
-            ctx.out.emit(
+            out.emit(
                 format!("{name}: campaign cancelled"),
                 event("cancelled", [("name", json!(name))]),
             )?;
             return Ok(());
+        };
+        report_elected(&out, &name, &value, &leadership)?;
+        let token = leadership.fencing_token();
+        if !gated {
+            return hold_until_signal(&out, &name, leadership, election, shutdown);
         }
-    };
-    let _ = campaign.join();
-    ctx.out.emit(
+        let session = {
+            let election = election.clone();
+            move || election.session()
+        };
+        let ended = gated::run(
+            &out,
+            &name,
+            &args.gate,
+            Box::new(leadership),
+            args.ttl,
+            &session,
+            shutdown,
+        )?;
+        match ended {
+            Ended::Exited {
+                status,
+                shutdown: stopping,
+            } => {
+                out.emit(
+                    format!("{name}: resigned"),
+                    event("resigned", [("name", json!(name)), ("token", json!(token))]),
+                )?;
+                if stopping || !args.gate.restart {
+                    return finish(status);
+                }
+            }
+            Ended::Lost => {
+                out.emit(
+                    format!("{name}: leadership lost (fencing token {token} is stale now); the command was stopped"),
+                    event("lost", [("name", json!(name)), ("token", json!(token))]),
+                )?;
+                if !args.gate.restart {
+                    return Err(CliError::Message(format!(
+                        "lost the leadership of {name}: the session lease could not be kept alive"
+                    )));
+                }
+            }
+        }
+    }
+}
+
+/// Exits with the gated command's status.
+pub fn finish(status: std::process::ExitStatus) -> Result<(), CliError> {
+    match gated::exit_code(status) {
+        0 => Ok(()),
+        code => Err(CliError::Exit(code)),
+    }
+}
+
+fn report_elected(
+    out: &Out,
+    name: &str,
+    value: &str,
+    leadership: &Leadership,
+) -> Result<(), CliError> {
+    out.emit(
         format!(
             "{name}: leading as {value} with fencing token {} (key {})",
             leadership.fencing_token(),
@@ -158,10 +233,21 @@ pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), 
             ],
         ),
     )?;
+    Ok(())
+}
+
+/// Without a command: lead until a signal, then resign.
+fn hold_until_signal(
+    out: &Out,
+    name: &str,
+    leadership: Leadership,
+    election: Arc<Election>,
+    shutdown: &Receiver<()>,
+) -> Result<(), CliError> {
     let token = leadership.fencing_token();
     select! {
         recv(leadership.lost()) -> _ => {
-            ctx.out.emit(
+            out.emit(
                 format!("{name}: leadership lost (fencing token {token} is stale now)"),
                 event("lost", [("name", json!(name)), ("token", json!(token))]),
             )?;
@@ -176,7 +262,7 @@ pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), 
         let _ = election.close();
     }
     resigned?;
-    ctx.out.emit(
+    out.emit(
         format!("{name}: resigned"),
         event("resigned", [("name", json!(name)), ("token", json!(token))]),
     )?;

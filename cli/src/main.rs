@@ -11,7 +11,9 @@ mod bus;
 mod duration;
 mod election;
 mod follow;
+mod gated;
 mod hosts;
+mod lock;
 mod output;
 mod signal;
 
@@ -67,8 +69,14 @@ enum Command {
     /// state changes; exiting revokes the lease so watchers see Down at once.
     Agent(hosts::AgentArgs),
     /// Campaign in an election; print when leading (with the fencing token),
-    /// hold until Ctrl-C, then resign.
+    /// hold until Ctrl-C, then resign. With `-- CMD ARGS...`: run CMD only
+    /// while leading (FLEETCOORD_FENCING_TOKEN in its environment), stop it
+    /// before leadership can pass on, exit with its status.
     Elect(election::ElectArgs),
+    /// Take a distributed lock (compatible with `etcdctl lock` under
+    /// `--prefix ''`); hold it until Ctrl-C, or run `-- CMD ARGS...` while
+    /// holding it, as `elect` does.
+    Lock(lock::LockArgs),
     /// Print the current leader of an election.
     Leader(election::NameArgs),
     /// Stream the leader of an election as it changes.
@@ -94,6 +102,8 @@ pub enum CliError {
     Message(String),
     /// Stdout went away; not worth a message.
     Stdout(output::Closed),
+    /// A gated command's nonzero exit status, passed on.
+    Exit(u8),
 }
 
 impl From<fleetcoord::Error> for CliError {
@@ -154,6 +164,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::WatchHosts(_)
         | Command::Agent(_)
         | Command::Elect(_)
+        | Command::Lock(_)
         | Command::Observe(_)
         | Command::Sub(_)
         | Command::Kv(bus::KvCommand::Watch(_))
@@ -193,6 +204,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::WatchHosts(a) => hosts::watch(&ctx, a, &shutdown),
         Command::Agent(a) => hosts::agent(&ctx, a, &shutdown),
         Command::Elect(a) => election::elect(&ctx, a, &shutdown),
+        Command::Lock(a) => lock::lock(&ctx, a, &shutdown),
         Command::Leader(a) => election::leader(&ctx, a),
         Command::Observe(a) => election::observe(&ctx, a, &shutdown),
         bus_command => EtcdCoordinator::new(&ctx.etcd)
@@ -245,6 +257,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(CliError::Stdout(_)) => ExitCode::SUCCESS,
+        Err(CliError::Exit(code)) => ExitCode::from(code),
         Err(CliError::Fleet(e)) => {
             eprintln!("fleetcoord: error: {e}");
             ExitCode::FAILURE

@@ -8,6 +8,7 @@ use std::io::Write;
 #[derive(Clone, Copy, Debug)]
 pub struct Out {
     json: bool,
+    stderr: bool,
 }
 
 /// Writing to stdout failed (typically the reader went away, as with
@@ -17,7 +18,19 @@ pub struct Closed(pub std::io::Error);
 
 impl Out {
     pub fn new(json: bool) -> Out {
-        Out { json }
+        Out {
+            json,
+            stderr: false,
+        }
+    }
+
+    /// The same records on stderr: while a gated command runs, stdout is
+    /// the command's own.
+    pub fn on_stderr(self) -> Out {
+        Out {
+            stderr: true,
+            ..self
+        }
     }
 
     pub fn is_json(&self) -> bool {
@@ -28,13 +41,25 @@ impl Out {
     /// Flushes at once so that a reader (a script, the demo) sees each
     /// record as it happens.
     pub fn emit(&self, human: impl std::fmt::Display, object: Value) -> Result<(), Closed> {
-        let mut stdout = std::io::stdout().lock();
-        let written = if self.json {
-            writeln!(stdout, "{object}")
+        if self.stderr {
+            Self::write(std::io::stderr().lock(), self.json, human, object)
         } else {
-            writeln!(stdout, "{human}")
+            Self::write(std::io::stdout().lock(), self.json, human, object)
+        }
+    }
+
+    fn write(
+        mut to: impl Write,
+        json: bool,
+        human: impl std::fmt::Display,
+        object: Value,
+    ) -> Result<(), Closed> {
+        let written = if json {
+            writeln!(to, "{object}")
+        } else {
+            writeln!(to, "{human}")
         };
-        written.and_then(|_| stdout.flush()).map_err(Closed)
+        written.and_then(|_| to.flush()).map_err(Closed)
     }
 }
 

@@ -1,0 +1,279 @@
+//! Running a command only while holding leadership or a lock
+//! (`elect NAME -- CMD`, `lock NAME -- CMD`).
+//!
+//! The contract for the child: it starts only once etcd has granted the
+//! leadership/lock, with `FLEETCOORD_FENCING_TOKEN` in its environment, and
+//! it is dead before anyone else can be granted it:
+//! * renewals failing (session `Suspended`) → SIGTERM, then SIGKILL after
+//!   `--kill-grace`, but never later than [`suspended_kill_bound`] — a point
+//!   before the local leadership deadline, which itself precedes etcd's
+//!   lease expiry;
+//! * the local deadline passing anyway (leadership `lost`) → SIGKILL at once;
+//! * SIGINT/SIGTERM/SIGHUP to fleetcoord → SIGTERM to the child, SIGKILL
+//!   after `--kill-grace`;
+//!
+//! Signals go to the child's process group (it runs in its own), so what a
+//! `sh -c` wrapper starts is stopped too.
+//! * the child exiting → resign/unlock, and fleetcoord exits with the
+//!   child's status (`--restart`: campaign again and rerun it).
+
+use crate::output::{event, Out};
+use crate::CliError;
+use crossbeam_channel::{select, Receiver};
+use fleetcoord::LivenessState;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use serde_json::json;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The variable the child finds its fencing token in.
+pub const TOKEN_VAR: &str = "FLEETCOORD_FENCING_TOKEN";
+
+/// How often the supervisor looks at the child and the session. Bounds how
+/// late a SIGTERM after `Suspended` can be.
+const TICK: Duration = Duration::from_millis(10);
+
+/// Kept free before the local deadline when killing after `Suspended`:
+/// delivering SIGKILL and reaping the child takes a few milliseconds, a
+/// loaded machine more.
+const KILL_MARGIN: Duration = Duration::from_millis(200);
+
+/// The latest moment to SIGKILL after the session turned `Suspended` at
+/// `suspended`, for a session of `ttl`. The keepalive sends a renewal a
+/// third of the TTL after the last acknowledged one and declares it failed
+/// at the latest at the midpoint of the lifetime left, so at `Suspended` at
+/// least a third of the TTL remains before the local deadline (which is
+/// counted from the *send* of the last acknowledged renewal, so etcd's own
+/// expiry is later still). Minus [`KILL_MARGIN`] for the kill itself.
+pub fn suspended_kill_bound(suspended: Instant, ttl: Duration) -> Instant {
+    suspended + (ttl / 3).saturating_sub(KILL_MARGIN)
+}
+
+/// The options every gated command shares.
+#[derive(clap::Args, Debug, Clone)]
+pub struct GateArgs {
+    /// After SIGTERM, how long the command may take to exit before SIGKILL
+    /// (capped so that it is dead before the leadership/lock can pass on).
+    #[arg(long, default_value = "10s", value_parser = crate::duration::timeout, requires = "command")]
+    pub kill_grace: Duration,
+    /// When the command exits or is killed, campaign again and rerun it
+    /// instead of exiting.
+    #[arg(long, requires = "command")]
+    pub restart: bool,
+    /// The command to run while held, after `--`.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// What the supervisor needs of a held leadership or lock.
+pub trait Held {
+    fn token(&self) -> i64;
+    fn lost(&self) -> &Receiver<()>;
+    /// Resign or unlock, waiting for etcd.
+    fn release(self: Box<Self>) -> Result<(), fleetcoord::Error>;
+}
+
+impl Held for fleetcoord::Leadership {
+    fn token(&self) -> i64 {
+        self.fencing_token()
+    }
+    fn lost(&self) -> &Receiver<()> {
+        fleetcoord::Leadership::lost(self)
+    }
+    fn release(self: Box<Self>) -> Result<(), fleetcoord::Error> {
+        self.resign()
+    }
+}
+
+impl Held for fleetcoord::MutexGuard {
+    fn token(&self) -> i64 {
+        self.fencing_token()
+    }
+    fn lost(&self) -> &Receiver<()> {
+        fleetcoord::MutexGuard::lost(self)
+    }
+    fn release(self: Box<Self>) -> Result<(), fleetcoord::Error> {
+        self.unlock()
+    }
+}
+
+/// How one run of the command ended.
+pub enum Ended {
+    /// The command exited by itself (or after a signal we forwarded on
+    /// shutdown); the hold is released.
+    Exited { status: ExitStatus, shutdown: bool },
+    /// The hold was lost or could not be kept; the command is dead.
+    Lost,
+}
+
+/// Microseconds since the Unix epoch: comparable across processes on one
+/// machine, which is what the hand-over tests measure with. `started`
+/// reports the time just before the spawn, `exited` the time just after
+/// the child was reaped, so a gap between one instance's `exited` and the
+/// next one's `started` is never overstated.
+fn unix_micros() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or(0)
+}
+
+/// Signals the child's whole process group: a `sh -c` wrapper's own
+/// children must stop too, or "the command is dead" would be a lie.
+fn signal(child: &Child, signal: Signal) {
+    // A pid that does not fit is impossible on Linux; std's kill of the
+    // child itself still follows then.
+    if let Ok(pid) = i32::try_from(child.id()) {
+        let _ = killpg(Pid::from_raw(pid), signal);
+    }
+}
+
+/// SIGKILL to the child's process group, then to the child itself.
+fn kill_now(child: &mut Child) {
+    signal(child, Signal::SIGKILL);
+    let _ = child.kill();
+}
+
+/// Runs `args.command` while `held` is held, as the module docs describe.
+pub fn run(
+    out: &Out,
+    what: &str,
+    args: &GateArgs,
+    held: Box<dyn Held>,
+    ttl: Duration,
+    session: &dyn Fn() -> Option<LivenessState>,
+    shutdown: &Receiver<()>,
+) -> Result<Ended, CliError> {
+    let token = held.token();
+    let Some((program, rest)) = args.command.split_first() else {
+        return Err(CliError::Message("no command to run".into()));
+    };
+    // Taken before the spawn: the child cannot start earlier, so a
+    // hand-over gap measured from it is never overstated.
+    let starting_at = unix_micros();
+    // Its own process group, so that signals reach everything it starts.
+    // A terminal's Ctrl-C then reaches only fleetcoord, which forwards it.
+    let mut child = Command::new(program)
+        .args(rest)
+        .env(TOKEN_VAR, token.to_string())
+        .process_group(0)
+        .spawn()
+        .map_err(|e| CliError::Message(format!("cannot start {program:?}: {e}")))?;
+    out.emit(
+        format!(
+            "{what}: started {program} (pid {}) with fencing token {token}",
+            child.id()
+        ),
+        event(
+            "started",
+            [
+                ("pid", json!(child.id())),
+                ("token", json!(token)),
+                ("at_unix_us", json!(starting_at as u64)),
+            ],
+        ),
+    )?;
+
+    let mut kill_at: Option<Instant> = None;
+    let mut termed = false;
+    let mut lost = false;
+    let mut stopping = false;
+    let status = loop {
+        select! {
+            recv(held.lost()) -> _ => {
+                // The local deadline passed: not a moment longer.
+                lost = true;
+                kill_now(&mut child);
+            }
+            recv(shutdown) -> _ => {
+                stopping = true;
+                if !termed {
+                    termed = true;
+                    signal(&child, Signal::SIGTERM);
+                    kill_at = Some(Instant::now() + args.kill_grace);
+                }
+            }
+            default(TICK) => {}
+        }
+        if let Some(status) = child
+            .try_wait()
+            .map_err(|e| CliError::Message(format!("cannot wait for {program:?}: {e}")))?
+        {
+            break status;
+        }
+        if !termed && matches!(session(), Some(LivenessState::Suspended { .. })) {
+            termed = true;
+            let now = Instant::now();
+            signal(&child, Signal::SIGTERM);
+            kill_at = Some((now + args.kill_grace).min(suspended_kill_bound(now, ttl)));
+            out.emit(
+                format!("{what}: renewals failing; sent SIGTERM to {program}"),
+                event("suspended", [("token", json!(token))]),
+            )?;
+        }
+        if kill_at.is_some_and(|at| Instant::now() >= at) {
+            kill_at = None;
+            kill_now(&mut child);
+        }
+    };
+    out.emit(
+        format!("{what}: {program} exited ({status})"),
+        event(
+            "exited",
+            [
+                ("code", json!(status.code())),
+                ("token", json!(token)),
+                ("at_unix_us", json!(unix_micros() as u64)),
+            ],
+        ),
+    )?;
+    // Killed because renewals failed: the hold is as good as gone, even if
+    // the session recovers; give it up rather than keep it without a child.
+    if lost || (termed && !stopping) {
+        drop(held);
+        return Ok(Ended::Lost);
+    }
+    held.release()?;
+    Ok(Ended::Exited {
+        status,
+        shutdown: stopping,
+    })
+}
+
+/// The exit code that passes the command's status on: its code, or
+/// 128 + the signal that killed it, as shells report.
+pub fn exit_code(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code).unwrap_or(1),
+        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(1),
+        (None, None) => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kill_bound_leaves_a_third_of_the_ttl_minus_the_margin() {
+        let t = Instant::now();
+        assert_eq!(
+            suspended_kill_bound(t, Duration::from_secs(3)),
+            t + Duration::from_millis(800)
+        );
+        // A TTL so short that the margin eats the third: kill at once.
+        assert_eq!(suspended_kill_bound(t, Duration::from_millis(300)), t);
+    }
+
+    #[test]
+    fn exit_codes_pass_through() {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(exit_code(ExitStatus::from_raw(3 << 8)), 3);
+        assert_eq!(exit_code(ExitStatus::from_raw(0)), 0);
+        assert_eq!(exit_code(ExitStatus::from_raw(9)), 137);
+        assert_eq!(exit_code(ExitStatus::from_raw(15)), 143);
+    }
+}

@@ -1,0 +1,254 @@
+//! `elect NAME -- CMD` and `lock NAME -- CMD` against a real etcd: the
+//! command runs only while held, gets the fencing token, passes its exit
+//! status on, stops on Ctrl-C with a resign, and — the point of it all —
+//! is dead before another instance's command starts when the holder is
+//! partitioned from etcd.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use common::{etcdctl_keys, start_etcd, ChildGuard};
+use crossbeam_channel::Receiver;
+use fleetcoord::testing::{FaultProxy, Mode};
+use serde_json::Value;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Upper bound for a step that normally takes milliseconds to a few TTLs.
+const WAIT: Duration = Duration::from_secs(20);
+
+fn cli(endpoint: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_fleetcoord"));
+    command
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .args(["--json", "--endpoints", endpoint]);
+    command
+}
+
+/// A running gated `fleetcoord`; its JSON records (on stderr while a
+/// command runs) arrive on `records`.
+struct Gated {
+    child: ChildGuard,
+    records: Receiver<String>,
+}
+
+impl Gated {
+    fn start(endpoint: &str, args: &[&str]) -> Gated {
+        let mut child = cli(endpoint)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn fleetcoord");
+        let records = common::lines_of(child.stderr.take().expect("stderr"));
+        Gated {
+            child: ChildGuard(child),
+            records,
+        }
+    }
+
+    /// The next record with `event` == `name`, within `within`.
+    fn next(&self, name: &str, within: Duration) -> Option<Value> {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            let line = self.records.recv_timeout(left).ok()?;
+            let Ok(record) = serde_json::from_str::<Value>(&line) else {
+                continue; // a log line
+            };
+            if record["event"] == name {
+                return Some(record);
+            }
+        }
+    }
+
+    fn expect(&self, name: &str) -> Value {
+        self.next(name, WAIT)
+            .unwrap_or_else(|| panic!("no {name:?} record within {WAIT:?}"))
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill(1)");
+        assert!(status.success());
+    }
+
+    fn wait(&mut self) -> Option<i32> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status.code();
+            }
+            assert!(Instant::now() < deadline, "fleetcoord did not exit");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+fn alive(pid: u64) -> bool {
+    Command::new("kill")
+        .args(["-0", &pid.to_string()])
+        .stderr(Stdio::null())
+        .status()
+        .expect("kill(1)")
+        .success()
+}
+
+#[test]
+fn the_command_gets_the_token_and_its_exit_status_passes_through() {
+    let server = start_etcd();
+    let endpoint = server.endpoint();
+    for (verb, prefix) in [("elect", "/coord/election/"), ("lock", "/coord/lock/")] {
+        let output = cli(&endpoint)
+            .args([verb, "gate-exit", "--ttl", "2s", "--"])
+            .args([
+                "sh",
+                "-c",
+                "echo \"token=$FLEETCOORD_FENCING_TOKEN\"; exit 3",
+            ])
+            .output()
+            .expect("spawn fleetcoord");
+        assert_eq!(
+            output.status.code(),
+            Some(3),
+            "{verb}: exit status passes through"
+        );
+        // stdout is the command's alone; our records went to stderr.
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let started: Value = stderr
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|r| r["event"] == "started")
+            .unwrap_or_else(|| panic!("{verb}: no started record in {stderr}"));
+        assert_eq!(stdout, format!("token={}\n", started["token"]), "{verb}");
+        assert!(started["token"].as_i64().unwrap() > 0);
+        assert!(
+            etcdctl_keys(&endpoint, &format!("{prefix}gate-exit/")).is_empty(),
+            "{verb}: released after the command exited"
+        );
+    }
+    let ok = cli(&endpoint)
+        .args(["lock", "gate-ok", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(ok.status.code(), Some(0));
+    let missing = cli(&endpoint)
+        .args(["elect", "gate-missing", "--", "/nonexistent/program"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot start"));
+}
+
+#[test]
+fn ctrl_c_stops_the_command_and_resigns() {
+    let server = start_etcd();
+    let endpoint = server.endpoint();
+    let mut gated = Gated::start(&endpoint, &["elect", "gate-int", "--", "sleep", "1000"]);
+    let started = gated.expect("started");
+    let pid = started["pid"].as_u64().unwrap();
+    assert!(alive(pid));
+    gated.signal("-INT");
+    // sleep dies of the forwarded SIGTERM: 128 + 15.
+    assert_eq!(gated.wait(), Some(143));
+    assert!(!alive(pid), "the command outlived fleetcoord");
+    assert!(etcdctl_keys(&endpoint, "/coord/election/gate-int/").is_empty());
+}
+
+/// Rounds of the partition test; `FLEETCOORD_GATED_ROUNDS` raises it for a
+/// measurement run (the closing figure uses 20).
+fn rounds() -> usize {
+    std::env::var("FLEETCOORD_GATED_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4)
+}
+
+#[test]
+fn a_partitioned_leaders_command_dies_before_the_next_one_starts() {
+    handover_rounds(&["sleep", "1000"]);
+}
+
+/// A command that ignores SIGTERM: only the SIGKILL before the local
+/// deadline (not the 60 s grace) can end it in time.
+#[test]
+fn a_command_ignoring_sigterm_is_killed_before_the_next_one_starts() {
+    handover_rounds(&["sh", "-c", "trap '' TERM; exec sleep 1000"]);
+}
+
+fn handover_rounds(command: &[&str]) {
+    let server = start_etcd();
+    let proxies = [
+        FaultProxy::start(&server.endpoint()).unwrap(),
+        FaultProxy::start(&server.endpoint()).unwrap(),
+    ];
+    // A long kill grace: the deadline, not the grace, must bound the kill.
+    let mut args = vec![
+        "elect",
+        "gate-part",
+        "--ttl",
+        "2s",
+        "--restart",
+        "--kill-grace",
+        "60s",
+        "--",
+    ];
+    args.extend_from_slice(command);
+    let instances = [
+        Gated::start(&proxies[0].endpoint(), &args),
+        Gated::start(&proxies[1].endpoint(), &args),
+    ];
+    // Whoever starts its command first leads.
+    let mut leader = {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            assert!(Instant::now() < deadline, "nobody started the command");
+            if instances[0]
+                .next("started", Duration::from_millis(50))
+                .is_some()
+            {
+                break 0;
+            }
+            if instances[1]
+                .next("started", Duration::from_millis(50))
+                .is_some()
+            {
+                break 1;
+            }
+        }
+    };
+    let mut gaps = Vec::new();
+    for round in 0..rounds() {
+        let follower = 1 - leader;
+        proxies[leader].set_mode(Mode::Blackhole);
+        let exited = instances[leader].expect("exited");
+        let started = instances[follower].expect("started");
+        let exit_us = exited["at_unix_us"].as_i64().unwrap();
+        let start_us = started["at_unix_us"].as_i64().unwrap();
+        let gap = start_us - exit_us;
+        println!("round {round}: old command dead {gap} us before the new one started");
+        assert!(
+            gap > 0,
+            "round {round}: the new leader's command started {}us before the old one died",
+            -gap
+        );
+        gaps.push(gap);
+        instances[leader].expect("lost");
+        proxies[leader].set_mode(Mode::Pass);
+        // The old leader campaigns again and queues behind the new one.
+        instances[leader].expect("campaigning");
+        leader = follower;
+    }
+    let min = gaps.iter().min().unwrap();
+    let max = gaps.iter().max().unwrap();
+    println!(
+        "{command:?}, {} rounds: minimum gap {:.1} ms, maximum {:.1} ms",
+        gaps.len(),
+        *min as f64 / 1000.0,
+        *max as f64 / 1000.0
+    );
+}
