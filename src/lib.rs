@@ -62,6 +62,10 @@ mod endpoint;
 pub mod error;
 mod etcd;
 mod liveness;
+#[cfg(feature = "metrics")]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod txn;

@@ -187,9 +187,11 @@ impl HostLiveness {
         let (first_tx, first) = crossbeam_channel::bounded::<LivenessState>(1);
         let shared_state = state.clone();
         let mut first_tx = Some(first_tx);
+        let metrics_key = key.clone();
         let machine = etcd.run(
             machine,
             Notify(move |s: LivenessState| {
+                crate::metrics::liveness(&metrics_key, &s);
                 *shared_state.lock() = s.clone();
                 if let LivenessState::Registered { .. } = s {
                     if let Some(tx) = first_tx.take() {

@@ -211,6 +211,7 @@ impl HostWatcher {
         validate::prefix("prefix", &options.prefix)?;
         validate::capacity("capacity", options.capacity)?;
         let prefix_len = options.prefix.len();
+        let metrics_prefix = options.prefix.clone();
         let config = WatchConfig {
             prefix: options.prefix.into_bytes(),
             keys: KeyRule::HostId,
@@ -219,6 +220,16 @@ impl HostWatcher {
         };
         let machine = Watch::new(config, Instant::now(), rand_seed());
         let (feed, events) = Feed::new(options.capacity, move |notice: WatchNotice| {
+            let label = match &notice {
+                WatchNotice::Up(_) => "up",
+                WatchNotice::Updated(_) => "updated",
+                WatchNotice::Down(_) => "down",
+                WatchNotice::Synced => "synced",
+                _ => "",
+            };
+            if !label.is_empty() {
+                crate::metrics::host_event(&metrics_prefix, label);
+            }
             let event = match notice {
                 WatchNotice::Up(kv) => host_info(prefix_len, &kv).map(HostEvent::Up),
                 WatchNotice::Updated(kv) => host_info(prefix_len, &kv).map(HostEvent::Updated),

@@ -157,9 +157,12 @@ pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), 
             return Ok(());
         };
         report_elected(&out, &name, &value, &leadership)?;
+        ctx.health.set(true);
         let token = leadership.fencing_token();
         if !gated {
-            return hold_until_signal(&out, &name, leadership, election, shutdown);
+            let result = hold_until_signal(&out, &name, leadership, election, shutdown);
+            ctx.health.set(false);
+            return result;
         }
         let session = {
             let election = election.clone();
@@ -173,8 +176,9 @@ pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), 
             args.ttl,
             &session,
             shutdown,
-        )?;
-        match ended {
+        );
+        ctx.health.set(false);
+        match ended? {
             Ended::Exited {
                 status,
                 shutdown: stopping,

@@ -126,7 +126,7 @@ pub fn list(ctx: &Ctx, args: HostsArgs) -> Result<(), CliError> {
 pub fn watch(ctx: &Ctx, args: WatchArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
     let options = WatcherOptions::default().with_prefix(args.prefix.prefix);
     let watcher = HostWatcher::watch_with(&ctx.etcd, options)?;
-    follow(
+    let result = follow(
         watcher.events(),
         shutdown,
         args.count,
@@ -136,7 +136,10 @@ pub fn watch(ctx: &Ctx, args: WatchArgs, shutdown: &Receiver<()>) -> Result<(), 
                 HostEvent::Up(i) => ("up", Some(i)),
                 HostEvent::Updated(i) => ("updated", Some(i)),
                 HostEvent::Down(i) => ("down", Some(i)),
-                HostEvent::Synced => ("synced", None),
+                HostEvent::Synced => {
+                    ctx.health.set(true);
+                    ("synced", None)
+                }
             };
             let mut value = info.map(host_fields).unwrap_or_else(|| json!({}));
             if let Value::Object(map) = &mut value {
@@ -148,7 +151,10 @@ pub fn watch(ctx: &Ctx, args: WatchArgs, shutdown: &Receiver<()>) -> Result<(), 
             };
             ctx.out.emit(human, value).map_err(CliError::from)
         },
-    )
+    );
+    // The watch ended (or the command stops): no longer a live view.
+    ctx.health.set(false);
+    result
 }
 
 fn state_record(host: Uuid, state: &LivenessState) -> (String, Value) {
@@ -193,6 +199,7 @@ pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), 
         select! {
             recv(host.states()) -> state => match state {
                 Ok(state) => {
+                    ctx.health.set(matches!(state, LivenessState::Registered { .. }));
                     let (human, value) = state_record(args.host_id, &state);
                     ctx.out.emit(human, value)?;
                 }
@@ -201,6 +208,7 @@ pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), 
             recv(shutdown) -> _ => break,
         }
     }
+    ctx.health.set(false);
     let revoked = host.close().is_ok();
     let (human, value) = state_record(args.host_id, &LivenessState::Stopped { revoked });
     ctx.out.emit(human, value)?;

@@ -50,6 +50,7 @@ pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), Cl
             return Ok(());
         };
         let token = guard.fencing_token();
+        ctx.health.set(true);
         out.emit(
             format!(
                 "{name}: locked with fencing token {token} (key {})",
@@ -67,6 +68,7 @@ pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), Cl
         if !gated {
             select! {
                 recv(guard.lost()) -> _ => {
+                    ctx.health.set(false);
                     out.emit(
                         format!("{name}: lock lost (fencing token {token} is stale now)"),
                         event("lost", [("name", json!(name)), ("token", json!(token))]),
@@ -77,6 +79,7 @@ pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), Cl
                 }
                 recv(shutdown) -> _ => {}
             }
+            ctx.health.set(false);
             guard.unlock()?;
             out.emit(
                 format!("{name}: unlocked"),

@@ -14,6 +14,7 @@ mod follow;
 mod gated;
 mod hosts;
 mod lock;
+mod metrics_http;
 mod output;
 mod signal;
 
@@ -54,6 +55,12 @@ struct Cli {
 
     #[command(flatten)]
     backend: bus::BackendArgs,
+
+    /// Serve Prometheus metrics at /metrics and a health check at /healthz
+    /// on this address (agent, elect, lock, watch-hosts); port 0 picks a
+    /// free one, printed at start.
+    #[arg(long, global = true, value_name = "HOST:PORT")]
+    metrics_addr: Option<String>,
 
     #[command(subcommand)]
     command: Command,
@@ -118,10 +125,12 @@ impl From<output::Closed> for CliError {
     }
 }
 
-/// What every command gets: the connection and the output.
+/// What every command gets: the connection, the output, and the health
+/// `/healthz` reports (when `--metrics-addr` serves it).
 pub struct Ctx {
     pub etcd: Etcd,
     pub out: Out,
+    pub health: metrics_http::Health,
 }
 
 /// The items of a comma-separated endpoint list, trimmed, empty ones
@@ -175,6 +184,24 @@ fn run(cli: Cli) -> Result<(), CliError> {
     };
     let shutdown = shutdown.unwrap_or_else(crossbeam_channel::never);
     let out = Out::new(cli.json);
+    let health = metrics_http::Health::default();
+    if let Some(addr) = &cli.metrics_addr {
+        if !matches!(
+            cli.command,
+            Command::Agent(_) | Command::Elect(_) | Command::Lock(_) | Command::WatchHosts(_)
+        ) {
+            return Err(CliError::Message(
+                "--metrics-addr is for the long-running commands agent, elect, lock and watch-hosts"
+                    .into(),
+            ));
+        }
+        let bound = metrics_http::serve(addr, health.clone()).map_err(CliError::Message)?;
+        // On stderr: an elect/lock command's stdout belongs to its command.
+        out.on_stderr().emit(
+            format!("metrics on http://{bound}/metrics, health on http://{bound}/healthz"),
+            serde_json::json!({"event": "metrics", "addr": bound.to_string()}),
+        )?;
+    }
     // The bus commands need etcd only when their backend is the etcd of
     // `--endpoints`; `--coord nats` must work where no etcd runs.
     let backend = match &cli.command {
@@ -198,6 +225,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
     let ctx = Ctx {
         etcd: etcd.clone(),
         out,
+        health,
     };
     let result = match cli.command {
         Command::Hosts(a) => hosts::list(&ctx, a),

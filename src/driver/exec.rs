@@ -231,11 +231,18 @@ fn txn(t: &Txn) -> ec::Txn {
 }
 
 /// Run a unary request (everything but `Watch` and `KeepAlive`, which are
-/// streams handled by the runner).
+/// streams handled by the runner), recording its round trip.
 pub(crate) async fn unary(
     client: &mut ec::Client,
     request: &Request,
 ) -> Result<Response, RpcError> {
+    let started = std::time::Instant::now();
+    let result = unary_call(client, request).await;
+    crate::metrics::request(crate::metrics::kind(request), started.elapsed(), &result);
+    result
+}
+
+async fn unary_call(client: &mut ec::Client, request: &Request) -> Result<Response, RpcError> {
     match request {
         Request::Grant { ttl_secs } => {
             let r =

@@ -342,6 +342,7 @@ async fn watch(
     reply_tx: mpsc::UnboundedSender<Delivery>,
 ) {
     let (key, options) = exec::watch_options(&range, start_revision);
+    crate::metrics::watch_stream_opened();
     let mut stream =
         match exec::on_a_live_member!(client.watch(key.clone(), Some(options.clone())).await) {
             Ok(s) => s,
@@ -389,6 +390,7 @@ async fn renewals(
 ) {
     let mut stream: Option<(ec::LeaseKeeper, ec::LeaseKeepAliveStream)> = None;
     while let Some(id) = requests.recv().await {
+        let started = std::time::Instant::now();
         let result = tokio::time::timeout(timeout, renew_once(&client, lease, &mut stream)).await;
         let result = match result {
             Ok(r) => r,
@@ -396,6 +398,7 @@ async fn renewals(
                 "no renewal answer within {timeout:?}"
             ))),
         };
+        crate::metrics::request("keepalive", started.elapsed(), &result);
         if result.is_err() {
             stream = None;
         }

@@ -240,9 +240,22 @@ impl Election {
         let machine = ElectionMachine::new(config, Instant::now(), rand_seed());
         let state = Arc::new(Mutex::new(State::default()));
         let handler_state = EndOfNotices(state.clone());
+        let metrics_prefix = prefix.clone();
         let machine = etcd.run(
             machine,
             Notify(move |notice| {
+                match &notice {
+                    ElectionNotice::Elected { token, .. } => {
+                        crate::metrics::election(&metrics_prefix, "elected", *token)
+                    }
+                    ElectionNotice::LeadershipLost { token } => {
+                        crate::metrics::election(&metrics_prefix, "lost", *token)
+                    }
+                    ElectionNotice::Resigned { token } => {
+                        crate::metrics::election(&metrics_prefix, "resigned", *token)
+                    }
+                    _ => {}
+                }
                 handle_notice(&handler_state.0, notice);
                 true
             }),

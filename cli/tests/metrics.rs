@@ -1,0 +1,178 @@
+//! `--metrics-addr`: a plain HTTP client scrapes `/metrics` and `/healthz`
+//! of a running `fleetcoord agent` and `elect`, and the series follow etcd
+//! being paused past the lease TTL and resumed.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use common::{start_etcd, ChildGuard};
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A long-running command with `--metrics-addr 127.0.0.1:0`; returns it and
+/// the address it serves on (from its `metrics` record on stderr).
+fn start(endpoint: &str, args: &[&str]) -> (ChildGuard, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fleetcoord"))
+        .env_remove("RUST_LOG")
+        .args([
+            "--json",
+            "--endpoints",
+            endpoint,
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn fleetcoord");
+    let lines = common::lines_of(child.stderr.take().unwrap());
+    let addr = loop {
+        let line = lines
+            .recv_timeout(WAIT)
+            .expect("a metrics record on stderr");
+        if let Ok(record) = serde_json::from_str::<Value>(&line) {
+            if record["event"] == "metrics" {
+                break record["addr"].as_str().unwrap().to_string();
+            }
+        }
+    };
+    (ChildGuard(child), addr)
+}
+
+/// `GET path` with a bare HTTP/1.0 client: (status code, body).
+fn get(addr: &str, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).expect("connect to the metrics address");
+    stream.set_read_timeout(Some(WAIT)).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !check() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The value of the first sample of `series` (name plus labels prefix).
+fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn agent_metrics_and_health_follow_a_paused_etcd() {
+    let mut server = start_etcd();
+    let id = "6f1c2b1e-3a0d-4c7e-9b1a-2d3e4f5a6b7c";
+    let key = format!("/coord/hosts/{id}");
+    let (_agent, addr) = start(
+        &server.endpoint(),
+        &["agent", "--host-id", id, "--ttl", "2s"],
+    );
+    until("healthz 200 once registered", || {
+        get(&addr, "/healthz").0 == 200
+    });
+    let registered = format!("fleetcoord_liveness_registered{{key=\"{key}\"}}");
+    let (status, body) = get(&addr, "/metrics");
+    assert_eq!(status, 200);
+    assert_eq!(sample(&body, &registered), Some(1.0), "{body}");
+    until("a renewal round trip is recorded", || {
+        get(&addr, "/metrics")
+            .1
+            .contains("fleetcoord_request_duration_seconds_count{kind=\"keepalive\"}")
+    });
+
+    // Past the TTL: renewals fail, the lease is presumed lost.
+    server.pause().unwrap();
+    until("healthz 503 while etcd is paused", || {
+        get(&addr, "/healthz").0 == 503
+    });
+    let body = get(&addr, "/metrics").1;
+    assert_eq!(sample(&body, &registered), Some(0.0), "{body}");
+    until("the suspension is counted", || {
+        get(&addr, "/metrics").1.contains(&format!(
+            "fleetcoord_liveness_transitions_total{{key=\"{key}\",state=\"suspended\"}}"
+        ))
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    server.resume().unwrap();
+    until("healthz 200 again after etcd resumed", || {
+        get(&addr, "/healthz").0 == 200
+    });
+    let body = get(&addr, "/metrics").1;
+    assert_eq!(sample(&body, &registered), Some(1.0), "{body}");
+    assert!(body.contains("state=\"lost\""), "{body}");
+    assert!(body.contains("fleetcoord_request_errors_total"), "{body}");
+    assert_eq!(get(&addr, "/nope").0, 404);
+}
+
+#[test]
+fn elect_is_ready_only_while_leading() {
+    let server = start_etcd();
+    let (_leader, leader_addr) = start(&server.endpoint(), &["elect", "metrics-e"]);
+    until("the first candidate leads", || {
+        get(&leader_addr, "/healthz").0 == 200
+    });
+    let (_second, second_addr) = start(&server.endpoint(), &["elect", "metrics-e"]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        get(&second_addr, "/healthz").0,
+        503,
+        "a waiting candidate is not ready"
+    );
+    let body = get(&leader_addr, "/metrics").1;
+    assert_eq!(
+        sample(
+            &body,
+            "fleetcoord_election_held{election=\"/coord/election/metrics-e/\"}"
+        ),
+        Some(1.0),
+        "{body}"
+    );
+    assert!(
+        sample(
+            &body,
+            "fleetcoord_election_token{election=\"/coord/election/metrics-e/\"}"
+        )
+        .is_some_and(|t| t > 0.0),
+        "{body}"
+    );
+}
+
+#[test]
+fn metrics_addr_is_refused_for_short_commands() {
+    let server = start_etcd();
+    let output = Command::new(env!("CARGO_BIN_EXE_fleetcoord"))
+        .args([
+            "--endpoints",
+            &server.endpoint(),
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "hosts",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("long-running"));
+}

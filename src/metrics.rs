@@ -1,0 +1,135 @@
+//! What fleetcoord records through the [`metrics`](https://docs.rs/metrics)
+//! facade (cargo feature `metrics`). The library records; the application
+//! installs the recorder and exporter it likes (Prometheus, StatsD, ...).
+//! Without a recorder, or without the feature, recording costs nothing.
+//!
+//! | name | kind | labels | meaning |
+//! |---|---|---|---|
+//! | `fleetcoord_request_duration_seconds` | histogram | `kind` | etcd request round trip (`grant`, `revoke`, `put`, `range`, `delete`, `txn`, `lease_ttl`, `keepalive`) — `keepalive` is the renewal round trip |
+//! | `fleetcoord_request_errors_total` | counter | `kind`, `error` | failed etcd requests by kind and error (`unavailable`, `rejected`, `lease_not_found`, `compacted`, `permission_denied`, `unauthenticated`) |
+//! | `fleetcoord_liveness_registered` | gauge | `key` | 1 while the HostLiveness of `key` is `Registered`, else 0 |
+//! | `fleetcoord_liveness_transitions_total` | counter | `key`, `state` | state changes of that liveness (`registering`, `registered`, `suspended`, `lost`, `stopped`) |
+//! | `fleetcoord_election_held` | gauge | `election` | 1 while this process leads (or holds the lock) under that key prefix |
+//! | `fleetcoord_election_token` | gauge | `election` | the fencing token of the current or last leadership |
+//! | `fleetcoord_election_transitions_total` | counter | `election`, `event` | `elected`, `lost`, `resigned` |
+//! | `fleetcoord_host_events_total` | counter | `prefix`, `event` | HostWatcher events delivered: `up`, `updated`, `down`, `synced` |
+//! | `fleetcoord_watch_streams_opened_total` | counter | — | etcd watch streams opened by any watcher: the first, then one per resume or resync |
+
+#[cfg(feature = "metrics")]
+mod on {
+    use fleetcoord_sm::keepalive::LivenessState;
+    use fleetcoord_sm::{Request, RpcError};
+    use std::time::Duration;
+
+    /// The `kind` label of a request.
+    pub(crate) fn kind(request: &Request) -> &'static str {
+        match request {
+            Request::Grant { .. } => "grant",
+            Request::Revoke { .. } => "revoke",
+            Request::Put { .. } => "put",
+            Request::Range(_) => "range",
+            Request::Delete(_) => "delete",
+            Request::Txn(_) => "txn",
+            Request::LeaseTimeToLive { .. } => "lease_ttl",
+            Request::KeepAlive { .. } => "keepalive",
+            Request::Watch { .. } => "watch",
+            #[allow(unreachable_patterns)]
+            _ => "other",
+        }
+    }
+
+    fn error_label(e: &RpcError) -> &'static str {
+        match e {
+            RpcError::Unavailable(_) => "unavailable",
+            RpcError::Rejected(_) => "rejected",
+            RpcError::LeaseNotFound => "lease_not_found",
+            RpcError::Compacted { .. } => "compacted",
+            RpcError::PermissionDenied(_) => "permission_denied",
+            RpcError::Unauthenticated(_) => "unauthenticated",
+            #[allow(unreachable_patterns)]
+            _ => "other",
+        }
+    }
+
+    pub(crate) fn request<T>(kind: &'static str, elapsed: Duration, result: &Result<T, RpcError>) {
+        metrics::histogram!("fleetcoord_request_duration_seconds", "kind" => kind)
+            .record(elapsed.as_secs_f64());
+        if let Err(e) = result {
+            metrics::counter!(
+                "fleetcoord_request_errors_total",
+                "kind" => kind,
+                "error" => error_label(e)
+            )
+            .increment(1);
+        }
+    }
+
+    pub(crate) fn liveness(key: &str, state: &LivenessState) {
+        let name = match state {
+            LivenessState::Registering => "registering",
+            LivenessState::Registered { .. } => "registered",
+            LivenessState::Suspended { .. } => "suspended",
+            LivenessState::Lost { .. } => "lost",
+            LivenessState::Stopped { .. } => "stopped",
+            #[allow(unreachable_patterns)]
+            _ => "other",
+        };
+        let registered = matches!(state, LivenessState::Registered { .. });
+        metrics::gauge!("fleetcoord_liveness_registered", "key" => key.to_string())
+            .set(if registered { 1.0 } else { 0.0 });
+        metrics::counter!(
+            "fleetcoord_liveness_transitions_total",
+            "key" => key.to_string(),
+            "state" => name
+        )
+        .increment(1);
+    }
+
+    pub(crate) fn election(prefix: &str, event: &'static str, token: i64) {
+        let held = event == "elected";
+        metrics::gauge!("fleetcoord_election_held", "election" => prefix.to_string())
+            .set(if held { 1.0 } else { 0.0 });
+        if held {
+            // Tokens are etcd revisions: exact in an f64 up to 2^53.
+            metrics::gauge!("fleetcoord_election_token", "election" => prefix.to_string())
+                .set(token as f64);
+        }
+        metrics::counter!(
+            "fleetcoord_election_transitions_total",
+            "election" => prefix.to_string(),
+            "event" => event
+        )
+        .increment(1);
+    }
+
+    pub(crate) fn host_event(prefix: &str, event: &'static str) {
+        metrics::counter!(
+            "fleetcoord_host_events_total",
+            "prefix" => prefix.to_string(),
+            "event" => event
+        )
+        .increment(1);
+    }
+
+    pub(crate) fn watch_stream_opened() {
+        metrics::counter!("fleetcoord_watch_streams_opened_total").increment(1);
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+mod on {
+    use fleetcoord_sm::keepalive::LivenessState;
+    use fleetcoord_sm::{Request, RpcError};
+    use std::time::Duration;
+
+    pub(crate) fn kind(_: &Request) -> &'static str {
+        ""
+    }
+    pub(crate) fn request<T>(_: &'static str, _: Duration, _: &Result<T, RpcError>) {}
+    pub(crate) fn liveness(_: &str, _: &LivenessState) {}
+    pub(crate) fn election(_: &str, _: &'static str, _: i64) {}
+    pub(crate) fn host_event(_: &str, _: &'static str) {}
+    pub(crate) fn watch_stream_opened() {}
+}
+
+pub(crate) use on::*;
