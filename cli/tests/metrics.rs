@@ -83,7 +83,7 @@ fn sample(body: &str, series: &str) -> Option<f64> {
 
 #[test]
 fn agent_metrics_and_health_follow_a_paused_etcd() {
-    let mut server = start_etcd();
+    let server = start_etcd();
     let id = "6f1c2b1e-3a0d-4c7e-9b1a-2d3e4f5a6b7c";
     let key = format!("/coord/hosts/{id}");
     let (_agent, addr) = start(
