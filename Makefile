@@ -2,6 +2,8 @@
 #
 #   make test   install what is missing, then fmt check, every test against
 #               real etcd, and a replay of the committed fuzz corpora
+#   make soak   randomized faults on a 3-member cluster, SOAK_ROUNDS rounds
+#               (default 1000), every history invariant checked
 #   make fuzz   run each fuzz target for FUZZ_SECONDS (default 60)
 #   make lint   clippy with -D warnings for the workspace and the fuzz crate
 
@@ -14,7 +16,7 @@ FUZZ_SECONDS ?= 60
 # cargo-fuzz needs nightly flags; this lets the stable toolchain accept them.
 FUZZ_ENV := RUSTC_BOOTSTRAP=1
 
-.PHONY: test fuzz lint demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust cross qemu-sm deps-qemu-sm msrv
+.PHONY: test soak fuzz lint demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust cross qemu-sm deps-qemu-sm msrv
 
 test: deps
 	$(CARGO) fmt --all --check
@@ -28,6 +30,13 @@ test: deps
 	  echo "== replaying fuzz/corpus/$$t"; \
 	  $(FUZZ_ENV) $(CARGO) fuzz run "$$t" "corpus/$$t" -- -runs=0; \
 	done
+
+# A long randomized fault run on a 3-member etcd cluster with a history
+# checker (tests/soak); `make test` runs 6 rounds of it. About 2 s a round;
+# SOAK_SEED=<n> replays a run (each run prints its seed).
+SOAK_ROUNDS ?= 1000
+soak: deps-build deps-etcd
+	SOAK_ROUNDS=$(SOAK_ROUNDS) $(CARGO) test --release --all-features --test soak -- --nocapture
 
 # New inputs go to fuzz/target/corpus/<t> (ignored by git); the committed
 # corpus/<t> is only read, so a fuzz run never dirties the tree.

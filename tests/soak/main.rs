@@ -1,0 +1,505 @@
+//! Soak: a randomized fault run on a 3-member etcd cluster with every
+//! primitive busy at once, and a checker over the recorded history.
+//!
+//! Actors (each on its own connection, behind fault proxies, one per
+//! member, unless said otherwise):
+//! * three election candidates that campaign, hold for a random while with
+//!   fenced writes every 20 ms, resign, and try one more fenced write after
+//!   losing;
+//! * a churner registering and closing four hosts at random;
+//! * a HostWatcher (direct connection) mirroring the hosts;
+//! * two stream appenders (one coordinator, behind proxies) and a reader per
+//!   stream (direct connection).
+//!
+//! The nemesis picks one fault per round (seeded; `SOAK_SEED` replays a
+//! run): partition a candidate (past the TTL or not), partition the
+//! churner, pause a member, kill and restart a member, reset every proxied
+//! connection, restart a candidate's client. After healing, a quiet period
+//! checks that the watcher's view equals etcd's hosts. At the end the
+//! checker (`history.rs`) verifies: no overlapping leadership, tokens
+//! increase, stale fenced writes refused, stream entries read exactly once
+//! in order. `SOAK_ROUNDS` sets the length (`make soak`; `make test` runs a
+//! few rounds).
+
+#[path = "../common/mod.rs"]
+mod common;
+mod history;
+
+use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, StreamPosition};
+use fleetcoord::testing::{EtcdCluster, FaultProxy, Mode};
+use fleetcoord::{
+    list_hosts, Election, ElectionOptions, Etcd, EtcdOptions, HostEvent, HostInfo, HostLiveness,
+    HostWatcher, LivenessOptions, TxnOp, TxnOpResponse, DEFAULT_HOSTS_PREFIX,
+};
+use history::{FencedWrite, History, StreamLog, Tenure};
+use parking_lot::Mutex;
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+const TTL: Duration = Duration::from_secs(2);
+const CANDIDATES: usize = 3;
+const HOST_SLOTS: usize = 4;
+const STREAMS: usize = 2;
+const FENCE_KEY: &str = "/soak/fence";
+/// How long the watcher may take to equal etcd after a fault healed:
+/// a partitioned host's lease must first expire (TTL), and a restarted
+/// member must rejoin.
+const CONVERGE: Duration = Duration::from_secs(20);
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
+}
+
+/// Uniform in `[lo, hi)` milliseconds.
+fn between(rng: &mut ChaCha8Rng, lo: u64, hi: u64) -> Duration {
+    Duration::from_millis(lo + rng.next_u64() % (hi - lo).max(1))
+}
+
+/// One client's way to the cluster: a proxy in front of every member.
+struct Net {
+    proxies: Vec<FaultProxy>,
+}
+
+impl Net {
+    fn new(cluster: &EtcdCluster) -> Net {
+        Net {
+            proxies: cluster
+                .endpoints()
+                .iter()
+                .map(|e| FaultProxy::start(e).expect("fault proxy"))
+                .collect(),
+        }
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        self.proxies.iter().map(FaultProxy::endpoint).collect()
+    }
+
+    fn set(&self, mode: Mode) {
+        for p in &self.proxies {
+            p.set_mode(mode);
+        }
+    }
+
+    fn reset(&self) {
+        for p in &self.proxies {
+            p.reset_all();
+        }
+    }
+}
+
+fn options() -> EtcdOptions {
+    EtcdOptions::default().with_request_timeout(Duration::from_secs(1))
+}
+
+/// Connects, retrying: a client restarted during a fault may need a while.
+fn connect(endpoints: &[String], stop: &AtomicBool) -> Option<Etcd> {
+    while !stop.load(Ordering::SeqCst) {
+        match Etcd::connect(endpoints, options()) {
+            Ok(etcd) => return Some(etcd),
+            Err(_) => thread::sleep(Duration::from_millis(100)),
+        }
+    }
+    None
+}
+
+struct Shared {
+    stop: AtomicBool,
+    history: Mutex<History>,
+    restart: Vec<AtomicBool>,
+    /// Held by the churner while it changes hosts; the checker takes it to
+    /// freeze the fleet during a quiet period.
+    churn: Mutex<()>,
+    view: Mutex<HashMap<Uuid, HostInfo>>,
+    violations: Mutex<Vec<String>>,
+    /// Set at the end: the newest acknowledged id of each stream, which
+    /// its reader must reach before it stops.
+    targets: Mutex<Vec<Option<u64>>>,
+}
+
+/// How long a reader may take to catch up at the end.
+const CATCH_UP: Duration = Duration::from_secs(30);
+
+fn fenced_write(leadership: &fleetcoord::Leadership, shared: &Shared) {
+    let token = leadership.fencing_token();
+    let ops = [
+        TxnOp::put(FENCE_KEY, token.to_string()),
+        TxnOp::get(FENCE_KEY),
+    ];
+    if let Ok(Some(responses)) = leadership.txn_if_leader(ops) {
+        if let Some(TxnOpResponse::Get { kvs }) = responses.get(1) {
+            if let Some(kv) = kvs.first() {
+                shared.history.lock().writes.push(FencedWrite {
+                    token,
+                    revision: kv.mod_revision,
+                });
+            }
+        }
+    }
+}
+
+fn candidate(i: usize, endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let value = format!("candidate-{i}");
+    'client: while !shared.stop.load(Ordering::SeqCst) {
+        let Some(etcd) = connect(&endpoints, &shared.stop) else {
+            return;
+        };
+        let Ok(election) =
+            Election::with_options(&etcd, "soak", ElectionOptions::default().with_ttl(TTL))
+        else {
+            continue;
+        };
+        while !shared.stop.load(Ordering::SeqCst) {
+            if shared.restart[i].swap(false, Ordering::SeqCst) {
+                drop(election);
+                let _ = etcd.close();
+                continue 'client;
+            }
+            let Ok(leadership) =
+                election.campaign_timeout(value.as_bytes(), Duration::from_secs(1))
+            else {
+                thread::sleep(Duration::from_millis(50));
+                continue;
+            };
+            let elected_at = Instant::now();
+            let mut last_held_at = elected_at;
+            let hold_until = elected_at + between(&mut rng, 200, 1500);
+            while !shared.stop.load(Ordering::SeqCst) && Instant::now() < hold_until {
+                // Taken before the check: the flag only ever turns false,
+                // so it was held at `t` too.
+                let t = Instant::now();
+                if !leadership.is_held() {
+                    break;
+                }
+                last_held_at = t;
+                fenced_write(&leadership, &shared);
+                thread::sleep(Duration::from_millis(20));
+            }
+            shared.history.lock().tenures.push(Tenure {
+                candidate: i,
+                token: leadership.fencing_token(),
+                elected_at,
+                last_held_at,
+            });
+            if !leadership.is_held() {
+                // Deposed: etcd must refuse this unless no newer leader
+                // has written yet (the checker orders writes by revision).
+                fenced_write(&leadership, &shared);
+            }
+            let _ = leadership.resign();
+        }
+    }
+}
+
+fn churner(endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let Some(etcd) = connect(&endpoints, &shared.stop) else {
+        return;
+    };
+    let ids: Vec<Uuid> = (0..HOST_SLOTS).map(|_| Uuid::new_v4()).collect();
+    let mut hosts: Vec<Option<HostLiveness>> = (0..HOST_SLOTS).map(|_| None).collect();
+    let options = LivenessOptions::default()
+        .with_ttl(TTL)
+        .with_register_timeout(Duration::from_secs(3));
+    while !shared.stop.load(Ordering::SeqCst) {
+        thread::sleep(between(&mut rng, 100, 400));
+        let _churning = shared.churn.lock();
+        let slot = (rng.next_u64() % HOST_SLOTS as u64) as usize;
+        match hosts[slot].take() {
+            Some(host) => {
+                let _ = host.close();
+            }
+            None => {
+                let meta = format!("{{\"n\":{}}}", rng.next_u64() % 1000);
+                hosts[slot] =
+                    HostLiveness::register_with(&etcd, ids[slot], meta.as_bytes(), options.clone())
+                        .ok();
+            }
+        }
+    }
+    for host in hosts.into_iter().flatten() {
+        let _ = host.close();
+    }
+}
+
+fn watcher(etcd: Etcd, shared: Arc<Shared>) {
+    let watcher = HostWatcher::watch(&etcd).expect("host watcher");
+    while !shared.stop.load(Ordering::SeqCst) {
+        match watcher.events().recv_timeout(Duration::from_millis(100)) {
+            Ok(HostEvent::Synced) => {}
+            Ok(event) => common::apply(&mut shared.view.lock(), event),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                shared
+                    .violations
+                    .lock()
+                    .push("the host watcher's events ended".into());
+                return;
+            }
+        }
+    }
+}
+
+fn appender(s: usize, coord: Arc<EtcdCoordinator>, shared: Arc<Shared>) {
+    let mut n = 0u64;
+    while !shared.stop.load(Ordering::SeqCst) {
+        n += 1;
+        let payload = format!("s{s}-{n}").into_bytes();
+        match coord.append_stream(&format!("soak-{s}"), &payload) {
+            Ok(id) => {
+                shared.history.lock().streams[s].acked.insert(id.0, payload);
+            }
+            Err(_) => shared.history.lock().streams[s].unacked.push(payload),
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn reader(s: usize, coord: EtcdCoordinator, shared: Arc<Shared>) {
+    let reader = coord
+        .read_stream(&format!("soak-{s}"), StreamPosition::Start)
+        .expect("stream reader");
+    let mut read: Vec<(u64, Vec<u8>)> = Vec::new();
+    let mut catching_up: Option<Instant> = None;
+    loop {
+        if let Some(target) = shared.targets.lock()[s] {
+            let since = *catching_up.get_or_insert_with(Instant::now);
+            let last = read.last().map_or(0, |(id, _)| *id);
+            if last >= target || since.elapsed() > CATCH_UP {
+                break;
+            }
+        }
+        match reader.recv_timeout(Duration::from_millis(100)) {
+            Ok(entry) => read.push((entry.id.0, entry.payload)),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                shared
+                    .violations
+                    .lock()
+                    .push(format!("stream {s}: the reader's feed ended"));
+                break;
+            }
+        }
+    }
+    shared.history.lock().streams[s].reads.push(read);
+}
+
+/// Whether the watcher's view equals etcd's hosts, waiting up to
+/// [`CONVERGE`] with the churner frozen.
+fn converged(etcd: &Etcd, shared: &Shared) -> Result<Duration, String> {
+    let _frozen = shared.churn.lock();
+    let start = Instant::now();
+    let mut last = String::new();
+    while start.elapsed() < CONVERGE {
+        if let Ok(hosts) = list_hosts(etcd, DEFAULT_HOSTS_PREFIX) {
+            let actual: BTreeMap<Uuid, Vec<u8>> =
+                hosts.into_iter().map(|h| (h.id, h.metadata)).collect();
+            let view: BTreeMap<Uuid, Vec<u8>> = shared
+                .view
+                .lock()
+                .iter()
+                .map(|(id, h)| (*id, h.metadata.clone()))
+                .collect();
+            if actual == view {
+                return Ok(start.elapsed());
+            }
+            last = format!("etcd {:?} vs watcher {:?}", actual.keys(), view.keys());
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!(
+        "watcher did not converge within {CONVERGE:?}: {last}"
+    ))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    PartitionLeaderPastTtl,
+    PartitionCandidate,
+    PartitionChurner,
+    PauseMember,
+    KillMember,
+    ResetConnections,
+    RestartClient,
+}
+
+const FAULTS: [Fault; 7] = [
+    Fault::PartitionLeaderPastTtl,
+    Fault::PartitionCandidate,
+    Fault::PartitionChurner,
+    Fault::PauseMember,
+    Fault::KillMember,
+    Fault::ResetConnections,
+    Fault::RestartClient,
+];
+
+#[test]
+fn soak() {
+    let rounds = env_u64("SOAK_ROUNDS").unwrap_or(6);
+    let seed = env_u64("SOAK_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    println!("soak: {rounds} rounds, SOAK_SEED={seed}");
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut cluster = EtcdCluster::start(3).unwrap_or_else(|e| {
+        panic!(
+            "cannot start a 3-member etcd cluster ({e}); {}",
+            common::INSTALL
+        )
+    });
+    let direct = Etcd::connect(&cluster.endpoints(), options()).expect("connect");
+
+    let shared = Arc::new(Shared {
+        stop: AtomicBool::new(false),
+        history: Mutex::new(History {
+            streams: (0..STREAMS).map(|_| StreamLog::default()).collect(),
+            ..History::default()
+        }),
+        restart: (0..CANDIDATES).map(|_| AtomicBool::new(false)).collect(),
+        churn: Mutex::new(()),
+        view: Mutex::new(HashMap::new()),
+        violations: Mutex::new(Vec::new()),
+        targets: Mutex::new(vec![None; STREAMS]),
+    });
+    let candidate_nets: Vec<Net> = (0..CANDIDATES).map(|_| Net::new(&cluster)).collect();
+    let churner_net = Net::new(&cluster);
+    let stream_net = Net::new(&cluster);
+
+    let mut threads = Vec::new();
+    for (i, net) in candidate_nets.iter().enumerate() {
+        let (endpoints, shared, s) = (net.endpoints(), shared.clone(), rng.next_u64());
+        threads.push(thread::spawn(move || candidate(i, endpoints, shared, s)));
+    }
+    {
+        let (endpoints, shared, s) = (churner_net.endpoints(), shared.clone(), rng.next_u64());
+        threads.push(thread::spawn(move || churner(endpoints, shared, s)));
+    }
+    {
+        let (etcd, shared) = (direct.clone(), shared.clone());
+        threads.push(thread::spawn(move || watcher(etcd, shared)));
+    }
+    let appending = Etcd::connect(&stream_net.endpoints(), options()).expect("connect");
+    let append_coord = Arc::new(EtcdCoordinator::new(&appending).expect("coordinator"));
+    let mut appenders = Vec::new();
+    let mut readers = Vec::new();
+    for s in 0..STREAMS {
+        let (coord, sh) = (append_coord.clone(), shared.clone());
+        appenders.push(thread::spawn(move || appender(s, coord, sh)));
+        let (coord, sh) = (
+            EtcdCoordinator::new(&direct).expect("coordinator"),
+            shared.clone(),
+        );
+        readers.push(thread::spawn(move || reader(s, coord, sh)));
+    }
+
+    let started = Instant::now();
+    let mut faults: BTreeMap<Fault, usize> = BTreeMap::new();
+    let mut slowest_convergence = Duration::ZERO;
+    for round in 0..rounds {
+        let fault = FAULTS[(rng.next_u64() % FAULTS.len() as u64) as usize];
+        *faults.entry(fault).or_default() += 1;
+        match fault {
+            Fault::PartitionLeaderPastTtl | Fault::PartitionCandidate => {
+                let c = (rng.next_u64() % CANDIDATES as u64) as usize;
+                let how_long = if fault == Fault::PartitionLeaderPastTtl {
+                    TTL + between(&mut rng, 300, 1500)
+                } else {
+                    between(&mut rng, 200, 1500)
+                };
+                candidate_nets[c].set(Mode::Blackhole);
+                thread::sleep(how_long);
+                candidate_nets[c].set(Mode::Pass);
+            }
+            Fault::PartitionChurner => {
+                churner_net.set(Mode::Blackhole);
+                stream_net.set(Mode::Blackhole);
+                thread::sleep(between(&mut rng, 500, 3500));
+                churner_net.set(Mode::Pass);
+                stream_net.set(Mode::Pass);
+            }
+            Fault::PauseMember => {
+                let m = (rng.next_u64() % 3) as usize;
+                cluster.pause(m).expect("pause");
+                thread::sleep(between(&mut rng, 200, 2000));
+                cluster.resume(m).expect("resume");
+            }
+            Fault::KillMember => {
+                let m = (rng.next_u64() % 3) as usize;
+                cluster.kill(m).expect("kill");
+                thread::sleep(between(&mut rng, 200, 1500));
+                cluster.restart(m).expect("restart");
+            }
+            Fault::ResetConnections => {
+                for net in candidate_nets.iter().chain([&churner_net, &stream_net]) {
+                    net.reset();
+                }
+                thread::sleep(between(&mut rng, 100, 500));
+            }
+            Fault::RestartClient => {
+                let c = (rng.next_u64() % CANDIDATES as u64) as usize;
+                shared.restart[c].store(true, Ordering::SeqCst);
+                thread::sleep(between(&mut rng, 100, 800));
+            }
+        }
+        match converged(&direct, &shared) {
+            Ok(took) => slowest_convergence = slowest_convergence.max(took),
+            Err(e) => shared
+                .violations
+                .lock()
+                .push(format!("round {round} ({fault:?}): {e}")),
+        }
+    }
+
+    // Wind down: appenders first, then readers catch up with every
+    // acknowledged append before they stop.
+    shared.stop.store(true, Ordering::SeqCst);
+    for t in appenders {
+        t.join().expect("appender");
+    }
+    for s in 0..STREAMS {
+        let newest = shared.history.lock().streams[s].acked.keys().max().copied();
+        shared.targets.lock()[s] = Some(newest.unwrap_or(0));
+    }
+    for t in readers {
+        t.join().expect("reader");
+    }
+    for t in threads {
+        t.join().expect("actor");
+    }
+
+    let history = shared.history.lock();
+    let mut violations = shared.violations.lock().clone();
+    violations.extend(history::check(&history));
+    let appended: usize = history.streams.iter().map(|s| s.acked.len()).sum();
+    let unknown: usize = history.streams.iter().map(|s| s.unacked.len()).sum();
+    let read: usize = history
+        .streams
+        .iter()
+        .flat_map(|s| s.reads.iter().map(Vec::len))
+        .sum();
+    println!(
+        "soak: {rounds} rounds in {:.0?}, faults {faults:?}; {} leaderships, {} fenced writes, \
+         {appended} entries acknowledged ({unknown} unknown), {read} read; slowest watcher \
+         convergence {slowest_convergence:.1?}; {} violations",
+        started.elapsed(),
+        history.tenures.len(),
+        history.writes.len(),
+        violations.len()
+    );
+    assert!(
+        violations.is_empty(),
+        "SOAK_SEED={seed}: {} violations:\n{}",
+        violations.len(),
+        violations.join("\n")
+    );
+}
