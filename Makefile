@@ -36,7 +36,7 @@ test: deps
 # SOAK_SEED=<n> replays a run (each run prints its seed).
 SOAK_ROUNDS ?= 1000
 soak: deps-build deps-etcd
-	SOAK_ROUNDS=$(SOAK_ROUNDS) $(CARGO) test --release --all-features --test soak -- --nocapture
+	SOAK_ROUNDS=$(SOAK_ROUNDS) $(CARGO) test --all-features --test soak -- --nocapture
 
 # New inputs go to fuzz/target/corpus/<t> (ignored by git); the committed
 # corpus/<t> is only read, so a fuzz run never dirties the tree.
