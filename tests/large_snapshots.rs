@@ -6,14 +6,21 @@
 
 mod common;
 
-use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, KvEvent};
+use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, KvEvent, StreamPosition};
 use fleetcoord::{list_hosts, Election, HostEvent, HostInfo, HostWatcher, TxnOp};
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
-/// 12,000 × 512 B = 6 MiB of values (plus keys) per prefix.
-const KEYS: usize = 12_000;
+/// 12,000 × 512 B = 6 MiB of values (plus keys) per prefix, unless
+/// `FLEETCOORD_SCALE_KEYS` says otherwise (`make scale`: 50,000 hosts =
+/// 25 MB, and as many KV keys and stream entries).
+fn keys() -> usize {
+    std::env::var("FLEETCOORD_SCALE_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12_000)
+}
 const VALUE_LEN: usize = 512;
 const OPS_PER_TXN: usize = 128;
 const WAIT: Duration = Duration::from_secs(60);
@@ -37,8 +44,11 @@ fn value(i: usize) -> Vec<u8> {
 
 #[test]
 fn snapshots_over_the_message_limit_are_read_in_pages() {
+    // etcd's default 2 GiB backend quota holds the 50,000-key run easily.
     let server = common::start_etcd();
     let etcd = common::connect(&server.endpoint());
+    #[allow(non_snake_case)]
+    let KEYS = keys();
     let election = Election::new(&etcd, "large-snapshots-writer").expect("election");
     let leadership = election.campaign(b"writer").expect("campaign");
     let ids: Vec<Uuid> = (0..KEYS).map(|_| Uuid::new_v4()).collect();
@@ -130,6 +140,31 @@ fn snapshots_over_the_message_limit_are_read_in_pages() {
             key: "after".into(),
             value: b"1".to_vec()
         }
+    );
+
+    // read_stream(Start) over a stream larger than one answer. Appends
+    // go one at a time (each is a round trip), so the default run keeps the
+    // stream at 1,000 entries (4 pages); `make scale` appends
+    // 40,000 (20 MB).
+    let entries = if KEYS > 12_000 { 40_000 } else { 1_000 };
+    let t = Instant::now();
+    for i in 0..entries {
+        coordinator.append_stream("big", &value(i)).expect("append");
+    }
+    eprintln!("appended {entries} entries in {:?}", t.elapsed());
+    let t = Instant::now();
+    let reader = coordinator
+        .read_stream("big", StreamPosition::Start)
+        .expect("read_stream");
+    for n in 1..=entries as u64 {
+        let entry = reader.recv_timeout(WAIT).expect("an entry");
+        assert_eq!(entry.id.0, n, "every entry once, in order");
+        assert_eq!(entry.payload, value(n as usize - 1));
+    }
+    assert!(reader.recv_timeout(Duration::from_millis(200)).is_err());
+    eprintln!(
+        "read_stream replayed {entries} entries in {:?}",
+        t.elapsed()
     );
     eprintln!("peak RSS: {}", peak_rss());
 }
