@@ -5,6 +5,7 @@
 #   make soak   randomized faults on a 3-member cluster, SOAK_ROUNDS rounds
 #               (default 1000), every history invariant checked
 #   make scale  50,000 hosts / 20+ MB snapshots through every watcher
+#   make coverage  line coverage of sm and of the library (cargo-tarpaulin)
 #   make fuzz   run each fuzz target for FUZZ_SECONDS (default 60)
 #   make lint   clippy with -D warnings for the workspace and the fuzz crate
 
@@ -17,7 +18,7 @@ FUZZ_SECONDS ?= 60
 # cargo-fuzz needs nightly flags; this lets the stable toolchain accept them.
 FUZZ_ENV := RUSTC_BOOTSTRAP=1
 
-.PHONY: test soak scale fuzz lint demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust cross qemu-sm deps-qemu-sm msrv
+.PHONY: test soak scale coverage deps-coverage fuzz lint demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust cross qemu-sm deps-qemu-sm msrv
 
 test: deps
 	$(CARGO) fmt --all --check
@@ -44,6 +45,21 @@ soak: deps-build deps-etcd
 # snapshot; prints timings and the peak RSS. `make test` runs 12,000.
 scale: deps-build deps-etcd
 	FLEETCOORD_SCALE_KEYS=50000 $(CARGO) test --all-features --test large_snapshots -- --nocapture
+
+# Line coverage (cargo-tarpaulin, ptrace engine) of `sm` from its own tests
+# (unit, simulation), then of the library outside `testing` from every
+# test of the workspace. Unoptimised (profile `coverage`) so that inlining
+# does not hide lines; its own target dir so it never invalidates the
+# normal build.
+TARPAULIN := $(CARGO) tarpaulin --engine ptrace --profile coverage --skip-clean \
+  --target-dir target/tarpaulin --timeout 300 --out Stdout
+coverage: deps-build deps-etcd deps-nats deps-redis deps-coverage
+	$(TARPAULIN) -p fleetcoord-sm --include-files 'sm/src/*' 'sm/src/**/*'
+	$(TARPAULIN) -p fleetcoord -p fleetcoord-cli --all-features \
+	  --include-files 'src/*' 'src/**/*' 'cli/src/*' --exclude-files 'src/testing/*' 'src/coordinator/conformance/*'
+
+deps-coverage:
+	@command -v cargo-tarpaulin >/dev/null 2>&1 || $(CARGO) install --locked cargo-tarpaulin
 
 # New inputs go to fuzz/target/corpus/<t> (ignored by git); the committed
 # corpus/<t> is only read, so a fuzz run never dirties the tree.
