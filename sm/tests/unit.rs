@@ -15,6 +15,8 @@ mod keepalive;
 mod observe;
 #[path = "unit/outbox.rs"]
 mod outbox;
+#[path = "unit/plumbing.rs"]
+mod plumbing;
 #[path = "unit/rpc.rs"]
 mod rpc;
 #[path = "unit/stream.rs"]
