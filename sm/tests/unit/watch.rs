@@ -611,6 +611,39 @@ fn the_first_snapshot_streams_each_page_at_the_first_pages_revision_then_synced(
     assert!(w.is_synced());
 }
 
+/// etcd never repeats a key in a later page (each starts after the last
+/// key of the one before), but the view takes nothing on trust: a key
+/// already told about is described as a change, never as a second `Up`.
+#[test]
+fn a_later_page_repeating_known_keys_is_read_as_their_changes() {
+    let t0 = start();
+    let mut w = Watch::new(paged(2), t0, 1);
+    drain(&mut w);
+    let (a, b) = (kv(&host(1), "a", 3, 3), kv(&host(2), "b", 4, 4));
+    w.handle(t0, page(0, 10, vec![a.clone(), b.clone()]));
+    drain(&mut w);
+    let a2 = kv(&host(1), "a2", 3, 9); // same key, written again
+    let b2 = kv(&host(2), "b2", 8, 8); // deleted and created again
+    let c = kv(&host(3), "c", 5, 5);
+    w.handle(t0, page(1, 10, vec![a2.clone(), b2.clone(), c.clone()]));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Updated(a2.clone())),
+            n(WatchNotice::Down(b)),
+            n(WatchNotice::Up(b2.clone())),
+            n(WatchNotice::Up(c.clone())),
+            page_cmd(2, 2, Some(&host(3)), 10),
+        ]
+    );
+    w.handle(t0, page(2, 10, vec![]));
+    assert_eq!(
+        drain(&mut w),
+        vec![n(WatchNotice::Synced), watch_cmd(3, 11)]
+    );
+    assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![a2, b2, c]);
+}
+
 #[test]
 fn a_full_last_page_costs_one_empty_page_more() {
     let t0 = start();
