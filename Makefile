@@ -56,7 +56,7 @@ TARPAULIN := $(CARGO) tarpaulin --engine ptrace --profile coverage --skip-clean 
 coverage: deps-build deps-etcd deps-nats deps-redis deps-coverage
 	$(TARPAULIN) -p fleetcoord-sm --include-files 'sm/src/*' 'sm/src/**/*'
 	$(TARPAULIN) -p fleetcoord -p fleetcoord-cli --all-features \
-	  --include-files 'src/*' 'src/**/*' 'cli/src/*' --exclude-files 'src/testing/*' 'src/coordinator/conformance/*'
+	  --follow-exec --include-files 'src/*' 'src/**/*' 'cli/src/*' --exclude-files 'src/testing/*' 'src/coordinator/conformance/*'
 
 deps-coverage:
 	@command -v cargo-tarpaulin >/dev/null 2>&1 || $(CARGO) install --locked cargo-tarpaulin
