@@ -67,6 +67,20 @@ pub enum Error {
     /// A local I/O failure (spawning processes, sockets of the test harness).
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
+    /// A coordination backend other than etcd (Redis, NATS) could not be
+    /// reached, refused a request, or broke mid-request. `kind` classifies
+    /// the failure with the same policy as etcd's ([`Error::is_retryable`]).
+    #[error("{backend} at {endpoints}: {message}")]
+    Backend {
+        /// The backend, e.g. `"redis"`.
+        backend: &'static str,
+        /// The server URLs it was given, comma-separated.
+        endpoints: String,
+        /// What kind of failure.
+        kind: EtcdErrorKind,
+        /// What failed, for people.
+        message: String,
+    },
 }
 
 /// What kind of failure an [`Error::Etcd`] is.
@@ -165,6 +179,7 @@ impl Error {
     /// | [`Error::Connect`] | yes | etcd may be reachable later |
     /// | [`Error::SessionLost`] | yes | the session re-grants its lease by itself |
     /// | [`Error::Etcd`] `Unavailable` | yes | network, leader change, overload |
+    /// | [`Error::Backend`] | as its `kind` | the same policy as [`Error::Etcd`] |
     /// | [`Error::Etcd`] `Unauthenticated` | yes | the client logs in again on the next call |
     /// | [`Error::Etcd`] `Contended` | yes | another writer won this time |
     /// | [`Error::Etcd`] `Rejected`, `PermissionDenied`, `Unexpected` | no | the same request fails the same way |
@@ -187,7 +202,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Timeout(_) | Error::Connect { .. } | Error::SessionLost => true,
-            Error::Etcd { kind, .. } => kind.is_retryable(),
+            Error::Etcd { kind, .. } | Error::Backend { kind, .. } => kind.is_retryable(),
             Error::InvalidArgument { .. }
             | Error::Canceled
             | Error::DriverGone

@@ -6,6 +6,10 @@
 //!   [`resume`](EtcdServer::resume) (SIGSTOP / SIGCONT).
 //! * [`EtcdCluster`] — `n` members with a static initial cluster, the same
 //!   faults per member, and [`leader_index`](EtcdCluster::leader_index).
+//! * [`RedisServer`] — one `redis-server` without persistence on a free
+//!   loopback port; [`RedisCluster`] — `n` of them made a Redis Cluster
+//!   with `redis-cli --cluster create` (binaries from `$REDIS_SERVER_BIN` /
+//!   `$REDIS_CLI_BIN` or `PATH`; `make deps-redis` installs them).
 //! * [`FaultProxy`] — an in-process TCP proxy between a client and etcd that
 //!   can [blackhole](Mode::Blackhole), [delay](Mode::Delay) and
 //!   [reset](FaultProxy::reset_all) connections.
@@ -38,12 +42,16 @@
 mod cluster;
 mod net;
 mod proxy;
+mod redis;
+mod redis_cluster;
 mod server;
 
 use std::time::Duration;
 
 pub use cluster::EtcdCluster;
 pub use proxy::{FaultProxy, Mode};
+pub use redis::RedisServer;
+pub use redis_cluster::RedisCluster;
 pub use server::EtcdServer;
 
 use crate::Result;

@@ -1,61 +1,339 @@
-//! The Redis (standalone or Cluster) backend (cargo feature `redis`). Not built yet: connecting
-//! fails with [`Error::Unsupported`], so `from_env` falls back to noop
-//! exactly as when the feature is off.
+//! The Redis backend (cargo feature `redis`): a standalone server or a
+//! Redis Cluster, through the `redis` crate on a runtime thread of its own.
+//! The API is blocking; nothing async is public.
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let server = fleetcoord::testing::RedisServer::start()?;
+//! # let url = server.url();
+//! use fleetcoord::coordinator::{Coordinator, KvEvent, RedisCoordinator, StreamPosition};
+//! use std::time::Duration;
+//!
+//! // One redis:// URL: standalone; a comma-separated list: a cluster.
+//! let coord = RedisCoordinator::connect(&url)?;
+//! coord.kv_set("config", "rollout", b"50%")?;
+//! let watch = coord.kv_watch("config", "*")?;
+//! assert!(matches!(watch.recv_timeout(Duration::from_secs(5))?, KvEvent::Put { .. }));
+//! assert_eq!(watch.recv_timeout(Duration::from_secs(5))?, KvEvent::Synced);
+//!
+//! let id = coord.append_stream("audit", b"login")?;
+//! let reader = coord.read_stream("audit", StreamPosition::Start)?;
+//! assert_eq!(reader.recv_timeout(Duration::from_secs(5))?.id, id);
+//! coord.close()?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//!
+//! Every name is escaped into a Redis hash tag (bytes outside
+//! `[A-Za-z0-9._-]` as `%XX`, so `{`, `}` and `:` never appear in it), and
+//! all keys of one name share that tag, hence one cluster slot:
+//!
+//! | what | keys |
+//! |---|---|
+//! | KV bucket `b` | hash `coord:kv:{b}` (field = key), version `coord:kvv:{b}`, channel `coord:kvn:{b}` |
+//! | stream `s` | Redis stream `coord:stream:{s}`, epoch `coord:streame:{s}` |
+//! | topic `t` | channel `coord:topic:{t}` |
+//!
+//! A KV write is one Lua script declaring the hash, the version and the
+//! channel in `KEYS`, so on a cluster it runs on the one shard that owns
+//! them and never raises `CROSSSLOT`.
+//!
+//! # Semantics beyond the trait's
+//!
+//! * **pub/sub** — sharded `SPUBLISH`/`SSUBSCRIBE` on a cluster (the
+//!   message stays on the shard owning the channel instead of crossing the
+//!   cluster bus to every node), plain `PUBLISH`/`SUBSCRIBE` standalone.
+//!   Live-only and at-most-once: messages published while a subscriber is
+//!   disconnected are lost (it reconnects, resubscribes and logs a
+//!   warning).
+//! * **streams** — `XADD key 0-* …`: Redis 7 numbers entries `0-1`, `0-2`,
+//!   … within milliseconds-part 0, gap-free and increasing also after
+//!   `MAXLEN` trims, so the Redis id `0-N` is exactly `StreamId(N)`. An
+//!   entry whose id is not `0-N` (appended by hand with `*`) is reported,
+//!   not mangled: a reader that meets it logs an error and ends its feed,
+//!   and appends fail with an error saying why. Readers deliver every entry
+//!   exactly once, in order, across reconnects, resuming after the last
+//!   delivered id; with [`RedisOptions::stream_max_len`] each append trims
+//!   exactly (`MAXLEN n`), and entries trimmed before a reader got to them
+//!   are skipped. A restart that loses the data (no persistence) starts a
+//!   stream over at ID 1; readers notice (each entry carries the stream's
+//!   epoch), log a warning and read the new stream from its first entry.
+//! * **KV watches** — subscribe, then snapshot the hash and its version in
+//!   one script; notifications at or below the snapshot version are
+//!   skipped, each later one must be the next version. A gap, a lost
+//!   connection or a full consumer queue leads to a new snapshot and the
+//!   consumer is told the difference, so the watcher's view always
+//!   converges on the hash; intermediate values may be coalesced.
+//! * **Slow consumers** (the one feed policy, see the crate's driver
+//!   docs) — every feed is a bounded channel of
+//!   [`RedisOptions::feed_capacity`]; the runtime never blocks on it. When
+//!   it is full the feed holds its next item and stops reading: a stream
+//!   reader continues after the last entry it delivered once the consumer
+//!   read half the queue; a KV watch drops notifications meanwhile and
+//!   then reports the difference to a new snapshot; a subscription drops
+//!   the messages that arrive meanwhile and logs how many.
+//! * **Connections** — one multiplexed connection serves every command of
+//!   a handle; each feed has a connection of its own (one per node it
+//!   needs on a cluster), which it rebuilds with backoff after any failure.
+//! * **TLS** is not built in (it would add a TLS stack to every build);
+//!   `rediss://` URLs are refused with [`Error::Unsupported`].
+
+mod client;
+mod kv;
+mod names;
+mod options;
+mod pubsub;
+mod stream;
+mod task;
+
+pub use options::RedisOptions;
 
 use crate::coordinator::{
-    Coordinator, KvWatcher, StreamId, StreamPosition, StreamReader, Subscription,
+    check_key, check_name, check_payload, pattern, Capabilities, Coordinator, KvWatcher,
+    StreamId, StreamPosition, StreamReader, Subscription,
 };
-use crate::error::{Error, Result};
+use crate::driver::bridge::{self, Bridge, BridgeError};
+use crate::driver::StartError;
+use crate::error::{Error, EtcdErrorKind, Result};
+use client::{Conn, Target};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The URL used when none is given.
 pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 
-/// A [`Coordinator`] on Redis (standalone or Cluster).
+/// A [`Coordinator`] on Redis, standalone or Cluster (see the [module
+/// docs](self) for the layout and the guarantees).
+///
+/// `connect` returns once the server answered a `PING`; after
+/// [`close`](Coordinator::close) every call returns [`Error::Closed`] and
+/// every feed it opened ends. Dropping the handle closes it.
 pub struct RedisCoordinator {
-    never: Never,
+    bridge: Bridge,
+    conn: Conn,
+    target: Target,
+    stream_max_len: Option<u64>,
+    feed_capacity: usize,
+    closed: AtomicBool,
 }
 
-enum Never {}
+impl std::fmt::Debug for RedisCoordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisCoordinator")
+            .field("urls", &self.target.urls)
+            .field("cluster", &self.target.cluster)
+            .finish()
+    }
+}
 
 impl RedisCoordinator {
-    /// Connects to the comma-separated server URLs in `urls`.
+    /// Connects with default options to `urls`: one `redis://` URL is a
+    /// standalone server, a comma-separated list the seed nodes of a
+    /// cluster. Fails with [`Error::Backend`] naming the URLs when no server
+    /// answers within the connect timeout.
     pub fn connect(urls: &str) -> Result<Self> {
-        let _ = urls;
-        Err(Error::Unsupported(
-            "the redis backend is not implemented yet",
-        ))
+        Self::with_options(urls, RedisOptions::default())
+    }
+
+    /// Connects to `urls` (as [`connect`](Self::connect)) with `options`,
+    /// every value of which is checked first ([`Error::InvalidArgument`]
+    /// names the one out of range).
+    pub fn with_options(urls: &str, options: RedisOptions) -> Result<Self> {
+        let target = Target::parse(urls, &options)?;
+        let wait = target
+            .connect_timeout
+            .saturating_add(target.request_timeout);
+        let connecting = target.clone();
+        let started = bridge::start("fleetcoord-redis", wait, move || async move {
+            connecting
+                .command_conn()
+                .await
+                .map_err(|e| client::one_line(&e))
+        });
+        let (bridge, conn) = match started {
+            Ok(started) => started,
+            Err(StartError::Io(e)) => return Err(Error::Io(e)),
+            Err(StartError::Connect(reason)) => {
+                return Err(target.failure(
+                    EtcdErrorKind::Unavailable,
+                    format!("cannot connect: {reason}"),
+                ))
+            }
+        };
+        Ok(RedisCoordinator {
+            bridge,
+            conn,
+            stream_max_len: options.stream_max_len,
+            feed_capacity: options.feed_capacity,
+            target,
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether this handle talks to a cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.target.cluster
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::SeqCst) {
+            Err(Error::Closed)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Runs `op` on the command connection within the request timeout.
+    fn run<T: Send + 'static, F>(&self, op: impl FnOnce(Conn) -> F) -> Result<T>
+    where
+        F: Future<Output = Result<T>> + Send + 'static,
+    {
+        self.check_open()?;
+        let timeout = self.target.request_timeout;
+        match self.bridge.call(timeout, op(self.conn.clone())) {
+            Ok(result) => result,
+            Err(BridgeError::Timeout) => Err(Error::Timeout(timeout)),
+            Err(BridgeError::Gone) => Err(Error::Closed),
+        }
     }
 }
 
 impl Coordinator for RedisCoordinator {
-    fn publish(&self, _: &str, _: &[u8]) -> Result<()> {
-        match self.never {}
+    fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
+        check_name("topic", topic)?;
+        check_payload("payload", payload)?;
+        let mut publish = redis::cmd(client::publish_command(self.target.cluster));
+        publish.arg(names::topic_channel(topic)).arg(payload);
+        let target = self.target.clone();
+        let topic = topic.to_string();
+        self.run(move |mut conn| async move {
+            conn.query::<redis::Value>(&publish)
+                .await
+                .map(|_| ())
+                .map_err(|e| target.error(format!("publish on {topic:?}"), &e))
+        })
     }
-    fn subscribe(&self, _: &str) -> Result<Subscription> {
-        match self.never {}
+
+    fn subscribe(&self, topic: &str) -> Result<Subscription> {
+        self.check_open()?;
+        check_name("topic", topic)?;
+        let topic = topic.to_string();
+        task::open(&self.bridge, &self.target, self.feed_capacity, move |ctx| {
+            pubsub::subscribe_task(ctx, topic)
+        })
     }
-    fn append_stream(&self, _: &str, _: &[u8]) -> Result<StreamId> {
-        match self.never {}
+
+    fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
+        check_name("stream", stream)?;
+        check_payload("payload", payload)?;
+        let target = self.target.clone();
+        let stream = stream.to_string();
+        let payload = payload.to_vec();
+        let max_len = self.stream_max_len;
+        self.run(move |mut conn| async move {
+            match stream::append(&mut conn, &stream, &payload, max_len).await {
+                Ok(Ok(seq)) => Ok(StreamId(seq)),
+                Ok(Err(id)) => Err(target.failure(
+                    EtcdErrorKind::Unexpected,
+                    format!("append to stream {stream:?}: Redis assigned id {id:?}, not 0-N"),
+                )),
+                Err(e) => Err(stream::append_error(&target, &stream, &e)),
+            }
+        })
     }
-    fn read_stream(&self, _: &str, _: StreamPosition) -> Result<StreamReader> {
-        match self.never {}
+
+    fn read_stream(&self, stream: &str, from: StreamPosition) -> Result<StreamReader> {
+        self.check_open()?;
+        check_name("stream", stream)?;
+        let stream = stream.to_string();
+        task::open(&self.bridge, &self.target, self.feed_capacity, move |ctx| {
+            stream::read_task(ctx, stream, from)
+        })
     }
-    fn kv_set(&self, _: &str, _: &str, _: &[u8]) -> Result<()> {
-        match self.never {}
+
+    fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
+        check_name("bucket", bucket)?;
+        check_key(key)?;
+        check_payload("value", value)?;
+        self.kv_write(bucket, key, Some(value.to_vec()))
     }
-    fn kv_get(&self, _: &str, _: &str) -> Result<Vec<u8>> {
-        match self.never {}
+
+    fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
+        check_name("bucket", bucket)?;
+        check_key(key)?;
+        let mut get = redis::cmd("HGET");
+        get.arg(names::kv_hash(bucket)).arg(key);
+        let target = self.target.clone();
+        let what = format!("get {key:?} in bucket {bucket:?}");
+        self.run(move |mut conn| async move {
+            match conn.query::<Option<Vec<u8>>>(&get).await {
+                Ok(Some(value)) => Ok(value),
+                Ok(None) => Err(Error::NotFound),
+                Err(e) => Err(target.error(what, &e)),
+            }
+        })
     }
-    fn kv_delete(&self, _: &str, _: &str) -> Result<()> {
-        match self.never {}
+
+    fn kv_delete(&self, bucket: &str, key: &str) -> Result<()> {
+        check_name("bucket", bucket)?;
+        check_key(key)?;
+        self.kv_write(bucket, key, None)
     }
-    fn kv_watch(&self, _: &str, _: &str) -> Result<KvWatcher> {
-        match self.never {}
+
+    fn kv_watch(&self, bucket: &str, pattern: &str) -> Result<KvWatcher> {
+        self.check_open()?;
+        check_name("bucket", bucket)?;
+        pattern::validate(pattern)?;
+        let bucket = bucket.to_string();
+        let pattern = pattern.to_string();
+        task::open(&self.bridge, &self.target, self.feed_capacity, move |ctx| {
+            kv::watch_task(ctx, bucket, pattern)
+        })
     }
+
     fn ping(&self) -> Result<()> {
-        match self.never {}
+        let target = self.target.clone();
+        self.run(move |mut conn| async move {
+            conn.query::<()>(&redis::cmd("PING"))
+                .await
+                .map_err(|e| target.error("ping", &e))
+        })
     }
+
     fn close(&self) -> Result<()> {
-        match self.never {}
+        self.closed.store(true, Ordering::SeqCst);
+        self.bridge.shutdown();
+        Ok(())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        match self.stream_max_len {
+            Some(n) => Capabilities::default().with_stream_max_len(n),
+            None => Capabilities::default(),
+        }
+    }
+}
+
+impl RedisCoordinator {
+    fn kv_write(&self, bucket: &str, key: &str, value: Option<Vec<u8>>) -> Result<()> {
+        let target = self.target.clone();
+        let cluster = self.target.cluster;
+        let (bucket, key) = (bucket.to_string(), key.to_string());
+        self.run(move |mut conn| async move {
+            kv::write(&mut conn, cluster, &bucket, &key, value.as_deref())
+                .await
+                .map(|_| ())
+                .map_err(|e| {
+                    let op = if value.is_some() { "set" } else { "delete" };
+                    target.error(format!("{op} {key:?} in bucket {bucket:?}"), &e)
+                })
+        })
+    }
+}
+
+impl Drop for RedisCoordinator {
+    fn drop(&mut self) {
+        let _ = self.close();
     }
 }

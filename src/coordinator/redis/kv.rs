@@ -1,0 +1,490 @@
+//! KV buckets: one hash per bucket, written together with a version bump
+//! and a notification by one script, and the watch that mirrors it without
+//! a gap.
+//!
+//! **Write.** [`WRITE`] declares the hash `coord:kv:{b}`, the version
+//! `coord:kvv:{b}` and the channel `coord:kvn:{b}` in `KEYS` (SPUBLISH from a
+//! script refuses an undeclared channel, "Script attempted to access a non
+//! local key"; BACKEND-NOTES, "Atomic write + notification"); the `{b}` tag
+//! puts all three on one slot. It sets or deletes the field, increments the
+//! version and publishes `"<version> <op> <key length> <key><value>"`, all or
+//! nothing. Deleting a missing field changes nothing, so it neither bumps
+//! the version nor publishes: watchers hear nothing (trait contract).
+//!
+//! **Watch** (verified with 3,000 concurrent writes on a cluster,
+//! BACKEND-NOTES): subscribe first, then take the hash and the version
+//! together ([`SNAPSHOT`]); notifications at or below the snapshot's
+//! version are already in it, each later one must be exactly the next
+//! version. A gap, a dropped connection (then a new connection and a new
+//! subscription) or a full consumer queue leads to a new snapshot, and the
+//! consumer is told the difference between what it was told and the new
+//! snapshot. A version going backwards after a reconnect (a restart that
+//! lost the data) is no special case: the new snapshot is the truth.
+
+use super::client::{message, publish_command, Conn, Target};
+use super::names;
+use super::task::{Backoff, FeedCtx};
+use crate::coordinator::{pattern, KvEvent};
+use crate::driver::bridge::FeedFull;
+use redis::{PushInfo, PushKind, RedisResult, Script, Value};
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// KEYS: hash, version, channel. ARGV: op (`s` set, `d` delete), key,
+/// value, publish command. Returns the new version, or 0 when nothing
+/// changed.
+pub(crate) static WRITE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local changed
+if ARGV[1] == 's' then
+  redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+  changed = true
+else
+  changed = redis.call('HDEL', KEYS[1], ARGV[2]) == 1
+end
+if not changed then return 0 end
+local v = redis.call('INCR', KEYS[2])
+redis.call(ARGV[4], KEYS[3], v .. ' ' .. ARGV[1] .. ' ' .. string.len(ARGV[2]) .. ' ' .. ARGV[2] .. ARGV[3])
+return v
+",
+    )
+});
+
+/// KEYS: hash, version. Returns `{version, {field, value, ...}}` read at
+/// one instant.
+static SNAPSHOT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+return {redis.call('GET', KEYS[2]) or '0', redis.call('HGETALL', KEYS[1])}
+",
+    )
+});
+
+/// Sets (`Some(value)`) or deletes (`None`) `key` in `bucket`.
+pub(crate) async fn write(
+    conn: &mut Conn,
+    cluster: bool,
+    bucket: &str,
+    key: &str,
+    value: Option<&[u8]>,
+) -> RedisResult<u64> {
+    let mut call = WRITE.prepare_invoke();
+    call.key(names::kv_hash(bucket))
+        .key(names::kv_version(bucket))
+        .key(names::kv_channel(bucket))
+        .arg(if value.is_some() { "s" } else { "d" })
+        .arg(key)
+        .arg(value.unwrap_or_default())
+        .arg(publish_command(cluster));
+    conn.invoke(&call).await
+}
+
+/// One change as announced on a bucket's channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Change {
+    pub(crate) version: u64,
+    pub(crate) key: String,
+    /// `None`: deleted.
+    pub(crate) value: Option<Vec<u8>>,
+}
+
+/// Decodes what [`WRITE`] publishes; `None` for anything else.
+pub(crate) fn decode(raw: &[u8]) -> Option<Change> {
+    let (version, rest) = split_word(raw)?;
+    let (op, rest) = split_word(rest)?;
+    let (len, rest) = split_word(rest)?;
+    let version: u64 = std::str::from_utf8(version).ok()?.parse().ok()?;
+    let len: usize = std::str::from_utf8(len).ok()?.parse().ok()?;
+    let key = rest.get(..len)?;
+    let value = rest.get(len..)?;
+    let key = String::from_utf8(key.to_vec()).ok()?;
+    match op {
+        b"s" => Some(Change {
+            version,
+            key,
+            value: Some(value.to_vec()),
+        }),
+        b"d" if value.is_empty() => Some(Change {
+            version,
+            key,
+            value: None,
+        }),
+        _ => None,
+    }
+}
+
+fn split_word(raw: &[u8]) -> Option<(&[u8], &[u8])> {
+    let at = raw.iter().position(|&b| b == b' ')?;
+    Some((&raw[..at], &raw[at + 1..]))
+}
+
+/// A bucket's content and version, read together.
+async fn snapshot(conn: &mut Conn, bucket: &str) -> RedisResult<(u64, BTreeMap<String, Vec<u8>>)> {
+    let mut call = SNAPSHOT.prepare_invoke();
+    call.key(names::kv_hash(bucket))
+        .key(names::kv_version(bucket));
+    let value: Value = conn.invoke(&call).await?;
+    parse_snapshot(value).ok_or_else(|| {
+        redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "the snapshot script answered in an unknown shape",
+        ))
+    })
+}
+
+fn parse_snapshot(value: Value) -> Option<(u64, BTreeMap<String, Vec<u8>>)> {
+    let Value::Array(parts) = value else {
+        return None;
+    };
+    let [version, fields] = parts.as_slice() else {
+        return None;
+    };
+    let version: u64 = String::from_utf8(super::client::bytes(version)?)
+        .ok()?
+        .parse()
+        .ok()?;
+    let fields = match fields {
+        Value::Array(items) => items
+            .chunks(2)
+            .map(|pair| match pair {
+                [k, v] => Some((
+                    String::from_utf8(super::client::bytes(k)?).ok()?,
+                    super::client::bytes(v)?,
+                )),
+                _ => None,
+            })
+            .collect::<Option<BTreeMap<_, _>>>()?,
+        Value::Map(items) => items
+            .iter()
+            .map(|(k, v)| {
+                Some((
+                    String::from_utf8(super::client::bytes(k)?).ok()?,
+                    super::client::bytes(v)?,
+                ))
+            })
+            .collect::<Option<BTreeMap<_, _>>>()?,
+        _ => return None,
+    };
+    Some((version, fields))
+}
+
+/// What a watch's inner loop ended with.
+enum Next {
+    /// Take a new snapshot on the same connection.
+    Resync,
+    /// The connection is gone: open a new one.
+    Reconnect,
+    /// The feed is over.
+    Stop,
+}
+
+/// One watch: the bucket, the pattern, and what the consumer was told.
+struct Watch {
+    bucket: String,
+    pattern: String,
+    channel: Vec<u8>,
+    /// Matching keys and values as the consumer knows them.
+    told: BTreeMap<String, Vec<u8>>,
+    /// The version of the last change applied.
+    version: u64,
+    /// `Synced` was handed over (it goes out once per watch).
+    synced: bool,
+}
+
+/// Runs a KV watch until its feed ends.
+pub(crate) async fn watch_task(mut ctx: FeedCtx<KvEvent>, bucket: String, pattern: String) {
+    let mut w = Watch {
+        channel: names::kv_channel(&bucket).into_bytes(),
+        bucket,
+        pattern,
+        told: BTreeMap::new(),
+        version: 0,
+        synced: false,
+    };
+    let mut backoff = Backoff::new();
+    'connect: loop {
+        if ctx.is_halted() {
+            return;
+        }
+        let (mut conn, mut pushes) = match subscribed(&ctx.target, &w.channel).await {
+            Ok(c) => c,
+            Err(e) => {
+                let error = ctx
+                    .target
+                    .error(format!("watch of bucket {:?}", w.bucket), &e);
+                if ctx.starting() {
+                    ctx.started(Err(error));
+                    return;
+                }
+                log::warn!("{error}; retrying");
+                if !ctx.pause(&mut backoff).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        loop {
+            let (version, content) = match snapshot(&mut conn, &w.bucket).await {
+                Ok(s) => s,
+                Err(e) => {
+                    let error = ctx
+                        .target
+                        .error(format!("snapshot of bucket {:?}", w.bucket), &e);
+                    if ctx.starting() {
+                        ctx.started(Err(error));
+                        return;
+                    }
+                    log::warn!("{error}; reconnecting");
+                    if !ctx.pause(&mut backoff).await {
+                        return;
+                    }
+                    continue 'connect;
+                }
+            };
+            backoff.reset();
+            // Live from here: every later change has a higher version and
+            // reaches the subscription.
+            ctx.started(Ok(()));
+            w.version = version;
+            let next = match w.tell_diff(&mut ctx, &mut pushes, content).await {
+                Some(next) => next,
+                None => w.follow(&mut ctx, &mut pushes).await,
+            };
+            match next {
+                Next::Resync => continue,
+                Next::Reconnect => {
+                    if !ctx.pause(&mut backoff).await {
+                        return;
+                    }
+                    continue 'connect;
+                }
+                Next::Stop => return,
+            }
+        }
+    }
+}
+
+/// A new push connection subscribed to `channel`.
+async fn subscribed(
+    target: &Target,
+    channel: &[u8],
+) -> RedisResult<(Conn, UnboundedReceiver<PushInfo>)> {
+    let (mut conn, pushes) = target.push_conn().await?;
+    let channel = String::from_utf8_lossy(channel).into_owned();
+    conn.subscribe(&channel).await?;
+    Ok((conn, pushes))
+}
+
+impl Watch {
+    /// Tells the consumer how `content` differs from what it was told, then
+    /// `Synced` if it was never sent. `None` when all of it went out.
+    async fn tell_diff(
+        &mut self,
+        ctx: &mut FeedCtx<KvEvent>,
+        pushes: &mut UnboundedReceiver<PushInfo>,
+        content: BTreeMap<String, Vec<u8>>,
+    ) -> Option<Next> {
+        let gone: Vec<String> = self
+            .told
+            .keys()
+            .filter(|k| !content.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.told.remove(&key);
+            if let Some(next) = self.tell(ctx, pushes, KvEvent::Deleted { key }).await {
+                return Some(next);
+            }
+        }
+        for (key, value) in content {
+            if !pattern::matches(&self.pattern, &key) || self.told.get(&key) == Some(&value) {
+                continue;
+            }
+            self.told.insert(key.clone(), value.clone());
+            if let Some(next) = self.tell(ctx, pushes, KvEvent::Put { key, value }).await {
+                return Some(next);
+            }
+        }
+        if !self.synced {
+            self.synced = true;
+            return self.tell(ctx, pushes, KvEvent::Synced).await;
+        }
+        None
+    }
+
+    /// Applies notifications until something calls for a new snapshot or a
+    /// new connection.
+    async fn follow(
+        &mut self,
+        ctx: &mut FeedCtx<KvEvent>,
+        pushes: &mut UnboundedReceiver<PushInfo>,
+    ) -> Next {
+        loop {
+            let push = tokio::select! {
+                push = pushes.recv() => push,
+                _ = ctx.halted() => return Next::Stop,
+            };
+            let Some(push) = push else {
+                return Next::Reconnect;
+            };
+            if push.kind == PushKind::Disconnection {
+                log::warn!(
+                    "watch of bucket {:?}: connection lost; reconnecting and resyncing",
+                    self.bucket
+                );
+                return Next::Reconnect;
+            }
+            let Some((channel, raw)) = message(&push) else {
+                continue;
+            };
+            if channel != self.channel {
+                continue;
+            }
+            let Some(change) = decode(&raw) else {
+                log::warn!(
+                    "watch of bucket {:?}: ignoring a notification not written by fleetcoord",
+                    self.bucket
+                );
+                continue;
+            };
+            if change.version <= self.version {
+                continue;
+            }
+            if change.version != self.version.saturating_add(1) {
+                return Next::Resync;
+            }
+            self.version = change.version;
+            if !pattern::matches(&self.pattern, &change.key) {
+                continue;
+            }
+            let event = match change.value {
+                Some(value) => {
+                    self.told.insert(change.key.clone(), value.clone());
+                    KvEvent::Put {
+                        key: change.key,
+                        value,
+                    }
+                }
+                None => {
+                    if self.told.remove(&change.key).is_none() {
+                        continue;
+                    }
+                    KvEvent::Deleted { key: change.key }
+                }
+            };
+            if let Some(next) = self.tell(ctx, pushes, event).await {
+                return next;
+            }
+        }
+    }
+
+    /// Hands `event` to the consumer. When its queue is full: hold the
+    /// event, drop notifications until it read half of the queue (they will
+    /// be covered by a new snapshot), deliver the held event and ask for a
+    /// resync. `None` when delivered without pausing.
+    async fn tell(
+        &mut self,
+        ctx: &mut FeedCtx<KvEvent>,
+        pushes: &mut UnboundedReceiver<PushInfo>,
+        event: KvEvent,
+    ) -> Option<Next> {
+        let held = match ctx.tx.try_send(event) {
+            Ok(()) => return None,
+            Err(FeedFull::Gone) => return Some(Next::Stop),
+            Err(FeedFull::Full(held)) => held,
+        };
+        let mut disconnected = false;
+        loop {
+            tokio::select! {
+                relieved = ctx.relieved() => {
+                    if !relieved {
+                        return Some(Next::Stop);
+                    }
+                    break;
+                }
+                push = pushes.recv(), if !disconnected => {
+                    match push {
+                        Some(p) if p.kind != PushKind::Disconnection => {}
+                        _ => disconnected = true,
+                    }
+                }
+            }
+        }
+        match ctx.tx.try_send(held) {
+            Ok(()) => {}
+            Err(_) => return Some(Next::Stop),
+        }
+        Some(if disconnected {
+            Next::Reconnect
+        } else {
+            Next::Resync
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notifications_round_trip_through_the_script_format() {
+        // What the script builds: v .. ' ' .. op .. ' ' .. len .. ' ' .. key .. value
+        let raw = b"42 s 7 a b:{c}x y\x00\xff".to_vec();
+        assert_eq!(
+            decode(&raw),
+            Some(Change {
+                version: 42,
+                key: "a b:{c}".into(),
+                value: Some(b"x y\x00\xff".to_vec())
+            })
+        );
+        assert_eq!(
+            decode(b"7 d 3 k 1"),
+            Some(Change {
+                version: 7,
+                key: "k 1".into(),
+                value: None
+            })
+        );
+        assert_eq!(
+            decode(b"8 s 1 k"),
+            Some(Change {
+                version: 8,
+                key: "k".into(),
+                value: Some(Vec::new())
+            })
+        );
+    }
+
+    #[test]
+    fn foreign_notifications_are_refused() {
+        for bad in [
+            &b""[..],
+            b"x s 1 k",
+            b"1 q 1 k",
+            b"1 s 9 k",
+            b"1 d 1 kv",
+            b"-1 s 1 k",
+            b"1 s 18446744073709551616 k",
+        ] {
+            assert_eq!(decode(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn snapshot_shapes() {
+        let v = Value::Array(vec![
+            Value::BulkString(b"3".to_vec()),
+            Value::Array(vec![
+                Value::BulkString(b"a".to_vec()),
+                Value::BulkString(b"1".to_vec()),
+            ]),
+        ]);
+        let (version, map) = parse_snapshot(v).unwrap();
+        assert_eq!(version, 3);
+        assert_eq!(map.get("a").map(Vec::as_slice), Some(&b"1"[..]));
+        assert!(parse_snapshot(Value::Nil).is_none());
+    }
+}

@@ -1,0 +1,197 @@
+//! Settings of a [`RedisCoordinator`](super::RedisCoordinator).
+
+use crate::error::{Error, Result};
+use crate::validate;
+use std::time::Duration;
+
+/// Settings of a [`RedisCoordinator`](super::RedisCoordinator).
+///
+/// Start from [`RedisOptions::default`] and change what you need with the
+/// `with_*` methods; [`RedisCoordinator::with_options`](super::RedisCoordinator::with_options)
+/// checks every value and names the one out of range. The fields are public
+/// for reading; `#[non_exhaustive]` so that new settings are not a breaking
+/// change.
+///
+/// TLS (`rediss://`) is not built in: it would pull a TLS stack into every
+/// build of the `redis` feature. A `rediss://` URL is refused with
+/// [`Error::Unsupported`].
+///
+/// ```
+/// use fleetcoord::coordinator::redis::RedisOptions;
+/// use std::time::Duration;
+///
+/// let options = RedisOptions::default()
+///     .with_username("fleet")
+///     .with_password("s3cret")
+///     .with_stream_max_len(10_000)
+///     .with_request_timeout(Duration::from_secs(2));
+/// assert_eq!(options.stream_max_len, Some(10_000));
+/// ```
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct RedisOptions {
+    /// ACL user name sent with `AUTH` (Redis 6+). `None`: the URL's user, or
+    /// the default user. Default `None`.
+    pub username: Option<String>,
+    /// Password sent with `AUTH`. `None`: the URL's password, or none.
+    /// Default `None`. Never printed by `Debug`.
+    pub password: Option<String>,
+    /// `Some(true)`: the URLs are seed nodes of a Redis Cluster;
+    /// `Some(false)`: one standalone server (exactly one URL). `None` (the
+    /// default): one URL is standalone, several are a cluster.
+    pub cluster: Option<bool>,
+    /// Keep about this many newest entries per stream (`XADD MAXLEN`, exact
+    /// trimming); `None` keeps everything. At least 1. Default `None`.
+    pub stream_max_len: Option<u64>,
+    /// Capacity of every feed's channel (subscriptions, stream readers, KV
+    /// watches), allocated up front: 2 to 1,048,576. Default 4,096.
+    pub feed_capacity: usize,
+    /// How long connecting may take (each node of a cluster). 1 ms to 24 h.
+    /// Default 5 s.
+    pub connect_timeout: Duration,
+    /// Deadline of each request (set, get, publish, append, a watch's
+    /// snapshot). 1 ms to 24 h. Default 5 s.
+    pub request_timeout: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        RedisOptions {
+            username: None,
+            password: None,
+            cluster: None,
+            stream_max_len: None,
+            feed_capacity: 4096,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisOptions")
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("cluster", &self.cluster)
+            .field("stream_max_len", &self.stream_max_len)
+            .field("feed_capacity", &self.feed_capacity)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .finish()
+    }
+}
+
+impl RedisOptions {
+    /// These options authenticating as ACL user `username`.
+    #[must_use]
+    pub fn with_username(mut self, username: impl Into<String>) -> Self {
+        self.username = Some(username.into());
+        self
+    }
+
+    /// These options authenticating with `password`.
+    #[must_use]
+    pub fn with_password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(password.into());
+        self
+    }
+
+    /// These options treating the URLs as a cluster (`true`) or one
+    /// standalone server (`false`) whatever their number.
+    #[must_use]
+    pub const fn with_cluster(mut self, cluster: bool) -> Self {
+        self.cluster = Some(cluster);
+        self
+    }
+
+    /// These options trimming each stream to its newest `max_len` entries
+    /// (at least 1).
+    #[must_use]
+    pub const fn with_stream_max_len(mut self, max_len: u64) -> Self {
+        self.stream_max_len = Some(max_len);
+        self
+    }
+
+    /// These options with [`RedisOptions::feed_capacity`] set.
+    #[must_use]
+    pub const fn with_feed_capacity(mut self, capacity: usize) -> Self {
+        self.feed_capacity = capacity;
+        self
+    }
+
+    /// These options with [`RedisOptions::connect_timeout`] set.
+    #[must_use]
+    pub const fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// These options with [`RedisOptions::request_timeout`] set.
+    #[must_use]
+    pub const fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Every value in range, or the first one that is not.
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.stream_max_len == Some(0) {
+            return Err(Error::invalid("stream_max_len", "must be at least 1"));
+        }
+        validate::capacity("feed_capacity", self.feed_capacity)?;
+        validate::timeout("connect_timeout", self.connect_timeout)?;
+        validate::timeout("request_timeout", self.request_timeout)?;
+        for (what, value) in [("username", &self.username), ("password", &self.password)] {
+            if let Some(v) = value {
+                if v.is_empty() || v.chars().any(char::is_control) {
+                    return Err(Error::invalid(
+                        what,
+                        "must be non-empty, without control characters",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_pass_and_each_bad_value_is_named() {
+        assert!(RedisOptions::default().check().is_ok());
+        let bad = [
+            (RedisOptions::default().with_stream_max_len(0), "stream_max_len"),
+            (RedisOptions::default().with_feed_capacity(1), "feed_capacity"),
+            (
+                RedisOptions::default().with_feed_capacity(usize::MAX),
+                "feed_capacity",
+            ),
+            (
+                RedisOptions::default().with_connect_timeout(Duration::ZERO),
+                "connect_timeout",
+            ),
+            (
+                RedisOptions::default().with_request_timeout(Duration::MAX),
+                "request_timeout",
+            ),
+            (RedisOptions::default().with_password(""), "password"),
+            (RedisOptions::default().with_username("a\nb"), "username"),
+        ];
+        for (options, field) in bad {
+            match options.check() {
+                Err(Error::InvalidArgument { what, .. }) => assert_eq!(what, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn debug_hides_the_password() {
+        let text = format!("{:?}", RedisOptions::default().with_password("hunter2"));
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+}

@@ -1,0 +1,464 @@
+//! Streams on Redis Streams: appends, and the reader that delivers every
+//! entry exactly once, in order, across reconnects.
+//!
+//! **IDs.** Appends use `XADD <key> 0-* …`: Redis 7 assigns the next
+//! sequence number within milliseconds-part 0, so entries get `0-1`, `0-2`,
+//! … gap-free and increasing, also after `MAXLEN` trims, and the Redis id
+//! `0-N` is carried exactly by `StreamId(N)`. An entry whose id is not
+//! `0-N` (someone appended by hand with `*`) cannot be given a `StreamId`
+//! without mangling it: a reader that meets one logs an error and ends its
+//! feed, and appends fail from then on (Redis refuses `0-*` below the
+//! stream's top id) with an error that says so.
+//!
+//! **Epochs.** Each entry carries the stream's epoch (field `e`, a random
+//! token kept at `coord:streame:{name}` and set by the first append of a
+//! stream's life) next to its payload (field `p`). A server restart without
+//! persistence wipes the stream, and its IDs start again at 1; a reader
+//! notices the new epoch (in a new entry, or when it probes an idle or
+//! reconnected stream) and reads the new stream from its first entry, with
+//! a warning, instead of waiting for an ID it already saw.
+
+use super::client::{bytes, Conn, Target};
+use super::names;
+use super::task::{Backoff, FeedCtx};
+use crate::coordinator::{StreamEntry, StreamId, StreamPosition};
+use crate::driver::bridge::FeedFull;
+use redis::{RedisResult, Script, Value};
+use std::sync::LazyLock;
+use std::time::Duration;
+
+/// KEYS: stream, epoch. ARGV: a fresh epoch token, payload, max length (or
+/// empty). Returns the new entry's id.
+static APPEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local e = redis.call('GET', KEYS[2])
+if not e then
+  e = ARGV[1]
+  redis.call('SET', KEYS[2], e)
+end
+if ARGV[3] ~= '' then
+  return redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[3], '0-*', 'e', e, 'p', ARGV[2])
+end
+return redis.call('XADD', KEYS[1], '0-*', 'e', e, 'p', ARGV[2])
+",
+    )
+});
+
+/// How long one `XREAD` blocks. Short enough that an idle reader probes
+/// for a recreated stream about once a second.
+const BLOCK: Duration = Duration::from_secs(1);
+
+/// Entries per `XREAD`: bounds what a reader holds beyond its feed.
+const BATCH: usize = 256;
+
+/// Appends `payload` to `stream`, trimming to `max_len`; its sequence
+/// number, or `Err(reply)` when Redis answered with an id not of the form
+/// `0-N`.
+pub(crate) async fn append(
+    conn: &mut Conn,
+    stream: &str,
+    payload: &[u8],
+    max_len: Option<u64>,
+) -> RedisResult<Result<u64, String>> {
+    let mut call = APPEND.prepare_invoke();
+    call.key(names::stream_key(stream))
+        .key(names::stream_epoch(stream))
+        .arg(uuid::Uuid::new_v4().simple().to_string())
+        .arg(payload)
+        .arg(max_len.map(|n| n.to_string()).unwrap_or_default());
+    let id: String = conn.invoke(&call).await?;
+    Ok(sequence(&id).ok_or(id))
+}
+
+/// `N` of an id `0-N`.
+pub(crate) fn sequence(id: &str) -> Option<u64> {
+    let seq = id.strip_prefix("0-")?;
+    if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    seq.parse().ok()
+}
+
+/// One entry as Redis holds it.
+#[derive(Debug, PartialEq, Eq)]
+struct Raw {
+    id: String,
+    epoch: Option<Vec<u8>>,
+    payload: Option<Vec<u8>>,
+}
+
+fn parse_entry(value: &Value) -> Option<Raw> {
+    let Value::Array(parts) = value else {
+        return None;
+    };
+    let [id, fields] = parts.as_slice() else {
+        return None;
+    };
+    let id = String::from_utf8(bytes(id)?).ok()?;
+    let mut raw = Raw {
+        id,
+        epoch: None,
+        payload: None,
+    };
+    let pairs: Vec<(Vec<u8>, Vec<u8>)> = match fields {
+        Value::Array(items) => items
+            .chunks(2)
+            .filter_map(|p| match p {
+                [f, v] => Some((bytes(f)?, bytes(v)?)),
+                _ => None,
+            })
+            .collect(),
+        Value::Map(items) => items
+            .iter()
+            .filter_map(|(f, v)| Some((bytes(f)?, bytes(v)?)))
+            .collect(),
+        _ => return None,
+    };
+    for (field, value) in pairs {
+        match field.as_slice() {
+            b"e" => raw.epoch = Some(value),
+            b"p" => raw.payload = Some(value),
+            _ => {}
+        }
+    }
+    Some(raw)
+}
+
+/// The entries of an `XREAD` reply for one stream (RESP2 array or RESP3
+/// map); empty for a timeout.
+fn parse_read(value: Value) -> Option<Vec<Raw>> {
+    let streams: Vec<(Value, Value)> = match value {
+        Value::Nil => return Some(Vec::new()),
+        Value::Map(m) => m,
+        Value::Array(items) => items
+            .into_iter()
+            .filter_map(|s| match s {
+                Value::Array(mut kv) if kv.len() == 2 => {
+                    let entries = kv.pop()?;
+                    let key = kv.pop()?;
+                    Some((key, entries))
+                }
+                _ => None,
+            })
+            .collect(),
+        _ => return None,
+    };
+    let mut out = Vec::new();
+    for (_, entries) in streams {
+        let Value::Array(entries) = entries else {
+            return None;
+        };
+        for e in &entries {
+            out.push(parse_entry(e)?);
+        }
+    }
+    Some(out)
+}
+
+/// The newest entry of the stream, if any.
+async fn top(conn: &mut Conn, key: &str) -> RedisResult<Option<Raw>> {
+    let value: Value = conn
+        .query(
+            redis::cmd("XREVRANGE")
+                .arg(key)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1),
+        )
+        .await?;
+    Ok(match value {
+        Value::Array(items) => items.first().and_then(parse_entry),
+        _ => None,
+    })
+}
+
+/// A reader's position: the last sequence number delivered (or skipped
+/// over by its start position) and the epoch it belongs to.
+struct Position {
+    last: u64,
+    epoch: Option<Vec<u8>>,
+}
+
+/// What a reader does after looking at the stream's newest entry.
+enum Probe {
+    Keep,
+    /// The stream is not the one the position belongs to.
+    Restart,
+}
+
+impl Position {
+    fn probe(&self, top: Option<&Raw>) -> Probe {
+        match top {
+            None if self.last > 0 => Probe::Restart,
+            None => Probe::Keep,
+            Some(t) => {
+                let behind = sequence(&t.id).is_some_and(|seq| seq < self.last);
+                let other_epoch = self.epoch.is_some() && t.epoch != self.epoch;
+                if behind || other_epoch {
+                    Probe::Restart
+                } else {
+                    Probe::Keep
+                }
+            }
+        }
+    }
+
+    fn restart(&mut self, stream: &str) {
+        log::warn!(
+            "stream {stream:?} was recreated (a server restart without persistence?): \
+             reading it again from its first entry; its ids start again at 1"
+        );
+        self.last = 0;
+        self.epoch = None;
+    }
+}
+
+/// Runs a stream reader until its feed ends.
+pub(crate) async fn read_task(mut ctx: FeedCtx<StreamEntry>, stream: String, from: StreamPosition) {
+    let key = names::stream_key(&stream);
+    let mut pos: Option<Position> = None;
+    let mut backoff = Backoff::new();
+    loop {
+        if ctx.is_halted() {
+            return;
+        }
+        let connected = async {
+            let mut conn = ctx.target.blocking_conn(BLOCK).await?;
+            let newest = top(&mut conn, &key).await?;
+            Ok::<_, redis::RedisError>((conn, newest))
+        }
+        .await;
+        let (mut conn, newest) = match connected {
+            Ok(c) => c,
+            Err(e) => {
+                let error = ctx.target.error(format!("reader of stream {stream:?}"), &e);
+                if ctx.starting() {
+                    ctx.started(Err(error));
+                    return;
+                }
+                log::warn!("{error}; reconnecting");
+                if !ctx.pause(&mut backoff).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        match &mut pos {
+            Some(p) => {
+                if let Probe::Restart = p.probe(newest.as_ref()) {
+                    p.restart(&stream);
+                }
+            }
+            None => {
+                let top_seq = newest.as_ref().and_then(|t| sequence(&t.id)).unwrap_or(0);
+                let last = match from {
+                    StreamPosition::Start => 0,
+                    StreamPosition::End => top_seq,
+                    StreamPosition::After(id) => id.0.min(top_seq),
+                    // A position added later starts at the end: never
+                    // replays what the caller did not ask for.
+                    #[allow(unreachable_patterns)]
+                    _ => top_seq,
+                };
+                let epoch = if last > 0 {
+                    newest.and_then(|t| t.epoch)
+                } else {
+                    None
+                };
+                ctx.started(Ok(()));
+                pos = Some(Position { last, epoch });
+            }
+        }
+        let Some(p) = pos.as_mut() else {
+            return;
+        };
+        match follow(&mut ctx, &mut conn, &stream, &key, p).await {
+            Next::Reconnect => {
+                if !ctx.pause(&mut backoff).await {
+                    return;
+                }
+            }
+            Next::Stop => return,
+        }
+        backoff.reset();
+    }
+}
+
+enum Next {
+    Reconnect,
+    Stop,
+}
+
+/// Reads and delivers until the connection fails or the feed ends.
+async fn follow(
+    ctx: &mut FeedCtx<StreamEntry>,
+    conn: &mut Conn,
+    stream: &str,
+    key: &str,
+    pos: &mut Position,
+) -> Next {
+    loop {
+        let mut read = redis::cmd("XREAD");
+        read.arg("COUNT")
+            .arg(BATCH)
+            .arg("BLOCK")
+            .arg(BLOCK.as_millis() as u64)
+            .arg("STREAMS")
+            .arg(key)
+            .arg(format!("0-{}", pos.last));
+        let reply = tokio::select! {
+            r = conn.query::<Value>(&read) => r,
+            _ = ctx.halted() => return Next::Stop,
+        };
+        let entries = match reply.map(parse_read) {
+            Ok(Some(entries)) => entries,
+            Ok(None) => {
+                log::error!("stream {stream:?}: XREAD answered in an unknown shape; reconnecting");
+                return Next::Reconnect;
+            }
+            Err(e) => {
+                log::warn!(
+                    "{}; reconnecting",
+                    ctx.target.error(format!("reader of stream {stream:?}"), &e)
+                );
+                return Next::Reconnect;
+            }
+        };
+        if entries.is_empty() {
+            // Idle: make sure we are not waiting on a stream that was
+            // recreated below our position.
+            match top(conn, key).await {
+                Ok(newest) => {
+                    if let Probe::Restart = pos.probe(newest.as_ref()) {
+                        pos.restart(stream);
+                    }
+                }
+                Err(_) => return Next::Reconnect,
+            }
+            continue;
+        }
+        for raw in entries {
+            let (Some(seq), Some(payload)) = (sequence(&raw.id), raw.payload) else {
+                log::error!(
+                    "stream {stream:?}: entry {:?} was not appended by fleetcoord (its id is \
+                     not of the form 0-N, or it has no payload field); ending the reader \
+                     rather than mangling its id",
+                    raw.id
+                );
+                return Next::Stop;
+            };
+            if pos.epoch.is_some() && raw.epoch != pos.epoch {
+                pos.restart(stream);
+                break;
+            }
+            if seq <= pos.last {
+                continue;
+            }
+            let entry = StreamEntry {
+                id: StreamId(seq),
+                payload,
+            };
+            if !deliver(ctx, entry).await {
+                return Next::Stop;
+            }
+            pos.last = seq;
+            pos.epoch = raw.epoch;
+        }
+    }
+}
+
+/// Hands `entry` to the consumer, waiting (without reading further) while
+/// its queue is full; `false` when the feed ended.
+async fn deliver(ctx: &mut FeedCtx<StreamEntry>, entry: StreamEntry) -> bool {
+    match ctx.tx.try_send(entry) {
+        Ok(()) => true,
+        Err(FeedFull::Gone) => false,
+        Err(FeedFull::Full(held)) => ctx.relieved().await && ctx.tx.try_send(held).is_ok(),
+    }
+}
+
+/// The target's error for a failed append.
+pub(crate) fn append_error(target: &Target, stream: &str, e: &redis::RedisError) -> crate::Error {
+    let context = if e.to_string().contains("equal or smaller") {
+        format!(
+            "append to stream {stream:?} (it holds an entry not appended by fleetcoord, \
+             with an id above 0-N)"
+        )
+    } else {
+        format!("append to stream {stream:?}")
+    };
+    target.error(context, e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_0_n_ids_are_sequences() {
+        assert_eq!(sequence("0-1"), Some(1));
+        assert_eq!(sequence("0-18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            "1-0",
+            "1700000000000-0",
+            "0-",
+            "0--1",
+            "0-+1",
+            "0-18446744073709551616",
+            "",
+            "5",
+        ] {
+            assert_eq!(sequence(bad), None, "{bad:?}");
+        }
+    }
+
+    fn entry(id: &str, epoch: &[u8], payload: &[u8]) -> Value {
+        Value::Array(vec![
+            Value::BulkString(id.as_bytes().to_vec()),
+            Value::Array(vec![
+                Value::BulkString(b"e".to_vec()),
+                Value::BulkString(epoch.to_vec()),
+                Value::BulkString(b"p".to_vec()),
+                Value::BulkString(payload.to_vec()),
+            ]),
+        ])
+    }
+
+    #[test]
+    fn xread_replies_in_both_protocols() {
+        let entries = Value::Array(vec![entry("0-1", b"E", b"a"), entry("0-2", b"E", b"b")]);
+        let key = Value::BulkString(b"coord:stream:{s}".to_vec());
+        let resp3 = Value::Map(vec![(key.clone(), entries.clone())]);
+        let resp2 = Value::Array(vec![Value::Array(vec![key, entries])]);
+        for reply in [resp3, resp2] {
+            let raws = parse_read(reply).unwrap();
+            assert_eq!(raws.len(), 2);
+            assert_eq!(raws[1].id, "0-2");
+            assert_eq!(raws[1].payload.as_deref(), Some(&b"b"[..]));
+            assert_eq!(raws[1].epoch.as_deref(), Some(&b"E"[..]));
+        }
+        assert_eq!(parse_read(Value::Nil).unwrap(), Vec::new());
+    }
+
+    #[test]
+    fn a_recreated_stream_restarts_the_reader() {
+        let raw = |id: &str, e: &[u8]| parse_entry(&entry(id, e, b"x")).unwrap();
+        let pos = Position {
+            last: 5,
+            epoch: Some(b"A".to_vec()),
+        };
+        assert!(matches!(pos.probe(Some(&raw("0-7", b"A"))), Probe::Keep));
+        assert!(matches!(pos.probe(Some(&raw("0-5", b"A"))), Probe::Keep));
+        assert!(matches!(pos.probe(Some(&raw("0-9", b"B"))), Probe::Restart));
+        assert!(matches!(pos.probe(Some(&raw("0-2", b"A"))), Probe::Restart));
+        assert!(matches!(pos.probe(None), Probe::Restart));
+        let fresh = Position {
+            last: 0,
+            epoch: None,
+        };
+        assert!(matches!(fresh.probe(None), Probe::Keep));
+        assert!(matches!(fresh.probe(Some(&raw("0-3", b"B"))), Probe::Keep));
+    }
+}

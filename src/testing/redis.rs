@@ -1,0 +1,356 @@
+//! One real `redis-server` process: start, kill, restart, pause, resume,
+//! and a tiny RESP client for the harness' own checks.
+
+use std::ffi::OsString;
+use std::fs::OpenOptions;
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::net;
+use crate::{Error, Result};
+
+/// How many times a start is retried when another process took the port
+/// between our probe and the server's bind.
+const PORT_ATTEMPTS: usize = 3;
+
+/// How long a start or restart waits for the server to answer `PING`.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+const INSTALL_HINT: &str = "run `make deps-redis` (Debian packages `redis-server` and \
+    `redis-tools`), or set REDIS_SERVER_BIN / REDIS_CLI_BIN";
+
+/// A real `redis-server` on a free loopback port, without persistence
+/// (`--save '' --appendonly no`), in its own temporary directory.
+///
+/// Guarantees: after [`RedisServer::start`] returns `Ok`, the server
+/// answered `PING`. [`restart`](RedisServer::restart) keeps the port (and,
+/// without persistence, loses the data). Dropping the value SIGKILLs the
+/// process (also when paused), waits for it and deletes the directory.
+///
+/// The binary is `$REDIS_SERVER_BIN`, else `redis-server` from `PATH`; a
+/// missing binary is an error saying how to install it, never a skip.
+///
+/// ```
+/// use fleetcoord::testing::RedisServer;
+///
+/// let mut redis = RedisServer::start()?;
+/// assert!(redis.url().starts_with("redis://127.0.0.1:"));
+/// redis.pause()?; // SIGSTOP: connections stay open, nothing is answered
+/// redis.resume()?;
+/// redis.kill()?;
+/// assert!(!redis.is_ready());
+/// redis.restart()?; // same port, empty
+/// assert!(redis.is_ready());
+/// # Ok::<(), fleetcoord::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct RedisServer {
+    bin: PathBuf,
+    args: Vec<String>,
+    port: u16,
+    child: Option<Child>,
+    log_path: PathBuf,
+    // Last field: dropped after `Drop::drop` killed the process.
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Starts a standalone server and waits until it answers `PING`.
+    pub fn start() -> Result<RedisServer> {
+        RedisServer::start_with_args(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments (e.g.
+    /// `["--cluster-enabled", "yes"]`).
+    pub(crate) fn start_with_args(extra: &[String]) -> Result<RedisServer> {
+        let mut last = None;
+        for _ in 0..PORT_ATTEMPTS {
+            let port = net::free_port()?;
+            let mut server = RedisServer::spawn(port, extra)?;
+            match server.wait_ready() {
+                Ok(()) => return Ok(server),
+                Err(e) if server.log_text().contains("Address already in use") => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("no start attempt was made").into()))
+    }
+
+    fn spawn(port: u16, extra: &[String]) -> Result<RedisServer> {
+        let bin = find_bin("REDIS_SERVER_BIN", "redis-server")?;
+        let dir = tempfile::Builder::new()
+            .prefix("fleetcoord-redis-")
+            .tempdir()?;
+        let mut args: Vec<String> = [
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            &dir.path().to_string_lossy(),
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "no",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().cloned());
+        let log_path = dir.path().join("redis.log");
+        let mut server = RedisServer {
+            bin,
+            args,
+            port,
+            child: None,
+            log_path,
+            dir,
+        };
+        server.launch()?;
+        Ok(server)
+    }
+
+    fn launch(&mut self) -> Result<()> {
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)?;
+        let child = Command::new(&self.bin)
+            .args(&self.args)
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| io::Error::other(format!("cannot run {}: {e}", self.bin.display())))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn wait_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            match self.child.as_mut() {
+                None => return Err(self.start_error("redis-server is not running (it was killed)")),
+                Some(child) => {
+                    if let Some(status) = child.try_wait()? {
+                        self.child = None;
+                        return Err(self.start_error(&format!(
+                            "redis-server exited during start-up ({status})"
+                        )));
+                    }
+                }
+            }
+            if self.is_ready() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(self.start_error(&format!(
+                    "redis-server did not answer PING within {READY_TIMEOUT:?}"
+                )));
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn start_error(&self, what: &str) -> Error {
+        let text = self.log_text();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+        Error::Io(io::Error::other(format!(
+            "{what} on port {}; its log:\n{tail}",
+            self.port
+        )))
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read(&self.log_path)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// `redis://127.0.0.1:PORT`. Stable across restarts.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The port. Stable across restarts.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The process id while it runs (also while paused).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// True if the server answers `PING` within one second.
+    pub fn is_ready(&self) -> bool {
+        matches!(self.command(&["PING"]), Ok(reply) if reply == "PONG")
+    }
+
+    /// Sends one command and returns its reply as text: a simple or bulk
+    /// string as is, an integer in decimal, an error as `Err`. For the
+    /// harness and for tests (`CLUSTER KEYSLOT`, `HGETALL`-free checks);
+    /// arrays are not supported.
+    pub fn command(&self, args: &[&str]) -> Result<String> {
+        command(self.port, args)
+    }
+
+    /// SIGKILLs the process and waits for it. Does nothing if it is not
+    /// running.
+    pub fn kill(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Kills the process if it runs, starts it again on the same port and
+    /// waits until it answers. Without persistence it starts empty (a
+    /// cluster node keeps its slots: `nodes.conf` survives).
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill()?;
+        self.launch()?;
+        self.wait_ready()
+    }
+
+    /// Freezes the process with SIGSTOP until [`resume`](RedisServer::resume).
+    pub fn pause(&self) -> Result<()> {
+        self.signal("STOP")
+    }
+
+    /// Continues a paused process with SIGCONT.
+    pub fn resume(&self) -> Result<()> {
+        self.signal("CONT")
+    }
+
+    fn signal(&self, sig: &str) -> Result<()> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| io::Error::other("redis-server is not running (it was killed)"))?;
+        let status = Command::new("sh")
+            .args(["-c", "kill -s \"$0\" \"$1\"", sig, &pid.to_string()])
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!("kill -s {sig} {pid} failed ({status})")).into())
+        }
+    }
+
+    /// The server's log file (inside the directory removed on drop).
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.kill();
+    }
+}
+
+/// One command over a fresh connection to `127.0.0.1:port`.
+pub(crate) fn command(port: u16, args: &[&str]) -> Result<String> {
+    let timeout = Duration::from_secs(1);
+    let mut stream = TcpStream::connect_timeout(&net::loopback(port), timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    let mut request = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        request.extend_from_slice(arg.as_bytes());
+        request.extend_from_slice(b"\r\n");
+    }
+    stream.write_all(&request)?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let line = line.trim_end_matches(['\r', '\n']);
+    let bad = |what: &str| Error::Io(io::Error::new(io::ErrorKind::InvalidData, what.to_string()));
+    match line.split_at_checked(1) {
+        Some(("+", text)) | Some((":", text)) => Ok(text.to_string()),
+        Some(("-", text)) => Err(Error::Io(io::Error::other(format!("redis: {text}")))),
+        Some(("$", len)) => {
+            let len: i64 = len.parse().map_err(|_| bad("bad bulk length"))?;
+            let Ok(len) = usize::try_from(len) else {
+                return Ok(String::new()); // nil
+            };
+            let mut body = vec![0u8; len.saturating_add(2)];
+            io::Read::read_exact(&mut reader, &mut body)?;
+            body.truncate(len);
+            Ok(String::from_utf8_lossy(&body).into_owned())
+        }
+        _ => Err(bad(&format!("unsupported reply {line:?}"))),
+    }
+}
+
+/// `$<var>`, else the first `<name>` on `PATH`.
+pub(crate) fn find_bin(var: &str, name: &str) -> Result<PathBuf> {
+    find_bin_in(var, name, std::env::var_os(var), std::env::var_os("PATH"))
+}
+
+fn find_bin_in(
+    var: &str,
+    name: &str,
+    explicit: Option<OsString>,
+    path: Option<OsString>,
+) -> Result<PathBuf> {
+    if let Some(bin) = explicit {
+        let bin = PathBuf::from(bin);
+        if bin.is_file() {
+            return Ok(bin);
+        }
+        return Err(not_found(format!(
+            "{name} not found: {var}={} is not a file; {INSTALL_HINT}",
+            bin.display()
+        )));
+    }
+    std::env::split_paths(&path.unwrap_or_default())
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| not_found(format!("{name} not found in PATH; {INSTALL_HINT}")))
+}
+
+fn not_found(msg: String) -> Error {
+    Error::Io(io::Error::new(io::ErrorKind::NotFound, msg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_binary_says_how_to_install() {
+        let empty = tempfile::tempdir().unwrap();
+        let err = find_bin_in(
+            "REDIS_SERVER_BIN",
+            "redis-server",
+            None,
+            Some(empty.path().into()),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("redis-server not found"), "{err}");
+        assert!(err.contains("make deps-redis"), "{err}");
+        let err = find_bin_in(
+            "REDIS_SERVER_BIN",
+            "redis-server",
+            Some(empty.path().join("nope").into()),
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("REDIS_SERVER_BIN="), "{err}");
+    }
+}

@@ -1,0 +1,153 @@
+//! A Redis Cluster of real `redis-server` processes, created with
+//! `redis-cli --cluster create`.
+
+use std::io;
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::net;
+use super::redis::{command, find_bin, RedisServer};
+use crate::{Error, Result};
+
+/// How long a new cluster may take to report `cluster_state:ok` on every
+/// node.
+const OK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A Redis Cluster of `n` masters (no replicas) on free loopback ports, each
+/// a [`RedisServer`] with cluster mode on and no persistence.
+///
+/// Guarantees: after [`RedisCluster::start`] returns `Ok`, every node
+/// reports `cluster_state:ok` and all 16,384 slots are assigned. A short
+/// `cluster-node-timeout` (1 s) keeps failure detection and convergence
+/// quick. Dropping the cluster kills every node and removes its directory.
+///
+/// `redis-cli` comes from `$REDIS_CLI_BIN`, else `PATH`.
+///
+/// ```
+/// use fleetcoord::testing::RedisCluster;
+///
+/// let cluster = RedisCluster::start(3)?;
+/// assert_eq!(cluster.urls().split(',').count(), 3);
+/// assert_eq!(cluster.node(0).command(&["CLUSTER", "KEYSLOT", "{a}x"])?, "15495");
+/// # Ok::<(), fleetcoord::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `n` masters (at least 3, Redis' minimum) and waits until the
+    /// cluster is ok on every node.
+    pub fn start(n: usize) -> Result<RedisCluster> {
+        if n < 3 {
+            return Err(Error::invalid("n", "a Redis Cluster needs at least 3 masters"));
+        }
+        let cli = find_bin("REDIS_CLI_BIN", "redis-cli")?;
+        let mut nodes = Vec::with_capacity(n);
+        for _ in 0..n {
+            let bus = net::free_port()?;
+            let args: Vec<String> = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "1000",
+                "--cluster-port",
+                &bus.to_string(),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            nodes.push(RedisServer::start_with_args(&args)?);
+        }
+        let cluster = RedisCluster { nodes };
+        let mut create = Command::new(&cli);
+        create.arg("--cluster").arg("create");
+        for node in &cluster.nodes {
+            create.arg(format!("127.0.0.1:{}", node.port()));
+        }
+        let output = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .map_err(|e| io::Error::other(format!("cannot run {}: {e}", cli.display())))?;
+        if !output.status.success() {
+            return Err(io::Error::other(format!(
+                "redis-cli --cluster create failed ({}): {}{}",
+                output.status,
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ))
+            .into());
+        }
+        cluster.wait_ok()?;
+        Ok(cluster)
+    }
+
+    /// Polls `CLUSTER INFO` on every node until all say
+    /// `cluster_state:ok` with every slot assigned.
+    pub fn wait_ok(&self) -> Result<()> {
+        let deadline = Instant::now() + OK_TIMEOUT;
+        loop {
+            if self.is_ok() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(io::Error::other(format!(
+                    "the cluster did not reach cluster_state:ok within {OK_TIMEOUT:?}"
+                ))
+                .into());
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether every node reports `cluster_state:ok` and all slots
+    /// assigned.
+    pub fn is_ok(&self) -> bool {
+        self.nodes.iter().all(|node| {
+            command(node.port(), &["CLUSTER", "INFO"]).is_ok_and(|info| {
+                info.contains("cluster_state:ok") && info.contains("cluster_slots_assigned:16384")
+            })
+        })
+    }
+
+    /// The nodes' URLs, comma-separated: what
+    /// [`RedisCoordinator::connect`](crate::coordinator::RedisCoordinator) takes
+    /// for a cluster.
+    pub fn urls(&self) -> String {
+        self.nodes
+            .iter()
+            .map(RedisServer::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Node `i` (0-based), for commands and faults.
+    ///
+    /// # Panics
+    /// If `i` is out of range (a test bug).
+    pub fn node(&self, i: usize) -> &RedisServer {
+        &self.nodes[i]
+    }
+
+    /// Node `i`, mutably (to kill or restart it).
+    ///
+    /// # Panics
+    /// If `i` is out of range (a test bug).
+    pub fn node_mut(&mut self, i: usize) -> &mut RedisServer {
+        &mut self.nodes[i]
+    }
+
+    /// How many nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Never true: a cluster has at least 3 nodes.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+}
