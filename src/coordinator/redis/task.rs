@@ -8,7 +8,6 @@ use crate::driver::bridge::{feed_channel, Bridge, FeedSender, Stopping};
 use crate::error::{Error, Result};
 use std::future::Future;
 use std::time::Duration;
-use tokio::sync::watch;
 
 /// How long `subscribe`, `read_stream` and `kv_watch` wait for their feed to
 /// be live (connected, subscribed, positioned) on top of the connect and
@@ -20,7 +19,6 @@ pub(crate) struct FeedCtx<T> {
     pub(crate) tx: FeedSender<T>,
     pub(crate) target: Target,
     started: Option<crossbeam_channel::Sender<Result<()>>>,
-    cancel: watch::Receiver<bool>,
     stopping: Stopping,
 }
 
@@ -46,13 +44,14 @@ impl<T> FeedCtx<T> {
             return;
         }
         tokio::select! {
-            _ = self.cancel.wait_for(|c| *c) => {}
+            _ = self.tx.gone() => {}
             _ = self.stopping.wait() => {}
         }
     }
 
+    /// Whether the feed should end now.
     pub(crate) fn is_halted(&self) -> bool {
-        *self.cancel.borrow() || self.stopping.is_stopping() || self.tx.is_gone()
+        self.stopping.is_stopping() || self.tx.is_gone()
     }
 
     /// Waits `backoff.next()` unless halted first; `false` when halted.
@@ -67,15 +66,9 @@ impl<T> FeedCtx<T> {
     /// Waits until the consumer read its queue down to half; `false` when
     /// the feed ended meanwhile.
     pub(crate) async fn relieved(&mut self) -> bool {
-        let relieved = {
-            let tx = &self.tx;
-            let cancel = &mut self.cancel;
-            let stopping = &mut self.stopping;
-            tokio::select! {
-                r = tx.relieved() => r,
-                _ = cancel.wait_for(|c| *c) => false,
-                _ = stopping.wait() => false,
-            }
+        let relieved = tokio::select! {
+            r = self.tx.relieved() => r,
+            _ = self.stopping.wait() => false,
         };
         relieved && !self.is_halted()
     }
@@ -112,9 +105,8 @@ where
     T: Send + 'static,
     F: Future<Output = ()> + Send + 'static,
 {
-    let (tx, rx) = feed_channel(capacity);
+    let (tx, feed) = feed_channel(capacity);
     let (started_tx, started_rx) = crossbeam_channel::bounded(1);
-    let (cancel_tx, cancel_rx) = watch::channel(false);
     let target = target.clone();
     let wait = target
         .connect_timeout
@@ -126,14 +118,10 @@ where
                 tx,
                 target,
                 started: Some(started_tx),
-                cancel: cancel_rx,
                 stopping,
             })
         })
         .map_err(|_| Error::Closed)?;
-    let feed = Feed::new(rx, move || {
-        let _ = cancel_tx.send(true);
-    });
     match started_rx.recv_timeout(wait) {
         Ok(Ok(())) => Ok(feed),
         Ok(Err(e)) => Err(e),
