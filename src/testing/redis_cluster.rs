@@ -42,7 +42,10 @@ impl RedisCluster {
     /// cluster is ok on every node.
     pub fn start(n: usize) -> Result<RedisCluster> {
         if n < 3 {
-            return Err(Error::invalid("n", "a Redis Cluster needs at least 3 masters"));
+            return Err(Error::invalid(
+                "n",
+                "a Redis Cluster needs at least 3 masters",
+            ));
         }
         let cli = find_bin("REDIS_CLI_BIN", "redis-cli")?;
         let mut nodes = Vec::with_capacity(n);

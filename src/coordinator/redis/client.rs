@@ -76,9 +76,9 @@ impl Target {
                     format!("{:?} is not a redis:// URL", redacted(url)),
                 ));
             }
-            let info = url.into_connection_info().map_err(|e| {
-                Error::invalid("url", format!("{:?}: {e}", redacted(url)))
-            })?;
+            let info = url
+                .into_connection_info()
+                .map_err(|e| Error::invalid("url", format!("{:?}: {e}", redacted(url))))?;
             let mut settings = info
                 .redis_settings()
                 .clone()
@@ -110,9 +110,10 @@ impl Target {
 
     fn standalone(&self) -> RedisResult<Client> {
         // `parse` guarantees at least one node.
-        let node = self.nodes.first().cloned().ok_or_else(|| {
-            RedisError::from((redis::ErrorKind::InvalidClientConfig, "no URL"))
-        })?;
+        let node =
+            self.nodes.first().cloned().ok_or_else(|| {
+                RedisError::from((redis::ErrorKind::InvalidClientConfig, "no URL"))
+            })?;
         Client::open(node)
     }
 
@@ -290,8 +291,7 @@ pub(crate) fn bytes(value: &redis::Value) -> Option<Vec<u8>> {
 /// How the policy of [`Error::is_retryable`] sees a crate error.
 fn kind_of(e: &RedisError) -> EtcdErrorKind {
     use redis::{ErrorKind, ServerErrorKind};
-    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal()
-    {
+    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
         return EtcdErrorKind::Unavailable;
     }
     match e.kind() {
@@ -316,7 +316,10 @@ fn kind_of(e: &RedisError) -> EtcdErrorKind {
 
 /// The crate's error on one line.
 pub(crate) fn one_line(e: &RedisError) -> String {
-    e.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
+    e.to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `url` without its password.
@@ -345,9 +348,11 @@ mod tests {
     #[test]
     fn one_url_is_standalone_several_a_cluster() {
         assert!(!parse("redis://127.0.0.1:6379").unwrap().cluster);
-        assert!(parse("redis://127.0.0.1:7000, redis://127.0.0.1:7001")
-            .unwrap()
-            .cluster);
+        assert!(
+            parse("redis://127.0.0.1:7000, redis://127.0.0.1:7001")
+                .unwrap()
+                .cluster
+        );
         let forced = Target::parse(
             "redis://127.0.0.1:7000",
             &RedisOptions::default().with_cluster(true),

@@ -90,8 +90,8 @@ mod task;
 pub use options::RedisOptions;
 
 use crate::coordinator::{
-    check_key, check_name, check_payload, pattern, Capabilities, Coordinator, KvWatcher,
-    StreamId, StreamPosition, StreamReader, Subscription,
+    check_key, check_name, check_payload, pattern, Capabilities, Coordinator, KvWatcher, StreamId,
+    StreamPosition, StreamReader, Subscription,
 };
 use crate::driver::bridge::{self, Bridge, BridgeError};
 use crate::driver::StartError;

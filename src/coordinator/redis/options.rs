@@ -164,8 +164,14 @@ mod tests {
     fn defaults_pass_and_each_bad_value_is_named() {
         assert!(RedisOptions::default().check().is_ok());
         let bad = [
-            (RedisOptions::default().with_stream_max_len(0), "stream_max_len"),
-            (RedisOptions::default().with_feed_capacity(1), "feed_capacity"),
+            (
+                RedisOptions::default().with_stream_max_len(0),
+                "stream_max_len",
+            ),
+            (
+                RedisOptions::default().with_feed_capacity(1),
+                "feed_capacity",
+            ),
             (
                 RedisOptions::default().with_feed_capacity(usize::MAX),
                 "feed_capacity",
