@@ -651,3 +651,58 @@ fn library_warnings_reach_stderr() {
     assert_eq!(quiet.status.code(), Some(0), "{}", stderr(&quiet));
     assert_eq!(stderr(&quiet), "");
 }
+
+/// `fleetcoord --coord redis --coord-url URL ...`, with no etcd anywhere.
+fn redis_cli(url: &str, args: &[&str]) -> String {
+    let output = cli()
+        .env_remove("COORD")
+        .env_remove("COORD_URL")
+        .args(["--coord", "redis", "--coord-url", url])
+        .args(args)
+        .output()
+        .expect("spawn fleetcoord");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "fleetcoord {args:?} failed: {}",
+        stderr(&output)
+    );
+    stdout(&output)
+}
+
+#[test]
+fn bus_commands_run_on_redis() {
+    let server = fleetcoord::testing::RedisServer::start()
+        .expect("start redis-server (run `make deps-redis`)");
+    let url = server.url();
+    redis_cli(&url, &["kv", "set", "config", "mode", "on"]);
+    assert_eq!(redis_cli(&url, &["kv", "get", "config", "mode"]), "on\n");
+    assert_eq!(
+        redis_cli(&url, &["stream", "append", "audit", "login"]),
+        "1\n"
+    );
+    assert_eq!(
+        redis_cli(&url, &["stream", "append", "audit", "logout"]),
+        "2\n"
+    );
+    let read = json_lines(&redis_cli(
+        &url,
+        &["--json", "stream", "read", "audit", "--count", "2"],
+    ));
+    let entries: Vec<(i64, &str)> = read
+        .iter()
+        .map(|r| (r["id"].as_i64().unwrap(), r["payload"].as_str().unwrap()))
+        .collect();
+    assert_eq!(entries, [(1, "login"), (2, "logout")]);
+    // The data is in Redis, where the documented layout puts it.
+    assert_eq!(
+        server
+            .command(&["HGET", "coord:kv:{config}", "mode"])
+            .unwrap(),
+        "on"
+    );
+    assert_eq!(
+        server.command(&["XLEN", "coord:stream:{audit}"]).unwrap(),
+        "2"
+    );
+}
