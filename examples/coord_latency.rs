@@ -1,16 +1,20 @@
-//! Measures Coordinator delivery latency: publish → subscriber receives, and
-//! kv_set → kv_watch event, on the etcd backend (a throwaway local etcd, or
-//! `--endpoints host:port` for a real one) and on the memory backend.
+//! Measures Coordinator delivery latency: publish → subscriber receives,
+//! kv_set → kv_watch event, and append_stream → stream reader, on the etcd
+//! backend (a throwaway local etcd, or `--endpoints host:port` for a real
+//! one), on the memory backend and, with the `redis` feature, on a
+//! throwaway standalone Redis and a 3-master Redis Cluster.
 //!
 //! ```text
-//! cargo run --release --example coord_latency --features testing -- [--count 2000] [--endpoints 127.0.0.1:2379]
+//! cargo run --release --example coord_latency --all-features -- [--count 2000] [--endpoints 127.0.0.1:2379]
 //! ```
 //!
 //! Prints median, p99 and max per backend and operation. Messages are sent
 //! one at a time (each waits for its delivery), so the numbers are
 //! unloaded end-to-end latencies, not throughput.
 
-use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, KvEvent, MemoryCoordinator};
+use fleetcoord::coordinator::{
+    Coordinator, EtcdCoordinator, KvEvent, MemoryCoordinator, StreamPosition,
+};
 use fleetcoord::{Etcd, EtcdOptions};
 use std::time::{Duration, Instant};
 
@@ -38,10 +42,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default())?;
-    let backends: Vec<(&str, Box<dyn Coordinator>)> = vec![
+    #[allow(unused_mut)]
+    let mut backends: Vec<(&str, Box<dyn Coordinator>)> = vec![
         ("etcd", Box::new(EtcdCoordinator::new(&etcd)?)),
         ("memory", Box::new(MemoryCoordinator::new())),
     ];
+    #[cfg(feature = "redis")]
+    let _redis = {
+        use fleetcoord::coordinator::RedisCoordinator;
+        use fleetcoord::testing::{RedisCluster, RedisServer};
+        let server = RedisServer::start()?;
+        let cluster = RedisCluster::start(3)?;
+        backends.push(("redis", Box::new(RedisCoordinator::connect(&server.url())?)));
+        backends.push((
+            "redis-cl",
+            Box::new(RedisCoordinator::connect(&cluster.urls())?),
+        ));
+        (server, cluster)
+    };
     println!("{count} messages per row, sent one at a time");
     println!(
         "{:<8} {:<22} {:>10} {:>10} {:>10}",
@@ -52,6 +70,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         report(name, "publish -> deliver", pubsub);
         let kv = measure_kv(coord.as_ref(), count)?;
         report(name, "kv_set -> watch event", kv);
+        let stream = measure_stream(coord.as_ref(), count)?;
+        report(name, "append -> reader", stream);
         coord.close()?;
     }
     Ok(())
@@ -94,6 +114,27 @@ fn measure_kv(
                 if v == value {
                     break;
                 }
+            }
+        }
+        samples.push(t.elapsed());
+    }
+    Ok(samples)
+}
+
+fn measure_stream(
+    coord: &dyn Coordinator,
+    count: usize,
+) -> Result<Vec<Duration>, Box<dyn std::error::Error>> {
+    let reader = coord.read_stream("latency", StreamPosition::End)?;
+    let mut samples = Vec::with_capacity(count);
+    for i in 0..count {
+        let payload = i.to_string().into_bytes();
+        let t = Instant::now();
+        let id = coord.append_stream("latency", &payload)?;
+        loop {
+            let e = reader.recv_timeout(WAIT)?;
+            if e.id == id {
+                break;
             }
         }
         samples.push(t.elapsed());

@@ -14,8 +14,9 @@
 //!   watches that deliver a snapshot, then [`KvEvent::Synced`], then changes.
 //!
 //! Backends: [`MemoryCoordinator`] (one process, the embedded default),
-//! [`NoopCoordinator`] (accepts everything, delivers nothing) and the etcd
-//! backend. [`from_env`] picks one from the `COORD` environment variable;
+//! [`NoopCoordinator`] (accepts everything, delivers nothing), the etcd
+//! backend and, with the `redis` feature, `RedisCoordinator` (standalone
+//! Redis or Redis Cluster, see the `redis` module). [`from_env`] picks one from the `COORD` environment variable;
 //! [`from_env_with_etcd`] does the same but puts the etcd backend on an
 //! [`Etcd`](crate::Etcd) handle the process already has.
 //! Every backend passes the public `conformance` suite (feature `conformance`,
@@ -74,7 +75,7 @@ pub use memory::MemoryCoordinator;
 pub use nats::NatsCoordinator;
 pub use noop::NoopCoordinator;
 #[cfg(feature = "redis")]
-pub use redis::RedisCoordinator;
+pub use redis::{RedisCoordinator, RedisOptions};
 
 use crate::error::{Error, Result};
 use std::fmt;
