@@ -304,7 +304,13 @@ pub(crate) fn feed_channel<T: Send + 'static>(capacity: usize) -> (FeedSender<T>
 
 impl<T> FeedSender<T> {
     /// Queues `item` for the consumer without waiting.
+    /// `Gone` as soon as the feed's drop began: its hook runs before its
+    /// receiver is dropped, and an item sent in between would be lost
+    /// without anyone knowing.
     pub(crate) fn try_send(&self, item: T) -> Result<(), FeedFull<T>> {
+        if self.is_gone() {
+            return Err(FeedFull::Gone);
+        }
         match self.tx.try_send(item) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(item)) => Err(FeedFull::Full(item)),
