@@ -8,27 +8,44 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-/// `raw` (`host:port` or `http://host:port`, surrounding whitespace
-/// ignored) as the URL the driver dials, `http://host:port`; or why it is
-/// not an endpoint, phrased to follow the endpoint itself.
+/// `raw` (`host:port`, `http://host:port` or `https://host:port`,
+/// surrounding whitespace ignored) as the URL the driver dials: `https://`
+/// when `tls` is set, else `http://`; or why it is not an endpoint, phrased
+/// to follow the endpoint itself.
 ///
 /// The host is a DNS name (labels of letters, digits and inner hyphens),
 /// a dotted-quad IPv4 address, or an IPv6 address in brackets; the port
-/// is 1..=65535 and required. No user name, path, query or fragment.
-pub(crate) fn parse(raw: &str) -> Result<String, String> {
+/// is 1..=65535 and required. No user name, path, query or fragment. A
+/// scheme that contradicts `tls` is refused rather than dialled: etcd-client
+/// would otherwise use TLS without our CA, or no TLS at all.
+pub(crate) fn parse(raw: &str, tls: bool) -> Result<String, String> {
     let text = raw.trim();
     if text.is_empty() {
         return Err("is empty; expected host:port".into());
     }
     let authority = match text.split_once("://") {
         None => text,
-        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
-        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
-            return Err("TLS endpoints are not supported yet".into());
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => {
+            if tls {
+                return Err(
+                    "is plain http:// but TLS is configured; use https://host:port or host:port"
+                        .into(),
+                );
+            }
+            rest
+        }
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("https") => {
+            if !tls {
+                return Err("is https:// but no TLS is configured; give the CA \
+                     (EtcdOptions::with_tls, --cacert)"
+                    .into());
+            }
+            rest
         }
         Some((scheme, _)) => {
             return Err(format!(
-                "the scheme {scheme:?} is not supported; use host:port or http://host:port"
+                "the scheme {scheme:?} is not supported; use host:port, http://host:port \
+                 or https://host:port"
             ));
         }
     };
@@ -42,7 +59,8 @@ pub(crate) fn parse(raw: &str) -> Result<String, String> {
     }
     let (host, port) = split_host_port(authority)?;
     let port = parse_port(port)?;
-    Ok(format!("http://{host}:{port}"))
+    let scheme = if tls { "https" } else { "http" };
+    Ok(format!("{scheme}://{host}:{port}"))
 }
 
 /// `host` and the text after its `:`; a bracketed IPv6 host keeps its
@@ -132,8 +150,25 @@ mod tests {
             ("etcd-0.etcd.svc:2379", "http://etcd-0.etcd.svc:2379"),
             ("node1:02379", "http://node1:2379"),
         ] {
-            assert_eq!(parse(raw).as_deref(), Ok(url), "{raw:?}");
+            assert_eq!(parse(raw, false).as_deref(), Ok(url), "{raw:?}");
+            let tls = url.replacen("http://", "https://", 1);
+            let raw_tls = raw
+                .replacen("http://", "https://", 1)
+                .replacen("HTTP://", "https://", 1);
+            assert_eq!(parse(&raw_tls, true), Ok(tls), "{raw_tls:?}");
         }
+    }
+
+    #[test]
+    fn the_scheme_must_agree_with_the_tls_setting() {
+        assert_eq!(
+            parse("HTTPS://127.0.0.1:2379", true).as_deref(),
+            Ok("https://127.0.0.1:2379")
+        );
+        let no_ca = parse("https://127.0.0.1:2379", false).unwrap_err();
+        assert!(no_ca.contains("no TLS is configured"), "{no_ca}");
+        let plain = parse("http://127.0.0.1:2379", true).unwrap_err();
+        assert!(plain.contains("TLS is configured"), "{plain}");
     }
 
     #[test]
@@ -149,7 +184,6 @@ mod tests {
             "localhost:",
             "localhost",
             ":2379",
-            "https://127.0.0.1:2379",
             "unix:///run/etcd.sock",
             "grpc://host:1",
             "http://",
@@ -176,14 +210,16 @@ mod tests {
             "h\0st:1",
             "a:b:1",
         ] {
-            assert!(
-                parse(raw).is_err(),
-                "{raw:?} was accepted: {:?}",
-                parse(raw)
-            );
+            for tls in [false, true] {
+                assert!(
+                    parse(raw, tls).is_err(),
+                    "{raw:?} was accepted: {:?}",
+                    parse(raw, tls)
+                );
+            }
         }
         let long = format!("{}:1", "a".repeat(64));
-        assert!(parse(&long).is_err());
+        assert!(parse(&long, false).is_err());
     }
 
     proptest! {
@@ -192,11 +228,13 @@ mod tests {
         /// again.
         #[test]
         fn any_text_is_parsed_or_refused(raw in any::<String>()) {
-            if let Ok(url) = parse(&raw) {
-                prop_assert!(url.starts_with("http://"));
-                let port: u16 = url.rsplit(':').next().unwrap_or_default().parse().unwrap_or(0);
-                prop_assert!(port >= 1);
-                prop_assert_eq!(parse(&url), Ok(url.clone()));
+            for tls in [false, true] {
+                if let Ok(url) = parse(&raw, tls) {
+                    prop_assert!(url.starts_with(if tls { "https://" } else { "http://" }));
+                    let port: u16 = url.rsplit(':').next().unwrap_or_default().parse().unwrap_or(0);
+                    prop_assert!(port >= 1);
+                    prop_assert_eq!(parse(&url, tls), Ok(url.clone()));
+                }
             }
         }
 
@@ -211,7 +249,7 @@ mod tests {
                 && port.bytes().all(|b| b.is_ascii_digit())
                 && port.parse::<u32>().is_ok_and(|p| (1..=65535).contains(&p));
             let host_ok = !host.ends_with('-');
-            prop_assert_eq!(parse(&raw).is_ok(), in_range && host_ok, "{:?}", raw);
+            prop_assert_eq!(parse(&raw, false).is_ok(), in_range && host_ok, "{:?}", raw);
         }
     }
 }

@@ -7,6 +7,7 @@ use crate::driver::{
 };
 use crate::endpoint;
 use crate::error::{Error, Result};
+use crate::tls::{EtcdTls, EtcdUser};
 use crate::validate;
 use fleetcoord_sm::{Machine, Request, Response};
 use std::sync::Arc;
@@ -36,6 +37,9 @@ pub struct LeaseTtl {
 /// let options = EtcdOptions::default().with_connect_timeout(Duration::from_secs(2));
 /// assert_eq!(options.connect_timeout, Duration::from_secs(2));
 /// ```
+///
+/// `Debug` shows every setting but no secret: a password or a client key
+/// reads `<redacted>`.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct EtcdOptions {
@@ -53,6 +57,12 @@ pub struct EtcdOptions {
     /// connection and break every watch and keepalive stream on it (zero
     /// made the client reconnect without pause). Default 2 s.
     pub keepalive_interval: Duration,
+    /// TLS (a CA bundle, optionally a client certificate): endpoints are
+    /// dialled as `https://`. `None` (the default) is plain `http://`.
+    pub tls: Option<EtcdTls>,
+    /// The etcd user to authenticate as; `None` (the default) sends no
+    /// credentials, as for a cluster without auth.
+    pub user: Option<EtcdUser>,
 }
 
 /// Shortest [`EtcdOptions::keepalive_interval`] accepted.
@@ -67,6 +77,8 @@ impl Default for EtcdOptions {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
             keepalive_interval: Duration::from_secs(2),
+            tls: None,
+            user: None,
         }
     }
 }
@@ -93,6 +105,24 @@ impl EtcdOptions {
     #[must_use]
     pub const fn with_keepalive_interval(mut self, interval: Duration) -> Self {
         self.keepalive_interval = interval;
+        self
+    }
+
+    /// These options with TLS (see [`EtcdTls`]): every endpoint is dialled
+    /// as `https://host:port`; an `http://` endpoint is then refused.
+    #[must_use]
+    pub fn with_tls(mut self, tls: EtcdTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// These options authenticating as `user` (see [`EtcdUser`]). The
+    /// client logs in when connecting and again whenever etcd reports the
+    /// token expired; a wrong password fails [`Etcd::connect`] with
+    /// [`Error::Connect`].
+    #[must_use]
+    pub fn with_user(mut self, user: EtcdUser) -> Self {
+        self.user = Some(user);
         self
     }
 
@@ -147,18 +177,27 @@ pub(crate) fn assert_not_async() {
 }
 
 impl Etcd {
-    /// Connect to etcd at `endpoints` (`host:port` or `http://host:port`).
+    /// Connect to etcd at `endpoints` (`host:port`, `http://host:port`, or
+    /// with [`EtcdOptions::tls`] `https://host:port`).
     ///
-    /// Returns only once etcd has answered a request, or fails with
-    /// [`Error::Connect`] naming the endpoints within
-    /// [`EtcdOptions::connect_timeout`].
+    /// Returns only once etcd has answered a request (and accepted the
+    /// user's credentials), or fails with [`Error::Connect`] naming the
+    /// endpoints within [`EtcdOptions::connect_timeout`]; its reason is one
+    /// line saying what failed (refused, unknown CA, a certificate for
+    /// another name, a client certificate missing or refused, a wrong
+    /// password), never a secret.
+    ///
+    /// With several endpoints, each is probed on its own about once a
+    /// second: a member that stops answering (accepts connections but never
+    /// replies) gets no more calls until it answers again; the last answering
+    /// member is never dropped.
     ///
     /// Checked before anything is dialled, each failing with
     /// [`Error::InvalidArgument`]: every endpoint (a host name, a dotted-quad
     /// IPv4 address or a bracketed IPv6 address, then `:` and a port
-    /// 1..=65535; surrounding whitespace is ignored; `https://` is not
-    /// supported yet), and every option against the range documented on
-    /// its field of [`EtcdOptions`].
+    /// 1..=65535; surrounding whitespace is ignored; the scheme must agree
+    /// with [`EtcdOptions::tls`]), and every option against the range
+    /// documented on its field of [`EtcdOptions`].
     pub fn connect<S: AsRef<str>>(endpoints: &[S], options: EtcdOptions) -> Result<Etcd> {
         assert_not_async();
         if endpoints.is_empty() {
@@ -170,7 +209,7 @@ impl Etcd {
         let mut normalized = Vec::with_capacity(endpoints.len());
         for e in endpoints {
             let e = e.as_ref();
-            let url = endpoint::parse(e)
+            let url = endpoint::parse(e, options.tls.is_some())
                 .map_err(|why| Error::invalid("endpoints", format!("{e:?}: {why}")))?;
             normalized.push(url);
         }
@@ -180,6 +219,8 @@ impl Etcd {
             connect_timeout: options.connect_timeout,
             request_timeout: options.request_timeout,
             keepalive_interval: options.keepalive_interval,
+            tls: options.tls.clone(),
+            user: options.user.clone(),
         })
         .map_err(|e| match e {
             StartError::Io(e) => Error::Io(e),

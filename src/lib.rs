@@ -68,6 +68,7 @@ pub mod metrics;
 mod metrics;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod tls;
 mod txn;
 mod validate;
 mod watcher;
@@ -81,6 +82,7 @@ pub use election::{
 pub use error::{Error, EtcdErrorKind, Result};
 pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
 pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
+pub use tls::{EtcdTls, EtcdUser};
 pub use txn::{KeyValue, TxnOp, TxnOpResponse};
 pub use watcher::{list_hosts, HostEvent, HostInfo, HostWatcher, WatcherOptions};
 

@@ -342,6 +342,38 @@ pub(crate) fn watch_options(range: &KeyRange, start_revision: i64) -> (Vec<u8>, 
     (range_key(range), options)
 }
 
+/// The error a cancelled watch stands for, when etcd refused it rather than
+/// ended it: a watch on a prefix the user may not read, or opened with an
+/// expired token, returns Ok and its first response is `created &&
+/// canceled` with a `cancel_reason` (ETCD-NOTES). Read as a plain
+/// cancellation it would be re-opened forever; as the error it is, the
+/// machine's permanent-error path reaches the user.
+///
+/// etcd writes the reason as Go's gRPC status text, `rpc error: code =
+/// <Code> desc = <message>`; the code and message are mapped like any
+/// status. A cancellation for compaction, or with a reason in any other
+/// shape, is not a refusal.
+pub(crate) fn watch_refusal(r: &ec::WatchResponse) -> Option<RpcError> {
+    if !r.canceled() || r.compact_revision() > 0 {
+        return None;
+    }
+    refusal_from_reason(r.cancel_reason())
+}
+
+fn refusal_from_reason(reason: &str) -> Option<RpcError> {
+    let rest = reason.split_once("code = ")?.1;
+    let (code, message) = rest.split_once(" desc = ")?;
+    let code = match code.trim() {
+        "PermissionDenied" => Code::PermissionDenied,
+        "Unauthenticated" => Code::Unauthenticated,
+        "InvalidArgument" => Code::InvalidArgument,
+        "FailedPrecondition" => Code::FailedPrecondition,
+        "ResourceExhausted" => Code::ResourceExhausted,
+        _ => return None,
+    };
+    Some(status_error(&tonic::Status::new(code, message.trim())))
+}
+
 /// Convert one etcd watch response into the sm vocabulary.
 pub(crate) fn watch_response(r: &ec::WatchResponse) -> Response {
     if r.canceled() {
@@ -492,6 +524,41 @@ mod tests {
         ];
         for (code, message, expected) in cases {
             assert_eq!(grpc(code, message), expected, "{code:?} {message:?}");
+        }
+    }
+
+    #[test]
+    fn refused_watches_become_errors() {
+        assert_eq!(
+            refusal_from_reason(
+                "rpc error: code = PermissionDenied desc = etcdserver: permission denied"
+            ),
+            Some(RpcError::PermissionDenied(
+                "etcdserver: permission denied".into()
+            ))
+        );
+        assert_eq!(
+            refusal_from_reason(
+                "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token"
+            ),
+            Some(RpcError::Unauthenticated(
+                "etcdserver: invalid auth token".into()
+            ))
+        );
+        assert_eq!(
+            refusal_from_reason(
+                "rpc error: code = InvalidArgument desc = etcdserver: user name is empty"
+            ),
+            Some(rejected("etcdserver: user name is empty"))
+        );
+        // Anything else stays a cancellation the machine recovers from.
+        for reason in [
+            "",
+            "watch closed",
+            "rpc error: code = Unavailable desc = etcdserver: no leader",
+            "rpc error: code = PermissionDenied",
+        ] {
+            assert_eq!(refusal_from_reason(reason), None, "{reason:?}");
         }
     }
 

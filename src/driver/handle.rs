@@ -89,7 +89,10 @@ pub(crate) async fn unary(shared: Shared, call: UnaryCall) {
         result = tokio::time::timeout(timeout, exec::unary(&mut client, &request)) => {
             let answer = match result {
                 Ok(r) => r.map_err(CallError::Rpc),
-                Err(_) => Err(CallError::Timeout(timeout)),
+                Err(_) => {
+                    shared.suspicion.raise();
+                    Err(CallError::Timeout(timeout))
+                }
             };
             let _ = reply.send(answer);
         }

@@ -12,23 +12,27 @@
 // Only the NATS and Redis backends run a client other than etcd-client.
 #[cfg(any(feature = "nats", feature = "redis"))]
 pub(crate) mod bridge;
+pub(crate) mod connect;
 pub(crate) mod exec;
 pub(crate) mod handle;
+pub(crate) mod health;
 pub(crate) mod runner;
 
 pub(crate) use handle::{
     CallError, Feed, FeedItem, Finished, MachineHandle, Notify, StopHandle, UnaryCall,
 };
 
+use crate::tls::{EtcdTls, EtcdUser};
 use etcd_client as ec;
 use fleetcoord_sm::RpcError;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
 /// How to reach etcd, in plain data: the facade never names etcd-client.
+/// `Debug` redacts the key and password (see [`crate::tls`]).
 #[derive(Clone, Debug)]
 pub(crate) struct ConnectSettings {
-    /// `http://host:port` URLs.
+    /// `http://host:port` or (with `tls`) `https://host:port` URLs.
     pub endpoints: Vec<String>,
     /// How long connecting (and the first request that proves it) may take.
     pub connect_timeout: Duration,
@@ -36,6 +40,10 @@ pub(crate) struct ConnectSettings {
     pub request_timeout: Duration,
     /// HTTP/2 keepalive ping interval and timeout.
     pub keepalive_interval: Duration,
+    /// TLS for every connection.
+    pub tls: Option<EtcdTls>,
+    /// Who to log in as.
+    pub user: Option<EtcdUser>,
 }
 
 /// Settings the driver applies to every request it runs.
@@ -51,6 +59,9 @@ pub(crate) struct Shared {
     pub options: DriverOptions,
     /// Flips to `true` when the handle closes; machine tasks then stop.
     pub shutdown: watch::Receiver<bool>,
+    /// Raised when a call got no answer in time: the health monitor then
+    /// probes every endpoint at once.
+    pub suspicion: health::Suspicion,
 }
 
 /// A message from a user thread to the driver: the only two things a user
@@ -128,24 +139,38 @@ pub(crate) fn start(settings: ConnectSettings) -> Result<DriverHandle, StartErro
                 }
             };
             runtime.block_on(async move {
-                let options = ec::ConnectOptions::new()
-                    .with_connect_timeout(settings.connect_timeout)
-                    .with_keep_alive(settings.keepalive_interval, settings.keepalive_interval)
-                    .with_keep_alive_while_idle(true);
-                let client =
-                    match connect_checked(&settings.endpoints, options, settings.connect_timeout).await {
-                        Ok(c) => c,
-                        Err(reason) => {
-                            let _ = ready_tx.send(Err(StartError::Connect(reason)));
-                            return;
-                        }
-                    };
+                let connected = match connect::connect(&settings).await {
+                    Ok(c) => c,
+                    Err(reason) => {
+                        let _ = ready_tx.send(Err(StartError::Connect(reason)));
+                        return;
+                    }
+                };
                 let (shutdown_tx, shutdown_rx) = watch::channel(false);
                 let options = DriverOptions { request_timeout: settings.request_timeout };
                 let shutdown_grace = options.request_timeout.saturating_add(SHUTDOWN_SLACK);
-                let shared = Shared { client, options, shutdown: shutdown_rx };
-                let _ = ready_tx.send(Ok(()));
+                let suspicion = health::Suspicion::default();
+                let shared = Shared {
+                    client: connected.client,
+                    options,
+                    shutdown: shutdown_rx,
+                    suspicion: suspicion.clone(),
+                };
                 let mut tasks = tokio::task::JoinSet::new();
+                if connected.probes.len() > 1 {
+                    // A probe that takes longer than a request would have
+                    // timed out anyway; one that takes longer than a
+                    // keepalive ping would have broken the connection.
+                    let probe_timeout = settings.request_timeout.min(settings.keepalive_interval);
+                    tasks.spawn(health::monitor(
+                        shared.client.clone(),
+                        connected.probes,
+                        probe_timeout,
+                        suspicion,
+                        shared.shutdown.clone(),
+                    ));
+                }
+                let _ = ready_tx.send(Ok(()));
                 while let Some(msg) = rx.recv().await {
                     match msg {
                         DriverMsg::Unary(call) => {
@@ -202,70 +227,6 @@ pub(crate) fn start(settings: ConnectSettings) -> Result<DriverHandle, StartErro
 /// The error of a request that got no answer within `timeout`.
 pub(crate) fn no_answer(timeout: Duration) -> RpcError {
     RpcError::Unavailable(format!("no answer within {timeout:?}"))
-}
-
-/// Connect and prove the cluster answers: etcd-client connects lazily, so
-/// without a real request a wrong endpoint would only surface later.
-async fn connect_checked(
-    endpoints: &[String],
-    options: ec::ConnectOptions,
-    timeout: Duration,
-) -> std::result::Result<ec::Client, String> {
-    let attempt = async {
-        let mut client = ec::Client::connect(endpoints, Some(options))
-            .await
-            .map_err(|e| connect_reason(&e))?;
-        client.status().await.map_err(|e| connect_reason(&e))?;
-        Ok::<_, String>(client)
-    };
-    match tokio::time::timeout(timeout, attempt).await {
-        Ok(result) => result,
-        Err(_) => Err(format!("no answer within {timeout:?}")),
-    }
-}
-
-/// Why connecting failed, as one line for an operator. The Display of
-/// etcd-client's error embeds tonic's `Status`, whose Display appends its
-/// cause with `{:?}` — a struct dump. The root cause of the `source()`
-/// chain says it plainly ("connection refused", a DNS failure), so that is
-/// what the message carries.
-fn connect_reason(e: &ec::Error) -> String {
-    use std::error::Error as _;
-    let reason = match e {
-        ec::Error::GRpcStatus(status) => match status.source() {
-            Some(cause) => root_cause(cause),
-            // etcd (or something at that address) answered with a status.
-            None if !status.message().is_empty() => status.message().to_string(),
-            None => status.code().to_string(),
-        },
-        ec::Error::TransportError(t) => root_cause(t),
-        ec::Error::IoError(io) => root_cause(io),
-        other => other.to_string(),
-    };
-    // Display impls may still contain line breaks; the message is one line.
-    reason.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// The Display of the innermost error, in the lowercase style of the rest
-/// of the message: an OS error's "(os error N)" suffix is dropped, since
-/// the text before it says the same.
-fn root_cause(mut e: &(dyn std::error::Error + 'static)) -> String {
-    while let Some(next) = e.source() {
-        e = next;
-    }
-    let text = e.to_string();
-    let text = match text.find(" (os error ") {
-        Some(at) if text.ends_with(')') => text[..at].to_string(),
-        _ => text,
-    };
-    // "Connection refused" reads "connection refused"; "DNS ..." stays.
-    let mut chars = text.chars();
-    match (chars.next(), chars.next()) {
-        (Some(first), Some(second)) if first.is_uppercase() && second.is_lowercase() => {
-            first.to_lowercase().chain(text.chars().skip(1)).collect()
-        }
-        _ => text,
-    }
 }
 
 /// A seed for a machine's jitter. Machines are deterministic given their

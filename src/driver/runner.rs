@@ -7,6 +7,7 @@
 
 use super::exec;
 use super::handle::{Control, Finished, MachineHandle, Relief, Sink};
+use super::health::Suspicion;
 use super::{no_answer, Shared};
 use etcd_client as ec;
 use fleetcoord_sm::{
@@ -288,7 +289,15 @@ fn start_rpc(
                     let (tx, rx) = mpsc::unbounded_channel();
                     let client = shared.client.clone();
                     let timeout = shared.options.request_timeout;
-                    let task = tokio::spawn(renewals(client, lease, rx, reply_tx.clone(), timeout));
+                    let suspicion = shared.suspicion.clone();
+                    let task = tokio::spawn(renewals(
+                        client,
+                        lease,
+                        rx,
+                        reply_tx.clone(),
+                        timeout,
+                        suspicion,
+                    ));
                     keepalive.insert(KeepaliveStream {
                         lease,
                         requests: tx,
@@ -316,11 +325,15 @@ fn start_rpc(
             }
             let mut client = shared.client.clone();
             let timeout = shared.options.request_timeout;
+            let suspicion = shared.suspicion.clone();
             let handle = tokio::spawn(async move {
                 let result =
                     match tokio::time::timeout(timeout, exec::unary(&mut client, &request)).await {
                         Ok(result) => result,
-                        Err(_) => Err(no_answer(timeout)),
+                        Err(_) => {
+                            suspicion.raise();
+                            Err(no_answer(timeout))
+                        }
                     };
                 let _ = reply_tx.send(Delivery {
                     reply: RpcReply { id, result },
@@ -333,7 +346,10 @@ fn start_rpc(
 }
 
 /// One watch: forwards every response until etcd cancels it, the stream
-/// breaks, or the machine cancels it (abort).
+/// breaks, or the machine cancels it (abort). A watch etcd refuses at once
+/// is answered with the refusal as an error ([`exec::watch_refusal`]); one
+/// refused for an expired token is opened again once after logging in
+/// again, since etcd-client's token refresh never sees it (ETCD-NOTES).
 async fn watch(
     mut client: ec::Client,
     id: RpcId,
@@ -342,38 +358,51 @@ async fn watch(
     reply_tx: mpsc::UnboundedSender<Delivery>,
 ) {
     let (key, options) = exec::watch_options(&range, start_revision);
-    crate::metrics::watch_stream_opened();
-    let mut stream =
-        match exec::on_a_live_member!(client.watch(key.clone(), Some(options.clone())).await) {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = reply_tx.send(Delivery {
-                    reply: RpcReply {
-                        id,
-                        result: Err(exec::rpc_error(e)),
-                    },
-                    last: true,
-                });
+    let mut logged_in_again = false;
+    'open: loop {
+        crate::metrics::watch_stream_opened();
+        let mut stream =
+            match exec::on_a_live_member!(client.watch(key.clone(), Some(options.clone())).await) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = reply_tx.send(Delivery {
+                        reply: RpcReply {
+                            id,
+                            result: Err(exec::rpc_error(e)),
+                        },
+                        last: true,
+                    });
+                    return;
+                }
+            };
+        loop {
+            let (result, last) = match stream.message().await {
+                Ok(Some(r)) => match exec::watch_refusal(&r) {
+                    Some(RpcError::Unauthenticated(_)) if !logged_in_again => {
+                        logged_in_again = true;
+                        match client.refresh_token().await {
+                            Ok(()) => continue 'open,
+                            Err(e) => (Err(exec::rpc_error(e)), true),
+                        }
+                    }
+                    Some(refused) => (Err(refused), true),
+                    None => {
+                        let response = exec::watch_response(&r);
+                        // etcd ends a watch by cancelling it; nothing follows.
+                        let last = matches!(response, Response::WatchCanceled { .. });
+                        (Ok(response), last)
+                    }
+                },
+                Ok(None) => (
+                    Err(RpcError::Unavailable("watch stream ended".into())),
+                    true,
+                ),
+                Err(e) => (Err(exec::rpc_error(e)), true),
+            };
+            let reply = RpcReply { id, result };
+            if reply_tx.send(Delivery { reply, last }).is_err() || last {
                 return;
             }
-        };
-    loop {
-        let (result, last) = match stream.message().await {
-            Ok(Some(r)) => {
-                let response = exec::watch_response(&r);
-                // etcd ends a watch by cancelling it; nothing follows.
-                let last = matches!(response, Response::WatchCanceled { .. });
-                (Ok(response), last)
-            }
-            Ok(None) => (
-                Err(RpcError::Unavailable("watch stream ended".into())),
-                true,
-            ),
-            Err(e) => (Err(exec::rpc_error(e)), true),
-        };
-        let reply = RpcReply { id, result };
-        if reply_tx.send(Delivery { reply, last }).is_err() || last {
-            return;
         }
     }
 }
@@ -387,6 +416,7 @@ async fn renewals(
     mut requests: mpsc::UnboundedReceiver<RpcId>,
     reply_tx: mpsc::UnboundedSender<Delivery>,
     timeout: Duration,
+    suspicion: Suspicion,
 ) {
     let mut stream: Option<(ec::LeaseKeeper, ec::LeaseKeepAliveStream)> = None;
     while let Some(id) = requests.recv().await {
@@ -394,9 +424,12 @@ async fn renewals(
         let result = tokio::time::timeout(timeout, renew_once(&client, lease, &mut stream)).await;
         let result = match result {
             Ok(r) => r,
-            Err(_) => Err(RpcError::Unavailable(format!(
-                "no renewal answer within {timeout:?}"
-            ))),
+            Err(_) => {
+                suspicion.raise();
+                Err(RpcError::Unavailable(format!(
+                    "no renewal answer within {timeout:?}"
+                )))
+            }
         };
         crate::metrics::request("keepalive", started.elapsed(), &result);
         if result.is_err() {

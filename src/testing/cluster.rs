@@ -3,9 +3,11 @@
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::server::{unique_token, MemberSpec};
-use super::{net, EtcdBuilder, EtcdServer};
+use super::admin::Admin;
+use super::server::{pki_for, unique_token, MemberSpec};
+use super::{net, EtcdBuilder, EtcdServer, TestPki};
 use crate::deadline::deadline_after;
+use crate::tls::EtcdUser;
 use crate::{Error, Result};
 
 /// How many times a cluster start is retried after losing a port race.
@@ -47,6 +49,7 @@ impl EtcdCluster {
         if n == 0 {
             return Err(Error::invalid("n", "a cluster needs at least one member"));
         }
+        let pki = pki_for(builder)?;
         let mut last = None;
         for _ in 0..PORT_ATTEMPTS {
             let ports = (0..n)
@@ -71,21 +74,55 @@ impl EtcdCluster {
                         initial_cluster: initial_cluster.clone(),
                         token: token.clone(),
                         builder,
+                        pki: pki.clone(),
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
             match members.iter_mut().try_for_each(EtcdServer::wait_healthy) {
                 Ok(()) => {
-                    return Ok(EtcdCluster {
+                    let cluster = EtcdCluster {
                         members,
                         health_timeout: builder.health_timeout,
-                    })
+                    };
+                    if builder.auth {
+                        cluster
+                            .admin(None)?
+                            .enable_auth(EtcdServer::ROOT_PASSWORD)?;
+                    }
+                    return Ok(cluster);
                 }
                 Err(e) if members.iter().any(EtcdServer::lost_port_race) => last = Some(e),
                 Err(e) => return Err(e),
             }
         }
         Err(last.unwrap_or_else(|| Error::invalid("n", "no start attempt was made")))
+    }
+
+    /// The harness's administrator on every member.
+    fn admin(&self, root: Option<EtcdUser>) -> Result<Admin> {
+        let mut admin = self.members[0].admin(root)?;
+        admin.endpoints = self.endpoints();
+        Ok(admin)
+    }
+
+    /// [`EtcdServer::create_user`] for the whole cluster.
+    pub fn create_user(
+        &self,
+        name: &str,
+        password: &str,
+        prefix: Option<&str>,
+    ) -> Result<EtcdUser> {
+        let root = self.members[0]
+            .auth_enabled()
+            .then(|| self.members[0].root_user())
+            .transpose()?;
+        self.admin(root)?.create_user(name, password, prefix)?;
+        EtcdUser::new(name, password)
+    }
+
+    /// The test certificates when the members speak TLS.
+    pub fn pki(&self) -> Option<&TestPki> {
+        self.members[0].pki()
     }
 
     /// Number of members, running or not.
@@ -173,7 +210,7 @@ impl EtcdCluster {
 
 fn reports_leader(member: &EtcdServer) -> bool {
     let timeout = Duration::from_millis(500);
-    match net::http(member.client_addr(), "GET", "/metrics", "", timeout) {
+    match net::http(member.http_addr(), "GET", "/metrics", "", timeout) {
         Ok((200, body)) => body
             .lines()
             .any(|line| line.trim() == "etcd_server_is_leader 1"),

@@ -13,6 +13,10 @@
 //! * [`FaultProxy`] — an in-process TCP proxy between a client and etcd that
 //!   can [blackhole](Mode::Blackhole), [delay](Mode::Delay) and
 //!   [reset](FaultProxy::reset_all) connections.
+//! * Secured etcd: [`EtcdBuilder::tls`] and [`EtcdBuilder::client_cert_auth`]
+//!   serve the client URLs over TLS with a [`TestPki`] made at start;
+//!   [`EtcdBuilder::auth`] creates `root` and enables authentication, and
+//!   [`EtcdServer::create_user`] adds a user limited to one key prefix.
 //!
 //! Everything is cleaned up on drop: processes are killed, temp dirs
 //! removed, proxy connections closed.
@@ -39,8 +43,10 @@
 //! # Ok::<(), fleetcoord::Error>(())
 //! ```
 
+mod admin;
 mod cluster;
 mod net;
+mod pki;
 mod proxy;
 mod redis;
 mod redis_cluster;
@@ -49,6 +55,7 @@ mod server;
 use std::time::Duration;
 
 pub use cluster::EtcdCluster;
+pub use pki::{ServerNames, TestPki};
 pub use proxy::{FaultProxy, Mode};
 pub use redis::RedisServer;
 pub use redis_cluster::RedisCluster;
@@ -73,6 +80,9 @@ use crate::Result;
 pub struct EtcdBuilder {
     extra_args: Vec<String>,
     health_timeout: Duration,
+    tls: Option<ServerNames>,
+    client_cert_auth: bool,
+    auth: bool,
 }
 
 impl Default for EtcdBuilder {
@@ -87,7 +97,52 @@ impl EtcdBuilder {
         EtcdBuilder {
             extra_args: Vec::new(),
             health_timeout: Duration::from_secs(20),
+            tls: None,
+            client_cert_auth: false,
+            auth: false,
         }
+    }
+
+    /// Serve the client URLs over TLS with a [`TestPki`] generated at
+    /// start (see [`EtcdServer::pki`]); the server certificate is valid for
+    /// `127.0.0.1` and `localhost`. Health checks and `/metrics` move to a
+    /// plain-HTTP metrics port. Peers still talk plain HTTP.
+    ///
+    /// ```
+    /// use fleetcoord::testing::EtcdBuilder;
+    /// use fleetcoord::{Etcd, EtcdOptions};
+    ///
+    /// let server = EtcdBuilder::new().tls().start()?;
+    /// let tls = server.pki().expect("TLS server").server_tls()?;
+    /// let etcd = Etcd::connect(&server.endpoints(), EtcdOptions::default().with_tls(tls))?;
+    /// # Ok::<(), fleetcoord::Error>(())
+    /// ```
+    pub fn tls(self) -> Self {
+        self.tls_for(ServerNames::Loopback)
+    }
+
+    /// [`EtcdBuilder::tls`] with a server certificate valid for `names`
+    /// only, e.g. [`ServerNames::LocalhostOnly`] to test a name mismatch.
+    pub fn tls_for(mut self, names: ServerNames) -> Self {
+        self.tls = Some(names);
+        self
+    }
+
+    /// TLS (as [`EtcdBuilder::tls`] unless set already) and etcd's
+    /// `--client-cert-auth`: clients must present a certificate signed by
+    /// the test CA ([`TestPki::client_tls`]).
+    pub fn client_cert_auth(mut self) -> Self {
+        self.tls.get_or_insert(ServerNames::Loopback);
+        self.client_cert_auth = true;
+        self
+    }
+
+    /// Once healthy, create the user `root` (password
+    /// [`EtcdServer::ROOT_PASSWORD`]) with the `root` role and enable
+    /// authentication. Add users with [`EtcdServer::create_user`].
+    pub fn auth(mut self) -> Self {
+        self.auth = true;
+        self
     }
 
     /// Appends one command-line argument for etcd, e.g.

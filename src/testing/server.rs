@@ -6,12 +6,15 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::admin::Admin;
 use super::net;
-use super::EtcdBuilder;
+use super::{EtcdBuilder, TestPki};
 use crate::deadline::deadline_after;
+use crate::tls::EtcdUser;
 use crate::{Error, Result};
 
 /// How many times a start is retried when another process took one of the
@@ -44,6 +47,12 @@ pub struct EtcdServer {
     bin: PathBuf,
     args: Vec<String>,
     client_port: u16,
+    /// The plain-HTTP port of `/health` and `/metrics` when the client
+    /// port speaks TLS.
+    metrics_port: Option<u16>,
+    pki: Option<Arc<TestPki>>,
+    client_cert_auth: bool,
+    auth: bool,
     health_timeout: Duration,
     child: Option<Child>,
     log_path: PathBuf,
@@ -60,6 +69,17 @@ pub(crate) struct MemberSpec<'a> {
     pub(crate) initial_cluster: String,
     pub(crate) token: String,
     pub(crate) builder: &'a EtcdBuilder,
+    /// Certificates when the builder asked for TLS, shared by all members.
+    pub(crate) pki: Option<Arc<TestPki>>,
+}
+
+/// The test certificates a builder asks for, made once per server or
+/// cluster.
+pub(crate) fn pki_for(builder: &EtcdBuilder) -> Result<Option<Arc<TestPki>>> {
+    builder
+        .tls
+        .map(|names| TestPki::generate_for(names).map(Arc::new))
+        .transpose()
 }
 
 impl EtcdServer {
@@ -74,6 +94,7 @@ impl EtcdServer {
 
     /// Single-member start with retries on port collisions.
     pub(crate) fn start_with(builder: &EtcdBuilder) -> Result<EtcdServer> {
+        let pki = pki_for(builder)?;
         let mut last = None;
         for _ in 0..PORT_ATTEMPTS {
             let client_port = net::free_port()?;
@@ -85,10 +106,16 @@ impl EtcdServer {
                 initial_cluster: format!("fleetcoord-test=http://127.0.0.1:{peer_port}"),
                 token: unique_token(),
                 builder,
+                pki: pki.clone(),
             };
             let mut server = EtcdServer::spawn(&spec)?;
             match server.wait_healthy() {
-                Ok(()) => return Ok(server),
+                Ok(()) => {
+                    if builder.auth {
+                        server.admin(None)?.enable_auth(Self::ROOT_PASSWORD)?;
+                    }
+                    return Ok(server);
+                }
                 Err(e) if server.lost_port_race() => last = Some(e),
                 Err(e) => return Err(e),
             }
@@ -103,7 +130,8 @@ impl EtcdServer {
             .prefix("fleetcoord-etcd-")
             .tempdir()?;
         let data_dir = dir.path().join("data");
-        let client_url = format!("http://127.0.0.1:{}", spec.client_port);
+        let scheme = if spec.pki.is_some() { "https" } else { "http" };
+        let client_url = format!("{scheme}://127.0.0.1:{}", spec.client_port);
         let peer_url = format!("http://127.0.0.1:{}", spec.peer_port);
         let mut args: Vec<String> = [
             "--name",
@@ -130,12 +158,32 @@ impl EtcdServer {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        let mut metrics_port = None;
+        if let Some(pki) = &spec.pki {
+            let port = net::free_port()?;
+            metrics_port = Some(port);
+            args.extend([
+                format!("--cert-file={}", pki.server_cert_path().display()),
+                format!("--key-file={}", pki.server_key_path().display()),
+                format!("--listen-metrics-urls=http://127.0.0.1:{port}"),
+            ]);
+            if spec.builder.client_cert_auth {
+                args.extend([
+                    "--client-cert-auth".to_string(),
+                    format!("--trusted-ca-file={}", pki.ca_path().display()),
+                ]);
+            }
+        }
         args.extend(spec.builder.extra_args.iter().cloned());
         let log_path = dir.path().join("etcd.log");
         let mut server = EtcdServer {
             bin,
             args,
             client_port: spec.client_port,
+            metrics_port,
+            pki: spec.pki.clone(),
+            client_cert_auth: spec.builder.client_cert_auth,
+            auth: spec.builder.auth,
             health_timeout: spec.builder.health_timeout,
             child: None,
             log_path,
@@ -229,8 +277,60 @@ impl EtcdServer {
         format!("127.0.0.1:{}", self.client_port)
     }
 
-    pub(crate) fn client_addr(&self) -> std::net::SocketAddr {
-        net::loopback(self.client_port)
+    /// Where `/health` and `/metrics` answer plain HTTP: the client port,
+    /// or the metrics port when the client port speaks TLS.
+    pub(crate) fn http_addr(&self) -> std::net::SocketAddr {
+        net::loopback(self.metrics_port.unwrap_or(self.client_port))
+    }
+
+    /// The test certificates when this server speaks TLS.
+    pub fn pki(&self) -> Option<&TestPki> {
+        self.pki.as_deref()
+    }
+
+    pub(crate) fn auth_enabled(&self) -> bool {
+        self.auth
+    }
+
+    /// Password of `root` on servers started with [`EtcdBuilder::auth`].
+    pub const ROOT_PASSWORD: &'static str = "fleetcoord-test-root";
+
+    /// `root` and [`EtcdServer::ROOT_PASSWORD`].
+    pub fn root_user(&self) -> Result<EtcdUser> {
+        EtcdUser::new("root", Self::ROOT_PASSWORD)
+    }
+
+    /// Create user `name` with `password` whose own role may read and write
+    /// every key under `prefix` (e.g. `"/coord/"`) and nothing else; with
+    /// `None`, a user with no role at all. Authenticates as `root` when the
+    /// server runs with [`EtcdBuilder::auth`].
+    pub fn create_user(
+        &self,
+        name: &str,
+        password: &str,
+        prefix: Option<&str>,
+    ) -> Result<EtcdUser> {
+        let root = if self.auth {
+            Some(self.root_user()?)
+        } else {
+            None
+        };
+        self.admin(root)?.create_user(name, password, prefix)?;
+        EtcdUser::new(name, password)
+    }
+
+    /// The harness's administrator on this server (root once auth is on).
+    pub(crate) fn admin(&self, root: Option<EtcdUser>) -> Result<Admin> {
+        let tls = match &self.pki {
+            Some(pki) if self.client_cert_auth => Some(pki.client_tls()?),
+            Some(pki) => Some(pki.server_tls()?),
+            None => None,
+        };
+        Ok(Admin {
+            endpoints: vec![self.endpoint()],
+            tls,
+            root,
+        })
     }
 
     /// The client endpoint as a one-element list, the shape connect calls take.
@@ -254,7 +354,7 @@ impl EtcdServer {
     /// without quorum.
     pub fn is_healthy(&self) -> bool {
         matches!(
-            net::http(self.client_addr(), "GET", "/health", "", Duration::from_secs(1)),
+            net::http(self.http_addr(), "GET", "/health", "", Duration::from_secs(1)),
             Ok((200, body)) if body.contains("\"health\":\"true\"")
         )
     }

@@ -1,0 +1,271 @@
+//! Endpoint health: which members the shared client may send to.
+//!
+//! etcd-client's balancer has no notion of health: it keeps handing calls
+//! to a member that accepts connections but never answers, and each such
+//! call costs a whole request timeout (etcd-client#39; ETCD-NOTES: 8 of 20
+//! calls time out with one real and two hanging members). So each endpoint
+//! gets its own probe client, asked for a status about once a second and at
+//! once after any call of the handle timed out; a member that misses its
+//! probe is taken out of the shared client (`remove_endpoint`) and put
+//! back (`add_endpoint`) when it answers again. The last member in use is
+//! never taken out: etcd-client then hangs every call, even with a timeout
+//! (ETCD-NOTES). The decisions are [`Policy`]'s, a plain value tested on
+//! its own.
+
+use super::connect::explain;
+use crate::tls::EtcdTls;
+use etcd_client as ec;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, Notify};
+
+/// How often every endpoint is probed while nothing seems wrong.
+pub(crate) const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A status request to one endpoint, on a client of its own (same TLS and
+/// keepalive as the shared client, no credentials: any answer from etcd,
+/// even a refusal, proves the member answers).
+#[derive(Clone)]
+pub(crate) struct Probe {
+    url: String,
+    client: ec::Client,
+    tls: Option<EtcdTls>,
+}
+
+/// What one probe found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ProbeOutcome {
+    /// etcd answered (perhaps with an error status of its own).
+    Answered,
+    /// No answer in time, or the connection failed; why, in one line.
+    Failed(String),
+}
+
+impl Probe {
+    /// A probe of `url`; etcd-client connects lazily, so this only fails
+    /// for options it refuses outright.
+    pub(crate) async fn new(
+        url: &str,
+        options: ec::ConnectOptions,
+        tls: Option<&EtcdTls>,
+    ) -> Result<Probe, String> {
+        let client = ec::Client::connect([url], Some(options))
+            .await
+            .map_err(|e| explain(&e, tls))?;
+        Ok(Probe {
+            url: url.to_string(),
+            client,
+            tls: tls.cloned(),
+        })
+    }
+
+    /// The endpoint's URL, exactly as the shared client was given it
+    /// (`remove_endpoint` of any other spelling is a silent no-op).
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Ask for a status within `timeout`.
+    pub(crate) async fn check(&self, timeout: Duration) -> ProbeOutcome {
+        let mut client = self.client.clone();
+        match tokio::time::timeout(timeout, client.status()).await {
+            Ok(Ok(_)) => ProbeOutcome::Answered,
+            Ok(Err(e)) if etcd_answered(&e) => ProbeOutcome::Answered,
+            Ok(Err(e)) => ProbeOutcome::Failed(explain(&e, self.tls.as_ref())),
+            Err(_) => ProbeOutcome::Failed(format!("no answer within {timeout:?}")),
+        }
+    }
+}
+
+/// A status sent by etcd itself rather than made up by the transport: no
+/// underlying cause, and not one of the codes tonic uses for a broken or
+/// refused connection.
+fn etcd_answered(e: &ec::Error) -> bool {
+    use tonic::Code;
+    match e {
+        ec::Error::GRpcStatus(s) => {
+            std::error::Error::source(s).is_none()
+                && !matches!(
+                    s.code(),
+                    Code::Cancelled | Code::Unknown | Code::DeadlineExceeded | Code::Unavailable
+                )
+        }
+        _ => false,
+    }
+}
+
+/// A change to the shared client's endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// Stop sending to endpoint `i`.
+    Remove(usize),
+    /// Send to endpoint `i` again.
+    Add(usize),
+}
+
+/// Which endpoints are in use, and what a probe result changes.
+///
+/// Rules: one missed probe takes an endpoint out, one answer brings it
+/// back; the last endpoint in use stays whatever its probes say.
+#[derive(Clone, Debug)]
+pub(crate) struct Policy {
+    in_use: Vec<bool>,
+}
+
+impl Policy {
+    /// Endpoint `i` starts in use when `in_use[i]`.
+    pub(crate) fn new(in_use: Vec<bool>) -> Policy {
+        Policy { in_use }
+    }
+
+    /// Whether endpoint `i` is in use.
+    pub(crate) fn in_use(&self, i: usize) -> bool {
+        self.in_use.get(i).copied().unwrap_or(false)
+    }
+
+    /// Endpoint `i` answered its probe, or not; the change to make, if any.
+    pub(crate) fn observe(&mut self, i: usize, answered: bool) -> Option<Change> {
+        let in_use_count = self.in_use.iter().filter(|u| **u).count();
+        let slot = self.in_use.get_mut(i)?;
+        match (*slot, answered) {
+            (false, true) => {
+                *slot = true;
+                Some(Change::Add(i))
+            }
+            (true, false) if in_use_count > 1 => {
+                *slot = false;
+                Some(Change::Remove(i))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Wakes the monitor for an immediate round of probes: a call just timed
+/// out, so some member may have stopped answering.
+#[derive(Clone, Default)]
+pub(crate) struct Suspicion(Arc<Notify>);
+
+impl Suspicion {
+    /// Ask for a round of probes now (coalesced: many calls, one round).
+    pub(crate) fn raise(&self) {
+        self.0.notify_one();
+    }
+
+    async fn raised(&self) {
+        self.0.notified().await;
+    }
+}
+
+/// Probe every endpoint every [`PROBE_INTERVAL`] (or when suspicion is
+/// raised) and apply [`Policy`]'s changes to `client`, until shutdown.
+pub(crate) async fn monitor(
+    client: ec::Client,
+    probes: Vec<(Probe, bool)>,
+    timeout: Duration,
+    suspicion: Suspicion,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut policy = Policy::new(probes.iter().map(|(_, in_use)| *in_use).collect());
+    let probes: Vec<Probe> = probes.into_iter().map(|(p, _)| p).collect();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(PROBE_INTERVAL) => {}
+            _ = suspicion.raised() => {}
+            _ = shutdown.changed() => return,
+        }
+        let mut round = tokio::task::JoinSet::new();
+        for (i, probe) in probes.iter().enumerate() {
+            let probe = probe.clone();
+            round.spawn(async move { (i, probe.check(timeout).await) });
+        }
+        while let Some(done) = round.join_next().await {
+            let Ok((i, outcome)) = done else { continue };
+            let Some(probe) = probes.get(i) else { continue };
+            let answered = outcome == ProbeOutcome::Answered;
+            match policy.observe(i, answered) {
+                Some(Change::Remove(_)) => {
+                    let why = match &outcome {
+                        ProbeOutcome::Failed(why) => why.as_str(),
+                        ProbeOutcome::Answered => "",
+                    };
+                    log::warn!(
+                        "etcd endpoint {} did not answer its health probe ({why}); \
+                         sending it nothing until it does",
+                        probe.url()
+                    );
+                    if let Err(e) = client.remove_endpoint(probe.url()).await {
+                        log::warn!("could not stop using {}: {e}", probe.url());
+                    }
+                }
+                Some(Change::Add(_)) => {
+                    log::info!("etcd endpoint {} answers again; using it", probe.url());
+                    if let Err(e) = client.add_endpoint(probe.url()).await {
+                        log::warn!("could not use {} again: {e}", probe.url());
+                    }
+                }
+                None if !answered && policy.in_use(i) => {
+                    log::debug!(
+                        "etcd endpoint {} missed a probe but is the last in use",
+                        probe.url()
+                    );
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_miss_removes_one_answer_restores() {
+        let mut p = Policy::new(vec![true, true, true]);
+        assert_eq!(p.observe(0, true), None);
+        assert_eq!(p.observe(0, false), Some(Change::Remove(0)));
+        assert_eq!(p.observe(0, false), None, "already out");
+        assert!(!p.in_use(0));
+        assert_eq!(p.observe(0, true), Some(Change::Add(0)));
+        assert_eq!(p.observe(0, true), None, "already in");
+        assert!(p.in_use(0));
+    }
+
+    #[test]
+    fn the_last_endpoint_in_use_is_never_removed() {
+        let mut p = Policy::new(vec![true, true]);
+        assert_eq!(p.observe(1, false), Some(Change::Remove(1)));
+        assert_eq!(p.observe(0, false), None);
+        assert!(p.in_use(0));
+        // Endpoint 1 comes back; now 0 may go.
+        assert_eq!(p.observe(1, true), Some(Change::Add(1)));
+        assert_eq!(p.observe(0, false), Some(Change::Remove(0)));
+        let mut single = Policy::new(vec![true]);
+        assert_eq!(single.observe(0, false), None);
+    }
+
+    #[test]
+    fn endpoints_that_missed_the_connect_join_when_they_answer() {
+        let mut p = Policy::new(vec![true, false, false]);
+        assert_eq!(p.observe(1, false), None);
+        assert_eq!(p.observe(2, true), Some(Change::Add(2)));
+        assert_eq!(p.observe(7, true), None, "no such endpoint");
+    }
+
+    #[test]
+    fn any_sequence_keeps_one_endpoint_in_use() {
+        // A small exhaustive walk: every sequence of 8 observations over 3
+        // endpoints starting all in use leaves at least one in use.
+        for code in 0u32..(6u32.pow(8)) {
+            let mut p = Policy::new(vec![true; 3]);
+            let mut c = code;
+            for _ in 0..8 {
+                let (i, answered) = ((c % 3) as usize, (c / 3) % 2 == 1);
+                c /= 6;
+                p.observe(i, answered);
+                assert!((0..3).any(|i| p.in_use(i)), "sequence {code}");
+            }
+        }
+    }
+}
