@@ -141,7 +141,9 @@ impl std::fmt::Debug for HostLiveness {
 impl HostLiveness {
     /// Register `host_id` with `metadata` under the default prefix, with a
     /// lease of `ttl`. Blocks until the key is written (or fails after
-    /// [`LivenessOptions::register_timeout`]).
+    /// [`LivenessOptions::register_timeout`]); a refusal no retry fixes, such
+    /// as [`crate::EtcdErrorKind::PermissionDenied`] for a user without a
+    /// grant on the prefix, fails at once with that error.
     pub fn register(
         etcd: &Etcd,
         host_id: Uuid,
@@ -193,7 +195,7 @@ impl HostLiveness {
             Notify(move |s: LivenessState| {
                 crate::metrics::liveness(&metrics_key, &s);
                 *shared_state.lock() = s.clone();
-                if let LivenessState::Registered { .. } = s {
+                if let LivenessState::Registered { .. } | LivenessState::Refused { .. } = s {
                     if let Some(tx) = first_tx.take() {
                         let _ = tx.send(s.clone());
                     }
@@ -218,6 +220,11 @@ impl HostLiveness {
             _etcd: etcd.clone(),
         };
         match first.recv_timeout(options.register_timeout) {
+            // Permission denied, say: no retry helps, so no waiting either.
+            Ok(LivenessState::Refused { error }) => {
+                let _ = host.stop_and_wait();
+                Err(Error::rpc_in(format!("registering {}", host.key), error))
+            }
             Ok(_) => Ok(host),
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                 let _ = host.stop_and_wait();

@@ -164,6 +164,7 @@ fn state_record(host: Uuid, state: &LivenessState) -> (String, Value) {
         LivenessState::Suspended { lease } => ("suspended", Some(*lease), None),
         LivenessState::Lost { lease } => ("lost", Some(*lease), None),
         LivenessState::Stopped { revoked } => ("stopped", None, Some(*revoked)),
+        LivenessState::Refused { .. } => ("refused", None, None),
         #[allow(unreachable_patterns)]
         _ => ("unknown", None, None),
     };

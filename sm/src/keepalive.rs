@@ -24,7 +24,11 @@
 //!   granted (at once the first time, after a backoff delay when the previous
 //!   registration attempt failed) and the key put again.
 //! * Grant and put failures are retried with backoff; a put is retried on the
-//!   same lease (putting the same value again is idempotent).
+//!   same lease (putting the same value again is idempotent). A failure no
+//!   retry can fix ([`RpcError::is_retryable`] false: permission denied, a
+//!   rejected request) is reported as [`LivenessState::Refused`] and the
+//!   machine stops (revoking any lease it holds): a user without the grant
+//!   learns it at once instead of watching a retry loop.
 //! * A grant, put or revoke without any reply for one requested TTL counts as
 //!   failed (the request is canceled), so a lost reply never stalls the
 //!   machine.
@@ -119,12 +123,25 @@ pub enum LivenessState {
         /// The lease that was lost.
         lease: LeaseId,
     },
+    /// etcd refused the grant or the write for a reason no retry fixes
+    /// (permission denied, a rejected request); the machine is stopping and
+    /// `Stopped` follows.
+    Refused {
+        /// What etcd said.
+        error: RpcError,
+    },
     /// Final. `revoked` is false when there was no lease to revoke or the
     /// revoke failed (the lease then expires on its own).
     Stopped {
         /// Whether etcd confirmed the revoke.
         revoked: bool,
     },
+}
+
+/// An error retrying cannot fix, for a grant or a put. A missing lease is
+/// not one (a new lease fixes it).
+fn is_refusal(e: &RpcError) -> bool {
+    !e.is_retryable() && !matches!(e, RpcError::LeaseNotFound)
 }
 
 /// The machine's timers.
@@ -320,6 +337,11 @@ impl Keepalive {
             }
             _ => None,
         };
+        if let Err(e) = &result {
+            if is_refusal(e) {
+                return self.refuse(now, e.clone());
+            }
+        }
         let Some((id, ttl, deadline)) = granted else {
             // An unusable grant (error, nonsense, or already expired) is a
             // failed attempt; whatever lease it named expires by itself.
@@ -468,6 +490,7 @@ impl Keepalive {
             // etcd expired the lease before the key was bound to it (a
             // pause longer than the TTL): only a new lease helps.
             Err(RpcError::LeaseNotFound) => self.lose(now, true),
+            Err(e) if is_refusal(&e) => self.refuse(now, e),
             _ => self.schedule_put(now),
         }
     }
@@ -499,6 +522,12 @@ impl Keepalive {
         } else {
             self.send_grant(now);
         }
+    }
+
+    /// A permanent refusal: tell the user, then stop as if asked.
+    fn refuse(&mut self, now: Instant, error: RpcError) {
+        self.notify(LivenessState::Refused { error });
+        self.stop(now);
     }
 
     fn stop(&mut self, now: Instant) {

@@ -186,7 +186,7 @@ pub(crate) fn explain(e: &ec::Error, tls: Option<&EtcdTls>) -> String {
     let Some(tls) = tls else {
         return root;
     };
-    if root.contains("UnknownIssuer") {
+    if root.contains("UnknownIssuer") || root.contains("BadSignature") {
         return format!("TLS: the server's certificate is not signed by the given CA ({root})");
     }
     if root.contains("not valid for name") || root.contains("NotValidForName") {
@@ -206,12 +206,13 @@ pub(crate) fn explain(e: &ec::Error, tls: Option<&EtcdTls>) -> String {
         || (is_status(e, tonic::Code::Unknown) && root.contains("transport error"));
     match (alert || closed, tls.has_client_identity()) {
         (true, false) => format!(
-            "TLS: the server closed the connection after the handshake; it requires a \
-             client certificate and none was given (--cert/--key) ({root})"
+            "TLS: the server closed the connection right after the handshake; it most \
+             likely requires a client certificate, and none was given (--cert/--key) ({root})"
         ),
         (true, true) => format!(
-            "TLS: the server refused the client certificate; is it signed by a CA the \
-             server trusts? ({root})"
+            "TLS: the server closed the connection right after the handshake; it most \
+             likely refused the client certificate (is it signed by a CA the server \
+             trusts?) ({root})"
         ),
         (false, _) => root,
     }

@@ -87,9 +87,13 @@ impl TestPki {
             KeyUsagePurpose::CrlSign,
             KeyUsagePurpose::DigitalSignature,
         ];
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "fleetcoord test CA");
+        // A name of its own: two test CAs with one name would make a
+        // certificate of one look like a forgery by the other (rustls then
+        // says BadSignature, not UnknownIssuer).
+        ca_params.distinguished_name.push(
+            DnType::CommonName,
+            format!("fleetcoord test CA {}", uuid::Uuid::new_v4()),
+        );
         let ca_cert = ca_params.self_signed(&ca_key).map_err(pki_error)?;
         let issuer = Issuer::new(ca_params, ca_key);
 
