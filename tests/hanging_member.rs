@@ -1,0 +1,107 @@
+//! One of three etcd members accepts connections but never answers (a
+//! blackholing proxy in front of it): calls keep succeeding, no lease is
+//! lost, no leader loses leadership, and the member is used again once it
+//! answers. Prints calls/s and the worst latency with and without the fault.
+
+use fleetcoord::testing::{EtcdCluster, FaultProxy, Mode};
+use fleetcoord::{
+    Election, ElectionOptions, Etcd, EtcdOptions, HostEvent, HostLiveness, HostWatcher,
+    LivenessState,
+};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+const TTL: Duration = Duration::from_secs(6);
+const PHASE: Duration = Duration::from_secs(6);
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Calls made back to back for `how_long`: (calls, failures, worst latency).
+fn measure(election: &Election, how_long: Duration) -> (u32, u32, Duration) {
+    let (mut calls, mut failures, mut worst) = (0u32, 0u32, Duration::ZERO);
+    let started = Instant::now();
+    while started.elapsed() < how_long {
+        let t = Instant::now();
+        let result = election.leader();
+        worst = worst.max(t.elapsed());
+        calls += 1;
+        if let Err(e) = result {
+            failures += 1;
+            println!("call failed after {:?}: {e}", t.elapsed());
+        }
+    }
+    (calls, failures, worst)
+}
+
+fn report(what: &str, (calls, failures, worst): (u32, u32, Duration), over: Duration) {
+    println!(
+        "{what}: {calls} calls in {over:?} = {:.0} calls/s, {failures} failed, worst latency {worst:?}",
+        f64::from(calls) / over.as_secs_f64()
+    );
+}
+
+#[test]
+fn a_hanging_member_costs_at_most_one_timeout_and_no_lease() {
+    let cluster = EtcdCluster::start(3).expect("3-member cluster");
+    let proxies: Vec<FaultProxy> = cluster
+        .endpoints()
+        .iter()
+        .map(|e| FaultProxy::start(e).expect("proxy"))
+        .collect();
+    let endpoints: Vec<String> = proxies.iter().map(FaultProxy::endpoint).collect();
+    let options = EtcdOptions::default()
+        .with_request_timeout(Duration::from_secs(2))
+        .with_keepalive_interval(Duration::from_secs(1));
+    let etcd = Etcd::connect(&endpoints, options).expect("connect");
+
+    let watcher = HostWatcher::watch(&etcd).expect("watch");
+    assert_eq!(watcher.events().recv_timeout(WAIT).unwrap(), HostEvent::Synced);
+    let host = HostLiveness::register(&etcd, Uuid::new_v4(), b"h", TTL).expect("register");
+    let election =
+        Election::with_options(&etcd, "hanging", ElectionOptions::default().with_ttl(TTL))
+            .expect("election");
+    let leadership = election.campaign(b"me").expect("campaign");
+    std::thread::sleep(Duration::from_secs(1));
+    let mut events: Vec<HostEvent> = watcher.events().try_iter().collect();
+    while host.states().try_recv().is_ok() {}
+
+    let healthy = measure(&election, PHASE);
+    report("no fault", healthy, PHASE);
+
+    proxies[0].set_mode(Mode::Blackhole);
+    let faulty = measure(&election, PHASE);
+    report("member 0 hanging", faulty, PHASE);
+    assert!(leadership.is_held(), "leadership lost during the fault");
+
+    // Back: after a few probes member 0 is in use again, so the cluster
+    // stays reachable when the two others hang instead.
+    proxies[0].set_mode(Mode::Pass);
+    std::thread::sleep(Duration::from_secs(4));
+    proxies[1].set_mode(Mode::Blackhole);
+    proxies[2].set_mode(Mode::Blackhole);
+    let others = measure(&election, PHASE);
+    report("members 1 and 2 hanging", others, PHASE);
+    proxies[1].set_mode(Mode::Pass);
+    proxies[2].set_mode(Mode::Pass);
+
+    events.extend(watcher.events().try_iter());
+    assert!(
+        !events.iter().any(|e| matches!(e, HostEvent::Down(_))),
+        "false Down: {events:?}"
+    );
+    let states: Vec<LivenessState> = host.states().try_iter().collect();
+    println!("liveness states during the faults: {states:?}");
+    assert!(
+        !states.iter().any(|s| matches!(s, LivenessState::Lost { .. })),
+        "lease lost: {states:?}"
+    );
+    assert!(leadership.is_held(), "leadership lost");
+    assert!(leadership.lost().try_recv().is_err(), "leadership lost");
+    assert_eq!(healthy.1, 0, "calls failed without any fault");
+    // Before the probe notices, the calls already sent to the hanging
+    // member time out: one for a single caller, at most one per probe
+    // round.
+    for (what, phase) in [("member 0", faulty), ("members 1 and 2", others)] {
+        assert!(phase.1 <= 3, "{what} hanging: {} calls failed", phase.1);
+        assert!(phase.0 > 10 * phase.1.max(1), "{what} hanging: only {} calls", phase.0);
+    }
+}
