@@ -54,7 +54,10 @@ fn a_hanging_member_costs_at_most_one_timeout_and_no_lease() {
     let etcd = Etcd::connect(&endpoints, options).expect("connect");
 
     let watcher = HostWatcher::watch(&etcd).expect("watch");
-    assert_eq!(watcher.events().recv_timeout(WAIT).unwrap(), HostEvent::Synced);
+    assert_eq!(
+        watcher.events().recv_timeout(WAIT).unwrap(),
+        HostEvent::Synced
+    );
     let host = HostLiveness::register(&etcd, Uuid::new_v4(), b"h", TTL).expect("register");
     let election =
         Election::with_options(&etcd, "hanging", ElectionOptions::default().with_ttl(TTL))
@@ -91,7 +94,9 @@ fn a_hanging_member_costs_at_most_one_timeout_and_no_lease() {
     let states: Vec<LivenessState> = host.states().try_iter().collect();
     println!("liveness states during the faults: {states:?}");
     assert!(
-        !states.iter().any(|s| matches!(s, LivenessState::Lost { .. })),
+        !states
+            .iter()
+            .any(|s| matches!(s, LivenessState::Lost { .. })),
         "lease lost: {states:?}"
     );
     assert!(leadership.is_held(), "leadership lost");
@@ -102,6 +107,10 @@ fn a_hanging_member_costs_at_most_one_timeout_and_no_lease() {
     // round.
     for (what, phase) in [("member 0", faulty), ("members 1 and 2", others)] {
         assert!(phase.1 <= 3, "{what} hanging: {} calls failed", phase.1);
-        assert!(phase.0 > 10 * phase.1.max(1), "{what} hanging: only {} calls", phase.0);
+        assert!(
+            phase.0 > 10 * phase.1.max(1),
+            "{what} hanging: only {} calls",
+            phase.0
+        );
     }
 }

@@ -39,7 +39,10 @@ fn connect_error(endpoints: &[String], options: EtcdOptions) -> String {
 fn use_everything(etcd: &Etcd) {
     let me = Uuid::new_v4();
     let watcher = HostWatcher::watch(etcd).expect("watch hosts");
-    assert_eq!(watcher.events().recv_timeout(WAIT).unwrap(), HostEvent::Synced);
+    assert_eq!(
+        watcher.events().recv_timeout(WAIT).unwrap(),
+        HostEvent::Synced
+    );
     let host = HostLiveness::register(etcd, me, b"x", Duration::from_secs(5)).expect("register");
     match watcher.events().recv_timeout(WAIT).unwrap() {
         HostEvent::Up(info) => assert_eq!(info.id, me),
@@ -71,15 +74,24 @@ fn tls_with_the_right_ca_works_and_wrong_ca_or_name_say_so() {
     let http = vec![format!("http://{}", server.endpoint())];
     assert!(matches!(
         Etcd::connect(&http, options().with_tls(pki.server_tls().unwrap())),
-        Err(Error::InvalidArgument { what: "endpoints", .. })
+        Err(Error::InvalidArgument {
+            what: "endpoints",
+            ..
+        })
     ));
 
     let stranger = TestPki::generate().unwrap();
-    let reason = connect_error(&endpoints, options().with_tls(stranger.server_tls().unwrap()));
+    let reason = connect_error(
+        &endpoints,
+        options().with_tls(stranger.server_tls().unwrap()),
+    );
     assert!(reason.contains("not signed by the given CA"), "{reason}");
 
     // Plain gRPC to a TLS port fails too, rather than hanging.
-    let _ = Etcd::connect(&endpoints, options().with_connect_timeout(Duration::from_secs(2)));
+    let _ = Etcd::connect(
+        &endpoints,
+        options().with_connect_timeout(Duration::from_secs(2)),
+    );
 }
 
 #[test]
@@ -89,10 +101,17 @@ fn a_certificate_for_another_name_is_a_name_mismatch_unless_the_name_is_set() {
         .start()
         .expect("TLS etcd");
     let pki = server.pki().expect("pki");
-    let reason = connect_error(&server.endpoints(), options().with_tls(pki.server_tls().unwrap()));
+    let reason = connect_error(
+        &server.endpoints(),
+        options().with_tls(pki.server_tls().unwrap()),
+    );
     assert!(reason.contains("not valid for the name"), "{reason}");
 
-    let by_name = pki.server_tls().unwrap().with_server_name("localhost").unwrap();
+    let by_name = pki
+        .server_tls()
+        .unwrap()
+        .with_server_name("localhost")
+        .unwrap();
     let etcd = Etcd::connect(&server.endpoints(), options().with_tls(by_name))
         .expect("connect checking the certificate's own name");
     use_everything(&etcd);
@@ -100,14 +119,23 @@ fn a_certificate_for_another_name_is_a_name_mismatch_unless_the_name_is_set() {
 
 #[test]
 fn mutual_tls_needs_the_client_certificate() {
-    let server = EtcdBuilder::new().client_cert_auth().start().expect("mTLS etcd");
+    let server = EtcdBuilder::new()
+        .client_cert_auth()
+        .start()
+        .expect("mTLS etcd");
     let pki = server.pki().expect("pki");
 
-    let etcd = Etcd::connect(&server.endpoints(), options().with_tls(pki.client_tls().unwrap()))
-        .expect("connect with a client certificate");
+    let etcd = Etcd::connect(
+        &server.endpoints(),
+        options().with_tls(pki.client_tls().unwrap()),
+    )
+    .expect("connect with a client certificate");
     use_everything(&etcd);
 
-    let reason = connect_error(&server.endpoints(), options().with_tls(pki.server_tls().unwrap()));
+    let reason = connect_error(
+        &server.endpoints(),
+        options().with_tls(pki.server_tls().unwrap()),
+    );
     assert!(reason.contains("requires a client certificate"), "{reason}");
 
     // A certificate from a CA the server does not trust.
@@ -118,7 +146,10 @@ fn mutual_tls_needs_the_client_certificate() {
         .with_client_files(stranger.client_cert_path(), stranger.client_key_path())
         .unwrap();
     let reason = connect_error(&server.endpoints(), options().with_tls(foreign));
-    assert!(reason.contains("refused the client certificate"), "{reason}");
+    assert!(
+        reason.contains("refused the client certificate"),
+        "{reason}"
+    );
 }
 
 #[test]
@@ -154,7 +185,9 @@ fn a_prefix_limited_user_can_do_everything_under_its_prefix() {
     let agent = server
         .create_user("agent", "agent-pw", Some("/coord/"))
         .expect("agent");
-    let stranger = server.create_user("stranger", "stranger-pw", None).expect("stranger");
+    let stranger = server
+        .create_user("stranger", "stranger-pw", None)
+        .expect("stranger");
 
     let etcd = Etcd::connect(&server.endpoints(), options().with_user(agent.clone()))
         .expect("log in as agent");
@@ -175,7 +208,10 @@ fn a_prefix_limited_user_can_do_everything_under_its_prefix() {
     // Wrong password: refused at connect, naming the user, not the password.
     let wrong = EtcdUser::new("agent", "not-the-pw").unwrap();
     let reason = connect_error(&server.endpoints(), options().with_user(wrong));
-    assert!(reason.contains("authentication as \"agent\" failed"), "{reason}");
+    assert!(
+        reason.contains("authentication as \"agent\" failed"),
+        "{reason}"
+    );
     assert!(!reason.contains("not-the-pw"), "{reason}");
 
     // No user at all.

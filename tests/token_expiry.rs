@@ -35,7 +35,10 @@ fn expired_tokens_cause_no_lost_lease_no_false_down_and_no_lost_leadership() {
     let etcd = Etcd::connect(&[proxy.endpoint()], options).expect("connect as agent");
 
     let watcher = HostWatcher::watch(&etcd).expect("watch");
-    assert_eq!(watcher.events().recv_timeout(WAIT).unwrap(), HostEvent::Synced);
+    assert_eq!(
+        watcher.events().recv_timeout(WAIT).unwrap(),
+        HostEvent::Synced
+    );
     let first = HostLiveness::register(&etcd, Uuid::new_v4(), b"first", TTL).expect("register");
     let election = Election::with_options(
         &etcd,
@@ -94,11 +97,17 @@ fn expired_tokens_cause_no_lost_lease_no_false_down_and_no_lost_leadership() {
     for h in &hosts {
         let states: Vec<LivenessState> = h.states().try_iter().collect();
         assert!(
-            !states.iter().any(|s| matches!(s, LivenessState::Lost { .. })),
+            !states
+                .iter()
+                .any(|s| matches!(s, LivenessState::Lost { .. })),
             "host {} lost its lease: {states:?}",
             h.host_id()
         );
-        assert!(matches!(h.state(), LivenessState::Registered { .. }), "{:?}", h.state());
+        assert!(
+            matches!(h.state(), LivenessState::Registered { .. }),
+            "{:?}",
+            h.state()
+        );
     }
     assert!(leadership.is_held());
     assert_eq!(

@@ -16,6 +16,7 @@ mod hosts;
 mod lock;
 mod metrics_http;
 mod output;
+mod security;
 mod signal;
 
 use clap::{Parser, Subcommand};
@@ -38,11 +39,14 @@ const ENDPOINT_VARS: [&str; 2] = ["ETCD_ENDPOINTS", "ETCDCTL_ENDPOINTS"];
 #[derive(Parser, Debug)]
 #[command(name = "fleetcoord", version, propagate_version = true)]
 struct Cli {
-    /// etcd endpoints, comma-separated host:port or http://host:port
-    /// [default: $ETCD_ENDPOINTS, else $ETCDCTL_ENDPOINTS, else
-    /// 127.0.0.1:2379]
+    /// etcd endpoints, comma-separated host:port, http://host:port or (with
+    /// --cacert) https://host:port [default: $ETCD_ENDPOINTS, else
+    /// $ETCDCTL_ENDPOINTS, else 127.0.0.1:2379]
     #[arg(long, global = true, value_name = "HOST:PORT,...", value_parser = endpoint_flag)]
     endpoints: Option<String>,
+
+    #[command(flatten)]
+    security: security::SecurityArgs,
 
     /// Print one JSON object per line instead of text for people.
     #[arg(long, global = true)]
@@ -220,6 +224,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
         return result;
     }
     let options = EtcdOptions::default().with_connect_timeout(cli.connect_timeout);
+    let options = cli
+        .security
+        .apply(options, |name| std::env::var(name).ok())?;
     let endpoints = endpoints(cli.endpoints, |name| std::env::var(name).ok());
     let etcd = Etcd::connect(&endpoints, options)?;
     let ctx = Ctx {
