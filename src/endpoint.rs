@@ -230,7 +230,8 @@ mod tests {
         fn any_text_is_parsed_or_refused(raw in any::<String>()) {
             for tls in [false, true] {
                 if let Ok(url) = parse(&raw, tls) {
-                    prop_assert!(url.starts_with(if tls { "https://" } else { "http://" }));
+                    let scheme = if tls { "https://" } else { "http://" };
+                    prop_assert!(url.starts_with(scheme), "{}", url);
                     let port: u16 = url.rsplit(':').next().unwrap_or_default().parse().unwrap_or(0);
                     prop_assert!(port >= 1);
                     prop_assert_eq!(parse(&url, tls), Ok(url.clone()));
