@@ -24,11 +24,11 @@
 //!   granted (at once the first time, after a backoff delay when the previous
 //!   registration attempt failed) and the key put again.
 //! * Grant and put failures are retried with backoff; a put is retried on the
-//!   same lease (putting the same value again is idempotent). A failure no
-//!   retry can fix ([`RpcError::is_retryable`] false: permission denied, a
-//!   rejected request) is reported as [`LivenessState::Refused`] and the
-//!   machine stops (revoking any lease it holds): a user without the grant
-//!   learns it at once instead of watching a retry loop.
+//!   same lease (putting the same value again is idempotent). A grant or put
+//!   refused with [`RpcError::PermissionDenied`] is reported as
+//!   [`LivenessState::Refused`] and the machine stops (revoking any lease it
+//!   holds): a user without the grant learns it at once instead of watching
+//!   a retry loop.
 //! * A grant, put or revoke without any reply for one requested TTL counts as
 //!   failed (the request is canceled), so a lost reply never stalls the
 //!   machine.
@@ -123,9 +123,8 @@ pub enum LivenessState {
         /// The lease that was lost.
         lease: LeaseId,
     },
-    /// etcd refused the grant or the write for a reason no retry fixes
-    /// (permission denied, a rejected request); the machine is stopping and
-    /// `Stopped` follows.
+    /// etcd refused the grant or the write with permission denied, which no
+    /// retry fixes; the machine is stopping and `Stopped` follows.
     Refused {
         /// What etcd said.
         error: RpcError,
@@ -138,10 +137,12 @@ pub enum LivenessState {
     },
 }
 
-/// An error retrying cannot fix, for a grant or a put. A missing lease is
-/// not one (a new lease fixes it).
+/// A refusal no retry of the machine's can fix: the user lacks the
+/// permission. Other refusals stay retried: a missing lease is fixed by a
+/// new one, and a `Rejected` write may be etcd's space alarm, which an
+/// operator clears — a fleet must not unregister itself over it.
 fn is_refusal(e: &RpcError) -> bool {
-    !e.is_retryable() && !matches!(e, RpcError::LeaseNotFound)
+    matches!(e, RpcError::PermissionDenied(_))
 }
 
 /// The machine's timers.
@@ -339,6 +340,8 @@ impl Keepalive {
         };
         if let Err(e) = &result {
             if is_refusal(e) {
+                // This grant is answered: nothing to wait for when stopping.
+                self.phase = Phase::Granting { grant: None };
                 return self.refuse(now, e.clone());
             }
         }

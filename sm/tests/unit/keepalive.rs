@@ -307,6 +307,61 @@ fn only_the_lease_not_found_variant_loses_the_lease_not_its_wording() {
 }
 
 #[test]
+fn permission_denied_is_refused_once_and_stops_revoking_the_lease() {
+    let denied = || RpcError::PermissionDenied("etcdserver: permission denied".into());
+    // On the put: the lease granted for it is revoked.
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(config(true), t0, 1);
+    let _ = drain(&mut m);
+    m.handle(
+        t0,
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    let _ = drain(&mut m);
+    let reply = RpcReply {
+        id: RpcId(1),
+        result: Err(denied()),
+    };
+    m.handle(t0 + ms(10), reply.into());
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Notify(LivenessState::Refused { error: denied() }),
+            rpc(2, Request::Revoke { lease: LEASE }),
+        ]
+    );
+    m.handle(t0 + ms(20), ok(2, Response::Revoked));
+    assert_eq!(
+        drain(&mut m),
+        vec![Command::Notify(LivenessState::Stopped { revoked: true })]
+    );
+    assert!(m.is_finished());
+
+    // On the grant: nothing to revoke.
+    let mut m = Keepalive::new(config(false), t0, 1);
+    let _ = drain(&mut m);
+    let reply = RpcReply {
+        id: RpcId(0),
+        result: Err(denied()),
+    };
+    m.handle(t0 + ms(10), reply.into());
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Notify(LivenessState::Refused { error: denied() }),
+            Command::Notify(LivenessState::Stopped { revoked: false }),
+        ]
+    );
+    assert_eq!(m.poll_timeout(), None);
+}
+
+#[test]
 fn renewal_errors_suspend_once_and_retry_with_backoff_until_acked() {
     let t0 = Instant::now();
     let mut m = granted(t0);
