@@ -71,6 +71,7 @@ mod on {
             LivenessState::Suspended { .. } => "suspended",
             LivenessState::Lost { .. } => "lost",
             LivenessState::Stopped { .. } => "stopped",
+            LivenessState::Refused { .. } => "refused",
             #[allow(unreachable_patterns)]
             _ => "other",
         };
