@@ -6,18 +6,22 @@
 //! variant, or with arbitrary replies to arbitrary ids; it advances time and
 //! breaks streams. A small reference model tracks what the user was told.
 //! After every step:
-//! * `Elected` only answers an open campaign: never after `SessionLost` (or
-//!   any other answer) without a new `Campaign`/`TryCampaign`;
+//! * every answer names an open operation, which it closes: `Elected`,
+//!   `NotElected`, `CampaignFailed` a campaign, `Proclaimed`,
+//!   `ProclaimFailed` a proclaim; so `Elected` never comes after
+//!   `SessionLost` (or any other answer) of its campaign, nor for an
+//!   operation the user never asked for;
 //! * `is_leader()` implies an `Elected` not yet followed by `LeadershipLost`,
-//!   `Resign` of its token or `Stop`, a token equal to the elected one, and a session
-//!   deadline strictly after `now` (false from the deadline instant on);
+//!   `Resign` of its token, `CancelCampaign` of its campaign or `Stop`, a
+//!   token equal to the elected one, and a session deadline strictly after
+//!   `now` (false from the deadline instant on);
 //! * RPC ids are never reused; after `Session(Stopped)` no RPC is issued;
 //! * `poll_timeout` is never before `now`; draining commands terminates.
 
 #![no_main]
 
 use arbitrary::Arbitrary;
-use fleetcoord_sm::election::{Election, ElectionConfig, ElectionInput, ElectionNotice};
+use fleetcoord_sm::election::{Election, ElectionConfig, ElectionInput, ElectionNotice, OpId};
 use fleetcoord_sm::keepalive::LivenessState;
 use fleetcoord_sm::{
     BackoffConfig, Command, EventKind, KeyRange, KeyValue, Machine, Request, Response, Revision,
@@ -35,6 +39,8 @@ struct Input {
     ttl_secs: i8,
     seed: u64,
     jitter_percent: u8,
+    margin_ms: u16,
+    drift_allowance_ppm: u32,
     ops: Vec<Op>,
 }
 
@@ -45,7 +51,8 @@ enum User {
     /// Resign the latest elected token, or (`true`) a stale one.
     Resign(bool),
     Proclaim(u8),
-    CancelCampaign,
+    /// Cancel the operation this many back from the newest (0: the newest).
+    CancelCampaign(u8),
     Stop,
 }
 
@@ -77,8 +84,13 @@ enum Op {
 }
 
 struct Reference {
-    open_campaigns: u32,
+    open_campaigns: BTreeSet<OpId>,
+    open_proclaims: BTreeSet<OpId>,
+    /// Every operation asked for, newest last.
+    ops: Vec<OpId>,
+    /// The current leadership and the campaign that won it.
     elected: Option<Revision>,
+    elected_by: Option<OpId>,
     /// The latest `Elected` token, kept after the leadership ends.
     last_token: Revision,
     stopped: bool,
@@ -117,15 +129,23 @@ impl Fuzz {
     fn notice(&mut self, n: ElectionNotice) {
         let m = &mut self.model;
         match n {
-            ElectionNotice::Elected { token, .. } => {
-                assert!(m.open_campaigns > 0, "Elected without an open campaign");
-                m.open_campaigns -= 1;
+            ElectionNotice::Elected { op, token, .. } => {
+                assert!(m.open_campaigns.remove(&op), "Elected for {op:?}, not open");
                 m.elected = Some(token);
+                m.elected_by = Some(op);
                 m.last_token = token;
             }
-            ElectionNotice::NotElected { .. } | ElectionNotice::CampaignFailed(_) => {
-                assert!(m.open_campaigns > 0, "campaign answer without a campaign");
-                m.open_campaigns -= 1;
+            ElectionNotice::NotElected { op, .. } | ElectionNotice::CampaignFailed { op, .. } => {
+                assert!(
+                    m.open_campaigns.remove(&op),
+                    "campaign answer for {op:?}, not open"
+                );
+            }
+            ElectionNotice::Proclaimed { op } | ElectionNotice::ProclaimFailed { op, .. } => {
+                assert!(
+                    m.open_proclaims.remove(&op),
+                    "proclaim answer for {op:?}, not open"
+                );
             }
             ElectionNotice::LeadershipLost { .. } => m.elected = None,
             ElectionNotice::Session(LivenessState::Stopped { .. }) => m.stopped = true,
@@ -271,9 +291,10 @@ impl Fuzz {
                 self.machine.handle_timeout(self.now);
             }
             Op::User(u) => {
+                let op = OpId(self.model.ops.len() as u64 + 1);
                 let input = match u {
-                    User::Campaign(v) => ElectionInput::Campaign { value: vec![v] },
-                    User::TryCampaign(v) => ElectionInput::TryCampaign { value: vec![v] },
+                    User::Campaign(v) => ElectionInput::Campaign { op, value: vec![v] },
+                    User::TryCampaign(v) => ElectionInput::TryCampaign { op, value: vec![v] },
                     User::Resign(stale) => {
                         let latest = self.model.last_token;
                         ElectionInput::Resign {
@@ -284,13 +305,33 @@ impl Fuzz {
                             },
                         }
                     }
-                    User::Proclaim(v) => ElectionInput::Proclaim { value: vec![v] },
-                    User::CancelCampaign => ElectionInput::CancelCampaign,
+                    User::Proclaim(v) => ElectionInput::Proclaim { op, value: vec![v] },
+                    User::CancelCampaign(back) => {
+                        let ops = &self.model.ops;
+                        let index = ops.len().checked_sub(1 + usize::from(back));
+                        ElectionInput::CancelCampaign {
+                            op: index.map_or(OpId(0), |i| ops[i]),
+                        }
+                    }
                     User::Stop => ElectionInput::Stop,
                 };
+                let cancels_leadership = matches!(
+                    &input,
+                    ElectionInput::CancelCampaign { op } if self.model.elected_by == Some(*op)
+                        && self.model.elected.is_some()
+                );
                 match &input {
-                    ElectionInput::Campaign { .. } | ElectionInput::TryCampaign { .. } => {
-                        self.model.open_campaigns += 1
+                    ElectionInput::Campaign { op, .. } | ElectionInput::TryCampaign { op, .. } => {
+                        self.model.open_campaigns.insert(*op);
+                        self.model.ops.push(*op);
+                    }
+                    ElectionInput::Proclaim { op, .. } => {
+                        self.model.open_proclaims.insert(*op);
+                        self.model.ops.push(*op);
+                    }
+                    // Canceling the campaign that won resigns its leadership.
+                    ElectionInput::CancelCampaign { .. } if cancels_leadership => {
+                        self.model.elected = None
                     }
                     // Belief ends before anything is sent, for the
                     // resigned token only: a stale resign ends nothing.
@@ -301,8 +342,12 @@ impl Fuzz {
                     _ => {}
                 }
                 self.machine.handle(self.now, input);
-                if matches!(u, User::Stop) || matches!(u, User::Resign(false)) {
-                    assert!(!self.machine.is_leader(), "leader right after resign/stop");
+                if matches!(u, User::Stop) || matches!(u, User::Resign(false)) || cancels_leadership
+                {
+                    assert!(
+                        !self.machine.is_leader(),
+                        "leader right after resign/cancel/stop"
+                    );
                 }
             }
             Op::Reply(pick, shape) => {
@@ -358,6 +403,8 @@ fuzz_target!(|input: Input| {
             multiplier: 2,
             jitter_percent: input.jitter_percent,
         },
+        safety_margin: Duration::from_millis(u64::from(input.margin_ms)),
+        drift_allowance_ppm: input.drift_allowance_ppm,
     };
     let mut fuzz = Fuzz {
         machine: Election::new(config, now, input.seed),
@@ -366,8 +413,11 @@ fuzz_target!(|input: Input| {
         seen_ids: BTreeSet::new(),
         revision: 1,
         model: Reference {
-            open_campaigns: 0,
+            open_campaigns: BTreeSet::new(),
+            open_proclaims: BTreeSet::new(),
+            ops: Vec::new(),
             elected: None,
+            elected_by: None,
             last_token: 0,
             stopped: false,
         },

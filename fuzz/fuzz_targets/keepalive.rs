@@ -43,6 +43,8 @@ struct Input {
     max_ms: u16,
     multiplier: u8,
     jitter_percent: u8,
+    margin_ms: u16,
+    drift_allowance_ppm: u32,
     ops: Vec<Op>,
 }
 
@@ -297,6 +299,8 @@ fuzz_target!(|input: Input| {
             multiplier: u32::from(input.multiplier),
             jitter_percent: input.jitter_percent,
         },
+        safety_margin: Duration::from_millis(u64::from(input.margin_ms)),
+        drift_allowance_ppm: input.drift_allowance_ppm,
     };
     let mut run = Run {
         machine: Keepalive::new(config, now, input.seed),

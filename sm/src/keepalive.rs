@@ -4,17 +4,24 @@
 //! two modes: lease-only (an election session) or lease plus one key bound to
 //! it ([`Binding`], host liveness). It never trusts a lease longer than etcd
 //! can: the *local deadline* is the send time of the last acknowledged
-//! renewal (or of the grant) plus the TTL etcd returned. etcd computes its own
-//! expiry from the moment it *received* that request, which is later, so the
-//! machine always presumes the lease lost before etcd can expire it.
+//! renewal (or of the grant) plus the lease's *trusted lifetime*
+//! ([`trusted_lifetime`]): the TTL etcd returned, shortened by the clock
+//! drift allowance, minus the safety margin. etcd computes its own expiry
+//! from the moment it *received* that request, which is later, and on its
+//! own clock; as long as this machine's clock runs at least
+//! `1 - drift_allowance` times as fast as etcd's, the local deadline passes
+//! at least `safety_margin` (of etcd's time) before etcd can expire the
+//! lease, without relying on how late etcd's expiry loop runs.
 //!
 //! Life cycle, as seen through [`LivenessState`] notifications:
 //! `Registering → Registered ⇄ Suspended`, then on loss
 //! `Lost → Registering → …` again, and finally `Stopped`.
 //!
 //! * Renewals: at most one `KeepAlive` outstanding; the next one is sent at
-//!   `min(last_ack_send + ttl/3, now + (deadline - now)/2)`, so at least half
-//!   of the remaining lifetime is always left for a retry.
+//!   `min(last_ack_send + trusted/3, now + (deadline - now)/2)` (`trusted`
+//!   being the trusted lifetime), so at least half of the remaining lifetime
+//!   is always left for a retry, and no renewal is scheduled at or after the
+//!   local deadline.
 //! * A failed renewal (error, wrong reply, or no reply by the midpoint of the
 //!   remaining lifetime) makes the state `Suspended`; renewals are retried on
 //!   the same lease after a backoff delay, but never at or after the local
@@ -67,6 +74,11 @@ pub struct Binding {
     pub value: Vec<u8>,
 }
 
+/// The largest clock drift allowance the machine applies, in parts per
+/// million (10 %); larger values are clamped down to it. A clock that errs
+/// by more is broken, not drifting, and no allowance makes it safe.
+pub const MAX_DRIFT_ALLOWANCE_PPM: u32 = 100_000;
+
 /// How a [`Keepalive`] behaves.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KeepaliveConfig {
@@ -78,6 +90,42 @@ pub struct KeepaliveConfig {
     pub binding: Option<Binding>,
     /// Delays between failed attempts.
     pub backoff: BackoffConfig,
+    /// Taken off every lease's lifetime, so the local deadline passes this
+    /// long before etcd can expire the lease: room for a driver that fires
+    /// the deadline late and for a user acting on a belief it just checked.
+    /// At most half of the drift-adjusted TTL is taken (see
+    /// [`trusted_lifetime`]); `Duration::ZERO` takes nothing.
+    pub safety_margin: Duration,
+    /// How much slower than etcd's clock this machine's clock may run, in
+    /// parts per million: the TTL is shortened by this fraction before the
+    /// margin is taken off, so a clock running up to that much slow still
+    /// gives up first. Clamped to [`MAX_DRIFT_ALLOWANCE_PPM`]; 0 assumes
+    /// equal clock rates.
+    pub drift_allowance_ppm: u32,
+}
+
+/// How long a lease granted or renewed with `ttl` is trusted, counted from
+/// the send of that grant or renewal: `ttl × (1 − drift) − margin`, where
+/// `drift` is `drift_allowance_ppm` (clamped to [`MAX_DRIFT_ALLOWANCE_PPM`])
+/// over a million, rounded against the lease, and `margin` is
+/// `safety_margin` but at most half of `ttl × (1 − drift)`: a lease is
+/// always trusted for at least half of that, so a margin too large for the
+/// TTL etcd granted weakens the margin instead of leaving a lease that is
+/// never trusted (a driver should refuse such settings up front).
+pub fn trusted_lifetime(
+    ttl: Duration,
+    safety_margin: Duration,
+    drift_allowance_ppm: u32,
+) -> Duration {
+    const MILLION: u128 = 1_000_000;
+    let ppm = u128::from(drift_allowance_ppm.min(MAX_DRIFT_ALLOWANCE_PPM));
+    let nanos = ttl.as_nanos();
+    // The drift part is rounded up: never trust a nanosecond too long.
+    let adjusted = nanos - (nanos * ppm).div_ceil(MILLION);
+    let margin = safety_margin.as_nanos().min(adjusted / 2);
+    // `adjusted` is at most `ttl`'s nanoseconds, which came from a Duration.
+    let trusted = u64::try_from(adjusted - margin).unwrap_or(u64::MAX);
+    Duration::from_nanos(trusted)
 }
 
 /// Inputs of a [`Keepalive`].
@@ -161,7 +209,8 @@ enum Timer {
 #[derive(Clone, Debug)]
 struct Lease {
     id: LeaseId,
-    ttl: Duration,
+    /// The trusted lifetime of the last grant or acknowledged renewal.
+    trusted: Duration,
     deadline: Instant,
     last_ack_send: Instant,
     /// Outstanding renewal and its send time.
@@ -198,6 +247,8 @@ enum Phase {
 #[derive(Clone, Debug)]
 pub struct Keepalive {
     ttl_request: i64,
+    safety_margin: Duration,
+    drift_allowance_ppm: u32,
     binding: Option<Binding>,
     value_gen: u64,
     phase: Phase,
@@ -229,6 +280,8 @@ impl Keepalive {
         let renew_seed = rng.next_u64();
         let mut machine = Keepalive {
             ttl_request: config.ttl_secs.clamp(1, MAX_TTL_SECS),
+            safety_margin: config.safety_margin,
+            drift_allowance_ppm: config.drift_allowance_ppm,
             binding: config.binding,
             value_gen: 0,
             phase: Phase::Granting { grant: None },
@@ -261,9 +314,11 @@ impl Keepalive {
     }
 
     /// While a lease is held (also while its key is still being written),
-    /// the instant from which it must be presumed gone. Never later than
-    /// etcd's own expiry of that lease. `None` without a lease and once
-    /// stopping.
+    /// the instant from which it must be presumed gone: the send time of
+    /// the last grant or acknowledged renewal plus its [`trusted_lifetime`].
+    /// At least the safety margin before etcd's own expiry of that lease,
+    /// while this clock runs no slower than the drift allowance permits.
+    /// `None` without a lease and once stopping.
     pub fn local_deadline(&self) -> Option<Instant> {
         match &self.phase {
             Phase::Leased(l) => Some(l.deadline),
@@ -290,6 +345,11 @@ impl Keepalive {
 
     fn request_timeout(&self) -> Duration {
         secs(self.ttl_request)
+    }
+
+    /// How long a grant or renewal answered with `ttl_secs` is trusted.
+    fn trusted(&self, ttl_secs: i64) -> Duration {
+        trusted_lifetime(secs(ttl_secs), self.safety_margin, self.drift_allowance_ppm)
     }
 
     /// Notifies the state that follows from the phase, if it changed.
@@ -331,10 +391,10 @@ impl Keepalive {
         self.timers.stop(Timer::Retry);
         let granted = match result {
             Ok(Response::Granted { lease, ttl_secs }) if lease != 0 && ttl_secs > 0 => {
-                let ttl = secs(ttl_secs);
-                sent.checked_add(ttl)
+                let trusted = self.trusted(ttl_secs);
+                sent.checked_add(trusted)
                     .filter(|d| *d > now)
-                    .map(|d| (lease, ttl, d))
+                    .map(|d| (lease, trusted, d))
             }
             _ => None,
         };
@@ -345,7 +405,7 @@ impl Keepalive {
                 return self.refuse(now, e.clone());
             }
         }
-        let Some((id, ttl, deadline)) = granted else {
+        let Some((id, trusted, deadline)) = granted else {
             // An unusable grant (error, nonsense, or already expired) is a
             // failed attempt; whatever lease it named expires by itself.
             self.schedule_grant(now);
@@ -353,7 +413,7 @@ impl Keepalive {
         };
         self.phase = Phase::Leased(Lease {
             id,
-            ttl,
+            trusted,
             deadline,
             last_ack_send: sent,
             renewal: None,
@@ -375,9 +435,11 @@ impl Keepalive {
         let Phase::Leased(l) = &self.phase else {
             return;
         };
-        let by_ttl = l.last_ack_send.checked_add(l.ttl / 3).unwrap_or(now);
+        // A third of the *trusted* lifetime: with a safety margin the
+        // deadline comes before `ttl`, and renewals keep their pace to it.
+        let by_life = l.last_ack_send.checked_add(l.trusted / 3).unwrap_or(now);
         let half_left = now + l.deadline.saturating_duration_since(now) / 2;
-        self.arm(Timer::Renew, by_ttl.min(half_left));
+        self.arm(Timer::Renew, by_life.min(half_left));
     }
 
     fn send_keepalive(&mut self, now: Instant) {
@@ -425,16 +487,16 @@ impl Keepalive {
         }
         match result {
             Ok(Response::KeptAlive { ttl_secs }) if ttl_secs > 0 => {
+                let trusted = self.trusted(ttl_secs);
                 let Phase::Leased(l) = &mut self.phase else {
                     return;
                 };
-                let ttl = secs(ttl_secs);
-                let Some(deadline) = sent.checked_add(ttl).filter(|d| *d > now) else {
+                let Some(deadline) = sent.checked_add(trusted).filter(|d| *d > now) else {
                     // Acknowledged, but too late to still trust the lease.
                     self.lose(now, false);
                     return;
                 };
-                l.ttl = ttl;
+                l.trusted = trusted;
                 l.deadline = deadline;
                 l.last_ack_send = sent;
                 l.failing = false;

@@ -28,6 +28,10 @@
 //!   world up to a bound; [`ms`] spells virtual durations.
 //! * Seeded randomness for schedules ([`random`]): [`rng`], [`chance`],
 //!   [`pick`] (a number in `0..n`).
+//! * [`Drifting<M>`] ([`drift`]) — a machine whose clock runs at another
+//!   rate than the world's (etcd's), through a [`DriftClock`]: its `now` is
+//!   the world's instant seen through that clock, its deadlines are turned
+//!   back into world instants. Wrap a machine in it before the harness.
 //!
 //! Ordering at one instant (what [`step`] does, and what hand-written loops
 //! must do): `etcd.advance(now)` (leases expire first), then every due
@@ -48,12 +52,14 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod drift;
 pub mod etcd;
 pub mod faults;
 pub mod harness;
 pub mod random;
 pub mod world;
 
+pub use drift::{DriftClock, Drifting};
 pub use etcd::{ModelEtcd, MAX_LEASE_TTL_SECS, MAX_TXN_OPS};
 pub use faults::Faults;
 pub use harness::Harness;

@@ -10,9 +10,26 @@
 //! * [`Election::is_leader`] is true only between an
 //!   [`ElectionNotice::Elected`] and the first of: resign, stop, deletion of
 //!   the own key, or the session's *local deadline*. That deadline is
-//!   measured from the send time of the last acknowledged renewal, so it
-//!   always passes before etcd can expire the lease and let the next
-//!   candidate in: two holders never believe they lead at once.
+//!   measured from the send time of the last acknowledged renewal and
+//!   trusts the lease for its TTL shortened by the configured clock drift
+//!   allowance, minus the configured safety margin
+//!   ([`trusted_lifetime`](crate::keepalive::trusted_lifetime)). So while
+//!   this machine's clock runs no slower than the allowance permits, the
+//!   deadline passes at least the safety margin before etcd can expire the
+//!   lease and let the next candidate in: two holders never believe they
+//!   lead at once, and no holder believes it leads once etcd has expired
+//!   its lease — whatever the delay before etcd's expiry loop runs.
+//! * Every user operation but `Resign` and `Stop` carries an [`OpId`] of
+//!   the caller's choosing, and each answer names the operation it
+//!   answers: `Campaign`/`TryCampaign` are answered exactly once
+//!   (`Elected`, `NotElected` or `CampaignFailed`), `Proclaim` exactly once
+//!   (`Proclaimed` or `ProclaimFailed`). A driver that gave up on an
+//!   operation can never take its late answer for the next operation's.
+//! * `CancelCampaign { op }` acts on campaign `op` only: a campaign still
+//!   running is withdrawn (`CampaignFailed { op, Canceled }`), and one that
+//!   already won is resigned (`Resigned { token }`), so a canceled campaign
+//!   never leaves a leadership behind, even when its `Elected` crossed the
+//!   cancel. A cancel of anything else changes nothing.
 //! * `Elected` is only reported after the own key was read back with its
 //!   create revision once no older candidate remained (Go skips this check,
 //!   etcd #19597), so a candidate whose key vanished while it waited never
@@ -33,12 +50,19 @@ use crate::outbox::Outbox;
 use crate::rpc::{Command, Compare, KeyValue, LeaseId, Revision, RpcError, RpcReply};
 use crate::Machine;
 use protocol::{Protocol, SessionFact, UserRequest};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// RPC ids of the protocol start here; the session's start at 0, so a reply
 /// id alone tells which part it belongs to (see [`Outbox`]): the session
 /// would have to issue 2^40 requests to reach the protocol's range.
 const PROTOCOL_FIRST_RPC_ID: u64 = 1 << 40;
+
+/// Names one user operation, so its answer can be told from the answers to
+/// other operations. Chosen by the caller (a counter serves); the machine
+/// only copies it into the answer and compares it in `CancelCampaign`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub struct OpId(pub u64);
 
 /// How an [`Election`] behaves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,6 +74,13 @@ pub struct ElectionConfig {
     pub ttl_secs: i64,
     /// Delays between failed attempts (session and protocol alike).
     pub backoff: BackoffConfig,
+    /// The session's safety margin: leadership ends this long before etcd
+    /// can expire the session lease. See
+    /// [`KeepaliveConfig::safety_margin`].
+    pub safety_margin: Duration,
+    /// How much slower than etcd's this clock may run, in parts per
+    /// million. See [`KeepaliveConfig::drift_allowance_ppm`].
+    pub drift_allowance_ppm: u32,
 }
 
 /// Inputs of an [`Election`].
@@ -58,14 +89,20 @@ pub struct ElectionConfig {
 pub enum ElectionInput {
     /// The reply to one of the machine's requests (others are ignored).
     Rpc(RpcReply),
-    /// Queue up and wait until leader; answered by `Elected` or `CampaignFailed`.
+    /// Queue up and wait until leader; answered by `Elected` or
+    /// `CampaignFailed` carrying `op`.
     Campaign {
+        /// Names this operation in its answer.
+        op: OpId,
         /// The leader's value (what observers see).
         value: Vec<u8>,
     },
     /// Become leader only if nobody else is; answered by `Elected`,
-    /// `NotElected` or `CampaignFailed`. Never waits for other candidates.
+    /// `NotElected` or `CampaignFailed` carrying `op`. Never waits for other
+    /// candidates.
     TryCampaign {
+        /// Names this operation in its answer.
+        op: OpId,
         /// The leader's value.
         value: Vec<u8>,
     },
@@ -74,18 +111,30 @@ pub enum ElectionInput {
     /// A resign for any other token (a stale handle whose leadership was
     /// lost, while a newer campaign runs or leads) changes nothing. The
     /// session stays up for later campaigns; a campaign asked for while the
-    /// key is still being deleted starts once it is gone.
+    /// key is still being deleted starts once it is gone. It carries no
+    /// [`OpId`]: the token already names what it acts on and its answer.
     Resign {
         /// The fencing token of the leadership to end.
         token: Revision,
     },
-    /// Replace the leader's value; answered by `Proclaimed` or `ProclaimFailed`.
+    /// Replace the leader's value; answered by `Proclaimed` or
+    /// `ProclaimFailed` carrying `op`.
     Proclaim {
+        /// Names this operation in its answer.
+        op: OpId,
         /// The new value.
         value: Vec<u8>,
     },
-    /// Give up a running campaign; answered by `CampaignFailed(Canceled)`.
-    CancelCampaign,
+    /// Give up campaign `op`. Still running (or waiting for a resign): it
+    /// is withdrawn and answered by `CampaignFailed { op, Canceled }`.
+    /// Already won and still leading: that leadership is resigned
+    /// (`Resigned { token }`), since whoever cancels no longer wants it.
+    /// Anything else (another campaign, one already answered otherwise)
+    /// changes nothing and is not answered.
+    CancelCampaign {
+        /// The campaign to give up.
+        op: OpId,
+    },
     /// Leave for good: stop believing at once, revoke the session lease
     /// (which deletes the own key), then `Session(Stopped{..})`.
     Stop,
@@ -122,6 +171,8 @@ pub enum ElectionError {
 pub enum ElectionNotice {
     /// This candidate leads, verified against etcd.
     Elected {
+        /// The campaign this answers.
+        op: OpId,
         /// The own candidate key.
         key: Vec<u8>,
         /// The key's create revision: the fencing token, strictly greater
@@ -133,11 +184,18 @@ pub enum ElectionNotice {
     /// Answer to `TryCampaign` when someone else leads (`None` if the
     /// queue emptied meanwhile); the own key was removed again.
     NotElected {
+        /// The campaign this answers.
+        op: OpId,
         /// The current leader's key and value.
         leader: Option<KeyValue>,
     },
     /// A campaign ended without leadership.
-    CampaignFailed(ElectionError),
+    CampaignFailed {
+        /// The campaign this answers.
+        op: OpId,
+        /// Why.
+        error: ElectionError,
+    },
     /// Leadership ended without a resign: session lost, local deadline
     /// passed, own key deleted, or stop.
     LeadershipLost {
@@ -151,9 +209,17 @@ pub enum ElectionNotice {
         token: Revision,
     },
     /// The proclaimed value is written.
-    Proclaimed,
+    Proclaimed {
+        /// The proclaim this answers.
+        op: OpId,
+    },
     /// The proclaim did not happen.
-    ProclaimFailed(ElectionError),
+    ProclaimFailed {
+        /// The proclaim this answers.
+        op: OpId,
+        /// Why.
+        error: ElectionError,
+    },
     /// The session changed state.
     Session(LivenessState),
 }
@@ -178,6 +244,8 @@ impl Election {
             ttl_secs: config.ttl_secs,
             binding: None,
             backoff: config.backoff.clone(),
+            safety_margin: config.safety_margin,
+            drift_allowance_ppm: config.drift_allowance_ppm,
         };
         let session = Keepalive::with_first_rpc_id(session_config, now, seed, 0);
         let protocol_seed = seed.rotate_left(29) ^ 0x9e37_79b9_7f4a_7c15;
@@ -300,16 +368,18 @@ impl Machine for Election {
                     self.protocol.reply(now, reply);
                 }
             }
-            ElectionInput::Campaign { value } => self.protocol.user(
+            ElectionInput::Campaign { op, value } => self.protocol.user(
                 now,
                 UserRequest::Campaign {
+                    op,
                     value,
                     try_only: false,
                 },
             ),
-            ElectionInput::TryCampaign { value } => self.protocol.user(
+            ElectionInput::TryCampaign { op, value } => self.protocol.user(
                 now,
                 UserRequest::Campaign {
+                    op,
                     value,
                     try_only: true,
                 },
@@ -317,10 +387,12 @@ impl Machine for Election {
             ElectionInput::Resign { token } => {
                 self.protocol.user(now, UserRequest::Resign { token })
             }
-            ElectionInput::Proclaim { value } => {
-                self.protocol.user(now, UserRequest::Proclaim { value })
+            ElectionInput::Proclaim { op, value } => {
+                self.protocol.user(now, UserRequest::Proclaim { op, value })
             }
-            ElectionInput::CancelCampaign => self.protocol.user(now, UserRequest::CancelCampaign),
+            ElectionInput::CancelCampaign { op } => {
+                self.protocol.user(now, UserRequest::CancelCampaign { op })
+            }
             ElectionInput::Stop => {
                 self.protocol.user(now, UserRequest::Stop);
                 self.drain();

@@ -3,7 +3,7 @@
 //! step here testable with hand-written replies.
 
 use super::requests;
-use super::{ElectionError, ElectionNotice};
+use super::{ElectionError, ElectionNotice, OpId};
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::clock::Clock;
 use crate::outbox::Outbox;
@@ -28,10 +28,21 @@ pub(crate) enum SessionFact {
 /// User requests, without the RPC replies.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum UserRequest {
-    Campaign { value: Vec<u8>, try_only: bool },
-    Resign { token: Revision },
-    Proclaim { value: Vec<u8> },
-    CancelCampaign,
+    Campaign {
+        op: OpId,
+        value: Vec<u8>,
+        try_only: bool,
+    },
+    Resign {
+        token: Revision,
+    },
+    Proclaim {
+        op: OpId,
+        value: Vec<u8>,
+    },
+    CancelCampaign {
+        op: OpId,
+    },
     Stop,
 }
 
@@ -69,6 +80,8 @@ enum Step {
 
 #[derive(Clone, Debug)]
 struct Campaign {
+    /// The operation this campaign answers.
+    op: OpId,
     value: Vec<u8>,
     try_only: bool,
     lease: LeaseId,
@@ -89,11 +102,22 @@ enum Guard {
 
 #[derive(Clone, Debug)]
 struct Leading {
+    /// The campaign that won: canceling it resigns.
+    op: OpId,
     key: Vec<u8>,
     lease: LeaseId,
     token: Revision,
     guard: Guard,
-    proclaim: Option<(Vec<u8>, Option<RpcId>)>,
+    proclaim: Option<Proclaim>,
+}
+
+/// A proclaim in progress: its operation, the value, and the request in
+/// flight (`None` while waiting to retry).
+#[derive(Clone, Debug)]
+struct Proclaim {
+    op: OpId,
+    value: Vec<u8>,
+    pending: Option<RpcId>,
 }
 
 #[derive(Clone, Debug)]
@@ -254,8 +278,10 @@ impl Protocol {
                 // for the session is bounded by it too.
                 self.cancel(c.pending);
                 self.timers.stop(Timer::Retry);
-                self.outbox
-                    .notify(ElectionNotice::CampaignFailed(ElectionError::SessionLost));
+                self.outbox.notify(ElectionNotice::CampaignFailed {
+                    op: c.op,
+                    error: ElectionError::SessionLost,
+                });
                 Op::Idle
             }
             Op::Leading(l) => {
@@ -284,11 +310,38 @@ impl Protocol {
         self.timers.stop(Timer::ProclaimRetry);
         self.outbox
             .notify(ElectionNotice::LeadershipLost { token: l.token });
-        if let Some((_, pending)) = l.proclaim {
-            self.cancel(pending);
-            self.outbox
-                .notify(ElectionNotice::ProclaimFailed(proclaim_error));
+        if let Some(p) = l.proclaim {
+            self.cancel(p.pending);
+            self.outbox.notify(ElectionNotice::ProclaimFailed {
+                op: p.op,
+                error: proclaim_error,
+            });
         }
+    }
+
+    /// Ends the leadership `l` at the user's request: belief ends now, the
+    /// key is deleted (guarded by its token), then `Resigned { token }`.
+    fn resign(&mut self, l: Leading) -> Op {
+        match l.guard {
+            Guard::Watching(id) | Guard::Checking(id) => self.cancel(Some(id)),
+            Guard::Waiting => {}
+        }
+        self.timers.stop(Timer::Retry);
+        self.timers.stop(Timer::ProclaimRetry);
+        if let Some(p) = l.proclaim {
+            self.cancel(p.pending);
+            self.outbox.notify(ElectionNotice::ProclaimFailed {
+                op: p.op,
+                error: ElectionError::NotLeader,
+            });
+        }
+        self.backoff.reset();
+        self.send_withdraw(Withdraw {
+            key: l.key,
+            token: Some(l.token),
+            pending: None,
+            then: vec![ElectionNotice::Resigned { token: l.token }],
+        })
     }
 
     // ----- user requests ---------------------------------------------------
@@ -299,16 +352,22 @@ impl Protocol {
         self.op = match (op, request) {
             (Op::Stopped, r) => {
                 match r {
-                    UserRequest::Campaign { .. } => self
-                        .outbox
-                        .notify(ElectionNotice::CampaignFailed(ElectionError::Stopped)),
-                    UserRequest::Proclaim { .. } => self
-                        .outbox
-                        .notify(ElectionNotice::ProclaimFailed(ElectionError::Stopped)),
+                    UserRequest::Campaign { op, .. } => {
+                        self.outbox.notify(ElectionNotice::CampaignFailed {
+                            op,
+                            error: ElectionError::Stopped,
+                        })
+                    }
+                    UserRequest::Proclaim { op, .. } => {
+                        self.outbox.notify(ElectionNotice::ProclaimFailed {
+                            op,
+                            error: ElectionError::Stopped,
+                        })
+                    }
                     UserRequest::Resign { token } => {
                         self.outbox.notify(ElectionNotice::Resigned { token })
                     }
-                    UserRequest::CancelCampaign | UserRequest::Stop => {}
+                    UserRequest::CancelCampaign { .. } | UserRequest::Stop => {}
                 }
                 Op::Stopped
             }
@@ -316,10 +375,18 @@ impl Protocol {
                 self.stop(op);
                 Op::Stopped
             }
-            (Op::Idle, UserRequest::Campaign { value, try_only }) => {
+            (
+                Op::Idle,
+                UserRequest::Campaign {
+                    op,
+                    value,
+                    try_only,
+                },
+            ) => {
                 self.backoff.reset();
                 self.timers.stop(Timer::Retry);
                 let c = Campaign {
+                    op,
                     value,
                     try_only,
                     lease: 0,
@@ -347,72 +414,77 @@ impl Protocol {
                 self.queued = Some(request);
                 Op::Withdrawing(w)
             }
-            (op, UserRequest::Campaign { .. }) => {
-                self.outbox
-                    .notify(ElectionNotice::CampaignFailed(ElectionError::Busy));
-                op
+            (state, UserRequest::Campaign { op, .. }) => {
+                self.outbox.notify(ElectionNotice::CampaignFailed {
+                    op,
+                    error: ElectionError::Busy,
+                });
+                state
             }
-            (Op::Campaigning(c), UserRequest::CancelCampaign) => self.abandon(
-                c,
-                vec![ElectionNotice::CampaignFailed(ElectionError::Canceled)],
-            ),
-            (op, UserRequest::CancelCampaign) => {
-                if self.queued.take().is_some() {
-                    self.outbox
-                        .notify(ElectionNotice::CampaignFailed(ElectionError::Canceled));
+            // A cancel names its campaign: a late cancel of an earlier one
+            // must not end a newer campaign.
+            (Op::Campaigning(c), UserRequest::CancelCampaign { op }) if c.op == op => {
+                let then = vec![ElectionNotice::CampaignFailed {
+                    op,
+                    error: ElectionError::Canceled,
+                }];
+                self.abandon(c, then)
+            }
+            // The campaign won before the cancel arrived (its `Elected` may
+            // still be on its way to a user who gave up on it): resign, so
+            // a canceled campaign never leaves a leadership behind.
+            (Op::Leading(l), UserRequest::CancelCampaign { op }) if l.op == op => self.resign(l),
+            (state, UserRequest::CancelCampaign { op }) => {
+                let queued = matches!(
+                    self.queued,
+                    Some(UserRequest::Campaign { op: q, .. }) if q == op
+                );
+                if queued {
+                    self.queued = None;
+                    self.outbox.notify(ElectionNotice::CampaignFailed {
+                        op,
+                        error: ElectionError::Canceled,
+                    });
                 }
-                op
+                state
             }
             // Only the leadership with this token may resign: a stale handle
             // (its leadership lost, a newer campaign running or won) must not
             // end what came after it.
-            (Op::Leading(l), UserRequest::Resign { token }) if l.token == token => {
-                let key = l.key.clone();
-                let old_token = l.token;
-                match l.guard {
-                    Guard::Watching(id) | Guard::Checking(id) => self.cancel(Some(id)),
-                    Guard::Waiting => {}
-                }
-                self.timers.stop(Timer::Retry);
-                self.timers.stop(Timer::ProclaimRetry);
-                if let Some((_, pending)) = l.proclaim {
-                    self.cancel(pending);
-                    self.outbox
-                        .notify(ElectionNotice::ProclaimFailed(ElectionError::NotLeader));
-                }
-                self.backoff.reset();
-                self.send_withdraw(Withdraw {
-                    key,
-                    token: Some(old_token),
-                    pending: None,
-                    then: vec![ElectionNotice::Resigned { token }],
-                })
-            }
+            (Op::Leading(l), UserRequest::Resign { token }) if l.token == token => self.resign(l),
             (Op::Withdrawing(mut w), UserRequest::Resign { token }) => {
                 w.then.push(ElectionNotice::Resigned { token });
                 Op::Withdrawing(w)
             }
-            (op, UserRequest::Resign { token }) => {
+            (state, UserRequest::Resign { token }) => {
                 self.outbox.notify(ElectionNotice::Resigned { token });
-                op
+                state
             }
-            (Op::Leading(mut l), UserRequest::Proclaim { value }) => {
+            (Op::Leading(mut l), UserRequest::Proclaim { op, value }) => {
                 if l.proclaim.is_some() {
-                    self.outbox
-                        .notify(ElectionNotice::ProclaimFailed(ElectionError::Busy));
+                    self.outbox.notify(ElectionNotice::ProclaimFailed {
+                        op,
+                        error: ElectionError::Busy,
+                    });
                 } else {
                     self.proclaim_backoff.reset();
                     let id = self
                         .outbox
                         .rpc(requests::guarded_put(&l.key, &value, l.lease, l.token));
-                    l.proclaim = Some((value, Some(id)));
+                    l.proclaim = Some(Proclaim {
+                        op,
+                        value,
+                        pending: Some(id),
+                    });
                 }
                 Op::Leading(l)
             }
-            (op, UserRequest::Proclaim { .. }) => {
-                self.outbox
-                    .notify(ElectionNotice::ProclaimFailed(ElectionError::NotLeader));
-                op
+            (state, UserRequest::Proclaim { op, .. }) => {
+                self.outbox.notify(ElectionNotice::ProclaimFailed {
+                    op,
+                    error: ElectionError::NotLeader,
+                });
+                state
             }
         };
     }
@@ -421,8 +493,10 @@ impl Protocol {
         match op {
             Op::Campaigning(c) => {
                 self.cancel(c.pending);
-                self.outbox
-                    .notify(ElectionNotice::CampaignFailed(ElectionError::Stopped));
+                self.outbox.notify(ElectionNotice::CampaignFailed {
+                    op: c.op,
+                    error: ElectionError::Stopped,
+                });
             }
             Op::Leading(l) => self.lose_leadership(l, ElectionError::Stopped),
             Op::Withdrawing(w) => {
@@ -434,9 +508,11 @@ impl Protocol {
             Op::Idle | Op::Stopped => {}
         }
         // Answered after the withdraw's own notices, in the order asked.
-        if self.queued.take().is_some() {
-            self.outbox
-                .notify(ElectionNotice::CampaignFailed(ElectionError::Stopped));
+        if let Some(UserRequest::Campaign { op, .. }) = self.queued.take() {
+            self.outbox.notify(ElectionNotice::CampaignFailed {
+                op,
+                error: ElectionError::Stopped,
+            });
         }
         self.timers.clear();
     }
@@ -501,11 +577,9 @@ impl Protocol {
                     Op::Leading(l)
                 }
                 (Timer::ProclaimRetry, Op::Leading(mut l)) => {
-                    if let Some((value, None)) = l.proclaim.take() {
-                        let id = self
-                            .outbox
-                            .rpc(requests::guarded_put(&l.key, &value, l.lease, l.token));
-                        l.proclaim = Some((value, Some(id)));
+                    if let Some(p) = l.proclaim.as_mut().filter(|p| p.pending.is_none()) {
+                        let put = requests::guarded_put(&l.key, &p.value, l.lease, l.token);
+                        p.pending = Some(self.outbox.rpc(put));
                     }
                     Op::Leading(l)
                 }
@@ -534,10 +608,8 @@ impl Protocol {
 
     fn fail_campaign(&mut self, c: Campaign, error: ElectionError) -> Op {
         // Leave no key behind to block the others, then tell the user.
-        self.abandon(
-            Campaign { pending: None, ..c },
-            vec![ElectionNotice::CampaignFailed(error)],
-        )
+        let then = vec![ElectionNotice::CampaignFailed { op: c.op, error }];
+        self.abandon(Campaign { pending: None, ..c }, then)
     }
 
     fn retry_step(&mut self, mut c: Campaign) -> Op {
@@ -688,7 +760,10 @@ impl Protocol {
                 .as_ref()
                 .is_some_and(|kv| kv.key == c.key && kv.create_revision == c.token);
             if !first_is_mine {
-                let then = vec![ElectionNotice::NotElected { leader: first }];
+                let then = vec![ElectionNotice::NotElected {
+                    op: c.op,
+                    leader: first,
+                }];
                 return self.send_withdraw(Withdraw {
                     key: c.key,
                     token: Some(c.token),
@@ -714,11 +789,14 @@ impl Protocol {
     /// remains: no later key can get ahead of it, so I lead until it goes.
     fn elect(&mut self, c: Campaign, revision: Revision) -> Op {
         if self.session.lease() != Some(c.lease) {
-            self.outbox
-                .notify(ElectionNotice::CampaignFailed(ElectionError::SessionLost));
+            self.outbox.notify(ElectionNotice::CampaignFailed {
+                op: c.op,
+                error: ElectionError::SessionLost,
+            });
             return Op::Idle;
         }
         self.outbox.notify(ElectionNotice::Elected {
+            op: c.op,
             key: c.key.clone(),
             token: c.token,
             lease: c.lease,
@@ -727,6 +805,7 @@ impl Protocol {
             .outbox
             .rpc(requests::watch_key(&c.key, revision.saturating_add(1)));
         Op::Leading(Leading {
+            op: c.op,
             key: c.key,
             lease: c.lease,
             token: c.token,
@@ -756,43 +835,51 @@ impl Protocol {
     }
 
     fn leading_reply(&mut self, mut l: Leading, reply: RpcReply) -> Op {
-        if let Some((value, Some(id))) = &l.proclaim {
-            if *id == reply.id {
-                let value = value.clone();
-                return match reply.result {
-                    Ok(Response::Txn {
-                        succeeded: true, ..
-                    }) => {
-                        l.proclaim = None;
-                        self.outbox.notify(ElectionNotice::Proclaimed);
-                        Op::Leading(l)
+        let answered = l
+            .proclaim
+            .as_ref()
+            .filter(|p| p.pending == Some(reply.id))
+            .map(|p| p.op);
+        if let Some(op) = answered {
+            return match reply.result {
+                Ok(Response::Txn {
+                    succeeded: true, ..
+                }) => {
+                    l.proclaim = None;
+                    self.outbox.notify(ElectionNotice::Proclaimed { op });
+                    Op::Leading(l)
+                }
+                Ok(Response::Txn {
+                    succeeded: false, ..
+                }) => {
+                    l.proclaim = None;
+                    self.outbox.notify(ElectionNotice::ProclaimFailed {
+                        op,
+                        error: ElectionError::NotLeader,
+                    });
+                    self.lose_leadership(l, ElectionError::NotLeader);
+                    Op::Idle
+                }
+                Err(e) if !e.is_retryable() => {
+                    l.proclaim = None;
+                    self.outbox.notify(ElectionNotice::ProclaimFailed {
+                        op,
+                        error: ElectionError::Rejected(e),
+                    });
+                    Op::Leading(l)
+                }
+                _ => {
+                    if let Some(p) = l.proclaim.as_mut() {
+                        p.pending = None;
                     }
-                    Ok(Response::Txn {
-                        succeeded: false, ..
-                    }) => {
-                        l.proclaim = None;
-                        self.outbox
-                            .notify(ElectionNotice::ProclaimFailed(ElectionError::NotLeader));
-                        self.lose_leadership(l, ElectionError::NotLeader);
-                        Op::Idle
-                    }
-                    Err(e) if !e.is_retryable() => {
-                        l.proclaim = None;
-                        self.outbox
-                            .notify(ElectionNotice::ProclaimFailed(ElectionError::Rejected(e)));
-                        Op::Leading(l)
-                    }
-                    _ => {
-                        l.proclaim = Some((value, None));
-                        let now = self.clock.now();
-                        let at = now
-                            .checked_add(self.proclaim_backoff.next_delay())
-                            .unwrap_or(now);
-                        self.timers.set(Timer::ProclaimRetry, at);
-                        Op::Leading(l)
-                    }
-                };
-            }
+                    let now = self.clock.now();
+                    let at = now
+                        .checked_add(self.proclaim_backoff.next_delay())
+                        .unwrap_or(now);
+                    self.timers.set(Timer::ProclaimRetry, at);
+                    Op::Leading(l)
+                }
+            };
         }
         match l.guard.clone() {
             Guard::Watching(id) if id == reply.id => match reply.result {

@@ -2,24 +2,33 @@
 //! share one etcd, each in its own harness, under random user schedules and
 //! faults (failed requests, lost replies, one-candidate partitions with
 //! dropped streams, etcd pauses longer than the TTL, lease extensions,
-//! stop-and-replace of a candidate).
+//! stop-and-replace of a candidate). Every candidate's clock drifts: it runs
+//! at a seeded rate within the configured drift allowance of etcd's (the
+//! world's), up to the allowance itself, fast or slow ([`Drifting`]).
 //!
-//! Checked after every step:
-//! * at most one candidate has `is_leader()`;
+//! Checked after every step, in etcd's (the world's) time:
+//! * at most one candidate believes it leads (`is_leader()`);
+//! * no candidate believes it leads once the model has expired its lease,
+//!   or deleted its key: the key exists with the token as create revision;
+//! * a leader's `session_deadline()`, read on etcd's clock, is at least the
+//!   safety margin before the model's expiry of its lease (what makes the
+//!   two above hold whatever happens next);
 //! * every `Elected` token is strictly greater than every earlier one;
-//! * a leader's `session_deadline()` is not later than the model's expiry of
-//!   its lease, and its key exists in the model with the token as create
-//!   revision;
-//! * `Elected` only answers an open campaign (never after `SessionLost`
+//! * every answer names an open operation of its candidate, and each
+//!   operation is answered once (`Elected` never after `SessionLost`
 //!   without a new campaign);
 //! * `poll_timeout()` is never earlier than the instant just processed.
 //!
 //! After the faults stop and every live candidate campaigns, one of them is
 //! elected within a quiet period.
+//!
+//! The checker has teeth: with clocks drifting beyond the allowance it
+//! finds violations (`a_clock_drifting_beyond_the_allowance_is_caught`).
 
-use fleetcoord_sm::election::{Election, ElectionConfig, ElectionInput, ElectionNotice};
+use fleetcoord_sm::election::{Election, ElectionConfig, ElectionInput, ElectionNotice, OpId};
 use fleetcoord_sm::{BackoffConfig, Machine};
 use fleetcoord_test_support::*;
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 const SEEDS: u64 = 1_000;
@@ -27,6 +36,10 @@ const PREFIX: &[u8] = b"/coord/election/db/";
 const TTL_SECS: i64 = 2;
 const CHAOS: Duration = Duration::from_secs(30);
 const QUIET: Duration = Duration::from_secs(20);
+/// The candidates' drift allowance: 2 %, far more than real clocks drift,
+/// so drift visibly moves deadlines within a 2 s TTL.
+const DRIFT_ALLOWANCE_PPM: u32 = 20_000;
+const SAFETY_MARGIN: Duration = Duration::from_millis(100);
 
 fn config() -> ElectionConfig {
     ElectionConfig {
@@ -38,17 +51,25 @@ fn config() -> ElectionConfig {
             multiplier: 2,
             jitter_percent: 50,
         },
+        safety_margin: SAFETY_MARGIN,
+        drift_allowance_ppm: DRIFT_ALLOWANCE_PPM,
     }
 }
 
 /// One seat at the table: the current candidate in it and what the
-/// checker knows about it.
+/// checker knows about it. The seat's clock outlives its candidates.
 struct Seat {
-    harness: Harness<Election>,
+    harness: Harness<Drifting<Election>>,
     faults: Faults,
     partitioned_until: Option<Instant>,
-    /// Campaign requests not yet answered (Busy answers one at once).
-    open_campaigns: u32,
+    /// Campaigns asked for and not yet answered.
+    open_campaigns: BTreeSet<OpId>,
+    /// Proclaims asked for and not yet answered.
+    open_proclaims: BTreeSet<OpId>,
+    /// The operation ids this candidate used, newest last; cancels pick
+    /// from them (mostly the newest, sometimes an older one, as a late
+    /// cancel would).
+    ops: Vec<OpId>,
     /// The token of this candidate's latest `Elected`, which its user
     /// would resign with (possibly long after it was lost: a stale handle).
     last_token: i64,
@@ -57,17 +78,34 @@ struct Seat {
 }
 
 impl Seat {
-    fn new(now: Instant, seed: u64) -> Self {
+    fn new(now: Instant, seed: u64, clock: DriftClock) -> Self {
         Seat {
-            harness: Harness::new(Election::new(config(), now, seed)),
+            harness: Harness::new(Drifting::new(clock, now, |local| {
+                Election::new(config(), local, seed)
+            })),
             faults: Faults::none(),
             partitioned_until: None,
-            open_campaigns: 0,
+            open_campaigns: BTreeSet::new(),
+            open_proclaims: BTreeSet::new(),
+            ops: Vec::new(),
             last_token: 0,
             stopping: false,
             generation: 0,
         }
     }
+
+    fn election(&self) -> &Election {
+        &self.harness.machine.machine
+    }
+}
+
+/// `Err` with a message saying what broke, unless `cond`.
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(format!($($msg)+));
+        }
+    };
 }
 
 #[derive(Default)]
@@ -85,6 +123,10 @@ struct World {
     base: Faults,
     paused_until: Option<Instant>,
     max_token: i64,
+    next_op: u64,
+    /// Whether the margin is checked; without it only actual overlaps and
+    /// beliefs past etcd's expiry count (to show those are caught too).
+    margin_check: bool,
     stats: Stats,
     seed: u64,
 }
@@ -109,7 +151,7 @@ impl World {
 
     /// `fleetcoord_test_support::step` with a fault profile per candidate, so one of them can
     /// be cut off while the others talk to etcd.
-    fn step(&mut self, now: Instant) {
+    fn step(&mut self, now: Instant) -> Result<(), String> {
         for _ in 0..10_000 {
             self.etcd.advance(now);
             for s in &mut self.seats {
@@ -132,72 +174,83 @@ impl World {
             }
             if self.next_time().is_none_or(|t| t > now) {
                 self.stats.steps += 1;
-                self.check(now);
-                return;
+                return self.check(now);
             }
         }
         panic!("seed {}: livelock at one instant", self.seed);
     }
 
-    fn check(&mut self, now: Instant) {
+    fn check(&mut self, now: Instant) -> Result<(), String> {
         let seed = self.seed;
-        let mut leaders = 0;
+        let mut leaders = Vec::new();
         for (i, s) in self.seats.iter_mut().enumerate() {
-            let m = &s.harness.machine;
-            if let Some(at) = m.poll_timeout() {
-                assert!(
-                    at >= now,
-                    "seed {seed}: seat {i} poll_timeout {at:?} before now {now:?}"
-                );
+            let ppm = s.harness.machine.clock().ppm();
+            let context = format!("seed {seed}: seat {i} (clock {ppm:+} ppm) at {now:?}");
+            if let Some(at) = s.harness.machine.poll_timeout() {
+                ensure!(at >= now, "{context}: poll_timeout {at:?} before now");
             }
             for (_, n) in s.harness.drain_notifications() {
                 match n {
-                    ElectionNotice::Elected { token, .. } => {
-                        assert!(
-                            s.open_campaigns > 0,
-                            "seed {seed}: seat {i} elected without an open campaign"
+                    ElectionNotice::Elected { op, token, .. } => {
+                        ensure!(
+                            s.open_campaigns.remove(&op),
+                            "{context}: Elected answers {op:?}, not an open campaign"
                         );
-                        assert!(
+                        ensure!(
                             token > self.max_token,
-                            "seed {seed}: token {token} after {}",
+                            "{context}: token {token} after {}",
                             self.max_token
                         );
                         self.max_token = token;
                         s.last_token = token;
-                        s.open_campaigns -= 1;
                         self.stats.elections += 1;
                     }
-                    ElectionNotice::NotElected { .. } | ElectionNotice::CampaignFailed(_) => {
-                        assert!(
-                            s.open_campaigns > 0,
-                            "seed {seed}: seat {i} answer without a campaign"
+                    ElectionNotice::NotElected { op, .. }
+                    | ElectionNotice::CampaignFailed { op, .. } => {
+                        ensure!(
+                            s.open_campaigns.remove(&op),
+                            "{context}: campaign answer for {op:?}, not an open campaign"
                         );
-                        s.open_campaigns -= 1;
+                    }
+                    ElectionNotice::Proclaimed { op }
+                    | ElectionNotice::ProclaimFailed { op, .. } => {
+                        ensure!(
+                            s.open_proclaims.remove(&op),
+                            "{context}: proclaim answer for {op:?}, not an open proclaim"
+                        );
                     }
                     _ => {}
                 }
             }
-            let m = &s.harness.machine;
-            if m.is_leader() {
-                leaders += 1;
-                let token = m.token().expect("a leader has a token");
-                let deadline = m.session_deadline().expect("a leader has a session");
-                let key = m.my_key().expect("a leader has a key");
-                let lease = self.etcd.get(&key).map(|kv| kv.lease);
-                let model_deadline = lease.and_then(|l| self.etcd.lease_deadline(l));
-                assert!(
-                    model_deadline.is_some_and(|d| deadline <= d),
-                    "seed {seed}: seat {i} leads with deadline {deadline:?}, model {model_deadline:?}"
-                );
-                let kv = self.etcd.get(&key);
-                assert_eq!(
-                    kv.map(|kv| kv.create_revision),
-                    Some(token),
-                    "seed {seed}: seat {i} key"
-                );
+            let clock = s.harness.machine.clock();
+            let m = s.election();
+            if !m.is_leader() {
+                continue;
             }
+            leaders.push(i);
+            let token = m.token().expect("a leader has a token");
+            let deadline = m.session_deadline().expect("a leader has a session");
+            let key = m.my_key().expect("a leader has a key");
+            let kv = self.etcd.get(&key);
+            ensure!(
+                kv.as_ref().map(|kv| kv.create_revision) == Some(token),
+                "{context}: believes it leads with token {token}, but etcd has {kv:?} \
+                 (lease expired or key deleted)"
+            );
+            let model_deadline = kv.and_then(|kv| self.etcd.lease_deadline(kv.lease));
+            // The local deadline read on etcd's clock.
+            let deadline = clock.world(deadline);
+            ensure!(
+                !self.margin_check || model_deadline.is_some_and(|d| deadline + SAFETY_MARGIN <= d),
+                "{context}: leads until {deadline:?} (etcd's time), less than the \
+                 {SAFETY_MARGIN:?} margin before etcd's expiry {model_deadline:?}"
+            );
         }
-        assert!(leaders <= 1, "seed {seed}: {leaders} leaders at {now:?}");
+        ensure!(
+            leaders.len() <= 1,
+            "seed {seed}: seats {leaders:?} all believe they lead at {now:?}"
+        );
+        Ok(())
     }
 
     fn input(&mut self, seat: usize, input: ElectionInput, now: Instant) {
@@ -206,9 +259,14 @@ impl World {
             return;
         }
         match &input {
-            ElectionInput::Campaign { .. } | ElectionInput::TryCampaign { .. } => {
-                s.open_campaigns += 1;
+            ElectionInput::Campaign { op, .. } | ElectionInput::TryCampaign { op, .. } => {
+                s.open_campaigns.insert(*op);
+                s.ops.push(*op);
                 self.stats.campaigns += 1;
+            }
+            ElectionInput::Proclaim { op, .. } => {
+                s.open_proclaims.insert(*op);
+                s.ops.push(*op);
             }
             ElectionInput::Stop => s.stopping = true,
             _ => {}
@@ -216,13 +274,24 @@ impl World {
         s.harness.machine.handle(now, input);
     }
 
+    fn op(&mut self) -> OpId {
+        self.next_op += 1;
+        OpId(self.next_op)
+    }
+
     fn random_action(&mut self, now: Instant, chaos: bool) {
         let seat = (self.rng.next_u64() % self.seats.len() as u64) as usize;
         let value = format!("v{}", self.rng.next_u64() % 100).into_bytes();
         let roll = self.rng.next_u64() % 100;
         match roll {
-            0..=29 => self.input(seat, ElectionInput::Campaign { value }, now),
-            30..=41 => self.input(seat, ElectionInput::TryCampaign { value }, now),
+            0..=29 => {
+                let op = self.op();
+                self.input(seat, ElectionInput::Campaign { op, value }, now)
+            }
+            30..=41 => {
+                let op = self.op();
+                self.input(seat, ElectionInput::TryCampaign { op, value }, now)
+            }
             42..=51 => {
                 // Mostly the latest leadership's token; sometimes an older
                 // one, as a stale handle's drop would send.
@@ -234,8 +303,23 @@ impl World {
                 };
                 self.input(seat, ElectionInput::Resign { token }, now)
             }
-            52..=61 => self.input(seat, ElectionInput::Proclaim { value }, now),
-            62..=67 => self.input(seat, ElectionInput::CancelCampaign, now),
+            52..=61 => {
+                let op = self.op();
+                self.input(seat, ElectionInput::Proclaim { op, value }, now)
+            }
+            62..=67 => {
+                // Mostly the newest operation, sometimes an older one (a
+                // late cancel), which must change nothing.
+                let ops = &self.seats[seat].ops;
+                let back = if roll == 62 {
+                    1 + self.rng.next_u64() % 3
+                } else {
+                    0
+                };
+                let index = ops.len().checked_sub(1 + back as usize);
+                let op = index.map_or(OpId(0), |i| ops[i]);
+                self.input(seat, ElectionInput::CancelCampaign { op }, now)
+            }
             68..=69 => self.input(seat, ElectionInput::Stop, now),
             _ if !chaos => {}
             70..=77 => {
@@ -287,17 +371,21 @@ impl World {
                 && s.harness.machine.poll_timeout().is_none()
                 && s.harness.in_flight() == 0;
             if stopped {
-                assert!(!s.harness.machine.is_leader());
+                assert!(!s.election().is_leader());
                 s.generation += 1;
                 let seed = self
                     .seed
                     .wrapping_mul(31)
                     .wrapping_add(s.generation.wrapping_mul(1_000_003));
+                // The replacement sits where its predecessor sat: same
+                // clock, same wire (a partition in progress included).
                 let faults = s.faults.clone();
+                let clock = s.harness.machine.clock();
                 *s = Seat {
                     generation: s.generation,
                     faults,
-                    ..Seat::new(now, seed)
+                    partitioned_until: s.partitioned_until,
+                    ..Seat::new(now, seed, clock)
                 };
             }
         }
@@ -309,14 +397,14 @@ impl World {
         until: Instant,
         chaos: bool,
         mut next_action: Instant,
-    ) -> Instant {
+    ) -> Result<Instant, String> {
         loop {
             let mut t = next_time(&[self.next_time(), Some(next_action), self.paused_until]);
             for s in &self.seats {
                 t = next_time(&[t, s.partitioned_until]);
             }
             let Some(t) = t.filter(|t| *t <= until) else {
-                return now.max(until);
+                return Ok(now.max(until));
             };
             now = now.max(t);
             self.housekeeping(now);
@@ -324,12 +412,20 @@ impl World {
                 self.random_action(now, chaos);
                 next_action = now + Duration::from_millis(10 + self.rng.next_u64() % 1_500);
             }
-            self.step(now);
+            self.step(now)?;
         }
     }
 }
 
-fn run_seed(seed: u64, stats: &mut Stats) {
+/// One seeded run; `drift_ppm` bounds how fast or slow each candidate's
+/// clock runs (the allowance itself, or more to show the checker's teeth).
+/// `Err` says which invariant broke.
+fn run_seed(
+    seed: u64,
+    drift_ppm: u32,
+    margin_check: bool,
+    stats: &mut Stats,
+) -> Result<(), String> {
     let t0 = Instant::now();
     let mut rng = rng(seed);
     let candidates = 2 + (rng.next_u64() % 2) as usize;
@@ -339,7 +435,21 @@ fn run_seed(seed: u64, stats: &mut Stats) {
         Faults::moderate()
     };
     let mut seats: Vec<Seat> = (0..candidates)
-        .map(|i| Seat::new(t0, seed * 10 + i as u64))
+        .map(|i| {
+            // Half the clocks at the bound, fast or slow; the rest anywhere within.
+            let span = u64::from(drift_ppm);
+            let magnitude = match rng.next_u64() % 4 {
+                0 | 1 => span,
+                _ => rng.next_u64() % (span + 1),
+            };
+            let magnitude = i32::try_from(magnitude).unwrap_or(i32::MAX);
+            let ppm = if rng.next_u64() % 2 == 0 {
+                -magnitude
+            } else {
+                magnitude
+            };
+            Seat::new(t0, seed * 10 + i as u64, DriftClock::new(t0, ppm))
+        })
         .collect();
     for s in &mut seats {
         s.faults = base.clone();
@@ -351,11 +461,13 @@ fn run_seed(seed: u64, stats: &mut Stats) {
         base,
         paused_until: None,
         max_token: 0,
+        next_op: 0,
+        margin_check,
         stats: Stats::default(),
         seed,
     };
-    world.step(t0);
-    let now = world.run_until(t0, t0 + CHAOS, true, t0);
+    world.step(t0)?;
+    let now = world.run_until(t0, t0 + CHAOS, true, t0)?;
 
     // Quiet: faults end, every live candidate campaigns, someone must win.
     world.paused_until = world.paused_until.map(|_| now);
@@ -363,26 +475,28 @@ fn run_seed(seed: u64, stats: &mut Stats) {
         s.partitioned_until = s.partitioned_until.map(|_| now);
     }
     world.housekeeping(now);
-    world.step(now);
+    world.step(now)?;
     let settle = now + Duration::from_secs(5);
-    let now = world.run_until(now, settle, false, settle + QUIET);
+    let now = world.run_until(now, settle, false, settle + QUIET)?;
     for i in 0..world.seats.len() {
         let idle =
-            world.seats[i].open_campaigns == 0 && !world.seats[i].harness.machine.is_leader();
+            world.seats[i].open_campaigns.is_empty() && !world.seats[i].election().is_leader();
         if idle {
+            let op = world.op();
             world.input(
                 i,
                 ElectionInput::Campaign {
+                    op,
                     value: b"final".to_vec(),
                 },
                 now,
             );
         }
     }
-    world.step(now);
-    let end = world.run_until(now, now + QUIET, false, now + QUIET + QUIET);
+    world.step(now)?;
+    let end = world.run_until(now, now + QUIET, false, now + QUIET + QUIET)?;
     let leaders: Vec<usize> = (0..world.seats.len())
-        .filter(|&i| world.seats[i].harness.machine.is_leader())
+        .filter(|&i| world.seats[i].election().is_leader())
         .collect();
     if leaders.len() != 1 {
         let keys: Vec<(String, i64, i64)> = world
@@ -400,7 +514,7 @@ fn run_seed(seed: u64, stats: &mut Stats) {
         let seats: Vec<String> = world
             .seats
             .iter()
-            .map(|s| format!("open={} {:?}", s.open_campaigns, s.harness.machine))
+            .map(|s| format!("open={:?} {:?}", s.open_campaigns, s.election()))
             .collect();
         panic!("seed {seed}: {} leaders after the quiet period ending {end:?}; keys {keys:?}; seats {seats:#?}", leaders.len());
     }
@@ -414,20 +528,62 @@ fn run_seed(seed: u64, stats: &mut Stats) {
             .sum::<u64>();
     stats.elections += world.stats.elections;
     stats.campaigns += world.stats.campaigns;
+    Ok(())
 }
 
 #[test]
 fn at_most_one_leader_with_increasing_tokens_over_many_seeds() {
     let mut stats = Stats::default();
     for seed in 0..SEEDS {
-        run_seed(seed, &mut stats);
+        if let Err(violation) = run_seed(seed, DRIFT_ALLOWANCE_PPM, true, &mut stats) {
+            panic!("{violation}");
+        }
     }
     println!(
-        "election sim: {SEEDS} seeds, {} steps, {} faults injected, {} campaigns, {} elections",
+        "election sim: {SEEDS} seeds, clocks drifting up to ±{DRIFT_ALLOWANCE_PPM} ppm, {} steps, \
+         {} faults injected, {} campaigns, {} elections",
         stats.steps, stats.faults, stats.campaigns, stats.elections
     );
     assert!(
         stats.elections > SEEDS,
         "too few elections to mean anything"
+    );
+}
+
+/// Clocks running slower than the allowance let a leader believe past the
+/// margin, and far enough beyond it past etcd's expiry, while the next
+/// leader is elected: the checker must say so (a checker that passes
+/// everything proves nothing).
+#[test]
+fn a_clock_drifting_beyond_the_allowance_is_caught() {
+    let mut stats = Stats::default();
+    // Just beyond (3 % on a 2 % allowance): the margin is eaten into.
+    let margin = (0..20)
+        .filter_map(|seed| run_seed(seed, DRIFT_ALLOWANCE_PPM + 10_000, true, &mut stats).err())
+        .collect::<Vec<_>>();
+    assert!(
+        margin.iter().any(|v| v.contains("margin")),
+        "3 % drift on a 2 % allowance went unnoticed: {margin:?}"
+    );
+    // Far beyond (10 %; the margin is 5 % of the TTL), with the margin
+    // unchecked: leaders believe past their lease, next to their successor.
+    let overlaps = (0..100)
+        .filter_map(|seed| run_seed(seed, DRIFT_ALLOWANCE_PPM * 5, false, &mut stats).err())
+        .collect::<Vec<_>>();
+    let two = overlaps
+        .iter()
+        .find(|v| v.contains("all believe they lead"));
+    println!(
+        "drift beyond the allowance: {} of 20 seeds broke the margin, first: {:?}; \
+         {} of 100 seeds had a leader past etcd's expiry or two leaders, first: {:?}, \
+         first with two: {two:?}",
+        margin.len(),
+        margin.first(),
+        overlaps.len(),
+        overlaps.first()
+    );
+    assert!(
+        !overlaps.is_empty(),
+        "10 % drift on a 2 % allowance went unnoticed"
     );
 }

@@ -6,9 +6,9 @@
 //! then `Stop`. Invariants checked after every step:
 //!
 //! * (a) while the machine holds a lease it believes in (`lease()` is
-//!   `Some`), the model still has that lease and the local deadline is not
-//!   later than the model's expiry; in binding mode the key exists, bound to
-//!   that lease;
+//!   `Some`), the model still has that lease and the local deadline is at
+//!   least the (seeded) safety margin before the model's expiry; in binding
+//!   mode the key exists, bound to that lease;
 //! * (b) in a run without faults the lease is never lost and, once
 //!   registered, the key never disappears;
 //! * (c) no KeepAlive, Grant or Put is emitted after Stop or after a Revoke
@@ -102,6 +102,8 @@ struct World {
     etcd: ModelEtcd,
     h: Harness<Spy>,
     rng: ChaCha8Rng,
+    /// The configured safety margin (a seeded choice, zero included).
+    margin: Duration,
     faults: Faults,
     now: Instant,
     binding: bool,
@@ -124,8 +126,9 @@ impl World {
                 "(a) machine holds lease {lease:x} the model expired"
             );
             assert!(
-                server.is_some_and(|server| local <= server),
-                "(a) local deadline {local:?} after the model's {server:?}"
+                server.is_some_and(|server| local + self.margin <= server),
+                "(a) local deadline {local:?} not {:?} before the model's {server:?}",
+                self.margin
             );
             if self.binding {
                 let kv = self.etcd.get(KEY);
@@ -202,7 +205,12 @@ fn run_seed(seed: u64, totals: &mut Totals) {
             value: value.clone(),
         }),
         backoff: BackoffConfig::default(),
+        // From the seed, not the schedule's RNG, so each seed's schedule
+        // stays what it was before margins existed.
+        safety_margin: [Duration::ZERO, ms(100), ms(500)][(seed % 3) as usize],
+        drift_allowance_ppm: [0, 1_000, 10_000][(seed / 3 % 3) as usize],
     };
+    let margin = config.safety_margin;
     let t0 = Instant::now();
     let spy = Spy {
         machine: Keepalive::new(config, t0, seed),
@@ -214,6 +222,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
         etcd: ModelEtcd::new(),
         h: Harness::new(spy),
         rng,
+        margin,
         faults: Faults::none(),
         now: t0,
         binding,

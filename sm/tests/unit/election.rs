@@ -27,6 +27,10 @@ fn config() -> ElectionConfig {
             multiplier: 2,
             jitter_percent: 0,
         },
+        // Exact instants below assume the lease is trusted for its TTL;
+        // `margin_and_drift_*` cover the other settings.
+        safety_margin: Duration::ZERO,
+        drift_allowance_ppm: 0,
     }
 }
 
@@ -166,6 +170,7 @@ fn elected(t0: Instant) -> Election {
     e.handle(
         t0,
         ElectionInput::Campaign {
+            op: OpId(1),
             value: b"a".to_vec(),
         },
     );
@@ -199,6 +204,7 @@ fn elected(t0: Instant) -> Election {
         ),
         vec![
             note(ElectionNotice::Elected {
+                op: OpId(1),
                 key: my_key(),
                 token: 5,
                 lease: LEASE
@@ -239,6 +245,7 @@ fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
     e.handle(
         t0,
         ElectionInput::Campaign {
+            op: OpId(1),
             value: b"a".to_vec(),
         },
     );
@@ -323,6 +330,7 @@ fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
         ),
         vec![
             note(ElectionNotice::Elected {
+                op: OpId(1),
                 key: my_key(),
                 token: 7,
                 lease: LEASE
@@ -339,6 +347,7 @@ fn campaign_never_claims_a_key_that_vanished_while_waiting() {
     e.handle(
         t0,
         ElectionInput::Campaign {
+            op: OpId(1),
             value: b"a".to_vec(),
         },
     );
@@ -376,6 +385,7 @@ fn campaign_with_an_existing_key_of_another_value_proclaims_it_first() {
     e.handle(
         t0,
         ElectionInput::Campaign {
+            op: OpId(1),
             value: b"new".to_vec(),
         },
     );
@@ -412,6 +422,7 @@ fn session_loss_while_waiting_fails_the_campaign_and_never_elects() {
     e.handle(
         t0,
         ElectionInput::Campaign {
+            op: OpId(1),
             value: b"a".to_vec(),
         },
     );
@@ -445,7 +456,10 @@ fn session_loss_while_waiting_fails_the_campaign_and_never_elects() {
     assert_eq!(all[lost + 1], Command::Cancel { id: RpcId(P + 2) });
     assert_eq!(
         all[lost + 2],
-        note(ElectionNotice::CampaignFailed(ElectionError::SessionLost))
+        note(ElectionNotice::CampaignFailed {
+            op: OpId(1),
+            error: ElectionError::SessionLost
+        })
     );
     // A late delete and a late verification change nothing.
     let late = WatchEvent {
@@ -497,6 +511,7 @@ fn try_campaign_wins_when_first_in_line() {
     e.handle(
         t0,
         ElectionInput::TryCampaign {
+            op: OpId(1),
             value: b"a".to_vec(),
         },
     );
@@ -531,6 +546,7 @@ fn try_campaign_wins_when_first_in_line() {
         ),
         vec![
             note(ElectionNotice::Elected {
+                op: OpId(1),
                 key: my_key(),
                 token: 12,
                 lease: LEASE
@@ -548,6 +564,7 @@ fn try_campaign_loses_deletes_its_key_and_names_the_leader() {
     e.handle(
         t0,
         ElectionInput::TryCampaign {
+            op: OpId(1),
             value: b"a".to_vec(),
         },
     );
@@ -574,6 +591,7 @@ fn try_campaign_loses_deletes_its_key_and_names_the_leader() {
             txn(13, true, vec![TxnOpResponse::Delete { deleted: 1 }])
         ),
         vec![note(ElectionNotice::NotElected {
+            op: OpId(1),
             leader: Some(leader)
         })]
     );
@@ -601,6 +619,7 @@ fn resign_drops_belief_before_sending_and_keeps_the_session() {
     e.handle(
         t0,
         ElectionInput::Campaign {
+            op: OpId(2),
             value: b"b".to_vec(),
         },
     );
@@ -628,6 +647,7 @@ fn a_resign_does_not_cancel_a_running_campaign() {
     e.handle(
         t0,
         ElectionInput::Campaign {
+            op: OpId(1),
             value: b"a".to_vec(),
         },
     );
@@ -660,6 +680,7 @@ fn a_campaign_during_a_resign_starts_once_the_key_is_gone() {
     e.handle(
         t0,
         ElectionInput::Campaign {
+            op: OpId(2),
             value: b"b".to_vec(),
         },
     );
@@ -682,15 +703,17 @@ fn a_campaign_waiting_for_a_resign_can_be_canceled_or_stopped() {
     e.handle(
         t0,
         ElectionInput::Campaign {
+            op: OpId(2),
             value: b"b".to_vec(),
         },
     );
-    e.handle(t0, ElectionInput::CancelCampaign);
+    e.handle(t0, ElectionInput::CancelCampaign { op: OpId(2) });
     assert_eq!(
         drain(&mut e),
-        vec![note(ElectionNotice::CampaignFailed(
-            ElectionError::Canceled
-        ))]
+        vec![note(ElectionNotice::CampaignFailed {
+            op: OpId(2),
+            error: ElectionError::Canceled
+        })]
     );
     // Nothing starts after the delete.
     assert_eq!(
@@ -704,6 +727,7 @@ fn a_campaign_waiting_for_a_resign_can_be_canceled_or_stopped() {
     e.handle(
         t0,
         ElectionInput::Campaign {
+            op: OpId(2),
             value: b"b".to_vec(),
         },
     );
@@ -720,7 +744,10 @@ fn a_campaign_waiting_for_a_resign_can_be_canceled_or_stopped() {
         notices,
         vec![
             ElectionNotice::Resigned { token: 5 },
-            ElectionNotice::CampaignFailed(ElectionError::Stopped)
+            ElectionNotice::CampaignFailed {
+                op: OpId(2),
+                error: ElectionError::Stopped
+            }
         ]
     );
 }
@@ -753,6 +780,7 @@ fn proclaim_is_guarded_by_the_token() {
     e.handle(
         t0,
         ElectionInput::Proclaim {
+            op: OpId(2),
             value: b"v2".to_vec(),
         },
     );
@@ -771,12 +799,13 @@ fn proclaim_is_guarded_by_the_token() {
     assert_eq!(drain(&mut e), vec![rpc(P + 4, put.clone())]);
     assert_eq!(
         ok(&mut e, t0, P + 4, txn(8, true, vec![TxnOpResponse::Put])),
-        vec![note(ElectionNotice::Proclaimed)]
+        vec![note(ElectionNotice::Proclaimed { op: OpId(2) })]
     );
     assert!(e.is_leader());
     e.handle(
         t0,
         ElectionInput::Proclaim {
+            op: OpId(3),
             value: b"v2".to_vec(),
         },
     );
@@ -784,7 +813,10 @@ fn proclaim_is_guarded_by_the_token() {
     assert_eq!(
         ok(&mut e, t0, P + 5, txn(9, false, vec![])),
         vec![
-            note(ElectionNotice::ProclaimFailed(ElectionError::NotLeader)),
+            note(ElectionNotice::ProclaimFailed {
+                op: OpId(3),
+                error: ElectionError::NotLeader
+            }),
             Command::Cancel { id: RpcId(P + 3) },
             note(ElectionNotice::LeadershipLost { token: 5 }),
         ]
@@ -799,14 +831,16 @@ fn proclaim_when_not_leader_fails_at_once() {
     e.handle(
         t0,
         ElectionInput::Proclaim {
+            op: OpId(1),
             value: b"v".to_vec(),
         },
     );
     assert_eq!(
         drain(&mut e),
-        vec![note(ElectionNotice::ProclaimFailed(
-            ElectionError::NotLeader
-        ))]
+        vec![note(ElectionNotice::ProclaimFailed {
+            op: OpId(1),
+            error: ElectionError::NotLeader
+        })]
     );
 }
 
@@ -841,6 +875,7 @@ fn second_campaign_is_busy_and_cancel_deletes_the_key() {
     e.handle(
         t0,
         ElectionInput::Campaign {
+            op: OpId(1),
             value: b"a".to_vec(),
         },
     );
@@ -849,14 +884,18 @@ fn second_campaign_is_busy_and_cancel_deletes_the_key() {
     e.handle(
         t0,
         ElectionInput::TryCampaign {
+            op: OpId(2),
             value: b"a".to_vec(),
         },
     );
     assert_eq!(
         drain(&mut e),
-        vec![note(ElectionNotice::CampaignFailed(ElectionError::Busy))]
+        vec![note(ElectionNotice::CampaignFailed {
+            op: OpId(2),
+            error: ElectionError::Busy
+        })]
     );
-    e.handle(t0, ElectionInput::CancelCampaign);
+    e.handle(t0, ElectionInput::CancelCampaign { op: OpId(1) });
     assert_eq!(
         drain(&mut e),
         vec![
@@ -871,9 +910,10 @@ fn second_campaign_is_busy_and_cancel_deletes_the_key() {
             P + 2,
             txn(8, true, vec![TxnOpResponse::Delete { deleted: 1 }])
         ),
-        vec![note(ElectionNotice::CampaignFailed(
-            ElectionError::Canceled
-        ))]
+        vec![note(ElectionNotice::CampaignFailed {
+            op: OpId(1),
+            error: ElectionError::Canceled
+        })]
     );
 }
 
@@ -885,6 +925,7 @@ fn campaign_before_the_session_waits_for_it() {
     e.handle(
         t0,
         ElectionInput::Campaign {
+            op: OpId(1),
             value: b"a".to_vec(),
         },
     );
@@ -933,12 +974,16 @@ fn stop_ends_leadership_at_once_and_revokes() {
     e.handle(
         t0,
         ElectionInput::Campaign {
+            op: OpId(2),
             value: b"a".to_vec(),
         },
     );
     assert_eq!(
         drain(&mut e),
-        vec![note(ElectionNotice::CampaignFailed(ElectionError::Stopped))]
+        vec![note(ElectionNotice::CampaignFailed {
+            op: OpId(2),
+            error: ElectionError::Stopped
+        })]
     );
     assert_eq!(e.poll_timeout(), None);
 }
@@ -956,6 +1001,8 @@ fn an_absurd_backoff_does_not_panic() {
             multiplier: 2,
             jitter_percent: 0,
         },
+        safety_margin: Duration::from_millis(250),
+        drift_allowance_ppm: 10_000,
     };
     let mut e = Election::new(config, t0, 1);
     let mut ids = Vec::new();
@@ -972,6 +1019,7 @@ fn an_absurd_backoff_does_not_panic() {
             e.handle(
                 now,
                 ElectionInput::Campaign {
+                    op: OpId(1),
                     value: b"v".to_vec(),
                 },
             );
@@ -995,4 +1043,290 @@ fn an_absurd_backoff_does_not_panic() {
         now += Duration::from_millis(10);
         e.handle_timeout(now);
     }
+}
+
+/// The regression of issue 14 item 8: a driver cancels campaign 1, the
+/// cancel is not confirmed for a while (etcd does not answer the delete),
+/// the driver moves on to campaign 2. The late answer to campaign 1 must be
+/// told apart from campaign 2's, which runs on and wins: before operations
+/// had ids, the late `CampaignFailed(Canceled)` was taken as campaign 2's
+/// answer, and campaign 2's `Elected` then reached nobody (a leadership
+/// nobody held a handle for).
+#[test]
+fn a_late_answer_to_a_canceled_campaign_names_it_not_the_next_one() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            op: OpId(1),
+            value: b"a".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    assert_eq!(
+        ok(&mut e, t0, P, txn(7, true, vec![TxnOpResponse::Put])),
+        vec![rpc(P + 1, older(6))]
+    );
+    e.handle(t0, ElectionInput::CancelCampaign { op: OpId(1) });
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            Command::Cancel { id: RpcId(P + 1) },
+            rpc(P + 2, delete_mine(7))
+        ]
+    );
+    // The delete hangs; the driver gives up waiting and starts campaign 2,
+    // which waits for the withdraw instead of failing with Busy.
+    let later = t0 + Duration::from_secs(1);
+    e.handle(
+        later,
+        ElectionInput::Campaign {
+            op: OpId(2),
+            value: b"b".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![]);
+    // A repeated cancel of campaign 1 must not touch campaign 2.
+    e.handle(later, ElectionInput::CancelCampaign { op: OpId(1) });
+    assert_eq!(drain(&mut e), vec![]);
+    // The delete is finally answered: campaign 1's answer names campaign 1,
+    // then campaign 2 starts and wins, and its answer names campaign 2.
+    assert_eq!(
+        ok(
+            &mut e,
+            later,
+            P + 2,
+            txn(8, true, vec![TxnOpResponse::Delete { deleted: 1 }])
+        ),
+        vec![
+            note(ElectionNotice::CampaignFailed {
+                op: OpId(1),
+                error: ElectionError::Canceled
+            }),
+            rpc(P + 3, create_txn(b"b"))
+        ]
+    );
+    ok(&mut e, later, P + 3, txn(9, true, vec![TxnOpResponse::Put]));
+    ok(
+        &mut e,
+        later,
+        P + 4,
+        Response::Range {
+            revision: 9,
+            kvs: vec![],
+        },
+    );
+    assert_eq!(
+        ok(
+            &mut e,
+            later,
+            P + 5,
+            Response::Range {
+                revision: 9,
+                kvs: vec![kv(&my_key(), b"b", 9)]
+            }
+        ),
+        vec![
+            note(ElectionNotice::Elected {
+                op: OpId(2),
+                key: my_key(),
+                token: 9,
+                lease: LEASE
+            }),
+            rpc(P + 6, watch(&my_key(), 10)),
+        ]
+    );
+    // A cancel of campaign 1 arriving now still ends nothing.
+    e.handle(later, ElectionInput::CancelCampaign { op: OpId(1) });
+    assert_eq!(drain(&mut e), vec![]);
+    assert_eq!(e.token(), Some(9));
+}
+
+#[test]
+fn canceling_a_campaign_that_already_won_resigns_its_leadership() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    // A cancel naming another campaign changes nothing.
+    e.handle(t0, ElectionInput::CancelCampaign { op: OpId(9) });
+    assert_eq!(drain(&mut e), vec![]);
+    assert!(e.is_leader());
+    // The `Elected` of campaign 1 crossed its cancel: the leadership goes.
+    e.handle(t0, ElectionInput::CancelCampaign { op: OpId(1) });
+    assert!(!e.is_leader(), "belief ends before the delete is sent");
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            Command::Cancel { id: RpcId(P + 3) },
+            rpc(P + 4, delete_mine(5))
+        ]
+    );
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 4,
+            txn(9, true, vec![TxnOpResponse::Delete { deleted: 1 }])
+        ),
+        vec![note(ElectionNotice::Resigned { token: 5 })]
+    );
+    // A resign of the same token afterwards (the driver's own) is answered.
+    e.handle(t0, ElectionInput::Resign { token: 5 });
+    assert_eq!(
+        drain(&mut e),
+        vec![note(ElectionNotice::Resigned { token: 5 })]
+    );
+}
+
+#[test]
+fn a_cancel_of_another_operation_leaves_a_running_or_queued_campaign_alone() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::TryCampaign {
+            op: OpId(4),
+            value: b"a".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e).len(), 1);
+    e.handle(t0, ElectionInput::CancelCampaign { op: OpId(3) });
+    assert_eq!(drain(&mut e), vec![]);
+    // A second campaign is refused, and the refusal names it.
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            op: OpId(5),
+            value: b"b".to_vec(),
+        },
+    );
+    assert_eq!(
+        drain(&mut e),
+        vec![note(ElectionNotice::CampaignFailed {
+            op: OpId(5),
+            error: ElectionError::Busy
+        })]
+    );
+    // Queued behind a resign, only its own cancel removes it.
+    let mut e = elected(t0);
+    e.handle(t0, ElectionInput::Resign { token: 5 });
+    drain(&mut e);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            op: OpId(2),
+            value: b"b".to_vec(),
+        },
+    );
+    e.handle(t0, ElectionInput::CancelCampaign { op: OpId(1) });
+    assert_eq!(drain(&mut e), vec![]);
+    assert_eq!(
+        ok(&mut e, t0, P + 4, txn(9, true, vec![])),
+        vec![
+            note(ElectionNotice::Resigned { token: 5 }),
+            rpc(P + 5, create_txn(b"b"))
+        ]
+    );
+}
+
+#[test]
+fn a_busy_proclaim_is_answered_with_its_own_operation() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    for op in [2, 3] {
+        e.handle(
+            t0,
+            ElectionInput::Proclaim {
+                op: OpId(op),
+                value: b"v".to_vec(),
+            },
+        );
+    }
+    let commands = drain(&mut e);
+    assert_eq!(commands.len(), 2, "{commands:?}");
+    assert_eq!(
+        commands[1],
+        note(ElectionNotice::ProclaimFailed {
+            op: OpId(3),
+            error: ElectionError::Busy
+        })
+    );
+    // Leadership lost with the proclaim pending: the failure names it.
+    e.handle(t0, ElectionInput::Stop);
+    let notices: Vec<_> = drain(&mut e)
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::Notify(n @ ElectionNotice::ProclaimFailed { .. }) => Some(n),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        notices,
+        vec![ElectionNotice::ProclaimFailed {
+            op: OpId(2),
+            error: ElectionError::Stopped
+        }]
+    );
+}
+
+#[test]
+fn a_margin_and_drift_allowance_end_leadership_before_the_ttl() {
+    let t0 = Instant::now();
+    let mut cfg = config();
+    cfg.safety_margin = Duration::from_millis(300);
+    cfg.drift_allowance_ppm = 10_000;
+    let mut e = Election::new(cfg, t0, 7);
+    drain(&mut e);
+    ok(
+        &mut e,
+        t0,
+        0,
+        Response::Granted {
+            lease: LEASE,
+            ttl_secs: 9,
+        },
+    );
+    // 9 s less 1 % less 300 ms, from the grant's send time.
+    let deadline = t0 + Duration::from_millis(8610);
+    assert_eq!(e.session_deadline(), Some(deadline));
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            op: OpId(1),
+            value: b"a".to_vec(),
+        },
+    );
+    drain(&mut e);
+    ok(&mut e, t0, P, txn(5, true, vec![TxnOpResponse::Put]));
+    ok(
+        &mut e,
+        t0,
+        P + 1,
+        Response::Range {
+            revision: 5,
+            kvs: vec![],
+        },
+    );
+    ok(
+        &mut e,
+        t0,
+        P + 2,
+        Response::Range {
+            revision: 6,
+            kvs: vec![kv(&my_key(), b"a", 5)],
+        },
+    );
+    assert!(e.is_leader());
+    // No renewal is answered: leadership ends at the shortened deadline.
+    let mut seen = Vec::new();
+    while let Some(at) = e.poll_timeout().filter(|at| *at <= deadline) {
+        assert!(e.is_leader(), "still leader before {at:?}");
+        e.handle_timeout(at);
+        seen.extend(drain(&mut e));
+    }
+    assert!(!e.is_leader());
+    assert!(
+        seen.contains(&note(ElectionNotice::LeadershipLost { token: 5 })),
+        "{seen:?}"
+    );
 }

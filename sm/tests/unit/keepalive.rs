@@ -37,6 +37,10 @@ fn config(binding: bool) -> KeepaliveConfig {
             value: b"v1".to_vec(),
         }),
         backoff: flat_backoff(),
+        // The exact instants below trust a lease for its whole TTL; the
+        // `margin_*` tests cover a safety margin and a drift allowance.
+        safety_margin: Duration::ZERO,
+        drift_allowance_ppm: 0,
     }
 }
 
@@ -804,4 +808,131 @@ fn huge_ttls_and_tiny_configs_do_not_panic() {
             }
         }
     }
+}
+
+#[test]
+fn trusted_lifetime_takes_the_drift_then_the_margin_and_leaves_at_least_half() {
+    // 9 s less 1 % is 8.91 s, less the 300 ms margin.
+    assert_eq!(trusted_lifetime(s(9), ms(300), 10_000), ms(8610));
+    assert_eq!(trusted_lifetime(s(9), Duration::ZERO, 0), s(9));
+    // The drift part is rounded up: 1 ppm of 1 s is 1 µs exactly, of
+    // 1.5 ns it is less than a nanosecond but still one.
+    assert_eq!(
+        trusted_lifetime(s(1), Duration::ZERO, 1),
+        s(1) - Duration::from_micros(1)
+    );
+    assert_eq!(
+        trusted_lifetime(Duration::from_nanos(3), Duration::ZERO, 1),
+        Duration::from_nanos(2)
+    );
+    // A margin larger than half of the drift-adjusted TTL is cut to half.
+    assert_eq!(trusted_lifetime(s(9), s(100), 10_000), ms(4455));
+    // A drift beyond the bound is clamped to it (10 %).
+    assert_eq!(trusted_lifetime(s(9), Duration::ZERO, u32::MAX), ms(8100));
+    assert_eq!(
+        trusted_lifetime(
+            Duration::from_secs(MAX_TTL_SECS as u64),
+            Duration::MAX,
+            u32::MAX
+        ),
+        Duration::from_secs(MAX_TTL_SECS as u64) * 9 / 20
+    );
+}
+
+/// Lease-only, TTL 9 s, 300 ms margin, 1 % drift: trusted for 8.61 s.
+fn granted_with_margin(t0: Instant) -> Keepalive {
+    let mut cfg = config(false);
+    cfg.safety_margin = ms(300);
+    cfg.drift_allowance_ppm = 10_000;
+    let mut m = Keepalive::new(cfg, t0, 1);
+    let _ = drain(&mut m);
+    m.handle(
+        t0 + ms(10),
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut m), vec![registered()]);
+    m
+}
+
+#[test]
+fn margin_and_drift_shorten_the_deadline_and_the_renewal_period() {
+    let t0 = Instant::now();
+    let mut m = granted_with_margin(t0);
+    assert_eq!(m.local_deadline(), Some(t0 + ms(8610)));
+    // Renewals keep their pace to the trusted lifetime: a third of 8.61 s.
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(2870)));
+    m.handle_timeout(t0 + ms(2870));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(1, Request::KeepAlive { lease: LEASE })]
+    );
+    // Given up halfway to the (earlier) deadline.
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(5740)));
+    m.handle(t0 + ms(2900), ok(1, Response::KeptAlive { ttl_secs: TTL }));
+    assert_eq!(m.local_deadline(), Some(t0 + ms(2870 + 8610)));
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(2870 + 2870)));
+}
+
+#[test]
+fn margin_retries_stop_before_the_earlier_deadline_and_it_decides() {
+    let t0 = Instant::now();
+    let mut m = granted_with_margin(t0);
+    let deadline = t0 + ms(8610);
+    let mut now = t0;
+    let mut renewals = Vec::new();
+    // Every renewal fails; no renewal may be sent at or after the deadline.
+    while let Some(at) = m.poll_timeout() {
+        now = at;
+        m.handle_timeout(now);
+        let commands = drain(&mut m);
+        if commands.contains(&Command::Notify(LivenessState::Lost { lease: LEASE })) {
+            break;
+        }
+        for c in commands {
+            if let Command::Rpc { id, request } = c {
+                assert_eq!(request, Request::KeepAlive { lease: LEASE });
+                renewals.push(now);
+                m.handle(now, err(id.0));
+            }
+        }
+    }
+    assert_eq!(now, deadline, "lost exactly at the local deadline");
+    assert!(renewals.len() > 3, "{renewals:?}");
+    assert!(renewals.iter().all(|at| *at < deadline), "{renewals:?}");
+    assert_eq!(m.local_deadline(), None);
+}
+
+#[test]
+fn a_grant_whose_trusted_lifetime_has_passed_is_not_used() {
+    // TTL 1 s trusted for 0.5 s at most (the margin is cut to half): a
+    // grant answered 600 ms after it was sent is already untrusted.
+    let t0 = Instant::now();
+    let mut cfg = config(false);
+    cfg.ttl_secs = 1;
+    cfg.safety_margin = s(5);
+    let mut m = Keepalive::new(cfg, t0, 1);
+    let _ = drain(&mut m);
+    m.handle(
+        t0 + ms(600),
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: 1,
+            },
+        ),
+    );
+    assert_eq!(m.lease(), None);
+    assert_eq!(drain(&mut m), vec![]);
+    assert_eq!(
+        m.poll_timeout(),
+        Some(t0 + ms(700)),
+        "granted again after backoff"
+    );
 }
