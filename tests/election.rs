@@ -430,3 +430,59 @@ fn campaign_fails_when_its_session_is_lost_while_waiting() {
     assert!(leader.is_held(), "the leader was not affected");
     proxy.set_mode(Mode::Pass);
 }
+
+/// Issue 14 item 8: a campaign times out and its cancel is not confirmed
+/// within the settle wait (etcd unreachable: the withdraw of its key
+/// hangs). The next campaign must not take the late answer to the first
+/// (`Canceled`) for its own, and must end up leading with a handle for it
+/// (before operations carried ids, it failed with `Error::Canceled` while
+/// the machine went on to win a leadership nobody held).
+#[test]
+fn a_late_answer_to_a_timed_out_campaign_is_not_taken_for_the_next() {
+    let server = start_etcd();
+    let proxy = Arc::new(FaultProxy::start(&server.endpoint()).unwrap());
+    let etcd_direct = connect(&server.endpoint());
+    let etcd_cut = connect(&proxy.endpoint());
+    // A TTL far longer than the test, so no session loss ends anything.
+    let holder = Election::with_options(&etcd_direct, "late", options(60)).unwrap();
+    let waiter = Election::with_options(&etcd_cut, "late", options(60)).unwrap();
+    let held = holder.campaign(b"holder").unwrap();
+    let cut = {
+        let (proxy, endpoint) = (proxy.clone(), server.endpoint());
+        let prefix = waiter.key_prefix().to_string();
+        thread::spawn(move || {
+            wait_until("the waiter's key", || {
+                etcdctl_keys(&endpoint, &prefix).len() == 2
+            });
+            proxy.set_mode(Mode::Blackhole);
+        })
+    };
+    // Campaign 1 waits behind the holder, is cut off, times out; its
+    // withdraw cannot reach etcd, so the cancel stays unconfirmed.
+    let first = waiter.campaign_timeout(b"first", Duration::from_secs(3));
+    cut.join().unwrap();
+    assert!(matches!(first, Err(Error::Timeout(_))), "{first:?}");
+    let waiter = Arc::new(waiter);
+    let second = {
+        let waiter = waiter.clone();
+        thread::spawn(move || waiter.campaign(b"second").map(|l| (l.fencing_token(), l)))
+    };
+    // Campaign 2 is queued behind the withdraw; let the holder go and etcd
+    // through again: the withdraw finishes (answering campaign 1), then
+    // campaign 2 runs and wins.
+    thread::sleep(Duration::from_millis(500));
+    held.resign().unwrap();
+    proxy.set_mode(Mode::Pass);
+    proxy.reset_all();
+    let (token, leadership) = match second.join().unwrap() {
+        Ok(won) => won,
+        Err(e) => panic!("campaign 2 got campaign 1's answer: {e:?}"),
+    };
+    assert!(leadership.is_held());
+    let leader = waiter.leader().unwrap().expect("a leader");
+    assert_eq!(
+        (leader.value.as_slice(), leader.token),
+        (&b"second"[..], token)
+    );
+    leadership.resign().unwrap();
+}
