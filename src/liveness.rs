@@ -21,6 +21,31 @@ const MAX_QUEUED_STATES: usize = 1024;
 /// Where hosts register unless told otherwise.
 pub const DEFAULT_HOSTS_PREFIX: &str = "/coord/hosts/";
 
+/// Default safety margin of every session (liveness and election): how long
+/// before etcd can expire a lease the local side gives it up. The
+/// keepalive's deadline already counts from the *send* of the last
+/// acknowledged renewal, which covers the network; the margin covers what
+/// happens on this host after the deadline: the driver thread firing it
+/// late (tens of milliseconds on a loaded 2-core machine, more under
+/// memory pressure) and a user acting right after checking
+/// `is_held()`. 250 ms is well above the first and leaves room for a short
+/// second, while costing a 10 s session only 2.5 % of its lifetime; it is
+/// also small enough for the 1 s minimum TTL (at most half the TTL may go).
+/// It replaces what used to be an accident: etcd's expiry loop runs every
+/// 500 ms, so leases die up to 0.5 s late, but nothing promises that.
+pub(crate) const DEFAULT_SAFETY_MARGIN: Duration = Duration::from_millis(250);
+
+/// Default clock drift allowance of every session, in parts per million
+/// (1 %): a leader measures its lease on its own monotonic clock while etcd
+/// expires it on etcd's, so a clock running slow would let a leader
+/// believe past the expiry. The kernel's NTP discipline changes a clock's
+/// rate by at most 500 ppm, so two disciplined hosts differ by at most
+/// 1,000 ppm; 1 % is ten times that, for undisciplined clocks and virtual machines, at the cost of
+/// 100 ms of a 10 s session (client-go's leader election is far more
+/// cautious, giving up a third of its lease, because there the *followers'*
+/// clocks time the lease; here etcd does).
+pub(crate) const DEFAULT_DRIFT_ALLOWANCE_PPM: u32 = 10_000;
+
 /// Settings for [`HostLiveness::register_with`].
 ///
 /// Start from [`LivenessOptions::default`] and change what you need with the
@@ -49,6 +74,16 @@ pub struct LivenessOptions {
     /// How long [`HostLiveness::register_with`] waits for the first
     /// registration before failing. 1 ms to 24 h. Default 10 s.
     pub register_timeout: Duration,
+    /// How long before etcd can expire the lease this host gives it up
+    /// (reports [`LivenessState::Lost`] and registers again): room for a
+    /// late timer and for acting on a state just read. At most half of the
+    /// TTL less the drift allowance. Default 250 ms.
+    pub safety_margin: Duration,
+    /// How much slower than etcd's clock this host's clock may run, in
+    /// parts per million; the lease is trusted for the TTL shortened by
+    /// this much (then less the margin). 0 to 100,000 (10 %). Default
+    /// 10,000 (1 %, ten times what NTP lets two clocks differ by).
+    pub drift_allowance_ppm: u32,
 }
 
 impl Default for LivenessOptions {
@@ -57,6 +92,8 @@ impl Default for LivenessOptions {
             prefix: DEFAULT_HOSTS_PREFIX.into(),
             ttl: Duration::from_secs(5),
             register_timeout: Duration::from_secs(10),
+            safety_margin: DEFAULT_SAFETY_MARGIN,
+            drift_allowance_ppm: DEFAULT_DRIFT_ALLOWANCE_PPM,
         }
     }
 }
@@ -85,13 +122,34 @@ impl LivenessOptions {
         self.register_timeout = timeout;
         self
     }
+
+    /// These options with [`LivenessOptions::safety_margin`] set (at most
+    /// half of the TTL less the drift allowance, checked by
+    /// [`HostLiveness::register_with`]).
+    #[must_use]
+    pub const fn with_safety_margin(mut self, margin: Duration) -> Self {
+        self.safety_margin = margin;
+        self
+    }
+
+    /// These options with [`LivenessOptions::drift_allowance_ppm`] set (at
+    /// most 100,000, checked by [`HostLiveness::register_with`]).
+    #[must_use]
+    pub const fn with_drift_allowance_ppm(mut self, ppm: u32) -> Self {
+        self.drift_allowance_ppm = ppm;
+        self
+    }
 }
 
 /// This host's registration: a key `<prefix><host id>` holding its metadata,
 /// bound to a lease that a background keepalive renews.
 ///
 /// Guarantees:
-/// * While the state is [`LivenessState::Registered`], the key exists.
+/// * While the state is [`LivenessState::Registered`], the key exists: the
+///   state turns [`LivenessState::Lost`] at a local deadline that passes at
+///   least [`LivenessOptions::safety_margin`] before etcd can expire the
+///   lease, provided this host's clock runs no slower than
+///   [`LivenessOptions::drift_allowance_ppm`] allows.
 /// * The keepalive heals itself: when renewals fail it retries on the same
 ///   lease until the local deadline, then (or when etcd says the lease is
 ///   gone) grants a new lease and writes the key again, with jittered
@@ -168,6 +226,11 @@ impl HostLiveness {
         assert_not_async();
         validate::prefix("prefix", &options.prefix)?;
         validate::ttl("ttl", options.ttl)?;
+        validate::trust(
+            options.ttl,
+            options.safety_margin,
+            options.drift_allowance_ppm,
+        )?;
         validate::timeout("register_timeout", options.register_timeout)?;
         validate::payload("metadata", metadata)?;
         if host_id.is_nil() {
@@ -181,6 +244,8 @@ impl HostLiveness {
                 value: metadata.to_vec(),
             }),
             backoff: BackoffConfig::default(),
+            safety_margin: options.safety_margin,
+            drift_allowance_ppm: options.drift_allowance_ppm,
         };
         let machine = Keepalive::new(config, Instant::now(), rand_seed());
         let state = Arc::new(Mutex::new(LivenessState::Registering));

@@ -3,6 +3,7 @@
 //! reaches etcd.
 
 use crate::error::{Error, Result};
+use fleetcoord_sm::keepalive::{trusted_lifetime, MAX_DRIFT_ALLOWANCE_PPM};
 use std::time::Duration;
 
 /// etcd rejects requests over 1.5 MiB; keep headroom for the keys and the
@@ -185,6 +186,34 @@ pub fn ttl(what: &'static str, value: Duration) -> Result<()> {
     Ok(())
 }
 
+/// A session's trust settings for a lease of `ttl` (a valid TTL): the
+/// drift allowance at most [`MAX_DRIFT_ALLOWANCE_PPM`], and the safety
+/// margin at most half of the TTL once shortened by the allowance (so it is
+/// always below the TTL, and the keepalive keeps half of the TTL to renew
+/// in: it would otherwise cut the margin down itself, see
+/// [`trusted_lifetime`]).
+pub fn trust(ttl: Duration, safety_margin: Duration, drift_allowance_ppm: u32) -> Result<()> {
+    if drift_allowance_ppm > MAX_DRIFT_ALLOWANCE_PPM {
+        return Err(Error::invalid(
+            "drift_allowance_ppm",
+            format!(
+                "{drift_allowance_ppm} ppm is above the {MAX_DRIFT_ALLOWANCE_PPM} ppm (10 %) maximum"
+            ),
+        ));
+    }
+    let most = trusted_lifetime(ttl, Duration::ZERO, drift_allowance_ppm) / 2;
+    if safety_margin > most {
+        return Err(Error::invalid(
+            "safety_margin",
+            format!(
+                "{safety_margin:?} is more than half of the {ttl:?} TTL less the drift allowance \
+                 ({most:?} at most); use a longer TTL"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,6 +261,32 @@ mod tests {
         assert!(ttl("ttl", Duration::from_secs(5)).is_ok());
         assert!(ttl("ttl", Duration::from_millis(500)).is_err());
         assert!(ttl("ttl", Duration::from_millis(1500)).is_err());
+    }
+
+    #[test]
+    fn trust_rules() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        assert!(trust(s(10), ms(250), 10_000).is_ok());
+        assert!(trust(s(1), ms(495), 10_000).is_ok());
+        assert!(trust(s(1), Duration::ZERO, MAX_DRIFT_ALLOWANCE_PPM).is_ok());
+        for (ttl, margin, ppm, field) in [
+            (s(1), ms(496), 10_000, "safety_margin"),
+            (s(10), s(10), 0, "safety_margin"),
+            (s(10), Duration::MAX, 0, "safety_margin"),
+            (
+                s(10),
+                ms(250),
+                MAX_DRIFT_ALLOWANCE_PPM + 1,
+                "drift_allowance_ppm",
+            ),
+            (s(10), ms(250), u32::MAX, "drift_allowance_ppm"),
+        ] {
+            match trust(ttl, margin, ppm) {
+                Err(Error::InvalidArgument { what, .. }) if what == field => {}
+                other => panic!("{ttl:?} {margin:?} {ppm}: {other:?}"),
+            }
+        }
     }
 
     #[test]

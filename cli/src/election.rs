@@ -133,6 +133,7 @@ pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), 
         .value
         .unwrap_or_else(|| format!("fleetcoord-{}", std::process::id()));
     let options = ElectionOptions::default().with_ttl(args.ttl);
+    let trusted = options.trusted_lifetime();
     let election = Arc::new(Election::with_options(&ctx.etcd, &name, options)?);
     let gated = !args.gate.command.is_empty();
     // While a command runs, stdout is the command's.
@@ -173,7 +174,7 @@ pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), 
             &name,
             &args.gate,
             Box::new(leadership),
-            args.ttl,
+            trusted,
             &session,
             shutdown,
         );

@@ -41,14 +41,16 @@ const TICK: Duration = Duration::from_millis(10);
 const KILL_MARGIN: Duration = Duration::from_millis(200);
 
 /// The latest moment to SIGKILL after the session turned `Suspended` at
-/// `suspended`, for a session of `ttl`. The keepalive sends a renewal a
-/// third of the TTL after the last acknowledged one and declares it failed
-/// at the latest at the midpoint of the lifetime left, so at `Suspended` at
-/// least a third of the TTL remains before the local deadline (which is
-/// counted from the *send* of the last acknowledged renewal, so etcd's own
-/// expiry is later still). Minus [`KILL_MARGIN`] for the kill itself.
-pub fn suspended_kill_bound(suspended: Instant, ttl: Duration) -> Instant {
-    suspended + (ttl / 3).saturating_sub(KILL_MARGIN)
+/// `suspended`, for a session that trusts its lease for `trusted`
+/// ([`fleetcoord::ElectionOptions::trusted_lifetime`]: the TTL less the
+/// drift allowance and the safety margin). The keepalive sends a renewal a
+/// third of that after the last acknowledged one and declares it failed at
+/// the latest at the midpoint of the lifetime left, so at `Suspended` at
+/// least a third of it remains before the local deadline (which comes at
+/// least the safety margin before etcd's own expiry). Minus [`KILL_MARGIN`]
+/// for the kill itself.
+pub fn suspended_kill_bound(suspended: Instant, trusted: Duration) -> Instant {
+    suspended + (trusted / 3).saturating_sub(KILL_MARGIN)
 }
 
 /// The options every gated command shares.
@@ -142,7 +144,7 @@ pub fn run(
     what: &str,
     args: &GateArgs,
     held: Box<dyn Held>,
-    ttl: Duration,
+    trusted: Duration,
     session: &dyn Fn() -> Option<LivenessState>,
     shutdown: &Receiver<()>,
 ) -> Result<Ended, CliError> {
@@ -207,7 +209,7 @@ pub fn run(
             termed = true;
             let now = Instant::now();
             signal(&child, Signal::SIGTERM);
-            kill_at = Some((now + args.kill_grace).min(suspended_kill_bound(now, ttl)));
+            kill_at = Some((now + args.kill_grace).min(suspended_kill_bound(now, trusted)));
             out.emit(
                 format!("{what}: renewals failing; sent SIGTERM to {program}"),
                 event("suspended", [("token", json!(token))]),
@@ -258,7 +260,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_kill_bound_leaves_a_third_of_the_ttl_minus_the_margin() {
+    fn the_kill_bound_leaves_a_third_of_the_trusted_lifetime_minus_the_margin() {
         let t = Instant::now();
         assert_eq!(
             suspended_kill_bound(t, Duration::from_secs(3)),

@@ -32,6 +32,7 @@ pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), Cl
     let options = ElectionOptions::default()
         .with_prefix(args.prefix)
         .with_ttl(args.ttl);
+    let trusted = options.trusted_lifetime();
     let mutex = Arc::new(Mutex::with_options(&ctx.etcd, &name, options)?);
     let gated = !args.gate.command.is_empty();
     let out = if gated { ctx.out.on_stderr() } else { ctx.out };
@@ -96,7 +97,7 @@ pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), Cl
             &name,
             &args.gate,
             Box::new(guard),
-            args.ttl,
+            trusted,
             &session,
             shutdown,
         )? {

@@ -145,6 +145,16 @@ impl<M: Machine> MachineHandle<M> {
         self.input.send(Control::Input(input)).map_err(|_| Gone)
     }
 
+    /// An input sender that does not keep the machine running: for a
+    /// machine's own notice handler, which must be able to answer a notice
+    /// with an input but must not stop the machine from ending when every
+    /// real handle is dropped.
+    pub(crate) fn downgrade(&self) -> WeakInput<M> {
+        WeakInput {
+            input: self.input.downgrade(),
+        }
+    }
+
     /// Ask the machine to stop; returns at once.
     pub(crate) fn stop(&self) {
         let _ = self.input.send(Control::Stop);
@@ -165,6 +175,20 @@ impl<M: Machine> MachineHandle<M> {
     pub(crate) fn stop_and_wait(&self, wait: Duration) -> Result<Finished, WaitError> {
         self.stop();
         self.wait_finished(wait)
+    }
+}
+
+/// See [`MachineHandle::downgrade`].
+pub(crate) struct WeakInput<M: Machine> {
+    input: mpsc::WeakUnboundedSender<Control<M::Input>>,
+}
+
+impl<M: Machine> WeakInput<M> {
+    /// Feed the machine one input; `Err(Gone)` once every
+    /// [`MachineHandle`] is dropped or the machine task ended.
+    pub(crate) fn send(&self, input: M::Input) -> Result<(), Gone> {
+        let input_tx = self.input.upgrade().ok_or(Gone)?;
+        input_tx.send(Control::Input(input)).map_err(|_| Gone)
     }
 }
 

@@ -19,7 +19,7 @@ pub(crate) mod health;
 pub(crate) mod runner;
 
 pub(crate) use handle::{
-    CallError, Feed, FeedItem, Finished, MachineHandle, Notify, StopHandle, UnaryCall,
+    CallError, Feed, FeedItem, Finished, MachineHandle, Notify, StopHandle, UnaryCall, WeakInput,
 };
 
 use crate::tls::{EtcdTls, EtcdUser};

@@ -107,19 +107,24 @@ impl Leadership {
             return Err(Error::NotLeader);
         }
         let _op = self.inner.op.lock();
-        let rx = self.inner.begin(ElectionInput::Proclaim {
-            value: value.to_vec(),
-        })?;
+        let value = value.to_vec();
+        let operation = self
+            .inner
+            .begin(|op| ElectionInput::Proclaim { op, value })?;
         // One guarded put, retried by the machine while the session holds;
         // bounded so a dead etcd cannot block the caller (and every other
         // operation on this election) forever.
         let bound = self.inner.etcd.options().request_timeout.saturating_mul(3);
         let deadline = deadline_after(bound);
         loop {
-            match self.inner.wait(&rx, deadline)? {
+            // Only this proclaim's answer arrives here: a late answer to an
+            // earlier proclaim that timed out names that one.
+            match self.inner.wait(&operation, deadline)? {
                 None => return Err(Error::Timeout(bound)),
-                Some(ElectionNotice::Proclaimed) => return Ok(()),
-                Some(ElectionNotice::ProclaimFailed(e)) => return Err(election_error(e)),
+                Some(ElectionNotice::Proclaimed { .. }) => return Ok(()),
+                Some(ElectionNotice::ProclaimFailed { error, .. }) => {
+                    return Err(election_error(error))
+                }
                 _ => continue,
             }
         }

@@ -2,16 +2,18 @@
 //! `clientv3/concurrency` and `etcdctl elect`.
 
 use crate::deadline::deadline_after;
-use crate::driver::{rand_seed, MachineHandle, Notify};
+use crate::driver::{rand_seed, MachineHandle, Notify, WeakInput};
 use crate::error::{Error, EtcdErrorKind, Result};
 use crate::etcd::{assert_not_async, Etcd};
-use crate::liveness::{close_outcome, CLOSE_WAIT};
+use crate::liveness::{
+    close_outcome, CLOSE_WAIT, DEFAULT_DRIFT_ALLOWANCE_PPM, DEFAULT_SAFETY_MARGIN,
+};
 use crate::validate;
 use fleetcoord_sm::election::{
     leader_query, Election as ElectionMachine, ElectionConfig, ElectionError, ElectionInput,
-    ElectionNotice,
+    ElectionNotice, OpId,
 };
-use fleetcoord_sm::keepalive::LivenessState;
+use fleetcoord_sm::keepalive::{trusted_lifetime, LivenessState};
 use fleetcoord_sm::{BackoffConfig, KeyValue, Response};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,6 +57,17 @@ pub struct ElectionOptions {
     /// TTL of the session lease. A leader that dies is replaced about this
     /// long after its last renewal. Whole seconds, at least 1. Default 10 s.
     pub ttl: Duration,
+    /// How long before etcd can expire the session lease (and elect the
+    /// next candidate) this candidate stops believing it leads: room for
+    /// the driver firing the deadline late and for acting on an
+    /// [`Leadership::is_held`] just read. At most half of the TTL less the
+    /// drift allowance. Default 250 ms.
+    pub safety_margin: Duration,
+    /// How much slower than etcd's clock this host's clock may run, in
+    /// parts per million: the session trusts its lease for the TTL
+    /// shortened by this much, then less the margin. 0 to 100,000 (10 %).
+    /// Default 10,000 (1 %, ten times what NTP lets two clocks differ by).
+    pub drift_allowance_ppm: u32,
 }
 
 impl Default for ElectionOptions {
@@ -62,6 +75,8 @@ impl Default for ElectionOptions {
         ElectionOptions {
             prefix: DEFAULT_ELECTION_PREFIX.into(),
             ttl: Duration::from_secs(10),
+            safety_margin: DEFAULT_SAFETY_MARGIN,
+            drift_allowance_ppm: DEFAULT_DRIFT_ALLOWANCE_PPM,
         }
     }
 }
@@ -81,6 +96,41 @@ impl ElectionOptions {
     pub const fn with_ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
+    }
+
+    /// These options with [`ElectionOptions::safety_margin`] set (at most
+    /// half of the TTL less the drift allowance, checked when the election
+    /// is joined).
+    #[must_use]
+    pub const fn with_safety_margin(mut self, margin: Duration) -> Self {
+        self.safety_margin = margin;
+        self
+    }
+
+    /// These options with [`ElectionOptions::drift_allowance_ppm`] set (at
+    /// most 100,000, checked when the election is joined).
+    #[must_use]
+    pub const fn with_drift_allowance_ppm(mut self, ppm: u32) -> Self {
+        self.drift_allowance_ppm = ppm;
+        self
+    }
+
+    /// How long a session with these options trusts its lease, counted
+    /// from the send of its last acknowledged renewal: the TTL less the
+    /// drift allowance, less the safety margin (for the requested TTL; etcd
+    /// may grant a longer one, which is then trusted longer). A leader
+    /// whose renewals stop holds at most this long; the keepalive renews
+    /// every third of it.
+    ///
+    /// ```
+    /// use fleetcoord::ElectionOptions;
+    /// use std::time::Duration;
+    ///
+    /// // 10 s less 1 % less 250 ms.
+    /// assert_eq!(ElectionOptions::default().trusted_lifetime(), Duration::from_millis(9_650));
+    /// ```
+    pub fn trusted_lifetime(&self) -> Duration {
+        trusted_lifetime(self.ttl, self.safety_margin, self.drift_allowance_ppm)
     }
 }
 
@@ -127,9 +177,20 @@ pub enum TryCampaign {
 ///
 /// Guarantees:
 /// * At most one candidate holds a [`Leadership`] with
-///   [`Leadership::is_held`] true at any instant, provided clocks advance at
-///   the same rate: a leader stops believing at its session's local deadline,
-///   which passes before etcd can expire its lease and let the next one in.
+///   [`Leadership::is_held`] true at any instant, and none once etcd has
+///   expired its session lease: a leader stops believing at its session's
+///   local deadline, [`ElectionOptions::trusted_lifetime`] after the send
+///   of its last acknowledged renewal, which passes at least
+///   [`ElectionOptions::safety_margin`] before etcd can expire the lease and
+///   let the next one in. This holds while the leader's clock runs no
+///   slower than [`ElectionOptions::drift_allowance_ppm`] permits relative
+///   to etcd's, and while its process is not paused for longer than the
+///   margin between deadline and action (the fencing token covers the
+///   rest); it does not rely on how late etcd's expiry loop runs.
+/// * Operations are numbered: an answer that arrives late for an operation
+///   that gave up (a campaign timed out and its withdraw not confirmed
+///   within 10 s) is never taken for a later operation's answer, and a late
+///   win of such a campaign is resigned, never left held by nobody.
 /// * Leadership is reported only after the own key was read back (unlike
 ///   Go's client, etcd #19597); a campaign whose session is lost while it
 ///   waits fails with [`Error::SessionLost`].
@@ -173,7 +234,15 @@ struct Inner {
 
 #[derive(Default)]
 struct State {
-    waiter: Option<crossbeam_channel::Sender<ElectionNotice>>,
+    /// The operation waiting for its answer: only answers naming it (and
+    /// every `Resigned`, which resigns match by token) reach it.
+    waiter: Option<(OpId, crossbeam_channel::Sender<ElectionNotice>)>,
+    /// The id of the last operation begun.
+    last_op: u64,
+    /// Resigns a leadership nobody waits for (see [`handle_notice`]); set
+    /// once the machine runs. Weak, so that it does not keep the machine
+    /// running after the last handle is gone.
+    resigner: Option<WeakInput<ElectionMachine>>,
     held: Option<Held>,
     session: Option<LivenessState>,
     /// The machine task has ended; no answer will ever come.
@@ -232,10 +301,17 @@ impl Election {
         assert_not_async();
         let prefix = election_prefix(name, &options)?;
         validate::ttl("ttl", options.ttl)?;
+        validate::trust(
+            options.ttl,
+            options.safety_margin,
+            options.drift_allowance_ppm,
+        )?;
         let config = ElectionConfig {
             prefix: prefix.clone().into_bytes(),
             ttl_secs: options.ttl.as_secs() as i64,
             backoff: BackoffConfig::default(),
+            safety_margin: options.safety_margin,
+            drift_allowance_ppm: options.drift_allowance_ppm,
         };
         let machine = ElectionMachine::new(config, Instant::now(), rand_seed());
         let state = Arc::new(Mutex::new(State::default()));
@@ -260,6 +336,7 @@ impl Election {
                 true
             }),
         )?;
+        state.lock().resigner = Some(machine.downgrade());
         Ok(Election {
             inner: Arc::new(Inner {
                 etcd: etcd.clone(),
@@ -317,20 +394,25 @@ impl Election {
     fn campaign_inner(&self, value: &[u8], timeout: Option<Duration>) -> Result<Leadership> {
         validate::payload("value", value)?;
         let _op = self.inner.op.lock();
-        let rx = self.inner.begin(ElectionInput::Campaign {
-            value: value.to_vec(),
-        })?;
+        let value = value.to_vec();
+        let operation = self
+            .inner
+            .begin(|op| ElectionInput::Campaign { op, value })?;
         // A timeout too large for an `Instant` (`Duration::MAX`) means none.
         let deadline = timeout.and_then(deadline_after);
         loop {
-            match self.inner.wait(&rx, deadline)? {
-                Some(ElectionNotice::Elected { token, lease, key }) => {
+            match self.inner.wait(&operation, deadline)? {
+                Some(ElectionNotice::Elected {
+                    token, lease, key, ..
+                }) => {
                     return Ok(self.leadership(token, lease, key));
                 }
-                Some(ElectionNotice::CampaignFailed(e)) => return Err(election_error(e)),
+                Some(ElectionNotice::CampaignFailed { error, .. }) => {
+                    return Err(election_error(error))
+                }
                 Some(_) => continue,
                 None => {
-                    self.inner.cancel_and_settle(&rx)?;
+                    self.inner.cancel_and_settle(&operation)?;
                     return Err(Error::Timeout(timeout.unwrap_or_default()));
                 }
             }
@@ -344,26 +426,29 @@ impl Election {
     pub fn try_campaign(&self, value: &[u8]) -> Result<TryCampaign> {
         validate::payload("value", value)?;
         let _op = self.inner.op.lock();
-        let rx = self.inner.begin(ElectionInput::TryCampaign {
-            value: value.to_vec(),
-        })?;
+        let value = value.to_vec();
+        let operation = self
+            .inner
+            .begin(|op| ElectionInput::TryCampaign { op, value })?;
         let bound = self.inner.etcd.options().request_timeout.saturating_mul(3);
         let deadline = deadline_after(bound);
         loop {
-            let Some(notice) = self.inner.wait(&rx, deadline)? else {
-                self.inner.cancel_and_settle(&rx)?;
+            let Some(notice) = self.inner.wait(&operation, deadline)? else {
+                self.inner.cancel_and_settle(&operation)?;
                 return Err(Error::Timeout(bound));
             };
             match notice {
-                ElectionNotice::Elected { token, lease, key } => {
+                ElectionNotice::Elected {
+                    token, lease, key, ..
+                } => {
                     return Ok(TryCampaign::Elected(self.leadership(token, lease, key)));
                 }
-                ElectionNotice::NotElected { leader } => {
+                ElectionNotice::NotElected { leader, .. } => {
                     return Ok(TryCampaign::NotElected(
                         leader.as_ref().map(LeaderInfo::from_kv),
                     ));
                 }
-                ElectionNotice::CampaignFailed(e) => return Err(election_error(e)),
+                ElectionNotice::CampaignFailed { error, .. } => return Err(election_error(error)),
                 _ => continue,
             }
         }
@@ -444,27 +529,38 @@ impl Drop for Election {
     }
 }
 
+/// One operation in progress: its id and where its answers arrive.
+pub(super) struct Operation {
+    op: OpId,
+    answers: crossbeam_channel::Receiver<ElectionNotice>,
+}
+
 impl Inner {
-    /// Register as the waiter for the next answers, then send `input`.
-    fn begin(&self, input: ElectionInput) -> Result<crossbeam_channel::Receiver<ElectionNotice>> {
-        let (tx, rx) = crossbeam_channel::unbounded();
-        {
+    /// Number the next operation, register it as the one waiting for
+    /// answers, then send the input `make` builds for its id.
+    fn begin(&self, make: impl FnOnce(OpId) -> ElectionInput) -> Result<Operation> {
+        let (tx, answers) = crossbeam_channel::unbounded();
+        let op = {
             let mut state = self.state.lock();
             if state.driver_gone {
                 return Err(Error::DriverGone);
             }
-            state.waiter = Some(tx);
-        }
-        self.machine.send(input).map_err(|_| Error::DriverGone)?;
-        Ok(rx)
+            state.last_op = state.last_op.wrapping_add(1);
+            let op = OpId(state.last_op);
+            state.waiter = Some((op, tx));
+            op
+        };
+        self.machine.send(make(op)).map_err(|_| Error::DriverGone)?;
+        Ok(Operation { op, answers })
     }
 
     /// The next answer; `Ok(None)` when `deadline` passed.
     fn wait(
         &self,
-        rx: &crossbeam_channel::Receiver<ElectionNotice>,
+        operation: &Operation,
         deadline: Option<Instant>,
     ) -> Result<Option<ElectionNotice>> {
+        let rx = &operation.answers;
         let received = match deadline {
             Some(d) => rx.recv_deadline(d),
             None => rx
@@ -484,14 +580,21 @@ impl Inner {
 
     /// After a campaign or try-campaign timed out: cancel it and wait for
     /// the machine to confirm, so no half-finished campaign stays behind;
-    /// a win that raced the cancel is resigned again. The caller holds `op`.
-    fn cancel_and_settle(&self, rx: &crossbeam_channel::Receiver<ElectionNotice>) -> Result<()> {
+    /// a win that raced the cancel is resigned again (the machine resigns
+    /// it on the cancel too). If no confirmation comes within the wait,
+    /// the machine still finishes the cancel on its own, and its late
+    /// answer goes to nobody: later operations have other ids. The caller
+    /// holds `op`.
+    fn cancel_and_settle(&self, operation: &Operation) -> Result<()> {
         const SETTLE_WAIT: Duration = Duration::from_secs(10);
-        let _ = self.machine.send(ElectionInput::CancelCampaign);
+        let _ = self
+            .machine
+            .send(ElectionInput::CancelCampaign { op: operation.op });
+        let deadline = deadline_after(SETTLE_WAIT);
         loop {
-            match self.wait(rx, deadline_after(SETTLE_WAIT))? {
+            match self.wait(operation, deadline)? {
                 Some(ElectionNotice::Elected { token, .. }) => return self.resign_locked(token),
-                Some(ElectionNotice::CampaignFailed(_))
+                Some(ElectionNotice::CampaignFailed { .. })
                 | Some(ElectionNotice::NotElected { .. })
                 | None => return Ok(()),
                 Some(_) => continue,
@@ -503,9 +606,11 @@ impl Inner {
     /// holds `op`.
     fn resign_locked(&self, token: i64) -> Result<()> {
         const RESIGN_WAIT: Duration = Duration::from_secs(15);
-        let rx = self.begin(ElectionInput::Resign { token })?;
+        // A resign carries no operation id: its answer names the token.
+        let operation = self.begin(|_| ElectionInput::Resign { token })?;
+        let deadline = deadline_after(RESIGN_WAIT);
         loop {
-            match self.wait(&rx, deadline_after(RESIGN_WAIT))? {
+            match self.wait(&operation, deadline)? {
                 // A dropped handle's resign may be answered here too.
                 Some(ElectionNotice::Resigned { token: t }) if t == token => return Ok(()),
                 Some(_) => continue,
@@ -515,6 +620,23 @@ impl Inner {
     }
 }
 
+/// The operation an answer is for; `None` for notices that answer none.
+fn answers(notice: &ElectionNotice) -> Option<OpId> {
+    match notice {
+        ElectionNotice::Elected { op, .. }
+        | ElectionNotice::NotElected { op, .. }
+        | ElectionNotice::CampaignFailed { op, .. }
+        | ElectionNotice::Proclaimed { op }
+        | ElectionNotice::ProclaimFailed { op, .. } => Some(*op),
+        _ => None,
+    }
+}
+
+/// Runs on the driver for every notice, in order. Answers go to the
+/// operation they name only; an answer to any other operation is one that
+/// operation gave up on. Such an `Elected` (a campaign that timed out, its
+/// cancel unconfirmed, winning after all) is resigned here, so the machine
+/// never leads for nobody.
 fn handle_notice(state: &Mutex<State>, notice: ElectionNotice) {
     let mut state = state.lock();
     match &notice {
@@ -546,22 +668,54 @@ fn handle_notice(state: &Mutex<State>, notice: ElectionNotice) {
                 held.flag.store(false, Ordering::SeqCst);
             }
         }
-        ElectionNotice::Elected { token, .. } => {
-            if let Some(old) = state.held.take() {
-                old.flag.store(false, Ordering::SeqCst);
-            }
-            let (lost, lost_rx) = crossbeam_channel::bounded(1);
-            state.held = Some(Held {
-                token: *token,
-                flag: Arc::new(AtomicBool::new(true)),
-                lost,
-                lost_rx,
-            });
-        }
         _ => {}
     }
-    if let Some(waiter) = &state.waiter {
-        let _ = waiter.send(notice);
+    let waiting = state.waiter.as_ref().map(|(op, _)| *op);
+    let answer = answers(&notice);
+    if answer.is_some() && answer != waiting {
+        if let ElectionNotice::Elected { token, .. } = notice {
+            resign_unwanted(&mut state, token);
+        }
+        return;
+    }
+    if let ElectionNotice::Elected { token, .. } = &notice {
+        // Registered before the waiter sees it, so a `LeadershipLost`
+        // right behind it is never missed.
+        if let Some(old) = state.held.take() {
+            old.flag.store(false, Ordering::SeqCst);
+        }
+        let (lost, lost_rx) = crossbeam_channel::bounded(1);
+        state.held = Some(Held {
+            token: *token,
+            flag: Arc::new(AtomicBool::new(true)),
+            lost,
+            lost_rx,
+        });
+    }
+    let token = match &notice {
+        ElectionNotice::Elected { token, .. } => Some(*token),
+        _ => None,
+    };
+    let delivered = state
+        .waiter
+        .as_ref()
+        .is_some_and(|(_, tx)| tx.send(notice).is_ok());
+    // The waiting operation gave up just now (its caller returned): the
+    // win is nobody's.
+    if let (Some(token), false) = (token, delivered) {
+        resign_unwanted(&mut state, token);
+    }
+}
+
+/// Ends the leadership `token` that no operation waits for: nothing will
+/// hand it to a user, so it must not hold the election.
+fn resign_unwanted(state: &mut State, token: i64) {
+    if let Some(held) = state.held.take_if(|h| h.token == token) {
+        held.flag.store(false, Ordering::SeqCst);
+    }
+    if let Some(resigner) = &state.resigner {
+        // Gone: the election is closing and its stop revokes the session.
+        let _ = resigner.send(ElectionInput::Resign { token });
     }
 }
 
@@ -595,5 +749,97 @@ pub(crate) fn current_leader(etcd: &Etcd, prefix: &str) -> Result<Option<LeaderI
     match etcd.request(leader_query(prefix.as_bytes()))? {
         Response::Range { kvs, .. } => Ok(kvs.first().map(LeaderInfo::from_kv)),
         other => Err(Error::unexpected(other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::handle::Control;
+    use fleetcoord_sm::election::OpId;
+
+    /// A state whose resigns land in the returned receiver.
+    fn state() -> (
+        Mutex<State>,
+        MachineHandle<ElectionMachine>,
+        tokio::sync::mpsc::UnboundedReceiver<Control<ElectionInput>>,
+    ) {
+        let (input, inputs) = tokio::sync::mpsc::unbounded_channel();
+        let (_finished_tx, finished) = crossbeam_channel::bounded(1);
+        let machine = MachineHandle::new(input, finished);
+        let state = State {
+            resigner: Some(machine.downgrade()),
+            ..State::default()
+        };
+        (Mutex::new(state), machine, inputs)
+    }
+
+    fn wait_for(state: &Mutex<State>, op: u64) -> crossbeam_channel::Receiver<ElectionNotice> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        state.lock().waiter = Some((OpId(op), tx));
+        rx
+    }
+
+    fn elected(op: u64, token: i64) -> ElectionNotice {
+        ElectionNotice::Elected {
+            op: OpId(op),
+            key: b"/e/1".to_vec(),
+            token,
+            lease: 1,
+        }
+    }
+
+    fn resigned(
+        inputs: &mut tokio::sync::mpsc::UnboundedReceiver<Control<ElectionInput>>,
+    ) -> Vec<i64> {
+        std::iter::from_fn(|| inputs.try_recv().ok())
+            .filter_map(|c| match c {
+                Control::Input(ElectionInput::Resign { token }) => Some(token),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn answers_reach_only_the_operation_they_name() {
+        let (state, _machine, mut inputs) = state();
+        let rx = wait_for(&state, 2);
+        // Operation 1 gave up; its late answers go nowhere.
+        handle_notice(
+            &state,
+            ElectionNotice::CampaignFailed {
+                op: OpId(1),
+                error: ElectionError::Canceled,
+            },
+        );
+        handle_notice(&state, ElectionNotice::Proclaimed { op: OpId(1) });
+        assert!(rx.try_recv().is_err());
+        // Operation 2's answer arrives, with its leadership registered.
+        handle_notice(&state, elected(2, 8));
+        assert_eq!(rx.try_recv().ok(), Some(elected(2, 8)));
+        assert_eq!(state.lock().held.as_ref().map(|h| h.token), Some(8));
+        // Resigns match by token, so they always get through.
+        handle_notice(&state, ElectionNotice::Resigned { token: 3 });
+        assert_eq!(
+            rx.try_recv().ok(),
+            Some(ElectionNotice::Resigned { token: 3 })
+        );
+        assert!(resigned(&mut inputs).is_empty());
+    }
+
+    #[test]
+    fn a_win_nobody_waits_for_is_resigned_not_held() {
+        let (state, _machine, mut inputs) = state();
+        let rx = wait_for(&state, 2);
+        // The win of operation 1, which timed out and was given up.
+        handle_notice(&state, elected(1, 7));
+        assert!(rx.try_recv().is_err());
+        assert!(state.lock().held.is_none());
+        assert_eq!(resigned(&mut inputs), vec![7]);
+        // The operation waiting was abandoned just now (its caller returned).
+        drop(rx);
+        handle_notice(&state, elected(2, 9));
+        assert!(state.lock().held.is_none());
+        assert_eq!(resigned(&mut inputs), vec![9]);
     }
 }

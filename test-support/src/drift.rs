@@ -164,12 +164,21 @@ mod tests {
                 assert!(c.local(back) >= t0 + Duration::from_nanos(ns));
                 if back > t0 {
                     let before = back - Duration::from_nanos(1);
-                    assert!(c.local(before) < t0 + Duration::from_nanos(ns), "{ppm} {ns}");
+                    assert!(
+                        c.local(before) < t0 + Duration::from_nanos(ns),
+                        "{ppm} {ns}"
+                    );
                 }
             }
         }
         let slow = DriftClock::new(t0, -10_000);
-        assert_eq!(slow.local(t0 + Duration::from_secs(100)), t0 + Duration::from_secs(99));
-        assert_eq!(slow.world(t0 + Duration::from_secs(99)), t0 + Duration::from_secs(100));
+        assert_eq!(
+            slow.local(t0 + Duration::from_secs(100)),
+            t0 + Duration::from_secs(99)
+        );
+        assert_eq!(
+            slow.world(t0 + Duration::from_secs(99)),
+            t0 + Duration::from_secs(100)
+        );
     }
 }

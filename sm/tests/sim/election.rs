@@ -443,7 +443,7 @@ fn run_seed(
                 _ => rng.next_u64() % (span + 1),
             };
             let magnitude = i32::try_from(magnitude).unwrap_or(i32::MAX);
-            let ppm = if rng.next_u64() % 2 == 0 {
+            let ppm = if rng.next_u64().is_multiple_of(2) {
                 -magnitude
             } else {
                 magnitude
