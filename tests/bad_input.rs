@@ -129,6 +129,19 @@ fn liveness_and_watcher_arguments() {
         "prefix",
     );
     invalid(
+        HostLiveness::register_with(&etcd, id, b"m", with(&|o| o.safety_margin = o.ttl)),
+        "safety_margin",
+    );
+    invalid(
+        HostLiveness::register_with(
+            &etcd,
+            id,
+            b"m",
+            LivenessOptions::default().with_drift_allowance_ppm(200_000),
+        ),
+        "drift_allowance_ppm",
+    );
+    invalid(
         HostWatcher::watch_with(&etcd, WatcherOptions::default().with_capacity(1)),
         "capacity",
     );
@@ -172,6 +185,29 @@ fn election_arguments() {
         let options = ElectionOptions::default().with_ttl(ttl);
         invalid(Election::with_options(&etcd, "e", options), "ttl");
     }
+    // A margin at or above the TTL, or above half of it once the drift
+    // allowance is taken off, would leave the lease trusted for too little.
+    let one = ElectionOptions::default().with_ttl(Duration::from_secs(1));
+    for margin in [
+        Duration::from_millis(496),
+        Duration::from_secs(1),
+        Duration::MAX,
+    ] {
+        let options = one.clone().with_safety_margin(margin);
+        invalid(Election::with_options(&etcd, "e", options), "safety_margin");
+    }
+    for ppm in [100_001, u32::MAX] {
+        let options = ElectionOptions::default().with_drift_allowance_ppm(ppm);
+        invalid(
+            Election::with_options(&etcd, "e", options),
+            "drift_allowance_ppm",
+        );
+    }
+    let edge = one
+        .with_safety_margin(Duration::from_millis(495))
+        .with_drift_allowance_ppm(10_000);
+    assert_eq!(edge.trusted_lifetime(), Duration::from_millis(495));
+    drop(Election::with_options(&etcd, "edge", edge).expect("the largest margin is valid"));
     // The handle still works after all that.
     let election = Election::new(&etcd, "fine").expect("valid election");
     let leadership = election.campaign(b"v").expect("campaign");
