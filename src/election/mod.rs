@@ -530,7 +530,7 @@ impl Drop for Election {
 }
 
 /// One operation in progress: its id and where its answers arrive.
-pub(super) struct Operation {
+struct Operation {
     op: OpId,
     answers: crossbeam_channel::Receiver<ElectionNotice>,
 }
