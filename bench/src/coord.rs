@@ -1,0 +1,135 @@
+//! Coordinator delivery on every backend: publish → deliver, kv_set →
+//! watch event, append → read. On etcd each is anchored by a raw
+//! etcd-client put → watch event, interleaved; the memory backend has no
+//! network to anchor against.
+
+use crate::raw::{Raw, RawEvent};
+use crate::report::{latency_row, Row, Side};
+use crate::stats::interleave;
+use crate::{Config, Res};
+use fleetcoord::coordinator::{
+    Coordinator, EtcdCoordinator, KvEvent, MemoryCoordinator, StreamPosition,
+};
+use fleetcoord::{Etcd, EtcdOptions};
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// One backend under test; `_keep` holds whatever must outlive it (its
+/// connection, its server).
+struct Backend {
+    name: &'static str,
+    coord: Box<dyn Coordinator>,
+    anchored: bool,
+    _keep: Vec<Box<dyn std::any::Any>>,
+}
+
+fn backends(cfg: &Config) -> Res<Vec<Backend>> {
+    let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let coord = Box::new(EtcdCoordinator::new(&etcd)?);
+    Ok(vec![
+        Backend {
+            name: "etcd",
+            coord,
+            anchored: true,
+            _keep: vec![Box::new(etcd)],
+        },
+        Backend {
+            name: "memory",
+            coord: Box::new(MemoryCoordinator::new()),
+            anchored: false,
+            _keep: Vec::new(),
+        },
+    ])
+}
+
+pub fn run(cfg: &Config) -> Res<Vec<Row>> {
+    let n = cfg.samples(1000, 20);
+    let raw = Raw::connect(&cfg.endpoint)?;
+    let raw_events = raw.watch_prefix("/bench/coord-raw/")?;
+    let mut seq = 0u64;
+    let mut anchor = |_: usize| -> Res<Duration> {
+        seq += 1;
+        let key = b"/bench/coord-raw/k".to_vec();
+        let mut c = raw.client();
+        let t = Instant::now();
+        raw.block_on(c.put(key.clone(), seq.to_string(), None))?;
+        crate::liveness::wait_raw(&raw_events, &RawEvent::Put(key))?;
+        Ok(t.elapsed())
+    };
+    let mut rows = Vec::new();
+    for b in backends(cfg)? {
+        let c = b.coord.as_ref();
+        let probes: [(&str, Probe); 3] = [
+            ("publish → deliver", pubsub(c)?),
+            ("kv_set → watch event", kv(c)?),
+            ("append → read", stream(c)?),
+        ];
+        for (op, mut probe) in probes {
+            let figure = format!("coordinator {}: {op}", b.name);
+            if b.anchored {
+                let (ours, theirs) = interleave(n, &mut probe, &mut anchor)?;
+                rows.push(latency_row(
+                    &figure,
+                    op,
+                    &ours,
+                    "etcd-client put → watch event",
+                    &theirs,
+                )?);
+            } else {
+                let samples = (0..n).map(&mut probe).collect::<Res<Vec<_>>>()?;
+                let side =
+                    Side::latency(op, &samples).ok_or_else(|| format!("{figure}: no samples"))?;
+                rows.push(Row::new(figure, side, None));
+            }
+        }
+        b.coord.close()?;
+    }
+    Ok(rows)
+}
+
+/// One sample per call, on a feed opened once.
+type Probe<'a> = Box<dyn FnMut(usize) -> Res<Duration> + 'a>;
+
+fn pubsub(coord: &dyn Coordinator) -> Res<Probe<'_>> {
+    let sub = coord.subscribe("bench")?;
+    Ok(Box::new(move |i| {
+        let payload = i.to_string().into_bytes();
+        let t = Instant::now();
+        coord.publish("bench", &payload)?;
+        while sub.recv_timeout(WAIT)?.payload != payload {}
+        Ok(t.elapsed())
+    }))
+}
+
+fn kv(coord: &dyn Coordinator) -> Res<Probe<'_>> {
+    let watch = coord.kv_watch("bench", "*")?;
+    while watch.recv_timeout(WAIT)? != KvEvent::Synced {}
+    let mut seq = 0u64;
+    Ok(Box::new(move |_| {
+        // A fresh value each time: setting the same one twice still
+        // notifies, but a unique one cannot be mistaken for an old event.
+        seq += 1;
+        let value = seq.to_string().into_bytes();
+        let t = Instant::now();
+        coord.kv_set("bench", "k", &value)?;
+        loop {
+            if let KvEvent::Put { value: v, .. } = watch.recv_timeout(WAIT)? {
+                if v == value {
+                    return Ok(t.elapsed());
+                }
+            }
+        }
+    }))
+}
+
+fn stream(coord: &dyn Coordinator) -> Res<Probe<'_>> {
+    let reader = coord.read_stream("bench", StreamPosition::End)?;
+    Ok(Box::new(move |i| {
+        let payload = i.to_string().into_bytes();
+        let t = Instant::now();
+        let id = coord.append_stream("bench", &payload)?;
+        while reader.recv_timeout(WAIT)?.id != id {}
+        Ok(t.elapsed())
+    }))
+}

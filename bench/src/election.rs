@@ -1,0 +1,278 @@
+//! Elections: handover on resign (in process, and `fleetcoord elect` vs
+//! `etcdctl elect` as processes), and a crashed leader's successor.
+
+use crate::process::{self, Spawned};
+use crate::raw::{self, Raw};
+use crate::report::{latency_row, Row};
+use crate::stats::interleave;
+use crate::{Config, Res};
+use etcd_client::{LeaderKey, ResignOptions};
+use fleetcoord::{Election, ElectionOptions, Etcd, EtcdOptions};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Polls until `want` keys exist under `prefix`: the next candidate is
+/// queued in etcd, so what follows measures the handover alone.
+fn wait_candidates(raw: &Raw, prefix: &str, want: i64) -> Res<()> {
+    let deadline = Instant::now() + WAIT;
+    while raw.count_prefix(prefix)? != want {
+        if Instant::now() > deadline {
+            return Err(format!("{want} candidates never appeared under {prefix}").into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
+}
+
+/// A raw session: a lease kept alive by a task for the life of the row.
+fn raw_session(raw: &Raw, ttl: i64) -> Res<(i64, tokio::task::JoinHandle<Res<()>>)> {
+    let mut c = raw.client();
+    let lease = raw.block_on(c.lease_grant(ttl, None))?.id();
+    let task = raw.spawn(raw::keep_alive(raw.client(), lease, ttl));
+    Ok((lease, task))
+}
+
+fn raw_campaign(raw: &Raw, name: &str, value: &str, lease: i64) -> Res<LeaderKey> {
+    let mut c = raw.client();
+    let mut resp = raw.block_on(c.campaign(name, value, lease))?;
+    resp.take_leader()
+        .ok_or_else(|| "campaign answered without a leader key".into())
+}
+
+fn raw_resign(raw: &Raw, leader: LeaderKey) -> Res<()> {
+    let mut c = raw.client();
+    raw.block_on(c.resign(Some(ResignOptions::new().with_leader(leader))))?;
+    Ok(())
+}
+
+/// Leader A resigns while B waits in `campaign`: from A's resign call to
+/// B's campaign returning. fleetcoord `Election` on two `Etcd` handles vs
+/// etcd-client's v3election `campaign`/`resign` on two clients.
+pub fn handover(cfg: &Config) -> Res<Vec<Row>> {
+    let n = cfg.samples(200, 5);
+    let options = ElectionOptions::default().with_ttl(Duration::from_secs(10));
+    let ea = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let eb = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let a = Election::with_options(&ea, "bench-handover", options.clone())?;
+    let b = Election::with_options(&eb, "bench-handover", options)?;
+    let prefix = a.key_prefix().to_string();
+    let ra = Raw::connect(&cfg.endpoint)?;
+    let rb = Raw::connect(&cfg.endpoint)?;
+    let (lease_a, ka) = raw_session(&ra, 10)?;
+    let (lease_b, kb) = raw_session(&rb, 10)?;
+    let raw_name = "/bench/raw-handover";
+    let raw_prefix = format!("{raw_name}/");
+    let (ours, anchor) = interleave(
+        n,
+        |_| {
+            let la = a.campaign(b"a")?;
+            std::thread::scope(|s| {
+                let waiter = s.spawn(|| b.campaign(b"b").map(|l| (Instant::now(), l)));
+                wait_candidates(&ra, &prefix, 2)?;
+                let t = Instant::now();
+                la.resign()?;
+                let (elected, lb) = waiter.join().map_err(|_| "campaign thread panicked")??;
+                let d = elected.duration_since(t);
+                lb.resign()?;
+                Ok(d)
+            })
+        },
+        |_| {
+            let la = raw_campaign(&ra, raw_name, "a", lease_a)?;
+            let mut cb = rb.client();
+            let waiter = rb.spawn(async move {
+                let r = cb.campaign(raw_name, "b", lease_b).await;
+                (Instant::now(), r)
+            });
+            wait_candidates(&ra, &raw_prefix, 2)?;
+            let t = Instant::now();
+            raw_resign(&ra, la)?;
+            let (elected, r) = rb.block_on(waiter)?;
+            let d = elected.duration_since(t);
+            let lb = r?
+                .take_leader()
+                .ok_or("campaign answered without a leader key")?;
+            raw_resign(&rb, lb)?;
+            Ok(d)
+        },
+    )?;
+    ka.abort();
+    kb.abort();
+    a.close()?;
+    b.close()?;
+    Ok(vec![latency_row(
+        "handover on resign (in process)",
+        "Leadership::resign → Election::campaign returns",
+        &ours,
+        "v3election resign → campaign returns",
+        &anchor,
+    )?])
+}
+
+/// Process level: leader process gets SIGINT (both resign on it) while a
+/// second process of the same kind waits; from the signal to the second
+/// one printing that it leads. `fleetcoord elect` vs `etcdctl elect`.
+pub fn elect_cli(cfg: &Config) -> Res<Vec<Row>> {
+    let n = cfg.samples(20, 2);
+    let bin = process::fleetcoord_bin()?;
+    let raw = Raw::connect(&cfg.endpoint)?;
+    let ours_prefix = "/coord/election/bench-cli/";
+    let etcdctl_name = "/bench/etcdctl-elect";
+    let etcdctl_prefix = format!("{etcdctl_name}/");
+    let ours_cmd = |i: usize| {
+        let mut c = Command::new(&bin);
+        c.args([
+            "--endpoints",
+            &cfg.endpoint,
+            "elect",
+            "bench-cli",
+            "--value",
+        ])
+        .arg(format!("cand-{i}"));
+        c
+    };
+    let etcdctl_cmd = |i: usize| {
+        let mut c = Command::new("etcdctl");
+        c.env("ETCDCTL_API", "3")
+            .args(["--endpoints", &cfg.endpoint, "elect", etcdctl_name])
+            .arg(format!("cand-{i}"));
+        c
+    };
+    let ours_elected = |p: &Spawned| p.wait_line("leading as", WAIT);
+    let etcdctl_elected = |p: &Spawned, i: usize| p.wait_line(&format!("cand-{i}"), WAIT);
+    let mut ours_leader = Spawned::start(ours_cmd(0))?;
+    ours_elected(&ours_leader)?;
+    let mut etcdctl_leader = Spawned::start(etcdctl_cmd(0))?;
+    etcdctl_elected(&etcdctl_leader, 0)?;
+    let (ours, anchor) = interleave(
+        n,
+        |i| {
+            let next = Spawned::start(ours_cmd(i + 1))?;
+            wait_candidates(&raw, ours_prefix, 2)?;
+            let t = Instant::now();
+            process::send_signal(ours_leader.pid(), "INT")?;
+            ours_elected(&next)?;
+            let d = t.elapsed();
+            ours_leader.wait_exit(WAIT)?;
+            ours_leader = next;
+            Ok(d)
+        },
+        |i| {
+            let next = Spawned::start(etcdctl_cmd(i + 1))?;
+            wait_candidates(&raw, &etcdctl_prefix, 2)?;
+            let t = Instant::now();
+            process::send_signal(etcdctl_leader.pid(), "INT")?;
+            etcdctl_elected(&next, i + 1)?;
+            let d = t.elapsed();
+            etcdctl_leader.wait_exit(WAIT)?;
+            etcdctl_leader = next;
+            Ok(d)
+        },
+    )?;
+    ours_leader.signal_and_wait("INT", WAIT)?;
+    etcdctl_leader.signal_and_wait("INT", WAIT)?;
+    Ok(vec![latency_row(
+        "handover on SIGINT (processes)",
+        "`fleetcoord elect` → next prints leading",
+        &ours,
+        "`etcdctl elect` → next prints its proposal",
+        &anchor,
+    )?])
+}
+
+/// A leader process SIGKILLed (TTL 2 s) while a candidate waits in this
+/// process: from the kill to the candidate's campaign returning.
+/// `fleetcoord elect` + `Election` vs a raw child + raw `campaign`.
+/// (`etcdctl elect` cannot anchor this: its session TTL is fixed at 60 s.)
+pub fn failover(cfg: &Config) -> Res<Vec<Row>> {
+    let n = cfg.samples(6, 1);
+    let ttl = 2u64;
+    let bin = process::fleetcoord_bin()?;
+    let me = process::self_bin()?;
+    let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let candidate = Election::with_options(
+        &etcd,
+        "bench-failover",
+        ElectionOptions::default().with_ttl(Duration::from_secs(ttl)),
+    )?;
+    let prefix = candidate.key_prefix().to_string();
+    let raw = Raw::connect(&cfg.endpoint)?;
+    let (lease, keeper) = raw_session(&raw, ttl as i64)?;
+    let raw_name = "/bench/raw-failover";
+    let raw_prefix = format!("{raw_name}/");
+    let phase = |i: usize| Duration::from_millis(ttl * 1000 / 3 * ((i * 7) % 10) as u64 / 10);
+    let (ours, anchor) = interleave(
+        n,
+        |i| {
+            let mut cmd = Command::new(&bin);
+            cmd.args(["--endpoints", &cfg.endpoint, "elect", "bench-failover"])
+                .args(["--ttl", &format!("{ttl}s")]);
+            let mut leader = Spawned::start(cmd)?;
+            leader.wait_line("leading as", WAIT)?;
+            std::thread::scope(|s| {
+                let waiter = s.spawn(|| candidate.campaign(b"me").map(|l| (Instant::now(), l)));
+                wait_candidates(&raw, &prefix, 2)?;
+                std::thread::sleep(Duration::from_millis(700) + phase(i));
+                let t = Instant::now();
+                leader.kill()?;
+                let (elected, l) = waiter.join().map_err(|_| "campaign thread panicked")??;
+                let d = elected.duration_since(t);
+                l.resign()?;
+                Ok(d)
+            })
+        },
+        |i| {
+            let mut cmd = Command::new(&me);
+            cmd.args([
+                "child-raw-leader",
+                &cfg.endpoint,
+                raw_name,
+                &ttl.to_string(),
+            ]);
+            let mut leader = Spawned::start(cmd)?;
+            leader.wait_line("elected", WAIT)?;
+            let mut c = raw.client();
+            let waiter = raw.spawn(async move {
+                let r = c.campaign(raw_name, "me", lease).await;
+                (Instant::now(), r)
+            });
+            wait_candidates(&raw, &raw_prefix, 2)?;
+            std::thread::sleep(Duration::from_millis(700) + phase(i));
+            let t = Instant::now();
+            leader.kill()?;
+            let (elected, r) = raw.block_on(waiter)?;
+            let d = elected.duration_since(t);
+            let key = r?
+                .take_leader()
+                .ok_or("campaign answered without a leader key")?;
+            raw_resign(&raw, key)?;
+            Ok(d)
+        },
+    )?;
+    keeper.abort();
+    candidate.close()?;
+    Ok(vec![latency_row(
+        "crashed leader (SIGKILL) → new leader, TTL 2 s",
+        "`fleetcoord elect` killed → Election::campaign returns",
+        &ours,
+        "raw child killed → v3election campaign returns",
+        &anchor,
+    )?])
+}
+
+/// `child-raw-leader ENDPOINT NAME TTL`: campaigns with a kept-alive lease,
+/// prints `elected`, then holds until killed.
+pub fn child_raw_leader(args: &[String]) -> Res<()> {
+    let [endpoint, name, ttl] = args else {
+        return Err("usage: child-raw-leader ENDPOINT NAME TTL_SECS".into());
+    };
+    let ttl: i64 = ttl.parse()?;
+    let raw = Raw::connect(endpoint)?;
+    let (lease, keeper) = raw_session(&raw, ttl)?;
+    raw_campaign(&raw, name, "raw-leader", lease)?;
+    println!("elected");
+    raw.block_on(keeper)??;
+    Ok(())
+}

@@ -1,0 +1,77 @@
+//! put / get: `EtcdCoordinator::kv_set` / `kv_get` (one etcd put / range
+//! through the driver thread) vs etcd-client `put` / `get`.
+
+use crate::raw::Raw;
+use crate::report::{latency_row as row, Row};
+use crate::stats::interleave;
+use crate::{Config, Res};
+use fleetcoord::coordinator::{Coordinator, EtcdCoordinator};
+use fleetcoord::{Etcd, EtcdOptions};
+use std::time::Instant;
+
+pub fn run(cfg: &Config) -> Res<Vec<Row>> {
+    let n = cfg.samples(1000, 20);
+    let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let coord = EtcdCoordinator::new(&etcd)?;
+    let raw = Raw::connect(&cfg.endpoint)?;
+    let value = vec![b'v'; 100];
+
+    let (ours_put, raw_put) = interleave(
+        n,
+        |_| {
+            let t = Instant::now();
+            coord.kv_set("bench", "k", &value)?;
+            Ok(t.elapsed())
+        },
+        |_| {
+            let mut c = raw.client();
+            let t = Instant::now();
+            raw.block_on(c.put("/bench/raw/k", value.clone(), None))?;
+            Ok(t.elapsed())
+        },
+    )?;
+    let (ours_get, raw_get) = interleave(
+        n,
+        |_| {
+            let t = Instant::now();
+            let got = coord.kv_get("bench", "k")?;
+            let d = t.elapsed();
+            check(got.len() == value.len())?;
+            Ok(d)
+        },
+        |_| {
+            let mut c = raw.client();
+            let t = Instant::now();
+            let got = raw.block_on(c.get("/bench/raw/k", None))?;
+            let d = t.elapsed();
+            check(got.kvs().len() == 1)?;
+            Ok(d)
+        },
+    )?;
+    coord.close()?;
+    etcd.close()?;
+    Ok(vec![
+        row(
+            "put (100 B)",
+            "kv_set",
+            &ours_put,
+            "etcd-client put",
+            &raw_put,
+        )?,
+        row(
+            "get (100 B)",
+            "kv_get",
+            &ours_get,
+            "etcd-client get",
+            &raw_get,
+        )?,
+    ])
+}
+
+fn check(ok: bool) -> Res<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err("read back the wrong value".into())
+    }
+}

@@ -1,0 +1,229 @@
+//! ElectionPool with 1,000 names vs a naive loop that grants a lease per
+//! campaign: campaign+resign cycle time, CPU, leases; and the idle cost of
+//! the pool's 1,000 sessions vs 1,000 raw leases kept alive. Each side runs
+//! in its own child process, alternating.
+
+use crate::process;
+use crate::raw::{self, Raw};
+use crate::report::{latency_row, Row, Side};
+use crate::stats;
+use crate::{Config, Res};
+use etcd_client::ResignOptions;
+use fleetcoord::{ElectionOptions, ElectionPool, Etcd, EtcdOptions};
+use std::time::{Duration, Instant};
+
+const TTL: u64 = 10;
+
+pub fn run(cfg: &Config) -> Res<Vec<Row>> {
+    let names = cfg.samples(1000, 20);
+    let window = if cfg.quick { 2 } else { cfg.pool_secs };
+    let rounds = if cfg.quick { 1 } else { 2 };
+    // The window is split over the rounds; the idle phase is a quarter of
+    // each busy one.
+    let busy_ms = window * 1000 / rounds;
+    let idle_ms = busy_ms / 4;
+    let mut cycles = [Vec::new(), Vec::new()];
+    // cpu_ms, idle_cpu_ms, cycles, grants, leases alive
+    let mut acc = [[0.0f64; 2]; 5];
+    for round in 0..rounds {
+        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for side in order {
+            let out = process::run_child(&[
+                "child-pool".into(),
+                cfg.endpoint.clone(),
+                ["fleetcoord", "naive"][side].into(),
+                names.to_string(),
+                busy_ms.to_string(),
+                idle_ms.to_string(),
+            ])?;
+            for (i, key) in ["cpu_ms", "idle_cpu_ms", "cycles", "grants", "leases"]
+                .iter()
+                .enumerate()
+            {
+                acc[i][side] += process::field(&out, key)?;
+            }
+            cycles[side].extend(out.samples);
+        }
+    }
+    let busy_total = (busy_ms * rounds) as f64;
+    let idle_total = (idle_ms * rounds) as f64;
+    let pct = |cpu: f64, ms: f64| cpu / ms * 100.0;
+    let ours = format!("ElectionPool, {names} names");
+    let naive = "naive: grant, campaign, resign, revoke";
+    let k = format!("{names} names");
+    Ok(vec![
+        latency_row(
+            &format!("{k}: campaign + resign cycle"),
+            &ours,
+            &cycles[0],
+            naive,
+            &cycles[1],
+        )?,
+        Row::new(
+            format!("{k}: CPU while cycling ({} s)", busy_total / 1000.0),
+            Side::amount(&ours, pct(acc[0][0], busy_total), "% of a core"),
+            Some(Side::amount(
+                naive,
+                pct(acc[0][1], busy_total),
+                "% of a core",
+            )),
+        ),
+        Row::new(
+            format!("{k}: CPU per cycle"),
+            Side::amount(&ours, acc[0][0] * 1000.0 / acc[2][0].max(1.0), "µs"),
+            Some(Side::amount(
+                naive,
+                acc[0][1] * 1000.0 / acc[2][1].max(1.0),
+                "µs",
+            )),
+        ),
+        Row::new(
+            format!("{k}: cycles completed ({} s)", busy_total / 1000.0),
+            Side::amount(&ours, acc[2][0], "cycles"),
+            Some(Side::amount(naive, acc[2][1], "cycles")),
+        ),
+        Row::new(
+            format!("{k}: leases granted while cycling"),
+            Side::amount(&ours, acc[3][0], "grants"),
+            Some(Side::amount(naive, acc[3][1], "grants")),
+        ),
+        Row::new(
+            format!("{k}: leases alive after the run (per round)"),
+            Side::amount(&ours, acc[4][0] / rounds as f64, "leases"),
+            Some(Side::amount(naive, acc[4][1] / rounds as f64, "leases")),
+        ),
+        Row::new(
+            format!(
+                "{k}: idle CPU holding {names} sessions ({} s)",
+                idle_total / 1000.0
+            ),
+            Side::amount(&ours, pct(acc[1][0], idle_total), "% of a core"),
+            Some(Side::amount(
+                format!("{names} raw leases + keepalive tasks"),
+                pct(acc[1][1], idle_total),
+                "% of a core",
+            )),
+        ),
+    ])
+}
+
+/// `child-pool ENDPOINT SIDE NAMES BUSY_MS IDLE_MS`: one warm-up sweep over
+/// the names, then campaign+resign round-robin for BUSY_MS (CPU, cycles,
+/// grants), then IDLE_MS holding NAMES sessions (CPU).
+pub fn child_pool(args: &[String]) -> Res<()> {
+    let [endpoint, side, names, busy_ms, idle_ms] = args else {
+        return Err("usage: child-pool ENDPOINT fleetcoord|naive NAMES BUSY_MS IDLE_MS".into());
+    };
+    let names: Vec<String> = (0..names.parse::<usize>()?)
+        .map(|i| format!("pool-{i}"))
+        .collect();
+    let busy = Duration::from_millis(busy_ms.parse()?);
+    let idle = Duration::from_millis(idle_ms.parse()?);
+    let raw = Raw::connect(endpoint)?;
+    let leases0 = raw.lease_count()?;
+    let mut samples = Vec::new();
+    let (cpu, grants, idle_cpu) = match side.as_str() {
+        "fleetcoord" => {
+            let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default())?;
+            let options = ElectionOptions::default()
+                .with_prefix("/bench/pool/")
+                .with_ttl(Duration::from_secs(TTL));
+            let pool = ElectionPool::with_options(&etcd, options);
+            // Every lease a campaign ran on: a lease not seen in the warm-up
+            // sweep is one the pool granted while cycling.
+            let mut seen = std::collections::HashSet::new();
+            for name in &names {
+                let l = pool.campaign(name, b"me")?;
+                seen.insert(l.lease());
+                l.resign()?;
+            }
+            let mut grants = 0usize;
+            let cpu0 = stats::cpu_time()?;
+            let end = Instant::now() + busy;
+            for name in names.iter().cycle() {
+                if Instant::now() >= end {
+                    break;
+                }
+                let t = Instant::now();
+                let l = pool.campaign(name, b"me")?;
+                let lease = l.lease();
+                l.resign()?;
+                samples.push(t.elapsed());
+                if seen.insert(lease) {
+                    grants += 1;
+                }
+            }
+            let cpu = stats::cpu_time()?.saturating_sub(cpu0);
+            let cpu1 = stats::cpu_time()?;
+            std::thread::sleep(idle);
+            let idle_cpu = stats::cpu_time()?.saturating_sub(cpu1);
+            let alive = raw.lease_count()?.saturating_sub(leases0);
+            process::print_result(&[
+                ("cpu_ms", cpu.as_secs_f64() * 1000.0),
+                ("idle_cpu_ms", idle_cpu.as_secs_f64() * 1000.0),
+                ("cycles", samples.len() as f64),
+                ("grants", grants as f64),
+                ("leases", alive as f64),
+            ]);
+            process::print_samples(&samples);
+            pool.close()?;
+            return Ok(());
+        }
+        "naive" => {
+            let mut c = raw.client();
+            let cycle = |name: &str| -> Res<()> {
+                let mut c = raw.client();
+                raw.block_on(async {
+                    let lease = c.lease_grant(TTL as i64, None).await?.id();
+                    let mut resp = c
+                        .campaign(format!("/bench/naive/{name}"), "me", lease)
+                        .await?;
+                    let leader = resp.take_leader().ok_or("campaign without a leader key")?;
+                    c.resign(Some(ResignOptions::new().with_leader(leader)))
+                        .await?;
+                    c.lease_revoke(lease).await?;
+                    Ok::<(), crate::BoxError>(())
+                })
+            };
+            for name in &names {
+                cycle(name)?;
+            }
+            let cpu0 = stats::cpu_time()?;
+            let end = Instant::now() + busy;
+            for name in names.iter().cycle() {
+                if Instant::now() >= end {
+                    break;
+                }
+                let t = Instant::now();
+                cycle(name)?;
+                samples.push(t.elapsed());
+            }
+            let cpu = stats::cpu_time()?.saturating_sub(cpu0);
+            // The idle anchor: as many raw sessions as the pool holds.
+            let mut keepers = Vec::with_capacity(names.len());
+            for _ in &names {
+                let lease = raw.block_on(c.lease_grant(TTL as i64, None))?.id();
+                keepers.push(raw.spawn(raw::keep_alive(raw.client(), lease, TTL as i64)));
+            }
+            let cpu1 = stats::cpu_time()?;
+            std::thread::sleep(idle);
+            let idle_cpu = stats::cpu_time()?.saturating_sub(cpu1);
+            for k in &keepers {
+                k.abort();
+            }
+            (cpu, samples.len(), idle_cpu)
+        }
+        other => return Err(format!("unknown side {other:?}").into()),
+    };
+    process::print_result(&[
+        ("cpu_ms", cpu.as_secs_f64() * 1000.0),
+        ("idle_cpu_ms", idle_cpu.as_secs_f64() * 1000.0),
+        ("cycles", samples.len() as f64),
+        ("grants", grants as f64),
+        // The naive loop revokes each lease it grants; its idle sessions
+        // are the anchor's, not the loop's.
+        ("leases", 0.0),
+    ]);
+    process::print_samples(&samples);
+    Ok(())
+}

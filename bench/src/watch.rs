@@ -1,0 +1,212 @@
+//! HostWatcher → Synced over a populated prefix vs a raw paginated range
+//! read at one revision, each sample in a fresh child process so that its
+//! peak RSS (VmHWM) is that side's alone.
+
+use crate::process;
+use crate::raw::Raw;
+use crate::report::{latency_row, Row, Side};
+use crate::stats;
+use crate::{Config, Res};
+use etcd_client::{GetOptions, Txn, TxnOp};
+use fleetcoord::{Etcd, EtcdOptions, HostEvent, HostWatcher, WatcherOptions};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+/// fleetcoord's page size (`DEFAULT_PAGE_SIZE` of the watch machine); the
+/// raw read uses the same.
+const PAGE: i64 = 1000;
+/// Puts per population txn (etcd's default limit is 128 ops per txn).
+const BATCH: usize = 128;
+
+struct Case {
+    hosts: usize,
+    value: usize,
+    samples: usize,
+}
+
+pub fn run(cfg: &Config) -> Res<Vec<Row>> {
+    // Quick mode keeps every row but divides the fleet by 100.
+    let scale = if cfg.quick { 100 } else { 1 };
+    let cases = [
+        Case {
+            hosts: 1_000,
+            value: 32,
+            samples: cfg.samples(20, 2),
+        },
+        Case {
+            hosts: 10_000,
+            value: 32,
+            samples: cfg.samples(10, 2),
+        },
+        Case {
+            hosts: 100_000,
+            value: 32,
+            samples: cfg.samples(3, 1),
+        },
+        Case {
+            hosts: 10_000,
+            value: 1024,
+            samples: cfg.samples(5, 1),
+        },
+    ];
+    let raw = Raw::connect(&cfg.endpoint)?;
+    let mut rows = Vec::new();
+    for case in cases {
+        let hosts = case.hosts / scale;
+        let label = format!("{} × {}", count_label(hosts), size_label(case.value));
+        let prefix = format!("/bench/watch/{hosts}x{}/", case.value);
+        populate(&raw, &prefix, hosts, case.value)?;
+        let mut times = [Vec::new(), Vec::new()];
+        let mut peak = [0.0f64; 2];
+        for i in 0..case.samples {
+            let order: [usize; 2] = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+            for side in order {
+                let r = process::run_child(&[
+                    "child-watch".into(),
+                    cfg.endpoint.clone(),
+                    ["fleetcoord", "raw"][side].into(),
+                    prefix.clone(),
+                    hosts.to_string(),
+                ])?;
+                times[side].push(Duration::from_secs_f64(process::field(&r, "ms")? / 1000.0));
+                peak[side] = peak[side].max(process::field(&r, "hwm")? / 1048576.0);
+            }
+        }
+        raw.delete_prefix(&prefix)?;
+        rows.push(latency_row(
+            &format!("HostWatcher → Synced, {label}"),
+            "HostWatcher::watch → Synced",
+            &times[0],
+            "paginated range read (1,000/page, one revision)",
+            &times[1],
+        )?);
+        rows.push(Row::new(
+            format!("peak RSS of the reading process, {label}"),
+            Side::amount("HostWatcher (events kept)", peak[0], "MiB"),
+            Some(Side::amount("raw range read (kvs kept)", peak[1], "MiB")),
+        ));
+    }
+    Ok(rows)
+}
+
+fn count_label(n: usize) -> String {
+    if n >= 1000 && n % 1000 == 0 {
+        format!("{}k hosts", n / 1000)
+    } else {
+        format!("{n} hosts")
+    }
+}
+
+fn size_label(bytes: usize) -> String {
+    if bytes >= 1024 && bytes % 1024 == 0 {
+        format!("{} KiB", bytes / 1024)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+/// `hosts` keys `<prefix><uuid>` (no lease: a watcher reads them the same)
+/// in txns of [`BATCH`] puts.
+fn populate(raw: &Raw, prefix: &str, hosts: usize, value: usize) -> Res<()> {
+    raw.delete_prefix(prefix)?;
+    let payload = vec![b'm'; value];
+    let mut c = raw.client();
+    let mut left = hosts;
+    while left > 0 {
+        let take = left.min(BATCH);
+        let ops: Vec<TxnOp> = (0..take)
+            .map(|_| TxnOp::put(format!("{prefix}{}", Uuid::new_v4()), payload.clone(), None))
+            .collect();
+        raw.block_on(c.txn(Txn::new().and_then(ops)))?;
+        left -= take;
+    }
+    Ok(())
+}
+
+/// `child-watch ENDPOINT SIDE PREFIX HOSTS`: reads the prefix once and
+/// reports the time (connection excluded) and the process's peak RSS.
+pub fn child_watch(args: &[String]) -> Res<()> {
+    let [endpoint, side, prefix, hosts] = args else {
+        return Err("usage: child-watch ENDPOINT fleetcoord|raw PREFIX HOSTS".into());
+    };
+    let hosts: usize = hosts.parse()?;
+    let (elapsed, got) = match side.as_str() {
+        "fleetcoord" => {
+            let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default())?;
+            let t = Instant::now();
+            let watcher = HostWatcher::watch_with(
+                &etcd,
+                WatcherOptions::default().with_prefix(prefix.as_str()),
+            )?;
+            let mut up = Vec::with_capacity(hosts);
+            loop {
+                match watcher.events().recv_timeout(Duration::from_secs(60))? {
+                    HostEvent::Up(h) => up.push(h),
+                    HostEvent::Synced => break,
+                    _ => {}
+                }
+            }
+            let elapsed = t.elapsed();
+            (elapsed, up.len())
+        }
+        "raw" => {
+            let raw = Raw::connect(endpoint)?;
+            let t = Instant::now();
+            let kvs = raw.block_on(read_paged(raw.client(), prefix.as_bytes()))?;
+            (t.elapsed(), kvs.len())
+        }
+        other => return Err(format!("unknown side {other:?}").into()),
+    };
+    if got != hosts {
+        return Err(format!("read {got} hosts, expected {hosts}").into());
+    }
+    process::print_result(&[
+        ("ms", elapsed.as_secs_f64() * 1000.0),
+        ("hwm", stats::status_bytes("VmHWM")? as f64),
+    ]);
+    Ok(())
+}
+
+/// Every key under `prefix` in pages of [`PAGE`], all at the first page's
+/// revision, kept as (key, value) pairs.
+async fn read_paged(
+    mut client: etcd_client::Client,
+    prefix: &[u8],
+) -> Res<Vec<(Vec<u8>, Vec<u8>)>> {
+    let end = prefix_end(prefix);
+    let mut from = prefix.to_vec();
+    let mut revision = 0;
+    let mut out = Vec::new();
+    loop {
+        let mut options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
+        if revision > 0 {
+            options = options.with_revision(revision);
+        }
+        let resp = client.get(from.clone(), Some(options)).await?;
+        if revision == 0 {
+            revision = resp.header().ok_or("range without a header")?.revision();
+        }
+        for kv in resp.kvs() {
+            out.push((kv.key().to_vec(), kv.value().to_vec()));
+        }
+        match (resp.more(), resp.kvs().last()) {
+            (true, Some(last)) => {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => return Ok(out),
+        }
+    }
+}
+
+/// The first key after every key starting with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
