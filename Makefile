@@ -6,6 +6,8 @@
 #               (default 1000), every history invariant checked
 #   make scale  50,000 hosts / 20+ MB snapshots through every watcher
 #   make coverage  line coverage of sm and of the library (cargo-tarpaulin)
+#   make bench  every figure beside its raw etcd-client / etcdctl anchor on an
+#               etcd of its own, interleaved; prints the BENCHMARKS.md table
 #   make fuzz   run each fuzz target for FUZZ_SECONDS (default 60)
 #   make lint   clippy with -D warnings for the workspace and the fuzz crate
 
@@ -18,12 +20,14 @@ FUZZ_SECONDS ?= 60
 # cargo-fuzz needs nightly flags; this lets the stable toolchain accept them.
 FUZZ_ENV := RUSTC_BOOTSTRAP=1
 
-.PHONY: test soak scale coverage deps-coverage fuzz lint demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust cross qemu-sm deps-qemu-sm msrv
+.PHONY: test soak scale bench coverage deps-coverage fuzz lint demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust cross qemu-sm deps-qemu-sm msrv
 
 test: deps
 	$(CARGO) fmt --all --check
 	cd fuzz && $(CARGO) fmt --check
 	$(CARGO) test --workspace --all-features
+	$(CARGO) build --quiet -p fleetcoord-cli --bin fleetcoord
+	$(CARGO) run --quiet -p fleetcoord-bench -- --quick all >/dev/null
 	cd fuzz && for t in $(FUZZ_TARGETS); do \
 	  if [ ! -d "corpus/$$t" ]; then \
 	    echo "make: fuzz/corpus/$$t is missing; every fuzz target needs a committed seed corpus" >&2; \
@@ -45,6 +49,17 @@ soak: deps-build deps-etcd
 # snapshot; prints timings and the peak RSS. `make test` runs 12,000.
 scale: deps-build deps-etcd
 	FLEETCOORD_SCALE_KEYS=50000 $(CARGO) test --all-features --test large_snapshots -- --nocapture
+
+# The benchmark suite (bench/, see BENCHMARKS.md): release builds of the
+# `fleetcoord` binary (the process-level rows spawn it) and of the suite,
+# then every figure against its anchor on a throwaway etcd. Under 10 min on
+# 2 cores once built. BENCH_ARGS="--pool-secs 60" for the issue's 60 s pool
+# window; BENCH_ARGS=watch (or any figure names) for a subset. `make test`
+# runs it once with --quick, checking only that every row yields numbers.
+BENCH_ARGS ?= all
+bench: deps-build deps-etcd
+	$(CARGO) build --release --quiet -p fleetcoord-cli -p fleetcoord-bench
+	$(CARGO) run --release --quiet -p fleetcoord-bench -- $(BENCH_ARGS)
 
 # Line coverage (cargo-tarpaulin, ptrace engine) of `sm` from its own tests
 # (unit, simulation), then of the library outside `testing` from every

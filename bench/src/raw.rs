@@ -97,12 +97,6 @@ impl Raw {
         ))?;
         Ok(resp.count())
     }
-
-    /// How many leases etcd has.
-    pub fn lease_count(&self) -> Res<usize> {
-        let mut client = self.client();
-        Ok(self.block_on(client.leases())?.leases().len())
-    }
 }
 
 /// Keeps `lease` alive every `ttl / 3` until the task is aborted, as Go's
