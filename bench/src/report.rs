@@ -87,7 +87,9 @@ impl Row {
 /// Milliseconds with three significant digits or so.
 fn ms(d: Duration) -> String {
     let ms = d.as_secs_f64() * 1000.0;
-    if ms < 10.0 {
+    if ms < 0.1 {
+        format!("{ms:.4}")
+    } else if ms < 10.0 {
         format!("{ms:.2}")
     } else if ms < 100.0 {
         format!("{ms:.1}")
@@ -109,8 +111,10 @@ fn cell(m: &Measure) -> String {
         Measure::Amount { value, unit } => {
             if value.abs() >= 100.0 || *value == 0.0 {
                 format!("{value:.0} {unit}")
+            } else if value.abs() >= 10.0 {
+                format!("{value:.1} {unit}")
             } else {
-                format!("{value:.3} {unit}")
+                format!("{value:.2} {unit}")
             }
         }
     }

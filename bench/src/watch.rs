@@ -90,7 +90,7 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
 }
 
 fn count_label(n: usize) -> String {
-    if n >= 1000 && n % 1000 == 0 {
+    if n >= 1000 && n.is_multiple_of(1000) {
         format!("{}k hosts", n / 1000)
     } else {
         format!("{n} hosts")
@@ -98,7 +98,7 @@ fn count_label(n: usize) -> String {
 }
 
 fn size_label(bytes: usize) -> String {
-    if bytes >= 1024 && bytes % 1024 == 0 {
+    if bytes >= 1024 && bytes.is_multiple_of(1024) {
         format!("{} KiB", bytes / 1024)
     } else {
         format!("{bytes} B")
