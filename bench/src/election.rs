@@ -15,8 +15,9 @@ const WAIT: Duration = Duration::from_secs(30);
 /// A waiting candidate watches its predecessor's key from a past revision;
 /// etcd serves such a watch from its unsynced set, caught up every 100 ms,
 /// so a resign within 100 ms of the candidate's put can wait for that loop
-/// (measured: p50 68 ms for v3election without this pause). A real
-/// successor has usually waited far longer.
+/// (seen here: v3election handover p50 68 ms over 5 samples without this
+/// pause, 1.4 ms over 100 with it). A real successor has usually waited
+/// far longer.
 const SETTLE: Duration = Duration::from_millis(150);
 
 /// Polls until `want` keys exist under `prefix`, then lets [`SETTLE`]
