@@ -1,15 +1,17 @@
 //! Coordinator delivery on every backend: publish → deliver, kv_set →
 //! watch event, append → read. On etcd each is anchored by a raw
-//! etcd-client put → watch event, interleaved; the memory backend has no
-//! network to anchor against.
+//! etcd-client put → watch event, interleaved. The memory backend has no
+//! network to anchor against; Redis (a standalone server and a 3-master
+//! cluster, started here) has no raw anchor yet.
 
 use crate::raw::{Raw, RawEvent};
 use crate::report::{latency_row, Row, Side};
 use crate::stats::interleave;
 use crate::{Config, Res};
 use fleetcoord::coordinator::{
-    Coordinator, EtcdCoordinator, KvEvent, MemoryCoordinator, StreamPosition,
+    Coordinator, EtcdCoordinator, KvEvent, MemoryCoordinator, RedisCoordinator, StreamPosition,
 };
+use fleetcoord::testing::{RedisCluster, RedisServer};
 use fleetcoord::{Etcd, EtcdOptions};
 use std::time::{Duration, Instant};
 
@@ -40,7 +42,29 @@ fn backends(cfg: &Config) -> Res<Vec<Backend>> {
             anchored: false,
             _keep: Vec::new(),
         },
+        redis_standalone()?,
+        redis_cluster()?,
     ])
+}
+
+fn redis_standalone() -> Res<Backend> {
+    let server = RedisServer::start()?;
+    Ok(Backend {
+        name: "redis",
+        coord: Box::new(RedisCoordinator::connect(&server.url())?),
+        anchored: false,
+        _keep: vec![Box::new(server)],
+    })
+}
+
+fn redis_cluster() -> Res<Backend> {
+    let cluster = RedisCluster::start(3)?;
+    Ok(Backend {
+        name: "redis cluster (3 masters)",
+        coord: Box::new(RedisCoordinator::connect(&cluster.urls())?),
+        anchored: false,
+        _keep: vec![Box::new(cluster)],
+    })
 }
 
 pub fn run(cfg: &Config) -> Res<Vec<Row>> {
