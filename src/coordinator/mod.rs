@@ -15,8 +15,10 @@
 //!
 //! Backends: [`MemoryCoordinator`] (one process, the embedded default),
 //! [`NoopCoordinator`] (accepts everything, delivers nothing), the etcd
-//! backend and, with the `redis` feature, `RedisCoordinator` (standalone
-//! Redis or Redis Cluster, see the `redis` module). [`from_env`] picks one from the `COORD` environment variable;
+//! backend, with the `redis` feature `RedisCoordinator` (standalone Redis
+//! or Redis Cluster, see the `redis` module), and with the `nats` feature
+//! `NatsCoordinator` on NATS JetStream (see the `nats` module).
+//! [`from_env`] picks one from the `COORD` environment variable;
 //! [`from_env_with_etcd`] does the same but puts the etcd backend on an
 //! [`Etcd`](crate::Etcd) handle the process already has.
 //! Every backend passes the public `conformance` suite (feature `conformance`,
@@ -72,7 +74,7 @@ pub use feed::Feed;
 pub use from_env::{connect, from_env, from_env_vars, from_env_vars_with_etcd, from_env_with_etcd};
 pub use memory::MemoryCoordinator;
 #[cfg(feature = "nats")]
-pub use nats::NatsCoordinator;
+pub use nats::{NatsCoordinator, NatsCredentials, NatsOptions};
 pub use noop::NoopCoordinator;
 #[cfg(feature = "redis")]
 pub use redis::{RedisCoordinator, RedisOptions};

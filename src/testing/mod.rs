@@ -10,6 +10,10 @@
 //!   loopback port; [`RedisCluster`] — `n` of them made a Redis Cluster
 //!   with `redis-cli --cluster create` (binaries from `$REDIS_SERVER_BIN` /
 //!   `$REDIS_CLI_BIN` or `PATH`; `make deps-redis` installs them).
+//! * [`NatsServer`], [`NatsCluster`] — real `nats-server -js` processes (one,
+//!   or `n` joined by routes) on free loopback ports with temp stores; the
+//!   same faults. The binary comes from `$NATS_SERVER_BIN`, else `PATH`
+//!   (`make deps-nats`, Debian: `apt-get install nats-server`).
 //! * [`FaultProxy`] — an in-process TCP proxy between a client and etcd that
 //!   can [blackhole](Mode::Blackhole), [delay](Mode::Delay) and
 //!   [reset](FaultProxy::reset_all) connections.
@@ -45,6 +49,7 @@
 
 mod admin;
 mod cluster;
+mod nats;
 mod net;
 mod pki;
 mod proxy;
@@ -56,6 +61,7 @@ use std::time::Duration;
 
 pub use cluster::EtcdCluster;
 pub use pki::{ServerNames, TestPki};
+pub use nats::{NatsBuilder, NatsCluster, NatsServer, TEST_MAX_PAYLOAD};
 pub use proxy::{FaultProxy, Mode};
 pub use redis::RedisServer;
 pub use redis_cluster::RedisCluster;

@@ -1,61 +1,612 @@
-//! The NATS JetStream backend (cargo feature `nats`). Not built yet: connecting
-//! fails with [`Error::Unsupported`], so `from_env` falls back to noop
-//! exactly as when the feature is off.
+//! The NATS JetStream backend (cargo feature `nats`): [`NatsCoordinator`].
+//!
+//! * **pub/sub** on core NATS subjects `coord.topic.<topic>`;
+//! * **streams** on JetStream streams, one per coordinator stream
+//!   (`COORD_S_<stream>`, subject `coord.stream.<stream>`), so entry IDs are
+//!   the stream's own sequence numbers;
+//! * **KV** on JetStream KV buckets (stream `KV_<bucket>`, history 1), so
+//!   `nats kv` tools see the same keys.
+//!
+//! Names and keys are encoded into NATS' alphabets reversibly (letters,
+//! digits and `-` as they are, every other byte as `_XX`), so every name
+//! fleetcoord accepts works and two names never share a subject.
+//!
+//! It runs like the etcd backend: one driver thread per handle with a tokio
+//! runtime and the official `async-nats` client; callers block, feeds are
+//! crossbeam receivers.
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let server = fleetcoord::testing::NatsServer::start()?;
+//! use fleetcoord::coordinator::{Coordinator, KvEvent, NatsCoordinator, NatsOptions, StreamPosition};
+//! use std::time::Duration;
+//!
+//! let coord = NatsCoordinator::with_options(NatsOptions::default().with_urls(&server.url()))?;
+//! let watch = coord.kv_watch("config", "*")?;
+//! assert_eq!(watch.recv_timeout(Duration::from_secs(5))?, KvEvent::Synced);
+//! coord.kv_set("config", "mode", b"on")?;
+//! assert!(matches!(watch.recv_timeout(Duration::from_secs(5))?, KvEvent::Put { .. }));
+//!
+//! let id = coord.append_stream("audit", b"login")?;
+//! let reader = coord.read_stream("audit", StreamPosition::Start)?;
+//! assert_eq!(reader.recv_timeout(Duration::from_secs(5))?.id, id);
+//! coord.close()?;
+//! # Ok(()) }
+//! ```
+//!
+//! **Server requirements.** nats-server 2.9 or newer with JetStream on.
+//! fleetcoord accepts payloads up to [`MAX_PAYLOAD`] (~1.5 MiB); the
+//! server's default `max_payload` is 1 MiB, and larger payloads are then
+//! rejected with [`Error::InvalidArgument`] before anything is sent. Set
+//! `max_payload: 2MB` (or more) in the server's configuration to accept
+//! every payload fleetcoord does.
+//!
+//! **Not supported:** TLS (the URLs are `nats://`), NKey and JWT
+//! credentials.
 
-use crate::coordinator::{
-    Coordinator, KvWatcher, StreamId, StreamPosition, StreamReader, Subscription,
+mod conn;
+mod feed;
+mod kv;
+mod names;
+mod ordered;
+mod pubsub;
+mod stream;
+
+use super::{
+    check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvWatcher,
+    StreamId, StreamPosition, StreamReader, Subscription, MAX_PAYLOAD,
 };
+use crate::driver::bridge::{self, Bridge, BridgeError, FeedSender};
+use crate::driver::StartError;
 use crate::error::{Error, Result};
+use crate::validate;
+use conn::{Conn, Settings};
+use feed::Lifeline;
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::sync::oneshot;
 
 /// The URL used when none is given.
 pub const DEFAULT_URL: &str = "nats://127.0.0.1:4222";
 
-/// A [`Coordinator`] on NATS JetStream.
-pub struct NatsCoordinator {
-    never: Never,
+/// The most replicas JetStream keeps of a stream.
+const MAX_REPLICAS: usize = 5;
+
+/// How long a caller waits beyond the request timeout for the driver to
+/// answer: every request bounds its own retries by the request timeout, so
+/// this only covers a driver too busy to answer.
+const CALL_SLACK: Duration = Duration::from_secs(2);
+
+/// How a [`NatsCoordinator`] logs in.
+///
+/// `#[non_exhaustive]`: more kinds (NKeys, credentials files) may follow.
+/// Its `Debug` output never shows a password or token.
+#[derive(Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NatsCredentials {
+    /// No credentials. The default.
+    #[default]
+    None,
+    /// A user name and password.
+    UserPassword {
+        /// The user.
+        user: String,
+        /// The password.
+        password: String,
+    },
+    /// A token.
+    Token(String),
 }
 
-enum Never {}
+impl fmt::Debug for NatsCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NatsCredentials::None => f.write_str("None"),
+            NatsCredentials::UserPassword { user, .. } => f
+                .debug_struct("UserPassword")
+                .field("user", user)
+                .field("password", &"<redacted>")
+                .finish(),
+            NatsCredentials::Token(_) => f.write_str("Token(<redacted>)"),
+        }
+    }
+}
+
+/// Settings of a [`NatsCoordinator`].
+///
+/// Start from [`NatsOptions::default`] and change what you need with the
+/// `with_*` methods; [`NatsCoordinator::with_options`] checks the ranges.
+/// The fields are public for reading. `#[non_exhaustive]` so that new
+/// settings are not a breaking change.
+///
+/// ```
+/// use fleetcoord::coordinator::NatsOptions;
+///
+/// let options = NatsOptions::default()
+///     .with_urls("nats://10.0.0.1:4222,nats://10.0.0.2:4222,nats://10.0.0.3:4222")
+///     .with_kv_replicas(3)
+///     .with_stream_replicas(3)
+///     .with_stream_max_len(100_000);
+/// assert_eq!(options.urls.len(), 3);
+/// ```
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct NatsOptions {
+    /// Server URLs (`nats://host:port`); the client connects to one and
+    /// fails over to the others. Default [`DEFAULT_URL`].
+    pub urls: Vec<String>,
+    /// Replicas of each KV bucket created by this handle: 1 to 5, at most
+    /// the cluster's size. Default 1 (3 is usual on a 3-node cluster).
+    /// Buckets that already exist keep theirs.
+    pub kv_replicas: usize,
+    /// Replicas of each stream created by this handle: 1 to 5. Default 1.
+    pub stream_replicas: usize,
+    /// Keep only the newest `n` entries of each stream created by this
+    /// handle. Default `None` (no limit).
+    pub stream_max_len: Option<u64>,
+    /// Drop stream entries older than this (at least one second). Default
+    /// `None` (no limit).
+    pub stream_max_age: Option<Duration>,
+    /// How to log in. Default [`NatsCredentials::None`].
+    pub credentials: NatsCredentials,
+    /// How long connecting may take. Default 5 s.
+    pub connect_timeout: Duration,
+    /// How long one call may take, retries included: a write retried
+    /// across a reconnect or a cluster's leader change, a read, a feed's
+    /// start. Default 10 s.
+    pub request_timeout: Duration,
+    /// Capacity of every feed's channel, allocated up front: 2 to
+    /// 1,048,576. Default 4,096.
+    pub feed_capacity: usize,
+}
+
+impl Default for NatsOptions {
+    fn default() -> Self {
+        NatsOptions {
+            urls: vec![DEFAULT_URL.to_owned()],
+            kv_replicas: 1,
+            stream_replicas: 1,
+            stream_max_len: None,
+            stream_max_age: None,
+            credentials: NatsCredentials::None,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+            feed_capacity: 4096,
+        }
+    }
+}
+
+impl NatsOptions {
+    /// These options with the server URLs from a comma-separated list
+    /// (`"nats://a:4222,nats://b:4222"`); blanks around commas are ignored.
+    #[must_use]
+    pub fn with_urls(mut self, urls: &str) -> Self {
+        self.urls = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect();
+        self
+    }
+
+    /// These options with [`NatsOptions::kv_replicas`] set.
+    #[must_use]
+    pub const fn with_kv_replicas(mut self, replicas: usize) -> Self {
+        self.kv_replicas = replicas;
+        self
+    }
+
+    /// These options with [`NatsOptions::stream_replicas`] set.
+    #[must_use]
+    pub const fn with_stream_replicas(mut self, replicas: usize) -> Self {
+        self.stream_replicas = replicas;
+        self
+    }
+
+    /// These options keeping the newest `max_len` entries of each stream.
+    #[must_use]
+    pub const fn with_stream_max_len(mut self, max_len: u64) -> Self {
+        self.stream_max_len = Some(max_len);
+        self
+    }
+
+    /// These options dropping stream entries older than `max_age`.
+    #[must_use]
+    pub const fn with_stream_max_age(mut self, max_age: Duration) -> Self {
+        self.stream_max_age = Some(max_age);
+        self
+    }
+
+    /// These options logging in with a user and password.
+    #[must_use]
+    pub fn with_user_password(mut self, user: &str, password: &str) -> Self {
+        self.credentials = NatsCredentials::UserPassword {
+            user: user.to_owned(),
+            password: password.to_owned(),
+        };
+        self
+    }
+
+    /// These options logging in with a token.
+    #[must_use]
+    pub fn with_token(mut self, token: &str) -> Self {
+        self.credentials = NatsCredentials::Token(token.to_owned());
+        self
+    }
+
+    /// These options with [`NatsOptions::connect_timeout`] set.
+    #[must_use]
+    pub const fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// These options with [`NatsOptions::request_timeout`] set.
+    #[must_use]
+    pub const fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// These options with [`NatsOptions::feed_capacity`] set.
+    #[must_use]
+    pub const fn with_feed_capacity(mut self, capacity: usize) -> Self {
+        self.feed_capacity = capacity;
+        self
+    }
+
+    /// Every range check, before anything connects.
+    fn check(&self) -> Result<()> {
+        if self.urls.is_empty() {
+            return Err(Error::invalid("urls", "at least one server URL is needed"));
+        }
+        for url in &self.urls {
+            url.parse::<async_nats::ServerAddr>()
+                .map_err(|e| Error::invalid("urls", format!("{url:?}: {e}")))?;
+        }
+        for (what, replicas) in [
+            ("kv_replicas", self.kv_replicas),
+            ("stream_replicas", self.stream_replicas),
+        ] {
+            if !(1..=MAX_REPLICAS).contains(&replicas) {
+                return Err(Error::invalid(
+                    what,
+                    format!("{replicas} is outside 1..={MAX_REPLICAS}"),
+                ));
+            }
+        }
+        if let Some(max_len) = self.stream_max_len {
+            if max_len == 0 || i64::try_from(max_len).is_err() {
+                return Err(Error::invalid(
+                    "stream_max_len",
+                    format!("{max_len} is outside 1..={}", i64::MAX),
+                ));
+            }
+        }
+        if let Some(age) = self.stream_max_age {
+            validate::within(
+                "stream_max_age",
+                age,
+                Duration::from_secs(1),
+                Duration::from_secs(100 * 365 * 24 * 60 * 60),
+            )?;
+        }
+        validate::timeout("connect_timeout", self.connect_timeout)?;
+        validate::timeout("request_timeout", self.request_timeout)?;
+        validate::capacity("feed_capacity", self.feed_capacity)
+    }
+}
+
+/// A [`Coordinator`] on NATS JetStream.
+///
+/// Semantics beyond the trait's:
+/// * **pub/sub** is live-only and ordered per topic. `publish` returns once
+///   the server has the message (a flush), so every subscriber subscribed
+///   by then gets it; `subscribe` returns once the server has the
+///   subscription. Messages published while the client is disconnected
+///   from every server are not delivered (at-most-once across reconnects).
+/// * **streams**: entry IDs are the JetStream stream's sequence numbers
+///   (1, 2, 3, ... without gaps, also under concurrent appenders). An append
+///   is retried across reconnects and cluster leader changes until the
+///   request timeout, with one message ID, so it is stored at most once. A
+///   reader delivers each entry exactly once, in order, across reconnects
+///   and server restarts; with `stream_max_len`/`stream_max_age`, entries
+///   trimmed before a reader got to them are skipped.
+/// * **KV**: each bucket keeps one entry per key. A watch resumes after a
+///   reconnect from the first change it has not applied; no change is lost
+///   and none is reported twice, but several changes of one key during an
+///   outage arrive as its newest value.
+/// * **Slow consumers**: every feed is a bounded channel of
+///   `feed_capacity`; the driver never blocks on it. When it is full a
+///   stream reader or KV watch stops reading from the server, and once
+///   half of the queue was read it continues after the last entry it
+///   delivered (a watch: with every key changed since, at its newest
+///   value). A subscription drops the messages that arrive while its queue
+///   is full and logs a warning with their number.
+pub struct NatsCoordinator {
+    bridge: Bridge,
+    conn: Conn,
+    urls: String,
+    feed_capacity: usize,
+    closed: AtomicBool,
+}
+
+impl fmt::Debug for NatsCoordinator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsCoordinator")
+            .field("urls", &self.urls)
+            .finish()
+    }
+}
 
 impl NatsCoordinator {
-    /// Connects to the comma-separated server URLs in `urls`.
+    /// Connects to the comma-separated server URLs in `urls` with default
+    /// options. Fails with [`Error::BackendConnect`] naming the URLs when no
+    /// server answers within the connect timeout.
     pub fn connect(urls: &str) -> Result<Self> {
-        let _ = urls;
-        Err(Error::Unsupported(
-            "the nats backend is not implemented yet",
-        ))
+        Self::with_options(NatsOptions::default().with_urls(urls))
     }
+
+    /// Connects with explicit options (see [`NatsOptions`]).
+    pub fn with_options(options: NatsOptions) -> Result<Self> {
+        options.check()?;
+        let urls = options.urls.join(",");
+        let settings = Settings {
+            kv_replicas: options.kv_replicas,
+            stream_replicas: options.stream_replicas,
+            stream_max_len: options.stream_max_len,
+            stream_max_age: options.stream_max_age,
+            request_timeout: options.request_timeout,
+        };
+        let connect_timeout = options.connect_timeout;
+        let request_timeout = options.request_timeout;
+        let addrs = options.urls.clone();
+        let credentials = options.credentials.clone();
+        let started = bridge::start("fleetcoord-nats", connect_timeout, move || async move {
+            let mut client_options = async_nats::ConnectOptions::new()
+                .name("fleetcoord")
+                .connection_timeout(connect_timeout)
+                .request_timeout(Some(request_timeout))
+                // Never give up on a server that went away: feeds resume
+                // and calls fail with a timeout meanwhile.
+                .max_reconnects(None);
+            client_options = match credentials {
+                NatsCredentials::None => client_options,
+                NatsCredentials::UserPassword { user, password } => {
+                    client_options.user_and_password(user, password)
+                }
+                NatsCredentials::Token(token) => client_options.token(token),
+            };
+            // A list, not one comma-separated string (BACKEND-NOTES, "Connect").
+            let addrs: Vec<async_nats::ServerAddr> = addrs
+                .iter()
+                .map(|u| u.parse())
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e: std::io::Error| e.to_string())?;
+            let client = client_options
+                .connect(addrs)
+                .await
+                .map_err(|e| one_line(&e))?;
+            let js = async_nats::jetstream::context::ContextBuilder::new()
+                .timeout(request_timeout.min(Duration::from_secs(5)))
+                .build(client.clone());
+            Ok((client, js))
+        });
+        let (bridge, (client, js)) = started.map_err(|e| match e {
+            StartError::Io(e) => Error::Io(e),
+            StartError::Connect(reason) => Error::BackendConnect {
+                backend: "nats",
+                urls: urls.clone(),
+                reason,
+            },
+        })?;
+        Ok(NatsCoordinator {
+            bridge,
+            conn: Conn::new(client, js, settings),
+            urls,
+            feed_capacity: options.feed_capacity,
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::SeqCst) {
+            Err(Error::Closed)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Runs `fut` on the driver and waits for its answer.
+    fn run<T: Send + 'static>(
+        &self,
+        fut: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        self.check_open()?;
+        let wait = self.conn.settings.request_timeout.saturating_add(CALL_SLACK);
+        match self.bridge.call(wait, fut) {
+            Ok(result) => result,
+            Err(BridgeError::Timeout) => Err(Error::Timeout(wait)),
+            Err(BridgeError::Gone) => Err(self.gone()),
+        }
+    }
+
+    fn gone(&self) -> Error {
+        if self.closed.load(Ordering::SeqCst) {
+            Error::Closed
+        } else {
+            Error::DriverGone
+        }
+    }
+
+    /// Opens a feed: the task gets the sender and a lifeline that ends when
+    /// the user drops the feed or the handle closes.
+    fn start_feed<T: Send + 'static, F>(
+        &self,
+        task: impl FnOnce(FeedSender<T>, Lifeline) -> F + Send + 'static,
+    ) -> Result<Feed<T>>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let (tx, rx) = bridge::feed_channel(self.feed_capacity);
+        let (cancel_tx, cancel_rx) = oneshot::channel::<()>();
+        self.bridge
+            .spawn(move |stopping| task(tx, Lifeline::new(cancel_rx, stopping)))
+            .map_err(|_| self.gone())?;
+        Ok(Feed::new(rx, move || drop(cancel_tx)))
+    }
+}
+
+/// An async-nats error as one line: its Display, without line breaks.
+fn one_line(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        source = s.source();
+    }
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 impl Coordinator for NatsCoordinator {
-    fn publish(&self, _: &str, _: &[u8]) -> Result<()> {
-        match self.never {}
+    fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
+        check_name("topic", topic)?;
+        check_payload("payload", payload)?;
+        self.check_open()?;
+        self.conn.check_fits("payload", payload.len(), 0)?;
+        let client = self.conn.client.clone();
+        let subject = names::topic_subject(topic);
+        let payload = bytes::Bytes::copy_from_slice(payload);
+        let topic = topic.to_owned();
+        self.run(async move {
+            client
+                .publish(subject, payload)
+                .await
+                .map_err(|e| conn::failed(format!("publishing on {topic:?}"), e))?;
+            // Once the server answered the flush it has routed the message
+            // to every subscription it knew.
+            client
+                .flush()
+                .await
+                .map_err(|e| conn::failed(format!("publishing on {topic:?}"), e))
+        })
     }
-    fn subscribe(&self, _: &str) -> Result<Subscription> {
-        match self.never {}
+
+    fn subscribe(&self, topic: &str) -> Result<Subscription> {
+        check_name("topic", topic)?;
+        let client = self.conn.client.clone();
+        let subject = names::topic_subject(topic);
+        let what = format!("subscribing to {topic:?}");
+        let sub = self.run(async move {
+            let sub = client
+                .subscribe(subject)
+                .await
+                .map_err(|e| conn::failed(&what, e))?;
+            // Live when this returns: the server has processed the SUB.
+            client.flush().await.map_err(|e| conn::failed(&what, e))?;
+            Ok(sub)
+        })?;
+        let topic = topic.to_owned();
+        self.start_feed(move |tx, life| pubsub::feed(sub, topic, tx, life))
     }
-    fn append_stream(&self, _: &str, _: &[u8]) -> Result<StreamId> {
-        match self.never {}
+
+    fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
+        check_name("stream", stream)?;
+        check_payload("payload", payload)?;
+        self.check_open()?;
+        // The message ID header travels with the payload.
+        self.conn.check_fits("payload", payload.len(), 64)?;
+        self.run(stream::append(
+            self.conn.clone(),
+            stream.to_owned(),
+            payload.to_vec(),
+        ))
     }
-    fn read_stream(&self, _: &str, _: StreamPosition) -> Result<StreamReader> {
-        match self.never {}
+
+    fn read_stream(&self, stream: &str, from: StreamPosition) -> Result<StreamReader> {
+        check_name("stream", stream)?;
+        let opened = self.run(stream::open(self.conn.clone(), stream.to_owned(), from))?;
+        let conn = self.conn.clone();
+        self.start_feed(move |tx, life| stream::feed(conn, opened, tx, life))
     }
-    fn kv_set(&self, _: &str, _: &str, _: &[u8]) -> Result<()> {
-        match self.never {}
+
+    fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
+        check_name("bucket", bucket)?;
+        check_key(key)?;
+        check_payload("value", value)?;
+        self.check_open()?;
+        self.conn.check_fits("value", value.len(), 64)?;
+        self.run(kv::set(
+            self.conn.clone(),
+            bucket.to_owned(),
+            key.to_owned(),
+            value.to_vec(),
+        ))
     }
-    fn kv_get(&self, _: &str, _: &str) -> Result<Vec<u8>> {
-        match self.never {}
+
+    fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
+        check_name("bucket", bucket)?;
+        check_key(key)?;
+        self.run(kv::get(self.conn.clone(), bucket.to_owned(), key.to_owned()))
     }
-    fn kv_delete(&self, _: &str, _: &str) -> Result<()> {
-        match self.never {}
+
+    fn kv_delete(&self, bucket: &str, key: &str) -> Result<()> {
+        check_name("bucket", bucket)?;
+        check_key(key)?;
+        self.run(kv::delete(
+            self.conn.clone(),
+            bucket.to_owned(),
+            key.to_owned(),
+        ))
     }
-    fn kv_watch(&self, _: &str, _: &str) -> Result<KvWatcher> {
-        match self.never {}
+
+    fn kv_watch(&self, bucket: &str, pattern: &str) -> Result<KvWatcher> {
+        check_name("bucket", bucket)?;
+        pattern::validate(pattern)?;
+        let opened = self.run(kv::open_watch(self.conn.clone(), bucket.to_owned()))?;
+        let conn = self.conn.clone();
+        let pattern = pattern.to_owned();
+        self.start_feed(move |tx, life| kv::feed(conn, opened, pattern, tx, life))
     }
+
     fn ping(&self) -> Result<()> {
-        match self.never {}
+        let client = self.conn.client.clone();
+        self.run(async move {
+            client
+                .flush()
+                .await
+                .map_err(|e| conn::failed("ping", e))
+        })
     }
+
     fn close(&self) -> Result<()> {
-        match self.never {}
+        self.closed.store(true, Ordering::SeqCst);
+        // Ends every feed task (their senders drop, so feeds disconnect),
+        // then the runtime and with it the connection.
+        self.bridge.shutdown();
+        Ok(())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let caps = Capabilities::default();
+        match self.conn.settings.stream_max_len {
+            Some(n) => caps.with_stream_max_len(n),
+            None => caps,
+        }
     }
 }
+
+impl Drop for NatsCoordinator {
+    fn drop(&mut self) {
+        let _ = self.close();
+    }
+}
+
+// The payload limit of the trait is what the docs above promise.
+const _: () = assert!(MAX_PAYLOAD < 2 * 1024 * 1024);

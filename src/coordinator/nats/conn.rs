@@ -1,0 +1,334 @@
+//! What every operation on the driver thread shares: the client, the
+//! JetStream context, which streams are known to exist, and the two
+//! write paths that survive a reconnect (publish with dedupe, ensure a
+//! stream exists).
+
+use super::names;
+use crate::coordinator::MAX_PAYLOAD;
+use crate::error::{Error, Result};
+use async_nats::jetstream::{self, stream, ErrorCode};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Longest a single JetStream attempt (publish and ack, a stream create)
+/// may take before it is retried; retries run until the request timeout.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// First pause between attempts; doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(25);
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+
+/// The settings the driver side needs, in plain data.
+#[derive(Clone, Debug)]
+pub(super) struct Settings {
+    pub kv_replicas: usize,
+    pub stream_replicas: usize,
+    pub stream_max_len: Option<u64>,
+    pub stream_max_age: Option<Duration>,
+    pub request_timeout: Duration,
+}
+
+/// Cloned into every future run on the driver.
+#[derive(Clone)]
+pub(super) struct Conn {
+    pub client: async_nats::Client,
+    pub js: jetstream::Context,
+    pub settings: Arc<Settings>,
+    /// JetStream streams (coordinator streams and bucket streams) this
+    /// handle created or found, so later calls skip the round trip.
+    known: Arc<Mutex<HashMap<String, ()>>>,
+    /// KV stores by bucket name, for reads.
+    stores: Arc<Mutex<HashMap<String, jetstream::kv::Store>>>,
+}
+
+/// A failed NATS request as the user's error.
+pub(super) fn failed(context: impl std::fmt::Display, e: impl std::fmt::Display) -> Error {
+    Error::Backend {
+        backend: "nats",
+        retryable: true,
+        message: format!("{context}: {e}"),
+    }
+}
+
+/// A request NATS refused and will refuse again.
+pub(super) fn refused(context: impl std::fmt::Display, e: impl std::fmt::Display) -> Error {
+    Error::Backend {
+        backend: "nats",
+        retryable: false,
+        message: format!("{context}: {e}"),
+    }
+}
+
+/// Waits out one backoff step and doubles it; `false` once `deadline`
+/// would pass.
+pub(super) async fn backoff(delay: &mut Duration, deadline: Instant) -> bool {
+    if Instant::now() + *delay >= deadline {
+        return false;
+    }
+    tokio::time::sleep(*delay).await;
+    *delay = (*delay * 2).min(MAX_BACKOFF);
+    true
+}
+
+impl Conn {
+    pub(super) fn new(
+        client: async_nats::Client,
+        js: jetstream::Context,
+        settings: Settings,
+    ) -> Self {
+        Conn {
+            client,
+            js,
+            settings: Arc::new(settings),
+            known: Arc::new(Mutex::new(HashMap::new())),
+            stores: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// Fails with `InvalidArgument` naming `what` when `len` bytes (plus
+    /// `headers` bytes of headers) do not fit the server's `max_payload`,
+    /// which defaults to 1 MiB, below fleetcoord's [`MAX_PAYLOAD`].
+    pub(super) fn check_fits(&self, what: &'static str, len: usize, headers: usize) -> Result<()> {
+        let max = self.client.server_info().max_payload;
+        if len.saturating_add(headers) > max {
+            return Err(Error::invalid(
+                what,
+                format!(
+                    "{len} bytes do not fit the NATS server's max_payload of {max} bytes \
+                     (fleetcoord accepts up to {MAX_PAYLOAD}: set max_payload to at least 2MB \
+                     in the server's configuration)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn deadline(&self) -> Instant {
+        Instant::now() + self.settings.request_timeout
+    }
+
+    /// Publishes `payload` to a JetStream `subject` and returns the stored
+    /// sequence. A publish whose ack did not arrive may have been stored
+    /// (BACKEND-NOTES, "Restart"), so every retry carries the same
+    /// `Nats-Msg-Id`: the stream's duplicate window (2 min) answers a retry
+    /// of a stored message with the original sequence instead of storing
+    /// it twice. `stream` is (re)created if the publish finds no stream.
+    pub(super) async fn publish_once(
+        &self,
+        what: &str,
+        stream: Option<&StreamSpec>,
+        subject: String,
+        header: Option<(&'static str, &'static str)>,
+        payload: bytes::Bytes,
+    ) -> Result<u64> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let deadline = self.deadline();
+        let mut delay = FIRST_BACKOFF;
+        loop {
+            let mut message = jetstream::message::PublishMessage::build()
+                .payload(payload.clone())
+                .message_id(&id);
+            if let Some((name, value)) = header {
+                message = message.header(name, value);
+            }
+            let attempt = async {
+                let ack = self.js.send_publish(subject.clone(), message).await?;
+                ack.await
+            };
+            let last_error = match tokio::time::timeout(ATTEMPT_TIMEOUT, attempt).await {
+                Ok(Ok(ack)) => return Ok(ack.sequence),
+                Ok(Err(e)) => {
+                    use jetstream::context::PublishErrorKind as K;
+                    match e.kind() {
+                        K::MaxPayloadExceeded => {
+                            return Err(Error::invalid("payload", e.to_string()));
+                        }
+                        K::WrongLastMessageId | K::WrongLastSequence => {
+                            return Err(refused(what, e));
+                        }
+                        // No stream (yet, or deleted), or a cluster between
+                        // stream leaders: make sure it exists, then retry.
+                        K::StreamNotFound => match stream {
+                            Some(spec) => {
+                                self.forget(&spec.name);
+                                match self.ensure_stream(spec).await {
+                                    Ok(()) => e.to_string(),
+                                    Err(ensure) => ensure.to_string(),
+                                }
+                            }
+                            None => e.to_string(),
+                        },
+                        _ => e.to_string(),
+                    }
+                }
+                Err(_) => format!("no ack within {ATTEMPT_TIMEOUT:?}"),
+            };
+            if !backoff(&mut delay, deadline).await {
+                return Err(failed(
+                    what,
+                    format!(
+                        "not acknowledged within {:?} ({last_error}); it may have been stored",
+                        self.settings.request_timeout
+                    ),
+                ));
+            }
+        }
+    }
+
+    fn forget(&self, stream: &str) {
+        self.known.lock().remove(stream);
+    }
+
+    /// Creates the JetStream stream of `spec` unless this handle already
+    /// knows it exists. Creating is idempotent for an identical config; a
+    /// stream that exists with another config (made by a process with
+    /// other options) is used as it is. Retries until the request timeout:
+    /// a cluster may be electing a leader.
+    pub(super) async fn ensure_stream(&self, spec: &StreamSpec) -> Result<()> {
+        if self.known.lock().contains_key(&spec.name) {
+            return Ok(());
+        }
+        self.create_stream(spec).await.map(|_| ())
+    }
+
+    /// Creates (or finds) the stream of `spec` and returns its state.
+    pub(super) async fn create_stream(&self, spec: &StreamSpec) -> Result<stream::State> {
+        let deadline = self.deadline();
+        let mut delay = FIRST_BACKOFF;
+        loop {
+            let attempt =
+                tokio::time::timeout(ATTEMPT_TIMEOUT, self.js.create_stream(spec.config.clone()));
+            let error = match attempt.await {
+                Ok(Ok(created)) => {
+                    self.known.lock().insert(spec.name.clone(), ());
+                    return Ok(created.cached_info().state.clone());
+                }
+                Ok(Err(e)) => match e.kind() {
+                    jetstream::context::CreateStreamErrorKind::JetStream(js)
+                        if js.error_code() == ErrorCode::STREAM_NAME_EXIST =>
+                    {
+                        match self.stream_state(&spec.name).await {
+                            Ok(Some(state)) => {
+                                self.known.lock().insert(spec.name.clone(), ());
+                                return Ok(state);
+                            }
+                            Ok(None) => "deleted while being created".to_string(),
+                            Err(e) => e.to_string(),
+                        }
+                    }
+                    jetstream::context::CreateStreamErrorKind::JetStream(js)
+                        if js.code() == 400 =>
+                    {
+                        return Err(refused(format!("creating stream {}", spec.name), js));
+                    }
+                    _ => e.to_string(),
+                },
+                Err(_) => format!("no answer within {ATTEMPT_TIMEOUT:?}"),
+            };
+            if !backoff(&mut delay, deadline).await {
+                return Err(failed(format!("creating stream {}", spec.name), error));
+            }
+        }
+    }
+
+    /// The state of stream `name`; `None` when it does not exist.
+    pub(super) async fn stream_state(&self, name: &str) -> Result<Option<stream::State>> {
+        match self.js.get_stream(name).await {
+            Ok(s) => Ok(Some(s.cached_info().state.clone())),
+            Err(e) => match e.kind() {
+                jetstream::context::GetStreamErrorKind::JetStream(js)
+                    if js.error_code() == ErrorCode::STREAM_NOT_FOUND =>
+                {
+                    Ok(None)
+                }
+                _ => Err(failed(format!("reading stream {name}"), e)),
+            },
+        }
+    }
+
+    /// The KV store of a bucket; `None` when the bucket does not exist.
+    pub(super) async fn store(&self, bucket_name: &str) -> Result<Option<jetstream::kv::Store>> {
+        if let Some(store) = self.stores.lock().get(bucket_name) {
+            return Ok(Some(store.clone()));
+        }
+        let stream = names::bucket_stream(bucket_name);
+        if self.stream_state(&stream).await?.is_none() {
+            return Ok(None);
+        }
+        let store = self
+            .js
+            .get_key_value(bucket_name)
+            .await
+            .map_err(|e| failed(format!("opening bucket {bucket_name}"), e))?;
+        self.stores
+            .lock()
+            .insert(bucket_name.to_owned(), store.clone());
+        Ok(Some(store))
+    }
+}
+
+/// A JetStream stream fleetcoord creates on demand: its name and config.
+#[derive(Clone, Debug)]
+pub(super) struct StreamSpec {
+    pub name: String,
+    pub config: stream::Config,
+}
+
+/// Common to both kinds: file storage, no size limits beyond the ones
+/// asked for, the 2 minute dedupe window the retry path relies on.
+fn base(name: String, subject: String, replicas: usize) -> stream::Config {
+    stream::Config {
+        name,
+        subjects: vec![subject],
+        max_bytes: -1,
+        max_messages: -1,
+        max_messages_per_subject: -1,
+        max_message_size: -1,
+        num_replicas: replicas,
+        duplicate_window: Duration::from_secs(120),
+        storage: stream::StorageType::File,
+        ..Default::default()
+    }
+}
+
+impl StreamSpec {
+    /// The stream behind coordinator stream `stream`: one subject, so its
+    /// sequence numbers are the entries' IDs (1, 2, 3, ... gap-free).
+    pub(super) fn for_stream(settings: &Settings, stream: &str) -> StreamSpec {
+        let name = names::stream_name(stream);
+        let mut config = base(
+            name.clone(),
+            names::stream_subject(stream),
+            settings.stream_replicas,
+        );
+        if let Some(max) = settings.stream_max_len {
+            config.max_messages = i64::try_from(max).unwrap_or(i64::MAX);
+        }
+        if let Some(age) = settings.stream_max_age {
+            config.max_age = age;
+        }
+        config.discard = stream::DiscardPolicy::Old;
+        StreamSpec { name, config }
+    }
+
+    /// The stream of a KV bucket, exactly as JetStream KV lays it out
+    /// (BACKEND-NOTES, "Versions": async-nats 0.51 cannot create buckets on
+    /// nats-server 2.9 itself), history 1.
+    pub(super) fn for_bucket(settings: &Settings, bucket_name: &str) -> StreamSpec {
+        let name = names::bucket_stream(bucket_name);
+        let mut config = base(
+            name.clone(),
+            format!("$KV.{bucket_name}.>"),
+            settings.kv_replicas,
+        );
+        config.max_messages_per_subject = 1;
+        config.allow_rollup = true;
+        config.deny_delete = true;
+        config.deny_purge = false;
+        config.allow_direct = true;
+        config.discard = stream::DiscardPolicy::New;
+        StreamSpec { name, config }
+    }
+}

@@ -1,0 +1,125 @@
+//! Streams on JetStream streams: one JetStream stream (and subject) per
+//! coordinator stream, so its sequence numbers are the entry IDs.
+
+use super::conn::{Conn, StreamSpec};
+use super::feed::Lifeline;
+use super::names;
+use super::ordered::{self, Begin, Ordered};
+use crate::coordinator::{StreamEntry, StreamId, StreamPosition};
+use crate::driver::bridge::{FeedFull, FeedSender};
+use crate::error::Result;
+use futures_util::StreamExt;
+
+/// Appends `payload`; the ID is the stored message's stream sequence.
+pub(super) async fn append(conn: Conn, stream: String, payload: Vec<u8>) -> Result<StreamId> {
+    let spec = StreamSpec::for_stream(&conn.settings, &stream);
+    conn.ensure_stream(&spec).await?;
+    let seq = conn
+        .publish_once(
+            &format!("appending to stream {stream:?}"),
+            Some(&spec),
+            names::stream_subject(&stream),
+            None,
+            payload.into(),
+        )
+        .await?;
+    Ok(StreamId(seq))
+}
+
+/// A reader opened on the driver, live, for [`feed`] to run.
+pub(super) struct Opened {
+    pub name: String,
+    pub next: u64,
+    pub messages: Ordered,
+}
+
+/// Creates the stream if needed and opens its reader at `from`. The first
+/// wanted sequence is fixed here, from the stream's state: `End` is the
+/// entry after the last one now, and `After(id)` never starts beyond it
+/// (an ID past the head waits for the next append instead of skipping
+/// appends until the sequence reaches it).
+pub(super) async fn open(conn: Conn, stream: String, from: StreamPosition) -> Result<Opened> {
+    let spec = StreamSpec::for_stream(&conn.settings, &stream);
+    let state = conn.create_stream(&spec).await?;
+    let last = state.last_sequence;
+    let next = match from {
+        StreamPosition::Start => 1,
+        StreamPosition::End => last.saturating_add(1),
+        StreamPosition::After(id) => id.0.min(last).saturating_add(1),
+    };
+    let (messages, _) = ordered::open(&conn, &spec.name, "", Begin::Sequence(next))
+        .await
+        .map_err(|e| super::conn::failed(format!("reading stream {stream:?}"), e))?;
+    Ok(Opened {
+        name: spec.name,
+        next,
+        messages,
+    })
+}
+
+/// Delivers entries from `opened.next` on, each exactly once and in order:
+/// sequences below the next wanted one are skipped, and on any error, or
+/// when the consumer's queue is full (after it has read half of it), the
+/// consumer is recreated from the next wanted sequence.
+pub(super) async fn feed(conn: Conn, opened: Opened, tx: FeedSender<StreamEntry>, mut life: Lifeline) {
+    let Opened {
+        name,
+        mut next,
+        messages,
+    } = opened;
+    let mut messages = Some(messages);
+    loop {
+        let current = match messages.as_mut() {
+            Some(current) => current,
+            None => {
+                match ordered::reopen(&conn, &name, "", Begin::Sequence(next), &mut life).await {
+                    Some((reopened, _)) => messages = Some(reopened),
+                    None => return,
+                }
+                continue;
+            }
+        };
+        let item = tokio::select! {
+            item = current.next() => item,
+            _ = life.ended() => return,
+        };
+        let message = match item {
+            Some(Ok(message)) => message,
+            Some(Err(e)) => {
+                log::debug!("fleetcoord nats: reader of {name} restarts at {next}: {e}");
+                messages = None;
+                continue;
+            }
+            None => {
+                messages = None;
+                continue;
+            }
+        };
+        let seq = match message.info() {
+            Ok(info) => info.stream_sequence,
+            Err(e) => {
+                log::warn!("fleetcoord nats: message without sequence on {name}: {e}");
+                continue;
+            }
+        };
+        if seq < next {
+            continue;
+        }
+        next = seq.saturating_add(1);
+        let entry = StreamEntry {
+            id: StreamId(seq),
+            payload: message.payload.to_vec(),
+        };
+        match tx.try_send(entry) {
+            Ok(()) => {}
+            Err(FeedFull::Gone) => return,
+            Err(FeedFull::Full(held)) => {
+                // Pause: stop pulling, wait for room, resume after `held`.
+                messages = None;
+                if !life.relieved(&tx).await || tx.try_send(held).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,530 @@
+//! Real `nats-server -js` processes: one server, or a cluster with routes.
+
+use std::ffi::OsString;
+use std::fs::OpenOptions;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::net;
+use super::server::unique_token;
+use crate::deadline::deadline_after;
+use crate::{Error, Result};
+
+/// How many times a start is retried after another process took a port.
+const PORT_ATTEMPTS: usize = 3;
+
+/// How long a start or restart waits for `/healthz` (and, in a cluster,
+/// for a JetStream meta leader).
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The servers' `max_payload`: fleetcoord accepts payloads up to
+/// [`MAX_PAYLOAD`](crate::coordinator::MAX_PAYLOAD) (~1.5 MiB), above the
+/// server's 1 MiB default; 4 MiB leaves room for headers.
+pub const TEST_MAX_PAYLOAD: usize = 4 * 1024 * 1024;
+
+/// Optional authentication a test server requires.
+#[derive(Clone, Debug, Default)]
+enum Auth {
+    #[default]
+    None,
+    UserPassword(String, String),
+    Token(String),
+}
+
+/// Options for starting a [`NatsServer`] or [`NatsCluster`].
+///
+/// ```
+/// use fleetcoord::testing::NatsBuilder;
+///
+/// let nats = NatsBuilder::new().user_password("app", "s3cret").start()?;
+/// assert!(nats.is_healthy());
+/// # Ok::<(), fleetcoord::Error>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct NatsBuilder {
+    auth: Auth,
+}
+
+impl NatsBuilder {
+    /// No authentication, JetStream on, `max_payload` [`TEST_MAX_PAYLOAD`].
+    pub fn new() -> Self {
+        NatsBuilder::default()
+    }
+
+    /// Clients must log in with this user and password.
+    pub fn user_password(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.auth = Auth::UserPassword(user.into(), password.into());
+        self
+    }
+
+    /// Clients must present this token.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.auth = Auth::Token(token.into());
+        self
+    }
+
+    /// Starts one server and waits until it is healthy.
+    pub fn start(&self) -> Result<NatsServer> {
+        NatsServer::start_with(self)
+    }
+
+    /// Starts an `n`-node cluster and waits until every node is healthy and
+    /// JetStream has a meta leader.
+    pub fn start_cluster(&self, n: usize) -> Result<NatsCluster> {
+        NatsCluster::start_with(self, n)
+    }
+}
+
+/// A real `nats-server` with JetStream on free loopback ports and its own
+/// temporary store directory.
+///
+/// Guarantees: after a start returns `Ok`, the server answered
+/// `GET /healthz` (which in 2.9 includes JetStream) with `ok`. The ports
+/// and the store stay the same across [`restart`](NatsServer::restart).
+/// Dropping the value SIGKILLs the process (also when paused), waits for
+/// it and deletes the store and the log.
+///
+/// The binary is `$NATS_SERVER_BIN`, else `nats-server` from `PATH`; when
+/// missing, starting fails with an error saying how to install it.
+///
+/// ```
+/// use fleetcoord::testing::NatsServer;
+///
+/// let mut nats = NatsServer::start()?;
+/// nats.kill()?;
+/// assert!(!nats.is_healthy());
+/// nats.restart()?; // same port, same store
+/// assert!(nats.is_healthy());
+/// # Ok::<(), fleetcoord::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct NatsServer {
+    bin: PathBuf,
+    client_port: u16,
+    http_port: u16,
+    child: Option<Child>,
+    config_path: PathBuf,
+    log_path: PathBuf,
+    // Last field: dropped after `Drop::drop` killed the process.
+    dir: tempfile::TempDir,
+}
+
+/// Ports and names of one node.
+struct NodeSpec<'a> {
+    name: String,
+    client_port: u16,
+    http_port: u16,
+    /// `(cluster name, own route port, every node's route port)`.
+    cluster: Option<(String, u16, Vec<u16>)>,
+    builder: &'a NatsBuilder,
+}
+
+impl NatsServer {
+    /// Starts one server with default options (see [`NatsBuilder::new`]).
+    pub fn start() -> Result<NatsServer> {
+        NatsBuilder::new().start()
+    }
+
+    fn start_with(builder: &NatsBuilder) -> Result<NatsServer> {
+        let mut last = None;
+        for _ in 0..PORT_ATTEMPTS {
+            let spec = NodeSpec {
+                name: "fleetcoord-test".into(),
+                client_port: net::free_port()?,
+                http_port: net::free_port()?,
+                cluster: None,
+                builder,
+            };
+            let mut server = NatsServer::spawn(&spec)?;
+            match server.wait_healthy() {
+                Ok(()) => return Ok(server),
+                Err(e) if server.lost_port_race() => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io_error("no start attempt was made").into()))
+    }
+
+    fn spawn(spec: &NodeSpec<'_>) -> Result<NatsServer> {
+        let bin = find_nats_server()?;
+        let dir = tempfile::Builder::new()
+            .prefix("fleetcoord-nats-")
+            .tempdir()?;
+        let store = dir.path().join("store");
+        let mut config = format!(
+            "server_name: \"{name}\"\nlisten: \"127.0.0.1:{client}\"\nhttp: \"127.0.0.1:{http}\"\n\
+             max_payload: {TEST_MAX_PAYLOAD}\njetstream {{ store_dir: \"{store}\" }}\n",
+            name = spec.name,
+            client = spec.client_port,
+            http = spec.http_port,
+            store = store.display(),
+        );
+        match &spec.builder.auth {
+            Auth::None => {}
+            Auth::UserPassword(user, password) => config.push_str(&format!(
+                "authorization {{ user: {}, password: {} }}\n",
+                quoted(user),
+                quoted(password)
+            )),
+            Auth::Token(token) => {
+                config.push_str(&format!("authorization {{ token: {} }}\n", quoted(token)))
+            }
+        }
+        if let Some((cluster, route_port, all)) = &spec.cluster {
+            let routes = all
+                .iter()
+                .filter(|p| *p != route_port)
+                .map(|p| format!("\"nats-route://127.0.0.1:{p}\""))
+                .collect::<Vec<_>>()
+                .join(", ");
+            config.push_str(&format!(
+                "cluster {{ name: \"{cluster}\", listen: \"127.0.0.1:{route_port}\", routes: [{routes}] }}\n"
+            ));
+        }
+        let config_path = dir.path().join("nats.conf");
+        std::fs::write(&config_path, config)?;
+        let mut server = NatsServer {
+            bin,
+            client_port: spec.client_port,
+            http_port: spec.http_port,
+            child: None,
+            config_path,
+            log_path: dir.path().join("nats.log"),
+            dir,
+        };
+        server.launch()?;
+        Ok(server)
+    }
+
+    fn launch(&mut self) -> Result<()> {
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)?;
+        let child = Command::new(&self.bin)
+            .arg("-c")
+            .arg(&self.config_path)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| io_error(format!("cannot run {}: {e}", self.bin.display())))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Polls `/healthz` until it says ok, the process exits, or the health
+    /// timeout passes; errors carry the tail of the server's log.
+    fn wait_healthy(&mut self) -> Result<()> {
+        let deadline = deadline_after(HEALTH_TIMEOUT);
+        loop {
+            let exited = match self.child.as_mut() {
+                Some(child) => child.try_wait()?,
+                None => return Err(self.start_error("nats-server is not running (killed)")),
+            };
+            if let Some(status) = exited {
+                self.child = None;
+                return Err(self.start_error(&format!("nats-server exited ({status})")));
+            }
+            if self.is_healthy() {
+                return Ok(());
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(self.start_error(&format!("not healthy after {HEALTH_TIMEOUT:?}")));
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn start_error(&self, what: &str) -> Error {
+        Error::BackendConnect {
+            backend: "nats",
+            urls: self.url(),
+            reason: format!("{what}; nats-server's log:\n{}", self.log_tail(20)),
+        }
+    }
+
+    fn lost_port_race(&self) -> bool {
+        self.log_tail(50).contains("address already in use")
+    }
+
+    /// `nats://127.0.0.1:PORT`, the client URL. Stable across restarts.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.client_port)
+    }
+
+    /// The process id while it runs (also while paused); `None` after
+    /// [`kill`](NatsServer::kill).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The JetStream store directory (inside the temp dir removed on drop).
+    pub fn store_dir(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    /// True if `GET /healthz` answers `ok` within one second. A paused or
+    /// killed server is not healthy.
+    pub fn is_healthy(&self) -> bool {
+        self.monitor("/healthz")
+            .is_some_and(|(status, body)| status == 200 && body.contains("\"ok\""))
+    }
+
+    /// A monitoring endpoint's status and body.
+    fn monitor(&self, path: &str) -> Option<(u16, String)> {
+        net::http(
+            net::loopback(self.http_port),
+            "GET",
+            path,
+            "",
+            Duration::from_secs(1),
+        )
+        .ok()
+    }
+
+    /// SIGKILLs the process and waits for it. The store stays for
+    /// [`restart`](NatsServer::restart). Does nothing if already killed.
+    pub fn kill(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Kills the process if it runs, starts it again on the same ports with
+    /// the same store, and waits until it is healthy.
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill()?;
+        self.launch()?;
+        self.wait_healthy()
+    }
+
+    /// Freezes the process with SIGSTOP until [`resume`](NatsServer::resume).
+    pub fn pause(&self) -> Result<()> {
+        self.signal("STOP")
+    }
+
+    /// Continues a paused process with SIGCONT.
+    pub fn resume(&self) -> Result<()> {
+        self.signal("CONT")
+    }
+
+    // The crate forbids unsafe code, so signals go through the shell.
+    fn signal(&self, sig: &str) -> Result<()> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| io_error("nats-server is not running (it was killed)"))?;
+        let status = Command::new("sh")
+            .args(["-c", "kill -s \"$0\" \"$1\"", sig, &pid.to_string()])
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(io_error(format!("kill -s {sig} {pid} failed ({status})")).into())
+        }
+    }
+
+    /// The last `n` lines of the server's log (all runs).
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read(&self.log_path)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// The path of the log file (inside the temp dir removed on drop).
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.kill();
+    }
+}
+
+/// A NATS cluster of `n` real `nats-server -js` processes on loopback,
+/// connected by routes, each a [`NatsServer`] with its own store.
+///
+/// Guarantees: after a start returns `Ok`, every node is healthy and the
+/// JetStream meta group has a leader, so streams with up to `n` replicas
+/// can be created. Dropping it kills every node and removes their stores.
+///
+/// ```no_run
+/// use fleetcoord::testing::NatsCluster;
+///
+/// let mut cluster = NatsCluster::start(3)?;
+/// let urls = cluster.urls(); // "nats://127.0.0.1:a,nats://127.0.0.1:b,..."
+/// cluster.kill(0)?;
+/// cluster.restart(0)?;
+/// # Ok::<(), fleetcoord::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct NatsCluster {
+    nodes: Vec<NatsServer>,
+}
+
+impl NatsCluster {
+    /// Starts `n` nodes (at least 1) with default options.
+    pub fn start(n: usize) -> Result<NatsCluster> {
+        NatsBuilder::new().start_cluster(n)
+    }
+
+    fn start_with(builder: &NatsBuilder, n: usize) -> Result<NatsCluster> {
+        if n == 0 {
+            return Err(Error::invalid("n", "a cluster needs at least one node"));
+        }
+        let mut last = None;
+        for _ in 0..PORT_ATTEMPTS {
+            let ports = (0..n)
+                .map(|_| Ok((net::free_port()?, net::free_port()?, net::free_port()?)))
+                .collect::<io::Result<Vec<(u16, u16, u16)>>>()?;
+            let routes: Vec<u16> = ports.iter().map(|p| p.2).collect();
+            let name = unique_token();
+            let mut nodes = Vec::with_capacity(n);
+            for (i, (client_port, http_port, route_port)) in ports.iter().enumerate() {
+                nodes.push(NatsServer::spawn(&NodeSpec {
+                    name: format!("n{i}"),
+                    client_port: *client_port,
+                    http_port: *http_port,
+                    cluster: Some((name.clone(), *route_port, routes.clone())),
+                    builder,
+                })?);
+            }
+            let mut cluster = NatsCluster { nodes };
+            match cluster.wait_ready() {
+                Ok(()) => return Ok(cluster),
+                Err(e) if cluster.nodes.iter().any(NatsServer::lost_port_race) => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io_error("no start attempt was made").into()))
+    }
+
+    fn wait_ready(&mut self) -> Result<()> {
+        for node in &mut self.nodes {
+            node.wait_healthy()?;
+        }
+        let deadline = deadline_after(HEALTH_TIMEOUT);
+        loop {
+            let led = self.nodes.iter().all(|node| {
+                node.monitor("/jsz")
+                    .is_some_and(|(_, body)| body.contains("\"leader\":\""))
+            });
+            if led {
+                return Ok(());
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(self.nodes[0].start_error("no JetStream meta leader"));
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Every node's URL, comma-separated: what a client is given.
+    pub fn urls(&self) -> String {
+        self.nodes
+            .iter()
+            .map(NatsServer::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The nodes, in start order.
+    pub fn nodes(&self) -> &[NatsServer] {
+        &self.nodes
+    }
+
+    /// Node `i`, for faults beyond kill and restart (pause, logs).
+    pub fn node(&self, i: usize) -> Result<&NatsServer> {
+        self.nodes
+            .get(i)
+            .ok_or_else(|| Error::invalid("node", format!("{i} is not below {}", self.nodes.len())))
+    }
+
+    /// SIGKILLs node `i`.
+    pub fn kill(&mut self, i: usize) -> Result<()> {
+        self.node_mut(i)?.kill()
+    }
+
+    /// Restarts node `i` with its store and waits until it is healthy.
+    pub fn restart(&mut self, i: usize) -> Result<()> {
+        self.node_mut(i)?.restart()
+    }
+
+    fn node_mut(&mut self, i: usize) -> Result<&mut NatsServer> {
+        let n = self.nodes.len();
+        self.nodes
+            .get_mut(i)
+            .ok_or_else(|| Error::invalid("node", format!("{i} is not below {n}")))
+    }
+}
+
+/// A string in the server config's double quotes.
+fn quoted(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+fn io_error(msg: impl Into<String>) -> io::Error {
+    io::Error::other(msg.into())
+}
+
+const INSTALL_HINT: &str = "run `make deps-nats` or `apt-get install nats-server`, \
+    or set NATS_SERVER_BIN to the nats-server binary";
+
+fn find_nats_server() -> Result<PathBuf> {
+    find_in(
+        std::env::var_os("NATS_SERVER_BIN"),
+        std::env::var_os("PATH"),
+    )
+}
+
+fn find_in(explicit: Option<OsString>, path: Option<OsString>) -> Result<PathBuf> {
+    if let Some(bin) = explicit {
+        let bin = PathBuf::from(bin);
+        if bin.is_file() {
+            return Ok(bin);
+        }
+        return Err(not_found(format!(
+            "nats-server not found: NATS_SERVER_BIN={} is not a file; {INSTALL_HINT}",
+            bin.display()
+        )));
+    }
+    std::env::split_paths(&path.unwrap_or_default())
+        .map(|dir| dir.join("nats-server"))
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| not_found(format!("nats-server not found in PATH; {INSTALL_HINT}")))
+}
+
+fn not_found(msg: String) -> Error {
+    Error::Io(io::Error::new(io::ErrorKind::NotFound, msg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_binary_says_how_to_install() {
+        let empty = tempfile::tempdir().unwrap();
+        let msg = match find_in(None, Some(empty.path().into())) {
+            Err(Error::Io(e)) => e.to_string(),
+            other => panic!("{other:?}"),
+        };
+        assert!(msg.contains("make deps-nats"), "{msg}");
+        assert!(msg.contains("apt-get install nats-server"), "{msg}");
+        let missing = empty.path().join("none");
+        let msg = match find_in(Some(missing.into()), None) {
+            Err(Error::Io(e)) => e.to_string(),
+            other => panic!("{other:?}"),
+        };
+        assert!(msg.contains("NATS_SERVER_BIN="), "{msg}");
+    }
+}

@@ -1,0 +1,30 @@
+//! The public conformance suite against the NATS JetStream backend on a
+//! real nats-server. Every instance from the factory has its own connection
+//! and driver thread (like separate processes); streams are trimmed so the
+//! trimmed-resume case runs.
+
+use fleetcoord::coordinator::{Coordinator, NatsCoordinator, NatsOptions};
+use fleetcoord::testing::NatsServer;
+
+#[test]
+fn nats_backend_conforms() {
+    let server =
+        NatsServer::start().expect("start nats-server (`make deps-nats` installs it)");
+    let url = server.url();
+    let report = fleetcoord::conformance::run(|| {
+        let options = NatsOptions::default()
+            .with_urls(&url)
+            .with_stream_max_len(64);
+        Box::new(NatsCoordinator::with_options(options).expect("connect")) as Box<dyn Coordinator>
+    });
+    assert!(
+        report.skipped.is_empty(),
+        "nats declares everything: {:?}",
+        report.skipped
+    );
+    assert!(
+        report.passed.len() >= 20,
+        "only {} cases ran",
+        report.passed.len()
+    );
+}
