@@ -8,8 +8,7 @@ use fleetcoord::testing::NatsServer;
 
 #[test]
 fn nats_backend_conforms() {
-    let server =
-        NatsServer::start().expect("start nats-server (`make deps-nats` installs it)");
+    let server = NatsServer::start().expect("start nats-server (`make deps-nats` installs it)");
     let url = server.url();
     let report = fleetcoord::conformance::run(|| {
         let options = NatsOptions::default()

@@ -416,7 +416,11 @@ impl NatsCluster {
         loop {
             let led = self.nodes.iter().all(|node| {
                 node.monitor("/jsz")
-                    .is_some_and(|(_, body)| body.contains("\"leader\":\""))
+                    // Pretty-printed JSON: compare without blanks.
+                    .is_some_and(|(_, body)| {
+                        let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
+                        compact.contains("\"leader\":\"")
+                    })
             });
             if led {
                 return Ok(());

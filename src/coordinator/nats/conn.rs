@@ -19,6 +19,9 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 /// First pause between attempts; doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(25);
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
+/// "No stream" answers in a row before a publish tries to create its
+/// stream again (about 7 s of backoff).
+const RECREATE_AFTER: u32 = 16;
 
 /// The settings the driver side needs, in plain data.
 #[derive(Clone, Debug)]
@@ -126,6 +129,7 @@ impl Conn {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let deadline = self.deadline();
         let mut delay = FIRST_BACKOFF;
+        let mut not_found: u32 = 0;
         loop {
             let mut message = jetstream::message::PublishMessage::build()
                 .payload(payload.clone())
@@ -148,18 +152,26 @@ impl Conn {
                         K::WrongLastMessageId | K::WrongLastSequence => {
                             return Err(refused(what, e));
                         }
-                        // No stream (yet, or deleted), or a cluster between
-                        // stream leaders: make sure it exists, then retry.
-                        K::StreamNotFound => match stream {
-                            Some(spec) => {
-                                self.forget(&spec.name);
-                                match self.ensure_stream(spec).await {
-                                    Ok(()) => e.to_string(),
-                                    Err(ensure) => ensure.to_string(),
+                        // No responders: a cluster between stream leaders
+                        // (retrying is enough: measured 4-9 s of these after
+                        // a leader's node was killed), or the stream is gone
+                        // (deleted behind this handle's back): after many in
+                        // a row, one attempt to create it again. Creating
+                        // during an election only waits out its timeout.
+                        K::StreamNotFound => {
+                            not_found = not_found.saturating_add(1);
+                            match stream {
+                                Some(spec) if not_found % RECREATE_AFTER == 0 => {
+                                    self.forget(&spec.name);
+                                    match self.create_stream_once(spec).await {
+                                        Ok(_) => e.to_string(),
+                                        Err(Attempt::Refused(e)) => return Err(e),
+                                        Err(Attempt::Failed(why)) => why,
+                                    }
                                 }
+                                _ => e.to_string(),
                             }
-                            None => e.to_string(),
-                        },
+                        }
                         _ => e.to_string(),
                     }
                 }
@@ -193,43 +205,60 @@ impl Conn {
         self.create_stream(spec).await.map(|_| ())
     }
 
-    /// Creates (or finds) the stream of `spec` and returns its state.
+    /// Creates (or finds) the stream of `spec` and returns its state,
+    /// retrying until the request timeout.
     pub(super) async fn create_stream(&self, spec: &StreamSpec) -> Result<stream::State> {
         let deadline = self.deadline();
         let mut delay = FIRST_BACKOFF;
         loop {
-            let attempt =
-                tokio::time::timeout(ATTEMPT_TIMEOUT, self.js.create_stream(spec.config.clone()));
-            let error = match attempt.await {
-                Ok(Ok(created)) => {
-                    self.known.lock().insert(spec.name.clone(), ());
-                    return Ok(created.cached_info().state.clone());
-                }
-                Ok(Err(e)) => match e.kind() {
-                    jetstream::context::CreateStreamErrorKind::JetStream(js)
-                        if js.error_code() == ErrorCode::STREAM_NAME_EXIST =>
-                    {
-                        match self.stream_state(&spec.name).await {
-                            Ok(Some(state)) => {
-                                self.known.lock().insert(spec.name.clone(), ());
-                                return Ok(state);
-                            }
-                            Ok(None) => "deleted while being created".to_string(),
-                            Err(e) => e.to_string(),
-                        }
-                    }
-                    jetstream::context::CreateStreamErrorKind::JetStream(js)
-                        if js.code() == 400 =>
-                    {
-                        return Err(refused(format!("creating stream {}", spec.name), js));
-                    }
-                    _ => e.to_string(),
-                },
-                Err(_) => format!("no answer within {ATTEMPT_TIMEOUT:?}"),
+            let error = match self.create_stream_once(spec).await {
+                Ok(state) => return Ok(state),
+                Err(Attempt::Refused(e)) => return Err(e),
+                Err(Attempt::Failed(e)) => e,
             };
             if !backoff(&mut delay, deadline).await {
                 return Err(failed(format!("creating stream {}", spec.name), error));
             }
+        }
+    }
+
+    /// One attempt of [`Conn::create_stream`].
+    async fn create_stream_once(
+        &self,
+        spec: &StreamSpec,
+    ) -> std::result::Result<stream::State, Attempt> {
+        let attempt =
+            tokio::time::timeout(ATTEMPT_TIMEOUT, self.js.create_stream(spec.config.clone()));
+        let e = match attempt.await {
+            Ok(Ok(created)) => {
+                self.known.lock().insert(spec.name.clone(), ());
+                return Ok(created.cached_info().state.clone());
+            }
+            Ok(Err(e)) => e,
+            Err(_) => {
+                return Err(Attempt::Failed(format!(
+                    "no answer within {ATTEMPT_TIMEOUT:?}"
+                )))
+            }
+        };
+        use jetstream::context::CreateStreamErrorKind as K;
+        match e.kind() {
+            K::JetStream(js) if js.error_code() == ErrorCode::STREAM_NAME_EXIST => {
+                match self.stream_state(&spec.name).await {
+                    Ok(Some(state)) => {
+                        self.known.lock().insert(spec.name.clone(), ());
+                        Ok(state)
+                    }
+                    Ok(None) => Err(Attempt::Failed("deleted while being created".into())),
+                    Err(e) => Err(Attempt::Failed(e.to_string())),
+                }
+            }
+            // A bad config (e.g. more replicas than servers) stays bad.
+            K::JetStream(js) if js.code() == 400 => Err(Attempt::Refused(refused(
+                format!("creating stream {}", spec.name),
+                js,
+            ))),
+            _ => Err(Attempt::Failed(e.to_string())),
         }
     }
 
@@ -267,6 +296,14 @@ impl Conn {
             .insert(bucket_name.to_owned(), store.clone());
         Ok(Some(store))
     }
+}
+
+/// Why one attempt failed.
+enum Attempt {
+    /// Retrying may help.
+    Failed(String),
+    /// The server refused; it will again.
+    Refused(Error),
 }
 
 /// A JetStream stream fleetcoord creates on demand: its name and config.

@@ -337,7 +337,10 @@ mod tests {
         w.apply(4, Some("gone".into()), None, 1);
         // A change during the snapshot replaces the snapshot value.
         w.apply(5, Some("a".into()), Some(b"2".to_vec()), 0);
-        assert_eq!(Vec::from(w.outbox.clone()), [put("a", b"2"), KvEvent::Synced]);
+        assert_eq!(
+            Vec::from(w.outbox.clone()),
+            [put("a", b"2"), KvEvent::Synced]
+        );
     }
 
     #[test]

@@ -155,7 +155,10 @@ pub struct NatsOptions {
     pub connect_timeout: Duration,
     /// How long one call may take, retries included: a write retried
     /// across a reconnect or a cluster's leader change, a read, a feed's
-    /// start. Default 10 s.
+    /// start. Default 20 s: when the node leading a replicated stream dies,
+    /// nats-server 2.9 elects a new leader after its Raft election timeout
+    /// and writes to that stream stall meanwhile (6 to 13 s measured here
+    /// on a 3-node cluster).
     pub request_timeout: Duration,
     /// Capacity of every feed's channel, allocated up front: 2 to
     /// 1,048,576. Default 4,096.
@@ -172,7 +175,7 @@ impl Default for NatsOptions {
             stream_max_age: None,
             credentials: NatsCredentials::None,
             connect_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(20),
             feed_capacity: 4096,
         }
     }
@@ -426,7 +429,11 @@ impl NatsCoordinator {
         fut: impl Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
         self.check_open()?;
-        let wait = self.conn.settings.request_timeout.saturating_add(CALL_SLACK);
+        let wait = self
+            .conn
+            .settings
+            .request_timeout
+            .saturating_add(CALL_SLACK);
         match self.bridge.call(wait, fut) {
             Ok(result) => result,
             Err(BridgeError::Timeout) => Err(Error::Timeout(wait)),
@@ -553,7 +560,11 @@ impl Coordinator for NatsCoordinator {
     fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
         check_name("bucket", bucket)?;
         check_key(key)?;
-        self.run(kv::get(self.conn.clone(), bucket.to_owned(), key.to_owned()))
+        self.run(kv::get(
+            self.conn.clone(),
+            bucket.to_owned(),
+            key.to_owned(),
+        ))
     }
 
     fn kv_delete(&self, bucket: &str, key: &str) -> Result<()> {
@@ -577,12 +588,7 @@ impl Coordinator for NatsCoordinator {
 
     fn ping(&self) -> Result<()> {
         let client = self.conn.client.clone();
-        self.run(async move {
-            client
-                .flush()
-                .await
-                .map_err(|e| conn::failed("ping", e))
-        })
+        self.run(async move { client.flush().await.map_err(|e| conn::failed("ping", e)) })
     }
 
     fn close(&self) -> Result<()> {

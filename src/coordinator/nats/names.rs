@@ -14,15 +14,15 @@
 //! contains `.`, and decoding is unambiguous because a literal `_` is
 //! always escaped.
 //!
-//! Stream and bucket names become JetStream stream names, and a stream's
-//! name is a directory of the server's file store, so it is bounded by
-//! the file system's 255-byte name limit: nats-server 2.9.10 creates a
-//! stream with a 255-character name and fails one of 256 characters with
-//! "file name too long" (measured here, `tests/nats_names.rs`). A token can
+//! Stream and bucket names become JetStream stream names, which
+//! nats-server 2.9.10 caps at 255 characters (measured: 255 is created,
+//! 256 fails with error 10052 "stream name is too long, maximum allowed is
+//! 255"; `tests/nats_names.rs` uses names at that bound). A token can
 //! be 765 characters (255 escaped bytes), so a name whose token does not
 //! fit keeps a readable head and ends in `__` plus 32 hex digits of the
 //! SHA-256 of the whole name. `__` never occurs in a token (a literal `_`
-//! is `_5F`), so a shortened name never equals a full one; two shortened
+//! is `_5F`), so after the prefix a shortened name contains `__` and a
+//! full one does not: they never equal each other; two shortened
 //! names collide only if their 128-bit hashes do.
 
 use sha2::{Digest, Sha256};
@@ -218,7 +218,7 @@ mod tests {
         // Escapes are never cut in half.
         let escaped = ".".repeat(255);
         let s = stream_name(&escaped);
-        let head = s.split("__").next().unwrap();
+        let (head, _) = s.rsplit_once("__").unwrap();
         assert!(decode_token(&head[STREAM_PREFIX.len()..]).is_some(), "{s}");
     }
 

@@ -61,7 +61,12 @@ pub(super) async fn open(conn: Conn, stream: String, from: StreamPosition) -> Re
 /// sequences below the next wanted one are skipped, and on any error, or
 /// when the consumer's queue is full (after it has read half of it), the
 /// consumer is recreated from the next wanted sequence.
-pub(super) async fn feed(conn: Conn, opened: Opened, tx: FeedSender<StreamEntry>, mut life: Lifeline) {
+pub(super) async fn feed(
+    conn: Conn,
+    opened: Opened,
+    tx: FeedSender<StreamEntry>,
+    mut life: Lifeline,
+) {
     let Opened {
         name,
         mut next,
