@@ -43,11 +43,16 @@ fn credentials_are_used() {
         Err(Error::BackendConnect { urls, .. }) => assert_eq!(urls, server.url()),
         other => panic!("connecting without credentials: {other:?}"),
     }
-    assert!(NatsCoordinator::with_options(fast.clone().with_user_password("app", "wrong")).is_err());
+    assert!(
+        NatsCoordinator::with_options(fast.clone().with_user_password("app", "wrong")).is_err()
+    );
     let c = NatsCoordinator::with_options(fast.with_user_password("app", "s3cret")).unwrap();
     c.kv_set("b", "k", b"v").unwrap();
     // The password never shows in debug output.
-    let shown = format!("{:?}", NatsOptions::default().with_user_password("app", "s3cret"));
+    let shown = format!(
+        "{:?}",
+        NatsOptions::default().with_user_password("app", "s3cret")
+    );
     assert!(!shown.contains("s3cret"), "{shown}");
 
     let server = NatsBuilder::new().token("t0ken").start().unwrap();
@@ -73,7 +78,10 @@ fn bad_options_are_rejected_before_connecting() {
             base.clone().with_stream_max_age(Duration::from_millis(10)),
             "stream_max_age",
         ),
-        (base.clone().with_request_timeout(Duration::ZERO), "request_timeout"),
+        (
+            base.clone().with_request_timeout(Duration::ZERO),
+            "request_timeout",
+        ),
         (base.clone().with_feed_capacity(1), "feed_capacity"),
     ];
     for (options, field) in cases {

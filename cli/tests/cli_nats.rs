@@ -57,7 +57,10 @@ fn kv_and_streams_on_nats() {
         .map(|v| (v["id"].as_u64().unwrap(), v["payload"].as_str().unwrap()))
         .collect();
     assert_eq!(entries, [(1, "first"), (2, "second")]);
-    let after = ok(&url, &["stream", "read", "audit", "--from", "1", "--count", "1"]);
+    let after = ok(
+        &url,
+        &["stream", "read", "audit", "--from", "1", "--count", "1"],
+    );
     assert_eq!(after[0]["id"], 2);
 }
 

@@ -161,7 +161,7 @@ impl Conn {
                         K::StreamNotFound => {
                             not_found = not_found.saturating_add(1);
                             match stream {
-                                Some(spec) if not_found % RECREATE_AFTER == 0 => {
+                                Some(spec) if not_found.is_multiple_of(RECREATE_AFTER) => {
                                     self.forget(&spec.name);
                                     match self.create_stream_once(spec).await {
                                         Ok(_) => e.to_string(),

@@ -125,7 +125,7 @@ impl fmt::Debug for NatsCredentials {
 /// use fleetcoord::coordinator::NatsOptions;
 ///
 /// let options = NatsOptions::default()
-///     .with_urls("nats://10.0.0.1:4222,nats://10.0.0.2:4222,nats://10.0.0.3:4222")
+///     .with_urls("nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222")
 ///     .with_kv_replicas(3)
 ///     .with_stream_replicas(3)
 ///     .with_stream_max_len(100_000);
