@@ -4,9 +4,7 @@
 //! with what changed since (its view ends equal to the bucket); a
 //! subscription drops what arrives while its queue is full and goes on.
 
-use fleetcoord::coordinator::{
-    Coordinator, KvEvent, NatsCoordinator, NatsOptions, StreamPosition,
-};
+use fleetcoord::coordinator::{Coordinator, KvEvent, NatsCoordinator, NatsOptions, StreamPosition};
 use fleetcoord::testing::NatsServer;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -50,7 +48,10 @@ fn late_readers_lose_nothing_they_are_promised() {
 
     for i in 0..200u32 {
         let e = reader.recv_timeout(WAIT).unwrap();
-        assert_eq!((e.id.0, e.payload), (u64::from(i) + 1, i.to_be_bytes().to_vec()));
+        assert_eq!(
+            (e.id.0, e.payload),
+            (u64::from(i) + 1, i.to_be_bytes().to_vec())
+        );
     }
     assert!(reader.recv_timeout(Duration::from_millis(200)).is_err());
 

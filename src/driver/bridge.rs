@@ -11,9 +11,6 @@
 //! caller gave up on is cancelled (its future dropped), as reqwest's
 //! blocking client does with a dropped receiver.
 
-// Until the first backend on it lands (then this line goes).
-#![allow(dead_code)]
-
 use super::StartError;
 use crate::coordinator::Feed;
 use crossbeam_channel::{Receiver, Sender, TrySendError};

@@ -1,44 +1,40 @@
-//! What every feed task on the driver shares: knowing when to stop.
+//! What every feed task on the driver holds: the sending end of its feed
+//! and the bridge's shutdown signal, which together say when to stop.
 
-use crate::driver::bridge::Stopping;
-use tokio::sync::oneshot;
+use crate::driver::bridge::{FeedSender, Stopping};
 
-/// Ends when the consumer drops its feed or the handle closes.
-pub(super) struct Lifeline {
-    cancel: oneshot::Receiver<()>,
+/// A feed task's sender, ending when the consumer drops its feed or the
+/// handle closes.
+pub(super) struct Lifeline<T> {
+    tx: FeedSender<T>,
     stopping: Stopping,
-    over: bool,
 }
 
-impl Lifeline {
-    /// `cancel` resolves (with an error) when the feed's drop hook drops
-    /// its sender.
-    pub(super) fn new(cancel: oneshot::Receiver<()>, stopping: Stopping) -> Self {
-        Lifeline {
-            cancel,
-            stopping,
-            over: false,
-        }
+impl<T> Lifeline<T> {
+    pub(super) fn new(tx: FeedSender<T>, stopping: Stopping) -> Self {
+        Lifeline { tx, stopping }
     }
 
-    /// Resolves once the feed is over; at once after that. Cancel-safe.
-    pub(super) async fn ended(&mut self) {
-        if self.over {
-            return;
-        }
+    /// Where items go.
+    pub(super) fn tx(&self) -> &FeedSender<T> {
+        &self.tx
+    }
+
+    /// Resolves once the feed is over (at once if it already is).
+    /// Cancel-safe.
+    pub(super) async fn ended(&self) {
         tokio::select! {
-            _ = &mut self.cancel => {}
+            _ = self.tx.gone() => {}
             _ = self.stopping.wait() => {}
         }
-        self.over = true;
     }
 
     /// Waits until the consumer has read its queue down to half; `false`
     /// when the feed is over instead.
-    pub(super) async fn relieved<T>(&mut self, tx: &crate::driver::bridge::FeedSender<T>) -> bool {
+    pub(super) async fn relieved(&self) -> bool {
         tokio::select! {
-            relieved = tx.relieved() => relieved,
-            _ = self.ended() => false,
+            relieved = self.tx.relieved() => relieved,
+            _ = self.stopping.wait() => false,
         }
     }
 }

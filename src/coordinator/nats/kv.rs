@@ -207,13 +207,8 @@ enum Flush {
 /// bucket keeps one entry per key, so that is every key changed since,
 /// with its newest value or its delete marker — the difference from what
 /// the consumer was told, never a change twice.
-pub(super) async fn feed(
-    conn: Conn,
-    opened: Opened,
-    pattern: String,
-    tx: FeedSender<KvEvent>,
-    mut life: Lifeline,
-) {
+pub(super) async fn feed(conn: Conn, opened: Opened, pattern: String, life: Lifeline<KvEvent>) {
+    let tx = life.tx();
     let Opened {
         bucket_name,
         stream,
@@ -234,17 +229,17 @@ pub(super) async fn feed(
         watch.synced();
     }
     loop {
-        match watch.flush(&tx) {
+        match watch.flush(tx) {
             Flush::Done => {}
             Flush::Gone => return,
             Flush::Full => {
                 // Pause: stop pulling until the consumer made room.
                 messages = None;
                 loop {
-                    if !life.relieved(&tx).await {
+                    if !life.relieved().await {
                         return;
                     }
-                    match watch.flush(&tx) {
+                    match watch.flush(tx) {
                         Flush::Done => break,
                         Flush::Full => {}
                         Flush::Gone => return,
@@ -256,7 +251,7 @@ pub(super) async fn feed(
             Some(current) => current,
             None => {
                 let begin = watch.resume_at();
-                match ordered::reopen(&conn, &stream, &filter, begin, &mut life).await {
+                match ordered::reopen(&conn, &stream, &filter, begin, &life).await {
                     Some((reopened, pending)) => {
                         messages = Some(reopened);
                         if pending == 0 {

@@ -56,7 +56,7 @@ use super::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvWatcher,
     StreamId, StreamPosition, StreamReader, Subscription, MAX_PAYLOAD,
 };
-use crate::driver::bridge::{self, Bridge, BridgeError, FeedSender};
+use crate::driver::bridge::{self, Bridge, BridgeError};
 use crate::driver::StartError;
 use crate::error::{Error, Result};
 use crate::validate;
@@ -66,7 +66,6 @@ use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use tokio::sync::oneshot;
 
 /// The URL used when none is given.
 pub const DEFAULT_URL: &str = "nats://127.0.0.1:4222";
@@ -449,21 +448,20 @@ impl NatsCoordinator {
         }
     }
 
-    /// Opens a feed: the task gets the sender and a lifeline that ends when
-    /// the user drops the feed or the handle closes.
+    /// Opens a feed: the task gets a lifeline that ends when the user drops
+    /// the feed or the handle closes.
     fn start_feed<T: Send + 'static, F>(
         &self,
-        task: impl FnOnce(FeedSender<T>, Lifeline) -> F + Send + 'static,
+        task: impl FnOnce(Lifeline<T>) -> F + Send + 'static,
     ) -> Result<Feed<T>>
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        let (tx, rx) = bridge::feed_channel(self.feed_capacity);
-        let (cancel_tx, cancel_rx) = oneshot::channel::<()>();
+        let (tx, feed) = bridge::feed_channel(self.feed_capacity);
         self.bridge
-            .spawn(move |stopping| task(tx, Lifeline::new(cancel_rx, stopping)))
+            .spawn(move |stopping| task(Lifeline::new(tx, stopping)))
             .map_err(|_| self.gone())?;
-        Ok(Feed::new(rx, move || drop(cancel_tx)))
+        Ok(feed)
     }
 }
 
@@ -520,7 +518,7 @@ impl Coordinator for NatsCoordinator {
             Ok(sub)
         })?;
         let topic = topic.to_owned();
-        self.start_feed(move |tx, life| pubsub::feed(sub, topic, tx, life))
+        self.start_feed(move |life| pubsub::feed(sub, topic, life))
     }
 
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
@@ -540,7 +538,7 @@ impl Coordinator for NatsCoordinator {
         check_name("stream", stream)?;
         let opened = self.run(stream::open(self.conn.clone(), stream.to_owned(), from))?;
         let conn = self.conn.clone();
-        self.start_feed(move |tx, life| stream::feed(conn, opened, tx, life))
+        self.start_feed(move |life| stream::feed(conn, opened, life))
     }
 
     fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
@@ -583,7 +581,7 @@ impl Coordinator for NatsCoordinator {
         let opened = self.run(kv::open_watch(self.conn.clone(), bucket.to_owned()))?;
         let conn = self.conn.clone();
         let pattern = pattern.to_owned();
-        self.start_feed(move |tx, life| kv::feed(conn, opened, pattern, tx, life))
+        self.start_feed(move |life| kv::feed(conn, opened, pattern, life))
     }
 
     fn ping(&self) -> Result<()> {

@@ -68,12 +68,12 @@ pub(super) async fn open(
 
 /// [`open`], retried with backoff until it works; `None` when the feed
 /// ended first.
-pub(super) async fn reopen(
+pub(super) async fn reopen<T>(
     conn: &Conn,
     stream: &str,
     filter: &str,
     from: Begin,
-    life: &mut Lifeline,
+    life: &Lifeline<T>,
 ) -> Option<(Ordered, u64)> {
     let mut delay = FIRST_RETRY;
     let mut failures: u32 = 0;

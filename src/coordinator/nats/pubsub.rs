@@ -2,7 +2,7 @@
 
 use super::feed::Lifeline;
 use crate::coordinator::Message;
-use crate::driver::bridge::{FeedFull, FeedSender};
+use crate::driver::bridge::FeedFull;
 use futures_util::StreamExt;
 
 /// Moves the messages of `sub` to the consumer until the feed is dropped or
@@ -13,12 +13,8 @@ use futures_util::StreamExt;
 /// half of its queue, the message that did not fit goes out first and
 /// delivery goes on with the next message published. A warning says how
 /// many were dropped.
-pub(super) async fn feed(
-    mut sub: async_nats::Subscriber,
-    topic: String,
-    tx: FeedSender<Message>,
-    mut life: Lifeline,
-) {
+pub(super) async fn feed(mut sub: async_nats::Subscriber, topic: String, life: Lifeline<Message>) {
+    let tx = life.tx();
     loop {
         let next = tokio::select! {
             next = sub.next() => next,
@@ -39,7 +35,7 @@ pub(super) async fn feed(
         let mut dropped: u64 = 0;
         let relieved = loop {
             tokio::select! {
-                relieved = tx.relieved() => break relieved,
+                relieved = life.relieved() => break relieved,
                 next = sub.next() => match next {
                     Some(_) => dropped = dropped.saturating_add(1),
                     None => break false,

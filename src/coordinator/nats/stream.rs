@@ -6,7 +6,7 @@ use super::feed::Lifeline;
 use super::names;
 use super::ordered::{self, Begin, Ordered};
 use crate::coordinator::{StreamEntry, StreamId, StreamPosition};
-use crate::driver::bridge::{FeedFull, FeedSender};
+use crate::driver::bridge::FeedFull;
 use crate::error::Result;
 use futures_util::StreamExt;
 
@@ -61,12 +61,8 @@ pub(super) async fn open(conn: Conn, stream: String, from: StreamPosition) -> Re
 /// sequences below the next wanted one are skipped, and on any error, or
 /// when the consumer's queue is full (after it has read half of it), the
 /// consumer is recreated from the next wanted sequence.
-pub(super) async fn feed(
-    conn: Conn,
-    opened: Opened,
-    tx: FeedSender<StreamEntry>,
-    mut life: Lifeline,
-) {
+pub(super) async fn feed(conn: Conn, opened: Opened, life: Lifeline<StreamEntry>) {
+    let tx = life.tx();
     let Opened {
         name,
         mut next,
@@ -77,7 +73,7 @@ pub(super) async fn feed(
         let current = match messages.as_mut() {
             Some(current) => current,
             None => {
-                match ordered::reopen(&conn, &name, "", Begin::Sequence(next), &mut life).await {
+                match ordered::reopen(&conn, &name, "", Begin::Sequence(next), &life).await {
                     Some((reopened, _)) => messages = Some(reopened),
                     None => return,
                 }
@@ -121,7 +117,7 @@ pub(super) async fn feed(
             Err(FeedFull::Full(held)) => {
                 // Pause: stop pulling, wait for room, resume after `held`.
                 messages = None;
-                if !life.relieved(&tx).await || tx.try_send(held).is_err() {
+                if !life.relieved().await || tx.try_send(held).is_err() {
                     return;
                 }
             }
