@@ -104,7 +104,15 @@ fn settle(
                 assert!(view.remove(&key).is_some(), "delete of unknown {key}");
             }
             Ok(KvEvent::Synced) => panic!("second Synced"),
-            Err(e) => panic!("watch view {view:?} never matched {truth:?}: {e}"),
+            Err(e) => {
+                let differ: Vec<_> = truth
+                    .keys()
+                    .chain(view.keys())
+                    .filter(|k| truth.get(*k) != view.get(*k))
+                    .map(|k| (k, view.get(k), truth.get(k)))
+                    .collect();
+                panic!("watch view never matched the bucket ({e}); (key, view, bucket): {differ:?}")
+            }
         }
     }
 }
