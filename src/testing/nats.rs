@@ -453,6 +453,42 @@ impl NatsCluster {
             .ok_or_else(|| Error::invalid("node", format!("{i} is not below {}", self.nodes.len())))
     }
 
+    /// The node leading the JetStream stream `stream` (its server-side
+    /// name, e.g. `COORD_S_jobs` for coordinator stream `jobs`, `KV_b` for
+    /// bucket `b`), as the nodes' `/jsz` reports it; `None` while it has no
+    /// leader or no live node knows it.
+    pub fn stream_leader(&self, stream: &str) -> Option<usize> {
+        let name = format!("\"name\":\"{stream}\"");
+        for node in &self.nodes {
+            let Some((200, body)) = node.monitor("/jsz?streams=true") else {
+                continue;
+            };
+            let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
+            let Some(at) = compact.find(&name) else {
+                continue;
+            };
+            // This stream's details (name, created, cluster {leader, ...})
+            // run up to the next stream's "created".
+            let rest = &compact[at + name.len()..];
+            let created = "\"created\":";
+            let details = match rest.find(created) {
+                Some(first) => {
+                    let after = &rest[first + created.len()..];
+                    after.find(created).map_or(after, |end| &after[..end])
+                }
+                None => rest,
+            };
+            let leader = details
+                .split("\"leader\":\"")
+                .nth(1)
+                .and_then(|l| l.split('"').next());
+            if let Some(leader) = leader {
+                return leader.strip_prefix('n').and_then(|i| i.parse().ok());
+            }
+        }
+        None
+    }
+
     /// SIGKILLs node `i`.
     pub fn kill(&mut self, i: usize) -> Result<()> {
         self.node_mut(i)?.kill()

@@ -84,9 +84,10 @@ pub(super) async fn open_watch(conn: Conn, bucket: String) -> Result<Opened> {
     let spec = StreamSpec::for_bucket(&conn.settings, &bucket_name);
     conn.ensure_stream(&spec).await?;
     let filter = format!("$KV.{bucket_name}.>");
-    let (messages, pending) = ordered::open(&conn, &spec.name, &filter, Begin::LastPerSubject)
-        .await
-        .map_err(|e| failed(format!("watching bucket {bucket:?}"), e))?;
+    let (messages, pending) =
+        ordered::open_waiting(&conn, &spec.name, &filter, Begin::LastPerSubject)
+            .await
+            .map_err(|e| failed(format!("watching bucket {bucket:?}"), e))?;
     Ok(Opened {
         bucket_name,
         stream: spec.name,

@@ -66,6 +66,28 @@ pub(super) async fn open(
     }
 }
 
+/// [`open`] for a caller that waits: retried with backoff (a cluster may be
+/// electing the stream's leader) until the request timeout.
+pub(super) async fn open_waiting(
+    conn: &Conn,
+    stream: &str,
+    filter: &str,
+    from: Begin,
+) -> Result<(Ordered, u64), String> {
+    let deadline = conn.deadline();
+    let mut delay = FIRST_RETRY;
+    loop {
+        match open(conn, stream, filter, from).await {
+            Ok(opened) => return Ok(opened),
+            Err(e) => {
+                if !super::conn::backoff(&mut delay, deadline).await {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
 /// [`open`], retried with backoff until it works; `None` when the feed
 /// ended first.
 pub(super) async fn reopen<T>(

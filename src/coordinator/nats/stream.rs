@@ -47,7 +47,7 @@ pub(super) async fn open(conn: Conn, stream: String, from: StreamPosition) -> Re
         StreamPosition::End => last.saturating_add(1),
         StreamPosition::After(id) => id.0.min(last).saturating_add(1),
     };
-    let (messages, _) = ordered::open(&conn, &spec.name, "", Begin::Sequence(next))
+    let (messages, _) = ordered::open_waiting(&conn, &spec.name, "", Begin::Sequence(next))
         .await
         .map_err(|e| super::conn::failed(format!("reading stream {stream:?}"), e))?;
     Ok(Opened {
