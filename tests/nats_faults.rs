@@ -88,17 +88,19 @@ fn read_all(reader: &fleetcoord::coordinator::StreamReader) -> (u32, u32, u32) {
 }
 
 /// Applies watch events until the view equals the bucket as a fresh
-/// watch's snapshot shows it; panics with both when it does not settle.
+/// watch's snapshot shows it (taken again every second: right after a
+/// failover the fresh watch may read a replica a moment behind); panics
+/// with the keys that differ when it does not settle.
 fn settle(
     watch: &fleetcoord::coordinator::KvWatcher,
     view: &mut BTreeMap<String, Vec<u8>>,
     check: &dyn Coordinator,
 ) {
-    let truth = snapshot(check);
     let deadline = Instant::now() + WAIT;
+    let mut truth = snapshot(check);
+    let mut taken = Instant::now();
     while *view != truth {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match watch.recv_timeout(left) {
+        match watch.recv_timeout(Duration::from_millis(100)) {
             Ok(KvEvent::Put { key, value }) => {
                 view.insert(key, value);
             }
@@ -106,6 +108,12 @@ fn settle(
                 assert!(view.remove(&key).is_some(), "delete of unknown {key}");
             }
             Ok(KvEvent::Synced) => panic!("second Synced"),
+            Err(_) if Instant::now() < deadline => {
+                if taken.elapsed() > Duration::from_secs(1) {
+                    truth = snapshot(check);
+                    taken = Instant::now();
+                }
+            }
             Err(e) => {
                 let differ: Vec<_> = truth
                     .keys()

@@ -265,8 +265,19 @@ pub(super) async fn feed(conn: Conn, opened: Opened, pattern: String, life: Life
             }
         };
         let item = tokio::select! {
-            item = current.next() => item,
+            item = tokio::time::timeout(ordered::IDLE_CHECK, current.next()) => item,
             _ = life.ended() => return,
+        };
+        let Ok(item) = item else {
+            let stuck = tokio::select! {
+                stuck = ordered::behind(&conn, &stream, watch.next) => stuck,
+                _ = life.ended() => return,
+            };
+            if stuck {
+                log::debug!("fleetcoord nats: watch of {stream} stuck; restarting");
+                messages = None;
+            }
+            continue;
         };
         let message = match item {
             Some(Ok(message)) => message,

@@ -23,6 +23,11 @@ const CREATE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pauses between failed recreations: doubling from the first to the last.
 const FIRST_RETRY: Duration = Duration::from_millis(50);
 const MAX_RETRY: Duration = Duration::from_secs(2);
+/// How long a reader waits for a message before it checks that it is not
+/// stuck behind the stream: a consumer can go quiet for good (its node
+/// died and the client library's own recreation did not get through), and
+/// readers of a killed stream leader were seen waiting for over 20 s.
+pub(super) const IDLE_CHECK: Duration = Duration::from_secs(3);
 /// Failed recreations in a row before a warning is logged.
 const WARN_AFTER: u32 = 10;
 
@@ -134,4 +139,15 @@ pub(super) async fn reopen<T>(
         }
         delay = (delay * 2).min(MAX_RETRY);
     }
+}
+
+/// Whether `stream` holds a message at or after `next`: a reader waiting
+/// for `next` that has heard nothing for [`IDLE_CHECK`] is then stuck and
+/// must start again from `next`. Unknown (the server did not answer) is
+/// not stuck: the next check asks again.
+pub(super) async fn behind(conn: &Conn, stream: &str, next: u64) -> bool {
+    matches!(
+        tokio::time::timeout(CREATE_TIMEOUT, conn.stream_state(stream)).await,
+        Ok(Ok(Some(state))) if state.last_sequence >= next.max(1)
+    )
 }

@@ -81,8 +81,19 @@ pub(super) async fn feed(conn: Conn, opened: Opened, life: Lifeline<StreamEntry>
             }
         };
         let item = tokio::select! {
-            item = current.next() => item,
+            item = tokio::time::timeout(ordered::IDLE_CHECK, current.next()) => item,
             _ = life.ended() => return,
+        };
+        let Ok(item) = item else {
+            let stuck = tokio::select! {
+                stuck = ordered::behind(&conn, &name, next) => stuck,
+                _ = life.ended() => return,
+            };
+            if stuck {
+                log::debug!("fleetcoord nats: reader of {name} stuck before {next}; restarting");
+                messages = None;
+            }
+            continue;
         };
         let message = match item {
             Some(Ok(message)) => message,
