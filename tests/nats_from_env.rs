@@ -40,7 +40,7 @@ fn credentials_are_used() {
         .with_urls(&server.url())
         .with_connect_timeout(Duration::from_secs(3));
     match NatsCoordinator::with_options(fast.clone()) {
-        Err(Error::BackendConnect { urls, .. }) => assert_eq!(urls, server.url()),
+        Err(Error::Backend { endpoints, .. }) => assert_eq!(endpoints, server.url()),
         other => panic!("connecting without credentials: {other:?}"),
     }
     assert!(

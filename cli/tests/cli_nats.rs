@@ -70,7 +70,7 @@ fn unreachable_nats_is_a_clear_error() {
     assert_ne!(output.status.code(), Some(0));
     let err = String::from_utf8_lossy(&output.stderr);
     assert!(
-        err.contains("cannot connect to nats at nats://127.0.0.1:1"),
+        err.contains("nats at nats://127.0.0.1:1: cannot connect"),
         "{err}"
     );
 }

@@ -60,8 +60,8 @@ mod server;
 use std::time::Duration;
 
 pub use cluster::EtcdCluster;
-pub use pki::{ServerNames, TestPki};
 pub use nats::{NatsBuilder, NatsCluster, NatsServer, TEST_MAX_PAYLOAD};
+pub use pki::{ServerNames, TestPki};
 pub use proxy::{FaultProxy, Mode};
 pub use redis::RedisServer;
 pub use redis_cluster::RedisCluster;

@@ -240,11 +240,11 @@ impl NatsServer {
     }
 
     fn start_error(&self, what: &str) -> Error {
-        Error::BackendConnect {
-            backend: "nats",
-            urls: self.url(),
-            reason: format!("{what}; nats-server's log:\n{}", self.log_tail(20)),
-        }
+        Error::Io(io::Error::other(format!(
+            "nats-server at {}: {what}; its log:\n{}",
+            self.url(),
+            self.log_tail(20)
+        )))
     }
 
     fn lost_port_race(&self) -> bool {

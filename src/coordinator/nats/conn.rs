@@ -5,7 +5,7 @@
 
 use super::names;
 use crate::coordinator::MAX_PAYLOAD;
-use crate::error::{Error, Result};
+use crate::error::{Error, EtcdErrorKind, Result};
 use async_nats::jetstream::{self, stream, ErrorCode};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -46,11 +46,14 @@ pub(super) struct Conn {
     stores: Arc<Mutex<HashMap<String, jetstream::kv::Store>>>,
 }
 
-/// A failed NATS request as the user's error.
+/// A failed NATS request (the connection broke, no answer before the
+/// retries ran out) as the user's error. The handle fills in its URLs
+/// (`endpoints` is left empty here) when the error reaches the caller.
 pub(super) fn failed(context: impl std::fmt::Display, e: impl std::fmt::Display) -> Error {
     Error::Backend {
         backend: "nats",
-        retryable: true,
+        endpoints: String::new(),
+        kind: EtcdErrorKind::Unavailable,
         message: format!("{context}: {e}"),
     }
 }
@@ -59,7 +62,8 @@ pub(super) fn failed(context: impl std::fmt::Display, e: impl std::fmt::Display)
 pub(super) fn refused(context: impl std::fmt::Display, e: impl std::fmt::Display) -> Error {
     Error::Backend {
         backend: "nats",
-        retryable: false,
+        endpoints: String::new(),
+        kind: EtcdErrorKind::Rejected,
         message: format!("{context}: {e}"),
     }
 }

@@ -58,7 +58,7 @@ use super::{
 };
 use crate::driver::bridge::{self, Bridge, BridgeError};
 use crate::driver::StartError;
-use crate::error::{Error, Result};
+use crate::error::{Error, EtcdErrorKind, Result};
 use crate::validate;
 use conn::{Conn, Settings};
 use feed::Lifeline;
@@ -346,7 +346,7 @@ impl fmt::Debug for NatsCoordinator {
 
 impl NatsCoordinator {
     /// Connects to the comma-separated server URLs in `urls` with default
-    /// options. Fails with [`Error::BackendConnect`] naming the URLs when no
+    /// options. Fails with [`Error::Backend`] naming the URLs when no
     /// server answers within the connect timeout.
     pub fn connect(urls: &str) -> Result<Self> {
         Self::with_options(NatsOptions::default().with_urls(urls))
@@ -399,10 +399,11 @@ impl NatsCoordinator {
         });
         let (bridge, (client, js)) = started.map_err(|e| match e {
             StartError::Io(e) => Error::Io(e),
-            StartError::Connect(reason) => Error::BackendConnect {
+            StartError::Connect(reason) => Error::Backend {
                 backend: "nats",
-                urls: urls.clone(),
-                reason,
+                endpoints: urls.clone(),
+                kind: EtcdErrorKind::Unavailable,
+                message: format!("cannot connect: {reason}"),
             },
         })?;
         Ok(NatsCoordinator {
@@ -434,7 +435,21 @@ impl NatsCoordinator {
             .request_timeout
             .saturating_add(CALL_SLACK);
         match self.bridge.call(wait, fut) {
-            Ok(result) => result,
+            Ok(result) => result.map_err(|e| match e {
+                // Errors made on the driver name no URLs; this handle's go in.
+                Error::Backend {
+                    backend,
+                    endpoints,
+                    kind,
+                    message,
+                } if endpoints.is_empty() => Error::Backend {
+                    backend,
+                    endpoints: self.urls.clone(),
+                    kind,
+                    message,
+                },
+                other => other,
+            }),
             Err(BridgeError::Timeout) => Err(Error::Timeout(wait)),
             Err(BridgeError::Gone) => Err(self.gone()),
         }
