@@ -57,7 +57,7 @@ scale: deps-build deps-etcd
 # window; BENCH_ARGS=watch (or any figure names) for a subset. `make test`
 # runs it once with --quick, checking only that every row yields numbers.
 BENCH_ARGS ?= all
-bench: deps-build deps-etcd deps-redis
+bench: deps-build deps-etcd deps-redis deps-nats
 	$(CARGO) build --release --quiet -p fleetcoord-cli -p fleetcoord-bench
 	$(CARGO) run --release --quiet -p fleetcoord-bench -- $(BENCH_ARGS)
 

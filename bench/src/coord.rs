@@ -2,16 +2,18 @@
 //! watch event, append → read. On etcd each is anchored by a raw
 //! etcd-client put → watch event, interleaved. The memory backend has no
 //! network to anchor against; Redis (a standalone server and a 3-master
-//! cluster, started here) has no raw anchor yet.
+//! cluster) and NATS JetStream (one nats-server), started here, have no
+//! raw anchor yet.
 
 use crate::raw::{Raw, RawEvent};
 use crate::report::{latency_row, Row, Side};
 use crate::stats::interleave;
 use crate::{Config, Res};
 use fleetcoord::coordinator::{
-    Coordinator, EtcdCoordinator, KvEvent, MemoryCoordinator, RedisCoordinator, StreamPosition,
+    Coordinator, EtcdCoordinator, KvEvent, MemoryCoordinator, NatsCoordinator, RedisCoordinator,
+    StreamPosition,
 };
-use fleetcoord::testing::{RedisCluster, RedisServer};
+use fleetcoord::testing::{NatsServer, RedisCluster, RedisServer};
 use fleetcoord::{Etcd, EtcdOptions};
 use std::time::{Duration, Instant};
 
@@ -44,7 +46,18 @@ fn backends(cfg: &Config) -> Res<Vec<Backend>> {
         },
         redis_standalone()?,
         redis_cluster()?,
+        nats()?,
     ])
+}
+
+fn nats() -> Res<Backend> {
+    let server = NatsServer::start()?;
+    Ok(Backend {
+        name: "nats jetstream",
+        coord: Box::new(NatsCoordinator::connect(&server.url())?),
+        anchored: false,
+        _keep: vec![Box::new(server)],
+    })
 }
 
 fn redis_standalone() -> Res<Backend> {
