@@ -52,6 +52,7 @@ mod cluster;
 mod nats;
 mod net;
 mod pki;
+mod process;
 mod proxy;
 mod redis;
 mod redis_cluster;

@@ -9,6 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::net;
+use super::process;
 use super::server::unique_token;
 use crate::deadline::deadline_after;
 use crate::{Error, Result};
@@ -289,11 +290,7 @@ impl NatsServer {
     /// SIGKILLs the process and waits for it. The store stays for
     /// [`restart`](NatsServer::restart). Does nothing if already killed.
     pub fn kill(&mut self) -> Result<()> {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            child.wait()?;
-        }
-        Ok(())
+        process::kill(&mut self.child)
     }
 
     /// Kills the process if it runs, starts it again on the same ports with
@@ -314,28 +311,13 @@ impl NatsServer {
         self.signal("CONT")
     }
 
-    // The crate forbids unsafe code, so signals go through the shell.
     fn signal(&self, sig: &str) -> Result<()> {
-        let pid = self
-            .pid()
-            .ok_or_else(|| io_error("nats-server is not running (it was killed)"))?;
-        let status = Command::new("sh")
-            .args(["-c", "kill -s \"$0\" \"$1\"", sig, &pid.to_string()])
-            .status()?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(io_error(format!("kill -s {sig} {pid} failed ({status})")).into())
-        }
+        process::signal(self.pid(), sig, "nats-server")
     }
 
     /// The last `n` lines of the server's log (all runs).
     pub fn log_tail(&self, n: usize) -> String {
-        let text = std::fs::read(&self.log_path)
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
+        process::log_tail(&self.log_path, n)
     }
 
     /// The path of the log file (inside the temp dir removed on drop).

@@ -11,6 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::net;
+use super::process;
 use crate::{Error, Result};
 
 /// How many times a start is retried when another process took the port
@@ -172,9 +173,7 @@ impl RedisServer {
     }
 
     fn log_text(&self) -> String {
-        std::fs::read(&self.log_path)
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_default()
+        process::log_text(&self.log_path)
     }
 
     /// `redis://127.0.0.1:PORT`. Stable across restarts.
@@ -208,11 +207,7 @@ impl RedisServer {
     /// SIGKILLs the process and waits for it. Does nothing if it is not
     /// running.
     pub fn kill(&mut self) -> Result<()> {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            child.wait()?;
-        }
-        Ok(())
+        process::kill(&mut self.child)
     }
 
     /// Kills the process if it runs, starts it again on the same port and
@@ -235,17 +230,7 @@ impl RedisServer {
     }
 
     fn signal(&self, sig: &str) -> Result<()> {
-        let pid = self
-            .pid()
-            .ok_or_else(|| io::Error::other("redis-server is not running (it was killed)"))?;
-        let status = Command::new("sh")
-            .args(["-c", "kill -s \"$0\" \"$1\"", sig, &pid.to_string()])
-            .status()?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(io::Error::other(format!("kill -s {sig} {pid} failed ({status})")).into())
-        }
+        process::signal(self.pid(), sig, "redis-server")
     }
 
     /// The server's log file (inside the directory removed on drop).

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::admin::Admin;
 use super::net;
+use super::process;
 use super::{EtcdBuilder, TestPki};
 use crate::deadline::deadline_after;
 use crate::tls::EtcdUser;
@@ -262,9 +263,7 @@ impl EtcdServer {
     }
 
     fn log_text(&self) -> String {
-        std::fs::read(&self.log_path)
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_default()
+        process::log_text(&self.log_path)
     }
 
     /// True when this start failed because another process took a port.
@@ -363,12 +362,7 @@ impl EtcdServer {
     /// stays, so [`restart`](EtcdServer::restart) finds the same data. Does
     /// nothing if it is already killed.
     pub fn kill(&mut self) -> Result<()> {
-        if let Some(mut child) = self.child.take() {
-            // Kill failing means it already exited; wait reaps it either way.
-            let _ = child.kill();
-            child.wait()?;
-        }
-        Ok(())
+        process::kill(&mut self.child)
     }
 
     /// Kills the process if it runs, starts it again on the same ports with
@@ -391,27 +385,13 @@ impl EtcdServer {
         self.signal("CONT")
     }
 
-    // The crate forbids unsafe code, so signals go through the shell's kill
-    // builtin (always present, unlike procps' kill binary).
     fn signal(&self, sig: &str) -> Result<()> {
-        let pid = self
-            .pid()
-            .ok_or_else(|| io_error("etcd is not running (it was killed)"))?;
-        let status = Command::new("sh")
-            .args(["-c", "kill -s \"$0\" \"$1\"", sig, &pid.to_string()])
-            .status()?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(io_error(format!("kill -s {sig} {pid} failed ({status})")).into())
-        }
+        process::signal(self.pid(), sig, "etcd")
     }
 
     /// The last `n` lines of etcd's combined stdout and stderr (all runs).
     pub fn log_tail(&self, n: usize) -> String {
-        let text = self.log_text();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
+        process::log_tail(&self.log_path, n)
     }
 
     /// The path of the log file (inside the temp dir removed on drop).

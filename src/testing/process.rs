@@ -1,0 +1,49 @@
+//! Controlling a server process the harness started, the same way for
+//! etcd, nats-server and redis-server: kill and reap, SIGSTOP/SIGCONT, the
+//! tail of its log.
+
+use crate::Result;
+use std::io;
+use std::path::Path;
+use std::process::{Child, Command};
+
+/// SIGKILLs `child` (if it still runs) and reaps it; `None` does nothing.
+pub(crate) fn kill(child: &mut Option<Child>) -> Result<()> {
+    if let Some(mut child) = child.take() {
+        // Kill failing means it already exited; wait reaps it either way.
+        let _ = child.kill();
+        child.wait()?;
+    }
+    Ok(())
+}
+
+/// Sends `sig` (`"STOP"`, `"CONT"`) to `pid`; `what` names the server in
+/// the error when it is not running. The crate forbids unsafe code, so the
+/// signal goes through the shell's kill builtin (always present, unlike
+/// procps' kill binary).
+pub(crate) fn signal(pid: Option<u32>, sig: &str, what: &str) -> Result<()> {
+    let pid =
+        pid.ok_or_else(|| io::Error::other(format!("{what} is not running (it was killed)")))?;
+    let status = Command::new("sh")
+        .args(["-c", "kill -s \"$0\" \"$1\"", sig, &pid.to_string()])
+        .status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("kill -s {sig} {pid} failed ({status})")).into())
+    }
+}
+
+/// The whole log at `path`, lossily decoded; empty if unreadable.
+pub(crate) fn log_text(path: &Path) -> String {
+    std::fs::read(path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
+}
+
+/// The last `n` lines of the log at `path`.
+pub(crate) fn log_tail(path: &Path, n: usize) -> String {
+    let text = log_text(path);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
