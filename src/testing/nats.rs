@@ -509,24 +509,13 @@ fn find_nats_server() -> Result<PathBuf> {
 }
 
 fn find_in(explicit: Option<OsString>, path: Option<OsString>) -> Result<PathBuf> {
-    if let Some(bin) = explicit {
-        let bin = PathBuf::from(bin);
-        if bin.is_file() {
-            return Ok(bin);
-        }
-        return Err(not_found(format!(
-            "nats-server not found: NATS_SERVER_BIN={} is not a file; {INSTALL_HINT}",
-            bin.display()
-        )));
-    }
-    std::env::split_paths(&path.unwrap_or_default())
-        .map(|dir| dir.join("nats-server"))
-        .find(|candidate| candidate.is_file())
-        .ok_or_else(|| not_found(format!("nats-server not found in PATH; {INSTALL_HINT}")))
-}
-
-fn not_found(msg: String) -> Error {
-    Error::Io(io::Error::new(io::ErrorKind::NotFound, msg))
+    process::find_bin_in(
+        "NATS_SERVER_BIN",
+        "nats-server",
+        INSTALL_HINT,
+        explicit,
+        path,
+    )
 }
 
 #[cfg(test)]

@@ -3,8 +3,9 @@
 //! tail of its log.
 
 use crate::Result;
+use std::ffi::OsString;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
 /// SIGKILLs `child` (if it still runs) and reaps it; `None` does nothing.
@@ -46,4 +47,35 @@ pub(crate) fn log_tail(path: &Path, n: usize) -> String {
     let text = log_text(path);
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// The server binary `name`: `explicit` (the value of the variable `var`)
+/// if set, else the first `name` file on `path` (a `PATH` value). Missing,
+/// it is an error that says how to install it (`hint`): tests built on the
+/// harness fail, never skip.
+pub(crate) fn find_bin_in(
+    var: &str,
+    name: &str,
+    hint: &str,
+    explicit: Option<OsString>,
+    path: Option<OsString>,
+) -> Result<PathBuf> {
+    if let Some(bin) = explicit {
+        let bin = PathBuf::from(bin);
+        if bin.is_file() {
+            return Ok(bin);
+        }
+        return Err(not_found(format!(
+            "{name} not found: {var}={} is not a file; {hint}",
+            bin.display()
+        )));
+    }
+    std::env::split_paths(&path.unwrap_or_default())
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+        .ok_or_else(|| not_found(format!("{name} not found in PATH; {hint}")))
+}
+
+fn not_found(msg: String) -> crate::Error {
+    crate::Error::Io(io::Error::new(io::ErrorKind::NotFound, msg))
 }

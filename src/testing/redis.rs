@@ -291,24 +291,7 @@ fn find_bin_in(
     explicit: Option<OsString>,
     path: Option<OsString>,
 ) -> Result<PathBuf> {
-    if let Some(bin) = explicit {
-        let bin = PathBuf::from(bin);
-        if bin.is_file() {
-            return Ok(bin);
-        }
-        return Err(not_found(format!(
-            "{name} not found: {var}={} is not a file; {INSTALL_HINT}",
-            bin.display()
-        )));
-    }
-    std::env::split_paths(&path.unwrap_or_default())
-        .map(|dir| dir.join(name))
-        .find(|candidate| candidate.is_file())
-        .ok_or_else(|| not_found(format!("{name} not found in PATH; {INSTALL_HINT}")))
-}
-
-fn not_found(msg: String) -> Error {
-    Error::Io(io::Error::new(io::ErrorKind::NotFound, msg))
+    process::find_bin_in(var, name, INSTALL_HINT, explicit, path)
 }
 
 #[cfg(test)]

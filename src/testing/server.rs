@@ -430,24 +430,7 @@ fn find_etcd() -> Result<PathBuf> {
 }
 
 fn find_etcd_in(etcd_bin: Option<OsString>, path: Option<OsString>) -> Result<PathBuf> {
-    if let Some(bin) = etcd_bin {
-        let bin = PathBuf::from(bin);
-        if bin.is_file() {
-            return Ok(bin);
-        }
-        return Err(not_found(format!(
-            "etcd not found: ETCD_BIN={} is not a file; {INSTALL_HINT}",
-            bin.display()
-        )));
-    }
-    std::env::split_paths(&path.unwrap_or_default())
-        .map(|dir| dir.join("etcd"))
-        .find(|candidate| candidate.is_file())
-        .ok_or_else(|| not_found(format!("etcd not found in PATH; {INSTALL_HINT}")))
-}
-
-fn not_found(msg: String) -> Error {
-    Error::Io(io::Error::new(io::ErrorKind::NotFound, msg))
+    process::find_bin_in("ETCD_BIN", "etcd", INSTALL_HINT, etcd_bin, path)
 }
 
 #[cfg(test)]
