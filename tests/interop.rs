@@ -9,9 +9,8 @@
 
 mod common;
 
-use common::{ChildGuard, INSTALL};
+use common::EtcdctlChild;
 use fleetcoord::{Election, ElectionOptions, TryCampaign};
-use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -21,34 +20,23 @@ const WAIT: Duration = Duration::from_secs(10);
 
 const NAME: &str = "interop";
 
-/// A running `etcdctl elect` whose stdout lines arrive on a channel.
-struct Etcdctl {
-    child: ChildGuard,
-    lines: crossbeam_channel::Receiver<String>,
-}
+/// A running `etcdctl elect`.
+struct Etcdctl(EtcdctlChild);
 
 impl Etcdctl {
     fn spawn(endpoint: &str, args: &[&str]) -> Etcdctl {
-        let mut child = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .args(["--endpoints", endpoint, "elect"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run etcdctl ({e}); {INSTALL}"));
-        let lines = common::lines_of(child.stdout.take().unwrap());
-        Etcdctl {
-            child: ChildGuard(child),
-            lines,
-        }
+        let args: Vec<&str> = std::iter::once("elect")
+            .chain(args.iter().copied())
+            .collect();
+        Etcdctl(EtcdctlChild::spawn(endpoint, &args))
     }
 
     /// The next `(key, value)` pair etcdctl prints (once elected, or per
     /// observed leader in listen mode).
     fn next_leader(&self, within: Duration) -> Option<(String, String)> {
-        let key = self.lines.recv_timeout(within).ok()?;
+        let key = self.0.lines.recv_timeout(within).ok()?;
         let value = self
+            .0
             .lines
             .recv_timeout(WAIT)
             .expect("a value line after the key line");
@@ -56,20 +44,8 @@ impl Etcdctl {
     }
 
     /// SIGINT: etcdctl resigns, then exits. Waits for the exit.
-    fn interrupt(mut self) {
-        let status = Command::new("sh")
-            .args(["-c", "kill -s INT \"$0\"", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-        let deadline = Instant::now() + WAIT;
-        while self.child.try_wait().unwrap().is_none() {
-            assert!(
-                Instant::now() < deadline,
-                "etcdctl did not exit after SIGINT"
-            );
-            thread::sleep(Duration::from_millis(10));
-        }
+    fn interrupt(self) {
+        self.0.interrupt(WAIT);
     }
 }
 

@@ -5,9 +5,8 @@
 
 mod common;
 
-use common::{ChildGuard, INSTALL};
+use common::EtcdctlChild;
 use fleetcoord::{ElectionOptions, Error, Mutex, TxnOp, DEFAULT_LOCK_PREFIX};
-use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -16,47 +15,21 @@ const WAIT: Duration = Duration::from_secs(10);
 
 /// A running `etcdctl lock NAME`: prints its key once it holds the lock and
 /// holds it until SIGINT, when it unlocks and exits.
-struct EtcdctlLock {
-    child: ChildGuard,
-    lines: crossbeam_channel::Receiver<String>,
-}
+struct EtcdctlLock(EtcdctlChild);
 
 impl EtcdctlLock {
     fn spawn(endpoint: &str, name: &str) -> EtcdctlLock {
-        let mut child = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .args(["--endpoints", endpoint, "lock", name])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run etcdctl ({e}); {INSTALL}"));
-        let lines = common::lines_of(child.stdout.take().unwrap());
-        EtcdctlLock {
-            child: ChildGuard(child),
-            lines,
-        }
+        EtcdctlLock(EtcdctlChild::spawn(endpoint, &["lock", name]))
     }
 
     /// The key etcdctl prints once it holds the lock.
     fn held(&self, within: Duration) -> Option<String> {
-        self.lines.recv_timeout(within).ok()
+        self.0.lines.recv_timeout(within).ok()
     }
 
     /// SIGINT, then waits for the exit.
-    fn interrupt(mut self) {
-        let status = Command::new("sh")
-            .args(["-c", "kill -s INT \"$0\"", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-        let deadline = Instant::now() + WAIT;
-        while self.child.try_wait().unwrap().is_none() {
-            assert!(
-                Instant::now() < deadline,
-                "etcdctl did not exit after SIGINT"
-            );
-            thread::sleep(Duration::from_millis(10));
-        }
+    fn interrupt(self) {
+        self.0.interrupt(WAIT);
     }
 }
 

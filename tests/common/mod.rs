@@ -115,3 +115,48 @@ pub fn lines_of(output: impl Read + Send + 'static) -> crossbeam_channel::Receiv
     });
     lines
 }
+
+/// A long-running `etcdctl` (API v3: `elect`, `lock`, ...) whose stdout
+/// lines arrive on `lines`; killed on drop.
+pub struct EtcdctlChild {
+    pub child: ChildGuard,
+    pub lines: crossbeam_channel::Receiver<String>,
+}
+
+impl EtcdctlChild {
+    /// Runs `etcdctl --endpoints <endpoint> <args...>`; panics with install
+    /// instructions when etcdctl is missing.
+    pub fn spawn(endpoint: &str, args: &[&str]) -> EtcdctlChild {
+        let mut child = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", endpoint])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run etcdctl ({e}); {INSTALL}"));
+        let lines = lines_of(child.stdout.take().expect("piped stdout"));
+        EtcdctlChild {
+            child: ChildGuard(child),
+            lines,
+        }
+    }
+
+    /// SIGINT (etcdctl resigns or unlocks first), then waits at most
+    /// `within` for the exit.
+    pub fn interrupt(mut self, within: std::time::Duration) {
+        let status = Command::new("sh")
+            .args(["-c", "kill -s INT \"$0\"", &self.child.id().to_string()])
+            .status()
+            .expect("sh");
+        assert!(status.success());
+        let deadline = std::time::Instant::now() + within;
+        while self.child.try_wait().expect("try_wait").is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "etcdctl did not exit after SIGINT"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
