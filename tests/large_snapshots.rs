@@ -168,3 +168,123 @@ fn snapshots_over_the_message_limit_are_read_in_pages() {
     );
     eprintln!("peak RSS: {}", peak_rss());
 }
+
+/// One transaction of 6 × 1 MiB is one revision, and etcd sends all of a
+/// revision's events in one watch response (it fragments only when the
+/// client asks, which etcd-client cannot): ~6 MiB, over tonic's default
+/// 4 MiB receive limit. The live watches of HostWatcher and `kv_watch`
+/// must take it as it comes, not refuse it and fall back to a resync.
+#[test]
+fn a_single_watch_response_over_the_message_limit_is_delivered() {
+    const BIG: usize = 1 << 20;
+    const PER_TXN: usize = 6;
+    // etcd refuses requests over 1.5 MiB by default; the txn is ~6 MiB.
+    let server = fleetcoord::testing::EtcdBuilder::new()
+        .arg("--max-request-bytes=33554432")
+        .start()
+        .expect("etcd (install with `make deps-etcd`)");
+    let etcd = common::connect(&server.endpoint());
+    let big = |i: usize| {
+        let mut v = format!("{i:08}:").into_bytes();
+        v.resize(BIG, b'y');
+        v
+    };
+
+    let watcher = HostWatcher::watch(&etcd).expect("watch");
+    assert_eq!(
+        watcher.events().recv_timeout(WAIT).expect("Synced"),
+        HostEvent::Synced
+    );
+    let coordinator = EtcdCoordinator::new(&etcd).expect("coordinator");
+    let watch = coordinator.kv_watch("bigrev", "*").expect("kv_watch");
+    assert_eq!(watch.recv_timeout(WAIT).expect("Synced"), KvEvent::Synced);
+
+    let opened_before = watch_streams_opened(&server.endpoint());
+    let ids: Vec<Uuid> = (0..PER_TXN).map(|_| Uuid::new_v4()).collect();
+    // fleetcoord refuses requests over etcd's default limit, so the big
+    // transactions go through etcd-client directly.
+    let hosts = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (format!("/coord/hosts/{id}"), big(i)));
+    let keys = (0..PER_TXN).map(|i| (format!("/coord/kv/bigrev/k{i}"), big(i)));
+    raw_txn(&server.endpoint(), hosts.chain(keys).collect(), PER_TXN);
+
+    let mut up = HashMap::new();
+    while up.len() < PER_TXN {
+        match watcher.events().recv_timeout(WAIT) {
+            Ok(HostEvent::Up(info)) => {
+                assert!(up.insert(info.id, info.metadata).is_none(), "Up twice");
+            }
+            other => panic!("expected {PER_TXN} × Up, got {other:?} after {}", up.len()),
+        }
+    }
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(up[id], big(i));
+    }
+    let mut kv = BTreeMap::new();
+    while kv.len() < PER_TXN {
+        match watch.recv_timeout(WAIT) {
+            Ok(KvEvent::Put { key, value }) => {
+                assert!(kv.insert(key, value).is_none(), "a key twice");
+            }
+            other => panic!("expected {PER_TXN} puts, got {other:?} after {}", kv.len()),
+        }
+    }
+    assert_eq!(kv["k3"], big(3));
+    // Delivered by the watches that were open, not by a resync: a refused
+    // response ends the watch stream and the machines open a new one
+    // after reading the prefix again, which the diff would hide.
+    assert!(watcher
+        .events()
+        .recv_timeout(Duration::from_millis(500))
+        .is_err());
+    assert!(watch.recv_timeout(Duration::from_millis(500)).is_err());
+    assert_eq!(
+        watch_streams_opened(&server.endpoint()),
+        opened_before,
+        "a watch stream was opened again"
+    );
+}
+
+/// How many Watch streams etcd has seen opened (its gRPC server counter).
+fn watch_streams_opened(endpoint: &str) -> u64 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(endpoint).expect("metrics connect");
+    s.set_read_timeout(Some(WAIT)).expect("timeout");
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+        .expect("metrics request");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("metrics answer");
+    text.lines()
+        .find(|l| {
+            l.starts_with("grpc_server_started_total{") && l.contains(r#"grpc_method="Watch""#)
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no Watch counter in etcd's /metrics"))
+}
+
+/// Puts `kvs` in transactions of `per_txn` puts each, with etcd-client.
+fn raw_txn(endpoint: &str, kvs: Vec<(String, Vec<u8>)>, per_txn: usize) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let options = etcd_client::ConnectOptions::new().with_connect_timeout(WAIT);
+        let mut client = etcd_client::Client::connect([endpoint], Some(options))
+            .await
+            .expect("etcd-client connect");
+        for chunk in kvs.chunks(per_txn) {
+            let ops: Vec<etcd_client::TxnOp> = chunk
+                .iter()
+                .map(|(k, v)| etcd_client::TxnOp::put(k.as_str(), v.clone(), None))
+                .collect();
+            client
+                .txn(etcd_client::Txn::new().and_then(ops))
+                .await
+                .expect("txn");
+        }
+    });
+}

@@ -118,6 +118,17 @@ fn connect_refused(status: &tonic::Status) -> bool {
 /// vanishingly rare.
 pub(crate) const CONNECT_ATTEMPTS: u32 = 12;
 
+/// The largest watch response a watch stream accepts: what etcd's gRPC
+/// server may send (`maxSendBytes = math.MaxInt32` in its v3rpc). All of a
+/// revision's events travel in one response (etcd fragments only on a
+/// request etcd-client cannot make), so one transaction of a few large
+/// values exceeds tonic's default of 4 MiB, and so does a watch catching
+/// up after a reconnect (up to 1,000 revisions a response). Refused, that
+/// response would end the watch and force a re-read of the whole prefix,
+/// folding the events it held into a diff. Range answers keep the
+/// default: their pages halve instead.
+pub(crate) const WATCH_RESPONSE_LIMIT: usize = i32::MAX as usize;
+
 /// Evaluate an etcd-client call, again while it fails to connect (see
 /// [`is_connect_failure`]).
 macro_rules! on_a_live_member {

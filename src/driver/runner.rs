@@ -358,23 +358,27 @@ async fn watch(
     reply_tx: mpsc::UnboundedSender<Delivery>,
 ) {
     let (key, options) = exec::watch_options(&range, start_revision);
+    let mut watches = client
+        .watch_client()
+        .max_decoding_message_size(exec::WATCH_RESPONSE_LIMIT);
     let mut logged_in_again = false;
     'open: loop {
         crate::metrics::watch_stream_opened();
-        let mut stream =
-            match exec::on_a_live_member!(client.watch(key.clone(), Some(options.clone())).await) {
-                Ok(s) => s,
-                Err(e) => {
-                    let _ = reply_tx.send(Delivery {
-                        reply: RpcReply {
-                            id,
-                            result: Err(exec::rpc_error(e)),
-                        },
-                        last: true,
-                    });
-                    return;
-                }
-            };
+        let mut stream = match exec::on_a_live_member!(
+            watches.watch(key.clone(), Some(options.clone())).await
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = reply_tx.send(Delivery {
+                    reply: RpcReply {
+                        id,
+                        result: Err(exec::rpc_error(e)),
+                    },
+                    last: true,
+                });
+                return;
+            }
+        };
         loop {
             let (result, last) = match stream.message().await {
                 Ok(Some(r)) => match exec::watch_refusal(&r) {
