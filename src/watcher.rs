@@ -8,8 +8,9 @@ use crate::validate;
 use fleetcoord_sm::watch::{
     parse_host_id, KeyRule, Watch, WatchConfig, WatchNotice, DEFAULT_PAGE_SIZE,
 };
-use fleetcoord_sm::{BackoffConfig, KeyValue};
+use fleetcoord_sm::{BackoffConfig, KeyValue, RpcError};
 use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use uuid::Uuid;
 
@@ -148,7 +149,7 @@ impl WatcherOptions {
 /// with backoff; an error retrying cannot fix (the etcd user may not read
 /// the prefix, one key larger than the client's message limit) is logged
 /// with `log::warn` and ends the channel: `recv` then reports it
-/// disconnected.
+/// disconnected, and [`HostWatcher::stop_reason`] says why.
 ///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -172,6 +173,9 @@ impl WatcherOptions {
 #[must_use = "dropping a HostWatcher stops the watch"]
 pub struct HostWatcher {
     events: crossbeam_channel::Receiver<HostEvent>,
+    /// Set once, by the machine's `Failed`, before the channel ends.
+    failure: Arc<OnceLock<RpcError>>,
+    prefix: String,
     /// Dropping it stops the watch.
     _machine: MachineHandle<Watch>,
     _etcd: Etcd,
@@ -212,6 +216,9 @@ impl HostWatcher {
         validate::capacity("capacity", options.capacity)?;
         let prefix_len = options.prefix.len();
         let metrics_prefix = options.prefix.clone();
+        let prefix = options.prefix.clone();
+        let failure = Arc::new(OnceLock::new());
+        let failed = failure.clone();
         let config = WatchConfig {
             prefix: options.prefix.into_bytes(),
             keys: KeyRule::HostId,
@@ -244,6 +251,9 @@ impl HostWatcher {
                 }
                 WatchNotice::Failed(e) => {
                     log::warn!("host watcher gave up, its events end here: {e}");
+                    // Set before the channel ends, so whoever sees it
+                    // disconnected finds the reason.
+                    let _ = failed.set(e);
                     return FeedItem::End;
                 }
                 _ => None,
@@ -253,6 +263,8 @@ impl HostWatcher {
         let machine = etcd.run(machine, feed)?;
         Ok(HostWatcher {
             events,
+            failure,
+            prefix,
             _machine: machine,
             _etcd: etcd.clone(),
         })
@@ -261,6 +273,19 @@ impl HostWatcher {
     /// The events, in order.
     pub fn events(&self) -> &crossbeam_channel::Receiver<HostEvent> {
         &self.events
+    }
+
+    /// Why the events ended, once etcd refused the watch in a way retrying
+    /// cannot fix: [`EtcdErrorKind::PermissionDenied`] for a user who may
+    /// not read the prefix, say. `None` while the watch runs, and when the
+    /// events ended because the [`Etcd`] handle was closed. Set before the
+    /// channel reports itself disconnected, so a consumer that sees the
+    /// disconnection can always ask.
+    ///
+    /// [`EtcdErrorKind::PermissionDenied`]: crate::EtcdErrorKind::PermissionDenied
+    pub fn stop_reason(&self) -> Option<Error> {
+        let e = self.failure.get()?.clone();
+        Some(Error::rpc_in(format!("host watch of {:?}", self.prefix), e))
     }
 
     /// Stop watching. Events already queued stay readable until the watcher

@@ -199,7 +199,12 @@ fn a_single_watch_response_over_the_message_limit_is_delivered() {
     let watch = coordinator.kv_watch("bigrev", "*").expect("kv_watch");
     assert_eq!(watch.recv_timeout(WAIT).expect("Synced"), KvEvent::Synced);
 
-    let opened_before = watch_streams_opened(&server.endpoint());
+    // The live watch may open just after `Synced`: wait for both.
+    let deadline = Instant::now() + WAIT;
+    while watch_streams_opened(&server.endpoint()) < 2 {
+        assert!(Instant::now() < deadline, "the two watches never opened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let ids: Vec<Uuid> = (0..PER_TXN).map(|_| Uuid::new_v4()).collect();
     // fleetcoord refuses requests over etcd's default limit, so the big
     // transactions go through etcd-client directly.
@@ -242,7 +247,7 @@ fn a_single_watch_response_over_the_message_limit_is_delivered() {
     assert!(watch.recv_timeout(Duration::from_millis(500)).is_err());
     assert_eq!(
         watch_streams_opened(&server.endpoint()),
-        opened_before,
+        2,
         "a watch stream was opened again"
     );
 }

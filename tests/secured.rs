@@ -236,12 +236,15 @@ fn a_prefix_limited_user_can_do_everything_under_its_prefix() {
         .expect_err("register without the grant");
     assert!(is_denied(&e), "{e:?}");
     // The watcher's events end (its documented way of giving up) instead
-    // of waiting forever; list_hosts says why.
+    // of waiting forever, and it says why; so does list_hosts.
     let watcher = HostWatcher::watch(&denied).expect("watcher starts");
     assert_eq!(
         watcher.events().recv_timeout(WAIT),
         Err(crossbeam_channel::RecvTimeoutError::Disconnected)
     );
+    let e = watcher.stop_reason().expect("the reason the events ended");
+    assert!(is_denied(&e), "{e:?}");
+    assert!(e.to_string().contains("/coord/hosts/"), "{e}");
     let e = list_hosts(&denied, DEFAULT_HOSTS_PREFIX).expect_err("list without the grant");
     assert!(is_denied(&e), "{e:?}");
     let e = Election::new(&denied, "secured")

@@ -154,7 +154,10 @@ pub fn watch(ctx: &Ctx, args: WatchArgs, shutdown: &Receiver<()>) -> Result<(), 
     );
     // The watch ended (or the command stops): no longer a live view.
     ctx.health.set(false);
-    result
+    match (result, watcher.stop_reason()) {
+        (Err(CliError::Message(_)), Some(reason)) => Err(reason.into()),
+        (result, _) => result,
+    }
 }
 
 fn state_record(host: Uuid, state: &LivenessState) -> (String, Value) {

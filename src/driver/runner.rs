@@ -351,7 +351,7 @@ fn start_rpc(
 /// refused for an expired token is opened again once after logging in
 /// again, since etcd-client's token refresh never sees it (ETCD-NOTES).
 async fn watch(
-    mut client: ec::Client,
+    client: ec::Client,
     id: RpcId,
     range: KeyRange,
     start_revision: i64,
