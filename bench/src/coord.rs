@@ -1,11 +1,13 @@
 //! Coordinator delivery on every backend: publish → deliver, kv_set →
-//! watch event, append → read. On etcd each is anchored by a raw
-//! etcd-client put → watch event, interleaved. The memory backend has no
-//! network to anchor against; Redis (a standalone server and a 3-master
-//! cluster) and NATS JetStream (one nats-server), started here, have no
-//! raw anchor yet.
+//! watch event, append → read, each interleaved with its backend's raw
+//! anchor: etcd-client put → watch event on etcd, redis-rs PUBLISH →
+//! SUBSCRIBE on Redis (a standalone server and a 3-master cluster, started
+//! here), async-nats publish → subscriber on NATS (one nats-server with
+//! JetStream, started here). The memory backend has no network to anchor
+//! against.
 
 use crate::raw::{Raw, RawEvent};
+use crate::raw_bus::{self, Anchor};
 use crate::report::{latency_row, Row, Side};
 use crate::stats::interleave;
 use crate::{Config, Res};
@@ -24,7 +26,8 @@ const WAIT: Duration = Duration::from_secs(10);
 struct Backend {
     name: &'static str,
     coord: Box<dyn Coordinator>,
-    anchored: bool,
+    /// The raw anchor and what it measures; none for memory.
+    anchor: Option<(&'static str, Anchor)>,
     _keep: Vec<Box<dyn std::any::Any>>,
 }
 
@@ -35,13 +38,13 @@ fn backends(cfg: &Config) -> Res<Vec<Backend>> {
         Backend {
             name: "etcd",
             coord,
-            anchored: true,
+            anchor: Some(("etcd-client put → watch event", etcd_anchor(cfg)?)),
             _keep: vec![Box::new(etcd)],
         },
         Backend {
             name: "memory",
             coord: Box::new(MemoryCoordinator::new()),
-            anchored: false,
+            anchor: None,
             _keep: Vec::new(),
         },
         redis_standalone()?,
@@ -55,7 +58,10 @@ fn nats() -> Res<Backend> {
     Ok(Backend {
         name: "nats jetstream",
         coord: Box::new(NatsCoordinator::connect(&server.url())?),
-        anchored: false,
+        anchor: Some((
+            "async-nats publish → subscriber",
+            raw_bus::nats(&server.url())?,
+        )),
         _keep: vec![Box::new(server)],
     })
 }
@@ -65,7 +71,10 @@ fn redis_standalone() -> Res<Backend> {
     Ok(Backend {
         name: "redis",
         coord: Box::new(RedisCoordinator::connect(&server.url())?),
-        anchored: false,
+        anchor: Some((
+            "redis-rs PUBLISH → SUBSCRIBE",
+            raw_bus::redis(&server.url())?,
+        )),
         _keep: vec![Box::new(server)],
     })
 }
@@ -75,17 +84,20 @@ fn redis_cluster() -> Res<Backend> {
     Ok(Backend {
         name: "redis cluster (3 masters)",
         coord: Box::new(RedisCoordinator::connect(&cluster.urls())?),
-        anchored: false,
+        anchor: Some((
+            "redis-rs PUBLISH → SUBSCRIBE, one node",
+            raw_bus::redis(&cluster.node(0).url())?,
+        )),
         _keep: vec![Box::new(cluster)],
     })
 }
 
-pub fn run(cfg: &Config) -> Res<Vec<Row>> {
-    let n = cfg.samples(1000, 20);
+/// etcd-client put → watch event on a prefix of its own.
+fn etcd_anchor(cfg: &Config) -> Res<Anchor> {
     let raw = Raw::connect(&cfg.endpoint)?;
     let raw_events = raw.watch_prefix("/bench/coord-raw/")?;
     let mut seq = 0u64;
-    let mut anchor = |_: usize| -> Res<Duration> {
+    Ok(Box::new(move |_| {
         seq += 1;
         let key = b"/bench/coord-raw/k".to_vec();
         let mut c = raw.client();
@@ -93,9 +105,13 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
         raw.block_on(c.put(key.clone(), seq.to_string(), None))?;
         crate::liveness::wait_raw(&raw_events, &RawEvent::Put(key))?;
         Ok(t.elapsed())
-    };
+    }))
+}
+
+pub fn run(cfg: &Config) -> Res<Vec<Row>> {
+    let n = cfg.samples(1000, 20);
     let mut rows = Vec::new();
-    for b in backends(cfg)? {
+    for mut b in backends(cfg)? {
         let c = b.coord.as_ref();
         let probes: [(&str, Probe); 3] = [
             ("publish → deliver", pubsub(c)?),
@@ -104,15 +120,9 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
         ];
         for (op, mut probe) in probes {
             let figure = format!("coordinator {}: {op}", b.name);
-            if b.anchored {
-                let (ours, theirs) = interleave(n, &mut probe, &mut anchor)?;
-                rows.push(latency_row(
-                    &figure,
-                    op,
-                    &ours,
-                    "etcd-client put → watch event",
-                    &theirs,
-                )?);
+            if let Some((what, anchor)) = b.anchor.as_mut() {
+                let (ours, theirs) = interleave(n, &mut probe, anchor)?;
+                rows.push(latency_row(&figure, op, &ours, what, &theirs)?);
             } else {
                 let samples = (0..n).map(&mut probe).collect::<Res<Vec<_>>>()?;
                 let side =

@@ -22,6 +22,7 @@ mod liveness;
 mod pool;
 mod process;
 mod raw;
+mod raw_bus;
 mod report;
 mod stats;
 mod watch;
