@@ -201,7 +201,7 @@ fn a_single_watch_response_over_the_message_limit_is_delivered() {
 
     // The live watch may open just after `Synced`: wait for both.
     let deadline = Instant::now() + WAIT;
-    while watch_streams_opened(&server.endpoint()) < 2 {
+    while common::etcd_calls(&server.endpoint(), "Watch") < 2 {
         assert!(Instant::now() < deadline, "the two watches never opened");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -246,28 +246,10 @@ fn a_single_watch_response_over_the_message_limit_is_delivered() {
         .is_err());
     assert!(watch.recv_timeout(Duration::from_millis(500)).is_err());
     assert_eq!(
-        watch_streams_opened(&server.endpoint()),
+        common::etcd_calls(&server.endpoint(), "Watch"),
         2,
         "a watch stream was opened again"
     );
-}
-
-/// How many Watch streams etcd has seen opened (its gRPC server counter).
-fn watch_streams_opened(endpoint: &str) -> u64 {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(endpoint).expect("metrics connect");
-    s.set_read_timeout(Some(WAIT)).expect("timeout");
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
-        .expect("metrics request");
-    let mut text = String::new();
-    s.read_to_string(&mut text).expect("metrics answer");
-    text.lines()
-        .find(|l| {
-            l.starts_with("grpc_server_started_total{") && l.contains(r#"grpc_method="Watch""#)
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no Watch counter in etcd's /metrics"))
 }
 
 /// Puts `kvs` in transactions of `per_txn` puts each, with etcd-client.

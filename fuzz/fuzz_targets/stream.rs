@@ -20,8 +20,8 @@
 //!   flight; `Contended { attempts }` never exceeds the configured attempts;
 //! * the appender answers appends in the order asked; while every reply was
 //!   truthful, entries are written in turn (`1, 2, 3…`) and an
-//!   `Appended { seq }` names the ledger entry holding that payload, with
-//!   IDs strictly increasing;
+//!   `Appended { seq, revision }` names the ledger entry holding that
+//!   payload and the revision that wrote it, with IDs strictly increasing;
 //! * the reader delivers strictly increasing IDs; while every reply was
 //!   truthful, each with the ledger's payload, skipping an ID only when the
 //!   entry came from a read at revision `R` and every skipped entry was
@@ -314,10 +314,11 @@ impl World {
     fn appender_notice(&mut self, notice: AppendNotice) {
         let payload = self.asked.pop_front().expect("an answer nobody asked for");
         match notice {
-            AppendNotice::Appended { seq } => {
+            AppendNotice::Appended { seq, revision } => {
                 if !self.store.tainted {
                     let written = self.store.ledger.get(&seq).expect("appended, not written");
                     assert_eq!(written.payload, payload, "Appended names another entry");
+                    assert_eq!(written.revision, revision, "Appended names another write");
                     assert!(seq > self.last_appended, "ids not increasing");
                 }
                 self.last_appended = seq;

@@ -12,12 +12,13 @@ use crate::error::{Error, EtcdErrorKind, Result};
 use crate::etcd::{Etcd, EtcdOptions};
 use crate::validate;
 use fleetcoord_sm::stream::{
-    Append, AppendConfig, AppendInput, AppendNotice, ReadFrom, Reader, ReaderConfig, ReaderNotice,
-    StreamError, StreamKeys,
+    Append, AppendConfig, AppendInput, AppendNotice, Head, ReadFrom, Reader, ReaderConfig,
+    ReaderNotice, StreamError, StreamKeys,
 };
 use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchNotice, DEFAULT_PAGE_SIZE};
 use fleetcoord_sm::{BackoffConfig, KeyRange, Machine, RangeRequest, Request, Response};
 use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -128,7 +129,17 @@ pub struct EtcdCoordinator {
     closed: AtomicBool,
     /// The machines behind open feeds, kept so that `close` can stop them.
     feeds: Mutex<Vec<Arc<dyn StopHandle>>>,
+    /// The head each stream had after this coordinator's last append to
+    /// it, so the next append writes at once instead of reading the head
+    /// first (one round trip instead of two; a stale head costs the read
+    /// it saved, never correctness: the write is guarded on it).
+    heads: Mutex<HashMap<String, Head>>,
 }
+
+/// Streams whose head [`EtcdCoordinator`] remembers; past it the memory is
+/// dropped (a coordinator appending to ever new streams must not grow
+/// without bound), costing each stream one head read.
+const REMEMBERED_HEADS: usize = 1024;
 
 impl std::fmt::Debug for EtcdCoordinator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -174,6 +185,7 @@ impl EtcdCoordinator {
             feed_capacity: options.feed_capacity,
             closed: AtomicBool::new(false),
             feeds: Mutex::new(Vec::new()),
+            heads: Mutex::new(HashMap::new()),
         })
     }
 
@@ -367,6 +379,7 @@ impl Coordinator for EtcdCoordinator {
         check_payload("payload", payload)?;
         let config = AppendConfig {
             max_len: self.stream_max_len.and_then(NonZeroU64::new),
+            head: self.heads.lock().get(stream).copied(),
             ..AppendConfig::new(self.stream_keys(stream))
         };
         let wait = append_wait(&config, self.etcd.options().request_timeout);
@@ -385,7 +398,23 @@ impl Coordinator for EtcdCoordinator {
             }),
         )?;
         match done_rx.recv_timeout(wait) {
-            Ok(AppendNotice::Appended { seq }) => Ok(StreamId(seq)),
+            Ok(AppendNotice::Appended { seq, revision }) => {
+                let mut heads = self.heads.lock();
+                if heads.len() >= REMEMBERED_HEADS && !heads.contains_key(stream) {
+                    heads.clear();
+                }
+                let head = Head {
+                    seq,
+                    mod_revision: revision,
+                };
+                // Concurrent appends on this handle finish in any order:
+                // keep the newest head.
+                let newest = heads.entry(stream.to_string()).or_insert(head);
+                if newest.mod_revision < revision {
+                    *newest = head;
+                }
+                Ok(StreamId(seq))
+            }
             Ok(AppendNotice::Failed(e)) => Err(stream_error(stream, e)),
             Ok(other) => Err(Error::etcd(
                 EtcdErrorKind::Unexpected,

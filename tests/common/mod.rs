@@ -160,3 +160,24 @@ impl EtcdctlChild {
         }
     }
 }
+
+/// How many calls of gRPC `method` (`"Range"`, `"Txn"`, `"Watch"`, …)
+/// etcd at `endpoint` has started since it began, from its own
+/// `grpc_server_started_total` counter on `/metrics`: what a client really
+/// sent, whatever the client says.
+pub fn etcd_calls(endpoint: &str, method: &str) -> u64 {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(endpoint).expect("metrics connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .expect("timeout");
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+        .expect("metrics request");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("metrics answer");
+    let label = format!("grpc_method=\"{method}\"");
+    // Absent until the first call of that method.
+    text.lines()
+        .filter(|l| l.starts_with("grpc_server_started_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}

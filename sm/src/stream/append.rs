@@ -1,11 +1,11 @@
 //! The append machine: head-guarded transactions, retried with backoff.
 
 use super::requests;
-use super::{StreamError, StreamKeys};
+use super::{Head, StreamError, StreamKeys};
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::clock::Clock;
 use crate::outbox::Outbox;
-use crate::rpc::{Command, Response, RpcError, RpcId, RpcReply};
+use crate::rpc::{Command, Response, Revision, RpcError, RpcId, RpcReply};
 use crate::timer::TimerTable;
 use crate::Machine;
 use std::collections::VecDeque;
@@ -30,6 +30,15 @@ pub struct AppendConfig {
     /// [`StreamError::Contended`]. With each request bounded by the driver,
     /// this bounds how long one append takes, however slow etcd answers.
     pub patience: Duration,
+    /// The head as an earlier append left it ([`AppendNotice::Appended`]
+    /// says which), if the caller kept it. The first attempt then trusts it
+    /// and skips the head read: one round trip while it is current. A stale
+    /// one costs a failed transaction, whose answer carries the current
+    /// head, so never more round trips than reading first. `None` reads the
+    /// head first. It must be a head etcd showed, as a pair: the guard
+    /// compares only the mod revision, so a real revision with a made-up
+    /// `seq` would write the entry under the wrong ID.
+    pub head: Option<Head>,
 }
 
 impl AppendConfig {
@@ -58,6 +67,7 @@ impl AppendConfig {
             },
             max_attempts: 64,
             patience: Duration::from_secs(10),
+            head: None,
         }
     }
 }
@@ -91,6 +101,10 @@ pub enum AppendNotice {
     Appended {
         /// The ID.
         seq: u64,
+        /// The revision of the write, which is the head key's new mod
+        /// revision: `Head { seq, mod_revision: revision }` is the head this
+        /// append left, for the next machine's [`AppendConfig::head`].
+        revision: Revision,
     },
     /// The append failed; the error says whether anything may be written.
     Failed(StreamError),
@@ -98,7 +112,7 @@ pub enum AppendNotice {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Timer {
-    /// Backoff after a lost race, before reading the head again.
+    /// Backoff after a lost race, before trying again.
     Retry,
 }
 
@@ -136,6 +150,13 @@ pub struct Append {
     lost: u32,
     /// When the running append began.
     started: Instant,
+    /// The head as of the last answer that showed it (a read, our own
+    /// write, or a lost race's failure branch); the next attempt is guarded
+    /// on it without reading first. `None`: read before writing.
+    head: Option<Head>,
+    /// The running attempt is guarded on a head known from before this
+    /// append began: its failure is news about the head, not a lost race.
+    on_old_head: bool,
     phase: Phase,
     clock: Clock,
 }
@@ -155,6 +176,8 @@ impl Append {
             pending: VecDeque::new(),
             lost: 0,
             started: now,
+            head: config.head,
+            on_old_head: false,
             phase: Phase::Idle,
             clock: Clock::new(now),
         }
@@ -175,12 +198,31 @@ impl Append {
         // Each append has its own schedule: an earlier append's lost races
         // say nothing about the contention now.
         self.backoff.reset();
-        self.read_head();
+        self.on_old_head = self.head.is_some();
+        self.attempt();
     }
 
-    fn read_head(&mut self) {
-        let id = self.outbox.rpc(requests::read_head(&self.keys));
-        self.phase = Phase::ReadingHead(id);
+    /// Write on the head we know, or read it first if we know none.
+    fn attempt(&mut self) {
+        match self.head {
+            Some(head) => self.commit(head),
+            None => {
+                let id = self.outbox.rpc(requests::read_head(&self.keys));
+                self.phase = Phase::ReadingHead(id);
+            }
+        }
+    }
+
+    /// Send the transaction guarded on `head`.
+    fn commit(&mut self, head: Head) {
+        let payload = self.pending.front().map(Vec::as_slice).unwrap_or_default();
+        match requests::append(&self.keys, head, payload, self.max_len) {
+            Ok((seq, request)) => {
+                let id = self.outbox.rpc(request);
+                self.phase = Phase::Committing { id, seq };
+            }
+            Err(e) => self.finish(AppendNotice::Failed(e)),
+        }
     }
 
     /// Answer the running append and move on to the next.
@@ -202,14 +244,10 @@ impl Append {
             // Nothing was written; the caller decides whether to try again.
             Err(e) => return self.finish(AppendNotice::Failed(StreamError::Rpc(e))),
         };
-        let txn = requests::parse_head(&self.keys, &kvs).and_then(|head| {
-            let payload = self.pending.front().map(Vec::as_slice).unwrap_or_default();
-            requests::append(&self.keys, head, payload, self.max_len)
-        });
-        match txn {
-            Ok((seq, request)) => {
-                let id = self.outbox.rpc(request);
-                self.phase = Phase::Committing { id, seq };
+        match requests::parse_head(&self.keys, &kvs) {
+            Ok(head) => {
+                self.head = Some(head);
+                self.commit(head);
             }
             Err(e) => self.finish(AppendNotice::Failed(e)),
         }
@@ -218,16 +256,45 @@ impl Append {
     fn on_commit(&mut self, now: Instant, seq: u64, result: Result<Response, RpcError>) {
         match result {
             Ok(Response::Txn {
-                succeeded: true, ..
-            }) => self.finish(AppendNotice::Appended { seq }),
+                succeeded: true,
+                revision,
+                ..
+            }) => {
+                // The transaction wrote the head: its mod revision is the
+                // write's revision.
+                self.head = Some(Head {
+                    seq,
+                    mod_revision: revision,
+                });
+                self.finish(AppendNotice::Appended { seq, revision })
+            }
             Ok(Response::Txn {
-                succeeded: false, ..
-            }) => self.lost_race(now),
+                succeeded: false,
+                responses,
+                ..
+            }) => match requests::head_of_failed_append(&self.keys, responses) {
+                Ok(head) => {
+                    self.head = head;
+                    if std::mem::take(&mut self.on_old_head) {
+                        // Someone appended since that head was seen; the
+                        // answer shows the current one: try it at once.
+                        return self.attempt();
+                    }
+                    self.lost_race(now)
+                }
+                Err(e) => self.finish(AppendNotice::Failed(e)),
+            },
             // etcd refused the transaction: it was not applied.
-            Err(e) if e.is_refusal() => self.finish(AppendNotice::Failed(StreamError::Rpc(e))),
+            Err(e) if e.is_refusal() => {
+                self.head = None;
+                self.finish(AppendNotice::Failed(StreamError::Rpc(e)))
+            }
             // Anything else may have been applied; retrying could write the
-            // payload twice.
-            Err(e) => self.finish(AppendNotice::Failed(StreamError::Indeterminate(e))),
+            // payload twice. Whether the head moved is unknown too.
+            Err(e) => {
+                self.head = None;
+                self.finish(AppendNotice::Failed(StreamError::Indeterminate(e)))
+            }
             Ok(other) => self.finish(AppendNotice::Failed(StreamError::Unexpected(format!(
                 "{other:?} to an append transaction"
             )))),
@@ -249,7 +316,7 @@ impl Append {
             return self.finish(AppendNotice::Failed(StreamError::Contended { attempts }));
         }
         if delay.is_zero() {
-            return self.read_head();
+            return self.attempt();
         }
         self.timers.set(Timer::Retry, retry_at);
         self.phase = Phase::Waiting;
@@ -321,7 +388,7 @@ impl Machine for Append {
             match timer {
                 Timer::Retry => {
                     if self.phase == Phase::Waiting {
-                        self.read_head();
+                        self.attempt();
                     }
                 }
             }

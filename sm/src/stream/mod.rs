@@ -19,10 +19,13 @@
 //! One transaction per attempt, guarded on the head key's mod revision: if
 //! the head is still the one just read, bump it to `seq + 1`, write the
 //! entry, and (with a maximum length `n`) delete entry `seq + 1 - n`, the
-//! one that falls out. Of two appenders that read the same head, exactly one
-//! wins; the loser waits a jittered, capped backoff, reads the head again
-//! and retries, a bounded number of times, then fails with
-//! [`StreamError::Contended`]. Waiting is a timer the driver sleeps on
+//! one that falls out; if not, read the head instead. Of two appenders that
+//! read the same head, exactly one wins; the loser's answer carries the
+//! head it lost to, so it waits a jittered, capped backoff and retries on
+//! that head without reading again, a bounded number of times, then fails
+//! with [`StreamError::Contended`]. An append given the head an earlier one
+//! left ([`AppendConfig::head`]) skips the first read too: one round trip
+//! per append for a writer that appends in turn. Waiting is a timer the driver sleeps on
 //! ([`crate::Machine::poll_timeout`]); the machine never blocks.
 //!
 //! A transaction whose reply is lost may or may not have been applied, and

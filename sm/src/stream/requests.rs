@@ -73,8 +73,9 @@ pub fn parse_head(keys: &StreamKeys, kvs: &[KeyValue]) -> Result<Head, StreamErr
 
 /// The append transaction after `head`: if the head key's mod revision is
 /// still `head.mod_revision`, set the head to the next sequence number,
-/// write the entry, and with `max_len` delete the entry that falls out.
-/// Returns the sequence number the entry gets if the guard holds.
+/// write the entry, and with `max_len` delete the entry that falls out;
+/// otherwise read the head. Returns the sequence number the entry gets if
+/// the guard holds.
 ///
 /// The guard is on the mod revision, not the value: a head rewritten with
 /// the same value by someone else still changes its mod revision, so no two
@@ -110,9 +111,27 @@ pub fn append(
             revision: head.mod_revision,
         }],
         success,
-        failure: vec![],
+        // A lost race reads the head it lost to, so the next attempt needs
+        // no read of its own ([`head_of_failed_append`]).
+        failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(
+            keys.head().to_vec(),
+        )))],
     };
     Ok((seq, Request::Txn(txn)))
+}
+
+/// The current head from the answer of an [`append`] whose guard failed:
+/// its failure branch read the head key. `Ok(None)` when the answer does
+/// not carry that read (the next attempt then reads the head first); a
+/// head value that is not a sequence number is [`StreamError::BadHead`].
+pub fn head_of_failed_append(
+    keys: &StreamKeys,
+    responses: Vec<TxnOpResponse>,
+) -> Result<Option<Head>, StreamError> {
+    match responses.into_iter().next() {
+        Some(TxnOpResponse::Range { kvs }) => parse_head(keys, &kvs).map(Some),
+        _ => Ok(None),
+    }
 }
 
 /// The two key lists of a [`read_head_and_entries`] answer: `(head, entries)`.

@@ -2,8 +2,10 @@
 //! readers share one stream, each in its own harness, under random append
 //! schedules and faults (failed requests, lost replies, dropped watches,
 //! compactions, etcd pauses, stalled consumers, readers restarted after
-//! their last entry, appenders stopped mid-append, junk keys under the
-//! entry prefix). Half the seeds trim the stream to a few entries.
+//! their last entry, appenders stopped mid-append and replaced by one given
+//! the head their last append left, often stale by then, as
+//! `EtcdCoordinator` does; junk keys under the entry prefix). Half the
+//! seeds trim the stream to a few entries.
 //!
 //! The ground truth is the *ledger*: every entry ever written, read from the
 //! model's history after every step (and before every compaction), with the
@@ -14,8 +16,8 @@
 //!   payload at most once (no append is ever applied twice), and the head
 //!   key says `n`; with `max_len` etcd retains exactly the newest
 //!   `max_len` entries, without it all of them;
-//! * every `Appended { seq }` names the ledger entry holding that
-//!   appender's payload; appenders are answered in the order asked, with
+//! * every `Appended { seq, revision }` names the ledger entry holding that
+//!   appender's payload and the revision that wrote it; appenders are answered in the order asked, with
 //!   strictly increasing IDs; a payload whose append failed with anything
 //!   but `Indeterminate` never appears in the ledger, now or later; no
 //!   transaction is ever sent again for a payload whose transaction failed
@@ -35,7 +37,7 @@
 //! every reader exactly once, in order, unless trimmed before it could be.
 
 use fleetcoord_sm::stream::{
-    Append, AppendConfig, AppendInput, AppendNotice, Entry, ReadFrom, Reader, ReaderConfig,
+    Append, AppendConfig, AppendInput, AppendNotice, Entry, Head, ReadFrom, Reader, ReaderConfig,
     ReaderInput, ReaderNotice, StreamError, StreamKeys,
 };
 use fleetcoord_sm::{
@@ -318,6 +320,8 @@ struct AppenderSeat {
     /// Payloads asked for and not answered, in order.
     asked: VecDeque<Vec<u8>>,
     last_seq: u64,
+    /// The head this seat's last append left, for its next incarnation.
+    last_head: Option<Head>,
     stopping: bool,
     generation: u64,
 }
@@ -533,10 +537,10 @@ impl World {
                 .pop_front()
                 .unwrap_or_else(|| panic!("seed {seed}: appender {i} answered unasked"));
             match notice {
-                AppendNotice::Appended { seq } => {
+                AppendNotice::Appended { seq, revision } => {
                     let written = self.ledger.get(seq);
                     assert!(
-                        written.is_some_and(|w| w.payload == payload),
+                        written.is_some_and(|w| w.payload == payload && w.revision == revision),
                         "seed {seed}: appender {i} got id {seq} for {:?}, ledger has {:?}",
                         String::from_utf8_lossy(&payload),
                         written.map(|w| String::from_utf8_lossy(&w.payload).to_string())
@@ -546,6 +550,10 @@ impl World {
                         "seed {seed}: appender {i} ids not increasing"
                     );
                     seat.last_seq = seq;
+                    seat.last_head = Some(Head {
+                        seq,
+                        mod_revision: revision,
+                    });
                     assert!(
                         self.reported.insert(seq),
                         "seed {seed}: id {seq} reported twice"
@@ -725,7 +733,11 @@ impl World {
                 let generation = self.appenders[i].generation + 1;
                 let seed = self.sub_seed(1, i, generation);
                 let seat = &mut self.appenders[i];
-                seat.h = new_appender(&self.append, now, seed);
+                let config = AppendConfig {
+                    head: seat.last_head,
+                    ..self.append.clone()
+                };
+                seat.h = new_appender(&config, now, seed);
                 seat.stopping = false;
                 seat.last_seq = 0;
                 seat.generation = generation;
@@ -842,6 +854,7 @@ fn run_seed(seed: u64, stats: &mut Stats) {
             h,
             asked: VecDeque::new(),
             last_seq: 0,
+            last_head: None,
             stopping: false,
             generation: 0,
         });
@@ -952,7 +965,8 @@ fn appenders_and_readers_agree_on_every_entry_under_faults_over_many_seeds() {
 }
 
 /// Two appenders reading the same head race; the loser backs off and
-/// retries, and with a quiet etcd both land, in some order, as 1 and 2.
+/// retries on the head its failure showed, and with a quiet etcd both
+/// land, in some order, as 1 and 2.
 #[test]
 fn a_race_for_the_head_has_one_winner_and_the_loser_retries() {
     let t0 = Instant::now();
@@ -976,7 +990,7 @@ fn a_race_for_the_head_has_one_winner_and_the_loser_retries() {
         .concat()
         .into_iter()
         .map(|(_, n)| match n {
-            AppendNotice::Appended { seq } => seq,
+            AppendNotice::Appended { seq, .. } => seq,
             other => panic!("{other:?}"),
         })
         .collect();
@@ -984,7 +998,8 @@ fn a_race_for_the_head_has_one_winner_and_the_loser_retries() {
     assert_eq!(ids, [1, 2]);
     assert_eq!(
         a.requests_sent + b.requests_sent,
-        6,
-        "a read and a txn each, plus the loser's re-read and txn"
+        5,
+        "a read and a txn each, plus the loser's second txn (its failed one \
+         read the winner's head)"
     );
 }

@@ -1,5 +1,6 @@
 //! Exact command sequences of the stream machines: the append's guarded
-//! transaction, backoff and failure outcomes; the reader's first read per
+//! transaction, the head it keeps (so only the first append reads it),
+//! backoff and failure outcomes; the reader's first read per
 //! position, delivery rule, re-reads and stop.
 
 use crate::support::{delete_event, drain, put_event};
@@ -89,6 +90,18 @@ fn txn(succeeded: bool) -> Response {
     }
 }
 
+/// A lost race's answer: the failure branch read the head `seq` written
+/// at `mod_revision`.
+fn lost_to(seq: &str, mod_revision: Revision) -> Response {
+    Response::Txn {
+        revision: mod_revision,
+        succeeded: false,
+        responses: vec![TxnOpResponse::Range {
+            kvs: vec![head(seq, mod_revision)],
+        }],
+    }
+}
+
 fn rpc<N>(id: u64, request: Request) -> Command<N> {
     Command::Rpc {
         id: RpcId(id),
@@ -139,13 +152,16 @@ fn append_cmd(
                 revision: guard,
             }],
             success,
-            failure: vec![],
+            failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(
+                b"/c/stream/s/head".to_vec(),
+            )))],
         }),
     )
 }
 
+/// Appended by a transaction answered with [`txn`]`(true)` (revision 50).
 fn appended(seq: u64) -> Command<AppendNotice> {
-    Command::Notify(AppendNotice::Appended { seq })
+    Command::Notify(AppendNotice::Appended { seq, revision: 50 })
 }
 
 fn failed(error: StreamError) -> Command<AppendNotice> {
@@ -170,13 +186,13 @@ fn the_first_append_guards_on_the_absent_head_and_writes_entry_one() {
 #[test]
 fn trimming_deletes_exactly_the_entry_that_falls_out() {
     let t0 = start();
-    let mut a = Append::new(append_config(Some(3), 5), t0, 1);
     // seq 3 with max 3: nothing falls out yet; seq 4: entry 1 does.
     for (at, guard, seq, trim) in [
         ("2", 7, 3, None),
         ("3", 8, 4, Some(1)),
         ("9", 20, 10, Some(7)),
     ] {
+        let mut a = Append::new(append_config(Some(3), 5), t0, 1);
         a.handle(t0, AppendInput::Append(b"p".to_vec()));
         let read = drain(&mut a);
         let Some(Command::Rpc { id, .. }) = read.first() else {
@@ -194,7 +210,7 @@ fn trimming_deletes_exactly_the_entry_that_falls_out() {
 }
 
 #[test]
-fn a_lost_race_waits_the_backoff_then_reads_the_head_again() {
+fn a_lost_race_waits_the_backoff_then_retries_on_the_head_it_lost_to() {
     let t0 = start();
     let mut a = Append::new(append_config(None, 5), t0, 1);
     a.handle(t0, AppendInput::Append(b"x".to_vec()));
@@ -203,18 +219,115 @@ fn a_lost_race_waits_the_backoff_then_reads_the_head_again() {
         drain(&mut a),
         vec![read_head_cmd(0), append_cmd(1, 4, 4, "x", None)]
     );
-    a.handle(t0 + MS, ok(1, txn(false)));
+    a.handle(t0 + MS, ok(1, lost_to("5", 6)));
     assert!(drain(&mut a).is_empty(), "no busy retry");
     assert_eq!(a.poll_timeout(), Some(t0 + 11 * MS));
     a.handle_timeout(t0 + 10 * MS);
     assert!(drain(&mut a).is_empty(), "early timeouts do nothing");
     a.handle_timeout(t0 + 11 * MS);
-    assert_eq!(drain(&mut a), vec![read_head_cmd(2)]);
+    assert_eq!(
+        drain(&mut a),
+        vec![append_cmd(2, 6, 6, "x", None)],
+        "no read: the answer showed the head"
+    );
     assert_eq!(a.poll_timeout(), None);
-    a.handle(t0 + 12 * MS, ok(2, range(6, vec![head("5", 6)])));
-    assert_eq!(drain(&mut a), vec![append_cmd(3, 6, 6, "x", None)]);
-    a.handle(t0 + 13 * MS, ok(3, txn(true)));
+    a.handle(t0 + 13 * MS, ok(2, txn(true)));
     assert_eq!(drain(&mut a), vec![appended(6)]);
+}
+
+#[test]
+fn a_lost_race_whose_answer_lacks_the_head_reads_it_after_the_backoff() {
+    let t0 = start();
+    let mut a = Append::new(append_config(None, 5), t0, 1);
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    a.handle(t0, ok(0, range(4, vec![head("3", 4)])));
+    a.handle(t0 + MS, ok(1, txn(false)));
+    a.handle_timeout(t0 + 11 * MS);
+    a.handle(t0 + 12 * MS, ok(2, range(6, vec![head("5", 6)])));
+    a.handle(t0 + 13 * MS, ok(3, txn(true)));
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            read_head_cmd(0),
+            append_cmd(1, 4, 4, "x", None),
+            read_head_cmd(2),
+            append_cmd(3, 6, 6, "x", None),
+            appended(6)
+        ]
+    );
+}
+
+#[test]
+fn a_given_head_saves_the_read_and_a_stale_one_costs_one_attempt_without_backoff() {
+    let t0 = start();
+    let given = |seq, mod_revision| AppendConfig {
+        head: Some(Head { seq, mod_revision }),
+        ..append_config(None, 5)
+    };
+    // Current: one round trip.
+    let mut a = Append::new(given(5, 6), t0, 1);
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    a.handle(t0, ok(0, txn(true)));
+    assert_eq!(
+        drain(&mut a),
+        vec![append_cmd(0, 6, 6, "x", None), appended(6)]
+    );
+    // Stale: the failure shows the head, the retry goes at once and the
+    // failure is not counted as a lost race.
+    let mut a = Append::new(
+        AppendConfig {
+            max_attempts: 1,
+            ..given(5, 6)
+        },
+        t0,
+        1,
+    );
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    a.handle(t0, ok(0, lost_to("9", 12)));
+    assert_eq!(a.poll_timeout(), None, "no backoff");
+    a.handle(t0, ok(1, txn(true)));
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            append_cmd(0, 6, 6, "x", None),
+            append_cmd(1, 12, 10, "x", None),
+            appended(10)
+        ]
+    );
+    // A real race after that is one: with one attempt allowed, contended.
+    let mut a = Append::new(
+        AppendConfig {
+            max_attempts: 1,
+            ..given(5, 6)
+        },
+        t0,
+        1,
+    );
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    a.handle(t0, ok(0, lost_to("9", 12)));
+    a.handle(t0, ok(1, lost_to("10", 13)));
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            append_cmd(0, 6, 6, "x", None),
+            append_cmd(1, 12, 10, "x", None),
+            failed(StreamError::Contended { attempts: 1 })
+        ]
+    );
+    // A garbage head in the failure fails the append without writing.
+    let mut a = Append::new(given(5, 6), t0, 1);
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    a.handle(t0, ok(0, lost_to("x1", 12)));
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            append_cmd(0, 6, 6, "x", None),
+            failed(StreamError::BadHead {
+                value: b"x1".to_vec()
+            })
+        ]
+    );
+    assert_eq!(a.poll_timeout(), None);
 }
 
 #[test]
@@ -225,11 +338,17 @@ fn an_append_that_loses_every_race_is_contended_after_max_attempts() {
     drain(&mut a);
     let mut now = t0;
     let mut deadlines = Vec::new();
+    a.handle(now, ok(0, range(9, vec![head("8", 9)])));
     for attempt in 0..4u64 {
-        let (read, commit) = (2 * attempt, 2 * attempt + 1);
-        a.handle(now, ok(read, range(9, vec![head("8", 9)])));
-        assert_eq!(drain(&mut a), vec![append_cmd(commit, 9, 9, "x", None)]);
-        a.handle(now, ok(commit, txn(false)));
+        // Each lost race shows a newer head; the next attempt uses it.
+        let commit = attempt + 1;
+        let guard = 9 + attempt as Revision;
+        assert_eq!(
+            drain(&mut a),
+            vec![append_cmd(commit, guard, 9 + attempt, "x", None)]
+        );
+        let winner = (9 + attempt).to_string();
+        a.handle(now, ok(commit, lost_to(&winner, guard + 1)));
         if attempt == 3 {
             break;
         }
@@ -238,7 +357,6 @@ fn an_append_that_loses_every_race_is_contended_after_max_attempts() {
         deadlines.push(at - now);
         now = at;
         a.handle_timeout(now);
-        assert_eq!(drain(&mut a), vec![read_head_cmd(commit + 1)]);
     }
     assert_eq!(
         deadlines,
@@ -250,11 +368,11 @@ fn an_append_that_loses_every_race_is_contended_after_max_attempts() {
         vec![failed(StreamError::Contended { attempts: 4 })]
     );
     assert_eq!(a.poll_timeout(), None);
-    // The next append starts a fresh schedule.
+    // The next append starts a fresh schedule, on the head last shown.
     a.handle(now, AppendInput::Append(b"y".to_vec()));
-    assert_eq!(drain(&mut a), vec![read_head_cmd(8)]);
-    a.handle(now, ok(8, range(9, vec![head("8", 9)])));
-    a.handle(now, ok(9, txn(false)));
+    assert_eq!(drain(&mut a), vec![append_cmd(5, 13, 13, "y", None)]);
+    a.handle(now, ok(5, lost_to("13", 14)));
+    a.handle(now, ok(6, lost_to("14", 15)));
     assert_eq!(a.poll_timeout(), Some(now + 10 * MS));
 }
 
@@ -268,19 +386,17 @@ fn no_retry_starts_beyond_the_patience() {
     let mut a = Append::new(config, t0, 1);
     a.handle(t0, AppendInput::Append(b"x".to_vec()));
     a.handle(t0, ok(0, range(9, vec![head("8", 9)])));
-    a.handle(t0 + MS, ok(1, txn(false)));
+    a.handle(t0 + MS, ok(1, lost_to("9", 10)));
     assert_eq!(a.poll_timeout(), Some(t0 + 11 * MS), "within the patience");
     a.handle_timeout(t0 + 11 * MS);
-    a.handle(t0 + 11 * MS, ok(2, range(9, vec![head("8", 9)])));
     // The next retry would start at 12 + 20 ms, beyond 25 ms.
-    a.handle(t0 + 12 * MS, ok(3, txn(false)));
+    a.handle(t0 + 12 * MS, ok(2, lost_to("10", 11)));
     assert_eq!(
         drain(&mut a),
         vec![
             read_head_cmd(0),
             append_cmd(1, 9, 9, "x", None),
-            read_head_cmd(2),
-            append_cmd(3, 9, 9, "x", None),
+            append_cmd(2, 10, 10, "x", None),
             failed(StreamError::Contended { attempts: 2 })
         ]
     );
@@ -360,20 +476,17 @@ fn appends_run_one_at_a_time_and_are_answered_in_order() {
     assert_eq!(a.pending(), 2);
     a.handle(t0, ok(0, range(3, vec![])));
     a.handle(t0, ok(1, txn(true)));
+    // b needs no read: a's answer (revision 50) says where the head is.
     assert_eq!(
         drain(&mut a),
         vec![
             append_cmd(1, 0, 1, "a", None),
             appended(1),
-            read_head_cmd(2)
+            append_cmd(2, 50, 2, "b", None)
         ]
     );
-    a.handle(t0, ok(2, range(4, vec![head("1", 4)])));
-    a.handle(t0, ok(3, txn(true)));
-    assert_eq!(
-        drain(&mut a),
-        vec![append_cmd(3, 4, 2, "b", None), appended(2)]
-    );
+    a.handle(t0, ok(2, txn(true)));
+    assert_eq!(drain(&mut a), vec![appended(2)]);
 }
 
 #[test]
