@@ -1,6 +1,7 @@
 //! The `fleetcoord` binary against etcd with mutual TLS and auth, flags as
 //! etcdctl spells them (and its `ETCDCTL_*` variables); a failed login at
-//! `RUST_LOG=trace` prints no password and no key material.
+//! `RUST_LOG=trace` prints no password and no key material; a refused
+//! watch exits with etcd's reason.
 
 use fleetcoord::testing::{EtcdBuilder, EtcdServer};
 use std::process::{Command, Output, Stdio};
@@ -117,4 +118,22 @@ fn tls_and_auth_flags_and_no_secret_even_at_trace_level() {
     assert_eq!(no_cert.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("client certificate"), "{stderr}");
     assert_no_secret(&server, &no_cert);
+
+    // A watch the user may not make ends the command with etcd's reason,
+    // not a bare "the host watch ended".
+    server
+        .create_user("outsider", PASSWORD, Some("/elsewhere/"))
+        .expect("outsider");
+    let denied = cli(&server)
+        .args(["--user", &format!("outsider:{PASSWORD}"), "watch-hosts"])
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("spawn");
+    let stderr = text(&denied.stderr);
+    assert_eq!(denied.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("permission denied") && stderr.contains("/coord/hosts/"),
+        "{stderr}"
+    );
+    assert_no_secret(&server, &denied);
 }
