@@ -1,5 +1,6 @@
-//! Elections: handover on resign (in process, and `fleetcoord elect` vs
-//! `etcdctl elect` as processes), and a crashed leader's successor.
+//! Elections: an uncontested campaign, handover on resign (in process, and
+//! `fleetcoord elect` vs `etcdctl elect` as processes), and a crashed
+//! leader's successor.
 
 use crate::process::{self, Spawned};
 use crate::raw::{self, Raw};
@@ -54,6 +55,49 @@ fn raw_resign(raw: &Raw, leader: LeaderKey) -> Res<()> {
     let mut c = raw.client();
     raw.block_on(c.resign(Some(ResignOptions::new().with_leader(leader))))?;
     Ok(())
+}
+
+/// An uncontested campaign: from the call to its return, on a name nobody
+/// else campaigns on, with the session lease already granted on both
+/// sides. fleetcoord `Election::campaign` vs etcd-client's v3election
+/// `campaign`; each sample resigns afterwards, outside the timed part.
+pub fn campaign(cfg: &Config) -> Res<Vec<Row>> {
+    let n = cfg.samples(200, 5);
+    let options = ElectionOptions::default().with_ttl(Duration::from_secs(10));
+    let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let election = Election::with_options(&etcd, "bench-campaign", options)?;
+    let raw = Raw::connect(&cfg.endpoint)?;
+    let (lease, keeper) = raw_session(&raw, 10)?;
+    let raw_name = "/bench/raw-campaign";
+    // Not timed: the first campaign waits for the session's lease grant,
+    // which the raw side did in `raw_session`.
+    election.campaign(b"warm-up")?.resign()?;
+    let (ours, anchor) = interleave(
+        n,
+        |_| {
+            let t = Instant::now();
+            let leadership = election.campaign(b"me")?;
+            let d = t.elapsed();
+            leadership.resign()?;
+            Ok(d)
+        },
+        |_| {
+            let t = Instant::now();
+            let leader = raw_campaign(&raw, raw_name, "me", lease)?;
+            let d = t.elapsed();
+            raw_resign(&raw, leader)?;
+            Ok(d)
+        },
+    )?;
+    keeper.abort();
+    election.close()?;
+    Ok(vec![latency_row(
+        "uncontested campaign (in process)",
+        "Election::campaign returns",
+        &ours,
+        "v3election campaign returns",
+        &anchor,
+    )?])
 }
 
 /// Leader A resigns while B waits in `campaign`: from A's resign call to

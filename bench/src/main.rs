@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! fleetcoord-bench [--quick] [--pool-secs N] [--endpoints host:port] [FIGURE...]
-//! FIGURE: kv leave crash handover elect-cli failover watch pool liveness coord | all (default)
+//! FIGURE: kv leave crash campaign handover elect-cli failover watch pool liveness coord | all (default)
 //! ```
 //!
 //! `--quick` (or `BENCH_QUICK=1`) runs a few samples of every row in
@@ -55,10 +55,11 @@ impl Config {
 
 type Figure = fn(&Config) -> Res<Vec<Row>>;
 
-const FIGURES: [(&str, Figure); 10] = [
+const FIGURES: [(&str, Figure); 11] = [
     ("kv", kv::run),
     ("leave", liveness::leave),
     ("crash", liveness::crash),
+    ("campaign", election::campaign),
     ("handover", election::handover),
     ("elect-cli", election::elect_cli),
     ("failover", election::failover),
