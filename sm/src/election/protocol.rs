@@ -71,11 +71,15 @@ impl Session {
 #[derive(Clone, Debug)]
 enum Step {
     WaitSession,
+    /// Create my key and read who is ahead ([`requests::create`]).
     Create,
     FixValue,
+    /// Read who is ahead and my own key ([`requests::older_and_mine`]).
     FindOlder,
-    WatchOlder { key: Vec<u8>, from: Revision },
-    Verify,
+    WatchOlder {
+        key: Vec<u8>,
+        from: Revision,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -553,11 +557,10 @@ impl Protocol {
             Step::Create if c.try_only => {
                 requests::try_create(&self.prefix, &c.key, &c.value, c.lease)
             }
-            Step::Create => requests::create(&c.key, &c.value, c.lease),
+            Step::Create => requests::create(&self.prefix, &c.key, &c.value, c.lease),
             Step::FixValue => requests::guarded_put(&c.key, &c.value, c.lease, c.token),
-            Step::FindOlder => requests::newest_older(&self.prefix, c.token),
+            Step::FindOlder => requests::older_and_mine(&self.prefix, &c.key, c.token),
             Step::WatchOlder { key, from } => requests::watch_key(key, *from),
-            Step::Verify => requests::read_key(&c.key),
         };
         c.pending = Some(self.outbox.rpc(request));
         Op::Campaigning(c)
@@ -661,23 +664,33 @@ impl Protocol {
                 }
                 _ => self.retry_step(c),
             },
-            Step::FindOlder => match response {
-                Response::Range { revision, kvs } => {
-                    self.backoff.reset();
-                    let older = kvs
-                        .iter()
-                        .find(|kv| kv.create_revision < c.token && kv.key != c.key);
-                    c.step = match older {
-                        Some(kv) => Step::WatchOlder {
-                            key: kv.key.clone(),
-                            from: revision.saturating_add(1),
-                        },
-                        None => Step::Verify,
-                    };
-                    self.send_step(c)
+            Step::FindOlder => {
+                let Response::Txn {
+                    revision,
+                    responses,
+                    ..
+                } = response
+                else {
+                    return self.retry_step(c);
+                };
+                let (Some(older), Some(mine)) = (
+                    responses.first().and_then(kvs_of),
+                    responses.get(1).and_then(kvs_of),
+                ) else {
+                    return self.retry_step(c);
+                };
+                self.backoff.reset();
+                if !mine
+                    .iter()
+                    .any(|kv| kv.key == c.key && kv.create_revision == c.token)
+                {
+                    // Gone while we waited (etcd #19597): queue up again, never claim.
+                    c.token = 0;
+                    c.step = Step::Create;
+                    return self.send_step(c);
                 }
-                _ => self.retry_step(c),
-            },
+                self.wait_or_elect(c, revision, older)
+            }
             Step::WatchOlder { key, .. } => match response {
                 Response::WatchEvents { events } => {
                     if events
@@ -693,23 +706,6 @@ impl Protocol {
                 }
                 _ => self.restart_wait(c),
             },
-            Step::Verify => match response {
-                Response::Range { revision, kvs } => {
-                    self.backoff.reset();
-                    let mine = kvs
-                        .iter()
-                        .any(|kv| kv.key == c.key && kv.create_revision == c.token);
-                    if mine {
-                        self.elect(c, revision)
-                    } else {
-                        // Gone while we waited (etcd #19597): queue up again, never claim.
-                        c.token = 0;
-                        c.step = Step::Create;
-                        self.send_step(c)
-                    }
-                }
-                _ => self.retry_step(c),
-            },
         }
     }
 
@@ -721,6 +717,9 @@ impl Protocol {
         self.retry_step(c)
     }
 
+    /// The answer to [`requests::create`] / [`requests::try_create`]: my
+    /// key (created now, or found from an earlier attempt) and, in the same
+    /// revision, who is ahead of it.
     fn created(&mut self, mut c: Campaign, response: Response) -> Op {
         let Response::Txn {
             revision,
@@ -742,47 +741,69 @@ impl Protocol {
                 None => return self.retry_step(c),
             }
         };
-        c.token = match &existing {
+        let token = match &existing {
             Some(kv) => kv.create_revision,
             None => revision,
         };
-        if c.token <= 0 {
+        let Some(ahead) = responses.get(1).and_then(kvs_of) else {
+            return self.retry_step(c);
+        };
+        if token <= 0 {
             return self.retry_step(c);
         }
+        c.token = token;
         self.backoff.reset();
+        if succeeded && !c.try_only {
+            // The newest two at my create's revision: mine, then (if any)
+            // the one just ahead of me.
+            return self.wait_or_elect(c, revision, ahead);
+        }
+        // The first-created key, read in the revision my key was seen in.
+        let first = ahead.first().cloned();
+        let first_is_mine = first
+            .as_ref()
+            .is_some_and(|kv| kv.key == c.key && kv.create_revision == c.token);
+        if c.try_only && !first_is_mine {
+            let then = vec![ElectionNotice::NotElected {
+                op: c.op,
+                leader: first,
+            }];
+            return self.send_withdraw(Withdraw {
+                key: c.key,
+                token: Some(c.token),
+                pending: None,
+                then,
+            });
+        }
         let stale_value = existing.as_ref().is_some_and(|kv| kv.value != c.value);
-        if c.try_only {
-            let first = match responses.get(1).and_then(kvs_of) {
-                Some(kvs) => kvs.first().cloned(),
-                None => return self.retry_step(c),
-            };
-            let first_is_mine = first
-                .as_ref()
-                .is_some_and(|kv| kv.key == c.key && kv.create_revision == c.token);
-            if !first_is_mine {
-                let then = vec![ElectionNotice::NotElected {
-                    op: c.op,
-                    leader: first,
-                }];
-                return self.send_withdraw(Withdraw {
-                    key: c.key,
-                    token: Some(c.token),
-                    pending: None,
-                    then,
-                });
-            }
-            if !stale_value {
-                return self.elect(c, revision);
-            }
+        if stale_value {
             c.step = Step::FixValue;
             return self.send_step(c);
         }
-        c.step = if stale_value {
-            Step::FixValue
-        } else {
-            Step::FindOlder
-        };
+        if first_is_mine {
+            return self.elect(c, revision);
+        }
+        c.step = Step::FindOlder;
         self.send_step(c)
+    }
+
+    /// `older` is what a read at `revision` found among the keys created
+    /// before mine, my key existing at that revision: wait for the newest
+    /// of them to go, or lead if there is none.
+    fn wait_or_elect(&mut self, mut c: Campaign, revision: Revision, older: &[KeyValue]) -> Op {
+        let newest_older = older
+            .iter()
+            .find(|kv| kv.create_revision < c.token && kv.key != c.key);
+        match newest_older {
+            Some(kv) => {
+                c.step = Step::WatchOlder {
+                    key: kv.key.clone(),
+                    from: revision.saturating_add(1),
+                };
+                self.send_step(c)
+            }
+            None => self.elect(c, revision),
+        }
     }
 
     /// My key exists with my revision as of `revision` and nothing older

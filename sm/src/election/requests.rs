@@ -49,26 +49,53 @@ pub fn leader_query(prefix: &[u8]) -> Request {
     Request::Range(first_created_range(prefix))
 }
 
-/// Join the queue: create my key unless it exists, else read it back.
-pub(crate) fn create(key: &[u8], value: &[u8], lease: LeaseId) -> Request {
+/// Join the queue: create my key unless it exists, else read it back; in
+/// the same revision read who is ahead of me, so the answer alone says
+/// whether I lead and needs no separate verification. The ops of a txn see
+/// one revision and a range sees the txn's own earlier puts, so:
+/// * created: my key is the newest created at that revision, and the
+///   second key of the newest two (if any) is the one I wait for; none
+///   means nothing is older than my key, which exists: I lead.
+/// * already there (a retry after a lost answer): my key as it is, and the
+///   first-created key: if that is mine I lead.
+pub(crate) fn create(prefix: &[u8], key: &[u8], value: &[u8], lease: LeaseId) -> Request {
     Request::Txn(Txn {
         compare: vec![create_rev_is(key, 0)],
-        success: vec![put(key, value, lease)],
-        failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(key.to_vec())))],
+        success: vec![put(key, value, lease), TxnOp::Range(newest_two(prefix))],
+        failure: already_there(prefix, key),
     })
 }
 
-/// Like [`create`], and in the same revision read who is first in line, so
-/// the answer is atomic and needs no separate verification.
+/// Like [`create`], but reading who is first in line on success too: a
+/// `TryCampaign` that does not lead names the leader, so it needs the first
+/// key, not the one just ahead of it.
 pub(crate) fn try_create(prefix: &[u8], key: &[u8], value: &[u8], lease: LeaseId) -> Request {
     Request::Txn(Txn {
         compare: vec![create_rev_is(key, 0)],
         success: vec![put(key, value, lease), first_created(prefix)],
-        failure: vec![
-            TxnOp::Range(RangeRequest::all(KeyRange::Key(key.to_vec()))),
-            first_created(prefix),
-        ],
+        failure: already_there(prefix, key),
     })
+}
+
+/// The failure branch of [`create`] and [`try_create`]: my key as it is,
+/// then the first-created key of the election.
+fn already_there(prefix: &[u8], key: &[u8]) -> Vec<TxnOp> {
+    vec![
+        TxnOp::Range(RangeRequest::all(KeyRange::Key(key.to_vec()))),
+        first_created(prefix),
+    ]
+}
+
+/// The two newest candidates: right after my create, mine and the one just
+/// ahead of me.
+fn newest_two(prefix: &[u8]) -> RangeRequest {
+    RangeRequest {
+        range: KeyRange::Prefix(prefix.to_vec()),
+        sort: SortOrder::CreateDescending,
+        limit: 2,
+        max_create_revision: 0,
+        revision: 0,
+    }
 }
 
 /// Overwrite my value only while my key is still the one created at `token`
@@ -101,18 +128,33 @@ pub(crate) fn plain_delete(key: &[u8]) -> Request {
     Request::Delete(KeyRange::Key(key.to_vec()))
 }
 
-/// The newest key created before mine: the one candidate I wait for
-/// (Go's `waitDeletes`), so a release wakes one waiter, not the herd.
-pub(crate) fn newest_older(prefix: &[u8], token: Revision) -> Request {
-    Request::Range(RangeRequest {
+/// The newest key created before mine (the one candidate I wait for, as
+/// Go's `waitDeletes` does, so a release wakes one waiter, not the herd)
+/// and, in the same revision, my own key: one answer tells both whether
+/// anyone is still ahead and whether my key is still the one created at
+/// `token`, so no separate verification read follows (Go skips that check,
+/// etcd #19597). No guards: the txn only makes the two reads atomic.
+pub(crate) fn older_and_mine(prefix: &[u8], key: &[u8], token: Revision) -> Request {
+    Request::Txn(Txn {
+        compare: vec![],
+        success: vec![
+            TxnOp::Range(newest_older(prefix, token)),
+            TxnOp::Range(RangeRequest::all(KeyRange::Key(key.to_vec()))),
+        ],
+        failure: vec![],
+    })
+}
+
+fn newest_older(prefix: &[u8], token: Revision) -> RangeRequest {
+    RangeRequest {
         range: KeyRange::Prefix(prefix.to_vec()),
         sort: SortOrder::CreateDescending,
         limit: 1,
         // max_create_revision 0 means "no bound"; a revision of 1 can
         // never have an older key, so clamp to 1 and let the answer show it.
-        max_create_revision: (token - 1).max(1),
+        max_create_revision: token.saturating_sub(1).max(1),
         revision: 0,
-    })
+    }
 }
 
 /// Read exactly one key.

@@ -99,33 +99,90 @@ fn registered(t0: Instant) -> Election {
     e
 }
 
+/// Create my key and, in the same revision, read the newest two keys (on
+/// success: mine and the one ahead of me) or my key and the first-created
+/// key (when it already existed).
 fn create_txn(value: &[u8]) -> Request {
     Request::Txn(Txn {
         compare: vec![Compare::CreateRevisionEquals {
             key: my_key(),
             revision: 0,
         }],
-        success: vec![TxnOp::Put {
-            key: my_key(),
-            value: value.to_vec(),
-            lease: LEASE,
-        }],
-        failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(my_key())))],
+        success: vec![
+            TxnOp::Put {
+                key: my_key(),
+                value: value.to_vec(),
+                lease: LEASE,
+            },
+            TxnOp::Range(RangeRequest {
+                range: KeyRange::Prefix(b"/e/".to_vec()),
+                sort: SortOrder::CreateDescending,
+                limit: 2,
+                max_create_revision: 0,
+                revision: 0,
+            }),
+        ],
+        failure: vec![
+            TxnOp::Range(RangeRequest::all(KeyRange::Key(my_key()))),
+            first_created(),
+        ],
     })
 }
 
+/// The answer to `create_txn` when it created my key at `revision`: the
+/// newest two keys, mine first.
+fn created(revision: Revision, value: &[u8], ahead: Option<KeyValue>) -> Response {
+    let mut kvs = vec![kv(&my_key(), value, revision)];
+    kvs.extend(ahead);
+    txn(
+        revision,
+        true,
+        vec![TxnOpResponse::Put, TxnOpResponse::Range { kvs }],
+    )
+}
+
+/// The answer to `create_txn` when my key already existed: it, and the
+/// first-created key.
+fn found(revision: Revision, mine: KeyValue, first: KeyValue) -> Response {
+    txn(
+        revision,
+        false,
+        vec![
+            TxnOpResponse::Range { kvs: vec![mine] },
+            TxnOpResponse::Range { kvs: vec![first] },
+        ],
+    )
+}
+
+/// The newest key created at or below `max_create_revision`, and my key,
+/// in one revision.
 fn older(max_create_revision: Revision) -> Request {
-    Request::Range(RangeRequest {
-        range: KeyRange::Prefix(b"/e/".to_vec()),
-        sort: SortOrder::CreateDescending,
-        limit: 1,
-        max_create_revision,
-        revision: 0,
+    Request::Txn(Txn {
+        compare: vec![],
+        success: vec![
+            TxnOp::Range(RangeRequest {
+                range: KeyRange::Prefix(b"/e/".to_vec()),
+                sort: SortOrder::CreateDescending,
+                limit: 1,
+                max_create_revision,
+                revision: 0,
+            }),
+            TxnOp::Range(RangeRequest::all(KeyRange::Key(my_key()))),
+        ],
+        failure: vec![],
     })
 }
 
-fn verify() -> Request {
-    Request::Range(RangeRequest::all(KeyRange::Key(my_key())))
+/// The answer to `older`: what is ahead of me, and my key, at `revision`.
+fn older_found(revision: Revision, ahead: Vec<KeyValue>, mine: Vec<KeyValue>) -> Response {
+    txn(
+        revision,
+        true,
+        vec![
+            TxnOpResponse::Range { kvs: ahead },
+            TxnOpResponse::Range { kvs: mine },
+        ],
+    )
 }
 
 fn watch(key: &[u8], start_revision: Revision) -> Request {
@@ -175,33 +232,10 @@ fn elected(t0: Instant) -> Election {
         },
     );
     assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    assert!(!e.is_leader(), "not before etcd answered");
+    // One answer: my key created at 5 and nothing older at that revision.
     assert_eq!(
-        ok(&mut e, t0, P, txn(5, true, vec![TxnOpResponse::Put])),
-        vec![rpc(P + 1, older(4))]
-    );
-    assert_eq!(
-        ok(
-            &mut e,
-            t0,
-            P + 1,
-            Response::Range {
-                revision: 5,
-                kvs: vec![]
-            }
-        ),
-        vec![rpc(P + 2, verify())]
-    );
-    assert!(!e.is_leader(), "not before the own key is verified");
-    assert_eq!(
-        ok(
-            &mut e,
-            t0,
-            P + 2,
-            Response::Range {
-                revision: 6,
-                kvs: vec![kv(&my_key(), b"a", 5)]
-            }
-        ),
+        ok(&mut e, t0, P, created(5, b"a", None)),
         vec![
             note(ElectionNotice::Elected {
                 op: OpId(1),
@@ -209,7 +243,7 @@ fn elected(t0: Instant) -> Election {
                 token: 5,
                 lease: LEASE
             }),
-            rpc(P + 3, watch(&my_key(), 7)),
+            rpc(P + 1, watch(&my_key(), 6)),
         ]
     );
     assert!(e.is_leader());
@@ -225,7 +259,7 @@ fn keys_are_the_prefix_plus_lowercase_hex_lease() {
 }
 
 #[test]
-fn campaign_without_contenders_is_verified_then_elected() {
+fn campaign_without_contenders_is_elected_by_the_create_answer_alone() {
     let t0 = Instant::now();
     let e = elected(t0);
     assert_eq!(e.session_deadline(), Some(t0 + Duration::from_secs(9)));
@@ -250,25 +284,14 @@ fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
         },
     );
     assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
-    assert_eq!(
-        ok(&mut e, t0, P, txn(7, true, vec![TxnOpResponse::Put])),
-        vec![rpc(P + 1, older(6))]
-    );
+    // The create's own answer names the key just ahead of mine.
     let other = kv(b"/e/99", b"b", 4);
     assert_eq!(
-        ok(
-            &mut e,
-            t0,
-            P + 1,
-            Response::Range {
-                revision: 7,
-                kvs: vec![other.clone()]
-            }
-        ),
-        vec![rpc(P + 2, watch(b"/e/99", 8))]
+        ok(&mut e, t0, P, created(7, b"a", Some(other.clone()))),
+        vec![rpc(P + 1, watch(b"/e/99", 8))]
     );
     assert_eq!(
-        ok(&mut e, t0, P + 2, Response::WatchEvents { events: vec![] }),
+        ok(&mut e, t0, P + 1, Response::WatchEvents { events: vec![] }),
         vec![]
     );
     let put = WatchEvent {
@@ -280,7 +303,7 @@ fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
         ok(
             &mut e,
             t0,
-            P + 2,
+            P + 1,
             Response::WatchEvents { events: vec![put] }
         ),
         vec![]
@@ -298,35 +321,53 @@ fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
         ok(
             &mut e,
             t0,
-            P + 2,
+            P + 1,
             Response::WatchEvents {
                 events: vec![deleted]
             }
         ),
-        vec![Command::Cancel { id: RpcId(P + 2) }, rpc(P + 3, older(6))]
+        vec![Command::Cancel { id: RpcId(P + 1) }, rpc(P + 2, older(6))]
     );
     assert!(!e.is_leader());
+    // Another older key is still there: wait for it in turn.
+    let oldest = kv(b"/e/77", b"c", 3);
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 2,
+            older_found(9, vec![oldest.clone()], vec![kv(&my_key(), b"a", 7)])
+        ),
+        vec![rpc(P + 3, watch(b"/e/77", 10))]
+    );
+    let deleted = WatchEvent {
+        kind: EventKind::Delete,
+        kv: KeyValue {
+            key: b"/e/77".to_vec(),
+            mod_revision: 11,
+            ..KeyValue::default()
+        },
+        prev_kv: Some(oldest),
+    };
     assert_eq!(
         ok(
             &mut e,
             t0,
             P + 3,
-            Response::Range {
-                revision: 9,
-                kvs: vec![]
+            Response::WatchEvents {
+                events: vec![deleted]
             }
         ),
-        vec![rpc(P + 4, verify())]
+        vec![Command::Cancel { id: RpcId(P + 3) }, rpc(P + 4, older(6))]
     );
+    // Nothing older, and my key read in the same revision: leader, with
+    // no separate verification.
     assert_eq!(
         ok(
             &mut e,
             t0,
             P + 4,
-            Response::Range {
-                revision: 9,
-                kvs: vec![kv(&my_key(), b"a", 7)]
-            }
+            older_found(11, vec![], vec![kv(&my_key(), b"a", 7)])
         ),
         vec![
             note(ElectionNotice::Elected {
@@ -335,7 +376,7 @@ fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
                 token: 7,
                 lease: LEASE
             }),
-            rpc(P + 5, watch(&my_key(), 10)),
+            rpc(P + 5, watch(&my_key(), 12)),
         ]
     );
 }
@@ -352,28 +393,71 @@ fn campaign_never_claims_a_key_that_vanished_while_waiting() {
         },
     );
     drain(&mut e);
-    ok(&mut e, t0, P, txn(7, true, vec![TxnOpResponse::Put]));
-    ok(
-        &mut e,
-        t0,
-        P + 1,
-        Response::Range {
-            revision: 9,
-            kvs: vec![],
+    let other = kv(b"/e/99", b"b", 4);
+    ok(&mut e, t0, P, created(7, b"a", Some(other.clone())));
+    let deleted = WatchEvent {
+        kind: EventKind::Delete,
+        kv: KeyValue {
+            key: b"/e/99".to_vec(),
+            mod_revision: 9,
+            ..KeyValue::default()
         },
+        prev_kv: Some(other),
+    };
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 1,
+            Response::WatchEvents {
+                events: vec![deleted]
+            }
+        ),
+        vec![Command::Cancel { id: RpcId(P + 1) }, rpc(P + 2, older(6))]
     );
-    // The verification finds no key: queue up again instead of leading.
+    // My key is gone in the answer's revision (an older one remains, which
+    // no longer matters): queue up again instead of leading or waiting.
     assert_eq!(
         ok(
             &mut e,
             t0,
             P + 2,
-            Response::Range {
-                revision: 9,
-                kvs: vec![]
-            }
+            older_found(9, vec![kv(b"/e/77", b"c", 3)], vec![])
         ),
         vec![rpc(P + 3, create_txn(b"a"))]
+    );
+    assert!(!e.is_leader());
+    // Likewise when a key of my name exists but is not the one I created.
+    ok(
+        &mut e,
+        t0,
+        P + 3,
+        created(10, b"a", Some(kv(b"/e/77", b"c", 3))),
+    );
+    ok(
+        &mut e,
+        t0,
+        P + 4,
+        Response::WatchEvents {
+            events: vec![WatchEvent {
+                kind: EventKind::Delete,
+                kv: KeyValue {
+                    key: b"/e/77".to_vec(),
+                    mod_revision: 11,
+                    ..KeyValue::default()
+                },
+                prev_kv: None,
+            }],
+        },
+    );
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 5,
+            older_found(12, vec![], vec![kv(&my_key(), b"a", 12)])
+        ),
+        vec![rpc(P + 6, create_txn(b"a"))]
     );
     assert!(!e.is_leader());
 }
@@ -390,9 +474,6 @@ fn campaign_with_an_existing_key_of_another_value_proclaims_it_first() {
         },
     );
     drain(&mut e);
-    let existing = TxnOpResponse::Range {
-        kvs: vec![kv(&my_key(), b"old", 3)],
-    };
     let fix = Request::Txn(Txn {
         compare: vec![Compare::CreateRevisionEquals {
             key: my_key(),
@@ -405,13 +486,70 @@ fn campaign_with_an_existing_key_of_another_value_proclaims_it_first() {
         }],
         failure: vec![],
     });
+    // Even when first in line, the value is fixed before anyone may see it
+    // as the leader's.
+    let mine = kv(&my_key(), b"old", 3);
     assert_eq!(
-        ok(&mut e, t0, P, txn(8, false, vec![existing])),
+        ok(&mut e, t0, P, found(8, mine.clone(), mine)),
         vec![rpc(P + 1, fix)]
     );
     assert_eq!(
         ok(&mut e, t0, P + 1, txn(9, true, vec![TxnOpResponse::Put])),
         vec![rpc(P + 2, older(2))]
+    );
+}
+
+#[test]
+fn a_retried_create_that_finds_its_key_first_in_line_leads_at_once() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            op: OpId(1),
+            value: b"a".to_vec(),
+        },
+    );
+    drain(&mut e);
+    // The first create's answer was lost; its key is there, created at 3,
+    // and is the first-created key of the election in the same revision.
+    let mine = kv(&my_key(), b"a", 3);
+    assert_eq!(
+        ok(&mut e, t0, P, found(8, mine.clone(), mine)),
+        vec![
+            note(ElectionNotice::Elected {
+                op: OpId(1),
+                key: my_key(),
+                token: 3,
+                lease: LEASE
+            }),
+            rpc(P + 1, watch(&my_key(), 9)),
+        ]
+    );
+}
+
+#[test]
+fn a_retried_create_behind_another_key_looks_for_the_one_just_ahead() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            op: OpId(1),
+            value: b"a".to_vec(),
+        },
+    );
+    drain(&mut e);
+    // The first-created key is not mine; the one just ahead of mine may be
+    // another, so read it rather than watching the first.
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P,
+            found(8, kv(&my_key(), b"a", 5), kv(b"/e/11", b"x", 2))
+        ),
+        vec![rpc(P + 1, older(4))]
     );
 }
 
@@ -427,16 +565,7 @@ fn session_loss_while_waiting_fails_the_campaign_and_never_elects() {
         },
     );
     drain(&mut e);
-    ok(&mut e, t0, P, txn(7, true, vec![TxnOpResponse::Put]));
-    ok(
-        &mut e,
-        t0,
-        P + 1,
-        Response::Range {
-            revision: 7,
-            kvs: vec![kv(b"/e/99", b"b", 4)],
-        },
-    );
+    ok(&mut e, t0, P, created(7, b"a", Some(kv(b"/e/99", b"b", 4))));
     // No renewal is ever answered: at the local deadline the session is lost.
     let deadline = t0 + Duration::from_secs(9);
     let mut all = Vec::new();
@@ -453,7 +582,7 @@ fn session_loss_while_waiting_fails_the_campaign_and_never_elects() {
         }))
     });
     let lost = lost.expect("session lost at the deadline");
-    assert_eq!(all[lost + 1], Command::Cancel { id: RpcId(P + 2) });
+    assert_eq!(all[lost + 1], Command::Cancel { id: RpcId(P + 1) });
     assert_eq!(
         all[lost + 2],
         note(ElectionNotice::CampaignFailed {
@@ -470,7 +599,7 @@ fn session_loss_while_waiting_fails_the_campaign_and_never_elects() {
     let after = ok(
         &mut e,
         deadline,
-        P + 2,
+        P + 1,
         Response::WatchEvents { events: vec![late] },
     );
     assert!(
@@ -606,13 +735,13 @@ fn resign_drops_belief_before_sending_and_keeps_the_session() {
     assert_eq!(
         drain(&mut e),
         vec![
-            Command::Cancel { id: RpcId(P + 3) },
-            rpc(P + 4, delete_mine(5))
+            Command::Cancel { id: RpcId(P + 1) },
+            rpc(P + 2, delete_mine(5))
         ]
     );
     // A failed guard means nothing was left to delete: resigned all the same.
     assert_eq!(
-        ok(&mut e, t0, P + 4, txn(9, false, vec![])),
+        ok(&mut e, t0, P + 2, txn(9, false, vec![])),
         vec![note(ElectionNotice::Resigned { token: 5 })]
     );
     assert_eq!(e.my_key(), Some(my_key()));
@@ -623,7 +752,7 @@ fn resign_drops_belief_before_sending_and_keeps_the_session() {
             value: b"b".to_vec(),
         },
     );
-    assert_eq!(drain(&mut e), vec![rpc(P + 5, create_txn(b"b"))]);
+    assert_eq!(drain(&mut e), vec![rpc(P + 3, create_txn(b"b"))]);
 }
 
 #[test]
@@ -659,8 +788,8 @@ fn a_resign_does_not_cancel_a_running_campaign() {
         vec![note(ElectionNotice::Resigned { token: 3 })]
     );
     assert_eq!(
-        ok(&mut e, t0, P, txn(5, true, vec![TxnOpResponse::Put])),
-        vec![rpc(P + 1, older(4))]
+        ok(&mut e, t0, P, created(5, b"a", Some(kv(b"/e/99", b"b", 4)))),
+        vec![rpc(P + 1, watch(b"/e/99", 6))]
     );
 }
 
@@ -672,8 +801,8 @@ fn a_campaign_during_a_resign_starts_once_the_key_is_gone() {
     assert_eq!(
         drain(&mut e),
         vec![
-            Command::Cancel { id: RpcId(P + 3) },
-            rpc(P + 4, delete_mine(5))
+            Command::Cancel { id: RpcId(P + 1) },
+            rpc(P + 2, delete_mine(5))
         ]
     );
     // Not Busy: it waits for the delete.
@@ -686,10 +815,10 @@ fn a_campaign_during_a_resign_starts_once_the_key_is_gone() {
     );
     assert_eq!(drain(&mut e), vec![]);
     assert_eq!(
-        ok(&mut e, t0, P + 4, txn(9, true, vec![])),
+        ok(&mut e, t0, P + 2, txn(9, true, vec![])),
         vec![
             note(ElectionNotice::Resigned { token: 5 }),
-            rpc(P + 5, create_txn(b"b"))
+            rpc(P + 3, create_txn(b"b"))
         ]
     );
 }
@@ -717,7 +846,7 @@ fn a_campaign_waiting_for_a_resign_can_be_canceled_or_stopped() {
     );
     // Nothing starts after the delete.
     assert_eq!(
-        ok(&mut e, t0, P + 4, txn(9, true, vec![])),
+        ok(&mut e, t0, P + 2, txn(9, true, vec![])),
         vec![note(ElectionNotice::Resigned { token: 5 })]
     );
 
@@ -761,7 +890,7 @@ fn resign_retries_after_an_unavailable_error() {
     e.handle(
         t0,
         RpcReply {
-            id: RpcId(P + 4),
+            id: RpcId(P + 2),
             result: Err(RpcError::Unavailable("x".into())),
         }
         .into(),
@@ -770,7 +899,7 @@ fn resign_retries_after_an_unavailable_error() {
     let retry = t0 + Duration::from_millis(100);
     assert_eq!(e.poll_timeout(), Some(retry));
     e.handle_timeout(retry);
-    assert_eq!(drain(&mut e), vec![rpc(P + 5, delete_mine(5))]);
+    assert_eq!(drain(&mut e), vec![rpc(P + 3, delete_mine(5))]);
 }
 
 #[test]
@@ -796,9 +925,9 @@ fn proclaim_is_guarded_by_the_token() {
         }],
         failure: vec![],
     });
-    assert_eq!(drain(&mut e), vec![rpc(P + 4, put.clone())]);
+    assert_eq!(drain(&mut e), vec![rpc(P + 2, put.clone())]);
     assert_eq!(
-        ok(&mut e, t0, P + 4, txn(8, true, vec![TxnOpResponse::Put])),
+        ok(&mut e, t0, P + 2, txn(8, true, vec![TxnOpResponse::Put])),
         vec![note(ElectionNotice::Proclaimed { op: OpId(2) })]
     );
     assert!(e.is_leader());
@@ -809,15 +938,15 @@ fn proclaim_is_guarded_by_the_token() {
             value: b"v2".to_vec(),
         },
     );
-    assert_eq!(drain(&mut e), vec![rpc(P + 5, put)]);
+    assert_eq!(drain(&mut e), vec![rpc(P + 3, put)]);
     assert_eq!(
-        ok(&mut e, t0, P + 5, txn(9, false, vec![])),
+        ok(&mut e, t0, P + 3, txn(9, false, vec![])),
         vec![
             note(ElectionNotice::ProclaimFailed {
                 op: OpId(3),
                 error: ElectionError::NotLeader
             }),
-            Command::Cancel { id: RpcId(P + 3) },
+            Command::Cancel { id: RpcId(P + 1) },
             note(ElectionNotice::LeadershipLost { token: 5 }),
         ]
     );
@@ -857,11 +986,11 @@ fn deletion_of_the_own_key_ends_leadership() {
         ok(
             &mut e,
             t0,
-            P + 3,
+            P + 1,
             Response::WatchEvents { events: vec![gone] }
         ),
         vec![
-            Command::Cancel { id: RpcId(P + 3) },
+            Command::Cancel { id: RpcId(P + 1) },
             note(ElectionNotice::LeadershipLost { token: 5 })
         ]
     );
@@ -880,7 +1009,7 @@ fn second_campaign_is_busy_and_cancel_deletes_the_key() {
         },
     );
     drain(&mut e);
-    ok(&mut e, t0, P, txn(7, true, vec![TxnOpResponse::Put]));
+    ok(&mut e, t0, P, created(7, b"a", Some(kv(b"/e/99", b"b", 4))));
     e.handle(
         t0,
         ElectionInput::TryCampaign {
@@ -956,7 +1085,7 @@ fn stop_ends_leadership_at_once_and_revokes() {
     e.handle(t0, ElectionInput::Stop);
     assert!(!e.is_leader());
     let commands = drain(&mut e);
-    assert_eq!(commands[0], Command::Cancel { id: RpcId(P + 3) });
+    assert_eq!(commands[0], Command::Cancel { id: RpcId(P + 1) });
     assert_eq!(
         commands[1],
         note(ElectionNotice::LeadershipLost { token: 5 })
@@ -1065,8 +1194,8 @@ fn a_late_answer_to_a_canceled_campaign_names_it_not_the_next_one() {
     );
     assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
     assert_eq!(
-        ok(&mut e, t0, P, txn(7, true, vec![TxnOpResponse::Put])),
-        vec![rpc(P + 1, older(6))]
+        ok(&mut e, t0, P, created(7, b"a", Some(kv(b"/e/99", b"b", 4)))),
+        vec![rpc(P + 1, watch(b"/e/99", 8))]
     );
     e.handle(t0, ElectionInput::CancelCampaign { op: OpId(1) });
     assert_eq!(
@@ -1107,26 +1236,8 @@ fn a_late_answer_to_a_canceled_campaign_names_it_not_the_next_one() {
             rpc(P + 3, create_txn(b"b"))
         ]
     );
-    ok(&mut e, later, P + 3, txn(9, true, vec![TxnOpResponse::Put]));
-    ok(
-        &mut e,
-        later,
-        P + 4,
-        Response::Range {
-            revision: 9,
-            kvs: vec![],
-        },
-    );
     assert_eq!(
-        ok(
-            &mut e,
-            later,
-            P + 5,
-            Response::Range {
-                revision: 9,
-                kvs: vec![kv(&my_key(), b"b", 9)]
-            }
-        ),
+        ok(&mut e, later, P + 3, created(9, b"b", None)),
         vec![
             note(ElectionNotice::Elected {
                 op: OpId(2),
@@ -1134,7 +1245,7 @@ fn a_late_answer_to_a_canceled_campaign_names_it_not_the_next_one() {
                 token: 9,
                 lease: LEASE
             }),
-            rpc(P + 6, watch(&my_key(), 10)),
+            rpc(P + 4, watch(&my_key(), 10)),
         ]
     );
     // A cancel of campaign 1 arriving now still ends nothing.
@@ -1157,15 +1268,15 @@ fn canceling_a_campaign_that_already_won_resigns_its_leadership() {
     assert_eq!(
         drain(&mut e),
         vec![
-            Command::Cancel { id: RpcId(P + 3) },
-            rpc(P + 4, delete_mine(5))
+            Command::Cancel { id: RpcId(P + 1) },
+            rpc(P + 2, delete_mine(5))
         ]
     );
     assert_eq!(
         ok(
             &mut e,
             t0,
-            P + 4,
+            P + 2,
             txn(9, true, vec![TxnOpResponse::Delete { deleted: 1 }])
         ),
         vec![note(ElectionNotice::Resigned { token: 5 })]
@@ -1221,10 +1332,10 @@ fn a_cancel_of_another_operation_leaves_a_running_or_queued_campaign_alone() {
     e.handle(t0, ElectionInput::CancelCampaign { op: OpId(1) });
     assert_eq!(drain(&mut e), vec![]);
     assert_eq!(
-        ok(&mut e, t0, P + 4, txn(9, true, vec![])),
+        ok(&mut e, t0, P + 2, txn(9, true, vec![])),
         vec![
             note(ElectionNotice::Resigned { token: 5 }),
-            rpc(P + 5, create_txn(b"b"))
+            rpc(P + 3, create_txn(b"b"))
         ]
     );
 }
@@ -1297,25 +1408,7 @@ fn a_margin_and_drift_allowance_end_leadership_before_the_ttl() {
         },
     );
     drain(&mut e);
-    ok(&mut e, t0, P, txn(5, true, vec![TxnOpResponse::Put]));
-    ok(
-        &mut e,
-        t0,
-        P + 1,
-        Response::Range {
-            revision: 5,
-            kvs: vec![],
-        },
-    );
-    ok(
-        &mut e,
-        t0,
-        P + 2,
-        Response::Range {
-            revision: 6,
-            kvs: vec![kv(&my_key(), b"a", 5)],
-        },
-    );
+    ok(&mut e, t0, P, created(5, b"a", None));
     assert!(e.is_leader());
     // No renewal is answered: leadership ends at the shortened deadline.
     let mut seen = Vec::new();
