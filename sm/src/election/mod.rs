@@ -30,10 +30,16 @@
 //!   already won is resigned (`Resigned { token }`), so a canceled campaign
 //!   never leaves a leadership behind, even when its `Elected` crossed the
 //!   cancel. A cancel of anything else changes nothing.
-//! * `Elected` is only reported after the own key was read back with its
-//!   create revision once no older candidate remained (Go skips this check,
-//!   etcd #19597), so a candidate whose key vanished while it waited never
-//!   claims leadership.
+//! * `Elected` is only reported once etcd showed, at one revision, the own
+//!   key with its create revision and no older candidate (Go skips the own
+//!   key, etcd #19597), so a candidate whose key vanished while it waited
+//!   never claims leadership. That revision's state comes from one read
+//!   (the create txn itself, or a read of the newest older keys and the own
+//!   key together), or, for the candidate second in line, from such a read
+//!   followed by its watch of the whole prefix: etcd delivers those events
+//!   in revision order without gaps, so the delete of the one older key,
+//!   with no change of the own key before it, shows that state at the
+//!   delete's revision.
 //! * A campaign racing a session loss ends with
 //!   `CampaignFailed(SessionLost)`, never with `Elected`.
 //! * The session outlives campaigns: resign and campaign again reuse it.

@@ -76,9 +76,19 @@ enum Step {
     FixValue,
     /// Read who is ahead and my own key ([`requests::older_and_mine`]).
     FindOlder,
+    /// Wait for the delete of `key`, the newest key older than mine, from
+    /// `from` (the revision of the read that found it, plus one), where
+    /// that read also saw my key with my token.
     WatchOlder {
         key: Vec<u8>,
         from: Revision,
+        /// `key` was the only key older than mine: nothing older can appear
+        /// later, so its delete leaves me first in line. The watch then
+        /// covers the whole prefix, so it also carries every change of my
+        /// own key, in revision order, without gaps: at the delete's
+        /// revision my key is still the one the read saw unless an event
+        /// up to it said otherwise, and no read needs to follow.
+        only: bool,
     },
 }
 
@@ -560,7 +570,10 @@ impl Protocol {
             Step::Create => requests::create(&self.prefix, &c.key, &c.value, c.lease),
             Step::FixValue => requests::guarded_put(&c.key, &c.value, c.lease, c.token),
             Step::FindOlder => requests::older_and_mine(&self.prefix, &c.key, c.token),
-            Step::WatchOlder { key, from } => requests::watch_key(key, *from),
+            Step::WatchOlder {
+                from, only: true, ..
+            } => requests::watch_prefix(&self.prefix, *from),
+            Step::WatchOlder { key, from, .. } => requests::watch_key(key, *from),
         };
         c.pending = Some(self.outbox.rpc(request));
         Op::Campaigning(c)
@@ -689,24 +702,46 @@ impl Protocol {
                     c.step = Step::Create;
                     return self.send_step(c);
                 }
-                self.wait_or_elect(c, revision, older)
+                self.wait_or_elect(c, revision, older, requests::OLDER_LIMIT)
             }
-            Step::WatchOlder { key, .. } => match response {
+            Step::WatchOlder {
+                key, from, only, ..
+            } => match response {
                 Response::WatchEvents { events } => {
-                    if events
+                    let mine_changed = events.iter().any(|e| {
+                        e.kv.key == c.key
+                            && (e.kind == EventKind::Delete || e.kv.create_revision != c.token)
+                    });
+                    let gone = events
                         .iter()
-                        .any(|e| e.kind == EventKind::Delete && e.kv.key == key)
-                    {
-                        self.cancel(c.pending);
-                        c.step = Step::FindOlder;
-                        self.send_step(c)
-                    } else {
-                        Op::Campaigning(c)
+                        .find(|e| e.kind == EventKind::Delete && e.kv.key == key)
+                        .map(|e| e.kv.mod_revision);
+                    match (only, mine_changed, gone) {
+                        // My key changed (only seen on the prefix watch):
+                        // the read finds out how, and never claims.
+                        (true, true, _) => self.read_again(c),
+                        // Every event up to the delete's revision has
+                        // arrived and none touched my key: at that
+                        // revision my key is the one the read saw, and
+                        // nothing older is left.
+                        (true, false, Some(at)) if at >= from => {
+                            self.cancel(c.pending);
+                            self.elect(c, at)
+                        }
+                        (_, _, Some(_)) => self.read_again(c),
+                        (_, _, None) => Op::Campaigning(c),
                     }
                 }
                 _ => self.restart_wait(c),
             },
         }
+    }
+
+    /// Stop watching and read who is ahead of me (and my key) again.
+    fn read_again(&mut self, mut c: Campaign) -> Op {
+        self.cancel(c.pending);
+        c.step = Step::FindOlder;
+        self.send_step(c)
     }
 
     /// The watch on an older key broke: read again after a pause, since the
@@ -756,7 +791,7 @@ impl Protocol {
         if succeeded && !c.try_only {
             // The newest two at my create's revision: mine, then (if any)
             // the one just ahead of me.
-            return self.wait_or_elect(c, revision, ahead);
+            return self.wait_or_elect(c, revision, ahead, requests::NEWEST_LIMIT);
         }
         // The first-created key, read in the revision my key was seen in.
         let first = ahead.first().cloned();
@@ -787,23 +822,31 @@ impl Protocol {
         self.send_step(c)
     }
 
-    /// `older` is what a read at `revision` found among the keys created
-    /// before mine, my key existing at that revision: wait for the newest
-    /// of them to go, or lead if there is none.
-    fn wait_or_elect(&mut self, mut c: Campaign, revision: Revision, older: &[KeyValue]) -> Op {
-        let newest_older = older
+    /// `read` is what a range with `limit` at `revision` found among the
+    /// newest keys (those older than mine are what count), my key existing
+    /// with my token at that revision: wait for the newest older one to
+    /// go, or lead if there is none.
+    fn wait_or_elect(
+        &mut self,
+        mut c: Campaign,
+        revision: Revision,
+        read: &[KeyValue],
+        limit: i64,
+    ) -> Op {
+        let mut older = read
             .iter()
-            .find(|kv| kv.create_revision < c.token && kv.key != c.key);
-        match newest_older {
-            Some(kv) => {
-                c.step = Step::WatchOlder {
-                    key: kv.key.clone(),
-                    from: revision.saturating_add(1),
-                };
-                self.send_step(c)
-            }
-            None => self.elect(c, revision),
-        }
+            .filter(|kv| kv.create_revision < c.token && kv.key != c.key);
+        let Some(newest_older) = older.next() else {
+            return self.elect(c, revision);
+        };
+        // A full answer may have left older keys out; a short one did not.
+        let complete = i64::try_from(read.len()).is_ok_and(|n| n < limit);
+        c.step = Step::WatchOlder {
+            key: newest_older.key.clone(),
+            from: revision.saturating_add(1),
+            only: complete && older.next().is_none(),
+        };
+        self.send_step(c)
     }
 
     /// My key exists with my revision as of `revision` and nothing older

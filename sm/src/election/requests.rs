@@ -54,14 +54,15 @@ pub fn leader_query(prefix: &[u8]) -> Request {
 /// whether I lead and needs no separate verification. The ops of a txn see
 /// one revision and a range sees the txn's own earlier puts, so:
 /// * created: my key is the newest created at that revision, and the
-///   second key of the newest two (if any) is the one I wait for; none
-///   means nothing is older than my key, which exists: I lead.
+///   next key of the newest [`NEWEST_LIMIT`] (if any) is the one I wait
+///   for; none means nothing is older than my key, which exists: I lead.
+///   The third tells whether that one is the only key ahead of me.
 /// * already there (a retry after a lost answer): my key as it is, and the
 ///   first-created key: if that is mine I lead.
 pub(crate) fn create(prefix: &[u8], key: &[u8], value: &[u8], lease: LeaseId) -> Request {
     Request::Txn(Txn {
         compare: vec![create_rev_is(key, 0)],
-        success: vec![put(key, value, lease), TxnOp::Range(newest_two(prefix))],
+        success: vec![put(key, value, lease), TxnOp::Range(newest(prefix))],
         failure: already_there(prefix, key),
     })
 }
@@ -86,13 +87,20 @@ fn already_there(prefix: &[u8], key: &[u8]) -> Vec<TxnOp> {
     ]
 }
 
-/// The two newest candidates: right after my create, mine and the one just
-/// ahead of me.
-fn newest_two(prefix: &[u8]) -> RangeRequest {
+/// How many of the newest candidates [`create`] reads: mine, the one just
+/// ahead of me, and one more to tell whether that one is the only one.
+pub(crate) const NEWEST_LIMIT: i64 = 3;
+
+/// How many keys older than mine [`older_and_mine`] reads: the one just
+/// ahead of me, and one more to tell whether that one is the only one.
+pub(crate) const OLDER_LIMIT: i64 = 2;
+
+/// The newest candidates: right after my create, mine first.
+fn newest(prefix: &[u8]) -> RangeRequest {
     RangeRequest {
         range: KeyRange::Prefix(prefix.to_vec()),
         sort: SortOrder::CreateDescending,
-        limit: 2,
+        limit: NEWEST_LIMIT,
         max_create_revision: 0,
         revision: 0,
     }
@@ -128,9 +136,10 @@ pub(crate) fn plain_delete(key: &[u8]) -> Request {
     Request::Delete(KeyRange::Key(key.to_vec()))
 }
 
-/// The newest key created before mine (the one candidate I wait for, as
-/// Go's `waitDeletes` does, so a release wakes one waiter, not the herd)
-/// and, in the same revision, my own key: one answer tells both whether
+/// The newest keys created before mine (the newest is the one candidate I
+/// wait for, as Go's `waitDeletes` does, so a release wakes one waiter, not
+/// the herd; a second tells whether it is the only one) and, in the same
+/// revision, my own key: one answer tells both whether
 /// anyone is still ahead and whether my key is still the one created at
 /// `token`, so no separate verification read follows (Go skips that check,
 /// etcd #19597). No guards: the txn only makes the two reads atomic.
@@ -149,7 +158,7 @@ fn newest_older(prefix: &[u8], token: Revision) -> RangeRequest {
     RangeRequest {
         range: KeyRange::Prefix(prefix.to_vec()),
         sort: SortOrder::CreateDescending,
-        limit: 1,
+        limit: OLDER_LIMIT,
         // max_create_revision 0 means "no bound"; a revision of 1 can
         // never have an older key, so clamp to 1 and let the answer show it.
         max_create_revision: token.saturating_sub(1).max(1),
@@ -160,6 +169,16 @@ fn newest_older(prefix: &[u8], token: Revision) -> RangeRequest {
 /// Read exactly one key.
 pub(crate) fn read_key(key: &[u8]) -> Request {
     Request::Range(RangeRequest::all(KeyRange::Key(key.to_vec())))
+}
+
+/// Watch every candidate key from `start_revision`: what the candidate
+/// second in line waits with, so that the one delete it waits for and
+/// every change of its own key arrive on one ordered stream.
+pub(crate) fn watch_prefix(prefix: &[u8], start_revision: Revision) -> Request {
+    Request::Watch {
+        range: KeyRange::Prefix(prefix.to_vec()),
+        start_revision,
+    }
 }
 
 /// Watch exactly one key from `start_revision`.

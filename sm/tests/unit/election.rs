@@ -99,8 +99,8 @@ fn registered(t0: Instant) -> Election {
     e
 }
 
-/// Create my key and, in the same revision, read the newest two keys (on
-/// success: mine and the one ahead of me) or my key and the first-created
+/// Create my key and, in the same revision, read the newest three keys (on
+/// success: mine, the one ahead of me, and whether it is the only one) or my key and the first-created
 /// key (when it already existed).
 fn create_txn(value: &[u8]) -> Request {
     Request::Txn(Txn {
@@ -117,7 +117,7 @@ fn create_txn(value: &[u8]) -> Request {
             TxnOp::Range(RangeRequest {
                 range: KeyRange::Prefix(b"/e/".to_vec()),
                 sort: SortOrder::CreateDescending,
-                limit: 2,
+                limit: 3,
                 max_create_revision: 0,
                 revision: 0,
             }),
@@ -130,8 +130,8 @@ fn create_txn(value: &[u8]) -> Request {
 }
 
 /// The answer to `create_txn` when it created my key at `revision`: the
-/// newest two keys, mine first.
-fn created(revision: Revision, value: &[u8], ahead: Option<KeyValue>) -> Response {
+/// newest keys, mine first, then those `ahead` of me, newest first.
+fn created(revision: Revision, value: &[u8], ahead: Vec<KeyValue>) -> Response {
     let mut kvs = vec![kv(&my_key(), value, revision)];
     kvs.extend(ahead);
     txn(
@@ -154,8 +154,8 @@ fn found(revision: Revision, mine: KeyValue, first: KeyValue) -> Response {
     )
 }
 
-/// The newest key created at or below `max_create_revision`, and my key,
-/// in one revision.
+/// The newest two keys created at or below `max_create_revision`, and my
+/// key, in one revision.
 fn older(max_create_revision: Revision) -> Request {
     Request::Txn(Txn {
         compare: vec![],
@@ -163,7 +163,7 @@ fn older(max_create_revision: Revision) -> Request {
             TxnOp::Range(RangeRequest {
                 range: KeyRange::Prefix(b"/e/".to_vec()),
                 sort: SortOrder::CreateDescending,
-                limit: 1,
+                limit: 2,
                 max_create_revision,
                 revision: 0,
             }),
@@ -183,6 +183,14 @@ fn older_found(revision: Revision, ahead: Vec<KeyValue>, mine: Vec<KeyValue>) ->
             TxnOpResponse::Range { kvs: mine },
         ],
     )
+}
+
+/// The watch of the candidate second in line: every key of the election.
+fn watch_all(start_revision: Revision) -> Request {
+    Request::Watch {
+        range: KeyRange::Prefix(b"/e/".to_vec()),
+        start_revision,
+    }
 }
 
 fn watch(key: &[u8], start_revision: Revision) -> Request {
@@ -235,7 +243,7 @@ fn elected(t0: Instant) -> Election {
     assert!(!e.is_leader(), "not before etcd answered");
     // One answer: my key created at 5 and nothing older at that revision.
     assert_eq!(
-        ok(&mut e, t0, P, created(5, b"a", None)),
+        ok(&mut e, t0, P, created(5, b"a", vec![])),
         vec![
             note(ElectionNotice::Elected {
                 op: OpId(1),
@@ -272,6 +280,22 @@ fn campaign_without_contenders_is_elected_by_the_create_answer_alone() {
     );
 }
 
+fn deleted(key: &[u8], revision: Revision) -> WatchEvent {
+    WatchEvent {
+        kind: EventKind::Delete,
+        kv: KeyValue {
+            key: key.to_vec(),
+            mod_revision: revision,
+            ..KeyValue::default()
+        },
+        prev_kv: None,
+    }
+}
+
+fn events(events: Vec<WatchEvent>) -> Response {
+    Response::WatchEvents { events }
+}
+
 #[test]
 fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
     let t0 = Instant::now();
@@ -284,101 +308,144 @@ fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
         },
     );
     assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
-    // The create's own answer names the key just ahead of mine.
+    // The create's own answer names the key just ahead of mine, and that
+    // another is ahead of it: watch only the one just ahead (no herd).
     let other = kv(b"/e/99", b"b", 4);
-    assert_eq!(
-        ok(&mut e, t0, P, created(7, b"a", Some(other.clone()))),
-        vec![rpc(P + 1, watch(b"/e/99", 8))]
-    );
-    assert_eq!(
-        ok(&mut e, t0, P + 1, Response::WatchEvents { events: vec![] }),
-        vec![]
-    );
-    let put = WatchEvent {
-        kind: EventKind::Put,
-        kv: other.clone(),
-        prev_kv: None,
-    };
-    assert_eq!(
-        ok(
-            &mut e,
-            t0,
-            P + 1,
-            Response::WatchEvents { events: vec![put] }
-        ),
-        vec![]
-    );
-    let deleted = WatchEvent {
-        kind: EventKind::Delete,
-        kv: KeyValue {
-            key: b"/e/99".to_vec(),
-            mod_revision: 9,
-            ..KeyValue::default()
-        },
-        prev_kv: Some(other),
-    };
-    assert_eq!(
-        ok(
-            &mut e,
-            t0,
-            P + 1,
-            Response::WatchEvents {
-                events: vec![deleted]
-            }
-        ),
-        vec![Command::Cancel { id: RpcId(P + 1) }, rpc(P + 2, older(6))]
-    );
-    assert!(!e.is_leader());
-    // Another older key is still there: wait for it in turn.
     let oldest = kv(b"/e/77", b"c", 3);
     assert_eq!(
         ok(
             &mut e,
             t0,
-            P + 2,
-            older_found(9, vec![oldest.clone()], vec![kv(&my_key(), b"a", 7)])
+            P,
+            created(7, b"a", vec![other.clone(), oldest.clone()])
         ),
-        vec![rpc(P + 3, watch(b"/e/77", 10))]
+        vec![rpc(P + 1, watch(b"/e/99", 8))]
     );
-    let deleted = WatchEvent {
-        kind: EventKind::Delete,
+    assert_eq!(ok(&mut e, t0, P + 1, events(vec![])), vec![]);
+    let put = WatchEvent {
+        kind: EventKind::Put,
+        kv: other.clone(),
+        prev_kv: None,
+    };
+    assert_eq!(ok(&mut e, t0, P + 1, events(vec![put])), vec![]);
+    assert_eq!(
+        ok(&mut e, t0, P + 1, events(vec![deleted(b"/e/99", 9)])),
+        vec![Command::Cancel { id: RpcId(P + 1) }, rpc(P + 2, older(6))]
+    );
+    assert!(!e.is_leader());
+    // The oldest is still there, and now the only key ahead of mine: wait
+    // for it on a watch of the whole election.
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 2,
+            older_found(9, vec![oldest], vec![kv(&my_key(), b"a", 7)])
+        ),
+        vec![rpc(P + 3, watch_all(10))]
+    );
+    // Others joining, and the leader proclaiming, change nothing.
+    let joined = WatchEvent {
+        kind: EventKind::Put,
+        kv: kv(b"/e/aa", b"d", 10),
+        prev_kv: None,
+    };
+    let proclaimed = WatchEvent {
+        kind: EventKind::Put,
         kv: KeyValue {
-            key: b"/e/77".to_vec(),
             mod_revision: 11,
-            ..KeyValue::default()
+            ..kv(b"/e/77", b"c2", 3)
         },
-        prev_kv: Some(oldest),
+        prev_kv: None,
     };
     assert_eq!(
-        ok(
-            &mut e,
-            t0,
-            P + 3,
-            Response::WatchEvents {
-                events: vec![deleted]
-            }
-        ),
-        vec![Command::Cancel { id: RpcId(P + 3) }, rpc(P + 4, older(6))]
+        ok(&mut e, t0, P + 3, events(vec![joined, proclaimed])),
+        vec![]
     );
-    // Nothing older, and my key read in the same revision: leader, with
-    // no separate verification.
+    assert!(!e.is_leader());
+    // Its delete arrives with every event before it, none of them about my
+    // key: at that revision my key is the one read at 9 and nothing is
+    // older, so I lead with no further read.
     assert_eq!(
-        ok(
-            &mut e,
-            t0,
-            P + 4,
-            older_found(11, vec![], vec![kv(&my_key(), b"a", 7)])
-        ),
+        ok(&mut e, t0, P + 3, events(vec![deleted(b"/e/77", 12)])),
         vec![
+            Command::Cancel { id: RpcId(P + 3) },
             note(ElectionNotice::Elected {
                 op: OpId(1),
                 key: my_key(),
                 token: 7,
                 lease: LEASE
             }),
-            rpc(P + 5, watch(&my_key(), 12)),
+            rpc(P + 4, watch(&my_key(), 13)),
         ]
     );
+    assert!(e.is_leader());
+}
+
+#[test]
+fn the_candidate_second_in_line_reads_again_when_its_own_key_changes() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            op: OpId(1),
+            value: b"a".to_vec(),
+        },
+    );
+    drain(&mut e);
+    let leader = kv(b"/e/99", b"b", 4);
+    assert_eq!(
+        ok(&mut e, t0, P, created(7, b"a", vec![leader.clone()])),
+        vec![rpc(P + 1, watch_all(8))]
+    );
+    // My key was deleted (by someone else) before the leader's delete, in
+    // the same answer: read again instead of leading.
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 1,
+            events(vec![deleted(&my_key(), 9), deleted(b"/e/99", 10)])
+        ),
+        vec![Command::Cancel { id: RpcId(P + 1) }, rpc(P + 2, older(6))]
+    );
+    // The read shows it gone: queue up again.
+    assert_eq!(
+        ok(&mut e, t0, P + 2, older_found(10, vec![], vec![])),
+        vec![rpc(P + 3, create_txn(b"a"))]
+    );
+    // Second in line again, behind a key read at 11; a delete claiming a
+    // revision before the watch started is not trusted: read instead.
+    assert_eq!(
+        ok(&mut e, t0, P + 3, created(11, b"a", vec![leader.clone()])),
+        vec![rpc(P + 4, watch_all(12))]
+    );
+    assert_eq!(
+        ok(&mut e, t0, P + 4, events(vec![deleted(b"/e/99", 0)])),
+        vec![Command::Cancel { id: RpcId(P + 4) }, rpc(P + 5, older(10))]
+    );
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 5,
+            older_found(13, vec![leader], vec![kv(&my_key(), b"a", 11)])
+        ),
+        vec![rpc(P + 6, watch_all(14))]
+    );
+    // My key recreated by someone else (a new create revision) counts as
+    // changed even without a delete in sight.
+    let recreated = WatchEvent {
+        kind: EventKind::Put,
+        kv: kv(&my_key(), b"x", 15),
+        prev_kv: None,
+    };
+    assert_eq!(
+        ok(&mut e, t0, P + 6, events(vec![recreated])),
+        vec![Command::Cancel { id: RpcId(P + 6) }, rpc(P + 7, older(10))]
+    );
+    assert!(!e.is_leader());
 }
 
 #[test]
@@ -393,26 +460,15 @@ fn campaign_never_claims_a_key_that_vanished_while_waiting() {
         },
     );
     drain(&mut e);
-    let other = kv(b"/e/99", b"b", 4);
-    ok(&mut e, t0, P, created(7, b"a", Some(other.clone())));
-    let deleted = WatchEvent {
-        kind: EventKind::Delete,
-        kv: KeyValue {
-            key: b"/e/99".to_vec(),
-            mod_revision: 9,
-            ..KeyValue::default()
-        },
-        prev_kv: Some(other),
-    };
+    let oldest = kv(b"/e/77", b"c", 3);
+    ok(
+        &mut e,
+        t0,
+        P,
+        created(7, b"a", vec![kv(b"/e/99", b"b", 4), oldest.clone()]),
+    );
     assert_eq!(
-        ok(
-            &mut e,
-            t0,
-            P + 1,
-            Response::WatchEvents {
-                events: vec![deleted]
-            }
-        ),
+        ok(&mut e, t0, P + 1, events(vec![deleted(b"/e/99", 9)])),
         vec![Command::Cancel { id: RpcId(P + 1) }, rpc(P + 2, older(6))]
     );
     // My key is gone in the answer's revision (an older one remains, which
@@ -422,7 +478,7 @@ fn campaign_never_claims_a_key_that_vanished_while_waiting() {
             &mut e,
             t0,
             P + 2,
-            older_found(9, vec![kv(b"/e/77", b"c", 3)], vec![])
+            older_found(9, vec![oldest.clone()], vec![])
         ),
         vec![rpc(P + 3, create_txn(b"a"))]
     );
@@ -432,24 +488,9 @@ fn campaign_never_claims_a_key_that_vanished_while_waiting() {
         &mut e,
         t0,
         P + 3,
-        created(10, b"a", Some(kv(b"/e/77", b"c", 3))),
+        created(10, b"a", vec![kv(b"/e/99", b"b", 8), oldest]),
     );
-    ok(
-        &mut e,
-        t0,
-        P + 4,
-        Response::WatchEvents {
-            events: vec![WatchEvent {
-                kind: EventKind::Delete,
-                kv: KeyValue {
-                    key: b"/e/77".to_vec(),
-                    mod_revision: 11,
-                    ..KeyValue::default()
-                },
-                prev_kv: None,
-            }],
-        },
-    );
+    ok(&mut e, t0, P + 4, events(vec![deleted(b"/e/99", 11)]));
     assert_eq!(
         ok(
             &mut e,
@@ -565,7 +606,7 @@ fn session_loss_while_waiting_fails_the_campaign_and_never_elects() {
         },
     );
     drain(&mut e);
-    ok(&mut e, t0, P, created(7, b"a", Some(kv(b"/e/99", b"b", 4))));
+    ok(&mut e, t0, P, created(7, b"a", vec![kv(b"/e/99", b"b", 4)]));
     // No renewal is ever answered: at the local deadline the session is lost.
     let deadline = t0 + Duration::from_secs(9);
     let mut all = Vec::new();
@@ -788,8 +829,8 @@ fn a_resign_does_not_cancel_a_running_campaign() {
         vec![note(ElectionNotice::Resigned { token: 3 })]
     );
     assert_eq!(
-        ok(&mut e, t0, P, created(5, b"a", Some(kv(b"/e/99", b"b", 4)))),
-        vec![rpc(P + 1, watch(b"/e/99", 6))]
+        ok(&mut e, t0, P, created(5, b"a", vec![kv(b"/e/99", b"b", 4)])),
+        vec![rpc(P + 1, watch_all(6))]
     );
 }
 
@@ -1009,7 +1050,7 @@ fn second_campaign_is_busy_and_cancel_deletes_the_key() {
         },
     );
     drain(&mut e);
-    ok(&mut e, t0, P, created(7, b"a", Some(kv(b"/e/99", b"b", 4))));
+    ok(&mut e, t0, P, created(7, b"a", vec![kv(b"/e/99", b"b", 4)]));
     e.handle(
         t0,
         ElectionInput::TryCampaign {
@@ -1194,8 +1235,8 @@ fn a_late_answer_to_a_canceled_campaign_names_it_not_the_next_one() {
     );
     assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
     assert_eq!(
-        ok(&mut e, t0, P, created(7, b"a", Some(kv(b"/e/99", b"b", 4)))),
-        vec![rpc(P + 1, watch(b"/e/99", 8))]
+        ok(&mut e, t0, P, created(7, b"a", vec![kv(b"/e/99", b"b", 4)])),
+        vec![rpc(P + 1, watch_all(8))]
     );
     e.handle(t0, ElectionInput::CancelCampaign { op: OpId(1) });
     assert_eq!(
@@ -1237,7 +1278,7 @@ fn a_late_answer_to_a_canceled_campaign_names_it_not_the_next_one() {
         ]
     );
     assert_eq!(
-        ok(&mut e, later, P + 3, created(9, b"b", None)),
+        ok(&mut e, later, P + 3, created(9, b"b", vec![])),
         vec![
             note(ElectionNotice::Elected {
                 op: OpId(2),
@@ -1408,7 +1449,7 @@ fn a_margin_and_drift_allowance_end_leadership_before_the_ttl() {
         },
     );
     drain(&mut e);
-    ok(&mut e, t0, P, created(5, b"a", None));
+    ok(&mut e, t0, P, created(5, b"a", vec![]));
     assert!(e.is_leader());
     // No renewal is answered: leadership ends at the shortened deadline.
     let mut seen = Vec::new();
