@@ -1464,3 +1464,144 @@ fn a_margin_and_drift_allowance_end_leadership_before_the_ttl() {
         "{seen:?}"
     );
 }
+
+fn campaigning(t0: Instant, try_only: bool) -> Election {
+    let mut e = registered(t0);
+    let value = b"a".to_vec();
+    let op = OpId(1);
+    e.handle(
+        t0,
+        if try_only {
+            ElectionInput::TryCampaign { op, value }
+        } else {
+            ElectionInput::Campaign { op, value }
+        },
+    );
+    drain(&mut e);
+    e
+}
+
+#[test]
+fn malformed_create_answers_are_retried_after_a_pause() {
+    let t0 = Instant::now();
+    let mut e = campaigning(t0, false);
+    let retry = t0 + Duration::from_millis(100);
+    // Not a txn answer; a txn answer without the second read; a found key
+    // missing from the answer; a create revision that cannot be: each is
+    // sent again after the backoff, never believed.
+    let answers = [
+        Response::Revoked,
+        txn(5, true, vec![TxnOpResponse::Put]),
+        txn(5, false, vec![TxnOpResponse::Range { kvs: vec![] }]),
+        txn(
+            0,
+            true,
+            vec![TxnOpResponse::Put, TxnOpResponse::Range { kvs: vec![] }],
+        ),
+    ];
+    let mut id = P;
+    let mut at = t0;
+    for answer in answers {
+        assert_eq!(ok(&mut e, at, id, answer), vec![]);
+        assert!(!e.is_leader());
+        let next = e.poll_timeout().expect("a retry is armed");
+        assert!(next > at && next <= at + Duration::from_secs(1), "{next:?}");
+        at = next;
+        e.handle_timeout(at);
+        id += 1;
+        assert_eq!(drain(&mut e), vec![rpc(id, create_txn(b"a"))]);
+    }
+    assert!(retry <= at);
+}
+
+#[test]
+fn malformed_answers_while_waiting_are_retried_or_the_wait_restarted() {
+    let t0 = Instant::now();
+    let mut e = campaigning(t0, false);
+    let leader = kv(b"/e/99", b"b", 4);
+    assert_eq!(
+        ok(&mut e, t0, P, created(7, b"a", vec![leader.clone()])),
+        vec![rpc(P + 1, watch_all(8))]
+    );
+    // A watch answering with something else than events is restarted with
+    // a read after a pause.
+    assert_eq!(
+        ok(&mut e, t0, P + 1, Response::Revoked),
+        vec![Command::Cancel { id: RpcId(P + 1) }]
+    );
+    let at = e.poll_timeout().expect("a retry is armed");
+    e.handle_timeout(at);
+    assert_eq!(drain(&mut e), vec![rpc(P + 2, older(6))]);
+    // A read answered with a plain range, or a txn without both reads, is
+    // sent again after a pause.
+    let answers = [
+        Response::Range {
+            revision: 9,
+            kvs: vec![],
+        },
+        txn(9, true, vec![TxnOpResponse::Range { kvs: vec![] }]),
+    ];
+    let mut id = P + 2;
+    let mut at = at;
+    for answer in answers {
+        assert_eq!(ok(&mut e, at, id, answer), vec![]);
+        at = e.poll_timeout().expect("a retry is armed");
+        e.handle_timeout(at);
+        id += 1;
+        assert_eq!(drain(&mut e), vec![rpc(id, older(6))]);
+    }
+    assert!(!e.is_leader());
+}
+
+#[test]
+fn fixing_a_stale_value_that_fails_or_is_answered_oddly() {
+    let t0 = Instant::now();
+    let mut e = campaigning(t0, false);
+    let mine = kv(&my_key(), b"old", 3);
+    let fix = Request::Txn(Txn {
+        compare: vec![Compare::CreateRevisionEquals {
+            key: my_key(),
+            revision: 3,
+        }],
+        success: vec![TxnOp::Put {
+            key: my_key(),
+            value: b"a".to_vec(),
+            lease: LEASE,
+        }],
+        failure: vec![],
+    });
+    assert_eq!(
+        ok(&mut e, t0, P, found(8, mine.clone(), mine.clone())),
+        vec![rpc(P + 1, fix.clone())]
+    );
+    // An odd answer: sent again after a pause.
+    assert_eq!(ok(&mut e, t0, P + 1, Response::Revoked), vec![]);
+    let at = e.poll_timeout().expect("a retry is armed");
+    e.handle_timeout(at);
+    assert_eq!(drain(&mut e), vec![rpc(P + 2, fix)]);
+    // The guard fails: my key vanished meanwhile, so join the queue again.
+    assert_eq!(
+        ok(&mut e, at, P + 2, txn(9, false, vec![])),
+        vec![rpc(P + 3, create_txn(b"a"))]
+    );
+}
+
+#[test]
+fn try_campaign_first_in_line_with_a_stale_value_fixes_it_then_leads() {
+    let t0 = Instant::now();
+    let mut e = campaigning(t0, true);
+    let mine = kv(&my_key(), b"old", 3);
+    assert_eq!(ok(&mut e, t0, P, found(8, mine.clone(), mine)).len(), 1);
+    assert_eq!(
+        ok(&mut e, t0, P + 1, txn(9, true, vec![TxnOpResponse::Put])),
+        vec![
+            note(ElectionNotice::Elected {
+                op: OpId(1),
+                key: my_key(),
+                token: 3,
+                lease: LEASE
+            }),
+            rpc(P + 2, watch(&my_key(), 10)),
+        ]
+    );
+}
