@@ -336,6 +336,9 @@ impl Election {
                             LivenessState::Lost { .. } | LivenessState::Stopped { .. } => {
                                 Some(SessionFact::Lost)
                             }
+                            LivenessState::Refused { error } => {
+                                Some(SessionFact::Refused(error.clone()))
+                            }
                             _ => None,
                         };
                         self.outbox.notify(ElectionNotice::Session(state));

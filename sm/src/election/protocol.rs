@@ -15,7 +15,7 @@ use crate::timer::TimerTable;
 use std::time::Instant;
 
 /// What the protocol needs to know about its session.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum SessionFact {
     /// The lease is registered and renewing.
     Up { lease: LeaseId },
@@ -23,6 +23,9 @@ pub(crate) enum SessionFact {
     Suspended,
     /// The lease is gone (or presumed gone): every key of it is gone too.
     Lost,
+    /// etcd refused the session for good (a grant refused with permission
+    /// denied): no lease will ever come, so nothing may wait for one.
+    Refused(RpcError),
 }
 
 /// User requests, without the RPC replies.
@@ -160,6 +163,9 @@ pub(crate) struct Protocol {
     timers: TimerTable<Timer>,
     outbox: Outbox<ElectionNotice>,
     session: Session,
+    /// Why the session will never come up, once etcd refused it: every
+    /// campaign then fails with it instead of waiting for a lease.
+    refused: Option<RpcError>,
     op: Op,
     /// A campaign asked for while a withdraw was still deleting the previous
     /// key (a dropped leadership resigns without waiting): it starts once
@@ -190,6 +196,7 @@ impl Protocol {
             timers: TimerTable::new(),
             outbox: Outbox::new(first_id),
             session: Session::Down,
+            refused: None,
             op: Op::Idle,
             queued: None,
             clock: Clock::new(now),
@@ -248,17 +255,22 @@ impl Protocol {
     pub(crate) fn session(&mut self, now: Instant, fact: SessionFact) {
         self.clock.observe(now);
         let previous = self.session.lease();
-        self.session = match fact {
-            SessionFact::Up { lease } => Session::Up(lease),
+        self.session = match &fact {
+            SessionFact::Up { lease } => Session::Up(*lease),
             SessionFact::Suspended => match previous {
                 Some(l) => Session::Suspended(l),
                 None => Session::Down,
             },
-            SessionFact::Lost => Session::Down,
+            SessionFact::Lost | SessionFact::Refused(_) => Session::Down,
         };
         let current = self.session.lease();
-        // A new lease without a "lost" in between still means the old one is gone.
-        if previous.is_some() && previous != current {
+        if let SessionFact::Refused(error) = fact {
+            // Also a campaign still waiting for its first lease, which a
+            // loss (there was no lease to lose) would leave waiting forever.
+            self.refused = Some(error.clone());
+            self.session_ended(ElectionError::Rejected(error));
+        } else if previous.is_some() && previous != current {
+            // A new lease without a "lost" in between still means the old one is gone.
             self.session_lost();
         }
         if let (Session::Up(lease), Op::Campaigning(c)) = (self.session, &self.op) {
@@ -285,6 +297,12 @@ impl Protocol {
     }
 
     fn session_lost(&mut self) {
+        self.session_ended(ElectionError::SessionLost);
+    }
+
+    /// The session's lease is gone (or will never be): what ran on it ends
+    /// with `error`.
+    fn session_ended(&mut self, error: ElectionError) {
         let op = std::mem::replace(&mut self.op, Op::Idle);
         self.op = match op {
             Op::Campaigning(c) => {
@@ -292,14 +310,12 @@ impl Protocol {
                 // for the session is bounded by it too.
                 self.cancel(c.pending);
                 self.timers.stop(Timer::Retry);
-                self.outbox.notify(ElectionNotice::CampaignFailed {
-                    op: c.op,
-                    error: ElectionError::SessionLost,
-                });
+                self.outbox
+                    .notify(ElectionNotice::CampaignFailed { op: c.op, error });
                 Op::Idle
             }
             Op::Leading(l) => {
-                self.lose_leadership(l, ElectionError::SessionLost);
+                self.lose_leadership(l, error);
                 Op::Idle
             }
             Op::Withdrawing(w) => {
@@ -409,8 +425,8 @@ impl Protocol {
                     step: Step::WaitSession,
                     pending: None,
                 };
-                match self.session {
-                    Session::Up(lease) => {
+                match (self.session, &self.refused) {
+                    (Session::Up(lease), _) => {
                         let c = Campaign {
                             lease,
                             key: requests::candidate_key(&self.prefix, lease),
@@ -418,6 +434,13 @@ impl Protocol {
                             ..c
                         };
                         self.send_step(c)
+                    }
+                    (_, Some(error)) => {
+                        self.outbox.notify(ElectionNotice::CampaignFailed {
+                            op,
+                            error: ElectionError::Rejected(error.clone()),
+                        });
+                        Op::Idle
                     }
                     _ => Op::Campaigning(c),
                 }

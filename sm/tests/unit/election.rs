@@ -1605,3 +1605,59 @@ fn try_campaign_first_in_line_with_a_stale_value_fixes_it_then_leads() {
         ]
     );
 }
+
+#[test]
+fn a_refused_session_fails_the_waiting_campaign_and_every_later_one() {
+    let t0 = Instant::now();
+    let mut e = Election::new(config(), t0, 7);
+    drain(&mut e);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            op: OpId(1),
+            value: b"a".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![], "waits for the session");
+    let denied = RpcError::PermissionDenied("etcdserver: permission denied".into());
+    e.handle(
+        t0,
+        RpcReply {
+            id: RpcId(0),
+            result: Err(denied.clone()),
+        }
+        .into(),
+    );
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            note(ElectionNotice::Session(LivenessState::Refused {
+                error: denied.clone()
+            })),
+            note(ElectionNotice::CampaignFailed {
+                op: OpId(1),
+                error: ElectionError::Rejected(denied.clone()),
+            }),
+            note(ElectionNotice::Session(LivenessState::Stopped {
+                revoked: false
+            })),
+        ]
+    );
+    assert_eq!(e.poll_timeout(), None);
+    // No lease will come: a later campaign fails at once, not in a wait.
+    e.handle(
+        t0,
+        ElectionInput::TryCampaign {
+            op: OpId(2),
+            value: b"b".to_vec(),
+        },
+    );
+    assert_eq!(
+        drain(&mut e),
+        vec![note(ElectionNotice::CampaignFailed {
+            op: OpId(2),
+            error: ElectionError::Rejected(denied),
+        })]
+    );
+    assert_eq!(e.poll_timeout(), None);
+}
