@@ -1532,14 +1532,19 @@ fn malformed_answers_while_waiting_are_retried_or_the_wait_restarted() {
     let at = e.poll_timeout().expect("a retry is armed");
     e.handle_timeout(at);
     assert_eq!(drain(&mut e), vec![rpc(P + 2, older(6))]);
-    // A read answered with a plain range, or a txn without both reads, is
-    // sent again after a pause.
+    // A read answered with a plain range, a txn without both reads, or one
+    // whose first answer is not a range, is sent again after a pause.
     let answers = [
         Response::Range {
             revision: 9,
             kvs: vec![],
         },
         txn(9, true, vec![TxnOpResponse::Range { kvs: vec![] }]),
+        txn(
+            9,
+            true,
+            vec![TxnOpResponse::Put, TxnOpResponse::Range { kvs: vec![] }],
+        ),
     ];
     let mut id = P + 2;
     let mut at = at;
@@ -1660,4 +1665,232 @@ fn a_refused_session_fails_the_waiting_campaign_and_every_later_one() {
         })]
     );
     assert_eq!(e.poll_timeout(), None);
+}
+
+#[test]
+fn a_refused_watch_while_waiting_restarts_the_wait_with_a_read() {
+    let t0 = Instant::now();
+    let mut e = campaigning(t0, false);
+    assert_eq!(
+        ok(&mut e, t0, P, created(7, b"a", vec![kv(b"/e/99", b"b", 4)])),
+        vec![rpc(P + 1, watch_all(8))]
+    );
+    // A compacted watch cannot be resumed where it was; the older key may
+    // have gone unseen, so read again (after a pause), never fail.
+    e.handle(
+        t0,
+        RpcReply {
+            id: RpcId(P + 1),
+            result: Err(RpcError::Compacted {
+                compact_revision: 9,
+            }),
+        }
+        .into(),
+    );
+    assert_eq!(drain(&mut e), vec![Command::Cancel { id: RpcId(P + 1) }]);
+    let retry = t0 + Duration::from_millis(100);
+    assert_eq!(e.poll_timeout(), Some(retry));
+    e.handle_timeout(retry);
+    assert_eq!(drain(&mut e), vec![rpc(P + 2, older(6))]);
+    assert!(!e.is_leader());
+}
+
+#[test]
+fn a_withdraw_answered_oddly_is_sent_again_after_a_pause() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    e.handle(t0, ElectionInput::Resign { token: 5 });
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            Command::Cancel { id: RpcId(P + 1) },
+            rpc(P + 2, delete_mine(5))
+        ]
+    );
+    assert_eq!(ok(&mut e, t0, P + 2, Response::Revoked), vec![]);
+    let retry = t0 + Duration::from_millis(100);
+    assert_eq!(e.poll_timeout(), Some(retry));
+    e.handle_timeout(retry);
+    assert_eq!(drain(&mut e), vec![rpc(P + 3, delete_mine(5))]);
+    assert_eq!(
+        ok(
+            &mut e,
+            retry,
+            P + 3,
+            Response::Deleted {
+                revision: 9,
+                deleted: 1
+            }
+        ),
+        vec![note(ElectionNotice::Resigned { token: 5 })]
+    );
+}
+
+#[test]
+fn a_proclaim_refused_for_good_fails_and_leadership_stays() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    e.handle(
+        t0,
+        ElectionInput::Proclaim {
+            op: OpId(2),
+            value: b"v2".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e).len(), 1);
+    let denied = RpcError::PermissionDenied("etcdserver: permission denied".into());
+    e.handle(
+        t0,
+        RpcReply {
+            id: RpcId(P + 2),
+            result: Err(denied.clone()),
+        }
+        .into(),
+    );
+    assert_eq!(
+        drain(&mut e),
+        vec![note(ElectionNotice::ProclaimFailed {
+            op: OpId(2),
+            error: ElectionError::Rejected(denied)
+        })]
+    );
+    // The refusal says nothing about the key: still leader, and the next
+    // proclaim is sent rather than refused as busy.
+    assert!(e.is_leader());
+    assert_eq!(e.poll_timeout(), Some(t0 + Duration::from_secs(3)));
+    e.handle(
+        t0,
+        ElectionInput::Proclaim {
+            op: OpId(3),
+            value: b"v3".to_vec(),
+        },
+    );
+    let put = Request::Txn(Txn {
+        compare: vec![Compare::CreateRevisionEquals {
+            key: my_key(),
+            revision: 5,
+        }],
+        success: vec![TxnOp::Put {
+            key: my_key(),
+            value: b"v3".to_vec(),
+            lease: LEASE,
+        }],
+        failure: vec![],
+    });
+    assert_eq!(drain(&mut e), vec![rpc(P + 3, put)]);
+}
+
+#[test]
+fn a_broken_leader_watch_is_replaced_after_a_read_of_the_own_key() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    // The watch of my key breaks: belief stays (the session deadline
+    // bounds it), and after a pause a read decides.
+    assert_eq!(
+        ok(&mut e, t0, P + 1, Response::Revoked),
+        vec![Command::Cancel { id: RpcId(P + 1) }]
+    );
+    assert!(e.is_leader());
+    let retry = t0 + Duration::from_millis(100);
+    assert_eq!(e.poll_timeout(), Some(retry));
+    e.handle_timeout(retry);
+    assert_eq!(
+        drain(&mut e),
+        vec![rpc(
+            P + 2,
+            Request::Range(RangeRequest::all(KeyRange::Key(my_key())))
+        )]
+    );
+    // The read finds my key gone: the leadership ended while unwatched.
+    // (The cancel of the answered read is redundant, and harmless.)
+    assert_eq!(
+        ok(
+            &mut e,
+            retry,
+            P + 2,
+            Response::Range {
+                revision: 9,
+                kvs: vec![]
+            }
+        ),
+        vec![
+            Command::Cancel { id: RpcId(P + 2) },
+            note(ElectionNotice::LeadershipLost { token: 5 })
+        ]
+    );
+    assert!(!e.is_leader());
+    assert_eq!(e.token(), None);
+    assert_eq!(e.fence(), None);
+}
+
+#[test]
+fn a_stale_reply_while_leading_changes_nothing() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    // A late second answer to the create, then one to an id never issued.
+    for id in [P, P + 99] {
+        assert_eq!(ok(&mut e, t0, id, created(5, b"a", vec![])), vec![]);
+        assert!(e.is_leader());
+        assert_eq!(e.token(), Some(5));
+    }
+}
+
+#[test]
+fn after_stop_every_request_is_answered_stopped_and_the_machine_finishes() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    assert_eq!(Election::stop_input(), ElectionInput::Stop);
+    assert!(!e.is_finished());
+    e.handle(t0, Election::stop_input());
+    assert!(!e.is_finished(), "the revoke is still to be sent");
+    let commands = drain(&mut e);
+    assert!(
+        commands.contains(&rpc(1, Request::Revoke { lease: LEASE })),
+        "{commands:?}"
+    );
+    assert!(!e.is_finished(), "the revoke is not answered yet");
+    assert_eq!(
+        ok(&mut e, t0, 1, Response::Revoked),
+        vec![note(ElectionNotice::Session(LivenessState::Stopped {
+            revoked: true
+        }))]
+    );
+    assert!(e.is_finished());
+    e.handle(
+        t0,
+        ElectionInput::Proclaim {
+            op: OpId(2),
+            value: b"v".to_vec(),
+        },
+    );
+    e.handle(t0, ElectionInput::Resign { token: 5 });
+    e.handle(t0, ElectionInput::CancelCampaign { op: OpId(1) });
+    e.handle(t0, ElectionInput::Stop);
+    assert!(!e.is_finished(), "answers are still to be taken");
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            note(ElectionNotice::ProclaimFailed {
+                op: OpId(2),
+                error: ElectionError::Stopped
+            }),
+            note(ElectionNotice::Resigned { token: 5 }),
+        ]
+    );
+    assert!(e.is_finished());
+    assert_eq!(e.poll_timeout(), None);
+}
+
+#[test]
+fn the_leader_query_reads_the_first_created_key() {
+    assert_eq!(
+        leader_query(b"/e/"),
+        Request::Range(RangeRequest {
+            range: KeyRange::Prefix(b"/e/".to_vec()),
+            sort: SortOrder::CreateAscending,
+            limit: 1,
+            max_create_revision: 0,
+            revision: 0,
+        })
+    );
 }
