@@ -276,21 +276,18 @@ impl Election {
     /// What the user may believe right now: leader, with a session whose
     /// local deadline has not passed. Turns false at the deadline instant.
     pub fn is_leader(&self) -> bool {
-        self.protocol.is_leader()
-            && self.protocol.leader_lease() == self.session.lease()
-            && self
-                .session
-                .local_deadline()
-                .is_some_and(|deadline| self.clock.now() < deadline)
+        self.token().is_some()
     }
 
     /// The fencing token while [`Election::is_leader`] holds.
     pub fn token(&self) -> Option<Revision> {
-        if self.is_leader() {
-            self.protocol.token()
-        } else {
-            None
-        }
+        let (lease, token) = self.protocol.leadership()?;
+        let trusted = Some(lease) == self.session.lease()
+            && self
+                .session
+                .local_deadline()
+                .is_some_and(|deadline| self.clock.now() < deadline);
+        trusted.then_some(token)
     }
 
     /// While leader, the guard that fences a user's own etcd transaction:
@@ -332,7 +329,9 @@ impl Election {
                             LivenessState::Registered { lease } => {
                                 Some(SessionFact::Up { lease: *lease })
                             }
-                            LivenessState::Suspended { .. } => Some(SessionFact::Suspended),
+                            LivenessState::Suspended { lease } => {
+                                Some(SessionFact::Suspended { lease: *lease })
+                            }
                             LivenessState::Lost { .. } | LivenessState::Stopped { .. } => {
                                 Some(SessionFact::Lost)
                             }

@@ -19,8 +19,8 @@ use std::time::Instant;
 pub(crate) enum SessionFact {
     /// The lease is registered and renewing.
     Up { lease: LeaseId },
-    /// Renewals fail; the lease may still be alive.
-    Suspended,
+    /// Renewals of `lease` fail; it may still be alive.
+    Suspended { lease: LeaseId },
     /// The lease is gone (or presumed gone): every key of it is gone too.
     Lost,
     /// etcd refused the session for good (a grant refused with permission
@@ -73,7 +73,6 @@ impl Session {
 
 #[derive(Clone, Debug)]
 enum Step {
-    WaitSession,
     /// Create my key and read who is ahead ([`requests::create`]).
     Create,
     FixValue,
@@ -95,6 +94,15 @@ enum Step {
     },
 }
 
+/// A campaign asked for while the session had no lease: it starts
+/// ([`Step::Create`]) once one is up.
+#[derive(Clone, Debug)]
+struct Waiting {
+    op: OpId,
+    value: Vec<u8>,
+    try_only: bool,
+}
+
 #[derive(Clone, Debug)]
 struct Campaign {
     /// The operation this campaign answers.
@@ -106,7 +114,7 @@ struct Campaign {
     /// My key's create revision; 0 while unknown.
     token: Revision,
     step: Step,
-    /// The request of `step` in flight; `None` while waiting (session or backoff).
+    /// The request of `step` in flight; `None` while waiting for the backoff.
     pending: Option<RpcId>,
 }
 
@@ -148,6 +156,7 @@ struct Withdraw {
 #[derive(Clone, Debug)]
 enum Op {
     Idle,
+    WaitingForSession(Waiting),
     Campaigning(Campaign),
     Leading(Leading),
     Withdrawing(Withdraw),
@@ -203,15 +212,12 @@ impl Protocol {
         }
     }
 
-    /// Leader as far as the protocol knows; the session deadline is checked
-    /// by the wrapper, which owns the clock of the lease.
-    pub(crate) fn is_leader(&self) -> bool {
-        matches!(self.op, Op::Leading(_))
-    }
-
-    pub(crate) fn leader_lease(&self) -> Option<LeaseId> {
+    /// The lease and token of the leadership, while leader as far as the
+    /// protocol knows; the session deadline is checked by the wrapper, which
+    /// owns the clock of the lease.
+    pub(crate) fn leadership(&self) -> Option<(LeaseId, Revision)> {
         match &self.op {
-            Op::Leading(l) => Some(l.lease),
+            Op::Leading(l) => Some((l.lease, l.token)),
             _ => None,
         }
     }
@@ -219,13 +225,6 @@ impl Protocol {
     /// Stopped for good (the `Stop` request was handled).
     pub(crate) fn is_stopped(&self) -> bool {
         matches!(self.op, Op::Stopped) && self.outbox.is_empty()
-    }
-
-    pub(crate) fn token(&self) -> Option<Revision> {
-        match &self.op {
-            Op::Leading(l) => Some(l.token),
-            _ => None,
-        }
     }
 
     pub(crate) fn poll_command(&mut self) -> Option<Command<ElectionNotice>> {
@@ -257,10 +256,7 @@ impl Protocol {
         let previous = self.session.lease();
         self.session = match &fact {
             SessionFact::Up { lease } => Session::Up(*lease),
-            SessionFact::Suspended => match previous {
-                Some(l) => Session::Suspended(l),
-                None => Session::Down,
-            },
+            SessionFact::Suspended { lease } => Session::Suspended(*lease),
             SessionFact::Lost | SessionFact::Refused(_) => Session::Down,
         };
         let current = self.session.lease();
@@ -273,15 +269,11 @@ impl Protocol {
             // A new lease without a "lost" in between still means the old one is gone.
             self.session_lost();
         }
-        if let (Session::Up(lease), Op::Campaigning(c)) = (self.session, &self.op) {
-            if matches!(c.step, Step::WaitSession) {
-                let mut c = c.clone();
-                c.lease = lease;
-                c.key = requests::candidate_key(&self.prefix, lease);
-                c.step = Step::Create;
-                self.op = self.send_step(c);
-            }
-        }
+        let op = std::mem::replace(&mut self.op, Op::Idle);
+        self.op = match (self.session, op) {
+            (Session::Up(lease), Op::WaitingForSession(w)) => self.start_campaign(w, lease),
+            (_, op) => op,
+        };
         self.start_queued();
     }
 
@@ -305,9 +297,14 @@ impl Protocol {
     fn session_ended(&mut self, error: ElectionError) {
         let op = std::mem::replace(&mut self.op, Op::Idle);
         self.op = match op {
+            // A campaign waiting for the session is bounded by it too.
+            Op::WaitingForSession(w) => {
+                self.outbox
+                    .notify(ElectionNotice::CampaignFailed { op: w.op, error });
+                Op::Idle
+            }
             Op::Campaigning(c) => {
-                // The key (if any) dies with the lease; a campaign waiting
-                // for the session is bounded by it too.
+                // The key dies with the lease.
                 self.cancel(c.pending);
                 self.timers.stop(Timer::Retry);
                 self.outbox
@@ -415,26 +412,13 @@ impl Protocol {
             ) => {
                 self.backoff.reset();
                 self.timers.stop(Timer::Retry);
-                let c = Campaign {
+                let w = Waiting {
                     op,
                     value,
                     try_only,
-                    lease: 0,
-                    key: Vec::new(),
-                    token: 0,
-                    step: Step::WaitSession,
-                    pending: None,
                 };
                 match (self.session, &self.refused) {
-                    (Session::Up(lease), _) => {
-                        let c = Campaign {
-                            lease,
-                            key: requests::candidate_key(&self.prefix, lease),
-                            step: Step::Create,
-                            ..c
-                        };
-                        self.send_step(c)
-                    }
+                    (Session::Up(lease), _) => self.start_campaign(w, lease),
                     (_, Some(error)) => {
                         self.outbox.notify(ElectionNotice::CampaignFailed {
                             op,
@@ -442,7 +426,7 @@ impl Protocol {
                         });
                         Op::Idle
                     }
-                    _ => Op::Campaigning(c),
+                    _ => Op::WaitingForSession(w),
                 }
             }
             (Op::Withdrawing(w), request @ UserRequest::Campaign { .. })
@@ -460,6 +444,13 @@ impl Protocol {
             }
             // A cancel names its campaign: a late cancel of an earlier one
             // must not end a newer campaign.
+            (Op::WaitingForSession(w), UserRequest::CancelCampaign { op }) if w.op == op => {
+                self.outbox.notify(ElectionNotice::CampaignFailed {
+                    op,
+                    error: ElectionError::Canceled,
+                });
+                Op::Idle
+            }
             (Op::Campaigning(c), UserRequest::CancelCampaign { op }) if c.op == op => {
                 let then = vec![ElectionNotice::CampaignFailed {
                     op,
@@ -528,6 +519,12 @@ impl Protocol {
 
     fn stop(&mut self, op: Op) {
         match op {
+            Op::WaitingForSession(w) => {
+                self.outbox.notify(ElectionNotice::CampaignFailed {
+                    op: w.op,
+                    error: ElectionError::Stopped,
+                });
+            }
             Op::Campaigning(c) => {
                 self.cancel(c.pending);
                 self.outbox.notify(ElectionNotice::CampaignFailed {
@@ -559,12 +556,6 @@ impl Protocol {
     fn abandon(&mut self, c: Campaign, then: Vec<ElectionNotice>) -> Op {
         self.cancel(c.pending);
         self.timers.stop(Timer::Retry);
-        if matches!(c.step, Step::WaitSession) {
-            for n in then {
-                self.outbox.notify(n);
-            }
-            return Op::Idle;
-        }
         let token = (c.token != 0).then_some(c.token);
         self.backoff.reset();
         self.send_withdraw(Withdraw {
@@ -584,9 +575,22 @@ impl Protocol {
         Op::Withdrawing(w)
     }
 
+    /// Join the queue on the session's `lease`.
+    fn start_campaign(&mut self, w: Waiting, lease: LeaseId) -> Op {
+        self.send_step(Campaign {
+            op: w.op,
+            value: w.value,
+            try_only: w.try_only,
+            lease,
+            key: requests::candidate_key(&self.prefix, lease),
+            token: 0,
+            step: Step::Create,
+            pending: None,
+        })
+    }
+
     fn send_step(&mut self, mut c: Campaign) -> Op {
         let request = match &c.step {
-            Step::WaitSession => return Op::Campaigning(c),
             Step::Create if c.try_only => {
                 requests::try_create(&self.prefix, &c.key, &c.value, c.lease)
             }
@@ -674,7 +678,6 @@ impl Protocol {
             }
         };
         match c.step.clone() {
-            Step::WaitSession => Op::Campaigning(c),
             Step::Create => self.created(c, response),
             Step::FixValue => match response {
                 Response::Txn {

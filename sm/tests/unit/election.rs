@@ -1120,6 +1120,47 @@ fn campaign_before_the_session_waits_for_it() {
 }
 
 #[test]
+fn a_campaign_waiting_for_the_session_is_canceled_or_stopped_without_a_request() {
+    let t0 = Instant::now();
+    let mut e = Election::new(config(), t0, 7);
+    drain(&mut e);
+    let campaign = |op| ElectionInput::Campaign {
+        op: OpId(op),
+        value: b"a".to_vec(),
+    };
+    e.handle(t0, campaign(1));
+    // Only its own cancel ends it; no key was created, so none is deleted.
+    e.handle(t0, ElectionInput::CancelCampaign { op: OpId(9) });
+    assert_eq!(drain(&mut e), vec![]);
+    e.handle(t0, ElectionInput::CancelCampaign { op: OpId(1) });
+    assert_eq!(
+        drain(&mut e),
+        vec![note(ElectionNotice::CampaignFailed {
+            op: OpId(1),
+            error: ElectionError::Canceled
+        })]
+    );
+    e.handle(t0, campaign(2));
+    assert_eq!(drain(&mut e), vec![]);
+    e.handle(t0, ElectionInput::Stop);
+    let commands = drain(&mut e);
+    assert_eq!(
+        commands.first(),
+        Some(&note(ElectionNotice::CampaignFailed {
+            op: OpId(2),
+            error: ElectionError::Stopped
+        })),
+        "{commands:?}"
+    );
+    assert!(
+        !commands
+            .iter()
+            .any(|c| matches!(c, Command::Rpc { id, .. } if id.0 >= P)),
+        "{commands:?}"
+    );
+}
+
+#[test]
 fn stop_ends_leadership_at_once_and_revokes() {
     let t0 = Instant::now();
     let mut e = elected(t0);
