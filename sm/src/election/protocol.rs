@@ -626,6 +626,9 @@ impl Protocol {
                     }
                     Op::Leading(l)
                 }
+                // A stale timer: unreachable today, as whatever ends the
+                // state that armed one also stops it (`abandon`, `resign`,
+                // `lose_leadership`, `session_ended`, `stop`).
                 (_, op) => op,
             };
         }
@@ -878,6 +881,9 @@ impl Protocol {
     /// My key exists with my revision as of `revision` and nothing older
     /// remains: no later key can get ahead of it, so I lead until it goes.
     fn elect(&mut self, c: Campaign, revision: Revision) -> Op {
+        // Unreachable today (`session` fails every campaign once its lease
+        // changes or goes); kept so that no future path can report
+        // `Elected` for a key whose lease this machine no longer holds.
         if self.session.lease() != Some(c.lease) {
             self.outbox.notify(ElectionNotice::CampaignFailed {
                 op: c.op,
