@@ -1011,6 +1011,8 @@ impl Protocol {
                         );
                         Op::Leading(l)
                     } else {
+                        // The read is answered: nothing to cancel.
+                        l.guard = Guard::Waiting;
                         self.lose_leadership(l, ElectionError::NotLeader);
                         Op::Idle
                     }
