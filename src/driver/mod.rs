@@ -16,6 +16,7 @@ pub(crate) mod connect;
 pub(crate) mod exec;
 pub(crate) mod handle;
 pub(crate) mod health;
+pub(crate) mod renewer;
 pub(crate) mod runner;
 
 pub(crate) use handle::{
@@ -62,6 +63,8 @@ pub(crate) struct Shared {
     /// Raised when a call got no answer in time: the health monitor then
     /// probes every endpoint at once.
     pub suspicion: health::Suspicion,
+    /// The one renewal stream every lease of the handle is kept alive on.
+    pub renewals: renewer::Renewals,
 }
 
 /// A message from a user thread to the driver: the only two things a user
@@ -150,13 +153,21 @@ pub(crate) fn start(settings: ConnectSettings) -> Result<DriverHandle, StartErro
                 let options = DriverOptions { request_timeout: settings.request_timeout };
                 let shutdown_grace = options.request_timeout.saturating_add(SHUTDOWN_SLACK);
                 let suspicion = health::Suspicion::default();
+                let (renewals, renewer) = renewer::start(
+                    connected.client.clone(),
+                    options.request_timeout,
+                    suspicion.clone(),
+                    shutdown_rx.clone(),
+                );
                 let shared = Shared {
                     client: connected.client,
                     options,
                     shutdown: shutdown_rx,
                     suspicion: suspicion.clone(),
+                    renewals,
                 };
                 let mut tasks = tokio::task::JoinSet::new();
+                tasks.spawn(renewer);
                 if connected.probes.len() > 1 {
                     // A probe that takes longer than a request would have
                     // timed out anyway; one that takes longer than a

@@ -7,11 +7,10 @@
 
 use super::exec;
 use super::handle::{Control, Finished, MachineHandle, Relief, Sink};
-use super::health::Suspicion;
 use super::{no_answer, Shared};
 use etcd_client as ec;
 use fleetcoord_sm::{
-    Command, KeyRange, LeaseId, Machine, Request, Response, RpcError, RpcId, RpcReply,
+    Command, KeyRange, Machine, Request, Response, RpcError, RpcId, RpcReply,
 };
 use std::collections::HashMap;
 use std::future::Future;
@@ -75,24 +74,9 @@ where
 /// One reply for the machine and whether it is the last its request sends:
 /// an explicit end-of-stream marker, so the runner never guesses from the
 /// response variant when a request is done.
-struct Delivery {
-    reply: RpcReply,
-    last: bool,
-}
-
-/// A renewal stream for one lease, opened lazily and dropped on failure.
-struct KeepaliveStream {
-    lease: LeaseId,
-    requests: mpsc::UnboundedSender<RpcId>,
-    /// The task owning the stream, aborted when the stream is replaced or
-    /// its lease revoked, so no renewal is ever sent after a revoke.
-    task: AbortHandle,
-}
-
-impl Drop for KeepaliveStream {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+pub(super) struct Delivery {
+    pub(super) reply: RpcReply,
+    pub(super) last: bool,
 }
 
 /// Slack beyond one request timeout that a stopping machine gets to finish
@@ -118,7 +102,6 @@ where
     } = task;
     let (reply_tx, mut replies) = mpsc::unbounded_channel::<Delivery>();
     let mut inflight: HashMap<RpcId, AbortHandle> = HashMap::new();
-    let mut keepalive: Option<KeepaliveStream> = None;
     let mut shutdown = shared.shutdown.clone();
     let mut stop_deadline: Option<tokio::time::Instant> = None;
     let mut paused = false;
@@ -151,7 +134,6 @@ where
                         request,
                         &reply_tx,
                         &mut inflight,
-                        &mut keepalive,
                     );
                 }
                 Command::Cancel { id } => {
@@ -270,7 +252,6 @@ fn start_rpc(
     request: Request,
     reply_tx: &mpsc::UnboundedSender<Delivery>,
     inflight: &mut HashMap<RpcId, AbortHandle>,
-    keepalive: &mut Option<KeepaliveStream>,
 ) {
     let reply_tx = reply_tx.clone();
     match request {
@@ -282,46 +263,14 @@ fn start_rpc(
             let handle = tokio::spawn(watch(client, id, range, start_revision, reply_tx));
             inflight.insert(id, handle.abort_handle());
         }
-        Request::KeepAlive { lease } => {
-            let stream = match keepalive {
-                Some(s) if s.lease == lease && !s.requests.is_closed() => s,
-                _ => {
-                    let (tx, rx) = mpsc::unbounded_channel();
-                    let client = shared.client.clone();
-                    let timeout = shared.options.request_timeout;
-                    let suspicion = shared.suspicion.clone();
-                    let task = tokio::spawn(renewals(
-                        client,
-                        lease,
-                        rx,
-                        reply_tx.clone(),
-                        timeout,
-                        suspicion,
-                    ));
-                    keepalive.insert(KeepaliveStream {
-                        lease,
-                        requests: tx,
-                        task: task.abort_handle(),
-                    })
-                }
-            };
-            if stream.requests.send(id).is_err() {
-                let _ = reply_tx.send(Delivery {
-                    reply: RpcReply {
-                        id,
-                        result: Err(RpcError::Unavailable("renewal stream closed".into())),
-                    },
-                    last: true,
-                });
-            }
-        }
+        // Renewals are not tracked in flight: the renewer answers each
+        // exactly once (see `renewer`).
+        Request::KeepAlive { lease } => shared.renewals.renew(lease, id, &reply_tx),
         request => {
             if let Request::Revoke { lease } = &request {
                 // Renewals queued for this lease must not reach etcd after
-                // the revoke: drop (and abort) its stream first.
-                if keepalive.as_ref().is_some_and(|k| k.lease == *lease) {
-                    *keepalive = None;
-                }
+                // the revoke: the renewer drops them first.
+                shared.renewals.forget(*lease);
             }
             let mut client = shared.client.clone();
             let timeout = shared.options.request_timeout;
@@ -408,67 +357,5 @@ async fn watch(
                 return;
             }
         }
-    }
-}
-
-/// The renewal stream of one lease. Each request id gets exactly one reply:
-/// the TTL etcd answered with, or an error (after which the stream is
-/// reopened for the next request).
-async fn renewals(
-    client: ec::Client,
-    lease: LeaseId,
-    mut requests: mpsc::UnboundedReceiver<RpcId>,
-    reply_tx: mpsc::UnboundedSender<Delivery>,
-    timeout: Duration,
-    suspicion: Suspicion,
-) {
-    let mut stream: Option<(ec::LeaseKeeper, ec::LeaseKeepAliveStream)> = None;
-    while let Some(id) = requests.recv().await {
-        let started = std::time::Instant::now();
-        let result = tokio::time::timeout(timeout, renew_once(&client, lease, &mut stream)).await;
-        let result = match result {
-            Ok(r) => r,
-            Err(_) => {
-                suspicion.raise();
-                Err(RpcError::Unavailable(format!(
-                    "no renewal answer within {timeout:?}"
-                )))
-            }
-        };
-        crate::metrics::request("keepalive", started.elapsed(), &result);
-        if result.is_err() {
-            stream = None;
-        }
-        // Renewals are not tracked in flight; each id gets exactly this one reply.
-        let reply = RpcReply { id, result };
-        if reply_tx.send(Delivery { reply, last: true }).is_err() {
-            return;
-        }
-    }
-}
-
-async fn renew_once(
-    client: &ec::Client,
-    lease: LeaseId,
-    stream: &mut Option<(ec::LeaseKeeper, ec::LeaseKeepAliveStream)>,
-) -> Result<Response, RpcError> {
-    if stream.is_none() {
-        let mut c = client.clone();
-        // Opening the stream already renews once and reads the answer;
-        // etcd-client reports a TTL of 0 there as an error. Hand the
-        // machine what etcd said.
-        match exec::on_a_live_member!(c.lease_keep_alive(lease).await).map_err(exec::rpc_error) {
-            Ok(opened) => *stream = Some(opened),
-            Err(RpcError::LeaseNotFound) => return Ok(Response::KeptAlive { ttl_secs: 0 }),
-            Err(e) => return Err(e),
-        }
-    }
-    let Some((keeper, responses)) = stream.as_mut() else {
-        return Err(RpcError::Unavailable("renewal stream missing".into()));
-    };
-    keeper.keep_alive().await.map_err(exec::rpc_error)?;
-    match responses.message().await.map_err(exec::rpc_error)? {
-        Some(r) => Ok(Response::KeptAlive { ttl_secs: r.ttl() }),
-        None => Err(RpcError::Unavailable("renewal stream ended".into())),
     }
 }
