@@ -77,6 +77,7 @@ fn main() {
         Some("child-raw-leader") => election::child_raw_leader(&args[1..]),
         Some("child-watch") => watch::child_watch(&args[1..]),
         Some("child-pool") => pool::child_pool(&args[1..]),
+        Some("child-pool-memory") => pool::child_pool_memory(&args[1..]),
         _ => bench(&args),
     };
     if let Err(e) = result {

@@ -1,7 +1,7 @@
 //! ElectionPool with 1,000 names vs a naive loop that grants a lease per
-//! campaign: campaign+resign cycle time, CPU, leases; and the idle cost of
-//! the pool's 1,000 sessions vs 1,000 raw leases kept alive. Each side runs
-//! in its own child process, alternating.
+//! campaign: campaign+resign cycle time, CPU, leases; and the idle cost
+//! (CPU, memory) of the pool's 1,000 sessions vs 1,000 raw leases kept
+//! alive. Each side runs in its own child process, alternating.
 
 use crate::process;
 use crate::raw::{self, Raw};
@@ -45,6 +45,22 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
             cycles[side].extend(out.samples);
         }
     }
+    // Memory per name: a fresh process per side, so that neither the
+    // cycling nor the other side's heap mixes in.
+    let mut mem = [0.0f64; 2];
+    for round in 0..rounds {
+        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for side in order {
+            let out = process::run_child(&[
+                "child-pool-memory".into(),
+                cfg.endpoint.clone(),
+                ["fleetcoord", "raw"][side].into(),
+                names.to_string(),
+            ])?;
+            mem[side] += process::field(&out, "rss_delta")?;
+        }
+    }
+    let per_name_mem = |side: usize| mem[side] / rounds as f64 / names as f64 / 1024.0;
     let busy_total = (busy_ms * rounds) as f64;
     let idle_total = (idle_ms * rounds) as f64;
     let pct = |cpu: f64, ms: f64| cpu / ms * 100.0;
@@ -104,7 +120,66 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
                 "% of a core",
             )),
         ),
+        Row::new(
+            format!("{k}: memory per name holding its session (VmRSS delta)"),
+            Side::amount(&ours, per_name_mem(0), "KiB"),
+            Some(Side::amount(
+                format!("{names} raw leases + keepalive tasks"),
+                per_name_mem(1),
+                "KiB",
+            )),
+        ),
     ])
+}
+
+/// `child-pool-memory ENDPOINT SIDE NAMES`: the VmRSS growth of holding
+/// NAMES idle sessions — a pool after one campaign + resign per name (what
+/// the pool keeps per name: its election and session), or NAMES raw leases
+/// each with a keepalive task — from before the first one to 1 s after the
+/// last.
+pub fn child_pool_memory(args: &[String]) -> Res<()> {
+    let [endpoint, side, names] = args else {
+        return Err("usage: child-pool-memory ENDPOINT fleetcoord|raw NAMES".into());
+    };
+    let names: Vec<String> = (0..names.parse::<usize>()?)
+        .map(|i| format!("pool-{i}"))
+        .collect();
+    let settle = Duration::from_secs(1);
+    match side.as_str() {
+        "fleetcoord" => {
+            let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default())?;
+            let options = ElectionOptions::default()
+                .with_prefix("/bench/pool-memory/")
+                .with_ttl(Duration::from_secs(TTL));
+            let rss0 = stats::status_bytes("VmRSS")?;
+            let pool = ElectionPool::with_options(&etcd, options);
+            for name in &names {
+                pool.campaign(name, b"me")?.resign()?;
+            }
+            std::thread::sleep(settle);
+            let rss = stats::status_bytes("VmRSS")?;
+            process::print_result(&[("rss_delta", rss.saturating_sub(rss0) as f64)]);
+            pool.close()?;
+        }
+        "raw" => {
+            let raw = Raw::connect(endpoint)?;
+            let mut c = raw.client();
+            let rss0 = stats::status_bytes("VmRSS")?;
+            let mut keepers = Vec::with_capacity(names.len());
+            for _ in &names {
+                let lease = raw.block_on(c.lease_grant(TTL as i64, None))?.id();
+                keepers.push(raw.spawn(raw::keep_alive(raw.client(), lease, TTL as i64)));
+            }
+            std::thread::sleep(settle);
+            let rss = stats::status_bytes("VmRSS")?;
+            process::print_result(&[("rss_delta", rss.saturating_sub(rss0) as f64)]);
+            for k in &keepers {
+                k.abort();
+            }
+        }
+        other => return Err(format!("unknown side {other:?}").into()),
+    }
+    Ok(())
 }
 
 /// `child-pool ENDPOINT SIDE NAMES BUSY_MS IDLE_MS`: one warm-up sweep over
