@@ -135,8 +135,9 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
 /// `child-pool-memory ENDPOINT SIDE NAMES`: the VmRSS growth of holding
 /// NAMES idle sessions — a pool after one campaign + resign per name (what
 /// the pool keeps per name: its election and session), or NAMES raw leases
-/// each with a keepalive task — from before the first one to 1 s after the
-/// last.
+/// each with a keepalive task — from before the first one until every
+/// session has renewed at least once (half a TTL after the last: a session
+/// renews after a third of it; its renewal stream is opened then).
 pub fn child_pool_memory(args: &[String]) -> Res<()> {
     let [endpoint, side, names] = args else {
         return Err("usage: child-pool-memory ENDPOINT fleetcoord|raw NAMES".into());
@@ -144,7 +145,7 @@ pub fn child_pool_memory(args: &[String]) -> Res<()> {
     let names: Vec<String> = (0..names.parse::<usize>()?)
         .map(|i| format!("pool-{i}"))
         .collect();
-    let settle = Duration::from_secs(1);
+    let settle = Duration::from_secs(TTL / 2);
     match side.as_str() {
         "fleetcoord" => {
             let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default())?;
