@@ -214,7 +214,9 @@ impl Renewer {
             self.unsent.drain(..).partition(|r| r.lease == lease);
         self.unsent = keep;
         for r in gone {
-            r.answer(Err(RpcError::Unavailable("the lease is being revoked".into())));
+            r.answer(Err(RpcError::Unavailable(
+                "the lease is being revoked".into(),
+            )));
         }
     }
 
@@ -305,10 +307,9 @@ fn blank<T: Default>(_: &mpsc::Sender<T>) -> T {
 fn open(client: ec::Client, lease: LeaseId, timeout: Duration) -> Opening {
     Box::pin(async move {
         let mut c = client;
-        let opened = tokio::time::timeout(
-            timeout,
-            async { exec::on_a_live_member!(c.lease_keep_alive(lease).await) },
-        )
+        let opened = tokio::time::timeout(timeout, async {
+            exec::on_a_live_member!(c.lease_keep_alive(lease).await)
+        })
         .await;
         match opened {
             Ok(r) => r.map_err(exec::rpc_error),

@@ -9,9 +9,7 @@ use super::exec;
 use super::handle::{Control, Finished, MachineHandle, Relief, Sink};
 use super::{no_answer, Shared};
 use etcd_client as ec;
-use fleetcoord_sm::{
-    Command, KeyRange, Machine, Request, Response, RpcError, RpcId, RpcReply,
-};
+use fleetcoord_sm::{Command, KeyRange, Machine, Request, Response, RpcError, RpcId, RpcReply};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -128,13 +126,7 @@ where
         while let Some(command) = machine.poll_command() {
             match command {
                 Command::Rpc { id, request } => {
-                    start_rpc(
-                        &shared,
-                        id,
-                        request,
-                        &reply_tx,
-                        &mut inflight,
-                    );
+                    start_rpc(&shared, id, request, &reply_tx, &mut inflight);
                 }
                 Command::Cancel { id } => {
                     // A renewal the machine gave up on is deliberately not
