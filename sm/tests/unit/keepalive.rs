@@ -936,3 +936,152 @@ fn a_grant_whose_trusted_lifetime_has_passed_is_not_used() {
         "granted again after backoff"
     );
 }
+
+/// A binding machine granted `LEASE` at `t0` (sent at t0, so the deadline
+/// is t0 + 9 s) whose put (id 1) is still unanswered.
+fn granted_with_put_in_flight(t0: Instant) -> Keepalive {
+    let mut m = Keepalive::new(config(true), t0, 1);
+    let _ = drain(&mut m);
+    m.handle(
+        t0,
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
+    m
+}
+
+#[test]
+fn a_renewal_sent_in_the_last_nanosecond_has_no_give_up_and_the_deadline_cancels_it() {
+    let t0 = Instant::now();
+    let mut m = granted(t0);
+    m.handle_timeout(t0 + s(3));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(1, Request::KeepAlive { lease: LEASE })]
+    );
+    // The failure arrives so late that its 100 ms backoff lands one
+    // nanosecond before the deadline (t0 + 9 s).
+    let last = t0 + s(9) - Duration::from_nanos(1);
+    m.handle(last - ms(100), err(1));
+    assert_eq!(
+        drain(&mut m),
+        vec![Command::Notify(LivenessState::Suspended { lease: LEASE })]
+    );
+    assert_eq!(m.poll_timeout(), Some(last));
+    m.handle_timeout(last);
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(2, Request::KeepAlive { lease: LEASE })]
+    );
+    // Half of the nanosecond left is nothing: no give-up instant is armed,
+    // the deadline alone decides.
+    assert_eq!(m.poll_timeout(), Some(t0 + s(9)));
+    m.handle_timeout(t0 + s(9));
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Cancel { id: RpcId(2) },
+            Command::Notify(LivenessState::Lost { lease: LEASE }),
+            Command::Notify(LivenessState::Registering),
+            rpc(3, Request::Grant { ttl_secs: TTL }),
+        ]
+    );
+    // The canceled renewal's late ack is a stranger now.
+    m.handle(t0 + s(9), ok(2, Response::KeptAlive { ttl_secs: TTL }));
+    assert_eq!(drain(&mut m), vec![]);
+    assert_eq!(m.lease(), None);
+}
+
+#[test]
+fn a_lease_lost_on_the_put_cancels_the_renewal_in_flight() {
+    let t0 = Instant::now();
+    let mut m = granted_with_put_in_flight(t0);
+    m.handle_timeout(t0 + s(3));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(2, Request::KeepAlive { lease: LEASE })]
+    );
+    let reply = RpcReply {
+        id: RpcId(1),
+        result: Err(RpcError::LeaseNotFound),
+    };
+    m.handle(t0 + ms(3010), reply.into());
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Cancel { id: RpcId(2) },
+            Command::Notify(LivenessState::Lost { lease: LEASE }),
+            Command::Notify(LivenessState::Registering),
+        ]
+    );
+    // A failed registration: the grant waits for the backoff.
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(3110)));
+}
+
+#[test]
+fn stop_while_the_put_is_in_flight_cancels_it_and_revokes() {
+    let t0 = Instant::now();
+    let mut m = granted_with_put_in_flight(t0);
+    m.handle(t0 + ms(10), KeepaliveInput::Stop);
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Cancel { id: RpcId(1) },
+            rpc(2, Request::Revoke { lease: LEASE }),
+        ]
+    );
+    // The put's late answer does not register anything.
+    m.handle(t0 + ms(20), ok(1, Response::Put { revision: 5 }));
+    assert_eq!(drain(&mut m), vec![]);
+    m.handle(t0 + ms(30), ok(2, Response::Revoked));
+    assert_eq!(
+        drain(&mut m),
+        vec![Command::Notify(LivenessState::Stopped { revoked: true })]
+    );
+    assert!(m.is_finished());
+}
+
+#[test]
+fn an_unanswered_put_is_given_up_after_the_request_timeout_and_retried() {
+    let t0 = Instant::now();
+    let mut m = granted_with_put_in_flight(t0);
+    // Renewals keep the lease alive past the put's 9 s request timeout.
+    for (n, at) in [(2, 3), (3, 6)] {
+        m.handle_timeout(t0 + s(at));
+        assert_eq!(
+            drain(&mut m),
+            vec![rpc(n, Request::KeepAlive { lease: LEASE })]
+        );
+        m.handle(t0 + s(at), ok(n, Response::KeptAlive { ttl_secs: TTL }));
+        assert_eq!(drain(&mut m), vec![]);
+    }
+    assert_eq!(m.local_deadline(), Some(t0 + s(15)));
+    assert_eq!(m.poll_timeout(), Some(t0 + s(9)));
+    // Both timers are due at t0 + 9 s; the put's give-up goes first.
+    m.handle_timeout(t0 + s(9));
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Cancel { id: RpcId(1) },
+            rpc(4, Request::KeepAlive { lease: LEASE }),
+        ]
+    );
+    assert_eq!(m.state(), &LivenessState::Registering);
+    // The retry is the same put on the same lease, after the backoff.
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(9100)));
+    m.handle_timeout(t0 + ms(9100));
+    assert_eq!(drain(&mut m), vec![put(5, b"v1")]);
+    m.handle(t0 + ms(9110), ok(5, Response::Put { revision: 7 }));
+    assert_eq!(drain(&mut m), vec![registered()]);
+}
+
+#[test]
+fn the_stop_input_of_the_machine_contract_is_stop() {
+    assert_eq!(<Keepalive as Machine>::stop_input(), KeepaliveInput::Stop);
+}

@@ -186,3 +186,32 @@ fn a_resync_reports_only_the_resulting_leader() {
     assert_eq!(drain(&mut o), vec![Command::Cancel { id: RpcId(3) }]);
     assert_eq!(o.poll_timeout(), None);
 }
+
+#[test]
+fn a_snapshot_read_that_cannot_succeed_fails_the_observer_once() {
+    let t0 = start();
+    let mut o = Observe::new(config(), t0, 3);
+    drain(&mut o);
+    let denied = RpcError::PermissionDenied("etcdserver: permission denied".into());
+    o.handle(
+        t0,
+        ObserveInput::Rpc(RpcReply {
+            id: RpcId(0),
+            result: Err(denied.clone()),
+        }),
+    );
+    assert_eq!(
+        drain(&mut o),
+        vec![
+            Command::Cancel { id: RpcId(0) },
+            Command::Notify(ObserveNotice::Failed(denied)),
+        ]
+    );
+    assert_eq!(o.leader(), None);
+    assert_eq!(o.poll_timeout(), None);
+    assert!(o.is_finished());
+    let later = t0 + Duration::from_secs(60);
+    o.handle_timeout(later);
+    o.handle(later, ObserveInput::ConsumerReady);
+    assert!(drain(&mut o).is_empty(), "nothing after the failure");
+}

@@ -1056,3 +1056,115 @@ fn a_refused_page_is_read_again_with_half_as_many_entries_down_to_one() {
     }
     assert_eq!(id, 1 + PAGE.ilog2() as u64, "one refusal per halving");
 }
+
+#[test]
+fn a_non_transaction_answer_to_the_append_fails_it_as_unexpected() {
+    let t0 = start();
+    let mut a = Append::new(append_config(None, 5), t0, 1);
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    a.handle(t0, ok(0, range(3, vec![])));
+    a.handle(t0, ok(1, range(3, vec![])));
+    let commands = drain(&mut a);
+    assert_eq!(
+        commands[..2],
+        [read_head_cmd(0), append_cmd(1, 0, 1, "x", None)]
+    );
+    assert!(
+        matches!(
+            &commands[2..],
+            [Command::Notify(AppendNotice::Failed(StreamError::Unexpected(what)))]
+                if what.ends_with("to an append transaction")
+        ),
+        "{commands:?}"
+    );
+    assert_eq!(a.poll_timeout(), None);
+    // The next append starts afresh.
+    a.handle(t0, AppendInput::Append(b"y".to_vec()));
+    assert_eq!(drain(&mut a), vec![read_head_cmd(2)]);
+}
+
+#[test]
+fn without_a_backoff_a_lost_race_reads_the_head_again_at_once() {
+    let t0 = start();
+    let config = AppendConfig {
+        backoff: BackoffConfig {
+            initial: Duration::ZERO,
+            max: Duration::ZERO,
+            multiplier: 2,
+            jitter_percent: 0,
+        },
+        ..append_config(None, 3)
+    };
+    let mut a = Append::new(config, t0, 1);
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    a.handle(t0, ok(0, range(4, vec![head("3", 4)])));
+    a.handle(t0, ok(1, txn(false)));
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            read_head_cmd(0),
+            append_cmd(1, 4, 4, "x", None),
+            read_head_cmd(2)
+        ]
+    );
+    assert_eq!(a.poll_timeout(), None, "no timer for a zero delay");
+    a.handle(t0, ok(2, range(6, vec![head("5", 6)])));
+    a.handle(t0, ok(3, txn(false)));
+    a.handle(t0, ok(4, range(7, vec![head("6", 7)])));
+    a.handle(t0, ok(5, txn(false)));
+    // max_attempts still bounds the busy retries.
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            append_cmd(3, 6, 6, "x", None),
+            read_head_cmd(4),
+            append_cmd(5, 7, 7, "x", None),
+            failed(StreamError::Contended { attempts: 3 })
+        ]
+    );
+}
+
+#[test]
+fn a_head_and_entries_answer_of_the_wrong_shape_is_retried_not_delivered() {
+    let t0 = start();
+    let mut r = reader(ReadFrom::After(2), t0);
+    let read = rpc(0, requests::read_head_and_entries(&keys(), &after(2), PAGE));
+    assert_eq!(drain(&mut r), vec![read]);
+    // Only one of the two ranges: not the answer to this read.
+    let short = Response::Txn {
+        revision: 20,
+        succeeded: true,
+        responses: vec![TxnOpResponse::Range {
+            kvs: vec![head("6", 16)],
+        }],
+    };
+    r.handle(t0, ok(0, short));
+    assert!(drain(&mut r).is_empty());
+    assert_eq!(r.poll_timeout(), Some(t0 + 100 * MS));
+    r.handle_timeout(t0 + 100 * MS);
+    assert_eq!(
+        drain(&mut r),
+        vec![rpc(
+            1,
+            requests::read_head_and_entries(&keys(), &after(2), PAGE)
+        )]
+    );
+    // A third response is as wrong as a missing one.
+    let long = Response::Txn {
+        revision: 20,
+        succeeded: true,
+        responses: vec![
+            TxnOpResponse::Range {
+                kvs: vec![head("6", 16)],
+            },
+            TxnOpResponse::Range {
+                kvs: vec![entry(3, "c", 13)],
+            },
+            TxnOpResponse::Range { kvs: vec![] },
+        ],
+    };
+    r.handle(t0 + 100 * MS, ok(1, long));
+    assert!(drain(&mut r).is_empty());
+    assert!(!r.is_live());
+    assert_eq!(r.poll_timeout(), Some(t0 + 300 * MS));
+}

@@ -850,3 +850,53 @@ fn a_full_consumer_in_the_first_snapshot_continues_it_from_the_next_page() {
         ]
     );
 }
+
+#[test]
+fn a_full_page_that_does_not_advance_inside_the_prefix_is_not_used() {
+    let t0 = start();
+    let mut w = Watch::new(paged(2), t0, 1);
+    drain(&mut w);
+    let (a, b, c) = (
+        kv(&host(1), "a", 3, 3),
+        kv(&host(2), "b", 4, 4),
+        kv(&host(3), "c", 5, 5),
+    );
+    w.handle(t0, page(0, 10, vec![a.clone(), b.clone()]));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Up(a.clone())),
+            n(WatchNotice::Up(b.clone())),
+            page_cmd(1, 2, Some(&host(2)), 10),
+        ]
+    );
+    // A full page ending before where this one started: nothing from it
+    // is told, and the snapshot is read again from the start.
+    w.handle(t0, page(1, 10, vec![c.clone(), a.clone()]));
+    assert_eq!(drain(&mut w), vec![Command::Cancel { id: RpcId(1) }]);
+    assert_eq!(w.poll_timeout(), Some(t0 + 100 * MS));
+    let t1 = t0 + 100 * MS;
+    w.handle_timeout(t1);
+    assert_eq!(drain(&mut w), vec![page_cmd(2, 2, None, 0)]);
+    // A full page ending outside the prefix is as wrong.
+    let stranger = kv(b"/i/x", "x", 6, 6);
+    w.handle(t1, page(2, 12, vec![c.clone(), stranger]));
+    assert_eq!(drain(&mut w), vec![Command::Cancel { id: RpcId(2) }]);
+    let t2 = t1 + 200 * MS;
+    assert_eq!(w.poll_timeout(), Some(t2));
+    w.handle_timeout(t2);
+    assert_eq!(drain(&mut w), vec![page_cmd(3, 2, None, 0)]);
+    // The consumer already has a and b: this snapshot is a diff.
+    w.handle(t2, page(3, 12, vec![a.clone(), b.clone()]));
+    assert_eq!(drain(&mut w), vec![page_cmd(4, 2, Some(&host(2)), 12)]);
+    w.handle(t2, page(4, 12, vec![c.clone()]));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Up(c.clone())),
+            n(WatchNotice::Synced),
+            watch_cmd(5, 13)
+        ]
+    );
+    assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![a, b, c]);
+}
