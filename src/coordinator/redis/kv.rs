@@ -487,4 +487,52 @@ mod tests {
         assert_eq!(map.get("a").map(Vec::as_slice), Some(&b"1"[..]));
         assert!(parse_snapshot(Value::Nil).is_none());
     }
+
+    fn bulk(b: &[u8]) -> Value {
+        Value::BulkString(b.to_vec())
+    }
+
+    #[test]
+    fn a_resp3_snapshot_reads_like_a_resp2_one() {
+        let v = Value::Array(vec![
+            Value::SimpleString("12".into()),
+            Value::Map(vec![(bulk(b"a"), bulk(b"1")), (bulk(b"b"), bulk(b""))]),
+        ]);
+        let (version, map) = parse_snapshot(v).unwrap();
+        assert_eq!(version, 12);
+        assert_eq!(
+            map.into_iter().collect::<Vec<_>>(),
+            vec![("a".into(), b"1".to_vec()), ("b".into(), Vec::new())]
+        );
+    }
+
+    #[test]
+    fn a_snapshot_of_any_other_shape_is_refused_whole() {
+        let fields = || Value::Array(vec![bulk(b"a"), bulk(b"1")]);
+        for bad in [
+            // Not two parts.
+            Value::Array(vec![bulk(b"3")]),
+            Value::Array(vec![bulk(b"3"), fields(), fields()]),
+            // A version that is not a count.
+            Value::Array(vec![bulk(b"-1"), fields()]),
+            Value::Array(vec![bulk(b"\xff"), fields()]),
+            Value::Array(vec![Value::Int(3), fields()]),
+            // Fields that are not pairs of strings.
+            Value::Array(vec![bulk(b"3"), Value::Array(vec![bulk(b"a")])]),
+            Value::Array(vec![
+                bulk(b"3"),
+                Value::Array(vec![bulk(b"\xff"), bulk(b"1")]),
+            ]),
+            Value::Array(vec![bulk(b"3"), Value::Array(vec![bulk(b"a"), Value::Nil])]),
+            Value::Array(vec![bulk(b"3"), Value::Map(vec![(Value::Nil, bulk(b"1"))])]),
+            Value::Array(vec![
+                bulk(b"3"),
+                Value::Map(vec![(bulk(b"\xff"), bulk(b"1"))]),
+            ]),
+            Value::Array(vec![bulk(b"3"), Value::Map(vec![(bulk(b"a"), Value::Nil)])]),
+            Value::Array(vec![bulk(b"3"), bulk(b"a")]),
+        ] {
+            assert_eq!(parse_snapshot(bad.clone()), None, "{bad:?}");
+        }
+    }
 }

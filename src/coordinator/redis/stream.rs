@@ -461,4 +461,57 @@ mod tests {
         assert!(matches!(fresh.probe(None), Probe::Keep));
         assert!(matches!(fresh.probe(Some(&raw("0-3", b"B"))), Probe::Keep));
     }
+
+    fn bulk(b: &[u8]) -> Value {
+        Value::BulkString(b.to_vec())
+    }
+
+    #[test]
+    fn resp3_entry_fields_are_a_map_and_unknown_fields_are_ignored() {
+        let v = Value::Array(vec![
+            bulk(b"0-4"),
+            Value::Map(vec![
+                (bulk(b"p"), bulk(b"x")),
+                (bulk(b"other"), bulk(b"y")),
+                (bulk(b"e"), Value::Nil),
+            ]),
+        ]);
+        assert_eq!(
+            parse_entry(&v),
+            Some(Raw {
+                id: "0-4".into(),
+                epoch: None,
+                payload: Some(b"x".to_vec()),
+            })
+        );
+        // An entry without a payload parses; the reader refuses it later.
+        let v = Value::Array(vec![bulk(b"0-5"), Value::Array(vec![bulk(b"e")])]);
+        assert_eq!(parse_entry(&v).map(|r| r.payload), Some(None));
+    }
+
+    #[test]
+    fn replies_of_an_unknown_shape_are_refused_whole() {
+        for bad in [
+            Value::Int(1),
+            Value::Array(vec![bulk(b"0-1")]),
+            Value::Array(vec![Value::Nil, Value::Array(vec![])]),
+            Value::Array(vec![bulk(b"\xff"), Value::Array(vec![])]),
+            Value::Array(vec![bulk(b"0-1"), bulk(b"p")]),
+        ] {
+            assert_eq!(parse_entry(&bad), None, "{bad:?}");
+        }
+        let key = || bulk(b"coord:stream:{s}");
+        for bad in [
+            Value::Int(1),
+            // The entries of a stream are not a list.
+            Value::Map(vec![(key(), bulk(b"x"))]),
+            // One entry of the list is not an entry.
+            Value::Map(vec![(key(), Value::Array(vec![Value::Int(1)]))]),
+        ] {
+            assert_eq!(parse_read(bad.clone()), None, "{bad:?}");
+        }
+        // RESP2 items that are not [key, entries] pairs name no stream.
+        let stray = Value::Array(vec![Value::Int(1), Value::Array(vec![key()])]);
+        assert_eq!(parse_read(stray), Some(Vec::new()));
+    }
 }
