@@ -781,3 +781,91 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod unary_tests {
+    use super::*;
+    use fleetcoord_sm::rpc::RangeRequest;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    /// Streams have their own paths in the driver; a unary call of one is a
+    /// driver bug, refused without sending anything (nobody listens here).
+    #[test]
+    fn streaming_requests_are_refused_as_unary_calls() {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            listener.local_addr().expect("addr").port()
+        };
+        runtime().block_on(async {
+            let mut client = ec::Client::connect([format!("http://127.0.0.1:{port}")], None)
+                .await
+                .expect("lazy connect");
+            for request in [
+                Request::Watch {
+                    range: KeyRange::Prefix(b"p/".to_vec()),
+                    start_revision: 1,
+                },
+                Request::KeepAlive { lease: 7 },
+            ] {
+                assert_eq!(
+                    unary(&mut client, &request).await,
+                    Err(RpcError::Rejected("streaming request sent as unary".into())),
+                    "{request:?}"
+                );
+            }
+        });
+    }
+
+    /// A `PrefixFrom` range means `[from, end of prefix)` for every kind of
+    /// request, checked on a real etcd.
+    #[cfg(feature = "testing")]
+    #[test]
+    fn a_prefix_from_range_starts_at_from_and_stays_in_the_prefix() {
+        use crate::testing::EtcdServer;
+        let server = EtcdServer::start().expect("etcd");
+        runtime().block_on(async {
+            let mut client = ec::Client::connect([server.endpoint()], None)
+                .await
+                .expect("connect");
+            for key in ["p/a", "p/b", "p/c", "q"] {
+                client.put(key, "v", None).await.expect("put");
+            }
+            let from = || KeyRange::PrefixFrom {
+                prefix: b"p/".to_vec(),
+                from: b"p/b".to_vec(),
+            };
+            let keys = |response: Result<Response, RpcError>| match response {
+                Ok(Response::Range { kvs, .. }) => kvs
+                    .into_iter()
+                    .map(|kv| String::from_utf8(kv.key).expect("utf-8"))
+                    .collect::<Vec<_>>(),
+                other => panic!("not a range: {other:?}"),
+            };
+            let read = Request::Range(RangeRequest::all(from()));
+            assert_eq!(keys(unary(&mut client, &read).await), ["p/b", "p/c"]);
+            assert_eq!(
+                unary(&mut client, &Request::Delete(from())).await,
+                Ok(Response::Deleted {
+                    revision: 6,
+                    deleted: 2
+                })
+            );
+            let everything = client
+                .get("", Some(ec::GetOptions::new().with_all_keys()))
+                .await
+                .expect("get");
+            let left: Vec<&str> = everything
+                .kvs()
+                .iter()
+                .map(|kv| kv.key_str().expect("utf-8"))
+                .collect();
+            assert_eq!(left, ["p/a", "q"]);
+        });
+    }
+}
