@@ -161,10 +161,7 @@ impl Error {
     /// A failed request as the user sees it, its message prefixed with
     /// `context` (what was being done).
     pub(crate) fn rpc_in(context: impl std::fmt::Display, e: RpcError) -> Self {
-        match Error::from(e) {
-            Error::Etcd { kind, message } => Error::etcd(kind, format!("{context}: {message}")),
-            other => other,
-        }
+        Error::etcd(etcd_kind(&e), format!("{context}: {e}"))
     }
 
     /// Whether making the same call again, unchanged, may succeed.
@@ -218,18 +215,22 @@ impl Error {
 /// The one conversion of a failed request into the user's error.
 impl From<RpcError> for Error {
     fn from(e: RpcError) -> Self {
-        let kind = match &e {
-            RpcError::Unavailable(_) => EtcdErrorKind::Unavailable,
-            RpcError::Rejected(_) => EtcdErrorKind::Rejected,
-            RpcError::LeaseNotFound => EtcdErrorKind::LeaseNotFound,
-            RpcError::Compacted { .. } => EtcdErrorKind::Compacted,
-            RpcError::PermissionDenied(_) => EtcdErrorKind::PermissionDenied,
-            RpcError::Unauthenticated(_) => EtcdErrorKind::Unauthenticated,
-            // A variant newer than this mapping keeps at least its policy.
-            other if other.is_retryable() => EtcdErrorKind::Unavailable,
-            _ => EtcdErrorKind::Rejected,
-        };
-        Error::etcd(kind, e.to_string())
+        Error::etcd(etcd_kind(&e), e.to_string())
+    }
+}
+
+/// The kind of [`Error::Etcd`] a failed request becomes.
+fn etcd_kind(e: &RpcError) -> EtcdErrorKind {
+    match e {
+        RpcError::Unavailable(_) => EtcdErrorKind::Unavailable,
+        RpcError::Rejected(_) => EtcdErrorKind::Rejected,
+        RpcError::LeaseNotFound => EtcdErrorKind::LeaseNotFound,
+        RpcError::Compacted { .. } => EtcdErrorKind::Compacted,
+        RpcError::PermissionDenied(_) => EtcdErrorKind::PermissionDenied,
+        RpcError::Unauthenticated(_) => EtcdErrorKind::Unauthenticated,
+        // A variant newer than this mapping keeps at least its policy.
+        other if other.is_retryable() => EtcdErrorKind::Unavailable,
+        _ => EtcdErrorKind::Rejected,
     }
 }
 
