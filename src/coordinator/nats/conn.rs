@@ -98,18 +98,7 @@ impl Conn {
     /// `headers` bytes of headers) do not fit the server's `max_payload`,
     /// which defaults to 1 MiB, below fleetcoord's [`MAX_PAYLOAD`].
     pub(super) fn check_fits(&self, what: &'static str, len: usize, headers: usize) -> Result<()> {
-        let max = self.client.server_info().max_payload;
-        if len.saturating_add(headers) > max {
-            return Err(Error::invalid(
-                what,
-                format!(
-                    "{len} bytes do not fit the NATS server's max_payload of {max} bytes \
-                     (fleetcoord accepts up to {MAX_PAYLOAD}: set max_payload to at least 2MB \
-                     in the server's configuration)"
-                ),
-            ));
-        }
-        Ok(())
+        fits(what, len, headers, self.client.server_info().max_payload)
     }
 
     pub(super) fn deadline(&self) -> Instant {
@@ -302,6 +291,21 @@ impl Conn {
     }
 }
 
+/// [`Conn::check_fits`] against a server's `max_payload` of `max` bytes.
+fn fits(what: &'static str, len: usize, headers: usize, max: usize) -> Result<()> {
+    if len.saturating_add(headers) > max {
+        return Err(Error::invalid(
+            what,
+            format!(
+                "{len} bytes do not fit the NATS server's max_payload of {max} bytes \
+                 (fleetcoord accepts up to {MAX_PAYLOAD}: set max_payload to at least 2MB \
+                 in the server's configuration)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Why one attempt failed.
 enum Attempt {
     /// Retrying may help.
@@ -371,5 +375,27 @@ impl StreamSpec {
         config.allow_direct = true;
         config.discard = stream::DiscardPolicy::New;
         StreamSpec { name, config }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_and_headers_must_fit_the_servers_max_payload() {
+        // The server's default max_payload of 1 MiB.
+        let max = 1024 * 1024;
+        assert!(fits("value", max - 64, 64, max).is_ok());
+        match fits("value", max - 63, 64, max) {
+            Err(Error::InvalidArgument { what, why }) => {
+                assert_eq!(what, "value");
+                assert!(why.contains("max_payload of 1048576 bytes"), "{why}");
+                assert!(why.contains("at least 2MB"), "{why}");
+            }
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        // No overflow on absurd sizes.
+        assert!(fits("payload", usize::MAX, 64, max).is_err());
     }
 }

@@ -629,3 +629,57 @@ impl Drop for NatsCoordinator {
 
 // The payload limit of the trait is what the docs above promise.
 const _: () = assert!(MAX_PAYLOAD < 2 * 1024 * 1024);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_never_show_secrets() {
+        let shown = [
+            NatsCredentials::None,
+            NatsOptions::default()
+                .with_user_password("app", "s3cret")
+                .credentials,
+            NatsOptions::default().with_token("t0ken").credentials,
+        ]
+        .map(|c| format!("{c:?}"));
+        assert_eq!(
+            shown,
+            [
+                "None",
+                r#"UserPassword { user: "app", password: "<redacted>" }"#,
+                "Token(<redacted>)"
+            ]
+        );
+    }
+
+    /// An error whose source says more than its own text.
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl fmt::Display for Layer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|l| l as _)
+        }
+    }
+
+    #[test]
+    fn one_line_adds_only_what_sources_say_beyond_the_error() {
+        let e = Layer(
+            "connect failed:\n  refused",
+            Some(Box::new(Layer(
+                "refused",
+                Some(Box::new(Layer("os error 111", None))),
+            ))),
+        );
+        // The first source repeats the text; the second adds to it.
+        assert_eq!(one_line(&e), "connect failed: refused: os error 111");
+    }
+}
