@@ -6,12 +6,12 @@
 //! Changes behind the handle's back are made with async-nats directly, as
 //! the `nats` CLI would make them.
 
+use crossbeam_channel::RecvTimeoutError;
 use fleetcoord::coordinator::{
     Coordinator, KvEvent, KvWatcher, NatsCoordinator, NatsOptions, StreamPosition,
 };
 use fleetcoord::testing::NatsServer;
 use fleetcoord::{Error, EtcdErrorKind};
-use crossbeam_channel::RecvTimeoutError;
 use futures_util::StreamExt;
 use std::time::{Duration, Instant};
 
@@ -47,11 +47,7 @@ fn jetstream<T>(
 fn delete_consumers(server: &NatsServer, stream: &str) -> usize {
     jetstream(server, async |js| {
         let stream = js.get_stream(stream).await.unwrap();
-        let names: Vec<String> = stream
-            .consumer_names()
-            .map(|n| n.unwrap())
-            .collect()
-            .await;
+        let names: Vec<String> = stream.consumer_names().map(|n| n.unwrap()).collect().await;
         for name in &names {
             stream.delete_consumer(name).await.unwrap();
         }
@@ -69,7 +65,9 @@ fn assert_backend(e: &Error, kind: EtcdErrorKind, url: &str, words: &str) {
             kind: k,
             message,
         } if *k == kind && endpoints == url && message.contains(words) => {}
-        other => panic!("expected a nats {kind:?} error naming {url} with {words:?}, got {other:?}"),
+        other => {
+            panic!("expected a nats {kind:?} error naming {url} with {words:?}, got {other:?}")
+        }
     }
 }
 
@@ -78,20 +76,62 @@ fn synced(watch: &KvWatcher) {
 }
 
 #[test]
-fn more_replicas_than_servers_is_refused_naming_the_urls() {
+fn configs_the_server_refuses_fail_at_once_naming_the_urls() {
     let server = start();
     let url = server.url();
+    let started = Instant::now();
     let streams = handle(&server, NatsOptions::default().with_stream_replicas(3));
     let e = streams.append_stream("jobs", b"x").unwrap_err();
-    assert_backend(&e, EtcdErrorKind::Rejected, &url, "creating stream COORD_S_jobs");
+    assert_backend(
+        &e,
+        EtcdErrorKind::Rejected,
+        &url,
+        "creating stream COORD_S_jobs",
+    );
     assert!(!e.is_retryable(), "{e}");
+    let one = handle(&server, NatsOptions::default());
     let buckets = handle(&server, NatsOptions::default().with_kv_replicas(3));
     let e = buckets.kv_set("fleet", "k", b"v").unwrap_err();
-    assert_backend(&e, EtcdErrorKind::Rejected, &url, "creating stream KV_fleet");
+    assert_backend(
+        &e,
+        EtcdErrorKind::Rejected,
+        &url,
+        "creating stream KV_fleet",
+    );
+    // Subjects another stream holds (made by another tool).
+    jetstream(&server, async |js| {
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: "OTHER".into(),
+            subjects: vec!["coord.stream.taken".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    });
+    let e = one.append_stream("taken", b"x").unwrap_err();
+    assert_backend(
+        &e,
+        EtcdErrorKind::Rejected,
+        &url,
+        "creating stream COORD_S_taken",
+    );
+    // Not retried until the request timeout (20 s).
+    assert!(started.elapsed() < Duration::from_secs(10));
     // The refusal is the config's: a handle with one replica works.
-    let one = handle(&server, NatsOptions::default());
     assert_eq!(one.append_stream("jobs", b"x").unwrap().0, 1);
     assert!(format!("{one:?}").contains(&url));
+}
+
+#[test]
+fn a_max_age_below_the_dedupe_window_works() {
+    let server = start();
+    let aged = handle(
+        &server,
+        NatsOptions::default().with_stream_max_age(Duration::from_secs(1)),
+    );
+    assert_eq!(aged.append_stream("aged", b"x").unwrap().0, 1);
+    let reader = aged.read_stream("aged", StreamPosition::Start).unwrap();
+    assert_eq!(reader.recv_timeout(WAIT).unwrap().payload, b"x");
 }
 
 #[test]
@@ -136,10 +176,17 @@ fn a_paused_server_fails_calls_within_the_request_timeout() {
     std::thread::scope(|s| {
         s.spawn(|| {
             let e = fast.append_stream("known", b"during").unwrap_err();
-            assert_backend(&e, EtcdErrorKind::Unavailable, &url, "it may have been stored");
+            assert_backend(
+                &e,
+                EtcdErrorKind::Unavailable,
+                &url,
+                "it may have been stored",
+            );
         });
         s.spawn(|| {
-            let e = fast.read_stream("unknown", StreamPosition::Start).unwrap_err();
+            let e = fast
+                .read_stream("unknown", StreamPosition::Start)
+                .unwrap_err();
             assert_backend(&e, EtcdErrorKind::Unavailable, &url, "creating stream");
         });
         s.spawn(|| {
@@ -147,7 +194,9 @@ fn a_paused_server_fails_calls_within_the_request_timeout() {
             assert_backend(&e, EtcdErrorKind::Unavailable, &url, "watching bucket");
         });
         s.spawn(|| {
-            let e = slow.read_stream("unknown", StreamPosition::Start).unwrap_err();
+            let e = slow
+                .read_stream("unknown", StreamPosition::Start)
+                .unwrap_err();
             assert_backend(&e, EtcdErrorKind::Unavailable, &url, "no answer within");
         });
     });
@@ -177,7 +226,10 @@ fn a_stream_deleted_behind_the_handle_is_created_again() {
     assert_eq!((entry.id.0, entry.payload), (1, b"again".to_vec()));
     // A bucket that never existed: a delete is nothing, a get NotFound.
     coord.kv_delete("nobucket", "k").unwrap();
-    assert!(matches!(coord.kv_get("nobucket", "k"), Err(Error::NotFound)));
+    assert!(matches!(
+        coord.kv_get("nobucket", "k"),
+        Err(Error::NotFound)
+    ));
 }
 
 #[test]
@@ -237,7 +289,10 @@ fn foreign_writes_to_a_bucket() {
     let coord = handle(&server, NatsOptions::default());
     coord.kv_set("fleet", "a", b"1").unwrap();
     let watch = coord.kv_watch("fleet", "*").unwrap();
-    assert!(matches!(watch.recv_timeout(WAIT).unwrap(), KvEvent::Put { .. }));
+    assert!(matches!(
+        watch.recv_timeout(WAIT).unwrap(),
+        KvEvent::Put { .. }
+    ));
     synced(&watch);
     jetstream(&server, async |js| {
         // A subject that is no key fleetcoord writes ("." is encoded).

@@ -246,11 +246,20 @@ impl Conn {
                     Err(e) => Err(Attempt::Failed(e.to_string())),
                 }
             }
-            // A bad config (e.g. more replicas than servers) stays bad.
-            K::JetStream(js) if js.code() == 400 => Err(Attempt::Refused(refused(
-                format!("creating stream {}", spec.name),
-                js,
-            ))),
+            // A bad config stays bad: subjects another stream holds (400),
+            // replicas on a server outside a cluster and invalid configs
+            // (code 500 on nats-server 2.9: 10074, 10052), which retrying
+            // would only repeat until the request timeout.
+            K::JetStream(js)
+                if js.code() == 400
+                    || js.error_code() == ErrorCode::STREAM_REPLICAS_NOT_SUPPORTED
+                    || js.error_code() == ErrorCode::STREAM_INVALID_CONFIG =>
+            {
+                Err(Attempt::Refused(refused(
+                    format!("creating stream {}", spec.name),
+                    js,
+                )))
+            }
             _ => Err(Attempt::Failed(e.to_string())),
         }
     }
@@ -353,6 +362,10 @@ impl StreamSpec {
         }
         if let Some(age) = settings.stream_max_age {
             config.max_age = age;
+            // nats-server refuses a dedupe window longer than max_age
+            // (10052 on 2.9, for every max_age below 2 min); a retry can
+            // only repeat an entry the stream still holds anyway.
+            config.duplicate_window = config.duplicate_window.min(age);
         }
         config.discard = stream::DiscardPolicy::Old;
         StreamSpec { name, config }

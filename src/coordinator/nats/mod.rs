@@ -146,7 +146,8 @@ pub struct NatsOptions {
     /// handle. Default `None` (no limit).
     pub stream_max_len: Option<u64>,
     /// Drop stream entries older than this (at least one second). Default
-    /// `None` (no limit).
+    /// `None` (no limit). Below 2 minutes it also shortens the window in
+    /// which a retried append is recognised as a repeat to this age.
     pub stream_max_age: Option<Duration>,
     /// How to log in. Default [`NatsCredentials::None`].
     pub credentials: NatsCredentials,
