@@ -171,6 +171,8 @@ fn a_paused_server_fails_calls_within_the_request_timeout() {
     );
     fast.append_stream("known", b"before").unwrap();
     fast.kv_set("known", "k", b"v").unwrap();
+    // Opens (and keeps) the bucket's store, so the next read goes to it.
+    assert_eq!(fast.kv_get("known", "k").unwrap(), b"v");
     server.pause().unwrap();
     let started = Instant::now();
     std::thread::scope(|s| {
@@ -188,6 +190,15 @@ fn a_paused_server_fails_calls_within_the_request_timeout() {
                 .read_stream("unknown", StreamPosition::Start)
                 .unwrap_err();
             assert_backend(&e, EtcdErrorKind::Unavailable, &url, "creating stream");
+        });
+        s.spawn(|| {
+            let e = fast.kv_get("known", "k").unwrap_err();
+            assert_backend(
+                &e,
+                EtcdErrorKind::Unavailable,
+                &url,
+                "reading \"k\" in bucket",
+            );
         });
         s.spawn(|| {
             let e = fast.kv_watch("known", "*").unwrap_err();
