@@ -216,7 +216,8 @@ fn a_paused_server_fails_calls_within_the_request_timeout() {
     assert!(took < Duration::from_secs(9), "{took:?}");
     // Nothing broke for good.
     assert_eq!(fast.kv_get("known", "k").unwrap(), b"v");
-    slow.read_stream("unknown", StreamPosition::Start).unwrap();
+    let reader = slow.read_stream("unknown", StreamPosition::Start).unwrap();
+    assert!(reader.try_recv().is_err(), "an empty stream");
 }
 
 #[test]
