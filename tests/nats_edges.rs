@@ -380,3 +380,39 @@ fn closing_the_handle_ends_feeds_paused_on_a_full_queue() {
     assert!(counts.iter().all(|&n| n <= 2), "{counts:?}");
     assert!(matches!(coord.ping(), Err(Error::Closed)));
 }
+
+#[test]
+fn a_reader_that_cannot_reopen_yet_keeps_trying() {
+    let server = start();
+    // The stream made by another tool, with room for one consumer.
+    jetstream(&server, async |js| {
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: "COORD_S_jobs".into(),
+            subjects: vec!["coord.stream.jobs".into()],
+            max_consumers: 1,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    });
+    let coord = handle(&server, NatsOptions::default());
+    coord.append_stream("jobs", b"1").unwrap();
+    let first = coord.read_stream("jobs", StreamPosition::Start).unwrap();
+    assert_eq!(first.recv_timeout(WAIT).unwrap().id.0, 1);
+    // Its consumer vanishes and another reader takes the only place.
+    assert_eq!(delete_consumers(&server, "COORD_S_jobs"), 1);
+    let second = coord.read_stream("jobs", StreamPosition::Start).unwrap();
+    assert_eq!(second.recv_timeout(WAIT).unwrap().id.0, 1);
+    coord.append_stream("jobs", b"2").unwrap();
+    assert_eq!(second.recv_timeout(WAIT).unwrap().id.0, 2);
+    // The first reader finds its consumer gone and fails to make another
+    // until the place is free again.
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(first.try_recv().is_err());
+    drop(second);
+    delete_consumers(&server, "COORD_S_jobs");
+    let entry = first.recv_timeout(WAIT).unwrap();
+    assert_eq!((entry.id.0, entry.payload), (2, b"2".to_vec()));
+    assert!(first.recv_timeout(Duration::from_millis(300)).is_err());
+}
