@@ -5,6 +5,7 @@
 //! at start; and a stream entry that fleetcoord did not write.
 
 use crossbeam_channel::RecvTimeoutError;
+use fleetcoord::coordinator::redis::RedisOptions;
 use fleetcoord::coordinator::{
     from_env_vars, Coordinator, KvEvent, KvWatcher, RedisCoordinator, StreamEntry, StreamPosition,
     StreamReader,
@@ -297,4 +298,189 @@ fn a_foreign_stream_entry_is_reported_not_mangled() {
         "{err}"
     );
     assert!(!err.is_retryable(), "{err:?}");
+}
+
+fn pubsub_clients(server: &RedisServer) -> usize {
+    server
+        .command(&["CLIENT", "LIST", "TYPE", "pubsub"])
+        .unwrap()
+        .lines()
+        .count()
+}
+
+#[test]
+fn a_connection_lost_while_the_consumer_is_behind_is_rebuilt() {
+    let server = RedisServer::start().expect("start redis-server (run `make deps-redis`)");
+    let writer = RedisCoordinator::connect(&server.url()).unwrap();
+    let slow = RedisCoordinator::with_options(
+        &server.url(),
+        RedisOptions::default().with_feed_capacity(2),
+    )
+    .unwrap();
+    for i in 0..10 {
+        writer.kv_set("big", &format!("k{i}"), b"v").unwrap();
+    }
+    let sub = slow.subscribe("chatter").unwrap();
+    // The snapshot alone overflows the watch's queue: it holds one event.
+    let watch = slow.kv_watch("big", "*").unwrap();
+    for i in 0..10u8 {
+        writer.publish("chatter", &[i]).unwrap();
+    }
+    // Both feeds are paused on a full queue when their connections go.
+    std::thread::sleep(Duration::from_millis(300));
+    server
+        .command(&["CLIENT", "KILL", "TYPE", "pubsub"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    writer.kv_set("big", "after", b"kill").unwrap();
+
+    // The subscription delivers what fit and the message it held; what
+    // arrived meanwhile was dropped; after rebuilding its connection it
+    // delivers again.
+    let got: Vec<u8> = (0..3)
+        .map(|_| sub.recv_timeout(WAIT).unwrap().payload[0])
+        .collect();
+    assert_eq!(got, [0, 1, 2]);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        writer.publish("chatter", b"probe").unwrap();
+        if let Ok(m) = sub.recv_timeout(Duration::from_millis(100)) {
+            assert_eq!(m.payload, b"probe", "a dropped message came back");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the subscriber never came back");
+    }
+
+    // The watch converges on the bucket through a new connection.
+    let mut expected: BTreeMap<String, Vec<u8>> =
+        (0..10).map(|i| (format!("k{i}"), b"v".to_vec())).collect();
+    expected.insert("after".into(), b"kill".to_vec());
+    let mut view = BTreeMap::new();
+    let mut synced = 0;
+    let deadline = Instant::now() + WAIT;
+    while view != expected || synced == 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match watch.recv_timeout(left) {
+            Ok(KvEvent::Put { key, value }) => {
+                view.insert(key, value);
+            }
+            Ok(KvEvent::Synced) => synced += 1,
+            other => panic!("{other:?} with view {view:?}"),
+        }
+    }
+    assert_eq!(synced, 1);
+    assert_view_is_the_hash(&server, "big", &view);
+}
+
+#[test]
+fn dropping_a_full_feed_releases_its_connection() {
+    let server = RedisServer::start().expect("start redis-server (run `make deps-redis`)");
+    let writer = RedisCoordinator::connect(&server.url()).unwrap();
+    let slow = RedisCoordinator::with_options(
+        &server.url(),
+        RedisOptions::default().with_feed_capacity(2),
+    )
+    .unwrap();
+    for i in 0..10 {
+        writer.kv_set("big", &format!("k{i}"), b"v").unwrap();
+        writer.append_stream("flood", b"e").unwrap();
+    }
+    let watch = slow.kv_watch("big", "*").unwrap();
+    let sub = slow.subscribe("chatter").unwrap();
+    let reader = slow.read_stream("flood", StreamPosition::Start).unwrap();
+    for i in 0..10u8 {
+        writer.publish("chatter", &[i]).unwrap();
+    }
+    assert_eq!(pubsub_clients(&server), 2);
+    std::thread::sleep(Duration::from_millis(300));
+    drop((watch, sub, reader));
+    let deadline = Instant::now() + WAIT;
+    while pubsub_clients(&server) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "a dropped feed kept its subscription"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The handle itself still works.
+    slow.ping().unwrap();
+}
+
+#[test]
+fn a_stream_recreated_under_a_blocked_reader_is_read_from_its_start() {
+    let server = RedisServer::start().expect("start redis-server (run `make deps-redis`)");
+    let coord = RedisCoordinator::connect(&server.url()).unwrap();
+    for p in [b"a", b"b"] {
+        coord.append_stream("jobs", p).unwrap();
+    }
+    let reader = coord.read_stream("jobs", StreamPosition::Start).unwrap();
+    let old: Vec<Vec<u8>> = read_n(&reader, 2).into_iter().map(|e| e.payload).collect();
+    assert_eq!(old, [b"a".to_vec(), b"b".to_vec()]);
+    // In one step, as a restart without persistence would leave it: a new
+    // epoch and three entries, the newest above the reader's position.
+    let script = "redis.call('DEL', KEYS[1], KEYS[2]) \
+                  redis.call('SET', KEYS[2], 'B') \
+                  for i = 1, 3 do redis.call('XADD', KEYS[1], '0-*', 'e', 'B', 'p', 'n' .. i) end \
+                  return 'OK'";
+    server
+        .command(&[
+            "EVAL",
+            script,
+            "2",
+            "coord:stream:{jobs}",
+            "coord:streame:{jobs}",
+        ])
+        .unwrap();
+    let new: Vec<(u64, Vec<u8>)> = read_n(&reader, 3)
+        .into_iter()
+        .map(|e| (e.id.0, e.payload))
+        .collect();
+    assert_eq!(
+        new,
+        [
+            (1, b"n1".to_vec()),
+            (2, b"n2".to_vec()),
+            (3, b"n3".to_vec())
+        ]
+    );
+
+    // A key of another type where the stream was: reads fail, the reader
+    // retries; once the stream is back it is read from its first entry.
+    server
+        .command(&["DEL", "coord:stream:{jobs}", "coord:streame:{jobs}"])
+        .unwrap();
+    server
+        .command(&["SET", "coord:stream:{jobs}", "x"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1_500));
+    server.command(&["DEL", "coord:stream:{jobs}"]).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    coord.append_stream("jobs", b"again").unwrap();
+    let e = reader.recv_timeout(WAIT).unwrap();
+    assert_eq!((e.id.0, e.payload), (1, b"again".to_vec()));
+    assert!(reader.recv_timeout(Duration::from_millis(300)).is_err());
+}
+
+#[test]
+fn a_frozen_server_times_requests_out_and_they_work_again_after() {
+    let server = RedisServer::start().expect("start redis-server (run `make deps-redis`)");
+    let short = Duration::from_millis(300);
+    let coord = RedisCoordinator::with_options(
+        &server.url(),
+        RedisOptions::default()
+            .with_connect_timeout(short)
+            .with_request_timeout(short),
+    )
+    .unwrap();
+    coord.kv_set("cfg", "a", b"1").unwrap();
+    server.pause().unwrap();
+    let t = Instant::now();
+    let err = coord.kv_get("cfg", "a").unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    let err = coord.kv_watch("cfg", "*").unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    assert!(t.elapsed() < WAIT, "{:?}", t.elapsed());
+    server.resume().unwrap();
+    wait_until_answering(&coord);
+    assert_eq!(coord.kv_get("cfg", "a").unwrap(), b"1");
 }

@@ -372,6 +372,122 @@ mod tests {
     }
 
     #[test]
+    fn a_runtime_thread_that_dies_while_connecting_is_reported() {
+        // The connect future panics: the thread ends without an answer.
+        let err = start("test-bridge", Duration::from_secs(5), || async {
+            if true {
+                panic!("connect blew up (expected by this test)");
+            }
+            Ok::<(), String>(())
+        })
+        .err()
+        .unwrap();
+        assert!(
+            matches!(err, StartError::Connect(ref m) if m.contains("ended before connecting")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_connect_that_blocks_its_thread_past_the_slack_times_out() {
+        // A connect that blocks the thread itself escapes the runtime's
+        // timeout; `start` still returns after its slack.
+        let t = std::time::Instant::now();
+        let err = start("test-bridge", Duration::from_millis(1), || async {
+            std::thread::sleep(Duration::from_millis(5_500));
+            Ok::<(), String>(())
+        })
+        .err()
+        .unwrap();
+        assert!(
+            matches!(err, StartError::Connect(ref m) if m.contains("no answer within 1ms")),
+            "{err:?}"
+        );
+        assert!(t.elapsed() >= Duration::from_secs(5), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn the_runtime_thread_cannot_block_on_itself() {
+        let bridge = std::sync::Arc::new(started());
+        let (out_tx, out_rx) = crossbeam_channel::bounded(1);
+        let inner = bridge.clone();
+        bridge
+            .spawn(move |_| async move {
+                let _ = out_tx.send(inner.call(Duration::from_secs(5), async { 1 }));
+            })
+            .unwrap();
+        assert_eq!(
+            out_rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+            Err(BridgeError::Gone)
+        );
+        // The bridge still serves other threads.
+        assert_eq!(bridge.call(Duration::from_secs(5), async { 2 }), Ok(2));
+    }
+
+    #[test]
+    fn a_call_whose_future_panics_has_no_answer() {
+        let bridge = started();
+        let panicking = async {
+            if true {
+                panic!("the call blew up (expected by this test)");
+            }
+            3
+        };
+        assert_eq!(
+            bridge.call(Duration::from_secs(5), panicking),
+            Err(BridgeError::Gone)
+        );
+        // Only that task died: the runtime goes on.
+        assert_eq!(bridge.call(Duration::from_secs(5), async { 4 }), Ok(4));
+    }
+
+    #[test]
+    fn a_bridge_dropped_on_its_own_thread_stops_without_deadlock() {
+        let bridge = started();
+        let (stopped_tx, stopped_rx) = crossbeam_channel::bounded(1);
+        bridge
+            .spawn(move |stopping| async move {
+                stopping.wait().await;
+                let _ = stopped_tx.send(());
+            })
+            .unwrap();
+        let (owner_tx, owner_rx) = oneshot::channel::<Bridge>();
+        bridge
+            .spawn(move |_| async move {
+                // The last handle ends here, on the runtime thread.
+                if let Ok(bridge) = owner_rx.await {
+                    drop(bridge);
+                }
+            })
+            .unwrap();
+        let _ = owner_tx.send(bridge);
+        assert!(stopped_rx.recv_timeout(Duration::from_secs(5)).is_ok());
+    }
+
+    #[test]
+    fn tasks_that_ignore_stopping_are_aborted_after_the_grace() {
+        let bridge = started();
+        let (dropped_tx, dropped_rx) = crossbeam_channel::bounded::<()>(1);
+        struct OnDrop(Sender<()>);
+        impl Drop for OnDrop {
+            fn drop(&mut self) {
+                let _ = self.0.send(());
+            }
+        }
+        let guard = OnDrop(dropped_tx);
+        bridge
+            .spawn(move |_| async move {
+                let _guard = guard;
+                std::future::pending::<()>().await
+            })
+            .unwrap();
+        let t = std::time::Instant::now();
+        bridge.shutdown();
+        assert!(t.elapsed() >= SHUTDOWN_GRACE, "{:?}", t.elapsed());
+        assert!(dropped_rx.try_recv().is_ok(), "the task was aborted");
+    }
+
+    #[test]
     fn call_answers_and_cancels_on_timeout() {
         let bridge = started();
         assert_eq!(bridge.call(Duration::from_secs(5), async { 7 }), Ok(7));

@@ -386,5 +386,142 @@ mod tests {
         assert_eq!(t.urls, "redis://app:***@127.0.0.1:6379");
         let e = t.failure(EtcdErrorKind::Unavailable, "x").to_string();
         assert!(!e.contains("hunter2"), "{e}");
+        // A user without a password, and text that is no redis:// URL, are
+        // shown as they are.
+        assert_eq!(
+            redacted("redis://app@127.0.0.1:6379"),
+            "redis://app:***@127.0.0.1:6379"
+        );
+        assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(redacted("tcp://a:b@host"), "tcp://a:b@host");
+        let with_options = Target::parse(
+            "redis://127.0.0.1:6379",
+            &RedisOptions::default()
+                .with_username("fleet")
+                .with_password("s3cret"),
+        )
+        .unwrap();
+        assert_eq!(with_options.urls, "redis://127.0.0.1:6379");
+        let settings = with_options.nodes[0].redis_settings();
+        assert_eq!(settings.username(), Some("fleet"));
+        assert_eq!(settings.password(), Some("s3cret"));
+    }
+
+    #[test]
+    fn out_of_range_options_and_unparsable_urls_are_refused_before_connecting() {
+        let zero = RedisOptions::default().with_feed_capacity(0);
+        assert!(matches!(
+            Target::parse("redis://127.0.0.1:6379", &zero),
+            Err(Error::InvalidArgument { .. })
+        ));
+        match parse("redis://127.0.0.1:notaport") {
+            Err(Error::InvalidArgument { what: "url", why }) => {
+                assert!(why.contains("notaport"), "{why}")
+            }
+            other => panic!("{:?}", other.map(|t| t.urls)),
+        }
+    }
+
+    fn server(kind: redis::ServerErrorKind) -> RedisError {
+        RedisError::from((redis::ErrorKind::Server(kind), "from the server"))
+    }
+
+    #[test]
+    fn crate_errors_map_onto_the_retry_policy() {
+        use redis::{ErrorKind, ServerErrorKind};
+        let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let timed_out = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        let unavailable = [
+            refused,
+            timed_out,
+            RedisError::from((ErrorKind::Io, "dropped")),
+            RedisError::from((ErrorKind::ClusterConnectionNotFound, "no node")),
+            server(ServerErrorKind::BusyLoading),
+            server(ServerErrorKind::TryAgain),
+            server(ServerErrorKind::ClusterDown),
+            server(ServerErrorKind::MasterDown),
+            server(ServerErrorKind::Moved),
+            server(ServerErrorKind::Ask),
+            server(ServerErrorKind::ReadOnly),
+        ];
+        for e in &unavailable {
+            assert_eq!(kind_of(e), EtcdErrorKind::Unavailable, "{e}");
+        }
+        for e in [
+            server(ServerErrorKind::NoPerm),
+            RedisError::from((ErrorKind::AuthenticationFailed, "WRONGPASS")),
+        ] {
+            assert_eq!(kind_of(&e), EtcdErrorKind::PermissionDenied, "{e}");
+        }
+        for e in [
+            RedisError::from((ErrorKind::Parse, "garbled")),
+            RedisError::from((ErrorKind::UnexpectedReturnType, "not a string")),
+        ] {
+            assert_eq!(kind_of(&e), EtcdErrorKind::Unexpected, "{e}");
+        }
+        for e in [
+            server(ServerErrorKind::ResponseError),
+            server(ServerErrorKind::CrossSlot),
+            server(ServerErrorKind::NoScript),
+            RedisError::from((ErrorKind::InvalidClientConfig, "bad")),
+        ] {
+            assert_eq!(kind_of(&e), EtcdErrorKind::Rejected, "{e}");
+        }
+        // What the user sees: the backend, the URLs, the context, one line.
+        let t = parse("redis://127.0.0.1:6379").unwrap();
+        let e = RedisError::from((ErrorKind::Io, "line one\nline  two"));
+        match t.error("kv_set", &e) {
+            Error::Backend {
+                backend: "redis",
+                endpoints,
+                kind: EtcdErrorKind::Unavailable,
+                message,
+            } => {
+                assert_eq!(endpoints, "redis://127.0.0.1:6379");
+                assert!(message.starts_with("kv_set: "), "{message}");
+                assert!(
+                    !message.contains('\n') && !message.contains("  "),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_message_pushes_carry_a_message() {
+        use redis::{PushKind, Value};
+        let bulk = |b: &[u8]| Value::BulkString(b.to_vec());
+        let push = |kind, data| PushInfo { kind, data };
+        assert_eq!(
+            message(&push(PushKind::Message, vec![bulk(b"ch"), bulk(b"hi")])),
+            Some((b"ch".to_vec(), b"hi".to_vec()))
+        );
+        assert_eq!(
+            message(&push(
+                PushKind::SMessage,
+                vec![Value::SimpleString("ch".into()), bulk(b"")]
+            )),
+            Some((b"ch".to_vec(), Vec::new()))
+        );
+        for other in [
+            push(PushKind::Subscribe, vec![bulk(b"ch"), Value::Int(1)]),
+            push(PushKind::Disconnection, vec![]),
+            push(PushKind::Message, vec![bulk(b"ch")]),
+            push(PushKind::Message, vec![bulk(b"ch"), Value::Int(1)]),
+            push(PushKind::Message, vec![Value::Nil, bulk(b"hi")]),
+        ] {
+            assert_eq!(message(&other), None, "{other:?}");
+        }
+        assert_eq!(
+            bytes(&Value::VerbatimString {
+                format: redis::VerbatimFormat::Text,
+                text: "txt".into()
+            }),
+            Some(b"txt".to_vec())
+        );
+        assert_eq!(bytes(&Value::Okay), None);
+        assert_eq!(publish_command(true), "SPUBLISH");
+        assert_eq!(publish_command(false), "PUBLISH");
     }
 }
