@@ -444,6 +444,17 @@ fn a_stream_recreated_under_a_blocked_reader_is_read_from_its_start() {
         ]
     );
 
+    // Deleted under an idle reader: its idle probe notices (a read from
+    // its position alone would wait for an id above 3 for ever), so the
+    // next stream is read from its first entry.
+    server
+        .command(&["DEL", "coord:stream:{jobs}", "coord:streame:{jobs}"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1_500));
+    coord.append_stream("jobs", b"first").unwrap();
+    let e = reader.recv_timeout(WAIT).unwrap();
+    assert_eq!((e.id.0, e.payload), (1, b"first".to_vec()));
+
     // A key of another type where the stream was: reads fail, the reader
     // retries; once the stream is back it is read from its first entry.
     server

@@ -232,6 +232,8 @@ fn a_closed_handle_refuses_everything_and_ends_its_feeds() {
         "{shown}"
     );
     assert!(!coord.is_cluster());
+    assert_eq!(coord.capabilities().stream_max_len, None);
+    assert!(coord.capabilities().delivers);
     let sub = coord.subscribe("alerts").unwrap();
     let reader = coord.read_stream("jobs", StreamPosition::End).unwrap();
     coord.close().unwrap();
@@ -345,4 +347,54 @@ fn feeds_retry_while_their_rights_are_revoked_and_resume_without_loss() {
         }
         assert!(Instant::now() < deadline, "the subscriber never came back");
     }
+}
+
+#[test]
+fn closing_while_feeds_retry_is_prompt() {
+    let server = server();
+    acl(&server, &[]);
+    let coord = as_app(&server);
+    coord.kv_set("cfg", "a", b"1").unwrap();
+    let sub = coord.subscribe("alerts").unwrap();
+    let watch = coord.kv_watch("cfg", "*").unwrap();
+    let reader = coord.read_stream("jobs", StreamPosition::Start).unwrap();
+    // Every feed loses its connection and cannot get a new one.
+    acl(&server, &["-@all"]);
+    for kind in ["pubsub", "normal"] {
+        server.command(&["CLIENT", "KILL", "TYPE", kind]).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(700));
+    // The retrying feeds stop at once instead of being aborted after the
+    // shutdown grace (2 s).
+    let t = Instant::now();
+    coord.close().unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(1_500),
+        "{:?}",
+        t.elapsed()
+    );
+    // What was delivered before stays readable; then every feed ends.
+    let told: Vec<KvEvent> = std::iter::from_fn(|| watch.recv_timeout(WAIT).ok()).collect();
+    assert_eq!(
+        told,
+        [
+            KvEvent::Put {
+                key: "a".into(),
+                value: b"1".to_vec()
+            },
+            KvEvent::Synced
+        ]
+    );
+    assert_eq!(
+        watch.recv_timeout(WAIT).unwrap_err(),
+        RecvTimeoutError::Disconnected
+    );
+    assert_eq!(
+        sub.recv_timeout(WAIT).unwrap_err(),
+        RecvTimeoutError::Disconnected
+    );
+    assert_eq!(
+        reader.recv_timeout(WAIT).unwrap_err(),
+        RecvTimeoutError::Disconnected
+    );
 }

@@ -245,11 +245,14 @@ pub(crate) async fn read_task(mut ctx: FeedCtx<StreamEntry>, stream: String, fro
                 continue;
             }
         };
-        match &mut pos {
-            Some(p) => {
+        // Taken and put back, so that the position is there by
+        // construction for `follow`.
+        let here = match pos.take() {
+            Some(mut p) => {
                 if let Probe::Restart = p.probe(newest.as_ref()) {
                     p.restart(&stream);
                 }
+                p
             }
             None => {
                 let top_seq = newest.as_ref().and_then(|t| sequence(&t.id)).unwrap_or(0);
@@ -268,12 +271,10 @@ pub(crate) async fn read_task(mut ctx: FeedCtx<StreamEntry>, stream: String, fro
                     None
                 };
                 ctx.started(Ok(()));
-                pos = Some(Position { last, epoch });
+                Position { last, epoch }
             }
-        }
-        let Some(p) = pos.as_mut() else {
-            return;
         };
+        let p = pos.insert(here);
         match follow(&mut ctx, &mut conn, &stream, &key, p).await {
             Next::Reconnect => {
                 if !ctx.pause(&mut backoff).await {
