@@ -136,6 +136,10 @@ fn a_wrong_password_fails_connect_naming_the_url_but_not_the_password() {
     )
     .unwrap_err();
     let text = err.to_string();
+    assert!(
+        !err.is_retryable(),
+        "bad credentials called retryable: {err:?}"
+    );
     assert!(text.contains("cannot connect"), "{text}");
     assert!(text.contains(&server.url()), "{text}");
     assert!(!text.contains("not-the-password"), "{text}");

@@ -289,7 +289,7 @@ pub(crate) fn bytes(value: &redis::Value) -> Option<Vec<u8>> {
 }
 
 /// How the policy of [`Error::is_retryable`] sees a crate error.
-fn kind_of(e: &RedisError) -> EtcdErrorKind {
+pub(super) fn kind_of(e: &RedisError) -> EtcdErrorKind {
     use redis::{ErrorKind, ServerErrorKind};
     if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
         return EtcdErrorKind::Unavailable;

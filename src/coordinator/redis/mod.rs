@@ -99,6 +99,7 @@ use crate::error::{Error, EtcdErrorKind, Result};
 use client::{Conn, Target};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// The URL used when none is given.
 pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
@@ -145,20 +146,25 @@ impl RedisCoordinator {
             .connect_timeout
             .saturating_add(target.request_timeout);
         let connecting = target.clone();
+        // The bridge reports a failed connect in words; its kind travels
+        // here, so that bad credentials are not called retryable.
+        let failed_kind = Arc::new(OnceLock::new());
+        let kind_out = failed_kind.clone();
         let started = bridge::start("fleetcoord-redis", wait, move || async move {
-            connecting
-                .command_conn()
-                .await
-                .map_err(|e| client::one_line(&e))
+            connecting.command_conn().await.map_err(|e| {
+                let _ = kind_out.set(client::kind_of(&e));
+                client::one_line(&e)
+            })
         });
         let (bridge, conn) = match started {
             Ok(started) => started,
             Err(StartError::Io(e)) => return Err(Error::Io(e)),
             Err(StartError::Connect(reason)) => {
-                return Err(target.failure(
-                    EtcdErrorKind::Unavailable,
-                    format!("cannot connect: {reason}"),
-                ))
+                let kind = failed_kind
+                    .get()
+                    .copied()
+                    .unwrap_or(EtcdErrorKind::Unavailable);
+                return Err(target.failure(kind, format!("cannot connect: {reason}")));
             }
         };
         Ok(RedisCoordinator {
