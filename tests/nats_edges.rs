@@ -211,6 +211,9 @@ fn a_paused_server_fails_calls_within_the_request_timeout() {
             assert_backend(&e, EtcdErrorKind::Unavailable, &url, "no answer within");
         });
     });
+    // ping waits for the server, not only for the socket.
+    let e = fast.ping().expect_err("ping of a paused server");
+    assert_backend(&e, EtcdErrorKind::Unavailable, &url, "ping");
     let took = started.elapsed();
     server.resume().unwrap();
     assert!(took < Duration::from_secs(9), "{took:?}");
@@ -218,6 +221,7 @@ fn a_paused_server_fails_calls_within_the_request_timeout() {
     assert_eq!(fast.kv_get("known", "k").unwrap(), b"v");
     let reader = slow.read_stream("unknown", StreamPosition::Start).unwrap();
     assert!(reader.try_recv().is_err(), "an empty stream");
+    fast.ping().expect("ping after resume");
 }
 
 #[test]

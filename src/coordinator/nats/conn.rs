@@ -46,6 +46,20 @@ pub(super) struct Conn {
     stores: Arc<Mutex<HashMap<String, jetstream::kv::Store>>>,
 }
 
+/// A round trip to the server: once it is answered, the server has
+/// processed everything this connection sent before it (NATS handles one
+/// connection's messages in order). `Client::flush` is no such thing: it
+/// only writes the client's buffer to the socket, and succeeds against a
+/// paused server. The JetStream API's account info is the cheapest request
+/// every server this backend works with answers; its reply is not read.
+pub(super) async fn round_trip(client: &async_nats::Client) -> std::result::Result<(), String> {
+    client
+        .request("$JS.API.INFO", bytes::Bytes::new())
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
 /// A failed NATS request (the connection broke, no answer before the
 /// retries ran out) as the user's error. The handle fills in its URLs
 /// (`endpoints` is left empty here) when the error reaches the caller.

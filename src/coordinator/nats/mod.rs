@@ -307,9 +307,9 @@ impl NatsOptions {
 ///
 /// Semantics beyond the trait's:
 /// * **pub/sub** is live-only and ordered per topic. `publish` returns once
-///   the server has the message (a flush), so every subscriber subscribed
-///   by then gets it; `subscribe` returns once the server has the
-///   subscription. Messages published while the client is disconnected
+///   the server has processed the message (a round trip after it), so every
+///   subscriber subscribed by then gets it; `subscribe` returns once the
+///   server has processed the subscription. Messages published while the client is disconnected
 ///   from every server are not delivered (at-most-once across reconnects).
 /// * **streams**: entry IDs are the JetStream stream's sequence numbers
 ///   (1, 2, 3, ... without gaps, also under concurrent appenders). An append
@@ -510,10 +510,9 @@ impl Coordinator for NatsCoordinator {
                 .publish(subject, payload)
                 .await
                 .map_err(|e| conn::failed(format!("publishing on {topic:?}"), e))?;
-            // Once the server answered the flush it has routed the message
-            // to every subscription it knew.
-            client
-                .flush()
+            // Once the server answered a request sent after the message it
+            // has routed the message to every subscription it knew.
+            conn::round_trip(&client)
                 .await
                 .map_err(|e| conn::failed(format!("publishing on {topic:?}"), e))
         })
@@ -530,7 +529,9 @@ impl Coordinator for NatsCoordinator {
                 .await
                 .map_err(|e| conn::failed(&what, e))?;
             // Live when this returns: the server has processed the SUB.
-            client.flush().await.map_err(|e| conn::failed(&what, e))?;
+            conn::round_trip(&client)
+                .await
+                .map_err(|e| conn::failed(&what, e))?;
             Ok(sub)
         })?;
         let topic = topic.to_owned();
@@ -602,7 +603,11 @@ impl Coordinator for NatsCoordinator {
 
     fn ping(&self) -> Result<()> {
         let client = self.conn.client.clone();
-        self.run(async move { client.flush().await.map_err(|e| conn::failed("ping", e)) })
+        self.run(async move {
+            conn::round_trip(&client)
+                .await
+                .map_err(|e| conn::failed("ping", e))
+        })
     }
 
     fn close(&self) -> Result<()> {
