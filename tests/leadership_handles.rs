@@ -129,3 +129,94 @@ fn a_blocked_campaign_returns_when_the_connection_closes() {
         "a campaign behind a live leader cannot succeed"
     );
 }
+
+/// The fence and the accessors of a leadership, through its whole life:
+/// its writes apply while it leads, are refused by etcd once a newer leader
+/// holds, and a lost leadership can neither proclaim nor resign anything.
+#[test]
+fn a_leadership_fences_its_writes_and_a_lost_one_refuses_to_act() {
+    use fleetcoord::{ElectionOptions, LivenessState, Mutex, TxnOp, TxnOpResponse};
+    let server = common::start_etcd();
+    let etcd = common::connect(&server.endpoint());
+    let options = ElectionOptions::default()
+        .with_ttl(Duration::from_secs(4))
+        .with_safety_margin(Duration::from_millis(500))
+        .with_drift_allowance_ppm(50_000);
+    // 4 s less 5 % less 500 ms.
+    assert_eq!(options.trusted_lifetime(), Duration::from_millis(3_300));
+    let election = Election::with_options(&etcd, "fenced", options.clone()).expect("election");
+    assert!(format!("{election:?}").contains("fenced/"), "{election:?}");
+    assert_eq!(
+        Election::leader_of(&etcd, "fenced", &options).unwrap(),
+        None
+    );
+    let observer = Election::observe_of(&etcd, "fenced", &options).expect("observe");
+    assert!(format!("{observer:?}").starts_with("LeaderObserver"));
+    assert_eq!(observer.leaders().recv_timeout(WAIT).unwrap(), None);
+
+    let leadership = election.campaign(b"a").expect("campaign");
+    assert!(matches!(
+        election.session(),
+        Some(LivenessState::Registered { .. })
+    ));
+    let shown = format!("{leadership:?}");
+    assert!(shown.contains("held: true"), "{shown}");
+    leadership.proclaim(b"a2").expect("proclaim");
+    let leader = Election::leader_of(&etcd, "fenced", &options)
+        .unwrap()
+        .expect("a leads");
+    assert_eq!(
+        (leader.value, leader.token),
+        (b"a2".to_vec(), leadership.fencing_token())
+    );
+    let written = leadership
+        .txn_if_leader([
+            TxnOp::put("/fenced/owner", "a"),
+            TxnOp::get("/fenced/owner"),
+        ])
+        .expect("fenced txn")
+        .expect("applied while leading");
+    assert_eq!(written[0], TxnOpResponse::Put);
+    assert!(matches!(&written[1], TxnOpResponse::Get { kvs } if kvs[0].value == b"a"));
+
+    // Somebody deletes the candidate key: leadership is lost, and the
+    // stale handle's fenced write is refused by etcd, applying nothing.
+    common::etcdctl(&server.endpoint(), &["del", leadership.key()]);
+    leadership.lost().recv_timeout(WAIT).expect("lost");
+    assert!(!leadership.is_held());
+    assert!(format!("{leadership:?}").contains("held: false"));
+    assert_eq!(
+        leadership
+            .txn_if_leader([TxnOp::put("/fenced/owner", "stale")])
+            .expect("fenced txn"),
+        None
+    );
+    assert!(matches!(
+        leadership.proclaim(b"late"),
+        Err(Error::NotLeader)
+    ));
+    // Nothing to resign: the machine no longer has it.
+    leadership
+        .resign()
+        .expect("a lost leadership resigns as a no-op");
+    let owner = common::etcdctl(
+        &server.endpoint(),
+        &["get", "/fenced/owner", "--print-value-only"],
+    );
+    assert_eq!(owner.trim(), "a");
+
+    // The mutex face of the same protocol.
+    let mutex = Mutex::with_options(&etcd, "fenced-lock", options).expect("mutex");
+    let guard = mutex
+        .try_lock()
+        .expect("try_lock")
+        .expect("nobody holds it");
+    assert!(guard.is_held());
+    assert!(matches!(
+        mutex.session(),
+        Some(LivenessState::Registered { .. })
+    ));
+    guard.unlock().expect("unlock");
+    mutex.close().expect("close");
+    election.close().expect("close");
+}

@@ -166,3 +166,27 @@ fn close_revokes_everything_and_later_calls_are_closed() {
         "a closed pool must not start sessions"
     );
 }
+
+/// Releasing a name whose election a caller still shares leaves that
+/// election running for the caller; the next campaign through the pool
+/// starts a session of its own.
+#[test]
+fn release_leaves_a_shared_election_to_its_holder() {
+    let server = common::start_etcd();
+    let etcd = common::connect(&server.endpoint());
+    let pool = ElectionPool::new(&etcd);
+    let shared = pool.election("kept").expect("election");
+    assert_eq!(format!("{pool:?}"), "ElectionPool { names: 1 }");
+    pool.release("kept").expect("release");
+    assert_eq!(format!("{pool:?}"), "ElectionPool { names: 0 }");
+    let held = shared
+        .campaign(b"me")
+        .expect("the shared election still runs");
+    let fresh = pool.try_campaign("kept", b"other").expect("try_campaign");
+    assert!(
+        matches!(fresh, fleetcoord::TryCampaign::NotElected(Some(ref l)) if l.value == b"me"),
+        "{fresh:?}"
+    );
+    held.resign().expect("resign");
+    pool.close().expect("close");
+}

@@ -363,3 +363,63 @@ impl<N, T: Send> Sink<N> for Feed<N, T> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleetcoord_sm::election::{Election as ElectionMachine, ElectionInput};
+
+    const SHORT: Duration = Duration::from_millis(20);
+
+    #[test]
+    fn a_call_waits_at_most_its_bound_and_knows_a_driver_that_stopped() {
+        let (call, pending) = UnaryCall::new(Request::Grant { ttl_secs: 5 });
+        assert_eq!(pending.wait(SHORT), Ok(Err(CallError::Timeout(SHORT))));
+        // The driver dropped the call without answering: it is gone.
+        drop(call);
+        let (call, pending) = UnaryCall::new(Request::Grant { ttl_secs: 5 });
+        drop(call);
+        assert_eq!(pending.wait(SHORT), Err(Gone));
+    }
+
+    #[test]
+    fn a_machine_handle_reports_how_its_task_ended() {
+        let (input, mut inputs) = mpsc::unbounded_channel();
+        let (finished_tx, finished) = crossbeam_channel::bounded(1);
+        let handle = MachineHandle::<ElectionMachine>::new(input, finished);
+        let stop: &dyn StopHandle = &handle;
+        assert_eq!(
+            handle.stop_and_wait(SHORT),
+            Err(WaitError::Timeout(SHORT)),
+            "nothing confirmed the stop yet"
+        );
+        assert!(matches!(inputs.try_recv(), Ok(Control::Stop)));
+        stop.stop();
+        assert!(matches!(inputs.try_recv(), Ok(Control::Stop)));
+        assert!(!stop.is_finished());
+        finished_tx.try_send(Finished::Done).expect("room");
+        assert_eq!(handle.wait_finished(SHORT), Ok(Finished::Done));
+        // A task that ends without a word was aborted by the driver.
+        drop(finished_tx);
+        assert_eq!(handle.wait_finished(SHORT), Ok(Finished::Abandoned));
+        drop(inputs);
+        assert!(stop.is_finished(), "its inputs are gone with the task");
+        assert_eq!(handle.send(ElectionInput::Resign { token: 1 }), Err(Gone));
+    }
+
+    #[test]
+    fn a_notify_sink_is_never_held_back() {
+        let mut seen = Vec::new();
+        {
+            let mut sink = Notify(|n: u32| {
+                seen.push(n);
+                n != 3
+            });
+            assert!(sink.deliver(1));
+            assert!(!sink.is_full());
+            assert_eq!(sink.relieve(), Relief::Room);
+            assert!(!sink.deliver(3), "the function says nobody listens");
+        }
+        assert_eq!(seen, [1, 3]);
+    }
+}

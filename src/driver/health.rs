@@ -152,7 +152,7 @@ impl Suspicion {
         self.0.notify_one();
     }
 
-    async fn raised(&self) {
+    pub(super) async fn raised(&self) {
         self.0.notified().await;
     }
 }
@@ -267,5 +267,32 @@ mod tests {
                 assert!((0..3).any(|i| p.in_use(i)), "sequence {code}");
             }
         }
+    }
+
+    #[test]
+    fn only_a_status_etcd_sent_itself_proves_an_answer() {
+        use tonic::{Code, Status};
+        let status = |code| ec::Error::GRpcStatus(Status::new(code, "etcdserver: x"));
+        // etcd refused the request, so it is alive.
+        for code in [
+            Code::PermissionDenied,
+            Code::InvalidArgument,
+            Code::NotFound,
+        ] {
+            assert!(etcd_answered(&status(code)), "{code:?}");
+        }
+        // Made up by the transport: no proof anybody answered.
+        for code in [
+            Code::Cancelled,
+            Code::Unknown,
+            Code::DeadlineExceeded,
+            Code::Unavailable,
+        ] {
+            assert!(!etcd_answered(&status(code)), "{code:?}");
+        }
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        let caused = Status::from_error(Box::new(io));
+        assert!(!etcd_answered(&ec::Error::GRpcStatus(caused)));
+        assert!(!etcd_answered(&ec::Error::InvalidArgs("x".into())));
     }
 }

@@ -360,3 +360,317 @@ async fn sleep(until: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+/// The renewer against a real etcd, alone on a runtime of its own: each
+/// renewal gets exactly one answer, whatever the stream does.
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    use super::*;
+    use crate::testing::{EtcdServer, FaultProxy, Mode};
+
+    /// Long enough that only a silent stream reaches it on a loaded CI
+    /// machine; short enough to keep the tests quick.
+    const TIMEOUT: Duration = Duration::from_secs(1);
+    /// How long a test waits for an answer that must come.
+    const WAIT: Duration = Duration::from_secs(10);
+    const MISSING_LEASE: LeaseId = 0x0bad_1ea5e;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    /// A renewer on `endpoint` with a request timeout of `timeout`, and
+    /// where its answers arrive.
+    struct Rig {
+        renewals: Renewals,
+        suspicion: Suspicion,
+        shutdown: watch::Sender<bool>,
+        reply_tx: mpsc::UnboundedSender<Delivery>,
+        replies: mpsc::UnboundedReceiver<Delivery>,
+        task: tokio::task::JoinHandle<()>,
+        next_id: u64,
+    }
+
+    impl Rig {
+        async fn start(endpoint: &str, timeout: Duration) -> Rig {
+            let client = ec::Client::connect([endpoint], None)
+                .await
+                .expect("lazy connect");
+            let suspicion = Suspicion::default();
+            let (shutdown, shutdown_rx) = watch::channel(false);
+            let (renewals, renewer) = start(client, timeout, suspicion.clone(), shutdown_rx);
+            let (reply_tx, replies) = mpsc::unbounded_channel();
+            Rig {
+                renewals,
+                suspicion,
+                shutdown,
+                reply_tx,
+                replies,
+                task: tokio::spawn(renewer),
+                next_id: 0,
+            }
+        }
+
+        /// Ask for a renewal of `lease`; its id.
+        fn renew(&mut self, lease: LeaseId) -> RpcId {
+            self.next_id += 1;
+            let id = RpcId(self.next_id);
+            self.renewals.renew(lease, id, &self.reply_tx);
+            id
+        }
+
+        /// The next answer, which must come within [`WAIT`].
+        async fn answer(&mut self) -> (RpcId, Result<Response, RpcError>) {
+            let delivery = tokio::time::timeout(WAIT, self.replies.recv())
+                .await
+                .expect("an answer in time")
+                .expect("the rig holds a sender");
+            assert!(delivery.last, "a renewal has exactly one answer");
+            (delivery.reply.id, delivery.reply.result)
+        }
+
+        /// No answer arrives within `quiet`.
+        async fn silent_for(&mut self, quiet: Duration) {
+            if let Ok(extra) = tokio::time::timeout(quiet, self.replies.recv()).await {
+                panic!("unexpected answer {:?}", extra.map(|d| d.reply));
+            }
+        }
+    }
+
+    async fn grant(endpoint: &str) -> LeaseId {
+        let mut client = ec::Client::connect([endpoint], None)
+            .await
+            .expect("connect");
+        client.lease_grant(30, None).await.expect("grant").id()
+    }
+
+    fn kept_alive(result: &Result<Response, RpcError>) -> i64 {
+        match result {
+            Ok(Response::KeptAlive { ttl_secs }) => *ttl_secs,
+            other => panic!("not a renewal answer: {other:?}"),
+        }
+    }
+
+    fn unavailable(result: Result<Response, RpcError>) -> String {
+        match result {
+            Err(RpcError::Unavailable(why)) => why,
+            other => panic!("not Unavailable: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn leases_share_one_stream_and_a_missing_lease_is_answered_ttl_zero() {
+        let server = EtcdServer::start().expect("etcd");
+        runtime().block_on(async {
+            let lease = grant(&server.endpoint()).await;
+            let mut rig = Rig::start(&server.endpoint(), WAIT).await;
+            // The first stream opens on the missing lease: etcd refuses it,
+            // which answers that renewal, and the live lease waits for the
+            // next stream.
+            let missing = rig.renew(MISSING_LEASE);
+            let live = rig.renew(lease);
+            let (id, result) = rig.answer().await;
+            assert_eq!((id, kept_alive(&result)), (missing, 0));
+            let (id, result) = rig.answer().await;
+            assert_eq!(id, live);
+            assert!(kept_alive(&result) > 0, "{result:?}");
+            // On the open stream, etcd answers each in order, the missing
+            // one again with TTL 0.
+            let ids = [rig.renew(lease), rig.renew(MISSING_LEASE), rig.renew(lease)];
+            let mut answers = Vec::new();
+            for _ in ids {
+                let (id, result) = rig.answer().await;
+                answers.push((id, kept_alive(&result) > 0));
+            }
+            answers.sort_by_key(|(id, _)| id.0);
+            assert_eq!(answers, [(ids[0], true), (ids[1], false), (ids[2], true)]);
+            rig.silent_for(Duration::from_millis(200)).await;
+        });
+    }
+
+    #[test]
+    fn a_stream_that_answers_nothing_fails_its_renewal_and_the_next_opens_afresh() {
+        let server = EtcdServer::start().expect("etcd");
+        let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
+        runtime().block_on(async {
+            let lease = grant(&server.endpoint()).await;
+            let mut rig = Rig::start(&proxy.endpoint(), TIMEOUT).await;
+            rig.renew(lease);
+            assert!(kept_alive(&rig.answer().await.1) > 0);
+
+            proxy.set_mode(Mode::Blackhole);
+            let stuck = rig.renew(lease);
+            let (id, result) = rig.answer().await;
+            assert_eq!(id, stuck);
+            assert_eq!(
+                unavailable(result),
+                format!("no renewal answer within {TIMEOUT:?}")
+            );
+            // The health monitor is asked for a round of probes.
+            tokio::time::timeout(WAIT, rig.suspicion.raised())
+                .await
+                .expect("suspicion raised");
+
+            // The old connection lost bytes for good: drop it, and a new
+            // renewal works on a fresh stream (its first attempt may still
+            // see the broken connection).
+            proxy.set_mode(Mode::Pass);
+            proxy.reset_all();
+            let started = tokio::time::Instant::now();
+            loop {
+                rig.renew(lease);
+                match rig.answer().await.1 {
+                    Ok(Response::KeptAlive { ttl_secs }) if ttl_secs > 0 => break,
+                    other => {
+                        assert!(
+                            started.elapsed() < WAIT,
+                            "no renewal after the fault: {other:?}"
+                        );
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn a_stream_that_cannot_open_fails_the_renewals_waiting_for_it_in_time() {
+        let server = EtcdServer::start().expect("etcd");
+        let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
+        proxy.set_mode(Mode::Blackhole);
+        runtime().block_on(async {
+            let mut rig = Rig::start(&proxy.endpoint(), TIMEOUT).await;
+            let first = rig.renew(7);
+            let second = rig.renew(8);
+            // Before the renewer runs, so that the renewals' own timeouts
+            // come (by a timer tick) before the timeout of the opening
+            // they wait for.
+            std::thread::sleep(Duration::from_millis(5));
+            for expected in [first, second] {
+                let (id, result) = rig.answer().await;
+                assert_eq!(id, expected);
+                assert_eq!(
+                    unavailable(result),
+                    format!("no renewal answer within {TIMEOUT:?}")
+                );
+            }
+            rig.silent_for(Duration::from_millis(200)).await;
+        });
+    }
+
+    #[test]
+    fn a_refused_connection_fails_every_renewal_waiting_for_the_stream() {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            listener.local_addr().expect("addr").port()
+        };
+        runtime().block_on(async {
+            let mut rig = Rig::start(&format!("http://127.0.0.1:{port}"), WAIT).await;
+            let ids = [rig.renew(7), rig.renew(8)];
+            for expected in ids {
+                let (id, result) = rig.answer().await;
+                assert_eq!(id, expected);
+                let why = unavailable(result);
+                assert!(!why.starts_with("no renewal answer"), "{why}");
+            }
+        });
+    }
+
+    #[test]
+    fn a_broken_stream_fails_the_renewals_written_to_it_at_once() {
+        let server = EtcdServer::start().expect("etcd");
+        let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
+        runtime().block_on(async {
+            let lease = grant(&server.endpoint()).await;
+            // A timeout no answer in this test gets near.
+            let mut rig = Rig::start(&proxy.endpoint(), Duration::from_secs(60)).await;
+            rig.renew(lease);
+            assert!(kept_alive(&rig.answer().await.1) > 0);
+            proxy.set_mode(Mode::Blackhole);
+            let written = rig.renew(lease);
+            // Let the renewer write it to the stream.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let started = tokio::time::Instant::now();
+            proxy.reset_all();
+            let (id, result) = rig.answer().await;
+            assert_eq!(id, written);
+            let why = unavailable(result);
+            assert!(!why.starts_with("no renewal answer"), "{why}");
+            assert!(started.elapsed() < WAIT);
+        });
+    }
+
+    #[test]
+    fn a_forgotten_lease_is_never_renewed_and_shutdown_answers_the_rest() {
+        let server = EtcdServer::start().expect("etcd");
+        let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
+        proxy.set_mode(Mode::Blackhole);
+        runtime().block_on(async {
+            let mut rig = Rig::start(&proxy.endpoint(), Duration::from_secs(60)).await;
+            // Both wait for a stream that cannot open.
+            let revoked = rig.renew(7);
+            let other = rig.renew(8);
+            rig.renewals.forget(7);
+            let (id, result) = rig.answer().await;
+            assert_eq!(id, revoked);
+            assert_eq!(unavailable(result), "the lease is being revoked");
+            rig.silent_for(Duration::from_millis(200)).await;
+
+            rig.shutdown.send(true).expect("renewer running");
+            let (id, result) = rig.answer().await;
+            assert_eq!(id, other);
+            assert_eq!(unavailable(result), "the driver is shutting down");
+            (&mut rig.task).await.expect("renewer ended");
+            // With the renewer gone, a renewal is answered on the spot.
+            let late = rig.renew(9);
+            let (id, result) = rig.answer().await;
+            assert_eq!(id, late);
+            assert_eq!(unavailable(result), "renewal stream closed");
+        });
+    }
+
+    #[test]
+    fn a_burst_larger_than_the_stream_queue_is_answered_in_full() {
+        let server = EtcdServer::start().expect("etcd");
+        runtime().block_on(async {
+            let lease = grant(&server.endpoint()).await;
+            let mut rig = Rig::start(&server.endpoint(), WAIT).await;
+            rig.renew(lease);
+            assert!(kept_alive(&rig.answer().await.1) > 0);
+            // More than etcd-client's queue of 100 requests, all at once.
+            let ids: Vec<RpcId> = (0..300).map(|_| rig.renew(lease)).collect();
+            let mut answered = Vec::new();
+            for _ in &ids {
+                let (id, result) = rig.answer().await;
+                assert!(kept_alive(&result) > 0, "{result:?}");
+                answered.push(id);
+            }
+            answered.sort_by_key(|id| id.0);
+            assert_eq!(answered, ids);
+            rig.silent_for(Duration::from_millis(200)).await;
+        });
+    }
+
+    #[test]
+    fn the_renewer_ends_once_every_handle_is_gone() {
+        runtime().block_on(async {
+            let rig = Rig::start("http://127.0.0.1:9", WAIT).await;
+            // The shutdown sender stays: only the handles go.
+            let Rig {
+                renewals,
+                task,
+                shutdown,
+                ..
+            } = rig;
+            drop(renewals);
+            tokio::time::timeout(WAIT, task)
+                .await
+                .expect("ended without a shutdown")
+                .expect("no panic");
+            assert!(!*shutdown.borrow());
+        });
+    }
+}

@@ -193,13 +193,8 @@ impl Leadership {
     /// Step down: delete the candidate key so the next candidate leads.
     /// `is_held` turns false before the request is sent.
     pub fn resign(mut self) -> Result<()> {
-        self.resign_inner()
-    }
-
-    fn resign_inner(&mut self) -> Result<()> {
-        if self.resigned {
-            return Ok(());
-        }
+        // `resign` consumes the handle, and only it and `drop` set
+        // `resigned`: it is always false here.
         self.resigned = true;
         self.held.store(false, Ordering::SeqCst);
         if !self.is_current() {

@@ -842,4 +842,80 @@ mod tests {
         assert!(state.lock().held.is_none());
         assert_eq!(resigned(&mut inputs), vec![9]);
     }
+
+    #[test]
+    fn a_stopped_session_ends_the_held_leadership() {
+        let (state, _machine, _inputs) = state();
+        let rx = wait_for(&state, 1);
+        handle_notice(&state, elected(1, 5));
+        assert_eq!(rx.try_recv().ok(), Some(elected(1, 5)));
+        let (flag, lost) = {
+            let s = state.lock();
+            let held = s.held.as_ref().expect("held");
+            (held.flag.clone(), held.lost_rx.clone())
+        };
+        assert!(flag.load(Ordering::SeqCst));
+        handle_notice(
+            &state,
+            ElectionNotice::Session(LivenessState::Stopped { revoked: true }),
+        );
+        assert!(!flag.load(Ordering::SeqCst), "is_held turns false");
+        assert_eq!(lost.try_recv(), Ok(()), "lost() fires");
+        assert!(state.lock().held.is_none());
+        assert_eq!(
+            state.lock().session,
+            Some(LivenessState::Stopped { revoked: true })
+        );
+    }
+
+    #[test]
+    fn a_newer_leadership_replaces_the_one_held() {
+        let (state, _machine, mut inputs) = state();
+        let _first = wait_for(&state, 1);
+        handle_notice(&state, elected(1, 5));
+        let old = state.lock().held.as_ref().expect("held").flag.clone();
+        let second = wait_for(&state, 2);
+        handle_notice(&state, elected(2, 9));
+        assert_eq!(second.try_recv().ok(), Some(elected(2, 9)));
+        assert!(!old.load(Ordering::SeqCst), "the old flag turns false");
+        assert_eq!(state.lock().held.as_ref().map(|h| h.token), Some(9));
+        assert!(resigned(&mut inputs).is_empty());
+    }
+
+    #[test]
+    fn election_errors_map_to_their_own_kinds() {
+        assert!(matches!(
+            election_error(ElectionError::SessionLost),
+            Error::SessionLost
+        ));
+        assert!(matches!(
+            election_error(ElectionError::Canceled),
+            Error::Canceled
+        ));
+        assert!(matches!(
+            election_error(ElectionError::NotLeader),
+            Error::NotLeader
+        ));
+        assert!(matches!(
+            election_error(ElectionError::Stopped),
+            Error::Closed
+        ));
+        let rejected = election_error(ElectionError::Rejected(
+            fleetcoord_sm::RpcError::PermissionDenied("etcdserver: permission denied".into()),
+        ));
+        assert_eq!(
+            rejected.to_string(),
+            Error::from(fleetcoord_sm::RpcError::PermissionDenied(
+                "etcdserver: permission denied".into()
+            ))
+            .to_string()
+        );
+        match election_error(ElectionError::Busy) {
+            Error::Etcd { kind, message, .. } => {
+                assert_eq!(kind, EtcdErrorKind::Unexpected);
+                assert!(message.contains("Busy"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
