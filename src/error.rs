@@ -220,16 +220,15 @@ impl From<RpcError> for Error {
 }
 
 /// The kind of [`Error::Etcd`] a failed request becomes.
-fn etcd_kind(e: &RpcError) -> EtcdErrorKind {
+pub(crate) fn etcd_kind(e: &RpcError) -> EtcdErrorKind {
     match e {
-        RpcError::Unavailable(_) => EtcdErrorKind::Unavailable,
-        RpcError::Rejected(_) => EtcdErrorKind::Rejected,
         RpcError::LeaseNotFound => EtcdErrorKind::LeaseNotFound,
         RpcError::Compacted { .. } => EtcdErrorKind::Compacted,
         RpcError::PermissionDenied(_) => EtcdErrorKind::PermissionDenied,
         RpcError::Unauthenticated(_) => EtcdErrorKind::Unauthenticated,
-        // A variant newer than this mapping keeps at least its policy.
-        other if other.is_retryable() => EtcdErrorKind::Unavailable,
+        // `Unavailable` and `Rejected` are the two policies themselves, so a
+        // variant newer than this mapping falls into the one it follows.
+        _ if e.is_retryable() => EtcdErrorKind::Unavailable,
         _ => EtcdErrorKind::Rejected,
     }
 }

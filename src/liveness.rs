@@ -387,3 +387,30 @@ pub(crate) fn close_outcome(
 
 // Dropping the `MachineHandle` stops the keepalive without waiting; see
 // "Dropping" in the type's docs.
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::Finished;
+
+    #[test]
+    fn close_reports_whether_the_revoke_was_confirmed() {
+        assert!(close_outcome(Ok(Finished::Done), Some(true)).is_ok());
+        match close_outcome(Ok(Finished::Done), Some(false)) {
+            Err(Error::Etcd { kind, message }) => {
+                assert_eq!(kind, EtcdErrorKind::Unavailable);
+                assert!(message.contains("expire after its TTL"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            close_outcome(Ok(Finished::Abandoned), None),
+            Err(Error::DriverGone)
+        ));
+        let after = Duration::from_secs(10);
+        assert!(matches!(
+            close_outcome(Err(WaitError::Timeout(after)), Some(true)),
+            Err(Error::Timeout(t)) if t == after
+        ));
+    }
+}

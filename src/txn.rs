@@ -236,4 +236,42 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn results_map_from_the_machine_vocabulary() {
+        let kv = sm::KeyValue {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+            create_revision: 3,
+            mod_revision: 5,
+            version: 2,
+            lease: 9,
+        };
+        assert_eq!(
+            TxnOpResponse::from(sm::TxnOpResponse::Range { kvs: vec![kv] }),
+            TxnOpResponse::Get {
+                kvs: vec![KeyValue {
+                    key: b"k".to_vec(),
+                    value: b"v".to_vec(),
+                    create_revision: 3,
+                    mod_revision: 5,
+                    version: 2,
+                    lease: 9,
+                }]
+            }
+        );
+        assert_eq!(
+            TxnOpResponse::from(sm::TxnOpResponse::Put),
+            TxnOpResponse::Put
+        );
+        assert_eq!(
+            TxnOpResponse::from(sm::TxnOpResponse::Delete { deleted: 4 }),
+            TxnOpResponse::Delete { deleted: 4 }
+        );
+        // etcd never counts below zero; a corrupt count must not wrap.
+        assert_eq!(
+            TxnOpResponse::from(sm::TxnOpResponse::Delete { deleted: -1 }),
+            TxnOpResponse::Delete { deleted: 0 }
+        );
+    }
 }

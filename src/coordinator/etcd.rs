@@ -8,7 +8,7 @@ use super::{
     KvWatcher, Message, StreamEntry, StreamId, StreamPosition, StreamReader, Subscription,
 };
 use crate::driver::{self, rand_seed, FeedItem, Notify, StopHandle};
-use crate::error::{Error, EtcdErrorKind, Result};
+use crate::error::{etcd_kind, Error, EtcdErrorKind, Result};
 use crate::etcd::{Etcd, EtcdOptions};
 use crate::validate;
 use fleetcoord_sm::stream::{
@@ -318,13 +318,10 @@ fn stream_error(stream: &str, error: StreamError) -> Error {
         StreamError::Rpc(e) => Error::rpc_in(context, e),
         // The append may have been stored: say so in the message; the kind
         // still says whether trying again can work.
-        StreamError::Indeterminate(e) => match Error::rpc_in(context, e) {
-            Error::Etcd { kind, message } => Error::etcd(
-                kind,
-                format!("{message} (the append may or may not have been applied)"),
-            ),
-            other => other,
-        },
+        StreamError::Indeterminate(e) => Error::etcd(
+            etcd_kind(&e),
+            format!("{context}: {e} (the append may or may not have been applied)"),
+        ),
         StreamError::Exhausted => {
             Error::etcd(EtcdErrorKind::Rejected, format!("{context}: {error}"))
         }
@@ -582,5 +579,86 @@ impl Coordinator for EtcdCoordinator {
 impl Drop for EtcdCoordinator {
     fn drop(&mut self) {
         let _ = self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleetcoord_sm::RpcError;
+
+    /// The kind and message of an [`Error::Etcd`].
+    fn etcd_error(error: Error) -> (EtcdErrorKind, String) {
+        match error {
+            Error::Etcd { kind, message } => (kind, message),
+            other => panic!("expected an etcd error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn stream_errors_name_the_stream_and_keep_their_kind() {
+        assert!(matches!(
+            stream_error("jobs", StreamError::Stopped),
+            Error::DriverGone
+        ));
+        let cases = [
+            (
+                StreamError::Contended { attempts: 7 },
+                EtcdErrorKind::Contended,
+                "append to \"jobs\" lost 7 races in a row",
+            ),
+            (
+                StreamError::Rpc(RpcError::PermissionDenied(
+                    "etcdserver: permission denied".into(),
+                )),
+                EtcdErrorKind::PermissionDenied,
+                "stream \"jobs\": etcdserver: permission denied",
+            ),
+            (
+                StreamError::Indeterminate(RpcError::Unavailable("connection reset".into())),
+                EtcdErrorKind::Unavailable,
+                "stream \"jobs\": connection reset \
+                 (the append may or may not have been applied)",
+            ),
+            (
+                StreamError::Indeterminate(RpcError::Rejected("too large".into())),
+                EtcdErrorKind::Rejected,
+                "stream \"jobs\": too large (the append may or may not have been applied)",
+            ),
+            (
+                StreamError::BadHead {
+                    value: b"oops".to_vec(),
+                },
+                EtcdErrorKind::Unexpected,
+                "stream \"jobs\": stream head holds \"oops\", not a sequence number",
+            ),
+            (
+                StreamError::Unexpected("a Put answered a Range".into()),
+                EtcdErrorKind::Unexpected,
+                "stream \"jobs\": ",
+            ),
+        ];
+        for (error, kind, text) in cases {
+            let (k, message) = etcd_error(stream_error("jobs", error.clone()));
+            assert_eq!(k, kind, "{error:?}");
+            assert!(message.starts_with(text), "{error:?}: {message}");
+        }
+        // No sequence number is left: a refusal, and retrying cannot help.
+        let exhausted = stream_error("jobs", StreamError::Exhausted);
+        assert!(!exhausted.is_retryable());
+        let (kind, message) = etcd_error(exhausted);
+        assert_eq!(kind, EtcdErrorKind::Rejected);
+        assert!(message.starts_with("stream \"jobs\": "), "{message}");
+    }
+
+    #[test]
+    fn append_wait_covers_patience_and_two_requests_without_overflow() {
+        let config = AppendConfig::new(StreamKeys::new("/coord", "s"));
+        let patience = config.patience;
+        assert_eq!(
+            append_wait(&config, Duration::from_secs(2)),
+            patience + Duration::from_secs(4) + APPEND_SLACK
+        );
+        assert_eq!(append_wait(&config, Duration::MAX), Duration::MAX);
     }
 }

@@ -151,14 +151,7 @@ impl Sub {
             self.latest = Some(msg.clone());
             return self.catch_up();
         }
-        match self.reg.send(msg.clone()) {
-            Sent::Done => Health::Current,
-            Sent::Full(msg) => {
-                self.latest = Some(msg);
-                Health::Behind
-            }
-            Sent::Gone => Health::Gone,
-        }
+        self.send(msg.clone())
     }
 
     fn catch_up(&mut self) -> Health {
@@ -169,6 +162,12 @@ impl Sub {
             self.latest = Some(msg);
             return Health::Behind;
         }
+        self.send(msg)
+    }
+
+    /// Send `msg`, keeping it as the newest undelivered one if it does not
+    /// fit.
+    fn send(&mut self, msg: Message) -> Health {
         match self.reg.send(msg) {
             Sent::Done => Health::Current,
             Sent::Full(msg) => {
@@ -367,10 +366,7 @@ impl State {
         let mut moved = false;
         for subs in self.topics.values_mut() {
             behind |= step_all(subs, |s| {
-                if s.latest.is_none() {
-                    return Health::Current;
-                }
-                moved |= s.reg.has_room();
+                moved |= s.latest.is_some() && s.reg.has_room();
                 s.catch_up()
             });
         }
@@ -378,20 +374,14 @@ impl State {
         for stream in self.streams.values_mut() {
             let entries = &stream.entries;
             behind |= step_all(&mut stream.readers, |r| {
-                if !r.behind {
-                    return Health::Current;
-                }
-                moved |= r.reg.has_room();
+                moved |= r.behind && r.reg.has_room();
                 r.catch_up(entries)
             });
         }
         for bucket in self.buckets.values_mut() {
             let entries = &bucket.entries;
             behind |= step_all(&mut bucket.watchers, |w| {
-                if !w.is_behind() {
-                    return Health::Current;
-                }
-                moved |= w.reg.has_room();
+                moved |= w.is_behind() && w.reg.has_room();
                 w.catch_up(entries)
             });
         }
@@ -820,7 +810,7 @@ impl Coordinator for MemoryCoordinator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crossbeam_channel::RecvTimeoutError;
+    use crossbeam_channel::{Receiver, RecvTimeoutError};
     use std::time::Instant;
 
     const T: Duration = Duration::from_secs(1);
@@ -1100,5 +1090,187 @@ mod tests {
         assert!(catching_up(&c));
         drop(sub);
         settle(&c);
+    }
+
+    #[test]
+    fn debug_default_and_deleting_what_is_not_there() {
+        let c = MemoryCoordinator::default();
+        let text = format!("{c:?}");
+        assert!(
+            text.contains("closed: false") && text.contains("feed_capacity: 4096"),
+            "{text}"
+        );
+        // Deleting in a bucket that never existed creates nothing.
+        c.kv_delete("nowhere", "k").unwrap();
+        assert!(c.hub.state.lock().buckets.is_empty());
+        // A bucket emptied by a delete, with no watch on it, is forgotten.
+        c.kv_set("b", "k", b"v").unwrap();
+        c.kv_delete("b", "k").unwrap();
+        assert!(c.hub.state.lock().buckets.is_empty());
+        c.close().unwrap();
+        assert!(format!("{c:?}").contains("closed: true"));
+    }
+
+    #[test]
+    fn a_snapshot_that_fills_the_channel_is_followed_by_synced() {
+        let c = MemoryCoordinator::new().with_feed_capacity(2);
+        c.kv_set("b", "k1", b"1").unwrap();
+        c.kv_set("b", "k2", b"2").unwrap();
+        let watch = c.kv_watch("b", "*").unwrap();
+        assert_eq!(watch.receiver().len(), 2);
+        let events: Vec<KvEvent> = (0..3).map(|_| watch.recv_timeout(T).unwrap()).collect();
+        assert_eq!(
+            events,
+            [
+                KvEvent::Put {
+                    key: "k1".into(),
+                    value: b"1".to_vec()
+                },
+                KvEvent::Put {
+                    key: "k2".into(),
+                    value: b"2".to_vec()
+                },
+                KvEvent::Synced,
+            ]
+        );
+        settle(&c);
+    }
+
+    #[test]
+    fn a_key_created_and_deleted_while_behind_is_never_told() {
+        let c = MemoryCoordinator::new().with_feed_capacity(2);
+        let watch = c.kv_watch("b", "*").unwrap();
+        c.kv_set("b", "a", b"1").unwrap();
+        // The channel (Synced, a) is full: `x` comes and goes unseen.
+        c.kv_set("b", "x", b"brief").unwrap();
+        c.kv_delete("b", "x").unwrap();
+        assert_eq!(watch.recv_timeout(T).unwrap(), KvEvent::Synced);
+        assert_eq!(
+            watch.recv_timeout(T).unwrap(),
+            KvEvent::Put {
+                key: "a".into(),
+                value: b"1".to_vec()
+            }
+        );
+        settle(&c);
+        c.kv_set("b", "after", b"2").unwrap();
+        assert_eq!(
+            watch.recv_timeout(T).unwrap(),
+            KvEvent::Put {
+                key: "after".into(),
+                value: b"2".to_vec()
+            }
+        );
+        assert!(watch.try_recv().is_err());
+    }
+
+    // A `Feed` runs its drop hook (which unregisters it) before its receiver
+    // goes, so through the public API the hub never finds a channel
+    // disconnected. These register feeds as `subscribe`, `read_stream` and
+    // `kv_watch` do but hand back the bare receiver: dropping it is a
+    // consumer gone without unregistering, which the hub must notice by
+    // itself the next time it sends, whether the feed is current or behind.
+
+    fn bare_subscription(c: &MemoryCoordinator, topic: &str) -> Receiver<Message> {
+        let (reg, rx) = c.new_reg();
+        let mut state = c.lock().unwrap();
+        let subs = state.topics.entry(topic.to_owned()).or_default();
+        subs.push(Sub { reg, latest: None });
+        rx
+    }
+
+    fn bare_reader(c: &MemoryCoordinator, stream: &str) -> Receiver<StreamEntry> {
+        let (reg, rx) = c.new_reg();
+        let mut state = c.lock().unwrap();
+        let s = state.streams.entry(stream.to_owned()).or_default();
+        let last = s.head;
+        s.readers.push(StreamSub {
+            reg,
+            last,
+            behind: false,
+        });
+        rx
+    }
+
+    /// A watch of every key: `current` = its snapshot and `Synced` already
+    /// delivered; otherwise nothing of them yet.
+    fn bare_watch(c: &MemoryCoordinator, bucket: &str, current: bool) -> Receiver<KvEvent> {
+        let (reg, rx) = c.new_reg();
+        let mut state = c.lock().unwrap();
+        let b = state.buckets.entry(bucket.to_owned()).or_default();
+        let snapshot = if current {
+            BTreeSet::new()
+        } else {
+            b.entries.keys().cloned().collect()
+        };
+        b.watchers.push(KvSub {
+            reg,
+            pattern: "*".into(),
+            snapshot,
+            synced: current,
+            told: BTreeMap::new(),
+        });
+        rx
+    }
+
+    #[test]
+    fn consumers_gone_without_unregistering_are_dropped_on_the_next_send() {
+        let c = MemoryCoordinator::new();
+        let live = c.subscribe("t").unwrap();
+        drop(bare_subscription(&c, "t"));
+        drop(bare_subscription(&c, "lonely"));
+        drop(bare_reader(&c, "s"));
+        drop(bare_watch(&c, "b", true));
+        assert_eq!(counts(&c), (3, 1, 1));
+        c.publish("t", b"x").unwrap();
+        c.publish("lonely", b"x").unwrap();
+        c.append_stream("s", b"x").unwrap();
+        c.kv_set("b", "k", b"x").unwrap();
+        assert_eq!(counts(&c), (1, 0, 0));
+        assert!(!c.hub.state.lock().topics.contains_key("lonely"));
+        assert_eq!(live.recv_timeout(T).unwrap().payload, b"x");
+        assert!(!catching_up(&c), "nothing is behind");
+    }
+
+    #[test]
+    fn consumers_gone_while_behind_are_dropped_by_the_catch_up() {
+        let c = MemoryCoordinator::new().with_feed_capacity(2);
+        let sub = bare_subscription(&c, "t");
+        let reader = bare_reader(&c, "s");
+        let told = bare_watch(&c, "told", true);
+        for k in ["k1", "k2", "k3"] {
+            c.kv_set("snapshot", k, b"v").unwrap();
+        }
+        c.kv_set("synced", "k1", b"v").unwrap();
+        c.kv_set("synced", "k2", b"v").unwrap();
+        let snapshot = bare_watch(&c, "snapshot", false);
+        let synced = bare_watch(&c, "synced", false);
+        for i in 0..3u8 {
+            c.publish("t", &[i]).unwrap();
+            c.append_stream("s", &[i]).unwrap();
+            c.kv_set("told", &format!("k{i}"), &[i]).unwrap();
+        }
+        // A rewrite sends the unwatched snapshots what fits: two Puts, and
+        // `synced` then misses its Synced, `snapshot` its third Put.
+        c.kv_set("snapshot", "k1", b"v").unwrap();
+        c.kv_set("synced", "k1", b"v").unwrap();
+        assert_eq!(counts(&c), (1, 1, 3));
+        assert!(catching_up(&c));
+        {
+            // Under the hub's lock, so that the catch-up thread cannot
+            // deliver before the consumers go: each read its channel
+            // empty, which lets the hub send again, and then vanished.
+            let _state = c.hub.state.lock();
+            for _ in 0..2 {
+                sub.try_recv().unwrap();
+                reader.try_recv().unwrap();
+                told.try_recv().unwrap();
+                snapshot.try_recv().unwrap();
+                synced.try_recv().unwrap();
+            }
+            drop((sub, reader, told, snapshot, synced));
+        }
+        settle(&c);
+        assert_eq!(counts(&c), (0, 0, 0));
     }
 }

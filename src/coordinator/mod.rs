@@ -328,4 +328,24 @@ mod tests {
         let shared: std::sync::Arc<dyn Coordinator> = std::sync::Arc::from(boxed);
         assert!(shared.ping().is_ok());
     }
+
+    #[test]
+    fn capabilities_builders_change_only_their_declaration() {
+        let full = Capabilities::default();
+        assert_eq!((full.delivers, full.stream_max_len), (true, None));
+        let silent = full.without_delivery();
+        assert_eq!((silent.delivers, silent.stream_max_len), (false, None));
+        let trimmed = silent.with_stream_max_len(64);
+        assert_eq!(
+            (trimmed.delivers, trimmed.stream_max_len),
+            (false, Some(64))
+        );
+        assert_eq!(
+            full.with_stream_max_len(1),
+            Capabilities {
+                delivers: true,
+                stream_max_len: Some(1),
+            }
+        );
+    }
 }

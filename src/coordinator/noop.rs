@@ -207,4 +207,21 @@ mod tests {
         let b = c.append_stream("s", b"").unwrap();
         assert!(b > a);
     }
+
+    #[test]
+    fn debug_counts_open_feeds_and_shows_closed() {
+        let c = NoopCoordinator::new();
+        let _feed = c.subscribe("t").unwrap();
+        let text = format!("{c:?}");
+        assert!(
+            text.contains("closed: false") && text.contains("feeds: 1"),
+            "{text}"
+        );
+        c.close().unwrap();
+        let text = format!("{c:?}");
+        assert!(
+            text.contains("closed: true") && text.contains("feeds: 0"),
+            "{text}"
+        );
+    }
 }
