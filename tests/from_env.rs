@@ -5,7 +5,9 @@
 mod common;
 
 use common::{connect, etcdctl, start_etcd};
-use fleetcoord::coordinator::{from_env_vars, from_env_vars_with_etcd, from_env_with_etcd};
+use fleetcoord::coordinator::{
+    from_env, from_env_vars, from_env_vars_with_etcd, from_env_with_etcd,
+};
 use fleetcoord::Error;
 
 /// Nothing listens on port 1: connecting there fails.
@@ -80,8 +82,13 @@ fn reads_coord_and_ignores_coord_url_from_the_environment() {
     std::env::set_var("COORD", "etcd");
     std::env::set_var("COORD_URL", DEAD_URL);
     let coord = from_env_with_etcd(&etcd);
+    // Without a handle, COORD_URL is where it connects.
+    std::env::set_var("COORD_URL", &endpoint);
+    let own = from_env();
     std::env::remove_var("COORD");
     std::env::remove_var("COORD_URL");
+    own.kv_set("config", "mode", b"own").unwrap();
+    assert_eq!(coord.kv_get("config", "mode").unwrap(), b"own");
     assert!(coord.capabilities().delivers);
     coord.publish("deploys", b"v42").unwrap();
     assert_eq!(

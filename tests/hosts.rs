@@ -476,3 +476,78 @@ fn registration_on_a_new_lease_over_a_live_key_is_updated() {
         other => panic!("expected Up, got {other:?}"),
     }
 }
+
+/// Every setting of a registration is used, and what the handles show of
+/// themselves: the key under the chosen prefix, the lease etcd reports
+/// until `close` revokes it.
+#[test]
+fn custom_prefix_registration_and_what_handles_show() {
+    let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
+    let etcd = connect(&server.endpoint());
+    let prefix = "/fleet-x/";
+    let watcher = HostWatcher::watch_with(&etcd, WatcherOptions::default().with_prefix(prefix))
+        .expect("watch");
+    expect_synced(&watcher);
+    assert!(format!("{watcher:?}").contains("pending: 0"), "{watcher:?}");
+    let id = Uuid::new_v4();
+    let options = LivenessOptions::default()
+        .with_prefix(prefix)
+        .with_ttl(Duration::from_secs(3))
+        .with_safety_margin(Duration::from_millis(400));
+    let host = HostLiveness::register_with(&etcd, id, b"m", options).expect("register");
+    assert_eq!(host.key(), format!("{prefix}{}", id.hyphenated()));
+    assert!(
+        format!("{host:?}").contains(host.key()) && format!("{host:?}").contains("Registered"),
+        "{host:?}"
+    );
+    match next(&watcher) {
+        HostEvent::Up(info) => assert_eq!(info.id, id),
+        other => panic!("expected Up, got {other:?}"),
+    }
+    let lease = host.lease().expect("registered on a lease");
+    let ttl = etcd.lease_ttl(lease).unwrap().expect("the lease exists");
+    // etcd grants at least what was asked for (a short TTL may be rounded up).
+    assert!(ttl.granted >= Duration::from_secs(3), "{ttl:?}");
+    assert!(ttl.remaining <= ttl.granted, "{ttl:?}");
+    host.close().expect("close");
+    assert_eq!(etcd.lease_ttl(lease).unwrap(), None, "revoked");
+    assert!(matches!(next(&watcher), HostEvent::Down(info) if info.id == id));
+    watcher.close();
+}
+
+/// etcd accepts the connection but never answers: single requests, a
+/// registration and a listing each fail with their own timeout instead of
+/// hanging.
+#[test]
+fn an_unresponsive_etcd_times_out_requests_registration_and_listing() {
+    use fleetcoord::coordinator::{Coordinator, EtcdCoordinator};
+    use fleetcoord::testing::{FaultProxy, Mode};
+    use fleetcoord::Error;
+
+    let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
+    let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
+    let request_timeout = Duration::from_millis(500);
+    let etcd = Etcd::connect(
+        &[proxy.endpoint()],
+        EtcdOptions::default().with_request_timeout(request_timeout),
+    )
+    .expect("connect");
+    let coord = EtcdCoordinator::new(&etcd).unwrap();
+    proxy.set_mode(Mode::Blackhole);
+
+    assert!(matches!(
+        coord.kv_get("config", "mode"),
+        Err(Error::Timeout(t)) if t == request_timeout
+    ));
+    let register_timeout = Duration::from_millis(700);
+    let options = LivenessOptions::default().with_register_timeout(register_timeout);
+    assert!(matches!(
+        HostLiveness::register_with(&etcd, Uuid::new_v4(), b"m", options),
+        Err(Error::Timeout(t)) if t == register_timeout
+    ));
+    assert!(matches!(
+        list_hosts(&etcd, DEFAULT_HOSTS_PREFIX),
+        Err(Error::Timeout(t)) if t == request_timeout * 3
+    ));
+    proxy.set_mode(Mode::Pass);
+}
