@@ -561,6 +561,10 @@ fn an_unresponsive_etcd_times_out_requests_registration_and_listing() {
     )
     .expect("connect");
     let coord = EtcdCoordinator::new(&etcd).unwrap();
+    assert_eq!(
+        format!("{etcd:?}"),
+        format!("Etcd {{ endpoints: [\"http://{}\"] }}", proxy.endpoint())
+    );
     proxy.set_mode(Mode::Blackhole);
 
     assert!(matches!(
