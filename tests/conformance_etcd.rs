@@ -4,8 +4,6 @@
 //! see each other's writes; streams are trimmed so the trimmed-resume case
 //! runs.
 
-mod common;
-
 use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, EtcdCoordinatorOptions};
 use fleetcoord::testing::EtcdServer;
 use fleetcoord::{Etcd, EtcdOptions};
@@ -40,9 +38,34 @@ use fleetcoord::coordinator::{KvEvent, StreamId, StreamPosition};
 use fleetcoord::{Error, EtcdErrorKind};
 use std::os::unix::ffi::OsStrExt;
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(5);
+
+/// Every warning logged in this test binary, so a test can check what the
+/// backend reported about data it skipped.
+static WARNINGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+struct Warnings;
+
+impl log::Log for Warnings {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.level() <= log::Level::Warn
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if self.enabled(record.metadata()) {
+            WARNINGS.lock().unwrap().push(record.args().to_string());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+fn capture_warnings() {
+    let _ = log::set_logger(&Warnings).map(|()| log::set_max_level(log::LevelFilter::Warn));
+}
 
 /// Writes `key = value` with etcdctl, as a writer that is not fleetcoord
 /// would; the key may be any bytes.
@@ -122,7 +145,7 @@ fn a_foreign_stream_head_fails_appends_and_end_readers_naming_the_stream() {
 
 #[test]
 fn foreign_keys_under_a_stream_or_bucket_are_skipped() {
-    common::capture_warnings();
+    capture_warnings();
     let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
     let endpoint = server.endpoint();
     let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default()).expect("connect");
@@ -135,12 +158,14 @@ fn foreign_keys_under_a_stream_or_bucket_are_skipped() {
     assert_eq!(coord.append_stream("mixed", b"2").unwrap(), StreamId(2));
     let next = reader.recv_timeout(T).unwrap();
     assert_eq!((next.id, next.payload.as_slice()), (StreamId(2), &b"2"[..]));
-    let warnings = common::warnings();
     assert!(
-        warnings
+        WARNINGS
+            .lock()
+            .unwrap()
             .iter()
             .any(|w| w.contains("\"mixed\"") && w.contains("not-a-number")),
-        "the skipped key is logged: {warnings:?}"
+        "the skipped key is logged: {:?}",
+        WARNINGS.lock().unwrap()
     );
 
     // A key that is not UTF-8 is no key of the bucket's.

@@ -181,38 +181,3 @@ pub fn etcd_calls(endpoint: &str, method: &str) -> u64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
 }
-
-/// Every warning logged in this test binary since [`capture_warnings`], so
-/// a test can check what the library reported about data it skipped.
-static WARNINGS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-
-struct Warnings;
-
-impl log::Log for Warnings {
-    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
-        metadata.level() <= log::Level::Warn
-    }
-
-    fn log(&self, record: &log::Record<'_>) {
-        if self.enabled(record.metadata()) {
-            WARNINGS
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(record.args().to_string());
-        }
-    }
-
-    fn flush(&self) {}
-}
-
-/// Keeps every warning logged from now on in this test binary (the first
-/// logger set wins, so every test of a binary that wants warnings calls
-/// this).
-pub fn capture_warnings() {
-    let _ = log::set_logger(&Warnings).map(|()| log::set_max_level(log::LevelFilter::Warn));
-}
-
-/// The warnings kept so far by [`capture_warnings`].
-pub fn warnings() -> Vec<String> {
-    WARNINGS.lock().unwrap_or_else(|e| e.into_inner()).clone()
-}
