@@ -6,12 +6,11 @@
 use super::conn::{failed, Conn, StreamSpec};
 use super::feed::Lifeline;
 use super::names;
-use super::ordered::{self, Begin, Ordered};
+use super::ordered::{self, Begin, Ordered, Pulled};
 use crate::coordinator::{pattern, KvEvent};
 use crate::driver::bridge::{FeedFull, FeedSender};
 use crate::error::{Error, Result};
 use async_nats::jetstream::kv::Operation;
-use futures_util::StreamExt;
 use std::collections::{BTreeMap, HashSet, VecDeque};
 
 /// The header JetStream KV marks deletes with, and its values.
@@ -229,6 +228,7 @@ pub(super) async fn feed(conn: Conn, opened: Opened, pattern: String, life: Life
     if pending == 0 {
         watch.synced();
     }
+    let what = format!("watch of {stream}");
     loop {
         match watch.flush(tx) {
             Flush::Done => {}
@@ -264,32 +264,14 @@ pub(super) async fn feed(conn: Conn, opened: Opened, pattern: String, life: Life
                 continue;
             }
         };
-        let item = tokio::select! {
-            item = tokio::time::timeout(ordered::IDLE_CHECK, current.next()) => item,
-            _ = life.ended() => return,
-        };
-        let Ok(item) = item else {
-            let stuck = tokio::select! {
-                stuck = ordered::behind(&conn, &stream, watch.next) => stuck,
-                _ = life.ended() => return,
-            };
-            if stuck {
-                log::debug!("fleetcoord nats: watch of {stream} stuck; restarting");
-                messages = None;
-            }
-            continue;
-        };
-        let message = match item {
-            Some(Ok(message)) => message,
-            Some(Err(e)) => {
-                log::debug!("fleetcoord nats: watch of {stream} restarts: {e}");
+        let message = match ordered::pull(current, &conn, &stream, watch.next, &life, &what).await {
+            Pulled::Message(message) => *message,
+            Pulled::Again => continue,
+            Pulled::Reopen => {
                 messages = None;
                 continue;
             }
-            None => {
-                messages = None;
-                continue;
-            }
+            Pulled::Ended => return,
         };
         let (seq, pending) = match message.info() {
             Ok(info) => (info.stream_sequence, info.pending),

@@ -13,6 +13,7 @@
 use super::conn::Conn;
 use super::feed::Lifeline;
 use async_nats::jetstream::consumer::{push, DeliverPolicy};
+use futures_util::StreamExt;
 use std::time::Duration;
 
 /// The messages of one ordered consumer.
@@ -150,4 +151,56 @@ pub(super) async fn behind(conn: &Conn, stream: &str, next: u64) -> bool {
         tokio::time::timeout(CREATE_TIMEOUT, conn.stream_state(stream)).await,
         Ok(Ok(Some(state))) if state.last_sequence >= next.max(1)
     )
+}
+
+/// What waiting for the next message of an ordered consumer gave.
+pub(super) enum Pulled {
+    /// A message (the caller still skips sequences below the next wanted).
+    Message(Box<async_nats::jetstream::Message>),
+    /// Nothing for [`IDLE_CHECK`], and the stream holds nothing the reader
+    /// waits for: wait again on the same consumer.
+    Again,
+    /// The consumer failed, ended, or went quiet while the stream holds
+    /// what the reader waits for: open a new one from the next wanted
+    /// sequence.
+    Reopen,
+    /// The feed ended.
+    Ended,
+}
+
+/// The next message of `current`, for a reader of `stream` waiting for
+/// sequence `next`; `what` names the reader in debug logs. The one rule
+/// every ordered reader follows: any error or end means a new consumer,
+/// and so does silence while the stream is [`behind`].
+pub(super) async fn pull<T>(
+    current: &mut Ordered,
+    conn: &Conn,
+    stream: &str,
+    next: u64,
+    life: &Lifeline<T>,
+    what: &str,
+) -> Pulled {
+    let item = tokio::select! {
+        item = tokio::time::timeout(IDLE_CHECK, current.next()) => item,
+        _ = life.ended() => return Pulled::Ended,
+    };
+    let Ok(item) = item else {
+        let stuck = tokio::select! {
+            stuck = behind(conn, stream, next) => stuck,
+            _ = life.ended() => return Pulled::Ended,
+        };
+        if stuck {
+            log::debug!("fleetcoord nats: {what} stuck before {next}; restarting");
+            return Pulled::Reopen;
+        }
+        return Pulled::Again;
+    };
+    match item {
+        Some(Ok(message)) => Pulled::Message(Box::new(message)),
+        Some(Err(e)) => {
+            log::debug!("fleetcoord nats: {what} restarts at {next}: {e}");
+            Pulled::Reopen
+        }
+        None => Pulled::Reopen,
+    }
 }

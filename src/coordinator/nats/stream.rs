@@ -4,11 +4,10 @@
 use super::conn::{Conn, StreamSpec};
 use super::feed::Lifeline;
 use super::names;
-use super::ordered::{self, Begin, Ordered};
+use super::ordered::{self, Begin, Ordered, Pulled};
 use crate::coordinator::{StreamEntry, StreamId, StreamPosition};
 use crate::driver::bridge::FeedFull;
 use crate::error::Result;
-use futures_util::StreamExt;
 
 /// Appends `payload`; the ID is the stored message's stream sequence.
 pub(super) async fn append(conn: Conn, stream: String, payload: Vec<u8>) -> Result<StreamId> {
@@ -69,6 +68,7 @@ pub(super) async fn feed(conn: Conn, opened: Opened, life: Lifeline<StreamEntry>
         messages,
     } = opened;
     let mut messages = Some(messages);
+    let what = format!("reader of {name}");
     loop {
         let current = match messages.as_mut() {
             Some(current) => current,
@@ -80,32 +80,14 @@ pub(super) async fn feed(conn: Conn, opened: Opened, life: Lifeline<StreamEntry>
                 continue;
             }
         };
-        let item = tokio::select! {
-            item = tokio::time::timeout(ordered::IDLE_CHECK, current.next()) => item,
-            _ = life.ended() => return,
-        };
-        let Ok(item) = item else {
-            let stuck = tokio::select! {
-                stuck = ordered::behind(&conn, &name, next) => stuck,
-                _ = life.ended() => return,
-            };
-            if stuck {
-                log::debug!("fleetcoord nats: reader of {name} stuck before {next}; restarting");
-                messages = None;
-            }
-            continue;
-        };
-        let message = match item {
-            Some(Ok(message)) => message,
-            Some(Err(e)) => {
-                log::debug!("fleetcoord nats: reader of {name} restarts at {next}: {e}");
+        let message = match ordered::pull(current, &conn, &name, next, &life, &what).await {
+            Pulled::Message(message) => *message,
+            Pulled::Again => continue,
+            Pulled::Reopen => {
                 messages = None;
                 continue;
             }
-            None => {
-                messages = None;
-                continue;
-            }
+            Pulled::Ended => return,
         };
         let seq = match message.info() {
             Ok(info) => info.stream_sequence,
