@@ -8,7 +8,9 @@ mod common;
 
 use common::{connect, etcdctl, etcdctl_keys, start_etcd};
 use fleetcoord::testing::{FaultProxy, Mode};
-use fleetcoord::{Election, ElectionOptions, Error, Leadership, TryCampaign, TxnOp, TxnOpResponse};
+use fleetcoord::{
+    Election, ElectionOptions, Error, LivenessState, TryCampaign, TxnOp, TxnOpResponse,
+};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -394,7 +396,7 @@ fn cut_off_leader_loses_before_the_other_wins() {
 }
 
 #[test]
-fn campaign_fails_when_its_session_is_lost_while_waiting() {
+fn a_campaign_whose_session_is_lost_while_waiting_goes_on_with_a_new_one() {
     let server = start_etcd();
     let proxy = FaultProxy::start(&server.endpoint()).unwrap();
     let etcd_direct = connect(&server.endpoint());
@@ -403,32 +405,43 @@ fn campaign_fails_when_its_session_is_lost_while_waiting() {
     let waiter = Election::with_options(&etcd_cut, "lost-wait", options(2)).unwrap();
     let leader = leader_side.campaign(b"leader").unwrap();
     let prefix = waiter.key_prefix().to_string();
+    let first_lease = match waiter.session() {
+        Some(LivenessState::Registered { lease }) => lease,
+        other => panic!("the waiter's session is not registered: {other:?}"),
+    };
     let handle = thread::spawn(move || {
         let r = waiter.campaign(b"waiter");
-        (
-            Instant::now(),
-            r.map(|l: Leadership| l.fencing_token()),
-            waiter,
-        )
+        (Instant::now(), r, waiter)
     });
     wait_until("the waiter's key", || {
         etcdctl_keys(&server.endpoint(), &prefix).len() == 2
     });
-    let cut = Instant::now();
     proxy.set_mode(Mode::Blackhole);
-    let (failed_at, result, _waiter) = handle.join().unwrap();
-    match result {
-        Err(Error::SessionLost) => {}
-        other => panic!("expected Error::SessionLost, got {other:?}"),
-    }
-    println!(
-        "TTL 2 s: cut -> campaign failed {:?}",
-        failed_at.duration_since(cut)
+    // Past the TTL: etcd expires the waiter's lease, and its key with it.
+    wait_until("the waiter's key to expire", || {
+        etcdctl_keys(&server.endpoint(), &prefix).len() == 1
+    });
+    assert!(
+        !handle.is_finished(),
+        "the campaign gave up with its session"
     );
-    // The session's local deadline is at most one TTL after the cut.
-    assert!(failed_at.duration_since(cut) < WAIT);
-    assert!(leader.is_held(), "the leader was not affected");
     proxy.set_mode(Mode::Pass);
+    // A new session, and the campaign queues up again on it.
+    wait_until("the waiter's key on a new lease", || {
+        etcdctl_keys(&server.endpoint(), &prefix).len() == 2
+    });
+    assert!(leader.is_held(), "the leader was not affected");
+    let resigned = Instant::now();
+    leader.resign().unwrap();
+    let (won_at, result, waiter) = handle.join().unwrap();
+    let won = result.expect("the campaign leads once the leader resigns");
+    assert!(won.is_held());
+    assert_ne!(won.lease(), first_lease, "it leads on its new session");
+    let handover = won_at.duration_since(resigned);
+    println!("TTL 2 s: resign -> the re-queued waiter leads in {handover:?}");
+    assert!(handover < Duration::from_secs(1), "{handover:?}");
+    drop(won);
+    waiter.close().unwrap();
 }
 
 /// Issue 14 item 8: a campaign times out and its cancel is not confirmed

@@ -39,8 +39,17 @@ fn campaign_timeout_racing_its_own_win_never_hangs() {
         .expect("campaign_timeout loop hung (deadlock)");
     let election = worker.join().expect("worker");
     println!("{wins} of 300 tiny-timeout campaigns won");
-    // Whatever happened, nothing is left behind and the election still works.
-    assert_eq!(election.leader().expect("leader"), None);
+    // Whatever happened, nothing is left behind (the last timed-out
+    // campaign's key is removed in the background, within a round trip or
+    // two) and the election still works.
+    let gave_up = std::time::Instant::now();
+    while election.leader().expect("leader").is_some() {
+        assert!(
+            gave_up.elapsed() < Duration::from_secs(2),
+            "a timed-out campaign's key is still queued after 2 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let l = election
         .campaign_timeout(b"final", WAIT)
         .expect("campaign after the loop");

@@ -41,6 +41,8 @@ struct Input {
     jitter_percent: u8,
     margin_ms: u16,
     drift_allowance_ppm: u32,
+    /// 0 sends no copies of unanswered requests.
+    attempt_ms: u16,
     ops: Vec<Op>,
 }
 
@@ -405,6 +407,7 @@ fuzz_target!(|input: Input| {
         },
         safety_margin: Duration::from_millis(u64::from(input.margin_ms)),
         drift_allowance_ppm: input.drift_allowance_ppm,
+        attempt_timeout: Duration::from_millis(u64::from(input.attempt_ms)),
     };
     let mut fuzz = Fuzz {
         machine: Election::new(config, now, input.seed),

@@ -26,8 +26,9 @@
 //!   remaining lifetime) makes the state `Suspended`; renewals are retried on
 //!   the same lease after a backoff delay, but never at or after the local
 //!   deadline. A retry that would land there is dropped: the deadline decides.
-//! * When the deadline passes, a renewal reply says TTL 0, or a put fails
-//!   with [`RpcError::LeaseNotFound`], the lease is `Lost`: a new one is
+//! * When the deadline passes, a renewal reply says TTL 0, a put fails
+//!   with [`RpcError::LeaseNotFound`], or the user says another request on
+//!   the lease did ([`KeepaliveInput::LeaseGone`]), the lease is `Lost`: a new one is
 //!   granted (at once the first time, after a backoff delay when the previous
 //!   registration attempt failed) and the key put again.
 //! * Grant and put failures are retried with backoff; a put is retried on the
@@ -137,6 +138,16 @@ pub enum KeepaliveInput {
     /// Replace the bound key's value; written at once when registered, and
     /// used by every later registration. Ignored in lease-only mode.
     SetValue(Vec<u8>),
+    /// etcd refused another request naming `lease` with
+    /// [`RpcError::LeaseNotFound`] (an election's campaign, say): the lease
+    /// is gone. If it is the current lease it is `Lost` now, and a new one
+    /// is granted, instead of at the next renewal up to a third of the TTL
+    /// later, while every request on the dead lease fails the same way. Any
+    /// other lease (an older one, already replaced) changes nothing.
+    LeaseGone {
+        /// The lease etcd said does not exist.
+        lease: LeaseId,
+    },
     /// Revoke the lease and stop for good. Repeated calls do nothing.
     Stop,
 }
@@ -733,6 +744,16 @@ impl Machine for Keepalive {
                 if let Phase::Leased(l) = &self.phase {
                     if l.put.is_none() && !self.timers.is_armed(Timer::Retry) {
                         self.send_put(now);
+                    }
+                }
+            }
+            KeepaliveInput::LeaseGone { lease } => {
+                if let Phase::Leased(l) = &self.phase {
+                    if l.id == lease {
+                        // As for a TTL-0 renewal: a lease that never renewed
+                        // counts as a failed registration.
+                        let failed = !l.proven;
+                        self.lose(now, failed);
                     }
                 }
             }

@@ -191,7 +191,11 @@ impl Leadership {
     }
 
     /// Step down: delete the candidate key so the next candidate leads.
-    /// `is_held` turns false before the request is sent.
+    /// `is_held` turns false before the request is sent. Returns once etcd
+    /// confirmed the delete, or with [`Error::Timeout`](crate::Error::Timeout)
+    /// after the request timeout; the driver then goes on resending the
+    /// delete until etcd confirms it (or the session ends, which deletes the
+    /// key too), so a resign that timed out never leaves the key queued.
     pub fn resign(mut self) -> Result<()> {
         // `resign` consumes the handle, and only it and `drop` set
         // `resigned`: it is always false here.

@@ -29,6 +29,13 @@ pub use leadership::Leadership;
 pub use observer::LeaderObserver;
 pub use pool::ElectionPool;
 
+/// How long an election request may go unanswered before the machine
+/// sends it again (see `ElectionConfig::attempt_timeout` in `sm`): etcd
+/// elects a new raft leader within about a second of losing one (measured
+/// 0.9–1.6 s with default flags), and drops the writes forwarded to the
+/// dead one without answering them.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Where elections live unless told otherwise.
 pub const DEFAULT_ELECTION_PREFIX: &str = "/coord/election/";
 
@@ -312,6 +319,7 @@ impl Election {
             backoff: BackoffConfig::default(),
             safety_margin: options.safety_margin,
             drift_allowance_ppm: options.drift_allowance_ppm,
+            attempt_timeout: ATTEMPT_TIMEOUT.min(etcd.options().request_timeout),
         };
         let machine = ElectionMachine::new(config, Instant::now(), rand_seed());
         let state = Arc::new(Mutex::new(State::default()));
@@ -377,14 +385,24 @@ impl Election {
 
     /// Campaign with `value` and block until this candidate leads.
     ///
-    /// Fails with [`Error::SessionLost`] when the session lease is lost
-    /// while waiting, [`Error::Closed`] after [`Election::close`].
+    /// When the session lease is lost while waiting (etcd unreachable for
+    /// longer than the TTL, or it expired the lease), the campaign joins
+    /// the queue again on the session's next lease, as [`HostLiveness`]
+    /// re-registers; it fails only when etcd refuses the session for good
+    /// (permission denied), and with [`Error::Closed`] after
+    /// [`Election::close`].
+    ///
+    /// [`HostLiveness`]: crate::HostLiveness
     pub fn campaign(&self, value: &[u8]) -> Result<Leadership> {
         self.campaign_inner(value, None)
     }
 
-    /// [`Election::campaign`], giving up after `timeout` (the candidate key
-    /// is removed again and [`Error::Timeout`] returned). Any duration is
+    /// [`Election::campaign`], giving up after `timeout`: returns
+    /// [`Error::Timeout`] at the deadline, whatever etcd does, and the
+    /// driver removes the candidate key in the background (retrying until
+    /// etcd confirms, or the session ends and the key with it), so a
+    /// candidate that gave up never holds the queue. A campaign started
+    /// while that removal is still going waits for it. Any duration is
     /// accepted; one too long to add to the current time (such as
     /// `Duration::MAX`) means no timeout, as in [`Election::campaign`].
     pub fn campaign_timeout(&self, value: &[u8], timeout: Duration) -> Result<Leadership> {
@@ -412,7 +430,7 @@ impl Election {
                 }
                 Some(_) => continue,
                 None => {
-                    self.inner.cancel_and_settle(&operation)?;
+                    self.inner.give_up(operation);
                     return Err(Error::Timeout(timeout.unwrap_or_default()));
                 }
             }
@@ -434,7 +452,7 @@ impl Election {
         let deadline = deadline_after(bound);
         loop {
             let Some(notice) = self.inner.wait(&operation, deadline)? else {
-                self.inner.cancel_and_settle(&operation)?;
+                self.inner.give_up(operation);
                 return Err(Error::Timeout(bound));
             };
             match notice {
@@ -578,44 +596,56 @@ impl Inner {
         self.machine.stop();
     }
 
-    /// After a campaign or try-campaign timed out: cancel it and wait for
-    /// the machine to confirm, so no half-finished campaign stays behind;
-    /// a win that raced the cancel is resigned again (the machine resigns
-    /// it on the cancel too). If no confirmation comes within the wait,
-    /// the machine still finishes the cancel on its own, and its late
-    /// answer goes to nobody: later operations have other ids. The caller
-    /// holds `op`.
-    fn cancel_and_settle(&self, operation: &Operation) -> Result<()> {
-        const SETTLE_WAIT: Duration = Duration::from_secs(10);
+    /// After a campaign or try-campaign timed out: cancel it without
+    /// waiting. The machine withdraws the key on its own (resending the
+    /// delete until etcd confirms it), and resigns a win that crossed the
+    /// cancel; a late answer goes to nobody, since the waiter is
+    /// unregistered first: `handle_notice` then resigns a late `Elected`
+    /// too. One already queued for this operation is resigned here. The
+    /// caller holds `op`.
+    fn give_up(&self, operation: Operation) {
+        self.unregister(&operation);
         let _ = self
             .machine
             .send(ElectionInput::CancelCampaign { op: operation.op });
-        let deadline = deadline_after(SETTLE_WAIT);
-        loop {
-            match self.wait(operation, deadline)? {
-                Some(ElectionNotice::Elected { token, .. }) => return self.resign_locked(token),
-                Some(ElectionNotice::CampaignFailed { .. })
-                | Some(ElectionNotice::NotElected { .. })
-                | None => return Ok(()),
-                Some(_) => continue,
+        for notice in operation.answers.try_iter() {
+            if let ElectionNotice::Elected { token, .. } = notice {
+                resign_unwanted(&mut self.state.lock(), token);
             }
         }
     }
 
-    /// Resign the leadership `token` and wait for the answer; the caller
-    /// holds `op`.
+    /// Resign the leadership `token` and wait for the answer, at most the
+    /// request timeout: past it the machine goes on deleting the key (it
+    /// resends the delete until etcd confirms it or the session ends), and
+    /// the caller gets [`Error::Timeout`]. The caller holds `op`.
     fn resign_locked(&self, token: i64) -> Result<()> {
-        const RESIGN_WAIT: Duration = Duration::from_secs(15);
+        let bound = self.etcd.options().request_timeout;
         // A resign carries no operation id: its answer names the token.
         let operation = self.begin(|_| ElectionInput::Resign { token })?;
-        let deadline = deadline_after(RESIGN_WAIT);
+        let deadline = deadline_after(bound);
         loop {
             match self.wait(&operation, deadline)? {
                 // A dropped handle's resign may be answered here too.
                 Some(ElectionNotice::Resigned { token: t }) if t == token => return Ok(()),
                 Some(_) => continue,
-                None => return Err(Error::Timeout(RESIGN_WAIT)),
+                None => {
+                    self.unregister(&operation);
+                    return Err(Error::Timeout(bound));
+                }
             }
+        }
+    }
+
+    /// Nobody waits for `operation`'s answers any more.
+    fn unregister(&self, operation: &Operation) {
+        let mut state = self.state.lock();
+        if state
+            .waiter
+            .as_ref()
+            .is_some_and(|(op, _)| *op == operation.op)
+        {
+            state.waiter = None;
         }
     }
 }

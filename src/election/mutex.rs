@@ -67,9 +67,8 @@ impl Mutex {
         })
     }
 
-    /// Blocks until this handle holds the lock. Fails with
-    /// [`Error::SessionLost`](crate::Error::SessionLost) if the session
-    /// lease is lost while waiting.
+    /// Blocks until this handle holds the lock. A session lease lost while
+    /// waiting is replaced and the wait goes on (see [`Election::campaign`]).
     pub fn lock(&self) -> Result<MutexGuard> {
         self.election.campaign(b"").map(MutexGuard::new)
     }
@@ -157,7 +156,9 @@ impl MutexGuard {
     }
 
     /// Releases the lock and waits until etcd deleted the key, so the next
-    /// waiter can take it.
+    /// waiter can take it: at most the request timeout, past which the
+    /// driver finishes the release in the background (see
+    /// [`Leadership::resign`]).
     pub fn unlock(self) -> Result<()> {
         self.leadership.resign()
     }

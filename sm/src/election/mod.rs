@@ -40,8 +40,15 @@
 //!   in revision order without gaps, so the delete of the one older key,
 //!   with no change of the own key before it, shows that state at the
 //!   delete's revision.
-//! * A campaign racing a session loss ends with
-//!   `CampaignFailed(SessionLost)`, never with `Elected`.
+//! * A campaign never reports `Elected` on a lease it lost: when the session
+//!   lease is lost (its local deadline passed, or etcd refused a campaign
+//!   request with `LeaseNotFound`, which the session is told at once), a
+//!   running campaign starts over on the session's next lease, as
+//!   `HostLiveness` re-registers. Only a session etcd refused for good
+//!   (`Session(Refused)`) fails the campaign.
+//! * Every request is sent again when unanswered for
+//!   [`ElectionConfig::attempt_timeout`]: a write lost in a raft leader
+//!   change costs one attempt, not the driver's request timeout.
 //! * The session outlives campaigns: resign and campaign again reuse it.
 
 mod protocol;
@@ -87,6 +94,15 @@ pub struct ElectionConfig {
     /// How much slower than etcd's this clock may run, in parts per
     /// million. See [`KeepaliveConfig::drift_allowance_ppm`].
     pub drift_allowance_ppm: u32,
+    /// How long a campaign step, withdraw, resign, proclaim or leader's
+    /// check may go unanswered before the machine sends the same request
+    /// again (and gives the first copy up). etcd drops, without an answer,
+    /// writes that reach it while its raft leader is changing; every
+    /// request the protocol sends is a read or compare-guarded, so a second
+    /// copy applies at most once. A second or so is enough for etcd to
+    /// elect a new leader; keep it below the driver's request timeout.
+    /// `Duration::ZERO` sends no copies.
+    pub attempt_timeout: Duration,
 }
 
 /// Inputs of an [`Election`].
@@ -156,7 +172,9 @@ impl From<RpcReply> for ElectionInput {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ElectionError {
-    /// The session lease was lost (or presumed lost) while it ran.
+    /// The session lease was lost (or presumed lost): a proclaim, or a
+    /// leadership, ends with it. (A campaign does not: it starts over on
+    /// the next lease.)
     SessionLost,
     /// The user canceled the campaign.
     Canceled,
@@ -258,6 +276,7 @@ impl Election {
         let protocol = Protocol::new(
             config.prefix.clone(),
             config.backoff,
+            config.attempt_timeout,
             now,
             protocol_seed,
             PROTOCOL_FIRST_RPC_ID,
@@ -374,6 +393,13 @@ impl Machine for Election {
                     self.session.handle(now, KeepaliveInput::Rpc(reply));
                 } else {
                     self.protocol.reply(now, reply);
+                    if let Some(lease) = self.protocol.take_lease_gone() {
+                        // Notices of the protocol's reply first, then the
+                        // session's loss and what follows from it.
+                        self.drain();
+                        self.session
+                            .handle(now, KeepaliveInput::LeaseGone { lease });
+                    }
                 }
             }
             ElectionInput::Campaign { op, value } => self.protocol.user(

@@ -12,7 +12,7 @@ use crate::rpc::{
     TxnOpResponse,
 };
 use crate::timer::TimerTable;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What the protocol needs to know about its session.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,8 +51,19 @@ pub(crate) enum UserRequest {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Timer {
+    /// The next attempt after a failed one (backoff).
     Retry,
+    /// The unary request of the operation (a campaign step, a withdraw, a
+    /// leader's check of its key) has gone unanswered for one attempt
+    /// timeout: send it again. etcd never answers a write that a follower
+    /// forwarded to a leader that died (the proposal is dropped, not
+    /// re-proposed), so waiting for the driver's request timeout would
+    /// cost the whole timeout on every such write; every request sent here
+    /// is a read or compare-guarded, so a second copy applies at most once.
+    Attempt,
     ProclaimRetry,
+    /// As [`Timer::Attempt`], for the proclaim in flight.
+    ProclaimAttempt,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,6 +178,18 @@ enum Op {
 #[derive(Debug)]
 pub(crate) struct Protocol {
     prefix: Vec<u8>,
+    /// How long a unary request may go unanswered before it is sent again
+    /// ([`Timer::Attempt`]); doubled for every copy that went unanswered in
+    /// a row (up to 16 times), so a server that is merely slow still
+    /// answers one.
+    attempt_timeout: Duration,
+    /// Copies sent again in a row since the last answer, per timer
+    /// ([`Timer::Attempt`], [`Timer::ProclaimAttempt`]).
+    resent: u32,
+    proclaim_resent: u32,
+    /// A lease etcd said does not exist (a campaign or proclaim refused
+    /// with `LeaseNotFound`), for the wrapper to hand to the session.
+    lease_gone: Option<LeaseId>,
     backoff: Backoff,
     proclaim_backoff: Backoff,
     timers: TimerTable<Timer>,
@@ -194,12 +217,17 @@ impl Protocol {
     pub(crate) fn new(
         prefix: Vec<u8>,
         backoff: BackoffConfig,
+        attempt_timeout: Duration,
         now: Instant,
         seed: u64,
         first_id: u64,
     ) -> Self {
         Protocol {
             prefix,
+            attempt_timeout,
+            resent: 0,
+            proclaim_resent: 0,
+            lease_gone: None,
             backoff: Backoff::new(backoff.clone(), seed),
             proclaim_backoff: Backoff::new(backoff, seed.rotate_left(17) ^ 0x5bd1_e995),
             timers: TimerTable::new(),
@@ -235,10 +263,51 @@ impl Protocol {
         self.timers.next().map(|at| self.clock.clamp(at))
     }
 
+    /// The lease etcd refused as not found since the last call, if any:
+    /// the session must learn it now, not at its next renewal.
+    pub(crate) fn take_lease_gone(&mut self) -> Option<LeaseId> {
+        self.lease_gone.take()
+    }
+
     /// Cancels the outstanding request, if there is one.
     fn cancel(&mut self, id: Option<RpcId>) {
         if let Some(id) = id {
             self.outbox.cancel(id);
+        }
+    }
+
+    /// Sends `request`, the operation's unary request, and arms its
+    /// [`Timer::Attempt`].
+    fn send_unary(&mut self, request: crate::rpc::Request) -> RpcId {
+        self.arm_attempt(Timer::Attempt);
+        self.outbox.rpc(request)
+    }
+
+    fn arm_attempt(&mut self, timer: Timer) {
+        if self.attempt_timeout.is_zero() {
+            // Configured off: a request waits for the driver's answer.
+            return;
+        }
+        let resent = match timer {
+            Timer::ProclaimAttempt => self.proclaim_resent,
+            _ => self.resent,
+        };
+        let wait = self.attempt_timeout.saturating_mul(1 << resent.min(4));
+        // A wait too long to represent is no timer at all (falling back to
+        // `now` would resend at the same instant, forever).
+        match self.clock.now().checked_add(wait) {
+            Some(at) => self.timers.set(timer, at),
+            None => self.timers.stop(timer),
+        }
+    }
+
+    /// The request of `timer` was answered or given up: no copy is due,
+    /// and the next request waits one attempt timeout again.
+    fn end_attempt(&mut self, timer: Timer) {
+        self.timers.stop(timer);
+        match timer {
+            Timer::ProclaimAttempt => self.proclaim_resent = 0,
+            _ => self.resent = 0,
         }
     }
 
@@ -288,17 +357,37 @@ impl Protocol {
         }
     }
 
+    /// The session's lease is gone, and a new one is being granted: a
+    /// leadership on it ends, a campaign starts over on the next lease
+    /// (its key died with the old one, so nothing is left to withdraw).
     fn session_lost(&mut self) {
+        let op = std::mem::replace(&mut self.op, Op::Idle);
+        self.op = match op {
+            Op::Campaigning(c) => self.requeue(c),
+            other => other,
+        };
         self.session_ended(ElectionError::SessionLost);
     }
 
+    /// Campaign `c` waits for the next lease, to join the queue again on it.
+    fn requeue(&mut self, c: Campaign) -> Op {
+        self.cancel(c.pending);
+        self.timers.stop(Timer::Retry);
+        self.end_attempt(Timer::Attempt);
+        Op::WaitingForSession(Waiting {
+            op: c.op,
+            value: c.value,
+            try_only: c.try_only,
+        })
+    }
+
     /// The session's lease is gone (or will never be): what ran on it ends
-    /// with `error`.
+    /// with `error`. A campaign still waiting ends only when no lease will
+    /// ever come; a lost lease is followed by a new one.
     fn session_ended(&mut self, error: ElectionError) {
         let op = std::mem::replace(&mut self.op, Op::Idle);
         self.op = match op {
-            // A campaign waiting for the session is bounded by it too.
-            Op::WaitingForSession(w) => {
+            Op::WaitingForSession(w) if error != ElectionError::SessionLost => {
                 self.outbox
                     .notify(ElectionNotice::CampaignFailed { op: w.op, error });
                 Op::Idle
@@ -307,6 +396,7 @@ impl Protocol {
                 // The key dies with the lease.
                 self.cancel(c.pending);
                 self.timers.stop(Timer::Retry);
+                self.end_attempt(Timer::Attempt);
                 self.outbox
                     .notify(ElectionNotice::CampaignFailed { op: c.op, error });
                 Op::Idle
@@ -319,6 +409,7 @@ impl Protocol {
                 // The key dies with the lease; nothing is left to delete.
                 self.cancel(w.pending);
                 self.timers.stop(Timer::Retry);
+                self.end_attempt(Timer::Attempt);
                 for n in w.then {
                     self.outbox.notify(n);
                 }
@@ -334,7 +425,9 @@ impl Protocol {
             Guard::Waiting => {}
         }
         self.timers.stop(Timer::Retry);
+        self.end_attempt(Timer::Attempt);
         self.timers.stop(Timer::ProclaimRetry);
+        self.end_attempt(Timer::ProclaimAttempt);
         self.outbox
             .notify(ElectionNotice::LeadershipLost { token: l.token });
         if let Some(p) = l.proclaim {
@@ -354,7 +447,9 @@ impl Protocol {
             Guard::Waiting => {}
         }
         self.timers.stop(Timer::Retry);
+        self.end_attempt(Timer::Attempt);
         self.timers.stop(Timer::ProclaimRetry);
+        self.end_attempt(Timer::ProclaimAttempt);
         if let Some(p) = l.proclaim {
             self.cancel(p.pending);
             self.outbox.notify(ElectionNotice::ProclaimFailed {
@@ -496,6 +591,7 @@ impl Protocol {
                     });
                 } else {
                     self.proclaim_backoff.reset();
+                    self.arm_attempt(Timer::ProclaimAttempt);
                     let id = self
                         .outbox
                         .rpc(requests::guarded_put(&l.key, &value, l.lease, l.token));
@@ -556,6 +652,7 @@ impl Protocol {
     fn abandon(&mut self, c: Campaign, then: Vec<ElectionNotice>) -> Op {
         self.cancel(c.pending);
         self.timers.stop(Timer::Retry);
+        self.end_attempt(Timer::Attempt);
         let token = (c.token != 0).then_some(c.token);
         self.backoff.reset();
         self.send_withdraw(Withdraw {
@@ -571,7 +668,7 @@ impl Protocol {
             Some(token) => requests::guarded_delete(&w.key, token),
             None => requests::plain_delete(&w.key),
         };
-        w.pending = Some(self.outbox.rpc(request));
+        w.pending = Some(self.send_unary(request));
         Op::Withdrawing(w)
     }
 
@@ -602,7 +699,13 @@ impl Protocol {
             } => requests::watch_prefix(&self.prefix, *from),
             Step::WatchOlder { key, from, .. } => requests::watch_key(key, *from),
         };
-        c.pending = Some(self.outbox.rpc(request));
+        c.pending = Some(if matches!(c.step, Step::WatchOlder { .. }) {
+            // A watch is answered when something happens, not in time.
+            self.end_attempt(Timer::Attempt);
+            self.outbox.rpc(request)
+        } else {
+            self.send_unary(request)
+        });
         Op::Campaigning(c)
     }
 
@@ -616,13 +719,48 @@ impl Protocol {
                 (Timer::Retry, Op::Campaigning(c)) if c.pending.is_none() => self.send_step(c),
                 (Timer::Retry, Op::Withdrawing(w)) if w.pending.is_none() => self.send_withdraw(w),
                 (Timer::Retry, Op::Leading(mut l)) if matches!(l.guard, Guard::Waiting) => {
-                    l.guard = Guard::Checking(self.outbox.rpc(requests::read_key(&l.key)));
+                    l.guard = Guard::Checking(self.send_unary(requests::read_key(&l.key)));
+                    Op::Leading(l)
+                }
+                // Unanswered for an attempt timeout: the same request again
+                // (see `Timer::Attempt`); the first copy is given up.
+                (Timer::Attempt, Op::Campaigning(c))
+                    if c.pending.is_some() && !matches!(c.step, Step::WatchOlder { .. }) =>
+                {
+                    self.cancel(c.pending);
+                    self.resent = self.resent.saturating_add(1);
+                    self.send_step(c)
+                }
+                (Timer::Attempt, Op::Withdrawing(w)) if w.pending.is_some() => {
+                    self.cancel(w.pending);
+                    self.resent = self.resent.saturating_add(1);
+                    self.send_withdraw(w)
+                }
+                (Timer::Attempt, Op::Leading(mut l)) => {
+                    if let Guard::Checking(id) = l.guard {
+                        self.cancel(Some(id));
+                        self.resent = self.resent.saturating_add(1);
+                        l.guard = Guard::Checking(self.send_unary(requests::read_key(&l.key)));
+                    }
+                    Op::Leading(l)
+                }
+                (Timer::ProclaimAttempt, Op::Leading(mut l)) => {
+                    if let Some(p) = l.proclaim.as_mut().filter(|p| p.pending.is_some()) {
+                        if let Some(id) = p.pending.take() {
+                            self.outbox.cancel(id);
+                        }
+                        self.proclaim_resent = self.proclaim_resent.saturating_add(1);
+                        let put = requests::guarded_put(&l.key, &p.value, l.lease, l.token);
+                        p.pending = Some(self.outbox.rpc(put));
+                        self.arm_attempt(Timer::ProclaimAttempt);
+                    }
                     Op::Leading(l)
                 }
                 (Timer::ProclaimRetry, Op::Leading(mut l)) => {
                     if let Some(p) = l.proclaim.as_mut().filter(|p| p.pending.is_none()) {
                         let put = requests::guarded_put(&l.key, &p.value, l.lease, l.token);
                         p.pending = Some(self.outbox.rpc(put));
+                        self.arm_attempt(Timer::ProclaimAttempt);
                     }
                     Op::Leading(l)
                 }
@@ -641,9 +779,11 @@ impl Protocol {
         let op = std::mem::replace(&mut self.op, Op::Idle);
         self.op = match op {
             Op::Campaigning(c) if c.pending == Some(reply.id) => {
+                self.end_attempt(Timer::Attempt);
                 self.campaign_reply(c, reply.result)
             }
             Op::Withdrawing(w) if w.pending == Some(reply.id) => {
+                self.end_attempt(Timer::Attempt);
                 self.withdraw_reply(w, reply.result)
             }
             Op::Leading(l) => self.leading_reply(l, reply),
@@ -667,6 +807,16 @@ impl Protocol {
     fn campaign_reply(&mut self, mut c: Campaign, result: Result<Response, RpcError>) -> Op {
         let response = match result {
             Ok(r) => r,
+            // The session's lease is gone (etcd expired it, say, while a
+            // raft leader change held up its renewals); the session learns
+            // it from the wrapper, and the campaign goes on with the next
+            // lease instead of failing, or retrying on the dead lease until
+            // the session notices by itself.
+            Err(RpcError::LeaseNotFound) => {
+                self.lease_gone = Some(c.lease);
+                // Answered: nothing to cancel.
+                return self.requeue(Campaign { pending: None, ..c });
+            }
             Err(e) if !e.is_retryable() => {
                 if matches!(c.step, Step::WatchOlder { .. }) {
                     return self.restart_wait(c);
@@ -937,6 +1087,7 @@ impl Protocol {
             .filter(|p| p.pending == Some(reply.id))
             .map(|p| p.op);
         if let Some(op) = answered {
+            self.end_attempt(Timer::ProclaimAttempt);
             return match reply.result {
                 Ok(Response::Txn {
                     succeeded: true, ..
@@ -949,6 +1100,18 @@ impl Protocol {
                     succeeded: false, ..
                 }) => {
                     l.proclaim = None;
+                    self.outbox.notify(ElectionNotice::ProclaimFailed {
+                        op,
+                        error: ElectionError::NotLeader,
+                    });
+                    self.lose_leadership(l, ElectionError::NotLeader);
+                    Op::Idle
+                }
+                // The lease, and with it my key, is gone: so is the
+                // leadership, whatever the session has noticed so far.
+                Err(RpcError::LeaseNotFound) => {
+                    l.proclaim = None;
+                    self.lease_gone = Some(l.lease);
                     self.outbox.notify(ElectionNotice::ProclaimFailed {
                         op,
                         error: ElectionError::NotLeader,
@@ -1000,6 +1163,7 @@ impl Protocol {
             },
             Guard::Checking(id) if id == reply.id => match reply.result {
                 Ok(Response::Range { revision, kvs }) => {
+                    self.end_attempt(Timer::Attempt);
                     self.backoff.reset();
                     if kvs
                         .iter()
@@ -1018,6 +1182,7 @@ impl Protocol {
                     }
                 }
                 _ => {
+                    self.end_attempt(Timer::Attempt);
                     l.guard = Guard::Waiting;
                     self.arm_retry();
                     Op::Leading(l)

@@ -40,6 +40,8 @@ const QUIET: Duration = Duration::from_secs(20);
 /// so drift visibly moves deadlines within a 2 s TTL.
 const DRIFT_ALLOWANCE_PPM: u32 = 20_000;
 const SAFETY_MARGIN: Duration = Duration::from_millis(100);
+/// Well below the TTL, so requests the model loses are sent again.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(400);
 
 fn config() -> ElectionConfig {
     ElectionConfig {
@@ -53,6 +55,7 @@ fn config() -> ElectionConfig {
         },
         safety_margin: SAFETY_MARGIN,
         drift_allowance_ppm: DRIFT_ALLOWANCE_PPM,
+        attempt_timeout: ATTEMPT_TIMEOUT,
     }
 }
 

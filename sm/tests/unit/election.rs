@@ -31,6 +31,9 @@ fn config() -> ElectionConfig {
         // `margin_and_drift_*` cover the other settings.
         safety_margin: Duration::ZERO,
         drift_allowance_ppm: 0,
+        // Far beyond every instant the exact sequences below reach;
+        // `attempt_*` tests set their own.
+        attempt_timeout: Duration::from_secs(3600),
     }
 }
 
@@ -595,7 +598,7 @@ fn a_retried_create_behind_another_key_looks_for_the_one_just_ahead() {
 }
 
 #[test]
-fn session_loss_while_waiting_fails_the_campaign_and_never_elects() {
+fn session_loss_while_waiting_starts_the_campaign_over_on_the_next_lease() {
     let t0 = Instant::now();
     let mut e = registered(t0);
     e.handle(
@@ -623,14 +626,25 @@ fn session_loss_while_waiting_fails_the_campaign_and_never_elects() {
         }))
     });
     let lost = lost.expect("session lost at the deadline");
+    // The watch on the key ahead ends; the campaign is not answered: it
+    // waits for the session's next lease (being granted now).
     assert_eq!(all[lost + 1], Command::Cancel { id: RpcId(P + 1) });
-    assert_eq!(
-        all[lost + 2],
-        note(ElectionNotice::CampaignFailed {
-            op: OpId(1),
-            error: ElectionError::SessionLost
-        })
+    let rest = &all[lost + 2..];
+    assert!(
+        rest.iter()
+            .all(|c| !matches!(c, Command::Notify(ElectionNotice::CampaignFailed { .. }))),
+        "{rest:?}"
     );
+    let grant = rest
+        .iter()
+        .find_map(|c| match c {
+            Command::Rpc {
+                id,
+                request: Request::Grant { .. },
+            } => Some(*id),
+            _ => None,
+        })
+        .expect("a new lease is granted");
     // A late delete and a late verification change nothing.
     let late = WatchEvent {
         kind: EventKind::Delete,
@@ -651,6 +665,230 @@ fn session_loss_while_waiting_fails_the_campaign_and_never_elects() {
         "{after:?}"
     );
     assert!(!e.is_leader());
+    // The next lease: the campaign joins the queue again with a key on it.
+    const NEXT: i64 = 0x2b00;
+    let joined = ok(
+        &mut e,
+        deadline,
+        grant.0,
+        Response::Granted {
+            lease: NEXT,
+            ttl_secs: 9,
+        },
+    );
+    assert_eq!(
+        joined[0],
+        note(ElectionNotice::Session(LivenessState::Registered {
+            lease: NEXT
+        }))
+    );
+    let create = joined
+        .iter()
+        .find_map(|c| match c {
+            Command::Rpc {
+                request: Request::Txn(t),
+                ..
+            } => Some(t.clone()),
+            _ => None,
+        })
+        .expect("the campaign creates its key on the new lease");
+    assert_eq!(
+        create.compare,
+        vec![Compare::CreateRevisionEquals {
+            key: b"/e/2b00".to_vec(),
+            revision: 0
+        }]
+    );
+    assert!(!e.is_leader());
+}
+
+#[test]
+fn a_campaign_refused_for_its_lease_renews_the_session_and_goes_on() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            op: OpId(1),
+            value: b"a".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    // etcd expired the lease before the session noticed.
+    e.handle(
+        t0,
+        RpcReply {
+            id: RpcId(P),
+            result: Err(RpcError::LeaseNotFound),
+        }
+        .into(),
+    );
+    // The session is lost at once (its renewal, due at 3 s, is not waited
+    // for); the campaign is not answered.
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            note(ElectionNotice::Session(LivenessState::Lost {
+                lease: LEASE
+            })),
+            note(ElectionNotice::Session(LivenessState::Registering)),
+        ]
+    );
+    // A lease that never renewed counts as a failed registration: the
+    // next grant waits for the backoff (100 ms here).
+    assert_eq!(e.poll_timeout(), Some(t0 + Duration::from_millis(100)));
+    e.handle_timeout(t0 + Duration::from_millis(100));
+    assert_eq!(drain(&mut e), vec![rpc(1, Request::Grant { ttl_secs: 9 })]);
+    const NEXT: i64 = 0x2b00;
+    let t1 = t0 + Duration::from_millis(100);
+    let joined = ok(
+        &mut e,
+        t1,
+        1,
+        Response::Granted {
+            lease: NEXT,
+            ttl_secs: 9,
+        },
+    );
+    assert_eq!(
+        joined[0],
+        note(ElectionNotice::Session(LivenessState::Registered {
+            lease: NEXT
+        }))
+    );
+    assert!(
+        matches!(&joined[1], Command::Rpc { id: RpcId(id), request: Request::Txn(t) }
+        if *id == P + 1 && t.compare == vec![Compare::CreateRevisionEquals {
+            key: b"/e/2b00".to_vec(),
+            revision: 0,
+        }]),
+        "{joined:?}"
+    );
+    // A second LeaseNotFound for the old lease (a late copy) changes nothing.
+    e.handle(
+        t1,
+        RpcReply {
+            id: RpcId(P),
+            result: Err(RpcError::LeaseNotFound),
+        }
+        .into(),
+    );
+    assert_eq!(drain(&mut e), vec![]);
+}
+
+/// `registered`, with `attempt` as the attempt timeout.
+fn registered_with_attempt(t0: Instant, attempt: Duration) -> Election {
+    let mut e = Election::new(
+        ElectionConfig {
+            attempt_timeout: attempt,
+            ..config()
+        },
+        t0,
+        7,
+    );
+    drain(&mut e);
+    ok(
+        &mut e,
+        t0,
+        0,
+        Response::Granted {
+            lease: LEASE,
+            ttl_secs: 9,
+        },
+    );
+    e
+}
+
+#[test]
+fn an_unanswered_request_is_sent_again_after_each_attempt_timeout_doubling() {
+    let t0 = Instant::now();
+    let attempt = Duration::from_millis(500);
+    let mut e = registered_with_attempt(t0, attempt);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            op: OpId(1),
+            value: b"a".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    // The first copy is given up after one attempt timeout, the second
+    // after two (then four, ...): a slow etcd still answers one. (The
+    // session's first renewal is due at 3 s.)
+    let mut at = t0;
+    for (n, wait) in [500u64, 1000].into_iter().enumerate() {
+        at += Duration::from_millis(wait);
+        let id = P + n as u64;
+        assert_eq!(e.poll_timeout(), Some(at), "copy {n}");
+        e.handle_timeout(at);
+        assert_eq!(
+            drain(&mut e),
+            vec![
+                Command::Cancel { id: RpcId(id) },
+                rpc(id + 1, create_txn(b"a"))
+            ]
+        );
+    }
+    // The third copy is answered: the wait is one attempt timeout again
+    // for the next request (FindOlder: someone is ahead at creation).
+    let answered = ok(
+        &mut e,
+        at,
+        P + 2,
+        found(7, kv(&my_key(), b"a", 6), kv(b"/e/99", b"b", 4)),
+    );
+    assert_eq!(answered.len(), 1, "{answered:?}");
+    assert_eq!(e.poll_timeout(), Some(at + attempt));
+}
+
+#[test]
+fn a_lost_resign_is_sent_again_and_a_watch_is_never() {
+    let t0 = Instant::now();
+    let attempt = Duration::from_millis(500);
+    let mut e = registered_with_attempt(t0, attempt);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            op: OpId(1),
+            value: b"a".to_vec(),
+        },
+    );
+    drain(&mut e);
+    // Someone is ahead: the campaign watches, and a watch waits for events
+    // however long they take.
+    ok(&mut e, t0, P, created(7, b"a", vec![kv(b"/e/99", b"b", 4)]));
+    let watching = e.poll_timeout();
+    assert!(
+        watching.is_none_or(|at| at > t0 + Duration::from_secs(2)),
+        "{watching:?}"
+    );
+    // The one ahead leaves; I lead, and resign.
+    let elected = ok(&mut e, t0, P + 1, events(vec![deleted(b"/e/99", 8)]));
+    assert!(e.is_leader(), "{elected:?}");
+    e.handle(t0, ElectionInput::Resign { token: 7 });
+    let resign = drain(&mut e);
+    let delete = resign
+        .iter()
+        .find_map(|c| match c {
+            Command::Rpc {
+                id,
+                request: request @ Request::Txn(_),
+            } => Some((*id, request.clone())),
+            _ => None,
+        })
+        .expect("a guarded delete");
+    // etcd never answers it (lost in a raft leader change): the same
+    // delete again after one attempt timeout, then `Resigned`.
+    e.handle_timeout(t0 + attempt);
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            Command::Cancel { id: delete.0 },
+            rpc(delete.0 .0 + 1, delete.1.clone())
+        ]
+    );
+    let done = ok(&mut e, t0 + attempt, delete.0 .0 + 1, txn(9, true, vec![]));
+    assert_eq!(done, vec![note(ElectionNotice::Resigned { token: 7 })]);
 }
 
 #[test]
@@ -1214,6 +1452,7 @@ fn an_absurd_backoff_does_not_panic() {
         },
         safety_margin: Duration::from_millis(250),
         drift_allowance_ppm: 10_000,
+        attempt_timeout: Duration::MAX,
     };
     let mut e = Election::new(config, t0, 1);
     let mut ids = Vec::new();
