@@ -67,9 +67,29 @@ fn status_error(status: &tonic::Status) -> RpcError {
         | Code::ResourceExhausted => RpcError::Rejected(message.to_string()),
         // No connection, no leader, leader changed, timed out, canceled, a
         // transport failure (`Unknown`, `Internal`): the request may work
-        // later.
-        code => RpcError::Unavailable(format!("{code:?}: {message}")),
+        // later. tonic's message for a broken connection is a bare
+        // "transport error"; what broke is in the status's cause chain.
+        code => RpcError::Unavailable(match causes(status) {
+            causes if causes.is_empty() => format!("{code:?}: {message}"),
+            causes => format!("{code:?}: {message}: {causes}"),
+        }),
     }
+}
+
+/// The distinct messages of `status`'s cause chain, outermost first,
+/// joined with ": " (hyper and h2 often repeat their cause's text in their
+/// own); empty when it has none.
+fn causes(status: &tonic::Status) -> String {
+    let mut seen: Vec<String> = vec![status.message().to_string()];
+    let mut cause = std::error::Error::source(status);
+    while let Some(e) = cause {
+        let text = e.to_string();
+        if !text.is_empty() && !seen.iter().any(|s| s.contains(&text)) {
+            seen.push(text);
+        }
+        cause = e.source();
+    }
+    seen[1..].join(": ")
 }
 
 /// Whether a call failed before reaching any etcd member: the client's
@@ -426,6 +446,25 @@ mod tests {
 
     /// The statuses etcd sends (its `rpctypes` constants) and the transport
     /// failures tonic reports, each with the variant machines branch on.
+    #[test]
+    fn a_transport_error_says_what_broke() {
+        let mut status = tonic::Status::new(Code::Unknown, "transport error");
+        let reset = std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "connection reset by peer",
+        );
+        status.set_source(std::sync::Arc::new(reset));
+        assert_eq!(
+            rpc_error(ec::Error::GRpcStatus(status)),
+            RpcError::Unavailable("Unknown: transport error: connection reset by peer".into())
+        );
+        // Without a cause the status says all there is.
+        assert_eq!(
+            status_error(&tonic::Status::new(Code::Unavailable, "no leader")),
+            RpcError::Unavailable("Unavailable: no leader".into())
+        );
+    }
+
     #[test]
     fn statuses_map_by_code() {
         let cases = [

@@ -179,9 +179,11 @@ enum Op {
 pub(crate) struct Protocol {
     prefix: Vec<u8>,
     /// How long a unary request may go unanswered before it is sent again
-    /// ([`Timer::Attempt`]); doubled for every copy that went unanswered in
-    /// a row (up to 16 times), so a server that is merely slow still
-    /// answers one.
+    /// ([`Timer::Attempt`]). The first three copies wait one attempt
+    /// timeout each (a raft election takes one to two of them, and the
+    /// copies sent meanwhile are dropped too); from the fourth on the wait
+    /// doubles, up to 16 attempt timeouts, so a server that is merely slow
+    /// still gets to answer one.
     attempt_timeout: Duration,
     /// Copies sent again in a row since the last answer, per timer
     /// ([`Timer::Attempt`], [`Timer::ProclaimAttempt`]).
@@ -292,7 +294,9 @@ impl Protocol {
             Timer::ProclaimAttempt => self.proclaim_resent,
             _ => self.resent,
         };
-        let wait = self.attempt_timeout.saturating_mul(1 << resent.min(4));
+        let wait = self
+            .attempt_timeout
+            .saturating_mul(1 << resent.saturating_sub(2).min(4));
         // A wait too long to represent is no timer at all (falling back to
         // `now` would resend at the same instant, forever).
         match self.clock.now().checked_add(wait) {

@@ -800,7 +800,7 @@ fn registered_with_attempt(t0: Instant, attempt: Duration) -> Election {
 }
 
 #[test]
-fn an_unanswered_request_is_sent_again_after_each_attempt_timeout_doubling() {
+fn an_unanswered_request_is_sent_again_after_each_attempt_timeout_then_less_often() {
     let t0 = Instant::now();
     let attempt = Duration::from_millis(500);
     let mut e = registered_with_attempt(t0, attempt);
@@ -812,13 +812,27 @@ fn an_unanswered_request_is_sent_again_after_each_attempt_timeout_doubling() {
         },
     );
     assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
-    // The first copy is given up after one attempt timeout, the second
-    // after two (then four, ...): a slow etcd still answers one. (The
-    // session's first renewal is due at 3 s.)
+    // The first three copies are given up after one attempt timeout each,
+    // the fourth after two (then four, ...): a slow etcd still answers one.
+    // (The session's renewals are due at 3 s and 6 s; they are answered.)
     let mut at = t0;
-    for (n, wait) in [500u64, 1000].into_iter().enumerate() {
+    for (n, wait) in [500u64, 500, 500, 1000, 2000].into_iter().enumerate() {
         at += Duration::from_millis(wait);
         let id = P + n as u64;
+        while e.poll_timeout().is_some_and(|t| t < at) {
+            // A renewal of the session: answer it.
+            let t = e.poll_timeout().unwrap_or(at);
+            e.handle_timeout(t);
+            for c in drain(&mut e) {
+                if let Command::Rpc {
+                    id,
+                    request: Request::KeepAlive { .. },
+                } = c
+                {
+                    ok(&mut e, t, id.0, Response::KeptAlive { ttl_secs: 9 });
+                }
+            }
+        }
         assert_eq!(e.poll_timeout(), Some(at), "copy {n}");
         e.handle_timeout(at);
         assert_eq!(
@@ -829,12 +843,12 @@ fn an_unanswered_request_is_sent_again_after_each_attempt_timeout_doubling() {
             ]
         );
     }
-    // The third copy is answered: the wait is one attempt timeout again
+    // The sixth copy is answered: the wait is one attempt timeout again
     // for the next request (FindOlder: someone is ahead at creation).
     let answered = ok(
         &mut e,
         at,
-        P + 2,
+        P + 5,
         found(7, kv(&my_key(), b"a", 6), kv(b"/e/99", b"b", 4)),
     );
     assert_eq!(answered.len(), 1, "{answered:?}");
