@@ -13,6 +13,7 @@
 //! again at half the size, down to one key. An error that retrying cannot
 //! fix (a refused one-key page, a denied permission) ends the machine with
 //! [`WatchNotice::Failed`] instead of a silent retry loop.
+//! A watch canceled for compaction reads its fresh snapshot at once.
 //! Whenever the watch fails, is canceled (compaction or otherwise), answers
 //! with something unexpected, or the consumer falls behind, it reads a fresh
 //! snapshot and emits only the *difference* against what the consumer was
@@ -403,6 +404,13 @@ impl Watch {
                         };
                     }
                     self.on_events(events);
+                }
+                // Compacted past the watch's position: nothing failed, and
+                // waiting would only leave the consumer behind longer; the
+                // fresh snapshot is read at once.
+                Ok(Response::WatchCanceled { compact_revision }) if compact_revision > 0 => {
+                    self.abandon();
+                    self.start_range();
                 }
                 _ => self.retry_later(now),
             },
