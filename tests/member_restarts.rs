@@ -243,16 +243,12 @@ fn elections_stay_live_while_the_raft_leader_is_killed_and_restarted() {
     let bound = TTL * 2 + Duration::from_secs(2);
     for g in &gaps {
         if g.length() > bound {
-            violations.push(format!(
-                "leaderless for {:.2?} while a candidate waited (bound {bound:?})",
-                g.length()
-            ));
+            violations.push(format!("{} (bound {bound:?})", g.describe()));
         }
         if g.after_resign && g.excess() > SLACK {
             violations.push(format!(
-                "after a resign, leaderless for {:.2?}, {:.2?} of it while etcd had a raft leader",
-                g.length(),
-                g.excess()
+                "{} (bound {SLACK:?} outside outages)",
+                g.describe()
             ));
         }
     }

@@ -60,11 +60,26 @@ pub struct Gap {
     pub to: Instant,
     /// The leadership before it ended by a resign.
     pub after_resign: bool,
+    /// The candidate that led before it, and the first that waited in it.
+    pub holder: usize,
+    pub waiter: usize,
     /// How much of it fell inside outages.
     pub in_outage: Duration,
 }
 
 impl Gap {
+    /// `leaderless for …` with who led before and who waited.
+    pub fn describe(&self) -> String {
+        format!(
+            "leaderless for {:.2?} ({:.2?} outside outages) after candidate {} {}, while candidate {} waited",
+            self.length(),
+            self.excess(),
+            self.holder,
+            if self.after_resign { "resigned" } else { "lost" },
+            self.waiter
+        )
+    }
+
     pub fn length(&self) -> Duration {
         self.to.saturating_duration_since(self.from)
     }
@@ -91,9 +106,11 @@ pub fn gaps(held: &[Held], waited: &[Waited], outages: &[Outage], end: Instant) 
         let waiting_from = waited
             .iter()
             .filter(|w| w.to > h.to && w.from < next)
-            .map(|w| w.from.max(h.to))
+            .map(|w| (w.from.max(h.to), w.candidate))
             .min();
-        let Some(from) = waiting_from else { continue };
+        let Some((from, waiter)) = waiting_from else {
+            continue;
+        };
         let in_outage = outages
             .iter()
             .map(|o| overlap(from, next, o.from, o.to))
@@ -102,6 +119,8 @@ pub fn gaps(held: &[Held], waited: &[Waited], outages: &[Outage], end: Instant) 
             from,
             to: next,
             after_resign: h.resigned,
+            holder: h.candidate,
+            waiter,
             in_outage,
         });
     }

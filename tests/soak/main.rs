@@ -18,12 +18,19 @@
 //! checks that the watcher's view equals etcd's hosts. At the end the
 //! checker (`history.rs`) verifies: no overlapping leadership, tokens
 //! increase, stale fenced writes refused, stream entries read exactly once
-//! in order. `SOAK_ROUNDS` sets the length (`make soak`; `make test` runs a
-//! few rounds).
+//! in order. And liveness (`common/liveness.rs`), printed as distributions
+//! and bounded: leaderless time while a candidate waits (at most
+//! 2 × TTL + 2 s; after a resign, at most 1 s beyond the fault windows),
+//! every timed call back within its bound + 1 s, the watcher converged
+//! within [`CONVERGE`] of each heal, and readers' lag behind an
+//! acknowledged append within [`LAG`]. `SOAK_ROUNDS` sets the length
+//! (`make soak`; `make test` runs a few rounds).
 
 #[path = "../common/mod.rs"]
 mod common;
 mod history;
+#[path = "../common/liveness.rs"]
+mod liveness;
 
 use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, StreamPosition};
 use fleetcoord::testing::{EtcdCluster, FaultProxy, Mode};
@@ -32,6 +39,7 @@ use fleetcoord::{
     HostWatcher, LivenessOptions, TxnOp, TxnOpResponse, DEFAULT_HOSTS_PREFIX,
 };
 use history::{FencedWrite, History, StreamLog, Tenure};
+use liveness::{Held, Outage, Timed, Waited};
 use parking_lot::Mutex;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -51,6 +59,14 @@ const FENCE_KEY: &str = "/soak/fence";
 /// a partitioned host's lease must first expire (TTL), and a restarted
 /// member must rejoin.
 const CONVERGE: Duration = Duration::from_secs(20);
+/// How long after its append was acknowledged a reader may read an entry.
+const LAG: Duration = Duration::from_secs(10);
+/// The candidates' request timeout (see [`options`]), the bound of a resign.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+/// What a campaign of the soak waits at most.
+const CAMPAIGN: Duration = Duration::from_secs(1);
+/// What the liveness contract allows on top of a call's bound.
+const SLACK: Duration = Duration::from_secs(1);
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|v| v.trim().parse().ok())
@@ -95,7 +111,22 @@ impl Net {
 }
 
 fn options() -> EtcdOptions {
-    EtcdOptions::default().with_request_timeout(Duration::from_secs(1))
+    EtcdOptions::default().with_request_timeout(REQUEST_TIMEOUT)
+}
+
+/// What the liveness checker reads: when things happened.
+#[derive(Default)]
+struct Timeline {
+    held: Vec<Held>,
+    waited: Vec<Waited>,
+    timed: Vec<Timed>,
+    /// Per stream, when each id was acknowledged and when it was read.
+    acked_at: Vec<HashMap<u64, Instant>>,
+    read_at: Vec<HashMap<u64, Instant>>,
+    /// Each fault's window: from its start until a second after it healed
+    /// (a TTL more for a partition: the candidate's lease must expire).
+    faults: Vec<Outage>,
+    convergence: Vec<Duration>,
 }
 
 /// Connects, retrying: a client restarted during a fault may need a while.
@@ -121,6 +152,7 @@ struct Shared {
     /// Set at the end: the newest acknowledged id of each stream, which
     /// its reader must reach before it stops.
     targets: Mutex<Vec<Option<u64>>>,
+    timeline: Mutex<Timeline>,
 }
 
 /// How long a reader may take to catch up at the end.
@@ -162,13 +194,27 @@ fn candidate(i: usize, endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
                 let _ = etcd.close();
                 continue 'client;
             }
-            let Ok(leadership) =
-                election.campaign_timeout(value.as_bytes(), Duration::from_secs(1))
-            else {
+            let asked = Instant::now();
+            let result = election.campaign_timeout(value.as_bytes(), CAMPAIGN);
+            let returned = Instant::now();
+            {
+                let mut t = shared.timeline.lock();
+                t.waited.push(Waited {
+                    candidate: i,
+                    from: asked,
+                    to: returned,
+                });
+                t.timed.push(Timed {
+                    what: "campaign_timeout(1s)",
+                    took: returned - asked,
+                    bound: CAMPAIGN,
+                });
+            }
+            let Ok(leadership) = result else {
                 thread::sleep(Duration::from_millis(50));
                 continue;
             };
-            let elected_at = Instant::now();
+            let elected_at = returned;
             let mut last_held_at = elected_at;
             let hold_until = elected_at + between(&mut rng, 200, 1500);
             while !shared.stop.load(Ordering::SeqCst) && Instant::now() < hold_until {
@@ -188,12 +234,26 @@ fn candidate(i: usize, endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
                 elected_at,
                 last_held_at,
             });
-            if !leadership.is_held() {
+            let lost = !leadership.is_held();
+            if lost {
                 // Deposed: etcd must refuse this unless no newer leader
                 // has written yet (the checker orders writes by revision).
                 fenced_write(&leadership, &shared);
             }
+            let resign_at = Instant::now();
             let _ = leadership.resign();
+            let mut t = shared.timeline.lock();
+            t.held.push(Held {
+                candidate: i,
+                from: elected_at,
+                to: if lost { last_held_at } else { resign_at },
+                resigned: !lost,
+            });
+            t.timed.push(Timed {
+                what: "resign",
+                took: resign_at.elapsed(),
+                bound: REQUEST_TIMEOUT,
+            });
         }
     }
 }
@@ -255,6 +315,7 @@ fn appender(s: usize, coord: Arc<EtcdCoordinator>, shared: Arc<Shared>) {
         match coord.append_stream(&format!("soak-{s}"), &payload) {
             Ok(id) => {
                 shared.history.lock().streams[s].acked.insert(id.0, payload);
+                shared.timeline.lock().acked_at[s].insert(id.0, Instant::now());
             }
             Err(_) => shared.history.lock().streams[s].unacked.push(payload),
         }
@@ -277,7 +338,10 @@ fn reader(s: usize, coord: EtcdCoordinator, shared: Arc<Shared>) {
             }
         }
         match reader.recv_timeout(Duration::from_millis(100)) {
-            Ok(entry) => read.push((entry.id.0, entry.payload)),
+            Ok(entry) => {
+                shared.timeline.lock().read_at[s].insert(entry.id.0, Instant::now());
+                read.push((entry.id.0, entry.payload));
+            }
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
                 shared
@@ -326,16 +390,20 @@ enum Fault {
     PartitionChurner,
     PauseMember,
     KillMember,
+    /// The raft leader, SIGKILLed and restarted (issue 23's scenario, one
+    /// round at a time).
+    KillLeader,
     ResetConnections,
     RestartClient,
 }
 
-const FAULTS: [Fault; 7] = [
+const FAULTS: [Fault; 8] = [
     Fault::PartitionLeaderPastTtl,
     Fault::PartitionCandidate,
     Fault::PartitionChurner,
     Fault::PauseMember,
     Fault::KillMember,
+    Fault::KillLeader,
     Fault::ResetConnections,
     Fault::RestartClient,
 ];
@@ -370,6 +438,11 @@ fn soak() {
         view: Mutex::new(HashMap::new()),
         violations: Mutex::new(Vec::new()),
         targets: Mutex::new(vec![None; STREAMS]),
+        timeline: Mutex::new(Timeline {
+            acked_at: vec![HashMap::new(); STREAMS],
+            read_at: vec![HashMap::new(); STREAMS],
+            ..Timeline::default()
+        }),
     });
     let candidate_nets: Vec<Net> = (0..CANDIDATES).map(|_| Net::new(&cluster)).collect();
     let churner_net = Net::new(&cluster);
@@ -408,6 +481,7 @@ fn soak() {
     for round in 0..rounds {
         let fault = FAULTS[(rng.next_u64() % FAULTS.len() as u64) as usize];
         *faults.entry(fault).or_default() += 1;
+        let fault_from = Instant::now();
         match fault {
             Fault::PartitionLeaderPastTtl | Fault::PartitionCandidate => {
                 let c = (rng.next_u64() % CANDIDATES as u64) as usize;
@@ -439,6 +513,12 @@ fn soak() {
                 thread::sleep(between(&mut rng, 200, 1500));
                 cluster.restart(m).expect("restart");
             }
+            Fault::KillLeader => {
+                let m = cluster.leader_index().expect("a raft leader");
+                cluster.kill(m).expect("kill");
+                thread::sleep(between(&mut rng, 200, 1500));
+                cluster.restart(m).expect("restart");
+            }
             Fault::ResetConnections => {
                 for net in candidate_nets.iter().chain([&churner_net, &stream_net]) {
                     net.reset();
@@ -451,8 +531,22 @@ fn soak() {
                 thread::sleep(between(&mut rng, 100, 800));
             }
         }
+        // Until a second after the heal; a partitioned candidate's lease
+        // must first expire, one TTL more.
+        let partition = matches!(
+            fault,
+            Fault::PartitionLeaderPastTtl | Fault::PartitionCandidate | Fault::RestartClient
+        );
+        let after = Duration::from_secs(1) + if partition { TTL } else { Duration::ZERO };
+        shared.timeline.lock().faults.push(Outage {
+            from: fault_from,
+            to: Instant::now() + after,
+        });
         match converged(&direct, &shared) {
-            Ok(took) => slowest_convergence = slowest_convergence.max(took),
+            Ok(took) => {
+                slowest_convergence = slowest_convergence.max(took);
+                shared.timeline.lock().convergence.push(took);
+            }
             Err(e) => shared
                 .violations
                 .lock()
@@ -462,6 +556,7 @@ fn soak() {
 
     // Wind down: appenders first, then readers catch up with every
     // acknowledged append before they stop.
+    let end = Instant::now();
     shared.stop.store(true, Ordering::SeqCst);
     for t in appenders {
         t.join().expect("appender");
@@ -480,6 +575,8 @@ fn soak() {
     let history = shared.history.lock();
     let mut violations = shared.violations.lock().clone();
     violations.extend(history::check(&history));
+    let timeline = shared.timeline.lock();
+    violations.extend(liveness_violations(&timeline, end));
     let appended: usize = history.streams.iter().map(|s| s.acked.len()).sum();
     let unknown: usize = history.streams.iter().map(|s| s.unacked.len()).sum();
     let read: usize = history
@@ -502,4 +599,61 @@ fn soak() {
         violations.len(),
         violations.join("\n")
     );
+}
+
+/// The liveness bounds over the run's timeline, one line per violation;
+/// prints each figure's distribution on the way.
+fn liveness_violations(t: &Timeline, end: Instant) -> Vec<String> {
+    let mut violations = Vec::new();
+    let gaps = liveness::gaps(&t.held, &t.waited, &t.faults, end);
+    let bound = TTL * 2 + Duration::from_secs(2);
+    for g in &gaps {
+        if g.length() > bound {
+            violations.push(format!("{} (bound {bound:?})", g.describe()));
+        }
+        if g.after_resign && g.excess() > SLACK {
+            violations.push(format!(
+                "{} (bound {SLACK:?} outside outages)",
+                g.describe()
+            ));
+        }
+    }
+    violations.extend(liveness::overruns(&t.timed, SLACK));
+    let mut lags = Vec::new();
+    for (acked, read) in t.acked_at.iter().zip(&t.read_at) {
+        for (id, at) in acked {
+            if let Some(seen) = read.get(id) {
+                lags.push(seen.saturating_duration_since(*at));
+            }
+        }
+    }
+    for lag in lags.iter().filter(|l| **l > LAG) {
+        violations.push(format!(
+            "a reader lagged {lag:.2?} behind an acknowledged append"
+        ));
+    }
+    let lengths: Vec<Duration> = gaps.iter().map(|g| g.length()).collect();
+    let excess: Vec<Duration> = gaps
+        .iter()
+        .filter(|g| g.after_resign)
+        .map(|g| g.excess())
+        .collect();
+    let timed = |what: &str| -> Vec<Duration> {
+        t.timed
+            .iter()
+            .filter(|c| c.what == what)
+            .map(|c| c.took)
+            .collect()
+    };
+    for line in [
+        liveness::distribution("leaderless while waiting", &lengths),
+        liveness::distribution("after a resign, outside fault windows", &excess),
+        liveness::distribution("campaign_timeout(1s)", &timed("campaign_timeout(1s)")),
+        liveness::distribution("resign", &timed("resign")),
+        liveness::distribution("watcher converged after a heal", &t.convergence),
+        liveness::distribution("reader lag behind an acknowledged append", &lags),
+    ] {
+        println!("soak: {line}");
+    }
+    violations
 }
