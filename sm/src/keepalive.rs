@@ -148,6 +148,15 @@ pub enum KeepaliveInput {
         /// The lease etcd said does not exist.
         lease: LeaseId,
     },
+    /// The user must not keep `lease` (an election could not delete a key
+    /// bound to it, which would otherwise stay queued for as long as the
+    /// lease lives): if it is the current lease, revoke it (the answer is
+    /// not waited for; unrevoked, it expires after its TTL) and register
+    /// with a new one, as after a loss. Any other lease changes nothing.
+    Replace {
+        /// The lease to give up.
+        lease: LeaseId,
+    },
     /// Revoke the lease and stop for good. Repeated calls do nothing.
     Stop,
 }
@@ -755,6 +764,15 @@ impl Machine for Keepalive {
                         let failed = !l.proven;
                         self.lose(now, failed);
                     }
+                }
+            }
+            KeepaliveInput::Replace { lease } => {
+                if matches!(&self.phase, Phase::Leased(l) if l.id == lease) {
+                    // Nothing waits for this revoke's answer: it matches no
+                    // phase when it comes, and a failed one leaves the lease
+                    // to expire.
+                    let _ = self.outbox.rpc(Request::Revoke { lease });
+                    self.lose(now, false);
                 }
             }
             KeepaliveInput::Stop => self.stop(now),

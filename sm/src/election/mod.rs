@@ -62,7 +62,7 @@ use crate::keepalive::{Keepalive, KeepaliveConfig, KeepaliveInput, LivenessState
 use crate::outbox::Outbox;
 use crate::rpc::{Command, Compare, KeyValue, LeaseId, Revision, RpcError, RpcReply};
 use crate::Machine;
-use protocol::{Protocol, SessionFact, UserRequest};
+use protocol::{Protocol, SessionFact, SessionRequest, UserRequest};
 use std::time::{Duration, Instant};
 
 /// RPC ids of the protocol start here; the session's start at 0, so a reply
@@ -393,12 +393,15 @@ impl Machine for Election {
                     self.session.handle(now, KeepaliveInput::Rpc(reply));
                 } else {
                     self.protocol.reply(now, reply);
-                    if let Some(lease) = self.protocol.take_lease_gone() {
+                    if let Some(request) = self.protocol.take_session_request() {
                         // Notices of the protocol's reply first, then the
                         // session's loss and what follows from it.
                         self.drain();
-                        self.session
-                            .handle(now, KeepaliveInput::LeaseGone { lease });
+                        let input = match request {
+                            SessionRequest::Gone(lease) => KeepaliveInput::LeaseGone { lease },
+                            SessionRequest::Replace(lease) => KeepaliveInput::Replace { lease },
+                        };
+                        self.session.handle(now, input);
                     }
                 }
             }

@@ -28,6 +28,17 @@ pub(crate) enum SessionFact {
     Refused(RpcError),
 }
 
+/// What the protocol asks of its session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SessionRequest {
+    /// etcd refused a request naming this lease as not found: it is gone,
+    /// the session must learn it now rather than at its next renewal.
+    Gone(LeaseId),
+    /// A key of this lease could not be deleted: give the lease up, so
+    /// the key does not stay queued for as long as the session lives.
+    Replace(LeaseId),
+}
+
 /// User requests, without the RPC replies.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum UserRequest {
@@ -189,9 +200,9 @@ pub(crate) struct Protocol {
     /// ([`Timer::Attempt`], [`Timer::ProclaimAttempt`]).
     resent: u32,
     proclaim_resent: u32,
-    /// A lease etcd said does not exist (a campaign or proclaim refused
-    /// with `LeaseNotFound`), for the wrapper to hand to the session.
-    lease_gone: Option<LeaseId>,
+    /// What the session must hear from the protocol, for the wrapper to
+    /// hand over: a lease etcd said does not exist, or one to give up.
+    session_request: Option<SessionRequest>,
     backoff: Backoff,
     proclaim_backoff: Backoff,
     timers: TimerTable<Timer>,
@@ -229,7 +240,7 @@ impl Protocol {
             attempt_timeout,
             resent: 0,
             proclaim_resent: 0,
-            lease_gone: None,
+            session_request: None,
             backoff: Backoff::new(backoff.clone(), seed),
             proclaim_backoff: Backoff::new(backoff, seed.rotate_left(17) ^ 0x5bd1_e995),
             timers: TimerTable::new(),
@@ -265,10 +276,9 @@ impl Protocol {
         self.timers.next().map(|at| self.clock.clamp(at))
     }
 
-    /// The lease etcd refused as not found since the last call, if any:
-    /// the session must learn it now, not at its next renewal.
-    pub(crate) fn take_lease_gone(&mut self) -> Option<LeaseId> {
-        self.lease_gone.take()
+    /// What the session must be told since the last call, if anything.
+    pub(crate) fn take_session_request(&mut self) -> Option<SessionRequest> {
+        self.session_request.take()
     }
 
     /// Cancels the outstanding request, if there is one.
@@ -817,7 +827,7 @@ impl Protocol {
             // lease instead of failing, or retrying on the dead lease until
             // the session notices by itself.
             Err(RpcError::LeaseNotFound) => {
-                self.lease_gone = Some(c.lease);
+                self.session_request = Some(SessionRequest::Gone(c.lease));
                 // Answered: nothing to cancel.
                 return self.requeue(Campaign { pending: None, ..c });
             }
@@ -1068,8 +1078,15 @@ impl Protocol {
         let done = match &result {
             // Either way my key of that revision is gone (a failed guard means it already was).
             Ok(Response::Txn { .. }) | Ok(Response::Deleted { .. }) => true,
-            // Resending would fail the same way; give up on the withdraw.
-            Err(e) => !e.is_retryable(),
+            // Resending would fail the same way: give up on the withdraw,
+            // and on the session, whose lease would keep the key queued.
+            Err(e) if !e.is_retryable() => {
+                if let Some(lease) = self.session.lease() {
+                    self.session_request = Some(SessionRequest::Replace(lease));
+                }
+                true
+            }
+            Err(_) => false,
             Ok(_) => false,
         };
         if done {
@@ -1115,7 +1132,7 @@ impl Protocol {
                 // leadership, whatever the session has noticed so far.
                 Err(RpcError::LeaseNotFound) => {
                     l.proclaim = None;
-                    self.lease_gone = Some(l.lease);
+                    self.session_request = Some(SessionRequest::Gone(l.lease));
                     self.outbox.notify(ElectionNotice::ProclaimFailed {
                         op,
                         error: ElectionError::NotLeader,

@@ -2185,3 +2185,38 @@ fn the_leader_query_reads_the_first_created_key() {
         })
     );
 }
+
+#[test]
+fn a_resign_refused_for_good_gives_the_session_up_so_the_key_goes_with_it() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    e.handle(t0, ElectionInput::Resign { token: 5 });
+    let resign = drain(&mut e);
+    let Some(Command::Rpc { id, .. }) = resign.last() else {
+        panic!("no guarded delete: {resign:?}");
+    };
+    let denied = RpcError::PermissionDenied("etcdserver: permission denied".into());
+    e.handle(
+        t0,
+        RpcReply {
+            id: *id,
+            result: Err(denied),
+        }
+        .into(),
+    );
+    // The key stays while its lease lives, and would hold the queue: the
+    // resign is answered, the lease revoked and a new one granted.
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            note(ElectionNotice::Resigned { token: 5 }),
+            rpc(1, Request::Revoke { lease: LEASE }),
+            note(ElectionNotice::Session(LivenessState::Lost {
+                lease: LEASE
+            })),
+            note(ElectionNotice::Session(LivenessState::Registering)),
+            rpc(2, Request::Grant { ttl_secs: 9 }),
+        ]
+    );
+    assert!(!e.is_leader());
+}
