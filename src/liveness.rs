@@ -245,6 +245,7 @@ impl HostLiveness {
             backoff: BackoffConfig::default(),
             safety_margin: options.safety_margin,
             drift_allowance_ppm: options.drift_allowance_ppm,
+            attempt_timeout: ATTEMPT_TIMEOUT.min(etcd.options().request_timeout),
         };
         let machine = Keepalive::new(config, Instant::now(), rand_seed());
         let state = Arc::new(Mutex::new(LivenessState::Registering));
@@ -360,6 +361,15 @@ impl HostLiveness {
         close_outcome(finished, revoked)
     }
 }
+
+/// How long a grant, put, revoke or election request may go unanswered
+/// before the machine sends it again (`attempt_timeout` of the `sm`
+/// configs): etcd elects a new raft leader 0.9–2.7 s after losing one
+/// (measured with default flags), and drops the writes forwarded meanwhile
+/// without answering them. Half a second puts a copy out within that much
+/// of the new leader; three copies later the wait doubles, so a slow server
+/// is not flooded.
+pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// How long a close waits for its lease's revoke to be confirmed: the
 /// revoke's request timeout plus the driver's stop slack, generously.

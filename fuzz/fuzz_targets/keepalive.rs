@@ -13,7 +13,8 @@
 //!   expiry is not before the machine's local deadline; in binding mode the
 //!   key is bound to it once registered;
 //! * at most one renewal is outstanding;
-//! * nothing but a single Revoke is issued after `Stop`; once `Stopped`,
+//! * nothing but Revokes of one lease, one outstanding at a time, are
+//!   issued after `Stop`; once `Stopped`,
 //!   `poll_timeout` is `None` and `Stopped` is the last notification;
 //! * consecutive notifications differ;
 //! * `poll_timeout` is never before `now`; draining commands terminates.
@@ -43,6 +44,8 @@ struct Input {
     max_ms: u16,
     multiplier: u8,
     jitter_percent: u8,
+    /// 0 sends no copies of unanswered grants, puts and revokes.
+    attempt_ms: u16,
     margin_ms: u16,
     drift_allowance_ppm: u32,
     ops: Vec<Op>,
@@ -98,7 +101,7 @@ struct Run {
     outstanding: Vec<(RpcId, Request)>,
     notifications: Vec<LivenessState>,
     stop_requested: bool,
-    revokes: usize,
+    revoked: Option<i64>,
 }
 
 impl Run {
@@ -148,8 +151,23 @@ impl Run {
                             matches!(request, Request::Revoke { .. }),
                             "{request:?} after stop"
                         );
-                        self.revokes += 1;
-                        assert!(self.revokes <= 1, "second revoke");
+                        // Copies of the revoke (an unanswered one is sent
+                        // again) name the same lease, one outstanding at a time.
+                        let Request::Revoke { lease } = request else {
+                            unreachable!("checked above")
+                        };
+                        assert!(
+                            self.revoked.is_none_or(|l| l == lease),
+                            "a revoke of another lease"
+                        );
+                        self.revoked = Some(lease);
+                        assert!(
+                            !self
+                                .outstanding
+                                .iter()
+                                .any(|(_, r)| matches!(r, Request::Revoke { .. })),
+                            "a second revoke outstanding"
+                        );
                     }
                     self.outstanding.push((id, request));
                 }
@@ -301,6 +319,7 @@ fuzz_target!(|input: Input| {
         },
         safety_margin: Duration::from_millis(u64::from(input.margin_ms)),
         drift_allowance_ppm: input.drift_allowance_ppm,
+        attempt_timeout: Duration::from_millis(u64::from(input.attempt_ms)),
     };
     let mut run = Run {
         machine: Keepalive::new(config, now, input.seed),
@@ -310,7 +329,7 @@ fuzz_target!(|input: Input| {
         outstanding: Vec::new(),
         notifications: Vec::new(),
         stop_requested: false,
-        revokes: 0,
+        revoked: None,
     };
     run.drain();
     run.check();

@@ -39,7 +39,13 @@
 //!   a retry loop.
 //! * A grant, put or revoke without any reply for one requested TTL counts as
 //!   failed (the request is canceled), so a lost reply never stalls the
-//!   machine.
+//!   machine. Before that, one unanswered for
+//!   [`KeepaliveConfig::attempt_timeout`] is sent again (the first copy is
+//!   canceled): etcd drops, without answering, writes it receives while its
+//!   raft leader changes. A put and a revoke are idempotent; a second grant
+//!   may create a second lease, which nobody renews and which expires by
+//!   itself. The first three copies wait one attempt timeout each, later
+//!   ones twice as long as the one before, up to 16 attempt timeouts.
 //! * [`KeepaliveInput::Stop`] cancels everything and revokes the lease; no
 //!   renewal, grant or put is ever sent afterwards.
 //!
@@ -103,6 +109,10 @@ pub struct KeepaliveConfig {
     /// gives up first. Clamped to [`MAX_DRIFT_ALLOWANCE_PPM`]; 0 assumes
     /// equal clock rates.
     pub drift_allowance_ppm: u32,
+    /// How long a grant, put or revoke may go unanswered before the same
+    /// request is sent again (see the module docs). `Duration::ZERO` sends
+    /// no copies: a request then waits up to one TTL.
+    pub attempt_timeout: Duration,
 }
 
 /// How long a lease granted or renewed with `ttl` is trusted, counted from
@@ -223,6 +233,9 @@ enum Timer {
     /// Next grant/put attempt, or the give-up instant of the outstanding
     /// grant, put or revoke.
     Retry,
+    /// The outstanding grant, put or revoke has gone unanswered for an
+    /// attempt timeout: send it again.
+    Attempt,
 }
 
 /// One held lease.
@@ -254,6 +267,8 @@ enum Phase {
     Leased(Lease),
     Stopping {
         revoke: RpcId,
+        /// The lease being revoked, for a copy of the revoke.
+        lease: LeaseId,
     },
     /// Stopped while a grant was in flight: waiting for it, so a lease it
     /// created is revoked instead of lingering for a TTL.
@@ -276,6 +291,9 @@ pub struct Keepalive {
     timers: TimerTable<Timer>,
     register_backoff: Backoff,
     renew_backoff: Backoff,
+    attempt_timeout: Duration,
+    /// Copies sent again in a row since the last answer ([`Timer::Attempt`]).
+    resent: u32,
     outbox: Outbox<LivenessState>,
     clock: Clock,
 }
@@ -309,6 +327,8 @@ impl Keepalive {
             timers: TimerTable::new(),
             register_backoff: Backoff::new(config.backoff.clone(), register_seed),
             renew_backoff: Backoff::new(config.backoff, renew_seed),
+            attempt_timeout: config.attempt_timeout,
+            resent: 0,
             outbox: Outbox::new(first_rpc_id),
             clock: Clock::new(now),
         };
@@ -367,6 +387,27 @@ impl Keepalive {
         secs(self.ttl_request)
     }
 
+    /// Arms [`Timer::Attempt`] for the grant, put or revoke just sent.
+    fn arm_attempt(&mut self) {
+        if self.attempt_timeout.is_zero() {
+            return;
+        }
+        let wait = self
+            .attempt_timeout
+            .saturating_mul(1 << self.resent.saturating_sub(2).min(4));
+        // Too long to represent: no copies at all (the TTL give-up stays).
+        match self.clock.now().checked_add(wait) {
+            Some(at) => self.timers.set(Timer::Attempt, at),
+            None => self.timers.stop(Timer::Attempt),
+        }
+    }
+
+    /// The grant, put or revoke in flight was answered (or given up).
+    fn end_attempt(&mut self) {
+        self.timers.stop(Timer::Attempt);
+        self.resent = 0;
+    }
+
     /// How long a grant or renewal answered with `ttl_secs` is trusted.
     fn trusted(&self, ttl_secs: i64) -> Duration {
         trusted_lifetime(secs(ttl_secs), self.safety_margin, self.drift_allowance_ppm)
@@ -399,6 +440,7 @@ impl Keepalive {
         };
         let at = now.checked_add(self.request_timeout()).unwrap_or(now);
         self.arm(Timer::Retry, at);
+        self.arm_attempt();
     }
 
     fn schedule_grant(&mut self, now: Instant) {
@@ -409,6 +451,7 @@ impl Keepalive {
 
     fn on_grant_reply(&mut self, now: Instant, sent: Instant, result: Result<Response, RpcError>) {
         self.timers.stop(Timer::Retry);
+        self.end_attempt();
         let granted = match result {
             Ok(Response::Granted { lease, ttl_secs }) if lease != 0 && ttl_secs > 0 => {
                 let trusted = self.trusted(ttl_secs);
@@ -556,10 +599,12 @@ impl Keepalive {
         }
         let at = now.checked_add(self.request_timeout()).unwrap_or(now);
         self.arm(Timer::Retry, at);
+        self.arm_attempt();
     }
 
     fn on_put_reply(&mut self, now: Instant, generation: u64, result: Result<Response, RpcError>) {
         self.timers.stop(Timer::Retry);
+        self.end_attempt();
         let Phase::Leased(l) = &mut self.phase else {
             return;
         };
@@ -599,6 +644,7 @@ impl Keepalive {
             self.outbox.cancel(*id);
         }
         self.timers.clear();
+        self.resent = 0;
         self.renew_backoff.reset();
         self.notify(LivenessState::Lost { lease: l.id });
         self.sync_state();
@@ -617,6 +663,7 @@ impl Keepalive {
 
     fn stop(&mut self, now: Instant) {
         self.timers.clear();
+        self.resent = 0;
         match std::mem::replace(&mut self.phase, Phase::Stopped) {
             Phase::Granting {
                 grant: Some((grant, _)),
@@ -638,9 +685,13 @@ impl Keepalive {
                     self.outbox.cancel(*id);
                 }
                 let revoke = self.outbox.rpc(Request::Revoke { lease: l.id });
-                self.phase = Phase::Stopping { revoke };
+                self.phase = Phase::Stopping {
+                    revoke,
+                    lease: l.id,
+                };
                 let at = now.checked_add(self.request_timeout()).unwrap_or(now);
                 self.arm(Timer::Retry, at);
+                self.arm_attempt();
             }
             already @ (Phase::Stopping { .. } | Phase::StoppingGrant { .. } | Phase::Stopped) => {
                 self.phase = already
@@ -650,6 +701,7 @@ impl Keepalive {
 
     fn finish(&mut self, revoked: bool) {
         self.timers.clear();
+        self.resent = 0;
         self.phase = Phase::Stopped;
         self.notify(LivenessState::Stopped { revoked });
     }
@@ -670,15 +722,17 @@ impl Keepalive {
                     self.on_put_reply(now, generation, result);
                 }
             }
-            Phase::Stopping { revoke } if *revoke == id => {
+            Phase::Stopping { revoke, .. } if *revoke == id => {
                 self.finish(matches!(result, Ok(Response::Revoked)));
             }
             Phase::StoppingGrant { grant } if *grant == id => match result {
                 Ok(Response::Granted { lease, .. }) if lease != 0 => {
                     let revoke = self.outbox.rpc(Request::Revoke { lease });
-                    self.phase = Phase::Stopping { revoke };
+                    self.phase = Phase::Stopping { revoke, lease };
                     let at = now.checked_add(self.request_timeout()).unwrap_or(now);
                     self.arm(Timer::Retry, at);
+                    self.resent = 0;
+                    self.arm_attempt();
                 }
                 _ => self.finish(false),
             },
@@ -688,6 +742,37 @@ impl Keepalive {
 
     fn on_timer(&mut self, now: Instant, timer: Timer) {
         match (timer, &self.phase) {
+            // Unanswered for an attempt timeout: the same request again.
+            (
+                Timer::Attempt,
+                Phase::Granting {
+                    grant: Some((id, _)),
+                },
+            ) => {
+                let id = *id;
+                self.outbox.cancel(id);
+                self.resent = self.resent.saturating_add(1);
+                self.send_grant(now);
+            }
+            (Timer::Attempt, Phase::Leased(l)) => {
+                if let Some((id, _)) = l.put {
+                    self.outbox.cancel(id);
+                    if let Phase::Leased(l) = &mut self.phase {
+                        l.put = None;
+                    }
+                    self.resent = self.resent.saturating_add(1);
+                    self.send_put(now);
+                }
+            }
+            (Timer::Attempt, Phase::Stopping { revoke, lease }) => {
+                let (old, lease) = (*revoke, *lease);
+                self.outbox.cancel(old);
+                self.resent = self.resent.saturating_add(1);
+                let revoke = self.outbox.rpc(Request::Revoke { lease });
+                self.phase = Phase::Stopping { revoke, lease };
+                // The TTL give-up (`Timer::Retry`) stays where it was.
+                self.arm_attempt();
+            }
             (Timer::Deadline, Phase::Leased(_)) => self.lose(now, false),
             (Timer::Renew, Phase::Leased(l)) => match l.renewal {
                 Some((id, _)) => {
@@ -718,7 +803,10 @@ impl Keepalive {
                 None if l.written != Some(self.value_gen) => self.send_put(now),
                 None => {}
             },
-            (Timer::Retry, Phase::Stopping { revoke: id } | Phase::StoppingGrant { grant: id }) => {
+            (
+                Timer::Retry,
+                Phase::Stopping { revoke: id, .. } | Phase::StoppingGrant { grant: id },
+            ) => {
                 let id = *id;
                 self.outbox.cancel(id);
                 self.finish(false);

@@ -6,7 +6,7 @@ use crate::driver::{rand_seed, MachineHandle, Notify, WeakInput};
 use crate::error::{Error, EtcdErrorKind, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::liveness::{
-    close_outcome, CLOSE_WAIT, DEFAULT_DRIFT_ALLOWANCE_PPM, DEFAULT_SAFETY_MARGIN,
+    close_outcome, ATTEMPT_TIMEOUT, CLOSE_WAIT, DEFAULT_DRIFT_ALLOWANCE_PPM, DEFAULT_SAFETY_MARGIN,
 };
 use crate::validate;
 use fleetcoord_sm::election::{
@@ -28,15 +28,6 @@ mod pool;
 pub use leadership::Leadership;
 pub use observer::LeaderObserver;
 pub use pool::ElectionPool;
-
-/// How long an election request may go unanswered before the machine
-/// sends it again (see `ElectionConfig::attempt_timeout` in `sm`): etcd
-/// elects a new raft leader 0.9–2.7 s after losing one (measured with
-/// default flags), and drops the writes forwarded meanwhile without
-/// answering them. Half a second puts a copy out within that much of the
-/// new leader; three copies later the wait doubles, so a slow server is
-/// not flooded.
-const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Where elections live unless told otherwise.
 pub const DEFAULT_ELECTION_PREFIX: &str = "/coord/election/";

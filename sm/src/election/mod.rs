@@ -94,8 +94,9 @@ pub struct ElectionConfig {
     /// How much slower than etcd's this clock may run, in parts per
     /// million. See [`KeepaliveConfig::drift_allowance_ppm`].
     pub drift_allowance_ppm: u32,
-    /// How long a campaign step, withdraw, resign, proclaim or leader's
-    /// check may go unanswered before the machine sends the same request
+    /// How long a campaign step, withdraw, resign, proclaim, leader's check
+    /// or the session's grant or revoke may go unanswered before the
+    /// machine sends the same request
     /// again (and gives the first copy up). etcd drops, without an answer,
     /// writes that reach it while its raft leader is changing; every
     /// request the protocol sends is a read or compare-guarded, so a second
@@ -270,6 +271,7 @@ impl Election {
             backoff: config.backoff.clone(),
             safety_margin: config.safety_margin,
             drift_allowance_ppm: config.drift_allowance_ppm,
+            attempt_timeout: config.attempt_timeout,
         };
         let session = Keepalive::with_first_rpc_id(session_config, now, seed, 0);
         let protocol_seed = seed.rotate_left(29) ^ 0x9e37_79b9_7f4a_7c15;

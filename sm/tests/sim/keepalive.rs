@@ -209,6 +209,8 @@ fn run_seed(seed: u64, totals: &mut Totals) {
         // stays what it was before margins existed.
         safety_margin: [Duration::ZERO, ms(100), ms(500)][(seed % 3) as usize],
         drift_allowance_ppm: [0, 1_000, 10_000][(seed / 3 % 3) as usize],
+        // Every other seed resends unanswered grants, puts and revokes.
+        attempt_timeout: [Duration::ZERO, ms(400)][(seed / 9 % 2) as usize],
     };
     let margin = config.safety_margin;
     let t0 = Instant::now();

@@ -41,6 +41,9 @@ fn config(binding: bool) -> KeepaliveConfig {
         // `margin_*` tests cover a safety margin and a drift allowance.
         safety_margin: Duration::ZERO,
         drift_allowance_ppm: 0,
+        // No copies: the exact sequences below give up after one TTL;
+        // `attempt_*` tests set their own.
+        attempt_timeout: Duration::ZERO,
     }
 }
 
@@ -1084,4 +1087,82 @@ fn an_unanswered_put_is_given_up_after_the_request_timeout_and_retried() {
 #[test]
 fn the_stop_input_of_the_machine_contract_is_stop() {
     assert_eq!(<Keepalive as Machine>::stop_input(), KeepaliveInput::Stop);
+}
+
+#[test]
+fn attempt_a_lost_put_and_a_lost_revoke_are_sent_again_after_the_attempt_timeout() {
+    let t0 = Instant::now();
+    let config = KeepaliveConfig {
+        attempt_timeout: ms(500),
+        ..config(true)
+    };
+    let mut m = Keepalive::new(config, t0, 1);
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Notify(LivenessState::Registering),
+            rpc(0, Request::Grant { ttl_secs: TTL })
+        ]
+    );
+    m.handle(
+        t0 + ms(10),
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
+    // The put is lost (a raft leader change): the same put again, half a
+    // second after it was sent, three times at that pace, then slower.
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(510)));
+    m.handle_timeout(t0 + ms(510));
+    assert_eq!(
+        drain(&mut m),
+        vec![Command::Cancel { id: RpcId(1) }, put(2, b"v1")]
+    );
+    m.handle_timeout(t0 + ms(1010));
+    assert_eq!(
+        drain(&mut m),
+        vec![Command::Cancel { id: RpcId(2) }, put(3, b"v1")]
+    );
+    m.handle_timeout(t0 + ms(1510));
+    assert_eq!(
+        drain(&mut m),
+        vec![Command::Cancel { id: RpcId(3) }, put(4, b"v1")]
+    );
+    assert_eq!(
+        m.poll_timeout(),
+        Some(t0 + ms(2510)),
+        "the fourth copy waits 1 s"
+    );
+    m.handle(t0 + ms(1600), ok(4, Response::Put { revision: 2 }));
+    assert_eq!(drain(&mut m), vec![registered()]);
+    // Stop: the revoke is lost too, and sent again; its answer ends it.
+    m.handle(t0 + ms(1700), KeepaliveInput::Stop);
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(5, Request::Revoke { lease: LEASE })]
+    );
+    assert_eq!(
+        m.poll_timeout(),
+        Some(t0 + ms(2200)),
+        "a fresh attempt count"
+    );
+    m.handle_timeout(t0 + ms(2200));
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Cancel { id: RpcId(5) },
+            rpc(6, Request::Revoke { lease: LEASE })
+        ]
+    );
+    m.handle(t0 + ms(2300), ok(6, Response::Revoked));
+    assert_eq!(
+        drain(&mut m),
+        vec![Command::Notify(LivenessState::Stopped { revoked: true })]
+    );
+    assert!(m.is_finished());
 }
