@@ -14,6 +14,92 @@
 //! | `fleetcoord_election_transitions_total` | counter | `election`, `event` | `elected`, `lost`, `resigned` |
 //! | `fleetcoord_host_events_total` | counter | `prefix`, `event` | HostWatcher events delivered: `up`, `updated`, `down`, `synced` |
 //! | `fleetcoord_watch_streams_opened_total` | counter | — | etcd watch streams opened by any watcher: the first, then one per resume or resync |
+//!
+//! An exporter that prints help text (Prometheus's `# HELP`) learns it from
+//! [`describe`], called once after the recorder is installed; without it
+//! `promtool check metrics` warns "no help text" for every family.
+
+/// How a metric is recorded.
+#[cfg(feature = "metrics")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up.
+    Counter,
+    /// Set to the current value.
+    Gauge,
+    /// A distribution of observations.
+    Histogram,
+}
+
+/// Every metric fleetcoord records: its name, kind and help text (the
+/// table above, in the order given there).
+#[cfg(feature = "metrics")]
+pub const METRICS: &[(&str, Kind, &str)] = &[
+    (
+        "fleetcoord_request_duration_seconds",
+        Kind::Histogram,
+        "etcd request round trip in seconds, by kind (keepalive: one lease renewal)",
+    ),
+    (
+        "fleetcoord_request_errors_total",
+        Kind::Counter,
+        "failed etcd requests, by kind and error",
+    ),
+    (
+        "fleetcoord_liveness_registered",
+        Kind::Gauge,
+        "1 while the HostLiveness of key is registered, else 0",
+    ),
+    (
+        "fleetcoord_liveness_transitions_total",
+        Kind::Counter,
+        "state changes of the HostLiveness of key",
+    ),
+    (
+        "fleetcoord_election_held",
+        Kind::Gauge,
+        "1 while this process leads (or holds the lock) under the election prefix",
+    ),
+    (
+        "fleetcoord_election_token",
+        Kind::Gauge,
+        "the fencing token of the current or last leadership under the election prefix",
+    ),
+    (
+        "fleetcoord_election_transitions_total",
+        Kind::Counter,
+        "leaderships elected, lost and resigned under the election prefix",
+    ),
+    (
+        "fleetcoord_host_events_total",
+        Kind::Counter,
+        "HostWatcher events delivered, by prefix and event",
+    ),
+    (
+        "fleetcoord_watch_streams_opened_total",
+        Kind::Counter,
+        "etcd watch streams opened by any watcher: the first, then one per resume or resync",
+    ),
+];
+
+/// Gives the installed recorder the help text of every metric in
+/// [`METRICS`]. Call it once, after installing the recorder (a recorder
+/// installed later never hears it); calling it again changes nothing.
+///
+/// ```
+/// // With no recorder installed this does nothing, and costs nothing.
+/// fleetcoord::metrics::describe();
+/// ```
+#[cfg(feature = "metrics")]
+pub fn describe() {
+    for (name, kind, help) in METRICS {
+        match kind {
+            Kind::Counter => metrics::describe_counter!(*name, *help),
+            Kind::Gauge => metrics::describe_gauge!(*name, *help),
+            Kind::Histogram => metrics::describe_histogram!(*name, *help),
+        }
+    }
+}
 
 #[cfg(feature = "metrics")]
 mod on {

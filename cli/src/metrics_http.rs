@@ -46,6 +46,9 @@ pub fn serve(addr: &str, health: Health) -> Result<SocketAddr, String> {
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder)
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    // `# HELP` for every family: without it `promtool check metrics`
+    // warns about each one.
+    fleetcoord::metrics::describe();
     std::thread::Builder::new()
         .name("fleetcoord-metrics".into())
         .spawn(move || {

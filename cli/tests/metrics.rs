@@ -125,6 +125,25 @@ fn agent_metrics_and_health_follow_a_paused_etcd() {
     assert!(body.contains("state=\"lost\""), "{body}");
     assert!(body.contains("fleetcoord_request_errors_total"), "{body}");
     assert_eq!(get(&addr, "/nope").0, 404);
+    every_family_has_help(&body);
+}
+
+/// What `promtool check metrics` asks first: every `# TYPE` family comes
+/// with a `# HELP` line.
+fn every_family_has_help(body: &str) {
+    let families: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert!(!families.is_empty(), "{body}");
+    for family in families {
+        assert!(
+            body.lines()
+                .any(|l| l.starts_with(&format!("# HELP {family} "))),
+            "no help text for {family}:\n{body}"
+        );
+    }
 }
 
 #[test]
@@ -158,6 +177,7 @@ fn elect_is_ready_only_while_leading() {
         .is_some_and(|t| t > 0.0),
         "{body}"
     );
+    every_family_has_help(&body);
 }
 
 #[test]
