@@ -32,11 +32,19 @@ pub fn timeout(text: &str) -> Result<Duration, String> {
     Ok(value)
 }
 
+/// The longest lease TTL: the library's own maximum, checked here too so
+/// that a TTL too long is a usage error (exit status 2) like every other
+/// bad flag, not a runtime error after connecting.
+const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// A lease TTL: etcd leases count whole seconds and last at least one, so
 /// `0s`, `500ms` or `1.5s` are rejected here rather than by the library
-/// after connecting. (The library's one-day maximum is left to it.)
+/// after connecting, and so is anything above one day.
 pub fn ttl(text: &str) -> Result<Duration, String> {
     let value = parse(text)?;
+    if value > MAX_TTL {
+        return Err(format!("{text:?} is longer than the 24h maximum"));
+    }
     if value < Duration::from_secs(1) {
         return Err(format!(
             "{text:?} is below one second, the shortest lease etcd grants"
@@ -111,7 +119,16 @@ mod tests {
         assert_eq!(ttl("1s"), Ok(Duration::from_secs(1)));
         assert_eq!(ttl("1m30s"), Ok(Duration::from_secs(90)));
         assert_eq!(ttl("1000ms"), Ok(Duration::from_secs(1)));
-        for bad in ["0s", "500ms", "1.5s", "2500ms", "soon"] {
+        assert_eq!(ttl("24h"), Ok(Duration::from_secs(86_400)));
+        for bad in [
+            "0s",
+            "500ms",
+            "1.5s",
+            "2500ms",
+            "soon",
+            "24h1s",
+            "100000000000000h",
+        ] {
             let err = ttl(bad).expect_err(bad);
             assert!(err.contains(bad), "{bad:?}: {err}");
         }

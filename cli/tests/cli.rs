@@ -154,6 +154,15 @@ fn usage_errors_exit_2_with_a_message() {
             "0s",
         ],
         &["elect", "db", "--ttl", "500ms"],
+        // Above the one-day maximum: a usage error too, not exit 1 after
+        // connecting.
+        &[
+            "agent",
+            "--host-id",
+            "7f1c3a6e-8b2d-4a55-9f10-2b9d5f8e1c01",
+            "--ttl",
+            "100000000000000h",
+        ],
         &["kv", "get", "only-a-bucket"],
         &["stream", "read", "s", "--from", "middle"],
     ] {
