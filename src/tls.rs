@@ -23,6 +23,8 @@
 //! # Ok(()) }
 //! ```
 
+mod validity;
+
 use crate::error::{Error, Result};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -160,6 +162,25 @@ impl EtcdTls {
     /// Whether a client certificate and key are set.
     pub fn has_client_identity(&self) -> bool {
         self.identity.is_some()
+    }
+
+    /// Why the client certificate (its first, the leaf) is not valid at
+    /// `unix_now` (seconds since the epoch): expired, or not valid yet.
+    /// `None` when it is valid then, when there is none, or when its
+    /// validity cannot be read.
+    pub(crate) fn client_cert_invalid_at(&self, unix_now: i64) -> Option<String> {
+        let identity = self.identity.as_ref()?;
+        let der = CertificateDer::pem_slice_iter(&identity.cert)
+            .next()?
+            .ok()?;
+        let (not_before, not_after) = validity::validity(der.as_ref())?;
+        if not_after.unix < unix_now {
+            Some(format!("it expired on {not_after}"))
+        } else if not_before.unix > unix_now {
+            Some(format!("it is not valid before {not_before}"))
+        } else {
+            None
+        }
     }
 
     /// The name the server's certificate is checked against, when it is not
@@ -305,6 +326,50 @@ impl fmt::Debug for EtcdUser {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A self-signed certificate valid from `from` to `to` (years), and
+    /// its key, PEM.
+    #[cfg(feature = "testing")]
+    fn certificate(from: i32, to: i32) -> (String, String) {
+        let mut params = rcgen::CertificateParams::new(vec!["client".to_string()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(from, 1, 1);
+        params.not_after = rcgen::date_time_ymd(to, 6, 30);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    #[cfg(feature = "testing")]
+    #[test]
+    fn an_expired_or_early_client_certificate_says_so() {
+        let (ca, _) = certificate(2020, 2040);
+        let now = 1_800_000_000; // 2027-01-15
+        let (expired, key) = certificate(2020, 2025);
+        let tls = EtcdTls::new(ca.clone())
+            .unwrap()
+            .with_client_identity(expired, key)
+            .unwrap();
+        assert_eq!(
+            tls.client_cert_invalid_at(now).as_deref(),
+            Some("it expired on 2025-06-30 00:00:00 UTC")
+        );
+        let (early, key) = certificate(2030, 2031);
+        let tls = EtcdTls::new(ca.clone())
+            .unwrap()
+            .with_client_identity(early, key)
+            .unwrap();
+        assert_eq!(
+            tls.client_cert_invalid_at(now).as_deref(),
+            Some("it is not valid before 2030-01-01 00:00:00 UTC")
+        );
+        let (valid, key) = certificate(2020, 2040);
+        let tls = EtcdTls::new(ca.clone())
+            .unwrap()
+            .with_client_identity(valid, key)
+            .unwrap();
+        assert_eq!(tls.client_cert_invalid_at(now), None);
+        assert_eq!(EtcdTls::new(ca).unwrap().client_cert_invalid_at(now), None);
+    }
 
     const NOT_A_KEY: &[u8] =
         b"-----BEGIN PRIVATE KEY-----\nc2VjcmV0LWtleS1ieXRlcw==\n-----END PRIVATE KEY-----\n";

@@ -219,13 +219,26 @@ pub(crate) fn explain(e: &ec::Error, tls: Option<&EtcdTls>) -> String {
             "TLS: the server closed the connection right after the handshake; it most \
              likely requires a client certificate, and none was given (--cert/--key) ({root})"
         ),
-        (true, true) => format!(
-            "TLS: the server closed the connection right after the handshake; it most \
-             likely refused the client certificate (is it signed by a CA the server \
-             trusts?) ({root})"
-        ),
+        (true, true) => match tls.client_cert_invalid_at(unix_now()) {
+            // Checked here, where the refusal is explained: a certificate
+            // valid at startup may have expired since.
+            Some(why) => format!("TLS: the server refused the client certificate: {why} ({root})"),
+            None => format!(
+                "TLS: the server closed the connection right after the handshake; it most \
+                 likely refused the client certificate (is it signed by a CA the server \
+                 trusts?) ({root})"
+            ),
+        },
         (false, _) => root,
     }
+}
+
+/// Seconds since the epoch now (0 for a clock before it, which makes no
+/// certificate look expired).
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// Why connecting failed, as one line for an operator. The Display of

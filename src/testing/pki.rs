@@ -26,7 +26,7 @@ pub enum ServerNames {
 
 /// A CA with a server and a client certificate signed by it, written to a
 /// temp dir removed on drop (ECDSA P-256, PKCS#8 PEM keys, valid for the
-/// usual rcgen default of many years).
+/// usual rcgen default of many years), and an expired client certificate.
 ///
 /// ```
 /// use fleetcoord::testing::TestPki;
@@ -59,6 +59,8 @@ const SERVER_CERT: &str = "server.pem";
 const SERVER_KEY: &str = "server-key.pem";
 const CLIENT_CERT: &str = "client.pem";
 const CLIENT_KEY: &str = "client-key.pem";
+const EXPIRED_CERT: &str = "client-expired.pem";
+const EXPIRED_KEY: &str = "client-expired-key.pem";
 
 fn pki_error(e: rcgen::Error) -> Error {
     Error::Io(std::io::Error::other(format!(
@@ -123,6 +125,11 @@ impl TestPki {
         client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         let client_key = KeyPair::generate().map_err(pki_error)?;
         let client_cert = client.signed_by(&client_key, &issuer).map_err(pki_error)?;
+        // The same client, but its certificate expired (in 2021).
+        client.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        client.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        let expired_key = KeyPair::generate().map_err(pki_error)?;
+        let expired_cert = client.signed_by(&expired_key, &issuer).map_err(pki_error)?;
 
         let ca_pem = ca_cert.pem();
         for (name, pem) in [
@@ -131,6 +138,8 @@ impl TestPki {
             (SERVER_KEY, server_key.serialize_pem()),
             (CLIENT_CERT, client_cert.pem()),
             (CLIENT_KEY, client_key.serialize_pem()),
+            (EXPIRED_CERT, expired_cert.pem()),
+            (EXPIRED_KEY, expired_key.serialize_pem()),
         ] {
             std::fs::write(dir.path().join(name), pem)?;
         }
@@ -169,6 +178,18 @@ impl TestPki {
     /// The client key's file (etcdctl's `--key`).
     pub fn client_key_path(&self) -> PathBuf {
         self.path(CLIENT_KEY)
+    }
+
+    /// A client certificate signed by this CA that expired on 2021-01-01
+    /// (and its key's file is [`TestPki::expired_client_key_path`]): what
+    /// a server verifying clients refuses.
+    pub fn expired_client_cert_path(&self) -> PathBuf {
+        self.path(EXPIRED_CERT)
+    }
+
+    /// The key of [`TestPki::expired_client_cert_path`]'s certificate.
+    pub fn expired_client_key_path(&self) -> PathBuf {
+        self.path(EXPIRED_KEY)
     }
 
     /// The names the server certificate is valid for.
