@@ -8,7 +8,7 @@
 //!   faults per member, and [`leader_index`](EtcdCluster::leader_index).
 //! * [`RedisServer`] — one `redis-server` without persistence on a free
 //!   loopback port; [`RedisCluster`] — `n` of them made a Redis Cluster
-//!   with `redis-cli --cluster create` (binaries from `$REDIS_SERVER_BIN` /
+//!   (masters, optionally with replicas) with `redis-cli --cluster create` (binaries from `$REDIS_SERVER_BIN` /
 //!   `$REDIS_CLI_BIN` or `PATH`; `make deps-redis` installs them).
 //! * [`NatsServer`], [`NatsCluster`] — real `nats-server -js` processes (one,
 //!   or `n` joined by routes) on free loopback ports with temp stores; the

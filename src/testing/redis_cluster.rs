@@ -14,13 +14,19 @@ use crate::{Error, Result};
 /// node.
 const OK_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A Redis Cluster of `n` masters (no replicas) on free loopback ports, each
-/// a [`RedisServer`] with cluster mode on and no persistence.
+/// A Redis Cluster of `n` masters, optionally each with replicas, on free
+/// loopback ports, each node a [`RedisServer`] with cluster mode on and no
+/// persistence.
 ///
-/// Guarantees: after [`RedisCluster::start`] returns `Ok`, every node
-/// reports `cluster_state:ok` and all 16,384 slots are assigned. A short
-/// `cluster-node-timeout` (1 s) keeps failure detection and convergence
-/// quick. Dropping the cluster kills every node and removes its directory.
+/// Guarantees: after [`RedisCluster::start`] (or
+/// [`start_with_replicas`](RedisCluster::start_with_replicas)) returns
+/// `Ok`, every node reports `cluster_state:ok`, all 16,384 slots are
+/// assigned and every replica's link to its master is up, so a killed
+/// master can fail over. A short `cluster-node-timeout` (1 s) keeps failure
+/// detection and failover quick; the other settings are Redis' defaults
+/// (`cluster-require-full-coverage yes`: the whole cluster refuses
+/// commands while a slot has no reachable master). Dropping the cluster
+/// kills every node and removes its directory.
 ///
 /// `redis-cli` comes from `$REDIS_CLI_BIN`, else `PATH`.
 ///
@@ -41,12 +47,24 @@ impl RedisCluster {
     /// Starts `n` masters (at least 3, Redis' minimum) and waits until the
     /// cluster is ok on every node.
     pub fn start(n: usize) -> Result<RedisCluster> {
-        if n < 3 {
+        RedisCluster::start_with_replicas(n, 0)
+    }
+
+    /// Starts `masters` masters (at least 3) with `replicas` replicas each
+    /// (0 to 2), `masters * (1 + replicas)` nodes in all, and waits until
+    /// the cluster is ok on every node and every replica is in sync with
+    /// its master.
+    pub fn start_with_replicas(masters: usize, replicas: usize) -> Result<RedisCluster> {
+        if masters < 3 {
             return Err(Error::invalid(
-                "n",
+                "masters",
                 "a Redis Cluster needs at least 3 masters",
             ));
         }
+        if replicas > 2 {
+            return Err(Error::invalid("replicas", "at most 2 per master"));
+        }
+        let n = masters.saturating_mul(replicas.saturating_add(1));
         let cli = find_bin("REDIS_CLI_BIN", "redis-cli")?;
         let mut nodes = Vec::with_capacity(n);
         for _ in 0..n {
@@ -73,7 +91,9 @@ impl RedisCluster {
             create.arg(format!("127.0.0.1:{}", node.port()));
         }
         let output = create
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .arg("--cluster-replicas")
+            .arg(replicas.to_string())
+            .arg("--cluster-yes")
             .output()
             .map_err(|e| io::Error::other(format!("cannot run {}: {e}", cli.display())))?;
         if !output.status.success() {
@@ -86,7 +106,72 @@ impl RedisCluster {
             .into());
         }
         cluster.wait_ok()?;
+        cluster.wait_replicas_synced()?;
         Ok(cluster)
+    }
+
+    /// Polls every replica until its link to its master is up, so that a
+    /// master killed right after start can fail over.
+    fn wait_replicas_synced(&self) -> Result<()> {
+        let deadline = Instant::now() + OK_TIMEOUT;
+        for node in &self.nodes {
+            loop {
+                let info = command(node.port(), &["INFO", "replication"])?;
+                if info.contains("role:master") || info.contains("master_link_status:up") {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(io::Error::other(format!(
+                        "the replica on port {} did not sync within {OK_TIMEOUT:?}",
+                        node.port()
+                    ))
+                    .into());
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
+    }
+
+    /// The index of the node that serves `slot` as a master (not marked
+    /// failed), as the first node that answers `CLUSTER NODES` sees it;
+    /// `None` when no live node knows one.
+    pub fn master_of_slot(&self, slot: u16) -> Option<usize> {
+        let nodes = self
+            .nodes
+            .iter()
+            .filter(|n| n.pid().is_some())
+            .find_map(|n| command(n.port(), &["CLUSTER", "NODES"]).ok())?;
+        let owner = nodes.lines().find_map(|line| {
+            // <id> <ip:port@bus> <flags> <master> <ping> <pong> <epoch> <link> <slot>...
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flags = fields.get(2)?;
+            if !flags.contains("master") || flags.contains("fail") {
+                return None;
+            }
+            let serves = fields.iter().skip(8).any(|range| {
+                let mut bounds = range.splitn(2, '-').map(|b| b.parse::<u16>().ok());
+                match (bounds.next().flatten(), bounds.next()) {
+                    (Some(lo), None) => lo == slot,
+                    (Some(lo), Some(Some(hi))) => (lo..=hi).contains(&slot),
+                    _ => false,
+                }
+            });
+            let port = fields.get(1)?.split('@').next()?.rsplit(':').next()?;
+            serves.then(|| port.parse::<u16>().ok()).flatten()
+        })?;
+        self.nodes.iter().position(|n| n.port() == owner)
+    }
+
+    /// The indices of the nodes that are masters now (by `INFO
+    /// replication` of each running node).
+    pub fn masters(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| {
+                command(self.nodes[i].port(), &["INFO", "replication"])
+                    .is_ok_and(|info| info.contains("role:master"))
+            })
+            .collect()
     }
 
     /// Polls `CLUSTER INFO` on every node until all say
