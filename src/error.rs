@@ -111,6 +111,12 @@ pub enum EtcdErrorKind {
     /// fleetcoord's keys was not written by fleetcoord: a bug or a foreign
     /// writer, not a transient condition.
     Unexpected,
+    /// The write was applied, but fewer replicas than asked confirmed it
+    /// in time (Redis' `WAIT`, see `RedisOptions::with_min_replicas`): it
+    /// is stored, and may still be lost if the server that applied it
+    /// fails before a replica has it. Never from etcd, whose writes are
+    /// confirmed by a quorum before they are answered.
+    Unreplicated,
 }
 
 impl EtcdErrorKind {
@@ -121,6 +127,9 @@ impl EtcdErrorKind {
             EtcdErrorKind::Unavailable
             | EtcdErrorKind::Unauthenticated
             | EtcdErrorKind::Contended => true,
+            // Applied already: making the call again applies it again
+            // (an append twice).
+            EtcdErrorKind::Unreplicated => false,
             EtcdErrorKind::Rejected
             | EtcdErrorKind::LeaseNotFound
             | EtcdErrorKind::Compacted
@@ -182,6 +191,7 @@ impl Error {
     /// | [`Error::Etcd`] `Rejected`, `PermissionDenied`, `Unexpected` | no | the same request fails the same way |
     /// | [`Error::Etcd`] `LeaseNotFound` | no | the lease is gone; a new one is needed |
     /// | [`Error::Etcd`] `Compacted` | no | read again from the current revision |
+    /// | [`Error::Backend`] `Unreplicated` | no | the write is applied; repeating it applies it again |
     /// | [`Error::InvalidArgument`], [`Error::Unsupported`] | no | the input or backend must change |
     /// | [`Error::NotFound`] | no | the key is absent until someone writes it |
     /// | [`Error::NotLeader`] | no | campaign again instead |
@@ -321,6 +331,7 @@ mod tests {
             Error::etcd(EtcdErrorKind::Compacted, "x"),
             Error::etcd(EtcdErrorKind::PermissionDenied, "x"),
             Error::unexpected("Revoked"),
+            Error::etcd(EtcdErrorKind::Unreplicated, "x"),
             Error::Canceled,
             Error::DriverGone,
             Error::NotFound,

@@ -163,6 +163,26 @@ impl RedisCluster {
         self.nodes.iter().position(|n| n.port() == owner)
     }
 
+    /// The indices of the running nodes that replicate node `master` (by
+    /// its `INFO replication`).
+    pub fn replicas_of(&self, master: usize) -> Vec<usize> {
+        let Some(node) = self.nodes.get(master) else {
+            return Vec::new();
+        };
+        let Ok(info) = command(node.port(), &["INFO", "replication"]) else {
+            return Vec::new();
+        };
+        // slave0:ip=127.0.0.1,port=7001,state=online,offset=...,lag=0
+        info.lines()
+            .filter(|line| line.starts_with("slave"))
+            .filter_map(|line| {
+                let port = line.split(',').find_map(|f| f.strip_prefix("port="))?;
+                let port: u16 = port.trim().parse().ok()?;
+                self.nodes.iter().position(|n| n.port() == port)
+            })
+            .collect()
+    }
+
     /// The indices of the nodes that are masters now (by `INFO
     /// replication` of each running node).
     pub fn masters(&self) -> Vec<usize> {

@@ -14,6 +14,16 @@
 //!   delays every other command on its connection; BACKEND-NOTES,
 //!   "Streams"). Feeds rebuild their connection themselves after a failure,
 //!   so they never depend on the crate's silent resubscription.
+//! * On a cluster, [`with_failover`] carries each request through a
+//!   master's failover: it retries, with jittered backoff until the request
+//!   deadline, the answers a cluster gives meanwhile, and when it gives up
+//!   it says which slot and master it waited for. The crate itself does not
+//!   retry commands on the command connection (`retries(0)`): it re-sends
+//!   a command whose connection broke, which for an append whose reply was
+//!   lost stores it twice; only [`with_failover`] decides what is repeated.
+//! * With [`RedisOptions::min_replicas`] every script run on the command
+//!   connection (the KV write, the stream append) is followed by `WAIT` in
+//!   the same pipeline, so it counts the replicas that have this write.
 
 use super::options::RedisOptions;
 use crate::error::{Error, EtcdErrorKind, Result};
@@ -24,8 +34,10 @@ use redis::{
     AsyncConnectionConfig, Client, Cmd, ConnectionInfo, FromRedisValue, IntoConnectionInfo,
     ProtocolVersion, PushInfo, RedisError, RedisResult, ScriptInvocation,
 };
+use std::future::Future;
 use std::time::Duration;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::time::Instant;
 
 /// Where and how to connect, checked once.
 #[derive(Clone)]
@@ -36,11 +48,28 @@ pub(crate) struct Target {
     pub(crate) cluster: bool,
     pub(crate) connect_timeout: Duration,
     pub(crate) request_timeout: Duration,
+    /// `WAIT` after each write of the command connection: replicas and
+    /// milliseconds.
+    confirm: Option<Confirm>,
+}
+
+/// How many replicas must confirm a write, and how long to wait for them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Confirm {
+    replicas: usize,
+    timeout_ms: u64,
 }
 
 /// A connection that serves commands.
 #[derive(Clone)]
-pub(crate) enum Conn {
+pub(crate) struct Conn {
+    link: Link,
+    /// Set on the command connection only: feeds never write.
+    confirm: Option<Confirm>,
+}
+
+#[derive(Clone)]
+enum Link {
     /// Standalone, reconnecting by itself.
     Managed(ConnectionManager),
     /// Standalone, dead for good once its server is gone: feeds notice that
@@ -48,6 +77,15 @@ pub(crate) enum Conn {
     Single(MultiplexedConnection),
     /// Cluster.
     Cluster(ClusterConnection),
+}
+
+impl From<Link> for Conn {
+    fn from(link: Link) -> Self {
+        Conn {
+            link,
+            confirm: None,
+        }
+    }
 }
 
 impl Target {
@@ -105,6 +143,12 @@ impl Target {
             cluster,
             connect_timeout: options.connect_timeout,
             request_timeout: options.request_timeout,
+            confirm: options.min_replicas.map(|replicas| Confirm {
+                replicas,
+                // `check` bounds it to at least 1 ms and at most 24 h.
+                timeout_ms: u64::try_from(options.min_replicas_timeout.as_millis())
+                    .unwrap_or(u64::MAX),
+            }),
         })
     }
 
@@ -128,24 +172,30 @@ impl Target {
 
     /// The shared command connection, proven with a PING.
     pub(crate) async fn command_conn(&self) -> RedisResult<Conn> {
-        let mut conn = if self.cluster {
+        let link = if self.cluster {
             let client = self
                 .cluster_builder()
+                // Every retry is `with_failover`'s decision (module docs).
+                .retries(0)
                 .response_timeout(self.request_timeout)
                 .overall_response_timeout(Some(self.request_timeout))
                 .build()?;
-            Conn::Cluster(client.get_async_connection().await?)
+            Link::Cluster(client.get_async_connection().await?)
         } else {
             let config = ConnectionManagerConfig::new()
                 .set_number_of_retries(1)
                 .set_max_delay(Duration::from_millis(500))
                 .set_connection_timeout(Some(self.connect_timeout))
                 .set_response_timeout(Some(self.request_timeout));
-            Conn::Managed(
+            Link::Managed(
                 self.standalone()?
                     .get_connection_manager_with_config(config)
                     .await?,
             )
+        };
+        let mut conn = Conn {
+            link,
+            confirm: self.confirm,
         };
         conn.query::<()>(&redis::cmd("PING")).await?;
         Ok(conn)
@@ -162,19 +212,19 @@ impl Target {
                 .overall_response_timeout(Some(self.request_timeout))
                 .push_sender(tx)
                 .build()?;
-            Conn::Cluster(client.get_async_connection().await?)
+            Link::Cluster(client.get_async_connection().await?)
         } else {
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(self.connect_timeout))
                 .set_response_timeout(Some(self.request_timeout))
                 .set_push_sender(tx);
-            Conn::Single(
+            Link::Single(
                 self.standalone()?
                     .get_multiplexed_async_connection_with_config(&config)
                     .await?,
             )
         };
-        Ok((conn, rx))
+        Ok((conn.into(), rx))
     }
 
     /// A dedicated connection for blocking reads of up to `block`.
@@ -186,26 +236,33 @@ impl Target {
                 .response_timeout(timeout)
                 .overall_response_timeout(Some(timeout))
                 .build()?;
-            Ok(Conn::Cluster(client.get_async_connection().await?))
+            Ok(Link::Cluster(client.get_async_connection().await?).into())
         } else {
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(self.connect_timeout))
                 .set_response_timeout(Some(timeout));
-            Ok(Conn::Single(
+            Ok(Link::Single(
                 self.standalone()?
                     .get_multiplexed_async_connection_with_config(&config)
                     .await?,
-            ))
+            )
+            .into())
         }
     }
 
     /// `e` as the user's error, with what was being done.
     pub(crate) fn error(&self, context: impl std::fmt::Display, e: &RedisError) -> Error {
+        let kind = kind_of(e);
+        let said = match (kind, e.detail()) {
+            // Our own error: its detail is the whole story, its code noise.
+            (EtcdErrorKind::Unreplicated, Some(detail)) => detail.to_string(),
+            _ => one_line(e),
+        };
         Error::Backend {
             backend: "redis",
             endpoints: self.urls.clone(),
-            kind: kind_of(e),
-            message: format!("{context}: {}", one_line(e)),
+            kind,
+            message: format!("{context}: {said}"),
         }
     }
 
@@ -223,22 +280,86 @@ impl Target {
 impl Conn {
     /// Runs one command.
     pub(crate) async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> RedisResult<T> {
-        match self {
-            Conn::Managed(c) => cmd.query_async(c).await,
-            Conn::Single(c) => cmd.query_async(c).await,
-            Conn::Cluster(c) => cmd.query_async(c).await,
+        match &mut self.link {
+            Link::Managed(c) => cmd.query_async(c).await,
+            Link::Single(c) => cmd.query_async(c).await,
+            Link::Cluster(c) => cmd.query_async(c).await,
         }
     }
 
-    /// Runs one script (EVALSHA, loading it on `NOSCRIPT`).
+    /// Runs one script (EVALSHA, loading it on `NOSCRIPT`). On the command
+    /// connection with [`RedisOptions::min_replicas`] set, the script is a
+    /// write and `WAIT` follows it (see [`Conn::invoke_confirmed`]).
     pub(crate) async fn invoke<T: FromRedisValue>(
         &mut self,
         script: &ScriptInvocation<'_>,
     ) -> RedisResult<T> {
-        match self {
-            Conn::Managed(c) => script.invoke_async(c).await,
-            Conn::Single(c) => script.invoke_async(c).await,
-            Conn::Cluster(c) => script.invoke_async(c).await,
+        if let Some(confirm) = self.confirm {
+            return self.invoke_confirmed(script, confirm).await;
+        }
+        match &mut self.link {
+            Link::Managed(c) => script.invoke_async(c).await,
+            Link::Single(c) => script.invoke_async(c).await,
+            Link::Cluster(c) => script.invoke_async(c).await,
+        }
+    }
+
+    /// Runs `script` and `WAIT` in one pipeline: one connection, so `WAIT`
+    /// counts the replicas that have this script's writes (on a cluster the
+    /// keyless `WAIT` follows the script's slot, since the crate routes a
+    /// pipeline by its first keyed command). `WAIT` cannot run inside a
+    /// script, and as a command of its own it could reach a connection the
+    /// crate rebuilt meanwhile, whose `WAIT` has no write to wait for and
+    /// would confirm at once.
+    async fn invoke_confirmed<T: FromRedisValue>(
+        &mut self,
+        script: &ScriptInvocation<'_>,
+        confirm: Confirm,
+    ) -> RedisResult<T> {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors()
+            .invoke_script(script)
+            .cmd("WAIT")
+            .arg(confirm.replicas)
+            .arg(confirm.timeout_ms);
+        let mut loaded = false;
+        loop {
+            let replies: Vec<redis::Value> = match &mut self.link {
+                Link::Managed(c) => pipe.query_async(c).await?,
+                Link::Single(c) => pipe.query_async(c).await?,
+                Link::Cluster(c) => pipe.query_async(c).await?,
+            };
+            let mut replies = replies.into_iter();
+            let (Some(reply), Some(acked)) = (replies.next(), replies.next()) else {
+                return Err(RedisError::from((
+                    redis::ErrorKind::UnexpectedReturnType,
+                    "a script and WAIT answered with fewer than two replies",
+                )));
+            };
+            let reply = match reply.extract_error() {
+                Err(e) if !loaded && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    // Nothing ran: load the script and send both again.
+                    match &mut self.link {
+                        Link::Managed(c) => script.load_async(c).await?,
+                        Link::Single(c) => script.load_async(c).await?,
+                        Link::Cluster(c) => script.load_async(c).await?,
+                    };
+                    loaded = true;
+                    continue;
+                }
+                other => other?,
+            };
+            let acked: i64 = redis::from_redis_value(acked.extract_error()?)?;
+            if reply == redis::Value::Int(0) {
+                // The KV script's "nothing changed" (a delete of a missing
+                // key): there is no write to confirm.
+                return Ok(redis::from_redis_value(reply)?);
+            }
+            let wanted = i64::try_from(confirm.replicas).unwrap_or(i64::MAX);
+            if acked < wanted {
+                return Err(unreplicated(&reply, acked, confirm));
+            }
+            return Ok(redis::from_redis_value(reply)?);
         }
     }
 
@@ -247,12 +368,34 @@ impl Conn {
     /// `SUBSCRIBE` on a standalone server. Returns once the server
     /// confirmed it.
     pub(crate) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
-        match self {
-            Conn::Managed(c) => c.subscribe(channel).await,
-            Conn::Single(c) => c.subscribe(channel).await,
-            Conn::Cluster(c) => c.ssubscribe(channel).await,
+        match &mut self.link {
+            Link::Managed(c) => c.subscribe(channel).await,
+            Link::Single(c) => c.subscribe(channel).await,
+            Link::Cluster(c) => c.ssubscribe(channel).await,
         }
     }
+}
+
+/// The code of the error [`Conn::invoke_confirmed`] makes when too few
+/// replicas confirmed; [`kind_of`] maps it to
+/// [`EtcdErrorKind::Unreplicated`].
+const UNREPLICATED: &str = "FLEETCOORD_UNREPLICATED";
+
+/// A write applied on the master that only `acked` replicas confirmed.
+fn unreplicated(reply: &redis::Value, acked: i64, confirm: Confirm) -> RedisError {
+    // An append's reply is its entry's id: worth saying, the entry exists.
+    let applied = match bytes(reply).and_then(|b| String::from_utf8(b).ok()) {
+        Some(id) => format!("applied on the master as {id}"),
+        None => "applied on the master".to_string(),
+    };
+    redis::make_extension_error(
+        UNREPLICATED.to_string(),
+        Some(format!(
+            "{applied} but confirmed by {acked} of {} replicas within {} ms \
+             (stored; durability unconfirmed: lost if the master fails before a replica has it)",
+            confirm.replicas, confirm.timeout_ms
+        )),
+    )
 }
 
 /// The command that publishes on this deployment's channels, matching
@@ -291,6 +434,9 @@ pub(crate) fn bytes(value: &redis::Value) -> Option<Vec<u8>> {
 /// How the policy of [`Error::is_retryable`] sees a crate error.
 pub(super) fn kind_of(e: &RedisError) -> EtcdErrorKind {
     use redis::{ErrorKind, ServerErrorKind};
+    if e.kind() == ErrorKind::Extension && e.code() == Some(UNREPLICATED) {
+        return EtcdErrorKind::Unreplicated;
+    }
     if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
         return EtcdErrorKind::Unavailable;
     }
@@ -312,6 +458,243 @@ pub(super) fn kind_of(e: &RedisError) -> EtcdErrorKind {
         ErrorKind::Parse | ErrorKind::UnexpectedReturnType => EtcdErrorKind::Unexpected,
         _ => EtcdErrorKind::Rejected,
     }
+}
+
+/// Whether running a request twice is the same as running it once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Repeat {
+    /// Reads, and KV writes (the same value set again, a delete of what is
+    /// gone): retried after any transient failure.
+    Safe,
+    /// An append: it would be stored twice, so it is retried only after an
+    /// answer proving it did not run.
+    Unsafe,
+}
+
+/// What a cluster answers while a master fails over, as far as a retry is
+/// concerned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Sign {
+    /// `MOVED`/`ASK` to `addr`: the node asked does not serve the slot. In
+    /// a failover it points at the dead master until its replica took
+    /// over. Not run.
+    Redirected { addr: String },
+    /// `CLUSTERDOWN`: with `cluster-require-full-coverage yes` (Redis'
+    /// default) every node refuses every slot while one slot has no
+    /// reachable master. Not run.
+    ClusterDown,
+    /// `TRYAGAIN`: the slot is being migrated. Not run.
+    TryAgain,
+    /// `MASTERDOWN`, `READONLY` (a master demoted to replica), `LOADING`:
+    /// the node cannot serve the write yet. Not run.
+    NotReady,
+    /// Connection refused, or the crate has no connection for the slot:
+    /// nothing was sent.
+    Unreachable,
+    /// The connection broke or went silent mid-request: the command may
+    /// have run.
+    Lost,
+}
+
+impl Sign {
+    /// The sign `e` is of a failover, or `None` for any other failure.
+    pub(crate) fn of(e: &RedisError) -> Option<Sign> {
+        use redis::{ErrorKind, ServerErrorKind as S};
+        if e.is_connection_refusal() {
+            return Some(Sign::Unreachable);
+        }
+        match e.kind() {
+            ErrorKind::Server(S::Moved | S::Ask) => Some(Sign::Redirected {
+                addr: e.redirect_node().map(|(addr, _)| addr.to_string())?,
+            }),
+            ErrorKind::Server(S::ClusterDown) => Some(Sign::ClusterDown),
+            ErrorKind::Server(S::TryAgain) => Some(Sign::TryAgain),
+            ErrorKind::Server(S::MasterDown | S::ReadOnly | S::BusyLoading) => Some(Sign::NotReady),
+            ErrorKind::ClusterConnectionNotFound => Some(Sign::Unreachable),
+            _ if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => Some(Sign::Lost),
+            _ => None,
+        }
+    }
+
+    /// Whether a request that got this answer may be sent again.
+    fn retry(&self, repeat: Repeat) -> bool {
+        *self != Sign::Lost || repeat == Repeat::Safe
+    }
+}
+
+/// What the retries of one request saw, for the message when they give up.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The address the cluster last named as the slot's master.
+    master: Option<String>,
+    last: Option<Sign>,
+}
+
+impl Seen {
+    fn note(&mut self, sign: Sign) {
+        if let Sign::Redirected { addr } = &sign {
+            self.master = Some(addr.clone());
+        }
+        self.last = Some(sign);
+    }
+}
+
+/// Pauses between attempts through a failover: a slot whose master died is
+/// refused for 1 to 3 s after a kill (measured on a cluster with a 1 s
+/// `cluster-node-timeout`), so short steps; jittered, so that the callers
+/// refused together do not all retry together.
+fn failover_backoff() -> fleetcoord_sm::backoff::Backoff {
+    fleetcoord_sm::backoff::Backoff::new(
+        fleetcoord_sm::BackoffConfig {
+            initial: Duration::from_millis(20),
+            max: Duration::from_millis(400),
+            multiplier: 2,
+            jitter_percent: 50,
+        },
+        crate::driver::rand_seed(),
+    )
+}
+
+/// Runs `attempt` until it succeeds, fails for a reason a failover does
+/// not explain, or the request timeout passes; on a cluster, answers of a
+/// failover are retried (see [`Sign`] and [`Repeat`]), on a standalone
+/// server nothing is. `key` (any key of the request) names its slot in the
+/// message; `describe` turns a failure that is not a failover's into the
+/// user's error.
+///
+/// Guarantee: it returns within the request timeout of `target` (plus
+/// scheduling), with the last failure said in one line.
+pub(crate) async fn with_failover<T, F, Fut>(
+    target: &Target,
+    context: &str,
+    key: Option<&str>,
+    repeat: Repeat,
+    mut attempt: F,
+    describe: impl FnOnce(&RedisError) -> Error,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = RedisResult<T>>,
+{
+    let started = Instant::now();
+    let deadline = started + target.request_timeout;
+    let mut seen = Seen::default();
+    let mut backoff = failover_backoff();
+    loop {
+        let e = match tokio::time::timeout_at(deadline, attempt()).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(e)) => e,
+            Err(_) if seen.last.is_none() => return Err(Error::Timeout(target.request_timeout)),
+            Err(_) => {
+                let message = gave_up(context, key, &seen, started.elapsed(), repeat);
+                return Err(target.failure(EtcdErrorKind::Unavailable, message));
+            }
+        };
+        let sign = match Sign::of(&e) {
+            Some(sign) if target.cluster => sign,
+            Some(Sign::Lost) if repeat == Repeat::Unsafe => {
+                return Err(outcome_unknown(describe(&e)));
+            }
+            _ => return Err(describe(&e)),
+        };
+        let first = seen.last.is_none();
+        let retry = sign.retry(repeat);
+        seen.note(sign);
+        if !retry {
+            // An append whose connection broke: it may be stored.
+            if first {
+                return Err(outcome_unknown(describe(&e)));
+            }
+            let message = gave_up(context, key, &seen, started.elapsed(), repeat);
+            return Err(target.failure(EtcdErrorKind::Unavailable, message));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            let message = gave_up(context, key, &seen, started.elapsed(), repeat);
+            return Err(target.failure(EtcdErrorKind::Unavailable, message));
+        }
+        // The last pause ends at the deadline, for one last attempt.
+        tokio::time::sleep(backoff.next_delay().min(deadline - now)).await;
+    }
+}
+
+/// What an append whose outcome is unknown says.
+const UNKNOWN: &str = " (the append may or may not have been applied)";
+
+/// `e` saying that the append it failed may have been applied.
+fn outcome_unknown(e: Error) -> Error {
+    match e {
+        Error::Backend {
+            backend,
+            endpoints,
+            kind,
+            message,
+        } => Error::Backend {
+            backend,
+            endpoints,
+            kind,
+            message: format!("{message}{UNKNOWN}"),
+        },
+        other => other,
+    }
+}
+
+/// The one line a request retried through a failover ends with.
+fn gave_up(
+    context: &str,
+    key: Option<&str>,
+    seen: &Seen,
+    elapsed: Duration,
+    repeat: Repeat,
+) -> String {
+    let slot = match key {
+        Some(key) => format!("slot {}", key_slot(key.as_bytes())),
+        None => "a slot".to_string(),
+    };
+    let master = match &seen.master {
+        Some(addr) => format!("{slot}'s master {addr}"),
+        None => format!("{slot}'s master"),
+    };
+    let what = match seen.last {
+        Some(Sign::ClusterDown) => format!(
+            "{slot} is refused: the cluster is down (CLUSTERDOWN) until a failed master is replaced"
+        ),
+        Some(Sign::TryAgain) => format!("{slot} is being migrated (TRYAGAIN)"),
+        Some(Sign::NotReady) => format!("{master} is not ready for writes"),
+        _ => format!("{master} is unreachable"),
+    };
+    let unknown = match (&seen.last, repeat) {
+        (Some(Sign::Lost), Repeat::Unsafe) => UNKNOWN,
+        _ => "",
+    };
+    format!("{context}: {what}: failover in progress (gave up after {elapsed:.1?}){unknown}")
+}
+
+/// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag (the bytes
+/// between the first `{` and the next `}`, when not empty) or of the whole
+/// key, modulo 16,384, as Redis Cluster computes it.
+pub(crate) fn key_slot(key: &[u8]) -> u16 {
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &byte in hashed {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
 }
 
 /// The crate's error on one line.
@@ -486,6 +869,122 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn slots_are_redis_clusters() {
+        // Values from CLUSTER KEYSLOT.
+        assert_eq!(key_slot(b"{a}x"), 15495);
+        assert_eq!(key_slot(b"a"), 15495);
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"123456789"), 12739);
+        // An empty or unclosed tag hashes the whole key; only the first
+        // tag counts.
+        assert_eq!(key_slot(b"{}foo"), 9500);
+        assert_eq!(key_slot(b"{foo"), 13308);
+        assert_eq!(key_slot(b"a{b}"), 3300);
+        assert_eq!(key_slot(b"x{}{y}"), 14166);
+        assert_eq!(key_slot(b"coord:kv:{b}"), key_slot(b"coord:kvn:{b}"));
+        assert_eq!(key_slot(b""), 0);
+    }
+
+    #[test]
+    fn failover_answers_are_told_from_other_failures() {
+        use redis::ServerErrorKind as S;
+        let moved = RedisError::from(redis::make_extension_error("x".into(), None));
+        assert_eq!(Sign::of(&moved), None);
+        let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(Sign::of(&refused), Some(Sign::Unreachable));
+        let reset = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(Sign::of(&reset), Some(Sign::Lost));
+        for (kind, sign) in [
+            (S::ClusterDown, Sign::ClusterDown),
+            (S::TryAgain, Sign::TryAgain),
+            (S::MasterDown, Sign::NotReady),
+            (S::ReadOnly, Sign::NotReady),
+            (S::BusyLoading, Sign::NotReady),
+        ] {
+            assert_eq!(Sign::of(&server(kind)), Some(sign), "{kind:?}");
+        }
+        for kind in [S::ResponseError, S::NoScript, S::CrossSlot, S::NoPerm] {
+            assert_eq!(Sign::of(&server(kind)), None, "{kind:?}");
+        }
+        // Not run: retried for every request; may have run: only for those
+        // that can be repeated.
+        assert!(Sign::ClusterDown.retry(Repeat::Unsafe));
+        assert!(Sign::Unreachable.retry(Repeat::Unsafe));
+        assert!(Sign::Lost.retry(Repeat::Safe));
+        assert!(!Sign::Lost.retry(Repeat::Unsafe));
+    }
+
+    #[test]
+    fn giving_up_says_which_slot_and_master_and_why() {
+        let mut seen = Seen::default();
+        seen.note(Sign::Redirected {
+            addr: "127.0.0.1:39195".into(),
+        });
+        seen.note(Sign::Unreachable);
+        let after = Duration::from_millis(5000);
+        assert_eq!(
+            gave_up("set \"k\" in bucket \"b\"", Some("coord:kv:{b}"), &seen, after, Repeat::Safe),
+            format!(
+                "set \"k\" in bucket \"b\": slot {}'s master 127.0.0.1:39195 is unreachable: \
+                 failover in progress (gave up after 5.0s)",
+                key_slot(b"b")
+            )
+        );
+        let down = Seen {
+            master: None,
+            last: Some(Sign::ClusterDown),
+        };
+        assert_eq!(
+            gave_up("ping", None, &down, after, Repeat::Safe),
+            "ping: a slot is refused: the cluster is down (CLUSTERDOWN) until a failed master is \
+             replaced: failover in progress (gave up after 5.0s)"
+        );
+        let lost = Seen {
+            master: None,
+            last: Some(Sign::Lost),
+        };
+        let text = gave_up("append", Some("s"), &lost, after, Repeat::Unsafe);
+        assert!(
+            text.ends_with("(gave up after 5.0s) (the append may or may not have been applied)"),
+            "{text}"
+        );
+        let migrating = Seen {
+            master: None,
+            last: Some(Sign::TryAgain),
+        };
+        assert!(gave_up("x", Some("s"), &migrating, after, Repeat::Safe).contains("(TRYAGAIN)"));
+    }
+
+    #[test]
+    fn an_unconfirmed_write_is_its_own_kind_and_says_it_was_applied() {
+        let confirm = Confirm {
+            replicas: 2,
+            timeout_ms: 1000,
+        };
+        let t = parse("redis://127.0.0.1:6379").unwrap();
+        let e = unreplicated(&redis::Value::BulkString(b"0-17".to_vec()), 1, confirm);
+        assert_eq!(kind_of(&e), EtcdErrorKind::Unreplicated);
+        match t.error("append to stream \"s\"", &e) {
+            Error::Backend {
+                kind: EtcdErrorKind::Unreplicated,
+                message,
+                ..
+            } => assert_eq!(
+                message,
+                "append to stream \"s\": applied on the master as 0-17 but confirmed by 1 of 2 \
+                 replicas within 1000 ms (stored; durability unconfirmed: lost if the master \
+                 fails before a replica has it)"
+            ),
+            other => panic!("{other:?}"),
+        }
+        let e = unreplicated(&redis::Value::Int(4), 0, confirm);
+        assert!(t.error("set", &e).to_string().contains("set: applied on the master but"));
+        // Other extension errors keep the usual mapping.
+        let other = redis::make_extension_error("OTHER".into(), Some("x".into()));
+        assert_eq!(kind_of(&other), EtcdErrorKind::Rejected);
     }
 
     #[test]

@@ -87,7 +87,7 @@ mod pubsub;
 mod stream;
 mod task;
 
-pub use options::RedisOptions;
+pub use options::{RedisOptions, MAX_MIN_REPLICAS};
 
 use crate::coordinator::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, KvWatcher, StreamId,
@@ -96,13 +96,19 @@ use crate::coordinator::{
 use crate::driver::bridge::{self, Bridge, BridgeError};
 use crate::driver::StartError;
 use crate::error::{Error, EtcdErrorKind, Result};
-use client::{Conn, Target};
+use client::{with_failover, Conn, Repeat, Target};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 /// The URL used when none is given.
 pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
+
+/// How long a caller waits beyond the request timeout for the runtime's
+/// answer: each request bounds its own retries by the request timeout, so
+/// this only covers a runtime too busy to answer at once.
+const CALL_SLACK: Duration = Duration::from_secs(1);
 
 /// A [`Coordinator`] on Redis, standalone or Cluster (see the [module
 /// docs](self) for the layout and the guarantees).
@@ -190,14 +196,16 @@ impl RedisCoordinator {
         }
     }
 
-    /// Runs `op` on the command connection within the request timeout.
+    /// Runs `op` on the command connection; `op` bounds itself by the
+    /// request timeout ([`with_failover`]).
     fn run<T: Send + 'static, F>(&self, op: impl FnOnce(Conn) -> F) -> Result<T>
     where
         F: Future<Output = Result<T>> + Send + 'static,
     {
         self.check_open()?;
         let timeout = self.target.request_timeout;
-        match self.bridge.call(timeout, op(self.conn.clone())) {
+        let wait = timeout.saturating_add(CALL_SLACK);
+        match self.bridge.call(wait, op(self.conn.clone())) {
             Ok(result) => result,
             Err(BridgeError::Timeout) => Err(Error::Timeout(timeout)),
             Err(BridgeError::Gone) => Err(Error::Closed),
@@ -209,15 +217,22 @@ impl Coordinator for RedisCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
         check_name("topic", topic)?;
         check_payload("payload", payload)?;
+        let channel = names::topic_channel(topic);
         let mut publish = redis::cmd(client::publish_command(self.target.cluster));
-        publish.arg(names::topic_channel(topic)).arg(payload);
+        publish.arg(&channel).arg(payload);
         let target = self.target.clone();
-        let topic = topic.to_string();
-        self.run(move |mut conn| async move {
-            conn.query::<redis::Value>(&publish)
+        let context = format!("publish on {topic:?}");
+        self.run(move |conn| async move {
+            // Sent twice it may be delivered twice: retried only when it
+            // was not sent.
+            let attempt = || {
+                let (mut conn, publish) = (conn.clone(), publish.clone());
+                async move { conn.query::<redis::Value>(&publish).await }
+            };
+            let describe = |e: &redis::RedisError| target.error(&context, e);
+            with_failover(&target, &context, Some(&channel), Repeat::Unsafe, attempt, describe)
                 .await
                 .map(|_| ())
-                .map_err(|e| target.error(format!("publish on {topic:?}"), &e))
         })
     }
 
@@ -235,16 +250,24 @@ impl Coordinator for RedisCoordinator {
         check_payload("payload", payload)?;
         let target = self.target.clone();
         let stream = stream.to_string();
-        let payload = payload.to_vec();
+        let payload: Arc<[u8]> = payload.into();
         let max_len = self.stream_max_len;
-        self.run(move |mut conn| async move {
-            match stream::append(&mut conn, &stream, &payload, max_len).await {
-                Ok(Ok(seq)) => Ok(StreamId(seq)),
-                Ok(Err(id)) => Err(target.failure(
+        self.run(move |conn| async move {
+            let attempt = || {
+                let (mut conn, stream, payload) = (conn.clone(), stream.clone(), payload.clone());
+                async move { stream::append(&mut conn, &stream, &payload, max_len).await }
+            };
+            let context = format!("append to stream {stream:?}");
+            let key = names::stream_key(&stream);
+            let describe = |e: &redis::RedisError| stream::append_error(&target, &stream, e);
+            match with_failover(&target, &context, Some(&key), Repeat::Unsafe, attempt, describe)
+                .await?
+            {
+                Ok(seq) => Ok(StreamId(seq)),
+                Err(id) => Err(target.failure(
                     EtcdErrorKind::Unexpected,
                     format!("append to stream {stream:?}: Redis assigned id {id:?}, not 0-N"),
                 )),
-                Err(e) => Err(stream::append_error(&target, &stream, &e)),
             }
         })
     }
@@ -268,16 +291,20 @@ impl Coordinator for RedisCoordinator {
     fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
         check_name("bucket", bucket)?;
         check_key(key)?;
+        let hash = names::kv_hash(bucket);
         let mut get = redis::cmd("HGET");
-        get.arg(names::kv_hash(bucket)).arg(key);
+        get.arg(&hash).arg(key);
         let target = self.target.clone();
         let what = format!("get {key:?} in bucket {bucket:?}");
-        self.run(move |mut conn| async move {
-            match conn.query::<Option<Vec<u8>>>(&get).await {
-                Ok(Some(value)) => Ok(value),
-                Ok(None) => Err(Error::NotFound),
-                Err(e) => Err(target.error(what, &e)),
-            }
+        self.run(move |conn| async move {
+            let attempt = || {
+                let (mut conn, get) = (conn.clone(), get.clone());
+                async move { conn.query::<Option<Vec<u8>>>(&get).await }
+            };
+            let describe = |e: &redis::RedisError| target.error(&what, e);
+            with_failover(&target, &what, Some(&hash), Repeat::Safe, attempt, describe)
+                .await?
+                .ok_or(Error::NotFound)
         })
     }
 
@@ -300,10 +327,13 @@ impl Coordinator for RedisCoordinator {
 
     fn ping(&self) -> Result<()> {
         let target = self.target.clone();
-        self.run(move |mut conn| async move {
-            conn.query::<()>(&redis::cmd("PING"))
-                .await
-                .map_err(|e| target.error("ping", &e))
+        self.run(move |conn| async move {
+            let attempt = || {
+                let mut conn = conn.clone();
+                async move { conn.query::<()>(&redis::cmd("PING")).await }
+            };
+            let describe = |e: &redis::RedisError| target.error("ping", e);
+            with_failover(&target, "ping", None, Repeat::Safe, attempt, describe).await
         })
     }
 
@@ -325,15 +355,23 @@ impl RedisCoordinator {
     fn kv_write(&self, bucket: &str, key: &str, value: Option<Vec<u8>>) -> Result<()> {
         let target = self.target.clone();
         let cluster = self.target.cluster;
-        let (bucket, key) = (bucket.to_string(), key.to_string());
-        self.run(move |mut conn| async move {
-            kv::write(&mut conn, cluster, &bucket, &key, value.as_deref())
+        let op = if value.is_some() { "set" } else { "delete" };
+        let context = format!("{op} {key:?} in bucket {bucket:?}");
+        let hash = names::kv_hash(bucket);
+        let (bucket, key): (Arc<str>, Arc<str>) = (bucket.into(), key.into());
+        let value: Option<Arc<[u8]>> = value.map(Into::into);
+        self.run(move |conn| async move {
+            // Set again, a value is the same; deleted again, a key stays
+            // gone: a write whose answer was lost is safe to repeat.
+            let attempt = || {
+                let (mut conn, bucket, key, value) =
+                    (conn.clone(), bucket.clone(), key.clone(), value.clone());
+                async move { kv::write(&mut conn, cluster, &bucket, &key, value.as_deref()).await }
+            };
+            let describe = |e: &redis::RedisError| target.error(&context, e);
+            with_failover(&target, &context, Some(&hash), Repeat::Safe, attempt, describe)
                 .await
                 .map(|_| ())
-                .map_err(|e| {
-                    let op = if value.is_some() { "set" } else { "delete" };
-                    target.error(format!("{op} {key:?} in bucket {bucket:?}"), &e)
-                })
         })
     }
 }

@@ -50,9 +50,23 @@ pub struct RedisOptions {
     /// Default 5 s.
     pub connect_timeout: Duration,
     /// Deadline of each request (set, get, publish, append, a watch's
-    /// snapshot). 1 ms to 24 h. Default 5 s.
+    /// snapshot), retries through a cluster failover included. 1 ms to
+    /// 24 h. Default 5 s.
     pub request_timeout: Duration,
+    /// Replicas that must confirm every KV write and stream append
+    /// (`WAIT n timeout` right after it, on the same connection): 1 to
+    /// [`MAX_MIN_REPLICAS`]. `None` (the default): writes are answered
+    /// once the master applied them, and replication is asynchronous (see
+    /// the [module docs](super#replication)).
+    pub min_replicas: Option<usize>,
+    /// How long a write waits for [`RedisOptions::min_replicas`]
+    /// confirmations: 1 ms up to, not including, the request timeout (both
+    /// share the request's deadline). Default 1 s.
+    pub min_replicas_timeout: Duration,
 }
+
+/// The most replicas [`RedisOptions::with_min_replicas`] accepts.
+pub const MAX_MIN_REPLICAS: usize = 100;
 
 impl Default for RedisOptions {
     fn default() -> Self {
@@ -64,6 +78,8 @@ impl Default for RedisOptions {
             feed_capacity: 4096,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
+            min_replicas: None,
+            min_replicas_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -78,6 +94,8 @@ impl std::fmt::Debug for RedisOptions {
             .field("feed_capacity", &self.feed_capacity)
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
+            .field("min_replicas", &self.min_replicas)
+            .field("min_replicas_timeout", &self.min_replicas_timeout)
             .finish()
     }
 }
@@ -134,6 +152,34 @@ impl RedisOptions {
         self
     }
 
+    /// These options confirming every KV set and delete and every stream
+    /// append on `replicas` replicas within `timeout` (Redis `WAIT`).
+    ///
+    /// A write that fewer replicas confirmed in time fails with
+    /// [`Error::Backend`] of kind
+    /// [`Unreplicated`](crate::EtcdErrorKind::Unreplicated): it *was
+    /// applied* on the master (it is stored; an append has its id), only
+    /// its durability is unconfirmed. `publish` is not followed by `WAIT`:
+    /// a message is delivered to the subscribers connected at that moment
+    /// and never stored, so there is nothing for a replica to keep. Each
+    /// `WAIT` holds the handle's connection to that master until the
+    /// replicas answered or `timeout` passed, so commands behind it on the
+    /// same master wait too.
+    ///
+    /// ```
+    /// use fleetcoord::coordinator::redis::RedisOptions;
+    /// use std::time::Duration;
+    ///
+    /// let options = RedisOptions::default().with_min_replicas(1, Duration::from_secs(1));
+    /// assert_eq!(options.min_replicas, Some(1));
+    /// ```
+    #[must_use]
+    pub const fn with_min_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.min_replicas = Some(replicas);
+        self.min_replicas_timeout = timeout;
+        self
+    }
+
     /// Every value in range, or the first one that is not.
     pub(crate) fn check(&self) -> Result<()> {
         if self.stream_max_len == Some(0) {
@@ -142,6 +188,25 @@ impl RedisOptions {
         validate::capacity("feed_capacity", self.feed_capacity)?;
         validate::timeout("connect_timeout", self.connect_timeout)?;
         validate::timeout("request_timeout", self.request_timeout)?;
+        if let Some(n) = self.min_replicas {
+            if !(1..=MAX_MIN_REPLICAS).contains(&n) {
+                return Err(Error::invalid(
+                    "min_replicas",
+                    format!("{n} is outside 1..={MAX_MIN_REPLICAS}"),
+                ));
+            }
+            validate::timeout("min_replicas_timeout", self.min_replicas_timeout)?;
+            if self.min_replicas_timeout >= self.request_timeout {
+                return Err(Error::invalid(
+                    "min_replicas_timeout",
+                    format!(
+                        "{:?} is not shorter than request_timeout ({:?}): the write and its \
+                         confirmation share the request's deadline",
+                        self.min_replicas_timeout, self.request_timeout
+                    ),
+                ));
+            }
+        }
         for (what, value) in [("username", &self.username), ("password", &self.password)] {
             if let Some(v) = value {
                 if v.is_empty() || v.chars().any(char::is_control) {
@@ -185,6 +250,23 @@ mod tests {
                 "request_timeout",
             ),
             (RedisOptions::default().with_password(""), "password"),
+            (
+                RedisOptions::default().with_min_replicas(0, Duration::from_secs(1)),
+                "min_replicas",
+            ),
+            (
+                RedisOptions::default()
+                    .with_min_replicas(MAX_MIN_REPLICAS + 1, Duration::from_secs(1)),
+                "min_replicas",
+            ),
+            (
+                RedisOptions::default().with_min_replicas(1, Duration::ZERO),
+                "min_replicas_timeout",
+            ),
+            (
+                RedisOptions::default().with_min_replicas(1, Duration::from_secs(5)),
+                "min_replicas_timeout",
+            ),
             (RedisOptions::default().with_username("a\nb"), "username"),
         ];
         for (options, field) in bad {
@@ -193,6 +275,18 @@ mod tests {
                 other => panic!("{field}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn min_replicas_in_range_pass() {
+        let options = RedisOptions::default()
+            .with_request_timeout(Duration::from_secs(2))
+            .with_min_replicas(MAX_MIN_REPLICAS, Duration::from_millis(1999));
+        assert!(options.check().is_ok());
+        // The timeout is only checked when confirmations are asked for.
+        let mut unused = RedisOptions::default();
+        unused.min_replicas_timeout = Duration::ZERO;
+        assert!(unused.check().is_ok());
     }
 
     #[test]
