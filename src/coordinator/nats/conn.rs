@@ -19,9 +19,13 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 /// First pause between attempts; doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(25);
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
-/// "No stream" answers in a row before a publish tries to create its
-/// stream again (about 7 s of backoff).
-const RECREATE_AFTER: u32 = 16;
+/// "No stream" answers (no responder on the stream's subject) between two
+/// looks at the stream's health (about 3 s of backoff).
+const LOOK_EVERY: u32 = 8;
+/// Longest one look at a stream's health may take: a JetStream without
+/// quorum does not answer at all for its first ~10 s (measured on
+/// nats-server 2.9, 2 of 3 nodes killed), then answers 10008.
+const LOOK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The settings the driver side needs, in plain data.
 #[derive(Clone, Debug)]
@@ -124,7 +128,15 @@ impl Conn {
     /// (BACKEND-NOTES, "Restart"), so every retry carries the same
     /// `Nats-Msg-Id`: the stream's duplicate window (2 min) answers a retry
     /// of a stored message with the original sequence instead of storing
-    /// it twice. `stream` is (re)created if the publish finds no stream.
+    /// it twice.
+    ///
+    /// When nobody answers on the subject (no responders), the stream's
+    /// health says why ([`Conn::health`]): a leader election (retrying is
+    /// enough: measured 4-9 s of these after a leader's node was killed),
+    /// no quorum (retried until the deadline, and said when giving up; the
+    /// stream is never created then, since it exists), or a stream deleted
+    /// behind this handle's back, which only the meta leader can say and
+    /// which is created again.
     pub(super) async fn publish_once(
         &self,
         what: &str,
@@ -134,9 +146,14 @@ impl Conn {
         payload: bytes::Bytes,
     ) -> Result<u64> {
         let id = uuid::Uuid::new_v4().simple().to_string();
+        let started = Instant::now();
         let deadline = self.deadline();
         let mut delay = FIRST_BACKOFF;
         let mut not_found: u32 = 0;
+        // The last look at the stream, while publishes find no responder.
+        let mut health: Option<Health> = None;
+        // Whether an attempt went unanswered: it may have been stored.
+        let mut unanswered = false;
         loop {
             let mut message = jetstream::message::PublishMessage::build()
                 .payload(payload.clone())
@@ -148,7 +165,8 @@ impl Conn {
                 let ack = self.js.send_publish(subject.clone(), message).await?;
                 ack.await
             };
-            let last_error = match tokio::time::timeout(ATTEMPT_TIMEOUT, attempt).await {
+            let bound = ATTEMPT_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
+            let last_error = match tokio::time::timeout(bound, attempt).await {
                 Ok(Ok(ack)) => return Ok(ack.sequence),
                 Ok(Err(e)) => {
                     use jetstream::context::PublishErrorKind as K;
@@ -159,57 +177,149 @@ impl Conn {
                         K::WrongLastMessageId | K::WrongLastSequence => {
                             return Err(refused(what, e));
                         }
-                        // No responders: a cluster between stream leaders
-                        // (retrying is enough: measured 4-9 s of these after
-                        // a leader's node was killed), or the stream is gone
-                        // (deleted behind this handle's back): after many in
-                        // a row, one attempt to create it again. Creating
-                        // during an election only waits out its timeout.
                         K::StreamNotFound => {
                             not_found = not_found.saturating_add(1);
                             match stream {
-                                Some(spec) if not_found.is_multiple_of(RECREATE_AFTER) => {
-                                    self.forget(&spec.name);
-                                    match self.create_stream_once(spec).await {
-                                        Ok(_) => e.to_string(),
-                                        Err(Attempt::Refused(e)) => return Err(e),
-                                        Err(Attempt::Failed(why)) => why,
-                                    }
+                                Some(spec)
+                                    if health.is_none() || not_found.is_multiple_of(LOOK_EVERY) =>
+                                {
+                                    let look = self.health(&spec.name, deadline).await;
+                                    let created = if look == Health::Missing {
+                                        self.forget(&spec.name);
+                                        match self.create_stream_once(spec).await {
+                                            Ok(_) => None,
+                                            Err(Attempt::Refused(e)) => return Err(e),
+                                            Err(Attempt::Failed(why)) => Some(why),
+                                        }
+                                    } else {
+                                        None
+                                    };
+                                    health = Some(look);
+                                    created.unwrap_or_else(|| e.to_string())
                                 }
                                 _ => e.to_string(),
                             }
                         }
-                        _ => e.to_string(),
+                        _ => {
+                            unanswered |= e.kind() == K::TimedOut;
+                            health = None;
+                            e.to_string()
+                        }
                     }
                 }
-                Err(_) => format!("no ack within {ATTEMPT_TIMEOUT:?}"),
+                Err(_) => {
+                    unanswered = true;
+                    health = None;
+                    format!("no ack within {bound:?}")
+                }
             };
             if !backoff(&mut delay, deadline).await {
-                return Err(failed(
-                    what,
-                    format!(
-                        "not acknowledged within {:?} ({last_error}); it may have been stored",
+                let stored = if unanswered {
+                    "it may have been stored"
+                } else {
+                    "it was not stored"
+                };
+                let why = match (&health, stream) {
+                    (Some(Health::Leaderless(_) | Health::MetaUnavailable(_)), Some(spec)) => {
+                        format!(
+                            "{} (gave up after {:.1?}); {stored}",
+                            self.no_quorum(spec, health.as_ref()),
+                            started.elapsed()
+                        )
+                    }
+                    _ => format!(
+                        "not acknowledged within {:?} ({last_error}); {stored}",
                         self.settings.request_timeout
                     ),
-                ));
+                };
+                return Err(failed(what, why));
             }
         }
+    }
+
+    /// What the JetStream API says about stream `name`, asked within
+    /// [`LOOK_TIMEOUT`] (and `deadline`).
+    pub(super) async fn health(&self, name: &str, deadline: Instant) -> Health {
+        use jetstream::context::GetStreamErrorKind as K;
+        let bound = LOOK_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
+        match tokio::time::timeout(bound, self.js.get_stream(name)).await {
+            Err(_) => Health::MetaUnavailable(format!(
+                "the JetStream API did not answer within {bound:.1?}"
+            )),
+            Ok(Ok(found)) => match &found.cached_info().cluster {
+                // A replicated stream's info lists its leader, and every
+                // peer as a replica while it has none.
+                Some(cluster)
+                    if cluster.leader.as_deref().is_none_or(str::is_empty)
+                        && !cluster.replicas.is_empty() =>
+                {
+                    Health::Leaderless(cluster.replicas.len())
+                }
+                _ => Health::Led,
+            },
+            Ok(Err(e)) => match e.kind() {
+                K::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND => {
+                    Health::Missing
+                }
+                K::JetStream(js) if js.error_code() == ErrorCode::CLUSTER_NOT_AVAILABLE => {
+                    Health::MetaUnavailable(js.to_string())
+                }
+                // No responders, or no answer in the context's timeout.
+                K::Request => Health::MetaUnavailable(super::one_line(&e)),
+                _ => Health::Unknown(super::one_line(&e)),
+            },
+        }
+    }
+
+    /// The one line for a stream JetStream cannot write to for lack of
+    /// quorum, as `health` saw it.
+    fn no_quorum(&self, spec: &StreamSpec, health: Option<&Health>) -> String {
+        let clustered = self.client.server_info().cluster.is_some();
+        no_quorum(&spec.shown, health, clustered)
     }
 
     fn forget(&self, stream: &str) {
         self.known.lock().remove(stream);
     }
 
-    /// Creates the JetStream stream of `spec` unless this handle already
-    /// knows it exists. Creating is idempotent for an identical config; a
-    /// stream that exists with another config (made by a process with
-    /// other options) is used as it is. Retries until the request timeout:
-    /// a cluster may be electing a leader.
+    /// Makes sure the JetStream stream of `spec` exists, unless this handle
+    /// already knows it does. It looks first and creates only a stream the
+    /// meta leader says is missing: a JetStream without quorum refuses
+    /// every create, and a stream that exists is then only waiting for its
+    /// quorum (waited for until the request timeout, and said). Creating is
+    /// idempotent for an identical config; a stream that exists with
+    /// another config (made by a process with other options) is used as it
+    /// is.
     pub(super) async fn ensure_stream(&self, spec: &StreamSpec) -> Result<()> {
         if self.known.lock().contains_key(&spec.name) {
             return Ok(());
         }
-        self.create_stream(spec).await.map(|_| ())
+        let started = Instant::now();
+        let deadline = self.deadline();
+        let mut delay = FIRST_BACKOFF;
+        loop {
+            match self.health(&spec.name, deadline).await {
+                Health::Led | Health::Leaderless(_) => {
+                    self.known.lock().insert(spec.name.clone(), ());
+                    return Ok(());
+                }
+                Health::Missing | Health::Unknown(_) => {
+                    return self.create_stream(spec).await.map(|_| ());
+                }
+                look @ Health::MetaUnavailable(_) => {
+                    if !backoff(&mut delay, deadline).await {
+                        return Err(failed(
+                            format!("looking up stream {}", spec.name),
+                            format!(
+                                "{} (gave up after {:.1?})",
+                                self.no_quorum(spec, Some(&look)),
+                                started.elapsed()
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
     }
 
     /// Creates (or finds) the stream of `spec` and returns its state,
@@ -274,6 +384,11 @@ impl Conn {
                     js,
                 )))
             }
+            K::JetStream(js) if js.error_code() == ErrorCode::CLUSTER_NOT_AVAILABLE => Err(
+                Attempt::Failed(
+                    self.no_quorum(spec, Some(&Health::MetaUnavailable(js.to_string()))),
+                ),
+            ),
             _ => Err(Attempt::Failed(e.to_string())),
         }
     }
@@ -314,6 +429,21 @@ impl Conn {
     }
 }
 
+/// What [`Conn::no_quorum`] says about `shown` (`stream "jobs"`).
+fn no_quorum(shown: &str, health: Option<&Health>, clustered: bool) -> String {
+    let why = match health {
+        Some(Health::Leaderless(replicas)) => format!("no leader among its {replicas} replicas"),
+        Some(Health::MetaUnavailable(why)) => format!("meta leader unavailable: {why}"),
+        _ => "meta leader unavailable".to_string(),
+    };
+    // A single server has no quorum to lose: it is down or frozen.
+    if clustered {
+        format!("JetStream has no quorum for {shown} ({why})")
+    } else {
+        format!("JetStream is unavailable for {shown} ({why})")
+    }
+}
+
 /// [`Conn::check_fits`] against a server's `max_payload` of `max` bytes.
 fn fits(what: &'static str, len: usize, headers: usize, max: usize) -> Result<()> {
     if len.saturating_add(headers) > max {
@@ -329,6 +459,23 @@ fn fits(what: &'static str, len: usize, headers: usize, max: usize) -> Result<()
     Ok(())
 }
 
+/// What the JetStream API says about a stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Health {
+    /// It exists and has a leader (or is not replicated).
+    Led,
+    /// It exists, and its replicas (this many) elect no leader: no quorum
+    /// among them.
+    Leaderless(usize),
+    /// The meta leader said it does not exist.
+    Missing,
+    /// The JetStream API did not answer, or answered 10008 ("JetStream
+    /// system temporarily unavailable"): no meta leader, so no quorum.
+    MetaUnavailable(String),
+    /// Another failure; retrying may help.
+    Unknown(String),
+}
+
 /// Why one attempt failed.
 enum Attempt {
     /// Retrying may help.
@@ -341,6 +488,8 @@ enum Attempt {
 #[derive(Clone, Debug)]
 pub(super) struct StreamSpec {
     pub name: String,
+    /// What it is to the user, for messages: `stream "jobs"`, `bucket "b"`.
+    pub shown: String,
     pub config: stream::Config,
 }
 
@@ -382,14 +531,19 @@ impl StreamSpec {
             config.duplicate_window = config.duplicate_window.min(age);
         }
         config.discard = stream::DiscardPolicy::Old;
-        StreamSpec { name, config }
+        StreamSpec {
+            name,
+            shown: format!("stream {stream:?}"),
+            config,
+        }
     }
 
     /// The stream of a KV bucket, exactly as JetStream KV lays it out
     /// (BACKEND-NOTES, "Versions": async-nats 0.51 cannot create buckets on
     /// nats-server 2.9 itself), history 1.
-    pub(super) fn for_bucket(settings: &Settings, bucket_name: &str) -> StreamSpec {
-        let name = names::bucket_stream(bucket_name);
+    pub(super) fn for_bucket(settings: &Settings, bucket: &str) -> StreamSpec {
+        let bucket_name = names::bucket_name(bucket);
+        let name = names::bucket_stream(&bucket_name);
         let mut config = base(
             name.clone(),
             format!("$KV.{bucket_name}.>"),
@@ -401,13 +555,49 @@ impl StreamSpec {
         config.deny_purge = false;
         config.allow_direct = true;
         config.discard = stream::DiscardPolicy::New;
-        StreamSpec { name, config }
+        StreamSpec {
+            name,
+            shown: format!("bucket {bucket:?}"),
+            config,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lack_of_quorum_is_said_in_one_line() {
+        assert_eq!(
+            no_quorum(r#"stream "jobs""#, Some(&Health::Leaderless(3)), true),
+            r#"JetStream has no quorum for stream "jobs" (no leader among its 3 replicas)"#
+        );
+        let meta = Health::MetaUnavailable("JetStream system temporarily unavailable".into());
+        assert_eq!(
+            no_quorum(r#"bucket "cfg""#, Some(&meta), true),
+            r#"JetStream has no quorum for bucket "cfg" (meta leader unavailable: JetStream system temporarily unavailable)"#
+        );
+        assert_eq!(
+            no_quorum(r#"stream "s""#, None, false),
+            r#"JetStream is unavailable for stream "s" (meta leader unavailable)"#
+        );
+        let settings = Settings {
+            kv_replicas: 1,
+            stream_replicas: 1,
+            stream_max_len: None,
+            stream_max_age: None,
+            request_timeout: Duration::from_secs(1),
+        };
+        assert_eq!(
+            StreamSpec::for_stream(&settings, "jobs").shown,
+            r#"stream "jobs""#
+        );
+        assert_eq!(
+            StreamSpec::for_bucket(&settings, "a b").shown,
+            r#"bucket "a b""#
+        );
+    }
 
     #[test]
     fn payload_and_headers_must_fit_the_servers_max_payload() {

@@ -21,7 +21,7 @@ const KV_PURGE: &str = "PURGE";
 /// Sets `key` in `bucket`, creating the bucket on first use.
 pub(super) async fn set(conn: Conn, bucket: String, key: String, value: Vec<u8>) -> Result<()> {
     let bucket_name = names::bucket_name(&bucket);
-    let spec = StreamSpec::for_bucket(&conn.settings, &bucket_name);
+    let spec = StreamSpec::for_bucket(&conn.settings, &bucket);
     conn.ensure_stream(&spec).await?;
     conn.publish_once(
         &format!("setting {key:?} in bucket {bucket:?}"),
@@ -54,7 +54,7 @@ pub(super) async fn delete(conn: Conn, bucket: String, key: String) -> Result<()
     if conn.store(&bucket_name).await?.is_none() {
         return Ok(());
     }
-    let spec = StreamSpec::for_bucket(&conn.settings, &bucket_name);
+    let spec = StreamSpec::for_bucket(&conn.settings, &bucket);
     conn.publish_once(
         &format!("deleting {key:?} in bucket {bucket:?}"),
         Some(&spec),
@@ -80,7 +80,7 @@ pub(super) struct Opened {
 /// is, which is how an empty bucket gets its `Synced` (BACKEND-NOTES, "KV").
 pub(super) async fn open_watch(conn: Conn, bucket: String) -> Result<Opened> {
     let bucket_name = names::bucket_name(&bucket);
-    let spec = StreamSpec::for_bucket(&conn.settings, &bucket_name);
+    let spec = StreamSpec::for_bucket(&conn.settings, &bucket);
     conn.ensure_stream(&spec).await?;
     let filter = format!("$KV.{bucket_name}.>");
     let (messages, pending) =

@@ -314,7 +314,12 @@ impl NatsOptions {
 /// * **streams**: entry IDs are the JetStream stream's sequence numbers
 ///   (1, 2, 3, ... without gaps, also under concurrent appenders). An append
 ///   is retried across reconnects and cluster leader changes until the
-///   request timeout, with one message ID, so it is stored at most once. A
+///   request timeout, with one message ID, so it is stored at most once.
+///   Without JetStream quorum (most of a cluster's nodes gone) appends and
+///   KV writes fail at the request timeout with a retryable
+///   [`Error::Backend`] saying `JetStream has no quorum for stream "…"`
+///   (nothing is created meanwhile, nothing was stored unless it says it
+///   may have been), and work again once a quorum is back. A
 ///   reader delivers each entry exactly once, in order, across reconnects
 ///   and server restarts; with `stream_max_len`/`stream_max_age`, entries
 ///   trimmed before a reader got to them are skipped.
