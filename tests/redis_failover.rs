@@ -219,7 +219,10 @@ fn a_killed_master_fails_over_and_only_its_slots_wait() {
         );
         // When the message names the master it waited for, it is the dead one.
         if text.contains("'s master 127.") {
-            assert!(text.contains(&format!("'s master {victim_addr} ")), "{text}");
+            assert!(
+                text.contains(&format!("'s master {victim_addr} ")),
+                "{text}"
+            );
         }
         assert!(!text.contains('\n'), "one line: {text}");
         gave_up += 1;
@@ -317,7 +320,12 @@ fn min_replicas_confirms_writes_and_says_when_a_replica_does_not() {
             .read_stream(&name, StreamPosition::Start)
             .expect("read");
         let got: Vec<Vec<u8>> = (0..2)
-            .map(|_| reader.recv_timeout(Duration::from_secs(5)).expect("entry").payload)
+            .map(|_| {
+                reader
+                    .recv_timeout(Duration::from_secs(5))
+                    .expect("entry")
+                    .payload
+            })
             .collect();
         assert_eq!(got, [b"e1".to_vec(), b"e2".to_vec()]);
         // Publish is not followed by WAIT: it is never stored.

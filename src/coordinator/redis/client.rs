@@ -337,7 +337,11 @@ impl Conn {
                 )));
             };
             let reply = match reply.extract_error() {
-                Err(e) if !loaded && e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                Err(e)
+                    if !loaded
+                        && e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
                     // Nothing ran: load the script and send both again.
                     match &mut self.link {
                         Link::Managed(c) => script.load_async(c).await?,
@@ -926,7 +930,13 @@ mod tests {
         seen.note(Sign::Unreachable);
         let after = Duration::from_millis(5000);
         assert_eq!(
-            gave_up("set \"k\" in bucket \"b\"", Some("coord:kv:{b}"), &seen, after, Repeat::Safe),
+            gave_up(
+                "set \"k\" in bucket \"b\"",
+                Some("coord:kv:{b}"),
+                &seen,
+                after,
+                Repeat::Safe
+            ),
             format!(
                 "set \"k\" in bucket \"b\": slot {}'s master 127.0.0.1:39195 is unreachable: \
                  failover in progress (gave up after 5.0s)",
@@ -981,7 +991,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let e = unreplicated(&redis::Value::Int(4), 0, confirm);
-        assert!(t.error("set", &e).to_string().contains("set: applied on the master but"));
+        assert!(t
+            .error("set", &e)
+            .to_string()
+            .contains("set: applied on the master but"));
         // Other extension errors keep the usual mapping.
         let other = redis::make_extension_error("OTHER".into(), Some("x".into()));
         assert_eq!(kind_of(&other), EtcdErrorKind::Rejected);
