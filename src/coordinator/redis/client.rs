@@ -470,9 +470,10 @@ pub(crate) enum Repeat {
     /// Reads, and KV writes (the same value set again, a delete of what is
     /// gone): retried after any transient failure.
     Safe,
-    /// An append: it would be stored twice, so it is retried only after an
-    /// answer proving it did not run.
-    Unsafe,
+    /// An append (stored twice) or a publish (delivered twice): retried
+    /// only after an answer proving it did not run. It carries what to say
+    /// when a lost connection leaves its outcome unknown.
+    Unsafe(&'static str),
 }
 
 /// What a cluster answers while a master fails over, as far as a retry is
@@ -544,7 +545,7 @@ impl Seen {
 }
 
 /// Pauses between attempts through a failover: a slot whose master died is
-/// refused for 1 to 3 s after a kill (measured on a cluster with a 1 s
+/// refused for 1.5 to 3.5 s after a kill (measured on a cluster with a 1 s
 /// `cluster-node-timeout`), so short steps; jittered, so that the callers
 /// refused together do not all retry together.
 fn failover_backoff() -> fleetcoord_sm::backoff::Backoff {
@@ -596,8 +597,8 @@ where
         };
         let sign = match Sign::of(&e) {
             Some(sign) if target.cluster => sign,
-            Some(Sign::Lost) if repeat == Repeat::Unsafe => {
-                return Err(outcome_unknown(describe(&e)));
+            Some(Sign::Lost) if matches!(repeat, Repeat::Unsafe(_)) => {
+                return Err(outcome_unknown(describe(&e), repeat));
             }
             _ => return Err(describe(&e)),
         };
@@ -607,7 +608,7 @@ where
         if !retry {
             // An append whose connection broke: it may be stored.
             if first {
-                return Err(outcome_unknown(describe(&e)));
+                return Err(outcome_unknown(describe(&e), repeat));
             }
             let message = gave_up(context, key, &seen, started.elapsed(), repeat);
             return Err(target.failure(EtcdErrorKind::Unavailable, message));
@@ -622,11 +623,11 @@ where
     }
 }
 
-/// What an append whose outcome is unknown says.
-const UNKNOWN: &str = " (the append may or may not have been applied)";
-
-/// `e` saying that the append it failed may have been applied.
-fn outcome_unknown(e: Error) -> Error {
+/// `e` saying that the request it failed may have had its effect.
+fn outcome_unknown(e: Error, repeat: Repeat) -> Error {
+    let Repeat::Unsafe(unknown) = repeat else {
+        return e;
+    };
     match e {
         Error::Backend {
             backend,
@@ -637,7 +638,7 @@ fn outcome_unknown(e: Error) -> Error {
             backend,
             endpoints,
             kind,
-            message: format!("{message}{UNKNOWN}"),
+            message: format!("{message} ({unknown})"),
         },
         other => other,
     }
@@ -668,8 +669,8 @@ fn gave_up(
         _ => format!("{master} is unreachable"),
     };
     let unknown = match (&seen.last, repeat) {
-        (Some(Sign::Lost), Repeat::Unsafe) => UNKNOWN,
-        _ => "",
+        (Some(Sign::Lost), Repeat::Unsafe(unknown)) => format!(" ({unknown})"),
+        _ => String::new(),
     };
     format!("{context}: {what}: failover in progress (gave up after {elapsed:.1?}){unknown}")
 }
@@ -895,8 +896,8 @@ mod tests {
     #[test]
     fn failover_answers_are_told_from_other_failures() {
         use redis::ServerErrorKind as S;
-        let moved = RedisError::from(redis::make_extension_error("x".into(), None));
-        assert_eq!(Sign::of(&moved), None);
+        let ours = redis::make_extension_error("x".into(), None);
+        assert_eq!(Sign::of(&ours), None);
         let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert_eq!(Sign::of(&refused), Some(Sign::Unreachable));
         let reset = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
@@ -915,10 +916,11 @@ mod tests {
         }
         // Not run: retried for every request; may have run: only for those
         // that can be repeated.
-        assert!(Sign::ClusterDown.retry(Repeat::Unsafe));
-        assert!(Sign::Unreachable.retry(Repeat::Unsafe));
+        let once = Repeat::Unsafe("it may have been applied");
+        assert!(Sign::ClusterDown.retry(once));
+        assert!(Sign::Unreachable.retry(once));
         assert!(Sign::Lost.retry(Repeat::Safe));
-        assert!(!Sign::Lost.retry(Repeat::Unsafe));
+        assert!(!Sign::Lost.retry(once));
     }
 
     #[test]
@@ -956,7 +958,8 @@ mod tests {
             master: None,
             last: Some(Sign::Lost),
         };
-        let text = gave_up("append", Some("s"), &lost, after, Repeat::Unsafe);
+        let once = Repeat::Unsafe("the append may or may not have been applied");
+        let text = gave_up("append", Some("s"), &lost, after, once);
         assert!(
             text.ends_with("(gave up after 5.0s) (the append may or may not have been applied)"),
             "{text}"

@@ -284,8 +284,10 @@ mod tests {
             .with_min_replicas(MAX_MIN_REPLICAS, Duration::from_millis(1999));
         assert!(options.check().is_ok());
         // The timeout is only checked when confirmations are asked for.
-        let mut unused = RedisOptions::default();
-        unused.min_replicas_timeout = Duration::ZERO;
+        let unused = RedisOptions {
+            min_replicas_timeout: Duration::ZERO,
+            ..RedisOptions::default()
+        };
         assert!(unused.check().is_ok());
     }
 
