@@ -278,7 +278,7 @@ fn unreplicated(e: &Error) -> Option<&str> {
 fn min_replicas_confirms_writes_and_says_when_a_replica_does_not() {
     let cluster =
         RedisCluster::start_with_replicas(3, 1).expect("start a redis cluster (make deps-redis)");
-    let confirm = Duration::from_millis(500);
+    let confirm = Duration::from_secs(1);
     let coord = RedisCoordinator::with_options(
         &cluster.urls(),
         RedisOptions::default().with_min_replicas(1, confirm),

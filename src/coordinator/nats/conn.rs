@@ -243,9 +243,7 @@ impl Conn {
         use jetstream::context::GetStreamErrorKind as K;
         let bound = LOOK_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
         match tokio::time::timeout(bound, self.js.get_stream(name)).await {
-            Err(_) => Health::MetaUnavailable(format!(
-                "the JetStream API did not answer within {bound:.1?}"
-            )),
+            Err(_) => Health::MetaUnavailable("the JetStream API did not answer".to_string()),
             Ok(Ok(found)) => match &found.cached_info().cluster {
                 // A replicated stream's info lists its leader, and every
                 // peer as a replica while it has none.
@@ -402,6 +400,14 @@ impl Conn {
                     if js.error_code() == ErrorCode::STREAM_NOT_FOUND =>
                 {
                     Ok(None)
+                }
+                jetstream::context::GetStreamErrorKind::JetStream(js)
+                    if js.error_code() == ErrorCode::CLUSTER_NOT_AVAILABLE =>
+                {
+                    let clustered = self.client.server_info().cluster.is_some();
+                    let health = Health::MetaUnavailable(js.to_string());
+                    let why = no_quorum(&format!("stream {name}"), Some(&health), clustered);
+                    Err(failed(format!("reading stream {name}"), why))
                 }
                 _ => Err(failed(format!("reading stream {name}"), e)),
             },
