@@ -198,6 +198,7 @@ fn elections_stay_live_while_the_raft_leader_is_killed_and_restarted() {
         outages.push(Outage {
             from: killed,
             to: elected,
+            what: "raft leader killed",
         });
         recoveries.push(elected - killed);
         thread::sleep(Duration::from_millis(500));

@@ -51,10 +51,12 @@ pub struct Timed {
 pub struct Outage {
     pub from: Instant,
     pub to: Instant,
+    /// What it was (a fault's name), for the report.
+    pub what: &'static str,
 }
 
 /// A stretch without a leader while some candidate waited.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Gap {
     pub from: Instant,
     pub to: Instant,
@@ -63,17 +65,19 @@ pub struct Gap {
     /// The candidate that led before it, and the first that waited in it.
     pub holder: usize,
     pub waiter: usize,
-    /// How much of it fell inside outages.
+    /// How much of it fell inside outages, and which they were.
     pub in_outage: Duration,
+    pub during: Vec<&'static str>,
 }
 
 impl Gap {
     /// `leaderless for …` with who led before and who waited.
     pub fn describe(&self) -> String {
         format!(
-            "leaderless for {:.2?} ({:.2?} outside outages) after candidate {} {}, while candidate {} waited",
+            "leaderless for {:.2?} ({:.2?} outside outages {:?}) after candidate {} {}, while candidate {} waited",
             self.length(),
             self.excess(),
+            self.during,
             self.holder,
             if self.after_resign { "resigned" } else { "lost" },
             self.waiter
@@ -115,6 +119,11 @@ pub fn gaps(held: &[Held], waited: &[Waited], outages: &[Outage], end: Instant) 
             .iter()
             .map(|o| overlap(from, next, o.from, o.to))
             .sum();
+        let during = outages
+            .iter()
+            .filter(|o| !overlap(from, next, o.from, o.to).is_zero())
+            .map(|o| o.what)
+            .collect();
         gaps.push(Gap {
             from,
             to: next,
@@ -122,6 +131,7 @@ pub fn gaps(held: &[Held], waited: &[Waited], outages: &[Outage], end: Instant) 
             holder: h.candidate,
             waiter,
             in_outage,
+            during,
         });
     }
     gaps
@@ -198,12 +208,14 @@ mod tests {
         let outages = vec![Outage {
             from: ms(t0, 1500),
             to: ms(t0, 2000),
+            what: "kill",
         }];
         let found = gaps(&held, &waited, &outages, ms(t0, 9000));
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].length(), Duration::from_secs(2));
         assert!(found[0].after_resign);
         assert_eq!(found[0].excess(), Duration::from_millis(1500));
+        assert_eq!(found[0].during, vec!["kill"]);
     }
 
     #[test]

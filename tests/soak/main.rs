@@ -397,6 +397,21 @@ enum Fault {
     RestartClient,
 }
 
+impl Fault {
+    fn name(self) -> &'static str {
+        match self {
+            Fault::PartitionLeaderPastTtl => "PartitionLeaderPastTtl",
+            Fault::PartitionCandidate => "PartitionCandidate",
+            Fault::PartitionChurner => "PartitionChurner",
+            Fault::PauseMember => "PauseMember",
+            Fault::KillMember => "KillMember",
+            Fault::KillLeader => "KillLeader",
+            Fault::ResetConnections => "ResetConnections",
+            Fault::RestartClient => "RestartClient",
+        }
+    }
+}
+
 const FAULTS: [Fault; 8] = [
     Fault::PartitionLeaderPastTtl,
     Fault::PartitionCandidate,
@@ -541,6 +556,7 @@ fn soak() {
         shared.timeline.lock().faults.push(Outage {
             from: fault_from,
             to: Instant::now() + after,
+            what: fault.name(),
         });
         match converged(&direct, &shared) {
             Ok(took) => {

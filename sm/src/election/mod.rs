@@ -46,6 +46,10 @@
 //!   running campaign starts over on the session's next lease, as
 //!   `HostLiveness` re-registers. Only a session etcd refused for good
 //!   (`Session(Refused)`) fails the campaign.
+//! * A withdraw (resign, or a campaign given up) not confirmed within one
+//!   TTL gives the session lease up (revoked, a new one granted): the key
+//!   then goes with its lease instead of holding the queue while the
+//!   session's renewals get through and its deletes do not.
 //! * Every request is sent again when unanswered for
 //!   [`ElectionConfig::attempt_timeout`]: a write lost in a raft leader
 //!   change costs one attempt, not the driver's request timeout.
@@ -279,6 +283,8 @@ impl Election {
             config.prefix.clone(),
             config.backoff,
             config.attempt_timeout,
+            // One TTL: by then the key is better off expiring with its lease.
+            Duration::from_secs(u64::try_from(config.ttl_secs.max(1)).unwrap_or(1)),
             now,
             protocol_seed,
             PROTOCOL_FIRST_RPC_ID,
@@ -333,6 +339,20 @@ impl Election {
         self.session
             .lease()
             .map(|lease| requests::candidate_key(&self.prefix, lease))
+    }
+
+    /// Hands the session what the protocol asked of it, if anything:
+    /// notices of the protocol's step first, then the session's loss and
+    /// what follows from it.
+    fn session_request(&mut self, now: Instant) {
+        if let Some(request) = self.protocol.take_session_request() {
+            self.drain();
+            let input = match request {
+                SessionRequest::Gone(lease) => KeepaliveInput::LeaseGone { lease },
+                SessionRequest::Replace(lease) => KeepaliveInput::Replace { lease },
+            };
+            self.session.handle(now, input);
+        }
     }
 
     /// Move everything both parts want done into the one ordered queue,
@@ -395,16 +415,7 @@ impl Machine for Election {
                     self.session.handle(now, KeepaliveInput::Rpc(reply));
                 } else {
                     self.protocol.reply(now, reply);
-                    if let Some(request) = self.protocol.take_session_request() {
-                        // Notices of the protocol's reply first, then the
-                        // session's loss and what follows from it.
-                        self.drain();
-                        let input = match request {
-                            SessionRequest::Gone(lease) => KeepaliveInput::LeaseGone { lease },
-                            SessionRequest::Replace(lease) => KeepaliveInput::Replace { lease },
-                        };
-                        self.session.handle(now, input);
-                    }
+                    self.session_request(now);
                 }
             }
             ElectionInput::Campaign { op, value } => self.protocol.user(
@@ -446,6 +457,7 @@ impl Machine for Election {
         self.session.handle_timeout(now);
         self.drain();
         self.protocol.handle_timeout(now);
+        self.session_request(now);
         self.drain();
     }
 

@@ -34,8 +34,9 @@ pub(crate) enum SessionRequest {
     /// etcd refused a request naming this lease as not found: it is gone,
     /// the session must learn it now rather than at its next renewal.
     Gone(LeaseId),
-    /// A key of this lease could not be deleted: give the lease up, so
-    /// the key does not stay queued for as long as the session lives.
+    /// A key of this lease could not be deleted (etcd refused it, or no
+    /// delete was confirmed within the withdraw limit): give the lease up,
+    /// so the key does not stay queued for as long as the session lives.
     Replace(LeaseId),
 }
 
@@ -75,6 +76,11 @@ enum Timer {
     ProclaimRetry,
     /// As [`Timer::Attempt`], for the proclaim in flight.
     ProclaimAttempt,
+    /// A withdraw (of a resign or a given-up campaign) still unconfirmed
+    /// this long after it began: give the session up, so the key goes with
+    /// its lease instead of holding the queue for as long as the session
+    /// lives (its renewals may get through while the deletes do not).
+    WithdrawLimit,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -196,6 +202,9 @@ pub(crate) struct Protocol {
     /// doubles, up to 16 attempt timeouts, so a server that is merely slow
     /// still gets to answer one.
     attempt_timeout: Duration,
+    /// How long a withdraw may take before the session is given up
+    /// ([`Timer::WithdrawLimit`]).
+    withdraw_limit: Duration,
     /// Copies sent again in a row since the last answer, per timer
     /// ([`Timer::Attempt`], [`Timer::ProclaimAttempt`]).
     resent: u32,
@@ -231,6 +240,7 @@ impl Protocol {
         prefix: Vec<u8>,
         backoff: BackoffConfig,
         attempt_timeout: Duration,
+        withdraw_limit: Duration,
         now: Instant,
         seed: u64,
         first_id: u64,
@@ -238,6 +248,7 @@ impl Protocol {
         Protocol {
             prefix,
             attempt_timeout,
+            withdraw_limit,
             resent: 0,
             proclaim_resent: 0,
             session_request: None,
@@ -423,6 +434,7 @@ impl Protocol {
                 // The key dies with the lease; nothing is left to delete.
                 self.cancel(w.pending);
                 self.timers.stop(Timer::Retry);
+                self.timers.stop(Timer::WithdrawLimit);
                 self.end_attempt(Timer::Attempt);
                 for n in w.then {
                     self.outbox.notify(n);
@@ -472,7 +484,7 @@ impl Protocol {
             });
         }
         self.backoff.reset();
-        self.send_withdraw(Withdraw {
+        self.start_withdraw(Withdraw {
             key: l.key,
             token: Some(l.token),
             pending: None,
@@ -669,12 +681,23 @@ impl Protocol {
         self.end_attempt(Timer::Attempt);
         let token = (c.token != 0).then_some(c.token);
         self.backoff.reset();
-        self.send_withdraw(Withdraw {
+        self.start_withdraw(Withdraw {
             key: c.key,
             token,
             pending: None,
             then,
         })
+    }
+
+    /// Begin withdrawing my key: the first delete, and the limit after which
+    /// the session is given up instead ([`Timer::WithdrawLimit`]).
+    fn start_withdraw(&mut self, w: Withdraw) -> Op {
+        let now = self.clock.now();
+        match now.checked_add(self.withdraw_limit) {
+            Some(at) => self.timers.set(Timer::WithdrawLimit, at),
+            None => self.timers.stop(Timer::WithdrawLimit),
+        }
+        self.send_withdraw(w)
     }
 
     fn send_withdraw(&mut self, mut w: Withdraw) -> Op {
@@ -744,6 +767,13 @@ impl Protocol {
                     self.cancel(c.pending);
                     self.resent = self.resent.saturating_add(1);
                     self.send_step(c)
+                }
+                (Timer::WithdrawLimit, Op::Withdrawing(w)) => {
+                    // The session's loss ends the withdraw (`session_ended`).
+                    if let Some(lease) = self.session.lease() {
+                        self.session_request = Some(SessionRequest::Replace(lease));
+                    }
+                    Op::Withdrawing(w)
                 }
                 (Timer::Attempt, Op::Withdrawing(w)) if w.pending.is_some() => {
                     self.cancel(w.pending);
@@ -996,7 +1026,7 @@ impl Protocol {
                 op: c.op,
                 leader: first,
             }];
-            return self.send_withdraw(Withdraw {
+            return self.start_withdraw(Withdraw {
                 key: c.key,
                 token: Some(c.token),
                 pending: None,
@@ -1090,6 +1120,7 @@ impl Protocol {
             Ok(_) => false,
         };
         if done {
+            self.timers.stop(Timer::WithdrawLimit);
             for n in w.then {
                 self.outbox.notify(n);
             }

@@ -2220,3 +2220,70 @@ fn a_resign_refused_for_good_gives_the_session_up_so_the_key_goes_with_it() {
     );
     assert!(!e.is_leader());
 }
+
+#[test]
+fn a_resign_unconfirmed_for_one_ttl_gives_the_session_up_while_renewals_get_through() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    e.handle(t0, ElectionInput::Resign { token: 5 });
+    let resign = drain(&mut e);
+    let Some(Command::Rpc { id: delete, .. }) = resign.last().cloned() else {
+        panic!("no guarded delete: {resign:?}");
+    };
+    // The deletes never get an answer; the session's renewals do.
+    let limit = t0 + Duration::from_secs(9);
+    let mut seen = Vec::new();
+    while let Some(at) = e.poll_timeout() {
+        if at > limit {
+            break;
+        }
+        e.handle_timeout(at);
+        for c in drain(&mut e) {
+            if let Command::Rpc {
+                id,
+                request: Request::KeepAlive { .. },
+            } = c
+            {
+                seen.extend(ok(&mut e, at, id.0, Response::KeptAlive { ttl_secs: 9 }));
+            } else {
+                seen.push(c);
+            }
+        }
+    }
+    let position = |wanted: &Command<ElectionNotice>| {
+        seen.iter()
+            .position(|c| c == wanted)
+            .unwrap_or_else(|| panic!("no {wanted:?} in {seen:?}"))
+    };
+    let revoke = seen
+        .iter()
+        .position(|c| {
+            matches!(
+                c,
+                Command::Rpc {
+                    request: Request::Revoke { lease: LEASE },
+                    ..
+                }
+            )
+        })
+        .unwrap_or_else(|| panic!("the session was not given up: {seen:?}"));
+    let lost = position(&note(ElectionNotice::Session(LivenessState::Lost {
+        lease: LEASE,
+    })));
+    let resigned = position(&note(ElectionNotice::Resigned { token: 5 }));
+    assert!(revoke < lost && lost < resigned, "{seen:?}");
+    assert!(
+        seen.contains(&Command::Cancel { id: delete }),
+        "the delete in flight is given up: {seen:?}"
+    );
+    assert!(
+        seen.iter().any(|c| matches!(
+            c,
+            Command::Rpc {
+                request: Request::Grant { .. },
+                ..
+            }
+        )),
+        "a new session: {seen:?}"
+    );
+}
