@@ -16,8 +16,10 @@
 //! * each payload is written at most once (no append is ever applied
 //!   twice), and a payload whose append failed with anything but
 //!   `Indeterminate` is never written, now or later;
-//! * no transaction is sent again for a payload whose transaction failed in
-//!   flight; `Contended { attempts }` never exceeds the configured attempts;
+//! * a transaction that failed in flight is only sent again unchanged (same
+//!   guard, same writes) until an answer settles it; an `Indeterminate {
+//!   seq }` payload, if written, is entry `seq`; `Contended { attempts }`
+//!   never exceeds the configured attempts;
 //! * the appender answers appends in the order asked; while every reply was
 //!   truthful, entries are written in turn (`1, 2, 3…`) and an
 //!   `Appended { seq, revision }` names the ledger entry holding that
@@ -249,7 +251,9 @@ struct World {
     appender: Append,
     app_out: Option<(RpcId, Request)>,
     asked: VecDeque<Vec<u8>>,
-    in_doubt: BTreeSet<Vec<u8>>,
+    /// Payloads whose transaction failed in flight, with its guard and
+    /// writes (the failure branch cleared): until settled, only that.
+    in_doubt: BTreeMap<Vec<u8>, Txn>,
     /// Payloads whose append failed cleanly: never to be written.
     never: BTreeSet<Vec<u8>>,
     last_appended: u64,
@@ -267,14 +271,20 @@ struct World {
     next_stray: u64,
 }
 
-fn txn_payload(keys: &StreamKeys, request: &Request) -> Option<Vec<u8>> {
+fn txn_payload(keys: &StreamKeys, request: &Request) -> Option<(Vec<u8>, Txn)> {
     let Request::Txn(txn) = request else {
         return None;
     };
-    txn.success.iter().find_map(|op| match op {
+    let payload = txn.success.iter().find_map(|op| match op {
         TxnOp::Put { key, value, .. } if keys.entry_seq(key).is_some() => Some(value.clone()),
         _ => None,
-    })
+    })?;
+    let writes = Txn {
+        compare: txn.compare.clone(),
+        success: txn.success.clone(),
+        failure: vec![],
+    };
+    Some((payload, writes))
 }
 
 impl World {
@@ -291,11 +301,10 @@ impl World {
                         matches!(request, Request::Range(_) | Request::Txn(_)),
                         "appender sent {request:?}"
                     );
-                    if let Some(p) = txn_payload(&self.store.keys, &request) {
-                        assert!(
-                            !self.in_doubt.contains(&p),
-                            "an in-doubt append was retried"
-                        );
+                    if let Some((p, writes)) = txn_payload(&self.store.keys, &request) {
+                        if let Some(first) = self.in_doubt.get(&p) {
+                            assert_eq!(&writes, first, "an in-doubt append was sent changed");
+                        }
                     }
                     self.next_stray = self.next_stray.max(id.0 + 1);
                     self.app_out = Some((id, request));
@@ -323,7 +332,15 @@ impl World {
                 }
                 self.last_appended = seq;
             }
-            AppendNotice::Failed(StreamError::Indeterminate(_)) => {}
+            AppendNotice::Failed(StreamError::Indeterminate { seq, .. }) => {
+                if !self.store.tainted {
+                    if let Some((at, _)) =
+                        self.store.ledger.iter().find(|(_, w)| w.payload == payload)
+                    {
+                        assert_eq!(*at, seq, "an in-doubt append was stored elsewhere");
+                    }
+                }
+            }
             AppendNotice::Failed(StreamError::Contended { attempts }) => {
                 assert!(attempts >= 1 && attempts <= self.max_attempts);
                 self.never.insert(payload);
@@ -523,14 +540,19 @@ impl World {
             Op::AnswerAppender => {
                 if let Some((id, request)) = self.app_out.take() {
                     let result = self.store.execute(self.now, &request);
+                    if result.is_ok() {
+                        if let Some((p, _)) = txn_payload(&self.store.keys, &request) {
+                            self.in_doubt.remove(&p);
+                        }
+                    }
                     self.feed_appender(reply(id, result));
                 }
             }
             Op::LoseAppenderReply => {
                 if let Some((id, request)) = self.app_out.take() {
                     let _ = self.store.execute(self.now, &request);
-                    if let Some(p) = txn_payload(&self.store.keys, &request) {
-                        self.in_doubt.insert(p);
+                    if let Some((p, writes)) = txn_payload(&self.store.keys, &request) {
+                        self.in_doubt.entry(p).or_insert(writes);
                     }
                     self.feed_appender(reply(id, Err(RpcError::Unavailable("lost".into()))));
                 }
@@ -541,8 +563,8 @@ impl World {
                         RpcError::Rejected("refused".into())
                     } else {
                         // Not executed, but the machine cannot know that.
-                        if let Some(p) = txn_payload(&self.store.keys, &request) {
-                            self.in_doubt.insert(p);
+                        if let Some((p, writes)) = txn_payload(&self.store.keys, &request) {
+                            self.in_doubt.entry(p).or_insert(writes);
                         }
                         RpcError::Unavailable("failed".into())
                     };
@@ -720,8 +742,12 @@ impl World {
                 assert_eq!((asked, last), (self.asked.len(), self.reader.last()));
             }
             Op::GarbageToAppender(result) => {
-                if let Some((id, _)) = self.app_out.take() {
+                if let Some((id, request)) = self.app_out.take() {
                     self.store.tainted = true;
+                    // A made-up answer may settle a doubt either way.
+                    if let Some((p, _)) = txn_payload(&self.store.keys, &request) {
+                        self.in_doubt.remove(&p);
+                    }
                     self.feed_appender(reply(id, result));
                 }
             }
@@ -815,7 +841,7 @@ fuzz_target!(|input: Input| {
         appender: Append::new(append, now, input.seed),
         app_out: None,
         asked: VecDeque::new(),
-        in_doubt: BTreeSet::new(),
+        in_doubt: BTreeMap::new(),
         never: BTreeSet::new(),
         last_appended: 0,
         app_stopped: false,

@@ -1,11 +1,11 @@
 //! The append machine: head-guarded transactions, retried with backoff.
 
-use super::requests;
+use super::requests::{self, Resent};
 use super::{Head, StreamError, StreamKeys};
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::clock::Clock;
 use crate::outbox::Outbox;
-use crate::rpc::{Command, Response, Revision, RpcError, RpcId, RpcReply};
+use crate::rpc::{Command, Response, Revision, RpcError, RpcId, RpcReply, TxnOpResponse};
 use crate::timer::TimerTable;
 use crate::Machine;
 use std::collections::VecDeque;
@@ -23,7 +23,9 @@ pub struct AppendConfig {
     /// Delays between attempts that lost the race for the head.
     pub backoff: BackoffConfig,
     /// Transactions tried per append before it fails with
-    /// [`StreamError::Contended`]; 0 counts as 1.
+    /// [`StreamError::Contended`]; 0 counts as 1. Resends of a transaction
+    /// whose answer was lost are counted apart, against the same bound:
+    /// past it the append fails with [`StreamError::Indeterminate`].
     pub max_attempts: u32,
     /// No retry starts later than this after the append began: a lost race
     /// whose backoff would end beyond it fails the append with
@@ -112,7 +114,7 @@ pub enum AppendNotice {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Timer {
-    /// Backoff after a lost race, before trying again.
+    /// Backoff after a lost race or a lost answer, before trying again.
     Retry,
 }
 
@@ -122,9 +124,9 @@ enum Phase {
     Idle,
     /// The head read of the current append is outstanding.
     ReadingHead(RpcId),
-    /// The transaction that would give the current append `seq` is
-    /// outstanding.
-    Committing { id: RpcId, seq: u64 },
+    /// The transaction guarded on `guard` that would give the current
+    /// append `seq` is outstanding.
+    Committing { id: RpcId, seq: u64, guard: Head },
     /// Waiting for [`Timer::Retry`].
     Waiting,
     /// Stopped for good.
@@ -157,8 +159,25 @@ pub struct Append {
     /// The running attempt is guarded on a head known from before this
     /// append began: its failure is news about the head, not a lost race.
     on_old_head: bool,
+    /// A transaction of the running append whose answer was lost: until it
+    /// is settled, every attempt resends it unchanged.
+    doubt: Option<Doubt>,
+    /// Resends of the transaction in doubt so far.
+    resends: u32,
     phase: Phase,
     clock: Clock,
+}
+
+/// A transaction whose answer was lost, so it may or may not have applied.
+#[derive(Clone, Debug)]
+struct Doubt {
+    /// Its guard: each resend is guarded on it too, so at most one copy
+    /// applies.
+    guard: Head,
+    /// The sequence number it writes.
+    seq: u64,
+    /// The last failure, for the error if it is never settled.
+    error: RpcError,
 }
 
 impl Append {
@@ -178,6 +197,8 @@ impl Append {
             started: now,
             head: config.head,
             on_old_head: false,
+            doubt: None,
+            resends: 0,
             phase: Phase::Idle,
             clock: Clock::new(now),
         }
@@ -194,6 +215,8 @@ impl Append {
             return;
         }
         self.lost = 0;
+        self.resends = 0;
+        self.doubt = None;
         self.started = self.clock.now();
         // Each append has its own schedule: an earlier append's lost races
         // say nothing about the contention now.
@@ -202,8 +225,12 @@ impl Append {
         self.attempt();
     }
 
-    /// Write on the head we know, or read it first if we know none.
+    /// Resend the transaction in doubt; else write on the head we know, or
+    /// read it first if we know none.
     fn attempt(&mut self) {
+        if let Some(guard) = self.doubt.as_ref().map(|d| d.guard) {
+            return self.send(guard, requests::resend);
+        }
         match self.head {
             Some(head) => self.commit(head),
             None => {
@@ -215,11 +242,26 @@ impl Append {
 
     /// Send the transaction guarded on `head`.
     fn commit(&mut self, head: Head) {
+        self.send(head, requests::append);
+    }
+
+    /// Send the transaction `build` makes for the running payload on
+    /// `guard`.
+    fn send(
+        &mut self,
+        guard: Head,
+        build: fn(
+            &StreamKeys,
+            Head,
+            &[u8],
+            Option<NonZeroU64>,
+        ) -> Result<(u64, crate::rpc::Request), StreamError>,
+    ) {
         let payload = self.pending.front().map(Vec::as_slice).unwrap_or_default();
-        match requests::append(&self.keys, head, payload, self.max_len) {
+        match build(&self.keys, guard, payload, self.max_len) {
             Ok((seq, request)) => {
                 let id = self.outbox.rpc(request);
-                self.phase = Phase::Committing { id, seq };
+                self.phase = Phase::Committing { id, seq, guard };
             }
             Err(e) => self.finish(AppendNotice::Failed(e)),
         }
@@ -227,6 +269,7 @@ impl Append {
 
     /// Answer the running append and move on to the next.
     fn finish(&mut self, notice: AppendNotice) {
+        self.doubt = None;
         self.pending.pop_front();
         self.outbox.notify(notice);
         self.phase = Phase::Idle;
@@ -253,7 +296,14 @@ impl Append {
         }
     }
 
-    fn on_commit(&mut self, now: Instant, seq: u64, result: Result<Response, RpcError>) {
+    fn on_commit(
+        &mut self,
+        now: Instant,
+        seq: u64,
+        guard: Head,
+        result: Result<Response, RpcError>,
+    ) {
+        let resent = self.doubt.is_some();
         match result {
             Ok(Response::Txn {
                 succeeded: true,
@@ -261,13 +311,19 @@ impl Append {
                 ..
             }) => {
                 // The transaction wrote the head: its mod revision is the
-                // write's revision.
+                // write's revision. After a lost answer, a guard that holds
+                // proves the lost attempt did not apply.
                 self.head = Some(Head {
                     seq,
                     mod_revision: revision,
                 });
                 self.finish(AppendNotice::Appended { seq, revision })
             }
+            Ok(Response::Txn {
+                succeeded: false,
+                responses,
+                ..
+            }) if resent => self.on_resend_failed(now, seq, responses),
             Ok(Response::Txn {
                 succeeded: false,
                 responses,
@@ -284,34 +340,95 @@ impl Append {
                 }
                 Err(e) => self.finish(AppendNotice::Failed(e)),
             },
+            // A resend refused for good settles nothing: the lost attempt
+            // may still have applied.
+            Err(error) if resent && !error.is_retryable() => {
+                self.finish(AppendNotice::Failed(StreamError::Indeterminate {
+                    seq,
+                    error,
+                }))
+            }
             // etcd refused the transaction: it was not applied.
-            Err(e) if e.is_refusal() => {
+            Err(e) if !resent && e.is_refusal() => {
                 self.head = None;
                 self.finish(AppendNotice::Failed(StreamError::Rpc(e)))
             }
-            // Anything else may have been applied; retrying could write the
-            // payload twice. Whether the head moved is unknown too.
-            Err(e) => {
-                self.head = None;
-                self.finish(AppendNotice::Failed(StreamError::Indeterminate(e)))
-            }
+            // Anything else may have been applied: send the very same
+            // transaction again later, which can apply only if this one did
+            // not, and whose answer settles which.
+            Err(error) => self.lost_answer(now, guard, seq, error),
             Ok(other) => self.finish(AppendNotice::Failed(StreamError::Unexpected(format!(
                 "{other:?} to an append transaction"
             )))),
         }
     }
 
+    /// The transaction guarded on `guard` writing `seq` got no answer:
+    /// resend it after the backoff, or give up if that is too late.
+    fn lost_answer(&mut self, now: Instant, guard: Head, seq: u64, error: RpcError) {
+        self.head = None;
+        self.on_old_head = false;
+        let delay = self.backoff.next_delay();
+        let retry_at = now.checked_add(delay).unwrap_or(now);
+        if self.resends >= self.max_attempts || !self.in_time(retry_at) {
+            return self.finish(AppendNotice::Failed(StreamError::Indeterminate {
+                seq,
+                error,
+            }));
+        }
+        self.resends = self.resends.saturating_add(1);
+        self.doubt = Some(Doubt { guard, seq, error });
+        if delay.is_zero() {
+            return self.attempt();
+        }
+        self.timers.set(Timer::Retry, retry_at);
+        self.phase = Phase::Waiting;
+    }
+
+    /// A resend's guard failed: its answer shows whether the lost attempt
+    /// wrote entry `seq`.
+    fn on_resend_failed(&mut self, now: Instant, seq: u64, responses: Vec<TxnOpResponse>) {
+        let payload = self.pending.front().map(Vec::as_slice).unwrap_or_default();
+        match requests::resend_outcome(&self.keys, seq, payload, responses) {
+            Ok(Resent::Written { revision, head }) => {
+                self.head = head;
+                self.finish(AppendNotice::Appended { seq, revision })
+            }
+            Ok(Resent::Lost { head }) => {
+                // Nothing of ours is stored: an ordinary lost race.
+                self.doubt = None;
+                self.head = head;
+                self.lost_race(now)
+            }
+            Ok(Resent::Unknown) => {
+                let error = match self.doubt.take() {
+                    Some(doubt) => doubt.error,
+                    None => RpcError::Unavailable("the answer to an append was lost".into()),
+                };
+                self.finish(AppendNotice::Failed(StreamError::Indeterminate {
+                    seq,
+                    error,
+                }))
+            }
+            Err(e) => self.finish(AppendNotice::Failed(e)),
+        }
+    }
+
+    /// Whether a retry at `at` still starts within the patience. An absurd
+    /// configured patience must not panic: it means "no time limit".
+    fn in_time(&self, at: Instant) -> bool {
+        self.started
+            .checked_add(self.patience)
+            .is_none_or(|limit| at <= limit)
+    }
+
     fn lost_race(&mut self, now: Instant) {
         self.lost = self.lost.saturating_add(1);
         let delay = self.backoff.next_delay();
-        // An absurd configured delay or patience must not panic: they mean
-        // "retry at once" and "no time limit".
+        // An absurd configured delay must not panic: it means "retry at
+        // once".
         let retry_at = now.checked_add(delay).unwrap_or(now);
-        let in_time = self
-            .started
-            .checked_add(self.patience)
-            .is_none_or(|limit| retry_at <= limit);
-        if self.lost >= self.max_attempts || !in_time {
+        if self.lost >= self.max_attempts || !self.in_time(retry_at) {
             let attempts = self.lost;
             return self.finish(AppendNotice::Failed(StreamError::Contended { attempts }));
         }
@@ -325,8 +442,8 @@ impl Append {
     fn on_reply(&mut self, now: Instant, reply: RpcReply) {
         match self.phase {
             Phase::ReadingHead(id) if id == reply.id => self.on_head(reply.result),
-            Phase::Committing { id, seq } if id == reply.id => {
-                self.on_commit(now, seq, reply.result)
+            Phase::Committing { id, seq, guard } if id == reply.id => {
+                self.on_commit(now, seq, guard, reply.result)
             }
             _ => {}
         }
@@ -338,13 +455,20 @@ impl Append {
                 self.outbox.cancel(id);
                 StreamError::Stopped
             }
-            Phase::Committing { id, .. } => {
+            Phase::Committing { id, seq, .. } => {
                 self.outbox.cancel(id);
-                StreamError::Indeterminate(RpcError::Unavailable(
-                    "stopped while the append transaction was in flight".into(),
-                ))
+                StreamError::Indeterminate {
+                    seq,
+                    error: RpcError::Unavailable(
+                        "stopped while the append transaction was in flight".into(),
+                    ),
+                }
             }
-            Phase::Idle | Phase::Waiting | Phase::Stopped => StreamError::Stopped,
+            Phase::Idle | Phase::Waiting | Phase::Stopped => match self.doubt.take() {
+                // Waiting to resend a transaction whose answer was lost.
+                Some(Doubt { seq, error, .. }) => StreamError::Indeterminate { seq, error },
+                None => StreamError::Stopped,
+            },
         };
         self.timers.clear();
         self.phase = Phase::Stopped;

@@ -28,10 +28,25 @@
 //! per append for a writer that appends in turn. Waiting is a timer the driver sleeps on
 //! ([`crate::Machine::poll_timeout`]); the machine never blocks.
 //!
-//! A transaction whose reply is lost may or may not have been applied, and
-//! payloads carry no identity to find out, so it is never retried: the
-//! append fails with [`StreamError::Indeterminate`] rather than risk writing
-//! the payload twice.
+//! A transaction whose reply is lost may or may not have been applied. It
+//! is sent again, unchanged, after the backoff ([`requests::resend`]): the
+//! copies share one guard, so at most one of them can apply, and none
+//! applies twice. A resend whose guard holds writes the entry (the lost
+//! attempt did not); one whose guard fails reads entry `seq` in the same
+//! transaction and settles it ([`requests::resend_outcome`]): our payload
+//! there means the lost attempt wrote it (`Appended`, once); another
+//! payload, or a head short of `seq`, means it did not (retry on the new
+//! head, as after a lost race). Only when that cannot be known in time —
+//! every resend fails until the patience runs out, the entry was trimmed
+//! before it could be read, or the machine is stopped with a transaction
+//! in flight — does the append fail with [`StreamError::Indeterminate`],
+//! naming the one sequence number it may have been stored under.
+//!
+//! Payloads carry no identity: if another appender takes the same `seq`
+//! with a byte-identical payload while our attempt is unanswered, the
+//! resend takes that entry for ours, and both appends are answered with
+//! the one entry. Appenders that need every append counted make payloads
+//! unique (a writer id and counter in them).
 //!
 //! # Reading ([`Reader`], [`Cursor`])
 //!
@@ -159,9 +174,17 @@ pub enum StreamError {
     /// A request failed and nothing was written (a read failed, or etcd
     /// refused the transaction). Safe to retry.
     Rpc(RpcError),
-    /// The append transaction's outcome is unknown: it failed in flight, or
-    /// the machine was stopped while it was in flight. The entry may exist.
-    Indeterminate(RpcError),
+    /// The append's outcome is unknown: its transaction failed in flight
+    /// and could not be settled before the patience ran out (every resend
+    /// failed too, or the entry that would tell was trimmed), or the machine
+    /// was stopped while a transaction was in flight. If the payload was
+    /// stored, it is entry `seq` and nowhere else.
+    Indeterminate {
+        /// The only sequence number the append can have been stored under.
+        seq: u64,
+        /// The last failure.
+        error: RpcError,
+    },
     /// etcd answered with something that does not fit the request (a driver
     /// bug). For an append transaction, whether it was applied is unknown.
     Unexpected(String),
@@ -183,9 +206,10 @@ impl fmt::Display for StreamError {
             ),
             StreamError::Exhausted => write!(f, "stream sequence numbers are exhausted"),
             StreamError::Rpc(e) => write!(f, "{e}"),
-            StreamError::Indeterminate(e) => {
-                write!(f, "{e} (the append may or may not have been applied)")
-            }
+            StreamError::Indeterminate { seq, error } => write!(
+                f,
+                "{error} (the append may or may not have been applied; if it was, it is entry {seq})"
+            ),
             StreamError::Unexpected(what) => write!(f, "unexpected answer from etcd: {what}"),
             StreamError::Stopped => write!(f, "stopped"),
         }

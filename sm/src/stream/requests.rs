@@ -86,6 +86,15 @@ pub fn append(
     payload: &[u8],
     max_len: Option<NonZeroU64>,
 ) -> Result<(u64, Request), StreamError> {
+    append_txn(keys, head, payload, max_len).map(|(seq, txn)| (seq, Request::Txn(txn)))
+}
+
+fn append_txn(
+    keys: &StreamKeys,
+    head: Head,
+    payload: &[u8],
+    max_len: Option<NonZeroU64>,
+) -> Result<(u64, Txn), StreamError> {
     let seq = head.seq.checked_add(1).ok_or(StreamError::Exhausted)?;
     let mut success = vec![
         TxnOp::Put {
@@ -117,7 +126,89 @@ pub fn append(
             keys.head().to_vec(),
         )))],
     };
+    Ok((seq, txn))
+}
+
+/// The [`append`] transaction after `head` sent again after an attempt
+/// whose answer was lost: the same guard and the same writes, so of all the
+/// copies at most one can apply (each needs the head at
+/// `head.mod_revision`, and the first to apply moves it). Its failure
+/// branch reads the head and entry `seq` as well, so one answer says
+/// whether the lost attempt wrote the entry ([`resend_outcome`]).
+pub fn resend(
+    keys: &StreamKeys,
+    head: Head,
+    payload: &[u8],
+    max_len: Option<NonZeroU64>,
+) -> Result<(u64, Request), StreamError> {
+    let (seq, mut txn) = append_txn(keys, head, payload, max_len)?;
+    txn.failure
+        .push(TxnOp::Range(RangeRequest::all(KeyRange::Key(
+            keys.entry_key(seq),
+        ))));
     Ok((seq, Request::Txn(txn)))
+}
+
+/// What the failed guard of a [`resend`] says about the lost attempt that
+/// would have written `payload` as entry `seq`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resent {
+    /// Entry `seq` holds `payload`: the lost attempt wrote it, at this
+    /// revision (the head's mod revision right after it).
+    Written {
+        /// The revision of the write.
+        revision: Revision,
+        /// The head now, if the answer showed a valid one.
+        head: Option<Head>,
+    },
+    /// Another appender took `seq` (entry `seq` holds another payload, or
+    /// the head never reached `seq`): the lost attempt wrote nothing.
+    Lost {
+        /// The head now, if the answer showed a valid one.
+        head: Option<Head>,
+    },
+    /// Entry `seq` is gone although the head passed it (trimmed, or deleted
+    /// by hand): nothing can tell whether it was ours.
+    Unknown,
+}
+
+/// Decides [`Resent`] from the answer of a [`resend`] whose guard failed.
+///
+/// Entry keys are written once, by the transaction that moves the head to
+/// their sequence number, so the entry at `seq` is the write of whichever
+/// transaction took `seq`; a head that has not reached `seq` proves that
+/// none did. Payloads carry no identity, so a concurrent
+/// appender that took `seq` with byte-identical payload is taken for the
+/// lost attempt (the fleetcoord stream docs say so).
+pub fn resend_outcome(
+    keys: &StreamKeys,
+    seq: u64,
+    payload: &[u8],
+    responses: Vec<TxnOpResponse>,
+) -> Result<Resent, StreamError> {
+    let mut it = responses.into_iter();
+    let (Some(TxnOpResponse::Range { kvs: head_kvs }), Some(TxnOpResponse::Range { kvs: entry })) =
+        (it.next(), it.next())
+    else {
+        return Err(StreamError::Unexpected(
+            "the answer to a resent append lacks its head and entry reads".into(),
+        ));
+    };
+    let head = parse_head(keys, &head_kvs);
+    let wanted = keys.entry_key(seq);
+    match entry.into_iter().find(|kv| kv.key == wanted) {
+        Some(kv) if kv.value == payload => Ok(Resent::Written {
+            revision: kv.mod_revision,
+            head: head.ok(),
+        }),
+        Some(_) => Ok(Resent::Lost { head: head.ok() }),
+        None => match head {
+            Ok(now) if now.seq < seq => Ok(Resent::Lost { head: Some(now) }),
+            // The head passed `seq`, or is garbage: either way the entry
+            // that would tell is not there.
+            Ok(_) | Err(_) => Ok(Resent::Unknown),
+        },
+    }
 }
 
 /// The current head from the answer of an [`append`] whose guard failed:

@@ -19,9 +19,9 @@
 //! * every `Appended { seq, revision }` names the ledger entry holding that
 //!   appender's payload and the revision that wrote it; appenders are answered in the order asked, with
 //!   strictly increasing IDs; a payload whose append failed with anything
-//!   but `Indeterminate` never appears in the ledger, now or later; no
-//!   transaction is ever sent again for a payload whose transaction failed
-//!   in flight;
+//!   but `Indeterminate` never appears in the ledger, now or later; a
+//!   transaction that failed in flight is only ever sent again unchanged
+//!   (same guard, same writes) until an answer settles it;
 //! * readers deliver strictly increasing IDs, continuing across restarts
 //!   (`After(last)`), each with the ledger's payload; `Live` exactly once,
 //!   and no entry from a watch before it;
@@ -42,10 +42,10 @@ use fleetcoord_sm::stream::{
 };
 use fleetcoord_sm::{
     BackoffConfig, Command, EventKind, KeyRange, Machine, Request, Response, Revision, RpcId,
-    RpcReply, TxnOp,
+    RpcReply, Txn, TxnOp,
 };
 use fleetcoord_test_support::*;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::num::NonZeroU64;
 use std::time::{Duration, Instant};
 
@@ -61,24 +61,34 @@ fn keys() -> &'static StreamKeys {
     KEYS.get_or_init(|| StreamKeys::new("/coord", "jobs"))
 }
 
-/// The payload of an append transaction (its entry put).
-fn txn_payload(request: &Request) -> Option<Vec<u8>> {
+/// The payload of an append transaction (its entry put), with the part a
+/// resend must repeat exactly: its guard and its writes.
+fn txn_payload(request: &Request) -> Option<(Vec<u8>, Txn)> {
     let Request::Txn(txn) = request else {
         return None;
     };
-    txn.success.iter().find_map(|op| match op {
+    let payload = txn.success.iter().find_map(|op| match op {
         TxnOp::Put { key, value, .. } if key.as_slice() != keys().head() => Some(value.clone()),
         _ => None,
-    })
+    })?;
+    let writes = Txn {
+        compare: txn.compare.clone(),
+        success: txn.success.clone(),
+        failure: vec![],
+    };
+    Some((payload, writes))
 }
 
 /// Wraps an [`Append`] and checks the wire rules on every command.
 struct AppendSpy {
     machine: Append,
     last_now: Instant,
-    outstanding: Option<(RpcId, Option<Vec<u8>>)>,
-    /// Payloads whose transaction failed in flight: never to be sent again.
-    in_doubt: BTreeSet<Vec<u8>>,
+    outstanding: Option<(RpcId, Option<(Vec<u8>, Txn)>)>,
+    /// Payloads whose transaction failed in flight, with that transaction's
+    /// guard and writes: until an answer comes, only those may be sent.
+    in_doubt: BTreeMap<Vec<u8>, Txn>,
+    /// Answers to transactions sent again after a lost answer.
+    settled: u64,
     stopped: bool,
 }
 
@@ -101,8 +111,17 @@ impl Machine for AppendSpy {
                 if let Some((out, payload)) = self.outstanding.take() {
                     if out != *id {
                         self.outstanding = Some((out, payload));
-                    } else if let (Some(p), Err(_)) = (payload, result) {
-                        self.in_doubt.insert(p);
+                    } else if let Some((p, writes)) = payload {
+                        match result {
+                            Err(_) => {
+                                self.in_doubt.insert(p, writes);
+                            }
+                            Ok(_) => {
+                                if self.in_doubt.remove(&p).is_some() {
+                                    self.settled += 1;
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -124,8 +143,10 @@ impl Machine for AppendSpy {
                 assert!(!self.stopped, "{request:?} after Stop");
                 assert!(self.outstanding.is_none(), "two requests outstanding");
                 let payload = txn_payload(request);
-                if let Some(p) = &payload {
-                    assert!(!self.in_doubt.contains(p), "an in-doubt append was retried");
+                if let Some((p, writes)) = &payload {
+                    if let Some(first) = self.in_doubt.get(p) {
+                        assert_eq!(writes, first, "an in-doubt append was sent changed");
+                    }
                 }
                 self.outstanding = Some((*id, payload));
             }
@@ -273,6 +294,12 @@ impl Ledger {
         self.entries.get(usize::try_from(seq.checked_sub(1)?).ok()?)
     }
 
+    /// The sequence number `payload` was written at, if it was.
+    fn payloads_at(&self, payload: &[u8]) -> Option<u64> {
+        let i = self.entries.iter().position(|w| w.payload == payload)?;
+        u64::try_from(i).ok()?.checked_add(1)
+    }
+
     /// The head as of revision `revision`.
     fn head_at(&self, revision: Revision) -> u64 {
         self.entries.partition_point(|w| w.revision <= revision) as u64
@@ -352,6 +379,7 @@ struct Stats {
     compactions: u64,
     faults: u64,
     restarts: u64,
+    settled: u64,
 }
 
 struct World {
@@ -399,7 +427,8 @@ fn new_appender(config: &AppendConfig, now: Instant, seed: u64) -> Harness<Appen
         machine: Append::new(config.clone(), now, seed),
         last_now: now,
         outstanding: None,
-        in_doubt: BTreeSet::new(),
+        in_doubt: BTreeMap::new(),
+        settled: 0,
         stopped: false,
     })
 }
@@ -560,7 +589,13 @@ impl World {
                     );
                     self.stats.appended += 1;
                 }
-                AppendNotice::Failed(StreamError::Indeterminate(_)) => self.stats.in_doubt += 1,
+                AppendNotice::Failed(StreamError::Indeterminate { seq, .. }) => {
+                    // If stored at all, then at the sequence it names.
+                    if let Some(w) = self.ledger.payloads_at(&payload) {
+                        assert_eq!(w, seq, "seed {seed}: in-doubt append stored elsewhere");
+                    }
+                    self.stats.in_doubt += 1
+                }
                 AppendNotice::Failed(e) => {
                     assert!(
                         matches!(
@@ -737,6 +772,7 @@ impl World {
                     head: seat.last_head,
                     ..self.append.clone()
                 };
+                self.stats.settled += seat.h.machine.settled;
                 seat.h = new_appender(&config, now, seed);
                 seat.stopping = false;
                 seat.last_seq = 0;
@@ -935,6 +971,7 @@ fn run_seed(seed: u64, stats: &mut Stats) {
         + w.appenders.iter().map(|s| s.h.faults_injected).sum::<u64>()
         + w.readers.iter().map(|s| s.h.faults_injected).sum::<u64>();
     stats.restarts += w.stats.restarts;
+    stats.settled += w.stats.settled + w.appenders.iter().map(|s| s.h.machine.settled).sum::<u64>();
 }
 
 #[test]
@@ -945,12 +982,14 @@ fn appenders_and_readers_agree_on_every_entry_under_faults_over_many_seeds() {
     }
     println!(
         "stream sim: {SEEDS} seeds, {} steps; appends: {} ok, {} contended, {} in doubt, {} failed cleanly; \
+         {} lost answers settled by a resend; \
          {} entries delivered, {} trimmed entries skipped; {} faults, {} compactions, {} reader restarts",
         stats.steps,
         stats.appended,
         stats.contended,
         stats.in_doubt,
         stats.failed,
+        stats.settled,
         stats.delivered,
         stats.skipped_trimmed,
         stats.faults,
@@ -960,6 +999,13 @@ fn appenders_and_readers_agree_on_every_entry_under_faults_over_many_seeds() {
     // The schedule must exercise what the invariants are about.
     assert!(stats.appended > 20 * SEEDS && stats.delivered > 50 * SEEDS);
     assert!(stats.in_doubt > 0 && stats.failed > 0 && stats.skipped_trimmed > 0);
+    // Lost answers are settled, not given up on: far more resends settle
+    // than appends end in doubt.
+    assert!(
+        stats.settled > 10 * stats.in_doubt,
+        "{} settled",
+        stats.settled
+    );
     assert!(stats.contended > 0);
     assert!(stats.compactions > SEEDS && stats.restarts > SEEDS / 2);
 }

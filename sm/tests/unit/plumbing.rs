@@ -172,8 +172,11 @@ fn errors_read_as_one_line_each() {
         (StreamError::Exhausted, "exhausted"),
         (StreamError::Rpc(RpcError::LeaseNotFound), "lease"),
         (
-            StreamError::Indeterminate(RpcError::Unavailable("t".into())),
-            "may or may not",
+            StreamError::Indeterminate {
+                seq: 7,
+                error: RpcError::Unavailable("t".into()),
+            },
+            "may or may not have been applied; if it was, it is entry 7",
         ),
         (StreamError::Unexpected("odd".into()), "odd"),
         (StreamError::Stopped, "stopped"),

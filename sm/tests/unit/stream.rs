@@ -159,6 +159,32 @@ fn append_cmd(
     )
 }
 
+/// [`append_cmd`] as resent after a lost answer: the same guard and
+/// writes; the failure branch reads entry `seq` too.
+fn resend_cmd(
+    id: u64,
+    guard: Revision,
+    seq: u64,
+    payload: &str,
+    trim: Option<u64>,
+) -> Command<AppendNotice> {
+    let Command::Rpc {
+        id,
+        request: Request::Txn(mut txn),
+    } = append_cmd(id, guard, seq, payload, trim)
+    else {
+        unreachable!("append_cmd builds a transaction")
+    };
+    txn.failure
+        .push(TxnOp::Range(RangeRequest::all(KeyRange::Key(
+            format!("/c/stream/s/e/{seq:020}").into_bytes(),
+        ))));
+    Command::Rpc {
+        id,
+        request: Request::Txn(txn),
+    }
+}
+
 /// Appended by a transaction answered with [`txn`]`(true)` (revision 50).
 fn appended(seq: u64) -> Command<AppendNotice> {
     Command::Notify(AppendNotice::Appended { seq, revision: 50 })
@@ -427,7 +453,7 @@ fn a_garbage_or_exhausted_head_fails_the_append_without_writing() {
 }
 
 #[test]
-fn failed_requests_fail_the_append_and_only_an_unanswered_txn_is_indeterminate() {
+fn failed_requests_fail_the_append_and_an_unanswered_txn_is_resent_unchanged() {
     let t0 = start();
     let gone = RpcError::Unavailable("gone".into());
     let refused = RpcError::Rejected("too large".into());
@@ -451,16 +477,245 @@ fn failed_requests_fail_the_append_and_only_an_unanswered_txn_is_indeterminate()
             failed(StreamError::Rpc(refused))
         ]
     );
-    // A transaction without an answer may have been applied: no retry.
+    // A transaction without an answer may have been applied: the same one
+    // goes again after the backoff, reading the entry it would write too.
     a.handle(t0, AppendInput::Append(b"x".to_vec()));
     a.handle(t0, ok(3, range(3, vec![])));
     a.handle(t0, unavailable(4));
     assert_eq!(
         drain(&mut a),
+        vec![read_head_cmd(3), append_cmd(4, 0, 1, "x", None)]
+    );
+    assert_eq!(a.poll_timeout(), Some(t0 + 10 * MS));
+    a.handle_timeout(t0 + 10 * MS);
+    assert_eq!(drain(&mut a), vec![resend_cmd(5, 0, 1, "x", None)]);
+    // Its guard held: the lost one had not applied, this one did.
+    a.handle(t0 + 11 * MS, ok(5, txn(true)));
+    assert_eq!(drain(&mut a), vec![appended(1)]);
+    assert_eq!(a.poll_timeout(), None);
+    assert!(gone.is_retryable());
+}
+
+/// The answer to a resend whose guard failed: the head `seq` at
+/// `mod_revision`, and entry `entry_seq` as read (absent for `None`).
+fn resend_lost_to(seq: &str, mod_revision: Revision, entry_kv: Option<KeyValue>) -> Response {
+    Response::Txn {
+        revision: mod_revision,
+        succeeded: false,
+        responses: vec![
+            TxnOpResponse::Range {
+                kvs: vec![head(seq, mod_revision)],
+            },
+            TxnOpResponse::Range {
+                kvs: entry_kv.into_iter().collect(),
+            },
+        ],
+    }
+}
+
+/// An append of "x" on head 3 (mod revision 4) whose transaction (id 1,
+/// writing entry 4) got no answer, and whose resend (id 2) is out.
+fn append_in_doubt(config: AppendConfig, t0: Instant) -> Append {
+    // With trimming to `m`, writing entry 4 deletes entry 4 - m.
+    let trim = config
+        .max_len
+        .and_then(|m| 4u64.checked_sub(m.get()))
+        .filter(|gone| *gone > 0);
+    let mut a = Append::new(config, t0, 1);
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    a.handle(t0, ok(0, range(4, vec![head("3", 4)])));
+    a.handle(t0 + MS, unavailable(1));
+    a.handle_timeout(t0 + 11 * MS);
+    assert_eq!(
+        drain(&mut a),
         vec![
-            read_head_cmd(3),
-            append_cmd(4, 0, 1, "x", None),
-            failed(StreamError::Indeterminate(gone))
+            read_head_cmd(0),
+            append_cmd(1, 4, 4, "x", trim),
+            resend_cmd(2, 4, 4, "x", trim)
+        ]
+    );
+    a
+}
+
+#[test]
+fn a_resend_that_finds_our_entry_reports_it_once_without_writing_again() {
+    let t0 = start();
+    let mut a = append_in_doubt(append_config(None, 5), t0);
+    // The lost one applied at revision 5; someone appended after it (6).
+    a.handle(
+        t0 + 12 * MS,
+        ok(2, resend_lost_to("5", 6, Some(entry(4, "x", 5)))),
+    );
+    assert_eq!(
+        drain(&mut a),
+        vec![Command::Notify(AppendNotice::Appended {
+            seq: 4,
+            revision: 5
+        })]
+    );
+    assert_eq!(a.poll_timeout(), None);
+    // The answer showed the current head: the next append trusts it.
+    a.handle(t0 + 13 * MS, AppendInput::Append(b"y".to_vec()));
+    assert_eq!(drain(&mut a), vec![append_cmd(3, 6, 6, "y", None)]);
+}
+
+#[test]
+fn a_resend_that_finds_another_entry_retries_as_a_lost_race() {
+    let t0 = start();
+    let mut a = append_in_doubt(append_config(None, 5), t0);
+    a.handle(
+        t0 + 12 * MS,
+        ok(2, resend_lost_to("4", 5, Some(entry(4, "other", 5)))),
+    );
+    assert!(drain(&mut a).is_empty(), "a lost race: back off first");
+    // The schedule goes on: 10 ms after the lost answer, now 20 ms.
+    assert_eq!(a.poll_timeout(), Some(t0 + 32 * MS));
+    a.handle_timeout(t0 + 32 * MS);
+    assert_eq!(
+        drain(&mut a),
+        vec![append_cmd(3, 5, 5, "x", None)],
+        "an ordinary append on the head it lost to, no entry read"
+    );
+    a.handle(t0 + 33 * MS, ok(3, txn(true)));
+    assert_eq!(drain(&mut a), vec![appended(5)]);
+
+    // A head short of the entry proves no one wrote it either.
+    let mut a = append_in_doubt(append_config(None, 5), t0);
+    a.handle(t0 + 12 * MS, ok(2, resend_lost_to("3", 9, None)));
+    assert!(drain(&mut a).is_empty());
+    a.handle_timeout(t0 + 32 * MS);
+    assert_eq!(drain(&mut a), vec![append_cmd(3, 9, 4, "x", None)]);
+}
+
+#[test]
+fn a_resend_that_cannot_tell_fails_indeterminate_naming_the_sequence() {
+    let t0 = start();
+    let gone = RpcError::Unavailable("gone".into());
+    // Entry 4 was trimmed away before the resend could read it.
+    let mut a = append_in_doubt(append_config(Some(1), 5), t0);
+    a.handle(t0 + 12 * MS, ok(2, resend_lost_to("6", 8, None)));
+    assert_eq!(
+        drain(&mut a),
+        vec![failed(StreamError::Indeterminate {
+            seq: 4,
+            error: gone.clone()
+        })]
+    );
+    // A resend refused for good settles nothing.
+    let refused = RpcError::PermissionDenied("denied".into());
+    let mut a = append_in_doubt(append_config(None, 5), t0);
+    a.handle(t0 + 12 * MS, reply(2, Err(refused.clone())));
+    assert_eq!(
+        drain(&mut a),
+        vec![failed(StreamError::Indeterminate {
+            seq: 4,
+            error: refused
+        })]
+    );
+    // A garbled head with the entry missing: nothing tells either.
+    let mut a = append_in_doubt(append_config(None, 5), t0);
+    let garbled = Response::Txn {
+        revision: 9,
+        succeeded: false,
+        responses: vec![
+            TxnOpResponse::Range {
+                kvs: vec![head("junk", 9)],
+            },
+            TxnOpResponse::Range { kvs: vec![] },
+        ],
+    };
+    a.handle(t0 + 12 * MS, ok(2, garbled));
+    assert_eq!(
+        drain(&mut a),
+        vec![failed(StreamError::Indeterminate {
+            seq: 4,
+            error: gone.clone()
+        })]
+    );
+    // An answer without the two reads is no answer to a resend.
+    let mut a = append_in_doubt(append_config(None, 5), t0);
+    a.handle(t0 + 12 * MS, ok(2, lost_to("4", 5)));
+    let commands = drain(&mut a);
+    assert!(
+        matches!(
+            commands.as_slice(),
+            [Command::Notify(AppendNotice::Failed(
+                StreamError::Unexpected(_)
+            ))]
+        ),
+        "{commands:?}"
+    );
+}
+
+#[test]
+fn resends_that_keep_failing_end_indeterminate_within_patience_and_attempts() {
+    let t0 = start();
+    let gone = RpcError::Unavailable("gone".into());
+    // Patience: the third resend would start at 1 + 10 + 20 + 40 = 71 ms.
+    let config = AppendConfig {
+        patience: 60 * MS,
+        ..append_config(None, 5)
+    };
+    let mut a = append_in_doubt(config, t0);
+    a.handle(t0 + 12 * MS, unavailable(2));
+    assert_eq!(a.poll_timeout(), Some(t0 + 32 * MS));
+    a.handle_timeout(t0 + 32 * MS);
+    a.handle(t0 + 33 * MS, unavailable(3));
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            resend_cmd(3, 4, 4, "x", None),
+            failed(StreamError::Indeterminate {
+                seq: 4,
+                error: gone.clone()
+            })
+        ]
+    );
+    assert_eq!(a.poll_timeout(), None);
+    // Attempts: with max_attempts 2, the second lost resend is the last.
+    let mut a = append_in_doubt(append_config(None, 2), t0);
+    a.handle(t0 + 12 * MS, unavailable(2));
+    a.handle_timeout(t0 + 32 * MS);
+    a.handle(t0 + 33 * MS, unavailable(3));
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            resend_cmd(3, 4, 4, "x", None),
+            failed(StreamError::Indeterminate {
+                seq: 4,
+                error: gone
+            })
+        ]
+    );
+    // An expired token is refused, not lost: the resend goes again.
+    let mut a = append_in_doubt(append_config(None, 5), t0);
+    a.handle(
+        t0 + 12 * MS,
+        reply(2, Err(RpcError::Unauthenticated("token".into()))),
+    );
+    a.handle_timeout(t0 + 32 * MS);
+    assert_eq!(drain(&mut a), vec![resend_cmd(3, 4, 4, "x", None)]);
+}
+
+#[test]
+fn stop_while_waiting_to_resend_is_indeterminate() {
+    let t0 = start();
+    let mut a = Append::new(append_config(None, 5), t0, 1);
+    a.handle(t0, AppendInput::Append(b"x".to_vec()));
+    a.handle(t0, AppendInput::Append(b"y".to_vec()));
+    a.handle(t0, ok(0, range(4, vec![head("3", 4)])));
+    a.handle(t0 + MS, unavailable(1));
+    drain(&mut a);
+    assert!(a.poll_timeout().is_some());
+    a.handle(t0 + 2 * MS, AppendInput::Stop);
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            failed(StreamError::Indeterminate {
+                seq: 4,
+                error: RpcError::Unavailable("gone".into())
+            }),
+            failed(StreamError::Stopped)
         ]
     );
     assert_eq!(a.poll_timeout(), None);
@@ -539,9 +794,12 @@ fn stop_fails_the_running_and_queued_appends_and_everything_later() {
         drain(&mut a),
         vec![
             Command::Cancel { id: RpcId(1) },
-            failed(StreamError::Indeterminate(RpcError::Unavailable(
-                "stopped while the append transaction was in flight".into()
-            )))
+            failed(StreamError::Indeterminate {
+                seq: 1,
+                error: RpcError::Unavailable(
+                    "stopped while the append transaction was in flight".into()
+                )
+            })
         ]
     );
 
