@@ -1,5 +1,6 @@
 //! The one error type of fleetcoord.
 
+use crate::coordinator::StreamId;
 use fleetcoord_sm::RpcError;
 use std::time::Duration;
 
@@ -81,6 +82,33 @@ pub enum Error {
         /// What failed, for people.
         message: String,
     },
+    /// A stream append whose outcome is unknown: the backend kept trying
+    /// until its deadline and could not learn whether the entry was stored.
+    /// It is stored at most once, and if it was, at `id` when `id` is
+    /// given. Not retryable: appending again could store the payload twice;
+    /// read the stream (from before `id`) to find out.
+    #[error(
+        "{backend}: append to stream {stream:?}: {message} (the append may or may not have \
+         been applied{})",
+        at_id(.id)
+    )]
+    Indeterminate {
+        /// The backend, e.g. `"etcd"`.
+        backend: &'static str,
+        /// The stream appended to.
+        stream: String,
+        /// The only ID the entry can have if it was stored, when the
+        /// backend can know it before the server answers (etcd assigns IDs
+        /// client-side; NATS and Redis assign them on the server: `None`).
+        id: Option<StreamId>,
+        /// Why the outcome is unknown, for people.
+        message: String,
+    },
+}
+
+fn at_id(id: &Option<StreamId>) -> String {
+    id.map(|id| format!("; if it was, it is entry {id}"))
+        .unwrap_or_default()
 }
 
 /// What kind of failure an [`Error::Etcd`] is.
@@ -177,7 +205,10 @@ impl Error {
     ///
     /// It does not say whether the failed call had an effect: a write that
     /// failed with [`EtcdErrorKind::Unavailable`] or timed out may have been
-    /// applied (an append may then be stored twice if retried).
+    /// applied. Stream appends are the exception: they retry internally
+    /// without ever storing twice, so an append that fails with a retryable
+    /// error was not stored, and one whose outcome stayed unknown fails with
+    /// [`Error::Indeterminate`], which is not retryable.
     ///
     /// | error | retryable | why |
     /// |---|---|---|
@@ -198,6 +229,7 @@ impl Error {
     /// | [`Error::Canceled`] | no | the caller canceled it |
     /// | [`Error::Closed`], [`Error::DriverGone`] | no | make a new object or connection |
     /// | [`Error::Io`] | no | a local failure to look at |
+    /// | [`Error::Indeterminate`] | no | the append may be stored: appending again could store it twice |
     ///
     /// ```
     /// use fleetcoord::Error;
@@ -217,7 +249,8 @@ impl Error {
             | Error::Closed
             | Error::NotLeader
             | Error::Unsupported(_)
-            | Error::Io(_) => false,
+            | Error::Io(_)
+            | Error::Indeterminate { .. } => false,
         }
     }
 }
@@ -246,6 +279,33 @@ pub(crate) fn etcd_kind(e: &RpcError) -> EtcdErrorKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_indeterminate_append_says_where_it_would_be() {
+        let at = Error::Indeterminate {
+            backend: "etcd",
+            stream: "jobs".into(),
+            id: Some(StreamId(4)),
+            message: "connection reset".into(),
+        };
+        assert_eq!(
+            at.to_string(),
+            "etcd: append to stream \"jobs\": connection reset (the append may or may not \
+             have been applied; if it was, it is entry 4)"
+        );
+        let nowhere = Error::Indeterminate {
+            backend: "nats",
+            stream: "jobs".into(),
+            id: None,
+            message: "no ack".into(),
+        };
+        assert!(
+            nowhere
+                .to_string()
+                .ends_with("may or may not have been applied)"),
+            "{nowhere}"
+        );
+    }
 
     #[test]
     fn every_rpc_error_keeps_its_kind_message_and_policy() {
@@ -339,6 +399,12 @@ mod tests {
             Error::NotLeader,
             Error::Unsupported("streams"),
             Error::Io(std::io::Error::other("x")),
+            Error::Indeterminate {
+                backend: "etcd",
+                stream: "jobs".into(),
+                id: Some(StreamId(4)),
+                message: "connection reset".into(),
+            },
         ];
         for e in &permanent {
             assert!(!e.is_retryable(), "{e:?}");

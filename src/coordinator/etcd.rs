@@ -8,7 +8,7 @@ use super::{
     KvWatcher, Message, StreamEntry, StreamId, StreamPosition, StreamReader, Subscription,
 };
 use crate::driver::{self, rand_seed, FeedItem, Notify, StopHandle};
-use crate::error::{etcd_kind, Error, EtcdErrorKind, Result};
+use crate::error::{Error, EtcdErrorKind, Result};
 use crate::etcd::{Etcd, EtcdOptions};
 use crate::validate;
 use fleetcoord_sm::stream::{
@@ -104,8 +104,15 @@ impl EtcdCoordinatorOptions {
 ///   on the head key, so concurrent appenders from any number of processes
 ///   get unique, increasing IDs. An append that loses the race retries after
 ///   a short jittered backoff, a bounded number of times, then fails. An
-///   append whose transaction fails in flight is not retried (it may have
-///   landed; retrying could write it twice) and returns an error. Readers
+///   append whose transaction fails in flight (etcd restarting, a leader
+///   change) sends the identical guarded transaction again, which can apply
+///   only if the first did not, and reads back the entry it would have
+///   written to tell which: an `Ok(id)` is stored exactly once, an error
+///   other than [`Error::Indeterminate`] means nothing was stored, and
+///   `Indeterminate` (only when the outcome stays unknown for the whole
+///   append patience, 10 s) names the one ID it may be stored under.
+///   Concurrent appenders of byte-identical payloads should make them
+///   unique: a resend takes an identical entry at its ID for its own. Readers
 ///   deliver each entry exactly once, in order, across reconnects and
 ///   compactions; with `stream_max_len`, entries trimmed before a reader
 ///   got to them are skipped.
@@ -316,12 +323,14 @@ fn stream_error(stream: &str, error: StreamError) -> Error {
             format!("append to {stream:?} lost {attempts} races in a row"),
         ),
         StreamError::Rpc(e) => Error::rpc_in(context, e),
-        // The append may have been stored: say so in the message; the kind
-        // still says whether trying again can work.
-        StreamError::Indeterminate(e) => Error::etcd(
-            etcd_kind(&e),
-            format!("{context}: {e} (the append may or may not have been applied)"),
-        ),
+        // The machine resent the transaction until its patience ran out;
+        // only the caller can look further, and only at this one ID.
+        StreamError::Indeterminate { seq, error } => Error::Indeterminate {
+            backend: "etcd",
+            stream: stream.to_string(),
+            id: Some(StreamId(seq)),
+            message: error.to_string(),
+        },
         StreamError::Exhausted => {
             Error::etcd(EtcdErrorKind::Rejected, format!("{context}: {error}"))
         }
@@ -394,8 +403,34 @@ impl Coordinator for EtcdCoordinator {
                 false
             }),
         )?;
-        match done_rx.recv_timeout(wait) {
-            Ok(AppendNotice::Appended { seq, revision }) => {
+        let notice = match done_rx.recv_timeout(wait) {
+            Ok(notice) => notice,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                // Too busy a driver: stopping the machine makes it say
+                // whether a transaction was in flight (Indeterminate) or
+                // nothing was written (Stopped), unless it finished first.
+                machine.stop();
+                match done_rx.recv_timeout(APPEND_SLACK) {
+                    Ok(AppendNotice::Failed(StreamError::Stopped)) => {
+                        return Err(Error::Timeout(wait))
+                    }
+                    Ok(notice) => notice,
+                    Err(_) => {
+                        return Err(Error::Indeterminate {
+                            backend: "etcd",
+                            stream: stream.to_string(),
+                            id: None,
+                            message: format!("no answer from the driver within {wait:?}"),
+                        })
+                    }
+                }
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                return Err(Error::DriverGone)
+            }
+        };
+        match notice {
+            AppendNotice::Appended { seq, revision } => {
                 let mut heads = self.heads.lock();
                 if heads.len() >= REMEMBERED_HEADS && !heads.contains_key(stream) {
                     heads.clear();
@@ -412,16 +447,11 @@ impl Coordinator for EtcdCoordinator {
                 }
                 Ok(StreamId(seq))
             }
-            Ok(AppendNotice::Failed(e)) => Err(stream_error(stream, e)),
-            Ok(other) => Err(Error::etcd(
+            AppendNotice::Failed(e) => Err(stream_error(stream, e)),
+            other => Err(Error::etcd(
                 EtcdErrorKind::Unexpected,
                 format!("append to {stream:?}: unknown outcome {other:?}"),
             )),
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                machine.stop();
-                Err(Error::Timeout(wait))
-            }
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
         }
     }
 
@@ -615,17 +645,6 @@ mod tests {
                 "stream \"jobs\": etcdserver: permission denied",
             ),
             (
-                StreamError::Indeterminate(RpcError::Unavailable("connection reset".into())),
-                EtcdErrorKind::Unavailable,
-                "stream \"jobs\": connection reset \
-                 (the append may or may not have been applied)",
-            ),
-            (
-                StreamError::Indeterminate(RpcError::Rejected("too large".into())),
-                EtcdErrorKind::Rejected,
-                "stream \"jobs\": too large (the append may or may not have been applied)",
-            ),
-            (
                 StreamError::BadHead {
                     value: b"oops".to_vec(),
                 },
@@ -642,6 +661,24 @@ mod tests {
             let (k, message) = etcd_error(stream_error("jobs", error.clone()));
             assert_eq!(k, kind, "{error:?}");
             assert!(message.starts_with(text), "{error:?}: {message}");
+        }
+        match stream_error(
+            "jobs",
+            StreamError::Indeterminate {
+                seq: 9,
+                error: RpcError::Unavailable("connection reset".into()),
+            },
+        ) {
+            Error::Indeterminate {
+                backend: "etcd",
+                stream,
+                id: Some(StreamId(9)),
+                message,
+            } => assert_eq!(
+                (stream.as_str(), message.as_str()),
+                ("jobs", "connection reset")
+            ),
+            other => panic!("{other:?}"),
         }
         // No sequence number is left: a refusal, and retrying cannot help.
         let exhausted = stream_error("jobs", StreamError::Exhausted);

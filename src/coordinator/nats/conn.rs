@@ -137,6 +137,14 @@ impl Conn {
     /// stream is never created then, since it exists), or a stream deleted
     /// behind this handle's back, which only the meta leader can say and
     /// which is created again.
+    ///
+    /// Retries stop at the request timeout, and never later than the
+    /// stream's duplicate window after the first attempt (a shorter
+    /// `stream_max_age` shortens it): a retry past the window would be
+    /// stored again. Every attempt, the client's own resend of a message
+    /// buffered during a reconnect included, carries the one id, so the
+    /// whole call stores it at most once. When it ends in an error after an
+    /// attempt that went unanswered, the error is `unknown(why)`.
     pub(super) async fn publish_once(
         &self,
         what: &str,
@@ -144,16 +152,29 @@ impl Conn {
         subject: String,
         header: Option<(&'static str, &'static str)>,
         payload: bytes::Bytes,
+        unknown: &(dyn Fn(String) -> Error + Send + Sync),
     ) -> Result<u64> {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let started = Instant::now();
-        let deadline = self.deadline();
+        let deadline = match stream {
+            Some(spec) => self.deadline().min(started + spec.config.duplicate_window),
+            None => self.deadline(),
+        };
         let mut delay = FIRST_BACKOFF;
         let mut not_found: u32 = 0;
         // The last look at the stream, while publishes find no responder.
         let mut health: Option<Health> = None;
         // Whether an attempt went unanswered: it may have been stored.
         let mut unanswered = false;
+        // The error to end with: `e`, unless an earlier attempt may have
+        // been stored, which the caller must hear instead.
+        let give_up = |unanswered: bool, why: String, e: Error| {
+            if unanswered {
+                unknown(why)
+            } else {
+                e
+            }
+        };
         loop {
             let mut message = jetstream::message::PublishMessage::build()
                 .payload(payload.clone())
@@ -172,10 +193,14 @@ impl Conn {
                     use jetstream::context::PublishErrorKind as K;
                     match e.kind() {
                         K::MaxPayloadExceeded => {
-                            return Err(Error::invalid("payload", e.to_string()));
+                            return Err(give_up(
+                                unanswered,
+                                e.to_string(),
+                                Error::invalid("payload", e.to_string()),
+                            ));
                         }
                         K::WrongLastMessageId | K::WrongLastSequence => {
-                            return Err(refused(what, e));
+                            return Err(give_up(unanswered, e.to_string(), refused(what, e)));
                         }
                         K::StreamNotFound => {
                             not_found = not_found.saturating_add(1);
@@ -188,7 +213,9 @@ impl Conn {
                                         self.forget(&spec.name);
                                         match self.create_stream_once(spec).await {
                                             Ok(_) => None,
-                                            Err(Attempt::Refused(e)) => return Err(e),
+                                            Err(Attempt::Refused(e)) => {
+                                                return Err(give_up(unanswered, e.to_string(), e))
+                                            }
                                             Err(Attempt::Failed(why)) => Some(why),
                                         }
                                     } else {
@@ -232,7 +259,7 @@ impl Conn {
                         self.settings.request_timeout
                     ),
                 };
-                return Err(failed(what, why));
+                return Err(give_up(unanswered, why.clone(), failed(what, why)));
             }
         }
     }

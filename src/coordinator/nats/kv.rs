@@ -23,12 +23,14 @@ pub(super) async fn set(conn: Conn, bucket: String, key: String, value: Vec<u8>)
     let bucket_name = names::bucket_name(&bucket);
     let spec = StreamSpec::for_bucket(&conn.settings, &bucket);
     conn.ensure_stream(&spec).await?;
+    let what = format!("setting {key:?} in bucket {bucket:?}");
     conn.publish_once(
-        &format!("setting {key:?} in bucket {bucket:?}"),
+        &what,
         Some(&spec),
         names::key_subject(&bucket_name, &key),
         None,
         value.into(),
+        &|why| failed(&what, format!("{why}; it may have been stored")),
     )
     .await
     .map(|_| ())
@@ -55,12 +57,14 @@ pub(super) async fn delete(conn: Conn, bucket: String, key: String) -> Result<()
         return Ok(());
     }
     let spec = StreamSpec::for_bucket(&conn.settings, &bucket);
+    let what = format!("deleting {key:?} in bucket {bucket:?}");
     conn.publish_once(
-        &format!("deleting {key:?} in bucket {bucket:?}"),
+        &what,
         Some(&spec),
         names::key_subject(&bucket_name, &key),
         Some((KV_OPERATION, KV_DELETE)),
         bytes::Bytes::new(),
+        &|why| failed(&what, format!("{why}; it may have been stored")),
     )
     .await
     .map(|_| ())

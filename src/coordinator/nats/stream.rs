@@ -20,9 +20,22 @@ pub(super) async fn append(conn: Conn, stream: String, payload: Vec<u8>) -> Resu
             names::stream_subject(&stream),
             None,
             payload.into(),
+            &|why| indeterminate(&stream, why),
         )
         .await?;
     Ok(StreamId(seq))
+}
+
+/// The error of an append that may have been stored: typed, so the caller
+/// knows not to append it again. The server assigns the sequence, so there
+/// is no ID to name.
+fn indeterminate(stream: &str, why: String) -> crate::Error {
+    crate::Error::Indeterminate {
+        backend: "nats",
+        stream: stream.to_string(),
+        id: None,
+        message: why,
+    }
 }
 
 /// A reader opened on the driver, live, for [`feed`] to run.

@@ -317,30 +317,8 @@ impl Coordinator for RedisCoordinator {
         let stream = stream.to_string();
         let payload: Arc<[u8]> = payload.into();
         let max_len = self.stream_max_len;
-        self.run(move |conn| async move {
-            let attempt = || {
-                let (mut conn, stream, payload) = (conn.clone(), stream.clone(), payload.clone());
-                async move { stream::append(&mut conn, &stream, &payload, max_len).await }
-            };
-            let context = format!("append to stream {stream:?}");
-            let key = names::stream_key(&stream);
-            let describe = |e: &redis::RedisError| stream::append_error(&target, &stream, e);
-            match with_failover(
-                &target,
-                &context,
-                Some(&key),
-                Repeat::Unsafe("the append may or may not have been applied"),
-                attempt,
-                describe,
-            )
-            .await?
-            {
-                Ok(seq) => Ok(StreamId(seq)),
-                Err(id) => Err(target.failure(
-                    EtcdErrorKind::Unexpected,
-                    format!("append to stream {stream:?}: Redis assigned id {id:?}, not 0-N"),
-                )),
-            }
+        self.run(move |mut conn| async move {
+            stream::append(&mut conn, &target, &stream, &payload, max_len).await
         })
     }
 

@@ -37,6 +37,17 @@ pub(crate) fn stream_epoch(stream: &str) -> String {
     format!("coord:streame:{{{}}}", escape(stream))
 }
 
+/// The recent append tokens of a stream (hash token -> entry id), so a
+/// retried append returns the entry its first attempt stored.
+pub(crate) fn stream_tokens(stream: &str) -> String {
+    format!("coord:streamt:{{{}}}", escape(stream))
+}
+
+/// The same tokens in append order (a list), to forget the oldest.
+pub(crate) fn stream_token_order(stream: &str) -> String {
+    format!("coord:streamto:{{{}}}", escape(stream))
+}
+
 /// The channel of a pub/sub topic.
 pub(crate) fn topic_channel(topic: &str) -> String {
     format!("coord:topic:{{{}}}", escape(topic))
@@ -180,6 +191,8 @@ mod tests {
                 kv_version(name),
                 stream_key(name),
                 stream_epoch(name),
+                stream_tokens(name),
+                stream_token_order(name),
                 topic_channel(name),
             ] {
                 assert_eq!(hash_tag(&key), e, "{key:?}");

@@ -18,32 +18,63 @@
 //! reconnected stream) and reads the new stream from its first entry, with
 //! a warning, instead of waiting for an ID it already saw.
 
-use super::client::{bytes, Conn, Target};
+use super::client::{bytes, kind_of, one_line, Conn, Target};
 use super::names;
 use super::task::{Backoff, FeedCtx};
 use crate::coordinator::{StreamEntry, StreamId, StreamPosition};
 use crate::driver::bridge::FeedFull;
+use crate::error::EtcdErrorKind;
 use redis::{RedisResult, Script, Value};
 use std::sync::LazyLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// KEYS: stream, epoch. ARGV: a fresh epoch token, payload, max length (or
-/// empty). Returns the new entry's id.
+/// KEYS: stream, epoch, tokens, token order. ARGV: a fresh epoch token,
+/// payload, max length (or empty), this append's token, how many tokens to
+/// keep, how long to keep them (ms). Returns the entry's id: the one an
+/// earlier attempt with the same token stored, if there was one, so
+/// running it again never appends twice.
 static APPEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+local done = redis.call('HGET', KEYS[3], ARGV[4])
+if done then
+  return done
+end
 local e = redis.call('GET', KEYS[2])
 if not e then
   e = ARGV[1]
   redis.call('SET', KEYS[2], e)
 end
+local id
 if ARGV[3] ~= '' then
-  return redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[3], '0-*', 'e', e, 'p', ARGV[2])
+  id = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[3], '0-*', 'e', e, 'p', ARGV[2])
+else
+  id = redis.call('XADD', KEYS[1], '0-*', 'e', e, 'p', ARGV[2])
 end
-return redis.call('XADD', KEYS[1], '0-*', 'e', e, 'p', ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[4], id)
+if redis.call('RPUSH', KEYS[4], ARGV[4]) > tonumber(ARGV[5]) then
+  redis.call('HDEL', KEYS[3], redis.call('LPOP', KEYS[4]))
+end
+redis.call('PEXPIRE', KEYS[3], ARGV[6])
+redis.call('PEXPIRE', KEYS[4], ARGV[6])
+return id
 ",
     )
 });
+
+/// Append tokens kept per stream: a retry finds its first attempt's entry
+/// unless this many other appends to the stream came in between.
+const TOKENS_KEPT: usize = 4096;
+
+/// How long a stream's tokens outlive its last append, at least: far longer
+/// than any one append's retries ([`append`] stops at the request timeout;
+/// the tokens live at least twice that).
+const TOKEN_TTL: Duration = Duration::from_secs(600);
+
+/// First delay between attempts of one append; it doubles up to
+/// [`MAX_RETRY_DELAY`].
+const FIRST_RETRY_DELAY: Duration = Duration::from_millis(20);
+const MAX_RETRY_DELAY: Duration = Duration::from_millis(500);
 
 /// How long one `XREAD` blocks. Short enough that an idle reader probes
 /// for a recreated stream about once a second.
@@ -52,23 +83,93 @@ const BLOCK: Duration = Duration::from_secs(1);
 /// Entries per `XREAD`: bounds what a reader holds beyond its feed.
 const BATCH: usize = 256;
 
-/// Appends `payload` to `stream`, trimming to `max_len`; its sequence
-/// number, or `Err(reply)` when Redis answered with an id not of the form
-/// `0-N`.
+/// Appends `payload` to `stream`, trimming to `max_len`, and returns its ID.
+///
+/// Every attempt carries one token, which the script records with the id
+/// it assigned, so an attempt whose answer was lost (a server restart, a
+/// dropped connection, the crate's own cluster retries) can be repeated:
+/// the repeat returns the first attempt's id instead of appending again.
+/// Attempts go on while failures are transient, until the request timeout;
+/// then, if any attempt may have run, the outcome is unknown:
+/// [`Error::Indeterminate`](crate::Error::Indeterminate).
 pub(crate) async fn append(
     conn: &mut Conn,
+    target: &Target,
     stream: &str,
     payload: &[u8],
     max_len: Option<u64>,
-) -> RedisResult<Result<u64, String>> {
+) -> crate::Result<StreamId> {
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let ttl = TOKEN_TTL.max(target.request_timeout.saturating_mul(2));
     let mut call = APPEND.prepare_invoke();
     call.key(names::stream_key(stream))
         .key(names::stream_epoch(stream))
+        .key(names::stream_tokens(stream))
+        .key(names::stream_token_order(stream))
         .arg(uuid::Uuid::new_v4().simple().to_string())
         .arg(payload)
-        .arg(max_len.map(|n| n.to_string()).unwrap_or_default());
-    let id: String = conn.invoke(&call).await?;
-    Ok(sequence(&id).ok_or(id))
+        .arg(max_len.map(|n| n.to_string()).unwrap_or_default())
+        .arg(&token)
+        .arg(TOKENS_KEPT)
+        .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+    let deadline = Instant::now() + target.request_timeout;
+    let mut delay = FIRST_RETRY_DELAY;
+    // Why an attempt that may have run got no answer, if one did.
+    let mut in_doubt: Option<String> = None;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let e = match tokio::time::timeout(left, conn.invoke::<String>(&call)).await {
+            Ok(Ok(id)) => {
+                return match sequence(&id) {
+                    Some(seq) => Ok(StreamId(seq)),
+                    None => Err(target.failure(
+                        EtcdErrorKind::Unexpected,
+                        format!("append to stream {stream:?}: Redis assigned id {id:?}, not 0-N"),
+                    )),
+                }
+            }
+            Ok(Err(e)) => e,
+            Err(_) => {
+                in_doubt = Some(format!("no answer within {:?}", target.request_timeout));
+                break;
+            }
+        };
+        if may_have_run(&e) {
+            in_doubt = Some(one_line(&e));
+        }
+        let transient = kind_of(&e) == EtcdErrorKind::Unavailable;
+        if !transient || Instant::now() + delay >= deadline {
+            return Err(match in_doubt {
+                // A refusal now says nothing about the attempt before.
+                Some(message) => indeterminate(stream, message),
+                None => append_error(target, stream, &e),
+            });
+        }
+        tokio::time::sleep(delay).await;
+        delay = delay.saturating_mul(2).min(MAX_RETRY_DELAY);
+    }
+    Err(indeterminate(
+        stream,
+        in_doubt.unwrap_or_else(|| "no answer".into()),
+    ))
+}
+
+fn indeterminate(stream: &str, message: String) -> crate::Error {
+    crate::Error::Indeterminate {
+        backend: "redis",
+        stream: stream.to_string(),
+        // Redis assigns the id when the script runs.
+        id: None,
+        message,
+    }
+}
+
+/// Whether the script may have run although `e` came back: everything but
+/// an error reply from the server (which refuses a script before running
+/// it, or aborts it at the XADD, before the entry is written) and a refused
+/// connection (nothing was sent).
+fn may_have_run(e: &redis::RedisError) -> bool {
+    !matches!(e.kind(), redis::ErrorKind::Server(_)) && !e.is_connection_refusal()
 }
 
 /// `N` of an id `0-N`.
