@@ -2,7 +2,7 @@
 //! process. Every instance from the factory has its own `Etcd` connection
 //! (like separate processes) and shares the root, so cross-instance cases
 //! see each other's writes; streams are trimmed so the trimmed-resume case
-//! runs.
+//! runs; the restart hook kills etcd and starts it again with its data.
 
 use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, EtcdCoordinatorOptions};
 use fleetcoord::testing::EtcdServer;
@@ -12,14 +12,20 @@ use fleetcoord::{Etcd, EtcdOptions};
 fn etcd_backend_conforms() {
     let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
     let endpoint = server.endpoint();
-    let report = fleetcoord::conformance::run(|| {
-        let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default()).expect("connect");
-        let options = EtcdCoordinatorOptions::default()
-            .with_root("/conformance")
-            .with_stream_max_len(64);
-        Box::new(EtcdCoordinator::with_options(&etcd, options).expect("coordinator"))
-            as Box<dyn Coordinator>
-    });
+    let server = std::sync::Mutex::new(server);
+    let report = fleetcoord::conformance::run_with_restart(
+        || {
+            let etcd =
+                Etcd::connect(&[endpoint.as_str()], EtcdOptions::default()).expect("connect");
+            let options = EtcdCoordinatorOptions::default()
+                .with_root("/conformance")
+                .with_stream_max_len(64);
+            Box::new(EtcdCoordinator::with_options(&etcd, options).expect("coordinator"))
+                as Box<dyn Coordinator>
+        },
+        // kill -9 and start again: same port, same data.
+        || server.lock().unwrap_or_else(|p| p.into_inner()).restart(),
+    );
     assert!(
         report.skipped.is_empty(),
         "etcd declares everything: {:?}",

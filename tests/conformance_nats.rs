@@ -10,12 +10,18 @@ use fleetcoord::testing::NatsServer;
 fn nats_backend_conforms() {
     let server = NatsServer::start().expect("start nats-server (`make deps-nats` installs it)");
     let url = server.url();
-    let report = fleetcoord::conformance::run(|| {
-        let options = NatsOptions::default()
-            .with_urls(&url)
-            .with_stream_max_len(64);
-        Box::new(NatsCoordinator::with_options(options).expect("connect")) as Box<dyn Coordinator>
-    });
+    let server = std::sync::Mutex::new(server);
+    let report = fleetcoord::conformance::run_with_restart(
+        || {
+            let options = NatsOptions::default()
+                .with_urls(&url)
+                .with_stream_max_len(64);
+            Box::new(NatsCoordinator::with_options(options).expect("connect"))
+                as Box<dyn Coordinator>
+        },
+        // Same port, same store.
+        || server.lock().unwrap_or_else(|p| p.into_inner()).restart(),
+    );
     assert!(
         report.skipped.is_empty(),
         "nats declares everything: {:?}",

@@ -1,18 +1,24 @@
 //! The public conformance suite against the Redis backend: on a standalone
 //! `redis-server` and on a 3-master Redis Cluster. Every instance from the
 //! factory has its own connections (like separate processes) on the same
-//! server; streams are trimmed so the trimmed-resume case runs.
+//! server; streams are trimmed so the trimmed-resume case runs. The servers
+//! keep their data in an fsynced append-only file, so the restart hook
+//! (every node killed and started again) loses nothing acknowledged.
 
 use fleetcoord::coordinator::redis::RedisOptions;
 use fleetcoord::coordinator::{Coordinator, RedisCoordinator};
 use fleetcoord::testing::{RedisCluster, RedisServer};
+use std::sync::Mutex;
 
-fn conforms(urls: &str) {
-    let report = fleetcoord::conformance::run(|| {
-        let options = RedisOptions::default().with_stream_max_len(64);
-        Box::new(RedisCoordinator::with_options(urls, options).expect("connect"))
-            as Box<dyn Coordinator>
-    });
+fn conforms(urls: &str, restart: impl Fn() -> fleetcoord::Result<()>) {
+    let report = fleetcoord::conformance::run_with_restart(
+        || {
+            let options = RedisOptions::default().with_stream_max_len(64);
+            Box::new(RedisCoordinator::with_options(urls, options).expect("connect"))
+                as Box<dyn Coordinator>
+        },
+        restart,
+    );
     assert!(
         report.skipped.is_empty(),
         "redis declares everything: {:?}",
@@ -27,12 +33,22 @@ fn conforms(urls: &str) {
 
 #[test]
 fn redis_standalone_conforms() {
-    let server = RedisServer::start().expect("start redis-server (run `make deps-redis`)");
-    conforms(&server.url());
+    let server =
+        RedisServer::start_persistent().expect("start redis-server (run `make deps-redis`)");
+    let url = server.url();
+    let server = Mutex::new(server);
+    conforms(&url, || {
+        server.lock().unwrap_or_else(|p| p.into_inner()).restart()
+    });
 }
 
 #[test]
 fn redis_cluster_conforms() {
-    let cluster = RedisCluster::start(3).expect("start a redis cluster (run `make deps-redis`)");
-    conforms(&cluster.urls());
+    let cluster =
+        RedisCluster::start_persistent(3).expect("start a redis cluster (run `make deps-redis`)");
+    let urls = cluster.urls();
+    let cluster = Mutex::new(cluster);
+    conforms(&urls, || {
+        cluster.lock().unwrap_or_else(|p| p.into_inner()).restart()
+    });
 }

@@ -25,7 +25,9 @@ const INSTALL_HINT: &str = "run `make deps-redis` (Debian packages `redis-server
     `redis-tools`), or set REDIS_SERVER_BIN / REDIS_CLI_BIN";
 
 /// A real `redis-server` on a free loopback port, without persistence
-/// (`--save '' --appendonly no`), in its own temporary directory.
+/// (`--save '' --appendonly no`) unless started with
+/// [`start_persistent`](RedisServer::start_persistent), in its own
+/// temporary directory.
 ///
 /// Guarantees: after [`RedisServer::start`] returns `Ok`, the server
 /// answered `PING`. [`restart`](RedisServer::restart) keeps the port (and,
@@ -63,6 +65,14 @@ impl RedisServer {
     /// Starts a standalone server and waits until it answers `PING`.
     pub fn start() -> Result<RedisServer> {
         RedisServer::start_with_args(&[])
+    }
+
+    /// Starts a standalone server that keeps its data across
+    /// [`restart`](RedisServer::restart): an append-only file, fsynced
+    /// before every reply (`--appendonly yes --appendfsync always`), so
+    /// every acknowledged write survives a kill.
+    pub fn start_persistent() -> Result<RedisServer> {
+        RedisServer::start_with_args(&persistence())
     }
 
     /// Starts a server with extra `redis-server` arguments (e.g.
@@ -243,6 +253,15 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         let _ = self.kill();
     }
+}
+
+/// The arguments that make a server durable: later arguments override the
+/// defaults of [`RedisServer::spawn`].
+pub(crate) fn persistence() -> Vec<String> {
+    ["--appendonly", "yes", "--appendfsync", "always"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
 }
 
 /// One command over a fresh connection to `127.0.0.1:port`.

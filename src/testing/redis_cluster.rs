@@ -55,6 +55,28 @@ impl RedisCluster {
     /// the cluster is ok on every node and every replica is in sync with
     /// its master.
     pub fn start_with_replicas(masters: usize, replicas: usize) -> Result<RedisCluster> {
+        RedisCluster::start_nodes(masters, replicas, false)
+    }
+
+    /// [`start`](RedisCluster::start) with every node keeping its data
+    /// across restarts, as [`RedisServer::start_persistent`] does.
+    pub fn start_persistent(n: usize) -> Result<RedisCluster> {
+        RedisCluster::start_nodes(n, 0, true)
+    }
+
+    /// Kills every node, starts each again on its port with its data
+    /// (when persistent) and its slots, and waits until the cluster is ok.
+    pub fn restart(&mut self) -> Result<()> {
+        for node in &mut self.nodes {
+            node.kill()?;
+        }
+        for node in &mut self.nodes {
+            node.restart()?;
+        }
+        self.wait_ok()
+    }
+
+    fn start_nodes(masters: usize, replicas: usize, persistent: bool) -> Result<RedisCluster> {
         if masters < 3 {
             return Err(Error::invalid(
                 "masters",
@@ -69,7 +91,7 @@ impl RedisCluster {
         let mut nodes = Vec::with_capacity(n);
         for _ in 0..n {
             let bus = net::free_port()?;
-            let args: Vec<String> = [
+            let mut args: Vec<String> = [
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
@@ -82,6 +104,9 @@ impl RedisCluster {
             .iter()
             .map(|s| s.to_string())
             .collect();
+            if persistent {
+                args.extend(super::redis::persistence());
+            }
             nodes.push(RedisServer::start_with_args(&args)?);
         }
         let cluster = RedisCluster { nodes };

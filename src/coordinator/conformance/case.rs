@@ -44,6 +44,8 @@ impl Needs {
 /// What a case runs with.
 pub(super) struct Ctx<'a> {
     pub(super) factory: &'a dyn Fn() -> Box<dyn Coordinator>,
+    /// Restarts the backend's server, when the suite was given a way to.
+    pub(super) restart: Option<&'a dyn Fn() -> crate::Result<()>>,
     /// What the backend declared.
     pub(super) caps: Capabilities,
     /// Every handle the case opened, for the runner to close.

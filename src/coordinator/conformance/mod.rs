@@ -17,6 +17,15 @@
 //! opens its own handles and closes them at its end; names carry a random
 //! suffix, so cases never see each other's data even on a shared server.
 //!
+//! **Restarts.** [`run_with_restart`] also takes a hook that restarts the
+//! backend's server (kill it, start it again on the same address with its
+//! data); the case "stream appends across a restart are stored exactly
+//! once" calls it twice while two threads append, retrying retryable
+//! errors, then checks that every `Ok` is stored exactly once and every
+//! retryable failure not at all ([`Error::Indeterminate`](crate::Error::Indeterminate)
+//! is the only failure that may have been stored). [`run`] runs that case
+//! without restarts. The `fleetcoord::testing` servers restart this way.
+//!
 //! **Asynchronous backends.** Every expected delivery may take up to
 //! [`WAIT`]; absence is checked for at most [`QUIET`], or not at all where
 //! per-topic, per-stream or per-bucket ordering lets a later item prove that
@@ -35,6 +44,7 @@ mod kv;
 mod lifecycle;
 mod payload;
 mod pubsub;
+mod restart;
 #[cfg(test)]
 mod self_test;
 mod stream;
@@ -72,7 +82,32 @@ pub struct Report {
 /// what the factory must return). Panics, after running all cases, with the
 /// name and failure of each case that failed.
 pub fn run<F: Fn() -> Box<dyn Coordinator>>(factory: F) -> Report {
-    run_selected(factory, |_| true)
+    run_selected(factory, None, |_| true)
+}
+
+/// [`run`], with `restart` restarting the backend's server (all of its
+/// nodes, for a cluster) and returning once it serves again, keeping its
+/// data and address: the restart case then restarts it while appending.
+///
+/// ```no_run
+/// use fleetcoord::coordinator::{Coordinator, EtcdCoordinator};
+/// use fleetcoord::testing::EtcdServer;
+/// use std::sync::Mutex;
+///
+/// let server = Mutex::new(EtcdServer::start()?);
+/// let endpoint = server.lock().unwrap().endpoint();
+/// fleetcoord::conformance::run_with_restart(
+///     || Box::new(EtcdCoordinator::connect(&endpoint).expect("connect")) as Box<dyn Coordinator>,
+///     || server.lock().unwrap().restart(),
+/// );
+/// # Ok::<(), fleetcoord::Error>(())
+/// ```
+pub fn run_with_restart<F, R>(factory: F, restart: R) -> Report
+where
+    F: Fn() -> Box<dyn Coordinator>,
+    R: Fn() -> crate::Result<()>,
+{
+    run_selected(factory, Some(&restart), |_| true)
 }
 
 /// Every case, one concern after another.
@@ -81,6 +116,7 @@ fn cases() -> impl Iterator<Item = &'static Case> {
         lifecycle::CASES,
         pubsub::CASES,
         stream::CASES,
+        restart::CASES,
         kv::CASES,
         payload::CASES,
     ]
@@ -91,6 +127,7 @@ fn cases() -> impl Iterator<Item = &'static Case> {
 /// [`run`] restricted to the cases whose name `select` accepts.
 fn run_selected<F: Fn() -> Box<dyn Coordinator>>(
     factory: F,
+    restart: Option<&dyn Fn() -> crate::Result<()>>,
     select: impl Fn(&str) -> bool,
 ) -> Report {
     let capabilities = {
@@ -116,6 +153,7 @@ fn run_selected<F: Fn() -> Box<dyn Coordinator>>(
         }
         let ctx = Ctx {
             factory: &factory,
+            restart,
             caps: capabilities,
             opened: RefCell::new(Vec::new()),
         };

@@ -16,6 +16,10 @@ enum Bug {
     AfterSkipsOne,
     PatternIgnored,
     TopicIsPrefix,
+    /// Every 7th append is stored and reported as a retryable failure.
+    FailedButStored,
+    /// Every 7th append is stored twice and reported once.
+    StoredTwice,
 }
 
 struct Buggy(MemoryCoordinator, Bug);
@@ -33,7 +37,18 @@ impl Coordinator for Buggy {
         self.0.subscribe(topic)
     }
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
-        self.0.append_stream(stream, payload)
+        let id = self.0.append_stream(stream, payload)?;
+        match self.1 {
+            Bug::FailedButStored if id.0 % 7 == 0 => Err(crate::Error::etcd(
+                crate::EtcdErrorKind::Unavailable,
+                "the answer was lost",
+            )),
+            Bug::StoredTwice if id.0 % 7 == 0 => {
+                self.0.append_stream(stream, payload)?;
+                Ok(id)
+            }
+            _ => Ok(id),
+        }
     }
     fn read_stream(&self, stream: &str, from: StreamPosition) -> Result<StreamReader> {
         let from = match (self.1, from) {
@@ -73,7 +88,11 @@ impl Coordinator for Buggy {
 fn fails(bug: Bug, case: &str) -> String {
     let hub = MemoryCoordinator::new();
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        run_selected(|| Box::new(Buggy(hub.clone(), bug)), |name| name == case)
+        run_selected(
+            || Box::new(Buggy(hub.clone(), bug)),
+            None,
+            |name| name == case,
+        )
     }));
     match outcome {
         Ok(report) => panic!("the suite missed a bug in {case:?}: {report:?}"),
@@ -88,12 +107,47 @@ fn the_suite_catches_bugs() {
     assert!(fails(Bug::AfterSkipsOne, "stream resume strictly after an id").contains("after id"));
     assert!(fails(Bug::PatternIgnored, "kv watch pattern isolation").contains("snapshot"));
     assert!(fails(Bug::TopicIsPrefix, "pub/sub exact topic").contains("the exact topic"));
+    let restart = "stream appends across a restart are stored exactly once";
+    assert!(fails(Bug::FailedButStored, restart).contains("stores it twice"));
+    assert!(fails(Bug::StoredTwice, restart).contains("the stream holds it at"));
+}
+
+#[test]
+fn the_restart_hook_runs_while_appends_are_running() {
+    let hub = MemoryCoordinator::new();
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    let restart = || {
+        calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    };
+    let report = run_selected(
+        || Box::new(hub.clone()),
+        Some(&restart),
+        |name| name.contains("restart"),
+    );
+    assert_eq!(report.passed.len(), 1);
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    // A failing hook fails the case, naming it.
+    let broken = || Err(crate::Error::invalid("restart", "cannot"));
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        run_selected(
+            || Box::new(hub.clone()),
+            Some(&broken),
+            |name| name.contains("restart"),
+        )
+    }));
+    let text = outcome.map_or_else(|p| panic_text(&*p), |r| format!("passed: {r:?}"));
+    assert!(text.contains("the restart hook failed"), "{text}");
 }
 
 #[test]
 fn a_correct_backend_passes_selected_cases() {
     let hub = MemoryCoordinator::new();
-    let report = run_selected(|| Box::new(hub.clone()), |name| name.starts_with("kv"));
+    let report = run_selected(
+        || Box::new(hub.clone()),
+        None,
+        |name| name.starts_with("kv"),
+    );
     assert_eq!(
         report.passed.len(),
         cases().filter(|c| c.name.starts_with("kv")).count()
