@@ -100,6 +100,19 @@ pub(crate) async fn append(
     max_len: Option<u64>,
 ) -> crate::Result<StreamId> {
     let token = uuid::Uuid::new_v4().simple().to_string();
+    append_as(conn, target, stream, payload, max_len, &token).await
+}
+
+/// [`append`] under a given token: a second call with the same token
+/// stores nothing and returns the first call's ID.
+async fn append_as(
+    conn: &mut Conn,
+    target: &Target,
+    stream: &str,
+    payload: &[u8],
+    max_len: Option<u64>,
+    token: &str,
+) -> crate::Result<StreamId> {
     let ttl = TOKEN_TTL.max(target.request_timeout.saturating_mul(2));
     let mut call = APPEND.prepare_invoke();
     call.key(names::stream_key(stream))
@@ -109,7 +122,7 @@ pub(crate) async fn append(
         .arg(uuid::Uuid::new_v4().simple().to_string())
         .arg(payload)
         .arg(max_len.map(|n| n.to_string()).unwrap_or_default())
-        .arg(&token)
+        .arg(token)
         .arg(TOKENS_KEPT)
         .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
     let deadline = Instant::now() + target.request_timeout;
@@ -497,6 +510,55 @@ pub(crate) fn append_error(target: &Target, stream: &str, e: &redis::RedisError)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The script against a real server: a repeated token is answered with
+    /// the first attempt's id and stores nothing; only the newest tokens
+    /// are kept, all under the stream's hash tag.
+    #[cfg(feature = "testing")]
+    #[test]
+    fn a_repeated_token_returns_the_first_id_and_appends_nothing() {
+        let server = crate::testing::RedisServer::start().expect("start redis-server");
+        let target =
+            Target::parse(&server.url(), &super::super::RedisOptions::default()).expect("target");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let mut conn = target.command_conn().await.expect("connect");
+            let first = append_as(&mut conn, &target, "s", b"a", None, "t1").await;
+            let again = append_as(&mut conn, &target, "s", b"a", None, "t1").await;
+            let other = append_as(&mut conn, &target, "s", b"b", None, "t2").await;
+            assert_eq!(
+                (first.ok(), again.ok(), other.ok()),
+                (Some(StreamId(1)), Some(StreamId(1)), Some(StreamId(2)))
+            );
+            let len: u64 = conn
+                .query(redis::cmd("XLEN").arg(names::stream_key("s")))
+                .await
+                .expect("XLEN");
+            assert_eq!(len, 2, "the repeat stored nothing");
+            for i in 0..TOKENS_KEPT {
+                let token = format!("n{i}");
+                append_as(&mut conn, &target, "s", b"x", Some(8), &token)
+                    .await
+                    .expect("append");
+            }
+            let kept: u64 = conn
+                .query(redis::cmd("HLEN").arg(names::stream_tokens("s")))
+                .await
+                .expect("HLEN");
+            assert_eq!(kept, TOKENS_KEPT as u64, "the oldest tokens are forgotten");
+            let ttl: i64 = conn
+                .query(redis::cmd("PTTL").arg(names::stream_token_order("s")))
+                .await
+                .expect("PTTL");
+            assert!(ttl > 0 && ttl <= TOKEN_TTL.as_millis() as i64, "{ttl}");
+            // t1 was forgotten: the same token now appends again.
+            let late = append_as(&mut conn, &target, "s", b"a", Some(8), "t1").await;
+            assert_eq!(late.ok(), Some(StreamId(TOKENS_KEPT as u64 + 3)));
+        });
+    }
 
     #[test]
     fn only_0_n_ids_are_sequences() {
