@@ -32,7 +32,7 @@
 //! | what | keys |
 //! |---|---|
 //! | KV bucket `b` | hash `coord:kv:{b}` (field = key), version `coord:kvv:{b}`, channel `coord:kvn:{b}` |
-//! | stream `s` | Redis stream `coord:stream:{s}`, epoch `coord:streame:{s}` |
+//! | stream `s` | Redis stream `coord:stream:{s}`, epoch `coord:streame:{s}`, append tokens `coord:streamt:{s}` (hash) and `coord:streamto:{s}` (their order) |
 //! | topic `t` | channel `coord:topic:{t}` |
 //!
 //! A KV write is one Lua script declaring the hash, the version and the
@@ -59,6 +59,21 @@
 //!   are skipped. A restart that loses the data (no persistence) starts a
 //!   stream over at ID 1; readers notice (each entry carries the stream's
 //!   epoch), log a warning and read the new stream from its first entry.
+//! * **appends are stored at most once** — each `append_stream` draws a
+//!   random token and passes it to the append script with every attempt;
+//!   the script records token → id in the hash `coord:streamt:{s}` (the
+//!   newest 4,096 tokens, listed in order in `coord:streamto:{s}`; both
+//!   expire 10 minutes, at least twice the request timeout, after the
+//!   stream's last append) and answers a token it has seen with the id it
+//!   stored. So an attempt whose answer was lost (a server restart, a
+//!   dropped connection, the cluster client's own retries) is repeated
+//!   without appending twice; transient failures are retried until
+//!   [`RedisOptions::request_timeout`]. `Ok(id)` is stored once; an error
+//!   means nothing was stored, except [`Error::Indeterminate`], returned
+//!   when an attempt may have run and none answered before the timeout.
+//!   A retry finds its token unless 4,096 other appends to the stream came
+//!   in between. Durability across a restart is the server's: with
+//!   `appendfsync always` every acknowledged append survives.
 //! * **KV watches** — subscribe, then snapshot the hash and its version in
 //!   one script; notifications at or below the snapshot version are
 //!   skipped, each later one must be the next version. A gap, a lost
