@@ -112,6 +112,14 @@ pub trait Coordinator: Send + Sync {
     /// Appends `payload` to `stream` and returns its ID. IDs are sequence
     /// numbers per stream, starting at 1 and strictly increasing, also under
     /// concurrent appenders.
+    ///
+    /// `Ok(id)` means the payload is stored exactly once, at `id` (noop
+    /// stores nothing, by design); an error means it was not stored, so
+    /// appending again is safe, except
+    /// [`Error::Indeterminate`](crate::Error::Indeterminate): the outcome
+    /// stayed unknown, and the payload may be stored (once). Backends retry
+    /// lost answers internally in ways that cannot store twice; the
+    /// conformance suite checks this across server restarts.
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId>;
 
     /// Reads `stream` from `from` (see [`StreamPosition`]), then tails it.

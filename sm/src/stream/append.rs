@@ -168,6 +168,14 @@ pub struct Append {
     clock: Clock,
 }
 
+/// [`requests::append`] or [`requests::resend`].
+type BuildTxn = fn(
+    &StreamKeys,
+    Head,
+    &[u8],
+    Option<NonZeroU64>,
+) -> Result<(u64, crate::rpc::Request), StreamError>;
+
 /// A transaction whose answer was lost, so it may or may not have applied.
 #[derive(Clone, Debug)]
 struct Doubt {
@@ -247,16 +255,7 @@ impl Append {
 
     /// Send the transaction `build` makes for the running payload on
     /// `guard`.
-    fn send(
-        &mut self,
-        guard: Head,
-        build: fn(
-            &StreamKeys,
-            Head,
-            &[u8],
-            Option<NonZeroU64>,
-        ) -> Result<(u64, crate::rpc::Request), StreamError>,
-    ) {
+    fn send(&mut self, guard: Head, build: BuildTxn) {
         let payload = self.pending.front().map(Vec::as_slice).unwrap_or_default();
         match build(&self.keys, guard, payload, self.max_len) {
             Ok((seq, request)) => {
