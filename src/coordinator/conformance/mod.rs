@@ -20,7 +20,7 @@
 //! **Restarts.** [`run_with_restart`] also takes a hook that restarts the
 //! backend's server (kill it, start it again on the same address with its
 //! data); the case "stream appends across a restart are stored exactly
-//! once" calls it twice while two threads append, retrying retryable
+//! once" calls it three times while two threads append, retrying retryable
 //! errors, then checks that every `Ok` is stored exactly once and every
 //! retryable failure not at all ([`Error::Indeterminate`](crate::Error::Indeterminate)
 //! is the only failure that may have been stored). [`run`] runs that case

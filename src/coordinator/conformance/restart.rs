@@ -29,7 +29,7 @@ pub(super) const CASES: &[Case] = &[Case {
 const THREADS: usize = 2;
 
 /// Restarts, spread evenly over the appends.
-const RESTARTS: usize = 2;
+const RESTARTS: usize = 3;
 
 /// Appends per thread on a stream that keeps everything.
 const APPENDS: usize = 100;

@@ -126,7 +126,7 @@ fn the_restart_hook_runs_while_appends_are_running() {
         |name| name.contains("restart"),
     );
     assert_eq!(report.passed.len(), 1);
-    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
     // A failing hook fails the case, naming it.
     let broken = || Err(crate::Error::invalid("restart", "cannot"));
     let outcome = catch_unwind(AssertUnwindSafe(|| {
