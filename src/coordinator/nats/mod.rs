@@ -147,7 +147,9 @@ pub struct NatsOptions {
     pub stream_max_len: Option<u64>,
     /// Drop stream entries older than this (at least one second). Default
     /// `None` (no limit). Below 2 minutes it also shortens the window in
-    /// which a retried append is recognised as a repeat to this age.
+    /// which a retried append is recognised as a repeat to this age, and
+    /// an append stops retrying within it (so one shorter than
+    /// `request_timeout` shortens how long an append keeps trying).
     pub stream_max_age: Option<Duration>,
     /// How to log in. Default [`NatsCredentials::None`].
     pub credentials: NatsCredentials,
@@ -313,8 +315,11 @@ impl NatsOptions {
 ///   from every server are not delivered (at-most-once across reconnects).
 /// * **streams**: entry IDs are the JetStream stream's sequence numbers
 ///   (1, 2, 3, ... without gaps, also under concurrent appenders). An append
-///   is retried across reconnects and cluster leader changes until the
-///   request timeout, with one message ID, so it is stored at most once.
+///   is retried across reconnects, server restarts and cluster leader
+///   changes until the request timeout (never past the stream's duplicate
+///   window), with one message ID, so it is stored at most once: `Ok` is
+///   stored once, an error means it was not stored, except
+///   [`Error::Indeterminate`], when an attempt may have landed unanswered.
 ///   Without JetStream quorum (most of a cluster's nodes gone) appends and
 ///   KV writes fail at the request timeout with a retryable
 ///   [`Error::Backend`] saying `JetStream has no quorum for stream "…"`
