@@ -18,13 +18,14 @@
 //! reconnected stream) and reads the new stream from its first entry, with
 //! a warning, instead of waiting for an ID it already saw.
 
-use super::client::{bytes, kind_of, one_line, Conn, Target};
+use super::client::{bytes, with_failover, Conn, Repeat, Target};
 use super::names;
 use super::task::{Backoff, FeedCtx};
 use crate::coordinator::{StreamEntry, StreamId, StreamPosition};
 use crate::driver::bridge::FeedFull;
 use crate::error::EtcdErrorKind;
 use redis::{RedisResult, Script, Value};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
@@ -125,14 +126,39 @@ async fn append_as(
         .arg(token)
         .arg(TOKENS_KEPT)
         .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+    let context = format!("append to stream {stream:?}");
+    let key = names::stream_key(stream);
     let deadline = Instant::now() + target.request_timeout;
     let mut delay = FIRST_RETRY_DELAY;
-    // Why an attempt that may have run got no answer, if one did.
-    let mut in_doubt: Option<String> = None;
+    // Attempts begun, and those that ended proving they did not run (or
+    // answered): more begun than settled means one may have run unanswered.
+    let (begun, settled) = (AtomicU32::new(0), AtomicU32::new(0));
+    let attempt = || {
+        let (mut conn, call, begun, settled) = (conn.clone(), &call, &begun, &settled);
+        async move {
+            begun.fetch_add(1, Ordering::Relaxed);
+            let result = conn.invoke::<String>(call).await;
+            if result.as_ref().map_or_else(|e| !may_have_run(e), |_| true) {
+                settled.fetch_add(1, Ordering::Relaxed);
+            }
+            result
+        }
+    };
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let e = match tokio::time::timeout(left, conn.invoke::<String>(&call)).await {
-            Ok(Ok(id)) => {
+        // A failover is waited out inside; the token makes every repeat,
+        // also of an attempt whose connection broke, safe.
+        let describe = |e: &redis::RedisError| append_error(target, stream, e);
+        let e = match with_failover(
+            target,
+            &context,
+            Some(&key),
+            Repeat::Safe,
+            attempt,
+            describe,
+        )
+        .await
+        {
+            Ok(id) => {
                 return match sequence(&id) {
                     Some(seq) => Ok(StreamId(seq)),
                     None => Err(target.failure(
@@ -141,30 +167,29 @@ async fn append_as(
                     )),
                 }
             }
-            Ok(Err(e)) => e,
-            Err(_) => {
-                in_doubt = Some(format!("no answer within {:?}", target.request_timeout));
-                break;
-            }
+            Err(e) => e,
         };
-        if may_have_run(&e) {
-            in_doubt = Some(one_line(&e));
+        // Applied, with its id, only less replicated than asked: say so.
+        let unreplicated = matches!(
+            e,
+            crate::Error::Backend {
+                kind: EtcdErrorKind::Unreplicated,
+                ..
+            }
+        );
+        let in_doubt = begun.load(Ordering::Relaxed) > settled.load(Ordering::Relaxed);
+        // A standalone server restarting refuses or drops connections; the
+        // failover wait above covers a cluster only.
+        let again = !target.cluster && e.is_retryable() && Instant::now() + delay < deadline;
+        if unreplicated || (!again && !in_doubt) {
+            return Err(e);
         }
-        let transient = kind_of(&e) == EtcdErrorKind::Unavailable;
-        if !transient || Instant::now() + delay >= deadline {
-            return Err(match in_doubt {
-                // A refusal now says nothing about the attempt before.
-                Some(message) => indeterminate(stream, message),
-                None => append_error(target, stream, &e),
-            });
+        if !again {
+            return Err(indeterminate(stream, e.to_string()));
         }
         tokio::time::sleep(delay).await;
         delay = delay.saturating_mul(2).min(MAX_RETRY_DELAY);
     }
-    Err(indeterminate(
-        stream,
-        in_doubt.unwrap_or_else(|| "no answer".into()),
-    ))
 }
 
 fn indeterminate(stream: &str, message: String) -> crate::Error {
