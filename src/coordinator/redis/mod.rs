@@ -66,7 +66,7 @@
 //!   expire 10 minutes, at least twice the request timeout, after the
 //!   stream's last append) and answers a token it has seen with the id it
 //!   stored. So an attempt whose answer was lost (a server restart, a
-//!   dropped connection, the cluster client's own retries) is repeated
+//!   dropped connection, a master failing over) is repeated
 //!   without appending twice; transient failures are retried until
 //!   [`RedisOptions::request_timeout`]. `Ok(id)` is stored once; an error
 //!   means nothing was stored, except [`Error::Indeterminate`], returned

@@ -88,7 +88,7 @@ const BATCH: usize = 256;
 ///
 /// Every attempt carries one token, which the script records with the id
 /// it assigned, so an attempt whose answer was lost (a server restart, a
-/// dropped connection, the crate's own cluster retries) can be repeated:
+/// dropped connection, a master failing over) can be repeated:
 /// the repeat returns the first attempt's id instead of appending again.
 /// Attempts go on while failures are transient, until the request timeout;
 /// then, if any attempt may have run, the outcome is unknown:
