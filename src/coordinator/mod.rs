@@ -116,7 +116,7 @@ pub trait Coordinator: Send + Sync {
     /// `Ok(id)` means the payload is stored exactly once, at `id` (noop
     /// stores nothing, by design); an error means it was not stored, so
     /// appending again is safe, except
-    /// [`Error::Indeterminate`](crate::Error::Indeterminate): the outcome
+    /// [`Error::Indeterminate`]: the outcome
     /// stayed unknown, and the payload may be stored (once). Backends retry
     /// lost answers internally in ways that cannot store twice; the
     /// conformance suite checks this across server restarts.
