@@ -92,6 +92,15 @@ impl Gap {
     pub fn excess(&self) -> Duration {
         self.length().saturating_sub(self.in_outage)
     }
+
+    /// How much of it fell inside `outages` (another list than the one it
+    /// was found with).
+    pub fn within(&self, outages: &[Outage]) -> Duration {
+        outages
+            .iter()
+            .map(|o| overlap(self.from, self.to, o.from, o.to))
+            .sum()
+    }
 }
 
 /// Every leaderless stretch while a candidate waited, up to `end` (when
