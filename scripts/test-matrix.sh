@@ -15,7 +15,8 @@
 #
 #   scripts/test-matrix.sh VENV    (VENV relative to the repository root)
 #
-# Overrides (space-separated suite names, i.e. tests/<name>.rs):
+# Overrides (space-separated suite names, i.e. tests/<name>.rs; set but
+# empty runs none of that server's suites):
 #   MATRIX_ETCD_SUITES, MATRIX_NATS_SUITES, MATRIX_REDIS_SUITES
 #   MATRIX_LOGS   where each cell's output goes (default target/matrix)
 set -euo pipefail
@@ -32,22 +33,31 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cd "$here/.."
 CARGO=${CARGO:-cargo}
 
-# Suites of the etcd primitives (election, mutex, pool, liveness, watcher,
-# cluster faults, the etcd Coordinator) and the harness they rely on.
-ETCD_SUITES=${MATRIX_ETCD_SUITES:-smoke_driver testing_harness election \
+# Every suite that starts the server in question. etcd: the primitives
+# (election, mutex, pool, liveness, watcher), their fault tests (cluster,
+# self_healing, hanging_member, soak), the etcd Coordinator, and the harness
+# they rely on. coordinator_scenarios runs one case per backend, so it is in
+# all three lists.
+ETCD_SUITES=${MATRIX_ETCD_SUITES-smoke_driver testing_harness election \
 mutex pool leadership_handles hosts self_healing hanging_member cluster \
 drop_never_blocks interop secured token_expiry slow_consumers \
-stream_appends conformance_etcd soak}
-NATS_SUITES=${MATRIX_NATS_SUITES:-conformance_nats nats_faults nats_edges \
-nats_names nats_from_env nats_slow_consumers}
-REDIS_SUITES=${MATRIX_REDIS_SUITES:-conformance_redis redis_faults \
-redis_cluster_slots redis_refusals redis_slow_consumers}
+large_snapshots stream_appends conformance_etcd coordinator_scenarios \
+from_env properties bad_input soak}
+NATS_SUITES=${MATRIX_NATS_SUITES-conformance_nats nats_faults nats_edges \
+nats_names nats_from_env nats_slow_consumers coordinator_scenarios}
+REDIS_SUITES=${MATRIX_REDIS_SUITES-conformance_redis redis_faults \
+redis_cluster_slots redis_refusals redis_slow_consumers coordinator_scenarios}
+
+read -r -a etcd_suites <<<"$ETCD_SUITES"
+read -r -a nats_suites <<<"$NATS_SUITES"
+read -r -a redis_suites <<<"$REDIS_SUITES"
+all_suites=("${etcd_suites[@]}" "${nats_suites[@]}" "${redis_suites[@]}")
 
 logs=${MATRIX_LOGS:-target/matrix}
 mkdir -p "$logs"
 logs=$(cd "$logs" && pwd)
 
-for suite in $ETCD_SUITES $NATS_SUITES $REDIS_SUITES; do
+for suite in "${all_suites[@]}"; do
   [ -e "tests/$suite.rs" ] || [ -e "tests/$suite/main.rs" ] \
     || die "no suite tests/$suite.rs (check MATRIX_*_SUITES)"
 done
@@ -82,7 +92,7 @@ version_of() {
 # --- build once, so that cells time the tests, not the compiler -----------
 
 test_args=()
-for suite in $ETCD_SUITES $NATS_SUITES $REDIS_SUITES; do
+for suite in $(printf '%s\n' "${all_suites[@]}" | sort -u); do
   test_args+=(--test "$suite")
 done
 echo "== building the matrix suites"
@@ -90,6 +100,7 @@ echo "== building the matrix suites"
 
 # --- run -------------------------------------------------------------------
 
+matrix_start=$(date +%s)
 cells=()    # "kind|suite|version|pass or FAIL|seconds|log"
 failed=0
 
@@ -118,15 +129,15 @@ nats_new_v=$(version_of nats "${new[NATS_SERVER_BIN]}")
 redis_old_v=$(version_of redis "$old_redis")
 redis_new_v=$(version_of redis "${new[REDIS_SERVER_BIN]}")
 
-for suite in $ETCD_SUITES; do
+for suite in "${etcd_suites[@]}"; do
   run_cell etcd "$suite" "$etcd_old_v" "$old_etcd" "$old_nats" "$old_redis"
   run_cell etcd "$suite" "$etcd_new_v" "${new[ETCD_BIN]}" "$old_nats" "$old_redis"
 done
-for suite in $NATS_SUITES; do
+for suite in "${nats_suites[@]}"; do
   run_cell nats "$suite" "$nats_old_v" "$old_etcd" "$old_nats" "$old_redis"
   run_cell nats "$suite" "$nats_new_v" "$old_etcd" "${new[NATS_SERVER_BIN]}" "$old_redis"
 done
-for suite in $REDIS_SUITES; do
+for suite in "${redis_suites[@]}"; do
   run_cell redis "$suite" "$redis_old_v" "$old_etcd" "$old_nats" "$old_redis"
   run_cell redis "$suite" "$redis_new_v" "$old_etcd" "$old_nats" "${new[REDIS_SERVER_BIN]}"
 done
@@ -148,7 +159,9 @@ cell() {
 table() {
   local kind=$1 old=$2 new_v=$3 suite
   shift 3
+  [ $# -gt 0 ] || return 0
   printf '\n%-22s %-14s %-14s\n' "$kind suite" "$kind $old" "$kind $new_v"
+  printf '%-22s %-14s %-14s\n' "----------------------" "-------------" "-------------"
   for suite in "$@"; do
     printf '%-22s %-14s %-14s\n' "$suite" "$(cell "$kind" "$suite" "$old")" \
       "$(cell "$kind" "$suite" "$new_v")"
@@ -156,13 +169,10 @@ table() {
 }
 
 echo
-echo "== make test-matrix: server versions x suites"
-# shellcheck disable=SC2086 # the suite lists are word lists on purpose
-table etcd "$etcd_old_v" "$etcd_new_v" $ETCD_SUITES
-# shellcheck disable=SC2086
-table nats "$nats_old_v" "$nats_new_v" $NATS_SUITES
-# shellcheck disable=SC2086
-table redis "$redis_old_v" "$redis_new_v" $REDIS_SUITES
+echo "== make test-matrix: server versions x suites ($(( $(date +%s) - matrix_start ))s in all)"
+table etcd "$etcd_old_v" "$etcd_new_v" "${etcd_suites[@]}"
+table nats "$nats_old_v" "$nats_new_v" "${nats_suites[@]}"
+table redis "$redis_old_v" "$redis_new_v" "${redis_suites[@]}"
 
 if [ "$failed" -gt 0 ]; then
   echo
