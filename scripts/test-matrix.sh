@@ -39,7 +39,8 @@ CARGO=${CARGO:-cargo}
 # they rely on. coordinator_scenarios runs one case per backend, so it is in
 # all three lists.
 ETCD_SUITES=${MATRIX_ETCD_SUITES-smoke_driver testing_harness election \
-mutex pool leadership_handles hosts self_healing hanging_member cluster \
+mutex pool leadership_handles hosts watcher_recovery self_healing \
+hanging_member cluster member_restarts \
 drop_never_blocks interop secured token_expiry slow_consumers \
 large_snapshots stream_appends conformance_etcd coordinator_scenarios \
 from_env properties bad_input soak}
