@@ -45,9 +45,10 @@ drop_never_blocks interop secured token_expiry slow_consumers \
 large_snapshots stream_appends conformance_etcd coordinator_scenarios \
 from_env properties bad_input soak}
 NATS_SUITES=${MATRIX_NATS_SUITES-conformance_nats nats_faults nats_edges \
-nats_names nats_from_env nats_slow_consumers coordinator_scenarios}
+nats_names nats_from_env nats_slow_consumers nats_quorum coordinator_scenarios}
 REDIS_SUITES=${MATRIX_REDIS_SUITES-conformance_redis redis_faults \
-redis_cluster_slots redis_refusals redis_slow_consumers coordinator_scenarios}
+redis_cluster_slots redis_failover redis_refusals redis_slow_consumers \
+coordinator_scenarios}
 
 read -r -a etcd_suites <<<"$ETCD_SUITES"
 read -r -a nats_suites <<<"$NATS_SUITES"
