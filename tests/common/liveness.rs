@@ -101,6 +101,15 @@ impl Gap {
             .map(|o| overlap(self.from, self.to, o.from, o.to))
             .sum()
     }
+
+    /// How many of `outages` ended inside it.
+    pub fn ended_inside(&self, outages: &[Outage]) -> u32 {
+        let n = outages
+            .iter()
+            .filter(|o| o.to > self.from && o.to <= self.to)
+            .count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
 }
 
 /// Every leaderless stretch while a candidate waited, up to `end` (when

@@ -20,7 +20,9 @@
 //! increase, stale fenced writes refused, stream entries read exactly once
 //! in order. And liveness (`common/liveness.rs`), printed as distributions
 //! and bounded: leaderless time while a candidate waits (at most
-//! 2 × TTL + 2 s beyond the time etcd itself had no raft leader; after a
+//! 2 × TTL + 2 s beyond the time etcd itself had no raft leader, plus a TTL
+//! for every raft leader elected meanwhile, since each extends every lease
+//! to a full TTL; after a
 //! resign, at most 1 s beyond the fault windows),
 //! every timed call back within its bound + 1 s, the watcher converged
 //! within [`CONVERGE`] of each heal, and readers' lag behind an
@@ -118,6 +120,9 @@ fn options() -> EtcdOptions {
 /// What the liveness checker reads: when things happened.
 #[derive(Default)]
 struct Timeline {
+    /// What each candidate did and when, for the report of a long gap:
+    /// campaign outcomes, resigns, client restarts.
+    actions: Vec<(Instant, usize, String)>,
     held: Vec<Held>,
     waited: Vec<Waited>,
     timed: Vec<Timed>,
@@ -194,6 +199,11 @@ fn candidate(i: usize, endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
         };
         while !shared.stop.load(Ordering::SeqCst) {
             if shared.restart[i].swap(false, Ordering::SeqCst) {
+                shared
+                    .timeline
+                    .lock()
+                    .actions
+                    .push((Instant::now(), i, "client restarted".into()));
                 drop(election);
                 let _ = etcd.close();
                 continue 'client;
@@ -214,10 +224,23 @@ fn candidate(i: usize, endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
                     bound: CAMPAIGN,
                 });
             }
-            let Ok(leadership) = result else {
-                thread::sleep(Duration::from_millis(50));
-                continue;
+            let leadership = match result {
+                Ok(l) => l,
+                Err(e) => {
+                    let what = match e {
+                        fleetcoord::Error::Timeout(_) => "campaign timed out".to_string(),
+                        e => format!("campaign failed: {e}"),
+                    };
+                    shared.timeline.lock().actions.push((returned, i, what));
+                    thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
             };
+            shared.timeline.lock().actions.push((
+                returned,
+                i,
+                format!("elected, token {}", leadership.fencing_token()),
+            ));
             let elected_at = returned;
             let mut last_held_at = elected_at;
             let hold_until = elected_at + between(&mut rng, 200, 1500);
@@ -649,11 +672,24 @@ fn liveness_violations(t: &Timeline, end: Instant) -> Vec<String> {
     let bound = TTL * 2 + Duration::from_secs(2);
     for g in &gaps {
         // The bound holds while etcd can elect: its own leaderless time is
-        // no client's to shorten.
+        // no client's to shorten. And every raft leader elected meanwhile
+        // extended every lease to a full TTL: the lease of a candidate
+        // that is gone (a restarted client whose revoke did not get
+        // through) first in line lives that much longer each time.
         let etcd_down = g.within(&t.leaderless_etcd);
+        let extensions = g.ended_inside(&t.leaderless_etcd);
+        let bound = bound + TTL * extensions;
         if g.length().saturating_sub(etcd_down) > bound {
+            // What every candidate did meanwhile, summarised per candidate.
+            let mut doing: BTreeMap<usize, BTreeMap<String, usize>> = BTreeMap::new();
+            for (at, c, what) in &t.actions {
+                if *at >= g.from && *at <= g.to {
+                    let what = what.split(" (").next().unwrap_or(what).to_string();
+                    *doing.entry(*c).or_default().entry(what).or_default() += 1;
+                }
+            }
             violations.push(format!(
-                "{} (bound {bound:?} beyond the {etcd_down:.2?} etcd had no raft leader)",
+                "{} (bound {bound:?} beyond the {etcd_down:.2?} etcd had no raft leader); meanwhile {doing:?}",
                 g.describe()
             ));
         }
