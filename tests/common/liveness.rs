@@ -16,6 +16,9 @@
 //! stopped believing (the resign call, or the first `is_held() == false`),
 //! so recorded tenures sit inside the real ones: gaps measured here are
 //! never shorter than the real gaps.
+//!
+//! Not every test that includes it uses every part.
+#![allow(dead_code)]
 
 use std::time::{Duration, Instant};
 

@@ -79,11 +79,15 @@ fn txn_payload(request: &Request) -> Option<(Vec<u8>, Txn)> {
     Some((payload, writes))
 }
 
+/// The request in flight: its id and, for an append transaction, its
+/// payload and transaction.
+type InFlight = (RpcId, Option<(Vec<u8>, Txn)>);
+
 /// Wraps an [`Append`] and checks the wire rules on every command.
 struct AppendSpy {
     machine: Append,
     last_now: Instant,
-    outstanding: Option<(RpcId, Option<(Vec<u8>, Txn)>)>,
+    outstanding: Option<InFlight>,
     /// Payloads whose transaction failed in flight, with that transaction's
     /// guard and writes: until an answer comes, only those may be sent.
     in_doubt: BTreeMap<Vec<u8>, Txn>,
