@@ -188,12 +188,15 @@ pub enum TryCampaign {
 ///   margin between deadline and action (the fencing token covers the
 ///   rest); it does not rely on how late etcd's expiry loop runs.
 /// * Operations are numbered: an answer that arrives late for an operation
-///   that gave up (a campaign timed out and its withdraw not confirmed
-///   within 10 s) is never taken for a later operation's answer, and a late
-///   win of such a campaign is resigned, never left held by nobody.
+///   that gave up (a campaign that timed out while its withdraw was still
+///   going) is never taken for a later operation's answer, and a late win
+///   of such a campaign is resigned, never left held by nobody.
 /// * Leadership is reported only after the own key was read back (unlike
 ///   Go's client, etcd #19597); a campaign whose session is lost while it
-///   waits fails with [`Error::SessionLost`].
+///   waits joins the queue again on the session's next lease.
+/// * Liveness: timed calls return at their bound, requests etcd dropped in
+///   a raft leader change are sent again, and a key that cannot be deleted
+///   goes with its session (README, "Liveness under faults").
 /// * Fencing tokens (the key's create revision) strictly increase from one
 ///   leader to the next.
 ///
