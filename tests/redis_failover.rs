@@ -5,8 +5,10 @@
 //!   on names in every master's slot range: the other masters' slots never
 //!   fail, the dead master's slots fail over without an error when the
 //!   request timeout covers the failover, and otherwise fail within the
-//!   request timeout (+1 s) with a retryable error naming the slot and the
-//!   failover; afterwards every slot is written again.
+//!   request timeout (+1 s) with an error naming the slot and the
+//!   failover: retryable when every attempt was refused (nothing stored),
+//!   `Indeterminate` for an append one of whose attempts went unanswered;
+//!   afterwards every slot is written again.
 //! * `with_min_replicas(1, …)`: writes succeed while the replica follows,
 //!   fail with the `Unreplicated` kind (stored on the master, not
 //!   confirmed) while it is frozen, and succeed again once it resumes.
@@ -67,7 +69,8 @@ fn names_by_master(cluster: &RedisCluster, per_master: usize) -> BTreeMap<usize,
 }
 
 /// Writers, one thread per name, alternating `kv_set` and `append_stream`
-/// with a short pause, until `stop`.
+/// with a short pause, until `stop`; neighbouring names start with
+/// different calls, so that both kinds are under way when a master dies.
 fn writers(
     coord: &Arc<RedisCoordinator>,
     names: &[String],
@@ -77,10 +80,11 @@ fn writers(
     names
         .iter()
         .cloned()
-        .map(|name| {
+        .enumerate()
+        .map(|(n, name)| {
             let (coord, stop, calls) = (coord.clone(), stop.clone(), calls.clone());
             std::thread::spawn(move || {
-                let mut i = 0u64;
+                let mut i = n as u64;
                 while !stop.load(Ordering::SeqCst) {
                     let start = Instant::now();
                     let result = if i.is_multiple_of(2) {
@@ -204,19 +208,30 @@ fn a_killed_master_fails_over_and_only_its_slots_wait() {
     // The impatient handle gives up on the dead master's slots, saying so.
     let impatient_calls = impatient_calls.lock().unwrap().clone();
     let mut gave_up = 0;
+    let mut appends_refused = 0;
     for call in &impatient_calls {
         let Some((text, retryable)) = &call.error else {
             continue;
         };
-        if in_flight(call) && text.contains("may or may not have been applied") {
+        let unknown = text.contains("may or may not have been applied");
+        if in_flight(call) && unknown {
             continue;
         }
-        let slot = if text.contains("append to stream") {
+        let append = text.contains("append to stream");
+        let slot = if append {
             keyslot(&cluster, &format!("coord:stream:{{{}}}", call.name))
         } else {
             keyslot(&cluster, &format!("coord:kv:{{{}}}", call.name))
         };
-        assert!(*retryable, "{text}");
+        if unknown {
+            // An attempt went unanswered: only an append says so, and it
+            // is not retryable (it may be stored).
+            assert!(append && !*retryable, "{} failed: {text}", call.name);
+        } else {
+            // Every attempt was refused: nothing stored, retry.
+            assert!(*retryable, "{text}");
+            appends_refused += usize::from(append);
+        }
         assert!(
             text.contains(&format!("slot {slot}"))
                 && text.contains("failover in progress (gave up after"),
@@ -232,6 +247,13 @@ fn a_killed_master_fails_over_and_only_its_slots_wait() {
         gave_up += 1;
     }
     assert!(gave_up > 0, "a 1 s timeout never gave up on a failover");
+    // Attempts on the dead master's slots are refused (MOVED to it,
+    // CLUSTERDOWN) until its replica takes over: an append that met only
+    // refusals must say "not stored", not "unknown".
+    assert!(
+        appends_refused > 0,
+        "no append that gave up on the failover was retryable"
+    );
     let sample = impatient_calls.iter().find_map(|c| c.error.clone());
     eprintln!("1 s timeout: {gave_up} calls gave up, e.g. {sample:?}");
 

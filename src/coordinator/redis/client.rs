@@ -613,14 +613,28 @@ where
             let message = gave_up(context, key, &seen, started.elapsed(), repeat);
             return Err(target.failure(EtcdErrorKind::Unavailable, message));
         }
+        // No attempt is begun without time to hear its answer: the crate
+        // hands a command to its connection task at once, so an attempt cut
+        // off by the deadline may still be sent, and an append that until
+        // then only met refusals (provably not run, so retryable) would end
+        // in doubt for nothing.
+        let reserve = last_attempt_reserve(target.request_timeout);
         let now = Instant::now();
-        if now >= deadline {
+        if now + reserve >= deadline {
             let message = gave_up(context, key, &seen, started.elapsed(), repeat);
             return Err(target.failure(EtcdErrorKind::Unavailable, message));
         }
-        // The last pause ends at the deadline, for one last attempt.
-        tokio::time::sleep(backoff.next_delay().min(deadline - now)).await;
+        // The last pause leaves `reserve` for one last attempt.
+        tokio::time::sleep(backoff.next_delay().min(deadline - reserve - now)).await;
     }
+}
+
+/// How long before the request deadline [`with_failover`] begins its last
+/// attempt: a refusal comes back within a millisecond on a healthy network,
+/// so 100 ms leaves room for a slow one, and a tenth of short timeouts
+/// keeps most of them for waiting out the failover.
+fn last_attempt_reserve(request_timeout: Duration) -> Duration {
+    (request_timeout / 10).min(Duration::from_millis(100))
 }
 
 /// `e` saying that the request it failed may have had its effect.
@@ -921,6 +935,57 @@ mod tests {
         assert!(Sign::Unreachable.retry(once));
         assert!(Sign::Lost.retry(Repeat::Safe));
         assert!(!Sign::Lost.retry(once));
+    }
+
+    #[test]
+    fn no_attempt_through_a_failover_is_cut_off_by_the_deadline() {
+        // Every attempt is refused after 5 ms (a dead master): all of them
+        // must end with their answer, so that the caller knows none ran.
+        let target = Target::parse(
+            "redis://127.0.0.1:1,redis://127.0.0.1:2",
+            &RedisOptions::default().with_request_timeout(Duration::from_millis(300)),
+        )
+        .expect("a cluster target");
+        let (begun, answered) = (
+            std::sync::atomic::AtomicU32::new(0),
+            std::sync::atomic::AtomicU32::new(0),
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        let started = std::time::Instant::now();
+        let result: Result<()> = runtime.block_on(with_failover(
+            &target,
+            "append to stream \"s\"",
+            Some("coord:stream:{s}"),
+            Repeat::Safe,
+            || async {
+                begun.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Err(RedisError::from(std::io::Error::from(
+                    std::io::ErrorKind::ConnectionRefused,
+                )))
+            },
+            |_| unreachable!("a refusal is a failover's"),
+        ));
+        let took = started.elapsed();
+        let e = result.expect_err("refused throughout");
+        assert!(e.is_retryable(), "{e}");
+        assert!(
+            e.to_string()
+                .contains("is unreachable: failover in progress"),
+            "{e}"
+        );
+        assert!(took <= Duration::from_millis(300), "took {took:?}");
+        let begun = begun.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(begun > 3, "retried through the failover: {begun} attempts");
+        assert_eq!(
+            answered.load(std::sync::atomic::Ordering::Relaxed),
+            begun,
+            "an attempt was begun without time for its answer"
+        );
     }
 
     #[test]
