@@ -26,6 +26,16 @@ const LOOK_EVERY: u32 = 8;
 /// quorum does not answer at all for its first ~10 s (measured on
 /// nats-server 2.9, 2 of 3 nodes killed), then answers 10008.
 const LOOK_TIMEOUT: Duration = Duration::from_secs(1);
+/// A replica its stream's leader has not heard from for this long is
+/// taken as gone: a following replica answers the leader's heartbeat,
+/// sent every second while the stream is idle. The replicas' `current`
+/// flag is no such signal: it stays true for about 6 s after the leader
+/// lost contact.
+const PEER_SILENT: Duration = Duration::from_millis(1500);
+/// JetStream's "duplicate message id is in process" (nats-server 2.10+):
+/// an earlier attempt with this `Nats-Msg-Id` was accepted and is still
+/// waiting for its replicas.
+const DUPLICATE_IN_PROCESS: ErrorCode = ErrorCode(10158);
 
 /// The settings the driver side needs, in plain data.
 #[derive(Clone, Debug)]
@@ -136,7 +146,11 @@ impl Conn {
     /// no quorum (retried until the deadline, and said when giving up; the
     /// stream is never created then, since it exists), or a stream deleted
     /// behind this handle's back, which only the meta leader can say and
-    /// which is created again.
+    /// which is created again. When an attempt goes unacknowledged (no ack
+    /// in time, or 10158 for its retry), the stream's info says whether its
+    /// leader hears from a majority of the replicas ([`Health::Outvoted`]):
+    /// a leader without quorum accepts publishes and never acknowledges
+    /// them, and the error then says that the quorum is lacking.
     ///
     /// Retries stop at the request timeout, and never later than the
     /// stream's duplicate window after the first attempt (a shorter
@@ -228,38 +242,65 @@ impl Conn {
                             }
                         }
                         _ => {
-                            unanswered |= e.kind() == K::TimedOut;
-                            health = None;
+                            // Accepted, or perhaps accepted, and not
+                            // acknowledged: a stream leader that lost its
+                            // quorum does that, so look at its replicas.
+                            let pending = e.kind() == K::TimedOut || in_process(&e);
+                            unanswered |= pending;
+                            health = match stream {
+                                Some(spec) if pending => {
+                                    Some(self.health(&spec.name, deadline).await)
+                                }
+                                _ => None,
+                            };
                             e.to_string()
                         }
                     }
                 }
                 Err(_) => {
                     unanswered = true;
-                    health = None;
+                    health = match stream {
+                        Some(spec) => Some(self.health(&spec.name, deadline).await),
+                        None => None,
+                    };
                     format!("no ack within {bound:?}")
                 }
             };
             if !backoff(&mut delay, deadline).await {
-                let stored = if unanswered {
-                    "it may have been stored"
-                } else {
-                    "it was not stored"
-                };
-                let why = match (&health, stream) {
-                    (Some(Health::Leaderless(_) | Health::MetaUnavailable(_)), Some(spec)) => {
-                        format!(
-                            "{} (gave up after {:.1?}); {stored}",
+                return Err(match (&health, stream) {
+                    (
+                        Some(
+                            Health::Leaderless(_)
+                            | Health::Outvoted { .. }
+                            | Health::MetaUnavailable(_),
+                        ),
+                        Some(spec),
+                    ) => {
+                        // Not stored while the quorum is lacking; but a
+                        // leader that accepted an attempt keeps it, and
+                        // commits it once its replicas are back (seen with
+                        // 2 of 3 nodes killed and restarted): after an
+                        // unanswered attempt the outcome is unknown.
+                        let why = format!(
+                            "{} (gave up after {:.1?})",
                             self.no_quorum(spec, health.as_ref()),
                             started.elapsed()
+                        );
+                        give_up(unanswered, why.clone(), failed(what, why))
+                    }
+                    _ => {
+                        let why = format!(
+                            "not acknowledged within {:?} ({last_error})",
+                            self.settings.request_timeout
+                        );
+                        // `unknown` says that it may have been stored.
+                        give_up(
+                            unanswered,
+                            why.clone(),
+                            failed(what, format!("{why}; it was not stored")),
                         )
                     }
-                    _ => format!(
-                        "not acknowledged within {:?} ({last_error}); {stored}",
-                        self.settings.request_timeout
-                    ),
-                };
-                return Err(give_up(unanswered, why.clone(), failed(what, why)));
+                });
             }
         }
     }
@@ -280,7 +321,25 @@ impl Conn {
                 {
                     Health::Leaderless(cluster.replicas.len())
                 }
-                _ => Health::Led,
+                // The leader answers, with the replicas it follows: it
+                // commits nothing without a majority of them all.
+                Some(cluster) => {
+                    let replicas = cluster.replicas.len() + 1;
+                    let reachable = 1 + cluster
+                        .replicas
+                        .iter()
+                        .filter(|peer| !peer.offline && peer.active < PEER_SILENT)
+                        .count();
+                    if reachable * 2 > replicas {
+                        Health::Led
+                    } else {
+                        Health::Outvoted {
+                            reachable,
+                            replicas,
+                        }
+                    }
+                }
+                None => Health::Led,
             },
             Ok(Err(e)) => match e.kind() {
                 K::JetStream(js) if js.error_code() == ErrorCode::STREAM_NOT_FOUND => {
@@ -324,7 +383,7 @@ impl Conn {
         let mut delay = FIRST_BACKOFF;
         loop {
             match self.health(&spec.name, deadline).await {
-                Health::Led | Health::Leaderless(_) => {
+                Health::Led | Health::Leaderless(_) | Health::Outvoted { .. } => {
                     self.known.lock().insert(spec.name.clone(), ());
                     return Ok(());
                 }
@@ -466,6 +525,10 @@ impl Conn {
 fn no_quorum(shown: &str, health: Option<&Health>, clustered: bool) -> String {
     let why = match health {
         Some(Health::Leaderless(replicas)) => format!("no leader among its {replicas} replicas"),
+        Some(Health::Outvoted {
+            reachable,
+            replicas,
+        }) => format!("its leader reaches {reachable} of its {replicas} replicas"),
         Some(Health::MetaUnavailable(why)) => format!("meta leader unavailable: {why}"),
         _ => "meta leader unavailable".to_string(),
     };
@@ -475,6 +538,13 @@ fn no_quorum(shown: &str, health: Option<&Health>, clustered: bool) -> String {
     } else {
         format!("JetStream is unavailable for {shown} ({why})")
     }
+}
+
+/// Whether a publish failed with [`DUPLICATE_IN_PROCESS`].
+fn in_process(e: &jetstream::context::PublishError) -> bool {
+    std::error::Error::source(e)
+        .and_then(|source| source.downcast_ref::<jetstream::Error>())
+        .is_some_and(|js| js.error_code() == DUPLICATE_IN_PROCESS)
 }
 
 /// [`Conn::check_fits`] against a server's `max_payload` of `max` bytes.
@@ -500,6 +570,10 @@ pub(super) enum Health {
     /// It exists, and its replicas (this many) elect no leader: no quorum
     /// among them.
     Leaderless(usize),
+    /// It exists and has a leader, which hears from `reachable` of the
+    /// `replicas` (itself included), no majority: it accepts publishes and
+    /// never acknowledges them.
+    Outvoted { reachable: usize, replicas: usize },
     /// The meta leader said it does not exist.
     Missing,
     /// The JetStream API did not answer, or answered 10008 ("JetStream
@@ -610,6 +684,14 @@ mod tests {
         assert_eq!(
             no_quorum(r#"bucket "cfg""#, Some(&meta), true),
             r#"JetStream has no quorum for bucket "cfg" (meta leader unavailable: JetStream system temporarily unavailable)"#
+        );
+        let outvoted = Health::Outvoted {
+            reachable: 1,
+            replicas: 3,
+        };
+        assert_eq!(
+            no_quorum(r#"stream "jobs""#, Some(&outvoted), true),
+            r#"JetStream has no quorum for stream "jobs" (its leader reaches 1 of its 3 replicas)"#
         );
         assert_eq!(
             no_quorum(r#"stream "s""#, None, false),
