@@ -282,7 +282,7 @@ impl Conn {
                         // 2 of 3 nodes killed and restarted): after an
                         // unanswered attempt the outcome is unknown.
                         let why = format!(
-                            "{} (gave up after {:.1?})",
+                            "not acknowledged: {} (gave up after {:.1?})",
                             self.no_quorum(spec, health.as_ref()),
                             started.elapsed()
                         );
@@ -529,7 +529,10 @@ fn no_quorum(shown: &str, health: Option<&Health>, clustered: bool) -> String {
             reachable,
             replicas,
         }) => format!("its leader reaches {reachable} of its {replicas} replicas"),
+        // A single server has no meta leader to lose: say what it did.
+        Some(Health::MetaUnavailable(why)) if !clustered => why.clone(),
         Some(Health::MetaUnavailable(why)) => format!("meta leader unavailable: {why}"),
+        _ if !clustered => "the JetStream API did not answer".to_string(),
         _ => "meta leader unavailable".to_string(),
     };
     // A single server has no quorum to lose: it is down or frozen.
@@ -695,7 +698,13 @@ mod tests {
         );
         assert_eq!(
             no_quorum(r#"stream "s""#, None, false),
-            r#"JetStream is unavailable for stream "s" (meta leader unavailable)"#
+            r#"JetStream is unavailable for stream "s" (the JetStream API did not answer)"#
+        );
+        // A single server has no meta leader: what it did is said plainly.
+        let silent = Health::MetaUnavailable("the JetStream API did not answer".into());
+        assert_eq!(
+            no_quorum(r#"stream "s""#, Some(&silent), false),
+            r#"JetStream is unavailable for stream "s" (the JetStream API did not answer)"#
         );
         let settings = Settings {
             kv_replicas: 1,
