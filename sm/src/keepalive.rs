@@ -722,9 +722,18 @@ impl Keepalive {
                     self.on_put_reply(now, generation, result);
                 }
             }
-            Phase::Stopping { revoke, .. } if *revoke == id => {
-                self.finish(matches!(result, Ok(Response::Revoked)));
-            }
+            Phase::Stopping { revoke, .. } if *revoke == id => match result {
+                // Not found: an earlier copy revoked it (its answer lost),
+                // or it expired; either way its keys are gone.
+                Ok(Response::Revoked) | Err(RpcError::LeaseNotFound) => self.finish(true),
+                // A broken connection in a raft leader change: another copy
+                // after an attempt timeout, until the TTL give-up.
+                Err(e) if e.is_retryable() && !self.attempt_timeout.is_zero() => {
+                    self.resent = self.resent.saturating_add(1);
+                    self.arm_attempt();
+                }
+                _ => self.finish(false),
+            },
             Phase::StoppingGrant { grant } if *grant == id => match result {
                 Ok(Response::Granted { lease, .. }) if lease != 0 => {
                     let revoke = self.outbox.rpc(Request::Revoke { lease });

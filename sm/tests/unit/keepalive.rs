@@ -1166,3 +1166,54 @@ fn attempt_a_lost_put_and_a_lost_revoke_are_sent_again_after_the_attempt_timeout
     );
     assert!(m.is_finished());
 }
+
+#[test]
+fn attempt_a_revoke_broken_in_flight_is_sent_again_and_not_found_means_revoked() {
+    let t0 = Instant::now();
+    let config = KeepaliveConfig {
+        attempt_timeout: ms(500),
+        ..config(false)
+    };
+    let mut m = Keepalive::new(config, t0, 1);
+    drain(&mut m);
+    m.handle(
+        t0,
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut m), vec![registered()]);
+    m.handle(t0 + ms(100), KeepaliveInput::Stop);
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(1, Request::Revoke { lease: LEASE })]
+    );
+    // The connection breaks under it: another copy after the attempt timeout.
+    m.handle(t0 + ms(200), err(1));
+    assert_eq!(drain(&mut m), vec![]);
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(700)));
+    m.handle_timeout(t0 + ms(700));
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Cancel { id: RpcId(1) },
+            rpc(2, Request::Revoke { lease: LEASE })
+        ]
+    );
+    // The first copy was applied after all: the second finds no lease.
+    m.handle(
+        t0 + ms(800),
+        KeepaliveInput::Rpc(RpcReply {
+            id: RpcId(2),
+            result: Err(RpcError::LeaseNotFound),
+        }),
+    );
+    assert_eq!(
+        drain(&mut m),
+        vec![Command::Notify(LivenessState::Stopped { revoked: true })]
+    );
+}
