@@ -38,6 +38,15 @@ const APPENDS: usize = 100;
 /// included.
 const PATIENCE: Duration = Duration::from_secs(180);
 
+/// Liveness: how long one `append_stream` call may take, restart or not.
+/// Every backend's default request timeout is 5 s; this is that plus room
+/// for a reconnect, and turns a hang into a failure.
+const CALL_BOUND: Duration = Duration::from_secs(15);
+
+/// Liveness: how long one item may take to settle (Ok or Indeterminate)
+/// from its first attempt, retries after a restart included.
+const SETTLE_BOUND: Duration = Duration::from_secs(30);
+
 /// Pause between a retryable failure and the caller's next try.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
@@ -171,9 +180,17 @@ fn append_all(
     let deadline = Instant::now() + PATIENCE;
     let mut calls = Vec::new();
     for i in 0..n {
+        let first = Instant::now();
         for attempt in 0u32.. {
             let payload = format!("{t}:{i}:{attempt}").into_bytes();
-            let outcome = match c.append_stream(stream, &payload) {
+            let called = Instant::now();
+            let result = c.append_stream(stream, &payload);
+            let took = called.elapsed();
+            assert!(
+                took <= CALL_BOUND,
+                "thread {t}, append {i}: one call took {took:?} (bound {CALL_BOUND:?})"
+            );
+            let outcome = match result {
                 Ok(id) => Outcome::Stored(id),
                 Err(Error::Indeterminate { id, .. }) => Outcome::Unknown(id),
                 Err(e) if e.is_retryable() => Outcome::Failed(e.to_string()),
@@ -183,6 +200,11 @@ fn append_all(
             };
             let done = !matches!(outcome, Outcome::Failed(_));
             calls.push((payload, outcome));
+            assert!(
+                done || first.elapsed() < SETTLE_BOUND,
+                "thread {t}, append {i}: not settled {SETTLE_BOUND:?} after its first try: {:?}",
+                calls.last().map(|(_, o)| o)
+            );
             if done {
                 settled.fetch_add(1, Ordering::SeqCst);
                 break;
