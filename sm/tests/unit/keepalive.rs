@@ -87,7 +87,12 @@ fn put(id: u64, value: &[u8]) -> Cmd {
 
 /// A lease-only machine granted `LEASE` (TTL 9 s) by a reply at t0 + 10 ms.
 fn granted(t0: Instant) -> Keepalive {
-    let mut m = Keepalive::new(config(false), t0, 1);
+    granted_with(config(false), t0)
+}
+
+/// [`granted`] with `config` (lease-only).
+fn granted_with(config: KeepaliveConfig, t0: Instant) -> Keepalive {
+    let mut m = Keepalive::new(config, t0, 1);
     assert_eq!(
         drain(&mut m),
         vec![
@@ -1174,19 +1179,7 @@ fn attempt_a_revoke_broken_in_flight_is_sent_again_and_not_found_means_revoked()
         attempt_timeout: ms(500),
         ..config(false)
     };
-    let mut m = Keepalive::new(config, t0, 1);
-    drain(&mut m);
-    m.handle(
-        t0,
-        ok(
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: TTL,
-            },
-        ),
-    );
-    assert_eq!(drain(&mut m), vec![registered()]);
+    let mut m = granted_with(config, t0);
     m.handle(t0 + ms(100), KeepaliveInput::Stop);
     assert_eq!(
         drain(&mut m),
