@@ -746,6 +746,15 @@ impl Protocol {
         Op::Campaigning(c)
     }
 
+    /// Sends the guarded put of `l`'s proclaim (its value, my key, lease and
+    /// token) and arms its attempt timer.
+    fn send_proclaim(&mut self, l: &mut Leading) {
+        let Some(p) = l.proclaim.as_mut() else { return };
+        let put = requests::guarded_put(&l.key, &p.value, l.lease, l.token);
+        p.pending = Some(self.outbox.rpc(put));
+        self.arm_attempt(Timer::ProclaimAttempt);
+    }
+
     // ----- timers ----------------------------------------------------------
 
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
@@ -789,22 +798,16 @@ impl Protocol {
                     Op::Leading(l)
                 }
                 (Timer::ProclaimAttempt, Op::Leading(mut l)) => {
-                    if let Some(p) = l.proclaim.as_mut().filter(|p| p.pending.is_some()) {
-                        if let Some(id) = p.pending.take() {
-                            self.outbox.cancel(id);
-                        }
+                    if let Some(id) = l.proclaim.as_mut().and_then(|p| p.pending.take()) {
+                        self.outbox.cancel(id);
                         self.proclaim_resent = self.proclaim_resent.saturating_add(1);
-                        let put = requests::guarded_put(&l.key, &p.value, l.lease, l.token);
-                        p.pending = Some(self.outbox.rpc(put));
-                        self.arm_attempt(Timer::ProclaimAttempt);
+                        self.send_proclaim(&mut l);
                     }
                     Op::Leading(l)
                 }
                 (Timer::ProclaimRetry, Op::Leading(mut l)) => {
-                    if let Some(p) = l.proclaim.as_mut().filter(|p| p.pending.is_none()) {
-                        let put = requests::guarded_put(&l.key, &p.value, l.lease, l.token);
-                        p.pending = Some(self.outbox.rpc(put));
-                        self.arm_attempt(Timer::ProclaimAttempt);
+                    if l.proclaim.as_ref().is_some_and(|p| p.pending.is_none()) {
+                        self.send_proclaim(&mut l);
                     }
                     Op::Leading(l)
                 }
