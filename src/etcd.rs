@@ -51,11 +51,21 @@ pub struct EtcdOptions {
     /// deadline. 1 ms to 24 h. Default 5 s.
     pub request_timeout: Duration,
     /// HTTP/2 ping interval and timeout: how soon a silently dead connection
-    /// (a blackholed network) is noticed and watches resync. 1 s to 1 h.
-    /// The same value is the time a ping may take to be answered, so below
-    /// a second a stalled scheduler on a loaded host would read as a dead
-    /// connection and break every watch and keepalive stream on it (zero
-    /// made the client reconnect without pause). Default 2 s.
+    /// (a blackholed network) under an open watch or keepalive stream is
+    /// noticed and the stream opened again elsewhere. A ping goes out after
+    /// this long without a frame from the member, only while a stream is
+    /// open (a connection with nothing open is never pinged: an unanswered
+    /// call times out instead), and may take as long to be answered. 1 s
+    /// to 1 h. Default 5 s.
+    ///
+    /// etcd closes, with `too_many_pings`, a connection pinged more often
+    /// than its `--grpc-keepalive-min-time` (5 s unless configured) while it
+    /// has sent nothing: below 5 s, against such a member, every quiet
+    /// connection is dropped after three pings, and every watch and
+    /// keepalive stream on it starts over. Go lower only for members
+    /// started with a lower `--grpc-keepalive-min-time`. Below a second a
+    /// stalled scheduler on a loaded host would read as a dead connection
+    /// (zero made the client reconnect without pause).
     pub keepalive_interval: Duration,
     /// TLS (a CA bundle, optionally a client certificate): endpoints are
     /// dialled as `https://`. `None` (the default) is plain `http://`.
@@ -76,7 +86,7 @@ impl Default for EtcdOptions {
         EtcdOptions {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
-            keepalive_interval: Duration::from_secs(2),
+            keepalive_interval: Duration::from_secs(5),
             tls: None,
             user: None,
         }

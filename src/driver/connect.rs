@@ -30,12 +30,20 @@ pub(crate) struct Connected {
     pub probes: Vec<(Probe, bool)>,
 }
 
-/// The options every client of this handle shares; no credentials.
+/// The options of the shared client; no credentials. HTTP/2 pings only
+/// while a stream is open: etcd counts every ping on a connection without
+/// one as abuse and closes it after the third (`too_many_pings`), and a
+/// unary call already has its own timeout.
 pub(crate) fn base_options(settings: &ConnectSettings) -> ec::ConnectOptions {
-    let options = ec::ConnectOptions::new()
-        .with_connect_timeout(settings.connect_timeout)
+    probe_options(settings)
         .with_keep_alive(settings.keepalive_interval, settings.keepalive_interval)
-        .with_keep_alive_while_idle(true);
+        .with_keep_alive_while_idle(false)
+}
+
+/// The options of a probe client: no pings at all (a probe is one status
+/// call with its own timeout; its connection is otherwise idle).
+pub(crate) fn probe_options(settings: &ConnectSettings) -> ec::ConnectOptions {
+    let options = ec::ConnectOptions::new().with_connect_timeout(settings.connect_timeout);
     match &settings.tls {
         // A handshake that never completes (a blackholed member) must not
         // stall a connection forever.
@@ -52,7 +60,7 @@ pub(crate) async fn connect(settings: &ConnectSettings) -> Result<Connected, Str
     let tls = settings.tls.as_ref();
     let mut probes = Vec::with_capacity(settings.endpoints.len());
     for url in &settings.endpoints {
-        probes.push(Probe::new(url, base.clone(), tls).await?);
+        probes.push(Probe::new(url, probe_options(settings), tls).await?);
     }
     let outcomes = probe_all(&probes, settings.connect_timeout, deadline).await;
     let answered: Vec<String> = probes

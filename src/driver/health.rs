@@ -4,13 +4,20 @@
 //! to a member that accepts connections but never answers, and each such
 //! call costs a whole request timeout (etcd-client#39; ETCD-NOTES: 8 of 20
 //! calls time out with one real and two hanging members). So each endpoint
-//! gets its own probe client, asked for a status about once a second and at
-//! once after any call of the handle timed out; a member that misses its
-//! probe is taken out of the shared client (`remove_endpoint`) and put
-//! back (`add_endpoint`) when it answers again. The last member in use is
-//! never taken out: etcd-client then hangs every call, even with a timeout
-//! (ETCD-NOTES). The decisions are [`Policy`]'s, a plain value tested on
-//! its own.
+//! gets its own probe client, and a member that misses its probe is taken
+//! out of the shared client (`remove_endpoint`) and put back
+//! (`add_endpoint`) when it answers again. The last member in use is never
+//! taken out: etcd-client then hangs every call, even with a timeout
+//! (ETCD-NOTES).
+//!
+//! Probes cost etcd an RPC each, so they go out on suspicion only: every
+//! endpoint once a call or renewal timed out or a stream broke (at most one
+//! round per [`PROBE_INTERVAL`]), and an endpoint out of use every
+//! [`PROBE_INTERVAL`] until it answers. While every member answers, etcd
+//! sees no probe at all; a connection that dies silently under an open
+//! stream is noticed by the HTTP/2 pings (`connect::base_options`), which
+//! cost no RPC. The decisions are [`Policy`]'s, a plain value tested on its
+//! own.
 
 use super::connect::explain;
 use crate::tls::EtcdTls;
@@ -19,12 +26,13 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
 
-/// How often every endpoint is probed while nothing seems wrong.
+/// The shortest time between two rounds of probes, and how often an
+/// endpoint out of use is probed until it answers.
 pub(crate) const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// A status request to one endpoint, on a client of its own (same TLS and
-/// keepalive as the shared client, no credentials: any answer from etcd,
-/// even a refusal, proves the member answers).
+/// A status request to one endpoint, on a client of its own (same TLS as
+/// the shared client, no pings, no credentials: any answer from etcd, even
+/// a refusal, proves the member answers).
 #[derive(Clone)]
 pub(crate) struct Probe {
     url: String,
@@ -123,6 +131,15 @@ impl Policy {
         self.in_use.get(i).copied().unwrap_or(false)
     }
 
+    /// The endpoints a round probes: every one when something is
+    /// suspected, else those out of use (waiting to be let back in). Empty
+    /// when there is nothing to probe.
+    pub(crate) fn to_probe(&self, suspected: bool) -> Vec<usize> {
+        (0..self.in_use.len())
+            .filter(|i| suspected || !self.in_use(*i))
+            .collect()
+    }
+
     /// Endpoint `i` answered its probe, or not; the change to make, if any.
     pub(crate) fn observe(&mut self, i: usize, answered: bool) -> Option<Change> {
         let in_use_count = self.in_use.iter().filter(|u| **u).count();
@@ -157,8 +174,9 @@ impl Suspicion {
     }
 }
 
-/// Probe every endpoint every [`PROBE_INTERVAL`] (or when suspicion is
-/// raised) and apply [`Policy`]'s changes to `client`, until shutdown.
+/// Probe what [`Policy::to_probe`] names, when suspicion is raised or an
+/// endpoint is out of use, at most once per [`PROBE_INTERVAL`], and apply
+/// [`Policy`]'s changes to `client`, until shutdown.
 pub(crate) async fn monitor(
     client: ec::Client,
     probes: Vec<(Probe, bool)>,
@@ -168,15 +186,33 @@ pub(crate) async fn monitor(
 ) {
     let mut policy = Policy::new(probes.iter().map(|(_, in_use)| *in_use).collect());
     let probes: Vec<Probe> = probes.into_iter().map(|(p, _)| p).collect();
+    let mut suspected = false;
+    let mut next_round = tokio::time::Instant::now();
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep(PROBE_INTERVAL) => {}
-            _ = suspicion.raised() => {}
-            _ = shutdown.changed() => return,
+        // Nothing to probe until something is suspected.
+        if !suspected && policy.to_probe(false).is_empty() {
+            tokio::select! {
+                _ = suspicion.raised() => suspected = true,
+                _ = shutdown.changed() => return,
+            }
         }
+        // Not before the cool-down ends; suspicion raised meanwhile joins
+        // this round instead of asking for another.
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(next_round) => break,
+                _ = suspicion.raised() => suspected = true,
+                _ = shutdown.changed() => return,
+            }
+        }
+        let targets = policy.to_probe(suspected);
+        suspected = false;
+        next_round = tokio::time::Instant::now() + PROBE_INTERVAL;
         let mut round = tokio::task::JoinSet::new();
-        for (i, probe) in probes.iter().enumerate() {
-            let probe = probe.clone();
+        for i in targets {
+            let Some(probe) = probes.get(i).cloned() else {
+                continue;
+            };
             round.spawn(async move { (i, probe.check(timeout).await) });
         }
         while let Some(done) = round.join_next().await {
@@ -243,6 +279,18 @@ mod tests {
         assert_eq!(p.observe(0, false), Some(Change::Remove(0)));
         let mut single = Policy::new(vec![true]);
         assert_eq!(single.observe(0, false), None);
+    }
+
+    #[test]
+    fn only_suspicion_or_an_endpoint_out_of_use_calls_for_probes() {
+        let mut p = Policy::new(vec![true, true, true]);
+        assert_eq!(p.to_probe(false), Vec::<usize>::new(), "all well: no probe");
+        assert_eq!(p.to_probe(true), vec![0, 1, 2]);
+        assert_eq!(p.observe(1, false), Some(Change::Remove(1)));
+        assert_eq!(p.to_probe(false), vec![1], "only the one to let back in");
+        assert_eq!(p.to_probe(true), vec![0, 1, 2]);
+        assert_eq!(p.observe(1, true), Some(Change::Add(1)));
+        assert_eq!(p.to_probe(false), Vec::<usize>::new());
     }
 
     #[test]

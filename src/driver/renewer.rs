@@ -259,8 +259,15 @@ impl Renewer {
                     }
                 }
             }
-            Ok(None) => self.reset(RpcError::Unavailable("renewal stream ended".into())),
-            Err(e) => self.reset(exec::rpc_error(e)),
+            // A broken stream may mean a member went away: check them all.
+            Ok(None) => {
+                self.suspicion.raise();
+                self.reset(RpcError::Unavailable("renewal stream ended".into()));
+            }
+            Err(e) => {
+                self.suspicion.raise();
+                self.reset(exec::rpc_error(e));
+            }
         }
     }
 

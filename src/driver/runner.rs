@@ -7,6 +7,7 @@
 
 use super::exec;
 use super::handle::{Control, Finished, MachineHandle, Relief, Sink};
+use super::health::Suspicion;
 use super::{no_answer, Shared};
 use etcd_client as ec;
 use fleetcoord_sm::{Command, KeyRange, Machine, Request, Response, RpcError, RpcId, RpcReply};
@@ -252,7 +253,15 @@ fn start_rpc(
             start_revision,
         } => {
             let client = shared.client.clone();
-            let handle = tokio::spawn(watch(client, id, range, start_revision, reply_tx));
+            let suspicion = shared.suspicion.clone();
+            let handle = tokio::spawn(watch(
+                client,
+                id,
+                range,
+                start_revision,
+                suspicion,
+                reply_tx,
+            ));
             inflight.insert(id, handle.abort_handle());
         }
         // Renewals are not tracked in flight: the renewer answers each
@@ -296,6 +305,7 @@ async fn watch(
     id: RpcId,
     range: KeyRange,
     start_revision: i64,
+    suspicion: Suspicion,
     reply_tx: mpsc::UnboundedSender<Delivery>,
 ) {
     let (key, options) = exec::watch_options(&range, start_revision);
@@ -338,11 +348,18 @@ async fn watch(
                         (Ok(response), last)
                     }
                 },
-                Ok(None) => (
-                    Err(RpcError::Unavailable("watch stream ended".into())),
-                    true,
-                ),
-                Err(e) => (Err(exec::rpc_error(e)), true),
+                // A broken stream may mean a member went away: check them all.
+                Ok(None) => {
+                    suspicion.raise();
+                    (
+                        Err(RpcError::Unavailable("watch stream ended".into())),
+                        true,
+                    )
+                }
+                Err(e) => {
+                    suspicion.raise();
+                    (Err(exec::rpc_error(e)), true)
+                }
             };
             let reply = RpcReply { id, result };
             if reply_tx.send(Delivery { reply, last }).is_err() || last {

@@ -102,4 +102,23 @@ impl Admin {
             }))
         })
     }
+
+    /// This member's current revision (its status).
+    pub(crate) fn revision(&self) -> Result<i64> {
+        self.block_on("reading the revision", move |mut c| {
+            Box::new(Box::pin(async move {
+                let status = c.status().await?;
+                Ok(status.header().map_or(0, |h| h.revision()))
+            }))
+        })
+    }
+
+    /// This member's hash of its keys up to `revision` (etcd's HashKV).
+    pub(crate) fn hash_kv(&self, revision: i64) -> Result<u32> {
+        self.block_on("hashing the keys", move |mut c| {
+            Box::new(Box::pin(
+                async move { Ok(c.hash_kv(revision).await?.hash()) },
+            ))
+        })
+    }
 }

@@ -60,13 +60,13 @@ mod server;
 
 use std::time::Duration;
 
-pub use cluster::EtcdCluster;
+pub use cluster::{EtcdCluster, MemberHash};
 pub use nats::{NatsBuilder, NatsCluster, NatsServer, TEST_MAX_PAYLOAD};
 pub use pki::{ServerNames, TestPki};
 pub use proxy::{FaultProxy, Mode};
 pub use redis::RedisServer;
 pub use redis_cluster::RedisCluster;
-pub use server::EtcdServer;
+pub use server::{EtcdServer, GrpcCounts};
 
 use crate::Result;
 

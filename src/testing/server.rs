@@ -282,6 +282,38 @@ impl EtcdServer {
         net::loopback(self.metrics_port.unwrap_or(self.client_port))
     }
 
+    /// What etcd has served so far, per gRPC method, from its own
+    /// `/metrics` page: calls started (unary calls and streams alike) and
+    /// messages received (for a stream, one per request on it: a renewal
+    /// on a keepalive stream, a watch request on a watch stream). Counts
+    /// since the process started; take two and subtract.
+    ///
+    /// ```
+    /// use fleetcoord::testing::EtcdServer;
+    ///
+    /// let etcd = EtcdServer::start()?;
+    /// let before = etcd.grpc_counts()?;
+    /// let _ = fleetcoord::Etcd::connect(&etcd.endpoints(), Default::default())?;
+    /// let after = etcd.grpc_counts()?;
+    /// assert!(after.started("Status") > before.started("Status"));
+    /// # Ok::<(), fleetcoord::Error>(())
+    /// ```
+    pub fn grpc_counts(&self) -> Result<GrpcCounts> {
+        match net::http(
+            self.http_addr(),
+            "GET",
+            "/metrics",
+            "",
+            Duration::from_secs(2),
+        ) {
+            Ok((200, body)) => Ok(GrpcCounts::parse(&body)),
+            Ok((status, _)) => Err(Error::Io(std::io::Error::other(format!(
+                "test etcd: /metrics answered HTTP {status}"
+            )))),
+            Err(e) => Err(Error::Io(e)),
+        }
+    }
+
     /// The test certificates when this server speaks TLS.
     pub fn pki(&self) -> Option<&TestPki> {
         self.pki.as_deref()
@@ -471,5 +503,124 @@ mod tests {
             find_etcd_in(None, Some(dir.path().into())).unwrap(),
             on_path
         );
+    }
+}
+
+/// etcd's gRPC counters, per method ([`EtcdServer::grpc_counts`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GrpcCounts {
+    started: std::collections::BTreeMap<String, u64>,
+    received: std::collections::BTreeMap<String, u64>,
+}
+
+impl GrpcCounts {
+    /// Calls of `method` (e.g. `"Range"`, `"LeaseKeepAlive"`) started.
+    pub fn started(&self, method: &str) -> u64 {
+        self.started.get(method).copied().unwrap_or(0)
+    }
+
+    /// Messages received on calls of `method`.
+    pub fn received(&self, method: &str) -> u64 {
+        self.received.get(method).copied().unwrap_or(0)
+    }
+
+    /// Every method with a call started, and how many.
+    pub fn started_by_method(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.started.iter().map(|(m, n)| (m.as_str(), *n))
+    }
+
+    /// These counts less `earlier`'s, per method (zero where a counter
+    /// went backwards, as after a restart).
+    #[must_use]
+    pub fn since(&self, earlier: &GrpcCounts) -> GrpcCounts {
+        let minus = |now: &std::collections::BTreeMap<String, u64>,
+                     then: &std::collections::BTreeMap<String, u64>| {
+            now.iter()
+                .map(|(m, n)| {
+                    (
+                        m.clone(),
+                        n.saturating_sub(then.get(m).copied().unwrap_or(0)),
+                    )
+                })
+                .filter(|(_, n)| *n > 0)
+                .collect()
+        };
+        GrpcCounts {
+            started: minus(&self.started, &earlier.started),
+            received: minus(&self.received, &earlier.received),
+        }
+    }
+
+    /// Adds `other`'s counts to these (to sum over members).
+    pub fn add(&mut self, other: &GrpcCounts) {
+        for (m, n) in &other.started {
+            let slot = self.started.entry(m.clone()).or_default();
+            *slot = slot.saturating_add(*n);
+        }
+        for (m, n) in &other.received {
+            let slot = self.received.entry(m.clone()).or_default();
+            *slot = slot.saturating_add(*n);
+        }
+    }
+
+    /// Reads `grpc_server_started_total` and `grpc_server_msg_received_total`
+    /// lines of a Prometheus text page.
+    fn parse(page: &str) -> GrpcCounts {
+        let mut counts = GrpcCounts::default();
+        for line in page.lines() {
+            let map = if line.starts_with("grpc_server_started_total{") {
+                &mut counts.started
+            } else if line.starts_with("grpc_server_msg_received_total{") {
+                &mut counts.received
+            } else {
+                continue;
+            };
+            let method = line
+                .split("grpc_method=\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next());
+            let value = line
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .filter(|v| v.is_finite() && *v >= 0.0);
+            if let (Some(method), Some(value)) = (method, value) {
+                // Counters are whole numbers; etcd prints them as floats.
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let value = value as u64;
+                let slot = map.entry(method.to_string()).or_default();
+                *slot = slot.saturating_add(value);
+            }
+        }
+        counts
+    }
+}
+
+#[cfg(test)]
+mod grpc_counts_tests {
+    use super::GrpcCounts;
+
+    #[test]
+    fn parses_started_and_received_per_method_and_subtracts() {
+        let page = "# HELP grpc_server_started_total x\n\
+            grpc_server_started_total{grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 7\n\
+            grpc_server_started_total{grpc_method=\"Watch\",grpc_service=\"grpc.health.v1.Health\",grpc_type=\"server_stream\"} 1\n\
+            grpc_server_started_total{grpc_method=\"Watch\",grpc_service=\"etcdserverpb.Watch\",grpc_type=\"bidi_stream\"} 2\n\
+            grpc_server_msg_received_total{grpc_method=\"LeaseKeepAlive\",grpc_service=\"etcdserverpb.Lease\",grpc_type=\"bidi_stream\"} 1.5e+03\n\
+            grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 7\n\
+            grpc_server_started_total{grpc_method=\"Put\"} NaN\n";
+        let c = GrpcCounts::parse(page);
+        assert_eq!(c.started("Range"), 7);
+        assert_eq!(c.started("Watch"), 3, "both services' Watch");
+        assert_eq!(c.started("Put"), 0, "NaN is no count");
+        assert_eq!(c.received("LeaseKeepAlive"), 1500);
+        let mut later = c.clone();
+        later.add(&GrpcCounts::parse(
+            "grpc_server_started_total{grpc_method=\"Range\"} 2\n",
+        ));
+        let d = later.since(&c);
+        assert_eq!(d.started("Range"), 2);
+        assert_eq!(d.started_by_method().count(), 1);
+        assert_eq!(c.since(&later).started("Range"), 0, "never below zero");
     }
 }
