@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! fleetcoord-bench [--quick] [--pool-secs N] [--endpoints host:port] [FIGURE...]
-//! FIGURE: kv leave crash campaign handover elect-cli failover watch pool liveness coord | all (default)
+//! FIGURE: kv leave crash campaign handover elect-cli failover watch pool liveness coord idle-cost | all (default)
 //! ```
 //!
 //! `--quick` (or `BENCH_QUICK=1`) runs a few samples of every row in
@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 mod coord;
+mod cost;
 mod election;
 mod kv;
 mod liveness;
@@ -55,7 +56,7 @@ impl Config {
 
 type Figure = fn(&Config) -> Res<Vec<Row>>;
 
-const FIGURES: [(&str, Figure); 11] = [
+const FIGURES: [(&str, Figure); 12] = [
     ("kv", kv::run),
     ("leave", liveness::leave),
     ("crash", liveness::crash),
@@ -67,6 +68,7 @@ const FIGURES: [(&str, Figure); 11] = [
     ("pool", pool::run),
     ("liveness", liveness::many),
     ("coord", coord::run),
+    ("idle-cost", cost::idle),
 ];
 
 fn main() {

@@ -20,12 +20,15 @@ pub enum RawEvent {
 }
 
 impl Raw {
+    /// One client on `endpoint` (`host:port`, or several, comma-separated).
     pub fn connect(endpoint: &str) -> Res<Raw> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()?;
-        let client = rt.block_on(Client::connect([endpoint], None))?;
+        // A comma-separated list is several endpoints of one cluster.
+        let endpoints: Vec<&str> = endpoint.split(',').collect();
+        let client = rt.block_on(Client::connect(endpoints, None))?;
         Ok(Raw { rt, client })
     }
 

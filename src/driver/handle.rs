@@ -13,7 +13,7 @@
 //!   bounded channel; when it is full the runner pauses the machine and
 //!   resumes it once the consumer has read half of it.
 
-use super::{exec, Gone, Shared};
+use super::{exec, health, Gone, Shared};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use fleetcoord_sm::{Machine, Request, Response, RpcError};
 use std::collections::VecDeque;
@@ -85,14 +85,16 @@ pub(crate) async fn unary(shared: Shared, call: UnaryCall) {
     } = call;
     let mut client = shared.client;
     let timeout = shared.options.request_timeout;
+    let call = health::watched(
+        &shared.suspicion,
+        timeout,
+        exec::unary(&mut client, &request),
+    );
     tokio::select! {
-        result = tokio::time::timeout(timeout, exec::unary(&mut client, &request)) => {
+        result = call => {
             let answer = match result {
-                Ok(r) => r.map_err(CallError::Rpc),
-                Err(_) => {
-                    shared.suspicion.raise();
-                    Err(CallError::Timeout(timeout))
-                }
+                Some(r) => r.map_err(CallError::Rpc),
+                None => Err(CallError::Timeout(timeout)),
             };
             let _ = reply.send(answer);
         }

@@ -11,8 +11,9 @@
 //! (ETCD-NOTES).
 //!
 //! Probes cost etcd an RPC each, so they go out on suspicion only: every
-//! endpoint once a call or renewal timed out or a stream broke (at most one
-//! round per [`PROBE_INTERVAL`]), and an endpoint out of use every
+//! endpoint once a call went unanswered for [`SUSPECT_AFTER`], a renewal
+//! timed out or a stream broke (at most one round per [`PROBE_INTERVAL`]),
+//! and an endpoint out of use every
 //! [`PROBE_INTERVAL`] until it answers. While every member answers, etcd
 //! sees no probe at all; a connection that dies silently under an open
 //! stream is noticed by the HTTP/2 pings (`connect::base_options`), which
@@ -158,6 +159,35 @@ impl Policy {
     }
 }
 
+/// How long a call may go unanswered before the members are probed (the
+/// call itself goes on waiting, up to its own timeout): a healthy member
+/// answers in milliseconds, and a hanging one is then out of use about
+/// a probe timeout later instead of a whole request timeout.
+pub(crate) const SUSPECT_AFTER: Duration = Duration::from_secs(1);
+
+/// `call` within `timeout` (`None` once it passed). Suspicion is raised
+/// once the call is still unanswered after [`SUSPECT_AFTER`], or at the
+/// timeout when that comes first.
+pub(crate) async fn watched<T>(
+    suspicion: &Suspicion,
+    timeout: Duration,
+    call: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let call = tokio::time::timeout_at(deadline, call);
+    tokio::pin!(call);
+    tokio::select! {
+        done = &mut call => {
+            if done.is_err() {
+                suspicion.raise();
+            }
+            return done.ok();
+        }
+        _ = tokio::time::sleep(SUSPECT_AFTER.min(timeout)) => suspicion.raise(),
+    }
+    call.await.ok()
+}
+
 /// Wakes the monitor for an immediate round of probes: a call just timed
 /// out, so some member may have stopped answering.
 #[derive(Clone, Default)]
@@ -279,6 +309,43 @@ mod tests {
         assert_eq!(p.observe(0, false), Some(Change::Remove(0)));
         let mut single = Policy::new(vec![true]);
         assert_eq!(single.observe(0, false), None);
+    }
+
+    /// Whether `s` holds a raised suspicion (taking it).
+    async fn was_raised(s: &Suspicion) -> bool {
+        tokio::time::timeout(Duration::from_millis(20), s.raised())
+            .await
+            .is_ok()
+    }
+
+    #[test]
+    fn a_call_raises_suspicion_when_slow_or_timed_out_and_not_when_quick() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let s = Suspicion::default();
+            assert_eq!(
+                watched(&s, Duration::from_secs(5), async { 7 }).await,
+                Some(7)
+            );
+            assert!(
+                !was_raised(&s).await,
+                "a quick answer is no reason to probe"
+            );
+
+            let never = std::future::pending::<u8>();
+            assert_eq!(watched(&s, Duration::from_millis(200), never).await, None);
+            assert!(was_raised(&s).await, "a timeout is");
+
+            let slow = tokio::time::sleep(SUSPECT_AFTER + Duration::from_millis(200));
+            assert_eq!(watched(&s, Duration::from_secs(5), slow).await, Some(()));
+            assert!(
+                was_raised(&s).await,
+                "so is an answer slower than SUSPECT_AFTER"
+            );
+        });
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use super::exec;
 use super::handle::{Control, Finished, MachineHandle, Relief, Sink};
-use super::health::Suspicion;
+use super::health::{self, Suspicion};
 use super::{no_answer, Shared};
 use etcd_client as ec;
 use fleetcoord_sm::{Command, KeyRange, Machine, Request, Response, RpcError, RpcId, RpcReply};
@@ -277,14 +277,10 @@ fn start_rpc(
             let timeout = shared.options.request_timeout;
             let suspicion = shared.suspicion.clone();
             let handle = tokio::spawn(async move {
-                let result =
-                    match tokio::time::timeout(timeout, exec::unary(&mut client, &request)).await {
-                        Ok(result) => result,
-                        Err(_) => {
-                            suspicion.raise();
-                            Err(no_answer(timeout))
-                        }
-                    };
+                let call = exec::unary(&mut client, &request);
+                let result = health::watched(&suspicion, timeout, call)
+                    .await
+                    .unwrap_or_else(|| Err(no_answer(timeout)));
                 let _ = reply_tx.send(Delivery {
                     reply: RpcReply { id, result },
                     last: true,
