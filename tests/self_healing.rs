@@ -26,8 +26,8 @@ const TTL: Duration = Duration::from_secs(2);
 /// most one TTL after the last acknowledged renewal).
 const OUTAGE: Duration = Duration::from_millis(3500);
 /// How long recovery may take after the fault ends: reconnecting (HTTP/2
-/// pings every 2 s notice a dead connection), backoff up to a few seconds,
-/// grant and put. 20 s is generous for a loaded machine.
+/// pings after 5 s of silence notice a dead connection), backoff up to a
+/// few seconds, grant and put. 20 s is generous for a loaded machine.
 const RECOVERY: Duration = Duration::from_secs(20);
 
 static SERIAL: Mutex<()> = Mutex::new(());
