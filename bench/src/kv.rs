@@ -1,5 +1,8 @@
 //! put / get: `EtcdCoordinator::kv_set` / `kv_get` (one etcd put / range
-//! through the driver thread) vs etcd-client `put` / `get`.
+//! through the driver thread) vs etcd-client `put` / `get`, twice: on a
+//! one-worker runtime (a thread hop, as the driver has) and on a
+//! current-thread runtime driven by the caller's `block_on` (no hop: the
+//! cheapest a plain-thread program would write).
 
 use crate::raw::Raw;
 use crate::report::{latency_row as row, Row};
@@ -48,9 +51,57 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
             Ok(d)
         },
     )?;
+    // The same calls against etcd-client driven on the calling thread.
+    let caller = Raw::connect_on_caller(&cfg.endpoint)?;
+    let (ours_put_c, caller_put) = interleave(
+        n,
+        |_| {
+            let t = Instant::now();
+            coord.kv_set("bench", "k", &value)?;
+            Ok(t.elapsed())
+        },
+        |_| {
+            let mut c = caller.client();
+            let t = Instant::now();
+            caller.block_on(c.put("/bench/raw/k", value.clone(), None))?;
+            Ok(t.elapsed())
+        },
+    )?;
+    let (ours_get_c, caller_get) = interleave(
+        n,
+        |_| {
+            let t = Instant::now();
+            let got = coord.kv_get("bench", "k")?;
+            let d = t.elapsed();
+            check(got.len() == value.len())?;
+            Ok(d)
+        },
+        |_| {
+            let mut c = caller.client();
+            let t = Instant::now();
+            let got = caller.block_on(c.get("/bench/raw/k", None))?;
+            let d = t.elapsed();
+            check(got.kvs().len() == 1)?;
+            Ok(d)
+        },
+    )?;
     coord.close()?;
     etcd.close()?;
     Ok(vec![
+        row(
+            "put (100 B), anchor on the calling thread",
+            "kv_set",
+            &ours_put_c,
+            "etcd-client put, current-thread block_on",
+            &caller_put,
+        )?,
+        row(
+            "get (100 B), anchor on the calling thread",
+            "kv_get",
+            &ours_get_c,
+            "etcd-client get, current-thread block_on",
+            &caller_get,
+        )?,
         row(
             "put (100 B)",
             "kv_set",

@@ -32,6 +32,18 @@ impl Raw {
         Ok(Raw { rt, client })
     }
 
+    /// One client on `endpoint` on a current-thread runtime: every poll
+    /// happens inside the caller's `block_on`, no thread hop at all — the
+    /// cheapest code a plain-thread program would write instead.
+    pub fn connect_on_caller(endpoint: &str) -> Res<Raw> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let endpoints: Vec<&str> = endpoint.split(',').collect();
+        let client = rt.block_on(Client::connect(endpoints, None))?;
+        Ok(Raw { rt, client })
+    }
+
     /// A clone of the client (they share one connection).
     pub fn client(&self) -> Client {
         self.client.clone()
