@@ -14,7 +14,8 @@
 //!   key is bound to it once registered;
 //! * at most one renewal is outstanding;
 //! * nothing but Revokes of one lease, one outstanding at a time, are
-//!   issued after `Stop`; once `Stopped`,
+//!   issued after `Stop`, besides one last revoke of each lease given up
+//!   earlier; once `Stopped`,
 //!   `poll_timeout` is `None` and `Stopped` is the last notification;
 //! * consecutive notifications differ;
 //! * `poll_timeout` is never before `now`; draining commands terminates.
@@ -26,7 +27,7 @@ use fleetcoord_sm::keepalive::{
     Binding, Keepalive, KeepaliveConfig, KeepaliveInput, LivenessState,
 };
 use fleetcoord_sm::{
-    BackoffConfig, Command, Machine, Request, Response, RpcError, RpcId, RpcReply,
+    BackoffConfig, Command, LeaseId, Machine, Request, Response, RpcError, RpcId, RpcReply,
 };
 use fleetcoord_test_support::ModelEtcd;
 use libfuzzer_sys::fuzz_target;
@@ -91,6 +92,10 @@ enum Op {
     Stop,
     /// A reply to an id the machine is not waiting for.
     Stray(RpcReply),
+    /// The user gives the current lease up (`Replace`): it must be revoked.
+    Replace,
+    /// The user says etcd refused the current lease as not found.
+    Gone,
 }
 
 struct Run {
@@ -152,22 +157,26 @@ impl Run {
                             "{request:?} after stop"
                         );
                         // Copies of the revoke (an unanswered one is sent
-                        // again) name the same lease, one outstanding at a time.
+                        // again) name the same lease, one outstanding at a
+                        // time; besides, one last revoke of each lease given
+                        // up earlier (notified Lost) may go out.
                         let Request::Revoke { lease } = request else {
                             unreachable!("checked above")
                         };
-                        assert!(
-                            self.revoked.is_none_or(|l| l == lease),
-                            "a revoke of another lease"
-                        );
-                        self.revoked = Some(lease);
-                        assert!(
-                            !self
-                                .outstanding
-                                .iter()
-                                .any(|(_, r)| matches!(r, Request::Revoke { .. })),
-                            "a second revoke outstanding"
-                        );
+                        if !self.given_up(lease) {
+                            assert!(
+                                self.revoked.is_none_or(|l| l == lease),
+                                "a revoke of another lease"
+                            );
+                            self.revoked = Some(lease);
+                            assert!(
+                                !self.outstanding.iter().any(|(_, r)| matches!(
+                                    r,
+                                    Request::Revoke { lease: l } if !self.given_up(*l)
+                                )),
+                                "a second revoke outstanding"
+                            );
+                        }
                     }
                     self.outstanding.push((id, request));
                 }
@@ -186,6 +195,13 @@ impl Run {
             }
         }
         panic!("more than {MAX_COMMANDS_PER_STEP} commands in one step");
+    }
+
+    /// `lease` was notified `Lost`: the machine gave it up.
+    fn given_up(&self, lease: LeaseId) -> bool {
+        self.notifications
+            .iter()
+            .any(|n| matches!(n, LivenessState::Lost { lease: l } if *l == lease))
     }
 
     fn check(&self) {
@@ -297,6 +313,30 @@ impl Run {
             Op::Stray(reply) => {
                 if self.outstanding.iter().all(|(id, _)| *id != reply.id) {
                     self.machine.handle(self.now, reply.into());
+                }
+            }
+            Op::Replace => {
+                if let Some(lease) = self.machine.lease() {
+                    self.machine
+                        .handle(self.now, KeepaliveInput::Replace { lease });
+                    self.drain();
+                    // Revoked now, or queued behind the revoke of a lease
+                    // given up before it.
+                    assert!(
+                        self.outstanding.iter().any(|(_, r)| matches!(
+                            r,
+                            Request::Revoke { lease: l } if *l == lease || self.given_up(*l)
+                        )),
+                        "a replaced lease is not being revoked"
+                    );
+                    assert_ne!(self.machine.lease(), Some(lease), "replaced but kept");
+                }
+            }
+            Op::Gone => {
+                if let Some(lease) = self.machine.lease() {
+                    self.machine
+                        .handle(self.now, KeepaliveInput::LeaseGone { lease });
+                    assert_ne!(self.machine.lease(), Some(lease), "gone but kept");
                 }
             }
         }

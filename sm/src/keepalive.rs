@@ -46,8 +46,17 @@
 //!   may create a second lease, which nobody renews and which expires by
 //!   itself. The first three copies wait one attempt timeout each, later
 //!   ones twice as long as the one before, up to 16 attempt timeouts.
-//! * [`KeepaliveInput::Stop`] cancels everything and revokes the lease; no
-//!   renewal, grant or put is ever sent afterwards.
+//! * A lease given up while etcd may still hold it — replaced
+//!   ([`KeepaliveInput::Replace`]) or presumed lost when the local deadline
+//!   passed — is revoked in the background, copy after copy on the same
+//!   schedule, until etcd answers (revoked, not found, or a refusal): etcd
+//!   extends every lease to a full TTL at each raft leader change, so an
+//!   unrevoked lease can outlive its TTL, and its keys with it, for as long
+//!   as leader changes keep coming. At most 8 such leases are remembered;
+//!   a lease etcd said is gone (TTL 0, not found) is not revoked.
+//! * [`KeepaliveInput::Stop`] cancels everything and revokes the lease (and
+//!   sends one last revoke for each lease still being retired, not waited
+//!   for); no renewal, grant or put is ever sent afterwards.
 //!
 //! Backoff: registration (grant, put, an unproven lease lost) and renewal
 //! failures count separately, each with its own jitter seed derived from the
@@ -236,6 +245,30 @@ enum Timer {
     /// The outstanding grant, put or revoke has gone unanswered for an
     /// attempt timeout: send it again.
     Attempt,
+    /// The revoke of the first retired lease has gone unanswered for its
+    /// attempt timeout: send it again ([`Retired`]).
+    RetireAttempt,
+}
+
+/// How many given-up leases are remembered for revoking at most; beyond
+/// that the oldest is left to expire by itself.
+const MAX_RETIRED: usize = 8;
+
+/// Leases given up while etcd may still hold them (replaced at the user's
+/// request, or presumed lost when the local deadline passed), revoked one
+/// after another in the background, copy after copy, until etcd answers.
+/// Nobody renews them, but etcd extends every lease to a full TTL at each
+/// raft leader change: while leader changes come faster than the TTL, an
+/// unrevoked lease lives on, and with it any key bound to it (an election
+/// candidate's key at the front of the queue stalled an election for 30 s,
+/// `tests/member_restarts.rs`).
+#[derive(Clone, Debug, Default)]
+struct Retired {
+    leases: std::collections::VecDeque<LeaseId>,
+    /// The revoke in flight, of `leases[0]`.
+    revoke: Option<RpcId>,
+    /// Copies sent again in a row since the last answer.
+    resent: u32,
 }
 
 /// One held lease.
@@ -294,6 +327,7 @@ pub struct Keepalive {
     attempt_timeout: Duration,
     /// Copies sent again in a row since the last answer ([`Timer::Attempt`]).
     resent: u32,
+    retired: Retired,
     outbox: Outbox<LivenessState>,
     clock: Clock,
 }
@@ -328,6 +362,7 @@ impl Keepalive {
             register_backoff: Backoff::new(config.backoff.clone(), register_seed),
             renew_backoff: Backoff::new(config.backoff, renew_seed),
             attempt_timeout: config.attempt_timeout,
+            retired: Retired::default(),
             resent: 0,
             outbox: Outbox::new(first_rpc_id),
             clock: Clock::new(now),
@@ -389,16 +424,75 @@ impl Keepalive {
 
     /// Arms [`Timer::Attempt`] for the grant, put or revoke just sent.
     fn arm_attempt(&mut self) {
+        self.arm_copy(Timer::Attempt, self.resent);
+    }
+
+    /// Arms `timer` for the next copy of a request already sent `resent`
+    /// times again: one attempt timeout for the first three copies, then
+    /// twice as long as the one before, up to 16 attempt timeouts.
+    fn arm_copy(&mut self, timer: Timer, resent: u32) {
         if self.attempt_timeout.is_zero() {
             return;
         }
         let wait = self
             .attempt_timeout
-            .saturating_mul(1 << self.resent.saturating_sub(2).min(4));
+            .saturating_mul(1 << resent.saturating_sub(2).min(4));
         // Too long to represent: no copies at all (the TTL give-up stays).
         match self.clock.now().checked_add(wait) {
-            Some(at) => self.timers.set(Timer::Attempt, at),
-            None => self.timers.stop(Timer::Attempt),
+            Some(at) => self.timers.set(timer, at),
+            None => self.timers.stop(timer),
+        }
+    }
+
+    /// Stops the timers of the phase; a retired lease's revoke goes on.
+    fn stop_phase_timers(&mut self) {
+        for timer in [Timer::Renew, Timer::Deadline, Timer::Retry, Timer::Attempt] {
+            self.timers.stop(timer);
+        }
+    }
+
+    /// Revoke `lease` in the background ([`Retired`]).
+    fn retire(&mut self, lease: LeaseId) {
+        if self.retired.leases.contains(&lease) {
+            return;
+        }
+        if self.retired.leases.len() >= MAX_RETIRED {
+            // The oldest, unless its revoke is in flight.
+            let at = usize::from(self.retired.revoke.is_some());
+            let _ = self.retired.leases.remove(at);
+        }
+        self.retired.leases.push_back(lease);
+        if self.retired.revoke.is_none() {
+            self.send_retired_revoke();
+        }
+    }
+
+    /// The revoke of the first retired lease, if any, and its copy timer.
+    fn send_retired_revoke(&mut self) {
+        let Some(&lease) = self.retired.leases.front() else {
+            self.retired.revoke = None;
+            self.timers.stop(Timer::RetireAttempt);
+            return;
+        };
+        self.retired.revoke = Some(self.outbox.rpc(Request::Revoke { lease }));
+        self.arm_copy(Timer::RetireAttempt, self.retired.resent);
+    }
+
+    /// The answer to a retired lease's revoke: done with it when etcd
+    /// revoked it, does not have it, or refuses for good; another copy
+    /// (when its timer fires) after a broken connection.
+    fn on_retired_reply(&mut self, result: Result<Response, RpcError>) {
+        self.retired.revoke = None;
+        match result {
+            Err(e) if e.is_retryable() && !self.attempt_timeout.is_zero() => {
+                self.retired.resent = self.retired.resent.saturating_add(1);
+                self.arm_copy(Timer::RetireAttempt, self.retired.resent);
+            }
+            _ => {
+                self.retired.leases.pop_front();
+                self.retired.resent = 0;
+                self.send_retired_revoke();
+            }
         }
     }
 
@@ -643,7 +737,7 @@ impl Keepalive {
         for (id, _) in l.put.iter() {
             self.outbox.cancel(*id);
         }
-        self.timers.clear();
+        self.stop_phase_timers();
         self.resent = 0;
         self.renew_backoff.reset();
         self.notify(LivenessState::Lost { lease: l.id });
@@ -655,6 +749,18 @@ impl Keepalive {
         }
     }
 
+    /// The local deadline passed: the lease is presumed lost, but etcd may
+    /// still hold it (the renewals got through, their answers did not), so
+    /// it is also revoked ([`Retired`]).
+    fn lose_at_deadline(&mut self, now: Instant) {
+        let Phase::Leased(l) = &self.phase else {
+            return;
+        };
+        let lease = l.id;
+        self.retire(lease);
+        self.lose(now, false);
+    }
+
     /// A permanent refusal: tell the user, then stop as if asked.
     fn refuse(&mut self, now: Instant, error: RpcError) {
         self.notify(LivenessState::Refused { error });
@@ -664,6 +770,14 @@ impl Keepalive {
     fn stop(&mut self, now: Instant) {
         self.timers.clear();
         self.resent = 0;
+        // A last copy of each retired lease's revoke, answers not waited
+        // for: stopping must not wait on leases given up earlier.
+        if let Some(id) = self.retired.revoke.take() {
+            self.outbox.cancel(id);
+        }
+        for lease in std::mem::take(&mut self.retired.leases) {
+            let _ = self.outbox.rpc(Request::Revoke { lease });
+        }
         match std::mem::replace(&mut self.phase, Phase::Stopped) {
             Phase::Granting {
                 grant: Some((grant, _)),
@@ -708,6 +822,9 @@ impl Keepalive {
 
     fn on_reply(&mut self, now: Instant, reply: RpcReply) {
         let RpcReply { id, result } = reply;
+        if self.retired.revoke == Some(id) {
+            return self.on_retired_reply(result);
+        }
         match &self.phase {
             Phase::Granting {
                 grant: Some((grant, sent)),
@@ -782,7 +899,14 @@ impl Keepalive {
                 // The TTL give-up (`Timer::Retry`) stays where it was.
                 self.arm_attempt();
             }
-            (Timer::Deadline, Phase::Leased(_)) => self.lose(now, false),
+            (Timer::Deadline, Phase::Leased(_)) => self.lose_at_deadline(now),
+            (Timer::RetireAttempt, _) => {
+                if let Some(id) = self.retired.revoke.take() {
+                    self.outbox.cancel(id);
+                }
+                self.retired.resent = self.retired.resent.saturating_add(1);
+                self.send_retired_revoke();
+            }
             (Timer::Renew, Phase::Leased(l)) => match l.renewal {
                 Some((id, _)) => {
                     self.outbox.cancel(id);
@@ -865,10 +989,7 @@ impl Machine for Keepalive {
             }
             KeepaliveInput::Replace { lease } => {
                 if matches!(&self.phase, Phase::Leased(l) if l.id == lease) {
-                    // Nothing waits for this revoke's answer: it matches no
-                    // phase when it comes, and a failed one leaves the lease
-                    // to expire.
-                    let _ = self.outbox.rpc(Request::Revoke { lease });
+                    self.retire(lease);
                     self.lose(now, false);
                 }
             }
@@ -879,8 +1000,10 @@ impl Machine for Keepalive {
     fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock.observe(now);
         // The deadline goes first so nothing is sent on a lease presumed gone.
-        if matches!(&self.phase, Phase::Leased(l) if l.deadline <= now) {
-            self.lose(now, false);
+        if let Phase::Leased(l) = &self.phase {
+            if l.deadline <= now {
+                self.lose_at_deadline(now);
+            }
         }
         while let Some(timer) = self.timers.pop_expired(now) {
             self.on_timer(now, timer);

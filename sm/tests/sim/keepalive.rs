@@ -11,7 +11,9 @@
 //!   mode the key exists, bound to that lease;
 //! * (b) in a run without faults the lease is never lost and, once
 //!   registered, the key never disappears;
-//! * (c) no KeepAlive, Grant or Put is emitted after Stop or after a Revoke
+//! * (c) no KeepAlive, Grant or Put is emitted after Stop or after the
+//!   stop's Revoke, and a lease the machine still holds is revoked only
+//!   after Stop, once; leases it gave up may be revoked at any time
 //!   (checked on every command by [`Spy`]);
 //! * (d) `poll_timeout` is never earlier than the last `now` ([`Spy`]);
 //! * (e) after the faults stop, the machine ends Registered with the key
@@ -32,6 +34,8 @@ struct Spy {
     machine: Keepalive,
     stop_requested: bool,
     revoke_sent: bool,
+    /// Leases notified `Lost`: revoking them is retiring, allowed any time.
+    given_up: Vec<fleetcoord_sm::LeaseId>,
     last_now: Option<Instant>,
 }
 
@@ -60,8 +64,16 @@ impl Machine for Spy {
 
     fn poll_command(&mut self) -> Option<Command<LivenessState>> {
         let command = self.machine.poll_command()?;
+        if let Command::Notify(LivenessState::Lost { lease }) = &command {
+            self.given_up.push(*lease);
+        }
         if let Command::Rpc { request, .. } = &command {
             match request {
+                // Retiring a lease given up (revoked as it is given up, or
+                // one last time at stop): never the one it holds.
+                Request::Revoke { lease }
+                    if (!self.stop_requested && self.machine.lease() != Some(*lease))
+                        || self.given_up.contains(lease) => {}
                 Request::Revoke { .. } => {
                     assert!(self.stop_requested, "revoke without stop");
                     assert!(!self.revoke_sent, "second revoke");
@@ -218,6 +230,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
         machine: Keepalive::new(config, t0, seed),
         stop_requested: false,
         revoke_sent: false,
+        given_up: Vec::new(),
         last_now: Some(t0),
     };
     let mut w = World {

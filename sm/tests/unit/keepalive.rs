@@ -493,12 +493,15 @@ fn deadline_passing_loses_the_lease_and_regrants_at_once() {
     assert_eq!(now, t0 + ms(8500));
     assert_eq!(m.poll_timeout(), Some(t0 + s(9)));
     m.handle_timeout(t0 + s(9));
+    // etcd may still hold the lease (only the answers were lost): it is
+    // revoked on the way out.
     assert_eq!(
         drain(&mut m),
         vec![
+            rpc(id, Request::Revoke { lease: LEASE }),
             Command::Notify(LivenessState::Lost { lease: LEASE }),
             Command::Notify(LivenessState::Registering),
-            rpc(id, Request::Grant { ttl_secs: TTL }),
+            rpc(id + 1, Request::Grant { ttl_secs: TTL }),
         ]
     );
     assert_eq!(m.lease(), None);
@@ -994,10 +997,11 @@ fn a_renewal_sent_in_the_last_nanosecond_has_no_give_up_and_the_deadline_cancels
     assert_eq!(
         drain(&mut m),
         vec![
+            rpc(3, Request::Revoke { lease: LEASE }),
             Command::Cancel { id: RpcId(2) },
             Command::Notify(LivenessState::Lost { lease: LEASE }),
             Command::Notify(LivenessState::Registering),
-            rpc(3, Request::Grant { ttl_secs: TTL }),
+            rpc(4, Request::Grant { ttl_secs: TTL }),
         ]
     );
     // The canceled renewal's late ack is a stranger now.
@@ -1209,4 +1213,122 @@ fn attempt_a_revoke_broken_in_flight_is_sent_again_and_not_found_means_revoked()
         drain(&mut m),
         vec![Command::Notify(LivenessState::Stopped { revoked: true })]
     );
+}
+
+/// Granted with copies every 500 ms; the grant was id 0, the first renewal
+/// goes out at t0 + 3 s.
+fn granted_with_copies(t0: Instant) -> Keepalive {
+    granted_with(
+        KeepaliveConfig {
+            attempt_timeout: ms(500),
+            ..config(false)
+        },
+        t0,
+    )
+}
+
+/// Runs `m` from `now` to `until`, acknowledging every renewal of
+/// `renewing`; the instants and ids of the revokes of `lease` it sent, and
+/// the last instant it was run at.
+fn revokes_until(
+    m: &mut Keepalive,
+    mut now: Instant,
+    until: Instant,
+    renewing: LeaseId,
+    lease: LeaseId,
+) -> (Vec<(Instant, u64)>, Instant) {
+    let mut revokes = Vec::new();
+    while let Some(at) = m.poll_timeout().filter(|at| *at <= until) {
+        now = at;
+        m.handle_timeout(now);
+        for c in drain(m) {
+            match c {
+                Command::Rpc {
+                    id,
+                    request: Request::Revoke { lease: l },
+                } if l == lease => revokes.push((now, id.0)),
+                Command::Rpc {
+                    id,
+                    request: Request::KeepAlive { lease: l },
+                } if l == renewing => {
+                    m.handle(now, ok(id.0, Response::KeptAlive { ttl_secs: TTL }))
+                }
+                _ => {}
+            }
+        }
+    }
+    (revokes, now)
+}
+
+#[test]
+fn retire_a_replaced_lease_is_revoked_copy_after_copy_until_etcd_answers() {
+    let t0 = Instant::now();
+    let mut m = granted_with_copies(t0);
+    m.handle(t0 + s(1), KeepaliveInput::Replace { lease: LEASE });
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            rpc(1, Request::Revoke { lease: LEASE }),
+            Command::Notify(LivenessState::Lost { lease: LEASE }),
+            Command::Notify(LivenessState::Registering),
+            rpc(2, Request::Grant { ttl_secs: TTL }),
+        ]
+    );
+    let new = 8;
+    m.handle(
+        t0 + s(1),
+        ok(
+            2,
+            Response::Granted {
+                lease: new,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(
+        drain(&mut m),
+        vec![Command::Notify(LivenessState::Registered { lease: new })]
+    );
+    // Unanswered: copies 500 ms, 500 ms, 500 ms, then 1, 2, 4, 8, 8 s apart
+    // — well past the TTL, since etcd may keep extending the lease.
+    let mut revokes = vec![(t0 + s(1), 1)];
+    let (copies, now) = revokes_until(&mut m, t0 + s(1), t0 + s(40), new, LEASE);
+    revokes.extend(copies);
+    let gaps: Vec<Duration> = revokes.windows(2).map(|w| w[1].0 - w[0].0).collect();
+    assert_eq!(
+        gaps[..8],
+        [ms(500), ms(500), ms(500), s(1), s(2), s(4), s(8), s(8)]
+    );
+    // etcd answers the last copy: no more.
+    let (_, last) = *revokes.last().expect("copies");
+    m.handle(now, ok(last, Response::Revoked));
+    assert_eq!(
+        revokes_until(&mut m, now, now + s(60), new, LEASE).0,
+        vec![]
+    );
+    assert_eq!(m.lease(), Some(new));
+}
+
+#[test]
+fn retire_a_lease_lost_at_its_deadline_is_revoked_until_not_found() {
+    let t0 = Instant::now();
+    let mut m = granted_with_copies(t0);
+    // The renewals go unanswered until the deadline (t0 + 9 s).
+    let (revokes, now) = revokes_until(&mut m, t0, t0 + s(9), 0, LEASE);
+    assert_eq!(revokes.len(), 1, "one revoke as the deadline passes");
+    assert_eq!(revokes[0].0, t0 + s(9));
+    assert_eq!(m.lease(), None);
+    // A broken connection: another copy; then 'not found' (an earlier copy
+    // got through, or it expired) ends it.
+    m.handle(now, err(revokes[0].1));
+    let (more, now) = revokes_until(&mut m, now, now + ms(600), 0, LEASE);
+    assert_eq!(more.len(), 1);
+    m.handle(
+        now,
+        KeepaliveInput::Rpc(RpcReply {
+            id: RpcId(more[0].1),
+            result: Err(RpcError::LeaseNotFound),
+        }),
+    );
+    assert_eq!(revokes_until(&mut m, now, now + s(60), 0, LEASE).0, vec![]);
 }
