@@ -201,9 +201,10 @@ CROSS_TARGETS ?= aarch64-unknown-linux-gnu riscv64gc-unknown-linux-gnu \
   powerpc64le-unknown-linux-gnu s390x-unknown-linux-gnu \
   loongarch64-unknown-linux-gnu
 
-# `cargo check` writes metadata only and never links, so no cross gcc or
-# libc is needed; build scripts (etcd-client runs protoc) run on the host,
-# hence deps-build. A target whose std rustup cannot add (not shipped for this
+# `cargo check` writes metadata only and never links, but ring's build
+# script compiles C for the target, so each target's cross gcc must be
+# installed (README, Requirements); build scripts run on the host, hence
+# deps-build. A target whose std rustup cannot add (not shipped for this
 # toolchain, or the dist server refuses it) is reported as skipped with
 # rustup's reason instead of failing the whole run; a check that fails does
 # fail it.
