@@ -52,8 +52,10 @@
 //!   schedule, until etcd answers (revoked, not found, or a refusal): etcd
 //!   extends every lease to a full TTL at each raft leader change, so an
 //!   unrevoked lease can outlive its TTL, and its keys with it, for as long
-//!   as leader changes keep coming. At most 8 such leases are remembered;
-//!   a lease etcd said is gone (TTL 0, not found) is not revoked.
+//!   as leader changes keep coming. In binding mode a revoke starts only
+//!   once the key is written with the current lease, so it never takes the
+//!   key away. At most 8 such leases are remembered; a lease etcd said is
+//!   gone (TTL 0, not found) is not revoked.
 //! * [`KeepaliveInput::Stop`] cancels everything and revokes the lease (and
 //!   sends one last revoke for each lease still being retired, not waited
 //!   for); no renewal, grant or put is ever sent afterwards.
@@ -462,16 +464,29 @@ impl Keepalive {
             let _ = self.retired.leases.remove(at);
         }
         self.retired.leases.push_back(lease);
-        if self.retired.revoke.is_none() {
+        self.start_retiring();
+    }
+
+    /// Starts revoking the first retired lease when nothing of it is under
+    /// way and nothing of ours is still bound to it: in binding mode only
+    /// once the key is written with the current lease, so that the revoke
+    /// never takes the key away (a watcher would see the host `Down`, then
+    /// `Up` again).
+    fn start_retiring(&mut self) {
+        let busy = self.retired.revoke.is_some() || self.timers.is_armed(Timer::RetireAttempt);
+        let first = self.retired.leases.front();
+        let bound_elsewhere = self.binding.is_none()
+            || matches!(&self.phase, Phase::Leased(l)
+                if l.written.is_some() && Some(&l.id) != first);
+        if !busy && bound_elsewhere && !self.retired.leases.is_empty() {
+            self.retired.resent = 0;
             self.send_retired_revoke();
         }
     }
 
-    /// The revoke of the first retired lease, if any, and its copy timer.
+    /// A copy of the revoke of the first retired lease, and its copy timer.
     fn send_retired_revoke(&mut self) {
         let Some(&lease) = self.retired.leases.front() else {
-            self.retired.revoke = None;
-            self.timers.stop(Timer::RetireAttempt);
             return;
         };
         self.retired.revoke = Some(self.outbox.rpc(Request::Revoke { lease }));
@@ -489,9 +504,9 @@ impl Keepalive {
                 self.arm_copy(Timer::RetireAttempt, self.retired.resent);
             }
             _ => {
+                self.timers.stop(Timer::RetireAttempt);
                 self.retired.leases.pop_front();
-                self.retired.resent = 0;
-                self.send_retired_revoke();
+                self.start_retiring();
             }
         }
     }
@@ -707,6 +722,8 @@ impl Keepalive {
             Ok(Response::Put { .. }) => {
                 l.written = Some(generation);
                 self.sync_state();
+                // The key is bound to this lease now: earlier ones may go.
+                self.start_retiring();
                 if generation != self.value_gen {
                     self.send_put(now);
                 }
@@ -900,6 +917,8 @@ impl Keepalive {
                 self.arm_attempt();
             }
             (Timer::Deadline, Phase::Leased(_)) => self.lose_at_deadline(now),
+            // A copy of the revoke under way (it passed `start_retiring`'s
+            // check when it began; the key has only moved on since).
             (Timer::RetireAttempt, _) => {
                 if let Some(id) = self.retired.revoke.take() {
                     self.outbox.cancel(id);

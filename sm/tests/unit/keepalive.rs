@@ -1332,3 +1332,59 @@ fn retire_a_lease_lost_at_its_deadline_is_revoked_until_not_found() {
     );
     assert_eq!(revokes_until(&mut m, now, now + s(60), 0, LEASE).0, vec![]);
 }
+
+#[test]
+fn retire_in_binding_mode_waits_until_the_key_is_written_with_the_new_lease() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(config(true), t0, 1);
+    let _ = drain(&mut m);
+    m.handle(
+        t0 + ms(10),
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    let _ = drain(&mut m);
+    m.handle(t0 + ms(20), ok(1, Response::Put { revision: 5 }));
+    assert_eq!(drain(&mut m), vec![registered()]);
+    // Renewals unanswered until the deadline: lost, regranted, but the old
+    // lease still holds the key, so it is not revoked yet.
+    let (revokes, now) = revokes_until(&mut m, t0 + ms(20), t0 + s(9), 0, LEASE);
+    assert_eq!(revokes, vec![]);
+    assert_eq!(m.lease(), None);
+    let grant = 6; // renewals 2 to 5 went out first
+    m.handle(
+        now,
+        ok(
+            grant,
+            Response::Granted {
+                lease: 8,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(
+            grant + 1,
+            Request::Put {
+                key: b"/coord/hosts/a".to_vec(),
+                value: b"v1".to_vec(),
+                lease: 8,
+            }
+        )]
+    );
+    // The key is bound to lease 8: now lease 7 goes.
+    m.handle(now, ok(grant + 1, Response::Put { revision: 9 }));
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Notify(LivenessState::Registered { lease: 8 }),
+            rpc(grant + 2, Request::Revoke { lease: LEASE }),
+        ]
+    );
+}
