@@ -12,24 +12,27 @@ use fleetcoord::coordinator::{Coordinator, EtcdCoordinator};
 use fleetcoord::{Etcd, EtcdOptions};
 use std::time::Instant;
 
-pub fn run(cfg: &Config) -> Res<Vec<Row>> {
-    let n = cfg.samples(1000, 20);
-    let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
-    let coord = EtcdCoordinator::new(&etcd)?;
-    let raw = Raw::connect(&cfg.endpoint)?;
-    let value = vec![b'v'; 100];
+type Samples = Vec<std::time::Duration>;
 
+/// `kv_set` and `kv_get` interleaved with etcd-client's `put` and `get` on
+/// `anchor`: (ours put, anchor put, ours get, anchor get).
+fn put_get(
+    n: usize,
+    coord: &EtcdCoordinator,
+    anchor: &Raw,
+    value: &[u8],
+) -> Res<(Samples, Samples, Samples, Samples)> {
     let (ours_put, raw_put) = interleave(
         n,
         |_| {
             let t = Instant::now();
-            coord.kv_set("bench", "k", &value)?;
+            coord.kv_set("bench", "k", value)?;
             Ok(t.elapsed())
         },
         |_| {
-            let mut c = raw.client();
+            let mut c = anchor.client();
             let t = Instant::now();
-            raw.block_on(c.put("/bench/raw/k", value.clone(), None))?;
+            anchor.block_on(c.put("/bench/raw/k", value.to_vec(), None))?;
             Ok(t.elapsed())
         },
     )?;
@@ -43,48 +46,26 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
             Ok(d)
         },
         |_| {
-            let mut c = raw.client();
+            let mut c = anchor.client();
             let t = Instant::now();
-            let got = raw.block_on(c.get("/bench/raw/k", None))?;
+            let got = anchor.block_on(c.get("/bench/raw/k", None))?;
             let d = t.elapsed();
             check(got.kvs().len() == 1)?;
             Ok(d)
         },
     )?;
-    // The same calls against etcd-client driven on the calling thread.
+    Ok((ours_put, raw_put, ours_get, raw_get))
+}
+
+pub fn run(cfg: &Config) -> Res<Vec<Row>> {
+    let n = cfg.samples(1000, 20);
+    let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let coord = EtcdCoordinator::new(&etcd)?;
+    let value = vec![b'v'; 100];
+    let one_worker = Raw::connect(&cfg.endpoint)?;
+    let (ours_put, raw_put, ours_get, raw_get) = put_get(n, &coord, &one_worker, &value)?;
     let caller = Raw::connect_on_caller(&cfg.endpoint)?;
-    let (ours_put_c, caller_put) = interleave(
-        n,
-        |_| {
-            let t = Instant::now();
-            coord.kv_set("bench", "k", &value)?;
-            Ok(t.elapsed())
-        },
-        |_| {
-            let mut c = caller.client();
-            let t = Instant::now();
-            caller.block_on(c.put("/bench/raw/k", value.clone(), None))?;
-            Ok(t.elapsed())
-        },
-    )?;
-    let (ours_get_c, caller_get) = interleave(
-        n,
-        |_| {
-            let t = Instant::now();
-            let got = coord.kv_get("bench", "k")?;
-            let d = t.elapsed();
-            check(got.len() == value.len())?;
-            Ok(d)
-        },
-        |_| {
-            let mut c = caller.client();
-            let t = Instant::now();
-            let got = caller.block_on(c.get("/bench/raw/k", None))?;
-            let d = t.elapsed();
-            check(got.kvs().len() == 1)?;
-            Ok(d)
-        },
-    )?;
+    let (ours_put_c, caller_put, ours_get_c, caller_get) = put_get(n, &coord, &caller, &value)?;
     coord.close()?;
     etcd.close()?;
     Ok(vec![

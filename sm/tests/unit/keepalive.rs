@@ -1336,19 +1336,7 @@ fn retire_a_lease_lost_at_its_deadline_is_revoked_until_not_found() {
 #[test]
 fn retire_in_binding_mode_waits_until_the_key_is_written_with_the_new_lease() {
     let t0 = Instant::now();
-    let mut m = Keepalive::new(config(true), t0, 1);
-    let _ = drain(&mut m);
-    m.handle(
-        t0 + ms(10),
-        ok(
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: TTL,
-            },
-        ),
-    );
-    let _ = drain(&mut m);
+    let mut m = granted_with_put_in_flight(t0);
     m.handle(t0 + ms(20), ok(1, Response::Put { revision: 5 }));
     assert_eq!(drain(&mut m), vec![registered()]);
     // Renewals unanswered until the deadline: lost, regranted, but the old
