@@ -336,6 +336,18 @@ fn elections_stay_live_while_the_raft_leader_is_killed_and_restarted() {
     queue_stop.store(true, Ordering::SeqCst);
     queue.join().expect("queue reader");
 
+    // How often a host lost its lease while etcd kept quorum: each loss
+    // is a new registration (and, for a candidate, a lost leadership).
+    let losses: Vec<usize> = hosts
+        .iter()
+        .map(|h| {
+            h.states()
+                .try_iter()
+                .filter(|s| matches!(s, fleetcoord::LivenessState::Lost { .. }))
+                .count()
+        })
+        .collect();
+
     // Every host leaves right after the raft leader is killed: the revokes
     // are lost in the raft election and must be sent again, so that each
     // close is back within its bound and watchers see a leave, not an
@@ -473,6 +485,11 @@ fn elections_stay_live_while_the_raft_leader_is_killed_and_restarted() {
     println!(
         "{}",
         liveness::distribution("HostLiveness::close right after a kill", &close_times)
+    );
+    println!(
+        "hosts that lost their lease: {} of {HOSTS}, {} losses",
+        losses.iter().filter(|n| **n > 0).count(),
+        losses.iter().sum::<usize>()
     );
     println!("{} errors: {:?}", r.errors.len(), r.errors);
     assert!(
