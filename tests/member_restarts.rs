@@ -117,6 +117,10 @@ fn candidate(i: usize, endpoints: Vec<String>, stop: Arc<AtomicBool>, record: Ar
             let t = Instant::now();
             if !leadership.is_held() {
                 lost = true;
+                record
+                    .lock()
+                    .events
+                    .push((t, format!("candidate {i} sees its leadership lost")));
                 break;
             }
             last_held = t;
@@ -387,10 +391,11 @@ fn elections_stay_live_while_the_raft_leader_is_killed_and_restarted() {
     for pair in held.windows(2) {
         if pair[1].from < pair[0].to {
             violations.push(format!(
-                "overlap: candidate {} elected {:?} before candidate {} stopped holding",
+                "overlap: candidate {} elected {:?} before candidate {} stopped holding; around it:\n{}",
                 pair[1].candidate,
                 pair[0].to - pair[1].from,
-                pair[0].candidate
+                pair[0].candidate,
+                timeline(&r.events, pair[1].from, pair[0].to)
             ));
         }
     }
