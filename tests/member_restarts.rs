@@ -256,6 +256,30 @@ fn elections_stay_live_while_the_raft_leader_is_killed_and_restarted() {
     let watcher = HostWatcher::watch(&watch_etcd).expect("watcher");
     let downs = Arc::new(Mutex::new(Vec::new()));
     let watch_stop = Arc::new(AtomicBool::new(false));
+    // Every host's state changes, with the time, into the timeline.
+    let states_stop = Arc::new(AtomicBool::new(false));
+    let states = {
+        let receivers: Vec<_> = hosts.iter().map(|h| h.states().clone()).collect();
+        let (stop, record) = (states_stop.clone(), record.clone());
+        thread::spawn(move || {
+            let mut losses = vec![0usize; receivers.len()];
+            while !stop.load(Ordering::SeqCst) {
+                for (k, rx) in receivers.iter().enumerate() {
+                    while let Ok(state) = rx.try_recv() {
+                        if matches!(state, fleetcoord::LivenessState::Lost { .. }) {
+                            losses[k] += 1;
+                        }
+                        record
+                            .lock()
+                            .events
+                            .push((Instant::now(), format!("host {k}: {state:?}")));
+                    }
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+            losses
+        })
+    };
     let watching = {
         let (events, downs, stop) = (watcher.events().clone(), downs.clone(), watch_stop.clone());
         thread::spawn(move || {
@@ -342,15 +366,8 @@ fn elections_stay_live_while_the_raft_leader_is_killed_and_restarted() {
 
     // How often a host lost its lease while etcd kept quorum: each loss
     // is a new registration (and, for a candidate, a lost leadership).
-    let losses: Vec<usize> = hosts
-        .iter()
-        .map(|h| {
-            h.states()
-                .try_iter()
-                .filter(|s| matches!(s, fleetcoord::LivenessState::Lost { .. }))
-                .count()
-        })
-        .collect();
+    states_stop.store(true, Ordering::SeqCst);
+    let losses = states.join().expect("state reader");
 
     // Every host leaves right after the raft leader is killed: the revokes
     // are lost in the raft election and must be sent again, so that each
@@ -496,6 +513,18 @@ fn elections_stay_live_while_the_raft_leader_is_killed_and_restarted() {
         losses.iter().filter(|n| **n > 0).count(),
         losses.iter().sum::<usize>()
     );
+    let first_loss = r
+        .events
+        .iter()
+        .filter(|(_, what)| what.contains(": Lost {"))
+        .map(|(at, _)| *at)
+        .min();
+    if let Some(at) = first_loss {
+        println!(
+            "around the first lost host lease:\n{}",
+            timeline(&r.events, at, at)
+        );
+    }
     println!("{} errors: {:?}", r.errors.len(), r.errors);
     assert!(
         violations.is_empty(),
