@@ -29,6 +29,9 @@ REDIS_WANT=8.2.
 
 PYTHON=${PYTHON:-python3}
 
+# shellcheck source=scripts/server-version.sh
+. "$(dirname "${BASH_SOURCE[0]}")/server-version.sh"
+
 die() {
   echo "matrix-servers: $*" >&2
   exit 1
@@ -70,13 +73,13 @@ bins() {
 
 # The version a server binary reports, as plain x.y.z.
 version_of() {
-  local var=$1 bin=$2 out
-  out=$("$bin" --version 2>&1) || die "$bin --version failed: $out"
-  case "$var" in
-    ETCD_BIN) sed -n 's/^etcd Version: \([0-9.]*\).*/\1/p' <<<"$out" ;;
-    NATS_SERVER_BIN) sed -n 's/^nats-server: v\([0-9.]*\).*/\1/p' <<<"$out" ;;
-    REDIS_SERVER_BIN) sed -n 's/^Redis server v=\([0-9.]*\) .*/\1/p' <<<"$out" ;;
+  local kind
+  case "$1" in
+    ETCD_BIN) kind=etcd ;;
+    NATS_SERVER_BIN) kind=nats ;;
+    REDIS_SERVER_BIN) kind=redis ;;
   esac
+  server_version "$kind" "$2" || die "cannot tell the version of $2"
 }
 
 want_of() {

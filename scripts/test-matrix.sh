@@ -81,14 +81,10 @@ old_redis=$(debian_bin redis-server)
 debian_bin etcdctl >/dev/null
 debian_bin redis-cli >/dev/null
 
+# shellcheck source=scripts/server-version.sh
+. "$(dirname "${BASH_SOURCE[0]}")/server-version.sh"
 version_of() {
-  local out
-  out=$("$2" --version 2>&1) || die "$2 --version failed: $out"
-  case "$1" in
-    etcd) sed -n 's/^etcd Version: \([0-9.]*\).*/\1/p' <<<"$out" ;;
-    nats) sed -n 's/^nats-server: v\([0-9.]*\).*/\1/p' <<<"$out" ;;
-    redis) sed -n 's/^Redis server v=\([0-9.]*\) .*/\1/p' <<<"$out" ;;
-  esac
+  server_version "$1" "$2" || die "cannot tell the version of $2"
 }
 
 # --- build once, so that cells time the tests, not the compiler -----------
