@@ -1101,11 +1101,7 @@ fn the_stop_input_of_the_machine_contract_is_stop() {
 #[test]
 fn attempt_a_lost_put_and_a_lost_revoke_are_sent_again_after_the_attempt_timeout() {
     let t0 = Instant::now();
-    let config = KeepaliveConfig {
-        attempt_timeout: ms(500),
-        ..config(true)
-    };
-    let mut m = Keepalive::new(config, t0, 1);
+    let mut m = Keepalive::new(with_copies(true), t0, 1);
     assert_eq!(
         drain(&mut m),
         vec![
@@ -1179,11 +1175,7 @@ fn attempt_a_lost_put_and_a_lost_revoke_are_sent_again_after_the_attempt_timeout
 #[test]
 fn attempt_a_revoke_broken_in_flight_is_sent_again_and_not_found_means_revoked() {
     let t0 = Instant::now();
-    let config = KeepaliveConfig {
-        attempt_timeout: ms(500),
-        ..config(false)
-    };
-    let mut m = granted_with(config, t0);
+    let mut m = granted_with_copies(t0);
     m.handle(t0 + ms(100), KeepaliveInput::Stop);
     assert_eq!(
         drain(&mut m),
@@ -1218,13 +1210,15 @@ fn attempt_a_revoke_broken_in_flight_is_sent_again_and_not_found_means_revoked()
 /// Granted with copies every 500 ms; the grant was id 0, the first renewal
 /// goes out at t0 + 3 s.
 fn granted_with_copies(t0: Instant) -> Keepalive {
-    granted_with(
-        KeepaliveConfig {
-            attempt_timeout: ms(500),
-            ..config(false)
-        },
-        t0,
-    )
+    granted_with(with_copies(false), t0)
+}
+
+/// [`config`] with copies every 500 ms.
+fn with_copies(binding: bool) -> KeepaliveConfig {
+    KeepaliveConfig {
+        attempt_timeout: ms(500),
+        ..config(binding)
+    }
 }
 
 /// Runs `m` from `now` to `until`, acknowledging every renewal of
