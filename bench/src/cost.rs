@@ -9,7 +9,7 @@
 use crate::process::{self, Spawned};
 use crate::report::{Row, Side};
 use crate::{Config, Res};
-use fleetcoord::testing::{EtcdCluster, GrpcCounts};
+use fleetcoord::testing::EtcdCluster;
 use std::process::Command;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -18,10 +18,7 @@ const TTL_SECS: u64 = 6;
 
 /// Calls started plus messages received by all members.
 fn served(cluster: &EtcdCluster) -> Res<u64> {
-    let mut total = GrpcCounts::default();
-    for member in cluster.members() {
-        total.add(&member.grpc_counts()?);
-    }
+    let total = cluster.grpc_counts()?;
     let calls: u64 = total.started_by_method().map(|(_, n)| n).sum();
     let messages = total.received("LeaseKeepAlive") + total.received("Watch");
     Ok(calls + messages)

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::admin::Admin;
 use super::server::{pki_for, unique_token, MemberSpec};
-use super::{net, EtcdBuilder, EtcdServer, TestPki};
+use super::{net, EtcdBuilder, EtcdServer, GrpcCounts, TestPki};
 use crate::deadline::deadline_after;
 use crate::tls::EtcdUser;
 use crate::{Error, Result};
@@ -243,6 +243,16 @@ impl EtcdCluster {
                 })
             })
             .collect()
+    }
+
+    /// [`EtcdServer::grpc_counts`] summed over the running members: what
+    /// the cluster as a whole has served (killed members are left out).
+    pub fn grpc_counts(&self) -> Result<GrpcCounts> {
+        let mut total = GrpcCounts::default();
+        for member in self.members.iter().filter(|m| m.pid().is_some()) {
+            total.add(&member.grpc_counts()?);
+        }
+        Ok(total)
     }
 
     fn root(&self) -> Result<Option<EtcdUser>> {
