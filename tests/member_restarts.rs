@@ -134,6 +134,16 @@ fn candidate(i: usize, endpoints: Vec<String>, stop: Arc<AtomicBool>, record: Ar
             thread::sleep(Duration::from_millis(100));
         }
         let resign_at = Instant::now();
+        // Held until the last instant `is_held` said so: a fenced write
+        // that blocked through an outage may have outlived the leadership,
+        // so it is asked once more rather than assumed at the resign.
+        if !lost && !leadership.is_held() {
+            lost = true;
+            record.lock().events.push((
+                resign_at,
+                format!("candidate {i} sees its leadership lost at the end of its hold"),
+            ));
+        }
         let held_to = if lost { last_held } else { resign_at };
         let resigned = leadership.resign();
         let took = resign_at.elapsed();

@@ -8,7 +8,9 @@
 //!   `--kill-grace`, but never later than [`suspended_kill_bound`] — a point
 //!   before the local leadership deadline, which itself precedes etcd's
 //!   lease expiry;
-//! * the local deadline passing anyway (leadership `lost`) → SIGKILL at once;
+//! * the local deadline passing anyway (leadership `lost`, or `is_held`
+//!   false by this process's clock, whichever is seen first) → SIGKILL at
+//!   once;
 //! * SIGINT/SIGTERM/SIGHUP to fleetcoord → SIGTERM to the child, SIGKILL
 //!   after `--kill-grace`;
 //!
@@ -73,6 +75,8 @@ pub struct GateArgs {
 pub trait Held {
     fn token(&self) -> i64;
     fn lost(&self) -> &Receiver<()>;
+    /// Whether it may still be believed, by the calling thread's clock.
+    fn is_held(&self) -> bool;
     /// Resign or unlock, waiting for etcd.
     fn release(self: Box<Self>) -> Result<(), fleetcoord::Error>;
 }
@@ -83,6 +87,9 @@ impl Held for fleetcoord::Leadership {
     }
     fn lost(&self) -> &Receiver<()> {
         fleetcoord::Leadership::lost(self)
+    }
+    fn is_held(&self) -> bool {
+        fleetcoord::Leadership::is_held(self)
     }
     fn release(self: Box<Self>) -> Result<(), fleetcoord::Error> {
         self.resign()
@@ -95,6 +102,9 @@ impl Held for fleetcoord::MutexGuard {
     }
     fn lost(&self) -> &Receiver<()> {
         fleetcoord::MutexGuard::lost(self)
+    }
+    fn is_held(&self) -> bool {
+        fleetcoord::MutexGuard::is_held(self)
     }
     fn release(self: Box<Self>) -> Result<(), fleetcoord::Error> {
         self.unlock()
@@ -204,6 +214,12 @@ pub fn run(
             .map_err(|e| CliError::Message(format!("cannot wait for {program:?}: {e}")))?
         {
             break status;
+        }
+        if !lost && !held.is_held() {
+            // The deadline passed by this thread's clock, before the
+            // driver said so (it may be starved): not a moment longer.
+            lost = true;
+            kill_now(&mut child);
         }
         if !termed && matches!(session(), Some(LivenessState::Suspended { .. })) {
             termed = true;

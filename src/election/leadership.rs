@@ -1,5 +1,6 @@
 //! [`Leadership`]: proof of leadership, its fence and its hand-over.
 
+use super::belief::Belief;
 use super::{election_error, Inner};
 use crate::deadline::deadline_after;
 use crate::error::{Error, Result};
@@ -7,7 +8,6 @@ use crate::txn::{TxnOp, TxnOpResponse};
 use crate::validate;
 use fleetcoord_sm::election::{fenced_txn, ElectionInput, ElectionNotice};
 use fleetcoord_sm::Response;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 #[cfg(doc)]
@@ -56,7 +56,7 @@ pub struct Leadership {
     pub(super) token: i64,
     pub(super) lease: i64,
     pub(super) key: String,
-    pub(super) held: Arc<AtomicBool>,
+    pub(super) belief: Arc<Belief>,
     pub(super) lost: crossbeam_channel::Receiver<()>,
     pub(super) resigned: bool,
 }
@@ -89,9 +89,14 @@ impl Leadership {
         self.lease
     }
 
-    /// Whether this candidate may still act as leader.
+    /// Whether this candidate may still act as leader: it has not resigned
+    /// or lost, and the calling thread's clock is before the session's
+    /// local deadline as of its last answered renewal (which comes before
+    /// etcd can let the lease expire). Judged by the caller's clock, it
+    /// turns false on time even when the driver thread is starved or late
+    /// to report the loss.
     pub fn is_held(&self) -> bool {
-        self.held.load(Ordering::SeqCst)
+        self.belief.holds()
     }
 
     /// Receives `()` once if leadership is lost (not on resign).
@@ -200,7 +205,7 @@ impl Leadership {
         // `resign` consumes the handle, and only it and `drop` set
         // `resigned`: it is always false here.
         self.resigned = true;
-        self.held.store(false, Ordering::SeqCst);
+        self.belief.end();
         if !self.is_current() {
             return Ok(());
         }
@@ -229,7 +234,7 @@ impl Drop for Leadership {
     fn drop(&mut self) {
         if !self.resigned {
             self.resigned = true;
-            self.held.store(false, Ordering::SeqCst);
+            self.belief.end();
             if self.is_current() {
                 // Fire and forget: the answer (`Resigned` with this token)
                 // is ignored by whichever operation is waiting then.

@@ -9,6 +9,7 @@ use crate::liveness::{
     close_outcome, ATTEMPT_TIMEOUT, CLOSE_WAIT, DEFAULT_DRIFT_ALLOWANCE_PPM, DEFAULT_SAFETY_MARGIN,
 };
 use crate::validate;
+use belief::Belief;
 use fleetcoord_sm::election::{
     leader_query, Election as ElectionMachine, ElectionConfig, ElectionError, ElectionInput,
     ElectionNotice, OpId,
@@ -16,10 +17,10 @@ use fleetcoord_sm::election::{
 use fleetcoord_sm::keepalive::{trusted_lifetime, LivenessState};
 use fleetcoord_sm::{BackoffConfig, KeyValue, Response};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod belief;
 mod leadership;
 pub(crate) mod mutex;
 mod observer;
@@ -271,7 +272,7 @@ impl Drop for EndOfNotices {
 /// never missed.
 struct Held {
     token: i64,
-    flag: Arc<AtomicBool>,
+    belief: Arc<Belief>,
     lost: crossbeam_channel::Sender<()>,
     lost_rx: crossbeam_channel::Receiver<()>,
 }
@@ -509,16 +510,16 @@ impl Election {
     }
 
     fn leadership(&self, token: i64, lease: i64, key: Vec<u8>) -> Leadership {
-        let (flag, lost) = {
+        let (belief, lost) = {
             let state = self.inner.state.lock();
             match state.held.as_ref().filter(|h| h.token == token) {
-                Some(h) => (h.flag.clone(), h.lost_rx.clone()),
+                Some(h) => (h.belief.clone(), h.lost_rx.clone()),
                 None => {
                     // Lost again before we got here: hand out a leadership
                     // that says so.
                     let (tx, rx) = crossbeam_channel::bounded(1);
                     let _ = tx.send(());
-                    (Arc::new(AtomicBool::new(false)), rx)
+                    (Arc::new(Belief::over()), rx)
                 }
             }
         };
@@ -527,7 +528,7 @@ impl Election {
             token,
             lease,
             key: String::from_utf8_lossy(&key).into_owned(),
-            held: flag,
+            belief,
             lost,
             resigned: false,
         }
@@ -669,16 +670,22 @@ fn handle_notice(state: &Mutex<State>, notice: ElectionNotice) {
         ElectionNotice::LeadershipLost { token } => {
             if state.held.as_ref().is_some_and(|h| h.token == *token) {
                 if let Some(held) = state.held.take() {
-                    held.flag.store(false, Ordering::SeqCst);
+                    held.belief.end();
                     let _ = held.lost.try_send(());
                 }
+            }
+            return;
+        }
+        ElectionNotice::Trusted { token, until } => {
+            if let Some(held) = state.held.as_ref().filter(|h| h.token == *token) {
+                held.belief.trust_until(*until);
             }
             return;
         }
         ElectionNotice::Session(s) => {
             if let LivenessState::Stopped { .. } = s {
                 if let Some(held) = state.held.take() {
-                    held.flag.store(false, Ordering::SeqCst);
+                    held.belief.end();
                     let _ = held.lost.try_send(());
                 }
             }
@@ -691,7 +698,7 @@ fn handle_notice(state: &Mutex<State>, notice: ElectionNotice) {
             if state.held.as_ref().is_some_and(|h| h.token == *token) =>
         {
             if let Some(held) = state.held.take() {
-                held.flag.store(false, Ordering::SeqCst);
+                held.belief.end();
             }
         }
         _ => {}
@@ -704,16 +711,21 @@ fn handle_notice(state: &Mutex<State>, notice: ElectionNotice) {
         }
         return;
     }
-    if let ElectionNotice::Elected { token, .. } = &notice {
+    if let ElectionNotice::Elected {
+        token,
+        trusted_until,
+        ..
+    } = &notice
+    {
         // Registered before the waiter sees it, so a `LeadershipLost`
         // right behind it is never missed.
         if let Some(old) = state.held.take() {
-            old.flag.store(false, Ordering::SeqCst);
+            old.belief.end();
         }
         let (lost, lost_rx) = crossbeam_channel::bounded(1);
         state.held = Some(Held {
             token: *token,
-            flag: Arc::new(AtomicBool::new(true)),
+            belief: Arc::new(Belief::until(*trusted_until)),
             lost,
             lost_rx,
         });
@@ -737,7 +749,7 @@ fn handle_notice(state: &Mutex<State>, notice: ElectionNotice) {
 /// hand it to a user, so it must not hold the election.
 fn resign_unwanted(state: &mut State, token: i64) {
     if let Some(held) = state.held.take_if(|h| h.token == token) {
-        held.flag.store(false, Ordering::SeqCst);
+        held.belief.end();
     }
     if let Some(resigner) = &state.resigner {
         // Gone: the election is closing and its stop revokes the session.
@@ -806,12 +818,17 @@ mod tests {
         rx
     }
 
+    /// One instant for every test notice, so that equal notices compare equal.
+    static TRUSTED_UNTIL: std::sync::LazyLock<Instant> =
+        std::sync::LazyLock::new(|| Instant::now() + Duration::from_secs(3600));
+
     fn elected(op: u64, token: i64) -> ElectionNotice {
         ElectionNotice::Elected {
             op: OpId(op),
             key: b"/e/1".to_vec(),
             token,
             lease: 1,
+            trusted_until: *TRUSTED_UNTIL,
         }
     }
 
@@ -875,17 +892,17 @@ mod tests {
         let rx = wait_for(&state, 1);
         handle_notice(&state, elected(1, 5));
         assert_eq!(rx.try_recv().ok(), Some(elected(1, 5)));
-        let (flag, lost) = {
+        let (belief, lost) = {
             let s = state.lock();
             let held = s.held.as_ref().expect("held");
-            (held.flag.clone(), held.lost_rx.clone())
+            (held.belief.clone(), held.lost_rx.clone())
         };
-        assert!(flag.load(Ordering::SeqCst));
+        assert!(belief.holds());
         handle_notice(
             &state,
             ElectionNotice::Session(LivenessState::Stopped { revoked: true }),
         );
-        assert!(!flag.load(Ordering::SeqCst), "is_held turns false");
+        assert!(!belief.holds(), "is_held turns false");
         assert_eq!(lost.try_recv(), Ok(()), "lost() fires");
         assert!(state.lock().held.is_none());
         assert_eq!(
@@ -894,16 +911,53 @@ mod tests {
         );
     }
 
+    /// A driver that reports nothing after `Elected` (starved, or its
+    /// loss notice not handled yet) cannot extend belief: it ends at the
+    /// announced deadline by the reader's clock, and only a `Trusted` for
+    /// the same token moves it.
+    #[test]
+    fn belief_ends_at_the_announced_deadline_unless_moved() {
+        let (state, _machine, _inputs) = state();
+        let rx = wait_for(&state, 1);
+        let soon = Instant::now() + Duration::from_millis(50);
+        let mut notice = elected(1, 5);
+        if let ElectionNotice::Elected { trusted_until, .. } = &mut notice {
+            *trusted_until = soon;
+        }
+        handle_notice(&state, notice);
+        assert!(rx.try_recv().is_ok());
+        let belief = state.lock().held.as_ref().expect("held").belief.clone();
+        assert!(belief.holds());
+        let later = Instant::now() + Duration::from_secs(60);
+        handle_notice(
+            &state,
+            ElectionNotice::Trusted {
+                token: 4,
+                until: later,
+            },
+        );
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(!belief.holds(), "another token's deadline moves nothing");
+        handle_notice(
+            &state,
+            ElectionNotice::Trusted {
+                token: 5,
+                until: later,
+            },
+        );
+        assert!(belief.holds(), "an answered renewal moves it");
+    }
+
     #[test]
     fn a_newer_leadership_replaces_the_one_held() {
         let (state, _machine, mut inputs) = state();
         let _first = wait_for(&state, 1);
         handle_notice(&state, elected(1, 5));
-        let old = state.lock().held.as_ref().expect("held").flag.clone();
+        let old = state.lock().held.as_ref().expect("held").belief.clone();
         let second = wait_for(&state, 2);
         handle_notice(&state, elected(2, 9));
         assert_eq!(second.try_recv().ok(), Some(elected(2, 9)));
-        assert!(!old.load(Ordering::SeqCst), "the old flag turns false");
+        assert!(!old.holds(), "the old belief ends");
         assert_eq!(state.lock().held.as_ref().map(|h| h.token), Some(9));
         assert!(resigned(&mut inputs).is_empty());
     }

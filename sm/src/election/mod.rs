@@ -209,6 +209,21 @@ pub enum ElectionNotice {
         token: Revision,
         /// The session lease the key is bound to.
         lease: LeaseId,
+        /// The user may believe it leads until this instant (the session's
+        /// local deadline when elected); [`ElectionNotice::Trusted`] moves it
+        /// later. Compared with the user's own clock, belief ends on time
+        /// even if no later notice is handled in time.
+        trusted_until: Instant,
+    },
+    /// The leadership `token` may be believed until `until`: sent whenever
+    /// the session's local deadline moves (a renewal was answered) while
+    /// this candidate leads, so that belief is bounded by the caller's
+    /// clock, not by how soon the driver gets to report the loss.
+    Trusted {
+        /// The leadership this is for.
+        token: Revision,
+        /// The session's local deadline now.
+        until: Instant,
     },
     /// Answer to `TryCampaign` when someone else leads (`None` if the
     /// queue emptied meanwhile); the own key was removed again.
@@ -262,6 +277,9 @@ pub struct Election {
     /// The commands of both parts, forwarded in order; it issues no ids.
     outbox: Outbox<ElectionNotice>,
     clock: Clock,
+    /// The leadership and deadline the user was last told it may believe
+    /// in (see [`Election::announce_trust`]).
+    announced: Option<(Revision, Instant)>,
 }
 
 impl Election {
@@ -295,6 +313,7 @@ impl Election {
             protocol,
             outbox: Outbox::default(),
             clock: Clock::new(now),
+            announced: None,
         };
         election.drain();
         election
@@ -386,7 +405,7 @@ impl Election {
                             self.protocol.session(self.clock.now(), fact);
                             // Consequences (e.g. LeadershipLost) come right after the cause.
                             while let Some(command) = self.protocol.poll_command() {
-                                self.outbox.push(command);
+                                self.forward(command);
                             }
                         }
                     }
@@ -394,11 +413,65 @@ impl Election {
             }
             while let Some(command) = self.protocol.poll_command() {
                 progressed = true;
-                self.outbox.push(command);
+                self.forward(command);
             }
             if !progressed {
                 break;
             }
+        }
+        self.announce_trust();
+    }
+
+    /// Queues one of the protocol's commands. An `Elected` leaves with the
+    /// session's local deadline as its `trusted_until` (the protocol does
+    /// not own the lease's clock), and that is what the user was told.
+    fn forward(&mut self, command: Command<ElectionNotice>) {
+        let command = match command {
+            Command::Notify(ElectionNotice::Elected {
+                op,
+                key,
+                token,
+                lease,
+                trusted_until,
+            }) => {
+                let trusted_until = match self.session.local_deadline() {
+                    Some(deadline) if self.session.lease() == Some(lease) => deadline,
+                    _ => trusted_until,
+                };
+                self.announced = Some((token, trusted_until));
+                Command::Notify(ElectionNotice::Elected {
+                    op,
+                    key,
+                    token,
+                    lease,
+                    trusted_until,
+                })
+            }
+            other => other,
+        };
+        self.outbox.push(command);
+    }
+
+    /// The one place the user learns how long to believe: while leading,
+    /// every move of the session's local deadline is told as `Trusted`,
+    /// after everything the step queued.
+    fn announce_trust(&mut self) {
+        let Some((lease, token)) = self.protocol.leadership() else {
+            self.announced = None;
+            return;
+        };
+        if self.session.lease() != Some(lease) {
+            return;
+        }
+        let Some(until) = self.session.local_deadline() else {
+            return;
+        };
+        let known = self
+            .announced
+            .is_some_and(|(t, at)| t == token && at == until);
+        if !known {
+            self.announced = Some((token, until));
+            self.outbox.notify(ElectionNotice::Trusted { token, until });
         }
     }
 }

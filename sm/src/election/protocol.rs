@@ -1093,6 +1093,10 @@ impl Protocol {
             key: c.key.clone(),
             token: c.token,
             lease: c.lease,
+            // The protocol does not own the lease's clock: it trusts
+            // nothing past now, and the wrapper, which does, moves this to
+            // the session's local deadline before the notice leaves.
+            trusted_until: self.clock.now(),
         });
         let watch = self
             .outbox

@@ -245,6 +245,7 @@ fn elected(t0: Instant) -> Election {
     assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
     assert!(!e.is_leader(), "not before etcd answered");
     // One answer: my key created at 5 and nothing older at that revision.
+    let until = e.session_deadline().expect("a lease");
     assert_eq!(
         ok(&mut e, t0, P, created(5, b"a", vec![])),
         vec![
@@ -252,7 +253,8 @@ fn elected(t0: Instant) -> Election {
                 op: OpId(1),
                 key: my_key(),
                 token: 5,
-                lease: LEASE
+                lease: LEASE,
+                trusted_until: until
             }),
             rpc(P + 1, watch(&my_key(), 6)),
         ]
@@ -369,6 +371,7 @@ fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
     // Its delete arrives with every event before it, none of them about my
     // key: at that revision my key is the one read at 9 and nothing is
     // older, so I lead with no further read.
+    let until = e.session_deadline().expect("a lease");
     assert_eq!(
         ok(&mut e, t0, P + 3, events(vec![deleted(b"/e/77", 12)])),
         vec![
@@ -377,7 +380,8 @@ fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
                 op: OpId(1),
                 key: my_key(),
                 token: 7,
-                lease: LEASE
+                lease: LEASE,
+                trusted_until: until
             }),
             rpc(P + 4, watch(&my_key(), 13)),
         ]
@@ -558,6 +562,7 @@ fn a_retried_create_that_finds_its_key_first_in_line_leads_at_once() {
     // The first create's answer was lost; its key is there, created at 3,
     // and is the first-created key of the election in the same revision.
     let mine = kv(&my_key(), b"a", 3);
+    let until = e.session_deadline().expect("a lease");
     assert_eq!(
         ok(&mut e, t0, P, found(8, mine.clone(), mine)),
         vec![
@@ -565,7 +570,8 @@ fn a_retried_create_that_finds_its_key_first_in_line_leads_at_once() {
                 op: OpId(1),
                 key: my_key(),
                 token: 3,
-                lease: LEASE
+                lease: LEASE,
+                trusted_until: until
             }),
             rpc(P + 1, watch(&my_key(), 9)),
         ]
@@ -926,6 +932,43 @@ fn leader_stops_believing_at_the_local_deadline() {
     );
 }
 
+/// Belief is bounded by the caller's clock: `Elected` carries the
+/// session's local deadline, and each answered renewal while leading moves
+/// it with one `Trusted`, right after the renewal's answer; a renewal of
+/// the same lease while not leading tells nothing.
+#[test]
+fn an_answered_renewal_while_leading_moves_the_trusted_deadline() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    let first = e.session_deadline().expect("a lease");
+    let at = e.poll_timeout().expect("a renewal timer");
+    e.handle_timeout(at);
+    let renewal = drain(&mut e);
+    let Some(Command::Rpc {
+        id,
+        request: Request::KeepAlive { .. },
+    }) = renewal.last().cloned()
+    else {
+        panic!("no renewal: {renewal:?}");
+    };
+    let answered = ok(&mut e, at, id.0, Response::KeptAlive { ttl_secs: 9 });
+    let until = e.session_deadline().expect("a lease");
+    assert!(until > first, "{until:?} after {first:?}");
+    assert_eq!(
+        answered,
+        vec![note(ElectionNotice::Trusted { token: 5, until })]
+    );
+
+    e.handle(at, ElectionInput::Resign { token: 5 });
+    let resign = drain(&mut e);
+    assert!(
+        !resign
+            .iter()
+            .any(|c| matches!(c, Command::Notify(ElectionNotice::Trusted { .. }))),
+        "{resign:?}"
+    );
+}
+
 #[test]
 fn try_campaign_wins_when_first_in_line() {
     let t0 = Instant::now();
@@ -959,6 +1002,7 @@ fn try_campaign_wins_when_first_in_line() {
     let first = TxnOpResponse::Range {
         kvs: vec![kv(&my_key(), b"a", 12)],
     };
+    let until = e.session_deadline().expect("a lease");
     assert_eq!(
         ok(
             &mut e,
@@ -971,7 +1015,8 @@ fn try_campaign_wins_when_first_in_line() {
                 op: OpId(1),
                 key: my_key(),
                 token: 12,
-                lease: LEASE
+                lease: LEASE,
+                trusted_until: until
             }),
             rpc(P + 1, watch(&my_key(), 13)),
         ]
@@ -1571,6 +1616,7 @@ fn a_late_answer_to_a_canceled_campaign_names_it_not_the_next_one() {
             rpc(P + 3, create_txn(b"b"))
         ]
     );
+    let until = e.session_deadline().expect("a lease");
     assert_eq!(
         ok(&mut e, later, P + 3, created(9, b"b", vec![])),
         vec![
@@ -1578,7 +1624,8 @@ fn a_late_answer_to_a_canceled_campaign_names_it_not_the_next_one() {
                 op: OpId(2),
                 key: my_key(),
                 token: 9,
-                lease: LEASE
+                lease: LEASE,
+                trusted_until: until
             }),
             rpc(P + 4, watch(&my_key(), 10)),
         ]
@@ -1891,6 +1938,7 @@ fn try_campaign_first_in_line_with_a_stale_value_fixes_it_then_leads() {
     let mut e = campaigning(t0, true);
     let mine = kv(&my_key(), b"old", 3);
     assert_eq!(ok(&mut e, t0, P, found(8, mine.clone(), mine)).len(), 1);
+    let until = e.session_deadline().expect("a lease");
     assert_eq!(
         ok(&mut e, t0, P + 1, txn(9, true, vec![TxnOpResponse::Put])),
         vec![
@@ -1898,7 +1946,8 @@ fn try_campaign_first_in_line_with_a_stale_value_fixes_it_then_leads() {
                 op: OpId(1),
                 key: my_key(),
                 token: 3,
-                lease: LEASE
+                lease: LEASE,
+                trusted_until: until
             }),
             rpc(P + 2, watch(&my_key(), 10)),
         ]
