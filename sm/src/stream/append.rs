@@ -41,12 +41,19 @@ pub struct AppendConfig {
     /// compares only the mod revision, so a real revision with a made-up
     /// `seq` would write the entry under the wrong ID.
     pub head: Option<Head>,
+    /// At most this many queued appends go into one transaction (0 counts
+    /// as 1); never more than `max_len`.
+    pub max_group: usize,
+    /// Payload bytes one transaction carries at most, unless its first
+    /// payload alone is larger (it then goes alone). Keeps a group within
+    /// etcd's request limit (1.5 MiB by default).
+    pub max_group_bytes: usize,
 }
 
 impl AppendConfig {
     /// Appends to `keys` with the defaults: no trimming, at most 64
     /// attempts within 10 s, backoff from 1 ms doubling to 100 ms with full
-    /// jitter.
+    /// jitter, up to 32 appends and 1 MiB of payload per transaction.
     ///
     /// The loser of a race knows the winner is done, so the first retry is
     /// almost immediate; full jitter spreads a crowd of appenders over the
@@ -57,6 +64,11 @@ impl AppendConfig {
     /// local etcd: 32 such appenders never failed an append, 64 failed about
     /// one in six thousand; beyond that the stream is over capacity, and an
     /// error says so better than an unbounded wait.
+    ///
+    /// Appends queued on one machine while a transaction is in flight go
+    /// together in the next one, so writers sharing a machine never race
+    /// each other; 32 entries (65 operations) stay well under etcd's
+    /// default of 128 operations per transaction.
     pub fn new(keys: StreamKeys) -> Self {
         AppendConfig {
             keys,
@@ -70,6 +82,8 @@ impl AppendConfig {
             max_attempts: 64,
             patience: Duration::from_secs(10),
             head: None,
+            max_group: 32,
+            max_group_bytes: 1024 * 1024,
         }
     }
 }
@@ -80,8 +94,10 @@ impl AppendConfig {
 pub enum AppendInput {
     /// The reply to one of the machine's requests (others are ignored).
     Rpc(RpcReply),
-    /// Append this payload. Appends run one at a time in the order asked;
-    /// each is answered by exactly one notice, in the same order.
+    /// Append this payload. Appends are answered in the order asked, each
+    /// by exactly one notice. Appends queued while a transaction is in
+    /// flight go together in the next transaction (up to the configured
+    /// group size): they get consecutive IDs and one outcome.
     Append(Vec<u8>),
     /// Cancel everything: the running and the queued appends fail; the
     /// machine issues nothing afterwards and answers later appends with
@@ -104,8 +120,10 @@ pub enum AppendNotice {
         /// The ID.
         seq: u64,
         /// The revision of the write, which is the head key's new mod
-        /// revision: `Head { seq, mod_revision: revision }` is the head this
-        /// append left, for the next machine's [`AppendConfig::head`].
+        /// revision. Appends of one group share it; the head the group left,
+        /// for the next machine's [`AppendConfig::head`], is
+        /// `Head { seq, mod_revision: revision }` of the highest `seq` with
+        /// this revision (any other pair would name a head etcd never held).
         revision: Revision,
     },
     /// The append failed; the error says whether anything may be written.
@@ -135,8 +153,12 @@ enum Phase {
 
 /// The append machine: see the [module docs](super).
 ///
-/// At most one request is outstanding at any time. The payload being
-/// appended is the front of the queue until its notice is emitted.
+/// At most one request is outstanding at any time. The payloads being
+/// appended (the running group) are the front `group` of the queue until
+/// their notices are emitted. Each fresh transaction takes in what queued
+/// meanwhile (the appends joining share the group's attempts and
+/// patience); a resend carries exactly the payloads of the transaction in
+/// doubt.
 #[derive(Clone, Debug)]
 pub struct Append {
     keys: StreamKeys,
@@ -146,11 +168,16 @@ pub struct Append {
     backoff: Backoff,
     timers: TimerTable<Timer>,
     outbox: Outbox<AppendNotice>,
-    /// Payloads asked for and not yet answered; the front one is running.
+    /// Payloads asked for and not yet answered; the front `group` run.
     pending: VecDeque<Vec<u8>>,
-    /// Races the running append has lost.
+    /// How many of `pending` the last transaction sent carries (0: none
+    /// sent yet for the running appends).
+    group: usize,
+    max_group: usize,
+    max_group_bytes: usize,
+    /// Races the running group has lost.
     lost: u32,
-    /// When the running append began.
+    /// When the running group began.
     started: Instant,
     /// The head as of the last answer that showed it (a read, our own
     /// write, or a lost race's failure branch); the next attempt is guarded
@@ -172,7 +199,7 @@ pub struct Append {
 type BuildTxn = fn(
     &StreamKeys,
     Head,
-    &[u8],
+    &[Vec<u8>],
     Option<NonZeroU64>,
 ) -> Result<(u64, crate::rpc::Request), StreamError>;
 
@@ -182,7 +209,7 @@ struct Doubt {
     /// Its guard: each resend is guarded on it too, so at most one copy
     /// applies.
     guard: Head,
-    /// The sequence number it writes.
+    /// The sequence number its first entry gets.
     seq: u64,
     /// The last failure, for the error if it is never settled.
     error: RpcError,
@@ -201,6 +228,9 @@ impl Append {
             timers: TimerTable::new(),
             outbox: Outbox::default(),
             pending: VecDeque::new(),
+            group: 0,
+            max_group: config.max_group.max(1),
+            max_group_bytes: config.max_group_bytes,
             lost: 0,
             started: now,
             head: config.head,
@@ -217,7 +247,26 @@ impl Append {
         self.pending.len()
     }
 
-    /// Start the next queued append, if any and if nothing runs.
+    /// How many queued appends the next transaction takes: as many as the
+    /// group limits allow, at least one.
+    fn next_group(&self) -> usize {
+        let limit = match self.max_len.map(|max| usize::try_from(max.get())) {
+            Some(Ok(max)) => self.max_group.min(max),
+            _ => self.max_group,
+        };
+        let mut bytes = 0usize;
+        let mut count = 0usize;
+        for payload in self.pending.iter().take(limit) {
+            bytes = bytes.saturating_add(payload.len());
+            if count > 0 && bytes > self.max_group_bytes {
+                break;
+            }
+            count += 1;
+        }
+        count
+    }
+
+    /// Start the next group of queued appends, if any and if nothing runs.
     fn start_next(&mut self) {
         if self.phase != Phase::Idle || self.pending.is_empty() {
             return;
@@ -248,16 +297,21 @@ impl Append {
         }
     }
 
-    /// Send the transaction guarded on `head`.
+    /// Send the transaction guarded on `head`, for as many queued appends
+    /// as fit in one: a first attempt, or one after a failed guard (which
+    /// wrote nothing), takes in whatever queued meanwhile. A resend never
+    /// comes here; it keeps its group.
     fn commit(&mut self, head: Head) {
+        self.group = self.next_group();
         self.send(head, requests::append);
     }
 
-    /// Send the transaction `build` makes for the running payload on
+    /// Send the transaction `build` makes for the running group on
     /// `guard`.
     fn send(&mut self, guard: Head, build: BuildTxn) {
-        let payload = self.pending.front().map(Vec::as_slice).unwrap_or_default();
-        match build(&self.keys, guard, payload, self.max_len) {
+        let group = self.group.min(self.pending.len());
+        let payloads = &self.pending.make_contiguous()[..group];
+        match build(&self.keys, guard, payloads, self.max_len) {
             Ok((seq, request)) => {
                 let id = self.outbox.rpc(request);
                 self.phase = Phase::Committing { id, seq, guard };
@@ -266,13 +320,40 @@ impl Append {
         }
     }
 
-    /// Answer the running append and move on to the next.
+    /// Answer every append of the running group, `notice` being the first
+    /// one's answer, and move on to the next group.
     fn finish(&mut self, notice: AppendNotice) {
         self.doubt = None;
-        self.pending.pop_front();
-        self.outbox.notify(notice);
+        self.answer_group(&notice);
         self.phase = Phase::Idle;
         self.start_next();
+    }
+
+    /// The one place a group is answered: its appends share one outcome,
+    /// and each is told its own sequence number (the first one's plus its
+    /// place in the group).
+    fn answer_group(&mut self, first: &AppendNotice) {
+        let group = std::mem::take(&mut self.group).clamp(1, self.pending.len().max(1));
+        for offset in 0..group {
+            if self.pending.pop_front().is_none() {
+                break;
+            }
+            let offset = u64::try_from(offset).unwrap_or(u64::MAX);
+            let notice = match first {
+                AppendNotice::Appended { seq, revision } => AppendNotice::Appended {
+                    seq: seq.saturating_add(offset),
+                    revision: *revision,
+                },
+                AppendNotice::Failed(StreamError::Indeterminate { seq, error }) => {
+                    AppendNotice::Failed(StreamError::Indeterminate {
+                        seq: seq.saturating_add(offset),
+                        error: error.clone(),
+                    })
+                }
+                other => other.clone(),
+            };
+            self.outbox.notify(notice);
+        }
     }
 
     fn on_head(&mut self, result: Result<Response, RpcError>) {
@@ -309,10 +390,14 @@ impl Append {
                 revision,
                 ..
             }) => {
-                // The transaction wrote the head: its mod revision is the
-                // write's revision. After a lost answer, a guard that holds
-                // proves the lost attempt did not apply.
-                self.head = Some(Head {
+                // The transaction wrote the head, at the group's last
+                // entry: its mod revision is the write's revision. After a
+                // lost answer, a guard that holds proves the lost attempt
+                // did not apply.
+                let last = u64::try_from(self.group.saturating_sub(1))
+                    .ok()
+                    .and_then(|more| seq.checked_add(more));
+                self.head = last.map(|seq| Head {
                     seq,
                     mod_revision: revision,
                 });
@@ -385,10 +470,11 @@ impl Append {
     }
 
     /// A resend's guard failed: its answer shows whether the lost attempt
-    /// wrote entry `seq`.
+    /// wrote the group from entry `seq` on.
     fn on_resend_failed(&mut self, now: Instant, seq: u64, responses: Vec<TxnOpResponse>) {
-        let payload = self.pending.front().map(Vec::as_slice).unwrap_or_default();
-        match requests::resend_outcome(&self.keys, seq, payload, responses) {
+        let group = self.group.min(self.pending.len());
+        let payloads = &self.pending.make_contiguous()[..group];
+        match requests::resend_outcome(&self.keys, seq, payloads, responses) {
             Ok(Resent::Written { revision, head }) => {
                 self.head = head;
                 self.finish(AppendNotice::Appended { seq, revision })
@@ -471,8 +557,8 @@ impl Append {
         };
         self.timers.clear();
         self.phase = Phase::Stopped;
-        if self.pending.pop_front().is_some() {
-            self.outbox.notify(AppendNotice::Failed(running));
+        if !self.pending.is_empty() {
+            self.answer_group(&AppendNotice::Failed(running));
         }
         for _ in self.pending.drain(..) {
             self.outbox

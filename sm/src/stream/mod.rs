@@ -28,12 +28,21 @@
 //! per append for a writer that appends in turn. Waiting is a timer the driver sleeps on
 //! ([`crate::Machine::poll_timeout`]); the machine never blocks.
 //!
+//! Appends queued on one machine while its transaction is in flight go
+//! together in the next one (a group: consecutive IDs, the head moved once
+//! to the last, one entry trimmed per entry written, up to
+//! [`AppendConfig::max_group`] entries and never more than the maximum
+//! length). Writers sharing a machine therefore never race each other, and
+//! a busy stream costs one transaction per round trip, not one per
+//! append. A group applies whole or not at all, so everything below holds
+//! for it as for one append.
+//!
 //! A transaction whose reply is lost may or may not have been applied. It
 //! is sent again, unchanged, after the backoff ([`requests::resend`]): the
 //! copies share one guard, so at most one of them can apply, and none
 //! applies twice. A resend whose guard holds writes the entry (the lost
-//! attempt did not); one whose guard fails reads entry `seq` in the same
-//! transaction and settles it ([`requests::resend_outcome`]): our payload
+//! attempt did not); one whose guard fails reads entry `seq` (every entry
+//! of a group) in the same transaction and settles it ([`requests::resend_outcome`]): our payload
 //! there means the lost attempt wrote it (`Appended`, once); another
 //! payload, or a head short of `seq`, means it did not (retry on the new
 //! head, as after a lost race). Only when that cannot be known in time —

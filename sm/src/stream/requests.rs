@@ -71,47 +71,63 @@ pub fn parse_head(keys: &StreamKeys, kvs: &[KeyValue]) -> Result<Head, StreamErr
     }
 }
 
-/// The append transaction after `head`: if the head key's mod revision is
-/// still `head.mod_revision`, set the head to the next sequence number,
-/// write the entry, and with `max_len` delete the entry that falls out;
-/// otherwise read the head. Returns the sequence number the entry gets if
-/// the guard holds.
+/// The append transaction after `head` for a group of payloads, in order:
+/// if the head key's mod revision is still `head.mod_revision`, set the
+/// head to `head.seq + payloads.len()`, write the entries `head.seq + 1`…
+/// in one go, and with `max_len` delete the entries that fall out;
+/// otherwise read the head. Returns the sequence number the first payload
+/// gets if the guard holds (the others follow it, one apart).
 ///
 /// The guard is on the mod revision, not the value: a head rewritten with
 /// the same value by someone else still changes its mod revision, so no two
-/// appenders can both win.
+/// appenders can both win. A group is applied whole or not at all (one
+/// transaction), so it is one append for every other rule here. It must
+/// not be empty, nor longer than `max_len` (the caller's grouping keeps
+/// both), so no entry it writes is also one it deletes — etcd refuses a
+/// transaction that names a key twice.
 pub fn append(
     keys: &StreamKeys,
     head: Head,
-    payload: &[u8],
+    payloads: &[Vec<u8>],
     max_len: Option<NonZeroU64>,
 ) -> Result<(u64, Request), StreamError> {
-    append_txn(keys, head, payload, max_len).map(|(seq, txn)| (seq, Request::Txn(txn)))
+    append_txn(keys, head, payloads, max_len).map(|(seq, txn)| (seq, Request::Txn(txn)))
 }
 
 fn append_txn(
     keys: &StreamKeys,
     head: Head,
-    payload: &[u8],
+    payloads: &[Vec<u8>],
     max_len: Option<NonZeroU64>,
 ) -> Result<(u64, Txn), StreamError> {
-    let seq = head.seq.checked_add(1).ok_or(StreamError::Exhausted)?;
-    let mut success = vec![
-        TxnOp::Put {
-            key: keys.head().to_vec(),
-            value: seq.to_string().into_bytes(),
-            lease: 0,
-        },
-        TxnOp::Put {
+    let count = u64::try_from(payloads.len()).map_err(|_| StreamError::Exhausted)?;
+    if count == 0 || max_len.is_some_and(|max| count > max.get()) {
+        return Err(StreamError::Unexpected(format!(
+            "an append group of {count} entries (maximum length {max_len:?})"
+        )));
+    }
+    let first = head.seq.checked_add(1).ok_or(StreamError::Exhausted)?;
+    let last = head.seq.checked_add(count).ok_or(StreamError::Exhausted)?;
+    let mut success = Vec::with_capacity(payloads.len().saturating_mul(2).saturating_add(1));
+    success.push(TxnOp::Put {
+        key: keys.head().to_vec(),
+        value: last.to_string().into_bytes(),
+        lease: 0,
+    });
+    for (seq, payload) in (first..=last).zip(payloads) {
+        success.push(TxnOp::Put {
             key: keys.entry_key(seq),
-            value: payload.to_vec(),
+            value: payload.clone(),
             lease: 0,
-        },
-    ];
-    // `max_len` >= 1, so the entry deleted is never the one just written.
-    if let Some(gone) = max_len.and_then(|max| seq.checked_sub(max.get())) {
-        if gone > 0 {
-            success.push(TxnOp::Delete(KeyRange::Key(keys.entry_key(gone))));
+        });
+    }
+    // Entry `seq` pushes out `seq - max_len`: at most `head.seq`, since the
+    // group is no longer than `max_len`, so never an entry written here.
+    if let Some(max) = max_len {
+        for seq in first..=last {
+            if let Some(gone) = seq.checked_sub(max.get()).filter(|gone| *gone > 0) {
+                success.push(TxnOp::Delete(KeyRange::Key(keys.entry_key(gone))));
+            }
         }
     }
     let txn = Txn {
@@ -126,89 +142,107 @@ fn append_txn(
             keys.head().to_vec(),
         )))],
     };
-    Ok((seq, txn))
+    Ok((first, txn))
 }
 
 /// The [`append`] transaction after `head` sent again after an attempt
 /// whose answer was lost: the same guard and the same writes, so of all the
 /// copies at most one can apply (each needs the head at
 /// `head.mod_revision`, and the first to apply moves it). Its failure
-/// branch reads the head and entry `seq` as well, so one answer says
-/// whether the lost attempt wrote the entry ([`resend_outcome`]).
+/// branch reads the head and every entry of the group as well, so one
+/// answer says whether the lost attempt wrote them ([`resend_outcome`]).
 pub fn resend(
     keys: &StreamKeys,
     head: Head,
-    payload: &[u8],
+    payloads: &[Vec<u8>],
     max_len: Option<NonZeroU64>,
 ) -> Result<(u64, Request), StreamError> {
-    let (seq, mut txn) = append_txn(keys, head, payload, max_len)?;
-    txn.failure
-        .push(TxnOp::Range(RangeRequest::all(KeyRange::Key(
-            keys.entry_key(seq),
-        ))));
-    Ok((seq, Request::Txn(txn)))
+    let (first, mut txn) = append_txn(keys, head, payloads, max_len)?;
+    for seq in (first..).take(payloads.len()) {
+        txn.failure
+            .push(TxnOp::Range(RangeRequest::all(KeyRange::Key(
+                keys.entry_key(seq),
+            ))));
+    }
+    Ok((first, Request::Txn(txn)))
 }
 
 /// What the failed guard of a [`resend`] says about the lost attempt that
-/// would have written `payload` as entry `seq`.
+/// would have written its group of payloads from entry `seq` on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Resent {
-    /// Entry `seq` holds `payload`: the lost attempt wrote it, at this
-    /// revision (the head's mod revision right after it).
+    /// The entries from `seq` on hold the group: the lost attempt wrote
+    /// it, at this revision (the head's mod revision right after it).
     Written {
         /// The revision of the write.
         revision: Revision,
         /// The head now, if the answer showed a valid one.
         head: Option<Head>,
     },
-    /// Another appender took `seq` (entry `seq` holds another payload, or
+    /// Another appender took `seq` (an entry holds another payload, or
     /// the head never reached `seq`): the lost attempt wrote nothing.
     Lost {
         /// The head now, if the answer showed a valid one.
         head: Option<Head>,
     },
-    /// Entry `seq` is gone although the head passed it (trimmed, or deleted
-    /// by hand): nothing can tell whether it was ours.
+    /// Every entry of the group is gone although the head passed them
+    /// (trimmed, or deleted by hand): nothing can tell whether they were ours.
     Unknown,
 }
 
-/// Decides [`Resent`] from the answer of a [`resend`] whose guard failed.
+/// Decides [`Resent`] from the answer of a [`resend`] of `payloads` from
+/// entry `seq` on whose guard failed.
 ///
-/// Entry keys are written once, by the transaction that moves the head to
-/// their sequence number, so the entry at `seq` is the write of whichever
-/// transaction took `seq`; a head that has not reached `seq` proves that
-/// none did. Payloads carry no identity, so a concurrent
-/// appender that took `seq` with byte-identical payload is taken for the
-/// lost attempt (the fleetcoord stream docs say so).
+/// Entry keys are written once, by the transaction that moves the head past
+/// their sequence number, and a group is one transaction, so the entries
+/// from `seq` on are all the lost attempt's or none are; a head that has not
+/// reached `seq` proves that none are. Payloads carry no identity, so a
+/// concurrent appender that took the same sequence numbers with
+/// byte-identical payloads is taken for the lost attempt (the fleetcoord
+/// stream docs say so).
 pub fn resend_outcome(
     keys: &StreamKeys,
     seq: u64,
-    payload: &[u8],
+    payloads: &[Vec<u8>],
     responses: Vec<TxnOpResponse>,
 ) -> Result<Resent, StreamError> {
     let mut it = responses.into_iter();
-    let (Some(TxnOpResponse::Range { kvs: head_kvs }), Some(TxnOpResponse::Range { kvs: entry })) =
-        (it.next(), it.next())
-    else {
-        return Err(StreamError::Unexpected(
-            "the answer to a resent append lacks its head and entry reads".into(),
-        ));
+    let Some(TxnOpResponse::Range { kvs: head_kvs }) = it.next() else {
+        return Err(missing_reads());
     };
     let head = parse_head(keys, &head_kvs);
-    let wanted = keys.entry_key(seq);
-    match entry.into_iter().find(|kv| kv.key == wanted) {
-        Some(kv) if kv.value == payload => Ok(Resent::Written {
-            revision: kv.mod_revision,
+    // One entry of ours proves the whole group (one transaction wrote it);
+    // the others may have been trimmed since.
+    let mut revision = None;
+    for (at, payload) in (seq..).zip(payloads) {
+        let Some(TxnOpResponse::Range { kvs }) = it.next() else {
+            return Err(missing_reads());
+        };
+        let wanted = keys.entry_key(at);
+        match kvs.into_iter().find(|kv| kv.key == wanted) {
+            Some(kv) if kv.value == *payload => {
+                revision = Some(kv.mod_revision);
+            }
+            Some(_) => return Ok(Resent::Lost { head: head.ok() }),
+            None => {}
+        }
+    }
+    match revision {
+        Some(revision) => Ok(Resent::Written {
+            revision,
             head: head.ok(),
         }),
-        Some(_) => Ok(Resent::Lost { head: head.ok() }),
         None => match head {
             Ok(now) if now.seq < seq => Ok(Resent::Lost { head: Some(now) }),
-            // The head passed `seq`, or is garbage: either way the entry
+            // The head passed `seq`, or is garbage: either way an entry
             // that would tell is not there.
             Ok(_) | Err(_) => Ok(Resent::Unknown),
         },
     }
+}
+
+fn missing_reads() -> StreamError {
+    StreamError::Unexpected("the answer to a resent append lacks its head and entry reads".into())
 }
 
 /// The current head from the answer of an [`append`] whose guard failed:

@@ -715,33 +715,235 @@ fn stop_while_waiting_to_resend_is_indeterminate() {
                 seq: 4,
                 error: RpcError::Unavailable("gone".into())
             }),
-            failed(StreamError::Stopped)
+            // y went in the same transaction: its outcome is as unknown.
+            failed(StreamError::Indeterminate {
+                seq: 5,
+                error: RpcError::Unavailable("gone".into())
+            }),
         ]
     );
     assert_eq!(a.poll_timeout(), None);
 }
 
+/// A group transaction, spelled out by hand like [`append_cmd`]: the head
+/// moves to the last entry, the entries follow from `first` on in the
+/// order given, then the deletes of what falls out.
+fn group_cmd(
+    id: u64,
+    guard: Revision,
+    first: u64,
+    payloads: &[&str],
+    trims: &[u64],
+) -> Command<AppendNotice> {
+    let last = first + payloads.len() as u64 - 1;
+    let mut success = vec![TxnOp::Put {
+        key: b"/c/stream/s/head".to_vec(),
+        value: last.to_string().into_bytes(),
+        lease: 0,
+    }];
+    for (i, payload) in payloads.iter().enumerate() {
+        let seq = first + i as u64;
+        success.push(TxnOp::Put {
+            key: format!("/c/stream/s/e/{seq:020}").into_bytes(),
+            value: payload.as_bytes().to_vec(),
+            lease: 0,
+        });
+    }
+    for gone in trims {
+        success.push(TxnOp::Delete(KeyRange::Key(
+            format!("/c/stream/s/e/{gone:020}").into_bytes(),
+        )));
+    }
+    rpc(
+        id,
+        Request::Txn(Txn {
+            compare: vec![Compare::ModRevisionEquals {
+                key: b"/c/stream/s/head".to_vec(),
+                revision: guard,
+            }],
+            success,
+            failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(
+                b"/c/stream/s/head".to_vec(),
+            )))],
+        }),
+    )
+}
+
 #[test]
-fn appends_run_one_at_a_time_and_are_answered_in_order() {
+fn appends_queued_before_a_transaction_go_in_it_and_are_answered_in_order() {
     let t0 = start();
     let mut a = Append::new(append_config(None, 5), t0, 1);
     a.handle(t0, AppendInput::Append(b"a".to_vec()));
     a.handle(t0, AppendInput::Append(b"b".to_vec()));
-    assert_eq!(drain(&mut a), vec![read_head_cmd(0)], "b waits for a");
+    assert_eq!(drain(&mut a), vec![read_head_cmd(0)]);
     assert_eq!(a.pending(), 2);
     a.handle(t0, ok(0, range(3, vec![])));
+    assert_eq!(drain(&mut a), vec![group_cmd(1, 0, 1, &["a", "b"], &[])]);
+    // c queues behind the transaction in flight.
+    a.handle(t0, AppendInput::Append(b"c".to_vec()));
+    assert!(drain(&mut a).is_empty(), "one request at a time");
     a.handle(t0, ok(1, txn(true)));
-    // b needs no read: a's answer (revision 50) says where the head is.
+    // c needs no read: the group's answer (revision 50) left the head at 2.
+    assert_eq!(
+        drain(&mut a),
+        vec![appended(1), appended(2), append_cmd(2, 50, 3, "c", None)]
+    );
+    a.handle(t0, ok(2, txn(true)));
+    assert_eq!(drain(&mut a), vec![appended(3)]);
+    assert_eq!(a.pending(), 0);
+}
+
+/// A failed guard wrote nothing, so the next attempt takes in what queued
+/// meanwhile; a group never exceeds `max_len` (an entry it writes would be
+/// one it deletes) and trims one entry per entry written.
+#[test]
+fn a_retry_takes_in_appends_queued_meanwhile_and_groups_stay_within_max_len() {
+    let t0 = start();
+    let config = AppendConfig {
+        head: Some(Head {
+            seq: 4,
+            mod_revision: 9,
+        }),
+        ..append_config(Some(3), 5)
+    };
+    let mut a = Append::new(config, t0, 1);
+    a.handle(t0, AppendInput::Append(b"a".to_vec()));
+    assert_eq!(drain(&mut a), vec![group_cmd(0, 9, 5, &["a"], &[2])]);
+    for p in ["b", "c", "d"] {
+        a.handle(t0, AppendInput::Append(p.as_bytes().to_vec()));
+    }
+    // Someone else appended entry 5 since the given head; the answer shows
+    // that head, tried at once (news about the head, not a lost race).
+    a.handle(t0, ok(0, lost_to("5", 11)));
+    assert_eq!(
+        drain(&mut a),
+        vec![group_cmd(1, 11, 6, &["a", "b", "c"], &[3, 4, 5])]
+    );
+    a.handle(t0, ok(1, txn(true)));
     assert_eq!(
         drain(&mut a),
         vec![
-            append_cmd(1, 0, 1, "a", None),
-            appended(1),
-            append_cmd(2, 50, 2, "b", None)
+            appended(6),
+            appended(7),
+            appended(8),
+            group_cmd(2, 50, 9, &["d"], &[6])
         ]
     );
-    a.handle(t0, ok(2, txn(true)));
-    assert_eq!(drain(&mut a), vec![appended(2)]);
+}
+
+#[test]
+fn a_group_carries_at_most_its_byte_budget_unless_one_payload_alone_is_larger() {
+    let t0 = start();
+    let config = AppendConfig {
+        head: Some(Head {
+            seq: 0,
+            mod_revision: 0,
+        }),
+        max_group_bytes: 4,
+        ..append_config(None, 5)
+    };
+    let mut a = Append::new(config, t0, 1);
+    a.handle(t0, AppendInput::Append(b"first".to_vec()));
+    for p in ["big..", "ab", "cd", "e"] {
+        a.handle(t0, AppendInput::Append(p.as_bytes().to_vec()));
+    }
+    assert_eq!(drain(&mut a), vec![group_cmd(0, 0, 1, &["first"], &[])]);
+    a.handle(t0, ok(0, txn(true)));
+    assert_eq!(
+        drain(&mut a),
+        vec![appended(1), group_cmd(1, 50, 2, &["big.."], &[])]
+    );
+    a.handle(t0, ok(1, txn(true)));
+    assert_eq!(
+        drain(&mut a),
+        vec![appended(2), group_cmd(2, 50, 3, &["ab", "cd"], &[])]
+    );
+}
+
+/// A group in doubt is resent unchanged (what queued meanwhile waits), its
+/// failure branch reads every entry, and one entry of ours settles the
+/// whole group: each append is answered once, with its own ID.
+#[test]
+fn a_resent_group_is_settled_by_its_entries_and_answered_once_each() {
+    let t0 = start();
+    let config = AppendConfig {
+        head: Some(Head {
+            seq: 4,
+            mod_revision: 9,
+        }),
+        ..append_config(None, 5)
+    };
+    let mut a = Append::new(config, t0, 1);
+    a.handle(t0, AppendInput::Append(b"a".to_vec()));
+    a.handle(t0, AppendInput::Append(b"b".to_vec()));
+    drain(&mut a);
+    a.handle(t0, ok(0, txn(true)));
+    assert_eq!(
+        drain(&mut a),
+        vec![appended(5), group_cmd(1, 50, 6, &["b"], &[])]
+    );
+    a.handle(t0, AppendInput::Append(b"c".to_vec()));
+    a.handle(t0, AppendInput::Append(b"d".to_vec()));
+    a.handle(t0, ok(1, txn(true)));
+    assert_eq!(
+        drain(&mut a),
+        vec![appended(6), group_cmd(2, 50, 7, &["c", "d"], &[])]
+    );
+    a.handle(t0, AppendInput::Append(b"e".to_vec()));
+    a.handle(t0, unavailable(2));
+    assert!(drain(&mut a).is_empty());
+    a.handle_timeout(t0 + 10 * MS);
+    let Command::Rpc {
+        request: Request::Txn(mut expected),
+        ..
+    } = group_cmd(3, 50, 7, &["c", "d"], &[])
+    else {
+        unreachable!()
+    };
+    for seq in [7u64, 8] {
+        expected
+            .failure
+            .push(TxnOp::Range(RangeRequest::all(KeyRange::Key(
+                format!("/c/stream/s/e/{seq:020}").into_bytes(),
+            ))));
+    }
+    assert_eq!(drain(&mut a), vec![rpc(3, Request::Txn(expected))]);
+    // The lost attempt applied at revision 51; the head moved on since.
+    a.handle(
+        t0 + 10 * MS,
+        ok(
+            3,
+            Response::Txn {
+                revision: 60,
+                succeeded: false,
+                responses: vec![
+                    TxnOpResponse::Range {
+                        kvs: vec![head("9", 60)],
+                    },
+                    TxnOpResponse::Range {
+                        kvs: vec![entry(7, "c", 51)],
+                    },
+                    TxnOpResponse::Range {
+                        kvs: vec![entry(8, "d", 51)],
+                    },
+                ],
+            },
+        ),
+    );
+    assert_eq!(
+        drain(&mut a),
+        vec![
+            Command::Notify(AppendNotice::Appended {
+                seq: 7,
+                revision: 51
+            }),
+            Command::Notify(AppendNotice::Appended {
+                seq: 8,
+                revision: 51
+            }),
+            group_cmd(4, 60, 10, &["e"], &[]),
+        ]
+    );
 }
 
 #[test]
@@ -824,7 +1026,8 @@ fn the_append_request_builder_matches_the_layout() {
         seq: 41,
         mod_revision: 77,
     };
-    let (seq, request) = requests::append(&keys, head, b"p", NonZeroU64::new(40)).expect("append");
+    let (seq, request) =
+        requests::append(&keys, head, &[b"p".to_vec()], NonZeroU64::new(40)).expect("append");
     assert_eq!(seq, 42);
     assert_eq!(
         rpc::<AppendNotice>(0, request),
@@ -835,7 +1038,7 @@ fn the_append_request_builder_matches_the_layout() {
         mod_revision: 1,
     };
     assert_eq!(
-        requests::append(&keys, at_max, b"p", None),
+        requests::append(&keys, at_max, &[b"p".to_vec()], None),
         Err(StreamError::Exhausted)
     );
     assert_eq!(
