@@ -3,11 +3,13 @@
 //! [`crate::HostWatcher`]; streams are sm's `Append` and `Reader` machines.
 //! All of them run on the driver; this file only maps names and notices.
 
+use super::lane::{Batch, Dispatch, Keep, LaneMsg, Lanes};
 use super::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvEvent,
     KvWatcher, Message, StreamEntry, StreamId, StreamPosition, StreamReader, Subscription,
 };
-use crate::driver::{self, rand_seed, FeedItem, Notify, StopHandle};
+use crate::deadline::deadline_after;
+use crate::driver::{self, rand_seed, FeedItem, Notify, StopHandle, WeakInput};
 use crate::error::{Error, EtcdErrorKind, Result};
 use crate::etcd::{Etcd, EtcdOptions};
 use crate::validate;
@@ -140,7 +142,9 @@ pub struct EtcdCoordinator {
     /// it, so the next append writes at once instead of reading the head
     /// first (one round trip instead of two; a stale head costs the read
     /// it saved, never correctness: the write is guarded on it).
-    heads: Mutex<HashMap<String, Head>>,
+    heads: Arc<Mutex<HashMap<String, Head>>>,
+    /// Appends queued per stream behind the running batch (see lane.rs).
+    lanes: Arc<Lanes>,
 }
 
 /// Streams whose head [`EtcdCoordinator`] remembers; past it the memory is
@@ -187,13 +191,76 @@ impl EtcdCoordinator {
         validate::capacity("feed_capacity", options.feed_capacity)?;
         Ok(EtcdCoordinator {
             etcd: etcd.clone(),
-            root,
             stream_max_len: options.stream_max_len,
             feed_capacity: options.feed_capacity,
             closed: AtomicBool::new(false),
             feeds: Mutex::new(Vec::new()),
-            heads: Mutex::new(HashMap::new()),
+            heads: Arc::default(),
+            lanes: {
+                // A batch is one transaction's worth of the machine's groups.
+                let defaults = AppendConfig::new(StreamKeys::new(&root, "-"));
+                let group = match options.stream_max_len.map(usize::try_from) {
+                    Some(Ok(max)) => defaults.max_group.min(max),
+                    _ => defaults.max_group,
+                };
+                Arc::new(Lanes::new(group, defaults.max_group_bytes))
+            },
+            root,
         })
+    }
+
+    fn append_config(&self, stream: &str) -> AppendConfig {
+        AppendConfig {
+            max_len: self.stream_max_len.and_then(NonZeroU64::new),
+            head: self.heads.lock().get(stream).copied(),
+            ..AppendConfig::new(self.stream_keys(stream))
+        }
+    }
+
+    /// Starts one machine for `batch` on the driver, whose timer does the
+    /// backoff between lost races, so no thread sleeps or spins here. The
+    /// machine's handle is kept with the batch until its last answer; the
+    /// runner gets an input sender to stop it with, and the flag to set
+    /// before it does.
+    fn run_batch(
+        &self,
+        stream: &str,
+        batch: Batch,
+    ) -> Result<(WeakInput<Append>, Arc<AtomicBool>)> {
+        let gave_up = Arc::new(AtomicBool::new(false));
+        let keep: Keep = Arc::default();
+        let (mut dispatch, payloads) = Dispatch::new(
+            self.lanes.clone(),
+            stream,
+            batch,
+            gave_up.clone(),
+            keep.clone(),
+        );
+        let now = Instant::now();
+        let mut machine = Append::new(self.append_config(stream), now, rand_seed());
+        for payload in payloads {
+            machine.handle(now, AppendInput::Append(payload));
+        }
+        // If the driver is gone, the dispatch is dropped with the closure:
+        // the batch's callers see `DriverGone`, the queue behind gets its turn.
+        let heads = self.heads.clone();
+        let name = stream.to_string();
+        let machine = self.etcd.run(
+            machine,
+            Notify(move |notice| {
+                if let AppendNotice::Appended { seq, revision } = notice {
+                    let head = Head {
+                        seq,
+                        mod_revision: revision,
+                    };
+                    remember_head(&heads, &name, head);
+                }
+                dispatch.answer(notice)
+            }),
+        )?;
+        let stopper = machine.downgrade();
+        keep.lock().replace(Box::new(machine));
+        Ok((stopper, gave_up))
     }
 
     /// Connect to comma-separated `endpoints` and build a coordinator with
@@ -313,6 +380,23 @@ impl EtcdCoordinator {
     }
 }
 
+/// Keep the newest head this handle saw on `stream`. It runs on the
+/// driver for every `Appended`, in order and before the batch hands its
+/// lane over, so the next batch's machine starts from the head the last
+/// group left: appends of a group share one revision, and a pair of that
+/// revision with an earlier member's `seq` would name a head etcd never
+/// held, which the guard (on the revision alone) would accept.
+fn remember_head(heads: &Mutex<HashMap<String, Head>>, stream: &str, head: Head) {
+    let mut heads = heads.lock();
+    if heads.len() >= REMEMBERED_HEADS && !heads.contains_key(stream) {
+        heads.clear();
+    }
+    let newest = heads.entry(stream.to_string()).or_insert(head);
+    if (newest.mod_revision, newest.seq) < (head.mod_revision, head.seq) {
+        *newest = head;
+    }
+}
+
 fn stream_error(stream: &str, error: StreamError) -> Error {
     let context = format!("stream {stream:?}");
     match error {
@@ -383,70 +467,75 @@ impl Coordinator for EtcdCoordinator {
         self.check_open()?;
         check_name("stream", stream)?;
         check_payload("payload", payload)?;
-        let config = AppendConfig {
-            max_len: self.stream_max_len.and_then(NonZeroU64::new),
-            head: self.heads.lock().get(stream).copied(),
-            ..AppendConfig::new(self.stream_keys(stream))
-        };
-        let wait = append_wait(&config, self.etcd.options().request_timeout);
-        // One machine per call: it runs on the driver, whose timer does the
-        // backoff between lost races, so no thread sleeps or spins here.
-        let now = Instant::now();
-        let mut machine = Append::new(config, now, rand_seed());
-        machine.handle(now, AppendInput::Append(payload.to_vec()));
-        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
-        let machine = self.etcd.run(
-            machine,
-            Notify(move |notice| {
-                let _ = done_tx.try_send(notice);
-                // This machine answers one append: `false` lets the runner retire it.
-                false
-            }),
-        )?;
-        let notice = match done_rx.recv_timeout(wait) {
-            Ok(notice) => notice,
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                // Too busy a driver: stopping the machine makes it say
-                // whether a transaction was in flight (Indeterminate) or
-                // nothing was written (Stopped), unless it finished first.
-                machine.stop();
-                match done_rx.recv_timeout(APPEND_SLACK) {
-                    Ok(AppendNotice::Failed(StreamError::Stopped)) => {
-                        return Err(Error::Timeout(wait))
-                    }
-                    Ok(notice) => notice,
-                    Err(_) => {
+        let wait = append_wait(
+            &self.append_config(stream),
+            self.etcd.options().request_timeout,
+        );
+        // Appends of this handle to one stream share a machine, one batch
+        // at a time (see lane.rs), so its threads never race each other.
+        let joined = self.lanes.join(stream, payload.to_vec());
+        let mut running: Option<(WeakInput<Append>, Arc<AtomicBool>)> = None;
+        // Queued behind a batch: that batch ends within its own wait, then
+        // this one runs within another.
+        let mut deadline = deadline_after(wait.saturating_mul(2));
+        if let Some(batch) = joined.run {
+            running = Some(self.run_batch(stream, batch)?);
+            deadline = deadline_after(wait);
+        }
+        let mut stopped = false;
+        let mut extended = false;
+        let notice = loop {
+            let received = match deadline {
+                Some(at) => joined.rx.recv_deadline(at),
+                None => joined
+                    .rx
+                    .recv()
+                    .map_err(|_| crossbeam_channel::RecvTimeoutError::Disconnected),
+            };
+            match received {
+                Ok(LaneMsg::Done(notice)) => break notice,
+                Ok(LaneMsg::GaveUp(AppendNotice::Failed(StreamError::Stopped))) => {
+                    return Err(Error::Timeout(wait))
+                }
+                Ok(LaneMsg::GaveUp(notice)) => break notice,
+                Ok(LaneMsg::Run(batch)) => {
+                    running = Some(self.run_batch(stream, batch)?);
+                    deadline = deadline_after(wait);
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    if let Some((machine, gave_up)) = running.as_ref().filter(|_| !stopped) {
+                        // Too busy a driver: stopping the machine makes it
+                        // say whether a transaction was in flight
+                        // (Indeterminate) or nothing was written (Stopped),
+                        // unless it finished first.
+                        gave_up.store(true, Ordering::SeqCst);
+                        let _ = machine.send(AppendInput::Stop);
+                        stopped = true;
+                        deadline = deadline_after(APPEND_SLACK);
+                    } else if running.is_none() && self.lanes.leave(stream, joined.id) {
+                        // Never sent, and now never will be.
+                        return Err(Error::Timeout(wait));
+                    } else if running.is_none() && !extended {
+                        // Taken into a batch just now, which its runner
+                        // bounds: it answers within one more wait.
+                        extended = true;
+                        deadline = deadline_after(wait.saturating_add(APPEND_SLACK));
+                    } else {
                         return Err(Error::Indeterminate {
                             backend: "etcd",
                             stream: stream.to_string(),
                             id: None,
                             message: format!("no answer from the driver within {wait:?}"),
-                        })
+                        });
                     }
                 }
-            }
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                return Err(Error::DriverGone)
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    return Err(Error::DriverGone)
+                }
             }
         };
         match notice {
-            AppendNotice::Appended { seq, revision } => {
-                let mut heads = self.heads.lock();
-                if heads.len() >= REMEMBERED_HEADS && !heads.contains_key(stream) {
-                    heads.clear();
-                }
-                let head = Head {
-                    seq,
-                    mod_revision: revision,
-                };
-                // Concurrent appends on this handle finish in any order:
-                // keep the newest head.
-                let newest = heads.entry(stream.to_string()).or_insert(head);
-                if newest.mod_revision < revision {
-                    *newest = head;
-                }
-                Ok(StreamId(seq))
-            }
+            AppendNotice::Appended { seq, .. } => Ok(StreamId(seq)),
             AppendNotice::Failed(e) => Err(stream_error(stream, e)),
             other => Err(Error::etcd(
                 EtcdErrorKind::Unexpected,

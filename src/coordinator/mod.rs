@@ -61,6 +61,7 @@ pub mod conformance;
 mod etcd;
 mod feed;
 mod from_env;
+mod lane;
 mod memory;
 #[cfg(feature = "nats")]
 pub mod nats;
