@@ -157,6 +157,14 @@ pub enum Compare {
         /// The expected mod revision.
         revision: Revision,
     },
+    /// `value(key) == value`; false when the key does not exist (as etcd
+    /// evaluates a value compare on a missing key).
+    ValueEquals {
+        /// The key compared.
+        key: Vec<u8>,
+        /// The expected value.
+        value: Vec<u8>,
+    },
 }
 
 /// One operation inside a [`Txn`] branch.

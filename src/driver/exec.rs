@@ -251,6 +251,9 @@ fn compare(c: &Compare) -> ec::Compare {
         Compare::ModRevisionEquals { key, revision } => {
             ec::Compare::mod_revision(key.clone(), ec::CompareOp::Equal, *revision)
         }
+        Compare::ValueEquals { key, value } => {
+            ec::Compare::value(key.clone(), ec::CompareOp::Equal, value.clone())
+        }
     }
 }
 

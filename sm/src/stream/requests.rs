@@ -78,9 +78,10 @@ pub fn parse_head(keys: &StreamKeys, kvs: &[KeyValue]) -> Result<Head, StreamErr
 /// otherwise read the head. Returns the sequence number the first payload
 /// gets if the guard holds (the others follow it, one apart).
 ///
-/// The guard is on the mod revision, not the value: a head rewritten with
-/// the same value by someone else still changes its mod revision, so no two
-/// appenders can both win. A group is applied whole or not at all (one
+/// The guard is on the mod revision, so that a head rewritten with the
+/// same value by someone else still counts as moved and no two appenders
+/// can both win; and on the value too, so that a `head` whose `seq` does
+/// not belong to its revision fails instead of overwriting entries. A group is applied whole or not at all (one
 /// transaction), so it is one append for every other rule here. It must
 /// not be empty, nor longer than `max_len` (the caller's grouping keeps
 /// both), so no entry it writes is also one it deletes — etcd refuses a
@@ -130,11 +131,21 @@ fn append_txn(
             }
         }
     }
-    let txn = Txn {
-        compare: vec![Compare::ModRevisionEquals {
+    let mut compare = vec![Compare::ModRevisionEquals {
+        key: keys.head().to_vec(),
+        revision: head.mod_revision,
+    }];
+    // The revision alone decides the race; the value makes a head pair
+    // etcd never held (a real revision with another `seq`, which would
+    // write over entries) fail as a lost race instead of writing.
+    if head.mod_revision != 0 {
+        compare.push(Compare::ValueEquals {
             key: keys.head().to_vec(),
-            revision: head.mod_revision,
-        }],
+            value: head.seq.to_string().into_bytes(),
+        });
+    }
+    let txn = Txn {
+        compare,
         success,
         // A lost race reads the head it lost to, so the next attempt needs
         // no read of its own ([`head_of_failed_append`]).

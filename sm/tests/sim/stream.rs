@@ -1053,3 +1053,76 @@ fn a_race_for_the_head_has_one_winner_and_the_loser_retries() {
          read the winner's head)"
     );
 }
+
+/// A head handed to a new machine that pairs a real revision with another
+/// `seq` (a group's first ID with the group's revision, as an earlier
+/// version of the coordinator's head cache did) must not write over
+/// entries: the guard's value compare fails it like a stale head, and the
+/// append lands after the real head.
+#[test]
+fn a_head_pair_etcd_never_held_writes_nothing_over_existing_entries() {
+    let t0 = Instant::now();
+    let mut etcd = ModelEtcd::new();
+    let mut rng = rng(5);
+    let faults = Faults::none();
+    let mut first = new_appender(&append_config(None, 32), t0, 1);
+    for p in ["a", "b", "c"] {
+        first
+            .machine
+            .handle(t0, AppendInput::Append(p.as_bytes().to_vec()));
+    }
+    step(&mut etcd, &mut [&mut first], t0, &mut rng, &faults);
+    run_until(
+        &mut etcd,
+        &mut [&mut first],
+        t0 + Duration::from_secs(1),
+        &mut rng,
+        &faults,
+    );
+    let appended: Vec<(u64, Revision)> = first
+        .notifications
+        .iter()
+        .map(|(_, n)| match n {
+            AppendNotice::Appended { seq, revision } => (*seq, *revision),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let (_, revision) = appended[0];
+    assert!(
+        appended.iter().all(|(_, r)| *r == revision),
+        "one group, one revision: {appended:?}"
+    );
+    let wrong = AppendConfig {
+        head: Some(Head {
+            seq: 1,
+            mod_revision: revision,
+        }),
+        ..append_config(None, 32)
+    };
+    let mut second = new_appender(&wrong, t0, 2);
+    second
+        .machine
+        .handle(t0, AppendInput::Append(b"d".to_vec()));
+    step(&mut etcd, &mut [&mut second], t0, &mut rng, &faults);
+    run_until(
+        &mut etcd,
+        &mut [&mut second],
+        t0 + Duration::from_secs(2),
+        &mut rng,
+        &faults,
+    );
+    assert!(
+        matches!(
+            second.notifications.as_slice(),
+            [(_, AppendNotice::Appended { seq: 4, .. })]
+        ),
+        "{:?}",
+        second.notifications
+    );
+    let kvs = etcd
+        .range_prefix(keys().entry_prefix())
+        .into_iter()
+        .map(|kv| String::from_utf8(kv.value).expect("utf-8"))
+        .collect::<Vec<_>>();
+    assert_eq!(kvs, ["a", "b", "c", "d"]);
+}

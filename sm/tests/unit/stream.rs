@@ -118,6 +118,22 @@ fn read_head_cmd<N>(id: u64) -> Command<N> {
     )
 }
 
+/// The append guard: the head's mod revision, and for a head that exists
+/// its value as well (a pair etcd never held must not write).
+fn head_guard(revision: Revision, seq: u64) -> Vec<Compare> {
+    let mut guard = vec![Compare::ModRevisionEquals {
+        key: b"/c/stream/s/head".to_vec(),
+        revision,
+    }];
+    if revision != 0 {
+        guard.push(Compare::ValueEquals {
+            key: b"/c/stream/s/head".to_vec(),
+            value: seq.to_string().into_bytes(),
+        });
+    }
+    guard
+}
+
 /// The append transaction, spelled out once by hand: everything else is
 /// compared against it.
 fn append_cmd(
@@ -147,10 +163,7 @@ fn append_cmd(
     rpc(
         id,
         Request::Txn(Txn {
-            compare: vec![Compare::ModRevisionEquals {
-                key: b"/c/stream/s/head".to_vec(),
-                revision: guard,
-            }],
+            compare: head_guard(guard, seq - 1),
             success,
             failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(
                 b"/c/stream/s/head".to_vec(),
@@ -757,10 +770,7 @@ fn group_cmd(
     rpc(
         id,
         Request::Txn(Txn {
-            compare: vec![Compare::ModRevisionEquals {
-                key: b"/c/stream/s/head".to_vec(),
-                revision: guard,
-            }],
+            compare: head_guard(guard, first - 1),
             success,
             failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(
                 b"/c/stream/s/head".to_vec(),

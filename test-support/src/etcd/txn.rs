@@ -67,6 +67,10 @@ impl ModelEtcd {
             Compare::ModRevisionEquals { key, revision } => {
                 self.kvs.get(key).map_or(0, |kv| kv.mod_revision) == *revision
             }
+            // etcd fails a value compare on a missing key.
+            Compare::ValueEquals { key, value } => {
+                self.kvs.get(key).is_some_and(|kv| kv.value == *value)
+            }
         }
     }
 }
