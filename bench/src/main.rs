@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! fleetcoord-bench [--quick] [--pool-secs N] [--endpoints host:port] [FIGURE...]
-//! FIGURE: kv leave crash campaign handover elect-cli failover watch pool liveness coord idle-cost | all (default)
+//! FIGURE: kv leave crash campaign handover elect-cli failover watch pool liveness coord idle-cost concurrency | all (default)
 //! ```
 //!
 //! `--quick` (or `BENCH_QUICK=1`) runs a few samples of every row in
@@ -15,6 +15,7 @@
 
 #![forbid(unsafe_code)]
 
+mod concurrency;
 mod coord;
 mod cost;
 mod election;
@@ -56,7 +57,7 @@ impl Config {
 
 type Figure = fn(&Config) -> Res<Vec<Row>>;
 
-const FIGURES: [(&str, Figure); 12] = [
+const FIGURES: [(&str, Figure); 13] = [
     ("kv", kv::run),
     ("leave", liveness::leave),
     ("crash", liveness::crash),
@@ -69,6 +70,7 @@ const FIGURES: [(&str, Figure); 12] = [
     ("liveness", liveness::many),
     ("coord", coord::run),
     ("idle-cost", cost::idle),
+    ("concurrency", concurrency::run),
 ];
 
 fn main() {

@@ -32,6 +32,18 @@ impl Raw {
         Ok(Raw { rt, client })
     }
 
+    /// One client on `endpoint` on a runtime of `workers` threads, for
+    /// anchors that run many tasks at once.
+    pub fn connect_workers(endpoint: &str, workers: usize) -> Res<Raw> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()?;
+        let endpoints: Vec<&str> = endpoint.split(',').collect();
+        let client = rt.block_on(Client::connect(endpoints, None))?;
+        Ok(Raw { rt, client })
+    }
+
     /// One client on `endpoint` on a current-thread runtime: every poll
     /// happens inside the caller's `block_on`, no thread hop at all — the
     /// cheapest code a plain-thread program would write instead.

@@ -3,13 +3,13 @@
 //! [`crate::HostWatcher`]; streams are sm's `Append` and `Reader` machines.
 //! All of them run on the driver; this file only maps names and notices.
 
-use super::lane::{Batch, Dispatch, Keep, LaneMsg, Lanes};
+use super::lane::{Dispatch, Lane, LaneMachine, LaneMsg, Lanes};
 use super::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvEvent,
     KvWatcher, Message, StreamEntry, StreamId, StreamPosition, StreamReader, Subscription,
 };
 use crate::deadline::deadline_after;
-use crate::driver::{self, rand_seed, FeedItem, Notify, StopHandle, WeakInput};
+use crate::driver::{self, rand_seed, FeedItem, MachineHandle, Notify, StopHandle};
 use crate::error::{Error, EtcdErrorKind, Result};
 use crate::etcd::{Etcd, EtcdOptions};
 use crate::validate;
@@ -143,7 +143,8 @@ pub struct EtcdCoordinator {
     /// first (one round trip instead of two; a stale head costs the read
     /// it saved, never correctness: the write is guarded on it).
     heads: Arc<Mutex<HashMap<String, Head>>>,
-    /// Appends queued per stream behind the running batch (see lane.rs).
+    /// Each stream's append machine and the appends it has yet to answer
+    /// (see lane.rs).
     lanes: Arc<Lanes>,
 }
 
@@ -196,15 +197,7 @@ impl EtcdCoordinator {
             closed: AtomicBool::new(false),
             feeds: Mutex::new(Vec::new()),
             heads: Arc::default(),
-            lanes: {
-                // A batch is one transaction's worth of the machine's groups.
-                let defaults = AppendConfig::new(StreamKeys::new(&root, "-"));
-                let group = match options.stream_max_len.map(usize::try_from) {
-                    Some(Ok(max)) => defaults.max_group.min(max),
-                    _ => defaults.max_group,
-                };
-                Arc::new(Lanes::new(group, defaults.max_group_bytes))
-            },
+            lanes: Arc::default(),
             root,
         })
     }
@@ -217,34 +210,18 @@ impl EtcdCoordinator {
         }
     }
 
-    /// Starts one machine for `batch` on the driver, whose timer does the
-    /// backoff between lost races, so no thread sleeps or spins here. The
-    /// machine's handle is kept with the batch until its last answer; the
-    /// runner gets an input sender to stop it with, and the flag to set
-    /// before it does.
-    fn run_batch(
-        &self,
-        stream: &str,
-        batch: Batch,
-    ) -> Result<(WeakInput<Append>, Arc<AtomicBool>)> {
-        let gave_up = Arc::new(AtomicBool::new(false));
-        let keep: Keep = Arc::default();
-        let (mut dispatch, payloads) = Dispatch::new(
-            self.lanes.clone(),
-            stream,
-            batch,
-            gave_up.clone(),
-            keep.clone(),
-        );
+    /// Starts `lane`'s machine on the driver with `first`, whose timer does
+    /// the backoff between lost races, so no thread sleeps or spins here.
+    /// The lane owns the machine's handle from then on.
+    fn start_lane(&self, stream: &str, lane: &Arc<Lane>, first: Vec<u8>) -> Result<()> {
+        let mut dispatch = Dispatch::new(self.lanes.clone(), stream, lane.clone());
         let now = Instant::now();
         let mut machine = Append::new(self.append_config(stream), now, rand_seed());
-        for payload in payloads {
-            machine.handle(now, AppendInput::Append(payload));
-        }
-        // If the driver is gone, the dispatch is dropped with the closure:
-        // the batch's callers see `DriverGone`, the queue behind gets its turn.
+        machine.handle(now, AppendInput::Append(first));
         let heads = self.heads.clone();
         let name = stream.to_string();
+        // If the driver is gone, the dispatch is dropped with the closure:
+        // the lane closes and its callers see `DriverGone`.
         let machine = self.etcd.run(
             machine,
             Notify(move |notice| {
@@ -258,9 +235,8 @@ impl EtcdCoordinator {
                 dispatch.answer(notice)
             }),
         )?;
-        let stopper = machine.downgrade();
-        keep.lock().replace(Box::new(machine));
-        Ok((stopper, gave_up))
+        self.lanes.started(lane, Box::new(LaneAppend(machine)));
+        Ok(())
     }
 
     /// Connect to comma-separated `endpoints` and build a coordinator with
@@ -397,6 +373,19 @@ fn remember_head(heads: &Mutex<HashMap<String, Head>>, stream: &str, head: Head)
     }
 }
 
+/// A lane's machine: an [`Append`] on the driver.
+struct LaneAppend(MachineHandle<Append>);
+
+impl LaneMachine for LaneAppend {
+    fn append(&self, payload: Vec<u8>) -> bool {
+        self.0.send(AppendInput::Append(payload)).is_ok()
+    }
+
+    fn stop(&self) {
+        self.0.stop();
+    }
+}
+
 fn stream_error(stream: &str, error: StreamError) -> Error {
     let context = format!("stream {stream:?}");
     match error {
@@ -471,19 +460,17 @@ impl Coordinator for EtcdCoordinator {
             &self.append_config(stream),
             self.etcd.options().request_timeout,
         );
-        // Appends of this handle to one stream share a machine, one batch
-        // at a time (see lane.rs), so its threads never race each other.
+        // Appends of this handle to one stream are fed to one machine (see
+        // lane.rs), so its threads never race each other for the head.
         let joined = self.lanes.join(stream, payload.to_vec());
-        let mut running: Option<(WeakInput<Append>, Arc<AtomicBool>)> = None;
-        // Queued behind a batch: that batch ends within its own wait, then
-        // this one runs within another.
-        let mut deadline = deadline_after(wait.saturating_mul(2));
-        if let Some(batch) = joined.run {
-            running = Some(self.run_batch(stream, batch)?);
-            deadline = deadline_after(wait);
+        if let Some(first) = joined.start {
+            self.start_lane(stream, &joined.lane, first)?;
         }
-        let mut stopped = false;
-        let mut extended = false;
+        // Groups ahead of this append each end within one wait, and at most
+        // a group's worth of appends is ahead of it unless the stream is
+        // busier than a transaction per round trip carries.
+        let mut deadline = deadline_after(wait.saturating_mul(2));
+        let mut gave_up = false;
         let notice = loop {
             let received = match deadline {
                 Some(at) => joined.rx.recv_deadline(at),
@@ -494,40 +481,26 @@ impl Coordinator for EtcdCoordinator {
             };
             match received {
                 Ok(LaneMsg::Done(notice)) => break notice,
+                // Stopped because a waiter gave up: never sent.
                 Ok(LaneMsg::GaveUp(AppendNotice::Failed(StreamError::Stopped))) => {
                     return Err(Error::Timeout(wait))
                 }
                 Ok(LaneMsg::GaveUp(notice)) => break notice,
-                Ok(LaneMsg::Run(batch)) => {
-                    running = Some(self.run_batch(stream, batch)?);
-                    deadline = deadline_after(wait);
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) if !gave_up => {
+                    // Too busy a driver: stopping the machine makes it say,
+                    // for every append in it, whether a transaction was in
+                    // flight (Indeterminate) or nothing was written.
+                    gave_up = true;
+                    self.lanes.give_up(stream, &joined.lane);
+                    deadline = deadline_after(APPEND_SLACK);
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    if let Some((machine, gave_up)) = running.as_ref().filter(|_| !stopped) {
-                        // Too busy a driver: stopping the machine makes it
-                        // say whether a transaction was in flight
-                        // (Indeterminate) or nothing was written (Stopped),
-                        // unless it finished first.
-                        gave_up.store(true, Ordering::SeqCst);
-                        let _ = machine.send(AppendInput::Stop);
-                        stopped = true;
-                        deadline = deadline_after(APPEND_SLACK);
-                    } else if running.is_none() && self.lanes.leave(stream, joined.id) {
-                        // Never sent, and now never will be.
-                        return Err(Error::Timeout(wait));
-                    } else if running.is_none() && !extended {
-                        // Taken into a batch just now, which its runner
-                        // bounds: it answers within one more wait.
-                        extended = true;
-                        deadline = deadline_after(wait.saturating_add(APPEND_SLACK));
-                    } else {
-                        return Err(Error::Indeterminate {
-                            backend: "etcd",
-                            stream: stream.to_string(),
-                            id: None,
-                            message: format!("no answer from the driver within {wait:?}"),
-                        });
-                    }
+                    return Err(Error::Indeterminate {
+                        backend: "etcd",
+                        stream: stream.to_string(),
+                        id: None,
+                        message: format!("no answer from the driver within {wait:?}"),
+                    })
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
                     return Err(Error::DriverGone)

@@ -1,217 +1,200 @@
-//! Appends of one etcd coordinator to one stream, combined into batches.
+//! Appends of one etcd coordinator to one stream, fed to one machine.
 //!
 //! Threads of one handle appending to one stream would otherwise each run
 //! their own append machine and race each other for the stream's head: at
 //! 4 threads per stream most transactions lost, and appends failed as
-//! `Contended`. Instead, a stream has at most one machine per handle at a
-//! time (its lane is *busy*). An append that finds its lane idle runs the
-//! machine for itself and everything that queued before it started (a
-//! batch; the machine puts what fits into one transaction, see
-//! `fleetcoord_sm::stream`). One that finds it busy queues. When a batch
-//! has its last answer, the queued appends become the next batch, run by
-//! the first of their callers, which is woken with [`LaneMsg::Run`].
+//! `Contended`. Instead a stream has at most one machine per handle at a
+//! time, its *lane*. The first append starts the machine; every append
+//! while the lane is open is fed to that machine at once, and the machine
+//! puts whatever queued while a transaction was in flight into the next
+//! one (see `fleetcoord_sm::stream`). Nobody waits for a hand-over: a
+//! busy stream costs one transaction per round trip, on the driver alone.
 //!
 //! Invariants, each kept in one place:
-//! * every waiter gets exactly one answer: its batch's notice
-//!   ([`Dispatch::answer`]), or a closed channel if the machine ended
-//!   without answering (the driver is gone);
-//! * a busy lane always has a batch running or being handed over, so no
-//!   waiter is stranded: [`Dispatch`] hands over on its last answer and,
-//!   failing that, when it is dropped;
-//! * a waiter that gives up before its batch starts leaves the queue
-//!   ([`Lanes::leave`]), so an append reported as failed is never sent.
+//! * every payload fed to the machine has its waiter queued in the same
+//!   critical section ([`Lanes::join`]), and the machine answers in the
+//!   order fed, so the n-th notice is the n-th waiter's
+//!   ([`Dispatch::answer`]);
+//! * a lane closes exactly when it has nothing left to answer (its last
+//!   answer, under the lane map's lock, so no append can join it after) or
+//!   when its machine is gone ([`Dispatch`]'s drop: the waiters left see
+//!   their channel close); a closed lane is never in the map, so the next
+//!   append starts a new one;
+//! * a waiter that gives up stops the machine ([`Lanes::give_up`]): every
+//!   append still in it is answered with what the stop knows (nothing
+//!   sent, or in doubt), flagged [`LaneMsg::GaveUp`].
 
 use fleetcoord_sm::stream::{AppendNotice, StreamError};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// What a waiting append hears.
 pub(crate) enum LaneMsg {
     /// Its outcome.
     Done(AppendNotice),
-    /// Its batch was stopped because the batch's runner gave up waiting:
-    /// nothing of it was sent, or the notice says what may have been.
+    /// Its outcome after a waiter of the lane gave up and stopped the
+    /// machine: `Stopped` means never sent.
     GaveUp(AppendNotice),
-    /// Run this batch (it is first in it).
-    Run(Batch),
 }
 
-/// One queued append.
-pub(crate) struct Waiter {
-    id: u64,
-    /// The payload to append.
-    pub(crate) payload: Vec<u8>,
-    tx: crossbeam_channel::Sender<LaneMsg>,
+/// The machine behind a lane, as the lane uses it.
+pub(crate) trait LaneMachine: Send {
+    /// Queue one more append; `false` if the machine is gone.
+    fn append(&self, payload: Vec<u8>) -> bool;
+    /// Stop: the machine answers every queued append.
+    fn stop(&self);
 }
 
-/// Appends that run together, in the order they queued.
-pub(crate) type Batch = Vec<Waiter>;
+/// One stream's machine and the appends it has yet to answer.
+pub(crate) struct Lane {
+    state: Mutex<LaneState>,
+}
 
-/// The busy lanes of one coordinator: stream → appends queued behind the
-/// running batch. A stream absent from the map is idle.
+#[derive(Default)]
+struct LaneState {
+    /// One per payload fed (or to be fed), in the same order.
+    waiting: VecDeque<crossbeam_channel::Sender<LaneMsg>>,
+    /// Set once the starter has the machine running; owning it keeps it.
+    machine: Option<Box<dyn LaneMachine>>,
+    /// Payloads that joined before the machine was running.
+    early: Vec<Vec<u8>>,
+    closed: bool,
+    gave_up: bool,
+}
+
+/// The open lanes of one coordinator, by stream.
+#[derive(Default)]
 pub(crate) struct Lanes {
-    busy: Mutex<HashMap<String, Vec<Waiter>>>,
-    next_id: Mutex<u64>,
-    /// A batch is at most what the machine puts into one transaction, so
-    /// that it is bounded like one append (see `append_wait` in etcd.rs).
-    max_batch: usize,
-    max_batch_bytes: usize,
+    open: Mutex<HashMap<String, Arc<Lane>>>,
 }
 
-/// What [`Lanes::join`] tells the caller to do.
+/// What [`Lanes::join`] tells the caller.
 pub(crate) struct Joined {
-    /// Identifies the append for [`Lanes::leave`].
-    pub(crate) id: u64,
-    /// Where its answer (or its turn to run a batch) arrives.
+    /// Where its answer arrives.
     pub(crate) rx: crossbeam_channel::Receiver<LaneMsg>,
-    /// The lane was idle: run this batch (just this append) now.
-    pub(crate) run: Option<Batch>,
+    /// The lane it joined.
+    pub(crate) lane: Arc<Lane>,
+    /// The lane is new: start its machine with this payload first, then
+    /// call [`Lanes::started`].
+    pub(crate) start: Option<Vec<u8>>,
 }
 
 impl Lanes {
-    /// Lanes whose batches hold at most `max_batch` appends and
-    /// `max_batch_bytes` of payload (a larger first payload goes alone).
-    pub(crate) fn new(max_batch: usize, max_batch_bytes: usize) -> Lanes {
-        Lanes {
-            busy: Mutex::new(HashMap::new()),
-            next_id: Mutex::new(0),
-            max_batch: max_batch.max(1),
-            max_batch_bytes,
-        }
-    }
-
-    /// Queue `payload` on `stream`'s lane.
+    /// Queue `payload` on `stream`'s open lane, or open one.
     pub(crate) fn join(&self, stream: &str, payload: Vec<u8>) -> Joined {
-        let id = {
-            let mut next = self.next_id.lock();
-            *next = next.wrapping_add(1);
-            *next
-        };
-        // Room for both messages a waiter can get: its turn, then its answer.
-        let (tx, rx) = crossbeam_channel::bounded(2);
-        let waiter = Waiter { id, payload, tx };
-        let mut busy = self.busy.lock();
-        let run = match busy.get_mut(stream) {
-            Some(queued) => {
-                queued.push(waiter);
-                None
-            }
-            None => {
-                busy.insert(stream.to_string(), Vec::new());
-                Some(vec![waiter])
-            }
-        };
-        Joined { id, rx, run }
-    }
-
-    /// Take the append `id` out of the queue, if no batch has taken it
-    /// yet: `true` means it was never sent and never will be.
-    pub(crate) fn leave(&self, stream: &str, id: u64) -> bool {
-        let mut busy = self.busy.lock();
-        let Some(queued) = busy.get_mut(stream) else {
-            return false;
-        };
-        let before = queued.len();
-        queued.retain(|w| w.id != id);
-        queued.len() != before
-    }
-
-    /// The first queued appends of `stream` (as many as a batch holds)
-    /// become the next batch, handed to the first caller still waiting;
-    /// with none, the lane turns idle.
-    fn hand_over(&self, stream: &str) {
-        let mut busy = self.busy.lock();
-        let mut batch = match busy.get_mut(stream) {
-            Some(queued) if !queued.is_empty() => {
-                let mut bytes = 0usize;
-                let mut take = 0usize;
-                for w in queued.iter().take(self.max_batch) {
-                    bytes = bytes.saturating_add(w.payload.len());
-                    if take > 0 && bytes > self.max_batch_bytes {
-                        break;
-                    }
-                    take += 1;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let mut open = self.open.lock();
+        if let Some(lane) = open.get(stream) {
+            let mut state = lane.state.lock();
+            state.waiting.push_back(tx);
+            match &state.machine {
+                // A machine gone is noticed by its dispatch, whose drop
+                // closes the lane and this waiter's channel.
+                Some(machine) => {
+                    machine.append(payload);
                 }
-                queued.drain(..take).collect::<Batch>()
+                None => state.early.push(payload),
             }
-            _ => {
-                busy.remove(stream);
-                return;
-            }
-        };
-        // Waiters only go away through `leave` (under this lock) or by
-        // unwinding; skip a caller that is gone rather than strand the rest.
-        while !batch.is_empty() {
-            let runner = batch[0].tx.clone();
-            match runner.try_send(LaneMsg::Run(batch)) {
-                Ok(()) => return,
-                Err(crossbeam_channel::TrySendError::Full(LaneMsg::Run(b)))
-                | Err(crossbeam_channel::TrySendError::Disconnected(LaneMsg::Run(b))) => {
-                    batch = b;
-                    batch.remove(0);
-                }
-                Err(_) => return,
-            }
+            return Joined {
+                rx,
+                lane: lane.clone(),
+                start: None,
+            };
         }
-        busy.remove(stream);
+        let lane = Arc::new(Lane {
+            state: Mutex::new(LaneState {
+                waiting: VecDeque::from([tx]),
+                ..LaneState::default()
+            }),
+        });
+        open.insert(stream.to_string(), lane.clone());
+        Joined {
+            rx,
+            lane,
+            start: Some(payload),
+        }
+    }
+
+    /// The starter's machine runs: feed it what joined meanwhile, in order,
+    /// and every later append directly.
+    pub(crate) fn started(&self, lane: &Lane, machine: Box<dyn LaneMachine>) {
+        let mut state = lane.state.lock();
+        if state.closed {
+            // Already answered and closed (or gone): nothing more to feed.
+            return;
+        }
+        for payload in std::mem::take(&mut state.early) {
+            machine.append(payload);
+        }
+        if state.gave_up {
+            machine.stop();
+        }
+        state.machine = Some(machine);
+    }
+
+    /// A waiter of `lane` gives up: the lane leaves the map (later appends
+    /// open a new one) and its machine is stopped, which answers everything
+    /// in it.
+    pub(crate) fn give_up(&self, stream: &str, lane: &Arc<Lane>) {
+        let mut open = self.open.lock();
+        if open.get(stream).is_some_and(|l| Arc::ptr_eq(l, lane)) {
+            open.remove(stream);
+        }
+        let mut state = lane.state.lock();
+        state.gave_up = true;
+        if let Some(machine) = &state.machine {
+            machine.stop();
+        }
     }
 }
 
-/// Where a batch's machine handle is kept until the batch's last answer:
-/// its runner is only the first waiter, and returns with its own answer,
-/// but dropping the handle would stop the machine under the others.
-pub(crate) type Keep = Arc<Mutex<Option<Box<dyn Send>>>>;
+/// `lane` of `stream` is done: out of the map (whose lock the caller
+/// holds, so no append can join it any more), its machine handle handed
+/// back to be dropped outside the locks.
+fn close(
+    open: &mut HashMap<String, Arc<Lane>>,
+    stream: &str,
+    lane: &Arc<Lane>,
+    state: &mut LaneState,
+) -> Option<Box<dyn LaneMachine>> {
+    state.closed = true;
+    if open.get(stream).is_some_and(|l| Arc::ptr_eq(l, lane)) {
+        open.remove(stream);
+    }
+    state.machine.take()
+}
 
-/// Sends a running batch's notices to its waiters, in order, and hands
-/// the lane over once the last is answered (or when dropped unanswered).
+/// Delivers a lane's notices to its waiters, in order, and closes the
+/// lane with the last one (or when dropped unanswered: the machine ended).
 pub(crate) struct Dispatch {
     lanes: Arc<Lanes>,
     stream: String,
-    waiting: VecDeque<crossbeam_channel::Sender<LaneMsg>>,
-    gave_up: Arc<AtomicBool>,
-    keep: Keep,
-    handed_over: bool,
+    lane: Arc<Lane>,
 }
 
 impl Dispatch {
-    /// The dispatcher of `batch` on `stream`'s lane; its payloads go to
-    /// the machine in the same order. `gave_up` is set by the runner before
-    /// it stops the machine for taking too long.
-    pub(crate) fn new(
-        lanes: Arc<Lanes>,
-        stream: &str,
-        batch: Batch,
-        gave_up: Arc<AtomicBool>,
-        keep: Keep,
-    ) -> (Dispatch, Vec<Vec<u8>>) {
-        let mut waiting = VecDeque::with_capacity(batch.len());
-        let mut payloads = Vec::with_capacity(batch.len());
-        for w in batch {
-            waiting.push_back(w.tx);
-            payloads.push(w.payload);
-        }
-        let dispatch = Dispatch {
+    /// The dispatcher of `lane`, which serves `stream`.
+    pub(crate) fn new(lanes: Arc<Lanes>, stream: &str, lane: Arc<Lane>) -> Dispatch {
+        Dispatch {
             lanes,
             stream: stream.to_string(),
-            waiting,
-            gave_up,
-            keep,
-            handed_over: false,
-        };
-        (dispatch, payloads)
+            lane,
+        }
     }
 
-    /// Deliver the machine's next notice; `false` once every waiter of the
-    /// batch is answered (the machine then retires).
+    /// Deliver the machine's next notice; `false` once nothing is left to
+    /// answer (the lane is closed and the machine may retire).
     pub(crate) fn answer(&mut self, notice: AppendNotice) -> bool {
-        if let Some(tx) = self.waiting.pop_front() {
+        // Lock order: the lane map, then a lane (as `join` takes them).
+        let mut open = self.lanes.open.lock();
+        let mut state = self.lane.state.lock();
+        if let Some(tx) = state.waiting.pop_front() {
             let stopped = matches!(
                 notice,
                 AppendNotice::Failed(StreamError::Stopped | StreamError::Indeterminate { .. })
             );
-            let msg = if stopped && self.gave_up.load(Ordering::SeqCst) {
+            let msg = if stopped && state.gave_up {
                 LaneMsg::GaveUp(notice)
             } else {
                 LaneMsg::Done(notice)
@@ -219,115 +202,132 @@ impl Dispatch {
             // A waiter is answered once; its channel has room for it.
             let _ = tx.try_send(msg);
         }
-        if self.waiting.is_empty() {
-            // Every answer is out: the machine may go.
-            drop(self.keep.lock().take());
-            self.hand_over();
-            return false;
+        if !state.waiting.is_empty() || !state.early.is_empty() {
+            return true;
         }
-        true
-    }
-
-    fn hand_over(&mut self) {
-        if !std::mem::replace(&mut self.handed_over, true) {
-            self.lanes.hand_over(&self.stream);
-        }
+        let machine = close(&mut open, &self.stream, &self.lane, &mut state);
+        drop(state);
+        drop(open);
+        // Dropped outside the locks: it tells a machine that is done anyway
+        // to stop.
+        drop(machine);
+        false
     }
 }
 
 impl Drop for Dispatch {
     fn drop(&mut self) {
-        // Unanswered waiters see their channel close (the driver is gone);
-        // the queue behind them still gets its turn.
-        self.waiting.clear();
-        self.hand_over();
+        let mut open = self.lanes.open.lock();
+        let mut state = self.lane.state.lock();
+        if state.closed {
+            return;
+        }
+        // The machine ended with appends unanswered (the driver is gone):
+        // their waiters see the channel close.
+        state.waiting.clear();
+        state.early.clear();
+        let machine = close(&mut open, &self.stream, &self.lane, &mut state);
+        drop(state);
+        drop(open);
+        drop(machine);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Records what the lane feeds it.
+    #[derive(Clone, Default)]
+    struct Recorder {
+        fed: Arc<Mutex<Vec<Vec<u8>>>>,
+        stopped: Arc<AtomicBool>,
+    }
+
+    impl LaneMachine for Recorder {
+        fn append(&self, payload: Vec<u8>) -> bool {
+            self.fed.lock().push(payload);
+            true
+        }
+        fn stop(&self) {
+            self.stopped.store(true, Ordering::SeqCst);
+        }
+    }
 
     fn appended(seq: u64) -> AppendNotice {
         AppendNotice::Appended { seq, revision: 9 }
     }
 
+    fn done(rx: &crossbeam_channel::Receiver<LaneMsg>) -> Option<AppendNotice> {
+        match rx.try_recv() {
+            Ok(LaneMsg::Done(n)) => Some(n),
+            _ => None,
+        }
+    }
+
     #[test]
-    fn the_first_append_runs_the_rest_queue_and_the_next_batch_goes_to_the_first_of_them() {
-        let lanes = Arc::new(Lanes::new(2, 1024));
+    fn appends_join_the_open_lane_in_order_and_it_closes_with_its_last_answer() {
+        let lanes = Arc::new(Lanes::default());
         let a = lanes.join("s", b"a".to_vec());
-        let batch = a.run.expect("an idle lane runs at once");
-        let b = lanes.join("s", b"b".to_vec());
-        let c = lanes.join("s", b"c".to_vec());
-        assert!(b.run.is_none() && c.run.is_none(), "a busy lane queues");
-        let (mut dispatch, payloads) =
-            Dispatch::new(lanes.clone(), "s", batch, Arc::default(), Arc::default());
-        assert_eq!(payloads, vec![b"a".to_vec()]);
-        assert!(!dispatch.answer(appended(1)), "its only waiter is answered");
-        assert!(matches!(a.rx.try_recv(), Ok(LaneMsg::Done(n)) if n == appended(1)));
-        let Ok(LaneMsg::Run(next)) = b.rx.try_recv() else {
-            panic!("b runs the next batch");
-        };
-        assert!(c.rx.try_recv().is_err(), "c waits in b's batch");
-        let (mut dispatch, payloads) =
-            Dispatch::new(lanes.clone(), "s", next, Arc::default(), Arc::default());
         assert_eq!(
-            payloads,
-            vec![b"b".to_vec(), b"c".to_vec()],
-            "two per batch"
+            a.start.as_deref(),
+            Some(&b"a"[..]),
+            "a new lane: a starts it"
         );
+        let b = lanes.join("s", b"b".to_vec());
+        assert!(b.start.is_none());
+        let mut dispatch = Dispatch::new(lanes.clone(), "s", a.lane.clone());
+        let machine = Recorder::default();
+        lanes.started(&a.lane, Box::new(machine.clone()));
+        assert_eq!(*machine.fed.lock(), vec![b"b".to_vec()], "b joined early");
+        let c = lanes.join("s", b"c".to_vec());
+        assert_eq!(machine.fed.lock().len(), 2, "c is fed at once");
+        assert!(dispatch.answer(appended(1)));
         assert!(dispatch.answer(appended(2)));
-        assert!(!dispatch.answer(appended(3)));
-        assert!(matches!(c.rx.try_recv(), Ok(LaneMsg::Done(n)) if n == appended(3)));
+        assert_eq!(
+            (done(&a.rx), done(&b.rx)),
+            (Some(appended(1)), Some(appended(2)))
+        );
+        assert!(!dispatch.answer(appended(3)), "c was the last");
+        assert_eq!(done(&c.rx), Some(appended(3)));
         assert!(
-            lanes.join("s", b"d".to_vec()).run.is_some(),
-            "the lane is idle again"
+            lanes.join("s", b"d".to_vec()).start.is_some(),
+            "closed: d opens a new lane"
         );
     }
 
     #[test]
-    fn a_waiter_leaves_only_before_its_batch_starts() {
-        let lanes = Arc::new(Lanes::new(2, 1024));
+    fn a_machine_that_ends_unanswered_closes_the_lane_and_every_waiter_hears_it() {
+        let lanes = Arc::new(Lanes::default());
         let a = lanes.join("s", b"a".to_vec());
         let b = lanes.join("s", b"b".to_vec());
-        let c = lanes.join("s", b"c".to_vec());
-        assert!(lanes.leave("s", b.id), "b was still queued");
-        assert!(!lanes.leave("s", b.id));
-        let (dispatch, _) = Dispatch::new(
-            lanes.clone(),
-            "s",
-            a.run.expect("runs"),
-            Arc::default(),
-            Arc::default(),
-        );
-        // The machine ended without answering: a hears a closed channel,
-        // and c, not b, runs next.
+        let dispatch = Dispatch::new(lanes.clone(), "s", a.lane.clone());
+        lanes.started(&a.lane, Box::new(Recorder::default()));
         drop(dispatch);
-        assert!(matches!(
-            a.rx.try_recv(),
-            Err(crossbeam_channel::TryRecvError::Disconnected)
-        ));
-        let Ok(LaneMsg::Run(next)) = c.rx.try_recv() else {
-            panic!("c runs next");
-        };
-        assert_eq!(next.len(), 1);
-        assert!(!lanes.leave("s", c.id), "taken by its batch");
+        for rx in [&a.rx, &b.rx] {
+            assert!(matches!(
+                rx.try_recv(),
+                Err(crossbeam_channel::TryRecvError::Disconnected)
+            ));
+        }
+        assert!(lanes.join("s", b"c".to_vec()).start.is_some());
     }
 
     #[test]
-    fn answers_of_a_batch_its_runner_gave_up_on_say_so() {
-        let lanes = Arc::new(Lanes::new(2, 1024));
+    fn giving_up_stops_the_machine_flags_its_answers_and_opens_a_new_lane_for_others() {
+        let lanes = Arc::new(Lanes::default());
         let a = lanes.join("s", b"a".to_vec());
-        let gave_up = Arc::new(AtomicBool::new(false));
-        let (mut dispatch, _) = Dispatch::new(
-            lanes.clone(),
-            "s",
-            a.run.expect("runs"),
-            gave_up.clone(),
-            Arc::default(),
-        );
-        gave_up.store(true, Ordering::SeqCst);
-        dispatch.answer(AppendNotice::Failed(StreamError::Stopped));
+        let mut dispatch = Dispatch::new(lanes.clone(), "s", a.lane.clone());
+        let machine = Recorder::default();
+        lanes.started(&a.lane, Box::new(machine.clone()));
+        let b = lanes.join("s", b"b".to_vec());
+        lanes.give_up("s", &b.lane);
+        assert!(machine.stopped.load(Ordering::SeqCst));
+        assert!(lanes.join("s", b"c".to_vec()).start.is_some(), "a new lane");
+        assert!(dispatch.answer(AppendNotice::Failed(StreamError::Stopped)));
+        assert!(!dispatch.answer(AppendNotice::Failed(StreamError::Stopped)));
         assert!(matches!(a.rx.try_recv(), Ok(LaneMsg::GaveUp(_))));
+        assert!(matches!(b.rx.try_recv(), Ok(LaneMsg::GaveUp(_))));
     }
 }
