@@ -104,7 +104,12 @@ impl EtcdCoordinatorOptions {
 ///   in between are not replayed.
 /// * **streams**: IDs are sequence numbers, assigned by a transaction guarded
 ///   on the head key, so concurrent appenders from any number of processes
-///   get unique, increasing IDs. An append that loses the race retries after
+///   get unique, increasing IDs. Appends of one coordinator to one stream,
+///   from any number of its threads, go to one machine, which writes
+///   whatever queued while a transaction was in flight in the next one
+///   (up to 32 entries, consecutive IDs): they never race each other, and
+///   a busy stream costs one transaction per round trip. An append that
+///   loses the race to another process retries after
 ///   a short jittered backoff, a bounded number of times, then fails. An
 ///   append whose transaction fails in flight (etcd restarting, a leader
 ///   change) sends the identical guarded transaction again, which can apply
