@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! fleetcoord-bench [--quick] [--pool-secs N] [--endpoints host:port] [FIGURE...]
-//! FIGURE: kv leave crash campaign handover elect-cli failover watch pool liveness coord idle-cost concurrency | all (default)
+//! FIGURE: kv leave crash campaign handover elect-cli failover watch pool liveness coord idle-cost concurrency mass-failure | all (default)
 //! ```
 //!
 //! `--quick` (or `BENCH_QUICK=1`) runs a few samples of every row in
@@ -21,6 +21,7 @@ mod cost;
 mod election;
 mod kv;
 mod liveness;
+mod mass;
 mod pool;
 mod process;
 mod raw;
@@ -57,7 +58,7 @@ impl Config {
 
 type Figure = fn(&Config) -> Res<Vec<Row>>;
 
-const FIGURES: [(&str, Figure); 13] = [
+const FIGURES: [(&str, Figure); 14] = [
     ("kv", kv::run),
     ("leave", liveness::leave),
     ("crash", liveness::crash),
@@ -71,6 +72,7 @@ const FIGURES: [(&str, Figure); 13] = [
     ("coord", coord::run),
     ("idle-cost", cost::idle),
     ("concurrency", concurrency::run),
+    ("mass-failure", mass::run),
 ];
 
 fn main() {
