@@ -15,6 +15,7 @@ mod gated;
 mod hosts;
 mod lock;
 mod metrics_http;
+mod notify;
 mod output;
 mod security;
 mod signal;
@@ -102,6 +103,15 @@ enum Command {
     /// Append-only streams: append, read.
     #[command(subcommand)]
     Stream(bus::StreamCommand),
+    /// Print a shell completion script (e.g. `fleetcoord completions bash >
+    /// /etc/bash_completion.d/fleetcoord`). Needs no etcd.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) on stdout (e.g. `fleetcoord man >
+    /// /usr/local/share/man/man1/fleetcoord.1`). Needs no etcd.
+    Man,
 }
 
 /// Why a command failed.
@@ -171,6 +181,22 @@ fn endpoints(flag: Option<String>, var: impl Fn(&str) -> Option<String>) -> Vec<
 }
 
 fn run(cli: Cli) -> Result<(), CliError> {
+    match &cli.command {
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut command, "fleetcoord", &mut script);
+            return print_raw(&script);
+        }
+        Command::Man => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+                .render(&mut page)
+                .map_err(|e| CliError::Message(format!("cannot render the man page: {e}")))?;
+            return print_raw(&page);
+        }
+        _ => {}
+    }
     // Long-running commands take signals over before connecting, so that a
     // Ctrl-C during a slow connect still ends in a clean exit.
     let shutdown = match &cli.command {
@@ -188,7 +214,17 @@ fn run(cli: Cli) -> Result<(), CliError> {
     };
     let shutdown = shutdown.unwrap_or_else(crossbeam_channel::never);
     let out = Out::new(cli.json);
-    let health = metrics_http::Health::default();
+    // Readiness for a service manager, for the commands that have a
+    // healthy state (the others exit when done, which says it all).
+    let what = match &cli.command {
+        Command::Agent(_) => Some("registered"),
+        Command::Elect(_) => Some("leading"),
+        Command::Lock(_) => Some("holding the lock"),
+        Command::WatchHosts(_) => Some("synced"),
+        _ => None,
+    };
+    let notifier = what.and_then(|_| notify::Notifier::from_env(|name| std::env::var(name).ok()));
+    let health = metrics_http::Health::new(notifier, what.unwrap_or(""));
     if let Some(addr) = &cli.metrics_addr {
         if !matches!(
             cli.command,
@@ -250,11 +286,24 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 result
             }),
     };
+    ctx.health.stopping();
     drop(ctx);
     // Closing revokes whatever a command left registered (a campaign
     // interrupted before it won, for instance) before the process exits.
     let _ = etcd.close();
     result
+}
+
+/// Writes generated text (a completion script, the man page) to stdout; a
+/// closed stdout (`| head`) is not an error.
+fn print_raw(bytes: &[u8]) -> Result<(), CliError> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(CliError::Message(format!("cannot write to stdout: {e}"))),
+    }
 }
 
 /// Runs a bus command (`kv`, `pub`, `sub`, `stream`) on `coord`.

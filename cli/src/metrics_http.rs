@@ -19,16 +19,58 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Whether `/healthz` answers 200; commands flip it as their state changes.
+/// Under a service manager (`NOTIFY_SOCKET`) every change is also told to
+/// it: `READY=1` the first time, `STATUS=` each time (see notify.rs).
 #[derive(Clone, Default)]
-pub struct Health(Arc<AtomicBool>);
+pub struct Health(Arc<HealthState>);
+
+#[derive(Default)]
+struct HealthState {
+    healthy: AtomicBool,
+    notifier: Option<crate::notify::Notifier>,
+    /// What healthy means for this command, for `STATUS=`.
+    what: &'static str,
+    ready_sent: AtomicBool,
+}
 
 impl Health {
+    /// Health that also tells `notifier` (if any) about each change;
+    /// `what` names the healthy state ("registered", "leading", …).
+    pub fn new(notifier: Option<crate::notify::Notifier>, what: &'static str) -> Health {
+        Health(Arc::new(HealthState {
+            notifier,
+            what,
+            ..HealthState::default()
+        }))
+    }
+
     pub fn set(&self, healthy: bool) {
-        self.0.store(healthy, Ordering::SeqCst);
+        let was = self.0.healthy.swap(healthy, Ordering::SeqCst);
+        let Some(notifier) = &self.0.notifier else {
+            return;
+        };
+        if was == healthy {
+            return;
+        }
+        let what = self.0.what;
+        if healthy && !self.0.ready_sent.swap(true, Ordering::SeqCst) {
+            notifier.send(&format!("READY=1\nSTATUS={what}"));
+        } else if healthy {
+            notifier.send(&format!("STATUS={what}"));
+        } else {
+            notifier.send(&format!("STATUS=not {what}"));
+        }
+    }
+
+    /// The command is stopping: tell the service manager.
+    pub fn stopping(&self) {
+        if let Some(notifier) = &self.0.notifier {
+            notifier.send("STOPPING=1");
+        }
     }
 
     fn get(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        self.0.healthy.load(Ordering::SeqCst)
     }
 }
 
