@@ -23,7 +23,7 @@ FUZZ_SECONDS ?= 60
 # cargo-fuzz needs nightly flags; this lets the stable toolchain accept them.
 FUZZ_ENV := RUSTC_BOOTSTRAP=1
 
-.PHONY: test-matrix deps-matrix test soak scale bench coverage deps-coverage fuzz lint demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust cross qemu-sm deps-qemu-sm msrv
+.PHONY: test-matrix deps-matrix test soak scale bench coverage deps-coverage fuzz lint demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust cross deps-cross qemu-sm deps-qemu-sm msrv
 
 test: deps
 	$(CARGO) fmt --all --check
@@ -202,15 +202,28 @@ CROSS_TARGETS ?= aarch64-unknown-linux-gnu riscv64gc-unknown-linux-gnu \
   loongarch64-unknown-linux-gnu
 
 # `cargo check` writes metadata only and never links, but ring's build
-# script compiles C for the target, so each target's cross gcc must be
-# installed (README, Requirements); build scripts run on the host, hence
-# deps-build. A target whose std rustup cannot add (not shipped for this
-# toolchain, or the dist server refuses it) is reported as skipped with
-# rustup's reason instead of failing the whole run; a check that fails does
-# fail it.
-cross: deps-build
+# script compiles C for the target with the target's gcc (and its libc
+# headers), so deps-cross installs each target's cross gcc and cross libc
+# from its QEMU_<target> entry below; build scripts run on the host, hence
+# deps-build. A target without an entry has no cross gcc packaged for this
+# Debian release (loongarch64 on bookworm) and is skipped, saying so. A
+# target whose std rustup cannot add (not shipped for this toolchain, or the
+# dist server refuses it) is skipped with rustup's reason. A check that
+# fails fails the run.
+cross_toolchains = $(foreach t,$(CROSS_TARGETS),$(if $(QEMU_$(t)),$(word 1,$(QEMU_$(t)))-gcc $(word 3,$(QEMU_$(t))) /usr/$(word 1,$(QEMU_$(t)))/lib/libc.so $(word 4,$(QEMU_$(t)))))
+cross_unpackaged = $(foreach t,$(CROSS_TARGETS),$(if $(QEMU_$(t)),,$(t)))
+
+deps-cross:
+	$(if $(strip $(cross_toolchains)),$(call apt_install,$(cross_toolchains)),@true)
+
+cross: deps-build deps-cross
 	@checked=""; skipped=""; \
 	for t in $(CROSS_TARGETS); do \
+	  case " $(cross_unpackaged) " in *" $$t "*) \
+	    echo "== skipping $$t: no cross gcc for it is packaged here (its C, ring's, cannot be built)" >&2; \
+	    skipped="$$skipped $$t"; \
+	    continue ;; \
+	  esac; \
 	  if command -v rustup >/dev/null 2>&1 && ! err=$$(rustup target add "$$t" 2>&1); then \
 	    reason=$$(printf '%s\n' "$$err" | sed -n '/^error/,/^Stack backtrace/p' \
 	      | grep -v -e '^Stack backtrace' -e '^ *$$' | tr -s ' ' | paste -sd' ' -); \
@@ -231,7 +244,8 @@ QEMU_SM_TARGETS ?= aarch64-unknown-linux-gnu s390x-unknown-linux-gnu
 # Per target: GNU triple of its cross gcc (also the sysroot under /usr),
 # qemu-user binary suffix, then the Debian packages of the cross gcc and of
 # the cross libc, spelled out so every package an install step can install
-# is named literally here.
+# is named literally here. `make cross` installs its targets' toolchains
+# from these entries too.
 QEMU_aarch64-unknown-linux-gnu := aarch64-linux-gnu aarch64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross
 QEMU_s390x-unknown-linux-gnu := s390x-linux-gnu s390x gcc-s390x-linux-gnu libc6-dev-s390x-cross
 QEMU_powerpc64le-unknown-linux-gnu := powerpc64le-linux-gnu ppc64le gcc-powerpc64le-linux-gnu libc6-dev-ppc64el-cross
