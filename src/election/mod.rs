@@ -60,8 +60,9 @@ pub struct ElectionOptions {
     pub ttl: Duration,
     /// How long before etcd can expire the session lease (and elect the
     /// next candidate) this candidate stops believing it leads: room for
-    /// the driver firing the deadline late and for acting on an
-    /// [`Leadership::is_held`] just read. At most half of the TTL less the
+    /// acting on an [`Leadership::is_held`] just read (which compares the
+    /// caller's own clock with the deadline, so a late driver does not
+    /// stretch it) and for [`Leadership::lost`] arriving late. At most half of the TTL less the
     /// drift allowance. Default 250 ms.
     pub safety_margin: Duration,
     /// How much slower than etcd's clock this host's clock may run, in
@@ -187,7 +188,9 @@ pub enum TryCampaign {
 ///   slower than [`ElectionOptions::drift_allowance_ppm`] permits relative
 ///   to etcd's, and while its process is not paused for longer than the
 ///   margin between deadline and action (the fencing token covers the
-///   rest); it does not rely on how late etcd's expiry loop runs.
+///   rest); it does not rely on how late etcd's expiry loop runs, nor on
+///   how soon the driver thread runs: `is_held` reads the calling thread's
+///   clock against the deadline of the last answered renewal.
 /// * Operations are numbered: an answer that arrives late for an operation
 ///   that gave up (a campaign that timed out while its withdraw was still
 ///   going) is never taken for a later operation's answer, and a late win
