@@ -85,26 +85,15 @@ fn threads_of_one_handle_on_one_stream_never_contend() {
     let etcd = common::connect(&server.endpoint());
     let coordinator = EtcdCoordinator::new(&etcd).expect("coordinator");
     let txns = common::etcd_calls(&server.endpoint(), "Txn");
-    let ids: Vec<(u64, String)> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let coordinator = &coordinator;
-                scope.spawn(move || {
-                    (0..EACH)
-                        .map(|i| {
-                            let payload = format!("t{t}-{i}");
-                            let id = coordinator
-                                .append_stream("busy", payload.as_bytes())
-                                .unwrap_or_else(|e| panic!("append {payload}: {e}"));
-                            (id.0, payload)
-                        })
-                        .collect::<Vec<_>>()
-                })
+    let ids: Vec<(u64, String)> = on_threads(THREADS, |t| {
+        (0..EACH)
+            .map(|i| {
+                let payload = format!("t{t}-{i}");
+                let id = coordinator
+                    .append_stream("busy", payload.as_bytes())
+                    .unwrap_or_else(|e| panic!("append {payload}: {e}"));
+                (id.0, payload)
             })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| w.join().expect("worker"))
             .collect()
     });
     let txns = common::etcd_calls(&server.endpoint(), "Txn") - txns;
@@ -139,25 +128,15 @@ fn four_handles_with_four_threads_each_on_one_stream_never_fail() {
     let coordinators: Vec<EtcdCoordinator> = (0..HANDLES)
         .map(|_| EtcdCoordinator::new(&common::connect(&server.endpoint())).expect("coordinator"))
         .collect();
-    let ids: Vec<u64> = std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..HANDLES * THREADS)
-            .map(|w| {
-                let coordinator = &coordinators[w % HANDLES];
-                scope.spawn(move || {
-                    (0..EACH)
-                        .map(|i| {
-                            coordinator
-                                .append_stream("shared", format!("w{w}-{i}").as_bytes())
-                                .unwrap_or_else(|e| panic!("append w{w}-{i}: {e}"))
-                                .0
-                        })
-                        .collect::<Vec<_>>()
-                })
+    let ids: Vec<u64> = on_threads(HANDLES * THREADS, |w| {
+        let coordinator = &coordinators[w % HANDLES];
+        (0..EACH)
+            .map(|i| {
+                coordinator
+                    .append_stream("shared", format!("w{w}-{i}").as_bytes())
+                    .unwrap_or_else(|e| panic!("append w{w}-{i}: {e}"))
+                    .0
             })
-            .collect();
-        workers
-            .into_iter()
-            .flat_map(|w| w.join().expect("worker"))
             .collect()
     });
     let total = (HANDLES * THREADS * EACH) as u64;
@@ -168,6 +147,18 @@ fn four_handles_with_four_threads_each_on_one_stream_never_fail() {
         read_all(&coordinators[0], "shared", total as usize).len() as u64,
         total
     );
+}
+
+/// What `work(i)` returns on each of `n` threads, concatenated.
+fn on_threads<T: Send>(n: usize, work: impl Fn(usize) -> Vec<T> + Sync) -> Vec<T> {
+    std::thread::scope(|scope| {
+        let work = &work;
+        let workers: Vec<_> = (0..n).map(|i| scope.spawn(move || work(i))).collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("worker"))
+            .collect()
+    })
 }
 
 /// The first `n` entries of `stream`, by ID.

@@ -425,30 +425,21 @@ impl Election {
     /// Queues one of the protocol's commands. An `Elected` leaves with the
     /// session's local deadline as its `trusted_until` (the protocol does
     /// not own the lease's clock), and that is what the user was told.
-    fn forward(&mut self, command: Command<ElectionNotice>) {
-        let command = match command {
-            Command::Notify(ElectionNotice::Elected {
-                op,
-                key,
-                token,
-                lease,
-                trusted_until,
-            }) => {
-                let trusted_until = match self.session.local_deadline() {
-                    Some(deadline) if self.session.lease() == Some(lease) => deadline,
-                    _ => trusted_until,
-                };
-                self.announced = Some((token, trusted_until));
-                Command::Notify(ElectionNotice::Elected {
-                    op,
-                    key,
-                    token,
-                    lease,
-                    trusted_until,
-                })
+    fn forward(&mut self, mut command: Command<ElectionNotice>) {
+        if let Command::Notify(ElectionNotice::Elected {
+            token,
+            lease,
+            trusted_until,
+            ..
+        }) = &mut command
+        {
+            if self.session.lease() == Some(*lease) {
+                if let Some(deadline) = self.session.local_deadline() {
+                    *trusted_until = deadline;
+                }
             }
-            other => other,
-        };
+            self.announced = Some((*token, *trusted_until));
+        }
         self.outbox.push(command);
     }
 
