@@ -60,28 +60,14 @@ fn threads(
 
 /// etcd-client `put` ops/s from `t` tasks on one client for `window`.
 fn raw_puts(raw: &Raw, t: usize, window: Duration) -> Res<f64> {
-    let done = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..t)
-        .map(|task| {
-            let mut client = raw.client();
-            let done = done.clone();
-            raw.spawn(async move {
-                let mut i = 0u64;
-                while start.elapsed() < window {
-                    i += 1;
-                    let key = format!("/bench/conc-raw/{task}");
-                    if client.put(key, i.to_string(), None).await.is_ok() {
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            })
-        })
-        .collect();
-    for task in tasks {
-        raw.block_on(task)?;
-    }
-    Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
+    let client = raw.client();
+    raw_tasks(raw.runtime(), t, window, move |task, i| {
+        let mut client = client.clone();
+        async move {
+            let key = format!("/bench/conc-raw/{task}");
+            client.put(key, i.to_string(), None).await.is_ok()
+        }
+    })
 }
 
 /// The raw side of one backend: ops/s of T tasks for a window.

@@ -61,6 +61,11 @@ impl Raw {
         self.client.clone()
     }
 
+    /// The runtime the client runs on, for anchors that spawn many tasks.
+    pub fn runtime(&self) -> &tokio::runtime::Runtime {
+        &self.rt
+    }
+
     pub fn block_on<F: Future>(&self, f: F) -> F::Output {
         self.rt.block_on(f)
     }

@@ -151,6 +151,9 @@ pub struct EtcdCoordinator {
     /// Each stream's append machine and the appends it has yet to answer
     /// (see lane.rs).
     lanes: Arc<Lanes>,
+    /// How long one append's group can take ([`append_wait`]): the same
+    /// for every stream, so computed once, not per append.
+    append_wait: Duration,
 }
 
 /// Streams whose head [`EtcdCoordinator`] remembers; past it the memory is
@@ -203,6 +206,10 @@ impl EtcdCoordinator {
             feeds: Mutex::new(Vec::new()),
             heads: Arc::default(),
             lanes: Arc::default(),
+            append_wait: append_wait(
+                &AppendConfig::new(StreamKeys::new(&root, "-")),
+                etcd.options().request_timeout,
+            ),
             root,
         })
     }
@@ -362,11 +369,12 @@ impl EtcdCoordinator {
 }
 
 /// Keep the newest head this handle saw on `stream`. It runs on the
-/// driver for every `Appended`, in order and before the batch hands its
-/// lane over, so the next batch's machine starts from the head the last
-/// group left: appends of a group share one revision, and a pair of that
-/// revision with an earlier member's `seq` would name a head etcd never
-/// held, which the guard (on the revision alone) would accept.
+/// driver for every `Appended`, in order and before the lane can close, so
+/// the stream's next machine starts from the head the last group left:
+/// appends of a group share one revision, and a pair of that revision with
+/// an earlier member's `seq` would name a head etcd never held (the guard
+/// compares the head's value too, so such a pair would cost a failed
+/// transaction, never an overwrite).
 fn remember_head(heads: &Mutex<HashMap<String, Head>>, stream: &str, head: Head) {
     let mut heads = heads.lock();
     if heads.len() >= REMEMBERED_HEADS && !heads.contains_key(stream) {
@@ -461,10 +469,7 @@ impl Coordinator for EtcdCoordinator {
         self.check_open()?;
         check_name("stream", stream)?;
         check_payload("payload", payload)?;
-        let wait = append_wait(
-            &self.append_config(stream),
-            self.etcd.options().request_timeout,
-        );
+        let wait = self.append_wait;
         // Appends of this handle to one stream are fed to one machine (see
         // lane.rs), so its threads never race each other for the head.
         let joined = self.lanes.join(stream, payload.to_vec());
