@@ -66,6 +66,7 @@ mod liveness;
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
+mod runtime;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod tls;

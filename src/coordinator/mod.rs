@@ -56,6 +56,8 @@
 //! # Ok::<(), fleetcoord::Error>(())
 //! ```
 
+#[cfg(any(feature = "nats", feature = "redis"))]
+pub(crate) mod bridge;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod etcd;

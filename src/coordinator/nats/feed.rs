@@ -1,7 +1,7 @@
 //! What every feed task on the driver holds: the sending end of its feed
 //! and the bridge's shutdown signal, which together say when to stop.
 
-use crate::driver::bridge::{FeedSender, Stopping};
+use crate::coordinator::bridge::{FeedSender, Stopping};
 
 /// A feed task's sender, ending when the consumer drops its feed or the
 /// handle closes.

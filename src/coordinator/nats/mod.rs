@@ -56,9 +56,9 @@ use super::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvWatcher,
     StreamId, StreamPosition, StreamReader, Subscription, MAX_PAYLOAD,
 };
-use crate::driver::bridge::{self, Bridge, BridgeError};
-use crate::driver::StartError;
+use crate::coordinator::bridge::{self, Bridge, BridgeError};
 use crate::error::{Error, EtcdErrorKind, Result};
+use crate::runtime::StartError;
 use crate::validate;
 use conn::{Conn, Settings};
 use feed::Lifeline;

@@ -1,8 +1,8 @@
 //! Pub/sub on core NATS subjects: one subject per topic, live-only.
 
 use super::feed::Lifeline;
+use crate::coordinator::bridge::FeedFull;
 use crate::coordinator::Message;
-use crate::driver::bridge::FeedFull;
 use futures_util::StreamExt;
 
 /// Moves the messages of `sub` to the consumer until the feed is dropped or

@@ -5,8 +5,8 @@ use super::conn::{Conn, StreamSpec};
 use super::feed::Lifeline;
 use super::names;
 use super::ordered::{self, Begin, Ordered, Pulled};
+use crate::coordinator::bridge::FeedFull;
 use crate::coordinator::{StreamEntry, StreamId, StreamPosition};
-use crate::driver::bridge::FeedFull;
 use crate::error::Result;
 
 /// Appends `payload`; the ID is the stored message's stream sequence.

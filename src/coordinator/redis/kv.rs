@@ -24,8 +24,8 @@
 use super::client::{message, publish_command, Conn, Target};
 use super::names;
 use super::task::{Backoff, FeedCtx};
+use crate::coordinator::bridge::FeedFull;
 use crate::coordinator::{pattern, KvEvent};
-use crate::driver::bridge::FeedFull;
 use redis::{PushInfo, PushKind, RedisResult, Script, Value};
 use std::collections::BTreeMap;
 use std::sync::LazyLock;

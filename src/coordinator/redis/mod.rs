@@ -162,13 +162,13 @@ mod task;
 
 pub use options::{RedisOptions, MAX_MIN_REPLICAS};
 
+use crate::coordinator::bridge::{self, Bridge, BridgeError};
 use crate::coordinator::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, KvWatcher, StreamId,
     StreamPosition, StreamReader, Subscription,
 };
-use crate::driver::bridge::{self, Bridge, BridgeError};
-use crate::driver::StartError;
 use crate::error::{Error, EtcdErrorKind, Result};
+use crate::runtime::StartError;
 use client::{with_failover, Conn, Repeat, Target};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};

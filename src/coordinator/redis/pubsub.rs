@@ -16,8 +16,8 @@
 use super::client::{message, Conn, Target};
 use super::names;
 use super::task::{Backoff, FeedCtx};
+use crate::coordinator::bridge::FeedFull;
 use crate::coordinator::Message;
-use crate::driver::bridge::FeedFull;
 use redis::{PushInfo, PushKind, RedisResult};
 use tokio::sync::mpsc::UnboundedReceiver;
 

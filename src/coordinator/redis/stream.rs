@@ -21,8 +21,8 @@
 use super::client::{bytes, with_failover, Conn, Repeat, Target};
 use super::names;
 use super::task::{Backoff, FeedCtx};
+use crate::coordinator::bridge::FeedFull;
 use crate::coordinator::{StreamEntry, StreamId, StreamPosition};
-use crate::driver::bridge::FeedFull;
 use crate::error::EtcdErrorKind;
 use redis::{RedisResult, Script, Value};
 use std::sync::atomic::{AtomicU32, Ordering};

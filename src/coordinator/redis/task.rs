@@ -3,8 +3,8 @@
 //! coordinator closed), and how it waits between reconnects.
 
 use super::client::Target;
+use crate::coordinator::bridge::{feed_channel, Bridge, FeedSender, Stopping};
 use crate::coordinator::Feed;
-use crate::driver::bridge::{feed_channel, Bridge, FeedSender, Stopping};
 use crate::error::{Error, Result};
 use std::future::Future;
 use std::time::Duration;

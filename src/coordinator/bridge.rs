@@ -1,25 +1,19 @@
-//! The runtime thread of an async client that is not etcd-client (the NATS
-//! and Redis backends): one thread running a tokio `current_thread` runtime,
-//! reached from user threads by exactly two typed messages — "run this call
-//! and answer me" ([`Bridge::call`]) and "run this task until shutdown"
-//! ([`Bridge::spawn`]) — plus [`FeedSender`], the async face of the one
-//! backpressure policy of every feed.
+//! The runtime thread of an async bus client (NATS, Redis): a
+//! [`crate::runtime`] thread reached by exactly two typed messages — "run
+//! this call and answer me" ([`Bridge::call`]) and "run this task until
+//! shutdown" ([`Bridge::spawn`]) — plus [`FeedSender`], the async face of
+//! the one backpressure policy of every feed.
 //!
-//! Same shape as the etcd driver ([`super::start`]): connecting happens on
-//! the new runtime before [`start`] returns, so a bad URL is reported to the
-//! caller, not later; sending never blocks and needs no runtime; a call the
-//! caller gave up on is cancelled (its future dropped), as reqwest's
-//! blocking client does with a dropped receiver.
+//! A call the caller gave up on is cancelled (its future dropped), as
+//! reqwest's blocking client does with a dropped receiver.
 
-use super::StartError;
-use crate::coordinator::Feed;
+use super::Feed;
+use crate::runtime::{self, Job, Launch, RuntimeThread};
+pub(crate) use crate::runtime::{StartError, Stopping};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot, watch};
-
-type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
+use tokio::sync::{oneshot, watch};
 
 /// How long tasks get to wind down after [`Bridge::shutdown`] before they
 /// are aborted: enough to unsubscribe or close a server-side consumer, short
@@ -41,37 +35,9 @@ pub(crate) enum BridgeError {
     Gone,
 }
 
-enum Msg {
-    Run(Job),
-    Shutdown,
-}
-
-/// Resolves when the bridge shuts down; every spawned task gets one and
-/// should end promptly (within [`SHUTDOWN_GRACE`]) once it fires.
-#[derive(Clone)]
-pub(crate) struct Stopping(watch::Receiver<bool>);
-
-impl Stopping {
-    /// Waits until the bridge is shutting down.
-    pub(crate) async fn wait(&self) {
-        let mut rx = self.0.clone();
-        // An error means the sender is gone: the runtime is ending anyway.
-        let _ = rx.wait_for(|stopping| *stopping).await;
-    }
-
-    /// Whether the bridge is shutting down.
-    pub(crate) fn is_stopping(&self) -> bool {
-        *self.0.borrow()
-    }
-}
-
-/// The user-side end of a runtime thread. Dropping it shuts the thread down.
-pub(crate) struct Bridge {
-    tx: mpsc::UnboundedSender<Msg>,
-    stopping: Stopping,
-    thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
-    thread_id: std::thread::ThreadId,
-}
+/// The user-side end of a bus client's runtime thread. Dropping it shuts
+/// the thread down.
+pub(crate) struct Bridge(RuntimeThread<Job>);
 
 /// Starts a thread named `name` with its runtime, runs `connect` on it
 /// within `connect_timeout`, and returns the bridge with what `connect`
@@ -87,99 +53,24 @@ where
     Fut: Future<Output = Result<C, String>> + 'static,
     C: Send + 'static,
 {
-    let (tx, mut rx) = mpsc::unbounded_channel::<Msg>();
-    let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<C, StartError>>(1);
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let thread = std::thread::Builder::new()
-        .name(name.to_string())
-        .spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(StartError::Io(e)));
-                    return;
-                }
-            };
-            runtime.block_on(async move {
-                let client = match tokio::time::timeout(connect_timeout, connect()).await {
-                    Ok(Ok(client)) => client,
-                    Ok(Err(reason)) => {
-                        let _ = ready_tx.send(Err(StartError::Connect(reason)));
-                        return;
-                    }
-                    Err(_) => {
-                        let _ = ready_tx.send(Err(StartError::Connect(format!(
-                            "no answer within {connect_timeout:?}"
-                        ))));
-                        return;
-                    }
-                };
-                if ready_tx.send(Ok(client)).is_err() {
-                    return;
-                }
-                let mut tasks = tokio::task::JoinSet::new();
-                while let Some(msg) = rx.recv().await {
-                    match msg {
-                        Msg::Run(job) => {
-                            tasks.spawn(job);
-                        }
-                        Msg::Shutdown => break,
-                    }
-                    // Reap finished tasks so a long-lived handle does not
-                    // accumulate them.
-                    while tasks.try_join_next().is_some() {}
-                }
-                let _ = stop_tx.send(true);
-                let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
-                    while tasks.join_next().await.is_some() {}
-                })
-                .await;
-                if drained.is_err() {
-                    log::warn!(
-                        "fleetcoord: tasks still running {SHUTDOWN_GRACE:?} after close; aborting them"
-                    );
-                    tasks.abort_all();
-                }
-            });
-        })
-        .map_err(StartError::Io)?;
-    let thread_id = thread.thread().id();
-    // The runtime bounds connecting by `connect_timeout`; the slack only
-    // covers a thread too slow to report.
-    let wait = connect_timeout.saturating_add(Duration::from_secs(5));
-    let ready = ready_rx.recv_timeout(wait);
-    let fail = |thread: std::thread::JoinHandle<()>, e: StartError| {
-        let _ = tx.send(Msg::Shutdown);
-        let _ = thread.join();
-        Err(e)
-    };
-    match ready {
-        Ok(Ok(client)) => Ok((
-            Bridge {
-                tx,
-                stopping: Stopping(stop_rx),
-                thread: parking_lot::Mutex::new(Some(thread)),
-                thread_id,
-            },
-            client,
-        )),
-        Ok(Err(e)) => fail(thread, e),
-        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-            // The thread ends on its own once connecting gives up: its
-            // ready sender then finds nobody listening.
-            drop(tx);
-            Err(StartError::Connect(format!(
-                "no answer within {connect_timeout:?}"
-            )))
-        }
-        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => fail(
-            thread,
-            StartError::Connect("the runtime thread ended before connecting".into()),
-        ),
-    }
+    let (thread, client) = runtime::start(
+        name,
+        connect_timeout,
+        SHUTDOWN_GRACE,
+        move |_| async move {
+            match tokio::time::timeout(connect_timeout, connect()).await {
+                Ok(Ok(client)) => Ok(Launch {
+                    state: (),
+                    answer: client,
+                    tasks: Vec::new(),
+                }),
+                Ok(Err(reason)) => Err(reason),
+                Err(_) => Err(format!("no answer within {connect_timeout:?}")),
+            }
+        },
+        |_: &(), job: Job| job,
+    )?;
+    Ok((Bridge(thread), client))
 }
 
 impl Bridge {
@@ -191,7 +82,7 @@ impl Bridge {
         T: Send + 'static,
         Fut: Future<Output = T> + Send + 'static,
     {
-        if std::thread::current().id() == self.thread_id {
+        if self.0.is_current() {
             log::error!("fleetcoord: a blocking call from the runtime thread itself was refused");
             return Err(BridgeError::Gone);
         }
@@ -206,9 +97,7 @@ impl Bridge {
                 _ = cancel_rx => {}
             }
         };
-        self.tx
-            .send(Msg::Run(Box::pin(job)))
-            .map_err(|_| BridgeError::Gone)?;
+        self.0.send(Box::pin(job)).map_err(|_| BridgeError::Gone)?;
         let answer = reply_rx.recv_timeout(timeout);
         drop(cancel_tx);
         match answer {
@@ -226,34 +115,18 @@ impl Bridge {
         F: FnOnce(Stopping) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        if self.stopping.is_stopping() {
+        let stopping = self.0.stopping();
+        if stopping.is_stopping() {
             return Err(BridgeError::Gone);
         }
-        let job = task(self.stopping.clone());
-        self.tx
-            .send(Msg::Run(Box::pin(job)))
-            .map_err(|_| BridgeError::Gone)
+        let job = task(stopping.clone());
+        self.0.send(Box::pin(job)).map_err(|_| BridgeError::Gone)
     }
 
     /// Signals every task to stop, gives them [`SHUTDOWN_GRACE`], aborts
-    /// the rest and joins the thread (unless called from it). Idempotent;
-    /// concurrent callers do not wait on each other's join.
+    /// the rest and joins the thread (unless called from it). Idempotent.
     pub(crate) fn shutdown(&self) {
-        let _ = self.tx.send(Msg::Shutdown);
-        let thread = self.thread.lock().take();
-        if let Some(thread) = thread {
-            // Joining from the runtime thread itself (a handle dropped inside
-            // a task) would deadlock; the thread ends on its own then.
-            if thread.thread().id() != std::thread::current().id() && thread.join().is_err() {
-                log::error!("fleetcoord runtime thread panicked");
-            }
-        }
-    }
-}
-
-impl Drop for Bridge {
-    fn drop(&mut self) {
-        self.shutdown();
+        self.0.shutdown();
     }
 }
 
@@ -372,41 +245,6 @@ mod tests {
     }
 
     #[test]
-    fn a_runtime_thread_that_dies_while_connecting_is_reported() {
-        // The connect future panics: the thread ends without an answer.
-        let err = start("test-bridge", Duration::from_secs(5), || async {
-            if true {
-                panic!("connect blew up (expected by this test)");
-            }
-            Ok::<(), String>(())
-        })
-        .err()
-        .unwrap();
-        assert!(
-            matches!(err, StartError::Connect(ref m) if m.contains("ended before connecting")),
-            "{err:?}"
-        );
-    }
-
-    #[test]
-    fn a_connect_that_blocks_its_thread_past_the_slack_times_out() {
-        // A connect that blocks the thread itself escapes the runtime's
-        // timeout; `start` still returns after its slack.
-        let t = std::time::Instant::now();
-        let err = start("test-bridge", Duration::from_millis(1), || async {
-            std::thread::sleep(Duration::from_millis(5_500));
-            Ok::<(), String>(())
-        })
-        .err()
-        .unwrap();
-        assert!(
-            matches!(err, StartError::Connect(ref m) if m.contains("no answer within 1ms")),
-            "{err:?}"
-        );
-        assert!(t.elapsed() >= Duration::from_secs(5), "{:?}", t.elapsed());
-    }
-
-    #[test]
     fn the_runtime_thread_cannot_block_on_itself() {
         let bridge = std::sync::Arc::new(started());
         let (out_tx, out_rx) = crossbeam_channel::bounded(1);
@@ -462,29 +300,6 @@ mod tests {
             .unwrap();
         let _ = owner_tx.send(bridge);
         assert!(stopped_rx.recv_timeout(Duration::from_secs(5)).is_ok());
-    }
-
-    #[test]
-    fn tasks_that_ignore_stopping_are_aborted_after_the_grace() {
-        let bridge = started();
-        let (dropped_tx, dropped_rx) = crossbeam_channel::bounded::<()>(1);
-        struct OnDrop(Sender<()>);
-        impl Drop for OnDrop {
-            fn drop(&mut self) {
-                let _ = self.0.send(());
-            }
-        }
-        let guard = OnDrop(dropped_tx);
-        bridge
-            .spawn(move |_| async move {
-                let _guard = guard;
-                std::future::pending::<()>().await
-            })
-            .unwrap();
-        let t = std::time::Instant::now();
-        bridge.shutdown();
-        assert!(t.elapsed() >= SHUTDOWN_GRACE, "{:?}", t.elapsed());
-        assert!(dropped_rx.try_recv().is_ok(), "the task was aborted");
     }
 
     #[test]

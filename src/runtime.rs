@@ -1,0 +1,426 @@
+//! The one runtime thread: a named OS thread running a tokio
+//! `current_thread` runtime, reached from user threads by a command
+//! channel. The etcd driver (its machines, renewer and health monitor
+//! included) and every async bus client (NATS, Redis) run on one of these;
+//! nothing else in the crate starts a runtime.
+//!
+//! What it guarantees, for every user of it:
+//!
+//! * **Connecting is part of starting.** [`start`] runs the caller's
+//!   `connect` future on the new runtime and returns only once it has
+//!   answered, so a bad endpoint is reported to the caller of `connect()`,
+//!   not later. If the thread does not answer within `connect_timeout`
+//!   plus [`REPORT_SLACK`] (a `connect` that blocks its thread), `start`
+//!   gives up; the thread ends on its own once `connect` returns.
+//! * **Sending never blocks and needs no runtime**: [`RuntimeThread::send`]
+//!   is an unbounded tokio channel send, callable from any thread.
+//! * **Every command becomes one task**, made by the caller's `dispatch`
+//!   from the command and the state `connect` produced; finished tasks are
+//!   reaped as commands arrive, so a long-lived handle does not accumulate
+//!   them.
+//! * **Shutdown is bounded.** [`RuntimeThread::shutdown`] raises
+//!   [`Stopping`], gives the tasks `grace` to wind down (revoke a lease,
+//!   resign, unsubscribe), aborts the rest and joins the thread — unless
+//!   it is called from the runtime thread itself, where joining would
+//!   deadlock; the thread then ends on its own. Idempotent.
+//!
+//! Nothing here knows etcd, NATS, Redis or the facade: commands, state and
+//! errors are the caller's.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+/// A task for the runtime.
+pub(crate) type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// How long past its own `connect_timeout` [`start`] waits for a thread to
+/// report: `connect` bounds itself, so this only covers a thread too slow
+/// (or too blocked) to say so.
+pub(crate) const REPORT_SLACK: Duration = Duration::from_secs(5);
+
+/// Why a runtime thread could not be started.
+#[derive(Debug)]
+pub(crate) enum StartError {
+    /// The thread or its runtime could not be created.
+    Io(std::io::Error),
+    /// The server did not answer; one line for an operator.
+    Connect(String),
+}
+
+/// The runtime thread has stopped; nothing more can be done through it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Gone;
+
+/// Resolves when the runtime thread shuts down; every task can select on
+/// it and should end within the thread's grace once it fires.
+#[derive(Clone)]
+pub(crate) struct Stopping(watch::Receiver<bool>);
+
+impl Stopping {
+    /// Waits until the thread is shutting down.
+    pub(crate) async fn wait(&self) {
+        let mut rx = self.0.clone();
+        // An error means the sender is gone: the runtime is ending anyway.
+        let _ = rx.wait_for(|stopping| *stopping).await;
+    }
+
+    /// Whether the thread is shutting down.
+    pub(crate) fn is_stopping(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// The underlying flag, for loops that `changed()` on it among other
+    /// branches of a `select!`.
+    pub(crate) fn receiver(&self) -> watch::Receiver<bool> {
+        self.0.clone()
+    }
+}
+
+/// What `connect` hands back once connected: the `state` every dispatched
+/// task is made from, the `answer` [`start`] returns to its caller, and
+/// tasks to run from the start (until shutdown, like any other).
+pub(crate) struct Launch<S, C> {
+    pub state: S,
+    pub answer: C,
+    pub tasks: Vec<Job>,
+}
+
+enum Cmd<M> {
+    Do(M),
+    Shutdown,
+}
+
+/// The user-side end of a runtime thread. Dropping it shuts the thread
+/// down.
+pub(crate) struct RuntimeThread<M> {
+    tx: mpsc::UnboundedSender<Cmd<M>>,
+    stopping: Stopping,
+    thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+    thread_id: std::thread::ThreadId,
+    name: String,
+}
+
+/// Starts a thread named `name` with its runtime and runs `connect` on it.
+/// On success every later [`RuntimeThread::send`] becomes the task
+/// `dispatch(&state, command)`; after shutdown tasks get `grace` before
+/// they are aborted. `connect` gets the thread's [`Stopping`] (to hand to
+/// long-lived tasks) and must bound itself by `connect_timeout`; its error
+/// is one line for an operator and becomes [`StartError::Connect`].
+pub(crate) fn start<M, S, C, F, Fut, D>(
+    name: &str,
+    connect_timeout: Duration,
+    grace: Duration,
+    connect: F,
+    mut dispatch: D,
+) -> Result<(RuntimeThread<M>, C), StartError>
+where
+    M: Send + 'static,
+    S: 'static,
+    C: Send + 'static,
+    F: FnOnce(Stopping) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Launch<S, C>, String>> + 'static,
+    D: FnMut(&S, M) -> Job + Send + 'static,
+{
+    let (tx, mut rx) = mpsc::unbounded_channel::<Cmd<M>>();
+    let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<C, StartError>>(1);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopping = Stopping(stop_rx);
+    let for_connect = stopping.clone();
+    let thread_name = name.to_string();
+    let thread = std::thread::Builder::new()
+        .name(thread_name.clone())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(StartError::Io(e)));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let launch = match connect(for_connect).await {
+                    Ok(launch) => launch,
+                    Err(reason) => {
+                        let _ = ready_tx.send(Err(StartError::Connect(reason)));
+                        return;
+                    }
+                };
+                let Launch {
+                    state,
+                    answer,
+                    tasks: first,
+                } = launch;
+                if ready_tx.send(Ok(answer)).is_err() {
+                    // `start` gave up waiting: nobody will send commands.
+                    return;
+                }
+                let mut tasks = tokio::task::JoinSet::new();
+                for job in first {
+                    tasks.spawn(job);
+                }
+                while let Some(cmd) = rx.recv().await {
+                    match cmd {
+                        Cmd::Do(command) => {
+                            tasks.spawn(dispatch(&state, command));
+                        }
+                        Cmd::Shutdown => break,
+                    }
+                    while tasks.try_join_next().is_some() {}
+                }
+                let _ = stop_tx.send(true);
+                let drained = tokio::time::timeout(grace, async {
+                    while tasks.join_next().await.is_some() {}
+                })
+                .await;
+                if drained.is_err() {
+                    log::warn!(
+                        "fleetcoord {thread_name}: tasks still running {grace:?} after close; aborting them"
+                    );
+                    tasks.abort_all();
+                }
+            });
+        })
+        .map_err(StartError::Io)?;
+    let thread_id = thread.thread().id();
+    let wait = connect_timeout.saturating_add(REPORT_SLACK);
+    match ready_rx.recv_timeout(wait) {
+        Ok(Ok(answer)) => Ok((
+            RuntimeThread {
+                tx,
+                stopping,
+                thread: parking_lot::Mutex::new(Some(thread)),
+                thread_id,
+                name: name.to_string(),
+            },
+            answer,
+        )),
+        Ok(Err(e)) => {
+            let _ = thread.join();
+            Err(e)
+        }
+        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+            // The thread ends on its own once `connect` returns: its ready
+            // sender then finds nobody listening, and `tx` is dropped here.
+            Err(StartError::Connect(format!(
+                "no answer within {connect_timeout:?}"
+            )))
+        }
+        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+            let _ = thread.join();
+            Err(StartError::Connect(format!(
+                "the {name} thread ended before connecting"
+            )))
+        }
+    }
+}
+
+impl<M> RuntimeThread<M> {
+    /// Hands `command` to the runtime; [`Gone`] once it has shut down.
+    pub(crate) fn send(&self, command: M) -> Result<(), Gone> {
+        self.tx.send(Cmd::Do(command)).map_err(|_| Gone)
+    }
+
+    /// The thread's shutdown signal.
+    pub(crate) fn stopping(&self) -> &Stopping {
+        &self.stopping
+    }
+
+    /// Whether the caller is the runtime thread itself, where blocking on
+    /// an answer from the runtime would deadlock.
+    pub(crate) fn is_current(&self) -> bool {
+        std::thread::current().id() == self.thread_id
+    }
+
+    /// Raises [`Stopping`], gives tasks their grace, aborts the rest and
+    /// joins the thread (unless called from it). Idempotent; concurrent
+    /// callers do not wait on each other's join.
+    pub(crate) fn shutdown(&self) {
+        let _ = self.tx.send(Cmd::Shutdown);
+        let thread = self.thread.lock().take();
+        if let Some(thread) = thread {
+            if !self.is_current() && thread.join().is_err() {
+                log::error!("fleetcoord {} thread panicked", self.name);
+            }
+        }
+    }
+}
+
+impl<M> Drop for RuntimeThread<M> {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Reply = crossbeam_channel::Sender<u32>;
+
+    fn started(grace: Duration) -> RuntimeThread<(u32, Reply)> {
+        let (thread, answer) = start(
+            "test-runtime",
+            Duration::from_secs(5),
+            grace,
+            |_| async {
+                Ok(Launch {
+                    state: 100u32,
+                    answer: 42u32,
+                    tasks: Vec::new(),
+                })
+            },
+            |base: &u32, (n, reply): (u32, Reply)| {
+                let sum = base + n;
+                Box::pin(async move {
+                    let _ = reply.send(sum);
+                })
+            },
+        )
+        .unwrap();
+        assert_eq!(answer, 42);
+        thread
+    }
+
+    #[test]
+    fn commands_become_tasks_made_from_the_state() {
+        let thread = started(Duration::from_secs(1));
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        thread.send((5, tx)).unwrap();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(5)), Ok(105));
+        thread.shutdown();
+        thread.shutdown();
+        let (tx, _rx) = crossbeam_channel::bounded(1);
+        assert_eq!(thread.send((1, tx)), Err(Gone));
+    }
+
+    #[test]
+    fn first_tasks_run_until_stopping_and_shutdown_waits_for_them() {
+        let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);
+        let (thread, ()) = start(
+            "test-runtime",
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+            move |stopping: Stopping| async move {
+                let task: Job = Box::pin(async move {
+                    stopping.wait().await;
+                    let _ = done_tx.send(());
+                });
+                Ok(Launch {
+                    state: (),
+                    answer: (),
+                    tasks: vec![task],
+                })
+            },
+            |_: &(), (): ()| -> Job { Box::pin(async {}) },
+        )
+        .unwrap();
+        assert!(done_rx.try_recv().is_err(), "runs until stopping");
+        let t = std::time::Instant::now();
+        thread.shutdown();
+        assert!(done_rx.try_recv().is_ok(), "it saw stopping and ended");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_failed_or_panicking_connect_is_reported_by_start() {
+        let err = start(
+            "test-runtime",
+            Duration::from_secs(5),
+            Duration::from_secs(1),
+            |_| async { Err::<Launch<(), ()>, _>("refused at 127.0.0.1:1".to_string()) },
+            |_: &(), (): ()| -> Job { Box::pin(async {}) },
+        )
+        .err()
+        .unwrap();
+        assert!(matches!(err, StartError::Connect(ref m) if m.contains("127.0.0.1:1")));
+        let err = start(
+            "test-runtime",
+            Duration::from_secs(5),
+            Duration::from_secs(1),
+            |_| async {
+                if true {
+                    panic!("connect blew up (expected by this test)");
+                }
+                Ok(Launch {
+                    state: (),
+                    answer: (),
+                    tasks: Vec::new(),
+                })
+            },
+            |_: &(), (): ()| -> Job { Box::pin(async {}) },
+        )
+        .err()
+        .unwrap();
+        assert!(
+            matches!(err, StartError::Connect(ref m) if m.contains("test-runtime thread ended before connecting")),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_connect_that_blocks_its_thread_past_the_slack_times_out() {
+        let t = std::time::Instant::now();
+        let err = start(
+            "test-runtime",
+            Duration::from_millis(1),
+            Duration::from_secs(1),
+            |_| async {
+                std::thread::sleep(REPORT_SLACK + Duration::from_millis(500));
+                Ok(Launch {
+                    state: (),
+                    answer: (),
+                    tasks: Vec::new(),
+                })
+            },
+            |_: &(), (): ()| -> Job { Box::pin(async {}) },
+        )
+        .err()
+        .unwrap();
+        assert!(
+            matches!(err, StartError::Connect(ref m) if m.contains("no answer within 1ms")),
+            "{err:?}"
+        );
+        assert!(t.elapsed() >= REPORT_SLACK, "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn tasks_that_ignore_stopping_are_aborted_after_the_grace() {
+        let grace = Duration::from_millis(300);
+        struct OnDrop(crossbeam_channel::Sender<()>);
+        impl Drop for OnDrop {
+            fn drop(&mut self) {
+                let _ = self.0.send(());
+            }
+        }
+        let (dropped_tx, dropped_rx) = crossbeam_channel::bounded::<()>(1);
+        let (thread, ()) = start(
+            "test-runtime",
+            Duration::from_secs(5),
+            grace,
+            |_| async {
+                Ok(Launch {
+                    state: (),
+                    answer: (),
+                    tasks: Vec::new(),
+                })
+            },
+            |_: &(), guard: OnDrop| -> Job {
+                Box::pin(async move {
+                    let _guard = guard;
+                    std::future::pending::<()>().await
+                })
+            },
+        )
+        .unwrap();
+        thread.send(OnDrop(dropped_tx)).unwrap();
+        let t = std::time::Instant::now();
+        thread.shutdown();
+        assert!(t.elapsed() >= grace, "{:?}", t.elapsed());
+        assert!(dropped_rx.try_recv().is_ok(), "the task was aborted");
+    }
+}
