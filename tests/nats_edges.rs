@@ -318,7 +318,7 @@ fn foreign_writes_to_a_bucket() {
     ));
     synced(&watch);
     jetstream(&server, async |js| {
-        // A subject that is no key fleetcoord writes ("." is encoded).
+        // A plain publish to a key's subject, as a NATS client writes one.
         js.publish("$KV.fleet.x.y", "foreign".into())
             .await
             .unwrap()
@@ -336,10 +336,18 @@ fn foreign_writes_to_a_bucket() {
     });
     assert_eq!(
         watch.recv_timeout(WAIT).unwrap(),
+        KvEvent::Put {
+            key: "x.y".into(),
+            value: b"foreign".to_vec()
+        }
+    );
+    assert_eq!(
+        watch.recv_timeout(WAIT).unwrap(),
         KvEvent::Deleted { key: "a".into() }
     );
     assert!(watch.recv_timeout(Duration::from_millis(300)).is_err());
     assert!(matches!(coord.kv_get("fleet", "a"), Err(Error::NotFound)));
+    assert_eq!(coord.kv_get("fleet", "x.y").unwrap(), b"foreign");
 }
 
 #[test]

@@ -77,7 +77,7 @@ pub use feed::Feed;
 pub use from_env::{connect, from_env, from_env_vars, from_env_vars_with_etcd, from_env_with_etcd};
 pub use memory::MemoryCoordinator;
 #[cfg(feature = "nats")]
-pub use nats::{NatsCoordinator, NatsCredentials, NatsOptions};
+pub use nats::{NatsCoordinator, NatsCredentials, NatsKeyEncoding, NatsOptions};
 pub use noop::NoopCoordinator;
 #[cfg(feature = "redis")]
 pub use redis::{RedisCoordinator, RedisOptions};

@@ -45,6 +45,8 @@ pub(super) struct Settings {
     pub stream_max_len: Option<u64>,
     pub stream_max_age: Option<Duration>,
     pub request_timeout: Duration,
+    /// How KV keys are stored.
+    pub key_encoding: super::NatsKeyEncoding,
 }
 
 /// Cloned into every future run on the driver.
@@ -712,6 +714,7 @@ mod tests {
             stream_max_len: None,
             stream_max_age: None,
             request_timeout: Duration::from_secs(1),
+            key_encoding: super::super::NatsKeyEncoding::default(),
         };
         assert_eq!(
             StreamSpec::for_stream(&settings, "jobs").shown,

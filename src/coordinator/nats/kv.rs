@@ -27,7 +27,7 @@ pub(super) async fn set(conn: Conn, bucket: String, key: String, value: Vec<u8>)
     conn.publish_once(
         &what,
         Some(&spec),
-        names::key_subject(&bucket_name, &key),
+        names::key_subject(&bucket_name, conn.settings.key_encoding, &key),
         None,
         value.into(),
         &|why| failed(&what, format!("{why}; it may have been stored")),
@@ -42,7 +42,10 @@ pub(super) async fn get(conn: Conn, bucket: String, key: String) -> Result<Vec<u
     let Some(store) = conn.store(&bucket_name).await? else {
         return Err(Error::NotFound);
     };
-    match store.entry(names::token(&key)).await {
+    match store
+        .entry(names::kv_key(conn.settings.key_encoding, &key))
+        .await
+    {
         Ok(Some(entry)) if entry.operation == Operation::Put => Ok(entry.value.to_vec()),
         Ok(_) => Err(Error::NotFound),
         Err(e) => Err(failed(format!("reading {key:?} in bucket {bucket:?}"), e)),
@@ -61,7 +64,7 @@ pub(super) async fn delete(conn: Conn, bucket: String, key: String) -> Result<()
     conn.publish_once(
         &what,
         Some(&spec),
-        names::key_subject(&bucket_name, &key),
+        names::key_subject(&bucket_name, conn.settings.key_encoding, &key),
         Some((KV_OPERATION, KV_DELETE)),
         bytes::Bytes::new(),
         &|why| failed(&what, format!("{why}; it may have been stored")),
@@ -233,6 +236,8 @@ pub(super) async fn feed(conn: Conn, opened: Opened, pattern: String, life: Life
         watch.synced();
     }
     let what = format!("watch of {stream}");
+    let encoding = conn.settings.key_encoding;
+    let mut undecodable = names::Undecodable::default();
     loop {
         match watch.flush(tx) {
             Flush::Done => {}
@@ -289,12 +294,9 @@ pub(super) async fn feed(conn: Conn, opened: Opened, pattern: String, life: Life
             .as_ref()
             .and_then(|h| h.get(KV_OPERATION))
             .is_some_and(|op| op.as_str() == KV_DELETE || op.as_str() == KV_PURGE);
-        let key = names::subject_key(&watch.bucket_name, message.subject.as_str());
+        let key = names::subject_key(&watch.bucket_name, encoding, message.subject.as_str());
         if key.is_none() {
-            log::debug!(
-                "fleetcoord nats: skipping {} in {stream}: not a key fleetcoord wrote",
-                message.subject
-            );
+            undecodable.skip(&stream, message.subject.as_str(), encoding);
         }
         let value = (!deleted).then(|| message.payload.to_vec());
         watch.apply(seq, key, value, pending);

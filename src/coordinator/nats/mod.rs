@@ -7,9 +7,37 @@
 //! * **KV** on JetStream KV buckets (stream `KV_<bucket>`, history 1), so
 //!   `nats kv` tools see the same keys.
 //!
-//! Names and keys are encoded into NATS' alphabets reversibly (letters,
-//! digits and `-` as they are, every other byte as `_XX`), so every name
-//! fleetcoord accepts works and two names never share a subject.
+//! Topic, stream and bucket names are encoded into NATS' alphabets
+//! reversibly (letters, digits and `-` as they are, every other byte as
+//! `_XX`), so every name fleetcoord accepts works and two names never
+//! share a subject.
+//!
+//! **KV keys** are the keys other NATS clients use (the default,
+//! [`NatsKeyEncoding::Nats`]): a key made only of NATS' key alphabet
+//! `[-/_=.A-Za-z0-9]`, neither starting nor ending with `.`, without `..`
+//! and not starting with `=` is stored as it is, so `kv_set("svc", "web.a_1",
+//! ..)` is `nats kv get svc web.a_1`, and every such key another client
+//! writes is seen by `kv_get` and `kv_watch`. Every other key is stored as
+//! `=` followed by its `_XX` encoding (`"a b"` as `=a_20b`, `"=x"` as
+//! `=_3Dx`), which no plain key can equal. An entry starting with `=` that
+//! does not decode (`=abc`, written by another client) is skipped by a
+//! watch, with a warning logged once per key. Keys another client wrote
+//! that fleetcoord does not accept as arguments (with `/`, or longer than
+//! 255 bytes) are reported by a watch as they are, though `kv_get` refuses
+//! them.
+//!
+//! **Buckets written before this encoding** (fleetcoord stored every key
+//! `_XX`-encoded, `web.a` as `web_2Ea`): keys of only ASCII letters,
+//! digits and `-` are stored alike by both encodings; the others read as
+//! their stored text (`web_2Ea`) under the default. A deployment with such
+//! buckets either stays on [`NatsKeyEncoding::Legacy`], set on every one of
+//! its handles with [`NatsOptions::with_key_encoding`], or moves each
+//! bucket to a new one: read the old bucket's snapshot with a legacy handle
+//! (`kv_watch(old, "*")` up to `Synced`), `kv_set` every key into the new
+//! bucket with a default handle, and switch the deployment to the new
+//! bucket. Copying in place is not offered: a legacy bucket may hold both
+//! `a_b` (stored `a_5Fb`) and `a_5Fb` (stored `a_5F5Fb`), and the default
+//! stores `a_5Fb` where the legacy `a_b` lives.
 //!
 //! It runs like the etcd backend: one driver thread per handle with a tokio
 //! runtime and the official `async-nats` client; callers block, feeds are
@@ -113,6 +141,24 @@ impl fmt::Debug for NatsCredentials {
     }
 }
 
+/// How a [`NatsCoordinator`] stores KV keys (see the [module
+/// docs](self)).
+///
+/// `#[non_exhaustive]`: another encoding may follow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NatsKeyEncoding {
+    /// Keys NATS accepts as they are, `=` and an escape for the others:
+    /// the keys `nats kv` and other clients see. The default.
+    #[default]
+    Nats,
+    /// Every key with every byte outside `[A-Za-z0-9-]` as `_XX`, as
+    /// fleetcoord stored keys before [`NatsKeyEncoding::Nats`]: for
+    /// deployments whose buckets hold such keys. Entries other clients
+    /// wrote with `.` or `_` in their keys are skipped (and logged).
+    Legacy,
+}
+
 /// Settings of a [`NatsCoordinator`].
 ///
 /// Start from [`NatsOptions::default`] and change what you need with the
@@ -165,6 +211,9 @@ pub struct NatsOptions {
     /// Capacity of every feed's channel, allocated up front: 2 to
     /// 1,048,576. Default 4,096.
     pub feed_capacity: usize,
+    /// How KV keys are stored. Default [`NatsKeyEncoding::Nats`]; every
+    /// handle on a bucket must use the same.
+    pub key_encoding: NatsKeyEncoding,
 }
 
 impl Default for NatsOptions {
@@ -179,6 +228,7 @@ impl Default for NatsOptions {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(20),
             feed_capacity: 4096,
+            key_encoding: NatsKeyEncoding::Nats,
         }
     }
 }
@@ -260,6 +310,13 @@ impl NatsOptions {
     #[must_use]
     pub const fn with_feed_capacity(mut self, capacity: usize) -> Self {
         self.feed_capacity = capacity;
+        self
+    }
+
+    /// These options with [`NatsOptions::key_encoding`] set.
+    #[must_use]
+    pub const fn with_key_encoding(mut self, encoding: NatsKeyEncoding) -> Self {
+        self.key_encoding = encoding;
         self
     }
 
@@ -373,6 +430,7 @@ impl NatsCoordinator {
             stream_max_len: options.stream_max_len,
             stream_max_age: options.stream_max_age,
             request_timeout: options.request_timeout,
+            key_encoding: options.key_encoding,
         };
         let connect_timeout = options.connect_timeout;
         let request_timeout = options.request_timeout;
