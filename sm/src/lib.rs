@@ -99,6 +99,7 @@ pub mod backoff;
 pub mod clock;
 pub mod election;
 pub mod keepalive;
+pub mod mirror;
 pub mod observe;
 pub mod outbox;
 pub mod rpc;

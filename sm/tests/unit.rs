@@ -11,6 +11,8 @@ mod clock;
 mod election;
 #[path = "unit/keepalive.rs"]
 mod keepalive;
+#[path = "unit/mirror.rs"]
+mod mirror;
 #[path = "unit/observe.rs"]
 mod observe;
 #[path = "unit/outbox.rs"]

@@ -148,6 +148,7 @@ pub(crate) enum FeedFull<T> {
 /// delivered, a KV watch with a diff against what the consumer was told.
 pub(crate) struct FeedSender<T> {
     tx: Sender<T>,
+    capacity: usize,
     low_water: usize,
     gone: watch::Receiver<bool>,
 }
@@ -165,6 +166,7 @@ pub(crate) fn feed_channel<T: Send + 'static>(capacity: usize) -> (FeedSender<T>
     (
         FeedSender {
             tx,
+            capacity,
             low_water: capacity / 2,
             gone: gone_rx,
         },
@@ -173,6 +175,11 @@ pub(crate) fn feed_channel<T: Send + 'static>(capacity: usize) -> (FeedSender<T>
 }
 
 impl<T> FeedSender<T> {
+    /// How many items the consumer's queue holds.
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
     /// Queues `item` for the consumer without waiting.
     /// `Gone` as soon as the feed's drop began: its hook runs before its
     /// receiver is dropped, and an item sent in between would be lost

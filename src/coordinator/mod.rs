@@ -63,6 +63,8 @@ pub mod conformance;
 mod etcd;
 mod feed;
 mod from_env;
+#[cfg(any(feature = "nats", feature = "redis"))]
+mod kv_mirror;
 mod lane;
 mod memory;
 #[cfg(feature = "nats")]

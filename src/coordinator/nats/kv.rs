@@ -8,10 +8,11 @@ use super::feed::Lifeline;
 use super::names;
 use super::ordered::{self, Begin, Ordered, Pulled};
 use crate::coordinator::bridge::{FeedFull, FeedSender};
+use crate::coordinator::kv_mirror::{hand_over, Handed, KvMirror, Offer};
 use crate::coordinator::{pattern, KvEvent};
 use crate::error::{Error, Result};
 use async_nats::jetstream::kv::Operation;
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use fleetcoord_sm::mirror::Order;
 
 /// The header JetStream KV marks deletes with, and its values.
 const KV_OPERATION: &str = "KV-Operation";
@@ -103,108 +104,82 @@ pub(super) async fn open_watch(conn: Conn, bucket: String) -> Result<Opened> {
     })
 }
 
-/// What a watch has seen and told.
+/// What a watch has seen and told: the mirror (its decisions), and the
+/// pattern it matches keys with.
 struct Watch {
     pattern: String,
-    bucket_name: String,
-    /// The next stream sequence wanted; lower ones were applied already.
-    next: u64,
-    /// The snapshot so far (a key's newest value, `None` for a delete
-    /// marker) until it is complete; `None` once `Synced` was queued.
-    snapshot: Option<BTreeMap<String, Option<Vec<u8>>>>,
-    /// Keys the consumer was told hold a value: a delete of any other key
-    /// (never set, or set before the watch and deleted) reports nothing.
-    told: HashSet<String>,
-    /// Events not yet handed to the consumer.
-    outbox: VecDeque<KvEvent>,
+    mirror: KvMirror,
+    /// The lowest stream sequence still wanted: lower ones are repeats of
+    /// what a reopened consumer already delivered. `None` while a fresh
+    /// snapshot starts (it brings older sequences by design).
+    next: Option<u64>,
 }
 
 impl Watch {
-    /// Applies one bucket message; `pending` is how many more the consumer
-    /// has for us right now.
+    fn new(pattern: String, capacity: usize) -> Self {
+        Watch {
+            pattern,
+            // A stream sequence filtered to one bucket has holes that mean
+            // nothing; what is missed is said with `missed`.
+            mirror: KvMirror::new(Order::Increasing, capacity),
+            next: None,
+        }
+    }
+
+    /// Applies one bucket message (`key` is `None` for a subject that does
+    /// not decode); `pending` is how many more the consumer has for us
+    /// right now.
     fn apply(&mut self, seq: u64, key: Option<String>, value: Option<Vec<u8>>, pending: u64) {
-        if seq < self.next {
+        if self.next.is_some_and(|next| seq < next) {
             return;
         }
-        self.next = seq.saturating_add(1);
-        if let Some(key) = key {
-            match self.snapshot.as_mut() {
-                Some(snapshot) => {
-                    snapshot.insert(key, value);
-                }
-                None => self.change(key, value),
+        self.next = Some(seq.saturating_add(1));
+        let matching = key.filter(|k| pattern::matches(&self.pattern, k));
+        if self.mirror.needs_snapshot() {
+            match matching {
+                Some(key) => self.mirror.snapshot_entry(seq, key, value),
+                None => self.mirror.snapshot_seen(seq),
             }
-        }
-        if pending == 0 {
-            self.synced();
+            if pending == 0 {
+                self.mirror.snapshot_end(seq);
+            }
+        } else if let Some(key) = matching {
+            let _ = self.mirror.change(seq, key, value, true);
         }
     }
 
-    /// Ends the snapshot (once): its values that match, then `Synced`.
-    fn synced(&mut self) {
-        let Some(snapshot) = self.snapshot.take() else {
-            return;
-        };
-        for (key, value) in snapshot {
-            if let Some(value) = value {
-                if pattern::matches(&self.pattern, &key) {
-                    self.told.insert(key.clone());
-                    self.outbox.push_back(KvEvent::Put { key, value });
-                }
-            }
-        }
-        self.outbox.push_back(KvEvent::Synced);
-    }
-
-    fn change(&mut self, key: String, value: Option<Vec<u8>>) {
-        if !pattern::matches(&self.pattern, &key) {
-            return;
-        }
-        match value {
-            Some(value) => {
-                self.told.insert(key.clone());
-                self.outbox.push_back(KvEvent::Put { key, value });
-            }
-            None => {
-                if self.told.remove(&key) {
-                    self.outbox.push_back(KvEvent::Deleted { key });
-                }
-            }
+    /// A consumer was (re)opened and has `pending` messages for us: with
+    /// none, a snapshot in progress is complete.
+    fn opened(&mut self, pending: u64) {
+        if pending == 0 && self.mirror.needs_snapshot() {
+            self.mirror.snapshot_end(0);
         }
     }
 
     /// Where a consumer recreated now must start.
-    fn resume_at(&self) -> Begin {
-        if self.next == 0 {
-            // Nothing seen yet: the snapshot starts over.
-            Begin::LastPerSubject
-        } else {
-            // The snapshot arrives in sequence order, so every key whose
-            // newest entry lies below `next` was seen already.
-            Begin::Sequence(self.next)
+    fn resume_at(&mut self) -> Begin {
+        match self.mirror.resume_at() {
+            // A stale mirror (the consumer fell too far behind) takes a
+            // fresh snapshot: every key's newest entry, older ones included.
+            Some(_) if self.mirror.needs_snapshot() && !self.mirror.is_building() => {
+                self.next = None;
+                Begin::LastPerSubject
+            }
+            // The stream arrives in sequence order, so every key whose
+            // newest entry lies below this was seen already.
+            Some(next) => Begin::Sequence(next),
+            None => Begin::LastPerSubject,
         }
     }
 
     /// Hands queued events over without waiting.
-    fn flush(&mut self, tx: &FeedSender<KvEvent>) -> Flush {
-        while let Some(event) = self.outbox.pop_front() {
-            match tx.try_send(event) {
-                Ok(()) => {}
-                Err(FeedFull::Gone) => return Flush::Gone,
-                Err(FeedFull::Full(event)) => {
-                    self.outbox.push_front(event);
-                    return Flush::Full;
-                }
-            }
-        }
-        Flush::Done
+    fn flush(&mut self, tx: &FeedSender<KvEvent>) -> Handed {
+        hand_over(&mut self.mirror, |event| match tx.try_send(event) {
+            Ok(()) => Offer::Taken,
+            Err(FeedFull::Full(event)) => Offer::Full(event),
+            Err(FeedFull::Gone) => Offer::Gone,
+        })
     }
-}
-
-enum Flush {
-    Done,
-    Full,
-    Gone,
 }
 
 /// Delivers the snapshot, `Synced`, then every change in bucket order.
@@ -223,26 +198,17 @@ pub(super) async fn feed(conn: Conn, opened: Opened, pattern: String, life: Life
         messages,
         pending,
     } = opened;
-    let mut watch = Watch {
-        pattern,
-        bucket_name,
-        next: 0,
-        snapshot: Some(BTreeMap::new()),
-        told: HashSet::new(),
-        outbox: VecDeque::new(),
-    };
+    let mut watch = Watch::new(pattern, tx.capacity());
     let mut messages = Some(messages);
-    if pending == 0 {
-        watch.synced();
-    }
+    watch.opened(pending);
     let what = format!("watch of {stream}");
     let encoding = conn.settings.key_encoding;
     let mut undecodable = names::Undecodable::default();
     loop {
         match watch.flush(tx) {
-            Flush::Done => {}
-            Flush::Gone => return,
-            Flush::Full => {
+            Handed::All => {}
+            Handed::Gone => return,
+            Handed::Full => {
                 // Pause: stop pulling until the consumer made room.
                 messages = None;
                 loop {
@@ -250,9 +216,9 @@ pub(super) async fn feed(conn: Conn, opened: Opened, pattern: String, life: Life
                         return;
                     }
                     match watch.flush(tx) {
-                        Flush::Done => break,
-                        Flush::Full => {}
-                        Flush::Gone => return,
+                        Handed::All => break,
+                        Handed::Full => {}
+                        Handed::Gone => return,
                     }
                 }
             }
@@ -264,16 +230,23 @@ pub(super) async fn feed(conn: Conn, opened: Opened, pattern: String, life: Life
                 match ordered::reopen(&conn, &stream, &filter, begin, &life).await {
                     Some((reopened, pending)) => {
                         messages = Some(reopened);
-                        if pending == 0 {
-                            watch.synced();
-                        }
+                        watch.opened(pending);
                     }
                     None => return,
                 }
                 continue;
             }
         };
-        let message = match ordered::pull(current, &conn, &stream, watch.next, &life, &what).await {
+        let message = match ordered::pull(
+            current,
+            &conn,
+            &stream,
+            watch.next.unwrap_or(0),
+            &life,
+            &what,
+        )
+        .await
+        {
             Pulled::Message(message) => *message,
             Pulled::Again => continue,
             Pulled::Reopen => {
@@ -294,7 +267,7 @@ pub(super) async fn feed(conn: Conn, opened: Opened, pattern: String, life: Life
             .as_ref()
             .and_then(|h| h.get(KV_OPERATION))
             .is_some_and(|op| op.as_str() == KV_DELETE || op.as_str() == KV_PURGE);
-        let key = names::subject_key(&watch.bucket_name, encoding, message.subject.as_str());
+        let key = names::subject_key(&bucket_name, encoding, message.subject.as_str());
         if key.is_none() {
             undecodable.skip(&stream, message.subject.as_str(), encoding);
         }
@@ -307,17 +280,6 @@ pub(super) async fn feed(conn: Conn, opened: Opened, pattern: String, life: Life
 mod tests {
     use super::*;
 
-    fn watch(pattern: &str) -> Watch {
-        Watch {
-            pattern: pattern.into(),
-            bucket_name: "b".into(),
-            next: 0,
-            snapshot: Some(BTreeMap::new()),
-            told: HashSet::new(),
-            outbox: VecDeque::new(),
-        }
-    }
-
     fn put(key: &str, value: &[u8]) -> KvEvent {
         KvEvent::Put {
             key: key.into(),
@@ -325,23 +287,30 @@ mod tests {
         }
     }
 
+    fn queued(w: &mut Watch) -> Vec<KvEvent> {
+        let mut out = Vec::new();
+        hand_over(&mut w.mirror, |e| {
+            out.push(e);
+            Offer::Taken
+        });
+        out
+    }
+
     #[test]
     fn snapshot_keeps_newest_values_and_drops_tombstones() {
-        let mut w = watch("*");
+        let mut w = Watch::new("*".into(), 8);
+        w.opened(3);
         w.apply(3, Some("a".into()), Some(b"1".to_vec()), 2);
         w.apply(4, Some("gone".into()), None, 1);
         // A change during the snapshot replaces the snapshot value.
         w.apply(5, Some("a".into()), Some(b"2".to_vec()), 0);
-        assert_eq!(
-            Vec::from(w.outbox.clone()),
-            [put("a", b"2"), KvEvent::Synced]
-        );
+        assert_eq!(queued(&mut w), [put("a", b"2"), KvEvent::Synced]);
     }
 
     #[test]
     fn deletes_only_of_keys_told_and_no_repeats() {
-        let mut w = watch("k*");
-        w.synced();
+        let mut w = Watch::new("k*".into(), 8);
+        w.opened(0);
         w.apply(1, Some("k1".into()), Some(b"v".to_vec()), 0);
         w.apply(2, Some("never".into()), Some(b"v".to_vec()), 0);
         w.apply(3, Some("k2".into()), None, 0);
@@ -349,8 +318,10 @@ mod tests {
         // A resumed consumer repeating earlier sequences changes nothing.
         w.apply(4, Some("k1".into()), None, 0);
         w.apply(1, Some("k1".into()), Some(b"v".to_vec()), 0);
+        // A subject that does not decode moves nothing but the sequence.
+        w.apply(6, None, Some(b"x".to_vec()), 0);
         assert_eq!(
-            Vec::from(w.outbox.clone()),
+            queued(&mut w),
             [
                 KvEvent::Synced,
                 put("k1", b"v"),
@@ -358,5 +329,20 @@ mod tests {
             ]
         );
         assert!(matches!(w.resume_at(), Begin::Sequence(5)));
+    }
+
+    #[test]
+    fn a_consumer_too_far_behind_resyncs_from_every_keys_newest_entry() {
+        let mut w = Watch::new("*".into(), 1);
+        w.opened(0);
+        w.apply(1, Some("a".into()), Some(b"1".to_vec()), 0);
+        // The second live change finds one already waiting: stale.
+        w.apply(2, Some("a".into()), Some(b"2".to_vec()), 0);
+        assert!(matches!(w.resume_at(), Begin::LastPerSubject));
+        assert_eq!(queued(&mut w), [KvEvent::Synced, put("a", b"1")]);
+        // The fresh snapshot brings a's newest entry, at an old sequence.
+        w.apply(2, Some("a".into()), Some(b"2".to_vec()), 0);
+        assert_eq!(queued(&mut w), [put("a", b"2")]);
+        assert!(matches!(w.resume_at(), Begin::Sequence(3)));
     }
 }

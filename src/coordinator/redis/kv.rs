@@ -25,7 +25,9 @@ use super::client::{message, publish_command, Conn, Target};
 use super::names;
 use super::task::{Backoff, FeedCtx};
 use crate::coordinator::bridge::FeedFull;
+use crate::coordinator::kv_mirror::{hand_over, Handed, KvMirror, Offer};
 use crate::coordinator::{pattern, KvEvent};
+use fleetcoord_sm::mirror::Order;
 use redis::{PushInfo, PushKind, RedisResult, Script, Value};
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
@@ -185,12 +187,7 @@ struct Watch {
     bucket: String,
     pattern: String,
     channel: Vec<u8>,
-    /// Matching keys and values as the consumer knows them.
-    told: BTreeMap<String, Vec<u8>>,
-    /// The version of the last change applied.
-    version: u64,
-    /// `Synced` was handed over (it goes out once per watch).
-    synced: bool,
+    mirror: KvMirror,
 }
 
 /// Runs a KV watch until its feed ends.
@@ -199,9 +196,9 @@ pub(crate) async fn watch_task(mut ctx: FeedCtx<KvEvent>, bucket: String, patter
         channel: names::kv_channel(&bucket).into_bytes(),
         bucket,
         pattern,
-        told: BTreeMap::new(),
-        version: 0,
-        synced: false,
+        // Versions come from one INCR per change: a skipped one is a
+        // notification missed.
+        mirror: KvMirror::new(Order::Contiguous, ctx.tx.capacity()),
     };
     let mut backoff = Backoff::new();
     'connect: loop {
@@ -247,14 +244,15 @@ pub(crate) async fn watch_task(mut ctx: FeedCtx<KvEvent>, bucket: String, patter
             // Live from here: every later change has a higher version and
             // reaches the subscription.
             ctx.started(Ok(()));
-            w.version = version;
-            let next = match w.tell_diff(&mut ctx, &mut pushes, content).await {
-                Some(next) => next,
-                None => w.follow(&mut ctx, &mut pushes).await,
-            };
-            match next {
+            let matching = content
+                .into_iter()
+                .filter(|(key, _)| pattern::matches(&w.pattern, key));
+            w.mirror.snapshot(version, matching);
+            match w.follow(&mut ctx, &mut pushes).await {
                 Next::Resync => continue,
                 Next::Reconnect => {
+                    // Whatever was published while disconnected is lost.
+                    w.mirror.missed();
                     if !ctx.pause(&mut backoff).await {
                         return;
                     }
@@ -278,149 +276,78 @@ async fn subscribed(
 }
 
 impl Watch {
-    /// Tells the consumer how `content` differs from what it was told, then
-    /// `Synced` if it was never sent. `None` when all of it went out.
-    async fn tell_diff(
-        &mut self,
-        ctx: &mut FeedCtx<KvEvent>,
-        pushes: &mut UnboundedReceiver<PushInfo>,
-        content: BTreeMap<String, Vec<u8>>,
-    ) -> Option<Next> {
-        let gone: Vec<String> = self
-            .told
-            .keys()
-            .filter(|k| !content.contains_key(*k))
-            .cloned()
-            .collect();
-        for key in gone {
-            self.told.remove(&key);
-            if let Some(next) = self.tell(ctx, pushes, KvEvent::Deleted { key }).await {
-                return Some(next);
-            }
-        }
-        for (key, value) in content {
-            if !pattern::matches(&self.pattern, &key) || self.told.get(&key) == Some(&value) {
-                continue;
-            }
-            self.told.insert(key.clone(), value.clone());
-            if let Some(next) = self.tell(ctx, pushes, KvEvent::Put { key, value }).await {
-                return Some(next);
-            }
-        }
-        if !self.synced {
-            self.synced = true;
-            return self.tell(ctx, pushes, KvEvent::Synced).await;
-        }
-        None
-    }
-
-    /// Applies notifications until something calls for a new snapshot or a
-    /// new connection.
+    /// Hands the mirror's notices to the consumer and feeds it the
+    /// bucket's notifications, until the mirror wants a snapshot (a gap, or
+    /// a consumer that fell too far behind, once it has room again) or the
+    /// connection is gone. Notifications keep being read while the
+    /// consumer is full, so the subscription never backs up.
     async fn follow(
         &mut self,
         ctx: &mut FeedCtx<KvEvent>,
         pushes: &mut UnboundedReceiver<PushInfo>,
     ) -> Next {
         loop {
-            let push = tokio::select! {
-                push = pushes.recv() => push,
+            let handed = hand_over(&mut self.mirror, |event| match ctx.tx.try_send(event) {
+                Ok(()) => Offer::Taken,
+                Err(FeedFull::Full(event)) => Offer::Full(event),
+                Err(FeedFull::Gone) => Offer::Gone,
+            });
+            let full = match handed {
+                Handed::Gone => return Next::Stop,
+                Handed::Full => true,
+                Handed::All => {
+                    if self.mirror.wants_snapshot() {
+                        return Next::Resync;
+                    }
+                    false
+                }
+            };
+            tokio::select! {
+                push = pushes.recv() => {
+                    if let Some(next) = self.apply(push) {
+                        return next;
+                    }
+                }
+                relieved = ctx.relieved(), if full => {
+                    if !relieved {
+                        return Next::Stop;
+                    }
+                }
                 _ = ctx.halted() => return Next::Stop,
-            };
-            let Some(push) = push else {
-                return Next::Reconnect;
-            };
-            if push.kind == PushKind::Disconnection {
-                log::warn!(
-                    "watch of bucket {:?}: connection lost; reconnecting and resyncing",
-                    self.bucket
-                );
-                return Next::Reconnect;
-            }
-            let Some((channel, raw)) = message(&push) else {
-                continue;
-            };
-            if channel != self.channel {
-                continue;
-            }
-            let Some(change) = decode(&raw) else {
-                log::warn!(
-                    "watch of bucket {:?}: ignoring a notification not written by fleetcoord",
-                    self.bucket
-                );
-                continue;
-            };
-            if change.version <= self.version {
-                continue;
-            }
-            if change.version != self.version.saturating_add(1) {
-                return Next::Resync;
-            }
-            self.version = change.version;
-            if !pattern::matches(&self.pattern, &change.key) {
-                continue;
-            }
-            let event = match change.value {
-                Some(value) => {
-                    self.told.insert(change.key.clone(), value.clone());
-                    KvEvent::Put {
-                        key: change.key,
-                        value,
-                    }
-                }
-                None => {
-                    if self.told.remove(&change.key).is_none() {
-                        continue;
-                    }
-                    KvEvent::Deleted { key: change.key }
-                }
-            };
-            if let Some(next) = self.tell(ctx, pushes, event).await {
-                return next;
             }
         }
     }
 
-    /// Hands `event` to the consumer. When its queue is full: hold the
-    /// event, drop notifications until it read half of the queue (they will
-    /// be covered by a new snapshot), deliver the held event and ask for a
-    /// resync. `None` when delivered without pausing.
-    async fn tell(
-        &mut self,
-        ctx: &mut FeedCtx<KvEvent>,
-        pushes: &mut UnboundedReceiver<PushInfo>,
-        event: KvEvent,
-    ) -> Option<Next> {
-        let held = match ctx.tx.try_send(event) {
-            Ok(()) => return None,
-            Err(FeedFull::Gone) => return Some(Next::Stop),
-            Err(FeedFull::Full(held)) => held,
+    /// Feeds one push to the mirror; `Reconnect` when the connection is
+    /// gone.
+    fn apply(&mut self, push: Option<PushInfo>) -> Option<Next> {
+        let Some(push) = push else {
+            return Some(Next::Reconnect);
         };
-        let mut disconnected = false;
-        loop {
-            tokio::select! {
-                relieved = ctx.relieved() => {
-                    if !relieved {
-                        return Some(Next::Stop);
-                    }
-                    break;
-                }
-                push = pushes.recv(), if !disconnected => {
-                    match push {
-                        Some(p) if p.kind != PushKind::Disconnection => {}
-                        _ => disconnected = true,
-                    }
-                }
-            }
+        if push.kind == PushKind::Disconnection {
+            log::warn!(
+                "watch of bucket {:?}: connection lost; reconnecting and resyncing",
+                self.bucket
+            );
+            return Some(Next::Reconnect);
         }
-        match ctx.tx.try_send(held) {
-            Ok(()) => {}
-            Err(_) => return Some(Next::Stop),
+        let (channel, raw) = message(&push)?;
+        if channel != self.channel {
+            return None;
         }
-        Some(if disconnected {
-            Next::Reconnect
-        } else {
-            Next::Resync
-        })
+        let Some(change) = decode(&raw) else {
+            log::warn!(
+                "watch of bucket {:?}: ignoring a notification not written by fleetcoord",
+                self.bucket
+            );
+            return None;
+        };
+        let matching = pattern::matches(&self.pattern, &change.key);
+        // A gap is the mirror's to notice: `follow` resyncs once it wants.
+        let _ = self
+            .mirror
+            .change(change.version, change.key, change.value, matching);
+        None
     }
 }
 

@@ -39,7 +39,7 @@ impl<T> FeedCtx<T> {
 
     /// Resolves once the feed should end: it was dropped, or the
     /// coordinator is closing.
-    pub(crate) async fn halted(&mut self) {
+    pub(crate) async fn halted(&self) {
         if self.is_halted() {
             return;
         }
@@ -55,7 +55,7 @@ impl<T> FeedCtx<T> {
     }
 
     /// Waits `backoff.next()` unless halted first; `false` when halted.
-    pub(crate) async fn pause(&mut self, backoff: &mut Backoff) -> bool {
+    pub(crate) async fn pause(&self, backoff: &mut Backoff) -> bool {
         let wait = backoff.next();
         tokio::select! {
             _ = tokio::time::sleep(wait) => !self.is_halted(),
@@ -65,7 +65,7 @@ impl<T> FeedCtx<T> {
 
     /// Waits until the consumer read its queue down to half; `false` when
     /// the feed ended meanwhile.
-    pub(crate) async fn relieved(&mut self) -> bool {
+    pub(crate) async fn relieved(&self) -> bool {
         let relieved = tokio::select! {
             r = self.tx.relieved() => r,
             _ = self.stopping.wait() => false,
