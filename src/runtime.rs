@@ -60,6 +60,8 @@ pub(crate) struct Stopping(watch::Receiver<bool>);
 
 impl Stopping {
     /// Waits until the thread is shutting down.
+    // The etcd driver's tasks watch `receiver()`; the bus bridges use these.
+    #[cfg_attr(not(any(feature = "nats", feature = "redis")), allow(dead_code))]
     pub(crate) async fn wait(&self) {
         let mut rx = self.0.clone();
         // An error means the sender is gone: the runtime is ending anyway.
@@ -67,6 +69,7 @@ impl Stopping {
     }
 
     /// Whether the thread is shutting down.
+    #[cfg_attr(not(any(feature = "nats", feature = "redis")), allow(dead_code))]
     pub(crate) fn is_stopping(&self) -> bool {
         *self.0.borrow()
     }
@@ -96,6 +99,7 @@ enum Cmd<M> {
 /// down.
 pub(crate) struct RuntimeThread<M> {
     tx: mpsc::UnboundedSender<Cmd<M>>,
+    #[cfg_attr(not(any(feature = "nats", feature = "redis")), allow(dead_code))]
     stopping: Stopping,
     thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
     thread_id: std::thread::ThreadId,
@@ -226,6 +230,7 @@ impl<M> RuntimeThread<M> {
     }
 
     /// The thread's shutdown signal.
+    #[cfg_attr(not(any(feature = "nats", feature = "redis")), allow(dead_code))]
     pub(crate) fn stopping(&self) -> &Stopping {
         &self.stopping
     }

@@ -1,13 +1,15 @@
 //! In-process backend: the embedded default and the reference semantics.
 
+use super::kv_mirror::{hand_over, Handed, KvMirror, Offer};
 use super::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvEvent,
     KvWatcher, Message, StreamEntry, StreamId, StreamPosition, StreamReader, Subscription,
 };
 use crate::error::{Error, Result};
 use crossbeam_channel::{bounded, Sender, TrySendError};
+use fleetcoord_sm::mirror::Order;
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -42,16 +44,19 @@ const CATCH_UP_SLOW: Duration = Duration::from_millis(20);
 /// *behind*: the hub stops sending to it and remembers only where it was —
 ///
 /// * a stream reader: the ID of the last entry it was given;
-/// * a KV watch: for each key changed since, what the watch was last told
-///   about it (so at most one remembered value per key of the bucket);
+/// * a KV watch: what its consumer was told (a value per matching key,
+///   kept for the watch's life) and at most as many changes as its channel
+///   holds; beyond that the changes are not kept, only that some were
+///   missed;
 /// * a subscription: the newest message published since (one message).
 ///
 /// Once the consumer has read its channel down to half, the feed catches
 /// up: a stream reader gets every retained entry after the last one it was
-/// given, in order — each entry exactly once; a KV watch gets the
-/// difference between what it was told and the bucket now (`Put` for keys
-/// that changed or appeared, `Deleted` for keys that are gone; intermediate
-/// values are coalesced, final ones never are); a subscription gets the
+/// given, in order — each entry exactly once; a KV watch gets the changes
+/// kept, then, if some were missed, the difference between what it was
+/// told and the bucket now (`Put` for keys that changed or appeared,
+/// `Deleted` for keys that are gone; intermediate values are coalesced,
+/// final ones never are — `coordinator/kv_mirror.rs`); a subscription gets the
 /// newest message, so, like the etcd backend, pub/sub is at-most-once for a
 /// consumer that falls behind — it always ends with the latest message.
 /// Catching up happens on the next write to the same topic, stream or
@@ -61,7 +66,8 @@ const CATCH_UP_SLOW: Duration = Duration::from_millis(20);
 /// stream replay or a KV snapshot larger than the channel: what does not
 /// fit is delivered as the consumer reads. Memory per feed is thus bounded
 /// by its channel plus one message (subscription), one number (stream
-/// reader) or one value per key of the bucket (KV watch).
+/// reader) or one value per matching key plus a channel's worth of changes
+/// (KV watch).
 ///
 /// Dropped feeds are removed at once by their drop hook, and any channel
 /// found disconnected is removed on the next send. A feed ended by `close`
@@ -237,108 +243,87 @@ impl StreamSub {
 #[derive(Default)]
 struct Bucket {
     entries: BTreeMap<String, Vec<u8>>,
+    /// Counts the bucket's changes: the version its watchers' mirrors
+    /// follow (see `coordinator/kv_mirror.rs`).
+    version: u64,
     watchers: Vec<KvSub>,
 }
 
-/// A KV watch. While it is behind, `snapshot` holds the keys of its initial
-/// snapshot not yet sent (their values are read when they are sent), and
-/// `told` what it was last told about each key changed since it fell
-/// behind (`None`: that the key does not exist). For every other matching
-/// key, what it was told is the bucket's current value.
+/// A KV watch: its consumer's channel and the mirror of what that
+/// consumer was told, which decides what it hears (the snapshot, changes,
+/// and after falling behind the difference to the bucket as it is then).
 struct KvSub {
     reg: Reg<KvEvent>,
     pattern: String,
-    snapshot: BTreeSet<String>,
-    synced: bool,
-    told: BTreeMap<String, Option<Vec<u8>>>,
+    mirror: KvMirror,
 }
 
 impl KvSub {
-    fn is_behind(&self) -> bool {
-        !self.synced || !self.snapshot.is_empty() || !self.told.is_empty()
+    fn new(reg: Reg<KvEvent>, pattern: String) -> Self {
+        let limit = reg.tx.capacity().unwrap_or(DEFAULT_FEED_CAPACITY);
+        KvSub {
+            reg,
+            pattern,
+            // One counter per bucket, bumped under the hub's lock.
+            mirror: KvMirror::new(Order::Contiguous, limit),
+        }
     }
 
-    /// Offer the change of `key` from `before` to what `entries` holds now.
+    fn is_behind(&self) -> bool {
+        self.mirror.queued() > 0 || self.mirror.needs_snapshot()
+    }
+
+    /// The bucket's change of `key` to `value` (`None`: deleted), which
+    /// made its version `version`; `entries` is the bucket after it.
     fn offer(
         &mut self,
+        version: u64,
         key: &str,
-        before: Option<&[u8]>,
-        event: &KvEvent,
+        value: Option<&[u8]>,
         entries: &BTreeMap<String, Vec<u8>>,
     ) -> Health {
-        if self.is_behind() {
-            self.remember(key, before);
-            return self.catch_up(entries);
-        }
-        match self.reg.send(event.clone()) {
-            Sent::Done => Health::Current,
-            Sent::Full(_) => {
-                self.remember(key, before);
-                Health::Behind
-            }
-            Sent::Gone => Health::Gone,
-        }
+        let matching = pattern::matches(&self.pattern, key);
+        // The value matters only for a key the watch covers; every change
+        // moves the version on.
+        let value = value.filter(|_| matching).map(<[u8]>::to_vec);
+        let _ = self.mirror.change(version, key.to_owned(), value, matching);
+        self.catch_up(version, entries)
     }
 
-    /// Record what the watch knows about `key` before its first change
-    /// while behind; later changes keep the first record.
-    fn remember(&mut self, key: &str, before: Option<&[u8]>) {
-        if self.snapshot.contains(key) || self.told.contains_key(key) {
-            return;
-        }
-        self.told.insert(key.to_owned(), before.map(<[u8]>::to_vec));
-    }
-
-    /// Send what is pending while it fits: the rest of the snapshot, then
-    /// `Synced`, then the difference between `told` and `entries`.
-    fn catch_up(&mut self, entries: &BTreeMap<String, Vec<u8>>) -> Health {
+    /// Send what the mirror has queued while it fits (resuming only once
+    /// the consumer read down to half, like every feed here), and resync
+    /// from `entries` (the bucket at `version`) when the mirror wants it.
+    fn catch_up(&mut self, version: u64, entries: &BTreeMap<String, Vec<u8>>) -> Health {
         if !self.is_behind() {
             return Health::Current;
         }
-        if !self.reg.has_room() {
+        if self.mirror.queued() > 0 && !self.reg.has_room() {
             return Health::Behind;
         }
-        while let Some(key) = self.snapshot.first() {
-            // A snapshot key deleted meanwhile was never told: skip it.
-            if let Some(value) = entries.get(key) {
-                let event = KvEvent::Put {
-                    key: key.clone(),
-                    value: value.clone(),
-                };
-                match self.reg.send(event) {
-                    Sent::Done => {}
-                    Sent::Full(_) => return Health::Behind,
-                    Sent::Gone => return Health::Gone,
+        let KvSub {
+            reg,
+            pattern,
+            mirror,
+        } = self;
+        loop {
+            let handed = hand_over(mirror, |event| match reg.send(event) {
+                Sent::Done => Offer::Taken,
+                Sent::Full(event) => Offer::Full(event),
+                Sent::Gone => Offer::Gone,
+            });
+            match handed {
+                Handed::Gone => return Health::Gone,
+                Handed::Full => return Health::Behind,
+                Handed::All if mirror.wants_snapshot() => {
+                    let matching = entries
+                        .iter()
+                        .filter(|(k, _)| pattern::matches(pattern, k))
+                        .map(|(k, v)| (k.clone(), v.clone()));
+                    mirror.snapshot(version, matching);
                 }
-            }
-            self.snapshot.pop_first();
-        }
-        if !self.synced {
-            match self.reg.send(KvEvent::Synced) {
-                Sent::Done => self.synced = true,
-                Sent::Full(_) => return Health::Behind,
-                Sent::Gone => return Health::Gone,
+                Handed::All => return Health::Current,
             }
         }
-        while let Some((key, told)) = self.told.first_key_value() {
-            let event = match (told, entries.get(key)) {
-                (_, Some(now)) if told.as_ref() != Some(now) => Some(KvEvent::Put {
-                    key: key.clone(),
-                    value: now.clone(),
-                }),
-                (Some(_), None) => Some(KvEvent::Deleted { key: key.clone() }),
-                _ => None,
-            };
-            if let Some(event) = event {
-                match self.reg.send(event) {
-                    Sent::Done => {}
-                    Sent::Full(_) => return Health::Behind,
-                    Sent::Gone => return Health::Gone,
-                }
-            }
-            self.told.pop_first();
-        }
-        Health::Current
     }
 }
 
@@ -379,10 +364,10 @@ impl State {
             });
         }
         for bucket in self.buckets.values_mut() {
-            let entries = &bucket.entries;
+            let (entries, version) = (&bucket.entries, bucket.version);
             behind |= step_all(&mut bucket.watchers, |w| {
                 moved |= w.is_behind() && w.reg.has_room();
-                w.catch_up(entries)
+                w.catch_up(version, entries)
             });
         }
         self.buckets
@@ -700,17 +685,11 @@ impl Coordinator for MemoryCoordinator {
         check_payload("value", value)?;
         let mut state = self.lock()?;
         let b = state.buckets.entry(bucket.to_owned()).or_default();
-        let before = b.entries.insert(key.to_owned(), value.to_vec());
-        let event = KvEvent::Put {
-            key: key.to_owned(),
-            value: value.to_vec(),
-        };
-        let entries = &b.entries;
+        b.entries.insert(key.to_owned(), value.to_vec());
+        b.version = b.version.saturating_add(1);
+        let (entries, version) = (&b.entries, b.version);
         let behind = step_all(&mut b.watchers, |w| {
-            if !pattern::matches(&w.pattern, key) {
-                return w.catch_up(entries);
-            }
-            w.offer(key, before.as_deref(), &event, entries)
+            w.offer(version, key, Some(value), entries)
         });
         self.keep_up(&mut state, behind);
         Ok(())
@@ -738,17 +717,10 @@ impl Coordinator for MemoryCoordinator {
             return Ok(());
         };
         let mut behind = false;
-        if let Some(before) = b.entries.remove(key) {
-            let event = KvEvent::Deleted {
-                key: key.to_owned(),
-            };
-            let entries = &b.entries;
-            behind = step_all(&mut b.watchers, |w| {
-                if !pattern::matches(&w.pattern, key) {
-                    return w.catch_up(entries);
-                }
-                w.offer(key, Some(&before), &event, entries)
-            });
+        if b.entries.remove(key).is_some() {
+            b.version = b.version.saturating_add(1);
+            let (entries, version) = (&b.entries, b.version);
+            behind = step_all(&mut b.watchers, |w| w.offer(version, key, None, entries));
         }
         if b.entries.is_empty() && b.watchers.is_empty() {
             state.buckets.remove(bucket);
@@ -765,22 +737,11 @@ impl Coordinator for MemoryCoordinator {
         let id = reg.id;
         let mut state = self.lock()?;
         let b = state.buckets.entry(bucket.to_owned()).or_default();
-        // The watch starts behind its whole snapshot; what does not fit in
-        // its channel comes as the consumer reads, then `Synced`.
-        let mut watcher = KvSub {
-            reg,
-            pattern: pat.to_owned(),
-            snapshot: b
-                .entries
-                .keys()
-                .filter(|k| pattern::matches(pat, k))
-                .cloned()
-                .collect(),
-            synced: false,
-            told: BTreeMap::new(),
-        };
+        // The watch starts with its whole snapshot queued; what does not
+        // fit in its channel comes as the consumer reads, then `Synced`.
+        let mut watcher = KvSub::new(reg, pat.to_owned());
         // The receiver is still in hand, so this cannot be Gone.
-        let behind = watcher.catch_up(&b.entries) == Health::Behind;
+        let behind = watcher.catch_up(b.version, &b.entries) == Health::Behind;
         b.watchers.push(watcher);
         self.keep_up(&mut state, behind);
         drop(state);
@@ -1137,22 +1098,40 @@ mod tests {
     }
 
     #[test]
-    fn a_key_created_and_deleted_while_behind_is_never_told() {
+    fn a_key_created_and_deleted_while_behind_ends_absent() {
         let c = MemoryCoordinator::new().with_feed_capacity(2);
         let watch = c.kv_watch("b", "*").unwrap();
         c.kv_set("b", "a", b"1").unwrap();
-        // The channel (Synced, a) is full: `x` comes and goes unseen.
+        // The channel (Synced, a) is full: `x` comes and goes while the
+        // consumer is behind, and more changes than its mirror may hold
+        // for it follow, so it resyncs to the bucket as it is.
         c.kv_set("b", "x", b"brief").unwrap();
         c.kv_delete("b", "x").unwrap();
+        for i in 0..4 {
+            c.kv_set("b", "a", format!("{i}").as_bytes()).unwrap();
+        }
         assert_eq!(watch.recv_timeout(T).unwrap(), KvEvent::Synced);
-        assert_eq!(
-            watch.recv_timeout(T).unwrap(),
-            KvEvent::Put {
-                key: "a".into(),
-                value: b"1".to_vec()
+        let mut view = BTreeMap::new();
+        let mut events = 0;
+        loop {
+            match watch.recv_timeout(Duration::from_millis(300)) {
+                Ok(KvEvent::Put { key, value }) => {
+                    view.insert(key, value);
+                }
+                Ok(KvEvent::Deleted { key }) => {
+                    assert!(view.remove(&key).is_some(), "Deleted for an untold {key}");
+                }
+                Ok(KvEvent::Synced) => panic!("Synced twice"),
+                Err(_) => break,
             }
+            events += 1;
+        }
+        assert_eq!(view, BTreeMap::from([("a".to_string(), b"3".to_vec())]));
+        // 1 + at most the mirror's bound (2) of live changes + the resync.
+        assert!(
+            events <= 4,
+            "{events} events: the backlog was not coalesced"
         );
-        settle(&c);
         c.kv_set("b", "after", b"2").unwrap();
         assert_eq!(
             watch.recv_timeout(T).unwrap(),
@@ -1198,18 +1177,13 @@ mod tests {
         let (reg, rx) = c.new_reg();
         let mut state = c.lock().unwrap();
         let b = state.buckets.entry(bucket.to_owned()).or_default();
-        let snapshot = if current {
-            BTreeSet::new()
-        } else {
-            b.entries.keys().cloned().collect()
-        };
-        b.watchers.push(KvSub {
-            reg,
-            pattern: "*".into(),
-            snapshot,
-            synced: current,
-            told: BTreeMap::new(),
-        });
+        let mut watcher = KvSub::new(reg, "*".into());
+        watcher.mirror.snapshot(b.version, b.entries.clone());
+        if current {
+            // As if the consumer had been told all of it.
+            while watcher.mirror.poll().is_some() {}
+        }
+        b.watchers.push(watcher);
         rx
     }
 

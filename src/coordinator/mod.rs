@@ -63,7 +63,6 @@ pub mod conformance;
 mod etcd;
 mod feed;
 mod from_env;
-#[cfg(any(feature = "nats", feature = "redis"))]
 mod kv_mirror;
 mod lane;
 mod memory;
