@@ -38,6 +38,21 @@ fn etcd_backend_conforms() {
     );
 }
 
+#[test]
+fn etcd_backend_follows_the_slow_consumer_contract() {
+    let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
+    let etcd =
+        Etcd::connect(&[server.endpoint().as_str()], EtcdOptions::default()).expect("connect");
+    let report = fleetcoord::conformance::run_slow_consumers(|capacity| {
+        let options = EtcdCoordinatorOptions::default()
+            .with_root("/slow")
+            .with_feed_capacity(capacity);
+        Ok(Box::new(EtcdCoordinator::with_options(&etcd, options)?) as Box<dyn Coordinator>)
+    });
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    assert_eq!(report.passed.len(), 4);
+}
+
 // ---- the etcd backend beyond the shared contract ------------------------
 
 use fleetcoord::coordinator::{KvEvent, StreamId, StreamPosition};

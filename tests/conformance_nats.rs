@@ -7,6 +7,20 @@ use fleetcoord::coordinator::{Coordinator, NatsCoordinator, NatsOptions};
 use fleetcoord::testing::NatsServer;
 
 #[test]
+fn nats_backend_follows_the_slow_consumer_contract() {
+    let server = NatsServer::start().expect("start nats-server (`make deps-nats` installs it)");
+    let url = server.url();
+    let report = fleetcoord::conformance::run_slow_consumers(|capacity| {
+        let options = NatsOptions::default()
+            .with_urls(&url)
+            .with_feed_capacity(capacity);
+        Ok(Box::new(NatsCoordinator::with_options(options)?) as Box<dyn Coordinator>)
+    });
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    assert_eq!(report.passed.len(), 4);
+}
+
+#[test]
 fn nats_backend_conforms() {
     let server = NatsServer::start().expect("start nats-server (`make deps-nats` installs it)");
     let url = server.url();

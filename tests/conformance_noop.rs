@@ -18,3 +18,12 @@ fn noop_backend_conforms() {
         report.passed.len()
     );
 }
+
+#[test]
+fn noop_backend_skips_the_slow_consumer_cases_by_declaration() {
+    let report = fleetcoord::conformance::run_slow_consumers(|_| {
+        Ok(Box::new(NoopCoordinator::new()) as Box<dyn fleetcoord::coordinator::Coordinator>)
+    });
+    assert!(report.passed.is_empty());
+    assert_eq!(report.skipped.len(), 4, "{:?}", report.skipped);
+}

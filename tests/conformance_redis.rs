@@ -52,3 +52,24 @@ fn redis_cluster_conforms() {
         cluster.lock().unwrap_or_else(|p| p.into_inner()).restart()
     });
 }
+
+fn slow_consumers(urls: &str) {
+    let report = fleetcoord::conformance::run_slow_consumers(|capacity| {
+        let options = RedisOptions::default().with_feed_capacity(capacity);
+        Ok(Box::new(RedisCoordinator::with_options(urls, options)?) as Box<dyn Coordinator>)
+    });
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    assert_eq!(report.passed.len(), 4);
+}
+
+#[test]
+fn redis_standalone_follows_the_slow_consumer_contract() {
+    let server = RedisServer::start().expect("start redis-server (run `make deps-redis`)");
+    slow_consumers(&server.url());
+}
+
+#[test]
+fn redis_cluster_follows_the_slow_consumer_contract() {
+    let cluster = RedisCluster::start(3).expect("start a redis cluster (run `make deps-redis`)");
+    slow_consumers(&cluster.urls());
+}

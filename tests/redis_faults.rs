@@ -495,3 +495,62 @@ fn a_frozen_server_times_requests_out_and_they_work_again_after() {
     wait_until_answering(&coord);
     assert_eq!(coord.kv_get("cfg", "a").unwrap(), b"1");
 }
+
+/// A resync larger than the feed (a small one, whose consumer stops
+/// reading), after live changes and after deletions made behind the
+/// watch's back and found by a notification gap, is told in pieces.
+#[test]
+fn a_resync_larger_than_the_feed_is_told_in_pieces() {
+    let server = RedisServer::start().expect("start redis-server (run `make deps-redis`)");
+    let writer = RedisCoordinator::connect(&server.url()).unwrap();
+    let slow = RedisCoordinator::with_options(
+        &server.url(),
+        RedisOptions::default().with_feed_capacity(2),
+    )
+    .unwrap();
+    let mut expected = BTreeMap::new();
+    for i in 0..10 {
+        writer.kv_set("b", &format!("k{i}"), b"v").unwrap();
+        expected.insert(format!("k{i}"), b"v".to_vec());
+    }
+    let watch = slow.kv_watch("b", "*").unwrap();
+    let mut view = BTreeMap::new();
+    let converge = |view: &mut BTreeMap<String, Vec<u8>>, expected: &BTreeMap<String, Vec<u8>>| {
+        while view != expected {
+            match watch.recv_timeout(WAIT).expect("kv event") {
+                KvEvent::Put { key, value } => {
+                    view.insert(key, value);
+                }
+                KvEvent::Deleted { key } => {
+                    assert!(view.remove(&key).is_some(), "Deleted {key:?} it never had");
+                }
+                KvEvent::Synced => {}
+            }
+        }
+    };
+    converge(&mut view, &expected);
+
+    // Live changes while the consumer does not read: more than its queue.
+    for i in 10..20 {
+        writer.kv_set("b", &format!("k{i}"), b"w").unwrap();
+        expected.insert(format!("k{i}"), b"w".to_vec());
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    converge(&mut view, &expected);
+
+    // Deletions behind the watch's back, found by a resync (a notification
+    // version far ahead is a gap): more deletions than the queue holds.
+    let mut hdel = vec!["HDEL", "coord:kv:{b}"];
+    let gone: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    hdel.extend(gone.iter().map(String::as_str));
+    assert_eq!(server.command(&hdel).unwrap(), "8");
+    for key in &gone {
+        expected.remove(key);
+    }
+    server
+        .command(&["PUBLISH", "coord:kvn:{b}", "999 s 1 x"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    converge(&mut view, &expected);
+    assert!(watch.recv_timeout(Duration::from_millis(300)).is_err());
+}

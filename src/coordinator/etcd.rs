@@ -58,7 +58,7 @@ impl Default for EtcdCoordinatorOptions {
         EtcdCoordinatorOptions {
             root: "/coord".into(),
             stream_max_len: None,
-            feed_capacity: 4096,
+            feed_capacity: crate::coordinator::DEFAULT_FEED_CAPACITY,
         }
     }
 }

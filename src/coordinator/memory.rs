@@ -14,17 +14,51 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-/// Default capacity of every feed's channel, as for the etcd backend.
-pub(crate) const DEFAULT_FEED_CAPACITY: usize = 4096;
-
-/// Smallest feed capacity: below 2, "read down to half" would mean "empty".
-const MIN_FEED_CAPACITY: usize = 2;
+use super::{DEFAULT_FEED_CAPACITY, MIN_FEED_CAPACITY};
 
 /// How long the catch-up thread waits between rounds: [`CATCH_UP_FAST`]
 /// after a round in which a consumer had read enough to be sent more (it
 /// is reading), doubling up to [`CATCH_UP_SLOW`] while none had.
 const CATCH_UP_FAST: Duration = Duration::from_millis(1);
 const CATCH_UP_SLOW: Duration = Duration::from_millis(20);
+
+/// How a [`MemoryCoordinator`] hub is set up; checked by
+/// [`MemoryCoordinator::with_options`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryOptions {
+    /// Keep only the newest `n` entries of each stream (`None`: all).
+    pub stream_max_len: Option<usize>,
+    /// The capacity of every feed (see "Slow consumers" on
+    /// [`MemoryCoordinator`]); default
+    /// [`DEFAULT_FEED_CAPACITY`](super::DEFAULT_FEED_CAPACITY).
+    pub feed_capacity: usize,
+}
+
+impl Default for MemoryOptions {
+    fn default() -> Self {
+        MemoryOptions {
+            stream_max_len: None,
+            feed_capacity: DEFAULT_FEED_CAPACITY,
+        }
+    }
+}
+
+impl MemoryOptions {
+    /// These options with [`MemoryOptions::stream_max_len`] set.
+    #[must_use]
+    pub const fn with_stream_max_len(mut self, max_len: usize) -> Self {
+        self.stream_max_len = Some(max_len);
+        self
+    }
+
+    /// These options with [`MemoryOptions::feed_capacity`] set.
+    #[must_use]
+    pub const fn with_feed_capacity(mut self, capacity: usize) -> Self {
+        self.feed_capacity = capacity;
+        self
+    }
+}
 
 /// A [`Coordinator`] inside one process, built on `parking_lot` and
 /// crossbeam.
@@ -38,7 +72,7 @@ const CATCH_UP_SLOW: Duration = Duration::from_millis(20);
 ///
 /// **Slow consumers.** Delivery never blocks the sender, and no feed grows
 /// without bound: every feed is a bounded channel of
-/// [`with_feed_capacity`](Self::with_feed_capacity) items (default 4,096),
+/// [`MemoryOptions::feed_capacity`] items (default 4,096),
 /// filled while the hub's lock is held (which is what orders each topic,
 /// stream and bucket). When a feed's channel is full the feed falls
 /// *behind*: the hub stops sending to it and remembers only where it was —
@@ -74,7 +108,7 @@ const CATCH_UP_SLOW: Duration = Duration::from_millis(20);
 /// delivers what is in its channel; what it was behind on is not sent.
 ///
 /// **Streams** number entries 1, 2, 3… per stream and keep all of them, or
-/// only the newest `n` with [`with_stream_max_len`](Self::with_stream_max_len);
+/// only the newest `n` with [`MemoryOptions::stream_max_len`];
 /// a reader that is behind while its next entries are trimmed continues at
 /// the oldest retained entry, as a new reader from a trimmed position would.
 pub struct MemoryCoordinator {
@@ -390,9 +424,44 @@ impl MemoryCoordinator {
         Self::with_hub(None)
     }
 
+    /// A new, empty hub with `options`, checked: a feed capacity outside
+    /// [`MIN_FEED_CAPACITY`](super::MIN_FEED_CAPACITY) ..=
+    /// [`MAX_FEED_CAPACITY`](super::MAX_FEED_CAPACITY) or a stream length
+    /// of 0 is refused with [`Error::InvalidArgument`], as every backend
+    /// refuses it.
+    ///
+    /// ```
+    /// use fleetcoord::coordinator::{Coordinator, MemoryCoordinator, MemoryOptions};
+    ///
+    /// let options = MemoryOptions::default().with_feed_capacity(2).with_stream_max_len(100);
+    /// let coord = MemoryCoordinator::with_options(options)?;
+    /// let sub = coord.subscribe("t")?;
+    /// for i in 0..10u8 {
+    ///     coord.publish("t", &[i])?; // never blocks
+    /// }
+    /// assert_eq!(sub.receiver().len(), 2);
+    /// assert!(MemoryCoordinator::with_options(MemoryOptions::default().with_feed_capacity(1)).is_err());
+    /// # Ok::<(), fleetcoord::Error>(())
+    /// ```
+    pub fn with_options(options: MemoryOptions) -> Result<Self> {
+        crate::validate::capacity("feed_capacity", options.feed_capacity)?;
+        if options.stream_max_len == Some(0) {
+            return Err(Error::invalid("stream_max_len", "0 would keep no entry"));
+        }
+        let coord = Self::with_hub(options.stream_max_len);
+        coord
+            .hub
+            .feed_capacity
+            .store(options.feed_capacity, Ordering::Relaxed);
+        Ok(coord)
+    }
+
     /// A new, empty hub whose streams keep only their newest `max_len`
     /// entries (at least 1). Readers asking for a trimmed position start at
     /// the oldest retained entry.
+    #[deprecated(
+        note = "use `MemoryCoordinator::with_options(MemoryOptions::default().with_stream_max_len(n))`, which refuses 0 instead of clamping it"
+    )]
     pub fn with_stream_max_len(max_len: usize) -> Self {
         Self::with_hub(Some(max_len.max(1)))
     }
@@ -402,20 +471,10 @@ impl MemoryCoordinator {
     /// 1,048,576 (channels are allocated up front; the same bounds as
     /// [`EtcdCoordinatorOptions::feed_capacity`](super::EtcdCoordinatorOptions::feed_capacity)),
     /// default 4,096. See "Slow consumers" above.
-    ///
-    /// ```
-    /// use fleetcoord::coordinator::{Coordinator, MemoryCoordinator};
-    ///
-    /// let coord = MemoryCoordinator::new().with_feed_capacity(2);
-    /// assert_eq!(coord.feed_capacity(), 2);
-    /// let sub = coord.subscribe("t")?;
-    /// for i in 0..10u8 {
-    ///     coord.publish("t", &[i])?; // never blocks
-    /// }
-    /// assert_eq!(sub.receiver().len(), 2);
-    /// # Ok::<(), fleetcoord::Error>(())
-    /// ```
     #[must_use]
+    #[deprecated(
+        note = "use `MemoryCoordinator::with_options(MemoryOptions::default().with_feed_capacity(n))`, which refuses what this clamps"
+    )]
     pub fn with_feed_capacity(self, capacity: usize) -> Self {
         self.hub.feed_capacity.store(
             capacity.clamp(MIN_FEED_CAPACITY, crate::validate::MAX_CAPACITY),
@@ -771,6 +830,12 @@ impl Coordinator for MemoryCoordinator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A hub whose feeds hold `capacity` items.
+    fn capped(capacity: usize) -> MemoryCoordinator {
+        MemoryCoordinator::with_options(MemoryOptions::default().with_feed_capacity(capacity))
+            .expect("a capacity within the bounds")
+    }
     use crossbeam_channel::{Receiver, RecvTimeoutError};
     use std::time::Instant;
 
@@ -842,7 +907,8 @@ mod tests {
 
     #[test]
     fn trimming_keeps_newest() {
-        let c = MemoryCoordinator::with_stream_max_len(3);
+        let c = MemoryCoordinator::with_options(MemoryOptions::default().with_stream_max_len(3))
+            .unwrap();
         for i in 0..10u8 {
             c.append_stream("s", &[i]).unwrap();
         }
@@ -866,6 +932,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(deprecated)] // the clamping builder, kept for compatibility
     fn capacity_is_at_least_two_and_applies_to_new_feeds() {
         let c = MemoryCoordinator::new();
         assert_eq!(c.feed_capacity(), DEFAULT_FEED_CAPACITY);
@@ -882,6 +949,7 @@ mod tests {
     /// crossbeam allocates a bounded channel's slots up front: a capacity
     /// of `usize::MAX` used to abort the process at the next subscribe.
     #[test]
+    #[allow(deprecated)] // the clamping builder, kept for compatibility
     fn capacity_is_at_most_the_library_wide_maximum() {
         let c = MemoryCoordinator::new().with_feed_capacity(usize::MAX);
         assert_eq!(c.feed_capacity(), crate::validate::MAX_CAPACITY);
@@ -894,7 +962,7 @@ mod tests {
 
     #[test]
     fn slow_subscriber_is_bounded_and_ends_with_the_latest_message() {
-        let c = MemoryCoordinator::new().with_feed_capacity(4);
+        let c = capped(4);
         let slow = c.subscribe("t").unwrap();
         let fast = c.subscribe("t").unwrap();
         let mut seen_fast = Vec::new();
@@ -924,7 +992,7 @@ mod tests {
 
     #[test]
     fn slow_stream_reader_gets_every_entry_once_in_order() {
-        let c = MemoryCoordinator::new().with_feed_capacity(8);
+        let c = capped(8);
         let tail = c.read_stream("s", StreamPosition::Start).unwrap();
         for i in 0..5_000u32 {
             c.append_stream("s", &i.to_be_bytes()).unwrap();
@@ -959,7 +1027,12 @@ mod tests {
 
     #[test]
     fn behind_reader_skips_only_trimmed_entries() {
-        let c = MemoryCoordinator::with_stream_max_len(10).with_feed_capacity(4);
+        let c = MemoryCoordinator::with_options(
+            MemoryOptions::default()
+                .with_stream_max_len(10)
+                .with_feed_capacity(4),
+        )
+        .unwrap();
         let r = c.read_stream("s", StreamPosition::Start).unwrap();
         for i in 0..100u8 {
             c.append_stream("s", &[i]).unwrap();
@@ -1004,7 +1077,7 @@ mod tests {
 
     #[test]
     fn slow_kv_watch_converges_to_the_bucket() {
-        let c = MemoryCoordinator::new().with_feed_capacity(4);
+        let c = capped(4);
         for k in 0..20u32 {
             c.kv_set("b", &format!("k{k:02}"), b"initial").unwrap();
         }
@@ -1036,7 +1109,7 @@ mod tests {
 
     #[test]
     fn catch_up_thread_ends_when_nothing_is_behind() {
-        let c = MemoryCoordinator::new().with_feed_capacity(2);
+        let c = capped(2);
         let sub = c.subscribe("t").unwrap();
         for i in 0..5u8 {
             c.publish("t", &[i]).unwrap();
@@ -1074,7 +1147,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_that_fills_the_channel_is_followed_by_synced() {
-        let c = MemoryCoordinator::new().with_feed_capacity(2);
+        let c = capped(2);
         c.kv_set("b", "k1", b"1").unwrap();
         c.kv_set("b", "k2", b"2").unwrap();
         let watch = c.kv_watch("b", "*").unwrap();
@@ -1099,7 +1172,7 @@ mod tests {
 
     #[test]
     fn a_key_created_and_deleted_while_behind_ends_absent() {
-        let c = MemoryCoordinator::new().with_feed_capacity(2);
+        let c = capped(2);
         let watch = c.kv_watch("b", "*").unwrap();
         c.kv_set("b", "a", b"1").unwrap();
         // The channel (Synced, a) is full: `x` comes and goes while the
@@ -1208,7 +1281,7 @@ mod tests {
 
     #[test]
     fn consumers_gone_while_behind_are_dropped_by_the_catch_up() {
-        let c = MemoryCoordinator::new().with_feed_capacity(2);
+        let c = capped(2);
         let sub = bare_subscription(&c, "t");
         let reader = bare_reader(&c, "s");
         let told = bare_watch(&c, "told", true);

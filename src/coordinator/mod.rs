@@ -28,6 +28,31 @@
 //! The API is blocking; receivers are crossbeam channels wrapped in a
 //! [`Feed`] that cancels its subscription when dropped.
 //!
+//! # Slow consumers
+//!
+//! Every feed ([`Subscription`], [`StreamReader`], [`KvWatcher`]) is a
+//! bounded queue of `feed_capacity` items: [`DEFAULT_FEED_CAPACITY`] unless
+//! the backend's options say otherwise, within [`MIN_FEED_CAPACITY`] ..=
+//! [`MAX_FEED_CAPACITY`] — every backend refuses other values alike, with
+//! [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming
+//! `feed_capacity`. Filling it never blocks the backend. A feed whose queue
+//! is full falls *behind*; once its consumer has read the queue down to
+//! half, it catches up. Every backend that delivers follows the same rule
+//! (the conformance suite's `run_slow_consumers` checks it):
+//!
+//! * **a subscription** is at-most-once: of the messages published while
+//!   it is behind, all but the newest are dropped (counted in a logged
+//!   warning), and the newest is delivered when it catches up, so a
+//!   consumer always ends with the latest message of its topic;
+//! * **a stream reader** loses nothing: it goes on after the last entry it
+//!   delivered, every entry once and in order (entries a trimmed stream no
+//!   longer holds are skipped);
+//! * **a KV watch** ends with the bucket as it is: it is told at most a
+//!   queue's worth of the changes made while it was behind, then the
+//!   difference between what it was told and the bucket (`Put` for keys
+//!   new or changed, `Deleted` for keys gone; intermediate values are
+//!   coalesced, final ones never are).
+//!
 //! ```
 //! use fleetcoord::coordinator::{Coordinator, KvEvent, MemoryCoordinator, StreamPosition};
 //! use std::time::Duration;
@@ -75,8 +100,18 @@ pub mod redis;
 
 pub use etcd::{EtcdCoordinator, EtcdCoordinatorOptions};
 pub use feed::Feed;
+
+/// The capacity of a feed's queue unless a backend's options set another
+/// (see "Slow consumers" above).
+pub const DEFAULT_FEED_CAPACITY: usize = 4096;
+/// The smallest feed capacity any backend accepts: room for the item a
+/// consumer is reading and one more.
+pub const MIN_FEED_CAPACITY: usize = 2;
+/// The largest feed capacity any backend accepts (queues are allocated up
+/// front).
+pub const MAX_FEED_CAPACITY: usize = crate::validate::MAX_CAPACITY;
 pub use from_env::{connect, from_env, from_env_vars, from_env_vars_with_etcd, from_env_with_etcd};
-pub use memory::MemoryCoordinator;
+pub use memory::{MemoryCoordinator, MemoryOptions};
 #[cfg(feature = "nats")]
 pub use nats::{NatsCoordinator, NatsCredentials, NatsKeyEncoding, NatsOptions};
 pub use noop::NoopCoordinator;

@@ -44,6 +44,9 @@ impl Needs {
 /// What a case runs with.
 pub(super) struct Ctx<'a> {
     pub(super) factory: &'a dyn Fn() -> Box<dyn Coordinator>,
+    /// Opens a handle with a given feed capacity, for the slow-consumer
+    /// cases (`factory` then opens handles of their capacity).
+    pub(super) with_capacity: Option<&'a dyn Fn(usize) -> crate::Result<Box<dyn Coordinator>>>,
     /// Restarts the backend's server, when the suite was given a way to.
     pub(super) restart: Option<&'a dyn Fn() -> crate::Result<()>>,
     /// What the backend declared.

@@ -47,7 +47,10 @@ mod pubsub;
 mod restart;
 #[cfg(test)]
 mod self_test;
+mod slow;
 mod stream;
+
+pub use slow::CAPACITY as SLOW_CAPACITY;
 
 use super::{Capabilities, Coordinator};
 use case::{Case, Ctx};
@@ -82,7 +85,41 @@ pub struct Report {
 /// what the factory must return). Panics, after running all cases, with the
 /// name and failure of each case that failed.
 pub fn run<F: Fn() -> Box<dyn Coordinator>>(factory: F) -> Report {
-    run_selected(factory, None, |_| true)
+    run_selected(&factory, None, None, cases(), |_| true)
+}
+
+/// The slow-consumer cases: the contract in the coordinator docs ("Slow
+/// consumers"), on feeds of [`SLOW_CAPACITY`] items. `with_capacity(n)`
+/// must return a new handle onto the same backing store (as [`run`]'s
+/// factory does) whose feeds hold `n` items, or the backend's error for a
+/// capacity it refuses — every backend refuses the same bounds, with
+/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming
+/// `feed_capacity`. Panics, after running all cases, listing each failure.
+///
+/// ```no_run
+/// use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, EtcdCoordinatorOptions};
+///
+/// let endpoint = "127.0.0.1:2379";
+/// fleetcoord::conformance::run_slow_consumers(|capacity| {
+///     let options = EtcdCoordinatorOptions::default().with_feed_capacity(capacity);
+///     Ok(Box::new(EtcdCoordinator::with_options(endpoint, options)?) as Box<dyn Coordinator>)
+/// });
+/// ```
+pub fn run_slow_consumers<F>(with_capacity: F) -> Report
+where
+    F: Fn(usize) -> crate::Result<Box<dyn Coordinator>>,
+{
+    let factory = || match with_capacity(SLOW_CAPACITY) {
+        Ok(handle) => handle,
+        Err(e) => panic!("a handle with feed capacity {SLOW_CAPACITY}: {e}"),
+    };
+    run_selected(
+        &factory,
+        None,
+        Some(&with_capacity),
+        slow::CASES.iter(),
+        |_| true,
+    )
 }
 
 /// [`run`], with `restart` restarting the backend's server (all of its
@@ -107,7 +144,7 @@ where
     F: Fn() -> Box<dyn Coordinator>,
     R: Fn() -> crate::Result<()>,
 {
-    run_selected(factory, Some(&restart), |_| true)
+    run_selected(&factory, Some(&restart), None, cases(), |_| true)
 }
 
 /// Every case, one concern after another.
@@ -124,10 +161,12 @@ fn cases() -> impl Iterator<Item = &'static Case> {
     .flatten()
 }
 
-/// [`run`] restricted to the cases whose name `select` accepts.
-fn run_selected<F: Fn() -> Box<dyn Coordinator>>(
-    factory: F,
+/// Runs the `cases` whose name `select` accepts.
+fn run_selected<'a>(
+    factory: &dyn Fn() -> Box<dyn Coordinator>,
     restart: Option<&dyn Fn() -> crate::Result<()>>,
+    with_capacity: Option<&dyn Fn(usize) -> crate::Result<Box<dyn Coordinator>>>,
+    cases: impl Iterator<Item = &'a Case>,
     select: impl Fn(&str) -> bool,
 ) -> Report {
     let capabilities = {
@@ -141,7 +180,7 @@ fn run_selected<F: Fn() -> Box<dyn Coordinator>>(
         ..Report::default()
     };
     let mut failures = Vec::new();
-    for case in cases().filter(|c| select(c.name)) {
+    for case in cases.filter(|c| select(c.name)) {
         if let Some(reason) = case.needs.unmet(&capabilities) {
             let _ = writeln!(
                 std::io::stderr().lock(),
@@ -152,7 +191,8 @@ fn run_selected<F: Fn() -> Box<dyn Coordinator>>(
             continue;
         }
         let ctx = Ctx {
-            factory: &factory,
+            factory,
+            with_capacity,
             restart,
             caps: capabilities,
             opened: RefCell::new(Vec::new()),

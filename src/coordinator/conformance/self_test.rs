@@ -89,8 +89,10 @@ fn fails(bug: Bug, case: &str) -> String {
     let hub = MemoryCoordinator::new();
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         run_selected(
-            || Box::new(Buggy(hub.clone(), bug)),
+            &|| Box::new(Buggy(hub.clone(), bug)),
             None,
+            None,
+            cases(),
             |name| name == case,
         )
     }));
@@ -121,8 +123,10 @@ fn the_restart_hook_runs_while_appends_are_running() {
         Ok(())
     };
     let report = run_selected(
-        || Box::new(hub.clone()),
+        &|| Box::new(hub.clone()),
         Some(&restart),
+        None,
+        cases(),
         |name| name.contains("restart"),
     );
     assert_eq!(report.passed.len(), 1);
@@ -131,8 +135,10 @@ fn the_restart_hook_runs_while_appends_are_running() {
     let broken = || Err(crate::Error::invalid("restart", "cannot"));
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         run_selected(
-            || Box::new(hub.clone()),
+            &|| Box::new(hub.clone()),
             Some(&broken),
+            None,
+            cases(),
             |name| name.contains("restart"),
         )
     }));
@@ -143,11 +149,9 @@ fn the_restart_hook_runs_while_appends_are_running() {
 #[test]
 fn a_correct_backend_passes_selected_cases() {
     let hub = MemoryCoordinator::new();
-    let report = run_selected(
-        || Box::new(hub.clone()),
-        None,
-        |name| name.starts_with("kv"),
-    );
+    let report = run_selected(&|| Box::new(hub.clone()), None, None, cases(), |name| {
+        name.starts_with("kv")
+    });
     assert_eq!(
         report.passed.len(),
         cases().filter(|c| c.name.starts_with("kv")).count()

@@ -227,7 +227,7 @@ impl Default for NatsOptions {
             credentials: NatsCredentials::None,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(20),
-            feed_capacity: 4096,
+            feed_capacity: crate::coordinator::DEFAULT_FEED_CAPACITY,
             key_encoding: NatsKeyEncoding::Nats,
         }
     }

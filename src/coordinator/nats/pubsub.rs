@@ -9,10 +9,10 @@ use futures_util::StreamExt;
 /// the handle closes.
 ///
 /// Live-only, so there is nothing to resume: while the consumer's queue is
-/// full, messages that arrive are dropped (and counted); once it has read
-/// half of its queue, the message that did not fit goes out first and
-/// delivery goes on with the next message published. A warning says how
-/// many were dropped.
+/// full, only the newest message is kept and the others are dropped (and
+/// counted); once it has read half of its queue, that newest message goes
+/// out and delivery goes on with the next one published. A warning says
+/// how many were dropped.
 pub(super) async fn feed(mut sub: async_nats::Subscriber, topic: String, life: Lifeline<Message>) {
     let tx = life.tx();
     loop {
@@ -27,7 +27,7 @@ pub(super) async fn feed(mut sub: async_nats::Subscriber, topic: String, life: L
             topic: topic.clone(),
             payload: m.payload.to_vec(),
         };
-        let held = match tx.try_send(message) {
+        let mut held = match tx.try_send(message) {
             Ok(()) => continue,
             Err(FeedFull::Gone) => break,
             Err(FeedFull::Full(held)) => held,
@@ -37,7 +37,12 @@ pub(super) async fn feed(mut sub: async_nats::Subscriber, topic: String, life: L
             tokio::select! {
                 relieved = life.relieved() => break relieved,
                 next = sub.next() => match next {
-                    Some(_) => dropped = dropped.saturating_add(1),
+                    // The newest replaces the held one (the contract in
+                    // coordinator/mod.rs, "Slow consumers").
+                    Some(m) => {
+                        held.payload = m.payload.to_vec();
+                        dropped = dropped.saturating_add(1);
+                    }
                     None => break false,
                 },
                 _ = life.ended() => break false,
@@ -46,7 +51,8 @@ pub(super) async fn feed(mut sub: async_nats::Subscriber, topic: String, life: L
         if dropped > 0 {
             log::warn!(
                 "fleetcoord nats: subscriber of topic {topic:?} fell behind; \
-                 {dropped} message(s) published while its queue was full were dropped"
+                 {dropped} message(s) published while its queue was full were dropped \
+                 (the newest was kept)"
             );
         }
         if !relieved || tx.try_send(held).is_err() {

@@ -75,7 +75,7 @@ impl Default for RedisOptions {
             password: None,
             cluster: None,
             stream_max_len: None,
-            feed_capacity: 4096,
+            feed_capacity: crate::coordinator::DEFAULT_FEED_CAPACITY,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
             min_replicas: None,

@@ -93,7 +93,7 @@ async fn follow(
         if on != channel {
             continue;
         }
-        let held = match ctx.tx.try_send(Message {
+        let mut held = match ctx.tx.try_send(Message {
             topic: topic.to_string(),
             payload,
         }) {
@@ -102,8 +102,9 @@ async fn follow(
             Err(FeedFull::Full(held)) => held,
         };
         // Full: keep draining the connection so the server never buffers
-        // for us, count what is dropped, deliver the held message once
-        // the consumer caught up.
+        // for us; the newest message replaces the held one (the contract
+        // in coordinator/mod.rs, "Slow consumers") and the replaced ones are
+        // counted; deliver the held one once the consumer caught up.
         let mut dropped = 0u64;
         let mut lost = false;
         loop {
@@ -118,8 +119,11 @@ async fn follow(
                     Some(p) if p.kind == PushKind::Disconnection => lost = true,
                     None => lost = true,
                     Some(p) => {
-                        if message(&p).is_some_and(|(on, _)| on == channel) {
-                            dropped = dropped.saturating_add(1);
+                        if let Some((on, payload)) = message(&p) {
+                            if on == channel {
+                                held.payload = payload;
+                                dropped = dropped.saturating_add(1);
+                            }
                         }
                     }
                 },
@@ -131,7 +135,7 @@ async fn follow(
         if dropped > 0 {
             log::warn!(
                 "subscription to {topic:?}: the consumer fell behind; {dropped} message(s) \
-                 were dropped while its queue was full"
+                 were dropped while its queue was full (the newest was kept)"
             );
         }
         if lost {
