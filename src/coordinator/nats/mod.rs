@@ -58,7 +58,7 @@ use super::{
 };
 use crate::driver::bridge::{self, Bridge, BridgeError};
 use crate::driver::StartError;
-use crate::error::{Error, EtcdErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::validate;
 use conn::{Conn, Settings};
 use feed::Lifeline;
@@ -413,7 +413,7 @@ impl NatsCoordinator {
             StartError::Connect(reason) => Error::Backend {
                 backend: "nats",
                 endpoints: urls.clone(),
-                kind: EtcdErrorKind::Unavailable,
+                kind: ErrorKind::Unavailable,
                 message: format!("cannot connect: {reason}"),
             },
         })?;
