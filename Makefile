@@ -23,7 +23,7 @@ FUZZ_SECONDS ?= 60
 # cargo-fuzz needs nightly flags; this lets the stable toolchain accept them.
 FUZZ_ENV := RUSTC_BOOTSTRAP=1
 
-.PHONY: test-matrix deps-matrix test soak scale bench coverage deps-coverage fuzz lint demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust cross deps-cross qemu-sm deps-qemu-sm msrv
+.PHONY: test-matrix deps-matrix test soak scale bench coverage deps-coverage fuzz lint public-api deps-public-api demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust cross deps-cross qemu-sm deps-qemu-sm msrv
 
 test: deps
 	$(CARGO) fmt --all --check
@@ -93,9 +93,30 @@ fuzz: deps-fuzz
 	  $(FUZZ_ENV) $(CARGO) fuzz run "$$t" "target/corpus/$$t" $$seeds -- -max_total_time=$(FUZZ_SECONDS); \
 	done
 
-lint: deps-build deps-rust
+lint: deps-build deps-rust deps-public-api
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 	cd fuzz && $(CARGO) clippy --all-targets -- -D warnings
+	$(MAKE) --no-print-directory public-api
+
+# No type of fleetcoord-sm may be part of fleetcoord's public API (re-exports,
+# public fields, variants, signatures, trait impls): the machines' vocabulary
+# would become fleetcoord's, and every change to it a breaking change.
+# rustdoc's JSON of the crate (all features) is walked by
+# scripts/check-public-api.py, which lists every leak and fails. Part of
+# `make lint`, not `make test`: on a fresh machine the JSON needs its own
+# check build of every dependency (minutes); after clippy it takes seconds.
+PUBLIC_API_JSON := $(or $(CARGO_TARGET_DIR),target)/doc/fleetcoord.json
+public-api: deps-build deps-public-api
+	RUSTDOC="$(CURDIR)/scripts/rustdoc-unstable" $(CARGO) rustdoc --quiet -p fleetcoord --all-features \
+	  -- -Z unstable-options --output-format json
+	python3 scripts/check-public-api.py $(PUBLIC_API_JSON) fleetcoord_sm
+
+# rustdoc ships with rustc (rustup's minimal profile has it); python3 runs
+# the checker.
+deps-public-api:
+	$(call apt_install,python3 python3)
+	@command -v rustdoc >/dev/null 2>&1 || { \
+	  echo "make: public-api needs rustdoc, which ships with the Rust toolchain" >&2; exit 1; }
 
 # A narrated fleet (three agents, two campaigners) on a throwaway local etcd;
 # `make demo ENDPOINTS=host:port` runs it against an existing etcd instead.

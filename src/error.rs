@@ -35,7 +35,7 @@ pub enum Error {
     #[error("etcd request failed: {message}")]
     Etcd {
         /// What kind of failure, decided from etcd's gRPC status code.
-        kind: EtcdErrorKind,
+        kind: ErrorKind,
         /// What etcd (or the connection) said, for logs.
         message: String,
     },
@@ -45,14 +45,23 @@ pub enum Error {
     /// The operation was canceled before it finished.
     #[error("canceled")]
     Canceled,
-    /// The driver thread has stopped (closed, or it failed); nothing more
-    /// can be done with this handle.
+    /// The background thread behind this handle (an [`Etcd`](crate::Etcd)'s
+    /// driver, a Redis or NATS coordinator's runtime) stopped although
+    /// nobody closed the handle: it panicked or its runtime failed. Nothing
+    /// more can be done with the handle; a new connection is needed. Every
+    /// backend follows one rule: a stopped thread is `DriverGone` unless the
+    /// user closed the handle, which is [`Error::Closed`].
     #[error("the fleetcoord driver thread has stopped")]
     DriverGone,
     /// The key, or whatever was asked for, does not exist.
     #[error("not found")]
     NotFound,
-    /// The object was closed; create a new one.
+    /// The user closed this object, or the handle it was made from: a call
+    /// after `close` on it, after [`Etcd::close`](crate::Etcd::close) on
+    /// the connection a primitive or coordinator uses, after
+    /// [`ElectionPool::close`](crate::ElectionPool::close). Create a new
+    /// one. Every backend returns this, and not [`Error::DriverGone`], once
+    /// its handle was closed, whatever its thread is doing.
     #[error("closed")]
     Closed,
     /// The session behind an election or campaign was lost (its lease
@@ -78,7 +87,7 @@ pub enum Error {
         /// The server URLs it was given, comma-separated.
         endpoints: String,
         /// What kind of failure.
-        kind: EtcdErrorKind,
+        kind: ErrorKind,
         /// What failed, for people.
         message: String,
     },
@@ -111,61 +120,78 @@ fn at_id(id: &Option<StreamId>) -> String {
         .unwrap_or_default()
 }
 
-/// What kind of failure an [`Error::Etcd`] is.
+/// What kind of failure an [`Error::Etcd`] or an [`Error::Backend`] is, on
+/// every backend: one classification, so code that acts on a failure (retry
+/// it, re-authenticate, give up) works unchanged whichever backend it runs
+/// on, and one retry policy ([`ErrorKind::is_retryable`]).
 ///
-/// Decided once, from etcd's gRPC status code, never from message text.
+/// Decided once per failure, from what the backend reports in a structured
+/// form (etcd's gRPC status code, Redis' error kind and code, NATS' error
+/// kinds), never from message text. A variant that names one backend's
+/// concept says which backends can produce it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum EtcdErrorKind {
-    /// etcd could not be reached, the connection or a stream broke, the
-    /// request timed out, or etcd had no leader or changed it. A write that
-    /// failed this way may or may not have been applied.
+pub enum ErrorKind {
+    /// The server could not be reached, the connection or a stream broke,
+    /// the request timed out, or the server could not serve it for now
+    /// (etcd without a leader or changing it; Redis loading, failing over
+    /// or redirecting; NATS without an answer). A write that failed this
+    /// way may or may not have been applied.
     Unavailable,
-    /// etcd refused the request (an invalid or too large request, a lease
-    /// TTL too large, a database out of space, ...).
+    /// The server refused the request and will refuse it again (an invalid
+    /// or too large request, a lease TTL too large, a database out of
+    /// space, a Redis cross-slot command, ...).
     Rejected,
     /// The lease named does not exist any more: it expired or was revoked.
+    /// etcd only.
     LeaseNotFound,
-    /// The revision asked for has been compacted away.
+    /// The revision asked for has been compacted away. etcd only.
     Compacted,
-    /// The authenticated user lacks the permission.
+    /// The authenticated user lacks the permission (etcd's RBAC, a Redis
+    /// ACL, a failed Redis `AUTH`).
     PermissionDenied,
     /// etcd refused the authentication token (expired or invalidated).
     Unauthenticated,
     /// Concurrent writers kept winning the race for the same key (a stream
     /// append); nothing was written.
     Contended,
-    /// etcd's answer did not fit the request, or the data under
+    /// The server's answer did not fit the request, or the data under
     /// fleetcoord's keys was not written by fleetcoord: a bug or a foreign
     /// writer, not a transient condition.
     Unexpected,
     /// The write was applied, but fewer replicas than asked confirmed it
     /// in time (Redis' `WAIT`, see `RedisOptions::with_min_replicas`): it
     /// is stored, and may still be lost if the server that applied it
-    /// fails before a replica has it. Never from etcd, whose writes are
+    /// fails before a replica has it. Redis only: etcd's writes are
     /// confirmed by a quorum before they are answered.
     Unreplicated,
 }
 
-impl EtcdErrorKind {
+impl ErrorKind {
     /// Whether the same call may succeed if made again; see
     /// [`Error::is_retryable`].
     pub fn is_retryable(self) -> bool {
         match self {
-            EtcdErrorKind::Unavailable
-            | EtcdErrorKind::Unauthenticated
-            | EtcdErrorKind::Contended => true,
+            ErrorKind::Unavailable | ErrorKind::Unauthenticated | ErrorKind::Contended => true,
             // Applied already: making the call again applies it again
             // (an append twice).
-            EtcdErrorKind::Unreplicated => false,
-            EtcdErrorKind::Rejected
-            | EtcdErrorKind::LeaseNotFound
-            | EtcdErrorKind::Compacted
-            | EtcdErrorKind::PermissionDenied
-            | EtcdErrorKind::Unexpected => false,
+            ErrorKind::Unreplicated => false,
+            ErrorKind::Rejected
+            | ErrorKind::LeaseNotFound
+            | ErrorKind::Compacted
+            | ErrorKind::PermissionDenied
+            | ErrorKind::Unexpected => false,
         }
     }
 }
+
+/// The former name of [`ErrorKind`], from when only etcd's errors were
+/// classified. The same type: matching on it and comparing with it keep
+/// working.
+#[deprecated(
+    note = "renamed `ErrorKind`: it classifies the errors of every backend, not only etcd's"
+)]
+pub type EtcdErrorKind = ErrorKind;
 
 /// `Result` with fleetcoord's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
@@ -179,18 +205,18 @@ impl Error {
     }
 
     /// An [`Error::Etcd`] of `kind`.
-    pub(crate) fn etcd(kind: EtcdErrorKind, message: impl Into<String>) -> Self {
+    pub(crate) fn etcd(kind: ErrorKind, message: impl Into<String>) -> Self {
         Error::Etcd {
             kind,
             message: message.into(),
         }
     }
 
-    /// An [`Error::Etcd`] of kind [`EtcdErrorKind::Unexpected`]: etcd
+    /// An [`Error::Etcd`] of kind [`ErrorKind::Unexpected`]: etcd
     /// answered `answer` where it could not have.
     pub(crate) fn unexpected(answer: impl std::fmt::Debug) -> Self {
         Error::etcd(
-            EtcdErrorKind::Unexpected,
+            ErrorKind::Unexpected,
             format!("unexpected answer from etcd: {answer:?}"),
         )
     }
@@ -204,7 +230,7 @@ impl Error {
     /// Whether making the same call again, unchanged, may succeed.
     ///
     /// It does not say whether the failed call had an effect: a write that
-    /// failed with [`EtcdErrorKind::Unavailable`] or timed out may have been
+    /// failed with [`ErrorKind::Unavailable`] or timed out may have been
     /// applied. Stream appends are the exception: they retry internally
     /// without ever storing twice, so an append that fails with a retryable
     /// error was not stored, and one whose outcome stayed unknown fails with
@@ -227,7 +253,8 @@ impl Error {
     /// | [`Error::NotFound`] | no | the key is absent until someone writes it |
     /// | [`Error::NotLeader`] | no | campaign again instead |
     /// | [`Error::Canceled`] | no | the caller canceled it |
-    /// | [`Error::Closed`], [`Error::DriverGone`] | no | make a new object or connection |
+    /// | [`Error::Closed`] | no | closed by its user: make a new object or connection |
+    /// | [`Error::DriverGone`] | no | its thread died: make a new connection |
     /// | [`Error::Io`] | no | a local failure to look at |
     /// | [`Error::Indeterminate`] | no | the append may be stored: appending again could store it twice |
     ///
@@ -255,24 +282,26 @@ impl Error {
     }
 }
 
-/// The one conversion of a failed request into the user's error.
-impl From<RpcError> for Error {
-    fn from(e: RpcError) -> Self {
+impl Error {
+    /// The one conversion of a failed request into the user's error. Not a
+    /// `From` impl: a public trait impl would put `fleetcoord_sm`'s
+    /// `RpcError` into the public API.
+    pub(crate) fn rpc(e: RpcError) -> Self {
         Error::etcd(etcd_kind(&e), e.to_string())
     }
 }
 
 /// The kind of [`Error::Etcd`] a failed request becomes.
-pub(crate) fn etcd_kind(e: &RpcError) -> EtcdErrorKind {
+pub(crate) fn etcd_kind(e: &RpcError) -> ErrorKind {
     match e {
-        RpcError::LeaseNotFound => EtcdErrorKind::LeaseNotFound,
-        RpcError::Compacted { .. } => EtcdErrorKind::Compacted,
-        RpcError::PermissionDenied(_) => EtcdErrorKind::PermissionDenied,
-        RpcError::Unauthenticated(_) => EtcdErrorKind::Unauthenticated,
+        RpcError::LeaseNotFound => ErrorKind::LeaseNotFound,
+        RpcError::Compacted { .. } => ErrorKind::Compacted,
+        RpcError::PermissionDenied(_) => ErrorKind::PermissionDenied,
+        RpcError::Unauthenticated(_) => ErrorKind::Unauthenticated,
         // `Unavailable` and `Rejected` are the two policies themselves, so a
         // variant newer than this mapping falls into the one it follows.
-        _ if e.is_retryable() => EtcdErrorKind::Unavailable,
-        _ => EtcdErrorKind::Rejected,
+        _ if e.is_retryable() => ErrorKind::Unavailable,
+        _ => ErrorKind::Rejected,
     }
 }
 
@@ -312,41 +341,41 @@ mod tests {
         let cases = [
             (
                 RpcError::Unavailable("Unavailable: etcdserver: leader changed".into()),
-                EtcdErrorKind::Unavailable,
+                ErrorKind::Unavailable,
                 "etcd request failed: Unavailable: etcdserver: leader changed",
             ),
             (
                 RpcError::Rejected("etcdserver: request is too large".into()),
-                EtcdErrorKind::Rejected,
+                ErrorKind::Rejected,
                 "etcd request failed: etcdserver: request is too large",
             ),
             (
                 RpcError::LeaseNotFound,
-                EtcdErrorKind::LeaseNotFound,
+                ErrorKind::LeaseNotFound,
                 "etcd request failed: lease not found",
             ),
             (
                 RpcError::Compacted {
                     compact_revision: 7,
                 },
-                EtcdErrorKind::Compacted,
+                ErrorKind::Compacted,
                 "etcd request failed: the requested revision has been compacted \
                  (compaction revision 7)",
             ),
             (
                 RpcError::PermissionDenied("etcdserver: permission denied".into()),
-                EtcdErrorKind::PermissionDenied,
+                ErrorKind::PermissionDenied,
                 "etcd request failed: etcdserver: permission denied",
             ),
             (
                 RpcError::Unauthenticated("etcdserver: invalid auth token".into()),
-                EtcdErrorKind::Unauthenticated,
+                ErrorKind::Unauthenticated,
                 "etcd request failed: etcdserver: invalid auth token",
             ),
         ];
         for (rpc, kind, text) in cases {
             let retryable = rpc.is_retryable();
-            let error = Error::from(rpc.clone());
+            let error = Error::rpc(rpc.clone());
             assert_eq!(error.to_string(), text);
             match &error {
                 Error::Etcd { kind: k, .. } => assert_eq!(*k, kind, "{rpc:?}"),
@@ -361,7 +390,7 @@ mod tests {
     fn context_prefixes_the_message_and_keeps_the_kind() {
         match Error::rpc_in("stream \"jobs\"", RpcError::LeaseNotFound) {
             Error::Etcd { kind, message } => {
-                assert_eq!(kind, EtcdErrorKind::LeaseNotFound);
+                assert_eq!(kind, ErrorKind::LeaseNotFound);
                 assert_eq!(message, "stream \"jobs\": lease not found");
             }
             other => panic!("{other:?}"),
@@ -377,21 +406,21 @@ mod tests {
                 reason: "connection refused".into(),
             },
             Error::SessionLost,
-            Error::etcd(EtcdErrorKind::Unavailable, "x"),
-            Error::etcd(EtcdErrorKind::Unauthenticated, "x"),
-            Error::etcd(EtcdErrorKind::Contended, "x"),
+            Error::etcd(ErrorKind::Unavailable, "x"),
+            Error::etcd(ErrorKind::Unauthenticated, "x"),
+            Error::etcd(ErrorKind::Contended, "x"),
         ];
         for e in &retryable {
             assert!(e.is_retryable(), "{e:?}");
         }
         let permanent = [
             Error::invalid("name", "empty"),
-            Error::etcd(EtcdErrorKind::Rejected, "x"),
-            Error::etcd(EtcdErrorKind::LeaseNotFound, "x"),
-            Error::etcd(EtcdErrorKind::Compacted, "x"),
-            Error::etcd(EtcdErrorKind::PermissionDenied, "x"),
+            Error::etcd(ErrorKind::Rejected, "x"),
+            Error::etcd(ErrorKind::LeaseNotFound, "x"),
+            Error::etcd(ErrorKind::Compacted, "x"),
+            Error::etcd(ErrorKind::PermissionDenied, "x"),
             Error::unexpected("Revoked"),
-            Error::etcd(EtcdErrorKind::Unreplicated, "x"),
+            Error::etcd(ErrorKind::Unreplicated, "x"),
             Error::Canceled,
             Error::DriverGone,
             Error::NotFound,

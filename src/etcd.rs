@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::tls::{EtcdTls, EtcdUser};
 use crate::validate;
 use fleetcoord_sm::{Machine, Request, Response};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -154,8 +155,10 @@ impl EtcdOptions {
 ///
 /// Cheap to clone: clones share the connection and the thread. The thread
 /// stops when [`Etcd::close`] is called or the last clone (including the
-/// clones held inside primitives) is dropped. After that every call on any
-/// clone returns [`Error::DriverGone`].
+/// clones held inside primitives) is dropped. After [`Etcd::close`] every
+/// call on any clone, and on every primitive made from one, returns
+/// [`Error::Closed`]; should the thread stop on its own (a panic), they
+/// return [`Error::DriverGone`] instead.
 ///
 /// All methods block. Do not call them from inside an async runtime's
 /// worker thread (it would stall that runtime; debug builds assert this).
@@ -168,6 +171,10 @@ struct Inner {
     endpoints: Vec<String>,
     options: EtcdOptions,
     driver: DriverHandle,
+    /// Set by [`Etcd::close`] before the driver stops, so that a call that
+    /// finds the driver gone can tell the user's close ([`Error::Closed`])
+    /// from a driver that died ([`Error::DriverGone`]).
+    closed: AtomicBool,
 }
 
 impl std::fmt::Debug for Etcd {
@@ -244,6 +251,7 @@ impl Etcd {
                 endpoints: normalized,
                 options,
                 driver,
+                closed: AtomicBool::new(false),
             }),
         })
     }
@@ -263,8 +271,30 @@ impl Etcd {
     /// period), then the runtime stops and the thread is joined. Idempotent.
     pub fn close(&self) -> Result<()> {
         assert_not_async();
+        self.inner.closed.store(true, Ordering::SeqCst);
         self.inner.driver.shutdown();
         Ok(())
+    }
+
+    /// The error for a call that found the driver thread gone: the one
+    /// "gone" rule of every backend ([`Error::Closed`] when the user closed
+    /// this handle, [`Error::DriverGone`] when the thread stopped by
+    /// itself).
+    pub(crate) fn gone(&self) -> Error {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            Error::Closed
+        } else {
+            Error::DriverGone
+        }
+    }
+
+    /// `e`, with a [`Error::DriverGone`] decided without this handle at hand
+    /// (in a machine's failure, say) made to follow [`Etcd::gone`].
+    pub(crate) fn or_gone(&self, e: Error) -> Error {
+        match e {
+            Error::DriverGone => self.gone(),
+            other => other,
+        }
     }
 
     /// How long `lease` has left and what TTL it was granted, or `None`
@@ -291,7 +321,7 @@ impl Etcd {
         self.inner
             .driver
             .send(DriverMsg::Unary(call))
-            .map_err(|_| Error::DriverGone)?;
+            .map_err(|_| self.gone())?;
         // The driver enforces the timeout; the slack only covers a driver
         // too busy to report it.
         let wait = self
@@ -302,8 +332,8 @@ impl Etcd {
         match pending.wait(wait) {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(CallError::Timeout(after))) => Err(Error::Timeout(after)),
-            Ok(Err(CallError::Rpc(e))) => Err(Error::from(e)),
-            Err(_) => Err(Error::DriverGone),
+            Ok(Err(CallError::Rpc(e))) => Err(Error::rpc(e)),
+            Err(_) => Err(self.gone()),
         }
     }
 
@@ -324,7 +354,7 @@ impl Etcd {
         self.inner
             .driver
             .send(DriverMsg::Run(Box::new(task)))
-            .map_err(|_| Error::DriverGone)?;
+            .map_err(|_| self.gone())?;
         Ok(handle)
     }
 }

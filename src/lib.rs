@@ -80,7 +80,11 @@ pub use election::mutex::{Mutex, MutexGuard, DEFAULT_LOCK_PREFIX};
 pub use election::{
     Election, ElectionOptions, ElectionPool, LeaderInfo, LeaderObserver, Leadership, TryCampaign,
 };
-pub use error::{Error, EtcdErrorKind, Result};
+pub use error::{Error, ErrorKind, Result};
+// The old name stays importable from the crate root for one deprecation
+// cycle; the allow keeps the re-export itself from warning here.
+#[allow(deprecated)]
+pub use error::EtcdErrorKind;
 pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
 pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
 pub use tls::{EtcdTls, EtcdUser};

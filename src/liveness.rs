@@ -2,17 +2,82 @@
 
 use crate::driver::handle::WaitError;
 use crate::driver::{rand_seed, Finished, MachineHandle, Notify};
-use crate::error::{Error, EtcdErrorKind, Result};
+use crate::error::{etcd_kind, Error, ErrorKind, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::validate;
-use fleetcoord_sm::keepalive::{Binding, Keepalive, KeepaliveConfig, KeepaliveInput};
+use fleetcoord_sm::keepalive::{self as sm, Binding, Keepalive, KeepaliveConfig, KeepaliveInput};
 use fleetcoord_sm::BackoffConfig;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
-pub use fleetcoord_sm::keepalive::LivenessState;
+/// Where a lease-bound registration stands: this host's
+/// ([`HostLiveness::states`]) or an election's session
+/// ([`crate::Election::session`]). Consecutive states reported on
+/// [`HostLiveness::states`] always differ.
+///
+/// fleetcoord's own type, not the state machine's: what it shows is the
+/// registration's life cycle, which stays put when the machines' internal
+/// vocabulary changes. `#[non_exhaustive]`: match the states you act on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LivenessState {
+    /// Granting a lease or writing the key; nothing is registered yet.
+    Registering,
+    /// The lease is held (and the key written, for a [`HostLiveness`]).
+    Registered {
+        /// The lease.
+        lease: i64,
+    },
+    /// Renewals are failing; the lease may still be alive, and renewals are
+    /// retried until the local deadline.
+    Suspended {
+        /// The lease.
+        lease: i64,
+    },
+    /// The lease is gone (the local deadline passed, or etcd said so); a new
+    /// one is being granted.
+    Lost {
+        /// The lease that was lost.
+        lease: i64,
+    },
+    /// etcd refused the grant or the write in a way no retry fixes
+    /// (permission denied); the registration is stopping and `Stopped`
+    /// follows.
+    Refused {
+        /// What kind of refusal, as in [`Error::Etcd`].
+        kind: ErrorKind,
+        /// What etcd said, for people.
+        message: String,
+    },
+    /// Final. `revoked` is false when there was no lease to revoke or the
+    /// revoke failed (the lease then expires on its own).
+    Stopped {
+        /// Whether etcd confirmed the revoke.
+        revoked: bool,
+    },
+}
+
+impl LivenessState {
+    /// The machine's state as the user sees it. A crate-private function,
+    /// not a `From` impl, so that the machine's type stays out of the
+    /// public API. The match is exhaustive on purpose: a new machine state
+    /// must fail this build rather than be reported as something else.
+    pub(crate) fn from_sm(state: &sm::LivenessState) -> Self {
+        match state {
+            sm::LivenessState::Registering => LivenessState::Registering,
+            sm::LivenessState::Registered { lease } => LivenessState::Registered { lease: *lease },
+            sm::LivenessState::Suspended { lease } => LivenessState::Suspended { lease: *lease },
+            sm::LivenessState::Lost { lease } => LivenessState::Lost { lease: *lease },
+            sm::LivenessState::Refused { error } => LivenessState::Refused {
+                kind: etcd_kind(error),
+                message: error.to_string(),
+            },
+            sm::LivenessState::Stopped { revoked } => LivenessState::Stopped { revoked: *revoked },
+        }
+    }
+}
 
 /// State changes kept for a reader that does not keep up.
 const MAX_QUEUED_STATES: usize = 1024;
@@ -183,7 +248,7 @@ pub struct HostLiveness {
     machine: MachineHandle<Keepalive>,
     state: Arc<Mutex<LivenessState>>,
     states: crossbeam_channel::Receiver<LivenessState>,
-    _etcd: Etcd,
+    etcd: Etcd,
 }
 
 impl std::fmt::Debug for HostLiveness {
@@ -199,7 +264,7 @@ impl HostLiveness {
     /// Register `host_id` with `metadata` under the default prefix, with a
     /// lease of `ttl`. Blocks until the key is written (or fails after
     /// [`LivenessOptions::register_timeout`]); a refusal no retry fixes, such
-    /// as [`crate::EtcdErrorKind::PermissionDenied`] for a user without a
+    /// as [`crate::ErrorKind::PermissionDenied`] for a user without a
     /// grant on the prefix, fails at once with that error.
     pub fn register(
         etcd: &Etcd,
@@ -256,18 +321,23 @@ impl HostLiveness {
         // The list channel allocates a block of 31 slots as states arrive.
         let (states_tx, states) = crossbeam_channel::unbounded();
         let oldest = states.clone();
-        let (first_tx, first) = crossbeam_channel::bounded::<LivenessState>(1);
+        // The first outcome keeps the machine's own state: a refusal's
+        // `RpcError` becomes the error `register_with` returns.
+        let (first_tx, first) = crossbeam_channel::bounded::<sm::LivenessState>(1);
         let shared_state = state.clone();
         let mut first_tx = Some(first_tx);
         let metrics_key = key.clone();
         let machine = etcd.run(
             machine,
-            Notify(move |s: LivenessState| {
-                crate::metrics::liveness(&metrics_key, &s);
+            Notify(move |machine_state: sm::LivenessState| {
+                crate::metrics::liveness(&metrics_key, &machine_state);
+                let s = LivenessState::from_sm(&machine_state);
                 *shared_state.lock() = s.clone();
-                if let LivenessState::Registered { .. } | LivenessState::Refused { .. } = s {
+                if let sm::LivenessState::Registered { .. } | sm::LivenessState::Refused { .. } =
+                    machine_state
+                {
                     if let Some(tx) = first_tx.take() {
-                        let _ = tx.send(s.clone());
+                        let _ = tx.send(machine_state);
                     }
                 }
                 // A user who ignores state changes must not keep them in
@@ -289,11 +359,11 @@ impl HostLiveness {
             machine,
             state,
             states,
-            _etcd: etcd.clone(),
+            etcd: etcd.clone(),
         };
         match first.recv_timeout(options.register_timeout) {
             // Permission denied, say: no retry helps, so no waiting either.
-            Ok(LivenessState::Refused { error }) => {
+            Ok(sm::LivenessState::Refused { error }) => {
                 let _ = host.stop_and_wait();
                 Err(Error::rpc_in(format!("registering {}", host.key), error))
             }
@@ -302,7 +372,7 @@ impl HostLiveness {
                 let _ = host.stop_and_wait();
                 Err(Error::Timeout(options.register_timeout))
             }
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(etcd.gone()),
         }
     }
 
@@ -341,7 +411,7 @@ impl HostLiveness {
         validate::payload("metadata", metadata)?;
         self.machine
             .send(KeepaliveInput::SetValue(metadata.to_vec()))
-            .map_err(|_| Error::DriverGone)
+            .map_err(|_| self.etcd.gone())
     }
 
     /// Revoke the lease (the key disappears, watchers see `Down` at once)
@@ -358,7 +428,7 @@ impl HostLiveness {
             LivenessState::Stopped { revoked } => Some(revoked),
             _ => None,
         };
-        close_outcome(finished, revoked)
+        close_outcome(finished, revoked, || self.etcd.gone())
     }
 }
 
@@ -376,21 +446,23 @@ pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(500);
 pub(crate) const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
 /// What `close` reports once a lease-holding machine has stopped: `revoked`
-/// is what its final `Stopped` state said, if it got that far.
+/// is what its final `Stopped` state said, if it got that far, and `gone`
+/// the error for a driver that stopped first ([`Etcd::gone`]).
 pub(crate) fn close_outcome(
     finished: std::result::Result<Finished, WaitError>,
     revoked: Option<bool>,
+    gone: impl FnOnce() -> Error,
 ) -> Result<()> {
     match (finished, revoked) {
         (Ok(_), Some(true)) => Ok(()),
         // The machine does not say why; etcd being unreachable is the
         // usual reason, and the lease expires by itself either way.
         (Ok(_), Some(false)) => Err(Error::etcd(
-            EtcdErrorKind::Unavailable,
+            ErrorKind::Unavailable,
             "the lease could not be revoked; it will expire after its TTL",
         )),
         // Cut short by the driver's shutdown before the revoke was answered.
-        (Ok(_), None) => Err(Error::DriverGone),
+        (Ok(_), None) => Err(gone()),
         (Err(WaitError::Timeout(after)), _) => Err(Error::Timeout(after)),
     }
 }
@@ -405,21 +477,21 @@ mod tests {
 
     #[test]
     fn close_reports_whether_the_revoke_was_confirmed() {
-        assert!(close_outcome(Ok(Finished::Done), Some(true)).is_ok());
-        match close_outcome(Ok(Finished::Done), Some(false)) {
+        assert!(close_outcome(Ok(Finished::Done), Some(true), || Error::DriverGone).is_ok());
+        match close_outcome(Ok(Finished::Done), Some(false), || Error::DriverGone) {
             Err(Error::Etcd { kind, message }) => {
-                assert_eq!(kind, EtcdErrorKind::Unavailable);
+                assert_eq!(kind, ErrorKind::Unavailable);
                 assert!(message.contains("expire after its TTL"), "{message}");
             }
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            close_outcome(Ok(Finished::Abandoned), None),
+            close_outcome(Ok(Finished::Abandoned), None, || Error::DriverGone),
             Err(Error::DriverGone)
         ));
         let after = Duration::from_secs(10);
         assert!(matches!(
-            close_outcome(Err(WaitError::Timeout(after)), Some(true)),
+            close_outcome(Err(WaitError::Timeout(after)), Some(true), || Error::DriverGone),
             Err(Error::Timeout(t)) if t == after
         ));
     }

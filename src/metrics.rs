@@ -158,8 +158,6 @@ mod on {
             LivenessState::Lost { .. } => "lost",
             LivenessState::Stopped { .. } => "stopped",
             LivenessState::Refused { .. } => "refused",
-            #[allow(unreachable_patterns)]
-            _ => "other",
         };
         let registered = matches!(state, LivenessState::Registered { .. });
         metrics::gauge!("fleetcoord_liveness_registered", "key" => key.to_string())

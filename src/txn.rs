@@ -134,8 +134,11 @@ pub struct KeyValue {
     pub lease: i64,
 }
 
-impl From<sm::KeyValue> for KeyValue {
-    fn from(kv: sm::KeyValue) -> Self {
+// Conversions from the machines' vocabulary are crate-private functions,
+// not `From` impls: a public trait impl would name the `fleetcoord_sm` type
+// in fleetcoord's API (`make lint` checks that none does).
+impl KeyValue {
+    pub(crate) fn from_sm(kv: sm::KeyValue) -> Self {
         KeyValue {
             key: kv.key,
             value: kv.value,
@@ -170,12 +173,12 @@ pub enum TxnOpResponse {
     },
 }
 
-impl From<sm::TxnOpResponse> for TxnOpResponse {
-    fn from(r: sm::TxnOpResponse) -> Self {
+impl TxnOpResponse {
+    pub(crate) fn from_sm(r: sm::TxnOpResponse) -> Self {
         match r {
             sm::TxnOpResponse::Put => TxnOpResponse::Put,
             sm::TxnOpResponse::Range { kvs } => TxnOpResponse::Get {
-                kvs: kvs.into_iter().map(KeyValue::from).collect(),
+                kvs: kvs.into_iter().map(KeyValue::from_sm).collect(),
             },
             sm::TxnOpResponse::Delete { deleted } => TxnOpResponse::Delete {
                 // etcd counts in an i64 that is never negative.
@@ -248,7 +251,7 @@ mod tests {
             lease: 9,
         };
         assert_eq!(
-            TxnOpResponse::from(sm::TxnOpResponse::Range { kvs: vec![kv] }),
+            TxnOpResponse::from_sm(sm::TxnOpResponse::Range { kvs: vec![kv] }),
             TxnOpResponse::Get {
                 kvs: vec![KeyValue {
                     key: b"k".to_vec(),
@@ -261,16 +264,16 @@ mod tests {
             }
         );
         assert_eq!(
-            TxnOpResponse::from(sm::TxnOpResponse::Put),
+            TxnOpResponse::from_sm(sm::TxnOpResponse::Put),
             TxnOpResponse::Put
         );
         assert_eq!(
-            TxnOpResponse::from(sm::TxnOpResponse::Delete { deleted: 4 }),
+            TxnOpResponse::from_sm(sm::TxnOpResponse::Delete { deleted: 4 }),
             TxnOpResponse::Delete { deleted: 4 }
         );
         // etcd never counts below zero; a corrupt count must not wrap.
         assert_eq!(
-            TxnOpResponse::from(sm::TxnOpResponse::Delete { deleted: -1 }),
+            TxnOpResponse::from_sm(sm::TxnOpResponse::Delete { deleted: -1 }),
             TxnOpResponse::Delete { deleted: 0 }
         );
     }

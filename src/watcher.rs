@@ -1,9 +1,10 @@
 //! [`HostWatcher`]: the fleet's hosts as a stream of Up/Updated/Down events.
 
-use crate::driver::{rand_seed, Feed, FeedItem, MachineHandle, Notify};
+use crate::driver::handle::WaitError;
+use crate::driver::{rand_seed, Feed, FeedItem, Finished, MachineHandle, Notify};
 use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
-use crate::liveness::DEFAULT_HOSTS_PREFIX;
+use crate::liveness::{CLOSE_WAIT, DEFAULT_HOSTS_PREFIX};
 use crate::validate;
 use fleetcoord_sm::watch::{
     parse_host_id, KeyRule, Watch, WatchConfig, WatchNotice, DEFAULT_PAGE_SIZE,
@@ -176,8 +177,8 @@ pub struct HostWatcher {
     /// Set once, by the machine's `Failed`, before the channel ends.
     failure: Arc<OnceLock<RpcError>>,
     prefix: String,
-    /// Dropping it stops the watch.
-    _machine: MachineHandle<Watch>,
+    /// Dropping it stops the watch; [`HostWatcher::close`] also waits.
+    machine: MachineHandle<Watch>,
     _etcd: Etcd,
 }
 
@@ -265,7 +266,7 @@ impl HostWatcher {
             events,
             failure,
             prefix,
-            _machine: machine,
+            machine,
             _etcd: etcd.clone(),
         })
     }
@@ -276,21 +277,36 @@ impl HostWatcher {
     }
 
     /// Why the events ended, once etcd refused the watch in a way retrying
-    /// cannot fix: [`EtcdErrorKind::PermissionDenied`] for a user who may
+    /// cannot fix: [`ErrorKind::PermissionDenied`] for a user who may
     /// not read the prefix, say. `None` while the watch runs, and when the
     /// events ended because the [`Etcd`] handle was closed. Set before the
     /// channel reports itself disconnected, so a consumer that sees the
     /// disconnection can always ask.
     ///
-    /// [`EtcdErrorKind::PermissionDenied`]: crate::EtcdErrorKind::PermissionDenied
+    /// [`ErrorKind::PermissionDenied`]: crate::ErrorKind::PermissionDenied
     pub fn stop_reason(&self) -> Option<Error> {
         let e = self.failure.get()?.clone();
         Some(Error::rpc_in(format!("host watch of {:?}", self.prefix), e))
     }
 
-    /// Stop watching. Events already queued stay readable until the watcher
-    /// is dropped.
-    pub fn close(self) {}
+    /// Stop watching, and return once the watch has ended: its machine has
+    /// stopped, etcd's watch is canceled, and the events channel is
+    /// disconnected. A clone of [`HostWatcher::events`] still reads the
+    /// events queued before, then reports the disconnection; no event
+    /// arrives after this returns.
+    ///
+    /// Dropping the watcher stops the watch too, without waiting for it.
+    /// Fails with [`Error::Timeout`] only when the driver thread did not
+    /// confirm the stop within 10 s (a starved or stuck driver); the watch
+    /// then ends when the driver gets to it.
+    pub fn close(self) -> Result<()> {
+        match self.machine.stop_and_wait(CLOSE_WAIT) {
+            // Finished, or cut short by a driver shutting down: either way
+            // nothing of the watch is left running.
+            Ok(Finished::Done | Finished::Abandoned) => Ok(()),
+            Err(WaitError::Timeout(after)) => Err(Error::Timeout(after)),
+        }
+    }
 }
 
 /// List the hosts registered under `prefix` right now: the snapshot a
@@ -339,7 +355,7 @@ pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
                 false
             }
             WatchNotice::Failed(e) => {
-                let _ = done_tx.try_send(Err(Error::from(e)));
+                let _ = done_tx.try_send(Err(Error::rpc(e)));
                 false
             }
             _ => true,
@@ -353,6 +369,6 @@ pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
             .collect()),
         Ok(Err(e)) => Err(e),
         Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Timeout(wait)),
-        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
+        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(etcd.gone()),
     }
 }

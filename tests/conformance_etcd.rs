@@ -56,7 +56,7 @@ fn etcd_backend_follows_the_slow_consumer_contract() {
 // ---- the etcd backend beyond the shared contract ------------------------
 
 use fleetcoord::coordinator::{KvEvent, StreamId, StreamPosition};
-use fleetcoord::{Error, EtcdErrorKind};
+use fleetcoord::{Error, ErrorKind};
 use std::os::unix::ffi::OsStrExt;
 use std::process::Command;
 use std::sync::Mutex;
@@ -105,7 +105,7 @@ fn foreign_put(endpoint: &str, key: &[u8], value: &str) {
     );
 }
 
-fn etcd_error<T: std::fmt::Debug>(result: fleetcoord::Result<T>) -> (EtcdErrorKind, String) {
+fn etcd_error<T: std::fmt::Debug>(result: fleetcoord::Result<T>) -> (ErrorKind, String) {
     match result {
         Err(Error::Etcd { kind, message }) => (kind, message),
         other => panic!("expected an etcd error, got {other:?}"),
@@ -153,14 +153,14 @@ fn a_foreign_stream_head_fails_appends_and_end_readers_naming_the_stream() {
     let coord = EtcdCoordinator::new(&etcd).unwrap();
     foreign_put(&endpoint, b"/coord/stream/jobs/head", "garbage");
     let (kind, message) = etcd_error(coord.append_stream("jobs", b"x"));
-    assert_eq!(kind, EtcdErrorKind::Unexpected);
+    assert_eq!(kind, ErrorKind::Unexpected);
     assert!(
         message.contains("\"jobs\"") && message.contains("garbage"),
         "{message}"
     );
     // A reader from the end must read the head first: it fails the same way.
     let (kind, message) = etcd_error(coord.read_stream("jobs", StreamPosition::End));
-    assert_eq!(kind, EtcdErrorKind::Unexpected);
+    assert_eq!(kind, ErrorKind::Unexpected);
     assert!(message.contains("\"jobs\""), "{message}");
 }
 

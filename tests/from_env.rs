@@ -43,12 +43,12 @@ fn etcd_uses_the_given_handle_not_coord_url() {
         assert!(etcd.lease_ttl(1).is_ok());
     }
 
-    // It is that very connection: once the handle is closed, the
-    // coordinator has no driver left.
+    // It is that very connection: once the user closed the handle, the
+    // coordinator is closed too.
     let coord = from_env_vars_with_etcd(Some("etcd"), Some(DEAD_URL), &etcd);
     coord.ping().unwrap();
     etcd.close().unwrap();
-    assert!(matches!(coord.ping(), Err(Error::DriverGone)));
+    assert!(matches!(coord.ping(), Err(Error::Closed)));
 }
 
 #[test]

@@ -540,7 +540,52 @@ fn custom_prefix_registration_and_what_handles_show() {
     host.close().expect("close");
     assert_eq!(etcd.lease_ttl(lease).unwrap(), None, "revoked");
     assert!(matches!(next(&watcher), HostEvent::Down(info) if info.id == id));
-    watcher.close();
+    watcher.close().expect("close");
+}
+
+/// `close` ends the watch before it returns: the events channel (a clone
+/// of it, since `close` takes the watcher) is disconnected at once, with
+/// nothing delivered after, and etcd sees its watch stream end.
+#[test]
+fn close_ends_the_feed_and_the_watch_on_etcd() {
+    let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
+    let etcd = connect(&server.endpoint());
+    let open_watches = || {
+        let counts = server.grpc_counts().expect("etcd's gRPC counters");
+        counts
+            .started("Watch")
+            .saturating_sub(counts.handled("Watch"))
+    };
+    // etcd's counters move a moment after the client acts: the watch
+    // stream opens after the snapshot read that `Synced` ends, and a
+    // canceled stream is counted once etcd's handler has returned.
+    let wait_for_open = |want: u64, what: &str| {
+        let deadline = Instant::now() + WAIT;
+        while open_watches() != want {
+            assert!(Instant::now() < deadline, "{what} within {WAIT:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let before = open_watches();
+    let watcher = HostWatcher::watch(&etcd).expect("watch");
+    expect_synced(&watcher);
+    wait_for_open(before + 1, "the watcher opens one watch stream");
+    let events = watcher.events().clone();
+    watcher.close().expect("close");
+    assert_eq!(
+        events.try_recv(),
+        Err(crossbeam_channel::TryRecvError::Disconnected),
+        "the feed ended when close returned"
+    );
+    wait_for_open(before, "etcd sees the closed watcher's stream end");
+    // The connection itself is unaffected; once its user closes it, a new
+    // watch is refused as closed, not as a dead driver.
+    assert!(etcd.lease_ttl(1).is_ok());
+    etcd.close().expect("close etcd");
+    assert!(matches!(
+        HostWatcher::watch(&etcd),
+        Err(fleetcoord::Error::Closed)
+    ));
 }
 
 /// etcd accepts the connection but never answers: single requests, a

@@ -11,7 +11,7 @@ use fleetcoord::coordinator::{
     Coordinator, KvEvent, KvWatcher, NatsCoordinator, NatsOptions, StreamPosition,
 };
 use fleetcoord::testing::NatsServer;
-use fleetcoord::{Error, EtcdErrorKind};
+use fleetcoord::{Error, ErrorKind};
 use futures_util::StreamExt;
 use std::time::{Duration, Instant};
 
@@ -57,7 +57,7 @@ fn delete_consumers(server: &NatsServer, stream: &str) -> usize {
 
 /// `e` is a backend error of `kind` naming the handle's `url`, with
 /// `words` in its message.
-fn assert_backend(e: &Error, kind: EtcdErrorKind, url: &str, words: &str) {
+fn assert_backend(e: &Error, kind: ErrorKind, url: &str, words: &str) {
     match e {
         Error::Backend {
             backend: "nats",
@@ -84,7 +84,7 @@ fn configs_the_server_refuses_fail_at_once_naming_the_urls() {
     let e = streams.append_stream("jobs", b"x").unwrap_err();
     assert_backend(
         &e,
-        EtcdErrorKind::Rejected,
+        ErrorKind::Rejected,
         &url,
         "creating stream COORD_S_jobs",
     );
@@ -92,12 +92,7 @@ fn configs_the_server_refuses_fail_at_once_naming_the_urls() {
     let one = handle(&server, NatsOptions::default());
     let buckets = handle(&server, NatsOptions::default().with_kv_replicas(3));
     let e = buckets.kv_set("fleet", "k", b"v").unwrap_err();
-    assert_backend(
-        &e,
-        EtcdErrorKind::Rejected,
-        &url,
-        "creating stream KV_fleet",
-    );
+    assert_backend(&e, ErrorKind::Rejected, &url, "creating stream KV_fleet");
     // Subjects another stream holds (made by another tool).
     jetstream(&server, async |js| {
         js.create_stream(async_nats::jetstream::stream::Config {
@@ -111,7 +106,7 @@ fn configs_the_server_refuses_fail_at_once_naming_the_urls() {
     let e = one.append_stream("taken", b"x").unwrap_err();
     assert_backend(
         &e,
-        EtcdErrorKind::Rejected,
+        ErrorKind::Rejected,
         &url,
         "creating stream COORD_S_taken",
     );
@@ -196,31 +191,26 @@ fn a_paused_server_fails_calls_within_the_request_timeout() {
             let e = fast
                 .read_stream("unknown", StreamPosition::Start)
                 .unwrap_err();
-            assert_backend(&e, EtcdErrorKind::Unavailable, &url, "creating stream");
+            assert_backend(&e, ErrorKind::Unavailable, &url, "creating stream");
         });
         s.spawn(|| {
             let e = fast.kv_get("known", "k").unwrap_err();
-            assert_backend(
-                &e,
-                EtcdErrorKind::Unavailable,
-                &url,
-                "reading \"k\" in bucket",
-            );
+            assert_backend(&e, ErrorKind::Unavailable, &url, "reading \"k\" in bucket");
         });
         s.spawn(|| {
             let e = fast.kv_watch("known", "*").unwrap_err();
-            assert_backend(&e, EtcdErrorKind::Unavailable, &url, "watching bucket");
+            assert_backend(&e, ErrorKind::Unavailable, &url, "watching bucket");
         });
         s.spawn(|| {
             let e = slow
                 .read_stream("unknown", StreamPosition::Start)
                 .unwrap_err();
-            assert_backend(&e, EtcdErrorKind::Unavailable, &url, "no answer within");
+            assert_backend(&e, ErrorKind::Unavailable, &url, "no answer within");
         });
     });
     // ping waits for the server, not only for the socket.
     let e = fast.ping().expect_err("ping of a paused server");
-    assert_backend(&e, EtcdErrorKind::Unavailable, &url, "ping");
+    assert_backend(&e, ErrorKind::Unavailable, &url, "ping");
     let took = started.elapsed();
     server.resume().unwrap();
     assert!(took < Duration::from_secs(9), "{took:?}");

@@ -16,7 +16,7 @@
 use fleetcoord::coordinator::redis::RedisOptions;
 use fleetcoord::coordinator::{Coordinator, RedisCoordinator, StreamPosition};
 use fleetcoord::testing::{RedisCluster, RedisServer};
-use fleetcoord::{Error, EtcdErrorKind};
+use fleetcoord::{Error, ErrorKind};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -288,7 +288,7 @@ fn a_killed_master_fails_over_and_only_its_slots_wait() {
 fn unreplicated(e: &Error) -> Option<&str> {
     match e {
         Error::Backend {
-            kind: EtcdErrorKind::Unreplicated,
+            kind: ErrorKind::Unreplicated,
             message,
             ..
         } => Some(message),

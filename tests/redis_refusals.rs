@@ -6,7 +6,7 @@
 use crossbeam_channel::RecvTimeoutError;
 use fleetcoord::coordinator::redis::RedisOptions;
 use fleetcoord::coordinator::{Coordinator, KvEvent, RedisCoordinator, StreamPosition};
-use fleetcoord::error::EtcdErrorKind;
+use fleetcoord::error::ErrorKind;
 use fleetcoord::testing::RedisServer;
 use fleetcoord::Error;
 use std::time::{Duration, Instant};
@@ -39,7 +39,7 @@ fn as_app(server: &RedisServer) -> RedisCoordinator {
 
 /// `result` failed with a redis error of `kind` whose message has `context`.
 #[track_caller]
-fn refused<T: std::fmt::Debug>(result: fleetcoord::Result<T>, kind: EtcdErrorKind, context: &str) {
+fn refused<T: std::fmt::Debug>(result: fleetcoord::Result<T>, kind: ErrorKind, context: &str) {
     match result {
         Err(Error::Backend {
             backend: "redis",
@@ -62,23 +62,23 @@ fn operations_a_user_may_not_run_are_refused_as_permission_denied() {
     // Every KV write and every append is a script.
     refused(
         coord.kv_set("cfg", "a", b"1"),
-        EtcdErrorKind::PermissionDenied,
+        ErrorKind::PermissionDenied,
         r#"set "a" in bucket "cfg""#,
     );
     refused(
         coord.kv_delete("cfg", "a"),
-        EtcdErrorKind::PermissionDenied,
+        ErrorKind::PermissionDenied,
         r#"delete "a" in bucket "cfg""#,
     );
     refused(
         coord.append_stream("jobs", b"x"),
-        EtcdErrorKind::PermissionDenied,
+        ErrorKind::PermissionDenied,
         r#"append to stream "jobs""#,
     );
     // The watch subscribes, then its snapshot (a script) is refused.
     refused(
         coord.kv_watch("cfg", "*"),
-        EtcdErrorKind::PermissionDenied,
+        ErrorKind::PermissionDenied,
         r#"snapshot of bucket "cfg""#,
     );
     assert!(!coord.kv_set("cfg", "a", b"1").unwrap_err().is_retryable());
@@ -88,17 +88,17 @@ fn operations_a_user_may_not_run_are_refused_as_permission_denied() {
     acl(&server, &["resetchannels"]);
     refused(
         coord.publish("alerts", b"x"),
-        EtcdErrorKind::PermissionDenied,
+        ErrorKind::PermissionDenied,
         r#"publish on "alerts""#,
     );
     refused(
         coord.subscribe("alerts"),
-        EtcdErrorKind::PermissionDenied,
+        ErrorKind::PermissionDenied,
         r#"subscription to "alerts""#,
     );
     refused(
         coord.kv_watch("cfg", "*"),
-        EtcdErrorKind::PermissionDenied,
+        ErrorKind::PermissionDenied,
         r#"watch of bucket "cfg""#,
     );
 
@@ -106,18 +106,18 @@ fn operations_a_user_may_not_run_are_refused_as_permission_denied() {
     acl(&server, &["resetkeys"]);
     refused(
         coord.kv_get("cfg", "a"),
-        EtcdErrorKind::PermissionDenied,
+        ErrorKind::PermissionDenied,
         r#"get "a" in bucket "cfg""#,
     );
     refused(
         coord.read_stream("jobs", StreamPosition::Start),
-        EtcdErrorKind::PermissionDenied,
+        ErrorKind::PermissionDenied,
         r#"reader of stream "jobs""#,
     );
 
     // Rights taken away after connecting apply at once, even to PING.
     acl(&server, &["-ping"]);
-    refused(coord.ping(), EtcdErrorKind::PermissionDenied, "ping");
+    refused(coord.ping(), ErrorKind::PermissionDenied, "ping");
     acl(&server, &[]);
     coord.ping().unwrap();
     coord.kv_set("cfg", "a", b"1").unwrap();
@@ -155,24 +155,20 @@ fn keys_of_a_foreign_type_are_refused_not_misread() {
     server
         .command(&["SET", "coord:stream:{jobs}", "x"])
         .unwrap();
-    refused(
-        coord.kv_get("cfg", "a"),
-        EtcdErrorKind::Rejected,
-        "WRONGTYPE",
-    );
+    refused(coord.kv_get("cfg", "a"), ErrorKind::Rejected, "WRONGTYPE");
     refused(
         coord.kv_set("cfg", "a", b"1"),
-        EtcdErrorKind::Rejected,
+        ErrorKind::Rejected,
         "WRONGTYPE",
     );
     refused(
         coord.kv_watch("cfg", "*"),
-        EtcdErrorKind::Rejected,
+        ErrorKind::Rejected,
         r#"snapshot of bucket "cfg""#,
     );
     refused(
         coord.read_stream("jobs", StreamPosition::Start),
-        EtcdErrorKind::Rejected,
+        ErrorKind::Rejected,
         r#"reader of stream "jobs""#,
     );
     let err = coord.append_stream("jobs", b"x").unwrap_err();

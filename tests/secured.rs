@@ -7,7 +7,7 @@
 use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, EtcdCoordinatorOptions};
 use fleetcoord::testing::{EtcdBuilder, EtcdServer, ServerNames, TestPki};
 use fleetcoord::{
-    list_hosts, Election, Error, Etcd, EtcdErrorKind, EtcdOptions, EtcdTls, EtcdUser, HostEvent,
+    list_hosts, Election, Error, ErrorKind, Etcd, EtcdOptions, EtcdTls, EtcdUser, HostEvent,
     HostLiveness, HostWatcher, DEFAULT_HOSTS_PREFIX,
 };
 use std::time::{Duration, Instant};
@@ -243,7 +243,7 @@ fn a_prefix_limited_user_can_do_everything_under_its_prefix() {
         matches!(
             e,
             Error::Etcd {
-                kind: EtcdErrorKind::PermissionDenied,
+                kind: ErrorKind::PermissionDenied,
                 ..
             }
         )

@@ -190,8 +190,11 @@ impl From<RpcReply> for KeepaliveInput {
 
 /// What the user of a [`Keepalive`] is told, in order, via
 /// [`Command::Notify`]. Consecutive notifications always differ.
+///
+/// Exhaustive on purpose: `fleetcoord` shows each state in a public type of
+/// its own, and a new state must break that conversion's build rather than
+/// be reported as another.
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum LivenessState {
     /// Granting a lease or writing the key; nothing is registered yet.
     Registering,

@@ -10,7 +10,7 @@ use super::{
 };
 use crate::deadline::deadline_after;
 use crate::driver::{self, rand_seed, FeedItem, MachineHandle, Notify, StopHandle};
-use crate::error::{Error, EtcdErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::etcd::{Etcd, EtcdOptions};
 use crate::validate;
 use fleetcoord_sm::stream::{
@@ -358,12 +358,12 @@ impl EtcdCoordinator {
         let feed = Feed::new(rx, move || stop.stop());
         match started_rx.recv_timeout(FEED_START_TIMEOUT) {
             Ok(Ok(())) => Ok(feed),
-            Ok(Err(e)) => Err(e),
+            Ok(Err(e)) => Err(self.etcd.or_gone(e)),
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                 handle.stop();
                 Err(Error::Timeout(FEED_START_TIMEOUT))
             }
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(self.etcd.gone()),
         }
     }
 }
@@ -405,7 +405,7 @@ fn stream_error(stream: &str, error: StreamError) -> Error {
         // Only the runner stops an append early: the driver is shutting down.
         StreamError::Stopped => Error::DriverGone,
         StreamError::Contended { attempts } => Error::etcd(
-            EtcdErrorKind::Contended,
+            ErrorKind::Contended,
             format!("append to {stream:?} lost {attempts} races in a row"),
         ),
         StreamError::Rpc(e) => Error::rpc_in(context, e),
@@ -417,10 +417,8 @@ fn stream_error(stream: &str, error: StreamError) -> Error {
             id: Some(StreamId(seq)),
             message: error.to_string(),
         },
-        StreamError::Exhausted => {
-            Error::etcd(EtcdErrorKind::Rejected, format!("{context}: {error}"))
-        }
-        other => Error::etcd(EtcdErrorKind::Unexpected, format!("{context}: {other}")),
+        StreamError::Exhausted => Error::etcd(ErrorKind::Rejected, format!("{context}: {error}")),
+        other => Error::etcd(ErrorKind::Unexpected, format!("{context}: {other}")),
     }
 }
 
@@ -513,15 +511,15 @@ impl Coordinator for EtcdCoordinator {
                     })
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                    return Err(Error::DriverGone)
+                    return Err(self.etcd.gone())
                 }
             }
         };
         match notice {
             AppendNotice::Appended { seq, .. } => Ok(StreamId(seq)),
-            AppendNotice::Failed(e) => Err(stream_error(stream, e)),
+            AppendNotice::Failed(e) => Err(self.etcd.or_gone(stream_error(stream, e))),
             other => Err(Error::etcd(
-                EtcdErrorKind::Unexpected,
+                ErrorKind::Unexpected,
                 format!("append to {stream:?}: unknown outcome {other:?}"),
             )),
         }
@@ -690,7 +688,7 @@ mod tests {
     use fleetcoord_sm::RpcError;
 
     /// The kind and message of an [`Error::Etcd`].
-    fn etcd_error(error: Error) -> (EtcdErrorKind, String) {
+    fn etcd_error(error: Error) -> (ErrorKind, String) {
         match error {
             Error::Etcd { kind, message } => (kind, message),
             other => panic!("expected an etcd error, got {other:?}"),
@@ -706,26 +704,26 @@ mod tests {
         let cases = [
             (
                 StreamError::Contended { attempts: 7 },
-                EtcdErrorKind::Contended,
+                ErrorKind::Contended,
                 "append to \"jobs\" lost 7 races in a row",
             ),
             (
                 StreamError::Rpc(RpcError::PermissionDenied(
                     "etcdserver: permission denied".into(),
                 )),
-                EtcdErrorKind::PermissionDenied,
+                ErrorKind::PermissionDenied,
                 "stream \"jobs\": etcdserver: permission denied",
             ),
             (
                 StreamError::BadHead {
                     value: b"oops".to_vec(),
                 },
-                EtcdErrorKind::Unexpected,
+                ErrorKind::Unexpected,
                 "stream \"jobs\": stream head holds \"oops\", not a sequence number",
             ),
             (
                 StreamError::Unexpected("a Put answered a Range".into()),
-                EtcdErrorKind::Unexpected,
+                ErrorKind::Unexpected,
                 "stream \"jobs\": ",
             ),
         ];
@@ -756,7 +754,7 @@ mod tests {
         let exhausted = stream_error("jobs", StreamError::Exhausted);
         assert!(!exhausted.is_retryable());
         let (kind, message) = etcd_error(exhausted);
-        assert_eq!(kind, EtcdErrorKind::Rejected);
+        assert_eq!(kind, ErrorKind::Rejected);
         assert!(message.starts_with("stream \"jobs\": "), "{message}");
     }
 

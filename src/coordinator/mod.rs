@@ -137,7 +137,11 @@ use std::str::FromStr;
 ///   when the call returns: nothing sent afterwards is missed;
 /// * after [`close`](Coordinator::close) every call except `close` returns
 ///   [`Error::Closed`], and every feed opened through this handle ends (its
-///   channel disconnects once the items already queued are read).
+///   channel disconnects once the items already queued are read);
+/// * a backend whose background thread stopped by itself (a panic) fails
+///   every call with [`Error::DriverGone`]; one whose handle, or the
+///   [`Etcd`](crate::Etcd) connection it runs on, was closed by the user
+///   fails with [`Error::Closed`].
 pub trait Coordinator: Send + Sync {
     /// Sends `payload` to every current subscriber of exactly `topic`.
     /// Live-only: subscribers that join later never see it.

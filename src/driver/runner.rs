@@ -220,6 +220,10 @@ where
     for (_, handle) in inflight.drain() {
         handle.abort();
     }
+    // The sink goes before `finished` is signalled, so that whoever waits
+    // for it (a `HostWatcher::close`) finds the feed's channel already
+    // disconnected, not about to be.
+    drop(sink);
     let _ = finished.try_send(outcome);
 }
 

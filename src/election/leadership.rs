@@ -185,7 +185,7 @@ impl Leadership {
                 responses,
                 ..
             } => Ok(Some(
-                responses.into_iter().map(TxnOpResponse::from).collect(),
+                responses.into_iter().map(TxnOpResponse::from_sm).collect(),
             )),
             // The fence's failure branch is empty: nothing ran.
             Response::Txn {

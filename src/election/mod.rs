@@ -3,7 +3,7 @@
 
 use crate::deadline::deadline_after;
 use crate::driver::{rand_seed, MachineHandle, Notify, WeakInput};
-use crate::error::{Error, EtcdErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::liveness::{
     close_outcome, ATTEMPT_TIMEOUT, CLOSE_WAIT, DEFAULT_DRIFT_ALLOWANCE_PPM, DEFAULT_SAFETY_MARGIN,
@@ -483,9 +483,15 @@ impl Election {
         LeaderObserver::start(&self.inner.etcd, &self.inner.prefix)
     }
 
-    /// The session's state (granting, registered, suspended, lost).
-    pub fn session(&self) -> Option<LivenessState> {
-        self.inner.state.lock().session.clone()
+    /// The session's state (granting, registered, suspended, lost), `None`
+    /// before the session has reported one.
+    pub fn session(&self) -> Option<crate::LivenessState> {
+        self.inner
+            .state
+            .lock()
+            .session
+            .as_ref()
+            .map(crate::LivenessState::from_sm)
     }
 
     /// Leave the election: stop leading or campaigning and revoke the
@@ -509,7 +515,7 @@ impl Election {
             Some(LivenessState::Stopped { revoked }) => Some(revoked),
             _ => None,
         };
-        close_outcome(finished, revoked)
+        close_outcome(finished, revoked, || self.inner.etcd.gone())
     }
 
     fn leadership(&self, token: i64, lease: i64, key: Vec<u8>) -> Leadership {
@@ -561,14 +567,14 @@ impl Inner {
         let op = {
             let mut state = self.state.lock();
             if state.driver_gone {
-                return Err(Error::DriverGone);
+                return Err(self.etcd.gone());
             }
             state.last_op = state.last_op.wrapping_add(1);
             let op = OpId(state.last_op);
             state.waiter = Some((op, tx));
             op
         };
-        self.machine.send(make(op)).map_err(|_| Error::DriverGone)?;
+        self.machine.send(make(op)).map_err(|_| self.etcd.gone())?;
         Ok(Operation { op, answers })
     }
 
@@ -588,7 +594,7 @@ impl Inner {
         match received {
             Ok(notice) => Ok(Some(notice)),
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => Ok(None),
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(self.etcd.gone()),
         }
     }
 
@@ -768,9 +774,9 @@ fn election_error(e: ElectionError) -> Error {
         ElectionError::Canceled => Error::Canceled,
         ElectionError::NotLeader => Error::NotLeader,
         ElectionError::Stopped => Error::Closed,
-        ElectionError::Rejected(e) => Error::from(e),
+        ElectionError::Rejected(e) => Error::rpc(e),
         // `Busy` cannot reach a caller: one operation runs at a time.
-        other => Error::etcd(EtcdErrorKind::Unexpected, format!("election: {other:?}")),
+        other => Error::etcd(ErrorKind::Unexpected, format!("election: {other:?}")),
     }
 }
 
@@ -988,14 +994,14 @@ mod tests {
         ));
         assert_eq!(
             rejected.to_string(),
-            Error::from(fleetcoord_sm::RpcError::PermissionDenied(
+            Error::rpc(fleetcoord_sm::RpcError::PermissionDenied(
                 "etcdserver: permission denied".into()
             ))
             .to_string()
         );
         match election_error(ElectionError::Busy) {
             Error::Etcd { kind, message, .. } => {
-                assert_eq!(kind, EtcdErrorKind::Unexpected);
+                assert_eq!(kind, ErrorKind::Unexpected);
                 assert!(message.contains("Busy"), "{message}");
             }
             other => panic!("{other:?}"),

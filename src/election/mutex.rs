@@ -11,7 +11,7 @@ use super::{Election, ElectionOptions, Leadership, TryCampaign};
 use crate::error::Result;
 use crate::etcd::Etcd;
 use crate::txn::{TxnOp, TxnOpResponse};
-use fleetcoord_sm::keepalive::LivenessState;
+use crate::LivenessState;
 use std::time::Duration;
 
 /// Where locks live unless told otherwise. Use a prefix of `""` to share a
@@ -97,7 +97,8 @@ impl Mutex {
         self.election.key_prefix()
     }
 
-    /// The session's state (granting, registered, suspended, lost).
+    /// The session's state (granting, registered, suspended, lost), `None`
+    /// before the session has reported one.
     pub fn session(&self) -> Option<LivenessState> {
         self.election.session()
     }

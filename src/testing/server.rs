@@ -511,6 +511,7 @@ mod tests {
 pub struct GrpcCounts {
     started: std::collections::BTreeMap<String, u64>,
     received: std::collections::BTreeMap<String, u64>,
+    handled: std::collections::BTreeMap<String, u64>,
 }
 
 impl GrpcCounts {
@@ -522,6 +523,13 @@ impl GrpcCounts {
     /// Messages received on calls of `method`.
     pub fn received(&self, method: &str) -> u64 {
         self.received.get(method).copied().unwrap_or(0)
+    }
+
+    /// Calls of `method` that have ended, whatever their status: a stream
+    /// counts once either side closed or canceled it, so `started` less
+    /// `handled` is how many streams of `method` are open.
+    pub fn handled(&self, method: &str) -> u64 {
+        self.handled.get(method).copied().unwrap_or(0)
     }
 
     /// Every method with a call started, and how many.
@@ -548,6 +556,7 @@ impl GrpcCounts {
         GrpcCounts {
             started: minus(&self.started, &earlier.started),
             received: minus(&self.received, &earlier.received),
+            handled: minus(&self.handled, &earlier.handled),
         }
     }
 
@@ -561,10 +570,14 @@ impl GrpcCounts {
             let slot = self.received.entry(m.clone()).or_default();
             *slot = slot.saturating_add(*n);
         }
+        for (m, n) in &other.handled {
+            let slot = self.handled.entry(m.clone()).or_default();
+            *slot = slot.saturating_add(*n);
+        }
     }
 
-    /// Reads `grpc_server_started_total` and `grpc_server_msg_received_total`
-    /// lines of a Prometheus text page.
+    /// Reads `grpc_server_started_total`, `grpc_server_msg_received_total`
+    /// and `grpc_server_handled_total` lines of a Prometheus text page.
     fn parse(page: &str) -> GrpcCounts {
         let mut counts = GrpcCounts::default();
         for line in page.lines() {
@@ -572,6 +585,9 @@ impl GrpcCounts {
                 &mut counts.started
             } else if line.starts_with("grpc_server_msg_received_total{") {
                 &mut counts.received
+            } else if line.starts_with("grpc_server_handled_total{") {
+                // One line per status code; they add up per method.
+                &mut counts.handled
             } else {
                 continue;
             };
@@ -614,6 +630,7 @@ mod grpc_counts_tests {
         assert_eq!(c.started("Watch"), 3, "both services' Watch");
         assert_eq!(c.started("Put"), 0, "NaN is no count");
         assert_eq!(c.received("LeaseKeepAlive"), 1500);
+        assert_eq!(c.handled("Range"), 7);
         let mut later = c.clone();
         later.add(&GrpcCounts::parse(
             "grpc_server_started_total{grpc_method=\"Range\"} 2\n",

@@ -40,7 +40,7 @@ impl Coordinator for Buggy {
         let id = self.0.append_stream(stream, payload)?;
         match self.1 {
             Bug::FailedButStored if id.0 % 7 == 0 => Err(crate::Error::etcd(
-                crate::EtcdErrorKind::Unavailable,
+                crate::ErrorKind::Unavailable,
                 "the answer was lost",
             )),
             Bug::StoredTwice if id.0 % 7 == 0 => {

@@ -5,7 +5,7 @@
 
 use super::names;
 use crate::coordinator::MAX_PAYLOAD;
-use crate::error::{Error, EtcdErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result};
 use async_nats::jetstream::{self, stream, ErrorCode};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -83,7 +83,7 @@ pub(super) fn failed(context: impl std::fmt::Display, e: impl std::fmt::Display)
     Error::Backend {
         backend: "nats",
         endpoints: String::new(),
-        kind: EtcdErrorKind::Unavailable,
+        kind: ErrorKind::Unavailable,
         message: format!("{context}: {e}"),
     }
 }
@@ -93,7 +93,7 @@ pub(super) fn refused(context: impl std::fmt::Display, e: impl std::fmt::Display
     Error::Backend {
         backend: "nats",
         endpoints: String::new(),
-        kind: EtcdErrorKind::Rejected,
+        kind: ErrorKind::Rejected,
         message: format!("{context}: {e}"),
     }
 }

@@ -85,7 +85,7 @@ use super::{
     StreamId, StreamPosition, StreamReader, Subscription, MAX_PAYLOAD,
 };
 use crate::coordinator::bridge::{self, Bridge, BridgeError};
-use crate::error::{Error, EtcdErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::StartError;
 use crate::validate;
 use conn::{Conn, Settings};
@@ -471,7 +471,7 @@ impl NatsCoordinator {
             StartError::Connect(reason) => Error::Backend {
                 backend: "nats",
                 endpoints: urls.clone(),
-                kind: EtcdErrorKind::Unavailable,
+                kind: ErrorKind::Unavailable,
                 message: format!("cannot connect: {reason}"),
             },
         })?;

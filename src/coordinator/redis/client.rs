@@ -26,7 +26,7 @@
 //!   the same pipeline, so it counts the replicas that have this write.
 
 use super::options::RedisOptions;
-use crate::error::{Error, EtcdErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -255,7 +255,7 @@ impl Target {
         let kind = kind_of(e);
         let said = match (kind, e.detail()) {
             // Our own error: its detail is the whole story, its code noise.
-            (EtcdErrorKind::Unreplicated, Some(detail)) => detail.to_string(),
+            (ErrorKind::Unreplicated, Some(detail)) => detail.to_string(),
             _ => one_line(e),
         };
         Error::Backend {
@@ -267,7 +267,7 @@ impl Target {
     }
 
     /// An error of `kind` that did not come from the crate.
-    pub(crate) fn failure(&self, kind: EtcdErrorKind, message: impl Into<String>) -> Error {
+    pub(crate) fn failure(&self, kind: ErrorKind, message: impl Into<String>) -> Error {
         Error::Backend {
             backend: "redis",
             endpoints: self.urls.clone(),
@@ -382,7 +382,7 @@ impl Conn {
 
 /// The code of the error [`Conn::invoke_confirmed`] makes when too few
 /// replicas confirmed; [`kind_of`] maps it to
-/// [`EtcdErrorKind::Unreplicated`].
+/// [`ErrorKind::Unreplicated`].
 const UNREPLICATED: &str = "FLEETCOORD_UNREPLICATED";
 
 /// A write applied on the master that only `acked` replicas confirmed.
@@ -436,16 +436,16 @@ pub(crate) fn bytes(value: &redis::Value) -> Option<Vec<u8>> {
 }
 
 /// How the policy of [`Error::is_retryable`] sees a crate error.
-pub(super) fn kind_of(e: &RedisError) -> EtcdErrorKind {
-    use redis::{ErrorKind, ServerErrorKind};
-    if e.kind() == ErrorKind::Extension && e.code() == Some(UNREPLICATED) {
-        return EtcdErrorKind::Unreplicated;
+pub(super) fn kind_of(e: &RedisError) -> ErrorKind {
+    use redis::{ErrorKind as RedisErrorKind, ServerErrorKind};
+    if e.kind() == RedisErrorKind::Extension && e.code() == Some(UNREPLICATED) {
+        return ErrorKind::Unreplicated;
     }
     if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
-        return EtcdErrorKind::Unavailable;
+        return ErrorKind::Unavailable;
     }
     match e.kind() {
-        ErrorKind::Server(
+        RedisErrorKind::Server(
             ServerErrorKind::BusyLoading
             | ServerErrorKind::TryAgain
             | ServerErrorKind::ClusterDown
@@ -454,13 +454,13 @@ pub(super) fn kind_of(e: &RedisError) -> EtcdErrorKind {
             | ServerErrorKind::Ask
             | ServerErrorKind::ReadOnly,
         )
-        | ErrorKind::ClusterConnectionNotFound
-        | ErrorKind::Io => EtcdErrorKind::Unavailable,
-        ErrorKind::Server(ServerErrorKind::NoPerm) | ErrorKind::AuthenticationFailed => {
-            EtcdErrorKind::PermissionDenied
+        | RedisErrorKind::ClusterConnectionNotFound
+        | RedisErrorKind::Io => ErrorKind::Unavailable,
+        RedisErrorKind::Server(ServerErrorKind::NoPerm) | RedisErrorKind::AuthenticationFailed => {
+            ErrorKind::PermissionDenied
         }
-        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => EtcdErrorKind::Unexpected,
-        _ => EtcdErrorKind::Rejected,
+        RedisErrorKind::Parse | RedisErrorKind::UnexpectedReturnType => ErrorKind::Unexpected,
+        _ => ErrorKind::Rejected,
     }
 }
 
@@ -592,7 +592,7 @@ where
             Err(_) if seen.last.is_none() => return Err(Error::Timeout(target.request_timeout)),
             Err(_) => {
                 let message = gave_up(context, key, &seen, started.elapsed(), repeat);
-                return Err(target.failure(EtcdErrorKind::Unavailable, message));
+                return Err(target.failure(ErrorKind::Unavailable, message));
             }
         };
         let sign = match Sign::of(&e) {
@@ -611,7 +611,7 @@ where
                 return Err(outcome_unknown(describe(&e), repeat));
             }
             let message = gave_up(context, key, &seen, started.elapsed(), repeat);
-            return Err(target.failure(EtcdErrorKind::Unavailable, message));
+            return Err(target.failure(ErrorKind::Unavailable, message));
         }
         // No attempt is begun without time to hear its answer: the crate
         // hands a command to its connection task at once, so an attempt cut
@@ -622,7 +622,7 @@ where
         let now = Instant::now();
         if now + reserve >= deadline {
             let message = gave_up(context, key, &seen, started.elapsed(), repeat);
-            return Err(target.failure(EtcdErrorKind::Unavailable, message));
+            return Err(target.failure(ErrorKind::Unavailable, message));
         }
         // The last pause leaves `reserve` for one last attempt.
         tokio::time::sleep(backoff.next_delay().min(deadline - reserve - now)).await;
@@ -786,7 +786,7 @@ mod tests {
     fn messages_never_show_passwords() {
         let t = parse("redis://app:hunter2@127.0.0.1:6379").unwrap();
         assert_eq!(t.urls, "redis://app:***@127.0.0.1:6379");
-        let e = t.failure(EtcdErrorKind::Unavailable, "x").to_string();
+        let e = t.failure(ErrorKind::Unavailable, "x").to_string();
         assert!(!e.contains("hunter2"), "{e}");
         // A user without a password, and text that is no redis:// URL, are
         // shown as they are.
@@ -830,14 +830,14 @@ mod tests {
 
     #[test]
     fn crate_errors_map_onto_the_retry_policy() {
-        use redis::{ErrorKind, ServerErrorKind};
+        use redis::{ErrorKind as RedisErrorKind, ServerErrorKind};
         let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         let timed_out = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
         let unavailable = [
             refused,
             timed_out,
-            RedisError::from((ErrorKind::Io, "dropped")),
-            RedisError::from((ErrorKind::ClusterConnectionNotFound, "no node")),
+            RedisError::from((RedisErrorKind::Io, "dropped")),
+            RedisError::from((RedisErrorKind::ClusterConnectionNotFound, "no node")),
             server(ServerErrorKind::BusyLoading),
             server(ServerErrorKind::TryAgain),
             server(ServerErrorKind::ClusterDown),
@@ -847,36 +847,36 @@ mod tests {
             server(ServerErrorKind::ReadOnly),
         ];
         for e in &unavailable {
-            assert_eq!(kind_of(e), EtcdErrorKind::Unavailable, "{e}");
+            assert_eq!(kind_of(e), ErrorKind::Unavailable, "{e}");
         }
         for e in [
             server(ServerErrorKind::NoPerm),
-            RedisError::from((ErrorKind::AuthenticationFailed, "WRONGPASS")),
+            RedisError::from((RedisErrorKind::AuthenticationFailed, "WRONGPASS")),
         ] {
-            assert_eq!(kind_of(&e), EtcdErrorKind::PermissionDenied, "{e}");
+            assert_eq!(kind_of(&e), ErrorKind::PermissionDenied, "{e}");
         }
         for e in [
-            RedisError::from((ErrorKind::Parse, "garbled")),
-            RedisError::from((ErrorKind::UnexpectedReturnType, "not a string")),
+            RedisError::from((RedisErrorKind::Parse, "garbled")),
+            RedisError::from((RedisErrorKind::UnexpectedReturnType, "not a string")),
         ] {
-            assert_eq!(kind_of(&e), EtcdErrorKind::Unexpected, "{e}");
+            assert_eq!(kind_of(&e), ErrorKind::Unexpected, "{e}");
         }
         for e in [
             server(ServerErrorKind::ResponseError),
             server(ServerErrorKind::CrossSlot),
             server(ServerErrorKind::NoScript),
-            RedisError::from((ErrorKind::InvalidClientConfig, "bad")),
+            RedisError::from((RedisErrorKind::InvalidClientConfig, "bad")),
         ] {
-            assert_eq!(kind_of(&e), EtcdErrorKind::Rejected, "{e}");
+            assert_eq!(kind_of(&e), ErrorKind::Rejected, "{e}");
         }
         // What the user sees: the backend, the URLs, the context, one line.
         let t = parse("redis://127.0.0.1:6379").unwrap();
-        let e = RedisError::from((ErrorKind::Io, "line one\nline  two"));
+        let e = RedisError::from((RedisErrorKind::Io, "line one\nline  two"));
         match t.error("kv_set", &e) {
             Error::Backend {
                 backend: "redis",
                 endpoints,
-                kind: EtcdErrorKind::Unavailable,
+                kind: ErrorKind::Unavailable,
                 message,
             } => {
                 assert_eq!(endpoints, "redis://127.0.0.1:6379");
@@ -1044,10 +1044,10 @@ mod tests {
         };
         let t = parse("redis://127.0.0.1:6379").unwrap();
         let e = unreplicated(&redis::Value::BulkString(b"0-17".to_vec()), 1, confirm);
-        assert_eq!(kind_of(&e), EtcdErrorKind::Unreplicated);
+        assert_eq!(kind_of(&e), ErrorKind::Unreplicated);
         match t.error("append to stream \"s\"", &e) {
             Error::Backend {
-                kind: EtcdErrorKind::Unreplicated,
+                kind: ErrorKind::Unreplicated,
                 message,
                 ..
             } => assert_eq!(
@@ -1065,7 +1065,7 @@ mod tests {
             .contains("set: applied on the master but"));
         // Other extension errors keep the usual mapping.
         let other = redis::make_extension_error("OTHER".into(), Some("x".into()));
-        assert_eq!(kind_of(&other), EtcdErrorKind::Rejected);
+        assert_eq!(kind_of(&other), ErrorKind::Rejected);
     }
 
     #[test]

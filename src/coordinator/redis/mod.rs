@@ -121,7 +121,7 @@
 //! An append or publish whose connection broke fails at once, saying that
 //! it may or may not have been applied (delivered). When the request timeout
 //! passes first, the error ([`Error::Backend`], kind
-//! [`Unavailable`](EtcdErrorKind::Unavailable), retryable) says it in one
+//! [`Unavailable`](ErrorKind::Unavailable), retryable) says it in one
 //! line, e.g. `set "k" in bucket "b": slot 5076's master 127.0.0.1:39195 is
 //! unreachable: failover in progress (gave up after 5.0s)`. A standalone
 //! server has no failover: its requests are not retried.
@@ -141,7 +141,7 @@
 //! and every stream append is followed by `WAIT n timeout` on the same
 //! connection, and a write fewer than `n` replicas confirmed in time fails
 //! with [`Error::Backend`] of kind
-//! [`Unreplicated`](EtcdErrorKind::Unreplicated) saying that it *was
+//! [`Unreplicated`](ErrorKind::Unreplicated) saying that it *was
 //! applied on the master but not confirmed* (stored; durability
 //! unconfirmed), with the entry's id for an append. `WAIT` does not make
 //! Redis strongly consistent (a failover can still pick a replica that
@@ -167,7 +167,7 @@ use crate::coordinator::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, KvWatcher, StreamId,
     StreamPosition, StreamReader, Subscription,
 };
-use crate::error::{Error, EtcdErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::StartError;
 use client::{with_failover, Conn, Repeat, Target};
 use std::future::Future;
@@ -239,10 +239,7 @@ impl RedisCoordinator {
             Ok(started) => started,
             Err(StartError::Io(e)) => return Err(Error::Io(e)),
             Err(StartError::Connect(reason)) => {
-                let kind = failed_kind
-                    .get()
-                    .copied()
-                    .unwrap_or(EtcdErrorKind::Unavailable);
+                let kind = failed_kind.get().copied().unwrap_or(ErrorKind::Unavailable);
                 return Err(target.failure(kind, format!("cannot connect: {reason}")));
             }
         };
@@ -269,6 +266,26 @@ impl RedisCoordinator {
         }
     }
 
+    /// The error for a call that found the bridge thread gone, by the one
+    /// rule of every backend: `Closed` when this handle was closed,
+    /// `DriverGone` when the thread stopped by itself.
+    fn gone(&self) -> Error {
+        if self.closed.load(Ordering::SeqCst) {
+            Error::Closed
+        } else {
+            Error::DriverGone
+        }
+    }
+
+    /// `e`, with a `DriverGone` from the feed plumbing (which cannot know
+    /// about `close`) made to follow [`RedisCoordinator::gone`].
+    fn or_gone(&self, e: Error) -> Error {
+        match e {
+            Error::DriverGone => self.gone(),
+            other => other,
+        }
+    }
+
     /// Runs `op` on the command connection; `op` bounds itself by the
     /// request timeout ([`with_failover`]).
     fn run<T: Send + 'static, F>(&self, op: impl FnOnce(Conn) -> F) -> Result<T>
@@ -281,7 +298,7 @@ impl RedisCoordinator {
         match self.bridge.call(wait, op(self.conn.clone())) {
             Ok(result) => result,
             Err(BridgeError::Timeout) => Err(Error::Timeout(timeout)),
-            Err(BridgeError::Gone) => Err(Error::Closed),
+            Err(BridgeError::Gone) => Err(self.gone()),
         }
     }
 }
@@ -323,6 +340,7 @@ impl Coordinator for RedisCoordinator {
         task::open(&self.bridge, &self.target, self.feed_capacity, move |ctx| {
             pubsub::subscribe_task(ctx, topic)
         })
+        .map_err(|e| self.or_gone(e))
     }
 
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
@@ -344,6 +362,7 @@ impl Coordinator for RedisCoordinator {
         task::open(&self.bridge, &self.target, self.feed_capacity, move |ctx| {
             stream::read_task(ctx, stream, from)
         })
+        .map_err(|e| self.or_gone(e))
     }
 
     fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
@@ -388,6 +407,7 @@ impl Coordinator for RedisCoordinator {
         task::open(&self.bridge, &self.target, self.feed_capacity, move |ctx| {
             kv::watch_task(ctx, bucket, pattern)
         })
+        .map_err(|e| self.or_gone(e))
     }
 
     fn ping(&self) -> Result<()> {

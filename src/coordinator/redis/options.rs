@@ -157,7 +157,7 @@ impl RedisOptions {
     ///
     /// A write that fewer replicas confirmed in time fails with
     /// [`Error::Backend`] of kind
-    /// [`Unreplicated`](crate::EtcdErrorKind::Unreplicated): it *was
+    /// [`Unreplicated`](crate::ErrorKind::Unreplicated): it *was
     /// applied* on the master (it is stored; an append has its id), only
     /// its durability is unconfirmed. `publish` is not followed by `WAIT`:
     /// a message is delivered to the subscribers connected at that moment

@@ -23,7 +23,7 @@ use super::names;
 use super::task::{Backoff, FeedCtx};
 use crate::coordinator::bridge::FeedFull;
 use crate::coordinator::{StreamEntry, StreamId, StreamPosition};
-use crate::error::EtcdErrorKind;
+use crate::error::ErrorKind;
 use redis::{RedisResult, Script, Value};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::LazyLock;
@@ -162,7 +162,7 @@ async fn append_as(
                 return match sequence(&id) {
                     Some(seq) => Ok(StreamId(seq)),
                     None => Err(target.failure(
-                        EtcdErrorKind::Unexpected,
+                        ErrorKind::Unexpected,
                         format!("append to stream {stream:?}: Redis assigned id {id:?}, not 0-N"),
                     )),
                 }
@@ -173,7 +173,7 @@ async fn append_as(
         let unreplicated = matches!(
             e,
             crate::Error::Backend {
-                kind: EtcdErrorKind::Unreplicated,
+                kind: ErrorKind::Unreplicated,
                 ..
             }
         );

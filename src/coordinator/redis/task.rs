@@ -121,12 +121,14 @@ where
                 stopping,
             })
         })
-        .map_err(|_| Error::Closed)?;
+        // The bridge thread has stopped: `DriverGone` here, which the handle
+        // turns into `Closed` when its user closed it (`RedisCoordinator::gone`).
+        .map_err(|_| Error::DriverGone)?;
     match started_rx.recv_timeout(wait) {
         Ok(Ok(())) => Ok(feed),
         Ok(Err(e)) => Err(e),
         // Dropping `feed` cancels the task.
         Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Timeout(wait)),
-        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::Closed),
+        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Error::DriverGone),
     }
 }
