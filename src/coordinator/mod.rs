@@ -85,6 +85,8 @@
 pub(crate) mod bridge;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(any(feature = "nats", feature = "redis"))]
+mod escape;
 mod etcd;
 mod feed;
 mod from_env;

@@ -70,6 +70,7 @@
 //! names collide only if their 128-bit hashes do.
 
 use super::NatsKeyEncoding;
+use crate::coordinator::escape::{self, hex_digit, Alphabet};
 use sha2::{Digest, Sha256};
 use std::collections::HashSet;
 
@@ -84,59 +85,21 @@ const KV_STREAM_PREFIX: &str = "KV_";
 /// Hex digits of the hash that ends a shortened name (128 bits).
 const HASH_HEX: usize = 32;
 
+/// Letters, digits and `-` are in every NATS alphabet above; `_` escapes.
+const TOKEN_ALPHABET: Alphabet = Alphabet {
+    escape: b'_',
+    plain: |b| b.is_ascii_alphanumeric() || b == b'-',
+};
+
 /// `bytes` encoded into `[A-Za-z0-9_-]` (see the module docs).
 pub(crate) fn token(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for &b in name.as_bytes() {
-        if b.is_ascii_alphanumeric() || b == b'-' {
-            out.push(char::from(b));
-        } else {
-            out.push('_');
-            out.push(hex_digit(b >> 4));
-            out.push(hex_digit(b & 0x0F));
-        }
-    }
-    out
-}
-
-fn hex_digit(nibble: u8) -> char {
-    char::from(b"0123456789ABCDEF"[usize::from(nibble & 0x0F)])
+    escape::encode(&TOKEN_ALPHABET, name)
 }
 
 /// The name [`token`] encoded; `None` for text no token decodes from
 /// (a foreign key in a bucket).
 pub(crate) fn decode_token(token: &str) -> Option<String> {
-    let bytes = token.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while let Some(&b) = bytes.get(i) {
-        if b == b'_' {
-            let hi = hex_value(*bytes.get(i + 1)?)?;
-            let lo = hex_value(*bytes.get(i + 2)?)?;
-            let decoded = (hi << 4) | lo;
-            // Letters, digits and '-' are never escaped: an escaped one
-            // is not something `token` wrote.
-            if decoded.is_ascii_alphanumeric() || decoded == b'-' {
-                return None;
-            }
-            out.push(decoded);
-            i += 3;
-        } else if b.is_ascii_alphanumeric() || b == b'-' {
-            out.push(b);
-            i += 1;
-        } else {
-            return None;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-fn hex_value(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    }
+    escape::decode(&TOKEN_ALPHABET, token)
 }
 
 /// `prefix` + [`token`] of `name`, shortened to [`MAX_STREAM_NAME`] with a

@@ -9,7 +9,7 @@
 //! whole key instead), and decodes back to the name: two names never share
 //! a key.
 
-use std::fmt::Write as _;
+use crate::coordinator::escape::{self, Alphabet};
 
 /// The hash of a KV bucket: field = key, value = value.
 pub(crate) fn kv_hash(bucket: &str) -> String {
@@ -53,53 +53,24 @@ pub(crate) fn topic_channel(topic: &str) -> String {
     format!("coord:topic:{{{}}}", escape(topic))
 }
 
-fn is_plain(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')
-}
+/// Redis keys and channels take any bytes, but `{`, `}` and `:` shape
+/// them (hash tags, the `coord:` layout), so only `[A-Za-z0-9._-]` is
+/// plain; `%` escapes.
+const ALPHABET: Alphabet = Alphabet {
+    escape: b'%',
+    plain: |b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'),
+};
 
 /// `name` with every byte outside `[A-Za-z0-9._-]` as `%XX`.
 pub(crate) fn escape(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for &b in name.as_bytes() {
-        if is_plain(b) {
-            out.push(char::from(b));
-        } else {
-            // Writing to a String cannot fail.
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
+    escape::encode(&ALPHABET, name)
 }
 
 /// The name [`escape`] made `escaped` from; `None` for text it cannot
 /// have made.
 #[cfg(test)]
 pub(crate) fn unescape(escaped: &str) -> Option<String> {
-    let bytes = escaped.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = escaped.get(i + 1..i + 3)?;
-                if hex.bytes().any(|h| h.is_ascii_lowercase()) {
-                    return None;
-                }
-                let b = u8::from_str_radix(hex, 16).ok()?;
-                if is_plain(b) {
-                    return None;
-                }
-                out.push(b);
-                i += 3;
-            }
-            b if is_plain(b) => {
-                out.push(b);
-                i += 1;
-            }
-            _ => return None,
-        }
-    }
-    String::from_utf8(out).ok()
+    escape::decode(&ALPHABET, escaped)
 }
 
 /// The part of `key` Redis Cluster hashes to pick its slot: the text
