@@ -115,6 +115,23 @@ pub enum Error {
     },
 }
 
+/// An error as one line for an operator: its text, then what its sources
+/// add beyond it, with every run of whitespace (line breaks included) as
+/// one space. The bus clients' errors (redis, async-nats) come through it.
+#[cfg(any(feature = "nats", feature = "redis"))]
+pub(crate) fn one_line(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        source = s.source();
+    }
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 fn at_id(id: &Option<StreamId>) -> String {
     id.map(|id| format!("; if it was, it is entry {id}"))
         .unwrap_or_default()

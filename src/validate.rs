@@ -74,6 +74,10 @@ pub fn election_name(what: &'static str, value: &str) -> Result<()> {
 /// events is far past any consumer that still keeps up.
 pub const MAX_CAPACITY: usize = 1 << 20;
 
+/// The capacity of an event channel unless an option sets another: every
+/// feed, host watch and observer queue starts with room for this many.
+pub const DEFAULT_CAPACITY: usize = 4096;
+
 /// The capacity of a bounded event channel: at least 2 (the half-read
 /// resume rule needs room for one event while another is read), at most
 /// [`MAX_CAPACITY`].

@@ -98,7 +98,7 @@ impl Default for WatcherOptions {
     fn default() -> Self {
         WatcherOptions {
             prefix: DEFAULT_HOSTS_PREFIX.into(),
-            capacity: 4096,
+            capacity: crate::validate::DEFAULT_CAPACITY,
         }
     }
 }

@@ -34,7 +34,7 @@
 //! bounded queue of `feed_capacity` items: [`DEFAULT_FEED_CAPACITY`] unless
 //! the backend's options say otherwise, within [`MIN_FEED_CAPACITY`] ..=
 //! [`MAX_FEED_CAPACITY`] — every backend refuses other values alike, with
-//! [`Error::InvalidArgument`](crate::Error::InvalidArgument) naming
+//! [`crate::Error::InvalidArgument`] naming
 //! `feed_capacity`. Filling it never blocks the backend. A feed whose queue
 //! is full falls *behind*; once its consumer has read the queue down to
 //! half, it catches up. Every backend that delivers follows the same rule
@@ -89,6 +89,8 @@ pub mod conformance;
 mod escape;
 mod etcd;
 mod feed;
+#[cfg(any(feature = "nats", feature = "redis"))]
+mod feed_task;
 mod from_env;
 mod kv_mirror;
 mod lane;
@@ -105,7 +107,7 @@ pub use feed::Feed;
 
 /// The capacity of a feed's queue unless a backend's options set another
 /// (see "Slow consumers" above).
-pub const DEFAULT_FEED_CAPACITY: usize = 4096;
+pub const DEFAULT_FEED_CAPACITY: usize = crate::validate::DEFAULT_CAPACITY;
 /// The smallest feed capacity any backend accepts: room for the item a
 /// consumer is reading and one more.
 pub const MIN_FEED_CAPACITY: usize = 2;

@@ -98,12 +98,14 @@ pub fn run<F: Fn() -> Box<dyn Coordinator>>(factory: F) -> Report {
 ///
 /// ```no_run
 /// use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, EtcdCoordinatorOptions};
+/// use fleetcoord::{Etcd, EtcdOptions};
 ///
-/// let endpoint = "127.0.0.1:2379";
+/// let etcd = Etcd::connect(&["127.0.0.1:2379"], EtcdOptions::default())?;
 /// fleetcoord::conformance::run_slow_consumers(|capacity| {
 ///     let options = EtcdCoordinatorOptions::default().with_feed_capacity(capacity);
-///     Ok(Box::new(EtcdCoordinator::with_options(endpoint, options)?) as Box<dyn Coordinator>)
+///     Ok(Box::new(EtcdCoordinator::with_options(&etcd, options)?) as Box<dyn Coordinator>)
 /// });
+/// # Ok::<(), fleetcoord::Error>(())
 /// ```
 pub fn run_slow_consumers<F>(with_capacity: F) -> Report
 where

@@ -7,6 +7,7 @@ use super::names;
 use crate::coordinator::MAX_PAYLOAD;
 use crate::error::{Error, ErrorKind, Result};
 use async_nats::jetstream::{self, stream, ErrorCode};
+use fleetcoord_sm::backoff::{Backoff, BackoffConfig};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -98,14 +99,29 @@ pub(super) fn refused(context: impl std::fmt::Display, e: impl std::fmt::Display
     }
 }
 
-/// Waits out one backoff step and doubles it; `false` once `deadline`
-/// would pass.
-pub(super) async fn backoff(delay: &mut Duration, deadline: Instant) -> bool {
-    if Instant::now() + *delay >= deadline {
+/// The schedule between attempts at one request: [`FIRST_BACKOFF`]
+/// doubling to [`MAX_BACKOFF`], half of each delay jittered (sm's seeded
+/// backoff, as for every retry of the crate).
+pub(super) fn retries() -> Backoff {
+    Backoff::new(
+        BackoffConfig {
+            initial: FIRST_BACKOFF,
+            max: MAX_BACKOFF,
+            multiplier: 2,
+            jitter_percent: 50,
+        },
+        crate::driver::rand_seed(),
+    )
+}
+
+/// Waits out the schedule's next delay; `false` once `deadline` would
+/// pass.
+pub(super) async fn backoff(schedule: &mut Backoff, deadline: Instant) -> bool {
+    let delay = schedule.next_delay();
+    if Instant::now() + delay >= deadline {
         return false;
     }
-    tokio::time::sleep(*delay).await;
-    *delay = (*delay * 2).min(MAX_BACKOFF);
+    tokio::time::sleep(delay).await;
     true
 }
 
@@ -176,7 +192,7 @@ impl Conn {
             Some(spec) => self.deadline().min(started + spec.config.duplicate_window),
             None => self.deadline(),
         };
-        let mut delay = FIRST_BACKOFF;
+        let mut delay = retries();
         let mut not_found: u32 = 0;
         // The last look at the stream, while publishes find no responder.
         let mut health: Option<Health> = None;
@@ -382,7 +398,7 @@ impl Conn {
         }
         let started = Instant::now();
         let deadline = self.deadline();
-        let mut delay = FIRST_BACKOFF;
+        let mut delay = retries();
         loop {
             match self.health(&spec.name, deadline).await {
                 Health::Led | Health::Leaderless(_) | Health::Outvoted { .. } => {
@@ -412,7 +428,7 @@ impl Conn {
     /// retrying until the request timeout.
     pub(super) async fn create_stream(&self, spec: &StreamSpec) -> Result<stream::State> {
         let deadline = self.deadline();
-        let mut delay = FIRST_BACKOFF;
+        let mut delay = retries();
         loop {
             let error = match self.create_stream_once(spec).await {
                 Ok(state) => return Ok(state),

@@ -4,10 +4,10 @@
 //! bucket's stream with an ordered consumer.
 
 use super::conn::{failed, Conn, StreamSpec};
-use super::feed::Lifeline;
 use super::names;
 use super::ordered::{self, Begin, Ordered, Pulled};
 use crate::coordinator::bridge::{FeedFull, FeedSender};
+use crate::coordinator::feed_task::FeedTask;
 use crate::coordinator::kv_mirror::{hand_over, Handed, KvMirror, Offer};
 use crate::coordinator::{pattern, KvEvent};
 use crate::error::{Error, Result};
@@ -189,7 +189,7 @@ impl Watch {
 /// bucket keeps one entry per key, so that is every key changed since,
 /// with its newest value or its delete marker — the difference from what
 /// the consumer was told, never a change twice.
-pub(super) async fn feed(conn: Conn, opened: Opened, pattern: String, life: Lifeline<KvEvent>) {
+pub(super) async fn feed(conn: Conn, opened: Opened, pattern: String, life: FeedTask<KvEvent>) {
     let tx = life.tx();
     let Opened {
         bucket_name,

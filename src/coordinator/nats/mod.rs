@@ -73,7 +73,6 @@
 //! credentials.
 
 mod conn;
-mod feed;
 mod kv;
 mod names;
 mod ordered;
@@ -85,11 +84,11 @@ use super::{
     StreamId, StreamPosition, StreamReader, Subscription, MAX_PAYLOAD,
 };
 use crate::coordinator::bridge::{self, Bridge, BridgeError};
-use crate::error::{Error, ErrorKind, Result};
+use crate::coordinator::feed_task::FeedTask;
+use crate::error::{one_line, Error, ErrorKind, Result};
 use crate::runtime::StartError;
 use crate::validate;
 use conn::{Conn, Settings};
-use feed::Lifeline;
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -536,31 +535,17 @@ impl NatsCoordinator {
     /// the feed or the handle closes.
     fn start_feed<T: Send + 'static, F>(
         &self,
-        task: impl FnOnce(Lifeline<T>) -> F + Send + 'static,
+        task: impl FnOnce(FeedTask<T>) -> F + Send + 'static,
     ) -> Result<Feed<T>>
     where
         F: Future<Output = ()> + Send + 'static,
     {
         let (tx, feed) = bridge::feed_channel(self.feed_capacity);
         self.bridge
-            .spawn(move |stopping| task(Lifeline::new(tx, stopping)))
+            .spawn(move |stopping| task(FeedTask::new(tx, stopping, None)))
             .map_err(|_| self.gone())?;
         Ok(feed)
     }
-}
-
-/// An async-nats error as one line: its Display, without line breaks.
-fn one_line(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let more = s.to_string();
-        if !text.contains(&more) {
-            text = format!("{text}: {more}");
-        }
-        source = s.source();
-    }
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 impl Coordinator for NatsCoordinator {

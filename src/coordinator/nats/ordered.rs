@@ -11,7 +11,7 @@
 //! killed stalled for more than 20 s (`tests/nats_faults.rs`).
 
 use super::conn::Conn;
-use super::feed::Lifeline;
+use crate::coordinator::feed_task::{retry_backoff, FeedTask};
 use async_nats::jetstream::consumer::{push, DeliverPolicy};
 use futures_util::StreamExt;
 use std::time::Duration;
@@ -21,9 +21,6 @@ pub(super) type Ordered = push::Ordered;
 
 /// Longest a consumer creation may take before it is retried.
 const CREATE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Pauses between failed recreations: doubling from the first to the last.
-const FIRST_RETRY: Duration = Duration::from_millis(50);
-const MAX_RETRY: Duration = Duration::from_secs(2);
 /// How long a reader waits for a message before it checks that it is not
 /// stuck behind the stream: a consumer can go quiet for good (its node
 /// died and the client library's own recreation did not get through), and
@@ -89,7 +86,7 @@ pub(super) async fn open_waiting(
     from: Begin,
 ) -> Result<(Ordered, u64), String> {
     let deadline = conn.deadline();
-    let mut delay = FIRST_RETRY;
+    let mut delay = super::conn::retries();
     loop {
         match open(conn, stream, filter, from).await {
             Ok(opened) => return Ok(opened),
@@ -109,14 +106,14 @@ pub(super) async fn reopen<T>(
     stream: &str,
     filter: &str,
     from: Begin,
-    life: &Lifeline<T>,
+    life: &FeedTask<T>,
 ) -> Option<(Ordered, u64)> {
-    let mut delay = FIRST_RETRY;
+    let mut backoff = retry_backoff();
     let mut failures: u32 = 0;
     loop {
         let result = tokio::select! {
             result = open(conn, stream, filter, from) => result,
-            _ = life.ended() => return None,
+            _ = life.halted() => return None,
         };
         match result {
             Ok(opened) => {
@@ -134,11 +131,9 @@ pub(super) async fn reopen<T>(
                 }
             }
         }
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = life.ended() => return None,
+        if !life.pause(&mut backoff).await {
+            return None;
         }
-        delay = (delay * 2).min(MAX_RETRY);
     }
 }
 
@@ -177,17 +172,17 @@ pub(super) async fn pull<T>(
     conn: &Conn,
     stream: &str,
     next: u64,
-    life: &Lifeline<T>,
+    life: &FeedTask<T>,
     what: &str,
 ) -> Pulled {
     let item = tokio::select! {
         item = tokio::time::timeout(IDLE_CHECK, current.next()) => item,
-        _ = life.ended() => return Pulled::Ended,
+        _ = life.halted() => return Pulled::Ended,
     };
     let Ok(item) = item else {
         let stuck = tokio::select! {
             stuck = behind(conn, stream, next) => stuck,
-            _ = life.ended() => return Pulled::Ended,
+            _ = life.halted() => return Pulled::Ended,
         };
         if stuck {
             log::debug!("fleetcoord nats: {what} stuck before {next}; restarting");

@@ -1,7 +1,7 @@
 //! Pub/sub on core NATS subjects: one subject per topic, live-only.
 
-use super::feed::Lifeline;
 use crate::coordinator::bridge::FeedFull;
+use crate::coordinator::feed_task::FeedTask;
 use crate::coordinator::Message;
 use futures_util::StreamExt;
 
@@ -13,12 +13,12 @@ use futures_util::StreamExt;
 /// counted); once it has read half of its queue, that newest message goes
 /// out and delivery goes on with the next one published. A warning says
 /// how many were dropped.
-pub(super) async fn feed(mut sub: async_nats::Subscriber, topic: String, life: Lifeline<Message>) {
+pub(super) async fn feed(mut sub: async_nats::Subscriber, topic: String, life: FeedTask<Message>) {
     let tx = life.tx();
     loop {
         let next = tokio::select! {
             next = sub.next() => next,
-            _ = life.ended() => break,
+            _ = life.halted() => break,
         };
         // The client resubscribes by itself after a reconnect; the stream
         // only ends when the connection is closed for good.
@@ -45,7 +45,7 @@ pub(super) async fn feed(mut sub: async_nats::Subscriber, topic: String, life: L
                     }
                     None => break false,
                 },
-                _ = life.ended() => break false,
+                _ = life.halted() => break false,
             }
         };
         if dropped > 0 {

@@ -2,10 +2,10 @@
 //! coordinator stream, so its sequence numbers are the entry IDs.
 
 use super::conn::{Conn, StreamSpec};
-use super::feed::Lifeline;
 use super::names;
 use super::ordered::{self, Begin, Ordered, Pulled};
 use crate::coordinator::bridge::FeedFull;
+use crate::coordinator::feed_task::FeedTask;
 use crate::coordinator::{StreamEntry, StreamId, StreamPosition};
 use crate::error::Result;
 
@@ -73,7 +73,7 @@ pub(super) async fn open(conn: Conn, stream: String, from: StreamPosition) -> Re
 /// sequences below the next wanted one are skipped, and on any error, or
 /// when the consumer's queue is full (after it has read half of it), the
 /// consumer is recreated from the next wanted sequence.
-pub(super) async fn feed(conn: Conn, opened: Opened, life: Lifeline<StreamEntry>) {
+pub(super) async fn feed(conn: Conn, opened: Opened, life: FeedTask<StreamEntry>) {
     let tx = life.tx();
     let Opened {
         name,

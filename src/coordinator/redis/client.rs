@@ -26,7 +26,7 @@
 //!   the same pipeline, so it counts the replicas that have this write.
 
 use super::options::RedisOptions;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{one_line, Error, ErrorKind, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -714,14 +714,6 @@ pub(crate) fn key_slot(key: &[u8]) -> u16 {
         }
     }
     crc % 16384
-}
-
-/// The crate's error on one line.
-pub(crate) fn one_line(e: &RedisError) -> String {
-    e.to_string()
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// `url` without its password.

@@ -23,8 +23,9 @@
 
 use super::client::{message, publish_command, Conn, Target};
 use super::names;
-use super::task::{Backoff, FeedCtx};
+use super::task::FeedCtx;
 use crate::coordinator::bridge::FeedFull;
+use crate::coordinator::feed_task::retry_backoff;
 use crate::coordinator::kv_mirror::{hand_over, Handed, KvMirror, Offer};
 use crate::coordinator::{pattern, KvEvent};
 use fleetcoord_sm::mirror::Order;
@@ -200,7 +201,7 @@ pub(crate) async fn watch_task(mut ctx: FeedCtx<KvEvent>, bucket: String, patter
         // notification missed.
         mirror: KvMirror::new(Order::Contiguous, ctx.tx.capacity()),
     };
-    let mut backoff = Backoff::new();
+    let mut backoff = retry_backoff();
     'connect: loop {
         if ctx.is_halted() {
             return;

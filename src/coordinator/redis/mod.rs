@@ -232,7 +232,7 @@ impl RedisCoordinator {
         let started = bridge::start("fleetcoord-redis", wait, move || async move {
             connecting.command_conn().await.map_err(|e| {
                 let _ = kind_out.set(client::kind_of(&e));
-                client::one_line(&e)
+                crate::error::one_line(&e)
             })
         });
         let (bridge, conn) = match started {

@@ -15,8 +15,9 @@
 
 use super::client::{message, Conn, Target};
 use super::names;
-use super::task::{Backoff, FeedCtx};
+use super::task::FeedCtx;
 use crate::coordinator::bridge::FeedFull;
+use crate::coordinator::feed_task::retry_backoff;
 use crate::coordinator::Message;
 use redis::{PushInfo, PushKind, RedisResult};
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -24,7 +25,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 /// Runs a subscription until its feed ends.
 pub(crate) async fn subscribe_task(mut ctx: FeedCtx<Message>, topic: String) {
     let channel = names::topic_channel(&topic);
-    let mut backoff = Backoff::new();
+    let mut backoff = retry_backoff();
     loop {
         if ctx.is_halted() {
             return;

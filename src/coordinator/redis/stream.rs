@@ -20,8 +20,9 @@
 
 use super::client::{bytes, with_failover, Conn, Repeat, Target};
 use super::names;
-use super::task::{Backoff, FeedCtx};
+use super::task::FeedCtx;
 use crate::coordinator::bridge::FeedFull;
+use crate::coordinator::feed_task::retry_backoff;
 use crate::coordinator::{StreamEntry, StreamId, StreamPosition};
 use crate::error::ErrorKind;
 use redis::{RedisResult, Script, Value};
@@ -358,7 +359,7 @@ impl Position {
 pub(crate) async fn read_task(mut ctx: FeedCtx<StreamEntry>, stream: String, from: StreamPosition) {
     let key = names::stream_key(&stream);
     let mut pos: Option<Position> = None;
-    let mut backoff = Backoff::new();
+    let mut backoff = retry_backoff();
     loop {
         if ctx.is_halted() {
             return;

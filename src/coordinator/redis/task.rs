@@ -1,9 +1,10 @@
-//! What every feed task shares: how it starts (the caller waits until it
-//! is live), how it learns to stop (its feed was dropped, or the
-//! coordinator closed), and how it waits between reconnects.
+//! How a Redis feed task starts: behind a feed, with the target to connect
+//! to, and with the caller waiting until it is live. What it holds and how
+//! it lives is the bus's one feed task type (`coordinator/feed_task.rs`).
 
 use super::client::Target;
-use crate::coordinator::bridge::{feed_channel, Bridge, FeedSender, Stopping};
+use crate::coordinator::bridge::{feed_channel, Bridge};
+use crate::coordinator::feed_task::FeedTask;
 use crate::coordinator::Feed;
 use crate::error::{Error, Result};
 use std::future::Future;
@@ -14,82 +15,24 @@ use std::time::Duration;
 /// request timeouts.
 const START_SLACK: Duration = Duration::from_secs(2);
 
-/// A feed task's inputs.
+/// A feed task's inputs: the one feed task type and the Redis target it
+/// connects to.
 pub(crate) struct FeedCtx<T> {
-    pub(crate) tx: FeedSender<T>,
+    feed: FeedTask<T>,
     pub(crate) target: Target,
-    started: Option<crossbeam_channel::Sender<Result<()>>>,
-    stopping: Stopping,
 }
 
-impl<T> FeedCtx<T> {
-    /// Tells the caller the feed is live (`Ok`) or cannot be (`Err`); only
-    /// the first report counts. Returns whether someone was told.
-    pub(crate) fn started(&mut self, outcome: Result<()>) -> bool {
-        match self.started.take() {
-            Some(tx) => tx.send(outcome).is_ok(),
-            None => false,
-        }
-    }
+impl<T> std::ops::Deref for FeedCtx<T> {
+    type Target = FeedTask<T>;
 
-    /// Whether the caller is still waiting for [`FeedCtx::started`].
-    pub(crate) fn starting(&self) -> bool {
-        self.started.is_some()
-    }
-
-    /// Resolves once the feed should end: it was dropped, or the
-    /// coordinator is closing.
-    pub(crate) async fn halted(&self) {
-        if self.is_halted() {
-            return;
-        }
-        tokio::select! {
-            _ = self.tx.gone() => {}
-            _ = self.stopping.wait() => {}
-        }
-    }
-
-    /// Whether the feed should end now.
-    pub(crate) fn is_halted(&self) -> bool {
-        self.stopping.is_stopping() || self.tx.is_gone()
-    }
-
-    /// Waits `backoff.next()` unless halted first; `false` when halted.
-    pub(crate) async fn pause(&self, backoff: &mut Backoff) -> bool {
-        let wait = backoff.next();
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => !self.is_halted(),
-            _ = self.halted() => false,
-        }
-    }
-
-    /// Waits until the consumer read its queue down to half; `false` when
-    /// the feed ended meanwhile.
-    pub(crate) async fn relieved(&self) -> bool {
-        let relieved = tokio::select! {
-            r = self.tx.relieved() => r,
-            _ = self.stopping.wait() => false,
-        };
-        relieved && !self.is_halted()
+    fn deref(&self) -> &FeedTask<T> {
+        &self.feed
     }
 }
 
-/// Exponential backoff between reconnect attempts: 50 ms doubling to 2 s.
-pub(crate) struct Backoff(Duration);
-
-impl Backoff {
-    pub(crate) fn new() -> Self {
-        Backoff(Duration::from_millis(50))
-    }
-
-    pub(crate) fn next(&mut self) -> Duration {
-        let now = self.0;
-        self.0 = (self.0 * 2).min(Duration::from_secs(2));
-        now
-    }
-
-    pub(crate) fn reset(&mut self) {
-        *self = Backoff::new();
+impl<T> std::ops::DerefMut for FeedCtx<T> {
+    fn deref_mut(&mut self) -> &mut FeedTask<T> {
+        &mut self.feed
     }
 }
 
@@ -115,10 +58,8 @@ where
     bridge
         .spawn(move |stopping| {
             task(FeedCtx {
-                tx,
+                feed: FeedTask::new(tx, stopping, Some(started_tx)),
                 target,
-                started: Some(started_tx),
-                stopping,
             })
         })
         // The bridge thread has stopped: `DriverGone` here, which the handle
