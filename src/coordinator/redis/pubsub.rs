@@ -3,7 +3,7 @@
 //! On a cluster, sharded pub/sub (`SPUBLISH`/`SSUBSCRIBE`): a message goes
 //! only to the shard that owns the channel's slot instead of being
 //! broadcast over the cluster bus to every node, so pub/sub traffic scales
-//! with the shards, and it measured ~25 µs faster at p50 (BACKEND-NOTES,
+//! with the shards, and it measured ~25 µs faster at p50 (docs/backend-notes.md,
 //! "Pub/sub"). On a standalone server plain `PUBLISH`/`SUBSCRIBE`, which the
 //! crate's standalone connection supports directly.
 //!
