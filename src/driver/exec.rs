@@ -17,7 +17,9 @@ use tonic::Code;
 /// errors that callers must tell apart, the status message is compared
 /// with the text of etcd's own error constant (`rpctypes` in
 /// etcd's `api/v3rpc/rpctypes/error.go`, stable since etcd 3.0); such
-/// comparisons exist here and nowhere else.
+/// comparisons exist here and in [`super::connect`], which tells a missing
+/// login (`ErrGRPCUserEmpty`) from a failed one (and reads rustls's words to
+/// say which TLS check failed).
 pub(crate) fn rpc_error(err: ec::Error) -> RpcError {
     match err {
         ec::Error::GRpcStatus(status) => status_error(&status),

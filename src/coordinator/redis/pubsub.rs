@@ -10,8 +10,8 @@
 //! Live-only, like Redis pub/sub itself: nothing is buffered by the server.
 //! Messages published while a subscriber's connection is down are lost
 //! (the subscriber reconnects, resubscribes and logs a warning); messages
-//! that arrive while the consumer's queue is full are dropped, counted, and
-//! reported in one warning once the consumer has read half of its queue.
+//! that arrive while the consumer's queue is full are dropped (all but the
+//! newest), counted in one warning once the consumer has read half its queue.
 
 use super::client::{message, Conn, Target};
 use super::names;
