@@ -144,8 +144,12 @@ fn at_id(id: &Option<StreamId>) -> String {
 ///
 /// Decided once per failure, from what the backend reports in a structured
 /// form (etcd's gRPC status code, Redis' error kind and code, NATS' error
-/// kinds), never from message text. A variant that names one backend's
-/// concept says which backends can produce it.
+/// kinds), never from free-form text. Exact, fixed texts are compared only
+/// where that is all there is: etcd errors that share a code (a compacted
+/// revision and a future one are both `OutOfRange`), a refused watch's
+/// `cancel_reason`, etcd-client's word for a keepalive on a lost lease.
+/// A variant that names one backend's concept says which backends can
+/// produce it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {

@@ -5,8 +5,8 @@
 //! answered and logs in.
 //!
 //! Nothing here formats a password or key: errors are built from
-//! etcd-client's errors, which carry neither (ETCD-NOTES: TLS and auth
-//! failures), and from our own words.
+//! etcd-client's errors, which carry neither (docs/etcd-notes.md,
+//! "TLS and auth failures"), and from our own words.
 
 use super::health::{Probe, ProbeOutcome};
 use super::ConnectSettings;
@@ -187,8 +187,8 @@ fn is_user_missing(e: &ec::Error) -> bool {
 
 /// One line saying what failed; TLS failures say which check failed and
 /// what to change. The certificate checks are told apart by rustls's words
-/// at the root of the error chain (ETCD-NOTES: they all arrive as
-/// `Unavailable`, like a network failure).
+/// at the root of the error chain (docs/etcd-notes.md, "TLS and auth
+/// failures": they all arrive as `Unavailable`, like a network failure).
 pub(crate) fn explain(e: &ec::Error, tls: Option<&EtcdTls>) -> String {
     let root = connect_reason(e);
     let Some(tls) = tls else {

@@ -17,7 +17,9 @@ use tonic::Code;
 /// errors that callers must tell apart, the status message is compared
 /// with the text of etcd's own error constant (`rpctypes` in
 /// etcd's `api/v3rpc/rpctypes/error.go`, stable since etcd 3.0); such
-/// comparisons exist here and nowhere else.
+/// comparisons exist here and in [`super::connect`], which tells a missing
+/// login (`ErrGRPCUserEmpty`) from a failed one (and reads rustls's words to
+/// say which TLS check failed).
 pub(crate) fn rpc_error(err: ec::Error) -> RpcError {
     match err {
         ec::Error::GRpcStatus(status) => status_error(&status),
@@ -378,10 +380,10 @@ pub(crate) fn watch_options(range: &KeyRange, start_revision: i64) -> (Vec<u8>, 
 
 /// The error a cancelled watch stands for, when etcd refused it rather than
 /// ended it: a watch on a prefix the user may not read, or opened with an
-/// expired token, returns Ok and its first response is `created &&
-/// canceled` with a `cancel_reason` (ETCD-NOTES). Read as a plain
-/// cancellation it would be re-opened forever; as the error it is, the
-/// machine's permanent-error path reaches the user.
+/// expired token, returns Ok and its first response is `created && canceled`
+/// with a `cancel_reason` (docs/etcd-notes.md, "Auth", "Token expiry"). Read
+/// as a plain cancellation it would be re-opened forever; as the error it is,
+/// the machine's permanent-error path reaches the user.
 ///
 /// etcd writes the reason as Go's gRPC status text, `rpc error: code =
 /// <Code> desc = <message>`; the code and message are mapped like any

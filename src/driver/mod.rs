@@ -6,8 +6,9 @@
 //! never blocks and needs no runtime; answers come back on crossbeam
 //! channels. Every machine runs as a task on this runtime ([`runner`]), and
 //! [`exec`] is the one place that turns the plain-data requests of `sm` into
-//! etcd-client calls. Nothing here knows the facade: errors are the driver's
-//! own small types, which the facade maps to its `Error`.
+//! etcd-client calls. Nothing here knows the facade: it takes the TLS and
+//! user settings as plain values ([`crate::tls`]), and errors are the
+//! driver's own small types, which the facade maps to its `Error`.
 
 pub(crate) mod connect;
 pub(crate) mod exec;

@@ -299,7 +299,8 @@ fn start_rpc(
 /// breaks, or the machine cancels it (abort). A watch etcd refuses at once
 /// is answered with the refusal as an error ([`exec::watch_refusal`]); one
 /// refused for an expired token is opened again once after logging in
-/// again, since etcd-client's token refresh never sees it (ETCD-NOTES).
+/// again, since etcd-client's token refresh never sees it
+/// (docs/etcd-notes.md, "Token expiry").
 async fn watch(
     client: ec::Client,
     id: RpcId,

@@ -153,7 +153,7 @@ impl Conn {
 
     /// Publishes `payload` to a JetStream `subject` and returns the stored
     /// sequence. A publish whose ack did not arrive may have been stored
-    /// (BACKEND-NOTES, "Restart"), so every retry carries the same
+    /// (docs/backend-notes.md, "Restart"), so every retry carries the same
     /// `Nats-Msg-Id`: the stream's duplicate window (2 min) answers a retry
     /// of a stored message with the original sequence instead of storing
     /// it twice.
@@ -667,7 +667,7 @@ impl StreamSpec {
     }
 
     /// The stream of a KV bucket, exactly as JetStream KV lays it out
-    /// (BACKEND-NOTES, "Versions": async-nats 0.51 cannot create buckets on
+    /// (docs/backend-notes.md, "Versions": async-nats 0.51 cannot create buckets on
     /// nats-server 2.9 itself), history 1.
     pub(super) fn for_bucket(settings: &Settings, bucket: &str) -> StreamSpec {
         let bucket_name = names::bucket_name(bucket);

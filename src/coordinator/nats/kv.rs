@@ -85,7 +85,7 @@ pub(super) struct Opened {
 
 /// Creates the bucket if needed and opens a consumer on the newest entry
 /// of every key. Its pending count at creation says how long the snapshot
-/// is, which is how an empty bucket gets its `Synced` (BACKEND-NOTES, "KV").
+/// is, which is how an empty bucket gets its `Synced` (docs/backend-notes.md, "KV").
 pub(super) async fn open_watch(conn: Conn, bucket: String) -> Result<Opened> {
     let bucket_name = names::bucket_name(&bucket);
     let spec = StreamSpec::for_bucket(&conn.settings, &bucket);

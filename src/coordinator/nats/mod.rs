@@ -450,7 +450,7 @@ impl NatsCoordinator {
                 }
                 NatsCredentials::Token(token) => client_options.token(token),
             };
-            // A list, not one comma-separated string (BACKEND-NOTES, "Connect").
+            // A list, not one comma-separated string (docs/backend-notes.md, "Connect").
             let addrs: Vec<async_nats::ServerAddr> = addrs
                 .iter()
                 .map(|u| u.parse())

@@ -3,9 +3,9 @@
 //! fleetcoord accepts any single segment of up to 255 bytes: spaces, `*`,
 //! `>`, `.`, non-ASCII. NATS does not: a `.` splits a subject into tokens,
 //! `*`/`>` inside a published subject are taken literally while the server
-//! silently drops publishes to `a..b` (BACKEND-NOTES, "Core subjects"), KV
-//! keys must match `[-/_=.a-zA-Z0-9]+` and bucket names `[a-zA-Z0-9_-]+`
-//! ("Key and subject alphabets").
+//! silently drops publishes to `a..b`, KV keys must match
+//! `[-/_=.a-zA-Z0-9]+` and bucket names `[a-zA-Z0-9_-]+` (docs/backend-notes.md,
+//! "Core subjects", "Key and subject alphabets").
 //!
 //! # Topics, streams and buckets: [`token`]
 //!

@@ -2,7 +2,7 @@
 //! the connection: an ordered push consumer, recreated from the next wanted
 //! sequence on any error, and every sequence below it skipped.
 //!
-//! BACKEND-NOTES ("Restart") measured the ordered push consumer, and an
+//! docs/backend-notes.md, "Restart", measured the ordered push consumer, and an
 //! ordered pull consumer recreated on every error, as the readers that kept
 //! 301 of 301 entries across kill -9 restarts. The push consumer is the one
 //! used: it notices a reconnect at once and a consumer that vanished with

@@ -6,12 +6,12 @@
 //!   (`ConnectionManager` standalone, the async `ClusterConnection` on a
 //!   cluster), with retries kept low and every response bounded by the
 //!   request timeout: with the crate's defaults a command to a dead master
-//!   hung for over two minutes (BACKEND-NOTES, "Reconnects").
+//!   hung for over two minutes (docs/backend-notes.md, "Reconnects").
 //! * Each subscription and KV watch has its own RESP3 connection with a
 //!   push channel; each stream reader its own connection without a
 //!   response timeout shorter than its `XREAD BLOCK` (the multiplexed
 //!   connection's 500 ms default fails a longer block, and a blocked read
-//!   delays every other command on its connection; BACKEND-NOTES,
+//!   delays every other command on its connection; docs/backend-notes.md,
 //!   "Streams"). Feeds rebuild their connection themselves after a failure,
 //!   so they never depend on the crate's silent resubscription.
 //! * On a cluster, [`with_failover`] carries each request through a

@@ -5,14 +5,14 @@
 //! **Write.** [`WRITE`] declares the hash `coord:kv:{b}`, the version
 //! `coord:kvv:{b}` and the channel `coord:kvn:{b}` in `KEYS` (SPUBLISH from a
 //! script refuses an undeclared channel, "Script attempted to access a non
-//! local key"; BACKEND-NOTES, "Atomic write + notification"); the `{b}` tag
+//! local key"; docs/backend-notes.md, "Atomic write + notification"); the `{b}` tag
 //! puts all three on one slot. It sets or deletes the field, increments the
 //! version and publishes `"<version> <op> <key length> <key><value>"`, all or
 //! nothing. Deleting a missing field changes nothing, so it neither bumps
 //! the version nor publishes: watchers hear nothing (trait contract).
 //!
-//! **Watch** (verified with 3,000 concurrent writes on a cluster,
-//! BACKEND-NOTES): subscribe first, then take the hash and the version
+//! **Watch** (docs/backend-notes.md, "Gap-free KV watch": 3,000 concurrent
+//! writes on a cluster): subscribe first, then take the hash and the version
 //! together ([`SNAPSHOT`]); notifications at or below the snapshot's
 //! version are already in it, each later one must be exactly the next
 //! version. A gap, a dropped connection (then a new connection and a new

@@ -80,14 +80,16 @@
 //!   connection or a full consumer queue leads to a new snapshot and the
 //!   consumer is told the difference, so the watcher's view always
 //!   converges on the hash; intermediate values may be coalesced.
-//! * **Slow consumers** (the one feed policy, see the crate's driver
-//!   docs) — every feed is a bounded channel of
-//!   [`RedisOptions::feed_capacity`]; the runtime never blocks on it. When
-//!   it is full the feed holds its next item and stops reading: a stream
-//!   reader continues after the last entry it delivered once the consumer
-//!   read half the queue; a KV watch drops notifications meanwhile and
-//!   then reports the difference to a new snapshot; a subscription drops
-//!   the messages that arrive meanwhile and logs how many.
+//! * **Slow consumers** (the crate's one contract, with a rule for each
+//!   kind of feed: [`crate::coordinator`], "Slow consumers") — every feed
+//!   is a bounded channel of [`RedisOptions::feed_capacity`]; the runtime
+//!   never blocks on it. When it is full the feed holds its next item
+//!   until the consumer has read half the queue: a stream reader stops
+//!   reading meanwhile, then continues after the last entry it delivered;
+//!   a KV watch keeps reading, tells the consumer at most a queue's worth
+//!   of changes, then the difference to a new snapshot; a subscription
+//!   keeps reading, keeps only the newest message and logs how many it
+//!   dropped.
 //! * **Connections** — one multiplexed connection serves every command of
 //!   a handle; each feed has a connection of its own (one per node it
 //!   needs on a cluster), which it rebuilds with backoff after any failure.

@@ -3,15 +3,15 @@
 //! On a cluster, sharded pub/sub (`SPUBLISH`/`SSUBSCRIBE`): a message goes
 //! only to the shard that owns the channel's slot instead of being
 //! broadcast over the cluster bus to every node, so pub/sub traffic scales
-//! with the shards, and it measured ~25 µs faster at p50 (BACKEND-NOTES,
+//! with the shards, and it measured ~25 µs faster at p50 (docs/backend-notes.md,
 //! "Pub/sub"). On a standalone server plain `PUBLISH`/`SUBSCRIBE`, which the
 //! crate's standalone connection supports directly.
 //!
 //! Live-only, like Redis pub/sub itself: nothing is buffered by the server.
 //! Messages published while a subscriber's connection is down are lost
 //! (the subscriber reconnects, resubscribes and logs a warning); messages
-//! that arrive while the consumer's queue is full are dropped, counted, and
-//! reported in one warning once the consumer has read half of its queue.
+//! that arrive while the consumer's queue is full are dropped (all but the
+//! newest), counted in one warning once the consumer has read half its queue.
 
 use super::client::{message, Conn, Target};
 use super::names;
