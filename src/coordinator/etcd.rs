@@ -14,8 +14,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::etcd::{Etcd, EtcdOptions};
 use crate::validate;
 use fleetcoord_sm::stream::{
-    Append, AppendConfig, AppendInput, AppendNotice, Head, ReadFrom, Reader, ReaderConfig,
-    ReaderNotice, StreamError, StreamKeys,
+    Append, AppendConfig, AppendInput, AppendNotice, Head, Reader, ReaderConfig, ReaderNotice,
+    StreamError, StreamKeys,
 };
 use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchNotice, DEFAULT_PAGE_SIZE};
 use fleetcoord_sm::{BackoffConfig, KeyRange, Machine, RangeRequest, Request, Response};
@@ -528,11 +528,7 @@ impl Coordinator for EtcdCoordinator {
     fn read_stream(&self, stream: &str, from: StreamPosition) -> Result<StreamReader> {
         self.check_open()?;
         check_name("stream", stream)?;
-        let from = match from {
-            StreamPosition::Start => ReadFrom::Start,
-            StreamPosition::End => ReadFrom::End,
-            StreamPosition::After(id) => ReadFrom::After(id.0),
-        };
+        let from = super::read_from(from);
         let config = ReaderConfig {
             keys: self.stream_keys(stream),
             from,

@@ -337,6 +337,17 @@ pub enum KvEvent {
     Synced,
 }
 
+/// A stream position in the machines' words: where every backend's reader
+/// starts is one rule (`fleetcoord_sm::stream::Cursor::at`).
+pub(crate) fn read_from(from: StreamPosition) -> fleetcoord_sm::stream::ReadFrom {
+    use fleetcoord_sm::stream::ReadFrom;
+    match from {
+        StreamPosition::Start => ReadFrom::Start,
+        StreamPosition::End => ReadFrom::End,
+        StreamPosition::After(id) => ReadFrom::After(id.0),
+    }
+}
+
 /// Messages of one topic; dropping it unsubscribes.
 pub type Subscription = Feed<Message>;
 /// Entries of one stream; dropping it stops the reader.

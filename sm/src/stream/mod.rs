@@ -68,10 +68,12 @@
 //! read that would have found them.
 
 mod append;
+mod place;
 mod read;
 pub mod requests;
 
 pub use append::{Append, AppendConfig, AppendInput, AppendNotice};
+pub use place::{Offered, Place};
 pub use read::{Batch, Cursor, ReadFrom, Reader, ReaderConfig, ReaderInput, ReaderNotice, PAGE};
 
 use crate::rpc::{Revision, RpcError};

@@ -1636,3 +1636,64 @@ fn a_head_and_entries_answer_of_the_wrong_shape_is_retried_not_delivered() {
     assert!(!r.is_live());
     assert_eq!(r.poll_timeout(), Some(t0 + 300 * MS));
 }
+
+mod place {
+    use fleetcoord_sm::stream::{Cursor, Offered, Place, ReadFrom};
+
+    #[test]
+    fn a_reader_starts_at_the_first_entry_the_head_or_after_an_id_never_beyond_the_head() {
+        assert_eq!(Cursor::at(ReadFrom::Start, 9).last(), 0);
+        assert_eq!(Cursor::at(ReadFrom::End, 9).last(), 9);
+        assert_eq!(Cursor::at(ReadFrom::After(4), 9).last(), 4);
+        assert_eq!(Cursor::at(ReadFrom::After(40), 9).last(), 9);
+        assert_eq!(Cursor::at(ReadFrom::End, 0).last(), 0);
+        // The epoch is known only once the place is inside the stream.
+        let head = Some((9, Some(b"e1".to_vec())));
+        let mut inside = Place::open(ReadFrom::End, head.clone());
+        assert_eq!(inside.offer(10, Some(b"e2")), Offered::Recreated);
+        let mut outside = Place::open(ReadFrom::Start, head);
+        assert_eq!(outside.offer(1, Some(b"e1")), Offered::Deliver);
+    }
+
+    #[test]
+    fn entries_are_delivered_once_in_order_and_repeats_dropped() {
+        let mut p = Place::open(ReadFrom::Start, None);
+        let e: Option<&[u8]> = Some(b"e");
+        assert_eq!(p.offer(1, e), Offered::Deliver);
+        assert_eq!(p.offer(3, e), Offered::Deliver, "a trimmed 2 is skipped");
+        assert_eq!(p.offer(3, e), Offered::Repeat);
+        assert_eq!(p.offer(2, e), Offered::Repeat);
+        assert_eq!(p.last(), 3);
+        // Without epochs (NATS), only the sequence counts.
+        let mut n = Place::open(ReadFrom::After(5), Some((7, None)));
+        assert_eq!(n.offer(5, None), Offered::Repeat);
+        assert_eq!(n.offer(6, None), Offered::Deliver);
+    }
+
+    #[test]
+    fn a_stream_recreated_under_the_reader_is_read_again_from_its_first_entry() {
+        let old: Option<&[u8]> = Some(b"old");
+        let new: Option<&[u8]> = Some(b"new");
+        let mut p = Place::open(ReadFrom::Start, None);
+        assert_eq!(p.offer(1, old), Offered::Deliver);
+        assert_eq!(p.offer(2, old), Offered::Deliver);
+        // The head agrees: nothing happens.
+        assert!(!p.check_head(Some((Some(2), old))));
+        // An entry of another epoch: start over, then deliver from 1.
+        assert_eq!(p.offer(1, new), Offered::Recreated);
+        assert_eq!(p.last(), 0);
+        assert_eq!(p.offer(1, new), Offered::Deliver);
+        // The head below the place, or gone, or of another epoch.
+        assert_eq!(p.offer(2, new), Offered::Deliver);
+        assert!(p.check_head(Some((Some(1), new))));
+        assert_eq!(p.last(), 0);
+        assert_eq!(p.offer(1, new), Offered::Deliver);
+        assert!(p.check_head(None));
+        assert!(
+            !p.check_head(None),
+            "an empty stream and an empty place agree"
+        );
+        assert_eq!(p.offer(1, old), Offered::Deliver);
+        assert!(p.check_head(Some((Some(5), new))));
+    }
+}

@@ -6,8 +6,9 @@ use super::names;
 use super::ordered::{self, Begin, Ordered, Pulled};
 use crate::coordinator::bridge::FeedFull;
 use crate::coordinator::feed_task::FeedTask;
-use crate::coordinator::{StreamEntry, StreamId, StreamPosition};
+use crate::coordinator::{read_from, StreamEntry, StreamId, StreamPosition};
 use crate::error::Result;
+use fleetcoord_sm::stream::{Offered, Place};
 
 /// Appends `payload`; the ID is the stored message's stream sequence.
 pub(super) async fn append(conn: Conn, stream: String, payload: Vec<u8>) -> Result<StreamId> {
@@ -41,7 +42,7 @@ fn indeterminate(stream: &str, why: String) -> crate::Error {
 /// A reader opened on the driver, live, for [`feed`] to run.
 pub(super) struct Opened {
     pub name: String,
-    pub next: u64,
+    pub place: Place,
     pub messages: Ordered,
 }
 
@@ -53,18 +54,15 @@ pub(super) struct Opened {
 pub(super) async fn open(conn: Conn, stream: String, from: StreamPosition) -> Result<Opened> {
     let spec = StreamSpec::for_stream(&conn.settings, &stream);
     let state = conn.create_stream(&spec).await?;
-    let last = state.last_sequence;
-    let next = match from {
-        StreamPosition::Start => 1,
-        StreamPosition::End => last.saturating_add(1),
-        StreamPosition::After(id) => id.0.min(last).saturating_add(1),
-    };
+    // JetStream streams keep their sequences across restarts: no epoch.
+    let place = Place::open(read_from(from), Some((state.last_sequence, None)));
+    let next = place.last().saturating_add(1);
     let (messages, _) = ordered::open_waiting(&conn, &spec.name, "", Begin::Sequence(next))
         .await
         .map_err(|e| super::conn::failed(format!("reading stream {stream:?}"), e))?;
     Ok(Opened {
         name: spec.name,
-        next,
+        place,
         messages,
     })
 }
@@ -77,7 +75,7 @@ pub(super) async fn feed(conn: Conn, opened: Opened, life: FeedTask<StreamEntry>
     let tx = life.tx();
     let Opened {
         name,
-        mut next,
+        mut place,
         messages,
     } = opened;
     let mut messages = Some(messages);
@@ -86,14 +84,31 @@ pub(super) async fn feed(conn: Conn, opened: Opened, life: FeedTask<StreamEntry>
         let current = match messages.as_mut() {
             Some(current) => current,
             None => {
-                match ordered::reopen(&conn, &name, "", Begin::Sequence(next), &life).await {
+                match ordered::reopen(
+                    &conn,
+                    &name,
+                    "",
+                    Begin::Sequence(place.last().saturating_add(1)),
+                    &life,
+                )
+                .await
+                {
                     Some((reopened, _)) => messages = Some(reopened),
                     None => return,
                 }
                 continue;
             }
         };
-        let message = match ordered::pull(current, &conn, &name, next, &life, &what).await {
+        let message = match ordered::pull(
+            current,
+            &conn,
+            &name,
+            place.last().saturating_add(1),
+            &life,
+            &what,
+        )
+        .await
+        {
             Pulled::Message(message) => *message,
             Pulled::Again => continue,
             Pulled::Reopen => {
@@ -109,10 +124,10 @@ pub(super) async fn feed(conn: Conn, opened: Opened, life: FeedTask<StreamEntry>
                 continue;
             }
         };
-        if seq < next {
+        // Without epochs an entry is either the next one or a repeat.
+        if place.offer(seq, None) != Offered::Deliver {
             continue;
         }
-        next = seq.saturating_add(1);
         let entry = StreamEntry {
             id: StreamId(seq),
             payload: message.payload.to_vec(),

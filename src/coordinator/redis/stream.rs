@@ -23,8 +23,9 @@ use super::names;
 use super::task::FeedCtx;
 use crate::coordinator::bridge::FeedFull;
 use crate::coordinator::feed_task::retry_backoff;
-use crate::coordinator::{StreamEntry, StreamId, StreamPosition};
+use crate::coordinator::{read_from, StreamEntry, StreamId, StreamPosition};
 use crate::error::ErrorKind;
+use fleetcoord_sm::stream::{Offered, Place};
 use redis::{RedisResult, Script, Value};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::LazyLock;
@@ -314,51 +315,27 @@ async fn top(conn: &mut Conn, key: &str) -> RedisResult<Option<Raw>> {
     })
 }
 
-/// A reader's position: the last sequence number delivered (or skipped
-/// over by its start position) and the epoch it belongs to.
-struct Position {
-    last: u64,
-    epoch: Option<Vec<u8>>,
+/// Logs that `stream` was found recreated under its reader (the reader's
+/// [`Place`] has started over).
+fn recreated(stream: &str) {
+    log::warn!(
+        "stream {stream:?} was recreated (a server restart without persistence?): \
+         reading it again from its first entry; its ids start again at 1"
+    );
 }
 
-/// What a reader does after looking at the stream's newest entry.
-enum Probe {
-    Keep,
-    /// The stream is not the one the position belongs to.
-    Restart,
-}
-
-impl Position {
-    fn probe(&self, top: Option<&Raw>) -> Probe {
-        match top {
-            None if self.last > 0 => Probe::Restart,
-            None => Probe::Keep,
-            Some(t) => {
-                let behind = sequence(&t.id).is_some_and(|seq| seq < self.last);
-                let other_epoch = self.epoch.is_some() && t.epoch != self.epoch;
-                if behind || other_epoch {
-                    Probe::Restart
-                } else {
-                    Probe::Keep
-                }
-            }
-        }
-    }
-
-    fn restart(&mut self, stream: &str) {
-        log::warn!(
-            "stream {stream:?} was recreated (a server restart without persistence?): \
-             reading it again from its first entry; its ids start again at 1"
-        );
-        self.last = 0;
-        self.epoch = None;
+/// What the place makes of the stream's newest entry.
+fn check_head(place: &mut Place, stream: &str, newest: Option<&Raw>) {
+    let head = newest.map(|t| (sequence(&t.id), t.epoch.as_deref()));
+    if place.check_head(head) {
+        recreated(stream);
     }
 }
 
 /// Runs a stream reader until its feed ends.
 pub(crate) async fn read_task(mut ctx: FeedCtx<StreamEntry>, stream: String, from: StreamPosition) {
     let key = names::stream_key(&stream);
-    let mut pos: Option<Position> = None;
+    let mut pos: Option<Place> = None;
     let mut backoff = retry_backoff();
     loop {
         if ctx.is_halted() {
@@ -385,33 +362,17 @@ pub(crate) async fn read_task(mut ctx: FeedCtx<StreamEntry>, stream: String, fro
                 continue;
             }
         };
-        // Taken and put back, so that the position is there by
-        // construction for `follow`.
+        // Taken and put back, so that the place is there by construction
+        // for `follow`.
         let here = match pos.take() {
             Some(mut p) => {
-                if let Probe::Restart = p.probe(newest.as_ref()) {
-                    p.restart(&stream);
-                }
+                check_head(&mut p, &stream, newest.as_ref());
                 p
             }
             None => {
-                let top_seq = newest.as_ref().and_then(|t| sequence(&t.id)).unwrap_or(0);
-                let last = match from {
-                    StreamPosition::Start => 0,
-                    StreamPosition::End => top_seq,
-                    StreamPosition::After(id) => id.0.min(top_seq),
-                    // A position added later starts at the end: never
-                    // replays what the caller did not ask for.
-                    #[allow(unreachable_patterns)]
-                    _ => top_seq,
-                };
-                let epoch = if last > 0 {
-                    newest.and_then(|t| t.epoch)
-                } else {
-                    None
-                };
+                let head = newest.map(|t| (sequence(&t.id).unwrap_or(0), t.epoch));
                 ctx.started(Ok(()));
-                Position { last, epoch }
+                Place::open(read_from(from), head)
             }
         };
         let p = pos.insert(here);
@@ -438,7 +399,7 @@ async fn follow(
     conn: &mut Conn,
     stream: &str,
     key: &str,
-    pos: &mut Position,
+    pos: &mut Place,
 ) -> Next {
     loop {
         let mut read = redis::cmd("XREAD");
@@ -448,7 +409,7 @@ async fn follow(
             .arg(BLOCK.as_millis() as u64)
             .arg("STREAMS")
             .arg(key)
-            .arg(format!("0-{}", pos.last));
+            .arg(format!("0-{}", pos.last()));
         let reply = tokio::select! {
             r = conn.query::<Value>(&read) => r,
             _ = ctx.halted() => return Next::Stop,
@@ -471,11 +432,7 @@ async fn follow(
             // Idle: make sure we are not waiting on a stream that was
             // recreated below our position.
             match top(conn, key).await {
-                Ok(newest) => {
-                    if let Probe::Restart = pos.probe(newest.as_ref()) {
-                        pos.restart(stream);
-                    }
-                }
+                Ok(newest) => check_head(pos, stream, newest.as_ref()),
                 Err(_) => return Next::Reconnect,
             }
             continue;
@@ -490,12 +447,13 @@ async fn follow(
                 );
                 return Next::Stop;
             };
-            if pos.epoch.is_some() && raw.epoch != pos.epoch {
-                pos.restart(stream);
-                break;
-            }
-            if seq <= pos.last {
-                continue;
+            match pos.offer(seq, raw.epoch.as_deref()) {
+                Offered::Deliver => {}
+                Offered::Repeat => continue,
+                Offered::Recreated => {
+                    recreated(stream);
+                    break;
+                }
             }
             let entry = StreamEntry {
                 id: StreamId(seq),
@@ -504,8 +462,6 @@ async fn follow(
             if !deliver(ctx, entry).await {
                 return Next::Stop;
             }
-            pos.last = seq;
-            pos.epoch = raw.epoch;
         }
     }
 }
@@ -536,6 +492,7 @@ pub(crate) fn append_error(target: &Target, stream: &str, e: &redis::RedisError)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fleetcoord_sm::stream::ReadFrom;
 
     /// The script against a real server: a repeated token is answered with
     /// the first attempt's id and stores nothing; only the newest tokens
@@ -634,22 +591,31 @@ mod tests {
 
     #[test]
     fn a_recreated_stream_restarts_the_reader() {
+        // Heads as the reader reads them, judged by the place (its rules
+        // are sm's, tested there; this checks the reading of entries).
         let raw = |id: &str, e: &[u8]| parse_entry(&entry(id, e, b"x")).unwrap();
-        let pos = Position {
-            last: 5,
-            epoch: Some(b"A".to_vec()),
+        let at_five = || {
+            let mut p = Place::open(ReadFrom::Start, None);
+            for seq in 1..=5 {
+                assert_eq!(p.offer(seq, Some(b"A")), Offered::Deliver);
+            }
+            p
         };
-        assert!(matches!(pos.probe(Some(&raw("0-7", b"A"))), Probe::Keep));
-        assert!(matches!(pos.probe(Some(&raw("0-5", b"A"))), Probe::Keep));
-        assert!(matches!(pos.probe(Some(&raw("0-9", b"B"))), Probe::Restart));
-        assert!(matches!(pos.probe(Some(&raw("0-2", b"A"))), Probe::Restart));
-        assert!(matches!(pos.probe(None), Probe::Restart));
-        let fresh = Position {
-            last: 0,
-            epoch: None,
-        };
-        assert!(matches!(fresh.probe(None), Probe::Keep));
-        assert!(matches!(fresh.probe(Some(&raw("0-3", b"B"))), Probe::Keep));
+        for (head, recreated) in [
+            (Some(raw("0-7", b"A")), false),
+            (Some(raw("0-5", b"A")), false),
+            (Some(raw("0-9", b"B")), true),
+            (Some(raw("0-2", b"A")), true),
+            (None, true),
+        ] {
+            let mut p = at_five();
+            check_head(&mut p, "s", head.as_ref());
+            assert_eq!(p.last() == 0, recreated, "{head:?}");
+        }
+        let mut fresh = Place::open(ReadFrom::Start, None);
+        check_head(&mut fresh, "s", None);
+        check_head(&mut fresh, "s", Some(&raw("0-3", b"B")));
+        assert_eq!(fresh.offer(1, Some(b"B")), Offered::Deliver);
     }
 
     fn bulk(b: &[u8]) -> Value {
