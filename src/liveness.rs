@@ -110,7 +110,7 @@ pub(crate) const DEFAULT_SAFETY_MARGIN: Duration = Duration::from_millis(250);
 /// clocks time the lease; here etcd does).
 pub(crate) const DEFAULT_DRIFT_ALLOWANCE_PPM: u32 = 10_000;
 
-/// Settings for [`HostLiveness::register_with`].
+/// Settings for [`HostLiveness::with_options`].
 ///
 /// Start from [`LivenessOptions::default`] and change what you need with the
 /// `with_*` methods; the fields are public for reading. `#[non_exhaustive]`
@@ -135,7 +135,7 @@ pub struct LivenessOptions {
     /// sees it `Down`. Whole seconds, at least 1 s; etcd may round a short
     /// TTL up (3.4 grants 1 s as 2 s). Default 5 s.
     pub ttl: Duration,
-    /// How long [`HostLiveness::register_with`] waits for the first
+    /// How long [`HostLiveness::with_options`] waits for the first
     /// registration before failing. 1 ms to 24 h. Default 10 s.
     pub register_timeout: Duration,
     /// How long before etcd can expire the lease this host gives it up
@@ -164,7 +164,7 @@ impl Default for LivenessOptions {
 
 impl LivenessOptions {
     /// These options with [`LivenessOptions::prefix`] set (checked by
-    /// [`HostLiveness::register_with`]).
+    /// [`HostLiveness::with_options`]).
     #[must_use]
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
@@ -172,7 +172,7 @@ impl LivenessOptions {
     }
 
     /// These options with [`LivenessOptions::ttl`] set (checked by
-    /// [`HostLiveness::register_with`]).
+    /// [`HostLiveness::with_options`]).
     #[must_use]
     pub const fn with_ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
@@ -180,7 +180,7 @@ impl LivenessOptions {
     }
 
     /// These options with [`LivenessOptions::register_timeout`] set (1 ms
-    /// to 24 h, checked by [`HostLiveness::register_with`]).
+    /// to 24 h, checked by [`HostLiveness::with_options`]).
     #[must_use]
     pub const fn with_register_timeout(mut self, timeout: Duration) -> Self {
         self.register_timeout = timeout;
@@ -189,7 +189,7 @@ impl LivenessOptions {
 
     /// These options with [`LivenessOptions::safety_margin`] set (at most
     /// half of the TTL less the drift allowance, checked by
-    /// [`HostLiveness::register_with`]).
+    /// [`HostLiveness::with_options`]).
     #[must_use]
     pub const fn with_safety_margin(mut self, margin: Duration) -> Self {
         self.safety_margin = margin;
@@ -197,7 +197,7 @@ impl LivenessOptions {
     }
 
     /// These options with [`LivenessOptions::drift_allowance_ppm`] set (at
-    /// most 100,000, checked by [`HostLiveness::register_with`]).
+    /// most 100,000, checked by [`HostLiveness::with_options`]).
     #[must_use]
     pub const fn with_drift_allowance_ppm(mut self, ppm: u32) -> Self {
         self.drift_allowance_ppm = ppm;
@@ -272,7 +272,7 @@ impl HostLiveness {
         metadata: &[u8],
         ttl: Duration,
     ) -> Result<HostLiveness> {
-        Self::register_with(
+        Self::with_options(
             etcd,
             host_id,
             metadata,
@@ -281,7 +281,20 @@ impl HostLiveness {
     }
 
     /// [`HostLiveness::register`] with every setting explicit.
+    #[deprecated(
+        note = "renamed `HostLiveness::with_options`, the constructor name used across the crate"
+    )]
     pub fn register_with(
+        etcd: &Etcd,
+        host_id: Uuid,
+        metadata: &[u8],
+        options: LivenessOptions,
+    ) -> Result<HostLiveness> {
+        Self::with_options(etcd, host_id, metadata, options)
+    }
+
+    /// [`HostLiveness::register`] with every setting explicit.
+    pub fn with_options(
         etcd: &Etcd,
         host_id: Uuid,
         metadata: &[u8],
@@ -322,7 +335,7 @@ impl HostLiveness {
         let (states_tx, states) = crossbeam_channel::unbounded();
         let oldest = states.clone();
         // The first outcome keeps the machine's own state: a refusal's
-        // `RpcError` becomes the error `register_with` returns.
+        // `RpcError` becomes the error `with_options` returns.
         let (first_tx, first) = crossbeam_channel::bounded::<sm::LivenessState>(1);
         let shared_state = state.clone();
         let mut first_tx = Some(first_tx);

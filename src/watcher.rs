@@ -72,7 +72,7 @@ pub enum HostEvent {
     Synced,
 }
 
-/// Settings for [`HostWatcher::watch_with`].
+/// Settings for [`HostWatcher::with_options`].
 ///
 /// Start from [`WatcherOptions::default`] and change what you need with the
 /// `with_*` methods; the fields are public for reading. `#[non_exhaustive]`
@@ -105,7 +105,7 @@ impl Default for WatcherOptions {
 
 impl WatcherOptions {
     /// These options with [`WatcherOptions::prefix`] set (checked by
-    /// [`HostWatcher::watch_with`]).
+    /// [`HostWatcher::with_options`]).
     #[must_use]
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
@@ -113,7 +113,7 @@ impl WatcherOptions {
     }
 
     /// These options with [`WatcherOptions::capacity`] set (checked by
-    /// [`HostWatcher::watch_with`]).
+    /// [`HostWatcher::with_options`]).
     #[must_use]
     pub const fn with_capacity(mut self, capacity: usize) -> Self {
         self.capacity = capacity;
@@ -207,11 +207,20 @@ pub(crate) fn host_info(prefix_len: usize, kv: &KeyValue) -> Option<HostInfo> {
 impl HostWatcher {
     /// Watch the default hosts prefix.
     pub fn watch(etcd: &Etcd) -> Result<HostWatcher> {
-        Self::watch_with(etcd, WatcherOptions::default())
+        Self::with_options(etcd, WatcherOptions::default())
     }
 
     /// Watch with explicit settings.
+    #[deprecated(
+        note = "renamed `HostWatcher::with_options`, the constructor name used across the crate"
+    )]
     pub fn watch_with(etcd: &Etcd, options: WatcherOptions) -> Result<HostWatcher> {
+        Self::with_options(etcd, options)
+    }
+
+    /// Watch with explicit settings (checked: a bad prefix or capacity is
+    /// [`crate::Error::InvalidArgument`]).
+    pub fn with_options(etcd: &Etcd, options: WatcherOptions) -> Result<HostWatcher> {
         assert_not_async();
         validate::prefix("prefix", &options.prefix)?;
         validate::capacity("capacity", options.capacity)?;

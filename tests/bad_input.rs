@@ -114,26 +114,26 @@ fn liveness_and_watcher_arguments() {
         "/coord\0/hosts/",
     ] {
         invalid(
-            HostLiveness::register_with(&etcd, id, b"m", with(&|o| o.prefix = prefix.into())),
+            HostLiveness::with_options(&etcd, id, b"m", with(&|o| o.prefix = prefix.into())),
             "prefix",
         );
         invalid(
-            HostWatcher::watch_with(&etcd, WatcherOptions::default().with_prefix(prefix)),
+            HostWatcher::with_options(&etcd, WatcherOptions::default().with_prefix(prefix)),
             "prefix",
         );
         invalid(list_hosts(&etcd, prefix), "prefix");
     }
     let long = format!("/{}/", "x".repeat(2000));
     invalid(
-        HostLiveness::register_with(&etcd, id, b"m", with(&|o| o.prefix = long.clone())),
+        HostLiveness::with_options(&etcd, id, b"m", with(&|o| o.prefix = long.clone())),
         "prefix",
     );
     invalid(
-        HostLiveness::register_with(&etcd, id, b"m", with(&|o| o.safety_margin = o.ttl)),
+        HostLiveness::with_options(&etcd, id, b"m", with(&|o| o.safety_margin = o.ttl)),
         "safety_margin",
     );
     invalid(
-        HostLiveness::register_with(
+        HostLiveness::with_options(
             &etcd,
             id,
             b"m",
@@ -142,7 +142,7 @@ fn liveness_and_watcher_arguments() {
         "drift_allowance_ppm",
     );
     invalid(
-        HostWatcher::watch_with(&etcd, WatcherOptions::default().with_capacity(1)),
+        HostWatcher::with_options(&etcd, WatcherOptions::default().with_capacity(1)),
         "capacity",
     );
 
@@ -300,7 +300,7 @@ fn huge_durations_never_panic() {
         "keepalive_interval",
     );
     invalid(
-        HostLiveness::register_with(
+        HostLiveness::with_options(
             &etcd,
             Uuid::new_v4(),
             b"m",
@@ -345,7 +345,7 @@ fn options_out_of_range_are_refused() {
     let etcd = connect(EtcdOptions::default()).expect("connect");
     for timeout in [Duration::ZERO, Duration::from_secs(86_401)] {
         invalid(
-            HostLiveness::register_with(
+            HostLiveness::with_options(
                 &etcd,
                 Uuid::new_v4(),
                 b"m",
@@ -356,7 +356,7 @@ fn options_out_of_range_are_refused() {
     }
     for capacity in [0, 1, usize::MAX, (1 << 20) + 1] {
         invalid(
-            HostWatcher::watch_with(&etcd, WatcherOptions::default().with_capacity(capacity)),
+            HostWatcher::with_options(&etcd, WatcherOptions::default().with_capacity(capacity)),
             "capacity",
         );
         invalid(
@@ -376,8 +376,9 @@ fn options_out_of_range_are_refused() {
         .expect("options at their bounds")
         .close()
         .expect("close");
-    let largest = HostWatcher::watch_with(&etcd, WatcherOptions::default().with_capacity(1 << 20))
-        .expect("largest capacity");
+    let largest =
+        HostWatcher::with_options(&etcd, WatcherOptions::default().with_capacity(1 << 20))
+            .expect("largest capacity");
     drop(largest);
     assert!(list_hosts(&etcd, DEFAULT_HOSTS_PREFIX).unwrap().is_empty());
 }

@@ -324,8 +324,8 @@ impl log::Log for Warnings {
 fn slow_consumer_converges_to_etcd() {
     let server = EtcdServer::start().expect("etcd");
     let etcd = connect(&server.endpoint());
-    let watcher =
-        HostWatcher::watch_with(&etcd, WatcherOptions::default().with_capacity(8)).expect("watch");
+    let watcher = HostWatcher::with_options(&etcd, WatcherOptions::default().with_capacity(8))
+        .expect("watch");
     expect_synced(&watcher);
 
     // 100 changes while nobody reads: 40 registrations, 30 metadata
@@ -333,7 +333,7 @@ fn slow_consumer_converges_to_etcd() {
     let options = LivenessOptions::default().with_ttl(Duration::from_secs(10));
     let mut hosts: Vec<HostLiveness> = (0..40)
         .map(|i| {
-            HostLiveness::register_with(
+            HostLiveness::with_options(
                 &etcd,
                 Uuid::new_v4(),
                 format!("v0-{i}").as_bytes(),
@@ -513,7 +513,7 @@ fn custom_prefix_registration_and_what_handles_show() {
     let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
     let etcd = connect(&server.endpoint());
     let prefix = "/fleet-x/";
-    let watcher = HostWatcher::watch_with(&etcd, WatcherOptions::default().with_prefix(prefix))
+    let watcher = HostWatcher::with_options(&etcd, WatcherOptions::default().with_prefix(prefix))
         .expect("watch");
     expect_synced(&watcher);
     assert!(format!("{watcher:?}").contains("pending: 0"), "{watcher:?}");
@@ -522,7 +522,7 @@ fn custom_prefix_registration_and_what_handles_show() {
         .with_prefix(prefix)
         .with_ttl(Duration::from_secs(3))
         .with_safety_margin(Duration::from_millis(400));
-    let host = HostLiveness::register_with(&etcd, id, b"m", options).expect("register");
+    let host = HostLiveness::with_options(&etcd, id, b"m", options).expect("register");
     assert_eq!(host.key(), format!("{prefix}{}", id.hyphenated()));
     assert!(
         format!("{host:?}").contains(host.key()) && format!("{host:?}").contains("Registered"),
@@ -619,7 +619,7 @@ fn an_unresponsive_etcd_times_out_requests_registration_and_listing() {
     let register_timeout = Duration::from_millis(700);
     let options = LivenessOptions::default().with_register_timeout(register_timeout);
     assert!(matches!(
-        HostLiveness::register_with(&etcd, Uuid::new_v4(), b"m", options),
+        HostLiveness::with_options(&etcd, Uuid::new_v4(), b"m", options),
         Err(Error::Timeout(t)) if t == register_timeout
     ));
     assert!(matches!(

@@ -416,7 +416,7 @@ fn host_apis_are_ok_or_refused_by_field() {
                 .with_ttl(ttl)
                 .with_register_timeout(register_timeout);
             let started = Instant::now();
-            let result = HostLiveness::register_with(&etcd, id, &metadata, options);
+            let result = HostLiveness::with_options(&etcd, id, &metadata, options);
             let took = started.elapsed();
             typed(
                 "register",
@@ -465,7 +465,7 @@ fn host_apis_are_ok_or_refused_by_field() {
         let options = WatcherOptions::default()
             .with_prefix(prefix)
             .with_capacity(capacity);
-        let result = HostWatcher::watch_with(&etcd, options);
+        let result = HostWatcher::with_options(&etcd, options);
         typed("watch", &result, &["prefix", "capacity"], no_other)?;
         if !(2..=1 << 20).contains(&capacity) {
             prop_assert!(field_of(&result).is_some(), "capacity {capacity} accepted");

@@ -429,7 +429,7 @@ fn host_watcher_stays_bounded_and_converges() {
     let etcd = common::connect(&endpoint);
     let writer = Writer::new(&endpoint);
     let prefix = "/slow/hosts/";
-    let watcher = HostWatcher::watch_with(
+    let watcher = HostWatcher::with_options(
         &etcd,
         WatcherOptions::default()
             .with_prefix(prefix)

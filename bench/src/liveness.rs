@@ -57,7 +57,7 @@ fn down(id: Uuid) -> impl Fn(&HostEvent) -> bool {
 /// past its Synced.
 fn watcher(cfg: &Config, prefix: &str) -> Res<(Etcd, HostWatcher)> {
     let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
-    let w = HostWatcher::watch_with(&etcd, WatcherOptions::default().with_prefix(prefix))?;
+    let w = HostWatcher::with_options(&etcd, WatcherOptions::default().with_prefix(prefix))?;
     wait_host(w.events(), |e| *e == HostEvent::Synced)?;
     Ok((etcd, w))
 }
@@ -79,7 +79,7 @@ pub fn leave(cfg: &Config) -> Res<Vec<Row>> {
         n,
         |_| {
             let id = Uuid::new_v4();
-            let live = HostLiveness::register_with(&etcd, id, b"{}", options.clone())?;
+            let live = HostLiveness::with_options(&etcd, id, b"{}", options.clone())?;
             wait_host(watch.events(), up(id))?;
             let t = Instant::now();
             live.close()?;
@@ -276,7 +276,7 @@ pub fn child_liveness(args: &[String]) -> Res<()> {
             let t = Instant::now();
             let mut hosts = Vec::with_capacity(n);
             for _ in 0..n {
-                hosts.push(HostLiveness::register_with(
+                hosts.push(HostLiveness::with_options(
                     &etcd,
                     Uuid::new_v4(),
                     b"{}",

@@ -25,7 +25,7 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
     let raw = Raw::connect_workers(&cfg.endpoint, 2)?;
     let raw_events = raw.watch_prefix(&prefix)?;
     let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
-    let watcher = HostWatcher::watch_with(
+    let watcher = HostWatcher::with_options(
         &etcd,
         WatcherOptions::default().with_prefix(prefix.as_str()),
     )?;

@@ -134,7 +134,7 @@ pub fn child_watch(args: &[String]) -> Res<()> {
         "fleetcoord" => {
             let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default())?;
             let t = Instant::now();
-            let watcher = HostWatcher::watch_with(
+            let watcher = HostWatcher::with_options(
                 &etcd,
                 WatcherOptions::default().with_prefix(prefix.as_str()),
             )?;

@@ -282,7 +282,7 @@ fn run(endpoints: Option<String>) -> Result<(), Error> {
     };
 
     let etcd = Etcd::connect(&[&endpoint], EtcdOptions::default())?;
-    let watcher = HostWatcher::watch_with(&etcd, WatcherOptions::default().with_prefix(&prefix))?;
+    let watcher = HostWatcher::with_options(&etcd, WatcherOptions::default().with_prefix(&prefix))?;
     let election = Election::new(&etcd, &election_name)?;
     let observer = election.observe()?;
     let coord = EtcdCoordinator::new(&etcd)?;

@@ -125,7 +125,7 @@ pub fn list(ctx: &Ctx, args: HostsArgs) -> Result<(), CliError> {
 /// `synced`.
 pub fn watch(ctx: &Ctx, args: WatchArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
     let options = WatcherOptions::default().with_prefix(args.prefix.prefix);
-    let watcher = HostWatcher::watch_with(&ctx.etcd, options)?;
+    let watcher = HostWatcher::with_options(&ctx.etcd, options)?;
     let result = follow(
         watcher.events(),
         shutdown,
@@ -196,7 +196,7 @@ pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), 
     let options = LivenessOptions::default()
         .with_prefix(args.prefix.prefix)
         .with_ttl(args.ttl);
-    let host = HostLiveness::register_with(&ctx.etcd, args.host_id, args.meta.as_bytes(), options)?;
+    let host = HostLiveness::with_options(&ctx.etcd, args.host_id, args.meta.as_bytes(), options)?;
     // States up to the first registration were queued while `register`
     // waited; they are printed below in order.
     loop {

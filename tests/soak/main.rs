@@ -306,7 +306,7 @@ fn churner(endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
             None => {
                 let meta = format!("{{\"n\":{}}}", rng.next_u64() % 1000);
                 hosts[slot] =
-                    HostLiveness::register_with(&etcd, ids[slot], meta.as_bytes(), options.clone())
+                    HostLiveness::with_options(&etcd, ids[slot], meta.as_bytes(), options.clone())
                         .ok();
             }
         }
