@@ -1,8 +1,8 @@
 //! [`Leadership`]: proof of leadership, its fence and its hand-over.
 
 use super::belief::Belief;
+use super::ops::Outcome;
 use super::{election_error, Inner};
-use crate::deadline::deadline_after;
 use crate::error::{Error, Result};
 use crate::txn::{TxnOp, TxnOpResponse};
 use crate::validate;
@@ -111,27 +111,27 @@ impl Leadership {
         if !self.is_held() {
             return Err(Error::NotLeader);
         }
-        let _op = self.inner.op.lock();
+        let turn = self.inner.ops.turn();
         let value = value.to_vec();
-        let operation = self
-            .inner
-            .begin(|op| ElectionInput::Proclaim { op, value })?;
         // One guarded put, retried by the machine while the session holds;
         // bounded so a dead etcd cannot block the caller (and every other
         // operation on this election) forever.
         let bound = self.inner.etcd.options().request_timeout.saturating_mul(3);
-        let deadline = deadline_after(bound);
-        loop {
-            // Only this proclaim's answer arrives here: a late answer to an
-            // earlier proclaim that timed out names that one.
-            match self.inner.wait(&operation, deadline)? {
-                None => return Err(Error::Timeout(bound)),
-                Some(ElectionNotice::Proclaimed { .. }) => return Ok(()),
-                Some(ElectionNotice::ProclaimFailed { error, .. }) => {
-                    return Err(election_error(error))
-                }
-                _ => continue,
-            }
+        // Only this proclaim's answer arrives here: a late answer to an
+        // earlier proclaim that timed out names that one.
+        let outcome = self.inner.call(
+            &turn,
+            |op| ElectionInput::Proclaim { op, value },
+            Some(bound),
+            |notice| match notice {
+                ElectionNotice::Proclaimed { .. } => Some(Ok(())),
+                ElectionNotice::ProclaimFailed { error, .. } => Some(Err(election_error(error))),
+                _ => None,
+            },
+        )?;
+        match outcome {
+            Outcome::Answered(answer) => answer,
+            Outcome::TimedOut { .. } => Err(Error::Timeout(bound)),
         }
     }
 
@@ -209,11 +209,11 @@ impl Leadership {
         if !self.is_current() {
             return Ok(());
         }
-        let _op = self.inner.op.lock();
+        let turn = self.inner.ops.turn();
         if !self.is_current() {
             return Ok(());
         }
-        self.inner.resign_locked(self.token)
+        self.inner.resign(&turn, self.token)
     }
 
     /// Whether the machine last reported this leadership as held. A stale
@@ -240,7 +240,8 @@ impl Drop for Leadership {
                 // is ignored by whichever operation is waiting then.
                 let _ = self
                     .inner
-                    .machine
+                    .ops
+                    .machine()
                     .send(ElectionInput::Resign { token: self.token });
             }
         }

@@ -1,6 +1,7 @@
 //! The election protocol proper, with the session reduced to two facts
 //! ("up with lease L", "lost"). Keeping the lease machinery out makes every
-//! step here testable with hand-written replies.
+//! step here testable with hand-written replies. User requests are taken
+//! in [`user`], one function per phase.
 
 use super::requests;
 use super::{ElectionError, ElectionNotice, OpId};
@@ -13,6 +14,8 @@ use crate::rpc::{
 };
 use crate::timer::TimerTable;
 use std::time::{Duration, Instant};
+
+mod user;
 
 /// What the protocol needs to know about its session.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -490,187 +493,6 @@ impl Protocol {
             pending: None,
             then: vec![ElectionNotice::Resigned { token: l.token }],
         })
-    }
-
-    // ----- user requests ---------------------------------------------------
-
-    pub(crate) fn user(&mut self, now: Instant, request: UserRequest) {
-        self.clock.observe(now);
-        let op = std::mem::replace(&mut self.op, Op::Idle);
-        self.op = match (op, request) {
-            (Op::Stopped, r) => {
-                match r {
-                    UserRequest::Campaign { op, .. } => {
-                        self.outbox.notify(ElectionNotice::CampaignFailed {
-                            op,
-                            error: ElectionError::Stopped,
-                        })
-                    }
-                    UserRequest::Proclaim { op, .. } => {
-                        self.outbox.notify(ElectionNotice::ProclaimFailed {
-                            op,
-                            error: ElectionError::Stopped,
-                        })
-                    }
-                    UserRequest::Resign { token } => {
-                        self.outbox.notify(ElectionNotice::Resigned { token })
-                    }
-                    UserRequest::CancelCampaign { .. } | UserRequest::Stop => {}
-                }
-                Op::Stopped
-            }
-            (op, UserRequest::Stop) => {
-                self.stop(op);
-                Op::Stopped
-            }
-            (
-                Op::Idle,
-                UserRequest::Campaign {
-                    op,
-                    value,
-                    try_only,
-                },
-            ) => {
-                self.backoff.reset();
-                self.timers.stop(Timer::Retry);
-                let w = Waiting {
-                    op,
-                    value,
-                    try_only,
-                };
-                match (self.session, &self.refused) {
-                    (Session::Up(lease), _) => self.start_campaign(w, lease),
-                    (_, Some(error)) => {
-                        self.outbox.notify(ElectionNotice::CampaignFailed {
-                            op,
-                            error: ElectionError::Rejected(error.clone()),
-                        });
-                        Op::Idle
-                    }
-                    _ => Op::WaitingForSession(w),
-                }
-            }
-            (Op::Withdrawing(w), request @ UserRequest::Campaign { .. })
-                if self.queued.is_none() =>
-            {
-                self.queued = Some(request);
-                Op::Withdrawing(w)
-            }
-            (state, UserRequest::Campaign { op, .. }) => {
-                self.outbox.notify(ElectionNotice::CampaignFailed {
-                    op,
-                    error: ElectionError::Busy,
-                });
-                state
-            }
-            // A cancel names its campaign: a late cancel of an earlier one
-            // must not end a newer campaign.
-            (Op::WaitingForSession(w), UserRequest::CancelCampaign { op }) if w.op == op => {
-                self.outbox.notify(ElectionNotice::CampaignFailed {
-                    op,
-                    error: ElectionError::Canceled,
-                });
-                Op::Idle
-            }
-            (Op::Campaigning(c), UserRequest::CancelCampaign { op }) if c.op == op => {
-                let then = vec![ElectionNotice::CampaignFailed {
-                    op,
-                    error: ElectionError::Canceled,
-                }];
-                self.abandon(c, then)
-            }
-            // The campaign won before the cancel arrived (its `Elected` may
-            // still be on its way to a user who gave up on it): resign, so
-            // a canceled campaign never leaves a leadership behind.
-            (Op::Leading(l), UserRequest::CancelCampaign { op }) if l.op == op => self.resign(l),
-            (state, UserRequest::CancelCampaign { op }) => {
-                let queued = matches!(
-                    self.queued,
-                    Some(UserRequest::Campaign { op: q, .. }) if q == op
-                );
-                if queued {
-                    self.queued = None;
-                    self.outbox.notify(ElectionNotice::CampaignFailed {
-                        op,
-                        error: ElectionError::Canceled,
-                    });
-                }
-                state
-            }
-            // Only the leadership with this token may resign: a stale handle
-            // (its leadership lost, a newer campaign running or won) must not
-            // end what came after it.
-            (Op::Leading(l), UserRequest::Resign { token }) if l.token == token => self.resign(l),
-            (Op::Withdrawing(mut w), UserRequest::Resign { token }) => {
-                w.then.push(ElectionNotice::Resigned { token });
-                Op::Withdrawing(w)
-            }
-            (state, UserRequest::Resign { token }) => {
-                self.outbox.notify(ElectionNotice::Resigned { token });
-                state
-            }
-            (Op::Leading(mut l), UserRequest::Proclaim { op, value }) => {
-                if l.proclaim.is_some() {
-                    self.outbox.notify(ElectionNotice::ProclaimFailed {
-                        op,
-                        error: ElectionError::Busy,
-                    });
-                } else {
-                    self.proclaim_backoff.reset();
-                    self.arm_attempt(Timer::ProclaimAttempt);
-                    let id = self
-                        .outbox
-                        .rpc(requests::guarded_put(&l.key, &value, l.lease, l.token));
-                    l.proclaim = Some(Proclaim {
-                        op,
-                        value,
-                        pending: Some(id),
-                    });
-                }
-                Op::Leading(l)
-            }
-            (state, UserRequest::Proclaim { op, .. }) => {
-                self.outbox.notify(ElectionNotice::ProclaimFailed {
-                    op,
-                    error: ElectionError::NotLeader,
-                });
-                state
-            }
-        };
-    }
-
-    fn stop(&mut self, op: Op) {
-        match op {
-            Op::WaitingForSession(w) => {
-                self.outbox.notify(ElectionNotice::CampaignFailed {
-                    op: w.op,
-                    error: ElectionError::Stopped,
-                });
-            }
-            Op::Campaigning(c) => {
-                self.cancel(c.pending);
-                self.outbox.notify(ElectionNotice::CampaignFailed {
-                    op: c.op,
-                    error: ElectionError::Stopped,
-                });
-            }
-            Op::Leading(l) => self.lose_leadership(l, ElectionError::Stopped),
-            Op::Withdrawing(w) => {
-                self.cancel(w.pending);
-                for n in w.then {
-                    self.outbox.notify(n);
-                }
-            }
-            Op::Idle | Op::Stopped => {}
-        }
-        // Answered after the withdraw's own notices, in the order asked.
-        if let Some(UserRequest::Campaign { op, .. }) = self.queued.take() {
-            self.outbox.notify(ElectionNotice::CampaignFailed {
-                op,
-                error: ElectionError::Stopped,
-            });
-        }
-        self.timers.clear();
     }
 
     /// Leave the queue: stop waiting and delete my key (if it may exist),

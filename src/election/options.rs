@@ -1,0 +1,131 @@
+//! [`ElectionOptions`]: how an election is configured, and the key prefix
+//! its candidates use. A file of its own because [`Election`], [`Mutex`]
+//! and [`ElectionPool`] all take these options.
+//!
+//! [`Mutex`]: crate::Mutex
+
+use crate::error::Result;
+use crate::liveness::{DEFAULT_DRIFT_ALLOWANCE_PPM, DEFAULT_SAFETY_MARGIN};
+use crate::validate;
+use fleetcoord_sm::keepalive::trusted_lifetime;
+use std::time::Duration;
+
+#[cfg(doc)]
+use super::{Election, ElectionPool, Leadership};
+
+/// Where elections live unless told otherwise.
+pub const DEFAULT_ELECTION_PREFIX: &str = "/coord/election/";
+
+/// Settings for [`Election::with_options`] and [`ElectionPool`].
+///
+/// Start from [`ElectionOptions::default`] and change what you need with the
+/// `with_*` methods; the fields are public for reading. `#[non_exhaustive]`
+/// so that new settings are not a breaking change.
+///
+/// ```
+/// use fleetcoord::ElectionOptions;
+/// use std::time::Duration;
+///
+/// // Share elections with `etcdctl elect <name>`, with a 5 s session.
+/// let options = ElectionOptions::default().with_prefix("").with_ttl(Duration::from_secs(5));
+/// assert_eq!(options.prefix, "");
+/// ```
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ElectionOptions {
+    /// Prepended to the election name; candidate keys are
+    /// `<prefix><name>/<lease id hex>`. Default [`DEFAULT_ELECTION_PREFIX`].
+    /// Use `""` to share an election with `etcdctl elect <name>`, whose keys
+    /// are `<name>/<lease id hex>`.
+    pub prefix: String,
+    /// TTL of the session lease. A leader that dies is replaced about this
+    /// long after its last renewal. Whole seconds, at least 1. Default 10 s.
+    pub ttl: Duration,
+    /// How long before etcd can expire the session lease (and elect the
+    /// next candidate) this candidate stops believing it leads: room for
+    /// acting on an [`Leadership::is_held`] just read (which compares the
+    /// caller's own clock with the deadline, so a late driver does not
+    /// stretch it) and for [`Leadership::lost`] arriving late. At most half of the TTL less the
+    /// drift allowance. Default 250 ms.
+    pub safety_margin: Duration,
+    /// How much slower than etcd's clock this host's clock may run, in
+    /// parts per million: the session trusts its lease for the TTL
+    /// shortened by this much, then less the margin. 0 to 100,000 (10 %).
+    /// Default 10,000 (1 %, ten times what NTP lets two clocks differ by).
+    pub drift_allowance_ppm: u32,
+}
+
+impl Default for ElectionOptions {
+    fn default() -> Self {
+        ElectionOptions {
+            prefix: DEFAULT_ELECTION_PREFIX.into(),
+            ttl: Duration::from_secs(10),
+            safety_margin: DEFAULT_SAFETY_MARGIN,
+            drift_allowance_ppm: DEFAULT_DRIFT_ALLOWANCE_PPM,
+        }
+    }
+}
+
+impl ElectionOptions {
+    /// These options with [`ElectionOptions::prefix`] set (checked when the
+    /// election is joined).
+    #[must_use]
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// These options with [`ElectionOptions::ttl`] set (checked when the
+    /// election is joined).
+    #[must_use]
+    pub const fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// These options with [`ElectionOptions::safety_margin`] set (at most
+    /// half of the TTL less the drift allowance, checked when the election
+    /// is joined).
+    #[must_use]
+    pub const fn with_safety_margin(mut self, margin: Duration) -> Self {
+        self.safety_margin = margin;
+        self
+    }
+
+    /// These options with [`ElectionOptions::drift_allowance_ppm`] set (at
+    /// most 100,000, checked when the election is joined).
+    #[must_use]
+    pub const fn with_drift_allowance_ppm(mut self, ppm: u32) -> Self {
+        self.drift_allowance_ppm = ppm;
+        self
+    }
+
+    /// How long a session with these options trusts its lease, counted
+    /// from the send of its last acknowledged renewal: the TTL less the
+    /// drift allowance, less the safety margin (for the requested TTL; etcd
+    /// may grant a longer one, which is then trusted longer). A leader
+    /// whose renewals stop holds at most this long; the keepalive renews
+    /// every third of it.
+    ///
+    /// ```
+    /// use fleetcoord::ElectionOptions;
+    /// use std::time::Duration;
+    ///
+    /// // 10 s less 1 % less 250 ms.
+    /// assert_eq!(ElectionOptions::default().trusted_lifetime(), Duration::from_millis(9_650));
+    /// ```
+    pub fn trusted_lifetime(&self) -> Duration {
+        trusted_lifetime(self.ttl, self.safety_margin, self.drift_allowance_ppm)
+    }
+}
+
+/// `<prefix><name>/`, after checking both. The name is one segment (no
+/// `/`): that is what keeps elections under one prefix independent, see
+/// [`Election::new`].
+pub(super) fn election_prefix(name: &str, options: &ElectionOptions) -> Result<String> {
+    validate::election_name("name", name)?;
+    if !options.prefix.is_empty() {
+        validate::prefix("prefix", &options.prefix)?;
+    }
+    Ok(format!("{}{}/", options.prefix, name))
+}
