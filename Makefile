@@ -23,7 +23,7 @@ FUZZ_SECONDS ?= 60
 # cargo-fuzz needs nightly flags; this lets the stable toolchain accept them.
 FUZZ_ENV := RUSTC_BOOTSTRAP=1
 
-.PHONY: test-matrix deps-matrix test soak scale bench coverage deps-coverage fuzz lint public-api deps-public-api demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust cross deps-cross qemu-sm deps-qemu-sm msrv
+.PHONY: test-matrix deps-matrix test soak scale bench coverage deps-coverage fuzz lint public-api deps-public-api demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust deps-systemd cross deps-cross qemu-sm deps-qemu-sm msrv
 
 test: deps
 	$(CARGO) fmt --all --check
@@ -125,7 +125,7 @@ demo: deps-build deps-etcd
 	$(CARGO) build --quiet -p fleetcoord-cli --bin fleetcoord --example demo
 	$(CARGO) run --quiet -p fleetcoord-cli --example demo $(if $(ENDPOINTS),-- --endpoints $(ENDPOINTS))
 
-deps: deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust
+deps: deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust deps-systemd
 
 # apt_install(what package ...): installs the Debian package of every `what`
 # that is missing. A `what` starting with `/` is a file the build reads (a
@@ -168,6 +168,11 @@ deps-build:
 
 deps-etcd:
 	$(call apt_install,etcd etcd-server etcdctl etcd-client)
+
+# The CLI's tests check the example units under contrib/systemd/ with
+# `systemd-analyze verify`.
+deps-systemd:
+	$(call apt_install,systemd-analyze systemd)
 
 # The NATS and Redis backends' tests start real servers (fleetcoord::testing);
 # redis-cli creates the test cluster.
