@@ -561,7 +561,10 @@ impl Keepalive {
                     LivenessState::Registered { lease: l.id }
                 }
             }
-            Phase::Leaving { .. } | Phase::Stopping { .. } | Phase::StoppingGrant { .. } | Phase::Stopped => return,
+            Phase::Leaving { .. }
+            | Phase::Stopping { .. }
+            | Phase::StoppingGrant { .. }
+            | Phase::Stopped => return,
         };
         self.notify(desired);
     }
@@ -814,6 +817,17 @@ impl Keepalive {
     /// Stops for good; `announce` says whether a leave marker may be put
     /// first (see the module docs).
     fn stop(&mut self, now: Instant, announce: bool) {
+        // Already stopping: a second stop must not disarm the give-up and
+        // the copies of the stop under way.
+        if matches!(
+            self.phase,
+            Phase::Leaving { .. }
+                | Phase::Stopping { .. }
+                | Phase::StoppingGrant { .. }
+                | Phase::Stopped
+        ) {
+            return;
+        }
         self.timers.clear();
         self.resent = 0;
         // A last copy of each retired lease's revoke, answers not waited
@@ -885,9 +899,12 @@ impl Keepalive {
         self.arm_attempt();
     }
 
-    /// The leave marker was answered, or waited for long enough: revoke.
-    fn after_leave(&mut self, put: RpcId, lease: LeaseId) {
-        self.outbox.cancel(put);
+    /// The leave marker was answered, or (`unanswered`: then canceled)
+    /// waited for long enough: revoke.
+    fn after_leave(&mut self, unanswered: Option<RpcId>, lease: LeaseId) {
+        if let Some(put) = unanswered {
+            self.outbox.cancel(put);
+        }
         self.timers.stop(Timer::Attempt);
         self.send_stop_revoke(lease);
     }
@@ -921,8 +938,8 @@ impl Keepalive {
             // Whatever etcd said: the revoke goes out either way (a failed
             // marker only makes the leave read as an expiry).
             Phase::Leaving { put, lease } if *put == id => {
-                let (put, lease) = (*put, *lease);
-                self.after_leave(put, lease);
+                let lease = *lease;
+                self.after_leave(None, lease);
             }
             Phase::Stopping { revoke, .. } if *revoke == id => match result {
                 // Not found: an earlier copy revoked it (its answer lost),
@@ -977,7 +994,7 @@ impl Keepalive {
             }
             (Timer::Attempt, Phase::Leaving { put, lease }) => {
                 let (put, lease) = (*put, *lease);
-                self.after_leave(put, lease);
+                self.after_leave(Some(put), lease);
             }
             (Timer::Attempt, Phase::Stopping { revoke, lease }) => {
                 let (old, lease) = (*revoke, *lease);

@@ -281,5 +281,7 @@ fn admit(
 /// was. A marker on another lease does not go with the entry's lease, and
 /// an older one belongs to an earlier registration.
 fn marks(marker: &KeyValue, entry: &KeyValue) -> bool {
-    marker.lease != 0 && marker.lease == entry.lease && marker.create_revision > entry.create_revision
+    marker.lease != 0
+        && marker.lease == entry.lease
+        && marker.create_revision > entry.create_revision
 }
