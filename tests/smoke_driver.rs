@@ -2,7 +2,7 @@
 
 use fleetcoord::testing::EtcdServer;
 use fleetcoord::{
-    Election, Etcd, EtcdOptions, HostEvent, HostLiveness, HostWatcher, LivenessState,
+    DownReason, Election, Etcd, EtcdOptions, HostEvent, HostLiveness, HostWatcher, LivenessState,
 };
 use std::time::{Duration, Instant};
 
