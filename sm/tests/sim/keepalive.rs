@@ -226,7 +226,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
             key: KEY.to_vec(),
             value: value.clone(),
             // Every other seed announces its leave.
-            leave_marker: (seed % 2 == 0).then(|| MARKER.to_vec()),
+            leave_marker: seed.is_multiple_of(2).then(|| MARKER.to_vec()),
         }),
         backoff: BackoffConfig::default(),
         // From the seed, not the schedule's RNG, so each seed's schedule
@@ -371,7 +371,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
     // Registered when stopped, so a marker-writing machine announced it.
     assert_eq!(
         w.h.machine.marker_sent,
-        binding && seed % 2 == 0,
+        binding && seed.is_multiple_of(2),
         "seed {seed}: leave marker"
     );
     // Later input changes nothing.
