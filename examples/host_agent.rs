@@ -30,7 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             recv(watcher.events()) -> event => match event? {
                 HostEvent::Up(h) => println!("up      {} {}", h.id, String::from_utf8_lossy(&h.metadata)),
                 HostEvent::Updated(h) => println!("updated {} {}", h.id, String::from_utf8_lossy(&h.metadata)),
-                HostEvent::Down(h) => println!("down    {}", h.id),
+                HostEvent::Down(h, why) => println!("down    {} ({why})", h.id),
                 HostEvent::Synced => println!("-- the fleet above was already there; changes follow"),
             },
             recv(liveness.states()) -> state => println!("my state: {:?}", state?),

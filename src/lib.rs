@@ -5,7 +5,8 @@
 //!   short-TTL lease; lease expiry is the fleet-wide "host down" signal. The
 //!   keepalive heals itself after etcd blips, restarts and pauses.
 //! * [`HostWatcher`] streams [`HostEvent`]s: the existing hosts as `Up`, then
-//!   `Synced`, then live `Up` / `Updated` / `Down` (with last-seen metadata).
+//!   `Synced`, then live `Up` / `Updated` / `Down` (with last-seen metadata
+//!   and a [`DownReason`]: `Left` after a graceful close, `Expired` otherwise).
 //! * [`Election`] (campaign, try_campaign, resign, proclaim, observe, fencing
 //!   token, lost-leadership signal), compatible with Go's
 //!   `clientv3/concurrency` and `etcdctl elect`; [`ElectionPool`] keeps one
@@ -89,7 +90,7 @@ pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
 pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
 pub use tls::{EtcdTls, EtcdUser};
 pub use txn::{KeyValue, TxnOp, TxnOpResponse};
-pub use watcher::{list_hosts, HostEvent, HostInfo, HostWatcher, WatcherOptions};
+pub use watcher::{list_hosts, DownReason, HostEvent, HostInfo, HostWatcher, WatcherOptions};
 
 // The README's Rust blocks run as doc tests, so they cannot drift from the
 // API they show. Only compiled for `cargo test --doc`.

@@ -6,6 +6,7 @@ use crate::error::{etcd_kind, Error, ErrorKind, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::validate;
 use fleetcoord_sm::keepalive::{self as sm, Binding, Keepalive, KeepaliveConfig, KeepaliveInput};
+use fleetcoord_sm::watch::leave_marker_key;
 use fleetcoord_sm::BackoffConfig;
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -128,7 +129,8 @@ pub(crate) const DEFAULT_DRIFT_ALLOWANCE_PPM: u32 = 10_000;
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct LivenessOptions {
-    /// Key prefix; the host's key is `<prefix><host id>`. Must start and end
+    /// Key prefix; the host's key is `<prefix><host id>`, and its leave
+    /// marker, written on close, `<prefix><host id>/left`. Must start and end
     /// with `/`. Default [`DEFAULT_HOSTS_PREFIX`].
     pub prefix: String,
     /// Lease TTL: how long after this process dies (or is cut off) the fleet
@@ -218,12 +220,22 @@ impl LivenessOptions {
 ///   lease until the local deadline, then (or when etcd says the lease is
 ///   gone) grants a new lease and writes the key again, with jittered
 ///   exponential backoff. Each step is reported on [`HostLiveness::states`].
-/// * [`HostLiveness::close`] (and `Drop`) revoke the lease, so watchers see
-///   the host `Down` within milliseconds instead of after the TTL.
+/// * [`HostLiveness::close`] (and `Drop`) announce the leave, then revoke
+///   the lease, so watchers see the host
+///   [`Down(_, Left)`](crate::DownReason::Left) within milliseconds instead
+///   of `Down(_, Expired)` after the TTL. The announcement is one put of the
+///   *leave marker* `<prefix><host id>/left` (empty value) on the host's
+///   lease, waited for at most 500 ms (less with a shorter request
+///   timeout); if it fails or times out the revoke goes ahead anyway and
+///   the host reads as `Expired`. The revoke removes marker and host key
+///   together; a process that dies between the two leaves a marker that
+///   expires with the lease (and still reads as `Left`). Nothing is ever
+///   left behind. A host that never got its key written (still
+///   registering) announces nothing.
 ///
-/// **Dropping** hands the revoke to the driver and returns at once, also
-/// when etcd is unreachable; if the revoke fails the lease expires after its
-/// TTL. Closing or dropping the [`Etcd`] handle still lets a pending revoke
+/// **Dropping** is a graceful leave too: it hands the leave marker and the
+/// revoke to the driver and returns at once, also when etcd is unreachable;
+/// if the revoke fails the lease expires after its TTL. Closing or dropping the [`Etcd`] handle still lets a pending revoke
 /// finish within its grace period, so a process that drops its guards and
 /// exits is seen `Down` at once. [`HostLiveness::close`] is the blocking call
 /// that reports the outcome.
@@ -238,7 +250,7 @@ impl LivenessOptions {
 /// let host = HostLiveness::register(&etcd, uuid::Uuid::new_v4(), br#"{"zone":"a"}"#, Duration::from_secs(5))?;
 /// assert!(matches!(host.state(), LivenessState::Registered { .. }));
 /// host.set_metadata(br#"{"zone":"b"}"#)?;
-/// host.close()?; // revokes: watchers see Down at once
+/// host.close()?; // announces the leave and revokes: watchers see Down(_, Left) at once
 /// # Ok(()) }
 /// ```
 #[must_use = "dropping a HostLiveness revokes the lease: the host is reported Down at once"]
@@ -319,6 +331,9 @@ impl HostLiveness {
             binding: Some(Binding {
                 key: key.clone().into_bytes(),
                 value: metadata.to_vec(),
+                // Every stop announces the leave, so watchers can tell it
+                // from a crash (see `DownReason`).
+                leave_marker: Some(leave_marker_key(key.as_bytes())),
             }),
             backoff: BackoffConfig::default(),
             safety_margin: options.safety_margin,
@@ -427,10 +442,13 @@ impl HostLiveness {
             .map_err(|_| self.etcd.gone())
     }
 
-    /// Revoke the lease (the key disappears, watchers see `Down` at once)
-    /// and stop renewing. Returns an error when the revoke could not be
-    /// confirmed; the keepalive stops either way and the lease then expires
-    /// after its TTL.
+    /// Announce the leave (the leave marker, see the type's docs), revoke
+    /// the lease (the key disappears, watchers see
+    /// [`Down(_, Left)`](crate::DownReason::Left) at once) and stop
+    /// renewing. Returns an error when the revoke could not be confirmed;
+    /// the keepalive stops either way and the lease then expires after its
+    /// TTL. A marker that could not be written is no error: the host then
+    /// reads as `Expired`, as after a crash.
     pub fn close(self) -> Result<()> {
         self.stop_and_wait()
     }

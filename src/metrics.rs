@@ -12,7 +12,7 @@
 //! | `fleetcoord_election_held` | gauge | `election` | 1 while this process leads (or holds the lock) under that key prefix |
 //! | `fleetcoord_election_token` | gauge | `election` | the fencing token of the current or last leadership |
 //! | `fleetcoord_election_transitions_total` | counter | `election`, `event` | `elected`, `lost`, `resigned` |
-//! | `fleetcoord_host_events_total` | counter | `prefix`, `event` | HostWatcher events delivered: `up`, `updated`, `down`, `synced` |
+//! | `fleetcoord_host_events_total` | counter | `prefix`, `event`, `reason` | HostWatcher events delivered: `up`, `updated`, `down`, `synced`; `reason` is `left` or `expired` for `down` ([`crate::DownReason`]), empty otherwise |
 //! | `fleetcoord_watch_streams_opened_total` | counter | — | etcd watch streams opened by any watcher: the first, then one per resume or resync |
 //!
 //! An exporter that prints help text (Prometheus's `# HELP`) learns it from
@@ -73,7 +73,7 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     (
         "fleetcoord_host_events_total",
         Kind::Counter,
-        "HostWatcher events delivered, by prefix and event",
+        "HostWatcher events delivered, by prefix, event and (for down) reason",
     ),
     (
         "fleetcoord_watch_streams_opened_total",
@@ -187,11 +187,12 @@ mod on {
         .increment(1);
     }
 
-    pub(crate) fn host_event(prefix: &str, event: &'static str) {
+    pub(crate) fn host_event(prefix: &str, event: &'static str, reason: &'static str) {
         metrics::counter!(
             "fleetcoord_host_events_total",
             "prefix" => prefix.to_string(),
-            "event" => event
+            "event" => event,
+            "reason" => reason
         )
         .increment(1);
     }
@@ -213,7 +214,7 @@ mod on {
     pub(crate) fn request<T>(_: &'static str, _: Duration, _: &Result<T, RpcError>) {}
     pub(crate) fn liveness(_: &str, _: &LivenessState) {}
     pub(crate) fn election(_: &str, _: &'static str, _: i64) {}
-    pub(crate) fn host_event(_: &str, _: &'static str) {}
+    pub(crate) fn host_event(_: &str, _: &'static str, _: &'static str) {}
     pub(crate) fn watch_stream_opened() {}
 }
 

@@ -58,10 +58,11 @@ pub enum HostEvent {
     /// no `Down` + `Up`: `lease` is the new lease, `create_revision` stays
     /// the same, and the old lease's later expiry removes nothing.
     Updated(HostInfo),
-    /// The host's key is gone: it closed, its lease expired, or it was
-    /// deleted. Carries the last-seen metadata. A host that registers again
-    /// after this comes back `Up` with a new `create_revision`.
-    Down(HostInfo),
+    /// The host's key is gone, and why ([`DownReason`]): it closed, its
+    /// lease expired, or it was deleted. Carries the last-seen metadata. A
+    /// host that registers again after this comes back `Up` with a new
+    /// `create_revision`.
+    Down(HostInfo, DownReason),
     /// Every host that existed when the watcher started has been reported;
     /// sent exactly once, after the replayed `Up`s. The replay is read in
     /// pages at one revision; if it is interrupted between pages (etcd
@@ -70,6 +71,54 @@ pub enum HostEvent {
     /// `Down` correcting an earlier `Up` may come before `Synced` — never a
     /// `Down` without an earlier `Up`.
     Synced,
+}
+
+/// Why a host went [`HostEvent::Down`]: a graceful leave or a failure.
+///
+/// How it is told: a closing [`crate::HostLiveness`] first writes a *leave
+/// marker*, `<prefix><host id>/left`, on its own lease, then revokes the
+/// lease; the revoke deletes host key and marker at one etcd revision. A
+/// lease that simply runs out deletes the host key without a marker seen
+/// before. The watcher needs no extra request for this: markers come with
+/// its watch and snapshot of the prefix, and are never reported as hosts.
+///
+/// `#[non_exhaustive]`: a finer reason may be added; treat an unknown one
+/// like [`DownReason::Expired`], the one that promises nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DownReason {
+    /// The host announced its leave: it closed its registration
+    /// ([`crate::HostLiveness::close`], dropping the `HostLiveness`,
+    /// `fleetcoord agent` on SIGTERM or Ctrl-C), and etcd removed its key
+    /// together with its leave marker (the marker on the host's lease,
+    /// written after the key was registered). Usually milliseconds after the
+    /// close; one TTL after it when the close wrote its marker but could not
+    /// revoke (the lease then expired with the marker). Planned: no alarm.
+    Left,
+    /// No leave was seen: the lease expired (the process crashed or was
+    /// killed, the host was partitioned from etcd or paused past its TTL),
+    /// the close could not reach etcd to write its marker, another client
+    /// deleted the key, or the host went away while this watcher was
+    /// disconnected and its marker was never seen (a resync can only say
+    /// the key is gone). Hosts registered by fleetcoord versions before the
+    /// markers always end this way. Treat as a failure.
+    Expired,
+}
+
+impl DownReason {
+    /// `"left"` or `"expired"`: the spelling the CLI and the metrics use.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            DownReason::Left => "left",
+            DownReason::Expired => "expired",
+        }
+    }
+}
+
+impl std::fmt::Display for DownReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Settings for [`HostWatcher::with_options`].
@@ -143,7 +192,9 @@ impl WatcherOptions {
 /// state never is. Every watch-fed receiver of fleetcoord follows this one
 /// policy.
 ///
-/// Keys under the prefix that are not host ids are logged once and skipped.
+/// Keys under the prefix that are not host ids are logged once and skipped;
+/// hosts' leave markers (`<prefix><host id>/left`, see [`DownReason`]) are
+/// skipped silently.
 ///
 /// Large fleets: the prefix is read in pages of 1,000 keys at one revision,
 /// and the initial `Up`s arrive page by page. Transient errors are retried
@@ -168,7 +219,10 @@ impl WatcherOptions {
 ///     other => panic!("expected Up, got {other:?}"),
 /// }
 /// host.close()?;
-/// assert!(matches!(watcher.events().recv_timeout(Duration::from_secs(5))?, HostEvent::Down(_)));
+/// assert!(matches!(
+///     watcher.events().recv_timeout(Duration::from_secs(5))?,
+///     HostEvent::Down(_, fleetcoord::DownReason::Left)
+/// ));
 /// # Ok(()) }
 /// ```
 #[must_use = "dropping a HostWatcher stops the watch"]
@@ -237,20 +291,25 @@ impl HostWatcher {
         };
         let machine = Watch::new(config, Instant::now(), rand_seed());
         let (feed, events) = Feed::new(options.capacity, move |notice: WatchNotice| {
-            let label = match &notice {
-                WatchNotice::Up(_) => "up",
-                WatchNotice::Updated(_) => "updated",
-                WatchNotice::Down(_) => "down",
-                WatchNotice::Synced => "synced",
-                _ => "",
+            let (label, reason) = match &notice {
+                WatchNotice::Up(_) => ("up", ""),
+                WatchNotice::Updated(_) => ("updated", ""),
+                WatchNotice::Down(_) => ("down", DownReason::Expired.as_str()),
+                WatchNotice::Left(_) => ("down", DownReason::Left.as_str()),
+                WatchNotice::Synced => ("synced", ""),
+                _ => ("", ""),
             };
             if !label.is_empty() {
-                crate::metrics::host_event(&metrics_prefix, label);
+                crate::metrics::host_event(&metrics_prefix, label, reason);
             }
             let event = match notice {
                 WatchNotice::Up(kv) => host_info(prefix_len, &kv).map(HostEvent::Up),
                 WatchNotice::Updated(kv) => host_info(prefix_len, &kv).map(HostEvent::Updated),
-                WatchNotice::Down(kv) => host_info(prefix_len, &kv).map(HostEvent::Down),
+                WatchNotice::Down(kv) => host_info(prefix_len, &kv)
+                    .map(|info| HostEvent::Down(info, DownReason::Expired)),
+                WatchNotice::Left(kv) => {
+                    host_info(prefix_len, &kv).map(|info| HostEvent::Down(info, DownReason::Left))
+                }
                 WatchNotice::Synced => Some(HostEvent::Synced),
                 WatchNotice::InvalidKey(key) => {
                     log::warn!(
@@ -329,7 +388,8 @@ impl HostWatcher {
 ///
 /// The same keys count as hosts as for [`HostWatcher`]: only the canonical
 /// spelling of a host id (a lowercase, hyphenated UUID, as
-/// [`crate::HostLiveness`] writes it); any other key under the prefix is
+/// [`crate::HostLiveness`] writes it); any other key under the prefix,
+/// leave markers (`<host id>/left`, see [`DownReason`]) included, is
 /// skipped.
 pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
     assert_not_async();
@@ -353,7 +413,7 @@ pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
                 true
             }
             // An interrupted replay finishes as a diff.
-            WatchNotice::Down(kv) => {
+            WatchNotice::Down(kv) | WatchNotice::Left(kv) => {
                 view.remove(&kv.key);
                 true
             }

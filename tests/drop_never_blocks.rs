@@ -126,7 +126,7 @@ fn dropping_guards_then_the_handle_still_revokes() {
             .recv_timeout(left)
             .expect("no Down before the deadline")
         {
-            HostEvent::Down(info) if info.id == id => break,
+            HostEvent::Down(info, _) if info.id == id => break,
             _ => {}
         }
     }

@@ -9,8 +9,8 @@ mod common;
 use common::{apply, connect, etcdctl, ChildGuard};
 use fleetcoord::testing::EtcdServer;
 use fleetcoord::{
-    list_hosts, Etcd, EtcdOptions, HostEvent, HostInfo, HostLiveness, HostWatcher, LivenessOptions,
-    WatcherOptions, DEFAULT_HOSTS_PREFIX,
+    list_hosts, DownReason, Etcd, EtcdOptions, HostEvent, HostInfo, HostLiveness, HostWatcher,
+    LivenessOptions, WatcherOptions, DEFAULT_HOSTS_PREFIX,
 };
 use std::collections::{HashMap, HashSet};
 use std::process::{Command, Stdio};
@@ -67,11 +67,12 @@ fn register_up_then_graceful_close_down_within_a_second() {
     let started = Instant::now();
     host.close().expect("close revokes");
     let down = match next(&watcher) {
-        HostEvent::Down(info) => info,
-        other => panic!("expected Down, got {other:?}"),
+        // The close announced its leave before revoking.
+        HostEvent::Down(info, DownReason::Left) => info,
+        other => panic!("expected Down(Left), got {other:?}"),
     };
     let latency = started.elapsed();
-    println!("graceful close -> Down: {latency:?}");
+    println!("graceful close -> Down(Left): {latency:?}");
     assert_eq!(down.id, id);
     assert_eq!(down.metadata, br#"{"zone":"a"}"#.to_vec());
     // A revoke is one round trip plus one watch event (~1 ms here); one
@@ -174,9 +175,10 @@ fn crashed_host_goes_down_after_ttl() {
         .recv_timeout(Duration::from_secs(TTL + 10))
         .expect("no Down for the crashed host");
     let latency = killed.elapsed();
-    println!("crash -> Down at TTL {TTL} s: {latency:?}");
+    println!("SIGKILL -> Down(Expired) at TTL {TTL} s: {latency:?}");
     match event {
-        HostEvent::Down(info) => {
+        // Killed: no leave announced, the lease ran out.
+        HostEvent::Down(info, DownReason::Expired) => {
             assert_eq!(info.id, id);
             assert_eq!(
                 info.metadata,
@@ -184,7 +186,7 @@ fn crashed_host_goes_down_after_ttl() {
                 "Down must carry the last-seen metadata"
             );
         }
-        other => panic!("expected Down, got {other:?}"),
+        other => panic!("expected Down(Expired), got {other:?}"),
     }
     // The child renews every TTL/3, so at the kill its lease had at least
     // 2/3 of the TTL left: etcd cannot expire it sooner than that (minus a
@@ -493,7 +495,11 @@ fn registration_on_a_new_lease_over_a_live_key_is_updated() {
     // A re-registration after the key was gone is Down, then Up with a new
     // create revision.
     etcdctl(&endpoint, &["lease", "revoke", &new_hex]);
-    assert!(matches!(next(&watcher), HostEvent::Down(info) if info.lease == new));
+    // A revoke by someone else, with no leave marker: not a leave.
+    assert!(matches!(
+        next(&watcher),
+        HostEvent::Down(info, DownReason::Expired) if info.lease == new
+    ));
     let (third, third_hex) = lease("60");
     etcdctl(&endpoint, &["put", "--lease", &third_hex, &key, "third"]);
     match next(&watcher) {
@@ -539,7 +545,10 @@ fn custom_prefix_registration_and_what_handles_show() {
     assert!(ttl.remaining <= ttl.granted, "{ttl:?}");
     host.close().expect("close");
     assert_eq!(etcd.lease_ttl(lease).unwrap(), None, "revoked");
-    assert!(matches!(next(&watcher), HostEvent::Down(info) if info.id == id));
+    assert!(matches!(
+        next(&watcher),
+        HostEvent::Down(info, DownReason::Left) if info.id == id
+    ));
     watcher.close().expect("close");
 }
 

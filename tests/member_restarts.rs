@@ -294,7 +294,9 @@ fn elections_stay_live_while_the_raft_leader_is_killed_and_restarted() {
         let (events, downs, stop) = (watcher.events().clone(), downs.clone(), watch_stop.clone());
         thread::spawn(move || {
             while !stop.load(Ordering::SeqCst) {
-                if let Ok(HostEvent::Down(info)) = events.recv_timeout(Duration::from_millis(100)) {
+                if let Ok(HostEvent::Down(info, _)) =
+                    events.recv_timeout(Duration::from_millis(100))
+                {
                     downs.lock().push((Instant::now(), info.id));
                 }
             }

@@ -2,7 +2,7 @@
 
 use fleetcoord::testing::EtcdServer;
 use fleetcoord::{
-    Election, Etcd, EtcdOptions, HostEvent, HostLiveness, HostWatcher, LivenessState,
+    DownReason, Election, Etcd, EtcdOptions, HostEvent, HostLiveness, HostWatcher, LivenessState,
 };
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ fn register_watch_close_and_elect() {
     let t = Instant::now();
     host.close().expect("close");
     match watcher.events().recv_timeout(WAIT).unwrap() {
-        HostEvent::Down(info) => assert_eq!(info.metadata, b"m2".to_vec()),
+        HostEvent::Down(info, DownReason::Left) => assert_eq!(info.metadata, b"m2".to_vec()),
         other => panic!("{other:?}"),
     }
     println!("close -> Down: {:?}", t.elapsed());

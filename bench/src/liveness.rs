@@ -50,7 +50,7 @@ fn up(id: Uuid) -> impl Fn(&HostEvent) -> bool {
 }
 
 fn down(id: Uuid) -> impl Fn(&HostEvent) -> bool {
-    move |e| matches!(e, HostEvent::Down(h) if h.id == id)
+    move |e| matches!(e, HostEvent::Down(h, _) if h.id == id)
 }
 
 /// A HostWatcher on its own connection (the observer is another host),

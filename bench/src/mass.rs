@@ -71,7 +71,7 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
         }
         match watcher.events().recv_timeout(Duration::from_millis(5)) {
             Ok(HostEvent::Up(_)) => ups += 1,
-            Ok(HostEvent::Down(_)) => {
+            Ok(HostEvent::Down(..)) => {
                 downs += 1;
                 if downs == hosts {
                     watcher_done = Some(granted.elapsed());

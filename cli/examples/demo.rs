@@ -233,7 +233,7 @@ fn leader_is(seen: &Seen, value: &str) -> Option<i64> {
 }
 
 fn down_of(seen: &Seen, id: Uuid) -> bool {
-    matches!(seen, Seen::Host(HostEvent::Down(i)) if i.id == id)
+    matches!(seen, Seen::Host(HostEvent::Down(i, _)) if i.id == id)
 }
 
 fn run(endpoints: Option<String>) -> Result<(), Error> {
@@ -298,9 +298,13 @@ fn run(endpoints: Option<String>) -> Result<(), Error> {
                 ),
             ),
             HostEvent::Updated(i) => say("host watcher", format!("UPDATED {}", host_name(i))),
-            HostEvent::Down(i) => say(
+            HostEvent::Down(i, why) => say(
                 "host watcher",
-                format!("DOWN    {} (lease {:016x} gone)", host_name(i), i.lease),
+                format!(
+                    "DOWN    {} ({why}: lease {:016x} gone)",
+                    host_name(i),
+                    i.lease
+                ),
             ),
             HostEvent::Synced => say("host watcher", "synced: every registered host listed"),
         }

@@ -132,22 +132,29 @@ pub fn watch(ctx: &Ctx, args: WatchArgs, shutdown: &Receiver<()>) -> Result<(), 
         args.count,
         "the host watch ended",
         |event| {
-            let (name, info) = match &event {
-                HostEvent::Up(i) => ("up", Some(i)),
-                HostEvent::Updated(i) => ("updated", Some(i)),
-                HostEvent::Down(i) => ("down", Some(i)),
+            let (name, info, reason) = match &event {
+                HostEvent::Up(i) => ("up", Some(i), None),
+                HostEvent::Updated(i) => ("updated", Some(i), None),
+                HostEvent::Down(i, reason) => ("down", Some(i), Some(*reason)),
                 HostEvent::Synced => {
                     ctx.health.set(true);
-                    ("synced", None)
+                    ("synced", None, None)
                 }
             };
             let mut value = info.map(host_fields).unwrap_or_else(|| json!({}));
             if let Value::Object(map) = &mut value {
                 map.insert("event".into(), json!(name));
+                // Only on `down`: `left` (a graceful close) or `expired`.
+                if let Some(reason) = reason {
+                    map.insert("reason".into(), json!(reason.as_str()));
+                }
             }
-            let human = match info {
-                Some(i) => format!("{:<8}{}", name.to_uppercase(), host_line(i)),
-                None => "SYNCED  (every host registered so far was listed above)".into(),
+            let human = match (info, reason) {
+                (Some(i), Some(reason)) => {
+                    format!("{:<8}{}  ({reason})", name.to_uppercase(), host_line(i))
+                }
+                (Some(i), None) => format!("{:<8}{}", name.to_uppercase(), host_line(i)),
+                (None, _) => "SYNCED  (every host registered so far was listed above)".into(),
             };
             ctx.out.emit(human, value).map_err(CliError::from)
         },

@@ -75,10 +75,13 @@ struct Cli {
 enum Command {
     /// List the live hosts and their metadata.
     Hosts(hosts::HostsArgs),
-    /// Stream host Up / Updated / Down events as they happen.
+    /// Stream host Up / Updated / Down events as they happen; a Down says
+    /// why: left (the host closed) or expired (its lease ran out: a crash,
+    /// a partition).
     WatchHosts(hosts::WatchArgs),
     /// Register this process as a host until Ctrl-C, printing its liveness
-    /// state changes; exiting revokes the lease so watchers see Down at once.
+    /// state changes; exiting (Ctrl-C, SIGTERM) announces the leave and
+    /// revokes the lease so watchers see Down (left) at once.
     Agent(hosts::AgentArgs),
     /// Campaign in an election; print when leading (with the fencing token),
     /// hold until Ctrl-C, then resign. With `-- CMD ARGS...`: run CMD only

@@ -461,14 +461,62 @@ fn agent_revokes_on_sigterm_and_watchers_see_it() {
     let mut agent = Running::start(&server, &["agent", "--host-id", id, "--ttl", "30s"]);
     agent.until("state", "registered");
     assert_eq!(watch.until("event", "up")["id"], id);
+    let signaled = Instant::now();
     agent.signal("-TERM");
     let stopped = agent.until("state", "stopped");
     assert_eq!(stopped["revoked"], true);
     assert_eq!(agent.wait(), Some(0));
-    // A 30 s lease gone at once: only a revoke does that.
-    assert_eq!(watch.until("event", "down")["id"], id);
+    // A 30 s lease gone at once: only a revoke does that, and the agent
+    // announced it as a leave.
+    let down = watch.until("event", "down");
+    let latency = signaled.elapsed();
+    println!("SIGTERM -> down ({}): {latency:?}", down["reason"]);
+    assert_eq!(down["id"], id);
+    assert_eq!(down["reason"], "left", "{down}");
+    // Process exit included; a second is far below the 30 s TTL.
+    assert!(latency < Duration::from_secs(1), "{latency:?}");
     assert_eq!(watch.wait(), Some(0));
     assert_eq!(ok(&server, &["hosts", "--json"]), "");
+}
+
+#[test]
+fn a_sigkilled_agent_is_down_expired_within_the_ttl_and_says_so_for_people() {
+    const TTL: u64 = 2;
+    let server = start_etcd();
+    let id = "7c6b5a49-3827-4165-8e4d-3c2b1a0f9e8d";
+    // Human output: the reason is on the DOWN line.
+    let mut watch = cli()
+        .args([
+            "--endpoints",
+            &server.endpoint(),
+            "watch-hosts",
+            "--count",
+            "3",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .map(ChildGuard)
+        .expect("spawn watch-hosts");
+    let mut lines = BufReader::new(watch.stdout.take().expect("stdout")).lines();
+    let mut line = || lines.next().expect("watch-hosts ended").expect("read");
+    assert!(line().starts_with("SYNCED"));
+    let mut agent = Running::start(&server, &["agent", "--host-id", id, "--ttl", "2s"]);
+    agent.until("state", "registered");
+    let up = line();
+    assert!(up.starts_with("UP") && up.contains(id), "{up}");
+    // A few renewals, so the expiry counts from a renewed lease.
+    std::thread::sleep(Duration::from_millis(1500));
+    agent.child.kill().expect("SIGKILL the agent");
+    let killed = Instant::now();
+    agent.child.wait().expect("reap");
+    let down = line();
+    let latency = killed.elapsed();
+    println!("SIGKILL -> {down:?} at TTL {TTL} s: {latency:?}");
+    assert!(down.starts_with("DOWN") && down.contains(id), "{down}");
+    assert!(down.ends_with("(expired)"), "{down}");
+    // At most TTL after the last renewal, plus etcd's 500 ms expiry loop
+    // and room for a loaded machine.
+    assert!(latency <= Duration::from_secs(TTL + 2), "{latency:?}");
 }
 
 #[test]

@@ -15,7 +15,8 @@
 //! * at most one renewal is outstanding;
 //! * nothing but Revokes of one lease, one outstanding at a time, are
 //!   issued after `Stop`, besides one last revoke of each lease given up
-//!   earlier; once `Stopped`,
+//!   earlier and, with a leave marker configured, at most one put of the
+//!   marker, before the revoke and on the lease it revokes; once `Stopped`,
 //!   `poll_timeout` is `None` and `Stopped` is the last notification;
 //! * consecutive notifications differ;
 //! * `poll_timeout` is never before `now`; draining commands terminates.
@@ -35,11 +36,14 @@ use std::time::{Duration, Instant};
 
 const MAX_COMMANDS_PER_STEP: usize = 1_000;
 const KEY: &[u8] = b"/coord/hosts/h";
+const MARKER: &[u8] = b"/coord/hosts/h/left";
 
 #[derive(Arbitrary, Debug)]
 struct Input {
     ttl_secs: i8,
     binding: bool,
+    /// With a binding: announce a leave marker on stop.
+    leave_marker: bool,
     seed: u64,
     initial_ms: u16,
     max_ms: u16,
@@ -107,6 +111,9 @@ struct Run {
     notifications: Vec<LivenessState>,
     stop_requested: bool,
     revoked: Option<i64>,
+    leave_marker: bool,
+    marker_sent: bool,
+    marker_lease: Option<i64>,
 }
 
 impl Run {
@@ -117,7 +124,10 @@ impl Run {
     /// die at once.
     fn process(&mut self, request: &Request, ttl: Option<u8>) -> Result<Response, RpcError> {
         match request {
-            Request::Put { key, .. } => assert_eq!(key.as_slice(), KEY),
+            Request::Put { key, .. } => assert!(
+                key.as_slice() == KEY || key.as_slice() == MARKER,
+                "a put of {key:?}"
+            ),
             Request::Grant { .. } | Request::KeepAlive { .. } | Request::Revoke { .. } => {}
             other => panic!("keepalive never sends {other:?}"),
         }
@@ -152,6 +162,18 @@ impl Run {
                 Command::Rpc { id, request } => {
                     assert!(self.outstanding.iter().all(|(o, _)| *o != id), "id reused");
                     if self.stop_requested {
+                        // The leave marker: once, on the lease being
+                        // stopped, before that lease's revoke.
+                        if let Request::Put { key, lease, .. } = &request {
+                            assert!(key.as_slice() == MARKER, "{request:?} after stop");
+                            assert!(self.leave_marker, "a marker nobody asked for");
+                            assert!(self.revoked.is_none(), "leave marker after the revoke");
+                            assert!(!self.marker_sent, "second leave marker");
+                            self.marker_sent = true;
+                            self.marker_lease = Some(*lease);
+                            self.outstanding.push((id, request));
+                            continue;
+                        }
                         assert!(
                             matches!(request, Request::Revoke { .. }),
                             "{request:?} after stop"
@@ -167,6 +189,10 @@ impl Run {
                             assert!(
                                 self.revoked.is_none_or(|l| l == lease),
                                 "a revoke of another lease"
+                            );
+                            assert!(
+                                self.marker_lease.is_none_or(|l| l == lease),
+                                "the leave marker went on another lease"
                             );
                             self.revoked = Some(lease);
                             assert!(
@@ -358,6 +384,7 @@ fuzz_target!(|input: Input| {
         binding: input.binding.then(|| Binding {
             key: KEY.to_vec(),
             value: b"0".to_vec(),
+            leave_marker: input.leave_marker.then(|| MARKER.to_vec()),
         }),
         backoff: BackoffConfig {
             initial: Duration::from_millis(u64::from(input.initial_ms)),
@@ -378,6 +405,9 @@ fuzz_target!(|input: Input| {
         notifications: Vec::new(),
         stop_requested: false,
         revoked: None,
+        leave_marker: input.binding && input.leave_marker,
+        marker_sent: false,
+        marker_lease: None,
     };
     run.drain();
     run.check();

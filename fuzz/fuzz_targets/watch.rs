@@ -12,7 +12,10 @@
 //!   `Down` carries exactly the last-seen value, an `Updated` is newer than
 //!   what the consumer has (repeats are never re-reported);
 //! * `Synced` at most once and before any non-replay notice; invalid keys
-//!   reported once and never as `Up`;
+//!   reported once and never as `Up`; leave markers (keys 6 and 7, of hosts
+//!   0 and 1) never reported at all;
+//! * a `Left` (like a `Down` otherwise) only for a key whose leave marker
+//!   was written on the key's (non-zero) lease after the key was created;
 //! * at most one request outstanding; nothing issued after `Stop`;
 //! * `poll_timeout` never before `now`;
 //! * once live and caught up with the model's history (and no arbitrary
@@ -22,7 +25,9 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchInput, WatchNotice};
+use fleetcoord_sm::watch::{
+    leave_marker_key, parse_leave_marker, KeyRule, Watch, WatchConfig, WatchInput, WatchNotice,
+};
 use fleetcoord_sm::{
     BackoffConfig, Command, KeyRange, KeyValue, LeaseId, Machine, RangeRequest, Request, Response,
     Revision, RpcError, RpcId, RpcReply, Txn, TxnOp, WatchEvent,
@@ -40,13 +45,19 @@ const MAX_COMMANDS_PER_STEP: usize = 10_000;
 const LEASE_TTL_SECS: i64 = 24 * 60 * 60;
 
 /// Keys 0..4 are valid host ids, 4 is an invalid key under the prefix, 5 is
-/// outside the prefix.
+/// outside the prefix, 6 and 7 are the leave markers of hosts 0 and 1.
 fn key(index: u8) -> Vec<u8> {
-    match index % 6 {
+    match index % 8 {
         4 => b"/h/not-a-host".to_vec(),
         5 => b"/elsewhere".to_vec(),
+        n @ (6 | 7) => leave_marker_key(&key(n - 6)),
         n => format!("/h/00000000-0000-0000-0000-00000000000{n}").into_bytes(),
     }
+}
+
+fn is_marker(key: &[u8]) -> bool {
+    key.strip_prefix(PREFIX)
+        .is_some_and(|s| parse_leave_marker(s).is_some())
 }
 
 /// A snapshot page: the prefix, or the rest of it from some key.
@@ -95,6 +106,8 @@ enum Outstanding {
 
 struct Consumer {
     view: BTreeMap<Vec<u8>, KeyValue>,
+    /// Every put of a leave marker so far: (key, lease, revision).
+    marker_puts: Vec<(Vec<u8>, LeaseId, Revision)>,
     synced: bool,
     reported: BTreeSet<Vec<u8>>,
     /// The machine gave up with `Failed` (its last notice).
@@ -128,12 +141,25 @@ impl Consumer {
                 let before = self.view.remove(&kv.key).expect("Down for a key not up");
                 assert_eq!(before, kv, "Down must carry the last-seen value");
             }
+            WatchNotice::Left(kv) => {
+                let before = self.view.remove(&kv.key).expect("Left for a key not up");
+                assert_eq!(before, kv, "Left must carry the last-seen value");
+                let marker = leave_marker_key(&kv.key);
+                assert!(
+                    self.marker_puts.iter().any(|(k, lease, rev)| *k == marker
+                        && *lease != 0
+                        && *lease == kv.lease
+                        && *rev > kv.create_revision),
+                    "Left without a marker on its lease after its creation: {kv:?}"
+                );
+            }
             WatchNotice::Synced => {
                 assert!(!self.synced, "Synced twice");
                 self.synced = true;
             }
             WatchNotice::InvalidKey(key) => {
                 assert!(!is_valid(&key) && key.starts_with(PREFIX));
+                assert!(!is_marker(&key), "a leave marker reported as invalid");
                 assert!(self.reported.insert(key), "invalid key reported twice");
             }
             WatchNotice::Failed(e) => {
@@ -165,6 +191,12 @@ impl World {
     fn write(&mut self, request: Request) {
         if let Err(e) = self.etcd.execute(self.now, &request) {
             panic!("the model refused {request:?}: {e:?}");
+        }
+        if let Request::Put { key, lease, .. } = &request {
+            if is_marker(key) {
+                let at = self.etcd.revision();
+                self.consumer.marker_puts.push((key.clone(), *lease, at));
+            }
         }
     }
 
@@ -258,6 +290,7 @@ impl World {
         );
         if self.machine.is_live() && caught_up && !self.tainted {
             let store = self.etcd.range_prefix(PREFIX);
+            // Markers are never in the view.
             let expected: Vec<&KeyValue> = store.iter().filter(|kv| is_valid(&kv.key)).collect();
             assert_eq!(view, expected, "settled view differs from the store");
         }
@@ -281,7 +314,9 @@ impl World {
             }),
             Op::Delete(k) => self.write(Request::Delete(KeyRange::Key(key(k)))),
             Op::Revoke(mask) => {
-                let success = (0..6)
+                // Hosts 0 and 1 with their markers (bits 6, 7), at one
+                // revision: what a lease revoke does.
+                let success = (0..8)
                     .filter(|i| mask & (1 << i) != 0)
                     .map(|i| TxnOp::Delete(KeyRange::Key(key(i))))
                     .collect();
@@ -442,6 +477,7 @@ fuzz_target!(|input: (u64, Vec<Op>)| {
         lease,
         consumer: Consumer {
             view: BTreeMap::new(),
+            marker_puts: Vec::new(),
             synced: false,
             reported: BTreeSet::new(),
             failed: false,

@@ -58,7 +58,20 @@
 //!   gone (TTL 0, not found) is not revoked.
 //! * [`KeepaliveInput::Stop`] cancels everything and revokes the lease (and
 //!   sends one last revoke for each lease still being retired, not waited
-//!   for); no renewal, grant or put is ever sent afterwards.
+//!   for); no renewal, grant or put is ever sent afterwards (but the leave
+//!   marker's, below).
+//! * Leave marker: with [`Binding::leave_marker`] set, a stop while the key
+//!   is written with the current lease first puts the marker key (empty
+//!   value) on that lease, and sends the revoke when etcd answers that put,
+//!   whatever the answer, or after one attempt timeout (half the requested
+//!   TTL when the attempt timeout is zero) without an answer, the put then
+//!   canceled. So a watcher sees the marker before the revoke deletes host
+//!   key and marker at one revision (a leave), and a close that cannot
+//!   reach etcd still goes on to its revoke. The marker is not retried.
+//!   The stop's give-up (one requested TTL, from the stop) covers marker
+//!   and revoke together, so the marker never makes a stop take longer
+//!   than it could before. Not written when there is no key on a lease to
+//!   announce (registering, stopping after a loss) nor after a refusal.
 //!
 //! Backoff: registration (grant, put, an unproven lease lost) and renewal
 //! failures count separately, each with its own jitter seed derived from the
@@ -90,6 +103,10 @@ pub struct Binding {
     pub key: Vec<u8>,
     /// Its initial value; [`KeepaliveInput::SetValue`] replaces it.
     pub value: Vec<u8>,
+    /// The key of the *leave marker* announced on stop, if any (host
+    /// liveness: [`leave_marker_key`](crate::watch::leave_marker_key) of
+    /// `key`). See "Leave marker" in the module docs.
+    pub leave_marker: Option<Vec<u8>>,
 }
 
 /// The largest clock drift allowance the machine applies, in parts per
@@ -303,6 +320,12 @@ enum Phase {
         grant: Option<(RpcId, Instant)>,
     },
     Leased(Lease),
+    /// Stopping: the leave marker's put is outstanding; the revoke of
+    /// `lease` follows its answer or its attempt timeout.
+    Leaving {
+        put: RpcId,
+        lease: LeaseId,
+    },
     Stopping {
         revoke: RpcId,
         /// The lease being revoked, for a copy of the revoke.
@@ -538,7 +561,10 @@ impl Keepalive {
                     LivenessState::Registered { lease: l.id }
                 }
             }
-            Phase::Stopping { .. } | Phase::StoppingGrant { .. } | Phase::Stopped => return,
+            Phase::Leaving { .. }
+            | Phase::Stopping { .. }
+            | Phase::StoppingGrant { .. }
+            | Phase::Stopped => return,
         };
         self.notify(desired);
     }
@@ -784,10 +810,24 @@ impl Keepalive {
     /// A permanent refusal: tell the user, then stop as if asked.
     fn refuse(&mut self, now: Instant, error: RpcError) {
         self.notify(LivenessState::Refused { error });
-        self.stop(now);
+        // No leave announced: the marker's put would be refused too.
+        self.stop(now, false);
     }
 
-    fn stop(&mut self, now: Instant) {
+    /// Stops for good; `announce` says whether a leave marker may be put
+    /// first (see the module docs).
+    fn stop(&mut self, now: Instant, announce: bool) {
+        // Already stopping: a second stop must not disarm the give-up and
+        // the copies of the stop under way.
+        if matches!(
+            self.phase,
+            Phase::Leaving { .. }
+                | Phase::Stopping { .. }
+                | Phase::StoppingGrant { .. }
+                | Phase::Stopped
+        ) {
+            return;
+        }
         self.timers.clear();
         self.resent = 0;
         // A last copy of each retired lease's revoke, answers not waited
@@ -818,19 +858,55 @@ impl Keepalive {
                 for (id, _) in l.put.iter() {
                     self.outbox.cancel(*id);
                 }
-                let revoke = self.outbox.rpc(Request::Revoke { lease: l.id });
-                self.phase = Phase::Stopping {
-                    revoke,
-                    lease: l.id,
-                };
                 let at = now.checked_add(self.request_timeout()).unwrap_or(now);
                 self.arm(Timer::Retry, at);
-                self.arm_attempt();
+                let marker = self
+                    .binding
+                    .as_ref()
+                    .and_then(|b| b.leave_marker.clone())
+                    .filter(|_| announce && l.written.is_some());
+                match marker {
+                    Some(key) => {
+                        let put = self.outbox.rpc(Request::Put {
+                            key,
+                            value: Vec::new(),
+                            lease: l.id,
+                        });
+                        self.phase = Phase::Leaving { put, lease: l.id };
+                        let wait = if self.attempt_timeout.is_zero() {
+                            self.request_timeout() / 2
+                        } else {
+                            self.attempt_timeout
+                        };
+                        let at = now.checked_add(wait).unwrap_or(now);
+                        self.arm(Timer::Attempt, at);
+                    }
+                    None => self.send_stop_revoke(l.id),
+                }
             }
-            already @ (Phase::Stopping { .. } | Phase::StoppingGrant { .. } | Phase::Stopped) => {
-                self.phase = already
-            }
+            already @ (Phase::Leaving { .. }
+            | Phase::Stopping { .. }
+            | Phase::StoppingGrant { .. }
+            | Phase::Stopped) => self.phase = already,
         }
+    }
+
+    /// The revoke that ends a stop (the TTL give-up is armed already).
+    fn send_stop_revoke(&mut self, lease: LeaseId) {
+        let revoke = self.outbox.rpc(Request::Revoke { lease });
+        self.phase = Phase::Stopping { revoke, lease };
+        self.resent = 0;
+        self.arm_attempt();
+    }
+
+    /// The leave marker was answered, or (`unanswered`: then canceled)
+    /// waited for long enough: revoke.
+    fn after_leave(&mut self, unanswered: Option<RpcId>, lease: LeaseId) {
+        if let Some(put) = unanswered {
+            self.outbox.cancel(put);
+        }
+        self.timers.stop(Timer::Attempt);
+        self.send_stop_revoke(lease);
     }
 
     fn finish(&mut self, revoked: bool) {
@@ -858,6 +934,12 @@ impl Keepalive {
                 } else if let Some((_, generation)) = l.put.filter(|(p, _)| *p == id) {
                     self.on_put_reply(now, generation, result);
                 }
+            }
+            // Whatever etcd said: the revoke goes out either way (a failed
+            // marker only makes the leave read as an expiry).
+            Phase::Leaving { put, lease } if *put == id => {
+                let lease = *lease;
+                self.after_leave(None, lease);
             }
             Phase::Stopping { revoke, .. } if *revoke == id => match result {
                 // Not found: an earlier copy revoked it (its answer lost),
@@ -910,6 +992,10 @@ impl Keepalive {
                     self.send_put(now);
                 }
             }
+            (Timer::Attempt, Phase::Leaving { put, lease }) => {
+                let (put, lease) = (*put, *lease);
+                self.after_leave(Some(put), lease);
+            }
             (Timer::Attempt, Phase::Stopping { revoke, lease }) => {
                 let (old, lease) = (*revoke, *lease);
                 self.outbox.cancel(old);
@@ -960,7 +1046,9 @@ impl Keepalive {
             },
             (
                 Timer::Retry,
-                Phase::Stopping { revoke: id, .. } | Phase::StoppingGrant { grant: id },
+                Phase::Leaving { put: id, .. }
+                | Phase::Stopping { revoke: id, .. }
+                | Phase::StoppingGrant { grant: id },
             ) => {
                 let id = *id;
                 self.outbox.cancel(id);
@@ -985,7 +1073,10 @@ impl Machine for Keepalive {
                 };
                 if matches!(
                     self.phase,
-                    Phase::Stopping { .. } | Phase::StoppingGrant { .. } | Phase::Stopped
+                    Phase::Leaving { .. }
+                        | Phase::Stopping { .. }
+                        | Phase::StoppingGrant { .. }
+                        | Phase::Stopped
                 ) {
                     return;
                 }
@@ -1015,7 +1106,7 @@ impl Machine for Keepalive {
                     self.lose(now, false);
                 }
             }
-            KeepaliveInput::Stop => self.stop(now),
+            KeepaliveInput::Stop => self.stop(now, true),
         }
     }
 

@@ -30,11 +30,44 @@
 //!
 //! Exactly one request is outstanding at any time; a watch being replaced is
 //! canceled ([`Command::Cancel`]) before its successor is opened.
+//!
+//! # Leave or expiry
+//!
+//! Under [`KeyRule::HostId`] a key `<host key>/left` is that host's *leave
+//! marker* ([`leave_marker_key`]): a graceful close writes it on the host's
+//! lease, then revokes the lease. Markers are never reported (neither as a
+//! key nor as [`WatchNotice::InvalidKey`]); they decide how a known host
+//! key's disappearance is reported:
+//!
+//! * [`WatchNotice::Left`] when its marker *marks* it — bound to the same
+//!   (non-zero) lease as the host key's last seen state, and created at a
+//!   later revision than the host key — and
+//!   * live: the marker was known before the revision that deletes the
+//!     host key, and is deleted in that same revision (a revoke, or an
+//!     expiry, of the lease both are bound to deletes both at once);
+//!   * by a resync's diff (the delete happened while no watch was open):
+//!     the marker was known before the resync, and the fresh snapshot no
+//!     longer has it either.
+//! * [`WatchNotice::Down`] otherwise: the lease expired (a crash, a
+//!   partition or pause past the TTL), the close could not write its
+//!   marker (etcd unreachable), another client deleted the host key alone,
+//!   the marker was on another lease or older than the registration, a
+//!   leave that happened entirely while disconnected (marker never seen),
+//!   a missed delete seen as a re-created key, and hosts written by
+//!   fleetcoord versions that write no markers.
+//!
+//! A host that wrote its marker but whose revoke then failed expires with
+//! the marker: that still reads as `Left`, one TTL late. A client that
+//! deletes both keys in one transaction is taken for a leave. A host
+//! registering again after a leave starts clean: its new key has a newer
+//! create revision and a new lease, which the old marker marks neither.
 
 mod keys;
 mod view;
 
-pub use keys::{parse_host_id, KeyRule};
+pub use keys::{
+    leave_marker_key, parse_host_id, parse_leave_marker, KeyClass, KeyRule, LEAVE_MARKER_SUFFIX,
+};
 
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::clock::Clock;
@@ -101,9 +134,17 @@ pub enum WatchNotice {
     /// every put with a newer mod revision, even if value and lease are
     /// unchanged, and by a resync when anything about the key changed.
     Updated(KeyValue),
-    /// A known key disappeared (or was re-created, then an `Up` follows).
-    /// Carries the last-seen key and value, since etcd no longer has them.
+    /// A known key disappeared (or was re-created, then an `Up` follows)
+    /// without a leave announced for it (see [`WatchNotice::Left`]):
+    /// its lease expired, or it was deleted. Carries the last-seen key and
+    /// value, since etcd no longer has them.
     Down(KeyValue),
+    /// A known key disappeared after its holder announced a leave: exactly
+    /// like [`WatchNotice::Down`] otherwise (the same key leaves the set),
+    /// and emitted instead of it, never beside it. Only under
+    /// [`KeyRule::HostId`], where leave markers exist; the rule is in the
+    /// module docs ("Leave or expiry").
+    Left(KeyValue),
     /// The first snapshot has been replayed completely. Emitted exactly
     /// once, before any notice that is not part of that replay. A replay
     /// interrupted between pages (compaction, a paused consumer) finishes
@@ -380,13 +421,26 @@ impl Watch {
         // dropping the siblings of an event that shares its revision.
         let base = self.revision;
         let mut notices = Vec::new();
+        // Grouped by revision: whether a delete is a leave depends on the
+        // other deletes of its revision (its leave marker's).
+        let mut group: Vec<WatchEvent> = Vec::new();
         for event in events {
             let revision = event.kv.mod_revision;
             if revision <= base {
                 continue;
             }
+            if group
+                .last()
+                .is_some_and(|last| last.kv.mod_revision != revision)
+            {
+                self.view
+                    .apply_revision(std::mem::take(&mut group), &mut notices);
+            }
             self.revision = self.revision.max(revision);
-            self.view.apply(event, &mut notices);
+            group.push(event);
+        }
+        if !group.is_empty() {
+            self.view.apply_revision(group, &mut notices);
         }
         self.notify_all(notices);
     }

@@ -71,7 +71,7 @@ pub fn apply(view: &mut HashMap<Uuid, HostInfo>, event: HostEvent) {
             assert!(view.contains_key(&info.id), "Updated without Up: {info:?}");
             view.insert(info.id, info);
         }
-        HostEvent::Down(info) => {
+        HostEvent::Down(info, _) => {
             assert!(view.remove(&info.id).is_some(), "Down without Up: {info:?}");
         }
         HostEvent::Synced => panic!("a second Synced"),

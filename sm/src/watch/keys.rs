@@ -1,4 +1,16 @@
-//! Which keys under a watched prefix are acceptable.
+//! Which keys under a watched prefix are acceptable, and which of them are
+//! leave markers.
+//!
+//! Host key layout (under the hosts prefix, [`KeyRule::HostId`]):
+//!
+//! * `<prefix><host id>` — the host's key: its metadata, bound to its lease.
+//! * `<prefix><host id>/left` — its *leave marker*
+//!   ([`leave_marker_key`]), written with an empty value on the host's
+//!   lease by a graceful close just before the lease is revoked. The revoke
+//!   deletes both keys at one revision, which is how a watcher tells a leave
+//!   from an expiry (see the [watch module](super)); a close that dies
+//!   after writing the marker still leaves nothing behind, since the marker
+//!   expires with the lease.
 
 /// What the part of a key after the watched prefix must look like.
 ///
@@ -14,8 +26,37 @@ pub enum KeyRule {
     #[default]
     Any,
     /// The rest of the key must be a canonical host id: a lowercase,
-    /// hyphenated UUID (`8-4-4-4-12` hex digits) and nothing else.
+    /// hyphenated UUID (`8-4-4-4-12` hex digits) and nothing else — or
+    /// such an id followed by [`LEAVE_MARKER_SUFFIX`], which is that host's
+    /// leave marker: never reported as a key, never invalid.
     HostId,
+}
+
+/// What follows a host's key in its leave marker's key.
+pub const LEAVE_MARKER_SUFFIX: &[u8] = b"/left";
+
+/// The leave marker key of the host whose key is `host_key`:
+/// `<host_key>/left`.
+pub fn leave_marker_key(host_key: &[u8]) -> Vec<u8> {
+    let mut key = host_key.to_vec();
+    key.extend_from_slice(LEAVE_MARKER_SUFFIX);
+    key
+}
+
+/// What a key under the watched prefix is, by a [`KeyRule`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyClass {
+    /// A key the consumer is told about.
+    Entry,
+    /// The leave marker of the entry whose key is this one without the last
+    /// `marker_len` bytes ([`LEAVE_MARKER_SUFFIX`]).
+    LeaveMarker {
+        /// How many trailing bytes make this key a marker.
+        marker_len: usize,
+    },
+    /// Neither: reported once, then ignored.
+    Invalid,
 }
 
 impl KeyRule {
@@ -27,6 +68,29 @@ impl KeyRule {
             KeyRule::HostId => parse_host_id(suffix).is_some(),
         }
     }
+
+    /// What `suffix` (the key with the watched prefix removed) is: an entry
+    /// exactly when [`KeyRule::accepts`] says so; a leave marker when it is
+    /// an accepted host id followed by [`LEAVE_MARKER_SUFFIX`] (only under
+    /// [`KeyRule::HostId`]: under [`KeyRule::Any`] every key is an entry).
+    pub fn classify(&self, suffix: &[u8]) -> KeyClass {
+        if self.accepts(suffix) {
+            return KeyClass::Entry;
+        }
+        match self {
+            KeyRule::HostId if parse_leave_marker(suffix).is_some() => KeyClass::LeaveMarker {
+                marker_len: LEAVE_MARKER_SUFFIX.len(),
+            },
+            _ => KeyClass::Invalid,
+        }
+    }
+}
+
+/// The host id whose leave marker `suffix` (a key with the hosts prefix
+/// removed) is: `Some` exactly for `<canonical host id>/left`. A listing of
+/// the hosts skips these keys, as the watch does.
+pub fn parse_leave_marker(suffix: &[u8]) -> Option<[u8; 16]> {
+    parse_host_id(suffix.strip_suffix(LEAVE_MARKER_SUFFIX)?)
 }
 
 /// The host id a key names, given the key with the hosts prefix removed:
@@ -76,6 +140,31 @@ mod tests {
         assert!(!rule.accepts(b""));
         assert!(KeyRule::Any.accepts(b""));
         assert!(KeyRule::Any.accepts(b"anything/at all"));
+    }
+
+    #[test]
+    fn a_leave_marker_is_a_host_id_and_left_only_under_host_id() {
+        let id = b"0f8fad5b-d9cb-469f-a165-70867728950e";
+        let marker = [&id[..], LEAVE_MARKER_SUFFIX].concat();
+        assert_eq!(leave_marker_key(id), marker);
+        assert_eq!(KeyRule::HostId.classify(id), KeyClass::Entry);
+        assert_eq!(
+            KeyRule::HostId.classify(&marker),
+            KeyClass::LeaveMarker { marker_len: 5 }
+        );
+        assert!(!KeyRule::HostId.accepts(&marker));
+        assert_eq!(parse_leave_marker(&marker), parse_host_id(id));
+        assert_eq!(KeyRule::Any.classify(&marker), KeyClass::Entry);
+        for other in [
+            &b"0f8fad5b-d9cb-469f-a165-70867728950e/left/left"[..],
+            b"0f8fad5b-d9cb-469f-a165-70867728950e/lefT",
+            b"0F8FAD5B-D9CB-469F-A165-70867728950E/left",
+            b"/left",
+            b"0f8fad5b-d9cb-469f-a165-70867728950e/",
+        ] {
+            assert_eq!(KeyRule::HostId.classify(other), KeyClass::Invalid);
+            assert_eq!(parse_leave_marker(other), None);
+        }
     }
 
     #[test]

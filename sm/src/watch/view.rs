@@ -4,7 +4,13 @@
 //! Every change to the set goes through here and produces exactly the notices
 //! that describe it, so "what the consumer believes" and "what we think the
 //! consumer believes" cannot drift apart.
+//!
+//! Leave markers ([`KeyClass::LeaveMarker`]) are tracked beside the known
+//! keys but never reported; they only decide whether a known key that
+//! disappears is reported [`WatchNotice::Left`] or [`WatchNotice::Down`]
+//! (the rule is in the [watch module docs](super)).
 
+use super::keys::KeyClass;
 use super::{KeyRule, WatchNotice};
 use crate::rpc::{EventKind, KeyValue, WatchEvent};
 use std::collections::{BTreeMap, BTreeSet};
@@ -15,6 +21,11 @@ pub(crate) struct View {
     prefix: Vec<u8>,
     rule: KeyRule,
     known: BTreeMap<Vec<u8>, KeyValue>,
+    /// The leave markers etcd holds as far as this view knows, keyed by the
+    /// key of the entry they belong to (known or not: a marker may be read
+    /// before its entry). Bounded by the markers in etcd: a delete event
+    /// or a resync that no longer has one removes it.
+    markers: BTreeMap<Vec<u8>, KeyValue>,
     /// Kept for the machine's whole life so each bad key is reported once,
     /// however often it is re-read; it grows only with distinct bad keys.
     reported: BTreeSet<Vec<u8>>,
@@ -26,7 +37,24 @@ impl View {
             prefix,
             rule,
             known: BTreeMap::new(),
+            markers: BTreeMap::new(),
             reported: BTreeSet::new(),
+        }
+    }
+
+    /// What `key` (already known to be under the prefix) is.
+    fn class(&self, key: &[u8]) -> KeyClass {
+        self.rule
+            .classify(key.get(self.prefix.len()..).unwrap_or_default())
+    }
+
+    /// The entry key a leave marker `key` belongs to, if it is one.
+    fn marked_entry(&self, key: &[u8]) -> Option<Vec<u8>> {
+        match self.class(key) {
+            KeyClass::LeaveMarker { marker_len } => key
+                .get(..key.len().saturating_sub(marker_len))
+                .map(<[u8]>::to_vec),
+            _ => None,
         }
     }
 
@@ -47,7 +75,14 @@ impl View {
         let mut page = BTreeMap::new();
         for kv in kvs {
             if kv.key.starts_with(&self.prefix) {
-                page.insert(kv.key.clone(), kv);
+                match self.marked_entry(&kv.key) {
+                    Some(entry) => {
+                        self.markers.insert(entry, kv);
+                    }
+                    None => {
+                        page.insert(kv.key.clone(), kv);
+                    }
+                }
             }
         }
         for (key, now) in page {
@@ -72,49 +107,117 @@ impl View {
     }
 
     /// Replace the set with a fresh snapshot and describe the difference:
-    /// `Down` (last seen) for vanished keys, `Up` for new ones, `Down`+`Up`
-    /// where the create revision changed, `Updated` where anything else
-    /// changed. Notices come in key order.
+    /// `Down` or `Left` (last seen) for vanished keys, `Up` for new ones,
+    /// `Down`/`Left` + `Up` where the create revision changed, `Updated`
+    /// where anything else changed. Notices come in key order.
+    ///
+    /// A vanished key is `Left` only if its leave marker was seen before
+    /// (matching it, see [`marks`]) and that marker is gone from the fresh
+    /// snapshot too: both went with the lease. A leave that happened
+    /// entirely while the view was not watching is not seen, so it reads
+    /// as `Down`.
     pub(crate) fn resync(&mut self, kvs: Vec<KeyValue>, out: &mut Vec<WatchNotice>) {
         let mut fresh = BTreeMap::new();
+        let mut fresh_markers = BTreeMap::new();
         for kv in kvs {
             if kv.key.starts_with(&self.prefix) {
-                fresh.insert(kv.key.clone(), kv);
+                match self.marked_entry(&kv.key) {
+                    Some(entry) => {
+                        fresh_markers.insert(entry, kv);
+                    }
+                    None => {
+                        fresh.insert(kv.key.clone(), kv);
+                    }
+                }
             }
         }
+        let old_markers = std::mem::replace(&mut self.markers, fresh_markers);
+        let gone = |key: &Vec<u8>, before: &KeyValue| -> WatchNotice {
+            let seen = old_markers.get(key).filter(|m| marks(m, before));
+            let still_there = |m: &KeyValue| {
+                self.markers
+                    .get(key)
+                    .is_some_and(|now| now.create_revision == m.create_revision)
+            };
+            match seen {
+                Some(m) if !still_there(m) => WatchNotice::Left(before.clone()),
+                _ => WatchNotice::Down(before.clone()),
+            }
+        };
         let old = std::mem::take(&mut self.known);
         let keys: BTreeSet<Vec<u8>> = old.keys().chain(fresh.keys()).cloned().collect();
+        let mut known = BTreeMap::new();
         for key in keys {
             match (old.get(&key), fresh.remove(&key)) {
-                (Some(before), None) => out.push(WatchNotice::Down(before.clone())),
+                (Some(before), None) => out.push(gone(&key, before)),
                 (None, Some(now)) => {
-                    if self.admit(&key, out) {
+                    if admit(self.rule, &self.prefix, &mut self.reported, &key, out) {
                         out.push(WatchNotice::Up(now.clone()));
-                        self.known.insert(key, now);
+                        known.insert(key, now);
                     }
                 }
                 (Some(before), Some(now)) => {
                     if before.create_revision != now.create_revision {
-                        out.push(WatchNotice::Down(before.clone()));
+                        out.push(gone(&key, before));
                         out.push(WatchNotice::Up(now.clone()));
                     } else if *before != now {
                         out.push(WatchNotice::Updated(now.clone()));
                     }
-                    self.known.insert(key, now);
+                    known.insert(key, now);
                 }
                 (None, None) => {}
             }
         }
+        self.known = known;
     }
 
-    /// Apply one watch event. A put of a key seen with another create
+    /// Apply the events of one revision (etcd sends all of a revision's
+    /// events in one response). A put of a key seen with another create
     /// revision means a delete was missed: `Down` (old) then `Up` (new). Any
     /// other put of a known key is `Updated`, even if only the mod revision
     /// moved, because a consumer may use it as a heartbeat. Deletes of
     /// unknown keys say nothing: the consumer never saw them.
-    pub(crate) fn apply(&mut self, event: WatchEvent, out: &mut Vec<WatchNotice>) {
+    ///
+    /// A known key deleted in the same revision as its leave marker, where
+    /// that marker (as known before this revision) [`marks`] the key's last
+    /// state, is `Left`; any other delete is `Down`. Same revision is what a
+    /// lease revoke (or expiry) of the lease both are bound to produces,
+    /// whichever order etcd lists the two deletes in.
+    pub(crate) fn apply_revision(&mut self, events: Vec<WatchEvent>, out: &mut Vec<WatchNotice>) {
+        let mut leaving: BTreeMap<Vec<u8>, KeyValue> = BTreeMap::new();
+        for event in &events {
+            if event.kind == EventKind::Delete && event.kv.key.starts_with(&self.prefix) {
+                if let Some(entry) = self.marked_entry(&event.kv.key) {
+                    if let Some(marker) = self.markers.get(&entry) {
+                        leaving.insert(entry, marker.clone());
+                    }
+                }
+            }
+        }
+        for event in events {
+            self.apply(event, &leaving, out);
+        }
+    }
+
+    fn apply(
+        &mut self,
+        event: WatchEvent,
+        leaving: &BTreeMap<Vec<u8>, KeyValue>,
+        out: &mut Vec<WatchNotice>,
+    ) {
         let kv = event.kv;
         if !kv.key.starts_with(&self.prefix) {
+            return;
+        }
+        if let Some(entry) = self.marked_entry(&kv.key) {
+            match event.kind {
+                EventKind::Put => {
+                    self.markers.insert(entry, kv);
+                }
+                EventKind::Delete => {
+                    self.markers.remove(&entry);
+                }
+            }
             return;
         }
         match event.kind {
@@ -136,7 +239,12 @@ impl View {
             }
             EventKind::Delete => {
                 if let Some(before) = self.known.remove(&kv.key) {
-                    out.push(WatchNotice::Down(before));
+                    let left = leaving.get(&kv.key).is_some_and(|m| marks(m, &before));
+                    out.push(if left {
+                        WatchNotice::Left(before)
+                    } else {
+                        WatchNotice::Down(before)
+                    });
                 }
             }
         }
@@ -145,13 +253,35 @@ impl View {
     /// Whether `key` (already known to be under the prefix) passes the key
     /// rule; a failing key is reported the first time it is seen.
     fn admit(&mut self, key: &[u8], out: &mut Vec<WatchNotice>) -> bool {
-        let suffix = key.get(self.prefix.len()..).unwrap_or_default();
-        if self.rule.accepts(suffix) {
-            return true;
-        }
-        if self.reported.insert(key.to_vec()) {
-            out.push(WatchNotice::InvalidKey(key.to_vec()));
-        }
-        false
+        admit(self.rule, &self.prefix, &mut self.reported, key, out)
     }
+}
+
+/// [`View::admit`], on the fields it needs, so a caller may hold other
+/// fields borrowed meanwhile.
+fn admit(
+    rule: KeyRule,
+    prefix: &[u8],
+    reported: &mut BTreeSet<Vec<u8>>,
+    key: &[u8],
+    out: &mut Vec<WatchNotice>,
+) -> bool {
+    let suffix = key.get(prefix.len()..).unwrap_or_default();
+    if rule.accepts(suffix) {
+        return true;
+    }
+    if reported.insert(key.to_vec()) {
+        out.push(WatchNotice::InvalidKey(key.to_vec()));
+    }
+    false
+}
+
+/// Whether `marker` announces the leave of the entry last seen as `entry`:
+/// bound to the same lease (a lease, not 0) and created after the entry
+/// was. A marker on another lease does not go with the entry's lease, and
+/// an older one belongs to an earlier registration.
+fn marks(marker: &KeyValue, entry: &KeyValue) -> bool {
+    marker.lease != 0
+        && marker.lease == entry.lease
+        && marker.create_revision > entry.create_revision
 }

@@ -28,12 +28,15 @@ use std::time::{Duration, Instant};
 
 const SEEDS: u64 = 1_000;
 const KEY: &[u8] = b"/coord/hosts/0f0e0d0c-0b0a-0908-0706-050403020100";
+const MARKER: &[u8] = b"/coord/hosts/0f0e0d0c-0b0a-0908-0706-050403020100/left";
 
 /// Wraps the machine and checks (c) and (d) on every command and deadline.
 struct Spy {
     machine: Keepalive,
     stop_requested: bool,
     revoke_sent: bool,
+    /// The leave marker's put went out (once, after Stop, before the revoke).
+    marker_sent: bool,
     /// Leases notified `Lost`: revoking them is retiring, allowed any time.
     given_up: Vec<fleetcoord_sm::LeaseId>,
     last_now: Option<Instant>,
@@ -74,6 +77,13 @@ impl Machine for Spy {
                 Request::Revoke { lease }
                     if (!self.stop_requested && self.machine.lease() != Some(*lease))
                         || self.given_up.contains(lease) => {}
+                // The leave marker: once, after Stop, before the revoke.
+                Request::Put { key, .. } if key.as_slice() == MARKER => {
+                    assert!(self.stop_requested, "leave marker without stop");
+                    assert!(!self.revoke_sent, "leave marker after the revoke");
+                    assert!(!self.marker_sent, "second leave marker");
+                    self.marker_sent = true;
+                }
                 Request::Revoke { .. } => {
                     assert!(self.stop_requested, "revoke without stop");
                     assert!(!self.revoke_sent, "second revoke");
@@ -215,6 +225,8 @@ fn run_seed(seed: u64, totals: &mut Totals) {
         binding: binding.then(|| Binding {
             key: KEY.to_vec(),
             value: value.clone(),
+            // Every other seed announces its leave.
+            leave_marker: seed.is_multiple_of(2).then(|| MARKER.to_vec()),
         }),
         backoff: BackoffConfig::default(),
         // From the seed, not the schedule's RNG, so each seed's schedule
@@ -230,6 +242,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
         machine: Keepalive::new(config, t0, seed),
         stop_requested: false,
         revoke_sent: false,
+        marker_sent: false,
         given_up: Vec::new(),
         last_now: Some(t0),
     };
@@ -351,6 +364,16 @@ fn run_seed(seed: u64, totals: &mut Totals) {
     let lease = lease.expect("registered has a lease");
     assert!(!w.etcd.lease_exists(lease), "revoked lease still alive");
     assert!(w.etcd.get(KEY).is_none(), "key outlived the revoke");
+    assert!(
+        w.etcd.get(MARKER).is_none(),
+        "leave marker outlived the revoke"
+    );
+    // Registered when stopped, so a marker-writing machine announced it.
+    assert_eq!(
+        w.h.machine.marker_sent,
+        binding && seed.is_multiple_of(2),
+        "seed {seed}: leave marker"
+    );
     // Later input changes nothing.
     w.h.machine.handle(until, KeepaliveInput::Stop);
     w.h.machine.handle_timeout(until + ttl_d);

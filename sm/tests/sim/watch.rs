@@ -13,7 +13,11 @@
 //!   with the same create revision and a newer mod revision, and `Down`
 //!   carries exactly the last-seen value; `Up`/`Updated` never show a revision etcd has not reached;
 //! * `Synced` exactly once, and nothing but replay (`Up`, `InvalidKey`)
-//!   before it; each invalid key reported once, valid keys never;
+//!   before it; each invalid key reported once, valid keys never, leave
+//!   markers (written by half of the graceful leaves) not at all;
+//! * a `Left` only for a key whose marker was put on the key's lease (so a
+//!   crash, a plain revoke or a delete never reads as a leave), and some
+//!   leaves are seen as `Left`;
 //! * `known()` equals the view rebuilt from the notices;
 //! * at most one request outstanding; `poll_timeout` never before the last
 //!   `now`; nothing issued after `Stop`.
@@ -21,7 +25,9 @@
 //! Once settled, the consumer's view equals the model's prefix exactly, the
 //! watch is live, and `Stop` leaves no timer and sends nothing more.
 
-use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchInput, WatchNotice};
+use fleetcoord_sm::watch::{
+    leave_marker_key, parse_leave_marker, KeyRule, Watch, WatchConfig, WatchInput, WatchNotice,
+};
 use fleetcoord_sm::{
     BackoffConfig, Command, KeyValue, LeaseId, Machine, Request, Response, RpcId, RpcReply,
 };
@@ -116,8 +122,11 @@ struct Consumer {
     reported: BTreeSet<Vec<u8>>,
     ups: u64,
     downs: u64,
+    lefts: u64,
     updates: u64,
     invalid: u64,
+    /// (host key, lease) of every leave marker put.
+    marker_puts: BTreeSet<(Vec<u8>, LeaseId)>,
 }
 
 impl Consumer {
@@ -134,6 +143,7 @@ impl Consumer {
                         | WatchNotice::InvalidKey(_)
                         | WatchNotice::Synced
                         | WatchNotice::Down(_)
+                        | WatchNotice::Left(_)
                         | WatchNotice::Updated(_)
                 ),
                 "{notice:?} before Synced"
@@ -172,11 +182,28 @@ impl Consumer {
                 assert_eq!(before, kv, "Down must carry the last-seen key");
                 self.downs += 1;
             }
+            WatchNotice::Left(kv) => {
+                let before = self
+                    .view
+                    .remove(&kv.key)
+                    .expect("Left without an earlier Up");
+                assert_eq!(before, kv, "Left must carry the last-seen key");
+                assert!(
+                    kv.lease != 0 && self.marker_puts.contains(&(kv.key.clone(), kv.lease)),
+                    "Left without a leave marker on its lease: {kv:?}"
+                );
+                self.lefts += 1;
+            }
             WatchNotice::Synced => self.synced += 1,
             WatchNotice::InvalidKey(key) => {
                 assert!(
                     key.starts_with(PREFIX) && !is_valid(&key),
                     "valid key reported invalid"
+                );
+                assert!(
+                    key.strip_prefix(PREFIX)
+                        .is_none_or(|s| parse_leave_marker(s).is_none()),
+                    "a leave marker reported invalid"
                 );
                 assert!(self.reported.insert(key), "invalid key reported twice");
                 self.invalid += 1;
@@ -201,6 +228,7 @@ struct Totals {
     faults: u64,
     ups: u64,
     downs: u64,
+    lefts: u64,
     updates: u64,
     invalid: u64,
     compactions: u64,
@@ -302,8 +330,24 @@ impl World {
         self.run(Request::Put { key, value, lease });
     }
 
+    /// A graceful leave: half the time announced first with a leave
+    /// marker on the host's lease, as `HostLiveness::close` does (the other
+    /// half is an older client, or a close whose marker did not get
+    /// through).
     fn revoke(&mut self, i: usize) {
         if let Some(lease) = self.hosts[i].lease.take() {
+            if pick(&mut self.rng, 2) == 0 {
+                let key = leave_marker_key(&self.hosts[i].key);
+                let put = Request::Put {
+                    key,
+                    value: Vec::new(),
+                    lease,
+                };
+                if self.run(put).is_some() {
+                    let host = self.hosts[i].key.clone();
+                    self.consumer.marker_puts.insert((host, lease));
+                }
+            }
             self.run(Request::Revoke { lease });
         }
     }
@@ -516,6 +560,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
     totals.faults += w.faults + w.h.faults_injected;
     totals.ups += w.consumer.ups;
     totals.downs += w.consumer.downs;
+    totals.lefts += w.consumer.lefts;
     totals.updates += w.consumer.updates;
     totals.invalid += w.consumer.invalid;
     totals.compactions += w.compactions;
@@ -530,7 +575,7 @@ fn watch_converges_to_etcd_under_faults_over_many_seeds() {
     }
     println!(
         "watch sim: {SEEDS} seeds, {} steps + {} workload actions, {} faults injected ({} compactions, {} consumer stalls); \
-         notices: {} Up, {} Updated, {} Down, {} InvalidKey",
+         notices: {} Up, {} Updated, {} Down, {} Left, {} InvalidKey",
         totals.steps,
         totals.actions,
         totals.faults,
@@ -539,9 +584,11 @@ fn watch_converges_to_etcd_under_faults_over_many_seeds() {
         totals.ups,
         totals.updates,
         totals.downs,
+        totals.lefts,
         totals.invalid
     );
     // The workload must actually exercise every kind of notice and fault.
     assert!(totals.downs > SEEDS && totals.updates > SEEDS && totals.invalid > SEEDS / 2);
+    assert!(totals.lefts > SEEDS / 2, "leaves are rarely seen as Left");
     assert!(totals.compactions > SEEDS && totals.consumer_stalls > SEEDS);
 }

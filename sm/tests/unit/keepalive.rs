@@ -35,6 +35,8 @@ fn config(binding: bool) -> KeepaliveConfig {
         binding: binding.then(|| Binding {
             key: b"/coord/hosts/a".to_vec(),
             value: b"v1".to_vec(),
+            // `leave_*` tests set one.
+            leave_marker: None,
         }),
         backoff: flat_backoff(),
         // The exact instants below trust a lease for its whole TTL; the
@@ -1367,6 +1369,205 @@ fn retire_in_binding_mode_waits_until_the_key_is_written_with_the_new_lease() {
         vec![
             Command::Notify(LivenessState::Registered { lease: 8 }),
             rpc(grant + 2, Request::Revoke { lease: LEASE }),
+        ]
+    );
+}
+
+const MARKER: &[u8] = b"/coord/hosts/a/left";
+
+/// A binding-mode machine with a leave marker, registered on `LEASE` by
+/// t0 + 20 ms, with `attempt` as its attempt timeout.
+fn registered_announcing(t0: Instant, attempt: Duration) -> Keepalive {
+    let mut cfg = config(true);
+    cfg.attempt_timeout = attempt;
+    if let Some(b) = &mut cfg.binding {
+        b.leave_marker = Some(MARKER.to_vec());
+    }
+    let mut m = Keepalive::new(cfg, t0, 1);
+    let _ = drain(&mut m);
+    m.handle(
+        t0 + ms(10),
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
+    m.handle(t0 + ms(20), ok(1, Response::Put { revision: 5 }));
+    assert_eq!(drain(&mut m), vec![registered()]);
+    m
+}
+
+fn marker_put(id: u64) -> Cmd {
+    rpc(
+        id,
+        Request::Put {
+            key: MARKER.to_vec(),
+            value: Vec::new(),
+            lease: LEASE,
+        },
+    )
+}
+
+#[test]
+fn leave_puts_the_marker_on_the_lease_then_revokes_when_it_is_answered() {
+    let t0 = Instant::now();
+    let mut m = registered_announcing(t0, Duration::ZERO);
+    m.handle(t0 + s(1), KeepaliveInput::Stop);
+    assert_eq!(drain(&mut m), vec![marker_put(2)]);
+    assert_eq!(m.lease(), None, "stopping: nothing is trusted any more");
+    // Repeated stops and value changes add nothing.
+    m.handle(t0 + s(1), KeepaliveInput::Stop);
+    m.handle(t0 + s(1), KeepaliveInput::SetValue(b"v2".to_vec()));
+    assert_eq!(drain(&mut m), vec![]);
+    m.handle(t0 + s(1) + ms(3), ok(2, Response::Put { revision: 9 }));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(3, Request::Revoke { lease: LEASE })]
+    );
+    // The give-up is still one TTL from the stop, marker included.
+    assert_eq!(m.poll_timeout(), Some(t0 + s(1) + s(TTL as u64)));
+    m.handle(t0 + s(1) + ms(5), ok(3, Response::Revoked));
+    assert_eq!(
+        drain(&mut m),
+        vec![Command::Notify(LivenessState::Stopped { revoked: true })]
+    );
+    assert_eq!(m.poll_timeout(), None);
+}
+
+#[test]
+fn a_failed_leave_marker_still_revokes_at_once() {
+    let t0 = Instant::now();
+    let mut m = registered_announcing(t0, ms(500));
+    m.handle(t0 + s(1), KeepaliveInput::Stop);
+    assert_eq!(drain(&mut m), vec![marker_put(2)]);
+    m.handle(t0 + s(1) + ms(1), err(2));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(3, Request::Revoke { lease: LEASE })]
+    );
+    m.handle(t0 + s(1) + ms(2), ok(3, Response::Revoked));
+    assert_eq!(
+        drain(&mut m),
+        vec![Command::Notify(LivenessState::Stopped { revoked: true })]
+    );
+}
+
+#[test]
+fn an_unanswered_leave_marker_is_given_up_after_one_attempt_timeout() {
+    let t0 = Instant::now();
+    let mut m = registered_announcing(t0, ms(500));
+    m.handle(t0 + s(1), KeepaliveInput::Stop);
+    assert_eq!(drain(&mut m), vec![marker_put(2)]);
+    assert_eq!(m.poll_timeout(), Some(t0 + s(1) + ms(500)));
+    m.handle_timeout(t0 + s(1) + ms(499));
+    assert_eq!(drain(&mut m), vec![]);
+    m.handle_timeout(t0 + s(1) + ms(500));
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Cancel { id: RpcId(2) },
+            rpc(3, Request::Revoke { lease: LEASE })
+        ]
+    );
+    // A late answer to the marker changes nothing; the revoke's copies run
+    // on their own schedule, and the give-up stays one TTL from the stop.
+    m.handle(t0 + s(1) + ms(600), ok(2, Response::Put { revision: 9 }));
+    assert_eq!(drain(&mut m), vec![]);
+    assert_eq!(m.poll_timeout(), Some(t0 + s(1) + ms(1000)));
+    m.handle_timeout(t0 + s(1) + s(TTL as u64));
+    let last = drain(&mut m);
+    assert_eq!(
+        last.last(),
+        Some(&Command::Notify(LivenessState::Stopped { revoked: false }))
+    );
+}
+
+#[test]
+fn without_attempt_copies_the_leave_marker_waits_half_the_ttl() {
+    let t0 = Instant::now();
+    let mut m = registered_announcing(t0, Duration::ZERO);
+    m.handle(t0 + s(1), KeepaliveInput::Stop);
+    assert_eq!(drain(&mut m), vec![marker_put(2)]);
+    assert_eq!(m.poll_timeout(), Some(t0 + s(1) + ms(4500)));
+    m.handle_timeout(t0 + s(1) + ms(4500));
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Cancel { id: RpcId(2) },
+            rpc(3, Request::Revoke { lease: LEASE })
+        ]
+    );
+}
+
+#[test]
+fn no_leave_marker_without_a_key_written_on_the_lease() {
+    // Stopped while the key's put is in flight: there is no registration to
+    // announce the end of, so no marker, and the revoke goes out at once.
+    let t0 = Instant::now();
+    let mut cfg = config(true);
+    if let Some(b) = &mut cfg.binding {
+        b.leave_marker = Some(MARKER.to_vec());
+    }
+    let mut m = Keepalive::new(cfg, t0, 1);
+    let _ = drain(&mut m);
+    m.handle(
+        t0 + ms(10),
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
+    m.handle(t0 + ms(11), KeepaliveInput::Stop);
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Cancel { id: RpcId(1) },
+            rpc(2, Request::Revoke { lease: LEASE })
+        ]
+    );
+}
+
+#[test]
+fn a_refused_put_stops_without_a_leave_marker() {
+    let t0 = Instant::now();
+    let mut cfg = config(true);
+    if let Some(b) = &mut cfg.binding {
+        b.leave_marker = Some(MARKER.to_vec());
+    }
+    let mut m = Keepalive::new(cfg, t0, 1);
+    let _ = drain(&mut m);
+    m.handle(
+        t0 + ms(10),
+        ok(
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    let _ = drain(&mut m);
+    let denied = RpcError::PermissionDenied("no".into());
+    m.handle(
+        t0 + ms(11),
+        KeepaliveInput::Rpc(RpcReply {
+            id: RpcId(1),
+            result: Err(denied.clone()),
+        }),
+    );
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Notify(LivenessState::Refused { error: denied }),
+            rpc(2, Request::Revoke { lease: LEASE })
         ]
     );
 }

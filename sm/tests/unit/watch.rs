@@ -900,3 +900,277 @@ fn a_full_page_that_does_not_advance_inside_the_prefix_is_not_used() {
     );
     assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![a, b, c]);
 }
+
+// ---- Leave markers: `Left` versus `Down` ("Leave or expiry" in the docs).
+
+fn marker(n: u32) -> Vec<u8> {
+    leave_marker_key(&host(n))
+}
+
+/// `kv` on `lease`.
+fn on(lease: LeaseId, mut kv: KeyValue) -> KeyValue {
+    kv.lease = lease;
+    kv
+}
+
+/// A compaction cancels the live watch (id `watch`); the fresh snapshot
+/// (read with id `watch + 1`) is `kvs` at `revision`. Returns the notices.
+fn resync_to(
+    w: &mut Watch,
+    now: Instant,
+    watch: u64,
+    revision: Revision,
+    kvs: Vec<KeyValue>,
+) -> Vec<Command<WatchNotice>> {
+    w.handle(
+        now,
+        ok(
+            RpcId(watch),
+            Response::WatchCanceled {
+                compact_revision: revision,
+            },
+        ),
+    );
+    assert_eq!(
+        drain(w),
+        vec![Command::Cancel { id: RpcId(watch) }, range_cmd(watch + 1)]
+    );
+    w.handle(now, ok(RpcId(watch + 1), Response::Range { revision, kvs }));
+    drain(w)
+}
+
+#[test]
+fn a_marker_then_the_revoke_is_left_whichever_delete_comes_first() {
+    let t0 = start();
+    let (a, b) = (kv(&host(1), "a", 3, 3), on(8, kv(&host(2), "b", 4, 4)));
+    let mut w = live_with(t0, vec![a.clone(), b.clone()]);
+    let events = vec![
+        put(kv(&marker(1), "", 11, 11)),
+        put(on(8, kv(&marker(2), "", 12, 12))),
+    ];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(drain(&mut w), vec![], "a marker is never reported");
+    assert_eq!(w.known().count(), 2);
+    // etcd lists a revoke's deletes in key order (host key first); the
+    // other order must read the same.
+    let events = vec![del(&host(1), 13), del(&marker(1), 13)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    let events = vec![del(&marker(2), 14), del(&host(2), 14)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(
+        drain(&mut w),
+        vec![n(WatchNotice::Left(a)), n(WatchNotice::Left(b))]
+    );
+    assert_eq!(w.known().count(), 0);
+}
+
+#[test]
+fn a_delete_without_a_marker_is_down() {
+    let t0 = start();
+    let a = kv(&host(1), "a", 3, 3);
+    let mut w = live_with(t0, vec![a.clone()]);
+    w.handle(
+        t0,
+        ok(
+            RpcId(1),
+            Response::WatchEvents {
+                events: vec![del(&host(1), 11)],
+            },
+        ),
+    );
+    assert_eq!(drain(&mut w), vec![n(WatchNotice::Down(a))]);
+}
+
+#[test]
+fn a_marker_deleted_at_another_revision_than_the_host_key_is_no_leave() {
+    // Another client deleted the host key alone (the marker's lease lives
+    // on), or the marker alone before the lease expired: not a revoke.
+    let t0 = start();
+    let (a, b) = (kv(&host(1), "a", 3, 3), kv(&host(2), "b", 4, 4));
+    let mut w = live_with(t0, vec![a.clone(), b.clone()]);
+    let events = vec![
+        put(kv(&marker(1), "", 11, 11)),
+        put(kv(&marker(2), "", 12, 12)),
+        del(&host(1), 13),
+        del(&marker(2), 14),
+        del(&host(2), 15),
+    ];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(
+        drain(&mut w),
+        vec![n(WatchNotice::Down(a)), n(WatchNotice::Down(b))]
+    );
+}
+
+#[test]
+fn a_marker_on_another_lease_is_no_leave() {
+    let t0 = start();
+    let a = kv(&host(1), "a", 3, 3);
+    let mut w = live_with(t0, vec![a.clone()]);
+    let events = vec![put(on(99, kv(&marker(1), "", 11, 11)))];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    // Both deleted at once (by a transaction, say), but the marker did not
+    // go with the host's lease.
+    let events = vec![del(&host(1), 12), del(&marker(1), 12)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(drain(&mut w), vec![n(WatchNotice::Down(a))]);
+    // Nor does a marker without a lease.
+    let b = on(0, kv(&host(2), "b", 13, 13));
+    let events = vec![put(b.clone()), put(on(0, kv(&marker(2), "", 14, 14)))];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    let events = vec![del(&host(2), 15), del(&marker(2), 15)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(
+        drain(&mut w),
+        vec![n(WatchNotice::Up(b.clone())), n(WatchNotice::Down(b))]
+    );
+}
+
+#[test]
+fn a_marker_of_an_unknown_host_is_silent_and_marks_nothing_later() {
+    let t0 = start();
+    let mut w = live_with(t0, vec![]);
+    let events = vec![put(kv(&marker(5), "", 11, 11))];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(drain(&mut w), vec![], "neither a host nor an invalid key");
+    // The host appears after its (stale) marker: the marker is older than
+    // the registration, so it announces nothing about it.
+    let e = kv(&host(5), "e", 12, 12);
+    let events = vec![put(e.clone())];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    let events = vec![del(&host(5), 13), del(&marker(5), 13)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(
+        drain(&mut w),
+        vec![n(WatchNotice::Up(e.clone())), n(WatchNotice::Down(e))]
+    );
+    // A marker of a key that is no host id is an invalid key like any other.
+    let odd = b"/h/not-a-host/left".to_vec();
+    let events = vec![put(kv(&odd, "", 14, 14))];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(drain(&mut w), vec![n(WatchNotice::InvalidKey(odd))]);
+}
+
+#[test]
+fn a_marker_in_the_snapshot_is_not_replayed_and_makes_the_revoke_a_leave() {
+    let t0 = start();
+    let a = kv(&host(1), "a", 3, 3);
+    let m = kv(&marker(1), "", 5, 5);
+    let mut w = Watch::new(config(), t0, 1);
+    let _ = drain(&mut w);
+    w.handle(
+        t0,
+        ok(
+            RpcId(0),
+            Response::Range {
+                revision: 10,
+                kvs: vec![a.clone(), m],
+            },
+        ),
+    );
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Up(a.clone())),
+            n(WatchNotice::Synced),
+            watch_cmd(1, 11)
+        ]
+    );
+    let events = vec![del(&host(1), 11), del(&marker(1), 11)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(drain(&mut w), vec![n(WatchNotice::Left(a))]);
+}
+
+#[test]
+fn a_new_registration_after_a_leave_starts_without_one() {
+    let t0 = start();
+    let a = kv(&host(1), "a", 3, 3);
+    let mut w = live_with(t0, vec![a.clone()]);
+    let events = vec![put(kv(&marker(1), "", 11, 11))];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    let events = vec![del(&host(1), 12), del(&marker(1), 12)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    // Back on a new lease; then it expires.
+    let again = on(8, kv(&host(1), "again", 13, 13));
+    let events = vec![put(again.clone())];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    let events = vec![del(&host(1), 14)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Left(a)),
+            n(WatchNotice::Up(again.clone())),
+            n(WatchNotice::Down(again))
+        ]
+    );
+    // A marker left over on the same lease from before a re-creation of
+    // the key (someone deleted it and put it again) is older than the
+    // registration: no leave either.
+    let b = kv(&host(2), "b", 15, 15);
+    let events = vec![put(b.clone()), put(kv(&marker(2), "", 16, 16))];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    let b2 = kv(&host(2), "b2", 18, 18);
+    let events = vec![del(&host(2), 17)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    let events = vec![put(b2.clone())];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    let events = vec![del(&host(2), 19), del(&marker(2), 19)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Up(b.clone())),
+            n(WatchNotice::Down(b)),
+            n(WatchNotice::Up(b2.clone())),
+            n(WatchNotice::Down(b2))
+        ]
+    );
+}
+
+#[test]
+fn a_resync_reads_a_leave_only_from_a_marker_seen_before_and_gone_now() {
+    let t0 = start();
+    let a = kv(&host(1), "a", 3, 3);
+    let b = kv(&host(2), "b", 4, 4);
+    let c = kv(&host(3), "c", 5, 5);
+    let d = kv(&host(4), "d", 6, 6);
+    let mut w = live_with(t0, vec![a.clone(), b.clone(), c.clone(), d.clone()]);
+    // a and b announced their leave while watched; c and d did not.
+    let mb = kv(&marker(2), "", 12, 12);
+    let events = vec![put(kv(&marker(1), "", 11, 11)), put(mb.clone())];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(drain(&mut w), vec![]);
+    // Disconnected meanwhile: a and its marker are gone (revoked); b's key
+    // was deleted by someone else, its marker is still there; c is gone
+    // without a marker; d left while unwatched and came back re-registered
+    // (its marker never seen).
+    let d2 = on(8, kv(&host(4), "d2", 25, 25));
+    let notices = resync_to(&mut w, t0, 1, 30, vec![mb, d2.clone()]);
+    assert_eq!(
+        notices,
+        vec![
+            n(WatchNotice::Left(a)),
+            n(WatchNotice::Down(b)),
+            n(WatchNotice::Down(c)),
+            n(WatchNotice::Down(d)),
+            n(WatchNotice::Up(d2.clone())),
+            watch_cmd(3, 31),
+        ]
+    );
+    // A host whose marker was seen, then left and registered again while
+    // disconnected: `Left` then `Up`.
+    w.handle(t0, ok(RpcId(3), Response::WatchEvents { events: vec![] }));
+    let events = vec![put(on(8, kv(&marker(4), "", 31, 31)))];
+    w.handle(t0, ok(RpcId(3), Response::WatchEvents { events }));
+    let d3 = on(9, kv(&host(4), "d3", 40, 40));
+    let notices = resync_to(&mut w, t0, 3, 41, vec![d3.clone()]);
+    assert_eq!(
+        notices,
+        vec![
+            n(WatchNotice::Left(d2)),
+            n(WatchNotice::Up(d3)),
+            watch_cmd(5, 42),
+        ]
+    );
+}
