@@ -267,6 +267,15 @@ mod tests {
 
     type Reply = crossbeam_channel::Sender<u32>;
 
+    /// A launch with no state, answer or first tasks.
+    fn bare() -> Launch<(), ()> {
+        Launch {
+            state: (),
+            answer: (),
+            tasks: Vec::new(),
+        }
+    }
+
     fn started(grace: Duration) -> RuntimeThread<(u32, Reply)> {
         let (thread, answer) = start(
             "test-runtime",
@@ -351,11 +360,7 @@ mod tests {
                 if true {
                     panic!("connect blew up (expected by this test)");
                 }
-                Ok(Launch {
-                    state: (),
-                    answer: (),
-                    tasks: Vec::new(),
-                })
+                Ok(bare())
             },
             |_: &(), (): ()| -> Job { Box::pin(async {}) },
         )
@@ -376,11 +381,7 @@ mod tests {
             Duration::from_secs(1),
             |_| async {
                 std::thread::sleep(REPORT_SLACK + Duration::from_millis(500));
-                Ok(Launch {
-                    state: (),
-                    answer: (),
-                    tasks: Vec::new(),
-                })
+                Ok(bare())
             },
             |_: &(), (): ()| -> Job { Box::pin(async {}) },
         )
@@ -407,13 +408,7 @@ mod tests {
             "test-runtime",
             Duration::from_secs(5),
             grace,
-            |_| async {
-                Ok(Launch {
-                    state: (),
-                    answer: (),
-                    tasks: Vec::new(),
-                })
-            },
+            |_| async { Ok(bare()) },
             |_: &(), guard: OnDrop| -> Job {
                 Box::pin(async move {
                     let _guard = guard;
