@@ -360,6 +360,20 @@ pub struct Keepalive {
     clock: Clock,
 }
 
+impl Phase {
+    /// Whether a stop is under way or done: nothing but the stop's own
+    /// requests (the leave marker, the revoke) goes out from here on.
+    fn is_stopping(&self) -> bool {
+        matches!(
+            self,
+            Phase::Leaving { .. }
+                | Phase::Stopping { .. }
+                | Phase::StoppingGrant { .. }
+                | Phase::Stopped
+        )
+    }
+}
+
 impl Keepalive {
     /// Starts registering at `now`: the first commands are
     /// `Notify(Registering)` and `Rpc(Grant)`. RPC ids start at 0.
@@ -819,13 +833,7 @@ impl Keepalive {
     fn stop(&mut self, now: Instant, announce: bool) {
         // Already stopping: a second stop must not disarm the give-up and
         // the copies of the stop under way.
-        if matches!(
-            self.phase,
-            Phase::Leaving { .. }
-                | Phase::Stopping { .. }
-                | Phase::StoppingGrant { .. }
-                | Phase::Stopped
-        ) {
+        if self.phase.is_stopping() {
             return;
         }
         self.timers.clear();
@@ -1071,13 +1079,7 @@ impl Machine for Keepalive {
                 let Some(binding) = &mut self.binding else {
                     return;
                 };
-                if matches!(
-                    self.phase,
-                    Phase::Leaving { .. }
-                        | Phase::Stopping { .. }
-                        | Phase::StoppingGrant { .. }
-                        | Phase::Stopped
-                ) {
+                if self.phase.is_stopping() {
                     return;
                 }
                 binding.value = value;
