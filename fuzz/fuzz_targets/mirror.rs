@@ -197,7 +197,11 @@ fuzz_target!(|input: Input| {
                 if let Some((v, k, val)) = source.changes.get(source.next).cloned() {
                     source.next += 1;
                     let m = matching(&k);
-                    let step = mirror.change(v, k, val, m);
+                    let step = if m {
+                        mirror.change(v, k, val)
+                    } else {
+                        mirror.passed(v)
+                    };
                     if mirror.at().is_none() {
                         assert_eq!(step, Step::Resync, "a change before any snapshot");
                     }
@@ -218,7 +222,11 @@ fuzz_target!(|input: Input| {
                     let (v, k, val) = source.changes[i].clone();
                     let m = matching(&k);
                     let at = mirror.at();
-                    let step = mirror.change(v, k, val, m);
+                    let step = if m {
+                        mirror.change(v, k, val)
+                    } else {
+                        mirror.passed(v)
+                    };
                     if at.is_some_and(|at| v <= at) {
                         assert_eq!(step, Step::Stale);
                     }
@@ -313,7 +321,11 @@ fuzz_target!(|input: Input| {
         while let Some((v, k, val)) = source.changes.get(source.next).cloned() {
             source.next += 1;
             let m = matching(&k);
-            let _ = mirror.change(v, k, val, m);
+            let _ = if m {
+                mirror.change(v, k, val)
+            } else {
+                mirror.passed(v)
+            };
             consumer.read(&mut mirror, usize::MAX);
         }
         consumer.read(&mut mirror, usize::MAX);

@@ -17,10 +17,9 @@
 //!   entries ([`Mirror::snapshot_entry`] … [`Mirror::snapshot_end`]), where
 //!   a later entry for a key replaces an earlier one and `None` is a delete
 //!   marker.
-//! * A **change** is one key set or deleted at one version
-//!   ([`Mirror::change`]), with a flag saying whether the key matches the
-//!   watch's pattern (the backend matches; a change of another key still
-//!   moves the version on).
+//! * A **change** is one key set or deleted at one version: of a key the
+//!   watch's pattern covers ([`Mirror::change`]; the backend matches), or of
+//!   another key, which only moves the version on ([`Mirror::passed`]).
 //! * [`Order`] says what versions promise. `Contiguous`: every change of
 //!   the bucket has the next version, so a skipped one is a change missed
 //!   (Redis's notification counter, memory's change counter).
@@ -186,56 +185,73 @@ impl<V: Clone + Eq> Mirror<V> {
         }
     }
 
-    /// One change of `key` at `version`: set to `value`, or deleted
-    /// (`None`); `matching` says whether the watch's pattern covers `key`.
-    pub fn change(&mut self, version: u64, key: String, value: Option<V>, matching: bool) -> Step {
-        let Some(at) = self.at else {
-            return Step::Resync;
+    /// One change of `key`, a key the watch's pattern covers, at
+    /// `version`: set to `value`, or deleted (`None`).
+    pub fn change(&mut self, version: u64, key: String, value: Option<V>) -> Step {
+        if let Err(step) = self.admit(version) {
+            return step;
+        }
+        let notice = match &value {
+            Some(v) => Some(MirrorNotice::Put {
+                key: key.clone(),
+                value: v.clone(),
+            }),
+            None => self
+                .told
+                .contains_key(&key)
+                .then(|| MirrorNotice::Deleted { key: key.clone() }),
         };
-        if version <= at {
-            return Step::Stale;
-        }
-        if self.stale {
-            return Step::Resync;
-        }
-        if self.order == Order::Contiguous && version != at.saturating_add(1) {
-            self.stale = true;
-            return Step::Resync;
-        }
-        if matching {
-            let notice = match &value {
-                Some(v) => Some(MirrorNotice::Put {
-                    key: key.clone(),
-                    value: v.clone(),
-                }),
-                None => self
-                    .told
-                    .contains_key(&key)
-                    .then(|| MirrorNotice::Deleted { key: key.clone() }),
-            };
-            if let Some(notice) = notice {
-                if self.live >= self.limit {
-                    // The consumer is this far behind: rather than queue
-                    // without bound, let a snapshot bring it to the latest
-                    // state once it has room (nothing of this change is
-                    // recorded as told).
-                    self.stale = true;
-                    return Step::Resync;
-                }
-                match value {
-                    Some(v) => {
-                        self.told.insert(key, v);
-                    }
-                    None => {
-                        self.told.remove(&key);
-                    }
-                }
-                self.queue.push_back(notice);
-                self.live = self.live.saturating_add(1);
+        if let Some(notice) = notice {
+            if self.live >= self.limit {
+                // The consumer is this far behind: rather than queue
+                // without bound, let a snapshot bring it to the latest
+                // state once it has room (nothing of this change is
+                // recorded as told).
+                self.stale = true;
+                return Step::Resync;
             }
+            match value {
+                Some(v) => {
+                    self.told.insert(key, v);
+                }
+                None => {
+                    self.told.remove(&key);
+                }
+            }
+            self.queue.push_back(notice);
+            self.live = self.live.saturating_add(1);
         }
         self.at = Some(version);
         Step::Applied
+    }
+
+    /// A change at `version` of a key the watch does not cover: nothing to
+    /// tell, but the version moves on (a gap is still a gap).
+    pub fn passed(&mut self, version: u64) -> Step {
+        if let Err(step) = self.admit(version) {
+            return step;
+        }
+        self.at = Some(version);
+        Step::Applied
+    }
+
+    /// Whether a change at `version` may be applied now (rule 5 of the
+    /// module docs); the answer to give when not.
+    fn admit(&mut self, version: u64) -> Result<(), Step> {
+        let Some(at) = self.at else {
+            return Err(Step::Resync);
+        };
+        if version <= at {
+            return Err(Step::Stale);
+        }
+        if self.stale {
+            return Err(Step::Resync);
+        }
+        if self.order == Order::Contiguous && version != at.saturating_add(1) {
+            self.stale = true;
+            return Err(Step::Resync);
+        }
+        Ok(())
     }
 
     /// A complete snapshot of the matching keys at `version` (keys that do

@@ -316,11 +316,14 @@ impl KvSub {
         value: Option<&[u8]>,
         entries: &BTreeMap<String, Vec<u8>>,
     ) -> Health {
-        let matching = pattern::matches(&self.pattern, key);
-        // The value matters only for a key the watch covers; every change
-        // moves the version on.
-        let value = value.filter(|_| matching).map(<[u8]>::to_vec);
-        let _ = self.mirror.change(version, key.to_owned(), value, matching);
+        // Copied only for a key the watch covers; every change moves the
+        // version on.
+        let _ = if pattern::matches(&self.pattern, key) {
+            self.mirror
+                .change(version, key.to_owned(), value.map(<[u8]>::to_vec))
+        } else {
+            self.mirror.passed(version)
+        };
         self.catch_up(version, entries)
     }
 

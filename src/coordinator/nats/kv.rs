@@ -144,7 +144,7 @@ impl Watch {
                 self.mirror.snapshot_end(seq);
             }
         } else if let Some(key) = matching {
-            let _ = self.mirror.change(seq, key, value, true);
+            let _ = self.mirror.change(seq, key, value);
         }
     }
 

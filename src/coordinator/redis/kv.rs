@@ -343,11 +343,12 @@ impl Watch {
             );
             return None;
         };
-        let matching = pattern::matches(&self.pattern, &change.key);
         // A gap is the mirror's to notice: `follow` resyncs once it wants.
-        let _ = self
-            .mirror
-            .change(change.version, change.key, change.value, matching);
+        let _ = if pattern::matches(&self.pattern, &change.key) {
+            self.mirror.change(change.version, change.key, change.value)
+        } else {
+            self.mirror.passed(change.version)
+        };
         None
     }
 }
