@@ -24,21 +24,31 @@ pub(crate) struct FeedTask<T> {
     /// Where items go.
     pub(crate) tx: FeedSender<T>,
     stopping: Stopping,
+    // NATS feeds are live before their task starts (the subscription or
+    // consumer is opened by the call that spawns it): only Redis waits.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     started: Option<crossbeam_channel::Sender<Result<()>>>,
 }
 
-/// The schedule between a feed task's reconnect attempts: 50 ms doubling
-/// to 2 s, with half of each delay jittered, seeded per task.
-pub(crate) fn retry_backoff() -> Backoff {
+/// A bus retry schedule: `initial` doubling to `max`, half of each delay
+/// jittered, seeded per call so that clients that failed together do not
+/// retry together (sm's backoff, as for every retry of the crate).
+pub(crate) fn doubling(initial: Duration, max: Duration) -> Backoff {
     Backoff::new(
         BackoffConfig {
-            initial: Duration::from_millis(50),
-            max: Duration::from_secs(2),
+            initial,
+            max,
             multiplier: 2,
             jitter_percent: 50,
         },
         crate::driver::rand_seed(),
     )
+}
+
+/// The schedule between a feed task's reconnect attempts: 50 ms doubling
+/// to 2 s.
+pub(crate) fn retry_backoff() -> Backoff {
+    doubling(Duration::from_millis(50), Duration::from_secs(2))
 }
 
 impl<T> FeedTask<T> {
@@ -56,11 +66,7 @@ impl<T> FeedTask<T> {
         }
     }
 
-    /// Where items go.
-    pub(crate) fn tx(&self) -> &FeedSender<T> {
-        &self.tx
-    }
-
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// Tells the caller the feed is live (`Ok`) or cannot be (`Err`); only
     /// the first report counts. Returns whether someone was told.
     pub(crate) fn started(&mut self, outcome: Result<()>) -> bool {
@@ -70,6 +76,7 @@ impl<T> FeedTask<T> {
         }
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     /// Whether the caller is still waiting for [`FeedTask::started`].
     pub(crate) fn starting(&self) -> bool {
         self.started.is_some()

@@ -7,7 +7,7 @@ use super::names;
 use crate::coordinator::MAX_PAYLOAD;
 use crate::error::{Error, ErrorKind, Result};
 use async_nats::jetstream::{self, stream, ErrorCode};
-use fleetcoord_sm::backoff::{Backoff, BackoffConfig};
+use fleetcoord_sm::backoff::Backoff;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -103,15 +103,7 @@ pub(super) fn refused(context: impl std::fmt::Display, e: impl std::fmt::Display
 /// doubling to [`MAX_BACKOFF`], half of each delay jittered (sm's seeded
 /// backoff, as for every retry of the crate).
 pub(super) fn retries() -> Backoff {
-    Backoff::new(
-        BackoffConfig {
-            initial: FIRST_BACKOFF,
-            max: MAX_BACKOFF,
-            multiplier: 2,
-            jitter_percent: 50,
-        },
-        crate::driver::rand_seed(),
-    )
+    crate::coordinator::feed_task::doubling(FIRST_BACKOFF, MAX_BACKOFF)
 }
 
 /// Waits out the schedule's next delay; `false` once `deadline` would

@@ -190,7 +190,7 @@ impl Watch {
 /// with its newest value or its delete marker — the difference from what
 /// the consumer was told, never a change twice.
 pub(super) async fn feed(conn: Conn, opened: Opened, pattern: String, life: FeedTask<KvEvent>) {
-    let tx = life.tx();
+    let tx = &life.tx;
     let Opened {
         bucket_name,
         stream,

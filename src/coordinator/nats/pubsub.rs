@@ -14,7 +14,7 @@ use futures_util::StreamExt;
 /// out and delivery goes on with the next one published. A warning says
 /// how many were dropped.
 pub(super) async fn feed(mut sub: async_nats::Subscriber, topic: String, life: FeedTask<Message>) {
-    let tx = life.tx();
+    let tx = &life.tx;
     loop {
         let next = tokio::select! {
             next = sub.next() => next,

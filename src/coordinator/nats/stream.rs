@@ -72,7 +72,7 @@ pub(super) async fn open(conn: Conn, stream: String, from: StreamPosition) -> Re
 /// when the consumer's queue is full (after it has read half of it), the
 /// consumer is recreated from the next wanted sequence.
 pub(super) async fn feed(conn: Conn, opened: Opened, life: FeedTask<StreamEntry>) {
-    let tx = life.tx();
+    let tx = &life.tx;
     let Opened {
         name,
         mut place,

@@ -549,15 +549,7 @@ impl Seen {
 /// `cluster-node-timeout`), so short steps; jittered, so that the callers
 /// refused together do not all retry together.
 fn failover_backoff() -> fleetcoord_sm::backoff::Backoff {
-    fleetcoord_sm::backoff::Backoff::new(
-        fleetcoord_sm::BackoffConfig {
-            initial: Duration::from_millis(20),
-            max: Duration::from_millis(400),
-            multiplier: 2,
-            jitter_percent: 50,
-        },
-        crate::driver::rand_seed(),
-    )
+    crate::coordinator::feed_task::doubling(Duration::from_millis(20), Duration::from_millis(400))
 }
 
 /// Runs `attempt` until it succeeds, fails for a reason a failover does
