@@ -131,7 +131,9 @@ deps: deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust deps-systemd
 # that is missing. A `what` starting with `/` is a file the build reads (a
 # header, a .proto), anything else a command on PATH: checking only for a
 # binary is how `libprotobuf-dev` went missing once (protoc was there, the
-# well-known .proto files it needs were not). apt-get update first; sudo when
+# well-known .proto files it needs were not). An install an earlier run left
+# half-done (dpkg interrupted) is finished first, else apt-get refuses every
+# install; then apt-get update; sudo when
 # not root; a clear failure where apt-get or sudo is unavailable.
 define apt_install
 	@missing=""; \
@@ -156,6 +158,10 @@ define apt_install
 	    fi; \
 	  fi; \
 	  echo "== installing$$missing"; \
+	  if command -v dpkg >/dev/null 2>&1 && [ -n "$$(dpkg --audit 2>/dev/null)" ]; then \
+	    echo "== an earlier package install was interrupted; finishing it (dpkg --configure -a)"; \
+	    $$sudo env DEBIAN_FRONTEND=noninteractive dpkg --configure -a; \
+	  fi; \
 	  $$sudo apt-get update; \
 	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends$$missing; \
 	fi
