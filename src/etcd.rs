@@ -7,7 +7,7 @@ use crate::driver::{
 };
 use crate::endpoint;
 use crate::error::{Error, Result};
-use crate::tls::{EtcdTls, EtcdUser};
+use crate::tls::{EtcdUser, Tls};
 use crate::validate;
 use fleetcoord_sm::{Machine, Request, Response};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -70,7 +70,7 @@ pub struct EtcdOptions {
     pub keepalive_interval: Duration,
     /// TLS (a CA bundle, optionally a client certificate): endpoints are
     /// dialled as `https://`. `None` (the default) is plain `http://`.
-    pub tls: Option<EtcdTls>,
+    pub tls: Option<Tls>,
     /// The etcd user to authenticate as; `None` (the default) sends no
     /// credentials, as for a cluster without auth.
     pub user: Option<EtcdUser>,
@@ -119,10 +119,10 @@ impl EtcdOptions {
         self
     }
 
-    /// These options with TLS (see [`EtcdTls`]): every endpoint is dialled
+    /// These options with TLS (see [`Tls`]): every endpoint is dialled
     /// as `https://host:port`; an `http://` endpoint is then refused.
     #[must_use]
-    pub fn with_tls(mut self, tls: EtcdTls) -> Self {
+    pub fn with_tls(mut self, tls: Tls) -> Self {
         self.tls = Some(tls);
         self
     }

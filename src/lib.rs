@@ -88,7 +88,10 @@ pub use error::{Error, ErrorKind, Result};
 pub use error::EtcdErrorKind;
 pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
 pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
-pub use tls::{EtcdTls, EtcdUser};
+pub use tls::{EtcdUser, Tls};
+/// The old name of [`Tls`], from when only etcd spoke TLS.
+#[deprecated(note = "renamed `Tls`: the same settings reach etcd, NATS and Redis")]
+pub type EtcdTls = Tls;
 pub use txn::{KeyValue, TxnOp, TxnOpResponse};
 pub use watcher::{list_hosts, DownReason, HostEvent, HostInfo, HostWatcher, WatcherOptions};
 

@@ -1,5 +1,6 @@
-//! How to reach a secured etcd: [`EtcdTls`] (server verification and an
-//! optional client certificate) and [`EtcdUser`] (user name and password).
+//! How to reach a secured server: [`Tls`] (server verification and an
+//! optional client certificate; the same settings serve etcd, NATS and
+//! Redis) and [`EtcdUser`] (etcd's user name and password).
 //!
 //! Both keep their secrets out of sight: the `Debug` output of a client key
 //! or a password is `<redacted>`, and no error built from them quotes them.
@@ -10,13 +11,13 @@
 //! ```
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use fleetcoord::testing::EtcdBuilder;
-//! use fleetcoord::{Etcd, EtcdOptions, EtcdTls};
+//! use fleetcoord::{Etcd, EtcdOptions, Tls};
 //!
 //! // A TLS etcd that also wants a client certificate, with certificates
 //! // made for the test.
 //! let server = EtcdBuilder::new().client_cert_auth().start()?;
 //! let pki = server.pki().expect("a TLS server has test certificates");
-//! let tls = EtcdTls::from_ca_file(pki.ca_path())?
+//! let tls = Tls::from_ca_file(pki.ca_path())?
 //!     .with_client_files(pki.client_cert_path(), pki.client_key_path())?;
 //! let etcd = Etcd::connect(&server.endpoints(), EtcdOptions::default().with_tls(tls))?;
 //! assert!(etcd.endpoints()[0].starts_with("https://"));
@@ -31,16 +32,17 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::fmt;
 use std::path::Path;
 
-/// TLS for the connection to etcd: the CA bundle that signs the servers'
-/// certificates, optionally a client certificate and key (mutual TLS, etcd's
-/// `--client-cert-auth`), and optionally the name to check the server's
+/// TLS for the connection to a server (etcd, NATS, Redis): the CA bundle
+/// that signs the servers' certificates, optionally a client certificate
+/// and key (mutual TLS: etcd's `--client-cert-auth`, NATS's `verify: true`,
+/// Redis's `tls-auth-clients`), and optionally the name to check the server's
 /// certificate against instead of the endpoint's host.
 ///
 /// Guarantees: the CA bundle holds at least one PEM certificate, the client
 /// certificate at least one, and the key one PEM private key (PKCS#8,
 /// PKCS#1 or SEC1); `Debug` shows sizes and the server name, never the key.
 #[derive(Clone)]
-pub struct EtcdTls {
+pub struct Tls {
     ca: Vec<u8>,
     identity: Option<Identity>,
     server_name: Option<String>,
@@ -68,12 +70,12 @@ impl fmt::Debug for Secret {
     }
 }
 
-impl EtcdTls {
+impl Tls {
     /// TLS verified against the CA certificates in `ca_pem` (one or more
     /// PEM `CERTIFICATE` blocks); [`Error::InvalidArgument`] for `ca` when
     /// there is none.
-    pub fn new(ca_pem: impl Into<Vec<u8>>) -> Result<EtcdTls> {
-        let tls = EtcdTls {
+    pub fn new(ca_pem: impl Into<Vec<u8>>) -> Result<Tls> {
+        let tls = Tls {
             ca: ca_pem.into(),
             identity: None,
             server_name: None,
@@ -82,13 +84,13 @@ impl EtcdTls {
         Ok(tls)
     }
 
-    /// [`EtcdTls::new`] with the CA bundle read from `path` (etcdctl's
+    /// [`Tls::new`] with the CA bundle read from `path` (etcdctl's
     /// `--cacert`); the error names the file.
-    pub fn from_ca_file(path: impl AsRef<Path>) -> Result<EtcdTls> {
+    pub fn from_ca_file(path: impl AsRef<Path>) -> Result<Tls> {
         let path = path.as_ref();
         let pem = read("ca", "CA bundle", path)?;
         check_certificates("ca", &format!("the CA bundle {}", path.display()), &pem)?;
-        EtcdTls::new(pem)
+        Tls::new(pem)
     }
 
     /// This TLS with a client certificate (chain) and its private key, both
@@ -99,7 +101,7 @@ impl EtcdTls {
         mut self,
         cert_pem: impl Into<Vec<u8>>,
         key_pem: impl Into<Vec<u8>>,
-    ) -> Result<EtcdTls> {
+    ) -> Result<Tls> {
         let identity = Identity {
             cert: cert_pem.into(),
             key: Secret(key_pem.into()),
@@ -110,13 +112,13 @@ impl EtcdTls {
         Ok(self)
     }
 
-    /// [`EtcdTls::with_client_identity`] with both read from files
+    /// [`Tls::with_client_identity`] with both read from files
     /// (etcdctl's `--cert` and `--key`); errors name the file.
     pub fn with_client_files(
         self,
         cert_path: impl AsRef<Path>,
         key_path: impl AsRef<Path>,
-    ) -> Result<EtcdTls> {
+    ) -> Result<Tls> {
         let (cert_path, key_path) = (cert_path.as_ref(), key_path.as_ref());
         let cert = read("client_cert", "client certificate", cert_path)?;
         check_certificates(
@@ -137,7 +139,7 @@ impl EtcdTls {
     /// certificates name the servers otherwise. [`Error::InvalidArgument`]
     /// for `server_name` when it is empty or has whitespace or control
     /// characters.
-    pub fn with_server_name(mut self, name: impl Into<String>) -> Result<EtcdTls> {
+    pub fn with_server_name(mut self, name: impl Into<String>) -> Result<Tls> {
         let name = name.into();
         if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return Err(Error::invalid(
@@ -206,9 +208,9 @@ impl EtcdTls {
     }
 }
 
-impl fmt::Debug for EtcdTls {
+impl fmt::Debug for Tls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdTls")
+        f.debug_struct("Tls")
             .field("ca", &format_args!("{} bytes of PEM", self.ca.len()))
             .field(
                 "client_cert",
@@ -345,7 +347,7 @@ mod tests {
         let (ca, _) = certificate(2020, 2040);
         let now = 1_800_000_000; // 2027-01-15
         let (expired, key) = certificate(2020, 2025);
-        let tls = EtcdTls::new(ca.clone())
+        let tls = Tls::new(ca.clone())
             .unwrap()
             .with_client_identity(expired, key)
             .unwrap();
@@ -354,7 +356,7 @@ mod tests {
             Some("it expired on 2025-06-30 00:00:00 UTC")
         );
         let (early, key) = certificate(2030, 2031);
-        let tls = EtcdTls::new(ca.clone())
+        let tls = Tls::new(ca.clone())
             .unwrap()
             .with_client_identity(early, key)
             .unwrap();
@@ -363,12 +365,12 @@ mod tests {
             Some("it is not valid before 2030-01-01 00:00:00 UTC")
         );
         let (valid, key) = certificate(2020, 2040);
-        let tls = EtcdTls::new(ca.clone())
+        let tls = Tls::new(ca.clone())
             .unwrap()
             .with_client_identity(valid, key)
             .unwrap();
         assert_eq!(tls.client_cert_invalid_at(now), None);
-        assert_eq!(EtcdTls::new(ca).unwrap().client_cert_invalid_at(now), None);
+        assert_eq!(Tls::new(ca).unwrap().client_cert_invalid_at(now), None);
     }
 
     const NOT_A_KEY: &[u8] =
@@ -389,7 +391,7 @@ mod tests {
 
     #[test]
     fn bad_pem_is_refused_without_quoting_it() {
-        let err = EtcdTls::new(b"hello".to_vec()).unwrap_err().to_string();
+        let err = Tls::new(b"hello".to_vec()).unwrap_err().to_string();
         assert!(err.contains("invalid ca"), "{err}");
         let err = check_key("the client key", b"-----BEGIN PRIVATE KEY-----\nc2VjcmV0\n")
             .unwrap_err()

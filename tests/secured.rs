@@ -7,8 +7,8 @@
 use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, EtcdCoordinatorOptions};
 use fleetcoord::testing::{EtcdBuilder, EtcdServer, ServerNames, TestPki};
 use fleetcoord::{
-    list_hosts, Election, Error, ErrorKind, Etcd, EtcdOptions, EtcdTls, EtcdUser, HostEvent,
-    HostLiveness, HostWatcher, DEFAULT_HOSTS_PREFIX,
+    list_hosts, Election, Error, ErrorKind, Etcd, EtcdOptions, EtcdUser, HostEvent, HostLiveness,
+    HostWatcher, Tls, DEFAULT_HOSTS_PREFIX,
 };
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -185,7 +185,7 @@ fn secrets_never_show_in_debug_or_errors() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad-key.pem");
     std::fs::write(&bad, "-----BEGIN PRIVATE KEY-----\nnot-base64-s3cr3t\n").unwrap();
-    let err = EtcdTls::from_ca_file(pki.ca_path())
+    let err = Tls::from_ca_file(pki.ca_path())
         .unwrap()
         .with_client_files(pki.client_cert_path(), &bad)
         .unwrap_err()

@@ -1,11 +1,11 @@
-//! `EtcdTls` built from PEM and from files: what it keeps, what it gives
+//! `Tls` built from PEM and from files: what it keeps, what it gives
 //! back, and the argument each bad input is blamed on. No server: these
 //! are checked before any connection is made.
 
 use fleetcoord::testing::TestPki;
-use fleetcoord::{Error, EtcdTls};
+use fleetcoord::{Error, Tls};
 
-fn blamed_on(result: fleetcoord::Result<EtcdTls>) -> &'static str {
+fn blamed_on(result: fleetcoord::Result<Tls>) -> &'static str {
     match result {
         Err(Error::InvalidArgument { what, .. }) => what,
         other => panic!("expected InvalidArgument, got {other:?}"),
@@ -15,7 +15,7 @@ fn blamed_on(result: fleetcoord::Result<EtcdTls>) -> &'static str {
 #[test]
 fn files_and_pem_give_the_same_tls_and_its_parts_back() {
     let pki = TestPki::generate().unwrap();
-    let from_files = EtcdTls::from_ca_file(pki.ca_path())
+    let from_files = Tls::from_ca_file(pki.ca_path())
         .unwrap()
         .with_client_files(pki.client_cert_path(), pki.client_key_path())
         .unwrap();
@@ -25,7 +25,7 @@ fn files_and_pem_give_the_same_tls_and_its_parts_back() {
     assert_eq!(from_files.client_cert_pem(), Some(cert.as_slice()));
     assert_eq!(from_files.server_name(), None);
 
-    let ca_only = EtcdTls::new(pki.ca_pem()).unwrap();
+    let ca_only = Tls::new(pki.ca_pem()).unwrap();
     assert_eq!(ca_only.client_cert_pem(), None);
     assert!(!ca_only.has_client_identity());
     let named = ca_only.with_server_name("etcd.internal").unwrap();
@@ -40,14 +40,14 @@ fn files_and_pem_give_the_same_tls_and_its_parts_back() {
 fn a_server_name_must_be_one_word_of_printable_text() {
     let pki = TestPki::generate().unwrap();
     for bad in ["", "etcd internal", "etcd\n", "etcd\u{7}", "\t"] {
-        let tls = EtcdTls::new(pki.ca_pem()).unwrap();
+        let tls = Tls::new(pki.ca_pem()).unwrap();
         assert_eq!(
             blamed_on(tls.with_server_name(bad)),
             "server_name",
             "{bad:?}"
         );
     }
-    let tls = EtcdTls::new(pki.ca_pem()).unwrap();
+    let tls = Tls::new(pki.ca_pem()).unwrap();
     assert!(tls.with_server_name("127.0.0.1").is_ok());
 }
 
@@ -55,20 +55,17 @@ fn a_server_name_must_be_one_word_of_printable_text() {
 fn each_bad_file_or_block_is_blamed_on_its_argument() {
     let pki = TestPki::generate().unwrap();
     let missing = pki.dir().join("missing.pem");
-    assert_eq!(blamed_on(EtcdTls::from_ca_file(&missing)), "ca");
+    assert_eq!(blamed_on(Tls::from_ca_file(&missing)), "ca");
     // A certificate block whose body is not base64.
     let broken = "-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n";
-    assert_eq!(blamed_on(EtcdTls::new(broken)), "ca");
+    assert_eq!(blamed_on(Tls::new(broken)), "ca");
     let broken_file = pki.dir().join("broken.pem");
     std::fs::write(&broken_file, broken).unwrap();
-    assert_eq!(blamed_on(EtcdTls::from_ca_file(&broken_file)), "ca");
+    assert_eq!(blamed_on(Tls::from_ca_file(&broken_file)), "ca");
     // A key where the certificate belongs holds no certificate.
-    assert_eq!(
-        blamed_on(EtcdTls::from_ca_file(pki.client_key_path())),
-        "ca"
-    );
+    assert_eq!(blamed_on(Tls::from_ca_file(pki.client_key_path())), "ca");
 
-    let tls = || EtcdTls::new(pki.ca_pem()).unwrap();
+    let tls = || Tls::new(pki.ca_pem()).unwrap();
     assert_eq!(
         blamed_on(tls().with_client_files(&missing, pki.client_key_path())),
         "client_cert"

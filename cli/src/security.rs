@@ -6,7 +6,7 @@
 //! users only.
 
 use crate::CliError;
-use fleetcoord::{EtcdOptions, EtcdTls, EtcdUser};
+use fleetcoord::{EtcdOptions, EtcdUser, Tls};
 use std::path::PathBuf;
 
 /// The flags; each falls back to the variable named in its help.
@@ -94,10 +94,10 @@ impl SecurityArgs {
                 ))
             }
             (Some(ca), None, None) => {
-                options = options.with_tls(EtcdTls::from_ca_file(ca).map_err(invalid)?);
+                options = options.with_tls(Tls::from_ca_file(ca).map_err(invalid)?);
             }
             (Some(ca), Some(cert), Some(key)) => {
-                let tls = EtcdTls::from_ca_file(ca)
+                let tls = Tls::from_ca_file(ca)
                     .and_then(|t| t.with_client_files(cert, key))
                     .map_err(invalid)?;
                 options = options.with_tls(tls);

@@ -10,7 +10,7 @@
 
 use super::health::{Probe, ProbeOutcome};
 use super::ConnectSettings;
-use crate::tls::EtcdTls;
+use crate::tls::Tls;
 use etcd_client as ec;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -165,7 +165,7 @@ fn summarize(probes: &[Probe], outcomes: &[Option<ProbeOutcome>], timeout: Durat
 }
 
 /// Why logging in failed, naming the user (never the password).
-fn login_reason(e: &ec::Error, settings: &ConnectSettings, tls: Option<&EtcdTls>) -> String {
+fn login_reason(e: &ec::Error, settings: &ConnectSettings, tls: Option<&Tls>) -> String {
     let reason = explain(e, tls);
     match &settings.user {
         Some(user) if is_status(e, tonic::Code::InvalidArgument) => {
@@ -189,7 +189,7 @@ fn is_user_missing(e: &ec::Error) -> bool {
 /// what to change. The certificate checks are told apart by rustls's words
 /// at the root of the error chain (docs/etcd-notes.md, "TLS and auth
 /// failures": they all arrive as `Unavailable`, like a network failure).
-pub(crate) fn explain(e: &ec::Error, tls: Option<&EtcdTls>) -> String {
+pub(crate) fn explain(e: &ec::Error, tls: Option<&Tls>) -> String {
     let root = connect_reason(e);
     let Some(tls) = tls else {
         return root;

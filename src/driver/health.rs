@@ -21,7 +21,7 @@
 //! own.
 
 use super::connect::explain;
-use crate::tls::EtcdTls;
+use crate::tls::Tls;
 use etcd_client as ec;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,7 +38,7 @@ pub(crate) const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 pub(crate) struct Probe {
     url: String,
     client: ec::Client,
-    tls: Option<EtcdTls>,
+    tls: Option<Tls>,
 }
 
 /// What one probe found.
@@ -56,7 +56,7 @@ impl Probe {
     pub(crate) async fn new(
         url: &str,
         options: ec::ConnectOptions,
-        tls: Option<&EtcdTls>,
+        tls: Option<&Tls>,
     ) -> Result<Probe, String> {
         let client = ec::Client::connect([url], Some(options))
             .await

@@ -24,7 +24,7 @@ pub(crate) use handle::{
 pub(crate) use crate::runtime::{Gone, StartError};
 
 use crate::runtime::{self, Job, Launch, RuntimeThread, Stopping};
-use crate::tls::{EtcdTls, EtcdUser};
+use crate::tls::{EtcdUser, Tls};
 use etcd_client as ec;
 use fleetcoord_sm::RpcError;
 use std::time::Duration;
@@ -43,7 +43,7 @@ pub(crate) struct ConnectSettings {
     /// HTTP/2 keepalive ping interval and timeout.
     pub keepalive_interval: Duration,
     /// TLS for every connection.
-    pub tls: Option<EtcdTls>,
+    pub tls: Option<Tls>,
     /// Who to log in as.
     pub user: Option<EtcdUser>,
 }

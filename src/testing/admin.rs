@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use etcd_client as ec;
 
-use crate::tls::{EtcdTls, EtcdUser};
+use crate::tls::{EtcdUser, Tls};
 use crate::{Error, Result};
 
 /// Where and how the harness reaches its etcd as an administrator.
 pub(crate) struct Admin {
     /// `host:port` client endpoints.
     pub(crate) endpoints: Vec<String>,
-    pub(crate) tls: Option<EtcdTls>,
+    pub(crate) tls: Option<Tls>,
     /// `None` before auth is enabled.
     pub(crate) root: Option<EtcdUser>,
 }

@@ -10,7 +10,7 @@ use rcgen::{
     KeyUsagePurpose, SanType,
 };
 
-use crate::tls::EtcdTls;
+use crate::tls::Tls;
 use crate::{Error, Result};
 
 /// Which names the server certificate of a [`TestPki`] is valid for.
@@ -20,7 +20,7 @@ pub enum ServerNames {
     /// `127.0.0.1` and `localhost`: what the harness's endpoints dial.
     Loopback,
     /// `localhost` only: dialling `127.0.0.1` is a name mismatch, which
-    /// [`EtcdTls::with_server_name`]`("localhost")` repairs.
+    /// [`Tls::with_server_name`]`("localhost")` repairs.
     LocalhostOnly,
 }
 
@@ -30,10 +30,10 @@ pub enum ServerNames {
 ///
 /// ```
 /// use fleetcoord::testing::TestPki;
-/// use fleetcoord::EtcdTls;
+/// use fleetcoord::Tls;
 ///
 /// let pki = TestPki::generate()?;
-/// let tls: EtcdTls = pki.client_tls()?; // CA plus client certificate
+/// let tls: Tls = pki.client_tls()?; // CA plus client certificate
 /// assert!(tls.has_client_identity());
 /// let other = TestPki::generate()?; // a CA the servers of `pki` never heard of
 /// assert_ne!(pki.ca_pem(), other.ca_pem());
@@ -203,12 +203,12 @@ impl TestPki {
     }
 
     /// TLS trusting this CA, without a client certificate.
-    pub fn server_tls(&self) -> Result<EtcdTls> {
-        EtcdTls::from_ca_file(self.ca_path())
+    pub fn server_tls(&self) -> Result<Tls> {
+        Tls::from_ca_file(self.ca_path())
     }
 
     /// TLS trusting this CA, with the client certificate.
-    pub fn client_tls(&self) -> Result<EtcdTls> {
+    pub fn client_tls(&self) -> Result<Tls> {
         self.server_tls()?
             .with_client_files(self.client_cert_path(), self.client_key_path())
     }
