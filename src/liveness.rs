@@ -5,7 +5,9 @@ use crate::driver::{rand_seed, Finished, MachineHandle, Notify};
 use crate::error::{etcd_kind, Error, ErrorKind, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::validate;
-use fleetcoord_sm::keepalive::{self as sm, Binding, Keepalive, KeepaliveConfig, KeepaliveInput};
+use fleetcoord_sm::keepalive::{
+    self as sm, Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice,
+};
 use fleetcoord_sm::watch::leave_marker_key;
 use fleetcoord_sm::BackoffConfig;
 use parking_lot::Mutex;
@@ -259,6 +261,8 @@ pub struct HostLiveness {
     key: String,
     machine: MachineHandle<Keepalive>,
     state: Arc<Mutex<LivenessState>>,
+    /// The lease last told trusted, and until when.
+    trust: Arc<Mutex<Option<(i64, Instant)>>>,
     states: crossbeam_channel::Receiver<LivenessState>,
     etcd: Etcd,
 }
@@ -339,6 +343,8 @@ impl HostLiveness {
             safety_margin: options.safety_margin,
             drift_allowance_ppm: options.drift_allowance_ppm,
             attempt_timeout: ATTEMPT_TIMEOUT.min(etcd.options().request_timeout),
+            // For `trusted_until`: one notice per renewal, stored below.
+            announce_trust: true,
         };
         let machine = Keepalive::new(config, Instant::now(), rand_seed());
         let state = Arc::new(Mutex::new(LivenessState::Registering));
@@ -353,11 +359,20 @@ impl HostLiveness {
         // `RpcError` becomes the error `with_options` returns.
         let (first_tx, first) = crossbeam_channel::bounded::<sm::LivenessState>(1);
         let shared_state = state.clone();
+        let trust = Arc::new(Mutex::new(None));
+        let shared_trust = trust.clone();
         let mut first_tx = Some(first_tx);
         let metrics_key = key.clone();
         let machine = etcd.run(
             machine,
-            Notify(move |machine_state: sm::LivenessState| {
+            Notify(move |notice: KeepaliveNotice| {
+                let machine_state = match notice {
+                    KeepaliveNotice::State(state) => state,
+                    KeepaliveNotice::Trusted { lease, until } => {
+                        *shared_trust.lock() = Some((lease, until));
+                        return true;
+                    }
+                };
                 crate::metrics::liveness(&metrics_key, &machine_state);
                 let s = LivenessState::from_sm(&machine_state);
                 *shared_state.lock() = s.clone();
@@ -386,6 +401,7 @@ impl HostLiveness {
             key,
             machine,
             state,
+            trust,
             states,
             etcd: etcd.clone(),
         };
@@ -423,6 +439,23 @@ impl HostLiveness {
     pub fn lease(&self) -> Option<i64> {
         match self.state() {
             LivenessState::Registered { lease } | LivenessState::Suspended { lease } => Some(lease),
+            _ => None,
+        }
+    }
+
+    /// Until when this host's registration is trusted: the local deadline
+    /// of its lease as of the last answered renewal, which passes before
+    /// etcd can let the lease expire (the rules above). It moves forward
+    /// at every answered renewal, about every third of the TTL; `None`
+    /// unless the state is `Registered` or `Suspended`.
+    ///
+    /// For a watchdog: while it keeps moving, this process renews its
+    /// lease; `fleetcoord agent` tells systemd `WATCHDOG=1` each time it
+    /// moves.
+    pub fn trusted_until(&self) -> Option<Instant> {
+        let lease = self.lease()?;
+        match *self.trust.lock() {
+            Some((trusted, until)) if trusted == lease => Some(until),
             _ => None,
         }
     }

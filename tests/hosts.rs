@@ -637,3 +637,85 @@ fn an_unresponsive_etcd_times_out_requests_registration_and_listing() {
     ));
     proxy.set_mode(Mode::Pass);
 }
+
+/// `trusted_until` is the lease's local deadline: within one TTL of the
+/// last renewal, moved forward by each answered renewal (about every third
+/// of the TTL), and gone once etcd stops answering long enough for the
+/// lease to be given up; `Election::session_trusted_until` likewise,
+/// waiting or leading.
+#[test]
+fn trusted_until_moves_with_each_renewal_and_ends_with_the_lease() {
+    let server = EtcdServer::start().expect("etcd");
+    let etcd = connect(&server.endpoint());
+    let ttl = Duration::from_secs(3);
+    let host = HostLiveness::register(&etcd, Uuid::new_v4(), b"{}", ttl).expect("register");
+    let election = fleetcoord::Election::with_options(
+        &etcd,
+        "trust",
+        fleetcoord::ElectionOptions::default().with_ttl(ttl),
+    )
+    .expect("election");
+    let first = host.trusted_until().expect("trusted once registered");
+    let now = Instant::now();
+    assert!(
+        first > now && first <= now + ttl,
+        "{first:?} vs now {now:?}"
+    );
+    // Renewals every ~1 s: within 2.5 s (a loaded machine included) it moved.
+    let deadline = Instant::now() + Duration::from_millis(2500);
+    let session_first = loop {
+        if let Some(until) = election.session_trusted_until() {
+            break until;
+        }
+        assert!(Instant::now() < deadline, "the session was never trusted");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (mut host_moved, mut session_moved) = (false, false);
+    while Instant::now() < deadline && !(host_moved && session_moved) {
+        std::thread::sleep(Duration::from_millis(50));
+        host_moved |= host.trusted_until().is_some_and(|u| u > first);
+        session_moved |= election
+            .session_trusted_until()
+            .is_some_and(|u| u > session_first);
+    }
+    assert!(host_moved, "the host's trust did not move in 2.5 s");
+    assert!(session_moved, "the session's trust did not move in 2.5 s");
+
+    // Frozen etcd: nothing moves, and past the deadline the lease is
+    // given up (`Lost`): no trust is claimed any more.
+    server.pause().expect("freeze etcd");
+    let frozen = host
+        .trusted_until()
+        .expect("still trusted right after the freeze");
+    let frozen_session = election.session_trusted_until().expect("trusted");
+    let give_up = frozen.max(frozen_session) + Duration::from_millis(500);
+    while Instant::now() < give_up {
+        assert!(
+            host.trusted_until().is_none_or(|u| u <= frozen),
+            "moved while frozen"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        host.trusted_until(),
+        None,
+        "trust claimed past the deadline"
+    );
+    assert_eq!(
+        election.session_trusted_until(),
+        None,
+        "session trust past the deadline"
+    );
+    server.resume().expect("thaw etcd");
+    // Back: a new lease, trusted again within a bound.
+    let back = Instant::now() + Duration::from_secs(10);
+    while host.trusted_until().is_none() || election.session_trusted_until().is_none() {
+        assert!(
+            Instant::now() < back,
+            "not trusted again 10 s after the thaw"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    host.close().expect("close");
+    election.close().expect("close");
+}

@@ -135,6 +135,11 @@ pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), 
     let options = ElectionOptions::default().with_ttl(args.ttl);
     let trusted = options.trusted_lifetime();
     let election = Arc::new(Election::with_options(&ctx.etcd, &name, options)?);
+    let watched = Arc::downgrade(&election);
+    ctx.watchdog(
+        args.ttl,
+        Box::new(move || watched.upgrade()?.session_trusted_until()),
+    );
     let gated = !args.gate.command.is_empty();
     // While a command runs, stdout is the command's.
     let out = if gated { ctx.out.on_stderr() } else { ctx.out };

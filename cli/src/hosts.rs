@@ -10,6 +10,7 @@ use fleetcoord::{
     WatcherOptions, DEFAULT_HOSTS_PREFIX,
 };
 use serde_json::{json, Value};
+use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -203,7 +204,17 @@ pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), 
     let options = LivenessOptions::default()
         .with_prefix(args.prefix.prefix)
         .with_ttl(args.ttl);
-    let host = HostLiveness::with_options(&ctx.etcd, args.host_id, args.meta.as_bytes(), options)?;
+    let host = Arc::new(HostLiveness::with_options(
+        &ctx.etcd,
+        args.host_id,
+        args.meta.as_bytes(),
+        options,
+    )?);
+    let watched = Arc::downgrade(&host);
+    ctx.watchdog(
+        args.ttl,
+        Box::new(move || watched.upgrade()?.trusted_until()),
+    );
     // States up to the first registration were queued while `register`
     // waited; they are printed below in order.
     loop {
@@ -220,7 +231,12 @@ pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), 
         }
     }
     ctx.health.set(false);
-    let revoked = host.close().is_ok();
+    // The watchdog's source goes first: it holds the only other reference.
+    ctx.health.forget_trust();
+    let revoked = match Arc::try_unwrap(host) {
+        Ok(host) => host.close().is_ok(),
+        Err(_) => false,
+    };
     let (human, value) = state_record(args.host_id, &LivenessState::Stopped { revoked });
     ctx.out.emit(human, value)?;
     Ok(())

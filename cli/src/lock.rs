@@ -34,6 +34,11 @@ pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), Cl
         .with_ttl(args.ttl);
     let trusted = options.trusted_lifetime();
     let mutex = Arc::new(Mutex::with_options(&ctx.etcd, &name, options)?);
+    let watched = Arc::downgrade(&mutex);
+    ctx.watchdog(
+        args.ttl,
+        Box::new(move || watched.upgrade()?.session_trusted_until()),
+    );
     let gated = !args.gate.command.is_empty();
     let out = if gated { ctx.out.on_stderr() } else { ctx.out };
     loop {

@@ -150,6 +150,24 @@ pub struct Ctx {
     pub health: metrics_http::Health,
 }
 
+impl Ctx {
+    /// Under a service manager's watchdog, tells it `WATCHDOG=1` each time
+    /// `source` (a lease's `trusted_until`) moves forward; warns when the
+    /// period is shorter than `ttl`, as renewals retried through a short
+    /// etcd hiccup would then get the unit restarted.
+    pub fn watchdog(&self, ttl: std::time::Duration, source: metrics_http::TrustSource) {
+        if let Some(period) = self.health.watch_trust(source) {
+            if period < ttl {
+                eprintln!(
+                    "fleetcoord: warning: the watchdog period ({period:?}) is shorter than \
+                     the TTL ({ttl:?}): a few failed renewals in a row get this unit \
+                     restarted; set WatchdogSec= to at least the TTL"
+                );
+            }
+        }
+    }
+}
+
 /// The items of a comma-separated endpoint list, trimmed, empty ones
 /// dropped.
 fn split_endpoints(raw: &str) -> Vec<String> {
@@ -227,7 +245,10 @@ fn run(cli: Cli) -> Result<(), CliError> {
         _ => None,
     };
     let notifier = what.and_then(|_| notify::Notifier::from_env(|name| std::env::var(name).ok()));
-    let health = metrics_http::Health::new(notifier, what.unwrap_or(""));
+    let watchdog = notifier
+        .as_ref()
+        .and_then(|_| notify::watchdog_period(|name| std::env::var(name).ok(), std::process::id()));
+    let health = metrics_http::Health::new(notifier, what.unwrap_or(""), watchdog);
     if let Some(addr) = &cli.metrics_addr {
         if !matches!(
             cli.command,

@@ -16,7 +16,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Whether `/healthz` answers 200; commands flip it as their state changes.
 /// Under a service manager (`NOTIFY_SOCKET`) every change is also told to
@@ -31,15 +31,38 @@ struct HealthState {
     /// What healthy means for this command, for `STATUS=`.
     what: &'static str,
     ready_sent: AtomicBool,
+    /// Until when the command's lease is trusted, asked by the watchdog
+    /// thread (see [`Health::watch_trust`]).
+    trust: std::sync::Mutex<Option<TrustSource>>,
+    /// The service manager's watchdog period, if it set one.
+    watchdog: Option<Duration>,
+    watchdog_started: AtomicBool,
+    stopped: AtomicBool,
 }
+
+/// Reads how long the command's lease is trusted: the library's
+/// `trusted_until`, which moves at every answered renewal.
+pub type TrustSource = Box<dyn Fn() -> Option<Instant> + Send>;
+
+/// How often the watchdog thread looks at the trust source, per
+/// watchdog period: a renewal is told well within the period.
+const WATCHDOG_LOOKS_PER_PERIOD: u32 = 10;
+const WATCHDOG_LOOK_MAX: Duration = Duration::from_millis(500);
+const WATCHDOG_LOOK_MIN: Duration = Duration::from_millis(10);
 
 impl Health {
     /// Health that also tells `notifier` (if any) about each change;
     /// `what` names the healthy state ("registered", "leading", …).
-    pub fn new(notifier: Option<crate::notify::Notifier>, what: &'static str) -> Health {
+    /// `watchdog` is the service manager's watchdog period, if it set one.
+    pub fn new(
+        notifier: Option<crate::notify::Notifier>,
+        what: &'static str,
+        watchdog: Option<Duration>,
+    ) -> Health {
         Health(Arc::new(HealthState {
             notifier,
             what,
+            watchdog,
             ..HealthState::default()
         }))
     }
@@ -62,8 +85,35 @@ impl Health {
         }
     }
 
+    /// Under a watchdog (`WATCHDOG_USEC`, see notify.rs), sends `WATCHDOG=1`
+    /// each time `source` says the lease's trust moved forward, i.e. at
+    /// every answered renewal; replaces any earlier source. Without a
+    /// watchdog, does nothing. Returns the watchdog period, if any.
+    pub fn watch_trust(&self, source: TrustSource) -> Option<Duration> {
+        let period = self.0.notifier.as_ref().and(self.0.watchdog)?;
+        *lock(&self.0.trust) = Some(source);
+        if !self.0.watchdog_started.swap(true, Ordering::SeqCst) {
+            let state = self.0.clone();
+            let look =
+                (period / WATCHDOG_LOOKS_PER_PERIOD).clamp(WATCHDOG_LOOK_MIN, WATCHDOG_LOOK_MAX);
+            // Detached: it ends when the command stops (or with the process).
+            let _ = std::thread::Builder::new()
+                .name("fleetcoord-watchdog".into())
+                .spawn(move || watchdog(&state, look));
+        }
+        Some(period)
+    }
+
+    /// Drops the trust source given to [`Health::watch_trust`] (and whatever
+    /// it holds); no `WATCHDOG=1` follows until a new one is given.
+    pub fn forget_trust(&self) {
+        *lock(&self.0.trust) = None;
+    }
+
     /// The command is stopping: tell the service manager.
     pub fn stopping(&self) {
+        self.0.stopped.store(true, Ordering::SeqCst);
+        self.forget_trust();
         if let Some(notifier) = &self.0.notifier {
             notifier.send("STOPPING=1");
         }
@@ -72,6 +122,29 @@ impl Health {
     fn get(&self) -> bool {
         self.0.healthy.load(Ordering::SeqCst)
     }
+}
+
+/// The watchdog thread: `WATCHDOG=1` whenever the trust source's answer is
+/// later than the one before. A wedged driver (no renewal answered) or a
+/// lease that cannot be renewed sends nothing, and the service manager
+/// restarts the unit one period after the last renewal.
+fn watchdog(state: &HealthState, look: Duration) {
+    let mut last: Option<Instant> = None;
+    while !state.stopped.load(Ordering::SeqCst) {
+        std::thread::sleep(look);
+        let until = lock(&state.trust).as_ref().and_then(|source| source());
+        if until.is_some() && until > last {
+            last = until;
+            if let Some(notifier) = &state.notifier {
+                notifier.send("WATCHDOG=1");
+            }
+        }
+    }
+}
+
+/// A source that panicked leaves the slot as it was: still usable.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A slow or silent client must not hold the responder for long.

@@ -11,7 +11,15 @@
 //!   orders `After=` this one starts once the host is live or the leader
 //!   is in place;
 //! * `STATUS=…` at every change, shown by `systemctl status`;
-//! * `STOPPING=1` when the command stops.
+//! * `STOPPING=1` when the command stops;
+//! * `WATCHDOG=1` each time the lease is renewed (`agent`: the host's lease,
+//!   `elect`/`lock`: the session's, waiting or holding), when the unit has
+//!   a watchdog (`WatchdogSec=`, which sets `WATCHDOG_USEC`). A process
+//!   that stops renewing, wedged or cut off from etcd, is restarted one
+//!   watchdog period after its last renewal. `WatchdogSec=` should be at
+//!   least the TTL: renewals come about every third of it, and a restart
+//!   then comes only once the lease would have been given up anyway.
+//!   `watch-hosts` holds no lease and sends none.
 
 use std::os::unix::net::UnixDatagram;
 
@@ -51,6 +59,27 @@ impl Notifier {
     }
 }
 
+/// The watchdog period the service manager asked for: `WATCHDOG_USEC`
+/// (microseconds, above 0), for this process only (`WATCHDOG_PID`, when
+/// set, names it). `None` when there is no watchdog or the values are not
+/// understood.
+pub fn watchdog_period(
+    var: impl Fn(&str) -> Option<String>,
+    pid: u32,
+) -> Option<std::time::Duration> {
+    let usec: u64 = var("WATCHDOG_USEC")?
+        .trim()
+        .parse()
+        .ok()
+        .filter(|&u| u > 0)?;
+    if let Some(for_pid) = var("WATCHDOG_PID") {
+        if for_pid.trim().parse::<u32>().ok() != Some(pid) {
+            return None;
+        }
+    }
+    Some(std::time::Duration::from_micros(usec))
+}
+
 #[cfg(target_os = "linux")]
 fn abstract_addr(name: &[u8]) -> std::io::Result<std::os::unix::net::SocketAddr> {
     use std::os::linux::net::SocketAddrExt;
@@ -88,5 +117,30 @@ mod tests {
         assert!(Notifier::from_env(|_| None).is_none());
         assert!(Notifier::from_env(|_| Some(String::new())).is_none());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_watchdog_period_is_for_this_process_only() {
+        let env = |usec: Option<&'static str>, pid: Option<&'static str>| {
+            move |name: &str| match name {
+                "WATCHDOG_USEC" => usec.map(String::from),
+                "WATCHDOG_PID" => pid.map(String::from),
+                _ => None,
+            }
+        };
+        assert_eq!(
+            watchdog_period(env(Some("10000000"), None), 7),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            watchdog_period(env(Some("2500000"), Some("7")), 7),
+            Some(Duration::from_millis(2500))
+        );
+        // Meant for another process (a parent's watchdog, inherited).
+        assert_eq!(watchdog_period(env(Some("2500000"), Some("8")), 7), None);
+        assert_eq!(watchdog_period(env(None, Some("7")), 7), None);
+        assert_eq!(watchdog_period(env(Some("0"), None), 7), None);
+        assert_eq!(watchdog_period(env(Some("soon"), None), 7), None);
+        assert_eq!(watchdog_period(env(Some("-5"), None), 7), None);
     }
 }

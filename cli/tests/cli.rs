@@ -26,6 +26,8 @@ fn cli() -> Command {
         .env_remove("ETCDCTL_ENDPOINTS")
         .env_remove("RUST_LOG")
         .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC")
+        .env_remove("WATCHDOG_PID")
         .stdin(Stdio::null());
     command
 }
@@ -795,6 +797,45 @@ impl NotifySocket {
     }
 }
 
+impl NotifySocket {
+    /// Every datagram that arrives within `within`, with its arrival time.
+    fn during(&self, within: Duration) -> Vec<(Instant, String)> {
+        let end = Instant::now() + within;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return got;
+            }
+            self.socket.set_read_timeout(Some(left)).expect("timeout");
+            if let Ok(n) = self.socket.recv(&mut buf) {
+                got.push((
+                    Instant::now(),
+                    String::from_utf8_lossy(&buf[..n]).into_owned(),
+                ));
+            }
+        }
+    }
+}
+
+/// The arrival times of the `WATCHDOG=1` datagrams among `datagrams`.
+fn pets(datagrams: &[(Instant, String)]) -> Vec<Instant> {
+    datagrams
+        .iter()
+        .filter(|(_, d)| d == "WATCHDOG=1")
+        .map(|(at, _)| *at)
+        .collect()
+}
+
+/// The longest gap between consecutive instants.
+fn longest_gap(at: &[Instant]) -> Duration {
+    at.windows(2)
+        .map(|w| w[1].duration_since(w[0]))
+        .max()
+        .unwrap_or_default()
+}
+
 impl Drop for NotifySocket {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -858,6 +899,135 @@ fn agent_says_ready_once_registered_and_stopping_at_the_end() {
         "{rest:?}"
     );
     assert_eq!(wait_exit(&mut agent), Some(0));
+}
+
+/// Under a watchdog the agent says `WATCHDOG=1` at every renewal (TTL 3 s:
+/// about every second), falls silent while etcd is frozen (so systemd
+/// would restart it), and resumes once etcd answers again.
+#[test]
+fn agent_pets_the_watchdog_at_each_renewal_and_only_then() {
+    let server = start_etcd();
+    let notify = NotifySocket::bind("watchdog");
+    let mut agent = ChildGuard(
+        cli()
+            .args(["--endpoints", &server.endpoint(), "agent", "--ttl", "3s"])
+            .args(["--host-id", "6c9f1d2e-3e4b-4f70-8b8c-2d3e4f5a6b7c"])
+            .env("NOTIFY_SOCKET", &notify.path)
+            .env("WATCHDOG_USEC", "3000000")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn fleetcoord"),
+    );
+    let healthy = notify.during(Duration::from_secs(4));
+    assert!(
+        healthy.iter().any(|(_, d)| d.starts_with("READY=1")),
+        "{healthy:?}"
+    );
+    let healthy = pets(&healthy);
+    assert!(healthy.len() >= 3, "{} pets in 4 s", healthy.len());
+    // Liveness: well inside the 3 s period, on a loaded machine too.
+    assert!(
+        longest_gap(&healthy) < Duration::from_millis(2500),
+        "longest gap {:?}",
+        longest_gap(&healthy)
+    );
+
+    server.pause().expect("freeze etcd");
+    let frozen = pets(&notify.during(Duration::from_secs(3)));
+    server.resume().expect("thaw etcd");
+    // A renewal answered just before the freeze may still be told.
+    assert!(
+        frozen.len() <= 1,
+        "{} pets while etcd was frozen",
+        frozen.len()
+    );
+
+    let thawed = Instant::now();
+    let back = pets(&notify.during(Duration::from_secs(8)));
+    let first = back.first().expect("pets again once etcd answers");
+    assert!(
+        first.duration_since(thawed) < Duration::from_secs(6),
+        "first pet {:?} after the thaw",
+        first.duration_since(thawed)
+    );
+    terminate(&agent);
+    let mut rest = Vec::new();
+    while let Some(datagram) = notify.next() {
+        let stopping = datagram == "STOPPING=1";
+        rest.push(datagram);
+        if stopping {
+            break;
+        }
+    }
+    assert_eq!(
+        rest.last().map(String::as_str),
+        Some("STOPPING=1"),
+        "{rest:?}"
+    );
+    assert_eq!(wait_exit(&mut agent), Some(0));
+}
+
+/// A waiting candidate renews its session too: both the leader and the
+/// waiting one pet the watchdog; a watchdog shorter than the TTL is warned
+/// about.
+#[test]
+fn candidates_pet_the_watchdog_leading_or_waiting() {
+    let server = start_etcd();
+    let sockets = [
+        NotifySocket::bind("lead-dog"),
+        NotifySocket::bind("wait-dog"),
+    ];
+    let spawn = |socket: &NotifySocket, value: &str, period: &str| {
+        ChildGuard(
+            cli()
+                .args([
+                    "--endpoints",
+                    &server.endpoint(),
+                    "elect",
+                    "dog",
+                    "--ttl",
+                    "3s",
+                ])
+                .args(["--value", value])
+                .env("NOTIFY_SOCKET", &socket.path)
+                .env("WATCHDOG_USEC", period)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn fleetcoord"),
+        )
+    };
+    let mut leader = spawn(&sockets[0], "a", "3000000");
+    assert_eq!(
+        sockets[0].next().as_deref(),
+        Some("READY=1\nSTATUS=leading")
+    );
+    let mut waiting = spawn(&sockets[1], "b", "1000000");
+    let lead = sockets[0].during(Duration::from_secs(3));
+    // The waiting one's datagrams queued meanwhile: 3 s of them, and 1 more.
+    let wait = sockets[1].during(Duration::from_secs(1));
+    assert!(pets(&lead).len() >= 2, "leader: {lead:?}");
+    assert!(pets(&wait).len() >= 2, "waiting: {wait:?}");
+    assert!(
+        !wait.iter().any(|(_, d)| d.starts_with("READY=1")),
+        "the waiting one is not ready: {wait:?}"
+    );
+    terminate(&leader);
+    terminate(&waiting);
+    assert_eq!(wait_exit(&mut leader), Some(0));
+    assert_eq!(wait_exit(&mut waiting), Some(0));
+    let mut stderr = String::new();
+    use std::io::Read;
+    waiting
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    assert!(
+        stderr.contains("shorter than the TTL"),
+        "a 1 s watchdog with a 3 s TTL is warned about: {stderr}"
+    );
 }
 
 #[test]

@@ -19,13 +19,16 @@
 //!   marker, before the revoke and on the lease it revokes; once `Stopped`,
 //!   `poll_timeout` is `None` and `Stopped` is the last notification;
 //! * consecutive notifications differ;
+//! * a told deadline (`Trusted`, with `announce_trust`, which odd TTLs
+//!   ask for) is the machine's local deadline at that moment, later than
+//!   `now`, and never told unasked;
 //! * `poll_timeout` is never before `now`; draining commands terminates.
 
 #![no_main]
 
 use arbitrary::Arbitrary;
 use fleetcoord_sm::keepalive::{
-    Binding, Keepalive, KeepaliveConfig, KeepaliveInput, LivenessState,
+    Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState,
 };
 use fleetcoord_sm::{
     BackoffConfig, Command, LeaseId, Machine, Request, Response, RpcError, RpcId, RpcReply,
@@ -109,6 +112,8 @@ struct Run {
     binding: bool,
     outstanding: Vec<(RpcId, Request)>,
     notifications: Vec<LivenessState>,
+    /// The machine was asked to tell its deadline's moves.
+    announce_trust: bool,
     stop_requested: bool,
     revoked: Option<i64>,
     leave_marker: bool,
@@ -207,7 +212,16 @@ impl Run {
                     self.outstanding.push((id, request));
                 }
                 Command::Cancel { id } => self.outstanding.retain(|(o, _)| *o != id),
-                Command::Notify(n) => {
+                Command::Notify(KeepaliveNotice::Trusted { until, .. }) => {
+                    assert!(self.announce_trust, "deadline told unasked");
+                    assert_eq!(
+                        self.machine.local_deadline(),
+                        Some(until),
+                        "told a deadline that is not the machine's"
+                    );
+                    assert!(until > self.now, "told a deadline already past");
+                }
+                Command::Notify(KeepaliveNotice::State(n)) => {
                     assert_ne!(self.notifications.last(), Some(&n), "repeated notification");
                     assert!(
                         !matches!(
@@ -395,7 +409,11 @@ fuzz_target!(|input: Input| {
         safety_margin: Duration::from_millis(u64::from(input.margin_ms)),
         drift_allowance_ppm: input.drift_allowance_ppm,
         attempt_timeout: Duration::from_millis(u64::from(input.attempt_ms)),
+        // From a field the input has, so the committed corpus keeps its
+        // meaning.
+        announce_trust: input.ttl_secs & 1 == 1,
     };
+    let announce_trust = config.announce_trust;
     let mut run = Run {
         machine: Keepalive::new(config, now, input.seed),
         etcd: ModelEtcd::new(),
@@ -403,6 +421,7 @@ fuzz_target!(|input: Input| {
         binding: input.binding,
         outstanding: Vec::new(),
         notifications: Vec::new(),
+        announce_trust,
         stop_requested: false,
         revoked: None,
         leave_marker: input.binding && input.leave_marker,

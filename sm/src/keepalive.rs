@@ -13,7 +13,8 @@
 //! at least `safety_margin` (of etcd's time) before etcd can expire the
 //! lease, without relying on how late etcd's expiry loop runs.
 //!
-//! Life cycle, as seen through [`LivenessState`] notifications:
+//! Life cycle, as seen through [`LivenessState`] notifications
+//! ([`KeepaliveNotice::State`]):
 //! `Registering → Registered ⇄ Suspended`, then on loss
 //! `Lost → Registering → …` again, and finally `Stopped`.
 //!
@@ -141,6 +142,30 @@ pub struct KeepaliveConfig {
     /// request is sent again (see the module docs). `Duration::ZERO` sends
     /// no copies: a request then waits up to one TTL.
     pub attempt_timeout: Duration,
+    /// Tell every move of the local deadline ([`KeepaliveNotice::Trusted`]):
+    /// one notice per grant and per answered renewal, for a user that shows
+    /// how long the lease is trusted or proves progress to a watchdog.
+    /// `false` tells only state changes.
+    pub announce_trust: bool,
+}
+
+/// What a [`Keepalive`] tells its user through [`Command::Notify`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeepaliveNotice {
+    /// The state changed (never the same state twice in a row).
+    State(LivenessState),
+    /// A grant or an answered renewal moved the local deadline of `lease`
+    /// to `until`: the lease is trusted until then. Only with
+    /// [`KeepaliveConfig::announce_trust`]; told after the state change the
+    /// same answer caused, if any. `until` is the machine's
+    /// [`Keepalive::local_deadline`] and later than the instant of the
+    /// answer.
+    Trusted {
+        /// The lease.
+        lease: LeaseId,
+        /// Its new local deadline.
+        until: Instant,
+    },
 }
 
 /// How long a lease granted or renewed with `ttl` is trusted, counted from
@@ -356,7 +381,8 @@ pub struct Keepalive {
     /// Copies sent again in a row since the last answer ([`Timer::Attempt`]).
     resent: u32,
     retired: Retired,
-    outbox: Outbox<LivenessState>,
+    announce_trust: bool,
+    outbox: Outbox<KeepaliveNotice>,
     clock: Clock,
 }
 
@@ -405,11 +431,14 @@ impl Keepalive {
             renew_backoff: Backoff::new(config.backoff, renew_seed),
             attempt_timeout: config.attempt_timeout,
             retired: Retired::default(),
+            announce_trust: config.announce_trust,
             resent: 0,
             outbox: Outbox::new(first_rpc_id),
             clock: Clock::new(now),
         };
-        machine.outbox.notify(LivenessState::Registering);
+        machine
+            .outbox
+            .notify(KeepaliveNotice::State(LivenessState::Registering));
         machine.send_grant(now);
         machine
     }
@@ -451,7 +480,20 @@ impl Keepalive {
     fn notify(&mut self, state: LivenessState) {
         if self.state != state {
             self.state = state.clone();
-            self.outbox.notify(state);
+            self.outbox.notify(KeepaliveNotice::State(state));
+        }
+    }
+
+    /// After a grant or an answered renewal: tells the new local deadline,
+    /// when asked to.
+    fn announce_trust(&mut self) {
+        if !self.announce_trust {
+            return;
+        }
+        if let Phase::Leased(l) = &self.phase {
+            let (lease, until) = (l.id, l.deadline);
+            self.outbox
+                .notify(KeepaliveNotice::Trusted { lease, until });
         }
     }
 
@@ -643,6 +685,7 @@ impl Keepalive {
             self.send_put(now);
         }
         self.sync_state();
+        self.announce_trust();
     }
 
     /// Arms the next renewal after an acknowledged one (or the grant).
@@ -723,6 +766,7 @@ impl Keepalive {
                 self.arm(Timer::Deadline, deadline);
                 self.schedule_renewal(now);
                 self.sync_state();
+                self.announce_trust();
             }
             Ok(Response::KeptAlive { .. }) => {
                 let proven = matches!(&self.phase, Phase::Leased(l) if l.proven);
@@ -1069,7 +1113,7 @@ impl Keepalive {
 
 impl Machine for Keepalive {
     type Input = KeepaliveInput;
-    type Notice = LivenessState;
+    type Notice = KeepaliveNotice;
 
     fn handle(&mut self, now: Instant, input: KeepaliveInput) {
         let now = self.clock.observe(now);
@@ -1125,7 +1169,7 @@ impl Machine for Keepalive {
         }
     }
 
-    fn poll_command(&mut self) -> Option<Command<LivenessState>> {
+    fn poll_command(&mut self) -> Option<Command<KeepaliveNotice>> {
         self.outbox.pop()
     }
 

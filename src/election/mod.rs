@@ -182,6 +182,8 @@ impl Election {
             safety_margin: options.safety_margin,
             drift_allowance_ppm: options.drift_allowance_ppm,
             attempt_timeout: ATTEMPT_TIMEOUT.min(etcd.options().request_timeout),
+            // For `session_trusted_until`: one notice per renewal.
+            announce_session_trust: true,
         };
         let machine = ElectionMachine::new(config, Instant::now(), rand_seed());
         let state = Arc::new(Mutex::new(State::default()));
@@ -349,6 +351,28 @@ impl Election {
             .session
             .as_ref()
             .map(crate::LivenessState::from_sm)
+    }
+
+    /// Until when this candidate's session is trusted: the local deadline
+    /// of its lease as of the last answered renewal, which passes before
+    /// etcd can let the lease expire. It moves forward at every answered
+    /// renewal (about every third of the TTL), leading or waiting; `None`
+    /// unless the session is `Registered` or `Suspended`. While leading,
+    /// [`Leadership::is_held`] turns false at the same instant.
+    ///
+    /// For a watchdog: while it keeps moving, this process renews its
+    /// session; `fleetcoord elect` and `lock` tell systemd `WATCHDOG=1`
+    /// each time it moves.
+    pub fn session_trusted_until(&self) -> Option<Instant> {
+        let state = self.inner.state.lock();
+        let lease = match state.session.as_ref()? {
+            LivenessState::Registered { lease } | LivenessState::Suspended { lease } => *lease,
+            _ => return None,
+        };
+        match state.session_trust {
+            Some((trusted, until)) if trusted == lease => Some(until),
+            _ => None,
+        }
     }
 
     /// Leave the election: stop leading or campaigning and revoke the

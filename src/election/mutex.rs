@@ -103,6 +103,13 @@ impl Mutex {
         self.election.session()
     }
 
+    /// Until when the session is trusted, as
+    /// [`Election::session_trusted_until`]: moves at every answered
+    /// renewal, holding or waiting.
+    pub fn session_trusted_until(&self) -> Option<std::time::Instant> {
+        self.election.session_trusted_until()
+    }
+
     /// Leaves: releases the lock if held, stops waiting, revokes the
     /// session. An error means the lease will expire after its TTL instead.
     pub fn close(self) -> Result<()> {

@@ -12,6 +12,7 @@ use fleetcoord_sm::election::{Election as ElectionMachine, ElectionInput, Electi
 use fleetcoord_sm::keepalive::LivenessState;
 use parking_lot::Mutex;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// An election's state as its notices leave it, shared by the handler and
 /// the user threads.
@@ -23,6 +24,8 @@ pub(super) struct State {
     pub(super) resigner: Option<WeakInput<ElectionMachine>>,
     pub(super) held: Option<Held>,
     pub(super) session: Option<LivenessState>,
+    /// The session lease last told trusted, and until when.
+    pub(super) session_trust: Option<(i64, Instant)>,
 }
 
 /// The leadership the machine last reported, registered by the driver's
@@ -76,6 +79,10 @@ pub(super) fn handle_notice(
             if let Some(held) = state.held.as_ref().filter(|h| h.token == *token) {
                 held.belief.trust_until(*until);
             }
+            return;
+        }
+        ElectionNotice::SessionTrusted { lease, until } => {
+            state.session_trust = Some((*lease, *until));
             return;
         }
         ElectionNotice::Session(s) => {

@@ -62,7 +62,9 @@ pub use requests::{fenced_txn, leader_query};
 
 use crate::backoff::BackoffConfig;
 use crate::clock::Clock;
-use crate::keepalive::{Keepalive, KeepaliveConfig, KeepaliveInput, LivenessState};
+use crate::keepalive::{
+    Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState,
+};
 use crate::outbox::Outbox;
 use crate::rpc::{Command, Compare, KeyValue, LeaseId, Revision, RpcError, RpcReply};
 use crate::Machine;
@@ -108,6 +110,10 @@ pub struct ElectionConfig {
     /// elect a new leader; keep it below the driver's request timeout.
     /// `Duration::ZERO` sends no copies.
     pub attempt_timeout: Duration,
+    /// Tell every move of the session's local deadline, leading or not
+    /// ([`ElectionNotice::SessionTrusted`]): one notice per answered
+    /// renewal, for a user that proves progress to a watchdog.
+    pub announce_session_trust: bool,
 }
 
 /// Inputs of an [`Election`].
@@ -266,6 +272,15 @@ pub enum ElectionNotice {
     },
     /// The session changed state.
     Session(LivenessState),
+    /// The session's lease `lease` is trusted until `until` (a grant or an
+    /// answered renewal moved its local deadline), whether this candidate
+    /// leads or not. Only with [`ElectionConfig::announce_session_trust`].
+    SessionTrusted {
+        /// The session lease.
+        lease: LeaseId,
+        /// Its local deadline now.
+        until: Instant,
+    },
 }
 
 /// The election state machine. See the module docs for its guarantees.
@@ -294,6 +309,7 @@ impl Election {
             safety_margin: config.safety_margin,
             drift_allowance_ppm: config.drift_allowance_ppm,
             attempt_timeout: config.attempt_timeout,
+            announce_trust: config.announce_session_trust,
         };
         let session = Keepalive::with_first_rpc_id(session_config, now, seed, 0);
         let protocol_seed = seed.rotate_left(29) ^ 0x9e37_79b9_7f4a_7c15;
@@ -384,7 +400,11 @@ impl Election {
                 match command {
                     Command::Rpc { id, request } => self.outbox.push(Command::Rpc { id, request }),
                     Command::Cancel { id } => self.outbox.cancel(id),
-                    Command::Notify(state) => {
+                    Command::Notify(KeepaliveNotice::Trusted { lease, until }) => {
+                        self.outbox
+                            .notify(ElectionNotice::SessionTrusted { lease, until });
+                    }
+                    Command::Notify(KeepaliveNotice::State(state)) => {
                         let fact = match &state {
                             LivenessState::Registered { lease } => {
                                 Some(SessionFact::Up { lease: *lease })

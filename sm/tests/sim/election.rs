@@ -56,6 +56,8 @@ fn config() -> ElectionConfig {
         safety_margin: SAFETY_MARGIN,
         drift_allowance_ppm: DRIFT_ALLOWANCE_PPM,
         attempt_timeout: ATTEMPT_TIMEOUT,
+        // As the library runs every election.
+        announce_session_trust: true,
     }
 }
 

@@ -20,7 +20,7 @@
 //!   present in the model, holding the latest value; and Stop revokes.
 
 use fleetcoord_sm::keepalive::{
-    Binding, Keepalive, KeepaliveConfig, KeepaliveInput, LivenessState,
+    Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState,
 };
 use fleetcoord_sm::{BackoffConfig, Command, Machine, Request};
 use fleetcoord_test_support::*;
@@ -40,11 +40,15 @@ struct Spy {
     /// Leases notified `Lost`: revoking them is retiring, allowed any time.
     given_up: Vec<fleetcoord_sm::LeaseId>,
     last_now: Option<Instant>,
+    /// Whether the machine was asked to tell the deadline's moves.
+    announce_trust: bool,
+    /// How many times it did.
+    trusted_told: u64,
 }
 
 impl Machine for Spy {
     type Input = KeepaliveInput;
-    type Notice = LivenessState;
+    type Notice = KeepaliveNotice;
 
     fn stop_input() -> KeepaliveInput {
         Keepalive::stop_input()
@@ -65,9 +69,28 @@ impl Machine for Spy {
         self.machine.handle_timeout(now);
     }
 
-    fn poll_command(&mut self) -> Option<Command<LivenessState>> {
+    fn poll_command(&mut self) -> Option<Command<KeepaliveNotice>> {
         let command = self.machine.poll_command()?;
-        if let Command::Notify(LivenessState::Lost { lease }) = &command {
+        if let Command::Notify(KeepaliveNotice::Trusted { lease, until }) = &command {
+            assert!(self.announce_trust, "(e) trust told unasked");
+            assert_eq!(
+                self.machine.local_deadline(),
+                Some(*until),
+                "(e) told a deadline that is not the machine's"
+            );
+            // Before its key is written a lease is held but not yet
+            // registered (`lease()` is `None` until then).
+            assert!(
+                self.machine.lease().is_none_or(|held| held == *lease),
+                "(e) trusted a lease it does not hold"
+            );
+            assert!(
+                self.last_now.is_some_and(|now| *until > now),
+                "(e) told a deadline already past"
+            );
+            self.trusted_told += 1;
+        }
+        if let Command::Notify(KeepaliveNotice::State(LivenessState::Lost { lease })) = &command {
             self.given_up.push(*lease);
         }
         if let Command::Rpc { request, .. } = &command {
@@ -165,11 +188,11 @@ impl World {
         if self.clean && !self.h.machine.stop_requested {
             for (_, n) in &self.h.notifications {
                 assert!(
-                    !matches!(n, LivenessState::Lost { .. }),
+                    !matches!(n, KeepaliveNotice::State(LivenessState::Lost { .. })),
                     "(b) healthy run lost its lease"
                 );
                 assert!(
-                    !matches!(n, LivenessState::Suspended { .. }),
+                    !matches!(n, KeepaliveNotice::State(LivenessState::Suspended { .. })),
                     "(b) healthy run suspended"
                 );
             }
@@ -212,6 +235,7 @@ struct Totals {
     faults: u64,
     losses: u64,
     clean_runs: u64,
+    trusted_told: u64,
 }
 
 fn run_seed(seed: u64, totals: &mut Totals) {
@@ -235,9 +259,12 @@ fn run_seed(seed: u64, totals: &mut Totals) {
         drift_allowance_ppm: [0, 1_000, 10_000][(seed / 3 % 3) as usize],
         // Every other seed resends unanswered grants, puts and revokes.
         attempt_timeout: [Duration::ZERO, ms(400)][(seed / 9 % 2) as usize],
+        // Every other seed tells the deadline's moves (checked in `Spy`).
+        announce_trust: seed / 18 % 2 == 1,
     };
     let margin = config.safety_margin;
     let t0 = Instant::now();
+    let announce_trust = config.announce_trust;
     let spy = Spy {
         machine: Keepalive::new(config, t0, seed),
         stop_requested: false,
@@ -245,6 +272,8 @@ fn run_seed(seed: u64, totals: &mut Totals) {
         marker_sent: false,
         given_up: Vec::new(),
         last_now: Some(t0),
+        announce_trust,
+        trusted_told: 0,
     };
     let mut w = World {
         etcd: ModelEtcd::new(),
@@ -357,7 +386,9 @@ fn run_seed(seed: u64, totals: &mut Totals) {
     let last = w.h.notifications.last().map(|(_, n)| n.clone());
     assert_eq!(
         last,
-        Some(LivenessState::Stopped { revoked: true }),
+        Some(KeepaliveNotice::State(LivenessState::Stopped {
+            revoked: true
+        })),
         "seed {seed}"
     );
     assert_eq!(w.h.machine.poll_timeout(), None);
@@ -384,8 +415,17 @@ fn run_seed(seed: u64, totals: &mut Totals) {
     totals.losses +=
         w.h.notifications
             .iter()
-            .filter(|(_, n)| matches!(n, LivenessState::Lost { .. }))
+            .filter(|(_, n)| matches!(n, KeepaliveNotice::State(LivenessState::Lost { .. })))
             .count() as u64;
+    // Every renewal the model answered in time moved the deadline: a
+    // machine that tells the moves told at least one per registration.
+    if w.h.machine.announce_trust {
+        assert!(
+            w.h.machine.trusted_told > 0,
+            "(e) seed {seed}: no deadline told"
+        );
+    }
+    totals.trusted_told += w.h.machine.trusted_told;
     totals.clean_runs += u64::from(clean);
 }
 
@@ -396,13 +436,14 @@ fn keepalive_survives_random_fault_schedules() {
         faults: 0,
         losses: 0,
         clean_runs: 0,
+        trusted_told: 0,
     };
     for seed in 0..SEEDS {
         run_seed(seed, &mut totals);
     }
     println!(
-        "keepalive sim: {SEEDS} seeds ({} fault-free), {} steps, {} faults injected, {} leases lost and re-registered",
-        totals.clean_runs, totals.steps, totals.faults, totals.losses
+        "keepalive sim: {SEEDS} seeds ({} fault-free), {} steps, {} faults injected, {} leases lost and re-registered, {} deadline moves told",
+        totals.clean_runs, totals.steps, totals.faults, totals.losses, totals.trusted_told
     );
     assert!(
         totals.losses > 0,

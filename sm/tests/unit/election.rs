@@ -34,6 +34,8 @@ fn config() -> ElectionConfig {
         // Far beyond every instant the exact sequences below reach;
         // `attempt_*` tests set their own.
         attempt_timeout: Duration::from_secs(3600),
+        // `session_trust_*` tests ask for the session's deadline moves.
+        announce_session_trust: false,
     }
 }
 
@@ -969,6 +971,62 @@ fn an_answered_renewal_while_leading_moves_the_trusted_deadline() {
     );
 }
 
+/// With `announce_session_trust`, every move of the session's deadline is
+/// told, leading or not: the grant's, then each answered renewal's.
+#[test]
+fn session_trust_is_told_waiting_and_leading() {
+    let t0 = Instant::now();
+    let config = ElectionConfig {
+        announce_session_trust: true,
+        ..config()
+    };
+    let mut e = Election::new(config, t0, 7);
+    let _ = drain(&mut e);
+    let granted = ok(
+        &mut e,
+        t0,
+        0,
+        Response::Granted {
+            lease: LEASE,
+            ttl_secs: 9,
+        },
+    );
+    let first = e.session_deadline().expect("a lease");
+    assert_eq!(
+        granted,
+        vec![
+            note(ElectionNotice::Session(LivenessState::Registered {
+                lease: LEASE
+            })),
+            note(ElectionNotice::SessionTrusted {
+                lease: LEASE,
+                until: first
+            }),
+        ]
+    );
+    // Not campaigning: a renewal's answer still tells the new deadline.
+    let at = e.poll_timeout().expect("a renewal timer");
+    e.handle_timeout(at);
+    let renewal = drain(&mut e);
+    let Some(Command::Rpc {
+        id,
+        request: Request::KeepAlive { .. },
+    }) = renewal.last().cloned()
+    else {
+        panic!("no renewal: {renewal:?}");
+    };
+    let answered = ok(&mut e, at, id.0, Response::KeptAlive { ttl_secs: 9 });
+    let until = e.session_deadline().expect("a lease");
+    assert!(until > first, "{until:?} after {first:?}");
+    assert_eq!(
+        answered,
+        vec![note(ElectionNotice::SessionTrusted {
+            lease: LEASE,
+            until
+        })]
+    );
+}
+
 #[test]
 fn try_campaign_wins_when_first_in_line() {
     let t0 = Instant::now();
@@ -1512,6 +1570,7 @@ fn an_absurd_backoff_does_not_panic() {
         safety_margin: Duration::from_millis(250),
         drift_allowance_ppm: 10_000,
         attempt_timeout: Duration::MAX,
+        announce_session_trust: false,
     };
     let mut e = Election::new(config, t0, 1);
     let mut ids = Vec::new();

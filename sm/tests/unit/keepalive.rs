@@ -46,10 +46,12 @@ fn config(binding: bool) -> KeepaliveConfig {
         // No copies: the exact sequences below give up after one TTL;
         // `attempt_*` tests set their own.
         attempt_timeout: Duration::ZERO,
+        // `trust_*` tests ask for the deadline's moves.
+        announce_trust: false,
     }
 }
 
-type Cmd = Command<LivenessState>;
+type Cmd = Command<KeepaliveNotice>;
 
 fn rpc(id: u64, request: Request) -> Cmd {
     Command::Rpc {
@@ -73,7 +75,9 @@ fn err(id: u64) -> KeepaliveInput {
 }
 
 fn registered() -> Cmd {
-    Command::Notify(LivenessState::Registered { lease: LEASE })
+    Command::Notify(KeepaliveNotice::State(LivenessState::Registered {
+        lease: LEASE,
+    }))
 }
 
 fn put(id: u64, value: &[u8]) -> Cmd {
@@ -98,7 +102,7 @@ fn granted_with(config: KeepaliveConfig, t0: Instant) -> Keepalive {
     assert_eq!(
         drain(&mut m),
         vec![
-            Command::Notify(LivenessState::Registering),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Registering)),
             rpc(0, Request::Grant { ttl_secs: TTL })
         ]
     );
@@ -183,11 +187,87 @@ fn an_ack_after_the_deadline_it_implies_loses_the_lease() {
     assert_eq!(
         drain(&mut m),
         vec![
-            Command::Notify(LivenessState::Lost { lease: LEASE }),
-            Command::Notify(LivenessState::Registering),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Lost { lease: LEASE })),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Registering)),
             rpc(2, Request::Grant { ttl_secs: TTL }),
         ]
     );
+}
+
+fn trusted(until: Instant) -> Cmd {
+    Command::Notify(KeepaliveNotice::Trusted {
+        lease: LEASE,
+        until,
+    })
+}
+
+#[test]
+fn trust_is_told_after_the_grant_and_each_answered_renewal_only() {
+    let t0 = Instant::now();
+    let config = KeepaliveConfig {
+        announce_trust: true,
+        ..config(false)
+    };
+    let mut m = Keepalive::new(config, t0, 1);
+    let _ = drain(&mut m);
+    let grant = ok(
+        0,
+        Response::Granted {
+            lease: LEASE,
+            ttl_secs: TTL,
+        },
+    );
+    m.handle(t0 + ms(10), grant);
+    // The state change first, then the deadline it came with.
+    assert_eq!(drain(&mut m), vec![registered(), trusted(t0 + s(9))]);
+    m.handle_timeout(t0 + s(3));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(1, Request::KeepAlive { lease: LEASE })]
+    );
+    // An answered renewal: the deadline moves, the state does not.
+    m.handle(t0 + ms(3100), ok(1, Response::KeptAlive { ttl_secs: TTL }));
+    assert_eq!(drain(&mut m), vec![trusted(t0 + s(12))]);
+    // A failed one moves nothing: only the state is told.
+    m.handle_timeout(t0 + s(6));
+    let _ = drain(&mut m);
+    m.handle(t0 + ms(6100), err(2));
+    assert_eq!(
+        drain(&mut m),
+        vec![Command::Notify(KeepaliveNotice::State(
+            LivenessState::Suspended { lease: LEASE }
+        ))]
+    );
+    // Without `announce_trust` the same answers tell states only.
+    let mut quiet = granted(t0);
+    quiet.handle_timeout(t0 + s(3));
+    let _ = drain(&mut quiet);
+    quiet.handle(t0 + ms(3100), ok(1, Response::KeptAlive { ttl_secs: TTL }));
+    assert_eq!(drain(&mut quiet), vec![]);
+}
+
+#[test]
+fn trust_in_binding_mode_is_told_from_the_grant_before_the_key_is_written() {
+    let t0 = Instant::now();
+    let config = KeepaliveConfig {
+        announce_trust: true,
+        ..config(true)
+    };
+    let mut m = Keepalive::new(config, t0, 1);
+    let _ = drain(&mut m);
+    let grant = ok(
+        0,
+        Response::Granted {
+            lease: LEASE,
+            ttl_secs: TTL,
+        },
+    );
+    m.handle(t0 + ms(10), grant);
+    // The lease is held, its key not yet written: a user pairs the deadline
+    // with the state (`Registering` still).
+    assert_eq!(drain(&mut m), vec![put(1, b"v1"), trusted(t0 + s(9))]);
+    m.handle(t0 + ms(20), ok(1, Response::Put { revision: 5 }));
+    assert_eq!(drain(&mut m), vec![registered()]);
 }
 
 #[test]
@@ -277,8 +357,8 @@ fn put_rejected_for_a_missing_lease_loses_it_and_regrants_after_backoff() {
     assert_eq!(
         drain(&mut m),
         vec![
-            Command::Notify(LivenessState::Lost { lease: LEASE }),
-            Command::Notify(LivenessState::Registering),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Lost { lease: LEASE })),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Registering)),
         ]
     );
     assert_eq!(m.local_deadline(), None);
@@ -346,14 +426,18 @@ fn permission_denied_is_refused_once_and_stops_revoking_the_lease() {
     assert_eq!(
         drain(&mut m),
         vec![
-            Command::Notify(LivenessState::Refused { error: denied() }),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Refused {
+                error: denied()
+            })),
             rpc(2, Request::Revoke { lease: LEASE }),
         ]
     );
     m.handle(t0 + ms(20), ok(2, Response::Revoked));
     assert_eq!(
         drain(&mut m),
-        vec![Command::Notify(LivenessState::Stopped { revoked: true })]
+        vec![Command::Notify(KeepaliveNotice::State(
+            LivenessState::Stopped { revoked: true }
+        ))]
     );
     assert!(m.is_finished());
 
@@ -368,8 +452,12 @@ fn permission_denied_is_refused_once_and_stops_revoking_the_lease() {
     assert_eq!(
         drain(&mut m),
         vec![
-            Command::Notify(LivenessState::Refused { error: denied() }),
-            Command::Notify(LivenessState::Stopped { revoked: false }),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Refused {
+                error: denied()
+            })),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Stopped {
+                revoked: false
+            })),
         ]
     );
     assert_eq!(m.poll_timeout(), None);
@@ -384,7 +472,9 @@ fn renewal_errors_suspend_once_and_retry_with_backoff_until_acked() {
     m.handle(t0 + s(3), err(1));
     assert_eq!(
         drain(&mut m),
-        vec![Command::Notify(LivenessState::Suspended { lease: LEASE })]
+        vec![Command::Notify(KeepaliveNotice::State(
+            LivenessState::Suspended { lease: LEASE }
+        ))]
     );
     assert_eq!(m.lease(), Some(LEASE));
     assert_eq!(m.poll_timeout(), Some(t0 + ms(3100)));
@@ -475,7 +565,9 @@ fn deadline_passing_loses_the_lease_and_regrants_at_once() {
         drain(&mut m),
         vec![
             Command::Cancel { id: RpcId(1) },
-            Command::Notify(LivenessState::Suspended { lease: LEASE }),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Suspended {
+                lease: LEASE
+            })),
         ]
     );
     let mut id = 2;
@@ -501,8 +593,8 @@ fn deadline_passing_loses_the_lease_and_regrants_at_once() {
         drain(&mut m),
         vec![
             rpc(id, Request::Revoke { lease: LEASE }),
-            Command::Notify(LivenessState::Lost { lease: LEASE }),
-            Command::Notify(LivenessState::Registering),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Lost { lease: LEASE })),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Registering)),
             rpc(id + 1, Request::Grant { ttl_secs: TTL }),
         ]
     );
@@ -523,8 +615,8 @@ fn ttl_zero_loses_the_lease() {
     assert_eq!(
         drain(&mut m),
         vec![
-            Command::Notify(LivenessState::Lost { lease: LEASE }),
-            Command::Notify(LivenessState::Registering),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Lost { lease: LEASE })),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Registering)),
             rpc(3, Request::Grant { ttl_secs: TTL }),
         ]
     );
@@ -626,7 +718,9 @@ fn stop_cancels_the_renewal_and_revokes() {
     m.handle(t0 + s(5), ok(2, Response::Revoked));
     assert_eq!(
         drain(&mut m),
-        vec![Command::Notify(LivenessState::Stopped { revoked: true })]
+        vec![Command::Notify(KeepaliveNotice::State(
+            LivenessState::Stopped { revoked: true }
+        ))]
     );
     assert_eq!(m.poll_timeout(), None);
     m.handle_timeout(t0 + s(100));
@@ -647,7 +741,9 @@ fn stop_reports_a_failed_or_unanswered_revoke() {
     m.handle(t0 + s(1), err(1));
     assert_eq!(
         drain(&mut m),
-        vec![Command::Notify(LivenessState::Stopped { revoked: false })]
+        vec![Command::Notify(KeepaliveNotice::State(
+            LivenessState::Stopped { revoked: false }
+        ))]
     );
 
     let mut m = granted(t0);
@@ -659,7 +755,9 @@ fn stop_reports_a_failed_or_unanswered_revoke() {
         drain(&mut m),
         vec![
             Command::Cancel { id: RpcId(1) },
-            Command::Notify(LivenessState::Stopped { revoked: false })
+            Command::Notify(KeepaliveNotice::State(LivenessState::Stopped {
+                revoked: false
+            }))
         ]
     );
     assert_eq!(m.poll_timeout(), None);
@@ -692,7 +790,9 @@ fn stop_during_a_grant_revokes_the_lease_it_creates() {
     m.handle(t0 + ms(6), ok(1, Response::Revoked));
     assert_eq!(
         drain(&mut m),
-        vec![Command::Notify(LivenessState::Stopped { revoked: true })]
+        vec![Command::Notify(KeepaliveNotice::State(
+            LivenessState::Stopped { revoked: true }
+        ))]
     );
     assert_eq!(m.poll_timeout(), None);
 }
@@ -708,7 +808,9 @@ fn stop_during_an_unanswered_grant_gives_up_after_the_request_timeout() {
         drain(&mut m),
         vec![
             Command::Cancel { id: RpcId(0) },
-            Command::Notify(LivenessState::Stopped { revoked: false })
+            Command::Notify(KeepaliveNotice::State(LivenessState::Stopped {
+                revoked: false
+            }))
         ]
     );
     assert_eq!(m.poll_timeout(), None);
@@ -777,7 +879,7 @@ fn ids_start_where_asked_and_owns_knows_them() {
     assert_eq!(
         drain(&mut m),
         vec![
-            Command::Notify(LivenessState::Registering),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Registering)),
             rpc(1000, Request::Grant { ttl_secs: TTL })
         ]
     );
@@ -904,7 +1006,9 @@ fn margin_retries_stop_before_the_earlier_deadline_and_it_decides() {
         now = at;
         m.handle_timeout(now);
         let commands = drain(&mut m);
-        if commands.contains(&Command::Notify(LivenessState::Lost { lease: LEASE })) {
+        if commands.contains(&Command::Notify(KeepaliveNotice::State(
+            LivenessState::Lost { lease: LEASE },
+        ))) {
             break;
         }
         for c in commands {
@@ -984,7 +1088,9 @@ fn a_renewal_sent_in_the_last_nanosecond_has_no_give_up_and_the_deadline_cancels
     m.handle(last - ms(100), err(1));
     assert_eq!(
         drain(&mut m),
-        vec![Command::Notify(LivenessState::Suspended { lease: LEASE })]
+        vec![Command::Notify(KeepaliveNotice::State(
+            LivenessState::Suspended { lease: LEASE }
+        ))]
     );
     assert_eq!(m.poll_timeout(), Some(last));
     m.handle_timeout(last);
@@ -1001,8 +1107,8 @@ fn a_renewal_sent_in_the_last_nanosecond_has_no_give_up_and_the_deadline_cancels
         vec![
             rpc(3, Request::Revoke { lease: LEASE }),
             Command::Cancel { id: RpcId(2) },
-            Command::Notify(LivenessState::Lost { lease: LEASE }),
-            Command::Notify(LivenessState::Registering),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Lost { lease: LEASE })),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Registering)),
             rpc(4, Request::Grant { ttl_secs: TTL }),
         ]
     );
@@ -1030,8 +1136,8 @@ fn a_lease_lost_on_the_put_cancels_the_renewal_in_flight() {
         drain(&mut m),
         vec![
             Command::Cancel { id: RpcId(2) },
-            Command::Notify(LivenessState::Lost { lease: LEASE }),
-            Command::Notify(LivenessState::Registering),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Lost { lease: LEASE })),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Registering)),
         ]
     );
     // A failed registration: the grant waits for the backoff.
@@ -1056,7 +1162,9 @@ fn stop_while_the_put_is_in_flight_cancels_it_and_revokes() {
     m.handle(t0 + ms(30), ok(2, Response::Revoked));
     assert_eq!(
         drain(&mut m),
-        vec![Command::Notify(LivenessState::Stopped { revoked: true })]
+        vec![Command::Notify(KeepaliveNotice::State(
+            LivenessState::Stopped { revoked: true }
+        ))]
     );
     assert!(m.is_finished());
 }
@@ -1107,7 +1215,7 @@ fn attempt_a_lost_put_and_a_lost_revoke_are_sent_again_after_the_attempt_timeout
     assert_eq!(
         drain(&mut m),
         vec![
-            Command::Notify(LivenessState::Registering),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Registering)),
             rpc(0, Request::Grant { ttl_secs: TTL })
         ]
     );
@@ -1169,7 +1277,9 @@ fn attempt_a_lost_put_and_a_lost_revoke_are_sent_again_after_the_attempt_timeout
     m.handle(t0 + ms(2300), ok(6, Response::Revoked));
     assert_eq!(
         drain(&mut m),
-        vec![Command::Notify(LivenessState::Stopped { revoked: true })]
+        vec![Command::Notify(KeepaliveNotice::State(
+            LivenessState::Stopped { revoked: true }
+        ))]
     );
     assert!(m.is_finished());
 }
@@ -1205,7 +1315,9 @@ fn attempt_a_revoke_broken_in_flight_is_sent_again_and_not_found_means_revoked()
     );
     assert_eq!(
         drain(&mut m),
-        vec![Command::Notify(LivenessState::Stopped { revoked: true })]
+        vec![Command::Notify(KeepaliveNotice::State(
+            LivenessState::Stopped { revoked: true }
+        ))]
     );
 }
 
@@ -1265,8 +1377,8 @@ fn retire_a_replaced_lease_is_revoked_copy_after_copy_until_etcd_answers() {
         drain(&mut m),
         vec![
             rpc(1, Request::Revoke { lease: LEASE }),
-            Command::Notify(LivenessState::Lost { lease: LEASE }),
-            Command::Notify(LivenessState::Registering),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Lost { lease: LEASE })),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Registering)),
             rpc(2, Request::Grant { ttl_secs: TTL }),
         ]
     );
@@ -1283,7 +1395,9 @@ fn retire_a_replaced_lease_is_revoked_copy_after_copy_until_etcd_answers() {
     );
     assert_eq!(
         drain(&mut m),
-        vec![Command::Notify(LivenessState::Registered { lease: new })]
+        vec![Command::Notify(KeepaliveNotice::State(
+            LivenessState::Registered { lease: new }
+        ))]
     );
     // Unanswered: copies 500 ms, 500 ms, 500 ms, then 1, 2, 4, 8, 8 s apart
     // — well past the TTL, since etcd may keep extending the lease.
@@ -1367,7 +1481,9 @@ fn retire_in_binding_mode_waits_until_the_key_is_written_with_the_new_lease() {
     assert_eq!(
         drain(&mut m),
         vec![
-            Command::Notify(LivenessState::Registered { lease: 8 }),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Registered {
+                lease: 8
+            })),
             rpc(grant + 2, Request::Revoke { lease: LEASE }),
         ]
     );
@@ -1433,7 +1549,9 @@ fn leave_puts_the_marker_on_the_lease_then_revokes_when_it_is_answered() {
     m.handle(t0 + s(1) + ms(5), ok(3, Response::Revoked));
     assert_eq!(
         drain(&mut m),
-        vec![Command::Notify(LivenessState::Stopped { revoked: true })]
+        vec![Command::Notify(KeepaliveNotice::State(
+            LivenessState::Stopped { revoked: true }
+        ))]
     );
     assert_eq!(m.poll_timeout(), None);
 }
@@ -1452,7 +1570,9 @@ fn a_failed_leave_marker_still_revokes_at_once() {
     m.handle(t0 + s(1) + ms(2), ok(3, Response::Revoked));
     assert_eq!(
         drain(&mut m),
-        vec![Command::Notify(LivenessState::Stopped { revoked: true })]
+        vec![Command::Notify(KeepaliveNotice::State(
+            LivenessState::Stopped { revoked: true }
+        ))]
     );
 }
 
@@ -1482,7 +1602,9 @@ fn an_unanswered_leave_marker_is_given_up_after_one_attempt_timeout() {
     let last = drain(&mut m);
     assert_eq!(
         last.last(),
-        Some(&Command::Notify(LivenessState::Stopped { revoked: false }))
+        Some(&Command::Notify(KeepaliveNotice::State(
+            LivenessState::Stopped { revoked: false }
+        )))
     );
 }
 
@@ -1566,7 +1688,9 @@ fn a_refused_put_stops_without_a_leave_marker() {
     assert_eq!(
         drain(&mut m),
         vec![
-            Command::Notify(LivenessState::Refused { error: denied }),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Refused {
+                error: denied
+            })),
             rpc(2, Request::Revoke { lease: LEASE })
         ]
     );
