@@ -10,7 +10,10 @@
 //! every entry they read and every stream head they look at; the etcd
 //! reader ([`super::Reader`]) keeps a bare [`Cursor`].
 //!
-//! Rules, each tested in `sm/tests/unit/stream.rs`:
+//! Rules, each tested in `sm/tests/unit/stream.rs`, and together by the
+//! `place` fuzz target against a model stream that is recreated under its
+//! reader (deliver-once within a stream, nothing of a new stream missed
+//! where epochs tell it):
 //!
 //! * **start**: `Start` reads from the first entry, `End` after the head
 //!   as it is when the reader opens, `After(n)` after `n` but never beyond
