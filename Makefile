@@ -23,7 +23,7 @@ FUZZ_SECONDS ?= 60
 # cargo-fuzz needs nightly flags; this lets the stable toolchain accept them.
 FUZZ_ENV := RUSTC_BOOTSTRAP=1
 
-.PHONY: test-matrix deps-matrix test soak scale bench coverage deps-coverage fuzz lint public-api deps-public-api demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust deps-systemd cross deps-cross qemu-sm deps-qemu-sm msrv
+.PHONY: test-matrix deps-matrix test soak scale bench coverage deps-coverage fuzz lint public-api deps-public-api demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust deps-systemd cross deps-cross qemu-sm deps-qemu-sm qemu-lib deps-qemu-lib msrv
 
 test: deps
 	$(CARGO) fmt --all --check
@@ -318,6 +318,49 @@ qemu-sm: deps-qemu-sm
 	  summary="$$summary $$t: $$passed tests passed in $${secs}s;"; \
 	done; \
 	echo "== make qemu-sm:$$summary"
+
+# The whole library on other architectures: `make qemu-lib` builds
+# fleetcoord's integration tests for each of QEMU_LIB_TARGETS (aarch64 and
+# big-endian s390x by default; each needs a QEMU_<target> entry above) and
+# runs the primitives' suites — hosts, election, mutex, the etcd conformance
+# suite — under qemu-user. The tests start the host's own etcd: a guest's
+# exec of a host binary runs it natively. ring compiles C for the target
+# (the cross gcc), etcd-client's build script runs protoc on the host
+# (deps-build), and the tests need etcd (deps-etcd). A test that runs its
+# own binary again (a crashing host) goes through FLEETCOORD_TEST_RUNNER,
+# the same qemu command as Cargo's runner. Prints, per target,
+# tests passed and seconds; fails if any suite fails. Emulation is 5-20x
+# slower than the host, so QEMU_LIB_TESTS can narrow the list.
+QEMU_LIB_TARGETS ?= $(QEMU_SM_TARGETS)
+QEMU_LIB_TESTS ?= hosts election mutex conformance_etcd
+$(foreach t,$(QEMU_LIB_TARGETS),$(if $(QEMU_$(t)),,$(error QEMU_LIB_TARGETS: no QEMU_$(t) entry in the Makefile)))
+qemu_lib_specs := $(foreach t,$(QEMU_LIB_TARGETS),$(t):$(word 1,$(QEMU_$(t))):$(word 2,$(QEMU_$(t))))
+
+deps-qemu-lib:
+	$(call apt_install,$(foreach t,$(QEMU_LIB_TARGETS),qemu-$(word 2,$(QEMU_$(t))) qemu-user $(word 1,$(QEMU_$(t)))-gcc $(word 3,$(QEMU_$(t))) /usr/$(word 1,$(QEMU_$(t)))/lib/libc.so $(word 4,$(QEMU_$(t)))))
+
+qemu-lib: deps-build deps-etcd deps-qemu-lib
+	@summary=""; failed=0; \
+	for spec in $(qemu_lib_specs); do \
+	  IFS=: read -r t gnu qemu <<< "$$spec"; \
+	  if command -v rustup >/dev/null 2>&1; then rustup target add "$$t"; fi; \
+	  var=$$(printf '%s' "$$t" | tr 'a-z-' 'A-Z_'); \
+	  log=$$(mktemp); \
+	  start=$$(date +%s); \
+	  echo "== cargo test -p fleetcoord --features testing --target $$t (qemu-$$qemu): $(QEMU_LIB_TESTS)"; \
+	  if ! env "CARGO_TARGET_$${var}_LINKER=$$gnu-gcc" \
+	    "CARGO_TARGET_$${var}_RUNNER=qemu-$$qemu -L /usr/$$gnu" \
+	    "FLEETCOORD_TEST_RUNNER=qemu-$$qemu -L /usr/$$gnu" \
+	    $(CARGO) test -p fleetcoord --features testing --target "$$t" --no-fail-fast \
+	      $(foreach s,$(QEMU_LIB_TESTS),--test $(s)) 2>&1 | tee "$$log"; then failed=1; fi; \
+	  secs=$$(( $$(date +%s) - start )); \
+	  passed=$$(grep -o 'test result: ok\. [0-9]* passed' "$$log" | awk '{n += $$4} END {print n + 0}'); \
+	  bad=$$(grep -o 'test result: FAILED\. [0-9]* passed; [0-9]* failed' "$$log" | awk '{n += $$6} END {print n + 0}'); \
+	  rm -f "$$log"; \
+	  summary="$$summary $$t: $$passed passed, $$bad failed in $${secs}s;"; \
+	done; \
+	echo "== make qemu-lib:$$summary"; \
+	exit $$failed
 
 # The minimum supported Rust version is the `rust-version` of Cargo.toml; it
 # must be at least the highest `rust_version` among the packages Cargo.lock

@@ -121,8 +121,7 @@ fn crashed_host_goes_down_after_ttl() {
     expect_synced(&watcher);
 
     let id = Uuid::new_v4();
-    let exe = std::env::current_exe().expect("current test binary");
-    let child = Command::new(exe)
+    let child = common::this_test_binary()
         .args([
             "--exact",
             "child_host_process",

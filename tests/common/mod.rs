@@ -78,6 +78,25 @@ pub fn apply(view: &mut HashMap<Uuid, HostInfo>, event: HostEvent) {
     }
 }
 
+/// A command that runs this test binary again (a child process of a test).
+/// Under an emulator (`make qemu-lib` runs foreign-architecture test
+/// binaries with qemu-user) the binary cannot be exec'd directly:
+/// `FLEETCOORD_TEST_RUNNER` names the runner and its arguments, as Cargo's
+/// `CARGO_TARGET_<triple>_RUNNER` does.
+pub fn this_test_binary() -> Command {
+    let exe = std::env::current_exe().expect("current test binary");
+    let runner = std::env::var("FLEETCOORD_TEST_RUNNER").unwrap_or_default();
+    let mut words = runner.split_whitespace();
+    match words.next() {
+        Some(program) => {
+            let mut command = Command::new(program);
+            command.args(words).arg(exe);
+            command
+        }
+        None => Command::new(exe),
+    }
+}
+
 /// Kills the child process on drop, so a failing test leaves nothing behind.
 pub struct ChildGuard(pub Child);
 
