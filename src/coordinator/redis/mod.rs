@@ -234,7 +234,7 @@ impl RedisCoordinator {
         let started = bridge::start("fleetcoord-redis", wait, move || async move {
             connecting.command_conn().await.map_err(|e| {
                 let _ = kind_out.set(client::kind_of(&e));
-                crate::error::one_line(&e)
+                connecting.explain(&e)
             })
         });
         let (bridge, conn) = match started {
