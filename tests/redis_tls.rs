@@ -263,3 +263,21 @@ fn debug_and_errors_never_show_the_password_or_the_client_key() {
     assert!(!text.contains(&key_body), "{text}");
     assert!(text.contains("rediss://fleet:***@127.0.0.1:1"), "{text}");
 }
+
+#[test]
+fn the_documented_acl_line_is_the_one_tested() {
+    let docs = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/coordinator/redis/mod.rs"
+    ))
+    .expect("the backend's module docs");
+    let line = docs
+        .lines()
+        .find_map(|l| l.strip_prefix("//! ACL SETUSER fleet reset on >CHANGE-ME "))
+        .expect("the module docs give an ACL SETUSER line");
+    let documented: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        documented, RULES,
+        "the docs' line and the tested rules differ"
+    );
+}
