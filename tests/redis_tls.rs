@@ -199,6 +199,21 @@ fn refused_connections_say_why_in_one_line() {
         "{text}"
     );
 
+    // A client certificate of the right CA, but expired.
+    let expired = pki
+        .server_tls()
+        .unwrap()
+        .with_client_files(
+            pki.expired_client_cert_path(),
+            pki.expired_client_key_path(),
+        )
+        .unwrap();
+    let text = refused(&url, RedisOptions::default().with_tls(expired)).to_string();
+    assert!(
+        text.contains("TLS: the server refused the client certificate: it expired on 2021-01-01"),
+        "{text}"
+    );
+
     // The right certificates, the wrong password: WRONGPASS, not retryable,
     // the password never quoted.
     let tls = pki.client_tls().unwrap();

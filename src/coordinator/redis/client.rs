@@ -495,19 +495,15 @@ fn explain_tls(
              name or address it was issued for ({said})"
         );
     }
-    if said.contains("Expired") || said.contains("NotValidYet") {
+    // rustls says "invalid peer certificate: …" of the server's certificate
+    // and "received fatal alert: …" when the server refused the client's.
+    let alert = said.contains("received fatal alert") || said.contains("certificate required");
+    if !alert && (said.contains("Expired") || said.contains("NotValidYet")) {
         return format!("TLS: the server's certificate is outside its validity dates ({said})");
     }
     // A server that wants a client certificate aborts the handshake with an
     // alert, or (TLS 1.3, where the client finishes first) hangs up right
     // after it; the client then sees a reset or an early end of file.
-    let alert = [
-        "CertificateRequired",
-        "certificate required",
-        "BadCertificate",
-    ]
-    .iter()
-    .any(|a| said.contains(a));
     let closed = [
         "connection reset",
         "Connection reset",
@@ -1017,11 +1013,21 @@ AQH/MAoGCCqGSM49BAMCA0gAMEUCIQDNzn+GYzGusEcLgMBEQZ7LAHIQv4b9WcAE
         assert!(explain_tls(reset, false, true, none).contains("requires a client certificate"));
         let alert = "received fatal alert: CertificateRequired";
         assert!(explain_tls(alert, false, true, none).contains("requires a client certificate"));
+        let text = explain_tls("invalid peer certificate: Expired", true, true, none);
+        assert!(
+            text.contains("the server's certificate is outside its validity dates"),
+            "{text}"
+        );
         let expired = || Some("it expired on 2021-01-01 00:00:00 UTC".to_string());
         assert_eq!(
-            explain_tls("received fatal alert: BadCertificate", true, true, expired),
+            explain_tls(
+                "received fatal alert: CertificateExpired",
+                true,
+                true,
+                expired
+            ),
             "TLS: the server refused the client certificate: it expired on 2021-01-01 \
-             00:00:00 UTC (received fatal alert: BadCertificate)"
+             00:00:00 UTC (received fatal alert: CertificateExpired)"
         );
         assert_eq!(
             explain_tls("connection refused", true, true, none),
