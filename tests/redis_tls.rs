@@ -277,6 +277,13 @@ fn debug_and_errors_never_show_the_password_or_the_client_key() {
     assert!(!text.contains(secret), "{text}");
     assert!(!text.contains(&key_body), "{text}");
     assert!(text.contains("rediss://fleet:***@127.0.0.1:1"), "{text}");
+    // The harness keeps test passwords out of its `Debug` too.
+    let builder = RedisBuilder::new().acl_user("fleet", secret, RULES);
+    let shown = format!("{builder:?}");
+    assert!(
+        shown.contains("fleet") && !shown.contains(secret),
+        "{shown}"
+    );
 }
 
 #[test]

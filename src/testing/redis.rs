@@ -53,7 +53,6 @@ const INSTALL_HINT: &str = "run `make deps-redis` (Debian packages `redis-server
 /// assert!(redis.is_ready());
 /// # Ok::<(), fleetcoord::Error>(())
 /// ```
-#[derive(Debug)]
 pub struct RedisServer {
     bin: PathBuf,
     args: Vec<String>,
@@ -91,12 +90,31 @@ pub struct RedisServer {
 /// assert_eq!(server.command(&["ACL", "WHOAMI"])?, "default");
 /// # Ok::<(), fleetcoord::Error>(())
 /// ```
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct RedisBuilder {
     tls: bool,
     auth_clients: bool,
     persistent: bool,
     users: Vec<Vec<String>>,
+}
+
+/// Without the ACL users' passwords.
+impl std::fmt::Debug for RedisBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBuilder")
+            .field("tls", &self.tls)
+            .field("auth_clients", &self.auth_clients)
+            .field("persistent", &self.persistent)
+            .field(
+                "users",
+                &self
+                    .users
+                    .iter()
+                    .filter_map(|u| u.first())
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
 }
 
 impl RedisBuilder {
@@ -433,6 +451,19 @@ impl RedisServer {
     /// The server's log file (inside the directory removed on drop).
     pub fn log_path(&self) -> &Path {
         &self.log_path
+    }
+}
+
+/// Without the arguments, which hold the ACL users' passwords.
+impl std::fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisServer")
+            .field("bin", &self.bin)
+            .field("port", &self.port)
+            .field("tls_port", &self.tls_port)
+            .field("pid", &self.pid())
+            .field("dir", &self.dir.path())
+            .finish_non_exhaustive()
     }
 }
 
