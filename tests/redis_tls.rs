@@ -40,8 +40,6 @@ const RULES: &[&str] = &[
     "+spublish",
     "+subscribe",
     "+ssubscribe",
-    "+unsubscribe",
-    "+sunsubscribe",
     "+wait",
 ];
 

@@ -144,8 +144,8 @@
 //! | for | commands |
 //! |---|---|
 //! | connecting, `ping` | `PING` (`HELLO` and `AUTH` need no right; the crate's `CLIENT SETINFO` after login may be refused, it ignores the answer) |
-//! | Cluster only | `CLUSTER SLOTS` (the slot map), `SPUBLISH`, `SSUBSCRIBE`, `SUNSUBSCRIBE` |
-//! | standalone only | `PUBLISH`, `SUBSCRIBE`, `UNSUBSCRIBE` |
+//! | Cluster only | `CLUSTER SLOTS` (the slot map), `SPUBLISH`, `SSUBSCRIBE` |
+//! | standalone only | `PUBLISH`, `SUBSCRIBE` (not `UNSUBSCRIBE`: a feed ends by closing its connection) |
 //! | scripts (KV writes and watch snapshots, appends) | `EVALSHA`, `SCRIPT LOAD` |
 //! | KV (in scripts and `kv_get`) | `HGET`, `HGETALL`, `HSET`, `HDEL`, `GET`, `INCR` |
 //! | streams (in the append script and readers) | `XADD`, `XREAD`, `XREVRANGE`, `GET`, `SET`, `HGET`, `HSET`, `HDEL`, `RPUSH`, `LPOP`, `PEXPIRE` |
@@ -156,7 +156,7 @@
 //! and on a TLS Cluster):
 //!
 //! ```text
-//! ACL SETUSER fleet reset on >CHANGE-ME ~coord:* &coord:* -@all +ping +cluster|slots +evalsha +script|load +hget +hgetall +hset +hdel +get +set +incr +rpush +lpop +pexpire +xadd +xread +xrevrange +publish +spublish +subscribe +ssubscribe +unsubscribe +sunsubscribe +wait
+//! ACL SETUSER fleet reset on >CHANGE-ME ~coord:* &coord:* -@all +ping +cluster|slots +evalsha +script|load +hget +hgetall +hset +hdel +get +set +incr +rpush +lpop +pexpire +xadd +xread +xrevrange +publish +spublish +subscribe +ssubscribe +wait
 //! ```
 //!
 //! (In a `users.acl` file or `redis.conf` the same rules follow `user
