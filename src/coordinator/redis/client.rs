@@ -302,7 +302,7 @@ impl Target {
         let said = match (kind, e.detail()) {
             // Our own error: its detail is the whole story, its code noise.
             (ErrorKind::Unreplicated, Some(detail)) => detail.to_string(),
-            _ => self.explain(e),
+            _ => self.explain(e, false),
         };
         Error::Backend {
             backend: "redis",
@@ -315,14 +315,16 @@ impl Target {
     /// `e` in one line; on `rediss://`, a failed handshake says which check
     /// failed and what to change, told apart by rustls's words in the
     /// crate's message (a handshake failure arrives as an I/O error, like
-    /// a network failure).
-    pub(crate) fn explain(&self, e: &RedisError) -> String {
+    /// a network failure). `connecting`: `e` ended the first connect, where
+    /// a server hanging up means it refused the handshake; later (a
+    /// restart, a failover) it means nothing of the kind.
+    pub(crate) fn explain(&self, e: &RedisError, connecting: bool) -> String {
         let said = one_line(e);
         if !self.secure {
             return said;
         }
         let has_identity = self.tls.as_ref().is_some_and(Tls::has_client_identity);
-        explain_tls(&said, has_identity, self.tls.is_some(), || {
+        explain_tls(&said, connecting, has_identity, self.tls.is_some(), || {
             self.tls
                 .as_ref()
                 .and_then(|t| t.client_cert_invalid_at(unix_now()))
@@ -470,11 +472,12 @@ fn install_crypto_provider(secure: bool) {
 }
 
 /// [`Target::explain`] on the crate's one-line message `said`:
-/// `has_identity` whether a client certificate was given, `has_ca` whether
+/// `connecting` whether it ended the first connect, `has_identity` whether a client certificate was given, `has_ca` whether
 /// a CA was (else the built-in roots verify), `cert_invalid` why the client
 /// certificate is not valid now, if it is not.
 fn explain_tls(
     said: &str,
+    connecting: bool,
     has_identity: bool,
     has_ca: bool,
     cert_invalid: impl FnOnce() -> Option<String>,
@@ -504,17 +507,18 @@ fn explain_tls(
     // A server that wants a client certificate aborts the handshake with an
     // alert, or (TLS 1.3, where the client finishes first) hangs up right
     // after it; the client then sees a reset or an early end of file.
-    let closed = [
-        "connection reset",
-        "Connection reset",
-        "broken pipe",
-        "Broken pipe",
-        "unexpected end of file",
-        "UnexpectedEof",
-        "peer closed connection",
-    ]
-    .iter()
-    .any(|w| said.contains(w));
+    let closed = connecting
+        && [
+            "connection reset",
+            "Connection reset",
+            "broken pipe",
+            "Broken pipe",
+            "unexpected end of file",
+            "UnexpectedEof",
+            "peer closed connection",
+        ]
+        .iter()
+        .any(|w| said.contains(w));
     match (alert || closed, has_identity) {
         (true, false) => format!(
             "TLS: the server closed the connection during the handshake; it most likely \
@@ -994,26 +998,31 @@ AQH/MAoGCCqGSM49BAMCA0gAMEUCIQDNzn+GYzGusEcLgMBEQZ7LAHIQv4b9WcAE
     fn failed_handshakes_say_which_check_failed() {
         let none = || None;
         let said = "cannot connect: invalid peer certificate: UnknownIssuer";
-        let text = explain_tls(said, false, true, none);
+        let text = explain_tls(said, true, false, true, none);
         assert!(
             text.starts_with(
                 "TLS: the server's certificate is not trusted: it is not signed by the given CA"
             ),
             "{text}"
         );
-        assert!(explain_tls(said, false, false, none).contains("no CA was given"));
+        assert!(explain_tls(said, true, false, false, none).contains("no CA was given"));
         let text = explain_tls(
             "invalid peer certificate: NotValidForName",
+            true,
             false,
             true,
             none,
         );
         assert!(text.contains("not valid for the host in the URL"), "{text}");
         let reset = "Connection reset by peer";
-        assert!(explain_tls(reset, false, true, none).contains("requires a client certificate"));
+        assert!(
+            explain_tls(reset, true, false, true, none).contains("requires a client certificate")
+        );
         let alert = "received fatal alert: CertificateRequired";
-        assert!(explain_tls(alert, false, true, none).contains("requires a client certificate"));
-        let text = explain_tls("invalid peer certificate: Expired", true, true, none);
+        assert!(
+            explain_tls(alert, true, false, true, none).contains("requires a client certificate")
+        );
+        let text = explain_tls("invalid peer certificate: Expired", true, true, true, none);
         assert!(
             text.contains("the server's certificate is outside its validity dates"),
             "{text}"
@@ -1024,15 +1033,19 @@ AQH/MAoGCCqGSM49BAMCA0gAMEUCIQDNzn+GYzGusEcLgMBEQZ7LAHIQv4b9WcAE
                 "received fatal alert: CertificateExpired",
                 true,
                 true,
+                true,
                 expired
             ),
             "TLS: the server refused the client certificate: it expired on 2021-01-01 \
              00:00:00 UTC (received fatal alert: CertificateExpired)"
         );
         assert_eq!(
-            explain_tls("connection refused", true, true, none),
+            explain_tls("connection refused", true, true, true, none),
             "connection refused"
         );
+        // Past the first connect a reset is a restart or a failover, not a
+        // refused handshake.
+        assert_eq!(explain_tls(reset, false, false, true, none), reset);
     }
 
     #[test]

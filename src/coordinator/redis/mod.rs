@@ -301,7 +301,7 @@ impl RedisCoordinator {
         let started = bridge::start("fleetcoord-redis", wait, move || async move {
             connecting.command_conn().await.map_err(|e| {
                 let _ = kind_out.set(client::kind_of(&e));
-                connecting.explain(&e)
+                connecting.explain(&e, true)
             })
         });
         let (bridge, conn) = match started {
