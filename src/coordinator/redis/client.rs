@@ -472,9 +472,10 @@ fn install_crypto_provider(secure: bool) {
 }
 
 /// [`Target::explain`] on the crate's one-line message `said`:
-/// `connecting` whether it ended the first connect, `has_identity` whether a client certificate was given, `has_ca` whether
-/// a CA was (else the built-in roots verify), `cert_invalid` why the client
-/// certificate is not valid now, if it is not.
+/// `connecting` whether it ended the first connect, `has_identity` whether
+/// a client certificate was given, `has_ca` whether a CA was (else the
+/// built-in roots verify), `cert_invalid` why the client certificate is not
+/// valid now, if it is not.
 fn explain_tls(
     said: &str,
     connecting: bool,
