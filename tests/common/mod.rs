@@ -200,3 +200,16 @@ pub fn etcd_calls(endpoint: &str, method: &str) -> u64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
 }
+
+/// The rules of the `ACL SETUSER fleet …` line in the Redis backend's module
+/// docs (src/coordinator/redis/mod.rs, "ACL users"), after the password:
+/// the Redis ACL tests log in as exactly that user, so the documented line
+/// is the tested one.
+pub fn redis_acl_rules() -> Vec<&'static str> {
+    const DOCS: &str = include_str!("../../src/coordinator/redis/mod.rs");
+    let line = DOCS
+        .lines()
+        .find_map(|l| l.strip_prefix("//! ACL SETUSER fleet reset on >CHANGE-ME "))
+        .expect("the Redis module docs give an `ACL SETUSER fleet` line");
+    line.split_whitespace().collect()
+}

@@ -27,12 +27,14 @@
 
 use super::options::RedisOptions;
 use crate::error::{one_line, Error, ErrorKind, Result};
+use crate::tls::Tls;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{
-    AsyncConnectionConfig, Client, Cmd, ConnectionInfo, FromRedisValue, IntoConnectionInfo,
-    ProtocolVersion, PushInfo, RedisError, RedisResult, ScriptInvocation,
+    AsyncConnectionConfig, Client, ClientTlsConfig, Cmd, ConnectionInfo, FromRedisValue,
+    IntoConnectionInfo, ProtocolVersion, PushInfo, RedisError, RedisResult, ScriptInvocation,
+    TlsCertificates,
 };
 use std::future::Future;
 use std::time::Duration;
@@ -51,6 +53,13 @@ pub(crate) struct Target {
     /// `WAIT` after each write of the command connection: replicas and
     /// milliseconds.
     confirm: Option<Confirm>,
+    /// The URLs are `rediss://`.
+    secure: bool,
+    /// [`RedisOptions::tls`], for explaining failed handshakes.
+    tls: Option<Tls>,
+    /// The same, in the crate's form; the client key leaves [`Tls`] only
+    /// into this (the crate's `Debug` of it is redacted too).
+    certs: Option<TlsCertificates>,
 }
 
 /// How many replicas must confirm a write, and how long to wait for them.
@@ -100,18 +109,41 @@ impl Target {
         if list.is_empty() {
             return Err(Error::invalid("url", "no redis:// URL given"));
         }
+        let secure = list.iter().any(|u| u.starts_with("rediss://"));
         let mut nodes = Vec::with_capacity(list.len());
         let mut shown = Vec::with_capacity(list.len());
         for url in &list {
-            if url.starts_with("rediss://") {
-                return Err(Error::Unsupported(
-                    "TLS (rediss://): the redis backend is built without a TLS stack",
-                ));
-            }
-            if !url.starts_with("redis://") {
+            let tls_url = url.starts_with("rediss://");
+            if !tls_url && !url.starts_with("redis://") {
                 return Err(Error::invalid(
                     "url",
-                    format!("{:?} is not a redis:// URL", redacted(url)),
+                    format!("{:?} is not a redis:// or rediss:// URL", redacted(url)),
+                ));
+            }
+            if tls_url != secure {
+                return Err(Error::invalid(
+                    "url",
+                    "mixes redis:// and rediss:// URLs; every node takes the same one",
+                ));
+            }
+            if !tls_url && options.tls.is_some() {
+                return Err(Error::invalid(
+                    "url",
+                    format!(
+                        "{:?} is plain redis:// but TLS is configured; use rediss://",
+                        redacted(url)
+                    ),
+                ));
+            }
+            // The crate reads `#insecure` as "skip the host name check".
+            if url.contains('#') {
+                return Err(Error::invalid(
+                    "url",
+                    format!(
+                        "{:?} has a #fragment; none is taken (the server's certificate is \
+                         always verified, so #insecure is refused)",
+                        redacted(url)
+                    ),
                 ));
             }
             let info = url
@@ -149,6 +181,9 @@ impl Target {
                 timeout_ms: u64::try_from(options.min_replicas_timeout.as_millis())
                     .unwrap_or(u64::MAX),
             }),
+            secure,
+            tls: options.tls.clone(),
+            certs: options.tls.as_ref().map(certificates),
         })
     }
 
@@ -158,16 +193,27 @@ impl Target {
             self.nodes.first().cloned().ok_or_else(|| {
                 RedisError::from((redis::ErrorKind::InvalidClientConfig, "no URL"))
             })?;
-        Client::open(node)
+        install_crypto_provider(self.secure);
+        match &self.certs {
+            Some(certs) => Client::build_with_tls(node, certs.clone()),
+            None => Client::open(node),
+        }
     }
 
     fn cluster_builder(&self) -> ClusterClientBuilder {
-        ClusterClientBuilder::new(self.nodes.clone())
+        install_crypto_provider(self.secure);
+        let builder = ClusterClientBuilder::new(self.nodes.clone())
             .use_protocol(ProtocolVersion::RESP3)
             .connection_timeout(self.connect_timeout)
             .retries(2)
             .min_retry_wait(50)
-            .max_retry_wait(500)
+            .max_retry_wait(500);
+        match &self.certs {
+            // Also for the nodes learnt from `CLUSTER SLOTS`: the crate
+            // dials them with the seeds' TLS mode and these certificates.
+            Some(certs) => builder.certs(certs.clone()),
+            None => builder,
+        }
     }
 
     /// The shared command connection, proven with a PING.
@@ -256,7 +302,7 @@ impl Target {
         let said = match (kind, e.detail()) {
             // Our own error: its detail is the whole story, its code noise.
             (ErrorKind::Unreplicated, Some(detail)) => detail.to_string(),
-            _ => one_line(e),
+            _ => self.explain(e, false),
         };
         Error::Backend {
             backend: "redis",
@@ -264,6 +310,25 @@ impl Target {
             kind,
             message: format!("{context}: {said}"),
         }
+    }
+
+    /// `e` in one line; on `rediss://`, a failed handshake says which check
+    /// failed and what to change, told apart by rustls's words in the
+    /// crate's message (a handshake failure arrives as an I/O error, like
+    /// a network failure). `connecting`: `e` ended the first connect, where
+    /// a server hanging up means it refused the handshake; later (a
+    /// restart, a failover) it means nothing of the kind.
+    pub(crate) fn explain(&self, e: &RedisError, connecting: bool) -> String {
+        let said = one_line(e);
+        if !self.secure {
+            return said;
+        }
+        let has_identity = self.tls.as_ref().is_some_and(Tls::has_client_identity);
+        explain_tls(&said, connecting, has_identity, self.tls.is_some(), || {
+            self.tls
+                .as_ref()
+                .and_then(|t| t.client_cert_invalid_at(unix_now()))
+        })
     }
 
     /// An error of `kind` that did not come from the crate.
@@ -380,6 +445,107 @@ impl Conn {
     }
 }
 
+/// The crate's form of `tls`.
+fn certificates(tls: &Tls) -> TlsCertificates {
+    TlsCertificates {
+        client_tls: tls
+            .client_identity_pem()
+            .map(|(cert, key)| ClientTlsConfig {
+                client_cert: cert.to_vec(),
+                client_key: key.to_vec(),
+            }),
+        root_cert: Some(tls.ca_pem().to_vec()),
+    }
+}
+
+/// Makes ring rustls' process-level CryptoProvider unless one is set. The
+/// crate builds its TLS config with `rustls::ClientConfig::builder()`,
+/// which takes that provider and panics when none is set and the
+/// application's dependency graph enables more than one (ring here, and
+/// aws-lc-rs from another crate). An application that installed its own
+/// keeps it.
+fn install_crypto_provider(secure: bool) {
+    if secure && rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Err: another thread installed one first, which serves as well.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// [`Target::explain`] on the crate's one-line message `said`:
+/// `connecting` whether it ended the first connect, `has_identity` whether
+/// a client certificate was given, `has_ca` whether a CA was (else the
+/// built-in roots verify), `cert_invalid` why the client certificate is not
+/// valid now, if it is not.
+fn explain_tls(
+    said: &str,
+    connecting: bool,
+    has_identity: bool,
+    has_ca: bool,
+    cert_invalid: impl FnOnce() -> Option<String>,
+) -> String {
+    if said.contains("UnknownIssuer") || said.contains("BadSignature") {
+        let ca = if has_ca {
+            "the given CA (RedisOptions::with_tls)"
+        } else {
+            "a public CA, and no CA was given (RedisOptions::with_tls)"
+        };
+        return format!(
+            "TLS: the server's certificate is not trusted: it is not signed by {ca} ({said})"
+        );
+    }
+    if said.contains("NotValidForName") || said.contains("not valid for name") {
+        return format!(
+            "TLS: the server's certificate is not valid for the host in the URL; use a host \
+             name or address it was issued for ({said})"
+        );
+    }
+    // rustls says "invalid peer certificate: …" of the server's certificate
+    // and "received fatal alert: …" when the server refused the client's.
+    let alert = said.contains("received fatal alert") || said.contains("certificate required");
+    if !alert && (said.contains("Expired") || said.contains("NotValidYet")) {
+        return format!("TLS: the server's certificate is outside its validity dates ({said})");
+    }
+    // A server that wants a client certificate aborts the handshake with an
+    // alert, or (TLS 1.3, where the client finishes first) hangs up right
+    // after it; the client then sees a reset or an early end of file.
+    let closed = connecting
+        && [
+            "connection reset",
+            "Connection reset",
+            "broken pipe",
+            "Broken pipe",
+            "unexpected end of file",
+            "UnexpectedEof",
+            "peer closed connection",
+        ]
+        .iter()
+        .any(|w| said.contains(w));
+    match (alert || closed, has_identity) {
+        (true, false) => format!(
+            "TLS: the server closed the connection during the handshake; it most likely \
+             requires a client certificate (tls-auth-clients), and none was given \
+             (Tls::with_client_files) ({said})"
+        ),
+        (true, true) => match cert_invalid() {
+            Some(why) => format!("TLS: the server refused the client certificate: {why} ({said})"),
+            None if alert => format!(
+                "TLS: the server refused the client certificate (is it signed by a CA the \
+                 server trusts?) ({said})"
+            ),
+            None => said.to_string(),
+        },
+        (false, _) => said.to_string(),
+    }
+}
+
+/// Seconds since the epoch now (0 for a clock before it, which makes no
+/// certificate look expired).
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
 /// The code of the error [`Conn::invoke_confirmed`] makes when too few
 /// replicas confirmed; [`kind_of`] maps it to
 /// [`ErrorKind::Unreplicated`].
@@ -440,6 +606,12 @@ pub(super) fn kind_of(e: &RedisError) -> ErrorKind {
     use redis::{ErrorKind as RedisErrorKind, ServerErrorKind};
     if e.kind() == RedisErrorKind::Extension && e.code() == Some(UNREPLICATED) {
         return ErrorKind::Unreplicated;
+    }
+    // Codes the crate has no kind for: a refused login (`HELLO 3 AUTH`
+    // answers `WRONGPASS` for a wrong password or a disabled user) and a
+    // server that wants one (`NOAUTH`).
+    if matches!(e.code(), Some("WRONGPASS" | "NOAUTH")) {
+        return ErrorKind::PermissionDenied;
     }
     if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal() {
         return ErrorKind::Unavailable;
@@ -710,14 +882,17 @@ pub(crate) fn key_slot(key: &[u8]) -> u16 {
 
 /// `url` without its password.
 fn redacted(url: &str) -> String {
-    // redis://[user[:password]@]host...
-    let Some(rest) = url.strip_prefix("redis://") else {
+    // redis[s]://[user[:password]@]host...
+    let Some((scheme, rest)) = ["redis://", "rediss://"]
+        .iter()
+        .find_map(|s| url.strip_prefix(s).map(|rest| (s, rest)))
+    else {
         return url.to_string();
     };
-    match rest.split_once('@') {
+    match rest.rsplit_once('@') {
         Some((auth, host)) => {
             let user = auth.split_once(':').map_or(auth, |(u, _)| u);
-            format!("redis://{user}:***@{host}")
+            format!("{scheme}{user}:***@{host}")
         }
         None => url.to_string(),
     }
@@ -730,6 +905,20 @@ mod tests {
     fn parse(urls: &str) -> Result<Target> {
         Target::parse(urls, &RedisOptions::default())
     }
+
+    /// A CA certificate (self-signed, made once with openssl) for checks
+    /// that never dial.
+    const TEST_CA: &str = "-----BEGIN CERTIFICATE-----
+MIIBdTCCARugAwIBAgIUDZAsTM3txF1EJjLXFMJxUAWpDd0wCgYIKoZIzj0EAwIw
+DzENMAsGA1UEAwwEdGVzdDAgFw0yNjEyMDIxMzA3MzBaGA8yMTI2MTEwODEzMDcz
+MFowDzENMAsGA1UEAwwEdGVzdDBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABMSJ
+2coBxtnxSjJ/lCELQw0Fh8lrTfOglIV0NRuCtuBKWUk9sPtl0Pho9CG0utoRmhWV
+IbJe141t/NAeUDHSZaKjUzBRMB0GA1UdDgQWBBSTe4qD0MeiEKCfdhWsx3iCzeuH
+QDAfBgNVHSMEGDAWgBSTe4qD0MeiEKCfdhWsx3iCzeuHQDAPBgNVHRMBAf8EBTAD
+AQH/MAoGCCqGSM49BAMCA0gAMEUCIQDNzn+GYzGusEcLgMBEQZ7LAHIQv4b9WcAE
+9jUtZdU4kwIgQUUJ4slVD4FBVIOCjHIA3uSlNSNpO1wv/73IauaolWE=
+-----END CERTIFICATE-----
+";
 
     #[test]
     fn one_url_is_standalone_several_a_cluster() {
@@ -760,10 +949,104 @@ mod tests {
                 other => panic!("{bad:?}: {:?}", other.map(|t| t.urls)),
             }
         }
+    }
+
+    #[test]
+    fn rediss_urls_take_tls_and_never_skip_verification() {
+        // Without a CA: TLS verified against the built-in roots.
+        let t = parse("rediss://127.0.0.1:6379").unwrap();
+        assert!(t.secure && t.certs.is_none());
+        let t = parse("rediss://127.0.0.1:7000,rediss://127.0.0.1:7001").unwrap();
+        assert!(t.secure && t.cluster);
+        let tls = Tls::new(TEST_CA).unwrap();
+        let with_ca = RedisOptions::default().with_tls(tls.clone());
+        let t = Target::parse("rediss://127.0.0.1:6379", &with_ca).unwrap();
+        let certs = t.certs.as_ref().expect("the CA is handed to the crate");
+        assert_eq!(certs.root_cert.as_deref(), Some(TEST_CA.as_bytes()));
+        assert!(certs.client_tls.is_none());
+        for (urls, options, says) in [
+            (
+                "redis://127.0.0.1:6379",
+                &with_ca,
+                "is plain redis:// but TLS is configured",
+            ),
+            (
+                "rediss://127.0.0.1:7000,redis://127.0.0.1:7001",
+                &RedisOptions::default(),
+                "mixes redis:// and rediss://",
+            ),
+            (
+                "rediss://127.0.0.1:6379/#insecure",
+                &RedisOptions::default(),
+                "#insecure is refused",
+            ),
+        ] {
+            match Target::parse(urls, options) {
+                Err(Error::InvalidArgument { what: "url", why }) => {
+                    assert!(why.contains(says), "{urls}: {why}")
+                }
+                other => panic!("{urls}: {:?}", other.map(|t| t.urls)),
+            }
+        }
+        let named = RedisOptions::default().with_tls(tls.with_server_name("localhost").unwrap());
         assert!(matches!(
-            parse("rediss://127.0.0.1:6379"),
+            Target::parse("rediss://127.0.0.1:6379", &named),
             Err(Error::Unsupported(_))
         ));
+    }
+
+    #[test]
+    fn failed_handshakes_say_which_check_failed() {
+        let none = || None;
+        let said = "cannot connect: invalid peer certificate: UnknownIssuer";
+        let text = explain_tls(said, true, false, true, none);
+        assert!(
+            text.starts_with(
+                "TLS: the server's certificate is not trusted: it is not signed by the given CA"
+            ),
+            "{text}"
+        );
+        assert!(explain_tls(said, true, false, false, none).contains("no CA was given"));
+        let text = explain_tls(
+            "invalid peer certificate: NotValidForName",
+            true,
+            false,
+            true,
+            none,
+        );
+        assert!(text.contains("not valid for the host in the URL"), "{text}");
+        let reset = "Connection reset by peer";
+        assert!(
+            explain_tls(reset, true, false, true, none).contains("requires a client certificate")
+        );
+        let alert = "received fatal alert: CertificateRequired";
+        assert!(
+            explain_tls(alert, true, false, true, none).contains("requires a client certificate")
+        );
+        let text = explain_tls("invalid peer certificate: Expired", true, true, true, none);
+        assert!(
+            text.contains("the server's certificate is outside its validity dates"),
+            "{text}"
+        );
+        let expired = || Some("it expired on 2021-01-01 00:00:00 UTC".to_string());
+        assert_eq!(
+            explain_tls(
+                "received fatal alert: CertificateExpired",
+                true,
+                true,
+                true,
+                expired
+            ),
+            "TLS: the server refused the client certificate: it expired on 2021-01-01 \
+             00:00:00 UTC (received fatal alert: CertificateExpired)"
+        );
+        assert_eq!(
+            explain_tls("connection refused", true, true, true, none),
+            "connection refused"
+        );
+        // Past the first connect a reset is a restart or a failover, not a
+        // refused handshake.
+        assert_eq!(explain_tls(reset, false, false, true, none), reset);
     }
 
     #[test]
@@ -780,6 +1063,10 @@ mod tests {
         );
         assert_eq!(redacted("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
         assert_eq!(redacted("tcp://a:b@host"), "tcp://a:b@host");
+        assert_eq!(
+            redacted("rediss://app:p@ss@127.0.0.1:6379"),
+            "rediss://app:***@127.0.0.1:6379"
+        );
         let with_options = Target::parse(
             "redis://127.0.0.1:6379",
             &RedisOptions::default()
@@ -836,6 +1123,8 @@ mod tests {
         for e in [
             server(ServerErrorKind::NoPerm),
             RedisError::from((RedisErrorKind::AuthenticationFailed, "WRONGPASS")),
+            redis::make_extension_error("WRONGPASS".into(), Some("invalid pair".into())),
+            redis::make_extension_error("NOAUTH".into(), None),
         ] {
             assert_eq!(kind_of(&e), ErrorKind::PermissionDenied, "{e}");
         }

@@ -93,8 +93,75 @@
 //! * **Connections** — one multiplexed connection serves every command of
 //!   a handle; each feed has a connection of its own (one per node it
 //!   needs on a cluster), which it rebuilds with backoff after any failure.
-//! * **TLS** is not built in (it would add a TLS stack to every build);
-//!   `rediss://` URLs are refused with [`Error::Unsupported`].
+//! * **TLS** — `rediss://` URLs (see [TLS](#tls)); **ACL users** — see
+//!   [ACL users](#acl-users).
+//!
+//! # TLS
+//!
+//! `rediss://` URLs speak TLS (rustls with ring, the same stack the etcd
+//! backend uses; no OpenSSL), standalone and on a Cluster.
+//! [`RedisOptions::with_tls`] gives a [`Tls`](crate::Tls): its CA bundle is
+//! then the only trust anchor, and its client certificate, when it has one,
+//! is presented to servers with `tls-auth-clients yes`. Without `with_tls`
+//! a `rediss://` server must present a certificate from a public CA
+//! (Mozilla's root list, compiled in; the platform's store is not read).
+//! The server's certificate is always verified, chain and name: there is
+//! no insecure mode, and a URL's `#insecure` is refused. The name checked
+//! is the URL's host and, on a Cluster, the address each node announces in
+//! `CLUSTER SLOTS` (with `tls-cluster yes` Redis announces the TLS ports to
+//! TLS clients), so node certificates must name those addresses (an IP
+//! address SAN for nodes announced by IP). [`Tls::with_server_name`](crate::Tls::with_server_name)
+//! is refused with [`Error::Unsupported`]. A `redis://` URL with
+//! `with_tls` set is refused rather than dialled in the clear.
+//!
+//! A refused handshake fails `connect` with one line naming the cause:
+//! `TLS: the server's certificate is not trusted: it is not signed by the
+//! given CA (RedisOptions::with_tls) (… UnknownIssuer)`; `… is not valid
+//! for the host in the URL …`; `… it most likely requires a client
+//! certificate (tls-auth-clients), and none was given …`.
+//!
+//! The `redis` crate builds its TLS configuration with rustls'
+//! process-level `CryptoProvider`; before the first TLS connection this
+//! backend installs ring as that provider unless the application installed
+//! one (rustls would otherwise panic in a program whose dependencies enable
+//! both ring and aws-lc-rs).
+//!
+//! # ACL users
+//!
+//! [`RedisOptions::with_username`] and [`RedisOptions::with_password`] log
+//! every connection (commands, feeds, every node of a cluster) in with
+//! `HELLO 3 AUTH user password`. A wrong password or a disabled user fails
+//! `connect` with [`Error::Backend`] of kind
+//! [`PermissionDenied`](ErrorKind::PermissionDenied) (`WRONGPASS`, not
+//! retryable; the password is never quoted); a command the user may not
+//! run fails with `NOPERM`, also `PermissionDenied`.
+//!
+//! Everything fleetcoord stores or publishes is under `coord:` (see
+//! [Layout](#layout)), so a user needs keys `~coord:*` and channels
+//! `&coord:*`, and these commands (Redis checks the commands the Lua
+//! scripts call too):
+//!
+//! | for | commands |
+//! |---|---|
+//! | connecting, `ping` | `PING` (`HELLO` and `AUTH` need no right; the crate's `CLIENT SETINFO` after login may be refused, it ignores the answer) |
+//! | Cluster only | `CLUSTER SLOTS` (the slot map), `SPUBLISH`, `SSUBSCRIBE` |
+//! | standalone only | `PUBLISH`, `SUBSCRIBE` (not `UNSUBSCRIBE`: a feed ends by closing its connection) |
+//! | scripts (KV writes and watch snapshots, appends) | `EVALSHA`, `SCRIPT LOAD` |
+//! | KV (in scripts and `kv_get`) | `HGET`, `HGETALL`, `HSET`, `HDEL`, `GET`, `INCR` |
+//! | streams (in the append script and readers) | `XADD`, `XREAD`, `XREVRANGE`, `GET`, `SET`, `HGET`, `HSET`, `HDEL`, `RPUSH`, `LPOP`, `PEXPIRE` |
+//! | [`RedisOptions::with_min_replicas`] | `WAIT` |
+//!
+//! Ready to paste (Redis 7; one line, both deployments; the test suite
+//! runs the conformance suite as exactly this user, on a standalone server
+//! and on a TLS Cluster):
+//!
+//! ```text
+//! ACL SETUSER fleet reset on >CHANGE-ME ~coord:* &coord:* -@all +ping +cluster|slots +evalsha +script|load +hget +hgetall +hset +hdel +get +set +incr +rpush +lpop +pexpire +xadd +xread +xrevrange +publish +spublish +subscribe +ssubscribe +wait
+//! ```
+//!
+//! (In a `users.acl` file or `redis.conf` the same rules follow `user
+//! fleet`.) Nothing is needed outside `coord:`: no `KEYS`, `SCAN`,
+//! `FLUSH*`, `CONFIG` or `@dangerous` command.
 //!
 //! # Failover (Redis Cluster)
 //!
@@ -234,7 +301,7 @@ impl RedisCoordinator {
         let started = bridge::start("fleetcoord-redis", wait, move || async move {
             connecting.command_conn().await.map_err(|e| {
                 let _ = kind_out.set(client::kind_of(&e));
-                crate::error::one_line(&e)
+                connecting.explain(&e, true)
             })
         });
         let (bridge, conn) = match started {

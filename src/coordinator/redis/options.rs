@@ -1,6 +1,7 @@
 //! Settings of a [`RedisCoordinator`](super::RedisCoordinator).
 
 use crate::error::{Error, Result};
+use crate::tls::Tls;
 use crate::validate;
 use std::time::Duration;
 
@@ -12,9 +13,11 @@ use std::time::Duration;
 /// for reading; `#[non_exhaustive]` so that new settings are not a breaking
 /// change.
 ///
-/// TLS (`rediss://`) is not built in: it would pull a TLS stack into every
-/// build of the `redis` feature. A `rediss://` URL is refused with
-/// [`Error::Unsupported`].
+/// TLS: `rediss://` URLs, verified against [`RedisOptions::with_tls`]'s CA
+/// (or, without it, the Mozilla roots built in); see
+/// [`RedisOptions::with_tls`]. ACL users: [`RedisOptions::with_username`]
+/// and [`RedisOptions::with_password`]; the permissions such a user needs
+/// are in the [module docs](super#acl-users).
 ///
 /// ```
 /// use fleetcoord::coordinator::redis::RedisOptions;
@@ -63,6 +66,12 @@ pub struct RedisOptions {
     /// confirmations: 1 ms up to, not including, the request timeout (both
     /// share the request's deadline). Default 1 s.
     pub min_replicas_timeout: Duration,
+    /// How `rediss://` servers are verified, and the client certificate
+    /// for servers that ask for one. `None` (the default): `rediss://`
+    /// servers must present a certificate from a public CA (Mozilla's
+    /// roots, built in); `redis://` URLs are plain TCP. `Debug` never
+    /// shows the client key.
+    pub tls: Option<Tls>,
 }
 
 /// The most replicas [`RedisOptions::with_min_replicas`] accepts.
@@ -80,6 +89,7 @@ impl Default for RedisOptions {
             request_timeout: Duration::from_secs(5),
             min_replicas: None,
             min_replicas_timeout: Duration::from_secs(1),
+            tls: None,
         }
     }
 }
@@ -96,19 +106,28 @@ impl std::fmt::Debug for RedisOptions {
             .field("request_timeout", &self.request_timeout)
             .field("min_replicas", &self.min_replicas)
             .field("min_replicas_timeout", &self.min_replicas_timeout)
+            .field("tls", &self.tls)
             .finish()
     }
 }
 
 impl RedisOptions {
-    /// These options authenticating as ACL user `username`.
+    /// These options authenticating as ACL user `username` (with
+    /// [`RedisOptions::with_password`]): every connection, to every node of
+    /// a cluster, starts with `HELLO 3 AUTH username password`. A refused
+    /// login is [`Error::Backend`] of kind
+    /// [`PermissionDenied`](crate::ErrorKind::PermissionDenied) saying
+    /// `WRONGPASS`, never quoting the password. What the user must be
+    /// allowed: [module docs](super#acl-users).
     #[must_use]
     pub fn with_username(mut self, username: impl Into<String>) -> Self {
         self.username = Some(username.into());
         self
     }
 
-    /// These options authenticating with `password`.
+    /// These options authenticating with `password` (as the `default`
+    /// user unless [`RedisOptions::with_username`] names another); it
+    /// overrides a password in the URLs. Never in `Debug`, errors or logs.
     #[must_use]
     pub fn with_password(mut self, password: impl Into<String>) -> Self {
         self.password = Some(password.into());
@@ -180,6 +199,46 @@ impl RedisOptions {
         self
     }
 
+    /// These options speaking TLS to `rediss://` servers, verified against
+    /// `tls`'s CA bundle only (the built-in roots are then not trusted),
+    /// and presenting its client certificate when it has one (for
+    /// `tls-auth-clients yes`). On a cluster the same settings serve every
+    /// node, including those the client learns of from `CLUSTER SLOTS`.
+    ///
+    /// Guarantees: the server's certificate is always verified (chain and
+    /// name; there is no insecure mode); the name checked is each URL's
+    /// host, and on a cluster each address the nodes announce, so the
+    /// certificates must name those (an IP address SAN for nodes announced
+    /// by IP). [`Tls::with_server_name`] is refused with
+    /// [`Error::Unsupported`] (the `redis` crate checks the dialled host).
+    /// With `tls` set every URL must be `rediss://`: a `redis://` URL is
+    /// [`Error::InvalidArgument`] for `url` rather than sent in the clear.
+    /// A failed handshake is one line saying which check failed (the
+    /// server's certificate not signed by the given CA, a name mismatch, a
+    /// client certificate the server wants or refused).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use fleetcoord::coordinator::redis::RedisOptions;
+    /// use fleetcoord::coordinator::{Coordinator, RedisCoordinator};
+    /// use fleetcoord::testing::RedisServer;
+    ///
+    /// // A TLS server that also wants a client certificate (test CA).
+    /// let server = RedisServer::builder().tls().tls_auth_clients().start()?;
+    /// let pki = server.pki().expect("a TLS server has test certificates");
+    /// assert!(server.url().starts_with("rediss://"));
+    /// let options = RedisOptions::default().with_tls(pki.client_tls()?);
+    /// let coord = RedisCoordinator::with_options(&server.url(), options)?;
+    /// coord.kv_set("config", "mode", b"on")?;
+    /// assert_eq!(coord.kv_get("config", "mode")?, b"on");
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn with_tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     /// Every value in range, or the first one that is not.
     pub(crate) fn check(&self) -> Result<()> {
         if self.stream_max_len == Some(0) {
@@ -206,6 +265,12 @@ impl RedisOptions {
                     ),
                 ));
             }
+        }
+        if self.tls.as_ref().is_some_and(|t| t.server_name().is_some()) {
+            return Err(Error::Unsupported(
+                "a TLS server name for redis: the redis crate checks each URL's host; \
+                 give a URL whose host the certificate names",
+            ));
         }
         for (what, value) in [("username", &self.username), ("password", &self.password)] {
             if let Some(v) = value {
