@@ -13,7 +13,7 @@ use fleetcoord::{
     LivenessOptions, WatcherOptions, DEFAULT_HOSTS_PREFIX,
 };
 use std::collections::{HashMap, HashSet};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
