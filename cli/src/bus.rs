@@ -5,9 +5,10 @@ use crate::follow::{follow, CountArgs};
 use crate::output::{event, object, text, Out};
 use crate::CliError;
 use crossbeam_channel::Receiver;
-use fleetcoord::coordinator::{Coordinator, KvEvent, StreamId, StreamPosition};
+use fleetcoord::coordinator::{ConnectSettings, Coordinator, KvEvent, StreamId, StreamPosition};
 use fleetcoord::Error;
 use serde_json::json;
+use std::path::PathBuf;
 
 /// The backend of the bus commands: `--coord`/`--coord-url`, else
 /// `COORD`/`COORD_URL`, else etcd at `--endpoints`.
@@ -21,6 +22,21 @@ pub struct BackendArgs {
     /// applies when this is absent) [default: $COORD_URL]
     #[arg(long, global = true, value_name = "URL,...")]
     coord_url: Option<String>,
+    /// CA bundle that signs that backend's servers' certificates; turns on
+    /// TLS [env: COORD_TLS_CA]
+    #[arg(long, global = true, value_name = "FILE")]
+    coord_tls_ca: Option<PathBuf>,
+    /// Client certificate for servers that verify clients (needs
+    /// --coord-tls-key) [env: COORD_TLS_CERT]
+    #[arg(long, global = true, value_name = "FILE")]
+    coord_tls_cert: Option<PathBuf>,
+    /// Private key of --coord-tls-cert [env: COORD_TLS_KEY]
+    #[arg(long, global = true, value_name = "FILE")]
+    coord_tls_key: Option<PathBuf>,
+    /// Name to check the servers' certificates against instead of the
+    /// URL's host [env: COORD_TLS_SERVER_NAME]
+    #[arg(long, global = true, value_name = "NAME")]
+    coord_tls_server_name: Option<String>,
 }
 
 /// The backends an operator can point the bus commands at. `memory` and
@@ -64,6 +80,30 @@ impl BackendArgs {
             ("etcd", None) => Backend::Etcd,
             (_, url) => Backend::Other { name, url },
         })
+    }
+
+    /// TLS for [`Backend::Other`]: each `--coord-tls-*` flag wins over its
+    /// `COORD_TLS_*` variable, and the library checks them together (and
+    /// reads the files) as it does for `from_env`.
+    pub fn settings(
+        &self,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<ConnectSettings, CliError> {
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        let flags = [
+            ("COORD_TLS_CA", path(&self.coord_tls_ca)),
+            ("COORD_TLS_CERT", path(&self.coord_tls_cert)),
+            ("COORD_TLS_KEY", path(&self.coord_tls_key)),
+            ("COORD_TLS_SERVER_NAME", self.coord_tls_server_name.clone()),
+        ];
+        ConnectSettings::from_vars(|name| {
+            flags
+                .iter()
+                .find(|(n, _)| *n == name)
+                .and_then(|(_, flag)| flag.clone())
+                .or_else(|| var(name))
+        })
+        .map_err(|e| CliError::Message(e.to_string()))
     }
 }
 
@@ -301,6 +341,7 @@ pub fn stream(
 #[cfg(test)]
 mod tests {
     use super::{Backend, BackendArgs};
+    use crate::CliError;
 
     fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |name| {
@@ -315,6 +356,7 @@ mod tests {
         BackendArgs {
             coord: coord.map(str::to_string),
             coord_url: url.map(str::to_string),
+            ..BackendArgs::default()
         }
     }
 
@@ -345,6 +387,34 @@ mod tests {
         );
         let blank = [("COORD", " "), ("COORD_URL", "")];
         assert_eq!(resolve(args(None, None), &blank), Some(Backend::Etcd));
+    }
+
+    fn message(e: CliError) -> String {
+        match e {
+            CliError::Message(m) => m,
+            other => format!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn tls_flags_win_over_the_variables_and_are_checked_together() {
+        let none = args(Some("nats"), None).settings(vars(&[])).unwrap();
+        assert!(none.tls.is_none());
+        // The variable's half-setup is refused...
+        let env = [("COORD_TLS_CERT", "client.pem")];
+        let err = message(args(None, None).settings(vars(&env)).unwrap_err());
+        assert!(err.contains("COORD_TLS_CA"), "{err}");
+        // ...and a flag replaces the variable's file, which is then read.
+        let flagged = BackendArgs {
+            coord_tls_ca: Some("/nonexistent/flag-ca.pem".into()),
+            ..BackendArgs::default()
+        };
+        let env = [("COORD_TLS_CA", "/nonexistent/env-ca.pem")];
+        let err = message(flagged.settings(vars(&env)).unwrap_err());
+        assert!(
+            err.contains("flag-ca.pem") && !err.contains("env-ca"),
+            "{err}"
+        );
     }
 
     #[test]
