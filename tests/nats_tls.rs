@@ -4,7 +4,10 @@
 //! file against a server in operator mode; every refusal is one line
 //! naming its cause; no secret shows in `Debug` or an error.
 
-use fleetcoord::coordinator::{Coordinator, NatsCoordinator, NatsCredentials, NatsOptions};
+use fleetcoord::coordinator::{
+    connect_with, from_lookup, ConnectSettings, Coordinator, NatsCoordinator, NatsCredentials,
+    NatsOptions,
+};
 use fleetcoord::testing::{NatsBuilder, NatsServer, TestPki};
 use fleetcoord::{Error, Tls};
 use std::time::{Duration, Instant};
@@ -284,4 +287,59 @@ fn debug_never_shows_a_seed() {
     let seed = server.nkey_seed().unwrap();
     let shown = format!("{server:?}");
     assert!(!shown.contains(&seed), "{shown}");
+}
+
+fn connect_error(result: fleetcoord::Result<Box<dyn Coordinator>>) -> String {
+    match result {
+        Ok(_) => panic!("connected"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn coord_variables_bring_tls_and_a_login() {
+    let server = NatsBuilder::new()
+        .tls_verify_clients()
+        .nkey_user()
+        .start()
+        .expect(HINT);
+    let pki = server.pki().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let seed_file = dir.path().join("seed");
+    std::fs::write(&seed_file, format!("{}\n", server.nkey_seed().unwrap())).unwrap();
+    let vars = [
+        ("COORD", "nats".to_string()),
+        ("COORD_URL", server.url()),
+        ("COORD_TLS_CA", pki.ca_path().display().to_string()),
+        (
+            "COORD_TLS_CERT",
+            pki.client_cert_path().display().to_string(),
+        ),
+        ("COORD_TLS_KEY", pki.client_key_path().display().to_string()),
+        ("COORD_NATS_NKEY_FILE", seed_file.display().to_string()),
+    ];
+    let lookup = |vars: &[(&'static str, String)]| {
+        let vars = vars.to_vec();
+        move |name: &str| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.clone())
+        }
+    };
+    let coord = from_lookup(lookup(&vars));
+    assert!(coord.capabilities().delivers, "not connected (noop)");
+    coord.kv_set("config", "mode", b"on").unwrap();
+
+    // Without the seed file the server refuses: from_lookup degrades to
+    // noop, connect_with says why.
+    let settings = ConnectSettings::from_vars(lookup(&vars[..5])).unwrap();
+    assert!(!from_lookup(lookup(&vars[..5])).capabilities().delivers);
+    let err = connect_error(connect_with("nats", Some(&server.url()), &settings));
+    assert!(err.contains("requires credentials"), "{err}");
+
+    // An unreadable seed file is named.
+    let missing = dir.path().join("no-seed");
+    let settings = settings.with_nats_nkey_file(&missing);
+    let err = connect_error(connect_with("nats", Some(&server.url()), &settings));
+    assert!(err.contains(&missing.display().to_string()), "{err}");
 }

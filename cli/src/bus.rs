@@ -37,6 +37,14 @@ pub struct BackendArgs {
     /// URL's host [env: COORD_TLS_SERVER_NAME]
     #[arg(long, global = true, value_name = "NAME")]
     coord_tls_server_name: Option<String>,
+    /// NATS: log in with this .creds file (user JWT and NKey seed)
+    /// [env: COORD_NATS_CREDS]
+    #[arg(long, global = true, value_name = "FILE")]
+    nats_creds: Option<PathBuf>,
+    /// NATS: log in with the NKey user seed (SU...) on this file's first
+    /// line [env: COORD_NATS_NKEY_FILE]
+    #[arg(long, global = true, value_name = "FILE")]
+    nats_nkey_file: Option<PathBuf>,
 }
 
 /// The backends an operator can point the bus commands at. `memory` and
@@ -82,9 +90,12 @@ impl BackendArgs {
         })
     }
 
-    /// TLS for [`Backend::Other`]: each `--coord-tls-*` flag wins over its
-    /// `COORD_TLS_*` variable, and the library checks them together (and
-    /// reads the files) as it does for `from_env`.
+    /// TLS and the NATS login for [`Backend::Other`]: each `--coord-tls-*`
+    /// and `--nats-*` flag wins over its `COORD_TLS_*`/`COORD_NATS_*`
+    /// variable, and the library checks them together (and reads the TLS
+    /// files) as it does for `from_env`. A flag given on the command line
+    /// also replaces the variable of the other NATS login, so
+    /// `--nats-creds` works in a shell with `COORD_NATS_NKEY_FILE` set.
     pub fn settings(
         &self,
         var: impl Fn(&str) -> Option<String>,
@@ -95,13 +106,17 @@ impl BackendArgs {
             ("COORD_TLS_CERT", path(&self.coord_tls_cert)),
             ("COORD_TLS_KEY", path(&self.coord_tls_key)),
             ("COORD_TLS_SERVER_NAME", self.coord_tls_server_name.clone()),
+            ("COORD_NATS_CREDS", path(&self.nats_creds)),
+            ("COORD_NATS_NKEY_FILE", path(&self.nats_nkey_file)),
         ];
+        let nats_flag = self.nats_creds.is_some() || self.nats_nkey_file.is_some();
         ConnectSettings::from_vars(|name| {
-            flags
-                .iter()
-                .find(|(n, _)| *n == name)
-                .and_then(|(_, flag)| flag.clone())
-                .or_else(|| var(name))
+            let flag = flags.iter().find(|(n, _)| *n == name);
+            match flag {
+                Some((_, Some(value))) => Some(value.clone()),
+                Some(_) if nats_flag && name.starts_with("COORD_NATS_") => None,
+                _ => var(name),
+            }
         })
         .map_err(|e| CliError::Message(e.to_string()))
     }
@@ -415,6 +430,20 @@ mod tests {
             err.contains("flag-ca.pem") && !err.contains("env-ca"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_nats_login_flag_replaces_either_variable() {
+        let flagged = BackendArgs {
+            nats_creds: Some("/flag/app.creds".into()),
+            ..BackendArgs::default()
+        };
+        let env = [("COORD_NATS_NKEY_FILE", "/env/seed")];
+        let settings = flagged.settings(vars(&env)).unwrap();
+        assert_eq!(settings.nats_creds, Some("/flag/app.creds".into()));
+        assert_eq!(settings.nats_nkey_file, None);
+        let settings = args(None, None).settings(vars(&env)).unwrap();
+        assert_eq!(settings.nats_nkey_file, Some("/env/seed".into()));
     }
 
     #[test]

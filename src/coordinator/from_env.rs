@@ -11,8 +11,15 @@
 //! | `COORD_TLS_KEY` | PEM file of that certificate's private key |
 //! | `COORD_TLS_SERVER_NAME` | name to check the servers' certificates against instead of the URL's host |
 //!
-//! They are read into one [`Tls`] by [`ConnectSettings::from_vars`]; a
-//! blank variable counts as unset.
+//! NATS also logs in with one of these (the other backends ignore them):
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `COORD_NATS_CREDS` | a `.creds` file (user JWT and NKey seed), for servers in operator mode |
+//! | `COORD_NATS_NKEY_FILE` | a file whose first line is an NKey user seed (`SU...`) |
+//!
+//! They are read by [`ConnectSettings::from_vars`] (TLS into one [`Tls`]);
+//! a blank variable counts as unset.
 
 use super::{Coordinator, EtcdCoordinator, MemoryCoordinator, NoopCoordinator};
 use crate::error::{Error, Result};
@@ -21,7 +28,9 @@ use crate::tls::Tls;
 use std::path::PathBuf;
 
 /// What a connection needs besides the backend's name and URL, applied by
-/// [`connect_with`] to whichever backend it connects: today TLS.
+/// [`connect_with`] to whichever backend it connects: TLS, and for NATS a
+/// login. Holds file paths, never a secret, so `Debug` shows no key or
+/// seed.
 ///
 /// `#[non_exhaustive]`: more settings may follow; start from
 /// [`ConnectSettings::default`] (no TLS) or [`ConnectSettings::from_vars`].
@@ -46,6 +55,12 @@ pub struct ConnectSettings {
     /// TLS for the backend's servers (`COORD_TLS_*`). Default `None`: the
     /// backend's plain-text default, unless its URL asks for TLS.
     pub tls: Option<Tls>,
+    /// NATS: the `.creds` file to log in with (`COORD_NATS_CREDS`), read
+    /// when connecting. Default `None`.
+    pub nats_creds: Option<PathBuf>,
+    /// NATS: a file whose first line is the NKey user seed to log in with
+    /// (`COORD_NATS_NKEY_FILE`), read when connecting. Default `None`.
+    pub nats_nkey_file: Option<PathBuf>,
 }
 
 impl ConnectSettings {
@@ -56,18 +71,47 @@ impl ConnectSettings {
         self
     }
 
-    /// The settings the `COORD_TLS_*` variables (see the [module
-    /// docs](self)) ask for, looked up through `var` (`std::env::var(name).ok()`
-    /// for the environment); blank values count as unset.
+    /// These settings logging in to NATS with the `.creds` file at `path`.
+    #[must_use]
+    pub fn with_nats_creds(mut self, path: impl Into<PathBuf>) -> Self {
+        self.nats_creds = Some(path.into());
+        self
+    }
+
+    /// These settings logging in to NATS with the NKey seed in the file at
+    /// `path`.
+    #[must_use]
+    pub fn with_nats_nkey_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.nats_nkey_file = Some(path.into());
+        self
+    }
+
+    /// The settings the `COORD_TLS_*` and `COORD_NATS_*` variables (see
+    /// the [module docs](self)) ask for, looked up through `var`
+    /// (`std::env::var(name).ok()` for the environment); blank values
+    /// count as unset.
     ///
     /// [`Error::InvalidArgument`] naming the variable when a client
     /// certificate or key or a server name comes without `COORD_TLS_CA`,
-    /// when only one of `COORD_TLS_CERT` and `COORD_TLS_KEY` is set, or
-    /// when a file cannot be read or holds no PEM of its kind (the error
-    /// names the file and never quotes a key).
+    /// when only one of `COORD_TLS_CERT` and `COORD_TLS_KEY` is set, when
+    /// both `COORD_NATS_CREDS` and `COORD_NATS_NKEY_FILE` are set, or
+    /// when a TLS file cannot be read or holds no PEM of its kind (the
+    /// error names the file and never quotes a key). NATS files are read
+    /// when connecting.
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<ConnectSettings> {
         let get = |name: &str| var(name).filter(|v| !v.trim().is_empty());
         let path = |name: &str| get(name).map(PathBuf::from);
+        let mut settings = ConnectSettings {
+            nats_creds: path("COORD_NATS_CREDS"),
+            nats_nkey_file: path("COORD_NATS_NKEY_FILE"),
+            ..ConnectSettings::default()
+        };
+        if settings.nats_creds.is_some() && settings.nats_nkey_file.is_some() {
+            return Err(Error::invalid(
+                "COORD_NATS_CREDS",
+                "COORD_NATS_CREDS and COORD_NATS_NKEY_FILE are two ways to log in; set one",
+            ));
+        }
         let (ca, cert, key) = (
             path("COORD_TLS_CA"),
             path("COORD_TLS_CERT"),
@@ -82,7 +126,7 @@ impl ConnectSettings {
                      COORD_TLS_CA, the CA bundle that signs the servers' certificates",
                 ));
             }
-            return Ok(ConnectSettings::default());
+            return Ok(settings);
         };
         let mut tls = Tls::from_ca_file(ca)?;
         tls = match (cert, key) {
@@ -104,7 +148,8 @@ impl ConnectSettings {
         if let Some(name) = server_name {
             tls = tls.with_server_name(name.trim())?;
         }
-        Ok(ConnectSettings::default().with_tls(tls))
+        settings.tls = Some(tls);
+        Ok(settings)
     }
 }
 
@@ -291,11 +336,33 @@ fn connect_etcd(url: Option<&str>, settings: &ConnectSettings) -> Result<Box<dyn
 
 #[cfg(feature = "nats")]
 fn connect_nats(url: Option<&str>, settings: &ConnectSettings) -> Result<Box<dyn Coordinator>> {
-    if settings.tls.is_some() {
-        return Err(Error::Unsupported("TLS for the nats backend"));
+    let mut options =
+        super::NatsOptions::default().with_urls(url.unwrap_or(super::nats::DEFAULT_URL));
+    if let Some(tls) = &settings.tls {
+        options = options.with_tls(tls.clone());
     }
-    let url = url.unwrap_or(super::nats::DEFAULT_URL);
-    Ok(Box::new(super::NatsCoordinator::connect(url)?))
+    if let Some(path) = &settings.nats_creds {
+        options = options.with_credentials_file(path);
+    }
+    if let Some(path) = &settings.nats_nkey_file {
+        // The io error names no content; the seed is checked (and never
+        // quoted) by the backend.
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::invalid(
+                "COORD_NATS_NKEY_FILE",
+                format!("cannot read the NKey seed file {}: {e}", path.display()),
+            )
+        })?;
+        let seed = text.lines().map(str::trim).find(|l| !l.is_empty());
+        let Some(seed) = seed else {
+            return Err(Error::invalid(
+                "COORD_NATS_NKEY_FILE",
+                format!("the NKey seed file {} is empty", path.display()),
+            ));
+        };
+        options = options.with_nkey(seed);
+    }
+    Ok(Box::new(super::NatsCoordinator::with_options(options)?))
 }
 
 #[cfg(not(feature = "nats"))]
@@ -416,6 +483,22 @@ mod tests {
             err.contains(&key) && !err.contains("PRIVATE KEY-----\n"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn nats_logins_are_paths_and_only_one_is_taken() {
+        let settings =
+            ConnectSettings::from_vars(vars(&[("COORD_NATS_CREDS", "/x/app.creds")])).unwrap();
+        assert_eq!(settings.nats_creds, Some(PathBuf::from("/x/app.creds")));
+        assert_eq!(settings.nats_nkey_file, None);
+        let both = [
+            ("COORD_NATS_CREDS", "/x/app.creds"),
+            ("COORD_NATS_NKEY_FILE", "/x/seed"),
+        ];
+        let err = ConnectSettings::from_vars(vars(&both))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("set one"), "{err}");
     }
 
     #[test]
