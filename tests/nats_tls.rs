@@ -8,7 +8,7 @@ use fleetcoord::coordinator::{
     connect_with, from_lookup, ConnectSettings, Coordinator, NatsCoordinator, NatsCredentials,
     NatsOptions,
 };
-use fleetcoord::testing::{NatsBuilder, NatsServer, TestPki};
+use fleetcoord::testing::{NatsBuilder, NatsServer, ServerNames, TestPki};
 use fleetcoord::{Error, Tls};
 use std::time::{Duration, Instant};
 
@@ -163,6 +163,26 @@ fn a_server_certificate_from_another_ca_is_not_trusted() {
         .expect("the right CA")
         .ping()
         .unwrap();
+}
+
+#[test]
+fn a_server_name_other_than_the_dialled_host() {
+    let server = NatsBuilder::new()
+        .tls_for(ServerNames::LocalhostOnly)
+        .start()
+        .expect(HINT);
+    // The URL dials 127.0.0.1; the certificate names only localhost.
+    let err = refused(options(&server).with_tls(ca_only(&server)));
+    assert!(err.contains("not valid for the name dialled"), "{err}");
+    let named = ca_only(&server).with_server_name("localhost").unwrap();
+    NatsCoordinator::with_options(options(&server).with_tls(named))
+        .expect("the certificate's name")
+        .ping()
+        .unwrap();
+    // The name is checked, not merely accepted.
+    let wrong = ca_only(&server).with_server_name("nats.example").unwrap();
+    let err = refused(options(&server).with_tls(wrong));
+    assert!(err.contains("not valid for the name"), "{err}");
 }
 
 #[test]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::nats_jwt::Decentralized;
 use super::net;
-use super::pki::TestPki;
+use super::pki::{ServerNames, TestPki};
 use super::process;
 use super::server::unique_token;
 use crate::deadline::deadline_after;
@@ -78,7 +78,9 @@ impl Secrets {
         Ok(Secrets {
             pki: match builder.tls {
                 TlsMode::Off => None,
-                TlsMode::Server | TlsMode::VerifyClients => Some(Arc::new(TestPki::generate()?)),
+                TlsMode::Server | TlsMode::VerifyClients => Some(Arc::new(TestPki::generate_for(
+                    builder.tls_names.unwrap_or(ServerNames::Loopback),
+                )?)),
             },
             nkey: matches!(builder.auth, Auth::NKey).then(|| Arc::new(nkeys::KeyPair::new_user())),
             decentralized: match builder.auth {
@@ -102,6 +104,8 @@ impl Secrets {
 pub struct NatsBuilder {
     auth: Auth,
     tls: TlsMode,
+    /// The names of the server certificate; `None`: loopback.
+    tls_names: Option<ServerNames>,
 }
 
 impl NatsBuilder {
@@ -147,6 +151,14 @@ impl NatsBuilder {
             self.tls = TlsMode::Server;
         }
         self
+    }
+
+    /// [`NatsBuilder::tls`] with a server certificate valid for `names`
+    /// only, e.g. [`ServerNames::LocalhostOnly`] to test a name mismatch
+    /// (the URL still dials `127.0.0.1`).
+    pub fn tls_for(mut self, names: ServerNames) -> Self {
+        self.tls_names = Some(names);
+        self.tls()
     }
 
     /// [`NatsBuilder::tls`], and clients must also present a certificate
