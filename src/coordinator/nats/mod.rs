@@ -69,8 +69,56 @@
 //! `max_payload: 2MB` (or more) in the server's configuration to accept
 //! every payload fleetcoord does.
 //!
-//! **Not supported:** TLS (the URLs are `nats://`), NKey and JWT
-//! credentials.
+//! **TLS.** [`NatsOptions::with_tls`] takes the same [`Tls`] as etcd: the
+//! servers' certificates must be signed by its CA bundle and valid for
+//! its server name (else the URL's host), and its client certificate, if
+//! any, is presented (nats-server's `tls { verify: true }`). Every URL
+//! then uses TLS, `nats://` ones too. A `tls://` URL without
+//! `with_tls` still requires TLS and trusts the platform's roots.
+//!
+//! **Logins.** [`NatsOptions::with_user_password`],
+//! [`NatsOptions::with_token`], [`NatsOptions::with_nkey`] (an NKey user,
+//! `authorization { users: [ { nkey: U... } ] }`) and
+//! [`NatsOptions::with_credentials_file`] (a `.creds` file with a user JWT
+//! and its seed, for a server in operator mode). Seeds and `.creds` files
+//! are read and checked before anything is dialled. No password, token or
+//! seed appears in `Debug` output or an error.
+//!
+//! **Refusals** are an [`Error::Backend`] of one line naming the cause: a
+//! server certificate not signed by the CA, or not valid for the name; a
+//! server that wants a client certificate and got none, or refused it
+//! (an expired one says when it expired); a plain-text server; a refused
+//! user, named by its user name or NKey public key (never its secret).
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use fleetcoord::coordinator::{Coordinator, NatsCoordinator, NatsOptions};
+//! use fleetcoord::testing::NatsBuilder;
+//! use fleetcoord::Tls;
+//!
+//! // A test server in operator mode (JWT accounts) that wants TLS.
+//! let server = NatsBuilder::new().tls().jwt_auth().start()?;
+//! let ca = server.pki().expect("a TLS server has test certificates").ca_path();
+//! let coord = NatsCoordinator::with_options(
+//!     NatsOptions::default()
+//!         .with_urls(&server.url()) // tls://127.0.0.1:...
+//!         .with_tls(Tls::from_ca_file(ca)?)
+//!         .with_credentials_file(server.creds_path().expect("a creds file")),
+//! )?;
+//! coord.kv_set("config", "mode", b"on")?;
+//!
+//! // The wrong CA: refused before any request, saying why.
+//! let stranger = fleetcoord::testing::TestPki::generate()?;
+//! let err = NatsCoordinator::with_options(
+//!     NatsOptions::default()
+//!         .with_urls(&server.url())
+//!         .with_tls(Tls::from_ca_file(stranger.ca_path())?)
+//!         .with_credentials_file(server.creds_path().expect("a creds file")),
+//! )
+//! .unwrap_err();
+//! assert!(err.to_string().contains("not signed by the given CA"), "{err}");
+//! # Ok(()) }
+//! ```
 
 mod auth;
 mod conn;
@@ -195,8 +243,9 @@ pub enum NatsKeyEncoding {
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct NatsOptions {
-    /// Server URLs (`nats://host:port`); the client connects to one and
-    /// fails over to the others. Default [`DEFAULT_URL`].
+    /// Server URLs (`nats://host:port`, or `tls://host:port` to require
+    /// TLS); the client connects to one and fails over to the others.
+    /// Default [`DEFAULT_URL`].
     pub urls: Vec<String>,
     /// Replicas of each KV bucket created by this handle: 1 to 5, at most
     /// the cluster's size. Default 1 (3 is usual on a 3-node cluster).
