@@ -184,9 +184,14 @@ pub(super) fn explain(
              configured ({text})"
         );
     }
+    // The alert a server sends depends on its version: nats-server 2.9
+    // says BadCertificate for a missing or expired certificate, 2.15
+    // CertificateExpired for an expired one.
     let alert = [
         "CertificateRequired",
         "BadCertificate",
+        "CertificateExpired",
+        "CertificateUnknown",
         "UnknownCA",
         "certificate required",
     ]
