@@ -7,8 +7,9 @@ use fleetcoord::testing::{NatsBuilder, NatsServer};
 use serde_json::Value;
 use std::process::{Command, Output, Stdio};
 
-/// Every variable the bus commands read, so the caller's shell cannot leak in.
-const COORD_VARS: [&str; 9] = [
+/// Every variable the bus commands (and TLS) read, so the caller's shell
+/// cannot leak in.
+const COORD_VARS: [&str; 11] = [
     "COORD",
     "COORD_URL",
     "COORD_TLS_CA",
@@ -18,6 +19,8 @@ const COORD_VARS: [&str; 9] = [
     "COORD_NATS_CREDS",
     "COORD_NATS_NKEY_FILE",
     "RUST_LOG",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
 ];
 
 fn run(url: &str, args: &[&str]) -> Output {
@@ -169,5 +172,22 @@ fn tls_flags_and_a_creds_variable_reach_a_secured_server() {
     assert_ne!(output.status.code(), Some(0));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("requires a client certificate"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+
+    // async-nats reads the platform's roots even with a CA bundle given:
+    // a broken SSL_CERT_FILE is named, not a mystery.
+    let output = run_with(
+        &server.url(),
+        &["--nats-creds", &creds, "kv", "get", "config", "mode"],
+        &[
+            env[0].clone(),
+            env[1].clone(),
+            env[2].clone(),
+            ("SSL_CERT_FILE", "/nonexistent/certs.pem".to_string()),
+        ],
+    );
+    assert_ne!(output.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("check SSL_CERT_FILE"), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
 }

@@ -1,25 +1,8 @@
 //! Picking a backend from the environment. Coordination is never on the
 //! critical path: whatever goes wrong here degrades to noop with a warning.
 //!
-//! Besides `COORD` and `COORD_URL`, the backend-neutral TLS variables
-//! apply to whichever backend `COORD` selects:
-//!
-//! | variable | meaning |
-//! |---|---|
-//! | `COORD_TLS_CA` | PEM file of the CA bundle that signs the servers' certificates; turns TLS on |
-//! | `COORD_TLS_CERT` | PEM file of a client certificate, for servers that verify clients (needs `COORD_TLS_KEY`) |
-//! | `COORD_TLS_KEY` | PEM file of that certificate's private key |
-//! | `COORD_TLS_SERVER_NAME` | name to check the servers' certificates against instead of the URL's host |
-//!
-//! NATS also logs in with one of these (the other backends ignore them):
-//!
-//! | variable | meaning |
-//! |---|---|
-//! | `COORD_NATS_CREDS` | a `.creds` file (user JWT and NKey seed), for servers in operator mode |
-//! | `COORD_NATS_NKEY_FILE` | a file whose first line is an NKey user seed (`SU...`) |
-//!
-//! They are read by [`ConnectSettings::from_vars`] (TLS into one [`Tls`]);
-//! a blank variable counts as unset.
+//! Besides `COORD` and `COORD_URL`, the `COORD_TLS_*` and `COORD_NATS_*`
+//! variables of [`ConnectSettings`] apply.
 
 use super::{Coordinator, EtcdCoordinator, MemoryCoordinator, NoopCoordinator};
 use crate::error::{Error, Result};
@@ -31,6 +14,26 @@ use std::path::PathBuf;
 /// [`connect_with`] to whichever backend it connects: TLS, and for NATS a
 /// login. Holds file paths, never a secret, so `Debug` shows no key or
 /// seed.
+///
+/// Besides `COORD` and `COORD_URL`, the backend-neutral TLS variables
+/// apply to whichever backend `COORD` selects:
+///
+/// | variable | meaning |
+/// |---|---|
+/// | `COORD_TLS_CA` | PEM file of the CA bundle that signs the servers' certificates; turns TLS on |
+/// | `COORD_TLS_CERT` | PEM file of a client certificate, for servers that verify clients (needs `COORD_TLS_KEY`) |
+/// | `COORD_TLS_KEY` | PEM file of that certificate's private key |
+/// | `COORD_TLS_SERVER_NAME` | name to check the servers' certificates against instead of the URL's host |
+///
+/// NATS also logs in with one of these (the other backends ignore them):
+///
+/// | variable | meaning |
+/// |---|---|
+/// | `COORD_NATS_CREDS` | a `.creds` file (user JWT and NKey seed), for servers in operator mode |
+/// | `COORD_NATS_NKEY_FILE` | a file whose first line is an NKey user seed (`SU...`) |
+///
+/// They are read by [`ConnectSettings::from_vars`] (TLS into one [`Tls`]);
+/// a blank variable counts as unset.
 ///
 /// `#[non_exhaustive]`: more settings may follow; start from
 /// [`ConnectSettings::default`] (no TLS) or [`ConnectSettings::from_vars`].
@@ -87,7 +90,7 @@ impl ConnectSettings {
     }
 
     /// The settings the `COORD_TLS_*` and `COORD_NATS_*` variables (see
-    /// the [module docs](self)) ask for, looked up through `var`
+    /// [`ConnectSettings`]) ask for, looked up through `var`
     /// (`std::env::var(name).ok()` for the environment); blank values
     /// count as unset.
     ///
@@ -155,7 +158,7 @@ impl ConnectSettings {
 
 /// The backend named by `COORD` (`memory`, `noop`, `etcd`, `nats`, `redis`;
 /// case-insensitive), connected to `COORD_URL` where it needs one, with
-/// the `COORD_TLS_*` variables (see the [module docs](self)).
+/// the `COORD_TLS_*` and `COORD_NATS_*` variables (see [`ConnectSettings`]).
 ///
 /// Unset or empty `COORD` gives [`MemoryCoordinator`], the embedded default.
 /// An unknown value, a backend not built into this binary, unusable

@@ -174,6 +174,15 @@ pub(super) fn explain(
              it was issued for or set the TLS server name ({text})"
         );
     }
+    // async-nats reads the platform's roots even when given a complete
+    // ClientConfig (docs/backend-notes.md, "TLS"), so a broken
+    // SSL_CERT_FILE fails a connection that would not have used them.
+    if text.contains("could not load platform certs") {
+        return format!(
+            "TLS: the client could not read the platform's CA certificates, which it \
+             loads even when a CA bundle is given; check SSL_CERT_FILE and SSL_CERT_DIR ({text})"
+        );
+    }
     let Some(tls) = tls else {
         return text.to_owned();
     };

@@ -828,6 +828,12 @@ mod tests {
                 .with_user_password("app", "s3cret")
                 .credentials,
             NatsOptions::default().with_token("t0ken").credentials,
+            NatsOptions::default()
+                .with_nkey("SUACSSL3UAHUDXKFSNVUZRF5UHPMWZ6BFDTJ7M6USDXIEDNPPQYYYCU3VY")
+                .credentials,
+            NatsOptions::default()
+                .with_credentials_file("/etc/nats/app.creds")
+                .credentials,
         ]
         .map(|c| format!("{c:?}"));
         assert_eq!(
@@ -835,7 +841,9 @@ mod tests {
             [
                 "None",
                 r#"UserPassword { user: "app", password: "<redacted>" }"#,
-                "Token(<redacted>)"
+                "Token(<redacted>)",
+                "NKey(<redacted>)",
+                r#"CredentialsFile("/etc/nats/app.creds")"#,
             ]
         );
     }
