@@ -117,6 +117,17 @@ fn tls_and_a_creds_file_together() {
     assert_eq!(coord.kv_get("config", "mode").unwrap(), b"on");
     let id = coord.append_stream("audit", b"login").unwrap();
     assert_eq!(id.to_string(), "1");
+
+    // with_tls makes a nats:// URL use TLS too.
+    let plain_url = server.url().replace("tls://", "nats://");
+    let coord = NatsCoordinator::with_options(
+        options(&server)
+            .with_urls(&plain_url)
+            .with_tls(ca_only(&server))
+            .with_credentials_file(server.creds_path().unwrap()),
+    )
+    .expect("connect");
+    assert_eq!(coord.kv_get("config", "mode").unwrap(), b"on");
 }
 
 #[test]
