@@ -150,9 +150,12 @@ fn an_nkey_user_logs_in_and_a_wrong_one_is_refused() {
     assert!(err.contains("authorization violation"), "{err}");
     assert!(!err.contains(&wrong), "{err}");
 
-    // No credentials at all.
+    // No credentials at all, and a token where an NKey is wanted.
     let err = refused(options(&server));
     assert!(err.contains("requires credentials"), "{err}");
+    let err = refused(options(&server).with_token("t0ken-secret"));
+    assert!(err.contains("refused the token"), "{err}");
+    assert!(!err.contains("t0ken-secret"), "{err}");
 
     // Not a seed: refused before dialling, never quoted.
     let err = invalid(options(&server).with_nkey("SUNOTASEEDSECRET"), "nkey");

@@ -64,10 +64,12 @@ impl Login {
         }
     }
 
-    /// Who logs in, for messages: the user, or the NKey's public key.
+    /// Who logs in, for messages: the user, the NKey's public key, or
+    /// "the token" (never the token itself).
     pub(super) fn who(&self) -> Option<String> {
         match self {
-            Login::None | Login::Token(_) => None,
+            Login::None => None,
+            Login::Token(_) => Some("the token".to_owned()),
             Login::UserPassword(user, _) => Some(format!("user {user:?}")),
             Login::NKey(key) => Some(format!("NKey user {}", key.public_key())),
             Login::Jwt { key, .. } => Some(format!("JWT user {}", key.public_key())),
