@@ -24,6 +24,8 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "nats")]
+mod client_config;
 mod validity;
 
 use crate::error::{Error, Result};

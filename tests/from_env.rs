@@ -1,6 +1,6 @@
 //! `from_env_with_etcd`: `COORD=etcd` reuses the process's `Etcd` handle
 //! instead of connecting to `COORD_URL`; every other `COORD` behaves as in
-//! `from_env`.
+//! `from_env`. `COORD_TLS_*` reach a TLS etcd with client certificates.
 
 mod common;
 
@@ -98,5 +98,43 @@ fn reads_coord_and_ignores_coord_url_from_the_environment() {
         )
         .trim(),
         "v42"
+    );
+}
+
+#[test]
+fn coord_tls_variables_reach_a_tls_etcd() {
+    let server = fleetcoord::testing::EtcdBuilder::new()
+        .client_cert_auth()
+        .start()
+        .expect("start a TLS etcd");
+    let pki = server.pki().expect("a TLS server has test certificates");
+    let url = server.endpoints().join(",");
+    let vars = [
+        ("COORD", "etcd".to_string()),
+        ("COORD_URL", url.clone()),
+        ("COORD_TLS_CA", pki.ca_path().display().to_string()),
+        (
+            "COORD_TLS_CERT",
+            pki.client_cert_path().display().to_string(),
+        ),
+        ("COORD_TLS_KEY", pki.client_key_path().display().to_string()),
+    ];
+    let lookup = |n: usize| {
+        let vars = vars[..n].to_vec();
+        move |name: &str| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.clone())
+        }
+    };
+    let coord = fleetcoord::coordinator::from_lookup(lookup(5));
+    assert!(coord.capabilities().delivers, "not connected (noop)");
+    coord.kv_set("config", "rollout", b"50%").unwrap();
+    assert_eq!(coord.kv_get("config", "rollout").unwrap(), b"50%");
+    // Without the client certificate etcd refuses: noop, not an error.
+    assert!(
+        !fleetcoord::coordinator::from_lookup(lookup(3))
+            .capabilities()
+            .delivers
     );
 }

@@ -5,9 +5,10 @@ use crate::follow::{follow, CountArgs};
 use crate::output::{event, object, text, Out};
 use crate::CliError;
 use crossbeam_channel::Receiver;
-use fleetcoord::coordinator::{Coordinator, KvEvent, StreamId, StreamPosition};
+use fleetcoord::coordinator::{ConnectSettings, Coordinator, KvEvent, StreamId, StreamPosition};
 use fleetcoord::Error;
 use serde_json::json;
+use std::path::PathBuf;
 
 /// The backend of the bus commands: `--coord`/`--coord-url`, else
 /// `COORD`/`COORD_URL`, else etcd at `--endpoints`.
@@ -21,6 +22,29 @@ pub struct BackendArgs {
     /// applies when this is absent) [default: $COORD_URL]
     #[arg(long, global = true, value_name = "URL,...")]
     coord_url: Option<String>,
+    /// CA bundle that signs that backend's servers' certificates; turns on
+    /// TLS [env: COORD_TLS_CA]
+    #[arg(long, global = true, value_name = "FILE")]
+    coord_tls_ca: Option<PathBuf>,
+    /// Client certificate for servers that verify clients (needs
+    /// --coord-tls-key) [env: COORD_TLS_CERT]
+    #[arg(long, global = true, value_name = "FILE")]
+    coord_tls_cert: Option<PathBuf>,
+    /// Private key of --coord-tls-cert [env: COORD_TLS_KEY]
+    #[arg(long, global = true, value_name = "FILE")]
+    coord_tls_key: Option<PathBuf>,
+    /// Name to check the servers' certificates against instead of the
+    /// URL's host [env: COORD_TLS_SERVER_NAME]
+    #[arg(long, global = true, value_name = "NAME")]
+    coord_tls_server_name: Option<String>,
+    /// NATS: log in with this .creds file (user JWT and NKey seed)
+    /// [env: COORD_NATS_CREDS]
+    #[arg(long, global = true, value_name = "FILE")]
+    nats_creds: Option<PathBuf>,
+    /// NATS: log in with the NKey user seed (SU...) on this file's first
+    /// line [env: COORD_NATS_NKEY_FILE]
+    #[arg(long, global = true, value_name = "FILE")]
+    nats_nkey_file: Option<PathBuf>,
 }
 
 /// The backends an operator can point the bus commands at. `memory` and
@@ -64,6 +88,37 @@ impl BackendArgs {
             ("etcd", None) => Backend::Etcd,
             (_, url) => Backend::Other { name, url },
         })
+    }
+
+    /// TLS and the NATS login for [`Backend::Other`]: each `--coord-tls-*`
+    /// and `--nats-*` flag wins over its `COORD_TLS_*`/`COORD_NATS_*`
+    /// variable, and the library checks them together (and reads the TLS
+    /// files) as it does for `from_env`. A flag given on the command line
+    /// also replaces the variable of the other NATS login, so
+    /// `--nats-creds` works in a shell with `COORD_NATS_NKEY_FILE` set.
+    pub fn settings(
+        &self,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<ConnectSettings, CliError> {
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        let flags = [
+            ("COORD_TLS_CA", path(&self.coord_tls_ca)),
+            ("COORD_TLS_CERT", path(&self.coord_tls_cert)),
+            ("COORD_TLS_KEY", path(&self.coord_tls_key)),
+            ("COORD_TLS_SERVER_NAME", self.coord_tls_server_name.clone()),
+            ("COORD_NATS_CREDS", path(&self.nats_creds)),
+            ("COORD_NATS_NKEY_FILE", path(&self.nats_nkey_file)),
+        ];
+        let nats_flag = self.nats_creds.is_some() || self.nats_nkey_file.is_some();
+        ConnectSettings::from_vars(|name| {
+            let flag = flags.iter().find(|(n, _)| *n == name);
+            match flag {
+                Some((_, Some(value))) => Some(value.clone()),
+                Some(_) if nats_flag && name.starts_with("COORD_NATS_") => None,
+                _ => var(name),
+            }
+        })
+        .map_err(|e| CliError::Message(e.to_string()))
     }
 }
 
@@ -301,6 +356,7 @@ pub fn stream(
 #[cfg(test)]
 mod tests {
     use super::{Backend, BackendArgs};
+    use crate::CliError;
 
     fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |name| {
@@ -315,6 +371,7 @@ mod tests {
         BackendArgs {
             coord: coord.map(str::to_string),
             coord_url: url.map(str::to_string),
+            ..BackendArgs::default()
         }
     }
 
@@ -345,6 +402,48 @@ mod tests {
         );
         let blank = [("COORD", " "), ("COORD_URL", "")];
         assert_eq!(resolve(args(None, None), &blank), Some(Backend::Etcd));
+    }
+
+    fn message(e: CliError) -> String {
+        match e {
+            CliError::Message(m) => m,
+            other => format!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn tls_flags_win_over_the_variables_and_are_checked_together() {
+        let none = args(Some("nats"), None).settings(vars(&[])).unwrap();
+        assert!(none.tls.is_none());
+        // The variable's half-setup is refused...
+        let env = [("COORD_TLS_CERT", "client.pem")];
+        let err = message(args(None, None).settings(vars(&env)).unwrap_err());
+        assert!(err.contains("COORD_TLS_CA"), "{err}");
+        // ...and a flag replaces the variable's file, which is then read.
+        let flagged = BackendArgs {
+            coord_tls_ca: Some("/nonexistent/flag-ca.pem".into()),
+            ..BackendArgs::default()
+        };
+        let env = [("COORD_TLS_CA", "/nonexistent/env-ca.pem")];
+        let err = message(flagged.settings(vars(&env)).unwrap_err());
+        assert!(
+            err.contains("flag-ca.pem") && !err.contains("env-ca"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_nats_login_flag_replaces_either_variable() {
+        let flagged = BackendArgs {
+            nats_creds: Some("/flag/app.creds".into()),
+            ..BackendArgs::default()
+        };
+        let env = [("COORD_NATS_NKEY_FILE", "/env/seed")];
+        let settings = flagged.settings(vars(&env)).unwrap();
+        assert_eq!(settings.nats_creds, Some("/flag/app.creds".into()));
+        assert_eq!(settings.nats_nkey_file, None);
+        let settings = args(None, None).settings(vars(&env)).unwrap();
+        assert_eq!(settings.nats_nkey_file, Some("/env/seed".into()));
     }
 
     #[test]

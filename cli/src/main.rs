@@ -275,10 +275,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
         _ => None,
     };
     if let Some(bus::Backend::Other { name, url }) = backend {
-        let coord = fleetcoord::coordinator::connect(&name, url.as_deref()).map_err(|e| {
-            let at = url.as_deref().unwrap_or("its default URL");
-            CliError::Message(format!("cannot use the {name} backend at {at}: {e}"))
-        })?;
+        let settings = cli.backend.settings(|name| std::env::var(name).ok())?;
+        let coord = fleetcoord::coordinator::connect_with(&name, url.as_deref(), &settings)
+            .map_err(|e| {
+                let at = url.as_deref().unwrap_or("its default URL");
+                CliError::Message(format!("cannot use the {name} backend at {at}: {e}"))
+            })?;
         let result = run_bus(cli.command, &out, coord.as_ref(), &shutdown);
         let _ = coord.close();
         return result;

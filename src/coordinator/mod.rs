@@ -114,7 +114,10 @@ pub const MIN_FEED_CAPACITY: usize = 2;
 /// The largest feed capacity any backend accepts (queues are allocated up
 /// front).
 pub const MAX_FEED_CAPACITY: usize = crate::validate::MAX_CAPACITY;
-pub use from_env::{connect, from_env, from_env_vars, from_env_vars_with_etcd, from_env_with_etcd};
+pub use from_env::{
+    connect, connect_with, from_env, from_env_vars, from_env_vars_with_etcd, from_env_with_etcd,
+    from_lookup, ConnectSettings,
+};
 pub use memory::{MemoryCoordinator, MemoryOptions};
 #[cfg(feature = "nats")]
 pub use nats::{NatsCoordinator, NatsCredentials, NatsKeyEncoding, NatsOptions};

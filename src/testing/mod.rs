@@ -52,6 +52,7 @@
 mod admin;
 mod cluster;
 mod nats;
+mod nats_jwt;
 mod net;
 mod pki;
 mod process;

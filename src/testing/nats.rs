@@ -5,10 +5,13 @@ use std::fs::OpenOptions;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::nats_jwt::Decentralized;
 use super::net;
+use super::pki::{ServerNames, TestPki};
 use super::process;
 use super::server::unique_token;
 use crate::deadline::deadline_after;
@@ -33,6 +36,59 @@ enum Auth {
     None,
     UserPassword(String, String),
     Token(String),
+    /// One user known by the public key of a fresh NKey.
+    NKey,
+    /// Operator mode: a fresh operator, account and user (JWTs).
+    Jwt,
+}
+
+/// Whether clients must use TLS, and present a certificate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum TlsMode {
+    #[default]
+    Off,
+    Server,
+    VerifyClients,
+}
+
+/// Keys and certificates made for one start, shared by a cluster's nodes
+/// and kept across restarts.
+#[derive(Clone, Default)]
+struct Secrets {
+    pki: Option<Arc<TestPki>>,
+    nkey: Option<Arc<nkeys::KeyPair>>,
+    decentralized: Option<Arc<Decentralized>>,
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secrets")
+            .field("pki", &self.pki)
+            .field("nkey", &self.nkey.as_ref().map(|k| k.public_key()))
+            .field(
+                "user",
+                &self.decentralized.as_ref().map(|d| d.user_public.clone()),
+            )
+            .finish()
+    }
+}
+
+impl Secrets {
+    fn generate(builder: &NatsBuilder) -> Result<Secrets> {
+        Ok(Secrets {
+            pki: match builder.tls {
+                TlsMode::Off => None,
+                TlsMode::Server | TlsMode::VerifyClients => Some(Arc::new(TestPki::generate_for(
+                    builder.tls_names.unwrap_or(ServerNames::Loopback),
+                )?)),
+            },
+            nkey: matches!(builder.auth, Auth::NKey).then(|| Arc::new(nkeys::KeyPair::new_user())),
+            decentralized: match builder.auth {
+                Auth::Jwt => Some(Arc::new(Decentralized::generate()?)),
+                _ => None,
+            },
+        })
+    }
 }
 
 /// Options for starting a [`NatsServer`] or [`NatsCluster`].
@@ -47,6 +103,9 @@ enum Auth {
 #[derive(Clone, Debug, Default)]
 pub struct NatsBuilder {
     auth: Auth,
+    tls: TlsMode,
+    /// The names of the server certificate; `None`: loopback.
+    tls_names: Option<ServerNames>,
 }
 
 impl NatsBuilder {
@@ -64,6 +123,48 @@ impl NatsBuilder {
     /// Clients must present this token.
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.auth = Auth::Token(token.into());
+        self
+    }
+
+    /// Clients must log in as the one user of the server, known by the
+    /// public key of an NKey made at start; its seed is
+    /// [`NatsServer::nkey_seed`].
+    pub fn nkey_user(mut self) -> Self {
+        self.auth = Auth::NKey;
+        self
+    }
+
+    /// The server runs in operator mode (decentralized JWT auth) with an
+    /// operator, one account with JetStream and one user made at start,
+    /// the account preloaded into a memory resolver. Clients log in with
+    /// the user's `.creds` file, [`NatsServer::creds_path`].
+    pub fn jwt_auth(mut self) -> Self {
+        self.auth = Auth::Jwt;
+        self
+    }
+
+    /// Clients must connect with TLS; the server's certificate is from a
+    /// [`TestPki`] made at start ([`NatsServer::pki`]), valid for
+    /// `127.0.0.1` and `localhost`, and [`NatsServer::url`] is `tls://`.
+    pub fn tls(mut self) -> Self {
+        if self.tls == TlsMode::Off {
+            self.tls = TlsMode::Server;
+        }
+        self
+    }
+
+    /// [`NatsBuilder::tls`] with a server certificate valid for `names`
+    /// only, e.g. [`ServerNames::LocalhostOnly`] to test a name mismatch
+    /// (the URL still dials `127.0.0.1`).
+    pub fn tls_for(mut self, names: ServerNames) -> Self {
+        self.tls_names = Some(names);
+        self.tls()
+    }
+
+    /// [`NatsBuilder::tls`], and clients must also present a certificate
+    /// signed by the [`TestPki`]'s CA (the server's `verify: true`).
+    pub fn tls_verify_clients(mut self) -> Self {
+        self.tls = TlsMode::VerifyClients;
         self
     }
 
@@ -104,6 +205,7 @@ impl NatsBuilder {
 #[derive(Debug)]
 pub struct NatsServer {
     bin: PathBuf,
+    secrets: Secrets,
     client_port: u16,
     http_port: u16,
     child: Option<Child>,
@@ -121,6 +223,7 @@ struct NodeSpec<'a> {
     /// `(cluster name, own route port, every node's route port)`.
     cluster: Option<(String, u16, Vec<u16>)>,
     builder: &'a NatsBuilder,
+    secrets: Secrets,
 }
 
 impl NatsServer {
@@ -130,6 +233,7 @@ impl NatsServer {
     }
 
     fn start_with(builder: &NatsBuilder) -> Result<NatsServer> {
+        let secrets = Secrets::generate(builder)?;
         let mut last = None;
         for _ in 0..PORT_ATTEMPTS {
             let spec = NodeSpec {
@@ -138,6 +242,7 @@ impl NatsServer {
                 http_port: net::free_port()?,
                 cluster: None,
                 builder,
+                secrets: secrets.clone(),
             };
             let mut server = NatsServer::spawn(&spec)?;
             match server.wait_healthy() {
@@ -173,6 +278,40 @@ impl NatsServer {
             Auth::Token(token) => {
                 config.push_str(&format!("authorization {{ token: {} }}\n", quoted(token)))
             }
+            Auth::NKey => {
+                if let Some(key) = &spec.secrets.nkey {
+                    config.push_str(&format!(
+                        "authorization {{ users: [ {{ nkey: {} }} ] }}\n",
+                        quoted(&key.public_key())
+                    ));
+                }
+            }
+            Auth::Jwt => {
+                if let Some(d) = &spec.secrets.decentralized {
+                    config.push_str(&format!(
+                        "operator: {}\nsystem_account: {}\nresolver: MEMORY\n\
+                         resolver_preload: {{ {}: {}, {}: {} }}\n",
+                        quoted(&d.operator_jwt),
+                        quoted(&d.system_public),
+                        quoted(&d.system_public),
+                        quoted(&d.system_jwt),
+                        quoted(&d.account_public),
+                        quoted(&d.account_jwt),
+                    ));
+                    std::fs::write(dir.path().join(CREDS_FILE), &d.creds)?;
+                }
+            }
+        }
+        if let Some(pki) = &spec.secrets.pki {
+            // A generous handshake timeout: the default (half a second in
+            // 2.9) is short for a loaded test machine.
+            config.push_str(&format!(
+                "tls {{ cert_file: {}, key_file: {}, ca_file: {}, verify: {}, timeout: 5 }}\n",
+                quoted(&pki.server_cert_path().display().to_string()),
+                quoted(&pki.server_key_path().display().to_string()),
+                quoted(&pki.ca_path().display().to_string()),
+                spec.builder.tls == TlsMode::VerifyClients,
+            ));
         }
         if let Some((cluster, route_port, all)) = &spec.cluster {
             let routes = all
@@ -189,6 +328,7 @@ impl NatsServer {
         std::fs::write(&config_path, config)?;
         let mut server = NatsServer {
             bin,
+            secrets: spec.secrets.clone(),
             client_port: spec.client_port,
             http_port: spec.http_port,
             child: None,
@@ -252,9 +392,48 @@ impl NatsServer {
         self.log_tail(50).contains("address already in use")
     }
 
-    /// `nats://127.0.0.1:PORT`, the client URL. Stable across restarts.
+    /// `nats://127.0.0.1:PORT`, the client URL (`tls://` for a server
+    /// started with [`NatsBuilder::tls`]). Stable across restarts.
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.client_port)
+        let scheme = if self.secrets.pki.is_some() {
+            "tls"
+        } else {
+            "nats"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    /// The certificates of a server started with [`NatsBuilder::tls`] (or
+    /// [`NatsBuilder::tls_verify_clients`]): its CA verifies the server,
+    /// and its client certificate is one the server accepts. A cluster's
+    /// nodes share one.
+    pub fn pki(&self) -> Option<&TestPki> {
+        self.secrets.pki.as_deref()
+    }
+
+    /// The seed of the one user of a server started with
+    /// [`NatsBuilder::nkey_user`] (`SU...`, a secret).
+    pub fn nkey_seed(&self) -> Option<String> {
+        self.secrets.nkey.as_ref().and_then(|k| k.seed().ok())
+    }
+
+    /// The `.creds` file (user JWT and seed) of a server started with
+    /// [`NatsBuilder::jwt_auth`], in the server's temp dir.
+    pub fn creds_path(&self) -> Option<PathBuf> {
+        self.secrets
+            .decentralized
+            .as_ref()
+            .map(|_| self.dir.path().join(CREDS_FILE))
+    }
+
+    /// The public key of the user of a server started with
+    /// [`NatsBuilder::nkey_user`] or [`NatsBuilder::jwt_auth`] (`U...`).
+    pub fn user_public_key(&self) -> Option<String> {
+        match (&self.secrets.nkey, &self.secrets.decentralized) {
+            (Some(key), _) => Some(key.public_key()),
+            (None, Some(d)) => Some(d.user_public.clone()),
+            (None, None) => None,
+        }
     }
 
     /// The process id while it runs (also while paused); `None` after
@@ -363,6 +542,7 @@ impl NatsCluster {
         if n == 0 {
             return Err(Error::invalid("n", "a cluster needs at least one node"));
         }
+        let secrets = Secrets::generate(builder)?;
         let mut last = None;
         for _ in 0..PORT_ATTEMPTS {
             let ports = (0..n)
@@ -378,6 +558,7 @@ impl NatsCluster {
                     http_port: *http_port,
                     cluster: Some((name.clone(), *route_port, routes.clone())),
                     builder,
+                    secrets: secrets.clone(),
                 })?);
             }
             let mut cluster = NatsCluster { nodes };
@@ -488,6 +669,9 @@ impl NatsCluster {
             .ok_or_else(|| Error::invalid("node", format!("{i} is not below {n}")))
     }
 }
+
+/// The name of a [`NatsBuilder::jwt_auth`] server's `.creds` file.
+const CREDS_FILE: &str = "user.creds";
 
 /// A string in the server config's double quotes.
 fn quoted(s: &str) -> String {

@@ -69,9 +69,58 @@
 //! `max_payload: 2MB` (or more) in the server's configuration to accept
 //! every payload fleetcoord does.
 //!
-//! **Not supported:** TLS (the URLs are `nats://`), NKey and JWT
-//! credentials.
+//! **TLS.** [`NatsOptions::with_tls`] takes the same [`Tls`] as etcd: the
+//! servers' certificates must be signed by its CA bundle and valid for
+//! its server name (else the URL's host), and its client certificate, if
+//! any, is presented (nats-server's `tls { verify: true }`). Every URL
+//! then uses TLS, `nats://` ones too. A `tls://` URL without
+//! `with_tls` still requires TLS and trusts the platform's roots.
+//!
+//! **Logins.** [`NatsOptions::with_user_password`],
+//! [`NatsOptions::with_token`], [`NatsOptions::with_nkey`] (an NKey user,
+//! `authorization { users: [ { nkey: U... } ] }`) and
+//! [`NatsOptions::with_credentials_file`] (a `.creds` file with a user JWT
+//! and its seed, for a server in operator mode). Seeds and `.creds` files
+//! are read and checked before anything is dialled. No password, token or
+//! seed appears in `Debug` output or an error.
+//!
+//! **Refusals** are an [`Error::Backend`] of one line naming the cause: a
+//! server certificate not signed by the CA, or not valid for the name; a
+//! server that wants a client certificate and got none, or refused it
+//! (an expired one says when it expired); a plain-text server; a refused
+//! user, named by its user name or NKey public key (never its secret).
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use fleetcoord::coordinator::{Coordinator, NatsCoordinator, NatsOptions};
+//! use fleetcoord::testing::NatsBuilder;
+//! use fleetcoord::Tls;
+//!
+//! // A test server in operator mode (JWT accounts) that wants TLS.
+//! let server = NatsBuilder::new().tls().jwt_auth().start()?;
+//! let ca = server.pki().expect("a TLS server has test certificates").ca_path();
+//! let coord = NatsCoordinator::with_options(
+//!     NatsOptions::default()
+//!         .with_urls(&server.url()) // tls://127.0.0.1:...
+//!         .with_tls(Tls::from_ca_file(ca)?)
+//!         .with_credentials_file(server.creds_path().expect("a creds file")),
+//! )?;
+//! coord.kv_set("config", "mode", b"on")?;
+//!
+//! // The wrong CA: refused before any request, saying why.
+//! let stranger = fleetcoord::testing::TestPki::generate()?;
+//! let err = NatsCoordinator::with_options(
+//!     NatsOptions::default()
+//!         .with_urls(&server.url())
+//!         .with_tls(Tls::from_ca_file(stranger.ca_path())?)
+//!         .with_credentials_file(server.creds_path().expect("a creds file")),
+//! )
+//! .unwrap_err();
+//! assert!(err.to_string().contains("not signed by the given CA"), "{err}");
+//! # Ok(()) }
+//! ```
 
+mod auth;
 mod conn;
 mod kv;
 mod names;
@@ -87,10 +136,13 @@ use crate::coordinator::bridge::{self, Bridge, BridgeError};
 use crate::coordinator::feed_task::FeedTask;
 use crate::error::{one_line, Error, ErrorKind, Result};
 use crate::runtime::StartError;
+use crate::tls::Tls;
 use crate::validate;
+use auth::Login;
 use conn::{Conn, Settings};
 use std::fmt;
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -107,8 +159,8 @@ const CALL_SLACK: Duration = Duration::from_secs(2);
 
 /// How a [`NatsCoordinator`] logs in.
 ///
-/// `#[non_exhaustive]`: more kinds (NKeys, credentials files) may follow.
-/// Its `Debug` output never shows a password or token.
+/// `#[non_exhaustive]`: more kinds may follow. Its `Debug` output never
+/// shows a password, token or seed, and no error of fleetcoord quotes them.
 #[derive(Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NatsCredentials {
@@ -124,6 +176,15 @@ pub enum NatsCredentials {
     },
     /// A token.
     Token(String),
+    /// An NKey user: the seed (`SU...`, a secret) signs the server's
+    /// challenge; the server lists the user by its public key
+    /// (`authorization { users: [ { nkey: U... } ] }`).
+    NKey(String),
+    /// A `.creds` file, as `nsc` writes it: a user JWT (decentralized auth,
+    /// the server in operator mode) and the user's NKey seed. It is read
+    /// when the handle connects; a later change of the file applies to
+    /// handles made after it.
+    CredentialsFile(PathBuf),
 }
 
 impl fmt::Debug for NatsCredentials {
@@ -136,6 +197,10 @@ impl fmt::Debug for NatsCredentials {
                 .field("password", &"<redacted>")
                 .finish(),
             NatsCredentials::Token(_) => f.write_str("Token(<redacted>)"),
+            NatsCredentials::NKey(_) => f.write_str("NKey(<redacted>)"),
+            NatsCredentials::CredentialsFile(path) => {
+                f.debug_tuple("CredentialsFile").field(path).finish()
+            }
         }
     }
 }
@@ -178,8 +243,9 @@ pub enum NatsKeyEncoding {
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct NatsOptions {
-    /// Server URLs (`nats://host:port`); the client connects to one and
-    /// fails over to the others. Default [`DEFAULT_URL`].
+    /// Server URLs (`nats://host:port`, or `tls://host:port` to require
+    /// TLS); the client connects to one and fails over to the others.
+    /// Default [`DEFAULT_URL`].
     pub urls: Vec<String>,
     /// Replicas of each KV bucket created by this handle: 1 to 5, at most
     /// the cluster's size. Default 1 (3 is usual on a 3-node cluster).
@@ -198,6 +264,11 @@ pub struct NatsOptions {
     pub stream_max_age: Option<Duration>,
     /// How to log in. Default [`NatsCredentials::None`].
     pub credentials: NatsCredentials,
+    /// TLS: the server's certificate is verified against this CA bundle
+    /// (and name), and its client certificate, if any, presented for
+    /// servers with `verify: true`. Default `None`: plain text for
+    /// `nats://` URLs; `tls://` URLs then trust the platform's roots.
+    pub tls: Option<Tls>,
     /// How long connecting may take. Default 5 s.
     pub connect_timeout: Duration,
     /// How long one call may take, retries included: a write retried
@@ -224,6 +295,7 @@ impl Default for NatsOptions {
             stream_max_len: None,
             stream_max_age: None,
             credentials: NatsCredentials::None,
+            tls: None,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(20),
             feed_capacity: crate::coordinator::DEFAULT_FEED_CAPACITY,
@@ -288,6 +360,57 @@ impl NatsOptions {
     #[must_use]
     pub fn with_token(mut self, token: &str) -> Self {
         self.credentials = NatsCredentials::Token(token.to_owned());
+        self
+    }
+
+    /// These options logging in as the NKey user of `seed` (`SU...`).
+    /// [`NatsCoordinator::with_options`] refuses a seed that is not a user
+    /// seed with [`Error::InvalidArgument`] for `nkey`, without quoting it;
+    /// a server that does not know the user refuses it with an error
+    /// naming the user's public key.
+    #[must_use]
+    pub fn with_nkey(mut self, seed: &str) -> Self {
+        self.credentials = NatsCredentials::NKey(seed.trim().to_owned());
+        self
+    }
+
+    /// These options logging in with the `.creds` file at `path` (user
+    /// JWT and NKey seed). [`NatsCoordinator::with_options`] reads it
+    /// before connecting: a missing file, one without a JWT or seed block,
+    /// or a seed that is not a user's is an [`Error::InvalidArgument`] for
+    /// `credentials_file` naming the file (never quoting the seed).
+    #[must_use]
+    pub fn with_credentials_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.credentials = NatsCredentials::CredentialsFile(path.into());
+        self
+    }
+
+    /// These options connecting with TLS: the server's certificate must be
+    /// signed by `tls`'s CA bundle (and valid for its server name, else
+    /// for the URL's host), and `tls`'s client certificate, if any, is
+    /// presented. Every URL then uses TLS, `nats://` ones too; a server
+    /// without TLS is refused.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use fleetcoord::coordinator::{Coordinator, NatsCoordinator, NatsOptions};
+    /// use fleetcoord::testing::NatsBuilder;
+    /// use fleetcoord::Tls;
+    ///
+    /// // A server that wants TLS and a client certificate (`verify: true`).
+    /// let server = NatsBuilder::new().tls_verify_clients().start()?;
+    /// let pki = server.pki().expect("a TLS server has test certificates");
+    /// let tls = Tls::from_ca_file(pki.ca_path())?
+    ///     .with_client_files(pki.client_cert_path(), pki.client_key_path())?;
+    /// let coord = NatsCoordinator::with_options(
+    ///     NatsOptions::default().with_urls(&server.url()).with_tls(tls),
+    /// )?;
+    /// coord.kv_set("config", "mode", b"on")?;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn with_tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
         self
     }
 
@@ -419,9 +542,18 @@ impl NatsCoordinator {
         Self::with_options(NatsOptions::default().with_urls(urls))
     }
 
-    /// Connects with explicit options (see [`NatsOptions`]).
+    /// Connects with explicit options (see [`NatsOptions`]). Credentials
+    /// files and TLS settings are read and checked first, so a bad one is
+    /// an [`Error::InvalidArgument`] before anything is dialled; a failed
+    /// connection is an [`Error::Backend`] whose one-line message names
+    /// the cause (a server certificate the CA did not sign, a missing or
+    /// refused client certificate, a refused user).
     pub fn with_options(options: NatsOptions) -> Result<Self> {
         options.check()?;
+        let login = Login::resolve(&options.credentials)?;
+        let who = login.who();
+        let tls_config = options.tls.as_ref().map(Tls::to_rustls).transpose()?;
+        let tls = options.tls.clone();
         let urls = options.urls.join(",");
         let settings = Settings {
             kv_replicas: options.kv_replicas,
@@ -434,7 +566,6 @@ impl NatsCoordinator {
         let connect_timeout = options.connect_timeout;
         let request_timeout = options.request_timeout;
         let addrs = options.urls.clone();
-        let credentials = options.credentials.clone();
         let started = bridge::start("fleetcoord-nats", connect_timeout, move || async move {
             let mut client_options = async_nats::ConnectOptions::new()
                 .name("fleetcoord")
@@ -443,23 +574,19 @@ impl NatsCoordinator {
                 // Never give up on a server that went away: feeds resume
                 // and calls fail with a timeout meanwhile.
                 .max_reconnects(None);
-            client_options = match credentials {
-                NatsCredentials::None => client_options,
-                NatsCredentials::UserPassword { user, password } => {
-                    client_options.user_and_password(user, password)
-                }
-                NatsCredentials::Token(token) => client_options.token(token),
-            };
+            client_options = login.apply(client_options);
+            if let Some(config) = tls_config {
+                client_options = client_options.require_tls(true).tls_client_config(config);
+            }
             // A list, not one comma-separated string (docs/backend-notes.md, "Connect").
             let addrs: Vec<async_nats::ServerAddr> = addrs
                 .iter()
                 .map(|u| u.parse())
                 .collect::<std::result::Result<_, _>>()
                 .map_err(|e: std::io::Error| e.to_string())?;
-            let client = client_options
-                .connect(addrs)
-                .await
-                .map_err(|e| one_line(&e))?;
+            let client = client_options.connect(addrs).await.map_err(|e| {
+                auth::explain(e.kind(), &one_line(&e), tls.as_ref(), who.as_deref())
+            })?;
             let js = async_nats::jetstream::context::ContextBuilder::new()
                 .timeout(request_timeout.min(Duration::from_secs(5)))
                 .build(client.clone());
@@ -701,6 +828,12 @@ mod tests {
                 .with_user_password("app", "s3cret")
                 .credentials,
             NatsOptions::default().with_token("t0ken").credentials,
+            NatsOptions::default()
+                .with_nkey("SUACSSL3UAHUDXKFSNVUZRF5UHPMWZ6BFDTJ7M6USDXIEDNPPQYYYCU3VY")
+                .credentials,
+            NatsOptions::default()
+                .with_credentials_file("/etc/nats/app.creds")
+                .credentials,
         ]
         .map(|c| format!("{c:?}"));
         assert_eq!(
@@ -708,7 +841,9 @@ mod tests {
             [
                 "None",
                 r#"UserPassword { user: "app", password: "<redacted>" }"#,
-                "Token(<redacted>)"
+                "Token(<redacted>)",
+                "NKey(<redacted>)",
+                r#"CredentialsFile("/etc/nats/app.creds")"#,
             ]
         );
     }
