@@ -354,8 +354,8 @@ qemu-lib: deps-build deps-etcd deps-qemu-lib
 	    $(CARGO) test -p fleetcoord --features testing --target "$$t" --no-fail-fast \
 	      $(foreach s,$(QEMU_LIB_TESTS),--test $(s)) 2>&1 | tee "$$log"; then failed=1; fi; \
 	  secs=$$(( $$(date +%s) - start )); \
-	  passed=$$(grep -o 'test result: ok\. [0-9]* passed' "$$log" | awk '{n += $$4} END {print n + 0}'); \
-	  bad=$$(grep -o 'test result: FAILED\. [0-9]* passed; [0-9]* failed' "$$log" | awk '{n += $$6} END {print n + 0}'); \
+	  passed=$$({ grep -o 'test result: ok\. [0-9]* passed' "$$log" || true; } | awk '{n += $$4} END {print n + 0}'); \
+	  bad=$$({ grep -o 'test result: FAILED\. [0-9]* passed; [0-9]* failed' "$$log" || true; } | awk '{n += $$6} END {print n + 0}'); \
 	  rm -f "$$log"; \
 	  summary="$$summary $$t: $$passed passed, $$bad failed in $${secs}s;"; \
 	done; \
