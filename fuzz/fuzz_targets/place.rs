@@ -229,7 +229,10 @@ fuzz_target!(|input: Input| {
         }
     }
     if m.epochs || !m.recreated_ever {
-        assert_eq!(r.epoch, m.epoch, "the reader never reached the current stream");
+        assert_eq!(
+            r.epoch, m.epoch,
+            "the reader never reached the current stream"
+        );
         assert!(!m.recreated_since, "a recreation went unnoticed");
         let owed: BTreeSet<u64> = (r.entered_at + 1..=m.head).collect();
         let epoch = r.epoch;
