@@ -81,6 +81,20 @@ pub struct Report {
     pub skipped: Vec<(&'static str, &'static str)>,
 }
 
+impl Report {
+    /// Panics unless every case selected ran and passed: none was skipped
+    /// by declaration, and at least one ran. For a backend that declares
+    /// every capability, the check that closes its conformance test.
+    pub fn assert_nothing_skipped(&self) {
+        assert!(
+            self.skipped.is_empty(),
+            "cases skipped by declaration: {:?}",
+            self.skipped
+        );
+        assert!(!self.passed.is_empty(), "no case ran");
+    }
+}
+
 /// Runs every case against handles from `factory` (see the module docs for
 /// what the factory must return). Panics, after running all cases, with the
 /// name and failure of each case that failed.
