@@ -26,6 +26,7 @@
 
 #[cfg(feature = "nats")]
 mod client_config;
+pub(crate) mod refusal;
 mod validity;
 
 use crate::error::{Error, Result};

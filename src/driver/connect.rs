@@ -10,6 +10,7 @@
 
 use super::health::{Probe, ProbeOutcome};
 use super::ConnectSettings;
+use crate::tls::refusal::{self, ClientSide};
 use crate::tls::Tls;
 use etcd_client as ec;
 use std::time::Duration;
@@ -194,10 +195,10 @@ pub(crate) fn explain(e: &ec::Error, tls: Option<&Tls>) -> String {
     let Some(tls) = tls else {
         return root;
     };
-    if root.contains("UnknownIssuer") || root.contains("BadSignature") {
+    if refusal::untrusted_server(&root) {
         return format!("TLS: the server's certificate is not signed by the given CA ({root})");
     }
-    if root.contains("not valid for name") || root.contains("NotValidForName") {
+    if refusal::wrong_name(&root) {
         return format!(
             "TLS: the server's certificate is not valid for the name dialled; \
              dial a name it was issued for or set the TLS server name ({root})"
@@ -222,31 +223,24 @@ pub(crate) fn explain(e: &ec::Error, tls: Option<&Tls>) -> String {
         ]
         .iter()
         .any(|w| root.contains(w));
-    match (alert || closed, tls.has_client_identity()) {
-        (true, false) => format!(
+    if !(alert || closed) {
+        return root;
+    }
+    let invalid_now = || tls.client_cert_invalid_at(refusal::unix_now());
+    match refusal::client_side(tls.has_client_identity(), invalid_now) {
+        ClientSide::Missing => format!(
             "TLS: the server closed the connection right after the handshake; it most \
              likely requires a client certificate, and none was given (--cert/--key) ({root})"
         ),
-        (true, true) => match tls.client_cert_invalid_at(unix_now()) {
-            // Checked here, where the refusal is explained: a certificate
-            // valid at startup may have expired since.
-            Some(why) => format!("TLS: the server refused the client certificate: {why} ({root})"),
-            None => format!(
-                "TLS: the server closed the connection right after the handshake; it most \
-                 likely refused the client certificate (is it signed by a CA the server \
-                 trusts?) ({root})"
-            ),
-        },
-        (false, _) => root,
+        ClientSide::Invalid(why) => {
+            format!("TLS: the server refused the client certificate: {why} ({root})")
+        }
+        ClientSide::Refused => format!(
+            "TLS: the server closed the connection right after the handshake; it most \
+             likely refused the client certificate (is it signed by a CA the server \
+             trusts?) ({root})"
+        ),
     }
-}
-
-/// Seconds since the epoch now (0 for a clock before it, which makes no
-/// certificate look expired).
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// Why connecting failed, as one line for an operator. The Display of

@@ -9,6 +9,7 @@
 
 use super::NatsCredentials;
 use crate::error::{Error, Result};
+use crate::tls::refusal::{self, ClientSide};
 use crate::tls::Tls;
 use nkeys::{KeyPair, KeyPairType};
 use std::path::Path;
@@ -167,10 +168,10 @@ pub(super) fn explain(
                 .to_owned(),
         };
     }
-    if text.contains("UnknownIssuer") || text.contains("BadSignature") {
+    if refusal::untrusted_server(text) {
         return format!("TLS: the server's certificate is not signed by the given CA ({text})");
     }
-    if text.contains("NotValidForName") || text.contains("not valid for name") {
+    if refusal::wrong_name(text) {
         return format!(
             "TLS: the server's certificate is not valid for the name dialled; dial a name \
              it was issued for or set the TLS server name ({text})"
@@ -221,28 +222,23 @@ pub(super) fn explain(
     ]
     .iter()
     .any(|w| text.contains(w));
-    match (alert || closed, tls.has_client_identity()) {
-        (true, false) => format!(
+    if !(alert || closed) {
+        return text.to_owned();
+    }
+    let invalid_now = || tls.client_cert_invalid_at(refusal::unix_now());
+    match refusal::client_side(tls.has_client_identity(), invalid_now) {
+        ClientSide::Missing => format!(
             "TLS: the server closed the connection after the handshake; it most likely \
              requires a client certificate (nats-server `verify: true`), and none was given ({text})"
         ),
-        (true, true) => match tls.client_cert_invalid_at(unix_now()) {
-            Some(why) => format!("TLS: the server refused the client certificate: {why} ({text})"),
-            None => format!(
-                "TLS: the server closed the connection after the handshake; it most likely \
-                 refused the client certificate (is it signed by a CA the server trusts?) ({text})"
-            ),
-        },
-        (false, _) => text.to_owned(),
+        ClientSide::Invalid(why) => {
+            format!("TLS: the server refused the client certificate: {why} ({text})")
+        }
+        ClientSide::Refused => format!(
+            "TLS: the server closed the connection after the handshake; it most likely \
+             refused the client certificate (is it signed by a CA the server trusts?) ({text})"
+        ),
     }
-}
-
-/// Seconds since the epoch now (0 for a clock before it, which makes no
-/// certificate look expired).
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 #[cfg(test)]

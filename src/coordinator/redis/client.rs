@@ -27,6 +27,7 @@
 
 use super::options::RedisOptions;
 use crate::error::{one_line, Error, ErrorKind, Result};
+use crate::tls::refusal::{self, ClientSide};
 use crate::tls::Tls;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
@@ -327,7 +328,7 @@ impl Target {
         explain_tls(&said, connecting, has_identity, self.tls.is_some(), || {
             self.tls
                 .as_ref()
-                .and_then(|t| t.client_cert_invalid_at(unix_now()))
+                .and_then(|t| t.client_cert_invalid_at(refusal::unix_now()))
         })
     }
 
@@ -483,7 +484,7 @@ fn explain_tls(
     has_ca: bool,
     cert_invalid: impl FnOnce() -> Option<String>,
 ) -> String {
-    if said.contains("UnknownIssuer") || said.contains("BadSignature") {
+    if refusal::untrusted_server(said) {
         let ca = if has_ca {
             "the given CA (RedisOptions::with_tls)"
         } else {
@@ -493,7 +494,7 @@ fn explain_tls(
             "TLS: the server's certificate is not trusted: it is not signed by {ca} ({said})"
         );
     }
-    if said.contains("NotValidForName") || said.contains("not valid for name") {
+    if refusal::wrong_name(said) {
         return format!(
             "TLS: the server's certificate is not valid for the host in the URL; use a host \
              name or address it was issued for ({said})"
@@ -520,30 +521,26 @@ fn explain_tls(
         ]
         .iter()
         .any(|w| said.contains(w));
-    match (alert || closed, has_identity) {
-        (true, false) => format!(
+    if !(alert || closed) {
+        return said.to_string();
+    }
+    match refusal::client_side(has_identity, cert_invalid) {
+        ClientSide::Missing => format!(
             "TLS: the server closed the connection during the handshake; it most likely \
              requires a client certificate (tls-auth-clients), and none was given \
              (Tls::with_client_files) ({said})"
         ),
-        (true, true) => match cert_invalid() {
-            Some(why) => format!("TLS: the server refused the client certificate: {why} ({said})"),
-            None if alert => format!(
-                "TLS: the server refused the client certificate (is it signed by a CA the \
-                 server trusts?) ({said})"
-            ),
-            None => said.to_string(),
-        },
-        (false, _) => said.to_string(),
+        ClientSide::Invalid(why) => {
+            format!("TLS: the server refused the client certificate: {why} ({said})")
+        }
+        // A hang-up alone, with a valid certificate given, is no verdict
+        // on it: the crate's own words say more.
+        ClientSide::Refused if !alert => said.to_string(),
+        ClientSide::Refused => format!(
+            "TLS: the server refused the client certificate (is it signed by a CA the \
+             server trusts?) ({said})"
+        ),
     }
-}
-
-/// Seconds since the epoch now (0 for a clock before it, which makes no
-/// certificate look expired).
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// The code of the error [`Conn::invoke_confirmed`] makes when too few
