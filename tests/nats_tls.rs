@@ -201,12 +201,7 @@ fn a_missing_or_expired_client_certificate_against_verify_true() {
     assert!(err.contains("requires a client certificate"), "{err}");
 
     let pki = server.pki().unwrap();
-    let expired = ca_only(&server)
-        .with_client_files(
-            pki.expired_client_cert_path(),
-            pki.expired_client_key_path(),
-        )
-        .unwrap();
+    let expired = pki.expired_client_tls().unwrap();
     let err = refused(options(&server).with_tls(expired));
     assert!(
         err.contains("refused the client certificate: it expired on 2021-01-01"),

@@ -140,14 +140,7 @@ fn refused_connections_say_why_in_one_line() {
     );
 
     // A client certificate of the right CA, but expired.
-    let expired = pki
-        .server_tls()
-        .unwrap()
-        .with_client_files(
-            pki.expired_client_cert_path(),
-            pki.expired_client_key_path(),
-        )
-        .unwrap();
+    let expired = pki.expired_client_tls().unwrap();
     let text = refused(&url, RedisOptions::default().with_tls(expired)).to_string();
     assert!(
         text.contains("TLS: the server refused the client certificate: it expired on 2021-01-01"),

@@ -153,14 +153,7 @@ fn mutual_tls_needs_the_client_certificate() {
 
     // A certificate of the right CA that expired: the message says so,
     // rather than pointing at the CA.
-    let expired = pki
-        .server_tls()
-        .unwrap()
-        .with_client_files(
-            pki.expired_client_cert_path(),
-            pki.expired_client_key_path(),
-        )
-        .unwrap();
+    let expired = pki.expired_client_tls().unwrap();
     let reason = connect_error(&server.endpoints(), options().with_tls(expired));
     assert!(
         reason.contains("refused the client certificate: it expired on 2021-01-01 00:00:00 UTC"),

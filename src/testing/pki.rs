@@ -213,6 +213,16 @@ impl TestPki {
             .with_client_files(self.client_cert_path(), self.client_key_path())
     }
 
+    /// TLS trusting this CA, with the expired client certificate
+    /// ([`TestPki::expired_client_cert_path`]): building it succeeds, a
+    /// server verifying clients refuses it.
+    pub fn expired_client_tls(&self) -> Result<Tls> {
+        self.server_tls()?.with_client_files(
+            self.expired_client_cert_path(),
+            self.expired_client_key_path(),
+        )
+    }
+
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
