@@ -795,9 +795,7 @@ impl NotifySocket {
         let n = self.socket.recv(&mut buf).ok()?;
         Some(String::from_utf8_lossy(&buf[..n]).into_owned())
     }
-}
 
-impl NotifySocket {
     /// Every datagram that arrives within `within`, with its arrival time.
     fn during(&self, within: Duration) -> Vec<(Instant, String)> {
         let end = Instant::now() + within;
@@ -816,6 +814,20 @@ impl NotifySocket {
                 ));
             }
         }
+    }
+
+    /// Reads datagrams until `STOPPING=1`; panics if it does not come
+    /// within `WAIT` of the one before.
+    fn until_stopping(&self) {
+        let mut rest = Vec::new();
+        while let Some(datagram) = self.next() {
+            let stopping = datagram == "STOPPING=1";
+            rest.push(datagram);
+            if stopping {
+                return;
+            }
+        }
+        panic!("no STOPPING=1 after {rest:?}");
     }
 }
 
@@ -885,19 +897,7 @@ fn agent_says_ready_once_registered_and_stopping_at_the_end() {
     assert_eq!(String::from_utf8_lossy(&hosts.stdout).lines().count(), 1);
     assert!(started.elapsed() < WAIT);
     terminate(&agent);
-    let mut rest = Vec::new();
-    while let Some(datagram) = notify.next() {
-        let stopping = datagram == "STOPPING=1";
-        rest.push(datagram);
-        if stopping {
-            break;
-        }
-    }
-    assert_eq!(
-        rest.last().map(String::as_str),
-        Some("STOPPING=1"),
-        "{rest:?}"
-    );
+    notify.until_stopping();
     assert_eq!(wait_exit(&mut agent), Some(0));
 }
 
@@ -951,19 +951,7 @@ fn agent_pets_the_watchdog_at_each_renewal_and_only_then() {
         first.duration_since(thawed)
     );
     terminate(&agent);
-    let mut rest = Vec::new();
-    while let Some(datagram) = notify.next() {
-        let stopping = datagram == "STOPPING=1";
-        rest.push(datagram);
-        if stopping {
-            break;
-        }
-    }
-    assert_eq!(
-        rest.last().map(String::as_str),
-        Some("STOPPING=1"),
-        "{rest:?}"
-    );
+    notify.until_stopping();
     assert_eq!(wait_exit(&mut agent), Some(0));
 }
 
