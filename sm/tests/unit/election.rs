@@ -934,6 +934,22 @@ fn leader_stops_believing_at_the_local_deadline() {
     );
 }
 
+/// Runs `e` to its next renewal and answers it (TTL 9 s): the instant,
+/// and the commands the answer produced.
+fn answer_next_renewal(e: &mut Election) -> (Instant, Vec<Command<ElectionNotice>>) {
+    let at = e.poll_timeout().expect("a renewal timer");
+    e.handle_timeout(at);
+    let renewal = drain(e);
+    let Some(Command::Rpc {
+        id,
+        request: Request::KeepAlive { .. },
+    }) = renewal.last().cloned()
+    else {
+        panic!("no renewal: {renewal:?}");
+    };
+    (at, ok(e, at, id.0, Response::KeptAlive { ttl_secs: 9 }))
+}
+
 /// Belief is bounded by the caller's clock: `Elected` carries the
 /// session's local deadline, and each answered renewal while leading moves
 /// it with one `Trusted`, right after the renewal's answer; a renewal of
@@ -943,17 +959,7 @@ fn an_answered_renewal_while_leading_moves_the_trusted_deadline() {
     let t0 = Instant::now();
     let mut e = elected(t0);
     let first = e.session_deadline().expect("a lease");
-    let at = e.poll_timeout().expect("a renewal timer");
-    e.handle_timeout(at);
-    let renewal = drain(&mut e);
-    let Some(Command::Rpc {
-        id,
-        request: Request::KeepAlive { .. },
-    }) = renewal.last().cloned()
-    else {
-        panic!("no renewal: {renewal:?}");
-    };
-    let answered = ok(&mut e, at, id.0, Response::KeptAlive { ttl_secs: 9 });
+    let (at, answered) = answer_next_renewal(&mut e);
     let until = e.session_deadline().expect("a lease");
     assert!(until > first, "{until:?} after {first:?}");
     assert_eq!(
@@ -1005,17 +1011,7 @@ fn session_trust_is_told_waiting_and_leading() {
         ]
     );
     // Not campaigning: a renewal's answer still tells the new deadline.
-    let at = e.poll_timeout().expect("a renewal timer");
-    e.handle_timeout(at);
-    let renewal = drain(&mut e);
-    let Some(Command::Rpc {
-        id,
-        request: Request::KeepAlive { .. },
-    }) = renewal.last().cloned()
-    else {
-        panic!("no renewal: {renewal:?}");
-    };
-    let answered = ok(&mut e, at, id.0, Response::KeptAlive { ttl_secs: 9 });
+    let (_, answered) = answer_next_renewal(&mut e);
     let until = e.session_deadline().expect("a lease");
     assert!(until > first, "{until:?} after {first:?}");
     assert_eq!(

@@ -74,6 +74,17 @@ fn err(id: u64) -> KeepaliveInput {
     })
 }
 
+/// etcd's answer to the first grant: `LEASE`, TTL 9 s.
+fn grant_reply() -> KeepaliveInput {
+    ok(
+        0,
+        Response::Granted {
+            lease: LEASE,
+            ttl_secs: TTL,
+        },
+    )
+}
+
 fn registered() -> Cmd {
     Command::Notify(KeepaliveNotice::State(LivenessState::Registered {
         lease: LEASE,
@@ -106,16 +117,7 @@ fn granted_with(config: KeepaliveConfig, t0: Instant) -> Keepalive {
             rpc(0, Request::Grant { ttl_secs: TTL })
         ]
     );
-    m.handle(
-        t0 + ms(10),
-        ok(
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: TTL,
-            },
-        ),
-    );
+    m.handle(t0 + ms(10), grant_reply());
     assert_eq!(drain(&mut m), vec![registered()]);
     m
 }
@@ -210,14 +212,7 @@ fn trust_is_told_after_the_grant_and_each_answered_renewal_only() {
     };
     let mut m = Keepalive::new(config, t0, 1);
     let _ = drain(&mut m);
-    let grant = ok(
-        0,
-        Response::Granted {
-            lease: LEASE,
-            ttl_secs: TTL,
-        },
-    );
-    m.handle(t0 + ms(10), grant);
+    m.handle(t0 + ms(10), grant_reply());
     // The state change first, then the deadline it came with.
     assert_eq!(drain(&mut m), vec![registered(), trusted(t0 + s(9))]);
     m.handle_timeout(t0 + s(3));
@@ -255,14 +250,7 @@ fn trust_in_binding_mode_is_told_from_the_grant_before_the_key_is_written() {
     };
     let mut m = Keepalive::new(config, t0, 1);
     let _ = drain(&mut m);
-    let grant = ok(
-        0,
-        Response::Granted {
-            lease: LEASE,
-            ttl_secs: TTL,
-        },
-    );
-    m.handle(t0 + ms(10), grant);
+    m.handle(t0 + ms(10), grant_reply());
     // The lease is held, its key not yet written: a user pairs the deadline
     // with the state (`Registering` still).
     assert_eq!(drain(&mut m), vec![put(1, b"v1"), trusted(t0 + s(9))]);
@@ -275,16 +263,7 @@ fn binding_mode_puts_the_key_before_registered() {
     let t0 = Instant::now();
     let mut m = Keepalive::new(config(true), t0, 1);
     let _ = drain(&mut m);
-    m.handle(
-        t0 + ms(10),
-        ok(
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: TTL,
-            },
-        ),
-    );
+    m.handle(t0 + ms(10), grant_reply());
     assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
     assert_eq!(m.state(), &LivenessState::Registering);
     assert_eq!(m.lease(), None);
@@ -300,16 +279,7 @@ fn put_failures_retry_on_the_same_lease_with_backoff() {
     let t0 = Instant::now();
     let mut m = Keepalive::new(config(true), t0, 1);
     let _ = drain(&mut m);
-    m.handle(
-        t0,
-        ok(
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: TTL,
-            },
-        ),
-    );
+    m.handle(t0, grant_reply());
     let _ = drain(&mut m);
     m.handle(t0 + ms(10), err(1));
     assert_eq!(drain(&mut m), vec![]);
@@ -338,16 +308,7 @@ fn put_rejected_for_a_missing_lease_loses_it_and_regrants_after_backoff() {
     let t0 = Instant::now();
     let mut m = Keepalive::new(config(true), t0, 1);
     let _ = drain(&mut m);
-    m.handle(
-        t0,
-        ok(
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: TTL,
-            },
-        ),
-    );
+    m.handle(t0, grant_reply());
     let _ = drain(&mut m);
     let reply = RpcReply {
         id: RpcId(1),
@@ -375,16 +336,7 @@ fn only_the_lease_not_found_variant_loses_the_lease_not_its_wording() {
     let t0 = Instant::now();
     let mut m = Keepalive::new(config(true), t0, 1);
     let _ = drain(&mut m);
-    m.handle(
-        t0,
-        ok(
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: TTL,
-            },
-        ),
-    );
+    m.handle(t0, grant_reply());
     let _ = drain(&mut m);
     // Rejected for some other reason, whatever the text says: the put is
     // retried on the same lease.
@@ -407,16 +359,7 @@ fn permission_denied_is_refused_once_and_stops_revoking_the_lease() {
     let t0 = Instant::now();
     let mut m = Keepalive::new(config(true), t0, 1);
     let _ = drain(&mut m);
-    m.handle(
-        t0,
-        ok(
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: TTL,
-            },
-        ),
-    );
+    m.handle(t0, grant_reply());
     let _ = drain(&mut m);
     let reply = RpcReply {
         id: RpcId(1),
@@ -638,16 +581,7 @@ fn set_value_puts_now_or_after_the_put_in_flight() {
     let t0 = Instant::now();
     let mut m = Keepalive::new(config(true), t0, 1);
     let _ = drain(&mut m);
-    m.handle(
-        t0,
-        ok(
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: TTL,
-            },
-        ),
-    );
+    m.handle(t0, grant_reply());
     assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
     m.handle(t0, KeepaliveInput::SetValue(b"v2".to_vec()));
     assert_eq!(drain(&mut m), vec![], "waits for the put in flight");
@@ -773,16 +707,7 @@ fn stop_during_a_grant_revokes_the_lease_it_creates() {
     m.handle(t0, KeepaliveInput::Stop);
     assert_eq!(drain(&mut m), vec![]);
     assert_eq!(m.poll_timeout(), Some(t0 + s(TTL as u64)));
-    m.handle(
-        t0 + ms(5),
-        ok(
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: TTL,
-            },
-        ),
-    );
+    m.handle(t0 + ms(5), grant_reply());
     assert_eq!(
         drain(&mut m),
         vec![rpc(1, Request::Revoke { lease: LEASE })]
@@ -815,16 +740,7 @@ fn stop_during_an_unanswered_grant_gives_up_after_the_request_timeout() {
     );
     assert_eq!(m.poll_timeout(), None);
     // A grant answered after giving up is ignored.
-    m.handle(
-        t0 + s(TTL as u64 + 1),
-        ok(
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: TTL,
-            },
-        ),
-    );
+    m.handle(t0 + s(TTL as u64 + 1), grant_reply());
     assert_eq!(drain(&mut m), vec![]);
 }
 
@@ -961,16 +877,7 @@ fn granted_with_margin(t0: Instant) -> Keepalive {
     cfg.drift_allowance_ppm = 10_000;
     let mut m = Keepalive::new(cfg, t0, 1);
     let _ = drain(&mut m);
-    m.handle(
-        t0 + ms(10),
-        ok(
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: TTL,
-            },
-        ),
-    );
+    m.handle(t0 + ms(10), grant_reply());
     assert_eq!(drain(&mut m), vec![registered()]);
     m
 }
@@ -1059,16 +966,7 @@ fn a_grant_whose_trusted_lifetime_has_passed_is_not_used() {
 fn granted_with_put_in_flight(t0: Instant) -> Keepalive {
     let mut m = Keepalive::new(config(true), t0, 1);
     let _ = drain(&mut m);
-    m.handle(
-        t0,
-        ok(
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: TTL,
-            },
-        ),
-    );
+    m.handle(t0, grant_reply());
     assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
     m
 }
@@ -1219,16 +1117,7 @@ fn attempt_a_lost_put_and_a_lost_revoke_are_sent_again_after_the_attempt_timeout
             rpc(0, Request::Grant { ttl_secs: TTL })
         ]
     );
-    m.handle(
-        t0 + ms(10),
-        ok(
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: TTL,
-            },
-        ),
-    );
+    m.handle(t0 + ms(10), grant_reply());
     assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
     // The put is lost (a raft leader change): the same put again, half a
     // second after it was sent, three times at that pace, then slower.
@@ -1501,16 +1390,7 @@ fn registered_announcing(t0: Instant, attempt: Duration) -> Keepalive {
     }
     let mut m = Keepalive::new(cfg, t0, 1);
     let _ = drain(&mut m);
-    m.handle(
-        t0 + ms(10),
-        ok(
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: TTL,
-            },
-        ),
-    );
+    m.handle(t0 + ms(10), grant_reply());
     assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
     m.handle(t0 + ms(20), ok(1, Response::Put { revision: 5 }));
     assert_eq!(drain(&mut m), vec![registered()]);
@@ -1636,16 +1516,7 @@ fn no_leave_marker_without_a_key_written_on_the_lease() {
     }
     let mut m = Keepalive::new(cfg, t0, 1);
     let _ = drain(&mut m);
-    m.handle(
-        t0 + ms(10),
-        ok(
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: TTL,
-            },
-        ),
-    );
+    m.handle(t0 + ms(10), grant_reply());
     assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
     m.handle(t0 + ms(11), KeepaliveInput::Stop);
     assert_eq!(
@@ -1666,16 +1537,7 @@ fn a_refused_put_stops_without_a_leave_marker() {
     }
     let mut m = Keepalive::new(cfg, t0, 1);
     let _ = drain(&mut m);
-    m.handle(
-        t0 + ms(10),
-        ok(
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: TTL,
-            },
-        ),
-    );
+    m.handle(t0 + ms(10), grant_reply());
     let _ = drain(&mut m);
     let denied = RpcError::PermissionDenied("no".into());
     m.handle(
