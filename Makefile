@@ -300,24 +300,36 @@ deps-qemu-sm:
 # Tests each target's build of fleetcoord-sm (unit tests, the simulation,
 # doc tests) through its qemu runner, then prints test counts and seconds.
 
-qemu-sm: deps-qemu-sm
-	@summary=""; \
-	for spec in $(qemu_sm_specs); do \
+# qemu_test(specs, cargo test arguments, name): for each
+# <target>:<gnu triple>:<qemu suffix> of specs, `cargo test ARGS --target`
+# linked by the cross gcc and run by qemu-user (for a test that runs its own
+# binary again, FLEETCOORD_TEST_RUNNER names the same command); then, per
+# target, tests passed and failed and seconds. Fails if any test failed.
+define qemu_test
+	@summary=""; failed=0; \
+	for spec in $(1); do \
 	  IFS=: read -r t gnu qemu <<< "$$spec"; \
 	  if command -v rustup >/dev/null 2>&1; then rustup target add "$$t"; fi; \
 	  var=$$(printf '%s' "$$t" | tr 'a-z-' 'A-Z_'); \
 	  log=$$(mktemp); \
 	  start=$$(date +%s); \
-	  echo "== cargo test -p fleetcoord-sm --target $$t (qemu-$$qemu)"; \
-	  env "CARGO_TARGET_$${var}_LINKER=$$gnu-gcc" \
+	  echo "== cargo test $(2) --target $$t (qemu-$$qemu)"; \
+	  if ! env "CARGO_TARGET_$${var}_LINKER=$$gnu-gcc" \
 	    "CARGO_TARGET_$${var}_RUNNER=qemu-$$qemu -L /usr/$$gnu" \
-	    $(CARGO) test -p fleetcoord-sm --target "$$t" 2>&1 | tee "$$log"; \
+	    "FLEETCOORD_TEST_RUNNER=qemu-$$qemu -L /usr/$$gnu" \
+	    $(CARGO) test $(2) --target "$$t" --no-fail-fast 2>&1 | tee "$$log"; then failed=1; fi; \
 	  secs=$$(( $$(date +%s) - start )); \
-	  passed=$$(grep -o 'test result: ok\. [0-9]* passed' "$$log" | awk '{n += $$4} END {print n + 0}'); \
+	  passed=$$({ grep -o 'test result: ok\. [0-9]* passed' "$$log" || true; } | awk '{n += $$4} END {print n + 0}'); \
+	  bad=$$({ grep -o 'test result: FAILED\. [0-9]* passed; [0-9]* failed' "$$log" || true; } | awk '{n += $$6} END {print n + 0}'); \
 	  rm -f "$$log"; \
-	  summary="$$summary $$t: $$passed tests passed in $${secs}s;"; \
+	  summary="$$summary $$t: $$passed passed, $$bad failed in $${secs}s;"; \
 	done; \
-	echo "== make qemu-sm:$$summary"
+	echo "== make $(3):$$summary"; \
+	exit $$failed
+endef
+
+qemu-sm: deps-qemu-sm
+	$(call qemu_test,$(qemu_sm_specs),-p fleetcoord-sm,qemu-sm)
 
 # The whole library on other architectures: `make qemu-lib` builds
 # fleetcoord's integration tests for each of QEMU_LIB_TARGETS (aarch64 and
@@ -340,27 +352,7 @@ deps-qemu-lib:
 	$(call apt_install,$(foreach t,$(QEMU_LIB_TARGETS),qemu-$(word 2,$(QEMU_$(t))) qemu-user $(word 1,$(QEMU_$(t)))-gcc $(word 3,$(QEMU_$(t))) /usr/$(word 1,$(QEMU_$(t)))/lib/libc.so $(word 4,$(QEMU_$(t)))))
 
 qemu-lib: deps-build deps-etcd deps-qemu-lib
-	@summary=""; failed=0; \
-	for spec in $(qemu_lib_specs); do \
-	  IFS=: read -r t gnu qemu <<< "$$spec"; \
-	  if command -v rustup >/dev/null 2>&1; then rustup target add "$$t"; fi; \
-	  var=$$(printf '%s' "$$t" | tr 'a-z-' 'A-Z_'); \
-	  log=$$(mktemp); \
-	  start=$$(date +%s); \
-	  echo "== cargo test -p fleetcoord --features testing --target $$t (qemu-$$qemu): $(QEMU_LIB_TESTS)"; \
-	  if ! env "CARGO_TARGET_$${var}_LINKER=$$gnu-gcc" \
-	    "CARGO_TARGET_$${var}_RUNNER=qemu-$$qemu -L /usr/$$gnu" \
-	    "FLEETCOORD_TEST_RUNNER=qemu-$$qemu -L /usr/$$gnu" \
-	    $(CARGO) test -p fleetcoord --features testing --target "$$t" --no-fail-fast \
-	      $(foreach s,$(QEMU_LIB_TESTS),--test $(s)) 2>&1 | tee "$$log"; then failed=1; fi; \
-	  secs=$$(( $$(date +%s) - start )); \
-	  passed=$$({ grep -o 'test result: ok\. [0-9]* passed' "$$log" || true; } | awk '{n += $$4} END {print n + 0}'); \
-	  bad=$$({ grep -o 'test result: FAILED\. [0-9]* passed; [0-9]* failed' "$$log" || true; } | awk '{n += $$6} END {print n + 0}'); \
-	  rm -f "$$log"; \
-	  summary="$$summary $$t: $$passed passed, $$bad failed in $${secs}s;"; \
-	done; \
-	echo "== make qemu-lib:$$summary"; \
-	exit $$failed
+	$(call qemu_test,$(qemu_lib_specs),-p fleetcoord --features testing $(foreach s,$(QEMU_LIB_TESTS),--test $(s)),qemu-lib)
 
 # The minimum supported Rust version is the `rust-version` of Cargo.toml; it
 # must be at least the highest `rust_version` among the packages Cargo.lock
