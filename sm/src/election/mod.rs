@@ -114,6 +114,11 @@ pub struct ElectionConfig {
     /// ([`ElectionNotice::SessionTrusted`]): one notice per answered
     /// renewal, for a user that proves progress to a watchdog.
     pub announce_session_trust: bool,
+    /// How many candidates hold at once: 1 for an election (the oldest
+    /// candidate leads, requests exactly Go's), N for a semaphore of N
+    /// permits (a candidate holds while fewer than N keys are older than
+    /// its own). 0 counts as 1.
+    pub permits: u32,
 }
 
 /// Inputs of an [`Election`].
@@ -323,6 +328,8 @@ impl Election {
             protocol_seed,
             PROTOCOL_FIRST_RPC_ID,
         );
+        let mut protocol = protocol;
+        protocol.set_permits(config.permits);
         let mut election = Election {
             prefix: config.prefix,
             session,

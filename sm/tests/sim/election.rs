@@ -58,6 +58,7 @@ fn config() -> ElectionConfig {
         attempt_timeout: ATTEMPT_TIMEOUT,
         // As the library runs every election.
         announce_session_trust: true,
+        permits: 1,
     }
 }
 
