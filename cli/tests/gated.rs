@@ -136,6 +136,13 @@ fn the_command_gets_the_token_and_its_exit_status_passes_through() {
         .output()
         .unwrap();
     assert_eq!(ok.status.code(), Some(0));
+    // Zero permits is a usage error, not a semaphore nobody can hold.
+    let zero = cli(&endpoint)
+        .args(["lock", "--permits", "0", "gate-zero", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(zero.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&zero.stderr).contains("--permits"));
     let missing = cli(&endpoint)
         .args(["elect", "gate-missing", "--", "/nonexistent/program"])
         .output()

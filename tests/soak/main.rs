@@ -311,17 +311,12 @@ fn contender(i: usize, endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
         let Some(etcd) = connect(&endpoints, &shared.stop) else {
             return;
         };
-        let semaphore = loop {
-            if shared.stop.load(Ordering::SeqCst) {
-                return;
-            }
-            match Semaphore::with_options(&etcd, "soak", PERMITS, options.clone()) {
-                Ok(s) => break s,
-                // The mismatch read failed under a fault: a new connection.
-                Err(_) => {
-                    thread::sleep(Duration::from_millis(100));
-                    continue 'client;
-                }
+        let semaphore = match Semaphore::with_options(&etcd, "soak", PERMITS, options.clone()) {
+            Ok(s) => s,
+            // The mismatch read failed under a fault: a new connection.
+            Err(_) => {
+                thread::sleep(Duration::from_millis(100));
+                continue 'client;
             }
         };
         while !shared.stop.load(Ordering::SeqCst) {

@@ -92,9 +92,7 @@ impl Protocol {
         };
         let deleted = match &result {
             Ok(Response::WatchEvents { events }) => events.iter().any(|e| {
-                e.kind == EventKind::Delete
-                    && e.kv.mod_revision >= from
-                    && keys.iter().any(|k| *k == e.kv.key)
+                e.kind == EventKind::Delete && e.kv.mod_revision >= from && keys.contains(&e.kv.key)
             }),
             // Canceled by etcd, failed, or an answer no watch gives.
             _ => {
