@@ -486,3 +486,35 @@ fn zero_permits_count_as_one() {
         Some(TxnOp::Range(RangeRequest { limit: 3, .. }))
     ));
 }
+
+/// The session lost while waiting on two watches: the campaign starts over
+/// on the next lease, and neither watch is left open.
+#[test]
+fn a_session_lost_while_waiting_cancels_every_watch() {
+    let t0 = Instant::now();
+    let mut e = registered(t0, 2);
+    campaign(&mut e, t0, 2);
+    let b = kv(b"/s/bb", b"2", 4);
+    let a = kv(b"/s/aa", b"2", 3);
+    reply(&mut e, t0, P, created(7, b"2", vec![b, a]));
+    // No renewal is answered: the session's deadline (9 s) passes.
+    let mut commands = Vec::new();
+    let end = t0 + Duration::from_secs(10);
+    while let Some(at) = e.poll_timeout().filter(|at| *at <= end) {
+        e.handle_timeout(at);
+        commands.extend(drain(&mut e));
+    }
+    assert!(!e.is_leader());
+    assert!(commands.contains(&cancel(P + 1)), "{commands:?}");
+    assert!(commands.contains(&cancel(P + 2)), "{commands:?}");
+    assert!(
+        commands.iter().any(|c| matches!(
+            c,
+            Command::Rpc {
+                request: Request::Grant { .. },
+                ..
+            }
+        )),
+        "a new lease is asked for: {commands:?}"
+    );
+}
