@@ -99,7 +99,9 @@ impl Semaphore {
     /// applies as given: use `with_prefix(DEFAULT_SEMAPHORE_PREFIX)`
     /// explicitly). Checks the permits of the keys already there (see
     /// "Mismatched permits" above), then starts the session; acquiring
-    /// waits for it.
+    /// waits for it. Unlike [`Mutex::new`](crate::Mutex::new), it needs
+    /// etcd to answer that one read (within the request timeout): an
+    /// unreachable etcd is the read's error, not a semaphore that waits.
     pub fn with_options(
         etcd: &Etcd,
         name: &str,
