@@ -16,6 +16,9 @@
 //! * [`Mutex`] (lock, try_lock, a fenced [`MutexGuard`]): the same protocol
 //!   as an election whose value nobody reads, compatible with Go's
 //!   `concurrency.Mutex` and `etcdctl lock`.
+//! * [`Semaphore`] (acquire, try_acquire, a fenced [`SemaphoreGuard`]): at
+//!   most N holders at once, on the same protocol with N permits; a
+//!   release wakes only the waiters it can let in.
 //! * [`coordinator`]: pub/sub, streams and KV with pattern watches, on etcd,
 //!   in memory, or noop, with a public `conformance` suite (feature
 //!   `conformance`).
@@ -78,6 +81,7 @@ mod watcher;
 #[cfg(feature = "conformance")]
 pub use coordinator::conformance;
 pub use election::mutex::{Mutex, MutexGuard, DEFAULT_LOCK_PREFIX};
+pub use election::semaphore::{Semaphore, SemaphoreGuard, DEFAULT_SEMAPHORE_PREFIX};
 pub use election::{
     Election, ElectionOptions, ElectionPool, LeaderInfo, LeaderObserver, Leadership, TryCampaign,
 };

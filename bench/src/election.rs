@@ -1,6 +1,6 @@
 //! Elections: an uncontested campaign, handover on resign (in process, and
 //! `fleetcoord elect` vs `etcdctl elect` as processes), and a crashed
-//! leader's successor.
+//! leader's successor; the semaphore's acquire and hand-over beside them.
 
 use crate::process::{self, Spawned};
 use crate::raw::{self, Raw};
@@ -8,7 +8,7 @@ use crate::report::{latency_row, Row};
 use crate::stats::interleave;
 use crate::{Config, Res};
 use etcd_client::{LeaderKey, ResignOptions};
-use fleetcoord::{Election, ElectionOptions, Etcd, EtcdOptions};
+use fleetcoord::{Election, ElectionOptions, Etcd, EtcdOptions, Semaphore};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -162,6 +162,111 @@ pub fn handover(cfg: &Config) -> Res<Vec<Row>> {
         "v3election resign → campaign returns",
         &anchor,
     )?])
+}
+
+/// The semaphore beside the election rows: an uncontested acquire of one
+/// of 2 permits (one permit already held by another handle, so the
+/// acquire is the second holder's), and the hand-over when one of two
+/// holders releases while a third waits, from the release call to the
+/// waiter's `acquire` returning. etcd has no semaphore of its own: the
+/// anchors are the same v3election campaign and resign → campaign
+/// hand-over as the election rows, the nearest operation etcd serves.
+pub fn semaphore(cfg: &Config) -> Res<Vec<Row>> {
+    let n = cfg.samples(100, 5);
+    let options = ElectionOptions::default()
+        .with_prefix(fleetcoord::DEFAULT_SEMAPHORE_PREFIX)
+        .with_ttl(Duration::from_secs(10));
+    let connect = || Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default());
+    let (ea, eb, ec) = (connect()?, connect()?, connect()?);
+    let a = Semaphore::with_options(&ea, "bench-semaphore", 2, options.clone())?;
+    let b = Semaphore::with_options(&eb, "bench-semaphore", 2, options.clone())?;
+    let c = Semaphore::with_options(&ec, "bench-semaphore", 2, options)?;
+    let prefix = a.key_prefix().to_string();
+    let ra = Raw::connect(&cfg.endpoint)?;
+    let rb = Raw::connect(&cfg.endpoint)?;
+    let (lease_a, ka) = raw_session(&ra, 10)?;
+    let (lease_b, kb) = raw_session(&rb, 10)?;
+    // Not timed: the first acquires wait for their sessions' grants.
+    a.acquire()?.release()?;
+    b.acquire()?.release()?;
+    c.acquire()?.release()?;
+    let held = a.acquire()?;
+    let raw_name = "/bench/raw-semaphore-campaign";
+    let (acquire, acquire_anchor) = interleave(
+        n,
+        |_| {
+            let t = Instant::now();
+            let guard = b.acquire()?;
+            let d = t.elapsed();
+            guard.release()?;
+            Ok(d)
+        },
+        |_| {
+            let t = Instant::now();
+            let leader = raw_campaign(&ra, raw_name, "me", lease_a)?;
+            let d = t.elapsed();
+            raw_resign(&ra, leader)?;
+            Ok(d)
+        },
+    )?;
+    let raw_name = "/bench/raw-semaphore-handover";
+    let raw_prefix = format!("{raw_name}/");
+    let (handover, handover_anchor) = interleave(
+        n,
+        |_| {
+            let gb = b.acquire()?;
+            std::thread::scope(|s| {
+                let waiter = s.spawn(|| c.acquire().map(|g| (Instant::now(), g)));
+                wait_candidates(&ra, &prefix, 3)?;
+                let t = Instant::now();
+                gb.release()?;
+                let (held_at, gc) = waiter.join().map_err(|_| "acquire thread panicked")??;
+                let d = held_at.duration_since(t);
+                gc.release()?;
+                Ok(d)
+            })
+        },
+        |_| {
+            let la = raw_campaign(&ra, raw_name, "a", lease_a)?;
+            let mut cb = rb.client();
+            let waiter = rb.spawn(async move {
+                let r = cb.campaign(raw_name, "b", lease_b).await;
+                (Instant::now(), r)
+            });
+            wait_candidates(&ra, &raw_prefix, 2)?;
+            let t = Instant::now();
+            raw_resign(&ra, la)?;
+            let (elected, r) = rb.block_on(waiter)?;
+            let d = elected.duration_since(t);
+            let lb = r?
+                .take_leader()
+                .ok_or("campaign answered without a leader key")?;
+            raw_resign(&rb, lb)?;
+            Ok(d)
+        },
+    )?;
+    ka.abort();
+    kb.abort();
+    held.release()?;
+    a.close()?;
+    b.close()?;
+    c.close()?;
+    Ok(vec![
+        latency_row(
+            "semaphore acquire, 2nd of 2 permits (in process)",
+            "Semaphore::acquire returns",
+            &acquire,
+            "v3election campaign returns (etcd has no semaphore)",
+            &acquire_anchor,
+        )?,
+        latency_row(
+            "semaphore hand-over on release, 2 permits (in process)",
+            "SemaphoreGuard::release → waiter's Semaphore::acquire returns",
+            &handover,
+            "v3election resign → campaign returns",
+            &handover_anchor,
+        )?,
+    ])
 }
 
 /// Process level: leader process gets SIGINT (both resign on it) while a

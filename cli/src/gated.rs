@@ -111,6 +111,21 @@ impl Held for fleetcoord::MutexGuard {
     }
 }
 
+impl Held for fleetcoord::SemaphoreGuard {
+    fn token(&self) -> i64 {
+        self.fencing_token()
+    }
+    fn lost(&self) -> &Receiver<()> {
+        fleetcoord::SemaphoreGuard::lost(self)
+    }
+    fn is_held(&self) -> bool {
+        fleetcoord::SemaphoreGuard::is_held(self)
+    }
+    fn release(self: Box<Self>) -> Result<(), fleetcoord::Error> {
+        (*self).release()
+    }
+}
+
 /// How one run of the command ended.
 pub enum Ended {
     /// The command exited by itself (or after a signal we forwarded on

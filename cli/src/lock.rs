@@ -2,11 +2,14 @@
 //! holding it (see [`crate::gated`]).
 
 use crate::election::{acquire_or_shutdown, finish};
+use crate::gated::Held;
 use crate::gated::{self, Ended, GateArgs};
 use crate::output::event;
 use crate::{duration, CliError, Ctx};
 use crossbeam_channel::{select, Receiver};
-use fleetcoord::{ElectionOptions, Mutex, DEFAULT_LOCK_PREFIX};
+use fleetcoord::{
+    ElectionOptions, LivenessState, Mutex, Semaphore, DEFAULT_LOCK_PREFIX, DEFAULT_SEMAPHORE_PREFIX,
+};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,21 +22,75 @@ pub struct LockArgs {
     /// long after its last renewal (whole seconds).
     #[arg(long, default_value = "10s", value_parser = duration::ttl)]
     ttl: Duration,
-    /// Key prefix of the lock's waiters; `--prefix ''` shares the lock with
-    /// `etcdctl lock NAME`.
-    #[arg(long, default_value = DEFAULT_LOCK_PREFIX)]
-    prefix: String,
+    /// Key prefix of the lock's waiters (default /coord/lock/, or
+    /// /coord/semaphore/ with --permits); `--prefix ''` shares the lock
+    /// with `etcdctl lock NAME`.
+    #[arg(long)]
+    prefix: Option<String>,
+    /// Hold one of N permits of a semaphore instead of the lock: at most N
+    /// holders at once. Every process of one NAME must pass the same N.
+    /// `--permits 1` is a one-permit semaphore (its keys carry the count and
+    /// live under /coord/semaphore/), not the etcdctl-compatible lock.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    permits: Option<u32>,
     #[command(flatten)]
     gate: GateArgs,
 }
 
+/// The lock, or a semaphore's permit with `--permits`.
+enum Locker {
+    Mutex(Mutex),
+    Semaphore(Semaphore),
+}
+
+impl Locker {
+    /// Blocks until held; the hold and its key.
+    fn acquire(&self) -> fleetcoord::Result<(Box<dyn Held + Send>, String)> {
+        Ok(match self {
+            Locker::Mutex(m) => {
+                let guard = m.lock()?;
+                let key = guard.key().to_string();
+                (Box::new(guard), key)
+            }
+            Locker::Semaphore(s) => {
+                let guard = s.acquire()?;
+                let key = guard.key().to_string();
+                (Box::new(guard), key)
+            }
+        })
+    }
+
+    fn session(&self) -> Option<LivenessState> {
+        match self {
+            Locker::Mutex(m) => m.session(),
+            Locker::Semaphore(s) => s.session(),
+        }
+    }
+
+    fn session_trusted_until(&self) -> Option<std::time::Instant> {
+        match self {
+            Locker::Mutex(m) => m.session_trusted_until(),
+            Locker::Semaphore(s) => s.session_trusted_until(),
+        }
+    }
+}
+
 pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
     let name = args.name;
+    let default_prefix = match args.permits {
+        Some(_) => DEFAULT_SEMAPHORE_PREFIX,
+        None => DEFAULT_LOCK_PREFIX,
+    };
     let options = ElectionOptions::default()
-        .with_prefix(args.prefix)
+        .with_prefix(args.prefix.unwrap_or_else(|| default_prefix.to_string()))
         .with_ttl(args.ttl);
     let trusted = options.trusted_lifetime();
-    let mutex = Arc::new(Mutex::with_options(&ctx.etcd, &name, options)?);
+    let mutex = Arc::new(match args.permits {
+        Some(permits) => {
+            Locker::Semaphore(Semaphore::with_options(&ctx.etcd, &name, permits, options)?)
+        }
+        None => Locker::Mutex(Mutex::with_options(&ctx.etcd, &name, options)?),
+    });
     let watched = Arc::downgrade(&mutex);
     ctx.watchdog(
         args.ttl,
@@ -47,7 +104,7 @@ pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), Cl
             event("waiting", [("name", json!(name))]),
         )?;
         let locker = mutex.clone();
-        let Some(guard) = acquire_or_shutdown(move || locker.lock(), shutdown)? else {
+        let Some((guard, key)) = acquire_or_shutdown(move || locker.acquire(), shutdown)? else {
             let _ = ctx.etcd.close();
             out.emit(
                 format!("{name}: cancelled"),
@@ -55,19 +112,16 @@ pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), Cl
             )?;
             return Ok(());
         };
-        let token = guard.fencing_token();
+        let token = guard.token();
         ctx.health.set(true);
         out.emit(
-            format!(
-                "{name}: locked with fencing token {token} (key {})",
-                guard.key()
-            ),
+            format!("{name}: locked with fencing token {token} (key {key})"),
             event(
                 "locked",
                 [
                     ("name", json!(name)),
                     ("token", json!(token)),
-                    ("key", json!(guard.key())),
+                    ("key", json!(key)),
                 ],
             ),
         )?;
@@ -86,7 +140,7 @@ pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), Cl
                 recv(shutdown) -> _ => {}
             }
             ctx.health.set(false);
-            guard.unlock()?;
+            guard.release()?;
             out.emit(
                 format!("{name}: unlocked"),
                 event("unlocked", [("name", json!(name)), ("token", json!(token))]),
@@ -97,15 +151,7 @@ pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), Cl
             let mutex = mutex.clone();
             move || mutex.session()
         };
-        match gated::run(
-            &out,
-            &name,
-            &args.gate,
-            Box::new(guard),
-            trusted,
-            &session,
-            shutdown,
-        )? {
+        match gated::run(&out, &name, &args.gate, guard, trusted, &session, shutdown)? {
             Ended::Exited {
                 status,
                 shutdown: stopping,

@@ -16,6 +16,10 @@
 //!   token equal to the elected one, and a session deadline strictly after
 //!   `now` (false from the deadline instant on);
 //! * RPC ids are never reused; after `Session(Stopped)` no RPC is issued;
+//! * with `permits` N (1 to 4, from the seed's top bits) at most N watches
+//!   are open at once: a waiter watches the N keys nearest ahead of it, a
+//!   holder its own key, and whatever ends a wait cancels all of its
+//!   watches;
 //! * `poll_timeout` is never before `now`; draining commands terminates.
 
 #![no_main]
@@ -100,6 +104,7 @@ struct Reference {
 
 struct Fuzz {
     machine: Election,
+    permits: usize,
     now: Instant,
     outstanding: BTreeMap<RpcId, Request>,
     seen_ids: BTreeSet<RpcId>,
@@ -170,6 +175,16 @@ impl Fuzz {
         } else {
             assert_eq!(self.machine.token(), None);
         }
+        let watches = self
+            .outstanding
+            .values()
+            .filter(|r| matches!(r, Request::Watch { .. }))
+            .count();
+        assert!(
+            watches <= self.permits,
+            "{watches} watches open with {} permits",
+            self.permits
+        );
     }
 
     fn pick(&self, pick: u8) -> Option<(RpcId, Request)> {
@@ -411,9 +426,14 @@ fuzz_target!(|input: Input| {
         // From a field the input has, so the committed corpus keeps its
         // meaning.
         announce_session_trust: input.attempt_ms % 2 == 1,
+        // From the seed's top bits: a quarter of the inputs run the
+        // election (1 permit), the rest a semaphore of 2 to 4.
+        permits: 1 + (input.seed >> 62) as u32,
     };
+    let permits = 1 + (input.seed >> 62) as usize;
     let mut fuzz = Fuzz {
         machine: Election::new(config, now, input.seed),
+        permits,
         now,
         outstanding: BTreeMap::new(),
         seen_ids: BTreeSet::new(),

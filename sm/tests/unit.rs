@@ -21,6 +21,8 @@ mod outbox;
 mod plumbing;
 #[path = "unit/rpc.rs"]
 mod rpc;
+#[path = "unit/semaphore.rs"]
+mod semaphore;
 #[path = "unit/stream.rs"]
 mod stream;
 #[path = "unit/support.rs"]

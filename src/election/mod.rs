@@ -35,6 +35,7 @@ mod observer;
 mod ops;
 mod options;
 mod pool;
+pub(crate) mod semaphore;
 
 pub use leadership::Leadership;
 pub use observer::LeaderObserver;
@@ -167,7 +168,19 @@ impl Election {
     /// [`Election::new`]). Starts the session at once; campaigns wait for
     /// it.
     pub fn with_options(etcd: &Etcd, name: &str, options: ElectionOptions) -> Result<Election> {
+        Self::with_permits(etcd, name, options, 1)
+    }
+
+    /// [`Election::with_options`] where `permits` candidates hold at once
+    /// (the [`Semaphore`](crate::Semaphore)'s machinery; 1 is the election).
+    pub(crate) fn with_permits(
+        etcd: &Etcd,
+        name: &str,
+        options: ElectionOptions,
+        permits: u32,
+    ) -> Result<Election> {
         assert_not_async();
+        let options_permits = permits.max(1);
         let prefix = election_prefix(name, &options)?;
         validate::ttl("ttl", options.ttl)?;
         validate::trust(
@@ -184,6 +197,7 @@ impl Election {
             attempt_timeout: ATTEMPT_TIMEOUT.min(etcd.options().request_timeout),
             // For `session_trusted_until`: one notice per renewal.
             announce_session_trust: true,
+            permits: options_permits,
         };
         let machine = ElectionMachine::new(config, Instant::now(), rand_seed());
         let state = Arc::new(Mutex::new(State::default()));

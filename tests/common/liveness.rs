@@ -195,6 +195,66 @@ pub fn distribution(name: &str, values: &[Duration]) -> String {
     )
 }
 
+/// Every stretch during which fewer than `permits` of `held` were held
+/// while some contender waited (inside one of `waited`), up to `end`: the
+/// semaphore's counterpart of [`gaps`]. A stretch starts when it began or,
+/// if later, when the first contender waiting in it called, and ends when
+/// a permit is taken again (or at `end`). As with [`gaps`], recorded holds
+/// sit inside the real ones, so stretches are never shorter than the real
+/// ones. Only `from`, `to` and `waiter` of the returned gaps are meaningful.
+pub fn short_of_permits(
+    held: &[Held],
+    waited: &[Waited],
+    permits: usize,
+    end: Instant,
+) -> Vec<Gap> {
+    let mut edges: Vec<(Instant, i32)> = held
+        .iter()
+        .flat_map(|h| [(h.from, 1), (h.to, -1)])
+        .collect();
+    // Ends before starts at one instant: a hand-over at an instant is no gap.
+    edges.sort();
+    let mut stretches = Vec::new();
+    let mut open = 0i64;
+    let mut short_since = waited.iter().map(|w| w.from).min();
+    for (at, d) in edges {
+        let before = open;
+        open += i64::from(d);
+        let full = i64::try_from(permits).unwrap_or(i64::MAX);
+        if before >= full && open < full {
+            short_since = Some(at);
+        } else if before < full && open >= full {
+            if let Some(from) = short_since.take() {
+                stretches.push((from, at));
+            }
+        }
+    }
+    if let Some(from) = short_since {
+        stretches.push((from, end));
+    }
+    let mut gaps = Vec::new();
+    for (from, to) in stretches {
+        let first = waited
+            .iter()
+            .filter(|w| w.from < to && w.to > from)
+            .min_by_key(|w| w.from);
+        let Some(w) = first else { continue };
+        let start = from.max(w.from);
+        if start < to {
+            gaps.push(Gap {
+                from: start,
+                to,
+                after_resign: false,
+                holder: usize::MAX,
+                waiter: w.candidate,
+                in_outage: Duration::ZERO,
+                during: Vec::new(),
+            });
+        }
+    }
+    gaps
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

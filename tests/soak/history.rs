@@ -10,6 +10,9 @@
 //! * **stale fenced writes are refused**: ordered by the etcd revision they
 //!   were applied at, the tokens of successful fenced writes never go down
 //!   (a deposed leader's write never lands after its successor's);
+//! * **at most N semaphore holders** ([`over_permits`]): the intervals
+//!   during which contenders observed `is_held() == true` never number
+//!   more than the permits at one instant;
 //! * **streams exactly once, in order**: each reader's ids strictly
 //!   increase, every acknowledged append is read with its payload, and an
 //!   entry read but never acknowledged (its append timed out) is read once.
@@ -49,9 +52,21 @@ pub struct StreamLog {
     pub reads: Vec<Vec<(u64, Vec<u8>)>>,
 }
 
+/// One semaphore permit as its contender saw it.
+#[derive(Clone, Debug)]
+pub struct Permit {
+    pub contender: usize,
+    pub token: i64,
+    /// When `acquire_timeout` returned it.
+    pub from: Instant,
+    /// The last instant `is_held()` was observed true.
+    pub last_held_at: Instant,
+}
+
 #[derive(Default)]
 pub struct History {
     pub tenures: Vec<Tenure>,
+    pub permits: Vec<Permit>,
     pub writes: Vec<FencedWrite>,
     pub streams: Vec<StreamLog>,
 }
@@ -124,6 +139,45 @@ pub fn check(history: &History) -> Vec<String> {
     violations
 }
 
+/// One line for every instant at which more than `permits` contenders
+/// believed they held (a hold counts from its acquire's return to its last
+/// `is_held()` seen true).
+pub fn over_permits(holds: &[Permit], permits: usize) -> Vec<String> {
+    let mut edges: Vec<(Instant, i32, usize)> = holds
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| [(p.from, 1, i), (p.last_held_at, -1, i)])
+        .collect();
+    // Ends before starts at one instant: touching holds do not overlap.
+    edges.sort_by_key(|&(at, d, _)| (at, d));
+    let mut open: Vec<usize> = Vec::new();
+    let mut violations = Vec::new();
+    for (_, d, i) in edges {
+        if d < 0 {
+            open.retain(|&o| o != i);
+            continue;
+        }
+        open.push(i);
+        if open.len() > permits {
+            let who: Vec<String> = open
+                .iter()
+                .map(|&o| {
+                    format!(
+                        "contender {} (token {})",
+                        holds[o].contender, holds[o].token
+                    )
+                })
+                .collect();
+            violations.push(format!(
+                "{} believing holders of {permits} permits at once: {}",
+                open.len(),
+                who.join(", ")
+            ));
+        }
+    }
+    violations
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,6 +217,7 @@ mod tests {
                 },
             ],
             streams: vec![stream],
+            permits: Vec::new(),
         };
         assert_eq!(check(&history), Vec::<String>::new());
     }
@@ -191,6 +246,7 @@ mod tests {
                 },
             ],
             streams: vec![stream],
+            permits: Vec::new(),
         };
         let found = check(&history).join("\n");
         for what in [
@@ -203,5 +259,32 @@ mod tests {
         ] {
             assert!(found.contains(what), "{what} not found in:\n{found}");
         }
+    }
+
+    #[test]
+    fn more_believing_holders_than_permits_are_found() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let permit = |contender, token, from, to| Permit {
+            contender,
+            token,
+            from: at(from),
+            last_held_at: at(to),
+        };
+        // Two at a time, one handing over at an instant: clean.
+        let clean = [
+            permit(0, 1, 0, 100),
+            permit(1, 2, 10, 200),
+            permit(2, 3, 100, 300),
+        ];
+        assert_eq!(over_permits(&clean, 2), Vec::<String>::new());
+        let three = [
+            permit(0, 1, 0, 100),
+            permit(1, 2, 10, 200),
+            permit(2, 3, 99, 300),
+        ];
+        let found = over_permits(&three, 2);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("3 believing holders"), "{found:?}");
     }
 }

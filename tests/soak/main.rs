@@ -9,7 +9,11 @@
 //! * a churner registering and closing four hosts at random;
 //! * a HostWatcher (direct connection) mirroring the hosts;
 //! * two stream appenders (one coordinator, behind proxies) and a reader per
-//!   stream (direct connection).
+//!   stream (direct connection);
+//! * four semaphore contenders on one semaphore of [`PERMITS`] permits,
+//!   three on the candidates' connections (so a candidate's partition cuts
+//!   one off too) and one on the churner's, that acquire with a timeout,
+//!   hold for a random while and release.
 //!
 //! The nemesis picks one fault per round (seeded; `SOAK_SEED` replays a
 //! run): partition a candidate (past the TTL or not), partition the
@@ -18,7 +22,8 @@
 //! checks that the watcher's view equals etcd's hosts. At the end the
 //! checker (`history.rs`) verifies: no overlapping leadership, tokens
 //! increase, stale fenced writes refused, stream entries read exactly once
-//! in order. And liveness (`common/liveness.rs`), printed as distributions
+//! in order; never more than [`PERMITS`] semaphore contenders believe they
+//! hold at once. And liveness (`common/liveness.rs`), printed as distributions
 //! and bounded: leaderless time while a candidate waits (at most
 //! 2 × TTL + 2 s beyond the time etcd itself had no raft leader, plus a TTL
 //! for every raft leader elected meanwhile, since each extends every lease
@@ -26,7 +31,8 @@
 //! resign, at most 1 s beyond the fault windows),
 //! every timed call back within its bound + 1 s, the watcher converged
 //! within [`CONVERGE`] of each heal, and readers' lag behind an
-//! acknowledged append within [`LAG`]. `SOAK_ROUNDS` sets the length
+//! acknowledged append within [`LAG`], and a free permit taken within the
+//! election's bound while a contender waits. `SOAK_ROUNDS` sets the length
 //! (`make soak`; `make test` runs a few rounds).
 
 #[path = "../common/mod.rs"]
@@ -39,9 +45,10 @@ use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, StreamPosition};
 use fleetcoord::testing::{EtcdCluster, FaultProxy, Mode};
 use fleetcoord::{
     list_hosts, Election, ElectionOptions, Etcd, EtcdOptions, HostEvent, HostInfo, HostLiveness,
-    HostWatcher, LivenessOptions, TxnOp, TxnOpResponse, DEFAULT_HOSTS_PREFIX,
+    HostWatcher, LivenessOptions, Semaphore, TxnOp, TxnOpResponse, DEFAULT_HOSTS_PREFIX,
+    DEFAULT_SEMAPHORE_PREFIX,
 };
-use history::{FencedWrite, History, StreamLog, Tenure};
+use history::{FencedWrite, History, Permit, StreamLog, Tenure};
 use liveness::{Held, Outage, Timed, Waited};
 use parking_lot::Mutex;
 use rand_chacha::ChaCha8Rng;
@@ -57,6 +64,9 @@ const TTL: Duration = Duration::from_secs(2);
 const CANDIDATES: usize = 3;
 const HOST_SLOTS: usize = 4;
 const STREAMS: usize = 2;
+/// The permits of the soak's semaphore, and how many contend for them.
+const PERMITS: u32 = 2;
+const CONTENDERS: usize = 4;
 const FENCE_KEY: &str = "/soak/fence";
 /// How long the watcher may take to equal etcd after a fault healed:
 /// a partitioned host's lease must first expire (TTL), and a restarted
@@ -136,6 +146,11 @@ struct Timeline {
     /// one was seen): no client can elect anyone then.
     leaderless_etcd: Vec<Outage>,
     convergence: Vec<Duration>,
+    /// Each contender's calls of `acquire_timeout`, from call to return.
+    permit_waits: Vec<Waited>,
+    /// Each contender's holds, from `acquire_timeout`'s return to the last
+    /// `is_held()` seen true.
+    permit_holds: Vec<Held>,
 }
 
 /// Connects, retrying: a client restarted during a fault may need a while.
@@ -279,6 +294,81 @@ fn candidate(i: usize, endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
             t.timed.push(Timed {
                 what: "resign",
                 took: resign_at.elapsed(),
+                bound: REQUEST_TIMEOUT,
+            });
+        }
+    }
+}
+
+/// A semaphore contender: acquire (bounded), hold a while checking the
+/// belief, release; the checker counts believed holders at every instant.
+fn contender(i: usize, endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let options = ElectionOptions::default()
+        .with_prefix(DEFAULT_SEMAPHORE_PREFIX)
+        .with_ttl(TTL);
+    'client: while !shared.stop.load(Ordering::SeqCst) {
+        let Some(etcd) = connect(&endpoints, &shared.stop) else {
+            return;
+        };
+        let semaphore = match Semaphore::with_options(&etcd, "soak", PERMITS, options.clone()) {
+            Ok(s) => s,
+            // The mismatch read failed under a fault: a new connection.
+            Err(_) => {
+                thread::sleep(Duration::from_millis(100));
+                continue 'client;
+            }
+        };
+        while !shared.stop.load(Ordering::SeqCst) {
+            let asked = Instant::now();
+            let result = semaphore.acquire_timeout(CAMPAIGN);
+            let returned = Instant::now();
+            {
+                let mut t = shared.timeline.lock();
+                t.permit_waits.push(Waited {
+                    candidate: i,
+                    from: asked,
+                    to: returned,
+                });
+                t.timed.push(Timed {
+                    what: "acquire_timeout(1s)",
+                    took: returned - asked,
+                    bound: CAMPAIGN,
+                });
+            }
+            let Ok(guard) = result else {
+                thread::sleep(Duration::from_millis(50));
+                continue;
+            };
+            let mut last_held_at = returned;
+            let hold_until = returned + between(&mut rng, 100, 1200);
+            while !shared.stop.load(Ordering::SeqCst) && Instant::now() < hold_until {
+                // Taken before the check, as a candidate's: held at `t` too.
+                let t = Instant::now();
+                if !guard.is_held() {
+                    break;
+                }
+                last_held_at = t;
+                thread::sleep(Duration::from_millis(20));
+            }
+            shared.history.lock().permits.push(Permit {
+                contender: i,
+                token: guard.fencing_token(),
+                from: returned,
+                last_held_at,
+            });
+            let released_at = Instant::now();
+            let _ = guard.release();
+            let mut t = shared.timeline.lock();
+            t.permit_holds.push(Held {
+                candidate: i,
+                from: returned,
+                to: last_held_at,
+                resigned: true,
+            });
+            t.timed.push(Timed {
+                what: "release",
+                took: released_at.elapsed(),
                 bound: REQUEST_TIMEOUT,
             });
         }
@@ -499,6 +589,11 @@ fn soak() {
         let (endpoints, shared, s) = (churner_net.endpoints(), shared.clone(), rng.next_u64());
         threads.push(thread::spawn(move || churner(endpoints, shared, s)));
     }
+    for i in 0..CONTENDERS {
+        let net = candidate_nets.get(i).unwrap_or(&churner_net);
+        let (endpoints, shared, s) = (net.endpoints(), shared.clone(), rng.next_u64());
+        threads.push(thread::spawn(move || contender(i, endpoints, shared, s)));
+    }
     {
         let (etcd, shared) = (direct.clone(), shared.clone());
         threads.push(thread::spawn(move || watcher(etcd, shared)));
@@ -647,6 +742,13 @@ fn soak() {
     let history = shared.history.lock();
     let mut violations = shared.violations.lock().clone();
     violations.extend(history::check(&history));
+    let over = history::over_permits(&history.permits, PERMITS as usize);
+    println!(
+        "soak: semaphore of {PERMITS} permits: {} holds by {CONTENDERS} contenders, {} instants with more than {PERMITS} believing holders",
+        history.permits.len(),
+        over.len()
+    );
+    violations.extend(over);
     let timeline = shared.timeline.lock();
     violations.extend(liveness_violations(&timeline, end));
     let appended: usize = history.streams.iter().map(|s| s.acked.len()).sum();
@@ -721,6 +823,24 @@ fn liveness_violations(t: &Timeline, end: Instant) -> Vec<String> {
         }
     }
     violations.extend(liveness::overruns(&t.timed, SLACK));
+    let short = liveness::short_of_permits(&t.permit_holds, &t.permit_waits, PERMITS as usize, end);
+    for g in &short {
+        let etcd_down = g.within(&t.leaderless_etcd);
+        let extensions = g.ended_inside(&t.leaderless_etcd);
+        let bound = bound + TTL * extensions;
+        if g.length().saturating_sub(etcd_down) > bound {
+            violations.push(format!(
+                "a permit was free for {:.2?} while contender {} waited (bound {bound:?} beyond the {etcd_down:.2?} etcd had no raft leader)",
+                g.length(),
+                g.waiter
+            ));
+        }
+    }
+    let short_lengths: Vec<Duration> = short.iter().map(|g| g.length()).collect();
+    println!(
+        "soak: {}",
+        liveness::distribution("a permit free while a contender waited", &short_lengths)
+    );
     let mut lags = Vec::new();
     for (acked, read) in t.acked_at.iter().zip(&t.read_at) {
         for (id, at) in acked {

@@ -54,6 +54,19 @@
 //!   [`ElectionConfig::attempt_timeout`]: a write lost in a raft leader
 //!   change costs one attempt, not the driver's request timeout.
 //! * The session outlives campaigns: resign and campaign again reuse it.
+//! * With [`ElectionConfig::permits`] = N > 1 (a semaphore), "leads" reads
+//!   "holds": a candidate holds once one read, at one revision, showed its
+//!   key with its token and fewer than N older keys (the create txn reads
+//!   the newest N + 1 keys, a later read the newest N created before the
+//!   own key, counted from the keys returned under the limit). So at most
+//!   N candidates believe they hold at once, under the same deadline rule.
+//!   A waiter watches each of the N older keys that read returned, from
+//!   the read's revision + 1: only their deletes can bring it below N
+//!   older keys, so a release wakes only the waiters whose rank it
+//!   changes; any such delete or a broken watch cancels the others and
+//!   reads again. A token is never handed out twice, but holders of N > 1
+//!   may report tokens out of order. With N = 1 every request is the
+//!   election's, Go-compatible as above.
 
 mod protocol;
 mod requests;
@@ -114,6 +127,11 @@ pub struct ElectionConfig {
     /// ([`ElectionNotice::SessionTrusted`]): one notice per answered
     /// renewal, for a user that proves progress to a watchdog.
     pub announce_session_trust: bool,
+    /// How many candidates hold at once: 1 for an election (the oldest
+    /// candidate leads, requests exactly Go's), N for a semaphore of N
+    /// permits (a candidate holds while fewer than N keys are older than
+    /// its own). 0 counts as 1.
+    pub permits: u32,
 }
 
 /// Inputs of an [`Election`].
@@ -323,6 +341,8 @@ impl Election {
             protocol_seed,
             PROTOCOL_FIRST_RPC_ID,
         );
+        let mut protocol = protocol;
+        protocol.set_permits(config.permits);
         let mut election = Election {
             prefix: config.prefix,
             session,

@@ -15,6 +15,7 @@ use crate::rpc::{
 use crate::timer::TimerTable;
 use std::time::{Duration, Instant};
 
+mod permits;
 mod user;
 
 /// What the protocol needs to know about its session.
@@ -123,6 +124,19 @@ enum Step {
         /// up to it said otherwise, and no read needs to follow.
         only: bool,
     },
+    /// With more than one permit: wait for the delete of any of `keys`,
+    /// the `permits` newest keys older than mine, each watched on its own
+    /// from `from` (the read's revision plus one). Only their deletes can
+    /// bring me below `permits` older keys (a farther key's delete leaves
+    /// at least `permits` older), so a waiter wakes only for changes of
+    /// its own rank, and any of them (or a broken watch) means a new read
+    /// ([`Step::FindOlder`]). `ids` are the watches, in `keys` order; the
+    /// first is also the campaign's `pending`.
+    WatchOlders {
+        keys: Vec<Vec<u8>>,
+        from: Revision,
+        ids: Vec<RpcId>,
+    },
 }
 
 /// A campaign asked for while the session had no lease: it starts
@@ -229,6 +243,13 @@ pub(crate) struct Protocol {
     /// the withdraw is done instead of failing with `Busy`.
     queued: Option<UserRequest>,
     clock: Clock,
+    /// How many candidates hold at once: 1 for an election, more for a
+    /// semaphore ([`Protocol::set_permits`]).
+    permits: u32,
+    /// The watches of a [`Step::WatchOlders`] but its first (which is the
+    /// campaign's `pending`, canceled wherever a campaign ends): whatever
+    /// ends that step elsewhere, [`Protocol::settle_watches`] cancels these.
+    extra_watches: Vec<RpcId>,
 }
 
 fn kvs_of(response: &TxnOpResponse) -> Option<&[KeyValue]> {
@@ -264,6 +285,39 @@ impl Protocol {
             op: Op::Idle,
             queued: None,
             clock: Clock::new(now),
+            permits: 1,
+            extra_watches: Vec::new(),
+        }
+    }
+
+    /// Lets `permits` candidates hold at once (0 counts as 1). With 1 the
+    /// protocol is the election, request for request.
+    pub(crate) fn set_permits(&mut self, permits: u32) {
+        self.permits = permits.max(1);
+    }
+
+    /// Cancels the extra watches of a [`Step::WatchOlders`] that is no
+    /// longer the campaign's step (it was withdrawn, requeued, stopped, or
+    /// moved on). Called after every input, so no path that ends a
+    /// campaign needs to know about them.
+    fn settle_watches(&mut self) {
+        if self.extra_watches.is_empty() {
+            return;
+        }
+        let current = match &self.op {
+            Op::Campaigning(Campaign {
+                step: Step::WatchOlders { ids, .. },
+                ..
+            }) => ids.get(1..).unwrap_or_default().to_vec(),
+            _ => Vec::new(),
+        };
+        if current != self.extra_watches {
+            for id in std::mem::take(&mut self.extra_watches) {
+                if !current.contains(&id) {
+                    self.outbox.cancel(id);
+                }
+            }
+            self.extra_watches = current;
         }
     }
 
@@ -372,6 +426,7 @@ impl Protocol {
             (_, op) => op,
         };
         self.start_queued();
+        self.settle_watches();
     }
 
     /// Starts the campaign that waited for a withdraw, once the machine is
@@ -546,6 +601,11 @@ impl Protocol {
     }
 
     fn send_step(&mut self, mut c: Campaign) -> Op {
+        if self.permits > 1 {
+            if let Some(op) = self.send_step_n(&mut c) {
+                return op;
+            }
+        }
         let request = match &c.step {
             Step::Create if c.try_only => {
                 requests::try_create(&self.prefix, &c.key, &c.value, c.lease)
@@ -557,6 +617,11 @@ impl Protocol {
                 from, only: true, ..
             } => requests::watch_prefix(&self.prefix, *from),
             Step::WatchOlder { key, from, .. } => requests::watch_key(key, *from),
+            // Sent by `send_step_n`.
+            Step::WatchOlders { keys, from, .. } => match keys.first() {
+                Some(key) => requests::watch_key(key, *from),
+                None => requests::older_and_mine(&self.prefix, &c.key, c.token),
+            },
         };
         c.pending = Some(if matches!(c.step, Step::WatchOlder { .. }) {
             // A watch is answered when something happens, not in time.
@@ -639,6 +704,7 @@ impl Protocol {
                 (_, op) => op,
             };
         }
+        self.settle_watches();
     }
 
     // ----- replies ---------------------------------------------------------
@@ -647,6 +713,9 @@ impl Protocol {
         self.clock.observe(now);
         let op = std::mem::replace(&mut self.op, Op::Idle);
         self.op = match op {
+            Op::Campaigning(c) if Self::watches_older(&c, reply.id) => {
+                self.watch_older_reply(c, reply.result)
+            }
             Op::Campaigning(c) if c.pending == Some(reply.id) => {
                 self.end_attempt(Timer::Attempt);
                 self.campaign_reply(c, reply.result)
@@ -659,6 +728,7 @@ impl Protocol {
             other => other,
         };
         self.start_queued();
+        self.settle_watches();
     }
 
     fn fail_campaign(&mut self, c: Campaign, error: ElectionError) -> Op {
@@ -750,6 +820,9 @@ impl Protocol {
                     c.step = Step::Create;
                     return self.send_step(c);
                 }
+                if self.permits > 1 {
+                    return self.wait_or_hold(c, revision, older);
+                }
                 self.wait_or_elect(c, revision, older, requests::OLDER_LIMIT)
             }
             Step::WatchOlder {
@@ -782,6 +855,8 @@ impl Protocol {
                 }
                 _ => self.restart_wait(c),
             },
+            // Its replies go to `watch_older_reply`.
+            Step::WatchOlders { .. } => Op::Campaigning(c),
         }
     }
 
@@ -837,15 +912,21 @@ impl Protocol {
         c.token = token;
         self.backoff.reset();
         if succeeded && !c.try_only {
+            if self.permits > 1 {
+                return self.wait_or_hold(c, revision, ahead);
+            }
             // The newest two at my create's revision: mine, then (if any)
             // the one just ahead of me.
             return self.wait_or_elect(c, revision, ahead, requests::NEWEST_LIMIT);
         }
         // The first-created key, read in the revision my key was seen in.
         let first = ahead.first().cloned();
-        let first_is_mine = first
-            .as_ref()
-            .is_some_and(|kv| kv.key == c.key && kv.create_revision == c.token);
+        // With `permits` holders the read has the oldest `permits` keys:
+        // mine among them means fewer than `permits` are older.
+        let first_is_mine = ahead
+            .iter()
+            .take(usize::try_from(self.permits).unwrap_or(usize::MAX))
+            .any(|kv| kv.key == c.key && kv.create_revision == c.token);
         if c.try_only && !first_is_mine {
             let then = vec![ElectionNotice::NotElected {
                 op: c.op,

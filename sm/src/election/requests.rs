@@ -189,6 +189,104 @@ pub(crate) fn watch_key(key: &[u8], start_revision: Revision) -> Request {
     }
 }
 
+// ----- N permits ----------------------------------------------------------
+//
+// A semaphore is the election with `permits` holders: the candidate with
+// fewer than `permits` keys older than its own holds. With one permit the
+// functions below are never used (the election keeps its own requests
+// above), so a Go-compatible election sends exactly what it always did.
+
+/// `permits` as a range limit; the protocol never asks for 0 permits.
+fn limit_of(permits: u32) -> i64 {
+    i64::from(permits.max(1))
+}
+
+/// The oldest `permits` keys: the holders, if they all still hold.
+fn first_created_n(prefix: &[u8], permits: u32) -> RangeRequest {
+    RangeRequest {
+        limit: limit_of(permits),
+        ..first_created_range(prefix)
+    }
+}
+
+/// The failure branch of [`create_n`] and [`try_create_n`]: my key as it
+/// is, then the oldest `permits` keys (am I among them?).
+fn already_there_n(prefix: &[u8], key: &[u8], permits: u32) -> Vec<TxnOp> {
+    vec![
+        TxnOp::Range(RangeRequest::all(KeyRange::Key(key.to_vec()))),
+        TxnOp::Range(first_created_n(prefix, permits)),
+    ]
+}
+
+/// [`create`] for `permits` holders: on success the newest `permits + 1`
+/// keys, mine first, then up to `permits` older ones: fewer than
+/// `permits` older means I hold; exactly `permits` are the ones to watch.
+pub(crate) fn create_n(
+    prefix: &[u8],
+    key: &[u8],
+    value: &[u8],
+    lease: LeaseId,
+    permits: u32,
+) -> Request {
+    Request::Txn(Txn {
+        compare: vec![create_rev_is(key, 0)],
+        success: vec![
+            put(key, value, lease),
+            TxnOp::Range(RangeRequest {
+                range: KeyRange::Prefix(prefix.to_vec()),
+                sort: SortOrder::CreateDescending,
+                limit: limit_of(permits).saturating_add(1),
+                max_create_revision: 0,
+                revision: 0,
+            }),
+        ],
+        failure: already_there_n(prefix, key, permits),
+    })
+}
+
+/// [`try_create`] for `permits` holders: reads the oldest `permits` keys
+/// on both branches; I hold iff mine is among them, else the first of
+/// them is the holder reported.
+pub(crate) fn try_create_n(
+    prefix: &[u8],
+    key: &[u8],
+    value: &[u8],
+    lease: LeaseId,
+    permits: u32,
+) -> Request {
+    Request::Txn(Txn {
+        compare: vec![create_rev_is(key, 0)],
+        success: vec![
+            put(key, value, lease),
+            TxnOp::Range(first_created_n(prefix, permits)),
+        ],
+        failure: already_there_n(prefix, key, permits),
+    })
+}
+
+/// [`older_and_mine`] for `permits` holders: the newest `permits` keys
+/// created before mine, and my key, at one revision. Fewer than `permits`
+/// returned means I hold; the count comes from the keys returned under the
+/// limit, never from etcd's `count`, which ignores the revision filters.
+pub(crate) fn older_and_mine_n(
+    prefix: &[u8],
+    key: &[u8],
+    token: Revision,
+    permits: u32,
+) -> Request {
+    Request::Txn(Txn {
+        compare: vec![],
+        success: vec![
+            TxnOp::Range(RangeRequest {
+                limit: limit_of(permits),
+                ..newest_older(prefix, token)
+            }),
+            TxnOp::Range(RangeRequest::all(KeyRange::Key(key.to_vec()))),
+        ],
+        failure: vec![],
+    })
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -43,7 +43,7 @@ const SAFETY_MARGIN: Duration = Duration::from_millis(100);
 /// Well below the TTL, so requests the model loses are sent again.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(400);
 
-fn config() -> ElectionConfig {
+fn config(permits: u32) -> ElectionConfig {
     ElectionConfig {
         prefix: PREFIX.to_vec(),
         ttl_secs: TTL_SECS,
@@ -58,6 +58,7 @@ fn config() -> ElectionConfig {
         attempt_timeout: ATTEMPT_TIMEOUT,
         // As the library runs every election.
         announce_session_trust: true,
+        permits,
     }
 }
 
@@ -83,10 +84,10 @@ struct Seat {
 }
 
 impl Seat {
-    fn new(now: Instant, seed: u64, clock: DriftClock) -> Self {
+    fn new(now: Instant, seed: u64, clock: DriftClock, permits: u32) -> Self {
         Seat {
             harness: Harness::new(Drifting::new(clock, now, |local| {
-                Election::new(config(), local, seed)
+                Election::new(config(permits), local, seed)
             })),
             faults: Faults::none(),
             partitioned_until: None,
@@ -134,6 +135,15 @@ struct World {
     margin_check: bool,
     stats: Stats,
     seed: u64,
+    /// How many may hold at once: 1 for the election, more for a semaphore.
+    permits: u32,
+    /// How many the machines let hold (`permits`, unless checking the
+    /// checker).
+    machine_permits: u32,
+    /// Every token reported `Elected` (with more than one permit, a token
+    /// may come after a greater one, as holders answer out of order; it is
+    /// still never handed out twice).
+    tokens: BTreeSet<i64>,
 }
 
 fn partitioned() -> Faults {
@@ -202,11 +212,15 @@ impl World {
                             "{context}: Elected answers {op:?}, not an open campaign"
                         );
                         ensure!(
-                            token > self.max_token,
+                            self.machine_permits > 1 || token > self.max_token,
                             "{context}: token {token} after {}",
                             self.max_token
                         );
-                        self.max_token = token;
+                        ensure!(
+                            self.tokens.insert(token),
+                            "{context}: token {token} elected twice"
+                        );
+                        self.max_token = self.max_token.max(token);
                         s.last_token = token;
                         self.stats.elections += 1;
                     }
@@ -252,8 +266,9 @@ impl World {
             );
         }
         ensure!(
-            leaders.len() <= 1,
-            "seed {seed}: seats {leaders:?} all believe they lead at {now:?}"
+            leaders.len() <= self.permits as usize,
+            "seed {seed}: seats {leaders:?} all believe they lead at {now:?} ({} permits)",
+            self.permits
         );
         Ok(())
     }
@@ -390,7 +405,7 @@ impl World {
                     generation: s.generation,
                     faults,
                     partitioned_until: s.partitioned_until,
-                    ..Seat::new(now, seed, clock)
+                    ..Seat::new(now, seed, clock, self.machine_permits)
                 };
             }
         }
@@ -431,9 +446,23 @@ fn run_seed(
     margin_check: bool,
     stats: &mut Stats,
 ) -> Result<(), String> {
+    run_seed_with_permits(seed, drift_ppm, margin_check, 1, 1, stats)
+}
+
+/// [`run_seed`] with `permits` holders at once and one or two candidates
+/// more than permits, so that some always wait; the checker allows
+/// `checked` holders (`permits`, unless showing that it has teeth).
+fn run_seed_with_permits(
+    seed: u64,
+    drift_ppm: u32,
+    margin_check: bool,
+    permits: u32,
+    checked: u32,
+    stats: &mut Stats,
+) -> Result<(), String> {
     let t0 = Instant::now();
     let mut rng = rng(seed);
-    let candidates = 2 + (rng.next_u64() % 2) as usize;
+    let candidates = permits as usize + 1 + (rng.next_u64() % 2) as usize;
     let base = if rng.next_u64().is_multiple_of(5) {
         Faults::none()
     } else {
@@ -453,7 +482,7 @@ fn run_seed(
             } else {
                 magnitude
             };
-            Seat::new(t0, seed * 10 + i as u64, DriftClock::new(t0, ppm))
+            Seat::new(t0, seed * 10 + i as u64, DriftClock::new(t0, ppm), permits)
         })
         .collect();
     for s in &mut seats {
@@ -470,6 +499,9 @@ fn run_seed(
         margin_check,
         stats: Stats::default(),
         seed,
+        permits: checked,
+        machine_permits: permits,
+        tokens: BTreeSet::new(),
     };
     world.step(t0)?;
     let now = world.run_until(t0, t0 + CHAOS, true, t0)?;
@@ -503,7 +535,7 @@ fn run_seed(
     let leaders: Vec<usize> = (0..world.seats.len())
         .filter(|&i| world.seats[i].election().is_leader())
         .collect();
-    if leaders.len() != 1 {
+    if leaders.len() != (permits as usize).min(world.seats.len()) {
         let keys: Vec<(String, i64, i64)> = world
             .etcd
             .range_prefix(PREFIX)
@@ -521,7 +553,7 @@ fn run_seed(
             .iter()
             .map(|s| format!("open={:?} {:?}", s.open_campaigns, s.election()))
             .collect();
-        panic!("seed {seed}: {} leaders after the quiet period ending {end:?}; keys {keys:?}; seats {seats:#?}", leaders.len());
+        panic!("seed {seed}: {} leaders of {permits} permits after the quiet period ending {end:?}; keys {keys:?}; seats {seats:#?}", leaders.len());
     }
 
     stats.steps += world.stats.steps;
@@ -591,4 +623,42 @@ fn a_clock_drifting_beyond_the_allowance_is_caught() {
         !overlaps.is_empty(),
         "10 % drift on a 2 % allowance went unnoticed"
     );
+}
+
+/// The same world with two permits (a semaphore) and three or four
+/// candidates: never more than two believe they hold, a token is never
+/// handed out twice, and after the quiet period exactly two hold.
+#[test]
+fn at_most_two_holders_of_two_permits_over_many_seeds() {
+    let mut stats = Stats::default();
+    for seed in 0..SEEDS / 2 {
+        if let Err(violation) =
+            run_seed_with_permits(seed, DRIFT_ALLOWANCE_PPM, true, 2, 2, &mut stats)
+        {
+            panic!("{violation}");
+        }
+    }
+    println!(
+        "semaphore sim (2 permits): {} seeds, {} steps, {} faults injected, {} campaigns, {} holds",
+        SEEDS / 2,
+        stats.steps,
+        stats.faults,
+        stats.campaigns,
+        stats.elections
+    );
+    assert!(stats.elections > SEEDS, "too few holds to mean anything");
+}
+
+/// The checker counts holders against the permits: machines of two
+/// permits checked against one must be caught with two holders.
+#[test]
+fn two_holders_are_caught_when_one_permit_is_checked() {
+    let mut stats = Stats::default();
+    let caught = (0..20)
+        .filter_map(|seed| {
+            run_seed_with_permits(seed, DRIFT_ALLOWANCE_PPM, true, 2, 1, &mut stats).err()
+        })
+        .filter(|v| v.contains("all believe they lead"))
+        .count();
+    assert!(caught >= 10, "only {caught} of 20 seeds caught two holders");
 }

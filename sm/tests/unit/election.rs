@@ -36,6 +36,7 @@ fn config() -> ElectionConfig {
         attempt_timeout: Duration::from_secs(3600),
         // `session_trust_*` tests ask for the session's deadline moves.
         announce_session_trust: false,
+        permits: 1,
     }
 }
 
@@ -1567,6 +1568,7 @@ fn an_absurd_backoff_does_not_panic() {
         drift_allowance_ppm: 10_000,
         attempt_timeout: Duration::MAX,
         announce_session_trust: false,
+        permits: 1,
     };
     let mut e = Election::new(config, t0, 1);
     let mut ids = Vec::new();

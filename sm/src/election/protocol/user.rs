@@ -21,6 +21,7 @@ impl Protocol {
             Op::Withdrawing(w) => self.user_withdrawing(w, request),
             Op::Stopped => self.user_stopped(request),
         };
+        self.settle_watches();
     }
 
     /// Nothing runs: a campaign starts (or waits for the session's lease).

@@ -1,0 +1,520 @@
+//! Exact command sequences of the election protocol with more than one
+//! permit (a semaphore): who holds, what a waiter watches, and when it
+//! reads again.
+
+use crate::support::drain;
+use fleetcoord_sm::election::*;
+use fleetcoord_sm::keepalive::LivenessState;
+use fleetcoord_sm::rpc::{
+    Compare, EventKind, KeyRange, RangeRequest, Request, Response, RpcId, SortOrder, Txn, TxnOp,
+    TxnOpResponse, WatchEvent,
+};
+use fleetcoord_sm::*;
+use std::time::{Duration, Instant};
+
+const LEASE: LeaseId = 0x2a1f;
+const P: u64 = 1 << 40;
+const PREFIX: &[u8] = b"/s/";
+
+fn config(permits: u32) -> ElectionConfig {
+    ElectionConfig {
+        prefix: PREFIX.to_vec(),
+        ttl_secs: 9,
+        backoff: BackoffConfig {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+            multiplier: 2,
+            jitter_percent: 0,
+        },
+        safety_margin: Duration::ZERO,
+        drift_allowance_ppm: 0,
+        attempt_timeout: Duration::from_secs(3600),
+        announce_session_trust: false,
+        permits,
+    }
+}
+
+fn my_key() -> Vec<u8> {
+    b"/s/2a1f".to_vec()
+}
+
+fn kv(key: &[u8], value: &[u8], create: Revision) -> KeyValue {
+    KeyValue {
+        key: key.to_vec(),
+        value: value.to_vec(),
+        create_revision: create,
+        mod_revision: create,
+        version: 1,
+        lease: LEASE,
+    }
+}
+
+fn rpc(id: u64, request: Request) -> Command<ElectionNotice> {
+    Command::Rpc {
+        id: RpcId(id),
+        request,
+    }
+}
+
+fn cancel(id: u64) -> Command<ElectionNotice> {
+    Command::Cancel { id: RpcId(id) }
+}
+
+fn reply(
+    e: &mut Election,
+    now: Instant,
+    id: u64,
+    response: Response,
+) -> Vec<Command<ElectionNotice>> {
+    e.handle(
+        now,
+        RpcReply {
+            id: RpcId(id),
+            result: Ok(response),
+        }
+        .into(),
+    );
+    drain(e)
+}
+
+fn registered(t0: Instant, permits: u32) -> Election {
+    let mut e = Election::new(config(permits), t0, 7);
+    drain(&mut e);
+    assert_eq!(
+        reply(
+            &mut e,
+            t0,
+            0,
+            Response::Granted {
+                lease: LEASE,
+                ttl_secs: 9
+            }
+        ),
+        vec![Command::Notify(ElectionNotice::Session(
+            LivenessState::Registered { lease: LEASE }
+        ))]
+    );
+    e
+}
+
+fn range(limit: i64, sort: SortOrder, max_create_revision: Revision) -> TxnOp {
+    TxnOp::Range(RangeRequest {
+        range: KeyRange::Prefix(PREFIX.to_vec()),
+        sort,
+        limit,
+        max_create_revision,
+        revision: 0,
+    })
+}
+
+fn mine() -> TxnOp {
+    TxnOp::Range(RangeRequest::all(KeyRange::Key(my_key())))
+}
+
+/// The create with `permits`: on success the newest `permits + 1` keys;
+/// if my key was there already, it and the oldest `permits` keys.
+fn create_txn(permits: i64, value: &[u8]) -> Request {
+    Request::Txn(Txn {
+        compare: vec![Compare::CreateRevisionEquals {
+            key: my_key(),
+            revision: 0,
+        }],
+        success: vec![
+            TxnOp::Put {
+                key: my_key(),
+                value: value.to_vec(),
+                lease: LEASE,
+            },
+            range(permits + 1, SortOrder::CreateDescending, 0),
+        ],
+        failure: vec![mine(), range(permits, SortOrder::CreateAscending, 0)],
+    })
+}
+
+fn try_create_txn(permits: i64, value: &[u8]) -> Request {
+    Request::Txn(Txn {
+        compare: vec![Compare::CreateRevisionEquals {
+            key: my_key(),
+            revision: 0,
+        }],
+        success: vec![
+            TxnOp::Put {
+                key: my_key(),
+                value: value.to_vec(),
+                lease: LEASE,
+            },
+            range(permits, SortOrder::CreateAscending, 0),
+        ],
+        failure: vec![mine(), range(permits, SortOrder::CreateAscending, 0)],
+    })
+}
+
+/// The newest `permits` keys created before my token, and my key.
+fn older(permits: i64, token: Revision) -> Request {
+    Request::Txn(Txn {
+        compare: vec![],
+        success: vec![
+            range(permits, SortOrder::CreateDescending, token - 1),
+            mine(),
+        ],
+        failure: vec![],
+    })
+}
+
+fn txn(revision: Revision, succeeded: bool, responses: Vec<TxnOpResponse>) -> Response {
+    Response::Txn {
+        revision,
+        succeeded,
+        responses,
+    }
+}
+
+fn created(revision: Revision, value: &[u8], ahead: Vec<KeyValue>) -> Response {
+    let mut kvs = vec![kv(&my_key(), value, revision)];
+    kvs.extend(ahead);
+    txn(
+        revision,
+        true,
+        vec![TxnOpResponse::Put, TxnOpResponse::Range { kvs }],
+    )
+}
+
+fn older_found(revision: Revision, ahead: Vec<KeyValue>, token: Revision) -> Response {
+    txn(
+        revision,
+        true,
+        vec![
+            TxnOpResponse::Range { kvs: ahead },
+            TxnOpResponse::Range {
+                kvs: vec![kv(&my_key(), b"2", token)],
+            },
+        ],
+    )
+}
+
+fn watch(key: &[u8], start_revision: Revision) -> Request {
+    Request::Watch {
+        range: KeyRange::Key(key.to_vec()),
+        start_revision,
+    }
+}
+
+fn deleted(key: &[u8], revision: Revision) -> Response {
+    Response::WatchEvents {
+        events: vec![WatchEvent {
+            kind: EventKind::Delete,
+            kv: KeyValue {
+                key: key.to_vec(),
+                mod_revision: revision,
+                ..KeyValue::default()
+            },
+            prev_kv: None,
+        }],
+    }
+}
+
+fn elected(op: u64, token: Revision, until: Instant) -> Command<ElectionNotice> {
+    Command::Notify(ElectionNotice::Elected {
+        op: OpId(op),
+        key: my_key(),
+        token,
+        lease: LEASE,
+        trusted_until: until,
+    })
+}
+
+fn campaign(e: &mut Election, t0: Instant, permits: i64) {
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            op: OpId(1),
+            value: b"2".to_vec(),
+        },
+    );
+    assert_eq!(drain(e), vec![rpc(P, create_txn(permits, b"2"))]);
+}
+
+#[test]
+fn with_one_older_key_and_two_permits_the_create_answer_holds() {
+    let t0 = Instant::now();
+    let mut e = registered(t0, 2);
+    campaign(&mut e, t0, 2);
+    let until = e.session_deadline().unwrap();
+    assert_eq!(
+        reply(&mut e, t0, P, created(7, b"2", vec![kv(b"/s/99", b"2", 4)])),
+        vec![elected(1, 7, until), rpc(P + 1, watch(&my_key(), 8))]
+    );
+    assert!(e.is_leader());
+    assert_eq!(e.token(), Some(7));
+}
+
+/// Queue [a, b, me] with two permits: I watch both a and b, not the
+/// prefix (a herd) and not only b (deleting a would leave me waiting).
+/// Deleting the farther one, a, wakes me; the read shows one older key.
+#[test]
+fn with_two_older_keys_a_waiter_watches_both_and_holds_when_the_farther_goes() {
+    let t0 = Instant::now();
+    let mut e = registered(t0, 2);
+    campaign(&mut e, t0, 2);
+    let b = kv(b"/s/bb", b"2", 4);
+    let a = kv(b"/s/aa", b"2", 3);
+    assert_eq!(
+        reply(&mut e, t0, P, created(7, b"2", vec![b.clone(), a.clone()])),
+        vec![
+            rpc(P + 1, watch(b"/s/bb", 8)),
+            rpc(P + 2, watch(b"/s/aa", 8))
+        ]
+    );
+    assert!(!e.is_leader());
+    // A write to a watched key (a proclaim, say) changes nobody's rank.
+    assert_eq!(
+        reply(
+            &mut e,
+            t0,
+            P + 1,
+            Response::WatchEvents {
+                events: vec![WatchEvent {
+                    kind: EventKind::Put,
+                    kv: KeyValue {
+                        mod_revision: 8,
+                        ..b.clone()
+                    },
+                    prev_kv: None,
+                }]
+            }
+        ),
+        vec![]
+    );
+    // a goes: both watches end, and one read decides.
+    assert_eq!(
+        reply(&mut e, t0, P + 2, deleted(b"/s/aa", 9)),
+        vec![cancel(P + 1), cancel(P + 2), rpc(P + 3, older(2, 7))]
+    );
+    let until = e.session_deadline().unwrap();
+    assert_eq!(
+        reply(&mut e, t0, P + 3, older_found(9, vec![b], 7)),
+        vec![elected(1, 7, until), rpc(P + 4, watch(&my_key(), 10))]
+    );
+    assert!(e.is_leader());
+}
+
+/// Three older keys with two permits: a delete of one of the two nearest
+/// wakes me, the read still finds two older, and I watch the new two.
+#[test]
+fn a_delete_with_three_older_keys_reads_again_and_watches_the_new_nearest_two() {
+    let t0 = Instant::now();
+    let mut e = registered(t0, 2);
+    campaign(&mut e, t0, 2);
+    let c = kv(b"/s/cc", b"2", 5);
+    let b = kv(b"/s/bb", b"2", 4);
+    let a = kv(b"/s/aa", b"2", 3);
+    // The create reads mine and the two nearest; a is not even seen.
+    assert_eq!(
+        reply(&mut e, t0, P, created(7, b"2", vec![c.clone(), b.clone()])),
+        vec![
+            rpc(P + 1, watch(b"/s/cc", 8)),
+            rpc(P + 2, watch(b"/s/bb", 8))
+        ]
+    );
+    assert_eq!(
+        reply(&mut e, t0, P + 1, deleted(b"/s/cc", 8)),
+        vec![cancel(P + 1), cancel(P + 2), rpc(P + 3, older(2, 7))]
+    );
+    assert_eq!(
+        reply(&mut e, t0, P + 3, older_found(8, vec![b, a], 7)),
+        vec![
+            rpc(P + 4, watch(b"/s/bb", 9)),
+            rpc(P + 5, watch(b"/s/aa", 9))
+        ]
+    );
+    assert!(!e.is_leader());
+    // A late answer of a canceled watch changes nothing.
+    assert_eq!(reply(&mut e, t0, P + 2, deleted(b"/s/bb", 9)), vec![]);
+}
+
+/// A broken watch may have missed a delete: every watch ends, and the
+/// read comes after the backoff.
+#[test]
+fn a_broken_watch_cancels_the_others_and_reads_again_after_the_backoff() {
+    let t0 = Instant::now();
+    let mut e = registered(t0, 2);
+    campaign(&mut e, t0, 2);
+    let b = kv(b"/s/bb", b"2", 4);
+    let a = kv(b"/s/aa", b"2", 3);
+    reply(&mut e, t0, P, created(7, b"2", vec![b, a]));
+    e.handle(
+        t0,
+        RpcReply {
+            id: RpcId(P + 2),
+            result: Err(RpcError::Unavailable("stream reset".into())),
+        }
+        .into(),
+    );
+    assert_eq!(drain(&mut e), vec![cancel(P + 1), cancel(P + 2)]);
+    assert_eq!(e.poll_timeout(), Some(t0 + Duration::from_millis(100)));
+    e.handle_timeout(t0 + Duration::from_millis(100));
+    assert_eq!(drain(&mut e), vec![rpc(P + 3, older(2, 7))]);
+}
+
+/// Giving up while waiting cancels every watch, not only the first.
+#[test]
+fn a_canceled_wait_cancels_every_watch_and_withdraws() {
+    let t0 = Instant::now();
+    let mut e = registered(t0, 2);
+    campaign(&mut e, t0, 2);
+    let b = kv(b"/s/bb", b"2", 4);
+    let a = kv(b"/s/aa", b"2", 3);
+    reply(&mut e, t0, P, created(7, b"2", vec![b, a]));
+    e.handle(t0, ElectionInput::CancelCampaign { op: OpId(1) });
+    let withdraw = Request::Txn(Txn {
+        compare: vec![Compare::CreateRevisionEquals {
+            key: my_key(),
+            revision: 7,
+        }],
+        success: vec![TxnOp::Delete(KeyRange::Key(my_key()))],
+        failure: vec![],
+    });
+    assert_eq!(
+        drain(&mut e),
+        vec![cancel(P + 1), rpc(P + 3, withdraw), cancel(P + 2)]
+    );
+}
+
+#[test]
+fn try_with_two_permits_holds_as_the_second_and_not_as_the_third() {
+    let t0 = Instant::now();
+    let mut e = registered(t0, 2);
+    e.handle(
+        t0,
+        ElectionInput::TryCampaign {
+            op: OpId(1),
+            value: b"2".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![rpc(P, try_create_txn(2, b"2"))]);
+    let a = kv(b"/s/aa", b"2", 3);
+    let until = e.session_deadline().unwrap();
+    assert_eq!(
+        reply(
+            &mut e,
+            t0,
+            P,
+            txn(
+                7,
+                true,
+                vec![
+                    TxnOpResponse::Put,
+                    TxnOpResponse::Range {
+                        kvs: vec![a.clone(), kv(&my_key(), b"2", 7)]
+                    }
+                ]
+            )
+        ),
+        vec![elected(1, 7, until), rpc(P + 1, watch(&my_key(), 8))]
+    );
+
+    // Third in line: not held, the key is withdrawn, the oldest reported.
+    let mut e = registered(t0, 2);
+    e.handle(
+        t0,
+        ElectionInput::TryCampaign {
+            op: OpId(2),
+            value: b"2".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![rpc(P, try_create_txn(2, b"2"))]);
+    let b = kv(b"/s/bb", b"2", 4);
+    let withdraw = Request::Txn(Txn {
+        compare: vec![Compare::CreateRevisionEquals {
+            key: my_key(),
+            revision: 7,
+        }],
+        success: vec![TxnOp::Delete(KeyRange::Key(my_key()))],
+        failure: vec![],
+    });
+    assert_eq!(
+        reply(
+            &mut e,
+            t0,
+            P,
+            txn(
+                7,
+                true,
+                vec![
+                    TxnOpResponse::Put,
+                    TxnOpResponse::Range {
+                        kvs: vec![a.clone(), b]
+                    }
+                ]
+            )
+        ),
+        vec![rpc(P + 1, withdraw)]
+    );
+    assert_eq!(
+        reply(&mut e, t0, P + 1, txn(8, true, vec![])),
+        vec![Command::Notify(ElectionNotice::NotElected {
+            op: OpId(2),
+            leader: Some(a)
+        })]
+    );
+    assert!(!e.is_leader());
+}
+
+/// Zero permits is not a panic: it counts as one, the election.
+#[test]
+fn zero_permits_count_as_one() {
+    let t0 = Instant::now();
+    let mut e = registered(t0, 0);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            op: OpId(1),
+            value: b"2".to_vec(),
+        },
+    );
+    let commands = drain(&mut e);
+    let Some(Command::Rpc {
+        request: Request::Txn(t),
+        ..
+    }) = commands.first()
+    else {
+        panic!("{commands:?}")
+    };
+    // The election's create reads three keys (mine and two ahead).
+    assert!(matches!(
+        t.success.get(1),
+        Some(TxnOp::Range(RangeRequest { limit: 3, .. }))
+    ));
+}
+
+/// The session lost while waiting on two watches: the campaign starts over
+/// on the next lease, and neither watch is left open.
+#[test]
+fn a_session_lost_while_waiting_cancels_every_watch() {
+    let t0 = Instant::now();
+    let mut e = registered(t0, 2);
+    campaign(&mut e, t0, 2);
+    let b = kv(b"/s/bb", b"2", 4);
+    let a = kv(b"/s/aa", b"2", 3);
+    reply(&mut e, t0, P, created(7, b"2", vec![b, a]));
+    // No renewal is answered: the session's deadline (9 s) passes.
+    let mut commands = Vec::new();
+    let end = t0 + Duration::from_secs(10);
+    while let Some(at) = e.poll_timeout().filter(|at| *at <= end) {
+        e.handle_timeout(at);
+        commands.extend(drain(&mut e));
+    }
+    assert!(!e.is_leader());
+    assert!(commands.contains(&cancel(P + 1)), "{commands:?}");
+    assert!(commands.contains(&cancel(P + 2)), "{commands:?}");
+    assert!(
+        commands.iter().any(|c| matches!(
+            c,
+            Command::Rpc {
+                request: Request::Grant { .. },
+                ..
+            }
+        )),
+        "a new lease is asked for: {commands:?}"
+    );
+}
