@@ -30,6 +30,7 @@ impl Protocol {
                 op,
                 value,
                 try_only,
+                rank,
             } => {
                 self.backoff.reset();
                 self.timers.stop(Timer::Retry);
@@ -37,6 +38,7 @@ impl Protocol {
                     op,
                     value,
                     try_only,
+                    rank,
                 };
                 match (self.session, &self.refused) {
                     (Session::Up(lease), _) => self.start_campaign(w, lease),
@@ -96,8 +98,12 @@ impl Protocol {
             // (its leadership lost, a newer campaign running or won) must not
             // end what came after it.
             UserRequest::Resign { token } if l.token == token => self.resign(l),
+            UserRequest::HandOver { op, token, to } if l.token == token => {
+                self.begin_hand_over(l, op, to)
+            }
             UserRequest::Proclaim { op, value } => {
-                if l.proclaim.is_some() {
+                // A hand-over may already be deleting the key: no new write.
+                if l.proclaim.is_some() || l.hand_over.is_some() {
                     self.outbox.notify(ElectionNotice::ProclaimFailed {
                         op,
                         error: ElectionError::Busy,
@@ -153,6 +159,12 @@ impl Protocol {
                 })
             }
             UserRequest::Resign { token } => self.outbox.notify(ElectionNotice::Resigned { token }),
+            UserRequest::HandOver { op, .. } => {
+                self.outbox.notify(ElectionNotice::HandOverFailed {
+                    op,
+                    error: ElectionError::Stopped,
+                })
+            }
             UserRequest::CancelCampaign { .. } | UserRequest::Stop => {}
         }
         Op::Stopped
@@ -196,6 +208,13 @@ impl Protocol {
             }
             UserRequest::Proclaim { op, .. } => {
                 self.outbox.notify(ElectionNotice::ProclaimFailed {
+                    op,
+                    error: ElectionError::NotLeader,
+                });
+                state
+            }
+            UserRequest::HandOver { op, .. } => {
+                self.outbox.notify(ElectionNotice::HandOverFailed {
                     op,
                     error: ElectionError::NotLeader,
                 });
