@@ -16,7 +16,7 @@ use crate::validate;
 use belief::Belief;
 use fleetcoord_sm::election::{
     leader_query, Election as ElectionMachine, ElectionConfig, ElectionError, ElectionInput,
-    ElectionNotice, OpId,
+    ElectionNotice, OpId, Rank,
 };
 use fleetcoord_sm::keepalive::LivenessState;
 use fleetcoord_sm::{BackoffConfig, KeyValue, Response};
@@ -140,6 +140,8 @@ struct Inner {
     prefix: String,
     ops: Ops<ElectionMachine>,
     state: Arc<Mutex<State>>,
+    /// How campaigns join: `None` plain, else ranked.
+    rank: Option<Rank>,
 }
 
 impl Election {
@@ -169,6 +171,7 @@ impl Election {
     pub fn with_options(etcd: &Etcd, name: &str, options: ElectionOptions) -> Result<Election> {
         assert_not_async();
         let prefix = election_prefix(name, &options)?;
+        let rank = options.rank();
         validate::ttl("ttl", options.ttl)?;
         validate::trust(
             options.ttl,
@@ -216,6 +219,7 @@ impl Election {
                 prefix,
                 ops: Ops::new(machine, routes),
                 state,
+                rank,
             }),
         })
     }
@@ -277,9 +281,13 @@ impl Election {
         validate::payload("value", value)?;
         let turn = self.inner.ops.turn();
         let value = value.to_vec();
+        let rank = self.inner.rank;
         let outcome = self.inner.call(
             &turn,
-            |op| ElectionInput::Campaign { op, value },
+            |op| match rank {
+                Some(rank) => ElectionInput::CampaignRanked { op, value, rank },
+                None => ElectionInput::Campaign { op, value },
+            },
             timeout,
             |notice| match notice {
                 ElectionNotice::Elected {
@@ -400,16 +408,16 @@ impl Election {
     }
 
     fn leadership(&self, token: i64, lease: i64, key: Vec<u8>) -> Leadership {
-        let (belief, lost) = {
+        let (belief, lost, step_down) = {
             let state = self.inner.state.lock();
             match state.held.as_ref().filter(|h| h.token == token) {
-                Some(h) => (h.belief.clone(), h.lost_rx.clone()),
+                Some(h) => (h.belief.clone(), h.lost_rx.clone(), h.step_down_rx.clone()),
                 None => {
                     // Lost again before we got here: hand out a leadership
                     // that says so.
                     let (tx, rx) = crossbeam_channel::bounded(1);
                     let _ = tx.send(());
-                    (Arc::new(Belief::over()), rx)
+                    (Arc::new(Belief::over()), rx, crossbeam_channel::never())
                 }
             }
         };
@@ -420,6 +428,7 @@ impl Election {
             key: String::from_utf8_lossy(&key).into_owned(),
             belief,
             lost,
+            step_down,
             resigned: false,
         }
     }
@@ -504,6 +513,25 @@ fn election_error(e: ElectionError) -> Error {
         ElectionError::NotLeader => Error::NotLeader,
         ElectionError::Stopped => Error::Closed,
         ElectionError::Rejected(e) => Error::rpc(e),
+        ElectionError::NoSuchCandidate => Error::invalid(
+            "to",
+            "no waiting candidate of this election has that key or value \
+             (or it left before the hand-over); the leadership is kept",
+        ),
+        ElectionError::NotRanked(key) => Error::invalid(
+            "to",
+            format!(
+                "candidate {} waits ahead of the target but joined without a priority \
+                 (it may be a Go or etcdctl client, which would not notice losing its place); \
+                 nothing was changed and the leadership is kept",
+                String::from_utf8_lossy(&key)
+            ),
+        ),
+        ElectionError::TooManyAhead => Error::invalid(
+            "to",
+            "more candidates wait ahead of the target than one etcd transaction can move; \
+             the leadership is kept",
+        ),
         // `Busy` cannot reach a caller: one operation runs at a time.
         other => Error::etcd(ErrorKind::Unexpected, format!("election: {other:?}")),
     }
