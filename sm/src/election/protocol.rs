@@ -1119,7 +1119,14 @@ impl Protocol {
                         e.kv.key == l.key
                             && (e.kind == EventKind::Delete || e.kv.create_revision != l.token)
                     });
-                    if gone {
+                    if gone && ranked::handing_over(&l) {
+                        // Most likely the hand-over's own delete, whose
+                        // answer is still on its way: that answer says
+                        // how the leadership ended (belief already has).
+                        self.cancel(Some(id));
+                        l.guard = Guard::Waiting;
+                        Op::Leading(l)
+                    } else if gone {
                         self.lose_leadership(l, ElectionError::NotLeader);
                         Op::Idle
                     } else {

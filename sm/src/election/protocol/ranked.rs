@@ -57,12 +57,17 @@ pub(crate) struct HandOver {
     pending: Option<RpcId>,
     /// The target as read and the keys ahead of it, once the txn is due.
     deleting: Option<(KeyValue, Vec<(Vec<u8>, Revision)>)>,
+    /// A yield to a higher priority, not a user's request: belief ended
+    /// when it began, and a failure resigns instead of keeping the lead.
+    yielding: bool,
 }
 
 /// Whether `l`'s hand-over has reached its deleting txn, which may apply
 /// at any moment now: from then on, nothing may believe in `l`.
 pub(crate) fn handing_over(l: &Leading) -> bool {
-    l.hand_over.as_ref().is_some_and(|h| h.deleting.is_some())
+    l.hand_over
+        .as_ref()
+        .is_some_and(|h| h.deleting.is_some() || h.yielding)
 }
 
 /// Whether `id` is the priorities' or the hand-over's request of `l`.
@@ -220,6 +225,7 @@ impl Protocol {
             to,
             pending: None,
             deleting: None,
+            yielding: false,
         });
         self.send_hand_over(&mut l);
         Op::Leading(l)
@@ -253,6 +259,14 @@ impl Protocol {
     fn hand_over_failed(&mut self, mut l: Leading, error: ElectionError) -> Op {
         self.timers.stop(Timer::HandOverRetry);
         self.timers.stop(Timer::HandOverAttempt);
+        if l.hand_over.as_ref().is_some_and(|h| h.yielding) {
+            // The higher candidate cannot be handed to (gone, or behind a
+            // plain candidate): yield the plain way.
+            if let Some(h) = l.hand_over.take() {
+                self.cancel(h.pending);
+            }
+            return self.resign(l);
+        }
         if let Some(h) = l.hand_over.take() {
             self.cancel(h.pending);
             self.outbox
@@ -477,7 +491,9 @@ impl Protocol {
             return Op::Leading(l);
         };
         r.told = true;
-        let yielding = r.rank.yield_to_higher;
+        // A user's hand-over under way already steps down.
+        let yielding = r.rank.yield_to_higher && l.hand_over.is_none();
+        let higher_key = by.clone();
         self.outbox.notify(ElectionNotice::StepDownRequested {
             token: l.token,
             by,
@@ -485,8 +501,33 @@ impl Protocol {
             yielding,
         });
         if yielding {
-            // The notice goes first, so belief ends before the delete.
-            return self.resign(l);
+            // Hand over to that candidate rather than resign: a resign
+            // would let the next key in line lead, which may be a lower
+            // priority the higher one has not bumped yet. The notice goes
+            // first, so belief ends before anything is deleted.
+            let prefix = requests::priority_prefix(&self.prefix);
+            let lease_hex = higher_key
+                .strip_prefix(prefix.as_slice())
+                .unwrap_or_default();
+            let to = [self.prefix.as_slice(), lease_hex].concat();
+            if let Some(p) = l.proclaim.take() {
+                self.cancel(p.pending);
+                self.timers.stop(Timer::ProclaimRetry);
+                self.end_attempt(Timer::ProclaimAttempt);
+                self.outbox.notify(ElectionNotice::ProclaimFailed {
+                    op: p.op,
+                    error: ElectionError::NotLeader,
+                });
+            }
+            self.hand_over_backoff.reset();
+            l.hand_over = Some(HandOver {
+                op: l.op,
+                to,
+                pending: None,
+                deleting: None,
+                yielding: true,
+            });
+            self.send_hand_over(&mut l);
         }
         Op::Leading(l)
     }
