@@ -6,7 +6,9 @@ use super::{election_error, Inner};
 use crate::error::{Error, Result};
 use crate::txn::{TxnOp, TxnOpResponse};
 use crate::validate;
-use fleetcoord_sm::election::{fenced_txn, ElectionError, ElectionInput, ElectionNotice};
+use fleetcoord_sm::election::{
+    fenced_txn, hand_over_request_key, ElectionError, ElectionInput, ElectionNotice,
+};
 use fleetcoord_sm::Response;
 use std::sync::Arc;
 
@@ -199,6 +201,30 @@ impl Leadership {
                 Err(e)
             }
         }
+    }
+
+    /// The candidate an operator asked this leader to hand over to
+    /// ([`Election::request_hand_over`]), read fenced: `Ok(None)` when
+    /// nobody asked, or when this leadership is over. One etcd read per
+    /// call; the caller decides how often to ask.
+    pub fn hand_over_requested(&self) -> Result<Option<Vec<u8>>> {
+        let key = hand_over_request_key(self.inner.prefix.as_bytes());
+        let Some(responses) = self.txn_if_leader([TxnOp::get(key)])? else {
+            return Ok(None);
+        };
+        Ok(responses.into_iter().find_map(|r| match r {
+            TxnOpResponse::Get { kvs } => kvs.into_iter().next().map(|kv| kv.value),
+            _ => None,
+        }))
+    }
+
+    /// Remove the hand-over request this leader acted on (done or
+    /// failed), so that it is not acted on again; fenced like every
+    /// leader's write.
+    pub fn clear_hand_over_request(&self) -> Result<()> {
+        let key = hand_over_request_key(self.inner.prefix.as_bytes());
+        self.txn_if_leader([TxnOp::delete(key)])?;
+        Ok(())
     }
 
     /// Replace the leader's value (what [`Election::leader`] and observers

@@ -15,8 +15,8 @@ use crate::liveness::{close_outcome, ATTEMPT_TIMEOUT, CLOSE_WAIT};
 use crate::validate;
 use belief::Belief;
 use fleetcoord_sm::election::{
-    leader_query, Election as ElectionMachine, ElectionConfig, ElectionError, ElectionInput,
-    ElectionNotice, OpId, Rank,
+    hand_over_request_key, leader_query, Election as ElectionMachine, ElectionConfig,
+    ElectionError, ElectionInput, ElectionNotice, OpId, Rank,
 };
 use fleetcoord_sm::keepalive::LivenessState;
 use fleetcoord_sm::{BackoffConfig, KeyValue, Response};
@@ -244,6 +244,49 @@ impl Election {
     ) -> Result<LeaderObserver> {
         assert_not_async();
         LeaderObserver::start(etcd, &election_prefix(name, options)?)
+    }
+
+    /// Ask the leader of election `name` to hand over to the waiting
+    /// candidate `to` (its key or value), without joining: writes one
+    /// request key beside the election (outside the candidate prefix). A
+    /// leader that accepts requests (`fleetcoord elect
+    /// --accept-hand-over`, or a program polling
+    /// [`Leadership::hand_over_requested`]) stops what it runs as leader,
+    /// then calls [`Leadership::hand_over`] and removes the request. This
+    /// never deletes a candidate key itself, so no leader is deposed while
+    /// it may still act. See [`Election::withdraw_hand_over_request`].
+    pub fn request_hand_over(
+        etcd: &Etcd,
+        name: &str,
+        options: &ElectionOptions,
+        to: &[u8],
+    ) -> Result<()> {
+        assert_not_async();
+        if to.is_empty() {
+            return Err(Error::invalid("to", "must not be empty"));
+        }
+        validate::payload("to", to)?;
+        let prefix = election_prefix(name, options)?;
+        etcd.request(fleetcoord_sm::Request::Put {
+            key: hand_over_request_key(prefix.as_bytes()),
+            value: to.to_vec(),
+            lease: 0,
+        })?;
+        Ok(())
+    }
+
+    /// Remove a request of [`Election::request_hand_over`] (done or not).
+    pub fn withdraw_hand_over_request(
+        etcd: &Etcd,
+        name: &str,
+        options: &ElectionOptions,
+    ) -> Result<()> {
+        assert_not_async();
+        let prefix = election_prefix(name, options)?;
+        etcd.request(fleetcoord_sm::Request::Delete(
+            fleetcoord_sm::KeyRange::Key(hand_over_request_key(prefix.as_bytes())),
+        ))?;
+        Ok(())
     }
 
     /// The key prefix candidates of this election use (`<prefix><name>/`).
