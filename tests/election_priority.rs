@@ -10,7 +10,7 @@
 mod common;
 
 use common::{connect, etcdctl_keys, start_etcd};
-use fleetcoord::{Election, ElectionOptions, Error, Leadership, TxnOp};
+use fleetcoord::{Election, ElectionOptions, Error, Etcd, Leadership, TxnOp};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -33,9 +33,12 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// The leaderships handed out so far, named.
+type Handed = Arc<Mutex<Vec<(String, Arc<Leadership>)>>>;
+
 /// Every leadership handed out, sampled for overlap until dropped.
 struct Sampler {
-    held: Arc<Mutex<Vec<(String, Arc<Leadership>)>>>,
+    held: Handed,
     overlap: Arc<Mutex<Option<String>>>,
     stop: Arc<AtomicBool>,
     thread: Option<thread::JoinHandle<()>>,
@@ -43,7 +46,7 @@ struct Sampler {
 
 impl Sampler {
     fn start() -> Sampler {
-        let held: Arc<Mutex<Vec<(String, Arc<Leadership>)>>> = Arc::default();
+        let held: Handed = Arc::default();
         let overlap: Arc<Mutex<Option<String>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -97,11 +100,9 @@ fn campaign(election: &Arc<Election>, value: &str) -> thread::JoinHandle<(Instan
     })
 }
 
-fn join(election: &Etcd, name: &str, options: ElectionOptions) -> Arc<Election> {
-    Arc::new(Election::with_options(election, name, options).expect("join"))
+fn join(etcd: &Etcd, name: &str, options: ElectionOptions) -> Arc<Election> {
+    Arc::new(Election::with_options(etcd, name, options).expect("join"))
 }
-
-use fleetcoord::Etcd;
 
 #[test]
 fn a_higher_priority_candidate_makes_a_yielding_leader_step_down_within_a_second() {

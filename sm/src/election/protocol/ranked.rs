@@ -48,6 +48,9 @@ impl RankPhase {
     }
 }
 
+/// Keys with their create revisions: what a guarded delete names.
+type Guarded = Vec<(Vec<u8>, Revision)>;
+
 /// A hand-over in progress: the read of the queue, then (`deleting`) the
 /// txn that deletes my key and the keys ahead of the target.
 #[derive(Clone, Debug)]
@@ -56,7 +59,7 @@ pub(crate) struct HandOver {
     to: Vec<u8>,
     pending: Option<RpcId>,
     /// The target as read and the keys ahead of it, once the txn is due.
-    deleting: Option<(KeyValue, Vec<(Vec<u8>, Revision)>)>,
+    deleting: Option<(KeyValue, Guarded)>,
     /// A yield to a higher priority, not a user's request: belief ended
     /// when it began, and a failure resigns instead of keeping the lead.
     yielding: bool,
@@ -127,10 +130,7 @@ impl Protocol {
                 c.step = Step::FixValue;
                 return self.send_step(c);
             }
-        } else if !mine
-            .as_ref()
-            .is_some_and(|kv| kv.create_revision == c.token)
-        {
+        } else if mine.as_ref().is_none_or(|kv| kv.create_revision != c.token) {
             // Bumped (or gone otherwise): join again at the back, never claim.
             c.token = 0;
             c.step = Step::Create;
@@ -543,10 +543,8 @@ impl Protocol {
                     }
                 }
             }
-            Timer::HandOverRetry => {
-                if l.hand_over.as_ref().is_some_and(|h| h.pending.is_none()) {
-                    self.send_hand_over(&mut l);
-                }
+            Timer::HandOverRetry if l.hand_over.as_ref().is_some_and(|h| h.pending.is_none()) => {
+                self.send_hand_over(&mut l);
             }
             Timer::HandOverAttempt => {
                 if let Some(id) = l.hand_over.as_mut().and_then(|h| h.pending.take()) {
