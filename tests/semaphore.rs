@@ -249,6 +249,18 @@ fn bad_permits_and_mismatched_permits_are_clear_errors() {
         Semaphore::new(&etcd, "a/b", 2),
         Err(Error::InvalidArgument { what: "name", .. })
     ));
+    for options in [
+        ElectionOptions::default().with_priority(3),
+        ElectionOptions::default().with_yield_to_higher(true),
+    ] {
+        assert!(matches!(
+            Semaphore::with_options(&etcd, "ranked", 2, options),
+            Err(Error::InvalidArgument {
+                what: "priority",
+                ..
+            })
+        ));
+    }
     let two = Semaphore::new(&etcd, "mixed", 2).unwrap();
     let _held = two.acquire().unwrap();
     match Semaphore::new(&etcd, "mixed", 3) {

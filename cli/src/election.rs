@@ -25,9 +25,28 @@ pub struct ObserveArgs {
 }
 
 #[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct ElectArgs {
+    #[command(subcommand)]
+    action: Option<ElectAction>,
     /// The election's name: one key segment (no '/').
-    name: String,
+    #[arg(required = true)]
+    name: Option<String>,
+    /// Join ranked with this priority: among waiting ranked candidates the
+    /// highest leads next (ties: first come); plain candidates (etcdctl,
+    /// Go, fleetcoord without --priority) keep their place.
+    #[arg(long)]
+    priority: Option<u32>,
+    /// While leading, step down when a higher priority waits: the command
+    /// is stopped as on a signal, then the leadership is resigned and the
+    /// campaign starts over. Joins ranked (priority 0 unless --priority).
+    #[arg(long)]
+    yield_to_higher: bool,
+    /// While leading, act on `fleetcoord elect hand-over NAME --to VALUE`:
+    /// stop the command as on a signal, then hand over and campaign again.
+    /// Costs one read every 250 ms while leading.
+    #[arg(long)]
+    accept_hand_over: bool,
     /// What the leader announces (observers and `leader` show it)
     /// [default: `fleetcoord-<pid>`].
     #[arg(long)]
@@ -38,6 +57,92 @@ pub struct ElectArgs {
     ttl: Duration,
     #[command(flatten)]
     gate: GateArgs,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum ElectAction {
+    /// Ask the leader of an election to hand over to a waiting candidate
+    /// (the leader must run `elect --accept-hand-over`), and wait until
+    /// that candidate leads.
+    HandOver(HandOverArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct HandOverArgs {
+    /// The election's name: one key segment (no '/').
+    name: String,
+    /// The candidate to lead next: its value or its candidate key.
+    #[arg(long)]
+    to: String,
+    /// How long to wait for the candidate to lead before failing.
+    #[arg(long, default_value = "10s", value_parser = duration::timeout)]
+    timeout: Duration,
+}
+
+/// `elect hand-over`: write the request, wait for the target to lead,
+/// remove the request whatever happened. Never deletes a candidate key
+/// itself: the leader may still be acting as leader.
+fn hand_over(ctx: &Ctx, args: HandOverArgs) -> Result<(), CliError> {
+    let options = ElectionOptions::default();
+    let named = |l: &LeaderInfo| l.value == args.to.as_bytes() || l.key == args.to;
+    let before = Election::leader_of(&ctx.etcd, &args.name, &options)?;
+    let Some(before) = before else {
+        return Err(CliError::Message(format!(
+            "{}: no leader to hand over from",
+            args.name
+        )));
+    };
+    if named(&before) {
+        return Err(CliError::Message(format!(
+            "{}: {} leads already",
+            args.name, args.to
+        )));
+    }
+    Election::request_hand_over(&ctx.etcd, &args.name, &options, args.to.as_bytes())?;
+    let deadline = std::time::Instant::now() + args.timeout;
+    let outcome = loop {
+        match Election::leader_of(&ctx.etcd, &args.name, &options) {
+            Ok(Some(l)) if named(&l) => break Ok(l),
+            Ok(Some(l)) if l.token != before.token => {
+                break Err(format!(
+                    "{}: {} leads now, not {} (was {} waiting behind the leader?)",
+                    args.name,
+                    text(&l.value),
+                    args.to,
+                    args.to
+                ))
+            }
+            Ok(_) => {}
+            Err(e) => break Err(format!("{}: {e}", args.name)),
+        }
+        if std::time::Instant::now() >= deadline {
+            break Err(format!(
+                "{}: {} did not lead within {:?}; does the leader run `elect --accept-hand-over`, \
+                 and is {} a waiting candidate?",
+                args.name, args.to, args.timeout, args.to
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let withdrawn = Election::withdraw_hand_over_request(&ctx.etcd, &args.name, &options);
+    let leader = outcome.map_err(CliError::Message)?;
+    withdrawn?;
+    ctx.out.emit(
+        format!(
+            "{}: handed over to {} (fencing token {})",
+            args.name,
+            text(&leader.value),
+            leader.token
+        ),
+        event(
+            "handed_over",
+            [
+                ("name", json!(args.name)),
+                ("leader", leader_value(Some(&leader))),
+            ],
+        ),
+    )?;
+    Ok(())
 }
 
 fn leader_value(leader: Option<&LeaderInfo>) -> Value {
@@ -128,11 +233,29 @@ pub fn acquire_or_shutdown<T: Send + 'static>(
 /// `elect`: campaign, report leadership, then hold it until a signal (and
 /// resign), or run the gated command while leading.
 pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
-    let name = args.name;
+    if let Some(ElectAction::HandOver(a)) = args.action {
+        return hand_over(ctx, a);
+    }
+    let Some(name) = args.name else {
+        return Err(CliError::Message("elect needs the election's name".into()));
+    };
     let value = args
         .value
         .unwrap_or_else(|| format!("fleetcoord-{}", std::process::id()));
-    let options = ElectionOptions::default().with_ttl(args.ttl);
+    let gated = !args.gate.command.is_empty();
+    let mut options = ElectionOptions::default().with_ttl(args.ttl);
+    if args.priority.is_some() || args.yield_to_higher || args.accept_hand_over {
+        options = options.with_priority(args.priority.unwrap_or(0));
+    }
+    // Without a command the library may yield at once; with one, the
+    // command must be dead first (see gated.rs), so the CLI steps down.
+    if args.yield_to_higher && !gated {
+        options = options.with_yield_to_higher(true);
+    }
+    let stepping = gated::StepDown {
+        on_higher: args.yield_to_higher,
+        hand_over_requests: args.accept_hand_over,
+    };
     let trusted = options.trusted_lifetime();
     let election = Arc::new(Election::with_options(&ctx.etcd, &name, options)?);
     let watched = Arc::downgrade(&election);
@@ -140,7 +263,6 @@ pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), 
         args.ttl,
         Box::new(move || watched.upgrade()?.session_trusted_until()),
     );
-    let gated = !args.gate.command.is_empty();
     // While a command runs, stdout is the command's.
     let out = if gated { ctx.out.on_stderr() } else { ctx.out };
     loop {
@@ -166,15 +288,23 @@ pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), 
         ctx.health.set(true);
         let token = leadership.fencing_token();
         if !gated {
-            let result = hold_until_signal(&out, &name, leadership, election, shutdown);
+            let held = hold_until_signal(&out, &name, leadership, shutdown, stepping);
             ctx.health.set(false);
-            return result;
+            match held? {
+                Hold::Again => continue,
+                Hold::Signal => {
+                    if let Ok(election) = Arc::try_unwrap(election) {
+                        let _ = election.close();
+                    }
+                    return Ok(());
+                }
+            }
         }
         let session = {
             let election = election.clone();
             move || election.session()
         };
-        let ended = gated::run(
+        let ended = gated::run_stepping(
             &out,
             &name,
             &args.gate,
@@ -182,6 +312,7 @@ pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), 
             trusted,
             &session,
             shutdown,
+            stepping,
         );
         ctx.health.set(false);
         match ended? {
@@ -196,6 +327,11 @@ pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), 
                 if stopping || !args.gate.restart {
                     return finish(status);
                 }
+            }
+            Ended::SteppedDown {
+                handed_to, outcome, ..
+            } => {
+                report_step_down(&out, &name, token, handed_to.as_deref(), outcome)?;
             }
             Ended::Lost => {
                 out.emit(
@@ -246,35 +382,97 @@ fn report_elected(
     Ok(())
 }
 
-/// Without a command: lead until a signal, then resign.
+/// How [`hold_until_signal`] ended.
+enum Hold {
+    /// A signal: resigned; exit.
+    Signal,
+    /// Stepped down (yielded or handed over): campaign again.
+    Again,
+}
+
+/// Tells how a step-down went; a failed one is reported, not fatal: the
+/// campaign starts over either way.
+fn report_step_down(
+    out: &Out,
+    name: &str,
+    token: i64,
+    handed_to: Option<&[u8]>,
+    outcome: fleetcoord::Result<()>,
+) -> Result<(), CliError> {
+    let (line, kind) = match (handed_to, &outcome) {
+        (Some(to), Ok(())) => (
+            format!("{name}: handed over to {}", text(to)),
+            "handed_over",
+        ),
+        (None, Ok(())) => (
+            format!("{name}: stepped down for a higher priority"),
+            "stepped_down",
+        ),
+        (_, Err(e)) => (
+            format!("{name}: stepping down failed: {e}"),
+            "step_down_failed",
+        ),
+    };
+    out.emit(
+        line,
+        event(kind, [("name", json!(name)), ("token", json!(token))]),
+    )?;
+    Ok(())
+}
+
+/// Without a command: lead until a signal (then resign), a yield to a
+/// higher priority, or an accepted hand-over request.
 fn hold_until_signal(
     out: &Out,
     name: &str,
     leadership: Leadership,
-    election: Arc<Election>,
     shutdown: &Receiver<()>,
-) -> Result<(), CliError> {
+    stepping: gated::StepDown,
+) -> Result<Hold, CliError> {
     let token = leadership.fencing_token();
-    select! {
-        recv(leadership.lost()) -> _ => {
-            out.emit(
-                format!("{name}: leadership lost (fencing token {token} is stale now)"),
-                event("lost", [("name", json!(name)), ("token", json!(token))]),
-            )?;
-            return Err(CliError::Message(format!(
-                "lost the leadership of {name}: the session lease could not be kept alive"
-            )));
+    let poll = if stepping.hand_over_requests {
+        crossbeam_channel::tick(gated::HAND_OVER_POLL)
+    } else {
+        crossbeam_channel::never()
+    };
+    loop {
+        select! {
+            recv(leadership.lost()) -> _ => {
+                if leadership.step_down_requested().try_recv().is_ok() {
+                    // The library yielded (with_yield_to_higher).
+                    report_step_down(out, name, token, None, Ok(()))?;
+                    return Ok(Hold::Again);
+                }
+                out.emit(
+                    format!("{name}: leadership lost (fencing token {token} is stale now)"),
+                    event("lost", [("name", json!(name)), ("token", json!(token))]),
+                )?;
+                return Err(CliError::Message(format!(
+                    "lost the leadership of {name}: the session lease could not be kept alive"
+                )));
+            }
+            recv(poll) -> _ => {
+                let Ok(Some(to)) = leadership.hand_over_requested() else { continue };
+                if leadership.key().as_bytes() == to.as_slice() {
+                    let _ = leadership.clear_hand_over_request();
+                    continue;
+                }
+                let outcome = leadership.hand_over(&to);
+                if outcome.is_err() {
+                    let _ = leadership.clear_hand_over_request();
+                    report_step_down(out, name, token, Some(&to), outcome)?;
+                    continue;
+                }
+                report_step_down(out, name, token, Some(&to), outcome)?;
+                return Ok(Hold::Again);
+            }
+            recv(shutdown) -> _ => break,
         }
-        recv(shutdown) -> _ => {}
     }
-    let resigned = leadership.resign();
-    if let Ok(election) = Arc::try_unwrap(election) {
-        let _ = election.close();
-    }
-    resigned?;
+    leadership.resign()?;
     out.emit(
         format!("{name}: resigned"),
         event("resigned", [("name", json!(name)), ("token", json!(token))]),
     )?;
-    Ok(())
+    Ok(Hold::Signal)
 }

@@ -79,6 +79,24 @@ pub trait Held {
     fn is_held(&self) -> bool;
     /// Resign or unlock, waiting for etcd.
     fn release(self: Box<Self>) -> Result<(), fleetcoord::Error>;
+    /// Fires when a candidate of a higher priority waits (never for a lock).
+    fn step_down(&self) -> Receiver<()> {
+        crossbeam_channel::never()
+    }
+    /// The candidate an operator asked this holder to hand over to.
+    fn hand_over_requested(&self) -> Option<Vec<u8>> {
+        None
+    }
+    /// Forget the request just read (acted on, or naming this holder).
+    fn clear_hand_over_request(&self) {}
+    /// Whether `to` names this holder (its key).
+    fn is_named(&self, _to: &[u8]) -> bool {
+        false
+    }
+    /// Hand over to `to`; a holder that cannot releases instead.
+    fn hand_over(self: Box<Self>, _to: &[u8]) -> Result<(), fleetcoord::Error> {
+        self.release()
+    }
 }
 
 impl Held for fleetcoord::Leadership {
@@ -93,6 +111,30 @@ impl Held for fleetcoord::Leadership {
     }
     fn release(self: Box<Self>) -> Result<(), fleetcoord::Error> {
         self.resign()
+    }
+    fn step_down(&self) -> Receiver<()> {
+        self.step_down_requested().clone()
+    }
+    fn hand_over_requested(&self) -> Option<Vec<u8>> {
+        fleetcoord::Leadership::hand_over_requested(self)
+            .ok()
+            .flatten()
+    }
+    fn clear_hand_over_request(&self) {
+        let _ = fleetcoord::Leadership::clear_hand_over_request(self);
+    }
+    fn is_named(&self, to: &[u8]) -> bool {
+        self.key().as_bytes() == to
+    }
+    fn hand_over(self: Box<Self>, to: &[u8]) -> Result<(), fleetcoord::Error> {
+        let result = fleetcoord::Leadership::hand_over(&self, to);
+        if result.is_err() {
+            // The command is already stopped: give the lead up rather than
+            // hold it without one; the campaign starts over.
+            let _ = fleetcoord::Leadership::clear_hand_over_request(&self);
+            return self.resign().and(result);
+        }
+        result
     }
 }
 
@@ -133,7 +175,29 @@ pub enum Ended {
     Exited { status: ExitStatus, shutdown: bool },
     /// The hold was lost or could not be kept; the command is dead.
     Lost,
+    /// The command was stopped (as on a signal) to step down: for a
+    /// higher priority (`handed_to` None: resigned) or for an operator's
+    /// hand-over request; `outcome` says whether the release worked.
+    SteppedDown {
+        status: ExitStatus,
+        handed_to: Option<Vec<u8>>,
+        outcome: Result<(), fleetcoord::Error>,
+    },
 }
+
+/// When a leader steps down without a signal (`elect --yield-to-higher`,
+/// `--accept-hand-over`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepDown {
+    /// Stop the command and resign when a higher priority waits.
+    pub on_higher: bool,
+    /// Look for hand-over requests every [`HAND_OVER_POLL`].
+    pub hand_over_requests: bool,
+}
+
+/// How often a leader that accepts hand-over requests reads the request
+/// key: one fenced read, only while leading with `--accept-hand-over`.
+pub const HAND_OVER_POLL: Duration = Duration::from_millis(250);
 
 /// Microseconds since the Unix epoch: comparable across processes on one
 /// machine, which is what the hand-over tests measure with. `started`
@@ -173,6 +237,33 @@ pub fn run(
     session: &dyn Fn() -> Option<LivenessState>,
     shutdown: &Receiver<()>,
 ) -> Result<Ended, CliError> {
+    run_stepping(
+        out,
+        what,
+        args,
+        held,
+        trusted,
+        session,
+        shutdown,
+        StepDown::default(),
+    )
+}
+
+/// [`run`], also stepping down as `stepping` says: the command is stopped
+/// exactly as on a signal (SIGTERM, SIGKILL after `--kill-grace`), and
+/// only once it is dead is the leadership resigned or handed over, so the
+/// next leader's command never overlaps this one.
+#[allow(clippy::too_many_arguments)]
+pub fn run_stepping(
+    out: &Out,
+    what: &str,
+    args: &GateArgs,
+    held: Box<dyn Held>,
+    trusted: Duration,
+    session: &dyn Fn() -> Option<LivenessState>,
+    shutdown: &Receiver<()>,
+    stepping: StepDown,
+) -> Result<Ended, CliError> {
     let token = held.token();
     let Some((program, rest)) = args.command.split_first() else {
         return Err(CliError::Message("no command to run".into()));
@@ -207,8 +298,28 @@ pub fn run(
     let mut termed = false;
     let mut lost = false;
     let mut stopping = false;
+    // `Some(None)`: resign for a higher priority; `Some(Some(to))`: hand over.
+    let mut step: Option<Option<Vec<u8>>> = None;
+    let mut next_poll = Instant::now() + HAND_OVER_POLL;
+    let step_down = if stepping.on_higher {
+        held.step_down()
+    } else {
+        crossbeam_channel::never()
+    };
     let status = loop {
         select! {
+            recv(step_down) -> _ => {
+                if !termed {
+                    termed = true;
+                    step = Some(None);
+                    signal(&child, Signal::SIGTERM);
+                    kill_at = Some(Instant::now() + args.kill_grace);
+                    out.emit(
+                        format!("{what}: a higher priority waits; sent SIGTERM to {program}"),
+                        event("stepping_down", [("token", json!(token))]),
+                    )?;
+                }
+            }
             recv(held.lost()) -> _ => {
                 // The local deadline passed: not a moment longer.
                 lost = true;
@@ -229,6 +340,26 @@ pub fn run(
             .map_err(|e| CliError::Message(format!("cannot wait for {program:?}: {e}")))?
         {
             break status;
+        }
+        if stepping.hand_over_requests && !termed && Instant::now() >= next_poll {
+            next_poll = Instant::now() + HAND_OVER_POLL;
+            if let Some(to) = held.hand_over_requested() {
+                if held.is_named(&to) {
+                    held.clear_hand_over_request();
+                } else {
+                    termed = true;
+                    signal(&child, Signal::SIGTERM);
+                    kill_at = Some(Instant::now() + args.kill_grace);
+                    out.emit(
+                        format!(
+                            "{what}: asked to hand over to {}; sent SIGTERM to {program}",
+                            String::from_utf8_lossy(&to)
+                        ),
+                        event("handing_over", [("token", json!(token))]),
+                    )?;
+                    step = Some(Some(to));
+                }
+            }
         }
         if !lost && !held.is_held() {
             // The deadline passed by this thread's clock, before the
@@ -264,6 +395,17 @@ pub fn run(
     )?;
     // Killed because renewals failed: the hold is as good as gone, even if
     // the session recovers; give it up rather than keep it without a child.
+    if let (false, false, Some(step)) = (lost, stopping, step) {
+        let outcome = match &step {
+            None => held.release(),
+            Some(to) => held.hand_over(to),
+        };
+        return Ok(Ended::SteppedDown {
+            status,
+            handed_to: step,
+            outcome,
+        });
+    }
     if lost || (termed && !stopping) {
         drop(held);
         return Ok(Ended::Lost);

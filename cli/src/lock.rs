@@ -164,6 +164,8 @@ pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), Cl
                     return finish(status);
                 }
             }
+            // A lock never steps down (no priorities, no hand-over).
+            Ended::SteppedDown { status, .. } => return finish(status),
             Ended::Lost => {
                 out.emit(
                     format!("{name}: lock lost (fencing token {token} is stale now); the command was stopped"),

@@ -410,3 +410,117 @@ fn a_partitioned_permit_holders_command_dies_before_the_waiters_starts() {
         *gaps.iter().min().unwrap() as f64 / 1000.0
     );
 }
+
+/// The instant (µs since the epoch) of `instance`'s next `name` record.
+fn at_us(instance: &Gated, name: &str) -> i64 {
+    instance.expect(name)["at_unix_us"]
+        .as_i64()
+        .expect("at_unix_us")
+}
+
+fn queued(endpoint: &str, prefix: &str, want: usize) {
+    let deadline = Instant::now() + WAIT;
+    while etcdctl_keys(endpoint, prefix).len() != want {
+        assert!(Instant::now() < deadline, "{want} candidates never queued");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn an_operators_hand_over_stops_the_command_before_the_target_starts_its_own() {
+    let server = start_etcd();
+    let endpoint = server.endpoint();
+    let prefix = "/coord/election/ho/";
+    let gated = |value: &str, extra: &[&str]| {
+        let mut args = vec!["elect", "ho", "--value", value, "--priority", "0"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "sleep", "100"]);
+        Gated::start(&endpoint, &args)
+    };
+    let a = gated("a", &["--accept-hand-over"]);
+    a.expect("started");
+    let b = gated("b", &[]);
+    queued(&endpoint, prefix, 2);
+    let c = gated("c", &[]);
+    queued(&endpoint, prefix, 3);
+    let t0 = Instant::now();
+    let status = cli(&endpoint)
+        .args(["elect", "hand-over", "ho", "--to", "c", "--timeout", "10s"])
+        .status()
+        .expect("fleetcoord elect hand-over");
+    assert!(status.success(), "hand-over failed: {status}");
+    println!("operator's hand-over took {:?}", t0.elapsed());
+    let exited = at_us(&a, "exited");
+    let started = at_us(&c, "started");
+    assert!(
+        started > exited,
+        "c's command started {} us before a's died",
+        exited - started
+    );
+    a.expect("handed_over");
+    // b keeps waiting (queued again behind c), and the request is gone.
+    assert!(b.next("started", Duration::from_millis(300)).is_none());
+    assert!(etcdctl_keys(&endpoint, "/coord/election/ho\u{1f}hand-over").is_empty());
+    // Naming nobody fails clearly, within its timeout.
+    let out = cli(&endpoint)
+        .args([
+            "elect",
+            "hand-over",
+            "ho",
+            "--to",
+            "nobody",
+            "--timeout",
+            "1s",
+        ])
+        .output()
+        .expect("fleetcoord elect hand-over");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("did not lead"), "{stderr}");
+}
+
+#[test]
+fn a_yielding_leaders_command_dies_before_the_higher_ones_starts() {
+    let server = start_etcd();
+    let endpoint = server.endpoint();
+    let low = Gated::start(
+        &endpoint,
+        &[
+            "elect",
+            "y",
+            "--value",
+            "low",
+            "--yield-to-higher",
+            "--",
+            "sleep",
+            "100",
+        ],
+    );
+    low.expect("started");
+    let t0 = Instant::now();
+    let high = Gated::start(
+        &endpoint,
+        &[
+            "elect",
+            "y",
+            "--value",
+            "high",
+            "--priority",
+            "5",
+            "--",
+            "sleep",
+            "100",
+        ],
+    );
+    let exited = at_us(&low, "exited");
+    let started = at_us(&high, "started");
+    println!(
+        "higher priority joined -> its command started: {:?}",
+        t0.elapsed()
+    );
+    assert!(started > exited, "overlap of {} us", exited - started);
+    low.expect("stepped_down");
+    // The yielder campaigns again and waits behind the higher one.
+    low.expect("campaigning");
+    assert!(low.next("started", Duration::from_millis(300)).is_none());
+}

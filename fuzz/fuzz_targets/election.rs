@@ -25,7 +25,9 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use fleetcoord_sm::election::{Election, ElectionConfig, ElectionInput, ElectionNotice, OpId};
+use fleetcoord_sm::election::{
+    Election, ElectionConfig, ElectionInput, ElectionNotice, OpId, Rank,
+};
 use fleetcoord_sm::keepalive::LivenessState;
 use fleetcoord_sm::{
     BackoffConfig, Command, EventKind, KeyRange, KeyValue, Machine, Request, Response, Revision,
@@ -60,6 +62,10 @@ enum User {
     /// Cancel the operation this many back from the newest (0: the newest).
     CancelCampaign(u8),
     Stop,
+    /// A ranked campaign: value, priority, whether it yields.
+    CampaignRanked(u8, u8, bool),
+    /// Hand the latest elected token over to the candidate with this value.
+    HandOver(u8),
 }
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -92,6 +98,7 @@ enum Op {
 struct Reference {
     open_campaigns: BTreeSet<OpId>,
     open_proclaims: BTreeSet<OpId>,
+    open_hand_overs: BTreeSet<OpId>,
     /// Every operation asked for, newest last.
     ops: Vec<OpId>,
     /// The current leadership and the campaign that won it.
@@ -154,6 +161,24 @@ impl Fuzz {
                     "proclaim answer for {op:?}, not open"
                 );
             }
+            ElectionNotice::HandedOver { op, token, .. } => {
+                // A user's hand-over, or a yield, which names the campaign
+                // that won.
+                assert!(
+                    m.open_hand_overs.remove(&op) || m.elected_by == Some(op),
+                    "HandedOver for {op:?}, not open"
+                );
+                assert_eq!(token, m.last_token, "handed over what it did not lead");
+                m.elected = None;
+            }
+            ElectionNotice::HandOverFailed { op, .. } => {
+                assert!(
+                    m.open_hand_overs.remove(&op),
+                    "hand-over answer for {op:?}, not open"
+                );
+            }
+            // Belief ends with the notice of a yield.
+            ElectionNotice::StepDownRequested { yielding: true, .. } => m.elected = None,
             ElectionNotice::LeadershipLost { .. } => m.elected = None,
             ElectionNotice::Session(LivenessState::Stopped { .. }) => m.stopped = true,
             _ => {}
@@ -331,6 +356,21 @@ impl Fuzz {
                         }
                     }
                     User::Stop => ElectionInput::Stop,
+                    User::CampaignRanked(v, priority, yield_to_higher) => {
+                        ElectionInput::CampaignRanked {
+                            op,
+                            value: vec![v],
+                            rank: Rank {
+                                priority: u32::from(priority % 4),
+                                yield_to_higher,
+                            },
+                        }
+                    }
+                    User::HandOver(v) => ElectionInput::HandOver {
+                        op,
+                        token: self.model.last_token,
+                        to: vec![v],
+                    },
                 };
                 let cancels_leadership = matches!(
                     &input,
@@ -338,8 +378,14 @@ impl Fuzz {
                         && self.model.elected.is_some()
                 );
                 match &input {
-                    ElectionInput::Campaign { op, .. } | ElectionInput::TryCampaign { op, .. } => {
+                    ElectionInput::Campaign { op, .. }
+                    | ElectionInput::TryCampaign { op, .. }
+                    | ElectionInput::CampaignRanked { op, .. } => {
                         self.model.open_campaigns.insert(*op);
+                        self.model.ops.push(*op);
+                    }
+                    ElectionInput::HandOver { op, .. } => {
+                        self.model.open_hand_overs.insert(*op);
                         self.model.ops.push(*op);
                     }
                     ElectionInput::Proclaim { op, .. } => {
@@ -441,6 +487,7 @@ fuzz_target!(|input: Input| {
         model: Reference {
             open_campaigns: BTreeSet::new(),
             open_proclaims: BTreeSet::new(),
+            open_hand_overs: BTreeSet::new(),
             ops: Vec::new(),
             elected: None,
             elected_by: None,

@@ -21,6 +21,8 @@ use std::time::Instant;
 #[derive(Debug)]
 pub(crate) struct Belief {
     ended: AtomicBool,
+    /// A hand-over is under way: not believed until it failed.
+    paused: AtomicBool,
     until: Mutex<Instant>,
 }
 
@@ -29,6 +31,7 @@ impl Belief {
     pub(crate) fn until(until: Instant) -> Self {
         Belief {
             ended: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
             until: Mutex::new(until),
         }
     }
@@ -42,7 +45,21 @@ impl Belief {
 
     /// Whether the leadership may be believed at this instant.
     pub(crate) fn holds(&self) -> bool {
-        !self.ended.load(Ordering::SeqCst) && Instant::now() < *self.until.lock()
+        !self.ended.load(Ordering::SeqCst)
+            && !self.paused.load(Ordering::SeqCst)
+            && Instant::now() < *self.until.lock()
+    }
+
+    /// Not believed until [`Belief::resume`]: a hand-over's delete may
+    /// apply from now on.
+    pub(crate) fn pause(&self) {
+        self.paused.store(true, Ordering::SeqCst);
+    }
+
+    /// The hand-over failed with nothing deleted: believed again (unless
+    /// ended meanwhile, or its deadline passed).
+    pub(crate) fn resume(&self) {
+        self.paused.store(false, Ordering::SeqCst);
     }
 
     /// Belief now lasts until `until` (a renewal was answered). Earlier

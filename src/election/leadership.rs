@@ -6,7 +6,9 @@ use super::{election_error, Inner};
 use crate::error::{Error, Result};
 use crate::txn::{TxnOp, TxnOpResponse};
 use crate::validate;
-use fleetcoord_sm::election::{fenced_txn, ElectionInput, ElectionNotice};
+use fleetcoord_sm::election::{
+    fenced_txn, hand_over_request_key, ElectionError, ElectionInput, ElectionNotice,
+};
 use fleetcoord_sm::Response;
 use std::sync::Arc;
 
@@ -58,6 +60,7 @@ pub struct Leadership {
     pub(super) key: String,
     pub(super) belief: Arc<Belief>,
     pub(super) lost: crossbeam_channel::Receiver<()>,
+    pub(super) step_down: crossbeam_channel::Receiver<()>,
     pub(super) resigned: bool,
 }
 
@@ -102,6 +105,126 @@ impl Leadership {
     /// Receives `()` once if leadership is lost (not on resign).
     pub fn lost(&self) -> &crossbeam_channel::Receiver<()> {
         &self.lost
+    }
+
+    /// Receives `()` once when a ranked candidate with a higher priority
+    /// than this leader's waits (only for elections joined with
+    /// [`ElectionOptions::with_priority`] or
+    /// [`ElectionOptions::with_yield_to_higher`]; never fires otherwise).
+    /// With `with_yield_to_higher(true)` the leadership has already ended
+    /// when it fires ([`Leadership::lost`] fires too); otherwise stepping
+    /// down is the holder's choice: [`Leadership::resign`] or
+    /// [`Leadership::hand_over`].
+    ///
+    /// [`ElectionOptions::with_priority`]: crate::ElectionOptions::with_priority
+    /// [`ElectionOptions::with_yield_to_higher`]: crate::ElectionOptions::with_yield_to_higher
+    pub fn step_down_requested(&self) -> &crossbeam_channel::Receiver<()> {
+        &self.step_down
+    }
+
+    /// Make the waiting candidate named by `to` (its candidate key, or the
+    /// value it campaigned with; the first in line if several match) lead
+    /// next, and end this leadership. One read of the queue, then one
+    /// transaction guarded by this leadership's token, by the target's
+    /// create revision and by every key ahead of it: it deletes this
+    /// leader's key and the keys of the candidates ahead of the target,
+    /// which join the queue again at the back (behind the target, so the
+    /// others keep waiting and get their turn). The target leads about
+    /// two round trips after the call.
+    ///
+    /// [`Leadership::is_held`] turns false when the call starts, before
+    /// anything is deleted, so there is no overlap with the target; it
+    /// turns true again if the hand-over fails with the leadership kept:
+    /// * no waiting candidate matches `to`, or it left meanwhile →
+    ///   [`Error::InvalidArgument`] (`what` = `"to"`), nothing deleted;
+    /// * a candidate ahead of the target joined without a priority (it
+    ///   may be a Go or `etcdctl` client, which would not notice losing
+    ///   its place) → [`Error::InvalidArgument`], nothing deleted;
+    /// * this leadership is over → [`Error::NotLeader`].
+    ///
+    /// After `Ok(())` this handle is spent: `is_held` is false and drop
+    /// does nothing. No answer within three request timeouts →
+    /// [`Error::Timeout`], and the leadership is resigned (its outcome was
+    /// unknown; it is not believed again).
+    pub fn hand_over(&self, to: impl AsRef<[u8]>) -> Result<()> {
+        let to = to.as_ref().to_vec();
+        if to.is_empty() {
+            return Err(Error::invalid("to", "must not be empty"));
+        }
+        validate::payload("to", &to)?;
+        if !self.is_held() {
+            return Err(Error::NotLeader);
+        }
+        let turn = self.inner.ops.turn();
+        if !self.is_current() {
+            return Err(Error::NotLeader);
+        }
+        // Before the machine can send the delete: no belief overlaps the
+        // target's.
+        self.belief.pause();
+        let bound = self.inner.etcd.options().request_timeout.saturating_mul(3);
+        let token = self.token;
+        let outcome = self.inner.call(
+            &turn,
+            |op| ElectionInput::HandOver { op, token, to },
+            Some(bound),
+            |notice| match notice {
+                ElectionNotice::HandedOver { .. } => Some(Ok(())),
+                ElectionNotice::HandOverFailed { error, .. } => Some(Err(error)),
+                _ => None,
+            },
+        );
+        match outcome {
+            Ok(Outcome::Answered(Ok(()))) => {
+                self.belief.end();
+                Ok(())
+            }
+            Ok(Outcome::Answered(Err(ElectionError::NotLeader))) => {
+                self.belief.end();
+                Err(Error::NotLeader)
+            }
+            Ok(Outcome::Answered(Err(error))) => {
+                self.belief.resume();
+                Err(election_error(error))
+            }
+            Ok(Outcome::TimedOut { .. }) => {
+                self.belief.end();
+                let _ = self
+                    .inner
+                    .ops
+                    .machine()
+                    .send(ElectionInput::Resign { token });
+                Err(Error::Timeout(bound))
+            }
+            Err(e) => {
+                self.belief.end();
+                Err(e)
+            }
+        }
+    }
+
+    /// The candidate an operator asked this leader to hand over to
+    /// ([`Election::request_hand_over`]), read fenced: `Ok(None)` when
+    /// nobody asked, or when this leadership is over. One etcd read per
+    /// call; the caller decides how often to ask.
+    pub fn hand_over_requested(&self) -> Result<Option<Vec<u8>>> {
+        let key = hand_over_request_key(self.inner.prefix.as_bytes());
+        let Some(responses) = self.txn_if_leader([TxnOp::get(key)])? else {
+            return Ok(None);
+        };
+        Ok(responses.into_iter().find_map(|r| match r {
+            TxnOpResponse::Get { kvs } => kvs.into_iter().next().map(|kv| kv.value),
+            _ => None,
+        }))
+    }
+
+    /// Remove the hand-over request this leader acted on (done or
+    /// failed), so that it is not acted on again; fenced like every
+    /// leader's write.
+    pub fn clear_hand_over_request(&self) -> Result<()> {
+        let key = hand_over_request_key(self.inner.prefix.as_bytes());
+        self.txn_if_leader([TxnOp::delete(key)])?;
+        Ok(())
     }
 
     /// Replace the leader's value (what [`Election::leader`] and observers

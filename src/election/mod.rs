@@ -15,8 +15,8 @@ use crate::liveness::{close_outcome, ATTEMPT_TIMEOUT, CLOSE_WAIT};
 use crate::validate;
 use belief::Belief;
 use fleetcoord_sm::election::{
-    leader_query, Election as ElectionMachine, ElectionConfig, ElectionError, ElectionInput,
-    ElectionNotice, OpId,
+    hand_over_request_key, leader_query, Election as ElectionMachine, ElectionConfig,
+    ElectionError, ElectionInput, ElectionNotice, OpId, Rank,
 };
 use fleetcoord_sm::keepalive::LivenessState;
 use fleetcoord_sm::{BackoffConfig, KeyValue, Response};
@@ -141,6 +141,8 @@ struct Inner {
     prefix: String,
     ops: Ops<ElectionMachine>,
     state: Arc<Mutex<State>>,
+    /// How campaigns join: `None` plain, else ranked.
+    rank: Option<Rank>,
 }
 
 impl Election {
@@ -182,6 +184,7 @@ impl Election {
         assert_not_async();
         let options_permits = permits.max(1);
         let prefix = election_prefix(name, &options)?;
+        let rank = options.rank();
         validate::ttl("ttl", options.ttl)?;
         validate::trust(
             options.ttl,
@@ -230,6 +233,7 @@ impl Election {
                 prefix,
                 ops: Ops::new(machine, routes),
                 state,
+                rank,
             }),
         })
     }
@@ -254,6 +258,49 @@ impl Election {
     ) -> Result<LeaderObserver> {
         assert_not_async();
         LeaderObserver::start(etcd, &election_prefix(name, options)?)
+    }
+
+    /// Ask the leader of election `name` to hand over to the waiting
+    /// candidate `to` (its key or value), without joining: writes one
+    /// request key beside the election (outside the candidate prefix). A
+    /// leader that accepts requests (`fleetcoord elect
+    /// --accept-hand-over`, or a program polling
+    /// [`Leadership::hand_over_requested`]) stops what it runs as leader,
+    /// then calls [`Leadership::hand_over`] and removes the request. This
+    /// never deletes a candidate key itself, so no leader is deposed while
+    /// it may still act. See [`Election::withdraw_hand_over_request`].
+    pub fn request_hand_over(
+        etcd: &Etcd,
+        name: &str,
+        options: &ElectionOptions,
+        to: &[u8],
+    ) -> Result<()> {
+        assert_not_async();
+        if to.is_empty() {
+            return Err(Error::invalid("to", "must not be empty"));
+        }
+        validate::payload("to", to)?;
+        let prefix = election_prefix(name, options)?;
+        etcd.request(fleetcoord_sm::Request::Put {
+            key: hand_over_request_key(prefix.as_bytes()),
+            value: to.to_vec(),
+            lease: 0,
+        })?;
+        Ok(())
+    }
+
+    /// Remove a request of [`Election::request_hand_over`] (done or not).
+    pub fn withdraw_hand_over_request(
+        etcd: &Etcd,
+        name: &str,
+        options: &ElectionOptions,
+    ) -> Result<()> {
+        assert_not_async();
+        let prefix = election_prefix(name, options)?;
+        etcd.request(fleetcoord_sm::Request::Delete(
+            fleetcoord_sm::KeyRange::Key(hand_over_request_key(prefix.as_bytes())),
+        ))?;
+        Ok(())
     }
 
     /// The key prefix candidates of this election use (`<prefix><name>/`).
@@ -291,9 +338,13 @@ impl Election {
         validate::payload("value", value)?;
         let turn = self.inner.ops.turn();
         let value = value.to_vec();
+        let rank = self.inner.rank;
         let outcome = self.inner.call(
             &turn,
-            |op| ElectionInput::Campaign { op, value },
+            |op| match rank {
+                Some(rank) => ElectionInput::CampaignRanked { op, value, rank },
+                None => ElectionInput::Campaign { op, value },
+            },
             timeout,
             |notice| match notice {
                 ElectionNotice::Elected {
@@ -414,16 +465,16 @@ impl Election {
     }
 
     fn leadership(&self, token: i64, lease: i64, key: Vec<u8>) -> Leadership {
-        let (belief, lost) = {
+        let (belief, lost, step_down) = {
             let state = self.inner.state.lock();
             match state.held.as_ref().filter(|h| h.token == token) {
-                Some(h) => (h.belief.clone(), h.lost_rx.clone()),
+                Some(h) => (h.belief.clone(), h.lost_rx.clone(), h.step_down_rx.clone()),
                 None => {
                     // Lost again before we got here: hand out a leadership
                     // that says so.
                     let (tx, rx) = crossbeam_channel::bounded(1);
                     let _ = tx.send(());
-                    (Arc::new(Belief::over()), rx)
+                    (Arc::new(Belief::over()), rx, crossbeam_channel::never())
                 }
             }
         };
@@ -434,6 +485,7 @@ impl Election {
             key: String::from_utf8_lossy(&key).into_owned(),
             belief,
             lost,
+            step_down,
             resigned: false,
         }
     }
@@ -518,6 +570,29 @@ fn election_error(e: ElectionError) -> Error {
         ElectionError::NotLeader => Error::NotLeader,
         ElectionError::Stopped => Error::Closed,
         ElectionError::Rejected(e) => Error::rpc(e),
+        ElectionError::NoSuchCandidate => Error::invalid(
+            "to",
+            "no waiting candidate of this election has that key or value \
+             (or it left before the hand-over); the leadership is kept",
+        ),
+        ElectionError::NotRanked(key) => Error::invalid(
+            "to",
+            format!(
+                "candidate {} waits ahead of the target but joined without a priority \
+                 (it may be a Go or etcdctl client, which would not notice losing its place); \
+                 nothing was changed and the leadership is kept",
+                String::from_utf8_lossy(&key)
+            ),
+        ),
+        ElectionError::TooManyAhead => Error::invalid(
+            "to",
+            "more candidates wait ahead of the target than one etcd transaction can move; \
+             the leadership is kept",
+        ),
+        ElectionError::NotWithPermits => Error::invalid(
+            "priority",
+            "priorities and hand-overs order a single leader; a semaphore refuses them",
+        ),
         // `Busy` cannot reach a caller: one operation runs at a time.
         other => Error::etcd(ErrorKind::Unexpected, format!("election: {other:?}")),
     }

@@ -37,6 +37,8 @@ pub(super) struct Held {
     pub(super) belief: Arc<Belief>,
     lost: crossbeam_channel::Sender<()>,
     pub(super) lost_rx: crossbeam_channel::Receiver<()>,
+    step_down: crossbeam_channel::Sender<()>,
+    pub(super) step_down_rx: crossbeam_channel::Receiver<()>,
 }
 
 /// Every answer names its operation; a `Resigned` names its token instead,
@@ -48,7 +50,9 @@ impl Answer for ElectionNotice {
             | ElectionNotice::NotElected { op, .. }
             | ElectionNotice::CampaignFailed { op, .. }
             | ElectionNotice::Proclaimed { op }
-            | ElectionNotice::ProclaimFailed { op, .. } => Some(*op),
+            | ElectionNotice::ProclaimFailed { op, .. }
+            | ElectionNotice::HandedOver { op, .. }
+            | ElectionNotice::HandOverFailed { op, .. } => Some(*op),
             _ => None,
         }
     }
@@ -81,6 +85,20 @@ pub(super) fn handle_notice(
             }
             return;
         }
+        ElectionNotice::StepDownRequested {
+            token, yielding, ..
+        } => {
+            if let Some(held) = state.held.as_ref().filter(|h| h.token == *token) {
+                let _ = held.step_down.try_send(());
+                if *yielding {
+                    // The machine resigns right behind this notice: belief
+                    // ends before its delete is sent.
+                    held.belief.end();
+                    let _ = held.lost.try_send(());
+                }
+            }
+            return;
+        }
         ElectionNotice::SessionTrusted { lease, until } => {
             state.session_trust = Some((*lease, *until));
             return;
@@ -97,7 +115,7 @@ pub(super) fn handle_notice(
         }
         // Only the resigned leadership ends: a dropped handle's late resign
         // is answered even when a newer leadership holds.
-        ElectionNotice::Resigned { token }
+        ElectionNotice::Resigned { token } | ElectionNotice::HandedOver { token, .. }
             if state.held.as_ref().is_some_and(|h| h.token == *token) =>
         {
             if let Some(held) = state.held.take() {
@@ -127,11 +145,14 @@ pub(super) fn handle_notice(
             old.belief.end();
         }
         let (lost, lost_rx) = crossbeam_channel::bounded(1);
+        let (step_down, step_down_rx) = crossbeam_channel::bounded(1);
         state.held = Some(Held {
             token: *token,
             belief: Arc::new(Belief::until(*trusted_until)),
             lost,
             lost_rx,
+            step_down,
+            step_down_rx,
         });
     }
     let token = match &notice {

@@ -53,6 +53,12 @@ pub struct ElectionOptions {
     /// shortened by this much, then less the margin. 0 to 100,000 (10 %).
     /// Default 10,000 (1 %, ten times what NTP lets two clocks differ by).
     pub drift_allowance_ppm: u32,
+    /// This candidate's priority, `None` (the default) for a plain
+    /// candidate. See [`ElectionOptions::with_priority`].
+    pub priority: Option<u32>,
+    /// Whether a leader resigns at once when a candidate of a higher
+    /// priority waits. See [`ElectionOptions::with_yield_to_higher`].
+    pub yield_to_higher: bool,
 }
 
 impl Default for ElectionOptions {
@@ -62,6 +68,8 @@ impl Default for ElectionOptions {
             ttl: Duration::from_secs(10),
             safety_margin: DEFAULT_SAFETY_MARGIN,
             drift_allowance_ppm: DEFAULT_DRIFT_ALLOWANCE_PPM,
+            priority: None,
+            yield_to_higher: false,
         }
     }
 }
@@ -98,6 +106,46 @@ impl ElectionOptions {
     pub const fn with_drift_allowance_ppm(mut self, ppm: u32) -> Self {
         self.drift_allowance_ppm = ppm;
         self
+    }
+
+    /// These options with [`ElectionOptions::priority`] set: campaigns
+    /// join *ranked*. Among waiting ranked candidates, the highest
+    /// priority is elected next (equal priorities: first come); a ranked
+    /// leader with a lower priority than a waiting candidate is told
+    /// ([`Leadership::step_down_requested`]). The priority is published in
+    /// a side key on the session lease, outside the candidate prefix.
+    /// Candidates that did not opt in (plain fleetcoord candidates, Go's
+    /// `concurrency` package, `etcdctl elect`) keep their place in the
+    /// queue: they are never moved back. `with_priority(0)` joins ranked
+    /// at the lowest priority, which lets a [`Leadership::hand_over`] move
+    /// this candidate back. Fencing is unchanged: the leader is the oldest
+    /// key, its token that key's create revision (README, "Leader
+    /// preference and hand-over").
+    #[must_use]
+    pub const fn with_priority(mut self, priority: u32) -> Self {
+        self.priority = Some(priority);
+        self
+    }
+
+    /// These options with [`ElectionOptions::yield_to_higher`] set: while
+    /// leading, resign at once (belief ends first, then the fenced delete,
+    /// as [`Leadership::resign`]) when a ranked candidate of a higher
+    /// priority waits; [`Leadership::lost`] and
+    /// [`Leadership::step_down_requested`] fire. Joins ranked (at priority
+    /// 0 unless [`ElectionOptions::with_priority`] says otherwise).
+    #[must_use]
+    pub const fn with_yield_to_higher(mut self, yield_to_higher: bool) -> Self {
+        self.yield_to_higher = yield_to_higher;
+        self
+    }
+
+    /// The rank campaigns with these options join with; `None` for plain
+    /// campaigns (today's keys and requests, Go-compatible).
+    pub(super) fn rank(&self) -> Option<fleetcoord_sm::election::Rank> {
+        (self.priority.is_some() || self.yield_to_higher).then(|| fleetcoord_sm::election::Rank {
+            priority: self.priority.unwrap_or(0),
+            yield_to_higher: self.yield_to_higher,
+        })
     }
 
     /// How long a session with these options trusts its lease, counted

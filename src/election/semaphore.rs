@@ -99,7 +99,8 @@ impl Semaphore {
     /// applies as given: use `with_prefix(DEFAULT_SEMAPHORE_PREFIX)`
     /// explicitly). Checks the permits of the keys already there (see
     /// "Mismatched permits" above), then starts the session; acquiring
-    /// waits for it. Unlike [`Mutex::new`](crate::Mutex::new), it needs
+    /// waits for it. A priority or `yield_to_higher` in `options` is
+    /// [`Error::InvalidArgument`]: they order one leader. Unlike [`Mutex::new`](crate::Mutex::new), it needs
     /// etcd to answer that one read (within the request timeout): an
     /// unreachable etcd is the read's error, not a semaphore that waits.
     pub fn with_options(
@@ -112,6 +113,14 @@ impl Semaphore {
             return Err(Error::invalid(
                 "permits",
                 "a semaphore needs at least one permit",
+            ));
+        }
+        if options.priority.is_some() || options.yield_to_higher {
+            // Priorities decide which waiter leads next; with N holders
+            // there is no single next, so the protocol refuses them.
+            return Err(Error::invalid(
+                "priority",
+                "a semaphore takes no priority or yield_to_higher (they order one leader)",
             ));
         }
         let prefix = super::options::election_prefix(name, &options)?;

@@ -71,7 +71,7 @@
 mod protocol;
 mod requests;
 
-pub use requests::{fenced_txn, leader_query};
+pub use requests::{fenced_txn, hand_over_request_key, leader_query, priority_prefix};
 
 use crate::backoff::BackoffConfig;
 use crate::clock::Clock;
@@ -95,6 +95,23 @@ const PROTOCOL_FIRST_RPC_ID: u64 = 1 << 40;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
 pub struct OpId(pub u64);
+
+/// How a ranked campaign ([`ElectionInput::CampaignRanked`]) wants to be
+/// ordered. The leader is still the oldest candidate key, so fencing and
+/// the one-leader rule are those of every campaign; a rank only changes
+/// which waiting key becomes the oldest, by bumping (deleting, guarded)
+/// waiting keys of a lower rank, whose candidates join again at the back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub struct Rank {
+    /// Higher leads first among waiting ranked candidates; equal
+    /// priorities keep their order (first come). Published in a side key
+    /// ([`priority_prefix`]) on the candidate's lease.
+    pub priority: u32,
+    /// While leading, resign at once when a candidate of a higher priority
+    /// waits (after [`ElectionNotice::StepDownRequested`]).
+    pub yield_to_higher: bool,
+}
 
 /// How an [`Election`] behaves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -186,6 +203,31 @@ pub enum ElectionInput {
         /// The campaign to give up.
         op: OpId,
     },
+    /// [`ElectionInput::Campaign`] with a [`Rank`]: the key is queued as
+    /// a plain campaign's, the priority is published beside it, waiting
+    /// ranked candidates of a lower priority ahead of it are bumped behind
+    /// it, and while leading it watches for higher priorities. Answered as
+    /// `Campaign`.
+    CampaignRanked {
+        /// Names this operation in its answer.
+        op: OpId,
+        /// The leader's value.
+        value: Vec<u8>,
+        /// Its priority and whether it yields.
+        rank: Rank,
+    },
+    /// While leading with `token`: make the waiting candidate whose key or
+    /// value is `to` lead next. Belief ends before the deleting txn is
+    /// sent; answered by `HandedOver` (this leadership is over) or
+    /// `HandOverFailed` (it is kept, unless the error is `NotLeader`).
+    HandOver {
+        /// Names this operation in its answer.
+        op: OpId,
+        /// The leadership to hand over.
+        token: Revision,
+        /// The target's candidate key or value.
+        to: Vec<u8>,
+    },
     /// Leave for good: stop believing at once, revoke the session lease
     /// (which deletes the own key), then `Session(Stopped{..})`.
     Stop,
@@ -213,6 +255,21 @@ pub enum ElectionError {
     NotLeader,
     /// The election was stopped.
     Stopped,
+    /// A hand-over named no waiting candidate (or the target left before
+    /// the hand-over could be done); the leadership is kept.
+    NoSuchCandidate,
+    /// A hand-over target has a candidate ahead of it that did not join
+    /// ranked (it may be a Go or `etcdctl elect` client, which would not
+    /// notice losing its place): nothing was deleted, the leadership is
+    /// kept. Holds that candidate's key.
+    NotRanked(Vec<u8>),
+    /// More candidates wait ahead of a hand-over target than one txn can
+    /// move; the leadership is kept.
+    TooManyAhead,
+    /// A ranked campaign or a hand-over asked of a semaphore
+    /// ([`ElectionConfig::permits`] > 1): priorities and hand-overs order a
+    /// single leader, so a semaphore refuses them; nothing was sent.
+    NotWithPermits,
     /// A request failed in a way retrying would not help (see
     /// [`RpcError::is_retryable`]); the error says how, for the user.
     Rejected(RpcError),
@@ -284,6 +341,38 @@ pub enum ElectionNotice {
     /// The proclaim did not happen.
     ProclaimFailed {
         /// The proclaim this answers.
+        op: OpId,
+        /// Why.
+        error: ElectionError,
+    },
+    /// A ranked leader learnt that a candidate of a higher priority waits.
+    /// Told once per leadership. With `yielding`, the leadership ends now
+    /// (belief first, then the guarded delete; `Resigned { token }`
+    /// follows).
+    StepDownRequested {
+        /// The leadership asked to step down.
+        token: Revision,
+        /// The priority key of the higher candidate.
+        by: Vec<u8>,
+        /// Its priority.
+        priority: u32,
+        /// This leader resigns at once (`Rank::yield_to_higher`).
+        yielding: bool,
+    },
+    /// The hand-over `op` is done: the leadership `token` is over and the
+    /// target (`to`, as read) is the oldest candidate.
+    HandedOver {
+        /// The hand-over this answers.
+        op: OpId,
+        /// The leadership that ended.
+        token: Revision,
+        /// The target's candidate key as it was read.
+        to: KeyValue,
+    },
+    /// The hand-over `op` did not happen; the leadership is kept unless
+    /// `error` is `NotLeader` (a `LeadershipLost` then follows).
+    HandOverFailed {
+        /// The hand-over this answers.
         op: OpId,
         /// Why.
         error: ElectionError,
@@ -528,6 +617,7 @@ impl Machine for Election {
                     op,
                     value,
                     try_only: false,
+                    rank: None,
                 },
             ),
             ElectionInput::TryCampaign { op, value } => self.protocol.user(
@@ -536,8 +626,21 @@ impl Machine for Election {
                     op,
                     value,
                     try_only: true,
+                    rank: None,
                 },
             ),
+            ElectionInput::CampaignRanked { op, value, rank } => self.protocol.user(
+                now,
+                UserRequest::Campaign {
+                    op,
+                    value,
+                    try_only: false,
+                    rank: Some(rank),
+                },
+            ),
+            ElectionInput::HandOver { op, token, to } => self
+                .protocol
+                .user(now, UserRequest::HandOver { op, token, to }),
             ElectionInput::Resign { token } => {
                 self.protocol.user(now, UserRequest::Resign { token })
             }

@@ -4,7 +4,7 @@
 //! in [`user`], one function per phase.
 
 use super::requests;
-use super::{ElectionError, ElectionNotice, OpId};
+use super::{ElectionError, ElectionNotice, OpId, Rank};
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::clock::Clock;
 use crate::outbox::Outbox;
@@ -16,6 +16,7 @@ use crate::timer::TimerTable;
 use std::time::{Duration, Instant};
 
 mod permits;
+mod ranked;
 mod user;
 
 /// What the protocol needs to know about its session.
@@ -51,6 +52,13 @@ pub(crate) enum UserRequest {
         op: OpId,
         value: Vec<u8>,
         try_only: bool,
+        /// `Some` for a ranked campaign (see `ranked.rs`).
+        rank: Option<Rank>,
+    },
+    HandOver {
+        op: OpId,
+        token: Revision,
+        to: Vec<u8>,
     },
     Resign {
         token: Revision,
@@ -85,6 +93,12 @@ enum Timer {
     /// its lease instead of holding the queue for as long as the session
     /// lives (its renewals may get through while the deletes do not).
     WithdrawLimit,
+    /// A ranked leader's read or watch of the priorities failed: read again.
+    RankRetry,
+    /// A hand-over request failed: send it again after a backoff.
+    HandOverRetry,
+    /// As [`Timer::Attempt`], for the hand-over request in flight.
+    HandOverAttempt,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,6 +151,12 @@ enum Step {
         from: Revision,
         ids: Vec<RpcId>,
     },
+    /// A ranked campaign deletes waiting keys of a lower priority ahead of
+    /// it ([`requests::bump`]), while the leader `oldest` holds.
+    Bump {
+        oldest: (Vec<u8>, Revision),
+        victims: Vec<(Vec<u8>, Revision)>,
+    },
 }
 
 /// A campaign asked for while the session had no lease: it starts
@@ -146,6 +166,7 @@ struct Waiting {
     op: OpId,
     value: Vec<u8>,
     try_only: bool,
+    rank: Option<Rank>,
 }
 
 #[derive(Clone, Debug)]
@@ -154,6 +175,7 @@ struct Campaign {
     op: OpId,
     value: Vec<u8>,
     try_only: bool,
+    rank: Option<Rank>,
     lease: LeaseId,
     key: Vec<u8>,
     /// My key's create revision; 0 while unknown.
@@ -179,6 +201,10 @@ struct Leading {
     token: Revision,
     guard: Guard,
     proclaim: Option<Proclaim>,
+    /// A ranked leader's watch of the priorities.
+    ranks: Option<ranked::Ranks>,
+    /// A hand-over in progress.
+    hand_over: Option<ranked::HandOver>,
 }
 
 /// A proclaim in progress: its operation, the value, and the request in
@@ -193,6 +219,8 @@ struct Proclaim {
 #[derive(Clone, Debug)]
 struct Withdraw {
     key: Vec<u8>,
+    /// A ranked candidate's priority key, deleted with the candidate key.
+    side: Option<Vec<u8>>,
     token: Option<Revision>,
     pending: Option<RpcId>,
     then: Vec<ElectionNotice>,
@@ -231,6 +259,7 @@ pub(crate) struct Protocol {
     session_request: Option<SessionRequest>,
     backoff: Backoff,
     proclaim_backoff: Backoff,
+    hand_over_backoff: Backoff,
     timers: TimerTable<Timer>,
     outbox: Outbox<ElectionNotice>,
     session: Session,
@@ -277,7 +306,8 @@ impl Protocol {
             proclaim_resent: 0,
             session_request: None,
             backoff: Backoff::new(backoff.clone(), seed),
-            proclaim_backoff: Backoff::new(backoff, seed.rotate_left(17) ^ 0x5bd1_e995),
+            proclaim_backoff: Backoff::new(backoff.clone(), seed.rotate_left(17) ^ 0x5bd1_e995),
+            hand_over_backoff: Backoff::new(backoff, seed.rotate_left(41) ^ 0x2545_f491),
             timers: TimerTable::new(),
             outbox: Outbox::new(first_id),
             session: Session::Down,
@@ -326,7 +356,8 @@ impl Protocol {
     /// owns the clock of the lease.
     pub(crate) fn leadership(&self) -> Option<(LeaseId, Revision)> {
         match &self.op {
-            Op::Leading(l) => Some((l.lease, l.token)),
+            // A hand-over's deleting txn may already apply: not believed.
+            Op::Leading(l) if !ranked::handing_over(l) => Some((l.lease, l.token)),
             _ => None,
         }
     }
@@ -461,6 +492,7 @@ impl Protocol {
             op: c.op,
             value: c.value,
             try_only: c.try_only,
+            rank: c.rank,
         })
     }
 
@@ -503,17 +535,24 @@ impl Protocol {
         };
     }
 
-    fn lose_leadership(&mut self, l: Leading, proclaim_error: ElectionError) {
+    fn lose_leadership(&mut self, mut l: Leading, proclaim_error: ElectionError) {
         match l.guard {
             Guard::Watching(id) | Guard::Checking(id) => self.cancel(Some(id)),
             Guard::Waiting => {}
         }
+        let hand_over = self.end_ranked(&mut l);
         self.timers.stop(Timer::Retry);
         self.end_attempt(Timer::Attempt);
         self.timers.stop(Timer::ProclaimRetry);
         self.end_attempt(Timer::ProclaimAttempt);
         self.outbox
             .notify(ElectionNotice::LeadershipLost { token: l.token });
+        if let Some(op) = hand_over {
+            self.outbox.notify(ElectionNotice::HandOverFailed {
+                op,
+                error: ElectionError::NotLeader,
+            });
+        }
         if let Some(p) = l.proclaim {
             self.cancel(p.pending);
             self.outbox.notify(ElectionNotice::ProclaimFailed {
@@ -525,10 +564,17 @@ impl Protocol {
 
     /// Ends the leadership `l` at the user's request: belief ends now, the
     /// key is deleted (guarded by its token), then `Resigned { token }`.
-    fn resign(&mut self, l: Leading) -> Op {
+    fn resign(&mut self, mut l: Leading) -> Op {
         match l.guard {
             Guard::Watching(id) | Guard::Checking(id) => self.cancel(Some(id)),
             Guard::Waiting => {}
+        }
+        let side = l.ranks.as_ref().map(|r| r.side_key.clone());
+        if let Some(op) = self.end_ranked(&mut l) {
+            self.outbox.notify(ElectionNotice::HandOverFailed {
+                op,
+                error: ElectionError::NotLeader,
+            });
         }
         self.timers.stop(Timer::Retry);
         self.end_attempt(Timer::Attempt);
@@ -544,6 +590,7 @@ impl Protocol {
         self.backoff.reset();
         self.start_withdraw(Withdraw {
             key: l.key,
+            side,
             token: Some(l.token),
             pending: None,
             then: vec![ElectionNotice::Resigned { token: l.token }],
@@ -558,8 +605,12 @@ impl Protocol {
         self.end_attempt(Timer::Attempt);
         let token = (c.token != 0).then_some(c.token);
         self.backoff.reset();
+        let side = c
+            .rank
+            .map(|_| requests::priority_key(&self.prefix, c.lease));
         self.start_withdraw(Withdraw {
             key: c.key,
+            side,
             token,
             pending: None,
             then,
@@ -578,9 +629,10 @@ impl Protocol {
     }
 
     fn send_withdraw(&mut self, mut w: Withdraw) -> Op {
-        let request = match w.token {
-            Some(token) => requests::guarded_delete(&w.key, token),
-            None => requests::plain_delete(&w.key),
+        let request = match (&w.side, w.token) {
+            (Some(side), token) => requests::withdraw_ranked(&w.key, token, side),
+            (None, Some(token)) => requests::guarded_delete(&w.key, token),
+            (None, None) => requests::plain_delete(&w.key),
         };
         w.pending = Some(self.send_unary(request));
         Op::Withdrawing(w)
@@ -592,6 +644,7 @@ impl Protocol {
             op: w.op,
             value: w.value,
             try_only: w.try_only,
+            rank: w.rank,
             lease,
             key: requests::candidate_key(&self.prefix, lease),
             token: 0,
@@ -606,19 +659,31 @@ impl Protocol {
                 return op;
             }
         }
-        let request = match &c.step {
-            Step::Create if c.try_only => {
+        let request = match (&c.step, c.rank.filter(|_| !c.try_only)) {
+            (Step::Create, Some(rank)) => {
+                requests::create_ranked(&self.prefix, &c.key, &c.value, c.lease, rank.priority)
+            }
+            (Step::FindOlder, Some(_)) => requests::ranked_read(&self.prefix),
+            // A ranked waiter watches the whole prefix: see `campaign_reply`.
+            (Step::WatchOlder { from, .. }, Some(_)) => requests::watch_prefix(&self.prefix, *from),
+            (Step::Bump { oldest, victims }, _) => {
+                requests::bump(&self.prefix, (&oldest.0, oldest.1), victims)
+            }
+            (Step::Create, None) if c.try_only => {
                 requests::try_create(&self.prefix, &c.key, &c.value, c.lease)
             }
-            Step::Create => requests::create(&self.prefix, &c.key, &c.value, c.lease),
-            Step::FixValue => requests::guarded_put(&c.key, &c.value, c.lease, c.token),
-            Step::FindOlder => requests::older_and_mine(&self.prefix, &c.key, c.token),
-            Step::WatchOlder {
-                from, only: true, ..
-            } => requests::watch_prefix(&self.prefix, *from),
-            Step::WatchOlder { key, from, .. } => requests::watch_key(key, *from),
+            (Step::Create, None) => requests::create(&self.prefix, &c.key, &c.value, c.lease),
+            (Step::FixValue, _) => requests::guarded_put(&c.key, &c.value, c.lease, c.token),
+            (Step::FindOlder, None) => requests::older_and_mine(&self.prefix, &c.key, c.token),
+            (
+                Step::WatchOlder {
+                    from, only: true, ..
+                },
+                None,
+            ) => requests::watch_prefix(&self.prefix, *from),
+            (Step::WatchOlder { key, from, .. }, None) => requests::watch_key(key, *from),
             // Sent by `send_step_n`.
-            Step::WatchOlders { keys, from, .. } => match keys.first() {
+            (Step::WatchOlders { keys, from, .. }, _) => match keys.first() {
                 Some(key) => requests::watch_key(key, *from),
                 None => requests::older_and_mine(&self.prefix, &c.key, c.token),
             },
@@ -684,6 +749,10 @@ impl Protocol {
                     }
                     Op::Leading(l)
                 }
+                (
+                    Timer::RankRetry | Timer::HandOverRetry | Timer::HandOverAttempt,
+                    Op::Leading(l),
+                ) => self.ranked_timeout(timer, l),
                 (Timer::ProclaimAttempt, Op::Leading(mut l)) => {
                     if let Some(id) = l.proclaim.as_mut().and_then(|p| p.pending.take()) {
                         self.outbox.cancel(id);
@@ -769,7 +838,15 @@ impl Protocol {
                 return self.retry_step(c);
             }
         };
+        if c.rank.is_some()
+            && !c.try_only
+            && matches!(c.step, Step::Create | Step::FindOlder | Step::Bump { .. })
+        {
+            return self.ranked_reply(c, response);
+        }
         match c.step.clone() {
+            // Only ranked campaigns bump, answered above.
+            Step::Bump { .. } => self.retry_step(c),
             Step::Create => self.created(c, response),
             Step::FixValue => match response {
                 Response::Txn {
@@ -837,10 +914,13 @@ impl Protocol {
                         .iter()
                         .find(|e| e.kind == EventKind::Delete && e.kv.key == key)
                         .map(|e| e.kv.mod_revision);
+                    // A ranked waiter watches the whole prefix, so that a
+                    // bump of its own key is seen at once.
+                    let whole_prefix = only || c.rank.is_some();
                     match (only, mine_changed, gone) {
                         // My key changed (only seen on the prefix watch):
                         // the read finds out how, and never claims.
-                        (true, true, _) => self.read_again(c),
+                        (_, true, _) if whole_prefix => self.read_again(c),
                         // Every event up to the delete's revision has
                         // arrived and none touched my key: at that
                         // revision my key is the one the read saw, and
@@ -934,6 +1014,7 @@ impl Protocol {
             }];
             return self.start_withdraw(Withdraw {
                 key: c.key,
+                side: None,
                 token: Some(c.token),
                 pending: None,
                 then,
@@ -1001,17 +1082,24 @@ impl Protocol {
             // the session's local deadline before the notice leaves.
             trusted_until: self.clock.now(),
         });
+        let rank = c.rank.filter(|_| !c.try_only);
         let watch = self
             .outbox
             .rpc(requests::watch_key(&c.key, revision.saturating_add(1)));
-        Op::Leading(Leading {
+        let mut l = Leading {
             op: c.op,
             key: c.key,
             lease: c.lease,
             token: c.token,
             guard: Guard::Watching(watch),
             proclaim: None,
-        })
+            ranks: None,
+            hand_over: None,
+        };
+        if let Some(rank) = rank {
+            self.start_ranks(&mut l, rank);
+        }
+        Op::Leading(l)
     }
 
     fn withdraw_reply(&mut self, mut w: Withdraw, result: Result<Response, RpcError>) -> Op {
@@ -1043,6 +1131,9 @@ impl Protocol {
     }
 
     fn leading_reply(&mut self, mut l: Leading, reply: RpcReply) -> Op {
+        if ranked::answers(&l, reply.id) {
+            return self.ranked_leading_reply(l, reply);
+        }
         let answered = l
             .proclaim
             .as_ref()
@@ -1109,7 +1200,14 @@ impl Protocol {
                         e.kv.key == l.key
                             && (e.kind == EventKind::Delete || e.kv.create_revision != l.token)
                     });
-                    if gone {
+                    if gone && ranked::handing_over(&l) {
+                        // Most likely the hand-over's own delete, whose
+                        // answer is still on its way: that answer says
+                        // how the leadership ended (belief already has).
+                        self.cancel(Some(id));
+                        l.guard = Guard::Waiting;
+                        Op::Leading(l)
+                    } else if gone {
                         self.lose_leadership(l, ElectionError::NotLeader);
                         Op::Idle
                     } else {

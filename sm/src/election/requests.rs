@@ -287,8 +287,238 @@ pub(crate) fn older_and_mine_n(
     })
 }
 
+// ----- priorities and hand-over ---------------------------------------
+//
+// Used only by campaigns that opted in (`ElectionInput::CampaignRanked`)
+// and by `ElectionInput::HandOver`; plain campaigns never send these.
+
+/// The byte that separates an election's name from its side keys. Names
+/// and prefixes may not contain control characters, so no election's
+/// candidate prefix (`<prefix><name>/`) can equal or contain a side
+/// namespace; and `/` is not used, so side keys lie outside the candidate
+/// prefix that Go, `etcdctl elect` and [`leader_query`] read.
+const SIDE_SEPARATOR: u8 = 0x1f;
+
+/// `prefix` (a candidate prefix, ending with `/`) without that `/`, then
+/// [`SIDE_SEPARATOR`] and `what`.
+fn side(prefix: &[u8], what: &[u8]) -> Vec<u8> {
+    let mut base = prefix.strip_suffix(b"/").unwrap_or(prefix).to_vec();
+    base.push(SIDE_SEPARATOR);
+    base.extend_from_slice(what);
+    base
+}
+
+/// Where candidates of the election with candidate prefix `prefix` publish
+/// their priorities: `<prefix without its final '/'>\x1fpriority/`, one key
+/// per ranked candidate, named by its lease in lowercase hex like its
+/// candidate key, bound to the same lease.
+pub fn priority_prefix(prefix: &[u8]) -> Vec<u8> {
+    side(prefix, b"priority/")
+}
+
+/// Where an operator asks the leader of the election with candidate prefix
+/// `prefix` to hand over (`fleetcoord elect hand-over`): one key, whose
+/// value names the candidate that should lead next.
+pub fn hand_over_request_key(prefix: &[u8]) -> Vec<u8> {
+    side(prefix, b"hand-over")
+}
+
+/// The priority key of the candidate on `lease`.
+pub(crate) fn priority_key(prefix: &[u8], lease: LeaseId) -> Vec<u8> {
+    let mut key = priority_prefix(prefix);
+    key.extend_from_slice(format!("{lease:x}").as_bytes());
+    key
+}
+
+/// The priority a priority key's value states; `None` for a value no
+/// fleetcoord candidate writes.
+pub(crate) fn parse_priority(value: &[u8]) -> Option<u32> {
+    std::str::from_utf8(value).ok()?.parse().ok()
+}
+
+/// Every candidate, oldest first: the whole queue, for the decisions that
+/// need more than the key just ahead (bumps, hand-over).
+fn queue(prefix: &[u8]) -> RangeRequest {
+    RangeRequest {
+        range: KeyRange::Prefix(prefix.to_vec()),
+        sort: SortOrder::CreateAscending,
+        limit: 0,
+        max_create_revision: 0,
+        revision: 0,
+    }
+}
+
+/// Every published priority.
+fn priorities(prefix: &[u8]) -> RangeRequest {
+    RangeRequest::all(KeyRange::Prefix(priority_prefix(prefix)))
+}
+
+/// The two reads every ranked decision is made of, at one revision: the
+/// queue, then the published priorities.
+fn queue_and_priorities(prefix: &[u8]) -> Vec<TxnOp> {
+    vec![
+        TxnOp::Range(queue(prefix)),
+        TxnOp::Range(priorities(prefix)),
+    ]
+}
+
+/// A ranked join: [`create`] that also publishes my priority (on my lease,
+/// in the same txn, so a candidate is never queued under a priority it
+/// did not state) and reads the whole queue and every priority at that
+/// revision. The failure branch (my key exists: a retry after a lost
+/// answer) writes the priority again and reads the same.
+pub(crate) fn create_ranked(
+    prefix: &[u8],
+    key: &[u8],
+    value: &[u8],
+    lease: LeaseId,
+    priority: u32,
+) -> Request {
+    let publish = put(
+        &priority_key(prefix, lease),
+        priority.to_string().as_bytes(),
+        lease,
+    );
+    let mut success = vec![put(key, value, lease), publish.clone()];
+    success.extend(queue_and_priorities(prefix));
+    let mut failure = vec![publish];
+    failure.extend(queue_and_priorities(prefix));
+    Request::Txn(Txn {
+        compare: vec![create_rev_is(key, 0)],
+        success,
+        failure,
+    })
+}
+
+/// A ranked candidate's read of the queue and the priorities (where a
+/// plain one sends [`older_and_mine`]); my key is in the queue if it
+/// exists.
+pub(crate) fn ranked_read(prefix: &[u8]) -> Request {
+    Request::Txn(Txn {
+        compare: vec![],
+        success: queue_and_priorities(prefix),
+        failure: vec![],
+    })
+}
+
+/// Bump `victims` (waiting keys with their create revisions) to the back
+/// of the queue by deleting them, only while the leader `oldest` still
+/// holds its key with its create revision and each victim is still the
+/// key it was: every victim is then younger than a live leader, so none
+/// of them leads or believes it does, and deleting it can only cost it its
+/// place (it joins again at the back). Either branch reads the queue and
+/// the priorities again.
+pub(crate) fn bump(
+    prefix: &[u8],
+    oldest: (&[u8], Revision),
+    victims: &[(Vec<u8>, Revision)],
+) -> Request {
+    let mut compare = vec![create_rev_is(oldest.0, oldest.1)];
+    compare.extend(victims.iter().map(|(k, r)| create_rev_is(k, *r)));
+    let mut success: Vec<TxnOp> = victims
+        .iter()
+        .map(|(k, _)| TxnOp::Delete(KeyRange::Key(k.clone())))
+        .collect();
+    success.extend(queue_and_priorities(prefix));
+    Request::Txn(Txn {
+        compare,
+        success,
+        failure: queue_and_priorities(prefix),
+    })
+}
+
+/// Withdraw a ranked candidate: [`guarded_delete`], and the priority key
+/// in either branch (a key bumped before the withdraw leaves its priority
+/// behind otherwise, for as long as the session lives). With no token, the
+/// candidate key is deleted whatever its revision, as [`plain_delete`].
+pub(crate) fn withdraw_ranked(key: &[u8], token: Option<Revision>, priority_key: &[u8]) -> Request {
+    let drop_priority = TxnOp::Delete(KeyRange::Key(priority_key.to_vec()));
+    let delete = TxnOp::Delete(KeyRange::Key(key.to_vec()));
+    match token {
+        Some(token) => Request::Txn(Txn {
+            compare: vec![create_rev_is(key, token)],
+            success: vec![delete, drop_priority.clone()],
+            failure: vec![drop_priority],
+        }),
+        None => Request::Txn(Txn {
+            compare: vec![],
+            success: vec![delete, drop_priority],
+            failure: vec![],
+        }),
+    }
+}
+
+/// The most keys a hand-over deletes besides the leader's own (etcd takes
+/// at most 128 operations per txn; the leader's key, its priority key and
+/// the target's guard need room too).
+pub(crate) const HAND_OVER_MAX_AHEAD: usize = 120;
+
+/// The leader's hand-over: delete my key (and my priority key, if ranked)
+/// and every key `ahead` of the `target`, only while my key is still the
+/// one created at `token`, the target still the key it was, and each key
+/// ahead unchanged. Then the target is the oldest key left. The failure
+/// branch reads the target's key and mine, to tell "target gone" from "I
+/// no longer lead" from "the queue moved".
+pub(crate) fn hand_over(
+    key: &[u8],
+    token: Revision,
+    my_priority_key: Option<&[u8]>,
+    target: (&[u8], Revision),
+    ahead: &[(Vec<u8>, Revision)],
+) -> Request {
+    let mut compare = vec![create_rev_is(key, token), create_rev_is(target.0, target.1)];
+    compare.extend(ahead.iter().map(|(k, r)| create_rev_is(k, *r)));
+    let mut success = vec![TxnOp::Delete(KeyRange::Key(key.to_vec()))];
+    if let Some(p) = my_priority_key {
+        success.push(TxnOp::Delete(KeyRange::Key(p.to_vec())));
+    }
+    success.extend(
+        ahead
+            .iter()
+            .map(|(k, _)| TxnOp::Delete(KeyRange::Key(k.clone()))),
+    );
+    Request::Txn(Txn {
+        compare,
+        success,
+        failure: vec![
+            TxnOp::Range(RangeRequest::all(KeyRange::Key(target.0.to_vec()))),
+            TxnOp::Range(RangeRequest::all(KeyRange::Key(key.to_vec()))),
+        ],
+    })
+}
+
+/// Read every published priority (a ranked leader, once at election and
+/// after its watch broke).
+pub(crate) fn read_priorities(prefix: &[u8]) -> Request {
+    Request::Range(priorities(prefix))
+}
+
+/// Watch every published priority from `start_revision` (a ranked leader:
+/// one watch per election, none per waiter).
+pub(crate) fn watch_priorities(prefix: &[u8], start_revision: Revision) -> Request {
+    Request::Watch {
+        range: KeyRange::Prefix(priority_prefix(prefix)),
+        start_revision,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn side_keys_lie_outside_every_candidate_prefix() {
+        assert_eq!(
+            super::priority_key(b"/x/db/", 0x2a),
+            b"/x/db\x1fpriority/2a".to_vec()
+        );
+        assert_eq!(
+            super::hand_over_request_key(b"db/"),
+            b"db\x1fhand-over".to_vec()
+        );
+        assert!(!super::priority_prefix(b"/x/db/").starts_with(b"/x/db/"));
+        assert_eq!(super::parse_priority(b"7"), Some(7));
+        assert_eq!(super::parse_priority(b"-1"), None);
+    }
+
     #[test]
     fn candidate_keys_are_the_prefix_plus_lowercase_hex_lease() {
         assert_eq!(

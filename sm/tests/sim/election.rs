@@ -25,7 +25,9 @@
 //! The checker has teeth: with clocks drifting beyond the allowance it
 //! finds violations (`a_clock_drifting_beyond_the_allowance_is_caught`).
 
-use fleetcoord_sm::election::{Election, ElectionConfig, ElectionInput, ElectionNotice, OpId};
+use fleetcoord_sm::election::{
+    Election, ElectionConfig, ElectionInput, ElectionNotice, OpId, Rank,
+};
 use fleetcoord_sm::{BackoffConfig, Machine};
 use fleetcoord_test_support::*;
 use std::collections::BTreeSet;
@@ -120,6 +122,9 @@ struct Stats {
     faults: u64,
     elections: u64,
     campaigns: u64,
+    /// Hand-overs done, and step-downs a ranked leader was asked for.
+    handed_over: u64,
+    step_downs: u64,
 }
 
 struct World {
@@ -231,6 +236,15 @@ impl World {
                             "{context}: campaign answer for {op:?}, not an open campaign"
                         );
                     }
+                    ElectionNotice::HandedOver { token, .. } => {
+                        ensure!(
+                            token == s.last_token,
+                            "{context}: handed over {token}, but led with {}",
+                            s.last_token
+                        );
+                        self.stats.handed_over += 1;
+                    }
+                    ElectionNotice::StepDownRequested { .. } => self.stats.step_downs += 1,
                     ElectionNotice::Proclaimed { op }
                     | ElectionNotice::ProclaimFailed { op, .. } => {
                         ensure!(
@@ -279,7 +293,9 @@ impl World {
             return;
         }
         match &input {
-            ElectionInput::Campaign { op, .. } | ElectionInput::TryCampaign { op, .. } => {
+            ElectionInput::Campaign { op, .. }
+            | ElectionInput::TryCampaign { op, .. }
+            | ElectionInput::CampaignRanked { op, .. } => {
                 s.open_campaigns.insert(*op);
                 s.ops.push(*op);
                 self.stats.campaigns += 1;
@@ -301,9 +317,38 @@ impl World {
 
     fn random_action(&mut self, now: Instant, chaos: bool) {
         let seat = (self.rng.next_u64() % self.seats.len() as u64) as usize;
-        let value = format!("v{}", self.rng.next_u64() % 100).into_bytes();
+        // Odd seeds rank their campaigns and hand over: few values, so a
+        // hand-over often names a waiting candidate.
+        let ranked = self.seed % 2 == 1;
+        let values = if ranked { 4 } else { 100 };
+        let value = format!("v{}", self.rng.next_u64() % values).into_bytes();
         let roll = self.rng.next_u64() % 100;
         match roll {
+            0..=29 if ranked => {
+                let op = self.op();
+                let rank = Rank {
+                    priority: (self.rng.next_u64() % 3) as u32,
+                    yield_to_higher: self.rng.next_u64().is_multiple_of(2),
+                };
+                self.input(seat, ElectionInput::CampaignRanked { op, value, rank }, now)
+            }
+            52..=58 if ranked => {
+                // Mostly from the seat that leads, as a user would.
+                let seat = (0..self.seats.len())
+                    .find(|&i| self.seats[i].election().is_leader() && roll != 52)
+                    .unwrap_or(seat);
+                let token = self.seats[seat].last_token;
+                let op = self.op();
+                self.input(
+                    seat,
+                    ElectionInput::HandOver {
+                        op,
+                        token,
+                        to: value,
+                    },
+                    now,
+                )
+            }
             0..=29 => {
                 let op = self.op();
                 self.input(seat, ElectionInput::Campaign { op, value }, now)
@@ -565,6 +610,8 @@ fn run_seed_with_permits(
             .sum::<u64>();
     stats.elections += world.stats.elections;
     stats.campaigns += world.stats.campaigns;
+    stats.handed_over += world.stats.handed_over;
+    stats.step_downs += world.stats.step_downs;
     Ok(())
 }
 
@@ -578,8 +625,18 @@ fn at_most_one_leader_with_increasing_tokens_over_many_seeds() {
     }
     println!(
         "election sim: {SEEDS} seeds, clocks drifting up to ±{DRIFT_ALLOWANCE_PPM} ppm, {} steps, \
-         {} faults injected, {} campaigns, {} elections",
-        stats.steps, stats.faults, stats.campaigns, stats.elections
+         {} faults injected, {} campaigns, {} elections, {} hand-overs, {} step-downs",
+        stats.steps,
+        stats.faults,
+        stats.campaigns,
+        stats.elections,
+        stats.handed_over,
+        stats.step_downs
+    );
+    // The odd seeds rank and hand over; both must actually happen.
+    assert!(
+        stats.handed_over > SEEDS / 20 && stats.step_downs > SEEDS / 10,
+        "too few hand-overs or step-downs to mean anything"
     );
     assert!(
         stats.elections > SEEDS,

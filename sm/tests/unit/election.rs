@@ -2393,3 +2393,498 @@ fn a_resign_unconfirmed_for_one_ttl_gives_the_session_up_while_renewals_get_thro
         "a new session: {seen:?}"
     );
 }
+
+// ----- ranked campaigns and hand-over ----------------------------------
+
+const PRIO: &[u8] = b"/e\x1fpriority/";
+
+fn prio_key(lease_hex: &[u8]) -> Vec<u8> {
+    [PRIO, lease_hex].concat()
+}
+
+fn queue_range() -> TxnOp {
+    TxnOp::Range(RangeRequest {
+        range: KeyRange::Prefix(b"/e/".to_vec()),
+        sort: SortOrder::CreateAscending,
+        limit: 0,
+        max_create_revision: 0,
+        revision: 0,
+    })
+}
+
+fn prio_range() -> TxnOp {
+    TxnOp::Range(RangeRequest::all(KeyRange::Prefix(PRIO.to_vec())))
+}
+
+fn ranked_read() -> Request {
+    Request::Txn(Txn {
+        compare: vec![],
+        success: vec![queue_range(), prio_range()],
+        failure: vec![],
+    })
+}
+
+fn prio(lease_hex: &[u8], p: &str) -> KeyValue {
+    kv(&prio_key(lease_hex), p.as_bytes(), 1)
+}
+
+fn create_rev(key: &[u8], revision: Revision) -> Compare {
+    Compare::CreateRevisionEquals {
+        key: key.to_vec(),
+        revision,
+    }
+}
+
+fn delete(key: &[u8]) -> TxnOp {
+    TxnOp::Delete(KeyRange::Key(key.to_vec()))
+}
+
+#[test]
+fn a_ranked_join_publishes_its_priority_bumps_a_lower_waiter_and_hears_of_a_higher_one() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::CampaignRanked {
+            op: OpId(1),
+            value: b"a".to_vec(),
+            rank: Rank {
+                priority: 5,
+                yield_to_higher: false,
+            },
+        },
+    );
+    let publish = TxnOp::Put {
+        key: prio_key(b"2a1f"),
+        value: b"5".to_vec(),
+        lease: LEASE,
+    };
+    assert_eq!(
+        drain(&mut e),
+        vec![rpc(
+            P,
+            Request::Txn(Txn {
+                compare: vec![create_rev(&my_key(), 0)],
+                success: vec![
+                    TxnOp::Put {
+                        key: my_key(),
+                        value: b"a".to_vec(),
+                        lease: LEASE,
+                    },
+                    publish.clone(),
+                    queue_range(),
+                    prio_range(),
+                ],
+                failure: vec![publish, queue_range(), prio_range()],
+            })
+        )]
+    );
+    // The leader (3), a waiter of priority 1 (4), a plain waiter (6), me.
+    let leader = kv(b"/e/77", b"c", 3);
+    let low = kv(b"/e/99", b"b", 4);
+    let plain = kv(b"/e/55", b"p", 6);
+    let mine = kv(&my_key(), b"a", 9);
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P,
+            txn(
+                9,
+                true,
+                vec![
+                    TxnOpResponse::Put,
+                    TxnOpResponse::Put,
+                    TxnOpResponse::Range {
+                        kvs: vec![leader.clone(), low.clone(), plain.clone(), mine.clone()]
+                    },
+                    TxnOpResponse::Range {
+                        kvs: vec![prio(b"99", "1"), prio(b"2a1f", "5")]
+                    },
+                ]
+            )
+        ),
+        // Only the ranked lower waiter is bumped, while the leader holds;
+        // the plain one keeps its place.
+        vec![rpc(
+            P + 1,
+            Request::Txn(Txn {
+                compare: vec![create_rev(b"/e/77", 3), create_rev(b"/e/99", 4)],
+                success: vec![delete(b"/e/99"), queue_range(), prio_range()],
+                failure: vec![queue_range(), prio_range()],
+            })
+        )]
+    );
+    // After the bump: watch the whole prefix (a bump of my key must be
+    // seen at once), waiting for the plain waiter just ahead.
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 1,
+            txn(
+                10,
+                true,
+                vec![
+                    TxnOpResponse::Delete { deleted: 1 },
+                    TxnOpResponse::Range {
+                        kvs: vec![leader.clone(), plain.clone(), mine.clone()]
+                    },
+                    TxnOpResponse::Range {
+                        kvs: vec![prio(b"99", "1"), prio(b"2a1f", "5")]
+                    },
+                ]
+            )
+        ),
+        vec![rpc(P + 2, watch_all(11))]
+    );
+    // The plain waiter leaves: read the queue again; then only the leader
+    // is ahead, and its delete elects me.
+    assert_eq!(
+        ok(&mut e, t0, P + 2, events(vec![deleted(b"/e/55", 12)])),
+        vec![
+            Command::Cancel { id: RpcId(P + 2) },
+            rpc(P + 3, ranked_read())
+        ]
+    );
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 3,
+            txn(
+                12,
+                true,
+                vec![
+                    TxnOpResponse::Range {
+                        kvs: vec![leader, mine]
+                    },
+                    TxnOpResponse::Range { kvs: vec![] },
+                ]
+            )
+        ),
+        vec![rpc(P + 4, watch_all(13))]
+    );
+    let until = e.session_deadline().expect("a lease");
+    assert_eq!(
+        ok(&mut e, t0, P + 4, events(vec![deleted(b"/e/77", 14)])),
+        vec![
+            Command::Cancel { id: RpcId(P + 4) },
+            note(ElectionNotice::Elected {
+                op: OpId(1),
+                key: my_key(),
+                token: 9,
+                lease: LEASE,
+                trusted_until: until
+            }),
+            rpc(P + 5, watch(&my_key(), 15)),
+            rpc(
+                P + 6,
+                Request::Range(RangeRequest::all(KeyRange::Prefix(PRIO.to_vec())))
+            ),
+        ]
+    );
+    // The leader reads the priorities once, then watches them.
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 6,
+            Response::Range {
+                revision: 15,
+                kvs: vec![prio(b"99", "1"), prio(b"2a1f", "5")]
+            }
+        ),
+        vec![rpc(
+            P + 7,
+            Request::Watch {
+                range: KeyRange::Prefix(PRIO.to_vec()),
+                start_revision: 16
+            }
+        )]
+    );
+    let higher = WatchEvent {
+        kind: EventKind::Put,
+        kv: prio(b"aa", "7"),
+        prev_kv: None,
+    };
+    assert_eq!(
+        ok(&mut e, t0, P + 7, events(vec![higher.clone()])),
+        vec![note(ElectionNotice::StepDownRequested {
+            token: 9,
+            by: prio_key(b"aa"),
+            priority: 7,
+            yielding: false
+        })]
+    );
+    assert!(e.is_leader(), "told, not yielding");
+    assert_eq!(
+        ok(&mut e, t0, P + 7, events(vec![higher])),
+        vec![],
+        "told once"
+    );
+}
+
+#[test]
+fn a_yielding_leader_hands_over_to_the_higher_candidate_right_after_the_notice() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::CampaignRanked {
+            op: OpId(1),
+            value: b"a".to_vec(),
+            rank: Rank {
+                priority: 0,
+                yield_to_higher: true,
+            },
+        },
+    );
+    drain(&mut e);
+    let mine = kv(&my_key(), b"a", 5);
+    let elected = ok(
+        &mut e,
+        t0,
+        P,
+        txn(
+            5,
+            true,
+            vec![
+                TxnOpResponse::Put,
+                TxnOpResponse::Put,
+                TxnOpResponse::Range {
+                    kvs: vec![mine.clone()],
+                },
+                TxnOpResponse::Range { kvs: vec![] },
+            ],
+        ),
+    );
+    assert_eq!(elected.len(), 3, "{elected:?}");
+    assert!(e.is_leader());
+    // A candidate of priority 1 waits: told, and belief ends at once.
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 2,
+            Response::Range {
+                revision: 6,
+                kvs: vec![prio(b"bb", "1")]
+            }
+        ),
+        vec![
+            rpc(
+                P + 3,
+                Request::Watch {
+                    range: KeyRange::Prefix(PRIO.to_vec()),
+                    start_revision: 7
+                }
+            ),
+            note(ElectionNotice::StepDownRequested {
+                token: 5,
+                by: prio_key(b"bb"),
+                priority: 1,
+                yielding: true
+            }),
+            rpc(P + 4, ranked_read()),
+        ]
+    );
+    assert!(!e.is_leader());
+    // Handed to it, not resigned: a lower one ahead of it must not win.
+    let low = kv(b"/e/aa", b"l", 6);
+    let high = kv(b"/e/bb", b"h", 7);
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 4,
+            txn(
+                8,
+                true,
+                vec![
+                    TxnOpResponse::Range {
+                        kvs: vec![mine, low, high.clone()]
+                    },
+                    TxnOpResponse::Range {
+                        kvs: vec![prio(b"aa", "0"), prio(b"bb", "1")]
+                    },
+                ]
+            )
+        ),
+        vec![rpc(
+            P + 5,
+            Request::Txn(Txn {
+                compare: vec![
+                    create_rev(&my_key(), 5),
+                    create_rev(b"/e/bb", 7),
+                    create_rev(b"/e/aa", 6)
+                ],
+                success: vec![
+                    delete(&my_key()),
+                    delete(&prio_key(b"2a1f")),
+                    delete(b"/e/aa")
+                ],
+                failure: vec![
+                    TxnOp::Range(RangeRequest::all(KeyRange::Key(b"/e/bb".to_vec()))),
+                    TxnOp::Range(RangeRequest::all(KeyRange::Key(my_key()))),
+                ],
+            })
+        )]
+    );
+    assert_eq!(
+        ok(&mut e, t0, P + 5, txn(9, true, vec![])),
+        vec![
+            Command::Cancel { id: RpcId(P + 3) },
+            Command::Cancel { id: RpcId(P + 1) },
+            note(ElectionNotice::HandedOver {
+                op: OpId(1),
+                token: 5,
+                to: high
+            }),
+        ]
+    );
+    assert!(!e.is_leader());
+}
+
+#[test]
+fn hand_over_deletes_the_leader_and_those_ahead_of_the_target_in_one_guarded_txn() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    let b = kv(b"/e/b", b"b", 6);
+    let d = kv(b"/e/d", b"d", 7);
+    let x = kv(b"/e/x", b"x", 8);
+    let queue = |e: &mut Election, id: u64| {
+        ok(
+            e,
+            t0,
+            id,
+            txn(
+                20,
+                true,
+                vec![
+                    TxnOpResponse::Range {
+                        kvs: vec![kv(&my_key(), b"a", 5), b.clone(), d.clone(), x.clone()],
+                    },
+                    TxnOpResponse::Range {
+                        kvs: vec![prio(b"b", "0"), prio(b"d", "0")],
+                    },
+                ],
+            ),
+        )
+    };
+    // Nobody of that name: refused, still leading.
+    e.handle(
+        t0,
+        ElectionInput::HandOver {
+            op: OpId(2),
+            token: 5,
+            to: b"nobody".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![rpc(P + 2, ranked_read())]);
+    assert!(e.is_leader(), "believed while only reading");
+    assert_eq!(
+        queue(&mut e, P + 2),
+        vec![note(ElectionNotice::HandOverFailed {
+            op: OpId(2),
+            error: ElectionError::NoSuchCandidate
+        })]
+    );
+    assert!(e.is_leader());
+    // The target by value: my key and b (ahead of d) go, x stays.
+    e.handle(
+        t0,
+        ElectionInput::HandOver {
+            op: OpId(3),
+            token: 5,
+            to: b"d".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![rpc(P + 3, ranked_read())]);
+    assert_eq!(
+        queue(&mut e, P + 3),
+        vec![rpc(
+            P + 4,
+            Request::Txn(Txn {
+                compare: vec![
+                    create_rev(&my_key(), 5),
+                    create_rev(b"/e/d", 7),
+                    create_rev(b"/e/b", 6)
+                ],
+                success: vec![delete(&my_key()), delete(b"/e/b")],
+                failure: vec![
+                    TxnOp::Range(RangeRequest::all(KeyRange::Key(b"/e/d".to_vec()))),
+                    TxnOp::Range(RangeRequest::all(KeyRange::Key(my_key()))),
+                ],
+            })
+        )]
+    );
+    assert!(!e.is_leader(), "belief ends before the delete can apply");
+    assert_eq!(
+        ok(&mut e, t0, P + 4, txn(21, true, vec![])),
+        vec![
+            Command::Cancel { id: RpcId(P + 1) },
+            note(ElectionNotice::HandedOver {
+                op: OpId(3),
+                token: 5,
+                to: d
+            })
+        ]
+    );
+    assert!(!e.is_leader());
+}
+
+#[test]
+fn a_hand_over_whose_target_left_keeps_the_leadership() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    let d = kv(b"/e/d", b"d", 7);
+    e.handle(
+        t0,
+        ElectionInput::HandOver {
+            op: OpId(2),
+            token: 5,
+            to: b"/e/d".to_vec(),
+        },
+    );
+    drain(&mut e);
+    let read = txn(
+        20,
+        true,
+        vec![
+            TxnOpResponse::Range {
+                kvs: vec![kv(&my_key(), b"a", 5), d],
+            },
+            TxnOpResponse::Range { kvs: vec![] },
+        ],
+    );
+    assert_eq!(ok(&mut e, t0, P + 2, read).len(), 1);
+    assert!(!e.is_leader());
+    // The guard on the target failed: it is gone, my key is not.
+    let until = e.session_deadline().expect("a lease");
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 3,
+            txn(
+                21,
+                false,
+                vec![
+                    TxnOpResponse::Range { kvs: vec![] },
+                    TxnOpResponse::Range {
+                        kvs: vec![kv(&my_key(), b"a", 5)]
+                    },
+                ]
+            )
+        ),
+        vec![
+            note(ElectionNotice::HandOverFailed {
+                op: OpId(2),
+                error: ElectionError::NoSuchCandidate
+            }),
+            note(ElectionNotice::Trusted { token: 5, until }),
+        ]
+    );
+    assert!(e.is_leader(), "the leadership is kept");
+}

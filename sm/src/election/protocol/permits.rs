@@ -39,7 +39,9 @@ impl Protocol {
                 }
                 return Some(Op::Campaigning(c.clone()));
             }
-            Step::FixValue | Step::WatchOlder { .. } => return None,
+            // A ranked campaign never runs with more than one permit
+            // (`user_idle` refuses it), so `Bump` is the election's too.
+            Step::FixValue | Step::WatchOlder { .. } | Step::Bump { .. } => return None,
         };
         c.pending = Some(self.send_unary(request));
         Some(Op::Campaigning(c.clone()))

@@ -31,13 +31,22 @@ impl Protocol {
                 op,
                 value,
                 try_only,
+                rank,
             } => {
+                if rank.is_some() && self.permits > 1 {
+                    self.outbox.notify(ElectionNotice::CampaignFailed {
+                        op,
+                        error: ElectionError::NotWithPermits,
+                    });
+                    return Op::Idle;
+                }
                 self.backoff.reset();
                 self.timers.stop(Timer::Retry);
                 let w = Waiting {
                     op,
                     value,
                     try_only,
+                    rank,
                 };
                 match (self.session, &self.refused) {
                     (Session::Up(lease), _) => self.start_campaign(w, lease),
@@ -97,8 +106,19 @@ impl Protocol {
             // (its leadership lost, a newer campaign running or won) must not
             // end what came after it.
             UserRequest::Resign { token } if l.token == token => self.resign(l),
+            UserRequest::HandOver { op, .. } if self.permits > 1 => {
+                self.outbox.notify(ElectionNotice::HandOverFailed {
+                    op,
+                    error: ElectionError::NotWithPermits,
+                });
+                Op::Leading(l)
+            }
+            UserRequest::HandOver { op, token, to } if l.token == token => {
+                self.begin_hand_over(l, op, to)
+            }
             UserRequest::Proclaim { op, value } => {
-                if l.proclaim.is_some() {
+                // A hand-over may already be deleting the key: no new write.
+                if l.proclaim.is_some() || l.hand_over.is_some() {
                     self.outbox.notify(ElectionNotice::ProclaimFailed {
                         op,
                         error: ElectionError::Busy,
@@ -154,6 +174,12 @@ impl Protocol {
                 })
             }
             UserRequest::Resign { token } => self.outbox.notify(ElectionNotice::Resigned { token }),
+            UserRequest::HandOver { op, .. } => {
+                self.outbox.notify(ElectionNotice::HandOverFailed {
+                    op,
+                    error: ElectionError::Stopped,
+                })
+            }
             UserRequest::CancelCampaign { .. } | UserRequest::Stop => {}
         }
         Op::Stopped
@@ -197,6 +223,13 @@ impl Protocol {
             }
             UserRequest::Proclaim { op, .. } => {
                 self.outbox.notify(ElectionNotice::ProclaimFailed {
+                    op,
+                    error: ElectionError::NotLeader,
+                });
+                state
+            }
+            UserRequest::HandOver { op, .. } => {
+                self.outbox.notify(ElectionNotice::HandOverFailed {
                     op,
                     error: ElectionError::NotLeader,
                 });
