@@ -518,3 +518,27 @@ fn a_session_lost_while_waiting_cancels_every_watch() {
         "a new lease is asked for: {commands:?}"
     );
 }
+
+#[test]
+fn a_semaphore_refuses_ranked_campaigns_and_sends_nothing() {
+    let t0 = Instant::now();
+    let mut e = registered(t0, 2);
+    e.handle(
+        t0,
+        ElectionInput::CampaignRanked {
+            op: OpId(1),
+            value: b"2".to_vec(),
+            rank: Rank {
+                priority: 5,
+                yield_to_higher: false,
+            },
+        },
+    );
+    assert_eq!(
+        drain(&mut e),
+        vec![Command::Notify(ElectionNotice::CampaignFailed {
+            op: OpId(1),
+            error: ElectionError::NotWithPermits,
+        })]
+    );
+}
