@@ -31,6 +31,25 @@ pub(crate) fn free_port() -> io::Result<u16> {
     ))
 }
 
+/// A loopback listener on a port [`free_port`] has not handed out, and
+/// never will: a `bind(0)` of our own (the fault proxy's) could otherwise
+/// take the port an etcd about to start was given, and that etcd's health
+/// check would be answered, through the proxy, by another server.
+pub(crate) fn listener() -> io::Result<TcpListener> {
+    for _ in 0..64 {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let mut seen = handed_out().lock().unwrap_or_else(|e| e.into_inner());
+        if seen.insert(port) {
+            return Ok(listener);
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AddrNotAvailable,
+        "no fresh loopback port after 64 attempts",
+    ))
+}
+
 /// Sends one HTTP/1.0 request to `addr` and returns the status code and the
 /// body. HTTP/1.0 makes the server close the connection after the answer,
 /// so reading to EOF is the whole response.

@@ -120,7 +120,7 @@ impl FaultProxy {
                 ))
             }
         };
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let listener = super::net::listener()?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
