@@ -58,6 +58,32 @@ fn raw_resign(raw: &Raw, leader: LeaderKey) -> Res<()> {
     Ok(())
 }
 
+/// The anchor of a handover: A (on `ra`) leads `name`, B (on `rb`) waits
+/// in v3election `campaign`; from A's resign to B's campaign returning.
+fn raw_handover(
+    ra: &Raw,
+    rb: &Raw,
+    name: &'static str,
+    (lease_a, lease_b): (i64, i64),
+) -> Res<Duration> {
+    let la = raw_campaign(ra, name, "a", lease_a)?;
+    let mut cb = rb.client();
+    let waiter = rb.spawn(async move {
+        let r = cb.campaign(name, "b", lease_b).await;
+        (Instant::now(), r)
+    });
+    wait_candidates(ra, &format!("{name}/"), 2)?;
+    let t = Instant::now();
+    raw_resign(ra, la)?;
+    let (elected, r) = rb.block_on(waiter)?;
+    let d = elected.duration_since(t);
+    let lb = r?
+        .take_leader()
+        .ok_or("campaign answered without a leader key")?;
+    raw_resign(rb, lb)?;
+    Ok(d)
+}
+
 /// An uncontested campaign: from the call to its return, on a name nobody
 /// else campaigns on, with the session lease already granted on both
 /// sides. fleetcoord `Election::campaign` vs etcd-client's v3election
@@ -117,7 +143,6 @@ pub fn handover(cfg: &Config) -> Res<Vec<Row>> {
     let (lease_a, ka) = raw_session(&ra, 10)?;
     let (lease_b, kb) = raw_session(&rb, 10)?;
     let raw_name = "/bench/raw-handover";
-    let raw_prefix = format!("{raw_name}/");
     let (ours, anchor) = interleave(
         n,
         |_| {
@@ -133,24 +158,7 @@ pub fn handover(cfg: &Config) -> Res<Vec<Row>> {
                 Ok(d)
             })
         },
-        |_| {
-            let la = raw_campaign(&ra, raw_name, "a", lease_a)?;
-            let mut cb = rb.client();
-            let waiter = rb.spawn(async move {
-                let r = cb.campaign(raw_name, "b", lease_b).await;
-                (Instant::now(), r)
-            });
-            wait_candidates(&ra, &raw_prefix, 2)?;
-            let t = Instant::now();
-            raw_resign(&ra, la)?;
-            let (elected, r) = rb.block_on(waiter)?;
-            let d = elected.duration_since(t);
-            let lb = r?
-                .take_leader()
-                .ok_or("campaign answered without a leader key")?;
-            raw_resign(&rb, lb)?;
-            Ok(d)
-        },
+        |_| raw_handover(&ra, &rb, raw_name, (lease_a, lease_b)),
     )?;
     ka.abort();
     kb.abort();
@@ -262,7 +270,6 @@ pub fn semaphore(cfg: &Config) -> Res<Vec<Row>> {
         },
     )?;
     let raw_name = "/bench/raw-semaphore-handover";
-    let raw_prefix = format!("{raw_name}/");
     let (handover, handover_anchor) = interleave(
         n,
         |_| {
@@ -278,24 +285,7 @@ pub fn semaphore(cfg: &Config) -> Res<Vec<Row>> {
                 Ok(d)
             })
         },
-        |_| {
-            let la = raw_campaign(&ra, raw_name, "a", lease_a)?;
-            let mut cb = rb.client();
-            let waiter = rb.spawn(async move {
-                let r = cb.campaign(raw_name, "b", lease_b).await;
-                (Instant::now(), r)
-            });
-            wait_candidates(&ra, &raw_prefix, 2)?;
-            let t = Instant::now();
-            raw_resign(&ra, la)?;
-            let (elected, r) = rb.block_on(waiter)?;
-            let d = elected.duration_since(t);
-            let lb = r?
-                .take_leader()
-                .ok_or("campaign answered without a leader key")?;
-            raw_resign(&rb, lb)?;
-            Ok(d)
-        },
+        |_| raw_handover(&ra, &rb, raw_name, (lease_a, lease_b)),
     )?;
     ka.abort();
     kb.abort();

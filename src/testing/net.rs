@@ -18,20 +18,10 @@ fn handed_out() -> &'static Mutex<HashSet<u16>> {
 /// this process before. Another process may still grab it before etcd binds
 /// it; callers retry the start when etcd reports the address in use.
 pub(crate) fn free_port() -> io::Result<u16> {
-    for _ in 0..64 {
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let mut seen = handed_out().lock().unwrap_or_else(|e| e.into_inner());
-        if seen.insert(port) {
-            return Ok(port);
-        }
-    }
-    Err(io::Error::new(
-        io::ErrorKind::AddrNotAvailable,
-        "no fresh loopback port after 64 attempts",
-    ))
+    Ok(listener()?.local_addr()?.port())
 }
 
-/// A loopback listener on a port [`free_port`] has not handed out, and
+/// A loopback listener on a port this process has not handed out, and
 /// never will: a `bind(0)` of our own (the fault proxy's) could otherwise
 /// take the port an etcd about to start was given, and that etcd's health
 /// check would be answered, through the proxy, by another server.
