@@ -204,13 +204,7 @@ pub(crate) fn explain(e: &ec::Error, tls: Option<&Tls>) -> String {
              dial a name it was issued for or set the TLS server name ({root})"
         );
     }
-    let alert = [
-        "BadCertificate",
-        "CertificateRequired",
-        "certificate required",
-    ]
-    .iter()
-    .any(|a| root.contains(a));
+    let alert = refusal::refused_by_alert(&root);
     // Without an alert the client sees only the server hanging up, in one
     // of several words depending on where its request was (measured: the
     // shapes vary from run to run against the same server).

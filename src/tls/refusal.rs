@@ -18,6 +18,24 @@ pub(crate) fn wrong_name(text: &str) -> bool {
     text.contains("NotValidForName") || text.contains("not valid for name")
 }
 
+/// The server sent an alert refusing the client's certificate (or its
+/// absence). Which one depends on the server's TLS stack and version:
+/// etcd 3.4 and nats-server 2.9 say `BadCertificate` for a missing or
+/// expired certificate; etcd 3.5.16 and nats-server 2.15 (newer Go) say
+/// `CertificateExpired` for an expired one.
+pub(crate) fn refused_by_alert(text: &str) -> bool {
+    [
+        "CertificateRequired",
+        "BadCertificate",
+        "CertificateExpired",
+        "CertificateUnknown",
+        "UnknownCA",
+        "certificate required",
+    ]
+    .iter()
+    .any(|a| text.contains(a))
+}
+
 /// Why the server refused the handshake, on the client's side.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum ClientSide {

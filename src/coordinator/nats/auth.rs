@@ -196,19 +196,7 @@ pub(super) fn explain(
              configured ({text})"
         );
     }
-    // The alert a server sends depends on its version: nats-server 2.9
-    // says BadCertificate for a missing or expired certificate, 2.15
-    // CertificateExpired for an expired one.
-    let alert = [
-        "CertificateRequired",
-        "BadCertificate",
-        "CertificateExpired",
-        "CertificateUnknown",
-        "UnknownCA",
-        "certificate required",
-    ]
-    .iter()
-    .any(|a| text.contains(a));
+    let alert = refusal::refused_by_alert(text);
     // TLS 1.3: the client's handshake is done before the server looked at
     // its certificate, so a refusal without an alert shows as the server
     // hanging up on the first read.
