@@ -71,6 +71,19 @@ pub struct History {
     pub streams: Vec<StreamLog>,
 }
 
+/// The tenures, in election order, of each adjacent pair that overlaps
+/// or whose tokens do not increase: what [`check`] reports, for a
+/// timeline of the two.
+pub fn suspect_pairs(tenures: &[Tenure]) -> Vec<(Tenure, Tenure)> {
+    let mut tenures = tenures.to_vec();
+    tenures.sort_by_key(|t| t.elected_at);
+    tenures
+        .windows(2)
+        .filter(|p| p[1].elected_at < p[0].last_held_at || p[1].token <= p[0].token)
+        .map(|p| (p[0].clone(), p[1].clone()))
+        .collect()
+}
+
 /// Every violation found, one line each; empty when the history is clean.
 pub fn check(history: &History) -> Vec<String> {
     let mut violations = Vec::new();

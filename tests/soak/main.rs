@@ -259,7 +259,11 @@ fn candidate(i: usize, endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
             shared.timeline.lock().actions.push((
                 returned,
                 i,
-                format!("elected, token {}", leadership.fencing_token()),
+                format!(
+                    "elected, token {}, held at return: {}",
+                    leadership.fencing_token(),
+                    leadership.is_held()
+                ),
             ));
             let elected_at = returned;
             let mut last_held_at = elected_at;
@@ -269,6 +273,11 @@ fn candidate(i: usize, endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
                 // so it was held at `t` too.
                 let t = Instant::now();
                 if !leadership.is_held() {
+                    shared
+                        .timeline
+                        .lock()
+                        .actions
+                        .push((t, i, "no longer held".into()));
                     break;
                 }
                 last_held_at = t;
@@ -751,7 +760,21 @@ fn soak() {
 
     let history = shared.history.lock();
     let mut violations = shared.violations.lock().clone();
-    violations.extend(history::check(&history));
+    let safety = history::check(&history);
+    if !safety.is_empty() {
+        let timeline = shared.timeline.lock();
+        for (a, b) in history::suspect_pairs(&history.tenures) {
+            println!(
+                "soak: candidates {} (token {}) and {} (token {}), around the second's election:\n{}",
+                a.candidate,
+                a.token,
+                b.candidate,
+                b.token,
+                timeline_between(&timeline, b.elected_at, Duration::from_secs(3), a.last_held_at)
+            );
+        }
+    }
+    violations.extend(safety);
     let over = history::over_permits(&history.permits, PERMITS as usize);
     println!(
         "soak: semaphore of {PERMITS} permits: {} holds by {CONTENDERS} contenders, {} instants with more than {PERMITS} believing holders",
@@ -800,22 +823,29 @@ fn etcd_leaderless(cluster: &EtcdCluster, from: Instant, what: &'static str, sha
 /// faults that overlapped it, one line each with its offset from the
 /// gap's start: a short gap's cause is in the order of these.
 fn timeline_around(t: &Timeline, g: &liveness::Gap) -> String {
-    let from = g.from.checked_sub(Duration::from_secs(1)).unwrap_or(g.from);
+    timeline_between(t, g.from, Duration::from_secs(1), g.to)
+}
+
+/// Every candidate's actions and the faults from `before` ahead of
+/// `anchor` until `to`, each with its offset from `anchor`.
+fn timeline_between(t: &Timeline, anchor: Instant, before: Duration, to: Instant) -> String {
+    let from = anchor.checked_sub(before).unwrap_or(anchor);
+    let to = to.max(anchor);
     let offset = |at: Instant| -> String {
-        if at >= g.from {
-            format!("+{:>5}ms", at.duration_since(g.from).as_millis())
+        if at >= anchor {
+            format!("+{:>5}ms", at.duration_since(anchor).as_millis())
         } else {
-            format!("-{:>5}ms", g.from.duration_since(at).as_millis())
+            format!("-{:>5}ms", anchor.duration_since(at).as_millis())
         }
     };
     let mut lines: Vec<(Instant, String)> = t
         .actions
         .iter()
-        .filter(|(at, _, _)| *at >= from && *at <= g.to)
+        .filter(|(at, _, _)| *at >= from && *at <= to)
         .map(|(at, c, what)| (*at, format!("  {} candidate {c}: {what}", offset(*at))))
         .collect();
     for o in t.faults.iter().chain(&t.leaderless_etcd) {
-        if o.to >= from && o.from <= g.to {
+        if o.to >= from && o.from <= to {
             lines.push((
                 o.from,
                 format!("  {} {} until {}", offset(o.from), o.what, offset(o.to)),
