@@ -630,9 +630,14 @@ impl Protocol {
 
     fn send_withdraw(&mut self, mut w: Withdraw) -> Op {
         let request = match (&w.side, w.token) {
-            (Some(side), token) => requests::withdraw_ranked(&w.key, token, side),
+            // Whether my create landed, and at which revision, is unknown:
+            // read my key, then delete only the incarnation found. A delete
+            // of the key whatever its revision, held up somewhere (a paused
+            // member that received it), can land after my next campaign
+            // created the key again, and delete that one while it leads.
+            (_, None) => requests::read_key(&w.key),
+            (Some(side), Some(token)) => requests::withdraw_ranked(&w.key, token, side),
             (None, Some(token)) => requests::guarded_delete(&w.key, token),
-            (None, None) => requests::plain_delete(&w.key),
         };
         w.pending = Some(self.send_unary(request));
         Op::Withdrawing(w)
@@ -1103,6 +1108,29 @@ impl Protocol {
     }
 
     fn withdraw_reply(&mut self, mut w: Withdraw, result: Result<Response, RpcError>) -> Op {
+        if w.token.is_none() {
+            if let Ok(Response::Range { kvs, .. }) = &result {
+                let found = kvs
+                    .iter()
+                    .find(|kv| kv.key == w.key)
+                    .map(|kv| kv.create_revision);
+                match (found, &w.side) {
+                    (Some(token), _) => w.token = Some(token),
+                    // No key: only the priority key may be left, and the
+                    // guard "my key does not exist" keeps a key that a late
+                    // create made from being deleted unguarded.
+                    (None, Some(_)) => w.token = Some(0),
+                    (None, None) => {
+                        self.timers.stop(Timer::WithdrawLimit);
+                        for n in w.then {
+                            self.outbox.notify(n);
+                        }
+                        return Op::Idle;
+                    }
+                }
+                return self.send_withdraw(w);
+            }
+        }
         let done = match &result {
             // Either way my key of that revision is gone (a failed guard means it already was).
             Ok(Response::Txn { .. }) | Ok(Response::Deleted { .. }) => true,

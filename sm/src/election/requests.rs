@@ -130,12 +130,6 @@ pub fn fenced_txn(key: &[u8], token: Revision, ops: Vec<TxnOp>) -> Request {
     })
 }
 
-/// Delete my key whatever its revision: used when a create may have landed
-/// but its revision never reached us. The key is unique to our lease.
-pub(crate) fn plain_delete(key: &[u8]) -> Request {
-    Request::Delete(KeyRange::Key(key.to_vec()))
-}
-
 /// The newest keys created before mine (the newest is the one candidate I
 /// wait for, as Go's `waitDeletes` does, so a release wakes one waiter, not
 /// the herd; a second tells whether it is the only one) and, in the same
@@ -429,23 +423,16 @@ pub(crate) fn bump(
 
 /// Withdraw a ranked candidate: [`guarded_delete`], and the priority key
 /// in either branch (a key bumped before the withdraw leaves its priority
-/// behind otherwise, for as long as the session lives). With no token, the
-/// candidate key is deleted whatever its revision, as [`plain_delete`].
-pub(crate) fn withdraw_ranked(key: &[u8], token: Option<Revision>, priority_key: &[u8]) -> Request {
+/// behind otherwise, for as long as the session lives). Token 0 guards on
+/// "my key does not exist" and so deletes only the priority key.
+pub(crate) fn withdraw_ranked(key: &[u8], token: Revision, priority_key: &[u8]) -> Request {
     let drop_priority = TxnOp::Delete(KeyRange::Key(priority_key.to_vec()));
     let delete = TxnOp::Delete(KeyRange::Key(key.to_vec()));
-    match token {
-        Some(token) => Request::Txn(Txn {
-            compare: vec![create_rev_is(key, token)],
-            success: vec![delete, drop_priority.clone()],
-            failure: vec![drop_priority],
-        }),
-        None => Request::Txn(Txn {
-            compare: vec![],
-            success: vec![delete, drop_priority],
-            failure: vec![],
-        }),
-    }
+    Request::Txn(Txn {
+        compare: vec![create_rev_is(key, token)],
+        success: vec![delete, drop_priority.clone()],
+        failure: vec![drop_priority],
+    })
 }
 
 /// The most keys a hand-over deletes besides the leader's own (etcd takes

@@ -2888,3 +2888,86 @@ fn a_hand_over_whose_target_left_keeps_the_leadership() {
     );
     assert!(e.is_leader(), "the leadership is kept");
 }
+
+/// A campaign given up before its create was answered does not know
+/// whether its key exists, nor its revision: it reads the key and deletes
+/// only the incarnation it found. An unguarded delete held up somewhere
+/// (a paused member) could otherwise land after the next campaign created
+/// the key again, and delete that one while it leads.
+#[test]
+fn a_withdraw_without_a_token_reads_the_key_and_deletes_only_what_it_found() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            op: OpId(1),
+            value: b"a".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    e.handle(t0, ElectionInput::CancelCampaign { op: OpId(1) });
+    let read_mine = Request::Range(RangeRequest::all(KeyRange::Key(my_key())));
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            Command::Cancel { id: RpcId(P) },
+            rpc(P + 1, read_mine.clone())
+        ]
+    );
+    // The create had landed, at revision 12: delete that key, and only it.
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 1,
+            Response::Range {
+                revision: 13,
+                kvs: vec![kv(&my_key(), b"a", 12)]
+            }
+        ),
+        vec![rpc(P + 2, delete_mine(12))]
+    );
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 2,
+            txn(14, true, vec![TxnOpResponse::Delete { deleted: 1 }])
+        ),
+        vec![note(ElectionNotice::CampaignFailed {
+            op: OpId(1),
+            error: ElectionError::Canceled
+        })]
+    );
+
+    // Again, and this time the create never landed: nothing to delete.
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            op: OpId(2),
+            value: b"a".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![rpc(P + 3, create_txn(b"a"))]);
+    e.handle(t0, ElectionInput::CancelCampaign { op: OpId(2) });
+    assert_eq!(
+        drain(&mut e),
+        vec![Command::Cancel { id: RpcId(P + 3) }, rpc(P + 4, read_mine)]
+    );
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 4,
+            Response::Range {
+                revision: 15,
+                kvs: vec![]
+            }
+        ),
+        vec![note(ElectionNotice::CampaignFailed {
+            op: OpId(2),
+            error: ElectionError::Canceled
+        })]
+    );
+}
