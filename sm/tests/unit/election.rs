@@ -1,7 +1,8 @@
 //! Exact command sequences of the election protocol, driven by hand-written
 //! replies.
 
-use crate::support::drain;
+use crate::election_support::*;
+use crate::support::{delete_event, drain};
 use fleetcoord_sm::election::*;
 use fleetcoord_sm::keepalive::LivenessState;
 use fleetcoord_sm::rpc::{
@@ -12,97 +13,19 @@ use fleetcoord_sm::*;
 #[allow(unused_imports)]
 use std::time::{Duration, Instant};
 
-const LEASE: LeaseId = 0x2a1f;
-// The protocol part of an Election numbers its requests from 2^40 (the
-// session's from 0), so a reply id alone says which part it belongs to.
-const P: u64 = 1 << 40;
+const PREFIX: &[u8] = b"/e/";
 
 fn config() -> ElectionConfig {
-    ElectionConfig {
-        prefix: b"/e/".to_vec(),
-        ttl_secs: 9,
-        backoff: BackoffConfig {
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(1),
-            multiplier: 2,
-            jitter_percent: 0,
-        },
-        // Exact instants below assume the lease is trusted for its TTL;
-        // `margin_and_drift_*` cover the other settings.
-        safety_margin: Duration::ZERO,
-        drift_allowance_ppm: 0,
-        // Far beyond every instant the exact sequences below reach;
-        // `attempt_*` tests set their own.
-        attempt_timeout: Duration::from_secs(3600),
-        // `session_trust_*` tests ask for the session's deadline moves.
-        announce_session_trust: false,
-        permits: 1,
-    }
-}
-
-fn ok(e: &mut Election, now: Instant, id: u64, response: Response) -> Vec<Command<ElectionNotice>> {
-    e.handle(
-        now,
-        RpcReply {
-            id: RpcId(id),
-            result: Ok(response),
-        }
-        .into(),
-    );
-    drain(e)
+    election_config(PREFIX, 1)
 }
 
 fn my_key() -> Vec<u8> {
-    b"/e/2a1f".to_vec()
-}
-
-fn kv(key: &[u8], value: &[u8], create: Revision) -> KeyValue {
-    KeyValue {
-        key: key.to_vec(),
-        value: value.to_vec(),
-        create_revision: create,
-        mod_revision: create,
-        version: 1,
-        lease: LEASE,
-    }
-}
-
-fn rpc(id: u64, request: Request) -> Command<ElectionNotice> {
-    Command::Rpc {
-        id: RpcId(id),
-        request,
-    }
-}
-
-fn note(n: ElectionNotice) -> Command<ElectionNotice> {
-    Command::Notify(n)
+    lease_key(PREFIX)
 }
 
 /// An election whose session holds lease `LEASE`, at `t0`.
 fn registered(t0: Instant) -> Election {
-    let mut e = Election::new(config(), t0, 7);
-    assert_eq!(
-        drain(&mut e),
-        vec![
-            note(ElectionNotice::Session(LivenessState::Registering)),
-            rpc(0, Request::Grant { ttl_secs: 9 })
-        ]
-    );
-    assert_eq!(
-        ok(
-            &mut e,
-            t0,
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: 9
-            }
-        ),
-        vec![note(ElectionNotice::Session(LivenessState::Registered {
-            lease: LEASE
-        }))]
-    );
-    e
+    registered_with(config(), t0)
 }
 
 /// Create my key and, in the same revision, read the newest three keys (on
@@ -138,13 +61,7 @@ fn create_txn(value: &[u8]) -> Request {
 /// The answer to `create_txn` when it created my key at `revision`: the
 /// newest keys, mine first, then those `ahead` of me, newest first.
 fn created(revision: Revision, value: &[u8], ahead: Vec<KeyValue>) -> Response {
-    let mut kvs = vec![kv(&my_key(), value, revision)];
-    kvs.extend(ahead);
-    txn(
-        revision,
-        true,
-        vec![TxnOpResponse::Put, TxnOpResponse::Range { kvs }],
-    )
+    created_as(kv(&my_key(), value, revision), ahead)
 }
 
 /// The answer to `create_txn` when my key already existed: it, and the
@@ -199,13 +116,6 @@ fn watch_all(start_revision: Revision) -> Request {
     }
 }
 
-fn watch(key: &[u8], start_revision: Revision) -> Request {
-    Request::Watch {
-        range: KeyRange::Key(key.to_vec()),
-        start_revision,
-    }
-}
-
 fn first_created() -> TxnOp {
     TxnOp::Range(RangeRequest {
         range: KeyRange::Prefix(b"/e/".to_vec()),
@@ -225,14 +135,6 @@ fn delete_mine(rev: Revision) -> Request {
         success: vec![TxnOp::Delete(KeyRange::Key(my_key()))],
         failure: vec![],
     })
-}
-
-fn txn(revision: Revision, succeeded: bool, responses: Vec<TxnOpResponse>) -> Response {
-    Response::Txn {
-        revision,
-        succeeded,
-        responses,
-    }
 }
 
 /// Campaign with no other candidate, ending as leader with token 5.
@@ -289,15 +191,7 @@ fn campaign_without_contenders_is_elected_by_the_create_answer_alone() {
 }
 
 fn deleted(key: &[u8], revision: Revision) -> WatchEvent {
-    WatchEvent {
-        kind: EventKind::Delete,
-        kv: KeyValue {
-            key: key.to_vec(),
-            mod_revision: revision,
-            ..KeyValue::default()
-        },
-        prev_kv: None,
-    }
+    delete_event(key.to_vec(), revision)
 }
 
 fn events(events: Vec<WatchEvent>) -> Response {
@@ -338,7 +232,7 @@ fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
     assert_eq!(ok(&mut e, t0, P + 1, events(vec![put])), vec![]);
     assert_eq!(
         ok(&mut e, t0, P + 1, events(vec![deleted(b"/e/99", 9)])),
-        vec![Command::Cancel { id: RpcId(P + 1) }, rpc(P + 2, older(6))]
+        vec![cancel(P + 1), rpc(P + 2, older(6))]
     );
     assert!(!e.is_leader());
     // The oldest is still there, and now the only key ahead of mine: wait
@@ -378,7 +272,7 @@ fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
     assert_eq!(
         ok(&mut e, t0, P + 3, events(vec![deleted(b"/e/77", 12)])),
         vec![
-            Command::Cancel { id: RpcId(P + 3) },
+            cancel(P + 3),
             note(ElectionNotice::Elected {
                 op: OpId(1),
                 key: my_key(),
@@ -418,7 +312,7 @@ fn the_candidate_second_in_line_reads_again_when_its_own_key_changes() {
             P + 1,
             events(vec![deleted(&my_key(), 9), deleted(b"/e/99", 10)])
         ),
-        vec![Command::Cancel { id: RpcId(P + 1) }, rpc(P + 2, older(6))]
+        vec![cancel(P + 1), rpc(P + 2, older(6))]
     );
     // The read shows it gone: queue up again.
     assert_eq!(
@@ -433,7 +327,7 @@ fn the_candidate_second_in_line_reads_again_when_its_own_key_changes() {
     );
     assert_eq!(
         ok(&mut e, t0, P + 4, events(vec![deleted(b"/e/99", 0)])),
-        vec![Command::Cancel { id: RpcId(P + 4) }, rpc(P + 5, older(10))]
+        vec![cancel(P + 4), rpc(P + 5, older(10))]
     );
     assert_eq!(
         ok(
@@ -453,7 +347,7 @@ fn the_candidate_second_in_line_reads_again_when_its_own_key_changes() {
     };
     assert_eq!(
         ok(&mut e, t0, P + 6, events(vec![recreated])),
-        vec![Command::Cancel { id: RpcId(P + 6) }, rpc(P + 7, older(10))]
+        vec![cancel(P + 6), rpc(P + 7, older(10))]
     );
     assert!(!e.is_leader());
 }
@@ -479,7 +373,7 @@ fn campaign_never_claims_a_key_that_vanished_while_waiting() {
     );
     assert_eq!(
         ok(&mut e, t0, P + 1, events(vec![deleted(b"/e/99", 9)])),
-        vec![Command::Cancel { id: RpcId(P + 1) }, rpc(P + 2, older(6))]
+        vec![cancel(P + 1), rpc(P + 2, older(6))]
     );
     // My key is gone in the answer's revision (an older one remains, which
     // no longer matters): queue up again instead of leading or waiting.
@@ -637,7 +531,7 @@ fn session_loss_while_waiting_starts_the_campaign_over_on_the_next_lease() {
     let lost = lost.expect("session lost at the deadline");
     // The watch on the key ahead ends; the campaign is not answered: it
     // waits for the session's next lease (being granted now).
-    assert_eq!(all[lost + 1], Command::Cancel { id: RpcId(P + 1) });
+    assert_eq!(all[lost + 1], cancel(P + 1));
     let rest = &all[lost + 2..];
     assert!(
         rest.iter()
@@ -846,10 +740,7 @@ fn an_unanswered_request_is_sent_again_after_each_attempt_timeout_then_less_ofte
         e.handle_timeout(at);
         assert_eq!(
             drain(&mut e),
-            vec![
-                Command::Cancel { id: RpcId(id) },
-                rpc(id + 1, create_txn(b"a"))
-            ]
+            vec![cancel(id), rpc(id + 1, create_txn(b"a"))]
         );
     }
     // The sixth copy is answered: the wait is one attempt timeout again
@@ -1127,10 +1018,7 @@ fn resign_drops_belief_before_sending_and_keeps_the_session() {
     assert!(!e.is_leader());
     assert_eq!(
         drain(&mut e),
-        vec![
-            Command::Cancel { id: RpcId(P + 1) },
-            rpc(P + 2, delete_mine(5))
-        ]
+        vec![cancel(P + 1), rpc(P + 2, delete_mine(5))]
     );
     // A failed guard means nothing was left to delete: resigned all the same.
     assert_eq!(
@@ -1193,10 +1081,7 @@ fn a_campaign_during_a_resign_starts_once_the_key_is_gone() {
     e.handle(t0, ElectionInput::Resign { token: 5 });
     assert_eq!(
         drain(&mut e),
-        vec![
-            Command::Cancel { id: RpcId(P + 1) },
-            rpc(P + 2, delete_mine(5))
-        ]
+        vec![cancel(P + 1), rpc(P + 2, delete_mine(5))]
     );
     // Not Busy: it waits for the delete.
     e.handle(
@@ -1339,7 +1224,7 @@ fn proclaim_is_guarded_by_the_token() {
                 op: OpId(3),
                 error: ElectionError::NotLeader
             }),
-            Command::Cancel { id: RpcId(P + 1) },
+            cancel(P + 1),
             note(ElectionNotice::LeadershipLost { token: 5 }),
         ]
     );
@@ -1383,7 +1268,7 @@ fn deletion_of_the_own_key_ends_leadership() {
             Response::WatchEvents { events: vec![gone] }
         ),
         vec![
-            Command::Cancel { id: RpcId(P + 1) },
+            cancel(P + 1),
             note(ElectionNotice::LeadershipLost { token: 5 })
         ]
     );
@@ -1420,10 +1305,7 @@ fn second_campaign_is_busy_and_cancel_deletes_the_key() {
     e.handle(t0, ElectionInput::CancelCampaign { op: OpId(1) });
     assert_eq!(
         drain(&mut e),
-        vec![
-            Command::Cancel { id: RpcId(P + 1) },
-            rpc(P + 2, delete_mine(7))
-        ]
+        vec![cancel(P + 1), rpc(P + 2, delete_mine(7))]
     );
     assert_eq!(
         ok(
@@ -1519,7 +1401,7 @@ fn stop_ends_leadership_at_once_and_revokes() {
     e.handle(t0, ElectionInput::Stop);
     assert!(!e.is_leader());
     let commands = drain(&mut e);
-    assert_eq!(commands[0], Command::Cancel { id: RpcId(P + 1) });
+    assert_eq!(commands[0], cancel(P + 1));
     assert_eq!(
         commands[1],
         note(ElectionNotice::LeadershipLost { token: 5 })
@@ -1637,10 +1519,7 @@ fn a_late_answer_to_a_canceled_campaign_names_it_not_the_next_one() {
     e.handle(t0, ElectionInput::CancelCampaign { op: OpId(1) });
     assert_eq!(
         drain(&mut e),
-        vec![
-            Command::Cancel { id: RpcId(P + 1) },
-            rpc(P + 2, delete_mine(7))
-        ]
+        vec![cancel(P + 1), rpc(P + 2, delete_mine(7))]
     );
     // The delete hangs; the driver gives up waiting and starts campaign 2,
     // which waits for the withdraw instead of failing with Busy.
@@ -1706,10 +1585,7 @@ fn canceling_a_campaign_that_already_won_resigns_its_leadership() {
     assert!(!e.is_leader(), "belief ends before the delete is sent");
     assert_eq!(
         drain(&mut e),
-        vec![
-            Command::Cancel { id: RpcId(P + 1) },
-            rpc(P + 2, delete_mine(5))
-        ]
+        vec![cancel(P + 1), rpc(P + 2, delete_mine(5))]
     );
     assert_eq!(
         ok(
@@ -1925,7 +1801,7 @@ fn malformed_answers_while_waiting_are_retried_or_the_wait_restarted() {
     // a read after a pause.
     assert_eq!(
         ok(&mut e, t0, P + 1, Response::Revoked),
-        vec![Command::Cancel { id: RpcId(P + 1) }]
+        vec![cancel(P + 1)]
     );
     let at = e.poll_timeout().expect("a retry is armed");
     e.handle_timeout(at);
@@ -2087,7 +1963,7 @@ fn a_refused_watch_while_waiting_restarts_the_wait_with_a_read() {
         }
         .into(),
     );
-    assert_eq!(drain(&mut e), vec![Command::Cancel { id: RpcId(P + 1) }]);
+    assert_eq!(drain(&mut e), vec![cancel(P + 1)]);
     let retry = t0 + Duration::from_millis(100);
     assert_eq!(e.poll_timeout(), Some(retry));
     e.handle_timeout(retry);
@@ -2102,10 +1978,7 @@ fn a_withdraw_answered_oddly_is_sent_again_after_a_pause() {
     e.handle(t0, ElectionInput::Resign { token: 5 });
     assert_eq!(
         drain(&mut e),
-        vec![
-            Command::Cancel { id: RpcId(P + 1) },
-            rpc(P + 2, delete_mine(5))
-        ]
+        vec![cancel(P + 1), rpc(P + 2, delete_mine(5))]
     );
     assert_eq!(ok(&mut e, t0, P + 2, Response::Revoked), vec![]);
     let retry = t0 + Duration::from_millis(100);
@@ -2188,7 +2061,7 @@ fn a_broken_leader_watch_is_replaced_after_a_read_of_the_own_key() {
     // bounds it), and after a pause a read decides.
     assert_eq!(
         ok(&mut e, t0, P + 1, Response::Revoked),
-        vec![Command::Cancel { id: RpcId(P + 1) }]
+        vec![cancel(P + 1)]
     );
     assert!(e.is_leader());
     let retry = t0 + Duration::from_millis(100);
@@ -2542,10 +2415,7 @@ fn a_ranked_join_publishes_its_priority_bumps_a_lower_waiter_and_hears_of_a_high
     // is ahead, and its delete elects me.
     assert_eq!(
         ok(&mut e, t0, P + 2, events(vec![deleted(b"/e/55", 12)])),
-        vec![
-            Command::Cancel { id: RpcId(P + 2) },
-            rpc(P + 3, ranked_read())
-        ]
+        vec![cancel(P + 2), rpc(P + 3, ranked_read())]
     );
     assert_eq!(
         ok(
@@ -2569,7 +2439,7 @@ fn a_ranked_join_publishes_its_priority_bumps_a_lower_waiter_and_hears_of_a_high
     assert_eq!(
         ok(&mut e, t0, P + 4, events(vec![deleted(b"/e/77", 14)])),
         vec![
-            Command::Cancel { id: RpcId(P + 4) },
+            cancel(P + 4),
             note(ElectionNotice::Elected {
                 op: OpId(1),
                 key: my_key(),
@@ -2734,8 +2604,8 @@ fn a_yielding_leader_hands_over_to_the_higher_candidate_right_after_the_notice()
     assert_eq!(
         ok(&mut e, t0, P + 5, txn(9, true, vec![])),
         vec![
-            Command::Cancel { id: RpcId(P + 3) },
-            Command::Cancel { id: RpcId(P + 1) },
+            cancel(P + 3),
+            cancel(P + 1),
             note(ElectionNotice::HandedOver {
                 op: OpId(1),
                 token: 5,
@@ -2823,7 +2693,7 @@ fn hand_over_deletes_the_leader_and_those_ahead_of_the_target_in_one_guarded_txn
     assert_eq!(
         ok(&mut e, t0, P + 4, txn(21, true, vec![])),
         vec![
-            Command::Cancel { id: RpcId(P + 1) },
+            cancel(P + 1),
             note(ElectionNotice::HandedOver {
                 op: OpId(3),
                 token: 5,
