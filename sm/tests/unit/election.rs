@@ -127,19 +127,28 @@ fn first_created() -> TxnOp {
 }
 
 fn delete_mine(rev: Revision) -> Request {
+    guarded_delete(&my_key(), rev)
+}
+
+/// A write of `value` to my key, guarded by its create revision `rev`: a
+/// proclaim, or the fix of a stale value.
+fn put_mine(rev: Revision, value: &[u8]) -> Request {
     Request::Txn(Txn {
         compare: vec![Compare::CreateRevisionEquals {
             key: my_key(),
             revision: rev,
         }],
-        success: vec![TxnOp::Delete(KeyRange::Key(my_key()))],
+        success: vec![TxnOp::Put {
+            key: my_key(),
+            value: value.to_vec(),
+            lease: LEASE,
+        }],
         failure: vec![],
     })
 }
 
-/// Campaign with no other candidate, ending as leader with token 5.
-fn elected(t0: Instant) -> Election {
-    let mut e = registered(t0);
+/// Campaign (operation 1, value "a") at `t0`; what the election queued.
+fn campaign(e: &mut Election, t0: Instant) -> Vec<Command<ElectionNotice>> {
     e.handle(
         t0,
         ElectionInput::Campaign {
@@ -147,7 +156,29 @@ fn elected(t0: Instant) -> Election {
             value: b"a".to_vec(),
         },
     );
-    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    drain(e)
+}
+
+/// The id of `c` if it is a renewal of the session (a keep-alive).
+fn renewal_id(c: &Command<ElectionNotice>) -> Option<u64> {
+    match c {
+        Command::Rpc {
+            id,
+            request: Request::KeepAlive { .. },
+        } => Some(id.0),
+        _ => None,
+    }
+}
+
+/// Answers renewal `id` at `at` (TTL 9 s); what the election queued.
+fn answer_renewal(e: &mut Election, at: Instant, id: u64) -> Vec<Command<ElectionNotice>> {
+    ok(e, at, id, Response::KeptAlive { ttl_secs: 9 })
+}
+
+/// Campaign with no other candidate, ending as leader with token 5.
+fn elected(t0: Instant) -> Election {
+    let mut e = registered(t0);
+    assert_eq!(campaign(&mut e, t0), vec![rpc(P, create_txn(b"a"))]);
     assert!(!e.is_leader(), "not before etcd answered");
     // One answer: my key created at 5 and nothing older at that revision.
     let until = e.session_deadline().expect("a lease");
@@ -202,14 +233,7 @@ fn events(events: Vec<WatchEvent>) -> Response {
 fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
     let t0 = Instant::now();
     let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    assert_eq!(campaign(&mut e, t0), vec![rpc(P, create_txn(b"a"))]);
     // The create's own answer names the key just ahead of mine, and that
     // another is ahead of it: watch only the one just ahead (no herd).
     let other = kv(b"/e/99", b"b", 4);
@@ -289,15 +313,7 @@ fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
 #[test]
 fn the_candidate_second_in_line_reads_again_when_its_own_key_changes() {
     let t0 = Instant::now();
-    let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    drain(&mut e);
+    let mut e = campaigning(t0, false);
     let leader = kv(b"/e/99", b"b", 4);
     assert_eq!(
         ok(&mut e, t0, P, created(7, b"a", vec![leader.clone()])),
@@ -355,15 +371,7 @@ fn the_candidate_second_in_line_reads_again_when_its_own_key_changes() {
 #[test]
 fn campaign_never_claims_a_key_that_vanished_while_waiting() {
     let t0 = Instant::now();
-    let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    drain(&mut e);
+    let mut e = campaigning(t0, false);
     let oldest = kv(b"/e/77", b"c", 3);
     ok(
         &mut e,
@@ -419,18 +427,7 @@ fn campaign_with_an_existing_key_of_another_value_proclaims_it_first() {
         },
     );
     drain(&mut e);
-    let fix = Request::Txn(Txn {
-        compare: vec![Compare::CreateRevisionEquals {
-            key: my_key(),
-            revision: 3,
-        }],
-        success: vec![TxnOp::Put {
-            key: my_key(),
-            value: b"new".to_vec(),
-            lease: LEASE,
-        }],
-        failure: vec![],
-    });
+    let fix = put_mine(3, b"new");
     // Even when first in line, the value is fixed before anyone may see it
     // as the leader's.
     let mine = kv(&my_key(), b"old", 3);
@@ -447,15 +444,7 @@ fn campaign_with_an_existing_key_of_another_value_proclaims_it_first() {
 #[test]
 fn a_retried_create_that_finds_its_key_first_in_line_leads_at_once() {
     let t0 = Instant::now();
-    let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    drain(&mut e);
+    let mut e = campaigning(t0, false);
     // The first create's answer was lost; its key is there, created at 3,
     // and is the first-created key of the election in the same revision.
     let mine = kv(&my_key(), b"a", 3);
@@ -478,15 +467,7 @@ fn a_retried_create_that_finds_its_key_first_in_line_leads_at_once() {
 #[test]
 fn a_retried_create_behind_another_key_looks_for_the_one_just_ahead() {
     let t0 = Instant::now();
-    let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    drain(&mut e);
+    let mut e = campaigning(t0, false);
     // The first-created key is not mine; the one just ahead of mine may be
     // another, so read it rather than watching the first.
     assert_eq!(
@@ -503,15 +484,7 @@ fn a_retried_create_behind_another_key_looks_for_the_one_just_ahead() {
 #[test]
 fn session_loss_while_waiting_starts_the_campaign_over_on_the_next_lease() {
     let t0 = Instant::now();
-    let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    drain(&mut e);
+    let mut e = campaigning(t0, false);
     ok(&mut e, t0, P, created(7, b"a", vec![kv(b"/e/99", b"b", 4)]));
     // No renewal is ever answered: at the local deadline the session is lost.
     let deadline = t0 + Duration::from_secs(9);
@@ -609,14 +582,7 @@ fn session_loss_while_waiting_starts_the_campaign_over_on_the_next_lease() {
 fn a_campaign_refused_for_its_lease_renews_the_session_and_goes_on() {
     let t0 = Instant::now();
     let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    assert_eq!(campaign(&mut e, t0), vec![rpc(P, create_txn(b"a"))]);
     // etcd expired the lease before the session noticed.
     e.handle(
         t0,
@@ -707,14 +673,7 @@ fn an_unanswered_request_is_sent_again_after_each_attempt_timeout_then_less_ofte
     let t0 = Instant::now();
     let attempt = Duration::from_millis(500);
     let mut e = registered_with_attempt(t0, attempt);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    assert_eq!(campaign(&mut e, t0), vec![rpc(P, create_txn(b"a"))]);
     // The first three copies are given up after one attempt timeout each,
     // the fourth after two (then four, ...): a slow etcd still answers one.
     // (The session's renewals are due at 3 s and 6 s; they are answered.)
@@ -726,14 +685,8 @@ fn an_unanswered_request_is_sent_again_after_each_attempt_timeout_then_less_ofte
             // A renewal of the session: answer it.
             let t = e.poll_timeout().unwrap_or(at);
             e.handle_timeout(t);
-            for c in drain(&mut e) {
-                if let Command::Rpc {
-                    id,
-                    request: Request::KeepAlive { .. },
-                } = c
-                {
-                    ok(&mut e, t, id.0, Response::KeptAlive { ttl_secs: 9 });
-                }
+            for id in drain(&mut e).iter().filter_map(renewal_id) {
+                answer_renewal(&mut e, t, id);
             }
         }
         assert_eq!(e.poll_timeout(), Some(at), "copy {n}");
@@ -760,14 +713,7 @@ fn a_lost_resign_is_sent_again_and_a_watch_is_never() {
     let t0 = Instant::now();
     let attempt = Duration::from_millis(500);
     let mut e = registered_with_attempt(t0, attempt);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    drain(&mut e);
+    campaign(&mut e, t0);
     // Someone is ahead: the campaign watches, and a watch waits for events
     // however long they take.
     ok(&mut e, t0, P, created(7, b"a", vec![kv(b"/e/99", b"b", 4)]));
@@ -832,14 +778,10 @@ fn answer_next_renewal(e: &mut Election) -> (Instant, Vec<Command<ElectionNotice
     let at = e.poll_timeout().expect("a renewal timer");
     e.handle_timeout(at);
     let renewal = drain(e);
-    let Some(Command::Rpc {
-        id,
-        request: Request::KeepAlive { .. },
-    }) = renewal.last().cloned()
-    else {
+    let Some(id) = renewal.last().and_then(renewal_id) else {
         panic!("no renewal: {renewal:?}");
     };
-    (at, ok(e, at, id.0, Response::KeptAlive { ttl_secs: 9 }))
+    (at, answer_renewal(e, at, id))
 }
 
 /// Belief is bounded by the caller's clock: `Elected` carries the
@@ -1054,14 +996,7 @@ fn a_stale_resign_is_answered_and_ends_nothing() {
 fn a_resign_does_not_cancel_a_running_campaign() {
     let t0 = Instant::now();
     let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    assert_eq!(campaign(&mut e, t0), vec![rpc(P, create_txn(b"a"))]);
     // A dropped handle of an earlier leadership resigns its token late.
     e.handle(t0, ElectionInput::Resign { token: 3 });
     assert_eq!(
@@ -1278,15 +1213,7 @@ fn deletion_of_the_own_key_ends_leadership() {
 #[test]
 fn second_campaign_is_busy_and_cancel_deletes_the_key() {
     let t0 = Instant::now();
-    let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    drain(&mut e);
+    let mut e = campaigning(t0, false);
     ok(&mut e, t0, P, created(7, b"a", vec![kv(b"/e/99", b"b", 4)]));
     e.handle(
         t0,
@@ -1504,14 +1431,7 @@ fn an_absurd_backoff_does_not_panic() {
 fn a_late_answer_to_a_canceled_campaign_names_it_not_the_next_one() {
     let t0 = Instant::now();
     let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    assert_eq!(campaign(&mut e, t0), vec![rpc(P, create_txn(b"a"))]);
     assert_eq!(
         ok(&mut e, t0, P, created(7, b"a", vec![kv(b"/e/99", b"b", 4)])),
         vec![rpc(P + 1, watch_all(8))]
@@ -1715,14 +1635,7 @@ fn a_margin_and_drift_allowance_end_leadership_before_the_ttl() {
     // 9 s less 1 % less 300 ms, from the grant's send time.
     let deadline = t0 + Duration::from_millis(8610);
     assert_eq!(e.session_deadline(), Some(deadline));
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    drain(&mut e);
+    campaign(&mut e, t0);
     ok(&mut e, t0, P, created(5, b"a", vec![]));
     assert!(e.is_leader());
     // No renewal is answered: leadership ends at the shortened deadline.
@@ -1837,18 +1750,7 @@ fn fixing_a_stale_value_that_fails_or_is_answered_oddly() {
     let t0 = Instant::now();
     let mut e = campaigning(t0, false);
     let mine = kv(&my_key(), b"old", 3);
-    let fix = Request::Txn(Txn {
-        compare: vec![Compare::CreateRevisionEquals {
-            key: my_key(),
-            revision: 3,
-        }],
-        success: vec![TxnOp::Put {
-            key: my_key(),
-            value: b"a".to_vec(),
-            lease: LEASE,
-        }],
-        failure: vec![],
-    });
+    let fix = put_mine(3, b"a");
     assert_eq!(
         ok(&mut e, t0, P, found(8, mine.clone(), mine.clone())),
         vec![rpc(P + 1, fix.clone())]
@@ -2038,18 +1940,7 @@ fn a_proclaim_refused_for_good_fails_and_leadership_stays() {
             value: b"v3".to_vec(),
         },
     );
-    let put = Request::Txn(Txn {
-        compare: vec![Compare::CreateRevisionEquals {
-            key: my_key(),
-            revision: 5,
-        }],
-        success: vec![TxnOp::Put {
-            key: my_key(),
-            value: b"v3".to_vec(),
-            lease: LEASE,
-        }],
-        failure: vec![],
-    });
+    let put = put_mine(5, b"v3");
     assert_eq!(drain(&mut e), vec![rpc(P + 3, put)]);
 }
 
@@ -2218,12 +2109,8 @@ fn a_resign_unconfirmed_for_one_ttl_gives_the_session_up_while_renewals_get_thro
         }
         e.handle_timeout(at);
         for c in drain(&mut e) {
-            if let Command::Rpc {
-                id,
-                request: Request::KeepAlive { .. },
-            } = c
-            {
-                seen.extend(ok(&mut e, at, id.0, Response::KeptAlive { ttl_secs: 9 }));
+            if let Some(id) = renewal_id(&c) {
+                seen.extend(answer_renewal(&mut e, at, id));
             } else {
                 seen.push(c);
             }

@@ -5,7 +5,7 @@
 use crate::support::drain;
 use fleetcoord_sm::election::*;
 use fleetcoord_sm::keepalive::LivenessState;
-use fleetcoord_sm::rpc::{KeyRange, Request, Response, RpcId, TxnOpResponse};
+use fleetcoord_sm::rpc::{Compare, KeyRange, Request, Response, RpcId, Txn, TxnOp, TxnOpResponse};
 use fleetcoord_sm::*;
 use std::time::{Duration, Instant};
 
@@ -138,6 +138,18 @@ pub fn created_as(mine: KeyValue, ahead: Vec<KeyValue>) -> Response {
         true,
         vec![TxnOpResponse::Put, TxnOpResponse::Range { kvs }],
     )
+}
+
+/// A delete of `key`, guarded by its create revision `rev`.
+pub fn guarded_delete(key: &[u8], rev: Revision) -> Request {
+    Request::Txn(Txn {
+        compare: vec![Compare::CreateRevisionEquals {
+            key: key.to_vec(),
+            revision: rev,
+        }],
+        success: vec![TxnOp::Delete(KeyRange::Key(key.to_vec()))],
+        failure: vec![],
+    })
 }
 
 /// A watch of the one key `key`, from `start_revision`.

@@ -264,14 +264,7 @@ fn a_canceled_wait_cancels_every_watch_and_withdraws() {
     let a = kv(b"/s/aa", b"2", 3);
     ok(&mut e, t0, P, created(7, b"2", vec![b, a]));
     e.handle(t0, ElectionInput::CancelCampaign { op: OpId(1) });
-    let withdraw = Request::Txn(Txn {
-        compare: vec![Compare::CreateRevisionEquals {
-            key: my_key(),
-            revision: 7,
-        }],
-        success: vec![TxnOp::Delete(KeyRange::Key(my_key()))],
-        failure: vec![],
-    });
+    let withdraw = guarded_delete(&my_key(), 7);
     assert_eq!(
         drain(&mut e),
         vec![cancel(P + 1), rpc(P + 3, withdraw), cancel(P + 2)]
@@ -322,14 +315,7 @@ fn try_with_two_permits_holds_as_the_second_and_not_as_the_third() {
     );
     assert_eq!(drain(&mut e), vec![rpc(P, try_create_txn(2, b"2"))]);
     let b = kv(b"/s/bb", b"2", 4);
-    let withdraw = Request::Txn(Txn {
-        compare: vec![Compare::CreateRevisionEquals {
-            key: my_key(),
-            revision: 7,
-        }],
-        success: vec![TxnOp::Delete(KeyRange::Key(my_key()))],
-        failure: vec![],
-    });
+    let withdraw = guarded_delete(&my_key(), 7);
     assert_eq!(
         ok(
             &mut e,
