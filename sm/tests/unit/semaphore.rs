@@ -40,6 +40,25 @@ fn mine() -> TxnOp {
 /// The create with `permits`: on success the newest `permits + 1` keys;
 /// if my key was there already, it and the oldest `permits` keys.
 fn create_txn(permits: i64, value: &[u8]) -> Request {
+    create_reading(
+        permits,
+        value,
+        range(permits + 1, SortOrder::CreateDescending, 0),
+    )
+}
+
+/// The create of a try-campaign: on success the oldest `permits` keys.
+fn try_create_txn(permits: i64, value: &[u8]) -> Request {
+    create_reading(
+        permits,
+        value,
+        range(permits, SortOrder::CreateAscending, 0),
+    )
+}
+
+/// Create my key and, on success, read `created`; if my key was there
+/// already, read it and the oldest `permits` keys.
+fn create_reading(permits: i64, value: &[u8], created: TxnOp) -> Request {
     Request::Txn(Txn {
         compare: vec![Compare::CreateRevisionEquals {
             key: my_key(),
@@ -51,28 +70,20 @@ fn create_txn(permits: i64, value: &[u8]) -> Request {
                 value: value.to_vec(),
                 lease: LEASE,
             },
-            range(permits + 1, SortOrder::CreateDescending, 0),
+            created,
         ],
         failure: vec![mine(), range(permits, SortOrder::CreateAscending, 0)],
     })
 }
 
-fn try_create_txn(permits: i64, value: &[u8]) -> Request {
-    Request::Txn(Txn {
-        compare: vec![Compare::CreateRevisionEquals {
-            key: my_key(),
-            revision: 0,
-        }],
-        success: vec![
-            TxnOp::Put {
-                key: my_key(),
-                value: value.to_vec(),
-                lease: LEASE,
-            },
-            range(permits, SortOrder::CreateAscending, 0),
-        ],
-        failure: vec![mine(), range(permits, SortOrder::CreateAscending, 0)],
-    })
+/// The answer to `try_create_txn` when it created my key at `revision`:
+/// the oldest keys, `kvs`.
+fn try_created(revision: Revision, kvs: Vec<KeyValue>) -> Response {
+    txn(
+        revision,
+        true,
+        vec![TxnOpResponse::Put, TxnOpResponse::Range { kvs }],
+    )
 }
 
 /// The newest `permits` keys created before my token, and my key.
@@ -130,6 +141,17 @@ fn campaign(e: &mut Election, t0: Instant, permits: i64) {
         },
     );
     assert_eq!(drain(e), vec![rpc(P, create_txn(permits, b"2"))]);
+}
+
+/// Two permits, my key created at 7 behind bb (4) and aa (3): I wait,
+/// watching bb (request P + 1) and aa (P + 2).
+fn waiting_on_two(t0: Instant) -> Election {
+    let mut e = registered(t0, 2);
+    campaign(&mut e, t0, 2);
+    let b = kv(b"/s/bb", b"2", 4);
+    let a = kv(b"/s/aa", b"2", 3);
+    ok(&mut e, t0, P, created(7, b"2", vec![b, a]));
+    e
 }
 
 #[test]
@@ -235,11 +257,7 @@ fn a_delete_with_three_older_keys_reads_again_and_watches_the_new_nearest_two() 
 #[test]
 fn a_broken_watch_cancels_the_others_and_reads_again_after_the_backoff() {
     let t0 = Instant::now();
-    let mut e = registered(t0, 2);
-    campaign(&mut e, t0, 2);
-    let b = kv(b"/s/bb", b"2", 4);
-    let a = kv(b"/s/aa", b"2", 3);
-    ok(&mut e, t0, P, created(7, b"2", vec![b, a]));
+    let mut e = waiting_on_two(t0);
     e.handle(
         t0,
         RpcReply {
@@ -258,11 +276,7 @@ fn a_broken_watch_cancels_the_others_and_reads_again_after_the_backoff() {
 #[test]
 fn a_canceled_wait_cancels_every_watch_and_withdraws() {
     let t0 = Instant::now();
-    let mut e = registered(t0, 2);
-    campaign(&mut e, t0, 2);
-    let b = kv(b"/s/bb", b"2", 4);
-    let a = kv(b"/s/aa", b"2", 3);
-    ok(&mut e, t0, P, created(7, b"2", vec![b, a]));
+    let mut e = waiting_on_two(t0);
     e.handle(t0, ElectionInput::CancelCampaign { op: OpId(1) });
     let withdraw = guarded_delete(&my_key(), 7);
     assert_eq!(
@@ -290,16 +304,7 @@ fn try_with_two_permits_holds_as_the_second_and_not_as_the_third() {
             &mut e,
             t0,
             P,
-            txn(
-                7,
-                true,
-                vec![
-                    TxnOpResponse::Put,
-                    TxnOpResponse::Range {
-                        kvs: vec![a.clone(), kv(&my_key(), b"2", 7)]
-                    }
-                ]
-            )
+            try_created(7, vec![a.clone(), kv(&my_key(), b"2", 7)])
         ),
         vec![elected(1, 7, until), rpc(P + 1, watch(&my_key(), 8))]
     );
@@ -317,21 +322,7 @@ fn try_with_two_permits_holds_as_the_second_and_not_as_the_third() {
     let b = kv(b"/s/bb", b"2", 4);
     let withdraw = guarded_delete(&my_key(), 7);
     assert_eq!(
-        ok(
-            &mut e,
-            t0,
-            P,
-            txn(
-                7,
-                true,
-                vec![
-                    TxnOpResponse::Put,
-                    TxnOpResponse::Range {
-                        kvs: vec![a.clone(), b]
-                    }
-                ]
-            )
-        ),
+        ok(&mut e, t0, P, try_created(7, vec![a.clone(), b])),
         vec![rpc(P + 1, withdraw)]
     );
     assert_eq!(
@@ -376,11 +367,7 @@ fn zero_permits_count_as_one() {
 #[test]
 fn a_session_lost_while_waiting_cancels_every_watch() {
     let t0 = Instant::now();
-    let mut e = registered(t0, 2);
-    campaign(&mut e, t0, 2);
-    let b = kv(b"/s/bb", b"2", 4);
-    let a = kv(b"/s/aa", b"2", 3);
-    ok(&mut e, t0, P, created(7, b"2", vec![b, a]));
+    let mut e = waiting_on_two(t0);
     // No renewal is answered: the session's deadline (9 s) passes.
     let mut commands = Vec::new();
     let end = t0 + Duration::from_secs(10);
