@@ -32,30 +32,18 @@ fn registered(t0: Instant) -> Election {
 /// success: mine, the one ahead of me, and whether it is the only one) or my key and the first-created
 /// key (when it already existed).
 fn create_txn(value: &[u8]) -> Request {
-    Request::Txn(Txn {
-        compare: vec![Compare::CreateRevisionEquals {
-            key: my_key(),
+    create_key(
+        &my_key(),
+        value,
+        TxnOp::Range(RangeRequest {
+            range: KeyRange::Prefix(b"/e/".to_vec()),
+            sort: SortOrder::CreateDescending,
+            limit: 3,
+            max_create_revision: 0,
             revision: 0,
-        }],
-        success: vec![
-            TxnOp::Put {
-                key: my_key(),
-                value: value.to_vec(),
-                lease: LEASE,
-            },
-            TxnOp::Range(RangeRequest {
-                range: KeyRange::Prefix(b"/e/".to_vec()),
-                sort: SortOrder::CreateDescending,
-                limit: 3,
-                max_create_revision: 0,
-                revision: 0,
-            }),
-        ],
-        failure: vec![
-            TxnOp::Range(RangeRequest::all(KeyRange::Key(my_key()))),
-            first_created(),
-        ],
-    })
+        }),
+        first_created(),
+    )
 }
 
 /// The answer to `create_txn` when it created my key at `revision`: the
@@ -543,15 +531,7 @@ fn session_loss_while_waiting_starts_the_campaign_over_on_the_next_lease() {
     assert!(!e.is_leader());
     // The next lease: the campaign joins the queue again with a key on it.
     const NEXT: i64 = 0x2b00;
-    let joined = ok(
-        &mut e,
-        deadline,
-        grant.0,
-        Response::Granted {
-            lease: NEXT,
-            ttl_secs: 9,
-        },
-    );
+    let joined = answer_grant(&mut e, deadline, grant.0, NEXT);
     assert_eq!(
         joined[0],
         note(ElectionNotice::Session(LivenessState::Registered {
@@ -610,15 +590,7 @@ fn a_campaign_refused_for_its_lease_renews_the_session_and_goes_on() {
     assert_eq!(drain(&mut e), vec![rpc(1, Request::Grant { ttl_secs: 9 })]);
     const NEXT: i64 = 0x2b00;
     let t1 = t0 + Duration::from_millis(100);
-    let joined = ok(
-        &mut e,
-        t1,
-        1,
-        Response::Granted {
-            lease: NEXT,
-            ttl_secs: 9,
-        },
-    );
+    let joined = answer_grant(&mut e, t1, 1, NEXT);
     assert_eq!(
         joined[0],
         note(ElectionNotice::Session(LivenessState::Registered {
@@ -656,15 +628,7 @@ fn registered_with_attempt(t0: Instant, attempt: Duration) -> Election {
         7,
     );
     drain(&mut e);
-    ok(
-        &mut e,
-        t0,
-        0,
-        Response::Granted {
-            lease: LEASE,
-            ttl_secs: 9,
-        },
-    );
+    answer_grant(&mut e, t0, 0, LEASE);
     e
 }
 
@@ -822,15 +786,7 @@ fn session_trust_is_told_waiting_and_leading() {
     };
     let mut e = Election::new(config, t0, 7);
     let _ = drain(&mut e);
-    let granted = ok(
-        &mut e,
-        t0,
-        0,
-        Response::Granted {
-            lease: LEASE,
-            ttl_secs: 9,
-        },
-    );
+    let granted = answer_grant(&mut e, t0, 0, LEASE);
     let first = e.session_deadline().expect("a lease");
     assert_eq!(
         granted,
@@ -1262,15 +1218,7 @@ fn campaign_before_the_session_waits_for_it() {
     );
     assert_eq!(drain(&mut e), vec![]);
     assert_eq!(
-        ok(
-            &mut e,
-            t0,
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: 9
-            }
-        ),
+        answer_grant(&mut e, t0, 0, LEASE),
         vec![
             note(ElectionNotice::Session(LivenessState::Registered {
                 lease: LEASE
@@ -1623,15 +1571,7 @@ fn a_margin_and_drift_allowance_end_leadership_before_the_ttl() {
     cfg.drift_allowance_ppm = 10_000;
     let mut e = Election::new(cfg, t0, 7);
     drain(&mut e);
-    ok(
-        &mut e,
-        t0,
-        0,
-        Response::Granted {
-            lease: LEASE,
-            ttl_secs: 9,
-        },
-    );
+    answer_grant(&mut e, t0, 0, LEASE);
     // 9 s less 1 % less 300 ms, from the grant's send time.
     let deadline = t0 + Duration::from_millis(8610);
     assert_eq!(e.session_deadline(), Some(deadline));

@@ -5,7 +5,9 @@
 use crate::support::drain;
 use fleetcoord_sm::election::*;
 use fleetcoord_sm::keepalive::LivenessState;
-use fleetcoord_sm::rpc::{Compare, KeyRange, Request, Response, RpcId, Txn, TxnOp, TxnOpResponse};
+use fleetcoord_sm::rpc::{
+    Compare, KeyRange, RangeRequest, Request, Response, RpcId, Txn, TxnOp, TxnOpResponse,
+};
 use fleetcoord_sm::*;
 use std::time::{Duration, Instant};
 
@@ -58,20 +60,23 @@ pub fn registered_with(config: ElectionConfig, t0: Instant) -> Election {
         ]
     );
     assert_eq!(
-        ok(
-            &mut e,
-            t0,
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: 9
-            }
-        ),
+        answer_grant(&mut e, t0, 0, LEASE),
         vec![note(ElectionNotice::Session(LivenessState::Registered {
             lease: LEASE
         }))]
     );
     e
+}
+
+/// Answers the session's grant request `id` at `now` with `lease` (TTL
+/// 9 s); what the election queued.
+pub fn answer_grant(
+    e: &mut Election,
+    now: Instant,
+    id: u64,
+    lease: LeaseId,
+) -> Vec<Command<ElectionNotice>> {
+    ok(e, now, id, Response::Granted { lease, ttl_secs: 9 })
 }
 
 /// Answer request `id` with `response` at `now`; what the election queued.
@@ -138,6 +143,30 @@ pub fn created_as(mine: KeyValue, ahead: Vec<KeyValue>) -> Response {
         true,
         vec![TxnOpResponse::Put, TxnOpResponse::Range { kvs }],
     )
+}
+
+/// Create `key` with `value` (unless it exists) and, in the same
+/// revision, read `on_created` if it was created, or the key and
+/// `on_existing` if it was there already.
+pub fn create_key(key: &[u8], value: &[u8], on_created: TxnOp, on_existing: TxnOp) -> Request {
+    Request::Txn(Txn {
+        compare: vec![Compare::CreateRevisionEquals {
+            key: key.to_vec(),
+            revision: 0,
+        }],
+        success: vec![
+            TxnOp::Put {
+                key: key.to_vec(),
+                value: value.to_vec(),
+                lease: LEASE,
+            },
+            on_created,
+        ],
+        failure: vec![
+            TxnOp::Range(RangeRequest::all(KeyRange::Key(key.to_vec()))),
+            on_existing,
+        ],
+    })
 }
 
 /// A delete of `key`, guarded by its create revision `rev`.

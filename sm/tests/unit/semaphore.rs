@@ -6,7 +6,7 @@ use crate::election_support::*;
 use crate::support::{delete_event, drain};
 use fleetcoord_sm::election::*;
 use fleetcoord_sm::rpc::{
-    Compare, EventKind, KeyRange, RangeRequest, Request, Response, RpcId, SortOrder, Txn, TxnOp,
+    EventKind, KeyRange, RangeRequest, Request, Response, RpcId, SortOrder, Txn, TxnOp,
     TxnOpResponse, WatchEvent,
 };
 use fleetcoord_sm::*;
@@ -59,21 +59,12 @@ fn try_create_txn(permits: i64, value: &[u8]) -> Request {
 /// Create my key and, on success, read `created`; if my key was there
 /// already, read it and the oldest `permits` keys.
 fn create_reading(permits: i64, value: &[u8], created: TxnOp) -> Request {
-    Request::Txn(Txn {
-        compare: vec![Compare::CreateRevisionEquals {
-            key: my_key(),
-            revision: 0,
-        }],
-        success: vec![
-            TxnOp::Put {
-                key: my_key(),
-                value: value.to_vec(),
-                lease: LEASE,
-            },
-            created,
-        ],
-        failure: vec![mine(), range(permits, SortOrder::CreateAscending, 0)],
-    })
+    create_key(
+        &my_key(),
+        value,
+        created,
+        range(permits, SortOrder::CreateAscending, 0),
+    )
 }
 
 /// The answer to `try_create_txn` when it created my key at `revision`:
