@@ -1,7 +1,8 @@
 //! Exact command sequences of the election protocol, driven by hand-written
 //! replies.
 
-use crate::support::drain;
+use crate::election_support::*;
+use crate::support::{delete_event, drain};
 use fleetcoord_sm::election::*;
 use fleetcoord_sm::keepalive::LivenessState;
 use fleetcoord_sm::rpc::{
@@ -12,139 +13,43 @@ use fleetcoord_sm::*;
 #[allow(unused_imports)]
 use std::time::{Duration, Instant};
 
-const LEASE: LeaseId = 0x2a1f;
-// The protocol part of an Election numbers its requests from 2^40 (the
-// session's from 0), so a reply id alone says which part it belongs to.
-const P: u64 = 1 << 40;
+const PREFIX: &[u8] = b"/e/";
 
 fn config() -> ElectionConfig {
-    ElectionConfig {
-        prefix: b"/e/".to_vec(),
-        ttl_secs: 9,
-        backoff: BackoffConfig {
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(1),
-            multiplier: 2,
-            jitter_percent: 0,
-        },
-        // Exact instants below assume the lease is trusted for its TTL;
-        // `margin_and_drift_*` cover the other settings.
-        safety_margin: Duration::ZERO,
-        drift_allowance_ppm: 0,
-        // Far beyond every instant the exact sequences below reach;
-        // `attempt_*` tests set their own.
-        attempt_timeout: Duration::from_secs(3600),
-        // `session_trust_*` tests ask for the session's deadline moves.
-        announce_session_trust: false,
-        permits: 1,
-    }
-}
-
-fn ok(e: &mut Election, now: Instant, id: u64, response: Response) -> Vec<Command<ElectionNotice>> {
-    e.handle(
-        now,
-        RpcReply {
-            id: RpcId(id),
-            result: Ok(response),
-        }
-        .into(),
-    );
-    drain(e)
+    election_config(PREFIX, 1)
 }
 
 fn my_key() -> Vec<u8> {
-    b"/e/2a1f".to_vec()
-}
-
-fn kv(key: &[u8], value: &[u8], create: Revision) -> KeyValue {
-    KeyValue {
-        key: key.to_vec(),
-        value: value.to_vec(),
-        create_revision: create,
-        mod_revision: create,
-        version: 1,
-        lease: LEASE,
-    }
-}
-
-fn rpc(id: u64, request: Request) -> Command<ElectionNotice> {
-    Command::Rpc {
-        id: RpcId(id),
-        request,
-    }
-}
-
-fn note(n: ElectionNotice) -> Command<ElectionNotice> {
-    Command::Notify(n)
+    lease_key(PREFIX)
 }
 
 /// An election whose session holds lease `LEASE`, at `t0`.
 fn registered(t0: Instant) -> Election {
-    let mut e = Election::new(config(), t0, 7);
-    assert_eq!(
-        drain(&mut e),
-        vec![
-            note(ElectionNotice::Session(LivenessState::Registering)),
-            rpc(0, Request::Grant { ttl_secs: 9 })
-        ]
-    );
-    assert_eq!(
-        ok(
-            &mut e,
-            t0,
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: 9
-            }
-        ),
-        vec![note(ElectionNotice::Session(LivenessState::Registered {
-            lease: LEASE
-        }))]
-    );
-    e
+    registered_with(config(), t0)
 }
 
 /// Create my key and, in the same revision, read the newest three keys (on
 /// success: mine, the one ahead of me, and whether it is the only one) or my key and the first-created
 /// key (when it already existed).
 fn create_txn(value: &[u8]) -> Request {
-    Request::Txn(Txn {
-        compare: vec![Compare::CreateRevisionEquals {
-            key: my_key(),
+    create_key(
+        &my_key(),
+        value,
+        TxnOp::Range(RangeRequest {
+            range: KeyRange::Prefix(b"/e/".to_vec()),
+            sort: SortOrder::CreateDescending,
+            limit: 3,
+            max_create_revision: 0,
             revision: 0,
-        }],
-        success: vec![
-            TxnOp::Put {
-                key: my_key(),
-                value: value.to_vec(),
-                lease: LEASE,
-            },
-            TxnOp::Range(RangeRequest {
-                range: KeyRange::Prefix(b"/e/".to_vec()),
-                sort: SortOrder::CreateDescending,
-                limit: 3,
-                max_create_revision: 0,
-                revision: 0,
-            }),
-        ],
-        failure: vec![
-            TxnOp::Range(RangeRequest::all(KeyRange::Key(my_key()))),
-            first_created(),
-        ],
-    })
+        }),
+        first_created(),
+    )
 }
 
 /// The answer to `create_txn` when it created my key at `revision`: the
 /// newest keys, mine first, then those `ahead` of me, newest first.
 fn created(revision: Revision, value: &[u8], ahead: Vec<KeyValue>) -> Response {
-    let mut kvs = vec![kv(&my_key(), value, revision)];
-    kvs.extend(ahead);
-    txn(
-        revision,
-        true,
-        vec![TxnOpResponse::Put, TxnOpResponse::Range { kvs }],
-    )
+    created_as(kv(&my_key(), value, revision), ahead)
 }
 
 /// The answer to `create_txn` when my key already existed: it, and the
@@ -199,13 +104,6 @@ fn watch_all(start_revision: Revision) -> Request {
     }
 }
 
-fn watch(key: &[u8], start_revision: Revision) -> Request {
-    Request::Watch {
-        range: KeyRange::Key(key.to_vec()),
-        start_revision,
-    }
-}
-
 fn first_created() -> TxnOp {
     TxnOp::Range(RangeRequest {
         range: KeyRange::Prefix(b"/e/".to_vec()),
@@ -217,27 +115,28 @@ fn first_created() -> TxnOp {
 }
 
 fn delete_mine(rev: Revision) -> Request {
+    guarded_delete(&my_key(), rev)
+}
+
+/// A write of `value` to my key, guarded by its create revision `rev`: a
+/// proclaim, or the fix of a stale value.
+fn put_mine(rev: Revision, value: &[u8]) -> Request {
     Request::Txn(Txn {
         compare: vec![Compare::CreateRevisionEquals {
             key: my_key(),
             revision: rev,
         }],
-        success: vec![TxnOp::Delete(KeyRange::Key(my_key()))],
+        success: vec![TxnOp::Put {
+            key: my_key(),
+            value: value.to_vec(),
+            lease: LEASE,
+        }],
         failure: vec![],
     })
 }
 
-fn txn(revision: Revision, succeeded: bool, responses: Vec<TxnOpResponse>) -> Response {
-    Response::Txn {
-        revision,
-        succeeded,
-        responses,
-    }
-}
-
-/// Campaign with no other candidate, ending as leader with token 5.
-fn elected(t0: Instant) -> Election {
-    let mut e = registered(t0);
+/// Campaign (operation 1, value "a") at `t0`; what the election queued.
+fn campaign(e: &mut Election, t0: Instant) -> Vec<Command<ElectionNotice>> {
     e.handle(
         t0,
         ElectionInput::Campaign {
@@ -245,7 +144,29 @@ fn elected(t0: Instant) -> Election {
             value: b"a".to_vec(),
         },
     );
-    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    drain(e)
+}
+
+/// The id of `c` if it is a renewal of the session (a keep-alive).
+fn renewal_id(c: &Command<ElectionNotice>) -> Option<u64> {
+    match c {
+        Command::Rpc {
+            id,
+            request: Request::KeepAlive { .. },
+        } => Some(id.0),
+        _ => None,
+    }
+}
+
+/// Answers renewal `id` at `at` (TTL 9 s); what the election queued.
+fn answer_renewal(e: &mut Election, at: Instant, id: u64) -> Vec<Command<ElectionNotice>> {
+    ok(e, at, id, Response::KeptAlive { ttl_secs: 9 })
+}
+
+/// Campaign with no other candidate, ending as leader with token 5.
+fn elected(t0: Instant) -> Election {
+    let mut e = registered(t0);
+    assert_eq!(campaign(&mut e, t0), vec![rpc(P, create_txn(b"a"))]);
     assert!(!e.is_leader(), "not before etcd answered");
     // One answer: my key created at 5 and nothing older at that revision.
     let until = e.session_deadline().expect("a lease");
@@ -289,15 +210,7 @@ fn campaign_without_contenders_is_elected_by_the_create_answer_alone() {
 }
 
 fn deleted(key: &[u8], revision: Revision) -> WatchEvent {
-    WatchEvent {
-        kind: EventKind::Delete,
-        kv: KeyValue {
-            key: key.to_vec(),
-            mod_revision: revision,
-            ..KeyValue::default()
-        },
-        prev_kv: None,
-    }
+    delete_event(key.to_vec(), revision)
 }
 
 fn events(events: Vec<WatchEvent>) -> Response {
@@ -308,14 +221,7 @@ fn events(events: Vec<WatchEvent>) -> Response {
 fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
     let t0 = Instant::now();
     let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    assert_eq!(campaign(&mut e, t0), vec![rpc(P, create_txn(b"a"))]);
     // The create's own answer names the key just ahead of mine, and that
     // another is ahead of it: watch only the one just ahead (no herd).
     let other = kv(b"/e/99", b"b", 4);
@@ -338,7 +244,7 @@ fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
     assert_eq!(ok(&mut e, t0, P + 1, events(vec![put])), vec![]);
     assert_eq!(
         ok(&mut e, t0, P + 1, events(vec![deleted(b"/e/99", 9)])),
-        vec![Command::Cancel { id: RpcId(P + 1) }, rpc(P + 2, older(6))]
+        vec![cancel(P + 1), rpc(P + 2, older(6))]
     );
     assert!(!e.is_leader());
     // The oldest is still there, and now the only key ahead of mine: wait
@@ -378,7 +284,7 @@ fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
     assert_eq!(
         ok(&mut e, t0, P + 3, events(vec![deleted(b"/e/77", 12)])),
         vec![
-            Command::Cancel { id: RpcId(P + 3) },
+            cancel(P + 3),
             note(ElectionNotice::Elected {
                 op: OpId(1),
                 key: my_key(),
@@ -395,15 +301,7 @@ fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
 #[test]
 fn the_candidate_second_in_line_reads_again_when_its_own_key_changes() {
     let t0 = Instant::now();
-    let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    drain(&mut e);
+    let mut e = campaigning(t0, false);
     let leader = kv(b"/e/99", b"b", 4);
     assert_eq!(
         ok(&mut e, t0, P, created(7, b"a", vec![leader.clone()])),
@@ -418,7 +316,7 @@ fn the_candidate_second_in_line_reads_again_when_its_own_key_changes() {
             P + 1,
             events(vec![deleted(&my_key(), 9), deleted(b"/e/99", 10)])
         ),
-        vec![Command::Cancel { id: RpcId(P + 1) }, rpc(P + 2, older(6))]
+        vec![cancel(P + 1), rpc(P + 2, older(6))]
     );
     // The read shows it gone: queue up again.
     assert_eq!(
@@ -433,7 +331,7 @@ fn the_candidate_second_in_line_reads_again_when_its_own_key_changes() {
     );
     assert_eq!(
         ok(&mut e, t0, P + 4, events(vec![deleted(b"/e/99", 0)])),
-        vec![Command::Cancel { id: RpcId(P + 4) }, rpc(P + 5, older(10))]
+        vec![cancel(P + 4), rpc(P + 5, older(10))]
     );
     assert_eq!(
         ok(
@@ -453,7 +351,7 @@ fn the_candidate_second_in_line_reads_again_when_its_own_key_changes() {
     };
     assert_eq!(
         ok(&mut e, t0, P + 6, events(vec![recreated])),
-        vec![Command::Cancel { id: RpcId(P + 6) }, rpc(P + 7, older(10))]
+        vec![cancel(P + 6), rpc(P + 7, older(10))]
     );
     assert!(!e.is_leader());
 }
@@ -461,15 +359,7 @@ fn the_candidate_second_in_line_reads_again_when_its_own_key_changes() {
 #[test]
 fn campaign_never_claims_a_key_that_vanished_while_waiting() {
     let t0 = Instant::now();
-    let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    drain(&mut e);
+    let mut e = campaigning(t0, false);
     let oldest = kv(b"/e/77", b"c", 3);
     ok(
         &mut e,
@@ -479,7 +369,7 @@ fn campaign_never_claims_a_key_that_vanished_while_waiting() {
     );
     assert_eq!(
         ok(&mut e, t0, P + 1, events(vec![deleted(b"/e/99", 9)])),
-        vec![Command::Cancel { id: RpcId(P + 1) }, rpc(P + 2, older(6))]
+        vec![cancel(P + 1), rpc(P + 2, older(6))]
     );
     // My key is gone in the answer's revision (an older one remains, which
     // no longer matters): queue up again instead of leading or waiting.
@@ -525,18 +415,7 @@ fn campaign_with_an_existing_key_of_another_value_proclaims_it_first() {
         },
     );
     drain(&mut e);
-    let fix = Request::Txn(Txn {
-        compare: vec![Compare::CreateRevisionEquals {
-            key: my_key(),
-            revision: 3,
-        }],
-        success: vec![TxnOp::Put {
-            key: my_key(),
-            value: b"new".to_vec(),
-            lease: LEASE,
-        }],
-        failure: vec![],
-    });
+    let fix = put_mine(3, b"new");
     // Even when first in line, the value is fixed before anyone may see it
     // as the leader's.
     let mine = kv(&my_key(), b"old", 3);
@@ -553,15 +432,7 @@ fn campaign_with_an_existing_key_of_another_value_proclaims_it_first() {
 #[test]
 fn a_retried_create_that_finds_its_key_first_in_line_leads_at_once() {
     let t0 = Instant::now();
-    let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    drain(&mut e);
+    let mut e = campaigning(t0, false);
     // The first create's answer was lost; its key is there, created at 3,
     // and is the first-created key of the election in the same revision.
     let mine = kv(&my_key(), b"a", 3);
@@ -584,15 +455,7 @@ fn a_retried_create_that_finds_its_key_first_in_line_leads_at_once() {
 #[test]
 fn a_retried_create_behind_another_key_looks_for_the_one_just_ahead() {
     let t0 = Instant::now();
-    let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    drain(&mut e);
+    let mut e = campaigning(t0, false);
     // The first-created key is not mine; the one just ahead of mine may be
     // another, so read it rather than watching the first.
     assert_eq!(
@@ -609,15 +472,7 @@ fn a_retried_create_behind_another_key_looks_for_the_one_just_ahead() {
 #[test]
 fn session_loss_while_waiting_starts_the_campaign_over_on_the_next_lease() {
     let t0 = Instant::now();
-    let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    drain(&mut e);
+    let mut e = campaigning(t0, false);
     ok(&mut e, t0, P, created(7, b"a", vec![kv(b"/e/99", b"b", 4)]));
     // No renewal is ever answered: at the local deadline the session is lost.
     let deadline = t0 + Duration::from_secs(9);
@@ -637,7 +492,7 @@ fn session_loss_while_waiting_starts_the_campaign_over_on_the_next_lease() {
     let lost = lost.expect("session lost at the deadline");
     // The watch on the key ahead ends; the campaign is not answered: it
     // waits for the session's next lease (being granted now).
-    assert_eq!(all[lost + 1], Command::Cancel { id: RpcId(P + 1) });
+    assert_eq!(all[lost + 1], cancel(P + 1));
     let rest = &all[lost + 2..];
     assert!(
         rest.iter()
@@ -676,15 +531,7 @@ fn session_loss_while_waiting_starts_the_campaign_over_on_the_next_lease() {
     assert!(!e.is_leader());
     // The next lease: the campaign joins the queue again with a key on it.
     const NEXT: i64 = 0x2b00;
-    let joined = ok(
-        &mut e,
-        deadline,
-        grant.0,
-        Response::Granted {
-            lease: NEXT,
-            ttl_secs: 9,
-        },
-    );
+    let joined = answer_grant(&mut e, deadline, grant.0, NEXT);
     assert_eq!(
         joined[0],
         note(ElectionNotice::Session(LivenessState::Registered {
@@ -715,14 +562,7 @@ fn session_loss_while_waiting_starts_the_campaign_over_on_the_next_lease() {
 fn a_campaign_refused_for_its_lease_renews_the_session_and_goes_on() {
     let t0 = Instant::now();
     let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    assert_eq!(campaign(&mut e, t0), vec![rpc(P, create_txn(b"a"))]);
     // etcd expired the lease before the session noticed.
     e.handle(
         t0,
@@ -750,15 +590,7 @@ fn a_campaign_refused_for_its_lease_renews_the_session_and_goes_on() {
     assert_eq!(drain(&mut e), vec![rpc(1, Request::Grant { ttl_secs: 9 })]);
     const NEXT: i64 = 0x2b00;
     let t1 = t0 + Duration::from_millis(100);
-    let joined = ok(
-        &mut e,
-        t1,
-        1,
-        Response::Granted {
-            lease: NEXT,
-            ttl_secs: 9,
-        },
-    );
+    let joined = answer_grant(&mut e, t1, 1, NEXT);
     assert_eq!(
         joined[0],
         note(ElectionNotice::Session(LivenessState::Registered {
@@ -796,15 +628,7 @@ fn registered_with_attempt(t0: Instant, attempt: Duration) -> Election {
         7,
     );
     drain(&mut e);
-    ok(
-        &mut e,
-        t0,
-        0,
-        Response::Granted {
-            lease: LEASE,
-            ttl_secs: 9,
-        },
-    );
+    answer_grant(&mut e, t0, 0, LEASE);
     e
 }
 
@@ -813,14 +637,7 @@ fn an_unanswered_request_is_sent_again_after_each_attempt_timeout_then_less_ofte
     let t0 = Instant::now();
     let attempt = Duration::from_millis(500);
     let mut e = registered_with_attempt(t0, attempt);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    assert_eq!(campaign(&mut e, t0), vec![rpc(P, create_txn(b"a"))]);
     // The first three copies are given up after one attempt timeout each,
     // the fourth after two (then four, ...): a slow etcd still answers one.
     // (The session's renewals are due at 3 s and 6 s; they are answered.)
@@ -832,24 +649,15 @@ fn an_unanswered_request_is_sent_again_after_each_attempt_timeout_then_less_ofte
             // A renewal of the session: answer it.
             let t = e.poll_timeout().unwrap_or(at);
             e.handle_timeout(t);
-            for c in drain(&mut e) {
-                if let Command::Rpc {
-                    id,
-                    request: Request::KeepAlive { .. },
-                } = c
-                {
-                    ok(&mut e, t, id.0, Response::KeptAlive { ttl_secs: 9 });
-                }
+            for id in drain(&mut e).iter().filter_map(renewal_id) {
+                answer_renewal(&mut e, t, id);
             }
         }
         assert_eq!(e.poll_timeout(), Some(at), "copy {n}");
         e.handle_timeout(at);
         assert_eq!(
             drain(&mut e),
-            vec![
-                Command::Cancel { id: RpcId(id) },
-                rpc(id + 1, create_txn(b"a"))
-            ]
+            vec![cancel(id), rpc(id + 1, create_txn(b"a"))]
         );
     }
     // The sixth copy is answered: the wait is one attempt timeout again
@@ -869,14 +677,7 @@ fn a_lost_resign_is_sent_again_and_a_watch_is_never() {
     let t0 = Instant::now();
     let attempt = Duration::from_millis(500);
     let mut e = registered_with_attempt(t0, attempt);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    drain(&mut e);
+    campaign(&mut e, t0);
     // Someone is ahead: the campaign watches, and a watch waits for events
     // however long they take.
     ok(&mut e, t0, P, created(7, b"a", vec![kv(b"/e/99", b"b", 4)]));
@@ -941,14 +742,10 @@ fn answer_next_renewal(e: &mut Election) -> (Instant, Vec<Command<ElectionNotice
     let at = e.poll_timeout().expect("a renewal timer");
     e.handle_timeout(at);
     let renewal = drain(e);
-    let Some(Command::Rpc {
-        id,
-        request: Request::KeepAlive { .. },
-    }) = renewal.last().cloned()
-    else {
+    let Some(id) = renewal.last().and_then(renewal_id) else {
         panic!("no renewal: {renewal:?}");
     };
-    (at, ok(e, at, id.0, Response::KeptAlive { ttl_secs: 9 }))
+    (at, answer_renewal(e, at, id))
 }
 
 /// Belief is bounded by the caller's clock: `Elected` carries the
@@ -989,15 +786,7 @@ fn session_trust_is_told_waiting_and_leading() {
     };
     let mut e = Election::new(config, t0, 7);
     let _ = drain(&mut e);
-    let granted = ok(
-        &mut e,
-        t0,
-        0,
-        Response::Granted {
-            lease: LEASE,
-            ttl_secs: 9,
-        },
-    );
+    let granted = answer_grant(&mut e, t0, 0, LEASE);
     let first = e.session_deadline().expect("a lease");
     assert_eq!(
         granted,
@@ -1127,10 +916,7 @@ fn resign_drops_belief_before_sending_and_keeps_the_session() {
     assert!(!e.is_leader());
     assert_eq!(
         drain(&mut e),
-        vec![
-            Command::Cancel { id: RpcId(P + 1) },
-            rpc(P + 2, delete_mine(5))
-        ]
+        vec![cancel(P + 1), rpc(P + 2, delete_mine(5))]
     );
     // A failed guard means nothing was left to delete: resigned all the same.
     assert_eq!(
@@ -1166,14 +952,7 @@ fn a_stale_resign_is_answered_and_ends_nothing() {
 fn a_resign_does_not_cancel_a_running_campaign() {
     let t0 = Instant::now();
     let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    assert_eq!(campaign(&mut e, t0), vec![rpc(P, create_txn(b"a"))]);
     // A dropped handle of an earlier leadership resigns its token late.
     e.handle(t0, ElectionInput::Resign { token: 3 });
     assert_eq!(
@@ -1193,10 +972,7 @@ fn a_campaign_during_a_resign_starts_once_the_key_is_gone() {
     e.handle(t0, ElectionInput::Resign { token: 5 });
     assert_eq!(
         drain(&mut e),
-        vec![
-            Command::Cancel { id: RpcId(P + 1) },
-            rpc(P + 2, delete_mine(5))
-        ]
+        vec![cancel(P + 1), rpc(P + 2, delete_mine(5))]
     );
     // Not Busy: it waits for the delete.
     e.handle(
@@ -1339,7 +1115,7 @@ fn proclaim_is_guarded_by_the_token() {
                 op: OpId(3),
                 error: ElectionError::NotLeader
             }),
-            Command::Cancel { id: RpcId(P + 1) },
+            cancel(P + 1),
             note(ElectionNotice::LeadershipLost { token: 5 }),
         ]
     );
@@ -1383,7 +1159,7 @@ fn deletion_of_the_own_key_ends_leadership() {
             Response::WatchEvents { events: vec![gone] }
         ),
         vec![
-            Command::Cancel { id: RpcId(P + 1) },
+            cancel(P + 1),
             note(ElectionNotice::LeadershipLost { token: 5 })
         ]
     );
@@ -1393,15 +1169,7 @@ fn deletion_of_the_own_key_ends_leadership() {
 #[test]
 fn second_campaign_is_busy_and_cancel_deletes_the_key() {
     let t0 = Instant::now();
-    let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    drain(&mut e);
+    let mut e = campaigning(t0, false);
     ok(&mut e, t0, P, created(7, b"a", vec![kv(b"/e/99", b"b", 4)]));
     e.handle(
         t0,
@@ -1420,10 +1188,7 @@ fn second_campaign_is_busy_and_cancel_deletes_the_key() {
     e.handle(t0, ElectionInput::CancelCampaign { op: OpId(1) });
     assert_eq!(
         drain(&mut e),
-        vec![
-            Command::Cancel { id: RpcId(P + 1) },
-            rpc(P + 2, delete_mine(7))
-        ]
+        vec![cancel(P + 1), rpc(P + 2, delete_mine(7))]
     );
     assert_eq!(
         ok(
@@ -1453,15 +1218,7 @@ fn campaign_before_the_session_waits_for_it() {
     );
     assert_eq!(drain(&mut e), vec![]);
     assert_eq!(
-        ok(
-            &mut e,
-            t0,
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: 9
-            }
-        ),
+        answer_grant(&mut e, t0, 0, LEASE),
         vec![
             note(ElectionNotice::Session(LivenessState::Registered {
                 lease: LEASE
@@ -1519,7 +1276,7 @@ fn stop_ends_leadership_at_once_and_revokes() {
     e.handle(t0, ElectionInput::Stop);
     assert!(!e.is_leader());
     let commands = drain(&mut e);
-    assert_eq!(commands[0], Command::Cancel { id: RpcId(P + 1) });
+    assert_eq!(commands[0], cancel(P + 1));
     assert_eq!(
         commands[1],
         note(ElectionNotice::LeadershipLost { token: 5 })
@@ -1622,14 +1379,7 @@ fn an_absurd_backoff_does_not_panic() {
 fn a_late_answer_to_a_canceled_campaign_names_it_not_the_next_one() {
     let t0 = Instant::now();
     let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    assert_eq!(drain(&mut e), vec![rpc(P, create_txn(b"a"))]);
+    assert_eq!(campaign(&mut e, t0), vec![rpc(P, create_txn(b"a"))]);
     assert_eq!(
         ok(&mut e, t0, P, created(7, b"a", vec![kv(b"/e/99", b"b", 4)])),
         vec![rpc(P + 1, watch_all(8))]
@@ -1637,10 +1387,7 @@ fn a_late_answer_to_a_canceled_campaign_names_it_not_the_next_one() {
     e.handle(t0, ElectionInput::CancelCampaign { op: OpId(1) });
     assert_eq!(
         drain(&mut e),
-        vec![
-            Command::Cancel { id: RpcId(P + 1) },
-            rpc(P + 2, delete_mine(7))
-        ]
+        vec![cancel(P + 1), rpc(P + 2, delete_mine(7))]
     );
     // The delete hangs; the driver gives up waiting and starts campaign 2,
     // which waits for the withdraw instead of failing with Busy.
@@ -1706,10 +1453,7 @@ fn canceling_a_campaign_that_already_won_resigns_its_leadership() {
     assert!(!e.is_leader(), "belief ends before the delete is sent");
     assert_eq!(
         drain(&mut e),
-        vec![
-            Command::Cancel { id: RpcId(P + 1) },
-            rpc(P + 2, delete_mine(5))
-        ]
+        vec![cancel(P + 1), rpc(P + 2, delete_mine(5))]
     );
     assert_eq!(
         ok(
@@ -1827,26 +1571,11 @@ fn a_margin_and_drift_allowance_end_leadership_before_the_ttl() {
     cfg.drift_allowance_ppm = 10_000;
     let mut e = Election::new(cfg, t0, 7);
     drain(&mut e);
-    ok(
-        &mut e,
-        t0,
-        0,
-        Response::Granted {
-            lease: LEASE,
-            ttl_secs: 9,
-        },
-    );
+    answer_grant(&mut e, t0, 0, LEASE);
     // 9 s less 1 % less 300 ms, from the grant's send time.
     let deadline = t0 + Duration::from_millis(8610);
     assert_eq!(e.session_deadline(), Some(deadline));
-    e.handle(
-        t0,
-        ElectionInput::Campaign {
-            op: OpId(1),
-            value: b"a".to_vec(),
-        },
-    );
-    drain(&mut e);
+    campaign(&mut e, t0);
     ok(&mut e, t0, P, created(5, b"a", vec![]));
     assert!(e.is_leader());
     // No renewal is answered: leadership ends at the shortened deadline.
@@ -1925,7 +1654,7 @@ fn malformed_answers_while_waiting_are_retried_or_the_wait_restarted() {
     // a read after a pause.
     assert_eq!(
         ok(&mut e, t0, P + 1, Response::Revoked),
-        vec![Command::Cancel { id: RpcId(P + 1) }]
+        vec![cancel(P + 1)]
     );
     let at = e.poll_timeout().expect("a retry is armed");
     e.handle_timeout(at);
@@ -1961,18 +1690,7 @@ fn fixing_a_stale_value_that_fails_or_is_answered_oddly() {
     let t0 = Instant::now();
     let mut e = campaigning(t0, false);
     let mine = kv(&my_key(), b"old", 3);
-    let fix = Request::Txn(Txn {
-        compare: vec![Compare::CreateRevisionEquals {
-            key: my_key(),
-            revision: 3,
-        }],
-        success: vec![TxnOp::Put {
-            key: my_key(),
-            value: b"a".to_vec(),
-            lease: LEASE,
-        }],
-        failure: vec![],
-    });
+    let fix = put_mine(3, b"a");
     assert_eq!(
         ok(&mut e, t0, P, found(8, mine.clone(), mine.clone())),
         vec![rpc(P + 1, fix.clone())]
@@ -2087,7 +1805,7 @@ fn a_refused_watch_while_waiting_restarts_the_wait_with_a_read() {
         }
         .into(),
     );
-    assert_eq!(drain(&mut e), vec![Command::Cancel { id: RpcId(P + 1) }]);
+    assert_eq!(drain(&mut e), vec![cancel(P + 1)]);
     let retry = t0 + Duration::from_millis(100);
     assert_eq!(e.poll_timeout(), Some(retry));
     e.handle_timeout(retry);
@@ -2102,10 +1820,7 @@ fn a_withdraw_answered_oddly_is_sent_again_after_a_pause() {
     e.handle(t0, ElectionInput::Resign { token: 5 });
     assert_eq!(
         drain(&mut e),
-        vec![
-            Command::Cancel { id: RpcId(P + 1) },
-            rpc(P + 2, delete_mine(5))
-        ]
+        vec![cancel(P + 1), rpc(P + 2, delete_mine(5))]
     );
     assert_eq!(ok(&mut e, t0, P + 2, Response::Revoked), vec![]);
     let retry = t0 + Duration::from_millis(100);
@@ -2165,18 +1880,7 @@ fn a_proclaim_refused_for_good_fails_and_leadership_stays() {
             value: b"v3".to_vec(),
         },
     );
-    let put = Request::Txn(Txn {
-        compare: vec![Compare::CreateRevisionEquals {
-            key: my_key(),
-            revision: 5,
-        }],
-        success: vec![TxnOp::Put {
-            key: my_key(),
-            value: b"v3".to_vec(),
-            lease: LEASE,
-        }],
-        failure: vec![],
-    });
+    let put = put_mine(5, b"v3");
     assert_eq!(drain(&mut e), vec![rpc(P + 3, put)]);
 }
 
@@ -2188,7 +1892,7 @@ fn a_broken_leader_watch_is_replaced_after_a_read_of_the_own_key() {
     // bounds it), and after a pause a read decides.
     assert_eq!(
         ok(&mut e, t0, P + 1, Response::Revoked),
-        vec![Command::Cancel { id: RpcId(P + 1) }]
+        vec![cancel(P + 1)]
     );
     assert!(e.is_leader());
     let retry = t0 + Duration::from_millis(100);
@@ -2345,12 +2049,8 @@ fn a_resign_unconfirmed_for_one_ttl_gives_the_session_up_while_renewals_get_thro
         }
         e.handle_timeout(at);
         for c in drain(&mut e) {
-            if let Command::Rpc {
-                id,
-                request: Request::KeepAlive { .. },
-            } = c
-            {
-                seen.extend(ok(&mut e, at, id.0, Response::KeptAlive { ttl_secs: 9 }));
+            if let Some(id) = renewal_id(&c) {
+                seen.extend(answer_renewal(&mut e, at, id));
             } else {
                 seen.push(c);
             }
@@ -2542,10 +2242,7 @@ fn a_ranked_join_publishes_its_priority_bumps_a_lower_waiter_and_hears_of_a_high
     // is ahead, and its delete elects me.
     assert_eq!(
         ok(&mut e, t0, P + 2, events(vec![deleted(b"/e/55", 12)])),
-        vec![
-            Command::Cancel { id: RpcId(P + 2) },
-            rpc(P + 3, ranked_read())
-        ]
+        vec![cancel(P + 2), rpc(P + 3, ranked_read())]
     );
     assert_eq!(
         ok(
@@ -2569,7 +2266,7 @@ fn a_ranked_join_publishes_its_priority_bumps_a_lower_waiter_and_hears_of_a_high
     assert_eq!(
         ok(&mut e, t0, P + 4, events(vec![deleted(b"/e/77", 14)])),
         vec![
-            Command::Cancel { id: RpcId(P + 4) },
+            cancel(P + 4),
             note(ElectionNotice::Elected {
                 op: OpId(1),
                 key: my_key(),
@@ -2734,8 +2431,8 @@ fn a_yielding_leader_hands_over_to_the_higher_candidate_right_after_the_notice()
     assert_eq!(
         ok(&mut e, t0, P + 5, txn(9, true, vec![])),
         vec![
-            Command::Cancel { id: RpcId(P + 3) },
-            Command::Cancel { id: RpcId(P + 1) },
+            cancel(P + 3),
+            cancel(P + 1),
             note(ElectionNotice::HandedOver {
                 op: OpId(1),
                 token: 5,
@@ -2823,7 +2520,7 @@ fn hand_over_deletes_the_leader_and_those_ahead_of_the_target_in_one_guarded_txn
     assert_eq!(
         ok(&mut e, t0, P + 4, txn(21, true, vec![])),
         vec![
-            Command::Cancel { id: RpcId(P + 1) },
+            cancel(P + 1),
             note(ElectionNotice::HandedOver {
                 op: OpId(3),
                 token: 5,

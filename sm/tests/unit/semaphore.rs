@@ -2,99 +2,25 @@
 //! permit (a semaphore): who holds, what a waiter watches, and when it
 //! reads again.
 
-use crate::support::drain;
+use crate::election_support::*;
+use crate::support::{delete_event, drain};
 use fleetcoord_sm::election::*;
-use fleetcoord_sm::keepalive::LivenessState;
 use fleetcoord_sm::rpc::{
-    Compare, EventKind, KeyRange, RangeRequest, Request, Response, RpcId, SortOrder, Txn, TxnOp,
+    EventKind, KeyRange, RangeRequest, Request, Response, RpcId, SortOrder, Txn, TxnOp,
     TxnOpResponse, WatchEvent,
 };
 use fleetcoord_sm::*;
 use std::time::{Duration, Instant};
 
-const LEASE: LeaseId = 0x2a1f;
-const P: u64 = 1 << 40;
 const PREFIX: &[u8] = b"/s/";
 
-fn config(permits: u32) -> ElectionConfig {
-    ElectionConfig {
-        prefix: PREFIX.to_vec(),
-        ttl_secs: 9,
-        backoff: BackoffConfig {
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(1),
-            multiplier: 2,
-            jitter_percent: 0,
-        },
-        safety_margin: Duration::ZERO,
-        drift_allowance_ppm: 0,
-        attempt_timeout: Duration::from_secs(3600),
-        announce_session_trust: false,
-        permits,
-    }
-}
-
 fn my_key() -> Vec<u8> {
-    b"/s/2a1f".to_vec()
+    lease_key(PREFIX)
 }
 
-fn kv(key: &[u8], value: &[u8], create: Revision) -> KeyValue {
-    KeyValue {
-        key: key.to_vec(),
-        value: value.to_vec(),
-        create_revision: create,
-        mod_revision: create,
-        version: 1,
-        lease: LEASE,
-    }
-}
-
-fn rpc(id: u64, request: Request) -> Command<ElectionNotice> {
-    Command::Rpc {
-        id: RpcId(id),
-        request,
-    }
-}
-
-fn cancel(id: u64) -> Command<ElectionNotice> {
-    Command::Cancel { id: RpcId(id) }
-}
-
-fn reply(
-    e: &mut Election,
-    now: Instant,
-    id: u64,
-    response: Response,
-) -> Vec<Command<ElectionNotice>> {
-    e.handle(
-        now,
-        RpcReply {
-            id: RpcId(id),
-            result: Ok(response),
-        }
-        .into(),
-    );
-    drain(e)
-}
-
+/// A semaphore of `permits` whose session holds lease `LEASE`, at `t0`.
 fn registered(t0: Instant, permits: u32) -> Election {
-    let mut e = Election::new(config(permits), t0, 7);
-    drain(&mut e);
-    assert_eq!(
-        reply(
-            &mut e,
-            t0,
-            0,
-            Response::Granted {
-                lease: LEASE,
-                ttl_secs: 9
-            }
-        ),
-        vec![Command::Notify(ElectionNotice::Session(
-            LivenessState::Registered { lease: LEASE }
-        ))]
-    );
-    e
+    registered_with(election_config(PREFIX, permits), t0)
 }
 
 fn range(limit: i64, sort: SortOrder, max_create_revision: Revision) -> TxnOp {
@@ -114,39 +40,41 @@ fn mine() -> TxnOp {
 /// The create with `permits`: on success the newest `permits + 1` keys;
 /// if my key was there already, it and the oldest `permits` keys.
 fn create_txn(permits: i64, value: &[u8]) -> Request {
-    Request::Txn(Txn {
-        compare: vec![Compare::CreateRevisionEquals {
-            key: my_key(),
-            revision: 0,
-        }],
-        success: vec![
-            TxnOp::Put {
-                key: my_key(),
-                value: value.to_vec(),
-                lease: LEASE,
-            },
-            range(permits + 1, SortOrder::CreateDescending, 0),
-        ],
-        failure: vec![mine(), range(permits, SortOrder::CreateAscending, 0)],
-    })
+    create_reading(
+        permits,
+        value,
+        range(permits + 1, SortOrder::CreateDescending, 0),
+    )
 }
 
+/// The create of a try-campaign: on success the oldest `permits` keys.
 fn try_create_txn(permits: i64, value: &[u8]) -> Request {
-    Request::Txn(Txn {
-        compare: vec![Compare::CreateRevisionEquals {
-            key: my_key(),
-            revision: 0,
-        }],
-        success: vec![
-            TxnOp::Put {
-                key: my_key(),
-                value: value.to_vec(),
-                lease: LEASE,
-            },
-            range(permits, SortOrder::CreateAscending, 0),
-        ],
-        failure: vec![mine(), range(permits, SortOrder::CreateAscending, 0)],
-    })
+    create_reading(
+        permits,
+        value,
+        range(permits, SortOrder::CreateAscending, 0),
+    )
+}
+
+/// Create my key and, on success, read `created`; if my key was there
+/// already, read it and the oldest `permits` keys.
+fn create_reading(permits: i64, value: &[u8], created: TxnOp) -> Request {
+    create_key(
+        &my_key(),
+        value,
+        created,
+        range(permits, SortOrder::CreateAscending, 0),
+    )
+}
+
+/// The answer to `try_create_txn` when it created my key at `revision`:
+/// the oldest keys, `kvs`.
+fn try_created(revision: Revision, kvs: Vec<KeyValue>) -> Response {
+    txn(
+        revision,
+        true,
+        vec![TxnOpResponse::Put, TxnOpResponse::Range { kvs }],
+    )
 }
 
 /// The newest `permits` keys created before my token, and my key.
@@ -161,22 +89,8 @@ fn older(permits: i64, token: Revision) -> Request {
     })
 }
 
-fn txn(revision: Revision, succeeded: bool, responses: Vec<TxnOpResponse>) -> Response {
-    Response::Txn {
-        revision,
-        succeeded,
-        responses,
-    }
-}
-
 fn created(revision: Revision, value: &[u8], ahead: Vec<KeyValue>) -> Response {
-    let mut kvs = vec![kv(&my_key(), value, revision)];
-    kvs.extend(ahead);
-    txn(
-        revision,
-        true,
-        vec![TxnOpResponse::Put, TxnOpResponse::Range { kvs }],
-    )
+    created_as(kv(&my_key(), value, revision), ahead)
 }
 
 fn older_found(revision: Revision, ahead: Vec<KeyValue>, token: Revision) -> Response {
@@ -192,29 +106,15 @@ fn older_found(revision: Revision, ahead: Vec<KeyValue>, token: Revision) -> Res
     )
 }
 
-fn watch(key: &[u8], start_revision: Revision) -> Request {
-    Request::Watch {
-        range: KeyRange::Key(key.to_vec()),
-        start_revision,
-    }
-}
-
+/// The watch answer deleting `key` at `revision`.
 fn deleted(key: &[u8], revision: Revision) -> Response {
     Response::WatchEvents {
-        events: vec![WatchEvent {
-            kind: EventKind::Delete,
-            kv: KeyValue {
-                key: key.to_vec(),
-                mod_revision: revision,
-                ..KeyValue::default()
-            },
-            prev_kv: None,
-        }],
+        events: vec![delete_event(key.to_vec(), revision)],
     }
 }
 
 fn elected(op: u64, token: Revision, until: Instant) -> Command<ElectionNotice> {
-    Command::Notify(ElectionNotice::Elected {
+    note(ElectionNotice::Elected {
         op: OpId(op),
         key: my_key(),
         token,
@@ -234,6 +134,17 @@ fn campaign(e: &mut Election, t0: Instant, permits: i64) {
     assert_eq!(drain(e), vec![rpc(P, create_txn(permits, b"2"))]);
 }
 
+/// Two permits, my key created at 7 behind bb (4) and aa (3): I wait,
+/// watching bb (request P + 1) and aa (P + 2).
+fn waiting_on_two(t0: Instant) -> Election {
+    let mut e = registered(t0, 2);
+    campaign(&mut e, t0, 2);
+    let b = kv(b"/s/bb", b"2", 4);
+    let a = kv(b"/s/aa", b"2", 3);
+    ok(&mut e, t0, P, created(7, b"2", vec![b, a]));
+    e
+}
+
 #[test]
 fn with_one_older_key_and_two_permits_the_create_answer_holds() {
     let t0 = Instant::now();
@@ -241,7 +152,7 @@ fn with_one_older_key_and_two_permits_the_create_answer_holds() {
     campaign(&mut e, t0, 2);
     let until = e.session_deadline().unwrap();
     assert_eq!(
-        reply(&mut e, t0, P, created(7, b"2", vec![kv(b"/s/99", b"2", 4)])),
+        ok(&mut e, t0, P, created(7, b"2", vec![kv(b"/s/99", b"2", 4)])),
         vec![elected(1, 7, until), rpc(P + 1, watch(&my_key(), 8))]
     );
     assert!(e.is_leader());
@@ -259,7 +170,7 @@ fn with_two_older_keys_a_waiter_watches_both_and_holds_when_the_farther_goes() {
     let b = kv(b"/s/bb", b"2", 4);
     let a = kv(b"/s/aa", b"2", 3);
     assert_eq!(
-        reply(&mut e, t0, P, created(7, b"2", vec![b.clone(), a.clone()])),
+        ok(&mut e, t0, P, created(7, b"2", vec![b.clone(), a.clone()])),
         vec![
             rpc(P + 1, watch(b"/s/bb", 8)),
             rpc(P + 2, watch(b"/s/aa", 8))
@@ -268,7 +179,7 @@ fn with_two_older_keys_a_waiter_watches_both_and_holds_when_the_farther_goes() {
     assert!(!e.is_leader());
     // A write to a watched key (a proclaim, say) changes nobody's rank.
     assert_eq!(
-        reply(
+        ok(
             &mut e,
             t0,
             P + 1,
@@ -287,12 +198,12 @@ fn with_two_older_keys_a_waiter_watches_both_and_holds_when_the_farther_goes() {
     );
     // a goes: both watches end, and one read decides.
     assert_eq!(
-        reply(&mut e, t0, P + 2, deleted(b"/s/aa", 9)),
+        ok(&mut e, t0, P + 2, deleted(b"/s/aa", 9)),
         vec![cancel(P + 1), cancel(P + 2), rpc(P + 3, older(2, 7))]
     );
     let until = e.session_deadline().unwrap();
     assert_eq!(
-        reply(&mut e, t0, P + 3, older_found(9, vec![b], 7)),
+        ok(&mut e, t0, P + 3, older_found(9, vec![b], 7)),
         vec![elected(1, 7, until), rpc(P + 4, watch(&my_key(), 10))]
     );
     assert!(e.is_leader());
@@ -310,18 +221,18 @@ fn a_delete_with_three_older_keys_reads_again_and_watches_the_new_nearest_two() 
     let a = kv(b"/s/aa", b"2", 3);
     // The create reads mine and the two nearest; a is not even seen.
     assert_eq!(
-        reply(&mut e, t0, P, created(7, b"2", vec![c.clone(), b.clone()])),
+        ok(&mut e, t0, P, created(7, b"2", vec![c.clone(), b.clone()])),
         vec![
             rpc(P + 1, watch(b"/s/cc", 8)),
             rpc(P + 2, watch(b"/s/bb", 8))
         ]
     );
     assert_eq!(
-        reply(&mut e, t0, P + 1, deleted(b"/s/cc", 8)),
+        ok(&mut e, t0, P + 1, deleted(b"/s/cc", 8)),
         vec![cancel(P + 1), cancel(P + 2), rpc(P + 3, older(2, 7))]
     );
     assert_eq!(
-        reply(&mut e, t0, P + 3, older_found(8, vec![b, a], 7)),
+        ok(&mut e, t0, P + 3, older_found(8, vec![b, a], 7)),
         vec![
             rpc(P + 4, watch(b"/s/bb", 9)),
             rpc(P + 5, watch(b"/s/aa", 9))
@@ -329,7 +240,7 @@ fn a_delete_with_three_older_keys_reads_again_and_watches_the_new_nearest_two() 
     );
     assert!(!e.is_leader());
     // A late answer of a canceled watch changes nothing.
-    assert_eq!(reply(&mut e, t0, P + 2, deleted(b"/s/bb", 9)), vec![]);
+    assert_eq!(ok(&mut e, t0, P + 2, deleted(b"/s/bb", 9)), vec![]);
 }
 
 /// A broken watch may have missed a delete: every watch ends, and the
@@ -337,11 +248,7 @@ fn a_delete_with_three_older_keys_reads_again_and_watches_the_new_nearest_two() 
 #[test]
 fn a_broken_watch_cancels_the_others_and_reads_again_after_the_backoff() {
     let t0 = Instant::now();
-    let mut e = registered(t0, 2);
-    campaign(&mut e, t0, 2);
-    let b = kv(b"/s/bb", b"2", 4);
-    let a = kv(b"/s/aa", b"2", 3);
-    reply(&mut e, t0, P, created(7, b"2", vec![b, a]));
+    let mut e = waiting_on_two(t0);
     e.handle(
         t0,
         RpcReply {
@@ -360,20 +267,9 @@ fn a_broken_watch_cancels_the_others_and_reads_again_after_the_backoff() {
 #[test]
 fn a_canceled_wait_cancels_every_watch_and_withdraws() {
     let t0 = Instant::now();
-    let mut e = registered(t0, 2);
-    campaign(&mut e, t0, 2);
-    let b = kv(b"/s/bb", b"2", 4);
-    let a = kv(b"/s/aa", b"2", 3);
-    reply(&mut e, t0, P, created(7, b"2", vec![b, a]));
+    let mut e = waiting_on_two(t0);
     e.handle(t0, ElectionInput::CancelCampaign { op: OpId(1) });
-    let withdraw = Request::Txn(Txn {
-        compare: vec![Compare::CreateRevisionEquals {
-            key: my_key(),
-            revision: 7,
-        }],
-        success: vec![TxnOp::Delete(KeyRange::Key(my_key()))],
-        failure: vec![],
-    });
+    let withdraw = guarded_delete(&my_key(), 7);
     assert_eq!(
         drain(&mut e),
         vec![cancel(P + 1), rpc(P + 3, withdraw), cancel(P + 2)]
@@ -395,20 +291,11 @@ fn try_with_two_permits_holds_as_the_second_and_not_as_the_third() {
     let a = kv(b"/s/aa", b"2", 3);
     let until = e.session_deadline().unwrap();
     assert_eq!(
-        reply(
+        ok(
             &mut e,
             t0,
             P,
-            txn(
-                7,
-                true,
-                vec![
-                    TxnOpResponse::Put,
-                    TxnOpResponse::Range {
-                        kvs: vec![a.clone(), kv(&my_key(), b"2", 7)]
-                    }
-                ]
-            )
+            try_created(7, vec![a.clone(), kv(&my_key(), b"2", 7)])
         ),
         vec![elected(1, 7, until), rpc(P + 1, watch(&my_key(), 8))]
     );
@@ -424,35 +311,14 @@ fn try_with_two_permits_holds_as_the_second_and_not_as_the_third() {
     );
     assert_eq!(drain(&mut e), vec![rpc(P, try_create_txn(2, b"2"))]);
     let b = kv(b"/s/bb", b"2", 4);
-    let withdraw = Request::Txn(Txn {
-        compare: vec![Compare::CreateRevisionEquals {
-            key: my_key(),
-            revision: 7,
-        }],
-        success: vec![TxnOp::Delete(KeyRange::Key(my_key()))],
-        failure: vec![],
-    });
+    let withdraw = guarded_delete(&my_key(), 7);
     assert_eq!(
-        reply(
-            &mut e,
-            t0,
-            P,
-            txn(
-                7,
-                true,
-                vec![
-                    TxnOpResponse::Put,
-                    TxnOpResponse::Range {
-                        kvs: vec![a.clone(), b]
-                    }
-                ]
-            )
-        ),
+        ok(&mut e, t0, P, try_created(7, vec![a.clone(), b])),
         vec![rpc(P + 1, withdraw)]
     );
     assert_eq!(
-        reply(&mut e, t0, P + 1, txn(8, true, vec![])),
-        vec![Command::Notify(ElectionNotice::NotElected {
+        ok(&mut e, t0, P + 1, txn(8, true, vec![])),
+        vec![note(ElectionNotice::NotElected {
             op: OpId(2),
             leader: Some(a)
         })]
@@ -492,11 +358,7 @@ fn zero_permits_count_as_one() {
 #[test]
 fn a_session_lost_while_waiting_cancels_every_watch() {
     let t0 = Instant::now();
-    let mut e = registered(t0, 2);
-    campaign(&mut e, t0, 2);
-    let b = kv(b"/s/bb", b"2", 4);
-    let a = kv(b"/s/aa", b"2", 3);
-    reply(&mut e, t0, P, created(7, b"2", vec![b, a]));
+    let mut e = waiting_on_two(t0);
     // No renewal is answered: the session's deadline (9 s) passes.
     let mut commands = Vec::new();
     let end = t0 + Duration::from_secs(10);
@@ -536,7 +398,7 @@ fn a_semaphore_refuses_ranked_campaigns_and_sends_nothing() {
     );
     assert_eq!(
         drain(&mut e),
-        vec![Command::Notify(ElectionNotice::CampaignFailed {
+        vec![note(ElectionNotice::CampaignFailed {
             op: OpId(1),
             error: ElectionError::NotWithPermits,
         })]
