@@ -39,6 +39,13 @@ pub(crate) fn rpc_error(err: ec::Error) -> RpcError {
 /// `ErrGRPCFutureRev` and `ErrGRPCLeaseTTLTooLarge`).
 const ETCD_COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
 
+/// tonic's whole message for a request whose connection broke.
+const TONIC_TRANSPORT_ERROR: &str = "transport error";
+
+/// What a request whose connection broke says instead of tonic's words.
+const BROKE: &str =
+    "the connection to etcd broke before it answered (a write may have been applied)";
+
 /// What etcd-client 0.21 says when a keepalive stream opens on a lease etcd
 /// no longer has.
 const EC_KEEPALIVE_TTL_ZERO: &str = "lease not found";
@@ -70,11 +77,20 @@ fn status_error(status: &tonic::Status) -> RpcError {
         // No connection, no leader, leader changed, timed out, canceled, a
         // transport failure (`Unknown`, `Internal`): the request may work
         // later. tonic's message for a broken connection is a bare
-        // "transport error"; what broke is in the status's cause chain.
-        code => RpcError::Unavailable(match causes(status) {
-            causes if causes.is_empty() => format!("{code:?}: {message}"),
-            causes => format!("{code:?}: {message}: {causes}"),
-        }),
+        // "transport error" under code `Unknown`, which says neither that
+        // the connection broke nor that etcd may have applied the request:
+        // say both, then what broke (the status's cause chain).
+        code => {
+            let head = if code == Code::Unknown && message == TONIC_TRANSPORT_ERROR {
+                BROKE.to_string()
+            } else {
+                format!("{code:?}: {message}")
+            };
+            RpcError::Unavailable(match causes(status) {
+                causes if causes.is_empty() => head,
+                causes => format!("{head}: {causes}"),
+            })
+        }
     }
 }
 
@@ -461,7 +477,7 @@ mod tests {
         status.set_source(std::sync::Arc::new(reset));
         assert_eq!(
             rpc_error(ec::Error::GRpcStatus(status)),
-            RpcError::Unavailable("Unknown: transport error: connection reset by peer".into())
+            RpcError::Unavailable(format!("{BROKE}: connection reset by peer"))
         );
         // Without a cause the status says all there is.
         assert_eq!(
@@ -574,7 +590,7 @@ mod tests {
             (
                 Code::Unknown,
                 "transport error",
-                RpcError::Unavailable("Unknown: transport error".into()),
+                RpcError::Unavailable(BROKE.into()),
             ),
         ];
         for (code, message, expected) in cases {
