@@ -77,11 +77,11 @@ fn status_error(status: &tonic::Status) -> RpcError {
         // No connection, no leader, leader changed, timed out, canceled, a
         // transport failure (`Unknown`, `Internal`): the request may work
         // later. tonic's message for a broken connection is a bare
-        // "transport error" under code `Unknown`, which says neither that
-        // the connection broke nor that etcd may have applied the request:
-        // say both, then what broke (the status's cause chain).
+        // "transport error" (code `Unknown`), which says neither that the
+        // connection broke nor that etcd may have applied the request: say
+        // both, whatever the code, then what broke (the cause chain).
         code => {
-            let head = if code == Code::Unknown && message == TONIC_TRANSPORT_ERROR {
+            let head = if message == TONIC_TRANSPORT_ERROR {
                 BROKE.to_string()
             } else {
                 format!("{code:?}: {message}")
