@@ -6,8 +6,10 @@
 //!
 //! Snapshots are read in pages of [`WatchConfig::page_size`] keys, all at
 //! one revision: the header revision of the first page. The first snapshot
-//! streams its `Up`s page by page; a resync collects its pages and emits the
-//! diff after the last one. A page read at a revision etcd has compacted
+//! streams its `Up`s page by page, asking for the next page before it
+//! hands out the `Up`s of the one it has, so etcd reads one while the
+//! consumer gets the other; a resync collects its pages and emits the diff
+//! after the last one. A page read at a revision etcd has compacted
 //! meanwhile restarts the snapshot at the current revision; a page etcd
 //! refuses (an answer over the client's message limit is refused) is read
 //! again at half the size, down to one key. An error that retrying cannot
@@ -372,6 +374,22 @@ impl Watch {
                 return self.retry_later(now);
             }
             snapshot.from = next;
+            if snapshot.streaming {
+                // The next page is asked for before this one's notices, so
+                // that etcd reads it while the consumer is handed these
+                // (the driver sends a request before it delivers what
+                // follows it). The snapshot is already past this page: a
+                // pause from here on resumes after it, and what these
+                // notices told the consumer stays true.
+                self.snapshot = Some(snapshot);
+                self.read_page();
+                let mut notices = Vec::new();
+                self.view.add(kvs, &mut notices);
+                return self.notify_all(notices);
+            }
+            snapshot.collected.extend(kvs);
+            self.snapshot = Some(snapshot);
+            return self.read_page();
         }
         if snapshot.streaming {
             let mut notices = Vec::new();
@@ -379,10 +397,6 @@ impl Watch {
             self.notify_all(notices);
         } else {
             snapshot.collected.extend(kvs);
-        }
-        if full {
-            self.snapshot = Some(snapshot);
-            return self.read_page();
         }
         let kvs = if snapshot.streaming {
             None

@@ -589,12 +589,14 @@ fn the_first_snapshot_streams_each_page_at_the_first_pages_revision_then_synced(
         kv(&host(3), "c", 5, 5),
     );
     w.handle(t0, page(0, 10, vec![a.clone(), b.clone()]));
+    // The next page is asked for first: etcd reads it while the consumer
+    // is handed this one.
     assert_eq!(
         drain(&mut w),
         vec![
+            page_cmd(1, 2, Some(&host(2)), 10),
             n(WatchNotice::Up(a.clone())),
             n(WatchNotice::Up(b.clone())),
-            page_cmd(1, 2, Some(&host(2)), 10),
         ]
     );
     assert!(!w.is_synced());
@@ -629,11 +631,11 @@ fn a_later_page_repeating_known_keys_is_read_as_their_changes() {
     assert_eq!(
         drain(&mut w),
         vec![
+            page_cmd(2, 2, Some(&host(3)), 10),
             n(WatchNotice::Updated(a2.clone())),
             n(WatchNotice::Down(b)),
             n(WatchNotice::Up(b2.clone())),
             n(WatchNotice::Up(c.clone())),
-            page_cmd(2, 2, Some(&host(3)), 10),
         ]
     );
     w.handle(t0, page(2, 10, vec![]));
@@ -761,9 +763,9 @@ fn a_refused_page_is_halved_down_to_one_key_then_the_watch_fails() {
     assert_eq!(
         drain(&mut w),
         vec![
+            page_cmd(2, 2, Some(&host(2)), 10),
             n(WatchNotice::Up(a)),
             n(WatchNotice::Up(b)),
-            page_cmd(2, 2, Some(&host(2)), 10),
         ]
     );
     // The smaller page holds for the rest of the snapshot and halves again.
@@ -862,12 +864,14 @@ fn a_full_page_that_does_not_advance_inside_the_prefix_is_not_used() {
         kv(&host(3), "c", 5, 5),
     );
     w.handle(t0, page(0, 10, vec![a.clone(), b.clone()]));
+    // The next page is asked for first: etcd reads it while the consumer
+    // is handed this one.
     assert_eq!(
         drain(&mut w),
         vec![
+            page_cmd(1, 2, Some(&host(2)), 10),
             n(WatchNotice::Up(a.clone())),
             n(WatchNotice::Up(b.clone())),
-            page_cmd(1, 2, Some(&host(2)), 10),
         ]
     );
     // A full page ending before where this one started: nothing from it
