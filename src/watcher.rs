@@ -304,31 +304,31 @@ impl HostWatcher {
             if !label.is_empty() {
                 crate::metrics::host_event(&metrics_prefix, label, reason);
             }
-            let event = match notice {
-                WatchNotice::Up(kv) => host_info(prefix_len, kv).map(HostEvent::Up),
-                WatchNotice::Updated(kv) => host_info(prefix_len, kv).map(HostEvent::Updated),
-                WatchNotice::Down(kv) => host_info(prefix_len, kv)
-                    .map(|info| HostEvent::Down(info, DownReason::Expired)),
-                WatchNotice::Left(kv) => {
-                    host_info(prefix_len, kv).map(|info| HostEvent::Down(info, DownReason::Left))
-                }
-                WatchNotice::Synced => Some(HostEvent::Synced),
-                WatchNotice::InvalidKey(key) => {
-                    log::warn!(
-                        "ignoring key {:?} under the hosts prefix: not a host id",
-                        String::from_utf8_lossy(&key)
-                    );
-                    None
-                }
-                WatchNotice::Failed(e) => {
-                    log::warn!("host watcher gave up, its events end here: {e}");
-                    // Set before the channel ends, so whoever sees it
-                    // disconnected finds the reason.
-                    let _ = failed.set(e);
-                    return FeedItem::End;
-                }
-                _ => None,
-            };
+            let event =
+                match notice {
+                    WatchNotice::Up(kv) => host_info(prefix_len, kv).map(HostEvent::Up),
+                    WatchNotice::Updated(kv) => host_info(prefix_len, kv).map(HostEvent::Updated),
+                    WatchNotice::Down(kv) => host_info(prefix_len, kv)
+                        .map(|info| HostEvent::Down(info, DownReason::Expired)),
+                    WatchNotice::Left(kv) => host_info(prefix_len, kv)
+                        .map(|info| HostEvent::Down(info, DownReason::Left)),
+                    WatchNotice::Synced => Some(HostEvent::Synced),
+                    WatchNotice::InvalidKey(key) => {
+                        log::warn!(
+                            "ignoring key {:?} under the hosts prefix: not a host id",
+                            String::from_utf8_lossy(&key)
+                        );
+                        None
+                    }
+                    WatchNotice::Failed(e) => {
+                        log::warn!("host watcher gave up, its events end here: {e}");
+                        // Set before the channel ends, so whoever sees it
+                        // disconnected finds the reason.
+                        let _ = failed.set(e);
+                        return FeedItem::End;
+                    }
+                    _ => None,
+                };
             event.map_or(FeedItem::Skip, FeedItem::Item)
         });
         let machine = etcd.run(machine, feed)?;

@@ -184,8 +184,12 @@ pub(crate) fn key_value(kv: &ec::KeyValue) -> KeyValue {
 
 /// [`key_value`], moving the key and value out instead of copying them.
 fn owned_key_value(kv: ec::KeyValue) -> KeyValue {
-    let (create_revision, mod_revision, version, lease) =
-        (kv.create_revision(), kv.mod_revision(), kv.version(), kv.lease());
+    let (create_revision, mod_revision, version, lease) = (
+        kv.create_revision(),
+        kv.mod_revision(),
+        kv.version(),
+        kv.lease(),
+    );
     let (key, value) = kv.into_key_value();
     KeyValue {
         key,
