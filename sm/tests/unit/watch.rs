@@ -632,6 +632,7 @@ fn a_later_page_repeating_known_keys_is_read_as_their_changes() {
     drain(&mut w);
     let a2 = kv(&host(1), "a2", 3, 9); // same key, written again
     let b2 = kv(&host(2), "b2", 8, 8); // deleted and created again
+
     // The last page (no lookahead key) repeats a and b.
     w.handle(t0, page(1, 10, vec![a2.clone(), b2.clone()]));
     assert_eq!(
@@ -763,7 +764,14 @@ fn a_refused_page_is_halved_down_to_one_key_then_the_watch_fails() {
     let big = || RpcError::Rejected("decoded message length too large".into());
     w.handle(t0, refused(0, big()));
     assert_eq!(drain(&mut w), vec![page_cmd(1, 2, None, 0)]);
-    w.handle(t0, page(1, 10, vec![a.clone(), kv(&host(2), "b", 4, 4), kv(&host(3), "c", 5, 5)]));
+    w.handle(
+        t0,
+        page(
+            1,
+            10,
+            vec![a.clone(), kv(&host(2), "b", 4, 4), kv(&host(3), "c", 5, 5)],
+        ),
+    );
     let b = kv(&host(2), "b", 4, 4);
     assert_eq!(
         drain(&mut w),
