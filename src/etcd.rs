@@ -348,7 +348,7 @@ impl Etcd {
     where
         M: Machine + Send + 'static,
         M::Input: Send + 'static,
-        M::Notice: 'static,
+        M::Notice: Send + 'static,
     {
         let (task, handle) = MachineTask::new(machine, sink);
         self.inner

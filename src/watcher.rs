@@ -247,11 +247,13 @@ impl std::fmt::Debug for HostWatcher {
 /// The host a key under the prefix names, by sm's one rule for host keys
 /// (the one the watch machine applies as [`KeyRule::HostId`]), so that
 /// [`list_hosts`] and [`HostWatcher`] always agree on which keys are hosts.
-pub(crate) fn host_info(prefix_len: usize, kv: &KeyValue) -> Option<HostInfo> {
+/// Takes the key-value by value: the metadata moves into the event, which
+/// saves a copy per event of every replay.
+pub(crate) fn host_info(prefix_len: usize, kv: KeyValue) -> Option<HostInfo> {
     let id = parse_host_id(kv.key.get(prefix_len..)?)?;
     Some(HostInfo {
         id: Uuid::from_bytes(id),
-        metadata: kv.value.clone(),
+        metadata: kv.value,
         lease: kv.lease,
         create_revision: kv.create_revision,
         mod_revision: kv.mod_revision,
@@ -302,31 +304,31 @@ impl HostWatcher {
             if !label.is_empty() {
                 crate::metrics::host_event(&metrics_prefix, label, reason);
             }
-            let event = match notice {
-                WatchNotice::Up(kv) => host_info(prefix_len, &kv).map(HostEvent::Up),
-                WatchNotice::Updated(kv) => host_info(prefix_len, &kv).map(HostEvent::Updated),
-                WatchNotice::Down(kv) => host_info(prefix_len, &kv)
-                    .map(|info| HostEvent::Down(info, DownReason::Expired)),
-                WatchNotice::Left(kv) => {
-                    host_info(prefix_len, &kv).map(|info| HostEvent::Down(info, DownReason::Left))
-                }
-                WatchNotice::Synced => Some(HostEvent::Synced),
-                WatchNotice::InvalidKey(key) => {
-                    log::warn!(
-                        "ignoring key {:?} under the hosts prefix: not a host id",
-                        String::from_utf8_lossy(&key)
-                    );
-                    None
-                }
-                WatchNotice::Failed(e) => {
-                    log::warn!("host watcher gave up, its events end here: {e}");
-                    // Set before the channel ends, so whoever sees it
-                    // disconnected finds the reason.
-                    let _ = failed.set(e);
-                    return FeedItem::End;
-                }
-                _ => None,
-            };
+            let event =
+                match notice {
+                    WatchNotice::Up(kv) => host_info(prefix_len, kv).map(HostEvent::Up),
+                    WatchNotice::Updated(kv) => host_info(prefix_len, kv).map(HostEvent::Updated),
+                    WatchNotice::Down(kv) => host_info(prefix_len, kv)
+                        .map(|info| HostEvent::Down(info, DownReason::Expired)),
+                    WatchNotice::Left(kv) => host_info(prefix_len, kv)
+                        .map(|info| HostEvent::Down(info, DownReason::Left)),
+                    WatchNotice::Synced => Some(HostEvent::Synced),
+                    WatchNotice::InvalidKey(key) => {
+                        log::warn!(
+                            "ignoring key {:?} under the hosts prefix: not a host id",
+                            String::from_utf8_lossy(&key)
+                        );
+                        None
+                    }
+                    WatchNotice::Failed(e) => {
+                        log::warn!("host watcher gave up, its events end here: {e}");
+                        // Set before the channel ends, so whoever sees it
+                        // disconnected finds the reason.
+                        let _ = failed.set(e);
+                        return FeedItem::End;
+                    }
+                    _ => None,
+                };
             event.map_or(FeedItem::Skip, FeedItem::Item)
         });
         let machine = etcd.run(machine, feed)?;
@@ -433,7 +435,7 @@ pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
     let wait = etcd.options().request_timeout.saturating_mul(3);
     match done.recv_timeout(wait) {
         Ok(Ok(view)) => Ok(view
-            .values()
+            .into_values()
             .filter_map(|kv| host_info(prefix_len, kv))
             .collect()),
         Ok(Err(e)) => Err(e),

@@ -124,7 +124,8 @@ fn populate(raw: &Raw, prefix: &str, hosts: usize, value: usize) -> Res<()> {
 }
 
 /// `child-watch ENDPOINT SIDE PREFIX HOSTS`: reads the prefix once and
-/// reports the time (connection excluded) and the process's peak RSS.
+/// reports the time (from a connection that has answered a request, on
+/// both sides) and the process's peak RSS.
 pub fn child_watch(args: &[String]) -> Res<()> {
     let [endpoint, side, prefix, hosts] = args else {
         return Err("usage: child-watch ENDPOINT fleetcoord|raw PREFIX HOSTS".into());
@@ -151,6 +152,11 @@ pub fn child_watch(args: &[String]) -> Res<()> {
         }
         "raw" => {
             let raw = Raw::connect(endpoint)?;
+            // etcd-client connects lazily; `Etcd::connect` returns only once
+            // a request was answered. Both sides start the clock on a
+            // connection that has answered one, so the raw side's time is
+            // not its TCP and HTTP/2 handshake.
+            raw.block_on(raw.client().status())?;
             let t = Instant::now();
             let kvs = raw.block_on(read_paged(raw.client(), prefix.as_bytes()))?;
             (t.elapsed(), kvs.len())

@@ -5,9 +5,13 @@
 //! [`WatchNotice::Synced`], then watches from the snapshot revision + 1.
 //!
 //! Snapshots are read in pages of [`WatchConfig::page_size`] keys, all at
-//! one revision: the header revision of the first page. The first snapshot
-//! streams its `Up`s page by page; a resync collects its pages and emits the
-//! diff after the last one. A page read at a revision etcd has compacted
+//! one revision: the header revision of the first page. Each page asks for
+//! one key more than it keeps, so a page without that key is the last and
+//! no empty page is read after it. The first snapshot
+//! streams its `Up`s page by page, asking for the next page before it
+//! hands out the `Up`s of the one it has, so etcd reads one while the
+//! consumer gets the other; a resync collects its pages and emits the diff
+//! after the last one. A page read at a revision etcd has compacted
 //! meanwhile restarts the snapshot at the current revision; a page etcd
 //! refuses (an answer over the client's message limit is refused) is read
 //! again at half the size, down to one key. An error that retrying cannot
@@ -287,7 +291,7 @@ impl Watch {
             },
         };
         let request = Request::Range(RangeRequest {
-            limit: snapshot.page,
+            limit: lookahead_limit(snapshot.page),
             revision: snapshot.revision,
             ..RangeRequest::all(range)
         });
@@ -360,8 +364,19 @@ impl Watch {
         if snapshot.revision == 0 {
             snapshot.revision = header;
         }
-        let full = i64::try_from(kvs.len()).unwrap_or(i64::MAX) >= snapshot.page;
+        let mut kvs = kvs;
+        let len = i64::try_from(kvs.len()).unwrap_or(i64::MAX);
+        // With the one-key lookahead (see `lookahead_limit`), more keys
+        // follow exactly when the page came back over its size; the extra
+        // key is left for the next page. A one-key page has no lookahead:
+        // it is full when it holds its key.
+        let full = if lookahead_limit(snapshot.page) > snapshot.page {
+            len > snapshot.page
+        } else {
+            len >= snapshot.page
+        };
         if full {
+            kvs.truncate(usize::try_from(snapshot.page).unwrap_or(usize::MAX));
             let next = kvs.last().map(|kv| key_after(&kv.key));
             // The next page must start inside the prefix and past this
             // one; anything else is not etcd's answer to this read.
@@ -372,6 +387,22 @@ impl Watch {
                 return self.retry_later(now);
             }
             snapshot.from = next;
+            if snapshot.streaming {
+                // The next page is asked for before this one's notices, so
+                // that etcd reads it while the consumer is handed these
+                // (the driver sends a request before it delivers what
+                // follows it). The snapshot is already past this page: a
+                // pause from here on resumes after it, and what these
+                // notices told the consumer stays true.
+                self.snapshot = Some(snapshot);
+                self.read_page();
+                let mut notices = Vec::new();
+                self.view.add(kvs, &mut notices);
+                return self.notify_all(notices);
+            }
+            snapshot.collected.extend(kvs);
+            self.snapshot = Some(snapshot);
+            return self.read_page();
         }
         if snapshot.streaming {
             let mut notices = Vec::new();
@@ -379,10 +410,6 @@ impl Watch {
             self.notify_all(notices);
         } else {
             snapshot.collected.extend(kvs);
-        }
-        if full {
-            self.snapshot = Some(snapshot);
-            return self.read_page();
         }
         let kvs = if snapshot.streaming {
             None
@@ -470,6 +497,19 @@ impl Watch {
             },
             _ => {}
         }
+    }
+}
+
+/// The limit a snapshot page of `page` keys asks etcd for: one key more,
+/// so that a page that comes back without that key is known to be the
+/// last, with no further (empty) read; etcd's own `more` flag is not in
+/// the rpc vocabulary. A one-key page (the smallest a refused page is
+/// halved to) asks for exactly one, so that it stays one key.
+fn lookahead_limit(page: i64) -> i64 {
+    if page > 1 {
+        page.saturating_add(1)
+    } else {
+        page
     }
 }
 

@@ -341,7 +341,7 @@ impl EtcdCoordinator {
     where
         M: Machine + Send + 'static,
         M::Input: Send + 'static,
-        M::Notice: 'static,
+        M::Notice: Send + 'static,
         T: Send + 'static,
     {
         let mut feeds = self.feeds.lock();

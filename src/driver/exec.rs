@@ -198,6 +198,25 @@ pub(crate) fn key_value(kv: &ec::KeyValue) -> KeyValue {
     }
 }
 
+/// [`key_value`], moving the key and value out instead of copying them.
+fn owned_key_value(kv: ec::KeyValue) -> KeyValue {
+    let (create_revision, mod_revision, version, lease) = (
+        kv.create_revision(),
+        kv.mod_revision(),
+        kv.version(),
+        kv.lease(),
+    );
+    let (key, value) = kv.into_key_value();
+    KeyValue {
+        key,
+        value,
+        create_revision,
+        mod_revision,
+        version,
+        lease,
+    }
+}
+
 fn header_revision(header: Option<&ec::ResponseHeader>) -> i64 {
     header.map(|h| h.revision()).unwrap_or(0)
 }
@@ -320,15 +339,17 @@ async fn unary_call(client: &mut ec::Client, request: &Request) -> Result<Respon
             })
         }
         Request::Range(range) => {
-            let r = on_a_live_member!(
+            let mut r = on_a_live_member!(
                 client
                     .get(range_key(&range.range), Some(get_options(range)))
                     .await
             )
             .map_err(rpc_error)?;
+            // Moved out, not copied: a snapshot page is up to a thousand
+            // keys and values.
             Ok(Response::Range {
                 revision: header_revision(r.header()),
-                kvs: r.kvs().iter().map(key_value).collect(),
+                kvs: r.take_kvs().into_iter().map(owned_key_value).collect(),
             })
         }
         Request::LeaseTimeToLive { lease } => {

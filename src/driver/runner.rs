@@ -32,7 +32,7 @@ impl<M> MachineTask<M>
 where
     M: Machine + Send + 'static,
     M::Input: Send + 'static,
-    M::Notice: 'static,
+    M::Notice: Send + 'static,
 {
     /// The task for `machine` and the primitive's handle on it.
     pub(crate) fn new(
@@ -63,7 +63,7 @@ impl<M> Runnable for MachineTask<M>
 where
     M: Machine + Send + 'static,
     M::Input: Send + 'static,
-    M::Notice: 'static,
+    M::Notice: Send + 'static,
 {
     fn run(self: Box<Self>, shared: Shared) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(run(shared, *self))
@@ -92,6 +92,7 @@ pub(crate) async fn run<M>(shared: Shared, task: MachineTask<M>)
 where
     M: Machine + Send + 'static,
     M::Input: Send,
+    M::Notice: Send,
 {
     let MachineTask {
         mut machine,
@@ -124,10 +125,17 @@ where
     };
 
     let outcome = loop {
+        // Whether a request was started and not yet given the chance to go
+        // out: a machine that asks for something before it notifies (the
+        // watch's next snapshot page) wants etcd working on it while the
+        // notices are delivered, so the runner yields once before the first
+        // of them; the request's task then writes it to the connection.
+        let mut unsent = false;
         while let Some(command) = machine.poll_command() {
             match command {
                 Command::Rpc { id, request } => {
                     start_rpc(&shared, id, request, &reply_tx, &mut inflight);
+                    unsent = true;
                 }
                 Command::Cancel { id } => {
                     // A renewal the machine gave up on is deliberately not
@@ -141,6 +149,9 @@ where
                     }
                 }
                 Command::Notify(n) => {
+                    if std::mem::take(&mut unsent) {
+                        tokio::task::yield_now().await;
+                    }
                     if !sink.deliver(n) {
                         // Nobody listens any more: stop as if asked.
                         last_now = Instant::now().max(last_now);

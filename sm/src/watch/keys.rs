@@ -104,24 +104,44 @@ pub fn parse_leave_marker(suffix: &[u8]) -> Option<[u8; 16]> {
 /// accepted, so one host can never appear under two keys (`3f2c…` beside
 /// `3f2c1d4e-…`, or upper- beside lowercase) and be counted twice.
 pub fn parse_host_id(suffix: &[u8]) -> Option<[u8; 16]> {
-    if suffix.len() != 36 {
+    // Every key of every snapshot page goes through here (twice: the
+    // machine's key rule and the watcher's id), so this is a table lookup
+    // per digit rather than a match per byte.
+    let s: &[u8; 36] = suffix.try_into().ok()?;
+    if s[8] != b'-' || s[13] != b'-' || s[18] != b'-' || s[23] != b'-' {
         return None;
     }
     let mut id = [0u8; 16];
-    let mut digits = 0;
-    for (i, &c) in suffix.iter().enumerate() {
-        let nibble = match (i, c) {
-            (8 | 13 | 18 | 23, b'-') => continue,
-            (8 | 13 | 18 | 23, _) => return None,
-            (_, b'0'..=b'9') => c - b'0',
-            (_, b'a'..=b'f') => c - b'a' + 10,
-            _ => return None,
-        };
-        id[digits / 2] |= nibble << if digits % 2 == 0 { 4 } else { 0 };
-        digits += 1;
+    // Any byte that is not a lowercase hex digit reads as 0xff, whose high
+    // bits survive the `|` below.
+    let mut invalid = 0u8;
+    for (byte, at) in id.iter_mut().zip(DIGIT_PAIRS) {
+        let (hi, lo) = (HEX[usize::from(s[at])], HEX[usize::from(s[at + 1])]);
+        invalid |= hi | lo;
+        *byte = ((hi & 0x0f) << 4) | (lo & 0x0f);
     }
-    Some(id)
+    (invalid & 0xf0 == 0).then_some(id)
 }
+
+/// Where each byte's two hex digits start in a canonical UUID spelling
+/// (`8-4-4-4-12`, dashes at 8, 13, 18 and 23).
+const DIGIT_PAIRS: [usize; 16] = [0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34];
+
+/// The value of each lowercase hex digit, 0xff for every other byte.
+const HEX: [u8; 256] = {
+    let mut table = [0xffu8; 256];
+    let mut i = 0;
+    while i < 10 {
+        table[b'0' as usize + i] = i as u8;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 6 {
+        table[b'a' as usize + i] = 10 + i as u8;
+        i += 1;
+    }
+    table
+};
 
 #[cfg(test)]
 mod tests {
@@ -165,6 +185,46 @@ mod tests {
             assert_eq!(KeyRule::HostId.classify(other), KeyClass::Invalid);
             assert_eq!(parse_leave_marker(other), None);
         }
+    }
+
+    /// The rule spelled out byte by byte, to hold the table-driven parser
+    /// to.
+    fn reference(suffix: &[u8]) -> Option<[u8; 16]> {
+        if suffix.len() != 36 {
+            return None;
+        }
+        let mut id = [0u8; 16];
+        let mut digits = 0;
+        for (i, &c) in suffix.iter().enumerate() {
+            let nibble = match (i, c) {
+                (8 | 13 | 18 | 23, b'-') => continue,
+                (8 | 13 | 18 | 23, _) => return None,
+                (_, b'0'..=b'9') => c - b'0',
+                (_, b'a'..=b'f') => c - b'a' + 10,
+                _ => return None,
+            };
+            id[digits / 2] |= nibble << if digits % 2 == 0 { 4 } else { 0 };
+            digits += 1;
+        }
+        Some(id)
+    }
+
+    #[test]
+    fn parse_host_id_agrees_with_the_rule_for_every_byte_at_every_position() {
+        let valid = *b"0f8fad5b-d9cb-469f-a165-70867728950e";
+        for at in 0..valid.len() {
+            for byte in 0..=255u8 {
+                let mut key = valid;
+                key[at] = byte;
+                assert_eq!(parse_host_id(&key), reference(&key), "{at}: {byte}");
+            }
+        }
+        // Every digit in every place.
+        let key = *b"01234567-89ab-cdef-0123-456789abcdef";
+        assert_eq!(parse_host_id(&key), reference(&key));
+        assert!(parse_host_id(&key).is_some());
+        assert_eq!(parse_host_id(&valid[..35]), None);
+        assert_eq!(parse_host_id(&[&valid[..], b"0"].concat()), None);
     }
 
     #[test]

@@ -50,12 +50,7 @@ impl View {
 
     /// The entry key a leave marker `key` belongs to, if it is one.
     fn marked_entry(&self, key: &[u8]) -> Option<Vec<u8>> {
-        match self.class(key) {
-            KeyClass::LeaveMarker { marker_len } => key
-                .get(..key.len().saturating_sub(marker_len))
-                .map(<[u8]>::to_vec),
-            _ => None,
-        }
+        marker_entry(key, self.class(key))
     }
 
     pub(crate) fn known(&self) -> impl Iterator<Item = &KeyValue> {
@@ -71,36 +66,52 @@ impl View {
     /// `Up` for new keys, and for a key already known (which a page never
     /// repeats, but nothing is taken on trust) what [`View::resync`] would
     /// say for it. Keys not in the page are left alone.
+    ///
+    /// This runs once per key of every first snapshot, so each key is
+    /// classified once, and a page already in strict key order (etcd's
+    /// answer to a range always is) is taken as it comes instead of being
+    /// sorted again.
     pub(crate) fn add(&mut self, kvs: Vec<KeyValue>, out: &mut Vec<WatchNotice>) {
-        let mut page = BTreeMap::new();
+        let mut page: Vec<(KeyValue, bool)> = Vec::with_capacity(kvs.len());
         for kv in kvs {
-            if kv.key.starts_with(&self.prefix) {
-                match self.marked_entry(&kv.key) {
-                    Some(entry) => {
-                        self.markers.insert(entry, kv);
-                    }
-                    None => {
-                        page.insert(kv.key.clone(), kv);
-                    }
+            if !kv.key.starts_with(&self.prefix) {
+                continue;
+            }
+            let class = self.class(&kv.key);
+            match marker_entry(&kv.key, class) {
+                Some(entry) => {
+                    self.markers.insert(entry, kv);
                 }
+                None => page.push((kv, class == KeyClass::Entry)),
             }
         }
-        for (key, now) in page {
-            match self.known.remove(&key) {
+        if !page.windows(2).all(|w| w[0].0.key < w[1].0.key) {
+            // Key order, and the last of several kvs for one key wins: a
+            // stable sort keeps repeats in page order, and `dedup_by`
+            // keeps the first of each run, which the reversal makes the
+            // last one.
+            page.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+            page.reverse();
+            page.dedup_by(|a, b| a.0.key == b.0.key);
+            page.reverse();
+        }
+        for (now, valid) in page {
+            match self.known.get_mut(&now.key) {
                 None => {
-                    if self.admit(&key, out) {
+                    if self.admit_class(valid, &now.key, out) {
                         out.push(WatchNotice::Up(now.clone()));
-                        self.known.insert(key, now);
+                        self.known.insert(now.key.clone(), now);
                     }
                 }
                 Some(before) => {
                     if before.create_revision != now.create_revision {
-                        out.push(WatchNotice::Down(before));
-                        out.push(WatchNotice::Up(now.clone()));
-                    } else if before != now {
+                        let up = now.clone();
+                        out.push(WatchNotice::Down(std::mem::replace(before, now)));
+                        out.push(WatchNotice::Up(up));
+                    } else if *before != now {
                         out.push(WatchNotice::Updated(now.clone()));
+                        *before = now;
                     }
-                    self.known.insert(key, now);
                 }
             }
         }
@@ -209,7 +220,8 @@ impl View {
         if !kv.key.starts_with(&self.prefix) {
             return;
         }
-        if let Some(entry) = self.marked_entry(&kv.key) {
+        let class = self.class(&kv.key);
+        if let Some(entry) = marker_entry(&kv.key, class) {
             match event.kind {
                 EventKind::Put => {
                     self.markers.insert(entry, kv);
@@ -222,7 +234,7 @@ impl View {
         }
         match event.kind {
             EventKind::Put => {
-                if !self.admit(&kv.key, out) {
+                if !self.admit_class(class == KeyClass::Entry, &kv.key, out) {
                     return;
                 }
                 match self.known.get(&kv.key) {
@@ -250,15 +262,40 @@ impl View {
         }
     }
 
-    /// Whether `key` (already known to be under the prefix) passes the key
-    /// rule; a failing key is reported the first time it is seen.
-    fn admit(&mut self, key: &[u8], out: &mut Vec<WatchNotice>) -> bool {
-        admit(self.rule, &self.prefix, &mut self.reported, key, out)
+    /// Whether a key (already known to be under the prefix) passes the key
+    /// rule, for a key already classified: `valid` is whether its class is
+    /// [`KeyClass::Entry`], which is exactly what the rule accepts
+    /// ([`KeyRule::classify`]). A failing key is reported the first time it
+    /// is seen.
+    fn admit_class(&mut self, valid: bool, key: &[u8], out: &mut Vec<WatchNotice>) -> bool {
+        if !valid {
+            report_invalid(&mut self.reported, key, out);
+        }
+        valid
     }
 }
 
-/// [`View::admit`], on the fields it needs, so a caller may hold other
-/// fields borrowed meanwhile.
+/// The entry key a leave marker `key` of class `class` belongs to, if it is
+/// one.
+fn marker_entry(key: &[u8], class: KeyClass) -> Option<Vec<u8>> {
+    match class {
+        KeyClass::LeaveMarker { marker_len } => key
+            .get(..key.len().saturating_sub(marker_len))
+            .map(<[u8]>::to_vec),
+        _ => None,
+    }
+}
+
+/// Tell the consumer about an invalid `key` the first time it is seen.
+fn report_invalid(reported: &mut BTreeSet<Vec<u8>>, key: &[u8], out: &mut Vec<WatchNotice>) {
+    if reported.insert(key.to_vec()) {
+        out.push(WatchNotice::InvalidKey(key.to_vec()));
+    }
+}
+
+/// Whether `key` passes the key rule (reporting it the first time when it
+/// does not), on the fields it needs, so a caller may hold other fields
+/// borrowed meanwhile.
 fn admit(
     rule: KeyRule,
     prefix: &[u8],
@@ -270,9 +307,7 @@ fn admit(
     if rule.accepts(suffix) {
         return true;
     }
-    if reported.insert(key.to_vec()) {
-        out.push(WatchNotice::InvalidKey(key.to_vec()));
-    }
+    report_invalid(reported, key, out);
     false
 }
 

@@ -58,7 +58,8 @@ fn leader(kv: Option<KeyValue>) -> Command<ObserveNotice> {
 fn synced(now: Instant, kvs: Vec<KeyValue>) -> (Observe, Vec<Command<ObserveNotice>>) {
     let mut o = Observe::new(config(), now, 3);
     let range = Request::Range(RangeRequest {
-        limit: fleetcoord_sm::watch::DEFAULT_PAGE_SIZE,
+        // The watch's page, plus the key that says whether more follow.
+        limit: fleetcoord_sm::watch::DEFAULT_PAGE_SIZE + 1,
         ..RangeRequest::all(KeyRange::Prefix(b"/e/".to_vec()))
     });
     assert_eq!(

@@ -69,7 +69,8 @@ fn range_cmd(id: u64) -> Command<WatchNotice> {
     Command::Rpc {
         id: RpcId(id),
         request: Request::Range(RangeRequest {
-            limit: DEFAULT_PAGE_SIZE,
+            // One key past the page: an answer without it is the last page.
+            limit: DEFAULT_PAGE_SIZE + 1,
             ..RangeRequest::all(KeyRange::Prefix(b"/h/".to_vec()))
         }),
     }
@@ -543,7 +544,10 @@ fn paged(page_size: i64) -> WatchConfig {
     }
 }
 
-fn page_cmd(id: u64, limit: i64, after: Option<&[u8]>, revision: Revision) -> Command<WatchNotice> {
+/// The read of a snapshot page of `page` keys: it asks for one key more
+/// (an answer without it is the last page), except a one-key page.
+fn page_cmd(id: u64, page: i64, after: Option<&[u8]>, revision: Revision) -> Command<WatchNotice> {
+    let limit = if page > 1 { page + 1 } else { page };
     let range = match after {
         None => KeyRange::Prefix(b"/h/".to_vec()),
         Some(last) => KeyRange::PrefixFrom {
@@ -588,13 +592,16 @@ fn the_first_snapshot_streams_each_page_at_the_first_pages_revision_then_synced(
         kv(&host(2), "b", 4, 4),
         kv(&host(3), "c", 5, 5),
     );
-    w.handle(t0, page(0, 10, vec![a.clone(), b.clone()]));
+    // c is the lookahead key: it says more follow, and is not told yet.
+    w.handle(t0, page(0, 10, vec![a.clone(), b.clone(), c.clone()]));
+    // The next page is asked for first: etcd reads it while the consumer
+    // is handed this one.
     assert_eq!(
         drain(&mut w),
         vec![
+            page_cmd(1, 2, Some(&host(2)), 10),
             n(WatchNotice::Up(a.clone())),
             n(WatchNotice::Up(b.clone())),
-            page_cmd(1, 2, Some(&host(2)), 10),
         ]
     );
     assert!(!w.is_synced());
@@ -620,42 +627,45 @@ fn a_later_page_repeating_known_keys_is_read_as_their_changes() {
     let mut w = Watch::new(paged(2), t0, 1);
     drain(&mut w);
     let (a, b) = (kv(&host(1), "a", 3, 3), kv(&host(2), "b", 4, 4));
-    w.handle(t0, page(0, 10, vec![a.clone(), b.clone()]));
+    let c = kv(&host(3), "c", 5, 5);
+    w.handle(t0, page(0, 10, vec![a.clone(), b.clone(), c.clone()]));
     drain(&mut w);
     let a2 = kv(&host(1), "a2", 3, 9); // same key, written again
     let b2 = kv(&host(2), "b2", 8, 8); // deleted and created again
-    let c = kv(&host(3), "c", 5, 5);
-    w.handle(t0, page(1, 10, vec![a2.clone(), b2.clone(), c.clone()]));
+
+    // The last page (no lookahead key) repeats a and b.
+    w.handle(t0, page(1, 10, vec![a2.clone(), b2.clone()]));
     assert_eq!(
         drain(&mut w),
         vec![
             n(WatchNotice::Updated(a2.clone())),
             n(WatchNotice::Down(b)),
             n(WatchNotice::Up(b2.clone())),
-            n(WatchNotice::Up(c.clone())),
-            page_cmd(2, 2, Some(&host(3)), 10),
+            n(WatchNotice::Synced),
+            watch_cmd(2, 11)
         ]
     );
-    w.handle(t0, page(2, 10, vec![]));
-    assert_eq!(
-        drain(&mut w),
-        vec![n(WatchNotice::Synced), watch_cmd(3, 11)]
-    );
-    assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![a2, b2, c]);
+    assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![a2, b2]);
 }
 
+/// A page that fills its size but has no lookahead key is the last: no
+/// empty page is read after it (a prefix of exactly 1,000 hosts is one
+/// read, as a raw read stopping on etcd's `more` flag is).
 #[test]
-fn a_full_last_page_costs_one_empty_page_more() {
+fn a_full_page_without_its_lookahead_key_is_the_last() {
     let t0 = start();
     let mut w = Watch::new(paged(2), t0, 1);
     drain(&mut w);
     let (a, b) = (kv(&host(1), "a", 3, 3), kv(&host(2), "b", 4, 4));
     w.handle(t0, page(0, 10, vec![a.clone(), b.clone()]));
-    drain(&mut w);
-    w.handle(t0, page(1, 10, vec![]));
     assert_eq!(
         drain(&mut w),
-        vec![n(WatchNotice::Synced), watch_cmd(2, 11)]
+        vec![
+            n(WatchNotice::Up(a.clone())),
+            n(WatchNotice::Up(b.clone())),
+            n(WatchNotice::Synced),
+            watch_cmd(1, 11)
+        ]
     );
     assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![a, b]);
 }
@@ -670,7 +680,7 @@ fn live_paged(now: Instant) -> (Watch, [KeyValue; 3]) {
         kv(&host(3), "c", 5, 5),
     );
     drain(&mut w);
-    w.handle(now, page(0, 10, vec![a.clone(), b.clone()]));
+    w.handle(now, page(0, 10, vec![a.clone(), b.clone(), c.clone()]));
     drain(&mut w);
     w.handle(now, page(1, 10, vec![c.clone()]));
     drain(&mut w);
@@ -690,10 +700,10 @@ fn a_resync_collects_every_page_and_emits_the_diff_after_the_last() {
     assert_eq!(drain(&mut w), vec![page_cmd(3, 2, None, 0)]);
     // a changed, b unchanged: nothing is said before the last page.
     let a2 = kv(&host(1), "a2", 3, 15);
-    w.handle(t1, page(3, 20, vec![a2.clone(), b.clone()]));
-    assert_eq!(drain(&mut w), vec![page_cmd(4, 2, Some(&host(2)), 20)]);
-    // c vanished, d is new.
+    // c vanished, d is new (and the first page's lookahead key).
     let d = kv(&host(4), "d", 16, 16);
+    w.handle(t1, page(3, 20, vec![a2.clone(), b.clone(), d.clone()]));
+    assert_eq!(drain(&mut w), vec![page_cmd(4, 2, Some(&host(2)), 20)]);
     w.handle(t1, page(4, 21, vec![d.clone()]));
     assert_eq!(
         drain(&mut w),
@@ -717,7 +727,7 @@ fn compaction_between_pages_restarts_the_snapshot_at_the_current_revision() {
         kv(&host(2), "b", 4, 4),
         kv(&host(3), "c", 5, 5),
     );
-    w.handle(t0, page(0, 10, vec![a.clone(), b.clone()]));
+    w.handle(t0, page(0, 10, vec![a.clone(), b.clone(), c.clone()]));
     drain(&mut w);
     w.handle(
         t0,
@@ -733,15 +743,13 @@ fn compaction_between_pages_restarts_the_snapshot_at_the_current_revision() {
     assert_eq!(w.poll_timeout(), None);
     // The consumer already has a and b: this snapshot is a diff.
     w.handle(t0, page(2, 15, vec![b.clone(), c.clone()]));
-    assert_eq!(drain(&mut w), vec![page_cmd(3, 2, Some(&host(3)), 15)]);
-    w.handle(t0, page(3, 15, vec![]));
     assert_eq!(
         drain(&mut w),
         vec![
             n(WatchNotice::Down(a)),
             n(WatchNotice::Up(c.clone())),
             n(WatchNotice::Synced),
-            watch_cmd(4, 16),
+            watch_cmd(3, 16),
         ]
     );
     assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![b, c]);
@@ -756,14 +764,21 @@ fn a_refused_page_is_halved_down_to_one_key_then_the_watch_fails() {
     let big = || RpcError::Rejected("decoded message length too large".into());
     w.handle(t0, refused(0, big()));
     assert_eq!(drain(&mut w), vec![page_cmd(1, 2, None, 0)]);
-    w.handle(t0, page(1, 10, vec![a.clone(), kv(&host(2), "b", 4, 4)]));
+    w.handle(
+        t0,
+        page(
+            1,
+            10,
+            vec![a.clone(), kv(&host(2), "b", 4, 4), kv(&host(3), "c", 5, 5)],
+        ),
+    );
     let b = kv(&host(2), "b", 4, 4);
     assert_eq!(
         drain(&mut w),
         vec![
+            page_cmd(2, 2, Some(&host(2)), 10),
             n(WatchNotice::Up(a)),
             n(WatchNotice::Up(b)),
-            page_cmd(2, 2, Some(&host(2)), 10),
         ]
     );
     // The smaller page holds for the rest of the snapshot and halves again.
@@ -809,7 +824,7 @@ fn a_transient_error_retries_the_same_page_at_the_same_revision() {
     let mut w = Watch::new(paged(2), t0, 1);
     drain(&mut w);
     let (a, b) = (kv(&host(1), "a", 3, 3), kv(&host(2), "b", 4, 4));
-    w.handle(t0, page(0, 10, vec![a.clone(), b.clone()]));
+    w.handle(t0, page(0, 10, vec![a, b, kv(&host(3), "c", 5, 5)]));
     drain(&mut w);
     w.handle(t0, failed(RpcId(1)));
     assert_eq!(drain(&mut w), vec![Command::Cancel { id: RpcId(1) }]);
@@ -833,7 +848,7 @@ fn a_full_consumer_in_the_first_snapshot_continues_it_from_the_next_page() {
         kv(&host(2), "b", 4, 4),
         kv(&host(3), "c", 5, 5),
     );
-    w.handle(t0, page(0, 10, vec![a.clone(), b.clone()]));
+    w.handle(t0, page(0, 10, vec![a.clone(), b.clone(), c.clone()]));
     drain(&mut w);
     w.handle(t0, WatchInput::ConsumerFull);
     assert_eq!(drain(&mut w), vec![Command::Cancel { id: RpcId(1) }]);
@@ -861,18 +876,20 @@ fn a_full_page_that_does_not_advance_inside_the_prefix_is_not_used() {
         kv(&host(2), "b", 4, 4),
         kv(&host(3), "c", 5, 5),
     );
-    w.handle(t0, page(0, 10, vec![a.clone(), b.clone()]));
+    w.handle(t0, page(0, 10, vec![a.clone(), b.clone(), c.clone()]));
+    // The next page is asked for first: etcd reads it while the consumer
+    // is handed this one.
     assert_eq!(
         drain(&mut w),
         vec![
+            page_cmd(1, 2, Some(&host(2)), 10),
             n(WatchNotice::Up(a.clone())),
             n(WatchNotice::Up(b.clone())),
-            page_cmd(1, 2, Some(&host(2)), 10),
         ]
     );
     // A full page ending before where this one started: nothing from it
     // is told, and the snapshot is read again from the start.
-    w.handle(t0, page(1, 10, vec![c.clone(), a.clone()]));
+    w.handle(t0, page(1, 10, vec![c.clone(), a.clone(), b.clone()]));
     assert_eq!(drain(&mut w), vec![Command::Cancel { id: RpcId(1) }]);
     assert_eq!(w.poll_timeout(), Some(t0 + 100 * MS));
     let t1 = t0 + 100 * MS;
@@ -880,14 +897,14 @@ fn a_full_page_that_does_not_advance_inside_the_prefix_is_not_used() {
     assert_eq!(drain(&mut w), vec![page_cmd(2, 2, None, 0)]);
     // A full page ending outside the prefix is as wrong.
     let stranger = kv(b"/i/x", "x", 6, 6);
-    w.handle(t1, page(2, 12, vec![c.clone(), stranger]));
+    w.handle(t1, page(2, 12, vec![c.clone(), stranger.clone(), stranger]));
     assert_eq!(drain(&mut w), vec![Command::Cancel { id: RpcId(2) }]);
     let t2 = t1 + 200 * MS;
     assert_eq!(w.poll_timeout(), Some(t2));
     w.handle_timeout(t2);
     assert_eq!(drain(&mut w), vec![page_cmd(3, 2, None, 0)]);
     // The consumer already has a and b: this snapshot is a diff.
-    w.handle(t2, page(3, 12, vec![a.clone(), b.clone()]));
+    w.handle(t2, page(3, 12, vec![a.clone(), b.clone(), c.clone()]));
     assert_eq!(drain(&mut w), vec![page_cmd(4, 2, Some(&host(2)), 12)]);
     w.handle(t2, page(4, 12, vec![c.clone()]));
     assert_eq!(
