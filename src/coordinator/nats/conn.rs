@@ -184,7 +184,9 @@ impl Conn {
             Some(spec) => self.deadline().min(started + spec.config.duplicate_window),
             None => self.deadline(),
         };
-        let mut delay = retries();
+        // Drawn at the first retry: its seed costs a system call, which a
+        // publish acknowledged at once should not pay.
+        let mut delay = None;
         let mut not_found: u32 = 0;
         // The last look at the stream, while publishes find no responder.
         let mut health: Option<Health> = None;
@@ -276,7 +278,7 @@ impl Conn {
                     format!("no ack within {bound:?}")
                 }
             };
-            if !backoff(&mut delay, deadline).await {
+            if !backoff(delay.get_or_insert_with(retries), deadline).await {
                 return Err(match (&health, stream) {
                     (
                         Some(
