@@ -32,8 +32,8 @@ use fleetcoord::coordinator::{
 };
 use fleetcoord::testing::{NatsServer, RedisCluster, RedisServer};
 use fleetcoord::{Etcd, EtcdOptions};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -221,33 +221,50 @@ where
 /// The Redis anchors on one connection: the KV script (above), `publish`
 /// (`SPUBLISH` on a cluster, as fleetcoord's sharded pub/sub), and `XADD`
 /// to one stream or to four.
-fn redis_anchors(rt: Arc<tokio::runtime::Runtime>, conn: RedisConn, cluster: bool) -> [Option<Rc<Anchor>>; 4] {
+fn redis_anchors(
+    rt: Arc<tokio::runtime::Runtime>,
+    conn: RedisConn,
+    cluster: bool,
+) -> [Option<Rc<Anchor>>; 4] {
     let publish = if cluster { "SPUBLISH" } else { "PUBLISH" };
-    let kv = redis_side(rt.clone(), conn.clone(), move |mut conn, task, i| async move {
-        let script = redis::Script::new(KV_SCRIPT);
-        let mut call = script.prepare_invoke();
-        call.key("bench:kv:{conc}")
-            .key("bench:kvv:{conc}")
-            .key("bench:kvn:{conc}")
-            .arg(format!("k{task}"))
-            .arg(i.to_string())
-            .arg(publish);
-        conn.invoke(&call).await
-    });
-    let pubs = redis_side(rt.clone(), conn.clone(), move |mut conn, task, i| async move {
-        let mut cmd = redis::cmd(publish);
-        cmd.arg(format!("bench:topic:{{conc-{task}}}")).arg(i.to_string());
-        conn.query(&cmd).await
-    });
-    let xadd = |streams: usize| {
-        redis_side(rt.clone(), conn.clone(), move |mut conn, task, i| async move {
-            let mut cmd = redis::cmd("XADD");
-            cmd.arg(format!("bench:stream:{{conc-{}}}", task % streams))
-                .arg("*")
-                .arg("p")
-                .arg(format!("{task}-{i}"));
+    let kv = redis_side(
+        rt.clone(),
+        conn.clone(),
+        move |mut conn, task, i| async move {
+            let script = redis::Script::new(KV_SCRIPT);
+            let mut call = script.prepare_invoke();
+            call.key("bench:kv:{conc}")
+                .key("bench:kvv:{conc}")
+                .key("bench:kvn:{conc}")
+                .arg(format!("k{task}"))
+                .arg(i.to_string())
+                .arg(publish);
+            conn.invoke(&call).await
+        },
+    );
+    let pubs = redis_side(
+        rt.clone(),
+        conn.clone(),
+        move |mut conn, task, i| async move {
+            let mut cmd = redis::cmd(publish);
+            cmd.arg(format!("bench:topic:{{conc-{task}}}"))
+                .arg(i.to_string());
             conn.query(&cmd).await
-        })
+        },
+    );
+    let xadd = |streams: usize| {
+        redis_side(
+            rt.clone(),
+            conn.clone(),
+            move |mut conn, task, i| async move {
+                let mut cmd = redis::cmd("XADD");
+                cmd.arg(format!("bench:stream:{{conc-{}}}", task % streams))
+                    .arg("*")
+                    .arg("p")
+                    .arg(format!("{task}-{i}"));
+                conn.query(&cmd).await
+            },
+        )
     };
     let (kv_label, pub_label, one_label, four_label) = if cluster {
         (
@@ -265,10 +282,22 @@ fn redis_anchors(rt: Arc<tokio::runtime::Runtime>, conn: RedisConn, cluster: boo
         )
     };
     [
-        Some(Rc::new(Anchor { label: kv_label, side: kv })),
-        Some(Rc::new(Anchor { label: pub_label, side: pubs })),
-        Some(Rc::new(Anchor { label: one_label, side: xadd(1) })),
-        Some(Rc::new(Anchor { label: four_label, side: xadd(4) })),
+        Some(Rc::new(Anchor {
+            label: kv_label,
+            side: kv,
+        })),
+        Some(Rc::new(Anchor {
+            label: pub_label,
+            side: pubs,
+        })),
+        Some(Rc::new(Anchor {
+            label: one_label,
+            side: xadd(1),
+        })),
+        Some(Rc::new(Anchor {
+            label: four_label,
+            side: xadd(4),
+        })),
     ]
 }
 

@@ -333,6 +333,81 @@ mod tests {
     }
 
     #[test]
+    fn calls_run_on_their_callers_threads_and_pipeline() {
+        let bridge = std::sync::Arc::new(started());
+        let runtime_thread = bridge
+            .call(Duration::from_secs(5), async {
+                // A spawn from a call runs on the runtime thread.
+                tokio::spawn(async { std::thread::current().id() }).await
+            })
+            .unwrap()
+            .unwrap();
+        assert_ne!(runtime_thread, std::thread::current().id());
+        let here = bridge
+            .call(Duration::from_secs(5), async {
+                std::thread::current().id()
+            })
+            .unwrap();
+        assert_eq!(here, std::thread::current().id());
+        // Sixteen calls each waiting 200 ms on a runtime timer overlap.
+        let t = std::time::Instant::now();
+        std::thread::scope(|scope| {
+            for _ in 0..16 {
+                let bridge = bridge.clone();
+                scope.spawn(move || {
+                    let slept = bridge.call(Duration::from_secs(5), async {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    });
+                    assert_eq!(slept, Ok(()));
+                });
+            }
+        });
+        assert!(
+            t.elapsed() < Duration::from_millis(1500),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+
+    #[test]
+    fn shutdown_gives_running_calls_the_grace_then_ends_them_and_refuses_new_ones() {
+        let bridge = std::sync::Arc::new(started());
+        // One call ends within the grace, one never does; both keep using
+        // the runtime's timers while it shuts down.
+        let quick = {
+            let bridge = bridge.clone();
+            std::thread::spawn(move || {
+                bridge.call(Duration::MAX, async {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    5
+                })
+            })
+        };
+        let stuck = {
+            let bridge = bridge.clone();
+            std::thread::spawn(move || {
+                bridge.call(Duration::MAX, async {
+                    loop {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                })
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        let t = std::time::Instant::now();
+        bridge.shutdown();
+        let took = t.elapsed();
+        assert!(took >= SHUTDOWN_GRACE, "{took:?}");
+        assert!(took < SHUTDOWN_GRACE + Duration::from_secs(2), "{took:?}");
+        assert_eq!(quick.join().unwrap(), Ok(5));
+        assert_eq!(stuck.join().unwrap(), Err(BridgeError::Gone));
+        assert_eq!(
+            bridge.call(Duration::from_secs(1), async { 6 }),
+            Err(BridgeError::Gone)
+        );
+    }
+
+    #[test]
     fn tasks_see_stopping_and_end_within_the_grace() {
         let bridge = started();
         let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(1);

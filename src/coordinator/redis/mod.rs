@@ -392,7 +392,7 @@ impl Coordinator for RedisCoordinator {
             };
             let describe = |e: &redis::RedisError| target.error(&context, e);
             with_failover(
-                &target,
+                target,
                 &context,
                 Some(&channel),
                 Repeat::Unsafe("the message may or may not have been delivered"),
@@ -422,7 +422,7 @@ impl Coordinator for RedisCoordinator {
         let payload: Arc<[u8]> = payload.into();
         let max_len = self.stream_max_len;
         self.run(move |mut conn| async move {
-            stream::append(&mut conn, &target, &stream, &payload, max_len).await
+            stream::append(&mut conn, target, &stream, &payload, max_len).await
         })
     }
 
@@ -457,7 +457,7 @@ impl Coordinator for RedisCoordinator {
                 async move { conn.query::<Option<Vec<u8>>>(&get).await }
             };
             let describe = |e: &redis::RedisError| target.error(&what, e);
-            with_failover(&target, &what, Some(&hash), Repeat::Safe, attempt, describe)
+            with_failover(target, &what, Some(&hash), Repeat::Safe, attempt, describe)
                 .await?
                 .ok_or(Error::NotFound)
         })
@@ -489,7 +489,7 @@ impl Coordinator for RedisCoordinator {
                 async move { conn.query::<()>(&redis::cmd("PING")).await }
             };
             let describe = |e: &redis::RedisError| target.error("ping", e);
-            with_failover(&target, "ping", None, Repeat::Safe, attempt, describe).await
+            with_failover(target, "ping", None, Repeat::Safe, attempt, describe).await
         })
     }
 
@@ -526,7 +526,7 @@ impl RedisCoordinator {
             };
             let describe = |e: &redis::RedisError| target.error(&context, e);
             with_failover(
-                &target,
+                target,
                 &context,
                 Some(&hash),
                 Repeat::Safe,
