@@ -455,13 +455,24 @@ impl Conn {
             }
         };
         use jetstream::context::CreateStreamErrorKind as K;
+        // Two creates of one stream racing (concurrent first appends) can
+        // answer the loser "subjects overlap" instead of "name in use": the
+        // overlap is with the stream just made, so look it up as well.
+        let raced = |js: &jetstream::Error| {
+            js.error_code() == ErrorCode::STREAM_NAME_EXIST
+                || js.error_code() == ErrorCode::STREAM_SUBJECT_OVERLAP
+        };
         match e.kind() {
-            K::JetStream(js) if js.error_code() == ErrorCode::STREAM_NAME_EXIST => {
+            K::JetStream(js) if raced(&js) => {
                 match self.stream_state(&spec.name).await {
                     Ok(Some(state)) => {
                         self.known.lock().insert(spec.name.clone(), ());
                         Ok(state)
                     }
+                    // The overlap is with another stream: a bad config.
+                    Ok(None) if js.error_code() == ErrorCode::STREAM_SUBJECT_OVERLAP => Err(
+                        Attempt::Refused(refused(format!("creating stream {}", spec.name), js)),
+                    ),
                     Ok(None) => Err(Attempt::Failed("deleted while being created".into())),
                     Err(e) => Err(Attempt::Failed(e.to_string())),
                 }
