@@ -18,6 +18,15 @@
 //!   from the command and the state `connect` produced; finished tasks are
 //!   reaped as commands arrive, so a long-lived handle does not accumulate
 //!   them.
+//! * **A call can run on its caller's thread**: [`RuntimeThread::block_on`]
+//!   polls a future on the calling thread inside the runtime's context,
+//!   while the runtime thread drives the I/O and timers it waits on. No
+//!   task is spawned and no answer crosses back, so concurrent callers do
+//!   their own polling instead of queueing behind one thread. The runtime
+//!   outlives every such poll (tokio panics when a timer is polled after
+//!   its runtime is gone): shutdown refuses new calls, gives running ones
+//!   the same grace as tasks, then makes them give up and waits until
+//!   they have.
 //! * **Shutdown is bounded.** [`RuntimeThread::shutdown`] raises
 //!   [`Stopping`], gives the tasks `grace` to wind down (revoke a lease,
 //!   resign, unsubscribe), aborts the rest and joins the thread — unless
@@ -28,8 +37,11 @@
 //! errors are the caller's.
 
 use std::future::Future;
-use std::pin::Pin;
-use std::time::Duration;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 /// A task for the runtime.
@@ -52,6 +64,76 @@ pub(crate) enum StartError {
 /// The runtime thread has stopped; nothing more can be done through it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Gone;
+
+/// Why [`RuntimeThread::block_on`] has no output.
+#[cfg_attr(not(any(feature = "nats", feature = "redis")), allow(dead_code))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CallError {
+    /// The caller's timeout passed first; the future was dropped.
+    Timeout,
+    /// The runtime is shutting down (or gone), or the future panicked.
+    Gone,
+}
+
+/// How often shutdown looks whether the calls polled on their callers'
+/// threads have ended. Shutdown only; a call ends at its next wake-up once
+/// told to.
+const CALLS_POLL: Duration = Duration::from_millis(1);
+
+/// The calls being polled on their callers' threads, and the signals that
+/// end them at shutdown.
+struct Calls {
+    /// Calls between their start and the drop of their future.
+    running: AtomicUsize,
+    /// Set at shutdown: no call starts any more.
+    closed: AtomicBool,
+    /// Raised when the shutdown grace is over: running calls give up.
+    abort: watch::Sender<bool>,
+}
+
+impl Calls {
+    /// Counts a call in, unless shutdown has begun. Counting before
+    /// looking (both sequentially consistent) means that shutdown, which
+    /// closes before it counts, either sees this call or is seen by it.
+    fn enter(self: &Arc<Self>) -> Option<Running> {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        if self.closed.load(Ordering::SeqCst) {
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(Running(self.clone()))
+    }
+
+    /// Waits until no call is running.
+    async fn idle(&self) {
+        while self.running.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(CALLS_POLL).await;
+        }
+    }
+}
+
+/// One running call; counts it out when dropped.
+struct Running(Arc<Calls>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Wakes a thread parked in [`RuntimeThread::block_on`].
+#[cfg_attr(not(any(feature = "nats", feature = "redis")), allow(dead_code))]
+struct Unpark(std::thread::Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
 
 /// Resolves when the runtime thread shuts down; every task can select on
 /// it and should end within the thread's grace once it fires.
@@ -100,6 +182,9 @@ enum Cmd<M> {
 pub(crate) struct RuntimeThread<M> {
     tx: mpsc::UnboundedSender<Cmd<M>>,
     #[cfg_attr(not(any(feature = "nats", feature = "redis")), allow(dead_code))]
+    handle: tokio::runtime::Handle,
+    calls: Arc<Calls>,
+    #[cfg_attr(not(any(feature = "nats", feature = "redis")), allow(dead_code))]
     stopping: Stopping,
     thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
     thread_id: std::thread::ThreadId,
@@ -128,8 +213,15 @@ where
     D: FnMut(&S, M) -> Job + Send + 'static,
 {
     let (tx, mut rx) = mpsc::unbounded_channel::<Cmd<M>>();
-    let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Result<C, StartError>>(1);
+    type Ready<C> = Result<(C, tokio::runtime::Handle), StartError>;
+    let (ready_tx, ready_rx) = crossbeam_channel::bounded::<Ready<C>>(1);
     let (stop_tx, stop_rx) = watch::channel(false);
+    let calls = Arc::new(Calls {
+        running: AtomicUsize::new(0),
+        closed: AtomicBool::new(false),
+        abort: watch::channel(false).0,
+    });
+    let calls_here = calls.clone();
     let stopping = Stopping(stop_rx);
     let for_connect = stopping.clone();
     let thread_name = name.to_string();
@@ -146,6 +238,7 @@ where
                     return;
                 }
             };
+            let handle = runtime.handle().clone();
             runtime.block_on(async move {
                 let launch = match connect(for_connect).await {
                     Ok(launch) => launch,
@@ -159,7 +252,7 @@ where
                     answer,
                     tasks: first,
                 } = launch;
-                if ready_tx.send(Ok(answer)).is_err() {
+                if ready_tx.send(Ok((answer, handle))).is_err() {
                     // `start` gave up waiting: nobody will send commands.
                     return;
                 }
@@ -177,25 +270,33 @@ where
                     while tasks.try_join_next().is_some() {}
                 }
                 let _ = stop_tx.send(true);
+                calls_here.closed.store(true, Ordering::SeqCst);
                 let drained = tokio::time::timeout(grace, async {
                     while tasks.join_next().await.is_some() {}
+                    calls_here.idle().await;
                 })
                 .await;
                 if drained.is_err() {
                     log::warn!(
-                        "fleetcoord {thread_name}: tasks still running {grace:?} after close; aborting them"
+                        "fleetcoord {thread_name}: tasks or calls still running {grace:?} after close; aborting them"
                     );
                     tasks.abort_all();
                 }
+                // The runtime must outlive every poll of a call: they end
+                // at their next wake-up, which the abort causes.
+                calls_here.abort.send_replace(true);
+                calls_here.idle().await;
             });
         })
         .map_err(StartError::Io)?;
     let thread_id = thread.thread().id();
     let wait = connect_timeout.saturating_add(REPORT_SLACK);
     match ready_rx.recv_timeout(wait) {
-        Ok(Ok(answer)) => Ok((
+        Ok(Ok((answer, handle))) => Ok((
             RuntimeThread {
                 tx,
+                handle,
+                calls,
                 stopping,
                 thread: parking_lot::Mutex::new(Some(thread)),
                 thread_id,
@@ -227,6 +328,68 @@ impl<M> RuntimeThread<M> {
     /// Hands `command` to the runtime; [`Gone`] once it has shut down.
     pub(crate) fn send(&self, command: M) -> Result<(), Gone> {
         self.tx.send(Cmd::Do(command)).map_err(|_| Gone)
+    }
+
+    /// Polls `fut` on the calling thread, inside the runtime's context (its
+    /// timers, I/O and spawns are the runtime thread's), until its output,
+    /// at most `timeout` (saturating: `Duration::MAX` waits for ever). On
+    /// timeout, or when the runtime's shutdown grace is over, the future is
+    /// dropped here before this returns. A panic of the future ends only
+    /// this call ([`CallError::Gone`]), as it would end only its task on
+    /// the runtime. Called from the runtime thread itself, where nothing
+    /// would drive the future, it refuses ([`CallError::Gone`]).
+    #[cfg_attr(not(any(feature = "nats", feature = "redis")), allow(dead_code))]
+    pub(crate) fn block_on<F: Future>(
+        &self,
+        timeout: Duration,
+        fut: F,
+    ) -> Result<F::Output, CallError> {
+        if self.is_current() {
+            return Err(CallError::Gone);
+        }
+        let Some(running) = self.calls.enter() else {
+            return Err(CallError::Gone);
+        };
+        let out = {
+            let _context = self.handle.enter();
+            let mut abort = self.calls.abort.subscribe();
+            let mut aborted = pin!(async move {
+                // An error means the sender is gone: so is the runtime.
+                let _ = abort.wait_for(|abort| *abort).await;
+            });
+            let deadline = Instant::now().checked_add(timeout);
+            let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+            let mut cx = Context::from_waker(&waker);
+            let mut fut = pin!(fut);
+            loop {
+                let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    fut.as_mut().poll(&mut cx)
+                }));
+                match polled {
+                    Ok(Poll::Ready(out)) => break Ok(out),
+                    Ok(Poll::Pending) => {}
+                    // The panic hook has reported it; as a task's panic
+                    // on the runtime, it ends this call only.
+                    Err(_) => break Err(CallError::Gone),
+                }
+                if aborted.as_mut().poll(&mut cx).is_ready() {
+                    break Err(CallError::Gone);
+                }
+                match deadline {
+                    Some(deadline) => {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            break Err(CallError::Timeout);
+                        }
+                        std::thread::park_timeout(left);
+                    }
+                    None => std::thread::park(),
+                }
+            }
+            // `fut` is dropped here, inside the context and while counted.
+        };
+        drop(running);
+        out
     }
 
     /// The thread's shutdown signal.

@@ -1,14 +1,28 @@
 //! Throughput under concurrency on one coordinator handle of every
 //! backend: T threads calling `kv_set`, `publish`, and `append_stream` (to
 //! one stream, and spread over four), T = 1, 4, 16, each for a fixed
-//! window, beside the backend's own client doing one write from T tasks on
-//! one connection (a two-worker runtime, one per core: the fastest the raw
-//! client goes here): etcd-client `put`; redis-rs `SET` (standalone) and
-//! `PUBLISH` to one node (cluster: a key-less write); async-nats JetStream
-//! publish awaiting its ack (what every fleetcoord NATS write waits for).
+//! window, beside the backend's own client doing the same server work from
+//! T tasks on one connection (a two-worker runtime, one per core: the
+//! fastest the raw client goes here). Each operation has the cheapest raw
+//! code with the same outcome as its anchor:
+//!
+//! * etcd: etcd-client `put` for every operation (an append is a guarded
+//!   transaction, at least a put).
+//! * Redis (standalone, and Cluster through redis-rs' cluster client):
+//!   `kv_set` against the same one-script write (set, version bump, and a
+//!   notification carrying the version, which a watcher needs; a bare `SET`
+//!   notifies nobody), `publish` against `PUBLISH` (`SPUBLISH` on a
+//!   cluster, fleetcoord's sharded pub/sub), appends against `XADD`.
+//! * NATS: `kv_set` and appends against JetStream publish awaiting its ack
+//!   (what a KV put and an append are); `publish` against a core publish
+//!   followed by the same request fleetcoord waits for, since `flush` only
+//!   writes the socket and proves nothing about delivery.
+//!
 //! The memory backend has no network to anchor against. Anchor and
 //! fleetcoord rows of one T run back to back. Every error is counted and
 //! reported in the row's label; a contended append is an error.
+//! `BENCH_CONCURRENCY=redis,nats` (names: etcd, memory, redis,
+//! redis-cluster, nats) runs only the backends named.
 
 use crate::raw::Raw;
 use crate::report::{Row, Side};
@@ -18,6 +32,7 @@ use fleetcoord::coordinator::{
 };
 use fleetcoord::testing::{NatsServer, RedisCluster, RedisServer};
 use fleetcoord::{Etcd, EtcdOptions};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -70,14 +85,29 @@ fn raw_puts(raw: &Raw, t: usize, window: Duration) -> Res<f64> {
     })
 }
 
-/// The raw side of one backend: ops/s of T tasks for a window.
+/// The raw side of one operation: ops/s of T tasks for a window.
 type RawSide = Box<dyn Fn(usize, Duration) -> Res<f64>>;
+
+/// The operations of the figure, in row order.
+const OPS: [&str; 4] = [
+    "kv_set",
+    "publish",
+    "append_stream, 1 stream",
+    "append_stream, 4 streams",
+];
+
+/// The raw code an operation is compared with: its label and its side.
+struct Anchor {
+    label: &'static str,
+    side: RawSide,
+}
 
 /// One backend under test; `_keep` holds whatever must outlive it.
 struct Target {
     name: &'static str,
     coord: Box<dyn Coordinator>,
-    anchor: Option<(&'static str, RawSide)>,
+    /// One anchor per entry of [`OPS`] (`None`: nothing to compare with).
+    anchors: [Option<Rc<Anchor>>; 4],
     _keep: Vec<Box<dyn std::any::Any>>,
 }
 
@@ -109,80 +139,210 @@ where
     Ok(done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64())
 }
 
-fn runtime() -> Res<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?)
+fn runtime() -> Res<Arc<tokio::runtime::Runtime>> {
+    Ok(Arc::new(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?,
+    ))
 }
 
 fn etcd_target(cfg: &Config) -> Res<Target> {
     let raw = Raw::connect_workers(&cfg.endpoint, 2)?;
     let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    // fleetcoord's kv_set and publish are one put each; an append is one
+    // guarded transaction, compared with the put it is at least.
+    let put = Rc::new(Anchor {
+        label: "etcd-client put",
+        side: Box::new(move |t, window| raw_puts(&raw, t, window)),
+    });
     Ok(Target {
         name: "etcd",
         coord: Box::new(EtcdCoordinator::new(&etcd)?),
-        anchor: Some((
-            "etcd-client put",
-            Box::new(move |t, window| raw_puts(&raw, t, window)),
-        )),
+        anchors: [
+            Some(put.clone()),
+            Some(put.clone()),
+            Some(put.clone()),
+            Some(put),
+        ],
         _keep: vec![Box::new(etcd)],
     })
 }
 
-/// redis-rs `SET` (or, for a cluster node, `PUBLISH`) from T tasks on one
-/// multiplexed connection to `url`.
-fn redis_side(url: &str, command: &'static str) -> Res<RawSide> {
-    let rt = runtime()?;
-    let client = redis::Client::open(url)?;
-    let connection = rt.block_on(client.get_multiplexed_async_connection())?;
-    Ok(Box::new(move |t, window| {
-        let connection = connection.clone();
-        raw_tasks(&rt, t, window, move |task, i| {
-            let mut connection = connection.clone();
-            async move {
-                redis::cmd(command)
-                    .arg(format!("bench-conc-{task}"))
-                    .arg(i)
-                    .query_async::<redis::Value>(&mut connection)
-                    .await
-                    .is_ok()
-            }
-        })
-    }))
+/// What fleetcoord's Redis KV write does, written with redis-rs alone: set
+/// the field, bump the bucket's version and publish the change with that
+/// version, all in one script. A watcher needs all three to mirror the
+/// bucket without a gap, and the version must be in the message, which a
+/// MULTI/EXEC cannot do (a command in it cannot use an earlier one's
+/// answer); a bare `SET` would be cheaper and notify nobody.
+const KV_SCRIPT: &str = r"
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local v = redis.call('INCR', KEYS[2])
+redis.call(ARGV[3], KEYS[3], v .. ' s ' .. string.len(ARGV[1]) .. ' ' .. ARGV[1] .. ARGV[2])
+return v
+";
+
+/// A redis-rs connection of either kind, cloned into every task.
+#[derive(Clone)]
+enum RedisConn {
+    Single(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl RedisConn {
+    async fn query(&mut self, cmd: &redis::Cmd) -> bool {
+        match self {
+            RedisConn::Single(c) => cmd.query_async::<redis::Value>(c).await.is_ok(),
+            RedisConn::Cluster(c) => cmd.query_async::<redis::Value>(c).await.is_ok(),
+        }
+    }
+
+    async fn invoke(&mut self, call: &redis::ScriptInvocation<'_>) -> bool {
+        match self {
+            RedisConn::Single(c) => call.invoke_async::<redis::Value>(c).await.is_ok(),
+            RedisConn::Cluster(c) => call.invoke_async::<redis::Value>(c).await.is_ok(),
+        }
+    }
+}
+
+/// T tasks on `conn` (on `rt`), each running `op(conn, task, i)`.
+fn redis_side<F, Fut>(rt: Arc<tokio::runtime::Runtime>, conn: RedisConn, op: F) -> RawSide
+where
+    F: Fn(RedisConn, usize, u64) -> Fut + Send + Sync + Clone + 'static,
+    Fut: std::future::Future<Output = bool> + Send + 'static,
+{
+    Box::new(move |t, window| {
+        let (conn, op) = (conn.clone(), op.clone());
+        raw_tasks(&rt, t, window, move |task, i| op(conn.clone(), task, i))
+    })
+}
+
+/// The Redis anchors on one connection: the KV script (above), `publish`
+/// (`SPUBLISH` on a cluster, as fleetcoord's sharded pub/sub), and `XADD`
+/// to one stream or to four.
+fn redis_anchors(
+    rt: Arc<tokio::runtime::Runtime>,
+    conn: RedisConn,
+    cluster: bool,
+) -> [Option<Rc<Anchor>>; 4] {
+    let publish = if cluster { "SPUBLISH" } else { "PUBLISH" };
+    let kv = redis_side(
+        rt.clone(),
+        conn.clone(),
+        move |mut conn, task, i| async move {
+            let script = redis::Script::new(KV_SCRIPT);
+            let mut call = script.prepare_invoke();
+            call.key("bench:kv:{conc}")
+                .key("bench:kvv:{conc}")
+                .key("bench:kvn:{conc}")
+                .arg(format!("k{task}"))
+                .arg(i.to_string())
+                .arg(publish);
+            conn.invoke(&call).await
+        },
+    );
+    let pubs = redis_side(
+        rt.clone(),
+        conn.clone(),
+        move |mut conn, task, i| async move {
+            let mut cmd = redis::cmd(publish);
+            cmd.arg(format!("bench:topic:{{conc-{task}}}"))
+                .arg(i.to_string());
+            conn.query(&cmd).await
+        },
+    );
+    let xadd = |streams: usize| {
+        redis_side(
+            rt.clone(),
+            conn.clone(),
+            move |mut conn, task, i| async move {
+                let mut cmd = redis::cmd("XADD");
+                cmd.arg(format!("bench:stream:{{conc-{}}}", task % streams))
+                    .arg("*")
+                    .arg("p")
+                    .arg(format!("{task}-{i}"));
+                conn.query(&cmd).await
+            },
+        )
+    };
+    let (kv_label, pub_label, one_label, four_label) = if cluster {
+        (
+            "redis-rs cluster: the KV script",
+            "redis-rs cluster SPUBLISH",
+            "redis-rs cluster XADD, 1 stream",
+            "redis-rs cluster XADD, 4 streams",
+        )
+    } else {
+        (
+            "redis-rs: the KV script",
+            "redis-rs PUBLISH",
+            "redis-rs XADD, 1 stream",
+            "redis-rs XADD, 4 streams",
+        )
+    };
+    [
+        Some(Rc::new(Anchor {
+            label: kv_label,
+            side: kv,
+        })),
+        Some(Rc::new(Anchor {
+            label: pub_label,
+            side: pubs,
+        })),
+        Some(Rc::new(Anchor {
+            label: one_label,
+            side: xadd(1),
+        })),
+        Some(Rc::new(Anchor {
+            label: four_label,
+            side: xadd(4),
+        })),
+    ]
 }
 
 fn redis_target() -> Res<Target> {
     let server = RedisServer::start()?;
+    let rt = runtime()?;
+    let client = redis::Client::open(server.url())?;
+    let conn = RedisConn::Single(rt.block_on(client.get_multiplexed_async_connection())?);
     Ok(Target {
         name: "redis",
         coord: Box::new(RedisCoordinator::connect(&server.url())?),
-        anchor: Some(("redis-rs SET", redis_side(&server.url(), "SET")?)),
+        anchors: redis_anchors(rt, conn, false),
         _keep: vec![Box::new(server)],
     })
 }
 
 fn redis_cluster_target() -> Res<Target> {
     let cluster = RedisCluster::start(3)?;
+    let rt = runtime()?;
+    let urls: Vec<String> = cluster.urls().split(',').map(str::to_string).collect();
+    // RESP3, as fleetcoord's cluster connections (its sharded pub/sub
+    // needs it).
+    let client = redis::cluster::ClusterClientBuilder::new(urls)
+        .use_protocol(redis::ProtocolVersion::RESP3)
+        .build()?;
+    let conn = RedisConn::Cluster(rt.block_on(client.get_async_connection())?);
     Ok(Target {
         name: "redis cluster (3 masters)",
         coord: Box::new(RedisCoordinator::connect(&cluster.urls())?),
-        anchor: Some((
-            "redis-rs PUBLISH, one node",
-            redis_side(&cluster.node(0).url(), "PUBLISH")?,
-        )),
+        anchors: redis_anchors(rt, conn, true),
         _keep: vec![Box::new(cluster)],
     })
 }
 
-/// async-nats JetStream publish, each awaiting its ack, from T tasks on
-/// one connection, to a stream of its own.
+/// async-nats: JetStream publish awaiting its ack (what a KV put and a
+/// stream append are) to a stream of its own, and a core publish followed
+/// by the round trip fleetcoord's `publish` waits for (the server has
+/// routed the message once it answers a request sent after it; `flush`
+/// only writes the socket).
 fn nats_target() -> Res<Target> {
     let server = NatsServer::start()?;
     let rt = runtime()?;
-    let context = rt.block_on(async {
+    let (client, context) = rt.block_on(async {
         let client = async_nats::connect(server.url()).await?;
-        let context = async_nats::jetstream::new(client);
+        let context = async_nats::jetstream::new(client.clone());
         context
             .get_or_create_stream(async_nats::jetstream::stream::Config {
                 name: "BENCHCONC".into(),
@@ -190,11 +350,12 @@ fn nats_target() -> Res<Target> {
                 ..Default::default()
             })
             .await?;
-        Ok::<_, BoxError>(context)
+        Ok::<_, BoxError>((client, context))
     })?;
-    let side: RawSide = Box::new(move |t, window| {
+    let js_rt = rt.clone();
+    let js: RawSide = Box::new(move |t, window| {
         let context = context.clone();
-        raw_tasks(&rt, t, window, move |task, i| {
+        raw_tasks(&js_rt, t, window, move |task, i| {
             let context = context.clone();
             async move {
                 match context
@@ -207,12 +368,53 @@ fn nats_target() -> Res<Target> {
             }
         })
     });
+    let core: RawSide = Box::new(move |t, window| {
+        let client = client.clone();
+        raw_tasks(&rt, t, window, move |task, i| {
+            let client = client.clone();
+            async move {
+                client
+                    .publish(format!("bench.topic.{task}"), i.to_string().into())
+                    .await
+                    .is_ok()
+                    && client
+                        .request(NATS_ROUND_TRIP, bytes::Bytes::new())
+                        .await
+                        .is_ok()
+            }
+        })
+    });
+    let js = Rc::new(Anchor {
+        label: "async-nats JetStream publish + ack",
+        side: js,
+    });
     Ok(Target {
         name: "nats jetstream",
         coord: Box::new(NatsCoordinator::connect(&server.url())?),
-        anchor: Some(("async-nats JetStream publish + ack", side)),
+        anchors: [
+            Some(js.clone()),
+            Some(Rc::new(Anchor {
+                label: "async-nats publish + JetStream INFO request",
+                side: core,
+            })),
+            Some(js.clone()),
+            Some(js),
+        ],
         _keep: vec![Box::new(server)],
     })
+}
+
+/// The request whose answer proves the server routed what came before it:
+/// the one fleetcoord's NATS backend sends (its `conn::round_trip`).
+const NATS_ROUND_TRIP: &str = "$JS.API.INFO";
+
+/// The backends `BENCH_CONCURRENCY` names (comma-separated: etcd, memory,
+/// redis, redis-cluster, nats), or all of them.
+fn wanted(name: &str) -> bool {
+    match std::env::var("BENCH_CONCURRENCY") {
+        Ok(list) if !list.trim().is_empty() => list.split(',').any(|n| n.trim() == name),
+        _ => true,
+    }
 }
 
 pub fn run(cfg: &Config) -> Res<Vec<Row>> {
@@ -221,75 +423,83 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
     } else {
         Duration::from_secs(3)
     };
-    let targets = [
-        etcd_target(cfg)?,
-        Target {
+    let mut targets = Vec::new();
+    if wanted("etcd") {
+        targets.push(etcd_target(cfg)?);
+    }
+    if wanted("memory") {
+        targets.push(Target {
             name: "memory",
             coord: Box::new(MemoryCoordinator::new()),
-            anchor: None,
+            anchors: [None, None, None, None],
             _keep: Vec::new(),
-        },
-        redis_target()?,
-        redis_cluster_target()?,
-        nats_target()?,
-    ];
+        });
+    }
+    if wanted("redis") {
+        targets.push(redis_target()?);
+    }
+    if wanted("redis-cluster") {
+        targets.push(redis_cluster_target()?);
+    }
+    if wanted("nats") {
+        targets.push(nats_target()?);
+    }
     let run_id = std::process::id();
     let mut rows = Vec::new();
     for target in &targets {
         let coord = target.coord.as_ref();
         let backend = target.name;
         for t in THREADS {
-            let anchor = match &target.anchor {
-                Some((label, side)) => Some((*label, side(t, window)?)),
-                None => None,
-            };
-            let ops: [(&str, Op<'_>); 4] = [
-                (
-                    "kv_set",
-                    Box::new(move |thread, i| {
-                        coord.kv_set("conc", &format!("k{thread}"), i.to_string().as_bytes())
-                    }),
-                ),
-                (
-                    "publish",
-                    Box::new(move |thread, i| {
-                        coord.publish(&format!("conc-{thread}"), i.to_string().as_bytes())
-                    }),
-                ),
-                (
-                    "append_stream, 1 stream",
-                    Box::new(move |thread, i| {
-                        coord
-                            .append_stream(
-                                &format!("conc-{run_id}-{t}-one"),
-                                format!("{thread}-{i}").as_bytes(),
-                            )
-                            .map(|_| ())
-                    }),
-                ),
-                (
-                    "append_stream, 4 streams",
-                    Box::new(move |thread, i| {
-                        coord
-                            .append_stream(
-                                &format!("conc-{run_id}-{t}-four-{}", thread % 4),
-                                format!("{thread}-{i}").as_bytes(),
-                            )
-                            .map(|_| ())
-                    }),
-                ),
+            // Each distinct anchor once per T, before fleetcoord's rows.
+            let mut measured: Vec<(*const Anchor, f64)> = Vec::new();
+            for anchor in target.anchors.iter().flatten() {
+                let key = Rc::as_ptr(anchor);
+                if !measured.iter().any(|(k, _)| *k == key) {
+                    measured.push((key, (anchor.side)(t, window)?));
+                }
+            }
+            let ops: [Op<'_>; 4] = [
+                Box::new(move |thread, i| {
+                    coord.kv_set("conc", &format!("k{thread}"), i.to_string().as_bytes())
+                }),
+                Box::new(move |thread, i| {
+                    coord.publish(&format!("conc-{thread}"), i.to_string().as_bytes())
+                }),
+                Box::new(move |thread, i| {
+                    coord
+                        .append_stream(
+                            &format!("conc-{run_id}-{t}-one"),
+                            format!("{thread}-{i}").as_bytes(),
+                        )
+                        .map(|_| ())
+                }),
+                Box::new(move |thread, i| {
+                    coord
+                        .append_stream(
+                            &format!("conc-{run_id}-{t}-four-{}", thread % 4),
+                            format!("{thread}-{i}").as_bytes(),
+                        )
+                        .map(|_| ())
+                }),
             ];
-            for (what, op) in ops.iter() {
+            for ((what, op), anchor) in OPS.iter().zip(ops.iter()).zip(&target.anchors) {
                 let (ours, errors) = threads(t, window, op.as_ref());
+                let anchor = anchor.as_ref().and_then(|a| {
+                    let key = Rc::as_ptr(a);
+                    let value = measured.iter().find(|(k, _)| *k == key)?.1;
+                    Some((a.label, value))
+                });
                 eprintln!(
                     "concurrency: {backend} {what} ×{t}: {ours:.0} ops/s, {errors} errors (raw {:?})",
                     anchor.map(|(_, v)| v.round())
                 );
+                let anchor = anchor.map(|(label, value)| {
+                    Side::amount(format!("{label}, {t} tasks"), value, "ops/s")
+                });
                 rows.push(Row::new(
                     format!("{backend}: {what}, {t} thread(s)"),
                     Side::amount(format!("fleetcoord {what}, {errors} errors"), ours, "ops/s"),
-                    anchor
-                        .map(|(label, v)| Side::amount(format!("{label}, {t} tasks"), v, "ops/s")),
+                    anchor,
                 ));
             }
         }

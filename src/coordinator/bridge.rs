@@ -1,19 +1,21 @@
 //! The runtime thread of an async bus client (NATS, Redis): a
-//! [`crate::runtime`] thread reached by exactly two typed messages — "run
-//! this call and answer me" ([`Bridge::call`]) and "run this task until
-//! shutdown" ([`Bridge::spawn`]) — plus [`FeedSender`], the async face of
-//! the one backpressure policy of every feed.
+//! [`crate::runtime`] thread used in exactly two ways — "run this call
+//! and answer me" ([`Bridge::call`], polled on the caller's thread) and
+//! "run this task until shutdown" ([`Bridge::spawn`], on the runtime
+//! thread) — plus [`FeedSender`], the async face of the one backpressure
+//! policy of every feed.
 //!
-//! A call the caller gave up on is cancelled (its future dropped), as
-//! reqwest's blocking client does with a dropped receiver.
+//! A call runs on its caller's thread and is cancelled (its future
+//! dropped) when the caller gives up, as reqwest's blocking client cancels
+//! on a dropped receiver.
 
 use super::Feed;
-use crate::runtime::{self, Job, Launch, RuntimeThread};
+use crate::runtime::{self, CallError, Job, Launch, RuntimeThread};
 pub(crate) use crate::runtime::{StartError, Stopping};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use std::future::Future;
 use std::time::Duration;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 
 /// How long tasks get to wind down after [`Bridge::shutdown`] before they
 /// are aborted: enough to unsubscribe or close a server-side consumer, short
@@ -74,37 +76,26 @@ where
 }
 
 impl Bridge {
-    /// Runs `fut` on the runtime and blocks the caller until its output, at
-    /// most `timeout` (saturating: `Duration::MAX` waits for ever). On
-    /// timeout the future is dropped at its next await point.
+    /// Runs `fut` and blocks the caller until its output, at most `timeout`
+    /// (saturating: `Duration::MAX` waits for ever). The caller's thread
+    /// polls `fut` itself, in the runtime's context, while the runtime
+    /// thread drives the connection (see `crate::runtime`,
+    /// [`RuntimeThread::block_on`]): concurrent callers each poll their own
+    /// call and pipeline on the one connection, instead of queueing behind
+    /// the runtime thread for a task and an answer each. On timeout the
+    /// future is dropped before this returns.
     pub(crate) fn call<T, Fut>(&self, timeout: Duration, fut: Fut) -> Result<T, BridgeError>
     where
-        T: Send + 'static,
-        Fut: Future<Output = T> + Send + 'static,
+        Fut: Future<Output = T>,
     {
         if self.0.is_current() {
             log::error!("fleetcoord: a blocking call from the runtime thread itself was refused");
             return Err(BridgeError::Gone);
         }
-        let (reply_tx, reply_rx) = crossbeam_channel::bounded::<T>(1);
-        let (cancel_tx, cancel_rx) = oneshot::channel::<()>();
-        let job = async move {
-            tokio::select! {
-                out = fut => {
-                    let _ = reply_tx.send(out);
-                }
-                // Fires when the caller gives up and drops `cancel_tx`.
-                _ = cancel_rx => {}
-            }
-        };
-        self.0.send(Box::pin(job)).map_err(|_| BridgeError::Gone)?;
-        let answer = reply_rx.recv_timeout(timeout);
-        drop(cancel_tx);
-        match answer {
-            Ok(out) => Ok(out),
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(BridgeError::Timeout),
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(BridgeError::Gone),
-        }
+        self.0.block_on(timeout, fut).map_err(|e| match e {
+            CallError::Timeout => BridgeError::Timeout,
+            CallError::Gone => BridgeError::Gone,
+        })
     }
 
     /// Runs `task` on the runtime until it ends or, after shutdown, its
@@ -296,7 +287,7 @@ mod tests {
                 let _ = stopped_tx.send(());
             })
             .unwrap();
-        let (owner_tx, owner_rx) = oneshot::channel::<Bridge>();
+        let (owner_tx, owner_rx) = tokio::sync::oneshot::channel::<Bridge>();
         bridge
             .spawn(move |_| async move {
                 // The last handle ends here, on the runtime thread.
@@ -339,6 +330,81 @@ mod tests {
             Err(BridgeError::Gone)
         );
         assert!(bridge.spawn(|_| async {}).is_err());
+    }
+
+    #[test]
+    fn calls_run_on_their_callers_threads_and_pipeline() {
+        let bridge = std::sync::Arc::new(started());
+        let runtime_thread = bridge
+            .call(Duration::from_secs(5), async {
+                // A spawn from a call runs on the runtime thread.
+                tokio::spawn(async { std::thread::current().id() }).await
+            })
+            .unwrap()
+            .unwrap();
+        assert_ne!(runtime_thread, std::thread::current().id());
+        let here = bridge
+            .call(Duration::from_secs(5), async {
+                std::thread::current().id()
+            })
+            .unwrap();
+        assert_eq!(here, std::thread::current().id());
+        // Sixteen calls each waiting 200 ms on a runtime timer overlap.
+        let t = std::time::Instant::now();
+        std::thread::scope(|scope| {
+            for _ in 0..16 {
+                let bridge = bridge.clone();
+                scope.spawn(move || {
+                    let slept = bridge.call(Duration::from_secs(5), async {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    });
+                    assert_eq!(slept, Ok(()));
+                });
+            }
+        });
+        assert!(
+            t.elapsed() < Duration::from_millis(1500),
+            "{:?}",
+            t.elapsed()
+        );
+    }
+
+    #[test]
+    fn shutdown_gives_running_calls_the_grace_then_ends_them_and_refuses_new_ones() {
+        let bridge = std::sync::Arc::new(started());
+        // One call ends within the grace, one never does; both keep using
+        // the runtime's timers while it shuts down.
+        let quick = {
+            let bridge = bridge.clone();
+            std::thread::spawn(move || {
+                bridge.call(Duration::MAX, async {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    5
+                })
+            })
+        };
+        let stuck = {
+            let bridge = bridge.clone();
+            std::thread::spawn(move || {
+                bridge.call(Duration::MAX, async {
+                    loop {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                })
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        let t = std::time::Instant::now();
+        bridge.shutdown();
+        let took = t.elapsed();
+        assert!(took >= SHUTDOWN_GRACE, "{took:?}");
+        assert!(took < SHUTDOWN_GRACE + Duration::from_secs(2), "{took:?}");
+        assert_eq!(quick.join().unwrap(), Ok(5));
+        assert_eq!(stuck.join().unwrap(), Err(BridgeError::Gone));
+        assert_eq!(
+            bridge.call(Duration::from_secs(1), async { 6 }),
+            Err(BridgeError::Gone)
+        );
     }
 
     #[test]

@@ -184,7 +184,9 @@ impl Conn {
             Some(spec) => self.deadline().min(started + spec.config.duplicate_window),
             None => self.deadline(),
         };
-        let mut delay = retries();
+        // Drawn at the first retry: its seed costs a system call, which a
+        // publish acknowledged at once should not pay.
+        let mut delay = None;
         let mut not_found: u32 = 0;
         // The last look at the stream, while publishes find no responder.
         let mut health: Option<Health> = None;
@@ -276,7 +278,7 @@ impl Conn {
                     format!("no ack within {bound:?}")
                 }
             };
-            if !backoff(&mut delay, deadline).await {
+            if !backoff(delay.get_or_insert_with(retries), deadline).await {
                 return Err(match (&health, stream) {
                     (
                         Some(
@@ -453,13 +455,24 @@ impl Conn {
             }
         };
         use jetstream::context::CreateStreamErrorKind as K;
+        // Two creates of one stream racing (concurrent first appends) can
+        // answer the loser "subjects overlap" instead of "name in use": the
+        // overlap is with the stream just made, so look it up as well.
+        let raced = |js: &jetstream::Error| {
+            js.error_code() == ErrorCode::STREAM_NAME_EXIST
+                || js.error_code() == ErrorCode::STREAM_SUBJECT_OVERLAP
+        };
         match e.kind() {
-            K::JetStream(js) if js.error_code() == ErrorCode::STREAM_NAME_EXIST => {
+            K::JetStream(js) if raced(&js) => {
                 match self.stream_state(&spec.name).await {
                     Ok(Some(state)) => {
                         self.known.lock().insert(spec.name.clone(), ());
                         Ok(state)
                     }
+                    // The overlap is with another stream: a bad config.
+                    Ok(None) if js.error_code() == ErrorCode::STREAM_SUBJECT_OVERLAP => Err(
+                        Attempt::Refused(refused(format!("creating stream {}", spec.name), js)),
+                    ),
                     Ok(None) => Err(Attempt::Failed("deleted while being created".into())),
                     Err(e) => Err(Attempt::Failed(e.to_string())),
                 }

@@ -745,7 +745,9 @@ where
     let started = Instant::now();
     let deadline = started + target.request_timeout;
     let mut seen = Seen::default();
-    let mut backoff = failover_backoff();
+    // Drawn at the first retry: its seed costs a system call, which a
+    // request that succeeds at once should not pay.
+    let mut backoff = None;
     loop {
         let e = match tokio::time::timeout_at(deadline, attempt()).await {
             Ok(Ok(value)) => return Ok(value),
@@ -786,7 +788,8 @@ where
             return Err(target.failure(ErrorKind::Unavailable, message));
         }
         // The last pause leaves `reserve` for one last attempt.
-        tokio::time::sleep(backoff.next_delay().min(deadline - reserve - now)).await;
+        let delay = backoff.get_or_insert_with(failover_backoff).next_delay();
+        tokio::time::sleep(delay.min(deadline - reserve - now)).await;
     }
 }
 

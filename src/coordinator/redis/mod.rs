@@ -356,10 +356,12 @@ impl RedisCoordinator {
     }
 
     /// Runs `op` on the command connection; `op` bounds itself by the
-    /// request timeout ([`with_failover`]).
-    fn run<T: Send + 'static, F>(&self, op: impl FnOnce(Conn) -> F) -> Result<T>
+    /// request timeout ([`with_failover`]). The call is polled on the
+    /// caller's thread and ends before this returns, so `op` may borrow
+    /// from the handle and the caller's arguments instead of copying them.
+    fn run<T, F>(&self, op: impl FnOnce(Conn) -> F) -> Result<T>
     where
-        F: Future<Output = Result<T>> + Send + 'static,
+        F: Future<Output = Result<T>>,
     {
         self.check_open()?;
         let timeout = self.target.request_timeout;
@@ -379,7 +381,7 @@ impl Coordinator for RedisCoordinator {
         let channel = names::topic_channel(topic);
         let mut publish = redis::cmd(client::publish_command(self.target.cluster));
         publish.arg(&channel).arg(payload);
-        let target = self.target.clone();
+        let target = &self.target;
         let context = format!("publish on {topic:?}");
         self.run(move |conn| async move {
             // Sent twice it may be delivered twice: retried only when it
@@ -390,7 +392,7 @@ impl Coordinator for RedisCoordinator {
             };
             let describe = |e: &redis::RedisError| target.error(&context, e);
             with_failover(
-                &target,
+                target,
                 &context,
                 Some(&channel),
                 Repeat::Unsafe("the message may or may not have been delivered"),
@@ -415,12 +417,12 @@ impl Coordinator for RedisCoordinator {
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
         check_name("stream", stream)?;
         check_payload("payload", payload)?;
-        let target = self.target.clone();
+        let target = &self.target;
         let stream = stream.to_string();
         let payload: Arc<[u8]> = payload.into();
         let max_len = self.stream_max_len;
         self.run(move |mut conn| async move {
-            stream::append(&mut conn, &target, &stream, &payload, max_len).await
+            stream::append(&mut conn, target, &stream, &payload, max_len).await
         })
     }
 
@@ -447,7 +449,7 @@ impl Coordinator for RedisCoordinator {
         let hash = names::kv_hash(bucket);
         let mut get = redis::cmd("HGET");
         get.arg(&hash).arg(key);
-        let target = self.target.clone();
+        let target = &self.target;
         let what = format!("get {key:?} in bucket {bucket:?}");
         self.run(move |conn| async move {
             let attempt = || {
@@ -455,7 +457,7 @@ impl Coordinator for RedisCoordinator {
                 async move { conn.query::<Option<Vec<u8>>>(&get).await }
             };
             let describe = |e: &redis::RedisError| target.error(&what, e);
-            with_failover(&target, &what, Some(&hash), Repeat::Safe, attempt, describe)
+            with_failover(target, &what, Some(&hash), Repeat::Safe, attempt, describe)
                 .await?
                 .ok_or(Error::NotFound)
         })
@@ -480,14 +482,14 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn ping(&self) -> Result<()> {
-        let target = self.target.clone();
+        let target = &self.target;
         self.run(move |conn| async move {
             let attempt = || {
                 let mut conn = conn.clone();
                 async move { conn.query::<()>(&redis::cmd("PING")).await }
             };
             let describe = |e: &redis::RedisError| target.error("ping", e);
-            with_failover(&target, "ping", None, Repeat::Safe, attempt, describe).await
+            with_failover(target, "ping", None, Repeat::Safe, attempt, describe).await
         })
     }
 
@@ -507,7 +509,7 @@ impl Coordinator for RedisCoordinator {
 
 impl RedisCoordinator {
     fn kv_write(&self, bucket: &str, key: &str, value: Option<Vec<u8>>) -> Result<()> {
-        let target = self.target.clone();
+        let target = &self.target;
         let cluster = self.target.cluster;
         let op = if value.is_some() { "set" } else { "delete" };
         let context = format!("{op} {key:?} in bucket {bucket:?}");
@@ -524,7 +526,7 @@ impl RedisCoordinator {
             };
             let describe = |e: &redis::RedisError| target.error(&context, e);
             with_failover(
-                &target,
+                target,
                 &context,
                 Some(&hash),
                 Repeat::Safe,
