@@ -360,13 +360,7 @@ fn fleetcoord_phase(
     Ok(used)
 }
 
-fn pool_phase(
-    endpoint: &str,
-    n: usize,
-    ttl: u64,
-    window: Duration,
-    prefix: &str,
-) -> Res<Duration> {
+fn pool_phase(endpoint: &str, n: usize, ttl: u64, window: Duration, prefix: &str) -> Res<Duration> {
     let etcd = Etcd::connect(&[endpoint], EtcdOptions::default())?;
     let options = ElectionOptions::default()
         .with_prefix(prefix)
@@ -384,13 +378,7 @@ fn pool_phase(
     Ok(used)
 }
 
-fn raw_phase(
-    endpoint: &str,
-    n: usize,
-    ttl: u64,
-    window: Duration,
-    prefix: &str,
-) -> Res<Duration> {
+fn raw_phase(endpoint: &str, n: usize, ttl: u64, window: Duration, prefix: &str) -> Res<Duration> {
     let raw = Raw::connect_on_caller(endpoint)?;
     let mut c = raw.client();
     let ttl_i = i64::try_from(ttl)?;

@@ -35,10 +35,7 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
                 names.to_string(),
                 busy_ms.to_string(),
             ])?;
-            for (i, key) in ["cpu_ms", "cycles", "grants", "leases"]
-                .iter()
-                .enumerate()
-            {
+            for (i, key) in ["cpu_ms", "cycles", "grants", "leases"].iter().enumerate() {
                 acc[i][side] += process::field(&out, key)?;
             }
             cycles[side].extend(out.samples);

@@ -142,4 +142,3 @@ pub async fn keep_alive(mut client: Client, lease: i64, ttl_secs: i64) -> Res<()
         tokio::time::sleep(every).await;
     }
 }
-

@@ -1589,7 +1589,10 @@ fn grid_renews_at_the_latest_grid_instant_before_the_rule_and_stays_on_it() {
         vec![rpc(1, Request::KeepAlive { lease: LEASE })]
     );
     // Giving up on the renewal is not moved: halfway to the deadline.
-    assert_eq!(m.poll_timeout(), Some(t0 + ms(2961) + (s(9) - ms(2961)) / 2));
+    assert_eq!(
+        m.poll_timeout(),
+        Some(t0 + ms(2961) + (s(9) - ms(2961)) / 2)
+    );
     // Sent on the grid, a third of the TTL later is on it too: no drift.
     m.handle(t0 + ms(2970), ok(1, Response::KeptAlive { ttl_secs: TTL }));
     assert_eq!(drain(&mut m), vec![]);
@@ -1615,7 +1618,7 @@ fn grid_too_coarse_for_the_interval_or_removed_leaves_the_rule_alone() {
         origin: t0 + ms(1),
         step: ms(301),
     };
-    let mut m = granted_on(coarse, t0);
+    let m = granted_on(coarse, t0);
     assert_eq!(m.poll_timeout(), Some(t0 + s(3)));
 
     let fine = RenewalGrid {
