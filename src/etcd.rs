@@ -9,6 +9,7 @@ use crate::endpoint;
 use crate::error::{Error, Result};
 use crate::tls::{EtcdUser, Tls};
 use crate::validate;
+use fleetcoord_sm::keepalive::RenewalGrid;
 use fleetcoord_sm::{Machine, Request, Response};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -175,7 +176,18 @@ struct Inner {
     /// finds the driver gone can tell the user's close ([`Error::Closed`])
     /// from a driver that died ([`Error::DriverGone`]).
     closed: AtomicBool,
+    /// The instants every lease of this handle renews on (see
+    /// [`RENEWAL_STEP`]).
+    renewal_grid: RenewalGrid,
 }
+
+/// The spacing of the renewal grid every lease of one [`Etcd`] renews on:
+/// renewals due within this of each other go out together, in one driver
+/// wake-up and one stream write, instead of one each. A renewal moves
+/// earlier by less than this (never later), so a lease renewed every
+/// third of a 5 s TTL is renewed at most 0.4 % more often; leases whose
+/// renewal interval is under ten steps (TTL under ~0.7 s) are not moved.
+const RENEWAL_STEP: Duration = Duration::from_millis(20);
 
 impl std::fmt::Debug for Etcd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -252,6 +264,10 @@ impl Etcd {
                 options,
                 driver,
                 closed: AtomicBool::new(false),
+                renewal_grid: RenewalGrid {
+                    origin: std::time::Instant::now(),
+                    step: RENEWAL_STEP,
+                },
             }),
         })
     }
@@ -259,6 +275,11 @@ impl Etcd {
     /// The endpoints this handle connects to.
     pub fn endpoints(&self) -> &[String] {
         &self.inner.endpoints
+    }
+
+    /// The grid every lease of this handle renews on.
+    pub(crate) fn renewal_grid(&self) -> RenewalGrid {
+        self.inner.renewal_grid
     }
 
     /// The options this handle was built with.

@@ -346,7 +346,8 @@ impl HostLiveness {
             // For `trusted_until`: one notice per renewal, stored below.
             announce_trust: true,
         };
-        let machine = Keepalive::new(config, Instant::now(), rand_seed());
+        let mut machine = Keepalive::new(config, Instant::now(), rand_seed());
+        machine.set_renewal_grid(Some(etcd.renewal_grid()));
         let state = Arc::new(Mutex::new(LivenessState::Registering));
         // Unbounded, with the bound kept below by hand: a `bounded(1024)`
         // channel allocates and touches all of its slots up front, 40 KiB

@@ -9,7 +9,8 @@ use crate::{Config, Res};
 use crossbeam_channel::Receiver;
 use etcd_client::PutOptions;
 use fleetcoord::{
-    Etcd, EtcdOptions, HostEvent, HostLiveness, HostWatcher, LivenessOptions, WatcherOptions,
+    ElectionOptions, ElectionPool, Etcd, EtcdOptions, HostEvent, HostLiveness, HostWatcher,
+    LivenessOptions, WatcherOptions,
 };
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -184,15 +185,51 @@ pub fn child_raw_agent(args: &[String]) -> Res<()> {
     Ok(())
 }
 
-/// N hosts on one connection: fleetcoord's N HostLiveness on one `Etcd`
-/// vs N raw leases each with a keepalive task, each side in its own child
-/// process (so memory does not mix), alternating.
+/// N hosts on one connection, at TTL 3 s and 5 s. CPU: fleetcoord's N
+/// `HostLiveness` on one `Etcd` and the cheapest raw loop a user would
+/// write instead (one etcd-client `Client` driven by `block_on` on the
+/// calling thread, one task per lease with its own `lease_keep_alive`
+/// stream, renewing every TTL/3), as alternating phases A B A B of one
+/// child process. Memory and registration time: each side in a child
+/// process of its own (so heaps do not mix), alternating.
 pub fn many(cfg: &Config) -> Res<Vec<Row>> {
     let n = cfg.samples(1000, 20);
     let secs = if cfg.quick { 1 } else { 10 };
     let rounds = if cfg.quick { 1 } else { 2 };
     let raw = Raw::connect(&cfg.endpoint)?;
-    let mut cpu = [0.0f64; 2];
+    let label = format!("{n} HostLiveness on one Etcd");
+    let raw_label = format!("{n} raw leases, a keepalive task each, one client");
+    let mut rows = Vec::new();
+    for ttl in [3u64, 5] {
+        let prefix = format!("/bench/many-cpu/ttl{ttl}/");
+        let r = process::run_child(&[
+            "child-liveness-cpu".into(),
+            cfg.endpoint.clone(),
+            n.to_string(),
+            ttl.to_string(),
+            secs.to_string(),
+            rounds.to_string(),
+            prefix.clone(),
+            "fleetcoord,raw".into(),
+        ])?;
+        raw.delete_prefix(&prefix)?;
+        let window_s = (secs * rounds) as f64;
+        // µs of CPU per host per second of wall time.
+        let per_host = |ms: f64| ms * 1000.0 / window_s / n as f64;
+        rows.push(Row::new(
+            format!("{n} hosts, TTL {ttl} s: CPU per host"),
+            Side::amount(
+                label.clone(),
+                per_host(process::field(&r, "fleetcoord_cpu_ms")?),
+                "µs CPU/s",
+            ),
+            Some(Side::amount(
+                raw_label.clone(),
+                per_host(process::field(&r, "raw_cpu_ms")?),
+                "µs CPU/s",
+            )),
+        ));
+    }
     let mut mem = [0.0f64; 2];
     let mut setup = [Vec::new(), Vec::new()];
     for round in 0..rounds {
@@ -205,10 +242,8 @@ pub fn many(cfg: &Config) -> Res<Vec<Row>> {
                 cfg.endpoint.clone(),
                 name.into(),
                 n.to_string(),
-                secs.to_string(),
                 prefix.clone(),
             ])?;
-            cpu[side] += process::field(&r, "cpu_ms")?;
             mem[side] += process::field(&r, "rss_delta")?;
             setup[side].push(Duration::from_secs_f64(
                 process::field(&r, "setup_ms")? / 1000.0,
@@ -216,51 +251,180 @@ pub fn many(cfg: &Config) -> Res<Vec<Row>> {
             raw.delete_prefix(&prefix)?;
         }
     }
-    let window_ms = (secs * rounds * 1000) as f64;
-    // CPU per host as µs of CPU per second of wall time.
-    let per_host_cpu = |side: usize| cpu[side] * 1000.0 / window_ms * 1000.0 / n as f64;
     let per_host_mem = |side: usize| mem[side] / rounds as f64 / n as f64 / 1024.0;
-    let label = format!("{n} HostLiveness on one Etcd");
-    let raw_label = format!("{n} raw leases + keepalive tasks, one client");
-    Ok(vec![
-        Row::new(
-            format!("{n} hosts, TTL 5 s: CPU per host"),
-            Side::amount(label.clone(), per_host_cpu(0), "µs CPU/s"),
-            Some(Side::amount(raw_label.clone(), per_host_cpu(1), "µs CPU/s")),
-        ),
-        Row::new(
-            format!("{n} hosts, TTL 5 s: memory per host (VmRSS delta)"),
-            Side::amount(label.clone(), per_host_mem(0), "KiB"),
-            Some(Side::amount(raw_label.clone(), per_host_mem(1), "KiB")),
-        ),
-        latency_row(
-            &format!("{n} hosts: time to register all"),
-            &label,
-            &setup[0],
-            &raw_label,
-            &setup[1],
-        )?,
-    ])
+    rows.push(Row::new(
+        format!("{n} hosts, TTL 5 s: memory per host (VmRSS delta)"),
+        Side::amount(label.clone(), per_host_mem(0), "KiB"),
+        Some(Side::amount(raw_label.clone(), per_host_mem(1), "KiB")),
+    ));
+    rows.push(latency_row(
+        &format!("{n} hosts: time to register all"),
+        &label,
+        &setup[0],
+        &raw_label,
+        &setup[1],
+    )?);
+    Ok(rows)
 }
 
-/// `child-liveness ENDPOINT SIDE N SECS PREFIX`: registers N hosts, then
-/// reports CPU over SECS and the VmRSS growth since before the first one.
-pub fn child_liveness(args: &[String]) -> Res<()> {
-    let [endpoint, side, n, secs, prefix] = args else {
-        return Err("usage: child-liveness ENDPOINT fleetcoord|raw N SECS PREFIX".into());
+/// How long a phase waits after registering before its CPU window opens:
+/// past every lease's first renewal (a third of the TTL), and past
+/// registration's bursts.
+fn settle(ttl_secs: u64) -> Duration {
+    Duration::from_millis(ttl_secs * 1000 / 3) + Duration::from_secs(1)
+}
+
+/// `child-liveness-cpu ENDPOINT N TTL_SECS SECS ROUNDS PREFIX SIDES`: for
+/// each of ROUNDS rounds, one phase per side of the comma-separated SIDES
+/// (the order reversed every other round), each holding N hosts at TTL_SECS
+/// for a CPU window of SECS, on a connection of its own opened and closed
+/// within the phase. Reports each side's summed CPU as `<side>_cpu_ms`.
+/// Sides: `fleetcoord` (N `HostLiveness` on one `Etcd`), `pool` (an
+/// `ElectionPool` holding the sessions of N names, each campaigned on and
+/// resigned once), `raw` (one
+/// etcd-client `Client` on a current-thread runtime driven by `block_on`
+/// on this thread; a task per lease with its own `lease_keep_alive`
+/// stream: what etcd-client's public API offers; sharing one stream needs
+/// its non-default `pub-response-field` feature and a request type it does
+/// not export).
+pub fn child_liveness_cpu(args: &[String]) -> Res<()> {
+    let [endpoint, n, ttl, secs, rounds, prefix, sides] = args else {
+        return Err(
+            "usage: child-liveness-cpu ENDPOINT N TTL_SECS SECS ROUNDS PREFIX SIDE,SIDE..".into(),
+        );
     };
     let n: usize = n.parse()?;
-    let secs: u64 = secs.parse()?;
-    let ttl = 5i64;
-    let measure = |rss0: u64, setup: Duration| -> Res<()> {
-        // Let registration's bursts settle before the window opens.
-        std::thread::sleep(Duration::from_secs(1));
+    let ttl: u64 = ttl.parse()?;
+    let window = Duration::from_secs(secs.parse()?);
+    let rounds: usize = rounds.parse()?;
+    let sides: Vec<&str> = sides.split(',').collect();
+    let mut cpu = vec![Duration::ZERO; sides.len()];
+    for round in 0..rounds {
+        let mut order: Vec<usize> = (0..sides.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            let used = match sides[i] {
+                "fleetcoord" => fleetcoord_phase(endpoint, n, ttl, window, prefix)?,
+                "pool" => pool_phase(endpoint, n, ttl, window, prefix)?,
+                "raw" => raw_phase(endpoint, n, ttl, window, prefix)?,
+                other => return Err(format!("unknown side {other:?}").into()),
+            };
+            eprintln!(
+                "liveness cpu: {} ttl {ttl}s round {round}: {:.1} µs/host/s",
+                sides[i],
+                used.as_secs_f64() * 1e6 / window.as_secs_f64() / n as f64
+            );
+            cpu[i] += used;
+        }
+    }
+    let keys: Vec<String> = sides.iter().map(|s| format!("{s}_cpu_ms")).collect();
+    let pairs: Vec<(&str, f64)> = keys
+        .iter()
+        .zip(&cpu)
+        .map(|(k, c)| (k.as_str(), c.as_secs_f64() * 1000.0))
+        .collect();
+    process::print_result(&pairs);
+    Ok(())
+}
+
+fn fleetcoord_phase(
+    endpoint: &str,
+    n: usize,
+    ttl: u64,
+    window: Duration,
+    prefix: &str,
+) -> Res<Duration> {
+    let etcd = Etcd::connect(&[endpoint], EtcdOptions::default())?;
+    let options = LivenessOptions::default()
+        .with_prefix(prefix)
+        .with_ttl(Duration::from_secs(ttl));
+    let mut hosts = Vec::with_capacity(n);
+    for _ in 0..n {
+        hosts.push(HostLiveness::with_options(
+            &etcd,
+            Uuid::new_v4(),
+            b"{}",
+            options.clone(),
+        )?);
+    }
+    std::thread::sleep(settle(ttl));
+    let cpu0 = stats::cpu_time()?;
+    std::thread::sleep(window);
+    let used = stats::cpu_time()?.saturating_sub(cpu0);
+    for h in hosts {
+        h.close()?;
+    }
+    etcd.close()?;
+    Ok(used)
+}
+
+fn pool_phase(endpoint: &str, n: usize, ttl: u64, window: Duration, prefix: &str) -> Res<Duration> {
+    let etcd = Etcd::connect(&[endpoint], EtcdOptions::default())?;
+    let options = ElectionOptions::default()
+        .with_prefix(prefix)
+        .with_ttl(Duration::from_secs(ttl));
+    let pool = ElectionPool::with_options(&etcd, options);
+    for i in 0..n {
+        pool.campaign(&format!("pool-{i}"), b"me")?.resign()?;
+    }
+    std::thread::sleep(settle(ttl));
+    let cpu0 = stats::cpu_time()?;
+    std::thread::sleep(window);
+    let used = stats::cpu_time()?.saturating_sub(cpu0);
+    pool.close()?;
+    etcd.close()?;
+    Ok(used)
+}
+
+fn raw_phase(endpoint: &str, n: usize, ttl: u64, window: Duration, prefix: &str) -> Res<Duration> {
+    let raw = Raw::connect_on_caller(endpoint)?;
+    let mut c = raw.client();
+    let ttl_i = i64::try_from(ttl)?;
+    raw.block_on(async {
+        let mut leases = Vec::with_capacity(n);
+        let mut tasks = Vec::with_capacity(n);
+        for _ in 0..n {
+            let key = format!("{prefix}{}", Uuid::new_v4());
+            let lease = c.lease_grant(ttl_i, None).await?.id();
+            c.put(key, "{}", Some(PutOptions::new().with_lease(lease)))
+                .await?;
+            leases.push(lease);
+            // Kept alive from here on, as fleetcoord's are once registered.
+            tasks.push(tokio::spawn(raw::keep_alive(c.clone(), lease, ttl_i)));
+        }
+        tokio::time::sleep(settle(ttl)).await;
         let cpu0 = stats::cpu_time()?;
-        std::thread::sleep(Duration::from_secs(secs));
-        let cpu = stats::cpu_time()?.saturating_sub(cpu0);
+        tokio::time::sleep(window).await;
+        let used = stats::cpu_time()?.saturating_sub(cpu0);
+        // A task that ended (its lease lost) would make the anchor cheap.
+        if tasks.iter().any(|t| t.is_finished()) {
+            return Err("a raw keepalive task ended during the phase".into());
+        }
+        // Revoked while still kept alive, so that none expires first.
+        for lease in leases {
+            c.lease_revoke(lease).await?;
+        }
+        for t in &tasks {
+            t.abort();
+        }
+        Ok(used)
+    })
+}
+
+/// `child-liveness ENDPOINT SIDE N PREFIX`: registers N hosts at TTL 5 s,
+/// then reports the VmRSS growth since before the first one, once every
+/// lease has renewed, and the time registration took.
+pub fn child_liveness(args: &[String]) -> Res<()> {
+    let [endpoint, side, n, prefix] = args else {
+        return Err("usage: child-liveness ENDPOINT fleetcoord|raw N PREFIX".into());
+    };
+    let n: usize = n.parse()?;
+    let ttl = 5u64;
+    let report = |rss0: u64, setup: Duration| -> Res<()> {
         let rss = stats::status_bytes("VmRSS")?;
         process::print_result(&[
-            ("cpu_ms", cpu.as_secs_f64() * 1000.0),
             ("rss_delta", rss.saturating_sub(rss0) as f64),
             ("setup_ms", setup.as_secs_f64() * 1000.0),
         ]);
@@ -271,7 +435,7 @@ pub fn child_liveness(args: &[String]) -> Res<()> {
             let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default())?;
             let options = LivenessOptions::default()
                 .with_prefix(prefix.as_str())
-                .with_ttl(Duration::from_secs(ttl as u64));
+                .with_ttl(Duration::from_secs(ttl));
             let rss0 = stats::status_bytes("VmRSS")?;
             let t = Instant::now();
             let mut hosts = Vec::with_capacity(n);
@@ -283,25 +447,34 @@ pub fn child_liveness(args: &[String]) -> Res<()> {
                     options.clone(),
                 )?);
             }
-            measure(rss0, t.elapsed())?;
+            let setup = t.elapsed();
+            std::thread::sleep(settle(ttl));
+            report(rss0, setup)?;
             etcd.close()?;
         }
         "raw" => {
-            let raw = Raw::connect(endpoint)?;
+            let raw = Raw::connect_on_caller(endpoint)?;
+            let mut c = raw.client();
+            let ttl = i64::try_from(ttl)?;
             let rss0 = stats::status_bytes("VmRSS")?;
-            let t = Instant::now();
-            let mut tasks = Vec::with_capacity(n);
-            for _ in 0..n {
-                let mut c = raw.client();
-                let key = format!("{prefix}{}", Uuid::new_v4());
-                let lease = raw.block_on(c.lease_grant(ttl, None))?.id();
-                raw.block_on(c.put(key, "{}", Some(PutOptions::new().with_lease(lease))))?;
-                tasks.push(raw.spawn(raw::keep_alive(c, lease, ttl)));
-            }
-            measure(rss0, t.elapsed())?;
-            for t in &tasks {
-                t.abort();
-            }
+            raw.block_on(async {
+                let t = Instant::now();
+                let mut tasks = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let key = format!("{prefix}{}", Uuid::new_v4());
+                    let lease = c.lease_grant(ttl, None).await?.id();
+                    c.put(key, "{}", Some(PutOptions::new().with_lease(lease)))
+                        .await?;
+                    tasks.push(tokio::spawn(raw::keep_alive(c.clone(), lease, ttl)));
+                }
+                let setup = t.elapsed();
+                tokio::time::sleep(settle(ttl as u64)).await;
+                report(rss0, setup)?;
+                for t in &tasks {
+                    t.abort();
+                }
+                Ok::<(), crate::BoxError>(())
+            })?;
         }
         other => return Err(format!("unknown side {other:?}").into()),
     }

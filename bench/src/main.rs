@@ -81,6 +81,7 @@ fn main() {
     let result = match args.first().map(String::as_str) {
         Some("child-raw-agent") => liveness::child_raw_agent(&args[1..]),
         Some("child-liveness") => liveness::child_liveness(&args[1..]),
+        Some("child-liveness-cpu") => liveness::child_liveness_cpu(&args[1..]),
         Some("child-raw-leader") => election::child_raw_leader(&args[1..]),
         Some("child-watch") => watch::child_watch(&args[1..]),
         Some("child-pool") => pool::child_pool(&args[1..]),

@@ -1,7 +1,9 @@
 //! ElectionPool with 1,000 names vs a naive loop that grants a lease per
 //! campaign: campaign+resign cycle time, CPU, leases; and the idle cost
 //! (CPU, memory) of the pool's 1,000 sessions vs 1,000 raw leases kept
-//! alive. Each side runs in its own child process, alternating.
+//! alive by the cheapest loop. Cycling and memory: each side in a child
+//! process of its own, alternating; idle CPU: alternating phases of one
+//! child (`child-liveness-cpu`).
 
 use crate::process;
 use crate::raw::{self, Raw};
@@ -18,13 +20,11 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
     let names = cfg.samples(1000, 20);
     let window = if cfg.quick { 2 } else { cfg.pool_secs };
     let rounds = if cfg.quick { 1 } else { 2 };
-    // The window is split over the rounds; the idle phase is half of each
-    // busy one.
+    // The window is split over the rounds.
     let busy_ms = window * 1000 / rounds;
-    let idle_ms = busy_ms / 2;
     let mut cycles = [Vec::new(), Vec::new()];
-    // cpu_ms, idle_cpu_ms, cycles, grants, leases alive
-    let mut acc = [[0.0f64; 2]; 5];
+    // cpu_ms, cycles, grants, leases alive
+    let mut acc = [[0.0f64; 2]; 4];
     for round in 0..rounds {
         let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for side in order {
@@ -34,12 +34,8 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
                 ["fleetcoord", "naive"][side].into(),
                 names.to_string(),
                 busy_ms.to_string(),
-                idle_ms.to_string(),
             ])?;
-            for (i, key) in ["cpu_ms", "idle_cpu_ms", "cycles", "grants", "leases"]
-                .iter()
-                .enumerate()
-            {
+            for (i, key) in ["cpu_ms", "cycles", "grants", "leases"].iter().enumerate() {
                 acc[i][side] += process::field(&out, key)?;
             }
             cycles[side].extend(out.samples);
@@ -60,14 +56,47 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
             mem[side] += process::field(&out, "rss_delta")?;
         }
     }
-    let per_name_mem = |side: usize| mem[side] / rounds as f64 / names as f64 / 1024.0;
-    let busy_total = (busy_ms * rounds) as f64;
-    let idle_total = (idle_ms * rounds) as f64;
     let pct = |cpu: f64, ms: f64| cpu / ms * 100.0;
+    let per_name_mem = |side: usize| mem[side] / rounds as f64 / names as f64 / 1024.0;
+    // Idle CPU: the pool and the cheapest raw loop (one client driven by
+    // `block_on` on the calling thread, a keepalive task per lease), as
+    // alternating phases A B A B of one child process.
+    let idle_secs = if cfg.quick { 1 } else { 10 };
+    let mut idle_rows = Vec::new();
+    let raw = Raw::connect(&cfg.endpoint)?;
+    for ttl in [3u64, 5] {
+        let prefix = format!("/bench/pool-idle/ttl{ttl}/");
+        let out = process::run_child(&[
+            "child-liveness-cpu".into(),
+            cfg.endpoint.clone(),
+            names.to_string(),
+            ttl.to_string(),
+            idle_secs.to_string(),
+            rounds.to_string(),
+            prefix.clone(),
+            "pool,raw".into(),
+        ])?;
+        raw.delete_prefix(&prefix)?;
+        let window_ms = (idle_secs * rounds * 1000) as f64;
+        idle_rows.push(Row::new(
+            format!("{names} names, TTL {ttl} s: idle CPU holding {names} sessions"),
+            Side::amount(
+                format!("ElectionPool, {names} names"),
+                pct(process::field(&out, "pool_cpu_ms")?, window_ms),
+                "% of a core",
+            ),
+            Some(Side::amount(
+                format!("{names} raw leases, a keepalive task each, one client"),
+                pct(process::field(&out, "raw_cpu_ms")?, window_ms),
+                "% of a core",
+            )),
+        ));
+    }
+    let busy_total = (busy_ms * rounds) as f64;
     let ours = format!("ElectionPool, {names} names");
     let naive = "naive: grant, campaign, resign, revoke";
     let k = format!("{names} names");
-    Ok(vec![
+    let mut rows = vec![
         latency_row(
             &format!("{k}: campaign + resign cycle"),
             &ours,
@@ -86,50 +115,40 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
         ),
         Row::new(
             format!("{k}: CPU per cycle"),
-            Side::amount(&ours, acc[0][0] * 1000.0 / acc[2][0].max(1.0), "µs"),
+            Side::amount(&ours, acc[0][0] * 1000.0 / acc[1][0].max(1.0), "µs"),
             Some(Side::amount(
                 naive,
-                acc[0][1] * 1000.0 / acc[2][1].max(1.0),
+                acc[0][1] * 1000.0 / acc[1][1].max(1.0),
                 "µs",
             )),
         ),
         Row::new(
             format!("{k}: cycles completed ({} s)", busy_total / 1000.0),
-            Side::amount(&ours, acc[2][0], "cycles"),
-            Some(Side::amount(naive, acc[2][1], "cycles")),
+            Side::amount(&ours, acc[1][0], "cycles"),
+            Some(Side::amount(naive, acc[1][1], "cycles")),
         ),
         Row::new(
             format!("{k}: leases granted while cycling"),
-            Side::amount(&ours, acc[3][0], "grants"),
-            Some(Side::amount(naive, acc[3][1], "grants")),
+            Side::amount(&ours, acc[2][0], "grants"),
+            Some(Side::amount(naive, acc[2][1], "grants")),
         ),
         Row::new(
             format!("{k}: distinct leases used per run (warm-up sweep + window)"),
-            Side::amount(&ours, acc[4][0] / rounds as f64, "leases"),
-            Some(Side::amount(naive, acc[4][1] / rounds as f64, "leases")),
-        ),
-        Row::new(
-            format!(
-                "{k}: idle CPU holding {names} sessions ({} s)",
-                idle_total / 1000.0
-            ),
-            Side::amount(&ours, pct(acc[1][0], idle_total), "% of a core"),
-            Some(Side::amount(
-                format!("{names} raw leases + keepalive tasks"),
-                pct(acc[1][1], idle_total),
-                "% of a core",
-            )),
+            Side::amount(&ours, acc[3][0] / rounds as f64, "leases"),
+            Some(Side::amount(naive, acc[3][1] / rounds as f64, "leases")),
         ),
         Row::new(
             format!("{k}: memory per name holding its session (VmRSS delta)"),
             Side::amount(&ours, per_name_mem(0), "KiB"),
             Some(Side::amount(
-                format!("{names} raw leases + keepalive tasks"),
+                format!("{names} raw leases, a keepalive task each, one client"),
                 per_name_mem(1),
                 "KiB",
             )),
         ),
-    ])
+    ];
+    rows.extend(idle_rows);
+    Ok(rows)
 }
 
 /// `child-pool-memory ENDPOINT SIDE NAMES`: the VmRSS growth of holding
@@ -163,41 +182,45 @@ pub fn child_pool_memory(args: &[String]) -> Res<()> {
             pool.close()?;
         }
         "raw" => {
-            let raw = Raw::connect(endpoint)?;
+            // The cheapest loop: one client driven by `block_on` on this
+            // thread, a keepalive task per lease.
+            let raw = Raw::connect_on_caller(endpoint)?;
             let mut c = raw.client();
             let rss0 = stats::status_bytes("VmRSS")?;
-            let mut keepers = Vec::with_capacity(names.len());
-            for _ in &names {
-                let lease = raw.block_on(c.lease_grant(TTL as i64, None))?.id();
-                keepers.push(raw.spawn(raw::keep_alive(raw.client(), lease, TTL as i64)));
-            }
-            std::thread::sleep(settle);
-            let rss = stats::status_bytes("VmRSS")?;
-            process::print_result(&[("rss_delta", rss.saturating_sub(rss0) as f64)]);
-            for k in &keepers {
-                k.abort();
-            }
+            raw.block_on(async {
+                let mut keepers = Vec::with_capacity(names.len());
+                for _ in &names {
+                    let lease = c.lease_grant(TTL as i64, None).await?.id();
+                    keepers.push(tokio::spawn(raw::keep_alive(c.clone(), lease, TTL as i64)));
+                }
+                tokio::time::sleep(settle).await;
+                let rss = stats::status_bytes("VmRSS")?;
+                process::print_result(&[("rss_delta", rss.saturating_sub(rss0) as f64)]);
+                for k in &keepers {
+                    k.abort();
+                }
+                Ok::<(), crate::BoxError>(())
+            })?;
         }
         other => return Err(format!("unknown side {other:?}").into()),
     }
     Ok(())
 }
 
-/// `child-pool ENDPOINT SIDE NAMES BUSY_MS IDLE_MS`: one warm-up sweep over
-/// the names, then campaign+resign round-robin for BUSY_MS (CPU, cycles,
-/// grants), then IDLE_MS holding NAMES sessions (CPU).
+/// `child-pool ENDPOINT SIDE NAMES BUSY_MS`: one warm-up sweep over the
+/// names, then campaign+resign round-robin for BUSY_MS (CPU, cycles,
+/// grants).
 pub fn child_pool(args: &[String]) -> Res<()> {
-    let [endpoint, side, names, busy_ms, idle_ms] = args else {
-        return Err("usage: child-pool ENDPOINT fleetcoord|naive NAMES BUSY_MS IDLE_MS".into());
+    let [endpoint, side, names, busy_ms] = args else {
+        return Err("usage: child-pool ENDPOINT fleetcoord|naive NAMES BUSY_MS".into());
     };
     let names: Vec<String> = (0..names.parse::<usize>()?)
         .map(|i| format!("pool-{i}"))
         .collect();
     let busy = Duration::from_millis(busy_ms.parse()?);
-    let idle = Duration::from_millis(idle_ms.parse()?);
     let raw = Raw::connect(endpoint)?;
     let mut samples = Vec::new();
-    let (cpu, grants, idle_cpu) = match side.as_str() {
+    let (cpu, grants) = match side.as_str() {
         "fleetcoord" => {
             let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default())?;
             let options = ElectionOptions::default()
@@ -229,14 +252,8 @@ pub fn child_pool(args: &[String]) -> Res<()> {
                 }
             }
             let cpu = stats::cpu_time()?.saturating_sub(cpu0);
-            // Let the sessions' first renewals pass before the window.
-            std::thread::sleep(Duration::from_secs(1));
-            let cpu1 = stats::cpu_time()?;
-            std::thread::sleep(idle);
-            let idle_cpu = stats::cpu_time()?.saturating_sub(cpu1);
             process::print_result(&[
                 ("cpu_ms", cpu.as_secs_f64() * 1000.0),
-                ("idle_cpu_ms", idle_cpu.as_secs_f64() * 1000.0),
                 ("cycles", samples.len() as f64),
                 ("grants", grants as f64),
                 ("leases", seen.len() as f64),
@@ -246,7 +263,6 @@ pub fn child_pool(args: &[String]) -> Res<()> {
             return Ok(());
         }
         "naive" => {
-            let mut c = raw.client();
             let cycle = |name: &str| -> Res<()> {
                 let mut c = raw.client();
                 raw.block_on(async {
@@ -275,27 +291,12 @@ pub fn child_pool(args: &[String]) -> Res<()> {
                 samples.push(t.elapsed());
             }
             let cpu = stats::cpu_time()?.saturating_sub(cpu0);
-            // The idle anchor: as many raw sessions as the pool holds.
-            let mut keepers = Vec::with_capacity(names.len());
-            for _ in &names {
-                let lease = raw.block_on(c.lease_grant(TTL as i64, None))?.id();
-                keepers.push(raw.spawn(raw::keep_alive(raw.client(), lease, TTL as i64)));
-            }
-            // Let the sessions' first renewals pass before the window.
-            std::thread::sleep(Duration::from_secs(1));
-            let cpu1 = stats::cpu_time()?;
-            std::thread::sleep(idle);
-            let idle_cpu = stats::cpu_time()?.saturating_sub(cpu1);
-            for k in &keepers {
-                k.abort();
-            }
-            (cpu, samples.len(), idle_cpu)
+            (cpu, samples.len())
         }
         other => return Err(format!("unknown side {other:?}").into()),
     };
     process::print_result(&[
         ("cpu_ms", cpu.as_secs_f64() * 1000.0),
-        ("idle_cpu_ms", idle_cpu.as_secs_f64() * 1000.0),
         ("cycles", samples.len() as f64),
         ("grants", grants as f64),
         // Every cycle, warm-up included, granted its own lease.

@@ -149,6 +149,39 @@ pub struct KeepaliveConfig {
     pub announce_trust: bool,
 }
 
+/// Instants shared by many machines, at which their renewals are due
+/// ([`Keepalive::set_renewal_grid`]): `origin + k × step` for any `k ≥ 0`.
+/// A driver that keeps many leases alive on one connection gives every
+/// machine the same grid, so renewals due within one step of each other
+/// are sent together — one wake-up and one write for all of them instead
+/// of one each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenewalGrid {
+    /// Where the grid starts.
+    pub origin: Instant,
+    /// Its spacing. Zero, or more than a tenth of a lease's renewal
+    /// interval, leaves that lease's renewals where they were.
+    pub step: Duration,
+}
+
+impl RenewalGrid {
+    /// The latest grid instant at or before `due`, if it is at most one
+    /// step earlier, the step is non-zero and at most a tenth of
+    /// `interval`; else `due` itself. Never later than `due`.
+    pub fn floor(&self, due: Instant, interval: Duration) -> Instant {
+        let step = self.step.as_nanos();
+        if step == 0 || step.saturating_mul(10) > interval.as_nanos() {
+            return due;
+        }
+        let Some(since) = due.checked_duration_since(self.origin) else {
+            return due;
+        };
+        // Less than `step`, which is at most a tenth of a Duration.
+        let early = u64::try_from(since.as_nanos() % step).unwrap_or(0);
+        due.checked_sub(Duration::from_nanos(early)).unwrap_or(due)
+    }
+}
+
 /// What a [`Keepalive`] tells its user through [`Command::Notify`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KeepaliveNotice {
@@ -382,6 +415,7 @@ pub struct Keepalive {
     resent: u32,
     retired: Retired,
     announce_trust: bool,
+    renewal_grid: Option<RenewalGrid>,
     outbox: Outbox<KeepaliveNotice>,
     clock: Clock,
 }
@@ -432,6 +466,7 @@ impl Keepalive {
             attempt_timeout: config.attempt_timeout,
             retired: Retired::default(),
             announce_trust: config.announce_trust,
+            renewal_grid: None,
             resent: 0,
             outbox: Outbox::new(first_rpc_id),
             clock: Clock::new(now),
@@ -470,6 +505,17 @@ impl Keepalive {
             Phase::Leased(l) => Some(l.deadline),
             _ => None,
         }
+    }
+
+    /// From the next acknowledged renewal (or grant) on, the renewal after
+    /// it is due at the latest instant of `grid` at or before the instant
+    /// the renewal rule gives, at most one step earlier (see
+    /// [`RenewalGrid::floor`]); `None` restores the rule's own instant.
+    /// Never later than the rule: the local deadline and the safety it
+    /// gives are unchanged, and a lease is renewed at most one step per
+    /// interval more often.
+    pub fn set_renewal_grid(&mut self, grid: Option<RenewalGrid>) {
+        self.renewal_grid = grid;
     }
 
     /// Whether `id` was issued by this machine (replies to it belong here).
@@ -697,7 +743,12 @@ impl Keepalive {
         // deadline comes before `ttl`, and renewals keep their pace to it.
         let by_life = l.last_ack_send.checked_add(l.trusted / 3).unwrap_or(now);
         let half_left = now + l.deadline.saturating_duration_since(now) / 2;
-        self.arm(Timer::Renew, by_life.min(half_left));
+        let due = by_life.min(half_left);
+        let at = match &self.renewal_grid {
+            Some(grid) => grid.floor(due, l.trusted / 3),
+            None => due,
+        };
+        self.arm(Timer::Renew, at);
     }
 
     fn send_keepalive(&mut self, now: Instant) {

@@ -167,11 +167,15 @@ impl Renewer {
                         break;
                     }
                 }
-                message = rx.recv() => match message {
-                    Some(Message::Renew(r)) => self.unsent.push_back(r),
-                    Some(Message::Forget(lease)) => self.forget(lease),
-                    None => break,
-                },
+                message = rx.recv() => {
+                    let Some(message) = message else { break };
+                    self.take(message);
+                    // Renewals due at one instant arrive together: take
+                    // them all before writing, so one write carries them.
+                    while let Ok(message) = rx.try_recv() {
+                        self.take(message);
+                    }
+                }
                 (lease, opened) = opening(&mut self.opening) => {
                     self.opening = None;
                     self.opened(lease, opened);
@@ -184,6 +188,13 @@ impl Renewer {
         let gone = || Err(RpcError::Unavailable("the driver is shutting down".into()));
         for r in self.sent.drain(..).chain(self.unsent.drain(..)) {
             r.answer(gone());
+        }
+    }
+
+    fn take(&mut self, message: Message) {
+        match message {
+            Message::Renew(r) => self.unsent.push_back(r),
+            Message::Forget(lease) => self.forget(lease),
         }
     }
 

@@ -206,7 +206,9 @@ where
                 last_now = Instant::now().max(last_now);
                 stop(&mut machine, last_now, &mut stop_deadline);
             }
-            _ = tokio::time::sleep(RELIEF_POLL), if paused && stop_deadline.is_none() => {
+            // Lazy: select! builds the futures of disabled branches too,
+            // and a `Sleep` is not free to build (a clock read, a handle).
+            _ = async { tokio::time::sleep(RELIEF_POLL).await }, if paused && stop_deadline.is_none() => {
                 match sink.relieve() {
                     Relief::Room => {
                         paused = false;

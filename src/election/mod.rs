@@ -202,7 +202,8 @@ impl Election {
             announce_session_trust: true,
             permits: options_permits,
         };
-        let machine = ElectionMachine::new(config, Instant::now(), rand_seed());
+        let mut machine = ElectionMachine::new(config, Instant::now(), rand_seed());
+        machine.set_session_renewal_grid(Some(etcd.renewal_grid()));
         let state = Arc::new(Mutex::new(State::default()));
         let handler_state = state.clone();
         let (router, routes) = ops::routes();

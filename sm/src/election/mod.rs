@@ -478,6 +478,12 @@ impl Election {
         self.session.local_deadline()
     }
 
+    /// Renewals of the session on `grid`: see
+    /// [`Keepalive::set_renewal_grid`].
+    pub fn set_session_renewal_grid(&mut self, grid: Option<crate::keepalive::RenewalGrid>) {
+        self.session.set_renewal_grid(grid);
+    }
+
     /// The candidate key of the current session: prefix + lowercase hex lease id.
     pub fn my_key(&self) -> Option<Vec<u8>> {
         self.session

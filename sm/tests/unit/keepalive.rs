@@ -1557,3 +1557,109 @@ fn a_refused_put_stops_without_a_leave_marker() {
         ]
     );
 }
+
+/// A lease-only machine on `grid`, granted `LEASE` (TTL 9 s) by a reply at
+/// t0 + 10 ms to the grant sent at t0.
+fn granted_on(grid: RenewalGrid, t0: Instant) -> Keepalive {
+    let mut m = Keepalive::new(config(false), t0, 1);
+    m.set_renewal_grid(Some(grid));
+    let _ = drain(&mut m);
+    m.handle(t0 + ms(10), grant_reply());
+    assert_eq!(drain(&mut m), vec![registered()]);
+    m
+}
+
+#[test]
+fn grid_renews_at_the_latest_grid_instant_before_the_rule_and_stays_on_it() {
+    let t0 = Instant::now();
+    let grid = RenewalGrid {
+        origin: t0 + ms(1),
+        step: ms(40),
+    };
+    let mut m = granted_on(grid, t0);
+    // The rule says t0 + 3 s; the grid instant before it is origin + 74
+    // steps = t0 + 2961 ms. The deadline is the rule's, from the send.
+    assert_eq!(m.local_deadline(), Some(t0 + s(9)));
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(2961)));
+    m.handle_timeout(t0 + ms(2960));
+    assert_eq!(drain(&mut m), vec![]);
+    m.handle_timeout(t0 + ms(2961));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(1, Request::KeepAlive { lease: LEASE })]
+    );
+    // Giving up on the renewal is not moved: halfway to the deadline.
+    assert_eq!(
+        m.poll_timeout(),
+        Some(t0 + ms(2961) + (s(9) - ms(2961)) / 2)
+    );
+    // Sent on the grid, a third of the TTL later is on it too: no drift.
+    m.handle(t0 + ms(2970), ok(1, Response::KeptAlive { ttl_secs: TTL }));
+    assert_eq!(drain(&mut m), vec![]);
+    assert_eq!(m.local_deadline(), Some(t0 + ms(11_961)));
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(5961)));
+    // Sent 15 ms late (a busy driver), the next is back on the grid, never
+    // later than the rule's t0 + 8976 ms.
+    m.handle_timeout(t0 + ms(5976));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(2, Request::KeepAlive { lease: LEASE })]
+    );
+    m.handle(t0 + ms(5980), ok(2, Response::KeptAlive { ttl_secs: TTL }));
+    assert_eq!(m.local_deadline(), Some(t0 + ms(14_976)));
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(8961)));
+}
+
+#[test]
+fn grid_too_coarse_for_the_interval_or_removed_leaves_the_rule_alone() {
+    let t0 = Instant::now();
+    // More than a tenth of the 3 s interval.
+    let coarse = RenewalGrid {
+        origin: t0 + ms(1),
+        step: ms(301),
+    };
+    let m = granted_on(coarse, t0);
+    assert_eq!(m.poll_timeout(), Some(t0 + s(3)));
+
+    let fine = RenewalGrid {
+        origin: t0 + ms(1),
+        step: ms(40),
+    };
+    let mut m = granted_on(fine, t0);
+    m.set_renewal_grid(None);
+    m.handle_timeout(t0 + ms(2961));
+    let _ = drain(&mut m);
+    m.handle(t0 + ms(2970), ok(1, Response::KeptAlive { ttl_secs: TTL }));
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(5961)));
+    m.handle_timeout(t0 + ms(5976));
+    let _ = drain(&mut m);
+    m.handle(t0 + ms(5980), ok(2, Response::KeptAlive { ttl_secs: TTL }));
+    // Off the grid now: exactly a third of the TTL after the send.
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(8976)));
+}
+
+#[test]
+fn grid_floor_is_never_later_and_at_most_one_step_earlier() {
+    let t0 = Instant::now();
+    let grid = RenewalGrid {
+        origin: t0 + s(1),
+        step: ms(20),
+    };
+    let interval = s(3);
+    // Before the origin, and with a zero step: untouched.
+    assert_eq!(grid.floor(t0, interval), t0);
+    let zero = RenewalGrid {
+        step: Duration::ZERO,
+        ..grid
+    };
+    assert_eq!(zero.floor(t0 + s(2), interval), t0 + s(2));
+    // On the grid: itself; between: the instant before.
+    assert_eq!(grid.floor(t0 + ms(1040), interval), t0 + ms(1040));
+    assert_eq!(grid.floor(t0 + ms(1059), interval), t0 + ms(1040));
+    assert_eq!(
+        grid.floor(t0 + ms(1041) + Duration::from_nanos(1), interval),
+        t0 + ms(1040)
+    );
+    // A step above a tenth of the interval is not applied.
+    assert_eq!(grid.floor(t0 + ms(1059), ms(199)), t0 + ms(1059));
+}
