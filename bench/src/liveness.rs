@@ -329,6 +329,24 @@ pub fn child_liveness_cpu(args: &[String]) -> Res<()> {
     Ok(())
 }
 
+/// `n` hosts registered on `etcd` under `prefix`, each with a lease of
+/// `ttl` seconds.
+fn register(etcd: &Etcd, n: usize, prefix: &str, ttl: u64) -> Res<Vec<HostLiveness>> {
+    let options = LivenessOptions::default()
+        .with_prefix(prefix)
+        .with_ttl(Duration::from_secs(ttl));
+    let mut hosts = Vec::with_capacity(n);
+    for _ in 0..n {
+        hosts.push(HostLiveness::with_options(
+            etcd,
+            Uuid::new_v4(),
+            b"{}",
+            options.clone(),
+        )?);
+    }
+    Ok(hosts)
+}
+
 fn fleetcoord_phase(
     endpoint: &str,
     n: usize,
@@ -337,18 +355,7 @@ fn fleetcoord_phase(
     prefix: &str,
 ) -> Res<Duration> {
     let etcd = Etcd::connect(&[endpoint], EtcdOptions::default())?;
-    let options = LivenessOptions::default()
-        .with_prefix(prefix)
-        .with_ttl(Duration::from_secs(ttl));
-    let mut hosts = Vec::with_capacity(n);
-    for _ in 0..n {
-        hosts.push(HostLiveness::with_options(
-            &etcd,
-            Uuid::new_v4(),
-            b"{}",
-            options.clone(),
-        )?);
-    }
+    let hosts = register(&etcd, n, prefix, ttl)?;
     std::thread::sleep(settle(ttl));
     let cpu0 = stats::cpu_time()?;
     std::thread::sleep(window);
@@ -433,20 +440,9 @@ pub fn child_liveness(args: &[String]) -> Res<()> {
     match side.as_str() {
         "fleetcoord" => {
             let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default())?;
-            let options = LivenessOptions::default()
-                .with_prefix(prefix.as_str())
-                .with_ttl(Duration::from_secs(ttl));
             let rss0 = stats::status_bytes("VmRSS")?;
             let t = Instant::now();
-            let mut hosts = Vec::with_capacity(n);
-            for _ in 0..n {
-                hosts.push(HostLiveness::with_options(
-                    &etcd,
-                    Uuid::new_v4(),
-                    b"{}",
-                    options.clone(),
-                )?);
-            }
+            let _hosts = register(&etcd, n, prefix.as_str(), ttl)?;
             let setup = t.elapsed();
             std::thread::sleep(settle(ttl));
             report(rss0, setup)?;
