@@ -68,10 +68,11 @@ pub fn election_name(what: &'static str, value: &str) -> Result<()> {
     segment(what, value)
 }
 
-/// Largest capacity accepted for a bounded event channel. crossbeam
-/// allocates every slot of a bounded channel up front, so an unbounded
-/// request (`usize::MAX`) would abort the process; a million pending
-/// events is far past any consumer that still keeps up.
+/// Largest capacity accepted for an event channel. crossbeam allocates
+/// every slot of a bounded channel up front (the bus backends' feeds are
+/// such channels), so an unbounded request (`usize::MAX`) would abort the
+/// process; a million pending events is far past any consumer that still
+/// keeps up.
 pub const MAX_CAPACITY: usize = 1 << 20;
 
 /// The capacity of an event channel unless an option sets another: every

@@ -138,8 +138,9 @@ impl std::fmt::Display for DownReason {
 pub struct WatcherOptions {
     /// Key prefix hosts register under. Default [`DEFAULT_HOSTS_PREFIX`].
     pub prefix: String,
-    /// Capacity of the event channel (a bounded channel, allocated up
-    /// front); see [`HostWatcher`]. 2 to 1,048,576. Default 4,096.
+    /// How many events the channel holds at most; see [`HostWatcher`].
+    /// 2 to 1,048,576. Default 4,096. Memory is taken as events queue up,
+    /// not for the whole capacity up front.
     pub capacity: usize,
 }
 

@@ -38,8 +38,11 @@ use uuid::Uuid;
 
 /// Changes written while the consumer does not read.
 const CHANGES: usize = 100_000;
-/// Capacity of the feeds under test (the observer's is fixed at 1,024).
+/// Capacity of the feeds under test (the observer's is fixed).
 const CAPACITY: usize = 128;
+/// The observer's fixed capacity, as its docs state it: the channel holds
+/// 1,024 leader changes.
+const OBSERVER_CAPACITY: usize = 1024;
 /// etcd's default limit of operations per transaction.
 const OPS_PER_TXN: usize = 128;
 /// Bytes of every value written, so that queued changes would be visible.
@@ -185,11 +188,11 @@ impl Stall {
     fn run<T: Send + 'static>(
         feed: &'static str,
         rx: &Receiver<T>,
+        capacity: usize,
         changes: usize,
         bytes_per_change: usize,
         produce: impl FnOnce(),
     ) -> Stall {
-        let capacity = rx.capacity().expect("a bounded channel");
         reset_peak();
         let rss_before_kib = rss_kib();
         let probe = LenProbe::start(rx.clone());
@@ -441,7 +444,7 @@ fn host_watcher_stays_bounded_and_converges() {
 
     let hosts: Vec<Uuid> = (0..KEYS).map(|_| Uuid::new_v4()).collect();
     let per_change = std::mem::size_of::<HostEvent>() + VALUE_LEN;
-    let stall = Stall::run("HostWatcher", events, CHANGES, per_change, || {
+    let stall = Stall::run("HostWatcher", events, CAPACITY, CHANGES, per_change, || {
         cycling_burst(&writer, |k| format!("{prefix}{}", hosts[k]).into_bytes())
     });
 
@@ -490,6 +493,7 @@ fn leader_observer_stays_bounded_and_converges() {
     let stall = Stall::run(
         "LeaderObserver",
         leaders,
+        OBSERVER_CAPACITY,
         SINGLE_KEY_CHANGES,
         per_change,
         || {
@@ -570,7 +574,7 @@ fn kv_watch_stays_bounded_and_converges() {
 
     let key = |k: usize| format!("k{k:04}");
     let per_change = std::mem::size_of::<KvEvent>() + key(0).len() + VALUE_LEN;
-    let stall = Stall::run("kv_watch", rx, CHANGES, per_change, || {
+    let stall = Stall::run("kv_watch", rx, CAPACITY, CHANGES, per_change, || {
         cycling_burst(&writer, |k| format!("{root}/kv/b/{}", key(k)).into_bytes())
     });
 
@@ -624,13 +628,20 @@ fn subscription_stays_bounded_and_ends_with_the_last_message() {
 
     let per_change = std::mem::size_of::<Message>() + 1 + SINGLE_KEY_VALUE_LEN;
     let final_payload = sized("final", SINGLE_KEY_VALUE_LEN);
-    let stall = Stall::run("subscribe", rx, SINGLE_KEY_CHANGES, per_change, || {
-        single_key_burst(|conn, i| {
-            let payload = sized(&format!("{i:08} "), SINGLE_KEY_VALUE_LEN);
-            publishers[conn].publish("t", &payload).expect("publish");
-        });
-        writing.publish("t", &final_payload).expect("publish");
-    });
+    let stall = Stall::run(
+        "subscribe",
+        rx,
+        CAPACITY,
+        SINGLE_KEY_CHANGES,
+        per_change,
+        || {
+            single_key_burst(|conn, i| {
+                let payload = sized(&format!("{i:08} "), SINGLE_KEY_VALUE_LEN);
+                publishers[conn].publish("t", &payload).expect("publish");
+            });
+            writing.publish("t", &final_payload).expect("publish");
+        },
+    );
 
     // Messages of one publishing thread arrive in its order, at most once.
     let threads = SINGLE_KEY_CONNECTIONS * SINGLE_KEY_THREADS;
@@ -689,7 +700,7 @@ fn stream_reader_stays_bounded_and_delivers_every_entry_once() {
     let appended = 10;
     let entries = CHANGES;
     let per_change = std::mem::size_of::<StreamEntry>() + VALUE_LEN;
-    let stall = Stall::run("read_stream", rx, entries, per_change, || {
+    let stall = Stall::run("read_stream", rx, CAPACITY, entries, per_change, || {
         writer.write((1..=entries as u64).step_by(OPS_PER_TXN - 1).map(|first| {
             let last = (first + OPS_PER_TXN as u64 - 2).min(entries as u64);
             let mut ops: Vec<TxnOp> = (first..=last)

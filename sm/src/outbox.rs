@@ -64,6 +64,13 @@ impl<N> Outbox<N> {
         self.queue.push_back(Command::Notify(notice));
     }
 
+    /// Makes room for `additional` more commands at once, for a machine
+    /// about to queue a page's worth of notices (growing the queue by
+    /// doubling would copy it, and touch fresh memory, ten times over).
+    pub fn reserve(&mut self, additional: usize) {
+        self.queue.reserve(additional);
+    }
+
     /// Queues a command as it is, for a machine forwarding the commands of
     /// the machines it is made of (their ids were issued by their outboxes).
     pub fn push(&mut self, command: Command<N>) {

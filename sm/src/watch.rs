@@ -328,6 +328,7 @@ impl Watch {
     }
 
     fn notify_all(&mut self, notices: Vec<WatchNotice>) {
+        self.outbox.reserve(notices.len());
         for notice in notices {
             self.outbox.notify(notice);
         }
@@ -396,18 +397,14 @@ impl Watch {
                 // notices told the consumer stays true.
                 self.snapshot = Some(snapshot);
                 self.read_page();
-                let mut notices = Vec::new();
-                self.view.add(kvs, &mut notices);
-                return self.notify_all(notices);
+                return self.view.add(kvs, &mut self.outbox);
             }
             snapshot.collected.extend(kvs);
             self.snapshot = Some(snapshot);
             return self.read_page();
         }
         if snapshot.streaming {
-            let mut notices = Vec::new();
-            self.view.add(kvs, &mut notices);
-            self.notify_all(notices);
+            self.view.add(kvs, &mut self.outbox);
         } else {
             snapshot.collected.extend(kvs);
         }

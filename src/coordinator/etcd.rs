@@ -47,9 +47,10 @@ pub struct EtcdCoordinatorOptions {
     /// Keep only the newest `n` entries of each stream (each append deletes
     /// the entry that falls out). `None` keeps everything. Default `None`.
     pub stream_max_len: Option<u64>,
-    /// Capacity of every feed's channel (subscriptions, stream readers, KV
-    /// watches), allocated up front: 2 to 1,048,576; see "Slow consumers"
-    /// on [`EtcdCoordinator`]. Default 4,096.
+    /// How many items every feed's channel (subscriptions, stream readers,
+    /// KV watches) holds at most: 2 to 1,048,576; see "Slow consumers" on
+    /// [`EtcdCoordinator`]. Default 4,096. Memory is taken as items queue
+    /// up, not for the whole capacity up front.
     pub feed_capacity: usize,
 }
 
@@ -126,8 +127,8 @@ impl EtcdCoordinatorOptions {
 /// * **KV watches** resync after reconnects and compaction by re-reading the
 ///   bucket and reporting the difference; no change is lost, intermediate
 ///   values of a key may be coalesced.
-/// * **Slow consumers**: every feed is a bounded channel of
-///   `feed_capacity` and the driver never blocks on it. When it is full the
+/// * **Slow consumers**: every feed's channel holds at most
+///   `feed_capacity` items and the driver never blocks on it. When it is full the
 ///   feed's watch pauses; once half of it was read, a subscription or KV
 ///   watch re-reads its keys and reports the difference (a subscription:
 ///   the topic's latest message if it changed; a KV watch: the keys'

@@ -111,8 +111,8 @@ pub const DEFAULT_FEED_CAPACITY: usize = crate::validate::DEFAULT_CAPACITY;
 /// The smallest feed capacity any backend accepts: room for the item a
 /// consumer is reading and one more.
 pub const MIN_FEED_CAPACITY: usize = 2;
-/// The largest feed capacity any backend accepts (queues are allocated up
-/// front).
+/// The largest feed capacity any backend accepts (some backends' queues
+/// are allocated up front).
 pub const MAX_FEED_CAPACITY: usize = crate::validate::MAX_CAPACITY;
 pub use from_env::{
     connect, connect_with, from_env, from_env_vars, from_env_vars_with_etcd, from_env_with_etcd,

@@ -10,11 +10,11 @@
 //!   without waiting.
 //! * Sinks ([`Notify`], [`Feed`]): what the runner does with notices. A
 //!   [`Feed`] is the one backpressure policy for everything watch-fed: a
-//!   bounded channel; when it is full the runner pauses the machine and
-//!   resumes it once the consumer has read half of it.
+//!   channel of at most its capacity; when it is full the runner pauses
+//!   the machine and resumes it once the consumer has read half of it.
 
 use super::{exec, health, Gone, Shared};
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, Sender};
 use fleetcoord_sm::{Machine, Request, Response, RpcError};
 use std::collections::VecDeque;
 use std::marker::PhantomData;
@@ -286,18 +286,26 @@ pub(crate) enum FeedItem<T> {
     End,
 }
 
-/// The one backpressure policy for watch-fed receivers: a bounded channel of
-/// `capacity`. When it is full, items the machine still produces (the rest
+/// The one backpressure policy for watch-fed receivers: a channel of at
+/// most `capacity` items. When it is full, items the machine still produces (the rest
 /// of one etcd response) are held here and the runner pauses the machine
 /// (its watch is cancelled); once the consumer has read the queue down to
 /// half, the held items go out and the machine resumes — a watch with a
 /// resync diff against what the consumer was told, a stream reader after
 /// the last entry delivered. Nothing is dropped; memory stays bounded by
 /// the channel plus one response or one diff.
+///
+/// The channel is crossbeam's list flavour with the bound kept here (the
+/// feed is its only sender, so a length checked below the bound stays
+/// below it): a `bounded(4096)` channel allocates and touches every slot
+/// up front, hundreds of KiB per watcher and as many page faults before
+/// its first event, where the list allocates a block of 31 slots as items
+/// arrive and frees it once they are read.
 pub(crate) struct Feed<N, T> {
     translate: Box<dyn FnMut(N) -> FeedItem<T> + Send>,
     tx: Sender<T>,
     held: VecDeque<T>,
+    capacity: usize,
     low_water: usize,
 }
 
@@ -308,16 +316,22 @@ impl<N, T: Send> Feed<N, T> {
         translate: impl FnMut(N) -> FeedItem<T> + Send + 'static,
     ) -> (Feed<N, T>, Receiver<T>) {
         let capacity = capacity.max(1);
-        let (tx, rx) = crossbeam_channel::bounded(capacity);
+        let (tx, rx) = crossbeam_channel::unbounded();
         (
             Feed {
                 translate: Box::new(translate),
                 tx,
                 held: VecDeque::new(),
+                capacity,
                 low_water: capacity / 2,
             },
             rx,
         )
+    }
+
+    /// Whether the channel holds `capacity` items (it never holds more).
+    fn channel_full(&self) -> bool {
+        self.tx.len() >= self.capacity
     }
 }
 
@@ -328,34 +342,27 @@ impl<N, T: Send> Sink<N> for Feed<N, T> {
             FeedItem::Skip => return true,
             FeedItem::End => return false,
         };
-        if !self.held.is_empty() {
-            // Order: nothing overtakes what is already held back.
+        // Order: nothing overtakes what is already held back.
+        if !self.held.is_empty() || self.channel_full() {
             self.held.push_back(item);
             return true;
         }
-        match self.tx.try_send(item) {
-            Ok(()) => true,
-            Err(TrySendError::Full(item)) => {
-                self.held.push_back(item);
-                true
-            }
-            Err(TrySendError::Disconnected(_)) => false,
-        }
+        self.tx.send(item).is_ok()
     }
 
     fn is_full(&self) -> bool {
-        !self.held.is_empty() || self.tx.is_full()
+        !self.held.is_empty() || self.channel_full()
     }
 
     fn relieve(&mut self) -> Relief {
-        while let Some(item) = self.held.pop_front() {
-            match self.tx.try_send(item) {
-                Ok(()) => {}
-                Err(TrySendError::Full(item)) => {
-                    self.held.push_front(item);
-                    return Relief::Full;
+        while !self.held.is_empty() {
+            if self.channel_full() {
+                return Relief::Full;
+            }
+            if let Some(item) = self.held.pop_front() {
+                if self.tx.send(item).is_err() {
+                    return Relief::Gone;
                 }
-                Err(TrySendError::Disconnected(_)) => return Relief::Gone,
             }
         }
         if self.tx.len() <= self.low_water {

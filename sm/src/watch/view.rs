@@ -12,15 +12,81 @@
 
 use super::keys::KeyClass;
 use super::{KeyRule, WatchNotice};
+use crate::outbox::Outbox;
 use crate::rpc::{EventKind, KeyValue, WatchEvent};
+use std::borrow::Borrow;
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
+
+/// Where the view puts its notices: a list, or straight into the
+/// machine's outbox (a first snapshot's page of `Up`s is queued once, not
+/// built as a list and then copied into the outbox).
+pub(crate) trait Notices {
+    /// Queue one notice.
+    fn push(&mut self, notice: WatchNotice);
+    /// Make room for `additional` more.
+    fn reserve(&mut self, additional: usize);
+}
+
+impl Notices for Vec<WatchNotice> {
+    fn push(&mut self, notice: WatchNotice) {
+        Vec::push(self, notice);
+    }
+
+    fn reserve(&mut self, additional: usize) {
+        Vec::reserve(self, additional);
+    }
+}
+
+impl Notices for Outbox<WatchNotice> {
+    fn push(&mut self, notice: WatchNotice) {
+        self.notify(notice);
+    }
+
+    fn reserve(&mut self, additional: usize) {
+        Outbox::reserve(self, additional);
+    }
+}
+
+/// A key's last seen state in the set of known keys, ordered and found by
+/// its key alone: a map from key to state would hold every key twice (the
+/// map's copy and the state's own).
+#[derive(Clone, Debug)]
+struct ByKey(KeyValue);
+
+impl PartialEq for ByKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key == other.0.key
+    }
+}
+
+impl Eq for ByKey {}
+
+impl PartialOrd for ByKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ByKey {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.key.cmp(&other.0.key)
+    }
+}
+
+// Consistent with `Ord`: both compare the key's bytes.
+impl Borrow<[u8]> for ByKey {
+    fn borrow(&self) -> &[u8] {
+        &self.0.key
+    }
+}
 
 /// Known keys under one prefix, plus the invalid keys already reported.
 #[derive(Clone, Debug)]
 pub(crate) struct View {
     prefix: Vec<u8>,
     rule: KeyRule,
-    known: BTreeMap<Vec<u8>, KeyValue>,
+    known: BTreeSet<ByKey>,
     /// The leave markers etcd holds as far as this view knows, keyed by the
     /// key of the entry they belong to (known or not: a marker may be read
     /// before its entry). Bounded by the markers in etcd: a delete event
@@ -36,7 +102,7 @@ impl View {
         View {
             prefix,
             rule,
-            known: BTreeMap::new(),
+            known: BTreeSet::new(),
             markers: BTreeMap::new(),
             reported: BTreeSet::new(),
         }
@@ -54,7 +120,7 @@ impl View {
     }
 
     pub(crate) fn known(&self) -> impl Iterator<Item = &KeyValue> {
-        self.known.values()
+        self.known.iter().map(|known| &known.0)
     }
 
     /// Whether the consumer has been told of no key at all.
@@ -71,47 +137,78 @@ impl View {
     /// classified once, and a page already in strict key order (etcd's
     /// answer to a range always is) is taken as it comes instead of being
     /// sorted again.
-    pub(crate) fn add(&mut self, kvs: Vec<KeyValue>, out: &mut Vec<WatchNotice>) {
-        let mut page: Vec<(KeyValue, bool)> = Vec::with_capacity(kvs.len());
-        for kv in kvs {
-            if !kv.key.starts_with(&self.prefix) {
-                continue;
+    pub(crate) fn add(&mut self, kvs: Vec<KeyValue>, out: &mut impl Notices) {
+        out.reserve(kvs.len());
+        let sorted = kvs.windows(2).all(|w| w[0].key < w[1].key);
+        if sorted
+            && self.known.is_empty()
+            && kvs.iter().all(|kv| {
+                kv.key.starts_with(&self.prefix) && self.class(&kv.key) == KeyClass::Entry
+            })
+        {
+            // The first page of a first snapshot, every key a valid entry
+            // (the common case): the set is built from the page in one go,
+            // in the page's own memory, with full tree nodes; inserted one
+            // by one, in key order, every node would be split half full.
+            for kv in &kvs {
+                out.push(WatchNotice::Up(kv.clone()));
             }
-            let class = self.class(&kv.key);
-            match marker_entry(&kv.key, class) {
-                Some(entry) => {
-                    self.markers.insert(entry, kv);
-                }
-                None => page.push((kv, class == KeyClass::Entry)),
+            self.known = kvs.into_iter().map(ByKey).collect();
+            return;
+        }
+        if sorted {
+            // A first snapshot's pages touch fresh memory for every key
+            // they keep (the notice's copy, the map's), and in a process
+            // that just started each new page of it is a page fault: so no
+            // second list of the page is built, and each key is looked up
+            // once.
+            for kv in kvs {
+                self.add_one(kv, out);
             }
+            return;
         }
-        if !page.windows(2).all(|w| w[0].0.key < w[1].0.key) {
-            // Key order, and the last of several kvs for one key wins: a
-            // stable sort keeps repeats in page order, and `dedup_by`
-            // keeps the first of each run, which the reversal makes the
-            // last one.
-            page.sort_by(|a, b| a.0.key.cmp(&b.0.key));
-            page.reverse();
-            page.dedup_by(|a, b| a.0.key == b.0.key);
-            page.reverse();
+        // Key order, and the last of several kvs for one key wins: a
+        // stable sort keeps repeats in page order, and `dedup_by` keeps
+        // the first of each run, which the reversal makes the last one.
+        let mut page = kvs;
+        page.sort_by(|a, b| a.key.cmp(&b.key));
+        page.reverse();
+        page.dedup_by(|a, b| a.key == b.key);
+        page.reverse();
+        for kv in page {
+            self.add_one(kv, out);
         }
-        for (now, valid) in page {
-            match self.known.get_mut(&now.key) {
-                None => {
-                    if self.admit_class(valid, &now.key, out) {
-                        out.push(WatchNotice::Up(now.clone()));
-                        self.known.insert(now.key.clone(), now);
-                    }
+    }
+
+    /// One key of a page, in key order (see [`View::add`]).
+    fn add_one(&mut self, now: KeyValue, out: &mut impl Notices) {
+        if !now.key.starts_with(&self.prefix) {
+            return;
+        }
+        let class = self.class(&now.key);
+        if let Some(entry) = marker_entry(&now.key, class) {
+            self.markers.insert(entry, now);
+            return;
+        }
+        match self.known.get(now.key.as_slice()) {
+            None => {
+                if class == KeyClass::Entry {
+                    out.push(WatchNotice::Up(now.clone()));
+                    self.known.insert(ByKey(now));
+                } else {
+                    report_invalid(&mut self.reported, &now.key, out);
                 }
-                Some(before) => {
-                    if before.create_revision != now.create_revision {
-                        let up = now.clone();
-                        out.push(WatchNotice::Down(std::mem::replace(before, now)));
-                        out.push(WatchNotice::Up(up));
-                    } else if *before != now {
-                        out.push(WatchNotice::Updated(now.clone()));
-                        *before = now;
+            }
+            Some(ByKey(before)) => {
+                if before.create_revision != now.create_revision {
+                    let up = now.clone();
+                    if let Some(ByKey(before)) = self.known.replace(ByKey(now)) {
+                        out.push(WatchNotice::Down(before));
                     }
+                    out.push(WatchNotice::Up(up));
+                } else if *before != now {
+                    out.push(WatchNotice::Updated(now.clone()));
+                    self.known.replace(ByKey(now));
                 }
             }
         }
@@ -156,15 +253,20 @@ impl View {
             }
         };
         let old = std::mem::take(&mut self.known);
-        let keys: BTreeSet<Vec<u8>> = old.keys().chain(fresh.keys()).cloned().collect();
-        let mut known = BTreeMap::new();
+        let keys: BTreeSet<Vec<u8>> = old
+            .iter()
+            .map(|known| &known.0.key)
+            .chain(fresh.keys())
+            .cloned()
+            .collect();
+        let mut known = BTreeSet::new();
         for key in keys {
-            match (old.get(&key), fresh.remove(&key)) {
+            match (old.get(key.as_slice()).map(|k| &k.0), fresh.remove(&key)) {
                 (Some(before), None) => out.push(gone(&key, before)),
                 (None, Some(now)) => {
                     if admit(self.rule, &self.prefix, &mut self.reported, &key, out) {
                         out.push(WatchNotice::Up(now.clone()));
-                        known.insert(key, now);
+                        known.insert(ByKey(now));
                     }
                 }
                 (Some(before), Some(now)) => {
@@ -174,7 +276,7 @@ impl View {
                     } else if *before != now {
                         out.push(WatchNotice::Updated(now.clone()));
                     }
-                    known.insert(key, now);
+                    known.insert(ByKey(now));
                 }
                 (None, None) => {}
             }
@@ -237,7 +339,7 @@ impl View {
                 if !self.admit_class(class == KeyClass::Entry, &kv.key, out) {
                     return;
                 }
-                match self.known.get(&kv.key) {
+                match self.known.get(kv.key.as_slice()).map(|k| &k.0) {
                     None => out.push(WatchNotice::Up(kv.clone())),
                     Some(before) if before.create_revision == kv.create_revision => {
                         out.push(WatchNotice::Updated(kv.clone()))
@@ -247,10 +349,10 @@ impl View {
                         out.push(WatchNotice::Up(kv.clone()));
                     }
                 }
-                self.known.insert(kv.key.clone(), kv);
+                self.known.replace(ByKey(kv));
             }
             EventKind::Delete => {
-                if let Some(before) = self.known.remove(&kv.key) {
+                if let Some(ByKey(before)) = self.known.take(kv.key.as_slice()) {
                     let left = leaving.get(&kv.key).is_some_and(|m| marks(m, &before));
                     out.push(if left {
                         WatchNotice::Left(before)
@@ -287,7 +389,7 @@ fn marker_entry(key: &[u8], class: KeyClass) -> Option<Vec<u8>> {
 }
 
 /// Tell the consumer about an invalid `key` the first time it is seen.
-fn report_invalid(reported: &mut BTreeSet<Vec<u8>>, key: &[u8], out: &mut Vec<WatchNotice>) {
+fn report_invalid(reported: &mut BTreeSet<Vec<u8>>, key: &[u8], out: &mut impl Notices) {
     if reported.insert(key.to_vec()) {
         out.push(WatchNotice::InvalidKey(key.to_vec()));
     }

@@ -1191,3 +1191,41 @@ fn a_resync_reads_a_leave_only_from_a_marker_seen_before_and_gone_now() {
         ]
     );
 }
+
+#[test]
+fn a_first_page_in_key_order_is_known_whole_whether_or_not_it_holds_markers() {
+    // All entries: the set is built from the page in one go.
+    let t0 = start();
+    let kvs: Vec<KeyValue> = (1..=40).map(|i| kv(&host(i), "v", 3, 3)).collect();
+    let w = live_with(t0, kvs.clone());
+    assert_eq!(w.known().cloned().collect::<Vec<_>>(), kvs);
+
+    // A leave marker between the entries (still key order): one by one,
+    // the marker kept aside and never told.
+    let mut w = Watch::new(config(), t0, 1);
+    assert_eq!(drain(&mut w), vec![range_cmd(0)]);
+    let (a, b) = (kv(&host(1), "a", 3, 3), kv(&host(2), "b", 4, 4));
+    let mut marker_key = host(1);
+    marker_key.extend_from_slice(LEAVE_MARKER_SUFFIX);
+    let marker = kv(&marker_key, "", 5, 5);
+    w.handle(
+        t0,
+        ok(
+            RpcId(0),
+            Response::Range {
+                revision: 10,
+                kvs: vec![a.clone(), marker, b.clone()],
+            },
+        ),
+    );
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Up(a.clone())),
+            n(WatchNotice::Up(b.clone())),
+            n(WatchNotice::Synced),
+            watch_cmd(1, 11),
+        ]
+    );
+    assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![a, b]);
+}
