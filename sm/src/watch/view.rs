@@ -134,9 +134,10 @@ impl View {
     /// say for it. Keys not in the page are left alone.
     ///
     /// This runs once per key of every first snapshot, so each key is
-    /// classified once, and a page already in strict key order (etcd's
-    /// answer to a range always is) is taken as it comes instead of being
-    /// sorted again.
+    /// classified once (twice only on a first page whose check for "all
+    /// valid entries" fails part-way), and a page already in strict key
+    /// order (etcd's answer to a range always is) is taken as it comes
+    /// instead of being sorted again.
     pub(crate) fn add(&mut self, kvs: Vec<KeyValue>, out: &mut impl Notices) {
         out.reserve(kvs.len());
         let sorted = kvs.windows(2).all(|w| w[0].key < w[1].key);
@@ -158,10 +159,9 @@ impl View {
         }
         if sorted {
             // A first snapshot's pages touch fresh memory for every key
-            // they keep (the notice's copy, the map's), and in a process
+            // they keep (the notice's copy, the set's), and in a process
             // that just started each new page of it is a page fault: so no
-            // second list of the page is built, and each key is looked up
-            // once.
+            // second list of the page is built.
             for kv in kvs {
                 self.add_one(kv, out);
             }

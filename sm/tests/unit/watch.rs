@@ -1208,16 +1208,7 @@ fn a_first_page_in_key_order_is_known_whole_whether_or_not_it_holds_markers() {
     let mut marker_key = host(1);
     marker_key.extend_from_slice(LEAVE_MARKER_SUFFIX);
     let marker = kv(&marker_key, "", 5, 5);
-    w.handle(
-        t0,
-        ok(
-            RpcId(0),
-            Response::Range {
-                revision: 10,
-                kvs: vec![a.clone(), marker, b.clone()],
-            },
-        ),
-    );
+    w.handle(t0, page(0, 10, vec![a.clone(), marker, b.clone()]));
     assert_eq!(
         drain(&mut w),
         vec![
