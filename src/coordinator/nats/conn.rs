@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 /// Longest a single JetStream attempt (publish and ack, a stream create)
 /// may take before it is retried; retries run until the request timeout.
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 /// First pause between attempts; doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(25);
 const MAX_BACKOFF: Duration = Duration::from_millis(500);

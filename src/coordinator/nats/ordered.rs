@@ -19,8 +19,14 @@ use std::time::Duration;
 /// The messages of one ordered consumer.
 pub(super) type Ordered = push::Ordered;
 
-/// Longest a consumer creation may take before it is retried.
-const CREATE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a consumer creation may take before it is retried: as long as
+/// any other JetStream attempt. Right after a replica's node is killed,
+/// some creations get no answer at all while the next one is answered in
+/// milliseconds (nats-server 2.9, `tests/nats_faults.rs`; why is not
+/// known). At 5 s an attempt, four such misses in a row used up a 20 s
+/// request timeout and a watch failed to open; at 2 s the misses cost
+/// 2 s each and about eight attempts fit.
+const CREATE_TIMEOUT: Duration = super::conn::ATTEMPT_TIMEOUT;
 /// How long a reader waits for a message before it checks that it is not
 /// stuck behind the stream: a consumer can go quiet for good (its node
 /// died and the client library's own recreation did not get through), and
