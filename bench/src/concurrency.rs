@@ -494,10 +494,10 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
                     anchor.map(|(_, v)| v.round())
                 );
                 let anchor = anchor.map(|(label, value)| {
-                    Side::amount(format!("{label}, {t} tasks"), value, "ops/s")
+                    Side::amount(format!("{label}, {}", count(t, "task")), value, "ops/s")
                 });
                 rows.push(Row::new(
-                    format!("{backend}: {what}, {t} thread(s)"),
+                    format!("{backend}: {what}, {}", count(t, "thread")),
                     Side::amount(format!("fleetcoord {what}, {errors} errors"), ours, "ops/s"),
                     anchor,
                 ));
@@ -505,4 +505,13 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
         }
     }
     Ok(rows)
+}
+
+/// "1 thread", "4 threads".
+fn count(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
 }
