@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Longest a single JetStream attempt (publish and ack, a stream create)
-/// may take before it is retried; retries run until the request timeout.
+/// Longest a single JetStream attempt (publish and ack, a stream or
+/// consumer create, a reader's look at its stream's state) may take before
+/// it is retried; retries run until the request timeout.
 pub(super) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 /// First pause between attempts; doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(25);

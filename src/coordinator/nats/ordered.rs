@@ -10,7 +10,7 @@
 //! heartbeat, missed twice, left a reader of a stream whose leader was
 //! killed stalled for more than 20 s (`tests/nats_faults.rs`).
 
-use super::conn::Conn;
+use super::conn::{Conn, ATTEMPT_TIMEOUT};
 use crate::coordinator::feed_task::{retry_backoff, FeedTask};
 use async_nats::jetstream::consumer::{push, DeliverPolicy};
 use futures_util::StreamExt;
@@ -19,14 +19,6 @@ use std::time::Duration;
 /// The messages of one ordered consumer.
 pub(super) type Ordered = push::Ordered;
 
-/// Longest a consumer creation may take before it is retried: as long as
-/// any other JetStream attempt. Right after a replica's node is killed,
-/// some creations get no answer at all while the next one is answered in
-/// milliseconds (nats-server 2.9, `tests/nats_faults.rs`; why is not
-/// known). At 5 s an attempt, four such misses in a row used up a 20 s
-/// request timeout and a watch failed to open; at 2 s the misses cost
-/// 2 s each and about eight attempts fit.
-const CREATE_TIMEOUT: Duration = super::conn::ATTEMPT_TIMEOUT;
 /// How long a reader waits for a message before it checks that it is not
 /// stuck behind the stream: a consumer can go quiet for good (its node
 /// died and the client library's own recreation did not get through), and
@@ -77,9 +69,15 @@ pub(super) async fn open(
         let messages = consumer.messages().await.map_err(|e| e.to_string())?;
         Ok((messages, pending))
     };
-    match tokio::time::timeout(CREATE_TIMEOUT, create).await {
+    // Bounded like any other JetStream attempt: right after a replica's
+    // node is killed, some creations get no answer at all while the next
+    // one is answered in milliseconds (nats-server 2.9,
+    // `tests/nats_faults.rs`; why is not known). At 5 s an attempt, four
+    // such misses in a row used up a 20 s request timeout and a watch
+    // failed to open.
+    match tokio::time::timeout(ATTEMPT_TIMEOUT, create).await {
         Ok(result) => result,
-        Err(_) => Err(format!("no consumer within {CREATE_TIMEOUT:?}")),
+        Err(_) => Err(format!("no consumer within {ATTEMPT_TIMEOUT:?}")),
     }
 }
 
@@ -149,7 +147,7 @@ pub(super) async fn reopen<T>(
 /// not stuck: the next check asks again.
 pub(super) async fn behind(conn: &Conn, stream: &str, next: u64) -> bool {
     matches!(
-        tokio::time::timeout(CREATE_TIMEOUT, conn.stream_state(stream)).await,
+        tokio::time::timeout(ATTEMPT_TIMEOUT, conn.stream_state(stream)).await,
         Ok(Ok(Some(state))) if state.last_sequence >= next.max(1)
     )
 }
