@@ -15,6 +15,7 @@ use crate::coordinator::feed_task::{retry_backoff, FeedTask};
 use async_nats::jetstream::consumer::{push, DeliverPolicy};
 use futures_util::StreamExt;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// The messages of one ordered consumer.
 pub(super) type Ordered = push::Ordered;
@@ -38,12 +39,13 @@ pub(super) enum Begin {
 
 /// Opens an ordered consumer on `stream`, filtered to `filter` (empty:
 /// every subject), and returns its messages and how many it will deliver
-/// before it is caught up.
+/// before it is caught up; an error once `bound` passes without an answer.
 pub(super) async fn open(
     conn: &Conn,
     stream: &str,
     filter: &str,
     from: Begin,
+    bound: Duration,
 ) -> Result<(Ordered, u64), String> {
     let deliver_policy = match from {
         Begin::LastPerSubject => DeliverPolicy::LastPerSubject,
@@ -69,20 +71,22 @@ pub(super) async fn open(
         let messages = consumer.messages().await.map_err(|e| e.to_string())?;
         Ok((messages, pending))
     };
-    // Bounded like any other JetStream attempt: right after a replica's
-    // node is killed, some creations get no answer at all while the next
-    // one is answered in milliseconds (nats-server 2.9,
-    // `tests/nats_faults.rs`; why is not known). At 5 s an attempt, four
-    // such misses in a row used up a 20 s request timeout and a watch
-    // failed to open.
-    match tokio::time::timeout(ATTEMPT_TIMEOUT, create).await {
+    match tokio::time::timeout(bound, create).await {
         Ok(result) => result,
-        Err(_) => Err(format!("no consumer within {ATTEMPT_TIMEOUT:?}")),
+        Err(_) => Err(format!("no consumer within {bound:?}")),
     }
 }
 
 /// [`open`] for a caller that waits: retried with backoff (a cluster may be
-/// electing the stream's leader) until the request timeout.
+/// electing the stream's leader) until the request timeout, which also
+/// bounds the last attempt.
+///
+/// Each attempt is bounded like any other JetStream attempt: right after a
+/// replica's node is killed, some creations get no answer at all while the
+/// next one is answered in milliseconds (nats-server 2.9,
+/// `tests/nats_faults.rs`; why is not known). At 5 s an attempt, four such
+/// misses in a row used up a 20 s request timeout and a watch failed to
+/// open.
 pub(super) async fn open_waiting(
     conn: &Conn,
     stream: &str,
@@ -92,7 +96,8 @@ pub(super) async fn open_waiting(
     let deadline = conn.deadline();
     let mut delay = super::conn::retries();
     loop {
-        match open(conn, stream, filter, from).await {
+        let bound = ATTEMPT_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
+        match open(conn, stream, filter, from, bound).await {
             Ok(opened) => return Ok(opened),
             Err(e) => {
                 if !super::conn::backoff(&mut delay, deadline).await {
@@ -116,7 +121,7 @@ pub(super) async fn reopen<T>(
     let mut failures: u32 = 0;
     loop {
         let result = tokio::select! {
-            result = open(conn, stream, filter, from) => result,
+            result = open(conn, stream, filter, from, ATTEMPT_TIMEOUT) => result,
             _ = life.halted() => return None,
         };
         match result {
