@@ -11,7 +11,8 @@ mod common;
 use common::{connect, etcdctl};
 use fleetcoord::testing::{EtcdServer, FaultProxy, Mode};
 use fleetcoord::{
-    list_hosts, DownReason, HostEvent, HostInfo, HostLiveness, HostWatcher, DEFAULT_HOSTS_PREFIX,
+    list_hosts, DownReason, HostEvent, HostInfo, HostLiveness, HostWatcher, LivenessState,
+    DEFAULT_HOSTS_PREFIX,
 };
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -139,6 +140,19 @@ fn a_partition_past_the_ttl_is_expired_then_the_host_comes_back_and_leaves() {
     };
     assert_ne!(again.lease, up.lease);
     assert!(again.create_revision > up.create_revision);
+    // The watcher can see the key before the host has the put's answer;
+    // a close until then is one during registration, which writes no
+    // marker (README, "What a `Down` means"). A leave is promised from
+    // the host's own `Registered` on.
+    let registered = Instant::now() + WAIT;
+    while host.state() != (LivenessState::Registered { lease: again.lease }) {
+        assert!(
+            Instant::now() < registered,
+            "never registered: {:?}",
+            host.state()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let closed = Instant::now();
     host.close().expect("close");
     let (reason, _) = expect_down(&watcher, id, WAIT);
