@@ -337,19 +337,27 @@ impl Etcd {
     /// threads make a single call. Giving up (a panic unwinding through
     /// here) cancels the call on the driver.
     pub(crate) fn request(&self, request: Request) -> Result<Response> {
+        self.request_within(request, self.inner.options.request_timeout)
+    }
+
+    /// [`Etcd::request`], given up after `limit` when that is shorter than
+    /// the request timeout: [`Error::Timeout`] with `limit`, and the call
+    /// is canceled on the driver (a request already sent may still apply).
+    pub(crate) fn request_within(&self, request: Request, limit: Duration) -> Result<Response> {
         assert_not_async();
         let (call, pending) = UnaryCall::new(request);
         self.inner
             .driver
             .send(DriverMsg::Unary(call))
             .map_err(|_| self.gone())?;
-        // The driver enforces the timeout; the slack only covers a driver
-        // too busy to report it.
-        let wait = self
-            .inner
-            .options
-            .request_timeout
-            .saturating_add(Duration::from_secs(1));
+        // The driver enforces the request timeout; the slack only covers a
+        // driver too busy to report it. A shorter limit is the caller's.
+        let timeout = self.inner.options.request_timeout;
+        let wait = if limit < timeout {
+            limit
+        } else {
+            timeout.saturating_add(Duration::from_secs(1))
+        };
         match pending.wait(wait) {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(CallError::Timeout(after))) => Err(Error::Timeout(after)),

@@ -1166,6 +1166,34 @@ fn deletion_of_the_own_key_ends_leadership() {
     assert!(!e.is_leader());
 }
 
+/// etcd refusing a write fenced on the own key is evidence the key is
+/// gone, and may come before the watch shows the delete (a watch served by
+/// a member still catching up): the leadership ends on it at once, and the
+/// watch is canceled as for a delete it had seen. Evidence about another
+/// token ends nothing and is not answered.
+#[test]
+fn a_refused_fenced_write_ends_leadership_before_the_watch_shows_it() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    e.handle(t0, ElectionInput::FenceRefused { token: 4 });
+    assert_eq!(drain(&mut e), vec![]);
+    assert!(e.is_leader(), "a stale handle's refusal ends nothing");
+    e.handle(t0, ElectionInput::FenceRefused { token: 5 });
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            cancel(P + 1),
+            note(ElectionNotice::LeadershipLost { token: 5 })
+        ]
+    );
+    assert!(!e.is_leader());
+    // Told again (a second fenced write refused): nothing more happens.
+    e.handle(t0, ElectionInput::FenceRefused { token: 5 });
+    assert_eq!(drain(&mut e), vec![]);
+    // The session stays up: the next campaign needs no new lease.
+    assert_eq!(campaign(&mut e, t0), vec![rpc(P + 2, create_txn(b"a"))]);
+}
+
 #[test]
 fn second_campaign_is_busy_and_cancel_deletes_the_key() {
     let t0 = Instant::now();
