@@ -775,6 +775,33 @@ fn an_answered_renewal_while_leading_moves_the_trusted_deadline() {
     );
 }
 
+/// A renewal answered TTL 0 (etcd no longer has the lease, as when it
+/// revoked it early) is evidence the key is gone: leadership ends in the
+/// same step, right behind the session's loss, whatever time the local
+/// deadline still allowed.
+#[test]
+fn a_renewal_answered_ttl_zero_ends_leadership_in_the_same_step() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    let at = e.poll_timeout().expect("a renewal timer");
+    e.handle_timeout(at);
+    let renewal = drain(&mut e);
+    let Some(id) = renewal.last().and_then(renewal_id) else {
+        panic!("no renewal: {renewal:?}");
+    };
+    assert!(e.session_deadline().is_some_and(|d| d > at), "still trusted");
+    let answered = ok(&mut e, at, id, Response::KeptAlive { ttl_secs: 0 });
+    assert!(!e.is_leader());
+    assert_eq!(
+        answered[..3],
+        [
+            note(ElectionNotice::Session(LivenessState::Lost { lease: LEASE })),
+            cancel(P + 1),
+            note(ElectionNotice::LeadershipLost { token: 5 }),
+        ]
+    );
+}
+
 /// With `announce_session_trust`, every move of the session's deadline is
 /// told, leading or not: the grant's, then each answered renewal's.
 #[test]
