@@ -6,8 +6,8 @@
 //! function of the version string ([`etcd_defects`]), so it is tested
 //! against made-up versions.
 //!
-//! Sources: docs/etcd-notes.md, "Leases revoked early", and the etcd issues
-//! each defect names.
+//! Sources: docs/etcd-notes.md, "Leases revoked early", and the etcd
+//! issues each defect names.
 
 use std::fmt;
 
@@ -145,7 +145,8 @@ pub enum KnownDefect {
     /// keys before their TTL: a leadership or lock can pass to someone else
     /// before the holder's `lost()` (etcd-io/etcd#15247). Mitigated in
     /// `fixed_in` (3.4.31, 3.5.13) by etcd-io/etcd#16822; still seen on
-    /// 3.5.30 with a paused raft leader (docs/etcd-notes.md).
+    /// 3.5.30 with a paused raft leader (docs/etcd-notes.md, "Leases
+    /// revoked early").
     EarlyLeaseRevoke {
         /// The first release of this line with the mitigation.
         fixed_in: &'static str,
