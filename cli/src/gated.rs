@@ -18,13 +18,15 @@
 //!   ([`crate::tether`]): the lease outlives fleetcoord by up to a TTL,
 //!   the child must not;
 //!
+//! * the child exiting → whatever it left running in its process group is
+//!   SIGKILLed (on Linux), then resign/unlock, and fleetcoord exits with
+//!   the child's status (`--restart`: campaign again and rerun it).
+//!
 //! Signals go to the child's process group (it runs in its own), so what a
 //! `sh -c` wrapper starts is stopped too.
-//! * the child exiting → resign/unlock, and fleetcoord exits with the
-//!   child's status (`--restart`: campaign again and rerun it).
 
 use crate::output::{event, Out};
-use crate::tether::Tether;
+use crate::tether::{self, Tether};
 use crate::CliError;
 use crossbeam_channel::{select, Receiver};
 use fleetcoord::LivenessState;
@@ -354,8 +356,9 @@ pub fn run_stepping(
             }
             default(TICK) => {}
         }
-        if let Some(status) = child
-            .try_wait()
+        // Whatever the command left running in its group dies with it:
+        // the hold is released right after.
+        if let Some(status) = tether::try_wait_clearing_group(&mut child)
             .map_err(|e| CliError::Message(format!("cannot wait for {program:?}: {e}")))?
         {
             break status;

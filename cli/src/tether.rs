@@ -30,9 +30,9 @@
 #![allow(unsafe_code)]
 
 #[cfg(target_os = "linux")]
-pub use linux::Tether;
+pub use linux::{try_wait_clearing_group, Tether};
 #[cfg(not(target_os = "linux"))]
-pub use other::Tether;
+pub use other::{try_wait_clearing_group, Tether};
 
 #[cfg(target_os = "linux")]
 mod linux {
@@ -125,6 +125,37 @@ mod linux {
         pub fn disarm(mut self) {
             self.disarmed = true;
         }
+    }
+
+    /// `child`'s exit status once it has exited, with everything left in
+    /// its process group (what it started in the background) SIGKILLed
+    /// first: the hold is released right after, and nothing of the command
+    /// may outlive it. The group is killed while the child is still a
+    /// zombie, not yet reaped, so its pid (the group's id) cannot have been
+    /// reused by an unrelated process; only then is it reaped.
+    pub fn try_wait_clearing_group(
+        child: &mut std::process::Child,
+    ) -> io::Result<Option<std::process::ExitStatus>> {
+        let Ok(pid) = libc::pid_t::try_from(child.id()) else {
+            return child.try_wait();
+        };
+        // SAFETY: all-zero is a valid siginfo_t, which waitid fills in.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // WNOWAIT: look without reaping.
+        let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+        // SAFETY: `info` is a valid siginfo_t to write to; `pid` is our
+        // unreaped child.
+        if unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, flags) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: waitid filled `info` in (si_pid stays 0 when nothing
+        // exited yet, as WNOHANG documents).
+        if unsafe { info.si_pid() } == 0 {
+            return Ok(None);
+        }
+        // SAFETY: no preconditions; ESRCH (nothing left) is fine.
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
+        child.wait().map(Some)
     }
 
     impl Drop for Tether {
@@ -282,5 +313,14 @@ mod other {
         pub fn arm(&self, _command: &mut Command) {}
 
         pub fn disarm(self) {}
+    }
+
+    /// `child`'s exit status once it has exited. Its process group is not
+    /// cleared here (no `waitid` without reaping is used): a command's
+    /// background children may outlive it (README).
+    pub fn try_wait_clearing_group(
+        child: &mut std::process::Child,
+    ) -> io::Result<Option<std::process::ExitStatus>> {
+        child.try_wait()
     }
 }

@@ -524,3 +524,53 @@ fn a_yielding_leaders_command_dies_before_the_higher_ones_starts() {
     low.expect("campaigning");
     assert!(low.next("started", Duration::from_millis(300)).is_none());
 }
+
+/// A command that exits on its own must not leave anything running beside
+/// the next holder's command: what it started in the background (still in
+/// its process group) is killed before the hold is released.
+#[test]
+fn what_an_exited_command_left_in_the_background_dies_before_the_release() {
+    let server = start_etcd();
+    let endpoint = server.endpoint();
+    let dir = std::env::temp_dir().join(format!("fleetcoord-bg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for verb in ["elect", "lock"] {
+        let pidfile = dir.join(format!("{verb}.pid"));
+        let script = format!(
+            "sleep 1000 >/dev/null 2>&1 & echo $! > {}; exit 0",
+            pidfile.display()
+        );
+        let output = cli(&endpoint)
+            .args([verb, "gate-background", "--ttl", "2s", "--", "sh", "-c"])
+            .arg(&script)
+            .output()
+            .expect("spawn fleetcoord");
+        assert_eq!(output.status.code(), Some(0), "{verb}");
+        let pid: u64 = std::fs::read_to_string(&pidfile)
+            .expect("pid file")
+            .trim()
+            .parse()
+            .expect("a pid");
+        // Reaped by init once killed; give that a moment on a busy machine.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while alive(pid) && !zombie(pid) {
+            assert!(
+                Instant::now() < deadline,
+                "{verb}: the background child {pid} outlived its command"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Killed but not yet reaped by its new parent.
+fn zombie(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+            Some(state == 'Z')
+        })
+        .unwrap_or(false)
+}

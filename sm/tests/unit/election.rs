@@ -789,13 +789,18 @@ fn a_renewal_answered_ttl_zero_ends_leadership_in_the_same_step() {
     let Some(id) = renewal.last().and_then(renewal_id) else {
         panic!("no renewal: {renewal:?}");
     };
-    assert!(e.session_deadline().is_some_and(|d| d > at), "still trusted");
+    assert!(
+        e.session_deadline().is_some_and(|d| d > at),
+        "still trusted"
+    );
     let answered = ok(&mut e, at, id, Response::KeptAlive { ttl_secs: 0 });
     assert!(!e.is_leader());
     assert_eq!(
         answered[..3],
         [
-            note(ElectionNotice::Session(LivenessState::Lost { lease: LEASE })),
+            note(ElectionNotice::Session(LivenessState::Lost {
+                lease: LEASE
+            })),
             cancel(P + 1),
             note(ElectionNotice::LeadershipLost { token: 5 }),
         ]
