@@ -68,6 +68,11 @@
 //!   reads again. A token is never handed out twice, but holders of N > 1
 //!   may report tokens out of order. With N = 1 every request is the
 //!   election's, Go-compatible as above.
+//! * Watches are bounded: a waiter holds one (with N permits, at most N,
+//!   one per older key it waits on), a leader one of its own key, and a
+//!   ranked leader one more, of the priorities (ranked campaigns run with
+//!   N = 1 only). Whatever ends a wait or a leadership (for a yield: the
+//!   end of its hand-over) cancels its watches.
 
 mod protocol;
 mod requests;

@@ -789,13 +789,18 @@ fn a_renewal_answered_ttl_zero_ends_leadership_in_the_same_step() {
     let Some(id) = renewal.last().and_then(renewal_id) else {
         panic!("no renewal: {renewal:?}");
     };
-    assert!(e.session_deadline().is_some_and(|d| d > at), "still trusted");
+    assert!(
+        e.session_deadline().is_some_and(|d| d > at),
+        "still trusted"
+    );
     let answered = ok(&mut e, at, id, Response::KeptAlive { ttl_secs: 0 });
     assert!(!e.is_leader());
     assert_eq!(
         answered[..3],
         [
-            note(ElectionNotice::Session(LivenessState::Lost { lease: LEASE })),
+            note(ElectionNotice::Session(LivenessState::Lost {
+                lease: LEASE
+            })),
             cancel(P + 1),
             note(ElectionNotice::LeadershipLost { token: 5 }),
         ]
@@ -2496,6 +2501,135 @@ fn a_yielding_leader_hands_over_to_the_higher_candidate_right_after_the_notice()
         ]
     );
     assert!(!e.is_leader());
+}
+
+/// The fuzz input crash-bdb2a651 ("2 watches open with 1 permits"), by
+/// hand: a ranked leader holds two watches by design, its own key's and
+/// the priorities' (the fuzz target now counts the second apart); stale
+/// resigns and a busy try-campaign open nothing, and the resign of its
+/// token cancels both before the withdraw is sent.
+#[test]
+fn a_ranked_leader_watches_its_key_and_the_priorities_and_its_resign_cancels_both() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::CampaignRanked {
+            op: OpId(1),
+            value: b"a".to_vec(),
+            rank: Rank {
+                priority: 3,
+                yield_to_higher: true,
+            },
+        },
+    );
+    let queued = drain(&mut e);
+    assert!(
+        matches!(queued.as_slice(), [Command::Rpc { id, request: Request::Txn(_) }] if *id == RpcId(P)),
+        "{queued:?}"
+    );
+    // Alone in the queue: elected at once, then the guard's watch of my
+    // key and the read of the priorities.
+    let until = e.session_deadline().expect("a lease");
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P,
+            txn(
+                5,
+                true,
+                vec![
+                    TxnOpResponse::Put,
+                    TxnOpResponse::Put,
+                    TxnOpResponse::Range {
+                        kvs: vec![kv(&my_key(), b"a", 5)]
+                    },
+                    TxnOpResponse::Range { kvs: vec![] },
+                ]
+            )
+        ),
+        vec![
+            note(ElectionNotice::Elected {
+                op: OpId(1),
+                key: my_key(),
+                token: 5,
+                lease: LEASE,
+                trusted_until: until
+            }),
+            rpc(P + 1, watch(&my_key(), 6)),
+            rpc(
+                P + 2,
+                Request::Range(RangeRequest::all(KeyRange::Prefix(PRIO.to_vec())))
+            ),
+        ]
+    );
+    // Neither a try-campaign while leading nor a stale resign opens or
+    // closes anything.
+    e.handle(
+        t0,
+        ElectionInput::TryCampaign {
+            op: OpId(2),
+            value: b"b".to_vec(),
+        },
+    );
+    assert_eq!(
+        drain(&mut e),
+        vec![note(ElectionNotice::CampaignFailed {
+            op: OpId(2),
+            error: ElectionError::Busy
+        })]
+    );
+    e.handle(t0, ElectionInput::Resign { token: 4 });
+    assert_eq!(
+        drain(&mut e),
+        vec![note(ElectionNotice::Resigned { token: 4 })]
+    );
+    assert!(e.is_leader());
+    // The priorities read (one unparsable value: no priority, no notice)
+    // turns into their watch, beside the watch of my key: two watches.
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 2,
+            Response::Range {
+                revision: 6,
+                kvs: vec![kv(&prio_key(b"1"), b"\"", 1)]
+            }
+        ),
+        vec![rpc(
+            P + 3,
+            Request::Watch {
+                range: KeyRange::Prefix(PRIO.to_vec()),
+                start_revision: 7
+            }
+        )]
+    );
+    assert!(e.is_leader());
+    // The resign of this leadership cancels both, then deletes my key and
+    // my priority key, guarded by my token.
+    e.handle(t0, ElectionInput::Resign { token: 5 });
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            cancel(P + 1),
+            cancel(P + 3),
+            rpc(
+                P + 4,
+                Request::Txn(Txn {
+                    compare: vec![create_rev(&my_key(), 5)],
+                    success: vec![delete(&my_key()), delete(&prio_key(b"2a1f"))],
+                    failure: vec![delete(&prio_key(b"2a1f"))],
+                })
+            ),
+        ]
+    );
+    assert!(!e.is_leader());
+    assert_eq!(
+        ok(&mut e, t0, P + 4, txn(8, true, vec![])),
+        vec![note(ElectionNotice::Resigned { token: 5 })]
+    );
 }
 
 #[test]
