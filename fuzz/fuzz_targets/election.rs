@@ -17,16 +17,20 @@
 //!   `now` (false from the deadline instant on);
 //! * RPC ids are never reused; after `Session(Stopped)` no RPC is issued;
 //! * with `permits` N (1 to 4, from the seed's top bits) at most N watches
-//!   are open at once: a waiter watches the N keys nearest ahead of it, a
-//!   holder its own key, and whatever ends a wait cancels all of its
-//!   watches;
+//!   of candidate keys are open at once: a waiter watches the N keys
+//!   nearest ahead of it, a holder its own key, and whatever ends a wait
+//!   cancels all of its watches; besides them, only a ranked leader (N = 1:
+//!   a semaphore refuses ranked campaigns) watches the priorities, once,
+//!   from its `Elected` until its leadership is resigned, canceled,
+//!   stopped, lost or handed over (a yield keeps it until its hand-over
+//!   ends);
 //! * `poll_timeout` is never before `now`; draining commands terminates.
 
 #![no_main]
 
 use arbitrary::Arbitrary;
 use fleetcoord_sm::election::{
-    Election, ElectionConfig, ElectionInput, ElectionNotice, OpId, Rank,
+    priority_prefix, Election, ElectionConfig, ElectionInput, ElectionNotice, OpId, Rank,
 };
 use fleetcoord_sm::keepalive::LivenessState;
 use fleetcoord_sm::{
@@ -109,6 +113,11 @@ struct Reference {
     elected_by: Option<OpId>,
     /// The latest `Elected` token, kept after the leadership ends.
     last_token: Revision,
+    /// Ranked campaigns asked for.
+    ranked: BTreeSet<OpId>,
+    /// A leadership won by a ranked campaign (its campaign and token),
+    /// until nothing of it may watch the priorities any more.
+    ranked_lead: Option<(OpId, Revision)>,
     stopped: bool,
 }
 
@@ -151,6 +160,7 @@ impl Fuzz {
                 m.elected = Some(token);
                 m.elected_by = Some(op);
                 m.last_token = token;
+                m.ranked_lead = m.ranked.contains(&op).then_some((op, token));
             }
             ElectionNotice::NotElected { op, .. } | ElectionNotice::CampaignFailed { op, .. } => {
                 assert!(
@@ -173,6 +183,7 @@ impl Fuzz {
                 );
                 assert_eq!(token, m.last_token, "handed over what it did not lead");
                 m.elected = None;
+                m.ranked_lead = None;
             }
             ElectionNotice::HandOverFailed { op, .. } => {
                 assert!(
@@ -182,7 +193,15 @@ impl Fuzz {
             }
             // Belief ends with the notice of a yield.
             ElectionNotice::StepDownRequested { yielding: true, .. } => m.elected = None,
-            ElectionNotice::LeadershipLost { .. } => m.elected = None,
+            ElectionNotice::LeadershipLost { .. } => {
+                m.elected = None;
+                m.ranked_lead = None;
+            }
+            ElectionNotice::Resigned { token } => {
+                if m.ranked_lead.is_some_and(|(_, t)| t == token) {
+                    m.ranked_lead = None;
+                }
+            }
             ElectionNotice::Session(LivenessState::Stopped { .. }) => m.stopped = true,
             _ => {}
         }
@@ -203,15 +222,29 @@ impl Fuzz {
         } else {
             assert_eq!(self.machine.token(), None);
         }
-        let watches = self
+        // The permits bound the watches of candidate keys (the semaphore's
+        // fan-out). A ranked leader holds one watch more, of the
+        // priorities, beside its own key's: that is the design (module
+        // docs, README "Cost"), not a leak, so it is counted apart and
+        // allowed only to the leadership that may hold it, once.
+        let priorities = KeyRange::Prefix(priority_prefix(PREFIX));
+        let (of_priorities, of_candidates): (Vec<&Request>, Vec<&Request>) = self
             .outstanding
             .values()
             .filter(|r| matches!(r, Request::Watch { .. }))
-            .count();
+            .partition(|r| matches!(r, Request::Watch { range, .. } if *range == priorities));
         assert!(
-            watches <= self.permits,
-            "{watches} watches open with {} permits",
+            of_candidates.len() <= self.permits,
+            "{} watches open with {} permits: {of_candidates:?}",
+            of_candidates.len(),
             self.permits
+        );
+        let allowed = usize::from(self.model.ranked_lead.is_some());
+        assert!(
+            of_priorities.len() <= allowed,
+            "{} watches of the priorities open, {allowed} allowed (ranked leadership {:?})",
+            of_priorities.len(),
+            self.model.ranked_lead
         );
     }
 
@@ -403,6 +436,9 @@ impl Fuzz {
                     | ElectionInput::CampaignRanked { op, .. } => {
                         self.model.open_campaigns.insert(*op);
                         self.model.ops.push(*op);
+                        if matches!(input, ElectionInput::CampaignRanked { .. }) {
+                            self.model.ranked.insert(*op);
+                        }
                     }
                     ElectionInput::HandOver { op, .. } => {
                         self.model.open_hand_overs.insert(*op);
@@ -426,6 +462,20 @@ impl Fuzz {
                         self.model.elected = None
                     }
                     _ => {}
+                }
+                // These end a ranked leadership's watch of the priorities
+                // in the step (a resign or cancel of it, even while it
+                // yields, or a stop); a refusal only when it ends the
+                // leadership.
+                let ends_ranks = self.model.ranked_lead.is_some_and(|(o, t)| match &input {
+                    ElectionInput::Resign { token } => *token == t,
+                    ElectionInput::CancelCampaign { op } => *op == o,
+                    ElectionInput::Stop => true,
+                    ElectionInput::FenceRefused { .. } => refuses_leadership,
+                    _ => false,
+                });
+                if ends_ranks {
+                    self.model.ranked_lead = None;
                 }
                 self.machine.handle(self.now, input);
                 if matches!(u, User::Stop)
@@ -518,6 +568,8 @@ fuzz_target!(|input: Input| {
             elected: None,
             elected_by: None,
             last_token: 0,
+            ranked: BTreeSet::new(),
+            ranked_lead: None,
             stopped: false,
         },
     };

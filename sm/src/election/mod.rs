@@ -68,6 +68,11 @@
 //!   reads again. A token is never handed out twice, but holders of N > 1
 //!   may report tokens out of order. With N = 1 every request is the
 //!   election's, Go-compatible as above.
+//! * Watches are bounded: a waiter holds one (with N permits, at most N,
+//!   one per older key it waits on), a leader one of its own key, and a
+//!   ranked leader one more, of the priorities (ranked campaigns run with
+//!   N = 1 only). Whatever ends a wait or a leadership (for a yield: the
+//!   end of its hand-over) cancels its watches.
 
 mod protocol;
 mod requests;
@@ -361,9 +366,12 @@ pub enum ElectionNotice {
         error: ElectionError,
     },
     /// A ranked leader learnt that a candidate of a higher priority waits.
-    /// Told once per leadership. With `yielding`, the leadership ends now
-    /// (belief first, then the guarded delete; `Resigned { token }`
-    /// follows).
+    /// Told once per leadership. With `yielding`, the leadership ends now:
+    /// belief first, then the leadership is handed over to that candidate
+    /// (`HandedOver` naming the campaign that won), or resigned when it
+    /// cannot be (`Resigned { token }`); a loss meanwhile (session, key)
+    /// ends it with `LeadershipLost { token }`. A yield is no user's
+    /// hand-over: it is never answered by `HandOverFailed`.
     StepDownRequested {
         /// The leadership asked to step down.
         token: Revision,
@@ -377,7 +385,8 @@ pub enum ElectionNotice {
     /// The hand-over `op` is done: the leadership `token` is over and the
     /// target (`to`, as read) is the oldest candidate.
     HandedOver {
-        /// The hand-over this answers.
+        /// The hand-over this answers; after a yield
+        /// ([`ElectionNotice::StepDownRequested`]), the campaign that won.
         op: OpId,
         /// The leadership that ended.
         token: Revision,

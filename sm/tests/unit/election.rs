@@ -2503,6 +2503,287 @@ fn a_yielding_leader_hands_over_to_the_higher_candidate_right_after_the_notice()
     assert!(!e.is_leader());
 }
 
+/// The fuzz input crash-bdb2a651 ("2 watches open with 1 permits"), by
+/// hand: a ranked leader holds two watches by design, its own key's and
+/// the priorities' (the fuzz target now counts the second apart); stale
+/// resigns and a busy try-campaign open nothing, and the resign of its
+/// token cancels both before the withdraw is sent.
+#[test]
+fn a_ranked_leader_watches_its_key_and_the_priorities_and_its_resign_cancels_both() {
+    let t0 = Instant::now();
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::CampaignRanked {
+            op: OpId(1),
+            value: b"a".to_vec(),
+            rank: Rank {
+                priority: 3,
+                yield_to_higher: true,
+            },
+        },
+    );
+    let queued = drain(&mut e);
+    assert!(
+        matches!(queued.as_slice(), [Command::Rpc { id, request: Request::Txn(_) }] if *id == RpcId(P)),
+        "{queued:?}"
+    );
+    // Alone in the queue: elected at once, then the guard's watch of my
+    // key and the read of the priorities.
+    let until = e.session_deadline().expect("a lease");
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P,
+            txn(
+                5,
+                true,
+                vec![
+                    TxnOpResponse::Put,
+                    TxnOpResponse::Put,
+                    TxnOpResponse::Range {
+                        kvs: vec![kv(&my_key(), b"a", 5)]
+                    },
+                    TxnOpResponse::Range { kvs: vec![] },
+                ]
+            )
+        ),
+        vec![
+            note(ElectionNotice::Elected {
+                op: OpId(1),
+                key: my_key(),
+                token: 5,
+                lease: LEASE,
+                trusted_until: until
+            }),
+            rpc(P + 1, watch(&my_key(), 6)),
+            rpc(
+                P + 2,
+                Request::Range(RangeRequest::all(KeyRange::Prefix(PRIO.to_vec())))
+            ),
+        ]
+    );
+    // Neither a try-campaign while leading nor a stale resign opens or
+    // closes anything.
+    e.handle(
+        t0,
+        ElectionInput::TryCampaign {
+            op: OpId(2),
+            value: b"b".to_vec(),
+        },
+    );
+    assert_eq!(
+        drain(&mut e),
+        vec![note(ElectionNotice::CampaignFailed {
+            op: OpId(2),
+            error: ElectionError::Busy
+        })]
+    );
+    e.handle(t0, ElectionInput::Resign { token: 4 });
+    assert_eq!(
+        drain(&mut e),
+        vec![note(ElectionNotice::Resigned { token: 4 })]
+    );
+    assert!(e.is_leader());
+    // The priorities read (one unparsable value: no priority, no notice)
+    // turns into their watch, beside the watch of my key: two watches.
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 2,
+            Response::Range {
+                revision: 6,
+                kvs: vec![kv(&prio_key(b"1"), b"\"", 1)]
+            }
+        ),
+        vec![rpc(
+            P + 3,
+            Request::Watch {
+                range: KeyRange::Prefix(PRIO.to_vec()),
+                start_revision: 7
+            }
+        )]
+    );
+    assert!(e.is_leader());
+    // The resign of this leadership cancels both, then deletes my key and
+    // my priority key, guarded by my token.
+    e.handle(t0, ElectionInput::Resign { token: 5 });
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            cancel(P + 1),
+            cancel(P + 3),
+            rpc(
+                P + 4,
+                Request::Txn(Txn {
+                    compare: vec![create_rev(&my_key(), 5)],
+                    success: vec![delete(&my_key()), delete(&prio_key(b"2a1f"))],
+                    failure: vec![delete(&prio_key(b"2a1f"))],
+                })
+            ),
+        ]
+    );
+    assert!(!e.is_leader());
+    assert_eq!(
+        ok(&mut e, t0, P + 4, txn(8, true, vec![])),
+        vec![note(ElectionNotice::Resigned { token: 5 })]
+    );
+}
+
+/// A ranked leader (token 5, priority 0, yielding) that just learnt of a
+/// higher candidate: belief over, its guard's watch of my key (`P + 1`),
+/// its watch of the priorities (`P + 3`) and its hand-over's read of the
+/// queue (`P + 4`) open.
+fn yielding_leader(t0: Instant) -> Election {
+    let mut e = registered(t0);
+    e.handle(
+        t0,
+        ElectionInput::CampaignRanked {
+            op: OpId(1),
+            value: b"a".to_vec(),
+            rank: Rank {
+                priority: 0,
+                yield_to_higher: true,
+            },
+        },
+    );
+    drain(&mut e);
+    let mine = kv(&my_key(), b"a", 5);
+    let elected = ok(
+        &mut e,
+        t0,
+        P,
+        txn(
+            5,
+            true,
+            vec![
+                TxnOpResponse::Put,
+                TxnOpResponse::Put,
+                TxnOpResponse::Range { kvs: vec![mine] },
+                TxnOpResponse::Range { kvs: vec![] },
+            ],
+        ),
+    );
+    assert_eq!(
+        elected[1..],
+        [
+            rpc(P + 1, watch(&my_key(), 6)),
+            rpc(
+                P + 2,
+                Request::Range(RangeRequest::all(KeyRange::Prefix(PRIO.to_vec())))
+            )
+        ]
+    );
+    let told = ok(
+        &mut e,
+        t0,
+        P + 2,
+        Response::Range {
+            revision: 6,
+            kvs: vec![prio(b"bb", "1")],
+        },
+    );
+    assert_eq!(told.last(), Some(&rpc(P + 4, ranked_read())), "{told:?}");
+    assert!(!e.is_leader());
+    e
+}
+
+// A yield's hand-over carries the campaign's op. Cut short, it was
+// answered with `HandOverFailed { op: <the campaign> }`: an answer to a
+// hand-over the user never asked for, and a second answer naming the
+// campaign after its `Elected` (fuzz crash-d6b6ca58). However a yield
+// ends, the leadership's own end answers it: `LeadershipLost` on a loss
+// (of the session, or of my key), `Resigned` when the user resigns
+// meanwhile.
+
+/// The fuzz input's way: the session is lost mid-yield.
+#[test]
+fn a_yield_cut_short_by_the_session_loss_answers_no_hand_over() {
+    let t0 = Instant::now();
+    let mut e = yielding_leader(t0);
+    let at = e.poll_timeout().expect("a renewal timer");
+    e.handle_timeout(at);
+    let renewal = drain(&mut e);
+    let Some(id) = renewal.last().and_then(renewal_id) else {
+        panic!("no renewal: {renewal:?}");
+    };
+    assert_eq!(
+        ok(&mut e, at, id, Response::KeptAlive { ttl_secs: 0 }),
+        vec![
+            note(ElectionNotice::Session(LivenessState::Lost {
+                lease: LEASE
+            })),
+            cancel(P + 1),
+            cancel(P + 3),
+            cancel(P + 4),
+            note(ElectionNotice::LeadershipLost { token: 5 }),
+            note(ElectionNotice::Session(LivenessState::Registering)),
+        ]
+    );
+}
+
+/// The hand-over's read shows my key gone: the leadership is lost, and
+/// that is all.
+#[test]
+fn a_yield_that_finds_my_key_gone_is_lost_without_a_hand_over_answer() {
+    let t0 = Instant::now();
+    let mut e = yielding_leader(t0);
+    let other = kv(b"/e/bb", b"h", 7);
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 4,
+            txn(
+                8,
+                true,
+                vec![
+                    TxnOpResponse::Range { kvs: vec![other] },
+                    TxnOpResponse::Range {
+                        kvs: vec![prio(b"bb", "1")]
+                    },
+                ]
+            )
+        ),
+        vec![
+            cancel(P + 1),
+            cancel(P + 3),
+            note(ElectionNotice::LeadershipLost { token: 5 }),
+        ]
+    );
+}
+
+/// The user resigns mid-yield: everything of the yield is canceled, the
+/// key withdrawn, and `Resigned` is the only answer.
+#[test]
+fn a_resign_during_a_yield_is_answered_by_resigned_alone() {
+    let t0 = Instant::now();
+    let mut e = yielding_leader(t0);
+    e.handle(t0, ElectionInput::Resign { token: 5 });
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            cancel(P + 1),
+            cancel(P + 3),
+            cancel(P + 4),
+            rpc(
+                P + 5,
+                Request::Txn(Txn {
+                    compare: vec![create_rev(&my_key(), 5)],
+                    success: vec![delete(&my_key()), delete(&prio_key(b"2a1f"))],
+                    failure: vec![delete(&prio_key(b"2a1f"))],
+                })
+            ),
+        ]
+    );
+    assert_eq!(
+        ok(&mut e, t0, P + 5, txn(9, true, vec![])),
+        vec![note(ElectionNotice::Resigned { token: 5 })]
+    );
+}
+
 #[test]
 fn hand_over_deletes_the_leader_and_those_ahead_of_the_target_in_one_guarded_txn() {
     let t0 = Instant::now();

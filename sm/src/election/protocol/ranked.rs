@@ -194,8 +194,11 @@ impl Protocol {
     }
 
     /// Everything ranked about `l` ends (it resigns, hands over or is
-    /// lost): requests canceled, timers stopped. Returns the hand-over
-    /// still open, for its caller to answer.
+    /// lost): requests canceled, timers stopped. Returns the user's
+    /// hand-over still open, for its caller to answer; a yield's is no
+    /// user's operation (its op is the campaign's, answered by `Elected`
+    /// already), so it ends unanswered: the leadership's own end
+    /// (`Resigned`, `LeadershipLost`) is the answer to the yield.
     pub(super) fn end_ranked(&mut self, l: &mut Leading) -> Option<OpId> {
         if let Some(r) = l.ranks.as_mut() {
             self.cancel(r.phase.pending());
@@ -206,7 +209,7 @@ impl Protocol {
         self.timers.stop(Timer::HandOverAttempt);
         let h = l.hand_over.take()?;
         self.cancel(h.pending);
-        Some(h.op)
+        (!h.yielding).then_some(h.op)
     }
 
     /// The hand-over `op` to `to` begins with a read of the queue; belief
@@ -276,9 +279,10 @@ impl Protocol {
     }
 
     /// My key is not what it was: the hand-over fails and the leadership
-    /// is lost.
+    /// is lost. A yield's hand-over is not answered (see
+    /// [`Protocol::end_ranked`]): `LeadershipLost` ends it.
     fn hand_over_lost(&mut self, mut l: Leading) -> Op {
-        if let Some(h) = l.hand_over.take() {
+        if let Some(h) = l.hand_over.take().filter(|h| !h.yielding) {
             self.outbox.notify(ElectionNotice::HandOverFailed {
                 op: h.op,
                 error: ElectionError::NotLeader,
