@@ -18,7 +18,8 @@
 //! the raft leader SIGKILLed and restarted after 0.5–1.5 s, or a follower
 //! SIGSTOPped for 1–2 s. `LEADER_PAUSE_ROUNDS` rounds (6 by default, about
 //! 40 s); `LEADER_PAUSE_SEED` replays a run's fault choices (each run
-//! prints its seed).
+//! prints its seed); `LEADER_PAUSE_VERBOSE=1` prints what happened around
+//! each resume.
 //!
 //! Checked:
 //! * every overlap (two candidates believing at once) is a **server early
@@ -45,16 +46,22 @@
 //! DELETE → belief end (holders whose key etcd deleted), refused write →
 //! belief end, leaderless time and campaign durations.
 
+#[path = "common/belief.rs"]
+mod belief;
 mod common;
 #[path = "common/liveness.rs"]
 mod liveness;
+#[path = "common/raw_history.rs"]
+mod raw_history;
 
+use belief::{signed_distribution, Belief};
 use fleetcoord::testing::{EtcdBuilder, EtcdCluster};
 use fleetcoord::{Election, ElectionOptions, Error, Etcd, EtcdOptions, TxnOp, TxnOpResponse};
 use liveness::{Held, Outage, Timed, Waited};
 use parking_lot::Mutex;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
+use raw_history::{deletion, Change, RawHistory};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -140,29 +147,18 @@ impl Tenure {
             .min()
     }
 
-    /// The session's trusted-until as last sampled at or before `at`.
-    fn trusted_at(&self, at: Instant) -> Option<Instant> {
-        self.trusted
-            .iter()
-            .rev()
-            .find(|(sampled, _)| *sampled <= at)
-            .and_then(|(_, v)| *v)
+    fn belief(&self) -> Belief {
+        Belief {
+            who: format!("candidate {}", self.candidate),
+            token: self.token,
+            key: self.key.clone(),
+            from: self.elected_at,
+            last_held_at: self.last_held_at,
+            lost: !self.kept,
+            trusted: self.trusted.clone(),
+            first_refusal: self.first_refusal(),
+        }
     }
-}
-
-/// One PUT or DELETE under the election prefix, as the raw watchers saw it.
-#[derive(Clone, Debug)]
-struct Change {
-    revision: i64,
-    key: String,
-    delete: bool,
-    /// The key's create revision (from the previous value for a DELETE;
-    /// 0 when etcd did not send it).
-    create_revision: i64,
-    lease: i64,
-    /// The earliest arrival at any of the three watchers.
-    arrived: Instant,
-    member: usize,
 }
 
 #[derive(Default)]
@@ -184,8 +180,6 @@ struct Shared {
     origin: Instant,
     stop: AtomicBool,
     record: Mutex<Record>,
-    /// (revision, key) → change, earliest arrival kept.
-    history: Mutex<BTreeMap<(i64, String), Change>>,
 }
 
 impl Shared {
@@ -381,198 +375,6 @@ fn hold(
     }
 }
 
-/// A raw etcd-client watch of the election prefix on one member, from
-/// revision 1, watched again from the next revision whenever the stream
-/// breaks (the member killed or paused: HTTP/2 pings every second find
-/// it). Each change goes into the shared history unless another member's
-/// watch delivered it earlier.
-fn history_watcher(member: usize, endpoint: String, shared: Arc<Shared>) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async {
-        let mut next = 1i64;
-        while !shared.stop.load(Ordering::SeqCst) {
-            let options = etcd_client::ConnectOptions::new()
-                .with_connect_timeout(Duration::from_secs(1))
-                .with_keep_alive(KEEPALIVE, KEEPALIVE);
-            let Ok(Ok(mut client)) = tokio::time::timeout(
-                Duration::from_secs(2),
-                etcd_client::Client::connect([endpoint.as_str()], Some(options)),
-            )
-            .await
-            else {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            };
-            let watch = etcd_client::WatchOptions::new()
-                .with_prefix()
-                .with_prev_key()
-                .with_start_revision(next);
-            let Ok(Ok(mut stream)) =
-                tokio::time::timeout(Duration::from_secs(2), client.watch(PREFIX, Some(watch)))
-                    .await
-            else {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            };
-            while !shared.stop.load(Ordering::SeqCst) {
-                let message = match tokio::time::timeout(
-                    Duration::from_millis(200),
-                    stream.message(),
-                )
-                .await
-                {
-                    Err(_) => continue,
-                    Ok(Ok(Some(m))) => m,
-                    Ok(_) => break,
-                };
-                let arrived = Instant::now();
-                if message.canceled() {
-                    break;
-                }
-                let mut newest = next - 1;
-                let mut history = shared.history.lock();
-                for event in message.events() {
-                    let Some(kv) = event.kv() else { continue };
-                    let delete = event.event_type() == etcd_client::EventType::Delete;
-                    let (create_revision, lease) = if delete {
-                        event
-                            .prev_kv()
-                            .map_or((0, 0), |p| (p.create_revision(), p.lease()))
-                    } else {
-                        (kv.create_revision(), kv.lease())
-                    };
-                    let change = Change {
-                        revision: kv.mod_revision(),
-                        key: String::from_utf8_lossy(kv.key()).into_owned(),
-                        delete,
-                        create_revision,
-                        lease,
-                        arrived,
-                        member,
-                    };
-                    newest = newest.max(change.revision);
-                    history
-                        .entry((change.revision, change.key.clone()))
-                        .and_modify(|c| {
-                            if arrived < c.arrived {
-                                *c = change.clone();
-                            }
-                        })
-                        .or_insert(change);
-                }
-                next = newest + 1;
-            }
-        }
-    });
-}
-
-/// One overlap: `later` was elected while `earlier` still believed.
-struct Overlap {
-    earlier: usize,
-    later: usize,
-    length: Duration,
-    early_revocation: bool,
-    report: String,
-}
-
-/// Every pair of tenures whose beliefs overlap, classified.
-fn overlaps(shared: &Shared, tenures: &[Tenure], history: &[Change]) -> Vec<Overlap> {
-    let mut found = Vec::new();
-    for (ai, a) in tenures.iter().enumerate() {
-        for (bi, b) in tenures.iter().enumerate() {
-            if ai == bi || b.elected_at < a.elected_at || b.elected_at >= a.last_held_at {
-                continue;
-            }
-            if b.elected_at == a.elected_at && bi < ai {
-                continue;
-            }
-            let delete = history
-                .iter()
-                .filter(|c| c.delete && c.key == a.key && c.revision > a.token)
-                .find(|c| c.create_revision == a.token || c.create_revision == 0);
-            let trusted = delete.and_then(|d| a.trusted_at(d.arrived));
-            let early = matches!((delete, trusted), (Some(d), Some(until)) if until > d.arrived);
-            let at = |t: Instant| shared.at(t);
-            let report = format!(
-                "candidate {} (token {}, key {}) believed until {} although candidate {} \
-                 (token {}) was elected at {} ({:.1?} of overlap); {}; its first refused fenced \
-                 write returned {}; its belief ended {}",
-                a.candidate,
-                a.token,
-                a.key,
-                at(a.last_held_at),
-                b.candidate,
-                b.token,
-                at(b.elected_at),
-                a.last_held_at - b.elected_at,
-                match (delete, trusted) {
-                    (Some(d), Some(until)) => format!(
-                        "etcd deleted its key at revision {} (lease {:x}), seen at {} (member {}), \
-                         when its session was trusted until {} ({})",
-                        d.revision,
-                        d.lease,
-                        at(d.arrived),
-                        d.member,
-                        at(until),
-                        if until > d.arrived {
-                            format!("{:.1?} ahead: server early revocation", until - d.arrived)
-                        } else {
-                            format!("{:.1?} past", d.arrived - until)
-                        }
-                    ),
-                    (Some(d), None) => format!(
-                        "etcd deleted its key at revision {}, seen at {}, with no trusted-until \
-                         sampled before",
-                        d.revision,
-                        at(d.arrived)
-                    ),
-                    (None, _) => "no DELETE of its key in the history".to_string(),
-                },
-                a.first_refusal().map_or("never".to_string(), at),
-                a.ended_at.map_or("at a resign".to_string(), at),
-            );
-            found.push(Overlap {
-                earlier: ai,
-                later: bi,
-                length: a.last_held_at - b.elected_at,
-                early_revocation: early,
-                report,
-            });
-        }
-    }
-    found
-}
-
-/// `name: n = …, min …, p50 …, p90 …, max …` of signed milliseconds.
-fn signed_distribution(name: &str, values: &[f64]) -> String {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return format!("{name}: n = 0");
-    }
-    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-    format!(
-        "{name}: n = {}, min {:.1} ms, p50 {:.1} ms, p90 {:.1} ms, max {:.1} ms",
-        v.len(),
-        at(0.0),
-        at(0.5),
-        at(0.9),
-        at(1.0)
-    )
-}
-
-/// `a - b` in milliseconds, negative when `a` came first.
-fn ms_between(a: Instant, b: Instant) -> f64 {
-    if a >= b {
-        (a - b).as_secs_f64() * 1e3
-    } else {
-        -(b - a).as_secs_f64() * 1e3
-    }
-}
-
 /// The log and the history from `before` ahead of `from` until `to`, one
 /// line each on the run's clock.
 fn timeline(
@@ -663,16 +465,8 @@ fn a_paused_raft_leader_makes_no_belief_overlap_but_a_server_early_revocation() 
         origin: Instant::now(),
         stop: AtomicBool::new(false),
         record: Mutex::new(Record::default()),
-        history: Mutex::new(BTreeMap::new()),
     });
-    let watchers: Vec<_> = endpoints
-        .iter()
-        .enumerate()
-        .map(|(m, e)| {
-            let (e, shared) = (e.clone(), shared.clone());
-            thread::spawn(move || history_watcher(m, e, shared))
-        })
-        .collect();
+    let watches = RawHistory::start(&endpoints, &[PREFIX]);
     let candidates: Vec<_> = (0..CANDIDATES)
         .map(|i| {
             let mut mine = endpoints.clone();
@@ -719,33 +513,34 @@ fn a_paused_raft_leader_makes_no_belief_overlap_but_a_server_early_revocation() 
     for t in candidates {
         t.join().expect("candidate");
     }
-    // The history watchers see the last resigns first.
-    thread::sleep(Duration::from_millis(300));
-    for t in watchers {
-        t.join().expect("history watcher");
-    }
+    // The history watches see the last resigns first.
+    let history = watches.finish(Duration::from_millis(300));
 
     let record = shared.record.lock();
-    let history: Vec<Change> = shared.history.lock().values().cloned().collect();
     let mut tenures = record.tenures.clone();
     tenures.sort_by_key(|t| t.elected_at);
     let mut violations = Vec::new();
 
     // Overlaps, classified.
-    let found = overlaps(&shared, &tenures, &history);
+    let beliefs: Vec<Belief> = tenures.iter().map(Tenure::belief).collect();
+    let found = belief::overlaps(&beliefs, 1, &history, shared.origin);
     let early = found.iter().filter(|o| o.early_revocation).count();
     for o in &found {
-        let a = &tenures[o.earlier];
-        let b = &tenures[o.later];
         let class = if o.early_revocation {
             "server early revocation"
         } else {
             "fleetcoord bug"
         };
+        let last = o
+            .holders
+            .iter()
+            .map(|&i| beliefs[i].last_held_at)
+            .max()
+            .unwrap_or(beliefs[o.newest].from);
         let text = format!(
-            "overlap ({class}): {}; around it:\n{}",
+            "overlap ({class}): {}\n  around it:\n{}",
             o.report,
-            timeline(&shared, &record.log, &history, b.elected_at, a.last_held_at)
+            timeline(&shared, &record.log, &history, beliefs[o.newest].from, last)
         );
         println!("leader_pause: {text}");
         if !o.early_revocation {
@@ -754,44 +549,19 @@ fn a_paused_raft_leader_makes_no_belief_overlap_but_a_server_early_revocation() 
     }
 
     // Belief after evidence, and the distributions.
-    let mut after_refusal = Vec::new();
-    let mut after_delete = Vec::new();
-    for t in &tenures {
-        if let Some(refused) = t.first_refusal() {
-            after_refusal.push(ms_between(t.last_held_at, refused));
-            if t.last_held_at > refused + EVIDENCE_BOUND {
-                violations.push(format!(
-                    "candidate {} (token {}) believed {:.1?} after its fenced write was refused \
-                     (returned {}, last held {}, bound {EVIDENCE_BOUND:?})",
-                    t.candidate,
-                    t.token,
-                    t.last_held_at - refused,
-                    shared.at(refused),
-                    shared.at(t.last_held_at)
-                ));
-            }
-        }
-        if t.kept {
-            continue;
-        }
-        let delete = history
-            .iter()
-            .filter(|c| c.delete && c.key == t.key && c.revision > t.token)
-            .find(|c| c.create_revision == t.token || c.create_revision == 0);
-        if let Some(d) = delete {
-            after_delete.push(ms_between(t.last_held_at, d.arrived));
-        }
-    }
+    violations.extend(belief::outlived_refusal(
+        &beliefs,
+        EVIDENCE_BOUND,
+        shared.origin,
+    ));
+    let after_refusal = belief::refusal_to_belief_end(&beliefs);
+    let after_delete = belief::delete_to_belief_end(&beliefs, &history);
 
     // Fenced writes: none lands after its token's key was deleted; by
     // revision, tokens never go down.
     let mut applied: Vec<(i64, i64, usize)> = Vec::new();
     for t in &tenures {
-        let deleted = history
-            .iter()
-            .filter(|c| c.delete && c.key == t.key && c.revision > t.token)
-            .find(|c| c.create_revision == t.token || c.create_revision == 0)
-            .map(|c| c.revision);
+        let deleted = deletion(&history, &t.key, t.token).map(|c| c.revision);
         for w in &t.writes {
             if let Outcome::Applied(revision) = w.outcome {
                 applied.push((revision, t.token, t.candidate));
@@ -888,6 +658,20 @@ fn a_paused_raft_leader_makes_no_belief_overlap_but_a_server_early_revocation() 
     println!(
         "leader_pause: candidate keys deleted within 300 ms of each resume: {deletes_after_resume:?}"
     );
+    if std::env::var_os("LEADER_PAUSE_VERBOSE").is_some() {
+        for r in &record.resumes {
+            println!(
+                "leader_pause: around a resume:\n{}",
+                timeline(
+                    &shared,
+                    &record.log,
+                    &history,
+                    *r,
+                    *r + Duration::from_secs(1)
+                )
+            );
+        }
+    }
     println!(
         "leader_pause: overlaps {}: server early revocation {early}, fleetcoord bug {}",
         found.len(),
