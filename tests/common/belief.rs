@@ -8,13 +8,16 @@
 //!
 //! * **server early revocation**: the holders beyond the capacity are
 //!   holders whose key etcd had deleted (it arrived in the history at the
-//!   instant, or at most [`ARRIVAL_SKEW`] after) while that holder's
-//!   session was still trusted: its `session_trusted_until()`, as last
-//!   sampled before the DELETE arrived, was still in the future. etcd
-//!   revoked a lease its holder kept renewing (etcd-io/etcd#15247): no
-//!   client-side deadline prevents that, only fencing does;
+//!   instant, or at most [`ARRIVAL_SKEW`] after) with its lease (the lease
+//!   was gone right after: no resign or withdraw by the holder itself)
+//!   while that holder's session was still trusted: its
+//!   `session_trusted_until()`, as last sampled before the DELETE arrived,
+//!   was still in the future. etcd revoked a lease its holder kept
+//!   renewing (etcd-io/etcd#15247): no client-side deadline prevents that,
+//!   only fencing does;
 //! * **fleetcoord bug**: anything else (more live keys than the capacity,
-//!   a DELETE after the holder's own deadline, no DELETE at all).
+//!   a DELETE after the holder's own deadline, a key deleted while its
+//!   lease lived on, no DELETE at all).
 //!
 //! And what the holders can see as evidence of a lost key: a refused
 //! fenced call (`txn_if_leader` / `txn_if_held` answering `Ok(None)`:
@@ -134,11 +137,12 @@ pub fn overlaps(
                 Some(d) => {
                     length = length.max(b.last_held_at.saturating_duration_since(t));
                     let trusted = b.trusted_at(d.arrived);
-                    let early = trusted.is_some_and(|u| u > d.arrived);
+                    let early =
+                        trusted.is_some_and(|u| u > d.arrived) && d.lease_gone == Some(true);
                     all_early &= early;
                     format!(
                         "{} (token {}, key {}) believed until {} although etcd deleted its key \
-                         at revision {} (lease {:x}), seen at {} (member {}), when its session \
+                         at revision {} (lease {:x}, {}), seen at {} (member {}), when its session \
                          was trusted until {}: {}; its first refused fenced call returned {}",
                         b.who,
                         b.token,
@@ -146,12 +150,16 @@ pub fn overlaps(
                         at(b.last_held_at),
                         d.revision,
                         d.lease,
+                        match d.lease_gone {
+                            Some(true) => "gone with it",
+                            Some(false) => "alive after: no revocation",
+                            None => "unknown whether it lived on",
+                        },
                         at(d.arrived),
                         d.member,
                         trusted.map_or("(none sampled)".to_string(), at),
                         match trusted {
-                            Some(u) if u > d.arrived =>
-                                format!("{:.1?} ahead, server early revocation", u - d.arrived),
+                            Some(u) if u > d.arrived => format!("{:.1?} ahead", u - d.arrived),
                             Some(u) => format!("{:.1?} past it", d.arrived - u),
                             None => "no trusted-until to compare".to_string(),
                         },
@@ -284,6 +292,7 @@ mod tests {
             lease: 1,
             arrived: ms(t0, at),
             member: 0,
+            lease_gone: Some(true),
         }
     }
 
@@ -315,6 +324,16 @@ mod tests {
         let found = overlaps(&late, 1, &changes, t0);
         assert_eq!(found.len(), 1);
         assert!(!found[0].early_revocation, "{}", found[0].report);
+        // Deleted in time but its lease lived on: the holder's own delete
+        // (a resign), believed after it.
+        let mut resigned = changes.clone();
+        resigned[0].lease_gone = Some(false);
+        let trusted = [
+            belief("a", 10, 0, 1060, 1500, t0),
+            belief("b", 20, 1005, 2000, 3000, t0),
+        ];
+        assert!(overlaps(&trusted, 1, &changes, t0)[0].early_revocation);
+        assert!(!overlaps(&trusted, 1, &resigned, t0)[0].early_revocation);
         // Nothing deleted at all: two live keys believed.
         let found = overlaps(&late, 1, &[], t0);
         assert!(!found[0].early_revocation);

@@ -6,7 +6,9 @@
 //! it) is opened again from the revision after the last one it delivered.
 //! Changes are merged by (revision, key), keeping the earliest arrival at
 //! any member: the time a change is said to have happened is then at most
-//! a few ms after etcd applied it on the first member that did.
+//! a few ms after etcd applied it on the first member that did. For a
+//! DELETE of a leased key, each watch asks its member at once whether the
+//! lease still exists (a lease revocation, or a delete by the key's owner).
 //!
 //! Shared by the soak and the leader-pause test. Not every test that
 //! includes it uses every part.
@@ -33,6 +35,12 @@ pub struct Change {
     pub arrived: Instant,
     /// The member whose watch delivered it first.
     pub member: usize,
+    /// For a DELETE of a key bound to a lease: whether that lease was gone
+    /// right after (etcd answered TTL -1 or "not found" when asked at once
+    /// on the member that delivered it): a revoked or expired lease rather
+    /// than a delete of the key by its owner (a resign, a withdraw), after
+    /// which the lease lives on. `None` when no member could be asked.
+    pub lease_gone: Option<bool>,
 }
 
 /// The running watches; [`RawHistory::finish`] stops them and returns the
@@ -145,7 +153,7 @@ fn watch(
                     break;
                 }
                 let mut newest = next - 1;
-                let mut changes = changes.lock();
+                let mut found = Vec::new();
                 for event in message.events() {
                     let Some(kv) = event.kv() else { continue };
                     let delete = event.event_type() == etcd_client::EventType::Delete;
@@ -156,7 +164,7 @@ fn watch(
                     } else {
                         (kv.create_revision(), kv.lease())
                     };
-                    let change = Change {
+                    found.push(Change {
                         revision: kv.mod_revision(),
                         key: String::from_utf8_lossy(kv.key()).into_owned(),
                         delete,
@@ -164,14 +172,32 @@ fn watch(
                         lease,
                         arrived,
                         member,
+                        lease_gone: None,
+                    });
+                }
+                for change in found.iter_mut().filter(|c| c.delete && c.lease != 0) {
+                    let asked = tokio::time::timeout(
+                        Duration::from_millis(500),
+                        client.lease_time_to_live(change.lease, None),
+                    )
+                    .await;
+                    change.lease_gone = match asked {
+                        Ok(Ok(answer)) => Some(answer.ttl() < 0),
+                        Ok(Err(e)) if e.to_string().contains("not found") => Some(true),
+                        _ => None,
                     };
+                }
+                let mut changes = changes.lock();
+                for change in found {
                     newest = newest.max(change.revision);
                     changes
                         .entry((change.revision, change.key.clone()))
                         .and_modify(|c| {
-                            if arrived < c.arrived {
+                            let gone = c.lease_gone.or(change.lease_gone);
+                            if change.arrived < c.arrived {
                                 *c = change.clone();
                             }
+                            c.lease_gone = c.lease_gone.or(gone);
                         })
                         .or_insert(change);
                 }

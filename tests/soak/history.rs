@@ -305,6 +305,7 @@ mod tests {
             lease: 1,
             arrived: t0 + Duration::from_millis(at_ms),
             member: 0,
+            lease_gone: Some(true),
         }
     }
 
