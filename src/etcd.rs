@@ -7,6 +7,7 @@ use crate::driver::{
 };
 use crate::endpoint;
 use crate::error::{Error, Result};
+use crate::server_version::{self, ServerVersion};
 use crate::tls::{EtcdUser, Tls};
 use crate::validate;
 use fleetcoord_sm::keepalive::RenewalGrid;
@@ -179,6 +180,8 @@ struct Inner {
     /// The instants every lease of this handle renews on (see
     /// [`RENEWAL_STEP`]).
     renewal_grid: RenewalGrid,
+    /// See [`Etcd::server_version`].
+    server_version: Option<ServerVersion>,
 }
 
 /// The spacing of the renewal grid every lease of one [`Etcd`] renews on:
@@ -243,7 +246,7 @@ impl Etcd {
             normalized.push(url);
         }
         options.check()?;
-        let driver = driver::start(ConnectSettings {
+        let (driver, status) = driver::start(ConnectSettings {
             endpoints: normalized.clone(),
             connect_timeout: options.connect_timeout,
             request_timeout: options.request_timeout,
@@ -268,6 +271,7 @@ impl Etcd {
                     origin: std::time::Instant::now(),
                     step: RENEWAL_STEP,
                 },
+                server_version: server_version::read_at_connect(&status.version, status.member_id),
             }),
         })
     }
@@ -285,6 +289,18 @@ impl Etcd {
     /// The options this handle was built with.
     pub fn options(&self) -> &EtcdOptions {
         &self.inner.options
+    }
+
+    /// The etcd version of the member that answered [`Etcd::connect`]'s
+    /// status request (one of the endpoints that answered; no request of its
+    /// own), read once, at connect: a later upgrade, or another member of a
+    /// mixed-version cluster, is not reflected. `None` when that member
+    /// reported something that is not a version ([`ServerVersion::parse`];
+    /// logged at debug level). When the version has
+    /// [known defects](crate::etcd_defects), connect logged one warning
+    /// naming them and the releases that fix them.
+    pub fn server_version(&self) -> Option<&ServerVersion> {
+        self.inner.server_version.as_ref()
     }
 
     /// Stop the driver thread for every clone of this handle: running
@@ -337,19 +353,27 @@ impl Etcd {
     /// threads make a single call. Giving up (a panic unwinding through
     /// here) cancels the call on the driver.
     pub(crate) fn request(&self, request: Request) -> Result<Response> {
+        self.request_within(request, self.inner.options.request_timeout)
+    }
+
+    /// [`Etcd::request`], given up after `limit` when that is shorter than
+    /// the request timeout: [`Error::Timeout`] with `limit`, and the call
+    /// is canceled on the driver (a request already sent may still apply).
+    pub(crate) fn request_within(&self, request: Request, limit: Duration) -> Result<Response> {
         assert_not_async();
         let (call, pending) = UnaryCall::new(request);
         self.inner
             .driver
             .send(DriverMsg::Unary(call))
             .map_err(|_| self.gone())?;
-        // The driver enforces the timeout; the slack only covers a driver
-        // too busy to report it.
-        let wait = self
-            .inner
-            .options
-            .request_timeout
-            .saturating_add(Duration::from_secs(1));
+        // The driver enforces the request timeout; the slack only covers a
+        // driver too busy to report it. A shorter limit is the caller's.
+        let timeout = self.inner.options.request_timeout;
+        let wait = if limit < timeout {
+            limit
+        } else {
+            timeout.saturating_add(Duration::from_secs(1))
+        };
         match pending.wait(wait) {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(CallError::Timeout(after))) => Err(Error::Timeout(after)),

@@ -71,6 +71,7 @@ pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
 mod runtime;
+mod server_version;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod tls;
@@ -92,6 +93,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use error::EtcdErrorKind;
 pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
 pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
+pub use server_version::{etcd_defects, KnownDefect, ServerVersion};
 pub use tls::{EtcdUser, Tls};
 /// The old name of [`Tls`], from when only etcd spoke TLS.
 #[deprecated(note = "renamed `Tls`: the same settings reach etcd, NATS and Redis")]

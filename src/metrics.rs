@@ -14,6 +14,7 @@
 //! | `fleetcoord_election_transitions_total` | counter | `election`, `event` | `elected`, `lost`, `resigned` |
 //! | `fleetcoord_host_events_total` | counter | `prefix`, `event`, `reason` | HostWatcher events delivered: `up`, `updated`, `down`, `synced`; `reason` is `left` or `expired` for `down` ([`crate::DownReason`]), empty otherwise |
 //! | `fleetcoord_watch_streams_opened_total` | counter | — | etcd watch streams opened by any watcher: the first, then one per resume or resync |
+//! | `fleetcoord_etcd_server_info` | gauge | `server_version` | 1, labelled with the etcd version a member reported when an [`crate::Etcd`] connected (see [`crate::Etcd::server_version`]); not recorded when the version cannot be read |
 //!
 //! An exporter that prints help text (Prometheus's `# HELP`) learns it from
 //! [`describe`], called once after the recorder is installed; without it
@@ -79,6 +80,11 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "fleetcoord_watch_streams_opened_total",
         Kind::Counter,
         "etcd watch streams opened by any watcher: the first, then one per resume or resync",
+    ),
+    (
+        "fleetcoord_etcd_server_info",
+        Kind::Gauge,
+        "1, labelled with the etcd server version a member reported at connect",
     ),
 ];
 
@@ -200,6 +206,11 @@ mod on {
     pub(crate) fn watch_stream_opened() {
         metrics::counter!("fleetcoord_watch_streams_opened_total").increment(1);
     }
+
+    pub(crate) fn server_version(version: &str) {
+        metrics::gauge!("fleetcoord_etcd_server_info", "server_version" => version.to_string())
+            .set(1.0);
+    }
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -216,6 +227,7 @@ mod on {
     pub(crate) fn election(_: &str, _: &'static str, _: i64) {}
     pub(crate) fn host_event(_: &str, _: &'static str, _: &'static str) {}
     pub(crate) fn watch_stream_opened() {}
+    pub(crate) fn server_version(_: &str) {}
 }
 
 pub(crate) use on::*;

@@ -229,3 +229,95 @@ fn a_leadership_fences_its_writes_and_a_lost_one_refuses_to_act() {
     mutex.close().expect("close");
     election.close().expect("close");
 }
+
+/// A fenced write that etcd refuses is the holder's first evidence that its
+/// key is gone (etcd may revoke a lease early, and the election's own
+/// watch can lag behind): on every face of the protocol, the holding ends
+/// before the refused call returns. The key is deleted from outside, then
+/// the write is tried at once, before anything else can be waited for.
+#[test]
+fn a_refused_fenced_write_ends_the_holding_before_it_returns() {
+    use fleetcoord::{ElectionPool, Mutex, Semaphore, TxnOp};
+    let server = common::start_etcd();
+    let endpoint = server.endpoint();
+    let etcd = common::connect(&endpoint);
+    let put = || [TxnOp::put("/refused/owner", "stale")];
+
+    let election = Election::new(&etcd, "refused").expect("election");
+    let leadership = election.campaign(b"a").expect("campaign");
+    common::etcdctl(&endpoint, &["del", leadership.key()]);
+    assert_eq!(leadership.txn_if_leader(put()).expect("txn"), None);
+    assert!(!leadership.is_held(), "election: still believed");
+    assert_eq!(leadership.lost().try_recv(), Ok(()), "election: lost()");
+
+    let pool = ElectionPool::new(&etcd);
+    let pooled = pool.campaign("refused-pool", b"a").expect("pool campaign");
+    common::etcdctl(&endpoint, &["del", pooled.key()]);
+    assert_eq!(pooled.txn_if_leader(put()).expect("txn"), None);
+    assert!(!pooled.is_held(), "pool: still believed");
+    assert_eq!(pooled.lost().try_recv(), Ok(()), "pool: lost()");
+
+    let mutex = Mutex::new(&etcd, "refused-lock").expect("mutex");
+    let guard = mutex.lock().expect("lock");
+    common::etcdctl(&endpoint, &["del", guard.key()]);
+    assert_eq!(guard.txn_if_held(put()).expect("txn"), None);
+    assert!(!guard.is_held(), "mutex: still believed");
+    assert_eq!(guard.lost().try_recv(), Ok(()), "mutex: lost()");
+
+    let semaphore = Semaphore::new(&etcd, "refused-permits", 2).expect("semaphore");
+    let permit = semaphore.acquire().expect("acquire");
+    common::etcdctl(&endpoint, &["del", permit.key()]);
+    assert_eq!(permit.txn_if_held(put()).expect("txn"), None);
+    assert!(!permit.is_held(), "semaphore: still believed");
+    assert_eq!(permit.lost().try_recv(), Ok(()), "semaphore: lost()");
+
+    let written = common::etcdctl(&endpoint, &["get", "/refused/owner"]);
+    assert!(
+        written.trim().is_empty(),
+        "a refused write applied: {written}"
+    );
+}
+
+/// A fenced write waits no longer than the leadership may be believed:
+/// with etcd unreachable and a request timeout longer than the TTL, it
+/// gives up at the trusted deadline, not at the request timeout; and once
+/// belief is over it sends nothing and answers at once.
+#[test]
+fn a_fenced_write_waits_at_most_until_the_trusted_deadline() {
+    use fleetcoord::testing::{FaultProxy, Mode};
+    use fleetcoord::{ElectionOptions, Etcd, EtcdOptions, TxnOp};
+    let server = common::start_etcd();
+    let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
+    let request_timeout = Duration::from_secs(8);
+    let options = EtcdOptions::default().with_request_timeout(request_timeout);
+    let etcd = Etcd::connect(&[proxy.endpoint()], options).expect("connect");
+    let election_options = ElectionOptions::default().with_ttl(Duration::from_secs(2));
+    let trusted = election_options.trusted_lifetime();
+    let election = Election::with_options(&etcd, "bounded", election_options).expect("election");
+    let leadership = election.campaign(b"a").expect("campaign");
+    proxy.set_mode(Mode::Blackhole);
+    let started = std::time::Instant::now();
+    match leadership.txn_if_leader([TxnOp::put("/bounded/owner", "a")]) {
+        Err(Error::Timeout(after)) => assert!(after <= trusted, "{after:?} > {trusted:?}"),
+        other => panic!("expected a timeout at the trusted deadline, got {other:?}"),
+    }
+    let took = started.elapsed();
+    // The trusted deadline plus a scheduling slack, far below the 8 s timeout.
+    assert!(
+        took <= trusted + Duration::from_millis(500),
+        "waited {took:?}, trusted for {trusted:?}"
+    );
+    assert!(!leadership.is_held());
+    let again = std::time::Instant::now();
+    assert_eq!(
+        leadership
+            .txn_if_leader([TxnOp::put("/bounded/owner", "a")])
+            .expect("not held: no request"),
+        None
+    );
+    assert!(
+        again.elapsed() < Duration::from_millis(50),
+        "{:?}",
+        again.elapsed()
+    );
+}

@@ -13,6 +13,10 @@
 //!   once;
 //! * SIGINT/SIGTERM/SIGHUP to fleetcoord → SIGTERM to the child, SIGKILL
 //!   after `--kill-grace`;
+//! * fleetcoord dying without cleaning up (SIGKILL, OOM kill, crash) →
+//!   SIGKILL to the child's process group at once, on Linux
+//!   ([`crate::tether`]): the lease outlives fleetcoord by up to a TTL,
+//!   the child must not;
 //!
 //! Signals go to the child's process group (it runs in its own), so what a
 //! `sh -c` wrapper starts is stopped too.
@@ -20,6 +24,7 @@
 //!   child's status (`--restart`: campaign again and rerun it).
 
 use crate::output::{event, Out};
+use crate::tether::Tether;
 use crate::CliError;
 use crossbeam_channel::{select, Receiver};
 use fleetcoord::LivenessState;
@@ -271,14 +276,28 @@ pub fn run_stepping(
     // Taken before the spawn: the child cannot start earlier, so a
     // hand-over gap measured from it is never overstated.
     let starting_at = unix_micros();
+    let tether = Tether::new().map_err(|e| {
+        CliError::Message(format!(
+            "cannot start {program:?}: cannot fork its watchdog: {e}"
+        ))
+    })?;
     // Its own process group, so that signals reach everything it starts.
     // A terminal's Ctrl-C then reaches only fleetcoord, which forwards it.
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(rest)
         .env(TOKEN_VAR, token.to_string())
-        .process_group(0)
-        .spawn()
-        .map_err(|e| CliError::Message(format!("cannot start {program:?}: {e}")))?;
+        .process_group(0);
+    // Should fleetcoord die without cleaning up, the group dies with it.
+    tether.arm(&mut command);
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            // Reaped by the failed spawn: nothing for the watchdog to kill.
+            tether.disarm();
+            return Err(CliError::Message(format!("cannot start {program:?}: {e}")));
+        }
+    };
     out.emit(
         format!(
             "{what}: started {program} (pid {}) with fencing token {token}",
@@ -382,6 +401,9 @@ pub fn run_stepping(
             kill_now(&mut child);
         }
     };
+    // Reaped. An early return above drops the tether armed instead: the
+    // command is abandoned, so its watchdog kills it.
+    tether.disarm();
     out.emit(
         format!("{what}: {program} exited ({status})"),
         event(

@@ -66,6 +66,9 @@ enum User {
     CampaignRanked(u8, u8, bool),
     /// Hand the latest elected token over to the candidate with this value.
     HandOver(u8),
+    /// A write fenced on the latest elected token, or (`true`) a stale
+    /// one, was refused by etcd.
+    FenceRefused(bool),
 }
 
 #[derive(Arbitrary, Debug, Clone, Copy)]
@@ -371,7 +374,24 @@ impl Fuzz {
                         token: self.model.last_token,
                         to: vec![v],
                     },
+                    User::FenceRefused(stale) => {
+                        let latest = self.model.last_token;
+                        ElectionInput::FenceRefused {
+                            token: if stale {
+                                latest.saturating_sub(1)
+                            } else {
+                                latest
+                            },
+                        }
+                    }
                 };
+                // A refusal for the leadership held ends it at once, unless
+                // a hand-over is deleting the key (its answer decides).
+                let refuses_leadership = matches!(
+                    &input,
+                    ElectionInput::FenceRefused { token } if self.model.elected == Some(*token)
+                        && self.model.open_hand_overs.is_empty()
+                );
                 let cancels_leadership = matches!(
                     &input,
                     ElectionInput::CancelCampaign { op } if self.model.elected_by == Some(*op)
@@ -402,10 +422,16 @@ impl Fuzz {
                         self.model.elected = None
                     }
                     ElectionInput::Stop => self.model.elected = None,
+                    ElectionInput::FenceRefused { .. } if refuses_leadership => {
+                        self.model.elected = None
+                    }
                     _ => {}
                 }
                 self.machine.handle(self.now, input);
-                if matches!(u, User::Stop) || matches!(u, User::Resign(false)) || cancels_leadership
+                if matches!(u, User::Stop)
+                    || matches!(u, User::Resign(false))
+                    || cancels_leadership
+                    || refuses_leadership
                 {
                     assert!(
                         !self.machine.is_leader(),

@@ -29,6 +29,9 @@ pub(crate) struct Connected {
     /// One probe per endpoint (for the health monitor) and whether each
     /// answered at connect time, in endpoint order.
     pub probes: Vec<(Probe, bool)>,
+    /// What the member that answered the proving status request said of
+    /// itself.
+    pub status: super::ServerStatus,
 }
 
 /// The options of the shared client; no credentials. HTTP/2 pings only
@@ -81,7 +84,11 @@ pub(crate) async fn connect(settings: &ConnectSettings) -> Result<Connected, Str
         let mut client = ec::Client::connect(&answered, Some(options))
             .await
             .map_err(|e| login_reason(&e, settings, tls))?;
-        client.status().await.map_err(|e| explain(&e, tls))?;
+        let status = client.status().await.map_err(|e| explain(&e, tls))?;
+        let status = super::ServerStatus {
+            version: status.version().to_string(),
+            member_id: status.header().map_or(0, |h| h.member_id()),
+        };
         if settings.user.is_none() {
             // etcd with auth enabled answers a status without a user, but
             // refuses every key: say so now rather than at the first call.
@@ -94,9 +101,9 @@ pub(crate) async fn connect(settings: &ConnectSettings) -> Result<Connected, Str
                 }
             }
         }
-        Ok::<_, String>(client)
+        Ok::<_, String>((client, status))
     };
-    let client = match tokio::time::timeout_at(deadline, attempt).await {
+    let (client, status) = match tokio::time::timeout_at(deadline, attempt).await {
         Ok(result) => result?,
         Err(_) => return Err(format!("no answer within {:?}", settings.connect_timeout)),
     };
@@ -105,7 +112,11 @@ pub(crate) async fn connect(settings: &ConnectSettings) -> Result<Connected, Str
         .zip(outcomes)
         .map(|(p, o)| (p, matches!(o, Some(ProbeOutcome::Answered))))
         .collect();
-    Ok(Connected { client, probes })
+    Ok(Connected {
+        client,
+        probes,
+        status,
+    })
 }
 
 /// Probe all at once; stop at `deadline`, or [`STRAGGLER_GRACE`] after the

@@ -48,6 +48,16 @@ pub(crate) struct ConnectSettings {
     pub user: Option<EtcdUser>,
 }
 
+/// What the member that answered connect's status request said of itself
+/// (the request connect makes anyway to prove the connection).
+#[derive(Clone, Debug)]
+pub(crate) struct ServerStatus {
+    /// Its etcd version, as reported (`3.4.23`).
+    pub version: String,
+    /// Its member id; 0 when the answer had no header.
+    pub member_id: u64,
+}
+
 /// Settings the driver applies to every request it runs.
 #[derive(Clone, Debug)]
 pub(crate) struct DriverOptions {
@@ -100,20 +110,22 @@ impl DriverHandle {
 const SHUTDOWN_SLACK: Duration = Duration::from_secs(2);
 
 /// Start the driver thread, connect, and report the outcome before
-/// returning — the caller learns about a bad endpoint here, not later.
+/// returning — the caller learns about a bad endpoint here, not later —
+/// with what the member that proved the connection said of itself.
 /// `connect::connect` bounds itself by the connect timeout.
-pub(crate) fn start(settings: ConnectSettings) -> Result<DriverHandle, StartError> {
+pub(crate) fn start(settings: ConnectSettings) -> Result<(DriverHandle, ServerStatus), StartError> {
     let options = DriverOptions {
         request_timeout: settings.request_timeout,
     };
     let grace = options.request_timeout.saturating_add(SHUTDOWN_SLACK);
     let connect_timeout = settings.connect_timeout;
-    let (thread, ()) = runtime::start(
+    let (thread, status) = runtime::start(
         "fleetcoord-driver",
         connect_timeout,
         grace,
         move |stopping: Stopping| async move {
             let connected = connect::connect(&settings).await?;
+            let status = connected.status;
             let suspicion = health::Suspicion::default();
             let (renewals, renewer) = renewer::start(
                 connected.client.clone(),
@@ -144,7 +156,7 @@ pub(crate) fn start(settings: ConnectSettings) -> Result<DriverHandle, StartErro
             }
             Ok(Launch {
                 state: shared,
-                answer: (),
+                answer: status,
                 tasks,
             })
         },
@@ -155,7 +167,7 @@ pub(crate) fn start(settings: ConnectSettings) -> Result<DriverHandle, StartErro
             }
         },
     )?;
-    Ok(DriverHandle(thread))
+    Ok((DriverHandle(thread), status))
 }
 
 /// The error of a request that got no answer within `timeout`.

@@ -14,7 +14,7 @@
 
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Shared by the election's notice handler (which moves and ends it) and
 /// every handle of one leadership (which reads it).
@@ -50,6 +50,16 @@ impl Belief {
             && Instant::now() < *self.until.lock()
     }
 
+    /// How long the leadership may still be believed from now, judged as
+    /// [`Belief::holds`] judges; `None` when it may not be believed now.
+    pub(crate) fn remaining(&self) -> Option<Duration> {
+        if self.ended.load(Ordering::SeqCst) || self.paused.load(Ordering::SeqCst) {
+            return None;
+        }
+        let left = self.until.lock().checked_duration_since(Instant::now())?;
+        (!left.is_zero()).then_some(left)
+    }
+
     /// Not believed until [`Belief::resume`]: a hand-over's delete may
     /// apply from now on.
     pub(crate) fn pause(&self) {
@@ -77,7 +87,6 @@ impl Belief {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn belief_ends_at_the_deadline_without_anyone_saying_so() {
@@ -98,5 +107,21 @@ mod tests {
         belief.trust_until(later + Duration::from_secs(60));
         assert!(!belief.holds());
         assert!(!Belief::over().holds());
+    }
+
+    #[test]
+    fn what_remains_is_judged_as_belief_is() {
+        let belief = Belief::until(Instant::now() + Duration::from_secs(60));
+        let left = belief.remaining().expect("believed");
+        assert!(left > Duration::from_secs(59) && left <= Duration::from_secs(60));
+        belief.pause();
+        assert_eq!(belief.remaining(), None, "a hand-over under way");
+        belief.resume();
+        assert!(belief.remaining().is_some());
+        belief.trust_until(Instant::now());
+        assert_eq!(belief.remaining(), None, "the deadline passed");
+        belief.trust_until(Instant::now() + Duration::from_secs(60));
+        belief.end();
+        assert_eq!(belief.remaining(), None, "ended");
     }
 }

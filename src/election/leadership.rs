@@ -20,8 +20,14 @@ use crate::etcd::Etcd;
 /// Proof of leadership, returned by a successful campaign.
 ///
 /// [`Leadership::lost`] fires (and [`Leadership::is_held`] turns false)
-/// when leadership ends without a resign: the session's local deadline
-/// passed, its lease was lost, or the candidate key was deleted.
+/// when leadership ends without a resign, at the first evidence: the
+/// session's local deadline passed, a renewal was answered "lease not
+/// found", the election's watch showed the candidate key deleted, or etcd
+/// refused a [`Leadership::txn_if_leader`] (then before that call
+/// returns). etcd can revoke a lease before its TTL (see the README's
+/// guarantees), so belief is bounded by that evidence; exclusivity of
+/// effects comes from the fence, which holds whatever this process
+/// believes.
 ///
 /// **Dropping** a `Leadership` resigns without waiting: `is_held` turns
 /// false, the resign is handed to the driver and `drop` returns at once,
@@ -267,9 +273,20 @@ impl Leadership {
     ///
     /// Returns `Ok(Some(responses))` when the ops ran, one
     /// [`TxnOpResponse`] per op in the order given, all applied atomically;
-    /// `Ok(None)` when etcd refused because this leadership is over (nothing
-    /// was applied). An empty `ops` is a linearizable "do I still lead?"
-    /// check. Fails with [`Error::InvalidArgument`] for an empty key or
+    /// `Ok(None)` when this leadership is over and nothing was applied:
+    /// * etcd refused the transaction: the key with this token is gone.
+    ///   That is evidence the leadership ended (etcd may revoke a lease
+    ///   early, see the README's guarantees), so the leadership ends before
+    ///   this call returns: [`Leadership::is_held`] is false and
+    ///   [`Leadership::lost`] has fired, even if the election's own watch
+    ///   has not shown the delete yet;
+    /// * [`Leadership::is_held`] was already false: nothing is sent.
+    ///
+    /// The call waits at most until the leadership's trusted deadline (or
+    /// the request timeout, if that comes first), since past it nothing
+    /// may be believed: [`Error::Timeout`] then, and the transaction, if it
+    /// reached etcd, applied only while the key still carried this token.
+    /// An empty `ops` is a linearizable "do I still lead?" check. Fails with [`Error::InvalidArgument`] for an empty key or
     /// prefix, or ops larger than one etcd request; etcd also limits the
     /// number of ops per transaction (128 by default), which comes back as
     /// [`Error::Etcd`]. It does not wait for [`Election`] operations and may
@@ -301,8 +318,18 @@ impl Leadership {
         ops: impl IntoIterator<Item = TxnOp>,
     ) -> Result<Option<Vec<TxnOpResponse>>> {
         let ops = crate::txn::check_ops(ops)?;
+        let Some(left) = self.belief.remaining() else {
+            return Ok(None);
+        };
         let txn = fenced_txn(self.key.as_bytes(), self.token, ops);
-        match self.inner.etcd.request(txn)? {
+        let response = self.inner.etcd.request_within(txn, left)?;
+        self.fenced_answer(response)
+    }
+
+    /// What etcd's answer to this leadership's fenced transaction means; a
+    /// refusal ends the leadership here, before the caller hears of it.
+    fn fenced_answer(&self, response: Response) -> Result<Option<Vec<TxnOpResponse>>> {
+        match response {
             Response::Txn {
                 succeeded: true,
                 responses,
@@ -313,7 +340,11 @@ impl Leadership {
             // The fence's failure branch is empty: nothing ran.
             Response::Txn {
                 succeeded: false, ..
-            } => Ok(None),
+            } => {
+                self.belief.end();
+                self.inner.fence_refused(self.token);
+                Ok(None)
+            }
             other => Err(Error::unexpected(other)),
         }
     }
@@ -371,5 +402,39 @@ impl Drop for Leadership {
         if Arc::strong_count(&self.inner) == 1 {
             self.inner.stop();
         }
+    }
+}
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    use crate::testing::EtcdServer;
+    use crate::{Election, Etcd, EtcdOptions};
+    use fleetcoord_sm::Response;
+    use std::time::Duration;
+
+    /// A refusal ends the leadership on the caller's thread, without
+    /// waiting for the election's watch: here etcd never deleted the key
+    /// (the refusal is made up), so nothing but the refusal can end it.
+    #[test]
+    fn a_refusal_ends_the_leadership_before_the_call_returns() {
+        let server = EtcdServer::start().expect("etcd");
+        let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+        let election = Election::new(&etcd, "refused").expect("election");
+        let leadership = election.campaign(b"a").expect("campaign");
+        let refused = Response::Txn {
+            revision: 1,
+            succeeded: false,
+            responses: Vec::new(),
+        };
+        assert_eq!(leadership.fenced_answer(refused).expect("answer"), None);
+        assert!(!leadership.is_held());
+        assert_eq!(leadership.lost().try_recv(), Ok(()), "lost() fired");
+        // The machine was told too: it no longer leads, so a new campaign
+        // is not refused as busy (its key, still there, leads again).
+        let again = election
+            .campaign_timeout(b"b", Duration::from_secs(10))
+            .expect("campaign again");
+        assert!(again.is_held());
+        assert!(leadership.lost().try_recv().is_err(), "fired once");
     }
 }

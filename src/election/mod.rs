@@ -542,6 +542,20 @@ impl Inner {
     /// request timeout: past it the machine goes on deleting the key (it
     /// resends the delete until etcd confirms it or the session ends), and
     /// the caller gets [`Error::Timeout`].
+    /// etcd refused a write fenced on the leadership `token`: its key is
+    /// gone. The leadership ends here, on the caller's thread, before the
+    /// call that saw the refusal returns (`is_held` false, `lost()` fired);
+    /// the machine is told so that it stops leading too, as its own watch
+    /// would have told it, possibly later.
+    fn fence_refused(&self, token: i64) {
+        notices::lose(&mut self.state.lock(), token);
+        // Gone: the election is closing, and its stop ends the leadership.
+        let _ = self
+            .ops
+            .machine()
+            .send(ElectionInput::FenceRefused { token });
+    }
+
     fn resign(&self, turn: &Turn<'_>, token: i64) -> Result<()> {
         let bound = self.etcd.options().request_timeout;
         let outcome = self.call(

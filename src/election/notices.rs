@@ -71,12 +71,7 @@ pub(super) fn handle_notice(
     let mut state = state.lock();
     match &notice {
         ElectionNotice::LeadershipLost { token } => {
-            if state.held.as_ref().is_some_and(|h| h.token == *token) {
-                if let Some(held) = state.held.take() {
-                    held.belief.end();
-                    let _ = held.lost.try_send(());
-                }
-            }
+            lose(&mut state, *token);
             return;
         }
         ElectionNotice::Trusted { token, until } => {
@@ -164,6 +159,18 @@ pub(super) fn handle_notice(
     // win is nobody's.
     if let (Some(token), false) = (token, delivered) {
         resign_unwanted(&mut state, token);
+    }
+}
+
+/// Ends the leadership `token`, if it is the one held, as lost: belief
+/// first, then `lost()` fires. Called on the driver for the machine's
+/// `LeadershipLost`, and on a user thread for evidence the machine has not
+/// seen yet (a refused fenced write), so whichever comes first ends it and
+/// the other finds nothing held.
+pub(super) fn lose(state: &mut State, token: i64) {
+    if let Some(held) = state.held.take_if(|h| h.token == token) {
+        held.belief.end();
+        let _ = held.lost.try_send(());
     }
 }
 

@@ -9,7 +9,8 @@
 //! Guarantees:
 //! * [`Election::is_leader`] is true only between an
 //!   [`ElectionNotice::Elected`] and the first of: resign, stop, deletion of
-//!   the own key, or the session's *local deadline*. That deadline is
+//!   the own key (seen on the machine's watch, or told by
+//!   [`ElectionInput::FenceRefused`]), or the session's *local deadline*. That deadline is
 //!   measured from the send time of the last acknowledged renewal and
 //!   trusts the lease for its TTL shortened by the configured clock drift
 //!   allowance, minus the configured safety margin
@@ -227,6 +228,20 @@ pub enum ElectionInput {
         token: Revision,
         /// The target's candidate key or value.
         to: Vec<u8>,
+    },
+    /// Evidence from outside the machine that the own key of the
+    /// leadership `token` is gone: etcd refused a transaction fenced on it
+    /// (`create_revision(my_key) == token`, see [`fenced_txn`]). While
+    /// leading with `token`, the leadership ends at once
+    /// (`LeadershipLost { token }`), as a delete seen on the machine's own
+    /// watch would end it; the watch may lag behind etcd's answer (it can
+    /// be served by a member still catching up). During a hand-over the
+    /// refusal is most likely the hand-over's own delete, whose answer
+    /// decides. Anything else (another token, not leading) changes nothing
+    /// and is not answered.
+    FenceRefused {
+        /// The fencing token the refused transaction carried.
+        token: Revision,
     },
     /// Leave for good: stop believing at once, revoke the session lease
     /// (which deletes the own key), then `Session(Stopped{..})`.
@@ -655,6 +670,9 @@ impl Machine for Election {
             }
             ElectionInput::CancelCampaign { op } => {
                 self.protocol.user(now, UserRequest::CancelCampaign { op })
+            }
+            ElectionInput::FenceRefused { token } => {
+                self.protocol.user(now, UserRequest::FenceRefused { token })
             }
             ElectionInput::Stop => {
                 self.protocol.user(now, UserRequest::Stop);

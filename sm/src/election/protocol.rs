@@ -70,6 +70,10 @@ pub(crate) enum UserRequest {
     CancelCampaign {
         op: OpId,
     },
+    /// etcd refused a transaction fenced on the own key with `token`.
+    FenceRefused {
+        token: Revision,
+    },
     Stop,
 }
 

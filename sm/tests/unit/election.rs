@@ -775,6 +775,33 @@ fn an_answered_renewal_while_leading_moves_the_trusted_deadline() {
     );
 }
 
+/// A renewal answered TTL 0 (etcd no longer has the lease, as when it
+/// revoked it early) is evidence the key is gone: leadership ends in the
+/// same step, right behind the session's loss, whatever time the local
+/// deadline still allowed.
+#[test]
+fn a_renewal_answered_ttl_zero_ends_leadership_in_the_same_step() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    let at = e.poll_timeout().expect("a renewal timer");
+    e.handle_timeout(at);
+    let renewal = drain(&mut e);
+    let Some(id) = renewal.last().and_then(renewal_id) else {
+        panic!("no renewal: {renewal:?}");
+    };
+    assert!(e.session_deadline().is_some_and(|d| d > at), "still trusted");
+    let answered = ok(&mut e, at, id, Response::KeptAlive { ttl_secs: 0 });
+    assert!(!e.is_leader());
+    assert_eq!(
+        answered[..3],
+        [
+            note(ElectionNotice::Session(LivenessState::Lost { lease: LEASE })),
+            cancel(P + 1),
+            note(ElectionNotice::LeadershipLost { token: 5 }),
+        ]
+    );
+}
+
 /// With `announce_session_trust`, every move of the session's deadline is
 /// told, leading or not: the grant's, then each answered renewal's.
 #[test]
@@ -1164,6 +1191,34 @@ fn deletion_of_the_own_key_ends_leadership() {
         ]
     );
     assert!(!e.is_leader());
+}
+
+/// etcd refusing a write fenced on the own key is evidence the key is
+/// gone, and may come before the watch shows the delete (a watch served by
+/// a member still catching up): the leadership ends on it at once, and the
+/// watch is canceled as for a delete it had seen. Evidence about another
+/// token ends nothing and is not answered.
+#[test]
+fn a_refused_fenced_write_ends_leadership_before_the_watch_shows_it() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    e.handle(t0, ElectionInput::FenceRefused { token: 4 });
+    assert_eq!(drain(&mut e), vec![]);
+    assert!(e.is_leader(), "a stale handle's refusal ends nothing");
+    e.handle(t0, ElectionInput::FenceRefused { token: 5 });
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            cancel(P + 1),
+            note(ElectionNotice::LeadershipLost { token: 5 })
+        ]
+    );
+    assert!(!e.is_leader());
+    // Told again (a second fenced write refused): nothing more happens.
+    e.handle(t0, ElectionInput::FenceRefused { token: 5 });
+    assert_eq!(drain(&mut e), vec![]);
+    // The session stays up: the next campaign needs no new lease.
+    assert_eq!(campaign(&mut e, t0), vec![rpc(P + 2, create_txn(b"a"))]);
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! behaviour reads in one place instead of as arms spread over one match on
 //! (phase, request).
 
-use super::{requests, Op, Proclaim, Protocol, Session, Timer, UserRequest, Waiting};
+use super::{ranked, requests, Op, Proclaim, Protocol, Session, Timer, UserRequest, Waiting};
 use super::{Campaign, ElectionError, ElectionNotice, Leading, Withdraw};
 use std::time::Instant;
 
@@ -116,6 +116,19 @@ impl Protocol {
             UserRequest::HandOver { op, token, to } if l.token == token => {
                 self.begin_hand_over(l, op, to)
             }
+            // etcd answered that the key with this token is gone: the
+            // leadership is over now, whatever the watch has shown so far.
+            // A hand-over deletes the key itself; its answer says how the
+            // leadership ended (belief already has), as for a delete seen
+            // on the watch.
+            UserRequest::FenceRefused { token } if l.token == token => {
+                if ranked::handing_over(&l) {
+                    Op::Leading(l)
+                } else {
+                    self.lose_leadership(l, ElectionError::NotLeader);
+                    Op::Idle
+                }
+            }
             UserRequest::Proclaim { op, value } => {
                 // A hand-over may already be deleting the key: no new write.
                 if l.proclaim.is_some() || l.hand_over.is_some() {
@@ -180,7 +193,9 @@ impl Protocol {
                     error: ElectionError::Stopped,
                 })
             }
-            UserRequest::CancelCampaign { .. } | UserRequest::Stop => {}
+            UserRequest::CancelCampaign { .. }
+            | UserRequest::FenceRefused { .. }
+            | UserRequest::Stop => {}
         }
         Op::Stopped
     }
@@ -221,6 +236,9 @@ impl Protocol {
                 self.outbox.notify(ElectionNotice::Resigned { token });
                 state
             }
+            // Evidence about a leadership that is not this one (already
+            // over, or never held): nothing to end.
+            UserRequest::FenceRefused { .. } => state,
             UserRequest::Proclaim { op, .. } => {
                 self.outbox.notify(ElectionNotice::ProclaimFailed {
                     op,
