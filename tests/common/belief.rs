@@ -60,13 +60,21 @@ pub struct Belief {
 }
 
 impl Belief {
-    /// The session's trusted-until as last sampled at or before `at`.
+    /// The session's trusted-until as last sampled at or before `at`; for
+    /// a belief that began after `at` (a campaign whose final read came
+    /// just before its key's DELETE), the first sample: it still comes
+    /// from renewals of this lease that etcd answered (a session that knew
+    /// its lease gone has no trusted-until).
     pub fn trusted_at(&self, at: Instant) -> Option<Instant> {
-        self.trusted
+        match self
+            .trusted
             .iter()
             .rev()
             .find(|(sampled, _)| *sampled <= at)
-            .and_then(|(_, v)| *v)
+        {
+            Some((_, v)) => *v,
+            None => self.trusted.first().and_then(|(_, v)| *v),
+        }
     }
 
     fn open_at(&self, at: Instant) -> bool {
@@ -143,7 +151,7 @@ pub fn overlaps(
                     format!(
                         "{} (token {}, key {}) believed until {} although etcd deleted its key \
                          at revision {} (lease {:x}, {}), seen at {} (member {}), when its session \
-                         was trusted until {}: {}; its first refused fenced call returned {}",
+                         was trusted until {}: {}{}; its first refused fenced call returned {}",
                         b.who,
                         b.token,
                         b.key,
@@ -162,6 +170,11 @@ pub fn overlaps(
                             Some(u) if u > d.arrived => format!("{:.1?} ahead", u - d.arrived),
                             Some(u) => format!("{:.1?} past it", d.arrived - u),
                             None => "no trusted-until to compare".to_string(),
+                        },
+                        if b.from > d.arrived {
+                            " (elected after that DELETE: its campaign's last read came first)"
+                        } else {
+                            ""
                         },
                         b.first_refusal.map_or("never".to_string(), at)
                     )
