@@ -852,7 +852,18 @@ fn soak() {
             } else {
                 "fleetcoord bug"
             };
-            println!("soak: overlap of {} ({class}): {}", workload.what, o.report);
+            let at = workload.beliefs[o.newest].from;
+            println!(
+                "soak: overlap of {} ({class}): {}\n  faults and candidates around it:\n{}",
+                workload.what,
+                o.report,
+                timeline_between(
+                    &shared.timeline.lock(),
+                    at,
+                    Duration::from_secs(4),
+                    at + Duration::from_millis(300)
+                )
+            );
         }
         println!(
             "soak: {}",
