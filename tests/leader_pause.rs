@@ -416,10 +416,40 @@ fn timeline(
         .join("\n")
 }
 
+/// The raft leader's index, asked up to three times: on a loaded machine
+/// a member's `/metrics` page can take longer than the harness waits for
+/// it, and a 20 s search then finds no leader although there is one.
+fn raft_leader(cluster: &EtcdCluster) -> usize {
+    let mut last = None;
+    for _ in 0..3 {
+        match cluster.leader_index() {
+            Ok(m) => return m,
+            Err(e) => last = Some(e),
+        }
+    }
+    let members: Vec<String> = cluster
+        .members()
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            format!(
+                "member {i}: pid {:?}, healthy {}; log tail:\n{}",
+                m.pid(),
+                m.is_healthy(),
+                m.log_tail(15)
+            )
+        })
+        .collect();
+    panic!(
+        "no raft leader found three times: {last:?}\n{}",
+        members.join("\n")
+    )
+}
+
 /// Pauses or kills the raft leader (`kill`), records etcd's outage until
 /// another member is seen leading, and returns the member.
 fn leader_down(cluster: &mut EtcdCluster, kill: bool, shared: &Shared) -> usize {
-    let m = cluster.leader_index().expect("a raft leader");
+    let m = raft_leader(cluster);
     let from = Instant::now();
     if kill {
         cluster.kill(m).expect("kill");
@@ -432,7 +462,7 @@ fn leader_down(cluster: &mut EtcdCluster, kill: bool, shared: &Shared) -> usize 
         "raft leader paused"
     };
     shared.log(from, format!("member {m} ({what})"));
-    let next = cluster.leader_index().expect("a new raft leader");
+    let next = raft_leader(cluster);
     let to = Instant::now();
     shared.log(to, format!("member {next} seen raft leader"));
     shared.record.lock().outages.push(Outage { from, to, what });
@@ -496,7 +526,7 @@ fn a_paused_raft_leader_makes_no_belief_overlap_but_a_server_early_revocation() 
             cluster.restart(m).expect("restart");
             shared.log(Instant::now(), format!("member {m} restarted"));
         } else {
-            let leader = cluster.leader_index().expect("a raft leader");
+            let leader = raft_leader(&cluster);
             let f = (leader + 1 + (rng.next_u64() % 2) as usize) % 3;
             cluster.pause(f).expect("pause");
             shared.log(Instant::now(), format!("member {f} (a follower) paused"));
