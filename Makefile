@@ -3,7 +3,12 @@
 #   make test   install what is missing, then fmt check, every test against
 #               real etcd, and a replay of the committed fuzz corpora
 #   make soak   randomized faults on a 3-member cluster, SOAK_ROUNDS rounds
-#               (default 1000), every history invariant checked
+#               (default 1000), every history invariant checked; belief
+#               overlaps are classified (server early revocation or not)
+#   LEADER_PAUSE_ROUNDS=N cargo test --all-features --test leader_pause
+#               -- --nocapture: issue 33's paused-raft-leader scenario for
+#               N rounds (`make test` runs 6; LEADER_PAUSE_SEED replays,
+#               ETCD_BIN picks another etcd, e.g. a 3.5 one)
 #   make scale  50,000 hosts / 20+ MB snapshots through every watcher
 #   make coverage  line coverage of sm and of the library (cargo-tarpaulin)
 #   make bench  every figure beside its raw etcd-client / etcdctl anchor on an

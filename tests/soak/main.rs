@@ -17,13 +17,20 @@
 //!
 //! The nemesis picks one fault per round (seeded; `SOAK_SEED` replays a
 //! run): partition a candidate (past the TTL or not), partition the
-//! churner, pause a member, kill and restart a member, reset every proxied
+//! churner, pause a member, pause the raft leader past the TTL and resume
+//! it (etcd may then revoke leases their holders kept renewing,
+//! etcd-io/etcd#15247), kill and restart a member, reset every proxied
 //! connection, restart a candidate's client. After healing, a quiet period
-//! checks that the watcher's view equals etcd's hosts. At the end the
-//! checker (`history.rs`) verifies: no overlapping leadership, tokens
-//! increase, stale fenced writes refused, stream entries read exactly once
-//! in order; never more than [`PERMITS`] semaphore contenders believe they
-//! hold at once. And liveness (`common/liveness.rs`), printed as distributions
+//! checks that the watcher's view equals etcd's hosts. Raw etcd-client
+//! watches (one per member, `../common/raw_history.rs`) record every
+//! change of the candidates' and contenders' keys. At the end the
+//! checker (`history.rs`) verifies: no overlapping leadership and never
+//! more than [`PERMITS`] semaphore contenders believing they hold at once,
+//! except where etcd deleted a holder's key while its session was still
+//! trusted (a server early revocation: printed with its evidence, not a
+//! failure); no belief seen after the holder's own fenced call was
+//! refused; tokens increase, stale fenced writes refused, stream entries
+//! read exactly once in order. And liveness (`common/liveness.rs`), printed as distributions
 //! and bounded: leaderless time while a candidate waits (at most
 //! 2 × TTL + 2 s beyond the time etcd itself had no raft leader, plus a TTL
 //! for every raft leader elected meanwhile, since each extends every lease
@@ -35,11 +42,15 @@
 //! election's bound while a contender waits. `SOAK_ROUNDS` sets the length
 //! (`make soak`; `make test` runs a few rounds).
 
+#[path = "../common/belief.rs"]
+mod belief;
 #[path = "../common/mod.rs"]
 mod common;
 mod history;
 #[path = "../common/liveness.rs"]
 mod liveness;
+#[path = "../common/raw_history.rs"]
+mod raw_history;
 
 use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, StreamPosition};
 use fleetcoord::testing::{EtcdCluster, FaultProxy, Mode};
@@ -53,6 +64,7 @@ use liveness::{Held, Outage, Timed, Waited};
 use parking_lot::Mutex;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
+use raw_history::RawHistory;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -182,21 +194,35 @@ struct Shared {
 /// How long a reader may take to catch up at the end.
 const CATCH_UP: Duration = Duration::from_secs(30);
 
-fn fenced_write(leadership: &fleetcoord::Leadership, shared: &Shared) {
+/// One fenced write; true when etcd refused it (the leadership's key is
+/// gone: the evidence a holder can see).
+fn fenced_write(leadership: &fleetcoord::Leadership, shared: &Shared) -> bool {
     let token = leadership.fencing_token();
     let ops = [
         TxnOp::put(FENCE_KEY, token.to_string()),
         TxnOp::get(FENCE_KEY),
     ];
-    if let Ok(Some(responses)) = leadership.txn_if_leader(ops) {
-        if let Some(TxnOpResponse::Get { kvs }) = responses.get(1) {
-            if let Some(kv) = kvs.first() {
-                shared.history.lock().writes.push(FencedWrite {
-                    token,
-                    revision: kv.mod_revision,
-                });
+    match leadership.txn_if_leader(ops) {
+        Ok(Some(responses)) => {
+            if let Some(TxnOpResponse::Get { kvs }) = responses.get(1) {
+                if let Some(kv) = kvs.first() {
+                    shared.history.lock().writes.push(FencedWrite {
+                        token,
+                        revision: kv.mod_revision,
+                    });
+                }
             }
+            false
         }
+        Ok(None) => true,
+        Err(_) => false,
+    }
+}
+
+/// Appends `until` to `samples` if it differs from the last one.
+fn sample(samples: &mut Vec<(Instant, Option<Instant>)>, at: Instant, until: Option<Instant>) {
+    if samples.last().map(|(_, v)| *v) != Some(until) {
+        samples.push((at, until));
     }
 }
 
@@ -267,12 +293,16 @@ fn candidate(i: usize, endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
             ));
             let elected_at = returned;
             let mut last_held_at = elected_at;
+            let mut trusted = Vec::new();
+            let mut first_refusal = None;
             let hold_until = elected_at + between(&mut rng, 200, 1500);
             while !shared.stop.load(Ordering::SeqCst) && Instant::now() < hold_until {
                 // Taken before the check: the flag only ever turns false,
                 // so it was held at `t` too.
                 let t = Instant::now();
-                if !leadership.is_held() {
+                let held = leadership.is_held();
+                sample(&mut trusted, t, election.session_trusted_until());
+                if !held {
                     shared
                         .timeline
                         .lock()
@@ -281,16 +311,28 @@ fn candidate(i: usize, endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
                     break;
                 }
                 last_held_at = t;
-                fenced_write(&leadership, &shared);
+                if fenced_write(&leadership, &shared) && first_refusal.is_none() {
+                    let at = Instant::now();
+                    first_refusal = Some(at);
+                    shared
+                        .timeline
+                        .lock()
+                        .actions
+                        .push((at, i, "fenced write refused".into()));
+                }
                 thread::sleep(Duration::from_millis(20));
             }
+            let lost = !leadership.is_held();
             shared.history.lock().tenures.push(Tenure {
                 candidate: i,
                 token: leadership.fencing_token(),
+                key: leadership.key().to_string(),
                 elected_at,
                 last_held_at,
+                lost,
+                trusted,
+                first_refusal,
             });
-            let lost = !leadership.is_held();
             if lost {
                 // Deposed: etcd must refuse this unless no newer leader
                 // has written yet (the checker orders writes by revision).
@@ -360,21 +402,36 @@ fn contender(i: usize, endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
                 continue;
             };
             let mut last_held_at = returned;
+            let mut trusted = Vec::new();
+            let mut first_refusal = None;
+            let mut lost = false;
             let hold_until = returned + between(&mut rng, 100, 1200);
             while !shared.stop.load(Ordering::SeqCst) && Instant::now() < hold_until {
                 // Taken before the check, as a candidate's: held at `t` too.
                 let t = Instant::now();
-                if !guard.is_held() {
+                let held = guard.is_held();
+                sample(&mut trusted, t, semaphore.session_trusted_until());
+                if !held {
+                    lost = true;
                     break;
                 }
                 last_held_at = t;
+                // A fenced "do I still hold?": a refusal is the evidence
+                // the holder can see that its key is gone.
+                if matches!(guard.txn_if_held([]), Ok(None)) && first_refusal.is_none() {
+                    first_refusal = Some(Instant::now());
+                }
                 thread::sleep(Duration::from_millis(20));
             }
             shared.history.lock().permits.push(Permit {
                 contender: i,
                 token: guard.fencing_token(),
+                key: guard.key().to_string(),
                 from: returned,
                 last_held_at,
+                lost,
+                trusted,
+                first_refusal,
             });
             let released_at = Instant::now();
             let _ = guard.release();
@@ -522,6 +579,10 @@ fn converged(etcd: &Etcd, shared: &Shared) -> Result<Duration, String> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Fault {
     PartitionLeaderPastTtl,
+    /// The raft leader SIGSTOPped past the TTL, then resumed: the resumed
+    /// ex-leader may revoke leases that clients kept renewing with the new
+    /// leader (etcd-io/etcd#15247; issue 33).
+    PauseRaftLeaderPastTtl,
     PartitionCandidate,
     PartitionChurner,
     PauseMember,
@@ -537,6 +598,7 @@ impl Fault {
     fn name(self) -> &'static str {
         match self {
             Fault::PartitionLeaderPastTtl => "PartitionLeaderPastTtl",
+            Fault::PauseRaftLeaderPastTtl => "PauseRaftLeaderPastTtl",
             Fault::PartitionCandidate => "PartitionCandidate",
             Fault::PartitionChurner => "PartitionChurner",
             Fault::PauseMember => "PauseMember",
@@ -548,8 +610,9 @@ impl Fault {
     }
 }
 
-const FAULTS: [Fault; 8] = [
+const FAULTS: [Fault; 9] = [
     Fault::PartitionLeaderPastTtl,
+    Fault::PauseRaftLeaderPastTtl,
     Fault::PartitionCandidate,
     Fault::PartitionChurner,
     Fault::PauseMember,
@@ -577,6 +640,15 @@ fn soak() {
         )
     });
     let direct = Etcd::connect(&cluster.endpoints(), options()).expect("connect");
+    // The run's clock zero, and the independent history of the
+    // candidates' and contenders' keys (raw watches, one per member).
+    let origin = Instant::now();
+    let election_prefix = format!("{}soak/", ElectionOptions::default().prefix);
+    let semaphore_prefix = format!("{DEFAULT_SEMAPHORE_PREFIX}soak/");
+    let watches = RawHistory::start(
+        &cluster.endpoints(),
+        &[election_prefix.as_str(), semaphore_prefix.as_str()],
+    );
 
     let shared = Arc::new(Shared {
         stop: AtomicBool::new(false),
@@ -668,6 +740,15 @@ fn soak() {
                     etcd_leaderless(&cluster, fault_from, fault.name(), &shared);
                 }
             }
+            Fault::PauseRaftLeaderPastTtl => {
+                let m = cluster.leader_index().expect("a raft leader");
+                let how_long = TTL + between(&mut rng, 300, 1500);
+                cluster.pause(m).expect("pause");
+                // etcd's outage: until the other two elect a leader.
+                etcd_leaderless(&cluster, fault_from, fault.name(), &shared);
+                thread::sleep(how_long.saturating_sub(fault_from.elapsed()));
+                cluster.resume(m).expect("resume");
+            }
             Fault::KillMember => {
                 let m = (rng.next_u64() % 3) as usize;
                 let was_leader = cluster.leader_index().ok() == Some(m);
@@ -758,9 +839,48 @@ fn soak() {
         t.join().expect("actor");
     }
 
+    shared.history.lock().changes = watches.finish(Duration::from_millis(300));
     let history = shared.history.lock();
     let mut violations = shared.violations.lock().clone();
-    let safety = history::check(&history);
+    // Every belief overlap, classified, with its evidence (a server early
+    // revocation passes, see history.rs).
+    for workload in history::beliefs(&history, PERMITS as usize, origin) {
+        println!("soak: {}", workload.summary());
+        for o in &workload.overlaps {
+            let class = if o.early_revocation {
+                "server early revocation"
+            } else {
+                "fleetcoord bug"
+            };
+            let at = workload.beliefs[o.newest].from;
+            println!(
+                "soak: overlap of {} ({class}): {}\n  faults and candidates around it:\n{}",
+                workload.what,
+                o.report,
+                timeline_between(
+                    &shared.timeline.lock(),
+                    at,
+                    Duration::from_secs(4),
+                    at + Duration::from_millis(300)
+                )
+            );
+        }
+        println!(
+            "soak: {}",
+            belief::signed_distribution(
+                &format!("{}: DELETE seen -> last belief (lost)", workload.what),
+                &belief::delete_to_belief_end(&workload.beliefs, &history.changes)
+            )
+        );
+        println!(
+            "soak: {}",
+            belief::signed_distribution(
+                &format!("{}: refused fenced call -> last belief", workload.what),
+                &belief::refusal_to_belief_end(&workload.beliefs)
+            )
+        );
+    }
+    let safety = history::check(&history, PERMITS as usize, origin);
     if !safety.is_empty() {
         let timeline = shared.timeline.lock();
         for (a, b) in history::suspect_pairs(&history.tenures) {
@@ -775,13 +895,10 @@ fn soak() {
         }
     }
     violations.extend(safety);
-    let over = history::over_permits(&history.permits, PERMITS as usize);
     println!(
-        "soak: semaphore of {PERMITS} permits: {} holds by {CONTENDERS} contenders, {} instants with more than {PERMITS} believing holders",
+        "soak: semaphore of {PERMITS} permits: {} holds by {CONTENDERS} contenders",
         history.permits.len(),
-        over.len()
     );
-    violations.extend(over);
     let timeline = shared.timeline.lock();
     violations.extend(liveness_violations(&timeline, end));
     let appended: usize = history.streams.iter().map(|s| s.acked.len()).sum();
