@@ -197,10 +197,10 @@ impl Fuzz {
                 m.elected = None;
                 m.ranked_lead = None;
             }
-            ElectionNotice::Resigned { token } => {
-                if m.ranked_lead.is_some_and(|(_, t)| t == token) {
-                    m.ranked_lead = None;
-                }
+            ElectionNotice::Resigned { token }
+                if m.ranked_lead.is_some_and(|(_, t)| t == token) =>
+            {
+                m.ranked_lead = None;
             }
             ElectionNotice::Session(LivenessState::Stopped { .. }) => m.stopped = true,
             _ => {}
