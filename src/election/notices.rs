@@ -86,8 +86,8 @@ pub(super) fn handle_notice(
             if let Some(held) = state.held.as_ref().filter(|h| h.token == *token) {
                 let _ = held.step_down.try_send(());
                 if *yielding {
-                    // The machine resigns right behind this notice: belief
-                    // ends before its delete is sent.
+                    // The machine hands over (or resigns) right behind this
+                    // notice: belief ends before its delete is sent.
                     held.belief.end();
                     let _ = held.lost.try_send(());
                 }
