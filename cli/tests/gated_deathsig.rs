@@ -247,6 +247,13 @@ fn kill_rounds(args: &[&str], keys: &str, permits: usize) {
         let _ = instances[victim].child.wait();
 
         instances[waiter].started(&mut groups);
+        // Liveness: the README's bound for a lost leader, 2 × TTL + 2 s
+        // (the killed holder's lease must expire first; TTL 2 s here).
+        let next = t0.elapsed();
+        assert!(
+            next <= Duration::from_secs(6),
+            "round {round}: the waiter's command started {next:?} after the SIGKILL"
+        );
         let last = *beats(&instances[victim].beats).last().expect("beats");
         let first = *beats(&instances[waiter].beats).first().expect("beats");
         println!(
