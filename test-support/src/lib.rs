@@ -56,6 +56,7 @@ pub mod drift;
 pub mod etcd;
 pub mod faults;
 pub mod harness;
+pub mod model;
 pub mod random;
 pub mod world;
 

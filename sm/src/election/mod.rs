@@ -51,6 +51,13 @@
 //!   TTL gives the session lease up (revoked, a new one granted): the key
 //!   then goes with its lease instead of holding the queue while the
 //!   session's renewals get through and its deletes do not.
+//! * A create of the own key given up without an answer (sent again after
+//!   the attempt timeout, canceled, or answered `Unavailable`) may still
+//!   land later — after a withdraw, and make the key again while no
+//!   campaign runs. Once nothing runs on the session's lease (no campaign,
+//!   leadership or withdraw), such a lease is given up (revoked, a new one
+//!   granted): etcd refuses a put on a revoked lease, so the create can
+//!   never land, and no key of this machine holds the queue unasked.
 //! * Every request is sent again when unanswered for
 //!   [`ElectionConfig::attempt_timeout`]: a write lost in a raft leader
 //!   change costs one attempt, not the driver's request timeout.
@@ -415,7 +422,10 @@ pub enum ElectionNotice {
 }
 
 /// The election state machine. See the module docs for its guarantees.
-#[derive(Debug)]
+///
+/// `Clone` copies the whole machine, timers and queued commands included:
+/// the model checker forks a world at every choice.
+#[derive(Clone, Debug)]
 pub struct Election {
     prefix: Vec<u8>,
     session: Keepalive,
@@ -689,6 +699,9 @@ impl Machine for Election {
                 self.session.handle(now, KeepaliveInput::Stop);
             }
         }
+        // A user request can end what ran on the lease, too (a cancel,
+        // a refused fence): the session hears what follows from that.
+        self.session_request(now);
         self.drain();
     }
 

@@ -241,7 +241,7 @@ enum Op {
 }
 
 /// The protocol state machine; `Election` wraps it with its session.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Protocol {
     prefix: Vec<u8>,
     /// How long a unary request may go unanswered before it is sent again
@@ -283,6 +283,13 @@ pub(crate) struct Protocol {
     /// campaign's `pending`, canceled wherever a campaign ends): whatever
     /// ends that step elsewhere, [`Protocol::settle_watches`] cancels these.
     extra_watches: Vec<RpcId>,
+    /// The lease of a create of my key that was given up without an
+    /// answer (its copy resent or canceled, or answered `Unavailable`): it
+    /// may still land, after any withdraw, and make my key again on a live
+    /// session while no campaign runs — first in line for as long as the
+    /// session lives. [`Protocol::settle_doubt`] gives that lease up once
+    /// nothing runs on it.
+    create_doubt: Option<LeaseId>,
 }
 
 fn kvs_of(response: &TxnOpResponse) -> Option<&[KeyValue]> {
@@ -321,6 +328,7 @@ impl Protocol {
             clock: Clock::new(now),
             permits: 1,
             extra_watches: Vec::new(),
+            create_doubt: None,
         }
     }
 
@@ -462,6 +470,35 @@ impl Protocol {
         };
         self.start_queued();
         self.settle_watches();
+        self.settle_doubt();
+    }
+
+    /// `c`'s request is given up without an answer: if it is a create, it
+    /// may still land (see [`Protocol::create_doubt`]).
+    fn give_up(&mut self, c: &Campaign) {
+        if matches!(c.step, Step::Create) && c.pending.is_some() {
+            self.create_doubt = Some(c.lease);
+        }
+    }
+
+    /// Once nothing runs on the session's lease (idle), a create in doubt
+    /// on it is made harmless: the lease is given up (revoked, a new one
+    /// granted), and etcd refuses a put on a revoked lease, so the create
+    /// can never land. Called after every input, so no path that ends a
+    /// campaign, withdraw or leadership needs to know about it. A doubt on
+    /// another lease is moot: that lease is gone, and its creates with it.
+    fn settle_doubt(&mut self) {
+        let Some(lease) = self.create_doubt else {
+            return;
+        };
+        if self.session.lease() != Some(lease) {
+            self.create_doubt = None;
+            return;
+        }
+        if matches!(self.op, Op::Idle) && self.session_request.is_none() {
+            self.session_request = Some(SessionRequest::Replace(lease));
+            self.create_doubt = None;
+        }
     }
 
     /// Starts the campaign that waited for a withdraw, once the machine is
@@ -604,6 +641,7 @@ impl Protocol {
     /// Leave the queue: stop waiting and delete my key (if it may exist),
     /// then tell the user `then`.
     fn abandon(&mut self, c: Campaign, then: Vec<ElectionNotice>) -> Op {
+        self.give_up(&c);
         self.cancel(c.pending);
         self.timers.stop(Timer::Retry);
         self.end_attempt(Timer::Attempt);
@@ -734,6 +772,7 @@ impl Protocol {
                 (Timer::Attempt, Op::Campaigning(c))
                     if c.pending.is_some() && !matches!(c.step, Step::WatchOlder { .. }) =>
                 {
+                    self.give_up(&c);
                     self.cancel(c.pending);
                     self.resent = self.resent.saturating_add(1);
                     self.send_step(c)
@@ -783,6 +822,7 @@ impl Protocol {
             };
         }
         self.settle_watches();
+        self.settle_doubt();
     }
 
     // ----- replies ---------------------------------------------------------
@@ -807,6 +847,7 @@ impl Protocol {
         };
         self.start_queued();
         self.settle_watches();
+        self.settle_doubt();
     }
 
     fn fail_campaign(&mut self, c: Campaign, error: ElectionError) -> Op {
@@ -844,6 +885,9 @@ impl Protocol {
                 if matches!(c.step, Step::WatchOlder { .. }) {
                     return self.restart_wait(c);
                 }
+                // Unavailable: the request may have been applied, or may
+                // still be.
+                self.give_up(&c);
                 return self.retry_step(c);
             }
         };

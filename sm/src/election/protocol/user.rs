@@ -22,6 +22,7 @@ impl Protocol {
             Op::Stopped => self.user_stopped(request),
         };
         self.settle_watches();
+        self.settle_doubt();
     }
 
     /// Nothing runs: a campaign starts (or waits for the session's lease).

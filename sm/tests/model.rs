@@ -1,0 +1,8 @@
+//! Exhaustive bounded model checking of the machines (see
+//! `fleetcoord_test_support::model`): every schedule of small worlds, with
+//! faults, checked on every transition. The quick set runs here in
+//! `make test`; `make model-check` runs the long set
+//! (`FLEETCOORD_MODEL_CHECK=long`).
+
+#[path = "model/election.rs"]
+mod election;
