@@ -9,6 +9,8 @@
 #               -- --nocapture: issue 33's paused-raft-leader scenario for
 #               N rounds (`make test` runs 6; LEADER_PAUSE_SEED replays,
 #               ETCD_BIN picks another etcd, e.g. a 3.5 one)
+#   make model-check  every schedule of small worlds of the real machines
+#               (the long set; `make test` runs the quick set)
 #   make scale  50,000 hosts / 20+ MB snapshots through every watcher
 #   make coverage  line coverage of sm and of the library (cargo-tarpaulin)
 #   make bench  every figure beside its raw etcd-client / etcdctl anchor on an
@@ -29,7 +31,7 @@ FUZZ_SECONDS ?= 60
 # cargo-fuzz needs nightly flags; this lets the stable toolchain accept them.
 FUZZ_ENV := RUSTC_BOOTSTRAP=1
 
-.PHONY: test-matrix deps-matrix test soak scale bench coverage deps-coverage fuzz lint public-api deps-public-api demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust deps-systemd cross deps-cross qemu-sm deps-qemu-sm qemu-lib deps-qemu-lib msrv
+.PHONY: test-matrix deps-matrix test soak model-check scale bench coverage deps-coverage fuzz lint public-api deps-public-api demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust deps-systemd cross deps-cross qemu-sm deps-qemu-sm qemu-lib deps-qemu-lib msrv
 
 test: deps
 	$(CARGO) fmt --all --check
@@ -52,6 +54,12 @@ test: deps
 SOAK_ROUNDS ?= 1000
 soak: deps-build deps-etcd
 	SOAK_ROUNDS=$(SOAK_ROUNDS) $(CARGO) test --all-features --test soak -- --nocapture
+
+# Exhaustive bounded model checking (sm/tests/model.rs): the long set of
+# worlds, in release, one at a time so each prints its states, transitions
+# and time; `make test` runs the quick set. Under 10 minutes on 2 cores.
+model-check: deps-build
+	$(CARGO) test --release -p fleetcoord-sm --test model -- --ignored --nocapture --test-threads 1
 
 # Fleet scale: 50,000 hosts with 512 B of metadata (25 MB of snapshot),
 # 50,000 KV keys and 40,000 stream entries, each read through its paginated
