@@ -7,8 +7,9 @@
 //! and uses no global random number generator: time comes in as `now`,
 //! randomness from a seed given to `new`, and etcd is reached only by emitting
 //! [`Command`]s that a driver executes. The same inputs always give the same
-//! outputs, which is what lets `tests/sim.rs` and the fuzz targets explore
-//! faults exhaustively.
+//! outputs, which is what lets `tests/sim.rs` and the fuzz targets sample
+//! faults, and `tests/model.rs` visit every schedule of small worlds
+//! (machines are `Clone`, so a world forks at every choice).
 //!
 //! # The machine contract
 //!

@@ -26,6 +26,13 @@
 //!   finds the next instant, [`run_until`] loops the two. [`next_time`] is
 //!   the minimum of options; [`next_due`] is the next instant of a one-node
 //!   world up to a bound; [`ms`] spells virtual durations.
+//! * [`model`] — exhaustive bounded model checking: [`model::explore`]
+//!   visits every schedule of a small world (the model etcd, real machines,
+//!   an explicit [`model::Wire`] per machine on which every run, delivery,
+//!   loss and late landing of a request is an action), checking safety on
+//!   every transition and bounded liveness from every quiescent state;
+//!   [`model::replay`] runs a counterexample's trace again. The worlds
+//!   (`model::election`, ...) state their properties.
 //! * Seeded randomness for schedules ([`random`]): [`rng`], [`chance`],
 //!   [`pick`] (a number in `0..n`).
 //! * [`Drifting<M>`] ([`drift`]) — a machine whose clock runs at another

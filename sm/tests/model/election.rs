@@ -283,6 +283,13 @@ fn teeth_withheld_expiry_deletes_are_a_liveness_failure() {
 // ----- the long set (make model-check) --------------------------------------
 
 fn long(name: &str, setup: ElectionSetup, pinned: usize, marks: &[&str]) {
+    if std::env::var_os("MODEL_PROBE").is_some() {
+        match explore(ElectionWorld::new(setup), &Limits { max_states: 1_500_000 }) {
+            Ok(report) => println!("{name}: {report}"),
+            Err(counterexample) => println!("{name}: FAILED {}", counterexample.message),
+        }
+        return;
+    }
     passes(name, setup, pinned, marks);
 }
 
@@ -341,13 +348,38 @@ fn long_two_permits_with_a_restart_and_a_delay() {
 #[test]
 #[ignore = "long: make model-check"]
 fn long_late_landings_with_racing_users() {
-    let mut setup = late(3_000);
+    let mut setup = late(1_500);
     setup.user_races = true;
     long(
         "2 candidates, 2 racing user requests, 1 delay, 1 late landing",
         setup,
         1,
         &["elected", "resigned", "landed late"],
+    );
+}
+
+/// Issue "two leaders acting at once", its first cause modelled: a paused
+/// etcd member holds requests and answers late (a delay with requests in
+/// flight, and given-up copies landing afterwards). Prevented: no schedule
+/// makes two holders. Its second cause, etcd revoking a renewed lease
+/// early, is `an_early_revocation_is_detected_not_prevented`.
+#[test]
+#[ignore = "long: make model-check"]
+fn long_a_paused_member_answering_late() {
+    long(
+        "3 candidates, 1 delay, 1 late landing, 1 user request",
+        world(
+            3,
+            1,
+            Budget {
+                delay: 1,
+                land: 1,
+                user: 1,
+                ..Budget::default()
+            },
+        ),
+        1,
+        &["elected", "landed late"],
     );
 }
 
