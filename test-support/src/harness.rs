@@ -1,8 +1,10 @@
 //! The wire between one machine and the model etcd: requests run at the
 //! send instant, replies arrive after a drawn latency, watches are served
 //! from the model's history one batch per revision, streams can break and
-//! replies can be lost. A harness never reorders what real etcd would not
-//! (watch batches, renewals on one keepalive stream).
+//! replies can be lost. A unary request can also be held up and land at
+//! etcd later, after its client was told it failed and whatever the client
+//! did since. A harness never reorders what real etcd would not (watch
+//! batches, renewals on one keepalive stream).
 
 use crate::faults::Faults;
 use crate::random::{chance, ChaCha8Rng};
@@ -33,6 +35,16 @@ struct Pending {
     result: Result<Response, RpcError>,
 }
 
+/// A unary request held up on its way to etcd: it runs at `due` (or, if etcd
+/// is paused then, once it resumes) and nobody waits for its result. `seq`
+/// keeps send order among equal due instants.
+#[derive(Clone, Debug)]
+struct Held {
+    due: Instant,
+    seq: u64,
+    request: Request,
+}
+
 /// A watch registered at the model: the next revision it has not yet
 /// been sent, and when its last batch arrives (later batches never
 /// overtake it).
@@ -53,10 +65,18 @@ pub struct Harness<M: Machine> {
     pub stream_drop_delay: Duration,
     /// Requests handed to etcd (including failed ones), for statistics.
     pub requests_sent: u64,
-    /// Injected request failures and lost replies, for statistics.
+    /// Injected request failures, lost replies and held-up requests, for
+    /// statistics (counted when injected).
     pub faults_injected: u64,
+    /// Held-up requests that have since landed at etcd, for statistics (and
+    /// for a simulation to show the fault happened at all).
+    pub late_landed: u64,
     pending: Vec<Pending>,
     queued: VecDeque<(RpcId, Request)>,
+    held: Vec<Held>,
+    /// Held-up requests whose instant came while etcd was paused, in the
+    /// order they came due: they land at the first pump after it resumes.
+    stalled: VecDeque<Request>,
     watches: BTreeMap<RpcId, ActiveWatch>,
     keepalive_last_due: Option<Instant>,
     seq: u64,
@@ -72,8 +92,11 @@ impl<M: Machine> Harness<M> {
             stream_drop_delay: Duration::from_millis(1),
             requests_sent: 0,
             faults_injected: 0,
+            late_landed: 0,
             pending: Vec::new(),
             queued: VecDeque::new(),
+            held: Vec::new(),
+            stalled: VecDeque::new(),
             watches: BTreeMap::new(),
             keepalive_last_due: None,
             seq: 0,
@@ -83,7 +106,9 @@ impl<M: Machine> Harness<M> {
     /// Drains the machine's commands: runs RPCs against `etcd` (or queues
     /// them while it is paused, running the queue first once it is not),
     /// registers watches, honours cancels, records notifications; then
-    /// schedules every new watch event of every active watch.
+    /// schedules every new watch event of every active watch. Held-up
+    /// requests whose instant came while etcd was paused land first, before
+    /// the queue (they were due before it could run).
     pub fn pump(
         &mut self,
         etcd: &mut ModelEtcd,
@@ -92,6 +117,9 @@ impl<M: Machine> Harness<M> {
         faults: &Faults,
     ) {
         if !etcd.is_paused() {
+            while let Some(request) = self.stalled.pop_front() {
+                self.land(etcd, now, &request);
+            }
             while let Some((id, request)) = self.queued.pop_front() {
                 self.run(etcd, now, rng, faults, id, request);
             }
@@ -190,6 +218,23 @@ impl<M: Machine> Harness<M> {
             );
             return;
         }
+        if stream == Stream::Unary && chance(rng, faults.land_late) {
+            self.faults_injected += 1;
+            let late_due = now + faults.sample_late_by(rng);
+            self.seq += 1;
+            self.held.push(Held {
+                due: late_due,
+                seq: self.seq,
+                request,
+            });
+            self.push(
+                due,
+                id,
+                stream,
+                Err(RpcError::Unavailable("injected: request held up".into())),
+            );
+            return;
+        }
         let mut result = etcd.execute(now, &request);
         if chance(rng, faults.lose_reply) {
             self.faults_injected += 1;
@@ -198,6 +243,38 @@ impl<M: Machine> Harness<M> {
         self.push(due, id, stream, result);
     }
 
+    /// Runs a held-up request at etcd, at the instant it is processed (never
+    /// earlier than the model's clock has been), and drops its result: its
+    /// client gave up on it long ago.
+    fn land(&mut self, etcd: &mut ModelEtcd, now: Instant, request: &Request) {
+        // Whatever etcd answers (a failed guard, a lease long gone) is
+        // what a late request gets in production too; nobody reads it.
+        let _ = etcd.execute(now, request);
+        self.late_landed += 1;
+    }
+
+    /// Lands every held-up request due at or before `now`, earliest first
+    /// (send order among equals); while etcd is paused they stall instead,
+    /// to land once it resumes.
+    fn land_due(&mut self, etcd: &mut ModelEtcd, now: Instant) {
+        while let Some(index) = self
+            .held
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| h.due <= now)
+            .min_by_key(|(_, h)| (h.due, h.seq))
+            .map(|(i, _)| i)
+        {
+            let h = self.held.remove(index);
+            if etcd.is_paused() {
+                self.stalled.push_back(h.request);
+            } else {
+                self.land(etcd, now, &h.request);
+            }
+        }
+    }
+
+    // A held-up request is not the client's any more: a cancel leaves it.
     fn cancel(&mut self, id: RpcId) {
         self.watches.remove(&id);
         self.pending.retain(|p| p.id != id);
@@ -269,8 +346,11 @@ impl<M: Machine> Harness<M> {
         self.pump(etcd, now, rng, faults);
     }
 
-    /// Hands every reply due at or before `now` to the machine, earliest
-    /// first (send order among equals), pumping after each.
+    /// Lands every held-up request due at or before `now` at etcd (or, if
+    /// it is paused, keeps it for the first pump after it resumes), then
+    /// hands every reply due at or before `now` to the machine, earliest
+    /// first (send order among equals), pumping after each. Landing first
+    /// means a reply due at the same instant already sees the late write.
     ///
     /// # Panics
     /// When the machine keeps producing replies due now without end.
@@ -281,6 +361,7 @@ impl<M: Machine> Harness<M> {
         rng: &mut ChaCha8Rng,
         faults: &Faults,
     ) {
+        self.land_due(etcd, now);
         for _ in 0..LIVELOCK_LIMIT {
             let next = self
                 .pending
@@ -307,16 +388,20 @@ impl<M: Machine> Harness<M> {
         panic!("livelock: replies keep coming due at one instant");
     }
 
-    /// The earliest pending delivery or machine deadline.
+    /// The earliest pending delivery, held-up request's landing or machine
+    /// deadline. Requests stalled behind a paused etcd are not events: they
+    /// land at the first pump after it resumes.
     pub fn next_event_time(&self) -> Option<Instant> {
         let delivery = self.pending.iter().map(|p| p.due).min();
-        next_time(&[delivery, self.machine.poll_timeout()])
+        let landing = self.held.iter().map(|h| h.due).min();
+        next_time(&[delivery, landing, self.machine.poll_timeout()])
     }
 
     /// Breaks every stream of this harness: each active (or queued) watch
     /// fails with `Unavailable("stream dropped")` and its undelivered batches
     /// are lost; every outstanding keepalive reply becomes that error (a
     /// renewal that ran stays run). Errors arrive `stream_drop_delay` later.
+    /// Held-up requests still land: they are past this client's streams.
     pub fn drop_streams(&mut self, now: Instant) {
         let dropped = || Err(RpcError::Unavailable("stream dropped".into()));
         let due = now + self.stream_drop_delay;
@@ -344,6 +429,7 @@ impl<M: Machine> Harness<M> {
     /// Every unary and keepalive reply still in flight becomes
     /// `Unavailable("connection lost")` (the requests did run). Watches are
     /// untouched; combine with `drop_streams` for a full connection reset.
+    /// Held-up requests still land.
     pub fn lose_all_inflight(&mut self) {
         for p in &mut self.pending {
             if p.stream != Stream::Watch {
@@ -365,6 +451,27 @@ impl<M: Machine> Harness<M> {
     /// Requests waiting for a paused etcd.
     pub fn queued(&self) -> usize {
         self.queued.len()
+    }
+
+    /// Held-up requests that have not landed yet (due later, or stalled
+    /// behind a paused etcd); their machine gave up on them.
+    pub fn held(&self) -> usize {
+        self.held.len() + self.stalled.len()
+    }
+
+    /// Moves every held-up request not yet landed to `to`, in the order
+    /// they would have landed, for a machine replaced by another that sits
+    /// on the same wire: a process that stops does not recall what is stuck
+    /// on its way to etcd, so those requests must still land. The counters
+    /// stay here.
+    pub fn pass_held_to<N: Machine>(&mut self, to: &mut Harness<N>) {
+        let mut held = std::mem::take(&mut self.held);
+        held.sort_by_key(|h| (h.due, h.seq));
+        for h in held {
+            to.seq += 1;
+            to.held.push(Held { seq: to.seq, ..h });
+        }
+        to.stalled.append(&mut self.stalled);
     }
 
     /// Takes every notification recorded so far.

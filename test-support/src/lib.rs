@@ -13,13 +13,16 @@
 //!   `lease_exists(lease)`, `lease_deadline(lease)`, `leases()`,
 //!   `next_deadline()`, `watch_history(range, from)`.
 //! * [`Faults`] ([`faults`]) — probabilities of a failed request / lost
-//!   reply and the reply latency range; `Faults::none()`,
-//!   `Faults::moderate()`.
+//!   reply / unary request landing late, the reply latency range and how
+//!   late a held-up request lands; `Faults::none()`, `Faults::moderate()`.
 //! * [`Harness<M>`] ([`harness`]) — one machine plus everything on the wire
 //!   for it: replies in flight, active watches, requests queued while etcd
-//!   is paused, notifications (`pub notifications: Vec<(Instant, N)>`).
-//!   `pump`, `fire_timeout`, `deliver_due`, `next_event_time`,
-//!   `drop_streams(now)`, `lose_all_inflight()`.
+//!   is paused, held-up requests still to land, notifications
+//!   (`pub notifications: Vec<(Instant, N)>`). `pump`, `fire_timeout`,
+//!   `deliver_due`, `next_event_time`, `drop_streams(now)`,
+//!   `lose_all_inflight()`; `held()` and `late_landed` count the held-up
+//!   requests still to land and those landed; `pass_held_to(other)` leaves
+//!   them on the wire for a machine's replacement.
 //! * [`Node`] ([`world`]) — the object-safe face of a harness, so machines
 //!   of different types can be stepped together: [`step`] processes one
 //!   instant for all of them in the required order, [`world_next_time`]
@@ -42,15 +45,22 @@
 //!
 //! Ordering at one instant (what [`step`] does, and what hand-written loops
 //! must do): `etcd.advance(now)` (leases expire first), then every due
-//! `handle_timeout`, then every due reply delivery, then pump every harness
-//! until no new write happens (so each watch sees every other harness's
-//! writes). Timeouts before deliveries is the point: a leader's local deadline
-//! fires before anyone else can learn that its key is gone.
+//! `handle_timeout`, then every due late landing and reply delivery (each
+//! harness lands its held-up requests before it delivers its replies), then
+//! pump every harness until no new write happens (so each watch sees every
+//! other harness's writes). Timeouts before deliveries is the point: a
+//! leader's local deadline fires before anyone else can learn that its key
+//! is gone.
 //!
 //! Requests are executed when the harness pumps them (the send instant);
-//! replies arrive after a latency drawn from `faults.latency`. Watch batches
-//! are one per revision and never reordered; keepalive replies of one harness
-//! are never reordered (they share one stream).
+//! replies arrive after a latency drawn from `faults.latency`. The
+//! exception is a unary request held up with probability `faults.land_late`:
+//! its client is answered `Unavailable` after the usual latency, and the
+//! request runs at etcd `faults.late_by` after its send instant (if etcd is
+//! paused then, at the first pump after it resumes), whether its client has
+//! since retried, canceled it or stopped; its result is dropped. Watch
+//! batches are one per revision and never reordered; keepalive replies of
+//! one harness are never reordered (they share one stream).
 //!
 //! A fuzz target that answers requests itself (in any order, at any time)
 //! uses [`ModelEtcd`] alone: `execute` for the truth, then lies on top of it

@@ -72,8 +72,8 @@ pub fn next_time(candidates: &[Option<Instant>]) -> Option<Instant> {
     candidates.iter().flatten().min().copied()
 }
 
-/// The next instant anything happens: a node's delivery or deadline, or a
-/// lease expiry.
+/// The next instant anything happens: a node's delivery, late landing or
+/// deadline, or a lease expiry.
 pub fn world_next_time(etcd: &ModelEtcd, nodes: &[&mut dyn Node]) -> Option<Instant> {
     let nodes_next = nodes.iter().filter_map(|n| n.next_event_time()).min();
     next_time(&[nodes_next, etcd.next_deadline()])
@@ -108,8 +108,9 @@ pub fn settle(
 }
 
 /// Processes everything due at `now`, in the required order: lease expiry,
-/// then machine timeouts, then reply deliveries, then [`settle`]; repeated
-/// until nothing is due at `now` any more.
+/// then machine timeouts, then late landings and reply deliveries (each
+/// node's landings before its replies), then [`settle`]; repeated until
+/// nothing is due at `now` any more.
 ///
 /// # Panics
 /// When work keeps coming due at `now` without end (a machine livelock).

@@ -1,10 +1,12 @@
 //! The election machine against the model etcd: two or three candidates
 //! share one etcd, each in its own harness, under random user schedules and
-//! faults (failed requests, lost replies, one-candidate partitions with
-//! dropped streams, etcd pauses longer than the TTL, lease extensions,
-//! stop-and-replace of a candidate). Every candidate's clock drifts: it runs
-//! at a seeded rate within the configured drift allowance of etcd's (the
-//! world's), up to the allowance itself, fast or slow ([`Drifting`]).
+//! faults (failed requests, lost replies, requests that land at etcd up to
+//! 3 s after their candidate was told they failed, one-candidate partitions
+//! with dropped streams, etcd pauses longer than the TTL, lease extensions,
+//! stop-and-replace of a candidate, whose held-up requests still land).
+//! Every candidate's clock drifts: it runs at a seeded rate within the
+//! configured drift allowance of etcd's (the world's), up to the allowance
+//! itself, fast or slow ([`Drifting`]).
 //!
 //! Checked after every step, in etcd's (the world's) time:
 //! * at most one candidate believes it leads (`is_leader()`);
@@ -125,6 +127,8 @@ struct Stats {
     /// Hand-overs done, and step-downs a ranked leader was asked for.
     handed_over: u64,
     step_downs: u64,
+    /// Requests that landed at etcd after their candidate gave up on them.
+    late_landed: u64,
 }
 
 struct World {
@@ -154,8 +158,8 @@ struct World {
 fn partitioned() -> Faults {
     Faults {
         fail_request: 1.0,
-        lose_reply: 0.0,
         latency: (Duration::from_millis(1), Duration::from_millis(5)),
+        ..Faults::none()
     }
 }
 
@@ -446,12 +450,18 @@ impl World {
                 // clock, same wire (a partition in progress included).
                 let faults = s.faults.clone();
                 let clock = s.harness.machine.clock();
-                *s = Seat {
+                let mut next = Seat {
                     generation: s.generation,
                     faults,
                     partitioned_until: s.partitioned_until,
                     ..Seat::new(now, seed, clock, self.machine_permits)
                 };
+                // What the stopped candidate sent may still be stuck on
+                // its way to etcd: it lands after its sender is gone.
+                s.harness.pass_held_to(&mut next.harness);
+                self.stats.faults += s.harness.faults_injected;
+                self.stats.late_landed += s.harness.late_landed;
+                *s = next;
             }
         }
     }
@@ -608,6 +618,12 @@ fn run_seed_with_permits(
             .iter()
             .map(|s| s.harness.faults_injected)
             .sum::<u64>();
+    stats.late_landed += world.stats.late_landed
+        + world
+            .seats
+            .iter()
+            .map(|s| s.harness.late_landed)
+            .sum::<u64>();
     stats.elections += world.stats.elections;
     stats.campaigns += world.stats.campaigns;
     stats.handed_over += world.stats.handed_over;
@@ -625,13 +641,20 @@ fn at_most_one_leader_with_increasing_tokens_over_many_seeds() {
     }
     println!(
         "election sim: {SEEDS} seeds, clocks drifting up to ±{DRIFT_ALLOWANCE_PPM} ppm, {} steps, \
-         {} faults injected, {} campaigns, {} elections, {} hand-overs, {} step-downs",
+         {} faults injected, {} requests landed late ({:.2} per seed), {} campaigns, \
+         {} elections, {} hand-overs, {} step-downs",
         stats.steps,
         stats.faults,
+        stats.late_landed,
+        stats.late_landed as f64 / SEEDS as f64,
         stats.campaigns,
         stats.elections,
         stats.handed_over,
         stats.step_downs
+    );
+    assert!(
+        stats.late_landed > 0,
+        "no request landed late: the fault was never exercised"
     );
     // The odd seeds rank and hand over; both must actually happen.
     assert!(
@@ -696,12 +719,19 @@ fn at_most_two_holders_of_two_permits_over_many_seeds() {
         }
     }
     println!(
-        "semaphore sim (2 permits): {} seeds, {} steps, {} faults injected, {} campaigns, {} holds",
+        "semaphore sim (2 permits): {} seeds, {} steps, {} faults injected, \
+         {} requests landed late ({:.2} per seed), {} campaigns, {} holds",
         SEEDS / 2,
         stats.steps,
         stats.faults,
+        stats.late_landed,
+        stats.late_landed as f64 / (SEEDS / 2) as f64,
         stats.campaigns,
         stats.elections
+    );
+    assert!(
+        stats.late_landed > 0,
+        "no request landed late: the fault was never exercised"
     );
     assert!(stats.elections > SEEDS, "too few holds to mean anything");
 }

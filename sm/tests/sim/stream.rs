@@ -1,10 +1,12 @@
 //! The stream machines against the model etcd: three appenders and three
 //! readers share one stream, each in its own harness, under random append
-//! schedules and faults (failed requests, lost replies, dropped watches,
-//! compactions, etcd pauses, stalled consumers, readers restarted after
-//! their last entry, appenders stopped mid-append and replaced by one given
-//! the head their last append left, often stale by then, as
-//! `EtcdCoordinator` does; junk keys under the entry prefix). Half the
+//! schedules and faults (failed requests, lost replies, reads and append
+//! transactions that land at etcd up to 3 s after their machine was told
+//! they failed, dropped watches, compactions, etcd pauses, stalled
+//! consumers, readers restarted after their last entry, appenders stopped
+//! mid-append and replaced by one given the head their last append left,
+//! often stale by then, as `EtcdCoordinator` does, while what the stopped
+//! one had held up still lands; junk keys under the entry prefix). Half the
 //! seeds trim the stream to a few entries.
 //!
 //! The ground truth is the *ledger*: every entry ever written, read from the
@@ -384,6 +386,8 @@ struct Stats {
     faults: u64,
     restarts: u64,
     settled: u64,
+    /// Requests that landed at etcd after their machine gave up on them.
+    late_landed: u64,
 }
 
 struct World {
@@ -742,7 +746,12 @@ impl World {
         self.reader_input(i, now, ReaderInput::Stop);
         let seat = &mut self.readers[i];
         assert_eq!(seat.h.active_watches(), 0, "a stopped reader still watches");
-        seat.h = new_reader(ReadFrom::After(last), now, seed);
+        let mut h = new_reader(ReadFrom::After(last), now, seed);
+        // The stopped reader's held-up reads are still on the wire.
+        seat.h.pass_held_to(&mut h);
+        self.stats.faults += seat.h.faults_injected;
+        self.stats.late_landed += seat.h.late_landed;
+        seat.h = h;
         seat.from = ReadFrom::After(last);
         seat.unresolved = true;
         seat.generation = generation;
@@ -777,7 +786,13 @@ impl World {
                     ..self.append.clone()
                 };
                 self.stats.settled += seat.h.machine.settled;
-                seat.h = new_appender(&config, now, seed);
+                let mut h = new_appender(&config, now, seed);
+                // A stopped appender's held-up transaction may still land
+                // after it is gone; the ledger checks must hold then too.
+                seat.h.pass_held_to(&mut h);
+                self.stats.faults += seat.h.faults_injected;
+                self.stats.late_landed += seat.h.late_landed;
+                seat.h = h;
                 seat.stopping = false;
                 seat.last_seq = 0;
                 seat.generation = generation;
@@ -867,6 +882,8 @@ fn run_seed(seed: u64, stats: &mut Stats) {
         fail_request: 0.2 * (pick(&mut rng, 100) as f64 / 100.0),
         lose_reply: 0.08 * (pick(&mut rng, 100) as f64 / 100.0),
         latency: (ms(1), ms(1 + pick(&mut rng, 30))),
+        land_late: 0.06 * (pick(&mut rng, 100) as f64 / 100.0),
+        late_by: (ms(50), ms(3_000)),
     };
     let max_len = (pick(&mut rng, 2) == 0).then(|| 2 + pick(&mut rng, 6));
     // A quarter of the seeds give up after two lost races, so contention
@@ -975,6 +992,9 @@ fn run_seed(seed: u64, stats: &mut Stats) {
         + w.appenders.iter().map(|s| s.h.faults_injected).sum::<u64>()
         + w.readers.iter().map(|s| s.h.faults_injected).sum::<u64>();
     stats.restarts += w.stats.restarts;
+    stats.late_landed += w.stats.late_landed
+        + w.appenders.iter().map(|s| s.h.late_landed).sum::<u64>()
+        + w.readers.iter().map(|s| s.h.late_landed).sum::<u64>();
     stats.settled += w.stats.settled + w.appenders.iter().map(|s| s.h.machine.settled).sum::<u64>();
 }
 
@@ -987,7 +1007,8 @@ fn appenders_and_readers_agree_on_every_entry_under_faults_over_many_seeds() {
     println!(
         "stream sim: {SEEDS} seeds, {} steps; appends: {} ok, {} contended, {} in doubt, {} failed cleanly; \
          {} lost answers settled by a resend; \
-         {} entries delivered, {} trimmed entries skipped; {} faults, {} compactions, {} reader restarts",
+         {} entries delivered, {} trimmed entries skipped; {} faults, {} requests landed late \
+         ({:.2} per seed), {} compactions, {} reader restarts",
         stats.steps,
         stats.appended,
         stats.contended,
@@ -997,6 +1018,8 @@ fn appenders_and_readers_agree_on_every_entry_under_faults_over_many_seeds() {
         stats.delivered,
         stats.skipped_trimmed,
         stats.faults,
+        stats.late_landed,
+        stats.late_landed as f64 / SEEDS as f64,
         stats.compactions,
         stats.restarts
     );
@@ -1012,6 +1035,10 @@ fn appenders_and_readers_agree_on_every_entry_under_faults_over_many_seeds() {
     );
     assert!(stats.contended > 0);
     assert!(stats.compactions > SEEDS && stats.restarts > SEEDS / 2);
+    assert!(
+        stats.late_landed > 0,
+        "no request landed late: the fault was never exercised"
+    );
 }
 
 /// Two appenders reading the same head race; the loser backs off and

@@ -3,9 +3,10 @@
 //! Each seed: hosts register (lease + key), update their metadata, crash
 //! (stop renewing; the lease expires), leave (revoke), re-register under the
 //! same id, and a few invalid keys come and go — while the watch suffers
-//! failed requests, lost replies, dropped streams, compactions, etcd pauses
-//! longer than the TTL, leader changes and a consumer that stalls. Then the
-//! faults stop and the world goes quiet.
+//! failed requests, lost replies, reads that land at etcd up to 3 s after
+//! the machine was told they failed, dropped streams, compactions, etcd
+//! pauses longer than the TTL, leader changes and a consumer that stalls.
+//! Then the faults stop and the world goes quiet.
 //!
 //! Checked after every step, from the notices alone ([`Consumer`]) and on
 //! the wire ([`Spy`]):
@@ -233,6 +234,8 @@ struct Totals {
     invalid: u64,
     compactions: u64,
     consumer_stalls: u64,
+    /// Requests that landed at etcd after the machine gave up on them.
+    late_landed: u64,
 }
 
 struct World {
@@ -415,6 +418,8 @@ fn run_seed(seed: u64, totals: &mut Totals) {
         fail_request: 0.25 * (pick(&mut rng, 100) as f64 / 100.0),
         lose_reply: 0.1 * (pick(&mut rng, 100) as f64 / 100.0),
         latency: (ms(1), ms(1 + pick(&mut rng, 40))),
+        land_late: 0.06 * (pick(&mut rng, 100) as f64 / 100.0),
+        late_by: (ms(50), ms(3_000)),
     };
     let config = WatchConfig {
         prefix: PREFIX.to_vec(),
@@ -558,6 +563,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
     totals.steps += w.steps;
     totals.actions += actions;
     totals.faults += w.faults + w.h.faults_injected;
+    totals.late_landed += w.h.late_landed;
     totals.ups += w.consumer.ups;
     totals.downs += w.consumer.downs;
     totals.lefts += w.consumer.lefts;
@@ -574,13 +580,16 @@ fn watch_converges_to_etcd_under_faults_over_many_seeds() {
         run_seed(seed, &mut totals);
     }
     println!(
-        "watch sim: {SEEDS} seeds, {} steps + {} workload actions, {} faults injected ({} compactions, {} consumer stalls); \
+        "watch sim: {SEEDS} seeds, {} steps + {} workload actions, {} faults injected ({} compactions, {} consumer stalls), \
+         {} requests landed late ({:.2} per seed); \
          notices: {} Up, {} Updated, {} Down, {} Left, {} InvalidKey",
         totals.steps,
         totals.actions,
         totals.faults,
         totals.compactions,
         totals.consumer_stalls,
+        totals.late_landed,
+        totals.late_landed as f64 / SEEDS as f64,
         totals.ups,
         totals.updates,
         totals.downs,
@@ -591,4 +600,8 @@ fn watch_converges_to_etcd_under_faults_over_many_seeds() {
     assert!(totals.downs > SEEDS && totals.updates > SEEDS && totals.invalid > SEEDS / 2);
     assert!(totals.lefts > SEEDS / 2, "leaves are rarely seen as Left");
     assert!(totals.compactions > SEEDS && totals.consumer_stalls > SEEDS);
+    assert!(
+        totals.late_landed > 0,
+        "no request landed late: the fault was never exercised"
+    );
 }
