@@ -174,6 +174,28 @@ fn a_compaction_under_waiting_candidates() {
     );
 }
 
+/// A leader observer beside the candidates: once quiet, it reports the
+/// leader etcd has (part of every liveness check of the world).
+#[test]
+fn an_observer_follows_the_leader() {
+    let mut setup = world(
+        2,
+        1,
+        Budget {
+            user: 1,
+            lose: 1,
+            ..Budget::default()
+        },
+    );
+    setup.observers = 1;
+    passes(
+        "2 candidates, 1 observer, 1 user request, 1 lost",
+        setup,
+        52_950,
+        &["elected", "resigned", "liveness checked"],
+    );
+}
+
 /// etcd revoking a renewed lease early (its own bug when a paused raft
 /// leader resumes, see docs/etcd-notes.md) is the one cause of two
 /// believers fleetcoord cannot prevent: the world shows the overlap
@@ -282,9 +304,17 @@ fn teeth_withheld_expiry_deletes_are_a_liveness_failure() {
 
 // ----- the long set (make model-check) --------------------------------------
 
-fn long(name: &str, setup: ElectionSetup, pinned: usize, marks: &[&str]) {
+fn long(name: &str, mut setup: ElectionSetup, pinned: usize, marks: &[&str]) {
+    if let Some(ms) = std::env::var_os("MODEL_HORIZON_MS") {
+        setup.horizon = Duration::from_millis(ms.to_string_lossy().parse().unwrap_or(3000));
+    }
     if std::env::var_os("MODEL_PROBE").is_some() {
-        match explore(ElectionWorld::new(setup), &Limits { max_states: 1_500_000 }) {
+        match explore(
+            ElectionWorld::new(setup),
+            &Limits {
+                max_states: 1_000_000,
+            },
+        ) {
             Ok(report) => println!("{name}: {report}"),
             Err(counterexample) => println!("{name}: FAILED {}", counterexample.message),
         }

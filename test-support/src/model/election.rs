@@ -24,12 +24,15 @@
 //! Liveness, from every quiescent state (nothing in flight): with no
 //! further faults or user requests, messages delivered at once and time
 //! moving to each next deadline, within `liveness_bound` either nobody
-//! waits or `permits` candidates hold.
+//! waits or `permits` candidates hold, and every observer ([`Observe`],
+//! `observers` of them) last reported the leader etcd has then (the key
+//! with the lowest create revision, or none).
 
 use super::wire::{Bends, Taken, Wire, WireAction};
 use super::{debug_hash, hash_debug, World};
 use crate::ModelEtcd;
 use fleetcoord_sm::election::{Election, ElectionConfig, ElectionInput, ElectionNotice, OpId};
+use fleetcoord_sm::observe::{Observe, ObserveConfig, ObserveNotice};
 use fleetcoord_sm::{BackoffConfig, EventKind, LeaseId, Machine, Response, Revision};
 use std::collections::BTreeSet;
 use std::hash::{DefaultHasher, Hasher};
@@ -68,6 +71,8 @@ pub struct Budget {
 pub struct ElectionSetup {
     /// Candidates, each campaigning from the start.
     pub candidates: usize,
+    /// Leader observers of the election.
+    pub observers: usize,
     /// The machines' permits (1: an election; N: a semaphore).
     pub permits: u32,
     /// The most holders rule 1 accepts; `permits` unless a test means to
@@ -111,6 +116,7 @@ impl ElectionSetup {
     pub fn new(candidates: usize, permits: u32) -> Self {
         ElectionSetup {
             candidates,
+            observers: 0,
             permits,
             allowed_holders: permits,
             ttl_secs: 2,
@@ -132,20 +138,24 @@ impl ElectionSetup {
         ElectionConfig {
             prefix: PREFIX.to_vec(),
             ttl_secs: self.ttl_secs,
-            backoff: BackoffConfig {
-                initial: Duration::from_millis(50),
-                max: Duration::from_millis(800),
-                multiplier: 2,
-                // No jitter: the seed then decides nothing, and identical
-                // candidates stay identical.
-                jitter_percent: 0,
-            },
+            backoff: backoff(),
             safety_margin: self.safety_margin,
             drift_allowance_ppm: 0,
             attempt_timeout: self.attempt_timeout,
             announce_session_trust: false,
             permits: self.permits,
         }
+    }
+}
+
+fn backoff() -> BackoffConfig {
+    BackoffConfig {
+        initial: Duration::from_millis(50),
+        max: Duration::from_millis(800),
+        multiplier: 2,
+        // No jitter: the seed then decides nothing, and identical
+        // candidates stay identical.
+        jitter_percent: 0,
     }
 }
 
@@ -162,6 +172,8 @@ pub enum ElectionAction {
     Refused(usize),
     /// A step on candidate `.0`'s wire.
     Wire(usize, WireAction),
+    /// A step on observer `.0`'s wire.
+    Observer(usize, WireAction),
     /// Time passes to the next deadline, nothing in flight.
     Tick,
     /// Time passes to the next deadline with messages in flight (a fault).
@@ -187,6 +199,14 @@ struct Candidate {
     next_op: u64,
 }
 
+#[derive(Clone, Debug)]
+struct Observer {
+    machine: Observe,
+    wire: Wire,
+    /// The last leader reported: its key and create revision.
+    reported: Option<Option<(Vec<u8>, Revision)>>,
+}
+
 /// The election world; see the module docs for what it checks.
 #[derive(Clone)]
 pub struct ElectionWorld {
@@ -195,6 +215,7 @@ pub struct ElectionWorld {
     start: Instant,
     now: Instant,
     candidates: Vec<Candidate>,
+    observers: Vec<Observer>,
     budget: Budget,
     /// Every token handed out (rule 4).
     tokens: BTreeSet<Revision>,
@@ -230,6 +251,20 @@ impl ElectionWorld {
                 next_op: 0,
             })
             .collect();
+        let observers = (0..setup.observers)
+            .map(|_| Observer {
+                machine: Observe::new(
+                    ObserveConfig {
+                        prefix: PREFIX.to_vec(),
+                        backoff: backoff(),
+                    },
+                    start,
+                    SEED,
+                ),
+                wire: Wire::new(keep_orphans),
+                reported: None,
+            })
+            .collect();
         let mut world = ElectionWorld {
             budget: setup.budget.clone(),
             bends: Bends {
@@ -241,6 +276,7 @@ impl ElectionWorld {
             start,
             now: start,
             candidates,
+            observers,
             tokens: BTreeSet::new(),
             revoked_early: BTreeSet::new(),
             marks: 0,
@@ -252,7 +288,59 @@ impl ElectionWorld {
                 panic!("the initial world breaks a rule: {message}");
             }
         }
+        for o in 0..world.observers.len() {
+            if let Err(message) = world.pump_observer(o) {
+                panic!("the initial world breaks a rule: {message}");
+            }
+        }
         world
+    }
+
+    /// Moves observer `o`'s commands onto its wire, keeping what it reports.
+    fn pump_observer(&mut self, o: usize) -> Result<(), String> {
+        let observer = &mut self.observers[o];
+        while let Some(command) = observer.machine.poll_command() {
+            match observer.wire.accept(command) {
+                Some(ObserveNotice::Leader(leader)) => {
+                    observer.reported = Some(leader.map(|kv| (kv.key, kv.create_revision)));
+                }
+                Some(ObserveNotice::Failed(error)) => {
+                    return Err(format!("observer {o} failed: {error:?}"));
+                }
+                Some(_) | None => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// A step on observer `o`'s wire.
+    fn observer_step(&mut self, o: usize, action: WireAction) -> Result<(), String> {
+        let now = self.now;
+        let observer = &mut self.observers[o];
+        match observer.wire.take(action, &mut self.etcd, now, &self.bends) {
+            Taken::Reply(reply) => {
+                if observer.machine.poll_timeout().is_some_and(|t| t <= now) {
+                    observer.machine.handle_timeout(now);
+                }
+                observer.machine.handle(now, reply.into());
+            }
+            Taken::Landed => self.marks |= LANDED,
+            Taken::Nothing => {}
+        }
+        self.pump_observer(o)
+    }
+
+    /// Whether every observer last reported the leader etcd has now.
+    fn observers_agree(&self) -> bool {
+        let leader = self
+            .etcd
+            .range_prefix(PREFIX)
+            .into_iter()
+            .min_by_key(|kv| kv.create_revision)
+            .map(|kv| (kv.key, kv.create_revision));
+        self.observers
+            .iter()
+            .all(|o| o.reported.as_ref() == Some(&leader))
     }
 
     fn campaign(&mut self, c: usize) {
@@ -380,7 +468,9 @@ impl ElectionWorld {
     fn in_flight(&self) -> bool {
         self.candidates
             .iter()
-            .any(|c| c.wire.in_flight(&self.etcd, &self.bends))
+            .map(|c| &c.wire)
+            .chain(self.observers.iter().map(|o| &o.wire))
+            .any(|w| w.in_flight(&self.etcd, &self.bends))
     }
 
     /// The next instant anything is due: a machine's deadline or a lease
@@ -389,6 +479,11 @@ impl ElectionWorld {
         self.candidates
             .iter()
             .filter_map(|c| c.machine.poll_timeout())
+            .chain(
+                self.observers
+                    .iter()
+                    .filter_map(|o| o.machine.poll_timeout()),
+            )
             .chain(self.etcd.next_deadline())
             .min()
     }
@@ -421,6 +516,17 @@ impl ElectionWorld {
                 self.candidates[c].machine.handle_timeout(self.now);
             }
             self.pump(c)?;
+        }
+        for o in 0..self.observers.len() {
+            self.observers[o].wire.age_orphans(land_within);
+            if self.observers[o]
+                .machine
+                .poll_timeout()
+                .is_some_and(|t| t <= self.now)
+            {
+                self.observers[o].machine.handle_timeout(self.now);
+            }
+            self.pump_observer(o)?;
         }
         Ok(())
     }
@@ -483,6 +589,15 @@ impl ElectionWorld {
                 return Some(ElectionAction::Wire(c, *action));
             }
         }
+        for (o, observer) in self.observers.iter().enumerate() {
+            actions.clear();
+            observer
+                .wire
+                .actions(&self.etcd, &self.bends, false, false, &mut actions);
+            if let Some(action) = actions.first() {
+                return Some(ElectionAction::Observer(o, *action));
+            }
+        }
         None
     }
 
@@ -498,7 +613,9 @@ impl ElectionWorld {
 
     fn live(&self) -> bool {
         let (waiting, holders) = self.waiting_and_holders();
-        waiting == 0 || holders >= usize::try_from(self.setup.permits.max(1)).unwrap_or(1)
+        let served =
+            waiting == 0 || holders >= usize::try_from(self.setup.permits.max(1)).unwrap_or(1);
+        served && self.observers_agree()
     }
 }
 
@@ -556,6 +673,13 @@ impl World for ElectionWorld {
                 out.push(ElectionAction::Restart(c));
             }
         }
+        for (o, observer) in self.observers.iter().enumerate() {
+            let mut wire = Vec::new();
+            observer
+                .wire
+                .actions(&self.etcd, &self.bends, b.lose > 0, b.land > 0, &mut wire);
+            out.extend(wire.into_iter().map(|a| ElectionAction::Observer(o, a)));
+        }
         if b.compact > 0 && self.etcd.revision() > self.etcd.compacted_revision() {
             out.push(ElectionAction::Compact);
         }
@@ -610,6 +734,7 @@ impl World for ElectionWorld {
                 self.pump(c)?;
             }
             ElectionAction::Wire(c, step) => self.wire_step(c, step)?,
+            ElectionAction::Observer(o, step) => self.observer_step(o, step)?,
             ElectionAction::Tick | ElectionAction::Delay => {
                 if *action == ElectionAction::Delay {
                     self.budget.delay -= 1;
@@ -644,14 +769,19 @@ impl World for ElectionWorld {
                 }
             }
         }
-        if let ElectionAction::Wire(_, WireAction::Lose(_)) = action {
-            self.budget.lose -= 1;
-        }
-        if let ElectionAction::Wire(_, WireAction::Land(_)) = action {
-            self.budget.land -= 1;
-            if self.budget.land == 0 {
-                for cand in &mut self.candidates {
-                    cand.wire.forget_orphans();
+        if let ElectionAction::Wire(_, step) | ElectionAction::Observer(_, step) = action {
+            if let WireAction::Lose(_) = step {
+                self.budget.lose -= 1;
+            }
+            if let WireAction::Land(_) = step {
+                self.budget.land -= 1;
+                if self.budget.land == 0 {
+                    for cand in &mut self.candidates {
+                        cand.wire.forget_orphans();
+                    }
+                    for observer in &mut self.observers {
+                        observer.wire.forget_orphans();
+                    }
                 }
             }
         }
@@ -666,6 +796,7 @@ impl World for ElectionWorld {
         hash_debug(&mut hasher, &self.tokens);
         hash_debug(&mut hasher, &self.revoked_early);
         hash_debug(&mut hasher, &self.bends.hidden);
+        hash_debug(&mut hasher, &self.observers);
         // Candidates are identical but for what happened to them: a state
         // and its permutations are one state.
         let mut candidates: Vec<u64> = self.candidates.iter().map(debug_hash).collect();
@@ -691,6 +822,7 @@ impl World for ElectionWorld {
             }
             let step = match fair.fair_next() {
                 Some(ElectionAction::Wire(c, a)) => fair.wire_step(c, a),
+                Some(ElectionAction::Observer(o, a)) => fair.observer_step(o, a),
                 _ => match fair.next_deadline().filter(|at| *at <= until) {
                     Some(at) => fair.tick_to(at),
                     None => break,
@@ -706,10 +838,12 @@ impl World for ElectionWorld {
         let (waiting, holders) = fair.waiting_and_holders();
         Err(format!(
             "liveness: from the quiescent state at +{:?}, {waiting} candidates still wait \
-             and {holders} hold after {:?} without faults (permits {})",
+             and {holders} hold after {:?} without faults (permits {}); observers agree \
+             with etcd: {}",
             from - self.start,
             self.setup.liveness_bound,
-            self.setup.permits
+            self.setup.permits,
+            fair.observers_agree()
         ))
     }
 
@@ -749,6 +883,17 @@ impl World for ElectionWorld {
                 cand.machine.session_deadline().map(at),
                 cand.machine.poll_timeout().map(at),
                 cand.wire
+            );
+        }
+        for (o, observer) in self.observers.iter().enumerate() {
+            out += &format!(
+                "\n  observer {o}: reported {:?}, next deadline {:?}\n    wire {:?}",
+                observer
+                    .reported
+                    .as_ref()
+                    .map(|l| l.as_ref().map(|(k, r)| (String::from_utf8_lossy(k), r))),
+                observer.machine.poll_timeout().map(at),
+                observer.wire
             );
         }
         out
