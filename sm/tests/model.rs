@@ -6,3 +6,6 @@
 
 #[path = "model/election.rs"]
 mod election;
+
+#[path = "model/stream.rs"]
+mod stream;
