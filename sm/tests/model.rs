@@ -9,3 +9,6 @@ mod election;
 
 #[path = "model/stream.rs"]
 mod stream;
+
+#[path = "model/mirror.rs"]
+mod mirror;
