@@ -6,3 +6,9 @@
 
 #[path = "model/election.rs"]
 mod election;
+
+#[path = "model/stream.rs"]
+mod stream;
+
+#[path = "model/mirror.rs"]
+mod mirror;

@@ -269,6 +269,7 @@ impl ElectionWorld {
             budget: setup.budget.clone(),
             bends: Bends {
                 strip_delete_guards: setup.strip_delete_guards,
+                strip_put_guards: false,
                 hidden: BTreeSet::new(),
             },
             setup: Arc::new(setup),

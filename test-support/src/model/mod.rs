@@ -36,6 +36,8 @@
 mod wire;
 
 pub mod election;
+pub mod mirror;
+pub mod stream;
 
 pub use wire::{Lane, Wire, WireAction};
 

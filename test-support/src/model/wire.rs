@@ -69,6 +69,8 @@ pub enum WireAction {
 pub struct Bends {
     /// Run compare-guarded deletes as if the guard held.
     pub strip_delete_guards: bool,
+    /// Run compare-guarded transactions that put keys as if the guard held.
+    pub strip_put_guards: bool,
     /// Revisions whose events no watch delivers.
     pub hidden: BTreeSet<Revision>,
 }
@@ -385,6 +387,16 @@ fn run(
             let deletes = !txn.success.is_empty()
                 && txn.success.iter().all(|op| matches!(op, TxnOp::Delete(_)));
             if deletes && !txn.compare.is_empty() {
+                let mut stripped = txn.clone();
+                stripped.compare.clear();
+                return etcd.execute(now, &Request::Txn(stripped));
+            }
+        }
+    }
+    if bends.strip_put_guards {
+        if let Request::Txn(txn) = request {
+            let puts = txn.success.iter().any(|op| matches!(op, TxnOp::Put { .. }));
+            if puts && !txn.compare.is_empty() {
                 let mut stripped = txn.clone();
                 stripped.compare.clear();
                 return etcd.execute(now, &Request::Txn(stripped));
