@@ -204,7 +204,9 @@ pub fn explore<W: World>(
     let mut initial = initial;
     count_marks(initial.take_marks(), &mut marks);
     visited.insert(initial.fingerprint());
-    if let Err(message) = initial.check_liveness() {
+    let live = initial.check_liveness();
+    count_marks(initial.take_marks(), &mut marks);
+    if let Err(message) = live {
         return Err(Box::new(Counterexample {
             message,
             state: initial.describe(),
@@ -246,7 +248,11 @@ pub fn explore<W: World>(
             continue;
         }
         report.states += 1;
-        if let Err(message) = world.check_liveness() {
+        let live = world.check_liveness();
+        // Marks of the check itself, counted once here rather than again
+        // in every clone of this state.
+        count_marks(world.take_marks(), &mut marks);
+        if let Err(message) = live {
             return Err(fail(message, &path, &world));
         }
         if report.states >= limits.max_states {
