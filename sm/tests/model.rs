@@ -6,3 +6,9 @@
 
 #[path = "model/election.rs"]
 mod election;
+
+#[path = "model/keepalive.rs"]
+mod keepalive;
+
+#[path = "model/watch.rs"]
+mod watch;

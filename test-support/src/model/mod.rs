@@ -36,6 +36,8 @@
 mod wire;
 
 pub mod election;
+pub mod keepalive;
+pub mod watch;
 
 pub use wire::{Lane, Wire, WireAction};
 
