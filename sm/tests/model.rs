@@ -1,8 +1,8 @@
 //! Exhaustive bounded model checking of the machines (see
 //! `fleetcoord_test_support::model`): every schedule of small worlds, with
 //! faults, checked on every transition. The quick set runs here in
-//! `make test`; `make model-check` runs the long set
-//! (`FLEETCOORD_MODEL_CHECK=long`).
+//! `make test`; `make model-check` runs the long set (the `#[ignore]`d
+//! tests, in release).
 
 #[path = "model/election.rs"]
 mod election;
@@ -12,3 +12,9 @@ mod stream;
 
 #[path = "model/mirror.rs"]
 mod mirror;
+
+#[path = "model/keepalive.rs"]
+mod keepalive;
+
+#[path = "model/watch.rs"]
+mod watch;

@@ -38,6 +38,8 @@ mod wire;
 pub mod election;
 pub mod mirror;
 pub mod stream;
+pub mod keepalive;
+pub mod watch;
 
 pub use wire::{Lane, Wire, WireAction};
 

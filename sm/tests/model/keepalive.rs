@@ -1,0 +1,510 @@
+//! The keepalive world (`fleetcoord_test_support::model::keepalive`, whose
+//! docs list the properties): real `Keepalive` machines, every schedule.
+//!
+//! Each passing world pins its state count within ±20 % (a collapse means
+//! the world stopped exploring, a blow-up that a change multiplied the
+//! schedules) and requires its vacuity marks. Each `teeth_*` test bends
+//! the world or the check and must find the violation it names.
+//!
+//! No world here both sets values and lets requests land late: a put
+//! given up and landing after a newer value was written leaves the old
+//! value, and the machine believes the new one (the open bug replayed by
+//! `a_put_landing_late_leaves_the_old_value`, ignored until fixed).
+
+use fleetcoord_sm::RpcId;
+use fleetcoord_test_support::model::keepalive::{
+    Budget, KeepaliveAction, KeepaliveSetup, KeepaliveWorld,
+};
+use fleetcoord_test_support::model::{explore, replay, Limits, Report, WireAction};
+use std::time::Duration;
+
+/// `machines` in lease-only or binding mode, a `horizon_secs` horizon,
+/// faults `budget`.
+fn world(machines: usize, binding: bool, horizon_secs: u64, budget: Budget) -> KeepaliveSetup {
+    let mut setup = KeepaliveSetup::new(machines, binding);
+    setup.horizon = Duration::from_secs(horizon_secs);
+    setup.budget = budget;
+    setup
+}
+
+/// Explores `setup` completely; it must pass, visit `pinned` states
+/// ±20 % and see every mark of `marks`.
+fn passes(name: &str, setup: KeepaliveSetup, pinned: usize, marks: &[&str]) -> Report {
+    let report = match explore(KeepaliveWorld::new(setup), &Limits::default()) {
+        Ok(report) => report,
+        Err(counterexample) => panic!("{name}: {counterexample}"),
+    };
+    println!("{name}: {report}");
+    assert!(report.complete, "{name}: not explored completely");
+    let (low, high) = (pinned - pinned / 5, pinned + pinned / 5);
+    assert!(
+        (low..=high).contains(&report.states),
+        "{name}: {} states, pinned at {pinned} ±20 %: re-pin only if the change \
+         means to change the schedules",
+        report.states
+    );
+    if let Err(message) = report.require_marks(marks) {
+        panic!("{name}: {message}");
+    }
+    report
+}
+
+/// Explores `setup`, which must fail with a message containing `expected`.
+fn fails(name: &str, setup: KeepaliveSetup, expected: &str) {
+    match explore(KeepaliveWorld::new(setup), &Limits::default()) {
+        Ok(report) => panic!("{name}: passed ({report}), but must fail with `{expected}`"),
+        Err(counterexample) => {
+            println!(
+                "{name}: failed as it must, after {} actions: {}",
+                counterexample.trace.len(),
+                counterexample.message
+            );
+            assert!(
+                counterexample.message.contains(expected),
+                "{name}: must fail with `{expected}`, failed with {counterexample}"
+            );
+        }
+    }
+}
+
+// ----- the quick set (make test) ------------------------------------------
+
+/// Renewals lost and held up until the lease runs out locally: the machine
+/// suspends, gives the lease up before etcd expires it, and registers again.
+#[test]
+fn a_lease_lost_to_faults_is_granted_again() {
+    passes(
+        "lease only, 2 lost, 2 delays",
+        world(
+            1,
+            false,
+            5,
+            Budget {
+                lose: 2,
+                delay: 2,
+                ..Budget::default()
+            },
+        ),
+        13_859,
+        &[
+            "registered",
+            "suspended",
+            "lease lost",
+            "re-granted",
+            "lease expired",
+            "liveness checked",
+        ],
+    );
+}
+
+/// etcd revoking a lease early (its own bug when a paused raft leader
+/// resumes, see docs/etcd-notes.md) cannot be prevented by any deadline;
+/// the machine must notice it at the first renewal that says TTL 0.
+#[test]
+fn an_early_revocation_is_noticed_at_the_first_renewal() {
+    passes(
+        "lease only, 1 early revocation, 2 lost, 1 delay",
+        world(
+            1,
+            false,
+            5,
+            Budget {
+                revoke_early: 1,
+                lose: 2,
+                delay: 1,
+                ..Budget::default()
+            },
+        ),
+        23_854,
+        &[
+            "revoked early",
+            "early revocation noticed",
+            "lease lost",
+            "re-granted",
+            "liveness checked",
+        ],
+    );
+}
+
+/// Grants, puts and revokes given up and landing late: a grant makes a
+/// lease nobody renews, a put writes the same value on the same lease
+/// again.
+#[test]
+fn given_up_requests_landing_late() {
+    passes(
+        "lease only, 1 early revocation, 1 delay, 1 late landing",
+        world(
+            1,
+            false,
+            4,
+            Budget {
+                revoke_early: 1,
+                delay: 1,
+                land: 1,
+                ..Budget::default()
+            },
+        ),
+        842,
+        &["landed late", "re-granted"],
+    );
+    passes(
+        "binding, 2 lost, 1 delay, 1 late landing",
+        world(
+            1,
+            true,
+            4,
+            Budget {
+                lose: 2,
+                delay: 1,
+                land: 1,
+                ..Budget::default()
+            },
+        ),
+        13_345,
+        &["registered", "landed late", "liveness checked"],
+    );
+}
+
+#[test]
+fn values_set_while_requests_are_lost_and_held_up() {
+    passes(
+        "binding, 2 values set, 1 delay, 1 lost",
+        world(
+            1,
+            true,
+            4,
+            Budget {
+                user: 2,
+                delay: 1,
+                lose: 1,
+                ..Budget::default()
+            },
+        ),
+        46_308,
+        &["value rewritten", "suspended", "liveness checked"],
+    );
+}
+
+/// A stop at any point: the leave marker first when the key is written,
+/// then the revoke, and nothing else afterwards.
+#[test]
+fn a_stop_at_any_point_announces_and_revokes() {
+    passes(
+        "binding, 1 stop, 1 lost, 1 delay",
+        world(
+            1,
+            true,
+            4,
+            Budget {
+                stop: 1,
+                lose: 1,
+                delay: 1,
+                ..Budget::default()
+            },
+        ),
+        6_834,
+        &["leave marker", "stopped", "liveness checked"],
+    );
+    passes(
+        "binding, 1 stop, 1 early revocation, 1 lost",
+        world(
+            1,
+            true,
+            4,
+            Budget {
+                stop: 1,
+                revoke_early: 1,
+                lose: 1,
+                ..Budget::default()
+            },
+        ),
+        5_249,
+        &["leave marker", "stopped", "early revocation noticed"],
+    );
+}
+
+#[test]
+fn two_machines_on_one_etcd() {
+    passes(
+        "2 lease only, 1 early revocation, 1 lost",
+        world(
+            2,
+            false,
+            3,
+            Budget {
+                revoke_early: 1,
+                lose: 1,
+                ..Budget::default()
+            },
+        ),
+        2_147,
+        &["revoked early", "re-granted"],
+    );
+    passes(
+        "2 binding, 1 stop, 1 lost",
+        world(
+            2,
+            true,
+            3,
+            Budget {
+                stop: 1,
+                lose: 1,
+                ..Budget::default()
+            },
+        ),
+        22_953,
+        &["registered", "leave marker", "stopped"],
+    );
+}
+
+// ----- replays of counterexamples ------------------------------------------
+
+/// Found by this model check, in the keepalive as it is: the key's put is
+/// held up past its attempt timeout while the user sets a new value, so
+/// the copy sent again carries the new value and is answered; then the
+/// first copy lands, writing the old value again on the same lease. The
+/// machine believes the new value written and never writes it again: the
+/// key holds the old value for as long as the lease lives (a host's
+/// metadata, stale until it registers again). A lost put instead of the
+/// held-up one does the same (9 steps: lose, answer, set, retry, land).
+/// Open: the machine is not fixed on this branch.
+#[test]
+#[ignore = "open bug: a put given up and landing late leaves the old value"]
+fn a_put_landing_late_leaves_the_old_value() {
+    use KeepaliveAction::*;
+    use WireAction::*;
+    let trace = [
+        Wire(0, Run(RpcId(0))),     // +0 ms
+        Wire(0, Deliver(RpcId(0))), // +0 ms
+        SetValue(0),                // +0 ms
+        Delay,                      // +400 ms
+        Wire(0, Run(RpcId(2))),     // +400 ms
+        Wire(0, Deliver(RpcId(2))), // +400 ms
+        Wire(0, Land(RpcId(1))),    // +400 ms
+    ];
+    let setup = world(
+        1,
+        true,
+        3,
+        Budget {
+            user: 1,
+            delay: 1,
+            land: 1,
+            ..Budget::default()
+        },
+    );
+    if let Err((at, message)) = replay(KeepaliveWorld::new(setup), &trace) {
+        panic!("action {at}: {message}");
+    }
+}
+
+/// Found by this model check, in the keepalive as it is, in binding mode:
+/// etcd runs the renewals of lease A but their answers are lost, and the
+/// key's puts on A are lost before they run, until A's local deadline
+/// passes (A lives on in etcd, until +3.38 s, renewed by renewals the
+/// machine never heard of). The machine registers again on lease B and
+/// writes its key there; then the last put on A, lost at +1.55 s before it
+/// ran, lands at +2.7 s: the key is bound to A again. The machine is
+/// registered on B without its key on B (rule 2), and the key goes when A
+/// is revoked (the retiring revoke runs once its copy is sent again) or
+/// expires: a live host reads as down for as long as lease B lives, and
+/// nothing writes the key again.
+/// Open: the machine is not fixed on this branch.
+#[test]
+#[ignore = "open bug: a put given up on a lease given up lands after the key moved"]
+fn a_put_landing_late_on_a_given_up_lease_unbinds_the_key() {
+    use KeepaliveAction::*;
+    use WireAction::*;
+    #[rustfmt::skip]
+    let trace = [
+        Wire(0, Run(RpcId(0))), // +0 ms
+        Wire(0, Deliver(RpcId(0))), // +0 ms
+        Wire(0, Lose(RpcId(1))), // +0 ms
+        Wire(0, Deliver(RpcId(1))), // +0 ms
+        Tick, // +50 ms
+        Wire(0, Lose(RpcId(2))), // +50 ms
+        Wire(0, Deliver(RpcId(2))), // +50 ms
+        Tick, // +150 ms
+        Wire(0, Lose(RpcId(3))), // +150 ms
+        Wire(0, Deliver(RpcId(3))), // +150 ms
+        Tick, // +350 ms
+        Wire(0, Lose(RpcId(4))), // +350 ms
+        Wire(0, Deliver(RpcId(4))), // +350 ms
+        Tick, // +633 ms
+        Wire(0, Run(RpcId(5))), // +633 ms
+        Wire(0, Lose(RpcId(5))), // +633 ms
+        Wire(0, Deliver(RpcId(5))), // +633 ms
+        Tick, // +683 ms
+        Wire(0, Run(RpcId(6))), // +683 ms
+        Wire(0, Lose(RpcId(6))), // +683 ms
+        Wire(0, Deliver(RpcId(6))), // +683 ms
+        Tick, // +750 ms
+        Wire(0, Lose(RpcId(7))), // +750 ms
+        Wire(0, Deliver(RpcId(7))), // +750 ms
+        Tick, // +783 ms
+        Wire(0, Run(RpcId(8))), // +783 ms
+        Wire(0, Lose(RpcId(8))), // +783 ms
+        Wire(0, Deliver(RpcId(8))), // +783 ms
+        Tick, // +983 ms
+        Wire(0, Run(RpcId(9))), // +983 ms
+        Wire(0, Lose(RpcId(9))), // +983 ms
+        Wire(0, Deliver(RpcId(9))), // +983 ms
+        Tick, // +1383 ms
+        Wire(0, Run(RpcId(10))), // +1383 ms
+        Wire(0, Lose(RpcId(10))), // +1383 ms
+        Wire(0, Deliver(RpcId(10))), // +1383 ms
+        Tick, // +1550 ms
+        Wire(0, Lose(RpcId(11))), // +1550 ms
+        Wire(0, Deliver(RpcId(11))), // +1550 ms
+        Tick, // +1900 ms
+        Tick, // +2700 ms
+        Wire(0, Run(RpcId(12))), // +2700 ms
+        Wire(0, Deliver(RpcId(12))), // +2700 ms
+        Wire(0, Run(RpcId(13))), // +2700 ms
+        Wire(0, Deliver(RpcId(13))), // +2700 ms
+        Wire(0, Lose(RpcId(14))), // +2700 ms
+        Wire(0, Deliver(RpcId(14))), // +2700 ms
+        Wire(0, Land(RpcId(11))), // +2700 ms
+    ];
+    let mut setup = world(
+        1,
+        true,
+        4,
+        Budget {
+            lose: 12,
+            land: 1,
+            ..Budget::default()
+        },
+    );
+    setup.land_within = 2;
+    if let Err((at, message)) = replay(KeepaliveWorld::new(setup), &trace) {
+        panic!("action {at}: {message}");
+    }
+}
+
+// ----- teeth ----------------------------------------------------------------
+
+#[test]
+fn teeth_a_lease_trusted_to_its_expiry_is_caught() {
+    let mut setup = world(1, false, 3, Budget::default());
+    setup.safety_margin = Duration::ZERO;
+    fails("safety margin 0", setup, "margin 100ms required");
+}
+
+/// etcd answers renewals with a TTL longer than the lease has: the
+/// machine trusts what it is told, past etcd's expiry.
+#[test]
+fn teeth_renewals_answered_with_a_longer_ttl_are_caught() {
+    let mut setup = world(1, false, 3, Budget::default());
+    setup.renewal_ttl_bonus = 1;
+    fails("renewal TTL + 1 s", setup, "but etcd expires it at");
+}
+
+/// After the lease is revoked early, no grant reply ever arrives: the
+/// machine cannot register again.
+#[test]
+fn teeth_grant_replies_lost_for_good_are_a_liveness_failure() {
+    let mut setup = world(
+        1,
+        false,
+        3,
+        Budget {
+            revoke_early: 1,
+            ..Budget::default()
+        },
+    );
+    setup.lose_regrant_replies = true;
+    fails("grant replies lost after a loss", setup, "liveness:");
+}
+
+/// Another client deletes the bound key: rule 2 sees the machine
+/// registered without it.
+#[test]
+fn teeth_a_key_deleted_behind_the_machine_is_caught() {
+    let mut setup = world(1, true, 3, Budget::default());
+    setup.foreign_deletes = true;
+    fails(
+        "key deleted by another client",
+        setup,
+        "but etcd has its key as None",
+    );
+}
+
+// ----- the long set (make model-check) --------------------------------------
+
+#[test]
+#[ignore = "long: make model-check"]
+fn long_lease_only_with_five_faults() {
+    passes(
+        "lease only, 1 early revocation, 2 lost, 2 delays, 1 late landing",
+        world(
+            1,
+            false,
+            6,
+            Budget {
+                revoke_early: 1,
+                lose: 2,
+                delay: 2,
+                land: 1,
+                ..Budget::default()
+            },
+        ),
+        428_010,
+        &[
+            "revoked early",
+            "early revocation noticed",
+            "lease lost",
+            "re-granted",
+            "landed late",
+            "liveness checked",
+        ],
+    );
+}
+
+#[test]
+#[ignore = "long: make model-check"]
+fn long_two_bound_machines_with_values_and_stops() {
+    passes(
+        "2 binding, 1 value set, 1 stop, 1 lost",
+        world(
+            2,
+            true,
+            3,
+            Budget {
+                user: 1,
+                stop: 1,
+                lose: 1,
+                ..Budget::default()
+            },
+        ),
+        280_053,
+        &[
+            "value rewritten",
+            "leave marker",
+            "stopped",
+            "liveness checked",
+        ],
+    );
+    passes(
+        "binding, 2 values set, 1 stop, 2 lost, 1 delay",
+        world(
+            1,
+            true,
+            5,
+            Budget {
+                user: 2,
+                stop: 1,
+                lose: 2,
+                delay: 1,
+                ..Budget::default()
+            },
+        ),
+        1_168_461,
+        &[
+            "value rewritten",
+            "leave marker",
+            "stopped",
+            "liveness checked",
+        ],
+    );
+}

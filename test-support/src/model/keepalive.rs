@@ -1,0 +1,745 @@
+//! The keepalive world: one or two real [`Keepalive`] machines around the
+//! model etcd, each behind its own [`Wire`], in lease-only mode (an
+//! election session) or binding mode (a key bound to the lease, as
+//! `HostLiveness` uses it, leave marker included), with users who change
+//! the bound value and stop, and an etcd that may revoke a lease early.
+//!
+//! Safety, checked after every action (etcd's time is the machines' time):
+//! 1. **Trust ends before etcd's expiry**: while a machine holds a lease
+//!    (`local_deadline()` is some), that lease exists in etcd and the local
+//!    deadline plus `required_margin` is no later than etcd's expiry of it
+//!    — unless etcd revoked it early (`RevokeEarly`, etcd's own bug, which
+//!    no deadline survives; rule 3 judges that case).
+//! 2. **Registered means registered**: `lease()` names the lease the
+//!    machine's last `Trusted` notice named; in binding mode, unless etcd
+//!    revoked that lease early, the key exists bound to it.
+//! 3. **Belief ends at the first evidence**: a machine handed a renewal
+//!    answered TTL 0, or a put refused `LeaseNotFound`, for the lease it
+//!    holds no longer holds that lease once the answer is handled.
+//! 4. **Trust told is trust held**: every `Trusted` notice names the
+//!    machine's local deadline, later than now.
+//! 5. **Deadlines never lie in the past**: `poll_timeout()` is never
+//!    earlier than the current instant after a step.
+//! 6. **Revokes are the stop's or the given-up leases'**: a machine never
+//!    revokes the lease it holds before `Stop`, and after `Stop` sends no
+//!    grant, renewal or put but one leave marker.
+//!
+//! Liveness, from every quiescent state (nothing in flight): with no
+//! further faults or user requests, messages delivered at once and time
+//! moving to each next deadline, within `liveness_bound` every running
+//! machine is `Registered` on a lease etcd has (a lost lease is granted
+//! again), in binding mode with its key bound to that lease and holding
+//! the latest value; every stopped machine has told `Stopped` and its
+//! key and leave marker are gone from etcd.
+
+use super::wire::{Bends, Taken, Wire, WireAction};
+use super::{debug_hash, hash_debug, World};
+use crate::ModelEtcd;
+use fleetcoord_sm::keepalive::{
+    Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState,
+};
+use fleetcoord_sm::watch::leave_marker_key;
+use fleetcoord_sm::{BackoffConfig, Command, LeaseId, Machine, Request, Response, RpcError, RpcId};
+use std::collections::BTreeSet;
+use std::hash::{DefaultHasher, Hasher};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Every machine gets the same seed (no jitter: it decides nothing).
+const SEED: u64 = 11;
+
+/// The key machine `m` binds to its lease (binding mode).
+fn key_of(m: usize) -> Vec<u8> {
+    format!("/h/{m}").into_bytes()
+}
+
+/// The `n`-th value a user sets (0: the initial one).
+fn value_of(n: u32) -> Vec<u8> {
+    format!("v{n}").into_bytes()
+}
+
+/// How many faults and requests of each kind one path may contain.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Budget {
+    /// Values set by users (binding mode), all machines together.
+    pub user: u32,
+    /// Machines stopped by their users.
+    pub stop: u32,
+    /// Requests, replies or renewal streams lost.
+    pub lose: u32,
+    /// Orphans (requests given up) landing late.
+    pub land: u32,
+    /// Times time passes while messages are in flight.
+    pub delay: u32,
+    /// Leases etcd revokes before their expiry (etcd's own bug on 3.4 and
+    /// 3.5 when a paused raft leader resumes).
+    pub revoke_early: u32,
+}
+
+/// A world to explore: its size, its faults and what it checks.
+#[derive(Clone, Debug)]
+pub struct KeepaliveSetup {
+    /// Machines, each registering from the start.
+    pub machines: usize,
+    /// Binding mode: machine `m` binds `/h/<m>` to its lease.
+    pub binding: bool,
+    /// In binding mode, a stop first writes the leave marker.
+    pub leave_marker: bool,
+    /// The requested TTL.
+    pub ttl_secs: i64,
+    /// The machines' safety margin.
+    pub safety_margin: Duration,
+    /// The margin rule 1 requires; `safety_margin` unless a test means to
+    /// catch a machine trusting its lease too long.
+    pub required_margin: Duration,
+    /// The machines' attempt timeout.
+    pub attempt_timeout: Duration,
+    /// Faults and user requests per path.
+    pub budget: Budget,
+    /// How many times time may pass between a request being given up and
+    /// its landing (see [`Wire::age_orphans`]).
+    pub land_within: u32,
+    /// Time stops here (a quiescent state at the horizon is a leaf).
+    pub horizon: Duration,
+    /// The liveness bound from every quiescent state.
+    pub liveness_bound: Duration,
+    /// etcd answers every renewal with this many seconds more than the
+    /// lease's TTL, which it keeps (a test that must fail, on rule 1).
+    pub renewal_ttl_bonus: i64,
+    /// Once a machine lost a lease, every grant reply it is sent is lost
+    /// (a test that must fail, on liveness).
+    pub lose_regrant_replies: bool,
+    /// Another client may delete a registered machine's key (a test that
+    /// must fail, on rule 2: nothing in the contract lets the machine see
+    /// it).
+    pub foreign_deletes: bool,
+}
+
+impl KeepaliveSetup {
+    /// `machines` in lease-only mode (`binding` false) or binding mode with
+    /// a leave marker, TTL 2 s, margin 100 ms, attempt timeout 400 ms, no
+    /// faults, a 3 s horizon, liveness within 2 × TTL + 1 s.
+    pub fn new(machines: usize, binding: bool) -> Self {
+        KeepaliveSetup {
+            machines,
+            binding,
+            leave_marker: binding,
+            ttl_secs: 2,
+            safety_margin: Duration::from_millis(100),
+            required_margin: Duration::from_millis(100),
+            attempt_timeout: Duration::from_millis(400),
+            budget: Budget::default(),
+            land_within: 1,
+            horizon: Duration::from_secs(3),
+            liveness_bound: Duration::from_secs(5),
+            renewal_ttl_bonus: 0,
+            lose_regrant_replies: false,
+            foreign_deletes: false,
+        }
+    }
+
+    fn config(&self, m: usize) -> KeepaliveConfig {
+        KeepaliveConfig {
+            ttl_secs: self.ttl_secs,
+            binding: self.binding.then(|| Binding {
+                key: key_of(m),
+                value: value_of(0),
+                leave_marker: self.leave_marker.then(|| leave_marker_key(&key_of(m))),
+            }),
+            backoff: BackoffConfig {
+                initial: Duration::from_millis(50),
+                max: Duration::from_millis(800),
+                multiplier: 2,
+                // No jitter: the seed then decides nothing.
+                jitter_percent: 0,
+            },
+            safety_margin: self.safety_margin,
+            drift_allowance_ppm: 0,
+            attempt_timeout: self.attempt_timeout,
+            // As HostLiveness: the Trusted notices name the lease held
+            // (rules 2 and 4).
+            announce_trust: true,
+        }
+    }
+}
+
+/// One step of the keepalive world.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeepaliveAction {
+    /// A step on machine `.0`'s wire.
+    Wire(usize, WireAction),
+    /// Time passes to the next deadline, nothing in flight.
+    Tick,
+    /// Time passes to the next deadline with messages in flight (a fault).
+    Delay,
+    /// etcd revokes machine `.0`'s lease early (etcd's bug, not ours).
+    RevokeEarly(usize),
+    /// Machine `.0`'s user sets the next value (binding mode).
+    SetValue(usize),
+    /// Machine `.0`'s user stops it.
+    Stop(usize),
+    /// Another client deletes machine `.0`'s key (a bend).
+    DeleteKey(usize),
+}
+
+#[derive(Clone, Debug)]
+struct Node {
+    machine: Keepalive,
+    wire: Wire,
+    /// The lease the last `Trusted` notice named, until `Lost`.
+    trusted: Option<LeaseId>,
+    /// Renewals and puts on the wire, with the lease they name (rule 3).
+    on_lease: Vec<(RpcId, LeaseId)>,
+    /// The last value set (its number, see `value_of`).
+    value: u32,
+    /// `Lost` was told at least once.
+    lost_before: bool,
+    /// The user stopped it.
+    stopped: bool,
+    /// The leave marker's put went out.
+    marker_sent: bool,
+}
+
+impl Node {
+    /// The lease held and its local deadline (rule 1).
+    fn holding(&self) -> Option<(Option<LeaseId>, Instant)> {
+        self.machine.local_deadline().map(|d| (self.trusted, d))
+    }
+}
+
+/// The keepalive world; see the module docs for what it checks.
+#[derive(Clone)]
+pub struct KeepaliveWorld {
+    setup: Arc<KeepaliveSetup>,
+    etcd: ModelEtcd,
+    start: Instant,
+    now: Instant,
+    nodes: Vec<Node>,
+    budget: Budget,
+    /// Leases etcd revoked early (rules 1–3).
+    revoked_early: BTreeSet<LeaseId>,
+    bends: Bends,
+    marks: u32,
+}
+
+const REGISTERED: u32 = 1 << 0;
+const SUSPENDED: u32 = 1 << 1;
+const LOST: u32 = 1 << 2;
+const REGRANTED: u32 = 1 << 3;
+const LANDED: u32 = 1 << 4;
+const EXPIRED: u32 = 1 << 5;
+const REVOKED_EARLY: u32 = 1 << 6;
+const NOTICED: u32 = 1 << 7;
+const VALUE_WRITTEN: u32 = 1 << 8;
+const MARKER: u32 = 1 << 9;
+const STOPPED: u32 = 1 << 10;
+const LIVENESS: u32 = 1 << 11;
+
+impl KeepaliveWorld {
+    /// Every machine started at one instant, each registering.
+    pub fn new(setup: KeepaliveSetup) -> Self {
+        let start = Instant::now();
+        let keep_orphans = setup.budget.land > 0;
+        let nodes = (0..setup.machines)
+            .map(|m| Node {
+                machine: Keepalive::new(setup.config(m), start, SEED),
+                wire: Wire::new(keep_orphans),
+                trusted: None,
+                on_lease: Vec::new(),
+                value: 0,
+                lost_before: false,
+                stopped: false,
+                marker_sent: false,
+            })
+            .collect();
+        let mut world = KeepaliveWorld {
+            budget: setup.budget.clone(),
+            bends: Bends::default(),
+            setup: Arc::new(setup),
+            etcd: ModelEtcd::new(),
+            start,
+            now: start,
+            nodes,
+            revoked_early: BTreeSet::new(),
+            marks: 0,
+        };
+        for m in 0..world.nodes.len() {
+            if let Err(message) = world.pump(m) {
+                panic!("the initial world breaks a rule: {message}");
+            }
+        }
+        world
+    }
+
+    /// Moves machine `m`'s commands onto its wire, checking rules 4 and 6.
+    fn pump(&mut self, m: usize) -> Result<(), String> {
+        let marker = leave_marker_key(&key_of(m));
+        while let Some(command) = self.nodes[m].machine.poll_command() {
+            let node = &mut self.nodes[m];
+            match &command {
+                Command::Rpc { id, request } => {
+                    if let Request::KeepAlive { lease } | Request::Put { lease, .. } = request {
+                        node.on_lease.push((*id, *lease));
+                    }
+                    match request {
+                        Request::Put { key, .. } if *key == marker => {
+                            if !node.stopped || node.marker_sent {
+                                return Err(format!(
+                                    "machine {m} put its leave marker again or without a stop"
+                                ));
+                            }
+                            node.marker_sent = true;
+                            self.marks |= MARKER;
+                        }
+                        Request::Revoke { lease } => {
+                            let held = node.holding().and_then(|(l, _)| l);
+                            if !node.stopped && held == Some(*lease) {
+                                return Err(format!(
+                                    "machine {m} revokes lease {lease:x}, which it holds, before Stop"
+                                ));
+                            }
+                        }
+                        other if node.stopped => {
+                            return Err(format!("machine {m} sent {other:?} after Stop"));
+                        }
+                        _ => {}
+                    }
+                }
+                Command::Cancel { id } => node.on_lease.retain(|(r, _)| r != id),
+                Command::Notify(_) => {}
+            }
+            if let Some(notice) = self.nodes[m].wire.accept(command) {
+                self.notice(m, notice)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Rule 4, and what the notices tell the world.
+    fn notice(&mut self, m: usize, notice: KeepaliveNotice) -> Result<(), String> {
+        let node = &mut self.nodes[m];
+        match notice {
+            KeepaliveNotice::Trusted { lease, until } => {
+                if node.machine.local_deadline() != Some(until) || until <= self.now {
+                    return Err(format!(
+                        "machine {m} told lease {lease:x} trusted until +{:?}, but its deadline \
+                         is {:?} at +{:?}",
+                        until - self.start,
+                        node.machine.local_deadline().map(|d| d - self.start),
+                        self.now - self.start
+                    ));
+                }
+                node.trusted = Some(lease);
+            }
+            KeepaliveNotice::State(state) => match state {
+                LivenessState::Registered { .. } => {
+                    self.marks |= REGISTERED;
+                    if node.lost_before {
+                        self.marks |= REGRANTED;
+                    }
+                }
+                LivenessState::Suspended { .. } => self.marks |= SUSPENDED,
+                LivenessState::Lost { .. } => {
+                    node.trusted = None;
+                    node.lost_before = true;
+                    self.marks |= LOST;
+                }
+                LivenessState::Stopped { .. } => {
+                    node.trusted = None;
+                    self.marks |= STOPPED;
+                }
+                LivenessState::Registering | LivenessState::Refused { .. } => {}
+            },
+        }
+        Ok(())
+    }
+
+    /// Rules 1, 2 and 5.
+    fn check(&self) -> Result<(), String> {
+        for (m, node) in self.nodes.iter().enumerate() {
+            if node.machine.poll_timeout().is_some_and(|t| t < self.now) {
+                return Err(format!("machine {m}'s next deadline is in the past"));
+            }
+            let registered = node.machine.lease();
+            if registered.is_some() && registered != node.trusted {
+                return Err(format!(
+                    "machine {m} is registered with lease {registered:?}, but its last trusted \
+                     lease is {:?}",
+                    node.trusted
+                ));
+            }
+            let Some((trusted, deadline)) = node.holding() else {
+                continue;
+            };
+            let Some(lease) = trusted else {
+                return Err(format!("machine {m} holds a lease it never told of"));
+            };
+            if self.revoked_early.contains(&lease) {
+                continue;
+            }
+            let expiry = self.etcd.lease_deadline(lease);
+            if expiry.is_none_or(|e| deadline + self.setup.required_margin > e) {
+                return Err(format!(
+                    "machine {m} trusts lease {lease:x} until +{:?} but etcd expires it at +{:?} \
+                     (margin {:?} required)",
+                    deadline - self.start,
+                    expiry.map(|t| t - self.start),
+                    self.setup.required_margin
+                ));
+            }
+            if self.setup.binding && registered.is_some() {
+                let kv = self.etcd.get(&key_of(m));
+                if kv.as_ref().is_none_or(|kv| kv.lease != lease) {
+                    return Err(format!(
+                        "machine {m} is registered with lease {lease:x} but etcd has its key as \
+                         {kv:?}"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn in_flight(&self) -> bool {
+        self.nodes
+            .iter()
+            .any(|n| n.wire.in_flight(&self.etcd, &self.bends))
+    }
+
+    /// The next instant anything is due: a machine's deadline or a lease
+    /// expiry.
+    fn next_deadline(&self) -> Option<Instant> {
+        self.nodes
+            .iter()
+            .filter_map(|n| n.machine.poll_timeout())
+            .chain(self.etcd.next_deadline())
+            .min()
+    }
+
+    /// Time passes to `at`: etcd expires leases first, then every due
+    /// machine deadline fires (the harness's order at one instant).
+    fn tick_to(&mut self, at: Instant) -> Result<(), String> {
+        self.now = self.now.max(at);
+        let leases = self.etcd.leases().len();
+        self.etcd.advance(self.now);
+        if self.etcd.leases().len() < leases {
+            self.marks |= EXPIRED;
+        }
+        let land_within = self.setup.land_within;
+        for m in 0..self.nodes.len() {
+            self.nodes[m].wire.age_orphans(land_within);
+            if self.nodes[m]
+                .machine
+                .poll_timeout()
+                .is_some_and(|t| t <= self.now)
+            {
+                self.nodes[m].machine.handle_timeout(self.now);
+            }
+            self.pump(m)?;
+        }
+        Ok(())
+    }
+
+    /// A step on machine `m`'s wire, with the bends on what it delivers
+    /// and rule 3.
+    fn wire_step(&mut self, m: usize, action: WireAction) -> Result<(), String> {
+        let now = self.now;
+        let node = &mut self.nodes[m];
+        let taken = node.wire.take(action, &mut self.etcd, now, &self.bends);
+        let mut reply = match taken {
+            Taken::Nothing => return Ok(()),
+            Taken::Landed => {
+                self.marks |= LANDED;
+                return Ok(());
+            }
+            Taken::Reply(reply) => reply,
+        };
+        let named = node
+            .on_lease
+            .iter()
+            .position(|(id, _)| *id == reply.id)
+            .map(|i| node.on_lease.remove(i).1);
+        match &mut reply.result {
+            Ok(Response::KeptAlive { ttl_secs }) if *ttl_secs > 0 => {
+                *ttl_secs += self.setup.renewal_ttl_bonus;
+            }
+            Ok(Response::Granted { .. }) if self.setup.lose_regrant_replies && node.lost_before => {
+                reply.result = Err(RpcError::Unavailable("model: grant reply lost".into()));
+            }
+            Ok(Response::Put { .. }) if node.value > 0 => {
+                self.marks |= VALUE_WRITTEN;
+            }
+            _ => {}
+        }
+        let evidence = matches!(
+            reply.result,
+            Ok(Response::KeptAlive { ttl_secs: 0 }) | Err(RpcError::LeaseNotFound)
+        );
+        let held = node.holding().and_then(|(l, _)| l);
+        let gone = named.filter(|l| evidence && held == Some(*l));
+        if node.machine.poll_timeout().is_some_and(|t| t <= now) {
+            node.machine.handle_timeout(now);
+        }
+        node.machine.handle(now, reply.into());
+        self.pump(m)?;
+        if let Some(lease) = gone {
+            let node = &self.nodes[m];
+            if node.holding().and_then(|(l, _)| l) == Some(lease) {
+                return Err(format!(
+                    "machine {m} still holds lease {lease:x} after etcd said it is gone"
+                ));
+            }
+            if self.revoked_early.contains(&lease) {
+                self.marks |= NOTICED;
+            }
+        }
+        Ok(())
+    }
+
+    /// The fair continuation's next message: the first request to run,
+    /// else the first answer to deliver, machine by machine.
+    fn fair_next(&self) -> Option<KeepaliveAction> {
+        let mut actions = Vec::new();
+        for (m, node) in self.nodes.iter().enumerate() {
+            actions.clear();
+            node.wire
+                .actions(&self.etcd, &self.bends, false, false, &mut actions);
+            if let Some(action) = actions.first() {
+                return Some(KeepaliveAction::Wire(m, *action));
+            }
+        }
+        None
+    }
+
+    /// Whether machine `m` is where liveness wants it (see the module
+    /// docs).
+    fn settled(&self, m: usize) -> bool {
+        let node = &self.nodes[m];
+        let key = self.etcd.get(&key_of(m));
+        if node.stopped {
+            let marker = self.etcd.get(&leave_marker_key(&key_of(m)));
+            return matches!(node.machine.state(), LivenessState::Stopped { .. })
+                && key.is_none()
+                && marker.is_none();
+        }
+        let LivenessState::Registered { lease } = *node.machine.state() else {
+            return false;
+        };
+        self.etcd.lease_exists(lease)
+            && (!self.setup.binding
+                || key.is_some_and(|kv| kv.lease == lease && kv.value == value_of(node.value)))
+    }
+
+    fn live(&self) -> bool {
+        (0..self.nodes.len()).all(|m| self.settled(m))
+    }
+}
+
+impl World for KeepaliveWorld {
+    type Action = KeepaliveAction;
+
+    const MARKS: &'static [&'static str] = &[
+        "registered",
+        "suspended",
+        "lease lost",
+        "re-granted",
+        "landed late",
+        "lease expired",
+        "revoked early",
+        "early revocation noticed",
+        "value rewritten",
+        "leave marker",
+        "stopped",
+        "liveness checked",
+    ];
+
+    fn actions(&self, out: &mut Vec<KeepaliveAction>) {
+        let b = &self.budget;
+        for (m, node) in self.nodes.iter().enumerate() {
+            let mut wire = Vec::new();
+            node.wire
+                .actions(&self.etcd, &self.bends, b.lose > 0, b.land > 0, &mut wire);
+            out.extend(wire.into_iter().map(|a| KeepaliveAction::Wire(m, a)));
+            if node.stopped {
+                continue;
+            }
+            let held = node.holding().and_then(|(l, _)| l);
+            if b.revoke_early > 0 && held.is_some_and(|l| self.etcd.lease_exists(l)) {
+                out.push(KeepaliveAction::RevokeEarly(m));
+            }
+            if b.user > 0 && self.setup.binding {
+                out.push(KeepaliveAction::SetValue(m));
+            }
+            if b.stop > 0 {
+                out.push(KeepaliveAction::Stop(m));
+            }
+            if self.setup.foreign_deletes
+                && node.machine.lease().is_some()
+                && self.etcd.get(&key_of(m)).is_some()
+            {
+                out.push(KeepaliveAction::DeleteKey(m));
+            }
+        }
+        if self
+            .next_deadline()
+            .is_some_and(|at| at <= self.start + self.setup.horizon)
+        {
+            if !self.in_flight() {
+                out.push(KeepaliveAction::Tick);
+            } else if b.delay > 0 {
+                out.push(KeepaliveAction::Delay);
+            }
+        }
+    }
+
+    fn apply(&mut self, action: &KeepaliveAction) -> Result<(), String> {
+        let now = self.now;
+        match *action {
+            KeepaliveAction::Wire(m, step) => {
+                if let WireAction::Lose(_) = step {
+                    self.budget.lose -= 1;
+                }
+                if let WireAction::Land(_) = step {
+                    self.budget.land -= 1;
+                }
+                self.wire_step(m, step)?;
+                if self.budget.land == 0 {
+                    for node in &mut self.nodes {
+                        node.wire.forget_orphans();
+                    }
+                }
+            }
+            KeepaliveAction::Tick | KeepaliveAction::Delay => {
+                if *action == KeepaliveAction::Delay {
+                    self.budget.delay -= 1;
+                }
+                if let Some(at) = self.next_deadline() {
+                    self.tick_to(at)?;
+                }
+            }
+            KeepaliveAction::RevokeEarly(m) => {
+                self.budget.revoke_early -= 1;
+                if let Some(lease) = self.nodes[m].holding().and_then(|(l, _)| l) {
+                    self.etcd.expire_lease(lease);
+                    self.revoked_early.insert(lease);
+                    self.marks |= REVOKED_EARLY;
+                }
+            }
+            KeepaliveAction::SetValue(m) => {
+                self.budget.user -= 1;
+                let node = &mut self.nodes[m];
+                node.value += 1;
+                let value = value_of(node.value);
+                node.machine.handle(now, KeepaliveInput::SetValue(value));
+                self.pump(m)?;
+            }
+            KeepaliveAction::Stop(m) => {
+                self.budget.stop -= 1;
+                let node = &mut self.nodes[m];
+                node.stopped = true;
+                node.machine.handle(now, KeepaliveInput::Stop);
+                self.pump(m)?;
+            }
+            KeepaliveAction::DeleteKey(m) => {
+                let delete = Request::Delete(fleetcoord_sm::KeyRange::Key(key_of(m)));
+                // A delete of a key that exists always succeeds.
+                let _ = self.etcd.execute(now, &delete);
+            }
+        }
+        self.check()
+    }
+
+    fn fingerprint(&self) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        hash_debug(&mut hasher, &self.etcd);
+        hash_debug(&mut hasher, &(self.now - self.start));
+        hash_debug(&mut hasher, &self.budget);
+        hash_debug(&mut hasher, &self.revoked_early);
+        // A machine's key (binding mode) is in its state: permuting
+        // machines merges states only when they are truly alike.
+        let mut nodes: Vec<u64> = self.nodes.iter().map(debug_hash).collect();
+        nodes.sort_unstable();
+        for n in nodes {
+            hasher.write_u64(n);
+        }
+        hasher.finish()
+    }
+
+    fn check_liveness(&mut self) -> Result<(), String> {
+        if self.in_flight() || self.live() {
+            return Ok(());
+        }
+        self.marks |= LIVENESS;
+        let mut fair = self.clone();
+        fair.budget = Budget::default();
+        let from = fair.now;
+        let until = from + self.setup.liveness_bound;
+        loop {
+            if fair.live() {
+                return Ok(());
+            }
+            let step = match fair.fair_next() {
+                Some(KeepaliveAction::Wire(m, a)) => fair.wire_step(m, a),
+                _ => match fair.next_deadline().filter(|at| *at <= until) {
+                    Some(at) => fair.tick_to(at),
+                    None => break,
+                },
+            };
+            step.and_then(|()| fair.check()).map_err(|m| {
+                format!(
+                    "in the fair continuation from +{:?}: {m}",
+                    from - self.start
+                )
+            })?;
+        }
+        let unsettled: Vec<String> = (0..fair.nodes.len())
+            .filter(|m| !fair.settled(*m))
+            .map(|m| format!("machine {m} is {:?}", fair.nodes[m].machine.state()))
+            .collect();
+        Err(format!(
+            "liveness: from the quiescent state at +{:?}, {} after {:?} without faults",
+            from - self.start,
+            unsettled.join(", "),
+            self.setup.liveness_bound
+        ))
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.now - self.start
+    }
+
+    fn take_marks(&mut self) -> u32 {
+        std::mem::take(&mut self.marks)
+    }
+
+    fn describe(&self) -> String {
+        let at = |t: Instant| format!("+{} ms", (t - self.start).as_millis());
+        let mut out = format!("  etcd at revision {}:", self.etcd.revision());
+        for kv in self.etcd.range_prefix(b"") {
+            out += &format!(
+                "\n    {} = {} lease {:x}",
+                String::from_utf8_lossy(&kv.key),
+                String::from_utf8_lossy(&kv.value),
+                kv.lease
+            );
+        }
+        for lease in self.etcd.leases() {
+            let expiry = self.etcd.lease_deadline(lease).map(at);
+            out += &format!("\n    lease {lease:x} expires {expiry:?}");
+        }
+        for (m, node) in self.nodes.iter().enumerate() {
+            out += &format!(
+                "\n  machine {m}: {:?}, trusted lease {:?} until {:?}, value v{}, stopped {}, \
+                 next deadline {:?}\n    wire {:?}",
+                node.machine.state(),
+                node.trusted.map(|l| format!("{l:x}")),
+                node.machine.local_deadline().map(at),
+                node.value,
+                node.stopped,
+                node.machine.poll_timeout().map(at),
+                node.wire
+            );
+        }
+        out
+    }
+}
