@@ -31,7 +31,7 @@ use fleetcoord_sm::keepalive::{
     Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState,
 };
 use fleetcoord_sm::{
-    BackoffConfig, Command, LeaseId, Machine, Request, Response, RpcError, RpcId, RpcReply,
+    BackoffConfig, Command, LeaseId, Machine, Request, Response, RpcError, RpcId, RpcReply, TxnOp,
 };
 use fleetcoord_test_support::ModelEtcd;
 use libfuzzer_sys::fuzz_target;
@@ -129,9 +129,16 @@ impl Run {
     /// die at once.
     fn process(&mut self, request: &Request, ttl: Option<u8>) -> Result<Response, RpcError> {
         match request {
-            Request::Put { key, .. } => assert!(
-                key.as_slice() == KEY || key.as_slice() == MARKER,
-                "a put of {key:?}"
+            // The leave marker: a plain put.
+            Request::Put { key, .. } => assert!(key.as_slice() == MARKER, "a put of {key:?}"),
+            // The key: a put guarded on its mod revision, reading it when
+            // the guard fails.
+            Request::Txn(txn) => assert!(
+                txn.success
+                    .iter()
+                    .all(|op| matches!(op, TxnOp::Put { key, .. } if key.as_slice() == KEY))
+                    && txn.compare.len() == 1,
+                "a txn {txn:?}"
             ),
             Request::Grant { .. } | Request::KeepAlive { .. } | Request::Revoke { .. } => {}
             other => panic!("keepalive never sends {other:?}"),
@@ -305,7 +312,7 @@ impl Run {
             Outcome::LeaseNotFound => Err(RpcError::LeaseNotFound),
             Outcome::TtlZero => Ok(Response::KeptAlive { ttl_secs: 0 }),
             Outcome::WrongVariant => Ok(match request {
-                Request::Put { .. } => Response::Revoked,
+                Request::Put { .. } | Request::Txn(_) => Response::Revoked,
                 _ => Response::Put { revision: 1 },
             }),
         };

@@ -33,7 +33,18 @@
 //!   granted (at once the first time, after a backoff delay when the previous
 //!   registration attempt failed) and the key put again.
 //! * Grant and put failures are retried with backoff; a put is retried on the
-//!   same lease (putting the same value again is idempotent). A grant or put
+//!   same lease (putting the same value again is idempotent).
+//! * Every put of the key is guarded on the key's mod revision as this
+//!   machine last knew it (0: absent), and reads the key when the guard
+//!   fails. A put given up without an answer can still land later (a paused
+//!   member, a proxy): unguarded, it would write an older value back, or
+//!   bind the key to a lease already given up — which takes the key away
+//!   when that lease goes, while this machine reports `Registered`. Guarded,
+//!   it applies only if nothing was written since it was sent. A failed
+//!   guard is answered with the key as it is: if it already holds the
+//!   current value on the current lease (an earlier copy applied), that is
+//!   the write; otherwise the put goes again at once, guarded on what was
+//!   read (a key another writer changed is taken over, as before). A grant or put
 //!   refused with [`RpcError::PermissionDenied`] is reported as
 //!   [`LivenessState::Refused`] and the machine stops (revoking any lease it
 //!   holds): a user without the grant learns it at once instead of watching
@@ -83,7 +94,10 @@
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::clock::Clock;
 use crate::outbox::Outbox;
-use crate::rpc::{Command, LeaseId, Request, Response, RpcError, RpcId, RpcReply};
+use crate::rpc::{
+    Command, Compare, KeyRange, LeaseId, RangeRequest, Request, Response, Revision, RpcError,
+    RpcId, RpcReply, Txn, TxnOp, TxnOpResponse,
+};
 use crate::timer::TimerTable;
 use crate::Machine;
 use rand_chacha::ChaCha8Rng;
@@ -405,6 +419,10 @@ pub struct Keepalive {
     drift_allowance_ppm: u32,
     binding: Option<Binding>,
     value_gen: u64,
+    /// The key's mod revision as last seen (a put's answer or a failed
+    /// guard's read); 0 when absent or never seen. Every put is guarded on
+    /// it (see the module docs).
+    key_revision: Revision,
     phase: Phase,
     state: LivenessState,
     timers: TimerTable<Timer>,
@@ -458,6 +476,7 @@ impl Keepalive {
             drift_allowance_ppm: config.drift_allowance_ppm,
             binding: config.binding,
             value_gen: 0,
+            key_revision: 0,
             phase: Phase::Granting { grant: None },
             state: LivenessState::Registering,
             timers: TimerTable::new(),
@@ -834,11 +853,20 @@ impl Keepalive {
         let Phase::Leased(l) = &self.phase else {
             return;
         };
-        let request = Request::Put {
-            key: binding.key.clone(),
-            value: binding.value.clone(),
-            lease: l.id,
-        };
+        let request = Request::Txn(Txn {
+            compare: vec![Compare::ModRevisionEquals {
+                key: binding.key.clone(),
+                revision: self.key_revision,
+            }],
+            success: vec![TxnOp::Put {
+                key: binding.key.clone(),
+                value: binding.value.clone(),
+                lease: l.id,
+            }],
+            failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(
+                binding.key.clone(),
+            )))],
+        });
         let generation = self.value_gen;
         let id = self.outbox.rpc(request);
         if let Phase::Leased(l) = &mut self.phase {
@@ -856,21 +884,60 @@ impl Keepalive {
             return;
         };
         l.put = None;
+        let lease = l.id;
         match result {
-            Ok(Response::Put { .. }) => {
-                l.written = Some(generation);
-                self.sync_state();
-                // The key is bound to this lease now: earlier ones may go.
-                self.start_retiring();
-                if generation != self.value_gen {
+            Ok(Response::Txn {
+                succeeded: false,
+                responses,
+                ..
+            }) => {
+                let found = responses.into_iter().find_map(|r| match r {
+                    TxnOpResponse::Range { kvs } => Some(kvs.into_iter().next()),
+                    _ => None,
+                });
+                let Some(found) = found else {
+                    return self.schedule_put(now);
+                };
+                self.key_revision = found.as_ref().map_or(0, |kv| kv.mod_revision);
+                let current = self.binding.as_ref().is_some_and(|b| {
+                    found
+                        .as_ref()
+                        .is_some_and(|kv| kv.lease == lease && kv.value == b.value)
+                });
+                if current {
+                    // An earlier copy of this put applied.
+                    self.on_put_written(now, self.value_gen);
+                } else {
                     self.send_put(now);
                 }
+            }
+            Ok(Response::Txn {
+                succeeded: true,
+                revision,
+                ..
+            }) => {
+                self.key_revision = revision;
+                self.on_put_written(now, generation);
             }
             // etcd expired the lease before the key was bound to it (a
             // pause longer than the TTL): only a new lease helps.
             Err(RpcError::LeaseNotFound) => self.lose(now, true),
             Err(e) if is_refusal(&e) => self.refuse(now, e),
             _ => self.schedule_put(now),
+        }
+    }
+
+    /// The key holds value `generation` on the current lease.
+    fn on_put_written(&mut self, now: Instant, generation: u64) {
+        let Phase::Leased(l) = &mut self.phase else {
+            return;
+        };
+        l.written = Some(generation);
+        self.sync_state();
+        // The key is bound to this lease now: earlier ones may go.
+        self.start_retiring();
+        if generation != self.value_gen {
+            self.send_put(now);
         }
     }
 

@@ -6,10 +6,11 @@
 //! schedules) and requires its vacuity marks. Each `teeth_*` test bends
 //! the world or the check and must find the violation it names.
 //!
-//! No world here both sets values and lets requests land late: a put
-//! given up and landing after a newer value was written leaves the old
-//! value, and the machine believes the new one (the open bug replayed by
-//! `a_put_landing_late_leaves_the_old_value`, ignored until fixed).
+//! A put given up and landing after a newer value was written left the
+//! old value while the machine believed the new one (replayed by
+//! `a_put_landing_late_leaves_the_old_value`, fixed by guarding every put
+//! on the key's mod revision); `values_set_while_puts_land_late` explores
+//! that now.
 
 use fleetcoord_sm::RpcId;
 use fleetcoord_test_support::model::keepalive::{
@@ -160,7 +161,7 @@ fn given_up_requests_landing_late() {
                 ..Budget::default()
             },
         ),
-        13_345,
+        10_397,
         &["registered", "landed late", "liveness checked"],
     );
 }
@@ -180,8 +181,31 @@ fn values_set_while_requests_are_lost_and_held_up() {
                 ..Budget::default()
             },
         ),
-        46_308,
+        32_129,
         &["value rewritten", "suspended", "liveness checked"],
+    );
+}
+
+/// Values set while puts are held up and land late: the world where an
+/// unguarded put wrote an older value back
+/// (`a_put_landing_late_leaves_the_old_value`).
+#[test]
+fn values_set_while_puts_land_late() {
+    passes(
+        "binding, 2 values set, 1 delay, 1 late landing",
+        world(
+            1,
+            true,
+            3,
+            Budget {
+                user: 2,
+                delay: 1,
+                land: 1,
+                ..Budget::default()
+            },
+        ),
+        4_454,
+        &["value rewritten", "landed late", "liveness checked"],
     );
 }
 
@@ -252,14 +276,14 @@ fn two_machines_on_one_etcd() {
                 ..Budget::default()
             },
         ),
-        22_953,
+        21_093,
         &["registered", "leave marker", "stopped"],
     );
 }
 
 // ----- replays of counterexamples ------------------------------------------
 
-/// Found by this model check, in the keepalive as it is: the key's put is
+/// Found by this model check, in the keepalive as it was: the key's put is
 /// held up past its attempt timeout while the user sets a new value, so
 /// the copy sent again carries the new value and is answered; then the
 /// first copy lands, writing the old value again on the same lease. The
@@ -267,9 +291,10 @@ fn two_machines_on_one_etcd() {
 /// key holds the old value for as long as the lease lives (a host's
 /// metadata, stale until it registers again). A lost put instead of the
 /// held-up one does the same (9 steps: lose, answer, set, retry, land).
-/// Open: the machine is not fixed on this branch.
+/// Fixed: every put of the key is guarded on its mod revision as the
+/// machine last saw it (sm/src/keepalive.rs), so a late copy applies only
+/// if nothing was written since it was sent.
 #[test]
-#[ignore = "open bug: a put given up and landing late leaves the old value"]
 fn a_put_landing_late_leaves_the_old_value() {
     use KeepaliveAction::*;
     use WireAction::*;
@@ -298,7 +323,7 @@ fn a_put_landing_late_leaves_the_old_value() {
     }
 }
 
-/// Found by this model check, in the keepalive as it is, in binding mode:
+/// Found by this model check, in the keepalive as it was, in binding mode:
 /// etcd runs the renewals of lease A but their answers are lost, and the
 /// key's puts on A are lost before they run, until A's local deadline
 /// passes (A lives on in etcd, until +3.38 s, renewed by renewals the
@@ -309,9 +334,10 @@ fn a_put_landing_late_leaves_the_old_value() {
 /// is revoked (the retiring revoke runs once its copy is sent again) or
 /// expires: a live host reads as down for as long as lease B lives, and
 /// nothing writes the key again.
-/// Open: the machine is not fixed on this branch.
+/// Fixed: every put of the key is guarded on its mod revision as the
+/// machine last saw it (sm/src/keepalive.rs), so a late copy applies only
+/// if nothing was written since it was sent.
 #[test]
-#[ignore = "open bug: a put given up on a lease given up lands after the key moved"]
 fn a_put_landing_late_on_a_given_up_lease_unbinds_the_key() {
     use KeepaliveAction::*;
     use WireAction::*;

@@ -91,15 +91,43 @@ fn registered() -> Cmd {
     }))
 }
 
+/// The first put of the key: guarded on its absence (mod revision 0).
 fn put(id: u64, value: &[u8]) -> Cmd {
+    put_after(id, value, 0)
+}
+
+/// A put of the key on `LEASE`, guarded on its mod revision being
+/// `revision` (as the machine last saw it), reading it otherwise.
+fn put_after(id: u64, value: &[u8], revision: i64) -> Cmd {
+    put_on(id, value, revision, LEASE)
+}
+
+fn put_on(id: u64, value: &[u8], revision: i64, lease: LeaseId) -> Cmd {
+    let key = b"/coord/hosts/a".to_vec();
     rpc(
         id,
-        Request::Put {
-            key: b"/coord/hosts/a".to_vec(),
-            value: value.to_vec(),
-            lease: LEASE,
-        },
+        Request::Txn(Txn {
+            compare: vec![Compare::ModRevisionEquals {
+                key: key.clone(),
+                revision,
+            }],
+            success: vec![TxnOp::Put {
+                key: key.clone(),
+                value: value.to_vec(),
+                lease,
+            }],
+            failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(key)))],
+        }),
     )
+}
+
+/// etcd's answer to a put whose guard held, written at `revision`.
+fn written(revision: i64) -> Response {
+    Response::Txn {
+        revision,
+        succeeded: true,
+        responses: vec![TxnOpResponse::Put],
+    }
 }
 
 /// A lease-only machine granted `LEASE` (TTL 9 s) by a reply at t0 + 10 ms.
@@ -254,7 +282,7 @@ fn trust_in_binding_mode_is_told_from_the_grant_before_the_key_is_written() {
     // The lease is held, its key not yet written: a user pairs the deadline
     // with the state (`Registering` still).
     assert_eq!(drain(&mut m), vec![put(1, b"v1"), trusted(t0 + s(9))]);
-    m.handle(t0 + ms(20), ok(1, Response::Put { revision: 5 }));
+    m.handle(t0 + ms(20), ok(1, written(5)));
     assert_eq!(drain(&mut m), vec![registered()]);
 }
 
@@ -268,7 +296,7 @@ fn binding_mode_puts_the_key_before_registered() {
     assert_eq!(m.state(), &LivenessState::Registering);
     assert_eq!(m.lease(), None);
     assert_eq!(m.local_deadline(), Some(t0 + s(9)));
-    m.handle(t0 + ms(20), ok(1, Response::Put { revision: 5 }));
+    m.handle(t0 + ms(20), ok(1, written(5)));
     assert_eq!(drain(&mut m), vec![registered()]);
     assert_eq!(m.lease(), Some(LEASE));
     assert_eq!(m.poll_timeout(), Some(t0 + s(3)));
@@ -299,7 +327,7 @@ fn put_failures_retry_on_the_same_lease_with_backoff() {
     assert_eq!(m.poll_timeout(), Some(t0 + ms(320)));
     m.handle_timeout(t0 + ms(320));
     assert_eq!(drain(&mut m), vec![put(3, b"v1")]);
-    m.handle(t0 + ms(330), ok(3, Response::Put { revision: 9 }));
+    m.handle(t0 + ms(330), ok(3, written(9)));
     assert_eq!(drain(&mut m), vec![registered()]);
 }
 
@@ -585,13 +613,14 @@ fn set_value_puts_now_or_after_the_put_in_flight() {
     assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
     m.handle(t0, KeepaliveInput::SetValue(b"v2".to_vec()));
     assert_eq!(drain(&mut m), vec![], "waits for the put in flight");
-    m.handle(t0 + ms(1), ok(1, Response::Put { revision: 2 }));
-    assert_eq!(drain(&mut m), vec![registered(), put(2, b"v2")]);
-    m.handle(t0 + ms(2), ok(2, Response::Put { revision: 3 }));
+    m.handle(t0 + ms(1), ok(1, written(2)));
+    // Each put is guarded on the revision the one before wrote.
+    assert_eq!(drain(&mut m), vec![registered(), put_after(2, b"v2", 2)]);
+    m.handle(t0 + ms(2), ok(2, written(3)));
     assert_eq!(drain(&mut m), vec![]);
     m.handle(t0 + ms(3), KeepaliveInput::SetValue(b"v3".to_vec()));
-    assert_eq!(drain(&mut m), vec![put(3, b"v3")]);
-    m.handle(t0 + ms(4), ok(3, Response::Put { revision: 4 }));
+    assert_eq!(drain(&mut m), vec![put_after(3, b"v3", 3)]);
+    m.handle(t0 + ms(4), ok(3, written(4)));
     // A re-registration uses the latest value.
     m.handle_timeout(t0 + s(3));
     assert_eq!(
@@ -619,7 +648,7 @@ fn set_value_puts_now_or_after_the_put_in_flight() {
             },
         ),
     );
-    assert_eq!(drain(&mut m), vec![put(7, b"v3")]);
+    assert_eq!(drain(&mut m), vec![put_after(7, b"v3", 4)]);
 }
 
 #[test]
@@ -1055,7 +1084,7 @@ fn stop_while_the_put_is_in_flight_cancels_it_and_revokes() {
         ]
     );
     // The put's late answer does not register anything.
-    m.handle(t0 + ms(20), ok(1, Response::Put { revision: 5 }));
+    m.handle(t0 + ms(20), ok(1, written(5)));
     assert_eq!(drain(&mut m), vec![]);
     m.handle(t0 + ms(30), ok(2, Response::Revoked));
     assert_eq!(
@@ -1097,7 +1126,7 @@ fn an_unanswered_put_is_given_up_after_the_request_timeout_and_retried() {
     assert_eq!(m.poll_timeout(), Some(t0 + ms(9100)));
     m.handle_timeout(t0 + ms(9100));
     assert_eq!(drain(&mut m), vec![put(5, b"v1")]);
-    m.handle(t0 + ms(9110), ok(5, Response::Put { revision: 7 }));
+    m.handle(t0 + ms(9110), ok(5, written(7)));
     assert_eq!(drain(&mut m), vec![registered()]);
 }
 
@@ -1142,7 +1171,7 @@ fn attempt_a_lost_put_and_a_lost_revoke_are_sent_again_after_the_attempt_timeout
         Some(t0 + ms(2510)),
         "the fourth copy waits 1 s"
     );
-    m.handle(t0 + ms(1600), ok(4, Response::Put { revision: 2 }));
+    m.handle(t0 + ms(1600), ok(4, written(2)));
     assert_eq!(drain(&mut m), vec![registered()]);
     // Stop: the revoke is lost too, and sent again; its answer ends it.
     m.handle(t0 + ms(1700), KeepaliveInput::Stop);
@@ -1336,7 +1365,7 @@ fn retire_a_lease_lost_at_its_deadline_is_revoked_until_not_found() {
 fn retire_in_binding_mode_waits_until_the_key_is_written_with_the_new_lease() {
     let t0 = Instant::now();
     let mut m = granted_with_put_in_flight(t0);
-    m.handle(t0 + ms(20), ok(1, Response::Put { revision: 5 }));
+    m.handle(t0 + ms(20), ok(1, written(5)));
     assert_eq!(drain(&mut m), vec![registered()]);
     // Renewals unanswered until the deadline: lost, regranted, but the old
     // lease still holds the key, so it is not revoked yet.
@@ -1356,17 +1385,11 @@ fn retire_in_binding_mode_waits_until_the_key_is_written_with_the_new_lease() {
     );
     assert_eq!(
         drain(&mut m),
-        vec![rpc(
-            grant + 1,
-            Request::Put {
-                key: b"/coord/hosts/a".to_vec(),
-                value: b"v1".to_vec(),
-                lease: 8,
-            }
-        )]
+        // Guarded on the revision the put on the old lease wrote.
+        vec![put_on(grant + 1, b"v1", 5, 8)]
     );
     // The key is bound to lease 8: now lease 7 goes.
-    m.handle(now, ok(grant + 1, Response::Put { revision: 9 }));
+    m.handle(now, ok(grant + 1, written(9)));
     assert_eq!(
         drain(&mut m),
         vec![
@@ -1392,7 +1415,7 @@ fn registered_announcing(t0: Instant, attempt: Duration) -> Keepalive {
     let _ = drain(&mut m);
     m.handle(t0 + ms(10), grant_reply());
     assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
-    m.handle(t0 + ms(20), ok(1, Response::Put { revision: 5 }));
+    m.handle(t0 + ms(20), ok(1, written(5)));
     assert_eq!(drain(&mut m), vec![registered()]);
     m
 }
@@ -1419,7 +1442,7 @@ fn leave_puts_the_marker_on_the_lease_then_revokes_when_it_is_answered() {
     m.handle(t0 + s(1), KeepaliveInput::Stop);
     m.handle(t0 + s(1), KeepaliveInput::SetValue(b"v2".to_vec()));
     assert_eq!(drain(&mut m), vec![]);
-    m.handle(t0 + s(1) + ms(3), ok(2, Response::Put { revision: 9 }));
+    m.handle(t0 + s(1) + ms(3), ok(2, written(9)));
     assert_eq!(
         drain(&mut m),
         vec![rpc(3, Request::Revoke { lease: LEASE })]
@@ -1475,7 +1498,7 @@ fn an_unanswered_leave_marker_is_given_up_after_one_attempt_timeout() {
     );
     // A late answer to the marker changes nothing; the revoke's copies run
     // on their own schedule, and the give-up stays one TTL from the stop.
-    m.handle(t0 + s(1) + ms(600), ok(2, Response::Put { revision: 9 }));
+    m.handle(t0 + s(1) + ms(600), ok(2, written(9)));
     assert_eq!(drain(&mut m), vec![]);
     assert_eq!(m.poll_timeout(), Some(t0 + s(1) + ms(1000)));
     m.handle_timeout(t0 + s(1) + s(TTL as u64));

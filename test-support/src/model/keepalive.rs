@@ -39,7 +39,9 @@ use fleetcoord_sm::keepalive::{
     Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState,
 };
 use fleetcoord_sm::watch::leave_marker_key;
-use fleetcoord_sm::{BackoffConfig, Command, LeaseId, Machine, Request, Response, RpcError, RpcId};
+use fleetcoord_sm::{
+    BackoffConfig, Command, LeaseId, Machine, Request, Response, RpcError, RpcId, TxnOp,
+};
 use std::collections::BTreeSet;
 use std::hash::{DefaultHasher, Hasher};
 use std::sync::Arc;
@@ -281,6 +283,16 @@ impl KeepaliveWorld {
                     if let Request::KeepAlive { lease } | Request::Put { lease, .. } = request {
                         node.on_lease.push((*id, *lease));
                     }
+                    // The key's put: a transaction guarded on its revision.
+                    if let Request::Txn(txn) = request {
+                        let lease = txn.success.iter().find_map(|op| match op {
+                            TxnOp::Put { lease, .. } => Some(*lease),
+                            _ => None,
+                        });
+                        if let Some(lease) = lease {
+                            node.on_lease.push((*id, lease));
+                        }
+                    }
                     match request {
                         Request::Put { key, .. } if *key == marker => {
                             if !node.stopped || node.marker_sent {
@@ -466,7 +478,9 @@ impl KeepaliveWorld {
             Ok(Response::Granted { .. }) if self.setup.lose_regrant_replies && node.lost_before => {
                 reply.result = Err(RpcError::Unavailable("model: grant reply lost".into()));
             }
-            Ok(Response::Put { .. }) if node.value > 0 => {
+            Ok(Response::Txn {
+                succeeded: true, ..
+            }) if node.value > 0 => {
                 self.marks |= VALUE_WRITTEN;
             }
             _ => {}
