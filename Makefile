@@ -56,10 +56,11 @@ soak: deps-build deps-etcd
 	SOAK_ROUNDS=$(SOAK_ROUNDS) $(CARGO) test --all-features --test soak -- --nocapture
 
 # Exhaustive bounded model checking (sm/tests/model.rs): the long set of
-# worlds, in release, one at a time so each prints its states, transitions
-# and time; `make test` runs the quick set. Under 10 minutes on 2 cores.
+# worlds, in release, two at a time; each prints its states, transitions,
+# time and marks. `make test` runs the quick set. Under 10 minutes on 2
+# cores.
 model-check: deps-build
-	$(CARGO) test --release -p fleetcoord-sm --test model -- --ignored --nocapture --test-threads 1
+	$(CARGO) test --release -p fleetcoord-sm --test model -- --ignored --nocapture --test-threads 2
 
 # Fleet scale: 50,000 hosts with 512 B of metadata (25 MB of snapshot),
 # 50,000 KV keys and 40,000 stream entries, each read through its paginated

@@ -366,23 +366,26 @@ fn long_three_candidates_with_a_delay_and_a_lost_message() {
     );
 }
 
+/// Permits 2 with a restart (its lease holds a permit until it expires).
+/// A restart and a delay together exceeded 1.2 M states even at a 600 ms
+/// horizon; the delay is explored with three candidates and one permit.
 #[test]
 #[ignore = "long: make model-check"]
-fn long_two_permits_with_a_restart_and_a_delay() {
+fn long_two_permits_with_a_restart() {
     long(
-        "3 candidates for 2 permits, 1 restart, 1 delay",
+        "3 candidates for 2 permits, 1 restart",
         world(
             3,
             2,
             Budget {
                 restart: 1,
-                delay: 1,
                 ..Budget::default()
             },
         ),
         1_500,
-        1,
-        &["elected", "restarted"],
+        166_077,
+        // The old lease expires beyond the horizon, in the liveness checks.
+        &["elected", "restarted", "liveness checked"],
     );
 }
 
@@ -391,13 +394,19 @@ fn long_two_permits_with_a_restart_and_a_delay() {
 fn long_late_landings_with_racing_users() {
     let setup = ElectionSetup {
         user_races: true,
-        ..late(1_500)
+        budget: Budget {
+            user: 2,
+            land: 1,
+            lose: 1,
+            ..Budget::default()
+        },
+        ..late(1_000)
     };
     long(
-        "2 candidates, 2 racing user requests, 1 delay, 1 late landing",
+        "2 candidates, 2 racing user requests, 1 lost, 1 late landing",
         setup,
         1_000,
-        1,
+        280_528,
         &["elected", "resigned", "landed late"],
     );
 }
@@ -422,7 +431,7 @@ fn long_a_paused_member_answering_late() {
             },
         ),
         2_000,
-        1,
+        215_006,
         &["elected", "landed late"],
     );
 }
@@ -445,90 +454,4 @@ fn long_compaction_with_three_candidates() {
         135_227,
         &["elected", "watch compacted"],
     );
-}
-
-#[test]
-#[ignore = "probe"]
-fn zz_probe() {
-    let races = |b: Budget, h: u64| ElectionSetup {
-        user_races: true,
-        horizon: Duration::from_millis(h),
-        budget: b,
-        ..ElectionSetup::new(2, 1)
-    };
-    for (name, setup) in [
-        (
-            "races u2 h1500",
-            races(
-                Budget {
-                    user: 2,
-                    ..Budget::default()
-                },
-                1500,
-            ),
-        ),
-        (
-            "races u2 lose1 h1000",
-            races(
-                Budget {
-                    user: 2,
-                    lose: 1,
-                    ..Budget::default()
-                },
-                1000,
-            ),
-        ),
-        (
-            "races u2 land1 lose1 h1000",
-            races(
-                Budget {
-                    user: 2,
-                    land: 1,
-                    lose: 1,
-                    ..Budget::default()
-                },
-                1000,
-            ),
-        ),
-        (
-            "p2 restart delay h1000",
-            ElectionSetup {
-                horizon: Duration::from_millis(1000),
-                ..world(
-                    3,
-                    2,
-                    Budget {
-                        restart: 1,
-                        delay: 1,
-                        ..Budget::default()
-                    },
-                )
-            },
-        ),
-        (
-            "p2 restart lose h1500",
-            ElectionSetup {
-                horizon: Duration::from_millis(1500),
-                ..world(
-                    3,
-                    2,
-                    Budget {
-                        restart: 1,
-                        lose: 1,
-                        ..Budget::default()
-                    },
-                )
-            },
-        ),
-    ] {
-        match explore(
-            ElectionWorld::new(setup),
-            &Limits {
-                max_states: 1_200_000,
-            },
-        ) {
-            Ok(report) => println!("{name}: {report}"),
-            Err(c) => println!("{name}: FAILED {}", c.message),
-        }
-    }
 }

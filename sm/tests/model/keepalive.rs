@@ -503,7 +503,7 @@ fn long_two_bound_machines_with_values_and_stops() {
                 ..Budget::default()
             },
         ),
-        280_053,
+        263_041,
         &[
             "value rewritten",
             "leave marker",
@@ -525,7 +525,7 @@ fn long_two_bound_machines_with_values_and_stops() {
                 ..Budget::default()
             },
         ),
-        1_168_461,
+        816_280,
         &[
             "value rewritten",
             "leave marker",
