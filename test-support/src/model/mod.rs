@@ -36,9 +36,9 @@
 mod wire;
 
 pub mod election;
+pub mod keepalive;
 pub mod mirror;
 pub mod stream;
-pub mod keepalive;
 pub mod watch;
 
 pub use wire::{Lane, Wire, WireAction};
