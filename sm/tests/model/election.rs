@@ -10,7 +10,9 @@ use fleetcoord_sm::RpcId;
 use fleetcoord_test_support::model::election::{
     Budget, ElectionAction, ElectionSetup, ElectionWorld,
 };
-use fleetcoord_test_support::model::{explore, replay, Limits, Report, WireAction};
+use fleetcoord_test_support::model::{
+    check_fails, check_pinned, explore, replay, Limits, Report, WireAction,
+};
 use std::time::Duration;
 
 /// A world of `candidates` for `permits`, a 3 s horizon, faults `budget`.
@@ -21,44 +23,14 @@ fn world(candidates: usize, permits: u32, budget: Budget) -> ElectionSetup {
     setup
 }
 
-/// Explores `setup` completely; it must pass, visit `pinned` states
-/// ±20 % and see every mark of `marks`.
+/// Explores `setup`: see [`check_pinned`].
 fn passes(name: &str, setup: ElectionSetup, pinned: usize, marks: &[&str]) -> Report {
-    let report = match explore(ElectionWorld::new(setup), &Limits::default()) {
-        Ok(report) => report,
-        Err(counterexample) => panic!("{name}: {counterexample}"),
-    };
-    println!("{name}: {report}");
-    assert!(report.complete, "{name}: not explored completely");
-    let (low, high) = (pinned - pinned / 5, pinned + pinned / 5);
-    assert!(
-        (low..=high).contains(&report.states),
-        "{name}: {} states, pinned at {pinned} ±20 %: re-pin only if the change \
-         means to change the schedules",
-        report.states
-    );
-    if let Err(message) = report.require_marks(marks) {
-        panic!("{name}: {message}");
-    }
-    report
+    check_pinned(name, ElectionWorld::new(setup), pinned, marks)
 }
 
-/// Explores `setup`, which must fail with a message containing `expected`.
+/// Explores `setup`, which must fail: see [`check_fails`].
 fn fails(name: &str, setup: ElectionSetup, expected: &str) {
-    match explore(ElectionWorld::new(setup), &Limits::default()) {
-        Ok(report) => panic!("{name}: passed ({report}), but must fail with `{expected}`"),
-        Err(counterexample) => {
-            println!(
-                "{name}: failed as it must, after {} actions: {}",
-                counterexample.trace.len(),
-                counterexample.message
-            );
-            assert!(
-                counterexample.message.contains(expected),
-                "{name}: must fail with `{expected}`, failed with {counterexample}"
-            );
-        }
-    }
+    check_fails(name, ElectionWorld::new(setup), expected)
 }
 
 /// Users resign and campaign again; a request held up past its attempt

@@ -16,7 +16,7 @@ use fleetcoord_sm::RpcId;
 use fleetcoord_test_support::model::keepalive::{
     Budget, KeepaliveAction, KeepaliveSetup, KeepaliveWorld,
 };
-use fleetcoord_test_support::model::{explore, replay, Limits, Report, WireAction};
+use fleetcoord_test_support::model::{check_fails, check_pinned, replay, Report, WireAction};
 use std::time::Duration;
 
 /// `machines` in lease-only or binding mode, a `horizon_secs` horizon,
@@ -28,44 +28,14 @@ fn world(machines: usize, binding: bool, horizon_secs: u64, budget: Budget) -> K
     setup
 }
 
-/// Explores `setup` completely; it must pass, visit `pinned` states
-/// ±20 % and see every mark of `marks`.
+/// Explores `setup`: see [`check_pinned`].
 fn passes(name: &str, setup: KeepaliveSetup, pinned: usize, marks: &[&str]) -> Report {
-    let report = match explore(KeepaliveWorld::new(setup), &Limits::default()) {
-        Ok(report) => report,
-        Err(counterexample) => panic!("{name}: {counterexample}"),
-    };
-    println!("{name}: {report}");
-    assert!(report.complete, "{name}: not explored completely");
-    let (low, high) = (pinned - pinned / 5, pinned + pinned / 5);
-    assert!(
-        (low..=high).contains(&report.states),
-        "{name}: {} states, pinned at {pinned} ±20 %: re-pin only if the change \
-         means to change the schedules",
-        report.states
-    );
-    if let Err(message) = report.require_marks(marks) {
-        panic!("{name}: {message}");
-    }
-    report
+    check_pinned(name, KeepaliveWorld::new(setup), pinned, marks)
 }
 
-/// Explores `setup`, which must fail with a message containing `expected`.
+/// Explores `setup`, which must fail: see [`check_fails`].
 fn fails(name: &str, setup: KeepaliveSetup, expected: &str) {
-    match explore(KeepaliveWorld::new(setup), &Limits::default()) {
-        Ok(report) => panic!("{name}: passed ({report}), but must fail with `{expected}`"),
-        Err(counterexample) => {
-            println!(
-                "{name}: failed as it must, after {} actions: {}",
-                counterexample.trace.len(),
-                counterexample.message
-            );
-            assert!(
-                counterexample.message.contains(expected),
-                "{name}: must fail with `{expected}`, failed with {counterexample}"
-            );
-        }
-    }
+    check_fails(name, KeepaliveWorld::new(setup), expected)
 }
 
 // ----- the quick set (make test) ------------------------------------------

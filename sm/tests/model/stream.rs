@@ -8,7 +8,7 @@
 //! the world or the check and must find the violation it names.
 
 use fleetcoord_test_support::model::stream::{Budget, StreamSetup, StreamWorld};
-use fleetcoord_test_support::model::{explore, Limits, Report};
+use fleetcoord_test_support::model::{check_fails, check_pinned, Report};
 
 /// `appenders` appending `appends` entries each, faults `budget`.
 fn world(appenders: usize, appends: u32, budget: Budget) -> StreamSetup {
@@ -17,44 +17,14 @@ fn world(appenders: usize, appends: u32, budget: Budget) -> StreamSetup {
     setup
 }
 
-/// Explores `setup` completely; it must pass, visit `pinned` states
-/// ±20 % and see every mark of `marks`.
+/// Explores `setup`: see [`check_pinned`].
 fn passes(name: &str, setup: StreamSetup, pinned: usize, marks: &[&str]) -> Report {
-    let report = match explore(StreamWorld::new(setup), &Limits::default()) {
-        Ok(report) => report,
-        Err(counterexample) => panic!("{name}: {counterexample}"),
-    };
-    println!("{name}: {report}");
-    assert!(report.complete, "{name}: not explored completely");
-    let (low, high) = (pinned - pinned / 5, pinned + pinned / 5);
-    assert!(
-        (low..=high).contains(&report.states),
-        "{name}: {} states, pinned at {pinned} ±20 %: re-pin only if the change \
-         means to change the schedules",
-        report.states
-    );
-    if let Err(message) = report.require_marks(marks) {
-        panic!("{name}: {message}");
-    }
-    report
+    check_pinned(name, StreamWorld::new(setup), pinned, marks)
 }
 
-/// Explores `setup`, which must fail with a message containing `expected`.
+/// Explores `setup`, which must fail: see [`check_fails`].
 fn fails(name: &str, setup: StreamSetup, expected: &str) {
-    match explore(StreamWorld::new(setup), &Limits::default()) {
-        Ok(report) => panic!("{name}: passed ({report}), but must fail with `{expected}`"),
-        Err(counterexample) => {
-            println!(
-                "{name}: failed as it must, after {} actions: {}",
-                counterexample.trace.len(),
-                counterexample.message
-            );
-            assert!(
-                counterexample.message.contains(expected),
-                "{name}: must fail with `{expected}`, failed with {counterexample}"
-            );
-        }
-    }
+    check_fails(name, StreamWorld::new(setup), expected)
 }
 
 // ----- the quick set (make test) ------------------------------------------

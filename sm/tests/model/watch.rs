@@ -8,7 +8,7 @@
 //! the world and must find the violation it names.
 
 use fleetcoord_test_support::model::watch::{Budget, WatchSetup, WatchWorld};
-use fleetcoord_test_support::model::{explore, Limits, Report};
+use fleetcoord_test_support::model::{check_fails, check_pinned, Report};
 
 /// The writer on `keys` keys, `initial` of them there before the watch,
 /// pages of one key, writes and faults `budget`.
@@ -18,44 +18,14 @@ fn world(keys: usize, initial: usize, budget: Budget) -> WatchSetup {
     setup
 }
 
-/// Explores `setup` completely; it must pass, visit `pinned` states
-/// ±20 % and see every mark of `marks`.
+/// Explores `setup`: see [`check_pinned`].
 fn passes(name: &str, setup: WatchSetup, pinned: usize, marks: &[&str]) -> Report {
-    let report = match explore(WatchWorld::new(setup), &Limits::default()) {
-        Ok(report) => report,
-        Err(counterexample) => panic!("{name}: {counterexample}"),
-    };
-    println!("{name}: {report}");
-    assert!(report.complete, "{name}: not explored completely");
-    let (low, high) = (pinned - pinned / 5, pinned + pinned / 5);
-    assert!(
-        (low..=high).contains(&report.states),
-        "{name}: {} states, pinned at {pinned} ±20 %: re-pin only if the change \
-         means to change the schedules",
-        report.states
-    );
-    if let Err(message) = report.require_marks(marks) {
-        panic!("{name}: {message}");
-    }
-    report
+    check_pinned(name, WatchWorld::new(setup), pinned, marks)
 }
 
-/// Explores `setup`, which must fail with a message containing `expected`.
+/// Explores `setup`, which must fail: see [`check_fails`].
 fn fails(name: &str, setup: WatchSetup, expected: &str) {
-    match explore(WatchWorld::new(setup), &Limits::default()) {
-        Ok(report) => panic!("{name}: passed ({report}), but must fail with `{expected}`"),
-        Err(counterexample) => {
-            println!(
-                "{name}: failed as it must, after {} actions: {}",
-                counterexample.trace.len(),
-                counterexample.message
-            );
-            assert!(
-                counterexample.message.contains(expected),
-                "{name}: must fail with `{expected}`, failed with {counterexample}"
-            );
-        }
-    }
+    check_fails(name, WatchWorld::new(setup), expected)
 }
 
 // ----- the quick set (make test) ------------------------------------------

@@ -276,6 +276,51 @@ pub fn explore<W: World>(
     Ok(report)
 }
 
+/// Explores `world` completely and holds it to what a pinned world of a
+/// test promises: it passes, visits `pinned` states ±20 % (a collapse means
+/// the world stopped exploring, a blow-up that a change multiplied the
+/// schedules) and sets every mark of `marks`. Prints the report; panics,
+/// failing the test, otherwise.
+pub fn check_pinned<W: World>(name: &str, world: W, pinned: usize, marks: &[&str]) -> Report {
+    let report = match explore(world, &Limits::default()) {
+        Ok(report) => report,
+        Err(counterexample) => panic!("{name}: {counterexample}"),
+    };
+    println!("{name}: {report}");
+    assert!(report.complete, "{name}: not explored completely");
+    let (low, high) = (pinned - pinned / 5, pinned + pinned / 5);
+    assert!(
+        (low..=high).contains(&report.states),
+        "{name}: {} states, pinned at {pinned} ±20 %: re-pin only if the change \
+         means to change the schedules",
+        report.states
+    );
+    if let Err(message) = report.require_marks(marks) {
+        panic!("{name}: {message}");
+    }
+    report
+}
+
+/// Explores `world`, which must fail with a message containing `expected`
+/// (a teeth test: the world or its check is bent). Panics, failing the
+/// test, when it passes or fails otherwise.
+pub fn check_fails<W: World>(name: &str, world: W, expected: &str) {
+    match explore(world, &Limits::default()) {
+        Ok(report) => panic!("{name}: passed ({report}), but must fail with `{expected}`"),
+        Err(counterexample) => {
+            println!(
+                "{name}: failed as it must, after {} actions: {}",
+                counterexample.trace.len(),
+                counterexample.message
+            );
+            assert!(
+                counterexample.message.contains(expected),
+                "{name}: must fail with `{expected}`, failed with {counterexample}"
+            );
+        }
+    }
+}
+
 fn count_marks(bits: u32, counts: &mut [u64]) {
     for (i, count) in counts.iter_mut().enumerate() {
         if bits & (1 << i) != 0 {
