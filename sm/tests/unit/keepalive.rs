@@ -651,6 +651,72 @@ fn set_value_puts_now_or_after_the_put_in_flight() {
     assert_eq!(drain(&mut m), vec![put_after(7, b"v3", 4)]);
 }
 
+/// etcd's answer to a put whose guard failed: the key as it is.
+fn guard_failed(revision: i64, found: Option<KeyValue>) -> Response {
+    Response::Txn {
+        revision,
+        succeeded: false,
+        responses: vec![TxnOpResponse::Range {
+            kvs: found.into_iter().collect(),
+        }],
+    }
+}
+
+fn host_key(value: &[u8], lease: LeaseId, mod_revision: i64) -> KeyValue {
+    KeyValue {
+        key: b"/coord/hosts/a".to_vec(),
+        value: value.to_vec(),
+        create_revision: 2,
+        mod_revision,
+        version: 1,
+        lease,
+    }
+}
+
+/// A put's guard failed because an earlier copy of it applied (its answer
+/// was lost, the copy sent again found the key changed): the key holds
+/// the current value on the current lease, which is the write — no put
+/// goes again, and the revision read guards the next one.
+#[test]
+fn a_failed_guard_over_my_own_write_counts_as_written() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(config(true), t0, 1);
+    let _ = drain(&mut m);
+    m.handle(t0, grant_reply());
+    assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
+    m.handle(
+        t0 + ms(1),
+        ok(1, guard_failed(6, Some(host_key(b"v1", LEASE, 6)))),
+    );
+    assert_eq!(drain(&mut m), vec![registered()]);
+    m.handle(t0 + ms(2), KeepaliveInput::SetValue(b"v2".to_vec()));
+    assert_eq!(drain(&mut m), vec![put_after(2, b"v2", 6)]);
+}
+
+/// A put's guard failed and the key is not mine as I would write it (an
+/// older value, another lease, another writer): put again at once,
+/// guarded on the revision read, so a copy of either put that lands
+/// later finds the key changed and writes nothing.
+#[test]
+fn a_failed_guard_over_another_write_puts_again_guarded_on_what_it_read() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(config(true), t0, 1);
+    let _ = drain(&mut m);
+    m.handle(t0, grant_reply());
+    assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
+    m.handle(
+        t0 + ms(1),
+        ok(1, guard_failed(8, Some(host_key(b"old", 99, 8)))),
+    );
+    assert_eq!(drain(&mut m), vec![put_after(2, b"v1", 8)]);
+    assert_eq!(m.state(), &LivenessState::Registering);
+    // Absent meanwhile (its lease expired): guarded on absence.
+    m.handle(t0 + ms(2), ok(2, guard_failed(9, None)));
+    assert_eq!(drain(&mut m), vec![put_after(3, b"v1", 0)]);
+    m.handle(t0 + ms(3), ok(3, written(10)));
+    assert_eq!(drain(&mut m), vec![registered()]);
+}
+
 #[test]
 fn set_value_is_ignored_in_lease_only_mode() {
     let t0 = Instant::now();
