@@ -259,9 +259,8 @@ impl RedisCluster {
         })
     }
 
-    /// The nodes' URLs, comma-separated: what
-    /// [`RedisCoordinator::connect`](crate::coordinator::RedisCoordinator) takes
-    /// for a cluster.
+    /// The nodes' URLs, comma-separated: what `RedisCoordinator::connect`
+    /// (feature `redis`) takes for a cluster.
     pub fn urls(&self) -> String {
         self.nodes
             .iter()
