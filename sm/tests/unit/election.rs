@@ -2443,9 +2443,9 @@ fn a_ranked_join_publishes_its_priority_bumps_a_lower_waiter_and_hears_of_a_high
     );
 }
 
-#[test]
-fn a_yielding_leader_hands_over_to_the_higher_candidate_right_after_the_notice() {
-    let t0 = Instant::now();
+/// A ranked campaign (priority 0, yielding) elected with token 5 by its
+/// create's answer alone; what that answer queued.
+fn ranked_yielding_elected(t0: Instant) -> (Election, Vec<Command<ElectionNotice>>) {
     let mut e = registered(t0);
     e.handle(
         t0,
@@ -2459,7 +2459,6 @@ fn a_yielding_leader_hands_over_to_the_higher_candidate_right_after_the_notice()
         },
     );
     drain(&mut e);
-    let mine = kv(&my_key(), b"a", 5);
     let elected = ok(
         &mut e,
         t0,
@@ -2471,12 +2470,20 @@ fn a_yielding_leader_hands_over_to_the_higher_candidate_right_after_the_notice()
                 TxnOpResponse::Put,
                 TxnOpResponse::Put,
                 TxnOpResponse::Range {
-                    kvs: vec![mine.clone()],
+                    kvs: vec![kv(&my_key(), b"a", 5)],
                 },
                 TxnOpResponse::Range { kvs: vec![] },
             ],
         ),
     );
+    (e, elected)
+}
+
+#[test]
+fn a_yielding_leader_hands_over_to_the_higher_candidate_right_after_the_notice() {
+    let t0 = Instant::now();
+    let (mut e, elected) = ranked_yielding_elected(t0);
+    let mine = kv(&my_key(), b"a", 5);
     assert_eq!(elected.len(), 3, "{elected:?}");
     assert!(e.is_leader());
     // A candidate of priority 1 waits: told, and belief ends at once.
@@ -2698,35 +2705,7 @@ fn a_ranked_leader_watches_its_key_and_the_priorities_and_its_resign_cancels_bot
 /// its watch of the priorities (`P + 3`) and its hand-over's read of the
 /// queue (`P + 4`) open.
 fn yielding_leader(t0: Instant) -> Election {
-    let mut e = registered(t0);
-    e.handle(
-        t0,
-        ElectionInput::CampaignRanked {
-            op: OpId(1),
-            value: b"a".to_vec(),
-            rank: Rank {
-                priority: 0,
-                yield_to_higher: true,
-            },
-        },
-    );
-    drain(&mut e);
-    let mine = kv(&my_key(), b"a", 5);
-    let elected = ok(
-        &mut e,
-        t0,
-        P,
-        txn(
-            5,
-            true,
-            vec![
-                TxnOpResponse::Put,
-                TxnOpResponse::Put,
-                TxnOpResponse::Range { kvs: vec![mine] },
-                TxnOpResponse::Range { kvs: vec![] },
-            ],
-        ),
-    );
+    let (mut e, elected) = ranked_yielding_elected(t0);
     assert_eq!(
         elected[1..],
         [

@@ -607,10 +607,7 @@ fn ttl_zero_on_a_lease_that_never_renewed_backs_off() {
 #[test]
 fn set_value_puts_now_or_after_the_put_in_flight() {
     let t0 = Instant::now();
-    let mut m = Keepalive::new(config(true), t0, 1);
-    let _ = drain(&mut m);
-    m.handle(t0, grant_reply());
-    assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
+    let mut m = granted_with_put_in_flight(t0);
     m.handle(t0, KeepaliveInput::SetValue(b"v2".to_vec()));
     assert_eq!(drain(&mut m), vec![], "waits for the put in flight");
     m.handle(t0 + ms(1), ok(1, written(2)));
@@ -680,10 +677,7 @@ fn host_key(value: &[u8], lease: LeaseId, mod_revision: i64) -> KeyValue {
 #[test]
 fn a_failed_guard_over_my_own_write_counts_as_written() {
     let t0 = Instant::now();
-    let mut m = Keepalive::new(config(true), t0, 1);
-    let _ = drain(&mut m);
-    m.handle(t0, grant_reply());
-    assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
+    let mut m = granted_with_put_in_flight(t0);
     m.handle(
         t0 + ms(1),
         ok(1, guard_failed(6, Some(host_key(b"v1", LEASE, 6)))),
@@ -700,10 +694,7 @@ fn a_failed_guard_over_my_own_write_counts_as_written() {
 #[test]
 fn a_failed_guard_over_another_write_puts_again_guarded_on_what_it_read() {
     let t0 = Instant::now();
-    let mut m = Keepalive::new(config(true), t0, 1);
-    let _ = drain(&mut m);
-    m.handle(t0, grant_reply());
-    assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
+    let mut m = granted_with_put_in_flight(t0);
     m.handle(
         t0 + ms(1),
         ok(1, guard_failed(8, Some(host_key(b"old", 99, 8)))),
