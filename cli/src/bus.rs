@@ -79,7 +79,7 @@ impl BackendArgs {
             Some(name) => name,
             None => match nonblank(var("COORD")) {
                 Some(raw) => backend_flag(&raw)
-                    .map_err(|e| CliError::Message(format!("COORD={raw:?}: {e}")))?,
+                    .map_err(|e| CliError::Usage(format!("COORD={raw:?}: {e}")))?,
                 None => "etcd".to_string(),
             },
         };
@@ -118,7 +118,7 @@ impl BackendArgs {
                 _ => var(name),
             }
         })
-        .map_err(|e| CliError::Message(e.to_string()))
+        .map_err(|e| CliError::Usage(e.to_string()))
     }
 }
 
@@ -406,7 +406,7 @@ mod tests {
 
     fn message(e: CliError) -> String {
         match e {
-            CliError::Message(m) => m,
+            CliError::Usage(m) => m,
             other => format!("{other:?}"),
         }
     }

@@ -5,21 +5,43 @@ use crate::gated::{self, Ended, GateArgs};
 use crate::output::{event, lease_json, object, text, Out};
 use crate::{duration, CliError, Ctx};
 use crossbeam_channel::{select, Receiver};
+use fleetcoord::election::DEFAULT_ELECTION_PREFIX;
 use fleetcoord::{Election, ElectionOptions, LeaderInfo, Leadership};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// `--prefix` of every election command: which key namespace the
+/// election's candidates live in.
+#[derive(clap::Args, Debug)]
+pub struct PrefixArgs {
+    /// Key prefix of the election's candidates, whose keys are
+    /// PREFIX NAME/<lease hex>; `--prefix ''` is the election of
+    /// `etcdctl elect NAME`.
+    #[arg(long, default_value = DEFAULT_ELECTION_PREFIX)]
+    prefix: String,
+}
+
+impl PrefixArgs {
+    fn options(&self) -> ElectionOptions {
+        ElectionOptions::default().with_prefix(self.prefix.clone())
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub struct NameArgs {
     /// The election's name: one key segment (no '/').
     name: String,
+    #[command(flatten)]
+    prefix: PrefixArgs,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct ObserveArgs {
     /// The election's name: one key segment (no '/').
     name: String,
+    #[command(flatten)]
+    prefix: PrefixArgs,
     #[command(flatten)]
     count: CountArgs,
 }
@@ -56,6 +78,8 @@ pub struct ElectArgs {
     #[arg(long, default_value = "10s", value_parser = duration::ttl)]
     ttl: Duration,
     #[command(flatten)]
+    prefix: PrefixArgs,
+    #[command(flatten)]
     gate: GateArgs,
 }
 
@@ -74,6 +98,8 @@ pub struct HandOverArgs {
     /// The candidate to lead next: its value or its candidate key.
     #[arg(long)]
     to: String,
+    #[command(flatten)]
+    prefix: PrefixArgs,
     /// How long to wait for the candidate to lead before failing.
     #[arg(long, default_value = "10s", value_parser = duration::timeout)]
     timeout: Duration,
@@ -83,7 +109,7 @@ pub struct HandOverArgs {
 /// remove the request whatever happened. Never deletes a candidate key
 /// itself: the leader may still be acting as leader.
 fn hand_over(ctx: &Ctx, args: HandOverArgs) -> Result<(), CliError> {
-    let options = ElectionOptions::default();
+    let options = args.prefix.options();
     let named = |l: &LeaderInfo| l.value == args.to.as_bytes() || l.key == args.to;
     let before = Election::leader_of(&ctx.etcd, &args.name, &options)?;
     let Some(before) = before else {
@@ -171,7 +197,7 @@ fn leader_line(name: &str, leader: Option<&LeaderInfo>) -> String {
 
 /// `leader`: one linearizable read.
 pub fn leader(ctx: &Ctx, args: NameArgs) -> Result<(), CliError> {
-    let current = Election::leader_of(&ctx.etcd, &args.name, &ElectionOptions::default())?;
+    let current = Election::leader_of(&ctx.etcd, &args.name, &args.prefix.options())?;
     ctx.out.emit(
         leader_line(&args.name, current.as_ref()),
         object([
@@ -184,7 +210,7 @@ pub fn leader(ctx: &Ctx, args: NameArgs) -> Result<(), CliError> {
 
 /// `observe`: the current leader, then every change.
 pub fn observe(ctx: &Ctx, args: ObserveArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
-    let observer = Election::observe_of(&ctx.etcd, &args.name, &ElectionOptions::default())?;
+    let observer = Election::observe_of(&ctx.etcd, &args.name, &args.prefix.options())?;
     let result = follow(
         observer.leaders(),
         shutdown,
@@ -237,13 +263,13 @@ pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), 
         return hand_over(ctx, a);
     }
     let Some(name) = args.name else {
-        return Err(CliError::Message("elect needs the election's name".into()));
+        return Err(CliError::Usage("elect needs the election's name".into()));
     };
     let value = args
         .value
         .unwrap_or_else(|| format!("fleetcoord-{}", std::process::id()));
     let gated = !args.gate.command.is_empty();
-    let mut options = ElectionOptions::default().with_ttl(args.ttl);
+    let mut options = args.prefix.options().with_ttl(args.ttl);
     if args.priority.is_some() || args.yield_to_higher || args.accept_hand_over {
         options = options.with_priority(args.priority.unwrap_or(0));
     }
