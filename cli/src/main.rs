@@ -16,6 +16,7 @@ mod follow;
 mod gated;
 mod hosts;
 mod lock;
+mod man;
 mod metrics_http;
 mod notify;
 mod output;
@@ -133,9 +134,11 @@ enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff) on stdout (e.g. `fleetcoord man >
-    /// /usr/local/share/man/man1/fleetcoord.1`). Needs no etcd.
-    Man,
+    /// Print a man page (roff) on stdout: fleetcoord(1), or with
+    /// SUBCOMMAND the page of that subcommand (`fleetcoord man kv get`);
+    /// `--all DIR` writes every page into DIR (e.g. `fleetcoord man --all
+    /// /usr/local/share/man/man1`). Needs no etcd.
+    Man(man::ManArgs),
 }
 
 /// Why a command failed.
@@ -251,11 +254,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
             clap_complete::generate(*shell, &mut command, "fleetcoord", &mut script);
             return print_raw(&script);
         }
-        Command::Man => {
-            let mut page = Vec::new();
-            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
-                .render(&mut page)
-                .map_err(|e| CliError::Message(format!("cannot render the man page: {e}")))?;
+        Command::Man(args) => {
+            let page = man::man(<Cli as clap::CommandFactory>::command(), args)?;
             return print_raw(&page);
         }
         _ => {}
