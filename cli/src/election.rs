@@ -127,7 +127,23 @@ fn hand_over(ctx: &Ctx, args: HandOverArgs) -> Result<(), CliError> {
     Election::request_hand_over(&ctx.etcd, &args.name, &options, args.to.as_bytes())?;
     let deadline = std::time::Instant::now() + args.timeout;
     let outcome = loop {
-        match Election::leader_of(&ctx.etcd, &args.name, &options) {
+        let leader = Election::leader_of(&ctx.etcd, &args.name, &options);
+        // Read after the leader: a leader that refuses records why before
+        // anything else changes, so a new leader seen above comes with its
+        // predecessor's reason, if it had one.
+        match Election::hand_over_refusal(&ctx.etcd, &args.name, &options) {
+            Ok(Some(reason)) => {
+                break Err(format!(
+                    "{}: the leader {} refused to hand over to {}: {reason}",
+                    args.name,
+                    text(&before.value),
+                    args.to
+                ))
+            }
+            Ok(None) => {}
+            Err(e) => break Err(format!("{}: {e}", args.name)),
+        }
+        match leader {
             Ok(Some(l)) if named(&l) => break Ok(l),
             Ok(Some(l)) if l.token != before.token => {
                 break Err(format!(
@@ -143,9 +159,9 @@ fn hand_over(ctx: &Ctx, args: HandOverArgs) -> Result<(), CliError> {
         }
         if std::time::Instant::now() >= deadline {
             break Err(format!(
-                "{}: {} did not lead within {:?}; does the leader run `elect --accept-hand-over`, \
-                 and is {} a waiting candidate?",
-                args.name, args.to, args.timeout, args.to
+                "{}: {} did not lead within {:?} and the leader did not answer; does it run \
+                 `elect --accept-hand-over`?",
+                args.name, args.to, args.timeout
             ));
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -484,8 +500,9 @@ fn hold_until_signal(
                     continue;
                 }
                 let outcome = leadership.hand_over(&to);
-                if outcome.is_err() {
-                    let _ = leadership.clear_hand_over_request();
+                if let Err(e) = &outcome {
+                    // Said where the operator's `hand-over` looks.
+                    let _ = leadership.refuse_hand_over(&e.to_string());
                     report_step_down(out, name, token, Some(&to), outcome)?;
                     continue;
                 }

@@ -347,7 +347,14 @@ mod tests {
     /// cannot fall behind the code.
     #[test]
     fn every_variable_the_sources_name_is_documented() {
-        let families = ["ETCD_", "ETCDCTL_", "COORD", "NOTIFY_", "WATCHDOG_", "RUST_LOG"];
+        let families = [
+            "ETCD_",
+            "ETCDCTL_",
+            "COORD",
+            "NOTIFY_",
+            "WATCHDOG_",
+            "RUST_LOG",
+        ];
         let mut named = 0;
         for source in SOURCES {
             // Every "NAME" in the text: a run of A-Z, 0-9 and _ between
