@@ -96,7 +96,7 @@ pub struct HandOverArgs {
     /// The election's name: one key segment (no '/').
     name: String,
     /// The candidate to lead next: its value or its candidate key.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::NonEmptyStringValueParser::new())]
     to: String,
     #[command(flatten)]
     prefix: PrefixArgs,
