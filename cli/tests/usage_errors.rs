@@ -105,13 +105,16 @@ fn a_semaphore_with_another_permit_count_is_a_usage_error() {
     one_line_usage_error("--permits 3 beside 2", &output, "permits");
 }
 
+/// Arguments, environment variables, what the message must name.
+type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+
 #[test]
 fn what_the_tool_rejects_before_connecting_is_a_usage_error() {
     // No etcd anywhere: each is refused before any connection is tried
     // (a connection attempt would fail with status 1).
     let nowhere = "127.0.0.1:1";
     let missing = "/nonexistent/fleetcoord-test/ca.pem";
-    let cases: &[(&[&str], &[(&str, &str)], &str)] = &[
+    let cases: &[Case] = &[
         // Endpoints: a port out of range, a space, a scheme, https without TLS.
         (
             &["--endpoints", "127.0.0.1:70000", "hosts"],
