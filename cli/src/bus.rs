@@ -136,19 +136,25 @@ pub enum KvCommand {
 
 #[derive(clap::Args, Debug)]
 pub struct KeyArgs {
+    /// The bucket: one key segment (no '/').
     bucket: String,
+    /// The key in the bucket: one key segment (no '/').
     key: String,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct SetArgs {
+    /// The bucket: one key segment (no '/').
     bucket: String,
+    /// The key in the bucket: one key segment (no '/').
     key: String,
+    /// The value to store, as given.
     value: String,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct KvWatchArgs {
+    /// The bucket: one key segment (no '/').
     bucket: String,
     /// Glob over keys: `*` any run of characters, `?` one character.
     #[arg(default_value = "*")]
@@ -159,12 +165,15 @@ pub struct KvWatchArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct PubArgs {
+    /// The topic: one segment (no '/').
     topic: String,
+    /// The message, as given; only current subscribers see it.
     message: String,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct SubArgs {
+    /// The topic: one segment (no '/').
     topic: String,
     #[command(flatten)]
     count: CountArgs,
@@ -180,12 +189,15 @@ pub enum StreamCommand {
 
 #[derive(clap::Args, Debug)]
 pub struct AppendArgs {
+    /// The stream: one segment (no '/').
     stream: String,
+    /// The entry to append, as given.
     payload: String,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct ReadArgs {
+    /// The stream: one segment (no '/').
     stream: String,
     /// Where to start: `start` (replay everything), `end` (only new
     /// entries) or an entry ID (entries after it).

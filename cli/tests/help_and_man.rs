@@ -176,3 +176,41 @@ fn man_produces_every_page_it_refers_to_with_its_sections() {
     assert_eq!(elect, page(&["elect".to_string()]));
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
+
+#[test]
+fn every_argument_says_what_it_is() {
+    for args in [
+        &["pub"][..],
+        &["sub"],
+        &["stream", "append"],
+        &["stream", "read"],
+        &["kv", "get"],
+        &["kv", "set"],
+        &["kv", "del"],
+        &["kv", "watch"],
+        &["elect"],
+        &["elect", "hand-over"],
+        &["leader"],
+        &["observe"],
+        &["lock"],
+        &["completions"],
+        &["man"],
+    ] {
+        let text = help(args);
+        let arguments: Vec<&str> = text
+            .lines()
+            .skip_while(|l| *l != "Arguments:")
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .collect();
+        assert!(!arguments.is_empty(), "{args:?}: no arguments:\n{text}");
+        for line in arguments {
+            // `  <NAME>  What it is`: a name, then a description.
+            let described = line
+                .trim_start()
+                .split_once("  ")
+                .is_some_and(|(_, about)| !about.trim().is_empty());
+            assert!(described, "{args:?}: {line:?} has no description");
+        }
+    }
+}
