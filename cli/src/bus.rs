@@ -79,7 +79,7 @@ impl BackendArgs {
             Some(name) => name,
             None => match nonblank(var("COORD")) {
                 Some(raw) => backend_flag(&raw)
-                    .map_err(|e| CliError::Message(format!("COORD={raw:?}: {e}")))?,
+                    .map_err(|e| CliError::Usage(format!("COORD={raw:?}: {e}")))?,
                 None => "etcd".to_string(),
             },
         };
@@ -118,7 +118,7 @@ impl BackendArgs {
                 _ => var(name),
             }
         })
-        .map_err(|e| CliError::Message(e.to_string()))
+        .map_err(|e| CliError::Usage(e.to_string()))
     }
 }
 
@@ -136,19 +136,25 @@ pub enum KvCommand {
 
 #[derive(clap::Args, Debug)]
 pub struct KeyArgs {
+    /// The bucket: one key segment (no '/').
     bucket: String,
+    /// The key in the bucket: one key segment (no '/').
     key: String,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct SetArgs {
+    /// The bucket: one key segment (no '/').
     bucket: String,
+    /// The key in the bucket: one key segment (no '/').
     key: String,
+    /// The value to store, as given.
     value: String,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct KvWatchArgs {
+    /// The bucket: one key segment (no '/').
     bucket: String,
     /// Glob over keys: `*` any run of characters, `?` one character.
     #[arg(default_value = "*")]
@@ -159,12 +165,15 @@ pub struct KvWatchArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct PubArgs {
+    /// The topic: one segment (no '/').
     topic: String,
+    /// The message, as given; only current subscribers see it.
     message: String,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct SubArgs {
+    /// The topic: one segment (no '/').
     topic: String,
     #[command(flatten)]
     count: CountArgs,
@@ -180,12 +189,15 @@ pub enum StreamCommand {
 
 #[derive(clap::Args, Debug)]
 pub struct AppendArgs {
+    /// The stream: one segment (no '/').
     stream: String,
+    /// The entry to append, as given.
     payload: String,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct ReadArgs {
+    /// The stream: one segment (no '/').
     stream: String,
     /// Where to start: `start` (replay everything), `end` (only new
     /// entries) or an entry ID (entries after it).
@@ -406,7 +418,7 @@ mod tests {
 
     fn message(e: CliError) -> String {
         match e {
-            CliError::Message(m) => m,
+            CliError::Usage(m) => m,
             other => format!("{other:?}"),
         }
     }

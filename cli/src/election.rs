@@ -5,21 +5,43 @@ use crate::gated::{self, Ended, GateArgs};
 use crate::output::{event, lease_json, object, text, Out};
 use crate::{duration, CliError, Ctx};
 use crossbeam_channel::{select, Receiver};
+use fleetcoord::election::DEFAULT_ELECTION_PREFIX;
 use fleetcoord::{Election, ElectionOptions, LeaderInfo, Leadership};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// `--prefix` of every election command: which key namespace the
+/// election's candidates live in.
+#[derive(clap::Args, Debug)]
+pub struct PrefixArgs {
+    /// Key prefix of the election's candidates, whose keys are
+    /// PREFIX NAME/<lease hex>; `--prefix ''` is the election of
+    /// `etcdctl elect NAME`.
+    #[arg(long, default_value = DEFAULT_ELECTION_PREFIX)]
+    prefix: String,
+}
+
+impl PrefixArgs {
+    fn options(&self) -> ElectionOptions {
+        ElectionOptions::default().with_prefix(self.prefix.clone())
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub struct NameArgs {
     /// The election's name: one key segment (no '/').
     name: String,
+    #[command(flatten)]
+    prefix: PrefixArgs,
 }
 
 #[derive(clap::Args, Debug)]
 pub struct ObserveArgs {
     /// The election's name: one key segment (no '/').
     name: String,
+    #[command(flatten)]
+    prefix: PrefixArgs,
     #[command(flatten)]
     count: CountArgs,
 }
@@ -56,6 +78,8 @@ pub struct ElectArgs {
     #[arg(long, default_value = "10s", value_parser = duration::ttl)]
     ttl: Duration,
     #[command(flatten)]
+    prefix: PrefixArgs,
+    #[command(flatten)]
     gate: GateArgs,
 }
 
@@ -72,8 +96,10 @@ pub struct HandOverArgs {
     /// The election's name: one key segment (no '/').
     name: String,
     /// The candidate to lead next: its value or its candidate key.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::NonEmptyStringValueParser::new())]
     to: String,
+    #[command(flatten)]
+    prefix: PrefixArgs,
     /// How long to wait for the candidate to lead before failing.
     #[arg(long, default_value = "10s", value_parser = duration::timeout)]
     timeout: Duration,
@@ -83,7 +109,7 @@ pub struct HandOverArgs {
 /// remove the request whatever happened. Never deletes a candidate key
 /// itself: the leader may still be acting as leader.
 fn hand_over(ctx: &Ctx, args: HandOverArgs) -> Result<(), CliError> {
-    let options = ElectionOptions::default();
+    let options = args.prefix.options();
     let named = |l: &LeaderInfo| l.value == args.to.as_bytes() || l.key == args.to;
     let before = Election::leader_of(&ctx.etcd, &args.name, &options)?;
     let Some(before) = before else {
@@ -101,7 +127,23 @@ fn hand_over(ctx: &Ctx, args: HandOverArgs) -> Result<(), CliError> {
     Election::request_hand_over(&ctx.etcd, &args.name, &options, args.to.as_bytes())?;
     let deadline = std::time::Instant::now() + args.timeout;
     let outcome = loop {
-        match Election::leader_of(&ctx.etcd, &args.name, &options) {
+        let leader = Election::leader_of(&ctx.etcd, &args.name, &options);
+        // Read after the leader: a leader that refuses records why before
+        // anything else changes, so a new leader seen above comes with its
+        // predecessor's reason, if it had one.
+        match Election::hand_over_refusal(&ctx.etcd, &args.name, &options) {
+            Ok(Some(reason)) => {
+                break Err(format!(
+                    "{}: the leader {} refused to hand over to {}: {reason}",
+                    args.name,
+                    text(&before.value),
+                    args.to
+                ))
+            }
+            Ok(None) => {}
+            Err(e) => break Err(format!("{}: {e}", args.name)),
+        }
+        match leader {
             Ok(Some(l)) if named(&l) => break Ok(l),
             Ok(Some(l)) if l.token != before.token => {
                 break Err(format!(
@@ -117,9 +159,9 @@ fn hand_over(ctx: &Ctx, args: HandOverArgs) -> Result<(), CliError> {
         }
         if std::time::Instant::now() >= deadline {
             break Err(format!(
-                "{}: {} did not lead within {:?}; does the leader run `elect --accept-hand-over`, \
-                 and is {} a waiting candidate?",
-                args.name, args.to, args.timeout, args.to
+                "{}: {} did not lead within {:?} and the leader did not answer; does it run \
+                 `elect --accept-hand-over`?",
+                args.name, args.to, args.timeout
             ));
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -171,7 +213,7 @@ fn leader_line(name: &str, leader: Option<&LeaderInfo>) -> String {
 
 /// `leader`: one linearizable read.
 pub fn leader(ctx: &Ctx, args: NameArgs) -> Result<(), CliError> {
-    let current = Election::leader_of(&ctx.etcd, &args.name, &ElectionOptions::default())?;
+    let current = Election::leader_of(&ctx.etcd, &args.name, &args.prefix.options())?;
     ctx.out.emit(
         leader_line(&args.name, current.as_ref()),
         object([
@@ -184,7 +226,7 @@ pub fn leader(ctx: &Ctx, args: NameArgs) -> Result<(), CliError> {
 
 /// `observe`: the current leader, then every change.
 pub fn observe(ctx: &Ctx, args: ObserveArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
-    let observer = Election::observe_of(&ctx.etcd, &args.name, &ElectionOptions::default())?;
+    let observer = Election::observe_of(&ctx.etcd, &args.name, &args.prefix.options())?;
     let result = follow(
         observer.leaders(),
         shutdown,
@@ -237,13 +279,13 @@ pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), 
         return hand_over(ctx, a);
     }
     let Some(name) = args.name else {
-        return Err(CliError::Message("elect needs the election's name".into()));
+        return Err(CliError::Usage("elect needs the election's name".into()));
     };
     let value = args
         .value
         .unwrap_or_else(|| format!("fleetcoord-{}", std::process::id()));
     let gated = !args.gate.command.is_empty();
-    let mut options = ElectionOptions::default().with_ttl(args.ttl);
+    let mut options = args.prefix.options().with_ttl(args.ttl);
     if args.priority.is_some() || args.yield_to_higher || args.accept_hand_over {
         options = options.with_priority(args.priority.unwrap_or(0));
     }
@@ -458,8 +500,9 @@ fn hold_until_signal(
                     continue;
                 }
                 let outcome = leadership.hand_over(&to);
-                if outcome.is_err() {
-                    let _ = leadership.clear_hand_over_request();
+                if let Err(e) = &outcome {
+                    // Said where the operator's `hand-over` looks.
+                    let _ = leadership.refuse_hand_over(&e.to_string());
                     report_step_down(out, name, token, Some(&to), outcome)?;
                     continue;
                 }

@@ -135,10 +135,12 @@ impl Held for fleetcoord::Leadership {
     }
     fn hand_over(self: Box<Self>, to: &[u8]) -> Result<(), fleetcoord::Error> {
         let result = fleetcoord::Leadership::hand_over(&self, to);
-        if result.is_err() {
-            // The command is already stopped: give the lead up rather than
-            // hold it without one; the campaign starts over.
-            let _ = fleetcoord::Leadership::clear_hand_over_request(&self);
+        if let Err(e) = &result {
+            // The operator who asked learns why at once. The command is
+            // already stopped: give the lead up rather than hold it
+            // without one; the campaign starts over.
+            let reason = format!("{e}; its command was stopped first, so it resigned");
+            let _ = self.refuse_hand_over(&reason);
             return self.resign().and(result);
         }
         result

@@ -16,6 +16,7 @@ mod follow;
 mod gated;
 mod hosts;
 mod lock;
+mod man;
 mod metrics_http;
 mod notify;
 mod output;
@@ -38,10 +39,19 @@ const DEFAULT_ENDPOINT: &str = "127.0.0.1:2379";
 /// works unchanged (its `http://` URLs included: the library takes them).
 const ENDPOINT_VARS: [&str; 2] = ["ETCD_ENDPOINTS", "ETCDCTL_ENDPOINTS"];
 
+/// The heading of the options every subcommand takes, so that a
+/// subcommand's `--help` lists its own options first, apart from them.
+const GLOBAL_OPTIONS: &str = "Global options";
+
 /// Cross-host coordination on etcd: hosts, leader elections, KV, pub/sub
 /// and streams.
 #[derive(Parser, Debug)]
-#[command(name = "fleetcoord", version, propagate_version = true)]
+#[command(
+    name = "fleetcoord",
+    version,
+    propagate_version = true,
+    next_help_heading = GLOBAL_OPTIONS
+)]
 struct Cli {
     /// etcd endpoints, comma-separated host:port, http://host:port or (with
     /// --cacert) https://host:port [default: $ETCD_ENDPOINTS, else
@@ -52,9 +62,17 @@ struct Cli {
     #[command(flatten)]
     security: security::SecurityArgs,
 
-    /// Print one JSON object per line instead of text for people.
+    /// Print one JSON object per line instead of text for people. The
+    /// streaming commands (watch-hosts, agent, elect, lock, observe, kv
+    /// watch, sub, stream read) add `ts`, when the record was printed (RFC
+    /// 3339, UTC, milliseconds).
     #[arg(long, global = true)]
     json: bool,
+
+    /// Start each line of a streaming command's text output with the time
+    /// it was printed (RFC 3339, UTC, milliseconds), as `ts` in --json.
+    #[arg(long, global = true)]
+    timestamps: bool,
 
     /// How long to try reaching etcd before giving up (e.g. 500ms, 5s,
     /// 1m30s).
@@ -67,7 +85,7 @@ struct Cli {
     /// Serve Prometheus metrics at /metrics and a health check at /healthz
     /// on this address (agent, elect, lock, watch-hosts); port 0 picks a
     /// free one, printed at start.
-    #[arg(long, global = true, value_name = "HOST:PORT")]
+    #[arg(long, global = true, value_name = "HOST:PORT", value_parser = metrics_http::address)]
     metrics_addr: Option<String>,
 
     #[command(subcommand)]
@@ -116,9 +134,11 @@ enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff) on stdout (e.g. `fleetcoord man >
-    /// /usr/local/share/man/man1/fleetcoord.1`). Needs no etcd.
-    Man,
+    /// Print a man page (roff) on stdout: fleetcoord(1), or with
+    /// SUBCOMMAND the page of that subcommand (`fleetcoord man kv get`);
+    /// `--all DIR` writes every page into DIR (e.g. `fleetcoord man --all
+    /// /usr/local/share/man/man1`). Needs no etcd.
+    Man(man::ManArgs),
 }
 
 /// Why a command failed.
@@ -128,6 +148,9 @@ pub enum CliError {
     Fleet(fleetcoord::Error),
     /// Anything else, already phrased for the user.
     Message(String),
+    /// What the user typed (an argument, a flag, a variable standing in for
+    /// one) cannot be used; exit status 2, like clap's own usage errors.
+    Usage(String),
     /// Stdout went away; not worth a message.
     Stdout(output::Closed),
     /// A gated command's nonzero exit status, passed on.
@@ -135,8 +158,26 @@ pub enum CliError {
 }
 
 impl From<fleetcoord::Error> for CliError {
+    /// The library rejects an argument before sending anything
+    /// (`InvalidArgument`): here every such argument is one the user typed
+    /// (a name, a prefix, a key, an endpoint, a TLS file), so it is a usage
+    /// error, whether clap or the library found it.
     fn from(e: fleetcoord::Error) -> Self {
-        CliError::Fleet(e)
+        match e {
+            e @ fleetcoord::Error::InvalidArgument { .. } => CliError::Usage(e.to_string()),
+            e => CliError::Fleet(e),
+        }
+    }
+}
+
+/// The exit status of a failed command: 2 for usage errors, as clap's own,
+/// the command's own status when a gated command failed, else 1.
+fn exit_status(e: &CliError) -> u8 {
+    match e {
+        CliError::Stdout(_) => 0,
+        CliError::Exit(code) => *code,
+        CliError::Usage(_) => 2,
+        CliError::Fleet(_) | CliError::Message(_) => 1,
     }
 }
 
@@ -213,32 +254,42 @@ fn run(cli: Cli) -> Result<(), CliError> {
             clap_complete::generate(*shell, &mut command, "fleetcoord", &mut script);
             return print_raw(&script);
         }
-        Command::Man => {
-            let mut page = Vec::new();
-            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
-                .render(&mut page)
-                .map_err(|e| CliError::Message(format!("cannot render the man page: {e}")))?;
+        Command::Man(args) => {
+            let page = man::man(<Cli as clap::CommandFactory>::command(), args)?;
             return print_raw(&page);
         }
         _ => {}
     }
-    // Long-running commands take signals over before connecting, so that a
-    // Ctrl-C during a slow connect still ends in a clean exit.
-    let shutdown = match &cli.command {
+    // Long-running commands print records as things happen (streaming),
+    // and take signals over before connecting, so that a Ctrl-C during a
+    // slow connect still ends in a clean exit.
+    let streaming = matches!(
+        &cli.command,
         Command::WatchHosts(_)
-        | Command::Agent(_)
-        | Command::Elect(_)
-        | Command::Lock(_)
-        | Command::Observe(_)
-        | Command::Sub(_)
-        | Command::Kv(bus::KvCommand::Watch(_))
-        | Command::Stream(bus::StreamCommand::Read(_)) => {
-            Some(signal::install().map_err(CliError::Message)?)
+            | Command::Agent(_)
+            | Command::Elect(_)
+            | Command::Lock(_)
+            | Command::Observe(_)
+            | Command::Sub(_)
+            | Command::Kv(bus::KvCommand::Watch(_))
+            | Command::Stream(bus::StreamCommand::Read(_))
+    );
+    let out = match (streaming, cli.timestamps) {
+        (true, text) => Out::new(cli.json).streaming(text),
+        (false, false) => Out::new(cli.json),
+        (false, true) => {
+            return Err(CliError::Usage(
+                "--timestamps is for the streaming commands watch-hosts, agent, elect, lock, \
+                 observe, kv watch, sub and stream read"
+                    .into(),
+            ))
         }
-        _ => None,
     };
-    let shutdown = shutdown.unwrap_or_else(crossbeam_channel::never);
-    let out = Out::new(cli.json);
+    let shutdown = if streaming {
+        signal::install().map_err(CliError::Message)?
+    } else {
+        crossbeam_channel::never()
+    };
     // Readiness for a service manager, for the commands that have a
     // healthy state (the others exit when done, which says it all).
     let what = match &cli.command {
@@ -258,7 +309,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             cli.command,
             Command::Agent(_) | Command::Elect(_) | Command::Lock(_) | Command::WatchHosts(_)
         ) {
-            return Err(CliError::Message(
+            return Err(CliError::Usage(
                 "--metrics-addr is for the long-running commands agent, elect, lock and watch-hosts"
                     .into(),
             ));
@@ -283,7 +334,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
         let coord = fleetcoord::coordinator::connect_with(&name, url.as_deref(), &settings)
             .map_err(|e| {
                 let at = url.as_deref().unwrap_or("its default URL");
-                CliError::Message(format!("cannot use the {name} backend at {at}: {e}"))
+                let message = format!("cannot use the {name} backend at {at}: {e}");
+                match e {
+                    // A URL that does not parse: the user's to fix.
+                    fleetcoord::Error::InvalidArgument { .. } => CliError::Usage(message),
+                    _ => CliError::Message(message),
+                }
             })?;
         let result = run_bus(cli.command, &out, coord.as_ref(), &shutdown);
         let _ = coord.close();
@@ -368,19 +424,15 @@ fn init_logger() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logger();
-    match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(CliError::Stdout(_)) => ExitCode::SUCCESS,
-        Err(CliError::Exit(code)) => ExitCode::from(code),
-        Err(CliError::Fleet(e)) => {
-            eprintln!("fleetcoord: error: {e}");
-            ExitCode::FAILURE
-        }
-        Err(CliError::Message(m)) => {
-            eprintln!("fleetcoord: error: {m}");
-            ExitCode::FAILURE
-        }
+    let Err(e) = run(cli) else {
+        return ExitCode::SUCCESS;
+    };
+    match &e {
+        CliError::Fleet(e) => eprintln!("fleetcoord: error: {e}"),
+        CliError::Message(m) | CliError::Usage(m) => eprintln!("fleetcoord: error: {m}"),
+        CliError::Stdout(_) | CliError::Exit(_) => {}
     }
+    ExitCode::from(exit_status(&e))
 }
 
 #[cfg(test)]

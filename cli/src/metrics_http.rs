@@ -150,6 +150,21 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// A slow or silent client must not hold the responder for long.
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// `--metrics-addr`: `HOST:PORT` with a port of 0 to 65535 (0 picks a free
+/// one), checked when parsing so that a typo is a usage error before
+/// anything connects; whether HOST resolves is learnt when binding.
+pub fn address(text: &str) -> Result<String, String> {
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err("expected HOST:PORT, e.g. 127.0.0.1:9100".into());
+    };
+    if host.is_empty() {
+        return Err("names no host; expected HOST:PORT, e.g. 127.0.0.1:9100".into());
+    }
+    port.parse::<u16>()
+        .map_err(|_| format!("{port:?} is not a port (0-65535)"))?;
+    Ok(text.to_string())
+}
+
 /// Installs the Prometheus recorder and serves it on `addr` from a thread
 /// of its own. Returns the bound address (`:0` picks a free port).
 pub fn serve(addr: &str, health: Health) -> Result<SocketAddr, String> {

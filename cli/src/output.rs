@@ -3,12 +3,17 @@
 
 use serde_json::{json, Map, Value};
 use std::io::Write;
+use std::time::SystemTime;
 
 /// Where records go and in which form.
 #[derive(Clone, Copy, Debug)]
 pub struct Out {
     json: bool,
     stderr: bool,
+    /// Add `ts` to every JSON record (streaming commands).
+    stamp_json: bool,
+    /// Start every line for people with the time (`--timestamps`).
+    stamp_text: bool,
 }
 
 /// Writing to stdout failed (typically the reader went away, as with
@@ -21,6 +26,19 @@ impl Out {
         Out {
             json,
             stderr: false,
+            stamp_json: false,
+            stamp_text: false,
+        }
+    }
+
+    /// The output of a streaming command, whose records happen over time:
+    /// each JSON record carries `ts`, when it was printed (RFC 3339, UTC,
+    /// milliseconds); lines for people start with it when `text` is set.
+    pub fn streaming(self, text: bool) -> Out {
+        Out {
+            stamp_json: true,
+            stamp_text: text,
+            ..self
         }
     }
 
@@ -41,26 +59,41 @@ impl Out {
     /// Flushes at once so that a reader (a script, the demo) sees each
     /// record as it happens.
     pub fn emit(&self, human: impl std::fmt::Display, object: Value) -> Result<(), Closed> {
+        let line = self.line(human, object, SystemTime::now());
         if self.stderr {
-            Self::write(std::io::stderr().lock(), self.json, human, object)
+            Self::write(std::io::stderr().lock(), &line)
         } else {
-            Self::write(std::io::stdout().lock(), self.json, human, object)
+            Self::write(std::io::stdout().lock(), &line)
         }
     }
 
-    fn write(
-        mut to: impl Write,
-        json: bool,
-        human: impl std::fmt::Display,
-        object: Value,
-    ) -> Result<(), Closed> {
-        let written = if json {
-            writeln!(to, "{object}")
-        } else {
-            writeln!(to, "{human}")
-        };
-        written.and_then(|_| to.flush()).map_err(Closed)
+    /// The line a record printed `at` becomes.
+    fn line(&self, human: impl std::fmt::Display, mut object: Value, at: SystemTime) -> String {
+        match (self.json, self.stamp_json, self.stamp_text) {
+            (true, true, _) => {
+                if let Value::Object(map) = &mut object {
+                    map.insert("ts".into(), json!(timestamp(at)));
+                }
+                object.to_string()
+            }
+            (true, false, _) => object.to_string(),
+            (false, _, true) => format!("{} {human}", timestamp(at)),
+            (false, _, false) => human.to_string(),
+        }
     }
+
+    fn write(mut to: impl Write, line: &str) -> Result<(), Closed> {
+        writeln!(to, "{line}")
+            .and_then(|_| to.flush())
+            .map_err(Closed)
+    }
+}
+
+/// `at` as RFC 3339 in UTC with milliseconds (`2018-02-14T00:28:07.123Z`):
+/// one width for every line, sortable as text, read by `date -d` and
+/// every JSON consumer's date parser.
+pub fn timestamp(at: SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
 /// Bytes as text for people: lossy UTF-8, so a binary value never aborts
@@ -111,7 +144,48 @@ pub fn event<const N: usize>(name: &str, fields: [(&str, Value); N]) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use super::{lease_hex, lease_json};
+    use super::{lease_hex, lease_json, timestamp, Out};
+    use serde_json::{json, Value};
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    fn at(millis: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(millis)
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339_utc_with_milliseconds() {
+        // Values `date -u -d @SECONDS +%Y-%m-%dT%H:%M:%S` prints.
+        assert_eq!(timestamp(at(0)), "1970-01-01T00:00:00.000Z");
+        assert_eq!(timestamp(at(1_518_568_087_123)), "2018-02-14T00:28:07.123Z");
+        // A leap day, and the last millisecond of a year.
+        assert_eq!(timestamp(at(951_782_400_007)), "2000-02-29T00:00:00.007Z");
+        assert_eq!(timestamp(at(1_798_761_599_999)), "2026-12-31T23:59:59.999Z");
+        // Sub-millisecond parts are cut, never rounded up into the next.
+        let late = at(1_000) + Duration::from_micros(999);
+        assert_eq!(timestamp(late), "1970-01-01T00:00:01.000Z");
+    }
+
+    #[test]
+    fn streaming_records_carry_the_time_in_json_and_on_request_in_text() {
+        let t = at(1_518_568_087_123);
+        let record = || json!({"event": "up"});
+        let line = Out::new(true).streaming(false).line("UP", record(), t);
+        let value: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(value["ts"], "2018-02-14T00:28:07.123Z", "{line}");
+        assert_eq!(value["event"], "up", "{line}");
+        // A one-shot command's record has no time.
+        let line = Out::new(true).line("UP", record(), t);
+        assert!(!line.contains("ts"), "{line}");
+        assert_eq!(
+            Out::new(false).streaming(true).line("UP", record(), t),
+            "2018-02-14T00:28:07.123Z UP"
+        );
+        assert_eq!(
+            Out::new(false).streaming(false).line("UP", record(), t),
+            "UP"
+        );
+        assert_eq!(Out::new(false).line("UP", record(), t), "UP");
+    }
 
     #[test]
     fn lease_ids_are_etcdctl_hex_for_people_and_decimal_in_json() {

@@ -66,8 +66,10 @@ impl std::fmt::Debug for Hidden {
     }
 }
 
+/// Every error of these flags is one of their values or combinations:
+/// a usage error, whoever found it.
 fn invalid(e: fleetcoord::Error) -> CliError {
-    CliError::Message(e.to_string())
+    CliError::Usage(e.to_string())
 }
 
 impl SecurityArgs {
@@ -88,7 +90,7 @@ impl SecurityArgs {
         match (cacert, cert, key) {
             (None, None, None) => {}
             (None, _, _) => {
-                return Err(CliError::Message(
+                return Err(CliError::Usage(
                     "--cert/--key need --cacert, the CA that signs the etcd servers' certificates"
                         .into(),
                 ))
@@ -103,7 +105,7 @@ impl SecurityArgs {
                 options = options.with_tls(tls);
             }
             (Some(_), _, _) => {
-                return Err(CliError::Message(
+                return Err(CliError::Usage(
                     "--cert and --key go together: give both or neither".into(),
                 ))
             }
@@ -120,7 +122,7 @@ impl SecurityArgs {
             .map_err(invalid)?;
             options = options.with_user(user);
         } else if self.password_file.is_some() {
-            return Err(CliError::Message(
+            return Err(CliError::Usage(
                 "--password-file needs --user (or ETCDCTL_USER)".into(),
             ));
         }
@@ -136,7 +138,7 @@ impl SecurityArgs {
     ) -> Result<String, CliError> {
         if let Some(file) = &self.password_file {
             let text = std::fs::read_to_string(file).map_err(|e| {
-                CliError::Message(format!(
+                CliError::Usage(format!(
                     "cannot read the password file {}: {e}",
                     file.display()
                 ))
@@ -144,7 +146,7 @@ impl SecurityArgs {
             return Ok(text.lines().next().unwrap_or_default().to_string());
         }
         var("ETCDCTL_PASSWORD").ok_or_else(|| {
-            CliError::Message(format!(
+            CliError::Usage(format!(
                 "no password for user {name:?}: give --user name:password, \
                  --password-file FILE or ETCDCTL_PASSWORD"
             ))
@@ -175,7 +177,7 @@ mod tests {
                 vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
             })
             .map_err(|e| match e {
-                CliError::Message(m) => m,
+                CliError::Usage(m) => m,
                 other => format!("{other:?}"),
             })
     }

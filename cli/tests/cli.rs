@@ -386,9 +386,9 @@ fn kv_set_get_del_round_trip() {
     assert_eq!(missing.status.code(), Some(1));
     assert!(stderr(&missing).contains("mode"), "{}", stderr(&missing));
 
-    // An invalid name is a runtime error from the library, not a usage error.
+    // An invalid name is a usage error, though the library found it.
     let bad = run(&server, &["kv", "set", "a/b", "k", "v"]);
-    assert_eq!(bad.status.code(), Some(1));
+    assert_eq!(bad.status.code(), Some(2));
     assert!(stderr(&bad).contains("bucket"), "{}", stderr(&bad));
 }
 

@@ -193,6 +193,7 @@ fn metrics_addr_is_refused_for_short_commands() {
         ])
         .output()
         .unwrap();
-    assert_eq!(output.status.code(), Some(1));
+    // A usage error: the flag does not go with this command.
+    assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("long-running"));
 }

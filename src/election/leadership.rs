@@ -233,6 +233,28 @@ impl Leadership {
         Ok(())
     }
 
+    /// Refuse the hand-over request this leader read, saying why: in one
+    /// fenced transaction, remove the request (as
+    /// [`Leadership::clear_hand_over_request`]) and record `reason`
+    /// (typically the error of a failed [`Leadership::hand_over`]) where
+    /// [`Election::hand_over_refusal`] reads it, on this session's lease.
+    /// The operator who asked then learns at once why, instead of waiting
+    /// for a leader that will not change. Does nothing once this
+    /// leadership is over.
+    pub fn refuse_hand_over(&self, reason: &str) -> Result<()> {
+        validate::payload("reason", reason.as_bytes())?;
+        let prefix = self.inner.prefix.as_bytes();
+        self.txn_if_leader([
+            TxnOp::delete(hand_over_request_key(prefix)),
+            TxnOp::put_with_lease(
+                fleetcoord_sm::election::hand_over_refusal_key(prefix),
+                reason,
+                self.lease(),
+            ),
+        ])?;
+        Ok(())
+    }
+
     /// Replace the leader's value (what [`Election::leader`] and observers
     /// see). Fails with [`Error::NotLeader`] when leadership is gone.
     pub fn proclaim(&self, value: &[u8]) -> Result<()> {

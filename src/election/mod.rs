@@ -282,6 +282,12 @@ impl Election {
         }
         validate::payload("to", to)?;
         let prefix = election_prefix(name, options)?;
+        // A refusal of an earlier request must not answer this one.
+        etcd.request(fleetcoord_sm::Request::Delete(
+            fleetcoord_sm::KeyRange::Key(fleetcoord_sm::election::hand_over_refusal_key(
+                prefix.as_bytes(),
+            )),
+        ))?;
         etcd.request(fleetcoord_sm::Request::Put {
             key: hand_over_request_key(prefix.as_bytes()),
             value: to.to_vec(),
@@ -290,7 +296,31 @@ impl Election {
         Ok(())
     }
 
-    /// Remove a request of [`Election::request_hand_over`] (done or not).
+    /// Why the leader of election `name` refused the last
+    /// [`Election::request_hand_over`] ([`Leadership::refuse_hand_over`]),
+    /// or `None` while no refusal is recorded: one linearizable read,
+    /// without joining. Refusals are removed by the next request, by
+    /// [`Election::withdraw_hand_over_request`], and with the session of
+    /// the leader that wrote them.
+    pub fn hand_over_refusal(
+        etcd: &Etcd,
+        name: &str,
+        options: &ElectionOptions,
+    ) -> Result<Option<String>> {
+        assert_not_async();
+        let prefix = election_prefix(name, options)?;
+        let key = fleetcoord_sm::election::hand_over_refusal_key(prefix.as_bytes());
+        let read = fleetcoord_sm::RangeRequest::all(fleetcoord_sm::KeyRange::Key(key));
+        match etcd.request(fleetcoord_sm::Request::Range(read))? {
+            Response::Range { kvs, .. } => Ok(kvs
+                .first()
+                .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())),
+            other => Err(Error::unexpected(other)),
+        }
+    }
+
+    /// Remove a request of [`Election::request_hand_over`] (done or not),
+    /// and the leader's refusal of it if there is one.
     pub fn withdraw_hand_over_request(
         etcd: &Etcd,
         name: &str,
@@ -300,6 +330,11 @@ impl Election {
         let prefix = election_prefix(name, options)?;
         etcd.request(fleetcoord_sm::Request::Delete(
             fleetcoord_sm::KeyRange::Key(hand_over_request_key(prefix.as_bytes())),
+        ))?;
+        etcd.request(fleetcoord_sm::Request::Delete(
+            fleetcoord_sm::KeyRange::Key(fleetcoord_sm::election::hand_over_refusal_key(
+                prefix.as_bytes(),
+            )),
         ))?;
         Ok(())
     }

@@ -84,7 +84,9 @@
 mod protocol;
 mod requests;
 
-pub use requests::{fenced_txn, hand_over_request_key, leader_query, priority_prefix};
+pub use requests::{
+    fenced_txn, hand_over_refusal_key, hand_over_request_key, leader_query, priority_prefix,
+};
 
 use crate::backoff::BackoffConfig;
 use crate::clock::Clock;

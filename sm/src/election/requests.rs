@@ -317,6 +317,13 @@ pub fn hand_over_request_key(prefix: &[u8]) -> Vec<u8> {
     side(prefix, b"hand-over")
 }
 
+/// Where the leader of the election with candidate prefix `prefix` says
+/// why it refused the request at [`hand_over_request_key`]: one key, whose
+/// value is the reason, so that the operator who asked learns it at once.
+pub fn hand_over_refusal_key(prefix: &[u8]) -> Vec<u8> {
+    side(prefix, b"hand-over-refused")
+}
+
 /// The priority key of the candidate on `lease`.
 pub(crate) fn priority_key(prefix: &[u8], lease: LeaseId) -> Vec<u8> {
     let mut key = priority_prefix(prefix);
@@ -500,6 +507,10 @@ mod tests {
         assert_eq!(
             super::hand_over_request_key(b"db/"),
             b"db\x1fhand-over".to_vec()
+        );
+        assert_eq!(
+            super::hand_over_refusal_key(b"db/"),
+            b"db\x1fhand-over-refused".to_vec()
         );
         assert!(!super::priority_prefix(b"/x/db/").starts_with(b"/x/db/"));
         assert_eq!(super::parse_priority(b"7"), Some(7));
