@@ -1,7 +1,8 @@
 # fleetcoord: build, test and fuzz entry points. `make test` is what CI runs.
 #
 #   make test   install what is missing, then fmt check, every test against
-#               real etcd, and a replay of the committed fuzz corpora
+#               real etcd, the README's example crate, and a replay of the
+#               committed fuzz corpora
 #   make soak   randomized faults on a 3-member cluster, SOAK_ROUNDS rounds
 #               (default 1000), every history invariant checked; belief
 #               overlaps are classified (server early revocation or not)
@@ -44,6 +45,7 @@ test: deps
 	cd fuzz && $(CARGO) fmt --check
 	$(CARGO) test --workspace --all-features
 	$(CARGO) build --quiet -p fleetcoord-cli --bin fleetcoord
+	scripts/readme-example.sh
 	$(CARGO) run --quiet -p fleetcoord-bench -- --quick all >/dev/null
 	cd fuzz && for t in $(FUZZ_TARGETS); do \
 	  if [ ! -d "corpus/$$t" ]; then \
@@ -408,7 +410,9 @@ msrv: deps-build
 # checkout, the workspace's Cargo.lock, warnings as errors
 # (scripts/readme-example.sh). Its own target dir under the usual one: the
 # crate's dependency graph is not the workspace's, so sharing would rebuild
-# both by turns.
+# both by turns. Part of `make test`: once that dir is built, a run takes
+# seconds (measured: 2.6 s unchanged, 4.3 s after a change to src/; the
+# first build, 4 min 41 s on 2 busy cores).
 readme-example: deps-build
 	scripts/readme-example.sh
 

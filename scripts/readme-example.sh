@@ -31,8 +31,9 @@ crate=$(mktemp -d)
 trap 'rm -rf "$crate"' EXIT
 
 # Writes each marked block to its path under $crate; prints the paths.
+mkdir -p "$crate/src"
 awk -v dir="$crate" '
-  match($0, /^<!-- readme-example: [^ ]+ -->$/) {
+  /^<!-- readme-example: [^ ]+ -->$/ {
     path = $3; want = 1; next
   }
   want && /^```/ { want = 0; out = dir "/" path; inside = 1; printf "" > out; print path; next }
