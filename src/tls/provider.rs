@@ -1,6 +1,6 @@
 //! The rustls CryptoProvider of the bus backends' TLS (NATS, Redis): ring,
 //! the provider etcd-client's TLS (tonic with ring) already puts in every
-//! build, so no second crypto library (aws-lc-rs, built from C) comes in.
+//! build, so no second crypto library (aws-lc-rs) comes in.
 
 /// ring's rustls provider with its default cipher suites and key-exchange
 /// groups.
