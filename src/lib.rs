@@ -56,6 +56,9 @@
 //! ```
 
 #![forbid(unsafe_code)]
+// docs.rs (Cargo.toml, [package.metadata.docs.rs]) sets `docsrs`: each
+// feature-gated item then shows the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 pub mod coordinator;
@@ -67,12 +70,14 @@ pub mod error;
 mod etcd;
 mod liveness;
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
 mod runtime;
 mod server_version;
 #[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 mod tls;
 mod txn;
@@ -80,6 +85,7 @@ mod validate;
 mod watcher;
 
 #[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub use coordinator::conformance;
 pub use election::mutex::{Mutex, MutexGuard, DEFAULT_LOCK_PREFIX};
 pub use election::semaphore::{Semaphore, SemaphoreGuard, DEFAULT_SEMAPHORE_PREFIX};

@@ -22,6 +22,7 @@
 
 /// How a metric is recorded.
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     /// Only goes up.
@@ -35,6 +36,7 @@ pub enum Kind {
 /// Every metric fleetcoord records: its name, kind and help text (the
 /// table above, in the order given there).
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const METRICS: &[(&str, Kind, &str)] = &[
     (
         "fleetcoord_request_duration_seconds",
@@ -97,6 +99,7 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
 /// fleetcoord::metrics::describe();
 /// ```
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn describe() {
     for (name, kind, help) in METRICS {
         match kind {

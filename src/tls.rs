@@ -26,6 +26,8 @@
 
 #[cfg(feature = "nats")]
 mod client_config;
+#[cfg(any(feature = "nats", feature = "redis"))]
+pub(crate) mod provider;
 pub(crate) mod refusal;
 mod validity;
 

@@ -30,7 +30,13 @@ const ROOTS: &[&str] = &[
 ];
 
 /// Files searched at the top of the repository.
-const TOP_FILES: &[&str] = &["Cargo.toml", "Makefile", "README.md", "CHANGELOG.md"];
+const TOP_FILES: &[&str] = &[
+    "Cargo.toml",
+    "Makefile",
+    "README.md",
+    "CONTRIBUTING.md",
+    "CHANGELOG.md",
+];
 
 #[test]
 fn every_cited_note_and_section_exists() {

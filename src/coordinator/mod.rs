@@ -84,6 +84,7 @@
 #[cfg(any(feature = "nats", feature = "redis"))]
 pub(crate) mod bridge;
 #[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
 #[cfg(any(feature = "nats", feature = "redis"))]
 mod escape;
@@ -96,10 +97,12 @@ mod kv_mirror;
 mod lane;
 mod memory;
 #[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
 mod noop;
 pub mod pattern;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
 pub use etcd::{EtcdCoordinator, EtcdCoordinatorOptions};
@@ -120,9 +123,11 @@ pub use from_env::{
 };
 pub use memory::{MemoryCoordinator, MemoryOptions};
 #[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub use nats::{NatsCoordinator, NatsCredentials, NatsKeyEncoding, NatsOptions};
 pub use noop::NoopCoordinator;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::{RedisCoordinator, RedisOptions};
 
 use crate::error::{Error, Result};

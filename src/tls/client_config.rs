@@ -24,7 +24,7 @@ impl Tls {
     /// the client key does not match its certificate (the message names the
     /// setting, never the key).
     pub(crate) fn to_rustls(&self) -> Result<ClientConfig> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(super::provider::ring());
         let mut roots = RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(&self.ca) {
             let cert = cert.map_err(|_| Error::invalid("ca", "the CA bundle is not valid PEM"))?;

@@ -468,7 +468,7 @@ fn certificates(tls: &Tls) -> TlsCertificates {
 fn install_crypto_provider(secure: bool) {
     if secure && rustls::crypto::CryptoProvider::get_default().is_none() {
         // Err: another thread installed one first, which serves as well.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        let _ = crate::tls::provider::ring().install_default();
     }
 }
 
