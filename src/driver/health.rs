@@ -95,10 +95,7 @@ impl Probe {
                 }),
             ),
             Ok(Err(e)) if etcd_answered(&e) => (ProbeOutcome::Answered, None),
-            Ok(Err(e)) => (
-                ProbeOutcome::Failed(explain(&e, self.tls.as_ref())),
-                None,
-            ),
+            Ok(Err(e)) => (ProbeOutcome::Failed(explain(&e, self.tls.as_ref())), None),
             Err(_) => (
                 ProbeOutcome::Failed(format!("no answer within {timeout:?}")),
                 None,
