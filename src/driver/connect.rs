@@ -30,8 +30,8 @@ pub(crate) struct Connected {
     /// One probe per endpoint (for the health monitor) and whether each
     /// answered at connect time, in endpoint order.
     pub probes: Vec<(Probe, bool)>,
-    /// What the member that answered the proving status request said of
-    /// itself.
+    /// What the first member (in endpoint order) that answered its probe
+    /// with its status said of itself (an empty version when none did).
     pub status: super::ServerStatus,
 }
 
