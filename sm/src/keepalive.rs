@@ -87,7 +87,11 @@
 //!   at another mod revision (an earlier put of this machine's landed
 //!   late), the transaction goes again guarded on that revision; otherwise
 //!   (another writer's key, or none) nothing is deleted and only the revoke
-//!   goes. The leave is not retried after an error. The stop's give-up (one
+//!   goes. One window remains: a copy of the key's first put, given up
+//!   earlier but still on its way and guarded on the key's absence, that
+//!   lands between the leave and the revoke writes the key again until
+//!   the revoke removes it (watchers see it come and go once more). The
+//!   leave is not retried after an error. The stop's give-up (one
 //!   requested TTL, from the stop) covers leave and revoke together, so
 //!   the leave never makes a stop take longer than it could before. Not
 //!   written when there is no key on a lease to announce (registering,
@@ -118,7 +122,8 @@ use std::time::{Duration, Instant};
 pub const MAX_TTL_SECS: i64 = 9_000_000_000;
 
 /// A key kept bound to the lease (host liveness): it exists exactly while the
-/// lease lives, so its disappearance is the cluster-wide "down" signal.
+/// lease lives (or until a leave deletes it first), so its disappearance is
+/// the cluster-wide "down" signal.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
 pub struct Binding {
