@@ -224,14 +224,16 @@ impl LivenessOptions {
 ///   exponential backoff. Each step is reported on [`HostLiveness::states`].
 /// * [`HostLiveness::close`] (and `Drop`) announce the leave, then revoke
 ///   the lease, so watchers see the host
-///   [`Down(_, Left)`](crate::DownReason::Left) within milliseconds instead
-///   of `Down(_, Expired)` after the TTL. The announcement is one put of the
-///   *leave marker* `<prefix><host id>/left` (empty value) on the host's
-///   lease, waited for at most 500 ms (less with a shorter request
-///   timeout); if it fails or times out the revoke goes ahead anyway and
-///   the host reads as `Expired`. The revoke removes marker and host key
-///   together; a process that dies between the two leaves a marker that
-///   expires with the lease (and still reads as `Left`). Nothing is ever
+///   [`Down(_, Left)`](crate::DownReason::Left) one round trip after the
+///   call instead of `Down(_, Expired)` after the TTL. The announcement is
+///   one transaction that writes the *leave marker*
+///   `<prefix><host id>/left` (empty value) on the host's lease and deletes
+///   the host key at one revision, provided the key is still as this
+///   registration wrote it; it is waited for at most 500 ms (less with a
+///   shorter request timeout). The revoke follows its answer and removes
+///   the marker; if the leave fails or times out the revoke goes ahead
+///   anyway and the host reads as `Expired`. A process that dies between
+///   the two leaves a marker that expires with the lease. Nothing is ever
 ///   left behind. A host that never got its key written (still
 ///   registering) announces nothing.
 ///
@@ -252,7 +254,7 @@ impl LivenessOptions {
 /// let host = HostLiveness::register(&etcd, uuid::Uuid::new_v4(), br#"{"zone":"a"}"#, Duration::from_secs(5))?;
 /// assert!(matches!(host.state(), LivenessState::Registered { .. }));
 /// host.set_metadata(br#"{"zone":"b"}"#)?;
-/// host.close()?; // announces the leave and revokes: watchers see Down(_, Left) at once
+/// host.close()?; // announces the leave (watchers see Down(_, Left) at once), then revokes
 /// # Ok(()) }
 /// ```
 #[must_use = "dropping a HostLiveness revokes the lease: the host is reported Down at once"]
@@ -264,6 +266,8 @@ pub struct HostLiveness {
     /// The lease last told trusted, and until when.
     trust: Arc<Mutex<Option<(i64, Instant)>>>,
     states: crossbeam_channel::Receiver<LivenessState>,
+    /// Signalled when the leave transaction applied (see `close`).
+    left: crossbeam_channel::Receiver<()>,
     etcd: Etcd,
 }
 
@@ -359,6 +363,9 @@ impl HostLiveness {
         // The first outcome keeps the machine's own state: a refusal's
         // `RpcError` becomes the error `with_options` returns.
         let (first_tx, first) = crossbeam_channel::bounded::<sm::LivenessState>(1);
+        // Told once, when the leave transaction applied (`close`).
+        let (left_tx, left) = crossbeam_channel::bounded::<()>(1);
+        let mut left_tx = Some(left_tx);
         let shared_state = state.clone();
         let trust = Arc::new(Mutex::new(None));
         let shared_trust = trust.clone();
@@ -373,16 +380,29 @@ impl HostLiveness {
                         *shared_trust.lock() = Some((lease, until));
                         return true;
                     }
+                    KeepaliveNotice::Left { .. } => {
+                        if let Some(tx) = left_tx.take() {
+                            let _ = tx.send(());
+                        }
+                        return true;
+                    }
                 };
                 crate::metrics::liveness(&metrics_key, &machine_state);
                 let s = LivenessState::from_sm(&machine_state);
                 *shared_state.lock() = s.clone();
-                if let sm::LivenessState::Registered { .. } | sm::LivenessState::Refused { .. } =
-                    machine_state
-                {
+                let registering = first_tx.is_some();
+                let outcome = matches!(
+                    machine_state,
+                    sm::LivenessState::Registered { .. } | sm::LivenessState::Refused { .. }
+                );
+                if outcome {
                     if let Some(tx) = first_tx.take() {
                         let _ = tx.send(machine_state);
                     }
+                } else if registering {
+                    // Over before `register` returns: `states()` starts
+                    // with the state it returned, not a replay.
+                    return true;
                 }
                 // A user who ignores state changes must not keep them in
                 // memory forever, and the driver must never wait for a
@@ -404,6 +424,7 @@ impl HostLiveness {
             state,
             trust,
             states,
+            left,
             etcd: etcd.clone(),
         };
         match first.recv_timeout(options.register_timeout) {
@@ -462,7 +483,9 @@ impl HostLiveness {
     }
 
     /// Every state change, in order (the newest 1,024 are kept when nobody
-    /// reads them).
+    /// reads them), starting with the state
+    /// [`register`](HostLiveness::register) returned: the `Registering`
+    /// before it is over and not replayed.
     pub fn states(&self) -> &crossbeam_channel::Receiver<LivenessState> {
         &self.states
     }
@@ -476,19 +499,37 @@ impl HostLiveness {
             .map_err(|_| self.etcd.gone())
     }
 
-    /// Announce the leave (the leave marker, see the type's docs), revoke
-    /// the lease (the key disappears, watchers see
-    /// [`Down(_, Left)`](crate::DownReason::Left) at once) and stop
-    /// renewing. Returns an error when the revoke could not be confirmed;
-    /// the keepalive stops either way and the lease then expires after its
-    /// TTL. A marker that could not be written is no error: the host then
-    /// reads as `Expired`, as after a crash.
+    /// Announce the leave and stop renewing: one transaction writes the
+    /// leave marker and deletes the key (watchers see
+    /// [`Down(_, Left)`](crate::DownReason::Left) at once), then the lease
+    /// is revoked. Returns as soon as etcd confirmed the leave, one round
+    /// trip, without waiting for the revoke, which goes on in the
+    /// background and removes the marker (should it fail, the marker
+    /// expires with the lease; the final
+    /// [`Stopped { revoked }`](LivenessState::Stopped) on a clone of
+    /// [`HostLiveness::states`] tells which). When the leave could not be
+    /// written (etcd unreachable, or the key is not this registration's any
+    /// more) the revoke is waited for instead, and an error is returned
+    /// when it could not be confirmed: the key then disappears when the
+    /// lease expires after its TTL, and watchers see `Expired`.
     pub fn close(self) -> Result<()> {
         self.stop_and_wait()
     }
 
     fn stop_and_wait(&self) -> Result<()> {
-        let finished = self.machine.stop_and_wait(CLOSE_WAIT);
+        self.machine.stop();
+        let finished = crossbeam_channel::select! {
+            recv(self.left) -> left => match left {
+                // The key is gone and watchers saw a leave; the revoke
+                // (of the lease, now holding only the marker) goes on in
+                // the background.
+                Ok(()) => return Ok(()),
+                // The notice handler is gone: the machine task ended.
+                Err(_) => self.machine.wait_finished(CLOSE_WAIT),
+            },
+            recv(self.machine.finished()) -> finished => Ok(finished.unwrap_or(Finished::Abandoned)),
+            default(CLOSE_WAIT) => Err(WaitError::Timeout(CLOSE_WAIT)),
+        };
         let revoked = match self.state() {
             LivenessState::Stopped { revoked } => Some(revoked),
             _ => None,

@@ -1,8 +1,8 @@
 //! Which etcd the handle talks to, and what that release is known to break.
 //!
-//! [`Etcd::connect`](crate::Etcd::connect) already asks a member for its
-//! status to prove the connection; the version comes from that same answer
-//! (no request of its own). The table of [`KnownDefect`]s is a pure
+//! [`Etcd::connect`](crate::Etcd::connect) already asks every member for
+//! its status when it probes them; the version comes from the first
+//! answer, in endpoint order (no request of its own). The table of [`KnownDefect`]s is a pure
 //! function of the version string ([`etcd_defects`]), so it is tested
 //! against made-up versions.
 //!

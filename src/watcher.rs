@@ -89,11 +89,11 @@ pub enum HostEvent {
 pub enum DownReason {
     /// The host announced its leave: it closed its registration
     /// ([`crate::HostLiveness::close`], dropping the `HostLiveness`,
-    /// `fleetcoord agent` on SIGTERM or Ctrl-C), and etcd removed its key
-    /// together with its leave marker (the marker on the host's lease,
-    /// written after the key was registered). Usually milliseconds after the
-    /// close; one TTL after it when the close wrote its marker but could not
-    /// revoke (the lease then expired with the marker). Planned: no alarm.
+    /// `fleetcoord agent` on SIGTERM or Ctrl-C): its key was deleted in the
+    /// revision that wrote its leave marker (one transaction, on the host's
+    /// lease), or together with a marker written before (a revoke, as
+    /// fleetcoord versions before the one-transaction leave did it). One
+    /// round trip after the close. Planned: no alarm.
     Left,
     /// No leave was seen: the lease expired (the process crashed or was
     /// killed, the host was partitioned from etcd or paused past its TTL),

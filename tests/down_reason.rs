@@ -65,7 +65,7 @@ fn close_and_drop_are_left_within_a_second() {
     let latency = closed.elapsed();
     println!("close -> Down({reason}): {latency:?}");
     assert_eq!(reason, DownReason::Left);
-    // Two round trips (marker, revoke) and a watch event: milliseconds; a
+    // One round trip (the leave) and a watch event: milliseconds; a
     // second is far below the 5 s TTL, so no expiry can pass for this.
     assert!(latency < Duration::from_secs(1), "{latency:?}");
 
@@ -93,6 +93,47 @@ fn close_and_drop_are_left_within_a_second() {
         .trim(),
         ""
     );
+}
+
+#[test]
+fn close_returns_one_round_trip_after_the_stop_and_the_revoke_follows() {
+    // Through a proxy holding every byte 100 ms each way (a round trip of
+    // 200 ms): the leave is one transaction, and close returns when etcd
+    // confirmed it, without waiting for the revoke behind it.
+    const ONE_WAY: Duration = Duration::from_millis(100);
+    let server = EtcdServer::start().expect("etcd");
+    let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
+    let direct = connect(&server.endpoint());
+    let slow = connect(&proxy.endpoint());
+    let watcher = watch(&direct);
+    let id = Uuid::new_v4();
+    let host = HostLiveness::register(&slow, id, b"m", Duration::from_secs(5)).expect("register");
+    expect_up(&watcher, id);
+    let key = host.key().to_string();
+    let states = host.states().clone();
+    proxy.set_mode(Mode::Delay(ONE_WAY));
+    let started = Instant::now();
+    host.close().expect("close");
+    let took = started.elapsed();
+    println!("close through a 200 ms round trip: {took:?}");
+    // One round trip, with room for a stalled machine, but not two.
+    assert!(took >= 2 * ONE_WAY, "{took:?}");
+    assert!(took < 2 * ONE_WAY + ONE_WAY, "{took:?}");
+    // The key was gone when close returned, and watchers see a leave.
+    assert_eq!(etcdctl(&server.endpoint(), &["get", &key]), "");
+    let (reason, _) = expect_down(&watcher, id, WAIT);
+    assert_eq!(reason, DownReason::Left);
+    // The revoke went on in the background and was confirmed.
+    let last = loop {
+        match states.recv_timeout(WAIT) {
+            Ok(LivenessState::Stopped { revoked }) => break revoked,
+            Ok(_) => {}
+            Err(e) => panic!("no Stopped within {WAIT:?}: {e}"),
+        }
+    };
+    assert!(last, "the revoke was not confirmed");
+    let marker = format!("{key}/left");
+    assert_eq!(etcdctl(&server.endpoint(), &["get", &marker]), "");
 }
 
 #[test]

@@ -10,7 +10,7 @@ use common::{apply, connect, etcdctl, ChildGuard};
 use fleetcoord::testing::EtcdServer;
 use fleetcoord::{
     list_hosts, DownReason, Etcd, EtcdOptions, HostEvent, HostInfo, HostLiveness, HostWatcher,
-    LivenessOptions, WatcherOptions, DEFAULT_HOSTS_PREFIX,
+    LivenessOptions, LivenessState, WatcherOptions, DEFAULT_HOSTS_PREFIX,
 };
 use std::collections::{HashMap, HashSet};
 use std::process::Stdio;
@@ -75,7 +75,7 @@ fn register_up_then_graceful_close_down_within_a_second() {
     println!("graceful close -> Down(Left): {latency:?}");
     assert_eq!(down.id, id);
     assert_eq!(down.metadata, br#"{"zone":"a"}"#.to_vec());
-    // A revoke is one round trip plus one watch event (~1 ms here); one
+    // A leave is one round trip plus one watch event (~1 ms here); one
     // second leaves room for a stalled machine yet is far below any TTL, so
     // it proves the lease was revoked rather than left to expire.
     assert!(
@@ -83,6 +83,23 @@ fn register_up_then_graceful_close_down_within_a_second() {
         "close -> Down took {latency:?}"
     );
     assert!(etcd_view(&etcd).is_empty(), "key still present after close");
+}
+
+#[test]
+fn states_start_with_the_state_register_returned() {
+    let server = EtcdServer::start().expect("etcd");
+    let etcd = connect(&server.endpoint());
+    let host = HostLiveness::register(&etcd, Uuid::new_v4(), b"m", Duration::from_secs(5))
+        .expect("register");
+    let returned = host.state();
+    assert!(
+        matches!(returned, LivenessState::Registered { .. }),
+        "{returned:?}"
+    );
+    // Not the `Registering` that was over before `register` returned.
+    assert_eq!(host.states().try_recv(), Ok(returned));
+    assert!(host.states().try_recv().is_err(), "nothing else happened");
+    host.close().expect("close");
 }
 
 /// Not a test of its own: the body of the child process that

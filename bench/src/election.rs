@@ -25,7 +25,7 @@ const SETTLE: Duration = Duration::from_millis(150);
 /// Polls until `want` keys exist under `prefix`, then lets [`SETTLE`]
 /// pass: the next candidate is queued and waiting, so what follows
 /// measures the handover alone.
-fn wait_candidates(raw: &Raw, prefix: &str, want: i64) -> Res<()> {
+pub(crate) fn wait_candidates(raw: &Raw, prefix: &str, want: i64) -> Res<()> {
     let deadline = Instant::now() + WAIT;
     while raw.count_prefix(prefix)? != want {
         if Instant::now() > deadline {
@@ -38,21 +38,21 @@ fn wait_candidates(raw: &Raw, prefix: &str, want: i64) -> Res<()> {
 }
 
 /// A raw session: a lease kept alive by a task for the life of the row.
-fn raw_session(raw: &Raw, ttl: i64) -> Res<(i64, tokio::task::JoinHandle<Res<()>>)> {
+pub(crate) fn raw_session(raw: &Raw, ttl: i64) -> Res<(i64, tokio::task::JoinHandle<Res<()>>)> {
     let mut c = raw.client();
     let lease = raw.block_on(c.lease_grant(ttl, None))?.id();
     let task = raw.spawn(raw::keep_alive(raw.client(), lease, ttl));
     Ok((lease, task))
 }
 
-fn raw_campaign(raw: &Raw, name: &str, value: &str, lease: i64) -> Res<LeaderKey> {
+pub(crate) fn raw_campaign(raw: &Raw, name: &str, value: &str, lease: i64) -> Res<LeaderKey> {
     let mut c = raw.client();
     let mut resp = raw.block_on(c.campaign(name, value, lease))?;
     resp.take_leader()
         .ok_or_else(|| "campaign answered without a leader key".into())
 }
 
-fn raw_resign(raw: &Raw, leader: LeaderKey) -> Res<()> {
+pub(crate) fn raw_resign(raw: &Raw, leader: LeaderKey) -> Res<()> {
     let mut c = raw.client();
     raw.block_on(c.resign(Some(ResignOptions::new().with_leader(leader))))?;
     Ok(())

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! fleetcoord-bench [--quick] [--pool-secs N] [--endpoints host:port] [FIGURE...]
-//! FIGURE: kv leave crash campaign handover semaphore elect-cli failover watch pool liveness coord idle-cost concurrency mass-failure | all (default)
+//! FIGURE: kv leave crash campaign handover semaphore elect-cli failover watch pool liveness coord idle-cost concurrency mass-failure rtt | all (default)
 //! ```
 //!
 //! `--quick` (or `BENCH_QUICK=1`) runs a few samples of every row in
@@ -27,6 +27,7 @@ mod process;
 mod raw;
 mod raw_bus;
 mod report;
+mod rtt;
 mod stats;
 mod watch;
 
@@ -58,7 +59,7 @@ impl Config {
 
 type Figure = fn(&Config) -> Res<Vec<Row>>;
 
-const FIGURES: [(&str, Figure); 15] = [
+const FIGURES: [(&str, Figure); 16] = [
     ("kv", kv::run),
     ("leave", liveness::leave),
     ("crash", liveness::crash),
@@ -74,6 +75,7 @@ const FIGURES: [(&str, Figure); 15] = [
     ("idle-cost", cost::idle),
     ("concurrency", concurrency::run),
     ("mass-failure", mass::run),
+    ("rtt", rtt::run),
 ];
 
 fn main() {

@@ -15,8 +15,9 @@
 //! * at most one renewal is outstanding;
 //! * nothing but Revokes of one lease, one outstanding at a time, are
 //!   issued after `Stop`, besides one last revoke of each lease given up
-//!   earlier and, with a leave marker configured, at most one put of the
-//!   marker, before the revoke and on the lease it revokes; once `Stopped`,
+//!   earlier and, with a leave marker configured, the leave transactions
+//!   (the marker put and the key deleted), before the revoke and on the
+//!   lease it revokes, `Left` told only after one; once `Stopped`,
 //!   `poll_timeout` is `None` and `Stopped` is the last notification;
 //! * consecutive notifications differ;
 //! * a told deadline (`Trusted`, with `announce_trust`, which odd TTLs
@@ -174,15 +175,32 @@ impl Run {
                 Command::Rpc { id, request } => {
                     assert!(self.outstanding.iter().all(|(o, _)| *o != id), "id reused");
                     if self.stop_requested {
-                        // The leave marker: once, on the lease being
-                        // stopped, before that lease's revoke.
-                        if let Request::Put { key, lease, .. } = &request {
-                            assert!(key.as_slice() == MARKER, "{request:?} after stop");
+                        // The leave: the marker put on the lease being
+                        // stopped and the key deleted, in one transaction,
+                        // before that lease's revoke (again only when a
+                        // write of its own moved the key meanwhile).
+                        if let Request::Txn(txn) = &request {
+                            let lease = txn.success.iter().find_map(|op| match op {
+                                TxnOp::Put { key, lease, .. } if key.as_slice() == MARKER => {
+                                    Some(*lease)
+                                }
+                                _ => None,
+                            });
+                            let Some(lease) = lease else {
+                                panic!("{request:?} after stop");
+                            };
                             assert!(self.leave_marker, "a marker nobody asked for");
-                            assert!(self.revoked.is_none(), "leave marker after the revoke");
-                            assert!(!self.marker_sent, "second leave marker");
+                            assert!(self.revoked.is_none(), "leave after the revoke");
+                            assert!(
+                                self.marker_lease.is_none_or(|l| l == lease),
+                                "leaves on two leases"
+                            );
+                            assert!(
+                                txn.success.iter().any(|op| matches!(op, TxnOp::Delete(_))),
+                                "a leave that deletes nothing"
+                            );
                             self.marker_sent = true;
-                            self.marker_lease = Some(*lease);
+                            self.marker_lease = Some(lease);
                             self.outstanding.push((id, request));
                             continue;
                         }
@@ -227,6 +245,11 @@ impl Run {
                         "told a deadline that is not the machine's"
                     );
                     assert!(until > self.now, "told a deadline already past");
+                }
+                Command::Notify(KeepaliveNotice::Left { lease }) => {
+                    assert!(self.marker_sent, "Left without a leave sent");
+                    assert_eq!(self.marker_lease, Some(lease), "Left on another lease");
+                    assert!(self.revoked.is_none(), "Left after the revoke");
                 }
                 Command::Notify(KeepaliveNotice::State(n)) => {
                     assert_ne!(self.notifications.last(), Some(&n), "repeated notification");

@@ -71,19 +71,31 @@
 //! * [`KeepaliveInput::Stop`] cancels everything and revokes the lease (and
 //!   sends one last revoke for each lease still being retired, not waited
 //!   for); no renewal, grant or put is ever sent afterwards (but the leave
-//!   marker's, below).
-//! * Leave marker: with [`Binding::leave_marker`] set, a stop while the key
-//!   is written with the current lease first puts the marker key (empty
-//!   value) on that lease, and sends the revoke when etcd answers that put,
-//!   whatever the answer, or after one attempt timeout (half the requested
-//!   TTL when the attempt timeout is zero) without an answer, the put then
-//!   canceled. So a watcher sees the marker before the revoke deletes host
-//!   key and marker at one revision (a leave), and a close that cannot
-//!   reach etcd still goes on to its revoke. The marker is not retried.
-//!   The stop's give-up (one requested TTL, from the stop) covers marker
-//!   and revoke together, so the marker never makes a stop take longer
-//!   than it could before. Not written when there is no key on a lease to
-//!   announce (registering, stopping after a loss) nor after a refusal.
+//!   transaction's, below).
+//! * Leave: with [`Binding::leave_marker`] set, a stop while the key is
+//!   written with the current lease first sends one transaction that puts
+//!   the marker key (empty value) on that lease and deletes the key, at one
+//!   revision, guarded on the key's mod revision as this machine last
+//!   wrote it. A watcher sees the key deleted by the revision that creates
+//!   its marker (a leave) one round trip after the stop, and
+//!   [`KeepaliveNotice::Left`] tells it when etcd answers. The revoke goes
+//!   out when etcd answers that transaction, whatever the answer, or after
+//!   one attempt timeout (half the requested TTL when the attempt timeout
+//!   is zero) without an answer, the transaction then canceled; the revoke
+//!   removes the marker (unrevoked, it expires with the lease). A failed
+//!   guard is answered with the key as it is: still on the current lease
+//!   at another mod revision (an earlier put of this machine's landed
+//!   late), the transaction goes again guarded on that revision; otherwise
+//!   (another writer's key, or none) nothing is deleted and only the revoke
+//!   goes. One window remains: a copy of the key's first put, given up
+//!   earlier but still on its way and guarded on the key's absence, that
+//!   lands between the leave and the revoke writes the key again until
+//!   the revoke removes it (watchers see it come and go once more). The
+//!   leave is not retried after an error. The stop's give-up (one
+//!   requested TTL, from the stop) covers leave and revoke together, so
+//!   the leave never makes a stop take longer than it could before. Not
+//!   written when there is no key on a lease to announce (registering,
+//!   stopping after a loss) nor after a refusal.
 //!
 //! Backoff: registration (grant, put, an unproven lease lost) and renewal
 //! failures count separately, each with its own jitter seed derived from the
@@ -110,7 +122,8 @@ use std::time::{Duration, Instant};
 pub const MAX_TTL_SECS: i64 = 9_000_000_000;
 
 /// A key kept bound to the lease (host liveness): it exists exactly while the
-/// lease lives, so its disappearance is the cluster-wide "down" signal.
+/// lease lives (or until a leave deletes it first), so its disappearance is
+/// the cluster-wide "down" signal.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
 pub struct Binding {
@@ -120,7 +133,7 @@ pub struct Binding {
     pub value: Vec<u8>,
     /// The key of the *leave marker* announced on stop, if any (host
     /// liveness: [`leave_marker_key`](crate::watch::leave_marker_key) of
-    /// `key`). See "Leave marker" in the module docs.
+    /// `key`). See "Leave" in the module docs.
     pub leave_marker: Option<Vec<u8>>,
 }
 
@@ -212,6 +225,15 @@ pub enum KeepaliveNotice {
         lease: LeaseId,
         /// Its new local deadline.
         until: Instant,
+    },
+    /// The leave transaction (see "Leave" in the module docs) applied: the
+    /// key is deleted and its leave marker written on `lease` at one
+    /// revision, so every watcher sees a leave. Told at most once, while
+    /// stopping, before the revoke's answer and `Stopped`; never in
+    /// lease-only mode.
+    Left {
+        /// The lease the marker is bound to (about to be revoked).
+        lease: LeaseId,
     },
 }
 
@@ -392,10 +414,10 @@ enum Phase {
         grant: Option<(RpcId, Instant)>,
     },
     Leased(Lease),
-    /// Stopping: the leave marker's put is outstanding; the revoke of
+    /// Stopping: the leave transaction is outstanding; the revoke of
     /// `lease` follows its answer or its attempt timeout.
     Leaving {
-        put: RpcId,
+        txn: RpcId,
         lease: LeaseId,
     },
     Stopping {
@@ -440,7 +462,7 @@ pub struct Keepalive {
 
 impl Phase {
     /// Whether a stop is under way or done: nothing but the stop's own
-    /// requests (the leave marker, the revoke) goes out from here on.
+    /// requests (the leave transaction, the revoke) goes out from here on.
     fn is_stopping(&self) -> bool {
         matches!(
             self,
@@ -986,11 +1008,11 @@ impl Keepalive {
     /// A permanent refusal: tell the user, then stop as if asked.
     fn refuse(&mut self, now: Instant, error: RpcError) {
         self.notify(LivenessState::Refused { error });
-        // No leave announced: the marker's put would be refused too.
+        // No leave announced: the leave transaction would be refused too.
         self.stop(now, false);
     }
 
-    /// Stops for good; `announce` says whether a leave marker may be put
+    /// Stops for good; `announce` says whether the leave may be announced
     /// first (see the module docs).
     fn stop(&mut self, now: Instant, announce: bool) {
         // Already stopping: a second stop must not disarm the give-up and
@@ -1036,13 +1058,8 @@ impl Keepalive {
                     .and_then(|b| b.leave_marker.clone())
                     .filter(|_| announce && l.written.is_some());
                 match marker {
-                    Some(key) => {
-                        let put = self.outbox.rpc(Request::Put {
-                            key,
-                            value: Vec::new(),
-                            lease: l.id,
-                        });
-                        self.phase = Phase::Leaving { put, lease: l.id };
+                    Some(marker) => {
+                        self.send_leave(marker, l.id);
                         let wait = if self.attempt_timeout.is_zero() {
                             self.request_timeout() / 2
                         } else {
@@ -1061,6 +1078,71 @@ impl Keepalive {
         }
     }
 
+    /// The leave transaction (see "Leave" in the module docs), guarded on
+    /// the key's mod revision as last known.
+    fn send_leave(&mut self, marker: Vec<u8>, lease: LeaseId) {
+        let Some(binding) = &self.binding else { return };
+        let key = binding.key.clone();
+        let request = Request::Txn(Txn {
+            compare: vec![Compare::ModRevisionEquals {
+                key: key.clone(),
+                revision: self.key_revision,
+            }],
+            success: vec![
+                TxnOp::Put {
+                    key: marker,
+                    value: Vec::new(),
+                    lease,
+                },
+                TxnOp::Delete(KeyRange::Key(key.clone())),
+            ],
+            failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(key)))],
+        });
+        let txn = self.outbox.rpc(request);
+        self.phase = Phase::Leaving { txn, lease };
+    }
+
+    /// The answer to the leave transaction: told and revoked when it
+    /// applied, sent again when only an earlier write of this machine's
+    /// moved the key, else revoked without a leave.
+    fn on_leave_reply(&mut self, lease: LeaseId, result: Result<Response, RpcError>) {
+        match result {
+            Ok(Response::Txn {
+                succeeded: true, ..
+            }) => {
+                self.outbox.notify(KeepaliveNotice::Left { lease });
+                self.after_leave(None, lease);
+            }
+            Ok(Response::Txn {
+                succeeded: false,
+                responses,
+                ..
+            }) => {
+                let found = responses.into_iter().find_map(|r| match r {
+                    TxnOpResponse::Range { kvs } => kvs.into_iter().next(),
+                    _ => None,
+                });
+                let marker = self.binding.as_ref().and_then(|b| b.leave_marker.clone());
+                match (found, marker) {
+                    // Still this lease's key, moved by a write of ours that
+                    // landed late: guarded on what was read, the leave is
+                    // sent again (each time the revision moved, so never
+                    // in a loop), within the same attempt timeout.
+                    (Some(kv), Some(marker))
+                        if kv.lease == lease && kv.mod_revision != self.key_revision =>
+                    {
+                        self.key_revision = kv.mod_revision;
+                        self.send_leave(marker, lease);
+                    }
+                    _ => self.after_leave(None, lease),
+                }
+            }
+            // Whatever else etcd said: the revoke goes out (a failed leave
+            // only makes the host read as expired).
+            _ => self.after_leave(None, lease),
+        }
+    }
+
     /// The revoke that ends a stop (the TTL give-up is armed already).
     fn send_stop_revoke(&mut self, lease: LeaseId) {
         let revoke = self.outbox.rpc(Request::Revoke { lease });
@@ -1069,8 +1151,8 @@ impl Keepalive {
         self.arm_attempt();
     }
 
-    /// The leave marker was answered, or (`unanswered`: then canceled)
-    /// waited for long enough: revoke.
+    /// The leave transaction was answered, or (`unanswered`: then
+    /// canceled) waited for long enough: revoke.
     fn after_leave(&mut self, unanswered: Option<RpcId>, lease: LeaseId) {
         if let Some(put) = unanswered {
             self.outbox.cancel(put);
@@ -1105,11 +1187,9 @@ impl Keepalive {
                     self.on_put_reply(now, generation, result);
                 }
             }
-            // Whatever etcd said: the revoke goes out either way (a failed
-            // marker only makes the leave read as an expiry).
-            Phase::Leaving { put, lease } if *put == id => {
+            Phase::Leaving { txn, lease } if *txn == id => {
                 let lease = *lease;
-                self.after_leave(None, lease);
+                self.on_leave_reply(lease, result);
             }
             Phase::Stopping { revoke, .. } if *revoke == id => match result {
                 // Not found: an earlier copy revoked it (its answer lost),
@@ -1162,9 +1242,9 @@ impl Keepalive {
                     self.send_put(now);
                 }
             }
-            (Timer::Attempt, Phase::Leaving { put, lease }) => {
-                let (put, lease) = (*put, *lease);
-                self.after_leave(Some(put), lease);
+            (Timer::Attempt, Phase::Leaving { txn, lease }) => {
+                let (txn, lease) = (*txn, *lease);
+                self.after_leave(Some(txn), lease);
             }
             (Timer::Attempt, Phase::Stopping { revoke, lease }) => {
                 let (old, lease) = (*revoke, *lease);
@@ -1216,7 +1296,7 @@ impl Keepalive {
             },
             (
                 Timer::Retry,
-                Phase::Leaving { put: id, .. }
+                Phase::Leaving { txn: id, .. }
                 | Phase::Stopping { revoke: id, .. }
                 | Phase::StoppingGrant { grant: id },
             ) => {

@@ -39,32 +39,37 @@
 //!
 //! Under [`KeyRule::HostId`] a key `<host key>/left` is that host's *leave
 //! marker* ([`leave_marker_key`]): a graceful close writes it on the host's
-//! lease, then revokes the lease. Markers are never reported (neither as a
-//! key nor as [`WatchNotice::InvalidKey`]); they decide how a known host
-//! key's disappearance is reported:
+//! lease and deletes the host key in one transaction, then revokes the
+//! lease (which removes the marker). Markers are never reported (neither
+//! as a key nor as [`WatchNotice::InvalidKey`]); they decide how a known
+//! host key's disappearance is reported:
 //!
 //! * [`WatchNotice::Left`] when its marker *marks* it — bound to the same
 //!   (non-zero) lease as the host key's last seen state, and created at a
 //!   later revision than the host key — and
-//!   * live: the marker was known before the revision that deletes the
-//!     host key, and is deleted in that same revision (a revoke, or an
-//!     expiry, of the lease both are bound to deletes both at once);
+//!   * live: the marker is written in the revision that deletes the host
+//!     key (the one-transaction leave); or it was known before that
+//!     revision and is deleted in it (a revoke, or an expiry, of the lease
+//!     both are bound to deletes both at once: how fleetcoord versions
+//!     before the one-transaction leave announced it);
 //!   * by a resync's diff (the delete happened while no watch was open):
-//!     the marker was known before the resync, and the fresh snapshot no
+//!     the fresh snapshot holds the marker (its revoke not yet applied),
+//!     or the marker was known before the resync and the fresh snapshot no
 //!     longer has it either.
 //! * [`WatchNotice::Down`] otherwise: the lease expired (a crash, a
 //!   partition or pause past the TTL), the close could not write its
 //!   marker (etcd unreachable), another client deleted the host key alone,
 //!   the marker was on another lease or older than the registration, a
-//!   leave that happened entirely while disconnected (marker never seen),
-//!   a missed delete seen as a re-created key, and hosts written by
-//!   fleetcoord versions that write no markers.
+//!   leave whose marker came and went entirely while disconnected (marker
+//!   never seen), a missed delete seen as a re-created key, and hosts
+//!   written by fleetcoord versions that write no markers.
 //!
-//! A host that wrote its marker but whose revoke then failed expires with
-//! the marker: that still reads as `Left`, one TTL late. A client that
-//! deletes both keys in one transaction is taken for a leave. A host
-//! registering again after a leave starts clean: its new key has a newer
-//! create revision and a new lease, which the old marker marks neither.
+//! A host that left but whose revoke then failed keeps its marker until
+//! the lease expires; nothing more is reported then. A client that writes
+//! the marker and deletes the host key in one transaction, or deletes both
+//! in one, is taken for a leave. A host registering again after a leave
+//! starts clean: its new key has a newer create revision and a new lease,
+//! which the old marker marks neither.
 
 mod keys;
 mod view;

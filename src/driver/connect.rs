@@ -1,14 +1,15 @@
-//! Connecting: every endpoint is probed on its own first, so a member that
-//! hangs cannot stall the start and each failure is reported in words
-//! (unknown CA, a certificate for another name, a missing client
-//! certificate); then the one shared client is built on the members that
-//! answered and logs in.
+//! Connecting: every endpoint is probed on its own, so a member that hangs
+//! cannot stall the start and each failure is reported in words (unknown
+//! CA, a certificate for another name, a missing client certificate);
+//! meanwhile the one shared client is built and logs in, so that both
+//! connections are set up at once, and it ends up on the members that
+//! answered their probes.
 //!
 //! Nothing here formats a password or key: errors are built from
 //! etcd-client's errors, which carry neither (docs/etcd-notes.md,
 //! "TLS and auth failures"), and from our own words.
 
-use super::health::{Probe, ProbeOutcome};
+use super::health::{etcd_answered, Probe, ProbeOutcome};
 use super::ConnectSettings;
 use crate::tls::refusal::{self, ClientSide};
 use crate::tls::Tls;
@@ -29,8 +30,8 @@ pub(crate) struct Connected {
     /// One probe per endpoint (for the health monitor) and whether each
     /// answered at connect time, in endpoint order.
     pub probes: Vec<(Probe, bool)>,
-    /// What the member that answered the proving status request said of
-    /// itself.
+    /// What the first member (in endpoint order) that answered its probe
+    /// with its status said of itself (an empty version when none did).
     pub status: super::ServerStatus,
 }
 
@@ -56,17 +57,36 @@ pub(crate) fn probe_options(settings: &ConnectSettings) -> ec::ConnectOptions {
     }
 }
 
-/// Probe every endpoint, build the shared client on those that answered,
-/// log in, and prove it with a request. The error is one line.
+/// Probe every endpoint and, at the same time, build the shared client on
+/// all of them and prove it (log in, or make sure etcd wants no user):
+/// both dial at once, so a connect costs one connection set-up and one
+/// round trip, not the probes' and then the shared client's in turn. The
+/// probes decide: an endpoint that did not answer its probe is taken out
+/// of the shared client (the health monitor lets it back in), and when
+/// the shared client's proof is still waiting on a member whose probe
+/// failed, it is dropped and the client built again on those that
+/// answered, so a hanging member cannot stall the start. The error is one
+/// line.
 pub(crate) async fn connect(settings: &ConnectSettings) -> Result<Connected, String> {
     let deadline = Instant::now() + settings.connect_timeout;
-    let base = base_options(settings);
     let tls = settings.tls.as_ref();
     let mut probes = Vec::with_capacity(settings.endpoints.len());
     for url in &settings.endpoints {
         probes.push(Probe::new(url, probe_options(settings), tls).await?);
     }
-    let outcomes = probe_all(&probes, settings.connect_timeout, deadline).await;
+    let early = prove(&settings.endpoints, settings);
+    tokio::pin!(early);
+    let mut proven = None;
+    let (outcomes, statuses) = {
+        let probing = probe_all(&probes, settings.connect_timeout, deadline);
+        tokio::pin!(probing);
+        loop {
+            tokio::select! {
+                found = &mut probing => break found,
+                result = &mut early, if proven.is_none() => proven = Some(result),
+            }
+        }
+    };
     let answered: Vec<String> = probes
         .iter()
         .zip(&outcomes)
@@ -76,37 +96,52 @@ pub(crate) async fn connect(settings: &ConnectSettings) -> Result<Connected, Str
     if answered.is_empty() {
         return Err(summarize(&probes, &outcomes, settings.connect_timeout));
     }
-    let mut options = base.with_auto_token_refresh(true);
-    if let Some(user) = &settings.user {
-        options = options.with_user(user.name(), user.password());
-    }
-    let attempt = async {
-        let mut client = ec::Client::connect(&answered, Some(options))
-            .await
-            .map_err(|e| login_reason(&e, settings, tls))?;
-        let status = client.status().await.map_err(|e| explain(&e, tls))?;
-        let status = super::ServerStatus {
-            version: status.version().to_string(),
-            member_id: status.header().map_or(0, |h| h.member_id()),
-        };
-        if settings.user.is_none() {
-            // etcd with auth enabled answers a status without a user, but
-            // refuses every key: say so now rather than at the first call.
-            let probe = ec::GetOptions::new().with_serializable().with_keys_only();
-            if let Err(e) = client.get(vec![0u8], Some(probe)).await {
-                if is_user_missing(&e) {
-                    return Err("etcd has authentication enabled and no user was given \
-                         (EtcdOptions::with_user, --user)"
-                        .to_string());
+    let every_one = answered.len() == probes.len();
+    let early = match proven {
+        Some(result) => Some(result),
+        // Every member answered its probe: the proof is on its way.
+        None if every_one => match tokio::time::timeout_at(deadline, &mut early).await {
+            Ok(result) => Some(result),
+            Err(_) => return Err(format!("no answer within {:?}", settings.connect_timeout)),
+        },
+        // It may be waiting on a member that does not answer.
+        None => None,
+    };
+    let client = match early {
+        Some(Ok(client)) => {
+            for (probe, outcome) in probes.iter().zip(&outcomes) {
+                if !matches!(outcome, Some(ProbeOutcome::Answered)) {
+                    // Starts out unused, as if never added (a failure here
+                    // means the balancer is gone; the first call says so).
+                    let _ = client.remove_endpoint(probe.url()).await;
                 }
             }
+            client
         }
-        Ok::<_, String>((client, status))
+        // etcd itself said no (a wrong password, a user missing): no other
+        // member would say otherwise.
+        Some(Err(Failure::Refused(why))) => return Err(why),
+        // Sent to a member that failed (its probe said so, or it broke
+        // since): again, on those that answered.
+        Some(Err(Failure::Unreachable(_))) | None => {
+            match tokio::time::timeout_at(deadline, prove(&answered, settings)).await {
+                Ok(Ok(client)) => client,
+                Ok(Err(Failure::Refused(why) | Failure::Unreachable(why))) => return Err(why),
+                Err(_) => return Err(format!("no answer within {:?}", settings.connect_timeout)),
+            }
+        }
     };
-    let (client, status) = match tokio::time::timeout_at(deadline, attempt).await {
-        Ok(result) => result?,
-        Err(_) => return Err(format!("no answer within {:?}", settings.connect_timeout)),
-    };
+    // What the first member (in endpoint order) that answered with its
+    // status said of itself; an answer that was an error of etcd's own
+    // says nothing.
+    let status = statuses
+        .into_iter()
+        .flatten()
+        .next()
+        .unwrap_or(super::ServerStatus {
+            version: String::new(),
+            member_id: 0,
+        });
     let probes = probes
         .into_iter()
         .zip(outcomes)
@@ -119,28 +154,81 @@ pub(crate) async fn connect(settings: &ConnectSettings) -> Result<Connected, Str
     })
 }
 
+/// Why the shared client could not be proven.
+enum Failure {
+    /// etcd answered, and refused: a wrong password, or no user where etcd
+    /// wants one.
+    Refused(String),
+    /// No answer (refused connection, TLS, a timeout).
+    Unreachable(String),
+}
+
+/// The shared client on `endpoints`, proven: logged in with the user
+/// (etcd-client does so as it connects), or, without one, a read that
+/// etcd refuses when it has authentication enabled — said now rather than
+/// at the first call.
+async fn prove(endpoints: &[String], settings: &ConnectSettings) -> Result<ec::Client, Failure> {
+    let tls = settings.tls.as_ref();
+    let mut options = base_options(settings).with_auto_token_refresh(true);
+    if let Some(user) = &settings.user {
+        options = options.with_user(user.name(), user.password());
+    }
+    let mut client = ec::Client::connect(endpoints, Some(options))
+        .await
+        .map_err(|e| {
+            let why = login_reason(&e, settings, tls);
+            if etcd_answered(&e) {
+                Failure::Refused(why)
+            } else {
+                Failure::Unreachable(why)
+            }
+        })?;
+    if settings.user.is_none() {
+        let read = ec::GetOptions::new().with_serializable().with_keys_only();
+        match client.get(vec![0u8], Some(read)).await {
+            Ok(_) => {}
+            Err(e) if is_user_missing(&e) => {
+                return Err(Failure::Refused(
+                    "etcd has authentication enabled and no user was given \
+                     (EtcdOptions::with_user, --user)"
+                        .to_string(),
+                ))
+            }
+            // Any other answer of etcd's own still proves it answers.
+            Err(e) if etcd_answered(&e) => {}
+            Err(e) => return Err(Failure::Unreachable(explain(&e, tls))),
+        }
+    }
+    Ok(client)
+}
+
 /// Probe all at once; stop at `deadline`, or [`STRAGGLER_GRACE`] after the
-/// first answer. `None` for a probe cut short.
+/// first answer. `None` for a probe cut short; beside each, what the
+/// member said of itself when it answered with its status.
 async fn probe_all(
     probes: &[Probe],
     timeout: Duration,
     deadline: Instant,
-) -> Vec<Option<ProbeOutcome>> {
+) -> (Vec<Option<ProbeOutcome>>, Vec<Option<super::ServerStatus>>) {
     let mut running = tokio::task::JoinSet::new();
     for (i, probe) in probes.iter().enumerate() {
         let probe = probe.clone();
-        running.spawn(async move { (i, probe.check(timeout).await) });
+        running.spawn(async move { (i, probe.check_status(timeout).await) });
     }
     let mut outcomes: Vec<Option<ProbeOutcome>> = vec![None; probes.len()];
+    let mut statuses: Vec<Option<super::ServerStatus>> = vec![None; probes.len()];
     let mut stop_at = deadline;
     loop {
         match tokio::time::timeout_at(stop_at, running.join_next()).await {
-            Ok(Some(Ok((i, outcome)))) => {
+            Ok(Some(Ok((i, (outcome, status))))) => {
                 if matches!(outcome, ProbeOutcome::Answered) {
                     stop_at = stop_at.min(Instant::now() + STRAGGLER_GRACE);
                 }
                 if let Some(slot) = outcomes.get_mut(i) {
                     *slot = Some(outcome);
+                }
+                if let Some(slot) = statuses.get_mut(i) {
+                    *slot = status;
                 }
             }
             // A probe task panicked: that endpoint stays unknown.
@@ -149,7 +237,7 @@ async fn probe_all(
         }
     }
     running.abort_all();
-    outcomes
+    (outcomes, statuses)
 }
 
 /// Why no endpoint answered: the reason alone when there is one endpoint

@@ -173,6 +173,13 @@ impl<M: Machine> MachineHandle<M> {
         }
     }
 
+    /// Where the task's end is signalled once (see
+    /// [`MachineHandle::wait_finished`]), for a caller that waits on
+    /// something else too.
+    pub(crate) fn finished(&self) -> &Receiver<Finished> {
+        &self.finished
+    }
+
     /// Stop and wait at most `wait` for the machine to finish.
     pub(crate) fn stop_and_wait(&self, wait: Duration) -> Result<Finished, WaitError> {
         self.stop();

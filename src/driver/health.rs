@@ -76,12 +76,30 @@ impl Probe {
 
     /// Ask for a status within `timeout`.
     pub(crate) async fn check(&self, timeout: Duration) -> ProbeOutcome {
+        self.check_status(timeout).await.0
+    }
+
+    /// [`Probe::check`], with what the member said of itself when it
+    /// answered with its status (not with an error of its own).
+    pub(crate) async fn check_status(
+        &self,
+        timeout: Duration,
+    ) -> (ProbeOutcome, Option<super::ServerStatus>) {
         let mut client = self.client.clone();
         match tokio::time::timeout(timeout, client.status()).await {
-            Ok(Ok(_)) => ProbeOutcome::Answered,
-            Ok(Err(e)) if etcd_answered(&e) => ProbeOutcome::Answered,
-            Ok(Err(e)) => ProbeOutcome::Failed(explain(&e, self.tls.as_ref())),
-            Err(_) => ProbeOutcome::Failed(format!("no answer within {timeout:?}")),
+            Ok(Ok(status)) => (
+                ProbeOutcome::Answered,
+                Some(super::ServerStatus {
+                    version: status.version().to_string(),
+                    member_id: status.header().map_or(0, |h| h.member_id()),
+                }),
+            ),
+            Ok(Err(e)) if etcd_answered(&e) => (ProbeOutcome::Answered, None),
+            Ok(Err(e)) => (ProbeOutcome::Failed(explain(&e, self.tls.as_ref())), None),
+            Err(_) => (
+                ProbeOutcome::Failed(format!("no answer within {timeout:?}")),
+                None,
+            ),
         }
     }
 }
@@ -89,7 +107,7 @@ impl Probe {
 /// A status sent by etcd itself rather than made up by the transport: no
 /// underlying cause, and not one of the codes tonic uses for a broken or
 /// refused connection.
-fn etcd_answered(e: &ec::Error) -> bool {
+pub(crate) fn etcd_answered(e: &ec::Error) -> bool {
     use tonic::Code;
     match e {
         ec::Error::GRpcStatus(s) => {

@@ -48,8 +48,8 @@ pub(crate) struct ConnectSettings {
     pub user: Option<EtcdUser>,
 }
 
-/// What the member that answered connect's status request said of itself
-/// (the request connect makes anyway to prove the connection).
+/// What a member said of itself in its answer to a status request
+/// (connect's probes ask every member anyway).
 #[derive(Clone, Debug)]
 pub(crate) struct ServerStatus {
     /// Its etcd version, as reported (`3.4.23`).

@@ -120,8 +120,10 @@ impl FaultProxy {
                 ))
             }
         };
+        // Blocking: a connection is accepted the moment it arrives (a
+        // polled listener added up to a poll interval to every connect,
+        // as much as a whole round trip of a `Mode::Delay`). Drop wakes it.
         let listener = super::net::listener()?;
-        listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             target: target_addr,
@@ -181,7 +183,16 @@ impl Drop for FaultProxy {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         if let Some(acceptor) = self.acceptor.take() {
-            let _ = acceptor.join();
+            // The acceptor blocks in `accept`: one connection of our own
+            // wakes it to see the stop. Should even that fail (no file
+            // descriptor left), it is left to end with the process rather
+            // than block this drop.
+            match TcpStream::connect_timeout(&self.addr, Duration::from_secs(1)) {
+                Ok(_) => {
+                    let _ = acceptor.join();
+                }
+                Err(_) => drop(acceptor),
+            }
         }
         close_all(&self.shared);
     }
@@ -199,6 +210,8 @@ fn close_all(shared: &Shared) -> usize {
 fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
     while !shared.stop.load(Ordering::SeqCst) {
         match listener.accept() {
+            // The drop's wake-up call (or a client as the proxy stops).
+            Ok(_) if shared.stop.load(Ordering::SeqCst) => break,
             Ok((client, _)) => {
                 let shared = Arc::clone(shared);
                 let spawned = thread::Builder::new()
@@ -209,7 +222,7 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
                 // Without a thread the client is dropped: it sees a close.
                 drop(spawned);
             }
-            // WouldBlock, or a transient accept error (e.g. out of fds).
+            // A transient accept error (e.g. out of fds).
             Err(_) => thread::sleep(Duration::from_millis(10)),
         }
     }

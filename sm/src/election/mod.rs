@@ -555,6 +555,8 @@ impl Election {
                         self.outbox
                             .notify(ElectionNotice::SessionTrusted { lease, until });
                     }
+                    // A session binds no key, so it never announces a leave.
+                    Command::Notify(KeepaliveNotice::Left { .. }) => {}
                     Command::Notify(KeepaliveNotice::State(state)) => {
                         let fact = match &state {
                             LivenessState::Registered { lease } => {

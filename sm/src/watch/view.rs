@@ -219,11 +219,12 @@ impl View {
     /// `Down`/`Left` + `Up` where the create revision changed, `Updated`
     /// where anything else changed. Notices come in key order.
     ///
-    /// A vanished key is `Left` only if its leave marker was seen before
-    /// (matching it, see [`marks`]) and that marker is gone from the fresh
-    /// snapshot too: both went with the lease. A leave that happened
-    /// entirely while the view was not watching is not seen, so it reads
-    /// as `Down`.
+    /// A vanished key is `Left` only if a leave marker matching it (see
+    /// [`marks`]) is in the fresh snapshot (the one-transaction leave,
+    /// its revoke not yet applied), or was seen before and is gone from
+    /// the fresh snapshot too (both went with the lease). A leave whose
+    /// marker came and went entirely while the view was not watching is
+    /// not seen, so it reads as `Down`.
     pub(crate) fn resync(&mut self, kvs: Vec<KeyValue>, out: &mut Vec<WatchNotice>) {
         let mut fresh = BTreeMap::new();
         let mut fresh_markers = BTreeMap::new();
@@ -247,8 +248,12 @@ impl View {
                     .get(key)
                     .is_some_and(|now| now.create_revision == m.create_revision)
             };
+            // Written with the delete (the one-transaction leave) and not
+            // yet revoked: the fresh snapshot has it.
+            let fresh = self.markers.get(key).is_some_and(|m| marks(m, before));
             match seen {
                 Some(m) if !still_there(m) => WatchNotice::Left(before.clone()),
+                _ if fresh => WatchNotice::Left(before.clone()),
                 _ => WatchNotice::Down(before.clone()),
             }
         };
@@ -291,16 +296,31 @@ impl View {
     /// moved, because a consumer may use it as a heartbeat. Deletes of
     /// unknown keys say nothing: the consumer never saw them.
     ///
-    /// A known key deleted in the same revision as its leave marker, where
-    /// that marker (as known before this revision) [`marks`] the key's last
-    /// state, is `Left`; any other delete is `Down`. Same revision is what a
-    /// lease revoke (or expiry) of the lease both are bound to produces,
-    /// whichever order etcd lists the two deletes in.
+    /// A known key deleted in the same revision as its leave marker is
+    /// written, or is deleted, where that marker (as written, or as known
+    /// before this revision) [`marks`] the key's last state, is `Left`; any
+    /// other delete is `Down`. The first is the one-transaction leave, the
+    /// second what a lease revoke (or expiry) of the lease both are bound
+    /// to produces after a marker put on its own; either way in any order
+    /// etcd lists the events in.
     pub(crate) fn apply_revision(&mut self, events: Vec<WatchEvent>, out: &mut Vec<WatchNotice>) {
         let mut leaving: BTreeMap<Vec<u8>, KeyValue> = BTreeMap::new();
         for event in &events {
-            if event.kind == EventKind::Delete && event.kv.key.starts_with(&self.prefix) {
-                if let Some(entry) = self.marked_entry(&event.kv.key) {
+            if !event.kv.key.starts_with(&self.prefix) {
+                continue;
+            }
+            let Some(entry) = self.marked_entry(&event.kv.key) else {
+                continue;
+            };
+            match event.kind {
+                // Written in the revision that deletes its entry: a leave
+                // in one transaction (`HostLiveness::close`).
+                EventKind::Put => {
+                    leaving.insert(entry, event.kv.clone());
+                }
+                // Deleted with its entry: the revoke (or expiry) of the
+                // lease both are bound to, after a marker put on its own.
+                EventKind::Delete => {
                     if let Some(marker) = self.markers.get(&entry) {
                         leaving.insert(entry, marker.clone());
                     }

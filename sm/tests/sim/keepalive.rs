@@ -23,7 +23,7 @@
 use fleetcoord_sm::keepalive::{
     Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState,
 };
-use fleetcoord_sm::{BackoffConfig, Command, Machine, Request};
+use fleetcoord_sm::{BackoffConfig, Command, KeyRange, Machine, Request, Txn, TxnOp};
 use fleetcoord_test_support::*;
 use std::time::{Duration, Instant};
 
@@ -31,13 +31,22 @@ const SEEDS: u64 = 1_000;
 const KEY: &[u8] = b"/coord/hosts/0f0e0d0c-0b0a-0908-0706-050403020100";
 const MARKER: &[u8] = b"/coord/hosts/0f0e0d0c-0b0a-0908-0706-050403020100/left";
 
+/// Whether `txn` writes the leave marker.
+fn puts_marker(txn: &Txn) -> bool {
+    txn.success
+        .iter()
+        .any(|op| matches!(op, TxnOp::Put { key, .. } if key.as_slice() == MARKER))
+}
+
 /// Wraps the machine and checks (c) and (d) on every command and deadline.
 struct Spy {
     machine: Keepalive,
     stop_requested: bool,
     revoke_sent: bool,
-    /// The leave marker's put went out (once, after Stop, before the revoke).
+    /// The leave transaction went out (after Stop, before the revoke).
     marker_sent: bool,
+    /// `Left` was told (once, after the leave, before the revoke).
+    left_told: bool,
     /// Leases notified `Lost`: revoking them is retiring, allowed any time.
     given_up: Vec<fleetcoord_sm::LeaseId>,
     last_now: Option<Instant>,
@@ -91,6 +100,12 @@ impl Machine for Spy {
             );
             self.trusted_told += 1;
         }
+        if let Command::Notify(KeepaliveNotice::Left { .. }) = &command {
+            assert!(self.marker_sent, "Left told without a leave sent");
+            assert!(!self.revoke_sent, "Left told after the revoke");
+            assert!(!self.left_told, "Left told twice");
+            self.left_told = true;
+        }
         if let Command::Notify(KeepaliveNotice::State(LivenessState::Lost { lease })) = &command {
             self.given_up.push(*lease);
         }
@@ -101,12 +116,21 @@ impl Machine for Spy {
                 Request::Revoke { lease }
                     if (!self.stop_requested && self.machine.lease() != Some(*lease))
                         || self.given_up.contains(lease) => {}
-                // The leave marker: once, after Stop, before the revoke.
-                Request::Put { key, .. } if key.as_slice() == MARKER => {
-                    assert!(self.stop_requested, "leave marker without stop");
-                    assert!(!self.revoke_sent, "leave marker after the revoke");
-                    assert!(!self.marker_sent, "second leave marker");
+                // The leave: the marker put and the key deleted in one
+                // transaction, after Stop, before the revoke (again only
+                // when a write of its own moved the key meanwhile).
+                Request::Txn(txn) if puts_marker(txn) => {
+                    assert!(self.stop_requested, "leave without stop");
+                    assert!(!self.revoke_sent, "leave after the revoke");
+                    assert!(
+                        txn.success
+                            .contains(&TxnOp::Delete(KeyRange::Key(KEY.to_vec()))),
+                        "a leave that does not delete the key"
+                    );
                     self.marker_sent = true;
+                }
+                Request::Put { key, .. } if key.as_slice() == MARKER => {
+                    panic!("leave marker put outside the leave transaction")
                 }
                 Request::Revoke { .. } => {
                     assert!(self.stop_requested, "revoke without stop");
@@ -273,6 +297,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
         stop_requested: false,
         revoke_sent: false,
         marker_sent: false,
+        left_told: false,
         given_up: Vec::new(),
         last_now: Some(t0),
         announce_trust,
@@ -407,6 +432,11 @@ fn run_seed(seed: u64, totals: &mut Totals) {
         w.h.machine.marker_sent,
         binding && seed.is_multiple_of(2),
         "seed {seed}: leave marker"
+    );
+    // etcd answers at once here, so every leave sent was told.
+    assert_eq!(
+        w.h.machine.left_told, w.h.machine.marker_sent,
+        "seed {seed}: Left told"
     );
     // Later input changes nothing.
     w.h.machine.handle(until, KeepaliveInput::Stop);

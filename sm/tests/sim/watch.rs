@@ -15,7 +15,8 @@
 //!   carries exactly the last-seen value; `Up`/`Updated` never show a revision etcd has not reached;
 //! * `Synced` exactly once, and nothing but replay (`Up`, `InvalidKey`)
 //!   before it; each invalid key reported once, valid keys never, leave
-//!   markers (written by half of the graceful leaves) not at all;
+//!   markers (written by two thirds of the graceful leaves, in today's
+//!   one-transaction form or the older marker-then-revoke) not at all;
 //! * a `Left` only for a key whose marker was put on the key's lease (so a
 //!   crash, a plain revoke or a delete never reads as a leave), and some
 //!   leaves are seen as `Left`;
@@ -30,7 +31,8 @@ use fleetcoord_sm::watch::{
     leave_marker_key, parse_leave_marker, KeyRule, Watch, WatchConfig, WatchInput, WatchNotice,
 };
 use fleetcoord_sm::{
-    BackoffConfig, Command, KeyValue, LeaseId, Machine, Request, Response, RpcId, RpcReply,
+    BackoffConfig, Command, Compare, KeyRange, KeyValue, LeaseId, Machine, Request, Response,
+    RpcId, RpcReply, Txn, TxnOp,
 };
 use fleetcoord_test_support::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -333,23 +335,54 @@ impl World {
         self.run(Request::Put { key, value, lease });
     }
 
-    /// A graceful leave: half the time announced first with a leave
-    /// marker on the host's lease, as `HostLiveness::close` does (the other
-    /// half is an older client, or a close whose marker did not get
-    /// through).
+    /// A graceful leave: a third of the time as `HostLiveness::close` does
+    /// (one transaction puts the leave marker on the host's lease and
+    /// deletes the key, guarded on its mod revision; then the revoke), a
+    /// third as older clients did (the marker put, then the revoke), a
+    /// third unannounced (an older client still, or a close whose leave
+    /// did not get through).
     fn revoke(&mut self, i: usize) {
         if let Some(lease) = self.hosts[i].lease.take() {
-            if pick(&mut self.rng, 2) == 0 {
-                let key = leave_marker_key(&self.hosts[i].key);
-                let put = Request::Put {
-                    key,
-                    value: Vec::new(),
-                    lease,
-                };
-                if self.run(put).is_some() {
-                    let host = self.hosts[i].key.clone();
-                    self.consumer.marker_puts.insert((host, lease));
+            let host = self.hosts[i].key.clone();
+            let marker = leave_marker_key(&host);
+            let announced = match pick(&mut self.rng, 3) {
+                0 => {
+                    let revision = self.etcd.get(&host).map_or(0, |kv| kv.mod_revision);
+                    let leave = Request::Txn(Txn {
+                        compare: vec![Compare::ModRevisionEquals {
+                            key: host.clone(),
+                            revision,
+                        }],
+                        success: vec![
+                            TxnOp::Put {
+                                key: marker,
+                                value: Vec::new(),
+                                lease,
+                            },
+                            TxnOp::Delete(KeyRange::Key(host.clone())),
+                        ],
+                        failure: vec![],
+                    });
+                    matches!(
+                        self.run(leave),
+                        Some(Response::Txn {
+                            succeeded: true,
+                            ..
+                        })
+                    )
                 }
+                1 => {
+                    let put = Request::Put {
+                        key: marker,
+                        value: Vec::new(),
+                        lease,
+                    };
+                    self.run(put).is_some()
+                }
+                _ => false,
+            };
+            if announced {
+                self.consumer.marker_puts.insert((host, lease));
             }
             self.run(Request::Revoke { lease });
         }
@@ -369,7 +402,7 @@ impl World {
             }
             5 => {
                 let key = self.hosts[i].key.clone();
-                self.run(Request::Delete(fleetcoord_sm::KeyRange::Key(key)));
+                self.run(Request::Delete(KeyRange::Key(key)));
             }
             _ => {
                 let mut key = PREFIX.to_vec();

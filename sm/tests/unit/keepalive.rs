@@ -1477,34 +1477,89 @@ fn registered_announcing(t0: Instant, attempt: Duration) -> Keepalive {
     m
 }
 
-fn marker_put(id: u64) -> Cmd {
+/// The leave: the marker put on `LEASE` and the key deleted at one
+/// revision, guarded on the key's mod revision being `revision`, reading
+/// the key otherwise.
+fn leave_after(id: u64, revision: i64) -> Cmd {
+    let key = b"/coord/hosts/a".to_vec();
     rpc(
         id,
-        Request::Put {
-            key: MARKER.to_vec(),
-            value: Vec::new(),
-            lease: LEASE,
-        },
+        Request::Txn(Txn {
+            compare: vec![Compare::ModRevisionEquals {
+                key: key.clone(),
+                revision,
+            }],
+            success: vec![
+                TxnOp::Put {
+                    key: MARKER.to_vec(),
+                    value: Vec::new(),
+                    lease: LEASE,
+                },
+                TxnOp::Delete(KeyRange::Key(key.clone())),
+            ],
+            failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(key)))],
+        }),
     )
 }
 
+/// The leave of [`registered_announcing`], whose key was written at 5.
+fn leave(id: u64) -> Cmd {
+    leave_after(id, 5)
+}
+
+/// etcd's answer to a leave whose guard held, applied at `revision`.
+fn left(revision: i64) -> Response {
+    Response::Txn {
+        revision,
+        succeeded: true,
+        responses: vec![TxnOpResponse::Put, TxnOpResponse::Delete { deleted: 1 }],
+    }
+}
+
+/// etcd's answer to a guard that failed: the key as it is (`None`: absent).
+fn found(kv: Option<KeyValue>) -> Response {
+    Response::Txn {
+        revision: 20,
+        succeeded: false,
+        responses: vec![TxnOpResponse::Range {
+            kvs: kv.into_iter().collect(),
+        }],
+    }
+}
+
+fn key_on(lease: LeaseId, mod_revision: i64) -> KeyValue {
+    KeyValue {
+        key: b"/coord/hosts/a".to_vec(),
+        value: b"v1".to_vec(),
+        create_revision: 5,
+        mod_revision,
+        version: 2,
+        lease,
+    }
+}
+
+fn revoke(id: u64) -> Cmd {
+    rpc(id, Request::Revoke { lease: LEASE })
+}
+
+fn told_left() -> Cmd {
+    Command::Notify(KeepaliveNotice::Left { lease: LEASE })
+}
+
 #[test]
-fn leave_puts_the_marker_on_the_lease_then_revokes_when_it_is_answered() {
+fn leave_writes_the_marker_and_deletes_the_key_in_one_txn_then_revokes() {
     let t0 = Instant::now();
     let mut m = registered_announcing(t0, Duration::ZERO);
     m.handle(t0 + s(1), KeepaliveInput::Stop);
-    assert_eq!(drain(&mut m), vec![marker_put(2)]);
+    assert_eq!(drain(&mut m), vec![leave(2)]);
     assert_eq!(m.lease(), None, "stopping: nothing is trusted any more");
     // Repeated stops and value changes add nothing.
     m.handle(t0 + s(1), KeepaliveInput::Stop);
     m.handle(t0 + s(1), KeepaliveInput::SetValue(b"v2".to_vec()));
     assert_eq!(drain(&mut m), vec![]);
-    m.handle(t0 + s(1) + ms(3), ok(2, written(9)));
-    assert_eq!(
-        drain(&mut m),
-        vec![rpc(3, Request::Revoke { lease: LEASE })]
-    );
-    // The give-up is still one TTL from the stop, marker included.
+    m.handle(t0 + s(1) + ms(3), ok(2, left(9)));
+    assert_eq!(drain(&mut m), vec![told_left(), revoke(3)]);
+    // The give-up is still one TTL from the stop, leave included.
     assert_eq!(m.poll_timeout(), Some(t0 + s(1) + s(TTL as u64)));
     m.handle(t0 + s(1) + ms(5), ok(3, Response::Revoked));
     assert_eq!(
@@ -1517,11 +1572,11 @@ fn leave_puts_the_marker_on_the_lease_then_revokes_when_it_is_answered() {
 }
 
 #[test]
-fn a_failed_leave_marker_still_revokes_at_once() {
+fn a_failed_leave_still_revokes_at_once_and_tells_no_leave() {
     let t0 = Instant::now();
     let mut m = registered_announcing(t0, ms(500));
     m.handle(t0 + s(1), KeepaliveInput::Stop);
-    assert_eq!(drain(&mut m), vec![marker_put(2)]);
+    assert_eq!(drain(&mut m), vec![leave(2)]);
     m.handle(t0 + s(1) + ms(1), err(2));
     assert_eq!(
         drain(&mut m),
@@ -1537,11 +1592,11 @@ fn a_failed_leave_marker_still_revokes_at_once() {
 }
 
 #[test]
-fn an_unanswered_leave_marker_is_given_up_after_one_attempt_timeout() {
+fn an_unanswered_leave_is_given_up_after_one_attempt_timeout() {
     let t0 = Instant::now();
     let mut m = registered_announcing(t0, ms(500));
     m.handle(t0 + s(1), KeepaliveInput::Stop);
-    assert_eq!(drain(&mut m), vec![marker_put(2)]);
+    assert_eq!(drain(&mut m), vec![leave(2)]);
     assert_eq!(m.poll_timeout(), Some(t0 + s(1) + ms(500)));
     m.handle_timeout(t0 + s(1) + ms(499));
     assert_eq!(drain(&mut m), vec![]);
@@ -1553,9 +1608,10 @@ fn an_unanswered_leave_marker_is_given_up_after_one_attempt_timeout() {
             rpc(3, Request::Revoke { lease: LEASE })
         ]
     );
-    // A late answer to the marker changes nothing; the revoke's copies run
-    // on their own schedule, and the give-up stays one TTL from the stop.
-    m.handle(t0 + s(1) + ms(600), ok(2, written(9)));
+    // A late answer to the leave changes nothing (the watchers saw it; this
+    // machine is past waiting); the revoke's copies run on their own
+    // schedule, and the give-up stays one TTL from the stop.
+    m.handle(t0 + s(1) + ms(600), ok(2, left(9)));
     assert_eq!(drain(&mut m), vec![]);
     assert_eq!(m.poll_timeout(), Some(t0 + s(1) + ms(1000)));
     m.handle_timeout(t0 + s(1) + s(TTL as u64));
@@ -1569,11 +1625,11 @@ fn an_unanswered_leave_marker_is_given_up_after_one_attempt_timeout() {
 }
 
 #[test]
-fn without_attempt_copies_the_leave_marker_waits_half_the_ttl() {
+fn without_attempt_copies_the_leave_waits_half_the_ttl() {
     let t0 = Instant::now();
     let mut m = registered_announcing(t0, Duration::ZERO);
     m.handle(t0 + s(1), KeepaliveInput::Stop);
-    assert_eq!(drain(&mut m), vec![marker_put(2)]);
+    assert_eq!(drain(&mut m), vec![leave(2)]);
     assert_eq!(m.poll_timeout(), Some(t0 + s(1) + ms(4500)));
     m.handle_timeout(t0 + s(1) + ms(4500));
     assert_eq!(
@@ -1583,6 +1639,46 @@ fn without_attempt_copies_the_leave_marker_waits_half_the_ttl() {
             rpc(3, Request::Revoke { lease: LEASE })
         ]
     );
+}
+
+#[test]
+fn a_leave_whose_guard_failed_over_a_late_write_of_its_own_goes_again() {
+    // A put of ours canceled by the stop landed before the leave: the key
+    // is still on this lease, at revision 8. The leave goes again, guarded
+    // on 8, within the same attempt timeout.
+    let t0 = Instant::now();
+    let mut m = registered_announcing(t0, ms(500));
+    m.handle(t0 + s(1), KeepaliveInput::Stop);
+    assert_eq!(drain(&mut m), vec![leave(2)]);
+    m.handle(t0 + s(1) + ms(2), ok(2, found(Some(key_on(LEASE, 8)))));
+    assert_eq!(drain(&mut m), vec![leave_after(3, 8)]);
+    assert_eq!(m.poll_timeout(), Some(t0 + s(1) + ms(500)));
+    // The same revision again is no progress: revoke without a leave.
+    m.handle(t0 + s(1) + ms(4), ok(3, found(Some(key_on(LEASE, 8)))));
+    assert_eq!(drain(&mut m), vec![revoke(4)]);
+}
+
+#[test]
+fn a_leave_whose_guard_failed_over_another_writer_deletes_nothing_and_revokes() {
+    for (what, kv) in [
+        ("another lease", Some(key_on(LEASE + 1, 8))),
+        ("no key", None),
+    ] {
+        let t0 = Instant::now();
+        let mut m = registered_announcing(t0, ms(500));
+        m.handle(t0 + s(1), KeepaliveInput::Stop);
+        assert_eq!(drain(&mut m), vec![leave(2)], "{what}");
+        m.handle(t0 + s(1) + ms(2), ok(2, found(kv)));
+        assert_eq!(drain(&mut m), vec![revoke(3)], "{what}");
+        m.handle(t0 + s(1) + ms(3), ok(3, Response::Revoked));
+        assert_eq!(
+            drain(&mut m),
+            vec![Command::Notify(KeepaliveNotice::State(
+                LivenessState::Stopped { revoked: true }
+            ))],
+            "{what}"
+        );
+    }
 }
 
 #[test]

@@ -982,6 +982,49 @@ fn a_marker_then_the_revoke_is_left_whichever_delete_comes_first() {
 }
 
 #[test]
+fn the_marker_written_by_the_revision_that_deletes_the_key_is_a_leave() {
+    // `HostLiveness::close`: one transaction puts the marker on the host's
+    // lease and deletes the host key; the revoke removes the marker later.
+    let t0 = start();
+    let (a, b) = (kv(&host(1), "a", 3, 3), on(8, kv(&host(2), "b", 4, 4)));
+    let mut w = live_with(t0, vec![a.clone(), b.clone()]);
+    // In either order etcd lists them.
+    let events = vec![put(kv(&marker(1), "", 11, 11)), del(&host(1), 11)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    let events = vec![del(&host(2), 12), put(on(8, kv(&marker(2), "", 12, 12)))];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(
+        drain(&mut w),
+        vec![n(WatchNotice::Left(a)), n(WatchNotice::Left(b))]
+    );
+    // The revokes delete the markers alone: nothing more to tell.
+    let events = vec![del(&marker(1), 13)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    let events = vec![del(&marker(2), 14)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(drain(&mut w), vec![]);
+    assert_eq!(w.known().count(), 0);
+}
+
+#[test]
+fn a_marker_written_with_the_delete_on_another_lease_is_no_leave() {
+    let t0 = start();
+    let (a, b) = (kv(&host(1), "a", 3, 3), kv(&host(2), "b", 4, 4));
+    let mut w = live_with(t0, vec![a.clone(), b.clone()]);
+    let events = vec![put(on(99, kv(&marker(1), "", 11, 11))), del(&host(1), 11)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    // Nor one written in the revision before the delete's.
+    let events = vec![put(on(99, kv(&marker(2), "", 12, 12)))];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    let events = vec![del(&host(2), 13)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(
+        drain(&mut w),
+        vec![n(WatchNotice::Down(a)), n(WatchNotice::Down(b))]
+    );
+}
+
+#[test]
 fn a_delete_without_a_marker_is_down() {
     let t0 = start();
     let a = kv(&host(1), "a", 3, 3);
@@ -1146,7 +1189,7 @@ fn a_new_registration_after_a_leave_starts_without_one() {
 }
 
 #[test]
-fn a_resync_reads_a_leave_only_from_a_marker_seen_before_and_gone_now() {
+fn a_resync_reads_a_leave_from_a_marker_there_now_or_seen_before_and_gone_now() {
     let t0 = start();
     let a = kv(&host(1), "a", 3, 3);
     let b = kv(&host(2), "b", 4, 4);
@@ -1159,16 +1202,16 @@ fn a_resync_reads_a_leave_only_from_a_marker_seen_before_and_gone_now() {
     w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
     assert_eq!(drain(&mut w), vec![]);
     // Disconnected meanwhile: a and its marker are gone (revoked); b's key
-    // was deleted by someone else, its marker is still there; c is gone
-    // without a marker; d left while unwatched and came back re-registered
-    // (its marker never seen).
+    // is gone and its marker still there (what a one-transaction leave
+    // leaves until its revoke); c is gone without a marker; d left while
+    // unwatched and came back re-registered (its marker never seen).
     let d2 = on(8, kv(&host(4), "d2", 25, 25));
     let notices = resync_to(&mut w, t0, 1, 30, vec![mb, d2.clone()]);
     assert_eq!(
         notices,
         vec![
             n(WatchNotice::Left(a)),
-            n(WatchNotice::Down(b)),
+            n(WatchNotice::Left(b)),
             n(WatchNotice::Down(c)),
             n(WatchNotice::Down(d)),
             n(WatchNotice::Up(d2.clone())),
@@ -1186,8 +1229,28 @@ fn a_resync_reads_a_leave_only_from_a_marker_seen_before_and_gone_now() {
         notices,
         vec![
             n(WatchNotice::Left(d2)),
-            n(WatchNotice::Up(d3)),
+            n(WatchNotice::Up(d3.clone())),
             watch_cmd(5, 42),
+        ]
+    );
+    // d3 left in one transaction while disconnected, its revoke not yet
+    // applied: the fresh snapshot's marker, never seen live, says so. A
+    // marker on another lease says nothing.
+    let e = on(9, kv(&host(5), "e", 43, 43));
+    let events = vec![put(e.clone())];
+    w.handle(t0, ok(RpcId(5), Response::WatchEvents { events }));
+    assert_eq!(drain(&mut w), vec![n(WatchNotice::Up(e.clone()))]);
+    let fresh = vec![
+        on(9, kv(&marker(4), "", 50, 50)),
+        on(77, kv(&marker(5), "", 51, 51)),
+    ];
+    let notices = resync_to(&mut w, t0, 5, 52, fresh);
+    assert_eq!(
+        notices,
+        vec![
+            n(WatchNotice::Left(d3)),
+            n(WatchNotice::Down(e)),
+            watch_cmd(7, 53),
         ]
     );
 }

@@ -22,7 +22,9 @@
 //!    earlier than the current instant after a step.
 //! 6. **Revokes are the stop's or the given-up leases'**: a machine never
 //!    revokes the lease it holds before `Stop`, and after `Stop` sends no
-//!    grant, renewal or put but one leave marker.
+//!    grant, renewal or put but the leave transaction (the marker put and
+//!    the key deleted at one revision); the marker is never put alone, and
+//!    `Left` is told only while etcd holds the marker on that lease.
 //!
 //! Liveness, from every quiescent state (nothing in flight): with no
 //! further faults or user requests, messages delivered at once and time
@@ -53,6 +55,19 @@ const SEED: u64 = 11;
 /// The key machine `m` binds to its lease (binding mode).
 fn key_of(m: usize) -> Vec<u8> {
     format!("/h/{m}").into_bytes()
+}
+
+/// Whether `txn` is a leave: the marker put and the key deleted together.
+fn is_leave(txn: &fleetcoord_sm::Txn, marker: &[u8], key: &[u8]) -> bool {
+    let puts_marker = txn
+        .success
+        .iter()
+        .any(|op| matches!(op, TxnOp::Put { key: k, .. } if k == marker));
+    let deletes_key = txn
+        .success
+        .iter()
+        .any(|op| matches!(op, TxnOp::Delete(fleetcoord_sm::KeyRange::Key(k)) if k == key));
+    puts_marker && deletes_key
 }
 
 /// The `n`-th value a user sets (0: the initial one).
@@ -198,7 +213,7 @@ struct Node {
     lost_before: bool,
     /// The user stopped it.
     stopped: bool,
-    /// The leave marker's put went out.
+    /// The leave transaction went out.
     marker_sent: bool,
 }
 
@@ -294,14 +309,17 @@ impl KeepaliveWorld {
                         }
                     }
                     match request {
-                        Request::Put { key, .. } if *key == marker => {
-                            if !node.stopped || node.marker_sent {
-                                return Err(format!(
-                                    "machine {m} put its leave marker again or without a stop"
-                                ));
+                        Request::Txn(txn) if is_leave(txn, &marker, &key_of(m)) => {
+                            if !node.stopped {
+                                return Err(format!("machine {m} left without a stop"));
                             }
                             node.marker_sent = true;
                             self.marks |= MARKER;
+                        }
+                        Request::Put { key, .. } if *key == marker => {
+                            return Err(format!(
+                                "machine {m} put its leave marker outside the leave transaction"
+                            ));
                         }
                         Request::Revoke { lease } => {
                             let held = node.holding().and_then(|(l, _)| l);
@@ -342,6 +360,21 @@ impl KeepaliveWorld {
                     ));
                 }
                 node.trusted = Some(lease);
+            }
+            KeepaliveNotice::Left { lease } => {
+                // Told once etcd applied the leave: the key is gone and
+                // the marker is bound to the lease (until its revoke).
+                let marker = self.etcd.get(&leave_marker_key(&key_of(m)));
+                if !node.stopped
+                    || !node.marker_sent
+                    || marker.as_ref().is_none_or(|kv| kv.lease != lease)
+                {
+                    return Err(format!(
+                        "machine {m} told Left on lease {lease:x} without a leave applied \
+                         (stopped: {}, marker: {marker:?})",
+                        node.stopped
+                    ));
+                }
             }
             KeepaliveNotice::State(state) => match state {
                 LivenessState::Registered { .. } => {
