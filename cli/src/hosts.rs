@@ -215,8 +215,8 @@ pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), 
         args.ttl,
         Box::new(move || watched.upgrade()?.trusted_until()),
     );
-    // States up to the first registration were queued while `register`
-    // waited; they are printed below in order.
+    // `states()` starts with the state `register` returned; every later
+    // transition is printed below in order.
     loop {
         select! {
             recv(host.states()) -> state => match state {
@@ -233,11 +233,31 @@ pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), 
     ctx.health.set(false);
     // The watchdog's source goes first: it holds the only other reference.
     ctx.health.forget_trust();
-    let revoked = match Arc::try_unwrap(host) {
+    // `close` is Ok once etcd confirmed the leave (marker written, key
+    // deleted at one revision), before the revoke is answered.
+    let left = match Arc::try_unwrap(host) {
         Ok(host) => host.close().is_ok(),
         Err(_) => false,
     };
-    let (human, value) = state_record(args.host_id, &LivenessState::Stopped { revoked });
+    let (human, value) = left_record(args.host_id, left);
     ctx.out.emit(human, value)?;
     Ok(())
+}
+
+/// The agent's last record: whether watchers saw the leave.
+fn left_record(host: Uuid, left: bool) -> (String, Value) {
+    let human = format!(
+        "{host}: stopped{}",
+        if left {
+            " (left: watchers see Down(Left) now)"
+        } else {
+            " (leave not confirmed: the lease expires after its TTL)"
+        }
+    );
+    let value = object([
+        ("host_id", json!(host.to_string())),
+        ("state", json!("stopped")),
+        ("left", json!(left)),
+    ]);
+    (human, value)
 }

@@ -466,7 +466,7 @@ fn agent_revokes_on_sigterm_and_watchers_see_it() {
     let signaled = Instant::now();
     agent.signal("-TERM");
     let stopped = agent.until("state", "stopped");
-    assert_eq!(stopped["revoked"], true);
+    assert_eq!(stopped["left"], true);
     assert_eq!(agent.wait(), Some(0));
     // A 30 s lease gone at once: only a revoke does that, and the agent
     // announced it as a leave.
