@@ -103,6 +103,7 @@ pub mod keepalive;
 pub mod mirror;
 pub mod observe;
 pub mod outbox;
+pub mod renewals;
 pub mod rpc;
 pub mod stream;
 pub mod timer;
