@@ -13,9 +13,10 @@
 //!   (taken + the request timeout), and by the end every one is answered;
 //! * (b) no renewal of a forgotten lease is written after the forget;
 //! * (c) a TTL answer is the model's: on a reply, the TTL the model gave
-//!   that write, for a renewal of the replied lease; on an opening refused
-//!   for a missing first lease, TTL 0 for a renewal of that lease, which
-//!   the model did not have;
+//!   that write, for the oldest waiting renewal of the replied lease
+//!   (replies come in order); on an opening refused for a missing first
+//!   lease, TTL 0 for the renewals of that lease, which the model did not
+//!   have;
 //! * (d) at most one stream at a time: `Open` only when none is open or
 //!   being opened, `Drop` only of one that is, writes only on an open one.
 
@@ -141,6 +142,13 @@ impl World {
     }
 
     fn answered(&mut self, token: u64, ttl: Result<i64, RpcError>, expect: Expect) {
+        if let (Ok(_), Expect::Ttl(lease, _)) = (&ttl, expect) {
+            // Replies come in order, so the oldest renewal of the lease
+            // still waiting is the one replied to: those older were written
+            // earlier or failed, those unsent are newer.
+            let oldest = self.waiting.iter().find(|(_, w)| w.0 == lease);
+            assert_eq!(oldest.map(|(t, _)| *t), Some(token), "(c) out of order");
+        }
         let (lease, deadline) = self
             .waiting
             .remove(&token)
