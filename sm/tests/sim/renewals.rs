@@ -260,8 +260,12 @@ impl World {
             Wire::Open(stream) => {
                 if let Some((_, input)) = stream.breaks.take_if(|b| b.0 <= now) {
                     self.handle(input, Expect::Nothing);
-                } else if let Some((_, lease, ttl_secs)) =
-                    stream.replies.pop_front_if(|r| r.0 <= now)
+                } else if let Some((_, lease, ttl_secs)) = stream
+                    .replies
+                    .front()
+                    .is_some_and(|r| r.0 <= now)
+                    .then(|| stream.replies.pop_front())
+                    .flatten()
                 {
                     self.handle(
                         RenewalsInput::Reply { lease, ttl_secs },
