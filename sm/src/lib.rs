@@ -1,8 +1,8 @@
 //! Sans-IO state machines behind fleetcoord.
 //!
-//! Every piece of fleetcoord's protocol logic — lease keepalive, prefix
-//! watching with resync, leader election, leader observation and
-//! sequence-numbered streams — lives here
+//! Every piece of fleetcoord's protocol logic — lease keepalive, many
+//! leases' renewals on one stream, prefix watching with resync, leader
+//! election, leader observation and sequence-numbered streams — lives here
 //! as a deterministic state machine. This crate does no I/O, reads no clock
 //! and uses no global random number generator: time comes in as `now`,
 //! randomness from a seed given to `new`, and etcd is reached only by emitting
@@ -103,6 +103,7 @@ pub mod keepalive;
 pub mod mirror;
 pub mod observe;
 pub mod outbox;
+pub mod renewals;
 pub mod rpc;
 pub mod stream;
 pub mod timer;

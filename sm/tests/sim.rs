@@ -15,3 +15,6 @@ mod election;
 
 #[path = "sim/stream.rs"]
 mod stream;
+
+#[path = "sim/renewals.rs"]
+mod renewals;

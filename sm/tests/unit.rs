@@ -21,6 +21,8 @@ mod observe;
 mod outbox;
 #[path = "unit/plumbing.rs"]
 mod plumbing;
+#[path = "unit/renewals.rs"]
+mod renewals;
 #[path = "unit/rpc.rs"]
 mod rpc;
 #[path = "unit/semaphore.rs"]

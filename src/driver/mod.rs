@@ -11,6 +11,7 @@
 //! driver's own small types, which the facade maps to its `Error`.
 
 pub(crate) mod connect;
+mod delivery;
 pub(crate) mod exec;
 pub(crate) mod handle;
 pub(crate) mod health;

@@ -11,34 +11,24 @@
 //!
 //! What each renewal gets is unchanged from a stream per lease: exactly one
 //! reply — the TTL etcd answered, or an error — within the request timeout.
-//! * A renewal without an answer for a whole request timeout means the
-//!   stream answers nothing (answers come in order): it is failed with a
-//!   timeout, the handle's health monitor is told ([`Suspicion`]), and the
-//!   stream is dropped; the renewals still waiting on it fail at once, and
-//!   the next renewal opens a fresh stream.
-//! * A stream that breaks or ends fails every renewal waiting on it.
-//! * Opening a stream renews its first lease once (etcd-client reads that
-//!   answer itself); when etcd has no such lease the renewals of that lease
-//!   are answered with TTL 0, as etcd would, and the stream is opened again
-//!   for the others. Any other failure to open fails every renewal waiting
-//!   for the stream.
-//! * A revoke first makes the renewer forget the lease: renewals of it not
-//!   yet written to the stream are failed, never sent after the revoke.
-//!
-//! Decisions (when to renew, what a failure means) stay in the keepalive
-//! machine; this only multiplexes.
+//! Every decision that takes (queues, deadlines, TTL 0 for a lease missing
+//! when a stream opens, dropping a silent stream, forgetting a lease before
+//! its revoke) is `fleetcoord_sm::renewals`'s, stated and tested there;
+//! this task only does the stream's I/O: it feeds that machine what
+//! happened and carries out its commands. Decisions about the leases
+//! themselves (when to renew, what a failure means) stay in the keepalive
+//! machine.
 
+use super::delivery::Delivery;
 use super::exec;
 use super::health::Suspicion;
-use super::runner::Delivery;
 use etcd_client as ec;
+use fleetcoord_sm::renewals::{self, RenewalsCommand, RenewalsInput};
 use fleetcoord_sm::{LeaseId, Response, RpcError, RpcId, RpcReply};
-use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
-use tokio::time::Instant;
 
 /// The renewer's end for the machine runners: where renewals are sent.
 #[derive(Clone)]
@@ -47,23 +37,24 @@ pub(crate) struct Renewals {
 }
 
 enum Message {
-    Renew(Renewal),
+    Renew(LeaseId, Waiter),
     Forget(LeaseId),
 }
 
-/// One renewal asked for by a machine, answered on `reply` with `id`.
-struct Renewal {
-    lease: LeaseId,
+/// Who waits for one renewal's answer: the machine that asked, under `id`.
+/// The renewals machine carries it as its token and hands it back with the
+/// answer.
+struct Waiter {
     id: RpcId,
     reply: mpsc::UnboundedSender<Delivery>,
-    /// When the renewer took it: its request timeout runs from here.
+    /// When the renewer was asked, for the request metrics.
     started: Instant,
 }
 
-impl Renewal {
-    fn answer(self, result: Result<Response, RpcError>) {
-        let elapsed = self.started.elapsed();
-        crate::metrics::request("keepalive", elapsed, &result);
+impl Waiter {
+    fn answer(self, ttl: Result<i64, RpcError>) {
+        let result = ttl.map(|ttl_secs| Response::KeptAlive { ttl_secs });
+        crate::metrics::request("keepalive", self.started.elapsed(), &result);
         let reply = RpcReply {
             id: self.id,
             result,
@@ -76,16 +67,15 @@ impl Renewal {
 impl Renewals {
     /// Renew `lease`; the answer goes to `reply` under `id`.
     pub(super) fn renew(&self, lease: LeaseId, id: RpcId, reply: &mpsc::UnboundedSender<Delivery>) {
-        let renewal = Renewal {
-            lease,
+        let waiter = Waiter {
             id,
             reply: reply.clone(),
             started: Instant::now(),
         };
-        if let Err(mpsc::error::SendError(Message::Renew(r))) =
-            self.tx.send(Message::Renew(renewal))
+        if let Err(mpsc::error::SendError(Message::Renew(_, w))) =
+            self.tx.send(Message::Renew(lease, waiter))
         {
-            r.answer(Err(RpcError::Unavailable("renewal stream closed".into())));
+            w.answer(Err(RpcError::Unavailable("renewal stream closed".into())));
         }
     }
 
@@ -96,9 +86,8 @@ impl Renewals {
     }
 }
 
-type Opening = Pin<
-    Box<dyn Future<Output = Result<(ec::LeaseKeeper, ec::LeaseKeepAliveStream), RpcError>> + Send>,
->;
+type Opened = Result<(ec::LeaseKeeper, ec::LeaseKeepAliveStream), RpcError>;
+type Opening = Pin<Box<dyn Future<Output = Opened> + Send>>;
 
 /// The renewer task and the handle to it. The task ends when the driver
 /// shuts down or every handle is gone.
@@ -109,32 +98,30 @@ pub(crate) fn start(
     shutdown: watch::Receiver<bool>,
 ) -> (Renewals, impl Future<Output = ()> + Send) {
     let (tx, rx) = mpsc::unbounded_channel();
+    let now = Instant::now();
     let renewer = Renewer {
         client,
-        timeout,
         suspicion,
+        machine: renewals::Renewals::new(timeout, now),
+        last_now: now,
         keeper: None,
         responses: None,
         opening: None,
-        unsent: VecDeque::new(),
-        sent: VecDeque::new(),
     };
     (Renewals { tx }, renewer.run(rx, shutdown))
 }
 
 struct Renewer {
     client: ec::Client,
-    timeout: Duration,
     suspicion: Suspicion,
-    /// The open stream's request side and answers; both or neither.
+    machine: renewals::Renewals<Waiter>,
+    /// The last instant fed to the machine: its time never goes back.
+    last_now: Instant,
+    /// The open stream's request side and replies; both or neither.
     keeper: Option<ec::LeaseKeeper>,
     responses: Option<ec::LeaseKeepAliveStream>,
-    /// A stream being opened, and the lease its opening request renews.
-    opening: Option<(LeaseId, Opening)>,
-    /// Taken, not yet written to a stream (none open, or its queue full).
-    unsent: VecDeque<Renewal>,
-    /// Written to the open stream, in the order etcd answers them.
-    sent: VecDeque<Renewal>,
+    /// The stream being opened.
+    opening: Option<Opening>,
 }
 
 impl Renewer {
@@ -144,22 +131,11 @@ impl Renewer {
         mut shutdown: watch::Receiver<bool>,
     ) {
         loop {
-            self.flush();
-            if self.keeper.is_none() && self.opening.is_none() {
-                if let Some(first) = self.unsent.front() {
-                    let lease = first.lease;
-                    self.opening = Some((lease, open(self.client.clone(), lease, self.timeout)));
-                }
+            self.execute();
+            if self.write() {
+                self.execute();
             }
-            // Answers come in order, so the oldest renewal times out first.
-            let oldest = self
-                .sent
-                .front()
-                .into_iter()
-                .chain(self.unsent.front())
-                .map(|r| r.started)
-                .min();
-            let give_up = oldest.map(|t| t + self.timeout);
+            let deadline = self.machine.poll_timeout();
             tokio::select! {
                 biased;
                 changed = shutdown.changed() => {
@@ -176,141 +152,115 @@ impl Renewer {
                         self.take(message);
                     }
                 }
-                (lease, opened) = opening(&mut self.opening) => {
+                opened = opening(&mut self.opening) => {
                     self.opening = None;
-                    self.opened(lease, opened);
+                    match opened {
+                        Ok((keeper, responses)) => {
+                            self.keeper = Some(keeper);
+                            self.responses = Some(responses);
+                            self.feed(RenewalsInput::Opened);
+                        }
+                        Err(error) => self.feed(RenewalsInput::OpenFailed { error }),
+                    }
                 }
-                answer = message(&mut self.responses) => self.answered(answer),
-                () = room(&self.keeper), if !self.unsent.is_empty() => {}
-                () = sleep(give_up) => self.time_out(),
+                reply = message(&mut self.responses) => self.feed(match reply {
+                    Ok(Some(r)) => RenewalsInput::Reply { lease: r.id(), ttl_secs: r.ttl() },
+                    Ok(None) => RenewalsInput::Ended,
+                    Err(e) => RenewalsInput::Failed { error: exec::rpc_error(e) },
+                }),
+                () = room(&self.keeper), if self.machine.wants_to_write() => {}
+                () = sleep(deadline) => {
+                    let now = self.now();
+                    self.machine.handle_timeout(now);
+                }
             }
         }
-        let gone = || Err(RpcError::Unavailable("the driver is shutting down".into()));
-        for r in self.sent.drain(..).chain(self.unsent.drain(..)) {
-            r.answer(gone());
-        }
+        self.feed(RenewalsInput::Stop);
+        self.execute();
     }
 
     fn take(&mut self, message: Message) {
         match message {
-            Message::Renew(r) => self.unsent.push_back(r),
-            Message::Forget(lease) => self.forget(lease),
+            // A renewal's request timeout runs from when it was asked for,
+            // not from when this task got to it (as long as time does not
+            // go back for the machine).
+            Message::Renew(lease, token) => {
+                let asked = token.started.max(self.last_now);
+                self.feed_at(asked, RenewalsInput::Renew { lease, token });
+            }
+            Message::Forget(lease) => self.feed(RenewalsInput::Forget { lease }),
         }
     }
 
-    /// Writes what waits to the open stream, in order, while it has room.
-    fn flush(&mut self) {
-        let Some(keeper) = &self.keeper else { return };
-        while let Some(r) = self.unsent.pop_front() {
-            let mut request = blank(&keeper.sender);
-            request.id = r.lease;
-            match keeper.sender.try_send(request) {
-                Ok(()) => self.sent.push_back(r),
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    // Written once the stream has room (`room`).
-                    self.unsent.push_front(r);
-                    return;
+    fn now(&mut self) -> Instant {
+        self.last_now = Instant::now().max(self.last_now);
+        self.last_now
+    }
+
+    fn feed(&mut self, input: RenewalsInput<Waiter>) {
+        let now = self.now();
+        self.feed_at(now, input);
+    }
+
+    /// Feeds `input` at `now`, after the timers due by then (the machine's
+    /// `handle` never fires them).
+    fn feed_at(&mut self, now: Instant, input: RenewalsInput<Waiter>) {
+        self.last_now = now.max(self.last_now);
+        let now = self.last_now;
+        if self.machine.poll_timeout().is_some_and(|at| at <= now) {
+            self.machine.handle_timeout(now);
+        }
+        self.machine.handle(now, input);
+    }
+
+    /// Carries out the machine's commands, in order.
+    fn execute(&mut self) {
+        while let Some(command) = self.machine.poll_command() {
+            match command {
+                RenewalsCommand::Open { lease } => {
+                    self.opening = Some(open(self.client.clone(), lease));
                 }
-                Err(mpsc::error::TrySendError::Closed(_)) => {
-                    self.unsent.push_front(r);
-                    self.reset(RpcError::Unavailable("renewal stream closed".into()));
-                    return;
+                RenewalsCommand::Drop => {
+                    self.keeper = None;
+                    self.responses = None;
+                    self.opening = None;
                 }
+                RenewalsCommand::Answer { token, ttl } => token.answer(ttl),
+                RenewalsCommand::Suspect => self.suspicion.raise(),
             }
         }
     }
 
-    fn forget(&mut self, lease: LeaseId) {
-        let (gone, keep): (VecDeque<_>, VecDeque<_>) =
-            self.unsent.drain(..).partition(|r| r.lease == lease);
-        self.unsent = keep;
-        for r in gone {
-            r.answer(Err(RpcError::Unavailable(
-                "the lease is being revoked".into(),
-            )));
-        }
-    }
-
-    fn opened(
-        &mut self,
-        lease: LeaseId,
-        opened: Result<(ec::LeaseKeeper, ec::LeaseKeepAliveStream), RpcError>,
-    ) {
-        match opened {
-            Ok((keeper, responses)) => {
-                self.keeper = Some(keeper);
-                self.responses = Some(responses);
-            }
-            Err(RpcError::LeaseNotFound) => {
-                // etcd has no such lease: that is the answer for its
-                // renewals; the others wait for the next stream.
-                let (gone, keep): (VecDeque<_>, VecDeque<_>) =
-                    self.unsent.drain(..).partition(|r| r.lease == lease);
-                self.unsent = keep;
-                for r in gone {
-                    r.answer(Ok(Response::KeptAlive { ttl_secs: 0 }));
+    /// Writes what the machine hands out while the open stream has room.
+    /// Returns whether the machine was told something (the stream closed),
+    /// so that its commands are due.
+    fn write(&mut self) -> bool {
+        let Some(keeper) = &self.keeper else {
+            return false;
+        };
+        let mut closed = false;
+        while self.machine.wants_to_write() {
+            match keeper.sender.try_reserve() {
+                Ok(permit) => {
+                    let Some(lease) = self.machine.poll_write() else {
+                        break;
+                    };
+                    let mut request = blank(&keeper.sender);
+                    request.id = lease;
+                    permit.send(request);
                 }
-            }
-            Err(e) => {
-                for r in self.unsent.drain(..) {
-                    r.answer(Err(e.clone()));
-                }
-            }
-        }
-    }
-
-    fn answered(&mut self, answer: Result<Option<ec::LeaseKeepAliveResponse>, ec::Error>) {
-        match answer {
-            Ok(Some(a)) => {
-                // etcd answers in order; the first renewal of this lease is
-                // the one answered.
-                if let Some(at) = self.sent.iter().position(|r| r.lease == a.id()) {
-                    if let Some(r) = self.sent.remove(at) {
-                        r.answer(Ok(Response::KeptAlive { ttl_secs: a.ttl() }));
-                    }
+                // Written once the stream has room (`room`).
+                Err(mpsc::error::TrySendError::Full(())) => break,
+                Err(mpsc::error::TrySendError::Closed(())) => {
+                    closed = true;
+                    break;
                 }
             }
-            // A broken stream may mean a member went away: check them all.
-            Ok(None) => {
-                self.suspicion.raise();
-                self.reset(RpcError::Unavailable("renewal stream ended".into()));
-            }
-            Err(e) => {
-                self.suspicion.raise();
-                self.reset(exec::rpc_error(e));
-            }
         }
-    }
-
-    fn time_out(&mut self) {
-        let now = Instant::now();
-        let due = |r: &Renewal| r.started + self.timeout <= now;
-        let error = RpcError::Unavailable(format!("no renewal answer within {:?}", self.timeout));
-        let stuck = self.sent.front().is_some_and(due);
-        let (late, keep): (VecDeque<_>, VecDeque<_>) = self.unsent.drain(..).partition(due);
-        self.unsent = keep;
-        if stuck || !late.is_empty() {
-            self.suspicion.raise();
+        if closed {
+            self.feed(RenewalsInput::Closed);
         }
-        for r in late {
-            r.answer(Err(error.clone()));
-        }
-        if stuck {
-            // Nothing came back for a whole timeout: a fresh stream for
-            // whatever follows.
-            self.reset(error);
-        } else if self.unsent.is_empty() {
-            self.opening = None;
-        }
-    }
-
-    /// Drops the stream and fails every renewal written to it.
-    fn reset(&mut self, error: RpcError) {
-        self.keeper = None;
-        self.responses = None;
-        for r in self.sent.drain(..) {
-            r.answer(Err(error.clone()));
-        }
+        closed
     }
 }
 
@@ -322,30 +272,18 @@ fn blank<T: Default>(_: &mpsc::Sender<T>) -> T {
     T::default()
 }
 
-fn open(client: ec::Client, lease: LeaseId, timeout: Duration) -> Opening {
+/// Opens a stream whose opening request renews `lease`; the machine gives
+/// up on it at its deadline by dropping it.
+fn open(client: ec::Client, lease: LeaseId) -> Opening {
     Box::pin(async move {
         let mut c = client;
-        let opened = tokio::time::timeout(timeout, async {
-            exec::on_a_live_member!(c.lease_keep_alive(lease).await)
-        })
-        .await;
-        match opened {
-            Ok(r) => r.map_err(exec::rpc_error),
-            Err(_) => Err(RpcError::Unavailable(format!(
-                "no renewal answer within {timeout:?}"
-            ))),
-        }
+        exec::on_a_live_member!(c.lease_keep_alive(lease).await).map_err(exec::rpc_error)
     })
 }
 
-async fn opening(
-    opening: &mut Option<(LeaseId, Opening)>,
-) -> (
-    LeaseId,
-    Result<(ec::LeaseKeeper, ec::LeaseKeepAliveStream), RpcError>,
-) {
+async fn opening(opening: &mut Option<Opening>) -> Opened {
     match opening {
-        Some((lease, f)) => (*lease, f.await),
+        Some(f) => f.await,
         None => std::future::pending().await,
     }
 }
@@ -362,10 +300,10 @@ async fn message(
 /// Resolves once the open stream can take another request.
 async fn room(keeper: &Option<ec::LeaseKeeper>) {
     match keeper {
-        // The permit is dropped unused: `flush` sends right after.
+        // The permit is dropped unused: `write` sends right after.
         Some(k) => {
             if k.sender.reserve().await.is_err() {
-                // Closed: `flush` finds out and resets.
+                // Closed: `write` finds out and tells the machine.
             }
         }
         None => std::future::pending().await,
@@ -374,7 +312,7 @@ async fn room(keeper: &Option<ec::LeaseKeeper>) {
 
 async fn sleep(until: Option<Instant>) {
     match until {
-        Some(at) => tokio::time::sleep_until(at).await,
+        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
         None => std::future::pending().await,
     }
 }

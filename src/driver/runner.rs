@@ -5,6 +5,7 @@
 //! every `handle*`, sleep until `poll_timeout`, stop with the machine's stop
 //! input, end when it `is_finished()`, pause it while its consumer is full.
 
+use super::delivery::Delivery;
 use super::exec;
 use super::handle::{Control, Finished, MachineHandle, Relief, Sink};
 use super::health::{self, Suspicion};
@@ -68,14 +69,6 @@ where
     fn run(self: Box<Self>, shared: Shared) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(run(shared, *self))
     }
-}
-
-/// One reply for the machine and whether it is the last its request sends:
-/// an explicit end-of-stream marker, so the runner never guesses from the
-/// response variant when a request is done.
-pub(super) struct Delivery {
-    pub(super) reply: RpcReply,
-    pub(super) last: bool,
 }
 
 /// Slack beyond one request timeout that a stopping machine gets to finish

@@ -1,0 +1,414 @@
+//! Exact command sequences of the renewals machine, one test per rule of
+//! `fleetcoord_sm::renewals` (the rule numbers are its module docs').
+
+use fleetcoord_sm::renewals::{Renewals, RenewalsCommand, RenewalsInput};
+use fleetcoord_sm::{LeaseId, RpcError};
+use std::time::{Duration, Instant};
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+const A: LeaseId = 10;
+const B: LeaseId = 20;
+
+type Cmd = RenewalsCommand<u64>;
+type Input = RenewalsInput<u64>;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn drain(m: &mut Renewals<u64>) -> Vec<Cmd> {
+    std::iter::from_fn(|| m.poll_command()).collect()
+}
+
+/// Every write the open stream is given room for.
+fn writes(m: &mut Renewals<u64>) -> Vec<LeaseId> {
+    std::iter::from_fn(|| m.poll_write()).collect()
+}
+
+fn renew(lease: LeaseId, token: u64) -> Input {
+    RenewalsInput::Renew { lease, token }
+}
+
+fn reply(lease: LeaseId, ttl_secs: i64) -> Input {
+    RenewalsInput::Reply { lease, ttl_secs }
+}
+
+fn open(lease: LeaseId) -> Cmd {
+    RenewalsCommand::Open { lease }
+}
+
+fn ttl(token: u64, ttl: i64) -> Cmd {
+    RenewalsCommand::Answer {
+        token,
+        ttl: Ok(ttl),
+    }
+}
+
+fn failed(token: u64, why: &str) -> Cmd {
+    RenewalsCommand::Answer {
+        token,
+        ttl: Err(RpcError::Unavailable(why.into())),
+    }
+}
+
+const NO_ANSWER: &str = "no renewal answer within 5s";
+
+/// A machine at `t0` with an open stream on which renewal 1 of `A` was
+/// written and answered.
+fn open_stream(t0: Instant) -> Renewals<u64> {
+    let mut m = Renewals::new(TIMEOUT, t0);
+    m.handle(t0, renew(A, 1));
+    assert_eq!(drain(&mut m), vec![open(A)]);
+    assert_eq!(
+        writes(&mut m),
+        [],
+        "nothing is written before the stream is open"
+    );
+    m.handle(t0 + ms(1), RenewalsInput::Opened);
+    assert_eq!(drain(&mut m), []);
+    assert_eq!(writes(&mut m), [A]);
+    m.handle(t0 + ms(2), reply(A, 30));
+    assert_eq!(drain(&mut m), vec![ttl(1, 30)]);
+    assert_eq!(m.waiting(), 0);
+    assert_eq!(m.poll_timeout(), None);
+    m
+}
+
+#[test]
+fn renewals_share_one_stream_and_replies_answer_the_oldest_renewal_of_their_lease() {
+    let t0 = Instant::now();
+    let mut m = Renewals::new(TIMEOUT, t0);
+    // Rules 1 and 2: the first renewal opens a stream on its lease; the
+    // second waits for the same stream.
+    m.handle(t0, renew(A, 1));
+    m.handle(t0 + ms(1), renew(B, 2));
+    assert_eq!(drain(&mut m), vec![open(A)]);
+    assert_eq!(m.poll_timeout(), Some(t0 + TIMEOUT));
+    m.handle(t0 + ms(2), RenewalsInput::Opened);
+    m.handle(t0 + ms(3), renew(A, 3));
+    assert_eq!(drain(&mut m), []);
+    // Rule 3: written oldest first, the first lease again.
+    assert!(m.wants_to_write());
+    assert_eq!(writes(&mut m), [A, B, A]);
+    assert!(!m.wants_to_write());
+    // Rule 4: etcd replies in order; each reply answers the oldest sent
+    // renewal of its lease, whatever else is sent.
+    m.handle(t0 + ms(4), reply(A, 30));
+    m.handle(t0 + ms(5), reply(B, 0));
+    m.handle(t0 + ms(6), reply(A, 31));
+    assert_eq!(drain(&mut m), vec![ttl(1, 30), ttl(2, 0), ttl(3, 31)]);
+    // A reply matching no sent renewal answers nothing.
+    m.handle(t0 + ms(7), reply(A, 30));
+    assert_eq!(drain(&mut m), []);
+    assert_eq!(m.poll_timeout(), None);
+}
+
+#[test]
+fn a_full_stream_keeps_renewals_unsent_until_it_has_room() {
+    let t0 = Instant::now();
+    let mut m = open_stream(t0);
+    m.handle(t0 + ms(10), renew(A, 2));
+    m.handle(t0 + ms(11), renew(B, 3));
+    // Room for one: the other stays unsent, its deadline running.
+    assert_eq!(m.poll_write(), Some(A));
+    assert!(m.wants_to_write());
+    m.handle(t0 + ms(12), reply(B, 30));
+    assert_eq!(drain(&mut m), [], "B was not written: no reply answers it");
+    assert_eq!(writes(&mut m), [B]);
+    m.handle(t0 + ms(13), reply(A, 30));
+    m.handle(t0 + ms(14), reply(B, 30));
+    assert_eq!(drain(&mut m), vec![ttl(2, 30), ttl(3, 30)]);
+}
+
+#[test]
+fn a_silent_stream_is_dropped_its_renewals_fail_and_the_next_renewal_opens_another() {
+    let t0 = Instant::now();
+    let mut m = open_stream(t0);
+    let t1 = t0 + ms(100);
+    m.handle(t1, renew(A, 2));
+    m.handle(t1 + ms(10), renew(B, 3));
+    assert_eq!(writes(&mut m), [A, B]);
+    // The oldest renewal's deadline, and nothing before it.
+    assert_eq!(m.poll_timeout(), Some(t1 + TIMEOUT));
+    m.handle_timeout(t1 + TIMEOUT - ms(1));
+    assert_eq!(drain(&mut m), []);
+    // Rule 7: the oldest sent renewal is unanswered for a whole timeout:
+    // the monitor is told, the stream dropped, and every sent renewal
+    // fails at once (B's deadline is 10 ms later).
+    m.handle_timeout(t1 + TIMEOUT);
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            RenewalsCommand::Suspect,
+            RenewalsCommand::Drop,
+            failed(2, NO_ANSWER),
+            failed(3, NO_ANSWER),
+        ]
+    );
+    assert_eq!(m.poll_timeout(), None);
+    // A late reply of the dropped stream answers nothing.
+    m.handle(t1 + TIMEOUT + ms(1), reply(A, 30));
+    assert_eq!(drain(&mut m), []);
+    // The next renewal opens a fresh stream.
+    m.handle(t1 + TIMEOUT + ms(2), renew(B, 4));
+    assert_eq!(drain(&mut m), vec![open(B)]);
+    m.handle(t1 + TIMEOUT + ms(3), RenewalsInput::Opened);
+    assert_eq!(writes(&mut m), [B]);
+    m.handle(t1 + TIMEOUT + ms(4), reply(B, 30));
+    assert_eq!(drain(&mut m), vec![ttl(4, 30)]);
+}
+
+#[test]
+fn renewals_late_for_a_full_stream_fail_without_dropping_it() {
+    let t0 = Instant::now();
+    let mut m = open_stream(t0);
+    let t1 = t0 + ms(100);
+    m.handle(t1, renew(A, 2));
+    // No room ever came: the renewal is late unsent; the stream itself
+    // is not shown silent (nothing is sent on it), so it stays.
+    m.handle_timeout(t1 + TIMEOUT);
+    assert_eq!(
+        drain(&mut m),
+        vec![RenewalsCommand::Suspect, failed(2, NO_ANSWER)]
+    );
+    assert!(!m.wants_to_write());
+    m.handle(t1 + TIMEOUT + ms(1), renew(A, 3));
+    assert_eq!(drain(&mut m), [], "the stream is still open");
+    assert_eq!(writes(&mut m), [A]);
+}
+
+#[test]
+fn a_missing_first_lease_answers_its_renewals_ttl_zero_and_reopens_for_the_others() {
+    let t0 = Instant::now();
+    let mut m = Renewals::new(TIMEOUT, t0);
+    m.handle(t0, renew(A, 1));
+    m.handle(t0 + ms(1), renew(B, 2));
+    m.handle(t0 + ms(2), renew(A, 3));
+    assert_eq!(drain(&mut m), vec![open(A)]);
+    // Rule 5: etcd has no A; B waits for the next stream, opened at once.
+    m.handle(
+        t0 + ms(10),
+        RenewalsInput::OpenFailed {
+            error: RpcError::LeaseNotFound,
+        },
+    );
+    assert_eq!(drain(&mut m), vec![ttl(1, 0), ttl(3, 0), open(B)]);
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(1) + TIMEOUT));
+    m.handle(t0 + ms(11), RenewalsInput::Opened);
+    assert_eq!(writes(&mut m), [B]);
+    m.handle(t0 + ms(12), reply(B, 30));
+    assert_eq!(drain(&mut m), vec![ttl(2, 30)]);
+}
+
+#[test]
+fn an_open_failure_fails_every_waiting_renewal_and_opens_nothing() {
+    let t0 = Instant::now();
+    let mut m = Renewals::new(TIMEOUT, t0);
+    m.handle(t0, renew(A, 1));
+    m.handle(t0 + ms(1), renew(B, 2));
+    assert_eq!(drain(&mut m), vec![open(A)]);
+    // Rule 6.
+    m.handle(
+        t0 + ms(10),
+        RenewalsInput::OpenFailed {
+            error: RpcError::Unavailable("connection refused".into()),
+        },
+    );
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            failed(1, "connection refused"),
+            failed(2, "connection refused")
+        ]
+    );
+    assert_eq!(m.poll_timeout(), None);
+    // Open results of no opening are ignored.
+    m.handle(t0 + ms(11), RenewalsInput::Opened);
+    assert_eq!(writes(&mut m), []);
+    m.handle(t0 + ms(12), renew(B, 3));
+    assert_eq!(drain(&mut m), vec![open(B)]);
+}
+
+#[test]
+fn renewals_waiting_for_a_stuck_opening_fail_at_their_deadlines_and_the_opening_goes() {
+    let t0 = Instant::now();
+    let mut m = Renewals::new(TIMEOUT, t0);
+    m.handle(t0, renew(A, 1));
+    m.handle(t0 + ms(10), renew(B, 2));
+    assert_eq!(drain(&mut m), vec![open(A)]);
+    // The first renewal's deadline is the opening's too: renewals go
+    // first (rule 7: the monitor is told, 1 fails, B still waits), then
+    // rule 8 gives the opening up and B fails with it.
+    assert_eq!(m.poll_timeout(), Some(t0 + TIMEOUT));
+    m.handle_timeout(t0 + TIMEOUT);
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            RenewalsCommand::Suspect,
+            failed(1, NO_ANSWER),
+            RenewalsCommand::Drop,
+            failed(2, NO_ANSWER),
+        ]
+    );
+    assert_eq!(m.poll_timeout(), None);
+}
+
+#[test]
+fn an_opening_nobody_waits_for_any_more_is_dropped() {
+    let t0 = Instant::now();
+    let mut m = Renewals::new(TIMEOUT, t0);
+    m.handle(t0, renew(A, 1));
+    assert_eq!(drain(&mut m), vec![open(A)]);
+    m.handle_timeout(t0 + TIMEOUT);
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            RenewalsCommand::Suspect,
+            failed(1, NO_ANSWER),
+            RenewalsCommand::Drop
+        ]
+    );
+    assert_eq!(m.poll_timeout(), None);
+    // Its late result is ignored; the next renewal opens again.
+    m.handle(t0 + TIMEOUT + ms(1), RenewalsInput::Opened);
+    assert_eq!(writes(&mut m), []);
+    m.handle(t0 + TIMEOUT + ms(2), renew(A, 2));
+    assert_eq!(drain(&mut m), vec![open(A)]);
+}
+
+#[test]
+fn an_opening_past_its_deadline_fails_the_renewals_taken_since() {
+    let t0 = Instant::now();
+    let mut m = Renewals::new(TIMEOUT, t0);
+    m.handle(t0, renew(A, 1));
+    assert_eq!(drain(&mut m), vec![open(A)]);
+    // Forgotten: nothing waits, yet the opening goes on (rule 10 only
+    // drops renewals).
+    m.handle(t0 + ms(1), RenewalsInput::Forget { lease: A });
+    assert_eq!(drain(&mut m), vec![failed(1, "the lease is being revoked")]);
+    m.handle(t0 + ms(2), renew(B, 2));
+    assert_eq!(drain(&mut m), []);
+    assert_eq!(m.poll_timeout(), Some(t0 + TIMEOUT));
+    // Rule 8: B's own deadline is later; the opening's fails it now.
+    m.handle_timeout(t0 + TIMEOUT);
+    assert_eq!(
+        drain(&mut m),
+        vec![RenewalsCommand::Drop, failed(2, NO_ANSWER)]
+    );
+    assert_eq!(m.poll_timeout(), None);
+}
+
+#[test]
+fn forget_fails_unsent_renewals_of_its_lease_only_and_never_writes_them() {
+    let t0 = Instant::now();
+    let mut m = open_stream(t0);
+    m.handle(t0 + ms(10), renew(A, 2));
+    assert_eq!(writes(&mut m), [A]);
+    m.handle(t0 + ms(11), renew(A, 3));
+    m.handle(t0 + ms(12), renew(B, 4));
+    m.handle(t0 + ms(13), renew(A, 5));
+    // Rule 10: 3 and 5 were not written: failed, never sent; 2 is on the
+    // wire and keeps waiting; B is another lease.
+    m.handle(t0 + ms(14), RenewalsInput::Forget { lease: A });
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            failed(3, "the lease is being revoked"),
+            failed(5, "the lease is being revoked"),
+        ]
+    );
+    assert_eq!(writes(&mut m), [B]);
+    m.handle(t0 + ms(15), reply(A, 30));
+    m.handle(t0 + ms(16), reply(B, 30));
+    assert_eq!(drain(&mut m), vec![ttl(2, 30), ttl(4, 30)]);
+}
+
+#[test]
+fn a_stream_that_ends_or_fails_tells_the_monitor_and_fails_every_sent_renewal() {
+    for (input, why) in [
+        (RenewalsInput::Ended, "renewal stream ended"),
+        (
+            RenewalsInput::Failed {
+                error: RpcError::Unavailable("connection reset".into()),
+            },
+            "connection reset",
+        ),
+    ] {
+        let t0 = Instant::now();
+        let mut m = open_stream(t0);
+        m.handle(t0 + ms(10), renew(A, 2));
+        m.handle(t0 + ms(11), renew(B, 3));
+        assert_eq!(writes(&mut m), [A, B]);
+        m.handle(t0 + ms(12), renew(B, 4));
+        // Rule 9: 4 is unsent, and goes to the next stream, opened at once.
+        m.handle(t0 + ms(13), input);
+        assert_eq!(
+            drain(&mut m),
+            vec![
+                RenewalsCommand::Suspect,
+                RenewalsCommand::Drop,
+                failed(2, why),
+                failed(3, why),
+                open(B),
+            ]
+        );
+        m.handle(t0 + ms(14), RenewalsInput::Opened);
+        assert_eq!(writes(&mut m), [B]);
+    }
+}
+
+#[test]
+fn a_stream_closed_for_writes_is_dropped_without_telling_the_monitor() {
+    let t0 = Instant::now();
+    let mut m = open_stream(t0);
+    m.handle(t0 + ms(10), renew(A, 2));
+    assert_eq!(writes(&mut m), [A]);
+    m.handle(t0 + ms(11), renew(B, 3));
+    m.handle(t0 + ms(12), RenewalsInput::Closed);
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            RenewalsCommand::Drop,
+            failed(2, "renewal stream closed"),
+            open(B)
+        ]
+    );
+    // Stream inputs while none is open are ignored.
+    m.handle(t0 + ms(13), RenewalsInput::Ended);
+    m.handle(t0 + ms(14), reply(B, 30));
+    assert_eq!(drain(&mut m), []);
+}
+
+#[test]
+fn stop_answers_sent_then_unsent_and_every_later_renewal_at_once() {
+    let t0 = Instant::now();
+    let mut m = open_stream(t0);
+    m.handle(t0 + ms(10), renew(A, 2));
+    assert_eq!(writes(&mut m), [A]);
+    m.handle(t0 + ms(11), renew(B, 3));
+    m.handle(t0 + ms(12), RenewalsInput::Stop);
+    let why = "the driver is shutting down";
+    assert_eq!(
+        drain(&mut m),
+        vec![failed(2, why), failed(3, why), RenewalsCommand::Drop]
+    );
+    m.handle(t0 + ms(13), renew(B, 4));
+    assert_eq!(drain(&mut m), vec![failed(4, why)]);
+    assert_eq!(m.poll_timeout(), None);
+    assert_eq!(m.waiting(), 0);
+}
+
+#[test]
+fn early_or_repeated_timeouts_do_nothing_and_deadlines_never_go_back() {
+    let t0 = Instant::now();
+    let mut m = Renewals::new(TIMEOUT, t0);
+    m.handle(t0, renew(A, 1));
+    assert_eq!(drain(&mut m), vec![open(A)]);
+    m.handle_timeout(t0 + ms(1));
+    m.handle_timeout(t0 + ms(1));
+    assert_eq!(drain(&mut m), []);
+    // A driver that comes late with an input before firing the timer sees
+    // the deadline lifted to its `now`, never in the past.
+    m.handle(t0 + TIMEOUT + ms(50), RenewalsInput::Forget { lease: B });
+    assert_eq!(m.poll_timeout(), Some(t0 + TIMEOUT + ms(50)));
+}
