@@ -104,6 +104,7 @@ pub mod mirror;
 pub mod observe;
 pub mod outbox;
 pub mod rpc;
+pub mod shard;
 pub mod stream;
 pub mod timer;
 pub mod watch;
