@@ -25,6 +25,8 @@ mod plumbing;
 mod rpc;
 #[path = "unit/semaphore.rs"]
 mod semaphore;
+#[path = "unit/shard.rs"]
+mod shard;
 #[path = "unit/stream.rs"]
 mod stream;
 #[path = "unit/support.rs"]

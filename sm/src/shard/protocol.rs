@@ -81,6 +81,10 @@ pub struct ShardMap {
     /// key is never believed in again (rules 6 and 9).
     doomed: BTreeMap<u32, Revision>,
     in_flight: BTreeMap<RpcId, InFlight>,
+    /// Keys this member wrote (`None`: the member key; `Some(shard)`) and
+    /// the revision of the write: until the view reaches it, the view
+    /// shows the key as it was before, so nothing new is written to it.
+    written: BTreeMap<Option<u32>, Revision>,
     backoff: Backoff,
     /// Writes and reads wait until then after a failure (rule 10).
     hold_until: Option<Instant>,
@@ -116,6 +120,7 @@ impl ShardMap {
             owned: BTreeMap::new(),
             doomed: BTreeMap::new(),
             in_flight: BTreeMap::new(),
+            written: BTreeMap::new(),
             hold_until: None,
             leaving: false,
             stopped: false,
@@ -216,6 +221,13 @@ impl ShardMap {
             .any(|f| matches!(f.purpose, Purpose::Create { shard: s, .. } if s == shard))
     }
 
+    /// Whether the view has not yet caught up with a write of this member
+    /// to `target` (see `written`).
+    fn unseen_write(&self, target: Option<u32>) -> bool {
+        let seen = self.view.as_ref().map_or(0, |v| v.revision);
+        self.written.get(&target).is_some_and(|at| seen < *at)
+    }
+
     fn holding(&self, now: Instant) -> bool {
         self.hold_until.is_some_and(|at| now < at)
     }
@@ -240,6 +252,9 @@ impl ShardMap {
             .filter(|(_, f)| f.sent.checked_add(timeout).is_some_and(|at| at <= now))
             .map(|(id, f)| (*id, f.purpose))
             .collect();
+        if expired.is_empty() {
+            return;
+        }
         for (id, purpose) in expired {
             self.in_flight.remove(&id);
             self.outbox.cancel(id);
@@ -247,8 +262,9 @@ impl ShardMap {
                 self.view = None;
                 self.place();
             }
-            self.fail(now);
         }
+        // Requests sent together and lost together are one failure.
+        self.fail(now);
     }
 
     /// Rule 7: every belief ends at once.
@@ -372,6 +388,9 @@ impl ShardMap {
     /// Rule 3 (and 11): the member key on the current lease, or gone when
     /// leaving.
     fn register(&mut self, now: Instant, lease: LeaseId) {
+        if self.unseen_write(None) {
+            return;
+        }
         let Some(view) = &self.view else { return };
         let seen = view.members.get(&self.config.member);
         if self.leaving {
@@ -396,16 +415,21 @@ impl ShardMap {
 
     /// Rule 5: creates the keys of the shards placed here that nobody
     /// holds; rule 6: adopts a key of this lease the view shows.
-    fn acquire(&mut self, now: Instant, lease: LeaseId) {
+    /// Creates wait out a backoff (`write` false); adoptions send nothing
+    /// and never wait.
+    fn acquire(&mut self, now: Instant, lease: LeaseId, write: bool) {
         let Some(view) = &self.view else { return };
         let mut creates = Vec::new();
         let mut adopted = Vec::new();
         for shard in 0..self.config.shards {
-            if !self.placed_here(shard) || self.owned.contains_key(&shard) {
+            if !self.placed_here(shard)
+                || self.owned.contains_key(&shard)
+                || self.unseen_write(Some(shard))
+            {
                 continue;
             }
             match view.shards.get(&shard) {
-                None if !self.creating(shard) => creates.push(shard),
+                None if write && !self.creating(shard) => creates.push(shard),
                 Some(seen)
                     if seen.lease == lease
                         && seen.value == self.config.member
@@ -450,6 +474,7 @@ impl ShardMap {
             _ => return self.fail(now),
         };
         self.backoff.reset();
+        self.written.insert(Some(shard), revision);
         if self.trusted() != Some(lease) || self.owned.contains_key(&shard) || self.leaving {
             // Not believed: the sweep (rule 9) or an adoption deals with it.
             return;
@@ -536,7 +561,10 @@ impl ShardMap {
             .map(|(shard, seen)| (*shard, seen.create_revision))
             .collect();
         for (shard, create_revision) in stale {
-            if self.is_sent(Purpose::Delete { shard }) || self.creating(shard) {
+            if self.is_sent(Purpose::Delete { shard })
+                || self.creating(shard)
+                || self.unseen_write(Some(shard))
+            {
                 continue;
             }
             self.delete(now, shard, create_revision);
@@ -551,15 +579,25 @@ impl ShardMap {
         if self.view.is_none() {
             self.reread(now);
         }
+        if let Some(view) = &self.view {
+            let seen = view.revision;
+            self.written.retain(|_, at| seen < *at);
+        }
         self.check_keys();
-        self.start_releases(now);
-        if !self.holding(now) {
-            if let Some(lease) = self.trusted() {
+        // Without a view placement is unknown, not changed: nothing moves.
+        if self.view.is_some() {
+            self.start_releases(now);
+        }
+        let write = !self.holding(now);
+        if let Some(lease) = self.trusted() {
+            if write {
                 self.register(now, lease);
-                if !self.leaving {
-                    self.acquire(now, lease);
-                }
             }
+            if !self.leaving {
+                self.acquire(now, lease, write);
+            }
+        }
+        if write {
             self.sweep(now);
         }
         if self.leaving && self.left() {
@@ -601,10 +639,19 @@ impl ShardMap {
             Purpose::Watch => self.on_events(now, reply.id, reply.result),
             Purpose::Create { shard, lease } => self.on_create(now, shard, lease, reply.result),
             Purpose::Register | Purpose::Unregister | Purpose::Delete { .. } => {
+                let target = match flight.purpose {
+                    Purpose::Delete { shard } => Some(shard),
+                    _ => None,
+                };
                 match reply.result {
                     Ok(Response::Txn {
-                        succeeded: true, ..
-                    }) => self.backoff.reset(),
+                        succeeded: true,
+                        revision,
+                        ..
+                    }) => {
+                        self.backoff.reset();
+                        self.written.insert(target, revision);
+                    }
                     _ => self.fail(now),
                 }
             }
