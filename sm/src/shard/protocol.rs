@@ -475,7 +475,14 @@ impl ShardMap {
         };
         self.backoff.reset();
         self.written.insert(Some(shard), revision);
-        if self.trusted() != Some(lease) || self.owned.contains_key(&shard) || self.leaving {
+        // Already believed (adopted from the view before this answer), or
+        // adopted and released since: a delete of it may be on its way.
+        let doomed = self.doomed.get(&shard) == Some(&revision);
+        if self.trusted() != Some(lease)
+            || self.owned.contains_key(&shard)
+            || doomed
+            || self.leaving
+        {
             // Not believed: the sweep (rule 9) or an adoption deals with it.
             return;
         }

@@ -717,3 +717,44 @@ fn a_broken_watch_reads_again_after_a_backoff_and_keeps_beliefs() {
         ]
     );
 }
+
+#[test]
+fn a_create_answered_after_its_key_was_adopted_and_released_is_not_believed() {
+    let t0 = Instant::now();
+    let mut m = joined(t0);
+    // The watch shows shard 0's key before the create's answer: adopted.
+    assert_eq!(
+        answer(
+            &mut m,
+            t0,
+            1,
+            events(vec![put_event(shard_kv(0, b"a", 12, LEASE))])
+        ),
+        vec![note(ShardNotice::Acquired {
+            shard: 0,
+            token: 12
+        })]
+    );
+    let deadline = t0 + Duration::from_secs(5);
+    let member_key = keys::member_key(PREFIX, b"a");
+    assert_eq!(
+        input(&mut m, t0, ShardInput::Leave),
+        vec![
+            note(ShardNotice::Release { shard: 0, deadline }),
+            rpc(
+                7,
+                guarded(
+                    create_rev(member_key.clone(), 11),
+                    vec![TxnOp::Delete(KeyRange::Key(member_key))]
+                )
+            ),
+        ]
+    );
+    assert_eq!(
+        input(&mut m, t0, ShardInput::Release { shard: 0 }),
+        vec![rpc(8, delete(0, 12))]
+    );
+    // The create's late success names the key being deleted: not believed.
+    assert_eq!(answer(&mut m, t0, 3, txn_ok(12)), vec![]);
+    assert_eq!(m.token(0), None);
+}
