@@ -22,8 +22,10 @@
 //! ownership changes after that until the end of the run.
 //!
 //! The checker has teeth: `a_member_that_ignores_its_trust_deadline_is_caught`
-//! runs members whose session is trusted a whole second past the safety
-//! margin, so a cut-off owner keeps believing after etcd expired its lease.
+//! runs members whose driver trusts the session a whole second past its
+//! local deadline (`SessionUp` carries the deadline plus 1 s, `SessionLost`
+//! comes 1 s late), so a cut-off owner keeps believing after etcd expired
+//! its lease.
 
 use fleetcoord_sm::keepalive::{
     Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState,
@@ -62,9 +64,12 @@ struct Member {
     map: ShardMap,
     queue: VecDeque<Command<ShardNotice>>,
     session_stopped: bool,
-    /// Extra trust the session claims beyond its local deadline (0 but in
-    /// the checker's own test).
+    /// Extra trust the driver claims beyond the session's local deadline
+    /// (0 but in the checker's own test): `SessionUp` carries the deadline
+    /// plus this, and `SessionLost` reaches the map this much late.
     overtrust: Duration,
+    /// When a late `SessionLost` is due.
+    lost_at: Option<Instant>,
 }
 
 #[derive(Clone, Debug)]
@@ -116,6 +121,7 @@ impl Member {
             queue: VecDeque::new(),
             session_stopped: false,
             overtrust,
+            lost_at: None,
         };
         m.pump(now);
         m
@@ -147,7 +153,10 @@ impl Member {
                         LivenessState::Lost { .. }
                         | LivenessState::Stopped { .. }
                         | LivenessState::Refused { .. },
-                    )) => self.map.handle(now, ShardInput::SessionLost),
+                    )) if self.overtrust.is_zero() => self.map.handle(now, ShardInput::SessionLost),
+                    Command::Notify(KeepaliveNotice::State(LivenessState::Lost { .. })) => {
+                        self.lost_at = Some(now + self.overtrust);
+                    }
                     Command::Notify(_) => {}
                 }
             }
@@ -186,6 +195,11 @@ impl Machine for Member {
     fn handle_timeout(&mut self, now: Instant) {
         self.session.handle_timeout(now);
         self.pump(now);
+        if self.lost_at.is_some_and(|at| at <= now) {
+            self.lost_at = None;
+            self.map.handle(now, ShardInput::SessionLost);
+            self.pump(now);
+        }
         self.map.handle_timeout(now);
         self.pump(now);
     }
@@ -195,7 +209,11 @@ impl Machine for Member {
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
-        next_time(&[self.session.poll_timeout(), self.map.poll_timeout()])
+        next_time(&[
+            self.session.poll_timeout(),
+            self.map.poll_timeout(),
+            self.lost_at,
+        ])
     }
 
     fn stop_input() -> MemberInput {
@@ -566,6 +584,7 @@ fn shards_are_never_owned_twice_and_settle_on_their_placement() {
 fn a_member_that_ignores_its_trust_deadline_is_caught() {
     let caught = (0..SEEDS).find_map(|seed| run(seed, Duration::from_secs(1)).err());
     let e = caught.expect("trusting past the deadline must be caught");
+    eprintln!("caught: {e}");
     assert!(
         e.contains("believes it owns") || e.contains("believed owned by"),
         "{e}"
