@@ -6,7 +6,12 @@
 //! it does not keep itself ([`ShardInput::SessionUp`],
 //! [`ShardInput::SessionLost`]), so one lease can serve it and other
 //! primitives of the same process; it never grants, renews or revokes a
-//! lease.
+//! lease. A driver with a lease-only [`Keepalive`](crate::keepalive::Keepalive)
+//! that announces trust feeds every `KeepaliveNotice::Trusted { lease,
+//! until }` as `SessionUp { lease, trusted_until: until }` and every
+//! `Lost`, `Refused` or `Stopped` state as `SessionLost`; once the map
+//! [is finished](crate::Machine::is_finished) after a
+//! [`ShardInput::Leave`], it stops the session (see `tests/sim/shard.rs`).
 //!
 //! # Key layout
 //!
@@ -40,7 +45,10 @@
 //! 3. **Membership.** While trusted, the member keeps its key on the
 //!    current lease, written by a txn guarded on the key as the view shows
 //!    it (absent, or its mod revision), so a copy that lands late never
-//!    overwrites a newer write. Kept by `ShardMap::register`.
+//!    overwrites a newer write. No key is written again before the view
+//!    shows this member's last successful write to it (until then the view
+//!    shows the key as it was before). Kept by `ShardMap::register` and
+//!    `ShardMap::unseen_write`.
 //! 4. **Placement.** A shard belongs to the member [`placement::owner`]
 //!    names among the members of the view; a leaving member counts itself
 //!    out. Kept by `ShardMap::placed_here`.
@@ -54,8 +62,10 @@
 //!    view has not already seen that key deleted or re-created (token = the
 //!    txn's revision, the key's create revision); or when the view shows a
 //!    key of this member on the current lease that it does not believe in
-//!    (a create whose answer was lost), while placement names it. Kept by
-//!    `ShardMap::on_create` and `ShardMap::adopt`.
+//!    (a create whose answer was lost), while trusted and placement names
+//!    it. Never for a key incarnation this member has sent a delete for
+//!    (a copy of that delete may still land). Kept by `ShardMap::on_create`
+//!    and `ShardMap::acquire`.
 //! 7. **Loss.** On `SessionLost`, a new lease, or `trusted_until` passing,
 //!    every owned shard is told `Lost` at once and belief ends. A shard
 //!    whose key the view shows deleted, or re-created with another create
@@ -72,17 +82,21 @@
 //! 9. **Sweep.** Keys of this member it does not believe in are deleted,
 //!    guarded on their create revision: those on a lease it held before
 //!    (remembered, the last 8), and those on its current lease that
-//!    placement does not name it for. No other member's key is ever
-//!    deleted. Kept by `ShardMap::sweep`.
+//!    placement does not name it for or whose delete failed. No other
+//!    member's key is ever deleted. Kept by `ShardMap::sweep`.
 //! 10. **Attempts.** A request unanswered for `attempt_timeout` is
-//!     canceled and counts as failed; a failure (or a failed guard) holds
-//!     back every write for one backoff delay, reset by the next success.
-//!     Every write is guarded, so a copy applies at most once. Kept by
-//!     `ShardMap::expire_attempts` and `ShardMap::fail`.
+//!     canceled and counts as failed (those given up together as one); a
+//!     failure (or a failed guard) holds back every read and write for one
+//!     backoff delay, reset by the next success; an adoption (rule 6) sends
+//!     nothing and is never held back. Every write is guarded, so a copy
+//!     applies at most once. Kept by `ShardMap::expire_attempts` and
+//!     `ShardMap::fail`.
 //! 11. **Leave.** [`ShardInput::Leave`] deletes the member key (guarded)
 //!     and releases every owned shard as in rule 8; the machine is
-//!     finished once nothing is owned, nothing is in flight and the member
-//!     key is gone (or the session lost). Kept by `ShardMap::reconcile`.
+//!     finished once nothing is owned, no write is in flight and, while the
+//!     session is trusted, the view shows no key of this member. The
+//!     session lease is the driver's to revoke then. Kept by
+//!     `ShardMap::reconcile` and `ShardMap::left`.
 //!
 //! # Guarantees
 //!
@@ -97,8 +111,9 @@
 //!   shard is owned by its placed member within the old owner's drain (8)
 //!   or its lease's expiry, plus a round trip and a backoff delay; a
 //!   shard whose placed owner holds it never moves.
-//! * A join or leave moves about `shards / members` shards and no others
-//!   ([`placement`]).
+//! * A join moves only shards to the joiner and a leave only the leaver's
+//!   shards ([`placement`]); how many is binomially spread around
+//!   `shards / members` (no per-event bound: the hash decides).
 //! * Member ids must be unique among live members: the map tells members
 //!   apart by id alone.
 
