@@ -1,7 +1,8 @@
-//! The shard map against the model etcd: members join, leave gracefully,
-//! crash (their lease left to expire) and are cut off from etcd for longer
-//! than their TTL, at random, under request failures, lost replies and
-//! requests that land late. Each member is a `ShardMap` driven by its own
+//! The shard map against the model etcd: members (weights 1 to 3) join,
+//! leave gracefully, crash (their lease left to expire) and are cut off
+//! from etcd for longer than their TTL, and etcd pauses for up to 1.5 TTLs,
+//! at random, under request failures, lost replies and requests that land
+//! late (also those of crashed and departed members). Each member is a `ShardMap` driven by its own
 //! lease-only `Keepalive` session, as a driver would compose them: the
 //! session's `Trusted` notices are `SessionUp`, its `Lost` is
 //! `SessionLost`. Users hand released shards back after a random drain,
@@ -86,7 +87,7 @@ impl From<RpcReply> for MemberInput {
 }
 
 impl Member {
-    fn new(id: &str, now: Instant, seed: u64, overtrust: Duration) -> Self {
+    fn new(id: &str, weight: u32, now: Instant, seed: u64, overtrust: Duration) -> Self {
         let session = Keepalive::with_first_rpc_id(
             KeepaliveConfig {
                 ttl_secs: TTL_SECS,
@@ -105,7 +106,7 @@ impl Member {
             ShardConfig {
                 prefix: PREFIX.to_vec(),
                 member: id.as_bytes().to_vec(),
-                weight: 1,
+                weight,
                 shards: SHARDS,
                 backoff: backoff(),
                 attempt_timeout: Duration::from_millis(400),
@@ -236,6 +237,7 @@ macro_rules! ensure {
 
 struct Seat {
     id: String,
+    weight: u32,
     harness: Harness<Member>,
     faults: Faults,
     cut_off_until: Option<Instant>,
@@ -253,6 +255,7 @@ struct Stats {
     leaves: u64,
     crashes: u64,
     cut_offs: u64,
+    pauses: u64,
     late_landed: u64,
     settle: Duration,
 }
@@ -264,6 +267,7 @@ struct World {
     base: Faults,
     next_id: u64,
     overtrust: Duration,
+    paused_until: Option<Instant>,
     /// Per shard, the greatest token acquired and who acquired it.
     tokens: BTreeMap<u32, (i64, String)>,
     /// The last instant any ownership changed (a notice was told).
@@ -282,6 +286,7 @@ impl World {
             base: Faults::moderate(),
             next_id: 0,
             overtrust,
+            paused_until: None,
             tokens: BTreeMap::new(),
             last_change: None,
             stats: Stats::default(),
@@ -297,9 +302,12 @@ impl World {
         self.next_id += 1;
         let id = format!("m{}", self.next_id);
         let seed = self.seed.wrapping_mul(1000).wrapping_add(self.next_id);
-        let member = Member::new(&id, now, seed, self.overtrust);
+        // Weights 1 to 3: placement is weighted rendezvous hashing.
+        let weight = 1 + u32::try_from(self.next_id % 3).unwrap_or(0);
+        let member = Member::new(&id, weight, now, seed, self.overtrust);
         self.seats.push(Seat {
             id,
+            weight,
             harness: Harness::new(member),
             faults: self.base.clone(),
             cut_off_until: None,
@@ -473,11 +481,23 @@ impl World {
                 s.harness.drop_streams(now);
                 self.stats.cut_offs += 1;
             }
+            60..=63 if self.paused_until.is_none() => {
+                // etcd stops (SIGSTOP) for up to 1.5 TTLs: every session
+                // may be lost; leases whose deadline passed expire on resume.
+                self.etcd.pause();
+                self.paused_until =
+                    Some(now + Duration::from_millis(500 + pick(&mut self.rng, 2500)));
+                self.stats.pauses += 1;
+            }
             _ => {}
         }
     }
 
     fn heal(&mut self, now: Instant, quiet: bool) {
+        if self.paused_until.is_some_and(|t| t <= now || quiet) {
+            self.paused_until = None;
+            self.etcd.resume(now);
+        }
         for s in &mut self.seats {
             if s.cut_off_until.is_some_and(|t| t <= now) || (quiet && s.cut_off_until.is_some()) {
                 s.cut_off_until = None;
@@ -495,7 +515,7 @@ impl World {
             .seats
             .iter()
             .filter(|s| !s.leaving)
-            .map(|s| (s.id.as_bytes(), 1))
+            .map(|s| (s.id.as_bytes(), s.weight))
             .collect();
         placement::owner(members, shard).map(|m| String::from_utf8_lossy(m).into_owned())
     }
@@ -507,9 +527,8 @@ fn run(seed: u64, overtrust: Duration) -> Result<Stats, String> {
     let mut next_action = t0 + Duration::from_millis(500);
     let mut now = t0;
     while now < chaos_end {
-        let t = w
-            .next_time()
-            .map_or(next_action, |t| t.min(next_action))
+        let t = next_time(&[w.next_time(), Some(next_action), w.paused_until])
+            .unwrap_or(next_action)
             .min(chaos_end);
         now = now.max(t);
         if now >= next_action {
@@ -565,6 +584,7 @@ fn shards_are_never_owned_twice_and_settle_on_their_placement() {
         total.leaves += stats.leaves;
         total.crashes += stats.crashes;
         total.cut_offs += stats.cut_offs;
+        total.pauses += stats.pauses;
         total.late_landed += stats.late_landed;
         total.settle = total.settle.max(stats.settle);
     }
@@ -574,7 +594,7 @@ fn shards_are_never_owned_twice_and_settle_on_their_placement() {
         "{total:?}"
     );
     assert!(
-        total.crashes > 0 && total.cut_offs > 0 && total.late_landed > 0,
+        total.crashes > 0 && total.cut_offs > 0 && total.pauses > 0 && total.late_landed > 0,
         "{total:?}"
     );
     eprintln!("shard sim over {SEEDS} seeds: {total:?}");
