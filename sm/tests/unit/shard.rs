@@ -758,3 +758,40 @@ fn a_create_answered_after_its_key_was_adopted_and_released_is_not_believed() {
     assert_eq!(answer(&mut m, t0, 3, txn_ok(12)), vec![]);
     assert_eq!(m.token(0), None);
 }
+
+#[test]
+fn foreign_keys_under_the_prefix_are_ignored_and_weight_zero_is_never_placed() {
+    let t0 = Instant::now();
+    let mut m = ShardMap::new(config(), t0, 1);
+    drain(&mut m);
+    let shards = keys::shard_key(PREFIX, 0);
+    let foreign = |suffix: &[u8]| {
+        let mut key = shards[..shards.len() - 1].to_vec();
+        key.extend_from_slice(suffix);
+        kv(key, b"z", 3, 0x77)
+    };
+    let kvs = vec![
+        member_kv(b"a", 5, LEASE),
+        // Weight 0: a member that only observes.
+        kv(keys::member_key(PREFIX, b"b"), b"0", 6, 0x62),
+        // Not shard keys of a 4-shard map: leading zero, out of range,
+        // not a number, and a key beside the layout.
+        foreign(b"01"),
+        foreign(b"4"),
+        foreign(b"x"),
+        kv([PREFIX, b"other"].concat(), b"", 7, 0),
+    ];
+    answer(&mut m, t0, 0, Response::Range { revision: 10, kvs });
+    let up = ShardInput::SessionUp {
+        lease: LEASE,
+        trusted_until: t0 + TRUST,
+    };
+    assert_eq!(
+        input(&mut m, t0, up),
+        (0..SHARDS)
+            .map(|s| rpc(2 + u64::from(s), create(s, LEASE)))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(m.owner_of(1), None);
+    assert_eq!(m.placed_owner(1), Some(&b"a"[..]));
+}
