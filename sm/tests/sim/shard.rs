@@ -8,6 +8,9 @@
 //! `SessionLost`. Users hand released shards back after a random drain,
 //! sometimes never (the map's deadline then releases them).
 //!
+//! Every member's clock drifts within the drift allowance of etcd's
+//! ([`Drifting`]), half of them at the allowance, fast or slow.
+//!
 //! Checked after every step, in etcd's (the world's) time:
 //! * per shard, at most one member believes it owns it (`token(shard)`):
 //!   no two belief intervals overlap;
@@ -48,6 +51,9 @@ const QUIET: Duration = Duration::from_secs(20);
 /// round trips and backoff delays (at most 800 ms).
 const SETTLE_BOUND: Duration = Duration::from_secs(6);
 const DRAIN: Duration = Duration::from_secs(1);
+/// The members' drift allowance (2 %): every member's clock runs at a
+/// seeded rate within it of etcd's (the world's), half of them at it.
+const DRIFT_PPM: u64 = 20_000;
 
 fn backoff() -> BackoffConfig {
     BackoffConfig {
@@ -94,7 +100,7 @@ impl Member {
                 binding: None,
                 backoff: backoff(),
                 safety_margin: Duration::from_millis(100),
-                drift_allowance_ppm: 20_000,
+                drift_allowance_ppm: DRIFT_PPM as u32,
                 attempt_timeout: Duration::from_millis(400),
                 announce_trust: true,
             },
@@ -238,7 +244,7 @@ macro_rules! ensure {
 struct Seat {
     id: String,
     weight: u32,
-    harness: Harness<Member>,
+    harness: Harness<Drifting<Member>>,
     faults: Faults,
     cut_off_until: Option<Instant>,
     leaving: bool,
@@ -304,7 +310,22 @@ impl World {
         let seed = self.seed.wrapping_mul(1000).wrapping_add(self.next_id);
         // Weights 1 to 3: placement is weighted rendezvous hashing.
         let weight = 1 + u32::try_from(self.next_id % 3).unwrap_or(0);
-        let member = Member::new(&id, weight, now, seed, self.overtrust);
+        // Half the clocks drift at the allowance, fast or slow; the rest
+        // anywhere within it.
+        let magnitude = match pick(&mut self.rng, 4) {
+            0 | 1 => DRIFT_PPM,
+            _ => pick(&mut self.rng, DRIFT_PPM + 1),
+        };
+        let magnitude = i32::try_from(magnitude).unwrap_or(0);
+        let ppm = if pick(&mut self.rng, 2) == 0 {
+            -magnitude
+        } else {
+            magnitude
+        };
+        let overtrust = self.overtrust;
+        let member = Drifting::new(DriftClock::new(now, ppm), now, |local| {
+            Member::new(&id, weight, local, seed, overtrust)
+        });
         self.seats.push(Seat {
             id,
             weight,
@@ -424,7 +445,7 @@ impl World {
                     ShardNotice::Lost { .. } => self.stats.lost += 1,
                 }
             }
-            let map = &s.harness.machine.map;
+            let map = &s.harness.machine.machine.map;
             for (shard, token) in map.owned() {
                 believers.entry(shard).or_default().push(s.id.clone());
                 let kv = self.etcd.get(&keys::shard_key(PREFIX, shard));
@@ -557,7 +578,7 @@ fn run(seed: u64, overtrust: Duration) -> Result<Stats, String> {
         let owners: Vec<&str> = w
             .seats
             .iter()
-            .filter(|s| s.harness.machine.map.token(shard).is_some())
+            .filter(|s| s.harness.machine.machine.map.token(shard).is_some())
             .map(|s| s.id.as_str())
             .collect();
         ensure!(
