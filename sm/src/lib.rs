@@ -105,6 +105,7 @@ pub mod observe;
 pub mod outbox;
 pub mod renewals;
 pub mod rpc;
+pub mod shard;
 pub mod stream;
 pub mod timer;
 pub mod watch;

@@ -13,6 +13,9 @@ mod watch;
 #[path = "sim/election.rs"]
 mod election;
 
+#[path = "sim/shard.rs"]
+mod shard;
+
 #[path = "sim/stream.rs"]
 mod stream;
 

@@ -27,6 +27,8 @@ mod renewals;
 mod rpc;
 #[path = "unit/semaphore.rs"]
 mod semaphore;
+#[path = "unit/shard.rs"]
+mod shard;
 #[path = "unit/stream.rs"]
 mod stream;
 #[path = "unit/support.rs"]
