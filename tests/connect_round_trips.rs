@@ -23,7 +23,7 @@ fn slow_proxy(target: &str) -> FaultProxy {
 /// The time `Etcd::connect` takes on `endpoints`, which must succeed.
 fn connect_time(endpoints: &[String]) -> Duration {
     let started = Instant::now();
-    let etcd = Etcd::connect(endpoints, EtcdOptions::default()).expect("connect");
+    let etcd = Etcd::with_options(endpoints, EtcdOptions::default()).expect("connect");
     let took = started.elapsed();
     etcd.close().expect("close");
     took

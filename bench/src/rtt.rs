@@ -64,7 +64,7 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
     // Waiting for queued candidates reads etcd directly, off the path.
     let near = Raw::connect(&cfg.endpoint)?;
     let raw = Raw::connect(&far)?;
-    let etcd = Etcd::connect(&[far.as_str()], EtcdOptions::default())?;
+    let etcd = Etcd::with_options(&[far.as_str()], EtcdOptions::default())?;
     let mut rows = vec![connect(n, &far, &raw)?];
     rows.extend(kv(n, &etcd, &raw)?);
     rows.extend(liveness(n, &etcd, &raw)?);
@@ -82,7 +82,7 @@ fn connect(n: usize, far: &str, raw: &Raw) -> Res<Row> {
         n,
         |_| {
             let t = Instant::now();
-            let etcd = Etcd::connect(&[far], EtcdOptions::default())?;
+            let etcd = Etcd::with_options(&[far], EtcdOptions::default())?;
             let d = t.elapsed();
             etcd.close()?;
             Ok(d)
@@ -106,7 +106,7 @@ fn connect(n: usize, far: &str, raw: &Raw) -> Res<Row> {
 }
 
 fn kv(n: usize, etcd: &Etcd, raw: &Raw) -> Res<Vec<Row>> {
-    let coord = EtcdCoordinator::new(etcd)?;
+    let coord = EtcdCoordinator::on_etcd(etcd)?;
     let value = vec![b'v'; 100];
     let (ours_put, raw_put) = interleave(
         n,
@@ -303,8 +303,8 @@ fn handover(
     options: ElectionOptions,
     lease_a: i64,
 ) -> Res<(Samples, Samples)> {
-    let ea = Etcd::connect(&[far], EtcdOptions::default())?;
-    let eb = Etcd::connect(&[far], EtcdOptions::default())?;
+    let ea = Etcd::with_options(&[far], EtcdOptions::default())?;
+    let eb = Etcd::with_options(&[far], EtcdOptions::default())?;
     let a = Election::with_options(&ea, "rtt-handover", options.clone())?;
     let b = Election::with_options(&eb, "rtt-handover", options)?;
     let prefix = a.key_prefix().to_string();
