@@ -49,7 +49,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             e
         }
     };
-    let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default())?;
+    let etcd = Etcd::with_options(&[endpoint.as_str()], EtcdOptions::default())?;
     #[allow(unused_mut)]
     let mut backends: Vec<(&str, Box<dyn Coordinator>)> = vec![
         ("etcd", Box::new(EtcdCoordinator::new(&etcd)?)),

@@ -35,7 +35,7 @@
 //! use fleetcoord::{Election, Etcd, EtcdOptions, HostEvent, HostLiveness, HostWatcher};
 //! use std::time::Duration;
 //!
-//! let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default())?;
+//! let etcd = Etcd::with_options(&[endpoint.as_str()], EtcdOptions::default())?;
 //!
 //! // Announce this host; the key disappears within the TTL if we die.
 //! let me = uuid::Uuid::new_v4();
@@ -63,6 +63,7 @@ mod deadline;
 mod driver;
 pub mod election;
 mod endpoint;
+mod endpoints;
 pub mod error;
 mod etcd;
 mod liveness;
@@ -91,6 +92,7 @@ pub use error::{Error, ErrorKind, Result};
 // cycle; the allow keeps the re-export itself from warning here.
 #[allow(deprecated)]
 pub use error::EtcdErrorKind;
+pub use endpoints::Endpoints;
 pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
 pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
 pub use server_version::{etcd_defects, KnownDefect, ServerVersion};

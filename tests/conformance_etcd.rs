@@ -16,7 +16,7 @@ fn etcd_backend_conforms() {
     let report = fleetcoord::conformance::run_with_restart(
         || {
             let etcd =
-                Etcd::connect(&[endpoint.as_str()], EtcdOptions::default()).expect("connect");
+                Etcd::with_options(&[endpoint.as_str()], EtcdOptions::default()).expect("connect");
             let options = EtcdCoordinatorOptions::default()
                 .with_root("/conformance")
                 .with_stream_max_len(64);
@@ -33,7 +33,7 @@ fn etcd_backend_conforms() {
 fn etcd_backend_follows_the_slow_consumer_contract() {
     let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
     let etcd =
-        Etcd::connect(&[server.endpoint().as_str()], EtcdOptions::default()).expect("connect");
+        Etcd::with_options(&[server.endpoint().as_str()], EtcdOptions::default()).expect("connect");
     let report = fleetcoord::conformance::run_slow_consumers(|capacity| {
         let options = EtcdCoordinatorOptions::default()
             .with_root("/slow")
@@ -106,7 +106,7 @@ fn etcd_error<T: std::fmt::Debug>(result: fleetcoord::Result<T>) -> (ErrorKind, 
 #[test]
 fn options_are_checked_and_connect_takes_a_list() {
     let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
-    let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
     for root in ["", "/", "coord", "/coord/"] {
         let options = EtcdCoordinatorOptions::default().with_root(root);
         match EtcdCoordinator::with_options(&etcd, options) {
@@ -140,7 +140,7 @@ fn options_are_checked_and_connect_takes_a_list() {
 fn a_foreign_stream_head_fails_appends_and_end_readers_naming_the_stream() {
     let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
     let endpoint = server.endpoint();
-    let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default()).expect("connect");
+    let etcd = Etcd::with_options(&[endpoint.as_str()], EtcdOptions::default()).expect("connect");
     let coord = EtcdCoordinator::new(&etcd).unwrap();
     foreign_put(&endpoint, b"/coord/stream/jobs/head", "garbage");
     let (kind, message) = etcd_error(coord.append_stream("jobs", b"x"));
@@ -160,7 +160,7 @@ fn foreign_keys_under_a_stream_or_bucket_are_skipped() {
     capture_warnings();
     let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
     let endpoint = server.endpoint();
-    let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default()).expect("connect");
+    let etcd = Etcd::with_options(&[endpoint.as_str()], EtcdOptions::default()).expect("connect");
     let coord = EtcdCoordinator::new(&etcd).unwrap();
 
     assert_eq!(coord.append_stream("mixed", b"1").unwrap(), StreamId(1));
@@ -209,7 +209,7 @@ fn foreign_keys_under_a_stream_or_bucket_are_skipped() {
 #[test]
 fn appends_stay_in_sequence_past_the_remembered_heads() {
     let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
-    let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
     let coord = EtcdCoordinator::new(&etcd).unwrap();
     let other = EtcdCoordinator::new(&etcd).unwrap();
     assert_eq!(coord.append_stream("s0", b"a").unwrap(), StreamId(1));

@@ -250,7 +250,7 @@ fn etcd_options_are_ok_or_refused_by_field() {
                 ),
             ];
             let started = Instant::now();
-            let result = Etcd::connect(&[endpoint.as_str()], options);
+            let result = Etcd::with_options(&[endpoint.as_str()], options);
             let took = started.elapsed();
             typed(
                 "connect",
@@ -346,7 +346,7 @@ fn endpoint_strings_are_ok_or_refused() {
     check("endpoints", 256, strategy, |endpoints| {
         let options = EtcdOptions::default().with_connect_timeout(timeout);
         let started = Instant::now();
-        let result = Etcd::connect(&endpoints, options);
+        let result = Etcd::with_options(&endpoints, options);
         let took = started.elapsed();
         typed("connect", &result, &["endpoints"], |e| {
             matches!(e, Error::Connect { .. })

@@ -150,7 +150,7 @@ fn runtime() -> Res<Arc<tokio::runtime::Runtime>> {
 
 fn etcd_target(cfg: &Config) -> Res<Target> {
     let raw = Raw::connect_workers(&cfg.endpoint, 2)?;
-    let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let etcd = Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
     // fleetcoord's kv_set and publish are one put each; an append is one
     // guarded transaction, compared with the put it is at least.
     let put = Rc::new(Anchor {

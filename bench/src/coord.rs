@@ -32,7 +32,7 @@ struct Backend {
 }
 
 fn backends(cfg: &Config) -> Res<Vec<Backend>> {
-    let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let etcd = Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
     let coord = Box::new(EtcdCoordinator::new(&etcd)?);
     Ok(vec![
         Backend {

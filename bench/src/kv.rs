@@ -59,7 +59,7 @@ fn put_get(
 
 pub fn run(cfg: &Config) -> Res<Vec<Row>> {
     let n = cfg.samples(1000, 20);
-    let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let etcd = Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
     let coord = EtcdCoordinator::new(&etcd)?;
     let value = vec![b'v'; 100];
     let one_worker = Raw::connect(&cfg.endpoint)?;

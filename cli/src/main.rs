@@ -294,7 +294,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         .security
         .apply(options, |name| std::env::var(name).ok())?;
     let endpoints = endpoints(cli.endpoints, |name| std::env::var(name).ok());
-    let etcd = Etcd::connect(&endpoints, options)?;
+    let etcd = Etcd::with_options(&endpoints, options)?;
     let ctx = Ctx {
         etcd: etcd.clone(),
         out,
