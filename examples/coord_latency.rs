@@ -52,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let etcd = Etcd::with_options(&[endpoint.as_str()], EtcdOptions::default())?;
     #[allow(unused_mut)]
     let mut backends: Vec<(&str, Box<dyn Coordinator>)> = vec![
-        ("etcd", Box::new(EtcdCoordinator::new(&etcd)?)),
+        ("etcd", Box::new(EtcdCoordinator::on_etcd(&etcd)?)),
         ("memory", Box::new(MemoryCoordinator::new())),
     ];
     #[cfg(feature = "redis")]

@@ -360,7 +360,7 @@ fn options_out_of_range_are_refused() {
             "capacity",
         );
         invalid(
-            EtcdCoordinator::with_options(
+            EtcdCoordinator::on_etcd_with_options(
                 &etcd,
                 EtcdCoordinatorOptions::default().with_feed_capacity(capacity),
             ),
@@ -471,7 +471,7 @@ fn largest_payload_fits_beside_the_longest_keys() {
     let options = EtcdCoordinatorOptions::default()
         .with_root(root)
         .with_stream_max_len(1);
-    let coordinator = EtcdCoordinator::with_options(&etcd, options).expect("coordinator");
+    let coordinator = EtcdCoordinator::on_etcd_with_options(&etcd, options).expect("coordinator");
     for _ in 0..2 {
         coordinator
             .append_stream(&longest_name, &largest)

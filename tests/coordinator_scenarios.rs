@@ -129,7 +129,7 @@ fn on_etcd() {
     let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
     scenarios(|| {
         let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
-        Box::new(EtcdCoordinator::new(&etcd).expect("coordinator"))
+        Box::new(EtcdCoordinator::on_etcd(&etcd).expect("coordinator"))
     });
 }
 

@@ -613,7 +613,7 @@ fn an_unresponsive_etcd_times_out_requests_registration_and_listing() {
         EtcdOptions::default().with_request_timeout(request_timeout),
     )
     .expect("connect");
-    let coord = EtcdCoordinator::new(&etcd).unwrap();
+    let coord = EtcdCoordinator::on_etcd(&etcd).unwrap();
     assert_eq!(
         format!("{etcd:?}"),
         format!("Etcd {{ endpoints: [\"http://{}\"] }}", proxy.endpoint())

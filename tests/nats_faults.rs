@@ -192,11 +192,10 @@ fn server_restart_loses_and_repeats_nothing() {
 fn cluster_node_loss_is_invisible_with_three_replicas() {
     let cluster = NatsCluster::start(3).expect("start a 3-node nats cluster (`make deps-nats`)");
     let options = NatsOptions::default()
-        .with_urls(&cluster.urls())
         .with_kv_replicas(3)
         .with_stream_replicas(3);
-    let writer = NatsCoordinator::with_options(options.clone()).unwrap();
-    let observer = NatsCoordinator::with_options(options).unwrap();
+    let writer = NatsCoordinator::with_options(cluster.urls(), options.clone()).unwrap();
+    let observer = NatsCoordinator::with_options(cluster.urls(), options).unwrap();
     let sub = observer.subscribe("alerts").unwrap();
     let reader = observer.read_stream("jobs", StreamPosition::Start).unwrap();
     let watch = synced_watch(&observer);

@@ -36,17 +36,17 @@ fn credentials_are_used() {
         .user_password("app", "s3cret")
         .start()
         .expect("start nats-server (`make deps-nats` installs it)");
-    let fast = NatsOptions::default()
-        .with_urls(&server.url())
-        .with_connect_timeout(Duration::from_secs(3));
-    match NatsCoordinator::with_options(fast.clone()) {
+    let url = server.url();
+    let fast = NatsOptions::default().with_connect_timeout(Duration::from_secs(3));
+    match NatsCoordinator::with_options(&url, fast.clone()) {
         Err(Error::Backend { endpoints, .. }) => assert_eq!(endpoints, server.url()),
         other => panic!("connecting without credentials: {other:?}"),
     }
     assert!(
-        NatsCoordinator::with_options(fast.clone().with_user_password("app", "wrong")).is_err()
+        NatsCoordinator::with_options(&url, fast.clone().with_user_password("app", "wrong"))
+            .is_err()
     );
-    let c = NatsCoordinator::with_options(fast.with_user_password("app", "s3cret")).unwrap();
+    let c = NatsCoordinator::with_options(&url, fast.with_user_password("app", "s3cret")).unwrap();
     c.kv_set("b", "k", b"v").unwrap();
     // The password never shows in debug output.
     let shown = format!(
@@ -56,9 +56,10 @@ fn credentials_are_used() {
     assert!(!shown.contains("s3cret"), "{shown}");
 
     let server = NatsBuilder::new().token("t0ken").start().unwrap();
-    let options = NatsOptions::default().with_urls(&server.url());
-    assert!(NatsCoordinator::with_options(options.clone().with_token("nope")).is_err());
-    NatsCoordinator::with_options(options.with_token("t0ken"))
+    let url = server.url();
+    let options = NatsOptions::default();
+    assert!(NatsCoordinator::with_options(&url, options.clone().with_token("nope")).is_err());
+    NatsCoordinator::with_options(&url, options.with_token("t0ken"))
         .unwrap()
         .ping()
         .unwrap();
@@ -66,26 +67,28 @@ fn credentials_are_used() {
 
 #[test]
 fn bad_options_are_rejected_before_connecting() {
-    let base = NatsOptions::default().with_urls("nats://127.0.0.1:1");
+    let (url, base) = ("nats://127.0.0.1:1", NatsOptions::default());
     let cases = [
-        (base.clone().with_urls(" , "), "urls"),
-        (base.clone().with_urls("nats://host:notaport"), "urls"),
-        (base.clone().with_kv_replicas(0), "kv_replicas"),
-        (base.clone().with_stream_replicas(6), "stream_replicas"),
-        (base.clone().with_stream_max_len(0), "stream_max_len"),
-        (base.clone().with_stream_max_len(u64::MAX), "stream_max_len"),
+        (" , ", base.clone(), "urls"),
+        ("nats://host:notaport", base.clone(), "urls"),
+        (url, base.clone().with_kv_replicas(0), "kv_replicas"),
+        (url, base.clone().with_stream_replicas(6), "stream_replicas"),
+        (url, base.clone().with_stream_max_len(0), "stream_max_len"),
+        (url, base.clone().with_stream_max_len(u64::MAX), "stream_max_len"),
         (
+            url,
             base.clone().with_stream_max_age(Duration::from_millis(10)),
             "stream_max_age",
         ),
         (
+            url,
             base.clone().with_request_timeout(Duration::ZERO),
             "request_timeout",
         ),
-        (base.clone().with_feed_capacity(1), "feed_capacity"),
+        (url, base.clone().with_feed_capacity(1), "feed_capacity"),
     ];
-    for (options, field) in cases {
-        match NatsCoordinator::with_options(options) {
+    for (urls, options, field) in cases {
+        match NatsCoordinator::with_options(urls, options) {
             Err(Error::InvalidArgument { what, .. }) => assert_eq!(what, field),
             other => panic!("{field}: {other:?}"),
         }

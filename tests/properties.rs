@@ -654,7 +654,7 @@ fn coordinator_calls_are_ok_or_refused_alike_by_every_backend() {
     let server: EtcdServer = common::start_etcd();
     let etcd = common::connect(&server.endpoint());
     let memory = MemoryCoordinator::new();
-    let on_etcd = EtcdCoordinator::new(&etcd).expect("coordinator");
+    let on_etcd = EtcdCoordinator::on_etcd(&etcd).expect("coordinator");
     check("Coordinator", 384, op(), |op| {
         let in_memory = apply(&memory, &op)?;
         let in_etcd = apply(&on_etcd, &op)?;
@@ -676,7 +676,7 @@ fn coordinator_calls_are_ok_or_refused_alike_by_every_backend() {
             if let Some(n) = max_len {
                 options = options.with_stream_max_len(n);
             }
-            let result = EtcdCoordinator::with_options(&etcd, options);
+            let result = EtcdCoordinator::on_etcd_with_options(&etcd, options);
             typed(
                 "with_options",
                 &result,

@@ -209,7 +209,7 @@ fn a_prefix_limited_user_can_do_everything_under_its_prefix() {
         let root = EtcdCoordinatorOptions::default()
             .with_root("/coord/conformance")
             .with_stream_max_len(64);
-        Box::new(EtcdCoordinator::with_options(&etcd, root).expect("coordinator"))
+        Box::new(EtcdCoordinator::on_etcd_with_options(&etcd, root).expect("coordinator"))
             as Box<dyn Coordinator>
     });
     assert!(report.skipped.is_empty(), "{:?}", report.skipped);
@@ -260,7 +260,7 @@ fn a_prefix_limited_user_can_do_everything_under_its_prefix() {
         .and_then(|e| e.campaign(b"x"))
         .expect_err("campaign without the grant");
     assert!(is_denied(&e), "{e:?}");
-    let coordinator = EtcdCoordinator::new(&denied).expect("coordinator");
+    let coordinator = EtcdCoordinator::on_etcd(&denied).expect("coordinator");
     let e = coordinator.kv_set("b", "k", b"v").expect_err("kv_set");
     assert!(is_denied(&e), "{e:?}");
     let e = coordinator.kv_watch("b", "*").expect_err("kv_watch");

@@ -159,7 +159,7 @@ fn etcd_target(cfg: &Config) -> Res<Target> {
     });
     Ok(Target {
         name: "etcd",
-        coord: Box::new(EtcdCoordinator::new(&etcd)?),
+        coord: Box::new(EtcdCoordinator::on_etcd(&etcd)?),
         anchors: [
             Some(put.clone()),
             Some(put.clone()),

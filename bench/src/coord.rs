@@ -33,7 +33,7 @@ struct Backend {
 
 fn backends(cfg: &Config) -> Res<Vec<Backend>> {
     let etcd = Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
-    let coord = Box::new(EtcdCoordinator::new(&etcd)?);
+    let coord = Box::new(EtcdCoordinator::on_etcd(&etcd)?);
     Ok(vec![
         Backend {
             name: "etcd",

@@ -263,7 +263,7 @@ fn pick(
     let connected = match (name.as_str(), etcd) {
         ("", _) => return Box::new(MemoryCoordinator::new()),
         ("etcd", Some(etcd)) => {
-            EtcdCoordinator::new(etcd).map(|c| Box::new(c) as Box<dyn Coordinator>)
+            EtcdCoordinator::on_etcd(etcd).map(|c| Box::new(c) as Box<dyn Coordinator>)
         }
         _ => connect_with(&name, url, settings),
     };
@@ -334,13 +334,13 @@ fn connect_etcd(url: Option<&str>, settings: &ConnectSettings) -> Result<Box<dyn
         .filter(|e| !e.is_empty())
         .collect();
     let etcd = Etcd::with_options(&endpoints, EtcdOptions::default().with_tls(tls.clone()))?;
-    Ok(Box::new(EtcdCoordinator::new(&etcd)?))
+    Ok(Box::new(EtcdCoordinator::on_etcd(&etcd)?))
 }
 
 #[cfg(feature = "nats")]
 fn connect_nats(url: Option<&str>, settings: &ConnectSettings) -> Result<Box<dyn Coordinator>> {
-    let mut options =
-        super::NatsOptions::default().with_urls(url.unwrap_or(super::nats::DEFAULT_URL));
+    let urls = url.unwrap_or(super::nats::DEFAULT_URL);
+    let mut options = super::NatsOptions::default();
     if let Some(tls) = &settings.tls {
         options = options.with_tls(tls.clone());
     }
@@ -365,7 +365,7 @@ fn connect_nats(url: Option<&str>, settings: &ConnectSettings) -> Result<Box<dyn
         };
         options = options.with_nkey(seed);
     }
-    Ok(Box::new(super::NatsCoordinator::with_options(options)?))
+    Ok(Box::new(super::NatsCoordinator::with_options(urls, options)?))
 }
 
 #[cfg(not(feature = "nats"))]

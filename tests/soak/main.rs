@@ -690,14 +690,14 @@ fn soak() {
         threads.push(thread::spawn(move || watcher(etcd, shared)));
     }
     let appending = Etcd::with_options(&stream_net.endpoints(), options()).expect("connect");
-    let append_coord = Arc::new(EtcdCoordinator::new(&appending).expect("coordinator"));
+    let append_coord = Arc::new(EtcdCoordinator::on_etcd(&appending).expect("coordinator"));
     let mut appenders = Vec::new();
     let mut readers = Vec::new();
     for s in 0..STREAMS {
         let (coord, sh) = (append_coord.clone(), shared.clone());
         appenders.push(thread::spawn(move || appender(s, coord, sh)));
         let (coord, sh) = (
-            EtcdCoordinator::new(&direct).expect("coordinator"),
+            EtcdCoordinator::on_etcd(&direct).expect("coordinator"),
             shared.clone(),
         );
         readers.push(thread::spawn(move || reader(s, coord, sh)));

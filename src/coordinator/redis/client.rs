@@ -26,6 +26,7 @@
 //!   the same pipeline, so it counts the replicas that have this write.
 
 use super::options::RedisOptions;
+use crate::endpoints::Endpoints;
 use crate::error::{one_line, Error, ErrorKind, Result};
 use crate::tls::refusal::{self, ClientSide};
 use crate::tls::Tls;
@@ -99,13 +100,15 @@ impl From<Link> for Conn {
 }
 
 impl Target {
-    /// Checks `urls` (comma-separated `redis://` URLs) and `options`.
-    pub(crate) fn parse(urls: &str, options: &RedisOptions) -> Result<Target> {
+    /// Checks `urls` (`redis://` or `rediss://` URLs, or `host:port`,
+    /// which means `redis://host:port`, or `rediss://host:port` when
+    /// `options` configure TLS) and `options`.
+    pub(crate) fn parse(urls: impl Endpoints, options: &RedisOptions) -> Result<Target> {
         options.check()?;
-        let list: Vec<&str> = urls
-            .split(',')
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
+        let list: Vec<String> = urls
+            .endpoint_list()
+            .iter()
+            .map(|u| with_scheme(u, options.tls.is_some()))
             .collect();
         if list.is_empty() {
             return Err(Error::invalid("url", "no redis:// URL given"));
@@ -114,6 +117,7 @@ impl Target {
         let mut nodes = Vec::with_capacity(list.len());
         let mut shown = Vec::with_capacity(list.len());
         for url in &list {
+            let url = url.as_str();
             let tls_url = url.starts_with("rediss://");
             if !tls_url && !url.starts_with("redis://") {
                 return Err(Error::invalid(
@@ -880,6 +884,19 @@ pub(crate) fn key_slot(key: &[u8]) -> u16 {
     crc % 16384
 }
 
+/// `url` with the scheme `host:port` stands for: `redis://`, or
+/// `rediss://` with `tls`, as etcd's and NATS' endpoints read; a URL with
+/// a scheme stays as it is.
+fn with_scheme(url: &str, tls: bool) -> String {
+    if url.contains("://") {
+        url.to_string()
+    } else if tls {
+        format!("rediss://{url}")
+    } else {
+        format!("redis://{url}")
+    }
+}
+
 /// `url` without its password.
 fn redacted(url: &str) -> String {
     // redis[s]://[user[:password]@]host...
@@ -904,6 +921,20 @@ mod tests {
 
     fn parse(urls: &str) -> Result<Target> {
         Target::parse(urls, &RedisOptions::default())
+    }
+
+    #[test]
+    fn host_port_means_redis_or_rediss_with_tls() {
+        let t = parse("127.0.0.1:6379").unwrap();
+        assert_eq!(t.urls, "redis://127.0.0.1:6379");
+        assert!(!t.secure && !t.cluster);
+        let t = parse("127.0.0.1:7000, 127.0.0.1:7001").unwrap();
+        assert_eq!(t.urls, "redis://127.0.0.1:7000,redis://127.0.0.1:7001");
+        let with_ca = RedisOptions::default().with_tls(Tls::new(TEST_CA).unwrap());
+        let t = Target::parse(["127.0.0.1:6379"], &with_ca).unwrap();
+        assert_eq!(t.urls, "rediss://127.0.0.1:6379");
+        assert!(t.secure);
+        assert!(parse("127.0.0.1").is_err());
     }
 
     /// A CA certificate (self-signed, made once with openssl) for checks

@@ -236,6 +236,7 @@ use crate::coordinator::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, KvWatcher, StreamId,
     StreamPosition, StreamReader, Subscription,
 };
+use crate::endpoints::Endpoints;
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::StartError;
 use client::{with_failover, Conn, Repeat, Target};
@@ -277,18 +278,20 @@ impl std::fmt::Debug for RedisCoordinator {
 }
 
 impl RedisCoordinator {
-    /// Connects with default options to `urls`: one `redis://` URL is a
-    /// standalone server, a comma-separated list the seed nodes of a
-    /// cluster. Fails with [`Error::Backend`] naming the URLs when no server
-    /// answers within the connect timeout.
-    pub fn connect(urls: &str) -> Result<Self> {
+    /// Connects with default options to `urls` (see [`Endpoints`]): one
+    /// URL is a standalone server, several the seed nodes of a cluster.
+    /// Each is `redis://host:port`, `rediss://host:port` (TLS), or
+    /// `host:port`, which means `redis://host:port` (`rediss://` with
+    /// [`RedisOptions::with_tls`]). Fails with [`Error::Connect`] naming
+    /// the URLs when no server answers within the connect timeout.
+    pub fn connect(urls: impl Endpoints) -> Result<Self> {
         Self::with_options(urls, RedisOptions::default())
     }
 
     /// Connects to `urls` (as [`connect`](Self::connect)) with `options`,
     /// every value of which is checked first ([`Error::InvalidArgument`]
     /// names the one out of range).
-    pub fn with_options(urls: &str, options: RedisOptions) -> Result<Self> {
+    pub fn with_options(urls: impl Endpoints, options: RedisOptions) -> Result<Self> {
         let target = Target::parse(urls, &options)?;
         let wait = target
             .connect_timeout
