@@ -7,7 +7,7 @@ use crate::driver::{
 };
 use crate::endpoint;
 use crate::endpoints::Endpoints;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::server_version::{self, ServerVersion};
 use crate::tls::{EtcdUser, Tls};
 use crate::validate;
@@ -265,7 +265,9 @@ impl Etcd {
         .map_err(|e| match e {
             StartError::Io(e) => Error::Io(e),
             StartError::Connect(reason) => Error::Connect {
+                backend: "etcd",
                 endpoints: normalized.join(","),
+                kind: ErrorKind::Unavailable,
                 reason,
             },
         })?;

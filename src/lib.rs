@@ -88,18 +88,11 @@ pub use election::{
     Election, ElectionOptions, ElectionPool, LeaderInfo, LeaderObserver, Leadership, TryCampaign,
 };
 pub use error::{Error, ErrorKind, Result};
-// The old name stays importable from the crate root for one deprecation
-// cycle; the allow keeps the re-export itself from warning here.
-#[allow(deprecated)]
-pub use error::EtcdErrorKind;
 pub use endpoints::Endpoints;
 pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
 pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
 pub use server_version::{etcd_defects, KnownDefect, ServerVersion};
 pub use tls::{EtcdUser, Tls};
-/// The old name of [`Tls`], from when only etcd spoke TLS.
-#[deprecated(note = "renamed `Tls`: the same settings reach etcd, NATS and Redis")]
-pub type EtcdTls = Tls;
 pub use txn::{KeyValue, TxnOp, TxnOpResponse};
 pub use watcher::{list_hosts, DownReason, HostEvent, HostInfo, HostWatcher, WatcherOptions};
 

@@ -49,7 +49,7 @@ pub enum LivenessState {
     /// (permission denied); the registration is stopping and `Stopped`
     /// follows.
     Refused {
-        /// What kind of refusal, as in [`Error::Etcd`].
+        /// What kind of refusal, as in [`Error::Backend`].
         kind: ErrorKind,
         /// What etcd said, for people.
         message: String,
@@ -544,7 +544,7 @@ mod tests {
     fn close_reports_whether_the_revoke_was_confirmed() {
         assert!(close_outcome(Ok(Finished::Done), Some(true), || Error::DriverGone).is_ok());
         match close_outcome(Ok(Finished::Done), Some(false), || Error::DriverGone) {
-            Err(Error::Etcd { kind, message }) => {
+            Err(Error::Backend { kind, message, .. }) => {
                 assert_eq!(kind, ErrorKind::Unavailable);
                 assert!(message.contains("expire after its TTL"), "{message}");
             }

@@ -98,7 +98,12 @@ fn foreign_put(endpoint: &str, key: &[u8], value: &str) {
 
 fn etcd_error<T: std::fmt::Debug>(result: fleetcoord::Result<T>) -> (ErrorKind, String) {
     match result {
-        Err(Error::Etcd { kind, message }) => (kind, message),
+        Err(Error::Backend {
+            backend: "etcd",
+            kind,
+            message,
+            ..
+        }) => (kind, message),
         other => panic!("expected an etcd error, got {other:?}"),
     }
 }

@@ -233,11 +233,11 @@ fn no_server_at_start_is_a_clear_error_and_env_falls_back() {
     let url = "nats://127.0.0.1:1";
     let started = Instant::now();
     match NatsCoordinator::connect(url) {
-        Err(e @ Error::Backend { .. }) => {
+        Err(e @ Error::Connect { .. }) => {
             let text = e.to_string();
             assert!(text.contains("nats") && text.contains(url), "{text}");
         }
-        other => panic!("expected Error::Backend, got {other:?}"),
+        other => panic!("expected Error::Connect, got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(10));
     let coord = from_env_vars(Some("nats"), Some(url));

@@ -39,7 +39,7 @@ fn credentials_are_used() {
     let url = server.url();
     let fast = NatsOptions::default().with_connect_timeout(Duration::from_secs(3));
     match NatsCoordinator::with_options(&url, fast.clone()) {
-        Err(Error::Backend { endpoints, .. }) => assert_eq!(endpoints, server.url()),
+        Err(Error::Connect { endpoints, .. }) => assert_eq!(endpoints, server.url()),
         other => panic!("connecting without credentials: {other:?}"),
     }
     assert!(

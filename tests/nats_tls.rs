@@ -45,7 +45,7 @@ fn refused(url: String, options: NatsOptions) -> String {
         started.elapsed()
     );
     match result {
-        Err(e @ Error::Backend { .. }) => {
+        Err(e @ Error::Connect { .. }) => {
             let text = e.to_string();
             assert!(!text.contains('\n'), "not one line: {text}");
             text

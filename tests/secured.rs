@@ -235,7 +235,8 @@ fn a_prefix_limited_user_can_do_everything_under_its_prefix() {
     let is_denied = |e: &Error| {
         matches!(
             e,
-            Error::Etcd {
+            Error::Backend {
+                backend: "etcd",
                 kind: ErrorKind::PermissionDenied,
                 ..
             }

@@ -724,10 +724,15 @@ mod tests {
     use super::*;
     use fleetcoord_sm::RpcError;
 
-    /// The kind and message of an [`Error::Etcd`].
+    /// The kind and message of an etcd [`Error::Backend`].
     fn etcd_error(error: Error) -> (ErrorKind, String) {
         match error {
-            Error::Etcd { kind, message } => (kind, message),
+            Error::Backend {
+                backend: "etcd",
+                kind,
+                message,
+                ..
+            } => (kind, message),
             other => panic!("expected an etcd error, got {other:?}"),
         }
     }

@@ -289,7 +289,7 @@ impl Leadership {
     /// An empty `ops` is a linearizable "do I still lead?" check. Fails with [`Error::InvalidArgument`] for an empty key or
     /// prefix, or ops larger than one etcd request; etcd also limits the
     /// number of ops per transaction (128 by default), which comes back as
-    /// [`Error::Etcd`]. It does not wait for [`Election`] operations and may
+    /// [`Error::Backend`]. It does not wait for [`Election`] operations and may
     /// run concurrently with them.
     ///
     /// ```

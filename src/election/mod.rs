@@ -654,7 +654,7 @@ mod tests {
             .to_string()
         );
         match election_error(ElectionError::Busy) {
-            Error::Etcd { kind, message, .. } => {
+            Error::Backend { kind, message, .. } => {
                 assert_eq!(kind, ErrorKind::Unexpected);
                 assert!(message.contains("Busy"), "{message}");
             }

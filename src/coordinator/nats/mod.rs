@@ -578,11 +578,11 @@ impl NatsCoordinator {
         });
         let (bridge, (client, js)) = started.map_err(|e| match e {
             StartError::Io(e) => Error::Io(e),
-            StartError::Connect(reason) => Error::Backend {
+            StartError::Connect(reason) => Error::Connect {
                 backend: "nats",
                 endpoints: urls.clone(),
                 kind: ErrorKind::Unavailable,
-                message: format!("cannot connect: {reason}"),
+                reason,
             },
         })?;
         Ok(NatsCoordinator {

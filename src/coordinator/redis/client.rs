@@ -105,11 +105,11 @@ impl Target {
     /// `options` configure TLS) and `options`.
     pub(crate) fn parse(urls: impl Endpoints, options: &RedisOptions) -> Result<Target> {
         options.check()?;
-        let list: Vec<String> = urls
+        let list = urls
             .endpoint_list()
             .iter()
             .map(|u| with_scheme(u, options.tls.is_some()))
-            .collect();
+            .collect::<Result<Vec<String>>>()?;
         if list.is_empty() {
             return Err(Error::invalid("url", "no redis:// URL given"));
         }
@@ -886,15 +886,20 @@ pub(crate) fn key_slot(key: &[u8]) -> u16 {
 
 /// `url` with the scheme `host:port` stands for: `redis://`, or
 /// `rediss://` with `tls`, as etcd's and NATS' endpoints read; a URL with
-/// a scheme stays as it is.
-fn with_scheme(url: &str, tls: bool) -> String {
+/// a scheme stays as it is. `host:port` is checked as strictly as an etcd
+/// endpoint (a port is required, 1..=65535).
+fn with_scheme(url: &str, tls: bool) -> Result<String> {
     if url.contains("://") {
-        url.to_string()
-    } else if tls {
-        format!("rediss://{url}")
-    } else {
-        format!("redis://{url}")
+        return Ok(url.to_string());
     }
+    let dialled = crate::endpoint::parse(url, false)
+        .map_err(|why| Error::invalid("url", format!("{url:?} {why}")))?;
+    let authority = dialled.trim_start_matches("http://");
+    Ok(if tls {
+        format!("rediss://{authority}")
+    } else {
+        format!("redis://{authority}")
+    })
 }
 
 /// `url` without its password.
@@ -974,7 +979,7 @@ AQH/MAoGCCqGSM49BAMCA0gAMEUCIQDNzn+GYzGusEcLgMBEQZ7LAHIQv4b9WcAE
 
     #[test]
     fn bad_urls_are_named() {
-        for bad in ["", " , ", "http://127.0.0.1:6379", "127.0.0.1:6379"] {
+        for bad in ["", " , ", "http://127.0.0.1:6379", "127.0.0.1", "127.0.0.1:99999"] {
             match parse(bad) {
                 Err(Error::InvalidArgument { what: "url", .. }) => {}
                 other => panic!("{bad:?}: {:?}", other.map(|t| t.urls)),

@@ -312,7 +312,12 @@ impl RedisCoordinator {
             Err(StartError::Io(e)) => return Err(Error::Io(e)),
             Err(StartError::Connect(reason)) => {
                 let kind = failed_kind.get().copied().unwrap_or(ErrorKind::Unavailable);
-                return Err(target.failure(kind, format!("cannot connect: {reason}")));
+                return Err(Error::Connect {
+                    backend: "redis",
+                    endpoints: target.urls.clone(),
+                    kind,
+                    reason,
+                });
             }
         };
         Ok(RedisCoordinator {
