@@ -297,19 +297,6 @@ impl HostLiveness {
     }
 
     /// [`HostLiveness::register`] with every setting explicit.
-    #[deprecated(
-        note = "renamed `HostLiveness::with_options`, the constructor name used across the crate"
-    )]
-    pub fn register_with(
-        etcd: &Etcd,
-        host_id: Uuid,
-        metadata: &[u8],
-        options: LivenessOptions,
-    ) -> Result<HostLiveness> {
-        Self::with_options(etcd, host_id, metadata, options)
-    }
-
-    /// [`HostLiveness::register`] with every setting explicit.
     pub fn with_options(
         etcd: &Etcd,
         host_id: Uuid,
