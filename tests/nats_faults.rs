@@ -6,7 +6,7 @@
 //! duplicates, losses) on standard error.
 
 use fleetcoord::coordinator::{
-    from_env_vars, Coordinator, KvEvent, NatsCoordinator, NatsOptions, StreamPosition,
+    from_vars, Coordinator, KvEvent, NatsCoordinator, NatsOptions, StreamPosition,
 };
 use fleetcoord::testing::{NatsCluster, NatsServer};
 use fleetcoord::Error;
@@ -240,7 +240,14 @@ fn no_server_at_start_is_a_clear_error_and_env_falls_back() {
         other => panic!("expected Error::Connect, got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(10));
-    let coord = from_env_vars(Some("nats"), Some(url));
+    let coord = from_vars(
+        |name| match name {
+            "COORD" => Some("nats".into()),
+            "COORD_URL" => Some(url.into()),
+            _ => None,
+        },
+        None,
+    );
     assert!(!coord.capabilities().delivers, "falls back to noop");
     coord.ping().unwrap();
 }

@@ -2,7 +2,9 @@
 //! reaches a real server, several URLs fail over, credentials are used,
 //! and bad options are rejected before connecting.
 
-use fleetcoord::coordinator::{connect, from_env_vars, Coordinator, NatsCoordinator, NatsOptions};
+use fleetcoord::coordinator::{
+    connect, try_from_vars, ConnectSettings, Coordinator, NatsCoordinator, NatsOptions,
+};
 use fleetcoord::testing::{NatsBuilder, NatsServer};
 use fleetcoord::Error;
 use std::time::Duration;
@@ -17,16 +19,26 @@ fn coord_nats_and_coord_url_reach_the_server() {
     let url = server.url();
     let direct = NatsCoordinator::connect(&url).unwrap();
 
-    let from_env = from_env_vars(Some(" NATS "), Some(&url));
+    let lookup = |name: &str| match name {
+        "COORD" => Some(" NATS ".to_string()),
+        "COORD_URL" => Some(url.clone()),
+        _ => None,
+    };
+    let from_env = try_from_vars(lookup, None).unwrap();
     assert!(from_env.capabilities().delivers);
     from_env.kv_set("config", "rollout", b"50%").unwrap();
     assert_eq!(direct.kv_get("config", "rollout").unwrap(), b"50%");
 
-    let explicit = connect("nats", Some(&url)).unwrap();
+    let explicit = connect("nats", Some(&url), &ConnectSettings::default()).unwrap();
     assert_eq!(explicit.kv_get("config", "rollout").unwrap(), b"50%");
 
     // A dead first URL is skipped.
-    let listed = connect("nats", Some(&format!("nats://127.0.0.1:1, {url}"))).unwrap();
+    let listed = connect(
+        "nats",
+        Some(&format!("nats://127.0.0.1:1, {url}")),
+        &ConnectSettings::default(),
+    )
+    .unwrap();
     listed.ping().unwrap();
 }
 

@@ -5,7 +5,7 @@
 //! naming its cause; no secret shows in `Debug` or an error.
 
 use fleetcoord::coordinator::{
-    connect_with, from_lookup, ConnectSettings, Coordinator, NatsCoordinator, NatsCredentials,
+    connect, from_vars, ConnectSettings, Coordinator, NatsCoordinator, NatsCredentials,
     NatsOptions,
 };
 use fleetcoord::testing::{NatsBuilder, NatsServer, ServerNames, TestPki};
@@ -350,20 +350,20 @@ fn coord_variables_bring_tls_and_a_login() {
                 .map(|(_, v)| v.clone())
         }
     };
-    let coord = from_lookup(lookup(&vars));
+    let coord = from_vars(lookup(&vars), None);
     assert!(coord.capabilities().delivers, "not connected (noop)");
     coord.kv_set("config", "mode", b"on").unwrap();
 
-    // Without the seed file the server refuses: from_lookup degrades to
-    // noop, connect_with says why.
+    // Without the seed file the server refuses: from_vars degrades to
+    // noop, connect says why.
     let settings = ConnectSettings::from_vars(lookup(&vars[..5])).unwrap();
-    assert!(!from_lookup(lookup(&vars[..5])).capabilities().delivers);
-    let err = connect_error(connect_with("nats", Some(&server.url()), &settings));
+    assert!(!from_vars(lookup(&vars[..5]), None).capabilities().delivers);
+    let err = connect_error(connect("nats", Some(&server.url()), &settings));
     assert!(err.contains("requires credentials"), "{err}");
 
     // An unreadable seed file is named.
     let missing = dir.path().join("no-seed");
     let settings = settings.with_nats_nkey_file(&missing);
-    let err = connect_error(connect_with("nats", Some(&server.url()), &settings));
+    let err = connect_error(connect("nats", Some(&server.url()), &settings));
     assert!(err.contains(&missing.display().to_string()), "{err}");
 }

@@ -711,6 +711,10 @@ impl Coordinator for EtcdCoordinator {
             ..Capabilities::default()
         }
     }
+
+    fn describe(&self) -> String {
+        format!("etcd at {}", self.etcd.endpoints().join(","))
+    }
 }
 
 impl Drop for EtcdCoordinator {

@@ -801,6 +801,10 @@ impl Coordinator for MemoryCoordinator {
             stream_max_len: self.hub.stream_max_len.map(|n| n as u64),
         }
     }
+
+    fn describe(&self) -> String {
+        "memory".to_string()
+    }
 }
 
 #[cfg(test)]

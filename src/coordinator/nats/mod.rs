@@ -789,6 +789,10 @@ impl Coordinator for NatsCoordinator {
             None => caps,
         }
     }
+
+    fn describe(&self) -> String {
+        format!("nats at {}", self.urls)
+    }
 }
 
 impl Drop for NatsCoordinator {

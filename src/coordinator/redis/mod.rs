@@ -513,6 +513,11 @@ impl Coordinator for RedisCoordinator {
             None => Capabilities::default(),
         }
     }
+
+    fn describe(&self) -> String {
+        let cluster = if self.target.cluster { " (cluster)" } else { "" };
+        format!("redis at {}{cluster}", self.target.urls)
+    }
 }
 
 impl RedisCoordinator {
