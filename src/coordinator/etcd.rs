@@ -477,7 +477,7 @@ impl Coordinator for EtcdCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
         self.check_open()?;
         check_name("topic", topic)?;
-        check_payload("payload", payload)?;
+        check_payload("etcd", "payload", payload)?;
         self.etcd.request(Request::Put {
             key: self.topic_key(topic),
             value: payload.to_vec(),
@@ -507,7 +507,7 @@ impl Coordinator for EtcdCoordinator {
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
         self.check_open()?;
         check_name("stream", stream)?;
-        check_payload("payload", payload)?;
+        check_payload("etcd", "payload", payload)?;
         let wait = self.append_wait;
         // Appends of this handle to one stream are fed to one machine (see
         // lane.rs), so its threads never race each other for the head.
@@ -608,7 +608,7 @@ impl Coordinator for EtcdCoordinator {
         self.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
-        check_payload("value", value)?;
+        check_payload("etcd", "value", value)?;
         self.etcd.request(Request::Put {
             key: self.kv_key(bucket, key),
             value: value.to_vec(),

@@ -631,7 +631,7 @@ impl Coordinator for MemoryCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
         self.check_open()?;
         check_name("topic", topic)?;
-        check_payload("payload", payload)?;
+        check_payload("memory", "payload", payload)?;
         let mut state = self.lock()?;
         let Some(subs) = state.topics.get_mut(topic) else {
             return Ok(());
@@ -664,7 +664,7 @@ impl Coordinator for MemoryCoordinator {
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
         self.check_open()?;
         check_name("stream", stream)?;
-        check_payload("payload", payload)?;
+        check_payload("memory", "payload", payload)?;
         let mut state = self.lock()?;
         let s = state.streams.entry(stream.to_owned()).or_default();
         s.head += 1;
@@ -717,7 +717,7 @@ impl Coordinator for MemoryCoordinator {
         self.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
-        check_payload("value", value)?;
+        check_payload("memory", "value", value)?;
         let mut state = self.lock()?;
         let b = state.buckets.entry(bucket.to_owned()).or_default();
         b.entries.insert(key.to_owned(), value.to_vec());

@@ -380,9 +380,25 @@ pub(crate) fn check_key(key: &str) -> Result<()> {
     crate::validate::segment("key", key)
 }
 
-/// Checks a payload (`what` = `"payload"`) or a KV value (`"value"`).
-pub(crate) fn check_payload(what: &'static str, payload: &[u8]) -> Result<()> {
-    crate::validate::payload(what, payload)
+/// Checks a payload (`what` = `"payload"`) or a KV value (`"value"`)
+/// for `backend`, whose limit the error names: [`MAX_PAYLOAD`] on every
+/// backend, so that a payload one accepts works on all; etcd's says why
+/// (its request limit).
+pub(crate) fn check_payload(backend: &'static str, what: &'static str, payload: &[u8]) -> Result<()> {
+    if backend == "etcd" {
+        return crate::validate::payload(what, payload);
+    }
+    if payload.len() > MAX_PAYLOAD {
+        return Err(Error::invalid(
+            what,
+            format!(
+                "is {} bytes; the {backend} backend accepts at most {MAX_PAYLOAD} bytes \
+                 (the limit of every fleetcoord backend, so a payload works on any)",
+                payload.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -401,6 +417,22 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn payload_errors_name_the_backends_own_limit() {
+        let big = vec![0; MAX_PAYLOAD + 1];
+        for backend in ["memory", "redis", "nats", "noop"] {
+            let why = check_payload(backend, "payload", &big).unwrap_err().to_string();
+            assert!(
+                why.contains(&format!("the {backend} backend accepts at most {MAX_PAYLOAD}"))
+                    && !why.contains("etcd"),
+                "{why}"
+            );
+            assert!(check_payload(backend, "value", &big[1..]).is_ok());
+        }
+        let why = check_payload("etcd", "payload", &big).unwrap_err().to_string();
+        assert!(why.contains("etcd caps requests at 1.5 MiB"), "{why}");
     }
 
     #[test]

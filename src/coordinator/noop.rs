@@ -111,7 +111,7 @@ impl Coordinator for NoopCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
         self.check_open()?;
         check_name("topic", topic)?;
-        check_payload("payload", payload)
+        check_payload("noop", "payload", payload)
     }
 
     fn subscribe(&self, topic: &str) -> Result<Subscription> {
@@ -123,7 +123,7 @@ impl Coordinator for NoopCoordinator {
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
         self.check_open()?;
         check_name("stream", stream)?;
-        check_payload("payload", payload)?;
+        check_payload("noop", "payload", payload)?;
         // Process-wide, so handles from one factory never hand out the same
         // ID, as handles onto one real stream would not.
         static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -140,7 +140,7 @@ impl Coordinator for NoopCoordinator {
         self.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
-        check_payload("value", value)
+        check_payload("noop", "value", value)
     }
 
     fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {

@@ -662,7 +662,7 @@ impl NatsCoordinator {
 impl Coordinator for NatsCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
         check_name("topic", topic)?;
-        check_payload("payload", payload)?;
+        check_payload("nats", "payload", payload)?;
         self.check_open()?;
         self.conn.check_fits("payload", payload.len(), 0)?;
         let client = self.conn.client.clone();
@@ -704,7 +704,7 @@ impl Coordinator for NatsCoordinator {
 
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
         check_name("stream", stream)?;
-        check_payload("payload", payload)?;
+        check_payload("nats", "payload", payload)?;
         self.check_open()?;
         // The message ID header travels with the payload.
         self.conn.check_fits("payload", payload.len(), 64)?;
@@ -725,7 +725,7 @@ impl Coordinator for NatsCoordinator {
     fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
         check_name("bucket", bucket)?;
         check_key(key)?;
-        check_payload("value", value)?;
+        check_payload("nats", "value", value)?;
         self.check_open()?;
         self.conn.check_fits("value", value.len(), 64)?;
         self.run(kv::set(

@@ -385,7 +385,7 @@ impl RedisCoordinator {
 impl Coordinator for RedisCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
         check_name("topic", topic)?;
-        check_payload("payload", payload)?;
+        check_payload("redis", "payload", payload)?;
         let channel = names::topic_channel(topic);
         let mut publish = redis::cmd(client::publish_command(self.target.cluster));
         publish.arg(&channel).arg(payload);
@@ -424,7 +424,7 @@ impl Coordinator for RedisCoordinator {
 
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
         check_name("stream", stream)?;
-        check_payload("payload", payload)?;
+        check_payload("redis", "payload", payload)?;
         let target = &self.target;
         let stream = stream.to_string();
         let payload: Arc<[u8]> = payload.into();
@@ -447,7 +447,7 @@ impl Coordinator for RedisCoordinator {
     fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
         check_name("bucket", bucket)?;
         check_key(key)?;
-        check_payload("value", value)?;
+        check_payload("redis", "value", value)?;
         self.kv_write(bucket, key, Some(value.to_vec()))
     }
 
