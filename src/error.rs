@@ -602,6 +602,9 @@ mod tests {
             kind: ErrorKind::Rejected,
             message: "CROSSSLOT".into(),
         };
-        assert_eq!(redis.to_string(), "redis at redis://127.0.0.1:6379: CROSSSLOT");
+        assert_eq!(
+            redis.to_string(),
+            "redis at redis://127.0.0.1:6379: CROSSSLOT"
+        );
     }
 }

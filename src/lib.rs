@@ -87,8 +87,8 @@ pub use election::semaphore::{Semaphore, SemaphoreGuard, DEFAULT_SEMAPHORE_PREFI
 pub use election::{
     Election, ElectionOptions, ElectionPool, LeaderInfo, LeaderObserver, Leadership, TryCampaign,
 };
-pub use error::{Error, ErrorKind, Result};
 pub use endpoints::Endpoints;
+pub use error::{Error, ErrorKind, Result};
 pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
 pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
 pub use server_version::{etcd_defects, KnownDefect, ServerVersion};

@@ -34,3 +34,12 @@ fn nats_backend_conforms() {
     );
     report.assert_nothing_skipped();
 }
+
+/// A refused connect is `Error::Connect` of kind `Unavailable`, as on
+/// every backend.
+#[test]
+fn nats_refused_connect_is_the_same_kind_as_everywhere() {
+    fleetcoord::conformance::run_refused_connect(|endpoint| {
+        Ok(Box::new(NatsCoordinator::connect(endpoint)?) as Box<dyn Coordinator>)
+    });
+}

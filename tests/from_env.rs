@@ -44,7 +44,11 @@ fn etcd_uses_the_given_handle_not_coord_url() {
     ] {
         let coord = try_from_vars(vars(coord, url), Some(&etcd)).unwrap();
         assert!(coord.capabilities().delivers, "{url:?}");
-        assert!(coord.describe().starts_with("etcd at "), "{}", coord.describe());
+        assert!(
+            coord.describe().starts_with("etcd at "),
+            "{}",
+            coord.describe()
+        );
         coord.kv_set("config", "rollout", b"50%").unwrap();
         assert_eq!(
             etcdctl(
@@ -103,11 +107,15 @@ fn reads_coord_and_coord_url_from_the_environment() {
     let own = from_env();
     std::env::remove_var("COORD_URL");
     match refused {
-        Err(Error::Connect { backend: "etcd", .. }) => {}
+        Err(Error::Connect {
+            backend: "etcd", ..
+        }) => {}
         other => panic!("{other:?}"),
     }
     assert!(
-        fallback.describe().starts_with("noop (fallback: cannot connect to etcd"),
+        fallback
+            .describe()
+            .starts_with("noop (fallback: cannot connect to etcd"),
         "{}",
         fallback.describe()
     );
@@ -156,7 +164,10 @@ fn coord_tls_variables_reach_a_tls_etcd() {
     // Without the client certificate etcd refuses: an error, or a noop.
     assert!(matches!(
         try_from_vars(lookup(3), None),
-        Err(Error::Connect { backend: "etcd", .. })
+        Err(Error::Connect {
+            backend: "etcd",
+            ..
+        })
     ));
     assert!(!from_vars(lookup(3), None).capabilities().delivers);
 }

@@ -86,7 +86,11 @@ fn bad_options_are_rejected_before_connecting() {
         (url, base.clone().with_kv_replicas(0), "kv_replicas"),
         (url, base.clone().with_stream_replicas(6), "stream_replicas"),
         (url, base.clone().with_stream_max_len(0), "stream_max_len"),
-        (url, base.clone().with_stream_max_len(u64::MAX), "stream_max_len"),
+        (
+            url,
+            base.clone().with_stream_max_len(u64::MAX),
+            "stream_max_len",
+        ),
         (
             url,
             base.clone().with_stream_max_age(Duration::from_millis(10)),

@@ -5,8 +5,7 @@
 //! naming its cause; no secret shows in `Debug` or an error.
 
 use fleetcoord::coordinator::{
-    connect, from_vars, ConnectSettings, Coordinator, NatsCoordinator, NatsCredentials,
-    NatsOptions,
+    connect, from_vars, ConnectSettings, Coordinator, NatsCoordinator, NatsCredentials, NatsOptions,
 };
 use fleetcoord::testing::{NatsBuilder, NatsServer, ServerNames, TestPki};
 use fleetcoord::{Error, Tls};
@@ -129,7 +128,8 @@ fn tls_and_a_creds_file_together() {
 fn an_nkey_user_logs_in_and_a_wrong_one_is_refused() {
     let server = NatsBuilder::new().nkey_user().start().expect(HINT);
     let seed = server.nkey_seed().expect("an NKey server has a seed");
-    let coord = NatsCoordinator::with_options(server.url(), options().with_nkey(&seed)).expect("connect");
+    let coord =
+        NatsCoordinator::with_options(server.url(), options().with_nkey(&seed)).expect("connect");
     coord.kv_set("b", "k", b"v").unwrap();
     assert_eq!(coord.kv_get("b", "k").unwrap(), b"v");
 
@@ -153,7 +153,11 @@ fn an_nkey_user_logs_in_and_a_wrong_one_is_refused() {
     assert!(!err.contains("t0ken-secret"), "{err}");
 
     // Not a seed: refused before dialling, never quoted.
-    let err = invalid(&server.url(), options().with_nkey("SUNOTASEEDSECRET"), "nkey");
+    let err = invalid(
+        &server.url(),
+        options().with_nkey("SUNOTASEEDSECRET"),
+        "nkey",
+    );
     assert!(!err.contains("SUNOTASEEDSECRET"), "{err}");
 }
 
@@ -213,7 +217,10 @@ fn a_missing_or_expired_client_certificate_against_verify_true() {
 fn tls_against_a_plain_server_is_refused() {
     let server = NatsServer::start().expect(HINT);
     let pki = TestPki::generate().unwrap();
-    let err = refused(server.url(), options().with_tls(Tls::from_ca_file(pki.ca_path()).unwrap()));
+    let err = refused(
+        server.url(),
+        options().with_tls(Tls::from_ca_file(pki.ca_path()).unwrap()),
+    );
     assert!(err.to_lowercase().contains("tls"), "{err}");
 }
 
@@ -279,7 +286,10 @@ fn bad_creds_files_name_the_file() {
 
     // A well-formed file of another operator's user: refused by the server.
     let stranger = NatsBuilder::new().jwt_auth().start().expect(HINT);
-    let err = refused(real.url(), options().with_credentials_file(stranger.creds_path().unwrap()));
+    let err = refused(
+        real.url(),
+        options().with_credentials_file(stranger.creds_path().unwrap()),
+    );
     assert!(err.contains("refused JWT user"), "{err}");
     assert!(err.contains(&stranger.user_public_key().unwrap()), "{err}");
 }

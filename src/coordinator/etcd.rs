@@ -10,8 +10,8 @@ use super::{
 };
 use crate::deadline::deadline_after;
 use crate::driver::{self, rand_seed, FeedItem, MachineHandle, Notify, StopHandle};
-use crate::error::{Error, ErrorKind, Result};
 use crate::endpoints::Endpoints;
+use crate::error::{Error, ErrorKind, Result};
 use crate::etcd::{Etcd, EtcdOptions};
 use crate::validate;
 use fleetcoord_sm::stream::{

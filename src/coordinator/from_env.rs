@@ -7,7 +7,9 @@
 //! variables of [`ConnectSettings`] apply, read the same way by every
 //! entry point.
 
-use super::{Coordinator, EtcdCoordinator, EtcdCoordinatorOptions, MemoryCoordinator, NoopCoordinator};
+use super::{
+    Coordinator, EtcdCoordinator, EtcdCoordinatorOptions, MemoryCoordinator, NoopCoordinator,
+};
 use crate::error::{Error, Result};
 use crate::etcd::{Etcd, EtcdOptions};
 use crate::tls::Tls;
@@ -250,7 +252,10 @@ pub fn try_from_vars(
 
 /// [`try_from_vars`], falling back to a self-describing
 /// [`NoopCoordinator`] as [`from_env`] does.
-pub fn from_vars(var: impl Fn(&str) -> Option<String>, etcd: Option<&Etcd>) -> Box<dyn Coordinator> {
+pub fn from_vars(
+    var: impl Fn(&str) -> Option<String>,
+    etcd: Option<&Etcd>,
+) -> Box<dyn Coordinator> {
     let url = var("COORD_URL").filter(|v| !v.trim().is_empty());
     let backend = var("COORD").filter(|v| !v.trim().is_empty());
     match try_from_vars(&var, etcd) {
@@ -361,7 +366,9 @@ fn connect_nats(url: Option<&str>, settings: &ConnectSettings) -> Result<Box<dyn
         };
         options = options.with_nkey(seed);
     }
-    Ok(Box::new(super::NatsCoordinator::with_options(urls, options)?))
+    Ok(Box::new(super::NatsCoordinator::with_options(
+        urls, options,
+    )?))
 }
 
 #[cfg(not(feature = "nats"))]
@@ -561,11 +568,13 @@ mod tests {
     #[test]
     fn unset_coord_means_etcd() {
         match try_from_vars(vars(&[("COORD_URL", "127.0.0.1:1")]), None) {
-            Err(Error::Connect { backend: "etcd", .. }) => {}
+            Err(Error::Connect {
+                backend: "etcd", ..
+            }) => {}
             other => panic!("{:?}", other.map(|c| c.describe())),
         }
-        let described = from_vars(vars(&[("COORD", " "), ("COORD_URL", "127.0.0.1:1")]), None)
-            .describe();
+        let described =
+            from_vars(vars(&[("COORD", " "), ("COORD_URL", "127.0.0.1:1")]), None).describe();
         assert!(described.contains("COORD unset (etcd)"), "{described}");
     }
 }

@@ -384,7 +384,11 @@ pub(crate) fn check_key(key: &str) -> Result<()> {
 /// for `backend`, whose limit the error names: [`MAX_PAYLOAD`] on every
 /// backend, so that a payload one accepts works on all; etcd's says why
 /// (its request limit).
-pub(crate) fn check_payload(backend: &'static str, what: &'static str, payload: &[u8]) -> Result<()> {
+pub(crate) fn check_payload(
+    backend: &'static str,
+    what: &'static str,
+    payload: &[u8],
+) -> Result<()> {
     if backend == "etcd" {
         return crate::validate::payload(what, payload);
     }
@@ -423,15 +427,20 @@ mod tests {
     fn payload_errors_name_the_backends_own_limit() {
         let big = vec![0; MAX_PAYLOAD + 1];
         for backend in ["memory", "redis", "nats", "noop"] {
-            let why = check_payload(backend, "payload", &big).unwrap_err().to_string();
+            let why = check_payload(backend, "payload", &big)
+                .unwrap_err()
+                .to_string();
             assert!(
-                why.contains(&format!("the {backend} backend accepts at most {MAX_PAYLOAD}"))
-                    && !why.contains("etcd"),
+                why.contains(&format!(
+                    "the {backend} backend accepts at most {MAX_PAYLOAD}"
+                )) && !why.contains("etcd"),
                 "{why}"
             );
             assert!(check_payload(backend, "value", &big[1..]).is_ok());
         }
-        let why = check_payload("etcd", "payload", &big).unwrap_err().to_string();
+        let why = check_payload("etcd", "payload", &big)
+            .unwrap_err()
+            .to_string();
         assert!(why.contains("etcd caps requests at 1.5 MiB"), "{why}");
     }
 

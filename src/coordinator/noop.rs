@@ -247,7 +247,10 @@ mod tests {
         // Still a working noop.
         c.kv_set("b", "k", b"v").unwrap();
         c.close().unwrap();
-        assert_eq!(c.describe(), "noop (fallback: cannot connect to etcd at http://127.0.0.1:1)");
+        assert_eq!(
+            c.describe(),
+            "noop (fallback: cannot connect to etcd at http://127.0.0.1:1)"
+        );
     }
 
     #[test]

@@ -979,7 +979,13 @@ AQH/MAoGCCqGSM49BAMCA0gAMEUCIQDNzn+GYzGusEcLgMBEQZ7LAHIQv4b9WcAE
 
     #[test]
     fn bad_urls_are_named() {
-        for bad in ["", " , ", "http://127.0.0.1:6379", "127.0.0.1", "127.0.0.1:99999"] {
+        for bad in [
+            "",
+            " , ",
+            "http://127.0.0.1:6379",
+            "127.0.0.1",
+            "127.0.0.1:99999",
+        ] {
             match parse(bad) {
                 Err(Error::InvalidArgument { what: "url", .. }) => {}
                 other => panic!("{bad:?}: {:?}", other.map(|t| t.urls)),

@@ -515,7 +515,11 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn describe(&self) -> String {
-        let cluster = if self.target.cluster { " (cluster)" } else { "" };
+        let cluster = if self.target.cluster {
+            " (cluster)"
+        } else {
+            ""
+        };
         format!("redis at {}{cluster}", self.target.urls)
     }
 }
