@@ -91,9 +91,7 @@ mod tests {
         let strings = vec![" a:1 ".to_string(), "b:2,".to_string()];
         assert_eq!("a:1, b:2".endpoint_list(), want);
         assert_eq!(owned.endpoint_list(), want);
-        assert_eq!((&owned).endpoint_list(), want);
         assert_eq!(strs.endpoint_list(), want);
-        assert_eq!((&strs).endpoint_list(), want);
         assert_eq!(strs[..].endpoint_list(), want);
         assert_eq!(strings.endpoint_list(), want);
         assert_eq!(["a:1,b:2"].endpoint_list(), want);

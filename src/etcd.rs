@@ -212,7 +212,7 @@ pub(crate) fn assert_not_async() {
 impl Etcd {
     /// Connect to etcd at `endpoints` with [`EtcdOptions::default`]; see
     /// [`Etcd::with_options`].
-    pub fn connect(endpoints: impl Endpoints) -> Result<Etcd> {
+    pub fn connect(endpoints: &(impl Endpoints + ?Sized)) -> Result<Etcd> {
         Self::with_options(endpoints, EtcdOptions::default())
     }
 
@@ -238,7 +238,10 @@ impl Etcd {
     /// 1..=65535; surrounding whitespace is ignored; the scheme must agree
     /// with [`EtcdOptions::tls`]), and every option against the range
     /// documented on its field of [`EtcdOptions`].
-    pub fn with_options(endpoints: impl Endpoints, options: EtcdOptions) -> Result<Etcd> {
+    pub fn with_options(
+        endpoints: &(impl Endpoints + ?Sized),
+        options: EtcdOptions,
+    ) -> Result<Etcd> {
         assert_not_async();
         let endpoints = endpoints.endpoint_list();
         if endpoints.is_empty() {

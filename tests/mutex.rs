@@ -176,7 +176,11 @@ fn options_never_move_a_mutex_into_the_elections_namespace() {
         .try_lock()
         .unwrap()
         .expect("the lock is free although the election of its name is held");
-    assert!(guard.key().starts_with(DEFAULT_LOCK_PREFIX), "{}", guard.key());
+    assert!(
+        guard.key().starts_with(DEFAULT_LOCK_PREFIX),
+        "{}",
+        guard.key()
+    );
     guard.unlock().unwrap();
     leader.resign().unwrap();
     let election_prefix = fleetcoord::election::DEFAULT_ELECTION_PREFIX;

@@ -194,8 +194,8 @@ fn cluster_node_loss_is_invisible_with_three_replicas() {
     let options = NatsOptions::default()
         .with_kv_replicas(3)
         .with_stream_replicas(3);
-    let writer = NatsCoordinator::with_options(cluster.urls(), options.clone()).unwrap();
-    let observer = NatsCoordinator::with_options(cluster.urls(), options).unwrap();
+    let writer = NatsCoordinator::with_options(&cluster.urls(), options.clone()).unwrap();
+    let observer = NatsCoordinator::with_options(&cluster.urls(), options).unwrap();
     let sub = observer.subscribe("alerts").unwrap();
     let reader = observer.read_stream("jobs", StreamPosition::Start).unwrap();
     let watch = synced_watch(&observer);

@@ -58,7 +58,7 @@ fn start() -> NatsServer {
 
 fn handle(server: &NatsServer, encoding: NatsKeyEncoding) -> NatsCoordinator {
     let options = NatsOptions::default().with_key_encoding(encoding);
-    NatsCoordinator::with_options(server.url(), options).expect("connect")
+    NatsCoordinator::with_options(&server.url(), options).expect("connect")
 }
 
 /// Runs `f` with a JetStream context of its own on `server`: a NATS client

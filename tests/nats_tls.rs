@@ -35,7 +35,7 @@ fn ca_only(server: &NatsServer) -> Tls {
 
 /// The one-line message of a connection the server (or the TLS check)
 /// refused, within the connect timeout and some slack.
-fn refused(url: String, options: NatsOptions) -> String {
+fn refused(url: &str, options: NatsOptions) -> String {
     let started = Instant::now();
     let result = NatsCoordinator::with_options(url, options);
     assert!(
@@ -101,7 +101,7 @@ fn tls_and_a_creds_file_together() {
     let server = NatsBuilder::new().tls().jwt_auth().start().expect(HINT);
     let creds = server.creds_path().expect("a JWT server has a creds file");
     let coord = NatsCoordinator::with_options(
-        server.url(),
+        &server.url(),
         options()
             .with_tls(ca_only(&server))
             .with_credentials_file(creds),
@@ -129,14 +129,14 @@ fn an_nkey_user_logs_in_and_a_wrong_one_is_refused() {
     let server = NatsBuilder::new().nkey_user().start().expect(HINT);
     let seed = server.nkey_seed().expect("an NKey server has a seed");
     let coord =
-        NatsCoordinator::with_options(server.url(), options().with_nkey(&seed)).expect("connect");
+        NatsCoordinator::with_options(&server.url(), options().with_nkey(&seed)).expect("connect");
     coord.kv_set("b", "k", b"v").unwrap();
     assert_eq!(coord.kv_get("b", "k").unwrap(), b"v");
 
     // A valid user seed the server does not know: named by its public key.
     let other = NatsBuilder::new().nkey_user().start().expect(HINT);
     let wrong = other.nkey_seed().expect("a seed");
-    let err = refused(server.url(), options().with_nkey(&wrong));
+    let err = refused(&server.url(), options().with_nkey(&wrong));
     let public = other.user_public_key().expect("a public key");
     assert!(
         err.contains(&format!("refused NKey user {public}")),
@@ -146,9 +146,9 @@ fn an_nkey_user_logs_in_and_a_wrong_one_is_refused() {
     assert!(!err.contains(&wrong), "{err}");
 
     // No credentials at all, and a token where an NKey is wanted.
-    let err = refused(server.url(), options());
+    let err = refused(&server.url(), options());
     assert!(err.contains("requires credentials"), "{err}");
-    let err = refused(server.url(), options().with_token("t0ken-secret"));
+    let err = refused(&server.url(), options().with_token("t0ken-secret"));
     assert!(err.contains("refused the token"), "{err}");
     assert!(!err.contains("t0ken-secret"), "{err}");
 
@@ -166,13 +166,13 @@ fn a_server_certificate_from_another_ca_is_not_trusted() {
     let server = NatsBuilder::new().tls().start().expect(HINT);
     let stranger = TestPki::generate().unwrap();
     let tls = Tls::from_ca_file(stranger.ca_path()).unwrap();
-    let err = refused(server.url(), options().with_tls(tls));
+    let err = refused(&server.url(), options().with_tls(tls));
     assert!(
         err.contains("the server's certificate is not signed by the given CA"),
         "{err}"
     );
     // The CA that did sign it is trusted.
-    NatsCoordinator::with_options(server.url(), options().with_tls(ca_only(&server)))
+    NatsCoordinator::with_options(&server.url(), options().with_tls(ca_only(&server)))
         .expect("the right CA")
         .ping()
         .unwrap();
@@ -185,28 +185,28 @@ fn a_server_name_other_than_the_dialled_host() {
         .start()
         .expect(HINT);
     // The URL dials 127.0.0.1; the certificate names only localhost.
-    let err = refused(server.url(), options().with_tls(ca_only(&server)));
+    let err = refused(&server.url(), options().with_tls(ca_only(&server)));
     assert!(err.contains("not valid for the name dialled"), "{err}");
     let named = ca_only(&server).with_server_name("localhost").unwrap();
-    NatsCoordinator::with_options(server.url(), options().with_tls(named))
+    NatsCoordinator::with_options(&server.url(), options().with_tls(named))
         .expect("the certificate's name")
         .ping()
         .unwrap();
     // The name is checked, not merely accepted.
     let wrong = ca_only(&server).with_server_name("nats.example").unwrap();
-    let err = refused(server.url(), options().with_tls(wrong));
+    let err = refused(&server.url(), options().with_tls(wrong));
     assert!(err.contains("not valid for the name"), "{err}");
 }
 
 #[test]
 fn a_missing_or_expired_client_certificate_against_verify_true() {
     let server = NatsBuilder::new().tls_verify_clients().start().expect(HINT);
-    let err = refused(server.url(), options().with_tls(ca_only(&server)));
+    let err = refused(&server.url(), options().with_tls(ca_only(&server)));
     assert!(err.contains("requires a client certificate"), "{err}");
 
     let pki = server.pki().unwrap();
     let expired = pki.expired_client_tls().unwrap();
-    let err = refused(server.url(), options().with_tls(expired));
+    let err = refused(&server.url(), options().with_tls(expired));
     assert!(
         err.contains("refused the client certificate: it expired on 2021-01-01"),
         "{err}"
@@ -218,7 +218,7 @@ fn tls_against_a_plain_server_is_refused() {
     let server = NatsServer::start().expect(HINT);
     let pki = TestPki::generate().unwrap();
     let err = refused(
-        server.url(),
+        &server.url(),
         options().with_tls(Tls::from_ca_file(pki.ca_path()).unwrap()),
     );
     assert!(err.to_lowercase().contains("tls"), "{err}");
@@ -287,7 +287,7 @@ fn bad_creds_files_name_the_file() {
     // A well-formed file of another operator's user: refused by the server.
     let stranger = NatsBuilder::new().jwt_auth().start().expect(HINT);
     let err = refused(
-        real.url(),
+        &real.url(),
         options().with_credentials_file(stranger.creds_path().unwrap()),
     );
     assert!(err.contains("refused JWT user"), "{err}");

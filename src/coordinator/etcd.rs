@@ -216,7 +216,7 @@ impl EtcdCoordinator {
     /// Connects to etcd at `endpoints` (see [`Endpoints`]) and builds a
     /// coordinator with default options on its own connection; see
     /// [`EtcdCoordinator::with_options`].
-    pub fn connect(endpoints: impl Endpoints) -> Result<EtcdCoordinator> {
+    pub fn connect(endpoints: &(impl Endpoints + ?Sized)) -> Result<EtcdCoordinator> {
         Self::with_options(endpoints, EtcdCoordinatorOptions::default())
     }
 
@@ -227,7 +227,7 @@ impl EtcdCoordinator {
     /// closes it.
     /// The options are checked before anything is dialled.
     pub fn with_options(
-        endpoints: impl Endpoints,
+        endpoints: &(impl Endpoints + ?Sized),
         options: EtcdCoordinatorOptions,
     ) -> Result<EtcdCoordinator> {
         options.check()?;

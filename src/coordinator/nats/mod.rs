@@ -514,7 +514,7 @@ impl NatsCoordinator {
     /// options; the client connects to one and fails over to the others.
     /// Fails with [`Error::Connect`] naming the URLs when no server
     /// answers within the connect timeout.
-    pub fn connect(urls: impl Endpoints) -> Result<Self> {
+    pub fn connect(urls: &(impl Endpoints + ?Sized)) -> Result<Self> {
         Self::with_options(urls, NatsOptions::default())
     }
 
@@ -525,7 +525,7 @@ impl NatsCoordinator {
     /// connection is an [`Error::Backend`] whose one-line message names
     /// the cause (a server certificate the CA did not sign, a missing or
     /// refused client certificate, a refused user).
-    pub fn with_options(urls: impl Endpoints, options: NatsOptions) -> Result<Self> {
+    pub fn with_options(urls: &(impl Endpoints + ?Sized), options: NatsOptions) -> Result<Self> {
         let addrs = urls.endpoint_list();
         if addrs.is_empty() {
             return Err(Error::invalid("urls", "at least one server URL is needed"));

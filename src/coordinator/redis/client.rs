@@ -103,7 +103,10 @@ impl Target {
     /// Checks `urls` (`redis://` or `rediss://` URLs, or `host:port`,
     /// which means `redis://host:port`, or `rediss://host:port` when
     /// `options` configure TLS) and `options`.
-    pub(crate) fn parse(urls: impl Endpoints, options: &RedisOptions) -> Result<Target> {
+    pub(crate) fn parse(
+        urls: &(impl Endpoints + ?Sized),
+        options: &RedisOptions,
+    ) -> Result<Target> {
         options.check()?;
         let list = urls
             .endpoint_list()
@@ -936,7 +939,7 @@ mod tests {
         let t = parse("127.0.0.1:7000, 127.0.0.1:7001").unwrap();
         assert_eq!(t.urls, "redis://127.0.0.1:7000,redis://127.0.0.1:7001");
         let with_ca = RedisOptions::default().with_tls(Tls::new(TEST_CA).unwrap());
-        let t = Target::parse(["127.0.0.1:6379"], &with_ca).unwrap();
+        let t = Target::parse(&["127.0.0.1:6379"], &with_ca).unwrap();
         assert_eq!(t.urls, "rediss://127.0.0.1:6379");
         assert!(t.secure);
         assert!(parse("127.0.0.1").is_err());

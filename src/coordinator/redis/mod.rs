@@ -284,14 +284,14 @@ impl RedisCoordinator {
     /// `host:port`, which means `redis://host:port` (`rediss://` with
     /// [`RedisOptions::with_tls`]). Fails with [`Error::Connect`] naming
     /// the URLs when no server answers within the connect timeout.
-    pub fn connect(urls: impl Endpoints) -> Result<Self> {
+    pub fn connect(urls: &(impl Endpoints + ?Sized)) -> Result<Self> {
         Self::with_options(urls, RedisOptions::default())
     }
 
     /// Connects to `urls` (as [`connect`](Self::connect)) with `options`,
     /// every value of which is checked first ([`Error::InvalidArgument`]
     /// names the one out of range).
-    pub fn with_options(urls: impl Endpoints, options: RedisOptions) -> Result<Self> {
+    pub fn with_options(urls: &(impl Endpoints + ?Sized), options: RedisOptions) -> Result<Self> {
         let target = Target::parse(urls, &options)?;
         let wait = target
             .connect_timeout
