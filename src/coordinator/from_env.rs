@@ -229,7 +229,7 @@ pub fn from_env() -> Box<dyn Coordinator> {
 /// use fleetcoord::coordinator::try_from_vars;
 /// use fleetcoord::Etcd;
 ///
-/// let etcd = Etcd::connect(server.endpoint())?;
+/// let etcd = Etcd::connect(&server.endpoint())?;
 /// // COORD unset: etcd, here on the handle the process already has.
 /// let coord = try_from_vars(|name| std::env::var(name).ok(), Some(&etcd))?;
 /// coord.kv_set("config", "rollout", b"50%")?;

@@ -49,7 +49,7 @@
 //! use fleetcoord::coordinator::{Coordinator, KvEvent, NatsCoordinator, StreamPosition};
 //! use std::time::Duration;
 //!
-//! let coord = NatsCoordinator::connect(server.url())?;
+//! let coord = NatsCoordinator::connect(&server.url())?;
 //! let watch = coord.kv_watch("config", "*")?;
 //! assert_eq!(watch.recv_timeout(Duration::from_secs(5))?, KvEvent::Synced);
 //! coord.kv_set("config", "mode", b"on")?;
@@ -100,7 +100,7 @@
 //! let server = NatsBuilder::new().tls().jwt_auth().start()?;
 //! let ca = server.pki().expect("a TLS server has test certificates").ca_path();
 //! let coord = NatsCoordinator::with_options(
-//!     server.url(), // tls://127.0.0.1:...
+//!     &server.url(), // tls://127.0.0.1:...
 //!     NatsOptions::default()
 //!         .with_tls(Tls::from_ca_file(ca)?)
 //!         .with_credentials_file(server.creds_path().expect("a creds file")),
@@ -110,7 +110,7 @@
 //! // The wrong CA: refused before any request, saying why.
 //! let stranger = fleetcoord::testing::TestPki::generate()?;
 //! let err = NatsCoordinator::with_options(
-//!     server.url(),
+//!     &server.url(),
 //!     NatsOptions::default()
 //!         .with_tls(Tls::from_ca_file(stranger.ca_path())?)
 //!         .with_credentials_file(server.creds_path().expect("a creds file")),
@@ -385,7 +385,7 @@ impl NatsOptions {
     /// let pki = server.pki().expect("a TLS server has test certificates");
     /// let tls = Tls::from_ca_file(pki.ca_path())?
     ///     .with_client_files(pki.client_cert_path(), pki.client_key_path())?;
-    /// let coord = NatsCoordinator::with_options(server.url(), NatsOptions::default().with_tls(tls))?;
+    /// let coord = NatsCoordinator::with_options(&server.url(), NatsOptions::default().with_tls(tls))?;
     /// coord.kv_set("config", "mode", b"on")?;
     /// # Ok(()) }
     /// ```
