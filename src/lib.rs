@@ -20,8 +20,14 @@
 //!   most N holders at once, on the same protocol with N permits; a
 //!   release wakes only the waiters it can let in.
 //! * [`coordinator`]: pub/sub, streams and KV with pattern watches, on etcd,
-//!   in memory, or noop, with a public `conformance` suite (feature
-//!   `conformance`).
+//!   in memory, or noop (and NATS or Redis behind features), with a public
+//!   `conformance` suite (feature `conformance`); [`coordinator::from_env`]
+//!   picks one from `COORD`, etcd when unset.
+//!
+//! Every connecting constructor names its servers one way:
+//! `X::connect(&endpoints)` or `X::with_options(&endpoints, options)`, with
+//! [`Endpoints`] a comma-separated string or a list; every failure has one
+//! [`ErrorKind`] ([`Error::kind`]) whatever the backend.
 //!
 //! Everything is blocking and hands out crossbeam receivers. One [`Etcd`]
 //! handle owns one background thread (a small tokio runtime and the single
@@ -32,10 +38,10 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let server = fleetcoord::testing::EtcdServer::start()?;
 //! # let endpoint = server.endpoint();
-//! use fleetcoord::{Election, Etcd, EtcdOptions, HostEvent, HostLiveness, HostWatcher};
+//! use fleetcoord::{Election, Etcd, HostEvent, HostLiveness, HostWatcher};
 //! use std::time::Duration;
 //!
-//! let etcd = Etcd::with_options(&[endpoint.as_str()], EtcdOptions::default())?;
+//! let etcd = Etcd::connect(&endpoint)?;
 //!
 //! // Announce this host; the key disappears within the TTL if we die.
 //! let me = uuid::Uuid::new_v4();
