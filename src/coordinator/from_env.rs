@@ -216,9 +216,11 @@ pub fn from_env() -> Box<dyn Coordinator> {
 /// and, with `etcd`, for a process that already has an [`Etcd`] handle:
 /// the etcd backend (`COORD=etcd` or unset) is then an [`EtcdCoordinator`]
 /// on that handle, so the process keeps one etcd connection and one driver
-/// thread. `COORD_URL` is then not used for etcd, nor are the TLS
-/// variables (the handle has its own), and no connection attempt can
-/// fail; every other backend behaves exactly as without a handle.
+/// thread. `COORD_URL` is then not used for etcd, nor is the TLS the
+/// variables describe (the handle has its own; the variables are still
+/// read and checked, as by every entry point, so a broken setting is
+/// reported whichever backend runs), and no connection attempt can fail;
+/// every other backend behaves exactly as without a handle.
 ///
 /// The coordinator holds a clone of `etcd`, so the connection stays up
 /// while either is in use; closing the coordinator does not close `etcd`.
