@@ -12,7 +12,9 @@ bounds), type aliases, constants, traits and their items, and every impl
 of a reachable type, trait impls included (their trait's generic arguments
 and associated types too). Any path on that surface that resolves to an
 item of a FORBIDDEN_CRATE is printed with where it was found, and the exit
-status is 1.
+status is 1. So is any `#[deprecated]` item of the crate itself on that
+surface: a deprecated name is a shim for a release that had the old one,
+and a crate not yet released has none to keep.
 
 Why: fleetcoord's state machines (crate `fleetcoord_sm`) are an
 implementation detail. A type of theirs in a public signature would make
@@ -51,6 +53,7 @@ class Checker:
         }
         self.seen = set()
         self.leaks = []  # (where, what, forbidden path)
+        self.deprecated = []  # (where, the deprecation note)
         self.paths_checked = 0
         self.items_walked = 0
 
@@ -110,6 +113,9 @@ class Checker:
             # name is known, which `use` already checked.
             return
         self.items_walked += 1
+        if item.get("deprecation") is not None and item.get("crate_id") == 0:
+            note = (item["deprecation"] or {}).get("note") or ""
+            self.deprecated.append((where, note))
         inner = item["inner"]
         if not isinstance(inner, dict) or len(inner) != 1:
             raise LayoutError(f"item {item_id} ({where}): inner is {inner!r:.80}")
@@ -270,6 +276,16 @@ def main(argv):
     if not checker.forbidden_ids:
         # The crate does not even depend on a forbidden crate: nothing leaks.
         pass
+    deprecated = sorted(set(checker.deprecated))
+    if deprecated:
+        print(
+            f"check-public-api: {len(deprecated)} deprecated item(s) in the public API of "
+            f"`{crate}`; delete them (nothing released depends on them):",
+            file=sys.stderr,
+        )
+        for where, note in deprecated:
+            print(f"  {where}: {note}", file=sys.stderr)
+        return 1
     leaks = sorted(set(checker.leaks))
     if leaks:
         names = ", ".join(sorted(forbidden))
@@ -283,7 +299,8 @@ def main(argv):
         return 1
     print(
         f"check-public-api: no item of {', '.join(sorted(forbidden))} in the public API of "
-        f"`{crate}` ({checker.items_walked} items, {checker.paths_checked} type paths checked)"
+        f"`{crate}` and no deprecated item ({checker.items_walked} items, "
+        f"{checker.paths_checked} type paths checked)"
     )
     return 0
 

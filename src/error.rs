@@ -7,9 +7,13 @@ use std::time::Duration;
 /// Everything that can go wrong in fleetcoord.
 ///
 /// Variants name the field or endpoint involved so the message alone says
-/// what to fix. The enum is `#[non_exhaustive]`: match the variants you act
-/// on and log the rest. [`Error::is_retryable`] says whether making the
-/// same call again may succeed.
+/// what to fix. One variant per failure class, the same on every backend:
+/// a failed connect is [`Error::Connect`] on etcd, Redis and NATS alike, a
+/// failed request [`Error::Backend`]. The enum is `#[non_exhaustive]`:
+/// match the variants you act on and log the rest, or act on
+/// [`Error::kind`], which classifies every error in one [`ErrorKind`].
+/// [`Error::is_retryable`] says whether making the same call again may
+/// succeed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -21,23 +25,23 @@ pub enum Error {
         /// Why it was rejected.
         why: String,
     },
-    /// etcd could not be reached when connecting.
-    #[error("cannot connect to etcd at {endpoints}: {reason}")]
+    /// A backend (etcd, Redis, NATS) could not be connected to: no server
+    /// answered within the connect timeout, the TLS handshake failed, or
+    /// the credentials were refused. Every backend's connecting
+    /// constructor fails this way.
+    #[error("cannot connect to {backend} at {endpoints}: {reason}")]
     Connect {
+        /// The backend, e.g. `"etcd"`.
+        backend: &'static str,
         /// The endpoints tried, comma-separated.
         endpoints: String,
-        /// What failed.
-        reason: String,
-    },
-    /// etcd answered with an error, the connection broke mid-request, or
-    /// etcd's answer made no sense; `kind` says which, for code that acts on
-    /// it, and `message` says it for people.
-    #[error("etcd request failed: {message}")]
-    Etcd {
-        /// What kind of failure, decided from etcd's gRPC status code.
+        /// What kind of failure: [`ErrorKind::Unavailable`] when no server
+        /// answered (retryable), [`ErrorKind::PermissionDenied`] when the
+        /// server refused the credentials and says so in a structured form
+        /// (Redis).
         kind: ErrorKind,
-        /// What etcd (or the connection) said, for logs.
-        message: String,
+        /// What failed, one line, never a secret.
+        reason: String,
     },
     /// The operation did not finish in time.
     #[error("timed out after {0:?}")]
@@ -77,14 +81,17 @@ pub enum Error {
     /// A local I/O failure (spawning processes, sockets of the test harness).
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
-    /// A coordination backend other than etcd (Redis, NATS) could not be
-    /// reached, refused a request, or broke mid-request. `kind` classifies
-    /// the failure with the same policy as etcd's ([`Error::is_retryable`]).
-    #[error("{backend} at {endpoints}: {message}")]
+    /// A backend (etcd, Redis, NATS) answered a request with an error, the
+    /// connection broke mid-request, or its answer made no sense; `kind`
+    /// says which, for code that acts on it, with one policy on every
+    /// backend ([`Error::is_retryable`]), and `message` says it for people.
+    #[error("{}", backend_text(.backend, .endpoints, .message))]
     Backend {
         /// The backend, e.g. `"redis"`.
         backend: &'static str,
-        /// The server URLs it was given, comma-separated.
+        /// The server URLs it was given, comma-separated; empty where the
+        /// backend does not name them (etcd's requests, which go to
+        /// whichever member answers).
         endpoints: String,
         /// What kind of failure.
         kind: ErrorKind,
@@ -132,15 +139,29 @@ pub(crate) fn one_line(e: &dyn std::error::Error) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// An [`Error::Backend`]'s text: `etcd request failed: ...` without
+/// endpoints, `redis at redis://...: ...` with.
+fn backend_text(backend: &str, endpoints: &str, message: &str) -> String {
+    if endpoints.is_empty() {
+        format!("{backend} request failed: {message}")
+    } else {
+        format!("{backend} at {endpoints}: {message}")
+    }
+}
+
 fn at_id(id: &Option<StreamId>) -> String {
     id.map(|id| format!("; if it was, it is entry {id}"))
         .unwrap_or_default()
 }
 
-/// What kind of failure an [`Error::Etcd`] or an [`Error::Backend`] is, on
-/// every backend: one classification, so code that acts on a failure (retry
-/// it, re-authenticate, give up) works unchanged whichever backend it runs
-/// on, and one retry policy ([`ErrorKind::is_retryable`]).
+/// What kind of failure an [`Error`] is ([`Error::kind`]), on every
+/// backend: one classification, so code that acts on a failure (retry it,
+/// re-authenticate, give up) works unchanged whichever backend it runs on,
+/// and one retry policy ([`ErrorKind::is_retryable`]).
+///
+/// The kinds of [`Error::Backend`] and [`Error::Connect`] are decided per
+/// failure, as below; every other variant has a kind of its own, named
+/// after it ([`ErrorKind::InvalidArgument`], [`ErrorKind::Closed`], ...).
 ///
 /// Decided once per failure, from what the backend reports in a structured
 /// form (etcd's gRPC status code, Redis' error kind and code, NATS' error
@@ -186,6 +207,30 @@ pub enum ErrorKind {
     /// fails before a replica has it. Redis only: etcd's writes are
     /// confirmed by a quorum before they are answered.
     Unreplicated,
+    /// [`Error::InvalidArgument`]: an argument was rejected before anything
+    /// was sent.
+    InvalidArgument,
+    /// [`Error::Timeout`]: the operation did not finish in time.
+    Timeout,
+    /// [`Error::Canceled`]: the caller canceled the operation.
+    Canceled,
+    /// [`Error::DriverGone`]: the handle's background thread stopped by
+    /// itself.
+    DriverGone,
+    /// [`Error::NotFound`]: the key does not exist.
+    NotFound,
+    /// [`Error::Closed`]: the user closed the object or its handle.
+    Closed,
+    /// [`Error::SessionLost`]: the session's lease was lost.
+    SessionLost,
+    /// [`Error::NotLeader`]: the leadership is no longer held.
+    NotLeader,
+    /// [`Error::Unsupported`]: the backend does not offer the operation.
+    Unsupported,
+    /// [`Error::Io`]: a local I/O failure.
+    Io,
+    /// [`Error::Indeterminate`]: an append whose outcome is unknown.
+    Indeterminate,
 }
 
 impl ErrorKind {
@@ -193,26 +238,30 @@ impl ErrorKind {
     /// [`Error::is_retryable`].
     pub fn is_retryable(self) -> bool {
         match self {
-            ErrorKind::Unavailable | ErrorKind::Unauthenticated | ErrorKind::Contended => true,
+            ErrorKind::Unavailable
+            | ErrorKind::Unauthenticated
+            | ErrorKind::Contended
+            | ErrorKind::Timeout
+            | ErrorKind::SessionLost => true,
             // Applied already: making the call again applies it again
-            // (an append twice).
-            ErrorKind::Unreplicated => false,
+            // (an append twice); likewise an append that may be stored.
+            ErrorKind::Unreplicated | ErrorKind::Indeterminate => false,
             ErrorKind::Rejected
             | ErrorKind::LeaseNotFound
             | ErrorKind::Compacted
             | ErrorKind::PermissionDenied
-            | ErrorKind::Unexpected => false,
+            | ErrorKind::Unexpected
+            | ErrorKind::InvalidArgument
+            | ErrorKind::Canceled
+            | ErrorKind::DriverGone
+            | ErrorKind::NotFound
+            | ErrorKind::Closed
+            | ErrorKind::NotLeader
+            | ErrorKind::Unsupported
+            | ErrorKind::Io => false,
         }
     }
 }
-
-/// The former name of [`ErrorKind`], from when only etcd's errors were
-/// classified. The same type: matching on it and comparing with it keep
-/// working.
-#[deprecated(
-    note = "renamed `ErrorKind`: it classifies the errors of every backend, not only etcd's"
-)]
-pub type EtcdErrorKind = ErrorKind;
 
 /// `Result` with fleetcoord's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
@@ -225,15 +274,17 @@ impl Error {
         }
     }
 
-    /// An [`Error::Etcd`] of `kind`.
+    /// An etcd [`Error::Backend`] of `kind`.
     pub(crate) fn etcd(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error::Etcd {
+        Error::Backend {
+            backend: "etcd",
+            endpoints: String::new(),
             kind,
             message: message.into(),
         }
     }
 
-    /// An [`Error::Etcd`] of kind [`ErrorKind::Unexpected`]: etcd
+    /// An etcd [`Error::Backend`] of kind [`ErrorKind::Unexpected`]: etcd
     /// answered `answer` where it could not have.
     pub(crate) fn unexpected(answer: impl std::fmt::Debug) -> Self {
         Error::etcd(
@@ -257,18 +308,20 @@ impl Error {
     /// error was not stored, and one whose outcome stayed unknown fails with
     /// [`Error::Indeterminate`], which is not retryable.
     ///
+    /// It is [`ErrorKind::is_retryable`] of [`Error::kind`]:
+    ///
     /// | error | retryable | why |
     /// |---|---|---|
-    /// | [`Error::Timeout`] | yes | etcd was slow or unreachable for a while |
-    /// | [`Error::Connect`] | yes | etcd may be reachable later |
+    /// | [`Error::Timeout`] | yes | the server was slow or unreachable for a while |
+    /// | [`Error::Connect`] `Unavailable` | yes | the server may be reachable later |
+    /// | [`Error::Connect`] `PermissionDenied` | no | the credentials must change |
     /// | [`Error::SessionLost`] | yes | the session re-grants its lease by itself |
-    /// | [`Error::Etcd`] `Unavailable` | yes | network, leader change, overload |
-    /// | [`Error::Backend`] | as its `kind` | the same policy as [`Error::Etcd`] |
-    /// | [`Error::Etcd`] `Unauthenticated` | yes | the client logs in again on the next call |
-    /// | [`Error::Etcd`] `Contended` | yes | another writer won this time |
-    /// | [`Error::Etcd`] `Rejected`, `PermissionDenied`, `Unexpected` | no | the same request fails the same way |
-    /// | [`Error::Etcd`] `LeaseNotFound` | no | the lease is gone; a new one is needed |
-    /// | [`Error::Etcd`] `Compacted` | no | read again from the current revision |
+    /// | [`Error::Backend`] `Unavailable` | yes | network, leader change, overload |
+    /// | [`Error::Backend`] `Unauthenticated` | yes | the client logs in again on the next call |
+    /// | [`Error::Backend`] `Contended` | yes | another writer won this time |
+    /// | [`Error::Backend`] `Rejected`, `PermissionDenied`, `Unexpected` | no | the same request fails the same way |
+    /// | [`Error::Backend`] `LeaseNotFound` | no | the lease is gone; a new one is needed |
+    /// | [`Error::Backend`] `Compacted` | no | read again from the current revision |
     /// | [`Error::Backend`] `Unreplicated` | no | the write is applied; repeating it applies it again |
     /// | [`Error::InvalidArgument`], [`Error::Unsupported`] | no | the input or backend must change |
     /// | [`Error::NotFound`] | no | the key is absent until someone writes it |
@@ -287,18 +340,41 @@ impl Error {
     /// assert!(!Error::Closed.is_retryable());
     /// ```
     pub fn is_retryable(&self) -> bool {
+        self.kind().is_retryable()
+    }
+
+    /// What kind of failure this is, the same on every backend: code
+    /// behind a `dyn Coordinator` (or any primitive) acts on this one
+    /// value instead of matching variants per backend. A failed connect
+    /// is [`ErrorKind::Unavailable`] on every backend (or
+    /// [`ErrorKind::PermissionDenied`] where the server refused the
+    /// credentials in a structured form); a payload over the limit is
+    /// [`ErrorKind::InvalidArgument`]; a call after `close` is
+    /// [`ErrorKind::Closed`].
+    ///
+    /// ```
+    /// use fleetcoord::coordinator::{Coordinator, MemoryCoordinator};
+    /// use fleetcoord::ErrorKind;
+    ///
+    /// let coord = MemoryCoordinator::new();
+    /// coord.close()?;
+    /// assert_eq!(coord.ping().unwrap_err().kind(), ErrorKind::Closed);
+    /// # Ok::<(), fleetcoord::Error>(())
+    /// ```
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::Timeout(_) | Error::Connect { .. } | Error::SessionLost => true,
-            Error::Etcd { kind, .. } | Error::Backend { kind, .. } => kind.is_retryable(),
-            Error::InvalidArgument { .. }
-            | Error::Canceled
-            | Error::DriverGone
-            | Error::NotFound
-            | Error::Closed
-            | Error::NotLeader
-            | Error::Unsupported(_)
-            | Error::Io(_)
-            | Error::Indeterminate { .. } => false,
+            Error::Connect { kind, .. } | Error::Backend { kind, .. } => *kind,
+            Error::InvalidArgument { .. } => ErrorKind::InvalidArgument,
+            Error::Timeout(_) => ErrorKind::Timeout,
+            Error::Canceled => ErrorKind::Canceled,
+            Error::DriverGone => ErrorKind::DriverGone,
+            Error::NotFound => ErrorKind::NotFound,
+            Error::Closed => ErrorKind::Closed,
+            Error::SessionLost => ErrorKind::SessionLost,
+            Error::NotLeader => ErrorKind::NotLeader,
+            Error::Unsupported(_) => ErrorKind::Unsupported,
+            Error::Io(_) => ErrorKind::Io,
+            Error::Indeterminate { .. } => ErrorKind::Indeterminate,
         }
     }
 }
@@ -312,7 +388,7 @@ impl Error {
     }
 }
 
-/// The kind of [`Error::Etcd`] a failed request becomes.
+/// The kind of etcd [`Error::Backend`] a failed request becomes.
 pub(crate) fn etcd_kind(e: &RpcError) -> ErrorKind {
     match e {
         RpcError::LeaseNotFound => ErrorKind::LeaseNotFound,
@@ -399,9 +475,14 @@ mod tests {
             let error = Error::rpc(rpc.clone());
             assert_eq!(error.to_string(), text);
             match &error {
-                Error::Etcd { kind: k, .. } => assert_eq!(*k, kind, "{rpc:?}"),
+                Error::Backend {
+                    backend: "etcd",
+                    kind: k,
+                    ..
+                } => assert_eq!(*k, kind, "{rpc:?}"),
                 other => panic!("{rpc:?} became {other:?}"),
             }
+            assert_eq!(error.kind(), kind, "{rpc:?}");
             // The facade and the machines follow one policy.
             assert_eq!(error.is_retryable(), retryable, "{rpc:?}");
         }
@@ -410,7 +491,7 @@ mod tests {
     #[test]
     fn context_prefixes_the_message_and_keeps_the_kind() {
         match Error::rpc_in("stream \"jobs\"", RpcError::LeaseNotFound) {
-            Error::Etcd { kind, message } => {
+            Error::Backend { kind, message, .. } => {
                 assert_eq!(kind, ErrorKind::LeaseNotFound);
                 assert_eq!(message, "stream \"jobs\": lease not found");
             }
@@ -423,7 +504,9 @@ mod tests {
         let retryable = [
             Error::Timeout(Duration::from_secs(1)),
             Error::Connect {
-                endpoints: "http://127.0.0.1:2379".into(),
+                backend: "redis",
+                endpoints: "redis://127.0.0.1:6379".into(),
+                kind: ErrorKind::Unavailable,
                 reason: "connection refused".into(),
             },
             Error::SessionLost,
@@ -442,6 +525,12 @@ mod tests {
             Error::etcd(ErrorKind::PermissionDenied, "x"),
             Error::unexpected("Revoked"),
             Error::etcd(ErrorKind::Unreplicated, "x"),
+            Error::Connect {
+                backend: "redis",
+                endpoints: "redis://127.0.0.1:6379".into(),
+                kind: ErrorKind::PermissionDenied,
+                reason: "WRONGPASS".into(),
+            },
             Error::Canceled,
             Error::DriverGone,
             Error::NotFound,
@@ -459,5 +548,63 @@ mod tests {
         for e in &permanent {
             assert!(!e.is_retryable(), "{e:?}");
         }
+    }
+
+    /// Every variant has its own kind unless it carries one: code acting
+    /// on `kind()` never confuses two classes of failure.
+    #[test]
+    fn every_variant_has_its_kind() {
+        let cases = [
+            (Error::invalid("name", "empty"), ErrorKind::InvalidArgument),
+            (Error::Timeout(Duration::from_secs(1)), ErrorKind::Timeout),
+            (Error::Canceled, ErrorKind::Canceled),
+            (Error::DriverGone, ErrorKind::DriverGone),
+            (Error::NotFound, ErrorKind::NotFound),
+            (Error::Closed, ErrorKind::Closed),
+            (Error::SessionLost, ErrorKind::SessionLost),
+            (Error::NotLeader, ErrorKind::NotLeader),
+            (Error::Unsupported("streams"), ErrorKind::Unsupported),
+            (Error::Io(std::io::Error::other("x")), ErrorKind::Io),
+            (
+                Error::Indeterminate {
+                    backend: "nats",
+                    stream: "jobs".into(),
+                    id: None,
+                    message: "no ack".into(),
+                },
+                ErrorKind::Indeterminate,
+            ),
+            (Error::etcd(ErrorKind::Compacted, "x"), ErrorKind::Compacted),
+            (
+                Error::Connect {
+                    backend: "nats",
+                    endpoints: "nats://127.0.0.1:4222".into(),
+                    kind: ErrorKind::Unavailable,
+                    reason: "refused".into(),
+                },
+                ErrorKind::Unavailable,
+            ),
+        ];
+        for (error, kind) in cases {
+            assert_eq!(error.kind(), kind, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn backend_errors_name_their_endpoints_when_they_have_them() {
+        assert_eq!(
+            Error::etcd(ErrorKind::Rejected, "too large").to_string(),
+            "etcd request failed: too large"
+        );
+        let redis = Error::Backend {
+            backend: "redis",
+            endpoints: "redis://127.0.0.1:6379".into(),
+            kind: ErrorKind::Rejected,
+            message: "CROSSSLOT".into(),
+        };
+        assert_eq!(
+            redis.to_string(),
+            "redis at redis://127.0.0.1:6379: CROSSSLOT"
+        );
     }
 }

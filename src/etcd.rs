@@ -6,7 +6,8 @@ use crate::driver::{
     self, CallError, ConnectSettings, DriverHandle, DriverMsg, MachineHandle, StartError, UnaryCall,
 };
 use crate::endpoint;
-use crate::error::{Error, Result};
+use crate::endpoints::Endpoints;
+use crate::error::{Error, ErrorKind, Result};
 use crate::server_version::{self, ServerVersion};
 use crate::tls::{EtcdUser, Tls};
 use crate::validate;
@@ -209,8 +210,15 @@ pub(crate) fn assert_not_async() {
 }
 
 impl Etcd {
-    /// Connect to etcd at `endpoints` (`host:port`, `http://host:port`, or
-    /// with [`EtcdOptions::tls`] `https://host:port`).
+    /// Connect to etcd at `endpoints` with [`EtcdOptions::default`]; see
+    /// [`Etcd::with_options`].
+    pub fn connect(endpoints: &(impl Endpoints + ?Sized)) -> Result<Etcd> {
+        Self::with_options(endpoints, EtcdOptions::default())
+    }
+
+    /// Connect to etcd at `endpoints` (see [`Endpoints`]: `host:port`,
+    /// `http://host:port`, or with [`EtcdOptions::tls`] `https://host:port`,
+    /// as a comma-separated string or a list) with `options`.
     ///
     /// Returns only once etcd has answered a request (and accepted the
     /// user's credentials), or fails with [`Error::Connect`] naming the
@@ -230,8 +238,12 @@ impl Etcd {
     /// 1..=65535; surrounding whitespace is ignored; the scheme must agree
     /// with [`EtcdOptions::tls`]), and every option against the range
     /// documented on its field of [`EtcdOptions`].
-    pub fn connect<S: AsRef<str>>(endpoints: &[S], options: EtcdOptions) -> Result<Etcd> {
+    pub fn with_options(
+        endpoints: &(impl Endpoints + ?Sized),
+        options: EtcdOptions,
+    ) -> Result<Etcd> {
         assert_not_async();
+        let endpoints = endpoints.endpoint_list();
         if endpoints.is_empty() {
             return Err(Error::invalid(
                 "endpoints",
@@ -239,8 +251,7 @@ impl Etcd {
             ));
         }
         let mut normalized = Vec::with_capacity(endpoints.len());
-        for e in endpoints {
-            let e = e.as_ref();
+        for e in &endpoints {
             let url = endpoint::parse(e, options.tls.is_some())
                 .map_err(|why| Error::invalid("endpoints", format!("{e:?}: {why}")))?;
             normalized.push(url);
@@ -257,7 +268,9 @@ impl Etcd {
         .map_err(|e| match e {
             StartError::Io(e) => Error::Io(e),
             StartError::Connect(reason) => Error::Connect {
+                backend: "etcd",
                 endpoints: normalized.join(","),
+                kind: ErrorKind::Unavailable,
                 reason,
             },
         })?;

@@ -20,8 +20,14 @@
 //!   most N holders at once, on the same protocol with N permits; a
 //!   release wakes only the waiters it can let in.
 //! * [`coordinator`]: pub/sub, streams and KV with pattern watches, on etcd,
-//!   in memory, or noop, with a public `conformance` suite (feature
-//!   `conformance`).
+//!   in memory, or noop (and NATS or Redis behind features), with a public
+//!   `conformance` suite (feature `conformance`); [`coordinator::from_env`]
+//!   picks one from `COORD`, etcd when unset.
+//!
+//! Every connecting constructor names its servers one way:
+//! `X::connect(&endpoints)` or `X::with_options(&endpoints, options)`, with
+//! [`Endpoints`] a comma-separated string or a list; every failure has one
+//! [`ErrorKind`] ([`Error::kind`]) whatever the backend.
 //!
 //! Everything is blocking and hands out crossbeam receivers. One [`Etcd`]
 //! handle owns one background thread (a small tokio runtime and the single
@@ -32,10 +38,10 @@
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let server = fleetcoord::testing::EtcdServer::start()?;
 //! # let endpoint = server.endpoint();
-//! use fleetcoord::{Election, Etcd, EtcdOptions, HostEvent, HostLiveness, HostWatcher};
+//! use fleetcoord::{Election, Etcd, HostEvent, HostLiveness, HostWatcher};
 //! use std::time::Duration;
 //!
-//! let etcd = Etcd::with_options(&[endpoint.as_str()], EtcdOptions::default())?;
+//! let etcd = Etcd::connect(&endpoint)?;
 //!
 //! // Announce this host; the key disappears within the TTL if we die.
 //! let me = uuid::Uuid::new_v4();
@@ -66,6 +72,7 @@ mod deadline;
 mod driver;
 pub mod election;
 mod endpoint;
+mod endpoints;
 pub mod error;
 mod etcd;
 mod liveness;
@@ -90,20 +97,15 @@ pub use coordinator::conformance;
 pub use election::mutex::{Mutex, MutexGuard, DEFAULT_LOCK_PREFIX};
 pub use election::semaphore::{Semaphore, SemaphoreGuard, DEFAULT_SEMAPHORE_PREFIX};
 pub use election::{
-    Election, ElectionOptions, ElectionPool, LeaderInfo, LeaderObserver, Leadership, TryCampaign,
+    Election, ElectionOptions, ElectionPool, LeaderInfo, LeaderObserver, Leadership, LockOptions,
+    TryCampaign,
 };
+pub use endpoints::Endpoints;
 pub use error::{Error, ErrorKind, Result};
-// The old name stays importable from the crate root for one deprecation
-// cycle; the allow keeps the re-export itself from warning here.
-#[allow(deprecated)]
-pub use error::EtcdErrorKind;
 pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
 pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
 pub use server_version::{etcd_defects, KnownDefect, ServerVersion};
 pub use tls::{EtcdUser, Tls};
-/// The old name of [`Tls`], from when only etcd spoke TLS.
-#[deprecated(note = "renamed `Tls`: the same settings reach etcd, NATS and Redis")]
-pub type EtcdTls = Tls;
 pub use txn::{KeyValue, TxnOp, TxnOpResponse};
 pub use watcher::{list_hosts, DownReason, HostEvent, HostInfo, HostWatcher, WatcherOptions};
 

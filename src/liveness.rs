@@ -49,7 +49,7 @@ pub enum LivenessState {
     /// (permission denied); the registration is stopping and `Stopped`
     /// follows.
     Refused {
-        /// What kind of refusal, as in [`Error::Etcd`].
+        /// What kind of refusal, as in [`Error::Backend`].
         kind: ErrorKind,
         /// What etcd said, for people.
         message: String,
@@ -298,19 +298,6 @@ impl HostLiveness {
             metadata,
             LivenessOptions::default().with_ttl(ttl),
         )
-    }
-
-    /// [`HostLiveness::register`] with every setting explicit.
-    #[deprecated(
-        note = "renamed `HostLiveness::with_options`, the constructor name used across the crate"
-    )]
-    pub fn register_with(
-        etcd: &Etcd,
-        host_id: Uuid,
-        metadata: &[u8],
-        options: LivenessOptions,
-    ) -> Result<HostLiveness> {
-        Self::with_options(etcd, host_id, metadata, options)
     }
 
     /// [`HostLiveness::register`] with every setting explicit.
@@ -585,7 +572,7 @@ mod tests {
     fn close_reports_whether_the_revoke_was_confirmed() {
         assert!(close_outcome(Ok(Finished::Done), Some(true), || Error::DriverGone).is_ok());
         match close_outcome(Ok(Finished::Done), Some(false), || Error::DriverGone) {
-            Err(Error::Etcd { kind, message }) => {
+            Err(Error::Backend { kind, message, .. }) => {
                 assert_eq!(kind, ErrorKind::Unavailable);
                 assert!(message.contains("expire after its TTL"), "{message}");
             }

@@ -267,14 +267,6 @@ impl HostWatcher {
         Self::with_options(etcd, WatcherOptions::default())
     }
 
-    /// Watch with explicit settings.
-    #[deprecated(
-        note = "renamed `HostWatcher::with_options`, the constructor name used across the crate"
-    )]
-    pub fn watch_with(etcd: &Etcd, options: WatcherOptions) -> Result<HostWatcher> {
-        Self::with_options(etcd, options)
-    }
-
     /// Watch with explicit settings (checked: a bad prefix or capacity is
     /// [`crate::Error::InvalidArgument`]).
     pub fn with_options(etcd: &Etcd, options: WatcherOptions) -> Result<HostWatcher> {

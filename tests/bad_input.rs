@@ -30,19 +30,28 @@ const OVERSIZED: usize = 1536 * 1024;
 #[test]
 fn endpoints_are_checked_before_connecting() {
     let none: [&str; 0] = [];
-    invalid(Etcd::with_options(&none, EtcdOptions::default()), "endpoints");
+    invalid(
+        Etcd::with_options(&none, EtcdOptions::default()),
+        "endpoints",
+    );
     let why = invalid(
         Etcd::with_options(&["https://127.0.0.1:2379"], EtcdOptions::default()),
         "endpoints",
     );
     assert!(why.contains("https://127.0.0.1:2379"), "{why}");
-    invalid(Etcd::with_options(&[""], EtcdOptions::default()), "endpoints");
+    invalid(
+        Etcd::with_options(&[""], EtcdOptions::default()),
+        "endpoints",
+    );
     invalid(
         Etcd::with_options(&["127.0.0.1:2379 127.0.0.1:2380"], EtcdOptions::default()),
         "endpoints",
     );
     let zero = EtcdOptions::default().with_connect_timeout(Duration::ZERO);
-    invalid(Etcd::with_options(&["127.0.0.1:2379"], zero), "connect_timeout");
+    invalid(
+        Etcd::with_options(&["127.0.0.1:2379"], zero),
+        "connect_timeout",
+    );
 }
 
 #[test]
@@ -411,7 +420,10 @@ fn endpoints_are_parsed_strictly() {
         "127.0.0.1:-1",
         ":2379",
     ] {
-        let why = invalid(Etcd::with_options(&[bad], EtcdOptions::default()), "endpoints");
+        let why = invalid(
+            Etcd::with_options(&[bad], EtcdOptions::default()),
+            "endpoints",
+        );
         assert!(
             why.contains(bad),
             "{bad:?}: the reason does not name it: {why}"

@@ -38,7 +38,10 @@ fn etcd_backend_follows_the_slow_consumer_contract() {
         let options = EtcdCoordinatorOptions::default()
             .with_root("/slow")
             .with_feed_capacity(capacity);
-        Ok(Box::new(EtcdCoordinator::on_etcd_with_options(&etcd, options)?) as Box<dyn Coordinator>)
+        Ok(
+            Box::new(EtcdCoordinator::on_etcd_with_options(&etcd, options)?)
+                as Box<dyn Coordinator>,
+        )
     });
     assert!(report.skipped.is_empty(), "{:?}", report.skipped);
     assert_eq!(report.passed.len(), 4);
@@ -98,7 +101,12 @@ fn foreign_put(endpoint: &str, key: &[u8], value: &str) {
 
 fn etcd_error<T: std::fmt::Debug>(result: fleetcoord::Result<T>) -> (ErrorKind, String) {
     match result {
-        Err(Error::Etcd { kind, message }) => (kind, message),
+        Err(Error::Backend {
+            backend: "etcd",
+            kind,
+            message,
+            ..
+        }) => (kind, message),
         other => panic!("expected an etcd error, got {other:?}"),
     }
 }
@@ -222,4 +230,13 @@ fn appends_stay_in_sequence_past_the_remembered_heads() {
     assert_eq!(other.append_stream("s0", b"b").unwrap(), StreamId(2));
     assert_eq!(coord.append_stream("s0", b"c").unwrap(), StreamId(3));
     assert_eq!(coord.append_stream("s1024", b"b").unwrap(), StreamId(2));
+}
+
+/// A refused connect is `Error::Connect` of kind `Unavailable`, as on
+/// every backend.
+#[test]
+fn etcd_refused_connect_is_the_same_kind_as_everywhere() {
+    fleetcoord::conformance::run_refused_connect(|endpoint| {
+        Ok(Box::new(EtcdCoordinator::connect(endpoint)?) as Box<dyn Coordinator>)
+    });
 }

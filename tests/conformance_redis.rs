@@ -64,3 +64,12 @@ fn redis_cluster_follows_the_slow_consumer_contract() {
     let cluster = RedisCluster::start(3).expect("start a redis cluster (run `make deps-redis`)");
     slow_consumers(&cluster.urls());
 }
+
+/// A refused connect is `Error::Connect` of kind `Unavailable`, as on
+/// every backend.
+#[test]
+fn redis_refused_connect_is_the_same_kind_as_everywhere() {
+    fleetcoord::conformance::run_refused_connect(|endpoint| {
+        Ok(Box::new(RedisCoordinator::connect(endpoint)?) as Box<dyn Coordinator>)
+    });
+}

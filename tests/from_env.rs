@@ -1,17 +1,27 @@
-//! `from_env_with_etcd`: `COORD=etcd` reuses the process's `Etcd` handle
-//! instead of connecting to `COORD_URL`; every other `COORD` behaves as in
-//! `from_env`. `COORD_TLS_*` reach a TLS etcd with client certificates.
+//! `from_vars`/`try_from_vars` with an `Etcd` handle: `COORD=etcd` (or
+//! unset) reuses the process's handle instead of connecting to
+//! `COORD_URL`; every other `COORD` behaves as without one. `COORD_TLS_*`
+//! reach a TLS etcd with client certificates. `from_env` reads the
+//! process environment and falls back to a noop that says why.
 
 mod common;
 
 use common::{connect, etcdctl, start_etcd};
-use fleetcoord::coordinator::{
-    from_env, from_env_vars, from_env_vars_with_etcd, from_env_with_etcd,
-};
+use fleetcoord::coordinator::{from_env, from_vars, try_from_env, try_from_vars};
 use fleetcoord::Error;
 
 /// Nothing listens on port 1: connecting there fails.
 const DEAD_URL: &str = "127.0.0.1:1";
+
+/// A lookup of `COORD` = `coord` and `COORD_URL` = `url`, nothing else.
+fn vars(coord: Option<&str>, url: Option<&str>) -> impl Fn(&str) -> Option<String> {
+    let (coord, url) = (coord.map(str::to_string), url.map(str::to_string));
+    move |name| match name {
+        "COORD" => coord.clone(),
+        "COORD_URL" => url.clone(),
+        _ => None,
+    }
+}
 
 #[test]
 fn etcd_uses_the_given_handle_not_coord_url() {
@@ -21,14 +31,24 @@ fn etcd_uses_the_given_handle_not_coord_url() {
 
     // Connecting to COORD_URL would fail and fall back to noop...
     assert!(
-        !from_env_vars(Some("etcd"), Some(DEAD_URL))
+        !from_vars(vars(Some("etcd"), Some(DEAD_URL)), None)
             .capabilities()
             .delivers
     );
-    // ...the given handle is used instead, whatever COORD_URL says.
-    for url in [Some(DEAD_URL), None] {
-        let coord = from_env_vars_with_etcd(Some(" ETCD "), url, &etcd);
+    // ...the given handle is used instead, whatever COORD_URL says, also
+    // with COORD unset (etcd is the default).
+    for (coord, url) in [
+        (Some(" ETCD "), Some(DEAD_URL)),
+        (Some("etcd"), None),
+        (None, Some(DEAD_URL)),
+    ] {
+        let coord = try_from_vars(vars(coord, url), Some(&etcd)).unwrap();
         assert!(coord.capabilities().delivers, "{url:?}");
+        assert!(
+            coord.describe().starts_with("etcd at "),
+            "{}",
+            coord.describe()
+        );
         coord.kv_set("config", "rollout", b"50%").unwrap();
         assert_eq!(
             etcdctl(
@@ -45,28 +65,27 @@ fn etcd_uses_the_given_handle_not_coord_url() {
 
     // It is that very connection: once the user closed the handle, the
     // coordinator is closed too.
-    let coord = from_env_vars_with_etcd(Some("etcd"), Some(DEAD_URL), &etcd);
+    let coord = from_vars(vars(Some("etcd"), Some(DEAD_URL)), Some(&etcd));
     coord.ping().unwrap();
     etcd.close().unwrap();
     assert!(matches!(coord.ping(), Err(Error::Closed)));
 }
 
 #[test]
-fn other_backends_behave_as_from_env() {
+fn other_backends_behave_as_without_a_handle() {
     let server = start_etcd();
     let etcd = connect(&server.endpoint());
     for (coord, delivers) in [
-        (None, true),
-        (Some(""), true),
         (Some("memory"), true),
         (Some("noop"), false),
         (Some("bogus"), false),
         (Some("nats"), false),
         (Some("redis"), false),
     ] {
-        let shared = from_env_vars_with_etcd(coord, Some(DEAD_URL), &etcd);
-        let own = from_env_vars(coord, Some(DEAD_URL));
+        let shared = from_vars(vars(coord, Some(DEAD_URL)), Some(&etcd));
+        let own = from_vars(vars(coord, Some(DEAD_URL)), None);
         assert_eq!(shared.capabilities(), own.capabilities(), "{coord:?}");
+        assert_eq!(shared.describe(), own.describe(), "{coord:?}");
         assert_eq!(shared.capabilities().delivers, delivers, "{coord:?}");
         assert!(shared.ping().is_ok(), "{coord:?}");
     }
@@ -75,22 +94,33 @@ fn other_backends_behave_as_from_env() {
 /// The only test here that touches the process environment, so no other
 /// test can observe the change.
 #[test]
-fn reads_coord_and_ignores_coord_url_from_the_environment() {
+fn reads_coord_and_coord_url_from_the_environment() {
     let server = start_etcd();
     let endpoint = server.endpoint();
-    let etcd = connect(&endpoint);
     std::env::set_var("COORD", "etcd");
     std::env::set_var("COORD_URL", DEAD_URL);
-    let coord = from_env_with_etcd(&etcd);
-    // Without a handle, COORD_URL is where it connects.
+    let refused = try_from_env().map(|c| c.describe());
+    let fallback = from_env();
+    // COORD unset: etcd at COORD_URL.
+    std::env::remove_var("COORD");
     std::env::set_var("COORD_URL", &endpoint);
     let own = from_env();
-    std::env::remove_var("COORD");
     std::env::remove_var("COORD_URL");
-    own.kv_set("config", "mode", b"own").unwrap();
-    assert_eq!(coord.kv_get("config", "mode").unwrap(), b"own");
-    assert!(coord.capabilities().delivers);
-    coord.publish("deploys", b"v42").unwrap();
+    match refused {
+        Err(Error::Connect {
+            backend: "etcd", ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        fallback
+            .describe()
+            .starts_with("noop (fallback: cannot connect to etcd"),
+        "{}",
+        fallback.describe()
+    );
+    assert!(own.capabilities().delivers, "{}", own.describe());
+    own.publish("deploys", b"v42").unwrap();
     assert_eq!(
         etcdctl(
             &endpoint,
@@ -127,14 +157,17 @@ fn coord_tls_variables_reach_a_tls_etcd() {
                 .map(|(_, v)| v.clone())
         }
     };
-    let coord = fleetcoord::coordinator::from_lookup(lookup(5));
+    let coord = from_vars(lookup(5), None);
     assert!(coord.capabilities().delivers, "not connected (noop)");
     coord.kv_set("config", "rollout", b"50%").unwrap();
     assert_eq!(coord.kv_get("config", "rollout").unwrap(), b"50%");
-    // Without the client certificate etcd refuses: noop, not an error.
-    assert!(
-        !fleetcoord::coordinator::from_lookup(lookup(3))
-            .capabilities()
-            .delivers
-    );
+    // Without the client certificate etcd refuses: an error, or a noop.
+    assert!(matches!(
+        try_from_vars(lookup(3), None),
+        Err(Error::Connect {
+            backend: "etcd",
+            ..
+        })
+    ));
+    assert!(!from_vars(lookup(3), None).capabilities().delivers);
 }

@@ -6,7 +6,7 @@
 mod common;
 
 use common::EtcdctlChild;
-use fleetcoord::{ElectionOptions, Error, Mutex, TxnOp, DEFAULT_LOCK_PREFIX};
+use fleetcoord::{Error, LockOptions, Mutex, TxnOp, DEFAULT_LOCK_PREFIX};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -33,8 +33,8 @@ impl EtcdctlLock {
     }
 }
 
-fn shared_with_etcdctl() -> ElectionOptions {
-    ElectionOptions::default()
+fn shared_with_etcdctl() -> LockOptions {
+    LockOptions::default()
         .with_prefix("")
         .with_ttl(Duration::from_secs(5))
 }
@@ -153,4 +153,43 @@ fn holders_are_exclusive_and_fenced() {
     let third = a.lock_timeout(WAIT).unwrap();
     assert!(third.fencing_token() > token);
     assert!(Mutex::new(&etcd, "a/b").is_err(), "names are one segment");
+}
+
+/// Options that set only a session TTL keep the mutex in the lock
+/// namespace: it does not queue behind a held election of the same name
+/// (with election options it used to take their prefix and wait there).
+#[test]
+fn options_never_move_a_mutex_into_the_elections_namespace() {
+    let server = common::start_etcd();
+    let etcd = common::connect(&server.endpoint());
+    let leader = fleetcoord::Election::new(&etcd, "shared-name")
+        .unwrap()
+        .campaign(b"leader")
+        .unwrap();
+    let mutex = Mutex::with_options(
+        &etcd,
+        "shared-name",
+        LockOptions::default().with_ttl(Duration::from_secs(5)),
+    )
+    .unwrap();
+    let guard = mutex
+        .try_lock()
+        .unwrap()
+        .expect("the lock is free although the election of its name is held");
+    assert!(
+        guard.key().starts_with(DEFAULT_LOCK_PREFIX),
+        "{}",
+        guard.key()
+    );
+    guard.unlock().unwrap();
+    leader.resign().unwrap();
+    let election_prefix = fleetcoord::election::DEFAULT_ELECTION_PREFIX;
+    assert!(matches!(
+        Mutex::with_options(
+            &etcd,
+            "shared-name",
+            LockOptions::default().with_prefix(election_prefix)
+        ),
+        Err(Error::InvalidArgument { what: "prefix", .. })
+    ));
 }

@@ -22,7 +22,7 @@ fn start() -> NatsServer {
 }
 
 fn handle(server: &NatsServer, options: NatsOptions) -> NatsCoordinator {
-    NatsCoordinator::with_options(options.with_urls(&server.url())).unwrap()
+    NatsCoordinator::with_options(&server.url(), options).unwrap()
 }
 
 /// Runs `f` with a JetStream context of its own on `server`.

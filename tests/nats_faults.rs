@@ -6,7 +6,7 @@
 //! duplicates, losses) on standard error.
 
 use fleetcoord::coordinator::{
-    from_env_vars, Coordinator, KvEvent, NatsCoordinator, NatsOptions, StreamPosition,
+    from_vars, Coordinator, KvEvent, NatsCoordinator, NatsOptions, StreamPosition,
 };
 use fleetcoord::testing::{NatsCluster, NatsServer};
 use fleetcoord::Error;
@@ -192,11 +192,10 @@ fn server_restart_loses_and_repeats_nothing() {
 fn cluster_node_loss_is_invisible_with_three_replicas() {
     let cluster = NatsCluster::start(3).expect("start a 3-node nats cluster (`make deps-nats`)");
     let options = NatsOptions::default()
-        .with_urls(&cluster.urls())
         .with_kv_replicas(3)
         .with_stream_replicas(3);
-    let writer = NatsCoordinator::with_options(options.clone()).unwrap();
-    let observer = NatsCoordinator::with_options(options).unwrap();
+    let writer = NatsCoordinator::with_options(&cluster.urls(), options.clone()).unwrap();
+    let observer = NatsCoordinator::with_options(&cluster.urls(), options).unwrap();
     let sub = observer.subscribe("alerts").unwrap();
     let reader = observer.read_stream("jobs", StreamPosition::Start).unwrap();
     let watch = synced_watch(&observer);
@@ -234,14 +233,21 @@ fn no_server_at_start_is_a_clear_error_and_env_falls_back() {
     let url = "nats://127.0.0.1:1";
     let started = Instant::now();
     match NatsCoordinator::connect(url) {
-        Err(e @ Error::Backend { .. }) => {
+        Err(e @ Error::Connect { .. }) => {
             let text = e.to_string();
             assert!(text.contains("nats") && text.contains(url), "{text}");
         }
-        other => panic!("expected Error::Backend, got {other:?}"),
+        other => panic!("expected Error::Connect, got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(10));
-    let coord = from_env_vars(Some("nats"), Some(url));
+    let coord = from_vars(
+        |name| match name {
+            "COORD" => Some("nats".into()),
+            "COORD_URL" => Some(url.into()),
+            _ => None,
+        },
+        None,
+    );
     assert!(!coord.capabilities().delivers, "falls back to noop");
     coord.ping().unwrap();
 }

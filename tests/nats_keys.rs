@@ -57,10 +57,8 @@ fn start() -> NatsServer {
 }
 
 fn handle(server: &NatsServer, encoding: NatsKeyEncoding) -> NatsCoordinator {
-    let options = NatsOptions::default()
-        .with_urls(&server.url())
-        .with_key_encoding(encoding);
-    NatsCoordinator::with_options(options).expect("connect")
+    let options = NatsOptions::default().with_key_encoding(encoding);
+    NatsCoordinator::with_options(&server.url(), options).expect("connect")
 }
 
 /// Runs `f` with a JetStream context of its own on `server`: a NATS client

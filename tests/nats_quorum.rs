@@ -55,12 +55,12 @@ fn no_quorum<T: std::fmt::Debug>(
 #[test]
 fn appends_without_quorum_fail_in_time_saying_so_and_resume_after() {
     let mut cluster = NatsCluster::start(3).expect("start a 3-node nats cluster (make deps-nats)");
+    let urls = cluster.urls();
     let options = NatsOptions::default()
-        .with_urls(&cluster.urls())
         .with_stream_replicas(3)
         .with_kv_replicas(3)
         .with_request_timeout(TIMEOUT);
-    let writer = NatsCoordinator::with_options(options.clone()).expect("connect");
+    let writer = NatsCoordinator::with_options(&urls, options.clone()).expect("connect");
     assert_eq!(
         writer.append_stream("jobs", b"before").expect("append").0,
         1
@@ -86,7 +86,7 @@ fn appends_without_quorum_fail_in_time_saying_so_and_resume_after() {
         if !fresh_checked && killed.elapsed() > OUTAGE / 2 {
             // A handle that never saw the stream looks it up instead of
             // creating it, and says the same.
-            let fresh = NatsCoordinator::with_options(options.clone()).expect("connect");
+            let fresh = NatsCoordinator::with_options(&urls, options.clone()).expect("connect");
             let (text, maybe) =
                 no_quorum(r#"stream "jobs""#, || fresh.append_stream("jobs", b"fresh"));
             seen.push(text);

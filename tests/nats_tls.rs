@@ -5,8 +5,7 @@
 //! naming its cause; no secret shows in `Debug` or an error.
 
 use fleetcoord::coordinator::{
-    connect_with, from_lookup, ConnectSettings, Coordinator, NatsCoordinator, NatsCredentials,
-    NatsOptions,
+    connect, from_vars, ConnectSettings, Coordinator, NatsCoordinator, NatsCredentials, NatsOptions,
 };
 use fleetcoord::testing::{NatsBuilder, NatsServer, ServerNames, TestPki};
 use fleetcoord::{Error, Tls};
@@ -17,10 +16,8 @@ const HINT: &str = "start nats-server (`make deps-nats` installs it)";
 /// Every refused connection is bounded by this.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
-fn options(server: &NatsServer) -> NatsOptions {
-    NatsOptions::default()
-        .with_urls(&server.url())
-        .with_connect_timeout(CONNECT_TIMEOUT)
+fn options() -> NatsOptions {
+    NatsOptions::default().with_connect_timeout(CONNECT_TIMEOUT)
 }
 
 fn client_tls(server: &NatsServer) -> Tls {
@@ -38,16 +35,16 @@ fn ca_only(server: &NatsServer) -> Tls {
 
 /// The one-line message of a connection the server (or the TLS check)
 /// refused, within the connect timeout and some slack.
-fn refused(options: NatsOptions) -> String {
+fn refused(url: &str, options: NatsOptions) -> String {
     let started = Instant::now();
-    let result = NatsCoordinator::with_options(options);
+    let result = NatsCoordinator::with_options(url, options);
     assert!(
         started.elapsed() < CONNECT_TIMEOUT + Duration::from_secs(5),
         "took {:?}",
         started.elapsed()
     );
     match result {
-        Err(e @ Error::Backend { .. }) => {
+        Err(e @ Error::Connect { .. }) => {
             let text = e.to_string();
             assert!(!text.contains('\n'), "not one line: {text}");
             text
@@ -58,8 +55,8 @@ fn refused(options: NatsOptions) -> String {
 }
 
 /// The one-line message of options refused before dialling.
-fn invalid(options: NatsOptions, field: &str) -> String {
-    match NatsCoordinator::with_options(options) {
+fn invalid(url: &str, options: NatsOptions, field: &str) -> String {
+    match NatsCoordinator::with_options(url, options) {
         Err(e @ Error::InvalidArgument { what, .. }) if what == field => {
             let text = e.to_string();
             assert!(!text.contains('\n'), "not one line: {text}");
@@ -70,11 +67,12 @@ fn invalid(options: NatsOptions, field: &str) -> String {
 }
 
 fn conform(server: NatsServer, options: NatsOptions) {
+    let url = server.url();
     let server = std::sync::Mutex::new(server);
     let report = fleetcoord::conformance::run_with_restart(
         || {
             let options = options.clone().with_stream_max_len(64);
-            Box::new(NatsCoordinator::with_options(options).expect("connect"))
+            Box::new(NatsCoordinator::with_options(&url, options).expect("connect"))
                 as Box<dyn Coordinator>
         },
         || server.lock().unwrap_or_else(|p| p.into_inner()).restart(),
@@ -86,7 +84,7 @@ fn conform(server: NatsServer, options: NatsOptions) {
 fn conforms_over_tls_with_a_client_certificate() {
     let server = NatsBuilder::new().tls_verify_clients().start().expect(HINT);
     assert!(server.url().starts_with("tls://"), "{}", server.url());
-    let options = options(&server).with_tls(client_tls(&server));
+    let options = options().with_tls(client_tls(&server));
     conform(server, options);
 }
 
@@ -94,7 +92,7 @@ fn conforms_over_tls_with_a_client_certificate() {
 fn conforms_over_a_creds_file() {
     let server = NatsBuilder::new().jwt_auth().start().expect(HINT);
     let creds = server.creds_path().expect("a JWT server has a creds file");
-    let options = options(&server).with_credentials_file(creds);
+    let options = options().with_credentials_file(creds);
     conform(server, options);
 }
 
@@ -103,7 +101,8 @@ fn tls_and_a_creds_file_together() {
     let server = NatsBuilder::new().tls().jwt_auth().start().expect(HINT);
     let creds = server.creds_path().expect("a JWT server has a creds file");
     let coord = NatsCoordinator::with_options(
-        options(&server)
+        &server.url(),
+        options()
             .with_tls(ca_only(&server))
             .with_credentials_file(creds),
     )
@@ -116,8 +115,8 @@ fn tls_and_a_creds_file_together() {
     // with_tls makes a nats:// URL use TLS too.
     let plain_url = server.url().replace("tls://", "nats://");
     let coord = NatsCoordinator::with_options(
-        options(&server)
-            .with_urls(&plain_url)
+        &plain_url,
+        options()
             .with_tls(ca_only(&server))
             .with_credentials_file(server.creds_path().unwrap()),
     )
@@ -129,14 +128,15 @@ fn tls_and_a_creds_file_together() {
 fn an_nkey_user_logs_in_and_a_wrong_one_is_refused() {
     let server = NatsBuilder::new().nkey_user().start().expect(HINT);
     let seed = server.nkey_seed().expect("an NKey server has a seed");
-    let coord = NatsCoordinator::with_options(options(&server).with_nkey(&seed)).expect("connect");
+    let coord =
+        NatsCoordinator::with_options(&server.url(), options().with_nkey(&seed)).expect("connect");
     coord.kv_set("b", "k", b"v").unwrap();
     assert_eq!(coord.kv_get("b", "k").unwrap(), b"v");
 
     // A valid user seed the server does not know: named by its public key.
     let other = NatsBuilder::new().nkey_user().start().expect(HINT);
     let wrong = other.nkey_seed().expect("a seed");
-    let err = refused(options(&server).with_nkey(&wrong));
+    let err = refused(&server.url(), options().with_nkey(&wrong));
     let public = other.user_public_key().expect("a public key");
     assert!(
         err.contains(&format!("refused NKey user {public}")),
@@ -146,14 +146,18 @@ fn an_nkey_user_logs_in_and_a_wrong_one_is_refused() {
     assert!(!err.contains(&wrong), "{err}");
 
     // No credentials at all, and a token where an NKey is wanted.
-    let err = refused(options(&server));
+    let err = refused(&server.url(), options());
     assert!(err.contains("requires credentials"), "{err}");
-    let err = refused(options(&server).with_token("t0ken-secret"));
+    let err = refused(&server.url(), options().with_token("t0ken-secret"));
     assert!(err.contains("refused the token"), "{err}");
     assert!(!err.contains("t0ken-secret"), "{err}");
 
     // Not a seed: refused before dialling, never quoted.
-    let err = invalid(options(&server).with_nkey("SUNOTASEEDSECRET"), "nkey");
+    let err = invalid(
+        &server.url(),
+        options().with_nkey("SUNOTASEEDSECRET"),
+        "nkey",
+    );
     assert!(!err.contains("SUNOTASEEDSECRET"), "{err}");
 }
 
@@ -162,13 +166,13 @@ fn a_server_certificate_from_another_ca_is_not_trusted() {
     let server = NatsBuilder::new().tls().start().expect(HINT);
     let stranger = TestPki::generate().unwrap();
     let tls = Tls::from_ca_file(stranger.ca_path()).unwrap();
-    let err = refused(options(&server).with_tls(tls));
+    let err = refused(&server.url(), options().with_tls(tls));
     assert!(
         err.contains("the server's certificate is not signed by the given CA"),
         "{err}"
     );
     // The CA that did sign it is trusted.
-    NatsCoordinator::with_options(options(&server).with_tls(ca_only(&server)))
+    NatsCoordinator::with_options(&server.url(), options().with_tls(ca_only(&server)))
         .expect("the right CA")
         .ping()
         .unwrap();
@@ -181,28 +185,28 @@ fn a_server_name_other_than_the_dialled_host() {
         .start()
         .expect(HINT);
     // The URL dials 127.0.0.1; the certificate names only localhost.
-    let err = refused(options(&server).with_tls(ca_only(&server)));
+    let err = refused(&server.url(), options().with_tls(ca_only(&server)));
     assert!(err.contains("not valid for the name dialled"), "{err}");
     let named = ca_only(&server).with_server_name("localhost").unwrap();
-    NatsCoordinator::with_options(options(&server).with_tls(named))
+    NatsCoordinator::with_options(&server.url(), options().with_tls(named))
         .expect("the certificate's name")
         .ping()
         .unwrap();
     // The name is checked, not merely accepted.
     let wrong = ca_only(&server).with_server_name("nats.example").unwrap();
-    let err = refused(options(&server).with_tls(wrong));
+    let err = refused(&server.url(), options().with_tls(wrong));
     assert!(err.contains("not valid for the name"), "{err}");
 }
 
 #[test]
 fn a_missing_or_expired_client_certificate_against_verify_true() {
     let server = NatsBuilder::new().tls_verify_clients().start().expect(HINT);
-    let err = refused(options(&server).with_tls(ca_only(&server)));
+    let err = refused(&server.url(), options().with_tls(ca_only(&server)));
     assert!(err.contains("requires a client certificate"), "{err}");
 
     let pki = server.pki().unwrap();
     let expired = pki.expired_client_tls().unwrap();
-    let err = refused(options(&server).with_tls(expired));
+    let err = refused(&server.url(), options().with_tls(expired));
     assert!(
         err.contains("refused the client certificate: it expired on 2021-01-01"),
         "{err}"
@@ -213,19 +217,21 @@ fn a_missing_or_expired_client_certificate_against_verify_true() {
 fn tls_against_a_plain_server_is_refused() {
     let server = NatsServer::start().expect(HINT);
     let pki = TestPki::generate().unwrap();
-    let err = refused(options(&server).with_tls(Tls::from_ca_file(pki.ca_path()).unwrap()));
+    let err = refused(
+        &server.url(),
+        options().with_tls(Tls::from_ca_file(pki.ca_path()).unwrap()),
+    );
     assert!(err.to_lowercase().contains("tls"), "{err}");
 }
 
 #[test]
 fn bad_creds_files_name_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let base = NatsOptions::default()
-        .with_urls("nats://127.0.0.1:1")
-        .with_connect_timeout(CONNECT_TIMEOUT);
+    let base = NatsOptions::default().with_connect_timeout(CONNECT_TIMEOUT);
 
     let missing = dir.path().join("missing.creds");
     let err = invalid(
+        "nats://127.0.0.1:1",
         base.clone().with_credentials_file(&missing),
         "credentials_file",
     );
@@ -269,6 +275,7 @@ fn bad_creds_files_name_the_file() {
         let path = dir.path().join(name);
         std::fs::write(&path, content).unwrap();
         let err = invalid(
+            "nats://127.0.0.1:1",
             base.clone().with_credentials_file(&path),
             "credentials_file",
         );
@@ -279,7 +286,10 @@ fn bad_creds_files_name_the_file() {
 
     // A well-formed file of another operator's user: refused by the server.
     let stranger = NatsBuilder::new().jwt_auth().start().expect(HINT);
-    let err = refused(options(&real).with_credentials_file(stranger.creds_path().unwrap()));
+    let err = refused(
+        &real.url(),
+        options().with_credentials_file(stranger.creds_path().unwrap()),
+    );
     assert!(err.contains("refused JWT user"), "{err}");
     assert!(err.contains(&stranger.user_public_key().unwrap()), "{err}");
 }
@@ -350,20 +360,20 @@ fn coord_variables_bring_tls_and_a_login() {
                 .map(|(_, v)| v.clone())
         }
     };
-    let coord = from_lookup(lookup(&vars));
+    let coord = from_vars(lookup(&vars), None);
     assert!(coord.capabilities().delivers, "not connected (noop)");
     coord.kv_set("config", "mode", b"on").unwrap();
 
-    // Without the seed file the server refuses: from_lookup degrades to
-    // noop, connect_with says why.
+    // Without the seed file the server refuses: from_vars degrades to
+    // noop, connect says why.
     let settings = ConnectSettings::from_vars(lookup(&vars[..5])).unwrap();
-    assert!(!from_lookup(lookup(&vars[..5])).capabilities().delivers);
-    let err = connect_error(connect_with("nats", Some(&server.url()), &settings));
+    assert!(!from_vars(lookup(&vars[..5]), None).capabilities().delivers);
+    let err = connect_error(connect("nats", Some(&server.url()), &settings));
     assert!(err.contains("requires credentials"), "{err}");
 
     // An unreadable seed file is named.
     let missing = dir.path().join("no-seed");
     let settings = settings.with_nats_nkey_file(&missing);
-    let err = connect_error(connect_with("nats", Some(&server.url()), &settings));
+    let err = connect_error(connect("nats", Some(&server.url()), &settings));
     assert!(err.contains(&missing.display().to_string()), "{err}");
 }

@@ -92,7 +92,7 @@ fn a_wrong_password_is_wrongpass_in_one_line() {
     assert!(
         matches!(
             e,
-            Error::Backend {
+            Error::Connect {
                 kind: ErrorKind::PermissionDenied,
                 ..
             }

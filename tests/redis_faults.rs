@@ -7,7 +7,7 @@
 use crossbeam_channel::RecvTimeoutError;
 use fleetcoord::coordinator::redis::RedisOptions;
 use fleetcoord::coordinator::{
-    from_env_vars, Coordinator, KvEvent, KvWatcher, RedisCoordinator, StreamEntry, StreamPosition,
+    from_vars, Coordinator, KvEvent, KvWatcher, RedisCoordinator, StreamEntry, StreamPosition,
     StreamReader,
 };
 use fleetcoord::testing::RedisServer;
@@ -269,7 +269,14 @@ fn unreachable_at_start_names_the_url_and_from_env_falls_back() {
     assert!(text.contains(&url), "{text}");
     assert!(text.contains("cannot connect"), "{text}");
     assert!(err.is_retryable(), "{err:?}");
-    let fallback = from_env_vars(Some("redis"), Some(&url));
+    let fallback = from_vars(
+        |name| match name {
+            "COORD" => Some("redis".into()),
+            "COORD_URL" => Some(url.clone()),
+            _ => None,
+        },
+        None,
+    );
     assert!(!fallback.capabilities().delivers, "noop");
     assert!(fallback.ping().is_ok());
 }

@@ -92,7 +92,7 @@ fn refused(url: &str, options: RedisOptions) -> Error {
 
 fn kind(e: &Error) -> Option<ErrorKind> {
     match e {
-        Error::Backend { kind, .. } => Some(*kind),
+        Error::Backend { kind, .. } | Error::Connect { kind, .. } => Some(*kind),
         _ => None,
     }
 }

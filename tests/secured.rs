@@ -205,7 +205,8 @@ fn a_prefix_limited_user_can_do_everything_under_its_prefix() {
     // them, under the user's prefix.
     let endpoints = server.endpoints();
     let report = fleetcoord::conformance::run(|| {
-        let etcd = Etcd::with_options(&endpoints, options().with_user(agent.clone())).expect("connect");
+        let etcd =
+            Etcd::with_options(&endpoints, options().with_user(agent.clone())).expect("connect");
         let root = EtcdCoordinatorOptions::default()
             .with_root("/coord/conformance")
             .with_stream_max_len(64);
@@ -235,7 +236,8 @@ fn a_prefix_limited_user_can_do_everything_under_its_prefix() {
     let is_denied = |e: &Error| {
         matches!(
             e,
-            Error::Etcd {
+            Error::Backend {
+                backend: "etcd",
                 kind: ErrorKind::PermissionDenied,
                 ..
             }

@@ -7,8 +7,7 @@ mod common;
 use common::etcd_calls;
 use fleetcoord::testing::{FaultProxy, Mode};
 use fleetcoord::{
-    ElectionOptions, Error, Etcd, EtcdOptions, Semaphore, SemaphoreGuard, TxnOp,
-    DEFAULT_SEMAPHORE_PREFIX,
+    Error, Etcd, EtcdOptions, LockOptions, Semaphore, SemaphoreGuard, TxnOp, DEFAULT_LOCK_PREFIX,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,10 +17,8 @@ use std::time::{Duration, Instant};
 // Generous: a loaded 2-core machine can take seconds per step.
 const WAIT: Duration = Duration::from_secs(20);
 
-fn short_ttl() -> ElectionOptions {
-    ElectionOptions::default()
-        .with_prefix(DEFAULT_SEMAPHORE_PREFIX)
-        .with_ttl(Duration::from_secs(2))
+fn short_ttl() -> LockOptions {
+    LockOptions::default().with_ttl(Duration::from_secs(2))
 }
 
 /// Waits until `prefix` has `n` keys.
@@ -249,16 +246,20 @@ fn bad_permits_and_mismatched_permits_are_clear_errors() {
         Semaphore::new(&etcd, "a/b", 2),
         Err(Error::InvalidArgument { what: "name", .. })
     ));
-    for options in [
-        ElectionOptions::default().with_priority(3),
-        ElectionOptions::default().with_yield_to_higher(true),
+    // Lock options cannot carry a semaphore into another primitive's
+    // namespace (where it would count an election's candidates as holders).
+    for prefix in [
+        fleetcoord::election::DEFAULT_ELECTION_PREFIX,
+        DEFAULT_LOCK_PREFIX,
     ] {
         assert!(matches!(
-            Semaphore::with_options(&etcd, "ranked", 2, options),
-            Err(Error::InvalidArgument {
-                what: "priority",
-                ..
-            })
+            Semaphore::with_options(
+                &etcd,
+                "ranked",
+                2,
+                LockOptions::default().with_prefix(prefix)
+            ),
+            Err(Error::InvalidArgument { what: "prefix", .. })
         ));
     }
     let two = Semaphore::new(&etcd, "mixed", 2).unwrap();

@@ -534,9 +534,11 @@ fn leader_observer_stays_bounded_and_converges() {
 /// writer's connection with the same root.
 fn coordinators(etcd: &Etcd, writer: &Writer, root: &str) -> (EtcdCoordinator, EtcdCoordinator) {
     let options = EtcdCoordinatorOptions::default().with_root(root);
-    let reader = EtcdCoordinator::on_etcd_with_options(etcd, options.clone().with_feed_capacity(CAPACITY))
-        .expect("coordinator");
-    let writing = EtcdCoordinator::on_etcd_with_options(&writer.etcd, options).expect("coordinator");
+    let reader =
+        EtcdCoordinator::on_etcd_with_options(etcd, options.clone().with_feed_capacity(CAPACITY))
+            .expect("coordinator");
+    let writing =
+        EtcdCoordinator::on_etcd_with_options(&writer.etcd, options).expect("coordinator");
     (reader, writing)
 }
 

@@ -126,7 +126,9 @@ fn four_handles_with_four_threads_each_on_one_stream_never_fail() {
     const EACH: usize = 25;
     let server = common::start_etcd();
     let coordinators: Vec<EtcdCoordinator> = (0..HANDLES)
-        .map(|_| EtcdCoordinator::on_etcd(&common::connect(&server.endpoint())).expect("coordinator"))
+        .map(|_| {
+            EtcdCoordinator::on_etcd(&common::connect(&server.endpoint())).expect("coordinator")
+        })
         .collect();
     let ids: Vec<u64> = on_threads(HANDLES * THREADS, |w| {
         let coordinator = &coordinators[w % HANDLES];

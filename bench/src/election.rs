@@ -233,9 +233,7 @@ fn hand_over_samples(cfg: &Config, n: usize) -> Res<Vec<Duration>> {
 /// hand-over as the election rows, the nearest operation etcd serves.
 pub fn semaphore(cfg: &Config) -> Res<Vec<Row>> {
     let n = cfg.samples(100, 5);
-    let options = ElectionOptions::default()
-        .with_prefix(fleetcoord::DEFAULT_SEMAPHORE_PREFIX)
-        .with_ttl(Duration::from_secs(10));
+    let options = fleetcoord::LockOptions::default().with_ttl(Duration::from_secs(10));
     let connect = || Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default());
     let (ea, eb, ec) = (connect()?, connect()?, connect()?);
     let a = Semaphore::with_options(&ea, "bench-semaphore", 2, options.clone())?;

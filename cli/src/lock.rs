@@ -7,9 +7,7 @@ use crate::gated::{self, Ended, GateArgs};
 use crate::output::event;
 use crate::{duration, CliError, Ctx};
 use crossbeam_channel::{select, Receiver};
-use fleetcoord::{
-    ElectionOptions, LivenessState, Mutex, Semaphore, DEFAULT_LOCK_PREFIX, DEFAULT_SEMAPHORE_PREFIX,
-};
+use fleetcoord::{LivenessState, LockOptions, Mutex, Semaphore};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,13 +75,10 @@ impl Locker {
 
 pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
     let name = args.name;
-    let default_prefix = match args.permits {
-        Some(_) => DEFAULT_SEMAPHORE_PREFIX,
-        None => DEFAULT_LOCK_PREFIX,
-    };
-    let options = ElectionOptions::default()
-        .with_prefix(args.prefix.unwrap_or_else(|| default_prefix.to_string()))
-        .with_ttl(args.ttl);
+    let mut options = LockOptions::default().with_ttl(args.ttl);
+    if let Some(prefix) = args.prefix {
+        options = options.with_prefix(prefix);
+    }
     let trusted = options.trusted_lifetime();
     let mutex = Arc::new(match args.permits {
         Some(permits) => {

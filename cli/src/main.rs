@@ -331,8 +331,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
     };
     if let Some(bus::Backend::Other { name, url }) = backend {
         let settings = cli.backend.settings(|name| std::env::var(name).ok())?;
-        let coord = fleetcoord::coordinator::connect_with(&name, url.as_deref(), &settings)
-            .map_err(|e| {
+        let coord =
+            fleetcoord::coordinator::connect(&name, url.as_deref(), &settings).map_err(|e| {
                 let at = url.as_deref().unwrap_or("its default URL");
                 let message = format!("cannot use the {name} backend at {at}: {e}");
                 match e {

@@ -92,7 +92,7 @@ fn unreachable_nats_is_a_clear_error() {
     assert_ne!(output.status.code(), Some(0));
     let err = String::from_utf8_lossy(&output.stderr);
     assert!(
-        err.contains("nats at nats://127.0.0.1:1: cannot connect"),
+        err.contains("cannot connect to nats at nats://127.0.0.1:1"),
         "{err}"
     );
 }

@@ -10,6 +10,7 @@ use super::{
 };
 use crate::deadline::deadline_after;
 use crate::driver::{self, rand_seed, FeedItem, MachineHandle, Notify, StopHandle};
+use crate::endpoints::Endpoints;
 use crate::error::{Error, ErrorKind, Result};
 use crate::etcd::{Etcd, EtcdOptions};
 use crate::validate;
@@ -52,6 +53,11 @@ pub struct EtcdCoordinatorOptions {
     /// [`EtcdCoordinator`]. Default 4,096. Memory is taken as items queue
     /// up, not for the whole capacity up front.
     pub feed_capacity: usize,
+    /// How [`EtcdCoordinator::connect`] and [`EtcdCoordinator::with_options`]
+    /// connect to etcd (timeouts, TLS, user). Not used by
+    /// [`EtcdCoordinator::on_etcd_with_options`]: a handle has its own.
+    /// Default [`EtcdOptions::default`].
+    pub etcd_options: EtcdOptions,
 }
 
 impl Default for EtcdCoordinatorOptions {
@@ -60,13 +66,40 @@ impl Default for EtcdCoordinatorOptions {
             root: "/coord".into(),
             stream_max_len: None,
             feed_capacity: crate::coordinator::DEFAULT_FEED_CAPACITY,
+            etcd_options: EtcdOptions::default(),
         }
     }
 }
 
 impl EtcdCoordinatorOptions {
+    /// These options with [`EtcdCoordinatorOptions::etcd_options`] set
+    /// (checked by [`EtcdCoordinator::with_options`]).
+    #[must_use]
+    pub fn with_etcd_options(mut self, etcd_options: EtcdOptions) -> Self {
+        self.etcd_options = etcd_options;
+        self
+    }
+
+    /// Every coordinator setting within its documented range, or the
+    /// first one that is not, named. The connection's are checked by
+    /// [`Etcd::with_options`].
+    fn check(&self) -> Result<()> {
+        let root = &self.root;
+        if !root.starts_with('/') || root.ends_with('/') || root.len() < 2 {
+            return Err(Error::invalid(
+                "root",
+                format!("{root:?} must start with '/' and not end with '/'"),
+            ));
+        }
+        validate::key("root", root)?;
+        if self.stream_max_len == Some(0) {
+            return Err(Error::invalid("stream_max_len", "must be at least 1"));
+        }
+        validate::capacity("feed_capacity", self.feed_capacity)
+    }
+
     /// These options with [`EtcdCoordinatorOptions::root`] set (checked by
-    /// [`EtcdCoordinator::with_options`]).
+    /// [`EtcdCoordinator::on_etcd_with_options`]).
     #[must_use]
     pub fn with_root(mut self, root: impl Into<String>) -> Self {
         self.root = root.into();
@@ -74,7 +107,7 @@ impl EtcdCoordinatorOptions {
     }
 
     /// These options keeping only the newest `max_len` entries of each
-    /// stream (at least 1, checked by [`EtcdCoordinator::with_options`]).
+    /// stream (at least 1, checked by [`EtcdCoordinator::on_etcd_with_options`]).
     #[must_use]
     pub const fn with_stream_max_len(mut self, max_len: u64) -> Self {
         self.stream_max_len = Some(max_len);
@@ -82,7 +115,7 @@ impl EtcdCoordinatorOptions {
     }
 
     /// These options with [`EtcdCoordinatorOptions::feed_capacity`] set
-    /// (checked by [`EtcdCoordinator::with_options`]).
+    /// (checked by [`EtcdCoordinator::on_etcd_with_options`]).
     #[must_use]
     pub const fn with_feed_capacity(mut self, capacity: usize) -> Self {
         self.feed_capacity = capacity;
@@ -180,25 +213,44 @@ const FEED_START_TIMEOUT: Duration = Duration::from_secs(10);
 const APPEND_SLACK: Duration = Duration::from_secs(1);
 
 impl EtcdCoordinator {
-    /// A coordinator on `etcd` with default options.
-    pub fn new(etcd: &Etcd) -> Result<EtcdCoordinator> {
-        Self::with_options(etcd, EtcdCoordinatorOptions::default())
+    /// Connects to etcd at `endpoints` (see [`Endpoints`]) and builds a
+    /// coordinator with default options on its own connection; see
+    /// [`EtcdCoordinator::with_options`].
+    pub fn connect(endpoints: &(impl Endpoints + ?Sized)) -> Result<EtcdCoordinator> {
+        Self::with_options(endpoints, EtcdCoordinatorOptions::default())
     }
 
-    /// A coordinator on `etcd` with explicit options.
-    pub fn with_options(etcd: &Etcd, options: EtcdCoordinatorOptions) -> Result<EtcdCoordinator> {
+    /// Connects to etcd at `endpoints` with
+    /// [`EtcdCoordinatorOptions::etcd_options`] (as
+    /// [`Etcd::with_options`], failing alike) and builds a coordinator with
+    /// `options` on that connection, its own: dropping the coordinator
+    /// closes it.
+    /// The options are checked before anything is dialled.
+    pub fn with_options(
+        endpoints: &(impl Endpoints + ?Sized),
+        options: EtcdCoordinatorOptions,
+    ) -> Result<EtcdCoordinator> {
+        options.check()?;
+        let etcd = Etcd::with_options(endpoints, options.etcd_options.clone())?;
+        Self::on_etcd_with_options(&etcd, options)
+    }
+
+    /// A coordinator with default options on `etcd`, a connection the
+    /// process already has, so it keeps one etcd connection and one
+    /// driver thread. Closing the coordinator does not close `etcd`.
+    pub fn on_etcd(etcd: &Etcd) -> Result<EtcdCoordinator> {
+        Self::on_etcd_with_options(etcd, EtcdCoordinatorOptions::default())
+    }
+
+    /// [`EtcdCoordinator::on_etcd`] with `options`;
+    /// [`EtcdCoordinatorOptions::etcd_options`] is not used (the handle
+    /// has its own).
+    pub fn on_etcd_with_options(
+        etcd: &Etcd,
+        options: EtcdCoordinatorOptions,
+    ) -> Result<EtcdCoordinator> {
+        options.check()?;
         let root = options.root;
-        if !root.starts_with('/') || root.ends_with('/') || root.len() < 2 {
-            return Err(Error::invalid(
-                "root",
-                format!("{root:?} must start with '/' and not end with '/'"),
-            ));
-        }
-        validate::key("root", &root)?;
-        if options.stream_max_len == Some(0) {
-            return Err(Error::invalid("stream_max_len", "must be at least 1"));
-        }
-        validate::capacity("feed_capacity", options.feed_capacity)?;
         Ok(EtcdCoordinator {
             etcd: etcd.clone(),
             stream_max_len: options.stream_max_len,
@@ -250,18 +302,6 @@ impl EtcdCoordinator {
         )?;
         self.lanes.started(lane, Box::new(LaneAppend(machine)));
         Ok(())
-    }
-
-    /// Connect to comma-separated `endpoints` and build a coordinator with
-    /// default options.
-    pub fn connect(endpoints: &str) -> Result<EtcdCoordinator> {
-        let list: Vec<&str> = endpoints
-            .split(',')
-            .map(str::trim)
-            .filter(|e| !e.is_empty())
-            .collect();
-        let etcd = Etcd::with_options(&list, EtcdOptions::default())?;
-        Self::new(&etcd)
     }
 
     fn check_open(&self) -> Result<()> {
@@ -437,7 +477,7 @@ impl Coordinator for EtcdCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
         self.check_open()?;
         check_name("topic", topic)?;
-        check_payload("payload", payload)?;
+        check_payload("etcd", "payload", payload)?;
         self.etcd.request(Request::Put {
             key: self.topic_key(topic),
             value: payload.to_vec(),
@@ -467,7 +507,7 @@ impl Coordinator for EtcdCoordinator {
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
         self.check_open()?;
         check_name("stream", stream)?;
-        check_payload("payload", payload)?;
+        check_payload("etcd", "payload", payload)?;
         let wait = self.append_wait;
         // Appends of this handle to one stream are fed to one machine (see
         // lane.rs), so its threads never race each other for the head.
@@ -568,7 +608,7 @@ impl Coordinator for EtcdCoordinator {
         self.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
-        check_payload("value", value)?;
+        check_payload("etcd", "value", value)?;
         self.etcd.request(Request::Put {
             key: self.kv_key(bucket, key),
             value: value.to_vec(),
@@ -671,6 +711,10 @@ impl Coordinator for EtcdCoordinator {
             ..Capabilities::default()
         }
     }
+
+    fn describe(&self) -> String {
+        format!("etcd at {}", self.etcd.endpoints().join(","))
+    }
 }
 
 impl Drop for EtcdCoordinator {
@@ -684,10 +728,15 @@ mod tests {
     use super::*;
     use fleetcoord_sm::RpcError;
 
-    /// The kind and message of an [`Error::Etcd`].
+    /// The kind and message of an etcd [`Error::Backend`].
     fn etcd_error(error: Error) -> (ErrorKind, String) {
         match error {
-            Error::Etcd { kind, message } => (kind, message),
+            Error::Backend {
+                backend: "etcd",
+                kind,
+                message,
+                ..
+            } => (kind, message),
             other => panic!("expected an etcd error, got {other:?}"),
         }
     }

@@ -1,17 +1,22 @@
 //! Picking a backend from the environment. Coordination is never on the
-//! critical path: whatever goes wrong here degrades to noop with a warning.
+//! critical path: whatever goes wrong in [`from_env`] degrades to a noop
+//! that says why ([`Coordinator::describe`]); [`try_from_env`] returns the
+//! error instead.
 //!
 //! Besides `COORD` and `COORD_URL`, the `COORD_TLS_*` and `COORD_NATS_*`
-//! variables of [`ConnectSettings`] apply.
+//! variables of [`ConnectSettings`] apply, read the same way by every
+//! entry point.
 
-use super::{Coordinator, EtcdCoordinator, MemoryCoordinator, NoopCoordinator};
+use super::{
+    Coordinator, EtcdCoordinator, EtcdCoordinatorOptions, MemoryCoordinator, NoopCoordinator,
+};
 use crate::error::{Error, Result};
 use crate::etcd::{Etcd, EtcdOptions};
 use crate::tls::Tls;
 use std::path::PathBuf;
 
 /// What a connection needs besides the backend's name and URL, applied by
-/// [`connect_with`] to whichever backend it connects: TLS, and for NATS a
+/// [`connect`] to whichever backend it connects: TLS, and for NATS a
 /// login. Holds file paths, never a secret, so `Debug` shows no key or
 /// seed.
 ///
@@ -156,53 +161,66 @@ impl ConnectSettings {
     }
 }
 
-/// The backend named by `COORD` (`memory`, `noop`, `etcd`, `nats`, `redis`;
-/// case-insensitive), connected to `COORD_URL` where it needs one, with
-/// the `COORD_TLS_*` and `COORD_NATS_*` variables (see [`ConnectSettings`]).
+/// Where the etcd backend connects when `COORD_URL` is unset (and where
+/// the CLI's `--endpoints` points by default): the local member.
+pub const DEFAULT_ETCD_ENDPOINT: &str = "127.0.0.1:2379";
+
+/// The backend the environment names, or the error that kept it from
+/// being used; never a fallback.
 ///
-/// Unset or empty `COORD` gives [`MemoryCoordinator`], the embedded default.
-/// An unknown value, a backend not built into this binary, unusable
-/// `COORD_TLS_*` settings, or a failed connection logs a warning through
-/// `log` and gives [`NoopCoordinator`].
-/// Explicit construction always wins: call a backend's constructor to get an
-/// error instead of a fallback.
+/// `COORD` names the backend (`etcd`, `nats`, `redis`, `memory`, `noop`;
+/// case-insensitive); **unset or blank means `etcd`**, the same default as
+/// the CLI: fleetcoord coordinates processes across hosts, which an
+/// in-process memory bus cannot. `COORD_URL` is the backend's
+/// comma-separated server list (unset: its local default, e.g.
+/// [`DEFAULT_ETCD_ENDPOINT`]); the `COORD_TLS_*` and `COORD_NATS_*`
+/// variables are read by [`ConnectSettings::from_vars`] for every backend.
+///
+/// Fails with [`Error::InvalidArgument`] for an unknown `COORD` or
+/// unusable `COORD_TLS_*`/`COORD_NATS_*` settings, [`Error::Unsupported`]
+/// for a backend whose cargo feature is off, and the backend's error
+/// ([`Error::Connect`], ...) when connecting fails.
+pub fn try_from_env() -> Result<Box<dyn Coordinator>> {
+    try_from_vars(env_var, None)
+}
+
+/// [`try_from_env`], falling back to a [`NoopCoordinator`] instead of
+/// failing: coordination is never on the critical path, so an outage of
+/// the bus never stops (or stalls past the connect timeout) the caller.
+/// The fallback is not silent: it logs one warning through `log`, and,
+/// with no logger installed, still says what it is and why —
+/// [`Coordinator::describe`] reads `noop (fallback: <the error>)` and
+/// [`NoopCoordinator::fallback_reason`] returns the error's text.
+///
+/// ```
+/// use fleetcoord::coordinator::from_vars;
+///
+/// // Nothing listens on port 1.
+/// let vars = |name: &str| match name {
+///     "COORD" => Some("etcd".to_string()),
+///     "COORD_URL" => Some("127.0.0.1:1".to_string()),
+///     _ => None,
+/// };
+/// let coord = from_vars(vars, None);
+/// assert!(coord.describe().starts_with("noop (fallback: cannot connect to etcd at http://127.0.0.1:1"));
+/// coord.kv_set("config", "mode", b"on")?; // accepted, goes nowhere
+/// # Ok::<(), fleetcoord::Error>(())
+/// ```
 pub fn from_env() -> Box<dyn Coordinator> {
-    from_lookup(|name| std::env::var(name).ok())
+    from_vars(env_var, None)
 }
 
-/// [`from_env`] with every variable (`COORD`, `COORD_URL`, `COORD_TLS_*`)
-/// looked up through `var` instead of the environment, for tests and for
-/// configuration that does not come from the environment.
-pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Box<dyn Coordinator> {
-    let coord = var("COORD");
-    let url = var("COORD_URL");
-    let name = coord.as_deref().map(str::trim).unwrap_or("");
-    if name.is_empty() {
-        return Box::new(MemoryCoordinator::new());
-    }
-    match ConnectSettings::from_vars(&var) {
-        Ok(settings) => pick(coord.as_deref(), url.as_deref(), None, &settings),
-        Err(e) => {
-            let name = name.to_ascii_lowercase();
-            log::warn!("COORD={name}: {e}; coordination is disabled (noop)");
-            Box::new(NoopCoordinator::new())
-        }
-    }
-}
-
-/// [`from_env`] with the two variables given as arguments (`coord` =
-/// `COORD`, `url` = `COORD_URL`), for tests and for configuration that does
-/// not come from the environment.
-pub fn from_env_vars(coord: Option<&str>, url: Option<&str>) -> Box<dyn Coordinator> {
-    pick(coord, url, None, &ConnectSettings::default())
-}
-
-/// [`from_env`] for a process that already has an [`Etcd`] handle: with
-/// `COORD=etcd` the coordinator is an [`EtcdCoordinator`] on `etcd` (default
-/// options), so the process keeps one etcd connection and one driver
-/// thread. `COORD_URL` is then not used at all — the handle's own endpoints
-/// apply — and no connection attempt can fail. Every other `COORD` value
-/// behaves exactly as in [`from_env`], `COORD_URL` included.
+/// [`try_from_env`] with every variable looked up through `var` instead of
+/// the environment (`std::env::var(name).ok()` is the environment), for
+/// tests and for configuration that does not come from the environment;
+/// and, with `etcd`, for a process that already has an [`Etcd`] handle:
+/// the etcd backend (`COORD=etcd` or unset) is then an [`EtcdCoordinator`]
+/// on that handle, so the process keeps one etcd connection and one driver
+/// thread. `COORD_URL` is then not used for etcd, nor is the TLS the
+/// variables describe (the handle has its own; the variables are still
+/// read and checked, as by every entry point, so a broken setting is
+/// reported whichever backend runs), and no connection attempt can fail;
+/// every other backend behaves exactly as without a handle.
 ///
 /// The coordinator holds a clone of `etcd`, so the connection stays up
 /// while either is in use; closing the coordinator does not close `etcd`.
@@ -210,99 +228,88 @@ pub fn from_env_vars(coord: Option<&str>, url: Option<&str>) -> Box<dyn Coordina
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let server = fleetcoord::testing::EtcdServer::start()?;
-/// use fleetcoord::coordinator::from_env_with_etcd;
-/// use fleetcoord::{Etcd, EtcdOptions};
+/// use fleetcoord::coordinator::try_from_vars;
+/// use fleetcoord::Etcd;
 ///
-/// let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default())?;
-/// let coord = from_env_with_etcd(&etcd); // COORD=etcd: shares `etcd`
+/// let etcd = Etcd::connect(&server.endpoint())?;
+/// // COORD unset: etcd, here on the handle the process already has.
+/// let coord = try_from_vars(|name| std::env::var(name).ok(), Some(&etcd))?;
 /// coord.kv_set("config", "rollout", b"50%")?;
 /// # Ok(()) }
 /// ```
-pub fn from_env_with_etcd(etcd: &Etcd) -> Box<dyn Coordinator> {
-    let var = |name: &str| std::env::var(name).ok();
-    let coord = var("COORD");
-    let url = var("COORD_URL");
-    let name = coord.as_deref().map(str::trim).unwrap_or("");
-    let etcd_named = name.eq_ignore_ascii_case("etcd");
-    // The shared handle has its own TLS; COORD_TLS_* is for connecting.
-    let settings = if name.is_empty() || etcd_named {
-        Ok(ConnectSettings::default())
-    } else {
-        ConnectSettings::from_vars(var)
-    };
-    match settings {
-        Ok(settings) => pick(coord.as_deref(), url.as_deref(), Some(etcd), &settings),
-        Err(e) => {
-            let name = name.to_ascii_lowercase();
-            log::warn!("COORD={name}: {e}; coordination is disabled (noop)");
-            Box::new(NoopCoordinator::new())
-        }
+pub fn try_from_vars(
+    var: impl Fn(&str) -> Option<String>,
+    etcd: Option<&Etcd>,
+) -> Result<Box<dyn Coordinator>> {
+    let nonblank = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+    let backend = nonblank("COORD").unwrap_or_else(|| "etcd".into());
+    let url = nonblank("COORD_URL");
+    let settings = ConnectSettings::from_vars(&var)?;
+    let backend = backend.trim().to_ascii_lowercase();
+    match (backend.as_str(), etcd) {
+        ("etcd", Some(etcd)) => Ok(Box::new(EtcdCoordinator::on_etcd(etcd)?)),
+        _ => connect(&backend, url.as_deref(), &settings),
     }
 }
 
-/// [`from_env_with_etcd`] with the two variables given as arguments
-/// (`coord` = `COORD`, `url` = `COORD_URL`; `url` is not used when `coord`
-/// names etcd). No TLS: [`from_env_with_etcd`] reads `COORD_TLS_*`.
-pub fn from_env_vars_with_etcd(
-    coord: Option<&str>,
-    url: Option<&str>,
-    etcd: &Etcd,
-) -> Box<dyn Coordinator> {
-    pick(coord, url, Some(etcd), &ConnectSettings::default())
-}
-
-/// The one selection every entry point shares; `etcd`, when given, replaces
-/// connecting to `url` for the etcd backend.
-fn pick(
-    coord: Option<&str>,
-    url: Option<&str>,
+/// [`try_from_vars`], falling back to a self-describing
+/// [`NoopCoordinator`] as [`from_env`] does.
+pub fn from_vars(
+    var: impl Fn(&str) -> Option<String>,
     etcd: Option<&Etcd>,
-    settings: &ConnectSettings,
 ) -> Box<dyn Coordinator> {
-    let name = coord.map(str::trim).unwrap_or("").to_ascii_lowercase();
-    let connected = match (name.as_str(), etcd) {
-        ("", _) => return Box::new(MemoryCoordinator::new()),
-        ("etcd", Some(etcd)) => {
-            EtcdCoordinator::on_etcd(etcd).map(|c| Box::new(c) as Box<dyn Coordinator>)
-        }
-        _ => connect_with(&name, url, settings),
-    };
-    match connected {
+    let url = var("COORD_URL").filter(|v| !v.trim().is_empty());
+    let backend = var("COORD").filter(|v| !v.trim().is_empty());
+    match try_from_vars(&var, etcd) {
         Ok(coordinator) => coordinator,
         Err(e) => {
-            let url = url.map(str::trim).filter(|u| !u.is_empty());
-            let at = url.map(|u| format!(" at {u}")).unwrap_or_default();
-            log::warn!("COORD={name}{at}: {e}; coordination is disabled (noop)");
-            Box::new(NoopCoordinator::new())
+            let reason = fallback_reason(backend.as_deref(), url.as_deref(), &e);
+            log::warn!("coordination is disabled (noop): {reason}");
+            Box::new(NoopCoordinator::fallback(reason))
         }
     }
+}
+
+/// Why the environment's backend could not be used, in one line that
+/// names `COORD` and the URL once: the error's own text when it names the
+/// URL already (a failed connect does), else with `COORD_URL` added.
+fn fallback_reason(backend: Option<&str>, url: Option<&str>, e: &Error) -> String {
+    let text = e.to_string();
+    let named = match backend {
+        Some(b) => format!("COORD={}", b.trim().to_ascii_lowercase()),
+        None => "COORD unset (etcd)".to_string(),
+    };
+    match url.map(str::trim) {
+        Some(url) if !text.contains(url) => format!("{text} ({named}, COORD_URL={url})"),
+        _ => format!("{text} ({named})"),
+    }
+}
+
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok()
 }
 
 /// Connects the backend named `backend` (`memory`, `noop`, `etcd`, `nats`,
 /// `redis`; case-insensitive) to `url`, the backend's comma-separated
 /// server list (`None` or blank: the backend's local default, e.g.
-/// `127.0.0.1:2379` for etcd). Unlike [`from_env`] it never falls back:
-/// an unknown name is [`Error::InvalidArgument`], a backend whose cargo
-/// feature is off [`Error::Unsupported`], and a failed connection the
-/// backend's error. No TLS: see [`connect_with`].
+/// [`DEFAULT_ETCD_ENDPOINT`] for etcd), with `settings` (TLS, a NATS login;
+/// `memory` and `noop` ignore them). Never falls back: an unknown name is
+/// [`Error::InvalidArgument`], a backend whose cargo feature is off
+/// [`Error::Unsupported`], and a failed connection the backend's error.
+/// With [`ConnectSettings::tls`] the connection is TLS, the servers'
+/// certificates are verified against its CA bundle (and name), and its
+/// client certificate, if any, is presented. What the CLI's
+/// `--coord`/`--coord-url`/`--coord-tls-*` use.
 ///
 /// ```
-/// let coord = fleetcoord::coordinator::connect("memory", None)?;
+/// use fleetcoord::coordinator::{connect, ConnectSettings};
+///
+/// let coord = connect("memory", None, &ConnectSettings::default())?;
 /// coord.kv_set("config", "mode", b"on")?;
-/// assert!(fleetcoord::coordinator::connect("carrier-pigeon", None).is_err());
+/// assert!(connect("carrier-pigeon", None, &ConnectSettings::default()).is_err());
 /// # Ok::<(), fleetcoord::Error>(())
 /// ```
-pub fn connect(backend: &str, url: Option<&str>) -> Result<Box<dyn Coordinator>> {
-    connect_with(backend, url, &ConnectSettings::default())
-}
-
-/// [`connect`] with `settings` applied to the backend: with
-/// [`ConnectSettings::tls`] the connection is TLS, the servers'
-/// certificates are verified against its CA bundle (and name), and its
-/// client certificate, if any, is presented. The backends `memory` and
-/// `noop` ignore the settings. What the CLI's
-/// `--coord`/`--coord-url`/`--coord-tls-*` use.
-pub fn connect_with(
+pub fn connect(
     backend: &str,
     url: Option<&str>,
     settings: &ConnectSettings,
@@ -316,31 +323,27 @@ pub fn connect_with(
         "redis" => connect_redis(url, settings.tls.clone()),
         other => Err(Error::invalid(
             "coordinator backend",
-            format!("{other:?} is not one of memory, noop, etcd, nats, redis"),
+            format!("{other:?} is not one of etcd, nats, redis, memory, noop"),
         )),
     }
 }
 
 fn connect_etcd(url: Option<&str>, settings: &ConnectSettings) -> Result<Box<dyn Coordinator>> {
-    let Some(tls) = &settings.tls else {
-        return Ok(Box::new(EtcdCoordinator::connect(
-            url.unwrap_or("127.0.0.1:2379"),
-        )?));
-    };
-    let endpoints: Vec<&str> = url
-        .unwrap_or("127.0.0.1:2379")
-        .split(',')
-        .map(str::trim)
-        .filter(|e| !e.is_empty())
-        .collect();
-    let etcd = Etcd::with_options(&endpoints, EtcdOptions::default().with_tls(tls.clone()))?;
-    Ok(Box::new(EtcdCoordinator::on_etcd(&etcd)?))
+    let mut etcd_options = EtcdOptions::default();
+    if let Some(tls) = &settings.tls {
+        etcd_options = etcd_options.with_tls(tls.clone());
+    }
+    let options = EtcdCoordinatorOptions::default().with_etcd_options(etcd_options);
+    Ok(Box::new(EtcdCoordinator::with_options(
+        url.unwrap_or(DEFAULT_ETCD_ENDPOINT),
+        options,
+    )?))
 }
 
 #[cfg(feature = "nats")]
 fn connect_nats(url: Option<&str>, settings: &ConnectSettings) -> Result<Box<dyn Coordinator>> {
-    let mut options =
-        super::NatsOptions::default().with_urls(url.unwrap_or(super::nats::DEFAULT_URL));
+    let urls = url.unwrap_or(super::nats::DEFAULT_URL);
+    let mut options = super::NatsOptions::default();
     if let Some(tls) = &settings.tls {
         options = options.with_tls(tls.clone());
     }
@@ -365,7 +368,9 @@ fn connect_nats(url: Option<&str>, settings: &ConnectSettings) -> Result<Box<dyn
         };
         options = options.with_nkey(seed);
     }
-    Ok(Box::new(super::NatsCoordinator::with_options(options)?))
+    Ok(Box::new(super::NatsCoordinator::with_options(
+        urls, options,
+    )?))
 }
 
 #[cfg(not(feature = "nats"))]
@@ -400,17 +405,6 @@ fn connect_redis(_: Option<&str>, _: Option<crate::Tls>) -> Result<Box<dyn Coord
 mod tests {
     use super::*;
 
-    #[test]
-    fn picks_by_name() {
-        assert!(from_env_vars(None, None).capabilities().delivers);
-        assert!(
-            from_env_vars(Some(" Memory "), None)
-                .capabilities()
-                .delivers
-        );
-        assert!(!from_env_vars(Some("noop"), None).capabilities().delivers);
-    }
-
     fn vars<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |name| {
             pairs
@@ -418,6 +412,20 @@ mod tests {
                 .find(|(n, _)| *n == name)
                 .map(|(_, v)| v.to_string())
         }
+    }
+
+    #[test]
+    fn picks_by_name() {
+        let delivers = |pairs: &[(&str, &str)]| {
+            try_from_vars(vars(pairs), None)
+                .unwrap()
+                .capabilities()
+                .delivers
+        };
+        assert!(delivers(&[("COORD", " Memory ")]));
+        assert!(!delivers(&[("COORD", "noop")]));
+        let memory = try_from_vars(vars(&[("COORD", "memory")]), None).unwrap();
+        assert_eq!(memory.describe(), "memory");
     }
 
     #[test]
@@ -509,26 +517,66 @@ mod tests {
     }
 
     #[test]
-    fn bad_tls_variables_fall_back_to_noop_even_for_memory() {
+    fn bad_tls_variables_are_an_error_or_a_noop_even_for_memory() {
         let bad = [("COORD", "etcd"), ("COORD_TLS_CERT", "c.pem")];
-        assert!(!from_lookup(vars(&bad)).capabilities().delivers);
+        assert!(matches!(
+            try_from_vars(vars(&bad), None),
+            Err(Error::InvalidArgument {
+                what: "COORD_TLS_CA",
+                ..
+            })
+        ));
+        assert!(!from_vars(vars(&bad), None).capabilities().delivers);
         let memory = [("COORD", "memory"), ("COORD_TLS_CA", "/nonexistent/ca.pem")];
         // Reading the settings fails, so even memory is noop: the operator
         // asked for TLS and must not get a silently different setup.
-        assert!(!from_lookup(vars(&memory)).capabilities().delivers);
+        let fallback = from_vars(vars(&memory), None);
+        assert!(!fallback.capabilities().delivers);
         assert!(
-            from_lookup(vars(&[("COORD_TLS_CA", "/x")]))
+            fallback.describe().contains("/nonexistent/ca.pem"),
+            "{}",
+            fallback.describe()
+        );
+        assert!(
+            from_vars(vars(&[("COORD", "memory"), ("COORD_TLS_CA", " ")]), None)
                 .capabilities()
                 .delivers
         );
     }
 
+    /// No logger is installed in this test binary's lib tests: what the
+    /// fallback is and why is readable from the coordinator itself.
     #[test]
-    fn unknown_and_unavailable_fall_back_to_noop() {
+    fn unknown_and_unavailable_fall_back_to_a_noop_that_says_why() {
         for name in ["bogus", "etcd", "nats", "redis"] {
-            let c = from_env_vars(Some(name), Some("http://127.0.0.1:1"));
+            let url = "127.0.0.1:1";
+            let pairs = [("COORD", name), ("COORD_URL", url)];
+            let err = try_from_vars(vars(&pairs), None)
+                .map(|c| c.describe())
+                .unwrap_err();
+            let c = from_vars(vars(&pairs), None);
             assert!(!c.capabilities().delivers, "{name}");
             assert!(c.ping().is_ok(), "{name}");
+            let described = c.describe();
+            assert!(
+                described.starts_with("noop (fallback: ") && described.contains(&err.to_string()),
+                "{name}: {described}"
+            );
+            // The URL once, whether or not the error names it.
+            assert_eq!(described.matches(url).count(), 1, "{described}");
         }
+    }
+
+    #[test]
+    fn unset_coord_means_etcd() {
+        match try_from_vars(vars(&[("COORD_URL", "127.0.0.1:1")]), None) {
+            Err(Error::Connect {
+                backend: "etcd", ..
+            }) => {}
+            other => panic!("{:?}", other.map(|c| c.describe())),
+        }
+        let described =
+            from_vars(vars(&[("COORD", " "), ("COORD_URL", "127.0.0.1:1")]), None).describe();
+        assert!(described.contains("COORD unset (etcd)"), "{described}");
     }
 }

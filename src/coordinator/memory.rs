@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::{DEFAULT_FEED_CAPACITY, MIN_FEED_CAPACITY};
+use super::DEFAULT_FEED_CAPACITY;
 
 /// How long the catch-up thread waits between rounds: [`CATCH_UP_FAST`]
 /// after a round in which a consumer had read enough to be sent more (it
@@ -459,33 +459,6 @@ impl MemoryCoordinator {
         Ok(coord)
     }
 
-    /// A new, empty hub whose streams keep only their newest `max_len`
-    /// entries (at least 1). Readers asking for a trimmed position start at
-    /// the oldest retained entry.
-    #[deprecated(
-        note = "use `MemoryCoordinator::with_options(MemoryOptions::default().with_stream_max_len(n))`, which refuses 0 instead of clamping it"
-    )]
-    pub fn with_stream_max_len(max_len: usize) -> Self {
-        Self::with_hub(Some(max_len.max(1)))
-    }
-
-    /// This handle, with the capacity of every feed opened afterwards
-    /// through any handle onto its hub set to `capacity`, clamped to 2 ..=
-    /// 1,048,576 (channels are allocated up front; the same bounds as
-    /// [`EtcdCoordinatorOptions::feed_capacity`](super::EtcdCoordinatorOptions::feed_capacity)),
-    /// default 4,096. See "Slow consumers" above.
-    #[must_use]
-    #[deprecated(
-        note = "use `MemoryCoordinator::with_options(MemoryOptions::default().with_feed_capacity(n))`, which refuses what this clamps"
-    )]
-    pub fn with_feed_capacity(self, capacity: usize) -> Self {
-        self.hub.feed_capacity.store(
-            capacity.clamp(MIN_FEED_CAPACITY, crate::validate::MAX_CAPACITY),
-            Ordering::Relaxed,
-        );
-        self
-    }
-
     /// The capacity of feeds opened from now on.
     pub fn feed_capacity(&self) -> usize {
         self.hub.feed_capacity.load(Ordering::Relaxed)
@@ -658,7 +631,7 @@ impl Coordinator for MemoryCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
         self.check_open()?;
         check_name("topic", topic)?;
-        check_payload("payload", payload)?;
+        check_payload("memory", "payload", payload)?;
         let mut state = self.lock()?;
         let Some(subs) = state.topics.get_mut(topic) else {
             return Ok(());
@@ -691,7 +664,7 @@ impl Coordinator for MemoryCoordinator {
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
         self.check_open()?;
         check_name("stream", stream)?;
-        check_payload("payload", payload)?;
+        check_payload("memory", "payload", payload)?;
         let mut state = self.lock()?;
         let s = state.streams.entry(stream.to_owned()).or_default();
         s.head += 1;
@@ -744,7 +717,7 @@ impl Coordinator for MemoryCoordinator {
         self.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
-        check_payload("value", value)?;
+        check_payload("memory", "value", value)?;
         let mut state = self.lock()?;
         let b = state.buckets.entry(bucket.to_owned()).or_default();
         b.entries.insert(key.to_owned(), value.to_vec());
@@ -827,6 +800,10 @@ impl Coordinator for MemoryCoordinator {
             delivers: true,
             stream_max_len: self.hub.stream_max_len.map(|n| n as u64),
         }
+    }
+
+    fn describe(&self) -> String {
+        "memory".to_string()
     }
 }
 
@@ -935,32 +912,35 @@ mod tests {
     }
 
     #[test]
-    #[allow(deprecated)] // the clamping builder, kept for compatibility
-    fn capacity_is_at_least_two_and_applies_to_new_feeds() {
+    fn capacity_is_the_hubs_and_applies_to_its_feeds() {
         let c = MemoryCoordinator::new();
         assert_eq!(c.feed_capacity(), DEFAULT_FEED_CAPACITY);
-        let old = c.subscribe("t").unwrap();
-        let c = c.with_feed_capacity(0);
-        assert_eq!(c.feed_capacity(), MIN_FEED_CAPACITY);
-        let other = c.clone().with_feed_capacity(8);
-        assert_eq!(c.feed_capacity(), 8, "the capacity is the hub's");
-        let new = other.subscribe("t").unwrap();
-        assert_eq!(old.receiver().capacity(), Some(DEFAULT_FEED_CAPACITY));
-        assert_eq!(new.receiver().capacity(), Some(8));
+        let default = c.subscribe("t").unwrap();
+        assert_eq!(default.receiver().capacity(), Some(DEFAULT_FEED_CAPACITY));
+        let c = capped(8);
+        let other = c.clone();
+        assert_eq!(other.feed_capacity(), 8, "the capacity is the hub's");
+        let sub = other.subscribe("t").unwrap();
+        assert_eq!(sub.receiver().capacity(), Some(8));
     }
 
     /// crossbeam allocates a bounded channel's slots up front: a capacity
-    /// of `usize::MAX` used to abort the process at the next subscribe.
+    /// of `usize::MAX` used to abort the process at the next subscribe, and
+    /// below 2 the half-read resume rule has no room. Both are refused.
     #[test]
-    #[allow(deprecated)] // the clamping builder, kept for compatibility
-    fn capacity_is_at_most_the_library_wide_maximum() {
-        let c = MemoryCoordinator::new().with_feed_capacity(usize::MAX);
+    fn capacity_outside_the_library_wide_bounds_is_refused() {
+        for capacity in [0, 1, crate::validate::MAX_CAPACITY + 1, usize::MAX] {
+            let options = MemoryOptions::default().with_feed_capacity(capacity);
+            match MemoryCoordinator::with_options(options) {
+                Err(Error::InvalidArgument {
+                    what: "feed_capacity",
+                    ..
+                }) => {}
+                other => panic!("{capacity}: {other:?}"),
+            }
+        }
+        let c = capped(crate::validate::MAX_CAPACITY);
         assert_eq!(c.feed_capacity(), crate::validate::MAX_CAPACITY);
-        let sub = c.subscribe("t").unwrap();
-        assert_eq!(
-            sub.receiver().capacity(),
-            Some(crate::validate::MAX_CAPACITY)
-        );
     }
 
     #[test]

@@ -18,9 +18,12 @@
 //! backend, with the `redis` feature `RedisCoordinator` (standalone Redis
 //! or Redis Cluster, see the `redis` module), and with the `nats` feature
 //! `NatsCoordinator` on NATS JetStream (see the `nats` module).
-//! [`from_env`] picks one from the `COORD` environment variable;
-//! [`from_env_with_etcd`] does the same but puts the etcd backend on an
-//! [`Etcd`](crate::Etcd) handle the process already has.
+//! [`from_env`] picks one from the `COORD` environment variable (unset:
+//! etcd), falling back to a noop that says why ([`Coordinator::describe`]);
+//! [`try_from_env`] returns the error instead; [`from_vars`] and
+//! [`try_from_vars`] take the variables from a lookup function and can put
+//! the etcd backend on an [`Etcd`](crate::Etcd) handle the process already
+//! has.
 //! Every backend passes the public `conformance` suite (feature `conformance`,
 //! implied by `testing`), which third-party
 //! backends can run from their own tests.
@@ -118,8 +121,8 @@ pub const MIN_FEED_CAPACITY: usize = 2;
 /// are allocated up front).
 pub const MAX_FEED_CAPACITY: usize = crate::validate::MAX_CAPACITY;
 pub use from_env::{
-    connect, connect_with, from_env, from_env_vars, from_env_vars_with_etcd, from_env_with_etcd,
-    from_lookup, ConnectSettings,
+    connect, from_env, from_vars, try_from_env, try_from_vars, ConnectSettings,
+    DEFAULT_ETCD_ENDPOINT,
 };
 pub use memory::{MemoryCoordinator, MemoryOptions};
 #[cfg(feature = "nats")]
@@ -208,6 +211,15 @@ pub trait Coordinator: Send + Sync {
     /// cases a backend declares it does not support.
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
+    }
+
+    /// What this coordinator is, in one line for people and logs: the
+    /// backend and its servers (`etcd at http://127.0.0.1:2379`,
+    /// `memory`), and for a noop that [`from_env`] fell back to, why:
+    /// `noop (fallback: <the error>)`. Never a secret (URLs are shown
+    /// without passwords). The default is the type's name.
+    fn describe(&self) -> String {
+        std::any::type_name::<Self>().to_string()
     }
 }
 
@@ -373,9 +385,29 @@ pub(crate) fn check_key(key: &str) -> Result<()> {
     crate::validate::segment("key", key)
 }
 
-/// Checks a payload (`what` = `"payload"`) or a KV value (`"value"`).
-pub(crate) fn check_payload(what: &'static str, payload: &[u8]) -> Result<()> {
-    crate::validate::payload(what, payload)
+/// Checks a payload (`what` = `"payload"`) or a KV value (`"value"`)
+/// for `backend`, whose limit the error names: [`MAX_PAYLOAD`] on every
+/// backend, so that a payload one accepts works on all; etcd's says why
+/// (its request limit).
+pub(crate) fn check_payload(
+    backend: &'static str,
+    what: &'static str,
+    payload: &[u8],
+) -> Result<()> {
+    if backend == "etcd" {
+        return crate::validate::payload(what, payload);
+    }
+    if payload.len() > MAX_PAYLOAD {
+        return Err(Error::invalid(
+            what,
+            format!(
+                "is {} bytes; the {backend} backend accepts at most {MAX_PAYLOAD} bytes \
+                 (the limit of every fleetcoord backend, so a payload works on any)",
+                payload.len()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -394,6 +426,27 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn payload_errors_name_the_backends_own_limit() {
+        let big = vec![0; MAX_PAYLOAD + 1];
+        for backend in ["memory", "redis", "nats", "noop"] {
+            let why = check_payload(backend, "payload", &big)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                why.contains(&format!(
+                    "the {backend} backend accepts at most {MAX_PAYLOAD}"
+                )) && !why.contains("etcd"),
+                "{why}"
+            );
+            assert!(check_payload(backend, "value", &big[1..]).is_ok());
+        }
+        let why = check_payload("etcd", "payload", &big)
+            .unwrap_err()
+            .to_string();
+        assert!(why.contains("etcd caps requests at 1.5 MiB"), "{why}");
     }
 
     #[test]

@@ -27,9 +27,15 @@ use std::sync::{Arc, Weak};
 ///   [`Error::Closed`].
 ///
 /// Input is validated exactly as by the other backends.
+///
+/// A noop that [`from_env`](super::from_env) fell back to is not silent
+/// about it: [`NoopCoordinator::fallback_reason`] and
+/// [`Coordinator::describe`] say why it is there.
 #[derive(Debug, Default)]
 pub struct NoopCoordinator {
     inner: Arc<Mutex<Inner>>,
+    /// Why this noop stands in for the backend that was asked for.
+    fallback: Option<String>,
 }
 
 #[derive(Default)]
@@ -50,9 +56,27 @@ impl std::fmt::Debug for Inner {
 }
 
 impl NoopCoordinator {
-    /// A new, open noop coordinator.
+    /// A new, open noop coordinator, switched off on purpose.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A noop standing in for a backend that could not be used, because
+    /// of `reason` (one line, e.g. the connect error): [`describe`]
+    /// reads `noop (fallback: <reason>)`.
+    ///
+    /// [`describe`]: Coordinator::describe
+    pub fn fallback(reason: impl Into<String>) -> Self {
+        NoopCoordinator {
+            fallback: Some(reason.into()),
+            ..Self::default()
+        }
+    }
+
+    /// Why this noop stands in for another backend; `None` for a noop
+    /// asked for as such ([`NoopCoordinator::new`], `COORD=noop`).
+    pub fn fallback_reason(&self) -> Option<&str> {
+        self.fallback.as_deref()
     }
 
     fn check_open(&self) -> Result<()> {
@@ -87,7 +111,7 @@ impl Coordinator for NoopCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
         self.check_open()?;
         check_name("topic", topic)?;
-        check_payload("payload", payload)
+        check_payload("noop", "payload", payload)
     }
 
     fn subscribe(&self, topic: &str) -> Result<Subscription> {
@@ -99,7 +123,7 @@ impl Coordinator for NoopCoordinator {
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
         self.check_open()?;
         check_name("stream", stream)?;
-        check_payload("payload", payload)?;
+        check_payload("noop", "payload", payload)?;
         // Process-wide, so handles from one factory never hand out the same
         // ID, as handles onto one real stream would not.
         static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -116,7 +140,7 @@ impl Coordinator for NoopCoordinator {
         self.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
-        check_payload("value", value)
+        check_payload("noop", "value", value)
     }
 
     fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
@@ -160,6 +184,13 @@ impl Coordinator for NoopCoordinator {
             ..Capabilities::default()
         }
     }
+
+    fn describe(&self) -> String {
+        match &self.fallback {
+            Some(reason) => format!("noop (fallback: {reason})"),
+            None => "noop".to_string(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -198,6 +229,28 @@ mod tests {
         let c = NoopCoordinator::new();
         let r = c.read_stream("s", StreamPosition::Start).unwrap();
         assert_eq!(r.receiver().capacity(), Some(0));
+    }
+
+    #[test]
+    fn a_fallback_says_what_it_is_and_why() {
+        assert_eq!(NoopCoordinator::new().describe(), "noop");
+        assert_eq!(NoopCoordinator::new().fallback_reason(), None);
+        let c = NoopCoordinator::fallback("cannot connect to etcd at http://127.0.0.1:1");
+        assert_eq!(
+            c.describe(),
+            "noop (fallback: cannot connect to etcd at http://127.0.0.1:1)"
+        );
+        assert_eq!(
+            c.fallback_reason(),
+            Some("cannot connect to etcd at http://127.0.0.1:1")
+        );
+        // Still a working noop.
+        c.kv_set("b", "k", b"v").unwrap();
+        c.close().unwrap();
+        assert_eq!(
+            c.describe(),
+            "noop (fallback: cannot connect to etcd at http://127.0.0.1:1)"
+        );
     }
 
     #[test]

@@ -311,7 +311,7 @@ impl Leadership {
     /// An empty `ops` is a linearizable "do I still lead?" check. Fails with [`Error::InvalidArgument`] for an empty key or
     /// prefix, or ops larger than one etcd request; etcd also limits the
     /// number of ops per transaction (128 by default), which comes back as
-    /// [`Error::Etcd`]. It does not wait for [`Election`] operations and may
+    /// [`Error::Backend`]. It does not wait for [`Election`] operations and may
     /// run concurrently with them.
     ///
     /// ```
@@ -440,7 +440,8 @@ mod tests {
     #[test]
     fn a_refusal_ends_the_leadership_before_the_call_returns() {
         let server = EtcdServer::start().expect("etcd");
-        let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+        let etcd =
+            Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
         let election = Election::new(&etcd, "refused").expect("election");
         let leadership = election.campaign(b"a").expect("campaign");
         let refused = Response::Txn {

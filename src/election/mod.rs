@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 mod belief;
 mod leadership;
+mod lock_options;
 pub(crate) mod mutex;
 mod notices;
 mod observer;
@@ -38,6 +39,7 @@ mod pool;
 pub(crate) mod semaphore;
 
 pub use leadership::Leadership;
+pub use lock_options::LockOptions;
 pub use observer::LeaderObserver;
 pub use options::{ElectionOptions, DEFAULT_ELECTION_PREFIX};
 pub use pool::ElectionPool;
@@ -689,7 +691,7 @@ mod tests {
             .to_string()
         );
         match election_error(ElectionError::Busy) {
-            Error::Etcd { kind, message, .. } => {
+            Error::Backend { kind, message, .. } => {
                 assert_eq!(kind, ErrorKind::Unexpected);
                 assert!(message.contains("Busy"), "{message}");
             }

@@ -7,7 +7,7 @@
 //! [`Election`] guarantees (one holder at a time as etcd sees it, a fencing
 //! token that only grows, `lost()` before the lease can expire) holds here.
 
-use super::{Election, ElectionOptions, Leadership, TryCampaign};
+use super::{Election, Leadership, LockOptions, TryCampaign};
 use crate::error::Result;
 use crate::etcd::Etcd;
 use crate::txn::{TxnOp, TxnOpResponse};
@@ -23,8 +23,9 @@ pub const DEFAULT_LOCK_PREFIX: &str = "/coord/lock/";
 /// Waiters queue in etcd by the create revision of their key; the lowest
 /// holds the lock. Holding is fenced: [`MutexGuard::txn_if_held`] writes
 /// only while this holder's key is still the one etcd has, whatever this
-/// process believes after a pause. Options are [`ElectionOptions`]:
-/// `prefix` (default [`DEFAULT_LOCK_PREFIX`]) and the session `ttl`.
+/// process believes after a pause. Options are [`LockOptions`]: the
+/// `prefix` (default [`DEFAULT_LOCK_PREFIX`], never another primitive's
+/// namespace) and the session.
 ///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -51,17 +52,14 @@ impl Mutex {
     /// The mutex `name` (one key segment, as election names) under
     /// [`DEFAULT_LOCK_PREFIX`], with a 10 s session.
     pub fn new(etcd: &Etcd, name: &str) -> Result<Mutex> {
-        Self::with_options(
-            etcd,
-            name,
-            ElectionOptions::default().with_prefix(DEFAULT_LOCK_PREFIX),
-        )
+        Self::with_options(etcd, name, LockOptions::default())
     }
 
-    /// The mutex `name` with `options` (the prefix applies as given: use
-    /// `with_prefix(DEFAULT_LOCK_PREFIX)` or `""` explicitly). Starts the
-    /// session at once; locking waits for it.
-    pub fn with_options(etcd: &Etcd, name: &str, options: ElectionOptions) -> Result<Mutex> {
+    /// The mutex `name` with `options` (no prefix: [`DEFAULT_LOCK_PREFIX`];
+    /// `""` shares the lock with `etcdctl lock`). Starts the session at
+    /// once; locking waits for it.
+    pub fn with_options(etcd: &Etcd, name: &str, options: LockOptions) -> Result<Mutex> {
+        let options = options.to_election(DEFAULT_LOCK_PREFIX)?;
         Ok(Mutex {
             election: Election::with_options(etcd, name, options)?,
         })

@@ -7,7 +7,7 @@
 //! the deadline rule (a holder stops believing before etcd can expire its
 //! lease) are the election's.
 
-use super::{Election, ElectionOptions, Leadership, TryCampaign};
+use super::{Election, Leadership, LockOptions, TryCampaign};
 use crate::error::{Error, Result};
 use crate::etcd::Etcd;
 use crate::txn::{TxnOp, TxnOpResponse};
@@ -87,27 +87,20 @@ impl Semaphore {
     /// `permits` permits under [`DEFAULT_SEMAPHORE_PREFIX`], with a 10 s
     /// session. `permits` 0 is [`Error::InvalidArgument`].
     pub fn new(etcd: &Etcd, name: &str, permits: u32) -> Result<Semaphore> {
-        Self::with_options(
-            etcd,
-            name,
-            permits,
-            ElectionOptions::default().with_prefix(DEFAULT_SEMAPHORE_PREFIX),
-        )
+        Self::with_options(etcd, name, permits, LockOptions::default())
     }
 
-    /// The semaphore `name` of `permits` permits with `options` (the prefix
-    /// applies as given: use `with_prefix(DEFAULT_SEMAPHORE_PREFIX)`
-    /// explicitly). Checks the permits of the keys already there (see
-    /// "Mismatched permits" above), then starts the session; acquiring
-    /// waits for it. A priority or `yield_to_higher` in `options` is
-    /// [`Error::InvalidArgument`]: they order one leader. Unlike [`Mutex::new`](crate::Mutex::new), it needs
+    /// The semaphore `name` of `permits` permits with `options` (no
+    /// prefix: [`DEFAULT_SEMAPHORE_PREFIX`]). Checks the permits of the
+    /// keys already there (see "Mismatched permits" above), then starts
+    /// the session; acquiring waits for it. Unlike [`Mutex::new`](crate::Mutex::new), it needs
     /// etcd to answer that one read (within the request timeout): an
     /// unreachable etcd is the read's error, not a semaphore that waits.
     pub fn with_options(
         etcd: &Etcd,
         name: &str,
         permits: u32,
-        options: ElectionOptions,
+        options: LockOptions,
     ) -> Result<Semaphore> {
         if permits == 0 {
             return Err(Error::invalid(
@@ -115,14 +108,9 @@ impl Semaphore {
                 "a semaphore needs at least one permit",
             ));
         }
-        if options.priority.is_some() || options.yield_to_higher {
-            // Priorities decide which waiter leads next; with N holders
-            // there is no single next, so the protocol refuses them.
-            return Err(Error::invalid(
-                "priority",
-                "a semaphore takes no priority or yield_to_higher (they order one leader)",
-            ));
-        }
+        // No priority: LockOptions has none (with N holders there is no
+        // single next leader to order).
+        let options = options.to_election(DEFAULT_SEMAPHORE_PREFIX)?;
         let prefix = super::options::election_prefix(name, &options)?;
         check_permits(etcd, &prefix, permits)?;
         Ok(Semaphore {

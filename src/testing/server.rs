@@ -240,7 +240,9 @@ impl EtcdServer {
 
     fn start_error(&self, what: &str) -> Error {
         Error::Connect {
+            backend: "etcd",
             endpoints: self.endpoint(),
+            kind: crate::ErrorKind::Unavailable,
             reason: format!("{what}; etcd's log:\n{}", self.log_excerpt()),
         }
     }

@@ -365,9 +365,7 @@ fn candidate(i: usize, endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
 /// belief, release; the checker counts believed holders at every instant.
 fn contender(i: usize, endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let options = ElectionOptions::default()
-        .with_prefix(DEFAULT_SEMAPHORE_PREFIX)
-        .with_ttl(TTL);
+    let options = fleetcoord::LockOptions::default().with_ttl(TTL);
     'client: while !shared.stop.load(Ordering::SeqCst) {
         let Some(etcd) = connect(&endpoints, &shared.stop) else {
             return;

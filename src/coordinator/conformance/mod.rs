@@ -36,10 +36,16 @@
 //! `skipped: <case> (backend declares ...)` on standard error, bypassing the
 //! test harness's output capture so it is always visible.
 //!
+//! **Failure kinds.** The same failure is the same [`ErrorKind`](crate::ErrorKind)
+//! on every backend (case "one kind per failure"); [`run_refused_connect`]
+//! checks that a refused connect is [`Error::Connect`](crate::Error::Connect)
+//! of kind `Unavailable` for a backend that connects.
+//!
 //! [`run`] runs every case, then panics listing each failed case and why.
 
 mod case;
 mod expect;
+mod kinds;
 mod kv;
 mod lifecycle;
 mod payload;
@@ -50,6 +56,7 @@ mod self_test;
 mod slow;
 mod stream;
 
+pub use kinds::run_refused_connect;
 pub use slow::CAPACITY as SLOW_CAPACITY;
 
 use super::{Capabilities, Coordinator};
@@ -172,6 +179,7 @@ fn cases() -> impl Iterator<Item = &'static Case> {
         restart::CASES,
         kv::CASES,
         payload::CASES,
+        kinds::CASES,
     ]
     .into_iter()
     .flatten()

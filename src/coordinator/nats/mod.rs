@@ -46,10 +46,10 @@
 //! ```
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let server = fleetcoord::testing::NatsServer::start()?;
-//! use fleetcoord::coordinator::{Coordinator, KvEvent, NatsCoordinator, NatsOptions, StreamPosition};
+//! use fleetcoord::coordinator::{Coordinator, KvEvent, NatsCoordinator, StreamPosition};
 //! use std::time::Duration;
 //!
-//! let coord = NatsCoordinator::with_options(NatsOptions::default().with_urls(&server.url()))?;
+//! let coord = NatsCoordinator::connect(&server.url())?;
 //! let watch = coord.kv_watch("config", "*")?;
 //! assert_eq!(watch.recv_timeout(Duration::from_secs(5))?, KvEvent::Synced);
 //! coord.kv_set("config", "mode", b"on")?;
@@ -100,8 +100,8 @@
 //! let server = NatsBuilder::new().tls().jwt_auth().start()?;
 //! let ca = server.pki().expect("a TLS server has test certificates").ca_path();
 //! let coord = NatsCoordinator::with_options(
+//!     &server.url(), // tls://127.0.0.1:...
 //!     NatsOptions::default()
-//!         .with_urls(&server.url()) // tls://127.0.0.1:...
 //!         .with_tls(Tls::from_ca_file(ca)?)
 //!         .with_credentials_file(server.creds_path().expect("a creds file")),
 //! )?;
@@ -110,8 +110,8 @@
 //! // The wrong CA: refused before any request, saying why.
 //! let stranger = fleetcoord::testing::TestPki::generate()?;
 //! let err = NatsCoordinator::with_options(
+//!     &server.url(),
 //!     NatsOptions::default()
-//!         .with_urls(&server.url())
 //!         .with_tls(Tls::from_ca_file(stranger.ca_path())?)
 //!         .with_credentials_file(server.creds_path().expect("a creds file")),
 //! )
@@ -134,6 +134,7 @@ use super::{
 };
 use crate::coordinator::bridge::{self, Bridge, BridgeError};
 use crate::coordinator::feed_task::FeedTask;
+use crate::endpoints::Endpoints;
 use crate::error::{one_line, Error, ErrorKind, Result};
 use crate::runtime::StartError;
 use crate::tls::Tls;
@@ -233,20 +234,16 @@ pub enum NatsKeyEncoding {
 /// ```
 /// use fleetcoord::coordinator::NatsOptions;
 ///
+/// // For `NatsCoordinator::with_options("nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222", options)`.
 /// let options = NatsOptions::default()
-///     .with_urls("nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222")
 ///     .with_kv_replicas(3)
 ///     .with_stream_replicas(3)
 ///     .with_stream_max_len(100_000);
-/// assert_eq!(options.urls.len(), 3);
+/// assert_eq!(options.kv_replicas, 3);
 /// ```
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct NatsOptions {
-    /// Server URLs (`nats://host:port`, or `tls://host:port` to require
-    /// TLS); the client connects to one and fails over to the others.
-    /// Default [`DEFAULT_URL`].
-    pub urls: Vec<String>,
     /// Replicas of each KV bucket created by this handle: 1 to 5, at most
     /// the cluster's size. Default 1 (3 is usual on a 3-node cluster).
     /// Buckets that already exist keep theirs.
@@ -289,7 +286,6 @@ pub struct NatsOptions {
 impl Default for NatsOptions {
     fn default() -> Self {
         NatsOptions {
-            urls: vec![DEFAULT_URL.to_owned()],
             kv_replicas: 1,
             stream_replicas: 1,
             stream_max_len: None,
@@ -305,19 +301,6 @@ impl Default for NatsOptions {
 }
 
 impl NatsOptions {
-    /// These options with the server URLs from a comma-separated list
-    /// (`"nats://a:4222,nats://b:4222"`); blanks around commas are ignored.
-    #[must_use]
-    pub fn with_urls(mut self, urls: &str) -> Self {
-        self.urls = urls
-            .split(',')
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .map(str::to_owned)
-            .collect();
-        self
-    }
-
     /// These options with [`NatsOptions::kv_replicas`] set.
     #[must_use]
     pub const fn with_kv_replicas(mut self, replicas: usize) -> Self {
@@ -402,9 +385,7 @@ impl NatsOptions {
     /// let pki = server.pki().expect("a TLS server has test certificates");
     /// let tls = Tls::from_ca_file(pki.ca_path())?
     ///     .with_client_files(pki.client_cert_path(), pki.client_key_path())?;
-    /// let coord = NatsCoordinator::with_options(
-    ///     NatsOptions::default().with_urls(&server.url()).with_tls(tls),
-    /// )?;
+    /// let coord = NatsCoordinator::with_options(&server.url(), NatsOptions::default().with_tls(tls))?;
     /// coord.kv_set("config", "mode", b"on")?;
     /// # Ok(()) }
     /// ```
@@ -444,13 +425,6 @@ impl NatsOptions {
 
     /// Every range check, before anything connects.
     fn check(&self) -> Result<()> {
-        if self.urls.is_empty() {
-            return Err(Error::invalid("urls", "at least one server URL is needed"));
-        }
-        for url in &self.urls {
-            url.parse::<async_nats::ServerAddr>()
-                .map_err(|e| Error::invalid("urls", format!("{url:?}: {e}")))?;
-        }
         for (what, replicas) in [
             ("kv_replicas", self.kv_replicas),
             ("stream_replicas", self.stream_replicas),
@@ -535,26 +509,37 @@ impl fmt::Debug for NatsCoordinator {
 }
 
 impl NatsCoordinator {
-    /// Connects to the comma-separated server URLs in `urls` with default
-    /// options. Fails with [`Error::Backend`] naming the URLs when no
-    /// server answers within the connect timeout.
-    pub fn connect(urls: &str) -> Result<Self> {
-        Self::with_options(NatsOptions::default().with_urls(urls))
+    /// Connects to the servers `urls` (see [`Endpoints`]: `nats://host:port`,
+    /// `tls://host:port` to require TLS, or `host:port`) with default
+    /// options; the client connects to one and fails over to the others.
+    /// Fails with [`Error::Connect`] naming the URLs when no server
+    /// answers within the connect timeout.
+    pub fn connect(urls: &(impl Endpoints + ?Sized)) -> Result<Self> {
+        Self::with_options(urls, NatsOptions::default())
     }
 
-    /// Connects with explicit options (see [`NatsOptions`]). Credentials
+    /// Connects to `urls` (as [`connect`](Self::connect)) with explicit
+    /// options (see [`NatsOptions`]). Credentials
     /// files and TLS settings are read and checked first, so a bad one is
     /// an [`Error::InvalidArgument`] before anything is dialled; a failed
     /// connection is an [`Error::Backend`] whose one-line message names
     /// the cause (a server certificate the CA did not sign, a missing or
     /// refused client certificate, a refused user).
-    pub fn with_options(options: NatsOptions) -> Result<Self> {
+    pub fn with_options(urls: &(impl Endpoints + ?Sized), options: NatsOptions) -> Result<Self> {
+        let addrs = urls.endpoint_list();
+        if addrs.is_empty() {
+            return Err(Error::invalid("urls", "at least one server URL is needed"));
+        }
+        for url in &addrs {
+            url.parse::<async_nats::ServerAddr>()
+                .map_err(|e| Error::invalid("urls", format!("{url:?}: {e}")))?;
+        }
         options.check()?;
         let login = Login::resolve(&options.credentials)?;
         let who = login.who();
         let tls_config = options.tls.as_ref().map(Tls::to_rustls).transpose()?;
         let tls = options.tls.clone();
-        let urls = options.urls.join(",");
+        let urls = addrs.join(",");
         let settings = Settings {
             kv_replicas: options.kv_replicas,
             stream_replicas: options.stream_replicas,
@@ -565,7 +550,6 @@ impl NatsCoordinator {
         };
         let connect_timeout = options.connect_timeout;
         let request_timeout = options.request_timeout;
-        let addrs = options.urls.clone();
         let started = bridge::start("fleetcoord-nats", connect_timeout, move || async move {
             let mut client_options = async_nats::ConnectOptions::new()
                 .name("fleetcoord")
@@ -594,11 +578,11 @@ impl NatsCoordinator {
         });
         let (bridge, (client, js)) = started.map_err(|e| match e {
             StartError::Io(e) => Error::Io(e),
-            StartError::Connect(reason) => Error::Backend {
+            StartError::Connect(reason) => Error::Connect {
                 backend: "nats",
                 endpoints: urls.clone(),
                 kind: ErrorKind::Unavailable,
-                message: format!("cannot connect: {reason}"),
+                reason,
             },
         })?;
         Ok(NatsCoordinator {
@@ -678,7 +662,7 @@ impl NatsCoordinator {
 impl Coordinator for NatsCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
         check_name("topic", topic)?;
-        check_payload("payload", payload)?;
+        check_payload("nats", "payload", payload)?;
         self.check_open()?;
         self.conn.check_fits("payload", payload.len(), 0)?;
         let client = self.conn.client.clone();
@@ -720,7 +704,7 @@ impl Coordinator for NatsCoordinator {
 
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
         check_name("stream", stream)?;
-        check_payload("payload", payload)?;
+        check_payload("nats", "payload", payload)?;
         self.check_open()?;
         // The message ID header travels with the payload.
         self.conn.check_fits("payload", payload.len(), 64)?;
@@ -741,7 +725,7 @@ impl Coordinator for NatsCoordinator {
     fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
         check_name("bucket", bucket)?;
         check_key(key)?;
-        check_payload("value", value)?;
+        check_payload("nats", "value", value)?;
         self.check_open()?;
         self.conn.check_fits("value", value.len(), 64)?;
         self.run(kv::set(
@@ -804,6 +788,10 @@ impl Coordinator for NatsCoordinator {
             Some(n) => caps.with_stream_max_len(n),
             None => caps,
         }
+    }
+
+    fn describe(&self) -> String {
+        format!("nats at {}", self.urls)
     }
 }
 

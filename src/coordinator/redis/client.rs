@@ -26,6 +26,7 @@
 //!   the same pipeline, so it counts the replicas that have this write.
 
 use super::options::RedisOptions;
+use crate::endpoints::Endpoints;
 use crate::error::{one_line, Error, ErrorKind, Result};
 use crate::tls::refusal::{self, ClientSide};
 use crate::tls::Tls;
@@ -99,14 +100,19 @@ impl From<Link> for Conn {
 }
 
 impl Target {
-    /// Checks `urls` (comma-separated `redis://` URLs) and `options`.
-    pub(crate) fn parse(urls: &str, options: &RedisOptions) -> Result<Target> {
+    /// Checks `urls` (`redis://` or `rediss://` URLs, or `host:port`,
+    /// which means `redis://host:port`, or `rediss://host:port` when
+    /// `options` configure TLS) and `options`.
+    pub(crate) fn parse(
+        urls: &(impl Endpoints + ?Sized),
+        options: &RedisOptions,
+    ) -> Result<Target> {
         options.check()?;
-        let list: Vec<&str> = urls
-            .split(',')
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .collect();
+        let list = urls
+            .endpoint_list()
+            .iter()
+            .map(|u| with_scheme(u, options.tls.is_some()))
+            .collect::<Result<Vec<String>>>()?;
         if list.is_empty() {
             return Err(Error::invalid("url", "no redis:// URL given"));
         }
@@ -114,6 +120,7 @@ impl Target {
         let mut nodes = Vec::with_capacity(list.len());
         let mut shown = Vec::with_capacity(list.len());
         for url in &list {
+            let url = url.as_str();
             let tls_url = url.starts_with("rediss://");
             if !tls_url && !url.starts_with("redis://") {
                 return Err(Error::invalid(
@@ -880,6 +887,24 @@ pub(crate) fn key_slot(key: &[u8]) -> u16 {
     crc % 16384
 }
 
+/// `url` with the scheme `host:port` stands for: `redis://`, or
+/// `rediss://` with `tls`, as etcd's and NATS' endpoints read; a URL with
+/// a scheme stays as it is. `host:port` is checked as strictly as an etcd
+/// endpoint (a port is required, 1..=65535).
+fn with_scheme(url: &str, tls: bool) -> Result<String> {
+    if url.contains("://") {
+        return Ok(url.to_string());
+    }
+    let dialled = crate::endpoint::parse(url, false)
+        .map_err(|why| Error::invalid("url", format!("{url:?} {why}")))?;
+    let authority = dialled.trim_start_matches("http://");
+    Ok(if tls {
+        format!("rediss://{authority}")
+    } else {
+        format!("redis://{authority}")
+    })
+}
+
 /// `url` without its password.
 fn redacted(url: &str) -> String {
     // redis[s]://[user[:password]@]host...
@@ -904,6 +929,20 @@ mod tests {
 
     fn parse(urls: &str) -> Result<Target> {
         Target::parse(urls, &RedisOptions::default())
+    }
+
+    #[test]
+    fn host_port_means_redis_or_rediss_with_tls() {
+        let t = parse("127.0.0.1:6379").unwrap();
+        assert_eq!(t.urls, "redis://127.0.0.1:6379");
+        assert!(!t.secure && !t.cluster);
+        let t = parse("127.0.0.1:7000, 127.0.0.1:7001").unwrap();
+        assert_eq!(t.urls, "redis://127.0.0.1:7000,redis://127.0.0.1:7001");
+        let with_ca = RedisOptions::default().with_tls(Tls::new(TEST_CA).unwrap());
+        let t = Target::parse(&["127.0.0.1:6379"], &with_ca).unwrap();
+        assert_eq!(t.urls, "rediss://127.0.0.1:6379");
+        assert!(t.secure);
+        assert!(parse("127.0.0.1").is_err());
     }
 
     /// A CA certificate (self-signed, made once with openssl) for checks
@@ -943,7 +982,13 @@ AQH/MAoGCCqGSM49BAMCA0gAMEUCIQDNzn+GYzGusEcLgMBEQZ7LAHIQv4b9WcAE
 
     #[test]
     fn bad_urls_are_named() {
-        for bad in ["", " , ", "http://127.0.0.1:6379", "127.0.0.1:6379"] {
+        for bad in [
+            "",
+            " , ",
+            "http://127.0.0.1:6379",
+            "127.0.0.1",
+            "127.0.0.1:99999",
+        ] {
             match parse(bad) {
                 Err(Error::InvalidArgument { what: "url", .. }) => {}
                 other => panic!("{bad:?}: {:?}", other.map(|t| t.urls)),

@@ -236,6 +236,7 @@ use crate::coordinator::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, KvWatcher, StreamId,
     StreamPosition, StreamReader, Subscription,
 };
+use crate::endpoints::Endpoints;
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::StartError;
 use client::{with_failover, Conn, Repeat, Target};
@@ -277,18 +278,20 @@ impl std::fmt::Debug for RedisCoordinator {
 }
 
 impl RedisCoordinator {
-    /// Connects with default options to `urls`: one `redis://` URL is a
-    /// standalone server, a comma-separated list the seed nodes of a
-    /// cluster. Fails with [`Error::Backend`] naming the URLs when no server
-    /// answers within the connect timeout.
-    pub fn connect(urls: &str) -> Result<Self> {
+    /// Connects with default options to `urls` (see [`Endpoints`]): one
+    /// URL is a standalone server, several the seed nodes of a cluster.
+    /// Each is `redis://host:port`, `rediss://host:port` (TLS), or
+    /// `host:port`, which means `redis://host:port` (`rediss://` with
+    /// [`RedisOptions::with_tls`]). Fails with [`Error::Connect`] naming
+    /// the URLs when no server answers within the connect timeout.
+    pub fn connect(urls: &(impl Endpoints + ?Sized)) -> Result<Self> {
         Self::with_options(urls, RedisOptions::default())
     }
 
     /// Connects to `urls` (as [`connect`](Self::connect)) with `options`,
     /// every value of which is checked first ([`Error::InvalidArgument`]
     /// names the one out of range).
-    pub fn with_options(urls: &str, options: RedisOptions) -> Result<Self> {
+    pub fn with_options(urls: &(impl Endpoints + ?Sized), options: RedisOptions) -> Result<Self> {
         let target = Target::parse(urls, &options)?;
         let wait = target
             .connect_timeout
@@ -309,7 +312,12 @@ impl RedisCoordinator {
             Err(StartError::Io(e)) => return Err(Error::Io(e)),
             Err(StartError::Connect(reason)) => {
                 let kind = failed_kind.get().copied().unwrap_or(ErrorKind::Unavailable);
-                return Err(target.failure(kind, format!("cannot connect: {reason}")));
+                return Err(Error::Connect {
+                    backend: "redis",
+                    endpoints: target.urls.clone(),
+                    kind,
+                    reason,
+                });
             }
         };
         Ok(RedisCoordinator {
@@ -377,7 +385,7 @@ impl RedisCoordinator {
 impl Coordinator for RedisCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
         check_name("topic", topic)?;
-        check_payload("payload", payload)?;
+        check_payload("redis", "payload", payload)?;
         let channel = names::topic_channel(topic);
         let mut publish = redis::cmd(client::publish_command(self.target.cluster));
         publish.arg(&channel).arg(payload);
@@ -416,7 +424,7 @@ impl Coordinator for RedisCoordinator {
 
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
         check_name("stream", stream)?;
-        check_payload("payload", payload)?;
+        check_payload("redis", "payload", payload)?;
         let target = &self.target;
         let stream = stream.to_string();
         let payload: Arc<[u8]> = payload.into();
@@ -439,7 +447,7 @@ impl Coordinator for RedisCoordinator {
     fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
         check_name("bucket", bucket)?;
         check_key(key)?;
-        check_payload("value", value)?;
+        check_payload("redis", "value", value)?;
         self.kv_write(bucket, key, Some(value.to_vec()))
     }
 
@@ -504,6 +512,15 @@ impl Coordinator for RedisCoordinator {
             Some(n) => Capabilities::default().with_stream_max_len(n),
             None => Capabilities::default(),
         }
+    }
+
+    fn describe(&self) -> String {
+        let cluster = if self.target.cluster {
+            " (cluster)"
+        } else {
+            ""
+        };
+        format!("redis at {}{cluster}", self.target.urls)
     }
 }
 
