@@ -74,6 +74,7 @@ mod liveness;
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
+mod resume;
 mod runtime;
 mod server_version;
 #[cfg(feature = "testing")]
@@ -99,6 +100,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use error::EtcdErrorKind;
 pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
 pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
+pub use resume::Resume;
 pub use server_version::{etcd_defects, KnownDefect, ServerVersion};
 pub use tls::{EtcdUser, Tls};
 /// The old name of [`Tls`], from when only etcd spoke TLS.

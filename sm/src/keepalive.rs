@@ -235,6 +235,24 @@ pub enum KeepaliveNotice {
         /// The lease the marker is bound to (about to be revoked).
         lease: LeaseId,
     },
+    /// The machine detached ([`KeepaliveInput::Detach`]): the lease and the
+    /// key are left as they are, for a later machine to
+    /// [resume](Keepalive::resume) from this point. Told at most once,
+    /// right before `Stopped { revoked: false }`.
+    Detached(ResumePoint),
+}
+
+/// A registration handed from one machine to the next (a process restart):
+/// the lease and the incarnation of the key written with it. See "Resume"
+/// in the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResumePoint {
+    /// The lease the key is bound to.
+    pub lease: LeaseId,
+    /// The key's create revision: which incarnation of the key it is.
+    pub create_revision: Revision,
+    /// The key's mod revision as last written by the detached machine.
+    pub key_revision: Revision,
 }
 
 /// How long a lease granted or renewed with `ttl` is trusted, counted from
@@ -291,6 +309,13 @@ pub enum KeepaliveInput {
     },
     /// Revoke the lease and stop for good. Repeated calls do nothing.
     Stop,
+    /// Stop for good *without* leaving: no leave marker, no delete, no
+    /// revoke; the lease and the key are left to a later machine
+    /// ([`Keepalive::resume`]) or to expire. Tells
+    /// [`KeepaliveNotice::Detached`] first when there is a registration to
+    /// hand over ([`Keepalive::resume_point`]); otherwise it is a
+    /// [`KeepaliveInput::Stop`]. Ignored once stopping.
+    Detach,
 }
 
 impl From<RpcReply> for KeepaliveInput {
@@ -414,6 +439,12 @@ enum Phase {
         grant: Option<(RpcId, Instant)>,
     },
     Leased(Lease),
+    /// Resuming a registration an earlier process detached: the renewal
+    /// proving `point.lease` alive is outstanding (with its send time).
+    Resuming {
+        point: ResumePoint,
+        renewal: (RpcId, Instant),
+    },
     /// Stopping: the leave transaction is outstanding; the revoke of
     /// `lease` follows its answer or its attempt timeout.
     Leaving {
@@ -445,6 +476,11 @@ pub struct Keepalive {
     /// guard's read); 0 when absent or never seen. Every put is guarded on
     /// it (see the module docs).
     key_revision: Revision,
+    /// The key's create revision as last seen (0: unknown or absent).
+    key_created: Revision,
+    /// While the resume transaction is the put: the create revision it is
+    /// guarded on (see "Resume" in the module docs).
+    resuming: Option<Revision>,
     phase: Phase,
     state: LivenessState,
     timers: TimerTable<Timer>,
@@ -489,16 +525,63 @@ impl Keepalive {
         seed: u64,
         first_rpc_id: u64,
     ) -> Self {
+        let mut machine = Self::idle(config, now, seed, first_rpc_id);
+        machine
+            .outbox
+            .notify(KeepaliveNotice::State(LivenessState::Registering));
+        machine.send_grant(now);
+        machine
+    }
+
+    /// Starts at `now` by resuming the registration `point` that an
+    /// earlier machine detached ([`KeepaliveInput::Detach`]): the first
+    /// commands are `Notify(Registering)` and `Rpc(KeepAlive)` on
+    /// `point.lease`, then the resume transaction; on any refusal it
+    /// registers afresh (see "Resume" in the module docs). In lease-only
+    /// mode (no binding) there is no key incarnation to prove, and it
+    /// starts as [`Keepalive::with_first_rpc_id`] does.
+    pub fn resume(
+        config: KeepaliveConfig,
+        now: Instant,
+        seed: u64,
+        first_rpc_id: u64,
+        point: ResumePoint,
+    ) -> Self {
+        if config.binding.is_none() || point.lease == 0 || point.create_revision <= 0 {
+            return Self::with_first_rpc_id(config, now, seed, first_rpc_id);
+        }
+        let mut machine = Self::idle(config, now, seed, first_rpc_id);
+        machine
+            .outbox
+            .notify(KeepaliveNotice::State(LivenessState::Registering));
+        let renewal = machine
+            .outbox
+            .rpc(Request::KeepAlive { lease: point.lease });
+        machine.phase = Phase::Resuming {
+            point,
+            renewal: (renewal, now),
+        };
+        // Unanswered for one requested TTL: the lease cannot be proven in
+        // time, and a fresh registration is the only way forward.
+        let at = now.checked_add(machine.request_timeout()).unwrap_or(now);
+        machine.arm(Timer::Retry, at);
+        machine
+    }
+
+    /// The machine before its first request.
+    fn idle(config: KeepaliveConfig, now: Instant, seed: u64, first_rpc_id: u64) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let register_seed = rng.next_u64();
         let renew_seed = rng.next_u64();
-        let mut machine = Keepalive {
+        Keepalive {
             ttl_request: config.ttl_secs.clamp(1, MAX_TTL_SECS),
             safety_margin: config.safety_margin,
             drift_allowance_ppm: config.drift_allowance_ppm,
             binding: config.binding,
             value_gen: 0,
             key_revision: 0,
+            key_created: 0,
+            resuming: None,
             phase: Phase::Granting { grant: None },
             state: LivenessState::Registering,
             timers: TimerTable::new(),
@@ -511,12 +594,31 @@ impl Keepalive {
             resent: 0,
             outbox: Outbox::new(first_rpc_id),
             clock: Clock::new(now),
-        };
-        machine
-            .outbox
-            .notify(KeepaliveNotice::State(LivenessState::Registering));
-        machine.send_grant(now);
-        machine
+        }
+    }
+
+    /// What a later machine needs to resume this registration
+    /// ([`Keepalive::resume`]): `Some` only in binding mode while the key
+    /// is written with the current lease and no stop is under way.
+    pub fn resume_point(&self) -> Option<ResumePoint> {
+        match &self.phase {
+            Phase::Leased(l)
+                if self.binding.is_some() && l.written.is_some() && self.key_created > 0 =>
+            {
+                Some(ResumePoint {
+                    lease: l.id,
+                    create_revision: self.key_created,
+                    key_revision: self.key_revision,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The key's mod revision as this machine last saw it (0: absent or
+    /// never seen); every put is guarded on it.
+    pub fn key_revision(&self) -> Revision {
+        self.key_revision
     }
 
     /// The state last notified.
@@ -694,7 +796,7 @@ impl Keepalive {
     /// Notifies the state that follows from the phase, if it changed.
     fn sync_state(&mut self) {
         let desired = match &self.phase {
-            Phase::Granting { .. } => LivenessState::Registering,
+            Phase::Granting { .. } | Phase::Resuming { .. } => LivenessState::Registering,
             Phase::Leased(l) => {
                 if self.binding.is_some() && l.written.is_none() {
                     LivenessState::Registering
@@ -875,11 +977,18 @@ impl Keepalive {
         let Phase::Leased(l) = &self.phase else {
             return;
         };
-        let request = Request::Txn(Txn {
-            compare: vec![Compare::ModRevisionEquals {
+        let mut compare = vec![Compare::ModRevisionEquals {
+            key: binding.key.clone(),
+            revision: self.key_revision,
+        }];
+        if let Some(created) = self.resuming {
+            compare.push(Compare::CreateRevisionEquals {
                 key: binding.key.clone(),
-                revision: self.key_revision,
-            }],
+                revision: created,
+            });
+        }
+        let request = Request::Txn(Txn {
+            compare,
             success: vec![TxnOp::Put {
                 key: binding.key.clone(),
                 value: binding.value.clone(),
@@ -921,14 +1030,22 @@ impl Keepalive {
                     return self.schedule_put(now);
                 };
                 self.key_revision = found.as_ref().map_or(0, |kv| kv.mod_revision);
+                self.key_created = found.as_ref().map_or(0, |kv| kv.create_revision);
                 let current = self.binding.as_ref().is_some_and(|b| {
-                    found
-                        .as_ref()
-                        .is_some_and(|kv| kv.lease == lease && kv.value == b.value)
+                    found.as_ref().is_some_and(|kv| {
+                        kv.lease == lease
+                            && kv.value == b.value
+                            && self.resuming.is_none_or(|c| c == kv.create_revision)
+                    })
                 });
                 if current {
                     // An earlier copy of this put applied.
+                    self.resuming = None;
                     self.on_put_written(now, self.value_gen);
+                } else if self.resuming.take().is_some() {
+                    // Another incarnation of the key, or the key moved
+                    // since the detach: refused, register afresh.
+                    self.abandon_resume(now, lease);
                 } else {
                     self.send_put(now);
                 }
@@ -938,8 +1055,20 @@ impl Keepalive {
                 revision,
                 ..
             }) => {
+                match self.resuming.take() {
+                    Some(created) => self.key_created = created,
+                    None if self.key_revision == 0 => self.key_created = revision,
+                    None => {}
+                }
                 self.key_revision = revision;
                 self.on_put_written(now, generation);
+            }
+            // The resumed lease expired between its renewal and the
+            // transaction: register afresh, as for any refused resume.
+            Err(RpcError::LeaseNotFound) if self.resuming.take().is_some() => {
+                self.key_revision = 0;
+                self.key_created = 0;
+                self.abandon_resume(now, lease);
             }
             // etcd expired the lease before the key was bound to it (a
             // pause longer than the TTL): only a new lease helps.
@@ -961,6 +1090,110 @@ impl Keepalive {
         if generation != self.value_gen {
             self.send_put(now);
         }
+    }
+
+    /// The resume was refused: forget `lease` without telling `Lost` (it
+    /// was never reported held), revoke it in the background once the key
+    /// is written anew (it may still hold the key), and register afresh.
+    fn abandon_resume(&mut self, now: Instant, lease: LeaseId) {
+        if let Phase::Leased(l) =
+            std::mem::replace(&mut self.phase, Phase::Granting { grant: None })
+        {
+            if let Some((id, _)) = l.renewal {
+                self.outbox.cancel(id);
+            }
+            if let Some((id, _)) = l.put {
+                self.outbox.cancel(id);
+            }
+        }
+        self.stop_phase_timers();
+        self.resent = 0;
+        self.resuming = None;
+        self.retire(lease);
+        self.send_grant(now);
+    }
+
+    /// The answer to the renewal that opens a resume: a TTL above zero
+    /// proves the lease, and the resume transaction follows; anything else
+    /// registers afresh.
+    fn on_resume_renewal(
+        &mut self,
+        now: Instant,
+        point: ResumePoint,
+        sent: Instant,
+        result: Result<Response, RpcError>,
+    ) {
+        self.timers.stop(Timer::Retry);
+        let proven = match result {
+            Ok(Response::KeptAlive { ttl_secs }) if ttl_secs > 0 => {
+                let trusted = self.trusted(ttl_secs);
+                sent.checked_add(trusted)
+                    .filter(|d| *d > now)
+                    .map(|d| (trusted, d))
+            }
+            _ => None,
+        };
+        let gone = matches!(
+            result,
+            Ok(Response::KeptAlive { ttl_secs: ..=0 }) | Err(RpcError::LeaseNotFound)
+        );
+        let Some((trusted, deadline)) = proven else {
+            self.phase = Phase::Granting { grant: None };
+            if !gone {
+                // Maybe alive still: revoked once the key is written anew.
+                self.retire(point.lease);
+            }
+            self.send_grant(now);
+            return;
+        };
+        self.phase = Phase::Leased(Lease {
+            id: point.lease,
+            trusted,
+            deadline,
+            last_ack_send: sent,
+            renewal: None,
+            put: None,
+            written: None,
+            failing: false,
+            proven: true,
+        });
+        self.key_revision = point.key_revision;
+        self.key_created = point.create_revision;
+        self.resuming = Some(point.create_revision);
+        self.arm(Timer::Deadline, deadline);
+        self.schedule_renewal(now);
+        self.send_put(now);
+        self.announce_trust();
+    }
+
+    /// Stops for good without leaving (see [`KeepaliveInput::Detach`]).
+    fn detach(&mut self, now: Instant) {
+        if self.phase.is_stopping() {
+            return;
+        }
+        let Some(point) = self.resume_point() else {
+            return self.stop(now, true);
+        };
+        if let Phase::Leased(l) = &self.phase {
+            let ids: Vec<RpcId> = l
+                .renewal
+                .iter()
+                .map(|(id, _)| *id)
+                .chain(l.put.iter().map(|(id, _)| *id))
+                .collect();
+            for id in ids {
+                self.outbox.cancel(id);
+            }
+        }
+        if let Some(id) = self.retired.revoke.take() {
+            self.outbox.cancel(id);
+        }
+        // Leases given up earlier hold nothing the next machine resumes.
+        for lease in std::mem::take(&mut self.retired.leases) {
+            let _ = self.outbox.rpc(Request::Revoke { lease });
+        }
+        self.outbox.notify(KeepaliveNotice::Detached(point));
+        self.finish(false);
     }
 
     fn schedule_put(&mut self, now: Instant) {
@@ -1042,6 +1275,17 @@ impl Keepalive {
             }
             Phase::Granting { grant: None } => {
                 self.notify(LivenessState::Stopped { revoked: false });
+            }
+            Phase::Resuming {
+                point,
+                renewal: (id, _),
+            } => {
+                // Not proven, nothing announced: the saved lease (and the
+                // key an earlier process left on it) is revoked.
+                self.outbox.cancel(id);
+                let at = now.checked_add(self.request_timeout()).unwrap_or(now);
+                self.arm(Timer::Retry, at);
+                self.send_stop_revoke(point.lease);
             }
             Phase::Leased(l) => {
                 for (id, _) in l.renewal.iter() {
@@ -1187,6 +1431,13 @@ impl Keepalive {
                     self.on_put_reply(now, generation, result);
                 }
             }
+            Phase::Resuming {
+                point,
+                renewal: (renewal, sent),
+            } if *renewal == id => {
+                let (point, sent) = (*point, *sent);
+                self.on_resume_renewal(now, point, sent, result);
+            }
             Phase::Leaving { txn, lease } if *txn == id => {
                 let lease = *lease;
                 self.on_leave_reply(lease, result);
@@ -1283,6 +1534,19 @@ impl Keepalive {
                 self.schedule_grant(now);
             }
             (Timer::Retry, Phase::Granting { grant: None }) => self.send_grant(now),
+            (
+                Timer::Retry,
+                Phase::Resuming {
+                    point,
+                    renewal: (id, _),
+                },
+            ) => {
+                let (lease, id) = (point.lease, *id);
+                self.outbox.cancel(id);
+                self.phase = Phase::Granting { grant: None };
+                self.retire(lease);
+                self.send_grant(now);
+            }
             (Timer::Retry, Phase::Leased(l)) => match l.put {
                 Some((id, _)) => {
                     if let Phase::Leased(l) = &mut self.phase {
@@ -1351,6 +1615,7 @@ impl Machine for Keepalive {
                 }
             }
             KeepaliveInput::Stop => self.stop(now, true),
+            KeepaliveInput::Detach => self.detach(now),
         }
     }
 
