@@ -18,84 +18,116 @@
 //! `Registering → Registered ⇄ Suspended`, then on loss
 //! `Lost → Registering → …` again, and finally `Stopped`.
 //!
-//! * Renewals: at most one `KeepAlive` outstanding; the next one is sent at
-//!   `min(last_ack_send + trusted/3, now + (deadline - now)/2)` (`trusted`
-//!   being the trusted lifetime), so at least half of the remaining lifetime
-//!   is always left for a retry, and no renewal is scheduled at or after the
-//!   local deadline.
-//! * A failed renewal (error, wrong reply, or no reply by the midpoint of the
-//!   remaining lifetime) makes the state `Suspended`; renewals are retried on
-//!   the same lease after a backoff delay, but never at or after the local
-//!   deadline. A retry that would land there is dropped: the deadline decides.
-//! * When the deadline passes, a renewal reply says TTL 0, a put fails
-//!   with [`RpcError::LeaseNotFound`], or the user says another request on
-//!   the lease did ([`KeepaliveInput::LeaseGone`]), the lease is `Lost`: a new one is
-//!   granted (at once the first time, after a backoff delay when the previous
-//!   registration attempt failed) and the key put again.
-//! * Grant and put failures are retried with backoff; a put is retried on the
-//!   same lease (putting the same value again is idempotent).
-//! * Every put of the key is guarded on the key's mod revision as this
-//!   machine last knew it (0: absent), and reads the key when the guard
-//!   fails. A put given up without an answer can still land later (a paused
-//!   member, a proxy): unguarded, it would write an older value back, or
-//!   bind the key to a lease already given up — which takes the key away
-//!   when that lease goes, while this machine reports `Registered`. Guarded,
-//!   it applies only if nothing was written since it was sent. A failed
-//!   guard is answered with the key as it is: if it already holds the
-//!   current value on the current lease (an earlier copy applied), that is
-//!   the write; otherwise the put goes again at once, guarded on what was
-//!   read (a key another writer changed is taken over, as before). A grant or put
-//!   refused with [`RpcError::PermissionDenied`] is reported as
-//!   [`LivenessState::Refused`] and the machine stops (revoking any lease it
-//!   holds): a user without the grant learns it at once instead of watching
-//!   a retry loop.
-//! * A grant, put or revoke without any reply for one requested TTL counts as
-//!   failed (the request is canceled), so a lost reply never stalls the
-//!   machine. Before that, one unanswered for
-//!   [`KeepaliveConfig::attempt_timeout`] is sent again (the first copy is
-//!   canceled): etcd drops, without answering, writes it receives while its
-//!   raft leader changes. A put and a revoke are idempotent; a second grant
-//!   may create a second lease, which nobody renews and which expires by
-//!   itself. The first three copies wait one attempt timeout each, later
-//!   ones twice as long as the one before, up to 16 attempt timeouts.
-//! * A lease given up while etcd may still hold it — replaced
-//!   ([`KeepaliveInput::Replace`]) or presumed lost when the local deadline
-//!   passed — is revoked in the background, copy after copy on the same
-//!   schedule, until etcd answers (revoked, not found, or a refusal): etcd
-//!   extends every lease to a full TTL at each raft leader change, so an
-//!   unrevoked lease can outlive its TTL, and its keys with it, for as long
-//!   as leader changes keep coming. In binding mode a revoke starts only
-//!   once the key is written with the current lease, so it never takes the
-//!   key away. At most 8 such leases are remembered; a lease etcd said is
-//!   gone (TTL 0, not found) is not revoked.
-//! * [`KeepaliveInput::Stop`] cancels everything and revokes the lease (and
-//!   sends one last revoke for each lease still being retired, not waited
-//!   for); no renewal, grant or put is ever sent afterwards (but the leave
-//!   transaction's, below).
-//! * Leave: with [`Binding::leave_marker`] set, a stop while the key is
-//!   written with the current lease first sends one transaction that puts
-//!   the marker key (empty value) on that lease and deletes the key, at one
-//!   revision, guarded on the key's mod revision as this machine last
-//!   wrote it. A watcher sees the key deleted by the revision that creates
-//!   its marker (a leave) one round trip after the stop, and
-//!   [`KeepaliveNotice::Left`] tells it when etcd answers. The revoke goes
-//!   out when etcd answers that transaction, whatever the answer, or after
-//!   one attempt timeout (half the requested TTL when the attempt timeout
-//!   is zero) without an answer, the transaction then canceled; the revoke
-//!   removes the marker (unrevoked, it expires with the lease). A failed
-//!   guard is answered with the key as it is: still on the current lease
-//!   at another mod revision (an earlier put of this machine's landed
-//!   late), the transaction goes again guarded on that revision; otherwise
-//!   (another writer's key, or none) nothing is deleted and only the revoke
-//!   goes. One window remains: a copy of the key's first put, given up
-//!   earlier but still on its way and guarded on the key's absence, that
-//!   lands between the leave and the revoke writes the key again until
-//!   the revoke removes it (watchers see it come and go once more). The
-//!   leave is not retried after an error. The stop's give-up (one
-//!   requested TTL, from the stop) covers leave and revoke together, so
-//!   the leave never makes a stop take longer than it could before. Not
-//!   written when there is no key on a lease to announce (registering,
-//!   stopping after a loss) nor after a refusal.
+//! 1. Renewals: at most one `KeepAlive` outstanding; the next one is sent at
+//!    `min(last_ack_send + trusted/3, now + (deadline - now)/2)` (`trusted`
+//!    being the trusted lifetime), so at least half of the remaining lifetime
+//!    is always left for a retry, and no renewal is scheduled at or after the
+//!    local deadline.
+//! 2. A failed renewal (error, wrong reply, or no reply by the midpoint of the
+//!    remaining lifetime) makes the state `Suspended`; renewals are retried on
+//!    the same lease after a backoff delay, but never at or after the local
+//!    deadline. A retry that would land there is dropped: the deadline decides.
+//! 3. When the deadline passes, a renewal reply says TTL 0, a put fails
+//!    with [`RpcError::LeaseNotFound`], or the user says another request on
+//!    the lease did ([`KeepaliveInput::LeaseGone`]), the lease is `Lost`: a new one is
+//!    granted (at once the first time, after a backoff delay when the previous
+//!    registration attempt failed) and the key put again.
+//! 4. Grant and put failures are retried with backoff; a put is retried on the
+//!    same lease (putting the same value again is idempotent).
+//! 5. Every put of the key is guarded on the key's mod revision as this
+//!    machine last knew it (0: absent), and reads the key when the guard
+//!    fails. A put given up without an answer can still land later (a paused
+//!    member, a proxy): unguarded, it would write an older value back, or
+//!    bind the key to a lease already given up — which takes the key away
+//!    when that lease goes, while this machine reports `Registered`. Guarded,
+//!    it applies only if nothing was written since it was sent. A failed
+//!    guard is answered with the key as it is: if it already holds the
+//!    current value on the current lease (an earlier copy applied), that is
+//!    the write; otherwise the put goes again at once, guarded on what was
+//!    read (a key another writer changed is taken over, as before). A grant or put
+//!    refused with [`RpcError::PermissionDenied`] is reported as
+//!    [`LivenessState::Refused`] and the machine stops (revoking any lease it
+//!    holds): a user without the grant learns it at once instead of watching
+//!    a retry loop.
+//! 6. A grant, put or revoke without any reply for one requested TTL counts as
+//!    failed (the request is canceled), so a lost reply never stalls the
+//!    machine. Before that, one unanswered for
+//!    [`KeepaliveConfig::attempt_timeout`] is sent again (the first copy is
+//!    canceled): etcd drops, without answering, writes it receives while its
+//!    raft leader changes. A put and a revoke are idempotent; a second grant
+//!    may create a second lease, which nobody renews and which expires by
+//!    itself. The first three copies wait one attempt timeout each, later
+//!    ones twice as long as the one before, up to 16 attempt timeouts.
+//! 7. A lease given up while etcd may still hold it — replaced
+//!    ([`KeepaliveInput::Replace`]) or presumed lost when the local deadline
+//!    passed — is revoked in the background, copy after copy on the same
+//!    schedule, until etcd answers (revoked, not found, or a refusal): etcd
+//!    extends every lease to a full TTL at each raft leader change, so an
+//!    unrevoked lease can outlive its TTL, and its keys with it, for as long
+//!    as leader changes keep coming. In binding mode a revoke starts only
+//!    once the key is written with the current lease, so it never takes the
+//!    key away. At most 8 such leases are remembered; a lease etcd said is
+//!    gone (TTL 0, not found) is not revoked.
+//! 8. [`KeepaliveInput::Stop`] cancels everything and revokes the lease (and
+//!    sends one last revoke for each lease still being retired, not waited
+//!    for); no renewal, grant or put is ever sent afterwards (but the leave
+//!    transaction's, below).
+//! 9. Leave: with [`Binding::leave_marker`] set, a stop while the key is
+//!    written with the current lease first sends one transaction that puts
+//!    the marker key (empty value) on that lease and deletes the key, at one
+//!    revision, guarded on the key's mod revision as this machine last
+//!    wrote it. A watcher sees the key deleted by the revision that creates
+//!    its marker (a leave) one round trip after the stop, and
+//!    [`KeepaliveNotice::Left`] tells it when etcd answers. The revoke goes
+//!    out when etcd answers that transaction, whatever the answer, or after
+//!    one attempt timeout (half the requested TTL when the attempt timeout
+//!    is zero) without an answer, the transaction then canceled; the revoke
+//!    removes the marker (unrevoked, it expires with the lease). A failed
+//!    guard is answered with the key as it is: still on the current lease
+//!    at another mod revision (an earlier put of this machine's landed
+//!    late), the transaction goes again guarded on that revision; otherwise
+//!    (another writer's key, or none) nothing is deleted and only the revoke
+//!    goes. One window remains: a copy of the key's first put, given up
+//!    earlier but still on its way and guarded on the key's absence, that
+//!    lands between the leave and the revoke writes the key again until
+//!    the revoke removes it (watchers see it come and go once more). The
+//!    leave is not retried after an error. The stop's give-up (one
+//!    requested TTL, from the stop) covers leave and revoke together, so
+//!    the leave never makes a stop take longer than it could before. Not
+//!    written when there is no key on a lease to announce (registering,
+//!    stopping after a loss) nor after a refusal.
+//!
+//! 10. Detach ([`KeepaliveInput::Detach`]): while the key is written
+//!    with the current lease, the machine stops without leaving — no
+//!    marker, no delete, no revoke; the renewal or put in flight is
+//!    canceled — and tells [`KeepaliveNotice::Detached`] with a
+//!    [`ResumePoint`]: the lease, the key's create revision (which
+//!    incarnation of the key it is) and its mod revision as last written.
+//!    Leases retired earlier get their last revoke, as in a stop. With
+//!    nothing to hand over (registering, lost) a detach is a stop.
+//! 11. Resume ([`Keepalive::resume`]) starts from a [`ResumePoint`]
+//!    instead of a grant. It first proves the lease alive: one renewal,
+//!    answered with a TTL above zero, gives the local deadline as a
+//!    renewal does (rule 1) and the lease counts as proven. Then the
+//!    *resume transaction*, guarded on the key's mod revision *and* its
+//!    create revision being the point's, puts the current value on the
+//!    lease (reading the key otherwise); applied, the key's mod revision is
+//!    the transaction's, and the machine is `Registered` on the resumed
+//!    lease, from then on as if it had granted it. Until then the state
+//!    stays `Registering`. Every refusal registers afresh with a grant,
+//!    at once and without `Lost` (the lease was never reported held): a
+//!    renewal answered TTL 0 or not found (the lease is gone); a failed
+//!    renewal or none answered within one requested TTL, and a failed
+//!    guard (another incarnation of the key, or the key written since),
+//!    each of which also revokes the lease in the background once the key
+//!    is written anew (rule 7: it may still be alive and hold the key); a
+//!    transaction refused for a missing lease. A failed guard that reads
+//!    the key as this machine would write it (same lease, value and create
+//!    revision: an earlier copy of the transaction applied) is the write.
+//!    Puts and copies of the resume transaction follow the put rules
+//!    (rules 4 to 6). A stop while the renewal is out revokes the point's
+//!    lease without a leave. In lease-only mode, or from a point without a
+//!    lease or create revision, a resume is a fresh registration.
 //!
 //! Backoff: registration (grant, put, an unproven lease lost) and renewal
 //! failures count separately, each with its own jitter seed derived from the
