@@ -98,36 +98,36 @@
 //!    stopping after a loss) nor after a refusal.
 //!
 //! 10. Detach ([`KeepaliveInput::Detach`]): while the key is written
-//!    with the current lease, the machine stops without leaving — no
-//!    marker, no delete, no revoke; the renewal or put in flight is
-//!    canceled — and tells [`KeepaliveNotice::Detached`] with a
-//!    [`ResumePoint`]: the lease, the key's create revision (which
-//!    incarnation of the key it is) and its mod revision as last written.
-//!    Leases retired earlier get their last revoke, as in a stop. With
-//!    nothing to hand over (registering, lost) a detach is a stop.
+//!     with the current lease, the machine stops without leaving — no
+//!     marker, no delete, no revoke; the renewal or put in flight is
+//!     canceled — and tells [`KeepaliveNotice::Detached`] with a
+//!     [`ResumePoint`]: the lease, the key's create revision (which
+//!     incarnation of the key it is) and its mod revision as last written.
+//!     Leases retired earlier get their last revoke, as in a stop. With
+//!     nothing to hand over (registering, lost) a detach is a stop.
 //! 11. Resume ([`Keepalive::resume`]) starts from a [`ResumePoint`]
-//!    instead of a grant. It first proves the lease alive: one renewal,
-//!    answered with a TTL above zero, gives the local deadline as a
-//!    renewal does (rule 1) and the lease counts as proven. Then the
-//!    *resume transaction*, guarded on the key's mod revision *and* its
-//!    create revision being the point's, puts the current value on the
-//!    lease (reading the key otherwise); applied, the key's mod revision is
-//!    the transaction's, and the machine is `Registered` on the resumed
-//!    lease, from then on as if it had granted it. Until then the state
-//!    stays `Registering`. Every refusal registers afresh with a grant,
-//!    at once and without `Lost` (the lease was never reported held): a
-//!    renewal answered TTL 0 or not found (the lease is gone); a failed
-//!    renewal or none answered within one requested TTL, and a failed
-//!    guard (another incarnation of the key, or the key written since),
-//!    each of which also revokes the lease in the background once the key
-//!    is written anew (rule 7: it may still be alive and hold the key); a
-//!    transaction refused for a missing lease. A failed guard that reads
-//!    the key as this machine would write it (same lease, value and create
-//!    revision: an earlier copy of the transaction applied) is the write.
-//!    Puts and copies of the resume transaction follow the put rules
-//!    (rules 4 to 6). A stop while the renewal is out revokes the point's
-//!    lease without a leave. In lease-only mode, or from a point without a
-//!    lease or create revision, a resume is a fresh registration.
+//!     instead of a grant. It first proves the lease alive: one renewal,
+//!     answered with a TTL above zero, gives the local deadline as a
+//!     renewal does (rule 1) and the lease counts as proven. Then the
+//!     *resume transaction*, guarded on the key's mod revision *and* its
+//!     create revision being the point's, puts the current value on the
+//!     lease (reading the key otherwise); applied, the key's mod revision is
+//!     the transaction's, and the machine is `Registered` on the resumed
+//!     lease, from then on as if it had granted it. Until then the state
+//!     stays `Registering`. Every refusal registers afresh with a grant,
+//!     at once and without `Lost` (the lease was never reported held): a
+//!     renewal answered TTL 0 or not found (the lease is gone); a failed
+//!     renewal or none answered within one requested TTL, and a failed
+//!     guard (another incarnation of the key, or the key written since),
+//!     each of which also revokes the lease in the background once the key
+//!     is written anew (rule 7: it may still be alive and hold the key); a
+//!     transaction refused for a missing lease. A failed guard that reads
+//!     the key as this machine would write it (same lease, value and create
+//!     revision: an earlier copy of the transaction applied) is the write.
+//!     Puts and copies of the resume transaction follow the put rules
+//!     (rules 4 to 6). A stop while the renewal is out revokes the point's
+//!     lease without a leave. In lease-only mode, or from a point without a
+//!     lease or create revision, a resume is a fresh registration.
 //!
 //! Backoff: registration (grant, put, an unproven lease lost) and renewal
 //! failures count separately, each with its own jitter seed derived from the
