@@ -1249,6 +1249,9 @@ impl Keepalive {
         self.stop_phase_timers();
         self.resent = 0;
         self.renew_backoff.reset();
+        // A resume not confirmed by now is over: the next lease's puts are
+        // ordinary ones.
+        self.resuming = None;
         self.notify(LivenessState::Lost { lease: l.id });
         self.sync_state();
         if failed || self.register_backoff.failures() > 0 {

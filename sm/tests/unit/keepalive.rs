@@ -2166,3 +2166,41 @@ fn resume_without_a_binding_or_with_a_nonsense_point_registers_afresh() {
         );
     }
 }
+
+/// A resume transaction never answered until the lease's deadline: the
+/// lease is lost as any other, and the next registration's put is an
+/// ordinary one (guarded on the mod revision alone), not the resume's.
+#[test]
+fn a_resume_transaction_unanswered_until_the_deadline_ends_the_resume() {
+    let t0 = Instant::now();
+    let mut m = resumed_renewal(t0);
+    m.handle_timeout(t0 + s(9));
+    let commands = drain(&mut m);
+    assert_eq!(commands.first(), Some(&Command::Cancel { id: RpcId(1) }));
+    assert!(
+        commands.contains(&rpc(2, Request::Grant { ttl_secs: TTL })),
+        "{commands:?}"
+    );
+    m.handle(
+        t0 + s(9),
+        ok(
+            2,
+            Response::Granted {
+                lease: 11,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut m), vec![put_on(3, b"v1", 8, 11)]);
+    m.handle(t0 + s(9), ok(3, guard_failed(20, None)));
+    assert_eq!(drain(&mut m), vec![put_on(4, b"v1", 0, 11)]);
+    m.handle(t0 + s(9), ok(4, written(21)));
+    let commands = drain(&mut m);
+    assert_eq!(
+        commands.first(),
+        Some(&Command::Notify(KeepaliveNotice::State(
+            LivenessState::Registered { lease: 11 }
+        ))),
+        "{commands:?}"
+    );
+}
