@@ -237,6 +237,12 @@ impl LivenessOptions {
 ///   the two leaves a marker that expires with the lease. Nothing is ever
 ///   left behind. A host that never got its key written (still
 ///   registering) announces nothing.
+/// * [`HostLiveness::detach`] instead hands the registration to the next
+///   process ([`HostLiveness::resume`]): nothing is announced or revoked,
+///   so a restart within the TTL shows watchers at most an
+///   [`Updated`](crate::HostEvent::Updated), and one past it exactly
+///   `Down(_, Expired)` and `Up`. Only the registration is carried over,
+///   never a leadership or a lock.
 ///
 /// **Dropping** is a graceful leave too: it hands the leave marker and the
 /// revoke to the driver and returns at once, also when etcd is unreachable;

@@ -208,8 +208,9 @@ fn state_record(host: Uuid, state: &LivenessState) -> (String, Value) {
     (human, value)
 }
 
-/// `agent`: register, print every liveness state change, revoke on
-/// Ctrl-C / SIGTERM.
+/// `agent`: register (or resume, with `--state-file`), print every
+/// liveness state change; on Ctrl-C / SIGTERM leave and revoke, or with
+/// `--state-file` detach and save the registration for the next run.
 pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
     let options = LivenessOptions::default()
         .with_prefix(args.prefix.prefix)
