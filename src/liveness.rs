@@ -523,11 +523,7 @@ impl HostLiveness {
                     machine_state,
                     sm::LivenessState::Registered { .. } | sm::LivenessState::Refused { .. }
                 );
-                if outcome {
-                    if let Some(tx) = first_tx.take() {
-                        let _ = tx.send(machine_state);
-                    }
-                } else if registering {
+                if registering && !outcome {
                     // Over before `register` returns: `states()` starts
                     // with the state it returned, not a replay.
                     return true;
@@ -542,6 +538,13 @@ impl HostLiveness {
                     let _ = oldest.try_recv();
                 }
                 let _ = states_tx.send(s);
+                // Told after the state is queued: `register` returns on
+                // this, and `states()` must already start with it.
+                if outcome {
+                    if let Some(tx) = first_tx.take() {
+                        let _ = tx.send(machine_state);
+                    }
+                }
                 true
             }),
         )?;
