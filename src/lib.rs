@@ -81,6 +81,7 @@ mod liveness;
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
+mod resume;
 mod runtime;
 mod server_version;
 #[cfg(feature = "testing")]
@@ -104,6 +105,7 @@ pub use endpoints::Endpoints;
 pub use error::{Error, ErrorKind, Result};
 pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
 pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
+pub use resume::Resume;
 pub use server_version::{etcd_defects, KnownDefect, ServerVersion};
 pub use tls::{EtcdUser, Tls};
 pub use txn::{KeyValue, TxnOp, TxnOpResponse};

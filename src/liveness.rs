@@ -4,9 +4,10 @@ use crate::driver::handle::WaitError;
 use crate::driver::{rand_seed, Finished, MachineHandle, Notify};
 use crate::error::{etcd_kind, Error, ErrorKind, Result};
 use crate::etcd::{assert_not_async, Etcd};
+use crate::resume::Resume;
 use crate::validate;
 use fleetcoord_sm::keepalive::{
-    self as sm, Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice,
+    self as sm, Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, ResumePoint,
 };
 use fleetcoord_sm::watch::leave_marker_key;
 use fleetcoord_sm::BackoffConfig;
@@ -236,6 +237,12 @@ impl LivenessOptions {
 ///   the two leaves a marker that expires with the lease. Nothing is ever
 ///   left behind. A host that never got its key written (still
 ///   registering) announces nothing.
+/// * [`HostLiveness::detach`] instead hands the registration to the next
+///   process ([`HostLiveness::resume`]): nothing is announced or revoked,
+///   so a restart within the TTL shows watchers at most an
+///   [`Updated`](crate::HostEvent::Updated), and one past it exactly
+///   `Down(_, Expired)` and `Up`. Only the registration is carried over,
+///   never a leadership or a lock.
 ///
 /// **Dropping** is a graceful leave too: it hands the leave marker and the
 /// revoke to the driver and returns at once, also when etcd is unreachable;
@@ -268,6 +275,13 @@ pub struct HostLiveness {
     states: crossbeam_channel::Receiver<LivenessState>,
     /// Signalled when the leave transaction applied (see `close`).
     left: crossbeam_channel::Receiver<()>,
+    /// Told the registration handed over by a detach (see `detach`).
+    detached: crossbeam_channel::Receiver<ResumePoint>,
+    /// Which process of this registration this is (see `incarnation`).
+    incarnation: u64,
+    /// Whether the registration is a resumed one (see `resumed`).
+    resumed: bool,
+    ttl: Duration,
     etcd: Etcd,
 }
 
@@ -307,6 +321,112 @@ impl HostLiveness {
         metadata: &[u8],
         options: LivenessOptions,
     ) -> Result<HostLiveness> {
+        Self::start(etcd, host_id, metadata, options, None)
+    }
+
+    /// Takes over the registration an earlier process handed over with
+    /// [`HostLiveness::detach`], writing `metadata`, so that watchers see
+    /// no `Down` and no `Up` for a restart within the TTL: at most an
+    /// [`Updated`](crate::HostEvent::Updated) (the key is written again,
+    /// on the same lease).
+    ///
+    /// Resuming proves, before it reports `Registered`, that the lease is
+    /// alive (one renewal answered with a TTL above zero) and that the key
+    /// is the incarnation the earlier process left: one transaction,
+    /// guarded on the key's create revision *and* its mod revision being
+    /// the ones in `resume`, writes the new metadata on the lease. If
+    /// anything refuses — the lease expired or was revoked, the key was
+    /// deleted, re-created or written by anyone since, or `resume` is for
+    /// another key than `options` make (another host id or prefix) — the
+    /// host registers afresh, on a new lease, exactly as
+    /// [`HostLiveness::with_options`] does (watchers then see the earlier
+    /// process's `Down(_, Expired)` when its lease expires, and an `Up`),
+    /// and the saved lease, if it may still be alive, is revoked once the
+    /// new key is written. [`HostLiveness::resumed`] tells which happened.
+    ///
+    /// Only the registration is carried over: leaderships, locks and
+    /// sessions of the earlier process are never resumed; they end with
+    /// their leases.
+    pub fn resume(
+        etcd: &Etcd,
+        resume: Resume,
+        metadata: &[u8],
+        options: LivenessOptions,
+    ) -> Result<HostLiveness> {
+        let key = format!("{}{}", options.prefix, resume.host_id.hyphenated());
+        let point = (key == resume.key).then_some(ResumePoint {
+            lease: resume.lease,
+            create_revision: resume.create_revision,
+            key_revision: resume.mod_revision,
+        });
+        let incarnation = resume.incarnation.saturating_add(1);
+        let mut host = Self::start(etcd, resume.host_id, metadata, options, point)?;
+        host.incarnation = incarnation;
+        Ok(host)
+    }
+
+    /// Stops renewing *without* leaving, and returns what the next process
+    /// needs to [`resume`](HostLiveness::resume) this registration: no
+    /// leave marker is written, nothing deleted, the lease not revoked.
+    /// Until it is resumed the key stays (watchers see nothing); when no
+    /// process resumes it within the lease's TTL, etcd expires the lease
+    /// and watchers see [`Down(_, Expired)`](crate::DownReason::Expired).
+    ///
+    /// Fails, after leaving as [`HostLiveness::close`] does, when there is
+    /// no registration to hand over: the key not written with the current
+    /// lease (registering, lost) or the keepalive already stopped.
+    pub fn detach(self) -> Result<Resume> {
+        self.machine
+            .send(KeepaliveInput::Detach)
+            .map_err(|_| self.etcd.gone())?;
+        let point = crossbeam_channel::select! {
+            recv(self.detached) -> point => point.ok(),
+            recv(self.machine.finished()) -> _ => self.detached.try_recv().ok(),
+            default(CLOSE_WAIT) => None,
+        };
+        match point {
+            Some(point) => Ok(Resume {
+                host_id: self.host_id,
+                key: self.key.clone(),
+                lease: point.lease,
+                create_revision: point.create_revision,
+                mod_revision: point.key_revision,
+                incarnation: self.incarnation,
+                ttl: self.ttl,
+            }),
+            None => {
+                // Stopped as a close does, leave and revoke: report how.
+                self.stop_and_wait()?;
+                Err(Error::invalid(
+                    "detach",
+                    "no registration to hand over (not registered); the host left instead",
+                ))
+            }
+        }
+    }
+
+    /// Which process of this registration this is: 1 for one made by
+    /// [`HostLiveness::with_options`], one more than the detached one's for
+    /// a [`HostLiveness::resume`] (also when the resume fell back to a
+    /// fresh registration). Local to the processes that hand it on.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// Whether [`HostLiveness::resume`] took the earlier registration over
+    /// (same lease, same key incarnation), rather than registering afresh.
+    /// Always false for [`HostLiveness::with_options`].
+    pub fn resumed(&self) -> bool {
+        self.resumed
+    }
+
+    fn start(
+        etcd: &Etcd,
+        host_id: Uuid,
+        metadata: &[u8],
+        options: LivenessOptions,
+        resume: Option<ResumePoint>,
+    ) -> Result<HostLiveness> {
         assert_not_async();
         validate::prefix("prefix", &options.prefix)?;
         validate::ttl("ttl", options.ttl)?;
@@ -337,7 +457,10 @@ impl HostLiveness {
             // For `trusted_until`: one notice per renewal, stored below.
             announce_trust: true,
         };
-        let mut machine = Keepalive::new(config, Instant::now(), rand_seed());
+        let mut machine = match resume {
+            Some(point) => Keepalive::resume(config, Instant::now(), rand_seed(), 0, point),
+            None => Keepalive::new(config, Instant::now(), rand_seed()),
+        };
         machine.set_renewal_grid(Some(etcd.renewal_grid()));
         let state = Arc::new(Mutex::new(LivenessState::Registering));
         // Unbounded, with the bound kept below by hand: a `bounded(1024)`
@@ -353,6 +476,7 @@ impl HostLiveness {
         // Told once, when the leave transaction applied (`close`).
         let (left_tx, left) = crossbeam_channel::bounded::<()>(1);
         let mut left_tx = Some(left_tx);
+        let (detached_tx, detached) = crossbeam_channel::bounded::<ResumePoint>(1);
         let shared_state = state.clone();
         let trust = Arc::new(Mutex::new(None));
         let shared_trust = trust.clone();
@@ -373,6 +497,10 @@ impl HostLiveness {
                         }
                         return true;
                     }
+                    KeepaliveNotice::Detached(point) => {
+                        let _ = detached_tx.try_send(point);
+                        return true;
+                    }
                 };
                 crate::metrics::liveness(&metrics_key, &machine_state);
                 let s = LivenessState::from_sm(&machine_state);
@@ -382,11 +510,7 @@ impl HostLiveness {
                     machine_state,
                     sm::LivenessState::Registered { .. } | sm::LivenessState::Refused { .. }
                 );
-                if outcome {
-                    if let Some(tx) = first_tx.take() {
-                        let _ = tx.send(machine_state);
-                    }
-                } else if registering {
+                if registering && !outcome {
                     // Over before `register` returns: `states()` starts
                     // with the state it returned, not a replay.
                     return true;
@@ -401,10 +525,17 @@ impl HostLiveness {
                     let _ = oldest.try_recv();
                 }
                 let _ = states_tx.send(s);
+                // Told after the state is queued: `register` returns on
+                // this, and `states()` must already start with it.
+                if outcome {
+                    if let Some(tx) = first_tx.take() {
+                        let _ = tx.send(machine_state);
+                    }
+                }
                 true
             }),
         )?;
-        let host = HostLiveness {
+        let mut host = HostLiveness {
             host_id,
             key,
             machine,
@@ -412,6 +543,10 @@ impl HostLiveness {
             trust,
             states,
             left,
+            detached,
+            incarnation: 1,
+            resumed: false,
+            ttl: options.ttl,
             etcd: etcd.clone(),
         };
         match first.recv_timeout(options.register_timeout) {
@@ -420,7 +555,11 @@ impl HostLiveness {
                 let _ = host.stop_and_wait();
                 Err(Error::rpc_in(format!("registering {}", host.key), error))
             }
-            Ok(_) => Ok(host),
+            Ok(first) => {
+                host.resumed = matches!((first, resume),
+                    (sm::LivenessState::Registered { lease }, Some(point)) if lease == point.lease);
+                Ok(host)
+            }
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                 let _ = host.stop_and_wait();
                 Err(Error::Timeout(options.register_timeout))

@@ -7,9 +7,10 @@ use crossbeam_channel::{select, Receiver};
 use fleetcoord::LeaseTtl;
 use fleetcoord::{
     list_hosts, HostEvent, HostInfo, HostLiveness, HostWatcher, LivenessOptions, LivenessState,
-    WatcherOptions, DEFAULT_HOSTS_PREFIX,
+    Resume, WatcherOptions, DEFAULT_HOSTS_PREFIX,
 };
 use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
@@ -50,6 +51,15 @@ pub struct AgentArgs {
     ttl: Duration,
     #[command(flatten)]
     prefix: PrefixArgs,
+    /// Hand the registration to this command's next run instead of leaving:
+    /// on start, resume the registration saved in PATH (if the lease and
+    /// that key incarnation still exist; else register afresh); on Ctrl-C /
+    /// SIGTERM, stop renewing without leaving and save it to PATH (written
+    /// atomically). A restart within the TTL is then no Down and no Up for
+    /// watchers (at most an Updated); past the TTL they see Down (expired)
+    /// and Up. Leaderships are never carried over.
+    #[arg(long, value_name = "PATH")]
+    state_file: Option<PathBuf>,
 }
 
 fn parse_json(text: &str) -> Result<String, String> {
@@ -198,18 +208,37 @@ fn state_record(host: Uuid, state: &LivenessState) -> (String, Value) {
     (human, value)
 }
 
-/// `agent`: register, print every liveness state change, revoke on
-/// Ctrl-C / SIGTERM.
+/// `agent`: register (or resume, with `--state-file`), print every
+/// liveness state change; on Ctrl-C / SIGTERM leave and revoke, or with
+/// `--state-file` detach and save the registration for the next run.
 pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
     let options = LivenessOptions::default()
         .with_prefix(args.prefix.prefix)
         .with_ttl(args.ttl);
-    let host = Arc::new(HostLiveness::with_options(
-        &ctx.etcd,
-        args.host_id,
-        args.meta.as_bytes(),
-        options,
-    )?);
+    let saved = match &args.state_file {
+        Some(path) => read_resume(path).filter(|r| {
+            let same = r.host_id == args.host_id;
+            if !same {
+                eprintln!(
+                    "warning: {} is host {}'s registration, not {}'s; registering afresh",
+                    path.display(),
+                    r.host_id,
+                    args.host_id
+                );
+            }
+            same
+        }),
+        None => None,
+    };
+    let host = match saved {
+        Some(resume) => HostLiveness::resume(&ctx.etcd, resume, args.meta.as_bytes(), options)?,
+        None => HostLiveness::with_options(&ctx.etcd, args.host_id, args.meta.as_bytes(), options)?,
+    };
+    let mut first = args
+        .state_file
+        .as_ref()
+        .map(|_| (host.resumed(), host.incarnation()));
+    let host = Arc::new(host);
     let watched = Arc::downgrade(&host);
     ctx.watchdog(
         args.ttl,
@@ -222,7 +251,14 @@ pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), 
             recv(host.states()) -> state => match state {
                 Ok(state) => {
                     ctx.health.set(matches!(state, LivenessState::Registered { .. }));
-                    let (human, value) = state_record(args.host_id, &state);
+                    let (mut human, mut value) = state_record(args.host_id, &state);
+                    // With --state-file the first record says whether the
+                    // earlier run's registration was taken over.
+                    if let (Some((resumed, incarnation)), Value::Object(map)) = (first.take(), &mut value) {
+                        human.push_str(if resumed { " (resumed)" } else { " (registered afresh)" });
+                        map.insert("resumed".into(), json!(resumed));
+                        map.insert("incarnation".into(), json!(incarnation));
+                    }
                     ctx.out.emit(human, value)?;
                 }
                 Err(_) => return Err(CliError::Message("the keepalive stopped unexpectedly".into())),
@@ -233,12 +269,17 @@ pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), 
     ctx.health.set(false);
     // The watchdog's source goes first: it holds the only other reference.
     ctx.health.forget_trust();
+    let Ok(host) = Arc::try_unwrap(host) else {
+        let (human, value) = left_record(args.host_id, false);
+        ctx.out.emit(human, value)?;
+        return Ok(());
+    };
+    if let Some(path) = &args.state_file {
+        return detach(ctx, host, path);
+    }
     // `close` is Ok once etcd confirmed the leave (marker written, key
     // deleted at one revision), before the revoke is answered.
-    let left = match Arc::try_unwrap(host) {
-        Ok(host) => host.close().is_ok(),
-        Err(_) => false,
-    };
+    let left = host.close().is_ok();
     let (human, value) = left_record(args.host_id, left);
     ctx.out.emit(human, value)?;
     Ok(())
@@ -260,4 +301,90 @@ fn left_record(host: Uuid, left: bool) -> (String, Value) {
         ("left", json!(left)),
     ]);
     (human, value)
+}
+
+/// The registration saved by an earlier run, if `path` holds one. A file
+/// that cannot be read or parsed is reported and registers afresh: a
+/// registration is never refused over a stale state file.
+fn read_resume(path: &Path) -> Option<Resume> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            eprintln!(
+                "warning: cannot read {}: {e}; registering afresh",
+                path.display()
+            );
+            return None;
+        }
+    };
+    match text.parse() {
+        Ok(resume) => Some(resume),
+        Err(e) => {
+            eprintln!(
+                "warning: {} holds no registration ({e}); registering afresh",
+                path.display()
+            );
+            None
+        }
+    }
+}
+
+/// `--state-file` on shutdown: stop renewing without leaving and save the
+/// registration for the next run, atomically (a temporary file beside it,
+/// synced, then renamed over it), so a crash mid-write never leaves half a
+/// state file.
+fn detach(ctx: &Ctx, host: HostLiveness, path: &Path) -> Result<(), CliError> {
+    let host_id = host.host_id();
+    let resume = match host.detach() {
+        Ok(resume) => resume,
+        Err(e) => {
+            // Not registered: it left instead; nothing to hand over.
+            eprintln!("warning: {e}");
+            let _ = std::fs::remove_file(path);
+            let (human, value) = left_record(host_id, false);
+            ctx.out.emit(human, value)?;
+            return Ok(());
+        }
+    };
+    write_atomically(path, resume.to_string().as_bytes()).map_err(|e| {
+        CliError::Message(format!(
+            "cannot save the registration to {}: {e} (the lease expires after its TTL)",
+            path.display()
+        ))
+    })?;
+    let human = format!(
+        "{host_id}: detached (lease {} saved to {}: resume within {}s to keep it)",
+        lease_hex(resume.lease),
+        path.display(),
+        resume.ttl.as_secs()
+    );
+    let value = object([
+        ("host_id", json!(host_id.to_string())),
+        ("state", json!("detached")),
+        ("lease", lease_json(resume.lease)),
+        ("state_file", json!(path.display().to_string())),
+    ]);
+    ctx.out.emit(human, value)?;
+    Ok(())
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))?
+        .to_os_string();
+    name.push(format!(".tmp{}", std::process::id()));
+    let tmp = path.with_file_name(name);
+    let result = (|| {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
 }

@@ -102,7 +102,9 @@ enum Command {
     WatchHosts(hosts::WatchArgs),
     /// Register this process as a host until Ctrl-C, printing its liveness
     /// state changes; exiting (Ctrl-C, SIGTERM) announces the leave and
-    /// revokes the lease so watchers see Down (left) at once.
+    /// revokes the lease so watchers see Down (left) at once. With
+    /// --state-file, exiting hands the registration to the next run instead
+    /// (a restart within the TTL is no Down for watchers).
     Agent(hosts::AgentArgs),
     /// Campaign in an election; print when leading (with the fencing token),
     /// hold until Ctrl-C, then resign. With `-- CMD ARGS...`: run CMD only

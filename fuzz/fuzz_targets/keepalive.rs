@@ -251,6 +251,9 @@ impl Run {
                     assert_eq!(self.marker_lease, Some(lease), "Left on another lease");
                     assert!(self.revoked.is_none(), "Left after the revoke");
                 }
+                Command::Notify(KeepaliveNotice::Detached(point)) => {
+                    panic!("detached unasked at {point:?}");
+                }
                 Command::Notify(KeepaliveNotice::State(n)) => {
                     assert_ne!(self.notifications.last(), Some(&n), "repeated notification");
                     assert!(

@@ -18,84 +18,116 @@
 //! `Registering → Registered ⇄ Suspended`, then on loss
 //! `Lost → Registering → …` again, and finally `Stopped`.
 //!
-//! * Renewals: at most one `KeepAlive` outstanding; the next one is sent at
-//!   `min(last_ack_send + trusted/3, now + (deadline - now)/2)` (`trusted`
-//!   being the trusted lifetime), so at least half of the remaining lifetime
-//!   is always left for a retry, and no renewal is scheduled at or after the
-//!   local deadline.
-//! * A failed renewal (error, wrong reply, or no reply by the midpoint of the
-//!   remaining lifetime) makes the state `Suspended`; renewals are retried on
-//!   the same lease after a backoff delay, but never at or after the local
-//!   deadline. A retry that would land there is dropped: the deadline decides.
-//! * When the deadline passes, a renewal reply says TTL 0, a put fails
-//!   with [`RpcError::LeaseNotFound`], or the user says another request on
-//!   the lease did ([`KeepaliveInput::LeaseGone`]), the lease is `Lost`: a new one is
-//!   granted (at once the first time, after a backoff delay when the previous
-//!   registration attempt failed) and the key put again.
-//! * Grant and put failures are retried with backoff; a put is retried on the
-//!   same lease (putting the same value again is idempotent).
-//! * Every put of the key is guarded on the key's mod revision as this
-//!   machine last knew it (0: absent), and reads the key when the guard
-//!   fails. A put given up without an answer can still land later (a paused
-//!   member, a proxy): unguarded, it would write an older value back, or
-//!   bind the key to a lease already given up — which takes the key away
-//!   when that lease goes, while this machine reports `Registered`. Guarded,
-//!   it applies only if nothing was written since it was sent. A failed
-//!   guard is answered with the key as it is: if it already holds the
-//!   current value on the current lease (an earlier copy applied), that is
-//!   the write; otherwise the put goes again at once, guarded on what was
-//!   read (a key another writer changed is taken over, as before). A grant or put
-//!   refused with [`RpcError::PermissionDenied`] is reported as
-//!   [`LivenessState::Refused`] and the machine stops (revoking any lease it
-//!   holds): a user without the grant learns it at once instead of watching
-//!   a retry loop.
-//! * A grant, put or revoke without any reply for one requested TTL counts as
-//!   failed (the request is canceled), so a lost reply never stalls the
-//!   machine. Before that, one unanswered for
-//!   [`KeepaliveConfig::attempt_timeout`] is sent again (the first copy is
-//!   canceled): etcd drops, without answering, writes it receives while its
-//!   raft leader changes. A put and a revoke are idempotent; a second grant
-//!   may create a second lease, which nobody renews and which expires by
-//!   itself. The first three copies wait one attempt timeout each, later
-//!   ones twice as long as the one before, up to 16 attempt timeouts.
-//! * A lease given up while etcd may still hold it — replaced
-//!   ([`KeepaliveInput::Replace`]) or presumed lost when the local deadline
-//!   passed — is revoked in the background, copy after copy on the same
-//!   schedule, until etcd answers (revoked, not found, or a refusal): etcd
-//!   extends every lease to a full TTL at each raft leader change, so an
-//!   unrevoked lease can outlive its TTL, and its keys with it, for as long
-//!   as leader changes keep coming. In binding mode a revoke starts only
-//!   once the key is written with the current lease, so it never takes the
-//!   key away. At most 8 such leases are remembered; a lease etcd said is
-//!   gone (TTL 0, not found) is not revoked.
-//! * [`KeepaliveInput::Stop`] cancels everything and revokes the lease (and
-//!   sends one last revoke for each lease still being retired, not waited
-//!   for); no renewal, grant or put is ever sent afterwards (but the leave
-//!   transaction's, below).
-//! * Leave: with [`Binding::leave_marker`] set, a stop while the key is
-//!   written with the current lease first sends one transaction that puts
-//!   the marker key (empty value) on that lease and deletes the key, at one
-//!   revision, guarded on the key's mod revision as this machine last
-//!   wrote it. A watcher sees the key deleted by the revision that creates
-//!   its marker (a leave) one round trip after the stop, and
-//!   [`KeepaliveNotice::Left`] tells it when etcd answers. The revoke goes
-//!   out when etcd answers that transaction, whatever the answer, or after
-//!   one attempt timeout (half the requested TTL when the attempt timeout
-//!   is zero) without an answer, the transaction then canceled; the revoke
-//!   removes the marker (unrevoked, it expires with the lease). A failed
-//!   guard is answered with the key as it is: still on the current lease
-//!   at another mod revision (an earlier put of this machine's landed
-//!   late), the transaction goes again guarded on that revision; otherwise
-//!   (another writer's key, or none) nothing is deleted and only the revoke
-//!   goes. One window remains: a copy of the key's first put, given up
-//!   earlier but still on its way and guarded on the key's absence, that
-//!   lands between the leave and the revoke writes the key again until
-//!   the revoke removes it (watchers see it come and go once more). The
-//!   leave is not retried after an error. The stop's give-up (one
-//!   requested TTL, from the stop) covers leave and revoke together, so
-//!   the leave never makes a stop take longer than it could before. Not
-//!   written when there is no key on a lease to announce (registering,
-//!   stopping after a loss) nor after a refusal.
+//! 1. Renewals: at most one `KeepAlive` outstanding; the next one is sent at
+//!    `min(last_ack_send + trusted/3, now + (deadline - now)/2)` (`trusted`
+//!    being the trusted lifetime), so at least half of the remaining lifetime
+//!    is always left for a retry, and no renewal is scheduled at or after the
+//!    local deadline.
+//! 2. A failed renewal (error, wrong reply, or no reply by the midpoint of the
+//!    remaining lifetime) makes the state `Suspended`; renewals are retried on
+//!    the same lease after a backoff delay, but never at or after the local
+//!    deadline. A retry that would land there is dropped: the deadline decides.
+//! 3. When the deadline passes, a renewal reply says TTL 0, a put fails
+//!    with [`RpcError::LeaseNotFound`], or the user says another request on
+//!    the lease did ([`KeepaliveInput::LeaseGone`]), the lease is `Lost`: a new one is
+//!    granted (at once the first time, after a backoff delay when the previous
+//!    registration attempt failed) and the key put again.
+//! 4. Grant and put failures are retried with backoff; a put is retried on the
+//!    same lease (putting the same value again is idempotent).
+//! 5. Every put of the key is guarded on the key's mod revision as this
+//!    machine last knew it (0: absent), and reads the key when the guard
+//!    fails. A put given up without an answer can still land later (a paused
+//!    member, a proxy): unguarded, it would write an older value back, or
+//!    bind the key to a lease already given up — which takes the key away
+//!    when that lease goes, while this machine reports `Registered`. Guarded,
+//!    it applies only if nothing was written since it was sent. A failed
+//!    guard is answered with the key as it is: if it already holds the
+//!    current value on the current lease (an earlier copy applied), that is
+//!    the write; otherwise the put goes again at once, guarded on what was
+//!    read (a key another writer changed is taken over, as before). A grant or put
+//!    refused with [`RpcError::PermissionDenied`] is reported as
+//!    [`LivenessState::Refused`] and the machine stops (revoking any lease it
+//!    holds): a user without the grant learns it at once instead of watching
+//!    a retry loop.
+//! 6. A grant, put or revoke without any reply for one requested TTL counts as
+//!    failed (the request is canceled), so a lost reply never stalls the
+//!    machine. Before that, one unanswered for
+//!    [`KeepaliveConfig::attempt_timeout`] is sent again (the first copy is
+//!    canceled): etcd drops, without answering, writes it receives while its
+//!    raft leader changes. A put and a revoke are idempotent; a second grant
+//!    may create a second lease, which nobody renews and which expires by
+//!    itself. The first three copies wait one attempt timeout each, later
+//!    ones twice as long as the one before, up to 16 attempt timeouts.
+//! 7. A lease given up while etcd may still hold it — replaced
+//!    ([`KeepaliveInput::Replace`]) or presumed lost when the local deadline
+//!    passed — is revoked in the background, copy after copy on the same
+//!    schedule, until etcd answers (revoked, not found, or a refusal): etcd
+//!    extends every lease to a full TTL at each raft leader change, so an
+//!    unrevoked lease can outlive its TTL, and its keys with it, for as long
+//!    as leader changes keep coming. In binding mode a revoke starts only
+//!    once the key is written with the current lease, so it never takes the
+//!    key away. At most 8 such leases are remembered; a lease etcd said is
+//!    gone (TTL 0, not found) is not revoked.
+//! 8. [`KeepaliveInput::Stop`] cancels everything and revokes the lease (and
+//!    sends one last revoke for each lease still being retired, not waited
+//!    for); no renewal, grant or put is ever sent afterwards (but the leave
+//!    transaction's, below).
+//! 9. Leave: with [`Binding::leave_marker`] set, a stop while the key is
+//!    written with the current lease first sends one transaction that puts
+//!    the marker key (empty value) on that lease and deletes the key, at one
+//!    revision, guarded on the key's mod revision as this machine last
+//!    wrote it. A watcher sees the key deleted by the revision that creates
+//!    its marker (a leave) one round trip after the stop, and
+//!    [`KeepaliveNotice::Left`] tells it when etcd answers. The revoke goes
+//!    out when etcd answers that transaction, whatever the answer, or after
+//!    one attempt timeout (half the requested TTL when the attempt timeout
+//!    is zero) without an answer, the transaction then canceled; the revoke
+//!    removes the marker (unrevoked, it expires with the lease). A failed
+//!    guard is answered with the key as it is: still on the current lease
+//!    at another mod revision (an earlier put of this machine's landed
+//!    late), the transaction goes again guarded on that revision; otherwise
+//!    (another writer's key, or none) nothing is deleted and only the revoke
+//!    goes. One window remains: a copy of the key's first put, given up
+//!    earlier but still on its way and guarded on the key's absence, that
+//!    lands between the leave and the revoke writes the key again until
+//!    the revoke removes it (watchers see it come and go once more). The
+//!    leave is not retried after an error. The stop's give-up (one
+//!    requested TTL, from the stop) covers leave and revoke together, so
+//!    the leave never makes a stop take longer than it could before. Not
+//!    written when there is no key on a lease to announce (registering,
+//!    stopping after a loss) nor after a refusal.
+//!
+//! 10. Detach ([`KeepaliveInput::Detach`]): while the key is written
+//!     with the current lease, the machine stops without leaving — no
+//!     marker, no delete, no revoke; the renewal or put in flight is
+//!     canceled — and tells [`KeepaliveNotice::Detached`] with a
+//!     [`ResumePoint`]: the lease, the key's create revision (which
+//!     incarnation of the key it is) and its mod revision as last written.
+//!     Leases retired earlier get their last revoke, as in a stop. With
+//!     nothing to hand over (registering, lost) a detach is a stop.
+//! 11. Resume ([`Keepalive::resume`]) starts from a [`ResumePoint`]
+//!     instead of a grant. It first proves the lease alive: one renewal,
+//!     answered with a TTL above zero, gives the local deadline as a
+//!     renewal does (rule 1) and the lease counts as proven. Then the
+//!     *resume transaction*, guarded on the key's mod revision *and* its
+//!     create revision being the point's, puts the current value on the
+//!     lease (reading the key otherwise); applied, the key's mod revision is
+//!     the transaction's, and the machine is `Registered` on the resumed
+//!     lease, from then on as if it had granted it. Until then the state
+//!     stays `Registering`. Every refusal registers afresh with a grant,
+//!     at once and without `Lost` (the lease was never reported held): a
+//!     renewal answered TTL 0 or not found (the lease is gone); a failed
+//!     renewal or none answered within one requested TTL, and a failed
+//!     guard (another incarnation of the key, or the key written since),
+//!     each of which also revokes the lease in the background once the key
+//!     is written anew (rule 7: it may still be alive and hold the key); a
+//!     transaction refused for a missing lease. A failed guard that reads
+//!     the key as this machine would write it (same lease, value and create
+//!     revision: an earlier copy of the transaction applied) is the write.
+//!     Puts and copies of the resume transaction follow the put rules
+//!     (rules 4 to 6). A stop while the renewal is out revokes the point's
+//!     lease without a leave. In lease-only mode, or from a point without a
+//!     lease or create revision, a resume is a fresh registration.
 //!
 //! Backoff: registration (grant, put, an unproven lease lost) and renewal
 //! failures count separately, each with its own jitter seed derived from the
@@ -235,6 +267,24 @@ pub enum KeepaliveNotice {
         /// The lease the marker is bound to (about to be revoked).
         lease: LeaseId,
     },
+    /// The machine detached ([`KeepaliveInput::Detach`]): the lease and the
+    /// key are left as they are, for a later machine to
+    /// [resume](Keepalive::resume) from this point. Told at most once,
+    /// right before `Stopped { revoked: false }`.
+    Detached(ResumePoint),
+}
+
+/// A registration handed from one machine to the next (a process restart):
+/// the lease and the incarnation of the key written with it. See "Resume"
+/// in the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResumePoint {
+    /// The lease the key is bound to.
+    pub lease: LeaseId,
+    /// The key's create revision: which incarnation of the key it is.
+    pub create_revision: Revision,
+    /// The key's mod revision as last written by the detached machine.
+    pub key_revision: Revision,
 }
 
 /// How long a lease granted or renewed with `ttl` is trusted, counted from
@@ -291,6 +341,13 @@ pub enum KeepaliveInput {
     },
     /// Revoke the lease and stop for good. Repeated calls do nothing.
     Stop,
+    /// Stop for good *without* leaving: no leave marker, no delete, no
+    /// revoke; the lease and the key are left to a later machine
+    /// ([`Keepalive::resume`]) or to expire. Tells
+    /// [`KeepaliveNotice::Detached`] first when there is a registration to
+    /// hand over ([`Keepalive::resume_point`]); otherwise it is a
+    /// [`KeepaliveInput::Stop`]. Ignored once stopping.
+    Detach,
 }
 
 impl From<RpcReply> for KeepaliveInput {
@@ -414,6 +471,12 @@ enum Phase {
         grant: Option<(RpcId, Instant)>,
     },
     Leased(Lease),
+    /// Resuming a registration an earlier process detached: the renewal
+    /// proving `point.lease` alive is outstanding (with its send time).
+    Resuming {
+        point: ResumePoint,
+        renewal: (RpcId, Instant),
+    },
     /// Stopping: the leave transaction is outstanding; the revoke of
     /// `lease` follows its answer or its attempt timeout.
     Leaving {
@@ -445,6 +508,11 @@ pub struct Keepalive {
     /// guard's read); 0 when absent or never seen. Every put is guarded on
     /// it (see the module docs).
     key_revision: Revision,
+    /// The key's create revision as last seen (0: unknown or absent).
+    key_created: Revision,
+    /// While the resume transaction is the put: the create revision it is
+    /// guarded on (see "Resume" in the module docs).
+    resuming: Option<Revision>,
     phase: Phase,
     state: LivenessState,
     timers: TimerTable<Timer>,
@@ -489,16 +557,63 @@ impl Keepalive {
         seed: u64,
         first_rpc_id: u64,
     ) -> Self {
+        let mut machine = Self::idle(config, now, seed, first_rpc_id);
+        machine
+            .outbox
+            .notify(KeepaliveNotice::State(LivenessState::Registering));
+        machine.send_grant(now);
+        machine
+    }
+
+    /// Starts at `now` by resuming the registration `point` that an
+    /// earlier machine detached ([`KeepaliveInput::Detach`]): the first
+    /// commands are `Notify(Registering)` and `Rpc(KeepAlive)` on
+    /// `point.lease`, then the resume transaction; on any refusal it
+    /// registers afresh (see "Resume" in the module docs). In lease-only
+    /// mode (no binding) there is no key incarnation to prove, and it
+    /// starts as [`Keepalive::with_first_rpc_id`] does.
+    pub fn resume(
+        config: KeepaliveConfig,
+        now: Instant,
+        seed: u64,
+        first_rpc_id: u64,
+        point: ResumePoint,
+    ) -> Self {
+        if config.binding.is_none() || point.lease == 0 || point.create_revision <= 0 {
+            return Self::with_first_rpc_id(config, now, seed, first_rpc_id);
+        }
+        let mut machine = Self::idle(config, now, seed, first_rpc_id);
+        machine
+            .outbox
+            .notify(KeepaliveNotice::State(LivenessState::Registering));
+        let renewal = machine
+            .outbox
+            .rpc(Request::KeepAlive { lease: point.lease });
+        machine.phase = Phase::Resuming {
+            point,
+            renewal: (renewal, now),
+        };
+        // Unanswered for one requested TTL: the lease cannot be proven in
+        // time, and a fresh registration is the only way forward.
+        let at = now.checked_add(machine.request_timeout()).unwrap_or(now);
+        machine.arm(Timer::Retry, at);
+        machine
+    }
+
+    /// The machine before its first request.
+    fn idle(config: KeepaliveConfig, now: Instant, seed: u64, first_rpc_id: u64) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let register_seed = rng.next_u64();
         let renew_seed = rng.next_u64();
-        let mut machine = Keepalive {
+        Keepalive {
             ttl_request: config.ttl_secs.clamp(1, MAX_TTL_SECS),
             safety_margin: config.safety_margin,
             drift_allowance_ppm: config.drift_allowance_ppm,
             binding: config.binding,
             value_gen: 0,
             key_revision: 0,
+            key_created: 0,
+            resuming: None,
             phase: Phase::Granting { grant: None },
             state: LivenessState::Registering,
             timers: TimerTable::new(),
@@ -511,12 +626,31 @@ impl Keepalive {
             resent: 0,
             outbox: Outbox::new(first_rpc_id),
             clock: Clock::new(now),
-        };
-        machine
-            .outbox
-            .notify(KeepaliveNotice::State(LivenessState::Registering));
-        machine.send_grant(now);
-        machine
+        }
+    }
+
+    /// What a later machine needs to resume this registration
+    /// ([`Keepalive::resume`]): `Some` only in binding mode while the key
+    /// is written with the current lease and no stop is under way.
+    pub fn resume_point(&self) -> Option<ResumePoint> {
+        match &self.phase {
+            Phase::Leased(l)
+                if self.binding.is_some() && l.written.is_some() && self.key_created > 0 =>
+            {
+                Some(ResumePoint {
+                    lease: l.id,
+                    create_revision: self.key_created,
+                    key_revision: self.key_revision,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// The key's mod revision as this machine last saw it (0: absent or
+    /// never seen); every put is guarded on it.
+    pub fn key_revision(&self) -> Revision {
+        self.key_revision
     }
 
     /// The state last notified.
@@ -694,7 +828,7 @@ impl Keepalive {
     /// Notifies the state that follows from the phase, if it changed.
     fn sync_state(&mut self) {
         let desired = match &self.phase {
-            Phase::Granting { .. } => LivenessState::Registering,
+            Phase::Granting { .. } | Phase::Resuming { .. } => LivenessState::Registering,
             Phase::Leased(l) => {
                 if self.binding.is_some() && l.written.is_none() {
                     LivenessState::Registering
@@ -875,11 +1009,18 @@ impl Keepalive {
         let Phase::Leased(l) = &self.phase else {
             return;
         };
-        let request = Request::Txn(Txn {
-            compare: vec![Compare::ModRevisionEquals {
+        let mut compare = vec![Compare::ModRevisionEquals {
+            key: binding.key.clone(),
+            revision: self.key_revision,
+        }];
+        if let Some(created) = self.resuming {
+            compare.push(Compare::CreateRevisionEquals {
                 key: binding.key.clone(),
-                revision: self.key_revision,
-            }],
+                revision: created,
+            });
+        }
+        let request = Request::Txn(Txn {
+            compare,
             success: vec![TxnOp::Put {
                 key: binding.key.clone(),
                 value: binding.value.clone(),
@@ -921,14 +1062,22 @@ impl Keepalive {
                     return self.schedule_put(now);
                 };
                 self.key_revision = found.as_ref().map_or(0, |kv| kv.mod_revision);
+                self.key_created = found.as_ref().map_or(0, |kv| kv.create_revision);
                 let current = self.binding.as_ref().is_some_and(|b| {
-                    found
-                        .as_ref()
-                        .is_some_and(|kv| kv.lease == lease && kv.value == b.value)
+                    found.as_ref().is_some_and(|kv| {
+                        kv.lease == lease
+                            && kv.value == b.value
+                            && self.resuming.is_none_or(|c| c == kv.create_revision)
+                    })
                 });
                 if current {
                     // An earlier copy of this put applied.
+                    self.resuming = None;
                     self.on_put_written(now, self.value_gen);
+                } else if self.resuming.take().is_some() {
+                    // Another incarnation of the key, or the key moved
+                    // since the detach: refused, register afresh.
+                    self.abandon_resume(now, lease);
                 } else {
                     self.send_put(now);
                 }
@@ -938,8 +1087,20 @@ impl Keepalive {
                 revision,
                 ..
             }) => {
+                match self.resuming.take() {
+                    Some(created) => self.key_created = created,
+                    None if self.key_revision == 0 => self.key_created = revision,
+                    None => {}
+                }
                 self.key_revision = revision;
                 self.on_put_written(now, generation);
+            }
+            // The resumed lease expired between its renewal and the
+            // transaction: register afresh, as for any refused resume.
+            Err(RpcError::LeaseNotFound) if self.resuming.take().is_some() => {
+                self.key_revision = 0;
+                self.key_created = 0;
+                self.abandon_resume(now, lease);
             }
             // etcd expired the lease before the key was bound to it (a
             // pause longer than the TTL): only a new lease helps.
@@ -963,6 +1124,110 @@ impl Keepalive {
         }
     }
 
+    /// The resume was refused: forget `lease` without telling `Lost` (it
+    /// was never reported held), revoke it in the background once the key
+    /// is written anew (it may still hold the key), and register afresh.
+    fn abandon_resume(&mut self, now: Instant, lease: LeaseId) {
+        if let Phase::Leased(l) =
+            std::mem::replace(&mut self.phase, Phase::Granting { grant: None })
+        {
+            if let Some((id, _)) = l.renewal {
+                self.outbox.cancel(id);
+            }
+            if let Some((id, _)) = l.put {
+                self.outbox.cancel(id);
+            }
+        }
+        self.stop_phase_timers();
+        self.resent = 0;
+        self.resuming = None;
+        self.retire(lease);
+        self.send_grant(now);
+    }
+
+    /// The answer to the renewal that opens a resume: a TTL above zero
+    /// proves the lease, and the resume transaction follows; anything else
+    /// registers afresh.
+    fn on_resume_renewal(
+        &mut self,
+        now: Instant,
+        point: ResumePoint,
+        sent: Instant,
+        result: Result<Response, RpcError>,
+    ) {
+        self.timers.stop(Timer::Retry);
+        let proven = match result {
+            Ok(Response::KeptAlive { ttl_secs }) if ttl_secs > 0 => {
+                let trusted = self.trusted(ttl_secs);
+                sent.checked_add(trusted)
+                    .filter(|d| *d > now)
+                    .map(|d| (trusted, d))
+            }
+            _ => None,
+        };
+        let gone = matches!(
+            result,
+            Ok(Response::KeptAlive { ttl_secs: ..=0 }) | Err(RpcError::LeaseNotFound)
+        );
+        let Some((trusted, deadline)) = proven else {
+            self.phase = Phase::Granting { grant: None };
+            if !gone {
+                // Maybe alive still: revoked once the key is written anew.
+                self.retire(point.lease);
+            }
+            self.send_grant(now);
+            return;
+        };
+        self.phase = Phase::Leased(Lease {
+            id: point.lease,
+            trusted,
+            deadline,
+            last_ack_send: sent,
+            renewal: None,
+            put: None,
+            written: None,
+            failing: false,
+            proven: true,
+        });
+        self.key_revision = point.key_revision;
+        self.key_created = point.create_revision;
+        self.resuming = Some(point.create_revision);
+        self.arm(Timer::Deadline, deadline);
+        self.schedule_renewal(now);
+        self.send_put(now);
+        self.announce_trust();
+    }
+
+    /// Stops for good without leaving (see [`KeepaliveInput::Detach`]).
+    fn detach(&mut self, now: Instant) {
+        if self.phase.is_stopping() {
+            return;
+        }
+        let Some(point) = self.resume_point() else {
+            return self.stop(now, true);
+        };
+        if let Phase::Leased(l) = &self.phase {
+            let ids: Vec<RpcId> = l
+                .renewal
+                .iter()
+                .map(|(id, _)| *id)
+                .chain(l.put.iter().map(|(id, _)| *id))
+                .collect();
+            for id in ids {
+                self.outbox.cancel(id);
+            }
+        }
+        if let Some(id) = self.retired.revoke.take() {
+            self.outbox.cancel(id);
+        }
+        // Leases given up earlier hold nothing the next machine resumes.
+        for lease in std::mem::take(&mut self.retired.leases) {
+            let _ = self.outbox.rpc(Request::Revoke { lease });
+        }
+        self.outbox.notify(KeepaliveNotice::Detached(point));
+        self.finish(false);
+    }
+
     fn schedule_put(&mut self, now: Instant) {
         let delay = self.register_backoff.next_delay();
         self.arm(Timer::Retry, now.checked_add(delay).unwrap_or(now));
@@ -984,6 +1249,9 @@ impl Keepalive {
         self.stop_phase_timers();
         self.resent = 0;
         self.renew_backoff.reset();
+        // A resume not confirmed by now is over: the next lease's puts are
+        // ordinary ones.
+        self.resuming = None;
         self.notify(LivenessState::Lost { lease: l.id });
         self.sync_state();
         if failed || self.register_backoff.failures() > 0 {
@@ -1042,6 +1310,17 @@ impl Keepalive {
             }
             Phase::Granting { grant: None } => {
                 self.notify(LivenessState::Stopped { revoked: false });
+            }
+            Phase::Resuming {
+                point,
+                renewal: (id, _),
+            } => {
+                // Not proven, nothing announced: the saved lease (and the
+                // key an earlier process left on it) is revoked.
+                self.outbox.cancel(id);
+                let at = now.checked_add(self.request_timeout()).unwrap_or(now);
+                self.arm(Timer::Retry, at);
+                self.send_stop_revoke(point.lease);
             }
             Phase::Leased(l) => {
                 for (id, _) in l.renewal.iter() {
@@ -1187,6 +1466,13 @@ impl Keepalive {
                     self.on_put_reply(now, generation, result);
                 }
             }
+            Phase::Resuming {
+                point,
+                renewal: (renewal, sent),
+            } if *renewal == id => {
+                let (point, sent) = (*point, *sent);
+                self.on_resume_renewal(now, point, sent, result);
+            }
             Phase::Leaving { txn, lease } if *txn == id => {
                 let lease = *lease;
                 self.on_leave_reply(lease, result);
@@ -1283,6 +1569,19 @@ impl Keepalive {
                 self.schedule_grant(now);
             }
             (Timer::Retry, Phase::Granting { grant: None }) => self.send_grant(now),
+            (
+                Timer::Retry,
+                Phase::Resuming {
+                    point,
+                    renewal: (id, _),
+                },
+            ) => {
+                let (lease, id) = (point.lease, *id);
+                self.outbox.cancel(id);
+                self.phase = Phase::Granting { grant: None };
+                self.retire(lease);
+                self.send_grant(now);
+            }
             (Timer::Retry, Phase::Leased(l)) => match l.put {
                 Some((id, _)) => {
                     if let Phase::Leased(l) = &mut self.phase {
@@ -1351,6 +1650,7 @@ impl Machine for Keepalive {
                 }
             }
             KeepaliveInput::Stop => self.stop(now, true),
+            KeepaliveInput::Detach => self.detach(now),
         }
     }
 

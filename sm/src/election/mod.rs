@@ -555,8 +555,11 @@ impl Election {
                         self.outbox
                             .notify(ElectionNotice::SessionTrusted { lease, until });
                     }
-                    // A session binds no key, so it never announces a leave.
-                    Command::Notify(KeepaliveNotice::Left { .. }) => {}
+                    // A session binds no key, so it never announces a leave
+                    // and has no registration to hand over.
+                    Command::Notify(
+                        KeepaliveNotice::Left { .. } | KeepaliveNotice::Detached(_),
+                    ) => {}
                     Command::Notify(KeepaliveNotice::State(state)) => {
                         let fact = match &state {
                             LivenessState::Registered { lease } => {

@@ -1839,3 +1839,368 @@ fn grid_floor_is_never_later_and_at_most_one_step_earlier() {
     // A step above a tenth of the interval is not applied.
     assert_eq!(grid.floor(t0 + ms(1059), ms(199)), t0 + ms(1059));
 }
+
+/// A resume point as a detached machine leaves it: `LEASE`, key created at
+/// revision 5, last written at 8.
+const POINT: ResumePoint = ResumePoint {
+    lease: LEASE,
+    create_revision: 5,
+    key_revision: 8,
+};
+
+/// The resume transaction: the key's mod revision and create revision
+/// guarded, the value put on `POINT.lease`, the key read otherwise.
+fn resume_txn(id: u64, value: &[u8]) -> Cmd {
+    let key = b"/coord/hosts/a".to_vec();
+    rpc(
+        id,
+        Request::Txn(Txn {
+            compare: vec![
+                Compare::ModRevisionEquals {
+                    key: key.clone(),
+                    revision: POINT.key_revision,
+                },
+                Compare::CreateRevisionEquals {
+                    key: key.clone(),
+                    revision: POINT.create_revision,
+                },
+            ],
+            success: vec![TxnOp::Put {
+                key: key.clone(),
+                value: value.to_vec(),
+                lease: POINT.lease,
+            }],
+            failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(key)))],
+        }),
+    )
+}
+
+fn with_leave_marker() -> KeepaliveConfig {
+    let mut c = config(true);
+    if let Some(b) = c.binding.as_mut() {
+        b.leave_marker = Some(b"/coord/hosts/a/left".to_vec());
+    }
+    c
+}
+
+/// A resuming machine at `t0`, its opening renewal answered at t0 + 10 ms
+/// with the full TTL: the resume transaction is out (id 1).
+fn resumed_renewal(t0: Instant) -> Keepalive {
+    let mut m = Keepalive::resume(config(true), t0, 1, 0, POINT);
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Notify(KeepaliveNotice::State(LivenessState::Registering)),
+            rpc(0, Request::KeepAlive { lease: LEASE }),
+        ]
+    );
+    m.handle(t0 + ms(10), ok(0, Response::KeptAlive { ttl_secs: TTL }));
+    assert_eq!(drain(&mut m), vec![resume_txn(1, b"v1")]);
+    m
+}
+
+#[test]
+fn detach_hands_over_lease_and_key_incarnation_without_leave_or_revoke() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(with_leave_marker(), t0, 1);
+    let _ = drain(&mut m);
+    assert_eq!(m.resume_point(), None);
+    m.handle(t0 + ms(10), grant_reply());
+    assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
+    // Not written yet: nothing to hand over.
+    assert_eq!(m.resume_point(), None);
+    m.handle(t0 + ms(20), ok(1, written(5)));
+    let _ = drain(&mut m);
+    m.handle(t0 + ms(30), KeepaliveInput::SetValue(b"v2".to_vec()));
+    assert_eq!(drain(&mut m), vec![put_after(2, b"v2", 5)]);
+    m.handle(t0 + ms(40), ok(2, written(8)));
+    // A rewrite keeps the incarnation (create revision) and moves the
+    // mod revision.
+    assert_eq!(m.resume_point(), Some(POINT));
+    assert_eq!(m.key_revision(), 8);
+    m.handle_timeout(t0 + s(3));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(3, Request::KeepAlive { lease: LEASE })]
+    );
+    m.handle(t0 + s(3), KeepaliveInput::Detach);
+    // The renewal in flight is canceled; no leave, no delete, no revoke.
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Cancel { id: RpcId(3) },
+            Command::Notify(KeepaliveNotice::Detached(POINT)),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Stopped {
+                revoked: false
+            })),
+        ]
+    );
+    assert!(m.is_finished());
+    assert_eq!(m.poll_timeout(), None);
+    for input in [KeepaliveInput::Stop, KeepaliveInput::Detach] {
+        m.handle(t0 + s(4), input);
+    }
+    assert_eq!(drain(&mut m), vec![]);
+}
+
+#[test]
+fn detach_with_nothing_to_hand_over_is_a_stop() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(config(true), t0, 1);
+    let _ = drain(&mut m);
+    m.handle(t0 + ms(10), grant_reply());
+    assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
+    m.handle(t0 + ms(20), KeepaliveInput::Detach);
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Cancel { id: RpcId(1) },
+            rpc(2, Request::Revoke { lease: LEASE })
+        ]
+    );
+}
+
+#[test]
+fn resume_proves_the_lease_then_the_key_incarnation_then_is_registered() {
+    let t0 = Instant::now();
+    let mut m = resumed_renewal(t0);
+    // Proven alive, the key not yet: still registering, but trusted from
+    // the renewal's send.
+    assert_eq!(m.state(), &LivenessState::Registering);
+    assert_eq!(m.lease(), None);
+    assert_eq!(m.local_deadline(), Some(t0 + s(9)));
+    assert_eq!(m.resume_point(), None);
+    m.handle(t0 + ms(20), ok(1, written(12)));
+    assert_eq!(drain(&mut m), vec![registered()]);
+    assert_eq!(m.key_revision(), 12);
+    assert_eq!(
+        m.resume_point(),
+        Some(ResumePoint {
+            key_revision: 12,
+            ..POINT
+        })
+    );
+    // From here on an ordinary registration: renewed at a third of the
+    // TTL, later puts guarded on the resumed revision alone.
+    assert_eq!(m.poll_timeout(), Some(t0 + s(3)));
+    m.handle(t0 + ms(30), KeepaliveInput::SetValue(b"v2".to_vec()));
+    assert_eq!(drain(&mut m), vec![put_after(2, b"v2", 12)]);
+}
+
+#[test]
+fn resume_refused_by_a_dead_lease_registers_afresh_without_lost() {
+    for reply in [
+        ok(0, Response::KeptAlive { ttl_secs: 0 }),
+        KeepaliveInput::Rpc(RpcReply {
+            id: RpcId(0),
+            result: Err(RpcError::LeaseNotFound),
+        }),
+    ] {
+        let t0 = Instant::now();
+        let mut m = Keepalive::resume(config(true), t0, 1, 0, POINT);
+        let _ = drain(&mut m);
+        m.handle(t0 + ms(10), reply);
+        // Gone: nothing to revoke, and a fresh grant at once.
+        assert_eq!(
+            drain(&mut m),
+            vec![rpc(1, Request::Grant { ttl_secs: TTL })]
+        );
+        m.handle(
+            t0 + ms(20),
+            ok(
+                1,
+                Response::Granted {
+                    lease: 11,
+                    ttl_secs: TTL,
+                },
+            ),
+        );
+        assert_eq!(drain(&mut m), vec![put_on(2, b"v1", 0, 11)]);
+        m.handle(t0 + ms(30), ok(2, written(20)));
+        assert_eq!(
+            drain(&mut m),
+            vec![Command::Notify(KeepaliveNotice::State(
+                LivenessState::Registered { lease: 11 }
+            ))]
+        );
+        assert_eq!(m.resume_point().map(|p| p.create_revision), Some(20));
+    }
+}
+
+#[test]
+fn resume_refused_by_another_key_incarnation_registers_afresh_then_revokes_the_lease() {
+    let t0 = Instant::now();
+    let mut m = resumed_renewal(t0);
+    // Deleted and created again on the same lease since the detach.
+    let other = KeyValue {
+        create_revision: 15,
+        ..host_key(b"v1", LEASE, 15)
+    };
+    m.handle(t0 + ms(20), ok(1, guard_failed(15, Some(other))));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(2, Request::Grant { ttl_secs: TTL })]
+    );
+    assert_eq!(m.state(), &LivenessState::Registering);
+    m.handle(
+        t0 + ms(30),
+        ok(
+            2,
+            Response::Granted {
+                lease: 11,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    // Guarded on the key as read: the other incarnation is taken over.
+    assert_eq!(drain(&mut m), vec![put_on(3, b"v1", 15, 11)]);
+    m.handle(t0 + ms(40), ok(3, written(16)));
+    // Written on the new lease: the refused one, alive, is revoked.
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Notify(KeepaliveNotice::State(LivenessState::Registered {
+                lease: 11
+            })),
+            rpc(4, Request::Revoke { lease: LEASE }),
+        ]
+    );
+    assert_eq!(m.resume_point().map(|p| p.create_revision), Some(15));
+}
+
+#[test]
+fn resume_counts_an_earlier_copy_of_its_own_transaction_as_written() {
+    let t0 = Instant::now();
+    let mut m = resumed_renewal(t0);
+    let mine = KeyValue {
+        create_revision: POINT.create_revision,
+        ..host_key(b"v1", LEASE, 13)
+    };
+    m.handle(t0 + ms(20), ok(1, guard_failed(13, Some(mine))));
+    assert_eq!(drain(&mut m), vec![registered()]);
+    assert_eq!(m.key_revision(), 13);
+}
+
+#[test]
+fn resume_falls_back_on_a_failed_or_unanswered_renewal_and_revokes_the_lease_later() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::resume(config(true), t0, 1, 0, POINT);
+    let _ = drain(&mut m);
+    m.handle(t0 + ms(10), err(0));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(1, Request::Grant { ttl_secs: TTL })]
+    );
+
+    let mut m = Keepalive::resume(config(true), t0, 1, 0, POINT);
+    let _ = drain(&mut m);
+    assert_eq!(m.poll_timeout(), Some(t0 + s(9)));
+    m.handle_timeout(t0 + s(9));
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Cancel { id: RpcId(0) },
+            rpc(1, Request::Grant { ttl_secs: TTL })
+        ]
+    );
+    m.handle(
+        t0 + s(9),
+        ok(
+            1,
+            Response::Granted {
+                lease: 11,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut m), vec![put_on(2, b"v1", 0, 11)]);
+    m.handle(t0 + s(9), ok(2, written(30)));
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Notify(KeepaliveNotice::State(LivenessState::Registered {
+                lease: 11
+            })),
+            rpc(3, Request::Revoke { lease: LEASE }),
+        ]
+    );
+}
+
+#[test]
+fn stop_while_resuming_revokes_the_saved_lease() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::resume(with_leave_marker(), t0, 1, 0, POINT);
+    let _ = drain(&mut m);
+    m.handle(t0 + ms(5), KeepaliveInput::Stop);
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Cancel { id: RpcId(0) },
+            rpc(1, Request::Revoke { lease: LEASE })
+        ]
+    );
+    m.handle(t0 + ms(10), ok(1, Response::Revoked));
+    assert_eq!(
+        drain(&mut m),
+        vec![Command::Notify(KeepaliveNotice::State(
+            LivenessState::Stopped { revoked: true }
+        ))]
+    );
+}
+
+#[test]
+fn resume_without_a_binding_or_with_a_nonsense_point_registers_afresh() {
+    let t0 = Instant::now();
+    let nonsense = ResumePoint {
+        create_revision: 0,
+        ..POINT
+    };
+    for (config, point) in [(config(false), POINT), (config(true), nonsense)] {
+        let mut m = Keepalive::resume(config, t0, 1, 0, point);
+        assert_eq!(
+            drain(&mut m),
+            vec![
+                Command::Notify(KeepaliveNotice::State(LivenessState::Registering)),
+                rpc(0, Request::Grant { ttl_secs: TTL })
+            ]
+        );
+    }
+}
+
+/// A resume transaction never answered until the lease's deadline: the
+/// lease is lost as any other, and the next registration's put is an
+/// ordinary one (guarded on the mod revision alone), not the resume's.
+#[test]
+fn a_resume_transaction_unanswered_until_the_deadline_ends_the_resume() {
+    let t0 = Instant::now();
+    let mut m = resumed_renewal(t0);
+    m.handle_timeout(t0 + s(9));
+    let commands = drain(&mut m);
+    assert_eq!(commands.first(), Some(&Command::Cancel { id: RpcId(1) }));
+    assert!(
+        commands.contains(&rpc(2, Request::Grant { ttl_secs: TTL })),
+        "{commands:?}"
+    );
+    m.handle(
+        t0 + s(9),
+        ok(
+            2,
+            Response::Granted {
+                lease: 11,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut m), vec![put_on(3, b"v1", 8, 11)]);
+    m.handle(t0 + s(9), ok(3, guard_failed(20, None)));
+    assert_eq!(drain(&mut m), vec![put_on(4, b"v1", 0, 11)]);
+    m.handle(t0 + s(9), ok(4, written(21)));
+    let commands = drain(&mut m);
+    assert_eq!(
+        commands.first(),
+        Some(&Command::Notify(KeepaliveNotice::State(
+            LivenessState::Registered { lease: 11 }
+        ))),
+        "{commands:?}"
+    );
+}

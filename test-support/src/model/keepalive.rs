@@ -376,6 +376,10 @@ impl KeepaliveWorld {
                     ));
                 }
             }
+            KeepaliveNotice::Detached(point) => {
+                // This world never detaches a machine.
+                return Err(format!("machine {m} detached unasked at {point:?}"));
+            }
             KeepaliveNotice::State(state) => match state {
                 LivenessState::Registered { .. } => {
                     self.marks |= REGISTERED;

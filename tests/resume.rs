@@ -1,0 +1,158 @@
+//! `HostLiveness::detach` / `HostLiveness::resume` against a real etcd: a
+//! resume takes the registration over only while the lease and the key
+//! incarnation the detached process left still exist, and registers
+//! afresh otherwise.
+
+mod common;
+
+use common::{connect, etcdctl, start_etcd};
+use fleetcoord::{
+    list_hosts, HostEvent, HostLiveness, HostWatcher, LivenessOptions, LivenessState, Resume,
+    DEFAULT_HOSTS_PREFIX,
+};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+const WAIT: Duration = Duration::from_secs(15);
+
+fn options(ttl_secs: u64) -> LivenessOptions {
+    LivenessOptions::default().with_ttl(Duration::from_secs(ttl_secs))
+}
+
+/// The host's metadata and lease as `list_hosts` reads them.
+fn read_key(etcd: &fleetcoord::Etcd, id: Uuid) -> Option<(String, i64)> {
+    list_hosts(etcd, DEFAULT_HOSTS_PREFIX)
+        .expect("list hosts")
+        .into_iter()
+        .find(|h| h.id == id)
+        .map(|h| (String::from_utf8(h.metadata).expect("utf-8"), h.lease))
+}
+
+fn registered_lease(host: &HostLiveness) -> i64 {
+    match host.state() {
+        LivenessState::Registered { lease } => lease,
+        other => panic!("not registered: {other:?}"),
+    }
+}
+
+#[test]
+fn a_resume_within_the_ttl_keeps_lease_and_key_and_watchers_see_only_updated() {
+    let server = start_etcd();
+    let etcd = connect(&server.endpoint());
+    let watcher = HostWatcher::watch(&etcd).expect("watch");
+    assert_eq!(watcher.events().recv_timeout(WAIT), Ok(HostEvent::Synced));
+    let id = Uuid::new_v4();
+    let host = HostLiveness::with_options(&etcd, id, b"one", options(5)).expect("register");
+    let lease = registered_lease(&host);
+    assert!(matches!(
+        watcher.events().recv_timeout(WAIT),
+        Ok(HostEvent::Up(_))
+    ));
+    let resume = host.detach().expect("detach");
+    assert_eq!(resume.lease, lease);
+    let text = resume.to_string();
+    let resume: Resume = text.parse().expect("parse");
+    let next = HostLiveness::resume(&etcd, resume, b"two", options(5)).expect("resume");
+    assert!(next.resumed());
+    assert_eq!(next.incarnation(), 2);
+    assert_eq!(registered_lease(&next), lease);
+    assert_eq!(read_key(&etcd, id), Some(("two".to_string(), lease)));
+    match watcher.events().recv_timeout(WAIT) {
+        Ok(HostEvent::Updated(info)) => {
+            assert_eq!(info.metadata, b"two");
+            assert_eq!(info.lease, lease);
+        }
+        other => panic!("expected Updated, got {other:?}"),
+    }
+    // Renewed from here on: alive past the first lease's TTL.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(registered_lease(&next), lease);
+    assert!(watcher.events().try_recv().is_err(), "no Down, no Up");
+    next.close().expect("close");
+}
+
+#[test]
+fn a_resume_refuses_another_incarnation_of_the_key_and_registers_afresh() {
+    let server = start_etcd();
+    let endpoint = server.endpoint();
+    let etcd = connect(&endpoint);
+    let id = Uuid::new_v4();
+    let host = HostLiveness::with_options(&etcd, id, b"one", options(30)).expect("register");
+    let lease = registered_lease(&host);
+    let key = host.key().to_string();
+    let resume = host.detach().expect("detach");
+    // Another incarnation of the key, on the very same lease: deleted and
+    // written again, so only its create revision tells it apart.
+    etcdctl(&endpoint, &["del", &key]);
+    etcdctl(
+        &endpoint,
+        &["put", &key, "intruder", &format!("--lease={lease:x}")],
+    );
+    let next = HostLiveness::resume(&etcd, resume, b"two", options(30)).expect("register");
+    assert!(!next.resumed());
+    let fresh = registered_lease(&next);
+    assert_ne!(fresh, lease);
+    assert_eq!(read_key(&etcd, id), Some(("two".to_string(), fresh)));
+    // The saved lease, still alive, is revoked once the new key is
+    // written: it must not keep anything of this host's.
+    let deadline = Instant::now() + WAIT;
+    while etcd.lease_ttl(lease).expect("lease ttl").is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the refused lease was never revoked"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    next.close().expect("close");
+}
+
+#[test]
+fn a_resume_refuses_a_key_written_since_the_detach() {
+    let server = start_etcd();
+    let endpoint = server.endpoint();
+    let etcd = connect(&endpoint);
+    let host =
+        HostLiveness::with_options(&etcd, Uuid::new_v4(), b"one", options(30)).expect("register");
+    let lease = registered_lease(&host);
+    let key = host.key().to_string();
+    let resume = host.detach().expect("detach");
+    // Same incarnation (create revision), same lease, but written since.
+    etcdctl(
+        &endpoint,
+        &["put", &key, "other", &format!("--lease={lease:x}")],
+    );
+    let next = HostLiveness::resume(&etcd, resume, b"two", options(30)).expect("register");
+    assert!(!next.resumed());
+    assert_ne!(registered_lease(&next), lease);
+    next.close().expect("close");
+}
+
+#[test]
+fn a_resume_after_the_lease_expired_registers_afresh() {
+    let server = start_etcd();
+    let endpoint = server.endpoint();
+    let etcd = connect(&endpoint);
+    let watcher = HostWatcher::watch(&etcd).expect("watch");
+    assert_eq!(watcher.events().recv_timeout(WAIT), Ok(HostEvent::Synced));
+    let host =
+        HostLiveness::with_options(&etcd, Uuid::new_v4(), b"one", options(2)).expect("register");
+    let lease = registered_lease(&host);
+    assert!(matches!(
+        watcher.events().recv_timeout(WAIT),
+        Ok(HostEvent::Up(_))
+    ));
+    let resume = host.detach().expect("detach");
+    match watcher.events().recv_timeout(WAIT) {
+        Ok(HostEvent::Down(_, reason)) => assert_eq!(reason, fleetcoord::DownReason::Expired),
+        other => panic!("expected Down(Expired), got {other:?}"),
+    }
+    assert_eq!(etcd.lease_ttl(lease).expect("lease ttl"), None);
+    let next = HostLiveness::resume(&etcd, resume, b"two", options(2)).expect("register");
+    assert!(!next.resumed());
+    assert_ne!(registered_lease(&next), lease);
+    assert!(matches!(
+        watcher.events().recv_timeout(WAIT),
+        Ok(HostEvent::Up(_))
+    ));
+    next.close().expect("close");
+}
