@@ -84,7 +84,8 @@ pub use coordinator::conformance;
 pub use election::mutex::{Mutex, MutexGuard, DEFAULT_LOCK_PREFIX};
 pub use election::semaphore::{Semaphore, SemaphoreGuard, DEFAULT_SEMAPHORE_PREFIX};
 pub use election::{
-    Election, ElectionOptions, ElectionPool, LeaderInfo, LeaderObserver, Leadership, TryCampaign,
+    Canceller, Election, ElectionOptions, ElectionPool, LeaderInfo, LeaderObserver, Leadership,
+    Pending, TryCampaign,
 };
 pub use error::{Error, ErrorKind, Result};
 // The old name stays importable from the crate root for one deprecation
