@@ -208,6 +208,9 @@ impl Election {
         into: fn(Leadership) -> T,
     ) -> Result<Pending<T>> {
         validate::payload("value", value)?;
+        if self.inner.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Closed);
+        }
         let turn = self.inner.campaign_turn()?;
         let value = value.to_vec();
         let rank = self.inner.rank;
