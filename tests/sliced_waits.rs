@@ -14,9 +14,10 @@ mod common;
 
 use common::{connect, start_etcd};
 use fleetcoord::{
-    Election, ElectionOptions, ElectionPool, Error, Mutex, Pending, Semaphore,
-    DEFAULT_LOCK_PREFIX, DEFAULT_SEMAPHORE_PREFIX,
+    Election, ElectionOptions, ElectionPool, Error, Mutex, Pending, Semaphore, DEFAULT_LOCK_PREFIX,
+    DEFAULT_SEMAPHORE_PREFIX,
 };
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -55,12 +56,10 @@ impl Raw {
 
     /// The keys under `prefix` with their create revisions, oldest first.
     fn keys(&mut self, prefix: &str) -> Vec<(String, i64)> {
-        let options = etcd_client::GetOptions::new()
-            .with_prefix()
-            .with_sort(
-                etcd_client::SortTarget::Create,
-                etcd_client::SortOrder::Ascend,
-            );
+        let options = etcd_client::GetOptions::new().with_prefix().with_sort(
+            etcd_client::SortTarget::Create,
+            etcd_client::SortOrder::Ascend,
+        );
         let response = self
             .runtime
             .block_on(self.client.get(prefix, Some(options)))
@@ -92,6 +91,20 @@ impl Raw {
             thread::sleep(Duration::from_millis(10));
         }
     }
+}
+
+/// Runs `wait` in a thread of its own; its outcome and when it came
+/// arrive on the receiver. A wait that never ends fails the test at a
+/// bounded `recv_timeout` instead of hanging it.
+fn in_thread(
+    wait: impl FnOnce() -> fleetcoord::Result<()> + Send + 'static,
+) -> crossbeam_channel::Receiver<(fleetcoord::Result<()>, Instant)> {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    thread::spawn(move || {
+        let outcome = wait();
+        let _ = tx.send((outcome, Instant::now()));
+    });
+    rx
 }
 
 /// Waits on `pending` in slices of [`SLICE`] for `window`; every slice must
@@ -178,7 +191,13 @@ fn sliced_candidates_keep_their_order_and_write_nothing() {
         queued[2]
     );
     assert!(
-        matches!(second_pending.wait_timeout(SLICE), Err(Error::InvalidArgument { what: "campaign", .. })),
+        matches!(
+            second_pending.wait_timeout(SLICE),
+            Err(Error::InvalidArgument {
+                what: "campaign",
+                ..
+            })
+        ),
         "a won campaign is not answered twice"
     );
     second_leads.resign().unwrap();
@@ -205,43 +224,51 @@ fn a_cancel_from_another_thread_is_prompt_and_removes_the_key() {
     assert!(
         matches!(
             election.try_campaign(b"again"),
-            Err(Error::InvalidArgument { what: "campaign", .. })
+            Err(Error::InvalidArgument {
+                what: "campaign",
+                ..
+            })
         ),
         "a second campaign of the election while one is pending"
     );
     assert!(matches!(
         election.start_campaign(b"again"),
-        Err(Error::InvalidArgument { what: "campaign", .. })
+        Err(Error::InvalidArgument {
+            what: "campaign",
+            ..
+        })
     ));
 
     let revision = raw.revision();
-    let (took, waited) = thread::scope(|s| {
-        let waiter = s.spawn(|| {
-            let outcome = pending.wait();
-            (Instant::now(), outcome)
-        });
-        thread::sleep(Duration::from_millis(300));
-        assert!(!waiter.is_finished(), "the wait ended by itself");
-        let started = Instant::now();
-        pending.cancel().expect("cancel");
-        let took = started.elapsed();
-        let (ended, outcome) = waiter.join().unwrap();
-        assert!(
-            matches!(outcome, Err(Error::Canceled)),
-            "the wait ends canceled: {outcome:?}"
-        );
-        (took, ended.saturating_duration_since(started))
+    let pending = Arc::new(pending);
+    let waiter = in_thread({
+        let pending = pending.clone();
+        move || pending.wait().map(drop)
     });
+    thread::sleep(Duration::from_millis(300));
+    assert!(waiter.try_recv().is_err(), "the wait ended by itself");
+    let started = Instant::now();
+    pending.cancel().expect("cancel");
+    let took = started.elapsed();
+    let (outcome, ended) = waiter.recv_timeout(WAIT).expect("the wait never ended");
+    assert!(
+        matches!(outcome, Err(Error::Canceled)),
+        "the wait ends canceled: {outcome:?}"
+    );
+    let waited = ended.saturating_duration_since(started);
     println!("cancel returned after {took:?}; the waiting thread's wait after {waited:?}");
     assert!(took < PROMPT, "cancel took {took:?}");
-    assert!(waited < PROMPT, "the wait ended {waited:?} after the cancel");
+    assert!(
+        waited < PROMPT,
+        "the wait ended {waited:?} after the cancel"
+    );
     assert!(
         !raw.keys(prefix).iter().any(|(k, _)| *k == waiter_key),
         "the candidate key is still there"
     );
     assert_eq!(raw.revision(), revision + 1, "one delete, nothing else");
     assert!(matches!(pending.wait_timeout(SLICE), Err(Error::Canceled)));
-    drop(pending);
+    drop(Arc::try_unwrap(pending).expect("the waiting thread is done"));
 
     // A canceller, from a thread that never waited.
     let pending = election.start_campaign(b"waiter").unwrap();
@@ -258,7 +285,9 @@ fn a_cancel_from_another_thread_is_prompt_and_removes_the_key() {
     assert!(took.0 < PROMPT, "cancel took {:?}", took.0);
     assert!(!raw.keys(prefix).iter().any(|(k, _)| *k == waiter_key));
     drop(pending);
-    took.1.cancel().expect("a canceller outliving its Pending does nothing");
+    took.1
+        .cancel()
+        .expect("a canceller outliving its Pending does nothing");
 
     // Dropping withdraws in the background.
     let pending = election.start_campaign(b"waiter").unwrap();
@@ -286,38 +315,45 @@ fn close_from_another_thread_ends_a_waiting_campaign() {
     let other_etcd = connect(&server.endpoint());
     let on_other_etcd = Election::new(&other_etcd, "closing").unwrap();
 
-    let ended = thread::scope(|s| {
-        let pending = pending_one.start_campaign(b"pending").unwrap();
-        let waits = [
-            s.spawn(move || (pending.wait().map(drop), Instant::now())),
-            s.spawn(|| (blocking_one.campaign(b"blocking").map(drop), Instant::now())),
-            s.spawn(|| (pool.campaign("closing", b"pool").map(drop), Instant::now())),
-            s.spawn(|| (on_other_etcd.campaign(b"other").map(drop), Instant::now())),
-        ];
-        raw.await_keys(prefix, 5);
-        thread::sleep(Duration::from_millis(200));
-        assert!(waits.iter().all(|w| !w.is_finished()));
-        let closes: [&dyn Fn() -> fleetcoord::Result<()>; 4] = [
-            &|| pending_one.close(),
-            &|| blocking_one.close(),
-            &|| pool.close(),
-            &|| other_etcd.close(),
-        ];
-        waits
-            .into_iter()
-            .zip(closes)
-            .map(|(wait, close)| {
-                let started = Instant::now();
-                close().expect("close");
-                let (outcome, at) = wait.join().unwrap();
-                assert!(
-                    matches!(outcome, Err(Error::Closed)),
-                    "a clear error: {outcome:?}"
-                );
-                at.saturating_duration_since(started)
-            })
-            .collect::<Vec<_>>()
-    });
+    let pending_one = Arc::new(pending_one);
+    let blocking_one = Arc::new(blocking_one);
+    let pool = Arc::new(pool);
+    let pending = pending_one.start_campaign(b"pending").unwrap();
+    let waits = [
+        in_thread(move || pending.wait().map(drop)),
+        in_thread({
+            let e = blocking_one.clone();
+            move || e.campaign(b"blocking").map(drop)
+        }),
+        in_thread({
+            let pool = pool.clone();
+            move || pool.campaign("closing", b"pool").map(drop)
+        }),
+        in_thread(move || on_other_etcd.campaign(b"other").map(drop)),
+    ];
+    raw.await_keys(prefix, 5);
+    thread::sleep(Duration::from_millis(200));
+    assert!(waits.iter().all(|w| w.is_empty()), "a wait ended by itself");
+    let closes: [&dyn Fn() -> fleetcoord::Result<()>; 4] = [
+        &|| pending_one.close(),
+        &|| blocking_one.close(),
+        &|| pool.close(),
+        &|| other_etcd.close(),
+    ];
+    let ended: Vec<Duration> = waits
+        .into_iter()
+        .zip(closes)
+        .map(|(wait, close)| {
+            let started = Instant::now();
+            close().expect("close");
+            let (outcome, at) = wait.recv_timeout(WAIT).expect("the wait never ended");
+            assert!(
+                matches!(outcome, Err(Error::Closed)),
+                "a clear error: {outcome:?}"
+            );
+            at.saturating_duration_since(started)
+        })
+        .collect();
     println!("waits ended {ended:?} after their close (pending, blocking, pool, Etcd)");
     for took in ended {
         // A close also waits for the revoke; the wait ends before that.
@@ -327,7 +363,11 @@ fn close_from_another_thread_ends_a_waiting_campaign() {
         pending_one.start_campaign(b"late"),
         Err(Error::Closed)
     ));
-    assert_eq!(raw.await_keys(prefix, 1).len(), 1, "every waiter's key is gone");
+    assert_eq!(
+        raw.await_keys(prefix, 1).len(),
+        1,
+        "every waiter's key is gone"
+    );
 }
 
 /// The same for a `Mutex` and a `Semaphore` (shorter): waiters sliced for

@@ -193,20 +193,12 @@ impl Election {
     /// confirm within the request timeout is [`Error::Timeout`] (the
     /// driver goes on deleting the key). Errors as
     /// [`Election::campaign`].
-    pub fn campaign_until(
-        &self,
-        value: &[u8],
-        stop: &Receiver<()>,
-    ) -> Result<Option<Leadership>> {
+    pub fn campaign_until(&self, value: &[u8], stop: &Receiver<()>) -> Result<Option<Leadership>> {
         self.start_campaign(value)?.until(stop)
     }
 
     /// [`Election::start_campaign`], handing out the win as `into` makes it.
-    pub(crate) fn start<T>(
-        &self,
-        value: &[u8],
-        into: fn(Leadership) -> T,
-    ) -> Result<Pending<T>> {
+    pub(crate) fn start<T>(&self, value: &[u8], into: fn(Leadership) -> T) -> Result<Pending<T>> {
         validate::payload("value", value)?;
         if self.inner.closed.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Error::Closed);
