@@ -394,6 +394,30 @@ mod tests {
         assert_eq!(seen.len(), 2, "the resign's answer was offered too");
     }
 
+    /// A pending campaign keeps the turn across calls: campaigns are
+    /// refused at once (not left waiting on a turn their own thread may
+    /// hold), other operations wait until it is given back.
+    #[test]
+    fn a_kept_turn_refuses_campaigns_and_holds_other_operations() {
+        let (ops, _router, _inputs) = ops();
+        let kept = ops.turn().keep();
+        assert!(ops.turn_unless_kept().is_none(), "refused while kept");
+        std::thread::scope(|s| {
+            let waiting = s.spawn(|| {
+                let _turn = ops.turn();
+                std::time::Instant::now()
+            });
+            std::thread::sleep(SHORT);
+            assert!(!waiting.is_finished(), "waits while kept");
+            let given_back = std::time::Instant::now();
+            ops.give_back(kept);
+            assert!(waiting.join().expect("waiter") >= given_back);
+        });
+        let turn = ops.turn_unless_kept().expect("free again");
+        drop(turn);
+        drop(ops.turn());
+    }
+
     #[test]
     fn a_call_knows_a_machine_that_ended() {
         let (ops, router, _inputs) = ops();
