@@ -14,7 +14,7 @@ mod common;
 
 use common::{connect, start_etcd};
 use fleetcoord::{
-    Election, ElectionOptions, ElectionPool, Error, Mutex, Pending, Semaphore, DEFAULT_LOCK_PREFIX,
+    Election, ElectionPool, Error, Mutex, Pending, Semaphore, DEFAULT_LOCK_PREFIX,
     DEFAULT_SEMAPHORE_PREFIX,
 };
 use std::sync::Arc;
@@ -384,12 +384,7 @@ fn sliced_locks_and_acquires_keep_their_order() {
     let first = Mutex::new(&etcd, "sliced").unwrap();
     let first_pending = first.start_lock().unwrap();
     raw.await_keys(&prefix, 2);
-    let second = Mutex::with_options(
-        &etcd,
-        "sliced",
-        ElectionOptions::default().with_prefix(DEFAULT_LOCK_PREFIX),
-    )
-    .unwrap();
+    let second = Mutex::new(&etcd, "sliced").unwrap();
     let second_pending = second.start_lock().unwrap();
     let queued = raw.await_keys(&prefix, 3);
     let revision = raw.revision();
