@@ -49,10 +49,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             e
         }
     };
-    let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default())?;
+    let etcd = Etcd::with_options(&[endpoint.as_str()], EtcdOptions::default())?;
     #[allow(unused_mut)]
     let mut backends: Vec<(&str, Box<dyn Coordinator>)> = vec![
-        ("etcd", Box::new(EtcdCoordinator::new(&etcd)?)),
+        ("etcd", Box::new(EtcdCoordinator::on_etcd(&etcd)?)),
         ("memory", Box::new(MemoryCoordinator::new())),
     ];
     #[cfg(feature = "redis")]

@@ -15,7 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let endpoint = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:2379".into());
-    let etcd = Etcd::connect(&[endpoint], EtcdOptions::default())?;
+    let etcd = Etcd::with_options(&[endpoint], EtcdOptions::default())?;
 
     let me = uuid::Uuid::new_v4();
     let metadata = format!(r#"{{"pid":{}}}"#, std::process::id());

@@ -14,7 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let endpoint = args.next().unwrap_or_else(|| "127.0.0.1:2379".into());
     let name = args.next().unwrap_or_else(|| "example-job".into());
-    let etcd = Etcd::connect(&[endpoint], EtcdOptions::default())?;
+    let etcd = Etcd::with_options(&[endpoint], EtcdOptions::default())?;
     let election = Election::new(&etcd, &name)?;
     let me = format!("pid-{}", std::process::id());
 

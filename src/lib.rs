@@ -35,7 +35,7 @@
 //! use fleetcoord::{Election, Etcd, EtcdOptions, HostEvent, HostLiveness, HostWatcher};
 //! use std::time::Duration;
 //!
-//! let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default())?;
+//! let etcd = Etcd::with_options(&[endpoint.as_str()], EtcdOptions::default())?;
 //!
 //! // Announce this host; the key disappears within the TTL if we die.
 //! let me = uuid::Uuid::new_v4();

@@ -248,7 +248,7 @@ impl LivenessOptions {
 /// use fleetcoord::{Etcd, EtcdOptions, HostLiveness, LivenessState};
 /// use std::time::Duration;
 ///
-/// let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default())?;
+/// let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default())?;
 /// let host = HostLiveness::register(&etcd, uuid::Uuid::new_v4(), br#"{"zone":"a"}"#, Duration::from_secs(5))?;
 /// assert!(matches!(host.state(), LivenessState::Registered { .. }));
 /// host.set_metadata(br#"{"zone":"b"}"#)?;

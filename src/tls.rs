@@ -19,7 +19,7 @@
 //! let pki = server.pki().expect("a TLS server has test certificates");
 //! let tls = Tls::from_ca_file(pki.ca_path())?
 //!     .with_client_files(pki.client_cert_path(), pki.client_key_path())?;
-//! let etcd = Etcd::connect(&server.endpoints(), EtcdOptions::default().with_tls(tls))?;
+//! let etcd = Etcd::with_options(&server.endpoints(), EtcdOptions::default().with_tls(tls))?;
 //! assert!(etcd.endpoints()[0].starts_with("https://"));
 //! # Ok(()) }
 //! ```

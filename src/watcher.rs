@@ -210,7 +210,7 @@ impl WatcherOptions {
 /// use fleetcoord::{Etcd, EtcdOptions, HostEvent, HostLiveness, HostWatcher};
 /// use std::time::Duration;
 ///
-/// let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default())?;
+/// let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default())?;
 /// let watcher = HostWatcher::watch(&etcd)?;
 /// assert_eq!(watcher.events().recv_timeout(Duration::from_secs(5))?, HostEvent::Synced);
 /// let id = uuid::Uuid::new_v4();

@@ -30,19 +30,19 @@ const OVERSIZED: usize = 1536 * 1024;
 #[test]
 fn endpoints_are_checked_before_connecting() {
     let none: [&str; 0] = [];
-    invalid(Etcd::connect(&none, EtcdOptions::default()), "endpoints");
+    invalid(Etcd::with_options(&none, EtcdOptions::default()), "endpoints");
     let why = invalid(
-        Etcd::connect(&["https://127.0.0.1:2379"], EtcdOptions::default()),
+        Etcd::with_options(&["https://127.0.0.1:2379"], EtcdOptions::default()),
         "endpoints",
     );
     assert!(why.contains("https://127.0.0.1:2379"), "{why}");
-    invalid(Etcd::connect(&[""], EtcdOptions::default()), "endpoints");
+    invalid(Etcd::with_options(&[""], EtcdOptions::default()), "endpoints");
     invalid(
-        Etcd::connect(&["127.0.0.1:2379 127.0.0.1:2380"], EtcdOptions::default()),
+        Etcd::with_options(&["127.0.0.1:2379 127.0.0.1:2380"], EtcdOptions::default()),
         "endpoints",
     );
     let zero = EtcdOptions::default().with_connect_timeout(Duration::ZERO);
-    invalid(Etcd::connect(&["127.0.0.1:2379"], zero), "connect_timeout");
+    invalid(Etcd::with_options(&["127.0.0.1:2379"], zero), "connect_timeout");
 }
 
 #[test]
@@ -57,7 +57,7 @@ fn unreachable_endpoint_fails_with_connect_error_in_time() {
     let timeout = Duration::from_secs(2);
     let options = EtcdOptions::default().with_connect_timeout(timeout);
     let started = Instant::now();
-    let result = Etcd::connect(&[endpoint.as_str()], options);
+    let result = Etcd::with_options(&[endpoint.as_str()], options);
     let took = started.elapsed();
     match result {
         Err(e @ Error::Connect { .. }) => {
@@ -81,7 +81,7 @@ fn unreachable_endpoint_fails_with_connect_error_in_time() {
 #[test]
 fn liveness_and_watcher_arguments() {
     let server = EtcdServer::start().expect("etcd");
-    let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
     let id = Uuid::new_v4();
     let with = |f: &dyn Fn(&mut LivenessOptions)| {
         let mut o = LivenessOptions::default();
@@ -163,7 +163,7 @@ fn liveness_and_watcher_arguments() {
 #[test]
 fn election_arguments() {
     let server = EtcdServer::start().expect("etcd");
-    let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
     for name in [
         "",
         "ends-with/",
@@ -224,7 +224,7 @@ fn election_arguments() {
 #[test]
 fn election_names_with_a_slash_are_refused() {
     let server = EtcdServer::start().expect("etcd");
-    let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
     let options = ElectionOptions::default();
     for name in ["nest/sub", "a/b/c", "nest//sub"] {
         let why = invalid(Election::new(&etcd, name), "name");
@@ -267,7 +267,7 @@ fn election_names_with_a_slash_are_refused() {
 #[test]
 fn huge_durations_never_panic() {
     let server = EtcdServer::start().expect("etcd");
-    let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
 
     let election = Election::new(&etcd, "huge").expect("election");
     let leadership = election
@@ -285,15 +285,15 @@ fn huge_durations_never_panic() {
     let endpoint = [server.endpoint()];
     let huge = Duration::MAX;
     invalid(
-        Etcd::connect(&endpoint, EtcdOptions::default().with_connect_timeout(huge)),
+        Etcd::with_options(&endpoint, EtcdOptions::default().with_connect_timeout(huge)),
         "connect_timeout",
     );
     invalid(
-        Etcd::connect(&endpoint, EtcdOptions::default().with_request_timeout(huge)),
+        Etcd::with_options(&endpoint, EtcdOptions::default().with_request_timeout(huge)),
         "request_timeout",
     );
     invalid(
-        Etcd::connect(
+        Etcd::with_options(
             &endpoint,
             EtcdOptions::default().with_keepalive_interval(huge),
         ),
@@ -316,7 +316,7 @@ fn huge_durations_never_panic() {
 fn options_out_of_range_are_refused() {
     let server = EtcdServer::start().expect("etcd");
     let endpoint = [server.endpoint()];
-    let connect = |options: EtcdOptions| Etcd::connect(&endpoint, options);
+    let connect = |options: EtcdOptions| Etcd::with_options(&endpoint, options);
     for interval in [
         Duration::ZERO,
         Duration::from_millis(999),
@@ -360,7 +360,7 @@ fn options_out_of_range_are_refused() {
             "capacity",
         );
         invalid(
-            EtcdCoordinator::with_options(
+            EtcdCoordinator::on_etcd_with_options(
                 &etcd,
                 EtcdCoordinatorOptions::default().with_feed_capacity(capacity),
             ),
@@ -411,7 +411,7 @@ fn endpoints_are_parsed_strictly() {
         "127.0.0.1:-1",
         ":2379",
     ] {
-        let why = invalid(Etcd::connect(&[bad], EtcdOptions::default()), "endpoints");
+        let why = invalid(Etcd::with_options(&[bad], EtcdOptions::default()), "endpoints");
         assert!(
             why.contains(bad),
             "{bad:?}: the reason does not name it: {why}"
@@ -425,7 +425,7 @@ fn endpoints_are_parsed_strictly() {
         format!("localhost:{port}"),
         format!("  127.0.0.1:{port} "),
     ] {
-        let etcd = Etcd::connect(&[good.as_str()], EtcdOptions::default())
+        let etcd = Etcd::with_options(&[good.as_str()], EtcdOptions::default())
             .unwrap_or_else(|e| panic!("{good:?}: {e}"));
         assert_eq!(
             etcd.endpoints(),
@@ -446,7 +446,7 @@ fn endpoints_are_parsed_strictly() {
 #[test]
 fn largest_payload_fits_beside_the_longest_keys() {
     let server = EtcdServer::start().expect("etcd");
-    let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
     let largest = vec![b'x'; fleetcoord::coordinator::MAX_PAYLOAD];
     let longest_prefix = format!("/{}/", "p".repeat(1022));
     let longest_name = "n".repeat(255);
@@ -471,7 +471,7 @@ fn largest_payload_fits_beside_the_longest_keys() {
     let options = EtcdCoordinatorOptions::default()
         .with_root(root)
         .with_stream_max_len(1);
-    let coordinator = EtcdCoordinator::with_options(&etcd, options).expect("coordinator");
+    let coordinator = EtcdCoordinator::on_etcd_with_options(&etcd, options).expect("coordinator");
     for _ in 0..2 {
         coordinator
             .append_stream(&longest_name, &largest)

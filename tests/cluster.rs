@@ -28,8 +28,8 @@ const WAIT: Duration = Duration::from_secs(10);
 fn killing_the_etcd_leader_causes_no_false_down_and_keeps_leadership() {
     let mut cluster = EtcdCluster::start(3).expect("3-node etcd cluster");
     let endpoints = cluster.endpoints();
-    let hosts_etcd = Etcd::connect(&endpoints, EtcdOptions::default()).expect("connect hosts");
-    let watch_etcd = Etcd::connect(&endpoints, EtcdOptions::default()).expect("connect watcher");
+    let hosts_etcd = Etcd::with_options(&endpoints, EtcdOptions::default()).expect("connect hosts");
+    let watch_etcd = Etcd::with_options(&endpoints, EtcdOptions::default()).expect("connect watcher");
 
     let watcher = HostWatcher::watch(&watch_etcd).expect("watch");
     assert_eq!(

@@ -16,11 +16,11 @@ fn etcd_backend_conforms() {
     let report = fleetcoord::conformance::run_with_restart(
         || {
             let etcd =
-                Etcd::connect(&[endpoint.as_str()], EtcdOptions::default()).expect("connect");
+                Etcd::with_options(&[endpoint.as_str()], EtcdOptions::default()).expect("connect");
             let options = EtcdCoordinatorOptions::default()
                 .with_root("/conformance")
                 .with_stream_max_len(64);
-            Box::new(EtcdCoordinator::with_options(&etcd, options).expect("coordinator"))
+            Box::new(EtcdCoordinator::on_etcd_with_options(&etcd, options).expect("coordinator"))
                 as Box<dyn Coordinator>
         },
         // kill -9 and start again: same port, same data.
@@ -33,12 +33,12 @@ fn etcd_backend_conforms() {
 fn etcd_backend_follows_the_slow_consumer_contract() {
     let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
     let etcd =
-        Etcd::connect(&[server.endpoint().as_str()], EtcdOptions::default()).expect("connect");
+        Etcd::with_options(&[server.endpoint().as_str()], EtcdOptions::default()).expect("connect");
     let report = fleetcoord::conformance::run_slow_consumers(|capacity| {
         let options = EtcdCoordinatorOptions::default()
             .with_root("/slow")
             .with_feed_capacity(capacity);
-        Ok(Box::new(EtcdCoordinator::with_options(&etcd, options)?) as Box<dyn Coordinator>)
+        Ok(Box::new(EtcdCoordinator::on_etcd_with_options(&etcd, options)?) as Box<dyn Coordinator>)
     });
     assert!(report.skipped.is_empty(), "{:?}", report.skipped);
     assert_eq!(report.passed.len(), 4);
@@ -106,10 +106,10 @@ fn etcd_error<T: std::fmt::Debug>(result: fleetcoord::Result<T>) -> (ErrorKind, 
 #[test]
 fn options_are_checked_and_connect_takes_a_list() {
     let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
-    let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
     for root in ["", "/", "coord", "/coord/"] {
         let options = EtcdCoordinatorOptions::default().with_root(root);
-        match EtcdCoordinator::with_options(&etcd, options) {
+        match EtcdCoordinator::on_etcd_with_options(&etcd, options) {
             Err(Error::InvalidArgument { what: "root", why }) => {
                 assert!(why.contains("must start with '/'"), "{root:?}: {why}")
             }
@@ -118,21 +118,21 @@ fn options_are_checked_and_connect_takes_a_list() {
     }
     let options = EtcdCoordinatorOptions::default().with_stream_max_len(0);
     assert!(matches!(
-        EtcdCoordinator::with_options(&etcd, options),
+        EtcdCoordinator::on_etcd_with_options(&etcd, options),
         Err(Error::InvalidArgument {
             what: "stream_max_len",
             ..
         })
     ));
     let options = EtcdCoordinatorOptions::default().with_root("/app");
-    let coord = EtcdCoordinator::with_options(&etcd, options).unwrap();
+    let coord = EtcdCoordinator::on_etcd_with_options(&etcd, options).unwrap();
     assert_eq!(format!("{coord:?}"), r#"EtcdCoordinator { root: "/app" }"#);
 
     // Blanks around endpoints and empty entries are ignored.
     let endpoint = server.endpoint();
     let listed = EtcdCoordinator::connect(&format!(" {endpoint} ,, {endpoint} ")).unwrap();
     listed.kv_set("config", "mode", b"on").unwrap();
-    let plain = EtcdCoordinator::new(&etcd).unwrap();
+    let plain = EtcdCoordinator::on_etcd(&etcd).unwrap();
     assert_eq!(plain.kv_get("config", "mode").unwrap(), b"on");
 }
 
@@ -140,8 +140,8 @@ fn options_are_checked_and_connect_takes_a_list() {
 fn a_foreign_stream_head_fails_appends_and_end_readers_naming_the_stream() {
     let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
     let endpoint = server.endpoint();
-    let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default()).expect("connect");
-    let coord = EtcdCoordinator::new(&etcd).unwrap();
+    let etcd = Etcd::with_options(&[endpoint.as_str()], EtcdOptions::default()).expect("connect");
+    let coord = EtcdCoordinator::on_etcd(&etcd).unwrap();
     foreign_put(&endpoint, b"/coord/stream/jobs/head", "garbage");
     let (kind, message) = etcd_error(coord.append_stream("jobs", b"x"));
     assert_eq!(kind, ErrorKind::Unexpected);
@@ -160,8 +160,8 @@ fn foreign_keys_under_a_stream_or_bucket_are_skipped() {
     capture_warnings();
     let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
     let endpoint = server.endpoint();
-    let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default()).expect("connect");
-    let coord = EtcdCoordinator::new(&etcd).unwrap();
+    let etcd = Etcd::with_options(&[endpoint.as_str()], EtcdOptions::default()).expect("connect");
+    let coord = EtcdCoordinator::on_etcd(&etcd).unwrap();
 
     assert_eq!(coord.append_stream("mixed", b"1").unwrap(), StreamId(1));
     foreign_put(&endpoint, b"/coord/stream/mixed/e/not-a-number", "x");
@@ -209,9 +209,9 @@ fn foreign_keys_under_a_stream_or_bucket_are_skipped() {
 #[test]
 fn appends_stay_in_sequence_past_the_remembered_heads() {
     let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
-    let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
-    let coord = EtcdCoordinator::new(&etcd).unwrap();
-    let other = EtcdCoordinator::new(&etcd).unwrap();
+    let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    let coord = EtcdCoordinator::on_etcd(&etcd).unwrap();
+    let other = EtcdCoordinator::on_etcd(&etcd).unwrap();
     assert_eq!(coord.append_stream("s0", b"a").unwrap(), StreamId(1));
     for i in 1..=1024 {
         assert_eq!(

@@ -128,8 +128,8 @@ fn scenarios(open: impl Fn() -> Box<dyn Coordinator>) {
 fn on_etcd() {
     let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
     scenarios(|| {
-        let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
-        Box::new(EtcdCoordinator::new(&etcd).expect("coordinator"))
+        let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+        Box::new(EtcdCoordinator::on_etcd(&etcd).expect("coordinator"))
     });
 }
 

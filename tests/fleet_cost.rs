@@ -36,7 +36,7 @@ fn an_idle_fleet_costs_etcd_its_renewals_and_nothing_else() {
     let endpoints = cluster.endpoints();
     let agents: Vec<(Etcd, Vec<HostLiveness>)> = (0..AGENTS)
         .map(|_| {
-            let etcd = Etcd::connect(&endpoints, EtcdOptions::default()).expect("connect");
+            let etcd = Etcd::with_options(&endpoints, EtcdOptions::default()).expect("connect");
             let hosts = (0..HOSTS_PER_AGENT)
                 .map(|_| {
                     HostLiveness::register(&etcd, Uuid::new_v4(), b"{}", TTL).expect("register")
@@ -100,7 +100,7 @@ fn an_idle_fleet_costs_etcd_its_renewals_and_nothing_else() {
 #[test]
 fn quiet_streams_are_never_dropped_for_their_pings() {
     let cluster = EtcdCluster::start(3).expect("3-member cluster");
-    let etcd = Etcd::connect(&cluster.endpoints(), EtcdOptions::default()).expect("connect");
+    let etcd = Etcd::with_options(&cluster.endpoints(), EtcdOptions::default()).expect("connect");
     let _host = HostLiveness::register(&etcd, Uuid::new_v4(), b"{}", Duration::from_secs(60))
         .expect("register");
     let watcher = fleetcoord::HostWatcher::watch(&etcd).expect("watch");

@@ -51,7 +51,7 @@ fn a_hanging_member_costs_at_most_one_timeout_and_no_lease() {
     let options = EtcdOptions::default()
         .with_request_timeout(Duration::from_secs(2))
         .with_keepalive_interval(Duration::from_secs(1));
-    let etcd = Etcd::connect(&endpoints, options).expect("connect");
+    let etcd = Etcd::with_options(&endpoints, options).expect("connect");
 
     let watcher = HostWatcher::watch(&etcd).expect("watch");
     assert_eq!(

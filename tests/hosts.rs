@@ -101,7 +101,7 @@ fn child_host_process() {
         .expect("ttl")
         .parse()
         .expect("ttl secs");
-    let etcd = Etcd::connect(&[endpoint], EtcdOptions::default()).expect("child connect");
+    let etcd = Etcd::with_options(&[endpoint], EtcdOptions::default()).expect("child connect");
     let host = HostLiveness::register(&etcd, id, b"child-metadata", Duration::from_secs(ttl))
         .expect("child register");
     println!("{CHILD_MARKER} lease {:?}", host.lease());
@@ -608,12 +608,12 @@ fn an_unresponsive_etcd_times_out_requests_registration_and_listing() {
     let server = EtcdServer::start().expect("start etcd (run `make test` to install it)");
     let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
     let request_timeout = Duration::from_millis(500);
-    let etcd = Etcd::connect(
+    let etcd = Etcd::with_options(
         &[proxy.endpoint()],
         EtcdOptions::default().with_request_timeout(request_timeout),
     )
     .expect("connect");
-    let coord = EtcdCoordinator::new(&etcd).unwrap();
+    let coord = EtcdCoordinator::on_etcd(&etcd).unwrap();
     assert_eq!(
         format!("{etcd:?}"),
         format!("Etcd {{ endpoints: [\"http://{}\"] }}", proxy.endpoint())

@@ -118,7 +118,7 @@ fn snapshots_over_the_message_limit_are_read_in_pages() {
 
     // kv_watch over a > 5 MiB bucket returns, replays every key and syncs.
     let t = Instant::now();
-    let coordinator = EtcdCoordinator::new(&etcd).expect("coordinator");
+    let coordinator = EtcdCoordinator::on_etcd(&etcd).expect("coordinator");
     let watch = coordinator.kv_watch("big", "*").expect("kv_watch");
     let mut kv: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     loop {
@@ -195,7 +195,7 @@ fn a_single_watch_response_over_the_message_limit_is_delivered() {
         watcher.events().recv_timeout(WAIT).expect("Synced"),
         HostEvent::Synced
     );
-    let coordinator = EtcdCoordinator::new(&etcd).expect("coordinator");
+    let coordinator = EtcdCoordinator::on_etcd(&etcd).expect("coordinator");
     let watch = coordinator.kv_watch("bigrev", "*").expect("kv_watch");
     assert_eq!(watch.recv_timeout(WAIT).expect("Synced"), KvEvent::Synced);
 

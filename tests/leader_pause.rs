@@ -197,7 +197,7 @@ impl Shared {
 
 fn candidate(i: usize, endpoints: Vec<String>, shared: Arc<Shared>, seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let etcd = Etcd::connect(&endpoints, options()).expect("connect");
+    let etcd = Etcd::with_options(&endpoints, options()).expect("connect");
     let election =
         Election::with_options(&etcd, ELECTION, ElectionOptions::default().with_ttl(TTL))
             .expect("election");

@@ -95,7 +95,7 @@ fn try_campaign_against_an_unreachable_etcd_times_out() {
     let server = common::start_etcd();
     let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
     let options = EtcdOptions::default().with_request_timeout(Duration::from_secs(1));
-    let etcd = Etcd::connect(&[proxy.endpoint()], options).expect("connect");
+    let etcd = Etcd::with_options(&[proxy.endpoint()], options).expect("connect");
     // Cut the network before the session can be granted: the try-campaign
     // can then neither win nor lose, and must give up (3 request timeouts).
     proxy.set_mode(Mode::Blackhole);
@@ -290,7 +290,7 @@ fn a_fenced_write_waits_at_most_until_the_trusted_deadline() {
     let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
     let request_timeout = Duration::from_secs(8);
     let options = EtcdOptions::default().with_request_timeout(request_timeout);
-    let etcd = Etcd::connect(&[proxy.endpoint()], options).expect("connect");
+    let etcd = Etcd::with_options(&[proxy.endpoint()], options).expect("connect");
     let election_options = ElectionOptions::default().with_ttl(Duration::from_secs(2));
     let trusted = election_options.trusted_lifetime();
     let election = Election::with_options(&etcd, "bounded", election_options).expect("election");

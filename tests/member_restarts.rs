@@ -63,7 +63,7 @@ fn options() -> EtcdOptions {
 }
 
 fn candidate(i: usize, endpoints: Vec<String>, stop: Arc<AtomicBool>, record: Arc<Mutex<Record>>) {
-    let etcd = Etcd::connect(&endpoints, options()).expect("connect");
+    let etcd = Etcd::with_options(&endpoints, options()).expect("connect");
     let election =
         Election::with_options(&etcd, "restarts", ElectionOptions::default().with_ttl(TTL))
             .expect("election");
@@ -258,11 +258,11 @@ fn elections_stay_live_while_the_raft_leader_is_killed_and_restarted() {
 
     // The fleet beside the election: 20 hosts on one handle, a watcher on
     // another. None of them leaves, so any `Down` is false.
-    let hosts_etcd = Etcd::connect(&endpoints, options()).expect("connect");
+    let hosts_etcd = Etcd::with_options(&endpoints, options()).expect("connect");
     let hosts: Vec<HostLiveness> = (0..HOSTS)
         .map(|_| HostLiveness::register(&hosts_etcd, Uuid::new_v4(), b"up", TTL).expect("register"))
         .collect();
-    let watch_etcd = Etcd::connect(&endpoints, options()).expect("connect");
+    let watch_etcd = Etcd::with_options(&endpoints, options()).expect("connect");
     let watcher = HostWatcher::watch(&watch_etcd).expect("watcher");
     let downs = Arc::new(Mutex::new(Vec::new()));
     let watch_stop = Arc::new(AtomicBool::new(false));

@@ -250,7 +250,7 @@ fn etcd_options_are_ok_or_refused_by_field() {
                 ),
             ];
             let started = Instant::now();
-            let result = Etcd::connect(&[endpoint.as_str()], options);
+            let result = Etcd::with_options(&[endpoint.as_str()], options);
             let took = started.elapsed();
             typed(
                 "connect",
@@ -346,7 +346,7 @@ fn endpoint_strings_are_ok_or_refused() {
     check("endpoints", 256, strategy, |endpoints| {
         let options = EtcdOptions::default().with_connect_timeout(timeout);
         let started = Instant::now();
-        let result = Etcd::connect(&endpoints, options);
+        let result = Etcd::with_options(&endpoints, options);
         let took = started.elapsed();
         typed("connect", &result, &["endpoints"], |e| {
             matches!(e, Error::Connect { .. })
@@ -654,7 +654,7 @@ fn coordinator_calls_are_ok_or_refused_alike_by_every_backend() {
     let server: EtcdServer = common::start_etcd();
     let etcd = common::connect(&server.endpoint());
     let memory = MemoryCoordinator::new();
-    let on_etcd = EtcdCoordinator::new(&etcd).expect("coordinator");
+    let on_etcd = EtcdCoordinator::on_etcd(&etcd).expect("coordinator");
     check("Coordinator", 384, op(), |op| {
         let in_memory = apply(&memory, &op)?;
         let in_etcd = apply(&on_etcd, &op)?;
@@ -676,7 +676,7 @@ fn coordinator_calls_are_ok_or_refused_alike_by_every_backend() {
             if let Some(n) = max_len {
                 options = options.with_stream_max_len(n);
             }
-            let result = EtcdCoordinator::with_options(&etcd, options);
+            let result = EtcdCoordinator::on_etcd_with_options(&etcd, options);
             typed(
                 "with_options",
                 &result,

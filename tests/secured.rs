@@ -24,7 +24,7 @@ fn options() -> EtcdOptions {
 #[track_caller]
 fn connect_error(endpoints: &[String], options: EtcdOptions) -> String {
     let started = Instant::now();
-    match Etcd::connect(endpoints, options) {
+    match Etcd::with_options(endpoints, options) {
         Err(Error::Connect { reason, .. }) => {
             println!("connect failed in {:?}: {reason}", started.elapsed());
             assert!(!reason.contains('\n'), "not one line: {reason:?}");
@@ -63,17 +63,17 @@ fn tls_with_the_right_ca_works_and_wrong_ca_or_name_say_so() {
     let pki = server.pki().expect("pki");
     let endpoints = server.endpoints();
 
-    let etcd = Etcd::connect(&endpoints, options().with_tls(pki.server_tls().unwrap()))
+    let etcd = Etcd::with_options(&endpoints, options().with_tls(pki.server_tls().unwrap()))
         .expect("connect with the right CA");
     assert!(etcd.endpoints()[0].starts_with("https://127.0.0.1:"));
     use_everything(&etcd);
 
     // https:// spelled out works too; http:// with TLS is refused up front.
     let https = vec![format!("https://{}", server.endpoint())];
-    Etcd::connect(&https, options().with_tls(pki.server_tls().unwrap())).expect("https://");
+    Etcd::with_options(&https, options().with_tls(pki.server_tls().unwrap())).expect("https://");
     let http = vec![format!("http://{}", server.endpoint())];
     assert!(matches!(
-        Etcd::connect(&http, options().with_tls(pki.server_tls().unwrap())),
+        Etcd::with_options(&http, options().with_tls(pki.server_tls().unwrap())),
         Err(Error::InvalidArgument {
             what: "endpoints",
             ..
@@ -88,7 +88,7 @@ fn tls_with_the_right_ca_works_and_wrong_ca_or_name_say_so() {
     assert!(reason.contains("not signed by the given CA"), "{reason}");
 
     // Plain gRPC to a TLS port fails too, rather than hanging.
-    let _ = Etcd::connect(
+    let _ = Etcd::with_options(
         &endpoints,
         options().with_connect_timeout(Duration::from_secs(2)),
     );
@@ -112,7 +112,7 @@ fn a_certificate_for_another_name_is_a_name_mismatch_unless_the_name_is_set() {
         .unwrap()
         .with_server_name("localhost")
         .unwrap();
-    let etcd = Etcd::connect(&server.endpoints(), options().with_tls(by_name))
+    let etcd = Etcd::with_options(&server.endpoints(), options().with_tls(by_name))
         .expect("connect checking the certificate's own name");
     use_everything(&etcd);
 }
@@ -125,7 +125,7 @@ fn mutual_tls_needs_the_client_certificate() {
         .expect("mTLS etcd");
     let pki = server.pki().expect("pki");
 
-    let etcd = Etcd::connect(
+    let etcd = Etcd::with_options(
         &server.endpoints(),
         options().with_tls(pki.client_tls().unwrap()),
     )
@@ -198,18 +198,18 @@ fn a_prefix_limited_user_can_do_everything_under_its_prefix() {
         .create_user("stranger", "stranger-pw", None)
         .expect("stranger");
 
-    let etcd = Etcd::connect(&server.endpoints(), options().with_user(agent.clone()))
+    let etcd = Etcd::with_options(&server.endpoints(), options().with_user(agent.clone()))
         .expect("log in as agent");
     use_everything(&etcd);
     // Every coordinator operation, as the public conformance suite runs
     // them, under the user's prefix.
     let endpoints = server.endpoints();
     let report = fleetcoord::conformance::run(|| {
-        let etcd = Etcd::connect(&endpoints, options().with_user(agent.clone())).expect("connect");
+        let etcd = Etcd::with_options(&endpoints, options().with_user(agent.clone())).expect("connect");
         let root = EtcdCoordinatorOptions::default()
             .with_root("/coord/conformance")
             .with_stream_max_len(64);
-        Box::new(EtcdCoordinator::with_options(&etcd, root).expect("coordinator"))
+        Box::new(EtcdCoordinator::on_etcd_with_options(&etcd, root).expect("coordinator"))
             as Box<dyn Coordinator>
     });
     assert!(report.skipped.is_empty(), "{:?}", report.skipped);
@@ -229,7 +229,7 @@ fn a_prefix_limited_user_can_do_everything_under_its_prefix() {
 
     // A user without the grant connects, then every primitive says
     // "permission denied" at once: no hang, no retry loop.
-    let denied = Etcd::connect(&server.endpoints(), options().with_user(stranger))
+    let denied = Etcd::with_options(&server.endpoints(), options().with_user(stranger))
         .expect("log in as stranger");
     let started = Instant::now();
     let is_denied = |e: &Error| {
@@ -260,7 +260,7 @@ fn a_prefix_limited_user_can_do_everything_under_its_prefix() {
         .and_then(|e| e.campaign(b"x"))
         .expect_err("campaign without the grant");
     assert!(is_denied(&e), "{e:?}");
-    let coordinator = EtcdCoordinator::new(&denied).expect("coordinator");
+    let coordinator = EtcdCoordinator::on_etcd(&denied).expect("coordinator");
     let e = coordinator.kv_set("b", "k", b"v").expect_err("kv_set");
     assert!(is_denied(&e), "{e:?}");
     let e = coordinator.kv_watch("b", "*").expect_err("kv_watch");
@@ -272,5 +272,5 @@ fn a_prefix_limited_user_can_do_everything_under_its_prefix() {
     );
     // root still works, with the harness's password.
     let root = EtcdUser::new("root", EtcdServer::ROOT_PASSWORD).unwrap();
-    Etcd::connect(&server.endpoints(), options().with_user(root)).expect("root");
+    Etcd::with_options(&server.endpoints(), options().with_user(root)).expect("root");
 }

@@ -330,7 +330,7 @@ fn a_partitioned_holder_is_told_before_its_permit_passes_on() {
     let server = common::start_etcd();
     let endpoint = server.endpoint();
     let proxy = FaultProxy::start(&endpoint).unwrap();
-    let cut = Etcd::connect(&[proxy.endpoint()], EtcdOptions::default()).unwrap();
+    let cut = Etcd::with_options(&[proxy.endpoint()], EtcdOptions::default()).unwrap();
     let etcd = common::connect(&endpoint);
     let doomed_sem = Semaphore::with_options(&cut, "part", 2, short_ttl()).unwrap();
     let doomed = doomed_sem.acquire().unwrap();

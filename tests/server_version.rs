@@ -52,7 +52,7 @@ fn connect_reads_the_version_without_a_request_and_warns_once_about_its_defects(
     let server = common::start_etcd();
     let before = server.grpc_counts().expect("etcd's metrics");
 
-    let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
 
     let version = etcd.server_version().expect("a version read at connect");
     assert_eq!(version.as_str(), expected);

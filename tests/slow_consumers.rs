@@ -534,9 +534,9 @@ fn leader_observer_stays_bounded_and_converges() {
 /// writer's connection with the same root.
 fn coordinators(etcd: &Etcd, writer: &Writer, root: &str) -> (EtcdCoordinator, EtcdCoordinator) {
     let options = EtcdCoordinatorOptions::default().with_root(root);
-    let reader = EtcdCoordinator::with_options(etcd, options.clone().with_feed_capacity(CAPACITY))
+    let reader = EtcdCoordinator::on_etcd_with_options(etcd, options.clone().with_feed_capacity(CAPACITY))
         .expect("coordinator");
-    let writing = EtcdCoordinator::with_options(&writer.etcd, options).expect("coordinator");
+    let writing = EtcdCoordinator::on_etcd_with_options(&writer.etcd, options).expect("coordinator");
     (reader, writing)
 }
 
@@ -619,7 +619,7 @@ fn subscription_stays_bounded_and_ends_with_the_last_message() {
     let publishers: Vec<EtcdCoordinator> = (0..SINGLE_KEY_CONNECTIONS)
         .map(|_| {
             let options = EtcdCoordinatorOptions::default().with_root(root);
-            EtcdCoordinator::with_options(&common::connect(&endpoint), options)
+            EtcdCoordinator::on_etcd_with_options(&common::connect(&endpoint), options)
                 .expect("coordinator")
         })
         .collect();

@@ -12,7 +12,7 @@ const WAIT: Duration = Duration::from_secs(10);
 #[test]
 fn register_watch_close_and_elect() {
     let server = EtcdServer::start().expect("etcd");
-    let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
     let watcher = HostWatcher::watch(&etcd).expect("watch");
     assert_eq!(
         watcher.events().recv_timeout(WAIT).unwrap(),

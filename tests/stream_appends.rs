@@ -15,7 +15,7 @@ const WAIT: Duration = Duration::from_secs(10);
 fn a_writer_appending_in_turn_reads_the_head_once() {
     let server = common::start_etcd();
     let etcd = common::connect(&server.endpoint());
-    let coordinator = EtcdCoordinator::new(&etcd).expect("coordinator");
+    let coordinator = EtcdCoordinator::on_etcd(&etcd).expect("coordinator");
     let (ranges, txns) = (
         common::etcd_calls(&server.endpoint(), "Range"),
         common::etcd_calls(&server.endpoint(), "Txn"),
@@ -35,9 +35,9 @@ fn a_writer_appending_in_turn_reads_the_head_once() {
 fn two_writers_taking_turns_get_every_id_once_in_order() {
     let server = common::start_etcd();
     let etcd = common::connect(&server.endpoint());
-    let a = EtcdCoordinator::new(&etcd).expect("coordinator a");
+    let a = EtcdCoordinator::on_etcd(&etcd).expect("coordinator a");
     // Another process, as far as the head cache goes.
-    let b = EtcdCoordinator::new(&common::connect(&server.endpoint())).expect("coordinator b");
+    let b = EtcdCoordinator::on_etcd(&common::connect(&server.endpoint())).expect("coordinator b");
     let reader = a
         .read_stream("shared", StreamPosition::Start)
         .expect("reader");
@@ -83,7 +83,7 @@ fn threads_of_one_handle_on_one_stream_never_contend() {
     const EACH: usize = 40;
     let server = common::start_etcd();
     let etcd = common::connect(&server.endpoint());
-    let coordinator = EtcdCoordinator::new(&etcd).expect("coordinator");
+    let coordinator = EtcdCoordinator::on_etcd(&etcd).expect("coordinator");
     let txns = common::etcd_calls(&server.endpoint(), "Txn");
     let ids: Vec<(u64, String)> = on_threads(THREADS, |t| {
         (0..EACH)
@@ -126,7 +126,7 @@ fn four_handles_with_four_threads_each_on_one_stream_never_fail() {
     const EACH: usize = 25;
     let server = common::start_etcd();
     let coordinators: Vec<EtcdCoordinator> = (0..HANDLES)
-        .map(|_| EtcdCoordinator::new(&common::connect(&server.endpoint())).expect("coordinator"))
+        .map(|_| EtcdCoordinator::on_etcd(&common::connect(&server.endpoint())).expect("coordinator"))
         .collect();
     let ids: Vec<u64> = on_threads(HANDLES * THREADS, |w| {
         let coordinator = &coordinators[w % HANDLES];

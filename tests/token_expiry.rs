@@ -32,7 +32,7 @@ fn expired_tokens_cause_no_lost_lease_no_false_down_and_no_lost_leadership() {
         .expect("agent");
     let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
     let options = EtcdOptions::default().with_user(agent);
-    let etcd = Etcd::connect(&[proxy.endpoint()], options).expect("connect as agent");
+    let etcd = Etcd::with_options(&[proxy.endpoint()], options).expect("connect as agent");
 
     let watcher = HostWatcher::watch(&etcd).expect("watch");
     assert_eq!(

@@ -69,7 +69,7 @@ fn setup() -> Setup {
     let server = start_etcd();
     let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
     let direct = connect(&server.endpoint());
-    let cut = fleetcoord::Etcd::connect(
+    let cut = fleetcoord::Etcd::with_options(
         &[proxy.endpoint()],
         fleetcoord::EtcdOptions::default().with_keepalive_interval(KEEPALIVE),
     )

@@ -150,7 +150,7 @@ fn runtime() -> Res<Arc<tokio::runtime::Runtime>> {
 
 fn etcd_target(cfg: &Config) -> Res<Target> {
     let raw = Raw::connect_workers(&cfg.endpoint, 2)?;
-    let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let etcd = Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
     // fleetcoord's kv_set and publish are one put each; an append is one
     // guarded transaction, compared with the put it is at least.
     let put = Rc::new(Anchor {
@@ -159,7 +159,7 @@ fn etcd_target(cfg: &Config) -> Res<Target> {
     });
     Ok(Target {
         name: "etcd",
-        coord: Box::new(EtcdCoordinator::new(&etcd)?),
+        coord: Box::new(EtcdCoordinator::on_etcd(&etcd)?),
         anchors: [
             Some(put.clone()),
             Some(put.clone()),

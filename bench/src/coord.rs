@@ -32,8 +32,8 @@ struct Backend {
 }
 
 fn backends(cfg: &Config) -> Res<Vec<Backend>> {
-    let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
-    let coord = Box::new(EtcdCoordinator::new(&etcd)?);
+    let etcd = Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let coord = Box::new(EtcdCoordinator::on_etcd(&etcd)?);
     Ok(vec![
         Backend {
             name: "etcd",

@@ -91,7 +91,7 @@ fn raw_handover(
 pub fn campaign(cfg: &Config) -> Res<Vec<Row>> {
     let n = cfg.samples(200, 5);
     let options = ElectionOptions::default().with_ttl(Duration::from_secs(10));
-    let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let etcd = Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
     let election = Election::with_options(&etcd, "bench-campaign", options)?;
     let raw = Raw::connect(&cfg.endpoint)?;
     let (lease, keeper) = raw_session(&raw, 10)?;
@@ -133,8 +133,8 @@ pub fn campaign(cfg: &Config) -> Res<Vec<Row>> {
 pub fn handover(cfg: &Config) -> Res<Vec<Row>> {
     let n = cfg.samples(100, 5);
     let options = ElectionOptions::default().with_ttl(Duration::from_secs(10));
-    let ea = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
-    let eb = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let ea = Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let eb = Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
     let a = Election::with_options(&ea, "bench-handover", options.clone())?;
     let b = Election::with_options(&eb, "bench-handover", options)?;
     let prefix = a.key_prefix().to_string();
@@ -191,7 +191,7 @@ fn hand_over_samples(cfg: &Config, n: usize) -> Res<Vec<Duration>> {
     let options = ElectionOptions::default()
         .with_ttl(Duration::from_secs(10))
         .with_priority(0);
-    let connect = || Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default());
+    let connect = || Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default());
     let (ea, eb, ec) = (connect()?, connect()?, connect()?);
     let a = Election::with_options(&ea, "bench-hand-over", options.clone())?;
     let b = Election::with_options(&eb, "bench-hand-over", options.clone())?;
@@ -236,7 +236,7 @@ pub fn semaphore(cfg: &Config) -> Res<Vec<Row>> {
     let options = ElectionOptions::default()
         .with_prefix(fleetcoord::DEFAULT_SEMAPHORE_PREFIX)
         .with_ttl(Duration::from_secs(10));
-    let connect = || Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default());
+    let connect = || Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default());
     let (ea, eb, ec) = (connect()?, connect()?, connect()?);
     let a = Semaphore::with_options(&ea, "bench-semaphore", 2, options.clone())?;
     let b = Semaphore::with_options(&eb, "bench-semaphore", 2, options.clone())?;
@@ -391,7 +391,7 @@ pub fn failover(cfg: &Config) -> Res<Vec<Row>> {
     let ttl = 2u64;
     let bin = process::fleetcoord_bin()?;
     let me = process::self_bin()?;
-    let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let etcd = Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
     let candidate = Election::with_options(
         &etcd,
         "bench-failover",

@@ -59,8 +59,8 @@ fn put_get(
 
 pub fn run(cfg: &Config) -> Res<Vec<Row>> {
     let n = cfg.samples(1000, 20);
-    let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
-    let coord = EtcdCoordinator::new(&etcd)?;
+    let etcd = Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let coord = EtcdCoordinator::on_etcd(&etcd)?;
     let value = vec![b'v'; 100];
     let one_worker = Raw::connect(&cfg.endpoint)?;
     let (ours_put, raw_put, ours_get, raw_get) = put_get(n, &coord, &one_worker, &value)?;

@@ -57,7 +57,7 @@ fn down(id: Uuid) -> impl Fn(&HostEvent) -> bool {
 /// A HostWatcher on its own connection (the observer is another host),
 /// past its Synced.
 fn watcher(cfg: &Config, prefix: &str) -> Res<(Etcd, HostWatcher)> {
-    let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let etcd = Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
     let w = HostWatcher::with_options(&etcd, WatcherOptions::default().with_prefix(prefix))?;
     wait_host(w.events(), |e| *e == HostEvent::Synced)?;
     Ok((etcd, w))
@@ -70,7 +70,7 @@ pub fn leave(cfg: &Config) -> Res<Vec<Row>> {
     let ttl = Duration::from_secs(5);
     let prefix = "/bench/leave/fc/";
     let raw_prefix = "/bench/leave/raw/";
-    let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let etcd = Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
     let (_observer, watch) = watcher(cfg, prefix)?;
     let raw = Raw::connect(&cfg.endpoint)?;
     let raw_observer = Raw::connect(&cfg.endpoint)?;
@@ -354,7 +354,7 @@ fn fleetcoord_phase(
     window: Duration,
     prefix: &str,
 ) -> Res<Duration> {
-    let etcd = Etcd::connect(&[endpoint], EtcdOptions::default())?;
+    let etcd = Etcd::with_options(&[endpoint], EtcdOptions::default())?;
     let hosts = register(&etcd, n, prefix, ttl)?;
     std::thread::sleep(settle(ttl));
     let cpu0 = stats::cpu_time()?;
@@ -368,7 +368,7 @@ fn fleetcoord_phase(
 }
 
 fn pool_phase(endpoint: &str, n: usize, ttl: u64, window: Duration, prefix: &str) -> Res<Duration> {
-    let etcd = Etcd::connect(&[endpoint], EtcdOptions::default())?;
+    let etcd = Etcd::with_options(&[endpoint], EtcdOptions::default())?;
     let options = ElectionOptions::default()
         .with_prefix(prefix)
         .with_ttl(Duration::from_secs(ttl));
@@ -439,7 +439,7 @@ pub fn child_liveness(args: &[String]) -> Res<()> {
     };
     match side.as_str() {
         "fleetcoord" => {
-            let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default())?;
+            let etcd = Etcd::with_options(&[endpoint.as_str()], EtcdOptions::default())?;
             let rss0 = stats::status_bytes("VmRSS")?;
             let t = Instant::now();
             let _hosts = register(&etcd, n, prefix.as_str(), ttl)?;

@@ -24,7 +24,7 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
     let prefix = format!("/bench/mass/{}/", std::process::id());
     let raw = Raw::connect_workers(&cfg.endpoint, 2)?;
     let raw_events = raw.watch_prefix(&prefix)?;
-    let etcd = Etcd::connect(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let etcd = Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
     let watcher = HostWatcher::with_options(
         &etcd,
         WatcherOptions::default().with_prefix(prefix.as_str()),

@@ -167,7 +167,7 @@ pub fn child_pool_memory(args: &[String]) -> Res<()> {
     let settle = Duration::from_secs(TTL / 2);
     match side.as_str() {
         "fleetcoord" => {
-            let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default())?;
+            let etcd = Etcd::with_options(&[endpoint.as_str()], EtcdOptions::default())?;
             let options = ElectionOptions::default()
                 .with_prefix("/bench/pool-memory/")
                 .with_ttl(Duration::from_secs(TTL));
@@ -222,7 +222,7 @@ pub fn child_pool(args: &[String]) -> Res<()> {
     let mut samples = Vec::new();
     let (cpu, grants) = match side.as_str() {
         "fleetcoord" => {
-            let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default())?;
+            let etcd = Etcd::with_options(&[endpoint.as_str()], EtcdOptions::default())?;
             let options = ElectionOptions::default()
                 .with_prefix("/bench/pool/")
                 .with_ttl(Duration::from_secs(TTL));

@@ -133,7 +133,7 @@ pub fn child_watch(args: &[String]) -> Res<()> {
     let hosts: usize = hosts.parse()?;
     let (elapsed, got) = match side.as_str() {
         "fleetcoord" => {
-            let etcd = Etcd::connect(&[endpoint.as_str()], EtcdOptions::default())?;
+            let etcd = Etcd::with_options(&[endpoint.as_str()], EtcdOptions::default())?;
             let t = Instant::now();
             let watcher = HostWatcher::with_options(
                 &etcd,

@@ -281,11 +281,11 @@ fn run(endpoints: Option<String>) -> Result<(), Error> {
         tx,
     };
 
-    let etcd = Etcd::connect(&[&endpoint], EtcdOptions::default())?;
+    let etcd = Etcd::with_options(&[&endpoint], EtcdOptions::default())?;
     let watcher = HostWatcher::with_options(&etcd, WatcherOptions::default().with_prefix(&prefix))?;
     let election = Election::new(&etcd, &election_name)?;
     let observer = election.observe()?;
-    let coord = EtcdCoordinator::new(&etcd)?;
+    let coord = EtcdCoordinator::on_etcd(&etcd)?;
     let kv_watch = coord.kv_watch(&bucket, "*")?;
     forward(watcher.events().clone(), demo.tx.clone(), |e| {
         match &e {

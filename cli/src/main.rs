@@ -294,7 +294,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         .security
         .apply(options, |name| std::env::var(name).ok())?;
     let endpoints = endpoints(cli.endpoints, |name| std::env::var(name).ok());
-    let etcd = Etcd::connect(&endpoints, options)?;
+    let etcd = Etcd::with_options(&endpoints, options)?;
     let ctx = Ctx {
         etcd: etcd.clone(),
         out,
@@ -308,7 +308,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Lock(a) => lock::lock(&ctx, a, &shutdown),
         Command::Leader(a) => election::leader(&ctx, a),
         Command::Observe(a) => election::observe(&ctx, a, &shutdown),
-        bus_command => EtcdCoordinator::new(&ctx.etcd)
+        bus_command => EtcdCoordinator::on_etcd(&ctx.etcd)
             .map_err(CliError::from)
             .and_then(|coord| {
                 let result = run_bus(bus_command, &ctx.out, &coord, &shutdown);

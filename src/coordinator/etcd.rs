@@ -260,7 +260,7 @@ impl EtcdCoordinator {
             .map(str::trim)
             .filter(|e| !e.is_empty())
             .collect();
-        let etcd = Etcd::connect(&list, EtcdOptions::default())?;
+        let etcd = Etcd::with_options(&list, EtcdOptions::default())?;
         Self::new(&etcd)
     }
 

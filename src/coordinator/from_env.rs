@@ -213,7 +213,7 @@ pub fn from_env_vars(coord: Option<&str>, url: Option<&str>) -> Box<dyn Coordina
 /// use fleetcoord::coordinator::from_env_with_etcd;
 /// use fleetcoord::{Etcd, EtcdOptions};
 ///
-/// let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default())?;
+/// let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default())?;
 /// let coord = from_env_with_etcd(&etcd); // COORD=etcd: shares `etcd`
 /// coord.kv_set("config", "rollout", b"50%")?;
 /// # Ok(()) }
@@ -263,7 +263,7 @@ fn pick(
     let connected = match (name.as_str(), etcd) {
         ("", _) => return Box::new(MemoryCoordinator::new()),
         ("etcd", Some(etcd)) => {
-            EtcdCoordinator::new(etcd).map(|c| Box::new(c) as Box<dyn Coordinator>)
+            EtcdCoordinator::on_etcd(etcd).map(|c| Box::new(c) as Box<dyn Coordinator>)
         }
         _ => connect_with(&name, url, settings),
     };
@@ -333,8 +333,8 @@ fn connect_etcd(url: Option<&str>, settings: &ConnectSettings) -> Result<Box<dyn
         .map(str::trim)
         .filter(|e| !e.is_empty())
         .collect();
-    let etcd = Etcd::connect(&endpoints, EtcdOptions::default().with_tls(tls.clone()))?;
-    Ok(Box::new(EtcdCoordinator::new(&etcd)?))
+    let etcd = Etcd::with_options(&endpoints, EtcdOptions::default().with_tls(tls.clone()))?;
+    Ok(Box::new(EtcdCoordinator::on_etcd(&etcd)?))
 }
 
 #[cfg(feature = "nats")]

@@ -297,7 +297,7 @@ impl Leadership {
     /// # let server = fleetcoord::testing::EtcdServer::start()?;
     /// use fleetcoord::{Election, Etcd, EtcdOptions, TxnOp, TxnOpResponse};
     ///
-    /// let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default())?;
+    /// let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default())?;
     /// let election = Election::new(&etcd, "scheduler")?;
     /// let leadership = election.campaign(b"host-a")?;
     ///
@@ -418,7 +418,7 @@ mod tests {
     #[test]
     fn a_refusal_ends_the_leadership_before_the_call_returns() {
         let server = EtcdServer::start().expect("etcd");
-        let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+        let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
         let election = Election::new(&etcd, "refused").expect("election");
         let leadership = election.campaign(b"a").expect("campaign");
         let refused = Response::Txn {

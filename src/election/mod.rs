@@ -118,7 +118,7 @@ pub enum TryCampaign {
 /// # let server = fleetcoord::testing::EtcdServer::start()?;
 /// use fleetcoord::{Election, Etcd, EtcdOptions};
 ///
-/// let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default())?;
+/// let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default())?;
 /// let election = Election::new(&etcd, "db-primary")?;
 /// let leadership = election.campaign(b"host-a")?;
 /// println!("leading with fencing token {}", leadership.fencing_token());

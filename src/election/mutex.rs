@@ -31,7 +31,7 @@ pub const DEFAULT_LOCK_PREFIX: &str = "/coord/lock/";
 /// # let server = fleetcoord::testing::EtcdServer::start()?;
 /// use fleetcoord::{Etcd, EtcdOptions, Mutex, TxnOp};
 ///
-/// let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default())?;
+/// let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default())?;
 /// let mutex = Mutex::new(&etcd, "nightly-backup")?;
 /// let guard = mutex.lock()?; // blocks until held
 /// // Write only while the lock is still ours in etcd.

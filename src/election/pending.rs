@@ -76,7 +76,7 @@ use std::time::{Duration, Instant};
 /// use fleetcoord::{Election, Etcd, EtcdOptions};
 /// use std::time::Duration;
 ///
-/// let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default())?;
+/// let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default())?;
 /// let leader = Election::new(&etcd, "scheduler")?.campaign(b"host-a")?;
 /// let election = Election::new(&etcd, "scheduler")?;
 /// let pending = election.start_campaign(b"host-b")?; // queued behind host-a
@@ -164,7 +164,7 @@ impl Election {
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let server = fleetcoord::testing::EtcdServer::start()?;
-    /// # let etcd = fleetcoord::Etcd::connect(&[server.endpoint()], Default::default())?;
+    /// # let etcd = fleetcoord::Etcd::with_options(&[server.endpoint()], Default::default())?;
     /// use fleetcoord::Election;
     /// use std::time::Duration;
     ///

@@ -28,7 +28,7 @@ use std::time::Duration;
 /// # let server = fleetcoord::testing::EtcdServer::start()?;
 /// use fleetcoord::{ElectionPool, Etcd, EtcdOptions};
 ///
-/// let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default())?;
+/// let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default())?;
 /// let pool = ElectionPool::new(&etcd);
 /// let first = pool.campaign("shard-7", b"me")?;
 /// let lease = first.lease();

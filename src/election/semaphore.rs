@@ -63,7 +63,7 @@ const MISMATCH_READ: i64 = 128;
 /// # let server = fleetcoord::testing::EtcdServer::start()?;
 /// use fleetcoord::{Etcd, EtcdOptions, Semaphore, TxnOp};
 ///
-/// let etcd = Etcd::connect(&[server.endpoint()], EtcdOptions::default())?;
+/// let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default())?;
 /// let uploads = Semaphore::new(&etcd, "uploads", 2)?;
 /// let first = uploads.acquire()?; // blocks until a permit is held
 /// let second = Semaphore::new(&etcd, "uploads", 2)?.try_acquire()?;

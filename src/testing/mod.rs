@@ -124,7 +124,7 @@ impl EtcdBuilder {
     ///
     /// let server = EtcdBuilder::new().tls().start()?;
     /// let tls = server.pki().expect("TLS server").server_tls()?;
-    /// let etcd = Etcd::connect(&server.endpoints(), EtcdOptions::default().with_tls(tls))?;
+    /// let etcd = Etcd::with_options(&server.endpoints(), EtcdOptions::default().with_tls(tls))?;
     /// # Ok::<(), fleetcoord::Error>(())
     /// ```
     pub fn tls(self) -> Self {

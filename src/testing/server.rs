@@ -293,7 +293,7 @@ impl EtcdServer {
     ///
     /// let etcd = EtcdServer::start()?;
     /// let before = etcd.grpc_counts()?;
-    /// let _ = fleetcoord::Etcd::connect(&etcd.endpoints(), Default::default())?;
+    /// let _ = fleetcoord::Etcd::with_options(&etcd.endpoints(), Default::default())?;
     /// let after = etcd.grpc_counts()?;
     /// assert!(after.started("Status") > before.started("Status"));
     /// # Ok::<(), fleetcoord::Error>(())

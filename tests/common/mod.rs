@@ -23,7 +23,7 @@ pub fn start_etcd() -> EtcdServer {
 }
 
 pub fn connect(endpoint: &str) -> Etcd {
-    Etcd::connect(&[endpoint], EtcdOptions::default()).expect("connect")
+    Etcd::with_options(&[endpoint], EtcdOptions::default()).expect("connect")
 }
 
 /// Runs `etcdctl` (API v3) against `endpoint`; panics with install

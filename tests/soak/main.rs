@@ -168,7 +168,7 @@ struct Timeline {
 /// Connects, retrying: a client restarted during a fault may need a while.
 fn connect(endpoints: &[String], stop: &AtomicBool) -> Option<Etcd> {
     while !stop.load(Ordering::SeqCst) {
-        match Etcd::connect(endpoints, options()) {
+        match Etcd::with_options(endpoints, options()) {
             Ok(etcd) => return Some(etcd),
             Err(_) => thread::sleep(Duration::from_millis(100)),
         }
@@ -639,7 +639,7 @@ fn soak() {
             common::INSTALL
         )
     });
-    let direct = Etcd::connect(&cluster.endpoints(), options()).expect("connect");
+    let direct = Etcd::with_options(&cluster.endpoints(), options()).expect("connect");
     // The run's clock zero, and the independent history of the
     // candidates' and contenders' keys (raw watches, one per member).
     let origin = Instant::now();
@@ -689,15 +689,15 @@ fn soak() {
         let (etcd, shared) = (direct.clone(), shared.clone());
         threads.push(thread::spawn(move || watcher(etcd, shared)));
     }
-    let appending = Etcd::connect(&stream_net.endpoints(), options()).expect("connect");
-    let append_coord = Arc::new(EtcdCoordinator::new(&appending).expect("coordinator"));
+    let appending = Etcd::with_options(&stream_net.endpoints(), options()).expect("connect");
+    let append_coord = Arc::new(EtcdCoordinator::on_etcd(&appending).expect("coordinator"));
     let mut appenders = Vec::new();
     let mut readers = Vec::new();
     for s in 0..STREAMS {
         let (coord, sh) = (append_coord.clone(), shared.clone());
         appenders.push(thread::spawn(move || appender(s, coord, sh)));
         let (coord, sh) = (
-            EtcdCoordinator::new(&direct).expect("coordinator"),
+            EtcdCoordinator::on_etcd(&direct).expect("coordinator"),
             shared.clone(),
         );
         readers.push(thread::spawn(move || reader(s, coord, sh)));

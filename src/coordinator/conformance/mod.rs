@@ -114,10 +114,10 @@ pub fn run<F: Fn() -> Box<dyn Coordinator>>(factory: F) -> Report {
 /// use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, EtcdCoordinatorOptions};
 /// use fleetcoord::{Etcd, EtcdOptions};
 ///
-/// let etcd = Etcd::connect(&["127.0.0.1:2379"], EtcdOptions::default())?;
+/// let etcd = Etcd::with_options(&["127.0.0.1:2379"], EtcdOptions::default())?;
 /// fleetcoord::conformance::run_slow_consumers(|capacity| {
 ///     let options = EtcdCoordinatorOptions::default().with_feed_capacity(capacity);
-///     Ok(Box::new(EtcdCoordinator::with_options(&etcd, options)?) as Box<dyn Coordinator>)
+///     Ok(Box::new(EtcdCoordinator::on_etcd_with_options(&etcd, options)?) as Box<dyn Coordinator>)
 /// });
 /// # Ok::<(), fleetcoord::Error>(())
 /// ```
