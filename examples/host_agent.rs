@@ -1,11 +1,14 @@
-//! A minimal fleet agent: register this host, print the fleet as it
-//! changes, leave gracefully on Ctrl-C.
+//! A fleet agent: register this host, print the fleet as it changes, run a
+//! "rebalancer" role on whichever agent leads, and leave promptly on
+//! SIGINT or SIGTERM.
 //!
 //! ```text
 //! cargo run --example host_agent -- 127.0.0.1:2379
 //! ```
 
-use fleetcoord::{Etcd, EtcdOptions, HostEvent, HostLiveness, HostWatcher};
+use crossbeam_channel::Receiver;
+use fleetcoord::{Election, Etcd, EtcdOptions, HostEvent, HostLiveness, HostWatcher};
+use std::thread;
 use std::time::Duration;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -19,10 +22,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let liveness = HostLiveness::register(&etcd, me, metadata.as_bytes(), Duration::from_secs(5))?;
     println!("registered as {me}");
 
-    let (stop_tx, stop) = crossbeam_channel::bounded::<()>(1);
-    ctrlc::set_handler(move || {
-        let _ = stop_tx.try_send(());
-    })?;
+    // SIGINT or SIGTERM drops the sender: every wait on `stop`, in every
+    // thread, returns at once from then on.
+    let (stop_tx, stop) = crossbeam_channel::bounded::<()>(0);
+    let mut stop_tx = Some(stop_tx);
+    ctrlc::set_handler(move || drop(stop_tx.take()))?;
+
+    let rebalancer = Election::new(&etcd, "rebalancer")?;
+    let role = thread::spawn({
+        let stop = stop.clone();
+        move || rebalance(&rebalancer, &me.to_string(), &stop)
+    });
 
     let watcher = HostWatcher::watch(&etcd)?;
     loop {
@@ -37,7 +47,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             recv(stop) -> _ => break,
         }
     }
+    role.join()
+        .map_err(|_| "the rebalancer thread panicked")??;
     // Revoking the lease makes every watcher see this host Down at once.
     liveness.close()?;
     Ok(())
+}
+
+/// Waits in the rebalancer's queue (its key and place kept however long),
+/// acts while leading, and on `stop` leaves: a waiting key is withdrawn, a
+/// leadership resigned, so the next agent takes over at once.
+fn rebalance(election: &Election, me: &str, stop: &Receiver<()>) -> fleetcoord::Result<()> {
+    while let Some(leadership) = election.campaign_until(me.as_bytes(), stop)? {
+        println!("rebalancer: leading (token {})", leadership.fencing_token());
+        crossbeam_channel::select! {
+            recv(leadership.lost()) -> _ => println!("rebalancer: lost; queueing again"),
+            recv(stop) -> _ => {
+                leadership.resign()?;
+                break;
+            }
+        }
+    }
+    election.close()
 }

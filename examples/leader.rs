@@ -1,11 +1,13 @@
-//! Do work only while leading: campaign, work until leadership is lost or
-//! Ctrl-C, then resign; campaign again after a loss.
+//! Do work only while leading, and stop promptly on SIGINT or SIGTERM:
+//! campaign until leader or told to stop (the candidate keeps its key and
+//! its place in the queue however long it waits), work until leadership is
+//! lost or the signal comes, then resign; campaign again after a loss.
 //!
 //! ```text
 //! cargo run --example leader -- 127.0.0.1:2379 my-job
 //! ```
 
-use fleetcoord::{Election, Error, Etcd, EtcdOptions};
+use fleetcoord::{Election, Etcd, EtcdOptions};
 use std::time::Duration;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -16,42 +18,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let election = Election::new(&etcd, &name)?;
     let me = format!("pid-{}", std::process::id());
 
-    let (stop_tx, stop) = crossbeam_channel::bounded::<()>(1);
-    ctrlc::set_handler(move || {
-        let _ = stop_tx.try_send(());
-    })?;
+    // SIGINT or SIGTERM (ctrlc's `termination` feature) drops the sender:
+    // from then on every wait on `stop` returns at once, however many.
+    let (stop_tx, stop) = crossbeam_channel::bounded::<()>(0);
+    let mut stop_tx = Some(stop_tx);
+    ctrlc::set_handler(move || drop(stop_tx.take()))?;
 
-    loop {
-        let leadership = match election.campaign_timeout(me.as_bytes(), Duration::from_secs(1)) {
-            Ok(l) => l,
-            Err(Error::Timeout(_)) => {
-                // Someone else leads; check for Ctrl-C now and then.
-                if stop.try_recv().is_ok() {
-                    break;
-                }
-                continue;
-            }
-            Err(e) => return Err(e.into()),
-        };
+    // `None`: stopped while waiting; the key was withdrawn before the return.
+    while let Some(leadership) = election.campaign_until(me.as_bytes(), &stop)? {
         println!(
             "leading {name} with fencing token {}",
             leadership.fencing_token()
         );
         let ticker = crossbeam_channel::tick(Duration::from_secs(1));
-        loop {
+        let stopping = loop {
             crossbeam_channel::select! {
-                recv(leadership.lost()) -> _ => {
-                    println!("leadership lost; stop acting as leader and campaign again");
-                    break;
-                }
-                recv(stop) -> _ => {
-                    leadership.resign()?;
-                    election.close()?;
-                    return Ok(());
-                }
+                recv(leadership.lost()) -> _ => break false,
+                recv(stop) -> _ => break true,
                 recv(ticker) -> _ => println!("working (token {})", leadership.fencing_token()),
             }
+        };
+        if stopping {
+            // The next candidate leads as soon as etcd deleted the key.
+            leadership.resign()?;
+            break;
         }
+        println!("leadership lost; stop acting as leader and campaign again");
     }
     election.close()?;
     Ok(())

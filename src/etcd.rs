@@ -319,6 +319,9 @@ impl Etcd {
     /// Stop the driver thread for every clone of this handle: running
     /// primitives revoke their leases and resign (each within a short grace
     /// period), then the runtime stops and the thread is joined. Idempotent.
+    /// Any thread may close: a campaign, lock or acquire waiting on this
+    /// handle in another thread returns [`Error::Closed`] within
+    /// milliseconds (its key goes with the revoked session).
     pub fn close(&self) -> Result<()> {
         assert_not_async();
         self.inner.closed.store(true, Ordering::SeqCst);

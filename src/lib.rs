@@ -98,8 +98,8 @@ pub use coordinator::conformance;
 pub use election::mutex::{Mutex, MutexGuard, DEFAULT_LOCK_PREFIX};
 pub use election::semaphore::{Semaphore, SemaphoreGuard, DEFAULT_SEMAPHORE_PREFIX};
 pub use election::{
-    Election, ElectionOptions, ElectionPool, LeaderInfo, LeaderObserver, Leadership, LockOptions,
-    TryCampaign,
+    Canceller, Election, ElectionOptions, ElectionPool, LeaderInfo, LeaderObserver, Leadership,
+    LockOptions, Pending, TryCampaign,
 };
 pub use endpoints::Endpoints;
 pub use error::{Error, ErrorKind, Result};

@@ -24,6 +24,7 @@ use notices::{handle_notice, resign_unwanted, State};
 use ops::{Ops, Outcome, Turn};
 use options::election_prefix;
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,6 +36,7 @@ mod notices;
 mod observer;
 mod ops;
 mod options;
+mod pending;
 mod pool;
 pub(crate) mod semaphore;
 
@@ -42,6 +44,7 @@ pub use leadership::Leadership;
 pub use lock_options::LockOptions;
 pub use observer::LeaderObserver;
 pub use options::{ElectionOptions, DEFAULT_ELECTION_PREFIX};
+pub use pending::{Canceller, Pending};
 pub use pool::ElectionPool;
 
 /// The leader of an election as etcd has it.
@@ -145,6 +148,8 @@ struct Inner {
     state: Arc<Mutex<State>>,
     /// How campaigns join: `None` plain, else ranked.
     rank: Option<Rank>,
+    /// [`Election::close`] was called: calls fail with [`Error::Closed`].
+    closed: AtomicBool,
 }
 
 impl Election {
@@ -237,6 +242,7 @@ impl Election {
                 ops: Ops::new(machine, routes),
                 state,
                 rank,
+                closed: AtomicBool::new(false),
             }),
         })
     }
@@ -352,8 +358,12 @@ impl Election {
     /// longer than the TTL, or it expired the lease), the campaign joins
     /// the queue again on the session's next lease, as [`HostLiveness`]
     /// re-registers; it fails only when etcd refuses the session for good
-    /// (permission denied), and with [`Error::Closed`] after
-    /// [`Election::close`].
+    /// (permission denied), and with [`Error::Closed`] once
+    /// [`Election::close`], [`ElectionPool::close`] or
+    /// [`Etcd::close`] is called, also from another thread while this one
+    /// waits (it returns within milliseconds, its key removed with the
+    /// session's revoke). To wait in slices, or be canceled from another
+    /// thread without closing, see [`Election::start_campaign`].
     ///
     /// [`HostLiveness`]: crate::HostLiveness
     pub fn campaign(&self, value: &[u8]) -> Result<Leadership> {
@@ -374,7 +384,7 @@ impl Election {
 
     fn campaign_inner(&self, value: &[u8], timeout: Option<Duration>) -> Result<Leadership> {
         validate::payload("value", value)?;
-        let turn = self.inner.ops.turn();
+        let turn = self.inner.campaign_turn()?;
         let value = value.to_vec();
         let rank = self.inner.rank;
         let outcome = self.inner.call(
@@ -407,7 +417,7 @@ impl Election {
     /// behind.
     pub fn try_campaign(&self, value: &[u8]) -> Result<TryCampaign> {
         validate::payload("value", value)?;
-        let turn = self.inner.ops.turn();
+        let turn = self.inner.campaign_turn()?;
         let value = value.to_vec();
         let bound = self.inner.etcd.options().request_timeout.saturating_mul(3);
         let outcome = self.inner.call(
@@ -482,13 +492,19 @@ impl Election {
     /// session lease (which deletes the candidate key). Waits until etcd
     /// confirmed the revoke; an error means the lease will instead expire
     /// after its TTL. Outstanding [`Leadership`]s report `is_held() == false`.
-    pub fn close(self) -> Result<()> {
-        self.inner.stop();
+    ///
+    /// Takes `&self`, so one thread can end what another waits on: a
+    /// campaign or [`Pending`] wait in another thread returns
+    /// [`Error::Closed`] at once (before the revoke is confirmed), and so
+    /// does every later call on this election. Closing again is harmless.
+    pub fn close(&self) -> Result<()> {
+        self.begin_close();
         self.wait_closed()
     }
 
     /// Ask the session to stop without waiting (see [`Election::close`]).
     pub(crate) fn begin_close(&self) {
+        self.inner.closed.store(true, Ordering::SeqCst);
         self.inner.stop();
     }
 
@@ -503,29 +519,36 @@ impl Election {
     }
 
     fn leadership(&self, token: i64, lease: i64, key: Vec<u8>) -> Leadership {
-        let (belief, lost, step_down) = {
-            let state = self.inner.state.lock();
-            match state.held.as_ref().filter(|h| h.token == token) {
-                Some(h) => (h.belief.clone(), h.lost_rx.clone(), h.step_down_rx.clone()),
-                None => {
-                    // Lost again before we got here: hand out a leadership
-                    // that says so.
-                    let (tx, rx) = crossbeam_channel::bounded(1);
-                    let _ = tx.send(());
-                    (Arc::new(Belief::over()), rx, crossbeam_channel::never())
-                }
+        leadership_of(&self.inner, token, lease, key)
+    }
+}
+
+/// The [`Leadership`] the machine reported as won with `token`, as the
+/// notice handler registered it (or one that says it is over, when it was
+/// lost again before the caller got here).
+fn leadership_of(inner: &Arc<Inner>, token: i64, lease: i64, key: Vec<u8>) -> Leadership {
+    let (belief, lost, step_down) = {
+        let state = inner.state.lock();
+        match state.held.as_ref().filter(|h| h.token == token) {
+            Some(h) => (h.belief.clone(), h.lost_rx.clone(), h.step_down_rx.clone()),
+            None => {
+                // Lost again before we got here: hand out a leadership
+                // that says so.
+                let (tx, rx) = crossbeam_channel::bounded(1);
+                let _ = tx.send(());
+                (Arc::new(Belief::over()), rx, crossbeam_channel::never())
             }
-        };
-        Leadership {
-            inner: self.inner.clone(),
-            token,
-            lease,
-            key: String::from_utf8_lossy(&key).into_owned(),
-            belief,
-            lost,
-            step_down,
-            resigned: false,
         }
+    };
+    Leadership {
+        inner: inner.clone(),
+        token,
+        lease,
+        key: String::from_utf8_lossy(&key).into_owned(),
+        belief,
+        lost,
+        step_down,
+        resigned: false,
     }
 }
 
@@ -550,7 +573,17 @@ impl Inner {
     ) -> Result<Outcome<T, ElectionNotice>> {
         self.ops
             .call(turn, make_input, timeout, answer)
-            .map_err(|Gone| self.etcd.gone())
+            .map_err(|Gone| self.gone())
+    }
+
+    /// The error for a machine that ended: [`Error::Closed`] after
+    /// [`Election::close`], else what the [`Etcd`] handle says.
+    fn gone(&self) -> Error {
+        if self.closed.load(Ordering::SeqCst) {
+            Error::Closed
+        } else {
+            self.etcd.gone()
+        }
     }
 
     fn stop(&self) {

@@ -7,7 +7,7 @@
 //! [`Election`] guarantees (one holder at a time as etcd sees it, a fencing
 //! token that only grows, `lost()` before the lease can expire) holds here.
 
-use super::{Election, Leadership, LockOptions, TryCampaign};
+use super::{Election, Leadership, LockOptions, Pending, TryCampaign};
 use crate::error::Result;
 use crate::etcd::Etcd;
 use crate::txn::{TxnOp, TxnOpResponse};
@@ -80,6 +80,21 @@ impl Mutex {
             .map(MutexGuard::new)
     }
 
+    /// Queue for the lock and return at once: the waiting key keeps its
+    /// place until the [`Pending`] is won, canceled, dropped or closed,
+    /// however it is waited on (in slices, from several threads, or
+    /// canceled from another). See [`Pending`].
+    pub fn start_lock(&self) -> Result<Pending<MutexGuard>> {
+        self.election.start(b"", MutexGuard::new)
+    }
+
+    /// [`Mutex::lock`] until `stop` receives a message or is disconnected:
+    /// `Ok(None)` then, the waiting key withdrawn (etcd confirmed it) before
+    /// the return. See [`Election::campaign_until`].
+    pub fn lock_until(&self, stop: &crossbeam_channel::Receiver<()>) -> Result<Option<MutexGuard>> {
+        self.start_lock()?.until(stop)
+    }
+
     /// Takes the lock only if nobody holds it or waits for it; never waits
     /// for other holders. `Ok(None)`: somebody else has it (nothing is left
     /// behind).
@@ -110,7 +125,10 @@ impl Mutex {
 
     /// Leaves: releases the lock if held, stops waiting, revokes the
     /// session. An error means the lease will expire after its TTL instead.
-    pub fn close(self) -> Result<()> {
+    /// Takes `&self`: a lock waited on in another thread returns
+    /// [`Error::Closed`](crate::Error::Closed) at once (see
+    /// [`Election::close`]).
+    pub fn close(&self) -> Result<()> {
         self.election.close()
     }
 }

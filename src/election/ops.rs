@@ -24,7 +24,7 @@ use crate::driver::{Gone, MachineHandle};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use fleetcoord_sm::election::OpId;
 use fleetcoord_sm::Machine;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -131,13 +131,53 @@ pub(super) struct Ops<M: Machine> {
     routes: Arc<Mutex<Routes<M::Notice>>>,
     /// One operation at a time: a second would take the first's route (and
     /// the machine would answer it `Busy`).
-    turn: Mutex<()>,
+    turn: Mutex<TurnState>,
+    /// Signalled when the turn is given back.
+    turn_free: Condvar,
 }
 
-/// The caller's turn to run operations; see [`Ops::turn`].
-pub(super) struct Turn<'a> {
-    _held: MutexGuard<'a, ()>,
+/// Who has the turn to run operations.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum TurnState {
+    Free,
+    /// A call runs (and holds a [`Turn`]).
+    Taken,
+    /// An operation answered over several calls keeps it ([`KeptTurn`]).
+    Kept,
 }
+
+/// The caller's turn to run operations; see [`Ops::turn`]. Given back when
+/// dropped, unless [`Turn::keep`] made it outlive the borrow.
+pub(super) struct Turn<'a> {
+    ops_turn: &'a Mutex<TurnState>,
+    turn_free: &'a Condvar,
+    kept: bool,
+}
+
+impl Turn<'_> {
+    /// Keep the turn past this borrow, for an operation answered over
+    /// several calls (a pending campaign): nothing else runs until
+    /// [`Ops::give_back`] is called with the token returned.
+    pub(super) fn keep(mut self) -> KeptTurn {
+        self.kept = true;
+        *self.ops_turn.lock() = TurnState::Kept;
+        KeptTurn(())
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            *self.ops_turn.lock() = TurnState::Free;
+            self.turn_free.notify_all();
+        }
+    }
+}
+
+/// A turn kept by [`Turn::keep`]; only [`Ops::give_back`] ends it, so
+/// whoever holds one must give it back exactly once.
+#[must_use = "a kept turn blocks every other operation until given back"]
+pub(super) struct KeptTurn(());
 
 /// What came of [`Ops::call`].
 pub(super) enum Outcome<T, N> {
@@ -155,7 +195,8 @@ impl<M: Machine> Ops<M> {
         Ops {
             machine,
             routes,
-            turn: Mutex::new(()),
+            turn: Mutex::new(TurnState::Free),
+            turn_free: Condvar::new(),
         }
     }
 
@@ -168,9 +209,68 @@ impl<M: Machine> Ops<M> {
     /// Wait for the turn to run operations; held across a check and the
     /// call it decides on, so nothing runs in between.
     pub(super) fn turn(&self) -> Turn<'_> {
-        Turn {
-            _held: self.turn.lock(),
+        let mut state = self.turn.lock();
+        while *state != TurnState::Free {
+            self.turn_free.wait(&mut state);
         }
+        *state = TurnState::Taken;
+        self.taken_turn()
+    }
+
+    /// [`Ops::turn`], unless an operation keeps the turn ([`Turn::keep`]):
+    /// `None` then, at once. For a campaign, which could only be refused
+    /// while another one is pending, and could wait for ever if the thread
+    /// that should end the pending one is the caller.
+    pub(super) fn turn_unless_kept(&self) -> Option<Turn<'_>> {
+        let mut state = self.turn.lock();
+        loop {
+            match *state {
+                TurnState::Free => break,
+                TurnState::Kept => return None,
+                TurnState::Taken => self.turn_free.wait(&mut state),
+            }
+        }
+        *state = TurnState::Taken;
+        Some(self.taken_turn())
+    }
+
+    /// The handle of a turn just marked taken.
+    fn taken_turn(&self) -> Turn<'_> {
+        Turn {
+            ops_turn: &self.turn,
+            turn_free: &self.turn_free,
+            kept: false,
+        }
+    }
+
+    /// End a turn kept by [`Turn::keep`]: the next operation may run.
+    pub(super) fn give_back(&self, kept: KeptTurn) {
+        let KeptTurn(()) = kept;
+        *self.turn.lock() = TurnState::Free;
+        self.turn_free.notify_all();
+    }
+
+    /// Begin one operation without waiting for its answer: number it,
+    /// register it as the one waiting, send the machine `make_input(op)`.
+    /// Its notices arrive on the receiver until [`Ops::forget`]. `Err(Gone)`
+    /// once the machine task has ended.
+    pub(super) fn begin(
+        &self,
+        _turn: &Turn<'_>,
+        make_input: impl FnOnce(OpId) -> M::Input,
+    ) -> Result<(OpId, Receiver<M::Notice>), Gone> {
+        let (op, answers) = self.routes.lock().begin().ok_or(Gone)?;
+        if let Err(gone) = self.machine.send(make_input(op)) {
+            self.routes.lock().unregister(op);
+            return Err(gone);
+        }
+        Ok((op, answers))
+    }
+
+    /// Nobody waits for `op`'s answers any more: from now on they are
+    /// stale (see [`Routes::is_stale`]).
+    pub(super) fn forget(&self, op: OpId) {
+        self.routes.lock().unregister(op);
     }
 
     /// Run one operation: number it, register it as the one waiting, send
@@ -182,13 +282,12 @@ impl<M: Machine> Ops<M> {
     /// wait.
     pub(super) fn call<T>(
         &self,
-        _turn: &Turn<'_>,
+        turn: &Turn<'_>,
         make_input: impl FnOnce(OpId) -> M::Input,
         timeout: Option<Duration>,
         mut answer: impl FnMut(M::Notice) -> Option<T>,
     ) -> Result<Outcome<T, M::Notice>, Gone> {
-        let (op, answers) = self.routes.lock().begin().ok_or(Gone)?;
-        self.machine.send(make_input(op))?;
+        let (op, answers) = self.begin(turn, make_input)?;
         let deadline = timeout.and_then(deadline_after);
         loop {
             let received = match deadline {
@@ -293,6 +392,30 @@ mod tests {
         handler.join().expect("handler");
         assert!(matches!(outcome, Ok(Outcome::Answered("proclaimed"))));
         assert_eq!(seen.len(), 2, "the resign's answer was offered too");
+    }
+
+    /// A pending campaign keeps the turn across calls: campaigns are
+    /// refused at once (not left waiting on a turn their own thread may
+    /// hold), other operations wait until it is given back.
+    #[test]
+    fn a_kept_turn_refuses_campaigns_and_holds_other_operations() {
+        let (ops, _router, _inputs) = ops();
+        let kept = ops.turn().keep();
+        assert!(ops.turn_unless_kept().is_none(), "refused while kept");
+        std::thread::scope(|s| {
+            let waiting = s.spawn(|| {
+                let _turn = ops.turn();
+                std::time::Instant::now()
+            });
+            std::thread::sleep(SHORT);
+            assert!(!waiting.is_finished(), "waits while kept");
+            let given_back = std::time::Instant::now();
+            ops.give_back(kept);
+            assert!(waiting.join().expect("waiter") >= given_back);
+        });
+        let turn = ops.turn_unless_kept().expect("free again");
+        drop(turn);
+        drop(ops.turn());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! [`ElectionPool`]: many elections, one long-lived session each.
 
-use super::{Election, ElectionOptions, Leadership, TryCampaign};
+use super::{Election, ElectionOptions, Leadership, Pending, TryCampaign};
 use crate::error::{Error, Result};
 use crate::etcd::Etcd;
 use parking_lot::Mutex;
@@ -104,6 +104,24 @@ impl ElectionPool {
         self.election(name)?.campaign_timeout(value, timeout)
     }
 
+    /// Start a campaign on `name` and return at once; see
+    /// [`Election::start_campaign`] and [`Pending`]. [`ElectionPool::close`]
+    /// or [`ElectionPool::release`] of `name` ends it ([`Error::Closed`]).
+    pub fn start_campaign(&self, name: &str, value: &[u8]) -> Result<Pending<Leadership>> {
+        self.election(name)?.start_campaign(value)
+    }
+
+    /// Campaign on `name` until leader or `stop`; see
+    /// [`Election::campaign_until`].
+    pub fn campaign_until(
+        &self,
+        name: &str,
+        value: &[u8],
+        stop: &crossbeam_channel::Receiver<()>,
+    ) -> Result<Option<Leadership>> {
+        self.election(name)?.campaign_until(value, stop)
+    }
+
     /// Become leader of `name` only if nobody else is.
     pub fn try_campaign(&self, name: &str, value: &[u8]) -> Result<TryCampaign> {
         self.election(name)?.try_campaign(value)
@@ -120,7 +138,10 @@ impl ElectionPool {
         }
     }
 
-    /// End every session. Later calls return [`Error::Closed`].
+    /// End every session. Later calls return [`Error::Closed`]. Any thread
+    /// may close: a campaign waiting on the pool in another thread
+    /// (blocking, timed, or a [`Pending`] wait) returns [`Error::Closed`]
+    /// within milliseconds, its key removed with the session's revoke.
     pub fn close(&self) -> Result<()> {
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         let elections: Vec<Arc<Election>> = self.elections.lock().drain().map(|(_, e)| e).collect();

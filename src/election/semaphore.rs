@@ -7,7 +7,7 @@
 //! the deadline rule (a holder stops believing before etcd can expire its
 //! lease) are the election's.
 
-use super::{Election, Leadership, LockOptions, TryCampaign};
+use super::{Election, Leadership, LockOptions, Pending, TryCampaign};
 use crate::error::{Error, Result};
 use crate::etcd::Etcd;
 use crate::txn::{TxnOp, TxnOpResponse};
@@ -147,6 +147,24 @@ impl Semaphore {
             .map(SemaphoreGuard::new)
     }
 
+    /// Queue for a permit and return at once: the waiting key keeps its
+    /// place until the [`Pending`] is won, canceled, dropped or closed,
+    /// however it is waited on (in slices, from several threads, or
+    /// canceled from another). See [`Pending`].
+    pub fn start_acquire(&self) -> Result<Pending<SemaphoreGuard>> {
+        self.election.start(&self.value(), SemaphoreGuard::new)
+    }
+
+    /// [`Semaphore::acquire`] until `stop` receives a message or is
+    /// disconnected: `Ok(None)` then, the waiting key withdrawn (etcd
+    /// confirmed it) before the return. See [`Election::campaign_until`].
+    pub fn acquire_until(
+        &self,
+        stop: &crossbeam_channel::Receiver<()>,
+    ) -> Result<Option<SemaphoreGuard>> {
+        self.start_acquire()?.until(stop)
+    }
+
     /// Takes a permit only if fewer than `permits` keys are ahead (holders
     /// or waiters); never waits for other holders. `Ok(None)`: all permits
     /// are taken or queued for (the own key is removed again).
@@ -177,7 +195,9 @@ impl Semaphore {
 
     /// Leaves: releases the permit if held, stops waiting, revokes the
     /// session. An error means the lease will expire after its TTL instead.
-    pub fn close(self) -> Result<()> {
+    /// Takes `&self`: an acquire waited on in another thread returns
+    /// [`Error::Closed`] at once (see [`Election::close`]).
+    pub fn close(&self) -> Result<()> {
         self.election.close()
     }
 }
