@@ -464,6 +464,31 @@ struct Lease {
     proven: bool,
 }
 
+impl Lease {
+    /// A lease just granted (`proven` false) or just proven alive by a
+    /// renewal (`proven` true, a resume): nothing outstanding, nothing
+    /// written on it yet.
+    fn fresh(
+        id: LeaseId,
+        trusted: Duration,
+        deadline: Instant,
+        sent: Instant,
+        proven: bool,
+    ) -> Lease {
+        Lease {
+            id,
+            trusted,
+            deadline,
+            last_ack_send: sent,
+            renewal: None,
+            put: None,
+            written: None,
+            failing: false,
+            proven,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 enum Phase {
     /// No lease; a grant is outstanding (with its send time) or scheduled.
@@ -889,17 +914,7 @@ impl Keepalive {
             self.schedule_grant(now);
             return;
         };
-        self.phase = Phase::Leased(Lease {
-            id,
-            trusted,
-            deadline,
-            last_ack_send: sent,
-            renewal: None,
-            put: None,
-            written: None,
-            failing: false,
-            proven: false,
-        });
+        self.phase = Phase::Leased(Lease::fresh(id, trusted, deadline, sent, false));
         self.arm(Timer::Deadline, deadline);
         self.schedule_renewal(now);
         if self.binding.is_some() {
@@ -1178,17 +1193,7 @@ impl Keepalive {
             self.send_grant(now);
             return;
         };
-        self.phase = Phase::Leased(Lease {
-            id: point.lease,
-            trusted,
-            deadline,
-            last_ack_send: sent,
-            renewal: None,
-            put: None,
-            written: None,
-            failing: false,
-            proven: true,
-        });
+        self.phase = Phase::Leased(Lease::fresh(point.lease, trusted, deadline, sent, true));
         self.key_revision = point.key_revision;
         self.key_created = point.create_revision;
         self.resuming = Some(point.create_revision);
