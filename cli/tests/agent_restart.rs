@@ -111,7 +111,14 @@ fn restarts_within_the_ttl_are_no_down_and_one_past_it_is_one_down_expired_and_o
     }
     assert_eq!(down["id"], ID);
     assert_eq!(down["reason"], "expired", "{down}");
-    println!("detached -> down (expired): {:?}", stopped.elapsed());
+    let gone = stopped.elapsed();
+    println!("detached -> down (expired): {gone:?}");
+    // Liveness: the detached lease is not kept alive by anyone, so its
+    // expiry is seen within the TTL plus etcd's expiry slack.
+    assert!(
+        gone < Duration::from_secs(TTL_SECS) + Duration::from_secs(2),
+        "down after {gone:?}"
+    );
     let again = one_run(&endpoint, &state_file);
     assert_eq!(again["resumed"], false, "{again}");
     assert_ne!(again["lease"], lease);
