@@ -180,3 +180,118 @@ impl Beliefs {
         self.0.lock().refused.clone()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LONG: Duration = Duration::from_secs(60);
+
+    fn beliefs() -> (Beliefs, crossbeam_channel::Receiver<ShardEvent>) {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let b = Beliefs::new(tx);
+        assert!(b.apply(MemberNotice::Trusted {
+            until: Instant::now() + LONG
+        }));
+        (b, rx)
+    }
+
+    fn acquire(b: &Beliefs, shard: u32, token: i64) {
+        assert!(b.apply(MemberNotice::Shard(ShardNotice::Acquired { shard, token })));
+    }
+
+    #[test]
+    fn a_refused_fence_ends_belief_and_tells_lost_once() {
+        let (b, rx) = beliefs();
+        acquire(&b, 3, 10);
+        assert_eq!(
+            rx.try_recv(),
+            Ok(ShardEvent::Acquired {
+                shard: 3,
+                token: 10
+            })
+        );
+        b.fence_refused(3, 10);
+        assert_eq!(
+            b.remaining(3),
+            None,
+            "belief ended before the caller returns"
+        );
+        assert_eq!(rx.try_recv(), Ok(ShardEvent::Lost { shard: 3 }));
+        // The member's own view catches up later: not told again, and a
+        // `Release` for it is not told either.
+        b.apply(MemberNotice::Shard(ShardNotice::Release {
+            shard: 3,
+            deadline: Instant::now() + LONG,
+        }));
+        b.apply(MemberNotice::Shard(ShardNotice::Lost { shard: 3 }));
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn a_refusal_for_an_earlier_ownership_changes_nothing() {
+        let (b, rx) = beliefs();
+        acquire(&b, 3, 10);
+        b.apply(MemberNotice::Shard(ShardNotice::Lost { shard: 3 }));
+        acquire(&b, 3, 12);
+        let _: Vec<_> = rx.try_iter().collect();
+        b.fence_refused(3, 10);
+        assert_eq!(b.remaining(3).map(|r| r.0), Some(12));
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn belief_ends_at_the_session_deadline_without_any_notice() {
+        let (tx, _rx) = crossbeam_channel::unbounded();
+        let b = Beliefs::new(tx);
+        b.apply(MemberNotice::Trusted {
+            until: Instant::now() + Duration::from_millis(30),
+        });
+        acquire(&b, 1, 5);
+        assert_eq!(b.owned(), vec![(1, 5)]);
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(b.owned(), vec![], "the caller's clock ends it");
+        // A session loss ends it too, whatever the deadline said.
+        b.apply(MemberNotice::Trusted {
+            until: Instant::now() + LONG,
+        });
+        assert_eq!(b.owned(), vec![(1, 5)]);
+        b.apply(MemberNotice::SessionLost);
+        assert_eq!(b.owned(), vec![]);
+    }
+
+    #[test]
+    fn a_release_ends_at_its_deadline_or_at_the_hand_back() {
+        let (b, rx) = beliefs();
+        acquire(&b, 1, 5);
+        acquire(&b, 2, 6);
+        assert!(!b.hand_back(1), "no release under way: nothing changes");
+        assert_eq!(b.owned(), vec![(1, 5), (2, 6)]);
+        b.apply(MemberNotice::Shard(ShardNotice::Release {
+            shard: 1,
+            deadline: Instant::now() + Duration::from_millis(30),
+        }));
+        b.apply(MemberNotice::Shard(ShardNotice::Release {
+            shard: 2,
+            deadline: Instant::now() + LONG,
+        }));
+        assert!(b.hand_back(2));
+        assert_eq!(b.owned(), vec![(1, 5)]);
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(b.owned(), vec![], "the release deadline ends it");
+        // Told in order: two acquisitions, two releases; no `Lost` for a
+        // shard handed back.
+        b.apply(MemberNotice::Shard(ShardNotice::Lost { shard: 2 }));
+        assert_eq!(rx.try_iter().count(), 4);
+    }
+
+    #[test]
+    fn a_consumer_gone_stops_the_member() {
+        let (b, rx) = beliefs();
+        drop(rx);
+        assert!(!b.apply(MemberNotice::Shard(ShardNotice::Acquired {
+            shard: 0,
+            token: 1
+        })));
+    }
+}
