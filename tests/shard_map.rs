@@ -670,3 +670,48 @@ fn a_refused_fence_ends_the_ownership() {
     let left = ShardMap::owners_of(&etcd, "fenced", 1, &ShardOptions::default()).expect("read");
     assert!(left.is_empty(), "leave deletes the keys: {left:?}");
 }
+
+#[test]
+fn bad_input_is_refused_before_anything_is_written() {
+    let server = EtcdServer::start().expect("etcd");
+    let etcd = Etcd::with_options(&[server.endpoint()], etcd_options()).expect("connect");
+    let ok = ShardOptions::default;
+    let cases: Vec<(&str, u32, ShardOptions, &str)> = vec![
+        ("", 8, ok(), "name"),
+        ("a/b", 8, ok(), "name"),
+        ("m", 0, ok(), "shards"),
+        ("m", fleetcoord::MAX_SHARDS + 1, ok(), "shards"),
+        ("m", 8, ok().with_prefix("no-slashes"), "prefix"),
+        ("m", 8, ok().with_member("x/y"), "member"),
+        ("m", 8, ok().with_member(""), "member"),
+        ("m", 8, ok().with_ttl(Duration::from_millis(1500)), "ttl"),
+        (
+            "m",
+            8,
+            ok().with_drain(Duration::from_secs(2 * 86_400)),
+            "drain",
+        ),
+    ];
+    for (name, shards, options, what) in cases {
+        match ShardMap::join(&etcd, name, shards, options) {
+            Err(fleetcoord::Error::InvalidArgument { what: w, .. }) => assert_eq!(w, what),
+            other => panic!("{name:?} {shards}: {other:?}"),
+        }
+    }
+    let map = ShardMap::join(&etcd, "m", 8, ok()).expect("join");
+    for shard in [8, u32::MAX] {
+        assert!(matches!(
+            map.release(shard),
+            Err(fleetcoord::Error::InvalidArgument { what: "shard", .. })
+        ));
+        assert!(matches!(
+            map.owner_of(shard),
+            Err(fleetcoord::Error::InvalidArgument { what: "shard", .. })
+        ));
+        assert!(matches!(
+            map.txn_if_owner(shard, [TxnOp::put("/k", "v")]),
+            Err(fleetcoord::Error::InvalidArgument { what: "shard", .. })
+        ));
+    }
+    map.leave().expect("leave");
+}
