@@ -213,7 +213,7 @@ pub const HAND_OVER_POLL: Duration = Duration::from_millis(250);
 /// reports the time just before the spawn, `exited` the time just after
 /// the child was reaped, so a gap between one instance's `exited` and the
 /// next one's `started` is never overstated.
-fn unix_micros() -> u128 {
+pub fn unix_micros() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_micros())

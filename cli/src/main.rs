@@ -21,6 +21,7 @@ mod metrics_http;
 mod notify;
 mod output;
 mod security;
+mod shards;
 mod signal;
 mod tether;
 
@@ -120,6 +121,11 @@ enum Command {
     Leader(election::NameArgs),
     /// Stream the leader of an election as it changes.
     Observe(election::ObserveArgs),
+    /// Show a shard map (shard -> owner, token), or with --watch every
+    /// change; `shards join NAME --shards M -- CMD ARGS...` joins it and
+    /// runs CMD with the shards this process owns (FLEETCOORD_SHARDS),
+    /// restarted when they change, stopped before a shard can pass on.
+    Shards(shards::ShardsArgs),
     /// KV buckets: get, set, del, watch.
     #[command(subcommand)]
     Kv(bus::KvCommand),
@@ -275,14 +281,14 @@ fn run(cli: Cli) -> Result<(), CliError> {
             | Command::Sub(_)
             | Command::Kv(bus::KvCommand::Watch(_))
             | Command::Stream(bus::StreamCommand::Read(_))
-    );
+    ) || matches!(&cli.command, Command::Shards(a) if a.streams());
     let out = match (streaming, cli.timestamps) {
         (true, text) => Out::new(cli.json).streaming(text),
         (false, false) => Out::new(cli.json),
         (false, true) => {
             return Err(CliError::Usage(
                 "--timestamps is for the streaming commands watch-hosts, agent, elect, lock, \
-                 observe, kv watch, sub and stream read"
+                 observe, shards --watch, shards join, kv watch, sub and stream read"
                     .into(),
             ))
         }
@@ -366,6 +372,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Lock(a) => lock::lock(&ctx, a, &shutdown),
         Command::Leader(a) => election::leader(&ctx, a),
         Command::Observe(a) => election::observe(&ctx, a, &shutdown),
+        Command::Shards(a) => shards::shards(&ctx, a, &shutdown),
         bus_command => EtcdCoordinator::on_etcd(&ctx.etcd)
             .map_err(CliError::from)
             .and_then(|coord| {

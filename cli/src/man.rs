@@ -324,7 +324,7 @@ mod tests {
     use super::ENVIRONMENT;
 
     /// The sources, for the check below; a new file joins the list.
-    const SOURCES: [&str; 15] = [
+    const SOURCES: [&str; 16] = [
         include_str!("bus.rs"),
         include_str!("duration.rs"),
         include_str!("election.rs"),
@@ -338,6 +338,7 @@ mod tests {
         include_str!("notify.rs"),
         include_str!("output.rs"),
         include_str!("security.rs"),
+        include_str!("shards.rs"),
         include_str!("signal.rs"),
         include_str!("tether.rs"),
     ];

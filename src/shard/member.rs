@@ -1,0 +1,349 @@
+//! One member of a shard map as the driver runs it: a lease-only
+//! [`Keepalive`] session and the [`ShardMap`] machine in one task, composed
+//! as `sm/tests/sim/shard.rs` composes them (its `Member`), so what the
+//! simulation checked is what runs. Glue only: the session's notices
+//! become the map's session inputs, every decision stays in the machines.
+
+use fleetcoord_sm::keepalive::{
+    Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState, RenewalGrid,
+};
+use fleetcoord_sm::shard::{ShardConfig, ShardInput, ShardMap, ShardNotice};
+use fleetcoord_sm::{Command, Machine, RpcReply};
+use std::collections::VecDeque;
+use std::time::Instant;
+
+/// The map's request ids start here, far above any the session issues.
+const MAP_FIRST_RPC_ID: u64 = 1 << 40;
+
+/// What the member's user (the facade) asks of it.
+#[derive(Clone, Debug)]
+pub(crate) enum MemberInput {
+    Rpc(RpcReply),
+    /// The user drained `shard` after its `Release`.
+    Release(u32),
+    /// Leave now: every owned shard is handed back at once (the caller has
+    /// stopped their work), the member key deleted, then the lease revoked.
+    Leave,
+}
+
+impl From<RpcReply> for MemberInput {
+    fn from(reply: RpcReply) -> Self {
+        MemberInput::Rpc(reply)
+    }
+}
+
+/// What the member tells the facade.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum MemberNotice {
+    /// The map's own notice.
+    Shard(ShardNotice),
+    /// The session is trusted until `until` (its local deadline): no
+    /// belief outlives it, whatever the driver reports later.
+    Trusted { until: Instant },
+    /// The session was lost; the map tells `Lost` for every owned shard.
+    SessionLost,
+    /// The session ended for good; `revoked`: etcd confirmed the revoke
+    /// (every key of the member went with it).
+    Stopped { revoked: bool },
+    /// etcd refused the session for good (permission denied): the member
+    /// leaves and ends.
+    Refused(String),
+}
+
+pub(crate) struct Member {
+    session: Keepalive,
+    map: ShardMap,
+    queue: VecDeque<Command<MemberNotice>>,
+    session_stopped: bool,
+}
+
+impl Member {
+    pub(crate) fn new(
+        session: KeepaliveConfig,
+        map: ShardConfig,
+        grid: Option<RenewalGrid>,
+        now: Instant,
+        seed: u64,
+    ) -> Self {
+        let mut session = Keepalive::with_first_rpc_id(session, now, seed, 0);
+        session.set_renewal_grid(grid);
+        let map = ShardMap::with_first_rpc_id(map, now, seed ^ 0x5555, MAP_FIRST_RPC_ID);
+        let mut member = Member {
+            session,
+            map,
+            queue: VecDeque::new(),
+            session_stopped: false,
+        };
+        member.pump(now);
+        member
+    }
+
+    /// Moves both parts' commands into the queue, the session's notices
+    /// turned into the map's session inputs; once the map has left, the
+    /// session is stopped (its lease revoked).
+    fn pump(&mut self, now: Instant) {
+        loop {
+            let mut progressed = false;
+            while let Some(command) = self.session.poll_command() {
+                progressed = true;
+                match command {
+                    Command::Rpc { id, request } => {
+                        self.queue.push_back(Command::Rpc { id, request })
+                    }
+                    Command::Cancel { id } => self.queue.push_back(Command::Cancel { id }),
+                    Command::Notify(KeepaliveNotice::Trusted { lease, until }) => {
+                        // The map first: a new lease ends the beliefs on
+                        // the old one (its `Lost` notices), and those must
+                        // reach the facade before the new deadline does.
+                        self.map.handle(
+                            now,
+                            ShardInput::SessionUp {
+                                lease,
+                                trusted_until: until,
+                            },
+                        );
+                        self.drain_map();
+                        self.queue
+                            .push_back(Command::Notify(MemberNotice::Trusted { until }));
+                    }
+                    Command::Notify(KeepaliveNotice::State(state)) => match state {
+                        LivenessState::Lost { .. } => self.lose(now),
+                        LivenessState::Stopped { revoked } => {
+                            self.lose(now);
+                            self.queue
+                                .push_back(Command::Notify(MemberNotice::Stopped { revoked }));
+                        }
+                        LivenessState::Refused { error } => {
+                            self.lose(now);
+                            self.queue
+                                .push_back(Command::Notify(MemberNotice::Refused(format!(
+                                    "{error:?}"
+                                ))));
+                            self.map.handle(now, ShardInput::Leave);
+                        }
+                        LivenessState::Registering
+                        | LivenessState::Registered { .. }
+                        | LivenessState::Suspended { .. } => {}
+                    },
+                    Command::Notify(
+                        KeepaliveNotice::Left { .. } | KeepaliveNotice::Detached(_),
+                    ) => {}
+                }
+            }
+            progressed |= self.drain_map();
+            if self.map.is_finished() && !self.session_stopped {
+                self.session_stopped = true;
+                self.session.handle(now, KeepaliveInput::Stop);
+                progressed = true;
+            }
+            if !progressed {
+                break;
+            }
+        }
+    }
+
+    /// Moves the map's commands into the queue; whether there were any.
+    fn drain_map(&mut self) -> bool {
+        let mut any = false;
+        while let Some(command) = self.map.poll_command() {
+            any = true;
+            self.queue.push_back(match command {
+                Command::Rpc { id, request } => Command::Rpc { id, request },
+                Command::Cancel { id } => Command::Cancel { id },
+                Command::Notify(n) => Command::Notify(MemberNotice::Shard(n)),
+            });
+        }
+        any
+    }
+
+    fn lose(&mut self, now: Instant) {
+        self.queue
+            .push_back(Command::Notify(MemberNotice::SessionLost));
+        self.map.handle(now, ShardInput::SessionLost);
+    }
+}
+
+impl Machine for Member {
+    type Input = MemberInput;
+    type Notice = MemberNotice;
+
+    fn handle(&mut self, now: Instant, input: MemberInput) {
+        match input {
+            MemberInput::Rpc(reply) if self.session.owns(reply.id) => {
+                self.session.handle(now, KeepaliveInput::Rpc(reply))
+            }
+            MemberInput::Rpc(reply) => self.map.handle(now, ShardInput::Rpc(reply)),
+            MemberInput::Release(shard) => self.map.handle(now, ShardInput::Release { shard }),
+            MemberInput::Leave => {
+                self.map.handle(now, ShardInput::Leave);
+                // Leaving tells `Release` for every owned shard; nobody
+                // drains them any more, so each is handed back at once.
+                for (shard, _) in self.map.owned() {
+                    self.map.handle(now, ShardInput::Release { shard });
+                }
+            }
+        }
+        self.pump(now);
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        self.session.handle_timeout(now);
+        self.pump(now);
+        self.map.handle_timeout(now);
+        self.pump(now);
+    }
+
+    fn poll_command(&mut self) -> Option<Command<MemberNotice>> {
+        self.queue.pop_front()
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        [self.session.poll_timeout(), self.map.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn stop_input() -> MemberInput {
+        MemberInput::Leave
+    }
+
+    fn is_finished(&self) -> bool {
+        self.map.is_finished() && self.session.is_finished() && self.queue.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleetcoord_sm::{Request, Response, RpcId, RpcReply};
+    use std::time::Duration;
+
+    fn member(now: Instant) -> Member {
+        let session = KeepaliveConfig {
+            ttl_secs: 5,
+            binding: None,
+            backoff: Default::default(),
+            safety_margin: Duration::from_millis(250),
+            drift_allowance_ppm: 10_000,
+            attempt_timeout: Duration::from_millis(500),
+            announce_trust: true,
+        };
+        let map = ShardConfig {
+            prefix: b"/coord/shards/m/".to_vec(),
+            member: b"a".to_vec(),
+            weight: 1,
+            shards: 2,
+            backoff: Default::default(),
+            attempt_timeout: Duration::from_millis(500),
+            drain: Duration::from_secs(1),
+        };
+        Member::new(session, map, None, now, 7)
+    }
+
+    fn drain(m: &mut Member) -> Vec<Command<MemberNotice>> {
+        std::iter::from_fn(|| m.poll_command()).collect()
+    }
+
+    fn rpc(commands: &[Command<MemberNotice>], pick: fn(&Request) -> bool) -> RpcId {
+        commands
+            .iter()
+            .find_map(|c| match c {
+                Command::Rpc { id, request } if pick(request) => Some(*id),
+                _ => None,
+            })
+            .expect("the request")
+    }
+
+    #[test]
+    fn the_session_drives_the_map_as_the_simulation_composes_them() {
+        let t0 = Instant::now();
+        let mut m = member(t0);
+        let first = drain(&mut m);
+        let grant = rpc(&first, |r| matches!(r, Request::Grant { .. }));
+        let read = rpc(&first, |r| matches!(r, Request::Range(_)));
+        assert!(grant.0 < MAP_FIRST_RPC_ID && read.0 >= MAP_FIRST_RPC_ID);
+        m.handle(
+            t0,
+            MemberInput::Rpc(RpcReply {
+                id: read,
+                result: Ok(Response::Range {
+                    revision: 1,
+                    kvs: vec![],
+                }),
+            }),
+        );
+        let _watch = drain(&mut m);
+        m.handle(
+            t0,
+            MemberInput::Rpc(RpcReply {
+                id: grant,
+                result: Ok(Response::Granted {
+                    lease: 42,
+                    ttl_secs: 5,
+                }),
+            }),
+        );
+        // The grant's trust reaches the facade, and the map, now trusted,
+        // registers the member on that lease.
+        let after = drain(&mut m);
+        assert!(
+            after.iter().any(
+                |c| matches!(c, Command::Notify(MemberNotice::Trusted { until }) if *until > t0)
+            ),
+            "{after:?}"
+        );
+        let register = after.iter().any(|c| match c {
+            Command::Rpc {
+                request: Request::Txn(txn),
+                ..
+            } => txn.success.iter().any(|op| {
+                matches!(op, fleetcoord_sm::TxnOp::Put { key, lease: 42, .. } if key == b"/coord/shards/m/members/a")
+            }),
+            _ => false,
+        });
+        assert!(register, "{after:?}");
+        // Leaving with nothing owned finishes the map once its write is
+        // answered (here: refused, so no key of it exists), and only then
+        // stops the session: its lease is revoked.
+        let register = rpc(&after, |r| matches!(r, Request::Txn(_)));
+        m.handle(t0, MemberInput::Leave);
+        let leaving = drain(&mut m);
+        let revoke = |cs: &[Command<MemberNotice>]| {
+            cs.iter().find_map(|c| match c {
+                Command::Rpc {
+                    id,
+                    request: Request::Revoke { lease: 42 },
+                } => Some(*id),
+                _ => None,
+            })
+        };
+        assert_eq!(revoke(&leaving), None, "a write is in flight: {leaving:?}");
+        m.handle(
+            t0,
+            MemberInput::Rpc(RpcReply {
+                id: register,
+                result: Ok(Response::Txn {
+                    succeeded: false,
+                    revision: 2,
+                    responses: vec![],
+                }),
+            }),
+        );
+        let stopping = drain(&mut m);
+        let revoke = revoke(&stopping).expect("the revoke once the map left");
+        m.handle(
+            t0,
+            MemberInput::Rpc(RpcReply {
+                id: revoke,
+                result: Ok(Response::Revoked),
+            }),
+        );
+        let last = drain(&mut m);
+        assert!(
+            last.contains(&Command::Notify(MemberNotice::Stopped { revoked: true })),
+            "{last:?}"
+        );
+        assert!(m.is_finished());
+    }
+}

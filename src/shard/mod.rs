@@ -1,0 +1,402 @@
+//! [`ShardMap`]: a fleet's work spread over its live members, every shard
+//! owned by at most one member at a time, fenced, and handed over without
+//! overlap.
+
+// This file is the facade: the public handle and what each call asks of
+// the member. Each other job has its own file: the options and checks
+// (options.rs), the events and read results (events.rs), the session and
+// map machines composed into one task (member.rs), and what the user may
+// believe, judged by its own clock (belief.rs).
+
+use crate::driver::{rand_seed, MachineHandle, Notify};
+use crate::error::{Error, ErrorKind, Result};
+use crate::etcd::{assert_not_async, Etcd};
+use crate::liveness::{close_outcome, ATTEMPT_TIMEOUT, CLOSE_WAIT};
+use crate::txn::{check_ops, TxnOp, TxnOpResponse};
+use belief::Beliefs;
+use fleetcoord_sm::keepalive::KeepaliveConfig;
+use fleetcoord_sm::shard::{keys, ShardConfig};
+use fleetcoord_sm::{BackoffConfig, KeyRange, KeyValue, RangeRequest, Request, Response};
+use member::{Member, MemberInput};
+use std::sync::Arc;
+use std::time::Instant;
+
+mod belief;
+mod events;
+mod member;
+mod options;
+
+pub use events::{ShardEvent, ShardMember, ShardOwner};
+pub use options::{ShardOptions, DEFAULT_SHARDS_PREFIX, MAX_SHARDS};
+
+/// This process's membership of a shard map: `shards` numbered shards
+/// (`0..shards`) spread over the live members of the map by weighted
+/// rendezvous hashing, so that a join or a leave moves only the shards of
+/// the member that joined or left (about `shards / members` of them).
+///
+/// Guarantees (README, "Shard maps"):
+/// * Per shard, at most one member believes it owns it at any instant:
+///   a shard key is created only while absent; an owner's belief ends
+///   before it deletes the key, and, when its lease expires instead, at
+///   its session's local deadline, which passes before etcd can expire
+///   the lease and let another member create the key. Belief
+///   ([`ShardMap::owned`], [`ShardMap::token`],
+///   [`ShardMap::txn_if_owner`]) is judged by the calling thread's clock
+///   against that deadline, so a driver thread that reports late cannot
+///   stretch it. This holds while the clock runs no slower than
+///   [`ShardOptions::drift_allowance_ppm`] permits; the fencing token
+///   covers the rest.
+/// * Every new owner's token is greater than every earlier owner's, and a
+///   write fenced by [`ShardMap::txn_if_owner`] applies only while the
+///   shard key is the one created with that token.
+/// * Once membership stays stable and etcd answers, every shard is owned
+///   by its placed member within the old owner's drain or its lease's
+///   expiry, plus a round trip; a shard whose placed member owns it never
+///   moves.
+///
+/// Events ([`ShardMap::events`]) go to an unbounded channel: each is one
+/// ownership change of this member (at most three per ownership), so a
+/// consumer that never reads holds three events per change, no more.
+///
+/// **Dropping** a `ShardMap` leaves as [`ShardMap::leave`] does, without
+/// waiting: every belief ends, the shard keys and the member key are
+/// deleted and the lease revoked in the background; unreachable, they go
+/// with the lease after its TTL.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = fleetcoord::testing::EtcdServer::start()?;
+/// use fleetcoord::{Etcd, ShardEvent, ShardMap, ShardOptions, TxnOp};
+/// use std::time::Duration;
+///
+/// let etcd = Etcd::connect(&server.endpoint())?;
+/// let map = ShardMap::join(&etcd, "jobs", 8, ShardOptions::default().with_member("host-a"))?;
+/// // Alone in the map, this member acquires every shard.
+/// let mut owned = 0;
+/// while owned < 8 {
+///     match map.events().recv_timeout(Duration::from_secs(10))? {
+///         ShardEvent::Acquired { shard, token } => {
+///             owned += 1;
+///             // A write that applies only while this member owns the shard.
+///             let key = format!("/jobs/{shard}/state");
+///             assert!(map.txn_if_owner(shard, [TxnOp::put(key, "running")])?.is_some());
+///             assert!(token > 0);
+///         }
+///         other => panic!("unexpected {other:?}"),
+///     }
+/// }
+/// assert_eq!(map.owner_of(3)?.map(|o| o.member), Some("host-a".to_string()));
+/// map.leave()?;
+/// # Ok(()) }
+/// ```
+#[must_use = "dropping a ShardMap leaves the map at once"]
+pub struct ShardMap {
+    etcd: Etcd,
+    prefix: String,
+    member: String,
+    shards: u32,
+    beliefs: Arc<Beliefs>,
+    events: crossbeam_channel::Receiver<ShardEvent>,
+    machine: MachineHandle<Member>,
+}
+
+impl std::fmt::Debug for ShardMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardMap")
+            .field("prefix", &self.prefix)
+            .field("member", &self.member)
+            .field("shards", &self.shards)
+            .finish()
+    }
+}
+
+impl ShardMap {
+    /// Join the shard map `name` (one key segment) of `shards` shards
+    /// (1 to [`MAX_SHARDS`]; every member must use the same number) as a
+    /// new member with its own session lease. Returns at once; shards come
+    /// as [`ShardEvent::Acquired`] once the session is granted and the map
+    /// read. Bad names, counts or options are
+    /// [`Error::InvalidArgument`] naming the field.
+    pub fn join(etcd: &Etcd, name: &str, shards: u32, options: ShardOptions) -> Result<ShardMap> {
+        assert_not_async();
+        let prefix = options::map_prefix(name, &options)?;
+        options::shard_count(shards)?;
+        options.check()?;
+        let member = options
+            .member
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().hyphenated().to_string());
+        let attempt_timeout = ATTEMPT_TIMEOUT.min(etcd.options().request_timeout);
+        let session = KeepaliveConfig {
+            ttl_secs: options.ttl.as_secs() as i64,
+            binding: None,
+            backoff: BackoffConfig::default(),
+            safety_margin: options.safety_margin,
+            drift_allowance_ppm: options.drift_allowance_ppm,
+            attempt_timeout,
+            // Every renewal moves the deadline belief is judged by.
+            announce_trust: true,
+        };
+        let map = ShardConfig {
+            prefix: prefix.clone().into_bytes(),
+            member: member.clone().into_bytes(),
+            weight: options.weight,
+            shards,
+            backoff: BackoffConfig::default(),
+            attempt_timeout,
+            drain: options.drain,
+        };
+        let (events_tx, events) = crossbeam_channel::unbounded();
+        let beliefs = Arc::new(Beliefs::new(events_tx));
+        let handler = beliefs.clone();
+        let machine = Member::new(
+            session,
+            map,
+            Some(etcd.renewal_grid()),
+            Instant::now(),
+            rand_seed(),
+        );
+        let machine = etcd.run(machine, Notify(move |notice| handler.apply(notice)))?;
+        Ok(ShardMap {
+            etcd: etcd.clone(),
+            prefix,
+            member,
+            shards,
+            beliefs,
+            events,
+            machine,
+        })
+    }
+
+    /// This member's ownership changes, in order (see [`ShardEvent`]).
+    pub fn events(&self) -> &crossbeam_channel::Receiver<ShardEvent> {
+        &self.events
+    }
+
+    /// This member's id (its member key's last segment, its shard keys'
+    /// value).
+    pub fn member_id(&self) -> &str {
+        &self.member
+    }
+
+    /// The map's key prefix (`<prefix><name>/`): members under
+    /// `members/<id>`, owners under `shards/<shard>`.
+    pub fn key_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// How many shards the map has.
+    pub fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    /// The shards this member may believe it owns at this instant, with
+    /// their tokens, in shard order: acquired, not lost, not handed back,
+    /// and the session's local deadline and any release deadline still
+    /// ahead by the calling thread's clock.
+    pub fn owned(&self) -> Vec<(u32, i64)> {
+        self.beliefs.owned()
+    }
+
+    /// The session's local deadline as of its last answered renewal:
+    /// no shard is believed owned from then on unless a renewal moves it.
+    /// `None` while no session is trusted (before the first grant, after a
+    /// loss, after leaving).
+    pub fn session_trusted_until(&self) -> Option<Instant> {
+        self.beliefs.trusted_until()
+    }
+
+    /// The token of `shard` while this member may believe it owns it (as
+    /// [`ShardMap::owned`] judges), else `None`.
+    pub fn token(&self, shard: u32) -> Option<i64> {
+        self.beliefs.remaining(shard).map(|(token, _)| token)
+    }
+
+    /// Hand `shard` back after [`ShardEvent::Release`]: this member's
+    /// belief ends before this returns, then the member deletes the shard
+    /// key (guarded on its token) so the placed member can take it. For a
+    /// shard not being released this changes nothing. A shard outside the
+    /// map is [`Error::InvalidArgument`].
+    pub fn release(&self, shard: u32) -> Result<()> {
+        self.check_shard(shard)?;
+        if self.beliefs.hand_back(shard) {
+            self.machine
+                .send(MemberInput::Release(shard))
+                .map_err(|_| self.etcd.gone())?;
+        }
+        Ok(())
+    }
+
+    /// Leave the map and wait for it: every belief ends before anything is
+    /// sent (stop the shards' work first), every owned shard is handed
+    /// back at once, the member key deleted, then the session lease
+    /// revoked. Returns once etcd confirmed the revoke, or with
+    /// [`Error::Timeout`] after 10 s; the keys then go with the lease
+    /// after its TTL.
+    pub fn leave(self) -> Result<()> {
+        assert_not_async();
+        self.beliefs.end_all();
+        self.machine
+            .send(MemberInput::Leave)
+            .map_err(|_| self.etcd.gone())?;
+        let finished = self.machine.wait_finished(CLOSE_WAIT);
+        if let Some(why) = self.beliefs.refused() {
+            return Err(Error::etcd(
+                ErrorKind::PermissionDenied,
+                format!("etcd refused the session: {why}"),
+            ));
+        }
+        close_outcome(finished, self.beliefs.revoked(), || self.etcd.gone())
+    }
+
+    /// The owner of `shard` as etcd has it now (one linearizable read), or
+    /// `None` while nobody owns it.
+    pub fn owner_of(&self, shard: u32) -> Result<Option<ShardOwner>> {
+        assert_not_async();
+        self.check_shard(shard)?;
+        let key = keys::shard_key(self.prefix.as_bytes(), shard);
+        let kvs = read(&self.etcd, KeyRange::Key(key))?;
+        Ok(kvs.first().map(|kv| owner(shard, kv)))
+    }
+
+    /// Run `ops` as one etcd transaction only while this member owns
+    /// `shard` with the token it acquired it with: the transaction is
+    /// guarded on the shard key's create revision, so it applies only
+    /// while that key is the one this ownership created, whatever this
+    /// process believes. `Ok(None)`: not owned (nothing was sent), or etcd
+    /// refused the guard (nothing ran; the ownership is over, and
+    /// [`ShardEvent::Lost`] is told before this returns). The request is
+    /// given up when belief would end first ([`Error::Timeout`]; it may
+    /// still apply, but only while the guard holds). Ops are checked as
+    /// for [`Leadership::txn_if_leader`](crate::Leadership::txn_if_leader).
+    pub fn txn_if_owner(
+        &self,
+        shard: u32,
+        ops: impl IntoIterator<Item = TxnOp>,
+    ) -> Result<Option<Vec<TxnOpResponse>>> {
+        assert_not_async();
+        self.check_shard(shard)?;
+        let ops = check_ops(ops)?;
+        let Some((token, left)) = self.beliefs.remaining(shard) else {
+            return Ok(None);
+        };
+        let key = keys::shard_key(self.prefix.as_bytes(), shard);
+        let txn = fleetcoord_sm::election::fenced_txn(&key, token, ops);
+        match self.etcd.request_within(txn, left)? {
+            Response::Txn {
+                succeeded: true,
+                responses,
+                ..
+            } => Ok(Some(
+                responses.into_iter().map(TxnOpResponse::from_sm).collect(),
+            )),
+            // The guard's failure branch is empty: nothing ran.
+            Response::Txn {
+                succeeded: false, ..
+            } => {
+                self.beliefs.fence_refused(shard, token);
+                Ok(None)
+            }
+            other => Err(Error::unexpected(other)),
+        }
+    }
+
+    /// Every owned shard of map `name` as etcd has it now (one
+    /// linearizable read, without joining), in shard order. `shards` is
+    /// the map's shard count: keys beyond it are not shards of the map.
+    pub fn owners_of(
+        etcd: &Etcd,
+        name: &str,
+        shards: u32,
+        options: &ShardOptions,
+    ) -> Result<Vec<ShardOwner>> {
+        assert_not_async();
+        let prefix = options::map_prefix(name, options)?;
+        options::shard_count(shards)?;
+        let owners_prefix = format!("{prefix}shards/");
+        let mut owners: Vec<ShardOwner> =
+            read(etcd, KeyRange::Prefix(owners_prefix.clone().into_bytes()))?
+                .iter()
+                .filter_map(|kv| {
+                    let suffix = kv.key.strip_prefix(owners_prefix.as_bytes())?;
+                    let shard = parse_shard(suffix, shards)?;
+                    Some(owner(shard, kv))
+                })
+                .collect();
+        owners.sort_by_key(|o| o.shard);
+        Ok(owners)
+    }
+
+    /// The live members of map `name` as etcd has them now (one
+    /// linearizable read, without joining), in id order.
+    pub fn members_of(etcd: &Etcd, name: &str, options: &ShardOptions) -> Result<Vec<ShardMember>> {
+        assert_not_async();
+        let prefix = options::map_prefix(name, options)?;
+        let members_prefix = format!("{prefix}members/");
+        Ok(
+            read(etcd, KeyRange::Prefix(members_prefix.clone().into_bytes()))?
+                .iter()
+                .filter_map(|kv| {
+                    let id = kv.key.strip_prefix(members_prefix.as_bytes())?;
+                    Some(ShardMember {
+                        member: String::from_utf8_lossy(id).into_owned(),
+                        weight: parse_weight(&kv.value),
+                        lease: kv.lease,
+                    })
+                })
+                .collect(),
+        )
+    }
+
+    fn check_shard(&self, shard: u32) -> Result<()> {
+        if shard >= self.shards {
+            return Err(Error::invalid(
+                "shard",
+                format!("{shard} is not below the map's {} shards", self.shards),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One linearizable read of `range`.
+fn read(etcd: &Etcd, range: KeyRange) -> Result<Vec<KeyValue>> {
+    match etcd.request(Request::Range(RangeRequest::all(range)))? {
+        Response::Range { kvs, .. } => Ok(kvs),
+        other => Err(Error::unexpected(other)),
+    }
+}
+
+fn owner(shard: u32, kv: &KeyValue) -> ShardOwner {
+    ShardOwner {
+        shard,
+        member: String::from_utf8_lossy(&kv.value).into_owned(),
+        token: kv.create_revision,
+        lease: kv.lease,
+    }
+}
+
+/// A shard key's suffix as the map reads it: canonical decimal below
+/// `shards` (see the key layout in the README).
+fn parse_shard(suffix: &[u8], shards: u32) -> Option<u32> {
+    let text = std::str::from_utf8(suffix).ok()?;
+    if text.is_empty() || (text.len() > 1 && text.starts_with('0')) {
+        return None;
+    }
+    if !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse::<u32>().ok().filter(|n| *n < shards)
+}
+
+/// A member key's weight as the map reads it: empty is 1, decimal as it
+/// is, anything else 1.
+fn parse_weight(value: &[u8]) -> u32 {
+    if value.is_empty() {
+        return 1;
+    }
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+}
