@@ -1,12 +1,12 @@
 //! In-process backend: the embedded default and the reference semantics.
 
-use super::kv_mirror::{hand_over, Handed, KvMirror, Offer};
+use super::kv_mirror::{offer_queued, KvMirror};
 use super::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvEvent,
     KvWatcher, Message, StreamEntry, StreamId, StreamPosition, StreamReader, Subscription,
 };
 use crate::error::{Error, Result};
-use crossbeam_channel::{bounded, Sender, TrySendError};
+use crate::feed_queue::{FeedQueue, Offer};
 use fleetcoord_sm::mirror::Order;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -71,7 +71,7 @@ impl MemoryOptions {
 /// any handle does.
 ///
 /// **Slow consumers.** Delivery never blocks the sender, and no feed grows
-/// without bound: every feed is a bounded channel of
+/// without bound: every feed is a channel of at most
 /// [`MemoryOptions::feed_capacity`] items (default 4,096),
 /// filled while the hub's lock is held (which is what orders each topic,
 /// stream and bucket). When a feed's channel is full the feed falls
@@ -136,45 +136,27 @@ struct State {
 }
 
 /// A registered feed: `id` for its drop hook, `owner` for `close`.
+///
+/// A feed's state after an offer or a catch-up attempt is an [`Offer`]:
+/// `Taken` when everything has been delivered, `Full` while something is
+/// still to be delivered (the feed is behind), `Gone` when the consumer
+/// is gone and the feed must be unregistered.
 struct Reg<T> {
     id: u64,
     owner: u64,
-    tx: Sender<T>,
-}
-
-/// What a non-blocking send did.
-enum Sent<T> {
-    Done,
-    Full(T),
-    Gone,
+    queue: FeedQueue<T>,
 }
 
 impl<T> Reg<T> {
-    fn send(&self, item: T) -> Sent<T> {
-        match self.tx.try_send(item) {
-            Ok(()) => Sent::Done,
-            Err(TrySendError::Full(item)) => Sent::Full(item),
-            Err(TrySendError::Disconnected(_)) => Sent::Gone,
-        }
+    fn send(&self, item: T) -> Offer<T> {
+        self.queue.offer(item)
     }
 
     /// Whether a feed that is behind may catch up: its consumer has read
     /// the channel down to half.
     fn has_room(&self) -> bool {
-        let capacity = self.tx.capacity().unwrap_or(usize::MAX);
-        self.tx.len() <= capacity / 2
+        self.queue.has_room()
     }
-}
-
-/// A feed's state after a send or a catch-up attempt.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Health {
-    /// Everything has been delivered.
-    Current,
-    /// Something is still to be delivered.
-    Behind,
-    /// The consumer is gone: unregister it.
-    Gone,
 }
 
 /// A subscription; `latest` is the newest message it has not been given
@@ -185,7 +167,7 @@ struct Sub {
 }
 
 impl Sub {
-    fn offer(&mut self, msg: &Message) -> Health {
+    fn offer(&mut self, msg: &Message) -> Offer {
         if self.latest.is_some() {
             // Behind: the newer message replaces the older one.
             self.latest = Some(msg.clone());
@@ -194,27 +176,27 @@ impl Sub {
         self.send(msg.clone())
     }
 
-    fn catch_up(&mut self) -> Health {
+    fn catch_up(&mut self) -> Offer {
         let Some(msg) = self.latest.take() else {
-            return Health::Current;
+            return Offer::Taken;
         };
         if !self.reg.has_room() {
             self.latest = Some(msg);
-            return Health::Behind;
+            return Offer::Full(());
         }
         self.send(msg)
     }
 
     /// Send `msg`, keeping it as the newest undelivered one if it does not
     /// fit.
-    fn send(&mut self, msg: Message) -> Health {
+    fn send(&mut self, msg: Message) -> Offer {
         match self.reg.send(msg) {
-            Sent::Done => Health::Current,
-            Sent::Full(msg) => {
+            Offer::Taken => Offer::Taken,
+            Offer::Full(msg) => {
                 self.latest = Some(msg);
-                Health::Behind
+                Offer::Full(())
             }
-            Sent::Gone => Health::Gone,
+            Offer::Gone => Offer::Gone,
         }
     }
 }
@@ -236,41 +218,37 @@ struct StreamSub {
 
 impl StreamSub {
     /// Offer the newest entry (already pushed to `entries`).
-    fn offer(&mut self, entry: &StreamEntry, entries: &VecDeque<StreamEntry>) -> Health {
+    fn offer(&mut self, entry: &StreamEntry, entries: &VecDeque<StreamEntry>) -> Offer {
         if self.behind {
             return self.catch_up(entries);
         }
-        match self.reg.send(entry.clone()) {
-            Sent::Done => {
-                self.last = entry.id.0;
-                Health::Current
-            }
-            Sent::Full(_) => {
-                self.behind = true;
-                Health::Behind
-            }
-            Sent::Gone => Health::Gone,
+        let offer = self.reg.send(entry.clone()).outcome();
+        match offer {
+            Offer::Taken => self.last = entry.id.0,
+            Offer::Full(()) => self.behind = true,
+            Offer::Gone => {}
         }
+        offer
     }
 
     /// Deliver the retained entries after `last`, in order, while they fit.
-    fn catch_up(&mut self, entries: &VecDeque<StreamEntry>) -> Health {
+    fn catch_up(&mut self, entries: &VecDeque<StreamEntry>) -> Offer {
         if !self.behind {
-            return Health::Current;
+            return Offer::Taken;
         }
         if !self.reg.has_room() {
-            return Health::Behind;
+            return Offer::Full(());
         }
         let start = entries.partition_point(|e| e.id.0 <= self.last);
         for entry in entries.range(start..) {
             match self.reg.send(entry.clone()) {
-                Sent::Done => self.last = entry.id.0,
-                Sent::Full(_) => return Health::Behind,
-                Sent::Gone => return Health::Gone,
+                Offer::Taken => self.last = entry.id.0,
+                Offer::Full(_) => return Offer::Full(()),
+                Offer::Gone => return Offer::Gone,
             }
         }
         self.behind = false;
-        Health::Current
+        Offer::Taken
     }
 }
 
@@ -294,7 +272,7 @@ struct KvSub {
 
 impl KvSub {
     fn new(reg: Reg<KvEvent>, pattern: String) -> Self {
-        let limit = reg.tx.capacity().unwrap_or(DEFAULT_FEED_CAPACITY);
+        let limit = reg.queue.capacity();
         KvSub {
             reg,
             pattern,
@@ -315,7 +293,7 @@ impl KvSub {
         key: &str,
         value: Option<&[u8]>,
         entries: &BTreeMap<String, Vec<u8>>,
-    ) -> Health {
+    ) -> Offer {
         // Copied only for a key the watch covers; every change moves the
         // version on.
         let _ = if pattern::matches(&self.pattern, key) {
@@ -330,12 +308,12 @@ impl KvSub {
     /// Send what the mirror has queued while it fits (resuming only once
     /// the consumer read down to half, like every feed here), and resync
     /// from `entries` (the bucket at `version`) when the mirror wants it.
-    fn catch_up(&mut self, version: u64, entries: &BTreeMap<String, Vec<u8>>) -> Health {
+    fn catch_up(&mut self, version: u64, entries: &BTreeMap<String, Vec<u8>>) -> Offer {
         if !self.is_behind() {
-            return Health::Current;
+            return Offer::Taken;
         }
         if self.mirror.queued() > 0 && !self.reg.has_room() {
-            return Health::Behind;
+            return Offer::Full(());
         }
         let KvSub {
             reg,
@@ -343,38 +321,31 @@ impl KvSub {
             mirror,
         } = self;
         loop {
-            let handed = hand_over(mirror, |event| match reg.send(event) {
-                Sent::Done => Offer::Taken,
-                Sent::Full(event) => Offer::Full(event),
-                Sent::Gone => Offer::Gone,
-            });
-            match handed {
-                Handed::Gone => return Health::Gone,
-                Handed::Full => return Health::Behind,
-                Handed::All if mirror.wants_snapshot() => {
+            match offer_queued(mirror, |event| reg.send(event)) {
+                Offer::Taken if mirror.wants_snapshot() => {
                     let matching = entries
                         .iter()
                         .filter(|(k, _)| pattern::matches(pattern, k))
                         .map(|(k, v)| (k.clone(), v.clone()));
                     mirror.snapshot(version, matching);
                 }
-                Handed::All => return Health::Current,
+                offer => return offer,
             }
         }
     }
 }
 
-/// Keeps the feeds for which `step` does not say [`Health::Gone`]; true if
+/// Keeps the feeds for which `step` does not say [`Offer::Gone`]; true if
 /// any of them is still behind.
-fn step_all<T>(feeds: &mut Vec<T>, mut step: impl FnMut(&mut T) -> Health) -> bool {
+fn step_all<T>(feeds: &mut Vec<T>, mut step: impl FnMut(&mut T) -> Offer) -> bool {
     let mut behind = false;
     feeds.retain_mut(|f| match step(f) {
-        Health::Current => true,
-        Health::Behind => {
+        Offer::Taken => true,
+        Offer::Full(()) => {
             behind = true;
             true
         }
-        Health::Gone => false,
+        Offer::Gone => false,
     });
     behind
 }
@@ -498,13 +469,13 @@ impl MemoryCoordinator {
         Ok(state)
     }
 
-    /// A registration with a new bounded channel, and its receiver.
+    /// A registration with a new feed queue, and its receiver.
     fn new_reg<T>(&self) -> (Reg<T>, crossbeam_channel::Receiver<T>) {
-        let (tx, rx) = bounded(self.feed_capacity());
+        let (queue, rx) = FeedQueue::new(self.feed_capacity());
         let reg = Reg {
             id: self.hub.next_id.fetch_add(1, Ordering::Relaxed),
             owner: self.id,
-            tx,
+            queue,
         };
         (reg, rx)
     }
@@ -706,7 +677,7 @@ impl Coordinator for MemoryCoordinator {
             behind: true,
         };
         // The receiver is still in hand, so this cannot be Gone.
-        let behind = reader.catch_up(&s.entries) == Health::Behind;
+        let behind = reader.catch_up(&s.entries) == Offer::Full(());
         s.readers.push(reader);
         self.keep_up(&mut state, behind);
         drop(state);
@@ -776,7 +747,7 @@ impl Coordinator for MemoryCoordinator {
         // fit in its channel comes as the consumer reads, then `Synced`.
         let mut watcher = KvSub::new(reg, pat.to_owned());
         // The receiver is still in hand, so this cannot be Gone.
-        let behind = watcher.catch_up(b.version, &b.entries) == Health::Behind;
+        let behind = watcher.catch_up(b.version, &b.entries) == Offer::Full(());
         b.watchers.push(watcher);
         self.keep_up(&mut state, behind);
         drop(state);
@@ -916,17 +887,24 @@ mod tests {
         let c = MemoryCoordinator::new();
         assert_eq!(c.feed_capacity(), DEFAULT_FEED_CAPACITY);
         let default = c.subscribe("t").unwrap();
-        assert_eq!(default.receiver().capacity(), Some(DEFAULT_FEED_CAPACITY));
+        for i in 0..=DEFAULT_FEED_CAPACITY {
+            c.publish("t", &i.to_be_bytes()).unwrap();
+        }
+        assert_eq!(default.receiver().len(), DEFAULT_FEED_CAPACITY);
         let c = capped(8);
         let other = c.clone();
         assert_eq!(other.feed_capacity(), 8, "the capacity is the hub's");
         let sub = other.subscribe("t").unwrap();
-        assert_eq!(sub.receiver().capacity(), Some(8));
+        for i in 0..20u8 {
+            c.publish("t", &[i]).unwrap();
+        }
+        assert_eq!(sub.receiver().len(), 8);
     }
 
-    /// crossbeam allocates a bounded channel's slots up front: a capacity
-    /// of `usize::MAX` used to abort the process at the next subscribe, and
-    /// below 2 the half-read resume rule has no room. Both are refused.
+    /// A capacity of `usize::MAX` used to abort the process at the next
+    /// subscribe (when feeds were bounded channels that allocate every slot
+    /// up front), and below 2 the half-read resume rule has no room. Both
+    /// are refused.
     #[test]
     fn capacity_outside_the_library_wide_bounds_is_refused() {
         for capacity in [0, 1, crate::validate::MAX_CAPACITY + 1, usize::MAX] {
