@@ -52,7 +52,7 @@ pub(crate) fn probe_options(settings: &ConnectSettings) -> ec::ConnectOptions {
     match &settings.tls {
         // A handshake that never completes (a blackholed member) must not
         // stall a connection forever.
-        Some(tls) => options.with_tls(tls.to_client().timeout(settings.connect_timeout)),
+        Some(tls) => options.with_tls(tls_options(tls).timeout(settings.connect_timeout)),
         None => options,
     }
 }
@@ -238,6 +238,19 @@ async fn probe_all(
     }
     running.abort_all();
     (outcomes, statuses)
+}
+
+/// etcd-client's TLS options for `tls`: its CA, client identity and
+/// server name, nothing else.
+pub(crate) fn tls_options(tls: &Tls) -> ec::TlsOptions {
+    let mut options = ec::TlsOptions::new().ca_certificate(ec::Certificate::from_pem(tls.ca_pem()));
+    if let Some((cert, key)) = tls.client_identity_pem() {
+        options = options.identity(ec::Identity::from_pem(cert, key));
+    }
+    if let Some(name) = tls.server_name() {
+        options = options.domain_name(name.to_owned());
+    }
+    options
 }
 
 /// Why no endpoint answered: the reason alone when there is one endpoint
