@@ -1,6 +1,6 @@
 //! The one error type of fleetcoord.
 
-use crate::coordinator::StreamId;
+use crate::coordinator::stream_id::StreamId;
 use fleetcoord_sm::RpcError;
 use std::time::Duration;
 

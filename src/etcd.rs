@@ -3,7 +3,8 @@
 use crate::driver::handle::Sink;
 use crate::driver::runner::MachineTask;
 use crate::driver::{
-    self, CallError, ConnectSettings, DriverHandle, DriverMsg, MachineHandle, StartError, UnaryCall,
+    self, ConnectSettings, DriverHandle, DriverMsg, MachineHandle, StartError, UnaryCall,
+    UnaryError,
 };
 use crate::endpoint;
 use crate::endpoints::Endpoints;
@@ -392,8 +393,8 @@ impl Etcd {
         };
         match pending.wait(wait) {
             Ok(Ok(response)) => Ok(response),
-            Ok(Err(CallError::Timeout(after))) => Err(Error::Timeout(after)),
-            Ok(Err(CallError::Rpc(e))) => Err(Error::rpc(e)),
+            Ok(Err(UnaryError::Timeout(after))) => Err(Error::Timeout(after)),
+            Ok(Err(UnaryError::Rpc(e))) => Err(Error::rpc(e)),
             Err(_) => Err(self.gone()),
         }
     }

@@ -75,6 +75,7 @@ mod endpoint;
 mod endpoints;
 pub mod error;
 mod etcd;
+mod feed_queue;
 mod liveness;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]

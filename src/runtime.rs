@@ -65,13 +65,17 @@ pub(crate) enum StartError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Gone;
 
-/// Why [`RuntimeThread::block_on`] has no output.
+/// Why a call on a runtime thread ([`RuntimeThread::block_on`], a bus
+/// client's `Bridge::call`) has no output.
 #[cfg_attr(not(any(feature = "nats", feature = "redis")), allow(dead_code))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CallError {
-    /// The caller's timeout passed first; the future was dropped.
+    /// The caller's timeout passed first; the future was dropped, but what
+    /// it sent may have reached the server (the outcome is unknown).
     Timeout,
-    /// The runtime is shutting down (or gone), or the future panicked.
+    /// The runtime is shutting down (or gone), the future panicked, or the
+    /// call was made from the runtime thread itself, where waiting would
+    /// deadlock.
     Gone,
 }
 

@@ -197,29 +197,12 @@ impl Tls {
     }
 
     /// The client certificate and key, PEM, for a client library's TLS
-    /// settings (the Redis backend's); never for messages.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    /// settings (etcd-client's in the driver, the Redis backend's); never
+    /// for messages. The key leaves this type only here.
     pub(crate) fn client_identity_pem(&self) -> Option<(&[u8], &[u8])> {
         self.identity
             .as_ref()
             .map(|i| (i.cert.as_slice(), i.key.expose()))
-    }
-
-    /// etcd-client's TLS options; the key leaves this type only here and
-    /// in [`Tls::client_identity_pem`].
-    pub(crate) fn to_client(&self) -> etcd_client::TlsOptions {
-        let mut tls = etcd_client::TlsOptions::new()
-            .ca_certificate(etcd_client::Certificate::from_pem(&self.ca));
-        if let Some(identity) = &self.identity {
-            tls = tls.identity(etcd_client::Identity::from_pem(
-                &identity.cert,
-                identity.key.expose(),
-            ));
-        }
-        if let Some(name) = &self.server_name {
-            tls = tls.domain_name(name.clone());
-        }
-        tls
     }
 }
 

@@ -68,11 +68,10 @@ pub fn election_name(what: &'static str, value: &str) -> Result<()> {
     segment(what, value)
 }
 
-/// Largest capacity accepted for an event channel. crossbeam allocates
-/// every slot of a bounded channel up front (the bus backends' feeds are
-/// such channels), so an unbounded request (`usize::MAX`) would abort the
-/// process; a million pending events is far past any consumer that still
-/// keeps up.
+/// Largest capacity accepted for an event channel: the queues allocate
+/// as items arrive (`feed_queue.rs`), but the capacity is what one slow
+/// consumer may hold in memory, and a million pending events is far past
+/// any consumer that still keeps up.
 pub const MAX_CAPACITY: usize = 1 << 20;
 
 /// The capacity of an event channel unless an option sets another: every

@@ -1,7 +1,7 @@
 //! [`HostWatcher`]: the fleet's hosts as a stream of Up/Updated/Down events.
 
 use crate::driver::handle::WaitError;
-use crate::driver::{rand_seed, Feed, FeedItem, Finished, MachineHandle, Notify};
+use crate::driver::{rand_seed, FeedItem, FeedSink, Finished, MachineHandle, Notify};
 use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::liveness::{CLOSE_WAIT, DEFAULT_HOSTS_PREFIX};
@@ -285,7 +285,7 @@ impl HostWatcher {
             page_size: DEFAULT_PAGE_SIZE,
         };
         let machine = Watch::new(config, Instant::now(), rand_seed());
-        let (feed, events) = Feed::new(options.capacity, move |notice: WatchNotice| {
+        let (feed, events) = FeedSink::new(options.capacity, move |notice: WatchNotice| {
             let (label, reason) = match &notice {
                 WatchNotice::Up(_) => ("up", ""),
                 WatchNotice::Updated(_) => ("updated", ""),

@@ -10,7 +10,8 @@
 //! consumer, stops either machine, advances time, and feeds stray replies
 //! (ids never issued) and arbitrary replies to outstanding requests.
 //!
-//! The target keeps a *ledger*, read from the model's history after every
+//! The target keeps a *ledger* (test-support's `StreamLedger`, shared with
+//! the stream simulation), read from the model's history after every
 //! write: every entry ever written, with the revision that wrote it and the
 //! one that trimmed it. After every step:
 //! * each payload is written at most once (no append is ever applied
@@ -43,10 +44,10 @@ use fleetcoord_sm::stream::{
     ReaderInput, ReaderNotice, StreamError, StreamKeys,
 };
 use fleetcoord_sm::{
-    BackoffConfig, Command, EventKind, KeyRange, Machine, Request, Response, Revision, RpcError,
-    RpcId, RpcReply, Txn, TxnOp, WatchEvent,
+    BackoffConfig, Command, KeyRange, Machine, Request, Response, Revision, RpcError, RpcId,
+    RpcReply, Txn, TxnOp, WatchEvent,
 };
-use fleetcoord_test_support::ModelEtcd;
+use fleetcoord_test_support::{ModelEtcd, StreamLedger};
 use libfuzzer_sys::fuzz_target;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::num::NonZeroU64;
@@ -92,59 +93,28 @@ enum Op {
     GarbageToReader(Result<Response, RpcError>),
 }
 
-/// One ledger line: an entry as the store wrote it.
-struct Written {
-    payload: Vec<u8>,
-    revision: Revision,
-    trimmed: Option<Revision>,
-}
-
 /// The shared model etcd holding the stream, and the ledger of every entry
-/// ever written to it, read from the model's history after every write (so
+/// ever written to it (test-support's `StreamLedger`, shared with the
+/// stream simulation), read from the model's history after every write (so
 /// a compaction never hides one).
 struct Store {
     etcd: ModelEtcd,
-    keys: StreamKeys,
-    ledger: BTreeMap<u64, Written>,
-    payloads: BTreeSet<Vec<u8>>,
-    /// The model's history is read into the ledger from this revision on.
-    next_revision: Revision,
-    /// A reply was arbitrary: entries may be written out of turn.
-    tainted: bool,
+    ledger: StreamLedger,
 }
 
 impl Store {
     fn new(keys: StreamKeys) -> Self {
         let etcd = ModelEtcd::new();
-        Store {
-            next_revision: etcd.revision() + 1,
-            etcd,
-            keys,
-            ledger: BTreeMap::new(),
-            payloads: BTreeSet::new(),
-            tainted: false,
-        }
+        let ledger = StreamLedger::new(keys, &etcd);
+        Store { etcd, ledger }
     }
 
     fn head(&self) -> u64 {
-        self.ledger.keys().next_back().copied().unwrap_or(0)
-    }
-
-    /// The newest entry written at or before `revision`.
-    fn head_at(&self, revision: Revision) -> u64 {
-        self.ledger
-            .iter()
-            .rev()
-            .find(|(_, w)| w.revision <= revision)
-            .map_or(0, |(seq, _)| *seq)
+        self.ledger.head()
     }
 
     fn revision(&self) -> Revision {
         self.etcd.revision()
-    }
-
-    fn entries(&self) -> KeyRange {
-        KeyRange::Prefix(self.keys.entry_prefix().to_vec())
     }
 
     /// Runs one request of a stream machine on the model at `now`, then
@@ -155,7 +125,7 @@ impl Store {
             other => panic!("a stream machine sent {other:?}"),
         }
         let result = self.etcd.execute(now, request);
-        self.ingest();
+        self.ledger.ingest(&self.etcd);
         result
     }
 
@@ -164,51 +134,7 @@ impl Store {
         if let Err(e) = self.etcd.execute(now, &request) {
             panic!("the model refused {request:?}: {e:?}");
         }
-        self.ingest();
-    }
-
-    /// Records every entry written or trimmed since the last call, checking
-    /// that no payload is written twice and, while every reply was
-    /// truthful, that entries are written in turn.
-    fn ingest(&mut self) {
-        let events = self
-            .etcd
-            .watch_history(&self.entries(), self.next_revision)
-            .expect("the ledger reads every write before any compaction");
-        self.next_revision = self.etcd.revision() + 1;
-        for event in events {
-            let Some(seq) = self.keys.entry_seq(&event.kv.key) else {
-                continue;
-            };
-            let revision = event.kv.mod_revision;
-            match event.kind {
-                EventKind::Put => {
-                    let value = event.kv.value;
-                    assert!(
-                        self.payloads.insert(value.clone()),
-                        "payload {:?} written twice",
-                        String::from_utf8_lossy(&value)
-                    );
-                    if !self.tainted {
-                        assert_eq!(seq, self.head() + 1, "entry {seq} written out of turn");
-                    }
-                    let trimmed = None;
-                    self.ledger.insert(
-                        seq,
-                        Written {
-                            payload: value,
-                            revision,
-                            trimmed,
-                        },
-                    );
-                }
-                EventKind::Delete => {
-                    if let Some(w) = self.ledger.get_mut(&seq) {
-                        w.trimmed = Some(revision);
-                    }
-                }
-            }
-        }
+        self.ledger.ingest(&self.etcd);
     }
 
     /// The watch batch etcd sends for `revision`: entry keys written at
@@ -216,7 +142,7 @@ impl Store {
     fn batch(&self, revision: Revision) -> Vec<WatchEvent> {
         let events = self
             .etcd
-            .watch_history(&self.entries(), revision)
+            .watch_history(&self.ledger.entry_range(), revision)
             .unwrap_or_default();
         events
             .into_iter()
@@ -301,7 +227,7 @@ impl World {
                         matches!(request, Request::Range(_) | Request::Txn(_)),
                         "appender sent {request:?}"
                     );
-                    if let Some((p, writes)) = txn_payload(&self.store.keys, &request) {
+                    if let Some((p, writes)) = txn_payload(self.store.ledger.keys(), &request) {
                         if let Some(first) = self.in_doubt.get(&p) {
                             assert_eq!(&writes, first, "an in-doubt append was sent changed");
                         }
@@ -324,8 +250,8 @@ impl World {
         let payload = self.asked.pop_front().expect("an answer nobody asked for");
         match notice {
             AppendNotice::Appended { seq, revision } => {
-                if !self.store.tainted {
-                    let written = self.store.ledger.get(&seq).expect("appended, not written");
+                if !self.store.ledger.is_tainted() {
+                    let written = self.store.ledger.get(seq).expect("appended, not written");
                     assert_eq!(written.payload, payload, "Appended names another entry");
                     assert_eq!(written.revision, revision, "Appended names another write");
                     assert!(seq > self.last_appended, "ids not increasing");
@@ -333,11 +259,9 @@ impl World {
                 self.last_appended = seq;
             }
             AppendNotice::Failed(StreamError::Indeterminate { seq, .. }) => {
-                if !self.store.tainted {
-                    if let Some((at, _)) =
-                        self.store.ledger.iter().find(|(_, w)| w.payload == payload)
-                    {
-                        assert_eq!(*at, seq, "an in-doubt append was stored elsewhere");
+                if !self.store.ledger.is_tainted() {
+                    if let Some(at) = self.store.ledger.seq_of(&payload) {
+                        assert_eq!(at, seq, "an in-doubt append was stored elsewhere");
                     }
                 }
             }
@@ -346,7 +270,10 @@ impl World {
                 self.never.insert(payload);
             }
             AppendNotice::Failed(StreamError::Unexpected(_)) => {
-                assert!(self.store.tainted, "Unexpected without an arbitrary reply");
+                assert!(
+                    self.store.ledger.is_tainted(),
+                    "Unexpected without an arbitrary reply"
+                );
             }
             AppendNotice::Failed(
                 StreamError::Rpc(_) | StreamError::BadHead { .. } | StreamError::Stopped,
@@ -374,7 +301,7 @@ impl World {
                         } => {
                             assert_eq!(
                                 range,
-                                KeyRange::Prefix(self.store.keys.entry_prefix().to_vec())
+                                KeyRange::Prefix(self.store.ledger.keys().entry_prefix().to_vec())
                             );
                             ReaderOut::Watch {
                                 id,
@@ -403,12 +330,12 @@ impl World {
     }
 
     fn reader_notice(&mut self, notice: ReaderNotice) {
-        let tainted = self.store.tainted;
+        let tainted = self.store.ledger.is_tainted();
         if self.resolved.is_none() && matches!(notice, ReaderNotice::Entry(_) | ReaderNotice::Live)
         {
             let start = match self.source {
                 Source::Read(r0) => {
-                    let head = self.store.head_at(r0);
+                    let head = self.store.ledger.head_at(r0);
                     match self.from {
                         ReadFrom::Start => 0,
                         ReadFrom::End => head,
@@ -430,16 +357,15 @@ impl World {
                     let written = self
                         .store
                         .ledger
-                        .get(&seq)
+                        .get(seq)
                         .expect("delivered, never written");
                     assert_eq!(written.payload, payload, "payload of {seq}");
                     match self.source {
                         Source::Read(r) => {
                             assert!(written.revision <= r, "{seq} from the future");
                             for s in last + 1..seq {
-                                let trimmed = self.store.ledger.get(&s).and_then(|w| w.trimmed);
                                 assert!(
-                                    trimmed.is_some_and(|t| t <= r),
+                                    self.store.ledger.trimmed_by(s, r),
                                     "skipped {s} (between {last} and {seq}), not trimmed by {r}"
                                 );
                             }
@@ -458,9 +384,9 @@ impl World {
                 self.live = true;
             }
             ReaderNotice::InvalidKey(key) => {
-                assert!(key.starts_with(self.store.keys.entry_prefix()));
+                assert!(key.starts_with(self.store.ledger.keys().entry_prefix()));
                 assert!(
-                    self.store.keys.entry_seq(&key).is_none(),
+                    self.store.ledger.keys().entry_seq(&key).is_none(),
                     "an entry reported junk"
                 );
                 assert!(self.reported.insert(key), "junk reported twice");
@@ -492,7 +418,7 @@ impl World {
         }
         for p in &self.never {
             assert!(
-                !self.store.payloads.contains(p),
+                !self.store.ledger.contains(p),
                 "a cleanly failed append was written"
             );
         }
@@ -500,7 +426,11 @@ impl World {
             self.rd_out,
             Some(ReaderOut::Watch { cursor, .. }) if cursor > self.store.revision()
         );
-        if caught_up && self.reader.is_watching() && !self.store.tainted && !self.rd_stopped {
+        if caught_up
+            && self.reader.is_watching()
+            && !self.store.ledger.is_tainted()
+            && !self.rd_stopped
+        {
             assert_eq!(
                 self.reader.last(),
                 self.store.head().max(self.resolved.unwrap_or(0)),
@@ -541,7 +471,7 @@ impl World {
                 if let Some((id, request)) = self.app_out.take() {
                     let result = self.store.execute(self.now, &request);
                     if result.is_ok() {
-                        if let Some((p, _)) = txn_payload(&self.store.keys, &request) {
+                        if let Some((p, _)) = txn_payload(self.store.ledger.keys(), &request) {
                             self.in_doubt.remove(&p);
                         }
                     }
@@ -551,7 +481,7 @@ impl World {
             Op::LoseAppenderReply => {
                 if let Some((id, request)) = self.app_out.take() {
                     let _ = self.store.execute(self.now, &request);
-                    if let Some((p, writes)) = txn_payload(&self.store.keys, &request) {
+                    if let Some((p, writes)) = txn_payload(self.store.ledger.keys(), &request) {
                         self.in_doubt.entry(p).or_insert(writes);
                     }
                     self.feed_appender(reply(id, Err(RpcError::Unavailable("lost".into()))));
@@ -563,7 +493,7 @@ impl World {
                         RpcError::Rejected("refused".into())
                     } else {
                         // Not executed, but the machine cannot know that.
-                        if let Some((p, writes)) = txn_payload(&self.store.keys, &request) {
+                        if let Some((p, writes)) = txn_payload(self.store.ledger.keys(), &request) {
                             self.in_doubt.entry(p).or_insert(writes);
                         }
                         RpcError::Unavailable("failed".into())
@@ -572,7 +502,7 @@ impl World {
                 }
             }
             Op::ForeignAppend => {
-                let head = self.store.etcd.get(self.store.keys.head());
+                let head = self.store.etcd.get(self.store.ledger.keys().head());
                 let seq = match head {
                     None => 0,
                     Some(kv) => match std::str::from_utf8(&kv.value)
@@ -592,12 +522,12 @@ impl World {
                 // transaction writes them.
                 let success = vec![
                     TxnOp::Put {
-                        key: self.store.keys.head().to_vec(),
+                        key: self.store.ledger.keys().head().to_vec(),
                         value: next.to_string().into_bytes(),
                         lease: 0,
                     },
                     TxnOp::Put {
-                        key: self.store.keys.entry_key(next),
+                        key: self.store.ledger.keys().entry_key(next),
                         value: payload,
                         lease: 0,
                     },
@@ -616,16 +546,16 @@ impl World {
                     2 => b"-1",
                     _ => b" 7",
                 };
-                let key = self.store.keys.head().to_vec();
+                let key = self.store.ledger.keys().head().to_vec();
                 self.put(key, value.to_vec());
             }
             Op::RestoreHead => {
-                let key = self.store.keys.head().to_vec();
+                let key = self.store.ledger.keys().head().to_vec();
                 let head = self.store.head().to_string();
                 self.put(key, head.into_bytes());
             }
             Op::JunkEntry(b) => {
-                let mut key = self.store.keys.entry_prefix().to_vec();
+                let mut key = self.store.ledger.keys().entry_prefix().to_vec();
                 key.extend_from_slice(match b % 3 {
                     0 => &b"junk"[..],
                     1 => b"0000000000000000001",
@@ -659,7 +589,10 @@ impl World {
                 let Some(ReaderOut::Watch { id, cursor }) = self.rd_out else {
                     return;
                 };
-                let compacted = self.store.etcd.watch_history(&self.store.entries(), cursor);
+                let compacted = self
+                    .store
+                    .etcd
+                    .watch_history(&self.store.ledger.entry_range(), cursor);
                 if let Err(compact_revision) = compacted {
                     self.rd_out = None;
                     return self.feed_reader(
@@ -743,9 +676,9 @@ impl World {
             }
             Op::GarbageToAppender(result) => {
                 if let Some((id, request)) = self.app_out.take() {
-                    self.store.tainted = true;
+                    self.store.ledger.taint();
                     // A made-up answer may settle a doubt either way.
-                    if let Some((p, _)) = txn_payload(&self.store.keys, &request) {
+                    if let Some((p, _)) = txn_payload(self.store.ledger.keys(), &request) {
                         self.in_doubt.remove(&p);
                     }
                     self.feed_appender(reply(id, result));
@@ -756,7 +689,7 @@ impl World {
                     Some(ReaderOut::Read(id, _)) | Some(ReaderOut::Watch { id, .. }) => *id,
                     None => return,
                 };
-                self.store.tainted = true;
+                self.store.ledger.taint();
                 // Terminal or not, the target can no longer tell; the
                 // machine's next request shows whether it gave up on it.
                 self.rd_out = None;

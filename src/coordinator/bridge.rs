@@ -2,17 +2,18 @@
 //! [`crate::runtime`] thread used in exactly two ways — "run this call
 //! and answer me" ([`Bridge::call`], polled on the caller's thread) and
 //! "run this task until shutdown" ([`Bridge::spawn`], on the runtime
-//! thread) — plus [`FeedSender`], the async face of the one backpressure
-//! policy of every feed.
+//! thread) — plus [`FeedSender`], the async face of the one feed queue
+//! (`feed_queue.rs`).
 //!
 //! A call runs on its caller's thread and is cancelled (its future
 //! dropped) when the caller gives up, as reqwest's blocking client cancels
 //! on a dropped receiver.
 
 use super::Feed;
-use crate::runtime::{self, CallError, Job, Launch, RuntimeThread};
+use crate::feed_queue::{FeedQueue, Offer, RELIEF_POLL};
+pub(crate) use crate::runtime::CallError;
+use crate::runtime::{self, Job, Launch, RuntimeThread};
 pub(crate) use crate::runtime::{StartError, Stopping};
-use crossbeam_channel::{Receiver, Sender, TrySendError};
 use std::future::Future;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -21,21 +22,6 @@ use tokio::sync::watch;
 /// are aborted: enough to unsubscribe or close a server-side consumer, short
 /// enough that `close()` never feels stuck.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
-
-/// How often a paused feed looks at its consumer's queue. The same
-/// 10 ms as the etcd runner: a crossbeam channel cannot wake an async task.
-const RELIEF_POLL: Duration = Duration::from_millis(10);
-
-/// Why a [`Bridge::call`] has no answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum BridgeError {
-    /// No answer within the caller's timeout; the call was cancelled, but
-    /// what it sent may have reached the server (the outcome is unknown).
-    Timeout,
-    /// The bridge has shut down (or the call was made from its own thread,
-    /// where waiting would deadlock).
-    Gone,
-}
 
 /// The user-side end of a bus client's runtime thread. Dropping it shuts
 /// the thread down.
@@ -84,34 +70,31 @@ impl Bridge {
     /// call and pipeline on the one connection, instead of queueing behind
     /// the runtime thread for a task and an answer each. On timeout the
     /// future is dropped before this returns.
-    pub(crate) fn call<T, Fut>(&self, timeout: Duration, fut: Fut) -> Result<T, BridgeError>
+    pub(crate) fn call<T, Fut>(&self, timeout: Duration, fut: Fut) -> Result<T, CallError>
     where
         Fut: Future<Output = T>,
     {
         if self.0.is_current() {
             log::error!("fleetcoord: a blocking call from the runtime thread itself was refused");
-            return Err(BridgeError::Gone);
+            return Err(CallError::Gone);
         }
-        self.0.block_on(timeout, fut).map_err(|e| match e {
-            CallError::Timeout => BridgeError::Timeout,
-            CallError::Gone => BridgeError::Gone,
-        })
+        self.0.block_on(timeout, fut)
     }
 
     /// Runs `task` on the runtime until it ends or, after shutdown, its
     /// grace period is over. `task` gets the [`Stopping`] signal to select
     /// on.
-    pub(crate) fn spawn<Fut, F>(&self, task: F) -> Result<(), BridgeError>
+    pub(crate) fn spawn<Fut, F>(&self, task: F) -> Result<(), CallError>
     where
         F: FnOnce(Stopping) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let stopping = self.0.stopping();
         if stopping.is_stopping() {
-            return Err(BridgeError::Gone);
+            return Err(CallError::Gone);
         }
         let job = task(stopping.clone());
-        self.0.send(Box::pin(job)).map_err(|_| BridgeError::Gone)
+        self.0.send(Box::pin(job)).map_err(|_| CallError::Gone)
     }
 
     /// Signals every task to stop, gives them [`SHUTDOWN_GRACE`], aborts
@@ -121,26 +104,14 @@ impl Bridge {
     }
 }
 
-/// Why [`FeedSender::try_send`] did not deliver.
-#[derive(Debug)]
-pub(crate) enum FeedFull<T> {
-    /// The consumer's queue is at its bound; here is the item back. Hold
-    /// it, pause the source, and wait for [`FeedSender::relieved`].
-    Full(T),
-    /// The consumer dropped the feed: stop.
-    Gone,
-}
-
-/// The sending end of a [`Feed`] for async tasks: a bounded crossbeam
-/// channel, never blocking the runtime. The policy is the one every
-/// watch-fed receiver follows (see `driver::handle::Feed`): when the queue
+/// The sending end of a [`Feed`] for async tasks: its [`FeedQueue`],
+/// never blocking the runtime, and the drop of the [`Feed`] seen at once.
+/// The policy is the one of every feed (`feed_queue.rs`): when the queue
 /// is full the task pauses its source, waits until the consumer has read
 /// the queue down to half, then resumes — a stream after the last entry
 /// delivered, a KV watch with a diff against what the consumer was told.
 pub(crate) struct FeedSender<T> {
-    tx: Sender<T>,
-    capacity: usize,
-    low_water: usize,
+    queue: FeedQueue<T>,
     gone: watch::Receiver<bool>,
 }
 
@@ -148,17 +119,14 @@ pub(crate) struct FeedSender<T> {
 /// [`Feed`] for the user, whose drop the sender observes at once
 /// ([`FeedSender::gone`]) so that the task can release server resources.
 pub(crate) fn feed_channel<T: Send + 'static>(capacity: usize) -> (FeedSender<T>, Feed<T>) {
-    let capacity = capacity.max(1);
-    let (tx, rx): (Sender<T>, Receiver<T>) = crossbeam_channel::bounded(capacity);
+    let (queue, rx) = FeedQueue::new(capacity);
     let (gone_tx, gone_rx) = watch::channel(false);
     let feed = Feed::new(rx, move || {
         let _ = gone_tx.send(true);
     });
     (
         FeedSender {
-            tx,
-            capacity,
-            low_water: capacity / 2,
+            queue,
             gone: gone_rx,
         },
         feed,
@@ -168,22 +136,18 @@ pub(crate) fn feed_channel<T: Send + 'static>(capacity: usize) -> (FeedSender<T>
 impl<T> FeedSender<T> {
     /// How many items the consumer's queue holds.
     pub(crate) fn capacity(&self) -> usize {
-        self.capacity
+        self.queue.capacity()
     }
 
     /// Queues `item` for the consumer without waiting.
     /// `Gone` as soon as the feed's drop began: its hook runs before its
     /// receiver is dropped, and an item sent in between would be lost
     /// without anyone knowing.
-    pub(crate) fn try_send(&self, item: T) -> Result<(), FeedFull<T>> {
+    pub(crate) fn offer(&self, item: T) -> Offer<T> {
         if self.is_gone() {
-            return Err(FeedFull::Gone);
+            return Offer::Gone;
         }
-        match self.tx.try_send(item) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(item)) => Err(FeedFull::Full(item)),
-            Err(TrySendError::Disconnected(_)) => Err(FeedFull::Gone),
-        }
+        self.queue.offer(item)
     }
 
     /// Waits until the consumer has read its queue down to half (`true`)
@@ -193,7 +157,7 @@ impl<T> FeedSender<T> {
             if self.is_gone() {
                 return false;
             }
-            if self.tx.len() <= self.low_water {
+            if self.queue.has_room() {
                 return true;
             }
             tokio::time::sleep(RELIEF_POLL).await;
@@ -254,7 +218,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             out_rx.recv_timeout(Duration::from_secs(5)).unwrap(),
-            Err(BridgeError::Gone)
+            Err(CallError::Gone)
         );
         // The bridge still serves other threads.
         assert_eq!(bridge.call(Duration::from_secs(5), async { 2 }), Ok(2));
@@ -271,7 +235,7 @@ mod tests {
         };
         assert_eq!(
             bridge.call(Duration::from_secs(5), panicking),
-            Err(BridgeError::Gone)
+            Err(CallError::Gone)
         );
         // Only that task died: the runtime goes on.
         assert_eq!(bridge.call(Duration::from_secs(5), async { 4 }), Ok(4));
@@ -305,7 +269,7 @@ mod tests {
         let bridge = started();
         assert_eq!(bridge.call(Duration::from_secs(5), async { 7 }), Ok(7));
         let (dropped_tx, dropped_rx) = crossbeam_channel::bounded::<()>(1);
-        struct OnDrop(Sender<()>);
+        struct OnDrop(crossbeam_channel::Sender<()>);
         impl Drop for OnDrop {
             fn drop(&mut self) {
                 let _ = self.0.send(());
@@ -318,7 +282,7 @@ mod tests {
         };
         assert_eq!(
             bridge.call(Duration::from_millis(20), slow),
-            Err(BridgeError::Timeout)
+            Err(CallError::Timeout)
         );
         // The abandoned future is dropped, not left running.
         assert!(dropped_rx.recv_timeout(Duration::from_secs(5)).is_ok());
@@ -327,7 +291,7 @@ mod tests {
         bridge.shutdown();
         assert_eq!(
             bridge.call(Duration::from_secs(1), async { 9 }),
-            Err(BridgeError::Gone)
+            Err(CallError::Gone)
         );
         assert!(bridge.spawn(|_| async {}).is_err());
     }
@@ -400,10 +364,10 @@ mod tests {
         assert!(took >= SHUTDOWN_GRACE, "{took:?}");
         assert!(took < SHUTDOWN_GRACE + Duration::from_secs(2), "{took:?}");
         assert_eq!(quick.join().unwrap(), Ok(5));
-        assert_eq!(stuck.join().unwrap(), Err(BridgeError::Gone));
+        assert_eq!(stuck.join().unwrap(), Err(CallError::Gone));
         assert_eq!(
             bridge.call(Duration::from_secs(1), async { 6 }),
-            Err(BridgeError::Gone)
+            Err(CallError::Gone)
         );
     }
 
@@ -429,16 +393,16 @@ mod tests {
         let bridge = started();
         let (tx, feed) = feed_channel::<u32>(4);
         for i in 0..4 {
-            assert!(tx.try_send(i).is_ok());
+            assert_eq!(tx.offer(i), Offer::Taken);
         }
-        assert!(matches!(tx.try_send(4), Err(FeedFull::Full(4))));
+        assert_eq!(tx.offer(4), Offer::Full(4));
         let (relieved_tx, relieved_rx) = crossbeam_channel::bounded(2);
         bridge
             .spawn(move |_| async move {
                 let room = tx.relieved().await;
-                let _ = relieved_tx.send((room, tx.try_send(4).is_ok()));
+                let _ = relieved_tx.send((room, tx.offer(4).is_taken()));
                 tx.gone().await;
-                let refused = matches!(tx.try_send(5), Err(FeedFull::Gone));
+                let refused = tx.offer(5) == Offer::Gone;
                 let _ = relieved_tx.send((tx.is_gone(), refused));
             })
             .unwrap();

@@ -388,7 +388,7 @@ impl EtcdCoordinator {
         let mut feeds = self.feeds.lock();
         self.check_open()?;
         let (started_tx, started_rx) = crossbeam_channel::bounded::<Result<()>>(1);
-        let (sink, rx) = driver::Feed::new(self.feed_capacity, move |notice| {
+        let (sink, rx) = driver::FeedSink::new(self.feed_capacity, move |notice| {
             translate(notice, &started_tx)
         });
         let handle: Arc<dyn StopHandle> = Arc::new(self.etcd.run(machine, sink)?);

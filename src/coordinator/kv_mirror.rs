@@ -1,7 +1,8 @@
 //! The bridge between the pure KV-watch mirror (`fleetcoord_sm::mirror`)
 //! and a backend's feed: the mirror's notices are [`KvEvent`]s, and
-//! [`hand_over`] is the one loop that gives them to a consumer without
-//! waiting, putting back the one that did not fit.
+//! [`offer_queued`] is the one loop that offers them to a consumer's feed
+//! queue (`feed_queue.rs`) without waiting, putting back the one that did
+//! not fit.
 //!
 //! Every KV watch that is not etcd's (Redis, NATS, memory) keeps one
 //! [`KvMirror`] per consumer; its decisions (what to tell after a snapshot,
@@ -9,46 +10,31 @@
 //! are the mirror's, stated and fuzzed in `sm/src/mirror.rs`.
 
 use super::KvEvent;
+use crate::feed_queue::Offer;
 use fleetcoord_sm::mirror::{Mirror, MirrorNotice};
 
 /// A mirror of key → value, the told view of one KV watch.
 pub(crate) type KvMirror = Mirror<Vec<u8>>;
 
-/// What a consumer's queue did with one event.
-pub(crate) enum Offer {
-    /// Queued.
-    Taken,
-    /// The queue is at its bound: here it is back.
-    Full(KvEvent),
-    /// The consumer dropped the feed.
-    Gone,
-}
-
-/// How [`hand_over`] ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Handed {
-    /// Everything queued in the mirror went to the consumer.
-    All,
-    /// The consumer's queue filled up; the rest waits in the mirror.
-    Full,
-    /// The consumer dropped the feed.
-    Gone,
-}
-
-/// Gives the mirror's queued notices to `send` in order until it refuses
+/// Offers the mirror's queued notices to `offer` in order until it refuses
 /// one; a refused one goes back to the front of the mirror's queue.
-pub(crate) fn hand_over(mirror: &mut KvMirror, mut send: impl FnMut(KvEvent) -> Offer) -> Handed {
+/// [`Offer::Taken`] when everything queued went to the consumer,
+/// [`Offer::Full`] when its queue filled up (the rest waits in the mirror).
+pub(crate) fn offer_queued(
+    mirror: &mut KvMirror,
+    mut offer: impl FnMut(KvEvent) -> Offer<KvEvent>,
+) -> Offer {
     while let Some(notice) = mirror.poll() {
-        match send(event(notice)) {
+        match offer(event(notice)) {
             Offer::Taken => {}
             Offer::Full(back) => {
                 mirror.unpoll(notice_of(back));
-                return Handed::Full;
+                return Offer::Full(());
             }
-            Offer::Gone => return Handed::Gone,
+            Offer::Gone => return Offer::Gone,
         }
     }
-    Handed::All
+    Offer::Taken
 }
 
 fn event(notice: MirrorNotice<Vec<u8>>) -> KvEvent {
@@ -84,7 +70,7 @@ mod tests {
         );
         let mut got = Vec::new();
         let mut room = 1;
-        let handed = hand_over(&mut mirror, |e| {
+        let handed = offer_queued(&mut mirror, |e| {
             if room == 0 {
                 return Offer::Full(e);
             }
@@ -92,13 +78,13 @@ mod tests {
             got.push(e);
             Offer::Taken
         });
-        assert_eq!(handed, Handed::Full);
+        assert_eq!(handed, Offer::Full(()));
         assert_eq!(mirror.queued(), 2, "b and Synced wait");
-        let handed = hand_over(&mut mirror, |e| {
+        let handed = offer_queued(&mut mirror, |e| {
             got.push(e);
             Offer::Taken
         });
-        assert_eq!(handed, Handed::All);
+        assert_eq!(handed, Offer::Taken);
         assert_eq!(
             got,
             [
@@ -114,6 +100,6 @@ mod tests {
             ]
         );
         mirror.snapshot(2, []);
-        assert_eq!(hand_over(&mut mirror, |_| Offer::Gone), Handed::Gone);
+        assert_eq!(offer_queued(&mut mirror, |_| Offer::Gone), Offer::Gone);
     }
 }

@@ -107,6 +107,7 @@ pub mod pattern;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+pub(crate) mod stream_id;
 
 pub use etcd::{EtcdCoordinator, EtcdCoordinatorOptions};
 pub use feed::Feed;
@@ -117,8 +118,8 @@ pub const DEFAULT_FEED_CAPACITY: usize = crate::validate::DEFAULT_CAPACITY;
 /// The smallest feed capacity any backend accepts: room for the item a
 /// consumer is reading and one more.
 pub const MIN_FEED_CAPACITY: usize = 2;
-/// The largest feed capacity any backend accepts (some backends' queues
-/// are allocated up front).
+/// The largest feed capacity any backend accepts: a bound on what one slow
+/// consumer may hold.
 pub const MAX_FEED_CAPACITY: usize = crate::validate::MAX_CAPACITY;
 pub use from_env::{
     connect, from_env, from_vars, try_from_env, try_from_vars, ConnectSettings,
@@ -132,9 +133,9 @@ pub use noop::NoopCoordinator;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::{RedisCoordinator, RedisOptions};
+pub use stream_id::StreamId;
 
 use crate::error::{Error, Result};
-use std::fmt;
 use std::str::FromStr;
 
 /// A coordination backend. Blocking, `Send + Sync` and object-safe, so it can
@@ -282,17 +283,9 @@ pub struct Message {
     pub payload: Vec<u8>,
 }
 
-/// The ID of a stream entry: its sequence number in the stream, counting
-/// from 1. Displays and parses as the plain decimal number.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct StreamId(pub u64);
-
-impl fmt::Display for StreamId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
+// The type is in a module of its own because `error.rs` names it (an
+// indeterminate append's ID); parsing it yields an `Error`, so that part
+// stays here, above `error.rs`.
 impl FromStr for StreamId {
     type Err = Error;
 

@@ -9,9 +9,9 @@
 //! etcd-client's errors, which carry neither (docs/etcd-notes.md,
 //! "TLS and auth failures"), and from our own words.
 
+use super::explain::{explain, is_status};
 use super::health::{etcd_answered, Probe, ProbeOutcome};
 use super::ConnectSettings;
-use crate::tls::refusal::{self, ClientSide};
 use crate::tls::Tls;
 use etcd_client as ec;
 use std::time::Duration;
@@ -52,7 +52,7 @@ pub(crate) fn probe_options(settings: &ConnectSettings) -> ec::ConnectOptions {
     match &settings.tls {
         // A handshake that never completes (a blackholed member) must not
         // stall a connection forever.
-        Some(tls) => options.with_tls(tls.to_client().timeout(settings.connect_timeout)),
+        Some(tls) => options.with_tls(tls_options(tls).timeout(settings.connect_timeout)),
         None => options,
     }
 }
@@ -240,6 +240,19 @@ async fn probe_all(
     (outcomes, statuses)
 }
 
+/// etcd-client's TLS options for `tls`: its CA, client identity and
+/// server name, nothing else.
+pub(crate) fn tls_options(tls: &Tls) -> ec::TlsOptions {
+    let mut options = ec::TlsOptions::new().ca_certificate(ec::Certificate::from_pem(tls.ca_pem()));
+    if let Some((cert, key)) = tls.client_identity_pem() {
+        options = options.identity(ec::Identity::from_pem(cert, key));
+    }
+    if let Some(name) = tls.server_name() {
+        options = options.domain_name(name.to_owned());
+    }
+    options
+}
+
 /// Why no endpoint answered: the reason alone when there is one endpoint
 /// or all failed alike, else each endpoint with its reason.
 fn summarize(probes: &[Probe], outcomes: &[Option<ProbeOutcome>], timeout: Duration) -> String {
@@ -275,107 +288,8 @@ fn login_reason(e: &ec::Error, settings: &ConnectSettings, tls: Option<&Tls>) ->
     }
 }
 
-fn is_status(e: &ec::Error, code: tonic::Code) -> bool {
-    matches!(e, ec::Error::GRpcStatus(s) if s.code() == code)
-}
-
 /// etcd's `ErrGRPCUserEmpty`: auth is on and the request had no token.
 fn is_user_missing(e: &ec::Error) -> bool {
     matches!(e, ec::Error::GRpcStatus(s)
         if s.code() == tonic::Code::InvalidArgument && s.message() == "etcdserver: user name is empty")
-}
-
-/// One line saying what failed; TLS failures say which check failed and
-/// what to change. The certificate checks are told apart by rustls's words
-/// at the root of the error chain (docs/etcd-notes.md, "TLS and auth
-/// failures": they all arrive as `Unavailable`, like a network failure).
-pub(crate) fn explain(e: &ec::Error, tls: Option<&Tls>) -> String {
-    let root = connect_reason(e);
-    let Some(tls) = tls else {
-        return root;
-    };
-    if refusal::untrusted_server(&root) {
-        return format!("TLS: the server's certificate is not signed by the given CA ({root})");
-    }
-    if refusal::wrong_name(&root) {
-        return format!(
-            "TLS: the server's certificate is not valid for the name dialled; \
-             dial a name it was issued for or set the TLS server name ({root})"
-        );
-    }
-    let alert = refusal::refused_by_alert(&root);
-    // Without an alert the client sees only the server hanging up, in one
-    // of several words depending on where its request was (measured: the
-    // shapes vary from run to run against the same server).
-    let closed = is_status(e, tonic::Code::Cancelled)
-        || [
-            "transport error",
-            "connection closed",
-            "broken pipe",
-            "connection reset",
-        ]
-        .iter()
-        .any(|w| root.contains(w));
-    if !(alert || closed) {
-        return root;
-    }
-    let invalid_now = || tls.client_cert_invalid_at(refusal::unix_now());
-    match refusal::client_side(tls.has_client_identity(), invalid_now) {
-        ClientSide::Missing => format!(
-            "TLS: the server closed the connection right after the handshake; it most \
-             likely requires a client certificate, and none was given (--cert/--key) ({root})"
-        ),
-        ClientSide::Invalid(why) => {
-            format!("TLS: the server refused the client certificate: {why} ({root})")
-        }
-        ClientSide::Refused => format!(
-            "TLS: the server closed the connection right after the handshake; it most \
-             likely refused the client certificate (is it signed by a CA the server \
-             trusts?) ({root})"
-        ),
-    }
-}
-
-/// Why connecting failed, as one line for an operator. The Display of
-/// etcd-client's error embeds tonic's `Status`, whose Display appends its
-/// cause with `{:?}` — a struct dump. The root cause of the `source()`
-/// chain says it plainly ("connection refused", a DNS failure), so that is
-/// what the message carries.
-pub(crate) fn connect_reason(e: &ec::Error) -> String {
-    use std::error::Error as _;
-    let reason = match e {
-        ec::Error::GRpcStatus(status) => match status.source() {
-            Some(cause) => root_cause(cause),
-            // etcd (or something at that address) answered with a status.
-            None if !status.message().is_empty() => status.message().to_string(),
-            None => status.code().to_string(),
-        },
-        ec::Error::TransportError(t) => root_cause(t),
-        ec::Error::IoError(io) => root_cause(io),
-        other => other.to_string(),
-    };
-    // Display impls may still contain line breaks; the message is one line.
-    reason.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// The Display of the innermost error, in the lowercase style of the rest
-/// of the message: an OS error's "(os error N)" suffix is dropped, since
-/// the text before it says the same.
-fn root_cause(mut e: &(dyn std::error::Error + 'static)) -> String {
-    while let Some(next) = e.source() {
-        e = next;
-    }
-    let text = e.to_string();
-    let text = match text.find(" (os error ") {
-        Some(at) if text.ends_with(')') => text[..at].to_string(),
-        _ => text,
-    };
-    // "Connection refused" reads "connection refused"; "DNS ..." stays.
-    let mut chars = text.chars();
-    match (chars.next(), chars.next()) {
-        (Some(first), Some(second)) if first.is_uppercase() && second.is_lowercase() => {
-            first.to_lowercase().chain(text.chars().skip(1)).collect()
-        }
-        _ => text,
-    }
 }

@@ -1,6 +1,10 @@
 //! Executes one `fleetcoord_sm::Request` against etcd and converts the
-//! answer back: the only place that knows both vocabularies. No protocol
-//! decisions here; those live in `sm`.
+//! answer back, and holds the conversions the runner's watch streams and
+//! the renewer's keepalive stream use (`rpc_error`, `watch_response`); the
+//! renewer reads a keepalive reply's lease and TTL itself. No protocol
+//! decisions here; those live in `sm`. The driver (`src/driver/`) is the
+//! only library code that names etcd-client (besides the test servers'
+//! administration, `src/testing/admin.rs`, behind the `testing` feature).
 
 use etcd_client as ec;
 use fleetcoord_sm::rpc::prefix_end;

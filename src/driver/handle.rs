@@ -8,12 +8,13 @@
 //! * [`MachineHandle`]: what a primitive holds of its running machine — the
 //!   input sender and the "finished" signal. Dropping it stops the machine
 //!   without waiting.
-//! * Sinks ([`Notify`], [`Feed`]): what the runner does with notices. A
-//!   [`Feed`] is the one backpressure policy for everything watch-fed: a
+//! * Sinks ([`Notify`], [`FeedSink`]): what the runner does with notices. A
+//!   [`FeedSink`] is the one backpressure policy for everything watch-fed: a
 //!   channel of at most its capacity; when it is full the runner pauses
 //!   the machine and resumes it once the consumer has read half of it.
 
 use super::{exec, health, Gone, Shared};
+use crate::feed_queue::{FeedQueue, Offer};
 use crossbeam_channel::{Receiver, Sender};
 use fleetcoord_sm::{Machine, Request, Response, RpcError};
 use std::collections::VecDeque;
@@ -23,7 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 
 /// Why a unary call has no response.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum CallError {
+pub(crate) enum UnaryError {
     /// etcd answered with an error, or the connection failed.
     Rpc(RpcError),
     /// No answer within the request timeout.
@@ -33,7 +34,7 @@ pub(crate) enum CallError {
 /// One request from a user thread, answered on `reply`.
 pub(crate) struct UnaryCall {
     request: Request,
-    reply: Sender<Result<Response, CallError>>,
+    reply: Sender<Result<Response, UnaryError>>,
     /// Resolves when the caller stopped waiting: the call is dropped then.
     canceled: oneshot::Receiver<()>,
 }
@@ -41,7 +42,7 @@ pub(crate) struct UnaryCall {
 /// The caller's end of a [`UnaryCall`]: wait for the answer; dropping it
 /// cancels the call if it is still running.
 pub(crate) struct PendingCall {
-    answer: Receiver<Result<Response, CallError>>,
+    answer: Receiver<Result<Response, UnaryError>>,
     _cancel: oneshot::Sender<()>,
 }
 
@@ -67,10 +68,10 @@ impl UnaryCall {
 impl PendingCall {
     /// Wait for the answer at most `wait`; `Err(Gone)` when the driver
     /// stopped, `Ok(Err(Timeout))` when it did not answer in time.
-    pub(crate) fn wait(self, wait: Duration) -> Result<Result<Response, CallError>, Gone> {
+    pub(crate) fn wait(self, wait: Duration) -> Result<Result<Response, UnaryError>, Gone> {
         match self.answer.recv_timeout(wait) {
             Ok(answer) => Ok(answer),
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Ok(Err(CallError::Timeout(wait))),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Ok(Err(UnaryError::Timeout(wait))),
             Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Gone),
         }
     }
@@ -93,8 +94,8 @@ pub(crate) async fn unary(shared: Shared, call: UnaryCall) {
     tokio::select! {
         result = call => {
             let answer = match result {
-                Some(r) => r.map_err(CallError::Rpc),
-                None => Err(CallError::Timeout(timeout)),
+                Some(r) => r.map_err(UnaryError::Rpc),
+                None => Err(UnaryError::Timeout(timeout)),
             };
             let _ = reply.send(answer);
         }
@@ -252,21 +253,11 @@ pub(crate) trait Sink<N>: Send {
     }
 
     /// While paused: move held-back items on and say whether the machine
-    /// may resume.
-    fn relieve(&mut self) -> Relief {
-        Relief::Room
+    /// may resume ([`Offer::Taken`]), must stay paused ([`Offer::Full`]) or
+    /// must stop because the consumer is gone ([`Offer::Gone`]).
+    fn relieve(&mut self) -> Offer {
+        Offer::Taken
     }
-}
-
-/// What [`Sink::relieve`] found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Relief {
-    /// The consumer has read at least half of its queue: resume.
-    Room,
-    /// Still too full.
-    Full,
-    /// The consumer is gone: stop.
-    Gone,
 }
 
 /// A sink that hands every notice to a function, for machines whose notices
@@ -293,56 +284,39 @@ pub(crate) enum FeedItem<T> {
     End,
 }
 
-/// The one backpressure policy for watch-fed receivers: a channel of at
-/// most `capacity` items. When it is full, items the machine still produces (the rest
-/// of one etcd response) are held here and the runner pauses the machine
-/// (its watch is cancelled); once the consumer has read the queue down to
-/// half, the held items go out and the machine resumes — a watch with a
-/// resync diff against what the consumer was told, a stream reader after
-/// the last entry delivered. Nothing is dropped; memory stays bounded by
-/// the channel plus one response or one diff.
-///
-/// The channel is crossbeam's list flavour with the bound kept here (the
-/// feed is its only sender, so a length checked below the bound stays
-/// below it): a `bounded(4096)` channel allocates and touches every slot
-/// up front, hundreds of KiB per watcher and as many page faults before
-/// its first event, where the list allocates a block of 31 slots as items
-/// arrive and frees it once they are read.
-pub(crate) struct Feed<N, T> {
+/// The one backpressure policy for watch-fed receivers: a [`FeedQueue`]
+/// of at most `capacity` items. When it is full, items the machine still
+/// produces (the rest of one etcd response) are held here and the runner
+/// pauses the machine (its watch is cancelled); once the consumer has read
+/// the queue down to half, the held items go out and the machine resumes —
+/// a watch with a resync diff against what the consumer was told, a stream
+/// reader after the last entry delivered. Nothing is dropped; memory stays
+/// bounded by the queue plus one response or one diff.
+pub(crate) struct FeedSink<N, T> {
     translate: Box<dyn FnMut(N) -> FeedItem<T> + Send>,
-    tx: Sender<T>,
+    queue: FeedQueue<T>,
     held: VecDeque<T>,
-    capacity: usize,
-    low_water: usize,
 }
 
-impl<N, T: Send> Feed<N, T> {
-    /// A feed of `capacity` (at least 1) and the consumer's receiver.
+impl<N, T: Send> FeedSink<N, T> {
+    /// A sink of `capacity` (at least 1) and the consumer's receiver.
     pub(crate) fn new(
         capacity: usize,
         translate: impl FnMut(N) -> FeedItem<T> + Send + 'static,
-    ) -> (Feed<N, T>, Receiver<T>) {
-        let capacity = capacity.max(1);
-        let (tx, rx) = crossbeam_channel::unbounded();
+    ) -> (FeedSink<N, T>, Receiver<T>) {
+        let (queue, rx) = FeedQueue::new(capacity);
         (
-            Feed {
+            FeedSink {
                 translate: Box::new(translate),
-                tx,
+                queue,
                 held: VecDeque::new(),
-                capacity,
-                low_water: capacity / 2,
             },
             rx,
         )
     }
-
-    /// Whether the channel holds `capacity` items (it never holds more).
-    fn channel_full(&self) -> bool {
-        self.tx.len() >= self.capacity
-    }
 }
 
-impl<N, T: Send> Sink<N> for Feed<N, T> {
+impl<N, T: Send> Sink<N> for FeedSink<N, T> {
     fn deliver(&mut self, notice: N) -> bool {
         let item = match (self.translate)(notice) {
             FeedItem::Item(item) => item,
@@ -350,32 +324,39 @@ impl<N, T: Send> Sink<N> for Feed<N, T> {
             FeedItem::End => return false,
         };
         // Order: nothing overtakes what is already held back.
-        if !self.held.is_empty() || self.channel_full() {
+        if !self.held.is_empty() {
             self.held.push_back(item);
             return true;
         }
-        self.tx.send(item).is_ok()
+        match self.queue.offer(item) {
+            Offer::Taken => true,
+            Offer::Full(item) => {
+                self.held.push_back(item);
+                true
+            }
+            Offer::Gone => false,
+        }
     }
 
     fn is_full(&self) -> bool {
-        !self.held.is_empty() || self.channel_full()
+        !self.held.is_empty() || self.queue.is_full()
     }
 
-    fn relieve(&mut self) -> Relief {
-        while !self.held.is_empty() {
-            if self.channel_full() {
-                return Relief::Full;
-            }
-            if let Some(item) = self.held.pop_front() {
-                if self.tx.send(item).is_err() {
-                    return Relief::Gone;
+    fn relieve(&mut self) -> Offer {
+        while let Some(item) = self.held.pop_front() {
+            match self.queue.offer(item) {
+                Offer::Taken => {}
+                Offer::Full(item) => {
+                    self.held.push_front(item);
+                    return Offer::Full(());
                 }
+                Offer::Gone => return Offer::Gone,
             }
         }
-        if self.tx.len() <= self.low_water {
-            Relief::Room
+        if self.queue.has_room() {
+            Offer::Taken
         } else {
-            Relief::Full
+            Offer::Full(())
         }
     }
 }
@@ -390,7 +371,7 @@ mod tests {
     #[test]
     fn a_call_waits_at_most_its_bound_and_knows_a_driver_that_stopped() {
         let (call, pending) = UnaryCall::new(Request::Grant { ttl_secs: 5 });
-        assert_eq!(pending.wait(SHORT), Ok(Err(CallError::Timeout(SHORT))));
+        assert_eq!(pending.wait(SHORT), Ok(Err(UnaryError::Timeout(SHORT))));
         // The driver dropped the call without answering: it is gone.
         drop(call);
         let (call, pending) = UnaryCall::new(Request::Grant { ttl_secs: 5 });
@@ -433,9 +414,36 @@ mod tests {
             });
             assert!(sink.deliver(1));
             assert!(!sink.is_full());
-            assert_eq!(sink.relieve(), Relief::Room);
+            assert_eq!(sink.relieve(), Offer::Taken);
             assert!(!sink.deliver(3), "the function says nobody listens");
         }
         assert_eq!(seen, [1, 3]);
+    }
+
+    #[test]
+    fn a_feed_sink_holds_back_in_order_and_resumes_at_half() {
+        let (mut sink, rx) = FeedSink::new(2, |n: u32| match n {
+            0 => FeedItem::Skip,
+            99 => FeedItem::End,
+            n => FeedItem::Item(n),
+        });
+        assert!(sink.deliver(0), "skipped");
+        assert!(!sink.is_full());
+        for n in 1..=4 {
+            assert!(sink.deliver(n), "held, not refused");
+        }
+        assert!(sink.is_full());
+        assert_eq!(sink.relieve(), Offer::Full(()));
+        assert_eq!(rx.try_recv(), Ok(1));
+        // One of two queued: room, but 3 and 4 are still held; 3 goes out.
+        assert_eq!(sink.relieve(), Offer::Full(()));
+        assert_eq!(rx.try_iter().collect::<Vec<_>>(), [2, 3]);
+        assert_eq!(sink.relieve(), Offer::Taken);
+        assert!(sink.deliver(5));
+        assert_eq!(rx.try_iter().collect::<Vec<_>>(), [4, 5]);
+        assert!(!sink.deliver(99), "the translation ended the feed");
+        drop(rx);
+        assert!(!sink.deliver(6), "the consumer is gone");
+        assert!(sink.deliver(0), "a skip needs no consumer");
     }
 }

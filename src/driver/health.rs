@@ -20,7 +20,7 @@
 //! cost no RPC. The decisions are [`Policy`]'s, a plain value tested on its
 //! own.
 
-use super::connect::explain;
+use super::explain::explain;
 use crate::tls::Tls;
 use etcd_client as ec;
 use std::sync::Arc;

@@ -13,13 +13,15 @@
 pub(crate) mod connect;
 mod delivery;
 pub(crate) mod exec;
+mod explain;
 pub(crate) mod handle;
 pub(crate) mod health;
 pub(crate) mod renewer;
 pub(crate) mod runner;
 
 pub(crate) use handle::{
-    CallError, Feed, FeedItem, Finished, MachineHandle, Notify, StopHandle, UnaryCall, WeakInput,
+    FeedItem, FeedSink, Finished, MachineHandle, Notify, StopHandle, UnaryCall, UnaryError,
+    WeakInput,
 };
 
 pub(crate) use crate::runtime::{Gone, StartError};

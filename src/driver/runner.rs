@@ -7,9 +7,10 @@
 
 use super::delivery::Delivery;
 use super::exec;
-use super::handle::{Control, Finished, MachineHandle, Relief, Sink};
+use super::handle::{Control, Finished, MachineHandle, Sink};
 use super::health::{self, Suspicion};
 use super::{no_answer, Shared};
+use crate::feed_queue::{Offer, RELIEF_POLL};
 use etcd_client as ec;
 use fleetcoord_sm::{Command, KeyRange, Machine, Request, Response, RpcError, RpcId, RpcReply};
 use std::collections::HashMap;
@@ -75,11 +76,6 @@ where
 /// (revoke, resign) before the runner gives up on it; a dead etcd must not
 /// block shutdown forever, but a slow one should still see the revoke.
 const STOP_SLACK: Duration = Duration::from_secs(1);
-
-/// How often a paused feed checks whether its consumer has caught up. A
-/// crossbeam channel cannot signal free space, so this polls — only while
-/// a consumer is behind.
-const RELIEF_POLL: Duration = Duration::from_millis(10);
 
 pub(crate) async fn run<M>(shared: Shared, task: MachineTask<M>)
 where
@@ -203,15 +199,15 @@ where
             // and a `Sleep` is not free to build (a clock read, a handle).
             _ = async { tokio::time::sleep(RELIEF_POLL).await }, if paused && stop_deadline.is_none() => {
                 match sink.relieve() {
-                    Relief::Room => {
+                    Offer::Taken => {
                         paused = false;
                         if let Some(resume) = M::consumer_ready_input() {
                             last_now = Instant::now().max(last_now);
                             machine.handle(last_now, resume);
                         }
                     }
-                    Relief::Full => {}
-                    Relief::Gone => {
+                    Offer::Full(()) => {}
+                    Offer::Gone => {
                         last_now = Instant::now().max(last_now);
                         stop(&mut machine, last_now, &mut stop_deadline);
                     }

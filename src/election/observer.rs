@@ -1,7 +1,7 @@
 //! [`LeaderObserver`]: the leader of an election as a stream.
 
 use super::LeaderInfo;
-use crate::driver::{rand_seed, Feed, FeedItem, MachineHandle};
+use crate::driver::{rand_seed, FeedItem, FeedSink, MachineHandle};
 use crate::error::Result;
 use crate::etcd::Etcd;
 use fleetcoord_sm::observe::{Observe, ObserveConfig, ObserveNotice};
@@ -43,7 +43,7 @@ impl LeaderObserver {
             backoff: BackoffConfig::default(),
         };
         let machine = Observe::new(config, Instant::now(), rand_seed());
-        let (feed, leaders) = Feed::new(CAPACITY, |notice| match notice {
+        let (feed, leaders) = FeedSink::new(CAPACITY, |notice| match notice {
             ObserveNotice::Leader(kv) => FeedItem::Item(kv.as_ref().map(LeaderInfo::from_kv)),
             ObserveNotice::Failed(e) => {
                 log::warn!("leader observer gave up, its changes end here: {e}");

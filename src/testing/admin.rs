@@ -45,7 +45,7 @@ impl Admin {
             .collect();
         let mut options = ec::ConnectOptions::new();
         if let Some(tls) = &self.tls {
-            options = options.with_tls(tls.to_client());
+            options = options.with_tls(crate::driver::connect::tls_options(tls));
         }
         if let Some(root) = &self.root {
             options = options.with_user(root.name(), root.password());

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use super::net;
 use super::pki::TestPki;
 use super::process;
-use super::redis_cluster::RedisCluster;
 use crate::{Error, Result};
 
 /// How many times a start is retried when another process took the port
@@ -66,7 +65,7 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
 }
 
-/// Options for starting a [`RedisServer`] or a [`RedisCluster`]: TLS with
+/// Options for starting a [`RedisServer`] or a [`RedisCluster`](super::RedisCluster): TLS with
 /// test certificates, clients required to present one, ACL users, and
 /// persistence.
 ///
@@ -171,13 +170,6 @@ impl RedisBuilder {
     pub fn start(&self) -> Result<RedisServer> {
         let pki = self.pki()?;
         RedisServer::start_configured(&self.args(&pki, false), pki)
-    }
-
-    /// Starts a cluster of `masters` masters (at least 3) with `replicas`
-    /// replicas each (0 to 2), every node with these options and one
-    /// [`TestPki`] for all, and waits as [`RedisCluster::start_with_replicas`].
-    pub fn start_cluster(&self, masters: usize, replicas: usize) -> Result<RedisCluster> {
-        RedisCluster::start_built(self, masters, replicas)
     }
 
     pub(crate) fn pki(&self) -> Result<Option<Arc<TestPki>>> {

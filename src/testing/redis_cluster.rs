@@ -15,6 +15,17 @@ use crate::{Error, Result};
 /// node.
 const OK_TIMEOUT: Duration = Duration::from_secs(60);
 
+// Starting a cluster from the builder's options lives with the cluster, so
+// that the server module needs nothing from this one.
+impl RedisBuilder {
+    /// Starts a cluster of `masters` masters (at least 3) with `replicas`
+    /// replicas each (0 to 2), every node with these options and one
+    /// [`TestPki`] for all, and waits as [`RedisCluster::start_with_replicas`].
+    pub fn start_cluster(&self, masters: usize, replicas: usize) -> Result<RedisCluster> {
+        RedisCluster::start_built(self, masters, replicas)
+    }
+}
+
 /// A Redis Cluster of `n` masters, optionally each with replicas, on free
 /// loopback ports, each node a [`RedisServer`] with cluster mode on and no
 /// persistence.

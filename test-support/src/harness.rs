@@ -8,7 +8,6 @@
 
 use crate::faults::Faults;
 use crate::random::{chance, ChaCha8Rng};
-use crate::world::next_time;
 use crate::{ModelEtcd, LIVELOCK_LIMIT};
 use fleetcoord_sm::{
     Command, KeyRange, Machine, Request, Response, Revision, RpcError, RpcId, RpcReply, WatchEvent,
@@ -478,4 +477,10 @@ impl<M: Machine> Harness<M> {
     pub fn drain_notifications(&mut self) -> Vec<(Instant, M::Notice)> {
         std::mem::take(&mut self.notifications)
     }
+}
+
+/// The earliest of the given instants (here, at the bottom of the layers,
+/// because the harness and every world above it use it).
+pub fn next_time(candidates: &[Option<Instant>]) -> Option<Instant> {
+    candidates.iter().flatten().min().copied()
 }

@@ -29,6 +29,10 @@
 //!   finds the next instant, [`run_until`] loops the two. [`next_time`] is
 //!   the minimum of options; [`next_due`] is the next instant of a one-node
 //!   world up to a bound; [`ms`] spells virtual durations.
+//! * [`StreamLedger`] ([`ledger`]) — the ground truth of a stream test:
+//!   every entry ever written to one stream, read from the model's history,
+//!   checked as it is read (no payload twice; in turn while every reply was
+//!   truthful).
 //! * [`model`] — exhaustive bounded model checking: [`model::explore`]
 //!   visits every schedule of a small world (the model etcd, real machines,
 //!   an explicit [`model::Wire`] per machine on which every run, delivery,
@@ -73,6 +77,7 @@ pub mod drift;
 pub mod etcd;
 pub mod faults;
 pub mod harness;
+pub mod ledger;
 pub mod model;
 pub mod random;
 pub mod world;
@@ -80,9 +85,10 @@ pub mod world;
 pub use drift::{DriftClock, Drifting};
 pub use etcd::{ModelEtcd, MAX_LEASE_TTL_SECS, MAX_TXN_OPS};
 pub use faults::Faults;
-pub use harness::Harness;
+pub use harness::{next_time, Harness};
+pub use ledger::{StreamLedger, Written};
 pub use random::{chance, pick, rng, ChaCha8Rng, RngCore, SeedableRng};
-pub use world::{ms, next_due, next_time, run_until, settle, step, world_next_time, Node};
+pub use world::{ms, next_due, run_until, settle, step, world_next_time, Node};
 
 /// Work allowed at one instant before the harness or the world declares a
 /// livelock: far above any real protocol's burst, far below "hangs forever".

@@ -4,7 +4,7 @@
 //! same for every seed.
 
 use crate::faults::Faults;
-use crate::harness::Harness;
+use crate::harness::{next_time, Harness};
 use crate::random::ChaCha8Rng;
 use crate::{ModelEtcd, LIVELOCK_LIMIT};
 use fleetcoord_sm::Machine;
@@ -65,11 +65,6 @@ impl<M: Machine> Node for Harness<M> {
     fn pump(&mut self, etcd: &mut ModelEtcd, now: Instant, rng: &mut ChaCha8Rng, faults: &Faults) {
         Harness::pump(self, etcd, now, rng, faults)
     }
-}
-
-/// The earliest of the given instants.
-pub fn next_time(candidates: &[Option<Instant>]) -> Option<Instant> {
-    candidates.iter().flatten().min().copied()
 }
 
 /// The next instant anything happens: a node's delivery, late landing or

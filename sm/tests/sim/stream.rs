@@ -9,7 +9,8 @@
 //! one had held up still lands; junk keys under the entry prefix). Half the
 //! seeds trim the stream to a few entries.
 //!
-//! The ground truth is the *ledger*: every entry ever written, read from the
+//! The ground truth is the *ledger* (test-support's `StreamLedger`, shared
+//! with the stream fuzz target): every entry ever written, read from the
 //! model's history after every step (and before every compaction), with the
 //! revision that wrote it and the revision that trimmed it.
 //!
@@ -43,8 +44,7 @@ use fleetcoord_sm::stream::{
     ReaderInput, ReaderNotice, StreamError, StreamKeys,
 };
 use fleetcoord_sm::{
-    BackoffConfig, Command, EventKind, KeyRange, Machine, Request, Response, Revision, RpcId,
-    RpcReply, Txn, TxnOp,
+    BackoffConfig, Command, Machine, Request, Response, Revision, RpcId, RpcReply, Txn, TxnOp,
 };
 use fleetcoord_test_support::*;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -275,79 +275,6 @@ impl Machine for ReaderSpy {
     }
 }
 
-/// One ledger line: an entry as etcd wrote it.
-struct Written {
-    payload: Vec<u8>,
-    revision: Revision,
-    trimmed: Option<Revision>,
-}
-
-/// Every entry ever written, in sequence order (index = seq - 1).
-#[derive(Default)]
-struct Ledger {
-    entries: Vec<Written>,
-    payloads: BTreeSet<Vec<u8>>,
-    /// History is read from this revision on.
-    next_revision: Revision,
-}
-
-impl Ledger {
-    fn head(&self) -> u64 {
-        self.entries.len() as u64
-    }
-
-    fn get(&self, seq: u64) -> Option<&Written> {
-        self.entries.get(usize::try_from(seq.checked_sub(1)?).ok()?)
-    }
-
-    /// The sequence number `payload` was written at, if it was.
-    fn payloads_at(&self, payload: &[u8]) -> Option<u64> {
-        let i = self.entries.iter().position(|w| w.payload == payload)?;
-        u64::try_from(i).ok()?.checked_add(1)
-    }
-
-    /// The head as of revision `revision`.
-    fn head_at(&self, revision: Revision) -> u64 {
-        self.entries.partition_point(|w| w.revision <= revision) as u64
-    }
-
-    /// Reads the model's history since the last call.
-    fn ingest(&mut self, etcd: &ModelEtcd) {
-        let keys = keys();
-        let range = KeyRange::Prefix(keys.entry_prefix().to_vec());
-        let events = etcd
-            .watch_history(&range, self.next_revision.max(1))
-            .expect("the sim reads history before every compaction");
-        for event in events {
-            let Some(seq) = keys.entry_seq(&event.kv.key) else {
-                continue;
-            };
-            match event.kind {
-                EventKind::Put => {
-                    assert_eq!(seq, self.head() + 1, "entry {seq} written out of turn");
-                    assert!(
-                        self.payloads.insert(event.kv.value.clone()),
-                        "payload {:?} appended twice",
-                        String::from_utf8_lossy(&event.kv.value)
-                    );
-                    self.entries.push(Written {
-                        payload: event.kv.value,
-                        revision: event.kv.mod_revision,
-                        trimmed: None,
-                    });
-                }
-                EventKind::Delete => {
-                    let i = usize::try_from(seq - 1).expect("small");
-                    let w = self.entries.get_mut(i).expect("deleted before written");
-                    assert!(w.trimmed.is_none(), "entry {seq} deleted twice");
-                    w.trimmed = Some(event.kv.mod_revision);
-                }
-            }
-        }
-        self.next_revision = etcd.revision() + 1;
-    }
-}
-
 struct AppenderSeat {
     h: Harness<AppendSpy>,
     /// Payloads asked for and not answered, in order.
@@ -399,7 +326,7 @@ struct World {
     append: AppendConfig,
     appenders: Vec<AppenderSeat>,
     readers: Vec<ReaderSeat>,
-    ledger: Ledger,
+    ledger: StreamLedger,
     /// Payloads that must never be written (their append failed cleanly).
     never: BTreeSet<Vec<u8>>,
     /// Every ID reported by `Appended`.
@@ -527,7 +454,7 @@ impl World {
     fn check(&mut self) {
         let seed = self.seed;
         // The store only changes with the revision: check it then.
-        if self.ledger.next_revision <= self.etcd.revision() {
+        if self.ledger.is_behind(&self.etcd) {
             self.ledger.ingest(&self.etcd);
             self.check_store();
         }
@@ -539,7 +466,7 @@ impl World {
         }
         for p in &self.never {
             assert!(
-                !self.ledger.payloads.contains(p),
+                !self.ledger.contains(p),
                 "seed {seed}: {:?} was written after its append failed cleanly",
                 String::from_utf8_lossy(p)
             );
@@ -599,7 +526,7 @@ impl World {
                 }
                 AppendNotice::Failed(StreamError::Indeterminate { seq, .. }) => {
                     // If stored at all, then at the sequence it names.
-                    if let Some(w) = self.ledger.payloads_at(&payload) {
+                    if let Some(w) = self.ledger.seq_of(&payload) {
                         assert_eq!(w, seq, "seed {seed}: in-doubt append stored elsewhere");
                     }
                     self.stats.in_doubt += 1
@@ -665,9 +592,8 @@ impl World {
                         Source::Read(r) => {
                             assert!(written.revision <= r, "seed {seed}: {seq} from the future");
                             for s in last + 1..seq {
-                                let trimmed = self.ledger.get(s).and_then(|w| w.trimmed);
                                 assert!(
-                                    trimmed.is_some_and(|t| t <= r),
+                                    self.ledger.trimmed_by(s, r),
                                     "seed {seed}: reader {i} skipped {s} (between {last} and {seq}), \
                                      not trimmed by the read at {r}"
                                 );
@@ -889,16 +815,18 @@ fn run_seed(seed: u64, stats: &mut Stats) {
     // A quarter of the seeds give up after two lost races, so contention
     // failures happen too.
     let max_attempts = if pick(&mut rng, 4) == 0 { 2 } else { 32 };
+    let etcd = ModelEtcd::new();
+    let ledger = StreamLedger::new(keys().clone(), &etcd);
     let mut w = World {
         seed,
-        etcd: ModelEtcd::new(),
+        etcd,
         rng,
         faults,
         max_len,
         append: append_config(max_len, max_attempts),
         appenders: Vec::new(),
         readers: Vec::new(),
-        ledger: Ledger::default(),
+        ledger,
         never: BTreeSet::new(),
         reported: BTreeSet::new(),
         next_payload: 0,

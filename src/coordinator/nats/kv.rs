@@ -6,11 +6,12 @@
 use super::conn::{failed, Conn, StreamSpec};
 use super::names;
 use super::ordered::{self, Begin, Ordered, Pulled};
-use crate::coordinator::bridge::{FeedFull, FeedSender};
+use crate::coordinator::bridge::FeedSender;
 use crate::coordinator::feed_task::FeedTask;
-use crate::coordinator::kv_mirror::{hand_over, Handed, KvMirror, Offer};
+use crate::coordinator::kv_mirror::{offer_queued, KvMirror};
 use crate::coordinator::{pattern, KvEvent};
 use crate::error::{Error, Result};
+use crate::feed_queue::Offer;
 use async_nats::jetstream::kv::Operation;
 use fleetcoord_sm::mirror::Order;
 
@@ -172,13 +173,9 @@ impl Watch {
         }
     }
 
-    /// Hands queued events over without waiting.
-    fn flush(&mut self, tx: &FeedSender<KvEvent>) -> Handed {
-        hand_over(&mut self.mirror, |event| match tx.try_send(event) {
-            Ok(()) => Offer::Taken,
-            Err(FeedFull::Full(event)) => Offer::Full(event),
-            Err(FeedFull::Gone) => Offer::Gone,
-        })
+    /// Offers queued events to the consumer without waiting.
+    fn flush(&mut self, tx: &FeedSender<KvEvent>) -> Offer {
+        offer_queued(&mut self.mirror, |event| tx.offer(event))
     }
 }
 
@@ -206,9 +203,9 @@ pub(super) async fn feed(conn: Conn, opened: Opened, pattern: String, life: Feed
     let mut undecodable = names::Undecodable::default();
     loop {
         match watch.flush(tx) {
-            Handed::All => {}
-            Handed::Gone => return,
-            Handed::Full => {
+            Offer::Taken => {}
+            Offer::Gone => return,
+            Offer::Full(()) => {
                 // Pause: stop pulling until the consumer made room.
                 messages = None;
                 loop {
@@ -216,9 +213,9 @@ pub(super) async fn feed(conn: Conn, opened: Opened, pattern: String, life: Feed
                         return;
                     }
                     match watch.flush(tx) {
-                        Handed::All => break,
-                        Handed::Full => {}
-                        Handed::Gone => return,
+                        Offer::Taken => break,
+                        Offer::Full(()) => {}
+                        Offer::Gone => return,
                     }
                 }
             }
@@ -289,7 +286,7 @@ mod tests {
 
     fn queued(w: &mut Watch) -> Vec<KvEvent> {
         let mut out = Vec::new();
-        hand_over(&mut w.mirror, |e| {
+        let _ = offer_queued(&mut w.mirror, |e| {
             out.push(e);
             Offer::Taken
         });

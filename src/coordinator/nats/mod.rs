@@ -132,7 +132,7 @@ use super::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvWatcher,
     StreamId, StreamPosition, StreamReader, Subscription, MAX_PAYLOAD,
 };
-use crate::coordinator::bridge::{self, Bridge, BridgeError};
+use crate::coordinator::bridge::{self, Bridge, CallError};
 use crate::coordinator::feed_task::FeedTask;
 use crate::endpoints::Endpoints;
 use crate::error::{one_line, Error, ErrorKind, Result};
@@ -275,7 +275,7 @@ pub struct NatsOptions {
     /// and writes to that stream stall meanwhile (5 to 9 s measured here
     /// on a 3-node cluster).
     pub request_timeout: Duration,
-    /// Capacity of every feed's channel, allocated up front: 2 to
+    /// Capacity of every feed's channel, allocated as items arrive: 2 to
     /// 1,048,576. Default 4,096.
     pub feed_capacity: usize,
     /// How KV keys are stored. Default [`NatsKeyEncoding::Nats`]; every
@@ -629,8 +629,8 @@ impl NatsCoordinator {
                 },
                 other => other,
             }),
-            Err(BridgeError::Timeout) => Err(Error::Timeout(wait)),
-            Err(BridgeError::Gone) => Err(self.gone()),
+            Err(CallError::Timeout) => Err(Error::Timeout(wait)),
+            Err(CallError::Gone) => Err(self.gone()),
         }
     }
 

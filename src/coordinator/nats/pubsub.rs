@@ -1,8 +1,8 @@
 //! Pub/sub on core NATS subjects: one subject per topic, live-only.
 
-use crate::coordinator::bridge::FeedFull;
 use crate::coordinator::feed_task::FeedTask;
 use crate::coordinator::Message;
+use crate::feed_queue::Offer;
 use futures_util::StreamExt;
 
 /// Moves the messages of `sub` to the consumer until the feed is dropped or
@@ -27,10 +27,10 @@ pub(super) async fn feed(mut sub: async_nats::Subscriber, topic: String, life: F
             topic: topic.clone(),
             payload: m.payload.to_vec(),
         };
-        let mut held = match tx.try_send(message) {
-            Ok(()) => continue,
-            Err(FeedFull::Gone) => break,
-            Err(FeedFull::Full(held)) => held,
+        let mut held = match tx.offer(message) {
+            Offer::Taken => continue,
+            Offer::Gone => break,
+            Offer::Full(held) => held,
         };
         let mut dropped: u64 = 0;
         let relieved = loop {
@@ -55,7 +55,7 @@ pub(super) async fn feed(mut sub: async_nats::Subscriber, topic: String, life: F
                  (the newest was kept)"
             );
         }
-        if !relieved || tx.try_send(held).is_err() {
+        if !relieved || !tx.offer(held).is_taken() {
             break;
         }
     }

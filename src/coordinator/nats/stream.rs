@@ -4,10 +4,10 @@
 use super::conn::{Conn, StreamSpec};
 use super::names;
 use super::ordered::{self, Begin, Ordered, Pulled};
-use crate::coordinator::bridge::FeedFull;
 use crate::coordinator::feed_task::FeedTask;
 use crate::coordinator::{read_from, StreamEntry, StreamId, StreamPosition};
 use crate::error::Result;
+use crate::feed_queue::Offer;
 use fleetcoord_sm::stream::{Offered, Place};
 
 /// Appends `payload`; the ID is the stored message's stream sequence.
@@ -132,13 +132,13 @@ pub(super) async fn feed(conn: Conn, opened: Opened, life: FeedTask<StreamEntry>
             id: StreamId(seq),
             payload: message.payload.to_vec(),
         };
-        match tx.try_send(entry) {
-            Ok(()) => {}
-            Err(FeedFull::Gone) => return,
-            Err(FeedFull::Full(held)) => {
+        match tx.offer(entry) {
+            Offer::Taken => {}
+            Offer::Gone => return,
+            Offer::Full(held) => {
                 // Pause: stop pulling, wait for room, resume after `held`.
                 messages = None;
-                if !life.relieved().await || tx.try_send(held).is_err() {
+                if !life.relieved().await || !tx.offer(held).is_taken() {
                     return;
                 }
             }

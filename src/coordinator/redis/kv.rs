@@ -24,10 +24,10 @@
 use super::client::{message, publish_command, Conn, Target};
 use super::names;
 use super::task::FeedCtx;
-use crate::coordinator::bridge::FeedFull;
 use crate::coordinator::feed_task::retry_backoff;
-use crate::coordinator::kv_mirror::{hand_over, Handed, KvMirror, Offer};
+use crate::coordinator::kv_mirror::{offer_queued, KvMirror};
 use crate::coordinator::{pattern, KvEvent};
+use crate::feed_queue::Offer;
 use fleetcoord_sm::mirror::Order;
 use redis::{PushInfo, PushKind, RedisResult, Script, Value};
 use std::collections::BTreeMap;
@@ -288,15 +288,10 @@ impl Watch {
         pushes: &mut UnboundedReceiver<PushInfo>,
     ) -> Next {
         loop {
-            let handed = hand_over(&mut self.mirror, |event| match ctx.tx.try_send(event) {
-                Ok(()) => Offer::Taken,
-                Err(FeedFull::Full(event)) => Offer::Full(event),
-                Err(FeedFull::Gone) => Offer::Gone,
-            });
-            let full = match handed {
-                Handed::Gone => return Next::Stop,
-                Handed::Full => true,
-                Handed::All => {
+            let full = match offer_queued(&mut self.mirror, |event| ctx.tx.offer(event)) {
+                Offer::Gone => return Next::Stop,
+                Offer::Full(()) => true,
+                Offer::Taken => {
                     if self.mirror.wants_snapshot() {
                         return Next::Resync;
                     }

@@ -231,7 +231,7 @@ mod task;
 
 pub use options::{RedisOptions, MAX_MIN_REPLICAS};
 
-use crate::coordinator::bridge::{self, Bridge, BridgeError};
+use crate::coordinator::bridge::{self, Bridge, CallError};
 use crate::coordinator::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, KvWatcher, StreamId,
     StreamPosition, StreamReader, Subscription,
@@ -376,8 +376,8 @@ impl RedisCoordinator {
         let wait = timeout.saturating_add(CALL_SLACK);
         match self.bridge.call(wait, op(self.conn.clone())) {
             Ok(result) => result,
-            Err(BridgeError::Timeout) => Err(Error::Timeout(timeout)),
-            Err(BridgeError::Gone) => Err(self.gone()),
+            Err(CallError::Timeout) => Err(Error::Timeout(timeout)),
+            Err(CallError::Gone) => Err(self.gone()),
         }
     }
 }

@@ -47,7 +47,7 @@ pub struct RedisOptions {
     /// trimming); `None` keeps everything. At least 1. Default `None`.
     pub stream_max_len: Option<u64>,
     /// Capacity of every feed's channel (subscriptions, stream readers, KV
-    /// watches), allocated up front: 2 to 1,048,576. Default 4,096.
+    /// watches), allocated as items arrive: 2 to 1,048,576. Default 4,096.
     pub feed_capacity: usize,
     /// How long connecting may take (each node of a cluster). 1 ms to 24 h.
     /// Default 5 s.

@@ -16,9 +16,9 @@
 use super::client::{message, Conn, Target};
 use super::names;
 use super::task::FeedCtx;
-use crate::coordinator::bridge::FeedFull;
 use crate::coordinator::feed_task::retry_backoff;
 use crate::coordinator::Message;
+use crate::feed_queue::Offer;
 use redis::{PushInfo, PushKind, RedisResult};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -94,13 +94,13 @@ async fn follow(
         if on != channel {
             continue;
         }
-        let mut held = match ctx.tx.try_send(Message {
+        let mut held = match ctx.tx.offer(Message {
             topic: topic.to_string(),
             payload,
         }) {
-            Ok(()) => continue,
-            Err(FeedFull::Gone) => return false,
-            Err(FeedFull::Full(held)) => held,
+            Offer::Taken => continue,
+            Offer::Gone => return false,
+            Offer::Full(held) => held,
         };
         // Full: keep draining the connection so the server never buffers
         // for us; the newest message replaces the held one (the contract
@@ -130,7 +130,7 @@ async fn follow(
                 },
             }
         }
-        if ctx.tx.try_send(held).is_err() {
+        if !ctx.tx.offer(held).is_taken() {
             return false;
         }
         if dropped > 0 {

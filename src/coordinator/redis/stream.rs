@@ -21,10 +21,10 @@
 use super::client::{bytes, with_failover, Conn, Repeat, Target};
 use super::names;
 use super::task::FeedCtx;
-use crate::coordinator::bridge::FeedFull;
 use crate::coordinator::feed_task::retry_backoff;
 use crate::coordinator::{read_from, StreamEntry, StreamId, StreamPosition};
 use crate::error::ErrorKind;
+use crate::feed_queue::Offer;
 use fleetcoord_sm::stream::{Offered, Place};
 use redis::{RedisResult, Script, Value};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -469,10 +469,10 @@ async fn follow(
 /// Hands `entry` to the consumer, waiting (without reading further) while
 /// its queue is full; `false` when the feed ended.
 async fn deliver(ctx: &mut FeedCtx<StreamEntry>, entry: StreamEntry) -> bool {
-    match ctx.tx.try_send(entry) {
-        Ok(()) => true,
-        Err(FeedFull::Gone) => false,
-        Err(FeedFull::Full(held)) => ctx.relieved().await && ctx.tx.try_send(held).is_ok(),
+    match ctx.tx.offer(entry) {
+        Offer::Taken => true,
+        Offer::Gone => false,
+        Offer::Full(held) => ctx.relieved().await && ctx.tx.offer(held).is_taken(),
     }
 }
 

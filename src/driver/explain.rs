@@ -1,0 +1,110 @@
+//! etcd-client's errors as one line for an operator, shared by connecting
+//! (`connect.rs`) and the endpoint probes (`health.rs`): the root cause
+//! instead of tonic's struct dump, and for TLS which check failed and what
+//! to change. Nothing here formats a password or key: the words come from
+//! etcd-client's errors, which carry neither (docs/etcd-notes.md, "TLS and
+//! auth failures"), and from our own.
+
+use crate::tls::refusal::{self, ClientSide};
+use crate::tls::Tls;
+use etcd_client as ec;
+
+/// Whether `e` is a gRPC status with `code`.
+pub(crate) fn is_status(e: &ec::Error, code: tonic::Code) -> bool {
+    matches!(e, ec::Error::GRpcStatus(s) if s.code() == code)
+}
+
+/// One line saying what failed; TLS failures say which check failed and
+/// what to change. The certificate checks are told apart by rustls's words
+/// at the root of the error chain (docs/etcd-notes.md, "TLS and auth
+/// failures": they all arrive as `Unavailable`, like a network failure).
+pub(crate) fn explain(e: &ec::Error, tls: Option<&Tls>) -> String {
+    let root = connect_reason(e);
+    let Some(tls) = tls else {
+        return root;
+    };
+    if refusal::untrusted_server(&root) {
+        return format!("TLS: the server's certificate is not signed by the given CA ({root})");
+    }
+    if refusal::wrong_name(&root) {
+        return format!(
+            "TLS: the server's certificate is not valid for the name dialled; \
+             dial a name it was issued for or set the TLS server name ({root})"
+        );
+    }
+    let alert = refusal::refused_by_alert(&root);
+    // Without an alert the client sees only the server hanging up, in one
+    // of several words depending on where its request was (measured: the
+    // shapes vary from run to run against the same server).
+    let closed = is_status(e, tonic::Code::Cancelled)
+        || [
+            "transport error",
+            "connection closed",
+            "broken pipe",
+            "connection reset",
+        ]
+        .iter()
+        .any(|w| root.contains(w));
+    if !(alert || closed) {
+        return root;
+    }
+    let invalid_now = || tls.client_cert_invalid_at(refusal::unix_now());
+    match refusal::client_side(tls.has_client_identity(), invalid_now) {
+        ClientSide::Missing => format!(
+            "TLS: the server closed the connection right after the handshake; it most \
+             likely requires a client certificate, and none was given (--cert/--key) ({root})"
+        ),
+        ClientSide::Invalid(why) => {
+            format!("TLS: the server refused the client certificate: {why} ({root})")
+        }
+        ClientSide::Refused => format!(
+            "TLS: the server closed the connection right after the handshake; it most \
+             likely refused the client certificate (is it signed by a CA the server \
+             trusts?) ({root})"
+        ),
+    }
+}
+
+/// Why connecting failed, as one line for an operator. The Display of
+/// etcd-client's error embeds tonic's `Status`, whose Display appends its
+/// cause with `{:?}` — a struct dump. The root cause of the `source()`
+/// chain says it plainly ("connection refused", a DNS failure), so that is
+/// what the message carries.
+fn connect_reason(e: &ec::Error) -> String {
+    use std::error::Error as _;
+    let reason = match e {
+        ec::Error::GRpcStatus(status) => match status.source() {
+            Some(cause) => root_cause(cause),
+            // etcd (or something at that address) answered with a status.
+            None if !status.message().is_empty() => status.message().to_string(),
+            None => status.code().to_string(),
+        },
+        ec::Error::TransportError(t) => root_cause(t),
+        ec::Error::IoError(io) => root_cause(io),
+        other => other.to_string(),
+    };
+    // Display impls may still contain line breaks; the message is one line.
+    reason.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The Display of the innermost error, in the lowercase style of the rest
+/// of the message: an OS error's "(os error N)" suffix is dropped, since
+/// the text before it says the same.
+fn root_cause(mut e: &(dyn std::error::Error + 'static)) -> String {
+    while let Some(next) = e.source() {
+        e = next;
+    }
+    let text = e.to_string();
+    let text = match text.find(" (os error ") {
+        Some(at) if text.ends_with(')') => text[..at].to_string(),
+        _ => text,
+    };
+    // "Connection refused" reads "connection refused"; "DNS ..." stays.
+    let mut chars = text.chars();
+    match (chars.next(), chars.next()) {
+        (Some(first), Some(second)) if first.is_uppercase() && second.is_lowercase() => {
+            first.to_lowercase().chain(text.chars().skip(1)).collect()
+        }
+        _ => text,
+    }
+}
