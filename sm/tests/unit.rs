@@ -9,6 +9,8 @@
 mod clock;
 #[path = "unit/election.rs"]
 mod election;
+#[path = "unit/election_shared.rs"]
+mod election_shared;
 #[path = "unit/election_support.rs"]
 mod election_support;
 #[path = "unit/keepalive.rs"]
