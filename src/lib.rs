@@ -84,6 +84,7 @@ mod metrics;
 mod resume;
 mod runtime;
 mod server_version;
+mod session;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
@@ -107,6 +108,7 @@ pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
 pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
 pub use resume::Resume;
 pub use server_version::{etcd_defects, KnownDefect, ServerVersion};
+pub use session::{Session, SessionOptions};
 pub use tls::{EtcdUser, Tls};
 pub use txn::{KeyValue, TxnOp, TxnOpResponse};
 pub use watcher::{list_hosts, DownReason, HostEvent, HostInfo, HostWatcher, WatcherOptions};

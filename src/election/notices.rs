@@ -174,6 +174,15 @@ pub(super) fn lose(state: &mut State, token: i64) {
     }
 }
 
+/// Ends whatever leadership is held, as lost: the shared session it runs
+/// on is lost, replaced or closed (see [`crate::Session`]).
+pub(super) fn lose_all(state: &mut State) {
+    if let Some(held) = state.held.take() {
+        held.belief.end();
+        let _ = held.lost.try_send(());
+    }
+}
+
 /// Ends the leadership `token` that no operation waits for: nothing will
 /// hand it to a user, so it must not hold the election.
 pub(super) fn resign_unwanted(state: &mut State, token: i64) {
