@@ -9,6 +9,10 @@ use crate::validate;
 use fleetcoord_sm::keepalive::{
     self as sm, Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, ResumePoint,
 };
+use fleetcoord_sm::registration::{
+    Registration, RegistrationConfig, RegistrationInput, RegistrationNotice,
+};
+use fleetcoord_sm::session::SessionInput;
 use fleetcoord_sm::watch::leave_marker_key;
 use fleetcoord_sm::BackoffConfig;
 use parking_lot::Mutex;
@@ -268,7 +272,7 @@ impl LivenessOptions {
 pub struct HostLiveness {
     host_id: Uuid,
     key: String,
-    machine: MachineHandle<Keepalive>,
+    machine: Engine,
     state: Arc<Mutex<LivenessState>>,
     /// The lease last told trusted, and until when.
     trust: Arc<Mutex<Option<(i64, Instant)>>>,
@@ -376,7 +380,15 @@ impl HostLiveness {
     /// no registration to hand over: the key not written with the current
     /// lease (registering, lost) or the keepalive already stopped.
     pub fn detach(self) -> Result<Resume> {
-        self.machine
+        let Engine::Own(machine) = &self.machine else {
+            self.stop_and_wait()?;
+            return Err(Error::invalid(
+                "detach",
+                "a registration on a shared Session is not handed over (the lease is the \
+                 session's, and everything on it would be carried with it); the host left instead",
+            ));
+        };
+        machine
             .send(KeepaliveInput::Detach)
             .map_err(|_| self.etcd.gone())?;
         let point = crossbeam_channel::select! {
@@ -462,74 +474,21 @@ impl HostLiveness {
             None => Keepalive::new(config, Instant::now(), rand_seed()),
         };
         machine.set_renewal_grid(Some(etcd.renewal_grid()));
-        let state = Arc::new(Mutex::new(LivenessState::Registering));
-        // Unbounded, with the bound kept below by hand: a `bounded(1024)`
-        // channel allocates and touches all of its slots up front, 40 KiB
-        // per host whether or not a state is ever queued (measured with a
-        // counting allocator: 41 of the 84 KiB each HostLiveness cost).
-        // The list channel allocates a block of 31 slots as states arrive.
-        let (states_tx, states) = crossbeam_channel::unbounded();
-        let oldest = states.clone();
-        // The first outcome keeps the machine's own state: a refusal's
-        // `RpcError` becomes the error `with_options` returns.
-        let (first_tx, first) = crossbeam_channel::bounded::<sm::LivenessState>(1);
-        // Told once, when the leave transaction applied (`close`).
-        let (left_tx, left) = crossbeam_channel::bounded::<()>(1);
-        let mut left_tx = Some(left_tx);
+        let (mut sink, first, left, state, states) = StateSink::new(key.clone());
         let (detached_tx, detached) = crossbeam_channel::bounded::<ResumePoint>(1);
-        let shared_state = state.clone();
         let trust = Arc::new(Mutex::new(None));
         let shared_trust = trust.clone();
-        let mut first_tx = Some(first_tx);
-        let metrics_key = key.clone();
         let machine = etcd.run(
             machine,
             Notify(move |notice: KeepaliveNotice| {
-                let machine_state = match notice {
-                    KeepaliveNotice::State(state) => state,
+                match notice {
+                    KeepaliveNotice::State(state) => sink.state(state),
                     KeepaliveNotice::Trusted { lease, until } => {
                         *shared_trust.lock() = Some((lease, until));
-                        return true;
                     }
-                    KeepaliveNotice::Left { .. } => {
-                        if let Some(tx) = left_tx.take() {
-                            let _ = tx.send(());
-                        }
-                        return true;
-                    }
+                    KeepaliveNotice::Left { .. } => sink.left(),
                     KeepaliveNotice::Detached(point) => {
                         let _ = detached_tx.try_send(point);
-                        return true;
-                    }
-                };
-                crate::metrics::liveness(&metrics_key, &machine_state);
-                let s = LivenessState::from_sm(&machine_state);
-                *shared_state.lock() = s.clone();
-                let registering = first_tx.is_some();
-                let outcome = matches!(
-                    machine_state,
-                    sm::LivenessState::Registered { .. } | sm::LivenessState::Refused { .. }
-                );
-                if registering && !outcome {
-                    // Over before `register` returns: `states()` starts
-                    // with the state it returned, not a replay.
-                    return true;
-                }
-                // A user who ignores state changes must not keep them in
-                // memory forever, and the driver must never wait for a
-                // reader: past the bound the newest are kept (the receiver
-                // is ours too, so it never disconnects).
-                // This closure is the only sender, so the queue can only
-                // shrink between the check and the send.
-                if states_tx.len() >= MAX_QUEUED_STATES {
-                    let _ = oldest.try_recv();
-                }
-                let _ = states_tx.send(s);
-                // Told after the state is queued: `register` returns on
-                // this, and `states()` must already start with it.
-                if outcome {
-                    if let Some(tx) = first_tx.take() {
-                        let _ = tx.send(machine_state);
                     }
                 }
                 true
@@ -538,7 +497,7 @@ impl HostLiveness {
         let mut host = HostLiveness {
             host_id,
             key,
-            machine,
+            machine: Engine::Own(machine),
             state,
             trust,
             states,
@@ -549,23 +508,123 @@ impl HostLiveness {
             ttl: options.ttl,
             etcd: etcd.clone(),
         };
-        match first.recv_timeout(options.register_timeout) {
+        let first = host.first_outcome(&first, options.register_timeout)?;
+        host.resumed = matches!((first, resume),
+            (sm::LivenessState::Registered { lease }, Some(point)) if lease == point.lease);
+        Ok(host)
+    }
+
+    /// Waits for the first outcome of registering: `Registered`, or the
+    /// error of a refusal or of a timeout (the host then leaves).
+    fn first_outcome(
+        &self,
+        first: &crossbeam_channel::Receiver<sm::LivenessState>,
+        timeout: Duration,
+    ) -> Result<sm::LivenessState> {
+        match first.recv_timeout(timeout) {
             // Permission denied, say: no retry helps, so no waiting either.
             Ok(sm::LivenessState::Refused { error }) => {
-                let _ = host.stop_and_wait();
-                Err(Error::rpc_in(format!("registering {}", host.key), error))
+                let _ = self.stop_and_wait();
+                Err(Error::rpc_in(format!("registering {}", self.key), error))
             }
-            Ok(first) => {
-                host.resumed = matches!((first, resume),
-                    (sm::LivenessState::Registered { lease }, Some(point)) if lease == point.lease);
-                Ok(host)
-            }
+            Ok(first) => Ok(first),
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                let _ = host.stop_and_wait();
-                Err(Error::Timeout(options.register_timeout))
+                let _ = self.stop_and_wait();
+                Err(Error::Timeout(timeout))
             }
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(etcd.gone()),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(self.etcd.gone()),
         }
+    }
+
+    /// Register `host_id` with `metadata` on `session`: the host key
+    /// (`<prefix><host id>`, from `options`) is bound to the session's
+    /// lease, so the host costs etcd no renewals of its own, and is written
+    /// again whenever the session comes back on a new lease (watchers see
+    /// `Down(_, Expired)` when the old lease expires and `Up` again). The
+    /// session's lease settings apply; the TTL, safety margin and drift
+    /// allowance of `options` are ignored. Blocks until the key is written,
+    /// at most [`LivenessOptions::register_timeout`].
+    ///
+    /// [`HostLiveness::close`] announces the leave as on an own lease (the
+    /// marker is written on the session's lease and goes when the session
+    /// does) and leaves the session running; it cannot be
+    /// [`detach`](HostLiveness::detach)ed. Close the host before the
+    /// session to show watchers a leave: closing the session revokes its
+    /// lease, which watchers see as `Down(_, Expired)`.
+    pub fn with_session(
+        session: &crate::Session,
+        host_id: Uuid,
+        metadata: &[u8],
+        options: LivenessOptions,
+    ) -> Result<HostLiveness> {
+        assert_not_async();
+        validate::prefix("prefix", &options.prefix)?;
+        validate::timeout("register_timeout", options.register_timeout)?;
+        validate::payload("metadata", metadata)?;
+        if host_id.is_nil() {
+            return Err(Error::invalid("host_id", "the nil UUID is not a host id"));
+        }
+        if session.is_closed() {
+            return Err(Error::Closed);
+        }
+        let etcd = session.etcd().clone();
+        let key = format!("{}{}", options.prefix, host_id.hyphenated());
+        let ttl = session.options().ttl;
+        let machine = Registration::new(
+            RegistrationConfig {
+                key: key.clone().into_bytes(),
+                value: metadata.to_vec(),
+                leave_marker: Some(leave_marker_key(key.as_bytes())),
+                backoff: BackoffConfig::default(),
+                give_up: ttl,
+            },
+            Instant::now(),
+            rand_seed(),
+        );
+        let (mut sink, first, left, state, states) = StateSink::new(key.clone());
+        let requests_to = session.clone();
+        let machine = etcd.run(
+            machine,
+            Notify(move |notice: RegistrationNotice| {
+                match notice {
+                    RegistrationNotice::State(state) => sink.state(state),
+                    RegistrationNotice::Left { .. } => sink.left(),
+                    RegistrationNotice::SessionRequest(request) => requests_to.request(request),
+                }
+                true
+            }),
+        )?;
+        let trust = Arc::new(Mutex::new(None));
+        let shared_trust = trust.clone();
+        let input = machine.downgrade();
+        let attachment = session.attach(
+            &key,
+            move |fact| {
+                if let SessionInput::Trusted { lease, until } = &fact {
+                    *shared_trust.lock() = Some((*lease, *until));
+                }
+                input.send(RegistrationInput::Session(fact)).is_ok()
+            },
+            // A registration holds no belief a lost lease must end at once:
+            // its state says `Lost` when the session tells it.
+            || {},
+        )?;
+        let host = HostLiveness {
+            host_id,
+            key,
+            machine: Engine::Shared(machine, attachment),
+            state,
+            trust,
+            states,
+            left,
+            detached: crossbeam_channel::never(),
+            incarnation: 1,
+            resumed: false,
+            ttl,
+            etcd,
+        };
+        host.first_outcome(&first, options.register_timeout)?;
+        Ok(host)
     }
 
     /// The host id this registration is for.
@@ -620,9 +679,11 @@ impl HostLiveness {
     /// used for every later re-registration.
     pub fn set_metadata(&self, metadata: &[u8]) -> Result<()> {
         validate::payload("metadata", metadata)?;
-        self.machine
-            .send(KeepaliveInput::SetValue(metadata.to_vec()))
-            .map_err(|_| self.etcd.gone())
+        let sent = match &self.machine {
+            Engine::Own(m) => m.send(KeepaliveInput::SetValue(metadata.to_vec())),
+            Engine::Shared(m, _) => m.send(RegistrationInput::SetValue(metadata.to_vec())),
+        };
+        sent.map_err(|_| self.etcd.gone())
     }
 
     /// Announce the leave and stop renewing: one transaction writes the
@@ -656,11 +717,136 @@ impl HostLiveness {
             recv(self.machine.finished()) -> finished => Ok(finished.unwrap_or(Finished::Abandoned)),
             default(CLOSE_WAIT) => Err(WaitError::Timeout(CLOSE_WAIT)),
         };
+        if let (Engine::Shared(..), Ok(_)) = (&self.machine, &finished) {
+            // The lease is the session's: stopped is all there is to it.
+            return Ok(());
+        }
         let revoked = match self.state() {
             LivenessState::Stopped { revoked } => Some(revoked),
             _ => None,
         };
         close_outcome(finished, revoked, || self.etcd.gone())
+    }
+}
+
+/// What a registration's machine runs on: its own keepalive, or a shared
+/// session (with its place there).
+enum Engine {
+    Own(MachineHandle<Keepalive>),
+    /// The attachment is held for its lifetime: dropping it frees the
+    /// host key's place on the session.
+    Shared(
+        MachineHandle<Registration>,
+        #[allow(dead_code)] crate::session::Attachment,
+    ),
+}
+
+impl Engine {
+    fn stop(&self) {
+        match self {
+            Engine::Own(m) => m.stop(),
+            Engine::Shared(m, _) => m.stop(),
+        }
+    }
+
+    fn finished(&self) -> &crossbeam_channel::Receiver<Finished> {
+        match self {
+            Engine::Own(m) => m.finished(),
+            Engine::Shared(m, _) => m.finished(),
+        }
+    }
+
+    fn wait_finished(&self, wait: Duration) -> std::result::Result<Finished, WaitError> {
+        match self {
+            Engine::Own(m) => m.wait_finished(wait),
+            Engine::Shared(m, _) => m.wait_finished(wait),
+        }
+    }
+}
+
+/// Where a registration's states go, on the driver: the latest state,
+/// `states()`, the first outcome `register` waits for, and the leave.
+struct StateSink {
+    key: String,
+    state: Arc<Mutex<LivenessState>>,
+    states_tx: crossbeam_channel::Sender<LivenessState>,
+    oldest: crossbeam_channel::Receiver<LivenessState>,
+    first_tx: Option<crossbeam_channel::Sender<sm::LivenessState>>,
+    left_tx: Option<crossbeam_channel::Sender<()>>,
+}
+
+/// The receivers a [`StateSink`] feeds: the first outcome, the leave, the
+/// latest state and every state.
+type SinkEnds = (
+    StateSink,
+    crossbeam_channel::Receiver<sm::LivenessState>,
+    crossbeam_channel::Receiver<()>,
+    Arc<Mutex<LivenessState>>,
+    crossbeam_channel::Receiver<LivenessState>,
+);
+
+impl StateSink {
+    fn new(key: String) -> SinkEnds {
+        let state = Arc::new(Mutex::new(LivenessState::Registering));
+        // Unbounded, with the bound kept below by hand: a `bounded(1024)`
+        // channel allocates and touches all of its slots up front, 40 KiB
+        // per host whether or not a state is ever queued (measured with a
+        // counting allocator: 41 of the 84 KiB each HostLiveness cost).
+        // The list channel allocates a block of 31 slots as states arrive.
+        let (states_tx, states) = crossbeam_channel::unbounded();
+        let oldest = states.clone();
+        // The first outcome keeps the machine's own state: a refusal's
+        // `RpcError` becomes the error `with_options` returns.
+        let (first_tx, first) = crossbeam_channel::bounded::<sm::LivenessState>(1);
+        // Told once, when the leave transaction applied (`close`).
+        let (left_tx, left) = crossbeam_channel::bounded::<()>(1);
+        let sink = StateSink {
+            key,
+            state: state.clone(),
+            states_tx,
+            oldest,
+            first_tx: Some(first_tx),
+            left_tx: Some(left_tx),
+        };
+        (sink, first, left, state, states)
+    }
+
+    fn left(&mut self) {
+        if let Some(tx) = self.left_tx.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    fn state(&mut self, machine_state: sm::LivenessState) {
+        crate::metrics::liveness(&self.key, &machine_state);
+        let s = LivenessState::from_sm(&machine_state);
+        *self.state.lock() = s.clone();
+        let registering = self.first_tx.is_some();
+        let outcome = matches!(
+            machine_state,
+            sm::LivenessState::Registered { .. } | sm::LivenessState::Refused { .. }
+        );
+        if registering && !outcome {
+            // Over before `register` returns: `states()` starts with the
+            // state it returned, not a replay.
+            return;
+        }
+        // A user who ignores state changes must not keep them in memory
+        // forever, and the driver must never wait for a reader: past the
+        // bound the newest are kept (the receiver is ours too, so it never
+        // disconnects). This is the only sender, so the queue can only
+        // shrink between the check and the send.
+        if self.states_tx.len() >= MAX_QUEUED_STATES {
+            let _ = self.oldest.try_recv();
+        }
+        let _ = self.states_tx.send(s);
+        // Told after the state is queued: `register` returns on this, and
+        // `states()` must already start with it.
+        if outcome {
+            if let Some(tx) = self.first_tx.take() {
+                let _ = tx.send(machine_state);
+            }
+        }
     }
 }
 

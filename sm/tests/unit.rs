@@ -23,6 +23,8 @@ mod observe;
 mod outbox;
 #[path = "unit/plumbing.rs"]
 mod plumbing;
+#[path = "unit/registration.rs"]
+mod registration;
 #[path = "unit/renewals.rs"]
 mod renewals;
 #[path = "unit/rpc.rs"]

@@ -85,8 +85,8 @@ mod protocol;
 mod requests;
 mod shared;
 
+pub use crate::session::SessionInput;
 pub use protocol::SessionRequest;
-pub use shared::SessionInput;
 
 pub use requests::{
     fenced_txn, hand_over_refusal_key, hand_over_request_key, leader_query, priority_prefix,

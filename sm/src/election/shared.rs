@@ -27,51 +27,14 @@ use super::protocol::{SessionFact, SessionRequest, UserRequest};
 use super::{requests, Election, ElectionNotice, Part};
 use crate::keepalive::LivenessState;
 use crate::outbox::Outbox;
-use crate::rpc::{KeyRange, LeaseId, RpcError, RpcId, RpcReply, Txn, TxnOp};
+use crate::rpc::{KeyRange, LeaseId, RpcId, RpcReply, Txn, TxnOp};
+use crate::session::SessionInput;
 use crate::timer::TimerTable;
 use std::time::{Duration, Instant};
 
 /// How many request ids a shared session part may issue before the
 /// protocol's range begins (it issues one delete per attempt of one stop).
 pub(super) const SHARED_ID_SPAN: u64 = 1 << 32;
-
-/// What the owner of a shared session tells an election running on it
-/// ([`ElectionInput::Session`](super::ElectionInput::Session)), in the
-/// order it learns it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SessionInput {
-    /// The lease `lease` is granted (a new lease means the previous one is
-    /// gone, with every key on it).
-    Up {
-        /// The session lease.
-        lease: LeaseId,
-    },
-    /// The lease `lease` may be believed until `until`, the session's local
-    /// deadline (a grant or an answered renewal moved it). Implies `Up`.
-    Trusted {
-        /// The session lease.
-        lease: LeaseId,
-        /// Its local deadline now, on this machine's clock.
-        until: Instant,
-    },
-    /// Renewals of `lease` fail; it may still be alive until its deadline.
-    Suspended {
-        /// The session lease.
-        lease: LeaseId,
-    },
-    /// The lease is gone (or presumed gone): every key on it too. A new
-    /// one is being granted.
-    Lost {
-        /// The lease that was lost.
-        lease: LeaseId,
-    },
-    /// etcd refused the session for good: every campaign fails.
-    Refused(RpcError),
-    /// The owner closes the session and revokes its lease: stop (as
-    /// [`ElectionInput::Stop`](super::ElectionInput::Stop)), without
-    /// deleting anything, since the revoke deletes every key of the lease.
-    Closed,
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Timer {
