@@ -105,10 +105,10 @@ pub use election::{
 pub use endpoints::Endpoints;
 pub use error::{Error, ErrorKind, Result};
 pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
-pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
+pub use liveness::{HostLiveness, LivenessOptions, DEFAULT_HOSTS_PREFIX};
 pub use resume::Resume;
 pub use server_version::{etcd_defects, KnownDefect, ServerVersion};
-pub use session::{Session, SessionOptions};
+pub use session::{LivenessState, Session, SessionOptions};
 pub use tls::{EtcdUser, Tls};
 pub use txn::{KeyValue, TxnOp, TxnOpResponse};
 pub use watcher::{list_hosts, DownReason, HostEvent, HostInfo, HostWatcher, WatcherOptions};

@@ -2,9 +2,13 @@
 
 use crate::driver::handle::WaitError;
 use crate::driver::{rand_seed, Finished, MachineHandle, Notify};
-use crate::error::{etcd_kind, Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::resume::Resume;
+use crate::session::{
+    close_outcome, LivenessState, ATTEMPT_TIMEOUT, CLOSE_WAIT, DEFAULT_DRIFT_ALLOWANCE_PPM,
+    DEFAULT_SAFETY_MARGIN,
+};
 use crate::validate;
 use fleetcoord_sm::keepalive::{
     self as sm, Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, ResumePoint,
@@ -20,103 +24,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
-/// Where a lease-bound registration stands: this host's
-/// ([`HostLiveness::states`]) or an election's session
-/// ([`crate::Election::session`]). Consecutive states reported on
-/// [`HostLiveness::states`] always differ.
-///
-/// fleetcoord's own type, not the state machine's: what it shows is the
-/// registration's life cycle, which stays put when the machines' internal
-/// vocabulary changes. `#[non_exhaustive]`: match the states you act on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LivenessState {
-    /// Granting a lease or writing the key; nothing is registered yet.
-    Registering,
-    /// The lease is held (and the key written, for a [`HostLiveness`]).
-    Registered {
-        /// The lease.
-        lease: i64,
-    },
-    /// Renewals are failing; the lease may still be alive, and renewals are
-    /// retried until the local deadline.
-    Suspended {
-        /// The lease.
-        lease: i64,
-    },
-    /// The lease is gone (the local deadline passed, or etcd said so); a new
-    /// one is being granted.
-    Lost {
-        /// The lease that was lost.
-        lease: i64,
-    },
-    /// etcd refused the grant or the write in a way no retry fixes
-    /// (permission denied); the registration is stopping and `Stopped`
-    /// follows.
-    Refused {
-        /// What kind of refusal, as in [`Error::Backend`].
-        kind: ErrorKind,
-        /// What etcd said, for people.
-        message: String,
-    },
-    /// Final. `revoked` is false when there was no lease to revoke or the
-    /// revoke failed (the lease then expires on its own).
-    Stopped {
-        /// Whether etcd confirmed the revoke.
-        revoked: bool,
-    },
-}
-
-impl LivenessState {
-    /// The machine's state as the user sees it. A crate-private function,
-    /// not a `From` impl, so that the machine's type stays out of the
-    /// public API. The match is exhaustive on purpose: a new machine state
-    /// must fail this build rather than be reported as something else.
-    pub(crate) fn from_sm(state: &sm::LivenessState) -> Self {
-        match state {
-            sm::LivenessState::Registering => LivenessState::Registering,
-            sm::LivenessState::Registered { lease } => LivenessState::Registered { lease: *lease },
-            sm::LivenessState::Suspended { lease } => LivenessState::Suspended { lease: *lease },
-            sm::LivenessState::Lost { lease } => LivenessState::Lost { lease: *lease },
-            sm::LivenessState::Refused { error } => LivenessState::Refused {
-                kind: etcd_kind(error),
-                message: error.to_string(),
-            },
-            sm::LivenessState::Stopped { revoked } => LivenessState::Stopped { revoked: *revoked },
-        }
-    }
-}
-
 /// State changes kept for a reader that does not keep up.
 const MAX_QUEUED_STATES: usize = 1024;
 
 /// Where hosts register unless told otherwise.
 pub const DEFAULT_HOSTS_PREFIX: &str = "/coord/hosts/";
-
-/// Default safety margin of every session (liveness and election): how long
-/// before etcd can expire a lease the local side gives it up. The
-/// keepalive's deadline already counts from the *send* of the last
-/// acknowledged renewal, which covers the network; the margin covers what
-/// happens on this host after the deadline: the driver thread firing it
-/// late (tens of milliseconds on a loaded 2-core machine, more under
-/// memory pressure) and a user acting right after checking
-/// `is_held()`. 250 ms is well above the first and leaves room for a short
-/// second, while costing a 10 s session only 2.5 % of its lifetime; it is
-/// also small enough for the 1 s minimum TTL (at most half the TTL may go).
-/// It replaces what used to be an accident: etcd's expiry loop runs every
-/// 500 ms, so leases die up to 0.5 s late, but nothing promises that.
-pub(crate) const DEFAULT_SAFETY_MARGIN: Duration = Duration::from_millis(250);
-
-/// Default clock drift allowance of every session, in parts per million
-/// (1 %): a leader measures its lease on its own monotonic clock while etcd
-/// expires it on etcd's, so a clock running slow would let a leader
-/// believe past the expiry. The kernel's NTP discipline changes a clock's
-/// rate by at most 500 ppm, so two disciplined hosts differ by at most
-/// 1,000 ppm; 1 % is ten times that, for undisciplined clocks and virtual machines, at the cost of
-/// 100 ms of a 10 s session (client-go's leader election is far more
-/// cautious, giving up a third of its lease, because there the *followers'*
-/// clocks time the lease; here etcd does).
-pub(crate) const DEFAULT_DRIFT_ALLOWANCE_PPM: u32 = 10_000;
 
 /// Settings for [`HostLiveness::with_options`].
 ///
@@ -273,9 +185,9 @@ pub struct HostLiveness {
     host_id: Uuid,
     key: String,
     machine: Engine,
-    state: Arc<Mutex<LivenessState>>,
-    /// The lease last told trusted, and until when.
-    trust: Arc<Mutex<Option<(i64, Instant)>>>,
+    /// The state and trust, under one lock, so a reader never sees a
+    /// trust of one lease beside the state of another.
+    status: Arc<Mutex<Status>>,
     states: crossbeam_channel::Receiver<LivenessState>,
     /// Signalled when the leave transaction applied (see `close`).
     left: crossbeam_channel::Receiver<()>,
@@ -474,17 +386,16 @@ impl HostLiveness {
             None => Keepalive::new(config, Instant::now(), rand_seed()),
         };
         machine.set_renewal_grid(Some(etcd.renewal_grid()));
-        let (mut sink, first, left, state, states) = StateSink::new(key.clone());
+        let (mut sink, first, left, status, states) = StateSink::new(key.clone());
         let (detached_tx, detached) = crossbeam_channel::bounded::<ResumePoint>(1);
-        let trust = Arc::new(Mutex::new(None));
-        let shared_trust = trust.clone();
+        let shared_status = status.clone();
         let machine = etcd.run(
             machine,
             Notify(move |notice: KeepaliveNotice| {
                 match notice {
                     KeepaliveNotice::State(state) => sink.state(state),
                     KeepaliveNotice::Trusted { lease, until } => {
-                        *shared_trust.lock() = Some((lease, until));
+                        shared_status.lock().trust = Some((lease, until));
                     }
                     KeepaliveNotice::Left { .. } => sink.left(),
                     KeepaliveNotice::Detached(point) => {
@@ -498,8 +409,7 @@ impl HostLiveness {
             host_id,
             key,
             machine: Engine::Own(machine),
-            state,
-            trust,
+            status,
             states,
             left,
             detached,
@@ -581,7 +491,7 @@ impl HostLiveness {
             Instant::now(),
             rand_seed(),
         );
-        let (mut sink, first, left, state, states) = StateSink::new(key.clone());
+        let (mut sink, first, left, status, states) = StateSink::new(key.clone());
         let requests_to = session.clone();
         let machine = etcd.run(
             machine,
@@ -594,14 +504,13 @@ impl HostLiveness {
                 true
             }),
         )?;
-        let trust = Arc::new(Mutex::new(None));
-        let shared_trust = trust.clone();
+        let shared_status = status.clone();
         let input = machine.downgrade();
         let attachment = session.attach(
             &key,
             move |fact| {
                 if let SessionInput::Trusted { lease, until } = &fact {
-                    *shared_trust.lock() = Some((*lease, *until));
+                    shared_status.lock().trust = Some((*lease, *until));
                 }
                 input.send(RegistrationInput::Session(fact)).is_ok()
             },
@@ -613,8 +522,7 @@ impl HostLiveness {
             host_id,
             key,
             machine: Engine::Shared(machine, attachment),
-            state,
-            trust,
+            status,
             states,
             left,
             detached: crossbeam_channel::never(),
@@ -639,7 +547,7 @@ impl HostLiveness {
 
     /// The latest state.
     pub fn state(&self) -> LivenessState {
-        self.state.lock().clone()
+        self.status.lock().state.clone()
     }
 
     /// The lease currently believed alive, if any.
@@ -660,8 +568,12 @@ impl HostLiveness {
     /// lease; `fleetcoord agent` tells systemd `WATCHDOG=1` each time it
     /// moves.
     pub fn trusted_until(&self) -> Option<Instant> {
-        let lease = self.lease()?;
-        match *self.trust.lock() {
+        let status = self.status.lock();
+        let lease = match status.state {
+            LivenessState::Registered { lease } | LivenessState::Suspended { lease } => lease,
+            _ => return None,
+        };
+        match status.trust {
             Some((trusted, until)) if trusted == lease => Some(until),
             _ => None,
         }
@@ -768,7 +680,7 @@ impl Engine {
 /// `states()`, the first outcome `register` waits for, and the leave.
 struct StateSink {
     key: String,
-    state: Arc<Mutex<LivenessState>>,
+    status: Arc<Mutex<Status>>,
     states_tx: crossbeam_channel::Sender<LivenessState>,
     oldest: crossbeam_channel::Receiver<LivenessState>,
     first_tx: Option<crossbeam_channel::Sender<sm::LivenessState>>,
@@ -781,13 +693,23 @@ type SinkEnds = (
     StateSink,
     crossbeam_channel::Receiver<sm::LivenessState>,
     crossbeam_channel::Receiver<()>,
-    Arc<Mutex<LivenessState>>,
+    Arc<Mutex<Status>>,
     crossbeam_channel::Receiver<LivenessState>,
 );
 
+/// A registration's latest state and the lease last told trusted (with
+/// until when).
+struct Status {
+    state: LivenessState,
+    trust: Option<(i64, Instant)>,
+}
+
 impl StateSink {
     fn new(key: String) -> SinkEnds {
-        let state = Arc::new(Mutex::new(LivenessState::Registering));
+        let status = Arc::new(Mutex::new(Status {
+            state: LivenessState::Registering,
+            trust: None,
+        }));
         // Unbounded, with the bound kept below by hand: a `bounded(1024)`
         // channel allocates and touches all of its slots up front, 40 KiB
         // per host whether or not a state is ever queued (measured with a
@@ -802,13 +724,13 @@ impl StateSink {
         let (left_tx, left) = crossbeam_channel::bounded::<()>(1);
         let sink = StateSink {
             key,
-            state: state.clone(),
+            status: status.clone(),
             states_tx,
             oldest,
             first_tx: Some(first_tx),
             left_tx: Some(left_tx),
         };
-        (sink, first, left, state, states)
+        (sink, first, left, status, states)
     }
 
     fn left(&mut self) {
@@ -820,7 +742,7 @@ impl StateSink {
     fn state(&mut self, machine_state: sm::LivenessState) {
         crate::metrics::liveness(&self.key, &machine_state);
         let s = LivenessState::from_sm(&machine_state);
-        *self.state.lock() = s.clone();
+        self.status.lock().state = s.clone();
         let registering = self.first_tx.is_some();
         let outcome = matches!(
             machine_state,
@@ -850,67 +772,5 @@ impl StateSink {
     }
 }
 
-/// How long a grant, put, revoke or election request may go unanswered
-/// before the machine sends it again (`attempt_timeout` of the `sm`
-/// configs): etcd elects a new raft leader 0.9–2.7 s after losing one
-/// (measured with default flags), and drops the writes forwarded meanwhile
-/// without answering them. Half a second puts a copy out within that much
-/// of the new leader; three copies later the wait doubles, so a slow server
-/// is not flooded.
-pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(500);
-
-/// How long a close waits for its lease's revoke to be confirmed: the
-/// revoke's request timeout plus the driver's stop slack, generously.
-pub(crate) const CLOSE_WAIT: Duration = Duration::from_secs(10);
-
-/// What `close` reports once a lease-holding machine has stopped: `revoked`
-/// is what its final `Stopped` state said, if it got that far, and `gone`
-/// the error for a driver that stopped first ([`Etcd::gone`]).
-pub(crate) fn close_outcome(
-    finished: std::result::Result<Finished, WaitError>,
-    revoked: Option<bool>,
-    gone: impl FnOnce() -> Error,
-) -> Result<()> {
-    match (finished, revoked) {
-        (Ok(_), Some(true)) => Ok(()),
-        // The machine does not say why; etcd being unreachable is the
-        // usual reason, and the lease expires by itself either way.
-        (Ok(_), Some(false)) => Err(Error::etcd(
-            ErrorKind::Unavailable,
-            "the lease could not be revoked; it will expire after its TTL",
-        )),
-        // Cut short by the driver's shutdown before the revoke was answered.
-        (Ok(_), None) => Err(gone()),
-        (Err(WaitError::Timeout(after)), _) => Err(Error::Timeout(after)),
-    }
-}
-
 // Dropping the `MachineHandle` stops the keepalive without waiting; see
 // "Dropping" in the type's docs.
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::driver::Finished;
-
-    #[test]
-    fn close_reports_whether_the_revoke_was_confirmed() {
-        assert!(close_outcome(Ok(Finished::Done), Some(true), || Error::DriverGone).is_ok());
-        match close_outcome(Ok(Finished::Done), Some(false), || Error::DriverGone) {
-            Err(Error::Backend { kind, message, .. }) => {
-                assert_eq!(kind, ErrorKind::Unavailable);
-                assert!(message.contains("expire after its TTL"), "{message}");
-            }
-            other => panic!("{other:?}"),
-        }
-        assert!(matches!(
-            close_outcome(Ok(Finished::Abandoned), None, || Error::DriverGone),
-            Err(Error::DriverGone)
-        ));
-        let after = Duration::from_secs(10);
-        assert!(matches!(
-            close_outcome(Err(WaitError::Timeout(after)), Some(true), || Error::DriverGone),
-            Err(Error::Timeout(t)) if t == after
-        ));
-    }
-}

@@ -5,7 +5,7 @@
 //! [`Mutex`]: crate::Mutex
 
 use crate::error::Result;
-use crate::liveness::{DEFAULT_DRIFT_ALLOWANCE_PPM, DEFAULT_SAFETY_MARGIN};
+use crate::session::{DEFAULT_DRIFT_ALLOWANCE_PPM, DEFAULT_SAFETY_MARGIN};
 use crate::validate;
 use fleetcoord_sm::keepalive::trusted_lifetime;
 use std::time::Duration;

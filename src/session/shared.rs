@@ -1,13 +1,13 @@
 //! [`Session`]: one lease shared by a process's primitives, as Go's
 //! `concurrency.Session` lets elections, mutexes and semaphores share one.
 
-use crate::driver::{rand_seed, MachineHandle, Notify};
-use crate::error::{Error, Result};
-use crate::etcd::{assert_not_async, Etcd};
-use crate::liveness::{
+use super::{
     close_outcome, LivenessState, ATTEMPT_TIMEOUT, CLOSE_WAIT, DEFAULT_DRIFT_ALLOWANCE_PPM,
     DEFAULT_SAFETY_MARGIN,
 };
+use crate::driver::{rand_seed, MachineHandle, Notify};
+use crate::error::{Error, Result};
+use crate::etcd::{assert_not_async, Etcd};
 use crate::validate;
 use fleetcoord_sm::election::{SessionInput, SessionRequest};
 use fleetcoord_sm::keepalive::{
