@@ -462,8 +462,9 @@ pub struct Election {
 /// Where an election's session lives.
 #[derive(Clone, Debug)]
 enum Part {
-    /// Its own lease-only keepalive.
-    Own(Keepalive),
+    /// Its own lease-only keepalive (boxed: the shared part is a third of
+    /// its size).
+    Own(Box<Keepalive>),
     /// A session kept by someone else, told by [`SessionInput`]s.
     Shared(SharedSession),
 }
@@ -520,7 +521,13 @@ impl Election {
             announce_trust: config.announce_session_trust,
         };
         let session = Keepalive::with_first_rpc_id(session_config, now, seed, 0);
-        Self::with_part(config, Part::Own(session), now, seed, PROTOCOL_FIRST_RPC_ID)
+        Self::with_part(
+            config,
+            Part::Own(Box::new(session)),
+            now,
+            seed,
+            PROTOCOL_FIRST_RPC_ID,
+        )
     }
 
     /// An election on a session it does not keep: no lease is granted,
