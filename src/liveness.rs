@@ -5,10 +5,7 @@ use crate::driver::{rand_seed, Finished, MachineHandle, Notify};
 use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::resume::Resume;
-use crate::session::{
-    close_outcome, LivenessState, ATTEMPT_TIMEOUT, CLOSE_WAIT, DEFAULT_DRIFT_ALLOWANCE_PPM,
-    DEFAULT_SAFETY_MARGIN,
-};
+use crate::session::{close_outcome, LivenessState, SessionOptions, ATTEMPT_TIMEOUT, CLOSE_WAIT};
 use crate::validate;
 use fleetcoord_sm::keepalive::{
     self as sm, Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, ResumePoint,
@@ -52,33 +49,24 @@ pub struct LivenessOptions {
     /// marker, written on close, `<prefix><host id>/left`. Must start and end
     /// with `/`. Default [`DEFAULT_HOSTS_PREFIX`].
     pub prefix: String,
-    /// Lease TTL: how long after this process dies (or is cut off) the fleet
-    /// sees it `Down`. Whole seconds, at least 1 s; etcd may round a short
-    /// TTL up (3.4 grants 1 s as 2 s). Default 5 s.
-    pub ttl: Duration,
+    /// The lease settings: TTL, safety margin and clock drift allowance,
+    /// as every session has them (default TTL 5 s: how long after this
+    /// process dies, or is cut off, the fleet sees it `Down`; etcd may round
+    /// a short TTL up, 3.4 grants 1 s as 2 s) ([`SessionOptions`]). The `with_ttl`,
+    /// `with_safety_margin` and `with_drift_allowance_ppm` builders set
+    /// them here.
+    pub session: SessionOptions,
     /// How long [`HostLiveness::with_options`] waits for the first
     /// registration before failing. 1 ms to 24 h. Default 10 s.
     pub register_timeout: Duration,
-    /// How long before etcd can expire the lease this host gives it up
-    /// (reports [`LivenessState::Lost`] and registers again): room for a
-    /// late timer and for acting on a state just read. At most half of the
-    /// TTL less the drift allowance. Default 250 ms.
-    pub safety_margin: Duration,
-    /// How much slower than etcd's clock this host's clock may run, in
-    /// parts per million; the lease is trusted for the TTL shortened by
-    /// this much (then less the margin). 0 to 100,000 (10 %). Default
-    /// 10,000 (1 %, ten times what NTP lets two clocks differ by).
-    pub drift_allowance_ppm: u32,
 }
 
 impl Default for LivenessOptions {
     fn default() -> Self {
         LivenessOptions {
             prefix: DEFAULT_HOSTS_PREFIX.into(),
-            ttl: Duration::from_secs(5),
+            session: SessionOptions::default().with_ttl(Duration::from_secs(5)),
             register_timeout: Duration::from_secs(10),
-            safety_margin: DEFAULT_SAFETY_MARGIN,
-            drift_allowance_ppm: DEFAULT_DRIFT_ALLOWANCE_PPM,
         }
     }
 }
@@ -92,11 +80,11 @@ impl LivenessOptions {
         self
     }
 
-    /// These options with [`LivenessOptions::ttl`] set (checked by
-    /// [`HostLiveness::with_options`]).
+    /// These options with the lease's TTL ([`SessionOptions::ttl`]) set
+    /// (checked by [`HostLiveness::with_options`]).
     #[must_use]
     pub const fn with_ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
+        self.session.ttl = ttl;
         self
     }
 
@@ -108,20 +96,22 @@ impl LivenessOptions {
         self
     }
 
-    /// These options with [`LivenessOptions::safety_margin`] set (at most
-    /// half of the TTL less the drift allowance, checked by
-    /// [`HostLiveness::with_options`]).
+    /// These options with the lease's safety margin
+    /// ([`SessionOptions::safety_margin`]) set (at most half of the TTL less
+    /// the drift allowance, checked by [`HostLiveness::with_options`]): how
+    /// long before etcd can expire the lease this host gives it up.
     #[must_use]
     pub const fn with_safety_margin(mut self, margin: Duration) -> Self {
-        self.safety_margin = margin;
+        self.session.safety_margin = margin;
         self
     }
 
-    /// These options with [`LivenessOptions::drift_allowance_ppm`] set (at
-    /// most 100,000, checked by [`HostLiveness::with_options`]).
+    /// These options with the lease's drift allowance
+    /// ([`SessionOptions::drift_allowance_ppm`]) set (at most 100,000,
+    /// checked by [`HostLiveness::with_options`]).
     #[must_use]
     pub const fn with_drift_allowance_ppm(mut self, ppm: u32) -> Self {
-        self.drift_allowance_ppm = ppm;
+        self.session.drift_allowance_ppm = ppm;
         self
     }
 }
@@ -353,12 +343,7 @@ impl HostLiveness {
     ) -> Result<HostLiveness> {
         assert_not_async();
         validate::prefix("prefix", &options.prefix)?;
-        validate::ttl("ttl", options.ttl)?;
-        validate::trust(
-            options.ttl,
-            options.safety_margin,
-            options.drift_allowance_ppm,
-        )?;
+        options.session.validate()?;
         validate::timeout("register_timeout", options.register_timeout)?;
         validate::payload("metadata", metadata)?;
         if host_id.is_nil() {
@@ -366,7 +351,7 @@ impl HostLiveness {
         }
         let key = format!("{}{}", options.prefix, host_id.hyphenated());
         let config = KeepaliveConfig {
-            ttl_secs: options.ttl.as_secs() as i64,
+            ttl_secs: options.session.ttl.as_secs() as i64,
             binding: Some(Binding {
                 key: key.clone().into_bytes(),
                 value: metadata.to_vec(),
@@ -375,8 +360,8 @@ impl HostLiveness {
                 leave_marker: Some(leave_marker_key(key.as_bytes())),
             }),
             backoff: BackoffConfig::default(),
-            safety_margin: options.safety_margin,
-            drift_allowance_ppm: options.drift_allowance_ppm,
+            safety_margin: options.session.safety_margin,
+            drift_allowance_ppm: options.session.drift_allowance_ppm,
             attempt_timeout: ATTEMPT_TIMEOUT.min(etcd.options().request_timeout),
             // For `trusted_until`: one notice per renewal, stored below.
             announce_trust: true,
@@ -415,7 +400,7 @@ impl HostLiveness {
             detached,
             incarnation: 1,
             resumed: false,
-            ttl: options.ttl,
+            ttl: options.session.ttl,
             etcd: etcd.clone(),
         };
         let first = host.first_outcome(&first, options.register_timeout)?;

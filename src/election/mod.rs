@@ -238,9 +238,9 @@ impl Election {
                 (o.ttl, o.safety_margin, o.drift_allowance_ppm)
             }
             None => (
-                options.ttl,
-                options.safety_margin,
-                options.drift_allowance_ppm,
+                options.session.ttl,
+                options.session.safety_margin,
+                options.session.drift_allowance_ppm,
             ),
         };
         validate::ttl("ttl", ttl)?;
