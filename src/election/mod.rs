@@ -264,7 +264,10 @@ impl Election {
                 machine
             }
         };
-        let state = Arc::new(Mutex::new(State::default()));
+        let state = Arc::new(Mutex::new(State {
+            dead_lease: session.map(|s| s.dead_lease()),
+            ..State::default()
+        }));
         let handler_state = state.clone();
         let (router, routes) = ops::routes();
         let metrics_prefix = prefix.clone();

@@ -15,7 +15,7 @@ use fleetcoord_sm::keepalive::{
 };
 use fleetcoord_sm::BackoffConfig;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -145,6 +145,9 @@ impl std::fmt::Debug for Session {
 
 struct SessionInner {
     etcd: Etcd,
+    /// The last lease given up or lost (0: none yet); marked before every
+    /// belief on it is ended, read by primitives under their own lock.
+    dead: Arc<AtomicI64>,
     machine: MachineHandle<Keepalive>,
     hub: Arc<Mutex<Hub>>,
     states: crossbeam_channel::Receiver<LivenessState>,
@@ -274,6 +277,8 @@ impl Session {
         let (states_tx, states) = crossbeam_channel::unbounded();
         let oldest = states.clone();
         let handler_hub = hub.clone();
+        let dead = Arc::new(AtomicI64::new(0));
+        let handler_dead = dead.clone();
         let machine = etcd.run(
             machine,
             Notify(move |notice: KeepaliveNotice| {
@@ -297,6 +302,7 @@ impl Session {
                         Some(SessionInput::Suspended { lease: *lease })
                     }
                     sm::LivenessState::Lost { lease } => {
+                        handler_dead.store(*lease, Ordering::SeqCst);
                         // Beliefs end here, before the next lease's
                         // commands run (and before a replaced lease's
                         // revoke can free a key): the primitives' own
@@ -327,6 +333,7 @@ impl Session {
         Ok(Session {
             inner: Arc::new(SessionInner {
                 etcd: etcd.clone(),
+                dead,
                 machine,
                 hub,
                 states,
@@ -376,6 +383,12 @@ impl Session {
         &self.inner.etcd
     }
 
+    /// The last lease the session gave up or lost, for primitives to
+    /// refuse belief in a win on it (see `election::notices`).
+    pub(crate) fn dead_lease(&self) -> Arc<AtomicI64> {
+        self.inner.dead.clone()
+    }
+
     /// Whether [`Session::close`] was called.
     pub(crate) fn is_closed(&self) -> bool {
         self.inner.closed.load(Ordering::SeqCst)
@@ -392,6 +405,9 @@ impl Session {
             self.inner.closed.store(true, Ordering::SeqCst);
             if !hub.closed {
                 hub.closed = true;
+                if let Some(lease) = hub.current_lease() {
+                    self.inner.dead.store(lease, Ordering::SeqCst);
+                }
                 hub.end_beliefs();
                 hub.tell(&SessionInput::Closed);
             }
@@ -458,6 +474,7 @@ impl Session {
                     // An old lease, given up already.
                     return;
                 }
+                self.inner.dead.store(lease, Ordering::SeqCst);
                 hub.end_beliefs();
                 KeepaliveInput::Replace { lease }
             }

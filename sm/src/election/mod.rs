@@ -2,7 +2,11 @@
 //! `clientv3/concurrency` election and `etcdctl elect`.
 //!
 //! An [`Election`] is the election protocol plus its own session: a lease
-//! kept alive by a lease-only [`Keepalive`]. Candidates queue up as keys
+//! kept alive by a lease-only [`Keepalive`], or, made with
+//! [`Election::on_session`], a session kept by someone else that several
+//! elections, semaphores and a host registration share (its facts come in
+//! as [`SessionInput`]s, the protocol's requests for the lease leave as
+//! [`ElectionNotice::SessionRequest`]; rules in `shared.rs`). Candidates queue up as keys
 //! `<prefix><lease id in lowercase hex>`; the key with the lowest create
 //! revision leads, and that create revision is the leader's fencing token.
 //!
@@ -62,6 +66,13 @@
 //!   [`ElectionConfig::attempt_timeout`]: a write lost in a raft leader
 //!   change costs one attempt, not the driver's request timeout.
 //! * The session outlives campaigns: resign and campaign again reuse it.
+//! * On a shared session every guarantee above holds with "the session's
+//!   local deadline" read as the deadline its owner last told
+//!   ([`SessionInput::Trusted`]; a stale, earlier one ends belief sooner,
+//!   never later), and nothing is believed before one is told. A lease
+//!   etcd answers "not found", or one the protocol gives up, is lost here
+//!   at once and reported to the owner; later facts about it are ignored.
+//!   A stop deletes the own keys instead of revoking the owner's lease.
 //! * With [`ElectionConfig::permits`] = N > 1 (a semaphore), "leads" reads
 //!   "holds": a candidate holds once one read, at one revision, showed its
 //!   key with its token and fewer than N older keys (the create txn reads
