@@ -122,9 +122,9 @@ impl LivenessOptions {
 /// Guarantees:
 /// * While the state is [`LivenessState::Registered`], the key exists: the
 ///   state turns [`LivenessState::Lost`] at a local deadline that passes at
-///   least [`LivenessOptions::safety_margin`] before etcd can expire the
+///   least [`SessionOptions::safety_margin`](crate::SessionOptions::safety_margin) before etcd can expire the
 ///   lease, provided this host's clock runs no slower than
-///   [`LivenessOptions::drift_allowance_ppm`] allows.
+///   [`SessionOptions::drift_allowance_ppm`](crate::SessionOptions::drift_allowance_ppm) allows.
 /// * The keepalive heals itself: when renewals fail it retries on the same
 ///   lease until the local deadline, then (or when etcd says the lease is
 ///   gone) grants a new lease and writes the key again, with jittered

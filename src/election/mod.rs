@@ -94,9 +94,9 @@ pub enum TryCampaign {
 ///   expired its session lease: a leader stops believing at its session's
 ///   local deadline, [`ElectionOptions::trusted_lifetime`] after the send
 ///   of its last acknowledged renewal, which passes at least
-///   [`ElectionOptions::safety_margin`] before etcd can expire the lease and
+///   [`SessionOptions::safety_margin`](crate::SessionOptions::safety_margin) before etcd can expire the lease and
 ///   let the next one in. This holds while the leader's clock runs no
-///   slower than [`ElectionOptions::drift_allowance_ppm`] permits relative
+///   slower than [`SessionOptions::drift_allowance_ppm`](crate::SessionOptions::drift_allowance_ppm) permits relative
 ///   to etcd's, and while its process is not paused for longer than the
 ///   margin between deadline and action (the fencing token covers the
 ///   rest); it does not rely on how late etcd's expiry loop runs, nor on
