@@ -85,6 +85,7 @@ mod metrics;
 mod resume;
 mod runtime;
 mod server_version;
+mod session;
 mod shard;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
@@ -106,9 +107,10 @@ pub use election::{
 pub use endpoints::Endpoints;
 pub use error::{Error, ErrorKind, Result};
 pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
-pub use liveness::{HostLiveness, LivenessOptions, LivenessState, DEFAULT_HOSTS_PREFIX};
+pub use liveness::{HostLiveness, LivenessOptions, DEFAULT_HOSTS_PREFIX};
 pub use resume::Resume;
 pub use server_version::{etcd_defects, KnownDefect, ServerVersion};
+pub use session::{LivenessState, Session, SessionOptions};
 pub use shard::{
     ShardEvent, ShardMap, ShardMember, ShardOptions, ShardOwner, DEFAULT_SHARDS_PREFIX, MAX_SHARDS,
 };

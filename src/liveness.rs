@@ -2,13 +2,18 @@
 
 use crate::driver::handle::WaitError;
 use crate::driver::{rand_seed, Finished, MachineHandle, Notify};
-use crate::error::{etcd_kind, Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
 use crate::resume::Resume;
+use crate::session::{close_outcome, LivenessState, SessionOptions, ATTEMPT_TIMEOUT, CLOSE_WAIT};
 use crate::validate;
 use fleetcoord_sm::keepalive::{
     self as sm, Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, ResumePoint,
 };
+use fleetcoord_sm::registration::{
+    Registration, RegistrationConfig, RegistrationInput, RegistrationNotice,
+};
+use fleetcoord_sm::session::SessionInput;
 use fleetcoord_sm::watch::leave_marker_key;
 use fleetcoord_sm::BackoffConfig;
 use parking_lot::Mutex;
@@ -16,103 +21,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
-/// Where a lease-bound registration stands: this host's
-/// ([`HostLiveness::states`]) or an election's session
-/// ([`crate::Election::session`]). Consecutive states reported on
-/// [`HostLiveness::states`] always differ.
-///
-/// fleetcoord's own type, not the state machine's: what it shows is the
-/// registration's life cycle, which stays put when the machines' internal
-/// vocabulary changes. `#[non_exhaustive]`: match the states you act on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LivenessState {
-    /// Granting a lease or writing the key; nothing is registered yet.
-    Registering,
-    /// The lease is held (and the key written, for a [`HostLiveness`]).
-    Registered {
-        /// The lease.
-        lease: i64,
-    },
-    /// Renewals are failing; the lease may still be alive, and renewals are
-    /// retried until the local deadline.
-    Suspended {
-        /// The lease.
-        lease: i64,
-    },
-    /// The lease is gone (the local deadline passed, or etcd said so); a new
-    /// one is being granted.
-    Lost {
-        /// The lease that was lost.
-        lease: i64,
-    },
-    /// etcd refused the grant or the write in a way no retry fixes
-    /// (permission denied); the registration is stopping and `Stopped`
-    /// follows.
-    Refused {
-        /// What kind of refusal, as in [`Error::Backend`].
-        kind: ErrorKind,
-        /// What etcd said, for people.
-        message: String,
-    },
-    /// Final. `revoked` is false when there was no lease to revoke or the
-    /// revoke failed (the lease then expires on its own).
-    Stopped {
-        /// Whether etcd confirmed the revoke.
-        revoked: bool,
-    },
-}
-
-impl LivenessState {
-    /// The machine's state as the user sees it. A crate-private function,
-    /// not a `From` impl, so that the machine's type stays out of the
-    /// public API. The match is exhaustive on purpose: a new machine state
-    /// must fail this build rather than be reported as something else.
-    pub(crate) fn from_sm(state: &sm::LivenessState) -> Self {
-        match state {
-            sm::LivenessState::Registering => LivenessState::Registering,
-            sm::LivenessState::Registered { lease } => LivenessState::Registered { lease: *lease },
-            sm::LivenessState::Suspended { lease } => LivenessState::Suspended { lease: *lease },
-            sm::LivenessState::Lost { lease } => LivenessState::Lost { lease: *lease },
-            sm::LivenessState::Refused { error } => LivenessState::Refused {
-                kind: etcd_kind(error),
-                message: error.to_string(),
-            },
-            sm::LivenessState::Stopped { revoked } => LivenessState::Stopped { revoked: *revoked },
-        }
-    }
-}
-
 /// State changes kept for a reader that does not keep up.
 const MAX_QUEUED_STATES: usize = 1024;
 
 /// Where hosts register unless told otherwise.
 pub const DEFAULT_HOSTS_PREFIX: &str = "/coord/hosts/";
-
-/// Default safety margin of every session (liveness and election): how long
-/// before etcd can expire a lease the local side gives it up. The
-/// keepalive's deadline already counts from the *send* of the last
-/// acknowledged renewal, which covers the network; the margin covers what
-/// happens on this host after the deadline: the driver thread firing it
-/// late (tens of milliseconds on a loaded 2-core machine, more under
-/// memory pressure) and a user acting right after checking
-/// `is_held()`. 250 ms is well above the first and leaves room for a short
-/// second, while costing a 10 s session only 2.5 % of its lifetime; it is
-/// also small enough for the 1 s minimum TTL (at most half the TTL may go).
-/// It replaces what used to be an accident: etcd's expiry loop runs every
-/// 500 ms, so leases die up to 0.5 s late, but nothing promises that.
-pub(crate) const DEFAULT_SAFETY_MARGIN: Duration = Duration::from_millis(250);
-
-/// Default clock drift allowance of every session, in parts per million
-/// (1 %): a leader measures its lease on its own monotonic clock while etcd
-/// expires it on etcd's, so a clock running slow would let a leader
-/// believe past the expiry. The kernel's NTP discipline changes a clock's
-/// rate by at most 500 ppm, so two disciplined hosts differ by at most
-/// 1,000 ppm; 1 % is ten times that, for undisciplined clocks and virtual machines, at the cost of
-/// 100 ms of a 10 s session (client-go's leader election is far more
-/// cautious, giving up a third of its lease, because there the *followers'*
-/// clocks time the lease; here etcd does).
-pub(crate) const DEFAULT_DRIFT_ALLOWANCE_PPM: u32 = 10_000;
 
 /// Settings for [`HostLiveness::with_options`].
 ///
@@ -136,33 +49,24 @@ pub struct LivenessOptions {
     /// marker, written on close, `<prefix><host id>/left`. Must start and end
     /// with `/`. Default [`DEFAULT_HOSTS_PREFIX`].
     pub prefix: String,
-    /// Lease TTL: how long after this process dies (or is cut off) the fleet
-    /// sees it `Down`. Whole seconds, at least 1 s; etcd may round a short
-    /// TTL up (3.4 grants 1 s as 2 s). Default 5 s.
-    pub ttl: Duration,
+    /// The lease settings: TTL, safety margin and clock drift allowance,
+    /// as every session has them (default TTL 5 s: how long after this
+    /// process dies, or is cut off, the fleet sees it `Down`; etcd may round
+    /// a short TTL up, 3.4 grants 1 s as 2 s) ([`SessionOptions`]). The `with_ttl`,
+    /// `with_safety_margin` and `with_drift_allowance_ppm` builders set
+    /// them here.
+    pub session: SessionOptions,
     /// How long [`HostLiveness::with_options`] waits for the first
     /// registration before failing. 1 ms to 24 h. Default 10 s.
     pub register_timeout: Duration,
-    /// How long before etcd can expire the lease this host gives it up
-    /// (reports [`LivenessState::Lost`] and registers again): room for a
-    /// late timer and for acting on a state just read. At most half of the
-    /// TTL less the drift allowance. Default 250 ms.
-    pub safety_margin: Duration,
-    /// How much slower than etcd's clock this host's clock may run, in
-    /// parts per million; the lease is trusted for the TTL shortened by
-    /// this much (then less the margin). 0 to 100,000 (10 %). Default
-    /// 10,000 (1 %, ten times what NTP lets two clocks differ by).
-    pub drift_allowance_ppm: u32,
 }
 
 impl Default for LivenessOptions {
     fn default() -> Self {
         LivenessOptions {
             prefix: DEFAULT_HOSTS_PREFIX.into(),
-            ttl: Duration::from_secs(5),
+            session: SessionOptions::default().with_ttl(Duration::from_secs(5)),
             register_timeout: Duration::from_secs(10),
-            safety_margin: DEFAULT_SAFETY_MARGIN,
-            drift_allowance_ppm: DEFAULT_DRIFT_ALLOWANCE_PPM,
         }
     }
 }
@@ -176,11 +80,11 @@ impl LivenessOptions {
         self
     }
 
-    /// These options with [`LivenessOptions::ttl`] set (checked by
-    /// [`HostLiveness::with_options`]).
+    /// These options with the lease's TTL ([`SessionOptions::ttl`]) set
+    /// (checked by [`HostLiveness::with_options`]).
     #[must_use]
     pub const fn with_ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
+        self.session.ttl = ttl;
         self
     }
 
@@ -192,20 +96,22 @@ impl LivenessOptions {
         self
     }
 
-    /// These options with [`LivenessOptions::safety_margin`] set (at most
-    /// half of the TTL less the drift allowance, checked by
-    /// [`HostLiveness::with_options`]).
+    /// These options with the lease's safety margin
+    /// ([`SessionOptions::safety_margin`]) set (at most half of the TTL less
+    /// the drift allowance, checked by [`HostLiveness::with_options`]): how
+    /// long before etcd can expire the lease this host gives it up.
     #[must_use]
     pub const fn with_safety_margin(mut self, margin: Duration) -> Self {
-        self.safety_margin = margin;
+        self.session.safety_margin = margin;
         self
     }
 
-    /// These options with [`LivenessOptions::drift_allowance_ppm`] set (at
-    /// most 100,000, checked by [`HostLiveness::with_options`]).
+    /// These options with the lease's drift allowance
+    /// ([`SessionOptions::drift_allowance_ppm`]) set (at most 100,000,
+    /// checked by [`HostLiveness::with_options`]).
     #[must_use]
     pub const fn with_drift_allowance_ppm(mut self, ppm: u32) -> Self {
-        self.drift_allowance_ppm = ppm;
+        self.session.drift_allowance_ppm = ppm;
         self
     }
 }
@@ -216,9 +122,9 @@ impl LivenessOptions {
 /// Guarantees:
 /// * While the state is [`LivenessState::Registered`], the key exists: the
 ///   state turns [`LivenessState::Lost`] at a local deadline that passes at
-///   least [`LivenessOptions::safety_margin`] before etcd can expire the
+///   least [`SessionOptions::safety_margin`](crate::SessionOptions::safety_margin) before etcd can expire the
 ///   lease, provided this host's clock runs no slower than
-///   [`LivenessOptions::drift_allowance_ppm`] allows.
+///   [`SessionOptions::drift_allowance_ppm`](crate::SessionOptions::drift_allowance_ppm) allows.
 /// * The keepalive heals itself: when renewals fail it retries on the same
 ///   lease until the local deadline, then (or when etcd says the lease is
 ///   gone) grants a new lease and writes the key again, with jittered
@@ -268,10 +174,10 @@ impl LivenessOptions {
 pub struct HostLiveness {
     host_id: Uuid,
     key: String,
-    machine: MachineHandle<Keepalive>,
-    state: Arc<Mutex<LivenessState>>,
-    /// The lease last told trusted, and until when.
-    trust: Arc<Mutex<Option<(i64, Instant)>>>,
+    machine: Engine,
+    /// The state and trust, under one lock, so a reader never sees a
+    /// trust of one lease beside the state of another.
+    status: Arc<Mutex<Status>>,
     states: crossbeam_channel::Receiver<LivenessState>,
     /// Signalled when the leave transaction applied (see `close`).
     left: crossbeam_channel::Receiver<()>,
@@ -376,7 +282,15 @@ impl HostLiveness {
     /// no registration to hand over: the key not written with the current
     /// lease (registering, lost) or the keepalive already stopped.
     pub fn detach(self) -> Result<Resume> {
-        self.machine
+        let Engine::Own(machine) = &self.machine else {
+            self.stop_and_wait()?;
+            return Err(Error::invalid(
+                "detach",
+                "a registration on a shared Session is not handed over (the lease is the \
+                 session's, and everything on it would be carried with it); the host left instead",
+            ));
+        };
+        machine
             .send(KeepaliveInput::Detach)
             .map_err(|_| self.etcd.gone())?;
         let point = crossbeam_channel::select! {
@@ -429,12 +343,7 @@ impl HostLiveness {
     ) -> Result<HostLiveness> {
         assert_not_async();
         validate::prefix("prefix", &options.prefix)?;
-        validate::ttl("ttl", options.ttl)?;
-        validate::trust(
-            options.ttl,
-            options.safety_margin,
-            options.drift_allowance_ppm,
-        )?;
+        options.session.validate()?;
         validate::timeout("register_timeout", options.register_timeout)?;
         validate::payload("metadata", metadata)?;
         if host_id.is_nil() {
@@ -442,7 +351,7 @@ impl HostLiveness {
         }
         let key = format!("{}{}", options.prefix, host_id.hyphenated());
         let config = KeepaliveConfig {
-            ttl_secs: options.ttl.as_secs() as i64,
+            ttl_secs: options.session.ttl.as_secs() as i64,
             binding: Some(Binding {
                 key: key.clone().into_bytes(),
                 value: metadata.to_vec(),
@@ -451,8 +360,8 @@ impl HostLiveness {
                 leave_marker: Some(leave_marker_key(key.as_bytes())),
             }),
             backoff: BackoffConfig::default(),
-            safety_margin: options.safety_margin,
-            drift_allowance_ppm: options.drift_allowance_ppm,
+            safety_margin: options.session.safety_margin,
+            drift_allowance_ppm: options.session.drift_allowance_ppm,
             attempt_timeout: ATTEMPT_TIMEOUT.min(etcd.options().request_timeout),
             // For `trusted_until`: one notice per renewal, stored below.
             announce_trust: true,
@@ -462,74 +371,20 @@ impl HostLiveness {
             None => Keepalive::new(config, Instant::now(), rand_seed()),
         };
         machine.set_renewal_grid(Some(etcd.renewal_grid()));
-        let state = Arc::new(Mutex::new(LivenessState::Registering));
-        // Unbounded, with the bound kept below by hand: a `bounded(1024)`
-        // channel allocates and touches all of its slots up front, 40 KiB
-        // per host whether or not a state is ever queued (measured with a
-        // counting allocator: 41 of the 84 KiB each HostLiveness cost).
-        // The list channel allocates a block of 31 slots as states arrive.
-        let (states_tx, states) = crossbeam_channel::unbounded();
-        let oldest = states.clone();
-        // The first outcome keeps the machine's own state: a refusal's
-        // `RpcError` becomes the error `with_options` returns.
-        let (first_tx, first) = crossbeam_channel::bounded::<sm::LivenessState>(1);
-        // Told once, when the leave transaction applied (`close`).
-        let (left_tx, left) = crossbeam_channel::bounded::<()>(1);
-        let mut left_tx = Some(left_tx);
+        let (mut sink, first, left, status, states) = StateSink::new(key.clone());
         let (detached_tx, detached) = crossbeam_channel::bounded::<ResumePoint>(1);
-        let shared_state = state.clone();
-        let trust = Arc::new(Mutex::new(None));
-        let shared_trust = trust.clone();
-        let mut first_tx = Some(first_tx);
-        let metrics_key = key.clone();
+        let shared_status = status.clone();
         let machine = etcd.run(
             machine,
             Notify(move |notice: KeepaliveNotice| {
-                let machine_state = match notice {
-                    KeepaliveNotice::State(state) => state,
+                match notice {
+                    KeepaliveNotice::State(state) => sink.state(state),
                     KeepaliveNotice::Trusted { lease, until } => {
-                        *shared_trust.lock() = Some((lease, until));
-                        return true;
+                        shared_status.lock().trust = Some((lease, until));
                     }
-                    KeepaliveNotice::Left { .. } => {
-                        if let Some(tx) = left_tx.take() {
-                            let _ = tx.send(());
-                        }
-                        return true;
-                    }
+                    KeepaliveNotice::Left { .. } => sink.left(),
                     KeepaliveNotice::Detached(point) => {
                         let _ = detached_tx.try_send(point);
-                        return true;
-                    }
-                };
-                crate::metrics::liveness(&metrics_key, &machine_state);
-                let s = LivenessState::from_sm(&machine_state);
-                *shared_state.lock() = s.clone();
-                let registering = first_tx.is_some();
-                let outcome = matches!(
-                    machine_state,
-                    sm::LivenessState::Registered { .. } | sm::LivenessState::Refused { .. }
-                );
-                if registering && !outcome {
-                    // Over before `register` returns: `states()` starts
-                    // with the state it returned, not a replay.
-                    return true;
-                }
-                // A user who ignores state changes must not keep them in
-                // memory forever, and the driver must never wait for a
-                // reader: past the bound the newest are kept (the receiver
-                // is ours too, so it never disconnects).
-                // This closure is the only sender, so the queue can only
-                // shrink between the check and the send.
-                if states_tx.len() >= MAX_QUEUED_STATES {
-                    let _ = oldest.try_recv();
-                }
-                let _ = states_tx.send(s);
-                // Told after the state is queued: `register` returns on
-                // this, and `states()` must already start with it.
-                if outcome {
-                    if let Some(tx) = first_tx.take() {
-                        let _ = tx.send(machine_state);
                     }
                 }
                 true
@@ -538,34 +393,131 @@ impl HostLiveness {
         let mut host = HostLiveness {
             host_id,
             key,
-            machine,
-            state,
-            trust,
+            machine: Engine::Own(machine),
+            status,
             states,
             left,
             detached,
             incarnation: 1,
             resumed: false,
-            ttl: options.ttl,
+            ttl: options.session.ttl,
             etcd: etcd.clone(),
         };
-        match first.recv_timeout(options.register_timeout) {
+        let first = host.first_outcome(&first, options.register_timeout)?;
+        host.resumed = matches!((first, resume),
+            (sm::LivenessState::Registered { lease }, Some(point)) if lease == point.lease);
+        Ok(host)
+    }
+
+    /// Waits for the first outcome of registering: `Registered`, or the
+    /// error of a refusal or of a timeout (the host then leaves).
+    fn first_outcome(
+        &self,
+        first: &crossbeam_channel::Receiver<sm::LivenessState>,
+        timeout: Duration,
+    ) -> Result<sm::LivenessState> {
+        match first.recv_timeout(timeout) {
             // Permission denied, say: no retry helps, so no waiting either.
             Ok(sm::LivenessState::Refused { error }) => {
-                let _ = host.stop_and_wait();
-                Err(Error::rpc_in(format!("registering {}", host.key), error))
+                let _ = self.stop_and_wait();
+                Err(Error::rpc_in(format!("registering {}", self.key), error))
             }
-            Ok(first) => {
-                host.resumed = matches!((first, resume),
-                    (sm::LivenessState::Registered { lease }, Some(point)) if lease == point.lease);
-                Ok(host)
-            }
+            Ok(first) => Ok(first),
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                let _ = host.stop_and_wait();
-                Err(Error::Timeout(options.register_timeout))
+                let _ = self.stop_and_wait();
+                Err(Error::Timeout(timeout))
             }
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(etcd.gone()),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(self.etcd.gone()),
         }
+    }
+
+    /// Register `host_id` with `metadata` on `session`: the host key
+    /// (`<prefix><host id>`, from `options`) is bound to the session's
+    /// lease, so the host costs etcd no renewals of its own, and is written
+    /// again whenever the session comes back on a new lease (watchers see
+    /// `Down(_, Expired)` when the old lease expires and `Up` again). The
+    /// session's lease settings apply; the TTL, safety margin and drift
+    /// allowance of `options` are ignored. Blocks until the key is written,
+    /// at most [`LivenessOptions::register_timeout`].
+    ///
+    /// [`HostLiveness::close`] announces the leave as on an own lease (the
+    /// marker is written on the session's lease and goes when the session
+    /// does) and leaves the session running; it cannot be
+    /// [`detach`](HostLiveness::detach)ed. Close the host before the
+    /// session to show watchers a leave: closing the session revokes its
+    /// lease, which watchers see as `Down(_, Expired)`.
+    pub fn with_session(
+        session: &crate::Session,
+        host_id: Uuid,
+        metadata: &[u8],
+        options: LivenessOptions,
+    ) -> Result<HostLiveness> {
+        assert_not_async();
+        validate::prefix("prefix", &options.prefix)?;
+        validate::timeout("register_timeout", options.register_timeout)?;
+        validate::payload("metadata", metadata)?;
+        if host_id.is_nil() {
+            return Err(Error::invalid("host_id", "the nil UUID is not a host id"));
+        }
+        if session.is_closed() {
+            return Err(Error::Closed);
+        }
+        let etcd = session.etcd().clone();
+        let key = format!("{}{}", options.prefix, host_id.hyphenated());
+        let ttl = session.options().ttl;
+        let machine = Registration::new(
+            RegistrationConfig {
+                key: key.clone().into_bytes(),
+                value: metadata.to_vec(),
+                leave_marker: Some(leave_marker_key(key.as_bytes())),
+                backoff: BackoffConfig::default(),
+                give_up: ttl,
+            },
+            Instant::now(),
+            rand_seed(),
+        );
+        let (mut sink, first, left, status, states) = StateSink::new(key.clone());
+        let requests_to = session.clone();
+        let machine = etcd.run(
+            machine,
+            Notify(move |notice: RegistrationNotice| {
+                match notice {
+                    RegistrationNotice::State(state) => sink.state(state),
+                    RegistrationNotice::Left { .. } => sink.left(),
+                    RegistrationNotice::SessionRequest(request) => requests_to.request(request),
+                }
+                true
+            }),
+        )?;
+        let shared_status = status.clone();
+        let input = machine.downgrade();
+        let attachment = session.attach(
+            &key,
+            move |fact| {
+                if let SessionInput::Trusted { lease, until } = &fact {
+                    shared_status.lock().trust = Some((*lease, *until));
+                }
+                input.send(RegistrationInput::Session(fact)).is_ok()
+            },
+            // A registration holds no belief a lost lease must end at once:
+            // its state says `Lost` when the session tells it.
+            || {},
+        )?;
+        let host = HostLiveness {
+            host_id,
+            key,
+            machine: Engine::Shared(machine, attachment),
+            status,
+            states,
+            left,
+            detached: crossbeam_channel::never(),
+            incarnation: 1,
+            resumed: false,
+            ttl,
+            etcd,
+        };
+        host.first_outcome(&first, options.register_timeout)?;
+        Ok(host)
     }
 
     /// The host id this registration is for.
@@ -580,7 +532,7 @@ impl HostLiveness {
 
     /// The latest state.
     pub fn state(&self) -> LivenessState {
-        self.state.lock().clone()
+        self.status.lock().state.clone()
     }
 
     /// The lease currently believed alive, if any.
@@ -601,8 +553,12 @@ impl HostLiveness {
     /// lease; `fleetcoord agent` tells systemd `WATCHDOG=1` each time it
     /// moves.
     pub fn trusted_until(&self) -> Option<Instant> {
-        let lease = self.lease()?;
-        match *self.trust.lock() {
+        let status = self.status.lock();
+        let lease = match status.state {
+            LivenessState::Registered { lease } | LivenessState::Suspended { lease } => lease,
+            _ => return None,
+        };
+        match status.trust {
             Some((trusted, until)) if trusted == lease => Some(until),
             _ => None,
         }
@@ -620,9 +576,11 @@ impl HostLiveness {
     /// used for every later re-registration.
     pub fn set_metadata(&self, metadata: &[u8]) -> Result<()> {
         validate::payload("metadata", metadata)?;
-        self.machine
-            .send(KeepaliveInput::SetValue(metadata.to_vec()))
-            .map_err(|_| self.etcd.gone())
+        let sent = match &self.machine {
+            Engine::Own(m) => m.send(KeepaliveInput::SetValue(metadata.to_vec())),
+            Engine::Shared(m, _) => m.send(RegistrationInput::SetValue(metadata.to_vec())),
+        };
+        sent.map_err(|_| self.etcd.gone())
     }
 
     /// Announce the leave and stop renewing: one transaction writes the
@@ -656,6 +614,10 @@ impl HostLiveness {
             recv(self.machine.finished()) -> finished => Ok(finished.unwrap_or(Finished::Abandoned)),
             default(CLOSE_WAIT) => Err(WaitError::Timeout(CLOSE_WAIT)),
         };
+        if let (Engine::Shared(..), Ok(_)) = (&self.machine, &finished) {
+            // The lease is the session's: stopped is all there is to it.
+            return Ok(());
+        }
         let revoked = match self.state() {
             LivenessState::Stopped { revoked } => Some(revoked),
             _ => None,
@@ -664,67 +626,136 @@ impl HostLiveness {
     }
 }
 
-/// How long a grant, put, revoke or election request may go unanswered
-/// before the machine sends it again (`attempt_timeout` of the `sm`
-/// configs): etcd elects a new raft leader 0.9–2.7 s after losing one
-/// (measured with default flags), and drops the writes forwarded meanwhile
-/// without answering them. Half a second puts a copy out within that much
-/// of the new leader; three copies later the wait doubles, so a slow server
-/// is not flooded.
-pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(500);
+/// What a registration's machine runs on: its own keepalive, or a shared
+/// session (with its place there).
+enum Engine {
+    Own(MachineHandle<Keepalive>),
+    /// The attachment is held for its lifetime: dropping it frees the
+    /// host key's place on the session.
+    Shared(
+        MachineHandle<Registration>,
+        #[allow(dead_code)] crate::session::Attachment,
+    ),
+}
 
-/// How long a close waits for its lease's revoke to be confirmed: the
-/// revoke's request timeout plus the driver's stop slack, generously.
-pub(crate) const CLOSE_WAIT: Duration = Duration::from_secs(10);
+impl Engine {
+    fn stop(&self) {
+        match self {
+            Engine::Own(m) => m.stop(),
+            Engine::Shared(m, _) => m.stop(),
+        }
+    }
 
-/// What `close` reports once a lease-holding machine has stopped: `revoked`
-/// is what its final `Stopped` state said, if it got that far, and `gone`
-/// the error for a driver that stopped first ([`Etcd::gone`]).
-pub(crate) fn close_outcome(
-    finished: std::result::Result<Finished, WaitError>,
-    revoked: Option<bool>,
-    gone: impl FnOnce() -> Error,
-) -> Result<()> {
-    match (finished, revoked) {
-        (Ok(_), Some(true)) => Ok(()),
-        // The machine does not say why; etcd being unreachable is the
-        // usual reason, and the lease expires by itself either way.
-        (Ok(_), Some(false)) => Err(Error::etcd(
-            ErrorKind::Unavailable,
-            "the lease could not be revoked; it will expire after its TTL",
-        )),
-        // Cut short by the driver's shutdown before the revoke was answered.
-        (Ok(_), None) => Err(gone()),
-        (Err(WaitError::Timeout(after)), _) => Err(Error::Timeout(after)),
+    fn finished(&self) -> &crossbeam_channel::Receiver<Finished> {
+        match self {
+            Engine::Own(m) => m.finished(),
+            Engine::Shared(m, _) => m.finished(),
+        }
+    }
+
+    fn wait_finished(&self, wait: Duration) -> std::result::Result<Finished, WaitError> {
+        match self {
+            Engine::Own(m) => m.wait_finished(wait),
+            Engine::Shared(m, _) => m.wait_finished(wait),
+        }
+    }
+}
+
+/// Where a registration's states go, on the driver: the latest state,
+/// `states()`, the first outcome `register` waits for, and the leave.
+struct StateSink {
+    key: String,
+    status: Arc<Mutex<Status>>,
+    states_tx: crossbeam_channel::Sender<LivenessState>,
+    oldest: crossbeam_channel::Receiver<LivenessState>,
+    first_tx: Option<crossbeam_channel::Sender<sm::LivenessState>>,
+    left_tx: Option<crossbeam_channel::Sender<()>>,
+}
+
+/// The receivers a [`StateSink`] feeds: the first outcome, the leave, the
+/// latest state and every state.
+type SinkEnds = (
+    StateSink,
+    crossbeam_channel::Receiver<sm::LivenessState>,
+    crossbeam_channel::Receiver<()>,
+    Arc<Mutex<Status>>,
+    crossbeam_channel::Receiver<LivenessState>,
+);
+
+/// A registration's latest state and the lease last told trusted (with
+/// until when).
+struct Status {
+    state: LivenessState,
+    trust: Option<(i64, Instant)>,
+}
+
+impl StateSink {
+    fn new(key: String) -> SinkEnds {
+        let status = Arc::new(Mutex::new(Status {
+            state: LivenessState::Registering,
+            trust: None,
+        }));
+        // Unbounded, with the bound kept below by hand: a `bounded(1024)`
+        // channel allocates and touches all of its slots up front, 40 KiB
+        // per host whether or not a state is ever queued (measured with a
+        // counting allocator: 41 of the 84 KiB each HostLiveness cost).
+        // The list channel allocates a block of 31 slots as states arrive.
+        let (states_tx, states) = crossbeam_channel::unbounded();
+        let oldest = states.clone();
+        // The first outcome keeps the machine's own state: a refusal's
+        // `RpcError` becomes the error `with_options` returns.
+        let (first_tx, first) = crossbeam_channel::bounded::<sm::LivenessState>(1);
+        // Told once, when the leave transaction applied (`close`).
+        let (left_tx, left) = crossbeam_channel::bounded::<()>(1);
+        let sink = StateSink {
+            key,
+            status: status.clone(),
+            states_tx,
+            oldest,
+            first_tx: Some(first_tx),
+            left_tx: Some(left_tx),
+        };
+        (sink, first, left, status, states)
+    }
+
+    fn left(&mut self) {
+        if let Some(tx) = self.left_tx.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    fn state(&mut self, machine_state: sm::LivenessState) {
+        crate::metrics::liveness(&self.key, &machine_state);
+        let s = LivenessState::from_sm(&machine_state);
+        self.status.lock().state = s.clone();
+        let registering = self.first_tx.is_some();
+        let outcome = matches!(
+            machine_state,
+            sm::LivenessState::Registered { .. } | sm::LivenessState::Refused { .. }
+        );
+        if registering && !outcome {
+            // Over before `register` returns: `states()` starts with the
+            // state it returned, not a replay.
+            return;
+        }
+        // A user who ignores state changes must not keep them in memory
+        // forever, and the driver must never wait for a reader: past the
+        // bound the newest are kept (the receiver is ours too, so it never
+        // disconnects). This is the only sender, so the queue can only
+        // shrink between the check and the send.
+        if self.states_tx.len() >= MAX_QUEUED_STATES {
+            let _ = self.oldest.try_recv();
+        }
+        let _ = self.states_tx.send(s);
+        // Told after the state is queued: `register` returns on this, and
+        // `states()` must already start with it.
+        if outcome {
+            if let Some(tx) = self.first_tx.take() {
+                let _ = tx.send(machine_state);
+            }
+        }
     }
 }
 
 // Dropping the `MachineHandle` stops the keepalive without waiting; see
 // "Dropping" in the type's docs.
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::driver::Finished;
-
-    #[test]
-    fn close_reports_whether_the_revoke_was_confirmed() {
-        assert!(close_outcome(Ok(Finished::Done), Some(true), || Error::DriverGone).is_ok());
-        match close_outcome(Ok(Finished::Done), Some(false), || Error::DriverGone) {
-            Err(Error::Backend { kind, message, .. }) => {
-                assert_eq!(kind, ErrorKind::Unavailable);
-                assert!(message.contains("expire after its TTL"), "{message}");
-            }
-            other => panic!("{other:?}"),
-        }
-        assert!(matches!(
-            close_outcome(Ok(Finished::Abandoned), None, || Error::DriverGone),
-            Err(Error::DriverGone)
-        ));
-        let after = Duration::from_secs(10);
-        assert!(matches!(
-            close_outcome(Err(WaitError::Timeout(after)), Some(true), || Error::DriverGone),
-            Err(Error::Timeout(t)) if t == after
-        ));
-    }
-}

@@ -4,7 +4,8 @@ use crate::driver::handle::WaitError;
 use crate::driver::{rand_seed, FeedItem, FeedSink, Finished, MachineHandle, Notify};
 use crate::error::{Error, Result};
 use crate::etcd::{assert_not_async, Etcd};
-use crate::liveness::{CLOSE_WAIT, DEFAULT_HOSTS_PREFIX};
+use crate::liveness::DEFAULT_HOSTS_PREFIX;
+use crate::session::CLOSE_WAIT;
 use crate::validate;
 use fleetcoord_sm::watch::{
     parse_host_id, KeyRule, Watch, WatchConfig, WatchNotice, DEFAULT_PAGE_SIZE,

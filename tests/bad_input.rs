@@ -138,7 +138,12 @@ fn liveness_and_watcher_arguments() {
         "prefix",
     );
     invalid(
-        HostLiveness::with_options(&etcd, id, b"m", with(&|o| o.safety_margin = o.ttl)),
+        HostLiveness::with_options(
+            &etcd,
+            id,
+            b"m",
+            with(&|o| o.session.safety_margin = o.session.ttl),
+        ),
         "safety_margin",
     );
     invalid(

@@ -216,9 +216,9 @@ fn a_leadership_fences_its_writes_and_a_lost_one_refuses_to_act() {
 
     // The mutex face of the same protocol.
     let lock_options = fleetcoord::LockOptions::default()
-        .with_ttl(options.ttl)
-        .with_safety_margin(options.safety_margin)
-        .with_drift_allowance_ppm(options.drift_allowance_ppm);
+        .with_ttl(options.session.ttl)
+        .with_safety_margin(options.session.safety_margin)
+        .with_drift_allowance_ppm(options.session.drift_allowance_ppm);
     assert_eq!(lock_options.trusted_lifetime(), options.trusted_lifetime());
     let mutex = Mutex::with_options(&etcd, "fenced-lock", lock_options).expect("mutex");
     let guard = mutex

@@ -21,3 +21,6 @@ mod stream;
 
 #[path = "sim/renewals.rs"]
 mod renewals;
+
+#[path = "sim/election_shared.rs"]
+mod election_shared;

@@ -9,6 +9,8 @@
 mod clock;
 #[path = "unit/election.rs"]
 mod election;
+#[path = "unit/election_shared.rs"]
+mod election_shared;
 #[path = "unit/election_support.rs"]
 mod election_support;
 #[path = "unit/keepalive.rs"]
@@ -21,6 +23,8 @@ mod observe;
 mod outbox;
 #[path = "unit/plumbing.rs"]
 mod plumbing;
+#[path = "unit/registration.rs"]
+mod registration;
 #[path = "unit/renewals.rs"]
 mod renewals;
 #[path = "unit/rpc.rs"]

@@ -10,6 +10,7 @@
 use super::options::{ElectionOptions, DEFAULT_ELECTION_PREFIX};
 use crate::error::{Error, Result};
 use crate::liveness::DEFAULT_HOSTS_PREFIX;
+use crate::session::SessionOptions;
 use std::time::Duration;
 
 use super::mutex::DEFAULT_LOCK_PREFIX;
@@ -44,26 +45,19 @@ pub struct LockOptions {
     /// lock's) is refused with [`Error::InvalidArgument`]: a lock there
     /// would queue behind, or be counted as, that primitive's keys.
     pub prefix: Option<String>,
-    /// TTL of the session lease: a holder that dies frees the lock about
-    /// this long after its last renewal. Whole seconds, at least 1.
-    /// Default 10 s.
-    pub ttl: Duration,
-    /// How long before etcd can expire the session lease this holder stops
-    /// believing it holds; as [`ElectionOptions::safety_margin`].
-    pub safety_margin: Duration,
-    /// How much slower than etcd's clock this host's clock may run, in
-    /// parts per million; as [`ElectionOptions::drift_allowance_ppm`].
-    pub drift_allowance_ppm: u32,
+    /// The lease settings: TTL, safety margin and clock drift allowance,
+    /// as every session has them (default TTL 10 s: a holder that dies frees
+    /// the lock about one TTL after its last renewal) ([`SessionOptions`]). The `with_ttl`,
+    /// `with_safety_margin` and `with_drift_allowance_ppm` builders set
+    /// them here.
+    pub session: SessionOptions,
 }
 
 impl Default for LockOptions {
     fn default() -> Self {
-        let election = ElectionOptions::default();
         LockOptions {
             prefix: None,
-            ttl: election.ttl,
-            safety_margin: election.safety_margin,
-            drift_allowance_ppm: election.drift_allowance_ppm,
+            session: ElectionOptions::default().session,
         }
     }
 }
@@ -77,27 +71,29 @@ impl LockOptions {
         self
     }
 
-    /// These options with [`LockOptions::ttl`] set (checked when the lock
-    /// is made).
-    #[must_use]
-    pub const fn with_ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// These options with [`LockOptions::safety_margin`] set (checked when
-    /// the lock is made).
-    #[must_use]
-    pub const fn with_safety_margin(mut self, margin: Duration) -> Self {
-        self.safety_margin = margin;
-        self
-    }
-
-    /// These options with [`LockOptions::drift_allowance_ppm`] set
+    /// These options with the session's TTL ([`SessionOptions::ttl`]) set
     /// (checked when the lock is made).
     #[must_use]
+    pub const fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.session.ttl = ttl;
+        self
+    }
+
+    /// These options with the session's safety margin
+    /// ([`SessionOptions::safety_margin`]) set (checked when the lock is
+    /// made).
+    #[must_use]
+    pub const fn with_safety_margin(mut self, margin: Duration) -> Self {
+        self.session.safety_margin = margin;
+        self
+    }
+
+    /// These options with the session's drift allowance
+    /// ([`SessionOptions::drift_allowance_ppm`]) set (checked when the lock
+    /// is made).
+    #[must_use]
     pub const fn with_drift_allowance_ppm(mut self, ppm: u32) -> Self {
-        self.drift_allowance_ppm = ppm;
+        self.session.drift_allowance_ppm = ppm;
         self
     }
 
@@ -134,11 +130,10 @@ impl LockOptions {
     }
 
     fn election_options(&self, own: &str) -> ElectionOptions {
-        ElectionOptions::default()
-            .with_prefix(self.prefix.clone().unwrap_or_else(|| own.to_string()))
-            .with_ttl(self.ttl)
-            .with_safety_margin(self.safety_margin)
-            .with_drift_allowance_ppm(self.drift_allowance_ppm)
+        let mut options = ElectionOptions::default()
+            .with_prefix(self.prefix.clone().unwrap_or_else(|| own.to_string()));
+        options.session = self.session.clone();
+        options
     }
 }
 
@@ -152,7 +147,7 @@ mod tests {
         for own in [DEFAULT_LOCK_PREFIX, DEFAULT_SEMAPHORE_PREFIX] {
             let election = options.to_election(own).unwrap();
             assert_eq!(election.prefix, own);
-            assert_eq!(election.ttl, Duration::from_secs(3));
+            assert_eq!(election.session.ttl, Duration::from_secs(3));
             assert_eq!((election.priority, election.yield_to_higher), (None, false));
         }
         let shared = LockOptions::default().with_prefix("");

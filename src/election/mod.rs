@@ -11,7 +11,7 @@
 use crate::driver::{rand_seed, Gone, Notify};
 use crate::error::{Error, ErrorKind, Result};
 use crate::etcd::{assert_not_async, Etcd};
-use crate::liveness::{close_outcome, ATTEMPT_TIMEOUT, CLOSE_WAIT};
+use crate::session::{close_outcome, ATTEMPT_TIMEOUT, CLOSE_WAIT};
 use crate::validate;
 use belief::Belief;
 use fleetcoord_sm::election::{
@@ -94,9 +94,9 @@ pub enum TryCampaign {
 ///   expired its session lease: a leader stops believing at its session's
 ///   local deadline, [`ElectionOptions::trusted_lifetime`] after the send
 ///   of its last acknowledged renewal, which passes at least
-///   [`ElectionOptions::safety_margin`] before etcd can expire the lease and
+///   [`SessionOptions::safety_margin`](crate::SessionOptions::safety_margin) before etcd can expire the lease and
 ///   let the next one in. This holds while the leader's clock runs no
-///   slower than [`ElectionOptions::drift_allowance_ppm`] permits relative
+///   slower than [`SessionOptions::drift_allowance_ppm`](crate::SessionOptions::drift_allowance_ppm) permits relative
 ///   to etcd's, and while its process is not paused for longer than the
 ///   margin between deadline and action (the fencing token covers the
 ///   rest); it does not rely on how late etcd's expiry loop runs, nor on
@@ -150,6 +150,11 @@ struct Inner {
     rank: Option<Rank>,
     /// [`Election::close`] was called: calls fail with [`Error::Closed`].
     closed: AtomicBool,
+    /// Its place on a shared session, if it runs on one (taken when the
+    /// close is done, which frees its name on the session).
+    attachment: Mutex<Option<crate::session::Attachment>>,
+    /// Whether it runs on a shared session.
+    shared: bool,
 }
 
 impl Election {
@@ -180,6 +185,27 @@ impl Election {
         Self::with_permits(etcd, name, options, 1)
     }
 
+    /// Join the election `name` on `session`: the candidate key is bound
+    /// to the session's lease (`<prefix><name>/<session lease in hex>`, as
+    /// Go's `concurrency.NewElection(session, ...)`), and no lease of its
+    /// own is granted or renewed. The session's lease settings apply; the
+    /// TTL, safety margin and drift allowance of `options` are ignored.
+    ///
+    /// A lost session lease ends the leadership at once (as every
+    /// leadership on the session); a waiting campaign joins the queue again
+    /// on the session's next lease. [`Election::close`] deletes this
+    /// candidate's key and leaves the session running;
+    /// [`Session::close`](crate::Session::close) ends this election too.
+    /// A second primitive on the same session with the same key prefix is
+    /// refused with [`Error::InvalidArgument`]: both would use one key.
+    pub fn with_session(
+        session: &crate::Session,
+        name: &str,
+        options: ElectionOptions,
+    ) -> Result<Election> {
+        Self::open(session.etcd(), Some(session), name, options, 1)
+    }
+
     /// [`Election::with_options`] where `permits` candidates hold at once
     /// (the [`Semaphore`](crate::Semaphore)'s machinery; 1 is the election).
     pub(crate) fn with_permits(
@@ -188,36 +214,76 @@ impl Election {
         options: ElectionOptions,
         permits: u32,
     ) -> Result<Election> {
+        Self::open(etcd, None, name, options, permits)
+    }
+
+    /// The election, on its own session or on `session`.
+    pub(crate) fn open(
+        etcd: &Etcd,
+        session: Option<&crate::Session>,
+        name: &str,
+        options: ElectionOptions,
+        permits: u32,
+    ) -> Result<Election> {
         assert_not_async();
         let options_permits = permits.max(1);
         let prefix = election_prefix(name, &options)?;
         let rank = options.rank();
-        validate::ttl("ttl", options.ttl)?;
-        validate::trust(
-            options.ttl,
-            options.safety_margin,
-            options.drift_allowance_ppm,
-        )?;
+        let (ttl, safety_margin, drift_allowance_ppm) = match session {
+            Some(session) => {
+                if session.is_closed() {
+                    return Err(Error::Closed);
+                }
+                let o = session.options();
+                (o.ttl, o.safety_margin, o.drift_allowance_ppm)
+            }
+            None => (
+                options.session.ttl,
+                options.session.safety_margin,
+                options.session.drift_allowance_ppm,
+            ),
+        };
+        validate::ttl("ttl", ttl)?;
+        validate::trust(ttl, safety_margin, drift_allowance_ppm)?;
         let config = ElectionConfig {
             prefix: prefix.clone().into_bytes(),
-            ttl_secs: options.ttl.as_secs() as i64,
+            ttl_secs: ttl.as_secs() as i64,
             backoff: BackoffConfig::default(),
-            safety_margin: options.safety_margin,
-            drift_allowance_ppm: options.drift_allowance_ppm,
+            safety_margin,
+            drift_allowance_ppm,
             attempt_timeout: ATTEMPT_TIMEOUT.min(etcd.options().request_timeout),
             // For `session_trusted_until`: one notice per renewal.
             announce_session_trust: true,
             permits: options_permits,
         };
-        let mut machine = ElectionMachine::new(config, Instant::now(), rand_seed());
-        machine.set_session_renewal_grid(Some(etcd.renewal_grid()));
-        let state = Arc::new(Mutex::new(State::default()));
+        let machine = match session {
+            Some(_) => ElectionMachine::on_session(config, Instant::now(), rand_seed(), 0),
+            None => {
+                let mut machine = ElectionMachine::new(config, Instant::now(), rand_seed());
+                machine.set_session_renewal_grid(Some(etcd.renewal_grid()));
+                machine
+            }
+        };
+        let state = Arc::new(Mutex::new(State {
+            dead_lease: session.map(|s| s.dead_lease()),
+            ..State::default()
+        }));
         let handler_state = state.clone();
         let (router, routes) = ops::routes();
         let metrics_prefix = prefix.clone();
+        // Where the machine's requests for the shared lease go (taken
+        // before the election's own state is locked: the session locks
+        // every primitive's state to end its beliefs).
+        let requests_to = session.cloned();
         let machine = etcd.run(
             machine,
             Notify(move |notice| {
+                if let ElectionNotice::SessionRequest(request) = notice {
+                    if let Some(session) = &requests_to {
+                        session.request(request);
+                    }
+                    return true;
+                }
                 match &notice {
                     ElectionNotice::Elected { token, .. } => {
                         crate::metrics::election(&metrics_prefix, "elected", *token)
@@ -235,6 +301,18 @@ impl Election {
             }),
         )?;
         state.lock().resigner = Some(machine.downgrade());
+        let attachment = match session {
+            Some(session) => {
+                let input = machine.downgrade();
+                let beliefs = state.clone();
+                Some(session.attach(
+                    &prefix,
+                    move |fact| input.send(ElectionInput::Session(fact)).is_ok(),
+                    move || notices::lose_all(&mut beliefs.lock()),
+                )?)
+            }
+            None => None,
+        };
         Ok(Election {
             inner: Arc::new(Inner {
                 etcd: etcd.clone(),
@@ -243,6 +321,8 @@ impl Election {
                 state,
                 rank,
                 closed: AtomicBool::new(false),
+                shared: attachment.is_some(),
+                attachment: Mutex::new(attachment),
             }),
         })
     }
@@ -512,9 +592,16 @@ impl Election {
     pub(crate) fn wait_closed(&self) -> Result<()> {
         let finished = self.inner.ops.machine().wait_finished(CLOSE_WAIT);
         let revoked = match self.inner.state.lock().session {
+            // On a shared session the lease is the session's to revoke:
+            // this election's stop deleted its keys (or gave the lease up).
+            Some(LivenessState::Stopped { .. }) if self.inner.shared => Some(true),
             Some(LivenessState::Stopped { revoked }) => Some(revoked),
             _ => None,
         };
+        if finished.is_ok() {
+            // Its keys are gone: the name is free on the session again.
+            self.inner.attachment.lock().take();
+        }
         close_outcome(finished, revoked, || self.inner.etcd.gone())
     }
 
@@ -579,7 +666,12 @@ impl Inner {
     /// The error for a machine that ended: [`Error::Closed`] after
     /// [`Election::close`], else what the [`Etcd`] handle says.
     fn gone(&self) -> Error {
-        if self.closed.load(Ordering::SeqCst) {
+        let session_closed = self
+            .attachment
+            .lock()
+            .as_ref()
+            .is_some_and(|a| a.session().is_closed());
+        if self.closed.load(Ordering::SeqCst) || session_closed {
             Error::Closed
         } else {
             self.etcd.gone()

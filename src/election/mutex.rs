@@ -65,6 +65,21 @@ impl Mutex {
         })
     }
 
+    /// The mutex `name` on `session` (see [`Election::with_session`]): the
+    /// waiter's key is bound to the session's lease, whose settings apply
+    /// (those of `options` are ignored). A lost session lease ends the lock
+    /// held, as every lock and leadership on the session.
+    pub fn with_session(
+        session: &crate::Session,
+        name: &str,
+        options: LockOptions,
+    ) -> Result<Mutex> {
+        let options = options.to_election(DEFAULT_LOCK_PREFIX)?;
+        Ok(Mutex {
+            election: Election::with_session(session, name, options)?,
+        })
+    }
+
     /// Blocks until this handle holds the lock. A session lease lost while
     /// waiting is replaced and the wait goes on (see [`Election::campaign`]).
     pub fn lock(&self) -> Result<MutexGuard> {

@@ -11,6 +11,7 @@ use crate::driver::WeakInput;
 use fleetcoord_sm::election::{Election as ElectionMachine, ElectionInput, ElectionNotice, OpId};
 use fleetcoord_sm::keepalive::LivenessState;
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -26,6 +27,11 @@ pub(super) struct State {
     pub(super) session: Option<LivenessState>,
     /// The session lease last told trusted, and until when.
     pub(super) session_trust: Option<(i64, Instant)>,
+    /// On a shared session: the last lease the session gave up or lost
+    /// (see [`crate::Session`]). A win on it that arrives after the session
+    /// ended every belief on it is never believed: the lease's revoke may
+    /// already be freeing the key.
+    pub(super) dead_lease: Option<Arc<AtomicI64>>,
 }
 
 /// The leadership the machine last reported, registered by the driver's
@@ -131,9 +137,17 @@ pub(super) fn handle_notice(
     if let ElectionNotice::Elected {
         token,
         trusted_until,
+        lease,
         ..
     } = &notice
     {
+        // Read under the state lock, which the session's ending of every
+        // belief takes after marking the lease: either that ended this
+        // leadership, or this sees the mark.
+        let dead = state
+            .dead_lease
+            .as_ref()
+            .is_some_and(|d| d.load(Ordering::SeqCst) == *lease);
         // Registered before the waiter sees it, so a `LeadershipLost`
         // right behind it is never missed.
         if let Some(old) = state.held.take() {
@@ -143,7 +157,11 @@ pub(super) fn handle_notice(
         let (step_down, step_down_rx) = crossbeam_channel::bounded(1);
         state.held = Some(Held {
             token: *token,
-            belief: Arc::new(Belief::until(*trusted_until)),
+            belief: Arc::new(if dead {
+                Belief::over()
+            } else {
+                Belief::until(*trusted_until)
+            }),
             lost,
             lost_rx,
             step_down,
@@ -169,6 +187,15 @@ pub(super) fn handle_notice(
 /// the other finds nothing held.
 pub(super) fn lose(state: &mut State, token: i64) {
     if let Some(held) = state.held.take_if(|h| h.token == token) {
+        held.belief.end();
+        let _ = held.lost.try_send(());
+    }
+}
+
+/// Ends whatever leadership is held, as lost: the shared session it runs
+/// on is lost, replaced or closed (see [`crate::Session`]).
+pub(super) fn lose_all(state: &mut State) {
+    if let Some(held) = state.held.take() {
         held.belief.end();
         let _ = held.lost.try_send(());
     }
@@ -286,6 +313,25 @@ mod tests {
             Some(ElectionNotice::Resigned { token: 3 })
         );
         assert!(resigned(&mut inputs).is_empty());
+    }
+
+    /// A win on a lease the shared session already gave up (its revoke
+    /// may be freeing the key) is handed out as over, never believed.
+    #[test]
+    fn a_win_on_a_lease_the_session_gave_up_is_not_believed() {
+        let (handler, _machine, _inputs) = state();
+        let dead = Arc::new(AtomicI64::new(0));
+        handler.state.lock().dead_lease = Some(dead.clone());
+        let rx = wait_for(&handler, 2);
+        handle_notice(&handler, elected(2, 8));
+        assert!(rx.try_recv().is_ok());
+        let believed = |h: &Handler| h.state.lock().held.as_ref().map(|h| h.belief.holds());
+        assert_eq!(believed(&handler), Some(true), "a live lease is believed");
+        dead.store(1, Ordering::SeqCst);
+        let rx = wait_for(&handler, 3);
+        handle_notice(&handler, elected(3, 9));
+        assert!(rx.try_recv().is_ok());
+        assert_eq!(believed(&handler), Some(false), "lease 1 was given up");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! [`Mutex`]: crate::Mutex
 
 use crate::error::Result;
-use crate::liveness::{DEFAULT_DRIFT_ALLOWANCE_PPM, DEFAULT_SAFETY_MARGIN};
+use crate::session::SessionOptions;
 use crate::validate;
 use fleetcoord_sm::keepalive::trusted_lifetime;
 use std::time::Duration;
@@ -38,21 +38,14 @@ pub struct ElectionOptions {
     /// Use `""` to share an election with `etcdctl elect <name>`, whose keys
     /// are `<name>/<lease id hex>`.
     pub prefix: String,
-    /// TTL of the session lease. A leader that dies is replaced about this
-    /// long after its last renewal. Whole seconds, at least 1. Default 10 s.
-    pub ttl: Duration,
-    /// How long before etcd can expire the session lease (and elect the
-    /// next candidate) this candidate stops believing it leads: room for
-    /// acting on an [`Leadership::is_held`] just read (which compares the
-    /// caller's own clock with the deadline, so a late driver does not
-    /// stretch it) and for [`Leadership::lost`] arriving late. At most half of the TTL less the
-    /// drift allowance. Default 250 ms.
-    pub safety_margin: Duration,
-    /// How much slower than etcd's clock this host's clock may run, in
-    /// parts per million: the session trusts its lease for the TTL
-    /// shortened by this much, then less the margin. 0 to 100,000 (10 %).
-    /// Default 10,000 (1 %, ten times what NTP lets two clocks differ by).
-    pub drift_allowance_ppm: u32,
+    /// The lease settings: TTL, safety margin and clock drift allowance,
+    /// as every session has them (default TTL 10 s; a leader that dies is
+    /// replaced about one TTL after its last renewal; the margin is how long
+    /// before etcd can expire the lease this candidate stops believing it
+    /// leads) ([`SessionOptions`]). The `with_ttl`,
+    /// `with_safety_margin` and `with_drift_allowance_ppm` builders set
+    /// them here.
+    pub session: SessionOptions,
     /// This candidate's priority, `None` (the default) for a plain
     /// candidate. See [`ElectionOptions::with_priority`].
     pub priority: Option<u32>,
@@ -65,9 +58,7 @@ impl Default for ElectionOptions {
     fn default() -> Self {
         ElectionOptions {
             prefix: DEFAULT_ELECTION_PREFIX.into(),
-            ttl: Duration::from_secs(10),
-            safety_margin: DEFAULT_SAFETY_MARGIN,
-            drift_allowance_ppm: DEFAULT_DRIFT_ALLOWANCE_PPM,
+            session: SessionOptions::default(),
             priority: None,
             yield_to_higher: false,
         }
@@ -83,28 +74,29 @@ impl ElectionOptions {
         self
     }
 
-    /// These options with [`ElectionOptions::ttl`] set (checked when the
-    /// election is joined).
+    /// These options with the session's TTL ([`SessionOptions::ttl`]) set
+    /// (checked when the election is joined).
     #[must_use]
     pub const fn with_ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
+        self.session.ttl = ttl;
         self
     }
 
-    /// These options with [`ElectionOptions::safety_margin`] set (at most
-    /// half of the TTL less the drift allowance, checked when the election
-    /// is joined).
+    /// These options with the session's safety margin
+    /// ([`SessionOptions::safety_margin`]) set (at most half of the TTL
+    /// less the drift allowance, checked when the election is joined).
     #[must_use]
     pub const fn with_safety_margin(mut self, margin: Duration) -> Self {
-        self.safety_margin = margin;
+        self.session.safety_margin = margin;
         self
     }
 
-    /// These options with [`ElectionOptions::drift_allowance_ppm`] set (at
-    /// most 100,000, checked when the election is joined).
+    /// These options with the session's drift allowance
+    /// ([`SessionOptions::drift_allowance_ppm`]) set (at most 100,000,
+    /// checked when the election is joined).
     #[must_use]
     pub const fn with_drift_allowance_ppm(mut self, ppm: u32) -> Self {
-        self.drift_allowance_ppm = ppm;
+        self.session.drift_allowance_ppm = ppm;
         self
     }
 
@@ -163,7 +155,11 @@ impl ElectionOptions {
     /// assert_eq!(ElectionOptions::default().trusted_lifetime(), Duration::from_millis(9_650));
     /// ```
     pub fn trusted_lifetime(&self) -> Duration {
-        trusted_lifetime(self.ttl, self.safety_margin, self.drift_allowance_ppm)
+        trusted_lifetime(
+            self.session.ttl,
+            self.session.safety_margin,
+            self.session.drift_allowance_ppm,
+        )
     }
 }
 

@@ -43,6 +43,8 @@ use std::time::Duration;
 pub struct ElectionPool {
     etcd: Etcd,
     options: ElectionOptions,
+    /// The shared session every election of the pool runs on, if any.
+    session: Option<crate::Session>,
     elections: Mutex<HashMap<String, Arc<Election>>>,
     closed: std::sync::atomic::AtomicBool,
 }
@@ -66,6 +68,21 @@ impl ElectionPool {
         ElectionPool {
             etcd: etcd.clone(),
             options,
+            session: None,
+            elections: Mutex::new(HashMap::new()),
+            closed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// A pool whose elections all run on `session` (see
+    /// [`Election::with_session`]): one lease for every name instead of one
+    /// per name. [`ElectionPool::release`] and [`ElectionPool::close`]
+    /// delete the names' keys and leave the session running.
+    pub fn with_session(session: &crate::Session, options: ElectionOptions) -> ElectionPool {
+        ElectionPool {
+            etcd: session.etcd().clone(),
+            options,
+            session: Some(session.clone()),
             elections: Mutex::new(HashMap::new()),
             closed: std::sync::atomic::AtomicBool::new(false),
         }
@@ -80,11 +97,10 @@ impl ElectionPool {
         if let Some(e) = elections.get(name) {
             return Ok(e.clone());
         }
-        let election = Arc::new(Election::with_options(
-            &self.etcd,
-            name,
-            self.options.clone(),
-        )?);
+        let election = Arc::new(match &self.session {
+            Some(session) => Election::with_session(session, name, self.options.clone())?,
+            None => Election::with_options(&self.etcd, name, self.options.clone())?,
+        });
         elections.insert(name.to_string(), election.clone());
         Ok(election)
     }

@@ -119,6 +119,34 @@ impl Semaphore {
         })
     }
 
+    /// The semaphore `name` of `permits` permits on `session` (see
+    /// [`Election::with_session`]): the holder's key is bound to the
+    /// session's lease, whose settings apply (those of `options` are
+    /// ignored). A lost session lease ends the permit held, as every lock
+    /// and leadership on the session. Checks the permits as
+    /// [`Semaphore::with_options`] does.
+    pub fn with_session(
+        session: &crate::Session,
+        name: &str,
+        permits: u32,
+        options: LockOptions,
+    ) -> Result<Semaphore> {
+        if permits == 0 {
+            return Err(Error::invalid(
+                "permits",
+                "a semaphore needs at least one permit",
+            ));
+        }
+        let etcd = session.etcd();
+        let options = options.to_election(DEFAULT_SEMAPHORE_PREFIX)?;
+        let prefix = super::options::election_prefix(name, &options)?;
+        check_permits(etcd, &prefix, permits)?;
+        Ok(Semaphore {
+            election: Election::open(etcd, Some(session), name, options, permits)?,
+            permits,
+        })
+    }
+
     /// The number of permits this handle counts with.
     pub fn permits(&self) -> u32 {
         self.permits

@@ -2,7 +2,11 @@
 //! `clientv3/concurrency` election and `etcdctl elect`.
 //!
 //! An [`Election`] is the election protocol plus its own session: a lease
-//! kept alive by a lease-only [`Keepalive`]. Candidates queue up as keys
+//! kept alive by a lease-only [`Keepalive`], or, made with
+//! [`Election::on_session`], a session kept by someone else that several
+//! elections, semaphores and a host registration share (its facts come in
+//! as [`SessionInput`]s, the protocol's requests for the lease leave as
+//! [`ElectionNotice::SessionRequest`]; rules in `shared.rs`). Candidates queue up as keys
 //! `<prefix><lease id in lowercase hex>`; the key with the lowest create
 //! revision leads, and that create revision is the leader's fencing token.
 //!
@@ -62,6 +66,13 @@
 //!   [`ElectionConfig::attempt_timeout`]: a write lost in a raft leader
 //!   change costs one attempt, not the driver's request timeout.
 //! * The session outlives campaigns: resign and campaign again reuse it.
+//! * On a shared session every guarantee above holds with "the session's
+//!   local deadline" read as the deadline its owner last told
+//!   ([`SessionInput::Trusted`]; a stale, earlier one ends belief sooner,
+//!   never later), and nothing is believed before one is told. A lease
+//!   etcd answers "not found", or one the protocol gives up, is lost here
+//!   at once and reported to the owner; later facts about it are ignored.
+//!   A stop deletes the own keys instead of revoking the owner's lease.
 //! * With [`ElectionConfig::permits`] = N > 1 (a semaphore), "leads" reads
 //!   "holds": a candidate holds once one read, at one revision, showed its
 //!   key with its token and fewer than N older keys (the create txn reads
@@ -83,6 +94,10 @@
 
 mod protocol;
 mod requests;
+mod shared;
+
+pub use crate::session::SessionInput;
+pub use protocol::SessionRequest;
 
 pub use requests::{
     fenced_txn, hand_over_refusal_key, hand_over_request_key, leader_query, priority_prefix,
@@ -96,7 +111,8 @@ use crate::keepalive::{
 use crate::outbox::Outbox;
 use crate::rpc::{Command, Compare, KeyValue, LeaseId, Revision, RpcError, RpcReply};
 use crate::Machine;
-use protocol::{Protocol, SessionFact, SessionRequest, UserRequest};
+use protocol::{Protocol, SessionFact, UserRequest};
+use shared::{SharedSession, SHARED_ID_SPAN};
 use std::time::{Duration, Instant};
 
 /// RPC ids of the protocol start here; the session's start at 0, so a reply
@@ -258,8 +274,14 @@ pub enum ElectionInput {
         token: Revision,
     },
     /// Leave for good: stop believing at once, revoke the session lease
-    /// (which deletes the own key), then `Session(Stopped{..})`.
+    /// (which deletes the own key), then `Session(Stopped{..})`. On a shared
+    /// session ([`Election::on_session`]) the lease is the owner's: the
+    /// own keys are deleted instead (see [`SessionInput`]).
     Stop,
+    /// A fact from the owner of a shared session ([`Election::on_session`]);
+    /// ignored by an election with its own session.
+    #[cfg_attr(feature = "fuzzing", arbitrary(skip))]
+    Session(SessionInput),
 }
 
 impl From<RpcReply> for ElectionInput {
@@ -410,8 +432,15 @@ pub enum ElectionNotice {
         /// Why.
         error: ElectionError,
     },
-    /// The session changed state.
+    /// The session changed state. On a shared session: `Registered` at
+    /// `Up` (or the end of a suspension), `Suspended`, `Lost`, `Refused`
+    /// as told, and `Stopped { revoked: false }` once this election's
+    /// stop is done (the lease is the owner's).
     Session(LivenessState),
+    /// Only on a shared session ([`Election::on_session`]): what its owner
+    /// must do to the lease. The election already treats that lease as
+    /// lost. A `Replace` gives the lease up for everything on the session.
+    SessionRequest(SessionRequest),
     /// The session's lease `lease` is trusted until `until` (a grant or an
     /// answered renewal moved its local deadline), whether this candidate
     /// leads or not. Only with [`ElectionConfig::announce_session_trust`].
@@ -430,7 +459,8 @@ pub enum ElectionNotice {
 #[derive(Clone, Debug)]
 pub struct Election {
     prefix: Vec<u8>,
-    session: Keepalive,
+    session: Part,
+    announce_session_trust: bool,
     protocol: Protocol,
     /// The commands of both parts, forwarded in order; it issues no ids.
     outbox: Outbox<ElectionNotice>,
@@ -438,6 +468,53 @@ pub struct Election {
     /// The leadership and deadline the user was last told it may believe
     /// in (see [`Election::announce_trust`]).
     announced: Option<(Revision, Instant)>,
+}
+
+/// Where an election's session lives.
+#[derive(Clone, Debug)]
+enum Part {
+    /// Its own lease-only keepalive (boxed: the shared part is a third of
+    /// its size).
+    Own(Box<Keepalive>),
+    /// A session kept by someone else, told by [`SessionInput`]s.
+    Shared(SharedSession),
+}
+
+impl Part {
+    fn lease(&self) -> Option<LeaseId> {
+        match self {
+            Part::Own(k) => k.lease(),
+            Part::Shared(s) => s.lease(),
+        }
+    }
+
+    fn local_deadline(&self) -> Option<Instant> {
+        match self {
+            Part::Own(k) => k.local_deadline(),
+            Part::Shared(s) => s.local_deadline(),
+        }
+    }
+
+    fn owns(&self, id: crate::rpc::RpcId) -> bool {
+        match self {
+            Part::Own(k) => k.owns(id),
+            Part::Shared(s) => s.owns(id),
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        match self {
+            Part::Own(k) => k.poll_timeout(),
+            Part::Shared(s) => s.poll_timeout(),
+        }
+    }
+
+    fn is_finished(&self) -> bool {
+        match self {
+            Part::Own(k) => k.is_finished(),
+            Part::Shared(s) => s.is_finished(),
+        }
+    }
 }
 
 impl Election {
@@ -455,22 +532,63 @@ impl Election {
             announce_trust: config.announce_session_trust,
         };
         let session = Keepalive::with_first_rpc_id(session_config, now, seed, 0);
+        Self::with_part(
+            config,
+            Part::Own(Box::new(session)),
+            now,
+            seed,
+            PROTOCOL_FIRST_RPC_ID,
+        )
+    }
+
+    /// An election on a session it does not keep: no lease is granted,
+    /// renewed or revoked by this machine. The session's owner feeds every
+    /// fact of its lease as [`ElectionInput::Session`] (for a lease-only
+    /// [`Keepalive`] that announces trust: `Trusted { lease, until }` as
+    /// `Trusted`, the `Registered`, `Suspended`, `Lost` and `Refused`
+    /// states as `Up`, `Suspended`, `Lost`, `Refused`, and `Closed` before
+    /// it revokes the lease) and acts on every
+    /// [`ElectionNotice::SessionRequest`]. Nothing is believed before the
+    /// first `Trusted`. `config.ttl_secs` is the lease's TTL (it bounds a
+    /// withdraw); the safety margin and drift allowance are the owner's,
+    /// already in the deadlines it tells. Request ids start at
+    /// `first_rpc_id` (and use the next 2^41), so machines sharing one id
+    /// space stay apart. All guarantees of the module docs hold, with "the
+    /// session's local deadline" meaning the deadline last told.
+    pub fn on_session(config: ElectionConfig, now: Instant, seed: u64, first_rpc_id: u64) -> Self {
+        let limit = withdraw_limit(config.ttl_secs);
+        let part = Part::Shared(SharedSession::new(
+            first_rpc_id,
+            config.attempt_timeout,
+            limit,
+        ));
+        let protocol_first = first_rpc_id.saturating_add(SHARED_ID_SPAN);
+        Self::with_part(config, part, now, seed, protocol_first)
+    }
+
+    fn with_part(
+        config: ElectionConfig,
+        session: Part,
+        now: Instant,
+        seed: u64,
+        protocol_first_rpc_id: u64,
+    ) -> Self {
         let protocol_seed = seed.rotate_left(29) ^ 0x9e37_79b9_7f4a_7c15;
         let protocol = Protocol::new(
             config.prefix.clone(),
             config.backoff,
             config.attempt_timeout,
-            // One TTL: by then the key is better off expiring with its lease.
-            Duration::from_secs(u64::try_from(config.ttl_secs.max(1)).unwrap_or(1)),
+            withdraw_limit(config.ttl_secs),
             now,
             protocol_seed,
-            PROTOCOL_FIRST_RPC_ID,
+            protocol_first_rpc_id,
         );
         let mut protocol = protocol;
         protocol.set_permits(config.permits);
         let mut election = Election {
             prefix: config.prefix,
             session,
+            announce_session_trust: config.announce_session_trust,
             protocol,
             outbox: Outbox::default(),
             clock: Clock::new(now),
@@ -516,8 +634,17 @@ impl Election {
 
     /// Renewals of the session on `grid`: see
     /// [`Keepalive::set_renewal_grid`].
+    /// Does nothing on a shared session (its owner renews).
     pub fn set_session_renewal_grid(&mut self, grid: Option<crate::keepalive::RenewalGrid>) {
-        self.session.set_renewal_grid(grid);
+        if let Part::Own(session) = &mut self.session {
+            session.set_renewal_grid(grid);
+        }
+    }
+
+    /// Whether this election runs on a shared session
+    /// ([`Election::on_session`]).
+    pub fn is_on_shared_session(&self) -> bool {
+        matches!(self.session, Part::Shared(_))
     }
 
     /// The candidate key of the current session: prefix + lowercase hex lease id.
@@ -537,7 +664,10 @@ impl Election {
                 SessionRequest::Gone(lease) => KeepaliveInput::LeaseGone { lease },
                 SessionRequest::Replace(lease) => KeepaliveInput::Replace { lease },
             };
-            self.session.handle(now, input);
+            match &mut self.session {
+                Part::Own(session) => session.handle(now, input),
+                Part::Shared(_) => self.shared_request(now, request),
+            }
         }
     }
 
@@ -546,7 +676,16 @@ impl Election {
     fn drain(&mut self) {
         loop {
             let mut progressed = false;
-            while let Some(command) = self.session.poll_command() {
+            if let Part::Shared(s) = &mut self.session {
+                while let Some(command) = s.outbox.pop() {
+                    progressed = true;
+                    self.outbox.push(command);
+                }
+            }
+            while let Some(command) = match &mut self.session {
+                Part::Own(session) => session.poll_command(),
+                Part::Shared(_) => None,
+            } {
                 progressed = true;
                 match command {
                     Command::Rpc { id, request } => self.outbox.push(Command::Rpc { id, request }),
@@ -652,7 +791,10 @@ impl Machine for Election {
         match input {
             ElectionInput::Rpc(reply) => {
                 if self.session.owns(reply.id) {
-                    self.session.handle(now, KeepaliveInput::Rpc(reply));
+                    match &mut self.session {
+                        Part::Own(session) => session.handle(now, KeepaliveInput::Rpc(reply)),
+                        Part::Shared(_) => self.shared_reply(now, reply),
+                    }
                 } else {
                     self.protocol.reply(now, reply);
                     self.session_request(now);
@@ -700,11 +842,17 @@ impl Machine for Election {
             ElectionInput::FenceRefused { token } => {
                 self.protocol.user(now, UserRequest::FenceRefused { token })
             }
-            ElectionInput::Stop => {
-                self.protocol.user(now, UserRequest::Stop);
-                self.drain();
-                self.session.handle(now, KeepaliveInput::Stop);
-            }
+            ElectionInput::Stop => match &mut self.session {
+                Part::Own(_) => {
+                    self.protocol.user(now, UserRequest::Stop);
+                    self.drain();
+                    if let Part::Own(session) = &mut self.session {
+                        session.handle(now, KeepaliveInput::Stop);
+                    }
+                }
+                Part::Shared(_) => self.shared_stop(now),
+            },
+            ElectionInput::Session(input) => self.shared_input(now, input),
         }
         // A user request can end what ran on the lease, too (a cancel,
         // a refused fence): the session hears what follows from that.
@@ -714,7 +862,10 @@ impl Machine for Election {
 
     fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock.observe(now);
-        self.session.handle_timeout(now);
+        match &mut self.session {
+            Part::Own(session) => session.handle_timeout(now),
+            Part::Shared(_) => self.shared_timeout(now),
+        }
         self.drain();
         self.protocol.handle_timeout(now);
         self.session_request(now);
@@ -742,4 +893,10 @@ impl Machine for Election {
     fn is_finished(&self) -> bool {
         self.protocol.is_stopped() && self.session.is_finished() && self.outbox.is_empty()
     }
+}
+
+/// One TTL: by then a key that could not be deleted is better off going
+/// with its lease.
+fn withdraw_limit(ttl_secs: i64) -> Duration {
+    Duration::from_secs(u64::try_from(ttl_secs.max(1)).unwrap_or(1))
 }

@@ -33,9 +33,11 @@ pub(crate) enum SessionFact {
     Refused(RpcError),
 }
 
-/// What the protocol asks of its session.
+/// What the election protocol asks of its session. An election on a
+/// shared session tells its owner ([`ElectionNotice::SessionRequest`]);
+/// one with its own session acts on it itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum SessionRequest {
+pub enum SessionRequest {
     /// etcd refused a request naming this lease as not found: it is gone,
     /// the session must learn it now rather than at its next renewal.
     Gone(LeaseId),
@@ -372,6 +374,12 @@ impl Protocol {
             Op::Leading(l) if !ranked::handing_over(l) => Some((l.lease, l.token)),
             _ => None,
         }
+    }
+
+    /// The lease of a create of the own key that may still land (see
+    /// [`Protocol::settle_doubt`]).
+    pub(crate) fn create_doubt(&self) -> Option<LeaseId> {
+        self.create_doubt
     }
 
     /// Stopped for good (the `Stop` request was handled).

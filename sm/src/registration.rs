@@ -1,0 +1,449 @@
+//! A key bound to a session lease this machine does not keep: a host's
+//! registration on a shared session ([`crate::session`]), so that the host
+//! key, elections and locks of one process cost etcd one lease's renewals.
+//!
+//! Rules:
+//! 1. **Write.** While the session is up with lease L and the key is not
+//!    written on L with the current value, one transaction puts the key on
+//!    L, guarded on the key's mod revision as this machine last knew it (0:
+//!    absent), and deletes the leave marker (a leave of an earlier
+//!    registration must not read as this one's). A failed guard is
+//!    answered with the key as it is: already the current value on L (an
+//!    earlier copy landed) counts as the write; anything else is taken
+//!    over by the next put, guarded on what was read. A failed request is
+//!    sent again after a backoff delay. A put given up on an old lease and
+//!    landing late fails its guard, since every later write moved the mod
+//!    revision.
+//! 2. **State.** `Registered { lease }` once the key is written on L;
+//!    `Suspended`, `Lost`, `Refused` as the session tells; a new lease
+//!    after a loss writes the key again (rule 1), which is the host
+//!    registering again.
+//! 3. **Leave.** [`RegistrationInput::Stop`] while the key is written on
+//!    the current lease sends one transaction that puts the leave marker on
+//!    that lease and deletes the key, guarded on the key's mod revision as
+//!    written (watchers see a leave, as with an own lease); a put still in
+//!    flight is waited for first, so it cannot write the key after the
+//!    leave. A failed leave is sent again after a backoff delay; one not
+//!    done within `give_up` asks the session's owner to replace the lease
+//!    ([`RegistrationNotice::SessionRequest`]), so the key goes with it.
+//!    The lease is never revoked here: it is the session's.
+//! 4. [`SessionInput::Closed`] stops at once: the owner's revoke deletes
+//!    the key.
+
+use crate::backoff::{Backoff, BackoffConfig};
+use crate::clock::Clock;
+use crate::election::SessionRequest;
+use crate::keepalive::LivenessState;
+use crate::outbox::Outbox;
+use crate::rpc::{
+    Command, Compare, KeyRange, LeaseId, RangeRequest, Request, Response, Revision, RpcId,
+    RpcReply, Txn, TxnOp, TxnOpResponse,
+};
+use crate::session::SessionInput;
+use crate::timer::TimerTable;
+use crate::Machine;
+use std::time::{Duration, Instant};
+
+/// How a [`Registration`] behaves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegistrationConfig {
+    /// The key to keep on the session's lease.
+    pub key: Vec<u8>,
+    /// Its value.
+    pub value: Vec<u8>,
+    /// Written on the lease when leaving, in the transaction that deletes
+    /// the key (see `watch::leave_marker_key`); `None` deletes only.
+    pub leave_marker: Option<Vec<u8>>,
+    /// Delays between failed attempts.
+    pub backoff: BackoffConfig,
+    /// How long a leave may fail before the lease is given up (one TTL
+    /// serves).
+    pub give_up: Duration,
+}
+
+/// Inputs of a [`Registration`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RegistrationInput {
+    /// The reply to one of the machine's requests (others are ignored).
+    Rpc(RpcReply),
+    /// A fact of the session lease.
+    Session(SessionInput),
+    /// Replace the value: written at once while registered.
+    SetValue(Vec<u8>),
+    /// Leave (rule 3).
+    Stop,
+}
+
+impl From<RpcReply> for RegistrationInput {
+    fn from(reply: RpcReply) -> Self {
+        RegistrationInput::Rpc(reply)
+    }
+}
+
+/// What a [`Registration`] tells its user, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RegistrationNotice {
+    /// The registration changed state (`Stopped { revoked: false }` at the
+    /// end: the lease is the session's).
+    State(LivenessState),
+    /// The leave transaction applied on `lease`: the key is gone and the
+    /// marker written.
+    Left {
+        /// The lease the marker is on.
+        lease: LeaseId,
+    },
+    /// What the session's owner must do to the lease (rule 3).
+    SessionRequest(SessionRequest),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Timer {
+    Retry,
+    GiveUp,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum InFlight {
+    Put {
+        id: RpcId,
+        lease: LeaseId,
+        value: Vec<u8>,
+    },
+    Leave {
+        id: RpcId,
+        lease: LeaseId,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Running,
+    /// Stop asked: leave once nothing is in flight.
+    Leaving,
+    Done,
+}
+
+/// The registration machine. See the module docs for its rules.
+#[derive(Clone, Debug)]
+pub struct Registration {
+    key: Vec<u8>,
+    value: Vec<u8>,
+    marker: Option<Vec<u8>>,
+    give_up: Duration,
+    lease: Option<LeaseId>,
+    /// The key's mod revision as this machine last knew it (0: absent).
+    known: Revision,
+    /// The lease and value the key was last written with by this machine.
+    written: Option<(LeaseId, Vec<u8>)>,
+    in_flight: Option<InFlight>,
+    phase: Phase,
+    state: LivenessState,
+    backoff: Backoff,
+    timers: TimerTable<Timer>,
+    outbox: Outbox<RegistrationNotice>,
+    clock: Clock,
+}
+
+impl Registration {
+    /// Waits for the session's first lease (`Registering`).
+    pub fn new(config: RegistrationConfig, now: Instant, seed: u64) -> Self {
+        let mut r = Registration {
+            key: config.key,
+            value: config.value,
+            marker: config.leave_marker,
+            give_up: config.give_up,
+            lease: None,
+            known: 0,
+            written: None,
+            in_flight: None,
+            phase: Phase::Running,
+            state: LivenessState::Registering,
+            backoff: Backoff::new(config.backoff, seed),
+            timers: TimerTable::new(),
+            outbox: Outbox::default(),
+            clock: Clock::new(now),
+        };
+        r.outbox
+            .notify(RegistrationNotice::State(LivenessState::Registering));
+        r
+    }
+
+    /// The lease the key is written on, while registered.
+    pub fn lease(&self) -> Option<LeaseId> {
+        match self.state {
+            LivenessState::Registered { lease } | LivenessState::Suspended { lease } => Some(lease),
+            _ => None,
+        }
+    }
+
+    fn notify(&mut self, state: LivenessState) {
+        if self.state != state {
+            self.state = state.clone();
+            self.outbox.notify(RegistrationNotice::State(state));
+        }
+    }
+
+    fn is_written(&self) -> bool {
+        matches!((&self.written, self.lease), (Some((l, v)), Some(lease)) if *l == lease && *v == self.value)
+    }
+
+    /// Sends what rule 1 or 3 asks for, if nothing is in flight or waiting.
+    fn sync(&mut self) {
+        if self.in_flight.is_some() || self.timers.is_armed(Timer::Retry) {
+            return;
+        }
+        match self.phase {
+            Phase::Done => {}
+            Phase::Leaving => self.leave(),
+            Phase::Running => {
+                let Some(lease) = self.lease else { return };
+                if self.is_written() {
+                    return;
+                }
+                let mut success = vec![TxnOp::Put {
+                    key: self.key.clone(),
+                    value: self.value.clone(),
+                    lease,
+                }];
+                if let Some(marker) = &self.marker {
+                    success.push(TxnOp::Delete(KeyRange::Key(marker.clone())));
+                }
+                let id = self.outbox.rpc(Request::Txn(Txn {
+                    compare: vec![Compare::ModRevisionEquals {
+                        key: self.key.clone(),
+                        revision: self.known,
+                    }],
+                    success,
+                    failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(
+                        self.key.clone(),
+                    )))],
+                }));
+                self.in_flight = Some(InFlight::Put {
+                    id,
+                    lease,
+                    value: self.value.clone(),
+                });
+            }
+        }
+    }
+
+    fn leave(&mut self) {
+        let (Some(lease), true) = (self.lease, self.is_written() || self.written_on_lease()) else {
+            self.finish();
+            return;
+        };
+        let mut success = Vec::new();
+        if let Some(marker) = &self.marker {
+            success.push(TxnOp::Put {
+                key: marker.clone(),
+                value: Vec::new(),
+                lease,
+            });
+        }
+        success.push(TxnOp::Delete(KeyRange::Key(self.key.clone())));
+        let id = self.outbox.rpc(Request::Txn(Txn {
+            compare: vec![Compare::ModRevisionEquals {
+                key: self.key.clone(),
+                revision: self.known,
+            }],
+            success,
+            failure: vec![],
+        }));
+        self.in_flight = Some(InFlight::Leave { id, lease });
+    }
+
+    fn written_on_lease(&self) -> bool {
+        matches!((&self.written, self.lease), (Some((l, _)), Some(lease)) if *l == lease)
+    }
+
+    fn finish(&mut self) {
+        self.phase = Phase::Done;
+        self.timers.clear();
+        if let Some(InFlight::Put { id, .. } | InFlight::Leave { id, .. }) = self.in_flight.take() {
+            self.outbox.cancel(id);
+        }
+        self.notify(LivenessState::Stopped { revoked: false });
+    }
+
+    fn fail(&mut self) {
+        let now = self.clock.now();
+        let at = now.checked_add(self.backoff.next_delay()).unwrap_or(now);
+        self.timers.set(Timer::Retry, at);
+    }
+
+    fn on_reply(&mut self, reply: RpcReply) {
+        let Some(flight) = self.in_flight.clone() else {
+            return;
+        };
+        match flight {
+            InFlight::Put { id, lease, value } if id == reply.id => {
+                self.in_flight = None;
+                match reply.result {
+                    Ok(Response::Txn {
+                        succeeded: true,
+                        revision,
+                        ..
+                    }) => {
+                        self.known = revision;
+                        self.backoff.reset();
+                        self.written = Some((lease, value));
+                        if self.lease == Some(lease) && self.phase == Phase::Running {
+                            self.notify(LivenessState::Registered { lease });
+                        }
+                    }
+                    Ok(Response::Txn {
+                        succeeded: false,
+                        responses,
+                        ..
+                    }) => {
+                        let kv = responses.first().and_then(|r| match r {
+                            TxnOpResponse::Range { kvs } => kvs.first().cloned(),
+                            _ => None,
+                        });
+                        self.known = kv.as_ref().map_or(0, |kv| kv.mod_revision);
+                        if let Some(kv) = kv.filter(|kv| kv.lease == lease) {
+                            // An earlier copy of ours landed (or the value
+                            // is already this one): that is the write.
+                            self.written = Some((lease, kv.value.clone()));
+                            if kv.value == self.value && self.lease == Some(lease) {
+                                self.backoff.reset();
+                                if self.phase == Phase::Running {
+                                    self.notify(LivenessState::Registered { lease });
+                                }
+                            }
+                        }
+                    }
+                    _ => self.fail(),
+                }
+            }
+            InFlight::Leave { id, lease } if id == reply.id => {
+                self.in_flight = None;
+                match reply.result {
+                    Ok(Response::Txn {
+                        succeeded: true, ..
+                    }) => {
+                        self.outbox.notify(RegistrationNotice::Left { lease });
+                        self.finish();
+                    }
+                    // Another writer's key now: nothing of ours to delete.
+                    Ok(Response::Txn { .. }) => self.finish(),
+                    _ => self.fail(),
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_session(&mut self, input: SessionInput) {
+        match input {
+            SessionInput::Up { lease } | SessionInput::Trusted { lease, .. } => {
+                if self.lease != Some(lease) {
+                    if let Some(old) = self.lease {
+                        self.lost(old);
+                    }
+                    self.lease = Some(lease);
+                } else if matches!(self.state, LivenessState::Suspended { .. }) && self.is_written()
+                {
+                    self.notify(LivenessState::Registered { lease });
+                }
+            }
+            SessionInput::Suspended { lease } => {
+                if self.lease == Some(lease) && self.is_written() {
+                    self.notify(LivenessState::Suspended { lease });
+                }
+            }
+            SessionInput::Lost { lease } => {
+                if self.lease == Some(lease) {
+                    self.lost(lease);
+                }
+            }
+            SessionInput::Refused(error) => {
+                self.lease = None;
+                self.notify(LivenessState::Refused { error });
+                self.finish();
+            }
+            SessionInput::Closed => {
+                self.lease = None;
+                self.finish();
+            }
+        }
+    }
+
+    fn lost(&mut self, lease: LeaseId) {
+        self.lease = None;
+        // The key went with the lease.
+        self.known = 0;
+        if let Some(InFlight::Put { id, .. }) = self.in_flight.take() {
+            self.outbox.cancel(id);
+        }
+        if matches!(
+            self.state,
+            LivenessState::Registered { .. } | LivenessState::Suspended { .. }
+        ) {
+            self.notify(LivenessState::Lost { lease });
+        }
+        if self.phase == Phase::Leaving {
+            self.finish();
+        }
+    }
+}
+
+impl Machine for Registration {
+    type Input = RegistrationInput;
+    type Notice = RegistrationNotice;
+
+    fn handle(&mut self, now: Instant, input: RegistrationInput) {
+        self.clock.observe(now);
+        if self.phase == Phase::Done {
+            return;
+        }
+        match input {
+            RegistrationInput::Rpc(reply) => self.on_reply(reply),
+            RegistrationInput::Session(input) => self.on_session(input),
+            RegistrationInput::SetValue(value) => self.value = value,
+            RegistrationInput::Stop => {
+                self.phase = Phase::Leaving;
+                if let Some(at) = now.checked_add(self.give_up) {
+                    self.timers.set(Timer::GiveUp, at);
+                }
+                // A put in flight is waited for (rule 3); a retry is not.
+                self.timers.stop(Timer::Retry);
+            }
+        }
+        self.sync();
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        let now = self.clock.observe(now);
+        while let Some(timer) = self.timers.pop_expired(now) {
+            match timer {
+                Timer::Retry => {}
+                Timer::GiveUp => {
+                    if let Some(lease) = self.lease {
+                        self.outbox.notify(RegistrationNotice::SessionRequest(
+                            SessionRequest::Replace(lease),
+                        ));
+                    }
+                    self.finish();
+                }
+            }
+        }
+        self.sync();
+    }
+
+    fn poll_command(&mut self) -> Option<Command<RegistrationNotice>> {
+        self.outbox.pop()
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next().map(|at| self.clock.clamp(at))
+    }
+
+    fn stop_input() -> RegistrationInput {
+        RegistrationInput::Stop
+    }
+
+    fn is_finished(&self) -> bool {
+        self.phase == Phase::Done && self.outbox.is_empty()
+    }
+}

@@ -1,0 +1,301 @@
+//! Exact command sequences of a key registered on a shared session
+//! (`Registration`).
+
+use crate::support::drain;
+use fleetcoord_sm::election::SessionRequest;
+use fleetcoord_sm::keepalive::LivenessState;
+use fleetcoord_sm::registration::*;
+use fleetcoord_sm::rpc::{
+    Compare, KeyRange, RangeRequest, Request, Response, RpcError, RpcId, Txn, TxnOp, TxnOpResponse,
+};
+use fleetcoord_sm::session::SessionInput;
+use fleetcoord_sm::*;
+use std::time::{Duration, Instant};
+
+const KEY: &[u8] = b"/h/a";
+const MARKER: &[u8] = b"/h/a/left";
+const L1: LeaseId = 0x11;
+const L2: LeaseId = 0x22;
+
+fn registration(t0: Instant) -> Registration {
+    let mut r = Registration::new(
+        RegistrationConfig {
+            key: KEY.to_vec(),
+            value: b"v".to_vec(),
+            leave_marker: Some(MARKER.to_vec()),
+            backoff: BackoffConfig {
+                initial: Duration::from_millis(100),
+                max: Duration::from_secs(1),
+                multiplier: 2,
+                jitter_percent: 0,
+            },
+            give_up: Duration::from_secs(9),
+        },
+        t0,
+        7,
+    );
+    assert_eq!(
+        drain(&mut r),
+        vec![state(LivenessState::Registering)],
+        "nothing is sent before the session is up"
+    );
+    r
+}
+
+fn state(s: LivenessState) -> Command<RegistrationNotice> {
+    Command::Notify(RegistrationNotice::State(s))
+}
+
+fn rpc(id: u64, request: Request) -> Command<RegistrationNotice> {
+    Command::Rpc {
+        id: RpcId(id),
+        request,
+    }
+}
+
+fn put(known: Revision, value: &[u8], lease: LeaseId) -> Request {
+    Request::Txn(Txn {
+        compare: vec![Compare::ModRevisionEquals {
+            key: KEY.to_vec(),
+            revision: known,
+        }],
+        success: vec![
+            TxnOp::Put {
+                key: KEY.to_vec(),
+                value: value.to_vec(),
+                lease,
+            },
+            TxnOp::Delete(KeyRange::Key(MARKER.to_vec())),
+        ],
+        failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(KEY.to_vec())))],
+    })
+}
+
+fn leave(written: Revision, lease: LeaseId) -> Request {
+    Request::Txn(Txn {
+        compare: vec![Compare::ModRevisionEquals {
+            key: KEY.to_vec(),
+            revision: written,
+        }],
+        success: vec![
+            TxnOp::Put {
+                key: MARKER.to_vec(),
+                value: Vec::new(),
+                lease,
+            },
+            TxnOp::Delete(KeyRange::Key(KEY.to_vec())),
+        ],
+        failure: vec![],
+    })
+}
+
+fn handle(
+    r: &mut Registration,
+    at: Instant,
+    input: RegistrationInput,
+) -> Vec<Command<RegistrationNotice>> {
+    r.handle(at, input);
+    drain(r)
+}
+
+fn reply(id: u64, result: Result<Response, RpcError>) -> RegistrationInput {
+    RegistrationInput::Rpc(RpcReply {
+        id: RpcId(id),
+        result,
+    })
+}
+
+fn written(revision: Revision) -> Result<Response, RpcError> {
+    Ok(Response::Txn {
+        revision,
+        succeeded: true,
+        responses: vec![],
+    })
+}
+
+fn up(lease: LeaseId) -> RegistrationInput {
+    RegistrationInput::Session(SessionInput::Up { lease })
+}
+
+/// Registered on L1 at revision 5.
+fn registered(t0: Instant) -> Registration {
+    let mut r = registration(t0);
+    assert_eq!(handle(&mut r, t0, up(L1)), vec![rpc(0, put(0, b"v", L1))]);
+    assert_eq!(
+        handle(&mut r, t0, reply(0, written(5))),
+        vec![state(LivenessState::Registered { lease: L1 })]
+    );
+    r
+}
+
+#[test]
+fn the_key_is_written_on_the_session_lease_guarded_on_its_mod_revision() {
+    let t0 = Instant::now();
+    let r = registered(t0);
+    assert_eq!(r.lease(), Some(L1));
+}
+
+/// A lost session lease is the registration's loss; the next lease writes
+/// the key again, guarded on its absence (it went with the old lease).
+#[test]
+fn a_new_lease_after_a_loss_registers_again() {
+    let t0 = Instant::now();
+    let mut r = registered(t0);
+    assert_eq!(
+        handle(
+            &mut r,
+            t0,
+            RegistrationInput::Session(SessionInput::Lost { lease: L1 })
+        ),
+        vec![state(LivenessState::Lost { lease: L1 })]
+    );
+    assert_eq!(handle(&mut r, t0, up(L2)), vec![rpc(1, put(0, b"v", L2))]);
+    assert_eq!(
+        handle(&mut r, t0, reply(1, written(9))),
+        vec![state(LivenessState::Registered { lease: L2 })]
+    );
+}
+
+/// A failed guard shows the key as it is: ours already (an earlier copy
+/// landed) counts as written; another writer's is taken over, guarded on
+/// what was read.
+#[test]
+fn a_failed_guard_adopts_an_earlier_copy_or_takes_the_key_over() {
+    let t0 = Instant::now();
+    let mut r = registration(t0);
+    assert_eq!(handle(&mut r, t0, up(L1)), vec![rpc(0, put(0, b"v", L1))]);
+    let theirs = KeyValue {
+        key: KEY.to_vec(),
+        value: b"other".to_vec(),
+        create_revision: 3,
+        mod_revision: 4,
+        version: 1,
+        lease: 0x99,
+    };
+    let refused = |kv: KeyValue| {
+        Ok(Response::Txn {
+            revision: 6,
+            succeeded: false,
+            responses: vec![TxnOpResponse::Range { kvs: vec![kv] }],
+        })
+    };
+    assert_eq!(
+        handle(&mut r, t0, reply(0, refused(theirs.clone()))),
+        vec![rpc(1, put(4, b"v", L1))]
+    );
+    let ours = KeyValue {
+        value: b"v".to_vec(),
+        mod_revision: 7,
+        lease: L1,
+        ..theirs
+    };
+    assert_eq!(
+        handle(&mut r, t0, reply(1, refused(ours))),
+        vec![state(LivenessState::Registered { lease: L1 })]
+    );
+    // The leave is guarded on the revision read.
+    assert_eq!(
+        handle(&mut r, t0, RegistrationInput::Stop),
+        vec![rpc(2, leave(7, L1))]
+    );
+}
+
+/// A failed put is sent again after a backoff delay.
+#[test]
+fn a_failed_put_is_sent_again_after_a_backoff() {
+    let t0 = Instant::now();
+    let mut r = registration(t0);
+    handle(&mut r, t0, up(L1));
+    assert_eq!(
+        handle(&mut r, t0, reply(0, Err(RpcError::Unavailable("x".into())))),
+        vec![]
+    );
+    let at = t0 + Duration::from_millis(100);
+    assert_eq!(r.poll_timeout(), Some(at));
+    r.handle_timeout(at);
+    assert_eq!(drain(&mut r), vec![rpc(1, put(0, b"v", L1))]);
+}
+
+/// Stop writes the leave marker and deletes the key in one guarded txn,
+/// then stops without revoking (the lease is the session's).
+#[test]
+fn stop_leaves_with_the_marker_and_keeps_the_lease() {
+    let t0 = Instant::now();
+    let mut r = registered(t0);
+    assert_eq!(
+        handle(&mut r, t0, RegistrationInput::Stop),
+        vec![rpc(1, leave(5, L1))]
+    );
+    assert_eq!(
+        handle(&mut r, t0, reply(1, written(6))),
+        vec![
+            Command::Notify(RegistrationNotice::Left { lease: L1 }),
+            state(LivenessState::Stopped { revoked: false }),
+        ]
+    );
+    assert!(r.is_finished());
+}
+
+/// A stop while a put is in flight waits for its answer, so the put
+/// cannot write the key after the leave.
+#[test]
+fn a_stop_waits_for_the_put_in_flight() {
+    let t0 = Instant::now();
+    let mut r = registration(t0);
+    handle(&mut r, t0, up(L1));
+    assert_eq!(handle(&mut r, t0, RegistrationInput::Stop), vec![]);
+    assert_eq!(
+        handle(&mut r, t0, reply(0, written(5))),
+        vec![rpc(1, leave(5, L1))]
+    );
+}
+
+/// A leave that keeps failing for `give_up` asks the owner to replace the
+/// lease, so the key goes with it.
+#[test]
+fn a_leave_failing_for_a_ttl_gives_the_lease_up() {
+    let t0 = Instant::now();
+    let mut r = registered(t0);
+    handle(&mut r, t0, RegistrationInput::Stop);
+    let mut now = t0;
+    let mut id = 1;
+    loop {
+        let out = handle(
+            &mut r,
+            now,
+            reply(id, Err(RpcError::Unavailable("x".into()))),
+        );
+        assert_eq!(out, vec![]);
+        now = r.poll_timeout().expect("a retry or the give-up");
+        r.handle_timeout(now);
+        let out = drain(&mut r);
+        if now >= t0 + Duration::from_secs(9) {
+            assert_eq!(
+                out,
+                vec![
+                    Command::Notify(RegistrationNotice::SessionRequest(SessionRequest::Replace(
+                        L1
+                    ))),
+                    state(LivenessState::Stopped { revoked: false }),
+                ]
+            );
+            break;
+        }
+        id += 1;
+        assert_eq!(out, vec![rpc(id, leave(5, L1))]);
+    }
+    assert!(r.is_finished());
+}
+
+/// The owner closing the session stops the registration at once: its
+/// revoke deletes the key.
+#[test]
+fn a_closed_session_stops_at_once() {
+    let t0 = Instant::now();
+    let mut r = registered(t0);
+    assert_eq!(
+        handle(&mut r, t0, RegistrationInput::Session(SessionInput::Closed)),
+        vec![state(LivenessState::Stopped { revoked: false })]
+    );
+    assert!(r.is_finished());
+}

@@ -1,0 +1,485 @@
+//! [`Session`]: one lease shared by a process's primitives, as Go's
+//! `concurrency.Session` lets elections, mutexes and semaphores share one.
+
+use super::{
+    close_outcome, LivenessState, ATTEMPT_TIMEOUT, CLOSE_WAIT, DEFAULT_DRIFT_ALLOWANCE_PPM,
+    DEFAULT_SAFETY_MARGIN,
+};
+use crate::driver::{rand_seed, MachineHandle, Notify};
+use crate::error::{Error, Result};
+use crate::etcd::{assert_not_async, Etcd};
+use crate::validate;
+use fleetcoord_sm::election::{SessionInput, SessionRequest};
+use fleetcoord_sm::keepalive::{
+    self as sm, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice,
+};
+use fleetcoord_sm::BackoffConfig;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// State changes kept for a reader that does not keep up.
+const MAX_QUEUED_STATES: usize = 1024;
+
+/// The lease settings of a session: [`Session::with_options`].
+///
+/// Start from [`SessionOptions::default`] and change what you need with the
+/// `with_*` methods. `#[non_exhaustive]` so that new settings are not a
+/// breaking change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SessionOptions {
+    /// Lease TTL: how long after this process dies (or is cut off) etcd
+    /// frees what it holds. Whole seconds, at least 1 s. Default 10 s.
+    pub ttl: Duration,
+    /// How long before etcd can expire the lease this process stops
+    /// believing in it (every leadership and lock on it ends). At most half
+    /// of the TTL less the drift allowance. Default 250 ms.
+    pub safety_margin: Duration,
+    /// How much slower than etcd's clock this host's clock may run, in
+    /// parts per million; the lease is trusted for the TTL shortened by
+    /// this much (then less the margin). 0 to 100,000. Default 10,000.
+    pub drift_allowance_ppm: u32,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            ttl: Duration::from_secs(10),
+            safety_margin: DEFAULT_SAFETY_MARGIN,
+            drift_allowance_ppm: DEFAULT_DRIFT_ALLOWANCE_PPM,
+        }
+    }
+}
+
+impl SessionOptions {
+    /// These options with [`SessionOptions::ttl`] set.
+    #[must_use]
+    pub const fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// These options with [`SessionOptions::safety_margin`] set.
+    #[must_use]
+    pub const fn with_safety_margin(mut self, margin: Duration) -> Self {
+        self.safety_margin = margin;
+        self
+    }
+
+    /// These options with [`SessionOptions::drift_allowance_ppm`] set.
+    #[must_use]
+    pub const fn with_drift_allowance_ppm(mut self, ppm: u32) -> Self {
+        self.drift_allowance_ppm = ppm;
+        self
+    }
+
+    /// Checks every setting, naming the first one out of range.
+    pub(crate) fn validate(&self) -> Result<()> {
+        validate::ttl("ttl", self.ttl)?;
+        validate::trust(self.ttl, self.safety_margin, self.drift_allowance_ppm)
+    }
+}
+
+/// One lease, kept alive in the background, that elections, pools,
+/// mutexes and semaphores of this process share (`with_session` on each):
+/// etcd then renews one lease for all of them instead of one each.
+///
+/// Guarantees:
+/// * Self-healing as every session: renewals that fail are retried on the
+///   same lease until its local deadline (which passes at least
+///   [`SessionOptions::safety_margin`] before etcd can expire it); past
+///   it, or when etcd says the lease is gone, a new lease is granted with
+///   backoff. Each step is reported on [`Session::states`].
+/// * **One fate.** A lost lease ends every leadership and lock on the
+///   session at once: each one's `is_held()` turns false and its `lost()`
+///   fires before this process acts on a new lease, and no later than the
+///   local deadline whatever the driver does. Campaigns and acquires still
+///   waiting join their queues again on the next lease.
+/// * **One key per name.** Keys stay compatible with Go and `etcdctl`:
+///   `<prefix><name>/<lease in hex>`, the lease being the session's. Two
+///   primitives on one session with the same key prefix would share a key,
+///   so the second is refused with [`Error::InvalidArgument`].
+/// * A primitive that cannot delete one of its keys (see the election's
+///   liveness rules) gives the *shared* lease up: everything on the session
+///   starts over on a new lease, as after a loss.
+/// * [`Session::close`] ends every primitive on it (calls on them fail with
+///   [`Error::Closed`], beliefs end first), then revokes the lease, which
+///   deletes every key on it. Dropping the last handle of the session and
+///   of every primitive on it does the same without waiting.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let server = fleetcoord::testing::EtcdServer::start()?;
+/// use fleetcoord::{Election, Etcd, EtcdOptions, Mutex, Session};
+/// use std::time::Duration;
+///
+/// let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default())?;
+/// let session = Session::new(&etcd, Duration::from_secs(5))?;
+/// let election = Election::with_session(&session, "db-primary", Default::default())?;
+/// let lock = Mutex::with_session(&session, "backup", Default::default())?;
+/// let leadership = election.campaign(b"host-a")?;
+/// let guard = lock.lock()?;
+/// // One lease for both: etcd renews it once for the whole process.
+/// let lease = session.lease().expect("granted");
+/// assert_eq!(leadership.lease(), lease);
+/// assert!(guard.key().ends_with(&format!("/{lease:x}")));
+/// # drop(guard); drop(leadership);
+/// session.close()?; // ends both, then revokes the lease
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+#[must_use = "dropping every handle of a Session revokes its lease"]
+pub struct Session {
+    inner: Arc<SessionInner>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+struct SessionInner {
+    etcd: Etcd,
+    /// The last lease given up or lost (0: none yet); marked before every
+    /// belief on it is ended, read by primitives under their own lock.
+    dead: Arc<AtomicI64>,
+    machine: MachineHandle<Keepalive>,
+    hub: Arc<Mutex<Hub>>,
+    states: crossbeam_channel::Receiver<LivenessState>,
+    options: SessionOptions,
+    closed: AtomicBool,
+}
+
+/// What the session's notice handler and the primitives on it share.
+struct Hub {
+    state: sm::LivenessState,
+    trust: Option<(i64, Instant)>,
+    members: Vec<Member>,
+    next_member: u64,
+    closed: bool,
+}
+
+/// A primitive on the session, as the hub reaches it.
+struct Member {
+    id: u64,
+    key: String,
+    /// Feeds its machine a session fact; `false` once its machine is gone.
+    input: Box<dyn Fn(SessionInput) -> bool + Send>,
+    /// Ends every belief of the primitive at once, on the calling thread:
+    /// run before anything can free its keys.
+    end_belief: Box<dyn Fn() + Send>,
+}
+
+/// A primitive's place on a session; leaving it frees its key prefix.
+pub(crate) struct Attachment {
+    session: Session,
+    id: u64,
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        self.session
+            .inner
+            .hub
+            .lock()
+            .members
+            .retain(|m| m.id != self.id);
+    }
+}
+
+impl Attachment {
+    /// The session this place is on.
+    pub(crate) fn session(&self) -> &Session {
+        &self.session
+    }
+}
+
+impl Hub {
+    fn tell(&mut self, input: &SessionInput) {
+        self.members.retain(|m| (m.input)(input.clone()));
+    }
+
+    fn end_beliefs(&self) {
+        for m in &self.members {
+            (m.end_belief)();
+        }
+    }
+
+    /// The facts a primitive joining now must hear to know what the others
+    /// know.
+    fn replay(&self) -> Vec<SessionInput> {
+        match &self.state {
+            sm::LivenessState::Registered { lease } | sm::LivenessState::Suspended { lease } => {
+                let mut facts = vec![SessionInput::Up { lease: *lease }];
+                if let Some((trusted, until)) = self.trust {
+                    if trusted == *lease {
+                        facts.push(SessionInput::Trusted {
+                            lease: *lease,
+                            until,
+                        });
+                    }
+                }
+                if matches!(self.state, sm::LivenessState::Suspended { .. }) {
+                    facts.push(SessionInput::Suspended { lease: *lease });
+                }
+                facts
+            }
+            sm::LivenessState::Refused { error } => vec![SessionInput::Refused(error.clone())],
+            _ => Vec::new(),
+        }
+    }
+
+    fn current_lease(&self) -> Option<i64> {
+        match self.state {
+            sm::LivenessState::Registered { lease } | sm::LivenessState::Suspended { lease } => {
+                Some(lease)
+            }
+            _ => None,
+        }
+    }
+}
+
+impl Session {
+    /// A session whose lease has `ttl` (other settings default). Returns at
+    /// once; primitives on it wait for the first lease.
+    pub fn new(etcd: &Etcd, ttl: Duration) -> Result<Session> {
+        Self::with_options(etcd, SessionOptions::default().with_ttl(ttl))
+    }
+
+    /// A session with every lease setting explicit (checked here:
+    /// [`Error::InvalidArgument`] names the first one out of range).
+    pub fn with_options(etcd: &Etcd, options: SessionOptions) -> Result<Session> {
+        assert_not_async();
+        options.validate()?;
+        let config = KeepaliveConfig {
+            ttl_secs: options.ttl.as_secs() as i64,
+            binding: None,
+            backoff: BackoffConfig::default(),
+            safety_margin: options.safety_margin,
+            drift_allowance_ppm: options.drift_allowance_ppm,
+            attempt_timeout: ATTEMPT_TIMEOUT.min(etcd.options().request_timeout),
+            announce_trust: true,
+        };
+        let mut machine = Keepalive::new(config, Instant::now(), rand_seed());
+        machine.set_renewal_grid(Some(etcd.renewal_grid()));
+        let hub = Arc::new(Mutex::new(Hub {
+            state: sm::LivenessState::Registering,
+            trust: None,
+            members: Vec::new(),
+            next_member: 0,
+            closed: false,
+        }));
+        let (states_tx, states) = crossbeam_channel::unbounded();
+        let oldest = states.clone();
+        let handler_hub = hub.clone();
+        let dead = Arc::new(AtomicI64::new(0));
+        let handler_dead = dead.clone();
+        let machine = etcd.run(
+            machine,
+            Notify(move |notice: KeepaliveNotice| {
+                let mut hub = handler_hub.lock();
+                let state = match notice {
+                    KeepaliveNotice::Trusted { lease, until } => {
+                        hub.trust = Some((lease, until));
+                        hub.tell(&SessionInput::Trusted { lease, until });
+                        return true;
+                    }
+                    KeepaliveNotice::State(state) => state,
+                    // A session binds no key: no leave, no hand-over.
+                    KeepaliveNotice::Left { .. } | KeepaliveNotice::Detached(_) => return true,
+                };
+                let fact = match &state {
+                    sm::LivenessState::Registering => None,
+                    sm::LivenessState::Registered { lease } => {
+                        Some(SessionInput::Up { lease: *lease })
+                    }
+                    sm::LivenessState::Suspended { lease } => {
+                        Some(SessionInput::Suspended { lease: *lease })
+                    }
+                    sm::LivenessState::Lost { lease } => {
+                        handler_dead.store(*lease, Ordering::SeqCst);
+                        // Beliefs end here, before the next lease's
+                        // commands run (and before a replaced lease's
+                        // revoke can free a key): the primitives' own
+                        // machines hear it on their inputs right after.
+                        hub.end_beliefs();
+                        Some(SessionInput::Lost { lease: *lease })
+                    }
+                    sm::LivenessState::Refused { error } => {
+                        hub.end_beliefs();
+                        Some(SessionInput::Refused(error.clone()))
+                    }
+                    sm::LivenessState::Stopped { .. } => {
+                        hub.end_beliefs();
+                        Some(SessionInput::Closed)
+                    }
+                };
+                hub.state = state.clone();
+                if let Some(fact) = fact {
+                    hub.tell(&fact);
+                }
+                if states_tx.len() >= MAX_QUEUED_STATES {
+                    let _ = oldest.try_recv();
+                }
+                let _ = states_tx.send(LivenessState::from_sm(&state));
+                true
+            }),
+        )?;
+        Ok(Session {
+            inner: Arc::new(SessionInner {
+                etcd: etcd.clone(),
+                dead,
+                machine,
+                hub,
+                states,
+                options,
+                closed: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// The latest state of the session's lease.
+    pub fn state(&self) -> LivenessState {
+        LivenessState::from_sm(&self.inner.hub.lock().state)
+    }
+
+    /// The lease currently believed alive, if any: the lease id every key
+    /// of a primitive on this session is bound to.
+    pub fn lease(&self) -> Option<i64> {
+        self.inner.hub.lock().current_lease()
+    }
+
+    /// Until when the lease is trusted: its local deadline as of the last
+    /// answered renewal, which passes before etcd can expire it. `None`
+    /// unless the state is `Registered` or `Suspended`.
+    pub fn trusted_until(&self) -> Option<Instant> {
+        let hub = self.inner.hub.lock();
+        let lease = hub.current_lease()?;
+        match hub.trust {
+            Some((trusted, until)) if trusted == lease => Some(until),
+            _ => None,
+        }
+    }
+
+    /// Every state change of the lease, in order (the newest 1,024 are
+    /// kept when nobody reads them). A [`LivenessState::Lost`] here means
+    /// every leadership and lock on the session has ended.
+    pub fn states(&self) -> &crossbeam_channel::Receiver<LivenessState> {
+        &self.inner.states
+    }
+
+    /// The settings the lease was made with.
+    pub fn options(&self) -> &SessionOptions {
+        &self.inner.options
+    }
+
+    /// The etcd handle this session runs on.
+    pub(crate) fn etcd(&self) -> &Etcd {
+        &self.inner.etcd
+    }
+
+    /// The last lease the session gave up or lost, for primitives to
+    /// refuse belief in a win on it (see `election::notices`).
+    pub(crate) fn dead_lease(&self) -> Arc<AtomicI64> {
+        self.inner.dead.clone()
+    }
+
+    /// Whether [`Session::close`] was called.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.inner.closed.load(Ordering::SeqCst)
+    }
+
+    /// End every primitive on the session, then revoke the lease (which
+    /// deletes every key on it) and wait until etcd confirmed it; an error
+    /// means the lease will instead expire after its TTL. Beliefs end
+    /// before the revoke is sent. Primitives on the session answer every
+    /// later call with [`Error::Closed`]. Closing again is harmless.
+    pub fn close(&self) -> Result<()> {
+        {
+            let mut hub = self.inner.hub.lock();
+            self.inner.closed.store(true, Ordering::SeqCst);
+            if !hub.closed {
+                hub.closed = true;
+                if let Some(lease) = hub.current_lease() {
+                    self.inner.dead.store(lease, Ordering::SeqCst);
+                }
+                hub.end_beliefs();
+                hub.tell(&SessionInput::Closed);
+            }
+        }
+        let finished = self.inner.machine.stop_and_wait(CLOSE_WAIT);
+        let revoked = match self.inner.hub.lock().state {
+            sm::LivenessState::Stopped { revoked } => Some(revoked),
+            _ => None,
+        };
+        close_outcome(finished, revoked, || self.inner.etcd.gone())
+    }
+
+    /// Puts a primitive on the session under `key` (its key prefix):
+    /// refused while another primitive on it uses the same prefix, or once
+    /// the session is closed. `input` feeds its machine; `end_belief` ends
+    /// its beliefs at once. The current facts are replayed to it first.
+    pub(crate) fn attach(
+        &self,
+        key: &str,
+        input: impl Fn(SessionInput) -> bool + Send + 'static,
+        end_belief: impl Fn() + Send + 'static,
+    ) -> Result<Attachment> {
+        let mut hub = self.inner.hub.lock();
+        if hub.closed {
+            return Err(Error::Closed);
+        }
+        if hub.members.iter().any(|m| m.key == key) {
+            return Err(Error::invalid(
+                "name",
+                format!(
+                    "{key} is already used by another primitive on this session: both would \
+                     share the key {key}<lease>; use another name or another session"
+                ),
+            ));
+        }
+        for fact in hub.replay() {
+            if !input(fact) {
+                return Err(self.inner.etcd.gone());
+            }
+        }
+        let id = hub.next_member;
+        hub.next_member += 1;
+        hub.members.push(Member {
+            id,
+            key: key.to_string(),
+            input: Box::new(input),
+            end_belief: Box::new(end_belief),
+        });
+        Ok(Attachment {
+            session: self.clone(),
+            id,
+        })
+    }
+
+    /// What a primitive's machine asked of the lease. A replace ends every
+    /// belief on the session first: its revoke frees every key on it.
+    /// Never called with a primitive's own state locked.
+    pub(crate) fn request(&self, request: SessionRequest) {
+        let input = match request {
+            SessionRequest::Gone(lease) => KeepaliveInput::LeaseGone { lease },
+            SessionRequest::Replace(lease) => {
+                let hub = self.inner.hub.lock();
+                if hub.current_lease() != Some(lease) {
+                    // An old lease, given up already.
+                    return;
+                }
+                self.inner.dead.store(lease, Ordering::SeqCst);
+                hub.end_beliefs();
+                KeepaliveInput::Replace { lease }
+            }
+        };
+        // Gone: the session is closing, and its revoke ends the lease.
+        let _ = self.inner.machine.send(input);
+    }
+}
