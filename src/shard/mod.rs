@@ -11,7 +11,7 @@
 use crate::driver::{rand_seed, MachineHandle, Notify};
 use crate::error::{Error, ErrorKind, Result};
 use crate::etcd::{assert_not_async, Etcd};
-use crate::liveness::{close_outcome, ATTEMPT_TIMEOUT, CLOSE_WAIT};
+use crate::session::{close_outcome, ATTEMPT_TIMEOUT, CLOSE_WAIT};
 use crate::txn::{check_ops, TxnOp, TxnOpResponse};
 use belief::Beliefs;
 use fleetcoord_sm::keepalive::KeepaliveConfig;

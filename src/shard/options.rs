@@ -2,7 +2,7 @@
 //! map's key prefix, and the checks on both.
 
 use crate::error::{Error, Result};
-use crate::liveness::{DEFAULT_DRIFT_ALLOWANCE_PPM, DEFAULT_SAFETY_MARGIN};
+use crate::session::{DEFAULT_DRIFT_ALLOWANCE_PPM, DEFAULT_SAFETY_MARGIN};
 use crate::validate;
 use fleetcoord_sm::keepalive::trusted_lifetime;
 use std::time::Duration;
