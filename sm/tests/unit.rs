@@ -15,6 +15,8 @@ mod election_support;
 mod keepalive;
 #[path = "unit/mirror.rs"]
 mod mirror;
+#[path = "unit/newest.rs"]
+mod newest;
 #[path = "unit/observe.rs"]
 mod observe;
 #[path = "unit/outbox.rs"]
@@ -23,6 +25,8 @@ mod outbox;
 mod plumbing;
 #[path = "unit/renewals.rs"]
 mod renewals;
+#[path = "unit/retry.rs"]
+mod retry;
 #[path = "unit/rpc.rs"]
 mod rpc;
 #[path = "unit/semaphore.rs"]

@@ -8,6 +8,7 @@ use super::{
 use crate::error::{Error, Result};
 use crossbeam_channel::{bounded, Sender, TrySendError};
 use fleetcoord_sm::mirror::Order;
+use fleetcoord_sm::newest::Newest;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -177,18 +178,19 @@ enum Health {
     Gone,
 }
 
-/// A subscription; `latest` is the newest message it has not been given
-/// (`Some` = behind).
+/// A subscription; `latest` holds the newest message it has not been given
+/// (holding one = behind), by the keep-newest rule every backend's
+/// subscriptions share.
 struct Sub {
     reg: Reg<Message>,
-    latest: Option<Message>,
+    latest: Newest<Message>,
 }
 
 impl Sub {
     fn offer(&mut self, msg: &Message) -> Health {
-        if self.latest.is_some() {
+        if self.latest.is_holding() {
             // Behind: the newer message replaces the older one.
-            self.latest = Some(msg.clone());
+            self.latest.hold(msg.clone());
             return self.catch_up();
         }
         self.send(msg.clone())
@@ -199,7 +201,7 @@ impl Sub {
             return Health::Current;
         };
         if !self.reg.has_room() {
-            self.latest = Some(msg);
+            self.latest.hold(msg);
             return Health::Behind;
         }
         self.send(msg)
@@ -211,7 +213,7 @@ impl Sub {
         match self.reg.send(msg) {
             Sent::Done => Health::Current,
             Sent::Full(msg) => {
-                self.latest = Some(msg);
+                self.latest.hold(msg);
                 Health::Behind
             }
             Sent::Gone => Health::Gone,
@@ -388,7 +390,7 @@ impl State {
         let mut moved = false;
         for subs in self.topics.values_mut() {
             behind |= step_all(subs, |s| {
-                moved |= s.latest.is_some() && s.reg.has_room();
+                moved |= s.latest.is_holding() && s.reg.has_room();
                 s.catch_up()
             });
         }
@@ -657,7 +659,10 @@ impl Coordinator for MemoryCoordinator {
             .topics
             .entry(topic.to_owned())
             .or_default()
-            .push(Sub { reg, latest: None });
+            .push(Sub {
+                reg,
+                latest: Newest::new(),
+            });
         Ok(self.feed(rx, id, Place::Topic(topic.to_owned())))
     }
 
@@ -1210,7 +1215,10 @@ mod tests {
         let (reg, rx) = c.new_reg();
         let mut state = c.lock().unwrap();
         let subs = state.topics.entry(topic.to_owned()).or_default();
-        subs.push(Sub { reg, latest: None });
+        subs.push(Sub {
+                reg,
+                latest: Newest::new(),
+            });
         rx
     }
 

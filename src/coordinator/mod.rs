@@ -107,6 +107,8 @@ pub mod pattern;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+#[cfg(any(feature = "nats", feature = "redis"))]
+mod retry;
 
 pub use etcd::{EtcdCoordinator, EtcdCoordinatorOptions};
 pub use feed::Feed;

@@ -7,7 +7,7 @@ use super::names;
 use crate::coordinator::MAX_PAYLOAD;
 use crate::error::{Error, ErrorKind, Result};
 use async_nats::jetstream::{self, stream, ErrorCode};
-use fleetcoord_sm::backoff::Backoff;
+use crate::coordinator::retry::{self, Decision, LastPause, Repeat, Retry, Sign};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -130,22 +130,31 @@ pub(super) fn refused(context: impl std::fmt::Display, e: impl std::fmt::Display
     }
 }
 
-/// The schedule between attempts at one request: [`FIRST_BACKOFF`]
-/// doubling to [`MAX_BACKOFF`], half of each delay jittered (sm's seeded
-/// backoff, as for every retry of the crate).
-pub(super) fn retries() -> Backoff {
-    crate::coordinator::feed_task::doubling(FIRST_BACKOFF, MAX_BACKOFF)
+/// The retries of one request of `budget`: pauses from [`FIRST_BACKOFF`]
+/// doubling to [`MAX_BACKOFF`], half of each jittered; no pause that
+/// would reach the deadline (each attempt is bounded by what is left of it
+/// instead); every request repeatable (a publish carries its message id,
+/// the rest are reads and idempotent creates).
+pub(super) fn retries(budget: Duration) -> Retry {
+    retry::policy(
+        budget,
+        Duration::ZERO,
+        (FIRST_BACKOFF, MAX_BACKOFF),
+        LastPause::GiveUp,
+        Repeat::Safe,
+    )
 }
 
-/// Waits out the schedule's next delay; `false` once `deadline` would
-/// pass.
-pub(super) async fn backoff(schedule: &mut Backoff, deadline: Instant) -> bool {
-    let delay = schedule.next_delay();
-    if Instant::now() + delay >= deadline {
-        return false;
+/// Waits out the pause `policy` gives after a failure of `sign`; `false`
+/// when it gives up instead.
+pub(super) async fn pause(policy: &mut Retry, sign: Sign) -> bool {
+    match policy.on_error(retry::now(), sign) {
+        Decision::Retry(pause) => {
+            tokio::time::sleep(pause).await;
+            true
+        }
+        Decision::GiveUp(_) => false,
     }
-    tokio::time::sleep(delay).await;
-    true
 }
 
 impl Conn {
@@ -169,10 +178,6 @@ impl Conn {
     /// which defaults to 1 MiB, below fleetcoord's [`MAX_PAYLOAD`].
     pub(super) fn check_fits(&self, what: &'static str, len: usize, headers: usize) -> Result<()> {
         fits(what, len, headers, self.client.server_info().max_payload)
-    }
-
-    pub(super) fn deadline(&self) -> Instant {
-        Instant::now() + self.settings.request_timeout
     }
 
     /// Publishes `payload` to a JetStream `subject` and returns the stored
@@ -211,23 +216,23 @@ impl Conn {
         unknown: &(dyn Fn(String) -> Error + Send + Sync),
     ) -> Result<u64> {
         let id = self.ids.next();
-        let started = Instant::now();
-        let deadline = match stream {
-            Some(spec) => self.deadline().min(started + spec.config.duplicate_window),
-            None => self.deadline(),
+        let budget = match stream {
+            Some(spec) => self
+                .settings
+                .request_timeout
+                .min(spec.config.duplicate_window),
+            None => self.settings.request_timeout,
         };
-        // Drawn at the first retry: its seed costs a system call, which a
-        // publish acknowledged at once should not pay.
-        let mut delay = None;
+        // Every attempt carries the one id: repeating it is safe.
+        let mut policy = retries(budget);
+        let deadline = retry::on_runtime(policy.deadline());
         let mut not_found: u32 = 0;
         // The last look at the stream, while publishes find no responder.
         let mut health: Option<Health> = None;
-        // Whether an attempt went unanswered: it may have been stored.
-        let mut unanswered = false;
         // The error to end with: `e`, unless an earlier attempt may have
         // been stored, which the caller must hear instead.
-        let give_up = |unanswered: bool, why: String, e: Error| {
-            if unanswered {
+        let give_up = |in_doubt: bool, why: String, e: Error| {
+            if in_doubt {
                 unknown(why)
             } else {
                 e
@@ -245,20 +250,17 @@ impl Conn {
                 ack.await
             };
             let bound = ATTEMPT_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
-            let last_error = match tokio::time::timeout(bound, attempt).await {
+            // What the failure says, and in words; or the error it ends with.
+            let (sign, last_error) = match tokio::time::timeout(bound, attempt).await {
                 Ok(Ok(ack)) => return Ok(ack.sequence),
                 Ok(Err(e)) => {
                     use jetstream::context::PublishErrorKind as K;
                     match e.kind() {
                         K::MaxPayloadExceeded => {
-                            return Err(give_up(
-                                unanswered,
-                                e.to_string(),
-                                Error::invalid("payload", e.to_string()),
-                            ));
+                            (Err(Error::invalid("payload", e.to_string())), e.to_string())
                         }
                         K::WrongLastMessageId | K::WrongLastSequence => {
-                            return Err(give_up(unanswered, e.to_string(), refused(what, e)));
+                            (Err(refused(what, &e)), e.to_string())
                         }
                         K::StreamNotFound => {
                             not_found = not_found.saturating_add(1);
@@ -270,19 +272,25 @@ impl Conn {
                                     let created = if look == Health::Missing {
                                         self.forget(&spec.name);
                                         match self.create_stream_once(spec).await {
-                                            Ok(_) => None,
-                                            Err(Attempt::Refused(e)) => {
-                                                return Err(give_up(unanswered, e.to_string(), e))
-                                            }
-                                            Err(Attempt::Failed(why)) => Some(why),
+                                            Ok(_) => Ok(None),
+                                            Err(Attempt::Refused(e)) => Err(e),
+                                            Err(Attempt::Failed(why)) => Ok(Some(why)),
                                         }
                                     } else {
-                                        None
+                                        Ok(None)
                                     };
                                     health = Some(look);
-                                    created.unwrap_or_else(|| e.to_string())
+                                    match created {
+                                        Ok(why) => {
+                                            (Ok(Sign::NotRun), why.unwrap_or_else(|| e.to_string()))
+                                        }
+                                        Err(refusal) => {
+                                            let why = refusal.to_string();
+                                            (Err(refusal), why)
+                                        }
+                                    }
                                 }
-                                _ => e.to_string(),
+                                _ => (Ok(Sign::NotRun), e.to_string()),
                             }
                         }
                         _ => {
@@ -290,62 +298,73 @@ impl Conn {
                             // acknowledged: a stream leader that lost its
                             // quorum does that, so look at its replicas.
                             let pending = e.kind() == K::TimedOut || in_process(&e);
-                            unanswered |= pending;
                             health = match stream {
                                 Some(spec) if pending => {
                                     Some(self.health(&spec.name, deadline).await)
                                 }
                                 _ => None,
                             };
-                            e.to_string()
+                            let sign = if pending {
+                                Sign::MaybeRun
+                            } else {
+                                Sign::NotRun
+                            };
+                            (Ok(sign), e.to_string())
                         }
                     }
                 }
                 Err(_) => {
-                    unanswered = true;
                     health = match stream {
                         Some(spec) => Some(self.health(&spec.name, deadline).await),
                         None => None,
                     };
-                    format!("no ack within {bound:?}")
+                    (Ok(Sign::MaybeRun), format!("no ack within {bound:?}"))
                 }
             };
-            if !backoff(delay.get_or_insert_with(retries), deadline).await {
-                return Err(match (&health, stream) {
-                    (
-                        Some(
-                            Health::Leaderless(_)
-                            | Health::Outvoted { .. }
-                            | Health::MetaUnavailable(_),
-                        ),
-                        Some(spec),
-                    ) => {
-                        // Not stored while the quorum is lacking; but a
-                        // leader that accepted an attempt keeps it, and
-                        // commits it once its replicas are back (seen with
-                        // 2 of 3 nodes killed and restarted): after an
-                        // unanswered attempt the outcome is unknown.
-                        let why = format!(
-                            "not acknowledged: {} (gave up after {:.1?})",
-                            self.no_quorum(spec, health.as_ref()),
-                            started.elapsed()
-                        );
-                        give_up(unanswered, why.clone(), failed(what, why))
-                    }
-                    _ => {
-                        let why = format!(
-                            "not acknowledged within {:?} ({last_error})",
-                            self.settings.request_timeout
-                        );
-                        // `unknown` says that it may have been stored.
-                        give_up(
-                            unanswered,
-                            why.clone(),
-                            failed(what, format!("{why}; it was not stored")),
-                        )
-                    }
-                });
+            let decision = match sign {
+                Ok(sign) => policy.on_error(retry::now(), sign),
+                Err(e) => return Err(give_up(policy.in_doubt(), last_error, e)),
+            };
+            match decision {
+                Decision::Retry(pause) => {
+                    tokio::time::sleep(pause).await;
+                    continue;
+                }
+                Decision::GiveUp(_) => {}
             }
+            let in_doubt = policy.in_doubt();
+            let elapsed = retry::now().saturating_duration_since(policy.started());
+            return Err(match (&health, stream) {
+                (
+                    Some(
+                        Health::Leaderless(_) | Health::Outvoted { .. } | Health::MetaUnavailable(_),
+                    ),
+                    Some(spec),
+                ) => {
+                    // Not stored while the quorum is lacking; but a
+                    // leader that accepted an attempt keeps it, and
+                    // commits it once its replicas are back (seen with
+                    // 2 of 3 nodes killed and restarted): after an
+                    // unanswered attempt the outcome is unknown.
+                    let why = format!(
+                        "not acknowledged: {} (gave up after {elapsed:.1?})",
+                        self.no_quorum(spec, health.as_ref()),
+                    );
+                    give_up(in_doubt, why.clone(), failed(what, why))
+                }
+                _ => {
+                    let why = format!(
+                        "not acknowledged within {:?} ({last_error})",
+                        self.settings.request_timeout
+                    );
+                    // `unknown` says that it may have been stored.
+                    give_up(
+                        in_doubt,
+                        why.clone(),
+                        failed(what, format!("{why}; it was not stored")),
+                    )
+                }
+            });
         }
     }
 
@@ -422,9 +441,8 @@ impl Conn {
         if self.known.lock().contains_key(&spec.name) {
             return Ok(());
         }
-        let started = Instant::now();
-        let deadline = self.deadline();
-        let mut delay = retries();
+        let mut policy = retries(self.settings.request_timeout);
+        let deadline = retry::on_runtime(policy.deadline());
         loop {
             match self.health(&spec.name, deadline).await {
                 Health::Led | Health::Leaderless(_) | Health::Outvoted { .. } => {
@@ -435,13 +453,13 @@ impl Conn {
                     return self.create_stream(spec).await.map(|_| ());
                 }
                 look @ Health::MetaUnavailable(_) => {
-                    if !backoff(&mut delay, deadline).await {
+                    if !pause(&mut policy, Sign::NotRun).await {
+                        let elapsed = retry::now().saturating_duration_since(policy.started());
                         return Err(failed(
                             format!("looking up stream {}", spec.name),
                             format!(
-                                "{} (gave up after {:.1?})",
+                                "{} (gave up after {elapsed:.1?})",
                                 self.no_quorum(spec, Some(&look)),
-                                started.elapsed()
                             ),
                         ));
                     }
@@ -453,15 +471,14 @@ impl Conn {
     /// Creates (or finds) the stream of `spec` and returns its state,
     /// retrying until the request timeout.
     pub(super) async fn create_stream(&self, spec: &StreamSpec) -> Result<stream::State> {
-        let deadline = self.deadline();
-        let mut delay = retries();
+        let mut policy = retries(self.settings.request_timeout);
         loop {
             let error = match self.create_stream_once(spec).await {
                 Ok(state) => return Ok(state),
                 Err(Attempt::Refused(e)) => return Err(e),
                 Err(Attempt::Failed(e)) => e,
             };
-            if !backoff(&mut delay, deadline).await {
+            if !pause(&mut policy, Sign::NotRun).await {
                 return Err(failed(format!("creating stream {}", spec.name), error));
             }
         }

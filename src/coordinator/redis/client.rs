@@ -26,6 +26,7 @@
 //!   the same pipeline, so it counts the replicas that have this write.
 
 use super::options::RedisOptions;
+use crate::coordinator::retry::{self, Decision, GiveUp, LastPause, Sign};
 use crate::endpoints::Endpoints;
 use crate::error::{one_line, Error, ErrorKind, Result};
 use crate::tls::refusal::{self, ClientSide};
@@ -41,7 +42,6 @@ use redis::{
 use std::future::Future;
 use std::time::Duration;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
-use tokio::time::Instant;
 
 /// Where and how to connect, checked once.
 #[derive(Clone)]
@@ -652,10 +652,30 @@ pub(crate) enum Repeat {
     Unsafe(&'static str),
 }
 
+impl Repeat {
+    fn policy(self) -> retry::Repeat {
+        match self {
+            Repeat::Safe => retry::Repeat::Safe,
+            Repeat::Unsafe(_) => retry::Repeat::Once,
+        }
+    }
+}
+
+/// Which failures [`retried`] waits out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Through {
+    /// A cluster's failover; on a standalone server nothing is retried
+    /// (its command connection reconnects by itself).
+    Failover,
+    /// Also a standalone server's restart: for a request that must not
+    /// fail on a blip and carries its own dedupe (the stream append).
+    Restart,
+}
+
 /// What a cluster answers while a master fails over, as far as a retry is
 /// concerned.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Sign {
+pub(crate) enum Answer {
     /// `MOVED`/`ASK` to `addr`: the node asked does not serve the slot. In
     /// a failover it points at the dead master until its replica took
     /// over. Not run.
@@ -677,29 +697,37 @@ pub(crate) enum Sign {
     Lost,
 }
 
-impl Sign {
-    /// The sign `e` is of a failover, or `None` for any other failure.
-    pub(crate) fn of(e: &RedisError) -> Option<Sign> {
+impl Answer {
+    /// The answer `e` is of a failover, or `None` for any other failure.
+    pub(crate) fn of(e: &RedisError) -> Option<Answer> {
         use redis::{ErrorKind, ServerErrorKind as S};
         if e.is_connection_refusal() {
-            return Some(Sign::Unreachable);
+            return Some(Answer::Unreachable);
         }
         match e.kind() {
-            ErrorKind::Server(S::Moved | S::Ask) => Some(Sign::Redirected {
+            ErrorKind::Server(S::Moved | S::Ask) => Some(Answer::Redirected {
                 addr: e.redirect_node().map(|(addr, _)| addr.to_string())?,
             }),
-            ErrorKind::Server(S::ClusterDown) => Some(Sign::ClusterDown),
-            ErrorKind::Server(S::TryAgain) => Some(Sign::TryAgain),
-            ErrorKind::Server(S::MasterDown | S::ReadOnly | S::BusyLoading) => Some(Sign::NotReady),
-            ErrorKind::ClusterConnectionNotFound => Some(Sign::Unreachable),
-            _ if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => Some(Sign::Lost),
+            ErrorKind::Server(S::ClusterDown) => Some(Answer::ClusterDown),
+            ErrorKind::Server(S::TryAgain) => Some(Answer::TryAgain),
+            ErrorKind::Server(S::MasterDown | S::ReadOnly | S::BusyLoading) => {
+                Some(Answer::NotReady)
+            }
+            ErrorKind::ClusterConnectionNotFound => Some(Answer::Unreachable),
+            _ if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
+                Some(Answer::Lost)
+            }
             _ => None,
         }
     }
 
-    /// Whether a request that got this answer may be sent again.
-    fn retry(&self, repeat: Repeat) -> bool {
-        *self != Sign::Lost || repeat == Repeat::Safe
+    /// What it says to the retry policy: only a lost connection leaves
+    /// the request possibly run.
+    fn sign(&self) -> Sign {
+        match self {
+            Answer::Lost => Sign::MaybeRun,
+            _ => Sign::NotRun,
+        }
     }
 }
 
@@ -708,29 +736,28 @@ impl Sign {
 struct Seen {
     /// The address the cluster last named as the slot's master.
     master: Option<String>,
-    last: Option<Sign>,
+    last: Option<Answer>,
 }
 
 impl Seen {
-    fn note(&mut self, sign: Sign) {
-        if let Sign::Redirected { addr } = &sign {
+    fn note(&mut self, answer: Answer) {
+        if let Answer::Redirected { addr } = &answer {
             self.master = Some(addr.clone());
         }
-        self.last = Some(sign);
+        self.last = Some(answer);
     }
 }
 
 /// Pauses between attempts through a failover: a slot whose master died is
 /// refused for 1.5 to 3.5 s after a kill (measured on a cluster with a 1 s
-/// `cluster-node-timeout`), so short steps; jittered, so that the callers
-/// refused together do not all retry together.
-fn failover_backoff() -> fleetcoord_sm::backoff::Backoff {
-    crate::coordinator::feed_task::doubling(Duration::from_millis(20), Duration::from_millis(400))
-}
+/// `cluster-node-timeout`), so short steps, 20 ms doubling to 400 ms;
+/// jittered, so that the callers refused together do not all retry
+/// together.
+const FAILOVER_PAUSES: (Duration, Duration) = (Duration::from_millis(20), Duration::from_millis(400));
 
 /// Runs `attempt` until it succeeds, fails for a reason a failover does
 /// not explain, or the request timeout passes; on a cluster, answers of a
-/// failover are retried (see [`Sign`] and [`Repeat`]), on a standalone
+/// failover are retried (see [`Answer`] and [`Repeat`]), on a standalone
 /// server nothing is. `key` (any key of the request) names its slot in the
 /// message; `describe` turns a failure that is not a failover's into the
 /// user's error.
@@ -742,61 +769,108 @@ pub(crate) async fn with_failover<T, F, Fut>(
     context: &str,
     key: Option<&str>,
     repeat: Repeat,
-    mut attempt: F,
+    attempt: F,
     describe: impl FnOnce(&RedisError) -> Error,
 ) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = RedisResult<T>>,
 {
-    let started = Instant::now();
-    let deadline = started + target.request_timeout;
+    retried(target, context, key, repeat, Through::Failover, attempt, describe)
+        .await
+        .map_err(|(e, _)| e)
+}
+
+/// [`with_failover`], also through `through`'s failures, saying on failure
+/// whether an attempt may have run unanswered (a failure the retries did
+/// not explain is judged by `describe`'s caller).
+///
+/// Which failures are repeated, the pauses and when to stop are the
+/// decisions of one [`retry`] policy; this loop only sends and sleeps.
+pub(crate) async fn retried<T, F, Fut>(
+    target: &Target,
+    context: &str,
+    key: Option<&str>,
+    repeat: Repeat,
+    through: Through,
+    mut attempt: F,
+    describe: impl FnOnce(&RedisError) -> Error,
+) -> std::result::Result<T, (Error, bool)>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = RedisResult<T>>,
+{
+    let mut policy = retry::policy(
+        target.request_timeout,
+        last_attempt_reserve(target.request_timeout),
+        FAILOVER_PAUSES,
+        LastPause::Shorten,
+        repeat.policy(),
+    );
+    let deadline = retry::on_runtime(policy.deadline());
     let mut seen = Seen::default();
-    // Drawn at the first retry: its seed costs a system call, which a
-    // request that succeeds at once should not pay.
-    let mut backoff = None;
+    let gave_up = |seen: &Seen, policy: &retry::Retry| {
+        let elapsed = retry::now().saturating_duration_since(policy.started());
+        let message = gave_up(context, key, seen, elapsed, repeat);
+        (
+            target.failure(ErrorKind::Unavailable, message),
+            policy.in_doubt(),
+        )
+    };
+    let waits = target.cluster || through == Through::Restart;
     loop {
         let e = match tokio::time::timeout_at(deadline, attempt()).await {
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(e)) => e,
-            Err(_) if seen.last.is_none() => return Err(Error::Timeout(target.request_timeout)),
             Err(_) => {
-                let message = gave_up(context, key, &seen, started.elapsed(), repeat);
-                return Err(target.failure(ErrorKind::Unavailable, message));
+                // Cut off by the deadline: it may have run, and the
+                // policy ends the request.
+                let first = policy.failures() == 0;
+                let _ = policy.on_error(retry::now(), Sign::MaybeRun);
+                if first {
+                    return Err((Error::Timeout(target.request_timeout), true));
+                }
+                return Err(gave_up(&seen, &policy));
             }
         };
-        let sign = match Sign::of(&e) {
-            Some(sign) if target.cluster => sign,
-            Some(Sign::Lost) if matches!(repeat, Repeat::Unsafe(_)) => {
-                return Err(outcome_unknown(describe(&e), repeat));
-            }
-            _ => return Err(describe(&e)),
+        let answer = Answer::of(&e);
+        let sign = match &answer {
+            Some(answer) if waits => answer.sign(),
+            _ => Sign::Final,
         };
-        let first = seen.last.is_none();
-        let retry = sign.retry(repeat);
-        seen.note(sign);
-        if !retry {
-            // An append whose connection broke: it may be stored.
-            if first {
-                return Err(outcome_unknown(describe(&e), repeat));
+        let first = policy.failures() == 0;
+        match policy.on_error(retry::now(), sign) {
+            Decision::Retry(pause) => {
+                if let Some(answer) = answer {
+                    seen.note(answer);
+                }
+                // No attempt is begun without time to hear its answer (the
+                // policy's reserve): the crate hands a command to its
+                // connection task at once, so an attempt cut off by the
+                // deadline may still be sent, and an append that until then
+                // only met refusals (provably not run, so retryable) would
+                // end in doubt for nothing.
+                tokio::time::sleep(pause).await;
             }
-            let message = gave_up(context, key, &seen, started.elapsed(), repeat);
-            return Err(target.failure(ErrorKind::Unavailable, message));
+            Decision::GiveUp(GiveUp::Final) => {
+                let error = describe(&e);
+                // A write whose connection broke: it may be stored.
+                return Err(if answer == Some(Answer::Lost) {
+                    (outcome_unknown(error, repeat), true)
+                } else {
+                    (error, policy.in_doubt())
+                });
+            }
+            Decision::GiveUp(GiveUp::Unrepeatable) if first => {
+                return Err((outcome_unknown(describe(&e), repeat), true));
+            }
+            Decision::GiveUp(_) => {
+                if let Some(answer) = answer {
+                    seen.note(answer);
+                }
+                return Err(gave_up(&seen, &policy));
+            }
         }
-        // No attempt is begun without time to hear its answer: the crate
-        // hands a command to its connection task at once, so an attempt cut
-        // off by the deadline may still be sent, and an append that until
-        // then only met refusals (provably not run, so retryable) would end
-        // in doubt for nothing.
-        let reserve = last_attempt_reserve(target.request_timeout);
-        let now = Instant::now();
-        if now + reserve >= deadline {
-            let message = gave_up(context, key, &seen, started.elapsed(), repeat);
-            return Err(target.failure(ErrorKind::Unavailable, message));
-        }
-        // The last pause leaves `reserve` for one last attempt.
-        let delay = backoff.get_or_insert_with(failover_backoff).next_delay();
-        tokio::time::sleep(delay.min(deadline - reserve - now)).await;
     }
 }
 
@@ -846,15 +920,15 @@ fn gave_up(
         None => format!("{slot}'s master"),
     };
     let what = match seen.last {
-        Some(Sign::ClusterDown) => format!(
+        Some(Answer::ClusterDown) => format!(
             "{slot} is refused: the cluster is down (CLUSTERDOWN) until a failed master is replaced"
         ),
-        Some(Sign::TryAgain) => format!("{slot} is being migrated (TRYAGAIN)"),
-        Some(Sign::NotReady) => format!("{master} is not ready for writes"),
+        Some(Answer::TryAgain) => format!("{slot} is being migrated (TRYAGAIN)"),
+        Some(Answer::NotReady) => format!("{master} is not ready for writes"),
         _ => format!("{master} is unreachable"),
     };
     let unknown = match (&seen.last, repeat) {
-        (Some(Sign::Lost), Repeat::Unsafe(unknown)) => format!(" ({unknown})"),
+        (Some(Answer::Lost), Repeat::Unsafe(unknown)) => format!(" ({unknown})"),
         _ => String::new(),
     };
     format!("{context}: {what}: failover in progress (gave up after {elapsed:.1?}){unknown}")
@@ -1229,30 +1303,33 @@ AQH/MAoGCCqGSM49BAMCA0gAMEUCIQDNzn+GYzGusEcLgMBEQZ7LAHIQv4b9WcAE
     fn failover_answers_are_told_from_other_failures() {
         use redis::ServerErrorKind as S;
         let ours = redis::make_extension_error("x".into(), None);
-        assert_eq!(Sign::of(&ours), None);
+        assert_eq!(Answer::of(&ours), None);
         let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
-        assert_eq!(Sign::of(&refused), Some(Sign::Unreachable));
+        assert_eq!(Answer::of(&refused), Some(Answer::Unreachable));
         let reset = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
-        assert_eq!(Sign::of(&reset), Some(Sign::Lost));
+        assert_eq!(Answer::of(&reset), Some(Answer::Lost));
         for (kind, sign) in [
-            (S::ClusterDown, Sign::ClusterDown),
-            (S::TryAgain, Sign::TryAgain),
-            (S::MasterDown, Sign::NotReady),
-            (S::ReadOnly, Sign::NotReady),
-            (S::BusyLoading, Sign::NotReady),
+            (S::ClusterDown, Answer::ClusterDown),
+            (S::TryAgain, Answer::TryAgain),
+            (S::MasterDown, Answer::NotReady),
+            (S::ReadOnly, Answer::NotReady),
+            (S::BusyLoading, Answer::NotReady),
         ] {
-            assert_eq!(Sign::of(&server(kind)), Some(sign), "{kind:?}");
+            assert_eq!(Answer::of(&server(kind)), Some(sign), "{kind:?}");
         }
         for kind in [S::ResponseError, S::NoScript, S::CrossSlot, S::NoPerm] {
-            assert_eq!(Sign::of(&server(kind)), None, "{kind:?}");
+            assert_eq!(Answer::of(&server(kind)), None, "{kind:?}");
         }
         // Not run: retried for every request; may have run: only for those
-        // that can be repeated.
-        let once = Repeat::Unsafe("it may have been applied");
-        assert!(Sign::ClusterDown.retry(once));
-        assert!(Sign::Unreachable.retry(once));
-        assert!(Sign::Lost.retry(Repeat::Safe));
-        assert!(!Sign::Lost.retry(once));
+        // that can be repeated (the policy's rule 2).
+        assert_eq!(Answer::ClusterDown.sign(), Sign::NotRun);
+        assert_eq!(Answer::Unreachable.sign(), Sign::NotRun);
+        assert_eq!(Answer::Lost.sign(), Sign::MaybeRun);
+        assert_eq!(
+            Repeat::Unsafe("it may have been applied").policy(),
+            retry::Repeat::Once
+        );
+        assert_eq!(Repeat::Safe.policy(), retry::Repeat::Safe);
     }
 
     #[test]
@@ -1309,10 +1386,10 @@ AQH/MAoGCCqGSM49BAMCA0gAMEUCIQDNzn+GYzGusEcLgMBEQZ7LAHIQv4b9WcAE
     #[test]
     fn giving_up_says_which_slot_and_master_and_why() {
         let mut seen = Seen::default();
-        seen.note(Sign::Redirected {
+        seen.note(Answer::Redirected {
             addr: "127.0.0.1:39195".into(),
         });
-        seen.note(Sign::Unreachable);
+        seen.note(Answer::Unreachable);
         let after = Duration::from_millis(5000);
         assert_eq!(
             gave_up(
@@ -1330,7 +1407,7 @@ AQH/MAoGCCqGSM49BAMCA0gAMEUCIQDNzn+GYzGusEcLgMBEQZ7LAHIQv4b9WcAE
         );
         let down = Seen {
             master: None,
-            last: Some(Sign::ClusterDown),
+            last: Some(Answer::ClusterDown),
         };
         assert_eq!(
             gave_up("ping", None, &down, after, Repeat::Safe),
@@ -1339,7 +1416,7 @@ AQH/MAoGCCqGSM49BAMCA0gAMEUCIQDNzn+GYzGusEcLgMBEQZ7LAHIQv4b9WcAE
         );
         let lost = Seen {
             master: None,
-            last: Some(Sign::Lost),
+            last: Some(Answer::Lost),
         };
         let once = Repeat::Unsafe("the append may or may not have been applied");
         let text = gave_up("append", Some("s"), &lost, after, once);
@@ -1349,7 +1426,7 @@ AQH/MAoGCCqGSM49BAMCA0gAMEUCIQDNzn+GYzGusEcLgMBEQZ7LAHIQv4b9WcAE
         );
         let migrating = Seen {
             master: None,
-            last: Some(Sign::TryAgain),
+            last: Some(Answer::TryAgain),
         };
         assert!(gave_up("x", Some("s"), &migrating, after, Repeat::Safe).contains("(TRYAGAIN)"));
     }

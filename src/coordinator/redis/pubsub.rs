@@ -19,6 +19,7 @@ use super::task::FeedCtx;
 use crate::coordinator::bridge::FeedFull;
 use crate::coordinator::feed_task::retry_backoff;
 use crate::coordinator::Message;
+use fleetcoord_sm::newest::Newest;
 use redis::{PushInfo, PushKind, RedisResult};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -94,19 +95,19 @@ async fn follow(
         if on != channel {
             continue;
         }
-        let mut held = match ctx.tx.try_send(Message {
+        let mut newest = Newest::new();
+        match ctx.tx.try_send(Message {
             topic: topic.to_string(),
             payload,
         }) {
             Ok(()) => continue,
             Err(FeedFull::Gone) => return false,
-            Err(FeedFull::Full(held)) => held,
-        };
+            Err(FeedFull::Full(held)) => newest.hold(held),
+        }
         // Full: keep draining the connection so the server never buffers
         // for us; the newest message replaces the held one (the contract
-        // in coordinator/mod.rs, "Slow consumers") and the replaced ones are
-        // counted; deliver the held one once the consumer caught up.
-        let mut dropped = 0u64;
+        // in coordinator/mod.rs, "Slow consumers"); deliver it once the
+        // consumer caught up.
         let mut lost = false;
         loop {
             tokio::select! {
@@ -122,17 +123,22 @@ async fn follow(
                     Some(p) => {
                         if let Some((on, payload)) = message(&p) {
                             if on == channel {
-                                held.payload = payload;
-                                dropped = dropped.saturating_add(1);
+                                newest.hold(Message {
+                                    topic: topic.to_string(),
+                                    payload,
+                                });
                             }
                         }
                     }
                 },
             }
         }
-        if ctx.tx.try_send(held).is_err() {
-            return false;
+        if let Some(held) = newest.take() {
+            if ctx.tx.try_send(held).is_err() {
+                return false;
+            }
         }
+        let dropped = newest.take_replaced();
         if dropped > 0 {
             log::warn!(
                 "subscription to {topic:?}: the consumer fell behind; {dropped} message(s) \
