@@ -1216,9 +1216,9 @@ mod tests {
         let mut state = c.lock().unwrap();
         let subs = state.topics.entry(topic.to_owned()).or_default();
         subs.push(Sub {
-                reg,
-                latest: Newest::new(),
-            });
+            reg,
+            latest: Newest::new(),
+        });
         rx
     }
 

@@ -53,9 +53,18 @@ fn not_run_failures_back_off_and_the_last_pause_is_shortened_to_leave_the_reserv
 fn the_give_up_variant_of_rule_5_stops_instead_of_shortening() {
     let t0 = Instant::now();
     let mut r = Retry::new(flat(1000, 0, LastPause::GiveUp, Repeat::Safe), t0, 1);
-    assert_eq!(r.on_error(t0 + ms(10), Sign::NotRun), Decision::Retry(ms(100)));
-    assert_eq!(r.on_error(t0 + ms(110), Sign::NotRun), Decision::Retry(ms(200)));
-    assert_eq!(r.on_error(t0 + ms(310), Sign::NotRun), Decision::Retry(ms(400)));
+    assert_eq!(
+        r.on_error(t0 + ms(10), Sign::NotRun),
+        Decision::Retry(ms(100))
+    );
+    assert_eq!(
+        r.on_error(t0 + ms(110), Sign::NotRun),
+        Decision::Retry(ms(200))
+    );
+    assert_eq!(
+        r.on_error(t0 + ms(310), Sign::NotRun),
+        Decision::Retry(ms(400))
+    );
     // 710 + 400 would pass the deadline.
     assert_eq!(
         r.on_error(t0 + ms(710), Sign::NotRun),
@@ -90,7 +99,10 @@ fn a_repeatable_request_is_retried_after_a_lost_answer_but_stays_in_doubt() {
     assert!(r.in_doubt());
     // A later clean refusal does not clear the doubt: the first attempt
     // may still have been applied.
-    assert_eq!(r.on_error(t0 + ms(100), Sign::NotRun), Decision::Retry(ms(200)));
+    assert_eq!(
+        r.on_error(t0 + ms(100), Sign::NotRun),
+        Decision::Retry(ms(200))
+    );
     assert!(r.in_doubt());
     // An attempt cut off by the deadline ends the request.
     assert_eq!(

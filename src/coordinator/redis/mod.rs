@@ -221,13 +221,18 @@
 //! subscribers connected at that moment and not stored, so there is no
 //! write for a replica to keep.
 
-mod client;
+mod conn;
+mod failover;
 mod kv;
 mod names;
 mod options;
 mod pubsub;
 mod stream;
+mod target;
 mod task;
+#[cfg(test)]
+mod test_util;
+mod tls;
 
 pub use options::{RedisOptions, MAX_MIN_REPLICAS};
 
@@ -239,11 +244,13 @@ use crate::coordinator::{
 use crate::endpoints::Endpoints;
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::StartError;
-use client::{with_failover, Conn, Repeat, Target};
+use conn::Conn;
+use failover::{with_failover, Repeat};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+use target::Target;
 
 /// The URL used when none is given.
 pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
@@ -303,7 +310,7 @@ impl RedisCoordinator {
         let kind_out = failed_kind.clone();
         let started = bridge::start("fleetcoord-redis", wait, move || async move {
             connecting.command_conn().await.map_err(|e| {
-                let _ = kind_out.set(client::kind_of(&e));
+                let _ = kind_out.set(target::kind_of(&e));
                 connecting.explain(&e, true)
             })
         });
@@ -387,7 +394,7 @@ impl Coordinator for RedisCoordinator {
         check_name("topic", topic)?;
         check_payload("redis", "payload", payload)?;
         let channel = names::topic_channel(topic);
-        let mut publish = redis::cmd(client::publish_command(self.target.cluster));
+        let mut publish = redis::cmd(conn::publish_command(self.target.cluster));
         publish.arg(&channel).arg(payload);
         let target = &self.target;
         let context = format!("publish on {topic:?}");

@@ -13,8 +13,9 @@
 //! that arrive while the consumer's queue is full are dropped (all but the
 //! newest), counted in one warning once the consumer has read half its queue.
 
-use super::client::{message, Conn, Target};
+use super::conn::{message, Conn};
 use super::names;
+use super::target::Target;
 use super::task::FeedCtx;
 use crate::coordinator::bridge::FeedFull;
 use crate::coordinator::feed_task::retry_backoff;

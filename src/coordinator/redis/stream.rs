@@ -18,8 +18,10 @@
 //! reconnected stream) and reads the new stream from its first entry, with
 //! a warning, instead of waiting for an ID it already saw.
 
-use super::client::{bytes, retried, Conn, Repeat, Target, Through};
+use super::conn::{bytes, Conn};
+use super::failover::{retried, Repeat, Through};
 use super::names;
+use super::target::Target;
 use super::task::FeedCtx;
 use crate::coordinator::bridge::FeedFull;
 use crate::coordinator::feed_task::retry_backoff;

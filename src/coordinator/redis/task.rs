@@ -2,7 +2,7 @@
 //! to, and with the caller waiting until it is live. What it holds and how
 //! it lives is the bus's one feed task type (`coordinator/feed_task.rs`).
 
-use super::client::Target;
+use super::target::Target;
 use crate::coordinator::bridge::{feed_channel, Bridge};
 use crate::coordinator::feed_task::FeedTask;
 use crate::coordinator::Feed;
