@@ -98,6 +98,7 @@ mod feed_task;
 mod from_env;
 mod kv_mirror;
 mod lane;
+mod lifecycle;
 mod memory;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]

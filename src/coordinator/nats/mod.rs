@@ -136,6 +136,7 @@ use super::{
 };
 use crate::coordinator::bridge::{self, Bridge, BridgeError};
 use crate::coordinator::feed_task::FeedTask;
+use crate::coordinator::lifecycle::Lifecycle;
 use crate::endpoints::Endpoints;
 use crate::error::{one_line, Error, ErrorKind, Result};
 use crate::runtime::StartError;
@@ -145,7 +146,6 @@ use conn::{Conn, Settings};
 pub use options::{NatsCredentials, NatsKeyEncoding, NatsOptions};
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// The URL used when none is given.
@@ -195,7 +195,7 @@ pub struct NatsCoordinator {
     conn: Conn,
     urls: String,
     feed_capacity: usize,
-    closed: AtomicBool,
+    life: Lifecycle,
 }
 
 impl fmt::Debug for NatsCoordinator {
@@ -288,16 +288,8 @@ impl NatsCoordinator {
             conn: Conn::new(client, js, settings),
             urls,
             feed_capacity: options.feed_capacity,
-            closed: AtomicBool::new(false),
+            life: Lifecycle::new(),
         })
-    }
-
-    fn check_open(&self) -> Result<()> {
-        if self.closed.load(Ordering::SeqCst) {
-            Err(Error::Closed)
-        } else {
-            Ok(())
-        }
     }
 
     /// Runs `fut` on the driver and waits for its answer.
@@ -305,7 +297,7 @@ impl NatsCoordinator {
         &self,
         fut: impl Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
-        self.check_open()?;
+        self.life.check_open()?;
         let wait = self
             .conn
             .settings
@@ -328,15 +320,7 @@ impl NatsCoordinator {
                 other => other,
             }),
             Err(BridgeError::Timeout) => Err(Error::Timeout(wait)),
-            Err(BridgeError::Gone) => Err(self.gone()),
-        }
-    }
-
-    fn gone(&self) -> Error {
-        if self.closed.load(Ordering::SeqCst) {
-            Error::Closed
-        } else {
-            Error::DriverGone
+            Err(BridgeError::Gone) => Err(self.life.gone()),
         }
     }
 
@@ -351,8 +335,8 @@ impl NatsCoordinator {
     {
         let (tx, feed) = bridge::feed_channel(self.feed_capacity);
         self.bridge
-            .spawn(move |stopping| task(FeedTask::new(tx, stopping, None)))
-            .map_err(|_| self.gone())?;
+            .spawn(move |stopping| task(FeedTask::new(tx, stopping)))
+            .map_err(|_| self.life.gone())?;
         Ok(feed)
     }
 }
@@ -361,7 +345,7 @@ impl Coordinator for NatsCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
         check_name("topic", topic)?;
         check_payload("nats", "payload", payload)?;
-        self.check_open()?;
+        self.life.check_open()?;
         self.conn.check_fits("payload", payload.len(), 0)?;
         let client = self.conn.client.clone();
         let subject = names::topic_subject(topic);
@@ -403,7 +387,7 @@ impl Coordinator for NatsCoordinator {
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
         check_name("stream", stream)?;
         check_payload("nats", "payload", payload)?;
-        self.check_open()?;
+        self.life.check_open()?;
         // The message ID header travels with the payload.
         self.conn.check_fits("payload", payload.len(), 64)?;
         self.run(stream::append(
@@ -424,7 +408,7 @@ impl Coordinator for NatsCoordinator {
         check_name("bucket", bucket)?;
         check_key(key)?;
         check_payload("nats", "value", value)?;
-        self.check_open()?;
+        self.life.check_open()?;
         self.conn.check_fits("value", value.len(), 64)?;
         self.run(kv::set(
             self.conn.clone(),
@@ -473,7 +457,7 @@ impl Coordinator for NatsCoordinator {
     }
 
     fn close(&self) -> Result<()> {
-        self.closed.store(true, Ordering::SeqCst);
+        self.life.close();
         // Ends every feed task (their senders drop, so feeds disconnect),
         // then the runtime and with it the connection.
         self.bridge.shutdown();

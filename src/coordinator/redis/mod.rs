@@ -237,6 +237,7 @@ mod tls;
 pub use options::{RedisOptions, MAX_MIN_REPLICAS};
 
 use crate::coordinator::bridge::{self, Bridge, BridgeError};
+use crate::coordinator::lifecycle::Lifecycle;
 use crate::coordinator::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, KvWatcher, StreamId,
     StreamPosition, StreamReader, Subscription,
@@ -247,7 +248,6 @@ use crate::runtime::StartError;
 use conn::Conn;
 use failover::{with_failover, Repeat};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use target::Target;
@@ -272,7 +272,7 @@ pub struct RedisCoordinator {
     target: Target,
     stream_max_len: Option<u64>,
     feed_capacity: usize,
-    closed: AtomicBool,
+    life: Lifecycle,
 }
 
 impl std::fmt::Debug for RedisCoordinator {
@@ -333,41 +333,13 @@ impl RedisCoordinator {
             stream_max_len: options.stream_max_len,
             feed_capacity: options.feed_capacity,
             target,
-            closed: AtomicBool::new(false),
+            life: Lifecycle::new(),
         })
     }
 
     /// Whether this handle talks to a cluster.
     pub fn is_cluster(&self) -> bool {
         self.target.cluster
-    }
-
-    fn check_open(&self) -> Result<()> {
-        if self.closed.load(Ordering::SeqCst) {
-            Err(Error::Closed)
-        } else {
-            Ok(())
-        }
-    }
-
-    /// The error for a call that found the bridge thread gone, by the one
-    /// rule of every backend: `Closed` when this handle was closed,
-    /// `DriverGone` when the thread stopped by itself.
-    fn gone(&self) -> Error {
-        if self.closed.load(Ordering::SeqCst) {
-            Error::Closed
-        } else {
-            Error::DriverGone
-        }
-    }
-
-    /// `e`, with a `DriverGone` from the feed plumbing (which cannot know
-    /// about `close`) made to follow [`RedisCoordinator::gone`].
-    fn or_gone(&self, e: Error) -> Error {
-        match e {
-            Error::DriverGone => self.gone(),
-            other => other,
-        }
     }
 
     /// Runs `op` on the command connection; `op` bounds itself by the
@@ -378,13 +350,13 @@ impl RedisCoordinator {
     where
         F: Future<Output = Result<T>>,
     {
-        self.check_open()?;
+        self.life.check_open()?;
         let timeout = self.target.request_timeout;
         let wait = timeout.saturating_add(CALL_SLACK);
         match self.bridge.call(wait, op(self.conn.clone())) {
             Ok(result) => result,
             Err(BridgeError::Timeout) => Err(Error::Timeout(timeout)),
-            Err(BridgeError::Gone) => Err(self.gone()),
+            Err(BridgeError::Gone) => Err(self.life.gone()),
         }
     }
 }
@@ -420,13 +392,13 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn subscribe(&self, topic: &str) -> Result<Subscription> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("topic", topic)?;
         let topic = topic.to_string();
         task::open(&self.bridge, &self.target, self.feed_capacity, move |ctx| {
             pubsub::subscribe_task(ctx, topic)
         })
-        .map_err(|e| self.or_gone(e))
+        .map_err(|e| self.life.or_gone(e))
     }
 
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
@@ -442,13 +414,13 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn read_stream(&self, stream: &str, from: StreamPosition) -> Result<StreamReader> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("stream", stream)?;
         let stream = stream.to_string();
         task::open(&self.bridge, &self.target, self.feed_capacity, move |ctx| {
             stream::read_task(ctx, stream, from)
         })
-        .map_err(|e| self.or_gone(e))
+        .map_err(|e| self.life.or_gone(e))
     }
 
     fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
@@ -485,7 +457,7 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn kv_watch(&self, bucket: &str, pattern: &str) -> Result<KvWatcher> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("bucket", bucket)?;
         pattern::validate(pattern)?;
         let bucket = bucket.to_string();
@@ -493,7 +465,7 @@ impl Coordinator for RedisCoordinator {
         task::open(&self.bridge, &self.target, self.feed_capacity, move |ctx| {
             kv::watch_task(ctx, bucket, pattern)
         })
-        .map_err(|e| self.or_gone(e))
+        .map_err(|e| self.life.or_gone(e))
     }
 
     fn ping(&self) -> Result<()> {
@@ -509,7 +481,7 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn close(&self) -> Result<()> {
-        self.closed.store(true, Ordering::SeqCst);
+        self.life.close();
         self.bridge.shutdown();
         Ok(())
     }
