@@ -1,6 +1,7 @@
 //! In-process backend: the embedded default and the reference semantics.
 
 use super::kv_mirror::{hand_over, Handed, KvMirror, Offer};
+use super::lifecycle::Lifecycle;
 use super::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvEvent,
     KvWatcher, Message, StreamEntry, StreamId, StreamPosition, StreamReader, Subscription,
@@ -11,7 +12,7 @@ use fleetcoord_sm::mirror::Order;
 use fleetcoord_sm::newest::Newest;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -115,9 +116,9 @@ impl MemoryOptions {
 pub struct MemoryCoordinator {
     hub: Arc<Hub>,
     id: u64,
-    // Written only with the hub lock held, so a call that checked it under
+    // Closed only with the hub lock held, so a call that checked it under
     // the lock cannot register a feed that `close` then misses.
-    closed: AtomicBool,
+    life: Lifecycle,
 }
 
 struct Hub {
@@ -481,22 +482,15 @@ impl MemoryCoordinator {
         MemoryCoordinator {
             hub,
             id,
-            closed: AtomicBool::new(false),
+            life: Lifecycle::new(),
         }
     }
 
-    /// Fails fast without the lock; callers check again under it.
-    fn check_open(&self) -> Result<()> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(Error::Closed);
-        }
-        Ok(())
-    }
-
-    /// Locks the hub, failing if this handle is closed.
+    /// Locks the hub, failing if this handle is closed (the calls that
+    /// check without the lock fail fast, and check again under it).
     fn lock(&self) -> Result<parking_lot::MutexGuard<'_, State>> {
         let state = self.hub.state.lock();
-        self.check_open()?;
+        self.life.check_open()?;
         Ok(state)
     }
 
@@ -623,7 +617,7 @@ impl std::fmt::Debug for MemoryCoordinator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryCoordinator")
             .field("handle", &self.id)
-            .field("closed", &self.closed.load(Ordering::Relaxed))
+            .field("closed", &self.life.is_closed())
             .field("feed_capacity", &self.feed_capacity())
             .finish()
     }
@@ -631,7 +625,7 @@ impl std::fmt::Debug for MemoryCoordinator {
 
 impl Coordinator for MemoryCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("topic", topic)?;
         check_payload("memory", "payload", payload)?;
         let mut state = self.lock()?;
@@ -651,7 +645,7 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn subscribe(&self, topic: &str) -> Result<Subscription> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("topic", topic)?;
         let (reg, rx) = self.new_reg();
         let id = reg.id;
@@ -667,7 +661,7 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("stream", stream)?;
         check_payload("memory", "payload", payload)?;
         let mut state = self.lock()?;
@@ -691,7 +685,7 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn read_stream(&self, stream: &str, from: StreamPosition) -> Result<StreamReader> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("stream", stream)?;
         let (reg, rx) = self.new_reg();
         let id = reg.id;
@@ -719,7 +713,7 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         check_payload("memory", "value", value)?;
@@ -736,7 +730,7 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         let state = self.lock()?;
@@ -749,7 +743,7 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn kv_delete(&self, bucket: &str, key: &str) -> Result<()> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         let mut state = self.lock()?;
@@ -770,7 +764,7 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn kv_watch(&self, bucket: &str, pat: &str) -> Result<KvWatcher> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("bucket", bucket)?;
         pattern::validate(pat)?;
         let (reg, rx) = self.new_reg();
@@ -789,12 +783,12 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn ping(&self) -> Result<()> {
-        self.check_open()
+        self.life.check_open()
     }
 
     fn close(&self) -> Result<()> {
         let mut state = self.hub.state.lock();
-        if !self.closed.swap(true, Ordering::AcqRel) {
+        if self.life.close() {
             self.close_feeds(&mut state);
         }
         Ok(())
