@@ -241,8 +241,9 @@ impl Conn {
                 ack.await
             };
             let bound = ATTEMPT_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
-            // What the failure says, and in words; or the error it ends with.
-            let (sign, last_error) = match tokio::time::timeout(bound, attempt).await {
+            // What the failure says to the retry policy (or the error it
+            // ends with), and the failure in words.
+            let (outcome, last_error) = match tokio::time::timeout(bound, attempt).await {
                 Ok(Ok(ack)) => return Ok(ack.sequence),
                 Ok(Err(e)) => {
                     use jetstream::context::PublishErrorKind as K;
@@ -312,7 +313,7 @@ impl Conn {
                     (Ok(Sign::MaybeRun), format!("no ack within {bound:?}"))
                 }
             };
-            let decision = match sign {
+            let decision = match outcome {
                 Ok(sign) => policy.on_error(retry::now(), sign),
                 Err(e) => return Err(give_up(policy.in_doubt(), last_error, e)),
             };

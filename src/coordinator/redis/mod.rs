@@ -186,14 +186,19 @@
 //! What is retried: answers proving the command did not run (`MOVED`,
 //! `ASK`, `CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`, `READONLY`, `LOADING`,
 //! connection refused), for every request; a connection lost mid-request
-//! only for requests that may run twice (reads, KV sets and deletes, ping).
-//! An append or publish whose connection broke fails at once, saying that
-//! it may or may not have been applied (delivered). When the request timeout
-//! passes first, the error ([`Error::Backend`], kind
-//! [`Unavailable`](ErrorKind::Unavailable), retryable) says it in one
-//! line, e.g. `set "k" in bucket "b": slot 5076's master 127.0.0.1:39195 is
-//! unreachable: failover in progress (gave up after 5.0s)`. A standalone
-//! server has no failover: its requests are not retried.
+//! only for requests that may run twice (reads, KV sets and deletes, ping,
+//! and appends, whose token makes a repeat return the first attempt's id).
+//! A publish whose connection broke fails at once, saying that it may or
+//! may not have been delivered. When the request timeout passes first, the
+//! error ([`Error::Backend`], kind [`Unavailable`](ErrorKind::Unavailable),
+//! retryable) says it in one line, e.g. `set "k" in bucket "b": slot 5076's
+//! master 127.0.0.1:39195 is unreachable: failover in progress (gave up
+//! after 5.0s)`. A standalone server has no failover: its requests are not
+//! retried, except appends, retried the same way through a restart. The
+//! pauses and when to stop are sm's one retry policy (`fleetcoord_sm::retry`)
+//! for every request: jittered backoff from 20 ms to 400 ms, no attempt
+//! begun in the last tenth of the request timeout (at most 100 ms) so that
+//! the last one has time to hear its answer.
 //!
 //! # Replication
 //!
