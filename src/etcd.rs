@@ -3,8 +3,7 @@
 use crate::driver::handle::Sink;
 use crate::driver::runner::MachineTask;
 use crate::driver::{
-    self, ConnectSettings, DriverHandle, DriverMsg, MachineHandle, StartError, UnaryCall,
-    UnaryError,
+    self, DriverHandle, DriverMsg, EtcdTarget, MachineHandle, StartError, UnaryCall, UnaryError,
 };
 use crate::endpoint;
 use crate::endpoints::Endpoints;
@@ -258,7 +257,7 @@ impl Etcd {
             normalized.push(url);
         }
         options.check()?;
-        let (driver, status) = driver::start(ConnectSettings {
+        let (driver, status) = driver::start(EtcdTarget {
             endpoints: normalized.clone(),
             connect_timeout: options.connect_timeout,
             request_timeout: options.request_timeout,

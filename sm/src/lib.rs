@@ -3,10 +3,12 @@
 //! Every piece of fleetcoord's protocol logic — lease keepalive, many
 //! leases' renewals on one stream, prefix watching with resync, leader
 //! election, leader observation and sequence-numbered streams — lives here
-//! as a deterministic state machine. This crate does no I/O, reads no clock
-//! and uses no global random number generator: time comes in as `now`,
-//! randomness from a seed given to `new`, and etcd is reached only by emitting
-//! [`Command`]s that a driver executes. The same inputs always give the same
+//! as a deterministic state machine; the bus's decisions that need no
+//! machine (when to retry a write, [`retry`]; which message a slow
+//! subscriber keeps, [`newest`]) are plain types beside them. This crate
+//! does no I/O, reads no clock and uses no global random number generator:
+//! time comes in as `now`, randomness from a seed given to `new`, and etcd
+//! is reached only by emitting [`Command`]s that a driver executes. The same inputs always give the same
 //! outputs, which is what lets `tests/sim.rs` and the fuzz targets sample
 //! faults, and `tests/model.rs` visit every schedule of small worlds
 //! (machines are `Clone`, so a world forks at every choice).
@@ -101,10 +103,12 @@ pub mod clock;
 pub mod election;
 pub mod keepalive;
 pub mod mirror;
+pub mod newest;
 pub mod observe;
 pub mod outbox;
 pub mod registration;
 pub mod renewals;
+pub mod retry;
 pub mod rpc;
 pub mod session;
 pub mod shard;

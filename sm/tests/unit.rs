@@ -17,6 +17,8 @@ mod election_support;
 mod keepalive;
 #[path = "unit/mirror.rs"]
 mod mirror;
+#[path = "unit/newest.rs"]
+mod newest;
 #[path = "unit/observe.rs"]
 mod observe;
 #[path = "unit/outbox.rs"]
@@ -27,6 +29,8 @@ mod plumbing;
 mod registration;
 #[path = "unit/renewals.rs"]
 mod renewals;
+#[path = "unit/retry.rs"]
+mod retry;
 #[path = "unit/rpc.rs"]
 mod rpc;
 #[path = "unit/semaphore.rs"]

@@ -4,6 +4,7 @@
 //! All of them run on the driver; this file only maps names and notices.
 
 use super::lane::{Dispatch, Lane, LaneMachine, LaneMsg, Lanes};
+use super::lifecycle::Lifecycle;
 use super::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvEvent,
     KvWatcher, Message, StreamEntry, StreamId, StreamPosition, StreamReader, Subscription,
@@ -23,7 +24,6 @@ use fleetcoord_sm::{BackoffConfig, KeyRange, Machine, RangeRequest, Request, Res
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::num::NonZeroU64;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -174,7 +174,7 @@ pub struct EtcdCoordinator {
     root: String,
     stream_max_len: Option<u64>,
     feed_capacity: usize,
-    closed: AtomicBool,
+    life: Lifecycle,
     /// The machines behind open feeds, kept so that `close` can stop them.
     feeds: Mutex<Vec<Arc<dyn StopHandle>>>,
     /// The head each stream had after this coordinator's last append to
@@ -255,7 +255,7 @@ impl EtcdCoordinator {
             etcd: etcd.clone(),
             stream_max_len: options.stream_max_len,
             feed_capacity: options.feed_capacity,
-            closed: AtomicBool::new(false),
+            life: Lifecycle::new(),
             feeds: Mutex::new(Vec::new()),
             heads: Arc::default(),
             lanes: Arc::default(),
@@ -302,14 +302,6 @@ impl EtcdCoordinator {
         )?;
         self.lanes.started(lane, Box::new(LaneAppend(machine)));
         Ok(())
-    }
-
-    fn check_open(&self) -> Result<()> {
-        if self.closed.load(Ordering::SeqCst) {
-            Err(Error::Closed)
-        } else {
-            Ok(())
-        }
     }
 
     fn kv_key(&self, bucket: &str, key: &str) -> Vec<u8> {
@@ -386,7 +378,7 @@ impl EtcdCoordinator {
         T: Send + 'static,
     {
         let mut feeds = self.feeds.lock();
-        self.check_open()?;
+        self.life.check_open()?;
         let (started_tx, started_rx) = crossbeam_channel::bounded::<Result<()>>(1);
         let (sink, rx) = driver::FeedSink::new(self.feed_capacity, move |notice| {
             translate(notice, &started_tx)
@@ -475,7 +467,7 @@ fn append_wait(config: &AppendConfig, request_timeout: Duration) -> Duration {
 
 impl Coordinator for EtcdCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("topic", topic)?;
         check_payload("etcd", "payload", payload)?;
         self.etcd.request(Request::Put {
@@ -487,7 +479,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn subscribe(&self, topic: &str) -> Result<Subscription> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("topic", topic)?;
         let key = self.topic_key(topic);
         let topic = topic.to_string();
@@ -505,7 +497,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("stream", stream)?;
         check_payload("etcd", "payload", payload)?;
         let wait = self.append_wait;
@@ -567,7 +559,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn read_stream(&self, stream: &str, from: StreamPosition) -> Result<StreamReader> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("stream", stream)?;
         let from = super::read_from(from);
         let config = ReaderConfig {
@@ -605,7 +597,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         check_payload("etcd", "value", value)?;
@@ -618,7 +610,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         match self
@@ -635,7 +627,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn kv_delete(&self, bucket: &str, key: &str) -> Result<()> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         self.etcd
@@ -644,7 +636,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn kv_watch(&self, bucket: &str, pattern: &str) -> Result<KvWatcher> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("bucket", bucket)?;
         pattern::validate(pattern)?;
         let prefix = format!("{}/kv/{bucket}/", self.root).into_bytes();
@@ -682,7 +674,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn ping(&self) -> Result<()> {
-        self.check_open()?;
+        self.life.check_open()?;
         let probe = RangeRequest {
             limit: 1,
             ..RangeRequest::all(KeyRange::Key(self.root.clone().into_bytes()))
@@ -696,7 +688,7 @@ impl Coordinator for EtcdCoordinator {
     fn close(&self) -> Result<()> {
         let feeds = {
             let mut feeds = self.feeds.lock();
-            self.closed.store(true, Ordering::SeqCst);
+            self.life.close();
             std::mem::take(&mut *feeds)
         };
         for feed in feeds {

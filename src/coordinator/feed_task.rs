@@ -1,10 +1,10 @@
 //! The one feed task type of the bus backends (NATS, Redis): what a task
 //! feeding a [`Feed`](super::Feed) holds and how it lives.
 //!
-//! * **started**: the caller of `subscribe`/`read_stream`/`kv_watch` may
-//!   wait until the task says it is live (subscribed, positioned, its
-//!   snapshot read) or why it cannot be — [`FeedTask::started`], first
-//!   report only;
+//! * **started** the one way of every bus feed: spawned on the runtime by
+//!   [`FeedTask::new`] with its sender and the runtime's stop signal (a
+//!   backend whose caller waits until the feed is live, Redis, tells it so
+//!   through its own task context, `redis/task.rs`);
 //! * **halted**: it ends when the consumer drops the feed or the handle's
 //!   runtime thread stops ([`FeedTask::halted`]);
 //! * **paused**: between reconnects it waits out sm's seeded, jittered
@@ -15,7 +15,6 @@
 //!   every feed (the coordinator docs, "Slow consumers").
 
 use super::bridge::{FeedSender, Stopping};
-use crate::error::Result;
 use fleetcoord_sm::backoff::{Backoff, BackoffConfig};
 use std::time::Duration;
 
@@ -24,10 +23,6 @@ pub(crate) struct FeedTask<T> {
     /// Where items go.
     pub(crate) tx: FeedSender<T>,
     stopping: Stopping,
-    // NATS feeds are live before their task starts (the subscription or
-    // consumer is opened by the call that spawns it): only Redis waits.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    started: Option<crossbeam_channel::Sender<Result<()>>>,
 }
 
 /// A bus retry schedule: `initial` doubling to `max`, half of each delay
@@ -52,34 +47,9 @@ pub(crate) fn retry_backoff() -> Backoff {
 }
 
 impl<T> FeedTask<T> {
-    /// A task sending on `tx` until `stopping`; `started` is told once
-    /// whether the feed is live, if a caller waits for that.
-    pub(crate) fn new(
-        tx: FeedSender<T>,
-        stopping: Stopping,
-        started: Option<crossbeam_channel::Sender<Result<()>>>,
-    ) -> Self {
-        FeedTask {
-            tx,
-            stopping,
-            started,
-        }
-    }
-
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    /// Tells the caller the feed is live (`Ok`) or cannot be (`Err`); only
-    /// the first report counts. Returns whether someone was told.
-    pub(crate) fn started(&mut self, outcome: Result<()>) -> bool {
-        match self.started.take() {
-            Some(tx) => tx.send(outcome).is_ok(),
-            None => false,
-        }
-    }
-
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    /// Whether the caller is still waiting for [`FeedTask::started`].
-    pub(crate) fn starting(&self) -> bool {
-        self.started.is_some()
+    /// A task sending on `tx` until `stopping`.
+    pub(crate) fn new(tx: FeedSender<T>, stopping: Stopping) -> Self {
+        FeedTask { tx, stopping }
     }
 
     /// Resolves once the feed should end: it was dropped, or the runtime

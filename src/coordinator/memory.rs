@@ -4,6 +4,7 @@
 //! the semantics are the suite's, not this file's.
 
 use super::kv_mirror::{offer_queued, KvMirror};
+use super::lifecycle::Lifecycle;
 use super::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvEvent,
     KvWatcher, Message, StreamEntry, StreamId, StreamPosition, StreamReader, Subscription,
@@ -11,9 +12,10 @@ use super::{
 use crate::error::{Error, Result};
 use crate::feed_queue::{FeedQueue, Offer};
 use fleetcoord_sm::mirror::Order;
+use fleetcoord_sm::newest::Newest;
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -117,9 +119,9 @@ impl MemoryOptions {
 pub struct MemoryCoordinator {
     hub: Arc<Hub>,
     id: u64,
-    // Written only with the hub lock held, so a call that checked it under
+    // Closed only with the hub lock held, so a call that checked it under
     // the lock cannot register a feed that `close` then misses.
-    closed: AtomicBool,
+    life: Lifecycle,
 }
 
 struct Hub {
@@ -162,18 +164,19 @@ impl<T> Reg<T> {
     }
 }
 
-/// A subscription; `latest` is the newest message it has not been given
-/// (`Some` = behind).
+/// A subscription; `latest` holds the newest message it has not been given
+/// (holding one = behind), by the keep-newest rule every backend's
+/// subscriptions share.
 struct Sub {
     reg: Reg<Message>,
-    latest: Option<Message>,
+    latest: Newest<Message>,
 }
 
 impl Sub {
     fn offer(&mut self, msg: &Message) -> Offer {
-        if self.latest.is_some() {
+        if self.latest.is_holding() {
             // Behind: the newer message replaces the older one.
-            self.latest = Some(msg.clone());
+            self.latest.hold(msg.clone());
             return self.catch_up();
         }
         self.send(msg.clone())
@@ -184,7 +187,7 @@ impl Sub {
             return Offer::Taken;
         };
         if !self.reg.has_room() {
-            self.latest = Some(msg);
+            self.latest.hold(msg);
             return Offer::Full(());
         }
         self.send(msg)
@@ -196,7 +199,7 @@ impl Sub {
         match self.reg.send(msg) {
             Offer::Taken => Offer::Taken,
             Offer::Full(msg) => {
-                self.latest = Some(msg);
+                self.latest.hold(msg);
                 Offer::Full(())
             }
             Offer::Gone => Offer::Gone,
@@ -362,7 +365,7 @@ impl State {
         let mut moved = false;
         for subs in self.topics.values_mut() {
             behind |= step_all(subs, |s| {
-                moved |= s.latest.is_some() && s.reg.has_room();
+                moved |= s.latest.is_holding() && s.reg.has_room();
                 s.catch_up()
             });
         }
@@ -453,22 +456,15 @@ impl MemoryCoordinator {
         MemoryCoordinator {
             hub,
             id,
-            closed: AtomicBool::new(false),
+            life: Lifecycle::new(),
         }
     }
 
-    /// Fails fast without the lock; callers check again under it.
-    fn check_open(&self) -> Result<()> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(Error::Closed);
-        }
-        Ok(())
-    }
-
-    /// Locks the hub, failing if this handle is closed.
+    /// Locks the hub, failing if this handle is closed (the calls that
+    /// check without the lock fail fast, and check again under it).
     fn lock(&self) -> Result<parking_lot::MutexGuard<'_, State>> {
         let state = self.hub.state.lock();
-        self.check_open()?;
+        self.life.check_open()?;
         Ok(state)
     }
 
@@ -595,7 +591,7 @@ impl std::fmt::Debug for MemoryCoordinator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryCoordinator")
             .field("handle", &self.id)
-            .field("closed", &self.closed.load(Ordering::Relaxed))
+            .field("closed", &self.life.is_closed())
             .field("feed_capacity", &self.feed_capacity())
             .finish()
     }
@@ -603,7 +599,7 @@ impl std::fmt::Debug for MemoryCoordinator {
 
 impl Coordinator for MemoryCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("topic", topic)?;
         check_payload("memory", "payload", payload)?;
         let mut state = self.lock()?;
@@ -623,7 +619,7 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn subscribe(&self, topic: &str) -> Result<Subscription> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("topic", topic)?;
         let (reg, rx) = self.new_reg();
         let id = reg.id;
@@ -631,12 +627,15 @@ impl Coordinator for MemoryCoordinator {
             .topics
             .entry(topic.to_owned())
             .or_default()
-            .push(Sub { reg, latest: None });
+            .push(Sub {
+                reg,
+                latest: Newest::new(),
+            });
         Ok(self.feed(rx, id, Place::Topic(topic.to_owned())))
     }
 
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("stream", stream)?;
         check_payload("memory", "payload", payload)?;
         let mut state = self.lock()?;
@@ -660,7 +659,7 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn read_stream(&self, stream: &str, from: StreamPosition) -> Result<StreamReader> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("stream", stream)?;
         let (reg, rx) = self.new_reg();
         let id = reg.id;
@@ -688,7 +687,7 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         check_payload("memory", "value", value)?;
@@ -705,7 +704,7 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         let state = self.lock()?;
@@ -718,7 +717,7 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn kv_delete(&self, bucket: &str, key: &str) -> Result<()> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         let mut state = self.lock()?;
@@ -739,7 +738,7 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn kv_watch(&self, bucket: &str, pat: &str) -> Result<KvWatcher> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("bucket", bucket)?;
         pattern::validate(pat)?;
         let (reg, rx) = self.new_reg();
@@ -758,12 +757,12 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn ping(&self) -> Result<()> {
-        self.check_open()
+        self.life.check_open()
     }
 
     fn close(&self) -> Result<()> {
         let mut state = self.hub.state.lock();
-        if !self.closed.swap(true, Ordering::AcqRel) {
+        if self.life.close() {
             self.close_feeds(&mut state);
         }
         Ok(())
@@ -1062,7 +1061,10 @@ mod tests {
         let (reg, rx) = c.new_reg();
         let mut state = c.lock().unwrap();
         let subs = state.topics.entry(topic.to_owned()).or_default();
-        subs.push(Sub { reg, latest: None });
+        subs.push(Sub {
+            reg,
+            latest: Newest::new(),
+        });
         rx
     }
 

@@ -98,6 +98,7 @@ mod feed_task;
 mod from_env;
 mod kv_mirror;
 mod lane;
+mod lifecycle;
 mod memory;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
@@ -107,6 +108,8 @@ pub mod pattern;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+#[cfg(any(feature = "nats", feature = "redis"))]
+mod retry;
 pub(crate) mod stream_id;
 
 pub use etcd::{EtcdCoordinator, EtcdCoordinatorOptions};

@@ -1,5 +1,6 @@
 //! A backend that accepts everything and delivers nothing.
 
+use super::lifecycle::Lifecycle;
 use super::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvWatcher,
     StreamId, StreamPosition, StreamReader, Subscription,
@@ -34,13 +35,15 @@ use std::sync::{Arc, Weak};
 #[derive(Debug, Default)]
 pub struct NoopCoordinator {
     inner: Arc<Mutex<Inner>>,
+    /// Closed only with `inner` locked, so a feed registered under the
+    /// lock is never missed by `close`.
+    life: Lifecycle,
     /// Why this noop stands in for the backend that was asked for.
     fallback: Option<String>,
 }
 
 #[derive(Default)]
 struct Inner {
-    closed: bool,
     next_feed: u64,
     /// The senders that keep open feeds open, keyed by feed id.
     senders: HashMap<u64, Box<dyn Any + Send>>,
@@ -49,7 +52,6 @@ struct Inner {
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Inner")
-            .field("closed", &self.closed)
             .field("feeds", &self.senders.len())
             .finish()
     }
@@ -79,21 +81,12 @@ impl NoopCoordinator {
         self.fallback.as_deref()
     }
 
-    fn check_open(&self) -> Result<()> {
-        if self.inner.lock().closed {
-            return Err(Error::Closed);
-        }
-        Ok(())
-    }
-
     fn silent_feed<T: Send + 'static>(&self) -> Result<Feed<T>> {
         // Nothing is ever sent: a zero-capacity channel, kept open by its
         // sender until the feed is dropped or the handle closes.
         let (tx, rx) = bounded::<T>(0);
         let mut inner = self.inner.lock();
-        if inner.closed {
-            return Err(Error::Closed);
-        }
+        self.life.check_open()?;
         inner.next_feed += 1;
         let id = inner.next_feed;
         let keep: Sender<T> = tx;
@@ -109,19 +102,19 @@ impl NoopCoordinator {
 
 impl Coordinator for NoopCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("topic", topic)?;
         check_payload("noop", "payload", payload)
     }
 
     fn subscribe(&self, topic: &str) -> Result<Subscription> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("topic", topic)?;
         self.silent_feed()
     }
 
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("stream", stream)?;
         check_payload("noop", "payload", payload)?;
         // Process-wide, so handles from one factory never hand out the same
@@ -131,46 +124,46 @@ impl Coordinator for NoopCoordinator {
     }
 
     fn read_stream(&self, stream: &str, _from: StreamPosition) -> Result<StreamReader> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("stream", stream)?;
         self.silent_feed()
     }
 
     fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         check_payload("noop", "value", value)
     }
 
     fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         Err(Error::NotFound)
     }
 
     fn kv_delete(&self, bucket: &str, key: &str) -> Result<()> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)
     }
 
     fn kv_watch(&self, bucket: &str, pat: &str) -> Result<KvWatcher> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("bucket", bucket)?;
         pattern::validate(pat)?;
         self.silent_feed()
     }
 
     fn ping(&self) -> Result<()> {
-        self.check_open()
+        self.life.check_open()
     }
 
     fn close(&self) -> Result<()> {
         let senders = {
             let mut inner = self.inner.lock();
-            inner.closed = true;
+            self.life.close();
             std::mem::take(&mut inner.senders)
         };
         // Dropping the senders outside the lock ends every open feed.

@@ -11,7 +11,7 @@
 
 use super::explain::{explain, is_status};
 use super::health::{etcd_answered, Probe, ProbeOutcome};
-use super::ConnectSettings;
+use super::EtcdTarget;
 use crate::tls::Tls;
 use etcd_client as ec;
 use std::time::Duration;
@@ -39,7 +39,7 @@ pub(crate) struct Connected {
 /// while a stream is open: etcd counts every ping on a connection without
 /// one as abuse and closes it after the third (`too_many_pings`), and a
 /// unary call already has its own timeout.
-pub(crate) fn base_options(settings: &ConnectSettings) -> ec::ConnectOptions {
+pub(crate) fn base_options(settings: &EtcdTarget) -> ec::ConnectOptions {
     probe_options(settings)
         .with_keep_alive(settings.keepalive_interval, settings.keepalive_interval)
         .with_keep_alive_while_idle(false)
@@ -47,7 +47,7 @@ pub(crate) fn base_options(settings: &ConnectSettings) -> ec::ConnectOptions {
 
 /// The options of a probe client: no pings at all (a probe is one status
 /// call with its own timeout; its connection is otherwise idle).
-pub(crate) fn probe_options(settings: &ConnectSettings) -> ec::ConnectOptions {
+pub(crate) fn probe_options(settings: &EtcdTarget) -> ec::ConnectOptions {
     let options = ec::ConnectOptions::new().with_connect_timeout(settings.connect_timeout);
     match &settings.tls {
         // A handshake that never completes (a blackholed member) must not
@@ -67,7 +67,7 @@ pub(crate) fn probe_options(settings: &ConnectSettings) -> ec::ConnectOptions {
 /// failed, it is dropped and the client built again on those that
 /// answered, so a hanging member cannot stall the start. The error is one
 /// line.
-pub(crate) async fn connect(settings: &ConnectSettings) -> Result<Connected, String> {
+pub(crate) async fn connect(settings: &EtcdTarget) -> Result<Connected, String> {
     let deadline = Instant::now() + settings.connect_timeout;
     let tls = settings.tls.as_ref();
     let mut probes = Vec::with_capacity(settings.endpoints.len());
@@ -167,7 +167,7 @@ enum Failure {
 /// (etcd-client does so as it connects), or, without one, a read that
 /// etcd refuses when it has authentication enabled — said now rather than
 /// at the first call.
-async fn prove(endpoints: &[String], settings: &ConnectSettings) -> Result<ec::Client, Failure> {
+async fn prove(endpoints: &[String], settings: &EtcdTarget) -> Result<ec::Client, Failure> {
     let tls = settings.tls.as_ref();
     let mut options = base_options(settings).with_auto_token_refresh(true);
     if let Some(user) = &settings.user {
@@ -278,7 +278,7 @@ fn summarize(probes: &[Probe], outcomes: &[Option<ProbeOutcome>], timeout: Durat
 }
 
 /// Why logging in failed, naming the user (never the password).
-fn login_reason(e: &ec::Error, settings: &ConnectSettings, tls: Option<&Tls>) -> String {
+fn login_reason(e: &ec::Error, settings: &EtcdTarget, tls: Option<&Tls>) -> String {
     let reason = explain(e, tls);
     match &settings.user {
         Some(user) if is_status(e, tonic::Code::InvalidArgument) => {

@@ -36,7 +36,7 @@ use tokio::sync::watch;
 /// How to reach etcd, in plain data: the facade never names etcd-client.
 /// `Debug` redacts the key and password (see [`crate::tls`]).
 #[derive(Clone, Debug)]
-pub(crate) struct ConnectSettings {
+pub(crate) struct EtcdTarget {
     /// `http://host:port` or (with `tls`) `https://host:port` URLs.
     pub endpoints: Vec<String>,
     /// How long connecting (and the first request that proves it) may take.
@@ -116,7 +116,7 @@ const SHUTDOWN_SLACK: Duration = Duration::from_secs(2);
 /// returning — the caller learns about a bad endpoint here, not later —
 /// with what the member that proved the connection said of itself.
 /// `connect::connect` bounds itself by the connect timeout.
-pub(crate) fn start(settings: ConnectSettings) -> Result<(DriverHandle, ServerStatus), StartError> {
+pub(crate) fn start(settings: EtcdTarget) -> Result<(DriverHandle, ServerStatus), StartError> {
     let options = DriverOptions {
         request_timeout: settings.request_timeout,
     };

@@ -3,9 +3,10 @@
 //! once), reads go through async-nats' KV store, and a watch reads the
 //! bucket's stream with an ordered consumer.
 
-use super::conn::{failed, Conn, StreamSpec};
+use super::conn::{failed, Conn};
 use super::names;
 use super::ordered::{self, Begin, Ordered, Pulled};
+use super::streams::StreamSpec;
 use crate::coordinator::bridge::FeedSender;
 use crate::coordinator::feed_task::FeedTask;
 use crate::coordinator::kv_mirror::{offer_queued, KvMirror};

@@ -93,14 +93,14 @@ pub(super) async fn open_waiting(
     filter: &str,
     from: Begin,
 ) -> Result<(Ordered, u64), String> {
-    let deadline = conn.deadline();
-    let mut delay = super::conn::retries();
+    let mut policy = super::conn::retries(conn.settings.request_timeout);
+    let deadline = crate::coordinator::retry::on_runtime(policy.deadline());
     loop {
         let bound = ATTEMPT_TIMEOUT.min(deadline.saturating_duration_since(Instant::now()));
         match open(conn, stream, filter, from, bound).await {
             Ok(opened) => return Ok(opened),
             Err(e) => {
-                if !super::conn::backoff(&mut delay, deadline).await {
+                if !super::conn::pause(&mut policy, fleetcoord_sm::retry::Sign::NotRun).await {
                     return Err(e);
                 }
             }

@@ -3,6 +3,7 @@
 use crate::coordinator::feed_task::FeedTask;
 use crate::coordinator::Message;
 use crate::feed_queue::Offer;
+use fleetcoord_sm::newest::Newest;
 use futures_util::StreamExt;
 
 /// Moves the messages of `sub` to the consumer until the feed is dropped or
@@ -27,27 +28,28 @@ pub(super) async fn feed(mut sub: async_nats::Subscriber, topic: String, life: F
             topic: topic.clone(),
             payload: m.payload.to_vec(),
         };
-        let mut held = match tx.offer(message) {
+        let mut newest = Newest::new();
+        match tx.offer(message) {
             Offer::Taken => continue,
             Offer::Gone => break,
-            Offer::Full(held) => held,
-        };
-        let mut dropped: u64 = 0;
+            Offer::Full(held) => newest.hold(held),
+        }
         let relieved = loop {
             tokio::select! {
                 relieved = life.relieved() => break relieved,
                 next = sub.next() => match next {
                     // The newest replaces the held one (the contract in
                     // coordinator/mod.rs, "Slow consumers").
-                    Some(m) => {
-                        held.payload = m.payload.to_vec();
-                        dropped = dropped.saturating_add(1);
-                    }
+                    Some(m) => newest.hold(Message {
+                        topic: topic.clone(),
+                        payload: m.payload.to_vec(),
+                    }),
                     None => break false,
                 },
                 _ = life.halted() => break false,
             }
         };
+        let dropped = newest.take_replaced();
         if dropped > 0 {
             log::warn!(
                 "fleetcoord nats: subscriber of topic {topic:?} fell behind; \
@@ -55,8 +57,13 @@ pub(super) async fn feed(mut sub: async_nats::Subscriber, topic: String, life: F
                  (the newest was kept)"
             );
         }
-        if !relieved || !tx.offer(held).is_taken() {
+        if !relieved {
             break;
+        }
+        if let Some(held) = newest.take() {
+            if !tx.offer(held).is_taken() {
+                break;
+            }
         }
     }
     // Dropping the subscriber unsubscribes.

@@ -1,9 +1,10 @@
 //! Streams on JetStream streams: one JetStream stream (and subject) per
 //! coordinator stream, so its sequence numbers are the entry IDs.
 
-use super::conn::{Conn, StreamSpec};
+use super::conn::Conn;
 use super::names;
 use super::ordered::{self, Begin, Ordered, Pulled};
+use super::streams::StreamSpec;
 use crate::coordinator::feed_task::FeedTask;
 use crate::coordinator::{read_from, StreamEntry, StreamId, StreamPosition};
 use crate::error::Result;

@@ -21,8 +21,9 @@
 //! snapshot. A version going backwards after a reconnect (a restart that
 //! lost the data) is no special case: the new snapshot is the truth.
 
-use super::client::{message, publish_command, Conn, Target};
+use super::conn::{message, publish_command, Conn};
 use super::names;
+use super::target::Target;
 use super::task::FeedCtx;
 use crate::coordinator::feed_task::retry_backoff;
 use crate::coordinator::kv_mirror::{offer_queued, KvMirror};
@@ -144,7 +145,7 @@ fn parse_snapshot(value: Value) -> Option<(u64, BTreeMap<String, Vec<u8>>)> {
     let [version, fields] = parts.as_slice() else {
         return None;
     };
-    let version: u64 = String::from_utf8(super::client::bytes(version)?)
+    let version: u64 = String::from_utf8(super::conn::bytes(version)?)
         .ok()?
         .parse()
         .ok()?;
@@ -153,8 +154,8 @@ fn parse_snapshot(value: Value) -> Option<(u64, BTreeMap<String, Vec<u8>>)> {
             .chunks(2)
             .map(|pair| match pair {
                 [k, v] => Some((
-                    String::from_utf8(super::client::bytes(k)?).ok()?,
-                    super::client::bytes(v)?,
+                    String::from_utf8(super::conn::bytes(k)?).ok()?,
+                    super::conn::bytes(v)?,
                 )),
                 _ => None,
             })
@@ -163,8 +164,8 @@ fn parse_snapshot(value: Value) -> Option<(u64, BTreeMap<String, Vec<u8>>)> {
             .iter()
             .map(|(k, v)| {
                 Some((
-                    String::from_utf8(super::client::bytes(k)?).ok()?,
-                    super::client::bytes(v)?,
+                    String::from_utf8(super::conn::bytes(k)?).ok()?,
+                    super::conn::bytes(v)?,
                 ))
             })
             .collect::<Option<BTreeMap<_, _>>>()?,

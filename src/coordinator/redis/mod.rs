@@ -186,14 +186,19 @@
 //! What is retried: answers proving the command did not run (`MOVED`,
 //! `ASK`, `CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`, `READONLY`, `LOADING`,
 //! connection refused), for every request; a connection lost mid-request
-//! only for requests that may run twice (reads, KV sets and deletes, ping).
-//! An append or publish whose connection broke fails at once, saying that
-//! it may or may not have been applied (delivered). When the request timeout
-//! passes first, the error ([`Error::Backend`], kind
-//! [`Unavailable`](ErrorKind::Unavailable), retryable) says it in one
-//! line, e.g. `set "k" in bucket "b": slot 5076's master 127.0.0.1:39195 is
-//! unreachable: failover in progress (gave up after 5.0s)`. A standalone
-//! server has no failover: its requests are not retried.
+//! only for requests that may run twice (reads, KV sets and deletes, ping,
+//! and appends, whose token makes a repeat return the first attempt's id).
+//! A publish whose connection broke fails at once, saying that it may or
+//! may not have been delivered. When the request timeout passes first, the
+//! error ([`Error::Backend`], kind [`Unavailable`](ErrorKind::Unavailable),
+//! retryable) says it in one line, e.g. `set "k" in bucket "b": slot 5076's
+//! master 127.0.0.1:39195 is unreachable: failover in progress (gave up
+//! after 5.0s)`. A standalone server has no failover: its requests are not
+//! retried, except appends, retried the same way through a restart. The
+//! pauses and when to stop are sm's one retry policy (`fleetcoord_sm::retry`)
+//! for every request: jittered backoff from 20 ms to 400 ms, no attempt
+//! begun in the last tenth of the request timeout (at most 100 ms) so that
+//! the last one has time to hear its answer.
 //!
 //! # Replication
 //!
@@ -221,17 +226,23 @@
 //! subscribers connected at that moment and not stored, so there is no
 //! write for a replica to keep.
 
-mod client;
+mod conn;
+mod failover;
 mod kv;
 mod names;
 mod options;
 mod pubsub;
 mod stream;
+mod target;
 mod task;
+#[cfg(test)]
+mod test_util;
+mod tls;
 
 pub use options::{RedisOptions, MAX_MIN_REPLICAS};
 
 use crate::coordinator::bridge::{self, Bridge, CallError};
+use crate::coordinator::lifecycle::Lifecycle;
 use crate::coordinator::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, KvWatcher, StreamId,
     StreamPosition, StreamReader, Subscription,
@@ -239,11 +250,12 @@ use crate::coordinator::{
 use crate::endpoints::Endpoints;
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::StartError;
-use client::{with_failover, Conn, Repeat, Target};
+use conn::Conn;
+use failover::{with_failover, Repeat};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+use target::Target;
 
 /// The URL used when none is given.
 pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
@@ -265,7 +277,7 @@ pub struct RedisCoordinator {
     target: Target,
     stream_max_len: Option<u64>,
     feed_capacity: usize,
-    closed: AtomicBool,
+    life: Lifecycle,
 }
 
 impl std::fmt::Debug for RedisCoordinator {
@@ -303,7 +315,7 @@ impl RedisCoordinator {
         let kind_out = failed_kind.clone();
         let started = bridge::start("fleetcoord-redis", wait, move || async move {
             connecting.command_conn().await.map_err(|e| {
-                let _ = kind_out.set(client::kind_of(&e));
+                let _ = kind_out.set(target::kind_of(&e));
                 connecting.explain(&e, true)
             })
         });
@@ -326,41 +338,13 @@ impl RedisCoordinator {
             stream_max_len: options.stream_max_len,
             feed_capacity: options.feed_capacity,
             target,
-            closed: AtomicBool::new(false),
+            life: Lifecycle::new(),
         })
     }
 
     /// Whether this handle talks to a cluster.
     pub fn is_cluster(&self) -> bool {
         self.target.cluster
-    }
-
-    fn check_open(&self) -> Result<()> {
-        if self.closed.load(Ordering::SeqCst) {
-            Err(Error::Closed)
-        } else {
-            Ok(())
-        }
-    }
-
-    /// The error for a call that found the bridge thread gone, by the one
-    /// rule of every backend: `Closed` when this handle was closed,
-    /// `DriverGone` when the thread stopped by itself.
-    fn gone(&self) -> Error {
-        if self.closed.load(Ordering::SeqCst) {
-            Error::Closed
-        } else {
-            Error::DriverGone
-        }
-    }
-
-    /// `e`, with a `DriverGone` from the feed plumbing (which cannot know
-    /// about `close`) made to follow [`RedisCoordinator::gone`].
-    fn or_gone(&self, e: Error) -> Error {
-        match e {
-            Error::DriverGone => self.gone(),
-            other => other,
-        }
     }
 
     /// Runs `op` on the command connection; `op` bounds itself by the
@@ -371,13 +355,13 @@ impl RedisCoordinator {
     where
         F: Future<Output = Result<T>>,
     {
-        self.check_open()?;
+        self.life.check_open()?;
         let timeout = self.target.request_timeout;
         let wait = timeout.saturating_add(CALL_SLACK);
         match self.bridge.call(wait, op(self.conn.clone())) {
             Ok(result) => result,
             Err(CallError::Timeout) => Err(Error::Timeout(timeout)),
-            Err(CallError::Gone) => Err(self.gone()),
+            Err(CallError::Gone) => Err(self.life.gone()),
         }
     }
 }
@@ -387,7 +371,7 @@ impl Coordinator for RedisCoordinator {
         check_name("topic", topic)?;
         check_payload("redis", "payload", payload)?;
         let channel = names::topic_channel(topic);
-        let mut publish = redis::cmd(client::publish_command(self.target.cluster));
+        let mut publish = redis::cmd(conn::publish_command(self.target.cluster));
         publish.arg(&channel).arg(payload);
         let target = &self.target;
         let context = format!("publish on {topic:?}");
@@ -413,13 +397,13 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn subscribe(&self, topic: &str) -> Result<Subscription> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("topic", topic)?;
         let topic = topic.to_string();
         task::open(&self.bridge, &self.target, self.feed_capacity, move |ctx| {
             pubsub::subscribe_task(ctx, topic)
         })
-        .map_err(|e| self.or_gone(e))
+        .map_err(|e| self.life.or_gone(e))
     }
 
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
@@ -435,13 +419,13 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn read_stream(&self, stream: &str, from: StreamPosition) -> Result<StreamReader> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("stream", stream)?;
         let stream = stream.to_string();
         task::open(&self.bridge, &self.target, self.feed_capacity, move |ctx| {
             stream::read_task(ctx, stream, from)
         })
-        .map_err(|e| self.or_gone(e))
+        .map_err(|e| self.life.or_gone(e))
     }
 
     fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
@@ -478,7 +462,7 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn kv_watch(&self, bucket: &str, pattern: &str) -> Result<KvWatcher> {
-        self.check_open()?;
+        self.life.check_open()?;
         check_name("bucket", bucket)?;
         pattern::validate(pattern)?;
         let bucket = bucket.to_string();
@@ -486,7 +470,7 @@ impl Coordinator for RedisCoordinator {
         task::open(&self.bridge, &self.target, self.feed_capacity, move |ctx| {
             kv::watch_task(ctx, bucket, pattern)
         })
-        .map_err(|e| self.or_gone(e))
+        .map_err(|e| self.life.or_gone(e))
     }
 
     fn ping(&self) -> Result<()> {
@@ -502,7 +486,7 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn close(&self) -> Result<()> {
-        self.closed.store(true, Ordering::SeqCst);
+        self.life.close();
         self.bridge.shutdown();
         Ok(())
     }

@@ -13,12 +13,14 @@
 //! that arrive while the consumer's queue is full are dropped (all but the
 //! newest), counted in one warning once the consumer has read half its queue.
 
-use super::client::{message, Conn, Target};
+use super::conn::{message, Conn};
 use super::names;
+use super::target::Target;
 use super::task::FeedCtx;
 use crate::coordinator::feed_task::retry_backoff;
 use crate::coordinator::Message;
 use crate::feed_queue::Offer;
+use fleetcoord_sm::newest::Newest;
 use redis::{PushInfo, PushKind, RedisResult};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -94,19 +96,19 @@ async fn follow(
         if on != channel {
             continue;
         }
-        let mut held = match ctx.tx.offer(Message {
+        let mut newest = Newest::new();
+        match ctx.tx.offer(Message {
             topic: topic.to_string(),
             payload,
         }) {
             Offer::Taken => continue,
             Offer::Gone => return false,
-            Offer::Full(held) => held,
-        };
+            Offer::Full(held) => newest.hold(held),
+        }
         // Full: keep draining the connection so the server never buffers
         // for us; the newest message replaces the held one (the contract
-        // in coordinator/mod.rs, "Slow consumers") and the replaced ones are
-        // counted; deliver the held one once the consumer caught up.
-        let mut dropped = 0u64;
+        // in coordinator/mod.rs, "Slow consumers"); deliver it once the
+        // consumer caught up.
         let mut lost = false;
         loop {
             tokio::select! {
@@ -122,17 +124,22 @@ async fn follow(
                     Some(p) => {
                         if let Some((on, payload)) = message(&p) {
                             if on == channel {
-                                held.payload = payload;
-                                dropped = dropped.saturating_add(1);
+                                newest.hold(Message {
+                                    topic: topic.to_string(),
+                                    payload,
+                                });
                             }
                         }
                     }
                 },
             }
         }
-        if !ctx.tx.offer(held).is_taken() {
-            return false;
+        if let Some(held) = newest.take() {
+            if !ctx.tx.offer(held).is_taken() {
+                return false;
+            }
         }
+        let dropped = newest.take_replaced();
         if dropped > 0 {
             log::warn!(
                 "subscription to {topic:?}: the consumer fell behind; {dropped} message(s) \

@@ -18,8 +18,10 @@
 //! reconnected stream) and reads the new stream from its first entry, with
 //! a warning, instead of waiting for an ID it already saw.
 
-use super::client::{bytes, with_failover, Conn, Repeat, Target};
+use super::conn::{bytes, Conn};
+use super::failover::{retried, Repeat, Through};
 use super::names;
+use super::target::Target;
 use super::task::FeedCtx;
 use crate::coordinator::feed_task::retry_backoff;
 use crate::coordinator::{read_from, StreamEntry, StreamId, StreamPosition};
@@ -27,9 +29,8 @@ use crate::error::ErrorKind;
 use crate::feed_queue::Offer;
 use fleetcoord_sm::stream::{Offered, Place};
 use redis::{RedisResult, Script, Value};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::LazyLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// KEYS: stream, epoch, tokens, token order. ARGV: a fresh epoch token,
 /// payload, max length (or empty), this append's token, how many tokens to
@@ -73,11 +74,6 @@ const TOKENS_KEPT: usize = 4096;
 /// than any one append's retries ([`append`] stops at the request timeout;
 /// the tokens live at least twice that).
 const TOKEN_TTL: Duration = Duration::from_secs(600);
-
-/// First delay between attempts of one append; it doubles up to
-/// [`MAX_RETRY_DELAY`].
-const FIRST_RETRY_DELAY: Duration = Duration::from_millis(20);
-const MAX_RETRY_DELAY: Duration = Duration::from_millis(500);
 
 /// How long one `XREAD` blocks. Short enough that an idle reader probes
 /// for a recreated stream about once a second.
@@ -130,68 +126,52 @@ async fn append_as(
         .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
     let context = format!("append to stream {stream:?}");
     let key = names::stream_key(stream);
-    let deadline = Instant::now() + target.request_timeout;
-    let mut delay = FIRST_RETRY_DELAY;
-    // Attempts begun, and those that ended proving they did not run (or
-    // answered): more begun than settled means one may have run unanswered.
-    let (begun, settled) = (AtomicU32::new(0), AtomicU32::new(0));
     let attempt = || {
-        let (mut conn, call, begun, settled) = (conn.clone(), &call, &begun, &settled);
-        async move {
-            begun.fetch_add(1, Ordering::Relaxed);
-            let result = conn.invoke::<String>(call).await;
-            if result.as_ref().map_or_else(|e| !may_have_run(e), |_| true) {
-                settled.fetch_add(1, Ordering::Relaxed);
-            }
-            result
-        }
+        let (mut conn, call) = (conn.clone(), &call);
+        async move { conn.invoke::<String>(call).await }
     };
-    loop {
-        // A failover is waited out inside; the token makes every repeat,
-        // also of an attempt whose connection broke, safe.
-        let describe = |e: &redis::RedisError| append_error(target, stream, e);
-        let e = match with_failover(
-            target,
-            &context,
-            Some(&key),
-            Repeat::Safe,
-            attempt,
-            describe,
-        )
-        .await
-        {
-            Ok(id) => {
-                return match sequence(&id) {
-                    Some(seq) => Ok(StreamId(seq)),
-                    None => Err(target.failure(
-                        ErrorKind::Unexpected,
-                        format!("append to stream {stream:?}: Redis assigned id {id:?}, not 0-N"),
-                    )),
-                }
+    // Whether the failure that ended it may have come after the script ran.
+    let mut ran = false;
+    let describe = |e: &redis::RedisError| {
+        ran = may_have_run(e);
+        append_error(target, stream, e)
+    };
+    // A failover or a restart is waited out; the token makes every
+    // repeat, also of an attempt whose connection broke, safe.
+    let (e, in_doubt) = match retried(
+        target,
+        &context,
+        Some(&key),
+        Repeat::Safe,
+        Through::Restart,
+        attempt,
+        describe,
+    )
+    .await
+    {
+        Ok(id) => {
+            return match sequence(&id) {
+                Some(seq) => Ok(StreamId(seq)),
+                None => Err(target.failure(
+                    ErrorKind::Unexpected,
+                    format!("append to stream {stream:?}: Redis assigned id {id:?}, not 0-N"),
+                )),
             }
-            Err(e) => e,
-        };
-        // Applied, with its id, only less replicated than asked: say so.
-        let unreplicated = matches!(
-            e,
-            crate::Error::Backend {
-                kind: ErrorKind::Unreplicated,
-                ..
-            }
-        );
-        let in_doubt = begun.load(Ordering::Relaxed) > settled.load(Ordering::Relaxed);
-        // A standalone server restarting refuses or drops connections; the
-        // failover wait above covers a cluster only.
-        let again = !target.cluster && e.is_retryable() && Instant::now() + delay < deadline;
-        if unreplicated || (!again && !in_doubt) {
-            return Err(e);
         }
-        if !again {
-            return Err(indeterminate(stream, e.to_string()));
+        Err(failed) => failed,
+    };
+    // Applied, with its id, only less replicated than asked: say so.
+    let unreplicated = matches!(
+        e,
+        crate::Error::Backend {
+            kind: ErrorKind::Unreplicated,
+            ..
         }
-        tokio::time::sleep(delay).await;
-        delay = delay.saturating_mul(2).min(MAX_RETRY_DELAY);
+    );
+    if unreplicated || !(in_doubt || ran) {
+        return Err(e);
     }
+    Err(indeterminate(stream, e.to_string()))
 }
 
 fn indeterminate(stream: &str, message: String) -> crate::Error {

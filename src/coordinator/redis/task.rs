@@ -2,7 +2,7 @@
 //! to, and with the caller waiting until it is live. What it holds and how
 //! it lives is the bus's one feed task type (`coordinator/feed_task.rs`).
 
-use super::client::Target;
+use super::target::Target;
 use crate::coordinator::bridge::{feed_channel, Bridge};
 use crate::coordinator::feed_task::FeedTask;
 use crate::coordinator::Feed;
@@ -15,11 +15,29 @@ use std::time::Duration;
 /// request timeouts.
 const START_SLACK: Duration = Duration::from_secs(2);
 
-/// A feed task's inputs: the one feed task type and the Redis target it
-/// connects to.
+/// A feed task's inputs: the one feed task type, the Redis target it
+/// connects to, and the caller waiting until it is live.
 pub(crate) struct FeedCtx<T> {
     feed: FeedTask<T>,
     pub(crate) target: Target,
+    started: Option<crossbeam_channel::Sender<Result<()>>>,
+}
+
+impl<T> FeedCtx<T> {
+    /// Tells the caller the feed is live (subscribed, positioned, its
+    /// snapshot read: `Ok`) or cannot be (`Err`); only the first report
+    /// counts. Returns whether someone was told.
+    pub(crate) fn started(&mut self, outcome: Result<()>) -> bool {
+        match self.started.take() {
+            Some(tx) => tx.send(outcome).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Whether the caller is still waiting for [`FeedCtx::started`].
+    pub(crate) fn starting(&self) -> bool {
+        self.started.is_some()
+    }
 }
 
 impl<T> std::ops::Deref for FeedCtx<T> {
@@ -58,8 +76,9 @@ where
     bridge
         .spawn(move |stopping| {
             task(FeedCtx {
-                feed: FeedTask::new(tx, stopping, Some(started_tx)),
+                feed: FeedTask::new(tx, stopping),
                 target,
+                started: Some(started_tx),
             })
         })
         // The bridge thread has stopped: `DriverGone` here, which the handle
