@@ -256,7 +256,7 @@ pub fn check_intervals(intervals: &[Interval]) -> (Vec<(Interval, Interval)>, Ve
         for (n, b) in ivs.iter().enumerate() {
             // Every earlier belief still open when this one began.
             for a in &ivs[..n] {
-                if a.to.map_or(true, |end| end > b.from) {
+                if a.to.is_none_or(|end| end > b.from) {
                     overlaps.push(((*a).clone(), (*b).clone()));
                 }
             }
