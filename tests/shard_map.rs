@@ -27,6 +27,9 @@
 //! deleted behind its owner's back makes its next `txn_if_owner` come back
 //! refused, with `Lost` told before the call returns and nothing written.
 
+#[path = "common/shards.rs"]
+mod shards;
+
 use fleetcoord::testing::{EtcdCluster, EtcdServer, FaultProxy, Mode};
 use fleetcoord::{
     Election, Etcd, EtcdOptions, ShardEvent, ShardMap, ShardOptions, TxnOp, TxnOpResponse,
@@ -48,8 +51,6 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 const LOST_BOUND: Duration = Duration::from_secs(4);
 /// Bound after a join or a graceful leave: round trips and the hand-back.
 const GRACEFUL_BOUND: Duration = Duration::from_secs(1);
-/// How late a consumer may read an event already told.
-const CONSUMER_LAG: Duration = Duration::from_millis(100);
 /// How long membership stays stable between changes (no event allowed).
 const QUIET: Duration = Duration::from_millis(500);
 
@@ -62,24 +63,6 @@ fn shard_options(id: &str) -> ShardOptions {
         .with_member(id)
         .with_ttl(TTL)
         .with_drain(Duration::from_secs(1))
-}
-
-/// One ownership as its member saw it.
-#[derive(Clone, Debug)]
-struct Interval {
-    member: String,
-    shard: u32,
-    token: i64,
-    from: Instant,
-    /// `None` while it lasts.
-    to: Option<Instant>,
-}
-
-#[derive(Default)]
-struct Log {
-    intervals: Vec<Interval>,
-    /// Every event any member received: (when, member, event).
-    events: Vec<(Instant, String, ShardEvent)>,
 }
 
 /// A member and the thread that consumes its events as a user would:
@@ -98,7 +81,7 @@ fn start(
     id: &str,
     endpoints: &[String],
     proxy: Option<FaultProxy>,
-    log: Arc<Mutex<Log>>,
+    log: Arc<Mutex<shards::Log>>,
 ) -> Running {
     let etcd = match &proxy {
         Some(p) => Etcd::with_options(&[p.endpoint()], etcd_options()),
@@ -110,7 +93,7 @@ fn start(
     let thread = {
         let (stop, map) = (stop.clone(), map.clone());
         let id = id.to_string();
-        thread::spawn(move || consume(&id, &map, &stop, &log))
+        thread::spawn(move || shards::consume(&id, &map, &stop, &log, None))
     };
     Running {
         id: id.to_string(),
@@ -119,65 +102,6 @@ fn start(
         thread,
         etcd,
         proxy,
-    }
-}
-
-fn consume(id: &str, map: &ShardMap, stop: &AtomicBool, log: &Mutex<Log>) {
-    // Per shard: the index of its open interval in the log.
-    let mut open: BTreeMap<u32, usize> = BTreeMap::new();
-    let mut trusted: Option<Instant> = None;
-    let close = |log: &mut Log, i: usize, at: Instant, trusted: Option<Instant>| {
-        let end = trusted.map_or(at, |t| t.min(at));
-        log.intervals[i].to = Some(end);
-    };
-    while !stop.load(Ordering::SeqCst) {
-        let event = map.events().recv_timeout(Duration::from_millis(5));
-        // What the user knows of its deadline, read as often as it acts.
-        trusted = map.session_trusted_until().or(trusted);
-        let now = Instant::now();
-        let mut log = log.lock();
-        // A belief past the session's deadline is over whatever comes.
-        if let Some(t) = trusted.filter(|t| *t <= now) {
-            for (_, i) in std::mem::take(&mut open) {
-                close(&mut log, i, t, None);
-            }
-        }
-        let Ok(event) = event else { continue };
-        log.events.push((now, id.to_string(), event.clone()));
-        match event {
-            ShardEvent::Acquired { shard, token } => {
-                log.intervals.push(Interval {
-                    member: id.to_string(),
-                    shard,
-                    token,
-                    from: now,
-                    to: None,
-                });
-                let i = log.intervals.len() - 1;
-                if let Some(old) = open.insert(shard, i) {
-                    panic!("{id}: shard {shard} acquired while interval {old} is open");
-                }
-            }
-            ShardEvent::Release { shard, deadline } => {
-                if let Some(i) = open.remove(&shard) {
-                    // Drained at once: belief ends before the hand-back.
-                    close(&mut log, i, Instant::now().min(deadline), trusted);
-                }
-                drop(log);
-                map.release(shard).expect("release");
-            }
-            ShardEvent::Lost { shard } => {
-                if let Some(i) = open.remove(&shard) {
-                    close(&mut log, i, now, trusted);
-                }
-            }
-            other => panic!("unexpected event {other:?}"),
-        }
-    }
-    let now = Instant::now();
-    let mut log = log.lock();
-    for (_, i) in open {
-        close(&mut log, i, now, trusted);
     }
 }
 
@@ -190,16 +114,6 @@ impl Running {
     }
 }
 
-/// The placed member of every shard among `live`.
-fn placed(live: &BTreeSet<String>) -> Vec<String> {
-    (0..SHARDS)
-        .map(|s| {
-            let members = live.iter().map(|m| (m.as_bytes(), 1u32));
-            String::from_utf8_lossy(placement::owner(members, s).expect("a member")).into_owned()
-        })
-        .collect()
-}
-
 /// Waits until etcd shows every shard owned by its placed member among
 /// `live`; returns the owners and how long it took from `since`.
 fn settle(
@@ -210,7 +124,7 @@ fn settle(
     bound: Duration,
     what: &str,
 ) -> (Vec<String>, Duration) {
-    let want = placed(live);
+    let want = shards::placed(live, SHARDS);
     let give_up = since + bound + Duration::from_secs(10);
     loop {
         let owners =
@@ -218,14 +132,9 @@ fn settle(
         let now = Instant::now();
         let have: Vec<String> = owners.iter().map(|o| o.member.clone()).collect();
         // And every member believes exactly what etcd shows it owning.
-        let believed = running.iter().all(|r| {
-            let etcd_says: Vec<(u32, i64)> = owners
-                .iter()
-                .filter(|o| o.member == r.id)
-                .map(|o| (o.shard, o.token))
-                .collect();
-            r.map.owned() == etcd_says
-        });
+        let believed = running
+            .iter()
+            .all(|r| shards::believes_as_etcd(&r.map, &owners));
         if owners.len() == SHARDS as usize && have == want && believed {
             let took = now - since;
             assert!(
@@ -262,15 +171,8 @@ fn moves(before: &[String], after: &[String], joiner: Option<&str>, leaver: Opti
 }
 
 /// No event between `from` and `to` (membership stable).
-fn assert_quiet(log: &Mutex<Log>, from: Instant, to: Instant, what: &str) {
-    // Events told before `from` may reach the consumer a little later.
-    let from = from + CONSUMER_LAG;
-    let log = log.lock();
-    let flaps: Vec<_> = log
-        .events
-        .iter()
-        .filter(|(t, _, _)| *t > from && *t < to)
-        .collect();
+fn assert_quiet(log: &Mutex<shards::Log>, from: Instant, to: Instant, what: &str) {
+    let flaps = shards::events_between(&log.lock(), from, to);
     assert!(
         flaps.is_empty(),
         "{what}: {} events while membership was stable: {:?}",
@@ -297,7 +199,7 @@ fn twenty_members_share_256_shards_without_overlap_through_faults() {
     let mut cluster = EtcdCluster::start(3).expect("cluster");
     let endpoints = cluster.endpoints();
     let observer = Etcd::with_options(&endpoints, etcd_options()).expect("observer");
-    let log = Arc::new(Mutex::new(Log::default()));
+    let log = Arc::new(Mutex::new(shards::Log::default()));
     let mut running: Vec<Running> = Vec::new();
     let mut live: BTreeSet<String> = BTreeSet::new();
     let mut moves_log = Moves { events: Vec::new() };
@@ -513,30 +415,13 @@ fn twenty_members_share_256_shards_without_overlap_through_faults() {
 
     // Safety over the whole run.
     let log = log.lock();
-    let mut by_shard: BTreeMap<u32, Vec<&Interval>> = BTreeMap::new();
-    for iv in &log.intervals {
-        by_shard.entry(iv.shard).or_default().push(iv);
+    let (overlaps, tokens) = shards::check_intervals(&log.intervals);
+    for (a, b) in &overlaps {
+        eprintln!("shard {}: {a:?} overlaps {b:?}", a.shard);
     }
-    let mut overlaps = 0;
-    for (shard, mut ivs) in by_shard {
-        ivs.sort_by_key(|iv| iv.from);
-        for pair in ivs.windows(2) {
-            let (a, b) = (pair[0], pair[1]);
-            let a_end = a.to.expect("closed");
-            if a_end > b.from {
-                overlaps += 1;
-                eprintln!("shard {shard}: {a:?} overlaps {b:?}");
-            }
-            assert!(
-                b.token > a.token || (b.token == a.token && a.member == b.member),
-                "shard {shard}: token {} of {} after {} of {}",
-                b.token,
-                b.member,
-                a.token,
-                a.member
-            );
-        }
-    }
+    assert!(tokens.is_empty(), "{}", tokens.join("\n"));
+    assert!(log.violations.is_empty(), "{}", log.violations.join("\n"));
+    let overlaps = overlaps.len();
     assert_eq!(overlaps, 0, "belief intervals overlapped");
     let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
     for (_, _, e) in &log.events {

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! fleetcoord-bench [--quick] [--pool-secs N] [--endpoints host:port] [FIGURE...]
-//! FIGURE: kv leave crash campaign handover semaphore elect-cli failover watch pool liveness coord idle-cost concurrency mass-failure rtt | all (default)
+//! FIGURE: kv leave crash campaign handover semaphore elect-cli failover watch pool liveness coord idle-cost concurrency mass-failure rtt shards | all (default)
 //! ```
 //!
 //! `--quick` (or `BENCH_QUICK=1`) runs a few samples of every row in
@@ -28,6 +28,7 @@ mod raw;
 mod raw_bus;
 mod report;
 mod rtt;
+mod shards;
 mod stats;
 mod watch;
 
@@ -59,7 +60,7 @@ impl Config {
 
 type Figure = fn(&Config) -> Res<Vec<Row>>;
 
-const FIGURES: [(&str, Figure); 16] = [
+const FIGURES: [(&str, Figure); 17] = [
     ("kv", kv::run),
     ("leave", liveness::leave),
     ("crash", liveness::crash),
@@ -76,6 +77,7 @@ const FIGURES: [(&str, Figure); 16] = [
     ("concurrency", concurrency::run),
     ("mass-failure", mass::run),
     ("rtt", rtt::run),
+    ("shards", shards::run),
 ];
 
 fn main() {

@@ -319,7 +319,7 @@ impl ShardMap {
                 .iter()
                 .filter_map(|kv| {
                     let suffix = kv.key.strip_prefix(owners_prefix.as_bytes())?;
-                    let shard = parse_shard(suffix, shards)?;
+                    let shard = keys::parse_shard(suffix, shards)?;
                     Some(owner(shard, kv))
                 })
                 .collect();
@@ -340,7 +340,7 @@ impl ShardMap {
                     let id = kv.key.strip_prefix(members_prefix.as_bytes())?;
                     Some(ShardMember {
                         member: String::from_utf8_lossy(id).into_owned(),
-                        weight: parse_weight(&kv.value),
+                        weight: keys::parse_weight(&kv.value),
                         lease: kv.lease,
                     })
                 })
@@ -374,29 +374,4 @@ fn owner(shard: u32, kv: &KeyValue) -> ShardOwner {
         token: kv.create_revision,
         lease: kv.lease,
     }
-}
-
-/// A shard key's suffix as the map reads it: canonical decimal below
-/// `shards` (see the key layout in the README).
-fn parse_shard(suffix: &[u8], shards: u32) -> Option<u32> {
-    let text = std::str::from_utf8(suffix).ok()?;
-    if text.is_empty() || (text.len() > 1 && text.starts_with('0')) {
-        return None;
-    }
-    if !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    text.parse::<u32>().ok().filter(|n| *n < shards)
-}
-
-/// A member key's weight as the map reads it: empty is 1, decimal as it
-/// is, anything else 1.
-fn parse_weight(value: &[u8]) -> u32 {
-    if value.is_empty() {
-        return 1;
-    }
-    std::str::from_utf8(value)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1)
 }

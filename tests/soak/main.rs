@@ -13,7 +13,9 @@
 //! * four semaphore contenders on one semaphore of [`PERMITS`] permits,
 //!   three on the candidates' connections (so a candidate's partition cuts
 //!   one off too) and one on the churner's, that acquire with a timeout,
-//!   hold for a random while and release.
+//!   hold for a random while and release;
+//! * a shard map whose members join, leave and crash one at a time, each
+//!   behind its own proxies, with its own checker (`shard_workload.rs`).
 //!
 //! The nemesis picks one fault per round (seeded; `SOAK_SEED` replays a
 //! run): partition a candidate (past the TTL or not), partition the
@@ -51,6 +53,9 @@ mod history;
 mod liveness;
 #[path = "../common/raw_history.rs"]
 mod raw_history;
+mod shard_workload;
+#[path = "../common/shards.rs"]
+mod shards;
 
 use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, StreamPosition};
 use fleetcoord::testing::{EtcdCluster, FaultProxy, Mode};
@@ -643,9 +648,14 @@ fn soak() {
     let origin = Instant::now();
     let election_prefix = format!("{}soak/", ElectionOptions::default().prefix);
     let semaphore_prefix = format!("{DEFAULT_SEMAPHORE_PREFIX}soak/");
+    let shards_prefix = shard_workload::shards_prefix();
     let watches = RawHistory::start(
         &cluster.endpoints(),
-        &[election_prefix.as_str(), semaphore_prefix.as_str()],
+        &[
+            election_prefix.as_str(),
+            semaphore_prefix.as_str(),
+            shards_prefix.as_str(),
+        ],
     );
 
     let shared = Arc::new(Shared {
@@ -668,6 +678,13 @@ fn soak() {
     let candidate_nets: Vec<Net> = (0..CANDIDATES).map(|_| Net::new(&cluster)).collect();
     let churner_net = Net::new(&cluster);
     let stream_net = Net::new(&cluster);
+    let shard_nets: Arc<Vec<Net>> = Arc::new(
+        (0..shard_workload::SLOTS)
+            .map(|_| Net::new(&cluster))
+            .collect(),
+    );
+    let shard_log = Arc::new(Mutex::new(shards::Log::default()));
+    let shard_record = Arc::new(Mutex::new(shard_workload::Record::default()));
 
     let mut threads = Vec::new();
     for (i, net) in candidate_nets.iter().enumerate() {
@@ -686,6 +703,19 @@ fn soak() {
     {
         let (etcd, shared) = (direct.clone(), shared.clone());
         threads.push(thread::spawn(move || watcher(etcd, shared)));
+    }
+    {
+        let (nets, etcd, log, record, shared, s) = (
+            shard_nets.clone(),
+            direct.clone(),
+            shard_log.clone(),
+            shard_record.clone(),
+            shared.clone(),
+            rng.next_u64(),
+        );
+        threads.push(thread::spawn(move || {
+            shard_workload::run(nets, etcd, log, record, &shared.stop, s)
+        }));
     }
     let appending = Etcd::with_options(&stream_net.endpoints(), options()).expect("connect");
     let append_coord = Arc::new(EtcdCoordinator::on_etcd(&appending).expect("coordinator"));
@@ -765,7 +795,8 @@ fn soak() {
                 cluster.restart(m).expect("restart");
             }
             Fault::ResetConnections => {
-                for net in candidate_nets.iter().chain([&churner_net, &stream_net]) {
+                let others = [&churner_net, &stream_net];
+                for net in candidate_nets.iter().chain(others).chain(shard_nets.iter()) {
                     net.reset();
                 }
                 thread::sleep(between(&mut rng, 100, 500));
@@ -893,6 +924,17 @@ fn soak() {
         }
     }
     violations.extend(safety);
+    {
+        let timeline = shared.timeline.lock();
+        violations.extend(shard_workload::check(
+            &shard_log.lock(),
+            &shard_record.lock(),
+            &timeline.faults,
+            &timeline.leaderless_etcd,
+            &history.changes,
+            origin,
+        ));
+    }
     println!(
         "soak: semaphore of {PERMITS} permits: {} holds by {CONTENDERS} contenders",
         history.permits.len(),

@@ -36,7 +36,7 @@ pub(crate) fn weight_value(weight: u32) -> Vec<u8> {
 /// The weight a member key's value announces: empty means 1, decimal
 /// ASCII is taken as it is (0: never placed), anything else counts as 1,
 /// so a foreign writer cannot take a member out of placement by mistake.
-pub(crate) fn parse_weight(value: &[u8]) -> u32 {
+pub fn parse_weight(value: &[u8]) -> u32 {
     if value.is_empty() {
         return 1;
     }
@@ -48,7 +48,7 @@ pub(crate) fn parse_weight(value: &[u8]) -> u32 {
 
 /// The shard number of a shard key's suffix: canonical decimal (no sign,
 /// no leading zero) below `shards`; anything else is no shard of the map.
-pub(crate) fn parse_shard(suffix: &[u8], shards: u32) -> Option<u32> {
+pub fn parse_shard(suffix: &[u8], shards: u32) -> Option<u32> {
     if suffix.is_empty() || (suffix.len() > 1 && suffix[0] == b'0') {
         return None;
     }
