@@ -382,6 +382,12 @@ impl RenewalsWorld {
                 }
             },
             Err(error) => {
+                if self.expect == Expect::Missing(w.lease) && w.written.is_none() {
+                    return Err(format!(
+                        "renewal {token} of missing lease {:x} answered {error:?}, not TTL 0",
+                        w.lease
+                    ));
+                }
                 if no_answer(&error) {
                     // A renewal at its deadline, or one the silence of its
                     // stream answers; not one answered early because the
