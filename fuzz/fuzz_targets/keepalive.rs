@@ -306,21 +306,16 @@ impl Run {
                         ),
                         "notification after Stopped"
                     );
-                    if let Some(point) = self.resumed {
-                        match n {
-                            LivenessState::Registered { lease } => {
-                                if lease == point.lease {
-                                    let created = self.etcd.get(KEY).map(|kv| kv.create_revision);
-                                    assert_eq!(
-                                        created,
-                                        Some(point.create_revision),
-                                        "resumed on the point's lease with another key"
-                                    );
-                                }
-                                self.resumed = None;
-                            }
-                            _ => {}
+                    if let (Some(point), LivenessState::Registered { lease }) = (self.resumed, &n) {
+                        if *lease == point.lease {
+                            let created = self.etcd.get(KEY).map(|kv| kv.create_revision);
+                            assert_eq!(
+                                created,
+                                Some(point.create_revision),
+                                "resumed on the point's lease with another key"
+                            );
                         }
+                        self.resumed = None;
                     }
                     self.notifications.push(n);
                 }
