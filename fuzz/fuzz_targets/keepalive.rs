@@ -31,10 +31,10 @@
 //!   hand over a detach is a stop;
 //! * resume (rule 11): registered on the point's lease, the successor
 //!   (`Keepalive::resume`) finds the model holding the key incarnation of
-//!   the point. (Rule 11 also says a refused resume registers afresh
-//!   without `Lost`, the lease never having been reported held; this
-//!   target found a successor that tells `Lost` of the point's lease after
-//!   only `Registering`, which is not asserted here until that is decided.)
+//!   the point. (A refused resume registers afresh without `Lost`, but a
+//!   proven lease whose resume transaction is unanswered at its deadline
+//!   is lost as any other, after only `Registering`: this target tells the
+//!   two apart only by the trust notices, which it does not keep.)
 
 #![no_main]
 

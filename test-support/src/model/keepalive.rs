@@ -36,10 +36,10 @@
 //! 8. **Resume takes over or starts afresh** (rule 11): a machine resumed
 //!    from a point is `Registering` until it registers; registered on the
 //!    point's lease, etcd holds the key incarnation of the point (the same
-//!    create revision: watchers see no `Down`/`Up`); it never tells
-//!    `Lost` of the point's lease before that first registration (that
-//!    lease was never reported held), and rules 1 and 2 hold for it as for
-//!    any machine.
+//!    create revision: watchers see no `Down`/`Up`); before that first
+//!    registration it tells `Lost` of the point's lease only once it told
+//!    that lease trusted (a refused resume registers afresh without it),
+//!    and rules 1 and 2 hold for it as for any machine.
 //!
 //! Liveness, from every quiescent state (nothing in flight): with no
 //! further faults or user requests, messages delivered at once and time
@@ -476,7 +476,12 @@ impl KeepaliveWorld {
                 }
                 LivenessState::Suspended { .. } => self.marks |= SUSPENDED,
                 LivenessState::Lost { lease } => {
-                    if let Some(point) = node.resumed.filter(|p| p.lease == lease) {
+                    // A proven lease (told trusted) whose resume
+                    // transaction is still unanswered at its deadline is
+                    // lost as any other (sm/tests/unit/keepalive.rs,
+                    // `a_resume_transaction_unanswered_until_the_deadline_ends_the_resume`).
+                    let proven = node.trusted == Some(lease);
+                    if let Some(point) = node.resumed.filter(|p| p.lease == lease && !proven) {
                         return Err(format!(
                             "machine {m} resumed from {point:?} told Lost on lease {lease:x} \
                              before it registered"
