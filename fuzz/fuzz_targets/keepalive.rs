@@ -23,13 +23,25 @@
 //! * a told deadline (`Trusted`, with `announce_trust`, which odd TTLs
 //!   ask for) is the machine's local deadline at that moment, later than
 //!   `now`, and never told unasked;
-//! * `poll_timeout` is never before `now`; draining commands terminates.
+//! * `poll_timeout` is never before `now`; draining commands terminates;
+//! * detach (rule 10 of `sm/src/keepalive.rs`): after `Detach` with a
+//!   registration to hand over, nothing is sent but last revokes of other
+//!   leases (no leave, no revoke of the point's lease), and `Detached`
+//!   tells the point `resume_point()` gave, then `Stopped`; with nothing to
+//!   hand over a detach is a stop;
+//! * resume (rule 11): registered on the point's lease, the successor
+//!   (`Keepalive::resume`) finds the model holding the key incarnation of
+//!   the point. (A refused resume registers afresh without `Lost`, but a
+//!   proven lease whose resume transaction is unanswered at its deadline
+//!   is lost as any other, after only `Registering`: this target tells the
+//!   two apart only by the trust notices, which it does not keep.)
 
 #![no_main]
 
 use arbitrary::Arbitrary;
 use fleetcoord_sm::keepalive::{
     Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState,
+    ResumePoint,
 };
 use fleetcoord_sm::{
     BackoffConfig, Command, LeaseId, Machine, Request, Response, RpcError, RpcId, RpcReply, TxnOp,
@@ -104,6 +116,10 @@ enum Op {
     Replace,
     /// The user says etcd refused the current lease as not found.
     Gone,
+    /// The user detaches the machine (a restart, rule 10).
+    Detach,
+    /// A successor resumes from the detached point (rule 11).
+    Resume,
 }
 
 struct Run {
@@ -120,6 +136,19 @@ struct Run {
     leave_marker: bool,
     marker_sent: bool,
     marker_lease: Option<i64>,
+    config: KeepaliveConfig,
+    seed: u64,
+    /// Detach asked with this point to hand over.
+    detaching: Option<ResumePoint>,
+    /// `Detached` told; no successor yet.
+    detached: Option<ResumePoint>,
+    /// The machine was resumed from this point and has not registered.
+    resumed: Option<ResumePoint>,
+    /// Machines run so far (each successor's request ids are its own).
+    incarnation: u64,
+    /// Leases of the points resumed from: a successor that cannot take
+    /// one over gives it up without `Lost` (it never held it) and revokes it.
+    handed: Vec<LeaseId>,
 }
 
 impl Run {
@@ -132,15 +161,21 @@ impl Run {
         match request {
             // The leave marker: a plain put.
             Request::Put { key, .. } => assert!(key.as_slice() == MARKER, "a put of {key:?}"),
-            // The key: a put guarded on its mod revision, reading it when
-            // the guard fails.
-            Request::Txn(txn) => assert!(
-                txn.success
-                    .iter()
-                    .all(|op| matches!(op, TxnOp::Put { key, .. } if key.as_slice() == KEY))
-                    && txn.compare.len() == 1,
-                "a txn {txn:?}"
-            ),
+            // The key: a put guarded on its mod revision (and, resuming,
+            // its create revision), reading it when the guard fails; or
+            // the leave: the marker put and the key deleted.
+            Request::Txn(txn) => {
+                assert!(
+                    (txn.success.iter().all(|op| {
+                        matches!(op, TxnOp::Put { key, .. } if key.as_slice() == KEY)
+                    }) || txn.success.iter().all(|op| match op {
+                        TxnOp::Put { key, .. } => key.as_slice() == MARKER,
+                        TxnOp::Delete(fleetcoord_sm::KeyRange::Key(key)) => key.as_slice() == KEY,
+                        _ => false,
+                    })) && (1..=2).contains(&txn.compare.len()),
+                    "a txn {txn:?}"
+                )
+            }
             Request::Grant { .. } | Request::KeepAlive { .. } | Request::Revoke { .. } => {}
             other => panic!("keepalive never sends {other:?}"),
         }
@@ -174,6 +209,12 @@ impl Run {
             match command {
                 Command::Rpc { id, request } => {
                     assert!(self.outstanding.iter().all(|(o, _)| *o != id), "id reused");
+                    if let Some(point) = self.detaching {
+                        assert!(
+                            matches!(request, Request::Revoke { lease } if lease != point.lease),
+                            "{request:?} after Detach at {point:?}"
+                        );
+                    }
                     if self.stop_requested {
                         // The leave: the marker put on the lease being
                         // stopped and the key deleted, in one transaction,
@@ -252,7 +293,9 @@ impl Run {
                     assert!(self.revoked.is_none(), "Left after the revoke");
                 }
                 Command::Notify(KeepaliveNotice::Detached(point)) => {
-                    panic!("detached unasked at {point:?}");
+                    assert_eq!(self.detaching, Some(point), "detached at another point");
+                    assert!(self.detached.is_none(), "detached twice");
+                    self.detached = Some(point);
                 }
                 Command::Notify(KeepaliveNotice::State(n)) => {
                     assert_ne!(self.notifications.last(), Some(&n), "repeated notification");
@@ -263,6 +306,17 @@ impl Run {
                         ),
                         "notification after Stopped"
                     );
+                    if let (Some(point), LivenessState::Registered { lease }) = (self.resumed, &n) {
+                        if *lease == point.lease {
+                            let created = self.etcd.get(KEY).map(|kv| kv.create_revision);
+                            assert_eq!(
+                                created,
+                                Some(point.create_revision),
+                                "resumed on the point's lease with another key"
+                            );
+                        }
+                        self.resumed = None;
+                    }
                     self.notifications.push(n);
                 }
             }
@@ -272,9 +326,11 @@ impl Run {
 
     /// `lease` was notified `Lost`: the machine gave it up.
     fn given_up(&self, lease: LeaseId) -> bool {
-        self.notifications
-            .iter()
-            .any(|n| matches!(n, LivenessState::Lost { lease: l } if *l == lease))
+        self.handed.contains(&lease)
+            || self
+                .notifications
+                .iter()
+                .any(|n| matches!(n, LivenessState::Lost { lease: l } if *l == lease))
     }
 
     fn check(&self) {
@@ -420,6 +476,52 @@ impl Run {
                     assert_ne!(self.machine.lease(), Some(lease), "gone but kept");
                 }
             }
+            Op::Detach => {
+                if self.stop_requested || self.detaching.is_some() {
+                    return;
+                }
+                match self.machine.resume_point() {
+                    Some(point) => self.detaching = Some(point),
+                    // Nothing to hand over: a stop.
+                    None => self.stop_requested = true,
+                }
+                self.machine.handle(self.now, KeepaliveInput::Detach);
+                self.drain();
+                if let Some(point) = self.detaching {
+                    assert_eq!(self.detached, Some(point), "Detached not told");
+                    assert!(
+                        matches!(
+                            self.notifications.last(),
+                            Some(LivenessState::Stopped { revoked: false })
+                        ),
+                        "a detach that does not stop without a revoke"
+                    );
+                }
+            }
+            Op::Resume => {
+                let Some(point) = self.detached.take() else {
+                    return;
+                };
+                self.incarnation += 1;
+                self.machine = Keepalive::resume(
+                    self.config.clone(),
+                    self.now,
+                    self.seed,
+                    self.incarnation << 32,
+                    point,
+                );
+                // The detached process is gone, and its requests with it.
+                self.outstanding.clear();
+                self.notifications.clear();
+                self.detaching = None;
+                // A stop asked of the detached machine was not this one's.
+                self.stop_requested = false;
+                self.revoked = None;
+                self.marker_sent = false;
+                self.marker_lease = None;
+                self.resumed = Some(point);
+                self.handed.push(point.lease);
+            }
         }
     }
 }
@@ -448,7 +550,7 @@ fuzz_target!(|input: Input| {
     };
     let announce_trust = config.announce_trust;
     let mut run = Run {
-        machine: Keepalive::new(config, now, input.seed),
+        machine: Keepalive::new(config.clone(), now, input.seed),
         etcd: ModelEtcd::new(),
         now,
         binding: input.binding,
@@ -460,6 +562,13 @@ fuzz_target!(|input: Input| {
         leave_marker: input.binding && input.leave_marker,
         marker_sent: false,
         marker_lease: None,
+        config,
+        seed: input.seed,
+        detaching: None,
+        detached: None,
+        resumed: None,
+        incarnation: 0,
+        handed: Vec::new(),
     };
     run.drain();
     run.check();

@@ -18,3 +18,9 @@ mod keepalive;
 
 #[path = "model/watch.rs"]
 mod watch;
+
+#[path = "model/renewals.rs"]
+mod renewals;
+
+#[path = "model/shard.rs"]
+mod shard;

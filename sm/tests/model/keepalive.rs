@@ -251,6 +251,58 @@ fn two_machines_on_one_etcd() {
     );
 }
 
+/// Detach and resume (rules 10 and 11 of sm/src/keepalive.rs): a restart
+/// hands the registration over at any point, the successor resumed at once
+/// or after time passed (the lease may expire in between, or a put land
+/// late): registered on the same lease only with the same key incarnation,
+/// otherwise afresh, never `Lost` before that.
+#[test]
+fn a_detached_registration_is_resumed_or_registered_afresh() {
+    passes(
+        "binding, 1 detach, 1 value set, 1 lost",
+        world(
+            1,
+            true,
+            4,
+            Budget {
+                detach: 1,
+                user: 1,
+                lose: 1,
+                ..Budget::default()
+            },
+        ),
+        14_014,
+        &[
+            "detached",
+            "resumed on the same lease",
+            "resumed afresh",
+            "liveness checked",
+        ],
+    );
+    passes(
+        "binding, 1 detach, 1 early revocation, 1 delay, 1 late landing",
+        world(
+            1,
+            true,
+            4,
+            Budget {
+                detach: 1,
+                revoke_early: 1,
+                delay: 1,
+                land: 1,
+                ..Budget::default()
+            },
+        ),
+        19_231,
+        &[
+            "detached",
+            "resumed on the same lease",
+            "resumed afresh",
+            "landed late",
+        ],
+    );
+}
+
 // ----- replays of counterexamples ------------------------------------------
 
 /// Found by this model check, in the keepalive as it was: the key's put is
@@ -452,6 +504,33 @@ fn long_lease_only_with_five_faults() {
             "lease lost",
             "re-granted",
             "landed late",
+            "liveness checked",
+        ],
+    );
+}
+
+#[test]
+#[ignore = "long: make model-check"]
+fn long_two_detaches_with_faults() {
+    passes(
+        "binding, 2 detaches, 1 value set, 1 lost, 1 delay",
+        world(
+            1,
+            true,
+            5,
+            Budget {
+                detach: 2,
+                user: 1,
+                lose: 1,
+                delay: 1,
+                ..Budget::default()
+            },
+        ),
+        637_813,
+        &[
+            "detached",
+            "resumed on the same lease",
+            "resumed afresh",
             "liveness checked",
         ],
     );

@@ -25,6 +25,21 @@
 //!    grant, renewal or put but the leave transaction (the marker put and
 //!    the key deleted at one revision); the marker is never put alone, and
 //!    `Left` is told only while etcd holds the marker on that lease.
+//! 7. **Detach leaves the registration as it is** (rule 10 of
+//!    `sm/src/keepalive.rs`): after `Detach` a machine sends nothing but
+//!    the last revokes of leases it gave up earlier — no leave, no delete,
+//!    no revoke of the lease it hands over; it tells `Detached` with the
+//!    point it had (`resume_point()`), naming the lease and the key's
+//!    create revision as etcd holds them and a mod revision no later than
+//!    etcd's (a put whose answer was lost may have applied; unless etcd
+//!    revoked that lease early), then `Stopped` without a revoke.
+//! 8. **Resume takes over or starts afresh** (rule 11): a machine resumed
+//!    from a point is `Registering` until it registers; registered on the
+//!    point's lease, etcd holds the key incarnation of the point (the same
+//!    create revision: watchers see no `Down`/`Up`); before that first
+//!    registration it tells `Lost` of the point's lease only once it told
+//!    that lease trusted (a refused resume registers afresh without it),
+//!    and rules 1 and 2 hold for it as for any machine.
 //!
 //! Liveness, from every quiescent state (nothing in flight): with no
 //! further faults or user requests, messages delivered at once and time
@@ -32,13 +47,15 @@
 //! machine is `Registered` on a lease etcd has (a lost lease is granted
 //! again), in binding mode with its key bound to that lease and holding
 //! the latest value; every stopped machine has told `Stopped` and its
-//! key and leave marker are gone from etcd.
+//! key and leave marker are gone from etcd. A detached machine's successor
+//! is resumed at once in the continuation.
 
 use super::wire::{Bends, Taken, Wire, WireAction};
 use super::{debug_hash, hash_debug, World};
 use crate::ModelEtcd;
 use fleetcoord_sm::keepalive::{
     Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState,
+    ResumePoint,
 };
 use fleetcoord_sm::watch::leave_marker_key;
 use fleetcoord_sm::{
@@ -91,6 +108,9 @@ pub struct Budget {
     /// Leases etcd revokes before their expiry (etcd's own bug on 3.4 and
     /// 3.5 when a paused raft leader resumes).
     pub revoke_early: u32,
+    /// Machines detached by their users (binding mode), each resumed by a
+    /// successor (a process restart within the TTL, or past it).
+    pub detach: u32,
 }
 
 /// A world to explore: its size, its faults and what it checks.
@@ -197,6 +217,10 @@ pub enum KeepaliveAction {
     Stop(usize),
     /// Another client deletes machine `.0`'s key (a bend).
     DeleteKey(usize),
+    /// Machine `.0`'s user detaches it (a restart: rule 10).
+    Detach(usize),
+    /// Machine `.0`'s successor resumes from the detached point (rule 11).
+    Resume(usize),
 }
 
 #[derive(Clone, Debug)]
@@ -215,6 +239,15 @@ struct Node {
     stopped: bool,
     /// The leave transaction went out.
     marker_sent: bool,
+    /// The user detached the machine: the point it must tell.
+    detaching: Option<ResumePoint>,
+    /// Told `Detached` with this point; the successor is not resumed yet.
+    detached: Option<ResumePoint>,
+    /// The machine was resumed from this point and has not registered yet.
+    resumed: Option<ResumePoint>,
+    /// Machines this node has run (each successor's request ids are its
+    /// own, so orphans of the one before cannot be mistaken for them).
+    incarnation: u64,
 }
 
 impl Node {
@@ -251,6 +284,9 @@ const VALUE_WRITTEN: u32 = 1 << 8;
 const MARKER: u32 = 1 << 9;
 const STOPPED: u32 = 1 << 10;
 const LIVENESS: u32 = 1 << 11;
+const DETACHED: u32 = 1 << 12;
+const RESUMED: u32 = 1 << 13;
+const RESUMED_AFRESH: u32 = 1 << 14;
 
 impl KeepaliveWorld {
     /// Every machine started at one instant, each registering.
@@ -267,6 +303,10 @@ impl KeepaliveWorld {
                 lost_before: false,
                 stopped: false,
                 marker_sent: false,
+                detaching: None,
+                detached: None,
+                resumed: None,
+                incarnation: 0,
             })
             .collect();
         let mut world = KeepaliveWorld {
@@ -306,6 +346,16 @@ impl KeepaliveWorld {
                         });
                         if let Some(lease) = lease {
                             node.on_lease.push((*id, lease));
+                        }
+                    }
+                    if let Some(point) = node.detaching {
+                        match request {
+                            Request::Revoke { lease } if *lease != point.lease => {}
+                            other => {
+                                return Err(format!(
+                                    "machine {m} sent {other:?} after Detach (point {point:?})"
+                                ));
+                            }
                         }
                     }
                     match request {
@@ -377,23 +427,74 @@ impl KeepaliveWorld {
                 }
             }
             KeepaliveNotice::Detached(point) => {
-                // This world never detaches a machine.
-                return Err(format!("machine {m} detached unasked at {point:?}"));
+                if node.detaching != Some(point) {
+                    return Err(format!(
+                        "machine {m} detached at {point:?}, asked at {:?}",
+                        node.detaching
+                    ));
+                }
+                let kv = self.etcd.get(&key_of(m));
+                // A put whose answer was lost may have moved the key on
+                // since the machine last knew it: the successor's guard
+                // then fails and it registers afresh (rule 11).
+                let held = kv.as_ref().is_some_and(|kv| {
+                    kv.lease == point.lease
+                        && kv.create_revision == point.create_revision
+                        && kv.mod_revision >= point.key_revision
+                });
+                if !held && !self.revoked_early.contains(&point.lease) {
+                    return Err(format!(
+                        "machine {m} detached at {point:?}, but etcd has its key as {kv:?}"
+                    ));
+                }
+                node.detached = Some(point);
+                self.marks |= DETACHED;
             }
             KeepaliveNotice::State(state) => match state {
-                LivenessState::Registered { .. } => {
+                LivenessState::Registered { lease } => {
                     self.marks |= REGISTERED;
                     if node.lost_before {
                         self.marks |= REGRANTED;
                     }
+                    if let Some(point) = node.resumed.take() {
+                        if lease == point.lease {
+                            let kv = self.etcd.get(&key_of(m));
+                            if kv.as_ref().map(|kv| kv.create_revision)
+                                != Some(point.create_revision)
+                                && !self.revoked_early.contains(&lease)
+                            {
+                                return Err(format!(
+                                    "machine {m} resumed on lease {lease:x} from {point:?}, \
+                                     but etcd has its key as {kv:?}"
+                                ));
+                            }
+                            self.marks |= RESUMED;
+                        } else {
+                            self.marks |= RESUMED_AFRESH;
+                        }
+                    }
                 }
                 LivenessState::Suspended { .. } => self.marks |= SUSPENDED,
-                LivenessState::Lost { .. } => {
+                LivenessState::Lost { lease } => {
+                    // A proven lease (told trusted) whose resume
+                    // transaction is still unanswered at its deadline is
+                    // lost as any other (sm/tests/unit/keepalive.rs,
+                    // `a_resume_transaction_unanswered_until_the_deadline_ends_the_resume`).
+                    let proven = node.trusted == Some(lease);
+                    if let Some(point) = node.resumed.filter(|p| p.lease == lease && !proven) {
+                        return Err(format!(
+                            "machine {m} resumed from {point:?} told Lost on lease {lease:x} \
+                             before it registered"
+                        ));
+                    }
                     node.trusted = None;
                     node.lost_before = true;
                     self.marks |= LOST;
                 }
-                LivenessState::Stopped { .. } => {
+                LivenessState::Stopped { revoked } => {
+                    if node.detaching.is_some() && revoked {
+                        return Err(format!("machine {m} detached with a revoke"));
+                    }
                     node.trusted = None;
                     self.marks |= STOPPED;
                 }
@@ -552,6 +653,9 @@ impl KeepaliveWorld {
     fn fair_next(&self) -> Option<KeepaliveAction> {
         let mut actions = Vec::new();
         for (m, node) in self.nodes.iter().enumerate() {
+            if node.detached.is_some() {
+                return Some(KeepaliveAction::Resume(m));
+            }
             actions.clear();
             node.wire
                 .actions(&self.etcd, &self.bends, false, false, &mut actions);
@@ -567,6 +671,9 @@ impl KeepaliveWorld {
     fn settled(&self, m: usize) -> bool {
         let node = &self.nodes[m];
         let key = self.etcd.get(&key_of(m));
+        if node.detaching.is_some() {
+            return false;
+        }
         if node.stopped {
             let marker = self.etcd.get(&leave_marker_key(&key_of(m)));
             return matches!(node.machine.state(), LivenessState::Stopped { .. })
@@ -602,6 +709,9 @@ impl World for KeepaliveWorld {
         "leave marker",
         "stopped",
         "liveness checked",
+        "detached",
+        "resumed on the same lease",
+        "resumed afresh",
     ];
 
     fn actions(&self, out: &mut Vec<KeepaliveAction>) {
@@ -611,8 +721,14 @@ impl World for KeepaliveWorld {
             node.wire
                 .actions(&self.etcd, &self.bends, b.lose > 0, b.land > 0, &mut wire);
             out.extend(wire.into_iter().map(|a| KeepaliveAction::Wire(m, a)));
-            if node.stopped {
+            if node.detached.is_some() {
+                out.push(KeepaliveAction::Resume(m));
+            }
+            if node.stopped || node.detaching.is_some() {
                 continue;
+            }
+            if b.detach > 0 && node.machine.resume_point().is_some() {
+                out.push(KeepaliveAction::Detach(m));
             }
             let held = node.holding().and_then(|(l, _)| l);
             if b.revoke_early > 0 && held.is_some_and(|l| self.etcd.lease_exists(l)) {
@@ -691,6 +807,32 @@ impl World for KeepaliveWorld {
                 node.machine.handle(now, KeepaliveInput::Stop);
                 self.pump(m)?;
             }
+            KeepaliveAction::Detach(m) => {
+                self.budget.detach -= 1;
+                let node = &mut self.nodes[m];
+                node.detaching = node.machine.resume_point();
+                node.machine.handle(now, KeepaliveInput::Detach);
+                self.pump(m)?;
+                if self.nodes[m].detached.is_none() {
+                    return Err(format!("machine {m} did not tell Detached"));
+                }
+            }
+            KeepaliveAction::Resume(m) => {
+                let config = self.setup.config(m);
+                let node = &mut self.nodes[m];
+                let Some(point) = node.detached.take() else {
+                    return Err(format!("machine {m} resumed with nothing detached"));
+                };
+                node.incarnation += 1;
+                node.machine = Keepalive::resume(config, now, SEED, node.incarnation << 20, point);
+                node.detaching = None;
+                // The successor writes its own initial value.
+                node.value = 0;
+                node.resumed = Some(point);
+                node.trusted = None;
+                node.on_lease.clear();
+                self.pump(m)?;
+            }
             KeepaliveAction::DeleteKey(m) => {
                 let delete = Request::Delete(fleetcoord_sm::KeyRange::Key(key_of(m)));
                 // A delete of a key that exists always succeeds.
@@ -731,6 +873,7 @@ impl World for KeepaliveWorld {
             }
             let step = match fair.fair_next() {
                 Some(KeepaliveAction::Wire(m, a)) => fair.wire_step(m, a),
+                Some(resume @ KeepaliveAction::Resume(_)) => fair.apply(&resume),
                 _ => match fair.next_deadline().filter(|at| *at <= until) {
                     Some(at) => fair.tick_to(at),
                     None => break,

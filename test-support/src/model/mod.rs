@@ -38,6 +38,8 @@ mod wire;
 pub mod election;
 pub mod keepalive;
 pub mod mirror;
+pub mod renewals;
+pub mod shard;
 pub mod stream;
 pub mod watch;
 
