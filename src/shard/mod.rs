@@ -128,11 +128,11 @@ impl ShardMap {
             .unwrap_or_else(|| uuid::Uuid::new_v4().hyphenated().to_string());
         let attempt_timeout = ATTEMPT_TIMEOUT.min(etcd.options().request_timeout);
         let session = KeepaliveConfig {
-            ttl_secs: options.ttl.as_secs() as i64,
+            ttl_secs: options.session.ttl.as_secs() as i64,
             binding: None,
             backoff: BackoffConfig::default(),
-            safety_margin: options.safety_margin,
-            drift_allowance_ppm: options.drift_allowance_ppm,
+            safety_margin: options.session.safety_margin,
+            drift_allowance_ppm: options.session.drift_allowance_ppm,
             attempt_timeout,
             // Every renewal moves the deadline belief is judged by.
             announce_trust: true,
