@@ -125,7 +125,10 @@ fn a_session_cut_off_ends_its_shards_and_its_leadership_before_another_member_ta
         if owners.len() == SHARDS as usize && owners.values().all(|m| m == "b") {
             break Instant::now();
         }
-        assert!(Instant::now() < bound, "not owned again in time: {owners:?}");
+        assert!(
+            Instant::now() < bound,
+            "not owned again in time: {owners:?}"
+        );
         thread::sleep(Duration::from_millis(20));
     };
     let (b_won, _leadership_b, _election_b) = b_elected.join().expect("b's campaign");
@@ -152,18 +155,26 @@ fn a_session_cut_off_ends_its_shards_and_its_leadership_before_another_member_ta
          b elected {:?}, all owned again {:?}",
         after(&leadership_lost),
         lost.iter().map(|(s, t)| (*s, after(t))).collect::<Vec<_>>(),
-        acquired.iter().map(|(s, t)| (*s, after(t))).collect::<Vec<_>>(),
+        acquired
+            .iter()
+            .map(|(s, t)| (*s, after(t)))
+            .collect::<Vec<_>>(),
         after(&b_won),
         after(&owned_again),
     );
     eprintln!("{report}");
     assert!(map_a.owned().is_empty(), "{report}");
     for shard in &a_shards {
-        let lost_at = lost.get(shard).unwrap_or_else(|| panic!("{shard} not lost; {report}"));
+        let lost_at = lost
+            .get(shard)
+            .unwrap_or_else(|| panic!("{shard} not lost; {report}"));
         let taken_at = acquired
             .get(shard)
             .unwrap_or_else(|| panic!("{shard} not acquired by b; {report}"));
-        assert!(lost_at < taken_at, "shard {shard} taken before lost; {report}");
+        assert!(
+            lost_at < taken_at,
+            "shard {shard} taken before lost; {report}"
+        );
         assert!(leadership_lost < *taken_at, "{report}");
     }
     assert!(leadership_lost < b_won, "{report}");
@@ -178,8 +189,8 @@ fn one_map_per_name_per_session_and_leaving_keeps_the_session() {
     let session = Session::new(&etcd, TTL).expect("session");
     let election = Election::with_session(&session, "lead", Default::default()).expect("election");
     let leadership = election.campaign(b"a").expect("elected");
-    let map = ShardMap::join_with_session(&session, MAP, 2, ShardOptions::default())
-        .expect("joins");
+    let map =
+        ShardMap::join_with_session(&session, MAP, 2, ShardOptions::default()).expect("joins");
     match ShardMap::join_with_session(&session, MAP, 2, ShardOptions::default()) {
         Err(Error::InvalidArgument { .. }) => {}
         other => panic!("a second map of one name on one session: {other:?}"),
@@ -191,7 +202,11 @@ fn one_map_per_name_per_session_and_leaving_keeps_the_session() {
     }
     let members = ShardMap::members_of(&etcd, MAP, &ShardOptions::default()).expect("members");
     assert_eq!(members.len(), 1);
-    assert_eq!(members[0].lease, leadership.lease(), "the map is on the session");
+    assert_eq!(
+        members[0].lease,
+        leadership.lease(),
+        "the map is on the session"
+    );
     map.leave().expect("leave");
     assert!(ShardMap::owners_of(&etcd, MAP, 2, &ShardOptions::default())
         .expect("owners")

@@ -66,7 +66,10 @@ impl Beliefs {
 
     /// Beliefs of a member on a shared session, whose last lost lease
     /// `dead` names.
-    pub(crate) fn with_dead_lease(events: Sender<ShardEvent>, dead: Option<Arc<AtomicI64>>) -> Self {
+    pub(crate) fn with_dead_lease(
+        events: Sender<ShardEvent>,
+        dead: Option<Arc<AtomicI64>>,
+    ) -> Self {
         Beliefs(Mutex::new(State {
             trusted_until: None,
             held: BTreeMap::new(),

@@ -302,9 +302,9 @@ impl Machine for Member {
             self.session.as_ref().and_then(|s| s.poll_timeout()),
             self.map.poll_timeout(),
         ]
-            .into_iter()
-            .flatten()
-            .min()
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn stop_input() -> MemberInput {

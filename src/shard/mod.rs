@@ -43,9 +43,10 @@ pub use options::{ShardOptions, DEFAULT_SHARDS_PREFIX, MAX_SHARDS};
 ///   ([`ShardMap::owned`], [`ShardMap::token`],
 ///   [`ShardMap::txn_if_owner`]) is judged by the calling thread's clock
 ///   against that deadline, so a driver thread that reports late cannot
-///   stretch it. This holds while the clock runs no slower than
-///   [`ShardOptions::drift_allowance_ppm`] permits; the fencing token
-///   covers the rest.
+///   stretch it. This holds while the clock runs no slower than the
+///   session's drift allowance
+///   ([`SessionOptions::drift_allowance_ppm`](crate::SessionOptions::drift_allowance_ppm))
+///   permits; the fencing token covers the rest.
 /// * Every new owner's token is greater than every earlier owner's, and a
 ///   write fenced by [`ShardMap::txn_if_owner`] applies only while the
 ///   shard key is the one created with that token.
