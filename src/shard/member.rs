@@ -334,7 +334,11 @@ mod tests {
             attempt_timeout: Duration::from_millis(500),
             announce_trust: true,
         };
-        let map = ShardConfig {
+        Member::new(session, map_config(), None, now, 7)
+    }
+
+    fn map_config() -> ShardConfig {
+        ShardConfig {
             prefix: b"/coord/shards/m/".to_vec(),
             member: b"a".to_vec(),
             weight: 1,
@@ -342,8 +346,7 @@ mod tests {
             backoff: Default::default(),
             attempt_timeout: Duration::from_millis(500),
             drain: Duration::from_secs(1),
-        };
-        Member::new(session, map, None, now, 7)
+        }
     }
 
     fn drain(m: &mut Member) -> Vec<Command<MemberNotice>> {
@@ -450,5 +453,91 @@ mod tests {
             "{last:?}"
         );
         assert!(m.is_finished());
+    }
+
+    #[test]
+    fn on_a_shared_session_lease_not_found_is_a_loss_at_once_and_the_session_is_told() {
+        let t0 = Instant::now();
+        let mut m = Member::on_session(map_config(), t0, 7);
+        let first = drain(&mut m);
+        assert!(
+            !first.iter().any(|c| matches!(
+                c,
+                Command::Rpc {
+                    request: Request::Grant { .. },
+                    ..
+                }
+            )),
+            "no lease of its own: {first:?}"
+        );
+        let read = rpc(&first, |r| matches!(r, Request::Range(_)));
+        m.handle(
+            t0,
+            MemberInput::Rpc(RpcReply {
+                id: read,
+                result: Ok(Response::Range {
+                    revision: 1,
+                    kvs: vec![],
+                }),
+            }),
+        );
+        let _watch = drain(&mut m);
+        let until = t0 + Duration::from_secs(4);
+        m.handle(t0, MemberInput::Session(SessionInput::Up { lease: 42 }));
+        m.handle(
+            t0,
+            MemberInput::Session(SessionInput::Trusted { lease: 42, until }),
+        );
+        let trusted = drain(&mut m);
+        assert!(
+            trusted.contains(&Command::Notify(MemberNotice::Trusted { lease: 42, until })),
+            "{trusted:?}"
+        );
+        let write = rpc(&trusted, |r| matches!(r, Request::Txn(_)));
+        m.handle(
+            t0,
+            MemberInput::Rpc(RpcReply {
+                id: write,
+                result: Err(fleetcoord_sm::RpcError::LeaseNotFound),
+            }),
+        );
+        let gone = drain(&mut m);
+        assert!(
+            gone.contains(&Command::Notify(MemberNotice::SessionLost)),
+            "{gone:?}"
+        );
+        assert!(
+            gone.contains(&Command::Notify(MemberNotice::SessionRequest(
+                SessionRequest::Gone(42)
+            ))),
+            "{gone:?}"
+        );
+        // A renewal of the gone lease the session answered earlier brings
+        // nothing back.
+        m.handle(
+            t0,
+            MemberInput::Session(SessionInput::Trusted { lease: 42, until }),
+        );
+        let late = drain(&mut m);
+        assert!(
+            !late
+                .iter()
+                .any(|c| matches!(c, Command::Notify(MemberNotice::Trusted { .. }))),
+            "{late:?}"
+        );
+        // Closing the session leaves the map; the member ends without a
+        // revoke of its own.
+        m.handle(t0, MemberInput::Session(SessionInput::Closed));
+        let closing = drain(&mut m);
+        assert!(
+            !closing.iter().any(|c| matches!(
+                c,
+                Command::Rpc {
+                    request: Request::Revoke { .. },
+                    ..
+                }
+            )),
+            "{closing:?}"
+        );
     }
 }
