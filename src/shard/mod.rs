@@ -61,7 +61,8 @@ pub use options::{ShardOptions, DEFAULT_SHARDS_PREFIX, MAX_SHARDS};
 ///
 /// **Dropping** a `ShardMap` leaves as [`ShardMap::leave`] does, without
 /// waiting: every belief ends, the shard keys and the member key are
-/// deleted and the lease revoked in the background; unreachable, they go
+/// deleted and the lease revoked (its own; a shared session's stays) in
+/// the background; unreachable, they go
 /// with the lease after its TTL.
 ///
 /// ```
