@@ -83,7 +83,9 @@ impl SessionOptions {
 }
 
 /// One lease, kept alive in the background, that elections, pools,
-/// mutexes and semaphores of this process share (`with_session` on each):
+/// mutexes, semaphores (`with_session` on each) and shard maps
+/// ([`ShardMap::join_with_session`](crate::ShardMap::join_with_session))
+/// of this process share:
 /// etcd then renews one lease for all of them instead of one each.
 ///
 /// Guarantees:

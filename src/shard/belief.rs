@@ -18,6 +18,8 @@ use crossbeam_channel::Sender;
 use fleetcoord_sm::shard::ShardNotice;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug)]
@@ -36,6 +38,21 @@ struct State {
     refused: Option<String>,
     /// Whether the session's revoke was confirmed, once it stopped.
     revoked: Option<bool>,
+    /// The lease of the last `Trusted`.
+    lease: Option<i64>,
+    /// On a shared session, the last lease it gave up or lost (marked
+    /// before the session ends beliefs): nothing on it is believed, even
+    /// when a notice about it arrives late.
+    dead: Option<Arc<AtomicI64>>,
+}
+
+impl State {
+    fn on_dead_lease(&self) -> bool {
+        match (&self.dead, self.lease) {
+            (Some(dead), Some(lease)) => dead.load(Ordering::SeqCst) == lease,
+            _ => false,
+        }
+    }
 }
 
 /// Shared by the member's notice handler (driver thread) and the
@@ -44,12 +61,23 @@ pub(crate) struct Beliefs(Mutex<State>);
 
 impl Beliefs {
     pub(crate) fn new(events: Sender<ShardEvent>) -> Self {
+        Self::with_dead_lease(events, None)
+    }
+
+    /// Beliefs of a member on a shared session, whose last lost lease
+    /// `dead` names.
+    pub(crate) fn with_dead_lease(
+        events: Sender<ShardEvent>,
+        dead: Option<Arc<AtomicI64>>,
+    ) -> Self {
         Beliefs(Mutex::new(State {
             trusted_until: None,
             held: BTreeMap::new(),
             events,
             refused: None,
             revoked: None,
+            lease: None,
+            dead,
         }))
     }
 
@@ -58,10 +86,13 @@ impl Beliefs {
     pub(crate) fn apply(&self, notice: MemberNotice) -> bool {
         let mut s = self.0.lock();
         let event = match notice {
-            MemberNotice::Trusted { until } => {
-                s.trusted_until = Some(until);
+            MemberNotice::Trusted { lease, until } => {
+                s.lease = Some(lease);
+                s.trusted_until = (!s.on_dead_lease()).then_some(until);
                 None
             }
+            // The facade's notice handler passes it to the session.
+            MemberNotice::SessionRequest(_) => None,
             MemberNotice::SessionLost => {
                 s.trusted_until = None;
                 None
@@ -75,6 +106,10 @@ impl Beliefs {
                 s.refused = Some(why);
                 None
             }
+            // A late win on a lease the shared session has lost already:
+            // the map hears the loss next and ends it; the user never
+            // believes it.
+            MemberNotice::Shard(ShardNotice::Acquired { .. }) if s.on_dead_lease() => None,
             MemberNotice::Shard(ShardNotice::Acquired { shard, token }) => {
                 s.held.insert(
                     shard,
@@ -113,6 +148,9 @@ impl Beliefs {
     pub(crate) fn remaining(&self, shard: u32) -> Option<(i64, Duration)> {
         let s = self.0.lock();
         let held = s.held.get(&shard)?;
+        if s.on_dead_lease() {
+            return None;
+        }
         let until = match (s.trusted_until, held.release) {
             (Some(t), Some(r)) => t.min(r),
             (Some(t), None) => t,
@@ -169,6 +207,18 @@ impl Beliefs {
         s.trusted_until = None;
     }
 
+    /// The shared session's lease is lost or given up: every belief ends
+    /// now, each owned shard told `Lost` (the map's own `Lost` for it,
+    /// when it hears the loss, is then not told again).
+    pub(crate) fn lose_all(&self) {
+        let mut s = self.0.lock();
+        s.trusted_until = None;
+        let held = std::mem::take(&mut s.held);
+        for shard in held.into_keys() {
+            let _ = s.events.send(ShardEvent::Lost { shard });
+        }
+    }
+
     /// Whether the session's revoke was confirmed; `None` before it
     /// stopped.
     pub(crate) fn revoked(&self) -> Option<bool> {
@@ -191,6 +241,7 @@ mod tests {
         let (tx, rx) = crossbeam_channel::unbounded();
         let b = Beliefs::new(tx);
         assert!(b.apply(MemberNotice::Trusted {
+            lease: 1,
             until: Instant::now() + LONG
         }));
         (b, rx)
@@ -245,6 +296,7 @@ mod tests {
         let (tx, _rx) = crossbeam_channel::unbounded();
         let b = Beliefs::new(tx);
         b.apply(MemberNotice::Trusted {
+            lease: 1,
             until: Instant::now() + Duration::from_millis(30),
         });
         acquire(&b, 1, 5);
@@ -253,6 +305,7 @@ mod tests {
         assert_eq!(b.owned(), vec![], "the caller's clock ends it");
         // A session loss ends it too, whatever the deadline said.
         b.apply(MemberNotice::Trusted {
+            lease: 1,
             until: Instant::now() + LONG,
         });
         assert_eq!(b.owned(), vec![(1, 5)]);

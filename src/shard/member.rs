@@ -4,11 +4,12 @@
 //! simulation checked is what runs. Glue only: the session's notices
 //! become the map's session inputs, every decision stays in the machines.
 
+use fleetcoord_sm::election::{SessionInput, SessionRequest};
 use fleetcoord_sm::keepalive::{
     Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState, RenewalGrid,
 };
 use fleetcoord_sm::shard::{ShardConfig, ShardInput, ShardMap, ShardNotice};
-use fleetcoord_sm::{Command, Machine, RpcReply};
+use fleetcoord_sm::{Command, Machine, RpcError, RpcReply};
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -22,8 +23,11 @@ pub(crate) enum MemberInput {
     /// The user drained `shard` after its `Release`.
     Release(u32),
     /// Leave now: every owned shard is handed back at once (the caller has
-    /// stopped their work), the member key deleted, then the lease revoked.
+    /// stopped their work), the member key deleted, then the lease revoked
+    /// (an own session's; a shared one stays).
     Leave,
+    /// A fact about the shared session the member is on.
+    Session(SessionInput),
 }
 
 impl From<RpcReply> for MemberInput {
@@ -39,7 +43,7 @@ pub(crate) enum MemberNotice {
     Shard(ShardNotice),
     /// The session is trusted until `until` (its local deadline): no
     /// belief outlives it, whatever the driver reports later.
-    Trusted { until: Instant },
+    Trusted { lease: i64, until: Instant },
     /// The session was lost; the map tells `Lost` for every owned shard.
     SessionLost,
     /// The session ended for good; `revoked`: etcd confirmed the revoke
@@ -48,13 +52,23 @@ pub(crate) enum MemberNotice {
     /// etcd refused the session for good (permission denied): the member
     /// leaves and ends.
     Refused(String),
+    /// What the member asks of the shared session it is on.
+    SessionRequest(SessionRequest),
 }
 
 pub(crate) struct Member {
-    session: Keepalive,
+    /// The member's own session; `None` on a shared session, whose facts
+    /// come as [`MemberInput::Session`].
+    session: Option<Keepalive>,
     map: ShardMap,
     queue: VecDeque<Command<MemberNotice>>,
     session_stopped: bool,
+    /// The shared session's lease as last told (`Up` or `Trusted`).
+    lease: Option<i64>,
+    /// A shared lease this member found gone (etcd answered "lease not
+    /// found"): later facts about it are ignored, so a renewal the session
+    /// answered before it learnt the loss cannot bring it back.
+    gone: Option<i64>,
 }
 
 impl Member {
@@ -69,13 +83,89 @@ impl Member {
         session.set_renewal_grid(grid);
         let map = ShardMap::with_first_rpc_id(map, now, seed ^ 0x5555, MAP_FIRST_RPC_ID);
         let mut member = Member {
-            session,
+            session: Some(session),
             map,
             queue: VecDeque::new(),
             session_stopped: false,
+            lease: None,
+            gone: None,
         };
         member.pump(now);
         member
+    }
+
+    /// A member on a shared session: the map alone, fed the session's
+    /// facts ([`MemberInput::Session`]); leaving never ends the session.
+    pub(crate) fn on_session(map: ShardConfig, now: Instant, seed: u64) -> Self {
+        let map = ShardMap::with_first_rpc_id(map, now, seed ^ 0x5555, MAP_FIRST_RPC_ID);
+        let mut member = Member {
+            session: None,
+            map,
+            queue: VecDeque::new(),
+            session_stopped: true,
+            lease: None,
+            gone: None,
+        };
+        member.pump(now);
+        member
+    }
+
+    /// A fact of the shared session, as the map must hear it (the rules of
+    /// `sm/src/election/shared.rs`): trust from `Trusted` on, loss at once
+    /// on `Lost`, `Refused` or `Closed`; `Closed` also leaves the map,
+    /// whose keys go with the session's revoke.
+    fn session_fact(&mut self, now: Instant, fact: SessionInput) {
+        match fact {
+            SessionInput::Up { lease } | SessionInput::Suspended { lease } => {
+                if self.gone != Some(lease) {
+                    self.lease = Some(lease);
+                }
+            }
+            SessionInput::Trusted { lease, until } => {
+                if self.gone == Some(lease) {
+                    return;
+                }
+                self.lease = Some(lease);
+                // The map first, as for an own session (see `pump`).
+                self.map.handle(
+                    now,
+                    ShardInput::SessionUp {
+                        lease,
+                        trusted_until: until,
+                    },
+                );
+                self.drain_map();
+                self.queue
+                    .push_back(Command::Notify(MemberNotice::Trusted { lease, until }));
+            }
+            SessionInput::Lost { .. } | SessionInput::Refused(_) => {
+                self.lease = None;
+                self.lose(now);
+            }
+            SessionInput::Closed => {
+                self.lease = None;
+                self.lose(now);
+                self.map.handle(now, ShardInput::Leave);
+            }
+        }
+    }
+
+    /// On a shared session, a "lease not found" answer to one of the map's
+    /// requests: the lease is lost here at once, and the session is asked
+    /// to learn it now rather than at its next renewal.
+    fn lease_not_found(&mut self, now: Instant, reply: &RpcReply) {
+        if self.session.is_some() || !matches!(reply.result, Err(RpcError::LeaseNotFound)) {
+            return;
+        }
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        self.gone = Some(lease);
+        self.lose(now);
+        self.queue
+            .push_back(Command::Notify(MemberNotice::SessionRequest(
+                SessionRequest::Gone(lease),
+            )));
     }
 
     /// Moves both parts' commands into the queue, the session's notices
@@ -84,7 +174,7 @@ impl Member {
     fn pump(&mut self, now: Instant) {
         loop {
             let mut progressed = false;
-            while let Some(command) = self.session.poll_command() {
+            while let Some(command) = self.session.as_mut().and_then(|s| s.poll_command()) {
                 progressed = true;
                 match command {
                     Command::Rpc { id, request } => {
@@ -104,7 +194,7 @@ impl Member {
                         );
                         self.drain_map();
                         self.queue
-                            .push_back(Command::Notify(MemberNotice::Trusted { until }));
+                            .push_back(Command::Notify(MemberNotice::Trusted { lease, until }));
                     }
                     Command::Notify(KeepaliveNotice::State(state)) => match state {
                         LivenessState::Lost { .. } => self.lose(now),
@@ -133,7 +223,9 @@ impl Member {
             progressed |= self.drain_map();
             if self.map.is_finished() && !self.session_stopped {
                 self.session_stopped = true;
-                self.session.handle(now, KeepaliveInput::Stop);
+                if let Some(session) = &mut self.session {
+                    session.handle(now, KeepaliveInput::Stop);
+                }
                 progressed = true;
             }
             if !progressed {
@@ -169,10 +261,16 @@ impl Machine for Member {
 
     fn handle(&mut self, now: Instant, input: MemberInput) {
         match input {
-            MemberInput::Rpc(reply) if self.session.owns(reply.id) => {
-                self.session.handle(now, KeepaliveInput::Rpc(reply))
-            }
-            MemberInput::Rpc(reply) => self.map.handle(now, ShardInput::Rpc(reply)),
+            MemberInput::Rpc(reply) => match &mut self.session {
+                Some(session) if session.owns(reply.id) => {
+                    session.handle(now, KeepaliveInput::Rpc(reply))
+                }
+                _ => {
+                    self.lease_not_found(now, &reply);
+                    self.map.handle(now, ShardInput::Rpc(reply));
+                }
+            },
+            MemberInput::Session(fact) => self.session_fact(now, fact),
             MemberInput::Release(shard) => self.map.handle(now, ShardInput::Release { shard }),
             MemberInput::Leave => {
                 self.map.handle(now, ShardInput::Leave);
@@ -187,7 +285,9 @@ impl Machine for Member {
     }
 
     fn handle_timeout(&mut self, now: Instant) {
-        self.session.handle_timeout(now);
+        if let Some(session) = &mut self.session {
+            session.handle_timeout(now);
+        }
         self.pump(now);
         self.map.handle_timeout(now);
         self.pump(now);
@@ -198,10 +298,13 @@ impl Machine for Member {
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
-        [self.session.poll_timeout(), self.map.poll_timeout()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.session.as_ref().and_then(|s| s.poll_timeout()),
+            self.map.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn stop_input() -> MemberInput {
@@ -209,7 +312,9 @@ impl Machine for Member {
     }
 
     fn is_finished(&self) -> bool {
-        self.map.is_finished() && self.session.is_finished() && self.queue.is_empty()
+        self.map.is_finished()
+            && self.session.as_ref().is_none_or(|s| s.is_finished())
+            && self.queue.is_empty()
     }
 }
 
@@ -229,7 +334,11 @@ mod tests {
             attempt_timeout: Duration::from_millis(500),
             announce_trust: true,
         };
-        let map = ShardConfig {
+        Member::new(session, map_config(), None, now, 7)
+    }
+
+    fn map_config() -> ShardConfig {
+        ShardConfig {
             prefix: b"/coord/shards/m/".to_vec(),
             member: b"a".to_vec(),
             weight: 1,
@@ -237,8 +346,7 @@ mod tests {
             backoff: Default::default(),
             attempt_timeout: Duration::from_millis(500),
             drain: Duration::from_secs(1),
-        };
-        Member::new(session, map, None, now, 7)
+        }
     }
 
     fn drain(m: &mut Member) -> Vec<Command<MemberNotice>> {
@@ -289,7 +397,7 @@ mod tests {
         let after = drain(&mut m);
         assert!(
             after.iter().any(
-                |c| matches!(c, Command::Notify(MemberNotice::Trusted { until }) if *until > t0)
+                |c| matches!(c, Command::Notify(MemberNotice::Trusted { until, .. }) if *until > t0)
             ),
             "{after:?}"
         );
@@ -345,5 +453,91 @@ mod tests {
             "{last:?}"
         );
         assert!(m.is_finished());
+    }
+
+    #[test]
+    fn on_a_shared_session_lease_not_found_is_a_loss_at_once_and_the_session_is_told() {
+        let t0 = Instant::now();
+        let mut m = Member::on_session(map_config(), t0, 7);
+        let first = drain(&mut m);
+        assert!(
+            !first.iter().any(|c| matches!(
+                c,
+                Command::Rpc {
+                    request: Request::Grant { .. },
+                    ..
+                }
+            )),
+            "no lease of its own: {first:?}"
+        );
+        let read = rpc(&first, |r| matches!(r, Request::Range(_)));
+        m.handle(
+            t0,
+            MemberInput::Rpc(RpcReply {
+                id: read,
+                result: Ok(Response::Range {
+                    revision: 1,
+                    kvs: vec![],
+                }),
+            }),
+        );
+        let _watch = drain(&mut m);
+        let until = t0 + Duration::from_secs(4);
+        m.handle(t0, MemberInput::Session(SessionInput::Up { lease: 42 }));
+        m.handle(
+            t0,
+            MemberInput::Session(SessionInput::Trusted { lease: 42, until }),
+        );
+        let trusted = drain(&mut m);
+        assert!(
+            trusted.contains(&Command::Notify(MemberNotice::Trusted { lease: 42, until })),
+            "{trusted:?}"
+        );
+        let write = rpc(&trusted, |r| matches!(r, Request::Txn(_)));
+        m.handle(
+            t0,
+            MemberInput::Rpc(RpcReply {
+                id: write,
+                result: Err(fleetcoord_sm::RpcError::LeaseNotFound),
+            }),
+        );
+        let gone = drain(&mut m);
+        assert!(
+            gone.contains(&Command::Notify(MemberNotice::SessionLost)),
+            "{gone:?}"
+        );
+        assert!(
+            gone.contains(&Command::Notify(MemberNotice::SessionRequest(
+                SessionRequest::Gone(42)
+            ))),
+            "{gone:?}"
+        );
+        // A renewal of the gone lease the session answered earlier brings
+        // nothing back.
+        m.handle(
+            t0,
+            MemberInput::Session(SessionInput::Trusted { lease: 42, until }),
+        );
+        let late = drain(&mut m);
+        assert!(
+            !late
+                .iter()
+                .any(|c| matches!(c, Command::Notify(MemberNotice::Trusted { .. }))),
+            "{late:?}"
+        );
+        // Closing the session leaves the map; the member ends without a
+        // revoke of its own.
+        m.handle(t0, MemberInput::Session(SessionInput::Closed));
+        let closing = drain(&mut m);
+        assert!(
+            !closing.iter().any(|c| matches!(
+                c,
+                Command::Rpc {
+                    request: Request::Revoke { .. },
+                    ..
+                }
+            )),
+            "{closing:?}"
+        );
     }
 }

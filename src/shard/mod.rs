@@ -11,7 +11,7 @@
 use crate::driver::{rand_seed, MachineHandle, Notify};
 use crate::error::{Error, ErrorKind, Result};
 use crate::etcd::{assert_not_async, Etcd};
-use crate::session::{close_outcome, ATTEMPT_TIMEOUT, CLOSE_WAIT};
+use crate::session::{close_outcome, Attachment, Session, ATTEMPT_TIMEOUT, CLOSE_WAIT};
 use crate::txn::{check_ops, TxnOp, TxnOpResponse};
 use belief::Beliefs;
 use fleetcoord_sm::keepalive::KeepaliveConfig;
@@ -43,9 +43,10 @@ pub use options::{ShardOptions, DEFAULT_SHARDS_PREFIX, MAX_SHARDS};
 ///   ([`ShardMap::owned`], [`ShardMap::token`],
 ///   [`ShardMap::txn_if_owner`]) is judged by the calling thread's clock
 ///   against that deadline, so a driver thread that reports late cannot
-///   stretch it. This holds while the clock runs no slower than
-///   [`ShardOptions::drift_allowance_ppm`] permits; the fencing token
-///   covers the rest.
+///   stretch it. This holds while the clock runs no slower than the
+///   session's drift allowance
+///   ([`SessionOptions::drift_allowance_ppm`](crate::SessionOptions::drift_allowance_ppm))
+///   permits; the fencing token covers the rest.
 /// * Every new owner's token is greater than every earlier owner's, and a
 ///   write fenced by [`ShardMap::txn_if_owner`] applies only while the
 ///   shard key is the one created with that token.
@@ -60,7 +61,8 @@ pub use options::{ShardOptions, DEFAULT_SHARDS_PREFIX, MAX_SHARDS};
 ///
 /// **Dropping** a `ShardMap` leaves as [`ShardMap::leave`] does, without
 /// waiting: every belief ends, the shard keys and the member key are
-/// deleted and the lease revoked in the background; unreachable, they go
+/// deleted and the lease revoked (its own; a shared session's stays) in
+/// the background; unreachable, they go
 /// with the lease after its TTL.
 ///
 /// ```
@@ -98,6 +100,8 @@ pub struct ShardMap {
     beliefs: Arc<Beliefs>,
     events: crossbeam_channel::Receiver<ShardEvent>,
     machine: MachineHandle<Member>,
+    /// The member's place on a shared session; `None` with its own.
+    attachment: Option<Attachment>,
 }
 
 impl std::fmt::Debug for ShardMap {
@@ -119,32 +123,17 @@ impl ShardMap {
     /// [`Error::InvalidArgument`] naming the field.
     pub fn join(etcd: &Etcd, name: &str, shards: u32, options: ShardOptions) -> Result<ShardMap> {
         assert_not_async();
-        let prefix = options::map_prefix(name, &options)?;
-        options::shard_count(shards)?;
+        let (prefix, member, map) = member_config(etcd, name, shards, &options)?;
         options.check()?;
-        let member = options
-            .member
-            .clone()
-            .unwrap_or_else(|| uuid::Uuid::new_v4().hyphenated().to_string());
-        let attempt_timeout = ATTEMPT_TIMEOUT.min(etcd.options().request_timeout);
         let session = KeepaliveConfig {
-            ttl_secs: options.ttl.as_secs() as i64,
+            ttl_secs: options.session.ttl.as_secs() as i64,
             binding: None,
             backoff: BackoffConfig::default(),
-            safety_margin: options.safety_margin,
-            drift_allowance_ppm: options.drift_allowance_ppm,
-            attempt_timeout,
+            safety_margin: options.session.safety_margin,
+            drift_allowance_ppm: options.session.drift_allowance_ppm,
+            attempt_timeout: map.attempt_timeout,
             // Every renewal moves the deadline belief is judged by.
             announce_trust: true,
-        };
-        let map = ShardConfig {
-            prefix: prefix.clone().into_bytes(),
-            member: member.clone().into_bytes(),
-            weight: options.weight,
-            shards,
-            backoff: BackoffConfig::default(),
-            attempt_timeout,
-            drain: options.drain,
         };
         let (events_tx, events) = crossbeam_channel::unbounded();
         let beliefs = Arc::new(Beliefs::new(events_tx));
@@ -165,6 +154,102 @@ impl ShardMap {
             beliefs,
             events,
             machine,
+            attachment: None,
+        })
+    }
+
+    /// Join the shard map `name` as [`ShardMap::join`] does, but on
+    /// `session`'s lease, shared with the elections, locks and other
+    /// primitives on it; `options.session` is not used (the session's
+    /// settings are). The session's guarantees hold for the map too:
+    /// * Ownership is believed only until the session's local deadline as
+    ///   last told, and ends at once when the session loses or gives up
+    ///   its lease, is refused or closed: every owned shard is told
+    ///   [`ShardEvent::Lost`] before this process acts on a new lease, in
+    ///   the same step that ends the session's leaderships and locks. The
+    ///   member then joins again on the next lease.
+    /// * etcd answering a request of the map with "lease not found" is a
+    ///   loss at once: the map's beliefs end and the session is told, so
+    ///   every primitive on it learns it now rather than at its next
+    ///   renewal.
+    /// * [`ShardMap::leave`] (or dropping the map) deletes the member key
+    ///   and every owned shard key; the session lease stays.
+    /// * One map per name per session: a second join of `name` on the
+    ///   same session (same prefix) is [`Error::InvalidArgument`]; on a
+    ///   closed session [`Error::Closed`].
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = fleetcoord::testing::EtcdServer::start()?;
+    /// use fleetcoord::{Election, Etcd, Session, ShardEvent, ShardMap, ShardOptions};
+    /// use std::time::Duration;
+    ///
+    /// let etcd = Etcd::connect(&server.endpoint())?;
+    /// let session = Session::new(&etcd, Duration::from_secs(5))?;
+    /// let election = Election::with_session(&session, "scheduler", Default::default())?;
+    /// let map = ShardMap::join_with_session(&session, "jobs", 4, ShardOptions::default())?;
+    /// // One lease for the election and the map: both end together.
+    /// let leadership = election.campaign(b"host-a")?;
+    /// for _ in 0..4 {
+    ///     let event = map.events().recv_timeout(Duration::from_secs(10))?;
+    ///     assert!(matches!(event, ShardEvent::Acquired { .. }));
+    /// }
+    /// assert_eq!(ShardMap::members_of(&etcd, "jobs", &ShardOptions::default())?[0].lease,
+    ///            leadership.lease());
+    /// # drop(leadership);
+    /// map.leave()?; // deletes the map's keys; the session lease stays
+    /// session.close()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn join_with_session(
+        session: &Session,
+        name: &str,
+        shards: u32,
+        options: ShardOptions,
+    ) -> Result<ShardMap> {
+        assert_not_async();
+        if session.is_closed() {
+            return Err(Error::Closed);
+        }
+        let etcd = session.etcd();
+        let (prefix, member, map) = member_config(etcd, name, shards, &options)?;
+        options.check_member()?;
+        let (events_tx, events) = crossbeam_channel::unbounded();
+        let beliefs = Arc::new(Beliefs::with_dead_lease(
+            events_tx,
+            Some(session.dead_lease()),
+        ));
+        let handler = beliefs.clone();
+        // Requests for the shared lease go to the session before the
+        // beliefs are locked: the session ends every primitive's beliefs.
+        let requests_to = session.clone();
+        let machine = Member::on_session(map, Instant::now(), rand_seed());
+        let machine = etcd.run(
+            machine,
+            Notify(move |notice| {
+                if let member::MemberNotice::SessionRequest(request) = notice {
+                    requests_to.request(request);
+                    return true;
+                }
+                handler.apply(notice)
+            }),
+        )?;
+        let input = machine.downgrade();
+        let lose = beliefs.clone();
+        let attachment = session.attach(
+            &prefix,
+            move |fact| input.send(MemberInput::Session(fact)).is_ok(),
+            move || lose.lose_all(),
+        )?;
+        Ok(ShardMap {
+            etcd: etcd.clone(),
+            prefix,
+            member,
+            shards,
+            beliefs,
+            events,
+            machine,
+            attachment: Some(attachment),
         })
     }
 
@@ -240,6 +325,10 @@ impl ShardMap {
             .send(MemberInput::Leave)
             .map_err(|_| self.etcd.gone())?;
         let finished = self.machine.wait_finished(CLOSE_WAIT);
+        if self.attachment.is_some() {
+            // The session's lease stays: nothing was revoked.
+            return close_outcome(finished, Some(true), || self.etcd.gone());
+        }
         if let Some(why) = self.beliefs.refused() {
             return Err(Error::etcd(
                 ErrorKind::PermissionDenied,
@@ -357,6 +446,32 @@ impl ShardMap {
         }
         Ok(())
     }
+}
+
+/// The map's prefix, the member id and the map machine's settings, after
+/// checking the name and shard count.
+fn member_config(
+    etcd: &Etcd,
+    name: &str,
+    shards: u32,
+    options: &ShardOptions,
+) -> Result<(String, String, ShardConfig)> {
+    let prefix = options::map_prefix(name, options)?;
+    options::shard_count(shards)?;
+    let member = options
+        .member
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::new_v4().hyphenated().to_string());
+    let map = ShardConfig {
+        prefix: prefix.clone().into_bytes(),
+        member: member.clone().into_bytes(),
+        weight: options.weight,
+        shards,
+        backoff: BackoffConfig::default(),
+        attempt_timeout: ATTEMPT_TIMEOUT.min(etcd.options().request_timeout),
+        drain: options.drain,
+    };
+    Ok((prefix, member, map))
 }
 
 /// One linearizable read of `range`.

@@ -2,7 +2,7 @@
 //! map's key prefix, and the checks on both.
 
 use crate::error::{Error, Result};
-use crate::session::{DEFAULT_DRIFT_ALLOWANCE_PPM, DEFAULT_SAFETY_MARGIN};
+use crate::session::SessionOptions;
 use crate::validate;
 use fleetcoord_sm::keepalive::trusted_lifetime;
 use std::time::Duration;
@@ -53,19 +53,14 @@ pub struct ShardOptions {
     /// releases it itself; never longer than the session's trusted
     /// lifetime. Default 5 s.
     pub drain: Duration,
-    /// TTL of the session lease. A member that dies is replaced about this
-    /// long after its last renewal. Whole seconds, at least 1. Default 10 s.
-    pub ttl: Duration,
-    /// How long before etcd can expire the session lease this member stops
-    /// believing it owns its shards (see
-    /// [`ElectionOptions::safety_margin`](crate::ElectionOptions::safety_margin)).
-    /// Default 250 ms.
-    pub safety_margin: Duration,
-    /// How much slower than etcd's clock this host's clock may run, in
-    /// parts per million (see
-    /// [`ElectionOptions::drift_allowance_ppm`](crate::ElectionOptions::drift_allowance_ppm)).
-    /// Default 10,000.
-    pub drift_allowance_ppm: u32,
+    /// The session lease's settings, used by [`ShardMap::join`](super::ShardMap::join)
+    /// (a member on a shared [`Session`](crate::Session) has that
+    /// session's instead): its TTL (a member that dies is replaced about
+    /// this long after its last renewal), the safety margin (how long
+    /// before etcd can expire the lease this member stops believing it
+    /// owns its shards) and the clock drift allowance. Defaults as
+    /// [`SessionOptions::default`].
+    pub session: SessionOptions,
 }
 
 impl Default for ShardOptions {
@@ -75,9 +70,7 @@ impl Default for ShardOptions {
             member: None,
             weight: 1,
             drain: Duration::from_secs(5),
-            ttl: Duration::from_secs(10),
-            safety_margin: DEFAULT_SAFETY_MARGIN,
-            drift_allowance_ppm: DEFAULT_DRIFT_ALLOWANCE_PPM,
+            session: SessionOptions::default(),
         }
     }
 }
@@ -112,26 +105,29 @@ impl ShardOptions {
         self
     }
 
-    /// These options with [`ShardOptions::ttl`] set (checked at join).
+    /// These options with the session's TTL ([`SessionOptions::ttl`]) set
+    /// (checked at join).
     #[must_use]
     pub const fn with_ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
+        self.session.ttl = ttl;
         self
     }
 
-    /// These options with [`ShardOptions::safety_margin`] set (at most
-    /// half of the TTL less the drift allowance, checked at join).
+    /// These options with the session's safety margin
+    /// ([`SessionOptions::safety_margin`]) set (at most half of the TTL
+    /// less the drift allowance, checked at join).
     #[must_use]
     pub const fn with_safety_margin(mut self, margin: Duration) -> Self {
-        self.safety_margin = margin;
+        self.session.safety_margin = margin;
         self
     }
 
-    /// These options with [`ShardOptions::drift_allowance_ppm`] set (at
-    /// most 100,000, checked at join).
+    /// These options with the session's drift allowance
+    /// ([`SessionOptions::drift_allowance_ppm`]) set (at most 100,000,
+    /// checked at join).
     #[must_use]
     pub const fn with_drift_allowance_ppm(mut self, ppm: u32) -> Self {
-        self.drift_allowance_ppm = ppm;
+        self.session.drift_allowance_ppm = ppm;
         self
     }
 
@@ -140,13 +136,22 @@ impl ShardOptions {
     /// allowance, less the safety margin. A member cut off from etcd owns
     /// its shards at most this long.
     pub fn trusted_lifetime(&self) -> Duration {
-        trusted_lifetime(self.ttl, self.safety_margin, self.drift_allowance_ppm)
+        trusted_lifetime(
+            self.session.ttl,
+            self.session.safety_margin,
+            self.session.drift_allowance_ppm,
+        )
     }
 
-    /// Checks the session and drain settings.
+    /// Checks the session and member settings.
     pub(super) fn check(&self) -> Result<()> {
-        validate::ttl("ttl", self.ttl)?;
-        validate::trust(self.ttl, self.safety_margin, self.drift_allowance_ppm)?;
+        self.session.validate()?;
+        self.check_member()
+    }
+
+    /// Checks the member settings alone (a member on a shared session
+    /// uses that session's settings).
+    pub(super) fn check_member(&self) -> Result<()> {
         validate::within("drain", self.drain, Duration::ZERO, validate::MAX_TIMEOUT)?;
         if let Some(member) = &self.member {
             validate::segment("member", member)?;
