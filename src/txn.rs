@@ -112,6 +112,34 @@ pub(crate) fn check_ops(ops: impl IntoIterator<Item = TxnOp>) -> Result<Vec<sm::
     ops.into_iter().map(TxnOp::into_checked).collect()
 }
 
+/// What etcd's answer to a fenced transaction (`fenced_txn`: the user's
+/// ops guarded by the holder's key and token, an empty failure branch)
+/// means: the ops' answers when the guard held; `None` when it did not, in
+/// which case nothing ran and `refused` is called first, so the caller's
+/// belief ends before the caller hears of it. Shared by
+/// `Leadership::txn_if_leader` and `ShardMap::txn_if_owner`.
+pub(crate) fn fenced_answer(
+    response: sm::Response,
+    refused: impl FnOnce(),
+) -> Result<Option<Vec<TxnOpResponse>>> {
+    match response {
+        sm::Response::Txn {
+            succeeded: true,
+            responses,
+            ..
+        } => Ok(Some(
+            responses.into_iter().map(TxnOpResponse::from_sm).collect(),
+        )),
+        sm::Response::Txn {
+            succeeded: false, ..
+        } => {
+            refused();
+            Ok(None)
+        }
+        other => Err(Error::unexpected(other)),
+    }
+}
+
 /// A key with its value and metadata, as etcd stores it.
 ///
 /// `#[non_exhaustive]`: etcd reports more metadata than is exposed here, and

@@ -351,24 +351,10 @@ impl Leadership {
     /// What etcd's answer to this leadership's fenced transaction means; a
     /// refusal ends the leadership here, before the caller hears of it.
     fn fenced_answer(&self, response: Response) -> Result<Option<Vec<TxnOpResponse>>> {
-        match response {
-            Response::Txn {
-                succeeded: true,
-                responses,
-                ..
-            } => Ok(Some(
-                responses.into_iter().map(TxnOpResponse::from_sm).collect(),
-            )),
-            // The fence's failure branch is empty: nothing ran.
-            Response::Txn {
-                succeeded: false, ..
-            } => {
-                self.belief.end();
-                self.inner.fence_refused(self.token);
-                Ok(None)
-            }
-            other => Err(Error::unexpected(other)),
-        }
+        crate::txn::fenced_answer(response, || {
+            self.belief.end();
+            self.inner.fence_refused(self.token);
+        })
     }
 
     /// Step down: delete the candidate key so the next candidate leads.

@@ -371,23 +371,8 @@ impl ShardMap {
         };
         let key = keys::shard_key(self.prefix.as_bytes(), shard);
         let txn = fleetcoord_sm::election::fenced_txn(&key, token, ops);
-        match self.etcd.request_within(txn, left)? {
-            Response::Txn {
-                succeeded: true,
-                responses,
-                ..
-            } => Ok(Some(
-                responses.into_iter().map(TxnOpResponse::from_sm).collect(),
-            )),
-            // The guard's failure branch is empty: nothing ran.
-            Response::Txn {
-                succeeded: false, ..
-            } => {
-                self.beliefs.fence_refused(shard, token);
-                Ok(None)
-            }
-            other => Err(Error::unexpected(other)),
-        }
+        let response = self.etcd.request_within(txn, left)?;
+        crate::txn::fenced_answer(response, || self.beliefs.fence_refused(shard, token))
     }
 
     /// Every owned shard of map `name` as etcd has it now (one
