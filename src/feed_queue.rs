@@ -43,7 +43,9 @@ pub(crate) enum Offer<T = ()> {
 }
 
 impl<T> Offer<T> {
-    /// Whether the item was queued.
+    /// Whether the item was queued. (Only the bus backends' feeds, which
+    /// hand a held item back once relieved, ask.)
+    #[cfg(any(feature = "nats", feature = "redis", test))]
     pub(crate) fn is_taken(&self) -> bool {
         matches!(self, Offer::Taken)
     }
