@@ -62,7 +62,7 @@ impl fmt::Debug for NatsCredentials {
 }
 
 /// How a [`NatsCoordinator`] stores KV keys (see the [module
-/// docs](self)).
+/// docs](super)).
 ///
 /// `#[non_exhaustive]`: another encoding may follow.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
