@@ -134,6 +134,19 @@ fn a_session_cut_off_from_etcd_ends_every_primitive_on_it_before_a_contender_win
     );
     eprintln!("{report}");
     let last_lost = lost.iter().max().copied().expect("three");
+    // Liveness: belief ends by the TTL, and the leaderless time after the
+    // cut is bounded (TTL + 1.5 s: etcd's expiry, then the contenders'
+    // watches).
+    assert!(
+        after(&last_lost) <= Duration::from_secs(3),
+        "belief outlived the TTL; {report}"
+    );
+    for (at, _) in &won {
+        assert!(
+            after(at) <= Duration::from_millis(4_500),
+            "leaderless too long; {report}"
+        );
+    }
     for (at, believing) in &won {
         assert!(
             last_lost < *at,
@@ -179,6 +192,15 @@ fn a_revoked_session_lease_ends_every_primitive_on_it_and_the_session_heals() {
             .map(|t| t.saturating_duration_since(revoked))
             .collect::<Vec<_>>(),
     );
+    // Liveness: the revoke frees every name at once, so the contenders
+    // lead within a couple of round trips of it.
+    for at in &won {
+        assert!(
+            at.saturating_duration_since(revoked) <= Duration::from_secs(2),
+            "a contender waited {:?} after the revoke",
+            at.saturating_duration_since(revoked)
+        );
+    }
     let deadline = Instant::now() + Duration::from_secs(10);
     while session.lease().is_none_or(|l| l == scene.lease) {
         assert!(
