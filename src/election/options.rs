@@ -7,7 +7,6 @@
 use crate::error::Result;
 use crate::session::SessionOptions;
 use crate::validate;
-use fleetcoord_sm::keepalive::trusted_lifetime;
 use std::time::Duration;
 
 #[cfg(doc)]
@@ -155,11 +154,7 @@ impl ElectionOptions {
     /// assert_eq!(ElectionOptions::default().trusted_lifetime(), Duration::from_millis(9_650));
     /// ```
     pub fn trusted_lifetime(&self) -> Duration {
-        trusted_lifetime(
-            self.session.ttl,
-            self.session.safety_margin,
-            self.session.drift_allowance_ppm,
-        )
+        self.session.trusted_lifetime()
     }
 }
 

@@ -75,6 +75,19 @@ impl SessionOptions {
         self
     }
 
+    /// How long a session with these settings trusts its lease after the
+    /// send of its last acknowledged renewal: the TTL shortened by the
+    /// drift allowance, less the safety margin. Every primitive's belief
+    /// (a leadership, a lock, an owned shard) lasts at most this long
+    /// without an answered renewal.
+    pub fn trusted_lifetime(&self) -> Duration {
+        fleetcoord_sm::keepalive::trusted_lifetime(
+            self.ttl,
+            self.safety_margin,
+            self.drift_allowance_ppm,
+        )
+    }
+
     /// Checks every setting, naming the first one out of range.
     pub(crate) fn validate(&self) -> Result<()> {
         validate::ttl("ttl", self.ttl)?;

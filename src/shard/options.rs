@@ -4,7 +4,6 @@
 use crate::error::{Error, Result};
 use crate::session::SessionOptions;
 use crate::validate;
-use fleetcoord_sm::keepalive::trusted_lifetime;
 use std::time::Duration;
 
 /// Where shard maps live unless told otherwise: map `jobs` is under
@@ -136,11 +135,7 @@ impl ShardOptions {
     /// allowance, less the safety margin. A member cut off from etcd owns
     /// its shards at most this long.
     pub fn trusted_lifetime(&self) -> Duration {
-        trusted_lifetime(
-            self.session.ttl,
-            self.session.safety_margin,
-            self.session.drift_allowance_ppm,
-        )
+        self.session.trusted_lifetime()
     }
 
     /// Checks the session and member settings.
