@@ -14,7 +14,7 @@ use fleetcoord_sm::registration::{
     Registration, RegistrationConfig, RegistrationInput, RegistrationNotice,
 };
 use fleetcoord_sm::session::SessionInput;
-use fleetcoord_sm::watch::leave_marker_key;
+use fleetcoord_sm::watch::{incarnation_key, leave_marker_key};
 use fleetcoord_sm::BackoffConfig;
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -227,7 +227,7 @@ impl HostLiveness {
         metadata: &[u8],
         options: LivenessOptions,
     ) -> Result<HostLiveness> {
-        Self::start(etcd, host_id, metadata, options, None)
+        Self::start(etcd, host_id, metadata, options, None, 1)
     }
 
     /// Takes over the registration an earlier process handed over with
@@ -266,9 +266,7 @@ impl HostLiveness {
             key_revision: resume.mod_revision,
         });
         let incarnation = resume.incarnation.saturating_add(1);
-        let mut host = Self::start(etcd, resume.host_id, metadata, options, point)?;
-        host.incarnation = incarnation;
-        Ok(host)
+        Self::start(etcd, resume.host_id, metadata, options, point, incarnation)
     }
 
     /// Stops renewing *without* leaving, and returns what the next process
@@ -340,6 +338,7 @@ impl HostLiveness {
         metadata: &[u8],
         options: LivenessOptions,
         resume: Option<ResumePoint>,
+        incarnation: u64,
     ) -> Result<HostLiveness> {
         assert_not_async();
         validate::prefix("prefix", &options.prefix)?;
@@ -358,6 +357,12 @@ impl HostLiveness {
                 // Every stop announces the leave, so watchers can tell it
                 // from a crash (see `DownReason`).
                 leave_marker: Some(leave_marker_key(key.as_bytes())),
+                // Written with every write of the key, so a watcher reads
+                // both at one revision (see `HostInfo::incarnation`).
+                companion: Some((
+                    incarnation_key(key.as_bytes()),
+                    incarnation.to_string().into_bytes(),
+                )),
             }),
             backoff: BackoffConfig::default(),
             safety_margin: options.session.safety_margin,
@@ -398,7 +403,7 @@ impl HostLiveness {
             states,
             left,
             detached,
-            incarnation: 1,
+            incarnation,
             resumed: false,
             ttl: options.session.ttl,
             etcd: etcd.clone(),

@@ -534,6 +534,7 @@ fuzz_target!(|input: Input| {
             key: KEY.to_vec(),
             value: b"0".to_vec(),
             leave_marker: input.leave_marker.then(|| MARKER.to_vec()),
+            companion: None,
         }),
         backoff: BackoffConfig {
             initial: Duration::from_millis(u64::from(input.initial_ms)),

@@ -167,6 +167,12 @@ pub struct Binding {
     /// liveness: [`leave_marker_key`](crate::watch::leave_marker_key) of
     /// `key`). See "Leave" in the module docs.
     pub leave_marker: Option<Vec<u8>>,
+    /// A second key and its value put on the same lease in the same
+    /// transaction as every write of `key`, so both carry one mod revision
+    /// and live and die with the lease (host liveness: the host's
+    /// [`incarnation_key`](crate::watch::incarnation_key)). Put before
+    /// `key` in the transaction; never guarded, never read back.
+    pub companion: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// The largest clock drift allowance the machine applies, in parts per
@@ -1034,13 +1040,22 @@ impl Keepalive {
                 revision: created,
             });
         }
+        let mut success = Vec::with_capacity(2);
+        if let Some((key, value)) = &binding.companion {
+            success.push(TxnOp::Put {
+                key: key.clone(),
+                value: value.clone(),
+                lease: l.id,
+            });
+        }
+        success.push(TxnOp::Put {
+            key: binding.key.clone(),
+            value: binding.value.clone(),
+            lease: l.id,
+        });
         let request = Request::Txn(Txn {
             compare,
-            success: vec![TxnOp::Put {
-                key: binding.key.clone(),
-                value: binding.value.clone(),
-                lease: l.id,
-            }],
+            success,
             failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(
                 binding.key.clone(),
             )))],

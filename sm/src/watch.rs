@@ -44,6 +44,10 @@
 //! as a key nor as [`WatchNotice::InvalidKey`]); they decide how a known
 //! host key's disappearance is reported:
 //!
+//! (A key `<host key>/incarnation`, [`incarnation_key`], is skipped the
+//! same way and decides nothing: a consumer that wants it reads the prefix
+//! with [`KeyRule::Any`].)
+//!
 //! * [`WatchNotice::Left`] when its marker *marks* it — bound to the same
 //!   (non-zero) lease as the host key's last seen state, and created at a
 //!   later revision than the host key — and
@@ -75,7 +79,8 @@ mod keys;
 mod view;
 
 pub use keys::{
-    leave_marker_key, parse_host_id, parse_leave_marker, KeyClass, KeyRule, LEAVE_MARKER_SUFFIX,
+    incarnation_key, leave_marker_key, parse_host_id, parse_incarnation_key, parse_leave_marker,
+    KeyClass, KeyRule, INCARNATION_SUFFIX, LEAVE_MARKER_SUFFIX,
 };
 
 use crate::backoff::{Backoff, BackoffConfig};

@@ -11,6 +11,12 @@
 //!   from an expiry (see the [watch module](super)); a close that dies
 //!   after writing the marker still leaves nothing behind, since the marker
 //!   expires with the lease.
+//! * `<prefix><host id>/incarnation` — its *incarnation key*
+//!   ([`incarnation_key`]): which process of the registration wrote the
+//!   host key (decimal, 1 for a fresh registration, one more per resumed
+//!   restart), put on the host's lease in the same transaction as every
+//!   write of the host key, so both carry one mod revision and die with
+//!   the lease. Never reported as a key, never invalid.
 
 /// What the part of a key after the watched prefix must look like.
 ///
@@ -43,6 +49,23 @@ pub fn leave_marker_key(host_key: &[u8]) -> Vec<u8> {
     key
 }
 
+/// What follows a host's key in its incarnation key's key.
+pub const INCARNATION_SUFFIX: &[u8] = b"/incarnation";
+
+/// The incarnation key of the host whose key is `host_key`:
+/// `<host_key>/incarnation`.
+pub fn incarnation_key(host_key: &[u8]) -> Vec<u8> {
+    let mut key = host_key.to_vec();
+    key.extend_from_slice(INCARNATION_SUFFIX);
+    key
+}
+
+/// The host id whose incarnation key `suffix` (a key with the hosts prefix
+/// removed) is: `Some` exactly for `<canonical host id>/incarnation`.
+pub fn parse_incarnation_key(suffix: &[u8]) -> Option<[u8; 16]> {
+    parse_host_id(suffix.strip_suffix(INCARNATION_SUFFIX)?)
+}
+
 /// What a key under the watched prefix is, by a [`KeyRule`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -55,7 +78,10 @@ pub enum KeyClass {
         /// How many trailing bytes make this key a marker.
         marker_len: usize,
     },
-    /// Neither: reported once, then ignored.
+    /// A host's incarnation key ([`incarnation_key`]): neither reported
+    /// nor invalid (only under [`KeyRule::HostId`]).
+    Incarnation,
+    /// None of these: reported once, then ignored.
     Invalid,
 }
 
@@ -81,6 +107,7 @@ impl KeyRule {
             KeyRule::HostId if parse_leave_marker(suffix).is_some() => KeyClass::LeaveMarker {
                 marker_len: LEAVE_MARKER_SUFFIX.len(),
             },
+            KeyRule::HostId if parse_incarnation_key(suffix).is_some() => KeyClass::Incarnation,
             _ => KeyClass::Invalid,
         }
     }
@@ -184,6 +211,27 @@ mod tests {
         ] {
             assert_eq!(KeyRule::HostId.classify(other), KeyClass::Invalid);
             assert_eq!(parse_leave_marker(other), None);
+        }
+    }
+
+    #[test]
+    fn an_incarnation_key_is_neither_a_host_nor_invalid_under_host_id() {
+        let id = b"0f8fad5b-d9cb-469f-a165-70867728950e";
+        let key = incarnation_key(id);
+        assert_eq!(key, [&id[..], b"/incarnation"].concat());
+        assert_eq!(KeyRule::HostId.classify(&key), KeyClass::Incarnation);
+        assert!(!KeyRule::HostId.accepts(&key));
+        assert_eq!(parse_incarnation_key(&key), parse_host_id(id));
+        assert_eq!(parse_leave_marker(&key), None);
+        assert_eq!(KeyRule::Any.classify(&key), KeyClass::Entry);
+        for other in [
+            &b"0f8fad5b-d9cb-469f-a165-70867728950e/incarnation/left"[..],
+            b"0f8fad5b-d9cb-469f-a165-70867728950e/Incarnation",
+            b"0F8FAD5B-D9CB-469F-A165-70867728950E/incarnation",
+            b"/incarnation",
+        ] {
+            assert_eq!(KeyRule::HostId.classify(other), KeyClass::Invalid);
+            assert_eq!(parse_incarnation_key(other), None);
         }
     }
 

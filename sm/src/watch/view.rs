@@ -190,6 +190,9 @@ impl View {
             self.markers.insert(entry, now);
             return;
         }
+        if class == KeyClass::Incarnation {
+            return;
+        }
         match self.known.get(now.key.as_slice()) {
             None => {
                 if class == KeyClass::Entry {
@@ -229,7 +232,7 @@ impl View {
         let mut fresh = BTreeMap::new();
         let mut fresh_markers = BTreeMap::new();
         for kv in kvs {
-            if kv.key.starts_with(&self.prefix) {
+            if kv.key.starts_with(&self.prefix) && self.class(&kv.key) != KeyClass::Incarnation {
                 match self.marked_entry(&kv.key) {
                     Some(entry) => {
                         fresh_markers.insert(entry, kv);
@@ -343,6 +346,9 @@ impl View {
             return;
         }
         let class = self.class(&kv.key);
+        if class == KeyClass::Incarnation {
+            return;
+        }
         if let Some(entry) = marker_entry(&kv.key, class) {
             match event.kind {
                 EventKind::Put => {

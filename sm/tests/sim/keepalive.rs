@@ -278,6 +278,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
             value: value.clone(),
             // Every other seed announces its leave.
             leave_marker: seed.is_multiple_of(2).then(|| MARKER.to_vec()),
+            companion: None,
         }),
         backoff: BackoffConfig::default(),
         // From the seed, not the schedule's RNG, so each seed's schedule

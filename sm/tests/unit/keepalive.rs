@@ -37,6 +37,7 @@ fn config(binding: bool) -> KeepaliveConfig {
             value: b"v1".to_vec(),
             // `leave_*` tests set one.
             leave_marker: None,
+            companion: None,
         }),
         backoff: flat_backoff(),
         // The exact instants below trust a lease for its whole TTL; the
@@ -2202,5 +2203,69 @@ fn a_resume_transaction_unanswered_until_the_deadline_ends_the_resume() {
             LivenessState::Registered { lease: 11 }
         ))),
         "{commands:?}"
+    );
+}
+
+fn with_companion() -> KeepaliveConfig {
+    let mut c = config(true);
+    if let Some(b) = c.binding.as_mut() {
+        b.companion = Some((b"/coord/hosts/a/incarnation".to_vec(), b"7".to_vec()));
+    }
+    c
+}
+
+/// `put_on` with the companion put first, in the same transaction, on the
+/// same lease.
+fn with_companion_put(cmd: Cmd) -> Cmd {
+    let Command::Rpc {
+        id,
+        request: Request::Txn(mut txn),
+    } = cmd
+    else {
+        panic!("not a transaction: {cmd:?}");
+    };
+    let lease = match &txn.success[0] {
+        TxnOp::Put { lease, .. } => *lease,
+        other => panic!("not a put: {other:?}"),
+    };
+    txn.success.insert(
+        0,
+        TxnOp::Put {
+            key: b"/coord/hosts/a/incarnation".to_vec(),
+            value: b"7".to_vec(),
+            lease,
+        },
+    );
+    Command::Rpc {
+        id,
+        request: Request::Txn(txn),
+    }
+}
+
+#[test]
+fn the_companion_is_put_in_every_write_of_the_key_on_the_same_lease() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(with_companion(), t0, 1);
+    let _ = drain(&mut m);
+    m.handle(t0 + ms(10), grant_reply());
+    assert_eq!(drain(&mut m), vec![with_companion_put(put(1, b"v1"))]);
+    m.handle(t0 + ms(20), ok(1, written(5)));
+    assert_eq!(drain(&mut m), vec![registered()]);
+    m.handle(t0 + ms(30), KeepaliveInput::SetValue(b"v2".to_vec()));
+    assert_eq!(
+        drain(&mut m),
+        vec![with_companion_put(put_after(2, b"v2", 5))]
+    );
+}
+
+#[test]
+fn the_companion_is_put_in_the_resume_transaction() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::resume(with_companion(), t0, 1, 0, POINT);
+    let _ = drain(&mut m);
+    m.handle(t0 + ms(10), ok(0, Response::KeptAlive { ttl_secs: TTL }));
+    assert_eq!(
+        drain(&mut m),
+        vec![with_companion_put(resume_txn(1, b"v1"))]
     );
 }

@@ -182,6 +182,7 @@ impl KeepaliveSetup {
                 key: key_of(m),
                 value: value_of(0),
                 leave_marker: self.leave_marker.then(|| leave_marker_key(&key_of(m))),
+                companion: None,
             }),
             backoff: BackoffConfig {
                 initial: Duration::from_millis(50),
