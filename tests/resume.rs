@@ -156,3 +156,60 @@ fn a_resume_after_the_lease_expired_registers_afresh() {
     ));
     next.close().expect("close");
 }
+
+/// The host's incarnation as `list_hosts` reads it.
+fn read_incarnation(etcd: &fleetcoord::Etcd, id: Uuid) -> Option<u64> {
+    list_hosts(etcd, DEFAULT_HOSTS_PREFIX)
+        .expect("list hosts")
+        .into_iter()
+        .find(|h| h.id == id)
+        .map(|h| h.incarnation)
+}
+
+#[test]
+fn each_resume_counts_one_more_incarnation_that_list_hosts_reads_without_a_down() {
+    let server = start_etcd();
+    let endpoint = server.endpoint();
+    let etcd = connect(&endpoint);
+    let watcher = HostWatcher::watch(&etcd).expect("watch");
+    assert_eq!(watcher.events().recv_timeout(WAIT), Ok(HostEvent::Synced));
+    let id = Uuid::new_v4();
+    let mut host = HostLiveness::with_options(&etcd, id, b"m", options(30)).expect("register");
+    let lease = registered_lease(&host);
+    assert!(matches!(
+        watcher.events().recv_timeout(WAIT),
+        Ok(HostEvent::Up(_))
+    ));
+    assert_eq!(read_incarnation(&etcd, id), Some(1));
+    let key = format!("{DEFAULT_HOSTS_PREFIX}{id}");
+    for n in 2..=4u64 {
+        let resume = host.detach().expect("detach");
+        host = HostLiveness::resume(&etcd, resume, b"m", options(30)).expect("resume");
+        assert!(host.resumed());
+        assert_eq!(host.incarnation(), n);
+        assert_eq!(read_incarnation(&etcd, id), Some(n));
+        match watcher.events().recv_timeout(WAIT) {
+            Ok(HostEvent::Updated(info)) => assert_eq!((info.id, info.lease), (id, lease)),
+            other => panic!("expected Updated, got {other:?}"),
+        }
+    }
+    // Plain etcd readers see one key beside the host's, on its lease,
+    // written by the same revision.
+    let incarnation = format!("{key}/incarnation");
+    assert_eq!(
+        etcdctl(&endpoint, &["get", &incarnation, "--print-value-only"]).trim(),
+        "4"
+    );
+    // Overwritten by another client (no incarnation key written with it):
+    // no longer known.
+    etcdctl(&endpoint, &["put", &key, "by hand"]);
+    assert_eq!(read_incarnation(&etcd, id), Some(0));
+    assert!(
+        watcher
+            .events()
+            .try_iter()
+            .all(|e| !matches!(e, HostEvent::Down(..))),
+        "no Down"
+    );
+    drop(host);
+}
