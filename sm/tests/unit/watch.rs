@@ -1283,3 +1283,65 @@ fn a_first_page_in_key_order_is_known_whole_whether_or_not_it_holds_markers() {
     );
     assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![a, b]);
 }
+
+// ---- Incarnation keys: skipped everywhere, deciding nothing.
+
+fn incarnation(n: u32) -> Vec<u8> {
+    incarnation_key(&host(n))
+}
+
+#[test]
+fn incarnation_keys_are_never_reported_in_snapshot_events_or_resync() {
+    let t0 = start();
+    let a = kv(&host(1), "a", 3, 3);
+    let mut w = Watch::new(config(), t0, 1);
+    assert_eq!(drain(&mut w), vec![range_cmd(0)]);
+    let snapshot = vec![a.clone(), kv(&incarnation(1), "1", 3, 3)];
+    w.handle(
+        t0,
+        ok(
+            RpcId(0),
+            Response::Range {
+                revision: 10,
+                kvs: snapshot,
+            },
+        ),
+    );
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Up(a.clone())),
+            n(WatchNotice::Synced),
+            watch_cmd(1, 11)
+        ]
+    );
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events: vec![] }));
+    assert!(drain(&mut w).is_empty());
+    // A resume's transaction: the incarnation key first, then the host key,
+    // one revision.
+    let a2 = kv(&host(1), "a2", 3, 11);
+    let events = vec![put(kv(&incarnation(1), "2", 3, 11)), put(a2.clone())];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(drain(&mut w), vec![n(WatchNotice::Updated(a2.clone()))]);
+    // An incarnation key alone, written or deleted, tells nothing.
+    let events = vec![put(kv(&incarnation(2), "1", 12, 12))];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    let events = vec![del(&incarnation(2), 13)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(drain(&mut w), vec![]);
+    // The expiry deletes both: a Down, never an invalid key.
+    let events = vec![del(&host(1), 14), del(&incarnation(1), 14)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(drain(&mut w), vec![n(WatchNotice::Down(a2))]);
+    // A resync that finds only incarnation keys finds no host.
+    let b = kv(&host(3), "b", 15, 15);
+    let kvs = vec![
+        kv(&incarnation(2), "1", 15, 15),
+        b.clone(),
+        kv(&incarnation(3), "1", 15, 15),
+    ];
+    assert_eq!(
+        resync_to(&mut w, t0, 1, 16, kvs),
+        vec![n(WatchNotice::Up(b)), watch_cmd(3, 17)]
+    );
+}
