@@ -8,8 +8,7 @@ use crate::liveness::DEFAULT_HOSTS_PREFIX;
 use crate::session::CLOSE_WAIT;
 use crate::validate;
 use fleetcoord_sm::watch::{
-    incarnation_key, parse_host_id, parse_incarnation_key, KeyRule, Watch, WatchConfig,
-    WatchNotice, DEFAULT_PAGE_SIZE,
+    parse_host_id, KeyRule, Watch, WatchConfig, WatchNotice, DEFAULT_PAGE_SIZE,
 };
 use fleetcoord_sm::{BackoffConfig, KeyValue, RpcError};
 use std::collections::BTreeMap;
@@ -39,24 +38,6 @@ pub struct HostInfo {
     /// Revision of the last write to the key (new metadata, or a
     /// registration on a new lease).
     pub mod_revision: i64,
-    /// Which process of the host's registration wrote the key: 1 for a
-    /// fresh registration, one more for each restart that handed the
-    /// registration on ([`crate::HostLiveness::resume`], also when the
-    /// resume fell back to registering afresh); see
-    /// [`crate::HostLiveness::incarnation`]. Comparing it across events
-    /// counts restarts that never showed a `Down`.
-    ///
-    /// Read from the host's *incarnation key*,
-    /// `<prefix><host id>/incarnation`, which the registration puts on the
-    /// same lease in the same transaction as every write of the host key;
-    /// it is taken only when its lease and mod revision are the host key's
-    /// (the same write), so it never belongs to another write of the key.
-    /// 0 when not known: the key was written by a fleetcoord version
-    /// without incarnation keys, by another client, by a registration on a
-    /// shared [`crate::Session`], or by a process that did not write one —
-    /// and, for now, in every [`HostWatcher`] event: only [`list_hosts`]
-    /// joins the two keys yet.
-    pub incarnation: u64,
 }
 
 /// A change in the set of live hosts.
@@ -214,8 +195,10 @@ impl WatcherOptions {
 /// policy.
 ///
 /// Keys under the prefix that are not host ids are logged once and skipped;
-/// hosts' leave markers (`<prefix><host id>/left`, see [`DownReason`]) are
-/// skipped silently.
+/// hosts' leave markers (`<prefix><host id>/left`, see [`DownReason`]) and
+/// incarnation keys (`<prefix><host id>/incarnation`, written by
+/// [`crate::HostLiveness`] with every write of its key) are skipped
+/// silently.
 ///
 /// Large fleets: the prefix is read in pages of 1,000 keys at one revision,
 /// and the initial `Up`s arrive page by page. Transient errors are retried
@@ -278,53 +261,7 @@ pub(crate) fn host_info(prefix_len: usize, kv: KeyValue) -> Option<HostInfo> {
         lease: kv.lease,
         create_revision: kv.create_revision,
         mod_revision: kv.mod_revision,
-        incarnation: 0,
     })
-}
-
-/// The hosts among `view` (every key under the prefix at one revision,
-/// keyed by key), each with the incarnation its incarnation key in `view`
-/// gives it (see [`HostInfo::incarnation`]), in key order.
-fn join_incarnations(prefix_len: usize, mut view: BTreeMap<Vec<u8>, KeyValue>) -> Vec<HostInfo> {
-    let incarnations: BTreeMap<Vec<u8>, KeyValue> = {
-        let keys: Vec<Vec<u8>> = view
-            .keys()
-            .filter(|key| {
-                key.get(prefix_len..)
-                    .is_some_and(|suffix| parse_incarnation_key(suffix).is_some())
-            })
-            .cloned()
-            .collect();
-        keys.into_iter()
-            .filter_map(|key| view.remove_entry(&key))
-            .collect()
-    };
-    view.into_values()
-        .filter_map(|kv| {
-            let incarnation = incarnations
-                .get(&incarnation_key(&kv.key))
-                .and_then(|inc| incarnation_of(inc, &kv))
-                .unwrap_or(0);
-            host_info(prefix_len, kv).map(|info| HostInfo {
-                incarnation,
-                ..info
-            })
-        })
-        .collect()
-}
-
-/// The incarnation `inc` (an incarnation key) records for the write of the
-/// host key `host`: only when both were written by one transaction on one
-/// lease, and the value is a decimal number.
-fn incarnation_of(inc: &KeyValue, host: &KeyValue) -> Option<u64> {
-    if inc.lease == 0 || inc.lease != host.lease || inc.mod_revision != host.mod_revision {
-        return None;
-    }
-    let text = std::str::from_utf8(&inc.value).ok()?;
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    text.parse().ok()
 }
 
 impl HostWatcher {
@@ -451,18 +388,14 @@ impl HostWatcher {
 /// spelling of a host id (a lowercase, hyphenated UUID, as
 /// [`crate::HostLiveness`] writes it); any other key under the prefix,
 /// leave markers (`<host id>/left`, see [`DownReason`]) and incarnation
-/// keys (`<host id>/incarnation`) included, is skipped. Each host's
-/// [`HostInfo::incarnation`] comes from its incarnation key in the same
-/// snapshot.
+/// keys (`<host id>/incarnation`) included, is skipped.
 pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
     assert_not_async();
     validate::prefix("prefix", prefix)?;
     let prefix_len = prefix.len();
-    // Every key, not only hosts: the join below needs the incarnation keys
-    // of the same snapshot; it keeps only hosts.
     let config = WatchConfig {
         prefix: prefix.as_bytes().to_vec(),
-        keys: KeyRule::Any,
+        keys: KeyRule::HostId,
         backoff: BackoffConfig::default(),
         page_size: DEFAULT_PAGE_SIZE,
     };
@@ -497,96 +430,12 @@ pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
     )?;
     let wait = etcd.options().request_timeout.saturating_mul(3);
     match done.recv_timeout(wait) {
-        Ok(Ok(view)) => Ok(join_incarnations(prefix_len, view)),
+        Ok(Ok(view)) => Ok(view
+            .into_values()
+            .filter_map(|kv| host_info(prefix_len, kv))
+            .collect()),
         Ok(Err(e)) => Err(e),
         Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Timeout(wait)),
         Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(etcd.gone()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const PREFIX: &str = "/coord/hosts/";
-    const ID: &str = "0f8fad5b-d9cb-469f-a165-70867728950e";
-
-    fn kv(key: &str, value: &str, lease: i64, create: i64, modified: i64) -> KeyValue {
-        KeyValue {
-            key: key.as_bytes().to_vec(),
-            value: value.as_bytes().to_vec(),
-            lease,
-            create_revision: create,
-            mod_revision: modified,
-            ..KeyValue::default()
-        }
-    }
-
-    fn host(lease: i64, modified: i64) -> KeyValue {
-        kv(&format!("{PREFIX}{ID}"), "meta", lease, 3, modified)
-    }
-
-    fn inc(value: &str, lease: i64, modified: i64) -> KeyValue {
-        kv(
-            &format!("{PREFIX}{ID}/incarnation"),
-            value,
-            lease,
-            3,
-            modified,
-        )
-    }
-
-    fn join(kvs: Vec<KeyValue>) -> Vec<(Uuid, u64)> {
-        let view = kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
-        join_incarnations(PREFIX.len(), view)
-            .into_iter()
-            .map(|info| (info.id, info.incarnation))
-            .collect()
-    }
-
-    #[test]
-    fn the_incarnation_of_the_same_write_is_joined_and_never_a_host() {
-        let id = Uuid::parse_str(ID).unwrap();
-        assert_eq!(join(vec![host(7, 9), inc("3", 7, 9)]), vec![(id, 3)]);
-        // Alone, an incarnation key is no host.
-        assert_eq!(join(vec![inc("3", 7, 9)]), vec![]);
-        // No incarnation key (an older version): not known.
-        assert_eq!(join(vec![host(7, 9)]), vec![(id, 0)]);
-    }
-
-    #[test]
-    fn an_incarnation_of_another_write_or_unreadable_is_not_known() {
-        let id = Uuid::parse_str(ID).unwrap();
-        for stale in [
-            // The key was written again since, without one.
-            inc("3", 7, 8),
-            // Another lease's.
-            inc("3", 6, 9),
-            // Not on a lease at all.
-            inc("3", 0, 9),
-            // Not a decimal number, or too large.
-            inc("", 7, 9),
-            inc("+3", 7, 9),
-            inc("3 ", 7, 9),
-            inc("x", 7, 9),
-            inc("18446744073709551616", 7, 9),
-        ] {
-            assert_eq!(
-                join(vec![host(7, 9), stale.clone()]),
-                vec![(id, 0)],
-                "{stale:?}"
-            );
-        }
-        assert_eq!(
-            join(vec![host(7, 9), inc("18446744073709551615", 7, 9)]),
-            vec![(id, u64::MAX)]
-        );
-        // Leave markers and stray keys stay out of the list.
-        let marker = kv(&format!("{PREFIX}{ID}/left"), "", 7, 10, 10);
-        let stray = kv(&format!("{PREFIX}not-a-host"), "x", 0, 4, 4);
-        assert_eq!(
-            join(vec![host(7, 9), inc("2", 7, 9), marker, stray]),
-            vec![(id, 2)]
-        );
     }
 }
