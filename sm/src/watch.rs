@@ -44,9 +44,9 @@
 //! as a key nor as [`WatchNotice::InvalidKey`]); they decide how a known
 //! host key's disappearance is reported:
 //!
-//! (A key `<host key>/incarnation`, [`incarnation_key`], is skipped the
-//! same way and decides nothing: a consumer that wants it reads the prefix
-//! with [`KeyRule::Any`].)
+//! (A key `<host key>/incarnation`, [`incarnation_key`], is not reported
+//! either: its value, when written with the host key's state, comes as the
+//! [`WatchNotice::Incarnation`] before each notice about that host.)
 //!
 //! * [`WatchNotice::Left`] when its marker *marks* it — bound to the same
 //!   (non-zero) lease as the host key's last seen state, and created at a
@@ -159,6 +159,18 @@ pub enum WatchNotice {
     /// [`KeyRule::HostId`], where leave markers exist; the rule is in the
     /// module docs ("Leave or expiry").
     Left(KeyValue),
+    /// The incarnation of the host the very next notice (an `Up`,
+    /// `Updated`, `Down` or `Left`) is about: the positive decimal value
+    /// of its [`incarnation_key`], written in the same revision and on the
+    /// same lease as the host key's state that notice carries (for a
+    /// `Down`/`Left`, the last state seen). Only under [`KeyRule::HostId`];
+    /// a notice without one before it is about a host whose incarnation is
+    /// not known (written by another client or an older version).
+    ///
+    /// A first snapshot reads a host key before its incarnation key (key
+    /// order), possibly a page earlier, so the `Up` of the last new host
+    /// key of a page waits for the next page (or the snapshot's end).
+    Incarnation(u64),
     /// The first snapshot has been replayed completely. Emitted exactly
     /// once, before any notice that is not part of that replay. A replay
     /// interrupted between pages (compaction, a paused consumer) finishes
@@ -277,6 +289,7 @@ impl Watch {
 
     /// Start a fresh snapshot at the current revision.
     fn start_range(&mut self) {
+        self.view.forget_held();
         self.snapshot = Some(Snapshot {
             revision: 0,
             from: None,
@@ -387,7 +400,10 @@ impl Watch {
             len >= snapshot.page
         };
         if full {
-            kvs.truncate(usize::try_from(snapshot.page).unwrap_or(usize::MAX));
+            let lookahead = kvs
+                .split_off(usize::try_from(snapshot.page).unwrap_or(usize::MAX))
+                .into_iter()
+                .next();
             let next = kvs.last().map(|kv| key_after(&kv.key));
             // The next page must start inside the prefix and past this
             // one; anything else is not etcd's answer to this read.
@@ -407,14 +423,15 @@ impl Watch {
                 // notices told the consumer stays true.
                 self.snapshot = Some(snapshot);
                 self.read_page();
-                return self.view.add(kvs, &mut self.outbox);
+                return self.view.add(kvs, lookahead, &mut self.outbox);
             }
             snapshot.collected.extend(kvs);
             self.snapshot = Some(snapshot);
             return self.read_page();
         }
         if snapshot.streaming {
-            self.view.add(kvs, &mut self.outbox);
+            self.view.add(kvs, None, &mut self.outbox);
+            self.view.flush(&mut self.outbox);
         } else {
             snapshot.collected.extend(kvs);
         }

@@ -20,6 +20,10 @@
 //! * a `Left` only for a key whose marker was put on the key's lease (so a
 //!   crash, a plain revoke or a delete never reads as a leave), and some
 //!   leaves are seen as `Left`;
+//! * every `Up`/`Updated` is preceded by exactly the incarnation written
+//!   with that state (half the writes carry one, in the same transaction
+//!   on the same lease), and by none when none was; every `Down`/`Left` by
+//!   the incarnation last told for its key;
 //! * `known()` equals the view rebuilt from the notices;
 //! * at most one request outstanding; `poll_timeout` never before the last
 //!   `now`; nothing issued after `Stop`.
@@ -28,7 +32,8 @@
 //! watch is live, and `Stop` leaves no timer and sends nothing more.
 
 use fleetcoord_sm::watch::{
-    leave_marker_key, parse_leave_marker, KeyRule, Watch, WatchConfig, WatchInput, WatchNotice,
+    incarnation_key, leave_marker_key, parse_leave_marker, KeyRule, Watch, WatchConfig, WatchInput,
+    WatchNotice,
 };
 use fleetcoord_sm::{
     BackoffConfig, Command, Compare, KeyRange, KeyValue, LeaseId, Machine, Request, Response,
@@ -130,6 +135,34 @@ struct Consumer {
     invalid: u64,
     /// (host key, lease) of every leave marker put.
     marker_puts: BTreeSet<(Vec<u8>, LeaseId)>,
+    /// (host key, revision) of every write of a host key with its
+    /// incarnation key: (lease, incarnation).
+    incarnation_puts: BTreeMap<(Vec<u8>, i64), (LeaseId, u64)>,
+    /// The incarnation last told for each key in `view` (0: none).
+    told: BTreeMap<Vec<u8>, u64>,
+    /// An `Incarnation` notice waiting for the notice it belongs to.
+    pending: Option<u64>,
+    /// Notices told with an incarnation.
+    joined: u64,
+}
+
+impl Consumer {
+    /// The incarnation written with `kv`'s state, 0 if none was.
+    fn written_with(&self, kv: &KeyValue) -> u64 {
+        self.incarnation_puts
+            .get(&(kv.key.clone(), kv.mod_revision))
+            .filter(|(lease, _)| *lease == kv.lease)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    /// Check the incarnation told before a notice about `kv`.
+    fn check_incarnation(&mut self, kv: &KeyValue, expected: u64) {
+        let told = self.pending.take().unwrap_or(0);
+        assert_eq!(told, expected, "incarnation told with {kv:?}");
+        if told != 0 {
+            self.joined += 1;
+        }
+    }
 }
 
 impl Consumer {
@@ -143,6 +176,7 @@ impl Consumer {
                 matches!(
                     notice,
                     WatchNotice::Up(_)
+                        | WatchNotice::Incarnation(_)
                         | WatchNotice::InvalidKey(_)
                         | WatchNotice::Synced
                         | WatchNotice::Down(_)
@@ -152,10 +186,26 @@ impl Consumer {
                 "{notice:?} before Synced"
             );
         }
+        if !matches!(
+            notice,
+            WatchNotice::Up(_)
+                | WatchNotice::Updated(_)
+                | WatchNotice::Down(_)
+                | WatchNotice::Left(_)
+        ) {
+            assert_eq!(self.pending, None, "an incarnation before {notice:?}");
+        }
         match notice {
+            WatchNotice::Incarnation(n) => {
+                assert!(n > 0, "incarnation 0 told");
+                self.pending = Some(n);
+            }
             WatchNotice::Up(kv) => {
                 assert!(is_valid(&kv.key), "Up for an invalid key");
                 assert!(kv.mod_revision <= etcd_revision, "Up from the future");
+                let expected = self.written_with(&kv);
+                self.check_incarnation(&kv, expected);
+                self.told.insert(kv.key.clone(), expected);
                 let key = kv.key.clone();
                 assert!(
                     self.view.insert(key, kv).is_none(),
@@ -174,6 +224,9 @@ impl Consumer {
                     kv.mod_revision > before.mod_revision,
                     "Updated without a change"
                 );
+                let expected = self.written_with(&kv);
+                self.check_incarnation(&kv, expected);
+                self.told.insert(kv.key.clone(), expected);
                 self.view.insert(kv.key.clone(), kv);
                 self.updates += 1;
             }
@@ -183,6 +236,8 @@ impl Consumer {
                     .remove(&kv.key)
                     .expect("Down without an earlier Up");
                 assert_eq!(before, kv, "Down must carry the last-seen key");
+                let expected = self.told.remove(&kv.key).unwrap_or(0);
+                self.check_incarnation(&kv, expected);
                 self.downs += 1;
             }
             WatchNotice::Left(kv) => {
@@ -191,6 +246,8 @@ impl Consumer {
                     .remove(&kv.key)
                     .expect("Left without an earlier Up");
                 assert_eq!(before, kv, "Left must carry the last-seen key");
+                let expected = self.told.remove(&kv.key).unwrap_or(0);
+                self.check_incarnation(&kv, expected);
                 assert!(
                     kv.lease != 0 && self.marker_puts.contains(&(kv.key.clone(), kv.lease)),
                     "Left without a leave marker on its lease: {kv:?}"
@@ -208,6 +265,10 @@ impl Consumer {
                         .is_none_or(|s| parse_leave_marker(s).is_none()),
                     "a leave marker reported invalid"
                 );
+                assert!(
+                    !key.ends_with(b"/incarnation"),
+                    "an incarnation key reported invalid"
+                );
                 assert!(self.reported.insert(key), "invalid key reported twice");
                 self.invalid += 1;
             }
@@ -219,6 +280,8 @@ impl Consumer {
 
 struct Host {
     key: Vec<u8>,
+    /// Registrations so far: the incarnation its writes carry.
+    incarnation: u64,
     lease: Option<LeaseId>,
     ttl: i64,
     crashed: bool,
@@ -234,6 +297,7 @@ struct Totals {
     lefts: u64,
     updates: u64,
     invalid: u64,
+    joined: u64,
     compactions: u64,
     consumer_stalls: u64,
     /// Requests that landed at etcd after the machine gave up on them.
@@ -320,6 +384,7 @@ impl World {
             self.run(Request::Grant { ttl_secs: ttl })
         {
             self.hosts[i].lease = Some(lease);
+            self.hosts[i].incarnation += 1;
             self.hosts[i].ttl = ttl_secs;
             self.hosts[i].crashed = false;
             self.put_meta(i);
@@ -332,7 +397,35 @@ impl World {
         };
         let value = format!("meta-{}", pick(&mut self.rng, 5)).into_bytes();
         let key = self.hosts[i].key.clone();
-        self.run(Request::Put { key, value, lease });
+        if pick(&mut self.rng, 2) == 0 {
+            // An older writer: no incarnation key.
+            self.run(Request::Put { key, value, lease });
+            return;
+        }
+        // As `HostLiveness` writes: the incarnation key first, in the
+        // same transaction, on the same lease.
+        let incarnation = self.hosts[i].incarnation;
+        let write = Request::Txn(Txn {
+            compare: vec![],
+            success: vec![
+                TxnOp::Put {
+                    key: incarnation_key(&key),
+                    value: incarnation.to_string().into_bytes(),
+                    lease,
+                },
+                TxnOp::Put {
+                    key: key.clone(),
+                    value,
+                    lease,
+                },
+            ],
+            failure: vec![],
+        });
+        if let Some(Response::Txn { revision, .. }) = self.run(write) {
+            self.consumer
+                .incarnation_puts
+                .insert((key, revision), (lease, incarnation));
+        }
     }
 
     /// A graceful leave: a third of the time as `HostLiveness::close` does
@@ -360,6 +453,7 @@ impl World {
                                 lease,
                             },
                             TxnOp::Delete(KeyRange::Key(host.clone())),
+                            TxnOp::Delete(KeyRange::Key(incarnation_key(&host))),
                         ],
                         failure: vec![],
                     });
@@ -442,6 +536,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
     let hosts = (0..HOSTS)
         .map(|_| Host {
             key: host_key(&mut rng),
+            incarnation: 0,
             lease: None,
             ttl: 2,
             crashed: false,
@@ -602,6 +697,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
     totals.lefts += w.consumer.lefts;
     totals.updates += w.consumer.updates;
     totals.invalid += w.consumer.invalid;
+    totals.joined += w.consumer.joined;
     totals.compactions += w.compactions;
     totals.consumer_stalls += w.stalls;
 }
@@ -615,7 +711,7 @@ fn watch_converges_to_etcd_under_faults_over_many_seeds() {
     println!(
         "watch sim: {SEEDS} seeds, {} steps + {} workload actions, {} faults injected ({} compactions, {} consumer stalls), \
          {} requests landed late ({:.2} per seed); \
-         notices: {} Up, {} Updated, {} Down, {} Left, {} InvalidKey",
+         notices: {} Up, {} Updated, {} Down, {} Left, {} InvalidKey, {} with an incarnation",
         totals.steps,
         totals.actions,
         totals.faults,
@@ -627,11 +723,13 @@ fn watch_converges_to_etcd_under_faults_over_many_seeds() {
         totals.updates,
         totals.downs,
         totals.lefts,
-        totals.invalid
+        totals.invalid,
+        totals.joined
     );
     // The workload must actually exercise every kind of notice and fault.
     assert!(totals.downs > SEEDS && totals.updates > SEEDS && totals.invalid > SEEDS / 2);
     assert!(totals.lefts > SEEDS / 2, "leaves are rarely seen as Left");
+    assert!(totals.joined > SEEDS, "incarnations are rarely told");
     assert!(totals.compactions > SEEDS && totals.consumer_stalls > SEEDS);
     assert!(
         totals.late_landed > 0,

@@ -1284,64 +1284,371 @@ fn a_first_page_in_key_order_is_known_whole_whether_or_not_it_holds_markers() {
     assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![a, b]);
 }
 
-// ---- Incarnation keys: skipped everywhere, deciding nothing.
+// ---- Incarnations: `<host>/incarnation`, joined to the host key written
+// in the same revision on the same lease, told before each notice.
 
 fn incarnation(n: u32) -> Vec<u8> {
     incarnation_key(&host(n))
 }
 
+/// `n`'s incarnation key written with `entry`'s state (same revision,
+/// same lease).
+fn inc_of(entry: &KeyValue, value: &str) -> KeyValue {
+    KeyValue {
+        key: incarnation_key(&entry.key),
+        value: value.as_bytes().to_vec(),
+        ..entry.clone()
+    }
+}
+
+fn i(incarnation: u64) -> Command<WatchNotice> {
+    n(WatchNotice::Incarnation(incarnation))
+}
+
 #[test]
-fn incarnation_keys_are_never_reported_in_snapshot_events_or_resync() {
+fn a_snapshot_joins_each_host_to_the_incarnation_written_with_it() {
     let t0 = start();
-    let a = kv(&host(1), "a", 3, 3);
     let mut w = Watch::new(config(), t0, 1);
-    assert_eq!(drain(&mut w), vec![range_cmd(0)]);
-    let snapshot = vec![a.clone(), kv(&incarnation(1), "1", 3, 3)];
-    w.handle(
-        t0,
-        ok(
-            RpcId(0),
-            Response::Range {
-                revision: 10,
-                kvs: snapshot,
-            },
-        ),
+    drain(&mut w);
+    let (a, b, c, d) = (
+        kv(&host(1), "a", 3, 3),
+        kv(&host(2), "b", 4, 6),
+        kv(&host(3), "c", 5, 5),
+        kv(&host(4), "d", 7, 7),
     );
+    let snapshot = vec![
+        a.clone(),
+        inc_of(&a, "1"),
+        // Written alone, after the host key: not the host's.
+        b.clone(),
+        KeyValue {
+            mod_revision: 8,
+            ..inc_of(&b, "5")
+        },
+        // On another lease.
+        c.clone(),
+        KeyValue {
+            lease: 99,
+            ..inc_of(&c, "2")
+        },
+        // Not a positive decimal number.
+        d.clone(),
+        inc_of(&d, "+3"),
+        // An incarnation key without its host: nothing.
+        kv(&incarnation(5), "4", 9, 9),
+    ];
+    w.handle(t0, page(0, 10, snapshot));
     assert_eq!(
         drain(&mut w),
         vec![
+            i(1),
             n(WatchNotice::Up(a.clone())),
+            n(WatchNotice::Up(b.clone())),
+            n(WatchNotice::Up(c.clone())),
+            n(WatchNotice::Up(d.clone())),
             n(WatchNotice::Synced),
-            watch_cmd(1, 11)
+            watch_cmd(1, 11),
         ]
     );
-    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events: vec![] }));
-    assert!(drain(&mut w).is_empty());
-    // A resume's transaction: the incarnation key first, then the host key,
-    // one revision.
+    assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![a, b, c, d]);
+}
+
+/// Key order puts a host's incarnation key right after it, so a page may
+/// end between them: the page's lookahead key settles it at once; a
+/// one-key page (no lookahead) holds the host's `Up` for the next page;
+/// the snapshot's end tells a host whose incarnation key never came.
+#[test]
+fn a_host_whose_incarnation_key_opens_the_next_page_is_told_with_it() {
+    let t0 = start();
+    let mut w = Watch::new(paged(2), t0, 1);
+    drain(&mut w);
+    let (a, b, c) = (
+        kv(&host(1), "a", 3, 3),
+        kv(&host(2), "b", 4, 4),
+        kv(&host(3), "c", 5, 5),
+    );
+    // [a, a/incarnation] + lookahead b.
+    w.handle(t0, page(0, 10, vec![a.clone(), inc_of(&a, "2"), b.clone()]));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            page_cmd(1, 2, Some(&incarnation(1)), 10),
+            i(2),
+            n(WatchNotice::Up(a.clone())),
+        ]
+    );
+    // [b, b/incarnation] + lookahead... none needed: the lookahead is b's
+    // incarnation key in the next case; here [b, c] + lookahead c/inc.
+    w.handle(t0, page(1, 10, vec![b.clone(), c.clone(), inc_of(&c, "7")]));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            page_cmd(2, 2, Some(&host(3)), 10),
+            n(WatchNotice::Up(b.clone())),
+            i(7),
+            n(WatchNotice::Up(c.clone())),
+        ]
+    );
+    // The next page repeats the lookahead key: nothing is held for it.
+    w.handle(t0, page(2, 10, vec![inc_of(&c, "7")]));
+    assert_eq!(
+        drain(&mut w),
+        vec![n(WatchNotice::Synced), watch_cmd(3, 11)]
+    );
+
+    // One-key pages have no lookahead.
+    let mut w = Watch::new(paged(1), t0, 1);
+    drain(&mut w);
+    w.handle(t0, page(0, 10, vec![a.clone()]));
+    assert_eq!(drain(&mut w), vec![page_cmd(1, 1, Some(&host(1)), 10)]);
+    w.handle(t0, page(1, 10, vec![inc_of(&a, "3")]));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            page_cmd(2, 1, Some(&incarnation(1)), 10),
+            i(3),
+            n(WatchNotice::Up(a.clone())),
+        ]
+    );
+    w.handle(t0, page(2, 10, vec![b.clone()]));
+    assert_eq!(drain(&mut w), vec![page_cmd(3, 1, Some(&host(2)), 10)]);
+    // A key past b's incarnation key tells b without one.
+    w.handle(t0, page(3, 10, vec![c.clone()]));
+    assert_eq!(
+        drain(&mut w),
+        vec![page_cmd(4, 1, Some(&host(3)), 10), n(WatchNotice::Up(b))]
+    );
+    // The last page (empty) ends the snapshot: c is told without one.
+    w.handle(t0, page(4, 10, vec![]));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Up(c)),
+            n(WatchNotice::Synced),
+            watch_cmd(5, 11)
+        ]
+    );
+}
+
+/// A held host was never told: a snapshot restarted (compaction between
+/// pages) finds it as new, in the diff.
+#[test]
+fn a_held_host_is_found_again_by_a_restarted_snapshot() {
+    let t0 = start();
+    let mut w = Watch::new(paged(1), t0, 1);
+    drain(&mut w);
+    let (a, b) = (kv(&host(1), "a", 3, 3), kv(&host(2), "b", 4, 4));
+    w.handle(t0, page(0, 10, vec![a.clone()]));
+    w.handle(t0, page(1, 10, vec![inc_of(&a, "1")]));
+    w.handle(t0, page(2, 10, vec![b.clone()]));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            page_cmd(1, 1, Some(&host(1)), 10),
+            page_cmd(2, 1, Some(&incarnation(1)), 10),
+            i(1),
+            n(WatchNotice::Up(a.clone())),
+            page_cmd(3, 1, Some(&host(2)), 10),
+        ]
+    );
+    w.handle(
+        t0,
+        refused(
+            3,
+            RpcError::Compacted {
+                compact_revision: 12,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut w), vec![page_cmd(4, 1, None, 0)]);
+    assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![a.clone()]);
+    // The consumer has a: the restarted snapshot is collected, then diffed.
+    let pages = [a.clone(), inc_of(&a, "1"), b.clone(), inc_of(&b, "5")];
+    for (k, kv) in pages.into_iter().enumerate() {
+        let id = 4 + k as u64;
+        w.handle(t0, page(id, 15, vec![kv.clone()]));
+        assert_eq!(drain(&mut w), vec![page_cmd(id + 1, 1, Some(&kv.key), 15)]);
+    }
+    w.handle(t0, page(8, 15, vec![]));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            i(5),
+            n(WatchNotice::Up(b.clone())),
+            n(WatchNotice::Synced),
+            watch_cmd(9, 16)
+        ]
+    );
+    assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![a, b]);
+}
+
+/// A first snapshot restarted before anything was told streams again:
+/// a host held from the given-up revision and gone at the new one is
+/// never told.
+#[test]
+fn a_held_host_gone_by_the_restarted_snapshot_is_never_told() {
+    let t0 = start();
+    let mut w = Watch::new(paged(1), t0, 1);
+    drain(&mut w);
+    let (a, b) = (kv(&host(1), "a", 3, 3), kv(&host(2), "b", 4, 4));
+    w.handle(t0, page(0, 10, vec![a]));
+    assert_eq!(drain(&mut w), vec![page_cmd(1, 1, Some(&host(1)), 10)]);
+    w.handle(
+        t0,
+        refused(
+            1,
+            RpcError::Compacted {
+                compact_revision: 12,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut w), vec![page_cmd(2, 1, None, 0)]);
+    w.handle(t0, page(2, 15, vec![b.clone()]));
+    assert_eq!(drain(&mut w), vec![page_cmd(3, 1, Some(&host(2)), 15)]);
+    w.handle(t0, page(3, 15, vec![]));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            n(WatchNotice::Up(b.clone())),
+            n(WatchNotice::Synced),
+            watch_cmd(4, 16)
+        ]
+    );
+    assert_eq!(w.known().cloned().collect::<Vec<_>>(), vec![b]);
+}
+
+#[test]
+fn live_puts_carry_the_incarnation_written_in_their_revision_in_either_order() {
+    let t0 = start();
+    let a = kv(&host(1), "a", 3, 3);
+    let mut w = live_with(t0, vec![a.clone(), inc_of(&a, "1")]);
+    // A resume's transaction: the incarnation key first, then the host key.
     let a2 = kv(&host(1), "a2", 3, 11);
-    let events = vec![put(kv(&incarnation(1), "2", 3, 11)), put(a2.clone())];
+    let events = vec![put(inc_of(&a2, "2")), put(a2.clone())];
     w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
-    assert_eq!(drain(&mut w), vec![n(WatchNotice::Updated(a2.clone()))]);
-    // An incarnation key alone, written or deleted, tells nothing.
-    let events = vec![put(kv(&incarnation(2), "1", 12, 12))];
+    assert_eq!(
+        drain(&mut w),
+        vec![i(2), n(WatchNotice::Updated(a2.clone()))]
+    );
+    // The other order, for a new host.
+    let b = kv(&host(2), "b", 12, 12);
+    let events = vec![put(b.clone()), put(inc_of(&b, "1"))];
     w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
-    let events = vec![del(&incarnation(2), 13)];
+    assert_eq!(drain(&mut w), vec![i(1), n(WatchNotice::Up(b.clone()))]);
+    // An incarnation key written or deleted alone tells nothing and
+    // changes nothing.
+    let events = vec![put(kv(&incarnation(1), "9", 3, 13))];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    let events = vec![del(&incarnation(2), 14)];
     w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
     assert_eq!(drain(&mut w), vec![]);
-    // The expiry deletes both: a Down, never an invalid key.
-    let events = vec![del(&host(1), 14), del(&incarnation(1), 14)];
+    // The host key written without its incarnation key (another client):
+    // no incarnation.
+    let a3 = kv(&host(1), "a3", 3, 15);
+    w.handle(
+        t0,
+        ok(
+            RpcId(1),
+            Response::WatchEvents {
+                events: vec![put(a3.clone())],
+            },
+        ),
+    );
+    assert_eq!(drain(&mut w), vec![n(WatchNotice::Updated(a3.clone()))]);
+    // A leave (marker put, host key and incarnation key deleted in one
+    // transaction) and an expiry carry the last incarnation told.
+    let marker = KeyValue {
+        key: leave_marker_key(&host(2)),
+        value: vec![],
+        create_revision: 16,
+        mod_revision: 16,
+        version: 1,
+        lease: 7,
+    };
+    let events = vec![put(marker), del(&host(2), 16), del(&incarnation(2), 16)];
     w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
-    assert_eq!(drain(&mut w), vec![n(WatchNotice::Down(a2))]);
-    // A resync that finds only incarnation keys finds no host.
-    let b = kv(&host(3), "b", 15, 15);
+    assert_eq!(drain(&mut w), vec![i(1), n(WatchNotice::Left(b))]);
+    let events = vec![del(&host(1), 17), del(&incarnation(1), 17)];
+    w.handle(t0, ok(RpcId(1), Response::WatchEvents { events }));
+    assert_eq!(drain(&mut w), vec![n(WatchNotice::Down(a3))]);
+}
+
+#[test]
+fn a_resync_joins_new_and_changed_hosts_and_keeps_unchanged_ones() {
+    let t0 = start();
+    let (a, b, c) = (
+        kv(&host(1), "a", 3, 3),
+        kv(&host(2), "b", 4, 4),
+        kv(&host(3), "c", 5, 5),
+    );
+    let mut w = live_with(
+        t0,
+        vec![
+            a.clone(),
+            inc_of(&a, "1"),
+            b.clone(),
+            inc_of(&b, "4"),
+            c.clone(),
+            inc_of(&c, "2"),
+        ],
+    );
+    // While no watch was open: a resumed (incarnation 2), b's incarnation
+    // key rewritten alone, c expired, d registered.
+    let a2 = kv(&host(1), "a2", 3, 12);
+    let d = kv(&host(4), "d", 13, 13);
     let kvs = vec![
-        kv(&incarnation(2), "1", 15, 15),
+        a2.clone(),
+        inc_of(&a2, "2"),
         b.clone(),
-        kv(&incarnation(3), "1", 15, 15),
+        kv(&incarnation(2), "9", 4, 14),
+        d.clone(),
+        inc_of(&d, "1"),
     ];
     assert_eq!(
-        resync_to(&mut w, t0, 1, 16, kvs),
-        vec![n(WatchNotice::Up(b)), watch_cmd(3, 17)]
+        resync_to(&mut w, t0, 1, 15, kvs),
+        vec![
+            i(2),
+            n(WatchNotice::Updated(a2)),
+            i(2),
+            n(WatchNotice::Down(c)),
+            i(1),
+            n(WatchNotice::Up(d)),
+            watch_cmd(3, 16),
+        ]
+    );
+    // b kept incarnation 4: its expiry says so.
+    let events = vec![del(&host(2), 17)];
+    w.handle(t0, ok(RpcId(3), Response::WatchEvents { events }));
+    assert_eq!(drain(&mut w), vec![i(4), n(WatchNotice::Down(b))]);
+}
+
+/// Only host keys have incarnations: under `KeyRule::Any` a key ending in
+/// `/incarnation` is an entry like any other, and nothing is held.
+#[test]
+fn without_host_ids_an_incarnation_key_is_an_ordinary_key() {
+    let t0 = start();
+    let mut w = Watch::new(
+        WatchConfig {
+            keys: KeyRule::Any,
+            ..paged(1)
+        },
+        t0,
+        1,
+    );
+    drain(&mut w);
+    let a = kv(&host(1), "a", 3, 3);
+    w.handle(t0, page(0, 10, vec![a.clone()]));
+    assert_eq!(
+        drain(&mut w),
+        vec![page_cmd(1, 1, Some(&host(1)), 10), n(WatchNotice::Up(a))]
+    );
+    let inc = kv(&incarnation(1), "1", 3, 3);
+    w.handle(t0, page(1, 10, vec![inc.clone()]));
+    assert_eq!(
+        drain(&mut w),
+        vec![
+            page_cmd(2, 1, Some(&incarnation(1)), 10),
+            n(WatchNotice::Up(inc))
+        ]
     );
 }
