@@ -475,6 +475,9 @@ impl HostLiveness {
                 key: key.clone().into_bytes(),
                 value: metadata.to_vec(),
                 leave_marker: Some(leave_marker_key(key.as_bytes())),
+                // As with an own lease (see `HostInfo::incarnation`); a
+                // host on a session is never resumed.
+                companion: Some((incarnation_key(key.as_bytes()), b"1".to_vec())),
                 backoff: BackoffConfig::default(),
                 give_up: ttl,
             },

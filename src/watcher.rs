@@ -38,6 +38,18 @@ pub struct HostInfo {
     /// Revision of the last write to the key (new metadata, or a
     /// registration on a new lease).
     pub mod_revision: i64,
+    /// Which process of this registration wrote the key: 1 for a fresh
+    /// [`crate::HostLiveness::register`], one more for each
+    /// [`crate::HostLiveness::resume`] that took the registration over
+    /// (a restart that kept it, so no `Down` was seen), so consumers can
+    /// count restarts. It comes from `<prefix><host id>/incarnation`,
+    /// which `HostLiveness` writes in the same transaction, on the same
+    /// lease, as every write of its key; it is 0 when the key's last
+    /// write came without one (another client, or an older fleetcoord).
+    /// An incarnation key rewritten on its own is not the
+    /// host's: a [`HostWatcher`] keeps what came with the host key, while
+    /// [`list_hosts`] (which reads both afresh) says 0.
+    pub incarnation: u64,
 }
 
 /// A change in the set of live hosts.
@@ -198,7 +210,10 @@ impl WatcherOptions {
 /// hosts' leave markers (`<prefix><host id>/left`, see [`DownReason`]) and
 /// incarnation keys (`<prefix><host id>/incarnation`, written by
 /// [`crate::HostLiveness`] with every write of its key) are skipped
-/// silently.
+/// silently; an incarnation key's value comes as the host's
+/// [`HostInfo::incarnation`]. Reading the prefix in pages, the `Up` of a
+/// page's last host may wait for the next page, where its incarnation key
+/// can be.
 ///
 /// Large fleets: the prefix is read in pages of 1,000 keys at one revision,
 /// and the initial `Up`s arrive page by page. Transient errors are retried
@@ -252,8 +267,9 @@ impl std::fmt::Debug for HostWatcher {
 /// (the one the watch machine applies as [`KeyRule::HostId`]), so that
 /// [`list_hosts`] and [`HostWatcher`] always agree on which keys are hosts.
 /// Takes the key-value by value: the metadata moves into the event, which
-/// saves a copy per event of every replay.
-pub(crate) fn host_info(prefix_len: usize, kv: KeyValue) -> Option<HostInfo> {
+/// saves a copy per event of every replay. `incarnation` is the one the
+/// watch machine told right before the notice (0 if none).
+pub(crate) fn host_info(prefix_len: usize, kv: KeyValue, incarnation: u64) -> Option<HostInfo> {
     let id = parse_host_id(kv.key.get(prefix_len..)?)?;
     Some(HostInfo {
         id: Uuid::from_bytes(id),
@@ -261,6 +277,7 @@ pub(crate) fn host_info(prefix_len: usize, kv: KeyValue) -> Option<HostInfo> {
         lease: kv.lease,
         create_revision: kv.create_revision,
         mod_revision: kv.mod_revision,
+        incarnation,
     })
 }
 
@@ -288,6 +305,9 @@ impl HostWatcher {
             page_size: DEFAULT_PAGE_SIZE,
         };
         let machine = Watch::new(config, Instant::now(), rand_seed());
+        // `WatchNotice::Incarnation` comes right before the host notice it
+        // belongs to.
+        let mut told = 0;
         let (feed, events) = FeedSink::new(options.capacity, move |notice: WatchNotice| {
             let (label, reason) = match &notice {
                 WatchNotice::Up(_) => ("up", ""),
@@ -300,15 +320,21 @@ impl HostWatcher {
             if !label.is_empty() {
                 crate::metrics::host_event(&metrics_prefix, label, reason);
             }
-            let event =
-                match notice {
-                    WatchNotice::Up(kv) => host_info(prefix_len, kv).map(HostEvent::Up),
-                    WatchNotice::Updated(kv) => host_info(prefix_len, kv).map(HostEvent::Updated),
-                    WatchNotice::Down(kv) => host_info(prefix_len, kv)
-                        .map(|info| HostEvent::Down(info, DownReason::Expired)),
-                    WatchNotice::Left(kv) => host_info(prefix_len, kv)
-                        .map(|info| HostEvent::Down(info, DownReason::Left)),
-                    WatchNotice::Synced => Some(HostEvent::Synced),
+            let incarnation = std::mem::take(&mut told);
+            let event = match notice {
+                WatchNotice::Incarnation(n) => {
+                    told = n;
+                    None
+                }
+                WatchNotice::Up(kv) => host_info(prefix_len, kv, incarnation).map(HostEvent::Up),
+                WatchNotice::Updated(kv) => {
+                    host_info(prefix_len, kv, incarnation).map(HostEvent::Updated)
+                }
+                WatchNotice::Down(kv) => host_info(prefix_len, kv, incarnation)
+                    .map(|info| HostEvent::Down(info, DownReason::Expired)),
+                WatchNotice::Left(kv) => host_info(prefix_len, kv, incarnation)
+                    .map(|info| HostEvent::Down(info, DownReason::Left)),
+                WatchNotice::Synced => Some(HostEvent::Synced),
                     WatchNotice::InvalidKey(key) => {
                         log::warn!(
                             "ignoring key {:?} under the hosts prefix: not a host id",
@@ -402,16 +428,24 @@ pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
     let machine = Watch::new(config, Instant::now(), rand_seed());
     let (done_tx, done) = crossbeam_channel::bounded(1);
     // Keyed by etcd key, so the list comes out in key order.
-    let mut view: BTreeMap<Vec<u8>, KeyValue> = BTreeMap::new();
+    let mut view: BTreeMap<Vec<u8>, (KeyValue, u64)> = BTreeMap::new();
+    // `WatchNotice::Incarnation` comes right before the host notice it
+    // belongs to.
+    let mut told = 0;
     let _machine = etcd.run(
         machine,
         Notify(move |notice| match notice {
+            WatchNotice::Incarnation(n) => {
+                told = n;
+                true
+            }
             WatchNotice::Up(kv) | WatchNotice::Updated(kv) => {
-                view.insert(kv.key.clone(), kv);
+                view.insert(kv.key.clone(), (kv, std::mem::take(&mut told)));
                 true
             }
             // An interrupted replay finishes as a diff.
             WatchNotice::Down(kv) | WatchNotice::Left(kv) => {
+                told = 0;
                 view.remove(&kv.key);
                 true
             }
@@ -432,7 +466,7 @@ pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
     match done.recv_timeout(wait) {
         Ok(Ok(view)) => Ok(view
             .into_values()
-            .filter_map(|kv| host_info(prefix_len, kv))
+            .filter_map(|(kv, incarnation)| host_info(prefix_len, kv, incarnation))
             .collect()),
         Ok(Err(e)) => Err(e),
         Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Timeout(wait)),

@@ -10,7 +10,9 @@
 //!    registration must not read as this one's). A failed guard is
 //!    answered with the key as it is: already the current value on L (an
 //!    earlier copy landed) counts as the write; anything else is taken
-//!    over by the next put, guarded on what was read. A failed request is
+//!    over by the next put, guarded on what was read. The
+//!    [`RegistrationConfig::companion`] key, if any, is put on L first in
+//!    the same transaction, so both carry one mod revision. A failed request is
 //!    sent again after a backoff delay. A put given up on an old lease and
 //!    landing late fails its guard, since every later write moved the mod
 //!    revision.
@@ -20,7 +22,8 @@
 //!    registering again.
 //! 3. **Leave.** [`RegistrationInput::Stop`] while the key is written on
 //!    the current lease sends one transaction that puts the leave marker on
-//!    that lease and deletes the key, guarded on the key's mod revision as
+//!    that lease and deletes the key (and the companion), guarded on the
+//!    key's mod revision as
 //!    written (watchers see a leave, as with an own lease); a put still in
 //!    flight is waited for first, so it cannot write the key after the
 //!    leave. A failed leave is sent again after a backoff delay; one not
@@ -54,6 +57,11 @@ pub struct RegistrationConfig {
     /// Written on the lease when leaving, in the transaction that deletes
     /// the key (see `watch::leave_marker_key`); `None` deletes only.
     pub leave_marker: Option<Vec<u8>>,
+    /// A second key and its value put on the lease in the same transaction
+    /// as every write of `key` (host liveness: the host's
+    /// [`incarnation_key`](crate::watch::incarnation_key)), and deleted by
+    /// the leave, since the shared lease outlives the registration.
+    pub companion: Option<(Vec<u8>, Vec<u8>)>,
     /// Delays between failed attempts.
     pub backoff: BackoffConfig,
     /// How long a leave may fail before the lease is given up (one TTL
@@ -129,6 +137,7 @@ pub struct Registration {
     key: Vec<u8>,
     value: Vec<u8>,
     marker: Option<Vec<u8>>,
+    companion: Option<(Vec<u8>, Vec<u8>)>,
     give_up: Duration,
     lease: Option<LeaseId>,
     /// The key's mod revision as this machine last knew it (0: absent).
@@ -151,6 +160,7 @@ impl Registration {
             key: config.key,
             value: config.value,
             marker: config.leave_marker,
+            companion: config.companion,
             give_up: config.give_up,
             lease: None,
             known: 0,
@@ -200,11 +210,19 @@ impl Registration {
                 if self.is_written() {
                     return;
                 }
-                let mut success = vec![TxnOp::Put {
+                let mut success = Vec::with_capacity(3);
+                if let Some((key, value)) = &self.companion {
+                    success.push(TxnOp::Put {
+                        key: key.clone(),
+                        value: value.clone(),
+                        lease,
+                    });
+                }
+                success.push(TxnOp::Put {
                     key: self.key.clone(),
                     value: self.value.clone(),
                     lease,
-                }];
+                });
                 if let Some(marker) = &self.marker {
                     success.push(TxnOp::Delete(KeyRange::Key(marker.clone())));
                 }
@@ -241,6 +259,9 @@ impl Registration {
             });
         }
         success.push(TxnOp::Delete(KeyRange::Key(self.key.clone())));
+        if let Some((key, _)) = &self.companion {
+            success.push(TxnOp::Delete(KeyRange::Key(key.clone())));
+        }
         let id = self.outbox.rpc(Request::Txn(Txn {
             compare: vec![Compare::ModRevisionEquals {
                 key: self.key.clone(),

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 const KEY: &[u8] = b"/h/a";
 const MARKER: &[u8] = b"/h/a/left";
+const INCARNATION: &[u8] = b"/h/a/incarnation";
 const L1: LeaseId = 0x11;
 const L2: LeaseId = 0x22;
 
@@ -23,6 +24,7 @@ fn registration(t0: Instant) -> Registration {
             key: KEY.to_vec(),
             value: b"v".to_vec(),
             leave_marker: Some(MARKER.to_vec()),
+            companion: Some((INCARNATION.to_vec(), b"1".to_vec())),
             backoff: BackoffConfig {
                 initial: Duration::from_millis(100),
                 max: Duration::from_secs(1),
@@ -59,7 +61,13 @@ fn put(known: Revision, value: &[u8], lease: LeaseId) -> Request {
             key: KEY.to_vec(),
             revision: known,
         }],
+        // The companion first, on the same lease, in every write.
         success: vec![
+            TxnOp::Put {
+                key: INCARNATION.to_vec(),
+                value: b"1".to_vec(),
+                lease,
+            },
             TxnOp::Put {
                 key: KEY.to_vec(),
                 value: value.to_vec(),
@@ -84,6 +92,8 @@ fn leave(written: Revision, lease: LeaseId) -> Request {
                 lease,
             },
             TxnOp::Delete(KeyRange::Key(KEY.to_vec())),
+            // The shared lease outlives the registration.
+            TxnOp::Delete(KeyRange::Key(INCARNATION.to_vec())),
         ],
         failure: vec![],
     })
