@@ -335,22 +335,22 @@ impl HostWatcher {
                 WatchNotice::Left(kv) => host_info(prefix_len, kv, incarnation)
                     .map(|info| HostEvent::Down(info, DownReason::Left)),
                 WatchNotice::Synced => Some(HostEvent::Synced),
-                    WatchNotice::InvalidKey(key) => {
-                        log::warn!(
-                            "ignoring key {:?} under the hosts prefix: not a host id",
-                            String::from_utf8_lossy(&key)
-                        );
-                        None
-                    }
-                    WatchNotice::Failed(e) => {
-                        log::warn!("host watcher gave up, its events end here: {e}");
-                        // Set before the channel ends, so whoever sees it
-                        // disconnected finds the reason.
-                        let _ = failed.set(e);
-                        return FeedItem::End;
-                    }
-                    _ => None,
-                };
+                WatchNotice::InvalidKey(key) => {
+                    log::warn!(
+                        "ignoring key {:?} under the hosts prefix: not a host id",
+                        String::from_utf8_lossy(&key)
+                    );
+                    None
+                }
+                WatchNotice::Failed(e) => {
+                    log::warn!("host watcher gave up, its events end here: {e}");
+                    // Set before the channel ends, so whoever sees it
+                    // disconnected finds the reason.
+                    let _ = failed.set(e);
+                    return FeedItem::End;
+                }
+                _ => None,
+            };
             event.map_or(FeedItem::Skip, FeedItem::Item)
         });
         let machine = etcd.run(machine, feed)?;

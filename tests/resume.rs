@@ -7,8 +7,8 @@ mod common;
 
 use common::{connect, etcdctl, start_etcd};
 use fleetcoord::{
-    list_hosts, HostEvent, HostLiveness, HostWatcher, LivenessOptions, LivenessState, Resume,
-    DEFAULT_HOSTS_PREFIX,
+    list_hosts, DownReason, HostEvent, HostLiveness, HostWatcher, LivenessOptions, LivenessState,
+    Resume, Session, DEFAULT_HOSTS_PREFIX,
 };
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -159,7 +159,7 @@ fn a_resume_after_the_lease_expired_registers_afresh() {
 
 /// The incarnation key's value, and whether it was written by the same
 /// transaction on the same lease as the host key (what a reader joining the
-/// two must check).
+/// two must check), as a plain etcd reader sees them.
 fn read_incarnation(endpoint: &str, id: Uuid) -> (String, bool) {
     let key = format!("{DEFAULT_HOSTS_PREFIX}{id}");
     let fields = |key: &str| -> (String, String, String) {
@@ -179,46 +179,136 @@ fn read_incarnation(endpoint: &str, id: Uuid) -> (String, bool) {
     (value, joined)
 }
 
+/// The host's incarnation as `list_hosts` reads it.
+fn listed_incarnation(etcd: &fleetcoord::Etcd, id: Uuid) -> Option<u64> {
+    list_hosts(etcd, DEFAULT_HOSTS_PREFIX)
+        .expect("list hosts")
+        .into_iter()
+        .find(|h| h.id == id)
+        .map(|h| h.incarnation)
+}
+
+fn next_event(watcher: &HostWatcher) -> HostEvent {
+    watcher.events().recv_timeout(WAIT).expect("an event")
+}
+
 #[test]
-fn each_resume_writes_one_more_incarnation_with_the_host_key_without_a_down() {
+fn each_resume_counts_one_more_incarnation_that_watchers_and_list_hosts_read_without_a_down() {
     let server = start_etcd();
     let endpoint = server.endpoint();
     let etcd = connect(&endpoint);
     let watcher = HostWatcher::watch(&etcd).expect("watch");
-    assert_eq!(watcher.events().recv_timeout(WAIT), Ok(HostEvent::Synced));
+    assert_eq!(next_event(&watcher), HostEvent::Synced);
     let id = Uuid::new_v4();
     let mut host = HostLiveness::with_options(&etcd, id, b"m", options(30)).expect("register");
     let lease = registered_lease(&host);
-    assert!(matches!(
-        watcher.events().recv_timeout(WAIT),
-        Ok(HostEvent::Up(_))
-    ));
+    match next_event(&watcher) {
+        HostEvent::Up(info) => assert_eq!((info.id, info.incarnation), (id, 1)),
+        other => panic!("expected Up, got {other:?}"),
+    }
     assert_eq!(read_incarnation(&endpoint, id), ("1".to_string(), true));
+    assert_eq!(listed_incarnation(&etcd, id), Some(1));
     for n in 2..=4u64 {
         let resume = host.detach().expect("detach");
         host = HostLiveness::resume(&etcd, resume, b"m", options(30)).expect("resume");
         assert!(host.resumed());
         assert_eq!(host.incarnation(), n);
         assert_eq!(read_incarnation(&endpoint, id), (n.to_string(), true));
-        // The watcher reports the host key only, never the incarnation key.
-        match watcher.events().recv_timeout(WAIT) {
-            Ok(HostEvent::Updated(info)) => assert_eq!((info.id, info.lease), (id, lease)),
+        // A restart that kept the registration: Updated, counted.
+        match next_event(&watcher) {
+            HostEvent::Updated(info) => {
+                assert_eq!((info.id, info.lease, info.incarnation), (id, lease, n))
+            }
             other => panic!("expected Updated, got {other:?}"),
         }
+        assert_eq!(listed_incarnation(&etcd, id), Some(n));
     }
     // New metadata is written with it too.
     host.set_metadata(b"m2").expect("set_metadata");
-    assert!(matches!(
-        watcher.events().recv_timeout(WAIT),
-        Ok(HostEvent::Updated(_))
-    ));
-    assert_eq!(read_incarnation(&endpoint, id), ("4".to_string(), true));
-    // `list_hosts` lists the host once, not its incarnation key.
+    match next_event(&watcher) {
+        HostEvent::Updated(info) => {
+            assert_eq!((info.metadata, info.incarnation), (b"m2".to_vec(), 4))
+        }
+        other => panic!("expected Updated, got {other:?}"),
+    }
+    // A watcher started now reads it from its snapshot; `list_hosts`
+    // lists the host once, not its incarnation key.
+    let late = HostWatcher::watch(&etcd).expect("watch");
+    match next_event(&late) {
+        HostEvent::Up(info) => assert_eq!((info.id, info.incarnation), (id, 4)),
+        other => panic!("expected Up, got {other:?}"),
+    }
+    assert_eq!(next_event(&late), HostEvent::Synced);
     let listed = list_hosts(&etcd, DEFAULT_HOSTS_PREFIX).expect("list hosts");
-    assert_eq!(listed.iter().map(|h| h.id).collect::<Vec<_>>(), vec![id]);
+    assert_eq!(
+        listed
+            .iter()
+            .map(|h| (h.id, h.incarnation))
+            .collect::<Vec<_>>(),
+        vec![(id, 4)]
+    );
     assert!(
         watcher.events().try_recv().is_err(),
         "no Down, nothing else"
     );
-    drop(host);
+    // The leave carries the last incarnation.
+    host.close().expect("close");
+    for w in [&watcher, &late] {
+        match next_event(w) {
+            HostEvent::Down(info, DownReason::Left) => {
+                assert_eq!((info.id, info.incarnation), (id, 4))
+            }
+            other => panic!("expected Down(Left), got {other:?}"),
+        }
+    }
+    // A host key written by another client, without an incarnation key:
+    // unknown (0), though an older incarnation key is still there.
+    let other =
+        HostLiveness::with_options(&etcd, Uuid::new_v4(), b"o", options(30)).expect("register");
+    let other_id = other.host_id();
+    assert!(matches!(next_event(&watcher), HostEvent::Up(_)));
+    let key = format!("{DEFAULT_HOSTS_PREFIX}{other_id}");
+    let lease_arg = format!("--lease={:x}", registered_lease(&other));
+    etcdctl(&endpoint, &["put", &key, "by hand", &lease_arg]);
+    match next_event(&watcher) {
+        HostEvent::Updated(info) => assert_eq!((info.id, info.incarnation), (other_id, 0)),
+        e => panic!("expected Updated, got {e:?}"),
+    }
+    assert_eq!(
+        read_incarnation(&endpoint, other_id),
+        ("1".to_string(), false)
+    );
+    assert_eq!(listed_incarnation(&etcd, other_id), Some(0));
+    drop(other);
+}
+
+/// A host on a shared session writes its incarnation key with its key, and
+/// its leave deletes it: the session's lease outlives the registration.
+#[test]
+fn a_host_on_a_session_has_incarnation_one_and_its_leave_deletes_the_key() {
+    let server = start_etcd();
+    let endpoint = server.endpoint();
+    let etcd = connect(&endpoint);
+    let watcher = HostWatcher::watch(&etcd).expect("watch");
+    assert_eq!(next_event(&watcher), HostEvent::Synced);
+    let session = Session::new(&etcd, Duration::from_secs(30)).expect("session");
+    let id = Uuid::new_v4();
+    let host = HostLiveness::with_session(&session, id, b"m", options(30)).expect("register");
+    match next_event(&watcher) {
+        HostEvent::Up(info) => assert_eq!((info.id, info.incarnation), (id, 1)),
+        other => panic!("expected Up, got {other:?}"),
+    }
+    assert_eq!(read_incarnation(&endpoint, id), ("1".to_string(), true));
+    host.close().expect("close");
+    match next_event(&watcher) {
+        HostEvent::Down(info, DownReason::Left) => assert_eq!(info.incarnation, 1),
+        other => panic!("expected Down(Left), got {other:?}"),
+    }
+    let incarnation_key = format!("{DEFAULT_HOSTS_PREFIX}{id}/incarnation");
+    assert_eq!(
+        etcdctl(&endpoint, &["get", &incarnation_key, "--print-value-only"]).trim(),
+        "",
+        "the incarnation key outlived the leave"
+    );
+    session.close().expect("close session");
 }
