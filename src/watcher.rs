@@ -38,11 +38,12 @@ pub struct HostInfo {
     /// Revision of the last write to the key (new metadata, or a
     /// registration on a new lease).
     pub mod_revision: i64,
-    /// Which process of this registration wrote the key: 1 for a fresh
+    /// Which process of this host wrote the key
+    /// ([`crate::HostLiveness::incarnation`]): 1 for a fresh
     /// [`crate::HostLiveness::register`], one more for each
-    /// [`crate::HostLiveness::resume`] that took the registration over
-    /// (a restart that kept it, so no `Down` was seen), so consumers can
-    /// count restarts. It comes from `<prefix><host id>/incarnation`,
+    /// [`crate::HostLiveness::resume`] (a restart handed over with
+    /// `detach`; within the TTL it kept the registration, so no `Down` was
+    /// seen), so consumers can count restarts. It comes from `<prefix><host id>/incarnation`,
     /// which `HostLiveness` writes in the same transaction, on the same
     /// lease, as every write of its key; it is 0 when the key's last
     /// write came without one (another client, or an older fleetcoord).

@@ -75,15 +75,24 @@ fn host_fields(info: &HostInfo) -> Value {
         ("lease", lease_json(info.lease)),
         ("create_revision", json!(info.create_revision)),
         ("mod_revision", json!(info.mod_revision)),
+        // 0: not known (written by another client or an older version).
+        ("incarnation", json!(info.incarnation)),
     ])
 }
 
 fn host_line(info: &HostInfo) -> String {
+    // Shown only when known, and above 1: how many restarts kept the
+    // registration is what an operator reads it for.
+    let restarts = match info.incarnation {
+        0 | 1 => String::new(),
+        n => format!("  incarnation {n}"),
+    };
     format!(
-        "{}  lease {}  since rev {}  {}",
+        "{}  lease {}  since rev {}{}  {}",
         info.id,
         lease_hex(info.lease),
         info.create_revision,
+        restarts,
         text(&info.metadata)
     )
 }

@@ -98,6 +98,14 @@ fn restarts_within_the_ttl_are_no_down_and_one_past_it_is_one_down_expired_and_o
     assert_eq!(count(&events, "down"), 0, "{events:?}");
     assert_eq!(count(&events, "up"), 1, "{events:?}");
     assert_eq!(count(&events, "updated"), 20, "{events:?}");
+    // Watchers count the restarts: each `updated` carries the incarnation
+    // the run wrote.
+    let counted: Vec<u64> = events
+        .iter()
+        .filter(|e| e["event"] == "up" || e["event"] == "updated")
+        .filter_map(|e| e["incarnation"].as_u64())
+        .collect();
+    assert_eq!(counted, (1..=21).collect::<Vec<u64>>(), "{events:?}");
 
     // Past the TTL: the saved lease expires (one down, expired), and the
     // next run registers afresh (one up).
@@ -111,6 +119,7 @@ fn restarts_within_the_ttl_are_no_down_and_one_past_it_is_one_down_expired_and_o
     }
     assert_eq!(down["id"], ID);
     assert_eq!(down["reason"], "expired", "{down}");
+    assert_eq!(down["incarnation"], 22, "{down}");
     let gone = stopped.elapsed();
     println!("detached -> down (expired): {gone:?}");
     // Liveness: the detached lease is not kept alive by anyone, so its
@@ -126,6 +135,13 @@ fn restarts_within_the_ttl_are_no_down_and_one_past_it_is_one_down_expired_and_o
     // The `updated` of the run before the expiry came before the down.
     assert_eq!(count(&events, "up"), 1, "{events:?}");
     assert_eq!(count(&events, "down"), 0, "{events:?}");
+    // Registered afresh, but still the next run of this host: 23.
+    let up = events.iter().find(|e| e["event"] == "up");
+    assert_eq!(
+        up.map(|e| &e["incarnation"]),
+        Some(&serde_json::json!(23)),
+        "{events:?}"
+    );
     // That last run detached too: its lease expires, once more one down.
     let down = watch.until("event", "down");
     assert_eq!(down["reason"], "expired", "{down}");
