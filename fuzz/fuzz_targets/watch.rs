@@ -16,6 +16,12 @@
 //!   0 and 1) never reported at all;
 //! * a `Left` (like a `Down` otherwise) only for a key whose leave marker
 //!   was written on the key's (non-zero) lease after the key was created;
+//! * incarnation keys (keys 8 and 9, of hosts 0 and 1) never reported;
+//!   every `Up`/`Updated` told with the incarnation written with that
+//!   state in one transaction (`Register`), or with none (0) when none was
+//!   — or when the incarnation key was rewritten or deleted alone since,
+//!   which a snapshot cannot see past; every `Down`/`Left` with the one
+//!   last told for its key;
 //! * at most one request outstanding; nothing issued after `Stop`;
 //! * `poll_timeout` never before `now`;
 //! * once live and caught up with the model's history (and no arbitrary
@@ -26,7 +32,8 @@
 
 use arbitrary::Arbitrary;
 use fleetcoord_sm::watch::{
-    leave_marker_key, parse_leave_marker, KeyRule, Watch, WatchConfig, WatchInput, WatchNotice,
+    incarnation_key, leave_marker_key, parse_leave_marker, KeyRule, Watch, WatchConfig, WatchInput,
+    WatchNotice,
 };
 use fleetcoord_sm::{
     BackoffConfig, Command, KeyRange, KeyValue, LeaseId, Machine, RangeRequest, Request, Response,
@@ -45,12 +52,14 @@ const MAX_COMMANDS_PER_STEP: usize = 10_000;
 const LEASE_TTL_SECS: i64 = 24 * 60 * 60;
 
 /// Keys 0..4 are valid host ids, 4 is an invalid key under the prefix, 5 is
-/// outside the prefix, 6 and 7 are the leave markers of hosts 0 and 1.
+/// outside the prefix, 6 and 7 are the leave markers of hosts 0 and 1, 8
+/// and 9 their incarnation keys.
 fn key(index: u8) -> Vec<u8> {
-    match index % 8 {
+    match index % 10 {
         4 => b"/h/not-a-host".to_vec(),
         5 => b"/elsewhere".to_vec(),
         n @ (6 | 7) => leave_marker_key(&key(n - 6)),
+        n @ (8 | 9) => incarnation_key(&key(n - 8)),
         n => format!("/h/00000000-0000-0000-0000-00000000000{n}").into_bytes(),
     }
 }
@@ -81,9 +90,22 @@ fn is_valid(key: &[u8]) -> bool {
 #[derive(Arbitrary, Debug)]
 enum Op {
     Advance(u16),
-    Put { key: u8, value: u8, lease: bool },
+    Put {
+        key: u8,
+        value: u8,
+        lease: bool,
+    },
     Delete(u8),
-    Revoke(u8),
+    Revoke(u16),
+    /// Host 0 or 1 written as `HostLiveness` does: its incarnation key
+    /// (any decimal, 0 included, which is no incarnation) and then the
+    /// host key, in one transaction, on one lease.
+    Register {
+        host: bool,
+        value: u8,
+        incarnation: u8,
+        lease: bool,
+    },
     ReplyRange,
     DeliverWatch(u8),
     RepeatOld(u8),
@@ -112,17 +134,65 @@ struct Consumer {
     reported: BTreeSet<Vec<u8>>,
     /// The machine gave up with `Failed` (its last notice).
     failed: bool,
+    /// (host key, revision) of every `Register`: (lease, incarnation).
+    registered: BTreeMap<(Vec<u8>, Revision), (LeaseId, u64)>,
+    /// Revisions that wrote or deleted each host's incarnation key.
+    touched: BTreeMap<Vec<u8>, Vec<Revision>>,
+    /// The incarnation last told for each key in `view` (0: none).
+    told: BTreeMap<Vec<u8>, u64>,
+    /// An `Incarnation` waiting for the notice it belongs to.
+    pending: Option<u64>,
 }
 
 impl Consumer {
+    /// The incarnation told before a notice about `kv`, checked against
+    /// what was written with it (`Up`/`Updated`), or what was told last
+    /// (`Down`/`Left`, `fresh` false).
+    fn incarnation(&mut self, kv: &KeyValue, fresh: bool) {
+        let told = self.pending.take().unwrap_or(0);
+        if !fresh {
+            let last = self.told.remove(&kv.key).unwrap_or(0);
+            assert_eq!(told, last, "{kv:?} gone with another incarnation");
+            return;
+        }
+        let written = self
+            .registered
+            .get(&(kv.key.clone(), kv.mod_revision))
+            .filter(|(lease, _)| *lease == kv.lease)
+            .map_or(0, |(_, n)| *n);
+        let overwritten = self
+            .touched
+            .get(&kv.key)
+            .is_some_and(|at| at.iter().any(|r| *r > kv.mod_revision));
+        assert!(
+            told == written || (told == 0 && overwritten),
+            "{kv:?} told incarnation {told}, written with {written}"
+        );
+        self.told.insert(kv.key.clone(), told);
+    }
+
     fn apply(&mut self, notice: WatchNotice, replay: bool) {
         if !replay {
             assert!(self.synced, "non-replay notice before Synced: {notice:?}");
         }
         assert!(!self.failed, "{notice:?} after Failed");
+        if !matches!(
+            notice,
+            WatchNotice::Up(_)
+                | WatchNotice::Updated(_)
+                | WatchNotice::Down(_)
+                | WatchNotice::Left(_)
+        ) {
+            assert_eq!(self.pending, None, "an incarnation before {notice:?}");
+        }
         match notice {
+            WatchNotice::Incarnation(n) => {
+                assert!(n > 0, "incarnation 0 told");
+                self.pending = Some(n);
+            }
             WatchNotice::Up(kv) => {
                 assert!(is_valid(&kv.key), "Up for an invalid key");
+                self.incarnation(&kv, true);
                 assert!(
                     self.view.insert(kv.key.clone(), kv).is_none(),
                     "Up for a key already up"
@@ -135,15 +205,18 @@ impl Consumer {
                     kv.mod_revision > before.mod_revision,
                     "invented Updated: {kv:?}"
                 );
+                self.incarnation(&kv, true);
                 self.view.insert(kv.key.clone(), kv);
             }
             WatchNotice::Down(kv) => {
                 let before = self.view.remove(&kv.key).expect("Down for a key not up");
                 assert_eq!(before, kv, "Down must carry the last-seen value");
+                self.incarnation(&kv, false);
             }
             WatchNotice::Left(kv) => {
                 let before = self.view.remove(&kv.key).expect("Left for a key not up");
                 assert_eq!(before, kv, "Left must carry the last-seen value");
+                self.incarnation(&kv, false);
                 let marker = leave_marker_key(&kv.key);
                 assert!(
                     self.marker_puts.iter().any(|(k, lease, rev)| *k == marker
@@ -160,6 +233,10 @@ impl Consumer {
             WatchNotice::InvalidKey(key) => {
                 assert!(!is_valid(&key) && key.starts_with(PREFIX));
                 assert!(!is_marker(&key), "a leave marker reported as invalid");
+                assert!(
+                    key != self::key(8) && key != self::key(9),
+                    "an incarnation key reported as invalid"
+                );
                 assert!(self.reported.insert(key), "invalid key reported twice");
             }
             WatchNotice::Failed(e) => {
@@ -189,13 +266,41 @@ struct World {
 impl World {
     /// A write the target makes itself; the model accepts every one.
     fn write(&mut self, request: Request) {
+        let before = self.etcd.revision();
         if let Err(e) = self.etcd.execute(self.now, &request) {
             panic!("the model refused {request:?}: {e:?}");
         }
+        let at = self.etcd.revision();
         if let Request::Put { key, lease, .. } = &request {
             if is_marker(key) {
-                let at = self.etcd.revision();
                 self.consumer.marker_puts.push((key.clone(), *lease, at));
+            }
+        }
+        if at == before {
+            return;
+        }
+        // Which incarnation keys this write touched.
+        let keys: Vec<&[u8]> = match &request {
+            Request::Put { key, .. } | Request::Delete(KeyRange::Key(key)) => vec![key],
+            Request::Txn(txn) => txn
+                .success
+                .iter()
+                .filter_map(|op| match op {
+                    TxnOp::Put { key, .. } | TxnOp::Delete(KeyRange::Key(key)) => {
+                        Some(key.as_slice())
+                    }
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        for written in keys {
+            if let Some(host) = written.strip_suffix(b"/incarnation".as_slice()) {
+                self.consumer
+                    .touched
+                    .entry(host.to_vec())
+                    .or_default()
+                    .push(at);
             }
         }
     }
@@ -313,10 +418,39 @@ impl World {
                 lease: if lease { self.lease } else { 0 },
             }),
             Op::Delete(k) => self.write(Request::Delete(KeyRange::Key(key(k)))),
+            Op::Register {
+                host,
+                value,
+                incarnation,
+                lease,
+            } => {
+                let (host, lease) = (key(u8::from(host)), if lease { self.lease } else { 0 });
+                self.write(Request::Txn(Txn {
+                    compare: Vec::new(),
+                    success: vec![
+                        TxnOp::Put {
+                            key: incarnation_key(&host),
+                            value: incarnation.to_string().into_bytes(),
+                            lease,
+                        },
+                        TxnOp::Put {
+                            key: host.clone(),
+                            value: vec![value],
+                            lease,
+                        },
+                    ],
+                    failure: Vec::new(),
+                }));
+                let at = self.etcd.revision();
+                self.consumer
+                    .registered
+                    .insert((host, at), (lease, u64::from(incarnation)));
+            }
             Op::Revoke(mask) => {
-                // Hosts 0 and 1 with their markers (bits 6, 7), at one
-                // revision: what a lease revoke does.
-                let success = (0..8)
+                // Hosts 0 and 1 with their markers (bits 6, 7) and
+                // incarnation keys (bits 8, 9), at one revision: what a
+                // lease revoke does.
+                let success = (0..10)
                     .filter(|i| mask & (1 << i) != 0)
                     .map(|i| TxnOp::Delete(KeyRange::Key(key(i))))
                     .collect();
@@ -478,6 +612,10 @@ fuzz_target!(|input: (u64, Vec<Op>)| {
         consumer: Consumer {
             view: BTreeMap::new(),
             marker_puts: Vec::new(),
+            registered: BTreeMap::new(),
+            touched: BTreeMap::new(),
+            told: BTreeMap::new(),
+            pending: None,
             synced: false,
             reported: BTreeSet::new(),
             failed: false,
