@@ -36,6 +36,17 @@ fn peak_rss() -> String {
         .unwrap_or_else(|| "VmHWM: unknown".into())
 }
 
+/// Host `i`'s incarnation, written with its key (as `HostLiveness` does,
+/// at one revision) for two hosts in three, so that page boundaries fall
+/// between hosts with and without one: 0 for the others.
+fn incarnation(i: usize) -> u64 {
+    if i % 3 == 0 {
+        0
+    } else {
+        (i % 7) as u64 + 1
+    }
+}
+
 fn value(i: usize) -> Vec<u8> {
     let mut v = format!("{i:08}:").into_bytes();
     v.resize(VALUE_LEN, b'x');
@@ -53,12 +64,19 @@ fn snapshots_over_the_message_limit_are_read_in_pages() {
     let leadership = election.campaign(b"writer").expect("campaign");
     let ids: Vec<Uuid> = (0..KEYS).map(|_| Uuid::new_v4()).collect();
     let started = Instant::now();
-    for (chunk_no, chunk) in ids.chunks(OPS_PER_TXN).enumerate() {
-        let ops = chunk.iter().enumerate().map(|(j, id)| {
-            TxnOp::put(
-                format!("/coord/hosts/{id}"),
-                value(chunk_no * OPS_PER_TXN + j),
-            )
+    // Up to two puts per host: half as many hosts per transaction.
+    let hosts_per_txn = OPS_PER_TXN / 2;
+    for (chunk_no, chunk) in ids.chunks(hosts_per_txn).enumerate() {
+        let ops = chunk.iter().enumerate().flat_map(|(j, id)| {
+            let i = chunk_no * hosts_per_txn + j;
+            let key = format!("/coord/hosts/{id}");
+            let joined = (incarnation(i) > 0).then(|| {
+                TxnOp::put(
+                    format!("{key}/incarnation"),
+                    incarnation(i).to_string().into_bytes(),
+                )
+            });
+            joined.into_iter().chain([TxnOp::put(key, value(i))])
         });
         assert!(leadership.txn_if_leader(ops).expect("txn").is_some());
     }
@@ -89,6 +107,7 @@ fn snapshots_over_the_message_limit_are_read_in_pages() {
     assert_eq!(view.len(), KEYS);
     for (i, id) in ids.iter().enumerate() {
         assert_eq!(view[id].metadata, value(i));
+        assert_eq!(view[id].incarnation, incarnation(i), "host {i}");
     }
     eprintln!(
         "HostWatcher synced {} hosts in {:?}",
@@ -110,6 +129,10 @@ fn snapshots_over_the_message_limit_are_read_in_pages() {
     let t = Instant::now();
     let listed = list_hosts(&etcd, "/coord/hosts/").expect("list_hosts");
     assert_eq!(listed.len(), KEYS + 1);
+    let by_id: HashMap<Uuid, u64> = listed.iter().map(|h| (h.id, h.incarnation)).collect();
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(by_id[id], incarnation(i), "host {i}");
+    }
     eprintln!(
         "list_hosts listed {} hosts in {:?}",
         listed.len(),
