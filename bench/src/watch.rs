@@ -22,6 +22,9 @@ struct Case {
     hosts: usize,
     value: usize,
     samples: usize,
+    /// Each host key with its incarnation key, as `HostLiveness` writes
+    /// them: twice the keys for both sides to read.
+    incarnations: bool,
 }
 
 pub fn run(cfg: &Config) -> Res<Vec<Row>> {
@@ -32,30 +35,44 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
             hosts: 1_000,
             value: 32,
             samples: cfg.samples(20, 2),
+            incarnations: false,
         },
         Case {
             hosts: 10_000,
             value: 32,
             samples: cfg.samples(10, 2),
+            incarnations: false,
+        },
+        Case {
+            hosts: 10_000,
+            value: 32,
+            samples: cfg.samples(10, 2),
+            incarnations: true,
         },
         Case {
             hosts: 100_000,
             value: 32,
             samples: cfg.samples(3, 1),
+            incarnations: false,
         },
         Case {
             hosts: 10_000,
             value: 1024,
             samples: cfg.samples(5, 1),
+            incarnations: false,
         },
     ];
     let raw = Raw::connect(&cfg.endpoint)?;
     let mut rows = Vec::new();
     for case in cases {
         let hosts = case.hosts / scale;
-        let label = format!("{} × {}", count_label(hosts), size_label(case.value));
-        let prefix = format!("/bench/watch/{hosts}x{}/", case.value);
-        populate(&raw, &prefix, hosts, case.value)?;
+        let mut label = format!("{} × {}", count_label(hosts), size_label(case.value));
+        let mut prefix = format!("/bench/watch/{hosts}x{}/", case.value);
+        if case.incarnations {
+            label.push_str(" + incarnation keys");
+            prefix = format!("/bench/watch/{hosts}x{}i/", case.value);
+        }
+        populate(&raw, &prefix, hosts, case.value, case.incarnations)?;
         let mut times = [Vec::new(), Vec::new()];
         let mut peak = [0.0f64; 2];
         for i in 0..case.samples {
@@ -106,16 +123,26 @@ fn size_label(bytes: usize) -> String {
 }
 
 /// `hosts` keys `<prefix><uuid>` (no lease: a watcher reads them the same)
-/// in txns of [`BATCH`] puts.
-fn populate(raw: &Raw, prefix: &str, hosts: usize, value: usize) -> Res<()> {
+/// in txns of [`BATCH`] puts; with `incarnations`, each with its
+/// `<prefix><uuid>/incarnation` in the same txn, as `HostLiveness` writes
+/// them (so the watcher joins them).
+fn populate(raw: &Raw, prefix: &str, hosts: usize, value: usize, incarnations: bool) -> Res<()> {
     raw.delete_prefix(prefix)?;
     let payload = vec![b'm'; value];
     let mut c = raw.client();
     let mut left = hosts;
+    let per_host = if incarnations { 2 } else { 1 };
     while left > 0 {
-        let take = left.min(BATCH);
+        let take = left.min(BATCH / per_host);
         let ops: Vec<TxnOp> = (0..take)
-            .map(|_| TxnOp::put(format!("{prefix}{}", Uuid::new_v4()), payload.clone(), None))
+            .flat_map(|_| {
+                let key = format!("{prefix}{}", Uuid::new_v4());
+                let incarnation =
+                    incarnations.then(|| TxnOp::put(format!("{key}/incarnation"), "1", None));
+                incarnation
+                    .into_iter()
+                    .chain([TxnOp::put(key, payload.clone(), None)])
+            })
             .collect();
         raw.block_on(c.txn(Txn::new().and_then(ops)))?;
         left -= take;
@@ -159,7 +186,12 @@ pub fn child_watch(args: &[String]) -> Res<()> {
             raw.block_on(raw.client().status())?;
             let t = Instant::now();
             let kvs = raw.block_on(read_paged(raw.client(), prefix.as_bytes()))?;
-            (t.elapsed(), kvs.len())
+            // The hosts are the keys one segment under the prefix.
+            let hosts = kvs
+                .iter()
+                .filter(|(key, _)| !key.get(prefix.len()..).unwrap_or_default().contains(&b'/'))
+                .count();
+            (t.elapsed(), hosts)
         }
         other => return Err(format!("unknown side {other:?}").into()),
     };
