@@ -40,7 +40,7 @@ fn peak_rss() -> String {
 /// at one revision) for two hosts in three, so that page boundaries fall
 /// between hosts with and without one: 0 for the others.
 fn incarnation(i: usize) -> u64 {
-    if i % 3 == 0 {
+    if i.is_multiple_of(3) {
         0
     } else {
         (i % 7) as u64 + 1
