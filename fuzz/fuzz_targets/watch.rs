@@ -39,7 +39,7 @@ use fleetcoord_sm::{
     BackoffConfig, Command, KeyRange, KeyValue, LeaseId, Machine, RangeRequest, Request, Response,
     Revision, RpcError, RpcId, RpcReply, Txn, TxnOp, WatchEvent,
 };
-use fleetcoord_test_support::ModelEtcd;
+use fleetcoord_test_support::{Incarnations, ModelEtcd};
 use libfuzzer_sys::fuzz_target;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -134,65 +134,23 @@ struct Consumer {
     reported: BTreeSet<Vec<u8>>,
     /// The machine gave up with `Failed` (its last notice).
     failed: bool,
-    /// (host key, revision) of every `Register`: (lease, incarnation).
-    registered: BTreeMap<(Vec<u8>, Revision), (LeaseId, u64)>,
-    /// Revisions that wrote or deleted each host's incarnation key.
-    touched: BTreeMap<Vec<u8>, Vec<Revision>>,
-    /// The incarnation last told for each key in `view` (0: none).
-    told: BTreeMap<Vec<u8>, u64>,
-    /// An `Incarnation` waiting for the notice it belongs to.
-    pending: Option<u64>,
+    /// What incarnations were written, checked against those told.
+    incarnations: Incarnations,
 }
 
 impl Consumer {
-    /// The incarnation told before a notice about `kv`, checked against
-    /// what was written with it (`Up`/`Updated`), or what was told last
-    /// (`Down`/`Left`, `fresh` false).
-    fn incarnation(&mut self, kv: &KeyValue, fresh: bool) {
-        let told = self.pending.take().unwrap_or(0);
-        if !fresh {
-            let last = self.told.remove(&kv.key).unwrap_or(0);
-            assert_eq!(told, last, "{kv:?} gone with another incarnation");
-            return;
-        }
-        let written = self
-            .registered
-            .get(&(kv.key.clone(), kv.mod_revision))
-            .filter(|(lease, _)| *lease == kv.lease)
-            .map_or(0, |(_, n)| *n);
-        let overwritten = self
-            .touched
-            .get(&kv.key)
-            .is_some_and(|at| at.iter().any(|r| *r > kv.mod_revision));
-        assert!(
-            told == written || (told == 0 && overwritten),
-            "{kv:?} told incarnation {told}, written with {written}"
-        );
-        self.told.insert(kv.key.clone(), told);
-    }
-
     fn apply(&mut self, notice: WatchNotice, replay: bool) {
         if !replay {
             assert!(self.synced, "non-replay notice before Synced: {notice:?}");
         }
         assert!(!self.failed, "{notice:?} after Failed");
-        if !matches!(
-            notice,
-            WatchNotice::Up(_)
-                | WatchNotice::Updated(_)
-                | WatchNotice::Down(_)
-                | WatchNotice::Left(_)
-        ) {
-            assert_eq!(self.pending, None, "an incarnation before {notice:?}");
+        if let Err(e) = self.incarnations.check(&notice) {
+            panic!("{e}");
         }
         match notice {
-            WatchNotice::Incarnation(n) => {
-                assert!(n > 0, "incarnation 0 told");
-                self.pending = Some(n);
-            }
+            WatchNotice::Incarnation(_) => {}
             WatchNotice::Up(kv) => {
                 assert!(is_valid(&kv.key), "Up for an invalid key");
-                self.incarnation(&kv, true);
                 assert!(
                     self.view.insert(kv.key.clone(), kv).is_none(),
                     "Up for a key already up"
@@ -205,18 +163,15 @@ impl Consumer {
                     kv.mod_revision > before.mod_revision,
                     "invented Updated: {kv:?}"
                 );
-                self.incarnation(&kv, true);
                 self.view.insert(kv.key.clone(), kv);
             }
             WatchNotice::Down(kv) => {
                 let before = self.view.remove(&kv.key).expect("Down for a key not up");
                 assert_eq!(before, kv, "Down must carry the last-seen value");
-                self.incarnation(&kv, false);
             }
             WatchNotice::Left(kv) => {
                 let before = self.view.remove(&kv.key).expect("Left for a key not up");
                 assert_eq!(before, kv, "Left must carry the last-seen value");
-                self.incarnation(&kv, false);
                 let marker = leave_marker_key(&kv.key);
                 assert!(
                     self.marker_puts.iter().any(|(k, lease, rev)| *k == marker
@@ -296,11 +251,7 @@ impl World {
         };
         for written in keys {
             if let Some(host) = written.strip_suffix(b"/incarnation".as_slice()) {
-                self.consumer
-                    .touched
-                    .entry(host.to_vec())
-                    .or_default()
-                    .push(at);
+                self.consumer.incarnations.touched(host.to_vec(), at);
             }
         }
     }
@@ -443,8 +394,8 @@ impl World {
                 }));
                 let at = self.etcd.revision();
                 self.consumer
-                    .registered
-                    .insert((host, at), (lease, u64::from(incarnation)));
+                    .incarnations
+                    .written(host, at, lease, u64::from(incarnation));
             }
             Op::Revoke(mask) => {
                 // Hosts 0 and 1 with their markers (bits 6, 7) and
@@ -612,10 +563,7 @@ fuzz_target!(|input: (u64, Vec<Op>)| {
         consumer: Consumer {
             view: BTreeMap::new(),
             marker_puts: Vec::new(),
-            registered: BTreeMap::new(),
-            touched: BTreeMap::new(),
-            told: BTreeMap::new(),
-            pending: None,
+            incarnations: Incarnations::default(),
             synced: false,
             reported: BTreeSet::new(),
             failed: false,

@@ -135,34 +135,8 @@ struct Consumer {
     invalid: u64,
     /// (host key, lease) of every leave marker put.
     marker_puts: BTreeSet<(Vec<u8>, LeaseId)>,
-    /// (host key, revision) of every write of a host key with its
-    /// incarnation key: (lease, incarnation).
-    incarnation_puts: BTreeMap<(Vec<u8>, i64), (LeaseId, u64)>,
-    /// The incarnation last told for each key in `view` (0: none).
-    told: BTreeMap<Vec<u8>, u64>,
-    /// An `Incarnation` notice waiting for the notice it belongs to.
-    pending: Option<u64>,
-    /// Notices told with an incarnation.
-    joined: u64,
-}
-
-impl Consumer {
-    /// The incarnation written with `kv`'s state, 0 if none was.
-    fn written_with(&self, kv: &KeyValue) -> u64 {
-        self.incarnation_puts
-            .get(&(kv.key.clone(), kv.mod_revision))
-            .filter(|(lease, _)| *lease == kv.lease)
-            .map_or(0, |(_, n)| *n)
-    }
-
-    /// Check the incarnation told before a notice about `kv`.
-    fn check_incarnation(&mut self, kv: &KeyValue, expected: u64) {
-        let told = self.pending.take().unwrap_or(0);
-        assert_eq!(told, expected, "incarnation told with {kv:?}");
-        if told != 0 {
-            self.joined += 1;
-        }
-    }
+    /// What incarnations were written, checked against those told.
+    incarnations: Incarnations,
 }
 
 impl Consumer {
@@ -186,26 +160,14 @@ impl Consumer {
                 "{notice:?} before Synced"
             );
         }
-        if !matches!(
-            notice,
-            WatchNotice::Up(_)
-                | WatchNotice::Updated(_)
-                | WatchNotice::Down(_)
-                | WatchNotice::Left(_)
-        ) {
-            assert_eq!(self.pending, None, "an incarnation before {notice:?}");
+        if let Err(e) = self.incarnations.check(&notice) {
+            panic!("{e}");
         }
         match notice {
-            WatchNotice::Incarnation(n) => {
-                assert!(n > 0, "incarnation 0 told");
-                self.pending = Some(n);
-            }
+            WatchNotice::Incarnation(_) => {}
             WatchNotice::Up(kv) => {
                 assert!(is_valid(&kv.key), "Up for an invalid key");
                 assert!(kv.mod_revision <= etcd_revision, "Up from the future");
-                let expected = self.written_with(&kv);
-                self.check_incarnation(&kv, expected);
-                self.told.insert(kv.key.clone(), expected);
                 let key = kv.key.clone();
                 assert!(
                     self.view.insert(key, kv).is_none(),
@@ -224,9 +186,6 @@ impl Consumer {
                     kv.mod_revision > before.mod_revision,
                     "Updated without a change"
                 );
-                let expected = self.written_with(&kv);
-                self.check_incarnation(&kv, expected);
-                self.told.insert(kv.key.clone(), expected);
                 self.view.insert(kv.key.clone(), kv);
                 self.updates += 1;
             }
@@ -236,8 +195,6 @@ impl Consumer {
                     .remove(&kv.key)
                     .expect("Down without an earlier Up");
                 assert_eq!(before, kv, "Down must carry the last-seen key");
-                let expected = self.told.remove(&kv.key).unwrap_or(0);
-                self.check_incarnation(&kv, expected);
                 self.downs += 1;
             }
             WatchNotice::Left(kv) => {
@@ -246,8 +203,6 @@ impl Consumer {
                     .remove(&kv.key)
                     .expect("Left without an earlier Up");
                 assert_eq!(before, kv, "Left must carry the last-seen key");
-                let expected = self.told.remove(&kv.key).unwrap_or(0);
-                self.check_incarnation(&kv, expected);
                 assert!(
                     kv.lease != 0 && self.marker_puts.contains(&(kv.key.clone(), kv.lease)),
                     "Left without a leave marker on its lease: {kv:?}"
@@ -423,8 +378,8 @@ impl World {
         });
         if let Some(Response::Txn { revision, .. }) = self.run(write) {
             self.consumer
-                .incarnation_puts
-                .insert((key, revision), (lease, incarnation));
+                .incarnations
+                .written(key, revision, lease, incarnation);
         }
     }
 
@@ -697,7 +652,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
     totals.lefts += w.consumer.lefts;
     totals.updates += w.consumer.updates;
     totals.invalid += w.consumer.invalid;
-    totals.joined += w.consumer.joined;
+    totals.joined += w.consumer.incarnations.joined();
     totals.compactions += w.compactions;
     totals.consumer_stalls += w.stalls;
 }
