@@ -282,6 +282,28 @@ pub(crate) fn host_info(prefix_len: usize, kv: KeyValue, incarnation: u64) -> Op
     })
 }
 
+/// Pairs each [`WatchNotice::Incarnation`] with the host notice the watch
+/// machine tells right after it (its contract), for [`HostWatcher`] and
+/// [`list_hosts`] alike.
+#[derive(Default)]
+struct Incarnations {
+    told: u64,
+}
+
+impl Incarnations {
+    /// `None` for an incarnation (kept for the next notice); any other
+    /// notice with the incarnation told right before it (0 if none).
+    fn pair(&mut self, notice: WatchNotice) -> Option<(WatchNotice, u64)> {
+        match notice {
+            WatchNotice::Incarnation(n) => {
+                self.told = n;
+                None
+            }
+            other => Some((other, std::mem::take(&mut self.told))),
+        }
+    }
+}
+
 impl HostWatcher {
     /// Watch the default hosts prefix.
     pub fn watch(etcd: &Etcd) -> Result<HostWatcher> {
@@ -306,10 +328,11 @@ impl HostWatcher {
             page_size: DEFAULT_PAGE_SIZE,
         };
         let machine = Watch::new(config, Instant::now(), rand_seed());
-        // `WatchNotice::Incarnation` comes right before the host notice it
-        // belongs to.
-        let mut told = 0;
+        let mut incarnations = Incarnations::default();
         let (feed, events) = FeedSink::new(options.capacity, move |notice: WatchNotice| {
+            let Some((notice, incarnation)) = incarnations.pair(notice) else {
+                return FeedItem::Skip;
+            };
             let (label, reason) = match &notice {
                 WatchNotice::Up(_) => ("up", ""),
                 WatchNotice::Updated(_) => ("updated", ""),
@@ -321,12 +344,7 @@ impl HostWatcher {
             if !label.is_empty() {
                 crate::metrics::host_event(&metrics_prefix, label, reason);
             }
-            let incarnation = std::mem::take(&mut told);
             let event = match notice {
-                WatchNotice::Incarnation(n) => {
-                    told = n;
-                    None
-                }
                 WatchNotice::Up(kv) => host_info(prefix_len, kv, incarnation).map(HostEvent::Up),
                 WatchNotice::Updated(kv) => {
                     host_info(prefix_len, kv, incarnation).map(HostEvent::Updated)
@@ -430,37 +448,31 @@ pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
     let (done_tx, done) = crossbeam_channel::bounded(1);
     // Keyed by etcd key, so the list comes out in key order.
     let mut view: BTreeMap<Vec<u8>, (KeyValue, u64)> = BTreeMap::new();
-    // `WatchNotice::Incarnation` comes right before the host notice it
-    // belongs to.
-    let mut told = 0;
+    let mut incarnations = Incarnations::default();
     let _machine = etcd.run(
         machine,
-        Notify(move |notice| match notice {
-            WatchNotice::Incarnation(n) => {
-                told = n;
-                true
-            }
-            WatchNotice::Up(kv) | WatchNotice::Updated(kv) => {
-                view.insert(kv.key.clone(), (kv, std::mem::take(&mut told)));
+        Notify(move |notice| match incarnations.pair(notice) {
+            None => true,
+            Some((WatchNotice::Up(kv) | WatchNotice::Updated(kv), incarnation)) => {
+                view.insert(kv.key.clone(), (kv, incarnation));
                 true
             }
             // An interrupted replay finishes as a diff.
-            WatchNotice::Down(kv) | WatchNotice::Left(kv) => {
-                told = 0;
+            Some((WatchNotice::Down(kv) | WatchNotice::Left(kv), _)) => {
                 view.remove(&kv.key);
                 true
             }
             // The snapshot is complete: `false` stops the machine before
             // its watch matters.
-            WatchNotice::Synced => {
+            Some((WatchNotice::Synced, _)) => {
                 let _ = done_tx.try_send(Ok(std::mem::take(&mut view)));
                 false
             }
-            WatchNotice::Failed(e) => {
+            Some((WatchNotice::Failed(e), _)) => {
                 let _ = done_tx.try_send(Err(Error::rpc(e)));
                 false
             }
-            _ => true,
+            Some(_) => true,
         }),
     )?;
     let wait = etcd.options().request_timeout.saturating_mul(3);

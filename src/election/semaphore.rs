@@ -102,12 +102,7 @@ impl Semaphore {
         permits: u32,
         options: LockOptions,
     ) -> Result<Semaphore> {
-        if permits == 0 {
-            return Err(Error::invalid(
-                "permits",
-                "a semaphore needs at least one permit",
-            ));
-        }
+        at_least_one(permits)?;
         // No priority: LockOptions has none (with N holders there is no
         // single next leader to order).
         let options = options.to_election(DEFAULT_SEMAPHORE_PREFIX)?;
@@ -131,12 +126,7 @@ impl Semaphore {
         permits: u32,
         options: LockOptions,
     ) -> Result<Semaphore> {
-        if permits == 0 {
-            return Err(Error::invalid(
-                "permits",
-                "a semaphore needs at least one permit",
-            ));
-        }
+        at_least_one(permits)?;
         let etcd = session.etcd();
         let options = options.to_election(DEFAULT_SEMAPHORE_PREFIX)?;
         let prefix = super::options::election_prefix(name, &options)?;
@@ -325,4 +315,15 @@ impl SemaphoreGuard {
     pub fn release(self) -> Result<()> {
         self.leadership.resign()
     }
+}
+
+/// A semaphore of no permits could never be acquired: refused up front.
+fn at_least_one(permits: u32) -> Result<()> {
+    if permits == 0 {
+        return Err(Error::invalid(
+            "permits",
+            "a semaphore needs at least one permit",
+        ));
+    }
+    Ok(())
 }
