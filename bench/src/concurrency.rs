@@ -96,10 +96,13 @@ const OPS: [&str; 4] = [
     "append_stream, 4 streams",
 ];
 
-/// The raw code an operation is compared with: its label and its side.
+/// The raw code an operation is compared with: its label and its side,
+/// and the plain command beneath it (the floor: cheaper than the work
+/// fleetcoord does, shown beside the anchor, not compared with).
 struct Anchor {
     label: &'static str,
     side: RawSide,
+    floor: Option<(&'static str, RawSide)>,
 }
 
 /// One backend under test; `_keep` holds whatever must outlive it.
@@ -149,24 +152,103 @@ fn runtime() -> Res<Arc<tokio::runtime::Runtime>> {
 }
 
 fn etcd_target(cfg: &Config) -> Res<Target> {
-    let raw = Raw::connect_workers(&cfg.endpoint, 2)?;
+    let raw = Rc::new(Raw::connect_workers(&cfg.endpoint, 2)?);
     let etcd = Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
     // fleetcoord's kv_set and publish are one put each; an append is one
-    // guarded transaction, compared with the put it is at least.
+    // head-guarded transaction, compared with the same transaction from
+    // raw tasks (the put beneath it is the floor).
+    let on = raw.clone();
     let put = Rc::new(Anchor {
         label: "etcd-client put",
-        side: Box::new(move |t, window| raw_puts(&raw, t, window)),
+        side: Box::new(move |t, window| raw_puts(&on, t, window)),
+        floor: None,
     });
+    let append = |streams: usize| {
+        let (on, floor) = (raw.clone(), raw.clone());
+        Some(Rc::new(Anchor {
+            label: if streams == 1 {
+                "etcd-client: the head-guarded append txn, 1 stream"
+            } else {
+                "etcd-client: the head-guarded append txn, 4 streams"
+            },
+            side: Box::new(move |t, window| raw_appends(&on, t, window, streams)),
+            floor: Some((
+                "put",
+                Box::new(move |t, window| raw_puts(&floor, t, window)),
+            )),
+        }))
+    };
     Ok(Target {
         name: "etcd",
         coord: Box::new(EtcdCoordinator::on_etcd(&etcd)?),
-        anchors: [
-            Some(put.clone()),
-            Some(put.clone()),
-            Some(put.clone()),
-            Some(put),
-        ],
+        anchors: [Some(put.clone()), Some(put), append(1), append(4)],
         _keep: vec![Box::new(etcd)],
+    })
+}
+
+/// What an exactly-once etcd append is, written with etcd-client alone:
+/// one transaction that, if the stream's head still has the mod revision
+/// last seen, writes the entry under the next sequence number and bumps
+/// the head; else reads the head and tries again at once. The head is
+/// cached per stream in the process (as fleetcoord keeps it), so an
+/// uncontended append is one round trip. Tasks on one stream race each
+/// other for the head: that is the raw code's cost of the same outcome.
+fn raw_appends(raw: &Raw, t: usize, window: Duration, streams: usize) -> Res<f64> {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+    let client = raw.client();
+    let run = std::process::id();
+    // (seq, mod revision) of each stream's head, as last seen.
+    let heads: Arc<Vec<std::sync::Mutex<(u64, i64)>>> = Arc::new(
+        (0..streams)
+            .map(|_| std::sync::Mutex::new((0, 0)))
+            .collect(),
+    );
+    raw_tasks(raw.runtime(), t, window, move |task, _| {
+        let (mut client, heads) = (client.clone(), heads.clone());
+        async move {
+            let n = task % streams;
+            let head_key = format!("/bench/conc-raw-stream/{run}-{t}-{n}/head");
+            for _ in 0..1024 {
+                let (seq, rev) = *heads[n].lock().unwrap_or_else(|e| e.into_inner());
+                let next = seq.saturating_add(1);
+                let entry = format!("/bench/conc-raw-stream/{run}-{t}-{n}/e/{next:020}");
+                let txn = Txn::new()
+                    .when(vec![Compare::mod_revision(
+                        head_key.as_str(),
+                        CompareOp::Equal,
+                        rev,
+                    )])
+                    .and_then(vec![
+                        TxnOp::put(head_key.as_str(), next.to_string(), None),
+                        TxnOp::put(entry, format!("{task}"), None),
+                    ])
+                    .or_else(vec![TxnOp::get(head_key.as_str(), None)]);
+                let Ok(answer) = client.txn(txn).await else {
+                    return false;
+                };
+                let mut cached = heads[n].lock().unwrap_or_else(|e| e.into_inner());
+                if answer.succeeded() {
+                    let at = answer.header().map_or(0, |h| h.revision());
+                    if at > cached.1 {
+                        *cached = (next, at);
+                    }
+                    return true;
+                }
+                for op in answer.op_responses() {
+                    if let TxnOpResponse::Get(get) = op {
+                        if let Some(kv) = get.kvs().first() {
+                            let seq = kv.value_str().ok().and_then(|v| v.parse().ok());
+                            if let Some(seq) = seq {
+                                if kv.mod_revision() > cached.1 {
+                                    *cached = (seq, kv.mod_revision());
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            false
+        }
     })
 }
 
@@ -181,6 +263,31 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 local v = redis.call('INCR', KEYS[2])
 redis.call(ARGV[3], KEYS[3], v .. ' s ' .. string.len(ARGV[1]) .. ' ' .. ARGV[1] .. ARGV[2])
 return v
+";
+
+/// What fleetcoord's Redis append does, written with redis-rs alone (the
+/// same script, keys and arguments): answer a repeated token with the id
+/// it got, else add the entry and record the token with its id, keeping
+/// the newest 4,096 tokens for 10 minutes. That record is what makes a
+/// retried append store once; a bare `XADD` (the floor) keeps none.
+const APPEND_SCRIPT: &str = r"
+local done = redis.call('HGET', KEYS[3], ARGV[4])
+if done then
+  return done
+end
+local e = redis.call('GET', KEYS[2])
+if not e then
+  e = ARGV[1]
+  redis.call('SET', KEYS[2], e)
+end
+local id = redis.call('XADD', KEYS[1], '0-*', 'e', e, 'p', ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[4], id)
+if redis.call('RPUSH', KEYS[4], ARGV[4]) > tonumber(ARGV[5]) then
+  redis.call('HDEL', KEYS[3], redis.call('LPOP', KEYS[4]))
+end
+redis.call('PEXPIRE', KEYS[3], ARGV[6])
+redis.call('PEXPIRE', KEYS[4], ARGV[6])
+return id
 ";
 
 /// A redis-rs connection of either kind, cloned into every task.
@@ -252,6 +359,28 @@ fn redis_anchors(
             conn.query(&cmd).await
         },
     );
+    let script = |streams: usize| {
+        redis_side(
+            rt.clone(),
+            conn.clone(),
+            move |mut conn, task, i| async move {
+                let stream = format!("{{bench-append-{}}}", task % streams);
+                let script = redis::Script::new(APPEND_SCRIPT);
+                let mut call = script.prepare_invoke();
+                call.key(format!("bench:stream:{stream}"))
+                    .key(format!("bench:epoch:{stream}"))
+                    .key(format!("bench:tokens:{stream}"))
+                    .key(format!("bench:token-order:{stream}"))
+                    .arg(uuid::Uuid::new_v4().simple().to_string())
+                    .arg(format!("{task}-{i}"))
+                    .arg("")
+                    .arg(uuid::Uuid::new_v4().simple().to_string())
+                    .arg(4096)
+                    .arg(600_000);
+                conn.invoke(&call).await
+            },
+        )
+    };
     let xadd = |streams: usize| {
         redis_side(
             rt.clone(),
@@ -270,33 +399,37 @@ fn redis_anchors(
         (
             "redis-rs cluster: the KV script",
             "redis-rs cluster SPUBLISH",
-            "redis-rs cluster XADD, 1 stream",
-            "redis-rs cluster XADD, 4 streams",
+            "redis-rs cluster: the append script, 1 stream",
+            "redis-rs cluster: the append script, 4 streams",
         )
     } else {
         (
             "redis-rs: the KV script",
             "redis-rs PUBLISH",
-            "redis-rs XADD, 1 stream",
-            "redis-rs XADD, 4 streams",
+            "redis-rs: the append script, 1 stream",
+            "redis-rs: the append script, 4 streams",
         )
     };
     [
         Some(Rc::new(Anchor {
             label: kv_label,
             side: kv,
+            floor: None,
         })),
         Some(Rc::new(Anchor {
             label: pub_label,
             side: pubs,
+            floor: None,
         })),
         Some(Rc::new(Anchor {
             label: one_label,
-            side: xadd(1),
+            side: script(1),
+            floor: Some(("XADD", xadd(1))),
         })),
         Some(Rc::new(Anchor {
             label: four_label,
-            side: xadd(4),
+            side: script(4),
+            floor: Some(("XADD", xadd(4))),
         })),
     ]
 }
@@ -352,22 +485,34 @@ fn nats_target() -> Res<Target> {
             .await?;
         Ok::<_, BoxError>((client, context))
     })?;
-    let js_rt = rt.clone();
-    let js: RawSide = Box::new(move |t, window| {
-        let context = context.clone();
-        raw_tasks(&js_rt, t, window, move |task, i| {
-            let context = context.clone();
-            async move {
-                match context
-                    .publish(format!("benchconc.{task}"), i.to_string().into())
-                    .await
-                {
-                    Ok(ack) => ack.await.is_ok(),
-                    Err(_) => false,
+    // Every KV put and append of fleetcoord carries a `Nats-Msg-Id`, so a
+    // retry is stored once; so does the anchor (the server checks it
+    // against its duplicate window). A publish without one is the floor.
+    let js_side = |with_id: bool| -> RawSide {
+        let (js_rt, context) = (rt.clone(), context.clone());
+        let ids = uuid::Uuid::new_v4().simple().to_string();
+        Box::new(move |t, window| {
+            let (context, ids) = (context.clone(), ids.clone());
+            raw_tasks(&js_rt, t, window, move |task, i| {
+                let context = context.clone();
+                let mut message = async_nats::jetstream::message::PublishMessage::build()
+                    .payload(i.to_string().into());
+                if with_id {
+                    message = message.message_id(format!("{ids}-{t}-{task}-{i:x}"));
                 }
-            }
+                async move {
+                    match context
+                        .send_publish(format!("benchconc.{task}"), message)
+                        .await
+                    {
+                        Ok(ack) => ack.await.is_ok(),
+                        Err(_) => false,
+                    }
+                }
+            })
         })
-    });
+    };
+    let (js, js_floor) = (js_side(true), js_side(false));
     let core: RawSide = Box::new(move |t, window| {
         let client = client.clone();
         raw_tasks(&rt, t, window, move |task, i| {
@@ -385,8 +530,9 @@ fn nats_target() -> Res<Target> {
         })
     });
     let js = Rc::new(Anchor {
-        label: "async-nats JetStream publish + ack",
+        label: "async-nats JetStream publish with Nats-Msg-Id + ack",
         side: js,
+        floor: Some(("without Nats-Msg-Id", js_floor)),
     });
     Ok(Target {
         name: "nats jetstream",
@@ -396,6 +542,7 @@ fn nats_target() -> Res<Target> {
             Some(Rc::new(Anchor {
                 label: "async-nats publish + JetStream INFO request",
                 side: core,
+                floor: None,
             })),
             Some(js.clone()),
             Some(js),
@@ -451,11 +598,16 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
         let backend = target.name;
         for t in THREADS {
             // Each distinct anchor once per T, before fleetcoord's rows.
-            let mut measured: Vec<(*const Anchor, f64)> = Vec::new();
+            let mut measured: Vec<(*const Anchor, f64, Option<f64>)> = Vec::new();
             for anchor in target.anchors.iter().flatten() {
                 let key = Rc::as_ptr(anchor);
-                if !measured.iter().any(|(k, _)| *k == key) {
-                    measured.push((key, (anchor.side)(t, window)?));
+                if !measured.iter().any(|(k, _, _)| *k == key) {
+                    let value = (anchor.side)(t, window)?;
+                    let floor = match &anchor.floor {
+                        Some((_, side)) => Some(side(t, window)?),
+                        None => None,
+                    };
+                    measured.push((key, value, floor));
                 }
             }
             let ops: [Op<'_>; 4] = [
@@ -486,15 +638,28 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
                 let (ours, errors) = threads(t, window, op.as_ref());
                 let anchor = anchor.as_ref().and_then(|a| {
                     let key = Rc::as_ptr(a);
-                    let value = measured.iter().find(|(k, _)| *k == key)?.1;
-                    Some((a.label, value))
+                    let (_, value, floor) = measured.iter().find(|(k, _, _)| *k == key)?;
+                    let floor = a
+                        .floor
+                        .as_ref()
+                        .zip(*floor)
+                        .map(|((name, _), v)| (*name, v));
+                    Some((a.label, *value, floor))
                 });
                 eprintln!(
-                    "concurrency: {backend} {what} ×{t}: {ours:.0} ops/s, {errors} errors (raw {:?})",
-                    anchor.map(|(_, v)| v.round())
+                    "concurrency: {backend} {what} ×{t}: {ours:.0} ops/s, {errors} errors (raw {:?}, floor {:?})",
+                    anchor.map(|(_, v, _)| v.round()),
+                    anchor.and_then(|(_, _, f)| f).map(|(_, v)| v.round()),
                 );
-                let anchor = anchor.map(|(label, value)| {
-                    Side::amount(format!("{label}, {}", count(t, "task")), value, "ops/s")
+                let anchor = anchor.map(|(label, value, floor)| {
+                    let floor = floor
+                        .map(|(name, v)| format!(" (floor, {name}: {v:.0} ops/s)"))
+                        .unwrap_or_default();
+                    Side::amount(
+                        format!("{label}, {}{floor}", count(t, "task")),
+                        value,
+                        "ops/s",
+                    )
                 });
                 rows.push(Row::new(
                     format!("{backend}: {what}, {}", count(t, "thread")),
