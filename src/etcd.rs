@@ -3,7 +3,7 @@
 use crate::driver::handle::Sink;
 use crate::driver::runner::MachineTask;
 use crate::driver::{
-    self, DriverHandle, DriverMsg, EtcdTarget, MachineHandle, StartError, UnaryCall, UnaryError,
+    self, DriverHandle, DriverMsg, EtcdTarget, MachineHandle, StartError, UnaryError,
 };
 use crate::endpoint;
 use crate::endpoints::Endpoints;
@@ -366,8 +366,9 @@ impl Etcd {
     }
 
     /// Run one unary request within the request timeout: the one way user
-    /// threads make a single call. Giving up (a panic unwinding through
-    /// here) cancels the call on the driver.
+    /// threads make a single call, polled on the calling thread (see
+    /// `DriverHandle::call`). Giving up (a timeout, a panic unwinding
+    /// through here) drops the call.
     pub(crate) fn request(&self, request: Request) -> Result<Response> {
         self.request_within(request, self.inner.options.request_timeout)
     }
@@ -377,20 +378,16 @@ impl Etcd {
     /// is canceled on the driver (a request already sent may still apply).
     pub(crate) fn request_within(&self, request: Request, limit: Duration) -> Result<Response> {
         assert_not_async();
-        let (call, pending) = UnaryCall::new(request);
-        self.inner
-            .driver
-            .send(DriverMsg::Unary(call))
-            .map_err(|_| self.gone())?;
-        // The driver enforces the request timeout; the slack only covers a
-        // driver too busy to report it. A shorter limit is the caller's.
+        // The call enforces the request timeout itself; the slack only
+        // covers a runtime too busy to fire its timer. A shorter limit is
+        // the caller's.
         let timeout = self.inner.options.request_timeout;
         let wait = if limit < timeout {
             limit
         } else {
             timeout.saturating_add(Duration::from_secs(1))
         };
-        match pending.wait(wait) {
+        match self.inner.driver.call(&request, wait) {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(UnaryError::Timeout(after))) => Err(Error::Timeout(after)),
             Ok(Err(UnaryError::Rpc(e))) => Err(Error::rpc(e)),

@@ -67,7 +67,6 @@ pub(crate) struct Gone;
 
 /// Why a call on a runtime thread ([`RuntimeThread::block_on`], a bus
 /// client's `Bridge::call`) has no output.
-#[cfg_attr(not(any(feature = "nats", feature = "redis")), allow(dead_code))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CallError {
     /// The caller's timeout passed first; the future was dropped, but what
@@ -125,18 +124,42 @@ impl Drop for Running {
     }
 }
 
-/// Wakes a thread parked in [`RuntimeThread::block_on`].
-#[cfg_attr(not(any(feature = "nats", feature = "redis")), allow(dead_code))]
-struct Unpark(std::thread::Thread);
+/// Wakes a thread waiting in [`RuntimeThread::block_on`]: raises a flag
+/// that a spinning waiter sees without a system call, then unparks it,
+/// which costs a system call only when the waiter is parked (std's
+/// parker swaps a state and calls the kernel only for a parked thread).
+struct Signal {
+    woken: AtomicBool,
+    thread: std::thread::Thread,
+}
 
-impl Wake for Unpark {
+impl Wake for Signal {
     fn wake(self: Arc<Self>) {
-        self.0.unpark();
+        self.wake_by_ref();
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
+        self.woken.store(true, Ordering::Release);
+        self.thread.unpark();
     }
+}
+
+/// How long a call alone on its runtime waits for its answer by spinning
+/// before it parks: about a loopback round trip of Redis or NATS through
+/// the runtime thread. An answer within it reaches the caller without the
+/// kernel waking a parked thread (a futex call on the runtime thread and a
+/// scheduler wake-up on the caller's side, tens of microseconds on a
+/// virtual machine whose idle core has halted); a slower one (an etcd
+/// write waits on the disk) costs this much spinning, then parks as before.
+const SPIN: Duration = Duration::from_micros(100);
+
+/// Whether a waiting call spins before parking: only while the running
+/// calls leave a core idle beside the runtime thread's, so that spinning
+/// never takes the core the answer needs.
+fn may_spin(running: usize) -> bool {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    running < cores
 }
 
 /// Resolves when the runtime thread shuts down; every task can select on
@@ -185,7 +208,6 @@ enum Cmd<M> {
 /// down.
 pub(crate) struct RuntimeThread<M> {
     tx: mpsc::UnboundedSender<Cmd<M>>,
-    #[cfg_attr(not(any(feature = "nats", feature = "redis")), allow(dead_code))]
     handle: tokio::runtime::Handle,
     calls: Arc<Calls>,
     #[cfg_attr(not(any(feature = "nats", feature = "redis")), allow(dead_code))]
@@ -342,7 +364,6 @@ impl<M> RuntimeThread<M> {
     /// this call ([`CallError::Gone`]), as it would end only its task on
     /// the runtime. Called from the runtime thread itself, where nothing
     /// would drive the future, it refuses ([`CallError::Gone`]).
-    #[cfg_attr(not(any(feature = "nats", feature = "redis")), allow(dead_code))]
     pub(crate) fn block_on<F: Future>(
         &self,
         timeout: Duration,
@@ -362,10 +383,16 @@ impl<M> RuntimeThread<M> {
                 let _ = abort.wait_for(|abort| *abort).await;
             });
             let deadline = Instant::now().checked_add(timeout);
-            let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+            let signal = Arc::new(Signal {
+                woken: AtomicBool::new(false),
+                thread: std::thread::current(),
+            });
+            let waker = Waker::from(signal.clone());
             let mut cx = Context::from_waker(&waker);
             let mut fut = pin!(fut);
             loop {
+                // Cleared before polling: a wake during the poll is seen.
+                signal.woken.store(false, Ordering::Release);
                 let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     fut.as_mut().poll(&mut cx)
                 }));
@@ -379,14 +406,29 @@ impl<M> RuntimeThread<M> {
                 if aborted.as_mut().poll(&mut cx).is_ready() {
                     break Err(CallError::Gone);
                 }
-                match deadline {
+                let left = match deadline {
                     Some(deadline) => {
                         let left = deadline.saturating_duration_since(Instant::now());
                         if left.is_zero() {
                             break Err(CallError::Timeout);
                         }
-                        std::thread::park_timeout(left);
+                        Some(left)
                     }
+                    None => None,
+                };
+                if may_spin(self.calls.running.load(Ordering::Relaxed)) {
+                    let spun = Instant::now();
+                    while !signal.woken.load(Ordering::Acquire) && spun.elapsed() < SPIN {
+                        std::hint::spin_loop();
+                    }
+                }
+                if signal.woken.load(Ordering::Acquire) {
+                    // The unpark left a token: a later park returns at
+                    // once, a spurious wake-up the loop tolerates.
+                    continue;
+                }
+                match left {
+                    Some(left) => std::thread::park_timeout(left),
                     None => std::thread::park(),
                 }
             }

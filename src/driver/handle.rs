@@ -1,10 +1,7 @@
-//! The user-thread side of the two driver messages, and where a machine's
-//! notices go.
+//! The user-thread side of a running machine, and where its notices go.
+//! (A unary call needs none of this: its caller polls it, see
+//! `DriverHandle::call`.)
 //!
-//! * [`UnaryCall`]: one request, one answer. The caller keeps the cancel
-//!   sender for as long as it waits; when it gives up (times out, unwinds)
-//!   the sender drops and the driver drops the call (reqwest::blocking does
-//!   the same with its `execute_request`).
 //! * [`MachineHandle`]: what a primitive holds of its running machine — the
 //!   input sender and the "finished" signal. Dropping it stops the machine
 //!   without waiting.
@@ -13,14 +10,14 @@
 //!   channel of at most its capacity; when it is full the runner pauses
 //!   the machine and resumes it once the consumer has read half of it.
 
-use super::{exec, health, Gone, Shared};
+use super::Gone;
 use crate::feed_queue::{FeedQueue, Offer};
-use crossbeam_channel::{Receiver, Sender};
-use fleetcoord_sm::{Machine, Request, Response, RpcError};
+use crossbeam_channel::Receiver;
+use fleetcoord_sm::{Machine, RpcError};
 use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 /// Why a unary call has no response.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,79 +26,6 @@ pub(crate) enum UnaryError {
     Rpc(RpcError),
     /// No answer within the request timeout.
     Timeout(Duration),
-}
-
-/// One request from a user thread, answered on `reply`.
-pub(crate) struct UnaryCall {
-    request: Request,
-    reply: Sender<Result<Response, UnaryError>>,
-    /// Resolves when the caller stopped waiting: the call is dropped then.
-    canceled: oneshot::Receiver<()>,
-}
-
-/// The caller's end of a [`UnaryCall`]: wait for the answer; dropping it
-/// cancels the call if it is still running.
-pub(crate) struct PendingCall {
-    answer: Receiver<Result<Response, UnaryError>>,
-    _cancel: oneshot::Sender<()>,
-}
-
-impl UnaryCall {
-    /// A call for `request` and the caller's end of it.
-    pub(crate) fn new(request: Request) -> (UnaryCall, PendingCall) {
-        let (reply, answer) = crossbeam_channel::bounded(1);
-        let (cancel, canceled) = oneshot::channel();
-        (
-            UnaryCall {
-                request,
-                reply,
-                canceled,
-            },
-            PendingCall {
-                answer,
-                _cancel: cancel,
-            },
-        )
-    }
-}
-
-impl PendingCall {
-    /// Wait for the answer at most `wait`; `Err(Gone)` when the driver
-    /// stopped, `Ok(Err(Timeout))` when it did not answer in time.
-    pub(crate) fn wait(self, wait: Duration) -> Result<Result<Response, UnaryError>, Gone> {
-        match self.answer.recv_timeout(wait) {
-            Ok(answer) => Ok(answer),
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Ok(Err(UnaryError::Timeout(wait))),
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(Gone),
-        }
-    }
-}
-
-/// Runs one unary call on the driver, bounded by the request timeout.
-pub(crate) async fn unary(shared: Shared, call: UnaryCall) {
-    let UnaryCall {
-        request,
-        reply,
-        canceled,
-    } = call;
-    let mut client = shared.client;
-    let timeout = shared.options.request_timeout;
-    let call = health::watched(
-        &shared.suspicion,
-        timeout,
-        exec::unary(&mut client, &request),
-    );
-    tokio::select! {
-        result = call => {
-            let answer = match result {
-                Some(r) => r.map_err(UnaryError::Rpc),
-                None => Err(UnaryError::Timeout(timeout)),
-            };
-            let _ = reply.send(answer);
-        }
-        // The caller gave up: nobody wants the answer, stop the work.
-        _ = canceled => {}
-    }
 }
 
 /// How a machine task ended.
@@ -367,17 +291,6 @@ mod tests {
     use fleetcoord_sm::election::{Election as ElectionMachine, ElectionInput};
 
     const SHORT: Duration = Duration::from_millis(20);
-
-    #[test]
-    fn a_call_waits_at_most_its_bound_and_knows_a_driver_that_stopped() {
-        let (call, pending) = UnaryCall::new(Request::Grant { ttl_secs: 5 });
-        assert_eq!(pending.wait(SHORT), Ok(Err(UnaryError::Timeout(SHORT))));
-        // The driver dropped the call without answering: it is gone.
-        drop(call);
-        let (call, pending) = UnaryCall::new(Request::Grant { ttl_secs: 5 });
-        drop(call);
-        assert_eq!(pending.wait(SHORT), Err(Gone));
-    }
 
     #[test]
     fn a_machine_handle_reports_how_its_task_ended() {

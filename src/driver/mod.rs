@@ -1,10 +1,12 @@
 //! The driver: one per [`crate::Etcd`] handle, a [`crate::runtime`] thread
 //! running the one `etcd_client::Client`.
 //!
-//! User threads reach it by exactly two typed messages (see [`DriverMsg`]):
-//! a unary [`Request`] with its reply channel, or "run this machine". Sending
-//! never blocks and needs no runtime; answers come back on crossbeam
-//! channels. Every machine runs as a task on this runtime ([`runner`]), and
+//! User threads reach it in exactly two ways: a unary [`Request`], which
+//! the caller's own thread polls to its answer while this thread drives the
+//! connection ([`DriverHandle::call`]: no task, no message, no reply
+//! channel, so concurrent callers pipeline on the one connection), and
+//! "run this machine" ([`DriverMsg`]), which never blocks and needs no
+//! runtime; a machine's notices come back on crossbeam channels. Every machine runs as a task on this runtime ([`runner`]), and
 //! [`exec`] is the one place that turns the plain-data requests of `sm` into
 //! etcd-client calls. Nothing here knows the facade: it takes the TLS and
 //! user settings as plain values ([`crate::tls`]), and errors are the
@@ -20,16 +22,15 @@ pub(crate) mod renewer;
 pub(crate) mod runner;
 
 pub(crate) use handle::{
-    FeedItem, FeedSink, Finished, MachineHandle, Notify, StopHandle, UnaryCall, UnaryError,
-    WeakInput,
+    FeedItem, FeedSink, Finished, MachineHandle, Notify, StopHandle, UnaryError, WeakInput,
 };
 
 pub(crate) use crate::runtime::{Gone, StartError};
 
-use crate::runtime::{self, Job, Launch, RuntimeThread, Stopping};
+use crate::runtime::{self, CallError, Job, Launch, RuntimeThread, Stopping};
 use crate::tls::{EtcdUser, Tls};
 use etcd_client as ec;
-use fleetcoord_sm::RpcError;
+use fleetcoord_sm::{Request, Response, RpcError};
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -81,30 +82,80 @@ pub(crate) struct Shared {
     pub renewals: renewer::Renewals,
 }
 
-/// A message from a user thread to the driver: the only two things a user
-/// thread ever asks of it (shutdown is the runtime thread's own).
+/// A message from a user thread to the driver task (unary calls are
+/// polled on the caller's thread instead, see [`DriverHandle::call`];
+/// shutdown is the runtime thread's own).
 pub(crate) enum DriverMsg {
-    /// Run one request against etcd within the request timeout and answer
-    /// on the call's reply channel, unless the caller gives up first.
-    Unary(UnaryCall),
     /// Run this machine until it finishes (see [`runner::run`]).
     Run(Box<dyn runner::Runnable>),
 }
 
-/// The user-side end of the driver: the runtime thread it runs on.
-pub(crate) struct DriverHandle(RuntimeThread<DriverMsg>);
+/// What a unary call polled on its caller's thread needs: the client (a
+/// cheap clone of the one connection), the request timeout and the
+/// suspicion it raises when etcd is slow to answer.
+#[derive(Clone)]
+struct Caller {
+    client: ec::Client,
+    options: DriverOptions,
+    suspicion: health::Suspicion,
+}
+
+/// The user-side end of the driver: the runtime thread it runs on, and
+/// what a unary call needs to run on its caller's thread.
+pub(crate) struct DriverHandle {
+    thread: RuntimeThread<DriverMsg>,
+    caller: Caller,
+}
 
 impl DriverHandle {
     /// Hand `msg` to the driver.
     pub(crate) fn send(&self, msg: DriverMsg) -> Result<(), Gone> {
-        self.0.send(msg)
+        self.thread.send(msg)
+    }
+
+    /// Runs `request` against etcd, polled on the calling thread inside the
+    /// driver runtime's context (see `crate::runtime`'s `block_on`): the
+    /// runtime thread drives the connection, the caller drives its own
+    /// call. No task is spawned and no answer crosses back through a
+    /// channel, which is one wake-up of the runtime thread and one of the
+    /// caller per call, as a raw client on a multi-thread runtime pays.
+    ///
+    /// The request timeout applies as on every request (and raises the
+    /// health monitor's suspicion as any slow call does); the caller stops
+    /// waiting after `wait`, dropping the call (a request already sent may
+    /// still apply). `Err(Gone)` once the driver is shutting down or gone,
+    /// or when called from the driver thread itself, where nothing would
+    /// drive the call.
+    pub(crate) fn call(
+        &self,
+        request: &Request,
+        wait: Duration,
+    ) -> Result<Result<Response, UnaryError>, Gone> {
+        let Caller {
+            client,
+            options,
+            suspicion,
+        } = &self.caller;
+        let timeout = options.request_timeout;
+        let mut client = client.clone();
+        let call = async move {
+            match health::watched(suspicion, timeout, exec::unary(&mut client, request)).await {
+                Some(answer) => answer.map_err(UnaryError::Rpc),
+                None => Err(UnaryError::Timeout(timeout)),
+            }
+        };
+        match self.thread.block_on(wait, call) {
+            Ok(answer) => Ok(answer),
+            Err(CallError::Timeout) => Ok(Err(UnaryError::Timeout(wait))),
+            Err(CallError::Gone) => Err(Gone),
+        }
     }
 
     /// Ask the driver to stop and join its thread (unless called from it).
     /// Machines get their grace period to revoke and resign first.
     /// Idempotent; concurrent callers do not wait on each other's join.
     pub(crate) fn shutdown(&self) {
-        self.0.shutdown();
+        self.thread.shutdown();
     }
 }
 
@@ -122,7 +173,7 @@ pub(crate) fn start(settings: EtcdTarget) -> Result<(DriverHandle, ServerStatus)
     };
     let grace = options.request_timeout.saturating_add(SHUTDOWN_SLACK);
     let connect_timeout = settings.connect_timeout;
-    let (thread, status) = runtime::start(
+    let (thread, answer) = runtime::start(
         "fleetcoord-driver",
         connect_timeout,
         grace,
@@ -143,6 +194,11 @@ pub(crate) fn start(settings: EtcdTarget) -> Result<(DriverHandle, ServerStatus)
                 suspicion: suspicion.clone(),
                 renewals,
             };
+            let caller = Caller {
+                client: shared.client.clone(),
+                options: shared.options.clone(),
+                suspicion: suspicion.clone(),
+            };
             let mut tasks: Vec<Job> = vec![Box::pin(renewer)];
             if connected.probes.len() > 1 {
                 // A probe that takes longer than a request would have
@@ -159,18 +215,18 @@ pub(crate) fn start(settings: EtcdTarget) -> Result<(DriverHandle, ServerStatus)
             }
             Ok(Launch {
                 state: shared,
-                answer: status,
+                answer: (status, caller),
                 tasks,
             })
         },
         |shared: &Shared, msg: DriverMsg| -> Job {
             match msg {
-                DriverMsg::Unary(call) => Box::pin(handle::unary(shared.clone(), call)),
                 DriverMsg::Run(task) => task.run(shared.clone()),
             }
         },
     )?;
-    Ok((DriverHandle(thread), status))
+    let (status, caller) = answer;
+    Ok((DriverHandle { thread, caller }, status))
 }
 
 /// The error of a request that got no answer within `timeout`.
