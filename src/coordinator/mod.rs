@@ -111,6 +111,8 @@ pub mod redis;
 #[cfg(any(feature = "nats", feature = "redis"))]
 mod retry;
 pub(crate) mod stream_id;
+#[cfg(any(feature = "nats", feature = "redis"))]
+pub(crate) mod write_ids;
 
 pub use etcd::{EtcdCoordinator, EtcdCoordinatorOptions};
 pub use feed::Feed;

@@ -6,6 +6,7 @@
 use super::names;
 use super::streams::{Attempt, StreamSpec, StreamStatus};
 use crate::coordinator::retry::{self, Decision, LastPause, Repeat, Retry, Sign};
+use crate::coordinator::write_ids::WriteIds;
 use crate::coordinator::MAX_PAYLOAD;
 use crate::error::{Error, ErrorKind, Result};
 use async_nats::jetstream::{self, ErrorCode};
@@ -54,35 +55,7 @@ pub(super) struct Conn {
     /// KV stores by bucket name, for reads.
     stores: Arc<Mutex<HashMap<String, jetstream::kv::Store>>>,
     /// Where every write's message id comes from.
-    ids: Arc<MessageIds>,
-}
-
-/// Message ids for JetStream's duplicate detection: the server drops a
-/// publish whose id it saw within the stream's duplicate window, so an id
-/// must never repeat across writers, or a write is lost. Each is 128 random
-/// bits drawn once per handle and a count of the handle's writes: as unique
-/// as a fresh UUID per write, without a system call per write for its
-/// randomness.
-pub(super) struct MessageIds {
-    prefix: String,
-    next: std::sync::atomic::AtomicU64,
-}
-
-impl MessageIds {
-    fn new() -> Self {
-        MessageIds {
-            prefix: uuid::Uuid::new_v4().simple().to_string(),
-            next: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-
-    /// An id no other write (of this handle or any other) gets.
-    pub(super) fn next(&self) -> String {
-        // 2^64 writes of one handle would take longer than any duplicate
-        // window by far; wrapping there could not meet an id still held.
-        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        format!("{}-{n:x}", self.prefix)
-    }
+    ids: Arc<WriteIds>,
 }
 
 /// A round trip to the server: once it is answered, the server has
@@ -160,7 +133,7 @@ impl Conn {
             settings: Arc::new(settings),
             known: Arc::new(Mutex::new(HashMap::new())),
             stores: Arc::new(Mutex::new(HashMap::new())),
-            ids: Arc::new(MessageIds::new()),
+            ids: Arc::new(WriteIds::new()),
         }
     }
 
@@ -408,17 +381,6 @@ fn fits(what: &'static str, len: usize, headers: usize, max: usize) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn message_ids_never_repeat_within_or_across_handles() {
-        let (a, b) = (MessageIds::new(), MessageIds::new());
-        let mut seen = std::collections::HashSet::new();
-        for _ in 0..10_000 {
-            assert!(seen.insert(a.next()));
-            assert!(seen.insert(b.next()));
-        }
-        assert_ne!(a.prefix, b.prefix, "each handle draws its own");
-    }
 
     #[test]
     fn payload_and_headers_must_fit_the_servers_max_payload() {

@@ -243,6 +243,7 @@ pub use options::{RedisOptions, MAX_MIN_REPLICAS};
 
 use crate::coordinator::bridge::{self, Bridge, CallError};
 use crate::coordinator::lifecycle::Lifecycle;
+use crate::coordinator::write_ids::WriteIds;
 use crate::coordinator::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, KvWatcher, StreamId,
     StreamPosition, StreamReader, Subscription,
@@ -278,6 +279,8 @@ pub struct RedisCoordinator {
     stream_max_len: Option<u64>,
     feed_capacity: usize,
     life: Lifecycle,
+    /// Every append's token.
+    ids: WriteIds,
 }
 
 impl std::fmt::Debug for RedisCoordinator {
@@ -339,6 +342,7 @@ impl RedisCoordinator {
             feed_capacity: options.feed_capacity,
             target,
             life: Lifecycle::new(),
+            ids: WriteIds::new(),
         })
     }
 
@@ -412,9 +416,9 @@ impl Coordinator for RedisCoordinator {
         let target = &self.target;
         let stream = stream.to_string();
         let payload: Arc<[u8]> = payload.into();
-        let max_len = self.stream_max_len;
+        let (max_len, ids) = (self.stream_max_len, &self.ids);
         self.run(move |mut conn| async move {
-            stream::append(&mut conn, target, &stream, &payload, max_len).await
+            stream::append(&mut conn, target, &stream, &payload, max_len, ids).await
         })
     }
 

@@ -10,9 +10,9 @@
 //! feed, and appends fail from then on (Redis refuses `0-*` below the
 //! stream's top id) with an error that says so.
 //!
-//! **Epochs.** Each entry carries the stream's epoch (field `e`, a random
-//! token kept at `coord:streame:{name}` and set by the first append of a
-//! stream's life) next to its payload (field `p`). A server restart without
+//! **Epochs.** Each entry carries the stream's epoch (field `e`, a token no
+//! other append ever draws, kept at `coord:streame:{name}`: the token of
+//! the first append of a stream's life) next to its payload (field `p`). A server restart without
 //! persistence wipes the stream, and its IDs start again at 1; a reader
 //! notices the new epoch (in a new entry, or when it probes an idle or
 //! reconnected stream) and reads the new stream from its first entry, with
@@ -24,6 +24,7 @@ use super::names;
 use super::target::Target;
 use super::task::FeedCtx;
 use crate::coordinator::feed_task::retry_backoff;
+use crate::coordinator::write_ids::WriteIds;
 use crate::coordinator::{read_from, StreamEntry, StreamId, StreamPosition};
 use crate::error::ErrorKind;
 use crate::feed_queue::Offer;
@@ -32,7 +33,8 @@ use redis::{RedisResult, Script, Value};
 use std::sync::LazyLock;
 use std::time::Duration;
 
-/// KEYS: stream, epoch, tokens, token order. ARGV: a fresh epoch token,
+/// KEYS: stream, epoch, tokens, token order. ARGV: the epoch if this
+/// append creates the stream (its own token),
 /// payload, max length (or empty), this append's token, how many tokens to
 /// keep, how long to keep them (ms). Returns the entry's id: the one an
 /// earlier attempt with the same token stored, if there was one, so
@@ -84,8 +86,8 @@ const BATCH: usize = 256;
 
 /// Appends `payload` to `stream`, trimming to `max_len`, and returns its ID.
 ///
-/// Every attempt carries one token, which the script records with the id
-/// it assigned, so an attempt whose answer was lost (a server restart, a
+/// Every attempt carries one token (a fresh id of `ids`), which the script
+/// records with the id it assigned, so an attempt whose answer was lost (a server restart, a
 /// dropped connection, a master failing over) can be repeated:
 /// the repeat returns the first attempt's id instead of appending again.
 /// Attempts go on while failures are transient, until the request timeout;
@@ -97,13 +99,15 @@ pub(crate) async fn append(
     stream: &str,
     payload: &[u8],
     max_len: Option<u64>,
+    ids: &WriteIds,
 ) -> crate::Result<StreamId> {
-    let token = uuid::Uuid::new_v4().simple().to_string();
-    append_as(conn, target, stream, payload, max_len, &token).await
+    append_as(conn, target, stream, payload, max_len, &ids.next()).await
 }
 
 /// [`append`] under a given token: a second call with the same token
-/// stores nothing and returns the first call's ID.
+/// stores nothing and returns the first call's ID. The token is also the
+/// epoch a stream gets if this append creates it: unique, as an epoch
+/// must be, and no second id to draw.
 async fn append_as(
     conn: &mut Conn,
     target: &Target,
@@ -118,7 +122,7 @@ async fn append_as(
         .key(names::stream_epoch(stream))
         .key(names::stream_tokens(stream))
         .key(names::stream_token_order(stream))
-        .arg(uuid::Uuid::new_v4().simple().to_string())
+        .arg(token)
         .arg(payload)
         .arg(max_len.map(|n| n.to_string()).unwrap_or_default())
         .arg(token)
