@@ -16,10 +16,10 @@
 //! | `tokio::task::spawn_blocking` (any runtime flavour) | works |
 //! | `tokio::task::block_in_place` (multi-thread runtime) | works |
 //! | a thread inside `Handle::enter` but not running tasks | works |
-//! | the thread of a multi-thread runtime's `block_on` | works (it runs no tasks) |
+//! | the thread of a multi-thread runtime's `block_on` | works: the runtime's tasks run on its workers (it stalls only that future, and a `LocalSet` it drives) |
 //! | a multi-thread runtime's worker, running a task | refused |
 //! | a current-thread runtime's `block_on` or one of its tasks | refused |
-//! | inside a `LocalSet` | refused |
+//! | a `LocalSet`'s tasks on a current-thread runtime | refused |
 //!
 //! How it is told: a thread may block unless it is inside a tokio
 //! scheduler's context. tokio exposes no query for that, but
@@ -108,7 +108,35 @@ mod tests {
             assert!(blocking.await.unwrap(), "spawn_blocking");
             assert!(matches!(check(), Err(Error::InsideAsyncRuntime)));
         });
+        let local = tokio::task::LocalSet::new();
+        let in_local_set = local.block_on(&rt, async {
+            tokio::task::spawn_local(async { may_block() })
+                .await
+                .unwrap()
+        });
+        assert!(!in_local_set, "a LocalSet's task");
         let _entered = rt.enter();
         assert!(may_block(), "entered, running no tasks");
+    }
+
+    #[test]
+    fn a_multi_thread_worker_may_not_unless_in_block_in_place() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        assert!(rt.block_on(async { may_block() }), "block_on's thread");
+        let (worker, in_place, pool) = rt.block_on(async {
+            let worker = tokio::spawn(async { may_block() }).await.unwrap();
+            let in_place = tokio::spawn(async { tokio::task::block_in_place(may_block) })
+                .await
+                .unwrap();
+            let pool = tokio::task::spawn_blocking(may_block).await.unwrap();
+            (worker, in_place, pool)
+        });
+        assert!(!worker, "a worker running a task");
+        assert!(in_place, "block_in_place");
+        assert!(pool, "spawn_blocking");
     }
 }

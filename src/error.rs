@@ -80,7 +80,7 @@ pub enum Error {
     Unsupported(&'static str),
     /// A blocking call was made from a thread that is running an async
     /// runtime's tasks (a tokio worker, a current-thread runtime's
-    /// `block_on` or task, a `LocalSet`), where blocking would stall that
+    /// `block_on` or task, its `LocalSet`s), where blocking would stall that
     /// runtime or deadlock it. Refused at once, before anything was sent,
     /// in debug and release builds alike; nothing panics. Make the call
     /// from `tokio::task::spawn_blocking`, inside
