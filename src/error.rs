@@ -78,6 +78,23 @@ pub enum Error {
     /// The backend does not offer this operation.
     #[error("not supported by this backend: {0}")]
     Unsupported(&'static str),
+    /// A blocking call was made from a thread that is running an async
+    /// runtime's tasks (a tokio worker, a current-thread runtime's
+    /// `block_on` or task, its `LocalSet`s), where blocking would stall that
+    /// runtime or deadlock it. Refused at once, before anything was sent,
+    /// in debug and release builds alike; nothing panics. Make the call
+    /// from `tokio::task::spawn_blocking`, inside
+    /// `tokio::task::block_in_place` (multi-thread runtime), or from a
+    /// plain thread: those work. A consuming method refused this way
+    /// (`close(self)`, `resign`, `unlock`, `release`, `leave`, `detach`)
+    /// has dropped its object, which does what a drop does: stop, resign
+    /// or release in the background, without waiting.
+    #[error(
+        "fleetcoord's blocking API was called from a thread running an async runtime's tasks, \
+         where blocking would stall or deadlock that runtime; call it through \
+         tokio::task::spawn_blocking or tokio::task::block_in_place, or from a plain thread"
+    )]
+    InsideAsyncRuntime,
     /// A local I/O failure (spawning processes, sockets of the test harness).
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
@@ -229,6 +246,9 @@ pub enum ErrorKind {
     Unsupported,
     /// [`Error::Io`]: a local I/O failure.
     Io,
+    /// [`Error::InsideAsyncRuntime`]: a blocking call from a thread
+    /// running an async runtime's tasks.
+    InsideAsyncRuntime,
     /// [`Error::Indeterminate`]: an append whose outcome is unknown.
     Indeterminate,
 }
@@ -258,7 +278,8 @@ impl ErrorKind {
             | ErrorKind::Closed
             | ErrorKind::NotLeader
             | ErrorKind::Unsupported
-            | ErrorKind::Io => false,
+            | ErrorKind::Io
+            | ErrorKind::InsideAsyncRuntime => false,
         }
     }
 }
@@ -330,6 +351,7 @@ impl Error {
     /// | [`Error::Closed`] | no | closed by its user: make a new object or connection |
     /// | [`Error::DriverGone`] | no | its thread died: make a new connection |
     /// | [`Error::Io`] | no | a local failure to look at |
+    /// | [`Error::InsideAsyncRuntime`] | no | the same thread is refused again: call from `spawn_blocking` |
     /// | [`Error::Indeterminate`] | no | the append may be stored: appending again could store it twice |
     ///
     /// ```
@@ -374,6 +396,7 @@ impl Error {
             Error::NotLeader => ErrorKind::NotLeader,
             Error::Unsupported(_) => ErrorKind::Unsupported,
             Error::Io(_) => ErrorKind::Io,
+            Error::InsideAsyncRuntime => ErrorKind::InsideAsyncRuntime,
             Error::Indeterminate { .. } => ErrorKind::Indeterminate,
         }
     }

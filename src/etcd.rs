@@ -3,7 +3,7 @@
 use crate::driver::handle::Sink;
 use crate::driver::runner::MachineTask;
 use crate::driver::{
-    self, DriverHandle, DriverMsg, EtcdTarget, MachineHandle, StartError, UnaryError,
+    self, CallFailure, DriverHandle, DriverMsg, EtcdTarget, MachineHandle, StartError, UnaryError,
 };
 use crate::endpoint;
 use crate::endpoints::Endpoints;
@@ -163,8 +163,14 @@ impl EtcdOptions {
 /// [`Error::Closed`]; should the thread stop on its own (a panic), they
 /// return [`Error::DriverGone`] instead.
 ///
-/// All methods block. Do not call them from inside an async runtime's
-/// worker thread (it would stall that runtime; debug builds assert this).
+/// All methods block. Called from a thread that is running an async
+/// runtime's tasks (a tokio worker, a current-thread runtime), every
+/// blocking method of this handle and of every primitive made from it
+/// fails at once with [`Error::InsideAsyncRuntime`], in debug and release
+/// builds alike, and never panics; from `tokio::task::spawn_blocking`,
+/// inside `tokio::task::block_in_place` or from a plain thread it works.
+/// Dropping the last clone from such a thread stops the driver without
+/// waiting for it.
 #[derive(Clone)]
 pub struct Etcd {
     inner: Arc<Inner>,
@@ -201,18 +207,11 @@ impl std::fmt::Debug for Etcd {
     }
 }
 
-pub(crate) fn assert_not_async() {
-    debug_assert!(
-        tokio::runtime::Handle::try_current().is_err(),
-        "fleetcoord's blocking API was called from inside an async runtime; \
-         call it from a plain thread (e.g. tokio::task::spawn_blocking)"
-    );
-}
-
 impl Etcd {
     /// Connect to etcd at `endpoints` with [`EtcdOptions::default`]; see
     /// [`Etcd::with_options`].
     pub fn connect(endpoints: &(impl Endpoints + ?Sized)) -> Result<Etcd> {
+        crate::blocking::check()?;
         Self::with_options(endpoints, EtcdOptions::default())
     }
 
@@ -242,7 +241,7 @@ impl Etcd {
         endpoints: &(impl Endpoints + ?Sized),
         options: EtcdOptions,
     ) -> Result<Etcd> {
-        assert_not_async();
+        crate::blocking::check()?;
         let endpoints = endpoints.endpoint_list();
         if endpoints.is_empty() {
             return Err(Error::invalid(
@@ -323,7 +322,7 @@ impl Etcd {
     /// handle in another thread returns [`Error::Closed`] within
     /// milliseconds (its key goes with the revoked session).
     pub fn close(&self) -> Result<()> {
-        assert_not_async();
+        crate::blocking::check()?;
         self.inner.closed.store(true, Ordering::SeqCst);
         self.inner.driver.shutdown();
         Ok(())
@@ -377,7 +376,7 @@ impl Etcd {
     /// the request timeout: [`Error::Timeout`] with `limit`, and the call
     /// is canceled on the driver (a request already sent may still apply).
     pub(crate) fn request_within(&self, request: Request, limit: Duration) -> Result<Response> {
-        assert_not_async();
+        crate::blocking::check()?;
         // The call enforces the request timeout itself; the slack only
         // covers a runtime too busy to fire its timer. A shorter limit is
         // the caller's.
@@ -388,10 +387,11 @@ impl Etcd {
             timeout.saturating_add(Duration::from_secs(1))
         };
         match self.inner.driver.call(&request, wait) {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(UnaryError::Timeout(after))) => Err(Error::Timeout(after)),
-            Ok(Err(UnaryError::Rpc(e))) => Err(Error::rpc(e)),
-            Err(_) => Err(self.gone()),
+            Ok(response) => Ok(response),
+            Err(CallFailure::Unary(UnaryError::Timeout(after))) => Err(Error::Timeout(after)),
+            Err(CallFailure::Unary(UnaryError::Rpc(e))) => Err(Error::rpc(e)),
+            Err(CallFailure::InsideAsyncRuntime) => Err(Error::InsideAsyncRuntime),
+            Err(CallFailure::Gone) => Err(self.gone()),
         }
     }
 

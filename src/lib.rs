@@ -67,6 +67,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
+mod blocking;
 pub mod coordinator;
 mod deadline;
 mod driver;

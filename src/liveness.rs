@@ -3,7 +3,7 @@
 use crate::driver::handle::WaitError;
 use crate::driver::{rand_seed, Finished, MachineHandle, Notify};
 use crate::error::{Error, Result};
-use crate::etcd::{assert_not_async, Etcd};
+use crate::etcd::Etcd;
 use crate::resume::Resume;
 use crate::session::{close_outcome, LivenessState, SessionOptions, ATTEMPT_TIMEOUT, CLOSE_WAIT};
 use crate::validate;
@@ -212,6 +212,7 @@ impl HostLiveness {
         metadata: &[u8],
         ttl: Duration,
     ) -> Result<HostLiveness> {
+        crate::blocking::check()?;
         Self::with_options(
             etcd,
             host_id,
@@ -227,6 +228,7 @@ impl HostLiveness {
         metadata: &[u8],
         options: LivenessOptions,
     ) -> Result<HostLiveness> {
+        crate::blocking::check()?;
         Self::start(etcd, host_id, metadata, options, None, 1)
     }
 
@@ -259,6 +261,7 @@ impl HostLiveness {
         metadata: &[u8],
         options: LivenessOptions,
     ) -> Result<HostLiveness> {
+        crate::blocking::check()?;
         let key = format!("{}{}", options.prefix, resume.host_id.hyphenated());
         let point = (key == resume.key).then_some(ResumePoint {
             lease: resume.lease,
@@ -280,6 +283,7 @@ impl HostLiveness {
     /// no registration to hand over: the key not written with the current
     /// lease (registering, lost) or the keepalive already stopped.
     pub fn detach(self) -> Result<Resume> {
+        crate::blocking::check()?;
         let Engine::Own(machine) = &self.machine else {
             self.stop_and_wait()?;
             return Err(Error::invalid(
@@ -340,7 +344,7 @@ impl HostLiveness {
         resume: Option<ResumePoint>,
         incarnation: u64,
     ) -> Result<HostLiveness> {
-        assert_not_async();
+        crate::blocking::check()?;
         validate::prefix("prefix", &options.prefix)?;
         options.session.validate()?;
         validate::timeout("register_timeout", options.register_timeout)?;
@@ -457,7 +461,7 @@ impl HostLiveness {
         metadata: &[u8],
         options: LivenessOptions,
     ) -> Result<HostLiveness> {
-        assert_not_async();
+        crate::blocking::check()?;
         validate::prefix("prefix", &options.prefix)?;
         validate::timeout("register_timeout", options.register_timeout)?;
         validate::payload("metadata", metadata)?;
@@ -583,6 +587,7 @@ impl HostLiveness {
     /// Replace this host's metadata. Written at once when registered, and
     /// used for every later re-registration.
     pub fn set_metadata(&self, metadata: &[u8]) -> Result<()> {
+        crate::blocking::check()?;
         validate::payload("metadata", metadata)?;
         let sent = match &self.machine {
             Engine::Own(m) => m.send(KeepaliveInput::SetValue(metadata.to_vec())),
@@ -605,6 +610,7 @@ impl HostLiveness {
     /// when it could not be confirmed: the key then disappears when the
     /// lease expires after its TTL, and watchers see `Expired`.
     pub fn close(self) -> Result<()> {
+        crate::blocking::check()?;
         self.stop_and_wait()
     }
 

@@ -76,6 +76,9 @@ pub(crate) enum CallError {
     /// call was made from the runtime thread itself, where waiting would
     /// deadlock.
     Gone,
+    /// The caller's thread runs an async runtime's tasks, where blocking
+    /// is refused (`crate::blocking`); nothing was polled.
+    InsideAsyncRuntime,
 }
 
 /// How often shutdown looks whether the calls polled on their callers'
@@ -372,6 +375,9 @@ impl<M> RuntimeThread<M> {
         if self.is_current() {
             return Err(CallError::Gone);
         }
+        if !crate::blocking::may_block() {
+            return Err(CallError::InsideAsyncRuntime);
+        }
         let Some(running) = self.calls.enter() else {
             return Err(CallError::Gone);
         };
@@ -453,11 +459,19 @@ impl<M> RuntimeThread<M> {
     /// Raises [`Stopping`], gives tasks their grace, aborts the rest and
     /// joins the thread (unless called from it). Idempotent; concurrent
     /// callers do not wait on each other's join.
+    ///
+    /// From a thread that may not block (`crate::blocking`: one running an
+    /// async runtime's tasks, which reaches here through a drop) it does
+    /// not join either: the thread winds down and ends on its own, within
+    /// the same grace, and nothing waits for it.
     pub(crate) fn shutdown(&self) {
         let _ = self.tx.send(Cmd::Shutdown);
         let thread = self.thread.lock().take();
         if let Some(thread) = thread {
-            if !self.is_current() && thread.join().is_err() {
+            if self.is_current() || !crate::blocking::may_block() {
+                return;
+            }
+            if thread.join().is_err() {
                 log::error!("fleetcoord {} thread panicked", self.name);
             }
         }

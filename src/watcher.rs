@@ -3,7 +3,7 @@
 use crate::driver::handle::WaitError;
 use crate::driver::{rand_seed, FeedItem, FeedSink, Finished, MachineHandle, Notify};
 use crate::error::{Error, Result};
-use crate::etcd::{assert_not_async, Etcd};
+use crate::etcd::Etcd;
 use crate::liveness::DEFAULT_HOSTS_PREFIX;
 use crate::session::CLOSE_WAIT;
 use crate::validate;
@@ -307,13 +307,14 @@ impl Incarnations {
 impl HostWatcher {
     /// Watch the default hosts prefix.
     pub fn watch(etcd: &Etcd) -> Result<HostWatcher> {
+        crate::blocking::check()?;
         Self::with_options(etcd, WatcherOptions::default())
     }
 
     /// Watch with explicit settings (checked: a bad prefix or capacity is
     /// [`crate::Error::InvalidArgument`]).
     pub fn with_options(etcd: &Etcd, options: WatcherOptions) -> Result<HostWatcher> {
-        assert_not_async();
+        crate::blocking::check()?;
         validate::prefix("prefix", &options.prefix)?;
         validate::capacity("capacity", options.capacity)?;
         let prefix_len = options.prefix.len();
@@ -411,6 +412,7 @@ impl HostWatcher {
     /// confirm the stop within 10 s (a starved or stuck driver); the watch
     /// then ends when the driver gets to it.
     pub fn close(self) -> Result<()> {
+        crate::blocking::check()?;
         match self.machine.stop_and_wait(CLOSE_WAIT) {
             // Finished, or cut short by a driver shutting down: either way
             // nothing of the watch is left running.
@@ -435,7 +437,7 @@ impl HostWatcher {
 /// leave markers (`<host id>/left`, see [`DownReason`]) and incarnation
 /// keys (`<host id>/incarnation`) included, is skipped.
 pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
-    assert_not_async();
+    crate::blocking::check()?;
     validate::prefix("prefix", prefix)?;
     let prefix_len = prefix.len();
     let config = WatchConfig {

@@ -114,3 +114,98 @@ fn a_hanging_member_costs_at_most_one_timeout_and_no_lease() {
         );
     }
 }
+
+/// The median and the largest of `values`.
+fn p50_max(values: &mut [Duration]) -> (Duration, Duration) {
+    values.sort();
+    (values[values.len() / 2], values[values.len() - 1])
+}
+
+/// One endpoint of two accepts connections and never answers, from the
+/// start (the member it fronts is healthy; the blackholing proxy is the
+/// fault). Closing a host, an election and the handle, or dropping the
+/// handle, takes what the leave and the revoke need from the member that
+/// answers — milliseconds — and never waits on the silent one: before, the
+/// health monitor's probe of the silent member (a whole request timeout,
+/// 5 s) held `Etcd::close` for 5.0-7.0 s. Watchers on another connection
+/// see the leave at once: the work was done, not skipped.
+#[test]
+fn a_silent_member_never_slows_a_close_or_a_drop() {
+    /// Closing the handle (the revokes and the driver's stop), with
+    /// everything on it closed first; "100 ms plus what the leave needs".
+    const CLOSE_BOUND: Duration = Duration::from_millis(500);
+    /// Closing one primitive: its leave or resign, one or two requests.
+    const PRIMITIVE_BOUND: Duration = Duration::from_millis(300);
+    const ROUNDS: usize = 4;
+
+    let server = fleetcoord::testing::EtcdServer::start().expect("etcd");
+    let silent = FaultProxy::start(&server.endpoint()).expect("proxy");
+    silent.set_mode(Mode::Blackhole);
+    let endpoints = [server.endpoint(), silent.endpoint()];
+    let observer = Etcd::connect(&[server.endpoint()]).expect("observer");
+    let watcher = HostWatcher::watch(&observer).expect("watch");
+    assert_eq!(
+        watcher.events().recv_timeout(WAIT).unwrap(),
+        HostEvent::Synced
+    );
+
+    let (mut host_closes, mut election_closes, mut handle_closes) = (vec![], vec![], vec![]);
+    for round in 0..ROUNDS {
+        let etcd = Etcd::connect(&endpoints).expect("connect with one silent endpoint");
+        let id = Uuid::new_v4();
+        let host = HostLiveness::register(&etcd, id, b"h", TTL).expect("register");
+        let election = Election::new(&etcd, "silent-exit").expect("election");
+        let leadership = election.campaign(b"me").expect("campaign");
+        loop {
+            match watcher.events().recv_timeout(WAIT).expect("Up") {
+                HostEvent::Up(info) if info.id == id => break,
+                _ => {}
+            }
+        }
+
+        let t = Instant::now();
+        host.close().expect("close the host");
+        host_closes.push(t.elapsed());
+        let t = Instant::now();
+        drop(leadership);
+        election.close().expect("close the election");
+        election_closes.push(t.elapsed());
+        // Even rounds close the handle, odd ones drop its last clone.
+        let t = Instant::now();
+        if round % 2 == 0 {
+            etcd.close().expect("close the handle");
+        } else {
+            drop(etcd);
+        }
+        handle_closes.push(t.elapsed());
+        let seen = Instant::now();
+        loop {
+            match watcher.events().recv_timeout(WAIT).expect("Down") {
+                HostEvent::Down(info, reason) if info.id == id => {
+                    assert_eq!(reason, fleetcoord::DownReason::Left);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        assert!(seen.elapsed() < PRIMITIVE_BOUND, "leave seen late");
+        assert!(observer.lease_ttl(0).is_ok(), "the observer still answers");
+    }
+    let (host_p50, host_max) = p50_max(&mut host_closes);
+    let (election_p50, election_max) = p50_max(&mut election_closes);
+    let (handle_p50, handle_max) = p50_max(&mut handle_closes);
+    println!(
+        "one of two endpoints silent, {ROUNDS} rounds: HostLiveness::close p50 {host_p50:?} max \
+         {host_max:?}; Election::close p50 {election_p50:?} max {election_max:?}; \
+         Etcd::close / drop p50 {handle_p50:?} max {handle_max:?}"
+    );
+    assert!(
+        host_max < PRIMITIVE_BOUND,
+        "HostLiveness::close took {host_max:?}"
+    );
+    assert!(
+        election_max < PRIMITIVE_BOUND,
+        "Election::close took {election_max:?}"
+    );
+    assert!(handle_max < CLOSE_BOUND, "Etcd::close took {handle_max:?}");
+}

@@ -217,6 +217,7 @@ impl EtcdCoordinator {
     /// coordinator with default options on its own connection; see
     /// [`EtcdCoordinator::with_options`].
     pub fn connect(endpoints: &(impl Endpoints + ?Sized)) -> Result<EtcdCoordinator> {
+        crate::blocking::check()?;
         Self::with_options(endpoints, EtcdCoordinatorOptions::default())
     }
 
@@ -230,6 +231,7 @@ impl EtcdCoordinator {
         endpoints: &(impl Endpoints + ?Sized),
         options: EtcdCoordinatorOptions,
     ) -> Result<EtcdCoordinator> {
+        crate::blocking::check()?;
         options.check()?;
         let etcd = Etcd::with_options(endpoints, options.etcd_options.clone())?;
         Self::on_etcd_with_options(&etcd, options)
@@ -239,6 +241,7 @@ impl EtcdCoordinator {
     /// process already has, so it keeps one etcd connection and one
     /// driver thread. Closing the coordinator does not close `etcd`.
     pub fn on_etcd(etcd: &Etcd) -> Result<EtcdCoordinator> {
+        crate::blocking::check()?;
         Self::on_etcd_with_options(etcd, EtcdCoordinatorOptions::default())
     }
 
@@ -249,6 +252,7 @@ impl EtcdCoordinator {
         etcd: &Etcd,
         options: EtcdCoordinatorOptions,
     ) -> Result<EtcdCoordinator> {
+        crate::blocking::check()?;
         options.check()?;
         let root = options.root;
         Ok(EtcdCoordinator {
@@ -467,6 +471,7 @@ fn append_wait(config: &AppendConfig, request_timeout: Duration) -> Duration {
 
 impl Coordinator for EtcdCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
+        crate::blocking::check()?;
         self.life.check_open()?;
         check_name("topic", topic)?;
         check_payload("etcd", "payload", payload)?;
@@ -479,6 +484,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn subscribe(&self, topic: &str) -> Result<Subscription> {
+        crate::blocking::check()?;
         self.life.check_open()?;
         check_name("topic", topic)?;
         let key = self.topic_key(topic);
@@ -497,6 +503,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
+        crate::blocking::check()?;
         self.life.check_open()?;
         check_name("stream", stream)?;
         check_payload("etcd", "payload", payload)?;
@@ -559,6 +566,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn read_stream(&self, stream: &str, from: StreamPosition) -> Result<StreamReader> {
+        crate::blocking::check()?;
         self.life.check_open()?;
         check_name("stream", stream)?;
         let from = super::read_from(from);
@@ -597,6 +605,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
+        crate::blocking::check()?;
         self.life.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
@@ -610,6 +619,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
+        crate::blocking::check()?;
         self.life.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
@@ -627,6 +637,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn kv_delete(&self, bucket: &str, key: &str) -> Result<()> {
+        crate::blocking::check()?;
         self.life.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
@@ -636,6 +647,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn kv_watch(&self, bucket: &str, pattern: &str) -> Result<KvWatcher> {
+        crate::blocking::check()?;
         self.life.check_open()?;
         check_name("bucket", bucket)?;
         pattern::validate(pattern)?;
@@ -674,6 +686,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn ping(&self) -> Result<()> {
+        crate::blocking::check()?;
         self.life.check_open()?;
         let probe = RangeRequest {
             limit: 1,
@@ -686,6 +699,7 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn close(&self) -> Result<()> {
+        // Never blocks (the feeds are told to stop), so it works anywhere.
         let feeds = {
             let mut feeds = self.feeds.lock();
             self.life.close();

@@ -247,10 +247,13 @@ pub(crate) async fn monitor(
         // Not before the cool-down ends; suspicion raised meanwhile joins
         // this round instead of asking for another.
         loop {
+            // Shutdown first: with the cool-down over too, an unbiased
+            // pick would start another round half the time.
             tokio::select! {
+                biased;
+                _ = shutdown.changed() => return,
                 _ = tokio::time::sleep_until(next_round) => break,
                 _ = suspicion.raised() => suspected = true,
-                _ = shutdown.changed() => return,
             }
         }
         let targets = policy.to_probe(suspected);
@@ -263,7 +266,15 @@ pub(crate) async fn monitor(
             };
             round.spawn(async move { (i, probe.check(timeout).await) });
         }
-        while let Some(done) = round.join_next().await {
+        loop {
+            // A probe of a silent member takes the whole probe timeout:
+            // shutdown must not wait for it (dropping the round aborts it).
+            let done = tokio::select! {
+                biased;
+                _ = shutdown.changed() => return,
+                done = round.join_next() => done,
+            };
+            let Some(done) = done else { break };
             let Ok((i, outcome)) = done else { continue };
             let Some(probe) = probes.get(i) else { continue };
             let answered = outcome == ProbeOutcome::Answered;

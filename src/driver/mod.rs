@@ -90,6 +90,18 @@ pub(crate) enum DriverMsg {
     Run(Box<dyn runner::Runnable>),
 }
 
+/// Why a unary call polled on its caller's thread has no response.
+#[derive(Debug)]
+pub(crate) enum CallFailure {
+    /// etcd refused it, or it got no answer in time.
+    Unary(UnaryError),
+    /// The driver is shutting down or gone.
+    Gone,
+    /// The caller's thread runs an async runtime's tasks
+    /// (`crate::blocking`); nothing was sent.
+    InsideAsyncRuntime,
+}
+
 /// What a unary call polled on its caller's thread needs: the client (a
 /// cheap clone of the one connection), the request timeout and the
 /// suspicion it raises when etcd is slow to answer.
@@ -126,11 +138,7 @@ impl DriverHandle {
     /// still apply). `Err(Gone)` once the driver is shutting down or gone,
     /// or when called from the driver thread itself, where nothing would
     /// drive the call.
-    pub(crate) fn call(
-        &self,
-        request: &Request,
-        wait: Duration,
-    ) -> Result<Result<Response, UnaryError>, Gone> {
+    pub(crate) fn call(&self, request: &Request, wait: Duration) -> Result<Response, CallFailure> {
         let Caller {
             client,
             options,
@@ -145,9 +153,11 @@ impl DriverHandle {
             }
         };
         match self.thread.block_on(wait, call) {
-            Ok(answer) => Ok(answer),
-            Err(CallError::Timeout) => Ok(Err(UnaryError::Timeout(wait))),
-            Err(CallError::Gone) => Err(Gone),
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(e)) => Err(CallFailure::Unary(e)),
+            Err(CallError::Timeout) => Err(CallFailure::Unary(UnaryError::Timeout(wait))),
+            Err(CallError::Gone) => Err(CallFailure::Gone),
+            Err(CallError::InsideAsyncRuntime) => Err(CallFailure::InsideAsyncRuntime),
         }
     }
 

@@ -153,6 +153,7 @@ impl Leadership {
     /// [`Error::Timeout`], and the leadership is resigned (its outcome was
     /// unknown; it is not believed again).
     pub fn hand_over(&self, to: impl AsRef<[u8]>) -> Result<()> {
+        crate::blocking::check()?;
         let to = to.as_ref().to_vec();
         if to.is_empty() {
             return Err(Error::invalid("to", "must not be empty"));
@@ -214,6 +215,7 @@ impl Leadership {
     /// nobody asked, or when this leadership is over. One etcd read per
     /// call; the caller decides how often to ask.
     pub fn hand_over_requested(&self) -> Result<Option<Vec<u8>>> {
+        crate::blocking::check()?;
         let key = hand_over_request_key(self.inner.prefix.as_bytes());
         let Some(responses) = self.txn_if_leader([TxnOp::get(key)])? else {
             return Ok(None);
@@ -228,6 +230,7 @@ impl Leadership {
     /// failed), so that it is not acted on again; fenced like every
     /// leader's write.
     pub fn clear_hand_over_request(&self) -> Result<()> {
+        crate::blocking::check()?;
         let key = hand_over_request_key(self.inner.prefix.as_bytes());
         self.txn_if_leader([TxnOp::delete(key)])?;
         Ok(())
@@ -242,6 +245,7 @@ impl Leadership {
     /// for a leader that will not change. Does nothing once this
     /// leadership is over.
     pub fn refuse_hand_over(&self, reason: &str) -> Result<()> {
+        crate::blocking::check()?;
         validate::payload("reason", reason.as_bytes())?;
         let prefix = self.inner.prefix.as_bytes();
         self.txn_if_leader([
@@ -258,6 +262,7 @@ impl Leadership {
     /// Replace the leader's value (what [`Election::leader`] and observers
     /// see). Fails with [`Error::NotLeader`] when leadership is gone.
     pub fn proclaim(&self, value: &[u8]) -> Result<()> {
+        crate::blocking::check()?;
         validate::payload("value", value)?;
         if !self.is_held() {
             return Err(Error::NotLeader);
@@ -339,6 +344,7 @@ impl Leadership {
         &self,
         ops: impl IntoIterator<Item = TxnOp>,
     ) -> Result<Option<Vec<TxnOpResponse>>> {
+        crate::blocking::check()?;
         let ops = crate::txn::check_ops(ops)?;
         let Some(left) = self.belief.remaining() else {
             return Ok(None);
@@ -364,6 +370,7 @@ impl Leadership {
     /// delete until etcd confirms it (or the session ends, which deletes the
     /// key too), so a resign that timed out never leaves the key queued.
     pub fn resign(mut self) -> Result<()> {
+        crate::blocking::check()?;
         // `resign` consumes the handle, and only it and `drop` set
         // `resigned`: it is always false here.
         self.resigned = true;

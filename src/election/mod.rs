@@ -10,7 +10,7 @@
 
 use crate::driver::{rand_seed, Gone, Notify};
 use crate::error::{Error, ErrorKind, Result};
-use crate::etcd::{assert_not_async, Etcd};
+use crate::etcd::Etcd;
 use crate::session::{close_outcome, ATTEMPT_TIMEOUT, CLOSE_WAIT};
 use crate::validate;
 use belief::Belief;
@@ -175,6 +175,7 @@ impl Election {
     /// from nesting in the same way (`/x/` with name `a` and `/x/a/` with
     /// name `b`), since the prefix is not checked against other prefixes.
     pub fn new(etcd: &Etcd, name: &str) -> Result<Election> {
+        crate::blocking::check()?;
         Self::with_options(etcd, name, ElectionOptions::default())
     }
 
@@ -182,6 +183,7 @@ impl Election {
     /// [`Election::new`]). Starts the session at once; campaigns wait for
     /// it.
     pub fn with_options(etcd: &Etcd, name: &str, options: ElectionOptions) -> Result<Election> {
+        crate::blocking::check()?;
         Self::with_permits(etcd, name, options, 1)
     }
 
@@ -225,7 +227,7 @@ impl Election {
         options: ElectionOptions,
         permits: u32,
     ) -> Result<Election> {
-        assert_not_async();
+        crate::blocking::check()?;
         let options_permits = permits.max(1);
         let prefix = election_prefix(name, &options)?;
         let rank = options.rank();
@@ -334,7 +336,7 @@ impl Election {
         name: &str,
         options: &ElectionOptions,
     ) -> Result<Option<LeaderInfo>> {
-        assert_not_async();
+        crate::blocking::check()?;
         current_leader(etcd, &election_prefix(name, options)?)
     }
 
@@ -345,7 +347,7 @@ impl Election {
         name: &str,
         options: &ElectionOptions,
     ) -> Result<LeaderObserver> {
-        assert_not_async();
+        crate::blocking::check()?;
         LeaderObserver::start(etcd, &election_prefix(name, options)?)
     }
 
@@ -364,7 +366,7 @@ impl Election {
         options: &ElectionOptions,
         to: &[u8],
     ) -> Result<()> {
-        assert_not_async();
+        crate::blocking::check()?;
         if to.is_empty() {
             return Err(Error::invalid("to", "must not be empty"));
         }
@@ -395,7 +397,7 @@ impl Election {
         name: &str,
         options: &ElectionOptions,
     ) -> Result<Option<String>> {
-        assert_not_async();
+        crate::blocking::check()?;
         let prefix = election_prefix(name, options)?;
         let key = fleetcoord_sm::election::hand_over_refusal_key(prefix.as_bytes());
         let read = fleetcoord_sm::RangeRequest::all(fleetcoord_sm::KeyRange::Key(key));
@@ -414,7 +416,7 @@ impl Election {
         name: &str,
         options: &ElectionOptions,
     ) -> Result<()> {
-        assert_not_async();
+        crate::blocking::check()?;
         let prefix = election_prefix(name, options)?;
         etcd.request(fleetcoord_sm::Request::Delete(
             fleetcoord_sm::KeyRange::Key(hand_over_request_key(prefix.as_bytes())),
@@ -447,6 +449,7 @@ impl Election {
     ///
     /// [`HostLiveness`]: crate::HostLiveness
     pub fn campaign(&self, value: &[u8]) -> Result<Leadership> {
+        crate::blocking::check()?;
         self.campaign_inner(value, None)
     }
 
@@ -459,6 +462,7 @@ impl Election {
     /// accepted; one too long to add to the current time (such as
     /// `Duration::MAX`) means no timeout, as in [`Election::campaign`].
     pub fn campaign_timeout(&self, value: &[u8], timeout: Duration) -> Result<Leadership> {
+        crate::blocking::check()?;
         self.campaign_inner(value, Some(timeout))
     }
 
@@ -496,6 +500,7 @@ impl Election {
     /// request timeouts, then fails with [`Error::Timeout`] leaving nothing
     /// behind.
     pub fn try_campaign(&self, value: &[u8]) -> Result<TryCampaign> {
+        crate::blocking::check()?;
         validate::payload("value", value)?;
         let turn = self.inner.campaign_turn()?;
         let value = value.to_vec();
@@ -526,12 +531,14 @@ impl Election {
 
     /// The current leader, read from etcd (one linearizable read).
     pub fn leader(&self) -> Result<Option<LeaderInfo>> {
+        crate::blocking::check()?;
         current_leader(&self.inner.etcd, &self.inner.prefix)
     }
 
     /// Stream the leader of this election: the current one first, then every
     /// change, `None` when no candidate remains.
     pub fn observe(&self) -> Result<LeaderObserver> {
+        crate::blocking::check()?;
         LeaderObserver::start(&self.inner.etcd, &self.inner.prefix)
     }
 
@@ -578,6 +585,7 @@ impl Election {
     /// [`Error::Closed`] at once (before the revoke is confirmed), and so
     /// does every later call on this election. Closing again is harmless.
     pub fn close(&self) -> Result<()> {
+        crate::blocking::check()?;
         self.begin_close();
         self.wait_closed()
     }

@@ -52,6 +52,7 @@ impl Mutex {
     /// The mutex `name` (one key segment, as election names) under
     /// [`DEFAULT_LOCK_PREFIX`], with a 10 s session.
     pub fn new(etcd: &Etcd, name: &str) -> Result<Mutex> {
+        crate::blocking::check()?;
         Self::with_options(etcd, name, LockOptions::default())
     }
 
@@ -59,6 +60,7 @@ impl Mutex {
     /// `""` shares the lock with `etcdctl lock`). Starts the session at
     /// once; locking waits for it.
     pub fn with_options(etcd: &Etcd, name: &str, options: LockOptions) -> Result<Mutex> {
+        crate::blocking::check()?;
         let options = options.to_election(DEFAULT_LOCK_PREFIX)?;
         Ok(Mutex {
             election: Election::with_options(etcd, name, options)?,
@@ -74,6 +76,7 @@ impl Mutex {
         name: &str,
         options: LockOptions,
     ) -> Result<Mutex> {
+        crate::blocking::check()?;
         let options = options.to_election(DEFAULT_LOCK_PREFIX)?;
         Ok(Mutex {
             election: Election::with_session(session, name, options)?,
@@ -83,6 +86,7 @@ impl Mutex {
     /// Blocks until this handle holds the lock. A session lease lost while
     /// waiting is replaced and the wait goes on (see [`Election::campaign`]).
     pub fn lock(&self) -> Result<MutexGuard> {
+        crate::blocking::check()?;
         self.election.campaign(b"").map(MutexGuard::new)
     }
 
@@ -90,6 +94,7 @@ impl Mutex {
     /// [`Error::Timeout`](crate::Error::Timeout) (the waiting key is
     /// removed again; `Duration::MAX` means no timeout).
     pub fn lock_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
+        crate::blocking::check()?;
         self.election
             .campaign_timeout(b"", timeout)
             .map(MutexGuard::new)
@@ -100,6 +105,7 @@ impl Mutex {
     /// however it is waited on (in slices, from several threads, or
     /// canceled from another). See [`Pending`].
     pub fn start_lock(&self) -> Result<Pending<MutexGuard>> {
+        crate::blocking::check()?;
         self.election.start(b"", MutexGuard::new)
     }
 
@@ -107,6 +113,7 @@ impl Mutex {
     /// `Ok(None)` then, the waiting key withdrawn (etcd confirmed it) before
     /// the return. See [`Election::campaign_until`].
     pub fn lock_until(&self, stop: &crossbeam_channel::Receiver<()>) -> Result<Option<MutexGuard>> {
+        crate::blocking::check()?;
         self.start_lock()?.until(stop)
     }
 
@@ -114,6 +121,7 @@ impl Mutex {
     /// for other holders. `Ok(None)`: somebody else has it (nothing is left
     /// behind).
     pub fn try_lock(&self) -> Result<Option<MutexGuard>> {
+        crate::blocking::check()?;
         Ok(match self.election.try_campaign(b"")? {
             TryCampaign::Elected(leadership) => Some(MutexGuard::new(leadership)),
             TryCampaign::NotElected(_) => None,
@@ -144,6 +152,7 @@ impl Mutex {
     /// [`Error::Closed`](crate::Error::Closed) at once (see
     /// [`Election::close`]).
     pub fn close(&self) -> Result<()> {
+        crate::blocking::check()?;
         self.election.close()
     }
 }
@@ -191,6 +200,7 @@ impl MutexGuard {
         &self,
         ops: impl IntoIterator<Item = TxnOp>,
     ) -> Result<Option<Vec<TxnOpResponse>>> {
+        crate::blocking::check()?;
         self.leadership.txn_if_leader(ops)
     }
 
@@ -199,6 +209,7 @@ impl MutexGuard {
     /// driver finishes the release in the background (see
     /// [`Leadership::resign`]).
     pub fn unlock(self) -> Result<()> {
+        crate::blocking::check()?;
         self.leadership.resign()
     }
 }

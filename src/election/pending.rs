@@ -182,6 +182,7 @@ impl Election {
     /// # Ok(()) }
     /// ```
     pub fn start_campaign(&self, value: &[u8]) -> Result<Pending<Leadership>> {
+        crate::blocking::check()?;
         self.start(value, |leadership| leadership)
     }
 
@@ -194,6 +195,7 @@ impl Election {
     /// driver goes on deleting the key). Errors as
     /// [`Election::campaign`].
     pub fn campaign_until(&self, value: &[u8], stop: &Receiver<()>) -> Result<Option<Leadership>> {
+        crate::blocking::check()?;
         self.start_campaign(value)?.until(stop)
     }
 
@@ -255,6 +257,7 @@ impl<T> Pending<T> {
     /// [`Election::campaign`]. After a wait returned the win, every later
     /// wait is [`Error::InvalidArgument`] naming `"campaign"`.
     pub fn wait(&self) -> Result<T> {
+        crate::blocking::check()?;
         loop {
             if let Some(won) = self.shared.wait(None, &crossbeam_channel::never())? {
                 return Ok((self.into)(won));
@@ -269,6 +272,7 @@ impl<T> Pending<T> {
     /// current time (`Duration::MAX`) waits as [`Pending::wait`]. Errors as
     /// [`Pending::wait`].
     pub fn wait_timeout(&self, timeout: Duration) -> Result<Option<T>> {
+        crate::blocking::check()?;
         let deadline = deadline_after(timeout);
         Ok(self
             .shared
@@ -280,6 +284,7 @@ impl<T> Pending<T> {
     /// message or is disconnected (`Ok(None)`; the candidate stays queued,
     /// cancel or drop it to leave). Errors as [`Pending::wait`].
     pub fn wait_until(&self, stop: &Receiver<()>) -> Result<Option<T>> {
+        crate::blocking::check()?;
         Ok(self.shared.wait(None, stop)?.map(self.into))
     }
 
@@ -288,6 +293,7 @@ impl<T> Pending<T> {
     /// was settled already: then nothing is done), [`Error::Timeout`]
     /// after the request timeout.
     pub fn cancel(&self) -> Result<()> {
+        crate::blocking::check()?;
         self.shared.cancel()
     }
 
@@ -320,6 +326,7 @@ impl Canceller {
     /// [`Pending::cancel`] of the campaign this was made from; `Ok(())`
     /// without doing anything once that `Pending` is dropped or settled.
     pub fn cancel(&self) -> Result<()> {
+        crate::blocking::check()?;
         match self.shared.upgrade() {
             Some(shared) => shared.cancel(),
             None => Ok(()),
@@ -331,6 +338,7 @@ impl Shared {
     /// Wait until the campaign wins (`Some`), `deadline` passes or `stop`
     /// fires (`None`), or it ends otherwise (the error).
     fn wait(&self, deadline: Option<Instant>, stop: &Receiver<()>) -> Result<Option<Leadership>> {
+        crate::blocking::check()?;
         let _reader = match deadline {
             Some(at) => match self.reader.try_lock_until(at) {
                 Some(reader) => reader,

@@ -90,6 +90,7 @@ impl ElectionPool {
 
     /// The election for `name`, created (with its session) on first use.
     pub fn election(&self, name: &str) -> Result<Arc<Election>> {
+        crate::blocking::check()?;
         if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Error::Closed);
         }
@@ -107,6 +108,7 @@ impl ElectionPool {
 
     /// Campaign on `name`; blocks until leader. See [`Election::campaign`].
     pub fn campaign(&self, name: &str, value: &[u8]) -> Result<Leadership> {
+        crate::blocking::check()?;
         self.election(name)?.campaign(value)
     }
 
@@ -117,6 +119,7 @@ impl ElectionPool {
         value: &[u8],
         timeout: Duration,
     ) -> Result<Leadership> {
+        crate::blocking::check()?;
         self.election(name)?.campaign_timeout(value, timeout)
     }
 
@@ -124,6 +127,7 @@ impl ElectionPool {
     /// [`Election::start_campaign`] and [`Pending`]. [`ElectionPool::close`]
     /// or [`ElectionPool::release`] of `name` ends it ([`Error::Closed`]).
     pub fn start_campaign(&self, name: &str, value: &[u8]) -> Result<Pending<Leadership>> {
+        crate::blocking::check()?;
         self.election(name)?.start_campaign(value)
     }
 
@@ -135,17 +139,20 @@ impl ElectionPool {
         value: &[u8],
         stop: &crossbeam_channel::Receiver<()>,
     ) -> Result<Option<Leadership>> {
+        crate::blocking::check()?;
         self.election(name)?.campaign_until(value, stop)
     }
 
     /// Become leader of `name` only if nobody else is.
     pub fn try_campaign(&self, name: &str, value: &[u8]) -> Result<TryCampaign> {
+        crate::blocking::check()?;
         self.election(name)?.try_campaign(value)
     }
 
     /// End the session for `name` (revoking its lease). A later campaign on
     /// `name` starts a new session.
     pub fn release(&self, name: &str) -> Result<()> {
+        crate::blocking::check()?;
         let election = self.elections.lock().remove(name);
         match election.map(Arc::try_unwrap) {
             Some(Ok(e)) => e.close(),
@@ -159,6 +166,7 @@ impl ElectionPool {
     /// (blocking, timed, or a [`Pending`] wait) returns [`Error::Closed`]
     /// within milliseconds, its key removed with the session's revoke.
     pub fn close(&self) -> Result<()> {
+        crate::blocking::check()?;
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         let elections: Vec<Arc<Election>> = self.elections.lock().drain().map(|(_, e)| e).collect();
         // Stop every session first, then wait: with etcd down each stop

@@ -87,6 +87,7 @@ impl Semaphore {
     /// `permits` permits under [`DEFAULT_SEMAPHORE_PREFIX`], with a 10 s
     /// session. `permits` 0 is [`Error::InvalidArgument`].
     pub fn new(etcd: &Etcd, name: &str, permits: u32) -> Result<Semaphore> {
+        crate::blocking::check()?;
         Self::with_options(etcd, name, permits, LockOptions::default())
     }
 
@@ -102,6 +103,7 @@ impl Semaphore {
         permits: u32,
         options: LockOptions,
     ) -> Result<Semaphore> {
+        crate::blocking::check()?;
         at_least_one(permits)?;
         // No priority: LockOptions has none (with N holders there is no
         // single next leader to order).
@@ -126,6 +128,7 @@ impl Semaphore {
         permits: u32,
         options: LockOptions,
     ) -> Result<Semaphore> {
+        crate::blocking::check()?;
         at_least_one(permits)?;
         let etcd = session.etcd();
         let options = options.to_election(DEFAULT_SEMAPHORE_PREFIX)?;
@@ -149,6 +152,7 @@ impl Semaphore {
     /// Blocks until this handle holds a permit. A session lease lost while
     /// waiting is replaced and the wait goes on (see [`Election::campaign`]).
     pub fn acquire(&self) -> Result<SemaphoreGuard> {
+        crate::blocking::check()?;
         self.election
             .campaign(&self.value())
             .map(SemaphoreGuard::new)
@@ -160,6 +164,7 @@ impl Semaphore {
     /// it goes with the session), so a waiter that gave up never holds the
     /// queue. `Duration::MAX` means no timeout.
     pub fn acquire_timeout(&self, timeout: Duration) -> Result<SemaphoreGuard> {
+        crate::blocking::check()?;
         self.election
             .campaign_timeout(&self.value(), timeout)
             .map(SemaphoreGuard::new)
@@ -170,6 +175,7 @@ impl Semaphore {
     /// however it is waited on (in slices, from several threads, or
     /// canceled from another). See [`Pending`].
     pub fn start_acquire(&self) -> Result<Pending<SemaphoreGuard>> {
+        crate::blocking::check()?;
         self.election.start(&self.value(), SemaphoreGuard::new)
     }
 
@@ -180,6 +186,7 @@ impl Semaphore {
         &self,
         stop: &crossbeam_channel::Receiver<()>,
     ) -> Result<Option<SemaphoreGuard>> {
+        crate::blocking::check()?;
         self.start_acquire()?.until(stop)
     }
 
@@ -187,6 +194,7 @@ impl Semaphore {
     /// or waiters); never waits for other holders. `Ok(None)`: all permits
     /// are taken or queued for (the own key is removed again).
     pub fn try_acquire(&self) -> Result<Option<SemaphoreGuard>> {
+        crate::blocking::check()?;
         Ok(match self.election.try_campaign(&self.value())? {
             TryCampaign::Elected(leadership) => Some(SemaphoreGuard::new(leadership)),
             TryCampaign::NotElected(_) => None,
@@ -216,6 +224,7 @@ impl Semaphore {
     /// Takes `&self`: an acquire waited on in another thread returns
     /// [`Error::Closed`] at once (see [`Election::close`]).
     pub fn close(&self) -> Result<()> {
+        crate::blocking::check()?;
         self.election.close()
     }
 }
@@ -305,6 +314,7 @@ impl SemaphoreGuard {
         &self,
         ops: impl IntoIterator<Item = TxnOp>,
     ) -> Result<Option<Vec<TxnOpResponse>>> {
+        crate::blocking::check()?;
         self.leadership.txn_if_leader(ops)
     }
 
@@ -313,6 +323,7 @@ impl SemaphoreGuard {
     /// driver finishes the release in the background (see
     /// [`Leadership::resign`]).
     pub fn release(self) -> Result<()> {
+        crate::blocking::check()?;
         self.leadership.resign()
     }
 }

@@ -7,7 +7,7 @@ use super::{
 };
 use crate::driver::{rand_seed, MachineHandle, Notify};
 use crate::error::{Error, Result};
-use crate::etcd::{assert_not_async, Etcd};
+use crate::etcd::Etcd;
 use crate::validate;
 use fleetcoord_sm::election::{SessionInput, SessionRequest};
 use fleetcoord_sm::keepalive::{
@@ -263,13 +263,14 @@ impl Session {
     /// A session whose lease has `ttl` (other settings default). Returns at
     /// once; primitives on it wait for the first lease.
     pub fn new(etcd: &Etcd, ttl: Duration) -> Result<Session> {
+        crate::blocking::check()?;
         Self::with_options(etcd, SessionOptions::default().with_ttl(ttl))
     }
 
     /// A session with every lease setting explicit (checked here:
     /// [`Error::InvalidArgument`] names the first one out of range).
     pub fn with_options(etcd: &Etcd, options: SessionOptions) -> Result<Session> {
-        assert_not_async();
+        crate::blocking::check()?;
         options.validate()?;
         let config = KeepaliveConfig {
             ttl_secs: options.ttl.as_secs() as i64,
@@ -415,6 +416,7 @@ impl Session {
     /// before the revoke is sent. Primitives on the session answer every
     /// later call with [`Error::Closed`]. Closing again is harmless.
     pub fn close(&self) -> Result<()> {
+        crate::blocking::check()?;
         {
             let mut hub = self.inner.hub.lock();
             self.inner.closed.store(true, Ordering::SeqCst);

@@ -10,7 +10,7 @@
 
 use crate::driver::{rand_seed, MachineHandle, Notify};
 use crate::error::{Error, ErrorKind, Result};
-use crate::etcd::{assert_not_async, Etcd};
+use crate::etcd::Etcd;
 use crate::session::{close_outcome, Attachment, Session, ATTEMPT_TIMEOUT, CLOSE_WAIT};
 use crate::txn::{check_ops, TxnOp, TxnOpResponse};
 use belief::Beliefs;
@@ -122,7 +122,7 @@ impl ShardMap {
     /// read. Bad names, counts or options are
     /// [`Error::InvalidArgument`] naming the field.
     pub fn join(etcd: &Etcd, name: &str, shards: u32, options: ShardOptions) -> Result<ShardMap> {
-        assert_not_async();
+        crate::blocking::check()?;
         let (prefix, member, map) = member_config(etcd, name, shards, &options)?;
         options.check()?;
         let session = KeepaliveConfig {
@@ -207,7 +207,7 @@ impl ShardMap {
         shards: u32,
         options: ShardOptions,
     ) -> Result<ShardMap> {
-        assert_not_async();
+        crate::blocking::check()?;
         if session.is_closed() {
             return Err(Error::Closed);
         }
@@ -303,6 +303,7 @@ impl ShardMap {
     /// shard not being released this changes nothing. A shard outside the
     /// map is [`Error::InvalidArgument`].
     pub fn release(&self, shard: u32) -> Result<()> {
+        crate::blocking::check()?;
         self.check_shard(shard)?;
         if self.beliefs.hand_back(shard) {
             self.machine
@@ -319,7 +320,7 @@ impl ShardMap {
     /// [`Error::Timeout`] after 10 s; the keys then go with the lease
     /// after its TTL.
     pub fn leave(self) -> Result<()> {
-        assert_not_async();
+        crate::blocking::check()?;
         self.beliefs.end_all();
         self.machine
             .send(MemberInput::Leave)
@@ -341,7 +342,7 @@ impl ShardMap {
     /// The owner of `shard` as etcd has it now (one linearizable read), or
     /// `None` while nobody owns it.
     pub fn owner_of(&self, shard: u32) -> Result<Option<ShardOwner>> {
-        assert_not_async();
+        crate::blocking::check()?;
         self.check_shard(shard)?;
         let key = keys::shard_key(self.prefix.as_bytes(), shard);
         let kvs = read(&self.etcd, KeyRange::Key(key))?;
@@ -363,7 +364,7 @@ impl ShardMap {
         shard: u32,
         ops: impl IntoIterator<Item = TxnOp>,
     ) -> Result<Option<Vec<TxnOpResponse>>> {
-        assert_not_async();
+        crate::blocking::check()?;
         self.check_shard(shard)?;
         let ops = check_ops(ops)?;
         let Some((token, left)) = self.beliefs.remaining(shard) else {
@@ -384,7 +385,7 @@ impl ShardMap {
         shards: u32,
         options: &ShardOptions,
     ) -> Result<Vec<ShardOwner>> {
-        assert_not_async();
+        crate::blocking::check()?;
         let prefix = options::map_prefix(name, options)?;
         options::shard_count(shards)?;
         let owners_prefix = format!("{prefix}shards/");
@@ -404,7 +405,7 @@ impl ShardMap {
     /// The live members of map `name` as etcd has them now (one
     /// linearizable read, without joining), in id order.
     pub fn members_of(etcd: &Etcd, name: &str, options: &ShardOptions) -> Result<Vec<ShardMember>> {
-        assert_not_async();
+        crate::blocking::check()?;
         let prefix = options::map_prefix(name, options)?;
         let members_prefix = format!("{prefix}members/");
         Ok(

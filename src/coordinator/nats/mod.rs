@@ -213,6 +213,7 @@ impl NatsCoordinator {
     /// Fails with [`Error::Connect`] naming the URLs when no server
     /// answers within the connect timeout.
     pub fn connect(urls: &(impl Endpoints + ?Sized)) -> Result<Self> {
+        crate::blocking::check()?;
         Self::with_options(urls, NatsOptions::default())
     }
 
@@ -224,6 +225,7 @@ impl NatsCoordinator {
     /// the cause (a server certificate the CA did not sign, a missing or
     /// refused client certificate, a refused user).
     pub fn with_options(urls: &(impl Endpoints + ?Sized), options: NatsOptions) -> Result<Self> {
+        crate::blocking::check()?;
         let addrs = urls.endpoint_list();
         if addrs.is_empty() {
             return Err(Error::invalid("urls", "at least one server URL is needed"));
@@ -321,6 +323,7 @@ impl NatsCoordinator {
             }),
             Err(CallError::Timeout) => Err(Error::Timeout(wait)),
             Err(CallError::Gone) => Err(self.life.gone()),
+            Err(CallError::InsideAsyncRuntime) => Err(Error::InsideAsyncRuntime),
         }
     }
 
@@ -343,6 +346,7 @@ impl NatsCoordinator {
 
 impl Coordinator for NatsCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
+        crate::blocking::check()?;
         check_name("topic", topic)?;
         check_payload("nats", "payload", payload)?;
         self.life.check_open()?;
@@ -365,6 +369,7 @@ impl Coordinator for NatsCoordinator {
     }
 
     fn subscribe(&self, topic: &str) -> Result<Subscription> {
+        crate::blocking::check()?;
         check_name("topic", topic)?;
         let client = self.conn.client.clone();
         let subject = names::topic_subject(topic);
@@ -385,6 +390,7 @@ impl Coordinator for NatsCoordinator {
     }
 
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
+        crate::blocking::check()?;
         check_name("stream", stream)?;
         check_payload("nats", "payload", payload)?;
         self.life.check_open()?;
@@ -398,6 +404,7 @@ impl Coordinator for NatsCoordinator {
     }
 
     fn read_stream(&self, stream: &str, from: StreamPosition) -> Result<StreamReader> {
+        crate::blocking::check()?;
         check_name("stream", stream)?;
         let opened = self.run(stream::open(self.conn.clone(), stream.to_owned(), from))?;
         let conn = self.conn.clone();
@@ -405,6 +412,7 @@ impl Coordinator for NatsCoordinator {
     }
 
     fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
+        crate::blocking::check()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         check_payload("nats", "value", value)?;
@@ -419,6 +427,7 @@ impl Coordinator for NatsCoordinator {
     }
 
     fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
+        crate::blocking::check()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         self.run(kv::get(
@@ -429,6 +438,7 @@ impl Coordinator for NatsCoordinator {
     }
 
     fn kv_delete(&self, bucket: &str, key: &str) -> Result<()> {
+        crate::blocking::check()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         self.run(kv::delete(
@@ -439,6 +449,7 @@ impl Coordinator for NatsCoordinator {
     }
 
     fn kv_watch(&self, bucket: &str, pattern: &str) -> Result<KvWatcher> {
+        crate::blocking::check()?;
         check_name("bucket", bucket)?;
         pattern::validate(pattern)?;
         let opened = self.run(kv::open_watch(self.conn.clone(), bucket.to_owned()))?;
@@ -448,6 +459,7 @@ impl Coordinator for NatsCoordinator {
     }
 
     fn ping(&self) -> Result<()> {
+        crate::blocking::check()?;
         let client = self.conn.client.clone();
         self.run(async move {
             conn::round_trip(&client)
@@ -457,10 +469,8 @@ impl Coordinator for NatsCoordinator {
     }
 
     fn close(&self) -> Result<()> {
-        self.life.close();
-        // Ends every feed task (their senders drop, so feeds disconnect),
-        // then the runtime and with it the connection.
-        self.bridge.shutdown();
+        crate::blocking::check()?;
+        self.shut();
         Ok(())
     }
 
@@ -477,9 +487,23 @@ impl Coordinator for NatsCoordinator {
     }
 }
 
+impl NatsCoordinator {
+    /// What `close` does once the caller may block, and all a drop does:
+    /// mark the handle closed and stop the runtime thread (joined only by a
+    /// caller that may block).
+    fn shut(&self) {
+        self.life.close();
+        // Ends every feed task (their senders drop, so feeds disconnect),
+        // then the runtime and with it the connection.
+        self.bridge.shutdown();
+    }
+}
+
 impl Drop for NatsCoordinator {
     fn drop(&mut self) {
-        let _ = self.close();
+        // Not `close`: a drop on a thread running an async runtime's tasks
+        // must still stop everything (without waiting for the thread).
+        self.shut();
     }
 }
 

@@ -300,6 +300,7 @@ impl RedisCoordinator {
     /// [`RedisOptions::with_tls`]). Fails with [`Error::Connect`] naming
     /// the URLs when no server answers within the connect timeout.
     pub fn connect(urls: &(impl Endpoints + ?Sized)) -> Result<Self> {
+        crate::blocking::check()?;
         Self::with_options(urls, RedisOptions::default())
     }
 
@@ -307,6 +308,7 @@ impl RedisCoordinator {
     /// every value of which is checked first ([`Error::InvalidArgument`]
     /// names the one out of range).
     pub fn with_options(urls: &(impl Endpoints + ?Sized), options: RedisOptions) -> Result<Self> {
+        crate::blocking::check()?;
         let target = Target::parse(urls, &options)?;
         let wait = target
             .connect_timeout
@@ -366,12 +368,14 @@ impl RedisCoordinator {
             Ok(result) => result,
             Err(CallError::Timeout) => Err(Error::Timeout(timeout)),
             Err(CallError::Gone) => Err(self.life.gone()),
+            Err(CallError::InsideAsyncRuntime) => Err(Error::InsideAsyncRuntime),
         }
     }
 }
 
 impl Coordinator for RedisCoordinator {
     fn publish(&self, topic: &str, payload: &[u8]) -> Result<()> {
+        crate::blocking::check()?;
         check_name("topic", topic)?;
         check_payload("redis", "payload", payload)?;
         let channel = names::topic_channel(topic);
@@ -401,6 +405,7 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn subscribe(&self, topic: &str) -> Result<Subscription> {
+        crate::blocking::check()?;
         self.life.check_open()?;
         check_name("topic", topic)?;
         let topic = topic.to_string();
@@ -411,6 +416,7 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn append_stream(&self, stream: &str, payload: &[u8]) -> Result<StreamId> {
+        crate::blocking::check()?;
         check_name("stream", stream)?;
         check_payload("redis", "payload", payload)?;
         let target = &self.target;
@@ -423,6 +429,7 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn read_stream(&self, stream: &str, from: StreamPosition) -> Result<StreamReader> {
+        crate::blocking::check()?;
         self.life.check_open()?;
         check_name("stream", stream)?;
         let stream = stream.to_string();
@@ -433,6 +440,7 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
+        crate::blocking::check()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         check_payload("redis", "value", value)?;
@@ -440,6 +448,7 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
+        crate::blocking::check()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         let hash = names::kv_hash(bucket);
@@ -460,12 +469,14 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn kv_delete(&self, bucket: &str, key: &str) -> Result<()> {
+        crate::blocking::check()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         self.kv_write(bucket, key, None)
     }
 
     fn kv_watch(&self, bucket: &str, pattern: &str) -> Result<KvWatcher> {
+        crate::blocking::check()?;
         self.life.check_open()?;
         check_name("bucket", bucket)?;
         pattern::validate(pattern)?;
@@ -478,6 +489,7 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn ping(&self) -> Result<()> {
+        crate::blocking::check()?;
         let target = &self.target;
         self.run(move |conn| async move {
             let attempt = || {
@@ -490,8 +502,8 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn close(&self) -> Result<()> {
-        self.life.close();
-        self.bridge.shutdown();
+        crate::blocking::check()?;
+        self.shut();
         Ok(())
     }
 
@@ -544,8 +556,20 @@ impl RedisCoordinator {
     }
 }
 
+impl RedisCoordinator {
+    /// What `close` does once the caller may block, and all a drop does:
+    /// mark the handle closed and stop the runtime thread (joined only by a
+    /// caller that may block).
+    fn shut(&self) {
+        self.life.close();
+        self.bridge.shutdown();
+    }
+}
+
 impl Drop for RedisCoordinator {
     fn drop(&mut self) {
-        let _ = self.close();
+        // Not `close`: a drop on a thread running an async runtime's tasks
+        // must still stop everything (without waiting for the thread).
+        self.shut();
     }
 }
