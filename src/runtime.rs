@@ -38,7 +38,7 @@
 
 use std::future::Future;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
@@ -95,6 +95,25 @@ struct Calls {
     closed: AtomicBool,
     /// Raised when the shutdown grace is over: running calls give up.
     abort: watch::Sender<bool>,
+    /// How long a call that got its answer typically took, in
+    /// nanoseconds: a moving average (weight 1/8) that decides whether
+    /// calls spin ([`may_spin`]).
+    typical: AtomicU64,
+}
+
+impl Calls {
+    fn typical(&self) -> Duration {
+        Duration::from_nanos(self.typical.load(Ordering::Relaxed))
+    }
+
+    /// Counts `took` into the moving average. Racing updates may lose
+    /// one sample: it only steers spinning.
+    fn took(&self, took: Duration) {
+        let took = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let old = self.typical.load(Ordering::Relaxed);
+        let new = old - old / 8 + took / 8;
+        self.typical.store(new, Ordering::Relaxed);
+    }
 }
 
 impl Calls {
@@ -147,22 +166,26 @@ impl Wake for Signal {
     }
 }
 
-/// How long a call alone on its runtime waits for its answer by spinning
-/// before it parks: about a loopback round trip of Redis or NATS through
-/// the runtime thread. An answer within it reaches the caller without the
-/// kernel waking a parked thread (a futex call on the runtime thread and a
+/// How long a call waits for its answer by spinning before it parks, and
+/// the most a runtime's typical call may take for its calls to spin at
+/// all: about a loopback round trip of Redis or NATS through the runtime
+/// thread. An answer within it reaches the caller without the kernel
+/// waking a parked thread (a futex call on the runtime thread and a
 /// scheduler wake-up on the caller's side, tens of microseconds on a
-/// virtual machine whose idle core has halted); a slower one (an etcd
-/// write waits on the disk) costs this much spinning, then parks as before.
-const SPIN: Duration = Duration::from_micros(100);
+/// virtual machine whose idle core has halted). Calls that typically take
+/// longer (etcd's answers take 350 us and more on loopback, its writes
+/// wait on the disk) never spin: measured on 2 cores, spinning for them
+/// took the core etcd itself needed and made a get 60 us slower.
+const SPIN: Duration = Duration::from_micros(200);
 
 /// Whether a waiting call spins before parking: only while the running
 /// calls leave a core idle beside the runtime thread's, so that spinning
-/// never takes the core the answer needs.
-fn may_spin(running: usize) -> bool {
+/// never takes the core the answer needs, and only when the runtime's
+/// calls typically end within [`SPIN`].
+fn may_spin(running: usize, typical: Duration) -> bool {
     static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    running < cores
+    running < cores && typical <= SPIN
 }
 
 /// Resolves when the runtime thread shuts down; every task can select on
@@ -249,6 +272,7 @@ where
         running: AtomicUsize::new(0),
         closed: AtomicBool::new(false),
         abort: watch::channel(false).0,
+        typical: AtomicU64::new(0),
     });
     let calls_here = calls.clone();
     let stopping = Stopping(stop_rx);
@@ -388,7 +412,8 @@ impl<M> RuntimeThread<M> {
                 // An error means the sender is gone: so is the runtime.
                 let _ = abort.wait_for(|abort| *abort).await;
             });
-            let deadline = Instant::now().checked_add(timeout);
+            let started = Instant::now();
+            let deadline = started.checked_add(timeout);
             let signal = Arc::new(Signal {
                 woken: AtomicBool::new(false),
                 thread: std::thread::current(),
@@ -403,7 +428,10 @@ impl<M> RuntimeThread<M> {
                     fut.as_mut().poll(&mut cx)
                 }));
                 match polled {
-                    Ok(Poll::Ready(out)) => break Ok(out),
+                    Ok(Poll::Ready(out)) => {
+                        self.calls.took(started.elapsed());
+                        break Ok(out);
+                    }
                     Ok(Poll::Pending) => {}
                     // The panic hook has reported it; as a task's panic
                     // on the runtime, it ends this call only.
@@ -422,7 +450,8 @@ impl<M> RuntimeThread<M> {
                     }
                     None => None,
                 };
-                if may_spin(self.calls.running.load(Ordering::Relaxed)) {
+                let running = self.calls.running.load(Ordering::Relaxed);
+                if may_spin(running, self.calls.typical()) {
                     let spun = Instant::now();
                     while !signal.woken.load(Ordering::Acquire) && spun.elapsed() < SPIN {
                         std::hint::spin_loop();
