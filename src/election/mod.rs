@@ -770,7 +770,16 @@ fn election_error(e: ElectionError) -> Error {
             "priority",
             "priorities and hand-overs order a single leader; a semaphore refuses them",
         ),
-        // `Busy` cannot reach a caller: one operation runs at a time.
+        // A proclaim or hand-over asked while an earlier one, which timed
+        // out for its caller, is still waiting for etcd's answer (the
+        // machine goes on sending it). Campaigns never meet it: one runs
+        // at a time, and one asked while the machine still leads waits for
+        // that leadership to end.
+        ElectionError::Busy => Error::etcd(
+            ErrorKind::Unavailable,
+            "an earlier proclaim or hand-over of this leadership timed out and is \
+             still waiting for etcd's answer; try again once it is answered",
+        ),
         other => Error::etcd(ErrorKind::Unexpected, format!("election: {other:?}")),
     }
 }
@@ -815,12 +824,10 @@ mod tests {
             ))
             .to_string()
         );
-        match election_error(ElectionError::Busy) {
-            Error::Backend { kind, message, .. } => {
-                assert_eq!(kind, ErrorKind::Unexpected);
-                assert!(message.contains("Busy"), "{message}");
-            }
-            other => panic!("{other:?}"),
-        }
+        // Never the opaque `election: Busy` of a request etcd failed.
+        let busy = election_error(ElectionError::Busy);
+        assert_eq!(busy.kind(), ErrorKind::Unavailable);
+        assert!(busy.is_retryable());
+        assert!(busy.to_string().contains("still waiting"), "{busy}");
     }
 }
