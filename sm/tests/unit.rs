@@ -37,6 +37,8 @@ mod rpc;
 mod semaphore;
 #[path = "unit/shard.rs"]
 mod shard;
+#[path = "unit/shard_member.rs"]
+mod shard_member;
 #[path = "unit/stream.rs"]
 mod stream;
 #[path = "unit/support.rs"]

@@ -13,8 +13,8 @@
 //! order beliefs changed in.
 
 use super::events::ShardEvent;
-use super::member::MemberNotice;
 use crossbeam_channel::Sender;
+use fleetcoord_sm::shard::member::MemberNotice;
 use fleetcoord_sm::shard::ShardNotice;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -102,8 +102,8 @@ impl Beliefs {
                 s.revoked = Some(revoked);
                 None
             }
-            MemberNotice::Refused(why) => {
-                s.refused = Some(why);
+            MemberNotice::Refused(error) => {
+                s.refused = Some(error.to_string());
                 None
             }
             // A late win on a lease the shared session has lost already:
