@@ -15,7 +15,9 @@
 //!   one of the map's requests loses the lease here at once (the session
 //!   is asked to learn it: [`MemberNotice::SessionRequest`]), and later
 //!   facts about that lease (a renewal the session answered before it
-//!   learnt the loss) are ignored: they cannot bring it back.
+//!   learnt the loss) are ignored: they cannot bring it back. The answer
+//!   is about the lease its request carried: one about an earlier lease
+//!   (sent before a loss, answered after the next grant) ends nothing.
 //! * **Leave.** [`MemberInput::Leave`] hands every owned shard back at
 //!   once (its caller has stopped their work), the member key is deleted,
 //!   then an own session's lease is revoked; a shared session stays.
@@ -27,10 +29,10 @@ use crate::election::SessionRequest;
 use crate::keepalive::{
     Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState, RenewalGrid,
 };
-use crate::rpc::{Command, LeaseId, RpcError, RpcReply};
+use crate::rpc::{Command, LeaseId, Request, RpcError, RpcId, RpcReply, TxnOp};
 use crate::session::SessionInput;
 use crate::Machine;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
 /// The map's request ids start here, far above any an own session issues.
@@ -107,6 +109,10 @@ pub struct Member {
     /// found"): later facts about it are ignored, so a renewal the session
     /// answered before it learnt the loss cannot bring it back.
     gone: Option<LeaseId>,
+    /// The lease each of the map's requests in flight was sent on (those
+    /// that carry one): a "lease not found" answer is about that lease,
+    /// which may be an old one by the time the answer arrives.
+    sent_on: BTreeMap<RpcId, LeaseId>,
 }
 
 impl Member {
@@ -130,6 +136,7 @@ impl Member {
             session_stopped: false,
             lease: None,
             gone: None,
+            sent_on: BTreeMap::new(),
         };
         member.pump(now);
         member
@@ -146,6 +153,7 @@ impl Member {
             session_stopped: true,
             lease: None,
             gone: None,
+            sent_on: BTreeMap::new(),
         };
         member.pump(now);
         member
@@ -195,7 +203,14 @@ impl Member {
     /// requests: the lease is lost here at once, and the session is asked
     /// to learn it now rather than at its next renewal.
     fn lease_not_found(&mut self, now: Instant, reply: &RpcReply) {
+        let sent_on = self.sent_on.remove(&reply.id);
         if self.session.is_some() || !matches!(reply.result, Err(RpcError::LeaseNotFound)) {
+            return;
+        }
+        // About the lease the request carried: an answer about an earlier
+        // lease (sent before a loss, answered after the next grant) says
+        // nothing about the current one.
+        if sent_on.is_none() || sent_on != self.lease {
             return;
         }
         let Some(lease) = self.lease.take() else {
@@ -279,8 +294,16 @@ impl Member {
         while let Some(command) = self.map.poll_command() {
             any = true;
             self.queue.push_back(match command {
-                Command::Rpc { id, request } => Command::Rpc { id, request },
-                Command::Cancel { id } => Command::Cancel { id },
+                Command::Rpc { id, request } => {
+                    if let Some(lease) = lease_of(&request) {
+                        self.sent_on.insert(id, lease);
+                    }
+                    Command::Rpc { id, request }
+                }
+                Command::Cancel { id } => {
+                    self.sent_on.remove(&id);
+                    Command::Cancel { id }
+                }
                 Command::Notify(n) => Command::Notify(MemberNotice::Shard(n)),
             });
         }
@@ -361,4 +384,21 @@ impl Machine for Member {
             && self.session.as_ref().is_none_or(|s| s.is_finished())
             && self.queue.is_empty()
     }
+}
+
+/// The lease a request writes keys on, if it writes any: only such a
+/// request can be answered "lease not found".
+fn lease_of(request: &Request) -> Option<LeaseId> {
+    let txn = match request {
+        Request::Put { lease, .. } => return (*lease != 0).then_some(*lease),
+        Request::Txn(txn) => txn,
+        _ => return None,
+    };
+    txn.success
+        .iter()
+        .chain(&txn.failure)
+        .find_map(|op| match op {
+            TxnOp::Put { lease, .. } if *lease != 0 => Some(*lease),
+            _ => None,
+        })
 }

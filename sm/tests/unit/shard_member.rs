@@ -225,3 +225,107 @@ fn on_a_shared_session_lease_not_found_is_a_loss_at_once_and_the_session_is_told
         "{closing:?}"
     );
 }
+
+/// A "lease not found" answer names the lease its request was sent on,
+/// not the lease current when it arrives: a register write sent on lease
+/// 42, answered after the session moved to lease 43, is about a lease
+/// already gone, and must not cost the new one (a loss of every shard and
+/// a `Gone(43)` that would end every primitive on the shared session).
+#[test]
+fn a_late_lease_not_found_for_an_old_lease_ends_nothing_on_the_new_one() {
+    let t0 = Instant::now();
+    let mut m = Member::on_session(map_config(), t0, 7);
+    let first = drain(&mut m);
+    let read = rpc(&first, |r| matches!(r, Request::Range(_)));
+    m.handle(
+        t0,
+        MemberInput::Rpc(RpcReply {
+            id: read,
+            result: Ok(Response::Range {
+                revision: 1,
+                kvs: vec![],
+            }),
+        }),
+    );
+    let _watch = drain(&mut m);
+    let until = t0 + Duration::from_secs(4);
+    m.handle(
+        t0,
+        MemberInput::Session(SessionInput::Trusted { lease: 42, until }),
+    );
+    let old_write = rpc(&drain(&mut m), |r| matches!(r, Request::Txn(_)));
+    m.handle(t0, MemberInput::Session(SessionInput::Lost { lease: 42 }));
+    m.handle(
+        t0,
+        MemberInput::Session(SessionInput::Trusted { lease: 43, until }),
+    );
+    let moved = drain(&mut m);
+    assert!(
+        moved.contains(&Command::Notify(MemberNotice::Trusted { lease: 43, until })),
+        "{moved:?}"
+    );
+    m.handle(
+        t0,
+        MemberInput::Rpc(RpcReply {
+            id: old_write,
+            result: Err(fleetcoord_sm::RpcError::LeaseNotFound),
+        }),
+    );
+    let late = drain(&mut m);
+    assert!(
+        !late.iter().any(|c| matches!(
+            c,
+            Command::Notify(MemberNotice::SessionLost | MemberNotice::SessionRequest(_))
+        )),
+        "lease 43 is not lost for an answer about 42: {late:?}"
+    );
+    // The same answer for a request on lease 43 is the loss of 43: the
+    // map writes again on 43 once its retry is due.
+    let mut seen = [moved, late].concat();
+    let mut now = t0;
+    while !seen.iter().any(|c| on_lease(c, 43)) {
+        now = m.poll_timeout().expect("a retry is due");
+        assert!(
+            now < t0 + Duration::from_secs(4),
+            "no write on 43: {seen:?}"
+        );
+        m.handle_timeout(now);
+        seen.extend(drain(&mut m));
+    }
+    let new_write = seen
+        .iter()
+        .find_map(|c| match c {
+            Command::Rpc {
+                id,
+                request: Request::Txn(txn),
+            } if txn
+                .success
+                .iter()
+                .any(|op| matches!(op, fleetcoord_sm::TxnOp::Put { lease: 43, .. })) =>
+            {
+                Some(*id)
+            }
+            _ => None,
+        })
+        .expect("a write on lease 43");
+    m.handle(
+        now,
+        MemberInput::Rpc(RpcReply {
+            id: new_write,
+            result: Err(fleetcoord_sm::RpcError::LeaseNotFound),
+        }),
+    );
+    let gone = drain(&mut m);
+    assert!(
+        gone.contains(&Command::Notify(MemberNotice::SessionRequest(
+            SessionRequest::Gone(43)
+        ))),
+        "{gone:?}"
+    );
+}
+
+/// Whether `c` sends a write of a key on `lease`.
+fn on_lease(c: &Command<MemberNotice>, lease: i64) -> bool {
+    matches!(c, Command::Rpc { request: Request::Txn(txn), .. }
+        if txn.success.iter().any(|op| matches!(op, fleetcoord_sm::TxnOp::Put { lease: l, .. } if *l == lease)))
+}
