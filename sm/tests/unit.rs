@@ -35,6 +35,8 @@ mod retry;
 mod rpc;
 #[path = "unit/semaphore.rs"]
 mod semaphore;
+#[path = "unit/session.rs"]
+mod session;
 #[path = "unit/shard.rs"]
 mod shard;
 #[path = "unit/shard_member.rs"]

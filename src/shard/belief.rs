@@ -14,6 +14,7 @@
 
 use super::events::ShardEvent;
 use crossbeam_channel::Sender;
+use fleetcoord_sm::session::{is_dead, trust_left};
 use fleetcoord_sm::shard::member::MemberNotice;
 use fleetcoord_sm::shard::ShardNotice;
 use parking_lot::Mutex;
@@ -49,7 +50,7 @@ struct State {
 impl State {
     fn on_dead_lease(&self) -> bool {
         match (&self.dead, self.lease) {
-            (Some(dead), Some(lease)) => dead.load(Ordering::SeqCst) == lease,
+            (Some(dead), Some(lease)) => is_dead(lease, dead.load(Ordering::SeqCst)),
             _ => false,
         }
     }
@@ -156,8 +157,7 @@ impl Beliefs {
             (Some(t), None) => t,
             (None, _) => return None,
         };
-        let left = until.checked_duration_since(Instant::now())?;
-        (!left.is_zero()).then_some((held.token, left))
+        trust_left(Instant::now(), until).map(|left| (held.token, left))
     }
 
     /// The session's local deadline as last announced; `None` while no
