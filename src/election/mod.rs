@@ -445,6 +445,14 @@ impl Election {
     /// session's revoke). To wait in slices, or be canceled from another
     /// thread without closing, see [`Election::start_campaign`].
     ///
+    /// A campaign asked while a [`Leadership`] of this election is still
+    /// held ([`Leadership::is_held`]) fails at once with
+    /// [`Error::InvalidArgument`] naming `"campaign"`: resign or drop it
+    /// first. One asked the instant that leadership ends (its `lost()`
+    /// fired, or `is_held` turned false, before the driver has reported the
+    /// loss) is not refused: it waits for the loss and queues on the
+    /// session's next lease.
+    ///
     /// [`HostLiveness`]: crate::HostLiveness
     pub fn campaign(&self, value: &[u8]) -> Result<Leadership> {
         self.campaign_inner(value, None)
