@@ -7,9 +7,39 @@
 //! [`SessionInput::Trusted`] and its `Registered`, `Suspended`, `Lost`,
 //! `Refused` states as `Up`, `Suspended`, `Lost`, `Refused`, and
 //! [`SessionInput::Closed`] before it revokes the lease.
+//!
+//! Also the two rules every driver applies to what its users may believe
+//! on a session, so that each is written once: [`trust_left`] (belief by
+//! the caller's clock) and [`is_dead`] (nothing on a lease the session
+//! gave up or lost).
 
 use crate::rpc::{LeaseId, RpcError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// Belief by the caller's clock: how long something founded on the
+/// session's trust (a leadership, an owned shard) may still be believed
+/// at `now`, given `until`, the deadline last told for it (the session's
+/// local deadline, or an earlier one of its own such as a release
+/// deadline); `None` once `until` has come. A driver passes the
+/// `Instant::now()` of the thread that asks, not of the thread that
+/// reports: a report that comes late (a starved driver, a paused process)
+/// can then only make belief end early, never late, since `until` only
+/// ever moves on an answered renewal.
+pub fn trust_left(now: Instant, until: Instant) -> Option<Duration> {
+    until
+        .checked_duration_since(now)
+        .filter(|left| !left.is_zero())
+}
+
+/// The dead-lease rule: nothing founded on `lease` is believed when it is
+/// `last_dead`, the last lease the session gave up or lost (0: none yet;
+/// etcd never grants lease 0). A session marks a lease dead before it
+/// ends every belief on it, so a win or a trust notice about that lease
+/// that a primitive's machine reports after the ending (it was on its way)
+/// founds nothing: the lease's revoke may already be freeing the key.
+pub fn is_dead(lease: LeaseId, last_dead: LeaseId) -> bool {
+    last_dead != 0 && lease == last_dead
+}
 
 /// What the owner of a shared session tells a machine running on it (an
 /// [`Election`](crate::election::Election) or a

@@ -35,8 +35,12 @@ mod retry;
 mod rpc;
 #[path = "unit/semaphore.rs"]
 mod semaphore;
+#[path = "unit/session.rs"]
+mod session;
 #[path = "unit/shard.rs"]
 mod shard;
+#[path = "unit/shard_member.rs"]
+mod shard_member;
 #[path = "unit/stream.rs"]
 mod stream;
 #[path = "unit/support.rs"]

@@ -12,6 +12,7 @@
 //! only ever comes from an answered renewal, so a late notice can only
 //! make belief end early, never late.
 
+use fleetcoord_sm::session::trust_left;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -45,9 +46,7 @@ impl Belief {
 
     /// Whether the leadership may be believed at this instant.
     pub(crate) fn holds(&self) -> bool {
-        !self.ended.load(Ordering::SeqCst)
-            && !self.paused.load(Ordering::SeqCst)
-            && Instant::now() < *self.until.lock()
+        self.remaining().is_some()
     }
 
     /// How long the leadership may still be believed from now, judged as
@@ -56,8 +55,7 @@ impl Belief {
         if self.ended.load(Ordering::SeqCst) || self.paused.load(Ordering::SeqCst) {
             return None;
         }
-        let left = self.until.lock().checked_duration_since(Instant::now())?;
-        (!left.is_zero()).then_some(left)
+        trust_left(Instant::now(), *self.until.lock())
     }
 
     /// Not believed until [`Belief::resume`]: a hand-over's delete may

@@ -447,6 +447,14 @@ impl Election {
     /// session's revoke). To wait in slices, or be canceled from another
     /// thread without closing, see [`Election::start_campaign`].
     ///
+    /// A campaign asked while a [`Leadership`] of this election is still
+    /// held ([`Leadership::is_held`]) fails at once with
+    /// [`Error::InvalidArgument`] naming `"campaign"`: resign or drop it
+    /// first. One asked the instant that leadership ends (its `lost()`
+    /// fired, or `is_held` turned false, before the driver has reported the
+    /// loss) is not refused: it waits for the loss and queues on the
+    /// session's next lease.
+    ///
     /// [`HostLiveness`]: crate::HostLiveness
     pub fn campaign(&self, value: &[u8]) -> Result<Leadership> {
         crate::blocking::check()?;
@@ -778,7 +786,16 @@ fn election_error(e: ElectionError) -> Error {
             "priority",
             "priorities and hand-overs order a single leader; a semaphore refuses them",
         ),
-        // `Busy` cannot reach a caller: one operation runs at a time.
+        // A proclaim or hand-over asked while an earlier one, which timed
+        // out for its caller, is still waiting for etcd's answer (the
+        // machine goes on sending it). Campaigns never meet it: one runs
+        // at a time, and one asked while the machine still leads waits for
+        // that leadership to end.
+        ElectionError::Busy => Error::etcd(
+            ErrorKind::Unavailable,
+            "an earlier proclaim or hand-over of this leadership timed out and is \
+             still waiting for etcd's answer; try again once it is answered",
+        ),
         other => Error::etcd(ErrorKind::Unexpected, format!("election: {other:?}")),
     }
 }
@@ -823,12 +840,10 @@ mod tests {
             ))
             .to_string()
         );
-        match election_error(ElectionError::Busy) {
-            Error::Backend { kind, message, .. } => {
-                assert_eq!(kind, ErrorKind::Unexpected);
-                assert!(message.contains("Busy"), "{message}");
-            }
-            other => panic!("{other:?}"),
-        }
+        // Never the opaque `election: Busy` of a request etcd failed.
+        let busy = election_error(ElectionError::Busy);
+        assert_eq!(busy.kind(), ErrorKind::Unavailable);
+        assert!(busy.is_retryable());
+        assert!(busy.to_string().contains("still waiting"), "{busy}");
     }
 }

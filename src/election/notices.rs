@@ -10,6 +10,7 @@ use super::ops::{Answer, Router};
 use crate::driver::WeakInput;
 use fleetcoord_sm::election::{Election as ElectionMachine, ElectionInput, ElectionNotice, OpId};
 use fleetcoord_sm::keepalive::LivenessState;
+use fleetcoord_sm::session::is_dead;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -147,7 +148,7 @@ pub(super) fn handle_notice(
         let dead = state
             .dead_lease
             .as_ref()
-            .is_some_and(|d| d.load(Ordering::SeqCst) == *lease);
+            .is_some_and(|d| is_dead(*lease, d.load(Ordering::SeqCst)));
         // Registered before the waiter sees it, so a `LeadershipLost`
         // right behind it is never missed.
         if let Some(old) = state.held.take() {

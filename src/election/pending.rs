@@ -237,16 +237,38 @@ impl Election {
 impl Inner {
     /// The turn for a campaign: refused at once while another campaign is
     /// pending, which the machine would refuse as busy anyway (and whose
-    /// owner may be the calling thread, which would then wait for ever).
+    /// owner may be the calling thread, which would then wait for ever),
+    /// and while this election's leadership is still believed: the machine
+    /// holds a campaign asked while it leads until that leadership ends
+    /// (its end may have been seen here first, on the session's loss),
+    /// which a leadership the caller still holds never does by itself.
     pub(super) fn campaign_turn(&self) -> Result<Turn<'_>> {
-        self.ops.turn_unless_kept().ok_or_else(|| {
+        let turn = self.ops.turn_unless_kept().ok_or_else(|| {
             Error::invalid(
                 "campaign",
                 "another campaign of this election is pending \
                  (start_campaign, start_lock or start_acquire): wait on it, \
                  or cancel or drop it, first",
             )
-        })
+        })?;
+        if let Some(token) = self
+            .state
+            .lock()
+            .held
+            .as_ref()
+            .filter(|h| h.belief.holds())
+            .map(|h| h.token)
+        {
+            return Err(Error::invalid(
+                "campaign",
+                format!(
+                    "this election is held already, with fencing token {token} \
+                     (a Leadership, MutexGuard or SemaphoreGuard of it is still held): \
+                     resign, unlock, release or drop it first"
+                ),
+            ));
+        }
+        Ok(turn)
     }
 }
 

@@ -13,8 +13,9 @@
 //! order beliefs changed in.
 
 use super::events::ShardEvent;
-use super::member::MemberNotice;
 use crossbeam_channel::Sender;
+use fleetcoord_sm::session::{is_dead, trust_left};
+use fleetcoord_sm::shard::member::MemberNotice;
 use fleetcoord_sm::shard::ShardNotice;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -49,7 +50,7 @@ struct State {
 impl State {
     fn on_dead_lease(&self) -> bool {
         match (&self.dead, self.lease) {
-            (Some(dead), Some(lease)) => dead.load(Ordering::SeqCst) == lease,
+            (Some(dead), Some(lease)) => is_dead(lease, dead.load(Ordering::SeqCst)),
             _ => false,
         }
     }
@@ -102,8 +103,8 @@ impl Beliefs {
                 s.revoked = Some(revoked);
                 None
             }
-            MemberNotice::Refused(why) => {
-                s.refused = Some(why);
+            MemberNotice::Refused(error) => {
+                s.refused = Some(error.to_string());
                 None
             }
             // A late win on a lease the shared session has lost already:
@@ -156,8 +157,7 @@ impl Beliefs {
             (Some(t), None) => t,
             (None, _) => return None,
         };
-        let left = until.checked_duration_since(Instant::now())?;
-        (!left.is_zero()).then_some((held.token, left))
+        trust_left(Instant::now(), until).map(|left| (held.token, left))
     }
 
     /// The session's local deadline as last announced; `None` while no

@@ -4,9 +4,10 @@
 
 // This file is the facade: the public handle and what each call asks of
 // the member. Each other job has its own file: the options and checks
-// (options.rs), the events and read results (events.rs), the session and
-// map machines composed into one task (member.rs), and what the user may
-// believe, judged by its own clock (belief.rs).
+// (options.rs), the events and read results (events.rs), and what the
+// user may believe, judged by its own clock (belief.rs). The machine it
+// runs, the map composed with its session, is `fleetcoord_sm::shard::member`:
+// the one the shard simulation drives.
 
 use crate::driver::{rand_seed, MachineHandle, Notify};
 use crate::error::{Error, ErrorKind, Result};
@@ -15,15 +16,14 @@ use crate::session::{close_outcome, Attachment, Session, ATTEMPT_TIMEOUT, CLOSE_
 use crate::txn::{check_ops, TxnOp, TxnOpResponse};
 use belief::Beliefs;
 use fleetcoord_sm::keepalive::KeepaliveConfig;
+use fleetcoord_sm::shard::member::{Member, MemberInput, MemberNotice};
 use fleetcoord_sm::shard::{keys, ShardConfig};
 use fleetcoord_sm::{BackoffConfig, KeyRange, KeyValue, RangeRequest, Request, Response};
-use member::{Member, MemberInput};
 use std::sync::Arc;
 use std::time::Instant;
 
 mod belief;
 mod events;
-mod member;
 mod options;
 
 pub use events::{ShardEvent, ShardMember, ShardOwner};
@@ -227,7 +227,7 @@ impl ShardMap {
         let machine = etcd.run(
             machine,
             Notify(move |notice| {
-                if let member::MemberNotice::SessionRequest(request) = notice {
+                if let MemberNotice::SessionRequest(request) = notice {
                     requests_to.request(request);
                     return true;
                 }

@@ -66,6 +66,12 @@
 //!   [`ElectionConfig::attempt_timeout`]: a write lost in a raft leader
 //!   change costs one attempt, not the driver's request timeout.
 //! * The session outlives campaigns: resign and campaign again reuse it.
+//! * A campaign never fails for coming before the machine learnt that the
+//!   previous leadership ended: asked while this machine still leads (its
+//!   driver saw the end first: a shared session ends every belief before
+//!   it tells its primitives, a caller's clock can pass the deadline before
+//!   the session's timer fires here), it waits for that end (loss, resign,
+//!   refused fence, stop) and then runs, answered as every campaign.
 //! * On a shared session every guarantee above holds with "the session's
 //!   local deadline" read as the deadline its owner last told
 //!   ([`SessionInput::Trusted`]; a stale, earlier one ends belief sooner,
@@ -189,7 +195,11 @@ pub enum ElectionInput {
     /// The reply to one of the machine's requests (others are ignored).
     Rpc(RpcReply),
     /// Queue up and wait until leader; answered by `Elected` or
-    /// `CampaignFailed` carrying `op`.
+    /// `CampaignFailed` carrying `op`. Asked while a key of this machine
+    /// is being withdrawn, or while it still leads (its user saw that
+    /// leadership end before the machine did: a shared session ends
+    /// beliefs before it tells its primitives), it starts once that is
+    /// over; only a campaign asked while another one runs fails (`Busy`).
     Campaign {
         /// Names this operation in its answer.
         op: OpId,
@@ -300,7 +310,11 @@ pub enum ElectionError {
     SessionLost,
     /// The user canceled the campaign.
     Canceled,
-    /// Another campaign or proclaim is still running, or this one leads already.
+    /// Another operation of the same kind is still running: a campaign
+    /// asked while another campaign waits or runs, a proclaim or hand-over
+    /// asked while an earlier proclaim or hand-over of the leadership is
+    /// still waiting for etcd's answer. (A campaign asked while this
+    /// machine leads is not refused: it waits for that leadership to end.)
     Busy,
     /// Not the leader (any more).
     NotLeader,

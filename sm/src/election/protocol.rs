@@ -274,8 +274,9 @@ pub(crate) struct Protocol {
     refused: Option<RpcError>,
     op: Op,
     /// A campaign asked for while a withdraw was still deleting the previous
-    /// key (a dropped leadership resigns without waiting): it starts once
-    /// the withdraw is done instead of failing with `Busy`.
+    /// key (a dropped leadership resigns without waiting), or while a
+    /// leadership whose end the user saw first was still held here: it
+    /// starts once the machine is idle instead of failing with `Busy`.
     queued: Option<UserRequest>,
     clock: Clock,
     /// How many candidates hold at once: 1 for an election, more for a
@@ -829,6 +830,7 @@ impl Protocol {
                 (_, op) => op,
             };
         }
+        self.start_queued();
         self.settle_watches();
         self.settle_doubt();
     }

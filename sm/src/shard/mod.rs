@@ -118,6 +118,7 @@
 //!   apart by id alone.
 
 pub mod keys;
+pub mod member;
 pub mod placement;
 mod protocol;
 mod view;

@@ -1,5 +1,5 @@
 //! The shard world (`fleetcoord_test_support::model::shard`, whose docs
-//! list the properties): real `ShardMap` members on sessions that are cut
+//! list the properties): the production shard members on sessions that are cut
 //! off, crash and leave, every schedule.
 //!
 //! Each passing world pins its state count within ±20 % and requires its

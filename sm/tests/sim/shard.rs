@@ -2,11 +2,14 @@
 //! leave gracefully, crash (their lease left to expire) and are cut off
 //! from etcd for longer than their TTL, and etcd pauses for up to 1.5 TTLs,
 //! at random, under request failures, lost replies and requests that land
-//! late (also those of crashed and departed members). Each member is a `ShardMap` driven by its own
-//! lease-only `Keepalive` session, as a driver would compose them: the
-//! session's `Trusted` notices are `SessionUp`, its `Lost` is
-//! `SessionLost`. Users hand released shards back after a random drain,
-//! sometimes never (the map's deadline then releases them).
+//! late (also those of crashed and departed members). Each member is the
+//! production `Member` (`fleetcoord_sm::shard::member`, the machine the
+//! facade runs): every other one on its own lease-only session, the rest
+//! on a session their process keeps outside the member and tells it about
+//! (`SessionInput`: `Trusted`, `Up`, `Lost`, ...), acting on the member's
+//! `SessionRequest`s. Users hand released shards back after a random
+//! drain, sometimes never (the map's deadline then releases them); a
+//! member that leaves hands every owned shard back at once.
 //!
 //! Every member's clock drifts within the drift allowance of etcd's
 //! ([`Drifting`]), half of them at the allowance, fast or slow.
@@ -26,16 +29,19 @@
 //! ownership changes after that until the end of the run.
 //!
 //! The checker has teeth: `a_member_that_ignores_its_trust_deadline_is_caught`
-//! runs members whose driver trusts the session a whole second past its
-//! local deadline (`SessionUp` carries the deadline plus 1 s, `SessionLost`
+//! runs members whose session owner trusts the session a whole second past
+//! its local deadline (`Trusted` carries the deadline plus 1 s, `Lost`
 //! comes 1 s late), so a cut-off owner keeps believing after etcd expired
 //! its lease.
 
+use fleetcoord_sm::election::SessionRequest;
 use fleetcoord_sm::keepalive::{
     Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState,
 };
-use fleetcoord_sm::shard::{keys, placement, ShardConfig, ShardInput, ShardMap, ShardNotice};
-use fleetcoord_sm::{BackoffConfig, Command, Machine, RpcReply};
+use fleetcoord_sm::session::SessionInput;
+use fleetcoord_sm::shard::member::{Member, MemberInput, MemberNotice};
+use fleetcoord_sm::shard::{keys, placement, ShardConfig, ShardNotice};
+use fleetcoord_sm::{BackoffConfig, Command, LeaseId, Machine};
 use fleetcoord_test_support::*;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -64,162 +70,214 @@ fn backoff() -> BackoffConfig {
     }
 }
 
-/// One process: a shard map on its own session lease.
+/// One process: the production shard member (`fleetcoord_sm::shard::member`),
+/// on its own session lease, or on a session its process keeps outside it
+/// (as a `Session` keeps one lease for several primitives), whose facts
+/// the owner here tells it as `SessionInput`s and whose requests
+/// (`SessionRequest`) it acts on.
 #[derive(Clone, Debug)]
-struct Member {
+struct Process {
+    member: Member,
+    /// The session kept outside the member; `None` for an own session.
+    owner: Option<Owner>,
+    queue: VecDeque<Command<MemberNotice>>,
+}
+
+/// The keeper of a shared session, as a driver's session hub is: the
+/// keepalive's states become facts for the member. Only this owner can be
+/// made to over-trust (the checker's own test).
+#[derive(Clone, Debug)]
+struct Owner {
     session: Keepalive,
-    map: ShardMap,
-    queue: VecDeque<Command<ShardNotice>>,
-    session_stopped: bool,
-    /// Extra trust the driver claims beyond the session's local deadline
-    /// (0 but in the checker's own test): `SessionUp` carries the deadline
-    /// plus this, and `SessionLost` reaches the map this much late.
+    stopped: bool,
+    /// Extra trust the owner claims beyond the session's local deadline
+    /// (0 but in the checker's own test): `Trusted` carries the deadline
+    /// plus this, and `Lost` reaches the member this much late.
     overtrust: Duration,
-    /// When a late `SessionLost` is due.
-    lost_at: Option<Instant>,
+    /// When a late `Lost` is due, and for which lease.
+    lost_at: Option<(Instant, LeaseId)>,
 }
 
-#[derive(Clone, Debug)]
-enum MemberInput {
-    Rpc(RpcReply),
-    Release(u32),
-    Leave,
-}
-
-impl From<RpcReply> for MemberInput {
-    fn from(reply: RpcReply) -> Self {
-        MemberInput::Rpc(reply)
+fn session_config() -> KeepaliveConfig {
+    KeepaliveConfig {
+        ttl_secs: TTL_SECS,
+        binding: None,
+        backoff: backoff(),
+        safety_margin: Duration::from_millis(100),
+        drift_allowance_ppm: DRIFT_PPM as u32,
+        attempt_timeout: Duration::from_millis(400),
+        announce_trust: true,
     }
 }
 
-impl Member {
-    fn new(id: &str, weight: u32, now: Instant, seed: u64, overtrust: Duration) -> Self {
-        let session = Keepalive::with_first_rpc_id(
-            KeepaliveConfig {
-                ttl_secs: TTL_SECS,
-                binding: None,
-                backoff: backoff(),
-                safety_margin: Duration::from_millis(100),
-                drift_allowance_ppm: DRIFT_PPM as u32,
-                attempt_timeout: Duration::from_millis(400),
-                announce_trust: true,
-            },
-            now,
-            seed,
-            0,
-        );
-        let map = ShardMap::with_first_rpc_id(
-            ShardConfig {
-                prefix: PREFIX.to_vec(),
-                member: id.as_bytes().to_vec(),
-                weight,
-                shards: SHARDS,
-                backoff: backoff(),
-                attempt_timeout: Duration::from_millis(400),
-                drain: DRAIN,
-            },
-            now,
-            seed ^ 0x5555,
-            1 << 40,
-        );
-        let mut m = Member {
-            session,
-            map,
-            queue: VecDeque::new(),
-            session_stopped: false,
-            overtrust,
-            lost_at: None,
+impl Process {
+    /// `shared`: on a session kept outside the member (always, when
+    /// `overtrust` is not zero).
+    fn new(
+        id: &str,
+        weight: u32,
+        now: Instant,
+        seed: u64,
+        shared: bool,
+        overtrust: Duration,
+    ) -> Self {
+        let map = ShardConfig {
+            prefix: PREFIX.to_vec(),
+            member: id.as_bytes().to_vec(),
+            weight,
+            shards: SHARDS,
+            backoff: backoff(),
+            attempt_timeout: Duration::from_millis(400),
+            drain: DRAIN,
         };
-        m.pump(now);
-        m
+        let shared = shared || !overtrust.is_zero();
+        let (member, owner) = if shared {
+            // The owner's ids below the member's, as on one driver.
+            let session = Keepalive::with_first_rpc_id(session_config(), now, seed, 0);
+            let owner = Owner {
+                session,
+                stopped: false,
+                overtrust,
+                lost_at: None,
+            };
+            (Member::on_session(map, now, seed), Some(owner))
+        } else {
+            (Member::new(session_config(), map, None, now, seed), None)
+        };
+        let mut p = Process {
+            member,
+            owner,
+            queue: VecDeque::new(),
+        };
+        p.pump(now);
+        p
     }
 
-    /// Moves both parts' commands into the queue, the session's notices
-    /// turned into the map's session inputs.
+    /// Moves the owner's and the member's commands into the queue: the
+    /// owner's keepalive states told to the member as facts, the member's
+    /// session requests acted on; once the member is done, a shared
+    /// session is stopped too (the process exits).
     fn pump(&mut self, now: Instant) {
         loop {
             let mut progressed = false;
-            while let Some(command) = self.session.poll_command() {
-                progressed = true;
-                match command {
-                    Command::Rpc { id, request } => {
-                        self.queue.push_back(Command::Rpc { id, request })
-                    }
-                    Command::Cancel { id } => self.queue.push_back(Command::Cancel { id }),
-                    Command::Notify(KeepaliveNotice::Trusted { lease, until }) => {
-                        let trusted_until = until + self.overtrust;
-                        self.map.handle(
-                            now,
-                            ShardInput::SessionUp {
+            if let Some(owner) = &mut self.owner {
+                while let Some(command) = owner.session.poll_command() {
+                    progressed = true;
+                    let fact = match command {
+                        Command::Rpc { id, request } => {
+                            self.queue.push_back(Command::Rpc { id, request });
+                            None
+                        }
+                        Command::Cancel { id } => {
+                            self.queue.push_back(Command::Cancel { id });
+                            None
+                        }
+                        Command::Notify(KeepaliveNotice::Trusted { lease, until }) => {
+                            Some(SessionInput::Trusted {
                                 lease,
-                                trusted_until,
-                            },
-                        );
+                                until: until + owner.overtrust,
+                            })
+                        }
+                        Command::Notify(KeepaliveNotice::State(state)) => match state {
+                            LivenessState::Registered { lease } => Some(SessionInput::Up { lease }),
+                            LivenessState::Suspended { lease } => {
+                                Some(SessionInput::Suspended { lease })
+                            }
+                            LivenessState::Lost { lease } if owner.overtrust.is_zero() => {
+                                Some(SessionInput::Lost { lease })
+                            }
+                            LivenessState::Lost { lease } => {
+                                owner.lost_at = Some((now + owner.overtrust, lease));
+                                None
+                            }
+                            LivenessState::Refused { error } => Some(SessionInput::Refused(error)),
+                            LivenessState::Stopped { .. } => Some(SessionInput::Closed),
+                            LivenessState::Registering => None,
+                        },
+                        Command::Notify(_) => None,
+                    };
+                    if let Some(fact) = fact {
+                        self.member.handle(now, MemberInput::Session(fact));
                     }
-                    Command::Notify(KeepaliveNotice::State(
-                        LivenessState::Lost { .. }
-                        | LivenessState::Stopped { .. }
-                        | LivenessState::Refused { .. },
-                    )) if self.overtrust.is_zero() => self.map.handle(now, ShardInput::SessionLost),
-                    Command::Notify(KeepaliveNotice::State(LivenessState::Lost { .. })) => {
-                        self.lost_at = Some(now + self.overtrust);
-                    }
-                    Command::Notify(_) => {}
                 }
             }
-            while let Some(command) = self.map.poll_command() {
+            while let Some(command) = self.member.poll_command() {
                 progressed = true;
-                self.queue.push_back(command);
+                match (&mut self.owner, command) {
+                    (Some(owner), Command::Notify(MemberNotice::SessionRequest(request))) => {
+                        let input = match request {
+                            SessionRequest::Gone(lease) => KeepaliveInput::LeaseGone { lease },
+                            SessionRequest::Replace(lease) => KeepaliveInput::Replace { lease },
+                        };
+                        owner.session.handle(now, input);
+                    }
+                    (_, command) => self.queue.push_back(command),
+                }
             }
-            if self.map.is_finished() && !self.session_stopped {
-                self.session_stopped = true;
-                self.session.handle(now, KeepaliveInput::Stop);
-                progressed = true;
+            if let Some(owner) = &mut self.owner {
+                if self.member.is_finished() && !owner.stopped {
+                    owner.stopped = true;
+                    owner.session.handle(now, KeepaliveInput::Stop);
+                    progressed = true;
+                }
             }
             if !progressed {
                 break;
             }
         }
     }
+
+    /// The map, to read what it believes.
+    fn map(&self) -> &fleetcoord_sm::shard::ShardMap {
+        self.member.map()
+    }
 }
 
-impl Machine for Member {
+impl Machine for Process {
     type Input = MemberInput;
-    type Notice = ShardNotice;
+    type Notice = MemberNotice;
 
     fn handle(&mut self, now: Instant, input: MemberInput) {
-        match input {
-            MemberInput::Rpc(reply) if self.session.owns(reply.id) => {
-                self.session.handle(now, KeepaliveInput::Rpc(reply))
+        match (&mut self.owner, input) {
+            (Some(owner), MemberInput::Rpc(reply)) if owner.session.owns(reply.id) => {
+                owner.session.handle(now, KeepaliveInput::Rpc(reply))
             }
-            MemberInput::Rpc(reply) => self.map.handle(now, ShardInput::Rpc(reply)),
-            MemberInput::Release(shard) => self.map.handle(now, ShardInput::Release { shard }),
-            MemberInput::Leave => self.map.handle(now, ShardInput::Leave),
+            (_, input) => self.member.handle(now, input),
         }
         self.pump(now);
     }
 
     fn handle_timeout(&mut self, now: Instant) {
-        self.session.handle_timeout(now);
-        self.pump(now);
-        if self.lost_at.is_some_and(|at| at <= now) {
-            self.lost_at = None;
-            self.map.handle(now, ShardInput::SessionLost);
+        if let Some(owner) = &mut self.owner {
+            owner.session.handle_timeout(now);
             self.pump(now);
         }
-        self.map.handle_timeout(now);
+        let late = self.owner.as_mut().and_then(|owner| {
+            let (at, lease) = owner.lost_at?;
+            (at <= now).then(|| {
+                owner.lost_at = None;
+                lease
+            })
+        });
+        if let Some(lease) = late {
+            self.member
+                .handle(now, MemberInput::Session(SessionInput::Lost { lease }));
+            self.pump(now);
+        }
+        self.member.handle_timeout(now);
         self.pump(now);
     }
 
-    fn poll_command(&mut self) -> Option<Command<ShardNotice>> {
+    fn poll_command(&mut self) -> Option<Command<MemberNotice>> {
         self.queue.pop_front()
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
+        let owner = self.owner.as_ref();
         next_time(&[
-            self.session.poll_timeout(),
-            self.map.poll_timeout(),
-            self.lost_at,
+            owner.and_then(|o| o.session.poll_timeout()),
+            owner.and_then(|o| o.lost_at.map(|(at, _)| at)),
+            self.member.poll_timeout(),
         ])
     }
 
@@ -228,7 +286,9 @@ impl Machine for Member {
     }
 
     fn is_finished(&self) -> bool {
-        self.map.is_finished() && self.session.is_finished() && self.queue.is_empty()
+        self.member.is_finished()
+            && self.owner.as_ref().is_none_or(|o| o.session.is_finished())
+            && self.queue.is_empty()
     }
 }
 
@@ -244,7 +304,7 @@ macro_rules! ensure {
 struct Seat {
     id: String,
     weight: u32,
-    harness: Harness<Drifting<Member>>,
+    harness: Harness<Drifting<Process>>,
     faults: Faults,
     cut_off_until: Option<Instant>,
     leaving: bool,
@@ -323,8 +383,10 @@ impl World {
             magnitude
         };
         let overtrust = self.overtrust;
+        // Every other member on a session kept outside it.
+        let shared = self.next_id.is_multiple_of(2);
         let member = Drifting::new(DriftClock::new(now, ppm), now, |local| {
-            Member::new(&id, weight, local, seed, overtrust)
+            Process::new(&id, weight, local, seed, shared, overtrust)
         });
         self.seats.push(Seat {
             id,
@@ -413,6 +475,10 @@ impl World {
                 ensure!(at >= now, "{context}: poll_timeout {at:?} before now");
             }
             for (_, n) in s.harness.drain_notifications() {
+                let MemberNotice::Shard(n) = n else {
+                    // The session's facts as the member tells them.
+                    continue;
+                };
                 self.last_change = Some(now);
                 match n {
                     ShardNotice::Acquired { shard, token } => {
@@ -445,7 +511,7 @@ impl World {
                     ShardNotice::Lost { .. } => self.stats.lost += 1,
                 }
             }
-            let map = &s.harness.machine.machine.map;
+            let map = s.harness.machine.machine.map();
             for (shard, token) in map.owned() {
                 believers.entry(shard).or_default().push(s.id.clone());
                 let kv = self.etcd.get(&keys::shard_key(PREFIX, shard));
@@ -578,7 +644,7 @@ fn run(seed: u64, overtrust: Duration) -> Result<Stats, String> {
         let owners: Vec<&str> = w
             .seats
             .iter()
-            .filter(|s| s.harness.machine.machine.map.token(shard).is_some())
+            .filter(|s| s.harness.machine.machine.map().token(shard).is_some())
             .map(|s| s.id.as_str())
             .collect();
         ensure!(

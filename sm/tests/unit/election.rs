@@ -2632,7 +2632,8 @@ fn a_ranked_leader_watches_its_key_and_the_priorities_and_its_resign_cancels_bot
             ),
         ]
     );
-    // Neither a try-campaign while leading nor a stale resign opens or
+    // Neither a try-campaign while leading (it waits for the leadership
+    // to end, and its cancel answers it) nor a stale resign opens or
     // closes anything.
     e.handle(
         t0,
@@ -2641,11 +2642,13 @@ fn a_ranked_leader_watches_its_key_and_the_priorities_and_its_resign_cancels_bot
             value: b"b".to_vec(),
         },
     );
+    assert_eq!(drain(&mut e), vec![]);
+    e.handle(t0, ElectionInput::CancelCampaign { op: OpId(2) });
     assert_eq!(
         drain(&mut e),
         vec![note(ElectionNotice::CampaignFailed {
             op: OpId(2),
-            error: ElectionError::Busy
+            error: ElectionError::Canceled
         })]
     );
     e.handle(t0, ElectionInput::Resign { token: 4 });
@@ -3070,5 +3073,111 @@ fn a_withdraw_without_a_token_reads_the_key_and_deletes_only_what_it_found() {
             }
         )),
         "nothing to delete: {canceled:?}"
+    );
+}
+
+/// A campaign that reaches the machine while it still leads (its driver
+/// saw the leadership end first: the caller's clock passed the deadline,
+/// or etcd refused a fenced write, before the machine heard) is not
+/// refused with `Busy`: it waits for that end, then runs. Only a second
+/// campaign behind it is busy, and a cancel of the waiting one answers it
+/// without touching the leadership.
+#[test]
+fn a_campaign_while_leading_waits_for_the_leadership_to_end() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    let ask = |e: &mut Election, op: u64| {
+        e.handle(
+            t0,
+            ElectionInput::Campaign {
+                op: OpId(op),
+                value: b"a".to_vec(),
+            },
+        );
+        drain(e)
+    };
+    assert_eq!(ask(&mut e, 2), vec![], "waits; nothing sent");
+    assert!(e.is_leader(), "the leadership is not touched");
+    assert_eq!(
+        ask(&mut e, 3),
+        vec![note(ElectionNotice::CampaignFailed {
+            op: OpId(3),
+            error: ElectionError::Busy
+        })],
+        "one campaign at a time"
+    );
+    e.handle(t0, ElectionInput::CancelCampaign { op: OpId(2) });
+    assert_eq!(
+        drain(&mut e),
+        vec![note(ElectionNotice::CampaignFailed {
+            op: OpId(2),
+            error: ElectionError::Canceled
+        })]
+    );
+    assert!(
+        e.is_leader(),
+        "a cancel of the waiting campaign ends nothing"
+    );
+    // The leadership ends (here a refused fence): the campaign waiting
+    // behind it starts in the same step, right after the loss is told.
+    assert_eq!(ask(&mut e, 4), vec![]);
+    e.handle(t0, ElectionInput::FenceRefused { token: 5 });
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            cancel(P + 1),
+            note(ElectionNotice::LeadershipLost { token: 5 }),
+            rpc(P + 2, create_txn(b"a")),
+        ]
+    );
+}
+
+/// The same at the session's local deadline: the caller's clock ends
+/// belief, the user campaigns again before the machine's timer fired; the
+/// loss, then the campaign on the next lease.
+#[test]
+fn a_campaign_asked_at_the_deadline_runs_on_the_next_lease() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    let deadline = e.session_deadline().expect("a lease");
+    e.handle(
+        deadline,
+        ElectionInput::Campaign {
+            op: OpId(2),
+            value: b"a".to_vec(),
+        },
+    );
+    let asked = drain(&mut e);
+    assert!(
+        !asked
+            .iter()
+            .any(|c| matches!(c, Command::Notify(ElectionNotice::CampaignFailed { .. }))),
+        "not refused: {asked:?}"
+    );
+    let mut seen = asked;
+    let mut now = deadline;
+    while let Some(at) = e.poll_timeout() {
+        if at > deadline + Duration::from_secs(1) {
+            break;
+        }
+        now = at;
+        e.handle_timeout(at);
+        seen.extend(drain(&mut e));
+    }
+    let lost = seen
+        .iter()
+        .position(|c| *c == note(ElectionNotice::LeadershipLost { token: 5 }))
+        .unwrap_or_else(|| panic!("no loss by {now:?}: {seen:?}"));
+    assert!(
+        !seen
+            .iter()
+            .any(|c| matches!(c, Command::Notify(ElectionNotice::CampaignFailed { .. }))),
+        "{seen:?}"
+    );
+    assert!(
+        seen[..lost]
+            .iter()
+            .all(|c| !matches!(c, Command::Rpc { request, .. } if *request == create_txn(b"a"))),
+        "nothing of the campaign before the loss: {seen:?}"
     );
 }

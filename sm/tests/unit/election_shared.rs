@@ -494,3 +494,51 @@ fn a_deleted_key_ends_the_leadership_and_asks_nothing_of_the_session() {
         "the lease is still the session's"
     );
 }
+
+/// The loss path that reached a user as `election: Busy`: a shared
+/// session ends every belief on its lease before it tells the primitives,
+/// so the user's next campaign can reach this machine while it still
+/// leads. It waits for the `Lost` that follows, and runs on the next lease.
+#[test]
+fn a_campaign_that_overtakes_the_session_loss_runs_on_the_next_lease() {
+    let t0 = Instant::now();
+    let mut e = elected(t0);
+    e.handle(
+        t0,
+        ElectionInput::Campaign {
+            op: OpId(2),
+            value: b"a".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![], "waits for the leadership's end");
+    assert_eq!(
+        session(&mut e, t0, SessionInput::Lost { lease: LEASE }),
+        vec![
+            note(ElectionNotice::Session(LivenessState::Lost {
+                lease: LEASE
+            })),
+            cancel(Q + 1),
+            note(ElectionNotice::LeadershipLost { token: 5 }),
+        ],
+        "no lease: the campaign waits, unanswered"
+    );
+    let next = LEASE + 1;
+    let mut key = PREFIX.to_vec();
+    key.extend_from_slice(format!("{next:x}").as_bytes());
+    let out = session(&mut e, t0, SessionInput::Up { lease: next });
+    assert_eq!(
+        out[0],
+        note(ElectionNotice::Session(LivenessState::Registered {
+            lease: next
+        }))
+    );
+    assert!(
+        matches!(
+            &out[1..],
+            [Command::Rpc { id, request: Request::Txn(Txn { success, .. }) }]
+                if *id == RpcId(Q + 2)
+                    && matches!(success.first(), Some(TxnOp::Put { key: k, lease, .. }) if *k == key && *lease == next)
+        ),
+        "the campaign's create, on the next lease: {out:?}"
+    );
+}

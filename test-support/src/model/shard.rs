@@ -1,13 +1,16 @@
-//! The shard world: two or three real [`ShardMap`] members around the
-//! model etcd, each behind its own [`Wire`], each on a session lease the
-//! world keeps as a lease-only keepalive would: renewed every third of the
-//! TTL, trusted until the renewal's instant plus the TTL less the safety
-//! margin (`SessionUp`). Faults: a session cut off (its renewals fail: at
+//! The shard world: two or three production shard members
+//! ([`ShardMember`], the machine the facade runs) around the model etcd,
+//! each behind its own [`Wire`], each on a shared session lease the world
+//! keeps as a lease-only keepalive would: renewed every third of the TTL,
+//! trusted until the renewal's instant plus the TTL less the safety margin
+//! (told as `SessionInput::Trusted`; a loss as `Lost`; a member's
+//! `SessionRequest::Gone` for its current lease is a loss learnt at once:
+//! a new lease is granted). Faults: a session cut off (its renewals fail: at
 //! its local deadline the session is lost and a new lease granted), a
 //! member that crashes (its lease left to expire, its requests still able
-//! to land), a member that leaves (its lease revoked once the map is
-//! finished); users hand released shards back at once or never (the map's
-//! deadline then releases them).
+//! to land), a member that leaves (every owned shard handed back at once,
+//! its lease revoked once the member is finished); users hand released
+//! shards back at once or never (the map's deadline then releases them).
 //!
 //! Safety, checked after every action (etcd's time is the members' time;
 //! the numbers are the rules of `sm/src/shard/mod.rs`):
@@ -41,7 +44,10 @@
 use super::wire::{Bends, Taken, Wire, WireAction};
 use super::{hash_debug, World};
 use crate::ModelEtcd;
-use fleetcoord_sm::shard::{keys, placement, ShardConfig, ShardInput, ShardMap, ShardNotice};
+use fleetcoord_sm::election::SessionRequest;
+use fleetcoord_sm::session::SessionInput;
+use fleetcoord_sm::shard::member::{Member as ShardMember, MemberInput, MemberNotice};
+use fleetcoord_sm::shard::{keys, placement, ShardConfig, ShardNotice};
 use fleetcoord_sm::{
     BackoffConfig, Command, KeyRange, LeaseId, Machine, Request, Response, Revision, TxnOp,
 };
@@ -103,9 +109,9 @@ pub struct ShardSetup {
     pub horizon: Duration,
     /// The liveness bound from every quiescent state.
     pub liveness_bound: Duration,
-    /// The driver claims this much trust beyond the session's local
-    /// deadline in every `SessionUp`, and tells `SessionLost` this much
-    /// late (a test that must fail, on rule 2).
+    /// The session's keeper claims this much trust beyond its local
+    /// deadline in every `Trusted`, and tells `Lost` this much late (a
+    /// test that must fail, on rule 2).
     pub overtrust: Duration,
     /// etcd runs guarded puts as if their guard held (a test that must
     /// fail: a create no longer waits for the key to be gone).
@@ -179,7 +185,9 @@ pub enum ShardAction {
 
 #[derive(Clone, Debug)]
 struct Member {
-    map: ShardMap,
+    /// The production member on a session this world keeps (its facts
+    /// told as `SessionInput`s, its `SessionRequest`s acted on).
+    machine: ShardMember,
     wire: Wire,
     lease: LeaseId,
     /// The session's local deadline.
@@ -236,7 +244,7 @@ impl ShardWorld {
         let mut etcd = ModelEtcd::new();
         let members = (0..setup.members)
             .map(|m| Member {
-                map: ShardMap::new(setup.config(m), start, SEED),
+                machine: ShardMember::on_session(setup.config(m), start, SEED),
                 wire: Wire::new(keep_orphans),
                 lease: grant(&mut etcd, start, setup.ttl_secs),
                 until: start,
@@ -277,13 +285,10 @@ impl ShardWorld {
         member.lease = lease;
         member.until = now + self.setup.lifetime();
         member.renew_at = Some(now + Duration::from_secs(self.setup.ttl_secs.unsigned_abs()) / 3);
-        let trusted_until = member.until + self.setup.overtrust;
-        member.map.handle(
+        let until = member.until + self.setup.overtrust;
+        member.machine.handle(
             now,
-            ShardInput::SessionUp {
-                lease,
-                trusted_until,
-            },
+            MemberInput::Session(SessionInput::Trusted { lease, until }),
         );
         self.pump(m)
     }
@@ -293,7 +298,7 @@ impl ShardWorld {
         let me = id_of(m);
         let member_key = keys::member_key(PREFIX, &me);
         let shards_prefix = [PREFIX, b"shards/"].concat();
-        while let Some(command) = self.members[m].map.poll_command() {
+        while let Some(command) = self.members[m].machine.poll_command() {
             if let Command::Rpc {
                 request: Request::Txn(txn),
                 ..
@@ -343,8 +348,22 @@ impl ShardWorld {
                     }
                 }
             }
-            if let Some(notice) = self.members[m].wire.accept(command) {
-                self.notice(m, notice)?;
+            match self.members[m].wire.accept(command) {
+                Some(MemberNotice::Shard(notice)) => self.notice(m, notice)?,
+                // etcd answered "lease not found" for the current lease:
+                // the session learns it now, as a keepalive told
+                // `LeaseGone` does (lost, granted anew).
+                Some(MemberNotice::SessionRequest(SessionRequest::Gone(lease)))
+                    if lease == self.members[m].lease =>
+                {
+                    let lease = grant(&mut self.etcd, self.now, self.setup.ttl_secs);
+                    self.session_up(m, lease)?;
+                }
+                Some(MemberNotice::SessionRequest(request)) => {
+                    return Err(format!("member {m} asks its session {request:?}"));
+                }
+                // The session's facts as the member tells them.
+                Some(_) | None => {}
             }
         }
         Ok(())
@@ -403,7 +422,7 @@ impl ShardWorld {
             if member.crashed {
                 continue;
             }
-            if member.map.poll_timeout().is_some_and(|t| t < self.now) {
+            if member.machine.poll_timeout().is_some_and(|t| t < self.now) {
                 return Err(format!("member {m}'s next deadline is in the past"));
             }
         }
@@ -413,7 +432,7 @@ impl ShardWorld {
                 .iter()
                 .enumerate()
                 .filter(|(_, member)| !member.crashed)
-                .filter_map(|(m, member)| member.map.token(shard).map(|t| (m, t)))
+                .filter_map(|(m, member)| member.machine.map().token(shard).map(|t| (m, t)))
                 .collect();
             if believers.len() > 1 {
                 return Err(format!(
@@ -455,7 +474,7 @@ impl ShardWorld {
                     .renew_at
                     .is_none()
                     .then_some(m.until + self.setup.overtrust);
-                [m.map.poll_timeout(), m.renew_at, cut]
+                [m.machine.poll_timeout(), m.renew_at, cut]
             })
             .flatten()
             .chain(self.etcd.next_deadline())
@@ -489,7 +508,9 @@ impl ShardWorld {
                 None if self.members[m].until + self.setup.overtrust <= self.now => {
                     // The keepalive's local deadline: lost, granted anew.
                     let now = self.now;
-                    self.members[m].map.handle(now, ShardInput::SessionLost);
+                    self.members[m]
+                        .machine
+                        .handle(now, MemberInput::Session(SessionInput::Lost { lease }));
                     self.pump(m)?;
                     let lease = grant(&mut self.etcd, now, self.setup.ttl_secs);
                     self.session_up(m, lease)?;
@@ -497,11 +518,11 @@ impl ShardWorld {
                 _ => {}
             }
             if self.members[m]
-                .map
+                .machine
                 .poll_timeout()
                 .is_some_and(|t| t <= self.now)
             {
-                self.members[m].map.handle_timeout(self.now);
+                self.members[m].machine.handle_timeout(self.now);
             }
             self.pump(m)?;
             self.finish_leave(m);
@@ -512,7 +533,7 @@ impl ShardWorld {
     /// A leaving member whose map finished: its driver revokes the lease.
     fn finish_leave(&mut self, m: usize) {
         let member = &mut self.members[m];
-        if member.leaving && !member.gone && member.map.is_finished() {
+        if member.leaving && !member.gone && member.machine.is_finished() {
             member.gone = true;
             let _ = self.etcd.execute(
                 self.now,
@@ -539,10 +560,10 @@ impl ShardWorld {
         if !member.running() {
             return Ok(());
         }
-        if member.map.poll_timeout().is_some_and(|t| t <= now) {
-            member.map.handle_timeout(now);
+        if member.machine.poll_timeout().is_some_and(|t| t <= now) {
+            member.machine.handle_timeout(now);
         }
-        member.map.handle(now, ShardInput::Rpc(reply));
+        member.machine.handle(now, MemberInput::Rpc(reply));
         self.pump(m)?;
         self.finish_leave(m);
         Ok(())
@@ -551,7 +572,7 @@ impl ShardWorld {
     fn release(&mut self, m: usize, shard: u32) -> Result<(), String> {
         let member = &mut self.members[m];
         member.releasing.remove(&shard);
-        member.map.handle(self.now, ShardInput::Release { shard });
+        member.machine.handle(self.now, MemberInput::Release(shard));
         self.marks |= RELEASED;
         self.pump(m)?;
         self.finish_leave(m);
@@ -599,7 +620,7 @@ impl ShardWorld {
                 return true;
             };
             let kv = self.etcd.get(&keys::shard_key(PREFIX, shard));
-            let believed = self.members[m].map.token(shard);
+            let believed = self.members[m].machine.map().token(shard);
             believed.is_some() && kv.is_some_and(|kv| Some(kv.create_revision) == believed)
         })
     }
@@ -713,8 +734,13 @@ impl World for ShardWorld {
             ShardAction::Leave(m) => {
                 self.budget.leave -= 1;
                 self.members[m].leaving = true;
-                self.members[m].map.handle(self.now, ShardInput::Leave);
+                // The production leave: every owned shard handed back at
+                // once (its user has stopped their work).
+                self.members[m].releasing.clear();
+                self.members[m].machine.handle(self.now, MemberInput::Leave);
                 self.pump(m)?;
+                // Its `Release` notices name shards already handed back.
+                self.members[m].releasing.clear();
                 self.finish_leave(m);
             }
             ShardAction::Release(m, shard) => self.release(m, shard)?,
@@ -779,7 +805,7 @@ impl World for ShardWorld {
             .members
             .iter()
             .enumerate()
-            .map(|(m, member)| format!("member {m} owns {:?}", member.map.owned()))
+            .map(|(m, member)| format!("member {m} owns {:?}", member.machine.map().owned()))
             .collect();
         Err(format!(
             "liveness: from the quiescent state at +{:?}, after {:?} without faults the map \
@@ -824,9 +850,9 @@ impl World for ShardWorld {
                 member.crashed,
                 member.leaving,
                 member.gone,
-                member.map.owned(),
+                member.machine.map().owned(),
                 member.releasing,
-                member.map.poll_timeout().map(at),
+                member.machine.poll_timeout().map(at),
                 member.wire
             );
         }

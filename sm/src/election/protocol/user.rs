@@ -21,6 +21,9 @@ impl Protocol {
             Op::Withdrawing(w) => self.user_withdrawing(w, request),
             Op::Stopped => self.user_stopped(request),
         };
+        // A request that ended a leadership (a refused fence) lets the
+        // campaign queued behind it start.
+        self.start_queued();
         self.settle_watches();
         self.settle_doubt();
     }
@@ -99,6 +102,17 @@ impl Protocol {
     /// This candidate leads.
     fn user_leading(&mut self, mut l: Leading, request: UserRequest) -> Op {
         match request {
+            // A campaign while leading comes from a user who no longer
+            // believes in this leadership: its end was seen first outside
+            // the machine (a shared session ends every belief before it
+            // tells its primitives; a caller's clock passes the deadline
+            // before the session's timer fires here). The machine hears of
+            // that end next, so the campaign waits for it, as one asked
+            // during a withdraw does, instead of failing with `Busy`.
+            request @ UserRequest::Campaign { .. } if self.queued.is_none() => {
+                self.queued = Some(request);
+                Op::Leading(l)
+            }
             // The campaign won before the cancel arrived (its `Elected` may
             // still be on its way to a user who gave up on it): resign, so
             // a canceled campaign never leaves a leadership behind.

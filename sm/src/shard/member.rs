@@ -1,32 +1,56 @@
-//! One member of a shard map as the driver runs it: a lease-only
-//! [`Keepalive`] session and the [`ShardMap`] machine in one task, composed
-//! as `sm/tests/sim/shard.rs` composes them (its `Member`), so what the
-//! simulation checked is what runs. Glue only: the session's notices
-//! become the map's session inputs, every decision stays in the machines.
+//! One member of a shard map as a driver runs it: a [`ShardMap`] composed
+//! with its session, either its own lease-only [`Keepalive`]
+//! ([`Member::new`]) or a session kept by someone else that tells it facts
+//! ([`Member::on_session`], [`SessionInput`]). This is the machine the
+//! facade runs and the shard simulation drives, so what the simulation
+//! checks is what runs.
+//!
+//! Guarantees (beside those of [`ShardMap`], which all hold):
+//! * **Order.** On a new lease the map hears `SessionUp` before its
+//!   [`MemberNotice::Trusted`] is told: the map's `Lost` notices for
+//!   shards on the old lease leave before anything about the new lease.
+//!   A loss is told ([`MemberNotice::SessionLost`]) before the map's
+//!   `Lost` notices that follow from it.
+//! * **Stale leases.** On a shared session, a "lease not found" answer to
+//!   one of the map's requests loses the lease here at once (the session
+//!   is asked to learn it: [`MemberNotice::SessionRequest`]), and later
+//!   facts about that lease (a renewal the session answered before it
+//!   learnt the loss) are ignored: they cannot bring it back. The answer
+//!   is about the lease its request carried: one about an earlier lease
+//!   (sent before a loss, answered after the next grant) ends nothing.
+//! * **Leave.** [`MemberInput::Leave`] hands every owned shard back at
+//!   once (its caller has stopped their work), the member key is deleted,
+//!   then an own session's lease is revoked; a shared session stays.
+//! * Request ids: an own session's start at 0, the map's at
+//!   [`MAP_FIRST_RPC_ID`], so a reply's id alone says which part it is for.
 
-use fleetcoord_sm::election::{SessionInput, SessionRequest};
-use fleetcoord_sm::keepalive::{
+use super::{ShardConfig, ShardInput, ShardMap, ShardNotice};
+use crate::election::SessionRequest;
+use crate::keepalive::{
     Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState, RenewalGrid,
 };
-use fleetcoord_sm::shard::{ShardConfig, ShardInput, ShardMap, ShardNotice};
-use fleetcoord_sm::{Command, Machine, RpcError, RpcReply};
-use std::collections::VecDeque;
+use crate::rpc::{Command, LeaseId, Request, RpcError, RpcId, RpcReply, TxnOp};
+use crate::session::SessionInput;
+use crate::Machine;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
-/// The map's request ids start here, far above any the session issues.
-const MAP_FIRST_RPC_ID: u64 = 1 << 40;
+/// The map's request ids start here, far above any an own session issues.
+pub const MAP_FIRST_RPC_ID: u64 = 1 << 40;
 
-/// What the member's user (the facade) asks of it.
-#[derive(Clone, Debug)]
-pub(crate) enum MemberInput {
+/// What a [`Member`]'s driver and user ask of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemberInput {
+    /// The reply to one of the member's requests (others are ignored).
     Rpc(RpcReply),
-    /// The user drained `shard` after its `Release`.
+    /// The user drained `shard` after its `Release`: hand it back.
     Release(u32),
     /// Leave now: every owned shard is handed back at once (the caller has
     /// stopped their work), the member key deleted, then the lease revoked
     /// (an own session's; a shared one stays).
     Leave,
-    /// A fact about the shared session the member is on.
+    /// A fact about the shared session the member is on
+    /// ([`Member::on_session`]); ignored by a member with its own session.
     Session(SessionInput),
 }
 
@@ -36,27 +60,43 @@ impl From<RpcReply> for MemberInput {
     }
 }
 
-/// What the member tells the facade.
+/// What a [`Member`] tells its user, in order, via [`Command::Notify`].
+///
+/// Exhaustive, as [`ShardNotice`] is: a driver that matches every notice
+/// must learn of a new one at compile time, since each bears on belief.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum MemberNotice {
+pub enum MemberNotice {
     /// The map's own notice.
     Shard(ShardNotice),
     /// The session is trusted until `until` (its local deadline): no
     /// belief outlives it, whatever the driver reports later.
-    Trusted { lease: i64, until: Instant },
+    Trusted {
+        /// The session lease.
+        lease: LeaseId,
+        /// Its local deadline now.
+        until: Instant,
+    },
     /// The session was lost; the map tells `Lost` for every owned shard.
     SessionLost,
     /// The session ended for good; `revoked`: etcd confirmed the revoke
     /// (every key of the member went with it).
-    Stopped { revoked: bool },
-    /// etcd refused the session for good (permission denied): the member
-    /// leaves and ends.
-    Refused(String),
+    Stopped {
+        /// Whether etcd confirmed the revoke.
+        revoked: bool,
+    },
+    /// etcd refused an own session for good (permission denied): the
+    /// member leaves and ends. Holds etcd's refusal.
+    Refused(RpcError),
     /// What the member asks of the shared session it is on.
     SessionRequest(SessionRequest),
 }
 
-pub(crate) struct Member {
+/// A shard map member with its session; see the module docs.
+///
+/// `Clone` copies the whole machine, timers and queued commands included:
+/// the model checker forks a world at every choice.
+#[derive(Clone, Debug)]
+pub struct Member {
     /// The member's own session; `None` on a shared session, whose facts
     /// come as [`MemberInput::Session`].
     session: Option<Keepalive>,
@@ -64,15 +104,22 @@ pub(crate) struct Member {
     queue: VecDeque<Command<MemberNotice>>,
     session_stopped: bool,
     /// The shared session's lease as last told (`Up` or `Trusted`).
-    lease: Option<i64>,
+    lease: Option<LeaseId>,
     /// A shared lease this member found gone (etcd answered "lease not
     /// found"): later facts about it are ignored, so a renewal the session
     /// answered before it learnt the loss cannot bring it back.
-    gone: Option<i64>,
+    gone: Option<LeaseId>,
+    /// The lease each of the map's requests in flight was sent on (those
+    /// that carry one): a "lease not found" answer is about that lease,
+    /// which may be an old one by the time the answer arrives.
+    sent_on: BTreeMap<RpcId, LeaseId>,
 }
 
 impl Member {
-    pub(crate) fn new(
+    /// A member on its own session, made from `session` (a lease-only
+    /// one: `binding: None`), renewing on `grid` if given. Its first
+    /// commands are the grant and the map's read.
+    pub fn new(
         session: KeepaliveConfig,
         map: ShardConfig,
         grid: Option<RenewalGrid>,
@@ -89,6 +136,7 @@ impl Member {
             session_stopped: false,
             lease: None,
             gone: None,
+            sent_on: BTreeMap::new(),
         };
         member.pump(now);
         member
@@ -96,7 +144,7 @@ impl Member {
 
     /// A member on a shared session: the map alone, fed the session's
     /// facts ([`MemberInput::Session`]); leaving never ends the session.
-    pub(crate) fn on_session(map: ShardConfig, now: Instant, seed: u64) -> Self {
+    pub fn on_session(map: ShardConfig, now: Instant, seed: u64) -> Self {
         let map = ShardMap::with_first_rpc_id(map, now, seed ^ 0x5555, MAP_FIRST_RPC_ID);
         let mut member = Member {
             session: None,
@@ -105,6 +153,7 @@ impl Member {
             session_stopped: true,
             lease: None,
             gone: None,
+            sent_on: BTreeMap::new(),
         };
         member.pump(now);
         member
@@ -154,7 +203,14 @@ impl Member {
     /// requests: the lease is lost here at once, and the session is asked
     /// to learn it now rather than at its next renewal.
     fn lease_not_found(&mut self, now: Instant, reply: &RpcReply) {
+        let sent_on = self.sent_on.remove(&reply.id);
         if self.session.is_some() || !matches!(reply.result, Err(RpcError::LeaseNotFound)) {
+            return;
+        }
+        // About the lease the request carried: an answer about an earlier
+        // lease (sent before a loss, answered after the next grant) says
+        // nothing about the current one.
+        if sent_on.is_none() || sent_on != self.lease {
             return;
         }
         let Some(lease) = self.lease.take() else {
@@ -206,9 +262,7 @@ impl Member {
                         LivenessState::Refused { error } => {
                             self.lose(now);
                             self.queue
-                                .push_back(Command::Notify(MemberNotice::Refused(format!(
-                                    "{error:?}"
-                                ))));
+                                .push_back(Command::Notify(MemberNotice::Refused(error)));
                             self.map.handle(now, ShardInput::Leave);
                         }
                         LivenessState::Registering
@@ -240,12 +294,26 @@ impl Member {
         while let Some(command) = self.map.poll_command() {
             any = true;
             self.queue.push_back(match command {
-                Command::Rpc { id, request } => Command::Rpc { id, request },
-                Command::Cancel { id } => Command::Cancel { id },
+                Command::Rpc { id, request } => {
+                    if let Some(lease) = lease_of(&request) {
+                        self.sent_on.insert(id, lease);
+                    }
+                    Command::Rpc { id, request }
+                }
+                Command::Cancel { id } => {
+                    self.sent_on.remove(&id);
+                    Command::Cancel { id }
+                }
                 Command::Notify(n) => Command::Notify(MemberNotice::Shard(n)),
             });
         }
         any
+    }
+
+    /// The map, to read what it believes (owned shards, the member's
+    /// view); every change goes through [`Machine::handle`].
+    pub fn map(&self) -> &ShardMap {
+        &self.map
     }
 
     fn lose(&mut self, now: Instant) {
@@ -318,226 +386,19 @@ impl Machine for Member {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use fleetcoord_sm::{Request, Response, RpcId, RpcReply};
-    use std::time::Duration;
-
-    fn member(now: Instant) -> Member {
-        let session = KeepaliveConfig {
-            ttl_secs: 5,
-            binding: None,
-            backoff: Default::default(),
-            safety_margin: Duration::from_millis(250),
-            drift_allowance_ppm: 10_000,
-            attempt_timeout: Duration::from_millis(500),
-            announce_trust: true,
-        };
-        Member::new(session, map_config(), None, now, 7)
-    }
-
-    fn map_config() -> ShardConfig {
-        ShardConfig {
-            prefix: b"/coord/shards/m/".to_vec(),
-            member: b"a".to_vec(),
-            weight: 1,
-            shards: 2,
-            backoff: Default::default(),
-            attempt_timeout: Duration::from_millis(500),
-            drain: Duration::from_secs(1),
-        }
-    }
-
-    fn drain(m: &mut Member) -> Vec<Command<MemberNotice>> {
-        std::iter::from_fn(|| m.poll_command()).collect()
-    }
-
-    fn rpc(commands: &[Command<MemberNotice>], pick: fn(&Request) -> bool) -> RpcId {
-        commands
-            .iter()
-            .find_map(|c| match c {
-                Command::Rpc { id, request } if pick(request) => Some(*id),
-                _ => None,
-            })
-            .expect("the request")
-    }
-
-    #[test]
-    fn the_session_drives_the_map_as_the_simulation_composes_them() {
-        let t0 = Instant::now();
-        let mut m = member(t0);
-        let first = drain(&mut m);
-        let grant = rpc(&first, |r| matches!(r, Request::Grant { .. }));
-        let read = rpc(&first, |r| matches!(r, Request::Range(_)));
-        assert!(grant.0 < MAP_FIRST_RPC_ID && read.0 >= MAP_FIRST_RPC_ID);
-        m.handle(
-            t0,
-            MemberInput::Rpc(RpcReply {
-                id: read,
-                result: Ok(Response::Range {
-                    revision: 1,
-                    kvs: vec![],
-                }),
-            }),
-        );
-        let _watch = drain(&mut m);
-        m.handle(
-            t0,
-            MemberInput::Rpc(RpcReply {
-                id: grant,
-                result: Ok(Response::Granted {
-                    lease: 42,
-                    ttl_secs: 5,
-                }),
-            }),
-        );
-        // The grant's trust reaches the facade, and the map, now trusted,
-        // registers the member on that lease.
-        let after = drain(&mut m);
-        assert!(
-            after.iter().any(
-                |c| matches!(c, Command::Notify(MemberNotice::Trusted { until, .. }) if *until > t0)
-            ),
-            "{after:?}"
-        );
-        let register = after.iter().any(|c| match c {
-            Command::Rpc {
-                request: Request::Txn(txn),
-                ..
-            } => txn.success.iter().any(|op| {
-                matches!(op, fleetcoord_sm::TxnOp::Put { key, lease: 42, .. } if key == b"/coord/shards/m/members/a")
-            }),
-            _ => false,
-        });
-        assert!(register, "{after:?}");
-        // Leaving with nothing owned finishes the map once its write is
-        // answered (here: refused, so no key of it exists), and only then
-        // stops the session: its lease is revoked.
-        let register = rpc(&after, |r| matches!(r, Request::Txn(_)));
-        m.handle(t0, MemberInput::Leave);
-        let leaving = drain(&mut m);
-        let revoke = |cs: &[Command<MemberNotice>]| {
-            cs.iter().find_map(|c| match c {
-                Command::Rpc {
-                    id,
-                    request: Request::Revoke { lease: 42 },
-                } => Some(*id),
-                _ => None,
-            })
-        };
-        assert_eq!(revoke(&leaving), None, "a write is in flight: {leaving:?}");
-        m.handle(
-            t0,
-            MemberInput::Rpc(RpcReply {
-                id: register,
-                result: Ok(Response::Txn {
-                    succeeded: false,
-                    revision: 2,
-                    responses: vec![],
-                }),
-            }),
-        );
-        let stopping = drain(&mut m);
-        let revoke = revoke(&stopping).expect("the revoke once the map left");
-        m.handle(
-            t0,
-            MemberInput::Rpc(RpcReply {
-                id: revoke,
-                result: Ok(Response::Revoked),
-            }),
-        );
-        let last = drain(&mut m);
-        assert!(
-            last.contains(&Command::Notify(MemberNotice::Stopped { revoked: true })),
-            "{last:?}"
-        );
-        assert!(m.is_finished());
-    }
-
-    #[test]
-    fn on_a_shared_session_lease_not_found_is_a_loss_at_once_and_the_session_is_told() {
-        let t0 = Instant::now();
-        let mut m = Member::on_session(map_config(), t0, 7);
-        let first = drain(&mut m);
-        assert!(
-            !first.iter().any(|c| matches!(
-                c,
-                Command::Rpc {
-                    request: Request::Grant { .. },
-                    ..
-                }
-            )),
-            "no lease of its own: {first:?}"
-        );
-        let read = rpc(&first, |r| matches!(r, Request::Range(_)));
-        m.handle(
-            t0,
-            MemberInput::Rpc(RpcReply {
-                id: read,
-                result: Ok(Response::Range {
-                    revision: 1,
-                    kvs: vec![],
-                }),
-            }),
-        );
-        let _watch = drain(&mut m);
-        let until = t0 + Duration::from_secs(4);
-        m.handle(t0, MemberInput::Session(SessionInput::Up { lease: 42 }));
-        m.handle(
-            t0,
-            MemberInput::Session(SessionInput::Trusted { lease: 42, until }),
-        );
-        let trusted = drain(&mut m);
-        assert!(
-            trusted.contains(&Command::Notify(MemberNotice::Trusted { lease: 42, until })),
-            "{trusted:?}"
-        );
-        let write = rpc(&trusted, |r| matches!(r, Request::Txn(_)));
-        m.handle(
-            t0,
-            MemberInput::Rpc(RpcReply {
-                id: write,
-                result: Err(fleetcoord_sm::RpcError::LeaseNotFound),
-            }),
-        );
-        let gone = drain(&mut m);
-        assert!(
-            gone.contains(&Command::Notify(MemberNotice::SessionLost)),
-            "{gone:?}"
-        );
-        assert!(
-            gone.contains(&Command::Notify(MemberNotice::SessionRequest(
-                SessionRequest::Gone(42)
-            ))),
-            "{gone:?}"
-        );
-        // A renewal of the gone lease the session answered earlier brings
-        // nothing back.
-        m.handle(
-            t0,
-            MemberInput::Session(SessionInput::Trusted { lease: 42, until }),
-        );
-        let late = drain(&mut m);
-        assert!(
-            !late
-                .iter()
-                .any(|c| matches!(c, Command::Notify(MemberNotice::Trusted { .. }))),
-            "{late:?}"
-        );
-        // Closing the session leaves the map; the member ends without a
-        // revoke of its own.
-        m.handle(t0, MemberInput::Session(SessionInput::Closed));
-        let closing = drain(&mut m);
-        assert!(
-            !closing.iter().any(|c| matches!(
-                c,
-                Command::Rpc {
-                    request: Request::Revoke { .. },
-                    ..
-                }
-            )),
-            "{closing:?}"
-        );
-    }
+/// The lease a request writes keys on, if it writes any: only such a
+/// request can be answered "lease not found".
+fn lease_of(request: &Request) -> Option<LeaseId> {
+    let txn = match request {
+        Request::Put { lease, .. } => return (*lease != 0).then_some(*lease),
+        Request::Txn(txn) => txn,
+        _ => return None,
+    };
+    txn.success
+        .iter()
+        .chain(&txn.failure)
+        .find_map(|op| match op {
+            TxnOp::Put { lease, .. } if *lease != 0 => Some(*lease),
+            _ => None,
+        })
 }
