@@ -4,17 +4,21 @@
 //! window, beside the backend's own client doing the same server work from
 //! T tasks on one connection (a two-worker runtime, one per core: the
 //! fastest the raw client goes here). Each operation has the cheapest raw
-//! code with the same outcome as its anchor:
+//! code with the same outcome as its anchor, and where that is more than
+//! the plain command, the plain command beside it as the floor:
 //!
-//! * etcd: etcd-client `put` for every operation (an append is a guarded
-//!   transaction, at least a put).
+//! * etcd: etcd-client `put` for `kv_set` and `publish`; for appends, the
+//!   same head-guarded transaction fleetcoord runs ([`raw_appends`]), floor
+//!   a put.
 //! * Redis (standalone, and Cluster through redis-rs' cluster client):
 //!   `kv_set` against the same one-script write (set, version bump, and a
 //!   notification carrying the version, which a watcher needs; a bare `SET`
 //!   notifies nobody), `publish` against `PUBLISH` (`SPUBLISH` on a
-//!   cluster, fleetcoord's sharded pub/sub), appends against `XADD`.
-//! * NATS: `kv_set` and appends against JetStream publish awaiting its ack
-//!   (what a KV put and an append are); `publish` against a core publish
+//!   cluster, fleetcoord's sharded pub/sub), appends against the same
+//!   append script ([`APPEND_SCRIPT`]), floor `XADD`.
+//! * NATS: `kv_set` and appends against JetStream publish with a
+//!   `Nats-Msg-Id`, awaiting its ack (what a KV put and an append are),
+//!   floor the same without the id; `publish` against a core publish
 //!   followed by the same request fleetcoord waits for, since `flush` only
 //!   writes the socket and proves nothing about delivery.
 //!
