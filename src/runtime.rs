@@ -675,4 +675,45 @@ mod tests {
         assert!(t.elapsed() >= grace, "{:?}", t.elapsed());
         assert!(dropped_rx.try_recv().is_ok(), "the task was aborted");
     }
+
+    #[test]
+    fn calls_spin_only_beside_an_idle_core_and_when_answers_are_quick() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let quick = Duration::from_micros(90);
+        assert!(may_spin(0, quick), "alone, quick answers: spin");
+        assert!(may_spin(0, SPIN), "the bound itself still spins");
+        assert!(!may_spin(cores, quick), "no core left idle: park");
+        assert!(
+            !may_spin(0, SPIN + Duration::from_micros(1)),
+            "answers slower than the spin: park"
+        );
+    }
+
+    #[test]
+    fn the_typical_call_follows_the_calls_and_never_overflows() {
+        let calls = Calls {
+            running: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            abort: watch::channel(false).0,
+            typical: AtomicU64::new(0),
+        };
+        for _ in 0..200 {
+            calls.took(Duration::from_micros(100));
+        }
+        let typical = calls.typical();
+        assert!(
+            typical > Duration::from_micros(99) && typical <= Duration::from_micros(100),
+            "{typical:?}"
+        );
+        for _ in 0..50 {
+            calls.took(Duration::from_micros(800));
+        }
+        assert!(
+            calls.typical() > SPIN,
+            "a runtime whose calls got slow stops spinning"
+        );
+        calls.took(Duration::MAX);
+        calls.took(Duration::MAX);
+        assert!(calls.typical() > Duration::from_secs(3600));
+    }
 }
