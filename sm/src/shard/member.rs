@@ -175,17 +175,7 @@ impl Member {
                     return;
                 }
                 self.lease = Some(lease);
-                // The map first, as for an own session (see `pump`).
-                self.map.handle(
-                    now,
-                    ShardInput::SessionUp {
-                        lease,
-                        trusted_until: until,
-                    },
-                );
-                self.drain_map();
-                self.queue
-                    .push_back(Command::Notify(MemberNotice::Trusted { lease, until }));
+                self.trusted(now, lease, until);
             }
             SessionInput::Lost { .. } | SessionInput::Refused(_) => {
                 self.lease = None;
@@ -197,6 +187,23 @@ impl Member {
                 self.map.handle(now, ShardInput::Leave);
             }
         }
+    }
+
+    /// The session trusts `lease` until `until`: the map hears it first,
+    /// since a new lease ends the beliefs on the old one (its `Lost`
+    /// notices) and those must reach the facade before the new deadline
+    /// does; an own session's and a shared one's trust go the same way.
+    fn trusted(&mut self, now: Instant, lease: i64, until: Instant) {
+        self.map.handle(
+            now,
+            ShardInput::SessionUp {
+                lease,
+                trusted_until: until,
+            },
+        );
+        self.drain_map();
+        self.queue
+            .push_back(Command::Notify(MemberNotice::Trusted { lease, until }));
     }
 
     /// On a shared session, a "lease not found" answer to one of the map's
@@ -238,19 +245,7 @@ impl Member {
                     }
                     Command::Cancel { id } => self.queue.push_back(Command::Cancel { id }),
                     Command::Notify(KeepaliveNotice::Trusted { lease, until }) => {
-                        // The map first: a new lease ends the beliefs on
-                        // the old one (its `Lost` notices), and those must
-                        // reach the facade before the new deadline does.
-                        self.map.handle(
-                            now,
-                            ShardInput::SessionUp {
-                                lease,
-                                trusted_until: until,
-                            },
-                        );
-                        self.drain_map();
-                        self.queue
-                            .push_back(Command::Notify(MemberNotice::Trusted { lease, until }));
+                        self.trusted(now, lease, until);
                     }
                     Command::Notify(KeepaliveNotice::State(state)) => match state {
                         LivenessState::Lost { .. } => self.lose(now),
