@@ -102,21 +102,13 @@ pub(crate) enum CallFailure {
     InsideAsyncRuntime,
 }
 
-/// What a unary call polled on its caller's thread needs: the client (a
-/// cheap clone of the one connection), the request timeout and the
-/// suspicion it raises when etcd is slow to answer.
-#[derive(Clone)]
-struct Caller {
-    client: ec::Client,
-    options: DriverOptions,
-    suspicion: health::Suspicion,
-}
-
 /// The user-side end of the driver: the runtime thread it runs on, and
-/// what a unary call needs to run on its caller's thread.
+/// what its tasks share (the client, a cheap clone of the one connection;
+/// the request timeout; the suspicion a slow call raises), which a unary
+/// call polled on its caller's thread uses as a task would.
 pub(crate) struct DriverHandle {
     thread: RuntimeThread<DriverMsg>,
-    caller: Caller,
+    shared: Shared,
 }
 
 impl DriverHandle {
@@ -139,15 +131,17 @@ impl DriverHandle {
     /// or when called from the driver thread itself, where nothing would
     /// drive the call.
     pub(crate) fn call(&self, request: &Request, wait: Duration) -> Result<Response, CallFailure> {
-        let Caller {
-            client,
-            options,
-            suspicion,
-        } = &self.caller;
-        let timeout = options.request_timeout;
-        let mut client = client.clone();
+        let shared = &self.shared;
+        let timeout = shared.options.request_timeout;
+        let mut client = shared.client.clone();
         let call = async move {
-            match health::watched(suspicion, timeout, exec::unary(&mut client, request)).await {
+            match health::watched(
+                &shared.suspicion,
+                timeout,
+                exec::unary(&mut client, request),
+            )
+            .await
+            {
                 Some(answer) => answer.map_err(UnaryError::Rpc),
                 None => Err(UnaryError::Timeout(timeout)),
             }
@@ -204,11 +198,6 @@ pub(crate) fn start(settings: EtcdTarget) -> Result<(DriverHandle, ServerStatus)
                 suspicion: suspicion.clone(),
                 renewals,
             };
-            let caller = Caller {
-                client: shared.client.clone(),
-                options: shared.options.clone(),
-                suspicion: suspicion.clone(),
-            };
             let mut tasks: Vec<Job> = vec![Box::pin(renewer)];
             if connected.probes.len() > 1 {
                 // A probe that takes longer than a request would have
@@ -224,8 +213,8 @@ pub(crate) fn start(settings: EtcdTarget) -> Result<(DriverHandle, ServerStatus)
                 )));
             }
             Ok(Launch {
+                answer: (status, shared.clone()),
                 state: shared,
-                answer: (status, caller),
                 tasks,
             })
         },
@@ -235,8 +224,8 @@ pub(crate) fn start(settings: EtcdTarget) -> Result<(DriverHandle, ServerStatus)
             }
         },
     )?;
-    let (status, caller) = answer;
-    Ok((DriverHandle { thread, caller }, status))
+    let (status, shared) = answer;
+    Ok((DriverHandle { thread, shared }, status))
 }
 
 /// The error of a request that got no answer within `timeout`.
