@@ -230,6 +230,7 @@ pub(crate) async fn monitor(
     probes: Vec<(Probe, bool)>,
     timeout: Duration,
     suspicion: Suspicion,
+    in_use: Arc<super::direct::InUse>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut policy = Policy::new(probes.iter().map(|(_, in_use)| *in_use).collect());
@@ -278,7 +279,19 @@ pub(crate) async fn monitor(
             let Ok((i, outcome)) = done else { continue };
             let Some(probe) = probes.get(i) else { continue };
             let answered = outcome == ProbeOutcome::Answered;
-            match policy.observe(i, answered) {
+            let change = policy.observe(i, answered);
+            if change.is_some() {
+                // The callers' own connection follows the same set.
+                in_use.set(
+                    probes
+                        .iter()
+                        .enumerate()
+                        .filter(|(j, _)| policy.in_use(*j))
+                        .map(|(_, p)| p.url().to_string())
+                        .collect(),
+                );
+            }
+            match change {
                 Some(Change::Remove(_)) => {
                     let why = match &outcome {
                         ProbeOutcome::Failed(why) => why.as_str(),

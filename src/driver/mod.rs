@@ -2,9 +2,11 @@
 //! running the one `etcd_client::Client`.
 //!
 //! User threads reach it in exactly two ways: a unary [`Request`], which
-//! the caller's own thread polls to its answer while this thread drives the
-//! connection ([`DriverHandle::call`]: no task, no message, no reply
-//! channel, so concurrent callers pipeline on the one connection), and
+//! the caller's own thread drives to its answer on a connection of the
+//! callers' own ([`direct`]), or, while that one is not ready, polls while
+//! this thread drives the shared connection ([`DriverHandle::call`]: no
+//! task, no message, no reply channel, so concurrent callers pipeline on
+//! one connection either way), and
 //! "run this machine" ([`DriverMsg`]), which never blocks and needs no
 //! runtime; a machine's notices come back on crossbeam channels. Every machine runs as a task on this runtime ([`runner`]), and
 //! [`exec`] is the one place that turns the plain-data requests of `sm` into
@@ -14,6 +16,7 @@
 
 pub(crate) mod connect;
 mod delivery;
+mod direct;
 pub(crate) mod exec;
 mod explain;
 pub(crate) mod handle;
@@ -109,6 +112,8 @@ pub(crate) enum CallFailure {
 pub(crate) struct DriverHandle {
     thread: RuntimeThread<DriverMsg>,
     shared: Shared,
+    /// The connection unary calls drive themselves (see [`direct`]).
+    direct: direct::Direct,
 }
 
 impl DriverHandle {
@@ -117,12 +122,13 @@ impl DriverHandle {
         self.thread.send(msg)
     }
 
-    /// Runs `request` against etcd, polled on the calling thread inside the
-    /// driver runtime's context (see `crate::runtime`'s `block_on`): the
-    /// runtime thread drives the connection, the caller drives its own
-    /// call. No task is spawned and no answer crosses back through a
-    /// channel, which is one wake-up of the runtime thread and one of the
-    /// caller per call, as a raw client on a multi-thread runtime pays.
+    /// Runs `request` against etcd on the calling thread: on the
+    /// connection its callers drive ([`direct`]), where a lone call
+    /// crosses no thread, and while that one is not ready, polled inside
+    /// the driver runtime's context (see `crate::runtime`'s `block_on`),
+    /// the runtime thread driving the connection: one wake-up of the
+    /// runtime thread and one of the caller per call, as a raw client on a
+    /// multi-thread runtime pays.
     ///
     /// The request timeout applies as on every request (and raises the
     /// health monitor's suspicion as any slow call does); the caller stops
@@ -131,6 +137,15 @@ impl DriverHandle {
     /// or when called from the driver thread itself, where nothing would
     /// drive the call.
     pub(crate) fn call(&self, request: &Request, wait: Duration) -> Result<Response, CallFailure> {
+        if self.thread.is_current() {
+            return Err(CallFailure::Gone);
+        }
+        if !crate::blocking::may_block() {
+            return Err(CallFailure::InsideAsyncRuntime);
+        }
+        if let Ok(answer) = self.direct.call(request, wait, &self.shared.suspicion) {
+            return answer.map_err(CallFailure::Unary);
+        }
         let shared = &self.shared;
         let timeout = shared.options.request_timeout;
         let mut client = shared.client.clone();
@@ -159,6 +174,7 @@ impl DriverHandle {
     /// Machines get their grace period to revoke and resign first.
     /// Idempotent; concurrent callers do not wait on each other's join.
     pub(crate) fn shutdown(&self) {
+        self.direct.close();
         self.thread.shutdown();
     }
 }
@@ -177,12 +193,22 @@ pub(crate) fn start(settings: EtcdTarget) -> Result<(DriverHandle, ServerStatus)
     };
     let grace = options.request_timeout.saturating_add(SHUTDOWN_SLACK);
     let connect_timeout = settings.connect_timeout;
+    let in_use = std::sync::Arc::new(direct::InUse::default());
+    let direct = direct::Direct::new(settings.clone(), in_use.clone());
     let (thread, answer) = runtime::start(
         "fleetcoord-driver",
         connect_timeout,
         grace,
         move |stopping: Stopping| async move {
             let connected = connect::connect(&settings).await?;
+            in_use.set(
+                connected
+                    .probes
+                    .iter()
+                    .filter(|(_, answered)| *answered)
+                    .map(|(probe, _)| probe.url().to_string())
+                    .collect(),
+            );
             let status = connected.status;
             let suspicion = health::Suspicion::default();
             let (renewals, renewer) = renewer::start(
@@ -209,6 +235,7 @@ pub(crate) fn start(settings: EtcdTarget) -> Result<(DriverHandle, ServerStatus)
                     connected.probes,
                     probe_timeout,
                     suspicion,
+                    in_use,
                     stopping.receiver(),
                 )));
             }
@@ -225,7 +252,14 @@ pub(crate) fn start(settings: EtcdTarget) -> Result<(DriverHandle, ServerStatus)
         },
     )?;
     let (status, shared) = answer;
-    Ok((DriverHandle { thread, shared }, status))
+    Ok((
+        DriverHandle {
+            thread,
+            shared,
+            direct,
+        },
+        status,
+    ))
 }
 
 /// The error of a request that got no answer within `timeout`.
