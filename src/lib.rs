@@ -68,6 +68,7 @@
 #![warn(missing_docs)]
 
 mod blocking;
+mod caller_driven;
 pub mod coordinator;
 mod deadline;
 mod driver;

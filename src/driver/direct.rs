@@ -1,58 +1,34 @@
-//! Unary calls driven by their callers: a second connection to etcd, on a
-//! `current_thread` runtime that has no thread of its own.
+//! The etcd driver's unary calls on a connection their callers drive
+//! ([`crate::caller_driven`]): a lone call crosses no thread, where the
+//! driver's connection costs two wake-ups of another thread per call.
 //!
-//! Through the driver's connection a blocking call costs two wake-ups of
-//! another thread: the driver's, to write the request, and the caller's,
-//! for the answer (60–130 µs a call on 2 cores; BENCHMARKS.md, "Issue
-//! 45"). Here the calling thread writes, reads and polls its call itself,
-//! as a raw client on the calling thread does.
+//! What it adds for etcd:
 //!
-//! What it guarantees:
-//!
-//! * **A lone call never crosses a thread.** [`Direct::call`] runs the call
-//!   in `Runtime::block_on` on the calling thread. Concurrent callers take
-//!   turns driving the connection (tokio hands the runtime's core from one
-//!   `block_on` to the next) and each polls its own call, so they pipeline
-//!   on the one connection.
 //! * **Only endpoints in use.** The connection is built on the endpoints
 //!   the health monitor has in use ([`InUse`]), and built again once that
-//!   set changes, so a member taken out for not answering gets no call
-//!   here either.
-//! * **Nothing runs between calls.** Nobody drives the connection while no
-//!   call is running, so it has no HTTP/2 pings (an answer to a ping that
-//!   nobody reads would look like a dead connection and close it) and
-//!   carries no renewal and no watch: those stay on the driver's
-//!   connection, which its thread drives all the time.
-//! * **One connection per call.** A call is sent on one connection, and
-//!   its failure is reported as it happened, never sent again on the
-//!   driver's. A call that got no answer in time, or found the connection
-//!   broken ([`RpcError::Unavailable`]), drops the connection: one that
-//!   died while idle (no pings notice it) would otherwise swallow every
-//!   call until the kernel gives up on it. The next call builds a new one.
-//! * **Building never fails a call.** A connection is built lazily by the
-//!   first call that needs it, on that call's thread (etcd-client dials at
-//!   the first request, so this costs no round trip unless a user logs
-//!   in). While none is ready (another caller is building it, building
-//!   failed within the last [`RETRY_AFTER`], the handle is closed), calls
-//!   take the driver's connection: the same server and answers, two
-//!   wake-ups more.
-//! * **Closing ends it.** After [`Direct::close`] no call takes this path,
-//!   and the runtime ends when the last call on it has: without blocking
-//!   (`shutdown_background`), so it may end on any thread.
+//!   set changes (its epoch), so a member taken out for not answering gets
+//!   no call here either.
+//! * **No pings.** Nobody reads the connection between calls, so an
+//!   HTTP/2 ping would go unanswered and close a healthy connection: it is
+//!   built with the probes' options (no pings) plus the user's login.
+//!   Renewals and watches stay on the driver's connection.
+//! * **Suspect means no answer.** A call that got no answer within the
+//!   request timeout, or found the connection broken
+//!   ([`RpcError::Unavailable`]), drops the connection; an error of etcd's
+//!   own (a refusal, a missing lease) does not.
+//! * **Never sent twice.** A call taken here answers as it ended; only a
+//!   call that was not taken goes to the driver's connection.
 
 use super::connect::probe_options;
 use super::explain::explain;
 use super::{exec, health, EtcdTarget, UnaryError};
+use crate::caller_driven::{CallerDriven, Health, NotTaken, Ran};
 use etcd_client as ec;
 use fleetcoord_sm::{Request, Response, RpcError};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// How long after a failed build the calls keep to the driver's
-/// connection before one tries again.
-pub(crate) const RETRY_AFTER: Duration = health::PROBE_INTERVAL;
+use std::time::Duration;
 
 /// The endpoints the health monitor has in use, numbered: each change gets
 /// a new epoch, so a connection built on an older set is built again.
@@ -63,7 +39,8 @@ pub(crate) struct InUse {
 }
 
 impl InUse {
-    /// Replaces the set (the health monitor, after each change).
+    /// Replaces the set (at connect, and the health monitor after each
+    /// change).
     pub(crate) fn set(&self, urls: Vec<String>) {
         let mut held = self.urls.lock();
         *held = urls;
@@ -81,194 +58,79 @@ impl InUse {
     }
 }
 
-/// A runtime that ends without blocking when the last call on it is done.
-struct Driven(Option<tokio::runtime::Runtime>);
-
-impl Drop for Driven {
-    fn drop(&mut self) {
-        if let Some(rt) = self.0.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
-/// One built connection: its runtime, its client, and the endpoint set it
-/// was built on.
-#[derive(Clone)]
-struct Conn {
-    epoch: u64,
-    rt: Arc<Driven>,
-    client: ec::Client,
-}
-
-enum State {
-    /// No connection; the next call may build one (after `not_before`).
-    Idle {
-        not_before: Option<Instant>,
-    },
-    /// A caller is building one; the others take the driver's connection.
-    Building,
-    Ready(Conn),
-    Closed,
-}
-
 /// The caller-driven connection of one driver.
 pub(crate) struct Direct {
     settings: EtcdTarget,
     in_use: Arc<InUse>,
-    state: Mutex<State>,
+    conn: CallerDriven<ec::Client>,
 }
-
-/// A call this path did not take: run it on the driver's connection.
-pub(crate) struct NotTaken;
 
 impl Direct {
     pub(crate) fn new(settings: EtcdTarget, in_use: Arc<InUse>) -> Direct {
+        let conn = CallerDriven::new(settings.connect_timeout);
         Direct {
             settings,
             in_use,
-            state: Mutex::new(State::Idle { not_before: None }),
+            conn,
         }
     }
 
     /// Runs `request` on the caller-driven connection, within `wait` (the
     /// request timeout applies inside it, and raises `suspicion` when slow,
-    /// as on the driver's connection). [`NotTaken`] when no connection is
-    /// ready or the calling thread is inside a tokio runtime's context
-    /// (where a runtime of our own may not be entered).
+    /// as on the driver's connection). [`NotTaken`] when no connection can
+    /// be had now (`crate::caller_driven`).
     pub(crate) fn call(
         &self,
         request: &Request,
         wait: Duration,
         suspicion: &health::Suspicion,
     ) -> Result<Result<Response, UnaryError>, NotTaken> {
-        if tokio::runtime::Handle::try_current().is_ok() {
-            return Err(NotTaken);
-        }
-        let conn = self.conn().ok_or(NotTaken)?;
-        let Some(rt) = conn.rt.0.as_ref() else {
-            return Err(NotTaken);
-        };
         let timeout = self.settings.request_timeout;
-        let mut client = conn.client.clone();
-        let call = async {
-            let answer = health::watched(suspicion, timeout, exec::unary(&mut client, request));
-            tokio::time::timeout(wait, answer).await
-        };
-        let answer =
-            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(call))) {
-                Ok(answer) => answer,
-                // The panic hook has reported it; like a panicking call on
-                // the driver's connection, it ends this call only.
-                Err(_) => {
-                    self.drop_conn(conn.epoch);
-                    return Ok(Err(UnaryError::Rpc(RpcError::Unavailable(
-                        "the call panicked".to_string(),
-                    ))));
+        let ran = self.conn.call(
+            self.in_use.epoch(),
+            || self.build(),
+            wait,
+            |mut client| async move {
+                match health::watched(suspicion, timeout, exec::unary(&mut client, request)).await {
+                    Some(Ok(response)) => (Ok(response), Health::Sound),
+                    Some(Err(e @ RpcError::Unavailable(_))) => {
+                        (Err(UnaryError::Rpc(e)), Health::Suspect)
+                    }
+                    Some(Err(e)) => (Err(UnaryError::Rpc(e)), Health::Sound),
+                    None => (Err(UnaryError::Timeout(timeout)), Health::Suspect),
                 }
-            };
-        Ok(match answer {
-            Ok(Some(Ok(response))) => Ok(response),
-            Ok(Some(Err(e))) => {
-                if matches!(e, RpcError::Unavailable(_)) {
-                    self.drop_conn(conn.epoch);
-                }
-                Err(UnaryError::Rpc(e))
-            }
-            Ok(None) => {
-                self.drop_conn(conn.epoch);
-                Err(UnaryError::Timeout(timeout))
-            }
-            // The caller's own patience ran out first: no evidence
-            // against the connection.
-            Err(_) => Err(UnaryError::Timeout(wait)),
+            },
+        )?;
+        Ok(match ran {
+            Ran::Answer(answer) => answer,
+            Ran::Waited => Err(UnaryError::Timeout(wait)),
+            Ran::Panicked => Err(UnaryError::Rpc(RpcError::Unavailable(
+                "the call panicked".to_string(),
+            ))),
         })
     }
 
-    /// No call takes this path any more; the connection ends with the
-    /// last call running on it.
+    /// No call takes this path any more.
     pub(crate) fn close(&self) {
-        *self.state.lock() = State::Closed;
+        self.conn.close();
     }
 
-    /// The ready connection, built now when none is and none is being
-    /// built; `None` when the call should take the driver's connection.
-    fn conn(&self) -> Option<Conn> {
-        let epoch = self.in_use.epoch();
-        {
-            let mut state = self.state.lock();
-            match &*state {
-                State::Ready(conn) if conn.epoch == epoch => return Some(conn.clone()),
-                State::Ready(_) => *state = State::Building,
-                State::Idle { not_before } => {
-                    if not_before.is_some_and(|at| Instant::now() < at) {
-                        return None;
-                    }
-                    *state = State::Building;
-                }
-                State::Building | State::Closed => return None,
-            }
-        }
-        // Built outside the lock: a login may take a round trip, and the
-        // other callers meanwhile take the driver's connection.
-        let built = self.build();
-        let mut state = self.state.lock();
-        if matches!(*state, State::Closed) {
-            return None;
-        }
-        match built {
-            Ok(conn) => {
-                *state = State::Ready(conn.clone());
-                Some(conn)
-            }
-            Err(why) => {
-                log::debug!("etcd calls stay on the shared connection for now: {why}");
-                *state = State::Idle {
-                    not_before: Instant::now().checked_add(RETRY_AFTER),
-                };
-                None
-            }
-        }
-    }
-
-    /// Forgets the connection built for `epoch` (not a newer one another
-    /// caller built since).
-    fn drop_conn(&self, epoch: u64) {
-        let mut state = self.state.lock();
-        if matches!(&*state, State::Ready(conn) if conn.epoch == epoch) {
-            *state = State::Idle { not_before: None };
-        }
-    }
-
-    /// A runtime and a client on the endpoints in use, logged in when a
-    /// user is set; within the connect timeout.
-    fn build(&self) -> Result<Conn, String> {
-        let (epoch, urls) = self.in_use.read();
+    /// A client on the endpoints in use, logged in when a user is set.
+    /// etcd-client dials at the first request, so without a user this
+    /// costs no round trip.
+    async fn build(&self) -> Result<ec::Client, String> {
+        let (_, urls) = self.in_use.read();
         if urls.is_empty() {
             return Err("no endpoint in use".to_string());
         }
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| format!("no runtime: {e}"))?;
         let settings = &self.settings;
         let mut options = probe_options(settings).with_auto_token_refresh(true);
         if let Some(user) = &settings.user {
             options = options.with_user(user.name(), user.password());
         }
-        let connect = ec::Client::connect(urls, Some(options));
-        let client = rt.block_on(async {
-            match tokio::time::timeout(settings.connect_timeout, connect).await {
-                Ok(Ok(client)) => Ok(client),
-                Ok(Err(e)) => Err(explain(&e, settings.tls.as_ref())),
-                Err(_) => Err(format!("no answer within {:?}", settings.connect_timeout)),
-            }
-        });
-        let rt = Arc::new(Driven(Some(rt)));
-        match client {
-            Ok(client) => Ok(Conn { epoch, rt, client }),
-            Err(why) => Err(why),
-        }
+        ec::Client::connect(urls, Some(options))
+            .await
+            .map_err(|e| explain(&e, settings.tls.as_ref()))
     }
 }
 
@@ -375,7 +237,7 @@ mod tests {
         call(&direct, &put("k", "1")).expect("put through the proxy");
         // A connection that died silently: nothing ever comes back on it.
         proxy.set_mode(Mode::Blackhole);
-        let started = Instant::now();
+        let started = std::time::Instant::now();
         assert!(
             matches!(call(&direct, &get("k")), Err(UnaryError::Timeout(_))),
             "no answer is a timeout"
@@ -384,10 +246,7 @@ mod tests {
             started.elapsed() < Duration::from_secs(3),
             "bounded by the request timeout"
         );
-        assert!(
-            matches!(*direct.state.lock(), State::Idle { .. }),
-            "dropped"
-        );
+        assert!(!direct.conn.is_ready(), "dropped");
         // The old connection stays swallowed (bytes were lost mid-stream);
         // a new one works once traffic passes again.
         proxy.set_mode(Mode::Pass);
@@ -416,7 +275,7 @@ mod tests {
             unbuildable.call(&get("k"), WAIT, &suspicion).is_err(),
             "within RETRY_AFTER of the failed build"
         );
-        std::thread::sleep(RETRY_AFTER);
+        std::thread::sleep(crate::caller_driven::RETRY_AFTER);
         assert!(unbuildable.call(&get("k"), WAIT, &suspicion).is_ok());
     }
 }
