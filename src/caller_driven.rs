@@ -13,7 +13,7 @@
 //!
 //! What it guarantees, for every user of it:
 //!
-//! * **A lone call never crosses a thread.** [`CallerDriven::call`] runs
+//! * **A lone call never crosses a thread.** [`Taken::run`] runs
 //!   the call in `Runtime::block_on` on the calling thread. Concurrent
 //!   callers take turns driving the connection (tokio hands the runtime's
 //!   core from one `block_on` to the next) and each polls its own call, so
@@ -32,7 +32,7 @@
 //!   was built for), on that call's thread, within the connect timeout.
 //!   While none is ready (another caller is building it, building failed
 //!   within the last [`RETRY_AFTER`], the handle is closed, the caller is
-//!   inside a tokio runtime), the call is [`NotTaken`] and the caller takes
+//!   inside a tokio runtime), the call is not taken ([`CallerDriven::take`] is `None`) and the caller takes
 //!   its runtime thread's path instead: the same server and answers, two
 //!   wake-ups more.
 //! * **Closing ends it.** After [`CallerDriven::close`] no call is taken,
@@ -56,10 +56,6 @@ pub(crate) enum Health {
     /// No answer in time, or the connection broke: drop it.
     Suspect,
 }
-
-/// The call was not run here; run it on the runtime thread.
-#[derive(Debug)]
-pub(crate) struct NotTaken;
 
 /// How a taken call ended.
 #[derive(Debug)]
@@ -129,52 +125,22 @@ impl<C: Clone> CallerDriven<C> {
         }
     }
 
-    /// Runs `op` on the connection built for `epoch` (built now with
-    /// `build` when there is none, or only one for an older epoch), on the
-    /// calling thread, for at most `wait`. `op` says with its output
-    /// whether the connection is still sound. [`NotTaken`] when no
-    /// connection can be had now (see the module docs).
-    pub(crate) fn call<T, B, BFut, F, Fut>(
-        &self,
-        epoch: u64,
-        build: B,
-        wait: Duration,
-        op: F,
-    ) -> Result<Ran<T>, NotTaken>
+    /// The connection built for `epoch`, built now with `build` when there
+    /// is none (or only one for an older epoch); `None` when none can be
+    /// had now (see the module docs): the call then takes its runtime
+    /// thread's path.
+    pub(crate) fn take<B, BFut>(&self, epoch: u64, build: B) -> Option<Taken<'_, C>>
     where
         B: FnOnce() -> BFut,
         BFut: Future<Output = Result<C, String>>,
-        F: FnOnce(C) -> Fut,
-        Fut: Future<Output = (T, Health)>,
     {
         // A runtime of our own may not be entered from inside another's
         // context (its workers, `block_in_place`, `spawn_blocking`).
         if tokio::runtime::Handle::try_current().is_ok() {
-            return Err(NotTaken);
+            return None;
         }
-        let conn = self.conn(epoch, build).ok_or(NotTaken)?;
-        let Some(rt) = conn.rt.0.as_ref() else {
-            return Err(NotTaken);
-        };
-        let call = op(conn.client.clone());
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            rt.block_on(async { tokio::time::timeout(wait, call).await })
-        }));
-        Ok(match ran {
-            Ok(Ok((out, health))) => {
-                if health == Health::Suspect {
-                    self.forget(&conn);
-                }
-                Ran::Answer(out)
-            }
-            // The caller's own patience ran out: no evidence against the
-            // connection (the call bounds itself by its request timeout).
-            Ok(Err(_)) => Ran::Waited,
-            Err(_) => {
-                self.forget(&conn);
-                Ran::Panicked
-            }
-        })
+        let conn = self.conn(epoch, build)?;
+        Some(Taken { owner: self, conn })
     }
 
     /// No call is taken any more; the connection ends with the last call
@@ -264,6 +230,46 @@ impl<C: Clone> CallerDriven<C> {
     }
 }
 
+/// A connection taken for one call.
+pub(crate) struct Taken<'a, C> {
+    owner: &'a CallerDriven<C>,
+    conn: Conn<C>,
+}
+
+impl<C: Clone> Taken<'_, C> {
+    /// Runs `op` on the connection, on the calling thread, for at most
+    /// `wait`; `op` says with its output whether the connection is still
+    /// sound.
+    pub(crate) fn run<T, F, Fut>(self, wait: Duration, op: F) -> Ran<T>
+    where
+        F: FnOnce(C) -> Fut,
+        Fut: Future<Output = (T, Health)>,
+    {
+        let Some(rt) = self.conn.rt.0.as_ref() else {
+            return Ran::Panicked;
+        };
+        let call = op(self.conn.client.clone());
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rt.block_on(async { tokio::time::timeout(wait, call).await })
+        }));
+        match ran {
+            Ok(Ok((out, health))) => {
+                if health == Health::Suspect {
+                    self.owner.forget(&self.conn);
+                }
+                Ran::Answer(out)
+            }
+            // The caller's own patience ran out: no evidence against the
+            // connection (the call bounds itself by its request timeout).
+            Ok(Err(_)) => Ran::Waited,
+            Err(_) => {
+                self.owner.forget(&self.conn);
+                Ran::Panicked
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,11 +286,29 @@ mod tests {
         async move { (out, Health::Sound) }
     }
 
-    fn answer<T: std::fmt::Debug>(ran: Result<Ran<T>, NotTaken>) -> T {
+    fn answer<T: std::fmt::Debug>(ran: Option<Ran<T>>) -> T {
         match ran {
-            Ok(Ran::Answer(out)) => out,
+            Some(Ran::Answer(out)) => out,
             other => panic!("no answer: {other:?}"),
         }
+    }
+
+    /// `take` then `run`: `None` when not taken.
+    fn call<C, T, B, BFut, F, Fut>(
+        cd: &CallerDriven<C>,
+        epoch: u64,
+        build: B,
+        wait: Duration,
+        op: F,
+    ) -> Option<Ran<T>>
+    where
+        C: Clone,
+        B: FnOnce() -> BFut,
+        BFut: Future<Output = Result<C, String>>,
+        F: FnOnce(C) -> Fut,
+        Fut: Future<Output = (T, Health)>,
+    {
+        Some(cd.take(epoch, build)?.run(wait, op))
     }
 
     #[test]
@@ -293,7 +317,8 @@ mod tests {
         let cd = CallerDriven::new(WAIT);
         for _ in 0..3 {
             let here = std::thread::current().id();
-            let (client, thread) = answer(cd.call(
+            let (client, thread) = answer(call(
+                &cd,
                 0,
                 || counting(&builds),
                 WAIT,
@@ -309,16 +334,18 @@ mod tests {
     fn a_suspect_answer_or_a_panic_drops_the_connection_and_a_newer_epoch_rebuilds() {
         let builds = AtomicUsize::new(0);
         let cd = CallerDriven::new(WAIT);
-        let first = answer(cd.call(
+        let first = answer(call(
+            &cd,
             0,
             || counting(&builds),
             WAIT,
             |c| async move { (c, Health::Suspect) },
         ));
         assert!(!cd.is_ready(), "dropped");
-        let second = answer(cd.call(0, || counting(&builds), WAIT, sound));
+        let second = answer(call(&cd, 0, || counting(&builds), WAIT, sound));
         assert_ne!(first, second, "built anew");
-        let panicked = cd.call(
+        let panicked = call(
+            &cd,
             0,
             || counting(&builds),
             WAIT,
@@ -329,13 +356,13 @@ mod tests {
                 ((), Health::Sound)
             },
         );
-        assert!(matches!(panicked, Ok(Ran::Panicked)));
-        let third = answer(cd.call(0, || counting(&builds), WAIT, sound));
+        assert!(matches!(panicked, Some(Ran::Panicked)));
+        let third = answer(call(&cd, 0, || counting(&builds), WAIT, sound));
         assert_ne!(second, third, "built anew after the panic");
-        let fourth = answer(cd.call(1, || counting(&builds), WAIT, sound));
+        let fourth = answer(call(&cd, 1, || counting(&builds), WAIT, sound));
         assert_ne!(third, fourth, "a newer epoch builds anew");
         assert_eq!(
-            answer(cd.call(0, || counting(&builds), WAIT, sound)),
+            answer(call(&cd, 0, || counting(&builds), WAIT, sound)),
             fourth
         );
     }
@@ -343,35 +370,36 @@ mod tests {
     #[test]
     fn a_failed_build_is_not_retried_within_retry_after_and_closed_takes_nothing() {
         let cd: CallerDriven<usize> = CallerDriven::new(WAIT);
-        let failed = cd.call(0, || async { Err("refused".to_string()) }, WAIT, sound);
-        assert!(failed.is_err());
+        let failed = call(&cd, 0, || async { Err("refused".to_string()) }, WAIT, sound);
+        assert!(failed.is_none());
         let builds = AtomicUsize::new(0);
-        assert!(cd.call(0, || counting(&builds), WAIT, sound).is_err());
+        assert!(call(&cd, 0, || counting(&builds), WAIT, sound).is_none());
         assert_eq!(builds.load(Ordering::SeqCst), 0, "not even tried");
         std::thread::sleep(RETRY_AFTER);
-        answer(cd.call(0, || counting(&builds), WAIT, sound));
+        answer(call(&cd, 0, || counting(&builds), WAIT, sound));
         cd.close();
-        assert!(cd.call(0, || counting(&builds), WAIT, sound).is_err());
+        assert!(call(&cd, 0, || counting(&builds), WAIT, sound).is_none());
     }
 
     #[test]
     fn a_build_or_call_past_its_time_ends_in_time() {
         let cd: CallerDriven<usize> = CallerDriven::new(Duration::from_millis(100));
         let started = Instant::now();
-        let never = cd.call(0, std::future::pending, WAIT, sound);
-        assert!(never.is_err());
+        let never = call(&cd, 0, std::future::pending, WAIT, sound);
+        assert!(never.is_none());
         assert!(started.elapsed() < Duration::from_secs(2));
 
         let cd: CallerDriven<usize> = CallerDriven::new(WAIT);
         let builds = AtomicUsize::new(0);
         let started = Instant::now();
-        let slow = cd.call(
+        let slow = call(
+            &cd,
             0,
             || counting(&builds),
             Duration::from_millis(100),
             |_| std::future::pending::<((), Health)>(),
         );
-        assert!(matches!(slow, Ok(Ran::Waited)));
+        assert!(matches!(slow, Some(Ran::Waited)));
         assert!(started.elapsed() < Duration::from_secs(2));
         assert!(cd.is_ready(), "impatience is no evidence against it");
     }
@@ -385,6 +413,6 @@ mod tests {
         let cd: CallerDriven<usize> = CallerDriven::new(WAIT);
         let builds = AtomicUsize::new(0);
         let _inside = rt.enter();
-        assert!(cd.call(0, || counting(&builds), WAIT, sound).is_err());
+        assert!(call(&cd, 0, || counting(&builds), WAIT, sound).is_none());
     }
 }

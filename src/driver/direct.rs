@@ -22,7 +22,7 @@
 use super::connect::probe_options;
 use super::explain::explain;
 use super::{exec, health, EtcdTarget, UnaryError};
-use crate::caller_driven::{CallerDriven, Health, NotTaken, Ran};
+use crate::caller_driven::{CallerDriven, Health, Ran};
 use etcd_client as ec;
 use fleetcoord_sm::{Request, Response, RpcError};
 use parking_lot::Mutex;
@@ -77,31 +77,27 @@ impl Direct {
 
     /// Runs `request` on the caller-driven connection, within `wait` (the
     /// request timeout applies inside it, and raises `suspicion` when slow,
-    /// as on the driver's connection). [`NotTaken`] when no connection can
-    /// be had now (`crate::caller_driven`).
+    /// as on the driver's connection). `None` when no connection can be
+    /// had now (`crate::caller_driven`): the call is the driver's.
     pub(crate) fn call(
         &self,
         request: &Request,
         wait: Duration,
         suspicion: &health::Suspicion,
-    ) -> Result<Result<Response, UnaryError>, NotTaken> {
+    ) -> Option<Result<Response, UnaryError>> {
         let timeout = self.settings.request_timeout;
-        let ran = self.conn.call(
-            self.in_use.epoch(),
-            || self.build(),
-            wait,
-            |mut client| async move {
-                match health::watched(suspicion, timeout, exec::unary(&mut client, request)).await {
-                    Some(Ok(response)) => (Ok(response), Health::Sound),
-                    Some(Err(e @ RpcError::Unavailable(_))) => {
-                        (Err(UnaryError::Rpc(e)), Health::Suspect)
-                    }
-                    Some(Err(e)) => (Err(UnaryError::Rpc(e)), Health::Sound),
-                    None => (Err(UnaryError::Timeout(timeout)), Health::Suspect),
+        let taken = self.conn.take(self.in_use.epoch(), || self.build())?;
+        let ran = taken.run(wait, |mut client| async move {
+            match health::watched(suspicion, timeout, exec::unary(&mut client, request)).await {
+                Some(Ok(response)) => (Ok(response), Health::Sound),
+                Some(Err(e @ RpcError::Unavailable(_))) => {
+                    (Err(UnaryError::Rpc(e)), Health::Suspect)
                 }
-            },
-        )?;
-        Ok(match ran {
+                Some(Err(e)) => (Err(UnaryError::Rpc(e)), Health::Sound),
+                None => (Err(UnaryError::Timeout(timeout)), Health::Suspect),
+            }
+        });
+        Some(match ran {
             Ran::Answer(answer) => answer,
             Ran::Waited => Err(UnaryError::Timeout(wait)),
             Ran::Panicked => Err(UnaryError::Rpc(RpcError::Unavailable(
@@ -183,8 +179,8 @@ mod tests {
 
     fn call(direct: &Direct, request: &Request) -> Result<Response, UnaryError> {
         match direct.call(request, WAIT, &health::Suspicion::default()) {
-            Ok(answer) => answer,
-            Err(NotTaken) => panic!("the call was not taken"),
+            Some(answer) => answer,
+            None => panic!("the call was not taken"),
         }
     }
 
@@ -264,18 +260,18 @@ mod tests {
         direct.close();
         assert!(direct
             .call(&get("k"), WAIT, &health::Suspicion::default())
-            .is_err());
+            .is_none());
 
         let none = Arc::new(InUse::default());
         let unbuildable = Direct::new(target(etcd.endpoint(), WAIT), none.clone());
         let suspicion = health::Suspicion::default();
-        assert!(unbuildable.call(&get("k"), WAIT, &suspicion).is_err());
+        assert!(unbuildable.call(&get("k"), WAIT, &suspicion).is_none());
         none.set(vec![etcd.endpoint()]);
         assert!(
-            unbuildable.call(&get("k"), WAIT, &suspicion).is_err(),
+            unbuildable.call(&get("k"), WAIT, &suspicion).is_none(),
             "within RETRY_AFTER of the failed build"
         );
         std::thread::sleep(crate::caller_driven::RETRY_AFTER);
-        assert!(unbuildable.call(&get("k"), WAIT, &suspicion).is_ok());
+        assert!(unbuildable.call(&get("k"), WAIT, &suspicion).is_some());
     }
 }

@@ -143,7 +143,7 @@ impl DriverHandle {
         if !crate::blocking::may_block() {
             return Err(CallFailure::InsideAsyncRuntime);
         }
-        if let Ok(answer) = self.direct.call(request, wait, &self.shared.suspicion) {
+        if let Some(answer) = self.direct.call(request, wait, &self.shared.suspicion) {
             return answer.map_err(CallFailure::Unary);
         }
         let shared = &self.shared;

@@ -241,6 +241,7 @@ mod tls;
 
 pub use options::{RedisOptions, MAX_MIN_REPLICAS};
 
+use crate::caller_driven::{CallerDriven, Health, Ran};
 use crate::coordinator::bridge::{self, Bridge, CallError};
 use crate::coordinator::lifecycle::Lifecycle;
 use crate::coordinator::write_ids::WriteIds;
@@ -275,6 +276,10 @@ const CALL_SLACK: Duration = Duration::from_secs(1);
 pub struct RedisCoordinator {
     bridge: Bridge,
     conn: Conn,
+    /// A second command connection that callers drive themselves
+    /// (`crate::caller_driven`): a command from a lone caller crosses no
+    /// thread. `conn` serves while it is not ready.
+    direct: CallerDriven<Conn>,
     target: Target,
     stream_max_len: Option<u64>,
     feed_capacity: usize,
@@ -340,6 +345,7 @@ impl RedisCoordinator {
         Ok(RedisCoordinator {
             bridge,
             conn,
+            direct: CallerDriven::new(target.connect_timeout),
             stream_max_len: options.stream_max_len,
             feed_capacity: options.feed_capacity,
             target,
@@ -353,10 +359,15 @@ impl RedisCoordinator {
         self.target.cluster
     }
 
-    /// Runs `op` on the command connection; `op` bounds itself by the
-    /// request timeout ([`with_failover`]). The call is polled on the
-    /// caller's thread and ends before this returns, so `op` may borrow
-    /// from the handle and the caller's arguments instead of copying them.
+    /// Runs `op` on a command connection; `op` bounds itself by the
+    /// request timeout ([`with_failover`]). The call runs on the caller's
+    /// thread and ends before this returns, so `op` may borrow from the
+    /// handle and the caller's arguments instead of copying them: on the
+    /// connection callers drive (`direct`), or, while that one is not
+    /// ready, polled while the runtime thread drives `conn`. An answer on
+    /// `direct` that says the connection failed ([`ErrorKind::Unavailable`],
+    /// [`ErrorKind::Timeout`], an append whose outcome is unknown) drops it:
+    /// nobody reads it between calls, so it may have died idle.
     fn run<T, F>(&self, op: impl FnOnce(Conn) -> F) -> Result<T>
     where
         F: Future<Output = Result<T>>,
@@ -364,6 +375,40 @@ impl RedisCoordinator {
         self.life.check_open()?;
         let timeout = self.target.request_timeout;
         let wait = timeout.saturating_add(CALL_SLACK);
+        let target = &self.target;
+        let build = || async move {
+            target
+                .command_conn()
+                .await
+                .map_err(|e| target.explain(&e, true))
+        };
+        if let Some(taken) = self.direct.take(0, build) {
+            let ran = taken.run(wait, |conn| {
+                let call = op(conn);
+                async move {
+                    let out = call.await;
+                    let health = match &out {
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                ErrorKind::Unavailable
+                                    | ErrorKind::Timeout
+                                    | ErrorKind::Indeterminate
+                            ) =>
+                        {
+                            Health::Suspect
+                        }
+                        _ => Health::Sound,
+                    };
+                    (out, health)
+                }
+            });
+            return match ran {
+                Ran::Answer(out) => out,
+                Ran::Waited => Err(Error::Timeout(timeout)),
+                Ran::Panicked => Err(self.life.gone()),
+            };
+        }
         match self.bridge.call(wait, op(self.conn.clone())) {
             Ok(result) => result,
             Err(CallError::Timeout) => Err(Error::Timeout(timeout)),
@@ -562,6 +607,7 @@ impl RedisCoordinator {
     /// caller that may block).
     fn shut(&self) {
         self.life.close();
+        self.direct.close();
         self.bridge.shutdown();
     }
 }
