@@ -72,6 +72,16 @@ impl Default for LivenessOptions {
 }
 
 impl LivenessOptions {
+    /// The checks [`HostLiveness::with_options`] makes of these options
+    /// before sending anything (the prefix, the session's TTL and trust
+    /// settings, the register timeout), without a connection: `Ok` here
+    /// means they will not be refused as [`crate::Error::InvalidArgument`].
+    pub fn check(&self) -> crate::Result<()> {
+        validate::prefix("prefix", &self.prefix)?;
+        self.session.validate()?;
+        validate::timeout("register_timeout", self.register_timeout)
+    }
+
     /// These options with [`LivenessOptions::prefix`] set (checked by
     /// [`HostLiveness::with_options`]).
     #[must_use]

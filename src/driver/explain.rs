@@ -20,6 +20,9 @@ pub(crate) fn is_status(e: &ec::Error, code: tonic::Code) -> bool {
 /// failures": they all arrive as `Unavailable`, like a network failure).
 pub(crate) fn explain(e: &ec::Error, tls: Option<&Tls>) -> String {
     let root = connect_reason(e);
+    if let Some(foreign) = foreign_protocol(&root) {
+        return foreign;
+    }
     let Some(tls) = tls else {
         return root;
     };
@@ -65,6 +68,33 @@ pub(crate) fn explain(e: &ec::Error, tls: Option<&Tls>) -> String {
     }
 }
 
+/// The words of a client that got an answer in another protocol: h2
+/// reads the first bytes of an HTTP/1 reply, a Redis error or a TLS
+/// record as a frame header whose length is absurd (`frame with invalid
+/// size`) or whose type makes no sense (`unspecific protocol error`);
+/// rustls, dialling TLS, reads a plain-text answer as a record of no known
+/// type (`InvalidContentType`, `corrupt message`).
+const FOREIGN_PROTOCOL: [&str; 4] = [
+    "frame with invalid size",
+    "unspecific protocol error",
+    "InvalidContentType",
+    "corrupt message",
+];
+
+/// `Some(message)` when `root` says the endpoint answered in another
+/// protocol: something else listens there (an HTTP/1 or Redis server, a
+/// peer port), or one side speaks TLS and the other does not. Said so in
+/// words an operator acts on; the caller's message names the endpoint.
+fn foreign_protocol(root: &str) -> Option<String> {
+    FOREIGN_PROTOCOL.iter().any(|w| root.contains(w)).then(|| {
+        format!(
+            "not an etcd server (or a TLS mismatch): the answer is not gRPC over HTTP/2; \
+             check the port, and use https:// with --cacert exactly when etcd serves TLS \
+             ({root})"
+        )
+    })
+}
+
 /// Why connecting failed, as one line for an operator. The Display of
 /// etcd-client's error embeds tonic's `Status`, whose Display appends its
 /// cause with `{:?}` — a struct dump. The root cause of the `source()`
@@ -106,5 +136,39 @@ fn root_cause(mut e: &(dyn std::error::Error + 'static)) -> String {
             first.to_lowercase().chain(text.chars().skip(1)).collect()
         }
         _ => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::foreign_protocol;
+
+    #[test]
+    fn a_foreign_protocol_is_named_as_such() {
+        // As measured: an HTTP/1 server and a Redis server on the port.
+        for root in [
+            "connection error detected: frame with invalid size",
+            "connection error detected: unspecific protocol error detected",
+            "received corrupt message of type InvalidContentType",
+        ] {
+            let said = foreign_protocol(root).expect(root);
+            assert!(
+                said.starts_with("not an etcd server (or a TLS mismatch)"),
+                "{said}"
+            );
+            assert!(said.contains(root), "the cause stays: {said}");
+        }
+    }
+
+    #[test]
+    fn network_failures_are_not_a_foreign_protocol() {
+        for root in [
+            "connection refused",
+            "transport error",
+            "deadline has elapsed",
+            "dns error: failed to lookup address information",
+        ] {
+            assert_eq!(foreign_protocol(root), None, "{root}");
+        }
     }
 }
