@@ -138,6 +138,39 @@ impl ShardsArgs {
     }
 }
 
+impl ShardsArgs {
+    /// The subcommand's words, for messages: `shards` or `shards join`.
+    pub fn path(&self) -> &'static str {
+        match self.action {
+            Some(ShardsAction::Join(_)) => "shards join",
+            None => "shards",
+        }
+    }
+
+    /// What the library would refuse, found before connecting.
+    pub fn check(&self) -> fleetcoord::Result<()> {
+        match (&self.action, &self.name) {
+            (Some(ShardsAction::Join(a)), _) => a.options().check(&a.name),
+            (None, Some(name)) => options(&self.prefix).check(name),
+            // clap requires the name; `shards` says so itself.
+            (None, None) => Ok(()),
+        }
+    }
+}
+
+impl JoinArgs {
+    fn options(&self) -> ShardOptions {
+        let options = options(&self.prefix)
+            .with_ttl(self.ttl)
+            .with_drain(self.drain)
+            .with_weight(self.weight);
+        match &self.member {
+            Some(member) => options.with_member(member.clone()),
+            None => options,
+        }
+    }
+}
+
 fn options(prefix: &ShardPrefixArgs) -> ShardOptions {
     ShardOptions::default().with_prefix(prefix.prefix.clone())
 }
@@ -176,6 +209,10 @@ pub fn shards(ctx: &Ctx, args: ShardsArgs, shutdown: &Receiver<()>) -> Result<()
         seen.insert(o.shard, o);
     }
     if !args.watch {
+        // Nothing owned: nothing there (a script tells it from an error).
+        if seen.is_empty() {
+            return Err(CliError::NothingThere);
+        }
         return Ok(());
     }
     loop {
@@ -244,13 +281,7 @@ impl Running {
 
 /// `shards join NAME --shards M [-- CMD]`.
 pub fn join(ctx: &Ctx, args: JoinArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
-    let mut options = options(&args.prefix)
-        .with_ttl(args.ttl)
-        .with_drain(args.drain)
-        .with_weight(args.weight);
-    if let Some(member) = &args.member {
-        options = options.with_member(member.clone());
-    }
+    let options = args.options();
     let trusted = options.trusted_lifetime();
     let map = ShardMap::join(&ctx.etcd, &args.name, args.shards, options)?;
     let name = args.name.clone();
@@ -271,6 +302,9 @@ pub fn join(ctx: &Ctx, args: JoinArgs, shutdown: &Receiver<()>) -> Result<(), Cl
     let mut changed_at = Instant::now();
     let mut running: Option<Running> = None;
     let mut stopping = false;
+    // The status of the run a signal stopped: the stop went cleanly only
+    // if CMD obeyed it (see `gated::finish_stopped`).
+    let mut stopped: Option<ExitStatus> = None;
     loop {
         select! {
             recv(map.events()) -> e => {
@@ -334,6 +368,9 @@ pub fn join(ctx: &Ctx, args: JoinArgs, shutdown: &Receiver<()>) -> Result<(), Cl
                 let r = running.take().expect("running");
                 r.tether.disarm();
                 exited(&out, &name, status)?;
+                if stopping {
+                    stopped = Some(status);
+                }
                 if !r.termed && !args.restart {
                     map.leave()?;
                     left(&out, &name)?;
@@ -379,7 +416,11 @@ pub fn join(ctx: &Ctx, args: JoinArgs, shutdown: &Receiver<()>) -> Result<(), Cl
         }
     }
     map.leave()?;
-    left(&out, &name)
+    left(&out, &name)?;
+    match stopped {
+        Some(status) => crate::gated::finish_stopped(status),
+        None => Ok(()),
+    }
 }
 
 fn report(out: &Out, name: &str, e: &ShardEvent) -> Result<(), CliError> {
