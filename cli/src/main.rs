@@ -1,9 +1,12 @@
 //! `fleetcoord`: look at a live fleet and take part in it from the shell,
 //! the way `etcdctl` does for etcd itself.
 //!
-//! Exit status: 0 on success (also after Ctrl-C / SIGTERM, which stop
-//! long-running commands cleanly), 1 on a runtime error (message on
-//! stderr), 2 on a usage error.
+//! Exit status ([`man::EXIT_STATUSES`], which the man pages print and the
+//! README's table must match): 0 on success (also after Ctrl-C / SIGTERM,
+//! which stop long-running commands cleanly, and with `-- CMD` when CMD
+//! obeyed), 1 on a runtime error (message on stderr), 2 on a usage error,
+//! 3 when a lookup finds nothing there, 130 on a second signal, CMD's own
+//! status otherwise.
 
 // Unsafe code only where a gated command is tied to this process's life
 // (`tether`, which allows it for itself).

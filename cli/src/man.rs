@@ -72,6 +72,36 @@ pub const ENVIRONMENT: [(&str, &str); 19] = [
     ),
 ];
 
+/// Every exit status the tool uses, with what it means: the man pages'
+/// EXIT STATUS section, and what the README's CLI section must agree with
+/// (a test compares them).
+pub const EXIT_STATUSES: [(&str, &str); 6] = [
+    (
+        "0",
+        "Success. Also when SIGINT, SIGTERM or SIGHUP stopped a long-running command, which then cleaned up (an agent revokes its lease, a leader resigns); with -- CMD, when CMD obeyed the SIGTERM passed on to it (it exited 0 or died of it).",
+    ),
+    (
+        "1",
+        "A runtime error: etcd or the backend unreachable or not an etcd server, a lease lost (with a hint naming --restart), a refused hand-over. The message is one line on stderr.",
+    ),
+    (
+        "2",
+        "A usage error: an unknown flag, a missing argument, a value that cannot be used (a name with '/', an empty name, a port out of range, a prefix without its '/'). Every name, prefix and key is checked before connecting, so this comes first whether etcd is up or not.",
+    ),
+    (
+        "3",
+        "Nothing there: leader with no leader, kv get of a key that is not set, shards NAME with no shard owned. The answer is printed all the same (no leader; null in --json).",
+    ),
+    (
+        "130",
+        "A second SIGINT, SIGTERM or SIGHUP while cleaning up: exit at once, without cleanup (leases expire after their TTL).",
+    ),
+    (
+        "N",
+        "elect, lock and shards join with -- CMD: CMD's own exit status when it exited by itself, or when it did not stop cleanly after a signal (137 when SIGKILLed after --kill-grace); 128 plus the signal's number if a signal killed it.",
+    ),
+];
+
 /// Examples per page, keyed by the page's name; (command, what it does).
 const EXAMPLES: [(&str, &[(&str, &str)]); 10] = [
     (
@@ -222,24 +252,7 @@ fn page_name(cmd: &clap::Command) -> String {
 fn extra_sections(cmd: &clap::Command, root: bool) -> Roff {
     let mut roff = Roff::new();
     roff.control("SH", ["EXIT STATUS"]);
-    for (status, meaning) in [
-        (
-            "0",
-            "Success; also when Ctrl-C or SIGTERM stopped a long-running command, which then cleaned up (an agent revokes its lease, a leader resigns).",
-        ),
-        (
-            "1",
-            "A runtime error: etcd or the backend unreachable, a lease lost, a refused hand-over. The message is one line on stderr.",
-        ),
-        (
-            "2",
-            "A usage error: an unknown flag, a missing argument, a value that cannot be used (a name with '/', an empty name, a port out of range, a prefix without its '/'). Names, prefixes and keys are checked by the library once connected, so with etcd unreachable the connection error (1) comes first.",
-        ),
-        (
-            "N",
-            "elect and lock with -- CMD: the command's own exit status, 128 plus the signal's number if a signal killed it.",
-        ),
-    ] {
+    for (status, meaning) in EXIT_STATUSES {
         roff.control("TP", []);
         roff.text([bold(status)]);
         roff.text([roman(meaning)]);

@@ -82,6 +82,14 @@ pub enum ShardsAction {
     /// this member owns (FLEETCOORD_SHARDS), restarted when they change,
     /// stopped before a shard can pass on; or, without CMD, print the
     /// ownership changes until Ctrl-C.
+    ///
+    /// Restart policy: CMD is restarted whole on every change of the owned
+    /// set, a shard gained as well as one lost or placed elsewhere. The
+    /// old CMD gets SIGTERM (SIGKILL after --kill-grace); once it is dead
+    /// and the set has not changed for 300 ms, CMD starts again with the
+    /// new FLEETCOORD_SHARDS and FLEETCOORD_SHARD_TOKENS. Changes are never
+    /// handed to a running CMD: a shard is released only once CMD no
+    /// longer uses it, and only its exit proves that.
     Join(JoinArgs),
 }
 
@@ -126,7 +134,8 @@ pub struct JoinArgs {
     restart: bool,
     #[command(flatten)]
     prefix: ShardPrefixArgs,
-    /// The command to run with the owned shards, after `--`.
+    /// The command to run with the owned shards, after `--`; restarted
+    /// whole on every change of the owned set.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
 }
