@@ -336,7 +336,7 @@ fn a_server_that_is_not_etcd_is_named_as_such() {
 fn the_etcd_version_warning_is_one_short_line() {
     let server = start_etcd();
     let endpoint = server.endpoint();
-    let etcd = Etcd::with_options(&[endpoint.clone()], EtcdOptions::default()).expect("connect");
+    let etcd = Etcd::with_options(endpoint.as_str(), EtcdOptions::default()).expect("connect");
     let version = etcd
         .server_version()
         .expect("etcd reports its version")
