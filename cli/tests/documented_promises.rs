@@ -369,3 +369,42 @@ fn the_etcd_version_warning_is_one_short_line() {
         message.chars().count()
     );
 }
+
+#[test]
+fn a_tls_mismatch_is_named_as_such() {
+    let tls = fleetcoord::testing::EtcdBuilder::new()
+        .tls()
+        .start()
+        .expect("a TLS etcd");
+    let plain = start_etcd();
+    let ca = tls.pki().expect("its CA").ca_path();
+    let ca = ca.to_str().expect("a UTF-8 path");
+    let cases: [(&str, Vec<String>); 2] = [
+        // Plain text to a TLS port.
+        ("plain to TLS", vec![format!("http://{}", tls.endpoint())]),
+        // TLS to a plain-text port.
+        (
+            "TLS to plain",
+            vec![
+                "--cacert".into(),
+                ca.into(),
+                format!("https://{}", plain.endpoint()),
+            ],
+        ),
+    ];
+    for (what, args) in cases {
+        let (endpoint, flags) = args.split_last().expect("an endpoint");
+        let output = cli()
+            .args(flags)
+            .args(["--endpoints", endpoint, "--connect-timeout", "3s", "hosts"])
+            .output()
+            .expect("spawn");
+        let text = stderr(&output);
+        assert_eq!(output.status.code(), Some(1), "{what}: {text}");
+        assert!(
+            text.contains("not an etcd server (or a TLS mismatch)"),
+            "{what}: {text}"
+        );
+        assert!(text.contains(endpoint.as_str()), "{what}: {text}");
+    }
+}
