@@ -12,7 +12,9 @@
 //!   false by this process's clock, whichever is seen first) → SIGKILL at
 //!   once;
 //! * SIGINT/SIGTERM/SIGHUP to fleetcoord → SIGTERM to the child, SIGKILL
-//!   after `--kill-grace`;
+//!   after `--kill-grace`; fleetcoord then exits 0 if the child obeyed
+//!   (exited 0 or died of that SIGTERM), else with its status
+//!   ([`finish_stopped`]);
 //! * fleetcoord dying without cleaning up (SIGKILL, OOM kill, crash) →
 //!   SIGKILL to the child's process group at once, on Linux
 //!   ([`crate::tether`]): the lease outlives fleetcoord by up to a TTL,

@@ -18,7 +18,9 @@
 //! * fleetcoord dying without cleaning up → SIGKILL to CMD's process group
 //!   ([`crate::tether`]);
 //! * CMD exiting by itself → leave the map and exit with its status
-//!   (`--restart`: start it again).
+//!   (`--restart`: start it again);
+//! * SIGINT/SIGTERM/SIGHUP → stop CMD as above, leave the map, exit 0 if
+//!   CMD obeyed, else with its status (`gated::finish_stopped`).
 
 use crate::gated::{exit_code, unix_micros};
 use crate::output::{event, lease_json, object, Out};
