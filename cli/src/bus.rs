@@ -288,8 +288,9 @@ pub fn kv(
             let value = match coord.kv_get(&a.bucket, &a.key) {
                 Ok(v) => v,
                 Err(Error::NotFound) => {
-                    // For people, stdout stays empty (a value prints as
-                    // is, so no text on it could not be one); JSON says null.
+                    // For people, stdout stays empty: a value prints as
+                    // is, so any text there would read as the value. JSON
+                    // says null.
                     if out.is_json() {
                         out.emit(
                             "",
