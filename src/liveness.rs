@@ -72,6 +72,21 @@ impl Default for LivenessOptions {
 }
 
 impl LivenessOptions {
+    /// The checks [`HostLiveness::with_options`] makes of `host_id` and
+    /// these options before sending anything (not the nil UUID; the
+    /// prefix, the session's TTL and trust settings, the register
+    /// timeout), without a connection: `Ok` here means they will not be
+    /// refused as [`crate::Error::InvalidArgument`].
+    pub fn check(&self, host_id: Uuid) -> crate::Result<()> {
+        validate::prefix("prefix", &self.prefix)?;
+        self.session.validate()?;
+        validate::timeout("register_timeout", self.register_timeout)?;
+        if host_id.is_nil() {
+            return Err(Error::invalid("host_id", "the nil UUID is not a host id"));
+        }
+        Ok(())
+    }
+
     /// These options with [`LivenessOptions::prefix`] set (checked by
     /// [`HostLiveness::with_options`]).
     #[must_use]

@@ -230,9 +230,23 @@ pub fn etcd_defects(version: &str) -> Vec<KnownDefect> {
         .unwrap_or_default()
 }
 
-/// The version `member` reported at connect, read; logs one warning
-/// naming its known defects (one debug line instead when the version
-/// cannot be read) and records it in the metrics.
+/// How long the one-line version warning may be: it reaches the stderr
+/// of every CLI command, where a paragraph would bury the command's own
+/// output.
+pub(crate) const WARNING_MAX_CHARS: usize = 120;
+
+/// The versions warned about in this process already: every connect
+/// reads the version, but the warning is worth saying once per process
+/// and version (a program that reconnects, or opens several handles,
+/// would otherwise repeat it).
+static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// The version `member` reported at connect, read; when it has known
+/// defects, logs one short warning line the first time this process sees
+/// the version ([`warning_line`], at most [`WARNING_MAX_CHARS`]), and
+/// every time the full detail at debug level (`RUST_LOG=fleetcoord=debug`;
+/// one debug line instead when the version cannot be read). Records it in
+/// the metrics.
 pub(crate) fn read_at_connect(raw: &str, member: u64) -> Option<ServerVersion> {
     let Some(version) = ServerVersion::parse(raw) else {
         log::debug!(
@@ -245,14 +259,69 @@ pub(crate) fn read_at_connect(raw: &str, member: u64) -> Option<ServerVersion> {
     let defects = version.known_defects();
     if !defects.is_empty() {
         let list: Vec<String> = defects.iter().map(ToString::to_string).collect();
-        log::warn!(
+        log::debug!(
             "etcd {version} (member {member:x}) has known defects: {}; fenced writes \
              (txn_if_leader, txn_if_held, FLEETCOORD_FENCING_TOKEN) still exclude a \
              stale holder's effects (README, \"Guarantees\")",
             list.join("; ")
         );
+        if first_sight(version.as_str()) {
+            log::warn!("{}", warning_line(&version, &defects));
+        }
     }
     Some(version)
+}
+
+/// Whether `version` is warned about for the first time in this process
+/// (and from now on counts as warned about).
+fn first_sight(version: &str) -> bool {
+    // A panic elsewhere while holding the lock leaves a list still usable.
+    let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+    if warned.iter().any(|v| v == version) {
+        return false;
+    }
+    warned.push(version.to_string());
+    true
+}
+
+/// The short name of a defect, for the one-line warning.
+fn short_name(defect: &KnownDefect) -> &'static str {
+    match defect {
+        KnownDefect::EarlyLeaseRevoke { .. } => "early lease revokes",
+        KnownDefect::LostWatchEvents { .. } => "lost watch events",
+        KnownDefect::InconsistencyAfterKill => "member divergence",
+        KnownDefect::Unsupported => "older than 3.4, untested",
+    }
+}
+
+/// One line naming the version, its defects in a few words each and the
+/// release that fixes them all, with where the detail is: the README
+/// section that explains what they mean for fenced writes.
+fn warning_line(version: &ServerVersion, defects: &[KnownDefect]) -> String {
+    let names: Vec<&str> = defects.iter().map(short_name).collect();
+    let latest_fix = defects
+        .iter()
+        .filter_map(KnownDefect::fixed_in)
+        .filter_map(ServerVersion::parse)
+        .max_by_key(|v| (v.major(), v.minor(), v.patch()));
+    let fix = match latest_fix {
+        Some(v) => format!("; fixed in {v}"),
+        None => String::new(),
+    };
+    let line = format!(
+        "etcd {version} has known defects: {}{fix} (README, \"Known etcd defects\")",
+        names.join(", ")
+    );
+    if line.chars().count() <= WARNING_MAX_CHARS {
+        return line;
+    }
+    // 3.5.0 to 3.5.2 have three, and a version may carry a long build
+    // suffix: the count, then, and the names at debug level.
+    let (major, minor, patch) = (version.major(), version.minor(), version.patch());
+    format!(
+        "etcd {major}.{minor}.{patch} has {} known defects{fix} (README, \"Known etcd defects\")",
+        defects.len()
+    )
 }
 
 #[cfg(test)]
@@ -352,6 +421,34 @@ mod tests {
             line.contains("#17610") && line.contains("#17612") && line.contains("3.5.13"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn the_warning_is_one_short_line_naming_the_fix() {
+        for raw in [
+            "3.4.23",
+            "3.5.0",
+            "3.5.2-rc.1+build.7",
+            "3.3.27",
+            "2.3.8",
+            "3.5.1-rc.1+a-very-long-build-suffix-0123456789",
+        ] {
+            let version = ServerVersion::parse(raw).expect("a version");
+            let line = warning_line(&version, &version.known_defects());
+            assert!(line.chars().count() <= WARNING_MAX_CHARS, "{line}");
+            assert!(!line.contains('\n') && line.contains(&raw[..5]), "{line}");
+        }
+        let v = ServerVersion::parse("3.5.0").expect("a version");
+        let line = warning_line(&v, &v.known_defects());
+        // 3.5.3 fixes one of them, 3.5.13 all.
+        assert!(line.contains("fixed in 3.5.13"), "{line}");
+    }
+
+    #[test]
+    fn each_version_is_warned_about_once_per_process() {
+        assert!(first_sight("9.9.9-test"));
+        assert!(!first_sight("9.9.9-test"));
+        assert!(first_sight("9.9.8-test"));
     }
 
     #[test]

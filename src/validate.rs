@@ -51,19 +51,25 @@ pub fn segment(what: &'static str, value: &str) -> Result<()> {
     Ok(())
 }
 
-/// An election name: a single segment (see [`segment`]). A `/` would make
-/// `a/b` a sub-election of `a`: its candidate keys `<prefix>a/b/<lease>`
-/// lie inside the range `<prefix>a/` that election `a` reads, so `a` would
-/// report, and wait for, the candidates of `a/b`.
+/// An election, lock or semaphore name: a single segment (see
+/// [`segment`]). A `/` would make `a/b` a sub-election of `a`: its
+/// candidate keys `<prefix>a/b/<lease>` lie inside the range `<prefix>a/`
+/// that election `a` reads, so `a` would report, and wait for, the
+/// candidates of `a/b`. The message names the rejected name and the name
+/// it would nest under, never a fixed example: a user who typed
+/// `foo/bar` must recognise it.
 pub fn election_name(what: &'static str, value: &str) -> Result<()> {
     if value.contains('/') {
-        return Err(Error::invalid(
-            what,
+        let parent = value.split('/').next().unwrap_or_default();
+        let why = if parent.is_empty() {
+            format!("{value:?} contains '/': a name is one key segment")
+        } else {
             format!(
-                "{value:?} contains '/': an election name is one key segment, since the \
-                 candidates of \"a/b\" would also be candidates of election \"a\""
-            ),
-        ));
+                "{value:?} contains '/': a name is one key segment, since the candidates \
+                 of {value:?} would also be candidates of {parent:?}"
+            )
+        };
+        return Err(Error::invalid(what, why));
     }
     segment(what, value)
 }
@@ -239,6 +245,15 @@ mod tests {
         for bad in ["", "nest/sub", "/a", "a/", "a\0b"] {
             assert!(election_name("name", bad).is_err(), "{bad:?}");
         }
+        // The message is about the name given, not a fixed example.
+        let said = election_name("name", "foo/bar")
+            .expect_err("a '/'")
+            .to_string();
+        assert!(
+            said.contains("\"foo/bar\"") && said.contains("\"foo\""),
+            "{said}"
+        );
+        assert!(!said.contains("\"a/b\""), "{said}");
     }
 
     #[test]

@@ -168,6 +168,15 @@ impl Default for WatcherOptions {
 }
 
 impl WatcherOptions {
+    /// The checks [`HostWatcher::with_options`] (and, of the prefix,
+    /// [`list_hosts`]) make before sending anything, without a connection:
+    /// `Ok` here means these options will not be refused as
+    /// [`crate::Error::InvalidArgument`].
+    pub fn check(&self) -> crate::Result<()> {
+        validate::prefix("prefix", &self.prefix)?;
+        validate::capacity("capacity", self.capacity)
+    }
+
     /// These options with [`WatcherOptions::prefix`] set (checked by
     /// [`HostWatcher::with_options`]).
     #[must_use]

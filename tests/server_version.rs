@@ -1,6 +1,7 @@
 //! `Etcd::server_version` against the real etcd binary: the version is the
 //! one the binary reports, read without a request of its own, and a release
-//! with known defects gets its one warning at connect.
+//! with known defects gets one short warning line per process (the detail at
+//! debug level).
 
 mod common;
 
@@ -8,14 +9,15 @@ use fleetcoord::{etcd_defects, Etcd, EtcdOptions};
 use std::process::Command;
 use std::sync::Mutex;
 
-/// Every warning logged in this test binary.
-static WARNINGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// Every record logged in this test binary at debug level or above, with
+/// its level.
+static WARNINGS: Mutex<Vec<(log::Level, String)>> = Mutex::new(Vec::new());
 
 struct Warnings;
 
 impl log::Log for Warnings {
     fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
-        metadata.level() <= log::Level::Warn
+        metadata.level() <= log::Level::Debug
     }
 
     fn log(&self, record: &log::Record<'_>) {
@@ -23,7 +25,7 @@ impl log::Log for Warnings {
             WARNINGS
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push(record.args().to_string());
+                .push((record.level(), record.args().to_string()));
         }
     }
 
@@ -47,7 +49,7 @@ fn binary_version() -> String {
 
 #[test]
 fn connect_reads_the_version_without_a_request_and_warns_once_about_its_defects() {
-    let _ = log::set_logger(&Warnings).map(|()| log::set_max_level(log::LevelFilter::Warn));
+    let _ = log::set_logger(&Warnings).map(|()| log::set_max_level(log::LevelFilter::Debug));
     let expected = binary_version();
     let server = common::start_etcd();
     let before = server.grpc_counts().expect("etcd's metrics");
@@ -65,24 +67,37 @@ fn connect_reads_the_version_without_a_request_and_warns_once_about_its_defects(
     assert_eq!(asked.started("Status"), 1, "{by_method:?}");
     assert_eq!(asked.started("Range"), 1, "{by_method:?}");
 
+    // A second handle in the same process: the warning is not repeated.
+    let again = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    again.close().expect("close");
+
     let defects = etcd_defects(&expected);
-    let warnings: Vec<String> = WARNINGS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .filter(|w| w.contains("known defects"))
-        .cloned()
-        .collect();
+    let logged = WARNINGS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let about = |level: log::Level| -> Vec<String> {
+        logged
+            .iter()
+            .filter(|(l, w)| *l == level && w.contains("known defects"))
+            .map(|(_, w)| w.clone())
+            .collect()
+    };
+    let (warnings, details) = (about(log::Level::Warn), about(log::Level::Debug));
     if defects.is_empty() {
         assert!(warnings.is_empty(), "{warnings:?}");
     } else {
-        assert_eq!(warnings.len(), 1, "one warning per connect: {warnings:?}");
+        assert_eq!(warnings.len(), 1, "one warning per process: {warnings:?}");
         let warning = &warnings[0];
         assert!(warning.contains(&expected), "{warning}");
+        assert!(
+            warning.chars().count() <= 120 && !warning.contains('\n'),
+            "one short line: {warning}"
+        );
+        // The detail, at debug level, at every connect.
+        assert_eq!(details.len(), 2, "{details:?}");
         for defect in &defects {
             assert!(
-                warning.contains(&defect.to_string()),
-                "{warning} lacks {defect}"
+                details[0].contains(&defect.to_string()),
+                "{} lacks {defect}",
+                details[0]
             );
         }
     }

@@ -5,7 +5,9 @@ use crate::follow::{follow, CountArgs};
 use crate::output::{event, object, text, Out};
 use crate::CliError;
 use crossbeam_channel::Receiver;
-use fleetcoord::coordinator::{ConnectSettings, Coordinator, KvEvent, StreamId, StreamPosition};
+use fleetcoord::coordinator::{
+    check_key, check_name, pattern, ConnectSettings, Coordinator, KvEvent, StreamId, StreamPosition,
+};
 use fleetcoord::Error;
 use serde_json::json;
 use std::path::PathBuf;
@@ -122,6 +124,63 @@ impl BackendArgs {
     }
 }
 
+impl KvCommand {
+    /// The subcommand's words, for messages.
+    pub fn path(&self) -> &'static str {
+        match self {
+            KvCommand::Get(_) => "kv get",
+            KvCommand::Set(_) => "kv set",
+            KvCommand::Del(_) => "kv del",
+            KvCommand::Watch(_) => "kv watch",
+        }
+    }
+
+    /// What every backend would refuse, found before connecting.
+    pub fn check(&self) -> fleetcoord::Result<()> {
+        match self {
+            KvCommand::Get(KeyArgs { bucket, key }) | KvCommand::Del(KeyArgs { bucket, key }) => {
+                check_name("bucket", bucket).and_then(|()| check_key(key))
+            }
+            KvCommand::Set(a) => check_name("bucket", &a.bucket).and_then(|()| check_key(&a.key)),
+            KvCommand::Watch(a) => {
+                check_name("bucket", &a.bucket).and_then(|()| pattern::validate(&a.pattern))
+            }
+        }
+    }
+}
+
+impl PubArgs {
+    /// What every backend would refuse, found before connecting.
+    pub fn check(&self) -> fleetcoord::Result<()> {
+        check_name("topic", &self.topic)
+    }
+}
+
+impl SubArgs {
+    /// What every backend would refuse, found before connecting.
+    pub fn check(&self) -> fleetcoord::Result<()> {
+        check_name("topic", &self.topic)
+    }
+}
+
+impl StreamCommand {
+    /// The subcommand's words, for messages.
+    pub fn path(&self) -> &'static str {
+        match self {
+            StreamCommand::Append(_) => "stream append",
+            StreamCommand::Read(_) => "stream read",
+        }
+    }
+
+    /// What every backend would refuse, found before connecting.
+    pub fn check(&self) -> fleetcoord::Result<()> {
+        match self {
+            StreamCommand::Append(a) => check_name("stream", &a.stream),
+            StreamCommand::Read(a) => check_name("stream", &a.stream),
+        }
+    }
+}
+
 #[derive(clap::Subcommand, Debug)]
 pub enum KvCommand {
     /// Print the value of a key.
@@ -229,10 +288,22 @@ pub fn kv(
             let value = match coord.kv_get(&a.bucket, &a.key) {
                 Ok(v) => v,
                 Err(Error::NotFound) => {
-                    return Err(CliError::Message(format!(
-                        "key {:?} is not set in bucket {:?}",
-                        a.key, a.bucket
-                    )))
+                    // For people, stdout stays empty: a value prints as
+                    // is, so any text there would read as the value. JSON
+                    // says null.
+                    if out.is_json() {
+                        out.emit(
+                            "",
+                            object([
+                                ("bucket", json!(a.bucket)),
+                                ("key", json!(a.key)),
+                                ("value", serde_json::Value::Null),
+                            ]),
+                        )?;
+                    } else {
+                        eprintln!("key {:?} is not set in bucket {:?}", a.key, a.bucket);
+                    }
+                    return Err(CliError::NothingThere);
                 }
                 Err(e) => return Err(e.into()),
             };

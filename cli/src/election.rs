@@ -105,6 +105,41 @@ pub struct HandOverArgs {
     timeout: Duration,
 }
 
+impl NameArgs {
+    /// What the library would refuse, found before connecting.
+    pub fn check(&self) -> fleetcoord::Result<()> {
+        self.prefix.options().check(&self.name)
+    }
+}
+
+impl ObserveArgs {
+    /// What the library would refuse, found before connecting.
+    pub fn check(&self) -> fleetcoord::Result<()> {
+        self.prefix.options().check(&self.name)
+    }
+}
+
+impl ElectArgs {
+    /// The subcommand's words, for messages: `elect` or `elect hand-over`.
+    pub fn path(&self) -> &'static str {
+        match self.action {
+            Some(ElectAction::HandOver(_)) => "elect hand-over",
+            None => "elect",
+        }
+    }
+
+    /// What the library would refuse, found before connecting: the name
+    /// and the options `elect` joins with.
+    pub fn check(&self) -> fleetcoord::Result<()> {
+        match (&self.action, &self.name) {
+            (Some(ElectAction::HandOver(a)), _) => a.prefix.options().check(&a.name),
+            (None, Some(name)) => self.prefix.options().with_ttl(self.ttl).check(name),
+            // clap requires the name; `elect` says so itself.
+            (None, None) => Ok(()),
+        }
+    }
+}
+
 /// `elect hand-over`: write the request, wait for the target to lead,
 /// remove the request whatever happened. Never deletes a candidate key
 /// itself: the leader may still be acting as leader.
@@ -221,7 +256,10 @@ pub fn leader(ctx: &Ctx, args: NameArgs) -> Result<(), CliError> {
             ("leader", leader_value(current.as_ref())),
         ]),
     )?;
-    Ok(())
+    match current {
+        Some(_) => Ok(()),
+        None => Err(CliError::NothingThere),
+    }
 }
 
 /// `observe`: the current leader, then every change.
@@ -366,7 +404,10 @@ pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), 
                     format!("{name}: resigned"),
                     event("resigned", [("name", json!(name)), ("token", json!(token))]),
                 )?;
-                if stopping || !args.gate.restart {
+                if stopping {
+                    return gated::finish_stopped(status);
+                }
+                if !args.gate.restart {
                     return finish(status);
                 }
             }
@@ -381,12 +422,29 @@ pub fn elect(ctx: &Ctx, args: ElectArgs, shutdown: &Receiver<()>) -> Result<(), 
                     event("lost", [("name", json!(name)), ("token", json!(token))]),
                 )?;
                 if !args.gate.restart {
-                    return Err(CliError::Message(format!(
-                        "lost the leadership of {name}: the session lease could not be kept alive"
-                    )));
+                    return Err(lost_leadership(&name, true));
                 }
             }
         }
+    }
+}
+
+/// The error a lost leadership ends `elect` with (exit status 1), with
+/// the hint a user who wants the process to outlive it needs: `--restart`
+/// with a command, a supervisor's restart without one (`--restart` is for
+/// commands only).
+fn lost_leadership(name: &str, gated: bool) -> CliError {
+    let hint = if gated {
+        "add --restart to campaign again and rerun the command when the leadership is lost"
+    } else {
+        "run elect again (e.g. systemd Restart=on-failure), or use -- CMD with --restart to \
+         campaign again by itself"
+    };
+    CliError::Hinted {
+        message: format!(
+            "lost the leadership of {name}: the session lease could not be kept alive"
+        ),
+        hint: hint.into(),
     }
 }
 
@@ -489,9 +547,7 @@ fn hold_until_signal(
                     format!("{name}: leadership lost (fencing token {token} is stale now)"),
                     event("lost", [("name", json!(name)), ("token", json!(token))]),
                 )?;
-                return Err(CliError::Message(format!(
-                    "lost the leadership of {name}: the session lease could not be kept alive"
-                )));
+                return Err(lost_leadership(name, false));
             }
             recv(poll) -> _ => {
                 let Ok(Some(to)) = leadership.hand_over_requested() else { continue };

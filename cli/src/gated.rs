@@ -12,7 +12,9 @@
 //!   false by this process's clock, whichever is seen first) → SIGKILL at
 //!   once;
 //! * SIGINT/SIGTERM/SIGHUP to fleetcoord → SIGTERM to the child, SIGKILL
-//!   after `--kill-grace`;
+//!   after `--kill-grace`; fleetcoord then exits 0 if the child obeyed
+//!   (exited 0 or died of that SIGTERM), else with its status
+//!   ([`finish_stopped`]);
 //! * fleetcoord dying without cleaning up (SIGKILL, OOM kill, crash) →
 //!   SIGKILL to the child's process group at once, on Linux
 //!   ([`crate::tether`]): the lease outlives fleetcoord by up to a TTL,
@@ -444,6 +446,32 @@ pub fn run_stepping(
     })
 }
 
+/// Whether `status` is the command's answer to the SIGTERM fleetcoord
+/// forwarded when it was itself asked to stop: exiting 0, dying of that
+/// SIGTERM, or exiting 143 (128 + SIGTERM, as a shell wrapper reports a
+/// child killed by it). Anything else (its own failure code, 137 after
+/// the SIGKILL of `--kill-grace`) says the stop did not go cleanly.
+pub fn stopped_as_asked(status: ExitStatus) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    let sigterm = Signal::SIGTERM as i32;
+    status.success() || status.signal() == Some(sigterm) || status.code() == Some(128 + sigterm)
+}
+
+/// The exit status after fleetcoord was asked to stop (SIGINT, SIGTERM,
+/// SIGHUP) and stopped the command: 0 when it stopped as asked
+/// ([`stopped_as_asked`]), as for a command without one, so that
+/// `systemctl stop` leaves the unit inactive rather than failed;
+/// otherwise the command's status, passed on as [`exit_code`] says.
+pub fn finish_stopped(status: ExitStatus) -> Result<(), CliError> {
+    if stopped_as_asked(status) {
+        return Ok(());
+    }
+    match exit_code(status) {
+        0 => Ok(()),
+        code => Err(CliError::Exit(code)),
+    }
+}
+
 /// The exit code that passes the command's status on: its code, or
 /// 128 + the signal that killed it, as shells report.
 pub fn exit_code(status: ExitStatus) -> u8 {
@@ -468,6 +496,21 @@ mod tests {
         );
         // A TTL so short that the margin eats the third: kill at once.
         assert_eq!(suspended_kill_bound(t, Duration::from_millis(300)), t);
+    }
+
+    #[test]
+    fn a_stop_asked_for_is_clean_only_if_the_command_obeyed() {
+        use std::os::unix::process::ExitStatusExt;
+        for clean in [0, 15, 143 << 8] {
+            assert!(stopped_as_asked(ExitStatus::from_raw(clean)), "{clean}");
+        }
+        // SIGKILL after --kill-grace, a failure of its own, SIGINT.
+        for unclean in [9, 1 << 8, 3 << 8, 2, 137 << 8] {
+            assert!(
+                !stopped_as_asked(ExitStatus::from_raw(unclean)),
+                "{unclean}"
+            );
+        }
     }
 
     #[test]

@@ -62,6 +62,42 @@ pub struct AgentArgs {
     state_file: Option<PathBuf>,
 }
 
+impl PrefixArgs {
+    /// The library's checks of the prefix, made before connecting.
+    fn check(&self) -> fleetcoord::Result<()> {
+        WatcherOptions::default()
+            .with_prefix(self.prefix.clone())
+            .check()
+    }
+}
+
+impl HostsArgs {
+    /// What the library would refuse, found before connecting.
+    pub fn check(&self) -> fleetcoord::Result<()> {
+        self.prefix.check()
+    }
+}
+
+impl WatchArgs {
+    /// What the library would refuse, found before connecting.
+    pub fn check(&self) -> fleetcoord::Result<()> {
+        self.prefix.check()
+    }
+}
+
+impl AgentArgs {
+    /// What the library would refuse, found before connecting.
+    pub fn check(&self) -> fleetcoord::Result<()> {
+        self.options().check(self.host_id)
+    }
+
+    fn options(&self) -> LivenessOptions {
+        LivenessOptions::default()
+            .with_prefix(self.prefix.prefix.clone())
+            .with_ttl(self.ttl)
+    }
+}
+
 fn parse_json(text: &str) -> Result<String, String> {
     serde_json::from_str::<Value>(text)
         .map(|_| text.to_string())
@@ -221,9 +257,7 @@ fn state_record(host: Uuid, state: &LivenessState) -> (String, Value) {
 /// liveness state change; on Ctrl-C / SIGTERM leave and revoke, or with
 /// `--state-file` detach and save the registration for the next run.
 pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
-    let options = LivenessOptions::default()
-        .with_prefix(args.prefix.prefix)
-        .with_ttl(args.ttl);
+    let options = args.options();
     let saved = match &args.state_file {
         Some(path) => read_resume(path).filter(|r| {
             let same = r.host_id == args.host_id;

@@ -35,6 +35,37 @@ pub struct LockArgs {
     gate: GateArgs,
 }
 
+impl LockArgs {
+    fn options(&self) -> LockOptions {
+        let options = LockOptions::default().with_ttl(self.ttl);
+        match &self.prefix {
+            Some(prefix) => options.with_prefix(prefix.clone()),
+            None => options,
+        }
+    }
+
+    /// What the library would refuse, found before connecting.
+    pub fn check(&self) -> fleetcoord::Result<()> {
+        self.options().check(&self.name, self.permits.is_some())
+    }
+}
+
+/// The error a lost lock ends `lock` with (exit status 1), with the hint
+/// a user who wants the process to outlive it needs (see
+/// `election::lost_leadership`).
+fn lost_lock(name: &str, gated: bool) -> CliError {
+    let hint = if gated {
+        "add --restart to wait for the lock again and rerun the command when it is lost"
+    } else {
+        "run lock again (e.g. systemd Restart=on-failure), or use -- CMD with --restart to \
+         wait for it again by itself"
+    };
+    CliError::Hinted {
+        message: format!("lost the lock {name}: the session lease could not be kept alive"),
+        hint: hint.into(),
+    }
+}
+
 /// The lock, or a semaphore's permit with `--permits`.
 enum Locker {
     Mutex(Mutex),
@@ -74,11 +105,8 @@ impl Locker {
 }
 
 pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
+    let options = args.options();
     let name = args.name;
-    let mut options = LockOptions::default().with_ttl(args.ttl);
-    if let Some(prefix) = args.prefix {
-        options = options.with_prefix(prefix);
-    }
     let trusted = options.trusted_lifetime();
     let mutex = Arc::new(match args.permits {
         Some(permits) => {
@@ -128,9 +156,7 @@ pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), Cl
                         format!("{name}: lock lost (fencing token {token} is stale now)"),
                         event("lost", [("name", json!(name)), ("token", json!(token))]),
                     )?;
-                    return Err(CliError::Message(format!(
-                        "lost the lock {name}: the session lease could not be kept alive"
-                    )));
+                    return Err(lost_lock(&name, false));
                 }
                 recv(shutdown) -> _ => {}
             }
@@ -155,7 +181,10 @@ pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), Cl
                     format!("{name}: unlocked"),
                     event("unlocked", [("name", json!(name)), ("token", json!(token))]),
                 )?;
-                if stopping || !args.gate.restart {
+                if stopping {
+                    return gated::finish_stopped(status);
+                }
+                if !args.gate.restart {
                     return finish(status);
                 }
             }
@@ -167,9 +196,7 @@ pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), Cl
                     event("lost", [("name", json!(name)), ("token", json!(token))]),
                 )?;
                 if !args.gate.restart {
-                    return Err(CliError::Message(format!(
-                        "lost the lock {name}: the session lease could not be kept alive"
-                    )));
+                    return Err(lost_lock(&name, true));
                 }
             }
         }

@@ -1,9 +1,12 @@
 //! `fleetcoord`: look at a live fleet and take part in it from the shell,
 //! the way `etcdctl` does for etcd itself.
 //!
-//! Exit status: 0 on success (also after Ctrl-C / SIGTERM, which stop
-//! long-running commands cleanly), 1 on a runtime error (message on
-//! stderr), 2 on a usage error.
+//! Exit status ([`man::EXIT_STATUSES`], which the man pages print and the
+//! README's table must match): 0 on success (also after Ctrl-C / SIGTERM,
+//! which stop long-running commands cleanly, and with `-- CMD` when CMD
+//! obeyed), 1 on a runtime error (message on stderr), 2 on a usage error,
+//! 3 when a lookup finds nothing there, 130 on a second signal, CMD's own
+//! status otherwise.
 
 // Unsafe code only where a gated command is tied to this process's life
 // (`tether`, which allows it for itself).
@@ -161,8 +164,16 @@ pub enum CliError {
     Usage(String),
     /// Stdout went away; not worth a message.
     Stdout(output::Closed),
+    /// What was asked for is not there (`leader` with no leader, `kv get`
+    /// of a missing key, `shards NAME` with no shard owned): the answer is
+    /// printed already, and [`NOTHING_THERE`] tells a script so without
+    /// parsing it, apart from errors (1).
+    NothingThere,
     /// A gated command's nonzero exit status, passed on.
     Exit(u8),
+    /// A runtime error (exit status 1) the user can avoid next time: the
+    /// message, then a line saying how (an option to add).
+    Hinted { message: String, hint: String },
 }
 
 impl From<fleetcoord::Error> for CliError {
@@ -178,14 +189,21 @@ impl From<fleetcoord::Error> for CliError {
     }
 }
 
+/// The exit status of a read that found nothing (see
+/// [`CliError::NothingThere`]): neither success (0), nor an error (1), nor
+/// a usage error (2), as `systemctl is-active` says "inactive" with 3.
+pub const NOTHING_THERE: u8 = 3;
+
 /// The exit status of a failed command: 2 for usage errors, as clap's own,
-/// the command's own status when a gated command failed, else 1.
+/// [`NOTHING_THERE`] for a read that found nothing, the command's own
+/// status when a gated command failed, else 1.
 fn exit_status(e: &CliError) -> u8 {
     match e {
         CliError::Stdout(_) => 0,
+        CliError::NothingThere => NOTHING_THERE,
         CliError::Exit(code) => *code,
         CliError::Usage(_) => 2,
-        CliError::Fleet(_) | CliError::Message(_) => 1,
+        CliError::Fleet(_) | CliError::Message(_) | CliError::Hinted { .. } => 1,
     }
 }
 
@@ -254,7 +272,31 @@ fn endpoints(flag: Option<String>, var: impl Fn(&str) -> Option<String>) -> Vec<
         .unwrap_or_else(|| vec![DEFAULT_ENDPOINT.to_string()])
 }
 
+/// Checks every name, prefix and key the command will hand the library,
+/// with the library's own rules, before anything connects: a typo is a
+/// usage error (2) naming the command, whether etcd is up or not, never
+/// hidden behind a connection error.
+fn precheck(command: &Command) -> Result<(), CliError> {
+    let (path, checked) = match command {
+        Command::Hosts(a) => ("hosts", a.check()),
+        Command::WatchHosts(a) => ("watch-hosts", a.check()),
+        Command::Agent(a) => ("agent", a.check()),
+        Command::Elect(a) => (a.path(), a.check()),
+        Command::Lock(a) => ("lock", a.check()),
+        Command::Leader(a) => ("leader", a.check()),
+        Command::Observe(a) => ("observe", a.check()),
+        Command::Shards(a) => (a.path(), a.check()),
+        Command::Kv(c) => (c.path(), c.check()),
+        Command::Pub(a) => ("pub", a.check()),
+        Command::Sub(a) => ("sub", a.check()),
+        Command::Stream(c) => (c.path(), c.check()),
+        Command::Completions { .. } | Command::Man(_) => return Ok(()),
+    };
+    checked.map_err(|e| CliError::Usage(format!("{path}: {e}")))
+}
+
 fn run(cli: Cli) -> Result<(), CliError> {
+    precheck(&cli.command)?;
     match &cli.command {
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();
@@ -439,7 +481,11 @@ fn main() -> ExitCode {
     match &e {
         CliError::Fleet(e) => eprintln!("fleetcoord: error: {e}"),
         CliError::Message(m) | CliError::Usage(m) => eprintln!("fleetcoord: error: {m}"),
-        CliError::Stdout(_) | CliError::Exit(_) => {}
+        CliError::Hinted { message, hint } => {
+            eprintln!("fleetcoord: error: {message}");
+            eprintln!("fleetcoord: hint: {hint}");
+        }
+        CliError::Stdout(_) | CliError::Exit(_) | CliError::NothingThere => {}
     }
     ExitCode::from(exit_status(&e))
 }

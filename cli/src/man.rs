@@ -5,7 +5,7 @@
 //! STATUS, ENVIRONMENT, EXAMPLES, SEE ALSO.
 
 use crate::CliError;
-use clap_mangen::roff::{bold, roman, Roff};
+use clap_mangen::roff::{bold, italic, roman, Inline, Roff};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
@@ -69,6 +69,36 @@ pub const ENVIRONMENT: [(&str, &str); 19] = [
     (
         "WATCHDOG_PID",
         "Set by systemd with WATCHDOG_USEC: the watchdog is for this process only if it names its pid.",
+    ),
+];
+
+/// Every exit status the tool uses, with what it means: the man pages'
+/// EXIT STATUS section, and what the README's CLI section must agree with
+/// (a test compares them).
+pub const EXIT_STATUSES: [(&str, &str); 6] = [
+    (
+        "0",
+        "Success. Also when SIGINT, SIGTERM or SIGHUP stopped a long-running command, which then cleaned up (an agent revokes its lease, a leader resigns); with -- CMD, when CMD obeyed the SIGTERM passed on to it (it exited 0 or died of it).",
+    ),
+    (
+        "1",
+        "A runtime error: etcd or the backend unreachable or not an etcd server, a lease lost (with a hint naming --restart), a refused hand-over. The message is one line on stderr.",
+    ),
+    (
+        "2",
+        "A usage error: an unknown flag, a missing argument, a value that cannot be used (a name with '/', an empty name, a port out of range, a prefix without its '/'). Every name, prefix and key is checked before connecting, so this comes first whether etcd is up or not.",
+    ),
+    (
+        "3",
+        "Nothing there: leader with no leader, kv get of a key that is not set, shards NAME with no shard owned. The answer is printed all the same (no leader; null in --json).",
+    ),
+    (
+        "130",
+        "A second SIGINT, SIGTERM or SIGHUP while cleaning up: exit at once, without cleanup (leases expire after their TTL).",
+    ),
+    (
+        "N",
+        "elect, lock and shards join with -- CMD: CMD's own exit status when it exited by itself, or when it did not stop cleanly after a signal (137 when SIGKILLed after --kill-grace); 128 plus the signal's number if a signal killed it.",
     ),
 ];
 
@@ -222,24 +252,7 @@ fn page_name(cmd: &clap::Command) -> String {
 fn extra_sections(cmd: &clap::Command, root: bool) -> Roff {
     let mut roff = Roff::new();
     roff.control("SH", ["EXIT STATUS"]);
-    for (status, meaning) in [
-        (
-            "0",
-            "Success; also when Ctrl-C or SIGTERM stopped a long-running command, which then cleaned up (an agent revokes its lease, a leader resigns).",
-        ),
-        (
-            "1",
-            "A runtime error: etcd or the backend unreachable, a lease lost, a refused hand-over. The message is one line on stderr.",
-        ),
-        (
-            "2",
-            "A usage error: an unknown flag, a missing argument, a value that cannot be used (a name with '/', an empty name, a port out of range, a prefix without its '/'). Names, prefixes and keys are checked by the library once connected, so with etcd unreachable the connection error (1) comes first.",
-        ),
-        (
-            "N",
-            "elect and lock with -- CMD: the command's own exit status, 128 plus the signal's number if a signal killed it.",
-        ),
-    ] {
+    for (status, meaning) in EXIT_STATUSES {
         roff.control("TP", []);
         roff.text([bold(status)]);
         roff.text([roman(meaning)]);
@@ -271,6 +284,124 @@ fn extra_sections(cmd: &clap::Command, root: bool) -> Roff {
     roff
 }
 
+/// `[--name VALUE]` for an option (without the brackets when required),
+/// in the synopsis' roff.
+fn option_usage(arg: &clap::Arg) -> Vec<Inline> {
+    let (open, close) = if arg.is_required_set() {
+        ("", "")
+    } else {
+        ("[", "]")
+    };
+    let mut words = vec![roman(open)];
+    match (arg.get_long(), arg.get_short()) {
+        (Some(long), _) => words.push(bold(format!("--{long}"))),
+        (None, Some(short)) => words.push(bold(format!("-{short}"))),
+        (None, None) => words.push(bold(arg.get_id().to_string())),
+    }
+    if arg.get_action().takes_values() {
+        let value = arg
+            .get_value_names()
+            .and_then(|names| names.first())
+            .map_or_else(
+                || arg.get_id().to_string().to_uppercase(),
+                |n| n.to_string(),
+            );
+        words.push(roman(" "));
+        words.push(italic(value));
+    }
+    words.push(roman(close));
+    words
+}
+
+/// The SYNOPSIS of `cmd`'s page: `fleetcoord [GLOBAL OPTIONS] WORDS`
+/// with the command's own options and arguments, then, apart, the global
+/// options every command takes. clap_mangen lists them all in one run,
+/// the global ones interleaved with the command's own, which hides what
+/// the command itself takes.
+fn synopsis(cmd: &clap::Command) -> Roff {
+    let bin = cmd.get_bin_name().unwrap_or_else(|| cmd.get_name());
+    let words = bin.strip_prefix("fleetcoord").unwrap_or(bin).trim();
+    let shown = |arg: &&clap::Arg| {
+        !arg.is_hide_set() && !matches!(arg.get_id().as_str(), "help" | "version")
+    };
+    let mut line = vec![
+        bold("fleetcoord"),
+        roman(" ["),
+        italic("GLOBAL OPTIONS"),
+        roman("]"),
+    ];
+    if !words.is_empty() {
+        line.push(roman(" "));
+        line.push(bold(words.to_string()));
+    }
+    let head = line.clone();
+    for arg in cmd
+        .get_arguments()
+        .filter(shown)
+        .filter(|a| !a.is_positional() && !a.is_global_set())
+    {
+        line.push(roman(" "));
+        line.extend(option_usage(arg));
+    }
+    for arg in cmd.get_positionals().filter(shown) {
+        let name = arg
+            .get_value_names()
+            .and_then(|names| names.first())
+            .map_or_else(
+                || arg.get_id().to_string().to_uppercase(),
+                |n| n.to_string(),
+            );
+        let many = if arg.get_num_args().is_some_and(|n| n.max_values() > 1) {
+            "..."
+        } else {
+            ""
+        };
+        line.push(roman(" "));
+        if arg.is_last_set() {
+            line.push(roman("[-- "));
+            line.push(italic(name));
+            line.push(roman(format!("{many}]")));
+        } else if arg.is_required_set() {
+            line.push(italic(format!("{name}{many}")));
+        } else {
+            line.push(roman("["));
+            line.push(italic(format!("{name}{many}")));
+            line.push(roman("]"));
+        }
+    }
+    let mut roff = Roff::new();
+    roff.control("SH", ["SYNOPSIS"]);
+    let has_subcommands = cmd.get_subcommands().next().is_some();
+    if !has_subcommands || cmd.get_positionals().next().is_some() || words.is_empty() {
+        if words.is_empty() {
+            line.push(roman(" "));
+            line.push(italic("COMMAND"));
+        }
+        roff.text(line);
+    }
+    if has_subcommands && !words.is_empty() {
+        if cmd.get_positionals().next().is_some() {
+            roff.control("br", []);
+        }
+        let mut line = head;
+        line.push(roman(" "));
+        line.push(italic("COMMAND"));
+        roff.text(line);
+    }
+    roff.control("PP", []);
+    let mut global = vec![italic("GLOBAL OPTIONS"), roman(":")];
+    for arg in cmd
+        .get_arguments()
+        .filter(shown)
+        .filter(|a| !a.is_positional() && (a.is_global_set() || words.is_empty()))
+    {
+        global.push(roman(" "));
+        global.extend(option_usage(arg));
+    }
+    roff.text(global);
+    roff
+}
+
 /// One page in roff: clap_mangen's sections, then [`extra_sections`]
 /// before its VERSION section.
 fn render(cmd: &clap::Command, root: bool) -> Result<String, CliError> {
@@ -285,6 +416,15 @@ fn render(cmd: &clap::Command, root: bool) -> Result<String, CliError> {
     let preamble = Roff::new().render();
     let extra = extra_sections(cmd, root).render();
     let extra = extra.strip_prefix(&preamble).unwrap_or(&extra);
+    // clap_mangen's SYNOPSIS, replaced by ours (global options apart).
+    let page = match (page.find(".SH SYNOPSIS\n"), page.find(".SH DESCRIPTION")) {
+        (Some(from), Some(to)) if from < to => {
+            let ours = synopsis(cmd).render();
+            let ours = ours.strip_prefix(&preamble).unwrap_or(&ours);
+            format!("{}{ours}{}", &page[..from], &page[to..])
+        }
+        _ => page,
+    };
     Ok(match page.find(".SH VERSION") {
         Some(at) => format!("{}{extra}{}", &page[..at], &page[at..]),
         None => format!("{page}{extra}"),

@@ -18,7 +18,9 @@
 //! * fleetcoord dying without cleaning up → SIGKILL to CMD's process group
 //!   ([`crate::tether`]);
 //! * CMD exiting by itself → leave the map and exit with its status
-//!   (`--restart`: start it again).
+//!   (`--restart`: start it again);
+//! * SIGINT/SIGTERM/SIGHUP → stop CMD as above, leave the map, exit 0 if
+//!   CMD obeyed, else with its status (`gated::finish_stopped`).
 
 use crate::gated::{exit_code, unix_micros};
 use crate::output::{event, lease_json, object, Out};
@@ -82,6 +84,14 @@ pub enum ShardsAction {
     /// this member owns (FLEETCOORD_SHARDS), restarted when they change,
     /// stopped before a shard can pass on; or, without CMD, print the
     /// ownership changes until Ctrl-C.
+    ///
+    /// Restart policy: CMD is restarted whole on every change of the owned
+    /// set, a shard gained as well as one lost or placed elsewhere. The
+    /// old CMD gets SIGTERM (SIGKILL after --kill-grace); once it is dead
+    /// and the set has not changed for 300 ms, CMD starts again with the
+    /// new FLEETCOORD_SHARDS and FLEETCOORD_SHARD_TOKENS. Changes are never
+    /// handed to a running CMD: a shard is released only once CMD no
+    /// longer uses it, and only its exit proves that.
     Join(JoinArgs),
 }
 
@@ -126,7 +136,8 @@ pub struct JoinArgs {
     restart: bool,
     #[command(flatten)]
     prefix: ShardPrefixArgs,
-    /// The command to run with the owned shards, after `--`.
+    /// The command to run with the owned shards, after `--`; restarted
+    /// whole on every change of the owned set.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
 }
@@ -135,6 +146,39 @@ impl ShardsArgs {
     /// Whether the command prints records as things happen.
     pub fn streams(&self) -> bool {
         self.watch || self.action.is_some()
+    }
+}
+
+impl ShardsArgs {
+    /// The subcommand's words, for messages: `shards` or `shards join`.
+    pub fn path(&self) -> &'static str {
+        match self.action {
+            Some(ShardsAction::Join(_)) => "shards join",
+            None => "shards",
+        }
+    }
+
+    /// What the library would refuse, found before connecting.
+    pub fn check(&self) -> fleetcoord::Result<()> {
+        match (&self.action, &self.name) {
+            (Some(ShardsAction::Join(a)), _) => a.options().check(&a.name),
+            (None, Some(name)) => options(&self.prefix).check(name),
+            // clap requires the name; `shards` says so itself.
+            (None, None) => Ok(()),
+        }
+    }
+}
+
+impl JoinArgs {
+    fn options(&self) -> ShardOptions {
+        let options = options(&self.prefix)
+            .with_ttl(self.ttl)
+            .with_drain(self.drain)
+            .with_weight(self.weight);
+        match &self.member {
+            Some(member) => options.with_member(member.clone()),
+            None => options,
+        }
     }
 }
 
@@ -176,6 +220,10 @@ pub fn shards(ctx: &Ctx, args: ShardsArgs, shutdown: &Receiver<()>) -> Result<()
         seen.insert(o.shard, o);
     }
     if !args.watch {
+        // Nothing owned: nothing there (a script tells it from an error).
+        if seen.is_empty() {
+            return Err(CliError::NothingThere);
+        }
         return Ok(());
     }
     loop {
@@ -244,13 +292,7 @@ impl Running {
 
 /// `shards join NAME --shards M [-- CMD]`.
 pub fn join(ctx: &Ctx, args: JoinArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
-    let mut options = options(&args.prefix)
-        .with_ttl(args.ttl)
-        .with_drain(args.drain)
-        .with_weight(args.weight);
-    if let Some(member) = &args.member {
-        options = options.with_member(member.clone());
-    }
+    let options = args.options();
     let trusted = options.trusted_lifetime();
     let map = ShardMap::join(&ctx.etcd, &args.name, args.shards, options)?;
     let name = args.name.clone();
@@ -271,6 +313,9 @@ pub fn join(ctx: &Ctx, args: JoinArgs, shutdown: &Receiver<()>) -> Result<(), Cl
     let mut changed_at = Instant::now();
     let mut running: Option<Running> = None;
     let mut stopping = false;
+    // The status of the run a signal stopped: the stop went cleanly only
+    // if CMD obeyed it (see `gated::finish_stopped`).
+    let mut stopped: Option<ExitStatus> = None;
     loop {
         select! {
             recv(map.events()) -> e => {
@@ -334,6 +379,9 @@ pub fn join(ctx: &Ctx, args: JoinArgs, shutdown: &Receiver<()>) -> Result<(), Cl
                 let r = running.take().expect("running");
                 r.tether.disarm();
                 exited(&out, &name, status)?;
+                if stopping {
+                    stopped = Some(status);
+                }
                 if !r.termed && !args.restart {
                     map.leave()?;
                     left(&out, &name)?;
@@ -379,7 +427,11 @@ pub fn join(ctx: &Ctx, args: JoinArgs, shutdown: &Receiver<()>) -> Result<(), Cl
         }
     }
     map.leave()?;
-    left(&out, &name)
+    left(&out, &name)?;
+    match stopped {
+        Some(status) => crate::gated::finish_stopped(status),
+        None => Ok(()),
+    }
 }
 
 fn report(out: &Out, name: &str, e: &ShardEvent) -> Result<(), CliError> {

@@ -59,6 +59,18 @@ fn ok(server: &EtcdServer, args: &[&str]) -> String {
     stdout(&output)
 }
 
+/// The stdout of a read that finds nothing there, which exits 3.
+fn nothing_there(server: &EtcdServer, args: &[&str]) -> String {
+    let output = run(server, args);
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "fleetcoord {args:?}: {}",
+        stderr(&output)
+    );
+    stdout(&output)
+}
+
 /// Every stdout line as a JSON object; panics on anything else.
 fn json_lines(text: &str) -> Vec<Value> {
     text.lines()
@@ -383,7 +395,7 @@ fn kv_set_get_del_round_trip() {
     );
     ok(&server, &["kv", "del", "cfg", "mode"]);
     let missing = run(&server, &["kv", "get", "cfg", "mode"]);
-    assert_eq!(missing.status.code(), Some(1));
+    assert_eq!(missing.status.code(), Some(3), "nothing there");
     assert!(stderr(&missing).contains("mode"), "{}", stderr(&missing));
 
     // An invalid name is a usage error, though the library found it.
@@ -525,7 +537,7 @@ fn a_sigkilled_agent_is_down_expired_within_the_ttl_and_says_so_for_people() {
 #[test]
 fn elect_then_leader_then_resign() {
     let server = start_etcd();
-    let none = json_lines(&ok(&server, &["--json", "leader", "db"]));
+    let none = json_lines(&nothing_there(&server, &["--json", "leader", "db"]));
     assert_eq!(none.len(), 1);
     assert_eq!(none[0]["name"], "db");
     assert!(none[0]["leader"].is_null());
@@ -548,7 +560,7 @@ fn elect_then_leader_then_resign() {
 
     second.signal("-TERM");
     assert_eq!(second.wait(), Some(0));
-    let after = json_lines(&ok(&server, &["--json", "leader", "db"]));
+    let after = json_lines(&nothing_there(&server, &["--json", "leader", "db"]));
     assert!(after[0]["leader"].is_null(), "{after:?}");
 }
 

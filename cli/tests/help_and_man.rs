@@ -214,3 +214,83 @@ fn every_argument_says_what_it_is() {
         }
     }
 }
+
+/// The lines of `page`'s section `name`, roff escapes for '-' undone.
+fn section(page: &str, name: &str) -> Vec<String> {
+    page.lines()
+        .skip_while(|l| l.trim_start_matches(".SH ").trim_matches('"') != name)
+        .skip(1)
+        .take_while(|l| !l.starts_with(".SH"))
+        .map(|l| l.replace("\\-", "-"))
+        .collect()
+}
+
+#[test]
+fn the_synopsis_keeps_global_options_apart_from_the_commands_own() {
+    // (page words, one of its own options, one of its arguments)
+    let cases: &[(&[&str], &str, &str)] = &[
+        (&["elect"], "--priority", "NAME"),
+        (&["lock"], "--permits", "NAME"),
+        (&["shards", "join"], "--shards", "CMD"),
+        (&["kv", "watch"], "--count", "BUCKET"),
+    ];
+    for (words, own, argument) in cases {
+        let words: Vec<String> = words.iter().map(|w| w.to_string()).collect();
+        let synopsis = section(&page(&words), "SYNOPSIS");
+        let (global, local): (Vec<String>, Vec<String>) = synopsis
+            .into_iter()
+            .filter(|l| !l.starts_with('.'))
+            .partition(|l| l.starts_with("\\fIGLOBAL OPTIONS\\fR:"));
+        let (global, local) = (global.join(" "), local.join(" "));
+        assert!(local.contains(own), "{words:?}: {own} not in {local}");
+        assert!(
+            local.contains(argument),
+            "{words:?}: {argument} not in {local}"
+        );
+        for flag in ["--endpoints", "--json", "--cacert", "--connect-timeout"] {
+            assert!(
+                !local.contains(flag),
+                "{words:?}: {flag} among its own: {local}"
+            );
+            assert!(
+                global.contains(flag),
+                "{words:?}: {flag} not global: {global}"
+            );
+        }
+        assert!(!global.contains(own), "{words:?}: {own} listed as global");
+    }
+}
+
+#[test]
+fn the_readme_and_the_man_page_list_the_same_exit_statuses() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    let in_readme: BTreeSet<String> = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("Exit status (also in `fleetcoord man`"))
+        // The heading, a blank line, the header row, the rule.
+        .skip(4)
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|l| l.split('|').nth(1))
+        .map(|status| status.trim().to_string())
+        .collect();
+    let man = section(&page(&[]), "EXIT STATUS");
+    let in_man: BTreeSet<String> = man
+        .iter()
+        .filter_map(|l| l.strip_prefix("\\fB")?.strip_suffix("\\fR"))
+        .map(str::to_string)
+        .collect();
+    assert!(in_man.contains("3") && in_man.contains("130"), "{in_man:?}");
+    assert_eq!(in_readme, in_man, "README table vs man page");
+}
+
+#[test]
+fn shards_join_documents_that_cmd_restarts_on_every_change() {
+    let text = help(&["shards", "join"]);
+    assert!(
+        text.contains("Restart policy: CMD is restarted whole on every change of the owned set"),
+        "{text}"
+    );
+    let page = page(&["shards".to_string(), "join".to_string()]);
+    assert!(page.contains("Restart policy"), "the man page too");
+}

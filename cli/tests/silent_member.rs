@@ -53,10 +53,10 @@ fn one_shot_commands_and_agent_exits_ignore_a_silent_member() {
         let t = Instant::now();
         let output = at(&endpoints).args(&args).output().expect("run fleetcoord");
         let took = t.elapsed();
-        // `kv get` of a missing key exits 1 ("not found"); nothing may
-        // fail for want of an answer.
+        // Nothing there (no leader, no key, no shard owned) exits 3;
+        // nothing may fail for want of an answer.
         assert!(
-            output.status.code() == Some(0) || args[0] == "kv",
+            matches!(output.status.code(), Some(0 | 3)),
             "{args:?}: {}",
             stderr(&output)
         );

@@ -1,6 +1,7 @@
 //! Every way to call the tool wrongly exits 2 with one line on stderr
 //! saying what is wrong, as the README promises: whether clap, the tool
-//! or the library (after connecting) found it. Runtime failures stay 1.
+//! or the library found it, and whether etcd is up or not (every name and
+//! flag is checked before connecting). Runtime failures stay 1.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -42,9 +43,12 @@ fn parse_error(what: &str, output: &Output, needle: &str) {
 const HOST: &str = "7f1c3a6e-8b2d-4a55-9f10-2b9d5f8e1c01";
 
 #[test]
-fn what_the_library_rejects_after_connecting_is_a_usage_error() {
+fn what_the_library_rejects_is_a_usage_error_with_or_without_etcd() {
     let server = start_etcd();
     let endpoint = server.endpoint();
+    // Nothing listens there: a check made only once connected would
+    // report the connection error (1) instead.
+    let nowhere = "127.0.0.1:1";
     let long = "x".repeat(300);
     let cases: &[(&[&str], &str)] = &[
         // Election, lock and semaphore names: one key segment.
@@ -87,8 +91,60 @@ fn what_the_library_rejects_after_connecting_is_a_usage_error() {
         (&["stream", "read", "a/b"], "stream"),
     ];
     for (args, needle) in cases {
-        let output = at(&endpoint).args(*args).output().expect("spawn");
-        one_line_usage_error(&format!("{args:?}"), &output, needle);
+        for at_endpoint in [endpoint.as_str(), nowhere] {
+            let output = at(at_endpoint)
+                .args(["--connect-timeout", "300ms"])
+                .args(*args)
+                .output()
+                .expect("spawn");
+            one_line_usage_error(&format!("{args:?} at {at_endpoint}"), &output, needle);
+        }
+    }
+}
+
+#[test]
+fn a_slash_in_a_name_is_reported_with_that_name_and_command() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["lock", "foo/bar"], "lock: "),
+        (&["elect", "foo/bar"], "elect: "),
+        (&["elect", "foo/bar", "--", "true"], "elect: "),
+        (&["leader", "foo/bar"], "leader: "),
+        (&["observe", "foo/bar"], "observe: "),
+        (
+            &["elect", "hand-over", "foo/bar", "--to", "x"],
+            "elect hand-over: ",
+        ),
+        (&["lock", "--permits", "2", "foo/bar"], "lock: "),
+    ];
+    for (args, command) in cases {
+        let output = at("127.0.0.1:1").args(*args).output().expect("spawn");
+        let what = format!("{args:?}");
+        one_line_usage_error(&what, &output, "\"foo/bar\"");
+        let text = stderr(&output);
+        assert!(
+            text.starts_with(&format!("fleetcoord: error: {command}")),
+            "{what}: names the command: {text}"
+        );
+        assert!(text.contains("\"foo\""), "{what}: names the parent: {text}");
+        assert!(!text.contains("a/b"), "{what}: a fixed example: {text}");
+    }
+    // Shard maps, buckets: the command too.
+    for (args, command) in [
+        (&["shards", "foo/bar"][..], "shards: "),
+        (
+            &["shards", "join", "foo/bar", "--shards", "2", "--", "true"][..],
+            "shards join: ",
+        ),
+        (&["kv", "get", "foo/bar", "k"][..], "kv get: "),
+    ] {
+        let output = at("127.0.0.1:1").args(args).output().expect("spawn");
+        let what = format!("{args:?}");
+        one_line_usage_error(&what, &output, "\"foo/bar\"");
+        assert!(
+            stderr(&output).starts_with(&format!("fleetcoord: error: {command}")),
+            "{what}: {}",
+            stderr(&output)
+        );
     }
 }
 

@@ -373,13 +373,17 @@ pub type StreamReader = Feed<StreamEntry>;
 /// Events of one KV watch; dropping it stops the watch.
 pub type KvWatcher = Feed<KvEvent>;
 
-/// Checks a topic, stream or bucket name.
-pub(crate) fn check_name(what: &'static str, name: &str) -> Result<()> {
+/// Checks a topic, stream or bucket name (`what` names it in the error)
+/// as every backend does before sending anything: one key segment (no
+/// `/`), not empty, at most 255 bytes, no control characters. Needs no
+/// connection, so a tool can refuse a bad name before it connects.
+pub fn check_name(what: &'static str, name: &str) -> Result<()> {
     crate::validate::segment(what, name)
 }
 
-/// Checks a KV key: a single segment, so a bucket's keys never nest.
-pub(crate) fn check_key(key: &str) -> Result<()> {
+/// Checks a KV key as every backend does before sending anything: a
+/// single segment, so a bucket's keys never nest. Needs no connection.
+pub fn check_key(key: &str) -> Result<()> {
     crate::validate::segment("key", key)
 }
 

@@ -9,7 +9,7 @@
 //! etcd-client's errors, which carry neither (docs/etcd-notes.md,
 //! "TLS and auth failures"), and from our own words.
 
-use super::explain::{explain, is_status};
+use super::explain::{explain, foreign_greeting, greeting, hung_up, is_status};
 use super::health::{etcd_answered, Probe, ProbeOutcome};
 use super::EtcdTarget;
 use crate::tls::Tls;
@@ -22,6 +22,10 @@ use tokio::time::Instant;
 /// Those that miss it start out unused and join once the health monitor
 /// hears from them.
 const STRAGGLER_GRACE: Duration = Duration::from_millis(500);
+
+/// The longest a [`greeting`] may take, within the connect timeout: a
+/// server that answers at all does so within a round trip.
+const GREETING_WAIT: Duration = Duration::from_secs(1);
 
 /// What a successful connect hands the driver.
 pub(crate) struct Connected {
@@ -94,6 +98,7 @@ pub(crate) async fn connect(settings: &EtcdTarget) -> Result<Connected, String> 
         .map(|(p, _)| p.url().to_string())
         .collect();
     if answered.is_empty() {
+        let outcomes = tell_hang_ups(&probes, outcomes, tls.is_none(), deadline).await;
         return Err(summarize(&probes, &outcomes, settings.connect_timeout));
     }
     let every_one = answered.len() == probes.len();
@@ -152,6 +157,41 @@ pub(crate) async fn connect(settings: &EtcdTarget) -> Result<Connected, String> 
         probes,
         status,
     })
+}
+
+/// Over plain text, a server that hung up on a probe may be no etcd at
+/// all (an HTTP/1 server, a TLS port) that answered and closed before
+/// the client read the answer: each such endpoint gets a [`greeting`] of
+/// its own, within the connect deadline, and its reason says what
+/// answered when that was not HTTP/2 ([`foreign_greeting`]).
+async fn tell_hang_ups(
+    probes: &[Probe],
+    mut outcomes: Vec<Option<ProbeOutcome>>,
+    plain: bool,
+    deadline: Instant,
+) -> Vec<Option<ProbeOutcome>> {
+    if !plain {
+        return outcomes;
+    }
+    for (probe, outcome) in probes.iter().zip(outcomes.iter_mut()) {
+        let Some(ProbeOutcome::Failed(why)) = outcome else {
+            continue;
+        };
+        let Some(address) = probe.url().strip_prefix("http://") else {
+            continue;
+        };
+        if !hung_up(why) {
+            continue;
+        }
+        let within = deadline
+            .saturating_duration_since(Instant::now())
+            .min(GREETING_WAIT);
+        let answer = greeting(address, within).await;
+        if let Some(foreign) = answer.and_then(|first| foreign_greeting(&first, why)) {
+            *why = foreign;
+        }
+    }
+    outcomes
 }
 
 /// Why the shared client could not be proven.

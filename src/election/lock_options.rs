@@ -103,6 +103,26 @@ impl LockOptions {
         self.election_options("").trusted_lifetime()
     }
 
+    /// The checks [`crate::Mutex::with_options`] (`semaphore` false) or
+    /// [`crate::Semaphore::with_options`] (true) make of `name` and these
+    /// options before sending anything, without a connection: `Ok` here
+    /// means they will not be refused as [`Error::InvalidArgument`].
+    ///
+    /// ```
+    /// use fleetcoord::LockOptions;
+    ///
+    /// assert!(LockOptions::default().check("nightly-backup", false).is_ok());
+    /// assert!(LockOptions::default().check("foo/bar", false).is_err());
+    /// ```
+    pub fn check(&self, name: &str, semaphore: bool) -> Result<()> {
+        let own = if semaphore {
+            DEFAULT_SEMAPHORE_PREFIX
+        } else {
+            DEFAULT_LOCK_PREFIX
+        };
+        self.to_election(own)?.check(name)
+    }
+
     /// The election options of the lock protocol, in the namespace
     /// `own` (the primitive's default prefix) unless a prefix was given;
     /// a given prefix that is another primitive's default namespace is

@@ -156,6 +156,24 @@ impl ElectionOptions {
     pub fn trusted_lifetime(&self) -> Duration {
         self.session.trusted_lifetime()
     }
+
+    /// The checks [`Election::with_options`] makes of `name` and these
+    /// options before it sends anything (the name one key segment, the
+    /// prefix, the session's TTL and trust settings), without a
+    /// connection: `Ok` here means they will not be refused as
+    /// [`crate::Error::InvalidArgument`], so a tool can refuse a bad name
+    /// before it connects.
+    ///
+    /// ```
+    /// use fleetcoord::ElectionOptions;
+    ///
+    /// assert!(ElectionOptions::default().check("scheduler").is_ok());
+    /// assert!(ElectionOptions::default().check("a/b").is_err());
+    /// ```
+    pub fn check(&self, name: &str) -> Result<()> {
+        election_prefix(name, self)?;
+        self.session.validate()
+    }
 }
 
 /// `<prefix><name>/`, after checking both. The name is one segment (no

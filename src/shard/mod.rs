@@ -124,7 +124,7 @@ impl ShardMap {
     pub fn join(etcd: &Etcd, name: &str, shards: u32, options: ShardOptions) -> Result<ShardMap> {
         crate::blocking::check()?;
         let (prefix, member, map) = member_config(etcd, name, shards, &options)?;
-        options.check()?;
+        options.check_settings()?;
         let session = KeepaliveConfig {
             ttl_secs: options.session.ttl.as_secs() as i64,
             binding: None,

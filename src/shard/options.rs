@@ -139,7 +139,7 @@ impl ShardOptions {
     }
 
     /// Checks the session and member settings.
-    pub(super) fn check(&self) -> Result<()> {
+    pub(super) fn check_settings(&self) -> Result<()> {
         self.session.validate()?;
         self.check_member()
     }
@@ -152,6 +152,26 @@ impl ShardOptions {
             validate::segment("member", member)?;
         }
         Ok(())
+    }
+}
+
+impl ShardOptions {
+    /// The checks [`crate::ShardMap::join`] and
+    /// [`crate::ShardMap::owners_of`] make of `name` and these options
+    /// before sending anything (the name one key segment, the prefix, the
+    /// session and member settings; the shard count is checked apart),
+    /// without a connection: `Ok` here means they will not be refused as
+    /// [`Error::InvalidArgument`].
+    ///
+    /// ```
+    /// use fleetcoord::ShardOptions;
+    ///
+    /// assert!(ShardOptions::default().check("tenants").is_ok());
+    /// assert!(ShardOptions::default().check("a/b").is_err());
+    /// ```
+    pub fn check(&self, name: &str) -> Result<()> {
+        map_prefix(name, self)?;
+        self.check_settings()
     }
 }
 
