@@ -27,14 +27,20 @@
 //!   and the next call builds a new one.
 //! * **One connection per call.** A call runs on one connection, and
 //!   whatever it answers is the caller's: it is never run again on another.
-//! * **Building never fails a call.** A connection is built lazily by the
-//!   first call that needs it (or whose `epoch` is newer than the one it
-//!   was built for), on that call's thread, within the connect timeout.
-//!   While none is ready (another caller is building it, building failed
-//!   within the last [`RETRY_AFTER`], the handle is closed, the caller is
-//!   inside a tokio runtime), the call is not taken ([`CallerDriven::take`] is `None`) and the caller takes
-//!   its runtime thread's path instead: the same server and answers, two
-//!   wake-ups more.
+//! * **No call waits for a build.** The first call that finds no
+//!   connection (or one built for an older `epoch`) starts building one on
+//!   a thread of its own, within the connect timeout, and takes its
+//!   runtime thread's path, as every call does while none is ready (being
+//!   built, building failed within the last [`RETRY_AFTER`], the handle
+//!   closed, the caller inside a tokio runtime): [`CallerDriven::take`] is
+//!   `None`. That path reaches the same server with the same answers, at
+//!   two wake-ups more; a server that is down costs a call its own request
+//!   timeout, never a connect timeout on top.
+//! * **Tended, where the server insists.** A server that pings its clients
+//!   and drops those that do not answer (NATS) gets its answers from
+//!   [`CallerDriven::tend`]: a thread of its own that drives the
+//!   connection for [`TEND_FOR`] once per interval, unless a caller is
+//!   driving it anyway. Between those moments it sleeps.
 //! * **Closing ends it.** After [`CallerDriven::close`] no call is taken,
 //!   and the runtime ends when the last call on it has, without blocking
 //!   (`shutdown_background`), so it may end on any thread.
@@ -47,6 +53,10 @@ use std::time::{Duration, Instant};
 /// How long after a failed build calls are not taken before one tries
 /// again.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// How long [`CallerDriven::tend`] drives the connection each time: long
+/// enough for a ping and its answer on a slow link.
+pub(crate) const TEND_FOR: Duration = Duration::from_millis(50);
 
 /// What a call's answer says of its connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,6 +124,8 @@ enum State<C> {
 pub(crate) struct CallerDriven<C> {
     connect_timeout: Duration,
     state: Mutex<State<C>>,
+    /// The thread [`CallerDriven::tend`] started, woken at close.
+    tender: std::sync::OnceLock<std::thread::Thread>,
 }
 
 impl<C: Clone> CallerDriven<C> {
@@ -122,16 +134,54 @@ impl<C: Clone> CallerDriven<C> {
         CallerDriven {
             connect_timeout,
             state: Mutex::new(State::Idle { not_before: None }),
+            tender: std::sync::OnceLock::new(),
         }
     }
 
-    /// The connection built for `epoch`, built now with `build` when there
-    /// is none (or only one for an older epoch); `None` when none can be
-    /// had now (see the module docs): the call then takes its runtime
-    /// thread's path.
-    pub(crate) fn take<B, BFut>(&self, epoch: u64, build: B) -> Option<Taken<'_, C>>
+    /// Starts a thread that drives the connection for [`TEND_FOR`] every
+    /// `every` while one is built, so that the server's pings are answered
+    /// between calls. It ends at [`close`](Self::close), or once `this` is
+    /// dropped (it holds it only while it drives). At most one per value;
+    /// an error only when the OS refuses a thread (then calls still work,
+    /// and the server may drop an idle connection, which the next call
+    /// builds anew).
+    pub(crate) fn tend(this: &Arc<Self>, every: Duration) -> std::io::Result<()>
     where
-        B: FnOnce() -> BFut,
+        C: Send + 'static,
+    {
+        let weak = Arc::downgrade(this);
+        let thread = std::thread::Builder::new()
+            .name("fleetcoord-tender".to_string())
+            .spawn(move || loop {
+                std::thread::park_timeout(every);
+                let Some(this) = weak.upgrade() else {
+                    return;
+                };
+                let conn = match &*this.state.lock() {
+                    State::Closed => return,
+                    State::Ready(conn) => Some(conn.clone()),
+                    State::Idle { .. } | State::Building => None,
+                };
+                if let Some(rt) = conn.as_ref().and_then(|c| c.rt.0.as_ref()) {
+                    // While a caller drives, this only waits out the sleep.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        rt.block_on(async { tokio::time::sleep(TEND_FOR).await })
+                    }));
+                }
+            })?;
+        let _ = this.tender.set(thread.thread().clone());
+        Ok(())
+    }
+
+    /// The connection built for `epoch`; `None` when there is none (or
+    /// only one for an older epoch), the call then taking its runtime
+    /// thread's path. When nobody is building one and no failed build is
+    /// within [`RETRY_AFTER`], a thread of its own starts building one
+    /// with `build`: no call ever waits for a connection to be built.
+    pub(crate) fn take<B, BFut>(this: &Arc<Self>, epoch: u64, build: B) -> Option<Taken<'_, C>>
+    where
+        C: Send + 'static,
+        B: FnOnce() -> BFut + Send + 'static,
         BFut: Future<Output = Result<C, String>>,
     {
         // A runtime of our own may not be entered from inside another's
@@ -139,14 +189,48 @@ impl<C: Clone> CallerDriven<C> {
         if tokio::runtime::Handle::try_current().is_ok() {
             return None;
         }
-        let conn = self.conn(epoch, build)?;
-        Some(Taken { owner: self, conn })
+        {
+            let mut state = this.state.lock();
+            match &*state {
+                State::Ready(conn) if conn.epoch >= epoch => {
+                    return Some(Taken {
+                        owner: this,
+                        conn: conn.clone(),
+                    })
+                }
+                State::Ready(_) => {}
+                State::Idle { not_before } => {
+                    if not_before.is_some_and(|at| Instant::now() < at) {
+                        return None;
+                    }
+                }
+                State::Building | State::Closed => return None,
+            }
+            *state = State::Building;
+        }
+        let weak = Arc::downgrade(this);
+        let timeout = this.connect_timeout;
+        let started = std::thread::Builder::new()
+            .name("fleetcoord-dial".to_string())
+            .spawn(move || {
+                let built = build_conn(epoch, timeout, build);
+                if let Some(this) = weak.upgrade() {
+                    this.install(built);
+                }
+            });
+        if let Err(e) = started {
+            this.install(Err(format!("no thread to build it on: {e}")));
+        }
+        None
     }
 
     /// No call is taken any more; the connection ends with the last call
     /// running on it.
     pub(crate) fn close(&self) {
         *self.state.lock() = State::Closed;
+        if let Some(tender) = self.tender.get() {
+            tender.unpark();
+        }
     }
 
     /// Whether a connection is ready (for tests and metrics).
@@ -155,47 +239,21 @@ impl<C: Clone> CallerDriven<C> {
         matches!(*self.state.lock(), State::Ready(_))
     }
 
-    /// The connection for `epoch`, built now when there is none (or one
-    /// for an older epoch) and nobody else is building one.
-    fn conn<B, BFut>(&self, epoch: u64, build: B) -> Option<Conn<C>>
-    where
-        B: FnOnce() -> BFut,
-        BFut: Future<Output = Result<C, String>>,
-    {
-        {
-            let mut state = self.state.lock();
-            match &*state {
-                State::Ready(conn) if conn.epoch >= epoch => return Some(conn.clone()),
-                State::Ready(_) => *state = State::Building,
-                State::Idle { not_before } => {
-                    if not_before.is_some_and(|at| Instant::now() < at) {
-                        return None;
-                    }
-                    *state = State::Building;
-                }
-                State::Building | State::Closed => return None,
-            }
-        }
-        // Built outside the lock: it may take round trips (a login), and
-        // the other callers meanwhile take the runtime thread's path.
-        let built = self.build(epoch, build);
+    /// Makes a finished build the connection (unless closed meanwhile).
+    fn install(&self, built: Result<Conn<C>, String>) {
         let mut state = self.state.lock();
         if matches!(*state, State::Closed) {
-            return None;
+            return;
         }
-        match built {
-            Ok(conn) => {
-                *state = State::Ready(conn.clone());
-                Some(conn)
-            }
+        *state = match built {
+            Ok(conn) => State::Ready(conn),
             Err(why) => {
                 log::debug!("calls stay on the runtime thread for now: {why}");
-                *state = State::Idle {
+                State::Idle {
                     not_before: Instant::now().checked_add(RETRY_AFTER),
-                };
-                None
+                }
             }
-        }
+        };
     }
 
     /// Forgets `conn` (not a newer one another caller built since).
@@ -205,29 +263,29 @@ impl<C: Clone> CallerDriven<C> {
             *state = State::Idle { not_before: None };
         }
     }
+}
 
-    fn build<B, BFut>(&self, epoch: u64, build: B) -> Result<Conn<C>, String>
-    where
-        B: FnOnce() -> BFut,
-        BFut: Future<Output = Result<C, String>>,
-    {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| format!("no runtime: {e}"))?;
-        let timeout = self.connect_timeout;
-        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            rt.block_on(async {
-                match tokio::time::timeout(timeout, build()).await {
-                    Ok(built) => built,
-                    Err(_) => Err(format!("no answer within {timeout:?}")),
-                }
-            })
-        }))
-        .unwrap_or_else(|_| Err("building the connection panicked".to_string()));
-        let rt = Arc::new(Driven(Some(rt)));
-        built.map(|client| Conn { epoch, rt, client })
-    }
+/// A runtime and, built on it within `timeout`, a client.
+fn build_conn<C, B, BFut>(epoch: u64, timeout: Duration, build: B) -> Result<Conn<C>, String>
+where
+    B: FnOnce() -> BFut,
+    BFut: Future<Output = Result<C, String>>,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("no runtime: {e}"))?;
+    let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(async {
+            match tokio::time::timeout(timeout, build()).await {
+                Ok(built) => built,
+                Err(_) => Err(format!("no answer within {timeout:?}")),
+            }
+        })
+    }))
+    .unwrap_or_else(|_| Err("building the connection panicked".to_string()));
+    let rt = Arc::new(Driven(Some(rt)));
+    built.map(|client| Conn { epoch, rt, client })
 }
 
 /// A connection taken for one call.
@@ -277,9 +335,22 @@ mod tests {
 
     const WAIT: Duration = Duration::from_secs(5);
 
-    /// A "client" that is the number of the build that made it.
-    fn counting(builds: &AtomicUsize) -> impl Future<Output = Result<usize, String>> + '_ {
-        async move { Ok(builds.fetch_add(1, Ordering::SeqCst)) }
+    /// Builds "clients" that are the number of the build that made them.
+    #[derive(Clone, Default)]
+    struct Counting(Arc<AtomicUsize>);
+
+    impl Counting {
+        fn build(
+            &self,
+        ) -> impl FnOnce() -> std::future::Ready<Result<usize, String>> + Clone + Send + 'static
+        {
+            let builds = self.0.clone();
+            move || std::future::ready(Ok(builds.fetch_add(1, Ordering::SeqCst)))
+        }
+
+        fn builds(&self) -> usize {
+            self.0.load(Ordering::SeqCst)
+        }
     }
 
     fn sound<T>(out: T) -> impl Future<Output = (T, Health)> {
@@ -293,115 +364,147 @@ mod tests {
         }
     }
 
-    /// `take` then `run`: `None` when not taken.
+    /// `take` then `run`, the first `take` starting a build and the next
+    /// ones waiting for it: `None` when none is ready within a second.
     fn call<C, T, B, BFut, F, Fut>(
-        cd: &CallerDriven<C>,
+        cd: &Arc<CallerDriven<C>>,
         epoch: u64,
         build: B,
         wait: Duration,
         op: F,
     ) -> Option<Ran<T>>
     where
-        C: Clone,
-        B: FnOnce() -> BFut,
+        C: Clone + Send + 'static,
+        B: FnOnce() -> BFut + Send + Clone + 'static,
         BFut: Future<Output = Result<C, String>>,
         F: FnOnce(C) -> Fut,
         Fut: Future<Output = (T, Health)>,
     {
-        Some(cd.take(epoch, build)?.run(wait, op))
+        let until = Instant::now() + Duration::from_secs(1);
+        loop {
+            if let Some(taken) = CallerDriven::take(cd, epoch, build.clone()) {
+                return Some(taken.run(wait, op));
+            }
+            if Instant::now() > until {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 
     #[test]
-    fn a_call_runs_on_its_callers_thread_on_the_connection_built_once() {
-        let builds = AtomicUsize::new(0);
-        let cd = CallerDriven::new(WAIT);
+    fn the_first_call_is_not_taken_and_starts_a_build_that_the_next_ones_use() {
+        let counting = Counting::default();
+        let cd = Arc::new(CallerDriven::new(WAIT));
+        assert!(
+            CallerDriven::take(&cd, 0, counting.build()).is_none(),
+            "no call waits for a build"
+        );
         for _ in 0..3 {
             let here = std::thread::current().id();
-            let (client, thread) = answer(call(
-                &cd,
-                0,
-                || counting(&builds),
-                WAIT,
-                |c| sound((c, std::thread::current().id())),
-            ));
+            let (client, thread) = answer(call(&cd, 0, counting.build(), WAIT, |c| {
+                sound((c, std::thread::current().id()))
+            }));
             assert_eq!(client, 0, "built once, then reused");
-            assert_eq!(thread, here);
+            assert_eq!(thread, here, "run on the caller's thread");
         }
-        assert_eq!(builds.load(Ordering::SeqCst), 1);
+        assert_eq!(counting.builds(), 1);
     }
 
     #[test]
     fn a_suspect_answer_or_a_panic_drops_the_connection_and_a_newer_epoch_rebuilds() {
-        let builds = AtomicUsize::new(0);
-        let cd = CallerDriven::new(WAIT);
-        let first = answer(call(
-            &cd,
-            0,
-            || counting(&builds),
-            WAIT,
-            |c| async move { (c, Health::Suspect) },
-        ));
+        let counting = Counting::default();
+        let cd = Arc::new(CallerDriven::new(WAIT));
+        let first = answer(call(&cd, 0, counting.build(), WAIT, |c| async move {
+            (c, Health::Suspect)
+        }));
         assert!(!cd.is_ready(), "dropped");
-        let second = answer(call(&cd, 0, || counting(&builds), WAIT, sound));
+        let second = answer(call(&cd, 0, counting.build(), WAIT, sound));
         assert_ne!(first, second, "built anew");
-        let panicked = call(
-            &cd,
-            0,
-            || counting(&builds),
-            WAIT,
-            |_| async {
-                if true {
-                    panic!("a call that panics (expected in this test)");
-                }
-                ((), Health::Sound)
-            },
-        );
+        let panicked = call(&cd, 0, counting.build(), WAIT, |_| async {
+            if true {
+                panic!("a call that panics (expected in this test)");
+            }
+            ((), Health::Sound)
+        });
         assert!(matches!(panicked, Some(Ran::Panicked)));
-        let third = answer(call(&cd, 0, || counting(&builds), WAIT, sound));
+        let third = answer(call(&cd, 0, counting.build(), WAIT, sound));
         assert_ne!(second, third, "built anew after the panic");
-        let fourth = answer(call(&cd, 1, || counting(&builds), WAIT, sound));
+        let fourth = answer(call(&cd, 1, counting.build(), WAIT, sound));
         assert_ne!(third, fourth, "a newer epoch builds anew");
-        assert_eq!(
-            answer(call(&cd, 0, || counting(&builds), WAIT, sound)),
-            fourth
-        );
+        assert_eq!(answer(call(&cd, 0, counting.build(), WAIT, sound)), fourth);
     }
 
     #[test]
     fn a_failed_build_is_not_retried_within_retry_after_and_closed_takes_nothing() {
-        let cd: CallerDriven<usize> = CallerDriven::new(WAIT);
-        let failed = call(&cd, 0, || async { Err("refused".to_string()) }, WAIT, sound);
-        assert!(failed.is_none());
-        let builds = AtomicUsize::new(0);
-        assert!(call(&cd, 0, || counting(&builds), WAIT, sound).is_none());
-        assert_eq!(builds.load(Ordering::SeqCst), 0, "not even tried");
+        let cd: Arc<CallerDriven<usize>> = Arc::new(CallerDriven::new(WAIT));
+        let refused = || std::future::ready(Err("refused".to_string()));
+        assert!(call(&cd, 0, refused, Duration::from_millis(200), sound).is_none());
+        let counting = Counting::default();
+        assert!(CallerDriven::take(&cd, 0, counting.build()).is_none());
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(counting.builds(), 0, "not even tried within RETRY_AFTER");
         std::thread::sleep(RETRY_AFTER);
-        answer(call(&cd, 0, || counting(&builds), WAIT, sound));
+        answer(call(&cd, 0, counting.build(), WAIT, sound));
         cd.close();
-        assert!(call(&cd, 0, || counting(&builds), WAIT, sound).is_none());
+        assert!(call(&cd, 0, counting.build(), WAIT, sound).is_none());
     }
 
     #[test]
     fn a_build_or_call_past_its_time_ends_in_time() {
-        let cd: CallerDriven<usize> = CallerDriven::new(Duration::from_millis(100));
+        let cd: Arc<CallerDriven<usize>> = Arc::new(CallerDriven::new(Duration::from_millis(100)));
         let started = Instant::now();
-        let never = call(&cd, 0, std::future::pending, WAIT, sound);
-        assert!(never.is_none());
-        assert!(started.elapsed() < Duration::from_secs(2));
-
-        let cd: CallerDriven<usize> = CallerDriven::new(WAIT);
-        let builds = AtomicUsize::new(0);
-        let started = Instant::now();
-        let slow = call(
-            &cd,
-            0,
-            || counting(&builds),
-            Duration::from_millis(100),
-            |_| std::future::pending::<((), Health)>(),
+        assert!(CallerDriven::take(&cd, 0, std::future::pending).is_none());
+        assert!(
+            started.elapsed() < Duration::from_millis(100),
+            "the caller never waits"
         );
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(!cd.is_ready(), "the build gave up at its timeout");
+
+        let cd: Arc<CallerDriven<usize>> = Arc::new(CallerDriven::new(WAIT));
+        let counting = Counting::default();
+        let started = Instant::now();
+        let slow = call(&cd, 0, counting.build(), Duration::from_millis(100), |_| {
+            std::future::pending::<((), Health)>()
+        });
         assert!(matches!(slow, Some(Ran::Waited)));
         assert!(started.elapsed() < Duration::from_secs(2));
         assert!(cd.is_ready(), "impatience is no evidence against it");
+    }
+
+    #[test]
+    fn a_tended_connection_is_driven_between_calls_and_the_tender_ends_at_close() {
+        type Tx = tokio::sync::mpsc::UnboundedSender<()>;
+        let cd: Arc<CallerDriven<Tx>> = Arc::new(CallerDriven::new(WAIT));
+        let (seen_tx, seen_rx) = std::sync::mpsc::channel();
+        // The "connection": a task on the runtime that reports each
+        // message it gets, as a client's reader answers a ping.
+        let build = move || async move {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+            tokio::spawn(async move {
+                while rx.recv().await.is_some() {
+                    let _ = seen_tx.send(());
+                }
+            });
+            Ok(tx)
+        };
+        let built = answer(call(&cd, 0, build, WAIT, sound));
+        CallerDriven::tend(&cd, Duration::from_millis(20)).expect("tender");
+        // Sent with no call running: only the tender can drive the task.
+        built.send(()).expect("send");
+        assert!(
+            seen_rx.recv_timeout(Duration::from_secs(5)).is_ok(),
+            "nobody drove the connection between calls"
+        );
+        cd.close();
+        drop(cd);
+        // Closed and dropped, nothing holds the runtime: its task is gone
+        // with it, and the channel it reported on closes.
+        assert!(
+            seen_rx.recv_timeout(Duration::from_secs(5)).is_err(),
+            "the task ended with the runtime"
+        );
     }
 
     #[test]
@@ -410,9 +513,11 @@ mod tests {
             .enable_all()
             .build()
             .expect("runtime");
-        let cd: CallerDriven<usize> = CallerDriven::new(WAIT);
-        let builds = AtomicUsize::new(0);
+        let cd: Arc<CallerDriven<usize>> = Arc::new(CallerDriven::new(WAIT));
+        let counting = Counting::default();
         let _inside = rt.enter();
-        assert!(call(&cd, 0, || counting(&builds), WAIT, sound).is_none());
+        assert!(CallerDriven::take(&cd, 0, counting.build()).is_none());
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(counting.builds(), 0, "nor is a build started");
     }
 }

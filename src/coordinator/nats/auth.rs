@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 /// Credentials ready for async-nats; built before the driver starts, so
 /// every problem with a file is an error of the constructor.
+#[derive(Clone)]
 pub(super) enum Login {
     None,
     UserPassword(String, String),

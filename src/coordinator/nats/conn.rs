@@ -137,6 +137,20 @@ impl Conn {
         }
     }
 
+    /// The same handle's view on another client: settings, known streams
+    /// and write ids shared, KV stores its own (a store sends on the
+    /// client it was made with).
+    pub(super) fn on(&self, client: async_nats::Client, js: jetstream::Context) -> Self {
+        Conn {
+            client,
+            js,
+            settings: self.settings.clone(),
+            known: self.known.clone(),
+            stores: Arc::new(Mutex::new(HashMap::new())),
+            ids: self.ids.clone(),
+        }
+    }
+
     /// Fails with `InvalidArgument` naming `what` when `len` bytes (plus
     /// `headers` bytes of headers) do not fit the server's `max_payload`,
     /// which defaults to 1 MiB, below fleetcoord's [`MAX_PAYLOAD`].

@@ -134,6 +134,7 @@ use super::{
     check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvWatcher,
     StreamId, StreamPosition, StreamReader, Subscription, MAX_PAYLOAD,
 };
+use crate::caller_driven::{CallerDriven, Health, Ran};
 use crate::coordinator::bridge::{self, Bridge, CallError};
 use crate::coordinator::feed_task::FeedTask;
 use crate::coordinator::lifecycle::Lifecycle;
@@ -146,6 +147,7 @@ use conn::{Conn, Settings};
 pub use options::{NatsCredentials, NatsKeyEncoding, NatsOptions};
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The URL used when none is given.
@@ -193,6 +195,14 @@ const CALL_SLACK: Duration = Duration::from_secs(2);
 pub struct NatsCoordinator {
     bridge: Bridge,
     conn: Conn,
+    /// A second connection that callers drive themselves
+    /// (`crate::caller_driven`) for requests: a publish, append or KV
+    /// call from a lone caller crosses no thread. Subscriptions and
+    /// consumers stay on `conn`, which the runtime thread drives; `conn`
+    /// also serves requests while this one is not ready.
+    direct: Arc<CallerDriven<Conn>>,
+    /// How `direct` is dialled.
+    dial: Dial,
     urls: String,
     feed_capacity: usize,
     life: Lifecycle,
@@ -248,33 +258,18 @@ impl NatsCoordinator {
             request_timeout: options.request_timeout,
             key_encoding: options.key_encoding,
         };
-        let connect_timeout = options.connect_timeout;
-        let request_timeout = options.request_timeout;
-        let started = bridge::start("fleetcoord-nats", connect_timeout, move || async move {
-            let mut client_options = async_nats::ConnectOptions::new()
-                .name("fleetcoord")
-                .connection_timeout(connect_timeout)
-                .request_timeout(Some(request_timeout))
-                // Never give up on a server that went away: feeds resume
-                // and calls fail with a timeout meanwhile.
-                .max_reconnects(None);
-            client_options = login.apply(client_options);
-            if let Some(config) = tls_config {
-                client_options = client_options.require_tls(true).tls_client_config(config);
-            }
-            // A list, not one comma-separated string (docs/backend-notes.md, "Connect").
-            let addrs: Vec<async_nats::ServerAddr> = addrs
-                .iter()
-                .map(|u| u.parse())
-                .collect::<std::result::Result<_, _>>()
-                .map_err(|e: std::io::Error| e.to_string())?;
-            let client = client_options.connect(addrs).await.map_err(|e| {
-                auth::explain(e.kind(), &one_line(&e), tls.as_ref(), who.as_deref())
-            })?;
-            let js = async_nats::jetstream::context::ContextBuilder::new()
-                .timeout(request_timeout.min(Duration::from_secs(5)))
-                .build(client.clone());
-            Ok((client, js))
+        let dial = Dial {
+            addrs,
+            login,
+            who,
+            tls_config,
+            tls,
+            connect_timeout: options.connect_timeout,
+            request_timeout: options.request_timeout,
+        };
+        let connecting = dial.clone();
+        let started = bridge::start("fleetcoord-nats", dial.connect_timeout, move || {
+            connecting.dial()
         });
         let (bridge, (client, js)) = started.map_err(|e| match e {
             StartError::Io(e) => Error::Io(e),
@@ -285,13 +280,90 @@ impl NatsCoordinator {
                 reason,
             },
         })?;
+        let direct = Arc::new(CallerDriven::new(dial.connect_timeout));
+        // The server drops a client that leaves its pings unanswered
+        // (twice its 2-minute interval by default).
+        if let Err(e) = CallerDriven::tend(&direct, TEND_EVERY) {
+            log::debug!("no tender for the caller-driven NATS connection: {e}");
+        }
         Ok(NatsCoordinator {
             bridge,
             conn: Conn::new(client, js, settings),
+            direct,
+            dial,
             urls,
             feed_capacity: options.feed_capacity,
             life: Lifecycle::new(),
         })
+    }
+
+    /// Runs `op` on the connection callers drive (`direct`), or while that
+    /// one is not ready, on the runtime thread's. An answer on `direct`
+    /// that says the connection failed ([`ErrorKind::Unavailable`],
+    /// [`ErrorKind::Timeout`], an append whose outcome is unknown) drops
+    /// it; the next call dials anew.
+    fn request<T, F, Fut>(&self, op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+    {
+        self.life.check_open()?;
+        let wait = self
+            .conn
+            .settings
+            .request_timeout
+            .saturating_add(CALL_SLACK);
+        let (dial, shared) = (self.dial.clone(), self.conn.clone());
+        let build = move || async move {
+            let (client, js) = dial.dial().await?;
+            Ok(shared.on(client, js))
+        };
+        let Some(taken) = CallerDriven::take(&self.direct, 0, build) else {
+            return self.run(op(self.conn.clone()));
+        };
+        let ran = taken.run(wait, |conn| {
+            let call = op(conn);
+            async move {
+                let out = call.await;
+                let health = match &out {
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::Indeterminate
+                        ) =>
+                    {
+                        Health::Suspect
+                    }
+                    _ => Health::Sound,
+                };
+                (out, health)
+            }
+        });
+        match ran {
+            Ran::Answer(out) => out.map_err(|e| self.with_urls(e)),
+            Ran::Waited => Err(Error::Timeout(wait)),
+            Ran::Panicked => Err(self.life.gone()),
+        }
+    }
+
+    /// `e`, naming this handle's URLs where it was made without them.
+    fn with_urls(&self, e: Error) -> Error {
+        match e {
+            // Errors made on the driver name no URLs; this handle's go in.
+            Error::Backend {
+                backend,
+                endpoints,
+                kind,
+                message,
+            } if endpoints.is_empty() => Error::Backend {
+                backend,
+                endpoints: self.urls.clone(),
+                kind,
+                message,
+            },
+            other => other,
+        }
     }
 
     /// Runs `fut` on the driver and waits for its answer.
@@ -306,21 +378,7 @@ impl NatsCoordinator {
             .request_timeout
             .saturating_add(CALL_SLACK);
         match self.bridge.call(wait, fut) {
-            Ok(result) => result.map_err(|e| match e {
-                // Errors made on the driver name no URLs; this handle's go in.
-                Error::Backend {
-                    backend,
-                    endpoints,
-                    kind,
-                    message,
-                } if endpoints.is_empty() => Error::Backend {
-                    backend,
-                    endpoints: self.urls.clone(),
-                    kind,
-                    message,
-                },
-                other => other,
-            }),
+            Ok(result) => result.map_err(|e| self.with_urls(e)),
             Err(CallError::Timeout) => Err(Error::Timeout(wait)),
             Err(CallError::Gone) => Err(self.life.gone()),
             Err(CallError::InsideAsyncRuntime) => Err(Error::InsideAsyncRuntime),
@@ -351,11 +409,11 @@ impl Coordinator for NatsCoordinator {
         check_payload("nats", "payload", payload)?;
         self.life.check_open()?;
         self.conn.check_fits("payload", payload.len(), 0)?;
-        let client = self.conn.client.clone();
         let subject = names::topic_subject(topic);
         let payload = bytes::Bytes::copy_from_slice(payload);
         let topic = topic.to_owned();
-        self.run(async move {
+        self.request(|conn| async move {
+            let client = conn.client;
             client
                 .publish(subject, payload)
                 .await
@@ -396,11 +454,8 @@ impl Coordinator for NatsCoordinator {
         self.life.check_open()?;
         // The message ID header travels with the payload.
         self.conn.check_fits("payload", payload.len(), 64)?;
-        self.run(stream::append(
-            self.conn.clone(),
-            stream.to_owned(),
-            payload.to_vec(),
-        ))
+        let (stream, payload) = (stream.to_owned(), payload.to_vec());
+        self.request(|conn| stream::append(conn, stream, payload))
     }
 
     fn read_stream(&self, stream: &str, from: StreamPosition) -> Result<StreamReader> {
@@ -418,34 +473,24 @@ impl Coordinator for NatsCoordinator {
         check_payload("nats", "value", value)?;
         self.life.check_open()?;
         self.conn.check_fits("value", value.len(), 64)?;
-        self.run(kv::set(
-            self.conn.clone(),
-            bucket.to_owned(),
-            key.to_owned(),
-            value.to_vec(),
-        ))
+        let (bucket, key, value) = (bucket.to_owned(), key.to_owned(), value.to_vec());
+        self.request(|conn| kv::set(conn, bucket, key, value))
     }
 
     fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
         crate::blocking::check()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
-        self.run(kv::get(
-            self.conn.clone(),
-            bucket.to_owned(),
-            key.to_owned(),
-        ))
+        let (bucket, key) = (bucket.to_owned(), key.to_owned());
+        self.request(|conn| kv::get(conn, bucket, key))
     }
 
     fn kv_delete(&self, bucket: &str, key: &str) -> Result<()> {
         crate::blocking::check()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
-        self.run(kv::delete(
-            self.conn.clone(),
-            bucket.to_owned(),
-            key.to_owned(),
-        ))
+        let (bucket, key) = (bucket.to_owned(), key.to_owned());
+        self.request(|conn| kv::delete(conn, bucket, key))
     }
 
     fn kv_watch(&self, bucket: &str, pattern: &str) -> Result<KvWatcher> {
@@ -460,9 +505,8 @@ impl Coordinator for NatsCoordinator {
 
     fn ping(&self) -> Result<()> {
         crate::blocking::check()?;
-        let client = self.conn.client.clone();
-        self.run(async move {
-            conn::round_trip(&client)
+        self.request(|conn| async move {
+            conn::round_trip(&conn.client)
                 .await
                 .map_err(|e| conn::failed("ping", e))
         })
@@ -493,6 +537,7 @@ impl NatsCoordinator {
     /// caller that may block).
     fn shut(&self) {
         self.life.close();
+        self.direct.close();
         // Ends every feed task (their senders drop, so feeds disconnect),
         // then the runtime and with it the connection.
         self.bridge.shutdown();
@@ -509,6 +554,69 @@ impl Drop for NatsCoordinator {
 
 // The payload limit of the trait is what the docs above promise.
 const _: () = assert!(MAX_PAYLOAD < 2 * 1024 * 1024);
+
+/// How long the caller-driven connection may sit between two drives of
+/// its tender: well inside the server's default ping interval (2 minutes)
+/// and the client's own (1 minute).
+const TEND_EVERY: Duration = Duration::from_secs(20);
+
+/// Everything needed to dial the servers, kept so that the caller-driven
+/// connection is dialled as the first one was.
+#[derive(Clone)]
+struct Dial {
+    addrs: Vec<String>,
+    login: Login,
+    /// Who logs in, for messages.
+    who: Option<String>,
+    tls_config: Option<rustls::ClientConfig>,
+    tls: Option<Tls>,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+}
+
+/// A client and its JetStream context.
+type Dialled = (async_nats::Client, async_nats::jetstream::Context);
+
+impl Dial {
+    /// A client on one of the servers, and its JetStream context; the
+    /// error is one line for an operator.
+    async fn dial(self) -> std::result::Result<Dialled, String> {
+        let Dial {
+            addrs,
+            login,
+            who,
+            tls_config,
+            tls,
+            connect_timeout,
+            request_timeout,
+        } = self;
+        let mut client_options = async_nats::ConnectOptions::new()
+            .name("fleetcoord")
+            .connection_timeout(connect_timeout)
+            .request_timeout(Some(request_timeout))
+            // Never give up on a server that went away: feeds resume
+            // and calls fail with a timeout meanwhile.
+            .max_reconnects(None);
+        client_options = login.apply(client_options);
+        if let Some(config) = tls_config {
+            client_options = client_options.require_tls(true).tls_client_config(config);
+        }
+        // A list, not one comma-separated string (docs/backend-notes.md, "Connect").
+        let addrs: Vec<async_nats::ServerAddr> = addrs
+            .iter()
+            .map(|u| u.parse())
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e: std::io::Error| e.to_string())?;
+        let client = client_options
+            .connect(addrs)
+            .await
+            .map_err(|e| auth::explain(e.kind(), &one_line(&e), tls.as_ref(), who.as_deref()))?;
+        let js = async_nats::jetstream::context::ContextBuilder::new()
+            .timeout(request_timeout.min(Duration::from_secs(5)))
+            .build(client.clone());
+        Ok((client, js))
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -279,7 +279,7 @@ pub struct RedisCoordinator {
     /// A second command connection that callers drive themselves
     /// (`crate::caller_driven`): a command from a lone caller crosses no
     /// thread. `conn` serves while it is not ready.
-    direct: CallerDriven<Conn>,
+    direct: Arc<CallerDriven<Conn>>,
     target: Target,
     stream_max_len: Option<u64>,
     feed_capacity: usize,
@@ -345,7 +345,7 @@ impl RedisCoordinator {
         Ok(RedisCoordinator {
             bridge,
             conn,
-            direct: CallerDriven::new(target.connect_timeout),
+            direct: Arc::new(CallerDriven::new(target.connect_timeout)),
             stream_max_len: options.stream_max_len,
             feed_capacity: options.feed_capacity,
             target,
@@ -375,14 +375,14 @@ impl RedisCoordinator {
         self.life.check_open()?;
         let timeout = self.target.request_timeout;
         let wait = timeout.saturating_add(CALL_SLACK);
-        let target = &self.target;
-        let build = || async move {
+        let target = self.target.clone();
+        let build = move || async move {
             target
                 .command_conn()
                 .await
                 .map_err(|e| target.explain(&e, true))
         };
-        if let Some(taken) = self.direct.take(0, build) {
+        if let Some(taken) = CallerDriven::take(&self.direct, 0, build) {
             let ran = taken.run(wait, |conn| {
                 let call = op(conn);
                 async move {
