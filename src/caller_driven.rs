@@ -39,8 +39,9 @@
 //! * **Tended, where the server insists.** A server that pings its clients
 //!   and drops those that do not answer (NATS) gets its answers from
 //!   [`CallerDriven::tend`]: a thread of its own that drives the
-//!   connection for [`TEND_FOR`] once per interval, unless a caller is
-//!   driving it anyway. Between those moments it sleeps.
+//!   connection for [`TEND_FOR`] once per interval in which no call ran
+//!   (calls drive it anyway). Between those moments it sleeps, and a call
+//!   that arrives during one is driven by the tender, at one wake-up more.
 //! * **Closing ends it.** After [`CallerDriven::close`] no call is taken,
 //!   and the runtime ends when the last call on it has, without blocking
 //!   (`shutdown_background`), so it may end on any thread.
@@ -54,9 +55,10 @@ use std::time::{Duration, Instant};
 /// again.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// How long [`CallerDriven::tend`] drives the connection each time: long
-/// enough for a ping and its answer on a slow link.
-pub(crate) const TEND_FOR: Duration = Duration::from_millis(50);
+/// How long [`CallerDriven::tend`] drives the connection each time: one
+/// pass over what arrived (a server's ping, the answer to the client's
+/// own), short enough that a call rarely finds the tender driving.
+pub(crate) const TEND_FOR: Duration = Duration::from_millis(2);
 
 /// What a call's answer says of its connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,6 +128,9 @@ pub(crate) struct CallerDriven<C> {
     state: Mutex<State<C>>,
     /// The thread [`CallerDriven::tend`] started, woken at close.
     tender: std::sync::OnceLock<std::thread::Thread>,
+    /// When a call last ended, in milliseconds since `born`.
+    last_call: std::sync::atomic::AtomicU64,
+    born: Instant,
 }
 
 impl<C: Clone> CallerDriven<C> {
@@ -135,12 +140,14 @@ impl<C: Clone> CallerDriven<C> {
             connect_timeout,
             state: Mutex::new(State::Idle { not_before: None }),
             tender: std::sync::OnceLock::new(),
+            last_call: std::sync::atomic::AtomicU64::new(0),
+            born: Instant::now(),
         }
     }
 
-    /// Starts a thread that drives the connection for [`TEND_FOR`] every
-    /// `every` while one is built, so that the server's pings are answered
-    /// between calls. It ends at [`close`](Self::close), or once `this` is
+    /// Starts a thread that drives the connection for [`TEND_FOR`] after
+    /// each `every` in which no call ran, while one is built, so that the
+    /// server's pings are answered between calls. It ends at [`close`](Self::close), or once `this` is
     /// dropped (it holds it only while it drives). At most one per value;
     /// an error only when the OS refuses a thread (then calls still work,
     /// and the server may drop an idle connection, which the next call
@@ -162,6 +169,9 @@ impl<C: Clone> CallerDriven<C> {
                     State::Ready(conn) => Some(conn.clone()),
                     State::Idle { .. } | State::Building => None,
                 };
+                if this.since_last_call() < every {
+                    continue;
+                }
                 if let Some(rt) = conn.as_ref().and_then(|c| c.rt.0.as_ref()) {
                     // While a caller drives, this only waits out the sleep.
                     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -231,6 +241,21 @@ impl<C: Clone> CallerDriven<C> {
         if let Some(tender) = self.tender.get() {
             tender.unpark();
         }
+    }
+
+    /// How long ago a call last ended (since creation when none has).
+    fn since_last_call(&self) -> Duration {
+        let last = self.last_call.load(std::sync::atomic::Ordering::Relaxed);
+        self.born
+            .elapsed()
+            .saturating_sub(Duration::from_millis(last))
+    }
+
+    /// Notes that a call just ended.
+    fn called(&self) {
+        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_call
+            .store(now, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether a connection is ready (for tests and metrics).
@@ -310,6 +335,7 @@ impl<C: Clone> Taken<'_, C> {
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             rt.block_on(async { tokio::time::timeout(wait, call).await })
         }));
+        self.owner.called();
         match ran {
             Ok(Ok((out, health))) => {
                 if health == Health::Suspect {

@@ -425,3 +425,32 @@ fn a_reader_that_cannot_reopen_yet_keeps_trying() {
     assert_eq!((entry.id.0, entry.payload), (2, b"2".to_vec()));
     assert!(first.recv_timeout(Duration::from_millis(300)).is_err());
 }
+
+/// A handle that sits idle between calls keeps every connection through
+/// the server's pings, also the one its callers drive themselves (which
+/// nobody reads between calls but its tender): with pings every second and
+/// one left unanswered closing a connection, 5 idle seconds end none.
+#[test]
+fn an_idle_handle_answers_the_servers_pings_on_every_connection() {
+    let server = fleetcoord::testing::NatsBuilder::new()
+        .ping_interval(Duration::from_secs(1))
+        .start()
+        .expect("start nats-server");
+    let coord = handle(&server, NatsOptions::default());
+    // The first calls go through the runtime thread while the callers'
+    // own connection is dialled; a few later ones use it.
+    for i in 0..20u8 {
+        coord.kv_set("idle", "k", &[i]).unwrap();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    let log = server.log_tail(200);
+    assert!(
+        !log.contains("Stale Connection"),
+        "a connection left the server's pings unanswered:\n{log}"
+    );
+    let started = Instant::now();
+    coord.kv_set("idle", "k", b"after").unwrap();
+    assert_eq!(coord.kv_get("idle", "k").unwrap(), b"after");
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+}

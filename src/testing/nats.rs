@@ -106,6 +106,8 @@ pub struct NatsBuilder {
     tls: TlsMode,
     /// The names of the server certificate; `None`: loopback.
     tls_names: Option<ServerNames>,
+    /// The server's ping interval, in whole seconds; `None`: its default.
+    ping_secs: Option<u64>,
 }
 
 impl NatsBuilder {
@@ -165,6 +167,14 @@ impl NatsBuilder {
     /// signed by the [`TestPki`]'s CA (the server's `verify: true`).
     pub fn tls_verify_clients(mut self) -> Self {
         self.tls = TlsMode::VerifyClients;
+        self
+    }
+
+    /// The server pings each client every `interval` (whole seconds, at
+    /// least 1) and closes a connection that leaves one ping unanswered
+    /// (`ping_max: 1`) as stale; the server's log says `Stale Connection`.
+    pub fn ping_interval(mut self, interval: Duration) -> Self {
+        self.ping_secs = Some(interval.as_secs().max(1));
         self
     }
 
@@ -268,6 +278,9 @@ impl NatsServer {
             http = spec.http_port,
             store = store.display(),
         );
+        if let Some(secs) = spec.builder.ping_secs {
+            config.push_str(&format!("ping_interval: \"{secs}s\"\nping_max: 1\n"));
+        }
         match &spec.builder.auth {
             Auth::None => {}
             Auth::UserPassword(user, password) => config.push_str(&format!(

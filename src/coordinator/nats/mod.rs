@@ -555,10 +555,11 @@ impl Drop for NatsCoordinator {
 // The payload limit of the trait is what the docs above promise.
 const _: () = assert!(MAX_PAYLOAD < 2 * 1024 * 1024);
 
-/// How long the caller-driven connection may sit between two drives of
-/// its tender: well inside the server's default ping interval (2 minutes)
-/// and the client's own (1 minute).
-const TEND_EVERY: Duration = Duration::from_secs(20);
+/// How long the caller-driven connection may sit undriven before its
+/// tender drives it: far inside the server's default ping interval (2
+/// minutes) and the client's own (1 minute), and inside the 1 s a server
+/// may be configured with; two wake-ups a second of an idle handle.
+const TEND_EVERY: Duration = Duration::from_millis(500);
 
 /// Everything needed to dial the servers, kept so that the caller-driven
 /// connection is dialled as the first one was.
