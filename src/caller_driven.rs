@@ -379,8 +379,8 @@ mod tests {
         }
     }
 
-    fn sound<T>(out: T) -> impl Future<Output = (T, Health)> {
-        async move { (out, Health::Sound) }
+    async fn sound<T>(out: T) -> (T, Health) {
+        (out, Health::Sound)
     }
 
     fn answer<T: std::fmt::Debug>(ran: Option<Ran<T>>) -> T {
