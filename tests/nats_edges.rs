@@ -452,5 +452,9 @@ fn an_idle_handle_answers_the_servers_pings_on_every_connection() {
     let started = Instant::now();
     coord.kv_set("idle", "k", b"after").unwrap();
     assert_eq!(coord.kv_get("idle", "k").unwrap(), b"after");
-    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
 }
