@@ -47,6 +47,7 @@ mod case;
 mod expect;
 mod kinds;
 mod kv;
+mod kv_cas;
 mod lifecycle;
 mod payload;
 mod pubsub;
@@ -86,17 +87,30 @@ pub struct Report {
     pub passed: Vec<&'static str>,
     /// Cases skipped by declaration, with the declaration.
     pub skipped: Vec<(&'static str, &'static str)>,
+    /// Cases the backend answered with an error of kind
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) (a
+    /// capability its server version lacks), with what it said: each is
+    /// printed as `unsupported: <case> (<reason>)`. Such a case still
+    /// checked that the refusal came at once and wrote nothing; it is not
+    /// in `passed`.
+    pub unsupported: Vec<(&'static str, String)>,
 }
 
 impl Report {
     /// Panics unless every case selected ran and passed: none was skipped
-    /// by declaration, and at least one ran. For a backend that declares
-    /// every capability, the check that closes its conformance test.
+    /// by declaration or answered as unsupported, and at least one ran.
+    /// For a backend that declares every capability, the check that
+    /// closes its conformance test.
     pub fn assert_nothing_skipped(&self) {
         assert!(
             self.skipped.is_empty(),
             "cases skipped by declaration: {:?}",
             self.skipped
+        );
+        assert!(
+            self.unsupported.is_empty(),
+            "cases the backend does not support: {:?}",
+            self.unsupported
         );
         assert!(!self.passed.is_empty(), "no case ran");
     }
@@ -178,6 +192,7 @@ fn cases() -> impl Iterator<Item = &'static Case> {
         stream::CASES,
         restart::CASES,
         kv::CASES,
+        kv_cas::CASES,
         payload::CASES,
         kinds::CASES,
     ]
@@ -220,21 +235,31 @@ fn run_selected<'a>(
             restart,
             caps: capabilities,
             opened: RefCell::new(Vec::new()),
+            unsupported: RefCell::new(None),
         };
         let outcome = catch_unwind(AssertUnwindSafe(|| (case.run)(&ctx)));
         for c in ctx.opened.borrow().iter() {
             let _ = c.close();
         }
-        match outcome {
-            Ok(()) => report.passed.push(case.name),
-            Err(panic) => failures.push(format!("{}: {}", case.name, panic_text(&*panic))),
+        match (outcome, ctx.unsupported.into_inner()) {
+            (Ok(()), Some(why)) => {
+                let _ = writeln!(
+                    std::io::stderr().lock(),
+                    "unsupported: {} ({why})",
+                    case.name
+                );
+                report.unsupported.push((case.name, why));
+            }
+            (Ok(()), None) => report.passed.push(case.name),
+            (Err(panic), _) => failures.push(format!("{}: {}", case.name, panic_text(&*panic))),
         }
     }
     let _ = writeln!(
         std::io::stderr().lock(),
-        "conformance suite: {} case(s) ok, {} skipped by declaration, {} failing",
+        "conformance suite: {} case(s) ok, {} skipped by declaration, {} unsupported, {} failing",
         report.passed.len(),
         report.skipped.len(),
+        report.unsupported.len(),
         failures.len()
     );
     if !failures.is_empty() {
