@@ -131,8 +131,9 @@ mod stream;
 mod streams;
 
 use super::{
-    check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvWatcher,
-    StreamId, StreamPosition, StreamReader, Subscription, MAX_PAYLOAD,
+    check_key, check_name, check_payload, pattern, plan_set, Capabilities, Coordinator, Feed,
+    KvEntry, KvSetOptions, KvWatcher, StreamId, StreamPosition, StreamReader, Subscription,
+    MAX_PAYLOAD,
 };
 use crate::coordinator::bridge::{self, Bridge, CallError};
 use crate::coordinator::feed_task::FeedTask;
@@ -240,14 +241,6 @@ impl NatsCoordinator {
         let tls_config = options.tls.as_ref().map(Tls::to_rustls).transpose()?;
         let tls = options.tls.clone();
         let urls = addrs.join(",");
-        let settings = Settings {
-            kv_replicas: options.kv_replicas,
-            stream_replicas: options.stream_replicas,
-            stream_max_len: options.stream_max_len,
-            stream_max_age: options.stream_max_age,
-            request_timeout: options.request_timeout,
-            key_encoding: options.key_encoding,
-        };
         let connect_timeout = options.connect_timeout;
         let request_timeout = options.request_timeout;
         let started = bridge::start("fleetcoord-nats", connect_timeout, move || async move {
@@ -285,6 +278,15 @@ impl NatsCoordinator {
                 reason,
             },
         })?;
+        let settings = Settings {
+            kv_replicas: options.kv_replicas,
+            stream_replicas: options.stream_replicas,
+            stream_max_len: options.stream_max_len,
+            stream_max_age: options.stream_max_age,
+            request_timeout: options.request_timeout,
+            key_encoding: options.key_encoding,
+            server_version: client.server_info().version,
+        };
         Ok(NatsCoordinator {
             bridge,
             conn: Conn::new(client, js, settings),
@@ -427,13 +429,42 @@ impl Coordinator for NatsCoordinator {
     }
 
     fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
+        self.kv_get_entry(bucket, key).map(|entry| entry.value)
+    }
+
+    fn kv_get_entry(&self, bucket: &str, key: &str) -> Result<KvEntry> {
         crate::blocking::check()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
-        self.run(kv::get(
+        let (value, revision) = self.run(kv::get(
             self.conn.clone(),
             bucket.to_owned(),
             key.to_owned(),
+        ))?;
+        Ok(KvEntry { value, revision })
+    }
+
+    fn kv_set_with(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: &[u8],
+        options: KvSetOptions,
+    ) -> Result<u64> {
+        crate::blocking::check()?;
+        check_name("bucket", bucket)?;
+        check_key(key)?;
+        check_payload("nats", "value", value)?;
+        let plan = plan_set(options)?;
+        self.life.check_open()?;
+        // Room for the TTL and expected-sequence headers too.
+        self.conn.check_fits("value", value.len(), 160)?;
+        self.run(kv::set_with(
+            self.conn.clone(),
+            bucket.to_owned(),
+            key.to_owned(),
+            value.to_vec(),
+            plan,
         ))
     }
 
