@@ -84,7 +84,12 @@ fn increments_under_cuts(handles: Vec<Arc<dyn Coordinator>>, cut: impl Fn()) -> 
     }
     let end = loop {
         match handles[0].kv_get(&bucket, "n") {
-            Ok(v) => break String::from_utf8(v).expect("text").parse::<u64>().expect("a count"),
+            Ok(v) => {
+                break String::from_utf8(v)
+                    .expect("text")
+                    .parse::<u64>()
+                    .expect("a count")
+            }
             Err(e) if e.is_retryable() => std::thread::sleep(Duration::from_millis(50)),
             Err(e) => panic!("kv_get: {e}"),
         }
@@ -105,7 +110,8 @@ fn etcd_cas_with_lost_answers_is_never_a_false_win() {
         .map(|_| {
             let client = Etcd::with_options(&[proxy.endpoint()], EtcdOptions::default())
                 .expect("connect through the proxy");
-            Arc::new(EtcdCoordinator::on_etcd(&client).expect("coordinator")) as Arc<dyn Coordinator>
+            Arc::new(EtcdCoordinator::on_etcd(&client).expect("coordinator"))
+                as Arc<dyn Coordinator>
         })
         .collect();
     let tally = increments_under_cuts(handles, || {
@@ -119,7 +125,9 @@ fn redis_cas_with_lost_answers_is_never_a_false_win() {
     let server = RedisServer::start().expect("start redis-server (run `make deps-redis`)");
     let url = server.url();
     let handles: Vec<Arc<dyn Coordinator>> = (0..THREADS)
-        .map(|_| Arc::new(RedisCoordinator::connect(&url).expect("connect")) as Arc<dyn Coordinator>)
+        .map(|_| {
+            Arc::new(RedisCoordinator::connect(&url).expect("connect")) as Arc<dyn Coordinator>
+        })
         .collect();
     let tally = increments_under_cuts(handles, || {
         let _ = server.command(&["CLIENT", "KILL", "TYPE", "normal"]);

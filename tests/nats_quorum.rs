@@ -171,7 +171,9 @@ fn a_compare_and_set_without_quorum_is_never_a_false_win() {
         .with_kv_replicas(3)
         .with_request_timeout(TIMEOUT);
     let writer = NatsCoordinator::with_options(&urls, options).expect("connect");
-    let start = writer.kv_set_if("locks", "owner", b"before", 0).expect("claim");
+    let start = writer
+        .kv_set_if("locks", "owner", b"before", 0)
+        .expect("claim");
 
     cluster.kill(1).expect("kill n1");
     cluster.kill(2).expect("kill n2");
@@ -191,7 +193,11 @@ fn a_compare_and_set_without_quorum_is_never_a_false_win() {
                 refused += 1;
             }
         }
-        assert!(began.elapsed() <= TIMEOUT + SLACK, "took {:?}", began.elapsed());
+        assert!(
+            began.elapsed() <= TIMEOUT + SLACK,
+            "took {:?}",
+            began.elapsed()
+        );
     }
     eprintln!(
         "without quorum: {refused} conditional sets refused (not stored), {} outcome unknown",

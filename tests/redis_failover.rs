@@ -476,10 +476,14 @@ fn cas_increments_through_a_master_kill_are_never_false_wins() {
     std::thread::sleep(Duration::from_millis(500));
     cluster.node_mut(victim).kill().expect("kill the master");
     let killed = Instant::now();
-    while all.iter().any(|n| {
-        cluster.master_of_slot(keyslot(&cluster, &format!("{{{n}}}"))) == Some(victim)
-    }) {
-        assert!(killed.elapsed() < Duration::from_secs(30), "no replica took over");
+    while all
+        .iter()
+        .any(|n| cluster.master_of_slot(keyslot(&cluster, &format!("{{{n}}}"))) == Some(victim))
+    {
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "no replica took over"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_secs(2));

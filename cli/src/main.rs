@@ -179,12 +179,15 @@ impl From<fleetcoord::Error> for CliError {
 }
 
 /// The exit status of a failed command: 2 for usage errors, as clap's own,
-/// the command's own status when a gated command failed, else 1.
+/// 3 for a conditional `kv set` that lost (so a script tells a taken claim
+/// from a failure), the command's own status when a gated command failed,
+/// else 1.
 fn exit_status(e: &CliError) -> u8 {
     match e {
         CliError::Stdout(_) => 0,
         CliError::Exit(code) => *code,
         CliError::Usage(_) => 2,
+        CliError::Fleet(fleetcoord::Error::Conflict { .. }) => 3,
         CliError::Fleet(_) | CliError::Message(_) => 1,
     }
 }

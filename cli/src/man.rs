@@ -236,6 +236,10 @@ fn extra_sections(cmd: &clap::Command, root: bool) -> Roff {
             "A usage error: an unknown flag, a missing argument, a value that cannot be used (a name with '/', an empty name, a port out of range, a prefix without its '/'). Names, prefixes and keys are checked by the library once connected, so with etcd unreachable the connection error (1) comes first.",
         ),
         (
+            "3",
+            "kv set --if-revision: the key was not at that revision (or, for 0, was set); nothing was written, and the message names the key's revision.",
+        ),
+        (
             "N",
             "elect and lock with -- CMD: the command's own exit status, 128 plus the signal's number if a signal killed it.",
         ),

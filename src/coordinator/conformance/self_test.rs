@@ -99,18 +99,14 @@ impl Coordinator for Buggy {
                 }
                 self.0.kv_set_with(bucket, key, value, kept)
             }
-            Bug::ConflictNamesExpected => {
-                match self.0.kv_set_with(bucket, key, value, options) {
-                    Err(crate::Error::Conflict { bucket, key, .. }) => {
-                        Err(crate::Error::Conflict {
-                            bucket,
-                            key,
-                            current: options.expected_revision(),
-                        })
-                    }
-                    other => other,
-                }
-            }
+            Bug::ConflictNamesExpected => match self.0.kv_set_with(bucket, key, value, options) {
+                Err(crate::Error::Conflict { bucket, key, .. }) => Err(crate::Error::Conflict {
+                    bucket,
+                    key,
+                    current: options.expected_revision(),
+                }),
+                other => other,
+            },
             _ => self.0.kv_set_with(bucket, key, value, options),
         }
     }
