@@ -415,6 +415,9 @@ fn min_replicas_on_a_server_without_replicas_fails_typed_and_bounded() {
     }
 }
 
+/// Per counter: wins, conflicts, unknown outcomes.
+type Outcomes = (u64, u64, u64);
+
 /// Compare-and-set increments through a master's kill: two threads per
 /// counter, on counters in every master's slots, through a handle whose
 /// request timeout covers the failover. A win is counted only when
@@ -439,8 +442,7 @@ fn cas_increments_through_a_master_kill_are_never_false_wins() {
     let (&victim, _) = by_master.iter().next().expect("a master");
     let all: Vec<String> = by_master.values().flatten().cloned().collect();
     let stop = Arc::new(AtomicBool::new(false));
-    // Per counter: wins, conflicts, unknown outcomes.
-    let tally: Arc<Mutex<BTreeMap<String, (u64, u64, u64)>>> = Arc::default();
+    let tally: Arc<Mutex<BTreeMap<String, Outcomes>>> = Arc::default();
     let threads: Vec<_> = all
         .iter()
         .flat_map(|name| [name.clone(), name.clone()])
