@@ -134,3 +134,45 @@ fn redis_cas_with_lost_answers_is_never_a_false_win() {
     });
     eprintln!("redis, clients killed every {CUT_EVERY:?}: {tally:?}");
 }
+
+/// A conditional set sent to a NATS server that stops answering (paused
+/// longer than one attempt, so the set is sent again) applies once and is
+/// answered as the win it is: nats-server 2.9 answers the repeat as a
+/// duplicate, 2.11 and later refuse it on its expected sequence, and the
+/// backend then finds its own message at the key's head.
+#[test]
+fn nats_cas_sent_twice_through_a_pause_is_one_win() {
+    use fleetcoord::coordinator::{NatsCoordinator, NatsOptions};
+    use fleetcoord::testing::NatsServer;
+    let server = NatsServer::start().expect("start nats-server (make deps-nats)");
+    let options = NatsOptions::default().with_request_timeout(Duration::from_secs(8));
+    let coord = NatsCoordinator::with_options(&server.url(), options).expect("connect");
+    let mut revision = coord.kv_set_if("locks", "owner", b"0", 0).expect("claim");
+    for round in 1..=3u64 {
+        server.pause().expect("pause");
+        let resume = std::thread::spawn({
+            let pid = server.pid();
+            move || {
+                // Longer than one publish attempt (2 s): the set is sent again.
+                std::thread::sleep(Duration::from_millis(2600));
+                pid
+            }
+        });
+        let value = round.to_string();
+        let set = std::thread::scope(|s| {
+            let call = s.spawn(|| coord.kv_set_if("locks", "owner", value.as_bytes(), revision));
+            resume.join().expect("timer");
+            server.resume().expect("resume");
+            call.join().expect("kv_set_if")
+        });
+        let entry = coord.kv_get_entry("locks", "owner").expect("kv_get_entry");
+        match set {
+            Ok(won) => {
+                assert_eq!((entry.value, entry.revision), (value.into_bytes(), won));
+                revision = won;
+            }
+            Err(Error::KvIndeterminate { .. }) => revision = entry.revision,
+            Err(e) => panic!("round {round}: a set sent twice must not be {e}"),
+        }
+    }
+}

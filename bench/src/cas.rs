@@ -11,9 +11,7 @@ use crate::raw::Raw;
 use crate::report::{latency_row, Row};
 use crate::stats::interleave;
 use crate::{Config, Res};
-use fleetcoord::coordinator::{
-    Coordinator, EtcdCoordinator, NatsCoordinator, RedisCoordinator,
-};
+use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, NatsCoordinator, RedisCoordinator};
 use fleetcoord::testing::{NatsServer, RedisCluster, RedisServer};
 use fleetcoord::{Etcd, EtcdOptions};
 use std::time::{Duration, Instant};
@@ -44,7 +42,11 @@ fn etcd_raw(endpoint: &str) -> Res<Probe> {
     Ok(Box::new(move |i| {
         let mut c = raw.client();
         let txn = Txn::new()
-            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, revision)])
+            .when([Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                revision,
+            )])
             .and_then([TxnOp::put(key.clone(), i.to_string(), None)]);
         let t = Instant::now();
         let answer = raw.block_on(c.txn(txn))?;
@@ -125,9 +127,7 @@ fn nats_raw(url: &str) -> Res<Probe> {
             .payload(i.to_string().into())
             .expected_last_subject_sequence(last);
         let t = Instant::now();
-        let ack = rt.block_on(async {
-            js.send_publish("benchcas.k", message).await?.await
-        })?;
+        let ack = rt.block_on(async { js.send_publish("benchcas.k", message).await?.await })?;
         let took = t.elapsed();
         last = ack.sequence;
         Ok(took)
@@ -187,7 +187,10 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
     let key = key_on_node0(&cluster)?;
     row(
         "redis cluster (3 masters)",
-        &mut ours(Box::new(RedisCoordinator::connect(&cluster.urls())?), Vec::new())?,
+        &mut ours(
+            Box::new(RedisCoordinator::connect(&cluster.urls())?),
+            Vec::new(),
+        )?,
         "redis-rs compare-and-set script, one master",
         &mut redis_raw(&cluster.node(0).url(), key)?,
     )?;

@@ -205,7 +205,36 @@ impl Conn {
         payload: bytes::Bytes,
         unknown: &(dyn Fn(String) -> Error + Send + Sync),
     ) -> Result<u64> {
-        let id = self.ids.next();
+        let id = self.next_id();
+        self.publish_with_id(what, stream, subject, headers, payload, unknown, &id)
+            .await
+    }
+
+    /// A new message id for [`Conn::publish_with_id`].
+    pub(super) fn next_id(&self) -> String {
+        self.ids.next()
+    }
+
+    /// [`Conn::publish_once`] with the message id `id`, which the caller
+    /// keeps to recognise its message in the stream.
+    ///
+    /// A conditional publish (one carrying [`EXPECTED_SUBJECT_SEQUENCE`])
+    /// whose condition failed ends with `condition_failed()` when every
+    /// earlier attempt was answered, and with `unknown(why)` when one was
+    /// not: nats-server 2.9 answers a repeat of a stored message as a
+    /// duplicate, but 2.11 and later check the expected sequence first
+    /// and refuse it, so the refusal may be the answer to our own write.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn publish_with_id(
+        &self,
+        what: &str,
+        stream: Option<&StreamSpec>,
+        subject: String,
+        headers: &[(&'static str, String)],
+        payload: bytes::Bytes,
+        unknown: &(dyn Fn(String) -> Error + Send + Sync),
+        id: &str,
+    ) -> Result<u64> {
         let conditional = headers
             .iter()
             .any(|(name, _)| *name == EXPECTED_SUBJECT_SEQUENCE);
@@ -234,7 +263,7 @@ impl Conn {
         loop {
             let mut message = jetstream::message::PublishMessage::build()
                 .payload(payload.clone())
-                .message_id(&id);
+                .message_id(id);
             for (name, value) in headers {
                 message = message.header(*name, value.as_str());
             }
@@ -261,12 +290,16 @@ impl Conn {
                         K::MaxPayloadExceeded => {
                             (Err(Error::invalid("payload", e.to_string())), e.to_string())
                         }
-                        // The condition of a conditional write failed. Its
-                        // earlier attempts carried this message id, so one
-                        // that was stored would have been answered as a
-                        // duplicate: this refusal is the outcome, in doubt
-                        // or not.
-                        K::WrongLastSequence if conditional => return Err(condition_failed()),
+                        // The condition of a conditional write failed: the
+                        // outcome, unless an earlier attempt went unanswered
+                        // (it may be what moved the sequence on).
+                        K::WrongLastSequence if conditional => {
+                            return Err(give_up(
+                                policy.in_doubt(),
+                                e.to_string(),
+                                condition_failed(),
+                            ))
+                        }
                         K::WrongLastMessageId | K::WrongLastSequence => {
                             (Err(refused(what, &e)), e.to_string())
                         }

@@ -99,8 +99,11 @@ const TOMBSTONE_CHASES: usize = 3;
 /// sequence (0: no message). A key that is absent may still have a last
 /// message — its delete marker — so a write conditional on absence that
 /// finds one is sent again expecting exactly that marker. A lost answer is
-/// retried with the same message id, so a write that was stored is
-/// answered as the duplicate it is, never as a conflict with itself.
+/// retried with the same message id: nats-server 2.9 answers a repeat of a
+/// stored write as a duplicate, later servers refuse it on its expected
+/// sequence, so after an unanswered attempt a refusal is checked against
+/// the key's newest message (ours: applied) and is otherwise
+/// `KvIndeterminate`, never a conflict with itself.
 pub(super) async fn set_with(
     conn: Conn,
     bucket: String,
@@ -136,6 +139,7 @@ pub(super) async fn set_with(
     let mut ttl_enabled = false;
     let payload = bytes::Bytes::from(value);
     for _ in 0..=TOMBSTONE_CHASES {
+        let id = conn.next_id();
         let mut headers = Vec::new();
         if let Some(secs) = plan.ttl_secs {
             headers.push((NATS_TTL, secs.to_string()));
@@ -149,18 +153,27 @@ pub(super) async fn set_with(
             &plain
         };
         let outcome = conn
-            .publish_once(
+            .publish_with_id(
                 &what,
                 Some(&spec),
                 subject.clone(),
                 &headers,
                 payload.clone(),
                 unknown,
+                &id,
             )
             .await;
         match outcome {
             Ok(revision) => return Ok(revision),
             Err(Error::Conflict { .. }) => {}
+            // An attempt went unanswered: if the key's newest message is
+            // ours, the write applied (and nobody wrote since).
+            Err(e @ Error::KvIndeterminate { .. }) => {
+                return match own_message(&conn, &spec.name, &subject, &id).await {
+                    Some(revision) => Ok(revision),
+                    None => Err(e),
+                }
+            }
             // A bucket made before per-key TTLs were asked of this server:
             // allow them (a stream setting that can be turned on), once.
             Err(Error::Backend {
@@ -192,6 +205,21 @@ pub(super) async fn set_with(
     }
     Err(refused_anyway(&bucket, &key, None))
 }
+
+/// The sequence of `subject`'s newest message when it carries the message
+/// id `id`; `None` when it does not, or when that cannot be read.
+async fn own_message(conn: &Conn, stream: &str, subject: &str, id: &str) -> Option<u64> {
+    let stream = conn.js.get_stream_no_info(stream).await.ok()?;
+    let last = stream.direct_get_last_for_subject(subject).await.ok()?;
+    let ours = last
+        .headers
+        .get(NATS_MSG_ID)
+        .is_some_and(|v| v.as_str() == id);
+    ours.then_some(last.sequence)
+}
+
+/// The header JetStream deduplicates writes by.
+const NATS_MSG_ID: &str = "Nats-Msg-Id";
 
 /// The conflict of a write refused although its key looked absent (a key
 /// deleted again and again while the write chased its marker).
