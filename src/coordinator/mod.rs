@@ -11,7 +11,11 @@
 //!   strictly after an ID;
 //! * **KV buckets** ([`Coordinator::kv_set`], [`Coordinator::kv_get`],
 //!   [`Coordinator::kv_delete`], [`Coordinator::kv_watch`]) with pattern
-//!   watches that deliver a snapshot, then [`KvEvent::Synced`], then changes.
+//!   watches that deliver a snapshot, then [`KvEvent::Synced`], then changes;
+//!   compare-and-set ([`Coordinator::kv_get_entry`] reads the revision
+//!   [`Coordinator::kv_set_if`] expects) and keys that expire by themselves
+//!   ([`Coordinator::kv_set_with_ttl`]), alone or together
+//!   ([`Coordinator::kv_set_with`]).
 //!
 //! Backends: [`MemoryCoordinator`] (one process, the embedded default),
 //! [`NoopCoordinator`] (accepts everything, delivers nothing), the etcd
