@@ -158,8 +158,9 @@ fn the_suite_catches_bugs() {
     assert!(fails(Bug::CasAlwaysWins, race).contains("exactly one of two writers must win"));
     let absent = "kv_set_if create-if-absent racing: exactly one wins";
     assert!(fails(Bug::CasAlwaysWins, absent).contains("exactly one of 4 claims must win"));
-    let count = "kv_set_if 8 threads incrementing one key end exactly at the total";
-    assert!(fails(Bug::CasAlwaysWins, count).contains("increments"));
+    // Not the increments case: threads that happen not to overlap (a
+    // loaded machine runs them one after another) end at the total even
+    // on this bug; the barrier-released races above always overlap.
     assert!(fails(Bug::ConflictNamesExpected, race).contains("expected Error::Conflict"));
     let expiry = "kv TTL expiry seen by kv_get and by a watcher";
     assert!(fails(Bug::TtlIgnored, expiry).contains("within the TTL and a second"));
