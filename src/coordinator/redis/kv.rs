@@ -237,7 +237,7 @@ pub(crate) async fn read(
     let mut call = READ.prepare_invoke();
     kv_keys(&mut call, bucket);
     call.arg(publish_command(cluster)).arg(key);
-    conn.invoke(&call).await
+    conn.invoke_read(&call).await
 }
 
 /// Expires what is due in `bucket`; the time until its next deadline.
