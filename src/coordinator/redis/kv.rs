@@ -245,7 +245,8 @@ async fn sweep(conn: &mut Conn, cluster: bool, bucket: &str) -> RedisResult<Opti
     let mut call = SWEEP.prepare_invoke();
     kv_keys(&mut call, bucket);
     call.arg(publish_command(cluster));
-    let left: i64 = conn.invoke(&call).await?;
+    // The expiries are the server's, not a write of the caller's to confirm.
+    let left: i64 = conn.invoke_read(&call).await?;
     Ok(u64::try_from(left).ok().map(Duration::from_millis))
 }
 
