@@ -380,6 +380,19 @@ mod tests {
     }
 
     #[test]
+    fn only_answers_of_writes_wait_for_replicas() {
+        use redis::Value::{Array, Int};
+        assert!(wrote_nothing(&Int(0)));
+        // A delete of a missing key, a refused conditional set.
+        assert!(wrote_nothing(&Array(vec![Int(1), Int(0)])));
+        assert!(wrote_nothing(&Array(vec![Int(0), Int(7)])));
+        assert!(wrote_nothing(&Array(vec![Int(0), Int(0)])));
+        // A set at revision 7, an append's id.
+        assert!(!wrote_nothing(&Array(vec![Int(1), Int(7)])));
+        assert!(!wrote_nothing(&redis::Value::BulkString(b"0-3".to_vec())));
+    }
+
+    #[test]
     fn an_unconfirmed_write_is_its_own_kind_and_says_it_was_applied() {
         let confirm = Confirm {
             replicas: 2,
