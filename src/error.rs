@@ -137,6 +137,52 @@ pub enum Error {
         /// Why the outcome is unknown, for people.
         message: String,
     },
+    /// A conditional KV write ([`Coordinator::kv_set_if`](crate::coordinator::Coordinator::kv_set_if))
+    /// that lost: the key was not at the expected revision (or, for an
+    /// expected revision of 0, not absent). Nothing was written. `current`
+    /// is the revision the key had when the condition was checked (`None`:
+    /// absent), so a caller can re-read, decide again and retry with it.
+    #[error(
+        "conditional set of {key:?} in bucket {bucket:?} lost: the key is {}",
+        at_revision(.current)
+    )]
+    Conflict {
+        /// The bucket written to.
+        bucket: String,
+        /// The key written to.
+        key: String,
+        /// The key's revision when the condition was checked; `None` when
+        /// it was absent.
+        current: Option<u64>,
+    },
+    /// A conditional KV write whose outcome is unknown: the request was
+    /// sent and its answer lost (a connection cut, a server gone), and the
+    /// backend could not learn whether it applied. Never reported as a
+    /// win; read the key ([`Coordinator::kv_get_entry`](crate::coordinator::Coordinator::kv_get_entry))
+    /// to find out. Not retryable: retrying with the same expected
+    /// revision would report a conflict against the write that did apply.
+    #[error(
+        "{backend}: conditional set of {key:?} in bucket {bucket:?}: {message} (the write may \
+         or may not have been applied)"
+    )]
+    KvIndeterminate {
+        /// The backend, e.g. `"redis"`.
+        backend: &'static str,
+        /// The bucket written to.
+        bucket: String,
+        /// The key written to.
+        key: String,
+        /// Why the outcome is unknown, for people.
+        message: String,
+    },
+}
+
+/// How a conflict describes the key's state.
+fn at_revision(current: &Option<u64>) -> String {
+    match current {
+        Some(revision) => format!("at revision {revision}"),
+        None => "absent".to_string(),
+    }
 }
 
 /// An error as one line for an operator: its text, then what its sources
@@ -249,8 +295,12 @@ pub enum ErrorKind {
     /// [`Error::InsideAsyncRuntime`]: a blocking call from a thread
     /// running an async runtime's tasks.
     InsideAsyncRuntime,
-    /// [`Error::Indeterminate`]: an append whose outcome is unknown.
+    /// [`Error::Indeterminate`]: an append whose outcome is unknown, and
+    /// [`Error::KvIndeterminate`]: a conditional KV write whose outcome is
+    /// unknown.
     Indeterminate,
+    /// [`Error::Conflict`]: a conditional KV write lost to another write.
+    Conflict,
 }
 
 impl ErrorKind {
@@ -279,7 +329,9 @@ impl ErrorKind {
             | ErrorKind::NotLeader
             | ErrorKind::Unsupported
             | ErrorKind::Io
-            | ErrorKind::InsideAsyncRuntime => false,
+            | ErrorKind::InsideAsyncRuntime
+            // The same condition fails the same way: re-read the key first.
+            | ErrorKind::Conflict => false,
         }
     }
 }
@@ -353,6 +405,8 @@ impl Error {
     /// | [`Error::Io`] | no | a local failure to look at |
     /// | [`Error::InsideAsyncRuntime`] | no | the same thread is refused again: call from `spawn_blocking` |
     /// | [`Error::Indeterminate`] | no | the append may be stored: appending again could store it twice |
+    /// | [`Error::Conflict`] | no | the key moved on: re-read it, decide again |
+    /// | [`Error::KvIndeterminate`] | no | the write may have applied: re-read the key |
     ///
     /// ```
     /// use fleetcoord::Error;
@@ -397,7 +451,8 @@ impl Error {
             Error::Unsupported(_) => ErrorKind::Unsupported,
             Error::Io(_) => ErrorKind::Io,
             Error::InsideAsyncRuntime => ErrorKind::InsideAsyncRuntime,
-            Error::Indeterminate { .. } => ErrorKind::Indeterminate,
+            Error::Indeterminate { .. } | Error::KvIndeterminate { .. } => ErrorKind::Indeterminate,
+            Error::Conflict { .. } => ErrorKind::Conflict,
         }
     }
 }

@@ -3,6 +3,8 @@
 //! and driver thread (like separate processes); streams are trimmed so the
 //! trimmed-resume case runs.
 
+mod common;
+
 use fleetcoord::coordinator::{Coordinator, NatsCoordinator, NatsOptions};
 use fleetcoord::testing::NatsServer;
 
@@ -32,7 +34,7 @@ fn nats_backend_conforms() {
         // Same port, same store.
         || server.lock().unwrap_or_else(|p| p.into_inner()).restart(),
     );
-    report.assert_nothing_skipped();
+    common::assert_nats_conforms(&report);
 }
 
 /// A refused connect is `Error::Connect` of kind `Unavailable`, as on

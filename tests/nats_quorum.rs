@@ -158,3 +158,79 @@ fn appends_without_quorum_fail_in_time_saying_so_and_resume_after() {
     }
     eprintln!("{} Indeterminate appends were stored", between.len());
 }
+
+/// A compare-and-set while the bucket has no quorum is never reported as
+/// a win, and one reported as anything but `KvIndeterminate` was not
+/// stored: after the nodes return, the key holds its value from before
+/// or the value of a write that said its outcome was unknown.
+#[test]
+fn a_compare_and_set_without_quorum_is_never_a_false_win() {
+    let mut cluster = NatsCluster::start(3).expect("start a 3-node nats cluster (make deps-nats)");
+    let urls = cluster.urls();
+    let options = NatsOptions::default()
+        .with_kv_replicas(3)
+        .with_request_timeout(TIMEOUT);
+    let writer = NatsCoordinator::with_options(&urls, options).expect("connect");
+    let start = writer
+        .kv_set_if("locks", "owner", b"before", 0)
+        .expect("claim");
+
+    cluster.kill(1).expect("kill n1");
+    cluster.kill(2).expect("kill n2");
+    let killed = Instant::now();
+    let mut unknown: Vec<Vec<u8>> = Vec::new();
+    let mut refused = 0;
+    let mut i = 0;
+    while killed.elapsed() < OUTAGE / 2 {
+        let value = format!("during {i}").into_bytes();
+        i += 1;
+        let began = Instant::now();
+        match writer.kv_set_if("locks", "owner", &value, start) {
+            Ok(revision) => panic!("a win without quorum, at revision {revision}"),
+            Err(Error::KvIndeterminate { .. }) => unknown.push(value),
+            Err(e) => {
+                assert!(e.is_retryable(), "neither unknown nor retryable: {e}");
+                refused += 1;
+            }
+        }
+        assert!(
+            began.elapsed() <= TIMEOUT + SLACK,
+            "took {:?}",
+            began.elapsed()
+        );
+    }
+    eprintln!(
+        "without quorum: {refused} conditional sets refused (not stored), {} outcome unknown",
+        unknown.len()
+    );
+
+    cluster.restart(1).expect("restart n1");
+    cluster.restart(2).expect("restart n2");
+    let restored = Instant::now();
+    let entry = loop {
+        match writer.kv_get_entry("locks", "owner") {
+            Ok(entry) => break entry,
+            Err(e) => assert!(
+                restored.elapsed() < Duration::from_secs(20),
+                "reads did not resume: {e}"
+            ),
+        }
+    };
+    assert!(
+        entry.value == b"before" || unknown.contains(&entry.value),
+        "the key holds {:?}, written by a set reported as not stored",
+        String::from_utf8_lossy(&entry.value)
+    );
+    // The revision read is the one a next conditional set needs.
+    let next = loop {
+        match writer.kv_set_if("locks", "owner", b"after", entry.revision) {
+            Ok(revision) => break revision,
+            Err(e) => assert!(
+                e.is_retryable() && restored.elapsed() < Duration::from_secs(20),
+                "the conditional set after the outage: {e}"
+            ),
+        }
+    };
+    assert!(next > entry.revision);
+    assert_eq!(writer.kv_get("locks", "owner").expect("kv_get"), b"after");
+}

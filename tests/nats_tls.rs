@@ -4,6 +4,8 @@
 //! file against a server in operator mode; every refusal is one line
 //! naming its cause; no secret shows in `Debug` or an error.
 
+mod common;
+
 use fleetcoord::coordinator::{
     connect, from_vars, ConnectSettings, Coordinator, NatsCoordinator, NatsCredentials, NatsOptions,
 };
@@ -77,7 +79,7 @@ fn conform(server: NatsServer, options: NatsOptions) {
         },
         || server.lock().unwrap_or_else(|p| p.into_inner()).restart(),
     );
-    report.assert_nothing_skipped();
+    common::assert_nats_conforms(&report);
 }
 
 #[test]

@@ -414,3 +414,102 @@ fn min_replicas_on_a_server_without_replicas_fails_typed_and_bounded() {
         }
     }
 }
+
+/// Per counter: wins, conflicts, unknown outcomes.
+type Outcomes = (u64, u64, u64);
+
+/// Compare-and-set increments through a master's kill: two threads per
+/// counter, on counters in every master's slots, through a handle whose
+/// request timeout covers the failover. A win is counted only when
+/// reported; a conditional set whose answer was lost is retried with its
+/// token (applied once, answered as applied) or said to be
+/// `KvIndeterminate`. So every counter ends between its wins and its wins
+/// plus its unknown outcomes: below would be a win that did not apply,
+/// above a conflict reported for a write that did (the caller then
+/// increments twice).
+#[test]
+fn cas_increments_through_a_master_kill_are_never_false_wins() {
+    let mut cluster =
+        RedisCluster::start_with_replicas(3, 1).expect("start a redis cluster (make deps-redis)");
+    let coord = Arc::new(
+        RedisCoordinator::with_options(
+            &cluster.urls(),
+            RedisOptions::default().with_request_timeout(LONG),
+        )
+        .expect("connect"),
+    );
+    let by_master = names_by_master(&cluster, 2);
+    let (&victim, _) = by_master.iter().next().expect("a master");
+    let all: Vec<String> = by_master.values().flatten().cloned().collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let tally: Arc<Mutex<BTreeMap<String, Outcomes>>> = Arc::default();
+    let threads: Vec<_> = all
+        .iter()
+        .flat_map(|name| [name.clone(), name.clone()])
+        .map(|name| {
+            let (coord, stop, tally) = (coord.clone(), stop.clone(), tally.clone());
+            std::thread::spawn(move || {
+                let (mut wins, mut conflicts, mut unknown) = (0, 0, 0);
+                while !stop.load(Ordering::SeqCst) {
+                    let (n, revision) = match coord.kv_get_entry(&name, "n") {
+                        Ok(e) => (
+                            String::from_utf8(e.value).unwrap().parse::<u64>().unwrap(),
+                            e.revision,
+                        ),
+                        Err(Error::NotFound) => (0, 0),
+                        Err(e) => panic!("{name}: kv_get_entry through a failover: {e}"),
+                    };
+                    match coord.kv_set_if(&name, "n", (n + 1).to_string().as_bytes(), revision) {
+                        Ok(_) => wins += 1,
+                        Err(Error::Conflict { .. }) => conflicts += 1,
+                        Err(Error::KvIndeterminate { .. }) => unknown += 1,
+                        Err(e) => panic!("{name}: kv_set_if through a failover: {e}"),
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                let mut tally = tally.lock().unwrap();
+                let t = tally.entry(name).or_default();
+                t.0 += wins;
+                t.1 += conflicts;
+                t.2 += unknown;
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    cluster.node_mut(victim).kill().expect("kill the master");
+    let killed = Instant::now();
+    while all
+        .iter()
+        .any(|n| cluster.master_of_slot(keyslot(&cluster, &format!("{{{n}}}"))) == Some(victim))
+    {
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "no replica took over"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        t.join().expect("a CAS thread panicked");
+    }
+    let tally = tally.lock().unwrap();
+    let (mut wins, mut conflicts, mut unknown) = (0, 0, 0);
+    for (name, (w, c, u)) in tally.iter() {
+        let end: u64 = String::from_utf8(coord.kv_get(name, "n").expect("kv_get"))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            *w <= end && end <= w + u,
+            "{name}: ends at {end} after {w} wins and {u} unknown outcomes ({c} conflicts)"
+        );
+        (wins, conflicts, unknown) = (wins + w, conflicts + c, unknown + u);
+    }
+    assert!(wins > 0);
+    eprintln!(
+        "through the failover: {wins} wins, {conflicts} conflicts, {unknown} unknown outcomes \
+         on {} counters",
+        tally.len()
+    );
+}

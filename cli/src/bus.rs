@@ -6,7 +6,8 @@ use crate::output::{event, object, text, Out};
 use crate::CliError;
 use crossbeam_channel::Receiver;
 use fleetcoord::coordinator::{
-    check_key, check_name, pattern, ConnectSettings, Coordinator, KvEvent, StreamId, StreamPosition,
+    check_key, check_name, pattern, ConnectSettings, Coordinator, KvEvent, KvSetOptions, StreamId,
+    StreamPosition,
 };
 use fleetcoord::Error;
 use serde_json::json;
@@ -138,7 +139,8 @@ impl KvCommand {
     /// What every backend would refuse, found before connecting.
     pub fn check(&self) -> fleetcoord::Result<()> {
         match self {
-            KvCommand::Get(KeyArgs { bucket, key }) | KvCommand::Del(KeyArgs { bucket, key }) => {
+            KvCommand::Get(GetArgs { bucket, key, .. })
+            | KvCommand::Del(KeyArgs { bucket, key }) => {
                 check_name("bucket", bucket).and_then(|()| check_key(key))
             }
             KvCommand::Set(a) => check_name("bucket", &a.bucket).and_then(|()| check_key(&a.key)),
@@ -183,9 +185,10 @@ impl StreamCommand {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum KvCommand {
-    /// Print the value of a key.
-    Get(KeyArgs),
-    /// Set a key.
+    /// Print the value of a key (or, with --revision, its revision).
+    Get(GetArgs),
+    /// Set a key; with --if-revision only if nobody else changed it, with
+    /// --ttl for a while.
     Set(SetArgs),
     /// Delete a key (deleting a missing key succeeds).
     Del(KeyArgs),
@@ -202,6 +205,18 @@ pub struct KeyArgs {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct GetArgs {
+    /// The bucket: one key segment (no '/').
+    bucket: String,
+    /// The key in the bucket: one key segment (no '/').
+    key: String,
+    /// Print the key's revision instead of its value: what `kv set
+    /// --if-revision` expects (--json prints both)
+    #[arg(long)]
+    revision: bool,
+}
+
+#[derive(clap::Args, Debug)]
 pub struct SetArgs {
     /// The bucket: one key segment (no '/').
     bucket: String,
@@ -209,6 +224,16 @@ pub struct SetArgs {
     key: String,
     /// The value to store, as given.
     value: String,
+    /// Set only if the key is still at this revision (from `kv get
+    /// --revision`), or for 0 only if it is not set; otherwise change
+    /// nothing and exit with status 3, naming the key's revision
+    #[arg(long, value_name = "N")]
+    if_revision: Option<u64>,
+    /// Delete the key this long after the set (e.g. 30s, 5m; 2s up to
+    /// 365 days, rounded up to whole seconds); a set without --ttl makes
+    /// the key permanent again
+    #[arg(long, value_name = "DURATION", value_parser = crate::duration::kv_ttl)]
+    ttl: Option<std::time::Duration>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -285,8 +310,8 @@ pub fn kv(
 ) -> Result<(), CliError> {
     match command {
         KvCommand::Get(a) => {
-            let value = match coord.kv_get(&a.bucket, &a.key) {
-                Ok(v) => v,
+            let entry = match coord.kv_get_entry(&a.bucket, &a.key) {
+                Ok(entry) => entry,
                 Err(Error::NotFound) => {
                     // For people, stdout stays empty: a value prints as
                     // is, so any text there would read as the value. JSON
@@ -307,20 +332,40 @@ pub fn kv(
                 }
                 Err(e) => return Err(e.into()),
             };
+            let human = if a.revision {
+                entry.revision.to_string()
+            } else {
+                text(&entry.value)
+            };
             out.emit(
-                text(&value),
+                human,
                 object([
                     ("bucket", json!(a.bucket)),
                     ("key", json!(a.key)),
-                    ("value", json!(text(&value))),
+                    ("value", json!(text(&entry.value))),
+                    ("revision", json!(entry.revision)),
                 ]),
             )?;
         }
         KvCommand::Set(a) => {
-            coord.kv_set(&a.bucket, &a.key, a.value.as_bytes())?;
+            let mut options = KvSetOptions::new();
+            if let Some(expected) = a.if_revision {
+                options = options.if_revision(expected);
+            }
+            if let Some(ttl) = a.ttl {
+                options = options.with_ttl(ttl);
+            }
+            let revision = coord.kv_set_with(&a.bucket, &a.key, a.value.as_bytes(), options)?;
             out.emit(
-                format!("set {}/{}", a.bucket, a.key),
-                event("set", [("bucket", json!(a.bucket)), ("key", json!(a.key))]),
+                format!("set {}/{} at revision {revision}", a.bucket, a.key),
+                event(
+                    "set",
+                    [
+                        ("bucket", json!(a.bucket)),
+                        ("key", json!(a.key)),
+                        ("revision", json!(revision)),
+                    ],
+                ),
             )?;
         }
         KvCommand::Del(a) => {

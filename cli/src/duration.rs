@@ -58,6 +58,22 @@ pub fn ttl(text: &str) -> Result<Duration, String> {
     Ok(value)
 }
 
+/// A KV key's TTL: the library's range (2 s up to 365 days, rounded up to
+/// whole seconds), checked here so that a bad one is a usage error before
+/// anything connects.
+pub fn kv_ttl(text: &str) -> Result<Duration, String> {
+    use fleetcoord::coordinator::{MAX_KV_TTL, MIN_KV_TTL};
+    let value = parse(text)?;
+    if value < MIN_KV_TTL || value > MAX_KV_TTL {
+        return Err(format!(
+            "{text:?} is outside the allowed range, {} s up to {} s (365 days)",
+            MIN_KV_TTL.as_secs(),
+            MAX_KV_TTL.as_secs()
+        ));
+    }
+    Ok(value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::{parse, timeout, ttl};

@@ -195,14 +195,16 @@ impl From<fleetcoord::Error> for CliError {
 pub const NOTHING_THERE: u8 = 3;
 
 /// The exit status of a failed command: 2 for usage errors, as clap's own,
-/// [`NOTHING_THERE`] for a read that found nothing, the command's own
-/// status when a gated command failed, else 1.
+/// [`NOTHING_THERE`] (3) for a read that found nothing and for a
+/// conditional `kv set` that lost (so a script tells a taken claim from a
+/// failure), the command's own status when a gated command failed, else 1.
 fn exit_status(e: &CliError) -> u8 {
     match e {
         CliError::Stdout(_) => 0,
         CliError::NothingThere => NOTHING_THERE,
         CliError::Exit(code) => *code,
         CliError::Usage(_) => 2,
+        CliError::Fleet(fleetcoord::Error::Conflict { .. }) => NOTHING_THERE,
         CliError::Fleet(_) | CliError::Message(_) | CliError::Hinted { .. } => 1,
     }
 }

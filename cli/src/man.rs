@@ -90,7 +90,7 @@ pub const EXIT_STATUSES: [(&str, &str); 6] = [
     ),
     (
         "3",
-        "Nothing there: leader with no leader, kv get of a key that is not set, shards NAME with no shard owned. The answer is printed all the same (no leader; null in --json).",
+        "Nothing there: leader with no leader, kv get of a key that is not set, shards NAME with no shard owned (the answer is printed all the same: no leader; null in --json); or kv set --if-revision found the key at another revision (or, for 0, set), wrote nothing, and names the key's revision.",
     ),
     (
         "130",

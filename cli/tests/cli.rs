@@ -405,6 +405,72 @@ fn kv_set_get_del_round_trip() {
 }
 
 #[test]
+fn kv_set_if_revision_and_ttl() {
+    let server = start_etcd();
+    // A claim: only if absent; a second claim loses with status 3.
+    let claimed = json_lines(&ok(
+        &server,
+        &[
+            "--json",
+            "kv",
+            "set",
+            "locks",
+            "job",
+            "me",
+            "--if-revision",
+            "0",
+        ],
+    ));
+    let revision = claimed[0]["revision"].as_u64().expect("a revision");
+    assert_eq!(
+        ok(&server, &["kv", "get", "--revision", "locks", "job"]),
+        format!("{revision}\n")
+    );
+    let got = json_lines(&ok(&server, &["--json", "kv", "get", "locks", "job"]));
+    assert_eq!(got[0]["revision"].as_u64(), Some(revision));
+    let lost = run(
+        &server,
+        &["kv", "set", "locks", "job", "you", "--if-revision", "0"],
+    );
+    assert_eq!(lost.status.code(), Some(3), "{}", stderr(&lost));
+    assert!(
+        stderr(&lost).contains(&format!("at revision {revision}")),
+        "{}",
+        stderr(&lost)
+    );
+    // The holder updates it at the revision it read.
+    let rev = revision.to_string();
+    let moved = ok(
+        &server,
+        &[
+            "kv",
+            "set",
+            "locks",
+            "job",
+            "me again",
+            "--if-revision",
+            &rev,
+        ],
+    );
+    assert!(moved.starts_with("set locks/job at revision "), "{moved}");
+    // A presence marker that goes away by itself.
+    ok(
+        &server,
+        &["kv", "set", "presence", "host-a", "up", "--ttl", "2s"],
+    );
+    assert_eq!(ok(&server, &["kv", "get", "presence", "host-a"]), "up\n");
+    std::thread::sleep(std::time::Duration::from_millis(3500));
+    let gone = run(&server, &["kv", "get", "presence", "host-a"]);
+    assert_eq!(gone.status.code(), Some(1), "{}", stderr(&gone));
+    // Out of range is a usage error before anything connects.
+    for ttl in ["0s", "1s", "400d"] {
+        let bad = run(&server, &["kv", "set", "presence", "h", "up", "--ttl", ttl]);
+        assert_eq!(bad.status.code(), Some(2), "{ttl}: {}", stderr(&bad));
+        assert!(stderr(&bad).contains("allowed range"), "{}", stderr(&bad));
+    }
+}
+
+#[test]
 fn kv_watch_sees_snapshot_then_changes() {
     let server = start_etcd();
     ok(&server, &["kv", "set", "cfg", "a", "1"]);

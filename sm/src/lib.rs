@@ -102,6 +102,7 @@ pub mod backoff;
 pub mod clock;
 pub mod election;
 pub mod keepalive;
+pub mod kv;
 pub mod mirror;
 pub mod newest;
 pub mod observe;

@@ -6,8 +6,9 @@
 use super::lane::{Dispatch, Lane, LaneMachine, LaneMsg, Lanes};
 use super::lifecycle::Lifecycle;
 use super::{
-    check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvEvent,
-    KvWatcher, Message, StreamEntry, StreamId, StreamPosition, StreamReader, Subscription,
+    check_key, check_name, check_payload, pattern, plan_set, refused, Capabilities, Coordinator,
+    Feed, KvEntry, KvEvent, KvSetOptions, KvWatcher, Message, StreamEntry, StreamId,
+    StreamPosition, StreamReader, Subscription,
 };
 use crate::deadline::deadline_after;
 use crate::driver::{self, rand_seed, FeedItem, MachineHandle, Notify, StopHandle};
@@ -20,7 +21,10 @@ use fleetcoord_sm::stream::{
     StreamError, StreamKeys,
 };
 use fleetcoord_sm::watch::{KeyRule, Watch, WatchConfig, WatchNotice, DEFAULT_PAGE_SIZE};
-use fleetcoord_sm::{BackoffConfig, KeyRange, Machine, RangeRequest, Request, Response};
+use fleetcoord_sm::{
+    BackoffConfig, Compare, KeyRange, Machine, RangeRequest, Request, Response, Txn, TxnOp,
+    TxnOpResponse,
+};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::num::NonZeroU64;
@@ -308,6 +312,42 @@ impl EtcdCoordinator {
         Ok(())
     }
 
+    /// A lease of `secs` for one TTL write. etcd grants at least its
+    /// minimum TTL (1.5 election timeouts): a longer grant than asked for
+    /// would keep the key past its TTL, so it is revoked and refused.
+    fn kv_lease(&self, secs: u64) -> Result<i64> {
+        let ttl_secs = i64::try_from(secs).map_err(|_| {
+            Error::invalid("ttl", format!("{secs} s does not fit etcd's lease TTL"))
+        })?;
+        let (lease, granted) = match self.etcd.request(Request::Grant { ttl_secs })? {
+            Response::Granted { lease, ttl_secs } => (lease, ttl_secs),
+            other => return Err(Error::unexpected(other)),
+        };
+        if granted > ttl_secs {
+            self.drop_lease(lease);
+            return Err(Error::invalid(
+                "ttl",
+                format!(
+                    "{secs} s is below this etcd's shortest lease ({granted} s, 1.5 times its \
+                     election timeout); the allowed range here is {granted} s ..= {} s",
+                    super::MAX_KV_TTL.as_secs()
+                ),
+            ));
+        }
+        Ok(lease)
+    }
+
+    /// Revokes a lease no key was bound to; on failure it expires by
+    /// itself after its TTL, holding nothing.
+    fn drop_lease(&self, lease: i64) {
+        if lease == 0 {
+            return;
+        }
+        if let Err(e) = self.etcd.request(Request::Revoke { lease }) {
+            log::debug!("fleetcoord: revoking an unused KV lease: {e}; it expires by itself");
+        }
+    }
+
     fn kv_key(&self, bucket: &str, key: &str) -> Vec<u8> {
         format!("{}/kv/{bucket}/{key}", self.root).into_bytes()
     }
@@ -412,6 +452,15 @@ impl EtcdCoordinator {
 /// an earlier member's `seq` would name a head etcd never held (the guard
 /// compares the head's value too, so such a pair would cost a failed
 /// transaction, never an overwrite).
+/// A revision etcd handed out (never 0 for a key that exists, never
+/// negative) as the bus's `u64`.
+fn revision_of(revision: i64) -> Result<u64> {
+    u64::try_from(revision)
+        .ok()
+        .filter(|r| *r > 0)
+        .ok_or_else(|| Error::unexpected(format!("a key at revision {revision}")))
+}
+
 fn remember_head(heads: &Mutex<HashMap<String, Head>>, stream: &str, head: Head) {
     let mut heads = heads.lock();
     if heads.len() >= REMEMBERED_HEADS && !heads.contains_key(stream) {
@@ -610,6 +659,8 @@ impl Coordinator for EtcdCoordinator {
         check_name("bucket", bucket)?;
         check_key(key)?;
         check_payload("etcd", "value", value)?;
+        // Lease 0 detaches the key from any lease an earlier TTL write
+        // bound it to: the key is permanent again.
         self.etcd.request(Request::Put {
             key: self.kv_key(bucket, key),
             value: value.to_vec(),
@@ -619,6 +670,10 @@ impl Coordinator for EtcdCoordinator {
     }
 
     fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
+        self.kv_get_entry(bucket, key).map(|entry| entry.value)
+    }
+
+    fn kv_get_entry(&self, bucket: &str, key: &str) -> Result<KvEntry> {
         crate::blocking::check()?;
         self.life.check_open()?;
         check_name("bucket", bucket)?;
@@ -629,9 +684,111 @@ impl Coordinator for EtcdCoordinator {
                 self.kv_key(bucket, key),
             ))))? {
             Response::Range { mut kvs, .. } => match kvs.pop() {
-                Some(kv) => Ok(kv.value),
+                Some(kv) => Ok(KvEntry {
+                    revision: revision_of(kv.mod_revision)?,
+                    value: kv.value,
+                }),
                 None => Err(Error::NotFound),
             },
+            other => Err(Error::unexpected(other)),
+        }
+    }
+
+    fn kv_set_with(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: &[u8],
+        options: KvSetOptions,
+    ) -> Result<u64> {
+        crate::blocking::check()?;
+        self.life.check_open()?;
+        check_name("bucket", bucket)?;
+        check_key(key)?;
+        check_payload("etcd", "value", value)?;
+        let plan = plan_set(options)?;
+        // An expected revision beyond etcd's (which are i64s) was not read
+        // from etcd: sm's rule for a revision newer than the key's.
+        let expected = match plan.condition.expected() {
+            Some(n) => Some(i64::try_from(n).map_err(|_| {
+                Error::invalid(
+                    "expected_revision",
+                    format!(
+                        "{n} is beyond every etcd revision, so it was not read from \
+                         {key:?}; the allowed range is 0 (absent) ..= {}",
+                        i64::MAX
+                    ),
+                )
+            })?),
+            None => None,
+        };
+        let lease = match plan.ttl_secs {
+            Some(secs) => self.kv_lease(secs)?,
+            None => 0,
+        };
+        let etcd_key = self.kv_key(bucket, key);
+        let put = TxnOp::Put {
+            key: etcd_key.clone(),
+            value: value.to_vec(),
+            lease,
+        };
+        let written = match expected {
+            None => self.etcd.request(Request::Put {
+                key: etcd_key,
+                value: value.to_vec(),
+                lease,
+            }),
+            // The failure branch reads the key in the same transaction,
+            // so a conflict names the revision that beat this write.
+            Some(revision) => self.etcd.request(Request::Txn(Txn {
+                compare: vec![Compare::ModRevisionEquals {
+                    key: etcd_key.clone(),
+                    revision,
+                }],
+                success: vec![put],
+                failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(etcd_key)))],
+            })),
+        };
+        let answer = match written {
+            Ok(answer) => answer,
+            Err(e) => {
+                // A lease nobody got is left to expire by itself.
+                let in_doubt = matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Timeout);
+                return Err(match expected {
+                    Some(_) if in_doubt => Error::KvIndeterminate {
+                        backend: "etcd",
+                        bucket: bucket.to_owned(),
+                        key: key.to_owned(),
+                        message: e.to_string(),
+                    },
+                    _ => e,
+                });
+            }
+        };
+        match answer {
+            Response::Put { revision } => revision_of(revision),
+            Response::Txn {
+                revision,
+                succeeded: true,
+                ..
+            } => revision_of(revision),
+            Response::Txn {
+                succeeded: false,
+                mut responses,
+                ..
+            } => {
+                self.drop_lease(lease);
+                let current = match responses.pop() {
+                    Some(TxnOpResponse::Range { mut kvs }) => match kvs.pop() {
+                        Some(kv) => Some(revision_of(kv.mod_revision)?),
+                        None => None,
+                    },
+                    other => return Err(Error::unexpected(other)),
+                };
+                let verdict = fleetcoord_sm::kv::refusal(plan.condition, current);
+                Err(refused(bucket, key, plan.condition, verdict)
+                    .unwrap_or_else(|| Error::unexpected("a refusal decided as a win")))
+            }
             other => Err(Error::unexpected(other)),
         }
     }

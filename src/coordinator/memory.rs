@@ -17,9 +17,14 @@ use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::DEFAULT_FEED_CAPACITY;
+use super::{plan_set, refused, KvEntry, KvSetOptions, DEFAULT_FEED_CAPACITY};
+
+/// The longest the expiry thread sleeps: a key set with a TTL while it
+/// sleeps towards a later deadline is expired at most this late, well
+/// within the contract's second.
+const EXPIRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// How long the catch-up thread waits between rounds: [`CATCH_UP_FAST`]
 /// after a round in which a consumer had read enough to be sent more (it
@@ -138,6 +143,11 @@ struct State {
     buckets: HashMap<String, Bucket>,
     /// Whether the catch-up thread runs.
     catching_up: bool,
+    /// The last revision handed to a KV write, hub-wide: revisions never
+    /// repeat, also across a bucket emptied and set again.
+    revision: u64,
+    /// Whether the expiry thread runs.
+    expiring: bool,
 }
 
 /// A registered feed: `id` for its drop hook, `owner` for `close`.
@@ -261,6 +271,10 @@ impl StreamSub {
 #[derive(Default)]
 struct Bucket {
     entries: BTreeMap<String, Vec<u8>>,
+    /// Each entry's revision.
+    revisions: HashMap<String, u64>,
+    /// The deadline of each entry set with a TTL.
+    expiries: HashMap<String, Instant>,
     /// Counts the bucket's changes: the version its watchers' mirrors
     /// follow (see `coordinator/kv_mirror.rs`).
     version: u64,
@@ -341,6 +355,63 @@ impl KvSub {
     }
 }
 
+impl Bucket {
+    /// Sets `key` (the entries, its revision, its deadline or none) and
+    /// tells the watchers; true if one of them is behind.
+    fn set(&mut self, key: &str, value: &[u8], revision: u64, expires: Option<Instant>) -> bool {
+        self.entries.insert(key.to_owned(), value.to_vec());
+        self.revisions.insert(key.to_owned(), revision);
+        match expires {
+            Some(at) => self.expiries.insert(key.to_owned(), at),
+            // A plain set makes the key permanent again.
+            None => self.expiries.remove(key),
+        };
+        self.version = self.version.saturating_add(1);
+        let (entries, version) = (&self.entries, self.version);
+        step_all(&mut self.watchers, |w| {
+            w.offer(version, key, Some(value), entries)
+        })
+    }
+
+    /// Removes `key` if present and tells the watchers; true if one of
+    /// them is behind.
+    fn remove(&mut self, key: &str) -> bool {
+        self.revisions.remove(key);
+        self.expiries.remove(key);
+        if self.entries.remove(key).is_none() {
+            return false;
+        }
+        self.version = self.version.saturating_add(1);
+        let (entries, version) = (&self.entries, self.version);
+        step_all(&mut self.watchers, |w| w.offer(version, key, None, entries))
+    }
+
+    /// Removes every key whose deadline is not after `now`, as deletes;
+    /// true if a watcher is behind.
+    fn expire(&mut self, now: Instant) -> bool {
+        let due: Vec<String> = self
+            .expiries
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut behind = false;
+        for key in due {
+            behind |= self.remove(&key);
+        }
+        behind
+    }
+
+    /// The key's revision, `None` when absent (an expired key is absent
+    /// even before the expiry thread removed it).
+    fn revision(&self, key: &str, now: Instant) -> Option<u64> {
+        if self.expiries.get(key).is_some_and(|at| *at <= now) {
+            return None;
+        }
+        self.revisions.get(key).copied()
+    }
+}
+
 /// Keeps the feeds for which `step` does not say [`Offer::Gone`]; true if
 /// any of them is still behind.
 fn step_all<T>(feeds: &mut Vec<T>, mut step: impl FnMut(&mut T) -> Offer) -> bool {
@@ -387,6 +458,49 @@ impl State {
         self.buckets
             .retain(|_, b| !(b.entries.is_empty() && b.watchers.is_empty()));
         (behind, moved)
+    }
+}
+
+impl State {
+    /// Expires what is due in `bucket` (watchers hear it before anything
+    /// else that happens to the bucket); true if a watcher is behind.
+    fn expire_bucket(&mut self, bucket: &str, now: Instant) -> bool {
+        let Some(b) = self.buckets.get_mut(bucket) else {
+            return false;
+        };
+        if b.expiries.is_empty() {
+            return false;
+        }
+        let behind = b.expire(now);
+        if b.entries.is_empty() && b.watchers.is_empty() {
+            self.buckets.remove(bucket);
+        }
+        behind
+    }
+
+    /// Expires what is due in every bucket; returns whether a watcher is
+    /// behind, and the next deadline left.
+    fn expire_all(&mut self, now: Instant) -> (bool, Option<Instant>) {
+        let mut behind = false;
+        let mut next: Option<Instant> = None;
+        for b in self.buckets.values_mut() {
+            if b.expiries.is_empty() {
+                continue;
+            }
+            behind |= b.expire(now);
+            if let Some(at) = b.expiries.values().min() {
+                next = Some(next.map_or(*at, |n| n.min(*at)));
+            }
+        }
+        self.buckets
+            .retain(|_, b| !(b.entries.is_empty() && b.watchers.is_empty()));
+        (behind, next)
+    }
+
+    /// The next revision, hub-wide.
+    fn next_revision(&mut self) -> u64 {
+        self.revision = self.revision.saturating_add(1);
+        self.revision
     }
 }
 
@@ -502,6 +616,25 @@ impl MemoryCoordinator {
         }
     }
 
+    /// Make sure the expiry thread runs while a key has a deadline. Called
+    /// with the lock held, which the thread needs to decide to end: it
+    /// cannot miss a deadline set while it stops.
+    fn keep_expiring(&self, state: &mut State) {
+        if state.expiring {
+            return;
+        }
+        let hub = Arc::downgrade(&self.hub);
+        let spawned = std::thread::Builder::new()
+            .name("fleetcoord-memory-expiry".into())
+            .spawn(move || expiry_loop(&hub));
+        match spawned {
+            Ok(_) => state.expiring = true,
+            // Refused rather than kept forever: the contract says the key
+            // is gone, and watchers hear it, after its TTL.
+            Err(e) => log::warn!("cannot start the memory hub's expiry thread: {e}"),
+        }
+    }
+
     /// Ends every feed this handle opened (their senders are dropped).
     fn close_feeds(&self, state: &mut State) {
         let me = self.id;
@@ -537,6 +670,35 @@ fn catch_up_loop(hub: &Weak<Hub>) {
         } else {
             (pause * 2).min(CATCH_UP_SLOW)
         };
+    }
+}
+
+/// The expiry thread: while some key has a deadline, remove it when due
+/// (as a delete watchers hear); end when none has, or the hub is gone.
+fn expiry_loop(hub: &Weak<Hub>) {
+    loop {
+        let pause = {
+            let Some(hub) = hub.upgrade() else { return };
+            let mut state = hub.state.lock();
+            let now = Instant::now();
+            let (behind, next) = state.expire_all(now);
+            if behind && !state.catching_up {
+                let weak = Arc::downgrade(&hub);
+                if std::thread::Builder::new()
+                    .name("fleetcoord-memory-catch-up".into())
+                    .spawn(move || catch_up_loop(&weak))
+                    .is_ok()
+                {
+                    state.catching_up = true;
+                }
+            }
+            let Some(next) = next else {
+                state.expiring = false;
+                return;
+            };
+            next.saturating_duration_since(now).min(EXPIRY_PAUSE)
+        };
+        std::thread::sleep(pause);
     }
 }
 
@@ -687,33 +849,63 @@ impl Coordinator for MemoryCoordinator {
     }
 
     fn kv_set(&self, bucket: &str, key: &str, value: &[u8]) -> Result<()> {
-        self.life.check_open()?;
-        check_name("bucket", bucket)?;
-        check_key(key)?;
-        check_payload("memory", "value", value)?;
-        let mut state = self.lock()?;
-        let b = state.buckets.entry(bucket.to_owned()).or_default();
-        b.entries.insert(key.to_owned(), value.to_vec());
-        b.version = b.version.saturating_add(1);
-        let (entries, version) = (&b.entries, b.version);
-        let behind = step_all(&mut b.watchers, |w| {
-            w.offer(version, key, Some(value), entries)
-        });
-        self.keep_up(&mut state, behind);
-        Ok(())
+        self.kv_set_with(bucket, key, value, KvSetOptions::new())
+            .map(|_| ())
     }
 
     fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
+        self.kv_get_entry(bucket, key).map(|entry| entry.value)
+    }
+
+    fn kv_get_entry(&self, bucket: &str, key: &str) -> Result<KvEntry> {
         self.life.check_open()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         let state = self.lock()?;
-        state
-            .buckets
-            .get(bucket)
-            .and_then(|b| b.entries.get(key))
-            .cloned()
-            .ok_or(Error::NotFound)
+        let b = state.buckets.get(bucket).ok_or(Error::NotFound)?;
+        let revision = b.revision(key, Instant::now()).ok_or(Error::NotFound)?;
+        let value = b.entries.get(key).cloned().ok_or(Error::NotFound)?;
+        Ok(KvEntry { value, revision })
+    }
+
+    fn kv_set_with(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: &[u8],
+        options: KvSetOptions,
+    ) -> Result<u64> {
+        self.life.check_open()?;
+        check_name("bucket", bucket)?;
+        check_key(key)?;
+        check_payload("memory", "value", value)?;
+        let plan = plan_set(options)?;
+        let now = Instant::now();
+        let expires = plan
+            .ttl_secs
+            .map(|secs| now.checked_add(Duration::from_secs(secs)))
+            .map(|at| {
+                at.ok_or_else(|| Error::invalid("ttl", "ends beyond what this clock can count"))
+            })
+            .transpose()?;
+        let mut state = self.lock()?;
+        // Whatever expired is gone before the condition is checked, and
+        // watchers hear its delete before this write.
+        let mut behind = state.expire_bucket(bucket, now);
+        let current = state.buckets.get(bucket).and_then(|b| b.revision(key, now));
+        let verdict = fleetcoord_sm::kv::check(plan.condition, current);
+        if let Some(error) = refused(bucket, key, plan.condition, verdict) {
+            self.keep_up(&mut state, behind);
+            return Err(error);
+        }
+        let revision = state.next_revision();
+        let b = state.buckets.entry(bucket.to_owned()).or_default();
+        behind |= b.set(key, value, revision, expires);
+        if expires.is_some() {
+            self.keep_expiring(&mut state);
+        }
+        self.keep_up(&mut state, behind);
+        Ok(revision)
     }
 
     fn kv_delete(&self, bucket: &str, key: &str) -> Result<()> {
@@ -721,15 +913,12 @@ impl Coordinator for MemoryCoordinator {
         check_name("bucket", bucket)?;
         check_key(key)?;
         let mut state = self.lock()?;
+        let mut behind = state.expire_bucket(bucket, Instant::now());
         let Some(b) = state.buckets.get_mut(bucket) else {
+            self.keep_up(&mut state, behind);
             return Ok(());
         };
-        let mut behind = false;
-        if b.entries.remove(key).is_some() {
-            b.version = b.version.saturating_add(1);
-            let (entries, version) = (&b.entries, b.version);
-            behind = step_all(&mut b.watchers, |w| w.offer(version, key, None, entries));
-        }
+        behind |= b.remove(key);
         if b.entries.is_empty() && b.watchers.is_empty() {
             state.buckets.remove(bucket);
         }
@@ -744,6 +933,9 @@ impl Coordinator for MemoryCoordinator {
         let (reg, rx) = self.new_reg();
         let id = reg.id;
         let mut state = self.lock()?;
+        // The snapshot holds no key past its deadline.
+        let expired_behind = state.expire_bucket(bucket, Instant::now());
+        self.keep_up(&mut state, expired_behind);
         let b = state.buckets.entry(bucket.to_owned()).or_default();
         // The watch starts with its whole snapshot queued; what does not
         // fit in its channel comes as the consumer reads, then `Synced`.

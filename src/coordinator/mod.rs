@@ -11,7 +11,11 @@
 //!   strictly after an ID;
 //! * **KV buckets** ([`Coordinator::kv_set`], [`Coordinator::kv_get`],
 //!   [`Coordinator::kv_delete`], [`Coordinator::kv_watch`]) with pattern
-//!   watches that deliver a snapshot, then [`KvEvent::Synced`], then changes.
+//!   watches that deliver a snapshot, then [`KvEvent::Synced`], then changes;
+//!   compare-and-set ([`Coordinator::kv_get_entry`] reads the revision
+//!   [`Coordinator::kv_set_if`] expects) and keys that expire by themselves
+//!   ([`Coordinator::kv_set_with_ttl`]), alone or together
+//!   ([`Coordinator::kv_set_with`]).
 //!
 //! Backends: [`MemoryCoordinator`] (one process, the embedded default),
 //! [`NoopCoordinator`] (accepts everything, delivers nothing), the etcd
@@ -200,6 +204,105 @@ pub trait Coordinator: Send + Sync {
     /// no watcher anything.
     fn kv_delete(&self, bucket: &str, key: &str) -> Result<()>;
 
+    /// Reads `key` in `bucket` with its revision: the number
+    /// [`kv_set_if`](Coordinator::kv_set_if) expects to change it only if
+    /// nobody else did. [`Error::NotFound`] when it is not set (an
+    /// expected revision of 0 then means "only if still absent").
+    ///
+    /// A revision identifies one write of the key: it is never 0, and
+    /// every later write of the same key (set, conditional set, delete,
+    /// expiry) leaves it at a larger one, so a revision read once is
+    /// never current again after the key changed. Revisions are not
+    /// contiguous, and not comparable across backends; within a bucket,
+    /// a later write has a larger revision on every backend. `kv_get`
+    /// stays the plain read of the value.
+    ///
+    /// The default answers [`Error::Unsupported`], for backends written
+    /// before conditional writes existed; every backend of this crate
+    /// implements it.
+    fn kv_get_entry(&self, bucket: &str, key: &str) -> Result<KvEntry> {
+        let _ = (bucket, key);
+        Err(Error::Unsupported("kv_get_entry (revisions)"))
+    }
+
+    /// Sets `key` in `bucket` to `value` as `options` say: only if it is
+    /// at an expected revision or absent, and/or expiring after a TTL.
+    /// Returns the revision of the write. One method for both, so that
+    /// the common combinations — a claim that expires (create-if-absent
+    /// with a TTL), a presence marker refreshed only by its owner — are
+    /// one atomic write, not two that can interleave with others.
+    ///
+    /// * **Condition** ([`KvSetOptions::if_revision`]): the write applies
+    ///   only if the key is at exactly that revision, or for 0 only if it
+    ///   is absent (never set, deleted or expired); otherwise nothing is
+    ///   written and the answer is [`Error::Conflict`] carrying the key's
+    ///   revision (`None`: absent). Of several writers racing on one
+    ///   revision exactly one wins. An expected revision newer than the
+    ///   key's current one cannot have been read from this key (a key's
+    ///   revision only grows): [`Error::InvalidArgument`] naming
+    ///   `"expected_revision"`. A conditional write whose answer was lost
+    ///   is never reported as a win unless it applied: the backend finds
+    ///   out, or answers [`Error::KvIndeterminate`].
+    /// * **TTL** ([`KvSetOptions::with_ttl`]): the key is gone from
+    ///   `kv_get` once `ttl` (rounded up to whole seconds) has passed, and
+    ///   every watcher hears a [`KvEvent::Deleted`] within a second after
+    ///   that. A TTL outside [`MIN_KV_TTL`] ..= [`MAX_KV_TTL`] is refused
+    ///   with [`Error::InvalidArgument`] naming `"ttl"` and the range.
+    ///   A later write without a TTL ([`kv_set`](Coordinator::kv_set),
+    ///   or this method without one) makes the key permanent again; a
+    ///   later write with a TTL restarts the clock. A backend that cannot
+    ///   expire single keys fails at once, writing nothing, with an error
+    ///   of kind [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported)
+    ///   naming what it needs.
+    ///
+    /// Watches see the write as any other put. The default answers
+    /// [`Error::Unsupported`] (see [`kv_get_entry`](Coordinator::kv_get_entry)).
+    fn kv_set_with(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: &[u8],
+        options: KvSetOptions,
+    ) -> Result<u64> {
+        let _ = (bucket, key, value, options);
+        Err(Error::Unsupported(
+            "kv_set_with (conditional and expiring sets)",
+        ))
+    }
+
+    /// Compare-and-set: sets `key` only if it is at `expected_revision`
+    /// (from [`kv_get_entry`](Coordinator::kv_get_entry) or an earlier
+    /// write), or, for 0, only if it is absent. Returns the new revision;
+    /// a lost race is [`Error::Conflict`] with the key's revision. See
+    /// [`kv_set_with`](Coordinator::kv_set_with).
+    fn kv_set_if(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: &[u8],
+        expected_revision: u64,
+    ) -> Result<u64> {
+        self.kv_set_with(
+            bucket,
+            key,
+            value,
+            KvSetOptions::new().if_revision(expected_revision),
+        )
+    }
+
+    /// Sets `key` to `value` for `ttl`: afterwards the key is gone, and
+    /// watchers hear it deleted. Returns the new revision. See
+    /// [`kv_set_with`](Coordinator::kv_set_with).
+    fn kv_set_with_ttl(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: &[u8],
+        ttl: std::time::Duration,
+    ) -> Result<u64> {
+        self.kv_set_with(bucket, key, value, KvSetOptions::new().with_ttl(ttl))
+    }
+
     /// Watches the keys of `bucket` that match `pattern` (see [`pattern`]):
     /// one [`KvEvent::Put`] per matching key (the snapshot), then exactly one
     /// [`KvEvent::Synced`] (also for an empty bucket), then every later put
@@ -276,6 +379,155 @@ impl Default for Capabilities {
             delivers: true,
             stream_max_len: None,
         }
+    }
+}
+
+/// A KV value with its revision, from
+/// [`Coordinator::kv_get_entry`]. `#[non_exhaustive]` so that more
+/// metadata (an expiry) can be added.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KvEntry {
+    /// The value.
+    pub value: Vec<u8>,
+    /// The revision of the write that set it: what
+    /// [`Coordinator::kv_set_if`] expects to replace exactly this value.
+    pub revision: u64,
+}
+
+impl KvEntry {
+    /// An entry, for backends outside this crate.
+    pub fn new(value: Vec<u8>, revision: u64) -> Self {
+        KvEntry { value, revision }
+    }
+}
+
+/// The shortest TTL [`Coordinator::kv_set_with`] accepts on every backend:
+/// 2 s, the shortest lease etcd grants with its default settings (so a
+/// TTL that works on one backend works on all).
+pub const MIN_KV_TTL: std::time::Duration = fleetcoord_sm::kv::MIN_TTL;
+/// The longest TTL [`Coordinator::kv_set_with`] accepts: 365 days.
+pub const MAX_KV_TTL: std::time::Duration = fleetcoord_sm::kv::MAX_TTL;
+
+/// How [`Coordinator::kv_set_with`] writes: the default is a plain,
+/// permanent set (what [`Coordinator::kv_set`] does).
+///
+/// ```
+/// use fleetcoord::coordinator::KvSetOptions;
+/// use std::time::Duration;
+///
+/// // A claim that lapses unless renewed: only if nobody holds it, for 10 s.
+/// let claim = KvSetOptions::new().if_absent().with_ttl(Duration::from_secs(10));
+/// assert_eq!(claim.expected_revision(), Some(0));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct KvSetOptions {
+    expected: Option<u64>,
+    ttl: Option<std::time::Duration>,
+}
+
+impl KvSetOptions {
+    /// A plain, permanent set.
+    pub const fn new() -> Self {
+        KvSetOptions {
+            expected: None,
+            ttl: None,
+        }
+    }
+
+    /// These options, writing only if the key is at `revision` (0: only
+    /// if it is absent).
+    #[must_use]
+    pub const fn if_revision(mut self, revision: u64) -> Self {
+        self.expected = Some(revision);
+        self
+    }
+
+    /// These options, writing only if the key is absent: `if_revision(0)`.
+    #[must_use]
+    pub const fn if_absent(self) -> Self {
+        self.if_revision(0)
+    }
+
+    /// These options, with the key expiring `ttl` after the write.
+    #[must_use]
+    pub const fn with_ttl(mut self, ttl: std::time::Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// The revision the write expects (0: absent); `None` for an
+    /// unconditional write.
+    pub const fn expected_revision(&self) -> Option<u64> {
+        self.expected
+    }
+
+    /// The TTL; `None` for a permanent key.
+    pub const fn ttl(&self) -> Option<std::time::Duration> {
+        self.ttl
+    }
+}
+
+/// A [`KvSetOptions`] checked, in the words the backends use: the
+/// condition, and the TTL in whole seconds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SetPlan {
+    pub(crate) condition: fleetcoord_sm::kv::Condition,
+    pub(crate) ttl_secs: Option<u64>,
+}
+
+/// Checks `options` (the TTL's range; every backend refuses alike).
+pub(crate) fn plan_set(options: KvSetOptions) -> Result<SetPlan> {
+    use fleetcoord_sm::kv::{ttl_secs, Condition, TtlError};
+    let ttl_secs = match options.ttl {
+        None => None,
+        Some(ttl) => Some(ttl_secs(ttl).map_err(|e| {
+            let why = match e {
+                TtlError::TooShort => "is too short",
+                TtlError::TooLong => "is too long",
+            };
+            Error::invalid(
+                "ttl",
+                format!(
+                    "{ttl:?} {why}: the allowed range is {} s ..= {} s (365 days), \
+                     counted in whole seconds",
+                    MIN_KV_TTL.as_secs(),
+                    MAX_KV_TTL.as_secs()
+                ),
+            )
+        })?),
+    };
+    Ok(SetPlan {
+        condition: Condition::from_expected(options.expected),
+        ttl_secs,
+    })
+}
+
+/// The user's answer to a refused or undecided conditional write, from
+/// sm's verdict; `None` for [`Verdict::Apply`](fleetcoord_sm::kv::Verdict::Apply).
+pub(crate) fn refused(
+    bucket: &str,
+    key: &str,
+    condition: fleetcoord_sm::kv::Condition,
+    verdict: fleetcoord_sm::kv::Verdict,
+) -> Option<Error> {
+    use fleetcoord_sm::kv::Verdict;
+    match verdict {
+        Verdict::Apply => None,
+        Verdict::Conflict { current } => Some(Error::Conflict {
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            current,
+        }),
+        Verdict::NotThisKeys { current } => Some(Error::invalid(
+            "expected_revision",
+            format!(
+                "{} is newer than the revision of {key:?} in bucket {bucket:?} ({current}), \
+                 so it was not read from this key; the allowed range is 0 (absent) ..= \
+                 {current}, a revision read with kv_get_entry",
+                condition.expected().unwrap_or_default()
+            ),
+        )),
     }
 }
 

@@ -2,8 +2,8 @@
 
 use super::lifecycle::Lifecycle;
 use super::{
-    check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvWatcher,
-    StreamId, StreamPosition, StreamReader, Subscription,
+    check_key, check_name, check_payload, pattern, plan_set, refused, Capabilities, Coordinator,
+    Feed, KvEntry, KvSetOptions, KvWatcher, StreamId, StreamPosition, StreamReader, Subscription,
 };
 use crate::error::{Error, Result};
 use crossbeam_channel::{bounded, Sender};
@@ -13,6 +13,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
+/// Stream IDs and KV revisions: process-wide, so handles from one factory
+/// never hand out the same number, as handles onto one real store would
+/// not.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
 /// A [`Coordinator`] for when coordination is switched off (or could not be
 /// set up): calls succeed and go nowhere, so code written against the trait
 /// keeps running.
@@ -21,7 +26,15 @@ use std::sync::{Arc, Weak};
 /// * `append_stream` succeeds with unique, increasing IDs from one counter
 ///   shared by all streams and all noop handles of the process (so callers
 ///   that compare IDs keep working); no entry is stored.
-/// * `kv_get` returns [`Error::NotFound`].
+/// * `kv_get` and `kv_get_entry` return [`Error::NotFound`]: every key is
+///   always absent.
+/// * `kv_set_with` (`kv_set_if`, `kv_set_with_ttl`) checks its input like
+///   every backend, then answers as a store in which every key is absent
+///   would: a write expecting absence (revision 0), or expecting nothing,
+///   succeeds with a new revision from the process-wide counter and is
+///   dropped (so a claim on a noop always wins, as a `kv_set` always
+///   succeeds); a write expecting a revision is [`Error::Conflict`] with
+///   `current: None`. A TTL is accepted and has nothing to expire.
 /// * feeds from `subscribe`, `read_stream` and `kv_watch` stay open and
 ///   silent (a KV watch never even says `Synced`) until the handle closes.
 /// * `ping` succeeds; `close` is idempotent, then every call returns
@@ -117,10 +130,7 @@ impl Coordinator for NoopCoordinator {
         self.life.check_open()?;
         check_name("stream", stream)?;
         check_payload("noop", "payload", payload)?;
-        // Process-wide, so handles from one factory never hand out the same
-        // ID, as handles onto one real stream would not.
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        Ok(StreamId(NEXT.fetch_add(1, Ordering::Relaxed)))
+        Ok(StreamId(NEXT_ID.fetch_add(1, Ordering::Relaxed)))
     }
 
     fn read_stream(&self, stream: &str, _from: StreamPosition) -> Result<StreamReader> {
@@ -141,6 +151,26 @@ impl Coordinator for NoopCoordinator {
         check_name("bucket", bucket)?;
         check_key(key)?;
         Err(Error::NotFound)
+    }
+
+    fn kv_get_entry(&self, bucket: &str, key: &str) -> Result<KvEntry> {
+        self.kv_get(bucket, key).map(|value| KvEntry::new(value, 0))
+    }
+
+    fn kv_set_with(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: &[u8],
+        options: KvSetOptions,
+    ) -> Result<u64> {
+        self.kv_set(bucket, key, value)?;
+        let plan = plan_set(options)?;
+        let verdict = fleetcoord_sm::kv::check(plan.condition, None);
+        if let Some(error) = refused(bucket, key, plan.condition, verdict) {
+            return Err(error);
+        }
+        Ok(NEXT_ID.fetch_add(1, Ordering::Relaxed))
     }
 
     fn kv_delete(&self, bucket: &str, key: &str) -> Result<()> {

@@ -213,3 +213,57 @@ pub fn redis_acl_rules() -> Vec<&'static str> {
         .expect("the Redis module docs give an `ACL SETUSER fleet` line");
     line.split_whitespace().collect()
 }
+
+/// Checks a conformance report of the NATS backend: every case passed,
+/// except, on a nats-server before 2.11 (which cannot expire single
+/// messages), exactly the TTL cases, reported unsupported with a reason
+/// naming the version needed and the one found.
+pub fn assert_nats_conforms(report: &fleetcoord::conformance::Report) {
+    let version = nats_server_version();
+    if version >= (2, 11) {
+        report.assert_nothing_skipped();
+        return;
+    }
+    assert!(report.skipped.is_empty(), "{:?}", report.skipped);
+    let cases: Vec<&str> = report.unsupported.iter().map(|(case, _)| *case).collect();
+    assert_eq!(
+        cases,
+        [
+            "kv TTL expiry seen by kv_get and by a watcher",
+            "kv TTL removed by a plain set"
+        ],
+        "{:?}",
+        report.unsupported
+    );
+    for (case, why) in &report.unsupported {
+        assert!(
+            why.contains("needs nats-server 2.11 or newer")
+                && why.contains(&format!("this server is {}.{}.", version.0, version.1)),
+            "{case}: {why}"
+        );
+    }
+}
+
+/// The major and minor version of the nats-server the tests start
+/// (`$NATS_SERVER_BIN`, else `nats-server` from `PATH`, as
+/// `fleetcoord::testing` picks it).
+pub fn nats_server_version() -> (u64, u64) {
+    let bin = std::env::var_os("NATS_SERVER_BIN").unwrap_or_else(|| "nats-server".into());
+    let out = Command::new(&bin)
+        .arg("--version")
+        .output()
+        .expect("run nats-server --version");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "nats-server: v2.9.10"
+    let version = text
+        .trim()
+        .rsplit('v')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let mut parts = version.split('.').map(|p| p.parse::<u64>());
+    match (parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => (major, minor),
+        _ => panic!("cannot read the version in {text:?}"),
+    }
+}

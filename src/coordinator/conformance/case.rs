@@ -53,6 +53,8 @@ pub(super) struct Ctx<'a> {
     pub(super) caps: Capabilities,
     /// Every handle the case opened, for the runner to close.
     pub(super) opened: RefCell<Vec<Arc<dyn Coordinator>>>,
+    /// Why the backend could not run the case, when it said so.
+    pub(super) unsupported: RefCell<Option<String>>,
 }
 
 impl Ctx<'_> {
@@ -61,6 +63,20 @@ impl Ctx<'_> {
         let c: Arc<dyn Coordinator> = Arc::from((self.factory)());
         self.opened.borrow_mut().push(c.clone());
         c
+    }
+}
+
+impl Ctx<'_> {
+    /// Records that the backend (or its server's version) does not offer
+    /// what the case checks, and why: reported, never a silent skip.
+    pub(super) fn unsupported(&self, why: String) {
+        self.unsupported.borrow_mut().get_or_insert(why);
+    }
+
+    /// Prints a figure the case measured, for the suite's output.
+    pub(super) fn note(&self, text: String) {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr().lock(), "  note: {text}");
     }
 }
 

@@ -30,6 +30,9 @@ const LOOK_EVERY: u32 = 8;
 /// an earlier attempt with this `Nats-Msg-Id` was accepted and is still
 /// waiting for its replicas.
 const DUPLICATE_IN_PROCESS: ErrorCode = ErrorCode(10158);
+/// JetStream's "per-message TTL is disabled" (nats-server 2.11+): the
+/// stream was created without `allow_msg_ttl`.
+const MSG_TTL_DISABLED: ErrorCode = ErrorCode(10166);
 
 /// The settings the driver side needs, in plain data.
 #[derive(Clone, Debug)]
@@ -41,6 +44,29 @@ pub(super) struct Settings {
     pub request_timeout: Duration,
     /// How KV keys are stored.
     pub key_encoding: super::NatsKeyEncoding,
+    /// The version the server said at connect, e.g. `2.11.0`.
+    pub server_version: String,
+}
+
+impl Settings {
+    /// Whether the server expires single messages (per-message TTL and
+    /// subject delete markers: nats-server 2.11 and newer).
+    pub(super) fn msg_ttl(&self) -> bool {
+        version_at_least(&self.server_version, (2, 11))
+    }
+}
+
+/// Whether `version` (`major.minor.patch`, perhaps with a suffix) is at
+/// least `major.minor`; false for what does not parse.
+pub(super) fn version_at_least(version: &str, (major, minor): (u64, u64)) -> bool {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(['.', '-'])
+        .map(|p| p.parse::<u64>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(a), Some(b)) => (a, b) >= (major, minor),
+        _ => false,
+    }
 }
 
 /// Cloned into every future run on the driver.
@@ -189,11 +215,43 @@ impl Conn {
         what: &str,
         stream: Option<&StreamSpec>,
         subject: String,
-        header: Option<(&'static str, &'static str)>,
+        headers: &[(&'static str, String)],
         payload: bytes::Bytes,
         unknown: &(dyn Fn(String) -> Error + Send + Sync),
     ) -> Result<u64> {
-        let id = self.ids.next();
+        let id = self.next_id();
+        self.publish_with_id(what, stream, subject, headers, payload, unknown, &id)
+            .await
+    }
+
+    /// A new message id for [`Conn::publish_with_id`].
+    pub(super) fn next_id(&self) -> String {
+        self.ids.next()
+    }
+
+    /// [`Conn::publish_once`] with the message id `id`, which the caller
+    /// keeps to recognise its message in the stream.
+    ///
+    /// A conditional publish (one carrying [`EXPECTED_SUBJECT_SEQUENCE`])
+    /// whose condition failed ends with `condition_failed()` when every
+    /// earlier attempt was answered, and with `unknown(why)` when one was
+    /// not: nats-server 2.9 answers a repeat of a stored message as a
+    /// duplicate, but 2.11 and later check the expected sequence first
+    /// and refuse it, so the refusal may be the answer to our own write.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn publish_with_id(
+        &self,
+        what: &str,
+        stream: Option<&StreamSpec>,
+        subject: String,
+        headers: &[(&'static str, String)],
+        payload: bytes::Bytes,
+        unknown: &(dyn Fn(String) -> Error + Send + Sync),
+        id: &str,
+    ) -> Result<u64> {
+        let conditional = headers
+            .iter()
+            .any(|(name, _)| *name == EXPECTED_SUBJECT_SEQUENCE);
         let budget = match stream {
             Some(spec) => self
                 .settings
@@ -219,9 +277,9 @@ impl Conn {
         loop {
             let mut message = jetstream::message::PublishMessage::build()
                 .payload(payload.clone())
-                .message_id(&id);
-            if let Some((name, value)) = header {
-                message = message.header(name, value);
+                .message_id(id);
+            for (name, value) in headers {
+                message = message.header(*name, value.as_str());
             }
             let attempt = async {
                 let ack = self.js.send_publish(subject.clone(), message).await?;
@@ -235,8 +293,26 @@ impl Conn {
                 Ok(Err(e)) => {
                     use jetstream::context::PublishErrorKind as K;
                     match e.kind() {
+                        _ if code_of(&e) == Some(MSG_TTL_DISABLED) => {
+                            return Err(Error::Backend {
+                                backend: "nats",
+                                endpoints: String::new(),
+                                kind: ErrorKind::Unsupported,
+                                message: format!("{what}: {e}"),
+                            })
+                        }
                         K::MaxPayloadExceeded => {
                             (Err(Error::invalid("payload", e.to_string())), e.to_string())
+                        }
+                        // The condition of a conditional write failed: the
+                        // outcome, unless an earlier attempt went unanswered
+                        // (it may be what moved the sequence on).
+                        K::WrongLastSequence if conditional => {
+                            return Err(give_up(
+                                policy.in_doubt(),
+                                e.to_string(),
+                                condition_failed(),
+                            ))
                         }
                         K::WrongLastMessageId | K::WrongLastSequence => {
                             (Err(refused(what, &e)), e.to_string())
@@ -372,9 +448,29 @@ impl Conn {
 
 /// Whether a publish failed with [`DUPLICATE_IN_PROCESS`].
 fn in_process(e: &jetstream::context::PublishError) -> bool {
+    code_of(e) == Some(DUPLICATE_IN_PROCESS)
+}
+
+/// The JetStream error code a publish failed with, if the server gave one.
+fn code_of(e: &jetstream::context::PublishError) -> Option<ErrorCode> {
     std::error::Error::source(e)
         .and_then(|source| source.downcast_ref::<jetstream::Error>())
-        .is_some_and(|js| js.error_code() == DUPLICATE_IN_PROCESS)
+        .map(jetstream::Error::error_code)
+}
+
+/// The header that makes a publish conditional on its subject's last
+/// sequence (0: the subject holds no message).
+pub(super) const EXPECTED_SUBJECT_SEQUENCE: &str = "Nats-Expected-Last-Subject-Sequence";
+
+/// What [`Conn::publish_once`] answers when the condition of a conditional
+/// publish failed: a conflict whose bucket, key and revision the caller
+/// fills in after reading the key.
+pub(super) fn condition_failed() -> Error {
+    Error::Conflict {
+        bucket: String::new(),
+        key: String::new(),
+        current: None,
+    }
 }
 
 /// [`Conn::check_fits`] against a server's `max_payload` of `max` bytes.
@@ -395,6 +491,18 @@ fn fits(what: &'static str, len: usize, headers: usize, max: usize) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn server_versions_compare_by_major_and_minor() {
+        assert!(!version_at_least("2.9.10", (2, 11)));
+        assert!(!version_at_least("2.10.22", (2, 11)));
+        assert!(version_at_least("2.11.0", (2, 11)));
+        assert!(version_at_least("2.15.1", (2, 11)));
+        assert!(version_at_least("2.12.0-RC.1", (2, 11)));
+        assert!(version_at_least("3.0.0", (2, 11)));
+        assert!(!version_at_least("garbage", (2, 11)));
+        assert!(!version_at_least("", (2, 11)));
+    }
 
     #[test]
     fn payload_and_headers_must_fit_the_servers_max_payload() {

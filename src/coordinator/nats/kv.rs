@@ -3,23 +3,27 @@
 //! once), reads go through async-nats' KV store, and a watch reads the
 //! bucket's stream with an ordered consumer.
 
-use super::conn::{failed, Conn};
+use super::conn::{failed, Conn, EXPECTED_SUBJECT_SEQUENCE};
 use super::names;
 use super::ordered::{self, Begin, Ordered, Pulled};
 use super::streams::StreamSpec;
 use crate::coordinator::bridge::FeedSender;
 use crate::coordinator::feed_task::FeedTask;
 use crate::coordinator::kv_mirror::{offer_queued, KvMirror};
-use crate::coordinator::{pattern, KvEvent};
-use crate::error::{Error, Result};
+use crate::coordinator::{pattern, refused, KvEvent, SetPlan};
+use crate::error::{Error, ErrorKind, Result};
 use crate::feed_queue::Offer;
 use async_nats::jetstream::kv::Operation;
+use fleetcoord_sm::kv::Condition;
 use fleetcoord_sm::mirror::Order;
 
 /// The header JetStream KV marks deletes with, and its values.
 const KV_OPERATION: &str = "KV-Operation";
 const KV_DELETE: &str = "DEL";
 const KV_PURGE: &str = "PURGE";
+/// The header of the marker the server writes when a message's TTL ends
+/// (or limits remove it): the key is gone.
+const NATS_MARKER_REASON: &str = "Nats-Marker-Reason";
 
 /// Sets `key` in `bucket`, creating the bucket on first use.
 pub(super) async fn set(conn: Conn, bucket: String, key: String, value: Vec<u8>) -> Result<()> {
@@ -31,7 +35,7 @@ pub(super) async fn set(conn: Conn, bucket: String, key: String, value: Vec<u8>)
         &what,
         Some(&spec),
         names::key_subject(&bucket_name, conn.settings.key_encoding, &key),
-        None,
+        &[],
         value.into(),
         &|why| failed(&what, format!("{why}; it may have been stored")),
     )
@@ -39,19 +43,191 @@ pub(super) async fn set(conn: Conn, bucket: String, key: String, value: Vec<u8>)
     .map(|_| ())
 }
 
-/// The value of `key`; `NotFound` when it, or the whole bucket, is absent.
-pub(super) async fn get(conn: Conn, bucket: String, key: String) -> Result<Vec<u8>> {
-    let bucket_name = names::bucket_name(&bucket);
+/// The value of `key` and its revision (the stream sequence of the
+/// message that set it); `NotFound` when it, or the whole bucket, is
+/// absent (deleted, purged, or expired: the server's delete marker).
+pub(super) async fn get(conn: Conn, bucket: String, key: String) -> Result<(Vec<u8>, u64)> {
+    match last(&conn, &bucket, &key).await? {
+        Some(Last::Put { value, revision }) => Ok((value, revision)),
+        _ => Err(Error::NotFound),
+    }
+}
+
+/// The newest message of a key.
+enum Last {
+    /// It sets the key.
+    Put { value: Vec<u8>, revision: u64 },
+    /// A delete or purge marker, or the server's marker of an expiry: the
+    /// key is absent, and a write conditional on absence must name this
+    /// sequence, the subject's last.
+    Tombstone { revision: u64 },
+}
+
+/// The newest message of `key`, `None` when the key (or bucket) has none.
+async fn last(conn: &Conn, bucket: &str, key: &str) -> Result<Option<Last>> {
+    let bucket_name = names::bucket_name(bucket);
     let Some(store) = conn.store(&bucket_name).await? else {
-        return Err(Error::NotFound);
+        return Ok(None);
     };
     match store
-        .entry(names::kv_key(conn.settings.key_encoding, &key))
+        .entry(names::kv_key(conn.settings.key_encoding, key))
         .await
     {
-        Ok(Some(entry)) if entry.operation == Operation::Put => Ok(entry.value.to_vec()),
-        Ok(_) => Err(Error::NotFound),
+        Ok(Some(entry)) if entry.operation == Operation::Put => Ok(Some(Last::Put {
+            value: entry.value.to_vec(),
+            revision: entry.revision,
+        })),
+        Ok(Some(entry)) => Ok(Some(Last::Tombstone {
+            revision: entry.revision,
+        })),
+        Ok(None) => Ok(None),
         Err(e) => Err(failed(format!("reading {key:?} in bucket {bucket:?}"), e)),
+    }
+}
+
+/// The header a per-message TTL is given in, in whole seconds.
+const NATS_TTL: &str = "Nats-TTL";
+
+/// How often a write conditional on absence follows a key's tombstone
+/// that moves (deleted again meanwhile) before it answers a conflict.
+const TOMBSTONE_CHASES: usize = 3;
+
+/// Sets `key` as `plan` says (conditional, expiring); returns the
+/// revision written.
+///
+/// The condition is the server's: the publish expects the subject's last
+/// sequence (0: no message). A key that is absent may still have a last
+/// message — its delete marker — so a write conditional on absence that
+/// finds one is sent again expecting exactly that marker. A lost answer is
+/// retried with the same message id: nats-server 2.9 answers a repeat of a
+/// stored write as a duplicate, later servers refuse it on its expected
+/// sequence, so after an unanswered attempt a refusal is checked against
+/// the key's newest message (ours: applied) and is otherwise
+/// `KvIndeterminate`, never a conflict with itself.
+pub(super) async fn set_with(
+    conn: Conn,
+    bucket: String,
+    key: String,
+    value: Vec<u8>,
+    plan: SetPlan,
+) -> Result<u64> {
+    if plan.ttl_secs.is_some() && !conn.settings.msg_ttl() {
+        return Err(Error::Backend {
+            backend: "nats",
+            endpoints: String::new(),
+            kind: ErrorKind::Unsupported,
+            message: format!(
+                "setting {key:?} in bucket {bucket:?} with a TTL: per-key TTL needs \
+                 nats-server 2.11 or newer (per-message TTL); this server is {}",
+                conn.settings.server_version
+            ),
+        });
+    }
+    let bucket_name = names::bucket_name(&bucket);
+    let spec = StreamSpec::for_bucket(&conn.settings, &bucket);
+    conn.ensure_stream(&spec).await?;
+    let subject = names::key_subject(&bucket_name, conn.settings.key_encoding, &key);
+    let what = format!("setting {key:?} in bucket {bucket:?}");
+    let indeterminate = |why: String| Error::KvIndeterminate {
+        backend: "nats",
+        bucket: bucket.clone(),
+        key: key.clone(),
+        message: why,
+    };
+    let plain = |why: String| failed(&what, format!("{why}; it may have been stored"));
+    let mut expected = plan.condition.expected();
+    let mut ttl_enabled = false;
+    let payload = bytes::Bytes::from(value);
+    for _ in 0..=TOMBSTONE_CHASES {
+        let id = conn.next_id();
+        let mut headers = Vec::new();
+        if let Some(secs) = plan.ttl_secs {
+            headers.push((NATS_TTL, secs.to_string()));
+        }
+        if let Some(sequence) = expected {
+            headers.push((EXPECTED_SUBJECT_SEQUENCE, sequence.to_string()));
+        }
+        let unknown: &(dyn Fn(String) -> Error + Send + Sync) = if expected.is_some() {
+            &indeterminate
+        } else {
+            &plain
+        };
+        let outcome = conn
+            .publish_with_id(
+                &what,
+                Some(&spec),
+                subject.clone(),
+                &headers,
+                payload.clone(),
+                unknown,
+                &id,
+            )
+            .await;
+        match outcome {
+            Ok(revision) => return Ok(revision),
+            Err(Error::Conflict { .. }) => {}
+            // An attempt went unanswered: if the key's newest message is
+            // ours, the write applied (and nobody wrote since).
+            Err(e @ Error::KvIndeterminate { .. }) => {
+                return match own_message(&conn, &spec.name, &subject, &id).await {
+                    Some(revision) => Ok(revision),
+                    None => Err(e),
+                }
+            }
+            // A bucket made before per-key TTLs were asked of this server:
+            // allow them (a stream setting that can be turned on), once.
+            Err(Error::Backend {
+                kind: ErrorKind::Unsupported,
+                ..
+            }) if plan.ttl_secs.is_some() && !ttl_enabled => {
+                ttl_enabled = true;
+                conn.js
+                    .update_stream(&spec.config)
+                    .await
+                    .map_err(|e| failed(format!("allowing per-key TTLs in {what}"), e))?;
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+        let current = match last(&conn, &bucket, &key).await? {
+            Some(Last::Tombstone { revision })
+                if plan.condition == Condition::Absent && expected != Some(revision) =>
+            {
+                expected = Some(revision);
+                continue;
+            }
+            Some(Last::Put { revision, .. }) => Some(revision),
+            Some(Last::Tombstone { .. }) | None => None,
+        };
+        let verdict = fleetcoord_sm::kv::refusal(plan.condition, current);
+        return Err(refused(&bucket, &key, plan.condition, verdict)
+            .unwrap_or_else(|| refused_anyway(&bucket, &key, current)));
+    }
+    Err(refused_anyway(&bucket, &key, None))
+}
+
+/// The sequence of `subject`'s newest message when it carries the message
+/// id `id`; `None` when it does not, or when that cannot be read.
+async fn own_message(conn: &Conn, stream: &str, subject: &str, id: &str) -> Option<u64> {
+    let stream = conn.js.get_stream_no_info(stream).await.ok()?;
+    let last = stream.direct_get_last_for_subject(subject).await.ok()?;
+    let ours = last
+        .headers
+        .get(NATS_MSG_ID)
+        .is_some_and(|v| v.as_str() == id);
+    ours.then_some(last.sequence)
+}
+
+/// The header JetStream deduplicates writes by.
+const NATS_MSG_ID: &str = "Nats-Msg-Id";
+
+/// The conflict of a write refused although its key looked absent (a key
+/// deleted again and again while the write chased its marker).
+fn refused_anyway(bucket: &str, key: &str, current: Option<u64>) -> Error {
+    Error::Conflict {
+        bucket: bucket.to_owned(),
+        key: key.to_owned(),
+        current,
     }
 }
 
@@ -68,7 +244,7 @@ pub(super) async fn delete(conn: Conn, bucket: String, key: String) -> Result<()
         &what,
         Some(&spec),
         names::key_subject(&bucket_name, conn.settings.key_encoding, &key),
-        Some((KV_OPERATION, KV_DELETE)),
+        &[(KV_OPERATION, KV_DELETE.to_string())],
         bytes::Bytes::new(),
         &|why| failed(&what, format!("{why}; it may have been stored")),
     )
@@ -260,11 +436,12 @@ pub(super) async fn feed(conn: Conn, opened: Opened, pattern: String, life: Feed
                 continue;
             }
         };
-        let deleted = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(KV_OPERATION))
-            .is_some_and(|op| op.as_str() == KV_DELETE || op.as_str() == KV_PURGE);
+        let deleted = message.headers.as_ref().is_some_and(|h| {
+            h.get(KV_OPERATION)
+                .is_some_and(|op| op.as_str() == KV_DELETE || op.as_str() == KV_PURGE)
+                // The server's marker of an expired key (nats-server 2.11+).
+                || h.get(NATS_MARKER_REASON).is_some()
+        });
         let key = names::subject_key(&bucket_name, encoding, message.subject.as_str());
         if key.is_none() {
             undecodable.skip(&stream, message.subject.as_str(), encoding);

@@ -131,8 +131,9 @@ mod stream;
 mod streams;
 
 use super::{
-    check_key, check_name, check_payload, pattern, Capabilities, Coordinator, Feed, KvWatcher,
-    StreamId, StreamPosition, StreamReader, Subscription, MAX_PAYLOAD,
+    check_key, check_name, check_payload, pattern, plan_set, Capabilities, Coordinator, Feed,
+    KvEntry, KvSetOptions, KvWatcher, StreamId, StreamPosition, StreamReader, Subscription,
+    MAX_PAYLOAD,
 };
 use crate::caller_driven::{CallerDriven, Health, Ran};
 use crate::coordinator::bridge::{self, Bridge, CallError};
@@ -250,14 +251,6 @@ impl NatsCoordinator {
         let tls_config = options.tls.as_ref().map(Tls::to_rustls).transpose()?;
         let tls = options.tls.clone();
         let urls = addrs.join(",");
-        let settings = Settings {
-            kv_replicas: options.kv_replicas,
-            stream_replicas: options.stream_replicas,
-            stream_max_len: options.stream_max_len,
-            stream_max_age: options.stream_max_age,
-            request_timeout: options.request_timeout,
-            key_encoding: options.key_encoding,
-        };
         let dial = Dial {
             addrs,
             login,
@@ -280,6 +273,15 @@ impl NatsCoordinator {
                 reason,
             },
         })?;
+        let settings = Settings {
+            kv_replicas: options.kv_replicas,
+            stream_replicas: options.stream_replicas,
+            stream_max_len: options.stream_max_len,
+            stream_max_age: options.stream_max_age,
+            request_timeout: options.request_timeout,
+            key_encoding: options.key_encoding,
+            server_version: client.server_info().version,
+        };
         let direct = Arc::new(CallerDriven::new(dial.connect_timeout));
         // The server drops a client that leaves its pings unanswered
         // (twice its 2-minute interval by default).
@@ -478,11 +480,35 @@ impl Coordinator for NatsCoordinator {
     }
 
     fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
+        self.kv_get_entry(bucket, key).map(|entry| entry.value)
+    }
+
+    fn kv_get_entry(&self, bucket: &str, key: &str) -> Result<KvEntry> {
         crate::blocking::check()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         let (bucket, key) = (bucket.to_owned(), key.to_owned());
-        self.request(|conn| kv::get(conn, bucket, key))
+        let (value, revision) = self.request(|conn| kv::get(conn, bucket, key))?;
+        Ok(KvEntry { value, revision })
+    }
+
+    fn kv_set_with(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: &[u8],
+        options: KvSetOptions,
+    ) -> Result<u64> {
+        crate::blocking::check()?;
+        check_name("bucket", bucket)?;
+        check_key(key)?;
+        check_payload("nats", "value", value)?;
+        let plan = plan_set(options)?;
+        self.life.check_open()?;
+        // Room for the TTL and expected-sequence headers too.
+        self.conn.check_fits("value", value.len(), 160)?;
+        let (bucket, key, value) = (bucket.to_owned(), key.to_owned(), value.to_vec());
+        self.request(|conn| kv::set_with(conn, bucket, key, value, plan))
     }
 
     fn kv_delete(&self, bucket: &str, key: &str) -> Result<()> {

@@ -20,7 +20,7 @@ pub(super) async fn append(conn: Conn, stream: String, payload: Vec<u8>) -> Resu
             &format!("appending to stream {stream:?}"),
             Some(&spec),
             names::stream_subject(&stream),
-            None,
+            &[],
             payload.into(),
             &|why| indeterminate(&stream, why),
         )

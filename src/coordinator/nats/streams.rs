@@ -14,6 +14,11 @@ use tokio::time::Instant;
 /// quorum does not answer at all for its first ~10 s (measured on
 /// nats-server 2.9, 2 of 3 nodes killed), then answers 10008.
 const LOOK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long the server keeps the delete marker it writes when a key's TTL
+/// ends (nats-server 2.11+): the marker is how watchers hear the expiry,
+/// and one that resumes from a sequence within this hour still does.
+const DELETE_MARKER_TTL: Duration = Duration::from_secs(60 * 60);
 /// A replica its stream's leader has not heard from for this long is
 /// taken as gone: a following replica answers the leader's heartbeat,
 /// sent every second while the stream is idle. The replicas' `current`
@@ -351,6 +356,13 @@ impl StreamSpec {
         config.deny_purge = false;
         config.allow_direct = true;
         config.discard = stream::DiscardPolicy::New;
+        if settings.msg_ttl() {
+            // Per-key TTLs, and the delete marker every watcher hears
+            // when one expires (kept for an hour, so that a watch that
+            // resumes from a sequence within the hour still hears it).
+            config.allow_message_ttl = true;
+            config.subject_delete_marker_ttl = Some(DELETE_MARKER_TTL);
+        }
         StreamSpec {
             name,
             shown: format!("bucket {bucket:?}"),
@@ -399,6 +411,7 @@ mod tests {
             stream_max_age: None,
             request_timeout: Duration::from_secs(1),
             key_encoding: super::super::NatsKeyEncoding::default(),
+            server_version: "2.9.10".into(),
         };
         assert_eq!(
             StreamSpec::for_stream(&settings, "jobs").shown,

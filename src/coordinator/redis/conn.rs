@@ -209,6 +209,20 @@ impl Conn {
         }
     }
 
+    /// Runs one script that is no write of the caller's (a read), never
+    /// followed by `WAIT`: there is nothing of the caller's to confirm
+    /// (the expiries such a script may carry out are the server's).
+    pub(crate) async fn invoke_read<T: FromRedisValue>(
+        &mut self,
+        script: &ScriptInvocation<'_>,
+    ) -> RedisResult<T> {
+        match &mut self.link {
+            Link::Managed(c) => script.invoke_async(c).await,
+            Link::Single(c) => script.invoke_async(c).await,
+            Link::Cluster(c) => script.invoke_async(c).await,
+        }
+    }
+
     /// Runs `script` and `WAIT` in one pipeline: one connection, so `WAIT`
     /// counts the replicas that have this script's writes (on a cluster the
     /// keyless `WAIT` follows the script's slot, since the crate routes a
@@ -259,9 +273,8 @@ impl Conn {
                 other => other?,
             };
             let acked: i64 = redis::from_redis_value(acked.extract_error()?)?;
-            if reply == redis::Value::Int(0) {
-                // The KV script's "nothing changed" (a delete of a missing
-                // key): there is no write to confirm.
+            if wrote_nothing(&reply) {
+                // There is no write to confirm.
                 return Ok(redis::from_redis_value(reply)?);
             }
             let wanted = i64::try_from(confirm.replicas).unwrap_or(i64::MAX);
@@ -289,6 +302,21 @@ impl Conn {
 /// replicas confirmed; [`kind_of`] maps it to
 /// [`ErrorKind::Unreplicated`].
 pub(super) const UNREPLICATED: &str = "FLEETCOORD_UNREPLICATED";
+
+/// Whether a script's answer says it wrote nothing of the caller's: the KV
+/// write script's `{1, 0}` (a delete of a missing key) and `{0, current}`
+/// (a conditional write refused), and a bare 0.
+fn wrote_nothing(reply: &redis::Value) -> bool {
+    use redis::Value;
+    match reply {
+        Value::Int(0) => true,
+        Value::Array(parts) => matches!(
+            parts.as_slice(),
+            [Value::Int(1), Value::Int(0)] | [Value::Int(0), _]
+        ),
+        _ => false,
+    }
+}
 
 /// A write applied on the master that only `acked` replicas confirmed.
 fn unreplicated(reply: &redis::Value, acked: i64, confirm: Confirm) -> RedisError {
@@ -349,6 +377,19 @@ mod tests {
 
     fn parse(urls: &str) -> crate::error::Result<Target> {
         Target::parse(urls, &RedisOptions::default())
+    }
+
+    #[test]
+    fn only_answers_of_writes_wait_for_replicas() {
+        use redis::Value::{Array, Int};
+        assert!(wrote_nothing(&Int(0)));
+        // A delete of a missing key, a refused conditional set.
+        assert!(wrote_nothing(&Array(vec![Int(1), Int(0)])));
+        assert!(wrote_nothing(&Array(vec![Int(0), Int(7)])));
+        assert!(wrote_nothing(&Array(vec![Int(0), Int(0)])));
+        // A set at revision 7, an append's id.
+        assert!(!wrote_nothing(&Array(vec![Int(1), Int(7)])));
+        assert!(!wrote_nothing(&redis::Value::BulkString(b"0-3".to_vec())));
     }
 
     #[test]

@@ -33,56 +33,221 @@ use fleetcoord_sm::mirror::Order;
 use redis::{PushInfo, PushKind, RedisResult, Script, Value};
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
+use std::time::Duration;
+
+/// How often a watch looks for keys to expire while none has a deadline
+/// (a key set with a TTL meanwhile is expired at most this late, well
+/// within the contract's second).
+const SWEEP_IDLE: Duration = Duration::from_millis(500);
 use tokio::sync::mpsc::UnboundedReceiver;
 
-/// KEYS: hash, version, channel. ARGV: op (`s` set, `d` delete), key,
-/// value, publish command. Returns the new version, or 0 when nothing
-/// changed.
-pub(crate) static WRITE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local changed
-if ARGV[1] == 's' then
-  redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
-  changed = true
-else
-  changed = redis.call('HDEL', KEYS[1], ARGV[2]) == 1
+/// The Lua every KV script starts with. KEYS: hash, version, channel,
+/// revisions, expiries, tokens; ARGV[1] the publish command. `now_ms`
+/// reads the server's clock (the one clock all clients share);
+/// `notify` bumps the version and announces a change; `expire` removes
+/// keys whose deadline passed — as deletes the watchers hear — at most
+/// 100 per call, so no script runs long; `revision` is a present key's
+/// revision (a key written before revisions were recorded counts as 1:
+/// every write since has recorded a larger one), `false` when absent.
+const PRELUDE: &str = r"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-if not changed then return 0 end
-local v = redis.call('INCR', KEYS[2])
-redis.call(ARGV[4], KEYS[3], v .. ' ' .. ARGV[1] .. ' ' .. string.len(ARGV[2]) .. ' ' .. ARGV[2] .. ARGV[3])
-return v
-",
-    )
+local function notify(op, key, value)
+  local v = redis.call('INCR', KEYS[2])
+  redis.call(ARGV[1], KEYS[3], v .. ' ' .. op .. ' ' .. string.len(key) .. ' ' .. key .. value)
+  return v
+end
+local function forget(key)
+  redis.call('HDEL', KEYS[4], key)
+  redis.call('ZREM', KEYS[5], key)
+  redis.call('HDEL', KEYS[6], key)
+end
+local function expire(now)
+  local due = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, 100)
+  for _, key in ipairs(due) do
+    forget(key)
+    if redis.call('HDEL', KEYS[1], key) == 1 then notify('d', key, '') end
+  end
+end
+local function revision(key)
+  if redis.call('HEXISTS', KEYS[1], key) == 0 then return false end
+  return tonumber(redis.call('HGET', KEYS[4], key) or '1')
+end
+";
+
+/// The keys every KV script is given, in [`PRELUDE`]'s order.
+fn kv_keys(call: &mut redis::ScriptInvocation<'_>, bucket: &str) {
+    call.key(names::kv_hash(bucket))
+        .key(names::kv_version(bucket))
+        .key(names::kv_channel(bucket))
+        .key(names::kv_revisions(bucket))
+        .key(names::kv_expiries(bucket))
+        .key(names::kv_tokens(bucket));
+}
+
+/// ARGV: publish command, op (`s` set, `d` delete), key, value, expected
+/// revision (`''`: none, `'0'`: absent), TTL in ms (`''`: none), token of
+/// a conditional write (`''` for others).
+///
+/// Returns `{1, revision}` when applied (revision 0: a delete that changed
+/// nothing), `{0, current}` when the condition failed (current 0: absent).
+/// A conditional write whose token is the key's already applied (its
+/// first answer was lost): `{1, revision}` again, without writing. A set
+/// without a TTL drops the key's deadline: the key is permanent again.
+pub(crate) static WRITE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{PRELUDE}
+local now = now_ms()
+expire(now)
+local key = ARGV[3]
+if ARGV[2] == 'd' then
+  forget(key)
+  if redis.call('HDEL', KEYS[1], key) == 1 then return {{1, notify('d', key, '')}} end
+  return {{1, 0}}
+end
+if ARGV[5] ~= '' then
+  if ARGV[7] ~= '' and redis.call('HGET', KEYS[6], key) == ARGV[7] then
+    return {{1, revision(key)}}
+  end
+  local current = revision(key)
+  local holds
+  if current then holds = tonumber(ARGV[5]) == current else holds = ARGV[5] == '0' end
+  if not holds then return {{0, current or 0}} end
+end
+redis.call('HSET', KEYS[1], key, ARGV[4])
+local v = notify('s', key, ARGV[4])
+redis.call('HSET', KEYS[4], key, v)
+if ARGV[6] ~= '' then
+  redis.call('ZADD', KEYS[5], now + tonumber(ARGV[6]), key)
+else
+  redis.call('ZREM', KEYS[5], key)
+end
+if ARGV[7] ~= '' then
+  redis.call('HSET', KEYS[6], key, ARGV[7])
+else
+  redis.call('HDEL', KEYS[6], key)
+end
+return {{1, v}}
+"
+    ))
 });
 
-/// KEYS: hash, version. Returns `{version, {field, value, ...}}` read at
-/// one instant.
+/// ARGV: publish command, key. Returns `{value, revision}`, or nil when
+/// the key is absent or past its deadline (removed as a delete).
+static READ: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{PRELUDE}
+expire(now_ms())
+local current = revision(ARGV[2])
+if not current then return nil end
+return {{redis.call('HGET', KEYS[1], ARGV[2]), current}}
+"
+    ))
+});
+
+/// ARGV: publish command. Expires what is due; returns how many
+/// milliseconds until the next deadline, -1 when none.
+static SWEEP: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{PRELUDE}
+local now = now_ms()
+expire(now)
+local next = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+if next[2] == nil then return -1 end
+local left = tonumber(next[2]) - now
+if left < 0 then return 0 end
+return math.floor(left)
+"
+    ))
+});
+
+/// ARGV: publish command. Expires what is due, then returns
+/// `{version, {field, value, ...}}` read at one instant.
 static SNAPSHOT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-return {redis.call('GET', KEYS[2]) or '0', redis.call('HGETALL', KEYS[1])}
-",
-    )
+    Script::new(&format!(
+        r"{PRELUDE}
+expire(now_ms())
+return {{redis.call('GET', KEYS[2]) or '0', redis.call('HGETALL', KEYS[1])}}
+"
+    ))
 });
 
-/// Sets (`Some(value)`) or deletes (`None`) `key` in `bucket`.
+/// A write as the script takes it.
+pub(crate) struct Write<'a> {
+    pub(crate) key: &'a str,
+    /// `None`: delete.
+    pub(crate) value: Option<&'a [u8]>,
+    /// The expected revision (0: absent); `None`: unconditional.
+    pub(crate) expected: Option<u64>,
+    pub(crate) ttl_ms: Option<u64>,
+    /// Identifies one conditional write across its retries.
+    pub(crate) token: Option<u64>,
+}
+
+/// What the write script answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Written {
+    /// Applied at this revision (0: a delete that changed nothing).
+    Applied(u64),
+    /// The condition failed; the key's revision (`None`: absent).
+    Refused(Option<u64>),
+}
+
+/// Runs one write of `bucket`.
 pub(crate) async fn write(
     conn: &mut Conn,
     cluster: bool,
     bucket: &str,
-    key: &str,
-    value: Option<&[u8]>,
-) -> RedisResult<u64> {
+    w: &Write<'_>,
+) -> RedisResult<Written> {
     let mut call = WRITE.prepare_invoke();
-    call.key(names::kv_hash(bucket))
-        .key(names::kv_version(bucket))
-        .key(names::kv_channel(bucket))
-        .arg(if value.is_some() { "s" } else { "d" })
-        .arg(key)
-        .arg(value.unwrap_or_default())
-        .arg(publish_command(cluster));
-    conn.invoke(&call).await
+    kv_keys(&mut call, bucket);
+    let text = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_default();
+    call.arg(publish_command(cluster))
+        .arg(if w.value.is_some() { "s" } else { "d" })
+        .arg(w.key)
+        .arg(w.value.unwrap_or_default())
+        .arg(text(w.expected))
+        .arg(text(w.ttl_ms))
+        .arg(text(w.token));
+    let (applied, revision): (u8, u64) = conn.invoke(&call).await?;
+    Ok(match (applied, revision) {
+        (1, revision) => Written::Applied(revision),
+        (_, 0) => Written::Refused(None),
+        (_, current) => Written::Refused(Some(current)),
+    })
+}
+
+/// Whether a script may have run although `e` came back: everything but
+/// an error reply from the server (which refuses a script before running
+/// it) and a refused connection (nothing was sent).
+pub(crate) fn may_have_run(e: &redis::RedisError) -> bool {
+    !matches!(e.kind(), redis::ErrorKind::Server(_)) && !e.is_connection_refusal()
+}
+
+/// The value of `key` with its revision; `None` when absent or expired.
+pub(crate) async fn read(
+    conn: &mut Conn,
+    cluster: bool,
+    bucket: &str,
+    key: &str,
+) -> RedisResult<Option<(Vec<u8>, u64)>> {
+    let mut call = READ.prepare_invoke();
+    kv_keys(&mut call, bucket);
+    call.arg(publish_command(cluster)).arg(key);
+    conn.invoke_read(&call).await
+}
+
+/// Expires what is due in `bucket`; the time until its next deadline.
+async fn sweep(conn: &mut Conn, cluster: bool, bucket: &str) -> RedisResult<Option<Duration>> {
+    let mut call = SWEEP.prepare_invoke();
+    kv_keys(&mut call, bucket);
+    call.arg(publish_command(cluster));
+    // The expiries are the server's, not a write of the caller's to confirm.
+    let left: i64 = conn.invoke_read(&call).await?;
+    Ok(u64::try_from(left).ok().map(Duration::from_millis))
 }
 
 /// One change as announced on a bucket's channel.
@@ -125,10 +290,14 @@ fn split_word(raw: &[u8]) -> Option<(&[u8], &[u8])> {
 }
 
 /// A bucket's content and version, read together.
-async fn snapshot(conn: &mut Conn, bucket: &str) -> RedisResult<(u64, BTreeMap<String, Vec<u8>>)> {
+async fn snapshot(
+    conn: &mut Conn,
+    cluster: bool,
+    bucket: &str,
+) -> RedisResult<(u64, BTreeMap<String, Vec<u8>>)> {
     let mut call = SNAPSHOT.prepare_invoke();
-    call.key(names::kv_hash(bucket))
-        .key(names::kv_version(bucket));
+    kv_keys(&mut call, bucket);
+    call.arg(publish_command(cluster));
     let value: Value = conn.invoke(&call).await?;
     parse_snapshot(value).ok_or_else(|| {
         redis::RedisError::from((
@@ -225,7 +394,8 @@ pub(crate) async fn watch_task(mut ctx: FeedCtx<KvEvent>, bucket: String, patter
             }
         };
         loop {
-            let (version, content) = match snapshot(&mut conn, &w.bucket).await {
+            let (version, content) = match snapshot(&mut conn, ctx.target.cluster, &w.bucket).await
+            {
                 Ok(s) => s,
                 Err(e) => {
                     let error = ctx
@@ -250,7 +420,7 @@ pub(crate) async fn watch_task(mut ctx: FeedCtx<KvEvent>, bucket: String, patter
                 .into_iter()
                 .filter(|(key, _)| pattern::matches(&w.pattern, key));
             w.mirror.snapshot(version, matching);
-            match w.follow(&mut ctx, &mut pushes).await {
+            match w.follow(&mut ctx, &mut conn, &mut pushes).await {
                 Next::Resync => continue,
                 Next::Reconnect => {
                     // Whatever was published while disconnected is lost.
@@ -283,11 +453,20 @@ impl Watch {
     /// a consumer that fell too far behind, once it has room again) or the
     /// connection is gone. Notifications keep being read while the
     /// consumer is full, so the subscription never backs up.
+    ///
+    /// Meanwhile it expires the bucket's keys as their deadlines pass
+    /// ([`SWEEP`]), so that watchers hear an expiry within the contract's
+    /// second even when nobody writes or reads the bucket: Redis 7.0 has
+    /// no expiry for one field of a hash, so the deadlines are fleetcoord's
+    /// own and every watch keeps them.
     async fn follow(
         &mut self,
         ctx: &mut FeedCtx<KvEvent>,
+        conn: &mut Conn,
         pushes: &mut UnboundedReceiver<PushInfo>,
     ) -> Next {
+        let cluster = ctx.target.cluster;
+        let mut next_sweep = tokio::time::Instant::now();
         loop {
             let full = match offer_queued(&mut self.mirror, |event| ctx.tx.offer(event)) {
                 Offer::Gone => return Next::Stop,
@@ -311,6 +490,19 @@ impl Watch {
                     }
                 }
                 _ = ctx.halted() => return Next::Stop,
+                () = tokio::time::sleep_until(next_sweep) => {
+                    let left = match sweep(conn, cluster, &self.bucket).await {
+                        Ok(Some(left)) => left.min(SWEEP_IDLE),
+                        Ok(None) => SWEEP_IDLE,
+                        Err(e) => {
+                            // The next sweep, or any read or write of the
+                            // bucket, expires what this one did not.
+                            log::debug!("expiring keys of bucket {:?}: {e}", self.bucket);
+                            SWEEP_IDLE
+                        }
+                    };
+                    next_sweep = tokio::time::Instant::now() + left;
+                }
             }
         }
     }

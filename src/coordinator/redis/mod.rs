@@ -31,7 +31,7 @@
 //!
 //! | what | keys |
 //! |---|---|
-//! | KV bucket `b` | hash `coord:kv:{b}` (field = key), version `coord:kvv:{b}`, channel `coord:kvn:{b}` |
+//! | KV bucket `b` | hash `coord:kv:{b}` (field = key), version `coord:kvv:{b}`, channel `coord:kvn:{b}`; each key's revision in hash `coord:kvr:{b}`, TTL deadlines (the server's clock, in ms) in sorted set `coord:kvx:{b}`, the token of each key's last conditional write in hash `coord:kvw:{b}` |
 //! | stream `s` | Redis stream `coord:stream:{s}`, epoch `coord:streame:{s}`, append tokens `coord:streamt:{s}` (hash) and `coord:streamto:{s}` (their order) |
 //! | topic `t` | channel `coord:topic:{t}` |
 //!
@@ -147,7 +147,7 @@
 //! | Cluster only | `CLUSTER SLOTS` (the slot map), `SPUBLISH`, `SSUBSCRIBE` |
 //! | standalone only | `PUBLISH`, `SUBSCRIBE` (not `UNSUBSCRIBE`: a feed ends by closing its connection) |
 //! | scripts (KV writes and watch snapshots, appends) | `EVALSHA`, `SCRIPT LOAD` |
-//! | KV (in scripts and `kv_get`) | `HGET`, `HGETALL`, `HSET`, `HDEL`, `GET`, `INCR` |
+//! | KV (in scripts) | `HGET`, `HGETALL`, `HSET`, `HDEL`, `HEXISTS`, `GET`, `INCR`, `TIME`, `ZADD`, `ZREM`, `ZRANGE`, `ZRANGEBYSCORE` |
 //! | streams (in the append script and readers) | `XADD`, `XREAD`, `XREVRANGE`, `GET`, `SET`, `HGET`, `HSET`, `HDEL`, `RPUSH`, `LPOP`, `PEXPIRE` |
 //! | [`RedisOptions::with_min_replicas`] | `WAIT` |
 //!
@@ -156,7 +156,7 @@
 //! and on a TLS Cluster):
 //!
 //! ```text
-//! ACL SETUSER fleet reset on >CHANGE-ME ~coord:* &coord:* -@all +ping +cluster|slots +evalsha +script|load +hget +hgetall +hset +hdel +get +set +incr +rpush +lpop +pexpire +xadd +xread +xrevrange +publish +spublish +subscribe +ssubscribe +wait
+//! ACL SETUSER fleet reset on >CHANGE-ME ~coord:* &coord:* -@all +ping +cluster|slots +evalsha +script|load +hget +hgetall +hset +hdel +hexists +get +set +incr +time +zadd +zrem +zrange +zrangebyscore +rpush +lpop +pexpire +xadd +xread +xrevrange +publish +spublish +subscribe +ssubscribe +wait
 //! ```
 //!
 //! (In a `users.acl` file or `redis.conf` the same rules follow `user
@@ -246,15 +246,16 @@ use crate::coordinator::bridge::{self, Bridge, CallError};
 use crate::coordinator::lifecycle::Lifecycle;
 use crate::coordinator::write_ids::WriteIds;
 use crate::coordinator::{
-    check_key, check_name, check_payload, pattern, Capabilities, Coordinator, KvWatcher, StreamId,
-    StreamPosition, StreamReader, Subscription,
+    check_key, check_name, check_payload, pattern, plan_set, refused, Capabilities, Coordinator,
+    KvEntry, KvSetOptions, KvWatcher, StreamId, StreamPosition, StreamReader, Subscription,
 };
 use crate::endpoints::Endpoints;
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::StartError;
 use conn::Conn;
-use failover::{with_failover, Repeat};
+use failover::{retried, with_failover, Repeat, Through};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use target::Target;
@@ -493,24 +494,59 @@ impl Coordinator for RedisCoordinator {
     }
 
     fn kv_get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
+        self.kv_get_entry(bucket, key).map(|entry| entry.value)
+    }
+
+    fn kv_get_entry(&self, bucket: &str, key: &str) -> Result<KvEntry> {
         crate::blocking::check()?;
         check_name("bucket", bucket)?;
         check_key(key)?;
         let hash = names::kv_hash(bucket);
-        let mut get = redis::cmd("HGET");
-        get.arg(&hash).arg(key);
         let target = &self.target;
+        let cluster = self.target.cluster;
         let what = format!("get {key:?} in bucket {bucket:?}");
+        let (bucket, key): (Arc<str>, Arc<str>) = (bucket.into(), key.into());
         self.run(move |conn| async move {
+            // A read expires what is due (its delete is safe to repeat).
             let attempt = || {
-                let (mut conn, get) = (conn.clone(), get.clone());
-                async move { conn.query::<Option<Vec<u8>>>(&get).await }
+                let (mut conn, bucket, key) = (conn.clone(), bucket.clone(), key.clone());
+                async move { kv::read(&mut conn, cluster, &bucket, &key).await }
             };
             let describe = |e: &redis::RedisError| target.error(&what, e);
-            with_failover(target, &what, Some(&hash), Repeat::Safe, attempt, describe)
-                .await?
-                .ok_or(Error::NotFound)
+            let (value, revision) =
+                with_failover(target, &what, Some(&hash), Repeat::Safe, attempt, describe)
+                    .await?
+                    .ok_or(Error::NotFound)?;
+            Ok(KvEntry { value, revision })
         })
+    }
+
+    fn kv_set_with(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: &[u8],
+        options: KvSetOptions,
+    ) -> Result<u64> {
+        crate::blocking::check()?;
+        check_name("bucket", bucket)?;
+        check_key(key)?;
+        check_payload("redis", "value", value)?;
+        let plan = plan_set(options)?;
+        let ttl_ms = plan.ttl_secs.map(|secs| secs.saturating_mul(1000));
+        let expected = plan.condition.expected();
+        match self.kv_write_with(bucket, key, Some(value.to_vec()), expected, ttl_ms)? {
+            kv::Written::Applied(revision) => Ok(revision),
+            kv::Written::Refused(current) => {
+                let verdict = fleetcoord_sm::kv::refusal(plan.condition, current);
+                Err(
+                    refused(bucket, key, plan.condition, verdict).unwrap_or_else(|| {
+                        self.target
+                            .failure(ErrorKind::Unexpected, "a refusal decided as a win")
+                    }),
+                )
+            }
+        }
     }
 
     fn kv_delete(&self, bucket: &str, key: &str) -> Result<()> {
@@ -571,32 +607,110 @@ impl Coordinator for RedisCoordinator {
 
 impl RedisCoordinator {
     fn kv_write(&self, bucket: &str, key: &str, value: Option<Vec<u8>>) -> Result<()> {
+        self.kv_write_with(bucket, key, value, None, None)
+            .map(|_| ())
+    }
+
+    /// One KV write: a set (`value`) or a delete, conditional on
+    /// `expected` (0: absent), expiring after `ttl_ms`. Returns the
+    /// revision written.
+    fn kv_write_with(
+        &self,
+        bucket: &str,
+        key: &str,
+        value: Option<Vec<u8>>,
+        expected: Option<u64>,
+        ttl_ms: Option<u64>,
+    ) -> Result<kv::Written> {
         let target = &self.target;
         let cluster = self.target.cluster;
-        let op = if value.is_some() { "set" } else { "delete" };
+        let op = match (&value, expected) {
+            (None, _) => "delete",
+            (Some(_), None) => "set",
+            (Some(_), Some(_)) => "conditional set",
+        };
         let context = format!("{op} {key:?} in bucket {bucket:?}");
         let hash = names::kv_hash(bucket);
         let (bucket, key): (Arc<str>, Arc<str>) = (bucket.into(), key.into());
         let value: Option<Arc<[u8]>> = value.map(Into::into);
+        // A conditional write carries a token its retries share: the
+        // script recognises a repeat of a write that applied (its answer
+        // lost) and answers it as applied instead of as a conflict.
+        let token = expected.map(|_| crate::driver::rand_seed());
         self.run(move |conn| async move {
             // Set again, a value is the same; deleted again, a key stays
-            // gone: a write whose answer was lost is safe to repeat.
+            // gone; a conditional write is recognised by its token: a
+            // write whose answer was lost is safe to repeat.
+            let doubt = AtomicBool::new(false);
             let attempt = || {
-                let (mut conn, bucket, key, value) =
-                    (conn.clone(), bucket.clone(), key.clone(), value.clone());
-                async move { kv::write(&mut conn, cluster, &bucket, &key, value.as_deref()).await }
+                let (mut conn, bucket, key, value, doubt) = (
+                    conn.clone(),
+                    bucket.clone(),
+                    key.clone(),
+                    value.clone(),
+                    &doubt,
+                );
+                async move {
+                    let write = kv::Write {
+                        key: &key,
+                        value: value.as_deref(),
+                        expected,
+                        ttl_ms,
+                        token,
+                    };
+                    let answer = kv::write(&mut conn, cluster, &bucket, &write).await;
+                    if let Err(e) = &answer {
+                        if kv::may_have_run(e) {
+                            doubt.store(true, Ordering::Relaxed);
+                        }
+                    }
+                    answer
+                }
             };
             let describe = |e: &redis::RedisError| target.error(&context, e);
-            with_failover(
+            // Plain writes keep their behaviour (a failover waited out);
+            // a conditional one also waits out a standalone restart, as
+            // the append does: its token makes every repeat safe.
+            let through = if expected.is_some() {
+                Through::Restart
+            } else {
+                Through::Failover
+            };
+            let answer = retried(
                 target,
                 &context,
                 Some(&hash),
                 Repeat::Safe,
+                through,
                 attempt,
                 describe,
             )
-            .await
-            .map(|_| ())
+            .await;
+            let in_doubt = doubt.load(Ordering::Relaxed);
+            match answer {
+                // A refusal after an attempt that may have applied: the
+                // write may have applied and been overwritten since, so
+                // the token no longer speaks for it. Never a conflict the
+                // caller would retry (and apply twice), never a win.
+                Ok(kv::Written::Refused(_)) if in_doubt => Err(Error::KvIndeterminate {
+                    backend: "redis",
+                    bucket: bucket.to_string(),
+                    key: key.to_string(),
+                    message: "an earlier attempt's answer was lost, and the key has changed \
+                              since"
+                        .to_string(),
+                }),
+                Ok(written) => Ok(written),
+                Err((e, maybe)) if expected.is_some() && (maybe || in_doubt) => {
+                    Err(Error::KvIndeterminate {
+                        backend: "redis",
+                        bucket: bucket.to_string(),
+                        key: key.to_string(),
+                        message: e.to_string(),
+                    })
+                }
+                Err((e, _)) => Err(e),
+            }
         })
     }
 }

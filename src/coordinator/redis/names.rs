@@ -26,6 +26,24 @@ pub(crate) fn kv_version(bucket: &str) -> String {
     format!("coord:kvv:{{{}}}", escape(bucket))
 }
 
+/// Each key's revision: field = key, value = the bucket version of the
+/// write that set it.
+pub(crate) fn kv_revisions(bucket: &str) -> String {
+    format!("coord:kvr:{{{}}}", escape(bucket))
+}
+
+/// The deadlines of keys set with a TTL: member = key, score = the
+/// server's clock in milliseconds when it expires.
+pub(crate) fn kv_expiries(bucket: &str) -> String {
+    format!("coord:kvx:{{{}}}", escape(bucket))
+}
+
+/// The token of each key's last conditional write: field = key, so that a
+/// conditional write sent again after a lost answer recognises itself.
+pub(crate) fn kv_tokens(bucket: &str) -> String {
+    format!("coord:kvw:{{{}}}", escape(bucket))
+}
+
 /// The Redis stream holding a stream's entries.
 pub(crate) fn stream_key(stream: &str) -> String {
     format!("coord:stream:{{{}}}", escape(stream))
