@@ -46,6 +46,7 @@
 //!   and the runtime ends when the last call on it has, without blocking
 //!   (`shutdown_background`), so it may end on any thread.
 
+use crate::error::ErrorKind;
 use parking_lot::Mutex;
 use std::future::Future;
 use std::sync::Arc;
@@ -58,6 +59,7 @@ pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// How long [`CallerDriven::tend`] drives the connection each time: one
 /// pass over what arrived (a server's ping, the answer to the client's
 /// own), short enough that a call rarely finds the tender driving.
+#[cfg_attr(not(feature = "nats"), allow(dead_code))]
 pub(crate) const TEND_FOR: Duration = Duration::from_millis(2);
 
 /// What a call's answer says of its connection.
@@ -67,6 +69,28 @@ pub(crate) enum Health {
     Sound,
     /// No answer in time, or the connection broke: drop it.
     Suspect,
+}
+
+impl Health {
+    /// What a bus request's answer says of the connection it came on:
+    /// suspect when the connection failed ([`ErrorKind::Unavailable`],
+    /// [`ErrorKind::Timeout`], a write whose outcome is unknown,
+    /// [`ErrorKind::Indeterminate`]), sound for anything the server
+    /// answered itself.
+    #[cfg_attr(not(any(feature = "nats", feature = "redis")), allow(dead_code))]
+    pub(crate) fn of<T>(answer: &crate::error::Result<T>) -> Health {
+        match answer {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::Indeterminate
+                ) =>
+            {
+                Health::Suspect
+            }
+            _ => Health::Sound,
+        }
+    }
 }
 
 /// How a taken call ended.
@@ -152,6 +176,7 @@ impl<C: Clone> CallerDriven<C> {
     /// an error only when the OS refuses a thread (then calls still work,
     /// and the server may drop an idle connection, which the next call
     /// builds anew).
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
     pub(crate) fn tend(this: &Arc<Self>, every: Duration) -> std::io::Result<()>
     where
         C: Send + 'static,
@@ -244,6 +269,7 @@ impl<C: Clone> CallerDriven<C> {
     }
 
     /// How long ago a call last ended (since creation when none has).
+    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
     fn since_last_call(&self) -> Duration {
         let last = self.last_call.load(std::sync::atomic::Ordering::Relaxed);
         self.born

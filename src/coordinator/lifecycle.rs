@@ -52,7 +52,7 @@ impl Lifecycle {
 
     /// `e`, with a `DriverGone` from plumbing that cannot know about
     /// `close` made to follow [`Lifecycle::gone`].
-    #[cfg(any(feature = "nats", feature = "redis"))]
+    #[cfg(feature = "redis")]
     pub(crate) fn or_gone(&self, e: Error) -> Error {
         match e {
             Error::DriverGone => self.gone(),

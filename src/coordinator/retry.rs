@@ -9,7 +9,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::time::Instant;
 
-pub(crate) use fleetcoord_sm::retry::{Decision, GiveUp, LastPause, Repeat, Retry, Sign};
+#[cfg(feature = "redis")]
+pub(crate) use fleetcoord_sm::retry::GiveUp;
+pub(crate) use fleetcoord_sm::retry::{Decision, LastPause, Repeat, Retry, Sign};
 
 /// The retries of one request beginning now: `budget` in all, pauses
 /// from `initial` doubling to `max` with half of each jittered.

@@ -328,17 +328,7 @@ impl NatsCoordinator {
             let call = op(conn);
             async move {
                 let out = call.await;
-                let health = match &out {
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::Indeterminate
-                        ) =>
-                    {
-                        Health::Suspect
-                    }
-                    _ => Health::Sound,
-                };
+                let health = Health::of(&out);
                 (out, health)
             }
         });
