@@ -461,7 +461,7 @@ fn kv_set_if_revision_and_ttl() {
     assert_eq!(ok(&server, &["kv", "get", "presence", "host-a"]), "up\n");
     std::thread::sleep(std::time::Duration::from_millis(3500));
     let gone = run(&server, &["kv", "get", "presence", "host-a"]);
-    assert_eq!(gone.status.code(), Some(1), "{}", stderr(&gone));
+    assert_eq!(gone.status.code(), Some(3), "{}", stderr(&gone));
     // Out of range is a usage error before anything connects.
     for ttl in ["0s", "1s", "400d"] {
         let bad = run(&server, &["kv", "set", "presence", "h", "up", "--ttl", ttl]);
