@@ -124,6 +124,11 @@ pub struct RangeRequest {
     /// serve fails with [`RpcError::Compacted`]. The answer's header
     /// revision is still the *current* store revision, as etcd's is.
     pub revision: Revision,
+    /// Answer keys and their revisions and leases with every value empty.
+    /// For reads that decide by key and create revision alone (who is
+    /// ahead in a queue): etcd then sends no value, and from 3.7 on
+    /// serves the read from its index without touching its store.
+    pub keys_only: bool,
 }
 
 impl RangeRequest {
@@ -135,6 +140,7 @@ impl RangeRequest {
             limit: 0,
             max_create_revision: 0,
             revision: 0,
+            keys_only: false,
         }
     }
 }

@@ -241,6 +241,9 @@ fn get_options(range: &RangeRequest) -> ec::GetOptions {
     if range.revision > 0 {
         options = options.with_revision(range.revision);
     }
+    if range.keys_only {
+        options = options.with_keys_only();
+    }
     match range.sort {
         SortOrder::Key => {}
         SortOrder::CreateAscending => {

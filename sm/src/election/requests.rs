@@ -28,6 +28,9 @@ fn put(key: &[u8], value: &[u8], lease: LeaseId) -> TxnOp {
     }
 }
 
+/// The first-created key with its value: what a `TryCampaign` that does
+/// not lead reports as the leader, read in the txn that decided it. The
+/// limit bounds what etcd sends to one value however long the queue.
 fn first_created(prefix: &[u8]) -> TxnOp {
     TxnOp::Range(first_created_range(prefix))
 }
@@ -39,14 +42,31 @@ fn first_created_range(prefix: &[u8]) -> RangeRequest {
         limit: 1,
         max_create_revision: 0,
         revision: 0,
+        keys_only: false,
     }
 }
 
-/// Read the leader of the election under `prefix`: the candidate key with
+/// Find the leader of the election under `prefix`: the candidate key with
 /// the lowest create revision (the rule every candidate and Go's client
-/// follow). The answer's single key, if any, is the leader.
+/// follow). The answer's single key, if any, is the leader, with an empty
+/// value: a sort by create revision makes etcd 3.4-3.6 read every
+/// candidate, so the read asks for keys only (nothing but the leader's key
+/// is sent, and etcd 3.7 serves it from its index). Read the value with
+/// [`leader_value_query`].
 pub fn leader_query(prefix: &[u8]) -> Request {
-    Request::Range(first_created_range(prefix))
+    Request::Range(RangeRequest {
+        keys_only: true,
+        ..first_created_range(prefix)
+    })
+}
+
+/// The leader's value, once [`leader_query`] named its `key`: a point read,
+/// which costs etcd one key whatever the queue's length. The answer is the
+/// leader's only while the key's create revision is still the one
+/// [`leader_query`] returned; another one means the leadership changed in
+/// between.
+pub fn leader_value_query(key: &[u8]) -> Request {
+    Request::Range(RangeRequest::all(KeyRange::Key(key.to_vec())))
 }
 
 /// Join the queue: create my key unless it exists, else read it back; in
@@ -63,7 +83,7 @@ pub(crate) fn create(prefix: &[u8], key: &[u8], value: &[u8], lease: LeaseId) ->
     Request::Txn(Txn {
         compare: vec![create_rev_is(key, 0)],
         success: vec![put(key, value, lease), TxnOp::Range(newest(prefix))],
-        failure: already_there(prefix, key),
+        failure: already_there(prefix, key, false),
     })
 }
 
@@ -74,16 +94,20 @@ pub(crate) fn try_create(prefix: &[u8], key: &[u8], value: &[u8], lease: LeaseId
     Request::Txn(Txn {
         compare: vec![create_rev_is(key, 0)],
         success: vec![put(key, value, lease), first_created(prefix)],
-        failure: already_there(prefix, key),
+        failure: already_there(prefix, key, true),
     })
 }
 
 /// The failure branch of [`create`] and [`try_create`]: my key as it is,
-/// then the first-created key of the election.
-fn already_there(prefix: &[u8], key: &[u8]) -> Vec<TxnOp> {
+/// then the first-created key of the election, with its value only when
+/// it may be reported as the leader (`with_value`, a `TryCampaign`).
+fn already_there(prefix: &[u8], key: &[u8], with_value: bool) -> Vec<TxnOp> {
     vec![
         TxnOp::Range(RangeRequest::all(KeyRange::Key(key.to_vec()))),
-        first_created(prefix),
+        TxnOp::Range(RangeRequest {
+            keys_only: !with_value,
+            ..first_created_range(prefix)
+        }),
     ]
 }
 
@@ -96,6 +120,9 @@ pub(crate) const NEWEST_LIMIT: i64 = 3;
 pub(crate) const OLDER_LIMIT: i64 = 2;
 
 /// The newest candidates: right after my create, mine first.
+/// Keys only: the decision needs keys and create revisions, and etcd
+/// 3.4-3.6 reads the whole prefix for this sort; values would only add
+/// what it sends (and, from 3.7, what it reads from its store).
 fn newest(prefix: &[u8]) -> RangeRequest {
     RangeRequest {
         range: KeyRange::Prefix(prefix.to_vec()),
@@ -103,6 +130,7 @@ fn newest(prefix: &[u8]) -> RangeRequest {
         limit: NEWEST_LIMIT,
         max_create_revision: 0,
         revision: 0,
+        keys_only: true,
     }
 }
 
@@ -157,6 +185,8 @@ fn newest_older(prefix: &[u8], token: Revision) -> RangeRequest {
         // never have an older key, so clamp to 1 and let the answer show it.
         max_create_revision: token.saturating_sub(1).max(1),
         revision: 0,
+        // Key and create revision decide; see [`newest`].
+        keys_only: true,
     }
 }
 
@@ -195,10 +225,13 @@ fn limit_of(permits: u32) -> i64 {
     i64::from(permits.max(1))
 }
 
-/// The oldest `permits` keys: the holders, if they all still hold.
+/// The oldest `permits` keys: the holders, if they all still hold. Keys
+/// only: a semaphore reports no holder's value, and the decision needs
+/// keys and create revisions alone.
 fn first_created_n(prefix: &[u8], permits: u32) -> RangeRequest {
     RangeRequest {
         limit: limit_of(permits),
+        keys_only: true,
         ..first_created_range(prefix)
     }
 }
@@ -232,6 +265,7 @@ pub(crate) fn create_n(
                 limit: limit_of(permits).saturating_add(1),
                 max_create_revision: 0,
                 revision: 0,
+                keys_only: true,
             }),
         ],
         failure: already_there_n(prefix, key, permits),
@@ -338,7 +372,9 @@ pub(crate) fn parse_priority(value: &[u8]) -> Option<u32> {
 }
 
 /// Every candidate, oldest first: the whole queue, for the decisions that
-/// need more than the key just ahead (bumps, hand-over).
+/// need more than the key just ahead (bumps, hand-over). Keys only: ranks
+/// come from the priority keys, so candidates' values would make etcd
+/// send the whole queue's values on every ranked decision.
 fn queue(prefix: &[u8]) -> RangeRequest {
     RangeRequest {
         range: KeyRange::Prefix(prefix.to_vec()),
@@ -346,6 +382,7 @@ fn queue(prefix: &[u8]) -> RangeRequest {
         limit: 0,
         max_create_revision: 0,
         revision: 0,
+        keys_only: true,
     }
 }
 

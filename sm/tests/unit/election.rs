@@ -41,8 +41,9 @@ fn create_txn(value: &[u8]) -> Request {
             limit: 3,
             max_create_revision: 0,
             revision: 0,
+            keys_only: true,
         }),
-        first_created(),
+        first_created(true),
     )
 }
 
@@ -77,6 +78,7 @@ fn older(max_create_revision: Revision) -> Request {
                 limit: 2,
                 max_create_revision,
                 revision: 0,
+                keys_only: true,
             }),
             TxnOp::Range(RangeRequest::all(KeyRange::Key(my_key()))),
         ],
@@ -104,13 +106,16 @@ fn watch_all(start_revision: Revision) -> Request {
     }
 }
 
-fn first_created() -> TxnOp {
+/// The first-created key; `keys_only` unless its value is reported (a
+/// try-campaign names the leader with its value).
+fn first_created(keys_only: bool) -> TxnOp {
     TxnOp::Range(RangeRequest {
         range: KeyRange::Prefix(b"/e/".to_vec()),
         sort: SortOrder::CreateAscending,
         limit: 1,
         max_create_revision: 0,
         revision: 0,
+        keys_only,
     })
 }
 
@@ -928,11 +933,11 @@ fn try_campaign_wins_when_first_in_line() {
                 value: b"a".to_vec(),
                 lease: LEASE,
             },
-            first_created(),
+            first_created(false),
         ],
         failure: vec![
             TxnOp::Range(RangeRequest::all(KeyRange::Key(my_key()))),
-            first_created(),
+            first_created(false),
         ],
     });
     assert_eq!(drain(&mut e), vec![rpc(P, expected)]);
@@ -2113,6 +2118,7 @@ fn the_leader_query_reads_the_first_created_key() {
             limit: 1,
             max_create_revision: 0,
             revision: 0,
+            keys_only: true,
         })
     );
 }
@@ -2230,6 +2236,7 @@ fn queue_range() -> TxnOp {
         limit: 0,
         max_create_revision: 0,
         revision: 0,
+        keys_only: true,
     })
 }
 

@@ -30,6 +30,7 @@ fn range(limit: i64, sort: SortOrder, max_create_revision: Revision) -> TxnOp {
         limit,
         max_create_revision,
         revision: 0,
+        keys_only: true,
     })
 }
 
