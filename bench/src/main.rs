@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! fleetcoord-bench [--quick] [--pool-secs N] [--endpoints host:port] [FIGURE...]
-//! FIGURE: kv leave crash campaign handover semaphore elect-cli failover watch pool liveness coord idle-cost concurrency mass-failure rtt shards | all (default)
+//! FIGURE: kv leave crash campaign handover semaphore elect-cli failover watch pool liveness coord idle-cost concurrency mass-failure rtt shards waiters | all (default)
 //! ```
 //!
 //! `--quick` (or `BENCH_QUICK=1`) runs a few samples of every row in
@@ -30,6 +30,7 @@ mod report;
 mod rtt;
 mod shards;
 mod stats;
+mod waiters;
 mod watch;
 
 use report::Row;
@@ -60,7 +61,7 @@ impl Config {
 
 type Figure = fn(&Config) -> Res<Vec<Row>>;
 
-const FIGURES: [(&str, Figure); 17] = [
+const FIGURES: [(&str, Figure); 18] = [
     ("kv", kv::run),
     ("leave", liveness::leave),
     ("crash", liveness::crash),
@@ -78,6 +79,7 @@ const FIGURES: [(&str, Figure); 17] = [
     ("mass-failure", mass::run),
     ("rtt", rtt::run),
     ("shards", shards::run),
+    ("waiters", waiters::run),
 ];
 
 fn main() {

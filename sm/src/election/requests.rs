@@ -245,9 +245,23 @@ fn already_there_n(prefix: &[u8], key: &[u8], permits: u32) -> Vec<TxnOp> {
     ]
 }
 
-/// [`create`] for `permits` holders: on success the newest `permits + 1`
-/// keys, mine first, then up to `permits` older ones: fewer than
-/// `permits` older means I hold; exactly `permits` are the ones to watch.
+/// How many keys [`create_n`] reads on success: mine, the `permits` just
+/// ahead of me, and one more to tell whether those are all.
+pub(crate) fn newest_limit_n(permits: u32) -> i64 {
+    limit_of(permits).saturating_add(2)
+}
+
+/// How many keys older than mine [`older_and_mine_n`] reads: the
+/// `permits` just ahead of me, and one more to tell whether those are all.
+pub(crate) fn older_limit_n(permits: u32) -> i64 {
+    limit_of(permits).saturating_add(1)
+}
+
+/// [`create`] for `permits` holders: on success the newest
+/// [`newest_limit_n`] keys, mine first, then up to `permits + 1` older
+/// ones: fewer than `permits` older means I hold; otherwise the newest
+/// `permits` are the ones to watch, and whether a further one came says
+/// whether they are all that is ahead.
 pub(crate) fn create_n(
     prefix: &[u8],
     key: &[u8],
@@ -262,7 +276,7 @@ pub(crate) fn create_n(
             TxnOp::Range(RangeRequest {
                 range: KeyRange::Prefix(prefix.to_vec()),
                 sort: SortOrder::CreateDescending,
-                limit: limit_of(permits).saturating_add(1),
+                limit: newest_limit_n(permits),
                 max_create_revision: 0,
                 revision: 0,
                 keys_only: true,
@@ -292,10 +306,11 @@ pub(crate) fn try_create_n(
     })
 }
 
-/// [`older_and_mine`] for `permits` holders: the newest `permits` keys
-/// created before mine, and my key, at one revision. Fewer than `permits`
-/// returned means I hold; the count comes from the keys returned under the
-/// limit, never from etcd's `count`, which ignores the revision filters.
+/// [`older_and_mine`] for `permits` holders: the newest
+/// [`older_limit_n`] keys created before mine, and my key, at one
+/// revision. Fewer than `permits` returned means I hold; the count comes
+/// from the keys returned under the limit, never from etcd's `count`,
+/// which ignores the revision filters.
 pub(crate) fn older_and_mine_n(
     prefix: &[u8],
     key: &[u8],
@@ -306,7 +321,7 @@ pub(crate) fn older_and_mine_n(
         compare: vec![],
         success: vec![
             TxnOp::Range(RangeRequest {
-                limit: limit_of(permits),
+                limit: older_limit_n(permits),
                 ..newest_older(prefix, token)
             }),
             TxnOp::Range(RangeRequest::all(KeyRange::Key(key.to_vec()))),
