@@ -45,8 +45,11 @@ pub struct HostInfo {
     /// `detach`; within the TTL it kept the registration, so no `Down` was
     /// seen), so consumers can count restarts. It comes from `<prefix><host id>/incarnation`,
     /// which `HostLiveness` writes in the same transaction, on the same
-    /// lease, as every write of its key; it is 0 when the key's last
-    /// write came without one (another client, or an older fleetcoord).
+    /// lease, as every write of its key when asked to
+    /// ([`crate::LivenessOptions::publish_incarnation`], off by default,
+    /// so that the prefix holds one key per host); it is 0 when the key's
+    /// last write came without one (the host does not publish it, another
+    /// client, or an older fleetcoord).
     /// An incarnation key rewritten on its own is not the
     /// host's: a [`HostWatcher`] keeps what came with the host key, while
     /// [`list_hosts`] (which reads both afresh) says 0.

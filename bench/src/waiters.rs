@@ -41,7 +41,11 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
     for waiters in sizes(cfg) {
         let e = election(cfg, waiters, n)?;
         let s = semaphore(cfg, waiters, n)?;
-        let samples = [e.handover.clone(), e.try_campaign.clone(), s.handover.clone()];
+        let samples = [
+            e.handover.clone(),
+            e.try_campaign.clone(),
+            s.handover.clone(),
+        ];
         let labels = [
             "election: resign → next leads",
             "election: try_campaign (not elected)",
@@ -57,9 +61,15 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
             rows.push(Row::new(figure, ours_side, Some(anchor_side)));
         }
         for (label, bytes) in [
-            ("election: etcd bytes sent per resign → next", e.handover_bytes),
+            (
+                "election: etcd bytes sent per resign → next",
+                e.handover_bytes,
+            ),
             ("election: etcd bytes sent per try_campaign", e.try_bytes),
-            ("semaphore: etcd bytes sent per release → next", s.handover_bytes),
+            (
+                "semaphore: etcd bytes sent per release → next",
+                s.handover_bytes,
+            ),
         ] {
             rows.push(Row::new(
                 format!("{label}, {waiters} waiters"),

@@ -15,8 +15,8 @@ use crate::session::{close_outcome, ATTEMPT_TIMEOUT, CLOSE_WAIT};
 use crate::validate;
 use belief::Belief;
 use fleetcoord_sm::election::{
-    hand_over_request_key, leader_query, leader_value_query, Election as ElectionMachine, ElectionConfig,
-    ElectionError, ElectionInput, ElectionNotice, OpId, Rank,
+    hand_over_request_key, leader_query, leader_value_query, Election as ElectionMachine,
+    ElectionConfig, ElectionError, ElectionInput, ElectionNotice, OpId, Rank,
 };
 use fleetcoord_sm::keepalive::LivenessState;
 use fleetcoord_sm::{BackoffConfig, KeyValue, Response};

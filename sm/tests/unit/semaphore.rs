@@ -184,7 +184,12 @@ fn with_more_older_keys_a_waiter_watches_the_nearest_two_and_holds_when_the_fart
     let a = kv(b"/s/aa", b"2", 3);
     let z = kv(b"/s/zz", b"2", 2);
     assert_eq!(
-        ok(&mut e, t0, P, created(7, b"2", vec![b.clone(), a.clone(), z])),
+        ok(
+            &mut e,
+            t0,
+            P,
+            created(7, b"2", vec![b.clone(), a.clone(), z])
+        ),
         vec![
             rpc(P + 1, watch(b"/s/bb", 8)),
             rpc(P + 2, watch(b"/s/aa", 8))
