@@ -387,17 +387,18 @@ pub(crate) fn parse_priority(value: &[u8]) -> Option<u32> {
 }
 
 /// Every candidate, oldest first: the whole queue, for the decisions that
-/// need more than the key just ahead (bumps, hand-over). Keys only: ranks
-/// come from the priority keys, so candidates' values would make etcd
-/// send the whole queue's values on every ranked decision.
-fn queue(prefix: &[u8]) -> RangeRequest {
+/// need more than the key just ahead (bumps, hand-over). `keys_only`
+/// wherever no value is compared: ranks come from the priority keys, and
+/// candidates' values would make etcd send the whole queue's values on
+/// every ranked decision.
+fn queue(prefix: &[u8], keys_only: bool) -> RangeRequest {
     RangeRequest {
         range: KeyRange::Prefix(prefix.to_vec()),
         sort: SortOrder::CreateAscending,
         limit: 0,
         max_create_revision: 0,
         revision: 0,
-        keys_only: true,
+        keys_only,
     }
 }
 
@@ -407,10 +408,11 @@ fn priorities(prefix: &[u8]) -> RangeRequest {
 }
 
 /// The two reads every ranked decision is made of, at one revision: the
-/// queue, then the published priorities.
-fn queue_and_priorities(prefix: &[u8]) -> Vec<TxnOp> {
+/// queue (keys only unless a value is compared), then the published
+/// priorities.
+fn queue_and_priorities(prefix: &[u8], keys_only: bool) -> Vec<TxnOp> {
     vec![
-        TxnOp::Range(queue(prefix)),
+        TxnOp::Range(queue(prefix, keys_only)),
         TxnOp::Range(priorities(prefix)),
     ]
 }
@@ -419,7 +421,8 @@ fn queue_and_priorities(prefix: &[u8]) -> Vec<TxnOp> {
 /// in the same txn, so a candidate is never queued under a priority it
 /// did not state) and reads the whole queue and every priority at that
 /// revision. The failure branch (my key exists: a retry after a lost
-/// answer) writes the priority again and reads the same.
+/// answer) writes the priority again and reads the same, with values:
+/// whether my key holds my value is compared there.
 pub(crate) fn create_ranked(
     prefix: &[u8],
     key: &[u8],
@@ -433,9 +436,9 @@ pub(crate) fn create_ranked(
         lease,
     );
     let mut success = vec![put(key, value, lease), publish.clone()];
-    success.extend(queue_and_priorities(prefix));
+    success.extend(queue_and_priorities(prefix, true));
     let mut failure = vec![publish];
-    failure.extend(queue_and_priorities(prefix));
+    failure.extend(queue_and_priorities(prefix, false));
     Request::Txn(Txn {
         compare: vec![create_rev_is(key, 0)],
         success,
@@ -449,7 +452,18 @@ pub(crate) fn create_ranked(
 pub(crate) fn ranked_read(prefix: &[u8]) -> Request {
     Request::Txn(Txn {
         compare: vec![],
-        success: queue_and_priorities(prefix),
+        success: queue_and_priorities(prefix, true),
+        failure: vec![],
+    })
+}
+
+/// A leader's read before a hand-over: [`ranked_read`] with every
+/// candidate's value, since the target may be named by its value. An
+/// operator's request, not a step of every campaign.
+pub(crate) fn hand_over_read(prefix: &[u8]) -> Request {
+    Request::Txn(Txn {
+        compare: vec![],
+        success: queue_and_priorities(prefix, false),
         failure: vec![],
     })
 }
@@ -472,11 +486,11 @@ pub(crate) fn bump(
         .iter()
         .map(|(k, _)| TxnOp::Delete(KeyRange::Key(k.clone())))
         .collect();
-    success.extend(queue_and_priorities(prefix));
+    success.extend(queue_and_priorities(prefix, true));
     Request::Txn(Txn {
         compare,
         success,
-        failure: queue_and_priorities(prefix),
+        failure: queue_and_priorities(prefix, true),
     })
 }
 
