@@ -564,6 +564,83 @@ pub(crate) fn watch_priorities(prefix: &[u8], start_revision: Revision) -> Reque
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// Every range of `request`, wherever it sits in a txn.
+    fn ranges(request: &Request) -> Vec<RangeRequest> {
+        match request {
+            Request::Range(r) => vec![r.clone()],
+            Request::Txn(t) => t
+                .success
+                .iter()
+                .chain(&t.failure)
+                .filter_map(|op| match op {
+                    TxnOp::Range(r) => Some(r.clone()),
+                    _ => None,
+                })
+                .collect(),
+            _ => vec![],
+        }
+    }
+
+    /// Whether etcd 3.4-3.6 reads every key and value of `r`'s range from
+    /// its store to answer it (a sort other than by key, or a revision
+    /// filter, makes it drop the limit).
+    fn reads_whole_range(r: &RangeRequest) -> bool {
+        r.sort != SortOrder::Key || r.max_create_revision != 0
+    }
+
+    /// The read shape of every request a campaign, a wait, a hand-over
+    /// between waiters or a leader lookup sends: a range that makes etcd
+    /// read the whole queue sends back keys only, except the two whose
+    /// single value is reported as the leader (a `TryCampaign` that does
+    /// not lead), which their limit of 1 bounds; and a point read or a
+    /// key-ordered read is what reads a value.
+    #[test]
+    fn queue_reads_ask_for_keys_only_and_values_come_bounded() {
+        let (p, k) = (b"/e/".as_slice(), b"/e/2a".as_slice());
+        let campaign = [
+            create(p, k, b"v", 0x2a),
+            older_and_mine(p, k, 9),
+            create_n(p, k, b"v", 0x2a, 3),
+            try_create_n(p, k, b"v", 0x2a, 3),
+            older_and_mine_n(p, k, 9, 3),
+            leader_query(p),
+            ranked_read(p),
+            bump(p, (k, 3), &[(b"/e/3b".to_vec(), 4)]),
+        ];
+        for request in &campaign {
+            for r in ranges(request) {
+                if reads_whole_range(&r) {
+                    assert!(r.keys_only, "{r:?} in {request:?}");
+                }
+            }
+        }
+        // Reported as the leader: one value, at most.
+        for r in ranges(&try_create(p, k, b"v", 0x2a)) {
+            if reads_whole_range(&r) && !r.keys_only {
+                assert_eq!(r.limit, 1, "{r:?}");
+            }
+        }
+        // Whether my value is still mine, and the leader's value: point reads.
+        assert_eq!(
+            leader_value_query(k),
+            Request::Range(RangeRequest::all(KeyRange::Key(k.to_vec())))
+        );
+        // The queue reads that do carry values: an operator's hand-over
+        // (the target may be named by value), and a retried ranked create
+        // (my value is compared), never a plain campaign's step.
+        assert!(ranges(&hand_over_read(p)).iter().any(|r| !r.keys_only));
+        let ranked = create_ranked(p, k, b"v", 0x2a, 5);
+        let Request::Txn(t) = &ranked else {
+            panic!("{ranked:?}")
+        };
+        assert!(t.success.iter().all(|op| match op {
+            TxnOp::Range(r) => !reads_whole_range(r) || r.keys_only,
+            _ => true,
+        }));
+    }
+
     #[test]
     fn side_keys_lie_outside_every_candidate_prefix() {
         assert_eq!(
