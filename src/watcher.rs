@@ -222,7 +222,8 @@ impl WatcherOptions {
 /// Keys under the prefix that are not host ids are logged once and skipped;
 /// hosts' leave markers (`<prefix><host id>/left`, see [`DownReason`]) and
 /// incarnation keys (`<prefix><host id>/incarnation`, written by
-/// [`crate::HostLiveness`] with every write of its key) are skipped
+/// [`crate::HostLiveness`] with every write of its key when it publishes
+/// its incarnation, [`crate::LivenessOptions::publish_incarnation`]) are skipped
 /// silently; an incarnation key's value comes as the host's
 /// [`HostInfo::incarnation`]. Reading the prefix in pages, the `Up` of a
 /// page's last host may wait for the next page, where its incarnation key
