@@ -55,6 +55,18 @@ pub enum KeyRange {
         /// The first key that may be included.
         from: Vec<u8>,
     },
+    /// Every key starting with `prefix` from `from` (included) up to `to`
+    /// (excluded), byte order: one page of a prefix whose range is bounded
+    /// as well as its limit, since etcd counts the rest of a page's range
+    /// on every page.
+    PrefixSpan {
+        /// The prefix.
+        prefix: Vec<u8>,
+        /// The first key that may be included.
+        from: Vec<u8>,
+        /// The first key past the span.
+        to: Vec<u8>,
+    },
 }
 
 impl KeyRange {
@@ -65,6 +77,9 @@ impl KeyRange {
             KeyRange::Prefix(p) => key.starts_with(p),
             KeyRange::PrefixFrom { prefix, from } => {
                 key.starts_with(prefix) && key >= from.as_slice()
+            }
+            KeyRange::PrefixSpan { prefix, from, to } => {
+                key.starts_with(prefix) && key >= from.as_slice() && key < to.as_slice()
             }
         }
     }
