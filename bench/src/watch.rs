@@ -73,15 +73,15 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
             prefix = format!("/bench/watch/{hosts}x{}i/", case.value);
         }
         populate(&raw, &prefix, hosts, case.value, case.incarnations)?;
-        let mut times = [Vec::new(), Vec::new()];
-        let mut peak = [0.0f64; 2];
+        let mut times = [Vec::new(), Vec::new(), Vec::new()];
+        let mut peak = [0.0f64; 3];
         for i in 0..case.samples {
-            let order: [usize; 2] = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+            let order: [usize; 3] = if i % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
             for side in order {
                 let r = process::run_child(&[
                     "child-watch".into(),
                     cfg.endpoint.clone(),
-                    ["fleetcoord", "raw"][side].into(),
+                    ["fleetcoord", "raw", "raw-bounded"][side].into(),
                     prefix.clone(),
                     hosts.to_string(),
                 ])?;
@@ -96,6 +96,13 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
             &times[0],
             "paginated range read (1,000/page, one revision)",
             &times[1],
+        )?);
+        rows.push(latency_row(
+            &format!("HostWatcher → Synced vs the cheapest raw read, {label}"),
+            "HostWatcher::watch → Synced",
+            &times[0],
+            "paginated range read, each page's range bounded too",
+            &times[2],
         )?);
         rows.push(Row::new(
             format!("peak RSS of the reading process, {label}"),
@@ -150,12 +157,13 @@ fn populate(raw: &Raw, prefix: &str, hosts: usize, value: usize, incarnations: b
     Ok(())
 }
 
-/// `child-watch ENDPOINT SIDE PREFIX HOSTS`: reads the prefix once and
+/// `child-watch ENDPOINT SIDE PREFIX HOSTS` (SIDE: fleetcoord, raw or
+/// raw-bounded, see [`read_bounded`]): reads the prefix once and
 /// reports the time (from a connection that has answered a request, on
 /// both sides) and the process's peak RSS.
 pub fn child_watch(args: &[String]) -> Res<()> {
     let [endpoint, side, prefix, hosts] = args else {
-        return Err("usage: child-watch ENDPOINT fleetcoord|raw PREFIX HOSTS".into());
+        return Err("usage: child-watch ENDPOINT fleetcoord|raw|raw-bounded PREFIX HOSTS".into());
     };
     let hosts: usize = hosts.parse()?;
     let (elapsed, got) = match side.as_str() {
@@ -177,7 +185,7 @@ pub fn child_watch(args: &[String]) -> Res<()> {
             let elapsed = t.elapsed();
             (elapsed, up.len())
         }
-        "raw" => {
+        "raw" | "raw-bounded" => {
             let raw = Raw::connect(endpoint)?;
             // etcd-client connects lazily; `Etcd::connect` returns only once
             // a request was answered. Both sides start the clock on a
@@ -185,7 +193,11 @@ pub fn child_watch(args: &[String]) -> Res<()> {
             // not its TCP and HTTP/2 handshake.
             raw.block_on(raw.client().status())?;
             let t = Instant::now();
-            let kvs = raw.block_on(read_paged(raw.client(), prefix.as_bytes()))?;
+            let kvs = if side == "raw" {
+                raw.block_on(read_paged(raw.client(), prefix.as_bytes()))?
+            } else {
+                raw.block_on(read_bounded(raw.client(), prefix.as_bytes()))?
+            };
             // The hosts are the keys one segment under the prefix.
             let hosts = kvs
                 .iter()
