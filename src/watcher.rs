@@ -230,7 +230,10 @@ impl WatcherOptions {
 /// can be.
 ///
 /// Large fleets: the prefix is read in pages of 1,000 keys at one revision,
-/// and the initial `Up`s arrive page by page. Transient errors are retried
+/// and the initial `Up`s arrive page by page. After the first pages each
+/// page's range ends about a page ahead, so that what etcd counts for
+/// every page (the rest of its range) stays near the page: a replay costs
+/// etcd time linear in the fleet, not quadratic. Transient errors are retried
 /// with backoff; an error retrying cannot fix (the etcd user may not read
 /// the prefix, one key larger than the client's message limit) is logged
 /// with `log::warn` and ends the channel: `recv` then reports it

@@ -7,7 +7,12 @@
 //! Snapshots are read in pages of [`WatchConfig::page_size`] keys, all at
 //! one revision: the header revision of the first page. Each page asks for
 //! one key more than it keeps, so a page without that key is the last and
-//! no empty page is read after it. The first snapshot
+//! no empty page is read after it. etcd counts the rest of a page's range
+//! on every page, so after the first few pages each page's range also ends
+//! about a page ahead ([`KeyRange::PrefixSpan`]), placed by how densely
+//! the keys read so far lay; a page that does not fill such a range goes on
+//! from its end. A snapshot of N keys then costs etcd O(N), not O(N² /
+//! page). The first snapshot
 //! streams its `Up`s page by page, asking for the next page before it
 //! hands out the `Up`s of the one it has, so etcd reads one while the
 //! consumer gets the other; a resync collects its pages and emits the diff
