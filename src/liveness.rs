@@ -59,6 +59,17 @@ pub struct LivenessOptions {
     /// How long [`HostLiveness::with_options`] waits for the first
     /// registration before failing. 1 ms to 24 h. Default 10 s.
     pub register_timeout: Duration,
+    /// Also publish [`HostLiveness::incarnation`] as the *incarnation key*
+    /// `<prefix><host id>/incarnation`, on the same lease and in the same
+    /// transaction as every write of the host key, so that watchers and
+    /// `list_hosts` report it as [`crate::HostInfo::incarnation`].
+    /// Default `false`: the prefix then holds exactly one key per live
+    /// host, what every plain reader of it (`etcdctl get --prefix`, a Go
+    /// watcher, an operator counting hosts) assumes, and a replay reads
+    /// half the keys. With `true` those readers see a second key per host
+    /// (take only keys whose last segment is a UUID as hosts); the counter
+    /// itself ([`HostLiveness::incarnation`]) is kept either way.
+    pub publish_incarnation: bool,
 }
 
 impl Default for LivenessOptions {
@@ -67,6 +78,7 @@ impl Default for LivenessOptions {
             prefix: DEFAULT_HOSTS_PREFIX.into(),
             session: SessionOptions::default().with_ttl(Duration::from_secs(5)),
             register_timeout: Duration::from_secs(10),
+            publish_incarnation: false,
         }
     }
 }
@@ -92,6 +104,15 @@ impl LivenessOptions {
     #[must_use]
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
+        self
+    }
+
+    /// These options with [`LivenessOptions::publish_incarnation`] set:
+    /// whether watchers learn the restart counter at the cost of a second
+    /// key per host under the prefix.
+    #[must_use]
+    pub const fn with_published_incarnation(mut self, publish: bool) -> Self {
+        self.publish_incarnation = publish;
         self
     }
 
@@ -339,7 +360,9 @@ impl HostLiveness {
     /// Which process of this registration this is: 1 for one made by
     /// [`HostLiveness::with_options`], one more than the detached one's for
     /// a [`HostLiveness::resume`] (also when the resume fell back to a
-    /// fresh registration). Local to the processes that hand it on.
+    /// fresh registration). Local to the processes that hand it on;
+    /// watchers learn it only from hosts that publish it
+    /// ([`LivenessOptions::publish_incarnation`]).
     pub fn incarnation(&self) -> u64 {
         self.incarnation
     }
@@ -377,11 +400,14 @@ impl HostLiveness {
                 // from a crash (see `DownReason`).
                 leave_marker: Some(leave_marker_key(key.as_bytes())),
                 // Written with every write of the key, so a watcher reads
-                // both at one revision (see `HostInfo::incarnation`).
-                companion: Some((
-                    incarnation_key(key.as_bytes()),
-                    incarnation.to_string().into_bytes(),
-                )),
+                // both at one revision (see `HostInfo::incarnation`); only
+                // on request, since it is a second key under the prefix.
+                companion: options.publish_incarnation.then(|| {
+                    (
+                        incarnation_key(key.as_bytes()),
+                        incarnation.to_string().into_bytes(),
+                    )
+                }),
             }),
             backoff: BackoffConfig::default(),
             safety_margin: options.session.safety_margin,
@@ -496,7 +522,9 @@ impl HostLiveness {
                 leave_marker: Some(leave_marker_key(key.as_bytes())),
                 // As with an own lease (see `HostInfo::incarnation`); a
                 // host on a session is never resumed.
-                companion: Some((incarnation_key(key.as_bytes()), b"1".to_vec())),
+                companion: options
+                    .publish_incarnation
+                    .then(|| (incarnation_key(key.as_bytes()), b"1".to_vec())),
                 backoff: BackoffConfig::default(),
                 give_up: ttl,
             },

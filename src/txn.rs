@@ -91,7 +91,7 @@ impl TxnOp {
 fn range_key(range: &sm::KeyRange) -> &[u8] {
     match range {
         sm::KeyRange::Key(k) | sm::KeyRange::Prefix(k) => k,
-        sm::KeyRange::PrefixFrom { from, .. } => from,
+        sm::KeyRange::PrefixFrom { from, .. } | sm::KeyRange::PrefixSpan { from, .. } => from,
     }
 }
 

@@ -45,8 +45,11 @@ pub struct HostInfo {
     /// `detach`; within the TTL it kept the registration, so no `Down` was
     /// seen), so consumers can count restarts. It comes from `<prefix><host id>/incarnation`,
     /// which `HostLiveness` writes in the same transaction, on the same
-    /// lease, as every write of its key; it is 0 when the key's last
-    /// write came without one (another client, or an older fleetcoord).
+    /// lease, as every write of its key when asked to
+    /// ([`crate::LivenessOptions::publish_incarnation`], off by default,
+    /// so that the prefix holds one key per host); it is 0 when the key's
+    /// last write came without one (the host does not publish it, another
+    /// client, or an older fleetcoord).
     /// An incarnation key rewritten on its own is not the
     /// host's: a [`HostWatcher`] keeps what came with the host key, while
     /// [`list_hosts`] (which reads both afresh) says 0.
@@ -219,14 +222,18 @@ impl WatcherOptions {
 /// Keys under the prefix that are not host ids are logged once and skipped;
 /// hosts' leave markers (`<prefix><host id>/left`, see [`DownReason`]) and
 /// incarnation keys (`<prefix><host id>/incarnation`, written by
-/// [`crate::HostLiveness`] with every write of its key) are skipped
+/// [`crate::HostLiveness`] with every write of its key when it publishes
+/// its incarnation, [`crate::LivenessOptions::publish_incarnation`]) are skipped
 /// silently; an incarnation key's value comes as the host's
 /// [`HostInfo::incarnation`]. Reading the prefix in pages, the `Up` of a
 /// page's last host may wait for the next page, where its incarnation key
 /// can be.
 ///
 /// Large fleets: the prefix is read in pages of 1,000 keys at one revision,
-/// and the initial `Up`s arrive page by page. Transient errors are retried
+/// and the initial `Up`s arrive page by page. After the first pages each
+/// page's range ends about a page ahead, so that what etcd counts for
+/// every page (the rest of its range) stays near the page: a replay costs
+/// etcd time linear in the fleet, not quadratic. Transient errors are retried
 /// with backoff; an error retrying cannot fix (the etcd user may not read
 /// the prefix, one key larger than the client's message limit) is logged
 /// with `log::warn` and ends the channel: `recv` then reports it

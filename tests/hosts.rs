@@ -741,3 +741,79 @@ fn trusted_until_moves_with_each_renewal_and_ends_with_the_lease() {
     host.close().expect("close");
     election.close().expect("close");
 }
+
+/// What every plain reader of the hosts prefix assumes (the README's key
+/// layout, a Go watcher, an operator counting hosts): exactly one key per
+/// live host. Hosts on their own lease, on a shared session, resumed after
+/// a restart and with new metadata are all listed once by
+/// `etcdctl get --prefix /coord/hosts/ --keys-only`, and a host that left
+/// is not listed at all; only a host that asks to publish its incarnation
+/// adds a second key.
+#[test]
+fn etcdctl_lists_exactly_the_live_hosts_under_the_prefix() {
+    let server = EtcdServer::start().expect("etcd");
+    let endpoint = server.endpoint();
+    let etcd = connect(&endpoint);
+    let options = LivenessOptions::default().with_ttl(Duration::from_secs(30));
+    let own =
+        HostLiveness::with_options(&etcd, Uuid::new_v4(), b"a", options.clone()).expect("register");
+    own.set_metadata(b"a2").expect("set_metadata");
+    let restarted =
+        HostLiveness::with_options(&etcd, Uuid::new_v4(), b"b", options.clone()).expect("register");
+    let resume = restarted.detach().expect("detach");
+    let restarted = HostLiveness::resume(&etcd, resume, b"b2", options.clone()).expect("resume");
+    assert!(restarted.resumed());
+    assert_eq!(restarted.incarnation(), 2, "the counter is kept locally");
+    let session = fleetcoord::Session::new(&etcd, Duration::from_secs(30)).expect("session");
+    let shared = HostLiveness::with_session(&session, Uuid::new_v4(), b"c", options.clone())
+        .expect("register");
+    let leaving =
+        HostLiveness::with_options(&etcd, Uuid::new_v4(), b"d", options.clone()).expect("register");
+
+    let listed = |expected: &[&HostLiveness]| {
+        let mut want: Vec<String> = expected.iter().map(|h| h.key().to_string()).collect();
+        want.sort();
+        (common::etcdctl_keys(&endpoint, DEFAULT_HOSTS_PREFIX), want)
+    };
+    let (keys, want) = listed(&[&own, &restarted, &shared, &leaving]);
+    assert_eq!(keys, want, "one key per live host");
+
+    // A leave writes its marker and deletes the key at one revision, then
+    // revokes the lease, which takes the marker: once that is done, the
+    // host is simply gone from the listing.
+    leaving.close().expect("close");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (keys, want) = listed(&[&own, &restarted, &shared]);
+        if keys == want {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{keys:?} is not {want:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Opting in to publishing the incarnation is what adds a second key.
+    let published = HostLiveness::with_options(
+        &etcd,
+        Uuid::new_v4(),
+        b"e",
+        options.with_published_incarnation(true),
+    )
+    .expect("register");
+    let extra: Vec<String> = common::etcdctl_keys(&endpoint, DEFAULT_HOSTS_PREFIX)
+        .into_iter()
+        .filter(|k| k.starts_with(published.key()))
+        .collect();
+    assert_eq!(
+        extra,
+        vec![
+            published.key().to_string(),
+            format!("{}/incarnation", published.key())
+        ]
+    );
+    let view = etcd_view(&etcd);
+    assert_eq!(view[&published.host_id()].incarnation, 1);
+    assert_eq!(view[&restarted.host_id()].incarnation, 0, "not published");
+    drop((own, restarted, shared, published));
+    session.close().expect("close session");
+}

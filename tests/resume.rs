@@ -19,6 +19,11 @@ fn options(ttl_secs: u64) -> LivenessOptions {
     LivenessOptions::default().with_ttl(Duration::from_secs(ttl_secs))
 }
 
+/// [`options`] of a host that publishes its incarnation for watchers.
+fn published(ttl_secs: u64) -> LivenessOptions {
+    options(ttl_secs).with_published_incarnation(true)
+}
+
 /// The host's metadata and lease as `list_hosts` reads them.
 fn read_key(etcd: &fleetcoord::Etcd, id: Uuid) -> Option<(String, i64)> {
     list_hosts(etcd, DEFAULT_HOSTS_PREFIX)
@@ -200,7 +205,7 @@ fn each_resume_counts_one_more_incarnation_that_watchers_and_list_hosts_read_wit
     let watcher = HostWatcher::watch(&etcd).expect("watch");
     assert_eq!(next_event(&watcher), HostEvent::Synced);
     let id = Uuid::new_v4();
-    let mut host = HostLiveness::with_options(&etcd, id, b"m", options(30)).expect("register");
+    let mut host = HostLiveness::with_options(&etcd, id, b"m", published(30)).expect("register");
     let lease = registered_lease(&host);
     match next_event(&watcher) {
         HostEvent::Up(info) => assert_eq!((info.id, info.incarnation), (id, 1)),
@@ -210,7 +215,7 @@ fn each_resume_counts_one_more_incarnation_that_watchers_and_list_hosts_read_wit
     assert_eq!(listed_incarnation(&etcd, id), Some(1));
     for n in 2..=4u64 {
         let resume = host.detach().expect("detach");
-        host = HostLiveness::resume(&etcd, resume, b"m", options(30)).expect("resume");
+        host = HostLiveness::resume(&etcd, resume, b"m", published(30)).expect("resume");
         assert!(host.resumed());
         assert_eq!(host.incarnation(), n);
         assert_eq!(read_incarnation(&endpoint, id), (n.to_string(), true));
@@ -264,7 +269,7 @@ fn each_resume_counts_one_more_incarnation_that_watchers_and_list_hosts_read_wit
     // A host key written by another client, without an incarnation key:
     // unknown (0), though an older incarnation key is still there.
     let other =
-        HostLiveness::with_options(&etcd, Uuid::new_v4(), b"o", options(30)).expect("register");
+        HostLiveness::with_options(&etcd, Uuid::new_v4(), b"o", published(30)).expect("register");
     let other_id = other.host_id();
     assert!(matches!(next_event(&watcher), HostEvent::Up(_)));
     let key = format!("{DEFAULT_HOSTS_PREFIX}{other_id}");
@@ -293,7 +298,7 @@ fn a_host_on_a_session_has_incarnation_one_and_its_leave_deletes_the_key() {
     assert_eq!(next_event(&watcher), HostEvent::Synced);
     let session = Session::new(&etcd, Duration::from_secs(30)).expect("session");
     let id = Uuid::new_v4();
-    let host = HostLiveness::with_session(&session, id, b"m", options(30)).expect("register");
+    let host = HostLiveness::with_session(&session, id, b"m", published(30)).expect("register");
     match next_event(&watcher) {
         HostEvent::Up(info) => assert_eq!((info.id, info.incarnation), (id, 1)),
         other => panic!("expected Up, got {other:?}"),

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! fleetcoord-bench [--quick] [--pool-secs N] [--endpoints host:port] [FIGURE...]
-//! FIGURE: kv leave crash campaign handover semaphore elect-cli failover watch pool liveness coord idle-cost concurrency mass-failure rtt shards cas | all (default)
+//! FIGURE: kv leave crash campaign handover semaphore elect-cli failover watch pool liveness coord idle-cost concurrency mass-failure rtt shards cas waiters ranges | all (default)
 //! ```
 //!
 //! `--quick` (or `BENCH_QUICK=1`) runs a few samples of every row in
@@ -31,6 +31,7 @@ mod report;
 mod rtt;
 mod shards;
 mod stats;
+mod waiters;
 mod watch;
 
 use report::Row;
@@ -61,7 +62,7 @@ impl Config {
 
 type Figure = fn(&Config) -> Res<Vec<Row>>;
 
-const FIGURES: [(&str, Figure); 18] = [
+const FIGURES: [(&str, Figure); 20] = [
     ("kv", kv::run),
     ("leave", liveness::leave),
     ("crash", liveness::crash),
@@ -80,6 +81,8 @@ const FIGURES: [(&str, Figure); 18] = [
     ("rtt", rtt::run),
     ("shards", shards::run),
     ("cas", cas::run),
+    ("waiters", waiters::run),
+    ("ranges", watch::compare_reads),
 ];
 
 fn main() {

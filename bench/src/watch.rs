@@ -73,15 +73,15 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
             prefix = format!("/bench/watch/{hosts}x{}i/", case.value);
         }
         populate(&raw, &prefix, hosts, case.value, case.incarnations)?;
-        let mut times = [Vec::new(), Vec::new()];
-        let mut peak = [0.0f64; 2];
+        let mut times = [Vec::new(), Vec::new(), Vec::new()];
+        let mut peak = [0.0f64; 3];
         for i in 0..case.samples {
-            let order: [usize; 2] = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+            let order: [usize; 3] = if i % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
             for side in order {
                 let r = process::run_child(&[
                     "child-watch".into(),
                     cfg.endpoint.clone(),
-                    ["fleetcoord", "raw"][side].into(),
+                    ["fleetcoord", "raw", "raw-bounded"][side].into(),
                     prefix.clone(),
                     hosts.to_string(),
                 ])?;
@@ -96,6 +96,13 @@ pub fn run(cfg: &Config) -> Res<Vec<Row>> {
             &times[0],
             "paginated range read (1,000/page, one revision)",
             &times[1],
+        )?);
+        rows.push(latency_row(
+            &format!("HostWatcher → Synced vs the cheapest raw read, {label}"),
+            "HostWatcher::watch → Synced",
+            &times[0],
+            "paginated range read, each page's range bounded too",
+            &times[2],
         )?);
         rows.push(Row::new(
             format!("peak RSS of the reading process, {label}"),
@@ -150,12 +157,13 @@ fn populate(raw: &Raw, prefix: &str, hosts: usize, value: usize, incarnations: b
     Ok(())
 }
 
-/// `child-watch ENDPOINT SIDE PREFIX HOSTS`: reads the prefix once and
+/// `child-watch ENDPOINT SIDE PREFIX HOSTS` (SIDE: fleetcoord, raw or
+/// raw-bounded, see [`read_bounded`]): reads the prefix once and
 /// reports the time (from a connection that has answered a request, on
 /// both sides) and the process's peak RSS.
 pub fn child_watch(args: &[String]) -> Res<()> {
     let [endpoint, side, prefix, hosts] = args else {
-        return Err("usage: child-watch ENDPOINT fleetcoord|raw PREFIX HOSTS".into());
+        return Err("usage: child-watch ENDPOINT fleetcoord|raw|raw-bounded PREFIX HOSTS".into());
     };
     let hosts: usize = hosts.parse()?;
     let (elapsed, got) = match side.as_str() {
@@ -177,7 +185,7 @@ pub fn child_watch(args: &[String]) -> Res<()> {
             let elapsed = t.elapsed();
             (elapsed, up.len())
         }
-        "raw" => {
+        "raw" | "raw-bounded" => {
             let raw = Raw::connect(endpoint)?;
             // etcd-client connects lazily; `Etcd::connect` returns only once
             // a request was answered. Both sides start the clock on a
@@ -185,7 +193,11 @@ pub fn child_watch(args: &[String]) -> Res<()> {
             // not its TCP and HTTP/2 handshake.
             raw.block_on(raw.client().status())?;
             let t = Instant::now();
-            let kvs = raw.block_on(read_paged(raw.client(), prefix.as_bytes()))?;
+            let kvs = if side == "raw" {
+                raw.block_on(read_paged(raw.client(), prefix.as_bytes()))?
+            } else {
+                raw.block_on(read_bounded(raw.client(), prefix.as_bytes()))?
+            };
             // The hosts are the keys one segment under the prefix.
             let hosts = kvs
                 .iter()
@@ -247,4 +259,123 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
         }
     }
     vec![0]
+}
+
+/// Where a key lies in the key space past `prefix`: its first 8 bytes
+/// after the prefix as a number, so that a page's range end can be placed
+/// by how densely the keys read so far lay.
+fn position(prefix: &[u8], key: &[u8]) -> u64 {
+    let mut bytes = [0u8; 8];
+    for (b, k) in bytes
+        .iter_mut()
+        .zip(key.get(prefix.len()..).unwrap_or_default())
+    {
+        *b = *k;
+    }
+    u64::from_be_bytes(bytes)
+}
+
+/// The raw read with each page's range bounded, not only its limit: etcd
+/// counts the rest of a page's range on every page, so a range end placed
+/// about [`PAGE`] keys ahead (estimated from the keys read so far) keeps
+/// that count near the page's own size, and the whole read linear.
+pub(crate) async fn read_bounded(
+    mut client: etcd_client::Client,
+    prefix: &[u8],
+) -> Res<Vec<(Vec<u8>, Vec<u8>)>> {
+    let end = prefix_end(prefix);
+    let mut from = prefix.to_vec();
+    let mut at: u64 = 0;
+    // A 64th of the key space first; every answer corrects it.
+    let mut width: u64 = 1 << 58;
+    let mut revision = 0;
+    let mut out = Vec::new();
+    loop {
+        let (to, to_at) = match at.checked_add(width) {
+            Some(p) => {
+                let mut k = prefix.to_vec();
+                k.extend_from_slice(&p.to_be_bytes());
+                (k, Some(p))
+            }
+            None => (end.clone(), None),
+        };
+        let mut options = GetOptions::new().with_range(to.clone()).with_limit(PAGE);
+        if revision > 0 {
+            options = options.with_revision(revision);
+        }
+        let resp = client.get(from.clone(), Some(options)).await?;
+        if revision == 0 {
+            revision = resp.header().ok_or("range without a header")?.revision();
+        }
+        let n = resp.kvs().len() as u64;
+        for kv in resp.kvs() {
+            out.push((kv.key().to_vec(), kv.value().to_vec()));
+        }
+        match (resp.more(), resp.kvs().last()) {
+            (true, Some(last)) => {
+                // PAGE keys lay between `at` and the last one.
+                let last_at = position(prefix, last.key());
+                width = last_at.saturating_sub(at).max(1);
+                at = last_at;
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => {
+                let Some(to_at) = to_at else {
+                    return Ok(out);
+                };
+                // The whole range held `n` keys: aim for PAGE next time,
+                // growing at most 16-fold.
+                width = match n {
+                    0 => width.saturating_mul(16),
+                    n => (width / n)
+                        .saturating_mul(PAGE as u64 * 9 / 10)
+                        .min(width.saturating_mul(16)),
+                }
+                .max(1);
+                at = to_at;
+                from = to;
+            }
+        }
+    }
+}
+
+/// The two raw reads of one prefix at 10,000 and 100,000 hosts: pages
+/// running to the prefix end (etcd counts the rest of the prefix on each:
+/// quadratic) against pages whose range is bounded too ([`read_bounded`]).
+/// Which is the cheaper read for a watcher's snapshot to copy, in the same
+/// process and run, interleaved; `--quick` uses 1,000 and 2,000 hosts.
+pub fn compare_reads(cfg: &Config) -> Res<Vec<Row>> {
+    let raw = Raw::connect(&cfg.endpoint)?;
+    let mut rows = Vec::new();
+    let sizes: [usize; 2] = if cfg.quick {
+        [1_000, 2_000]
+    } else {
+        [10_000, 100_000]
+    };
+    for hosts in sizes {
+        let prefix = format!("/bench/ranges-{hosts}/");
+        populate(&raw, &prefix, hosts, 32, false)?;
+        let (mut plain, mut bounded) = (Vec::new(), Vec::new());
+        for _ in 0..cfg.samples(5, 1) {
+            let t = Instant::now();
+            let a = raw.block_on(read_paged(raw.client(), prefix.as_bytes()))?;
+            plain.push(t.elapsed());
+            let t = Instant::now();
+            let b = raw.block_on(read_bounded(raw.client(), prefix.as_bytes()))?;
+            bounded.push(t.elapsed());
+            if a != b || a.len() != hosts {
+                return Err(format!("reads differ: {} vs {}", a.len(), b.len()).into());
+            }
+        }
+        rows.push(latency_row(
+            &format!("raw read of {hosts} hosts"),
+            "pages with bounded ranges",
+            &bounded,
+            "pages of 1000 to the prefix end",
+            &plain,
+        )?);
+        raw.delete_prefix(&prefix)?;
+    }
+    Ok(rows)
 }

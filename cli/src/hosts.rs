@@ -60,6 +60,11 @@ pub struct AgentArgs {
     /// and Up. Leaderships are never carried over.
     #[arg(long, value_name = "PATH")]
     state_file: Option<PathBuf>,
+    /// Also write `<prefix><host id>/incarnation` with the host key, so
+    /// that watchers report which run of this agent wrote it (they count
+    /// restarts); a second key per host under the prefix.
+    #[arg(long)]
+    publish_incarnation: bool,
 }
 
 impl PrefixArgs {
@@ -95,6 +100,7 @@ impl AgentArgs {
         LivenessOptions::default()
             .with_prefix(self.prefix.prefix.clone())
             .with_ttl(self.ttl)
+            .with_published_incarnation(self.publish_incarnation)
     }
 }
 
@@ -111,7 +117,8 @@ fn host_fields(info: &HostInfo) -> Value {
         ("lease", lease_json(info.lease)),
         ("create_revision", json!(info.create_revision)),
         ("mod_revision", json!(info.mod_revision)),
-        // 0: not known (written by another client or an older version).
+        // 0: not known (not published, or written by another client or an
+        // older version).
         ("incarnation", json!(info.incarnation)),
     ])
 }

@@ -32,6 +32,7 @@ fn one_run(endpoint: &str, state_file: &Path) -> Value {
             &ttl,
             "--state-file",
             state,
+            "--publish-incarnation",
         ],
     );
     let registered = agent.until("state", "registered");

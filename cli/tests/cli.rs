@@ -508,7 +508,8 @@ fn hosts_lists_a_running_agent() {
     assert_eq!(hosts[0]["id"], id);
     assert_eq!(hosts[0]["metadata"]["zone"], "a");
     assert_eq!(hosts[0]["lease"], registered["lease"]);
-    assert_eq!(hosts[0]["incarnation"], 1);
+    // Not published unless the agent is asked to (`--publish-incarnation`).
+    assert_eq!(hosts[0]["incarnation"], 0);
     let remaining = hosts[0]["lease_remaining_secs"]
         .as_u64()
         .expect("lease_remaining_secs");

@@ -281,7 +281,9 @@ impl Fuzz {
             (KeyRange::Prefix(p), 1) => [p.as_slice(), b"1"].concat(),
             (KeyRange::Prefix(_), _) => self.machine.my_key().unwrap_or_default(),
             // The election never reads a prefix from a key on.
-            (KeyRange::PrefixFrom { from, .. }, _) => from.clone(),
+            (KeyRange::PrefixFrom { from, .. } | KeyRange::PrefixSpan { from, .. }, _) => {
+                from.clone()
+            }
         };
         let create = i64::from(s.create).min(self.revision);
         vec![KeyValue {
@@ -324,7 +326,9 @@ impl Fuzz {
                 let events = if s.delete_event {
                     let key = match range {
                         KeyRange::Key(k) | KeyRange::Prefix(k) => k.clone(),
-                        KeyRange::PrefixFrom { from, .. } => from.clone(),
+                        KeyRange::PrefixFrom { from, .. } | KeyRange::PrefixSpan { from, .. } => {
+                            from.clone()
+                        }
                     };
                     let kv = KeyValue {
                         key,

@@ -77,6 +77,11 @@ fn assert_page(r: &RangeRequest) {
             assert_eq!(prefix.as_slice(), PREFIX);
             assert!(from.as_slice() > PREFIX);
         }
+        KeyRange::PrefixSpan { prefix, from, to } => {
+            assert_eq!(prefix.as_slice(), PREFIX);
+            assert!(from.as_slice() > PREFIX);
+            assert!(to > from && to.starts_with(PREFIX));
+        }
         other => panic!("a snapshot page of {other:?}"),
     }
     assert!(r.limit >= 1, "an unlimited page");

@@ -55,6 +55,18 @@ pub enum KeyRange {
         /// The first key that may be included.
         from: Vec<u8>,
     },
+    /// Every key starting with `prefix` from `from` (included) up to `to`
+    /// (excluded), byte order: one page of a prefix whose range is bounded
+    /// as well as its limit, since etcd counts the rest of a page's range
+    /// on every page.
+    PrefixSpan {
+        /// The prefix.
+        prefix: Vec<u8>,
+        /// The first key that may be included.
+        from: Vec<u8>,
+        /// The first key past the span.
+        to: Vec<u8>,
+    },
 }
 
 impl KeyRange {
@@ -65,6 +77,9 @@ impl KeyRange {
             KeyRange::Prefix(p) => key.starts_with(p),
             KeyRange::PrefixFrom { prefix, from } => {
                 key.starts_with(prefix) && key >= from.as_slice()
+            }
+            KeyRange::PrefixSpan { prefix, from, to } => {
+                key.starts_with(prefix) && key >= from.as_slice() && key < to.as_slice()
             }
         }
     }
@@ -124,6 +139,11 @@ pub struct RangeRequest {
     /// serve fails with [`RpcError::Compacted`]. The answer's header
     /// revision is still the *current* store revision, as etcd's is.
     pub revision: Revision,
+    /// Answer keys and their revisions and leases with every value empty.
+    /// For reads that decide by key and create revision alone (who is
+    /// ahead in a queue): etcd then sends no value, and from 3.7 on
+    /// serves the read from its index without touching its store.
+    pub keys_only: bool,
 }
 
 impl RangeRequest {
@@ -135,6 +155,7 @@ impl RangeRequest {
             limit: 0,
             max_create_revision: 0,
             revision: 0,
+            keys_only: false,
         }
     }
 }

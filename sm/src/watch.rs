@@ -7,7 +7,12 @@
 //! Snapshots are read in pages of [`WatchConfig::page_size`] keys, all at
 //! one revision: the header revision of the first page. Each page asks for
 //! one key more than it keeps, so a page without that key is the last and
-//! no empty page is read after it. The first snapshot
+//! no empty page is read after it. etcd counts the rest of a page's range
+//! on every page, so after the first few pages each page's range also ends
+//! about a page ahead ([`KeyRange::PrefixSpan`]), placed by how densely
+//! the keys read so far lay; a page that does not fill such a range goes on
+//! from its end. A snapshot of N keys then costs etcd O(N), not O(N² /
+//! page). The first snapshot
 //! streams its `Up`s page by page, asking for the next page before it
 //! hands out the `Up`s of the one it has, so etcd reads one while the
 //! consumer gets the other; a resync collects its pages and emits the diff
@@ -241,7 +246,58 @@ struct Snapshot {
     streaming: bool,
     /// Pages collected so far when not streaming.
     collected: Vec<KeyValue>,
+    /// Where the next page's range ends, as a [`Span`]: `None` reads to
+    /// the prefix's end (the first [`UNBOUNDED_PAGES`] pages, and after a
+    /// span found nothing).
+    span: Option<Span>,
+    /// Full pages answered so far.
+    pages: u32,
 }
+
+/// How many full pages a snapshot reads to the prefix's end before it
+/// bounds its pages' ranges: a small prefix is read as it always was, in
+/// as few requests as possible, and these pages' counts cost etcd a
+/// fixed multiple of the prefix, not its square.
+const UNBOUNDED_PAGES: u32 = 3;
+
+/// A stretch of the key space past the prefix, in [`position`]s: the next
+/// page reads from its snapshot's `from` up to `at + width`. etcd counts
+/// the rest of a page's range on every page, so pages that run to the
+/// prefix's end make a snapshot of N keys cost it O(N²/page); a range end
+/// placed about one page ahead keeps each count near the page's size and
+/// the snapshot linear. The width comes from how densely the keys read so
+/// far lay.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    at: u64,
+    width: u64,
+}
+
+/// Where `key` lies past `prefix`: its first 8 bytes after the prefix as
+/// a big-endian number (missing bytes count as 0). Keys in byte order have
+/// positions in the same order.
+fn position(prefix: &[u8], key: &[u8]) -> u64 {
+    let mut bytes = [0u8; 8];
+    for (b, k) in bytes
+        .iter_mut()
+        .zip(key.get(prefix.len()..).unwrap_or_default())
+    {
+        *b = *k;
+    }
+    u64::from_be_bytes(bytes)
+}
+
+/// The key at `position` past `prefix`: the prefix and the position's 8
+/// bytes. It sorts after every key whose [`position`] is lower.
+fn key_at(prefix: &[u8], position: u64) -> Vec<u8> {
+    let mut key = prefix.to_vec();
+    key.extend_from_slice(&position.to_be_bytes());
+    key
+}
+
+/// The most a span grows from one page to the next: a dense stretch after
+/// a sparse one costs at most this many pages' worth of counting.
+const SPAN_GROWTH: u64 = 16;
 
 impl Watch {
     /// A watch that immediately asks for the first snapshot. Jitter of the
@@ -296,8 +352,17 @@ impl Watch {
             page: self.page_size,
             streaming: !self.synced && self.view.is_empty(),
             collected: Vec::new(),
+            span: None,
+            pages: 0,
         });
         self.read_page();
+    }
+
+    /// The end of the next page's range: `None` for the prefix's end.
+    fn span_end(&self, span: Option<Span>) -> Option<(Vec<u8>, u64)> {
+        let span = span?;
+        let end = span.at.checked_add(span.width)?;
+        Some((key_at(&self.prefix, end), end))
     }
 
     /// Ask for the next page of the snapshot under way (a fresh one if
@@ -306,9 +371,14 @@ impl Watch {
         let Some(snapshot) = &self.snapshot else {
             return self.start_range();
         };
-        let range = match &snapshot.from {
-            None => KeyRange::Prefix(self.prefix.clone()),
-            Some(from) => KeyRange::PrefixFrom {
+        let range = match (&snapshot.from, self.span_end(snapshot.span)) {
+            (None, _) => KeyRange::Prefix(self.prefix.clone()),
+            (Some(from), Some((to, _))) => KeyRange::PrefixSpan {
+                prefix: self.prefix.clone(),
+                from: from.clone(),
+                to,
+            },
+            (Some(from), None) => KeyRange::PrefixFrom {
                 prefix: self.prefix.clone(),
                 from: from.clone(),
             },
@@ -413,6 +483,22 @@ impl Watch {
             if !advances {
                 return self.retry_later(now);
             }
+            // A page's worth of keys lay between where it started and its
+            // last key: the next page's span is as wide.
+            snapshot.pages = snapshot.pages.saturating_add(1);
+            if snapshot.pages < UNBOUNDED_PAGES || snapshot.page < 2 {
+                // Still reading to the prefix's end; and one key (a page
+                // halved after refusals) tells no density.
+            } else if let (Some(first), Some(last)) = (kvs.first(), kvs.last()) {
+                let start = snapshot
+                    .span
+                    .map_or_else(|| position(&self.prefix, &first.key), |s| s.at);
+                let at = position(&self.prefix, &last.key);
+                snapshot.span = Some(Span {
+                    at,
+                    width: at.saturating_sub(start).max(1),
+                });
+            }
             snapshot.from = next;
             if snapshot.streaming {
                 // The next page is asked for before this one's notices, so
@@ -424,6 +510,37 @@ impl Watch {
                 self.snapshot = Some(snapshot);
                 self.read_page();
                 return self.view.add(kvs, lookahead, &mut self.outbox);
+            }
+            snapshot.collected.extend(kvs);
+            self.snapshot = Some(snapshot);
+            return self.read_page();
+        }
+        // Not full: the page's range is read to its end. Unless that is
+        // the prefix's end, the next page starts there, over a span
+        // resized to hold about a page.
+        if let (Some(span), Some((to, end))) = (snapshot.span, self.span_end(snapshot.span)) {
+            let found = u64::try_from(kvs.len()).unwrap_or(u64::MAX);
+            let page = u64::try_from(snapshot.page).unwrap_or(1).max(1);
+            let grown = span.width.saturating_mul(SPAN_GROWTH);
+            // Keys are seldom spread evenly over bytes (text leaves most
+            // byte values unused): a span that found nothing grows, one
+            // that found some is resized to hold about a page.
+            let width = match found {
+                0 => grown,
+                n => (span.width / n).saturating_mul(page).min(grown),
+            };
+            snapshot.span = Some(Span {
+                at: end,
+                width: width.max(1),
+            });
+            snapshot.from = Some(to);
+            if snapshot.streaming {
+                // As for a full page: the next is asked for first. The
+                // last key may still wait for its incarnation key, which
+                // would open the next page.
+                self.snapshot = Some(snapshot);
+                self.read_page();
+                return self.view.add(kvs, None, &mut self.outbox);
             }
             snapshot.collected.extend(kvs);
             self.snapshot = Some(snapshot);

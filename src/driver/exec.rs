@@ -231,6 +231,7 @@ fn get_options(range: &RangeRequest) -> ec::GetOptions {
         KeyRange::Key(_) => {}
         KeyRange::Prefix(_) => options = options.with_prefix(),
         KeyRange::PrefixFrom { prefix, .. } => options = options.with_range(prefix_end(prefix)),
+        KeyRange::PrefixSpan { to, .. } => options = options.with_range(to.clone()),
     }
     if range.limit > 0 {
         options = options.with_limit(range.limit);
@@ -240,6 +241,9 @@ fn get_options(range: &RangeRequest) -> ec::GetOptions {
     }
     if range.revision > 0 {
         options = options.with_revision(range.revision);
+    }
+    if range.keys_only {
+        options = options.with_keys_only();
     }
     match range.sort {
         SortOrder::Key => {}
@@ -256,7 +260,7 @@ fn get_options(range: &RangeRequest) -> ec::GetOptions {
 fn range_key(range: &KeyRange) -> Vec<u8> {
     match range {
         KeyRange::Key(k) | KeyRange::Prefix(k) => k.clone(),
-        KeyRange::PrefixFrom { from, .. } => from.clone(),
+        KeyRange::PrefixFrom { from, .. } | KeyRange::PrefixSpan { from, .. } => from.clone(),
     }
 }
 
@@ -267,6 +271,7 @@ fn delete_options(range: &KeyRange) -> ec::DeleteOptions {
         KeyRange::PrefixFrom { prefix, .. } => {
             ec::DeleteOptions::new().with_range(prefix_end(prefix))
         }
+        KeyRange::PrefixSpan { to, .. } => ec::DeleteOptions::new().with_range(to.clone()),
     }
 }
 
@@ -415,6 +420,7 @@ pub(crate) fn watch_options(range: &KeyRange, start_revision: i64) -> (Vec<u8>, 
         KeyRange::Key(_) => {}
         KeyRange::Prefix(_) => options = options.with_prefix(),
         KeyRange::PrefixFrom { prefix, .. } => options = options.with_range(prefix_end(prefix)),
+        KeyRange::PrefixSpan { to, .. } => options = options.with_range(to.clone()),
     }
     (range_key(range), options)
 }

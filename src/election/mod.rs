@@ -15,8 +15,8 @@ use crate::session::{close_outcome, ATTEMPT_TIMEOUT, CLOSE_WAIT};
 use crate::validate;
 use belief::Belief;
 use fleetcoord_sm::election::{
-    hand_over_request_key, leader_query, Election as ElectionMachine, ElectionConfig,
-    ElectionError, ElectionInput, ElectionNotice, OpId, Rank,
+    hand_over_request_key, leader_query, leader_value_query, Election as ElectionMachine,
+    ElectionConfig, ElectionError, ElectionInput, ElectionNotice, OpId, Rank,
 };
 use fleetcoord_sm::keepalive::LivenessState;
 use fleetcoord_sm::{BackoffConfig, KeyValue, Response};
@@ -800,12 +800,37 @@ fn election_error(e: ElectionError) -> Error {
     }
 }
 
-/// The first-created key under `prefix`, i.e. the leader.
+/// How often [`current_leader`] names a leader whose key is gone before
+/// its value is read, before it gives up: only a queue changing leader
+/// faster than two reads exhausts it.
+const LEADER_READ_ATTEMPTS: usize = 8;
+
+/// The first-created key under `prefix`, i.e. the leader, with its value.
+/// Two reads that each cost etcd a bounded amount whatever the queue's
+/// length: the leader's key (keys only), then its value by a point read;
+/// the pair is the leader's as long as the create revision matches,
+/// otherwise the leadership moved in between and the lookup starts again.
 pub(crate) fn current_leader(etcd: &Etcd, prefix: &str) -> Result<Option<LeaderInfo>> {
-    match etcd.request(leader_query(prefix.as_bytes()))? {
-        Response::Range { kvs, .. } => Ok(kvs.first().map(LeaderInfo::from_kv)),
-        other => Err(Error::unexpected(other)),
+    for _ in 0..LEADER_READ_ATTEMPTS {
+        let leader = match etcd.request(leader_query(prefix.as_bytes()))? {
+            Response::Range { kvs, .. } => kvs.into_iter().next(),
+            other => return Err(Error::unexpected(other)),
+        };
+        let Some(leader) = leader else {
+            return Ok(None);
+        };
+        let read = match etcd.request(leader_value_query(&leader.key))? {
+            Response::Range { kvs, .. } => kvs.into_iter().next(),
+            other => return Err(Error::unexpected(other)),
+        };
+        if let Some(kv) = read.filter(|kv| kv.create_revision == leader.create_revision) {
+            return Ok(Some(LeaderInfo::from_kv(&kv)));
+        }
     }
+    Err(Error::etcd(
+        ErrorKind::Unavailable,
+        "the election's leader changed between every read of its key and of its value;          try again",
+    ))
 }
 
 #[cfg(test)]

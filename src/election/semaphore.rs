@@ -238,6 +238,9 @@ fn check_permits(etcd: &Etcd, prefix: &str, permits: u32) -> Result<()> {
         limit: MISMATCH_READ,
         max_create_revision: 0,
         revision: 0,
+        // The values are the permit counts compared; the limit bounds
+        // what etcd sends to MISMATCH_READ of them.
+        keys_only: false,
     });
     let kvs = match etcd.request(read)? {
         Response::Range { kvs, .. } => kvs,

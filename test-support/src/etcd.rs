@@ -300,5 +300,11 @@ fn select<'a>(kvs: impl Iterator<Item = &'a KeyValue>, r: &RangeRequest) -> Vec<
     if r.limit > 0 {
         kvs.truncate(usize::try_from(r.limit).unwrap_or(usize::MAX));
     }
+    if r.keys_only {
+        // etcd answers keys_only with every value empty, revisions kept.
+        for kv in &mut kvs {
+            kv.value.clear();
+        }
+    }
     kvs
 }

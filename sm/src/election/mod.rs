@@ -106,7 +106,8 @@ pub use crate::session::SessionInput;
 pub use protocol::SessionRequest;
 
 pub use requests::{
-    fenced_txn, hand_over_refusal_key, hand_over_request_key, leader_query, priority_prefix,
+    fenced_txn, hand_over_refusal_key, hand_over_request_key, leader_query, leader_value_query,
+    priority_prefix,
 };
 
 use crate::backoff::BackoffConfig;

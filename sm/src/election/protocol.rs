@@ -156,6 +156,14 @@ enum Step {
         keys: Vec<Vec<u8>>,
         from: Revision,
         ids: Vec<RpcId>,
+        /// `keys` were all the keys older than mine (the read was not cut
+        /// by its limit): nothing older can appear later, so the delete of
+        /// any of them leaves fewer than `permits` older. One watch of the
+        /// whole prefix then replaces the per-key watches (its one id is
+        /// `ids`), so that every change of my own key arrives on the same
+        /// ordered stream and the delete alone decides, without the read
+        /// that would make etcd 3.4-3.6 read the whole queue.
+        only: bool,
     },
     /// A ranked campaign deletes waiting keys of a lower priority ahead of
     /// it ([`requests::bump`]), while the leader `oldest` holds.
@@ -961,7 +969,8 @@ impl Protocol {
                     return self.send_step(c);
                 }
                 if self.permits > 1 {
-                    return self.wait_or_hold(c, revision, older);
+                    let limit = requests::older_limit_n(self.permits);
+                    return self.wait_or_hold(c, revision, older, limit);
                 }
                 self.wait_or_elect(c, revision, older, requests::OLDER_LIMIT)
             }
@@ -1056,7 +1065,8 @@ impl Protocol {
         self.backoff.reset();
         if succeeded && !c.try_only {
             if self.permits > 1 {
-                return self.wait_or_hold(c, revision, ahead);
+                let limit = requests::newest_limit_n(self.permits);
+                return self.wait_or_hold(c, revision, ahead, limit);
             }
             // The newest two at my create's revision: mine, then (if any)
             // the one just ahead of me.

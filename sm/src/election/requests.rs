@@ -28,6 +28,9 @@ fn put(key: &[u8], value: &[u8], lease: LeaseId) -> TxnOp {
     }
 }
 
+/// The first-created key with its value: what a `TryCampaign` that does
+/// not lead reports as the leader, read in the txn that decided it. The
+/// limit bounds what etcd sends to one value however long the queue.
 fn first_created(prefix: &[u8]) -> TxnOp {
     TxnOp::Range(first_created_range(prefix))
 }
@@ -39,14 +42,31 @@ fn first_created_range(prefix: &[u8]) -> RangeRequest {
         limit: 1,
         max_create_revision: 0,
         revision: 0,
+        keys_only: false,
     }
 }
 
-/// Read the leader of the election under `prefix`: the candidate key with
+/// Find the leader of the election under `prefix`: the candidate key with
 /// the lowest create revision (the rule every candidate and Go's client
-/// follow). The answer's single key, if any, is the leader.
+/// follow). The answer's single key, if any, is the leader, with an empty
+/// value: a sort by create revision makes etcd 3.4-3.6 read every
+/// candidate, so the read asks for keys only (nothing but the leader's key
+/// is sent, and etcd 3.7 serves it from its index). Read the value with
+/// [`leader_value_query`].
 pub fn leader_query(prefix: &[u8]) -> Request {
-    Request::Range(first_created_range(prefix))
+    Request::Range(RangeRequest {
+        keys_only: true,
+        ..first_created_range(prefix)
+    })
+}
+
+/// The leader's value, once [`leader_query`] named its `key`: a point read,
+/// which costs etcd one key whatever the queue's length. The answer is the
+/// leader's only while the key's create revision is still the one
+/// [`leader_query`] returned; another one means the leadership changed in
+/// between.
+pub fn leader_value_query(key: &[u8]) -> Request {
+    Request::Range(RangeRequest::all(KeyRange::Key(key.to_vec())))
 }
 
 /// Join the queue: create my key unless it exists, else read it back; in
@@ -63,7 +83,7 @@ pub(crate) fn create(prefix: &[u8], key: &[u8], value: &[u8], lease: LeaseId) ->
     Request::Txn(Txn {
         compare: vec![create_rev_is(key, 0)],
         success: vec![put(key, value, lease), TxnOp::Range(newest(prefix))],
-        failure: already_there(prefix, key),
+        failure: already_there(prefix, key, false),
     })
 }
 
@@ -74,16 +94,20 @@ pub(crate) fn try_create(prefix: &[u8], key: &[u8], value: &[u8], lease: LeaseId
     Request::Txn(Txn {
         compare: vec![create_rev_is(key, 0)],
         success: vec![put(key, value, lease), first_created(prefix)],
-        failure: already_there(prefix, key),
+        failure: already_there(prefix, key, true),
     })
 }
 
 /// The failure branch of [`create`] and [`try_create`]: my key as it is,
-/// then the first-created key of the election.
-fn already_there(prefix: &[u8], key: &[u8]) -> Vec<TxnOp> {
+/// then the first-created key of the election, with its value only when
+/// it may be reported as the leader (`with_value`, a `TryCampaign`).
+fn already_there(prefix: &[u8], key: &[u8], with_value: bool) -> Vec<TxnOp> {
     vec![
         TxnOp::Range(RangeRequest::all(KeyRange::Key(key.to_vec()))),
-        first_created(prefix),
+        TxnOp::Range(RangeRequest {
+            keys_only: !with_value,
+            ..first_created_range(prefix)
+        }),
     ]
 }
 
@@ -96,6 +120,9 @@ pub(crate) const NEWEST_LIMIT: i64 = 3;
 pub(crate) const OLDER_LIMIT: i64 = 2;
 
 /// The newest candidates: right after my create, mine first.
+/// Keys only: the decision needs keys and create revisions, and etcd
+/// 3.4-3.6 reads the whole prefix for this sort; values would only add
+/// what it sends (and, from 3.7, what it reads from its store).
 fn newest(prefix: &[u8]) -> RangeRequest {
     RangeRequest {
         range: KeyRange::Prefix(prefix.to_vec()),
@@ -103,6 +130,7 @@ fn newest(prefix: &[u8]) -> RangeRequest {
         limit: NEWEST_LIMIT,
         max_create_revision: 0,
         revision: 0,
+        keys_only: true,
     }
 }
 
@@ -157,6 +185,8 @@ fn newest_older(prefix: &[u8], token: Revision) -> RangeRequest {
         // never have an older key, so clamp to 1 and let the answer show it.
         max_create_revision: token.saturating_sub(1).max(1),
         revision: 0,
+        // Key and create revision decide; see [`newest`].
+        keys_only: true,
     }
 }
 
@@ -195,10 +225,13 @@ fn limit_of(permits: u32) -> i64 {
     i64::from(permits.max(1))
 }
 
-/// The oldest `permits` keys: the holders, if they all still hold.
+/// The oldest `permits` keys: the holders, if they all still hold. Keys
+/// only: a semaphore reports no holder's value, and the decision needs
+/// keys and create revisions alone.
 fn first_created_n(prefix: &[u8], permits: u32) -> RangeRequest {
     RangeRequest {
         limit: limit_of(permits),
+        keys_only: true,
         ..first_created_range(prefix)
     }
 }
@@ -212,9 +245,23 @@ fn already_there_n(prefix: &[u8], key: &[u8], permits: u32) -> Vec<TxnOp> {
     ]
 }
 
-/// [`create`] for `permits` holders: on success the newest `permits + 1`
-/// keys, mine first, then up to `permits` older ones: fewer than
-/// `permits` older means I hold; exactly `permits` are the ones to watch.
+/// How many keys [`create_n`] reads on success: mine, the `permits` just
+/// ahead of me, and one more to tell whether those are all.
+pub(crate) fn newest_limit_n(permits: u32) -> i64 {
+    limit_of(permits).saturating_add(2)
+}
+
+/// How many keys older than mine [`older_and_mine_n`] reads: the
+/// `permits` just ahead of me, and one more to tell whether those are all.
+pub(crate) fn older_limit_n(permits: u32) -> i64 {
+    limit_of(permits).saturating_add(1)
+}
+
+/// [`create`] for `permits` holders: on success the newest
+/// [`newest_limit_n`] keys, mine first, then up to `permits + 1` older
+/// ones: fewer than `permits` older means I hold; otherwise the newest
+/// `permits` are the ones to watch, and whether a further one came says
+/// whether they are all that is ahead.
 pub(crate) fn create_n(
     prefix: &[u8],
     key: &[u8],
@@ -229,9 +276,10 @@ pub(crate) fn create_n(
             TxnOp::Range(RangeRequest {
                 range: KeyRange::Prefix(prefix.to_vec()),
                 sort: SortOrder::CreateDescending,
-                limit: limit_of(permits).saturating_add(1),
+                limit: newest_limit_n(permits),
                 max_create_revision: 0,
                 revision: 0,
+                keys_only: true,
             }),
         ],
         failure: already_there_n(prefix, key, permits),
@@ -258,10 +306,11 @@ pub(crate) fn try_create_n(
     })
 }
 
-/// [`older_and_mine`] for `permits` holders: the newest `permits` keys
-/// created before mine, and my key, at one revision. Fewer than `permits`
-/// returned means I hold; the count comes from the keys returned under the
-/// limit, never from etcd's `count`, which ignores the revision filters.
+/// [`older_and_mine`] for `permits` holders: the newest
+/// [`older_limit_n`] keys created before mine, and my key, at one
+/// revision. Fewer than `permits` returned means I hold; the count comes
+/// from the keys returned under the limit, never from etcd's `count`,
+/// which ignores the revision filters.
 pub(crate) fn older_and_mine_n(
     prefix: &[u8],
     key: &[u8],
@@ -272,7 +321,7 @@ pub(crate) fn older_and_mine_n(
         compare: vec![],
         success: vec![
             TxnOp::Range(RangeRequest {
-                limit: limit_of(permits),
+                limit: older_limit_n(permits),
                 ..newest_older(prefix, token)
             }),
             TxnOp::Range(RangeRequest::all(KeyRange::Key(key.to_vec()))),
@@ -338,14 +387,18 @@ pub(crate) fn parse_priority(value: &[u8]) -> Option<u32> {
 }
 
 /// Every candidate, oldest first: the whole queue, for the decisions that
-/// need more than the key just ahead (bumps, hand-over).
-fn queue(prefix: &[u8]) -> RangeRequest {
+/// need more than the key just ahead (bumps, hand-over). `keys_only`
+/// wherever no value is compared: ranks come from the priority keys, and
+/// candidates' values would make etcd send the whole queue's values on
+/// every ranked decision.
+fn queue(prefix: &[u8], keys_only: bool) -> RangeRequest {
     RangeRequest {
         range: KeyRange::Prefix(prefix.to_vec()),
         sort: SortOrder::CreateAscending,
         limit: 0,
         max_create_revision: 0,
         revision: 0,
+        keys_only,
     }
 }
 
@@ -355,10 +408,11 @@ fn priorities(prefix: &[u8]) -> RangeRequest {
 }
 
 /// The two reads every ranked decision is made of, at one revision: the
-/// queue, then the published priorities.
-fn queue_and_priorities(prefix: &[u8]) -> Vec<TxnOp> {
+/// queue (keys only unless a value is compared), then the published
+/// priorities.
+fn queue_and_priorities(prefix: &[u8], keys_only: bool) -> Vec<TxnOp> {
     vec![
-        TxnOp::Range(queue(prefix)),
+        TxnOp::Range(queue(prefix, keys_only)),
         TxnOp::Range(priorities(prefix)),
     ]
 }
@@ -367,7 +421,8 @@ fn queue_and_priorities(prefix: &[u8]) -> Vec<TxnOp> {
 /// in the same txn, so a candidate is never queued under a priority it
 /// did not state) and reads the whole queue and every priority at that
 /// revision. The failure branch (my key exists: a retry after a lost
-/// answer) writes the priority again and reads the same.
+/// answer) writes the priority again and reads the same, with values:
+/// whether my key holds my value is compared there.
 pub(crate) fn create_ranked(
     prefix: &[u8],
     key: &[u8],
@@ -381,9 +436,9 @@ pub(crate) fn create_ranked(
         lease,
     );
     let mut success = vec![put(key, value, lease), publish.clone()];
-    success.extend(queue_and_priorities(prefix));
+    success.extend(queue_and_priorities(prefix, true));
     let mut failure = vec![publish];
-    failure.extend(queue_and_priorities(prefix));
+    failure.extend(queue_and_priorities(prefix, false));
     Request::Txn(Txn {
         compare: vec![create_rev_is(key, 0)],
         success,
@@ -397,7 +452,18 @@ pub(crate) fn create_ranked(
 pub(crate) fn ranked_read(prefix: &[u8]) -> Request {
     Request::Txn(Txn {
         compare: vec![],
-        success: queue_and_priorities(prefix),
+        success: queue_and_priorities(prefix, true),
+        failure: vec![],
+    })
+}
+
+/// A leader's read before a hand-over: [`ranked_read`] with every
+/// candidate's value, since the target may be named by its value. An
+/// operator's request, not a step of every campaign.
+pub(crate) fn hand_over_read(prefix: &[u8]) -> Request {
+    Request::Txn(Txn {
+        compare: vec![],
+        success: queue_and_priorities(prefix, false),
         failure: vec![],
     })
 }
@@ -420,11 +486,11 @@ pub(crate) fn bump(
         .iter()
         .map(|(k, _)| TxnOp::Delete(KeyRange::Key(k.clone())))
         .collect();
-    success.extend(queue_and_priorities(prefix));
+    success.extend(queue_and_priorities(prefix, true));
     Request::Txn(Txn {
         compare,
         success,
-        failure: queue_and_priorities(prefix),
+        failure: queue_and_priorities(prefix, true),
     })
 }
 
@@ -498,6 +564,83 @@ pub(crate) fn watch_priorities(prefix: &[u8], start_revision: Revision) -> Reque
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// Every range of `request`, wherever it sits in a txn.
+    fn ranges(request: &Request) -> Vec<RangeRequest> {
+        match request {
+            Request::Range(r) => vec![r.clone()],
+            Request::Txn(t) => t
+                .success
+                .iter()
+                .chain(&t.failure)
+                .filter_map(|op| match op {
+                    TxnOp::Range(r) => Some(r.clone()),
+                    _ => None,
+                })
+                .collect(),
+            _ => vec![],
+        }
+    }
+
+    /// Whether etcd 3.4-3.6 reads every key and value of `r`'s range from
+    /// its store to answer it (a sort other than by key, or a revision
+    /// filter, makes it drop the limit).
+    fn reads_whole_range(r: &RangeRequest) -> bool {
+        r.sort != SortOrder::Key || r.max_create_revision != 0
+    }
+
+    /// The read shape of every request a campaign, a wait, a hand-over
+    /// between waiters or a leader lookup sends: a range that makes etcd
+    /// read the whole queue sends back keys only, except the two whose
+    /// single value is reported as the leader (a `TryCampaign` that does
+    /// not lead), which their limit of 1 bounds; and a point read or a
+    /// key-ordered read is what reads a value.
+    #[test]
+    fn queue_reads_ask_for_keys_only_and_values_come_bounded() {
+        let (p, k) = (b"/e/".as_slice(), b"/e/2a".as_slice());
+        let campaign = [
+            create(p, k, b"v", 0x2a),
+            older_and_mine(p, k, 9),
+            create_n(p, k, b"v", 0x2a, 3),
+            try_create_n(p, k, b"v", 0x2a, 3),
+            older_and_mine_n(p, k, 9, 3),
+            leader_query(p),
+            ranked_read(p),
+            bump(p, (k, 3), &[(b"/e/3b".to_vec(), 4)]),
+        ];
+        for request in &campaign {
+            for r in ranges(request) {
+                if reads_whole_range(&r) {
+                    assert!(r.keys_only, "{r:?} in {request:?}");
+                }
+            }
+        }
+        // Reported as the leader: one value, at most.
+        for r in ranges(&try_create(p, k, b"v", 0x2a)) {
+            if reads_whole_range(&r) && !r.keys_only {
+                assert_eq!(r.limit, 1, "{r:?}");
+            }
+        }
+        // Whether my value is still mine, and the leader's value: point reads.
+        assert_eq!(
+            leader_value_query(k),
+            Request::Range(RangeRequest::all(KeyRange::Key(k.to_vec())))
+        );
+        // The queue reads that do carry values: an operator's hand-over
+        // (the target may be named by value), and a retried ranked create
+        // (my value is compared), never a plain campaign's step.
+        assert!(ranges(&hand_over_read(p)).iter().any(|r| !r.keys_only));
+        let ranked = create_ranked(p, k, b"v", 0x2a, 5);
+        let Request::Txn(t) = &ranked else {
+            panic!("{ranked:?}")
+        };
+        assert!(t.success.iter().all(|op| match op {
+            TxnOp::Range(r) => !reads_whole_range(r) || r.keys_only,
+            _ => true,
+        }));
+    }
+
     #[test]
     fn side_keys_lie_outside_every_candidate_prefix() {
         assert_eq!(

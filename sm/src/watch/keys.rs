@@ -16,7 +16,10 @@
 //!   host key (decimal, 1 for a fresh registration, one more per resumed
 //!   restart), put on the host's lease in the same transaction as every
 //!   write of the host key, so both carry one mod revision and die with
-//!   the lease. Never reported as a key, never invalid.
+//!   the lease; only by hosts that publish it (fleetcoord's
+//!   `LivenessOptions::publish_incarnation`, off by default, so that the
+//!   prefix holds one key per host). Never reported as a key, never
+//!   invalid.
 
 /// What the part of a key after the watched prefix must look like.
 ///

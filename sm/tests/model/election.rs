@@ -109,7 +109,7 @@ fn a_semaphore_of_two_permits() {
                 ..Budget::default()
             },
         ),
-        17_894,
+        11_342,
         &["elected", "resigned"],
     );
     passes(

@@ -41,8 +41,9 @@ fn create_txn(value: &[u8]) -> Request {
             limit: 3,
             max_create_revision: 0,
             revision: 0,
+            keys_only: true,
         }),
-        first_created(),
+        first_created(true),
     )
 }
 
@@ -77,6 +78,7 @@ fn older(max_create_revision: Revision) -> Request {
                 limit: 2,
                 max_create_revision,
                 revision: 0,
+                keys_only: true,
             }),
             TxnOp::Range(RangeRequest::all(KeyRange::Key(my_key()))),
         ],
@@ -104,13 +106,16 @@ fn watch_all(start_revision: Revision) -> Request {
     }
 }
 
-fn first_created() -> TxnOp {
+/// The first-created key; `keys_only` unless its value is reported (a
+/// try-campaign names the leader with its value).
+fn first_created(keys_only: bool) -> TxnOp {
     TxnOp::Range(RangeRequest {
         range: KeyRange::Prefix(b"/e/".to_vec()),
         sort: SortOrder::CreateAscending,
         limit: 1,
         max_create_revision: 0,
         revision: 0,
+        keys_only,
     })
 }
 
@@ -928,11 +933,11 @@ fn try_campaign_wins_when_first_in_line() {
                 value: b"a".to_vec(),
                 lease: LEASE,
             },
-            first_created(),
+            first_created(false),
         ],
         failure: vec![
             TxnOp::Range(RangeRequest::all(KeyRange::Key(my_key()))),
-            first_created(),
+            first_created(false),
         ],
     });
     assert_eq!(drain(&mut e), vec![rpc(P, expected)]);
@@ -2113,6 +2118,7 @@ fn the_leader_query_reads_the_first_created_key() {
             limit: 1,
             max_create_revision: 0,
             revision: 0,
+            keys_only: true,
         })
     );
 }
@@ -2223,13 +2229,30 @@ fn prio_key(lease_hex: &[u8]) -> Vec<u8> {
     [PRIO, lease_hex].concat()
 }
 
+/// The whole queue, keys only: what ranked waiters and bumps decide by.
 fn queue_range() -> TxnOp {
+    queue_read(true)
+}
+
+/// The whole queue; with values where one is compared (a retried ranked
+/// create checks my value, a hand-over may name its target by value).
+fn queue_read(keys_only: bool) -> TxnOp {
     TxnOp::Range(RangeRequest {
         range: KeyRange::Prefix(b"/e/".to_vec()),
         sort: SortOrder::CreateAscending,
         limit: 0,
         max_create_revision: 0,
         revision: 0,
+        keys_only,
+    })
+}
+
+/// A leader's read before a hand-over: the queue with values.
+fn hand_over_read() -> Request {
+    Request::Txn(Txn {
+        compare: vec![],
+        success: vec![queue_read(false), prio_range()],
+        failure: vec![],
     })
 }
 
@@ -2296,7 +2319,7 @@ fn a_ranked_join_publishes_its_priority_bumps_a_lower_waiter_and_hears_of_a_high
                     queue_range(),
                     prio_range(),
                 ],
-                failure: vec![publish, queue_range(), prio_range()],
+                failure: vec![publish, queue_read(false), prio_range()],
             })
         )]
     );
@@ -2511,7 +2534,7 @@ fn a_yielding_leader_hands_over_to_the_higher_candidate_right_after_the_notice()
                 priority: 1,
                 yielding: true
             }),
-            rpc(P + 4, ranked_read()),
+            rpc(P + 4, hand_over_read()),
         ]
     );
     assert!(!e.is_leader());
@@ -2728,7 +2751,7 @@ fn yielding_leader(t0: Instant) -> Election {
             kvs: vec![prio(b"bb", "1")],
         },
     );
-    assert_eq!(told.last(), Some(&rpc(P + 4, ranked_read())), "{told:?}");
+    assert_eq!(told.last(), Some(&rpc(P + 4, hand_over_read())), "{told:?}");
     assert!(!e.is_leader());
     e
 }
@@ -2862,7 +2885,7 @@ fn hand_over_deletes_the_leader_and_those_ahead_of_the_target_in_one_guarded_txn
             to: b"nobody".to_vec(),
         },
     );
-    assert_eq!(drain(&mut e), vec![rpc(P + 2, ranked_read())]);
+    assert_eq!(drain(&mut e), vec![rpc(P + 2, hand_over_read())]);
     assert!(e.is_leader(), "believed while only reading");
     assert_eq!(
         queue(&mut e, P + 2),
@@ -2881,7 +2904,7 @@ fn hand_over_deletes_the_leader_and_those_ahead_of_the_target_in_one_guarded_txn
             to: b"d".to_vec(),
         },
     );
-    assert_eq!(drain(&mut e), vec![rpc(P + 3, ranked_read())]);
+    assert_eq!(drain(&mut e), vec![rpc(P + 3, hand_over_read())]);
     assert_eq!(
         queue(&mut e, P + 3),
         vec![rpc(

@@ -48,6 +48,7 @@ fn create_txn() -> Request {
             limit: 3,
             max_create_revision: 0,
             revision: 0,
+            keys_only: true,
         }),
         TxnOp::Range(RangeRequest {
             range: KeyRange::Prefix(PREFIX.to_vec()),
@@ -55,6 +56,7 @@ fn create_txn() -> Request {
             limit: 1,
             max_create_revision: 0,
             revision: 0,
+            keys_only: true,
         }),
     )
 }

@@ -30,6 +30,7 @@ fn range(limit: i64, sort: SortOrder, max_create_revision: Revision) -> TxnOp {
         limit,
         max_create_revision,
         revision: 0,
+        keys_only: true,
     })
 }
 
@@ -37,13 +38,14 @@ fn mine() -> TxnOp {
     TxnOp::Range(RangeRequest::all(KeyRange::Key(my_key())))
 }
 
-/// The create with `permits`: on success the newest `permits + 1` keys;
+/// The create with `permits`: on success the newest `permits + 2` keys
+/// (mine, the `permits` ahead, one more to tell whether they are all);
 /// if my key was there already, it and the oldest `permits` keys.
 fn create_txn(permits: i64, value: &[u8]) -> Request {
     create_reading(
         permits,
         value,
-        range(permits + 1, SortOrder::CreateDescending, 0),
+        range(permits + 2, SortOrder::CreateDescending, 0),
     )
 }
 
@@ -77,12 +79,13 @@ fn try_created(revision: Revision, kvs: Vec<KeyValue>) -> Response {
     )
 }
 
-/// The newest `permits` keys created before my token, and my key.
+/// The newest `permits + 1` keys created before my token (one more tells
+/// whether the `permits` nearest are all), and my key.
 fn older(permits: i64, token: Revision) -> Request {
     Request::Txn(Txn {
         compare: vec![],
         success: vec![
-            range(permits, SortOrder::CreateDescending, token - 1),
+            range(permits + 1, SortOrder::CreateDescending, token - 1),
             mine(),
         ],
         failure: vec![],
@@ -134,14 +137,23 @@ fn campaign(e: &mut Election, t0: Instant, permits: i64) {
     assert_eq!(drain(e), vec![rpc(P, create_txn(permits, b"2"))]);
 }
 
-/// Two permits, my key created at 7 behind bb (4) and aa (3): I wait,
-/// watching bb (request P + 1) and aa (P + 2).
+/// The watch of the first waiter: every key of the semaphore.
+fn watch_all(start_revision: Revision) -> Request {
+    Request::Watch {
+        range: KeyRange::Prefix(PREFIX.to_vec()),
+        start_revision,
+    }
+}
+
+/// Two permits, my key created at 7 behind bb (4), aa (3) and at least
+/// one more: I wait, watching bb (request P + 1) and aa (P + 2).
 fn waiting_on_two(t0: Instant) -> Election {
     let mut e = registered(t0, 2);
     campaign(&mut e, t0, 2);
     let b = kv(b"/s/bb", b"2", 4);
     let a = kv(b"/s/aa", b"2", 3);
-    ok(&mut e, t0, P, created(7, b"2", vec![b, a]));
+    let z = kv(b"/s/zz", b"2", 2);
+    ok(&mut e, t0, P, created(7, b"2", vec![b, a, z]));
     e
 }
 
@@ -159,18 +171,25 @@ fn with_one_older_key_and_two_permits_the_create_answer_holds() {
     assert_eq!(e.token(), Some(7));
 }
 
-/// Queue [a, b, me] with two permits: I watch both a and b, not the
+/// Queue [z, a, b, me] with two permits: I watch both a and b, not the
 /// prefix (a herd) and not only b (deleting a would leave me waiting).
-/// Deleting the farther one, a, wakes me; the read shows one older key.
+/// Deleting the farther one, a, wakes me; the read shows one older key
+/// (z went too, unseen).
 #[test]
-fn with_two_older_keys_a_waiter_watches_both_and_holds_when_the_farther_goes() {
+fn with_more_older_keys_a_waiter_watches_the_nearest_two_and_holds_when_the_farther_goes() {
     let t0 = Instant::now();
     let mut e = registered(t0, 2);
     campaign(&mut e, t0, 2);
     let b = kv(b"/s/bb", b"2", 4);
     let a = kv(b"/s/aa", b"2", 3);
+    let z = kv(b"/s/zz", b"2", 2);
     assert_eq!(
-        ok(&mut e, t0, P, created(7, b"2", vec![b.clone(), a.clone()])),
+        ok(
+            &mut e,
+            t0,
+            P,
+            created(7, b"2", vec![b.clone(), a.clone(), z])
+        ),
         vec![
             rpc(P + 1, watch(b"/s/bb", 8)),
             rpc(P + 2, watch(b"/s/aa", 8))
@@ -219,9 +238,15 @@ fn a_delete_with_three_older_keys_reads_again_and_watches_the_new_nearest_two() 
     let c = kv(b"/s/cc", b"2", 5);
     let b = kv(b"/s/bb", b"2", 4);
     let a = kv(b"/s/aa", b"2", 3);
-    // The create reads mine and the two nearest; a is not even seen.
+    // The create reads mine, the two nearest and a, which says that
+    // more than those two are ahead.
     assert_eq!(
-        ok(&mut e, t0, P, created(7, b"2", vec![c.clone(), b.clone()])),
+        ok(
+            &mut e,
+            t0,
+            P,
+            created(7, b"2", vec![c.clone(), b.clone(), a.clone()])
+        ),
         vec![
             rpc(P + 1, watch(b"/s/cc", 8)),
             rpc(P + 2, watch(b"/s/bb", 8))
@@ -231,12 +256,11 @@ fn a_delete_with_three_older_keys_reads_again_and_watches_the_new_nearest_two() 
         ok(&mut e, t0, P + 1, deleted(b"/s/cc", 8)),
         vec![cancel(P + 1), cancel(P + 2), rpc(P + 3, older(2, 7))]
     );
+    // b and a are all that is left ahead: the first waiter watches the
+    // prefix, so that either delete decides alone.
     assert_eq!(
         ok(&mut e, t0, P + 3, older_found(8, vec![b, a], 7)),
-        vec![
-            rpc(P + 4, watch(b"/s/bb", 9)),
-            rpc(P + 5, watch(b"/s/aa", 9))
-        ]
+        vec![rpc(P + 4, watch_all(9))]
     );
     assert!(!e.is_leader());
     // A late answer of a canceled watch changes nothing.
@@ -274,6 +298,69 @@ fn a_canceled_wait_cancels_every_watch_and_withdraws() {
         drain(&mut e),
         vec![cancel(P + 1), rpc(P + 3, withdraw), cancel(P + 2)]
     );
+}
+
+/// Queue [a, b, me] with two permits, and the read says nothing else is
+/// ahead: I am the first waiter. One watch of the whole prefix, and the
+/// delete of either older key makes me hold with no read at all (a read
+/// sorted by create revision makes etcd 3.4-3.6 read the whole queue).
+#[test]
+fn the_first_waiter_holds_on_the_delete_alone() {
+    let t0 = Instant::now();
+    let mut e = registered(t0, 2);
+    campaign(&mut e, t0, 2);
+    let b = kv(b"/s/bb", b"2", 4);
+    let a = kv(b"/s/aa", b"2", 3);
+    assert_eq!(
+        ok(&mut e, t0, P, created(7, b"2", vec![b, a])),
+        vec![rpc(P + 1, watch_all(8))]
+    );
+    // A newer waiter queues behind me: nothing changes.
+    let newer = Response::WatchEvents {
+        events: vec![WatchEvent {
+            kind: EventKind::Put,
+            kv: kv(b"/s/cc", b"2", 8),
+            prev_kv: None,
+        }],
+    };
+    assert_eq!(ok(&mut e, t0, P + 1, newer), vec![]);
+    assert!(!e.is_leader());
+    let until = e.session_deadline().unwrap();
+    assert_eq!(
+        ok(&mut e, t0, P + 1, deleted(b"/s/bb", 9)),
+        vec![
+            cancel(P + 1),
+            elected(1, 7, until),
+            rpc(P + 2, watch(&my_key(), 10))
+        ]
+    );
+    assert!(e.is_leader());
+}
+
+/// The first waiter's prefix watch shows its own key deleted before an
+/// older key goes: it never holds on the delete, it reads again.
+#[test]
+fn the_first_waiter_whose_key_changed_reads_again() {
+    let t0 = Instant::now();
+    let mut e = registered(t0, 2);
+    campaign(&mut e, t0, 2);
+    let b = kv(b"/s/bb", b"2", 4);
+    let a = kv(b"/s/aa", b"2", 3);
+    assert_eq!(
+        ok(&mut e, t0, P, created(7, b"2", vec![b, a])),
+        vec![rpc(P + 1, watch_all(8))]
+    );
+    let both = Response::WatchEvents {
+        events: vec![
+            delete_event(my_key(), 8),
+            delete_event(b"/s/bb".to_vec(), 9),
+        ],
+    };
+    assert_eq!(
+        ok(&mut e, t0, P + 1, both),
+        vec![cancel(P + 1), rpc(P + 2, older(2, 7))]
+    );
+    assert!(!e.is_leader());
 }
 
 #[test]

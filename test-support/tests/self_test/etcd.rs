@@ -265,6 +265,25 @@ fn txn_rejects_duplicates_and_unknown_leases_without_writing() {
 }
 
 #[test]
+fn keys_only_ranges_answer_empty_values_with_their_revisions() {
+    let t0 = Instant::now();
+    let mut etcd = ModelEtcd::new();
+    etcd.execute(t0, &put("/e/a", "value", 0)).unwrap();
+    let read = |keys_only| {
+        Request::Range(RangeRequest {
+            keys_only,
+            ..RangeRequest::all(KeyRange::Prefix(b"/e/".to_vec()))
+        })
+    };
+    let full = kvs(etcd.execute(t0, &read(false)).unwrap());
+    let bare = kvs(etcd.execute(t0, &read(true)).unwrap());
+    assert_eq!(full[0].value, b"value".to_vec());
+    assert!(bare[0].value.is_empty());
+    assert_eq!(bare[0].key, full[0].key);
+    assert_eq!(bare[0].create_revision, full[0].create_revision);
+}
+
+#[test]
 fn range_sorts_limits_and_bounds_create_revision() {
     let t0 = Instant::now();
     let mut etcd = ModelEtcd::new();
@@ -278,6 +297,7 @@ fn range_sorts_limits_and_bounds_create_revision() {
             limit,
             max_create_revision,
             revision: 0,
+            keys_only: false,
         })
     };
     let r = |etcd: &mut ModelEtcd, req| keys(&kvs(etcd.execute(t0, &req).unwrap()));

@@ -4,11 +4,15 @@
 //! own. Everything else (the session, the holder's guard, the fence,
 //! withdraw and resign, deadlines) is the election's, unchanged.
 //!
-//! Safety, for `permits` = N: a candidate holds only after one read, at one
-//! revision, showed its key with its token and fewer than N older keys. No
-//! key created later is older, so among the keys alive at any instant the
-//! believed holders are the oldest; for the newest of them, every other
-//! holder's key was alive and older at its read: fewer than N others.
+//! Safety, for `permits` = N: a candidate holds only once it knows that at
+//! one revision its key had its token and fewer than N keys were older:
+//! from one read, or (the first waiter) from a read that found exactly N
+//! older keys and none beyond, followed by the delete of one of them on a
+//! watch of the whole prefix that showed no change of its own key up to
+//! that delete. No key created later is older, so among the keys alive at
+//! any instant the believed holders are the oldest; for the newest of
+//! them, every other holder's key was alive and older at that revision:
+//! fewer than N others.
 
 use super::{requests, Campaign, Op, Protocol, Step};
 use crate::rpc::{EventKind, KeyValue, Response, Revision, RpcError, RpcId};
@@ -24,14 +28,19 @@ impl Protocol {
             }
             Step::Create => requests::create_n(&self.prefix, &c.key, &c.value, c.lease, permits),
             Step::FindOlder => requests::older_and_mine_n(&self.prefix, &c.key, c.token, permits),
-            Step::WatchOlders { keys, from, .. } => {
+            Step::WatchOlders {
+                keys, from, only, ..
+            } => {
                 // A watch is answered when something happens, not in time.
-                let (keys, from) = (keys.clone(), *from);
+                let (keys, from, only) = (keys.clone(), *from, *only);
                 self.end_attempt(super::Timer::Attempt);
-                let ids: Vec<RpcId> = keys
-                    .iter()
-                    .map(|key| self.outbox.rpc(requests::watch_key(key, from)))
-                    .collect();
+                let ids: Vec<RpcId> = if only {
+                    vec![self.outbox.rpc(requests::watch_prefix(&self.prefix, from))]
+                } else {
+                    keys.iter()
+                        .map(|key| self.outbox.rpc(requests::watch_key(key, from)))
+                        .collect()
+                };
                 c.pending = ids.first().copied();
                 self.extra_watches = ids.get(1..).unwrap_or_default().to_vec();
                 if let Step::WatchOlders { ids: step_ids, .. } = &mut c.step {
@@ -47,30 +56,38 @@ impl Protocol {
         Some(Op::Campaigning(c.clone()))
     }
 
-    /// `read` is the answer of a range, at `revision`, that holds every key
-    /// older than mine up to `permits` of them (and maybe mine), my key
+    /// `read` is the answer of a range with `limit`, at `revision`, that
+    /// holds the newest keys older than mine (and maybe mine), my key
     /// existing with my token at that revision: hold with fewer than
-    /// `permits` older, else watch each of the `permits` older ones.
+    /// `permits` older, else wait for the `permits` newest older ones;
+    /// when the read was not cut by its limit and found no other, they
+    /// are all that is ahead (see [`Step::WatchOlders`]'s `only`).
     pub(super) fn wait_or_hold(
         &mut self,
         mut c: Campaign,
         revision: Revision,
         read: &[KeyValue],
+        limit: i64,
     ) -> Op {
-        let limit = usize::try_from(self.permits).unwrap_or(usize::MAX);
-        let older: Vec<Vec<u8>> = read
+        let permits = usize::try_from(self.permits).unwrap_or(usize::MAX);
+        let mut older = read
             .iter()
-            .filter(|kv| kv.create_revision < c.token && kv.key != c.key)
-            .take(limit)
+            .filter(|kv| kv.create_revision < c.token && kv.key != c.key);
+        let keys: Vec<Vec<u8>> = older
+            .by_ref()
+            .take(permits)
             .map(|kv| kv.key.clone())
             .collect();
-        if older.len() < limit {
+        if keys.len() < permits {
             return self.elect(c, revision);
         }
+        // A full answer may have left older keys out; a short one did not.
+        let complete = i64::try_from(read.len()).is_ok_and(|n| n < limit);
         c.step = Step::WatchOlders {
-            keys: older,
+            keys,
             from: revision.saturating_add(1),
             ids: Vec::new(),
+            only: complete && older.next().is_none(),
         };
         self.send_step(c)
     }
@@ -89,9 +106,51 @@ impl Protocol {
         mut c: Campaign,
         result: Result<Response, RpcError>,
     ) -> Op {
-        let Step::WatchOlders { keys, from, ids } = c.step.clone() else {
+        let Step::WatchOlders {
+            keys,
+            from,
+            ids,
+            only,
+        } = c.step.clone()
+        else {
             return Op::Campaigning(c);
         };
+        if only {
+            if let Ok(Response::WatchEvents { events }) = &result {
+                let mine_changed = events.iter().any(|e| {
+                    e.kv.key == c.key
+                        && (e.kind == EventKind::Delete || e.kv.create_revision != c.token)
+                });
+                let gone = events
+                    .iter()
+                    .find(|e| {
+                        e.kind == EventKind::Delete
+                            && e.kv.mod_revision >= from
+                            && keys.contains(&e.kv.key)
+                    })
+                    .map(|e| e.kv.mod_revision);
+                match (mine_changed, gone) {
+                    // My key changed: the read finds out how, never claims.
+                    (true, _) => {
+                        self.cancel_watches(&ids);
+                        c.pending = None;
+                        c.step = Step::FindOlder;
+                        return self.send_step(c);
+                    }
+                    // Every event up to the delete's revision has arrived
+                    // on the prefix watch and none touched my key: at that
+                    // revision my key is the one the read saw, and fewer
+                    // than `permits` keys are older.
+                    (false, Some(at)) => {
+                        self.cancel_watches(&ids);
+                        self.backoff.reset();
+                        c.pending = None;
+                        return self.elect(c, at);
+                    }
+                    (false, None) => return Op::Campaigning(c),
+                }
+            }
+        }
         let deleted = match &result {
             Ok(Response::WatchEvents { events }) => events.iter().any(|e| {
                 e.kind == EventKind::Delete && e.kv.mod_revision >= from && keys.contains(&e.kv.key)

@@ -240,7 +240,7 @@ impl Protocol {
             return;
         };
         let request = match &h.deleting {
-            None => requests::ranked_read(&self.prefix),
+            None => requests::hand_over_read(&self.prefix),
             Some((target, ahead)) => requests::hand_over(
                 &l.key,
                 l.token,
