@@ -185,19 +185,25 @@ impl Stall {
     /// Writes the burst with `produce` while nobody reads `rx`, then checks
     /// the bound: the channel is full, never over capacity, and memory grew
     /// by less than a quarter of what the queued changes would take.
+    /// `produce` calls its argument once its writers are ready (their
+    /// threads started, their connections dialled): memory is counted from
+    /// there, so that the feed is charged with its own growth, not with the
+    /// writers' stacks.
     fn run<T: Send + 'static>(
         feed: &'static str,
         rx: &Receiver<T>,
         capacity: usize,
         changes: usize,
         bytes_per_change: usize,
-        produce: impl FnOnce(),
+        produce: impl FnOnce(&mut dyn FnMut()),
     ) -> Stall {
-        reset_peak();
-        let rss_before_kib = rss_kib();
         let probe = LenProbe::start(rx.clone());
-        let started = Instant::now();
-        produce();
+        let mut start: Option<(u64, Instant)> = None;
+        produce(&mut || {
+            reset_peak();
+            start = Some((rss_kib(), Instant::now()));
+        });
+        let (rss_before_kib, started) = start.expect("the burst never said its writers were ready");
         let burst = started.elapsed();
         thread::sleep(AFTER_BURST);
         let stall = Stall {
@@ -342,17 +348,31 @@ fn sized(tag: &str, len: usize) -> Vec<u8> {
 /// Runs `change(connection, i)` for every `i` in `0..SINGLE_KEY_CHANGES`
 /// on `SINGLE_KEY_CONNECTIONS` × `SINGLE_KEY_THREADS` threads at once;
 /// thread `t` takes the `i` with `i % threads == t`, in increasing order.
-fn single_key_burst(change: impl Fn(usize, usize) + Sync) {
+/// Each thread first calls `warm(connection)` (a write the feed does not
+/// see), then all wait until `ready` has been called.
+fn single_key_burst(
+    ready: &mut dyn FnMut(),
+    warm: impl Fn(usize) + Sync,
+    change: impl Fn(usize, usize) + Sync,
+) {
     let threads = SINGLE_KEY_CONNECTIONS * SINGLE_KEY_THREADS;
+    let warmed = std::sync::Barrier::new(threads + 1);
+    let go = std::sync::Barrier::new(threads + 1);
     thread::scope(|s| {
         for t in 0..threads {
-            let change = &change;
+            let (change, warm, warmed, go) = (&change, &warm, &warmed, &go);
             s.spawn(move || {
+                warm(t % SINGLE_KEY_CONNECTIONS);
+                warmed.wait();
+                go.wait();
                 for i in (t..SINGLE_KEY_CHANGES).step_by(threads) {
                     change(t % SINGLE_KEY_CONNECTIONS, i);
                 }
             });
         }
+        warmed.wait();
+        ready();
+        go.wait();
     });
 }
 
@@ -444,9 +464,17 @@ fn host_watcher_stays_bounded_and_converges() {
 
     let hosts: Vec<Uuid> = (0..KEYS).map(|_| Uuid::new_v4()).collect();
     let per_change = std::mem::size_of::<HostEvent>() + VALUE_LEN;
-    let stall = Stall::run("HostWatcher", events, CAPACITY, CHANGES, per_change, || {
-        cycling_burst(&writer, |k| format!("{prefix}{}", hosts[k]).into_bytes())
-    });
+    let stall = Stall::run(
+        "HostWatcher",
+        events,
+        CAPACITY,
+        CHANGES,
+        per_change,
+        |ready| {
+            ready();
+            cycling_burst(&writer, |k| format!("{prefix}{}", hosts[k]).into_bytes())
+        },
+    );
 
     let truth: HashMap<Uuid, HostInfo> = list_hosts(&etcd, prefix)
         .expect("list_hosts")
@@ -496,8 +524,15 @@ fn leader_observer_stays_bounded_and_converges() {
         OBSERVER_CAPACITY,
         SINGLE_KEY_CHANGES,
         per_change,
-        || {
-            single_key_burst(|conn, i| {
+        |ready| {
+            let warm = |conn: usize| {
+                let ops = vec![TxnOp::put(
+                    format!("slow-observer-warm-{conn}"),
+                    b"w".to_vec(),
+                )];
+                writers[conn].write(vec![ops]);
+            };
+            single_key_burst(ready, warm, |conn, i| {
                 let value = sized(&format!("change {i}"), SINGLE_KEY_VALUE_LEN);
                 writers[conn].write(vec![vec![TxnOp::put_with_lease(
                     key.as_bytes(),
@@ -576,7 +611,8 @@ fn kv_watch_stays_bounded_and_converges() {
 
     let key = |k: usize| format!("k{k:04}");
     let per_change = std::mem::size_of::<KvEvent>() + key(0).len() + VALUE_LEN;
-    let stall = Stall::run("kv_watch", rx, CAPACITY, CHANGES, per_change, || {
+    let stall = Stall::run("kv_watch", rx, CAPACITY, CHANGES, per_change, |ready| {
+        ready();
         cycling_burst(&writer, |k| format!("{root}/kv/b/{}", key(k)).into_bytes())
     });
 
@@ -636,8 +672,11 @@ fn subscription_stays_bounded_and_ends_with_the_last_message() {
         CAPACITY,
         SINGLE_KEY_CHANGES,
         per_change,
-        || {
-            single_key_burst(|conn, i| {
+        |ready| {
+            let warm = |conn: usize| {
+                publishers[conn].publish("warm", b"w").expect("publish");
+            };
+            single_key_burst(ready, warm, |conn, i| {
                 let payload = sized(&format!("{i:08} "), SINGLE_KEY_VALUE_LEN);
                 publishers[conn].publish("t", &payload).expect("publish");
             });
@@ -702,7 +741,8 @@ fn stream_reader_stays_bounded_and_delivers_every_entry_once() {
     let appended = 10;
     let entries = CHANGES;
     let per_change = std::mem::size_of::<StreamEntry>() + VALUE_LEN;
-    let stall = Stall::run("read_stream", rx, CAPACITY, entries, per_change, || {
+    let stall = Stall::run("read_stream", rx, CAPACITY, entries, per_change, |ready| {
+        ready();
         writer.write((1..=entries as u64).step_by(OPS_PER_TXN - 1).map(|first| {
             let last = (first + OPS_PER_TXN as u64 - 2).min(entries as u64);
             let mut ops: Vec<TxnOp> = (first..=last)
