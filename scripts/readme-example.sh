@@ -14,13 +14,17 @@
 # copied in: the dependencies are the versions the workspace is tested
 # with, and cargo needs no registry access beyond its cache. The crate is
 # then built with warnings as errors, into README_EXAMPLE_TARGET_DIR
-# (default: readme-example/ under CARGO_TARGET_DIR or target/).
+# (default: readme-example/ under CARGO_TARGET_DIR or target/), and run as
+# the README says it behaves: cli/examples/readme_agent.rs starts it on a
+# throwaway etcd, stops etcd for a few seconds, and checks that the agent
+# retried, leads and writes again, and exits 0 on SIGTERM.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cargo=${CARGO:-cargo}
 readme=$repo/README.md
-export CARGO_TARGET_DIR=${README_EXAMPLE_TARGET_DIR:-${CARGO_TARGET_DIR:-$repo/target}/readme-example}
+workspace_target=${CARGO_TARGET_DIR:-$repo/target}
+export CARGO_TARGET_DIR=${README_EXAMPLE_TARGET_DIR:-$workspace_target/readme-example}
 
 die() {
   echo "readme-example: $*" >&2
@@ -76,3 +80,9 @@ sed 's/^/    /' "$crate/Cargo.toml"
 cd "$crate"
 RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-D warnings" "$cargo" build
 echo "== readme-example: the README's Cargo.toml lines and src/main.rs build"
+
+# The runner builds in the workspace's own target directory, beside the
+# rest of the workspace.
+agent=$CARGO_TARGET_DIR/debug/readme-example
+cd "$repo"
+CARGO_TARGET_DIR=$workspace_target "$cargo" run --quiet -p fleetcoord-cli --example readme_agent -- "$agent"
