@@ -106,9 +106,11 @@ pub enum Error {
     Backend {
         /// The backend, e.g. `"redis"`.
         backend: &'static str,
-        /// The server URLs it was given, comma-separated; empty where the
-        /// backend does not name them (etcd's requests, which go to
-        /// whichever member answers).
+        /// The server URLs it was given, comma-separated: for etcd, every
+        /// endpoint of the handle (a request goes to whichever member
+        /// answers). Empty only for an etcd failure decided inside a
+        /// primitive's protocol rather than by a request of the caller's
+        /// (a campaign etcd refused, say).
         endpoints: String,
         /// What kind of failure.
         kind: ErrorKind,
@@ -458,6 +460,25 @@ impl Error {
 }
 
 impl Error {
+    /// `self`, naming `endpoints` if it is an etcd [`Error::Backend`] that
+    /// names none: a user reading "Connection refused" must see where.
+    pub(crate) fn with_endpoints(self, endpoints: &[String]) -> Self {
+        match self {
+            Error::Backend {
+                backend: "etcd",
+                endpoints: named,
+                kind,
+                message,
+            } if named.is_empty() => Error::Backend {
+                backend: "etcd",
+                endpoints: endpoints.join(","),
+                kind,
+                message,
+            },
+            other => other,
+        }
+    }
+
     /// The one conversion of a failed request into the user's error. Not a
     /// `From` impl: a public trait impl would put `fleetcoord_sm`'s
     /// `RpcError` into the public API.
@@ -682,6 +703,17 @@ mod tests {
         };
         assert_eq!(
             redis.to_string(),
+            "redis at redis://127.0.0.1:6379: CROSSSLOT"
+        );
+        let named = Error::etcd(ErrorKind::Unavailable, "refused")
+            .with_endpoints(&["http://a:2379".into(), "http://b:2379".into()]);
+        assert_eq!(
+            named.to_string(),
+            "etcd at http://a:2379,http://b:2379: refused"
+        );
+        // Endpoints already named, and other backends, are left as they are.
+        assert_eq!(
+            redis.with_endpoints(&["x".into()]).to_string(),
             "redis at redis://127.0.0.1:6379: CROSSSLOT"
         );
     }

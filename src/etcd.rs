@@ -389,7 +389,9 @@ impl Etcd {
         match self.inner.driver.call(&request, wait) {
             Ok(response) => Ok(response),
             Err(CallFailure::Unary(UnaryError::Timeout(after))) => Err(Error::Timeout(after)),
-            Err(CallFailure::Unary(UnaryError::Rpc(e))) => Err(Error::rpc(e)),
+            Err(CallFailure::Unary(UnaryError::Rpc(e))) => {
+                Err(Error::rpc(e).with_endpoints(self.endpoints()))
+            }
             Err(CallFailure::InsideAsyncRuntime) => Err(Error::InsideAsyncRuntime),
             Err(CallFailure::Gone) => Err(self.gone()),
         }

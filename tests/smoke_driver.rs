@@ -55,3 +55,28 @@ fn register_watch_close_and_elect() {
     let (token_b, _b, _lb) = t2.join().unwrap().unwrap();
     assert!(token_b > token_a);
 }
+
+/// A request that fails names where it went: "Connection refused" alone
+/// does not tell an operator which etcd refused (issue 51: an agent died
+/// with `endpoints: ""`).
+#[test]
+fn a_failed_request_names_the_endpoints() {
+    let mut server = EtcdServer::start().expect("etcd");
+    let endpoint = server.endpoint();
+    let etcd = Etcd::with_options(&[endpoint.clone()], EtcdOptions::default()).expect("connect");
+    let election = Election::new(&etcd, "named-endpoints").expect("election");
+    let leadership = election.campaign(b"me").expect("campaign");
+    server.kill().expect("kill etcd");
+    let started = Instant::now();
+    let failed = leadership
+        .txn_if_leader([fleetcoord::TxnOp::put("k", "v")])
+        .expect_err("etcd is gone");
+    assert!(started.elapsed() < WAIT, "took {:?}", started.elapsed());
+    assert!(failed.is_retryable(), "{failed:?}");
+    let port = endpoint.rsplit(':').next().expect("a port");
+    let (shown, debug) = (failed.to_string(), format!("{failed:?}"));
+    assert!(shown.contains(port), "{shown}");
+    assert!(!debug.contains("endpoints: \"\""), "{debug}");
+    let failed = etcd.lease_ttl(1).expect_err("etcd is gone");
+    assert!(failed.to_string().contains(port), "{failed}");
+}
