@@ -63,7 +63,7 @@ fn register_watch_close_and_elect() {
 fn a_failed_request_names_the_endpoints() {
     let mut server = EtcdServer::start().expect("etcd");
     let endpoint = server.endpoint();
-    let etcd = Etcd::with_options(&[endpoint.clone()], EtcdOptions::default()).expect("connect");
+    let etcd = Etcd::with_options(endpoint.as_str(), EtcdOptions::default()).expect("connect");
     let election = Election::new(&etcd, "named-endpoints").expect("election");
     let leadership = election.campaign(b"me").expect("campaign");
     server.kill().expect("kill etcd");
