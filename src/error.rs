@@ -246,9 +246,17 @@ pub enum ErrorKind {
     /// way may or may not have been applied.
     Unavailable,
     /// The server refused the request and will refuse it again (an invalid
-    /// or too large request, a lease TTL too large, a database out of
-    /// space, a Redis cross-slot command, ...).
+    /// or too large request, a lease TTL too large, a Redis cross-slot
+    /// command, ...).
     Rejected,
+    /// etcd's database is full (its `NOSPACE` alarm is raised): the write
+    /// was refused and not applied, like every write that would grow the
+    /// database, until an operator compacts, defragments and disarms the
+    /// alarm (README, "When etcd is full"). Reads, deletes and lease
+    /// renewals are still served, so registered hosts, leaderships and
+    /// watches stay. Retryable: the same call succeeds once the alarm is
+    /// disarmed. etcd only.
+    NoSpace,
     /// The lease named does not exist any more: it expired or was revoked.
     /// etcd only.
     LeaseNotFound,
@@ -314,7 +322,9 @@ impl ErrorKind {
             | ErrorKind::Unauthenticated
             | ErrorKind::Contended
             | ErrorKind::Timeout
-            | ErrorKind::SessionLost => true,
+            | ErrorKind::SessionLost
+            // Refused, not applied: the same call works once disarmed.
+            | ErrorKind::NoSpace => true,
             // Applied already: making the call again applies it again
             // (an append twice); likewise an append that may be stored.
             ErrorKind::Unreplicated | ErrorKind::Indeterminate => false,
@@ -494,6 +504,7 @@ pub(crate) fn etcd_kind(e: &RpcError) -> ErrorKind {
         RpcError::Compacted { .. } => ErrorKind::Compacted,
         RpcError::PermissionDenied(_) => ErrorKind::PermissionDenied,
         RpcError::Unauthenticated(_) => ErrorKind::Unauthenticated,
+        RpcError::NoSpace(_) => ErrorKind::NoSpace,
         // `Unavailable` and `Rejected` are the two policies themselves, so a
         // variant newer than this mapping falls into the one it follows.
         _ if e.is_retryable() => ErrorKind::Unavailable,

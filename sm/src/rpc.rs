@@ -400,6 +400,7 @@ pub enum Response {
 /// | [`LeaseNotFound`](RpcError::LeaseNotFound) | no: the lease is gone | no |
 /// | [`Compacted`](RpcError::Compacted) | no: read again at the current revision | no |
 /// | [`PermissionDenied`](RpcError::PermissionDenied) | no | no |
+/// | [`NoSpace`](RpcError::NoSpace) | not before an operator frees space | no |
 ///
 /// [`RpcError::is_retryable`] is the first column; [`RpcError::is_refusal`]
 /// the last.
@@ -434,6 +435,15 @@ pub enum RpcError {
     /// before its next call, and a failed re-authentication is reported as
     /// [`RpcError::Rejected`], so retries end.
     Unauthenticated(String),
+    /// etcd's database is full: its `NOSPACE` alarm is raised (the backend
+    /// reached `--quota-backend-bytes`; etcd's `ErrGRPCNoSpace`). Every
+    /// request that would grow it (a put, a transaction that puts, a lease
+    /// grant) is refused, on every member, until an operator compacts,
+    /// defragments and disarms the alarm; reads, deletes, revokes and lease
+    /// renewals are still served. Not applied. Not retryable here: a resend
+    /// fails the same way until the alarm is disarmed, so a machine that
+    /// must outlast it (a lease being re-granted) waits on its own backoff.
+    NoSpace(String),
 }
 
 impl RpcError {
@@ -446,7 +456,8 @@ impl RpcError {
             RpcError::Rejected(_)
             | RpcError::LeaseNotFound
             | RpcError::Compacted { .. }
-            | RpcError::PermissionDenied(_) => false,
+            | RpcError::PermissionDenied(_)
+            | RpcError::NoSpace(_) => false,
         }
     }
 
@@ -464,6 +475,11 @@ impl std::fmt::Display for RpcError {
             | RpcError::Rejected(message)
             | RpcError::PermissionDenied(message)
             | RpcError::Unauthenticated(message) => f.write_str(message),
+            RpcError::NoSpace(message) => write!(
+                f,
+                "etcd is out of space (its NOSPACE alarm is raised; writes are refused until \
+                 an operator compacts, defragments and runs `etcdctl alarm disarm`): {message}"
+            ),
             RpcError::LeaseNotFound => f.write_str("lease not found"),
             RpcError::Compacted {
                 compact_revision: 0,

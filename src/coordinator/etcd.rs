@@ -606,7 +606,10 @@ impl Coordinator for EtcdCoordinator {
         };
         match notice {
             AppendNotice::Appended { seq, .. } => Ok(StreamId(seq)),
-            AppendNotice::Failed(e) => Err(self.etcd.or_gone(stream_error(stream, e))),
+            AppendNotice::Failed(e) => Err(self
+                .etcd
+                .or_gone(stream_error(stream, e))
+                .with_endpoints(self.etcd.endpoints())),
             other => Err(Error::etcd(
                 ErrorKind::Unexpected,
                 format!("append to {stream:?}: unknown outcome {other:?}"),

@@ -43,6 +43,10 @@ pub(crate) fn rpc_error(err: ec::Error) -> RpcError {
 /// `ErrGRPCFutureRev` and `ErrGRPCLeaseTTLTooLarge`).
 const ETCD_COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
 
+/// etcd's `ErrGRPCNoSpace` (code `ResourceExhausted`, which it shares with
+/// `ErrGRPCTooManyRequests` and gRPC's own message-size limits).
+const ETCD_NOSPACE: &str = "etcdserver: mvcc: database space exceeded";
+
 /// tonic's whole message for a request whose connection broke.
 const TONIC_TRANSPORT_ERROR: &str = "transport error";
 
@@ -69,9 +73,12 @@ fn status_error(status: &tonic::Status) -> RpcError {
         Code::PermissionDenied => RpcError::PermissionDenied(message.to_string()),
         // `ErrGRPCInvalidAuthToken`: the token expired or was invalidated.
         Code::Unauthenticated => RpcError::Unauthenticated(message.to_string()),
+        Code::ResourceExhausted if message == ETCD_NOSPACE => {
+            RpcError::NoSpace(message.to_string())
+        }
         // Bad arguments, a request or answer too large, too many
-        // operations, a future revision, a lease TTL too large, no space,
-        // not supported: the same request fails the same way.
+        // operations, a future revision, a lease TTL too large, not
+        // supported: the same request fails the same way.
         Code::InvalidArgument
         | Code::AlreadyExists
         | Code::FailedPrecondition
@@ -586,7 +593,13 @@ mod tests {
             (
                 Code::ResourceExhausted,
                 "etcdserver: mvcc: database space exceeded",
-                rejected("etcdserver: mvcc: database space exceeded"),
+                RpcError::NoSpace("etcdserver: mvcc: database space exceeded".into()),
+            ),
+            // The same code, another of etcd's errors: not the space alarm.
+            (
+                Code::ResourceExhausted,
+                "etcdserver: too many requests",
+                rejected("etcdserver: too many requests"),
             ),
             (
                 Code::FailedPrecondition,
