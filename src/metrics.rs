@@ -12,9 +12,20 @@
 //! | `fleetcoord_election_held` | gauge | `election` | 1 while this process leads (or holds the lock) under that key prefix |
 //! | `fleetcoord_election_token` | gauge | `election` | the fencing token of the current or last leadership |
 //! | `fleetcoord_election_transitions_total` | counter | `election`, `event` | `elected`, `lost`, `resigned` |
+//! | `fleetcoord_wait_seconds` | histogram | `election` | how long each won campaign, lock or permit waited, from the call that started it to the win ([`crate::Leadership::waited`]) |
+//! | `fleetcoord_contended_total` | counter | `election` | wins that found another holder ahead and waited for it to go ([`crate::Leadership::contended`]) |
+//! | `fleetcoord_hold_seconds` | histogram | `election` | how long each leadership, lock or permit was held, from the win to its resign or loss |
+//! | `fleetcoord_fence_refused_total` | counter | `election` | fenced writes (`txn_if_leader`, `txn_if_held`) etcd refused because the holder's key was gone |
 //! | `fleetcoord_host_events_total` | counter | `prefix`, `event`, `reason` | HostWatcher events delivered: `up`, `updated`, `down`, `synced`; `reason` is `left` or `expired` for `down` ([`crate::DownReason`]), empty otherwise |
 //! | `fleetcoord_watch_streams_opened_total` | counter | — | etcd watch streams opened by any watcher: the first, then one per resume or resync |
 //! | `fleetcoord_etcd_server_info` | gauge | `server_version` | 1, labelled with the etcd version a member reported when an [`crate::Etcd`] connected (see [`crate::Etcd::server_version`]); not recorded when the version cannot be read |
+//!
+//! The `election` label of the election, lock and semaphore metrics is the
+//! key prefix of one election, lock or semaphore (`/coord/elections/NAME/`,
+//! `/coord/locks/NAME/`, …): one series per name a process uses, so keep
+//! names to a fixed set (per role, not per job id) where these metrics
+//! are exported. Lost leaderships are `fleetcoord_election_transitions_total`
+//! with `event="lost"`.
 //!
 //! An exporter that prints help text (Prometheus's `# HELP`) learns it from
 //! [`describe`], called once after the recorder is installed; without it
@@ -72,6 +83,26 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "fleetcoord_election_transitions_total",
         Kind::Counter,
         "leaderships elected, lost and resigned under the election prefix",
+    ),
+    (
+        "fleetcoord_wait_seconds",
+        Kind::Histogram,
+        "seconds each won campaign, lock or permit waited, from its call to the win",
+    ),
+    (
+        "fleetcoord_contended_total",
+        Kind::Counter,
+        "wins that found another holder ahead and waited for it to go",
+    ),
+    (
+        "fleetcoord_hold_seconds",
+        Kind::Histogram,
+        "seconds each leadership, lock or permit was held, from the win to its end",
+    ),
+    (
+        "fleetcoord_fence_refused_total",
+        Kind::Counter,
+        "fenced writes etcd refused because the holder's key was gone",
     ),
     (
         "fleetcoord_host_events_total",
@@ -210,6 +241,29 @@ mod on {
         metrics::counter!("fleetcoord_watch_streams_opened_total").increment(1);
     }
 
+    /// A campaign, lock or acquire won after `waited`, `contended` if it
+    /// waited behind another holder.
+    pub(crate) fn won(prefix: &str, waited: Duration, contended: bool) {
+        metrics::histogram!("fleetcoord_wait_seconds", "election" => prefix.to_string())
+            .record(waited.as_secs_f64());
+        if contended {
+            metrics::counter!("fleetcoord_contended_total", "election" => prefix.to_string())
+                .increment(1);
+        }
+    }
+
+    /// A leadership, lock or permit held for `held` ended.
+    pub(crate) fn held(prefix: &str, held: Duration) {
+        metrics::histogram!("fleetcoord_hold_seconds", "election" => prefix.to_string())
+            .record(held.as_secs_f64());
+    }
+
+    /// etcd refused a fenced write: the holder's key was gone.
+    pub(crate) fn fence_refused(prefix: &str) {
+        metrics::counter!("fleetcoord_fence_refused_total", "election" => prefix.to_string())
+            .increment(1);
+    }
+
     pub(crate) fn server_version(version: &str) {
         metrics::gauge!("fleetcoord_etcd_server_info", "server_version" => version.to_string())
             .set(1.0);
@@ -231,6 +285,9 @@ mod on {
     pub(crate) fn host_event(_: &str, _: &'static str, _: &'static str) {}
     pub(crate) fn watch_stream_opened() {}
     pub(crate) fn server_version(_: &str) {}
+    pub(crate) fn won(_: &str, _: Duration, _: bool) {}
+    pub(crate) fn held(_: &str, _: Duration) {}
+    pub(crate) fn fence_refused(_: &str) {}
 }
 
 pub(crate) use on::*;

@@ -137,6 +137,7 @@ fn holders_are_exclusive_and_fenced() {
     let wrote = first.txn_if_held([TxnOp::put("/jobs/owner", "a")]).unwrap();
     assert!(wrote.is_some(), "the holder's fenced write applies");
     let token = first.fencing_token();
+    let first_contended = first.contended();
 
     let b = std::sync::Arc::new(b);
     let waiter = b.clone();
@@ -146,6 +147,14 @@ fn holders_are_exclusive_and_fenced() {
     first.unlock().unwrap();
     let second = next.join().unwrap();
     assert!(second.fencing_token() > token, "tokens only grow");
+    // The guards say who waited behind a holder, and how long.
+    assert!(!first_contended, "the first holder found nobody ahead");
+    assert!(second.contended(), "the second waited behind the first");
+    assert!(
+        second.waited() >= Duration::from_millis(300),
+        "{:?}",
+        second.waited()
+    );
     assert!(second.is_held());
     assert!(second.lost().try_recv().is_err());
     drop(second);

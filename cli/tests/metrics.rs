@@ -180,6 +180,50 @@ fn elect_is_ready_only_while_leading() {
     every_family_has_help(&body);
 }
 
+/// A candidate that waited behind a leader records the wait and the
+/// contention once it leads; the leader, which found nobody ahead, records
+/// its wait and no contention, and its hold time once it resigned.
+#[test]
+fn a_contended_campaign_records_its_wait() {
+    let server = start_etcd();
+    let series = |name: &str| format!("{name}{{election=\"/coord/election/metrics-w/\"}}");
+    let (mut first, first_addr) = start(&server.endpoint(), &["elect", "metrics-w"]);
+    until("the first candidate leads", || {
+        get(&first_addr, "/healthz").0 == 200
+    });
+    let body = get(&first_addr, "/metrics").1;
+    let count = |body: &str| sample(body, &series("fleetcoord_wait_seconds_count"));
+    assert_eq!(count(&body), Some(1.0), "{body}");
+    assert!(!body.contains("fleetcoord_contended_total"), "{body}");
+    let (_second, second_addr) = start(&server.endpoint(), &["elect", "metrics-w"]);
+    let queued = Duration::from_millis(1500);
+    std::thread::sleep(queued);
+    // SIGTERM: the first resigns, the second leads at once.
+    let pid = first.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let _ = first.wait();
+    until("the second candidate leads", || {
+        get(&second_addr, "/healthz").0 == 200
+    });
+    let body = get(&second_addr, "/metrics").1;
+    assert_eq!(count(&body), Some(1.0), "{body}");
+    let waited = sample(&body, &series("fleetcoord_wait_seconds_sum")).expect("a wait sum");
+    // Queued for `queued`, less however long the second took to campaign
+    // after it served its metrics; a wait not measured would be ~0.
+    let at_least = queued.as_secs_f64() - 0.5;
+    assert!(waited >= at_least, "waited {waited} s: {body}");
+    assert_eq!(
+        sample(&body, &series("fleetcoord_contended_total")),
+        Some(1.0),
+        "{body}"
+    );
+    every_family_has_help(&body);
+}
+
 #[test]
 fn metrics_addr_is_refused_for_short_commands() {
     let server = start_etcd();

@@ -11,6 +11,7 @@ use fleetcoord_sm::election::{
 };
 use fleetcoord_sm::Response;
 use std::sync::Arc;
+use std::time::Duration;
 
 #[cfg(doc)]
 use super::Election;
@@ -61,6 +62,7 @@ use crate::etcd::Etcd;
 #[must_use = "dropping a Leadership resigns at once; keep it for as long as you lead"]
 pub struct Leadership {
     pub(super) inner: Arc<Inner>,
+    pub(super) won: Won,
     pub(super) token: i64,
     pub(super) lease: i64,
     pub(super) key: String,
@@ -80,7 +82,32 @@ impl std::fmt::Debug for Leadership {
     }
 }
 
+/// How a leadership was won, for [`Leadership::waited`] and
+/// [`Leadership::contended`] and the wait metrics.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Won {
+    pub(super) waited: Duration,
+    pub(super) contended: bool,
+}
+
 impl Leadership {
+    /// How long the campaign that won this leadership took: from the call
+    /// that started it (`campaign*`, `start_campaign`, `lock*`,
+    /// `acquire*`) to the win, by the calling process's clock. With the
+    /// `metrics` feature it is also recorded in
+    /// `fleetcoord_wait_seconds` ([`crate::metrics`]).
+    pub fn waited(&self) -> Duration {
+        self.won.waited
+    }
+
+    /// Whether that campaign found another candidate (a leader, a holder
+    /// of a lock or permit) ahead of it and waited for it to go, rather
+    /// than winning on its first look at the queue: contention, counted
+    /// in `fleetcoord_contended_total`.
+    pub fn contended(&self) -> bool {
+        self.won.contended
+    }
+
     /// The fencing token: the candidate key's create revision. Strictly
     /// greater than every earlier leader's token of this election. Pass it
     /// along with writes so stale leaders can be refused.

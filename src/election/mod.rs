@@ -41,6 +41,7 @@ mod pool;
 pub(crate) mod semaphore;
 
 pub use leadership::Leadership;
+use leadership::Won;
 pub use lock_options::LockOptions;
 pub use observer::LeaderObserver;
 pub use options::{ElectionOptions, DEFAULT_ELECTION_PREFIX};
@@ -273,6 +274,9 @@ impl Election {
         let handler_state = state.clone();
         let (router, routes) = ops::routes();
         let metrics_prefix = prefix.clone();
+        // Since when the leadership of this token is held, for its hold
+        // time: the notices come in order on one thread.
+        let mut held_since: Option<(i64, Instant)> = None;
         // Where the machine's requests for the shared lease go (taken
         // before the election's own state is locked: the session locks
         // every primitive's state to end its beliefs).
@@ -288,12 +292,19 @@ impl Election {
                 }
                 match &notice {
                     ElectionNotice::Elected { token, .. } => {
+                        held_since = Some((*token, Instant::now()));
                         crate::metrics::election(&metrics_prefix, "elected", *token)
                     }
                     ElectionNotice::LeadershipLost { token } => {
+                        if let Some((_, since)) = held_since.take_if(|(t, _)| t == token) {
+                            crate::metrics::held(&metrics_prefix, since.elapsed());
+                        }
                         crate::metrics::election(&metrics_prefix, "lost", *token)
                     }
                     ElectionNotice::Resigned { token } => {
+                        if let Some((_, since)) = held_since.take_if(|(t, _)| t == token) {
+                            crate::metrics::held(&metrics_prefix, since.elapsed());
+                        }
                         crate::metrics::election(&metrics_prefix, "resigned", *token)
                     }
                     _ => {}
@@ -479,6 +490,7 @@ impl Election {
         let turn = self.inner.campaign_turn()?;
         let value = value.to_vec();
         let rank = self.inner.rank;
+        let started = Instant::now();
         let outcome = self.inner.call(
             &turn,
             |op| match rank {
@@ -488,8 +500,18 @@ impl Election {
             timeout,
             |notice| match notice {
                 ElectionNotice::Elected {
-                    token, lease, key, ..
-                } => Some(Ok(self.leadership(token, lease, key))),
+                    token,
+                    lease,
+                    key,
+                    waited,
+                    ..
+                } => {
+                    let won = Won {
+                        waited: started.elapsed(),
+                        contended: waited,
+                    };
+                    Some(Ok(self.leadership(won, token, lease, key)))
+                }
                 ElectionNotice::CampaignFailed { error, .. } => Some(Err(election_error(error))),
                 _ => None,
             },
@@ -513,6 +535,7 @@ impl Election {
         let turn = self.inner.campaign_turn()?;
         let value = value.to_vec();
         let bound = self.inner.etcd.options().request_timeout.saturating_mul(3);
+        let started = Instant::now();
         let outcome = self.inner.call(
             &turn,
             |op| ElectionInput::TryCampaign { op, value },
@@ -520,7 +543,16 @@ impl Election {
             |notice| match notice {
                 ElectionNotice::Elected {
                     token, lease, key, ..
-                } => Some(Ok(TryCampaign::Elected(self.leadership(token, lease, key)))),
+                } => {
+                    // A try never waits behind anyone.
+                    let won = Won {
+                        waited: started.elapsed(),
+                        contended: false,
+                    };
+                    Some(Ok(TryCampaign::Elected(
+                        self.leadership(won, token, lease, key),
+                    )))
+                }
                 ElectionNotice::NotElected { leader, .. } => Some(Ok(TryCampaign::NotElected(
                     leader.as_ref().map(LeaderInfo::from_kv),
                 ))),
@@ -621,15 +653,16 @@ impl Election {
         close_outcome(finished, revoked, || self.inner.etcd.gone())
     }
 
-    fn leadership(&self, token: i64, lease: i64, key: Vec<u8>) -> Leadership {
-        leadership_of(&self.inner, token, lease, key)
+    fn leadership(&self, won: Won, token: i64, lease: i64, key: Vec<u8>) -> Leadership {
+        leadership_of(&self.inner, won, token, lease, key)
     }
 }
 
 /// The [`Leadership`] the machine reported as won with `token`, as the
 /// notice handler registered it (or one that says it is over, when it was
 /// lost again before the caller got here).
-fn leadership_of(inner: &Arc<Inner>, token: i64, lease: i64, key: Vec<u8>) -> Leadership {
+fn leadership_of(inner: &Arc<Inner>, won: Won, token: i64, lease: i64, key: Vec<u8>) -> Leadership {
+    crate::metrics::won(&inner.prefix, won.waited, won.contended);
     let (belief, lost, step_down) = {
         let state = inner.state.lock();
         match state.held.as_ref().filter(|h| h.token == token) {
@@ -645,6 +678,7 @@ fn leadership_of(inner: &Arc<Inner>, token: i64, lease: i64, key: Vec<u8>) -> Le
     };
     Leadership {
         inner: inner.clone(),
+        won,
         token,
         lease,
         key: String::from_utf8_lossy(&key).into_owned(),
@@ -726,6 +760,7 @@ impl Inner {
     /// the machine is told so that it stops leading too, as its own watch
     /// would have told it, possibly later.
     fn fence_refused(&self, token: i64) {
+        crate::metrics::fence_refused(&self.prefix);
         notices::lose(&mut self.state.lock(), token);
         // Gone: the election is closing, and its stop ends the leadership.
         let _ = self

@@ -170,6 +170,18 @@ impl MutexGuard {
         MutexGuard { leadership }
     }
 
+    /// How long the call that took this lock waited for it (see
+    /// [`Leadership::waited`]).
+    pub fn waited(&self) -> std::time::Duration {
+        self.leadership.waited()
+    }
+
+    /// Whether that call found the lock held and waited for a holder to
+    /// go (see [`Leadership::contended`]).
+    pub fn contended(&self) -> bool {
+        self.leadership.contended()
+    }
+
     /// The fencing token: this holder's key's create revision, strictly
     /// greater than every earlier holder's. Pass it with writes to
     /// resources that can refuse stale holders.

@@ -274,6 +274,7 @@ mod tests {
             key: b"/e/1".to_vec(),
             token,
             lease: 1,
+            waited: false,
             trusted_until: *TRUSTED_UNTIL,
         }
     }

@@ -16,7 +16,7 @@
 //! it between waits.
 
 use super::ops::{KeptTurn, Turn};
-use super::{election_error, leadership_of, Election, Inner, Leadership};
+use super::{election_error, leadership_of, Election, Inner, Leadership, Won};
 use crate::deadline::deadline_after;
 use crate::driver::Gone;
 use crate::error::{Error, Result};
@@ -113,6 +113,8 @@ struct Shared {
     cancel_signal: Mutex<Option<Sender<()>>>,
     /// One thread reads `answers` at a time.
     reader: Mutex<()>,
+    /// When the campaign was started, for [`Leadership::waited`].
+    started: Instant,
     phase: Mutex<Phase>,
     /// The election's turn, until the campaign is settled.
     turn: Mutex<Option<KeptTurn>>,
@@ -226,6 +228,7 @@ impl Election {
                 canceled,
                 cancel_signal: Mutex::new(Some(cancel_signal)),
                 reader: Mutex::new(()),
+                started: Instant::now(),
                 phase: Mutex::new(Phase::Waiting),
                 turn: Mutex::new(Some(kept)),
             }),
@@ -419,6 +422,7 @@ impl Shared {
                 token,
                 lease,
                 key,
+                waited,
                 ..
             } if op == self.op => {
                 let mut phase = self.phase.lock();
@@ -426,7 +430,11 @@ impl Shared {
                     Phase::Waiting => {
                         *phase = Phase::Over(End::Won);
                         drop(phase);
-                        let won = leadership_of(&self.inner, token, lease, key);
+                        let how = Won {
+                            waited: self.started.elapsed(),
+                            contended: waited,
+                        };
+                        let won = leadership_of(&self.inner, how, token, lease, key);
                         self.settle();
                         Ok(Some(won))
                     }

@@ -282,6 +282,18 @@ impl SemaphoreGuard {
         SemaphoreGuard { leadership }
     }
 
+    /// How long the call that took this permit waited for it (see
+    /// [`Leadership::waited`]).
+    pub fn waited(&self) -> std::time::Duration {
+        self.leadership.waited()
+    }
+
+    /// Whether that call found every permit held and waited for a holder to
+    /// go (see [`Leadership::contended`]).
+    pub fn contended(&self) -> bool {
+        self.leadership.contended()
+    }
+
     /// The fencing token: this holder's key's create revision. Unique to
     /// this holding, and greater than the token of every holder whose key
     /// was created before this one queued; up to `permits` tokens are

@@ -356,6 +356,11 @@ pub enum ElectionNotice {
         token: Revision,
         /// The session lease the key is bound to.
         lease: LeaseId,
+        /// Whether the campaign found a candidate (a leader, or a holder of
+        /// a permit) ahead of it and waited for it to go: the contention
+        /// that a lock's or an election's metrics count. `false` when it
+        /// led on its first look at the queue.
+        waited: bool,
         /// The user may believe it leads until this instant (the session's
         /// local deadline when elected); [`ElectionNotice::Trusted`] moves it
         /// later. Compared with the user's own clock, belief ends on time

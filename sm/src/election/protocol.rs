@@ -194,6 +194,9 @@ struct Campaign {
     key: Vec<u8>,
     /// My key's create revision; 0 while unknown.
     token: Revision,
+    /// Whether a key ahead of mine was found and waited for: the
+    /// contention [`ElectionNotice::Elected`] reports.
+    waited: bool,
     step: Step,
     /// The request of `step` in flight; `None` while waiting for the backoff.
     pending: Option<RpcId>,
@@ -712,6 +715,7 @@ impl Protocol {
             lease,
             key: requests::candidate_key(&self.prefix, lease),
             token: 0,
+            waited: false,
             step: Step::Create,
             pending: None,
         })
@@ -1124,6 +1128,7 @@ impl Protocol {
         };
         // A full answer may have left older keys out; a short one did not.
         let complete = i64::try_from(read.len()).is_ok_and(|n| n < limit);
+        c.waited = true;
         c.step = Step::WatchOlder {
             key: newest_older.key.clone(),
             from: revision.saturating_add(1),
@@ -1150,6 +1155,7 @@ impl Protocol {
             key: c.key.clone(),
             token: c.token,
             lease: c.lease,
+            waited: c.waited,
             // The protocol does not own the lease's clock: it trusts
             // nothing past now, and the wrapper, which does, moves this to
             // the session's local deadline before the notice leaves.

@@ -183,6 +183,7 @@ fn elected(t0: Instant) -> Election {
                 key: my_key(),
                 token: 5,
                 lease: LEASE,
+                waited: false,
                 trusted_until: until
             }),
             rpc(P + 1, watch(&my_key(), 6)),
@@ -295,6 +296,7 @@ fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
                 key: my_key(),
                 token: 7,
                 lease: LEASE,
+                waited: true,
                 trusted_until: until
             }),
             rpc(P + 4, watch(&my_key(), 13)),
@@ -450,6 +452,7 @@ fn a_retried_create_that_finds_its_key_first_in_line_leads_at_once() {
                 key: my_key(),
                 token: 3,
                 lease: LEASE,
+                waited: false,
                 trusted_until: until
             }),
             rpc(P + 1, watch(&my_key(), 9)),
@@ -958,6 +961,7 @@ fn try_campaign_wins_when_first_in_line() {
                 key: my_key(),
                 token: 12,
                 lease: LEASE,
+                waited: false,
                 trusted_until: until
             }),
             rpc(P + 1, watch(&my_key(), 13)),
@@ -1555,6 +1559,7 @@ fn a_late_answer_to_a_canceled_campaign_names_it_not_the_next_one() {
                 key: my_key(),
                 token: 9,
                 lease: LEASE,
+                waited: false,
                 trusted_until: until
             }),
             rpc(P + 4, watch(&my_key(), 10)),
@@ -1848,6 +1853,7 @@ fn try_campaign_first_in_line_with_a_stale_value_fixes_it_then_leads() {
                 key: my_key(),
                 token: 3,
                 lease: LEASE,
+                waited: false,
                 trusted_until: until
             }),
             rpc(P + 2, watch(&my_key(), 10)),
@@ -2416,6 +2422,7 @@ fn a_ranked_join_publishes_its_priority_bumps_a_lower_waiter_and_hears_of_a_high
                 key: my_key(),
                 token: 9,
                 lease: LEASE,
+                waited: true,
                 trusted_until: until
             }),
             rpc(P + 5, watch(&my_key(), 15)),
@@ -2646,6 +2653,7 @@ fn a_ranked_leader_watches_its_key_and_the_priorities_and_its_resign_cancels_bot
                 key: my_key(),
                 token: 5,
                 lease: LEASE,
+                waited: false,
                 trusted_until: until
             }),
             rpc(P + 1, watch(&my_key(), 6)),

@@ -117,6 +117,7 @@ fn elected(t0: Instant) -> Election {
                 key: my_key(),
                 token: 5,
                 lease: LEASE,
+                waited: false,
                 trusted_until: until,
             }),
             rpc(Q + 1, watch(&my_key(), 6)),
@@ -164,6 +165,7 @@ fn belief_needs_a_deadline_told_by_the_owner() {
             key: my_key(),
             token: 5,
             lease: LEASE,
+            waited: false,
             trusted_until: t1,
         })
     );

@@ -117,11 +117,22 @@ fn deleted(key: &[u8], revision: Revision) -> Response {
 }
 
 fn elected(op: u64, token: Revision, until: Instant) -> Command<ElectionNotice> {
+    elected_after(op, token, until, false)
+}
+
+/// [`elected`] of a campaign that found `permits` holders and `waited`.
+fn elected_after(
+    op: u64,
+    token: Revision,
+    until: Instant,
+    waited: bool,
+) -> Command<ElectionNotice> {
     note(ElectionNotice::Elected {
         op: OpId(op),
         key: my_key(),
         token,
         lease: LEASE,
+        waited,
         trusted_until: until,
     })
 }
@@ -223,7 +234,10 @@ fn with_more_older_keys_a_waiter_watches_the_nearest_two_and_holds_when_the_fart
     let until = e.session_deadline().unwrap();
     assert_eq!(
         ok(&mut e, t0, P + 3, older_found(9, vec![b], 7)),
-        vec![elected(1, 7, until), rpc(P + 4, watch(&my_key(), 10))]
+        vec![
+            elected_after(1, 7, until, true),
+            rpc(P + 4, watch(&my_key(), 10))
+        ]
     );
     assert!(e.is_leader());
 }
@@ -330,7 +344,7 @@ fn the_first_waiter_holds_on_the_delete_alone() {
         ok(&mut e, t0, P + 1, deleted(b"/s/bb", 9)),
         vec![
             cancel(P + 1),
-            elected(1, 7, until),
+            elected_after(1, 7, until, true),
             rpc(P + 2, watch(&my_key(), 10))
         ]
     );

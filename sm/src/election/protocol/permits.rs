@@ -83,6 +83,7 @@ impl Protocol {
         }
         // A full answer may have left older keys out; a short one did not.
         let complete = i64::try_from(read.len()).is_ok_and(|n| n < limit);
+        c.waited = true;
         c.step = Step::WatchOlders {
             keys,
             from: revision.saturating_add(1),

@@ -172,6 +172,7 @@ impl Protocol {
         let Some(newest_older) = older.last() else {
             return self.elect(c, revision);
         };
+        c.waited = true;
         c.step = Step::WatchOlder {
             key: newest_older.key.clone(),
             from: revision.saturating_add(1),
