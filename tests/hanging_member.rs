@@ -209,3 +209,85 @@ fn a_silent_member_never_slows_a_close_or_a_drop() {
     );
     assert!(handle_max < CLOSE_BOUND, "Etcd::close took {handle_max:?}");
 }
+
+/// One of three endpoints goes silent while the handle is in use (the
+/// member it fronts stays healthy; the blackholing proxy is the fault),
+/// with the default options (5 s request timeout). Reads made back to back
+/// from one thread, unary ones (`Etcd::lease_ttl`) and a machine's
+/// (`list_hosts`), route around it on the first slow one: that read raises
+/// suspicion after half a second, the probes find the member silent half
+/// a second after the others answered, and the read, which may have gone
+/// there, is sent again on the members still in use. No read fails, one
+/// takes about a second, the rest a round trip. Before, the first read
+/// sent there failed after 5 s (a machine's read, retried, took 10 s), and
+/// the next ones kept landing there until a probe with a 5 s timeout gave
+/// up on it: 1-3 reads in 8 s.
+#[test]
+fn a_member_that_goes_silent_costs_one_read_about_a_second() {
+    /// The first slow read: suspicion after half a second, the probe
+    /// round's grace, the read sent again; 1 s plus a round trip, and
+    /// slack for a loaded machine.
+    const FIRST_SLOW_BOUND: Duration = Duration::from_millis(1500);
+    const ROUNDS: usize = 3;
+    const READS: Duration = Duration::from_secs(8);
+
+    let server = fleetcoord::testing::EtcdServer::start().expect("etcd");
+    let mut worst_of_rounds = Vec::new();
+    for round in 0..ROUNDS {
+        let proxies: Vec<FaultProxy> = (0..3)
+            .map(|_| FaultProxy::start(&server.endpoint()).expect("proxy"))
+            .collect();
+        let endpoints: Vec<String> = proxies.iter().map(FaultProxy::endpoint).collect();
+        let etcd = Etcd::connect(&endpoints).expect("connect");
+        // Every endpoint carries calls before the fault.
+        for _ in 0..30 {
+            fleetcoord::list_hosts(&etcd, fleetcoord::DEFAULT_HOSTS_PREFIX).expect("read");
+        }
+        proxies[round % 3].set_mode(Mode::Blackhole);
+        let (mut reads, mut failures, mut latencies) = (0u32, Vec::new(), Vec::new());
+        let started = Instant::now();
+        while started.elapsed() < READS {
+            let t = Instant::now();
+            let result = if reads % 2 == 0 {
+                fleetcoord::list_hosts(&etcd, fleetcoord::DEFAULT_HOSTS_PREFIX).map(|_| ())
+            } else {
+                etcd.lease_ttl(1).map(|_| ())
+            };
+            latencies.push(t.elapsed());
+            reads += 1;
+            if let Err(e) = result {
+                failures.push(format!("after {:?}: {e}", t.elapsed()));
+            }
+        }
+        let slow = latencies
+            .iter()
+            .filter(|l| **l > Duration::from_millis(250))
+            .count();
+        let worst = latencies.iter().max().copied().unwrap_or_default();
+        println!(
+            "round {round}: endpoint {} silent: {reads} reads in {READS:?}, {} failed {failures:?}, \
+             {slow} slower than 250 ms, worst {worst:?}",
+            round % 3,
+            failures.len()
+        );
+        assert!(failures.is_empty(), "reads failed: {failures:?}");
+        assert!(
+            slow <= 1,
+            "{slow} reads were slow: not routed around at once"
+        );
+        assert!(
+            worst < FIRST_SLOW_BOUND,
+            "the first slow read took {worst:?}"
+        );
+        worst_of_rounds.push(worst);
+        let t = Instant::now();
+        etcd.close().expect("close");
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "close took {:?}",
+            t.elapsed()
+        );
+    }
+    let (p50, max) = p50_max(&mut worst_of_rounds);
+    println!("one of three endpoints went silent: worst read per round p50 {p50:?} max {max:?}");
+}
