@@ -18,10 +18,10 @@
 //!   own (a refusal, a missing lease) does not.
 //! * **Never sent twice, but a read moved off a removed endpoint.** A
 //!   call taken here answers as it ended; only a call that was not taken
-//!   goes to the driver's connection, and a read (`Request::is_read_only`)
-//!   still unanswered when the health monitor takes an endpoint out of use
-//!   (it may have gone there), which is sent again there. A write is never
-//!   sent twice.
+//!   goes to the driver's connection, and a read or a revoke
+//!   (`health::may_send_twice`) still unanswered when the health monitor
+//!   takes an endpoint out of use (it may have gone there), which is sent
+//!   again there. Any other write is never sent twice.
 
 use super::connect::probe_options;
 use super::explain::explain;
@@ -108,9 +108,9 @@ impl Direct {
     /// request timeout applies inside it, and raises `suspicion` when slow,
     /// as on the driver's connection). `None` when no connection can be
     /// had now (`crate::caller_driven`): the call is the driver's. Also
-    /// `None` for a read still unanswered when the health monitor takes an
-    /// endpoint out of use: this connection may have sent it there, so it
-    /// is dropped, and the read is the driver's, whose connection no
+    /// `None` for a read or a revoke still unanswered when the health
+    /// monitor takes an endpoint out of use: this connection may have sent it there, so it
+    /// is dropped, and the call is the driver's, whose connection no
     /// longer uses that endpoint (`health::routed`).
     pub(crate) fn call(
         &self,
@@ -121,7 +121,7 @@ impl Direct {
         let timeout = self.settings.request_timeout;
         let (settings, in_use) = (self.settings.clone(), self.in_use.clone());
         let build = move || build(settings, in_use);
-        let removals = request.is_read_only().then(|| self.in_use.removals());
+        let removals = health::may_send_twice(request).then(|| self.in_use.removals());
         let taken = CallerDriven::take(&self.conn, self.in_use.epoch(), build)?;
         let ran = taken.run(wait, |mut client| async move {
             let call = exec::unary(&mut client, request);

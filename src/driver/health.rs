@@ -181,10 +181,14 @@ impl Policy {
 /// call itself goes on waiting, up to its own timeout): a healthy member
 /// answers in milliseconds, and a hanging one is then out of use a
 /// [`STRAGGLER_GRACE`] later (a [`PROBE_TIMEOUT`] when no member answers)
-/// instead of a whole request timeout. Reads in flight are then sent again
-/// elsewhere ([`routed`]), so the first read that meets a silent member
-/// takes about this plus the grace: about a second.
-pub(crate) const SUSPECT_AFTER: Duration = Duration::from_millis(500);
+/// instead of a whole request timeout. Reads and revokes in flight are
+/// then sent again elsewhere ([`routed`]), so the first read that meets a
+/// silent member takes about this plus the grace. Shorter than the
+/// machines' attempt timeout (500 ms, `session::ATTEMPT_TIMEOUT`), after
+/// which a machine sends a copy of its request and may stop waiting for
+/// the first: a call given up on before this would raise no suspicion, and
+/// every close would pay that attempt timeout to the silent member.
+pub(crate) const SUSPECT_AFTER: Duration = Duration::from_millis(250);
 
 /// The longest a health probe (one status request, answered from the
 /// member's memory) may take before its member counts as silent, unless
@@ -267,14 +271,26 @@ pub(crate) async fn watched_or_moved<T>(
     }
 }
 
-/// `attempt()` within `timeout`, as [`watched`]. When `resend` (a read:
-/// `Request::is_read_only`) and the health monitor takes an endpoint out
+/// Whether `request` may be sent a second time while the first is
+/// unanswered ([`routed`]): whichever copy etcd applies, and in whatever
+/// order, the outcome is one copy's. True for a read
+/// (`Request::is_read_only`) and for a revoke: a second revoke of a lease
+/// the first one ended is answered "lease not found", which every revoke
+/// here takes as done, and a lease id is never granted again. Every other
+/// write could apply twice.
+pub(crate) fn may_send_twice(request: &fleetcoord_sm::Request) -> bool {
+    request.is_read_only() || matches!(request, fleetcoord_sm::Request::Revoke { .. })
+}
+
+/// `attempt()` within `timeout`, as [`watched`]. When `resend` (a read or
+/// a revoke: [`may_send_twice`]) and the health monitor takes an endpoint out
 /// of use before the answer came, that attempt is dropped and another made
 /// with what is left of the timeout: the first may have gone to the
 /// endpoint now out of use, and `attempt` sends on a client that no longer
 /// uses it. So a read routes around a silent member on the first slow
-/// answer, instead of waiting a whole request timeout for it. A write is
-/// never sent twice: it waits for its own answer or its timeout.
+/// answer, instead of waiting a whole request timeout for it; so does a
+/// leave's revoke. Any other write is never sent twice: it waits for its
+/// own answer or its timeout.
 pub(crate) async fn routed<T, F, Fut>(
     suspicion: &Suspicion,
     removals: &watch::Receiver<u64>,

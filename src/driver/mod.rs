@@ -162,7 +162,7 @@ impl DriverHandle {
                 let mut client = shared.client.clone();
                 async move { exec::unary(&mut client, request).await }
             };
-            let resend = request.is_read_only();
+            let resend = health::may_send_twice(request);
             match health::routed(&shared.suspicion, &shared.removals, left, resend, attempt).await {
                 Some(answer) => answer.map_err(UnaryError::Rpc),
                 None => Err(UnaryError::Timeout(timeout)),

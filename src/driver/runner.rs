@@ -284,7 +284,7 @@ fn start_rpc(
             let suspicion = shared.suspicion.clone();
             let removals = shared.removals.clone();
             let handle = tokio::spawn(async move {
-                let resend = request.is_read_only();
+                let resend = health::may_send_twice(&request);
                 let attempt = || {
                     let mut client = client.clone();
                     let request = &request;
