@@ -4,11 +4,14 @@
 //! to a member that accepts connections but never answers, and each such
 //! call costs a whole request timeout (etcd-client#39; measured: 8 of 20
 //! calls time out with one real and two hanging members). So each endpoint
-//! gets its own probe client, and a member that misses its probe is taken
-//! out of the shared client (`remove_endpoint`) and put back
+//! gets its own probe client, and a member that misses its probe (no answer
+//! within [`PROBE_TIMEOUT`], or [`STRAGGLER_GRACE`] after another member's)
+//! is taken out of the shared client (`remove_endpoint`) and put back
 //! (`add_endpoint`) when it answers again. The last member in use is never
 //! taken out: etcd-client then hangs every call, even with a timeout
-//! (both measured: docs/etcd-notes.md, "Endpoint health").
+//! (both measured: docs/etcd-notes.md, "Endpoint health"). Reads and
+//! revokes that were waiting when a member went out of use are sent again
+//! ([`routed`]): they may have gone to it.
 //!
 //! Probes cost etcd an RPC each, so they go out on suspicion only: every
 //! endpoint once a call went unanswered for [`SUSPECT_AFTER`], a renewal
