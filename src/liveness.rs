@@ -657,29 +657,51 @@ impl HostLiveness {
         self.stop_and_wait()
     }
 
+    /// [`HostLiveness::close`], telling what watchers saw: `Ok(true)` when
+    /// the leave was written (they see
+    /// [`Down(_, Left)`](crate::DownReason::Left)), `Ok(false)` when it
+    /// could not be (the key had moved on, or the leave got no answer in
+    /// time, a member having gone silent, say) and the revoke was confirmed
+    /// instead: the key is gone just as soon, but watchers read it as
+    /// [`Expired`](crate::DownReason::Expired). On a shared session,
+    /// `Ok(false)` means the registration stopped without its leave being
+    /// confirmed. Errors as `close`'s.
+    pub fn leave(self) -> Result<bool> {
+        crate::blocking::check()?;
+        self.stop_and_tell()
+    }
+
     fn stop_and_wait(&self) -> Result<()> {
+        self.stop_and_tell().map(|_| ())
+    }
+
+    /// Stops, and waits for the leave or, failing that, the revoke; `true`
+    /// when the leave was written.
+    fn stop_and_tell(&self) -> Result<bool> {
         self.machine.stop();
         let finished = crossbeam_channel::select! {
             recv(self.left) -> left => match left {
                 // The key is gone and watchers saw a leave; the revoke
                 // (of the lease, now holding only the marker) goes on in
                 // the background.
-                Ok(()) => return Ok(()),
+                Ok(()) => return Ok(true),
                 // The notice handler is gone: the machine task ended.
                 Err(_) => self.machine.wait_finished(CLOSE_WAIT),
             },
             recv(self.machine.finished()) -> finished => Ok(finished.unwrap_or(Finished::Abandoned)),
             default(CLOSE_WAIT) => Err(WaitError::Timeout(CLOSE_WAIT)),
         };
+        // The machine may have told the leave just before it finished.
+        let left = self.left.try_recv().is_ok();
         if let (Engine::Shared(..), Ok(_)) = (&self.machine, &finished) {
             // The lease is the session's: stopped is all there is to it.
-            return Ok(());
+            return Ok(left);
         }
         let revoked = match self.state() {
             LivenessState::Stopped { revoked } => Some(revoked),
             _ => None,
         };
-        close_outcome(finished, revoked, || self.etcd.gone())
+        close_outcome(finished, revoked, || self.etcd.gone()).map(|()| left)
     }
 }
 

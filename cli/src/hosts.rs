@@ -327,10 +327,15 @@ pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), 
     if let Some(path) = &args.state_file {
         return detach(ctx, host, path);
     }
-    // `close` is Ok once etcd confirmed the leave (marker written, key
-    // deleted at one revision), before the revoke is answered.
-    let left = host.close().is_ok();
-    let (human, value) = left_record(args.host_id, left);
+    // `leave` is Ok(true) once etcd confirmed the leave (marker written,
+    // key deleted at one revision), before the revoke is answered, and
+    // Ok(false) when only the revoke was: the record must say which one
+    // watchers saw.
+    let (human, value) = match host.leave() {
+        Ok(true) => left_record(args.host_id, true),
+        Ok(false) => revoked_record(args.host_id),
+        Err(_) => left_record(args.host_id, false),
+    };
     ctx.out.emit(human, value)?;
     Ok(())
 }
@@ -349,6 +354,21 @@ fn left_record(host: Uuid, left: bool) -> (String, Value) {
         ("host_id", json!(host.to_string())),
         ("state", json!("stopped")),
         ("left", json!(left)),
+    ]);
+    (human, value)
+}
+
+/// The agent's last record when the leave could not be written but the
+/// revoke was confirmed: watchers see the host Down at once, as expired.
+fn revoked_record(host: Uuid) -> (String, Value) {
+    let human = format!(
+        "{host}: stopped (leave not written, lease revoked: watchers see Down(Expired) now)"
+    );
+    let value = object([
+        ("host_id", json!(host.to_string())),
+        ("state", json!("stopped")),
+        ("left", json!(false)),
+        ("revoked", json!(true)),
     ]);
     (human, value)
 }

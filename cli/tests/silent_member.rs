@@ -103,3 +103,80 @@ fn one_shot_commands_and_agent_exits_ignore_a_silent_member() {
          agent SIGTERM to exit p50 {exit_p50:?} max {exit_max:?}"
     );
 }
+
+/// The member goes silent while the agent runs, just before `systemctl
+/// stop`: the leave may go to it before the health probes take it out of
+/// use. The agent still exits within a bound and the host is Down for its
+/// watchers at once, never a TTL later. When the leave transaction went to
+/// the silent member it is not sent again (a write), and after the
+/// machine's attempt timeout the revoke goes instead (sent again once the
+/// member is out of use): watchers then see the host Down at once with
+/// reason `expired` rather than `left`, and the agent's record says so
+/// (`left: false`) instead of claiming a leave.
+#[test]
+fn an_agent_exits_promptly_when_a_member_goes_silent_before_sigterm() {
+    /// The leave or the revoke, routed around the silent member once
+    /// (suspicion after a quarter second, the probes' half-second grace,
+    /// the machine's half-second attempt timeout), plus the exit.
+    const EXIT_BOUND: Duration = Duration::from_secs(2);
+    let server = start_etcd();
+    let watch = Running::start(&server.endpoint(), &["watch-hosts"]);
+    watch.until("event", "synced");
+    let mut exits = Vec::new();
+    for round in 0..6 {
+        let proxies: Vec<FaultProxy> = (0..3)
+            .map(|_| FaultProxy::start(&server.endpoint()).expect("proxy"))
+            .collect();
+        let endpoints = proxies
+            .iter()
+            .map(FaultProxy::endpoint)
+            .collect::<Vec<_>>()
+            .join(",");
+        let id = uuid::Uuid::new_v4().to_string();
+        let mut agent = Running::start(&endpoints, &["agent", "--host-id", &id]);
+        agent.until("state", "registered");
+        let up = watch.until("event", "up");
+        assert_eq!(up["id"], id.as_str(), "{up}");
+        proxies[round % 3].set_mode(Mode::Blackhole);
+        let t = Instant::now();
+        let status = Command::new("kill")
+            .args(["-TERM", &agent.child.id().to_string()])
+            .status()
+            .expect("kill(1)");
+        assert!(status.success());
+        let code = loop {
+            if let Some(status) = agent.child.try_wait().expect("try_wait") {
+                break status.code();
+            }
+            assert!(t.elapsed() < WAIT, "the agent did not exit");
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let took = t.elapsed();
+        let said: Vec<String> = agent.lines.try_iter().collect();
+        println!(
+            "agent, member {} gone silent: SIGTERM to exit {took:?}, said {said:?}",
+            round % 3
+        );
+        assert_eq!(code, Some(0));
+        let down = watch.until("event", "down");
+        let seen = t.elapsed();
+        println!("  watchers: {down}, {seen:?} after SIGTERM");
+        assert_eq!(down["id"], id.as_str(), "{down}");
+        assert!(
+            seen < EXIT_BOUND + Duration::from_millis(500),
+            "Down seen {seen:?} after SIGTERM: the key waited for its TTL"
+        );
+        let claimed_left = said.iter().any(|l| l.contains("\"left\":true"));
+        if down["reason"] != "left" {
+            assert_eq!(down["reason"], "expired", "{down}");
+            assert!(
+                !claimed_left,
+                "the agent claimed a leave watchers did not see: {said:?}"
+            );
+        }
+        assert!(took < EXIT_BOUND, "the agent took {took:?} to exit");
+        exits.push(took);
+    }
+    let (p50, max) = p50_max(&mut exits);
+    println!("a member gone silent just before SIGTERM: exit p50 {p50:?} max {max:?}");
+}

@@ -273,6 +273,32 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// Whether the request only reads: a [`Request::Range`], a
+    /// [`Request::LeaseTimeToLive`], or a [`Request::Txn`] whose every
+    /// operation is a range. Only such a request may be sent a second time
+    /// while the first is unanswered: whichever answer comes, nothing was
+    /// written twice. A write sent again could apply twice (the first may
+    /// still reach etcd), and a renewal or a watch has its own stream.
+    #[must_use]
+    pub fn is_read_only(&self) -> bool {
+        match self {
+            Request::Range(_) | Request::LeaseTimeToLive { .. } => true,
+            Request::Txn(txn) => txn
+                .success
+                .iter()
+                .chain(&txn.failure)
+                .all(|op| matches!(op, TxnOp::Range(_))),
+            Request::Grant { .. }
+            | Request::Revoke { .. }
+            | Request::KeepAlive { .. }
+            | Request::Put { .. }
+            | Request::Delete(_)
+            | Request::Watch { .. } => false,
+        }
+    }
+}
+
 /// Whether a watch event wrote or deleted its key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]

@@ -10,18 +10,12 @@
 //! "TLS and auth failures"), and from our own words.
 
 use super::explain::{explain, foreign_greeting, greeting, hung_up, is_status};
-use super::health::{etcd_answered, Probe, ProbeOutcome};
+use super::health::{etcd_answered, Probe, ProbeOutcome, STRAGGLER_GRACE};
 use super::EtcdTarget;
 use crate::tls::Tls;
 use etcd_client as ec;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// How long the other endpoints may still answer once one has: a healthy
-/// member answers a status in a few milliseconds, even with a TLS handshake.
-/// Those that miss it start out unused and join once the health monitor
-/// hears from them.
-const STRAGGLER_GRACE: Duration = Duration::from_millis(500);
 
 /// The longest a [`greeting`] may take, within the connect timeout: a
 /// server that answers at all does so within a round trip.
@@ -243,7 +237,8 @@ async fn prove(endpoints: &[String], settings: &EtcdTarget) -> Result<ec::Client
 }
 
 /// Probe all at once; stop at `deadline`, or [`STRAGGLER_GRACE`] after the
-/// first answer. `None` for a probe cut short; beside each, what the
+/// first answer (those that miss it start out unused and join once the
+/// health monitor hears from them). `None` for a probe cut short; beside each, what the
 /// member said of itself when it answered with its status.
 async fn probe_all(
     probes: &[Probe],

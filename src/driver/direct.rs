@@ -16,11 +16,16 @@
 //!   request timeout, or found the connection broken
 //!   ([`RpcError::Unavailable`]), drops the connection; an error of etcd's
 //!   own (a refusal, a missing lease) does not.
-//! * **Never sent twice.** A call taken here answers as it ended; only a
-//!   call that was not taken goes to the driver's connection.
+//! * **Never sent twice, but a read moved off a removed endpoint.** A
+//!   call taken here answers as it ended; only a call that was not taken
+//!   goes to the driver's connection, and a read or a revoke
+//!   (`health::may_send_twice`) still unanswered when the health monitor
+//!   takes an endpoint out of use (it may have gone there), which is sent
+//!   again there. Any other write is never sent twice.
 
 use super::connect::probe_options;
 use super::explain::explain;
+use super::health::Routed;
 use super::{exec, health, EtcdTarget, UnaryError};
 use crate::caller_driven::{CallerDriven, Health, Ran};
 use etcd_client as ec;
@@ -29,22 +34,46 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 
 /// The endpoints the health monitor has in use, numbered: each change gets
 /// a new epoch, so a connection built on an older set is built again.
-#[derive(Default)]
+/// Each change that takes an endpoint out also counts a removal, which
+/// reads in flight wait for ([`health::routed`]): the read may have been
+/// sent to that endpoint, so it is sent again on those still in use.
 pub(crate) struct InUse {
     epoch: AtomicU64,
     urls: Mutex<Vec<String>>,
+    removals: watch::Sender<u64>,
+}
+
+impl Default for InUse {
+    fn default() -> Self {
+        InUse {
+            epoch: AtomicU64::new(0),
+            urls: Mutex::new(Vec::new()),
+            removals: watch::channel(0).0,
+        }
+    }
 }
 
 impl InUse {
     /// Replaces the set (at connect, and the health monitor after each
-    /// change).
+    /// change, once the shared client follows it).
     pub(crate) fn set(&self, urls: Vec<String>) {
         let mut held = self.urls.lock();
+        let removed = held.iter().any(|old| !urls.contains(old));
         *held = urls;
         self.epoch.fetch_add(1, Ordering::Release);
+        drop(held);
+        if removed {
+            self.removals.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Tells of every later removal ([`health::routed`]).
+    pub(crate) fn removals(&self) -> watch::Receiver<u64> {
+        self.removals.subscribe()
     }
 
     fn epoch(&self) -> u64 {
@@ -78,7 +107,11 @@ impl Direct {
     /// Runs `request` on the caller-driven connection, within `wait` (the
     /// request timeout applies inside it, and raises `suspicion` when slow,
     /// as on the driver's connection). `None` when no connection can be
-    /// had now (`crate::caller_driven`): the call is the driver's.
+    /// had now (`crate::caller_driven`): the call is the driver's. Also
+    /// `None` for a read or a revoke still unanswered when the health
+    /// monitor takes an endpoint out of use: this connection may have sent it there, so it
+    /// is dropped, and the call is the driver's, whose connection no
+    /// longer uses that endpoint (`health::routed`).
     pub(crate) fn call(
         &self,
         request: &Request,
@@ -88,24 +121,27 @@ impl Direct {
         let timeout = self.settings.request_timeout;
         let (settings, in_use) = (self.settings.clone(), self.in_use.clone());
         let build = move || build(settings, in_use);
+        let removals = health::may_send_twice(request).then(|| self.in_use.removals());
         let taken = CallerDriven::take(&self.conn, self.in_use.epoch(), build)?;
         let ran = taken.run(wait, |mut client| async move {
-            match health::watched(suspicion, timeout, exec::unary(&mut client, request)).await {
-                Some(Ok(response)) => (Ok(response), Health::Sound),
-                Some(Err(e @ RpcError::Unavailable(_))) => {
-                    (Err(UnaryError::Rpc(e)), Health::Suspect)
+            let call = exec::unary(&mut client, request);
+            match health::watched_or_moved(suspicion, removals.as_ref(), timeout, call).await {
+                Routed::Answer(Ok(response)) => (Some(Ok(response)), Health::Sound),
+                Routed::Answer(Err(e @ RpcError::Unavailable(_))) => {
+                    (Some(Err(UnaryError::Rpc(e))), Health::Suspect)
                 }
-                Some(Err(e)) => (Err(UnaryError::Rpc(e)), Health::Sound),
-                None => (Err(UnaryError::Timeout(timeout)), Health::Suspect),
+                Routed::Answer(Err(e)) => (Some(Err(UnaryError::Rpc(e))), Health::Sound),
+                Routed::TimedOut => (Some(Err(UnaryError::Timeout(timeout))), Health::Suspect),
+                Routed::Moved => (None, Health::Suspect),
             }
         });
-        Some(match ran {
+        match ran {
             Ran::Answer(answer) => answer,
-            Ran::Waited => Err(UnaryError::Timeout(wait)),
-            Ran::Panicked => Err(UnaryError::Rpc(RpcError::Unavailable(
+            Ran::Waited => Some(Err(UnaryError::Timeout(wait))),
+            Ran::Panicked => Some(Err(UnaryError::Rpc(RpcError::Unavailable(
                 "the call panicked".to_string(),
-            ))),
-        })
+            )))),
+        }
     }
 
     /// No call takes this path any more.

@@ -4,11 +4,14 @@
 //! to a member that accepts connections but never answers, and each such
 //! call costs a whole request timeout (etcd-client#39; measured: 8 of 20
 //! calls time out with one real and two hanging members). So each endpoint
-//! gets its own probe client, and a member that misses its probe is taken
-//! out of the shared client (`remove_endpoint`) and put back
+//! gets its own probe client, and a member that misses its probe (no answer
+//! within [`PROBE_TIMEOUT`], or [`STRAGGLER_GRACE`] after another member's)
+//! is taken out of the shared client (`remove_endpoint`) and put back
 //! (`add_endpoint`) when it answers again. The last member in use is never
 //! taken out: etcd-client then hangs every call, even with a timeout
-//! (both measured: docs/etcd-notes.md, "Endpoint health").
+//! (both measured: docs/etcd-notes.md, "Endpoint health"). Reads and
+//! revokes that were waiting when a member went out of use are sent again
+//! ([`routed`]): they may have gone to it.
 //!
 //! Probes cost etcd an RPC each, so they go out on suspicion only: every
 //! endpoint once a call went unanswered for [`SUSPECT_AFTER`], a renewal
@@ -179,31 +182,141 @@ impl Policy {
 
 /// How long a call may go unanswered before the members are probed (the
 /// call itself goes on waiting, up to its own timeout): a healthy member
-/// answers in milliseconds, and a hanging one is then out of use about
-/// a probe timeout later instead of a whole request timeout.
-pub(crate) const SUSPECT_AFTER: Duration = Duration::from_secs(1);
+/// answers in milliseconds, and a hanging one is then out of use a
+/// [`STRAGGLER_GRACE`] later (a [`PROBE_TIMEOUT`] when no member answers)
+/// instead of a whole request timeout. Reads and revokes in flight are
+/// then sent again elsewhere ([`routed`]), so the first read that meets a
+/// silent member takes about this plus the grace. Shorter than the
+/// machines' attempt timeout (500 ms, `session::ATTEMPT_TIMEOUT`), after
+/// which a machine sends a copy of its request and may stop waiting for
+/// the first: a call given up on before this would raise no suspicion, and
+/// every close would pay that attempt timeout to the silent member.
+pub(crate) const SUSPECT_AFTER: Duration = Duration::from_millis(250);
+
+/// The longest a health probe (one status request, answered from the
+/// member's memory) may take before its member counts as silent, unless
+/// the request timeout or the keepalive interval is shorter. A member that
+/// is merely slow and misses it is out of use until its next answer, a
+/// [`PROBE_INTERVAL`] later; the last member in use is never taken out.
+pub(crate) const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// `call` within `timeout` (`None` once it passed). Suspicion is raised
 /// once the call is still unanswered after [`SUSPECT_AFTER`], or at the
 /// timeout when that comes first.
+#[cfg(test)]
 pub(crate) async fn watched<T>(
     suspicion: &Suspicion,
     timeout: Duration,
     call: impl std::future::Future<Output = T>,
 ) -> Option<T> {
+    match watched_or_moved(suspicion, None, timeout, call).await {
+        Routed::Answer(answer) => Some(answer),
+        Routed::TimedOut | Routed::Moved => None,
+    }
+}
+
+/// How a call watched by [`watched_or_moved`] ended.
+pub(crate) enum Routed<T> {
+    /// Its own answer.
+    Answer(T),
+    /// No answer within its timeout.
+    TimedOut,
+    /// The health monitor took an endpoint out of use first; the call was
+    /// dropped (it may have been sent to that endpoint).
+    Moved,
+}
+
+/// [`watched`], and when `removals` is given, ended early as
+/// [`Routed::Moved`] by a removal it reports after the call started.
+pub(crate) async fn watched_or_moved<T>(
+    suspicion: &Suspicion,
+    removals: Option<&watch::Receiver<u64>>,
+    timeout: Duration,
+    call: impl std::future::Future<Output = T>,
+) -> Routed<T> {
+    let mut removals = removals.cloned();
+    if let Some(r) = removals.as_mut() {
+        r.borrow_and_update();
+    }
+    let removed = async move {
+        let changed = match removals.as_mut() {
+            Some(r) => r.changed().await.is_ok(),
+            None => false,
+        };
+        if !changed {
+            // Nothing to wait for (no receiver, or the monitor is gone).
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::pin!(removed);
     let deadline = tokio::time::Instant::now() + timeout;
     let call = tokio::time::timeout_at(deadline, call);
     tokio::pin!(call);
-    tokio::select! {
-        done = &mut call => {
-            if done.is_err() {
+    let mut suspect = std::pin::pin!(tokio::time::sleep(SUSPECT_AFTER.min(timeout)));
+    let mut raised = false;
+    loop {
+        tokio::select! {
+            done = &mut call => {
+                return match done {
+                    Ok(answer) => Routed::Answer(answer),
+                    Err(_) => {
+                        suspicion.raise();
+                        Routed::TimedOut
+                    }
+                };
+            }
+            _ = &mut suspect, if !raised => {
+                raised = true;
                 suspicion.raise();
             }
-            return done.ok();
+            _ = &mut removed => return Routed::Moved,
         }
-        _ = tokio::time::sleep(SUSPECT_AFTER.min(timeout)) => suspicion.raise(),
     }
-    call.await.ok()
+}
+
+/// Whether `request` may be sent a second time while the first is
+/// unanswered ([`routed`]): whichever copy etcd applies, and in whatever
+/// order, the outcome is one copy's. True for a read
+/// (`Request::is_read_only`) and for a revoke: a second revoke of a lease
+/// the first one ended is answered "lease not found", which every revoke
+/// here takes as done, and a lease id is never granted again. Every other
+/// write could apply twice.
+pub(crate) fn may_send_twice(request: &fleetcoord_sm::Request) -> bool {
+    request.is_read_only() || matches!(request, fleetcoord_sm::Request::Revoke { .. })
+}
+
+/// `attempt()` within `timeout`, as [`watched`]. When `resend` (a read or
+/// a revoke: [`may_send_twice`]) and the health monitor takes an endpoint out
+/// of use before the answer came, that attempt is dropped and another made
+/// with what is left of the timeout: the first may have gone to the
+/// endpoint now out of use, and `attempt` sends on a client that no longer
+/// uses it. So a read routes around a silent member on the first slow
+/// answer, instead of waiting a whole request timeout for it; so does a
+/// leave's revoke. Any other write is never sent twice: it waits for its
+/// own answer or its timeout.
+pub(crate) async fn routed<T, F, Fut>(
+    suspicion: &Suspicion,
+    removals: &watch::Receiver<u64>,
+    timeout: Duration,
+    resend: bool,
+    mut attempt: F,
+) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let removals = resend.then_some(removals);
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match watched_or_moved(suspicion, removals, left, attempt()).await {
+            Routed::Answer(answer) => return Some(answer),
+            Routed::TimedOut => return None,
+            Routed::Moved => {
+                log::debug!("a read in flight is sent again: an endpoint went out of use")
+            }
+        }
+    }
 }
 
 /// Wakes the monitor for an immediate round of probes: a call just timed
@@ -261,66 +374,114 @@ pub(crate) async fn monitor(
         suspected = false;
         next_round = tokio::time::Instant::now() + PROBE_INTERVAL;
         let mut round = tokio::task::JoinSet::new();
+        let mut pending = Vec::with_capacity(targets.len());
         for i in targets {
             let Some(probe) = probes.get(i).cloned() else {
                 continue;
             };
+            pending.push(i);
             round.spawn(async move { (i, probe.check(timeout).await) });
         }
+        // Once one member answered, the others get STRAGGLER_GRACE more,
+        // as at connect: a healthy member answers a status in
+        // milliseconds, so waiting a whole probe timeout for a silent one
+        // only keeps calls going to it.
+        let mut stragglers_until = None;
         loop {
             // A probe of a silent member takes the whole probe timeout:
             // shutdown must not wait for it (dropping the round aborts it).
             let done = tokio::select! {
                 biased;
                 _ = shutdown.changed() => return,
+                _ = sleep_until_some(stragglers_until) => {
+                    round.abort_all();
+                    let why = ProbeOutcome::Failed(format!(
+                        "no answer within {STRAGGLER_GRACE:?} of another member's"
+                    ));
+                    for i in std::mem::take(&mut pending) {
+                        apply(i, &why, &mut policy, &probes, &client, &in_use).await;
+                    }
+                    break;
+                }
                 done = round.join_next() => done,
             };
             let Some(done) = done else { break };
             let Ok((i, outcome)) = done else { continue };
-            let Some(probe) = probes.get(i) else { continue };
-            let answered = outcome == ProbeOutcome::Answered;
-            let change = policy.observe(i, answered);
-            if change.is_some() {
-                // The callers' own connection follows the same set.
-                in_use.set(
-                    probes
-                        .iter()
-                        .enumerate()
-                        .filter(|(j, _)| policy.in_use(*j))
-                        .map(|(_, p)| p.url().to_string())
-                        .collect(),
-                );
+            pending.retain(|j| *j != i);
+            if outcome == ProbeOutcome::Answered && stragglers_until.is_none() {
+                stragglers_until = Some(tokio::time::Instant::now() + STRAGGLER_GRACE);
             }
-            match change {
-                Some(Change::Remove(_)) => {
-                    let why = match &outcome {
-                        ProbeOutcome::Failed(why) => why.as_str(),
-                        ProbeOutcome::Answered => "",
-                    };
-                    log::warn!(
-                        "etcd endpoint {} did not answer its health probe ({why}); \
-                         sending it nothing until it does",
-                        probe.url()
-                    );
-                    if let Err(e) = client.remove_endpoint(probe.url()).await {
-                        log::warn!("could not stop using {}: {e}", probe.url());
-                    }
-                }
-                Some(Change::Add(_)) => {
-                    log::info!("etcd endpoint {} answers again; using it", probe.url());
-                    if let Err(e) = client.add_endpoint(probe.url()).await {
-                        log::warn!("could not use {} again: {e}", probe.url());
-                    }
-                }
-                None if !answered && policy.in_use(i) => {
-                    log::debug!(
-                        "etcd endpoint {} missed a probe but is the last in use",
-                        probe.url()
-                    );
-                }
-                None => {}
+            apply(i, &outcome, &mut policy, &probes, &client, &in_use).await;
+        }
+    }
+}
+
+/// How long the other members may still answer a round of probes (or
+/// connect's) once one has: a healthy member answers a status in a few
+/// milliseconds, even with a TLS handshake.
+pub(crate) const STRAGGLER_GRACE: Duration = Duration::from_millis(500);
+
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What endpoint `i`'s probe found changes in [`Policy`], applied to the
+/// shared client and then to the callers' connection ([`super::direct`]).
+async fn apply(
+    i: usize,
+    outcome: &ProbeOutcome,
+    policy: &mut Policy,
+    probes: &[Probe],
+    client: &ec::Client,
+    in_use: &super::direct::InUse,
+) {
+    let Some(probe) = probes.get(i) else { return };
+    let answered = *outcome == ProbeOutcome::Answered;
+    let change = policy.observe(i, answered);
+    match change {
+        Some(Change::Remove(_)) => {
+            let why = match outcome {
+                ProbeOutcome::Failed(why) => why.as_str(),
+                ProbeOutcome::Answered => "",
+            };
+            log::warn!(
+                "etcd endpoint {} did not answer its health probe ({why}); \
+                 sending it nothing until it does",
+                probe.url()
+            );
+            if let Err(e) = client.remove_endpoint(probe.url()).await {
+                log::warn!("could not stop using {}: {e}", probe.url());
             }
         }
+        Some(Change::Add(_)) => {
+            log::info!("etcd endpoint {} answers again; using it", probe.url());
+            if let Err(e) = client.add_endpoint(probe.url()).await {
+                log::warn!("could not use {} again: {e}", probe.url());
+            }
+        }
+        None if !answered && policy.in_use(i) => {
+            log::debug!(
+                "etcd endpoint {} missed a probe but is the last in use",
+                probe.url()
+            );
+        }
+        None => {}
+    }
+    if change.is_some() {
+        // The callers' own connection follows the same set. After the
+        // shared client's change, so that a read sent again on a removal
+        // ([`routed`]) no longer goes to that endpoint.
+        in_use.set(
+            probes
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| policy.in_use(*j))
+                .map(|(_, p)| p.url().to_string())
+                .collect(),
+        );
     }
 }
 
@@ -387,6 +548,64 @@ mod tests {
                 was_raised(&s).await,
                 "so is an answer slower than SUSPECT_AFTER"
             );
+        });
+    }
+
+    #[test]
+    fn a_read_is_sent_again_on_a_removal_and_a_write_is_not() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let s = Suspicion::default();
+            let (removals_tx, removals) = watch::channel(0u64);
+            // A removal from before the call started is no reason.
+            removals_tx.send_modify(|n| *n += 1);
+            let attempts = &std::cell::Cell::new(0u32);
+            // The first attempt never answers (sent to the silent member);
+            // later ones answer at once.
+            let attempt = || {
+                attempts.set(attempts.get() + 1);
+                let first = attempts.get() == 1;
+                async move {
+                    if first {
+                        std::future::pending::<()>().await;
+                    }
+                    attempts.get()
+                }
+            };
+            let remove_soon = async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                removals_tx.send_modify(|n| *n += 1);
+                std::future::pending::<()>().await;
+            };
+            let read = routed(&s, &removals, Duration::from_secs(5), true, attempt);
+            let started = tokio::time::Instant::now();
+            let answer = tokio::select! {
+                answer = read => answer,
+                _ = remove_soon => unreachable!("pending"),
+            };
+            assert_eq!(answer, Some(2), "answered by the second attempt");
+            assert!(started.elapsed() < Duration::from_secs(1));
+
+            let writes = std::cell::Cell::new(0u32);
+            let write = || {
+                writes.set(writes.get() + 1);
+                std::future::pending::<()>()
+            };
+            let remove_soon = async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                removals_tx.send_modify(|n| *n += 1);
+                std::future::pending::<()>().await;
+            };
+            let sent = routed(&s, &removals, Duration::from_millis(300), false, write);
+            let answer = tokio::select! {
+                answer = sent => answer,
+                _ = remove_soon => unreachable!("pending"),
+            };
+            assert_eq!(answer, None, "the write timed out");
+            assert_eq!(writes.get(), 1, "and was sent once");
         });
     }
 

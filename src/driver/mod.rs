@@ -83,6 +83,9 @@ pub(crate) struct Shared {
     pub suspicion: health::Suspicion,
     /// The one renewal stream every lease of the handle is kept alive on.
     pub renewals: renewer::Renewals,
+    /// Tells of each endpoint the health monitor takes out of use: reads
+    /// in flight are then sent again ([`health::routed`]).
+    pub removals: watch::Receiver<u64>,
 }
 
 /// A message from a user thread to the driver task (unary calls are
@@ -143,20 +146,24 @@ impl DriverHandle {
         if !crate::blocking::may_block() {
             return Err(CallFailure::InsideAsyncRuntime);
         }
+        let started = std::time::Instant::now();
         if let Some(answer) = self.direct.call(request, wait, &self.shared.suspicion) {
             return answer.map_err(CallFailure::Unary);
         }
+        // Not taken there, or a read moved off an endpoint taken out of
+        // use: what is left of the wait and of the request timeout.
+        let spent = started.elapsed();
+        let wait = wait.saturating_sub(spent);
         let shared = &self.shared;
         let timeout = shared.options.request_timeout;
-        let mut client = shared.client.clone();
+        let left = timeout.saturating_sub(spent);
         let call = async move {
-            match health::watched(
-                &shared.suspicion,
-                timeout,
-                exec::unary(&mut client, request),
-            )
-            .await
-            {
+            let attempt = || {
+                let mut client = shared.client.clone();
+                async move { exec::unary(&mut client, request).await }
+            };
+            let resend = health::may_send_twice(request);
+            match health::routed(&shared.suspicion, &shared.removals, left, resend, attempt).await {
                 Some(answer) => answer.map_err(UnaryError::Rpc),
                 None => Err(UnaryError::Timeout(timeout)),
             }
@@ -223,13 +230,17 @@ pub(crate) fn start(settings: EtcdTarget) -> Result<(DriverHandle, ServerStatus)
                 shutdown: stopping.receiver(),
                 suspicion: suspicion.clone(),
                 renewals,
+                removals: in_use.removals(),
             };
             let mut tasks: Vec<Job> = vec![Box::pin(renewer)];
             if connected.probes.len() > 1 {
                 // A probe that takes longer than a request would have
                 // timed out anyway; one that takes longer than a
                 // keepalive ping would have broken the connection.
-                let probe_timeout = settings.request_timeout.min(settings.keepalive_interval);
+                let probe_timeout = settings
+                    .request_timeout
+                    .min(settings.keepalive_interval)
+                    .min(health::PROBE_TIMEOUT);
                 tasks.push(Box::pin(health::monitor(
                     shared.client.clone(),
                     connected.probes,

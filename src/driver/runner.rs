@@ -279,12 +279,18 @@ fn start_rpc(
                 // the revoke: the renewer drops them first.
                 shared.renewals.forget(*lease);
             }
-            let mut client = shared.client.clone();
+            let client = shared.client.clone();
             let timeout = shared.options.request_timeout;
             let suspicion = shared.suspicion.clone();
+            let removals = shared.removals.clone();
             let handle = tokio::spawn(async move {
-                let call = exec::unary(&mut client, &request);
-                let result = health::watched(&suspicion, timeout, call)
+                let resend = health::may_send_twice(&request);
+                let attempt = || {
+                    let mut client = client.clone();
+                    let request = &request;
+                    async move { exec::unary(&mut client, request).await }
+                };
+                let result = health::routed(&suspicion, &removals, timeout, resend, attempt)
                     .await
                     .unwrap_or_else(|| Err(no_answer(timeout)));
                 let _ = reply_tx.send(Delivery {

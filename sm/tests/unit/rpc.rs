@@ -59,3 +59,57 @@ fn messages_are_etcds_own_or_say_what_happened() {
         "the requested revision has been compacted (compaction revision 12)"
     );
 }
+
+#[test]
+fn only_reads_may_be_sent_twice() {
+    use fleetcoord_sm::{KeyRange, RangeRequest, Request, Txn, TxnOp};
+    let range = || RangeRequest {
+        range: KeyRange::Key(b"k".to_vec()),
+        sort: fleetcoord_sm::SortOrder::Key,
+        limit: 0,
+        max_create_revision: 0,
+        revision: 0,
+        keys_only: false,
+    };
+    let put = || TxnOp::Put {
+        key: b"k".to_vec(),
+        value: b"v".to_vec(),
+        lease: 0,
+    };
+    let txn = |success: Vec<TxnOp>, failure: Vec<TxnOp>| {
+        Request::Txn(Txn {
+            compare: vec![],
+            success,
+            failure,
+        })
+    };
+    for read in [
+        Request::Range(range()),
+        Request::LeaseTimeToLive { lease: 1 },
+        txn(vec![TxnOp::Range(range())], vec![TxnOp::Range(range())]),
+        txn(vec![], vec![]),
+    ] {
+        assert!(read.is_read_only(), "{read:?}");
+    }
+    for write in [
+        Request::Grant { ttl_secs: 5 },
+        Request::Revoke { lease: 1 },
+        Request::KeepAlive { lease: 1 },
+        Request::Put {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+            lease: 0,
+        },
+        Request::Delete(KeyRange::Key(b"k".to_vec())),
+        // A write in either branch makes the whole transaction a write.
+        txn(vec![TxnOp::Range(range())], vec![put()]),
+        txn(vec![put()], vec![]),
+        txn(vec![], vec![TxnOp::Delete(KeyRange::Key(b"k".to_vec()))]),
+        Request::Watch {
+            range: KeyRange::Prefix(b"p".to_vec()),
+            start_revision: 1,
+        },
+    ] {
+        assert!(!write.is_read_only(), "{write:?}");
+    }
+}
