@@ -8,7 +8,7 @@ use crate::driver::{
 use crate::endpoint;
 use crate::endpoints::Endpoints;
 use crate::error::{Error, ErrorKind, Result};
-use crate::server_version::{self, ServerVersion};
+use crate::server_version::{MemberVersions, ServerVersion};
 use crate::tls::{EtcdUser, Tls};
 use crate::validate;
 use fleetcoord_sm::keepalive::RenewalGrid;
@@ -187,8 +187,8 @@ struct Inner {
     /// The instants every lease of this handle renews on (see
     /// [`RENEWAL_STEP`]).
     renewal_grid: RenewalGrid,
-    /// See [`Etcd::server_version`].
-    server_version: Option<ServerVersion>,
+    /// See [`Etcd::server_versions`].
+    versions: Arc<MemberVersions>,
 }
 
 /// The spacing of the renewal grid every lease of one [`Etcd`] renews on:
@@ -256,14 +256,18 @@ impl Etcd {
             normalized.push(url);
         }
         options.check()?;
-        let (driver, status) = driver::start(EtcdTarget {
-            endpoints: normalized.clone(),
-            connect_timeout: options.connect_timeout,
-            request_timeout: options.request_timeout,
-            keepalive_interval: options.keepalive_interval,
-            tls: options.tls.clone(),
-            user: options.user.clone(),
-        })
+        let versions = Arc::new(MemberVersions::default());
+        let driver = driver::start(
+            EtcdTarget {
+                endpoints: normalized.clone(),
+                connect_timeout: options.connect_timeout,
+                request_timeout: options.request_timeout,
+                keepalive_interval: options.keepalive_interval,
+                tls: options.tls.clone(),
+                user: options.user.clone(),
+            },
+            versions.clone(),
+        )
         .map_err(|e| match e {
             StartError::Io(e) => Error::Io(e),
             StartError::Connect(reason) => Error::Connect {
@@ -283,7 +287,7 @@ impl Etcd {
                     origin: std::time::Instant::now(),
                     step: RENEWAL_STEP,
                 },
-                server_version: server_version::read_at_connect(&status.version, status.member_id),
+                versions,
             }),
         })
     }
@@ -303,16 +307,25 @@ impl Etcd {
         &self.inner.options
     }
 
-    /// The etcd version of the member that answered [`Etcd::connect`]'s
-    /// status request (one of the endpoints that answered; no request of its
-    /// own), read once, at connect: a later upgrade, or another member of a
-    /// mixed-version cluster, is not reflected. `None` when that member
-    /// reported something that is not a version ([`ServerVersion::parse`];
-    /// logged at debug level). When the version has
-    /// [known defects](crate::etcd_defects), connect logged one warning
-    /// naming them and the releases that fix them.
-    pub fn server_version(&self) -> Option<&ServerVersion> {
-        self.inner.server_version.as_ref()
+    /// The oldest etcd version among the members this handle has heard
+    /// from ([`Etcd::server_versions`]): what a mixed-version cluster can
+    /// promise is what its oldest member can. `None` when no member
+    /// reported a version ([`ServerVersion::parse`]; logged at debug
+    /// level).
+    pub fn server_version(&self) -> Option<ServerVersion> {
+        self.inner.versions.oldest()
+    }
+
+    /// Every member's etcd version, by member id (in hex in etcd's own
+    /// tools), oldest first: read from the status each member answered at
+    /// [`Etcd::connect`] (no request of its own), and again whenever a
+    /// member the handle had stopped using for not answering answers again
+    /// (it may have been upgraded meanwhile). Members that never answered
+    /// are missing. A version with [known defects](crate::etcd_defects)
+    /// was logged once per process and defect: one warning line naming
+    /// them and the release that fixes them, the detail at debug level.
+    pub fn server_versions(&self) -> Vec<(u64, ServerVersion)> {
+        self.inner.versions.all()
     }
 
     /// Stop the driver thread for every clone of this handle: running

@@ -1,14 +1,18 @@
 //! Which etcd the handle talks to, and what that release is known to break.
 //!
 //! [`Etcd::connect`](crate::Etcd::connect) already asks every member for
-//! its status when it probes them; the version comes from the first
-//! answer, in endpoint order (no request of its own). The table of [`KnownDefect`]s is a pure
+//! its status when it probes them: each member's version comes from its
+//! answer (no request of its own), and again from the health monitor's
+//! probe when a member it had stopped using answers again
+//! ([`MemberVersions`]). The table of [`KnownDefect`]s is a pure
 //! function of the version string ([`etcd_defects`]), so it is tested
 //! against made-up versions.
 //!
 //! Sources: docs/etcd-notes.md, "Leases revoked early", and the etcd
 //! issues each defect names.
 
+use crate::driver::ServerStatus;
+use std::collections::BTreeMap;
 use std::fmt;
 
 /// An etcd release as its member reports it (`3.4.23`, `3.5.0-rc.1`):
@@ -103,26 +107,52 @@ impl ServerVersion {
             || (mine == (major, minor, patch) && self.pre_release.is_some())
     }
 
-    /// The known lease, watch and consistency defects of this release,
-    /// most severe first; empty when none is known (3.4.31 and later 3.4,
-    /// 3.5.13 and later 3.5, 3.6 and later). A release older than 3.4 gives
-    /// only [`KnownDefect::Unsupported`].
+    /// The known lease, watch and consistency defects of this release, in
+    /// the order of [`KnownDefect`]'s table; empty when none is known (3.5.28
+    /// and later 3.5, 3.6.9 and later 3.6, 3.7 and later). Every 3.4 has at
+    /// least [`KnownDefect::EndOfLife`]. A release older than 3.4 gives only
+    /// [`KnownDefect::Unsupported`].
     pub fn known_defects(&self) -> Vec<KnownDefect> {
         let mut defects = Vec::new();
-        let fixed_in = match (self.major, self.minor) {
-            (m, n) if (m, n) < (3, 4) => {
-                defects.push(KnownDefect::Unsupported);
-                return defects;
-            }
-            (3, 4) if self.is_older_than(3, 4, 31) => "3.4.31",
-            (3, 5) if self.is_older_than(3, 5, 13) => "3.5.13",
-            _ => return defects,
-        };
-        if self.major == 3 && self.minor == 5 && self.is_older_than(3, 5, 3) {
+        let line = (self.major, self.minor);
+        if line < (3, 4) {
+            defects.push(KnownDefect::Unsupported);
+            return defects;
+        }
+        if line == (3, 5) && self.is_older_than(3, 5, 3) {
             defects.push(KnownDefect::InconsistencyAfterKill);
         }
-        defects.push(KnownDefect::EarlyLeaseRevoke { fixed_in });
-        defects.push(KnownDefect::LostWatchEvents { fixed_in });
+        let compaction_fix = match line {
+            (3, 4) if self.is_older_than(3, 4, 31) => Some("3.4.31"),
+            (3, 5) if self.is_older_than(3, 5, 13) => Some("3.5.13"),
+            _ => None,
+        };
+        if let Some(fixed_in) = compaction_fix {
+            defects.push(KnownDefect::EarlyLeaseRevoke { fixed_in });
+            defects.push(KnownDefect::LostWatchEvents { fixed_in });
+        }
+        // 3.4 never got these fixes: its fix is 3.5's.
+        let (renewal_fix, stale_fix) = match line {
+            (3, 4) => (Some("3.5.23"), Some("3.5.28")),
+            (3, 5) => (
+                self.is_older_than(3, 5, 23).then_some("3.5.23"),
+                self.is_older_than(3, 5, 28).then_some("3.5.28"),
+            ),
+            (3, 6) => (
+                self.is_older_than(3, 6, 5).then_some("3.6.5"),
+                self.is_older_than(3, 6, 9).then_some("3.6.9"),
+            ),
+            _ => (None, None),
+        };
+        if let Some(fixed_in) = renewal_fix {
+            defects.push(KnownDefect::RevokedLeaseRenewed { fixed_in });
+        }
+        if let Some(fixed_in) = stale_fix {
+            defects.push(KnownDefect::StaleReadsAfterPause { fixed_in });
+        }
+        if line == (3, 4) {
+            defects.push(KnownDefect::EndOfLife);
+        }
         defects
     }
 }
@@ -161,6 +191,27 @@ pub enum KnownDefect {
     /// 3.5.0 to 3.5.2: members can diverge (data inconsistency) after a
     /// member is killed (etcd-io/etcd#13766). Fixed in 3.5.3.
     InconsistencyAfterKill,
+    /// A renewal of a lease that was already revoked can be answered with a
+    /// positive TTL (etcd-io/etcd#20590), so a client may go on believing
+    /// in a lease, and a leadership or lock on it, that is gone. Fixed in
+    /// `fixed_in` (3.5.23, 3.6.5); never in 3.4.
+    RevokedLeaseRenewed {
+        /// The first release with the fix (of the same line, or of 3.5 for
+        /// 3.4).
+        fixed_in: &'static str,
+    },
+    /// After a member is paused and resumes, it can serve stale reads
+    /// (etcd-io/etcd#20418). Fixed in `fixed_in` (3.5.28, 3.6.9); never in
+    /// 3.4.
+    StaleReadsAfterPause {
+        /// The first release with the fix (of the same line, or of 3.5 for
+        /// 3.4).
+        fixed_in: &'static str,
+    },
+    /// The 3.4 line reached its end of life with 3.4.45 on 2026-06-01: it
+    /// gets no more fixes, the ones above included. Upgrade to 3.5.20 or
+    /// later (the step before 3.6).
+    EndOfLife,
     /// Older than 3.4: fleetcoord is neither supported nor tested there.
     Unsupported,
 }
@@ -172,19 +223,24 @@ impl KnownDefect {
             KnownDefect::EarlyLeaseRevoke { .. } => &["etcd-io/etcd#15247"],
             KnownDefect::LostWatchEvents { .. } => &["etcd-io/etcd#17610", "etcd-io/etcd#17612"],
             KnownDefect::InconsistencyAfterKill => &["etcd-io/etcd#13766"],
-            KnownDefect::Unsupported => &[],
+            KnownDefect::RevokedLeaseRenewed { .. } => &["etcd-io/etcd#20590"],
+            KnownDefect::StaleReadsAfterPause { .. } => &["etcd-io/etcd#20418"],
+            KnownDefect::EndOfLife | KnownDefect::Unsupported => &[],
         }
     }
 
-    /// The first release of the version's line that fixes (or, for
-    /// [`KnownDefect::EarlyLeaseRevoke`], mitigates) the defect; `None` for
-    /// [`KnownDefect::Unsupported`].
+    /// The first release that fixes (or, for
+    /// [`KnownDefect::EarlyLeaseRevoke`], mitigates) the defect: of the
+    /// version's line, or of the next line where its own has none; `None`
+    /// for [`KnownDefect::Unsupported`] and [`KnownDefect::EndOfLife`].
     pub fn fixed_in(&self) -> Option<&'static str> {
         match self {
             KnownDefect::EarlyLeaseRevoke { fixed_in }
-            | KnownDefect::LostWatchEvents { fixed_in } => Some(fixed_in),
+            | KnownDefect::LostWatchEvents { fixed_in }
+            | KnownDefect::RevokedLeaseRenewed { fixed_in }
+            | KnownDefect::StaleReadsAfterPause { fixed_in } => Some(fixed_in),
             KnownDefect::InconsistencyAfterKill => Some("3.5.3"),
-            KnownDefect::Unsupported => None,
+            KnownDefect::EndOfLife | KnownDefect::Unsupported => None,
         }
     }
 }
@@ -205,6 +261,19 @@ impl fmt::Display for KnownDefect {
             KnownDefect::InconsistencyAfterKill => f.write_str(
                 "data inconsistency after a member is killed (etcd-io/etcd#13766; fixed in 3.5.3)",
             ),
+            KnownDefect::RevokedLeaseRenewed { fixed_in } => write!(
+                f,
+                "renewals of a revoked lease answered with a positive TTL \
+                 (etcd-io/etcd#20590; fixed in {fixed_in})"
+            ),
+            KnownDefect::StaleReadsAfterPause { fixed_in } => write!(
+                f,
+                "stale reads from a member after a pause (etcd-io/etcd#20418; fixed in {fixed_in})"
+            ),
+            KnownDefect::EndOfLife => f.write_str(
+                "etcd 3.4 is end-of-life since 2026-06-01 and gets no more fixes \
+                 (upgrade to 3.5.20 or later)",
+            ),
             KnownDefect::Unsupported => {
                 f.write_str("etcd older than 3.4 is unsupported and untested by fleetcoord")
             }
@@ -213,7 +282,7 @@ impl fmt::Display for KnownDefect {
 }
 
 /// The known defects of the etcd release `version` (as a member reports
-/// it, e.g. `"3.4.23"`), most severe first: see
+/// it, e.g. `"3.4.23"`): see
 /// [`ServerVersion::known_defects`]. Pure; empty when none is known and
 /// when `version` is not a version ([`ServerVersion::parse`]).
 ///
@@ -221,7 +290,7 @@ impl fmt::Display for KnownDefect {
 /// use fleetcoord::{etcd_defects, KnownDefect};
 ///
 /// assert!(etcd_defects("3.4.23").contains(&KnownDefect::EarlyLeaseRevoke { fixed_in: "3.4.31" }));
-/// assert!(etcd_defects("3.5.13").is_empty());
+/// assert!(etcd_defects("3.5.28").is_empty());
 /// assert!(etcd_defects("garbage").is_empty());
 /// ```
 pub fn etcd_defects(version: &str) -> Vec<KnownDefect> {
@@ -235,19 +304,56 @@ pub fn etcd_defects(version: &str) -> Vec<KnownDefect> {
 /// output.
 pub(crate) const WARNING_MAX_CHARS: usize = 120;
 
-/// The versions warned about in this process already: every connect
-/// reads the version, but the warning is worth saying once per process
-/// and version (a program that reconnects, or opens several handles,
-/// would otherwise repeat it).
-static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+/// The defects warned about in this process already: every connect, and
+/// every member that answers again, reads a version, but each defect is
+/// worth saying once per process (a program that reconnects, opens
+/// several handles or talks to several members would otherwise repeat
+/// it).
+static WARNED: std::sync::Mutex<Vec<KnownDefect>> = std::sync::Mutex::new(Vec::new());
 
-/// The version `member` reported at connect, read; when it has known
-/// defects, logs one short warning line the first time this process sees
-/// the version ([`warning_line`], at most [`WARNING_MAX_CHARS`]), and
-/// every time the full detail at debug level (`RUST_LOG=fleetcoord=debug`;
-/// one debug line instead when the version cannot be read). Records it in
-/// the metrics.
-pub(crate) fn read_at_connect(raw: &str, member: u64) -> Option<ServerVersion> {
+/// The etcd versions the members of one [`crate::Etcd`] reported, by
+/// member id: each member that answered at connect, again whenever the
+/// health monitor takes a member back into use (it may have been upgraded
+/// or downgraded meanwhile).
+#[derive(Debug, Default)]
+pub(crate) struct MemberVersions(parking_lot::Mutex<BTreeMap<u64, ServerVersion>>);
+
+impl MemberVersions {
+    /// Reads what a member said of itself ([`read`]) and keeps it as that
+    /// member's version.
+    pub(crate) fn record(&self, status: &ServerStatus) {
+        if let Some(version) = read(&status.version, status.member_id) {
+            self.0.lock().insert(status.member_id, version);
+        }
+    }
+
+    /// The oldest version any member reported.
+    pub(crate) fn oldest(&self) -> Option<ServerVersion> {
+        self.all().into_iter().next().map(|(_, v)| v)
+    }
+
+    /// Every member's version, oldest first (then by member id).
+    pub(crate) fn all(&self) -> Vec<(u64, ServerVersion)> {
+        let mut all: Vec<(u64, ServerVersion)> =
+            self.0.lock().iter().map(|(m, v)| (*m, v.clone())).collect();
+        all.sort_by(|(ma, a), (mb, b)| age(a).cmp(&age(b)).then(ma.cmp(mb)));
+        all
+    }
+}
+
+/// A sort key that orders versions as [`ServerVersion::is_older_than`]
+/// does: a pre-release before its release.
+fn age(v: &ServerVersion) -> (u64, u64, u64, bool) {
+    (v.major(), v.minor(), v.patch(), v.pre_release().is_none())
+}
+
+/// The version `member` reported, read; when it has known defects, logs
+/// one short warning line naming those this process has not warned about
+/// yet ([`warning_line`], at most [`WARNING_MAX_CHARS`]), and every time
+/// the full detail at debug level (`RUST_LOG=fleetcoord=debug`; one debug
+/// line instead when the version cannot be read). Records it in the
+/// metrics.
+pub(crate) fn read(raw: &str, member: u64) -> Option<ServerVersion> {
     let Some(version) = ServerVersion::parse(raw) else {
         log::debug!(
             "etcd member {member:x} reported version {raw:?}, which is not \
@@ -265,23 +371,26 @@ pub(crate) fn read_at_connect(raw: &str, member: u64) -> Option<ServerVersion> {
              stale holder's effects (README, \"Guarantees\")",
             list.join("; ")
         );
-        if first_sight(version.as_str()) {
-            log::warn!("{}", warning_line(&version, &defects));
+        let fresh = first_sight(&defects);
+        if !fresh.is_empty() {
+            log::warn!("{}", warning_line(&version, &fresh));
         }
     }
     Some(version)
 }
 
-/// Whether `version` is warned about for the first time in this process
-/// (and from now on counts as warned about).
-fn first_sight(version: &str) -> bool {
+/// The defects of `defects` warned about for the first time in this
+/// process (from now on they count as warned about).
+fn first_sight(defects: &[KnownDefect]) -> Vec<KnownDefect> {
     // A panic elsewhere while holding the lock leaves a list still usable.
     let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
-    if warned.iter().any(|v| v == version) {
-        return false;
-    }
-    warned.push(version.to_string());
-    true
+    let fresh: Vec<KnownDefect> = defects
+        .iter()
+        .filter(|d| !warned.contains(d))
+        .copied()
+        .collect();
+    warned.extend(fresh.iter().copied());
+    fresh
 }
 
 /// The short name of a defect, for the one-line warning.
@@ -290,6 +399,9 @@ fn short_name(defect: &KnownDefect) -> &'static str {
         KnownDefect::EarlyLeaseRevoke { .. } => "early lease revokes",
         KnownDefect::LostWatchEvents { .. } => "lost watch events",
         KnownDefect::InconsistencyAfterKill => "member divergence",
+        KnownDefect::RevokedLeaseRenewed { .. } => "revoked leases renewed",
+        KnownDefect::StaleReadsAfterPause { .. } => "stale reads after a pause",
+        KnownDefect::EndOfLife => "end of life",
         KnownDefect::Unsupported => "older than 3.4, untested",
     }
 }
@@ -332,6 +444,9 @@ mod tests {
     const WATCH_34: KnownDefect = KnownDefect::LostWatchEvents { fixed_in: "3.4.31" };
     const REVOKE_35: KnownDefect = KnownDefect::EarlyLeaseRevoke { fixed_in: "3.5.13" };
     const WATCH_35: KnownDefect = KnownDefect::LostWatchEvents { fixed_in: "3.5.13" };
+    const RENEWED_35: KnownDefect = KnownDefect::RevokedLeaseRenewed { fixed_in: "3.5.23" };
+    const STALE_35: KnownDefect = KnownDefect::StaleReadsAfterPause { fixed_in: "3.5.28" };
+    const EOL: KnownDefect = KnownDefect::EndOfLife;
 
     #[test]
     fn parses_releases_pre_releases_and_build_metadata() {
@@ -368,41 +483,50 @@ mod tests {
     }
 
     #[test]
-    fn the_34_line_is_fixed_in_3_4_31() {
-        assert_eq!(etcd_defects("3.4.0"), vec![REVOKE_34, WATCH_34]);
-        assert_eq!(etcd_defects("3.4.23"), vec![REVOKE_34, WATCH_34]);
-        assert_eq!(etcd_defects("3.4.30"), vec![REVOKE_34, WATCH_34]);
-        assert_eq!(etcd_defects("3.4.23-rc.1"), vec![REVOKE_34, WATCH_34]);
-        assert_eq!(etcd_defects("3.4.31-rc.0"), vec![REVOKE_34, WATCH_34]);
-        assert_eq!(etcd_defects("3.4.31"), vec![]);
-        assert_eq!(etcd_defects("3.4.31+build"), vec![]);
-        assert_eq!(etcd_defects("3.4.37"), vec![]);
+    fn the_34_line_is_end_of_life_and_fixed_in_3_4_31_only_for_compaction() {
+        let all = vec![REVOKE_34, WATCH_34, RENEWED_35, STALE_35, EOL];
+        let late = vec![RENEWED_35, STALE_35, EOL];
+        assert_eq!(etcd_defects("3.4.0"), all);
+        assert_eq!(etcd_defects("3.4.23"), all);
+        assert_eq!(etcd_defects("3.4.30"), all);
+        assert_eq!(etcd_defects("3.4.23-rc.1"), all);
+        assert_eq!(etcd_defects("3.4.31-rc.0"), all);
+        assert_eq!(etcd_defects("3.4.31"), late);
+        assert_eq!(etcd_defects("3.4.31+build"), late);
+        assert_eq!(etcd_defects("3.4.45"), late);
     }
 
     #[test]
-    fn the_35_line_is_fixed_in_3_5_13_and_3_5_3() {
+    fn the_35_line_is_fixed_in_3_5_3_3_5_13_3_5_23_and_3_5_28() {
         let divergent = KnownDefect::InconsistencyAfterKill;
-        assert_eq!(etcd_defects("3.5.0"), vec![divergent, REVOKE_35, WATCH_35]);
-        assert_eq!(etcd_defects("3.5.1"), vec![divergent, REVOKE_35, WATCH_35]);
-        assert_eq!(etcd_defects("3.5.2"), vec![divergent, REVOKE_35, WATCH_35]);
-        assert_eq!(
-            etcd_defects("3.5.3-rc.1"),
-            vec![divergent, REVOKE_35, WATCH_35]
-        );
-        assert_eq!(etcd_defects("3.5.3"), vec![REVOKE_35, WATCH_35]);
-        assert_eq!(etcd_defects("3.5.12"), vec![REVOKE_35, WATCH_35]);
-        assert_eq!(etcd_defects("3.5.13"), vec![]);
+        let early = vec![divergent, REVOKE_35, WATCH_35, RENEWED_35, STALE_35];
+        assert_eq!(etcd_defects("3.5.0"), early);
+        assert_eq!(etcd_defects("3.5.1"), early);
+        assert_eq!(etcd_defects("3.5.2"), early);
+        assert_eq!(etcd_defects("3.5.3-rc.1"), early);
+        let no_divergence = vec![REVOKE_35, WATCH_35, RENEWED_35, STALE_35];
+        assert_eq!(etcd_defects("3.5.3"), no_divergence);
+        assert_eq!(etcd_defects("3.5.12"), no_divergence);
+        assert_eq!(etcd_defects("3.5.13"), vec![RENEWED_35, STALE_35]);
+        assert_eq!(etcd_defects("3.5.22"), vec![RENEWED_35, STALE_35]);
+        assert_eq!(etcd_defects("3.5.23"), vec![STALE_35]);
+        assert_eq!(etcd_defects("3.5.27"), vec![STALE_35]);
+        assert_eq!(etcd_defects("3.5.28"), vec![]);
         assert_eq!(etcd_defects("3.5.30"), vec![]);
     }
 
     #[test]
-    fn later_lines_have_none_and_earlier_ones_are_unsupported() {
-        assert_eq!(etcd_defects("3.6.0"), vec![]);
-        assert_eq!(etcd_defects("3.6.0-alpha.0"), vec![]);
+    fn the_36_line_is_fixed_in_3_6_9_later_lines_have_none_earlier_are_unsupported() {
+        let renewed = KnownDefect::RevokedLeaseRenewed { fixed_in: "3.6.5" };
+        let stale = KnownDefect::StaleReadsAfterPause { fixed_in: "3.6.9" };
+        assert_eq!(etcd_defects("3.6.0"), vec![renewed, stale]);
+        assert_eq!(etcd_defects("3.6.0-alpha.0"), vec![renewed, stale]);
+        assert_eq!(etcd_defects("3.6.5"), vec![stale]);
+        assert_eq!(etcd_defects("3.6.9"), vec![]);
+        assert_eq!(etcd_defects("3.7.0"), vec![]);
         assert_eq!(etcd_defects("4.0.0"), vec![]);
         assert_eq!(etcd_defects("3.3.27"), vec![KnownDefect::Unsupported]);
         assert_eq!(etcd_defects("2.3.8"), vec![KnownDefect::Unsupported]);
-        assert_eq!(etcd_defects("3.4.0-rc.0"), vec![REVOKE_34, WATCH_34]);
     }
 
     #[test]
@@ -414,6 +538,9 @@ mod tests {
             Some("3.5.3")
         );
         assert_eq!(KnownDefect::Unsupported.fixed_in(), None);
+        assert_eq!(EOL.fixed_in(), None);
+        assert_eq!(RENEWED_35.issues(), ["etcd-io/etcd#20590"]);
+        assert_eq!(STALE_35.issues(), ["etcd-io/etcd#20418"]);
         let line = REVOKE_34.to_string();
         assert!(line.contains("#15247") && line.contains("3.4.31"), "{line}");
         let line = WATCH_35.to_string();
@@ -440,22 +567,65 @@ mod tests {
         }
         let v = ServerVersion::parse("3.5.0").expect("a version");
         let line = warning_line(&v, &v.known_defects());
-        // 3.5.3 fixes one of them, 3.5.13 all.
-        assert!(line.contains("fixed in 3.5.13"), "{line}");
+        // 3.5.3 fixes one of them, 3.5.28 all.
+        assert!(line.contains("fixed in 3.5.28"), "{line}");
     }
 
     #[test]
-    fn each_version_is_warned_about_once_per_process() {
-        assert!(first_sight("9.9.9-test"));
-        assert!(!first_sight("9.9.9-test"));
-        assert!(first_sight("9.9.8-test"));
+    fn each_defect_is_warned_about_once_per_process() {
+        // Values no real version produces, so that other tests of this
+        // process cannot have warned about them.
+        let a = KnownDefect::EarlyLeaseRevoke { fixed_in: "9.9.9" };
+        let b = KnownDefect::LostWatchEvents { fixed_in: "9.9.9" };
+        assert_eq!(first_sight(&[a]), vec![a]);
+        assert_eq!(first_sight(&[a]), vec![]);
+        assert_eq!(first_sight(&[a, b]), vec![b]);
+        assert_eq!(first_sight(&[b, a]), vec![]);
+    }
+
+    #[test]
+    fn the_oldest_member_is_the_handles_version() {
+        let versions = MemberVersions::default();
+        for (member, raw) in [
+            (3, "3.5.30"),
+            (1, "3.4.23"),
+            (2, "3.5.0-rc.1"),
+            (4, "garbage"),
+        ] {
+            versions.record(&ServerStatus {
+                version: raw.to_string(),
+                member_id: member,
+            });
+        }
+        let all: Vec<(u64, String)> = versions
+            .all()
+            .into_iter()
+            .map(|(m, v)| (m, v.to_string()))
+            .collect();
+        let expected = [(1, "3.4.23"), (2, "3.5.0-rc.1"), (3, "3.5.30")];
+        let expected: Vec<(u64, String)> =
+            expected.iter().map(|(m, v)| (*m, v.to_string())).collect();
+        assert_eq!(all, expected);
+        assert_eq!(
+            versions.oldest().map(|v| v.to_string()),
+            Some("3.4.23".into())
+        );
+        // A member that comes back upgraded replaces its old version.
+        versions.record(&ServerStatus {
+            version: "3.5.30".into(),
+            member_id: 1,
+        });
+        assert_eq!(
+            versions.oldest().map(|v| v.to_string()),
+            Some("3.5.0-rc.1".into())
+        );
     }
 
     #[test]
     fn an_unreadable_version_is_no_version_and_no_panic() {
-        assert_eq!(read_at_connect("garbage", 1), None);
-        assert_eq!(read_at_connect("", 1), None);
-        let v = read_at_connect("3.5.16", 1).expect("a version");
+        assert_eq!(read("garbage", 1), None);
+        assert_eq!(read("", 1), None);
+        let v = read("3.5.16", 1).expect("a version");
         assert_eq!(v.as_str(), "3.5.16");
     }
 }

@@ -28,9 +28,9 @@ pub(crate) struct Connected {
     /// One probe per endpoint (for the health monitor) and whether each
     /// answered at connect time, in endpoint order.
     pub probes: Vec<(Probe, bool)>,
-    /// What the first member (in endpoint order) that answered its probe
-    /// with its status said of itself (an empty version when none did).
-    pub status: super::ServerStatus,
+    /// What each member that answered its probe with its status said of
+    /// itself, in endpoint order.
+    pub statuses: Vec<super::ServerStatus>,
 }
 
 /// The options of the shared client; no credentials. HTTP/2 pings only
@@ -130,17 +130,9 @@ pub(crate) async fn connect(settings: &EtcdTarget) -> Result<Connected, String> 
             }
         }
     };
-    // What the first member (in endpoint order) that answered with its
-    // status said of itself; an answer that was an error of etcd's own
-    // says nothing.
-    let status = statuses
-        .into_iter()
-        .flatten()
-        .next()
-        .unwrap_or(super::ServerStatus {
-            version: String::new(),
-            member_id: 0,
-        });
+    // What each member that answered with its status said of itself; an
+    // answer that was an error of etcd's own says nothing.
+    let statuses = statuses.into_iter().flatten().collect();
     let probes = probes
         .into_iter()
         .zip(outcomes)
@@ -149,7 +141,7 @@ pub(crate) async fn connect(settings: &EtcdTarget) -> Result<Connected, String> 
     Ok(Connected {
         client,
         probes,
-        status,
+        statuses,
     })
 }
 

@@ -77,13 +77,9 @@ impl Probe {
         &self.url
     }
 
-    /// Ask for a status within `timeout`.
-    pub(crate) async fn check(&self, timeout: Duration) -> ProbeOutcome {
-        self.check_status(timeout).await.0
-    }
-
-    /// [`Probe::check`], with what the member said of itself when it
-    /// answered with its status (not with an error of its own).
+    /// Ask for a status within `timeout`: the outcome, with what the
+    /// member said of itself when it answered with its status (not with an
+    /// error of its own).
     pub(crate) async fn check_status(
         &self,
         timeout: Duration,
@@ -344,6 +340,7 @@ pub(crate) async fn monitor(
     timeout: Duration,
     suspicion: Suspicion,
     in_use: Arc<super::direct::InUse>,
+    versions: Arc<crate::server_version::MemberVersions>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut policy = Policy::new(probes.iter().map(|(_, in_use)| *in_use).collect());
@@ -380,7 +377,7 @@ pub(crate) async fn monitor(
                 continue;
             };
             pending.push(i);
-            round.spawn(async move { (i, probe.check(timeout).await) });
+            round.spawn(async move { (i, probe.check_status(timeout).await) });
         }
         // Once one member answered, the others get STRAGGLER_GRACE more,
         // as at connect: a healthy member answers a status in
@@ -399,19 +396,26 @@ pub(crate) async fn monitor(
                         "no answer within {STRAGGLER_GRACE:?} of another member's"
                     ));
                     for i in std::mem::take(&mut pending) {
-                        apply(i, &why, &mut policy, &probes, &client, &in_use).await;
+                        let _ = apply(i, &why, &mut policy, &probes, &client, &in_use).await;
                     }
                     break;
                 }
                 done = round.join_next() => done,
             };
             let Some(done) = done else { break };
-            let Ok((i, outcome)) = done else { continue };
+            let Ok((i, (outcome, status))) = done else {
+                continue;
+            };
             pending.retain(|j| *j != i);
             if outcome == ProbeOutcome::Answered && stragglers_until.is_none() {
                 stragglers_until = Some(tokio::time::Instant::now() + STRAGGLER_GRACE);
             }
-            apply(i, &outcome, &mut policy, &probes, &client, &in_use).await;
+            let rejoined = apply(i, &outcome, &mut policy, &probes, &client, &in_use).await;
+            // A member back in use may have been upgraded (or downgraded)
+            // while it was away: its version is read again.
+            if let (true, Some(status)) = (rejoined, status) {
+                versions.record(&status);
+            }
         }
     }
 }
@@ -430,6 +434,7 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
 
 /// What endpoint `i`'s probe found changes in [`Policy`], applied to the
 /// shared client and then to the callers' connection ([`super::direct`]).
+/// Whether the endpoint was taken back into use.
 async fn apply(
     i: usize,
     outcome: &ProbeOutcome,
@@ -437,8 +442,10 @@ async fn apply(
     probes: &[Probe],
     client: &ec::Client,
     in_use: &super::direct::InUse,
-) {
-    let Some(probe) = probes.get(i) else { return };
+) -> bool {
+    let Some(probe) = probes.get(i) else {
+        return false;
+    };
     let answered = *outcome == ProbeOutcome::Answered;
     let change = policy.observe(i, answered);
     match change {
@@ -483,6 +490,7 @@ async fn apply(
                 .collect(),
         );
     }
+    matches!(change, Some(Change::Add(_)))
 }
 
 #[cfg(test)]

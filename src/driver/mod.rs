@@ -194,7 +194,10 @@ const SHUTDOWN_SLACK: Duration = Duration::from_secs(2);
 /// returning — the caller learns about a bad endpoint here, not later —
 /// with what the member that proved the connection said of itself.
 /// `connect::connect` bounds itself by the connect timeout.
-pub(crate) fn start(settings: EtcdTarget) -> Result<(DriverHandle, ServerStatus), StartError> {
+pub(crate) fn start(
+    settings: EtcdTarget,
+    versions: std::sync::Arc<crate::server_version::MemberVersions>,
+) -> Result<DriverHandle, StartError> {
     let options = DriverOptions {
         request_timeout: settings.request_timeout,
     };
@@ -216,7 +219,9 @@ pub(crate) fn start(settings: EtcdTarget) -> Result<(DriverHandle, ServerStatus)
                     .map(|(probe, _)| probe.url().to_string())
                     .collect(),
             );
-            let status = connected.status;
+            for status in &connected.statuses {
+                versions.record(status);
+            }
             let suspicion = health::Suspicion::default();
             let (renewals, renewer) = renewer::start(
                 connected.client.clone(),
@@ -247,11 +252,12 @@ pub(crate) fn start(settings: EtcdTarget) -> Result<(DriverHandle, ServerStatus)
                     probe_timeout,
                     suspicion,
                     in_use,
+                    versions,
                     stopping.receiver(),
                 )));
             }
             Ok(Launch {
-                answer: (status, shared.clone()),
+                answer: shared.clone(),
                 state: shared,
                 tasks,
             })
@@ -262,15 +268,11 @@ pub(crate) fn start(settings: EtcdTarget) -> Result<(DriverHandle, ServerStatus)
             }
         },
     )?;
-    let (status, shared) = answer;
-    Ok((
-        DriverHandle {
-            thread,
-            shared,
-            direct,
-        },
-        status,
-    ))
+    Ok(DriverHandle {
+        thread,
+        shared: answer,
+        direct,
+    })
 }
 
 /// The error of a request that got no answer within `timeout`.
