@@ -4,14 +4,17 @@ use crate::driver::handle::WaitError;
 use crate::driver::{rand_seed, Finished, MachineHandle, Notify};
 use crate::error::{Error, Result};
 use crate::etcd::Etcd;
-use crate::resume::Resume;
-use crate::session::{close_outcome, LivenessState, SessionOptions, ATTEMPT_TIMEOUT, CLOSE_WAIT};
+use crate::resume::{HostResume, Resume};
+use crate::session::shared::HandOver;
+use crate::session::{
+    close_outcome, Departure, LivenessState, SessionOptions, ATTEMPT_TIMEOUT, CLOSE_WAIT,
+};
 use crate::validate;
 use fleetcoord_sm::keepalive::{
     self as sm, Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, ResumePoint,
 };
 use fleetcoord_sm::registration::{
-    Registration, RegistrationConfig, RegistrationInput, RegistrationNotice,
+    Registration, RegistrationConfig, RegistrationInput, RegistrationNotice, RegistrationPoint,
 };
 use fleetcoord_sm::session::SessionInput;
 use fleetcoord_sm::watch::{incarnation_key, leave_marker_key};
@@ -324,8 +327,8 @@ impl HostLiveness {
             self.stop_and_wait()?;
             return Err(Error::invalid(
                 "detach",
-                "a registration on a shared Session is not handed over (the lease is the \
-                 session's, and everything on it would be carried with it); the host left instead",
+                "a registration on a shared Session is handed over with its session \
+                 (Session::detach), not alone; the host left instead",
             ));
         };
         machine
@@ -515,24 +518,40 @@ impl HostLiveness {
         let etcd = session.etcd().clone();
         let key = format!("{}{}", options.prefix, host_id.hyphenated());
         let ttl = session.options().ttl;
-        let machine = Registration::new(
-            RegistrationConfig {
-                key: key.clone().into_bytes(),
-                value: metadata.to_vec(),
-                leave_marker: Some(leave_marker_key(key.as_bytes())),
-                // As with an own lease (see `HostInfo::incarnation`); a
-                // host on a session is never resumed.
-                companion: options
-                    .publish_incarnation
-                    .then(|| (incarnation_key(key.as_bytes()), b"1".to_vec())),
-                backoff: BackoffConfig::default(),
-                give_up: ttl,
-            },
-            Instant::now(),
-            rand_seed(),
-        );
+        // Saved by the process before this one, if the session was resumed.
+        let saved = session.take_host_resume(&key);
+        let incarnation = saved
+            .as_ref()
+            .map_or(1, |(_, host)| host.incarnation.saturating_add(1));
+        let config = RegistrationConfig {
+            key: key.clone().into_bytes(),
+            value: metadata.to_vec(),
+            leave_marker: Some(leave_marker_key(key.as_bytes())),
+            // As with an own lease (see `HostInfo::incarnation`).
+            companion: options.publish_incarnation.then(|| {
+                (
+                    incarnation_key(key.as_bytes()),
+                    incarnation.to_string().into_bytes(),
+                )
+            }),
+            backoff: BackoffConfig::default(),
+            give_up: ttl,
+        };
+        let machine = match &saved {
+            Some((lease, host)) => Registration::resume(
+                config,
+                Instant::now(),
+                rand_seed(),
+                RegistrationPoint {
+                    lease: *lease,
+                    mod_revision: host.mod_revision,
+                },
+            ),
+            None => Registration::new(config, Instant::now(), rand_seed()),
+        };
         let (mut sink, first, left, status, states) = StateSink::new(key.clone());
         let requests_to = session.clone();
+        let (detached_tx, detached) = crossbeam_channel::bounded::<RegistrationPoint>(1);
         let machine = etcd.run(
             machine,
             Notify(move |notice: RegistrationNotice| {
@@ -540,10 +559,40 @@ impl HostLiveness {
                     RegistrationNotice::State(state) => sink.state(state),
                     RegistrationNotice::Left { .. } => sink.left(),
                     RegistrationNotice::SessionRequest(request) => requests_to.request(request),
+                    RegistrationNotice::Detached(point) => {
+                        let _ = detached_tx.try_send(point);
+                    }
                 }
                 true
             }),
         )?;
+        let hand_over = {
+            let input = machine.downgrade();
+            let finished = machine.finished().clone();
+            let host = HostResume {
+                host_id,
+                key: key.clone(),
+                mod_revision: 0,
+                incarnation,
+            };
+            let hand_over: HandOver = Arc::new(move |deadline: Instant| {
+                input.send(RegistrationInput::Detach).ok()?;
+                let wait = deadline.saturating_duration_since(Instant::now());
+                let point = crossbeam_channel::select! {
+                    recv(detached) -> point => point.ok(),
+                    recv(finished) -> _ => detached.try_recv().ok(),
+                    default(wait) => None,
+                }?;
+                Some((
+                    point.lease,
+                    HostResume {
+                        mod_revision: point.mod_revision,
+                        ..host.clone()
+                    },
+                ))
+            });
+            hand_over
+        };
         let shared_status = status.clone();
         let input = machine.downgrade();
         let attachment = session.attach(
@@ -557,8 +606,9 @@ impl HostLiveness {
             // A registration holds no belief a lost lease must end at once:
             // its state says `Lost` when the session tells it.
             || {},
+            Departure::HandOver(hand_over),
         )?;
-        let host = HostLiveness {
+        let mut host = HostLiveness {
             host_id,
             key,
             machine: Engine::Shared(machine, attachment),
@@ -566,12 +616,14 @@ impl HostLiveness {
             states,
             left,
             detached: crossbeam_channel::never(),
-            incarnation: 1,
+            incarnation,
             resumed: false,
             ttl,
             etcd,
         };
-        host.first_outcome(&first, options.register_timeout)?;
+        let first = host.first_outcome(&first, options.register_timeout)?;
+        host.resumed = matches!((first, &saved),
+            (sm::LivenessState::Registered { lease }, Some((saved, _))) if lease == *saved);
         Ok(host)
     }
 

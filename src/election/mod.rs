@@ -311,6 +311,7 @@ impl Election {
                     &prefix,
                     move |fact| input.send(ElectionInput::Session(fact)).is_ok(),
                     move || notices::lose_all(&mut beliefs.lock()),
+                    crate::session::Departure::end(&machine),
                 )?)
             }
             None => None,

@@ -5,15 +5,16 @@ use super::{
     close_outcome, LivenessState, ATTEMPT_TIMEOUT, CLOSE_WAIT, DEFAULT_DRIFT_ALLOWANCE_PPM,
     DEFAULT_SAFETY_MARGIN,
 };
-use crate::driver::{rand_seed, MachineHandle, Notify};
-use crate::error::{Error, Result};
+use crate::driver::{rand_seed, Finished, MachineHandle, Notify};
+use crate::error::{Error, ErrorKind, Result};
 use crate::etcd::Etcd;
+use crate::resume::{HostResume, SessionResume};
 use crate::validate;
 use fleetcoord_sm::election::{SessionInput, SessionRequest};
 use fleetcoord_sm::keepalive::{
-    self as sm, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice,
+    self as sm, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, ResumePoint,
 };
-use fleetcoord_sm::BackoffConfig;
+use fleetcoord_sm::{BackoffConfig, Machine};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
@@ -166,6 +167,8 @@ struct SessionInner {
     machine: MachineHandle<Keepalive>,
     hub: Arc<Mutex<Hub>>,
     states: crossbeam_channel::Receiver<LivenessState>,
+    /// Told the lease handed over by a detach (see `detach`).
+    detached: crossbeam_channel::Receiver<ResumePoint>,
     options: SessionOptions,
     closed: AtomicBool,
 }
@@ -177,6 +180,9 @@ struct Hub {
     members: Vec<Member>,
     next_member: u64,
     closed: bool,
+    /// The lease a resume asked for and the host registrations it carried,
+    /// until a `HostLiveness::with_session` takes each over.
+    resumed: Option<(i64, Vec<HostResume>)>,
 }
 
 /// A primitive on the session, as the hub reaches it.
@@ -188,6 +194,41 @@ struct Member {
     /// Ends every belief of the primitive at once, on the calling thread:
     /// run before anything can free its keys.
     end_belief: Box<dyn Fn() + Send>,
+    departure: Departure,
+}
+
+/// How a primitive leaves a session that is detached (handed to the next
+/// process, [`Session::detach`]).
+#[derive(Clone)]
+pub(crate) enum Departure {
+    /// It ends: its machine is stopped, which on a shared session deletes
+    /// its keys (a leadership, a lock, a shard ownership is never handed
+    /// over), and `finished` tells when that is done.
+    End {
+        stop: Arc<dyn Fn() + Send + Sync>,
+        finished: crossbeam_channel::Receiver<Finished>,
+    },
+    /// It is handed over (a host registration): detaches its machine,
+    /// waiting until the instant given, and says on which lease its key
+    /// stands and how the next process takes it over.
+    HandOver(HandOver),
+}
+
+/// See [`Departure::HandOver`].
+pub(crate) type HandOver = Arc<dyn Fn(Instant) -> Option<(i64, HostResume)> + Send + Sync>;
+
+impl Departure {
+    /// A primitive that ends with its machine `machine`.
+    pub(crate) fn end<M: Machine + 'static>(machine: &MachineHandle<M>) -> Departure
+    where
+        M::Input: Send,
+    {
+        let weak = machine.downgrade();
+        Departure::End {
+            stop: Arc::new(move || weak.stop()),
+            finished: machine.finished().clone(),
+        }
+    }
 }
 
 /// A primitive's place on a session; leaving it frees its key prefix.
@@ -271,6 +312,72 @@ impl Session {
     /// [`Error::InvalidArgument`] names the first one out of range).
     pub fn with_options(etcd: &Etcd, options: SessionOptions) -> Result<Session> {
         crate::blocking::check()?;
+        Self::start(etcd, options, None)
+    }
+
+    /// Takes over the lease an earlier process handed over with
+    /// [`Session::detach`], so that watchers see no `Down` and no `Up` for
+    /// a restart within the TTL. Returns at once, like
+    /// [`Session::with_options`]; `options` are this session's from now on
+    /// (the lease keeps the TTL it was granted with).
+    ///
+    /// The lease is first proven alive by one renewal answered with a TTL
+    /// above zero, and only then reported `Registered` (until then the
+    /// session is `Registering` and primitives on it wait). If it is gone —
+    /// expired past its TTL, revoked — a new lease is granted, exactly as
+    /// for a new session; if the renewal fails otherwise, the saved lease
+    /// (which may still be alive) is revoked in the background and a new
+    /// one granted.
+    ///
+    /// Host registrations on the saved lease are taken over by
+    /// [`HostLiveness::with_session`](crate::HostLiveness::with_session)
+    /// on this session with the same host id and prefix: its first write is
+    /// guarded on the key being as the earlier process left it, so on the
+    /// resumed lease the key stays (watchers see at most
+    /// [`Updated`](crate::HostEvent::Updated)); if the lease expired, the
+    /// key went with it (watchers saw
+    /// [`Down(_, Expired)`](crate::DownReason::Expired)) and the host comes
+    /// back [`Up`](crate::HostEvent::Up). A saved host that nobody takes
+    /// over keeps its key, with its old metadata, for as long as the lease
+    /// lives. Leaderships, locks and shard ownerships were never carried:
+    /// campaign, lock and join again.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = fleetcoord::testing::EtcdServer::start()?;
+    /// use fleetcoord::{Etcd, HostLiveness, LivenessOptions, Session, SessionOptions, SessionResume};
+    /// use std::time::Duration;
+    ///
+    /// let options = SessionOptions::default().with_ttl(Duration::from_secs(5));
+    /// let host_id = uuid::Uuid::new_v4();
+    /// // The process that stops:
+    /// let etcd = Etcd::connect(&[server.endpoint()])?;
+    /// let session = Session::with_options(&etcd, options.clone())?;
+    /// let host = HostLiveness::with_session(&session, host_id, b"v1", LivenessOptions::default())?;
+    /// let saved = session.detach()?.to_string(); // e.g. into a state file
+    /// drop(host);
+    /// drop(etcd);
+    /// // The next process, within the TTL:
+    /// let etcd = Etcd::connect(&[server.endpoint()])?;
+    /// let saved: SessionResume = saved.parse()?;
+    /// let session = Session::resume(&etcd, saved.clone(), options)?;
+    /// let host = HostLiveness::with_session(&session, host_id, b"v2", LivenessOptions::default())?;
+    /// assert!(host.resumed()); // same lease, same key: watchers saw no Down
+    /// assert_eq!(host.lease(), Some(saved.lease));
+    /// # host.close()?;
+    /// # session.close()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn resume(etcd: &Etcd, resume: SessionResume, options: SessionOptions) -> Result<Session> {
+        crate::blocking::check()?;
+        Self::start(etcd, options, Some(resume))
+    }
+
+    fn start(
+        etcd: &Etcd,
+        options: SessionOptions,
+        resume: Option<SessionResume>,
+    ) -> Result<Session> {
         options.validate()?;
         let config = KeepaliveConfig {
             ttl_secs: options.ttl.as_secs() as i64,
@@ -281,7 +388,20 @@ impl Session {
             attempt_timeout: ATTEMPT_TIMEOUT.min(etcd.options().request_timeout),
             announce_trust: true,
         };
-        let mut machine = Keepalive::new(config, Instant::now(), rand_seed());
+        let mut machine = match &resume {
+            Some(r) => Keepalive::resume(
+                config,
+                Instant::now(),
+                rand_seed(),
+                0,
+                ResumePoint {
+                    lease: r.lease,
+                    create_revision: 0,
+                    key_revision: 0,
+                },
+            ),
+            None => Keepalive::new(config, Instant::now(), rand_seed()),
+        };
         machine.set_renewal_grid(Some(etcd.renewal_grid()));
         let hub = Arc::new(Mutex::new(Hub {
             state: sm::LivenessState::Registering,
@@ -289,7 +409,9 @@ impl Session {
             members: Vec::new(),
             next_member: 0,
             closed: false,
+            resumed: resume.map(|r| (r.lease, r.hosts)),
         }));
+        let (detached_tx, detached) = crossbeam_channel::bounded::<ResumePoint>(1);
         let (states_tx, states) = crossbeam_channel::unbounded();
         let oldest = states.clone();
         let handler_hub = hub.clone();
@@ -306,8 +428,12 @@ impl Session {
                         return true;
                     }
                     KeepaliveNotice::State(state) => state,
-                    // A session binds no key: no leave, no hand-over.
-                    KeepaliveNotice::Left { .. } | KeepaliveNotice::Detached(_) => return true,
+                    KeepaliveNotice::Detached(point) => {
+                        let _ = detached_tx.try_send(point);
+                        return true;
+                    }
+                    // A session binds no key: no leave.
+                    KeepaliveNotice::Left { .. } => return true,
                 };
                 let fact = match &state {
                     sm::LivenessState::Registering => None,
@@ -353,6 +479,7 @@ impl Session {
                 machine,
                 hub,
                 states,
+                detached,
                 options,
                 closed: AtomicBool::new(false),
             }),
@@ -437,15 +564,128 @@ impl Session {
         close_outcome(finished, revoked, || self.inner.etcd.gone())
     }
 
+    /// Hands the session's lease to the next process instead of revoking
+    /// it: what the process calls before it exits to be restarted, so that
+    /// watchers see no `Down` (give the result to [`Session::resume`]).
+    ///
+    /// In order, before it returns:
+    /// 1. Every leadership, lock and shard ownership on the session ends
+    ///    (`is_held()` false, `lost()` fired), and no new primitive may
+    ///    join the session.
+    /// 2. Every election, pool, mutex, semaphore and shard map on it stops
+    ///    and deletes its keys, as their `close` does; none is carried
+    ///    over, so the next process campaigns, locks and joins again.
+    ///    Later calls on them fail with [`Error::Closed`].
+    /// 3. Every host registration on it
+    ///    ([`HostLiveness::with_session`](crate::HostLiveness::with_session))
+    ///    stops *without* leaving: its key stays, on the lease, and watchers
+    ///    see nothing.
+    /// 4. Renewals stop; the lease is left to expire after its TTL unless
+    ///    the next process resumes it first.
+    ///
+    /// Errors, after which the session is closed and its lease revoked
+    /// (watchers see the host `Down(_, Expired)`; start the next process
+    /// with a new session): a primitive whose keys could not be deleted
+    /// within 10 s (handing the lease over would carry them), an
+    /// [`ErrorKind::Unavailable`] error; no lease to hand over (being
+    /// granted, or just lost), [`Error::InvalidArgument`] naming
+    /// `"detach"`. A closed session fails with [`Error::Closed`].
+    pub fn detach(&self) -> Result<SessionResume> {
+        crate::blocking::check()?;
+        let departures: Vec<Departure> = {
+            let mut hub = self.inner.hub.lock();
+            if hub.closed {
+                return Err(Error::Closed);
+            }
+            hub.closed = true;
+            self.inner.closed.store(true, Ordering::SeqCst);
+            // Nothing on the lease is believed in this process from here
+            // on, whoever holds it next.
+            if let Some(lease) = hub.current_lease() {
+                self.inner.dead.store(lease, Ordering::SeqCst);
+            }
+            hub.end_beliefs();
+            hub.members.iter().map(|m| m.departure.clone()).collect()
+        };
+        let deadline = Instant::now() + CLOSE_WAIT;
+        for departure in &departures {
+            if let Departure::End { stop, .. } = departure {
+                stop();
+            }
+        }
+        let ended = departures.iter().all(|departure| match departure {
+            // Disconnected: the machine task is gone already.
+            Departure::End { finished, .. } => !matches!(
+                finished.recv_deadline(deadline),
+                Ok(Finished::Abandoned) | Err(crossbeam_channel::RecvTimeoutError::Timeout)
+            ),
+            Departure::HandOver(_) => true,
+        });
+        if !ended {
+            let _ = self.inner.machine.stop_and_wait(CLOSE_WAIT);
+            return Err(Error::etcd(
+                ErrorKind::Unavailable,
+                "a leadership, lock or shard ownership on the session could not delete its \
+                 keys within 10 s, and handing the lease over would carry them: the session \
+                 was closed instead (its lease revoked); start the next process with a new \
+                 session",
+            ));
+        }
+        let hosts: Vec<(i64, HostResume)> = departures
+            .iter()
+            .filter_map(|departure| match departure {
+                Departure::HandOver(hand_over) => hand_over(deadline),
+                Departure::End { .. } => None,
+            })
+            .collect();
+        // Gone: the driver stopped, and the wait below says so.
+        let _ = self.inner.machine.send(KeepaliveInput::Detach);
+        let point = crossbeam_channel::select! {
+            recv(self.inner.detached) -> point => point.ok(),
+            recv(self.inner.machine.finished()) -> _ => self.inner.detached.try_recv().ok(),
+            default(deadline.saturating_duration_since(Instant::now())) => None,
+        };
+        let Some(point) = point else {
+            // The machine stopped as a close does (it had no lease to hand
+            // over, so it revoked whatever it was granted).
+            return Err(Error::invalid(
+                "detach",
+                "the session held no lease to hand over (it was being granted, or had just \
+                 been lost); it was closed instead",
+            ));
+        };
+        Ok(SessionResume {
+            lease: point.lease,
+            ttl: self.inner.options.ttl,
+            hosts: hosts
+                .into_iter()
+                .filter(|(lease, _)| *lease == point.lease)
+                .map(|(_, host)| host)
+                .collect(),
+        })
+    }
+
+    /// The saved registration of host key `key`, if this session was
+    /// resumed from one that carried it and nobody took it over yet, with
+    /// the lease it was saved on.
+    pub(crate) fn take_host_resume(&self, key: &str) -> Option<(i64, HostResume)> {
+        let mut hub = self.inner.hub.lock();
+        let (lease, hosts) = hub.resumed.as_mut()?;
+        let at = hosts.iter().position(|h| h.key == key)?;
+        Some((*lease, hosts.swap_remove(at)))
+    }
+
     /// Puts a primitive on the session under `key` (its key prefix):
     /// refused while another primitive on it uses the same prefix, or once
     /// the session is closed. `input` feeds its machine; `end_belief` ends
-    /// its beliefs at once. The current facts are replayed to it first.
+    /// its beliefs at once; `departure` is how it leaves a detach. The
+    /// current facts are replayed to it first.
     pub(crate) fn attach(
         &self,
         key: &str,
         input: impl Fn(SessionInput) -> bool + Send + 'static,
         end_belief: impl Fn() + Send + 'static,
+        departure: Departure,
     ) -> Result<Attachment> {
         let mut hub = self.inner.hub.lock();
         if hub.closed {
@@ -472,6 +712,7 @@ impl Session {
             key: key.to_string(),
             input: Box::new(input),
             end_belief: Box::new(end_belief),
+            departure,
         });
         Ok(Attachment {
             session: self.clone(),
