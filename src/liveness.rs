@@ -363,7 +363,9 @@ impl HostLiveness {
     /// Which process of this registration this is: 1 for one made by
     /// [`HostLiveness::with_options`], one more than the detached one's for
     /// a [`HostLiveness::resume`] (also when the resume fell back to a
-    /// fresh registration). Local to the processes that hand it on;
+    /// fresh registration) or a host taken over from a saved session
+    /// ([`Session::resume`](crate::Session::resume)). Local to the
+    /// processes that hand it on;
     /// watchers learn it only from hosts that publish it
     /// ([`LivenessOptions::publish_incarnation`]).
     pub fn incarnation(&self) -> u64 {
@@ -371,8 +373,9 @@ impl HostLiveness {
     }
 
     /// Whether [`HostLiveness::resume`] took the earlier registration over
-    /// (same lease, same key incarnation), rather than registering afresh.
-    /// Always false for [`HostLiveness::with_options`].
+    /// (same lease, same key incarnation), rather than registering afresh;
+    /// for a host on a resumed session, whether its key was taken over on
+    /// the saved lease. Always false for [`HostLiveness::with_options`].
     pub fn resumed(&self) -> bool {
         self.resumed
     }
@@ -495,10 +498,16 @@ impl HostLiveness {
     ///
     /// [`HostLiveness::close`] announces the leave as on an own lease (the
     /// marker is written on the session's lease and goes when the session
-    /// does) and leaves the session running; it cannot be
-    /// [`detach`](HostLiveness::detach)ed. Close the host before the
-    /// session to show watchers a leave: closing the session revokes its
-    /// lease, which watchers see as `Down(_, Expired)`.
+    /// does) and leaves the session running. It is not
+    /// [`detach`](HostLiveness::detach)ed alone: [`Session::detach`](crate::Session::detach)
+    /// hands it over with the session's lease. On a session made by
+    /// [`Session::resume`](crate::Session::resume) whose saved hosts
+    /// include this key, the registration is taken over: its first write
+    /// is guarded on the key being as the earlier process left it
+    /// ([`HostLiveness::resumed`] says whether it stayed on the saved
+    /// lease; [`HostLiveness::incarnation`] counts one more). Close the
+    /// host before the session to show watchers a leave: closing the
+    /// session revokes its lease, which watchers see as `Down(_, Expired)`.
     pub fn with_session(
         session: &crate::Session,
         host_id: Uuid,

@@ -23,7 +23,7 @@ mod common;
 use common::{connect, start_etcd};
 use fleetcoord::{
     DownReason, Election, Etcd, HostEvent, HostLiveness, HostWatcher, Leadership, LivenessOptions,
-    Session, SessionOptions, SessionResume, ShardMap, ShardOptions,
+    Session, SessionOptions, SessionResume, ShardEvent, ShardMap, ShardOptions,
 };
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -120,6 +120,13 @@ fn rival(endpoint: String, beliefs: Beliefs, stop: Arc<AtomicBool>) -> thread::J
             thread::spawn(move || {
                 let mut open = BTreeMap::new();
                 while !stop.load(Ordering::SeqCst) {
+                    // Drained at once: `a` gets its share within a round
+                    // trip of joining, not after the 5 s drain.
+                    while let Ok(event) = map.events().try_recv() {
+                        if let ShardEvent::Release { shard, .. } = event {
+                            let _ = map.release(shard);
+                        }
+                    }
                     let at = Instant::now();
                     sample_shards("b", &map.owned(), at, &mut open, &beliefs);
                     thread::sleep(Duration::from_millis(2));
@@ -204,56 +211,69 @@ fn start_agent(endpoint: &str, id: Uuid, saved: Option<SessionResume>, n: usize)
     }
 }
 
-/// Runs `a` for a while: campaigns (1.5 s at most), holds what it won
-/// for 200 ms, and samples its shards all along; records the beliefs.
-/// Returns the leadership, still held, for the detach to end.
+/// Runs `a` for a while: campaigns, holds what it won for 200 ms (or
+/// gives up waiting after 1.5 s), and waits (3 s at most) until it owns
+/// a shard; samples its beliefs all along and once more at the end,
+/// right before the detach. Returns the leadership, still held, for the
+/// detach to end.
 fn run_agent(agent: &Agent, beliefs: &Beliefs) -> Option<Leadership> {
     let mut open = BTreeMap::new();
-    let mut led = None;
+    let mut led: Option<(Leadership, Held)> = None;
     let pending = agent.election.start_campaign(b"a").expect("a campaigns");
-    let until = Instant::now() + Duration::from_millis(1500);
-    while Instant::now() < until {
-        sample_shards("a", &agent.map.owned(), Instant::now(), &mut open, beliefs);
-        if let Some(leadership) = pending
-            .wait_timeout(Duration::from_millis(2))
-            .expect("a waits")
-        {
-            let mut held = Held {
-                who: "a".into(),
-                token: leadership.fencing_token(),
-                first: Instant::now(),
-                last: Instant::now(),
-            };
-            let hold = Instant::now() + Duration::from_millis(200);
-            while Instant::now() < hold {
-                let at = Instant::now();
+    let started = Instant::now();
+    loop {
+        let at = Instant::now();
+        let owned = agent.map.owned();
+        sample_shards("a", &owned, at, &mut open, beliefs);
+        match &mut led {
+            Some((leadership, held)) => {
                 if leadership.is_held() {
                     held.last = at;
                 }
-                sample_shards("a", &agent.map.owned(), at, &mut open, beliefs);
-                thread::sleep(Duration::from_millis(2));
             }
-            beliefs
-                .lock()
-                .entry("leader".into())
-                .or_default()
-                .push(held);
-            // Still held: the detach ends it (the point of the test).
-            led = Some(leadership);
+            None => {
+                if let Some(leadership) = pending
+                    .wait_timeout(Duration::from_millis(1))
+                    .expect("a waits")
+                {
+                    let held = Held {
+                        who: "a".into(),
+                        token: leadership.fencing_token(),
+                        first: Instant::now(),
+                        last: Instant::now(),
+                    };
+                    assert!(leadership.is_held(), "a won and does not believe it");
+                    led = Some((leadership, held));
+                }
+            }
+        }
+        let elapsed = started.elapsed();
+        let leading_done = match &led {
+            Some((_, held)) => held.last - held.first >= Duration::from_millis(200),
+            None => elapsed >= Duration::from_millis(1500),
+        };
+        let shards_done = !owned.is_empty() || elapsed >= Duration::from_secs(3);
+        if leading_done && shards_done {
             break;
         }
+        thread::sleep(Duration::from_millis(2));
     }
-    // Shards are still held too; sampled up to the detach.
-    let at = Instant::now();
-    sample_shards("a", &agent.map.owned(), at, &mut open, beliefs);
     close_all(&mut open, beliefs);
-    led
+    let (leadership, held) = led?;
+    beliefs
+        .lock()
+        .entry("leader".into())
+        .or_default()
+        .push(held);
+    // Still held: the detach ends it (the point of the test).
+    Some(leadership)
 }
 
 /// Asserts that no two beliefs of one election or one shard intersect,
-/// and that tokens grow with time; returns how many were checked.
-fn assert_no_overlap(beliefs: &Beliefs) -> usize {
-    let mut checked = 0;
+/// and that tokens grow with time; returns how many were checked, by
+/// agent and kind ("a leader", "b shard", ...).
+fn assert_no_overlap(beliefs: &Beliefs) -> BTreeMap<String, usize> {
+    let mut checked = BTreeMap::new();
     for (what, held) in beliefs.lock().iter_mut() {
         held.sort_by_key(|h| h.first);
         for pair in held.windows(2) {
@@ -270,7 +290,10 @@ fn assert_no_overlap(beliefs: &Beliefs) -> usize {
                 pair[1]
             );
         }
-        checked += held.len();
+        let kind = what.split(' ').next().unwrap_or_default();
+        for h in held.iter() {
+            *checked.entry(format!("{} {kind}", h.who)).or_default() += 1;
+        }
     }
     checked
 }
@@ -384,8 +407,59 @@ fn a_process_on_a_session_restarts_within_the_ttl_without_a_down_and_past_it_wit
     stop.store(true, Ordering::SeqCst);
     b.join().expect("b");
     let checked = assert_no_overlap(&beliefs);
-    eprintln!("{checked} beliefs checked, none overlapping");
+    eprintln!("beliefs checked, none overlapping: {checked:?}");
+    assert!(
+        checked.get("b leader").copied().unwrap_or(0) > 0
+            && checked.get("b shard").copied().unwrap_or(0) > 0,
+        "the rival never held anything: nothing was checked against it"
+    );
+    assert!(
+        checked.get("a shard").copied().unwrap_or(0) >= RESTARTS,
+        "a owned too few shards for the check to mean much: {checked:?}"
+    );
     agent.host.close().expect("close host");
     agent.session.close().expect("close session");
     drop(agent.etcd);
+}
+
+/// What the README promises a watcher when a session's lease is lost and
+/// the key really went away (here an operator revokes it): exactly one
+/// `Down(_, Expired)`, then one `Up` with a new create revision once the
+/// session has its next lease, within a TTL and a bit (the session learns
+/// of the revoke at its next renewal, a third of the TTL at most).
+#[test]
+fn a_revoked_session_lease_shows_one_down_expired_then_one_up() {
+    let server = start_etcd();
+    let etcd = connect(&server.endpoint());
+    let watcher = HostWatcher::watch(&etcd).expect("watch");
+    assert_eq!(watcher.events().recv_timeout(BOUND), Ok(HostEvent::Synced));
+    let session = Session::new(&etcd, TTL).expect("session");
+    let id = Uuid::new_v4();
+    let host =
+        HostLiveness::with_session(&session, id, b"m", LivenessOptions::default()).expect("host");
+    let created = match watcher.events().recv_timeout(BOUND) {
+        Ok(HostEvent::Up(info)) if info.id == id => info.create_revision,
+        other => panic!("expected Up, got {other:?}"),
+    };
+    let lease = session.lease().expect("lease");
+    let revoked = Instant::now();
+    common::etcdctl(
+        &server.endpoint(),
+        &["lease", "revoke", &format!("{lease:x}")],
+    );
+    let events = events_of(&watcher, id, TTL);
+    let took = revoked.elapsed();
+    match &events[..] {
+        [HostEvent::Down(down, DownReason::Expired), HostEvent::Up(up)] => {
+            assert_eq!(down.create_revision, created);
+            assert!(up.create_revision > created);
+            assert_ne!(up.lease, lease);
+        }
+        other => panic!("expected Down(Expired) then Up, got {other:?}"),
+    }
+    // `events_of` waits one TTL of silence after the last event.
+    assert!(took < TTL + TTL + BOUND, "took {took:?}");
+    assert_eq!(host.lease(), session.lease());
+    host.close().expect("close");
+    session.close().expect("close");
 }

@@ -171,6 +171,9 @@ struct SessionInner {
     detached: crossbeam_channel::Receiver<ResumePoint>,
     options: SessionOptions,
     closed: AtomicBool,
+    /// Set once a detach handed the lease over: a later close has nothing
+    /// of this process's to revoke.
+    handed_over: AtomicBool,
 }
 
 /// What the session's notice handler and the primitives on it share.
@@ -482,6 +485,7 @@ impl Session {
                 detached,
                 options,
                 closed: AtomicBool::new(false),
+                handed_over: AtomicBool::new(false),
             }),
         })
     }
@@ -541,9 +545,14 @@ impl Session {
     /// deletes every key on it) and wait until etcd confirmed it; an error
     /// means the lease will instead expire after its TTL. Beliefs end
     /// before the revoke is sent. Primitives on the session answer every
-    /// later call with [`Error::Closed`]. Closing again is harmless.
+    /// later call with [`Error::Closed`]. Closing again is harmless, and so
+    /// is closing after [`Session::detach`] handed the lease over (it is
+    /// then the next process's, and left alone).
     pub fn close(&self) -> Result<()> {
         crate::blocking::check()?;
+        if self.inner.handed_over.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         {
             let mut hub = self.inner.hub.lock();
             self.inner.closed.store(true, Ordering::SeqCst);
@@ -654,6 +663,7 @@ impl Session {
                  been lost); it was closed instead",
             ));
         };
+        self.inner.handed_over.store(true, Ordering::SeqCst);
         Ok(SessionResume {
             lease: point.lease,
             ttl: self.inner.options.ttl,
