@@ -124,6 +124,11 @@ impl SessionOptions {
 ///   [`Error::Closed`], beliefs end first), then revokes the lease, which
 ///   deletes every key on it. Dropping the last handle of the session and
 ///   of every primitive on it does the same without waiting.
+/// * **A restart need not be a flap.** [`Session::detach`] ends every
+///   leadership, lock and shard ownership on it (deleting their keys) and
+///   hands the lease, with the host registrations on it, to the next
+///   process ([`Session::resume`]): watchers see `Updated` for a restart
+///   within the TTL, exactly `Down(_, Expired)` + `Up` past it.
 ///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
