@@ -448,10 +448,14 @@ impl Run {
             }
             Op::Replace => {
                 if let Some(lease) = self.machine.lease() {
+                    // A point's lease a lease-only successor could not
+                    // prove is given up without `Lost`, and may still be
+                    // queued for its revoke.
                     let first_given_up = !self
                         .notifications
                         .iter()
-                        .any(|n| matches!(n, LivenessState::Lost { .. }));
+                        .any(|n| matches!(n, LivenessState::Lost { .. }))
+                        && self.handed.iter().all(|l| *l == lease);
                     self.machine
                         .handle(self.now, KeepaliveInput::Replace { lease });
                     self.drain();
