@@ -1,10 +1,12 @@
 //! What a user sees on each path by which a leadership or a campaign ends
 //! other than by its own success, against a real etcd: the error's kind
 //! says what happened, and `is_retryable()` whether the same call can
-//! succeed. Paths: the session lost (own session and shared), the lease
-//! revoked by etcd, the session or election closed, a leadership
-//! superseded by a newer one, a cancel racing a win, and a campaign or
-//! proclaim asked while an earlier one still runs.
+//! succeed. Paths: the session lost (own session and shared; a campaign
+//! at the loss, a proclaim in flight across it), the lease revoked by
+//! etcd, the session or election closed, the session detached (handed to
+//! the next process), a leadership superseded by a newer one, a cancel
+//! racing a win, and a campaign or proclaim asked while an earlier one
+//! still runs.
 //!
 //! The session-loss test campaigns again the instant `is_held()` turns
 //! false, which is before the driver's timer reports the loss: that
