@@ -1,19 +1,22 @@
 //! A whole process on a `Session` restarted through `Session::detach` /
 //! `Session::resume`, against a real etcd.
 //!
-//! Agent `a` (a host registration, an election and a shard map on one
-//! session) is restarted ten times within the TTL, each incarnation on a
-//! connection of its own, as a new process would be; agent `b` (the same
-//! three on its own session) runs throughout. Checked:
+//! Agent `a` (a host registration, an election, a mutex and a shard map
+//! on one session) is restarted ten times within the TTL, each
+//! incarnation on a connection of its own, as a new process would be;
+//! agent `b` (the election, the mutex and the map on its own session,
+//! holding for 300 ms at a time) runs throughout. Checked:
 //! * a watcher of the hosts sees no `Down` and no `Up` of `a` (at most
 //!   `Updated`), and every incarnation has the first incarnation's lease;
-//! * no two leaders overlap and no shard has two owners: every belief is
-//!   sampled as an interval [first seen, last seen held], and intervals of
-//!   one election or one shard must not intersect (a belief is held from
-//!   its start until it ends and never again, so a belief seen at `t`
-//!   was held at every earlier instant of its interval);
-//! * liveness: each detach and each resume is bounded, and `a` leads
-//!   again in most incarnations (the rival resigns every 300 ms).
+//! * no two leaders, no two holders of the lock and no two owners of a
+//!   shard at once: every belief is sampled as an interval [first seen,
+//!   last seen held], and intervals of one election, lock or shard must
+//!   not intersect (a belief is held from its start until it ends and
+//!   never again, so a belief seen at `t` was held at every earlier
+//!   instant of its interval); fencing tokens grow with time, so nothing
+//!   was carried from one incarnation to the next;
+//! * liveness: each detach and each resume is bounded, and `a` leads and
+//!   locks again in most incarnations.
 //!
 //! Then one restart past the TTL: exactly one `Down(_, Expired)` and one
 //! `Up`, the `Down` within TTL + 2 s of the detach.
@@ -23,9 +26,10 @@ mod common;
 use common::{connect, start_etcd};
 use fleetcoord::{
     DownReason, Election, Etcd, HostEvent, HostLiveness, HostWatcher, Leadership, LivenessOptions,
-    Session, SessionOptions, SessionResume, ShardEvent, ShardMap, ShardOptions,
+    Mutex, MutexGuard, Pending, Session, SessionOptions, SessionResume, ShardEvent, ShardMap,
+    ShardOptions,
 };
-use parking_lot::Mutex;
+use parking_lot::Mutex as Lock;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -38,6 +42,7 @@ const RESTARTS: usize = 10;
 const SHARDS: u32 = 4;
 const MAP: &str = "restarts";
 const ELECTION: &str = "restarts";
+const LOCK: &str = "restarts";
 /// A detach deletes the election's and the map's keys (a round trip
 /// each) and stops renewing; a resume proves the lease and rewrites the
 /// host key. Either well within a second on a loopback etcd.
@@ -53,7 +58,7 @@ struct Held {
 }
 
 /// Beliefs per election (key "leader") or shard (key "shard <n>").
-type Beliefs = Arc<Mutex<BTreeMap<String, Vec<Held>>>>;
+type Beliefs = Arc<Lock<BTreeMap<String, Vec<Held>>>>;
 
 /// Records what `owned` reports now into `open` (beliefs still seen held,
 /// by shard and token), closing into `done` those no longer reported.
@@ -115,6 +120,35 @@ fn rival(endpoint: String, beliefs: Beliefs, stop: Arc<AtomicBool>) -> thread::J
             )
             .expect("b joins"),
         );
+        let mutex = Mutex::with_session(&session, LOCK, Default::default()).expect("b mutex");
+        let locker = {
+            let (beliefs, stop) = (beliefs.clone(), stop.clone());
+            thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    let Ok(guard) = mutex.lock_timeout(Duration::from_secs(1)) else {
+                        continue;
+                    };
+                    let mut held = Held {
+                        who: "b".into(),
+                        token: guard.fencing_token(),
+                        first: Instant::now(),
+                        last: Instant::now(),
+                    };
+                    assert!(guard.is_held(), "b locked and does not believe it");
+                    let until = Instant::now() + Duration::from_millis(300);
+                    while Instant::now() < until {
+                        let at = Instant::now();
+                        if guard.is_held() {
+                            held.last = at;
+                        }
+                        thread::sleep(Duration::from_millis(2));
+                    }
+                    beliefs.lock().entry("lock".into()).or_default().push(held);
+                    guard.unlock().expect("b unlocks");
+                    thread::sleep(Duration::from_millis(300));
+                }
+            })
+        };
         let sampler = {
             let (map, beliefs, stop) = (map.clone(), beliefs.clone(), stop.clone());
             thread::spawn(move || {
@@ -163,6 +197,7 @@ fn rival(endpoint: String, beliefs: Beliefs, stop: Arc<AtomicBool>) -> thread::J
             thread::sleep(Duration::from_millis(300));
         }
         sampler.join().expect("sampler");
+        locker.join().expect("locker");
         drop(election);
         drop(map);
         session.close().expect("b closes");
@@ -176,6 +211,7 @@ struct Agent {
     session: Session,
     host: HostLiveness,
     election: Election,
+    mutex: Mutex,
     map: ShardMap,
 }
 
@@ -195,6 +231,7 @@ fn start_agent(endpoint: &str, id: Uuid, saved: Option<SessionResume>, n: usize)
     .expect("host");
     let election =
         Election::with_session(&session, ELECTION, Default::default()).expect("a election");
+    let mutex = Mutex::with_session(&session, LOCK, Default::default()).expect("a mutex");
     let map = ShardMap::join_with_session(
         &session,
         MAP,
@@ -207,66 +244,109 @@ fn start_agent(endpoint: &str, id: Uuid, saved: Option<SessionResume>, n: usize)
         session,
         host,
         election,
+        mutex,
         map,
     }
 }
 
-/// Runs `a` for a while: campaigns, holds what it won for 200 ms (or
-/// gives up waiting after 1.5 s), and waits (3 s at most) until it owns
-/// a shard; samples its beliefs all along and once more at the end,
-/// right before the detach. Returns the leadership, still held, for the
-/// detach to end.
-fn run_agent(agent: &Agent, beliefs: &Beliefs) -> Option<Leadership> {
-    let mut open = BTreeMap::new();
-    let mut led: Option<(Leadership, Held)> = None;
-    let pending = agent.election.start_campaign(b"a").expect("a campaigns");
-    let started = Instant::now();
-    loop {
-        let at = Instant::now();
-        let owned = agent.map.owned();
-        sample_shards("a", &owned, at, &mut open, beliefs);
-        match &mut led {
-            Some((leadership, held)) => {
-                if leadership.is_held() {
+/// One campaign of `a`'s (a leadership or a lock): waited on in slices,
+/// then, once won, its belief sampled up to the detach.
+struct Attempt<T> {
+    pending: Pending<T>,
+    won: Option<(T, Held)>,
+    is_held: fn(&T) -> bool,
+    token: fn(&T) -> i64,
+}
+
+impl<T> Attempt<T> {
+    fn new(pending: Pending<T>, is_held: fn(&T) -> bool, token: fn(&T) -> i64) -> Self {
+        Attempt {
+            pending,
+            won: None,
+            is_held,
+            token,
+        }
+    }
+
+    fn step(&mut self, at: Instant) {
+        match &mut self.won {
+            Some((won, held)) => {
+                if (self.is_held)(won) {
                     held.last = at;
                 }
             }
             None => {
-                if let Some(leadership) = pending
-                    .wait_timeout(Duration::from_millis(1))
-                    .expect("a waits")
-                {
+                let wait = Duration::from_millis(1);
+                if let Some(won) = self.pending.wait_timeout(wait).expect("a waits") {
+                    let now = Instant::now();
+                    assert!((self.is_held)(&won), "a won and does not believe it");
+                    let token = (self.token)(&won);
                     let held = Held {
                         who: "a".into(),
-                        token: leadership.fencing_token(),
-                        first: Instant::now(),
-                        last: Instant::now(),
+                        token,
+                        first: now,
+                        last: now,
                     };
-                    assert!(leadership.is_held(), "a won and does not believe it");
-                    led = Some((leadership, held));
+                    self.won = Some((won, held));
                 }
             }
         }
-        let elapsed = started.elapsed();
-        let leading_done = match &led {
+    }
+
+    /// Held for 200 ms, or given up waiting after `patience`.
+    fn done(&self, elapsed: Duration, patience: Duration) -> bool {
+        match &self.won {
             Some((_, held)) => held.last - held.first >= Duration::from_millis(200),
-            None => elapsed >= Duration::from_millis(1500),
-        };
+            None => elapsed >= patience,
+        }
+    }
+
+    /// Records the belief under `what`; returns what was won, still held.
+    fn finish(self, what: &str, beliefs: &Beliefs) -> Option<T> {
+        let (won, held) = self.won?;
+        beliefs.lock().entry(what.into()).or_default().push(held);
+        Some(won)
+    }
+}
+
+/// Runs `a` for a while: campaigns and locks, holds what it won for
+/// 200 ms (or gives up waiting after 1.5 s), and waits (3 s at most)
+/// until it owns a shard; samples its beliefs all along and once more at
+/// the end, right before the detach. Returns what it won, still held, for
+/// the detach to end.
+fn run_agent(agent: &Agent, beliefs: &Beliefs) -> (Option<Leadership>, Option<MutexGuard>) {
+    let mut open = BTreeMap::new();
+    let mut leading = Attempt::new(
+        agent.election.start_campaign(b"a").expect("a campaigns"),
+        Leadership::is_held,
+        Leadership::fencing_token,
+    );
+    let mut locking = Attempt::new(
+        agent.mutex.start_lock().expect("a locks"),
+        MutexGuard::is_held,
+        MutexGuard::fencing_token,
+    );
+    let started = Instant::now();
+    let patience = Duration::from_millis(1500);
+    loop {
+        let at = Instant::now();
+        let owned = agent.map.owned();
+        sample_shards("a", &owned, at, &mut open, beliefs);
+        leading.step(at);
+        locking.step(at);
+        let elapsed = started.elapsed();
         let shards_done = !owned.is_empty() || elapsed >= Duration::from_secs(3);
-        if leading_done && shards_done {
+        if leading.done(elapsed, patience) && locking.done(elapsed, patience) && shards_done {
             break;
         }
         thread::sleep(Duration::from_millis(2));
     }
     close_all(&mut open, beliefs);
-    let (leadership, held) = led?;
-    beliefs
-        .lock()
-        .entry("leader".into())
-        .or_default()
-        .push(held);
-    // Still held: the detach ends it (the point of the test).
-    Some(leadership)
+    // Still held: the detach ends them (the point of the test).
+    (
+        leading.finish("leader", beliefs),
+        locking.finish("lock", beliefs),
+    )
 }
 
 /// Asserts that no two beliefs of one election or one shard intersect,
@@ -335,9 +415,9 @@ fn a_process_on_a_session_restarts_within_the_ttl_without_a_down_and_past_it_wit
         watcher.events().recv_timeout(BOUND),
         Ok(HostEvent::Up(info)) if info.id == id
     ));
-    let (mut led, mut detaches, mut resumes) = (0, Vec::new(), Vec::new());
+    let (mut led, mut locked, mut detaches, mut resumes) = (0, 0, Vec::new(), Vec::new());
     for n in 1..=RESTARTS {
-        let leadership = run_agent(&agent, &beliefs);
+        let (leadership, guard) = run_agent(&agent, &beliefs);
         let started = Instant::now();
         let saved = agent.session.detach().expect("detach");
         detaches.push(started.elapsed());
@@ -346,6 +426,10 @@ fn a_process_on_a_session_restarts_within_the_ttl_without_a_down_and_past_it_wit
         if let Some(leadership) = leadership {
             led += 1;
             assert!(!leadership.is_held(), "the leadership outlived the detach");
+        }
+        if let Some(guard) = guard {
+            locked += 1;
+            assert!(!guard.is_held(), "the lock outlived the detach");
         }
         assert_eq!(saved.lease, lease);
         assert_eq!(saved.hosts.len(), 1);
@@ -373,18 +457,23 @@ fn a_process_on_a_session_restarts_within_the_ttl_without_a_down_and_past_it_wit
     let worst_resume = resumes.iter().max().copied().unwrap_or_default();
     eprintln!(
         "{RESTARTS} restarts within the TTL: {downs} Down, {ups} Up, {updated} Updated; \
-         a led in {led}; detach at most {worst_detach:?}, resume at most {worst_resume:?}"
+         a led in {led}, locked in {locked}; detach at most {worst_detach:?}, resume at most \
+         {worst_resume:?}"
     );
     assert_eq!((downs, ups), (0, 0), "{events:?}");
     assert!(worst_detach < BOUND, "detach took {worst_detach:?}");
     assert!(worst_resume < BOUND, "resume took {worst_resume:?}");
     assert!(led >= RESTARTS / 2, "a led in only {led} of {RESTARTS}");
+    assert!(
+        locked >= RESTARTS / 2,
+        "a locked in only {locked} of {RESTARTS}"
+    );
 
     // One restart past the TTL: the lease expires with the host key.
-    let leadership = run_agent(&agent, &beliefs);
+    let held = run_agent(&agent, &beliefs);
     let saved = agent.session.detach().expect("detach");
     let detached = Instant::now();
-    drop(leadership);
+    drop(held);
     drop(agent);
     let down = match watcher.events().recv_timeout(TTL + BOUND) {
         Ok(HostEvent::Down(info, reason)) if info.id == id => (reason, detached.elapsed()),
@@ -409,8 +498,9 @@ fn a_process_on_a_session_restarts_within_the_ttl_without_a_down_and_past_it_wit
     let checked = assert_no_overlap(&beliefs);
     eprintln!("beliefs checked, none overlapping: {checked:?}");
     assert!(
-        checked.get("b leader").copied().unwrap_or(0) > 0
-            && checked.get("b shard").copied().unwrap_or(0) > 0,
+        ["b leader", "b lock", "b shard"]
+            .iter()
+            .all(|k| checked.get(*k).copied().unwrap_or(0) > 0),
         "the rival never held anything: nothing was checked against it"
     );
     assert!(
