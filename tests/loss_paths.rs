@@ -370,3 +370,40 @@ fn a_detached_session_ends_waits_as_closed_and_leaderships_as_not_leader() {
     held.resign().expect("resign");
     drop(leadership);
 }
+
+/// `Session::detach` while etcd is cut off: the election's key cannot be
+/// deleted, so the lease is not handed over (it would carry the key).
+/// The detach fails, bounded, as `Unavailable` (retryable with a new
+/// session), saying so, and the session is closed. A detach before the
+/// session has a lease changes nothing and is `SessionLost` (retryable).
+#[test]
+fn a_detach_cut_off_from_etcd_hands_nothing_over_and_says_so() {
+    let server = start_etcd();
+    let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
+    let etcd = connect(&proxy.endpoint());
+    proxy.set_mode(Mode::Blackhole);
+    let session = Session::new(&etcd, Duration::from_secs(5)).expect("session");
+    let early = session.detach().expect_err("no lease yet");
+    assert_eq!(kind_and_retry(&early), (ErrorKind::SessionLost, true));
+    proxy.set_mode(Mode::Pass);
+    let election =
+        Election::with_session(&session, "cut", ElectionOptions::default()).expect("election");
+    let leadership = election.campaign(b"a").expect("elected");
+    proxy.set_mode(Mode::Blackhole);
+    let started = Instant::now();
+    let failed = session.detach().expect_err("nothing can be handed over");
+    let took = started.elapsed();
+    eprintln!(
+        "detach cut off: {failed} ({:?}, retryable {}) after {took:?}",
+        failed.kind(),
+        failed.is_retryable()
+    );
+    assert_eq!(kind_and_retry(&failed), (ErrorKind::Unavailable, true));
+    assert!(failed.to_string().contains("not handed over"), "{failed}");
+    assert!(!leadership.is_held(), "the leadership outlived the detach");
+    assert!(took < Duration::from_secs(22), "took {took:?}");
+    let again = session.detach().expect_err("closed");
+    assert_eq!(kind_and_retry(&again), (ErrorKind::Closed, false));
+    proxy.set_mode(Mode::Pass);
+    drop(leadership);
+}

@@ -308,6 +308,19 @@ impl Hub {
     }
 }
 
+/// The error of a detach that could not hand the lease over (see
+/// [`Session::detach`]): `why`, and what became of the session.
+fn not_handed_over(why: &str) -> Error {
+    Error::etcd(
+        ErrorKind::Unavailable,
+        format!(
+            "the session's lease was not handed over: {why}; the session is closed \
+             (its lease revoked, or left to expire: watchers see its host Down); start \
+             the next process with a new session"
+        ),
+    )
+}
+
 impl Session {
     /// A session whose lease has `ttl` (other settings default). Returns at
     /// once; primitives on it wait for the first lease.
@@ -597,19 +610,29 @@ impl Session {
     /// 4. Renewals stop; the lease is left to expire after its TTL unless
     ///    the next process resumes it first.
     ///
-    /// Errors, after which the session is closed and its lease revoked
-    /// (watchers see the host `Down(_, Expired)`; start the next process
-    /// with a new session): a primitive whose keys could not be deleted
-    /// within 10 s (handing the lease over would carry them), an
-    /// [`ErrorKind::Unavailable`] error; no lease to hand over (being
-    /// granted, or just lost), [`Error::InvalidArgument`] naming
-    /// `"detach"`. A closed session fails with [`Error::Closed`].
+    /// Errors:
+    /// * [`Error::SessionLost`] (retryable) when the session holds no lease
+    ///   at the call (it is being granted, or was just lost and is being
+    ///   granted again): nothing is changed, and a detach once the session
+    ///   is `Registered` again can succeed.
+    /// * [`ErrorKind::Unavailable`] (retryable, with a new session) when
+    ///   the lease could not be handed over after all: a primitive could
+    ///   not delete its keys within 10 s (handing the lease over would
+    ///   carry them; etcd is unreachable, say), or the lease was lost or
+    ///   given up meanwhile. The session is closed by then and its lease
+    ///   revoked or left to expire (watchers see the host
+    ///   `Down(_, Expired)`); start the next process with a new session.
+    ///   Returns within about 20 s.
+    /// * [`Error::Closed`] for a session closed or detached already.
     pub fn detach(&self) -> Result<SessionResume> {
         crate::blocking::check()?;
         let departures: Vec<Departure> = {
             let mut hub = self.inner.hub.lock();
             if hub.closed {
                 return Err(Error::Closed);
+            }
+            if hub.current_lease().is_none() {
+                return Err(Error::SessionLost);
             }
             hub.closed = true;
             self.inner.closed.store(true, Ordering::SeqCst);
@@ -637,12 +660,9 @@ impl Session {
         });
         if !ended {
             let _ = self.inner.machine.stop_and_wait(CLOSE_WAIT);
-            return Err(Error::etcd(
-                ErrorKind::Unavailable,
-                "a leadership, lock or shard ownership on the session could not delete its \
-                 keys within 10 s, and handing the lease over would carry them: the session \
-                 was closed instead (its lease revoked); start the next process with a new \
-                 session",
+            return Err(not_handed_over(
+                "an election, lock or shard map on the session could not delete its keys \
+                 within 10 s, and handing the lease over would carry them",
             ));
         }
         let hosts: Vec<(i64, HostResume)> = departures
@@ -660,12 +680,11 @@ impl Session {
             default(deadline.saturating_duration_since(Instant::now())) => None,
         };
         let Some(point) = point else {
-            // The machine stopped as a close does (it had no lease to hand
-            // over, so it revoked whatever it was granted).
-            return Err(Error::invalid(
-                "detach",
-                "the session held no lease to hand over (it was being granted, or had just \
-                 been lost); it was closed instead",
+            // The machine stopped as a close does: the lease was lost, or
+            // given up by a primitive that could not delete its keys.
+            return Err(not_handed_over(
+                "the session's lease was lost or given up while the session was handed over \
+                 (a key that could not be deleted gives the lease up)",
             ));
         };
         self.inner.handed_over.store(true, Ordering::SeqCst);
