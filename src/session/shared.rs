@@ -623,6 +623,8 @@ impl Session {
     ///   revoked or left to expire (watchers see the host
     ///   `Down(_, Expired)`); start the next process with a new session.
     ///   Returns within about 20 s.
+    /// * The refusal itself (e.g. [`ErrorKind::PermissionDenied`]) for a
+    ///   session etcd refused for good.
     /// * [`Error::Closed`] for a session closed or detached already.
     pub fn detach(&self) -> Result<SessionResume> {
         crate::blocking::check()?;
@@ -630,6 +632,10 @@ impl Session {
             let mut hub = self.inner.hub.lock();
             if hub.closed {
                 return Err(Error::Closed);
+            }
+            if let sm::LivenessState::Refused { error } = &hub.state {
+                // For good: no retry gets this session a lease.
+                return Err(Error::rpc(error.clone()));
             }
             if hub.current_lease().is_none() {
                 return Err(Error::SessionLost);
