@@ -412,3 +412,35 @@ fn resume_after_the_key_expired_registers_again_on_the_new_lease() {
         vec![state(LivenessState::Registered { lease: L2 })]
     );
 }
+
+/// A put the earlier process gave up at its detach lands after the
+/// resume was asked for: the guard on the saved mod revision fails, the
+/// key is read (still on the saved lease, with the earlier value) and
+/// written again guarded on what was read. Never a delete.
+#[test]
+fn resume_over_a_late_put_of_the_earlier_process_takes_the_key_over() {
+    let t0 = Instant::now();
+    let mut r = resumed(t0);
+    assert_eq!(handle(&mut r, t0, up(L1)), vec![rpc(0, put(5, b"v", L1))]);
+    let late = KeyValue {
+        key: KEY.to_vec(),
+        value: b"w".to_vec(),
+        create_revision: 3,
+        mod_revision: 6,
+        version: 3,
+        lease: L1,
+    };
+    let refused = Ok(Response::Txn {
+        revision: 6,
+        succeeded: false,
+        responses: vec![TxnOpResponse::Range { kvs: vec![late] }],
+    });
+    assert_eq!(
+        handle(&mut r, t0, reply(0, refused)),
+        vec![rpc(1, put(6, b"v", L1))]
+    );
+    assert_eq!(
+        handle(&mut r, t0, reply(1, written(8))),
+        vec![state(LivenessState::Registered { lease: L1 })]
+    );
+}
