@@ -110,7 +110,7 @@ pub use endpoints::Endpoints;
 pub use error::{Error, ErrorKind, Result};
 pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
 pub use liveness::{HostLiveness, LivenessOptions, DEFAULT_HOSTS_PREFIX};
-pub use resume::Resume;
+pub use resume::{HostResume, Resume, SessionResume};
 pub use server_version::{etcd_defects, KnownDefect, ServerVersion};
 pub use session::{LivenessState, Session, SessionOptions};
 pub use shard::{

@@ -4,14 +4,17 @@ use crate::driver::handle::WaitError;
 use crate::driver::{rand_seed, Finished, MachineHandle, Notify};
 use crate::error::{Error, Result};
 use crate::etcd::Etcd;
-use crate::resume::Resume;
-use crate::session::{close_outcome, LivenessState, SessionOptions, ATTEMPT_TIMEOUT, CLOSE_WAIT};
+use crate::resume::{HostResume, Resume};
+use crate::session::shared::HandOver;
+use crate::session::{
+    close_outcome, Departure, LivenessState, SessionOptions, ATTEMPT_TIMEOUT, CLOSE_WAIT,
+};
 use crate::validate;
 use fleetcoord_sm::keepalive::{
     self as sm, Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, ResumePoint,
 };
 use fleetcoord_sm::registration::{
-    Registration, RegistrationConfig, RegistrationInput, RegistrationNotice,
+    Registration, RegistrationConfig, RegistrationInput, RegistrationNotice, RegistrationPoint,
 };
 use fleetcoord_sm::session::SessionInput;
 use fleetcoord_sm::watch::{incarnation_key, leave_marker_key};
@@ -324,8 +327,8 @@ impl HostLiveness {
             self.stop_and_wait()?;
             return Err(Error::invalid(
                 "detach",
-                "a registration on a shared Session is not handed over (the lease is the \
-                 session's, and everything on it would be carried with it); the host left instead",
+                "a registration on a shared Session is handed over with its session \
+                 (Session::detach), not alone; the host left instead",
             ));
         };
         machine
@@ -360,7 +363,9 @@ impl HostLiveness {
     /// Which process of this registration this is: 1 for one made by
     /// [`HostLiveness::with_options`], one more than the detached one's for
     /// a [`HostLiveness::resume`] (also when the resume fell back to a
-    /// fresh registration). Local to the processes that hand it on;
+    /// fresh registration) or a host taken over from a saved session
+    /// ([`Session::resume`](crate::Session::resume)). Local to the
+    /// processes that hand it on;
     /// watchers learn it only from hosts that publish it
     /// ([`LivenessOptions::publish_incarnation`]).
     pub fn incarnation(&self) -> u64 {
@@ -368,8 +373,9 @@ impl HostLiveness {
     }
 
     /// Whether [`HostLiveness::resume`] took the earlier registration over
-    /// (same lease, same key incarnation), rather than registering afresh.
-    /// Always false for [`HostLiveness::with_options`].
+    /// (same lease, same key incarnation), rather than registering afresh;
+    /// for a host on a resumed session, whether its key was taken over on
+    /// the saved lease. Always false for [`HostLiveness::with_options`].
     pub fn resumed(&self) -> bool {
         self.resumed
     }
@@ -492,10 +498,16 @@ impl HostLiveness {
     ///
     /// [`HostLiveness::close`] announces the leave as on an own lease (the
     /// marker is written on the session's lease and goes when the session
-    /// does) and leaves the session running; it cannot be
-    /// [`detach`](HostLiveness::detach)ed. Close the host before the
-    /// session to show watchers a leave: closing the session revokes its
-    /// lease, which watchers see as `Down(_, Expired)`.
+    /// does) and leaves the session running. It is not
+    /// [`detach`](HostLiveness::detach)ed alone: [`Session::detach`](crate::Session::detach)
+    /// hands it over with the session's lease. On a session made by
+    /// [`Session::resume`](crate::Session::resume) whose saved hosts
+    /// include this key, the registration is taken over: its first write
+    /// is guarded on the key being as the earlier process left it
+    /// ([`HostLiveness::resumed`] says whether it stayed on the saved
+    /// lease; [`HostLiveness::incarnation`] counts one more). Close the
+    /// host before the session to show watchers a leave: closing the
+    /// session revokes its lease, which watchers see as `Down(_, Expired)`.
     pub fn with_session(
         session: &crate::Session,
         host_id: Uuid,
@@ -515,24 +527,40 @@ impl HostLiveness {
         let etcd = session.etcd().clone();
         let key = format!("{}{}", options.prefix, host_id.hyphenated());
         let ttl = session.options().ttl;
-        let machine = Registration::new(
-            RegistrationConfig {
-                key: key.clone().into_bytes(),
-                value: metadata.to_vec(),
-                leave_marker: Some(leave_marker_key(key.as_bytes())),
-                // As with an own lease (see `HostInfo::incarnation`); a
-                // host on a session is never resumed.
-                companion: options
-                    .publish_incarnation
-                    .then(|| (incarnation_key(key.as_bytes()), b"1".to_vec())),
-                backoff: BackoffConfig::default(),
-                give_up: ttl,
-            },
-            Instant::now(),
-            rand_seed(),
-        );
+        // Saved by the process before this one, if the session was resumed.
+        let saved = session.take_host_resume(&key);
+        let incarnation = saved
+            .as_ref()
+            .map_or(1, |(_, host)| host.incarnation.saturating_add(1));
+        let config = RegistrationConfig {
+            key: key.clone().into_bytes(),
+            value: metadata.to_vec(),
+            leave_marker: Some(leave_marker_key(key.as_bytes())),
+            // As with an own lease (see `HostInfo::incarnation`).
+            companion: options.publish_incarnation.then(|| {
+                (
+                    incarnation_key(key.as_bytes()),
+                    incarnation.to_string().into_bytes(),
+                )
+            }),
+            backoff: BackoffConfig::default(),
+            give_up: ttl,
+        };
+        let machine = match &saved {
+            Some((lease, host)) => Registration::resume(
+                config,
+                Instant::now(),
+                rand_seed(),
+                RegistrationPoint {
+                    lease: *lease,
+                    mod_revision: host.mod_revision,
+                },
+            ),
+            None => Registration::new(config, Instant::now(), rand_seed()),
+        };
         let (mut sink, first, left, status, states) = StateSink::new(key.clone());
         let requests_to = session.clone();
+        let (detached_tx, detached) = crossbeam_channel::bounded::<RegistrationPoint>(1);
         let machine = etcd.run(
             machine,
             Notify(move |notice: RegistrationNotice| {
@@ -540,10 +568,40 @@ impl HostLiveness {
                     RegistrationNotice::State(state) => sink.state(state),
                     RegistrationNotice::Left { .. } => sink.left(),
                     RegistrationNotice::SessionRequest(request) => requests_to.request(request),
+                    RegistrationNotice::Detached(point) => {
+                        let _ = detached_tx.try_send(point);
+                    }
                 }
                 true
             }),
         )?;
+        let hand_over = {
+            let input = machine.downgrade();
+            let finished = machine.finished().clone();
+            let host = HostResume {
+                host_id,
+                key: key.clone(),
+                mod_revision: 0,
+                incarnation,
+            };
+            let hand_over: HandOver = Arc::new(move |deadline: Instant| {
+                input.send(RegistrationInput::Detach).ok()?;
+                let wait = deadline.saturating_duration_since(Instant::now());
+                let point = crossbeam_channel::select! {
+                    recv(detached) -> point => point.ok(),
+                    recv(finished) -> _ => detached.try_recv().ok(),
+                    default(wait) => None,
+                }?;
+                Some((
+                    point.lease,
+                    HostResume {
+                        mod_revision: point.mod_revision,
+                        ..host.clone()
+                    },
+                ))
+            });
+            hand_over
+        };
         let shared_status = status.clone();
         let input = machine.downgrade();
         let attachment = session.attach(
@@ -557,8 +615,9 @@ impl HostLiveness {
             // A registration holds no belief a lost lease must end at once:
             // its state says `Lost` when the session tells it.
             || {},
+            Departure::HandOver(hand_over),
         )?;
-        let host = HostLiveness {
+        let mut host = HostLiveness {
             host_id,
             key,
             machine: Engine::Shared(machine, attachment),
@@ -566,12 +625,14 @@ impl HostLiveness {
             states,
             left,
             detached: crossbeam_channel::never(),
-            incarnation: 1,
+            incarnation,
             resumed: false,
             ttl,
             etcd,
         };
-        host.first_outcome(&first, options.register_timeout)?;
+        let first = host.first_outcome(&first, options.register_timeout)?;
+        host.resumed = matches!((first, &saved),
+            (sm::LivenessState::Registered { lease }, Some((saved, _))) if lease == *saved);
         Ok(host)
     }
 

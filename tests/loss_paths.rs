@@ -1,10 +1,12 @@
 //! What a user sees on each path by which a leadership or a campaign ends
 //! other than by its own success, against a real etcd: the error's kind
 //! says what happened, and `is_retryable()` whether the same call can
-//! succeed. Paths: the session lost (own session and shared), the lease
-//! revoked by etcd, the session or election closed, a leadership
-//! superseded by a newer one, a cancel racing a win, and a campaign or
-//! proclaim asked while an earlier one still runs.
+//! succeed. Paths: the session lost (own session and shared; a campaign
+//! at the loss, a proclaim in flight across it), the lease revoked by
+//! etcd, the session or election closed, the session detached (handed to
+//! the next process), a leadership superseded by a newer one, a cancel
+//! racing a win, and a campaign or proclaim asked while an earlier one
+//! still runs.
 //!
 //! The session-loss test campaigns again the instant `is_held()` turns
 //! false, which is before the driver's timer reports the loss: that
@@ -271,4 +273,137 @@ fn operations_asked_while_another_runs_say_so() {
     proxy.set_mode(Mode::Pass);
     drop(leadership);
     election.close().ok();
+}
+
+/// A leadership's proclaim in flight when its session is lost (etcd cut
+/// off until the session's local deadline passes): the proclaim ends as
+/// the loss, `SessionLost`, within the session's trusted lifetime plus
+/// slack, not at the proclaim's own bound (three request timeouts); the
+/// handle then refuses work as `NotLeader`.
+#[test]
+fn a_proclaim_in_flight_when_the_session_is_lost_fails_as_session_lost() {
+    let server = start_etcd();
+    let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
+    let etcd = connect(&proxy.endpoint());
+    let options = fleetcoord::SessionOptions::default()
+        .with_ttl(Duration::from_secs(1))
+        .with_safety_margin(Duration::from_millis(200));
+    let session = Session::with_options(&etcd, options).expect("session");
+    let election =
+        Election::with_session(&session, "inflight", ElectionOptions::default()).expect("election");
+    let leadership = election.campaign(b"a").expect("elected");
+    proxy.set_mode(Mode::Blackhole);
+    let started = Instant::now();
+    let failed = leadership.proclaim(b"b").expect_err("lost");
+    let took = started.elapsed();
+    assert_eq!(
+        kind_and_retry(&failed),
+        (ErrorKind::SessionLost, true),
+        "{failed}"
+    );
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    assert!(!leadership.is_held());
+    let again = leadership.proclaim(b"c").expect_err("over");
+    assert_eq!(kind_and_retry(&again), (ErrorKind::NotLeader, false));
+    proxy.set_mode(Mode::Pass);
+    drop(leadership);
+    session.close().ok();
+}
+
+/// `Session::detach` (a process handing its lease to the next one): a
+/// campaign waiting on the session ends `Closed`, its leadership ends
+/// before the detach returns (`NotLeader` from then on), and later calls
+/// on the election are `Closed`; none is retryable in this process.
+#[test]
+fn a_detached_session_ends_waits_as_closed_and_leaderships_as_not_leader() {
+    let server = start_etcd();
+    let etcd = connect(&server.endpoint());
+    let theirs = connect(&server.endpoint());
+    let session = Session::new(&etcd, Duration::from_secs(5)).expect("session");
+    let leading =
+        Election::with_session(&session, "detach-a", ElectionOptions::default()).expect("a");
+    let leadership = leading.campaign(b"a").expect("elected");
+    let other = Election::new(&theirs, "detach-b").expect("their election");
+    let held = other.campaign(b"theirs").expect("theirs leads");
+    let waiting =
+        Election::with_session(&session, "detach-b", ElectionOptions::default()).expect("b");
+    let pending = waiting.start_campaign(b"waiting").expect("queued");
+    let (_stop_tx, stop) = crossbeam_channel::bounded::<()>(0);
+    let waiter = thread::spawn(move || {
+        let result = pending.wait_until(&stop).map(|won| won.is_some());
+        (result, Instant::now())
+    });
+    thread::sleep(Duration::from_millis(100));
+    let started = Instant::now();
+    let saved = session.detach().expect("detach");
+    let returned = Instant::now();
+    assert!(
+        returned - started < Duration::from_secs(2),
+        "detach took too long"
+    );
+    assert!(!leadership.is_held(), "a leadership outlived the detach");
+    let (waited, woke) = waiter.join().expect("waiter");
+    let closed = waited.expect_err("closed");
+    assert_eq!(kind_and_retry(&closed), (ErrorKind::Closed, false));
+    assert!(
+        woke - started < Duration::from_secs(2),
+        "the wait outlived the detach"
+    );
+    let refused = leadership.proclaim(b"b").expect_err("over");
+    assert_eq!(kind_and_retry(&refused), (ErrorKind::NotLeader, false));
+    let after = leading.start_campaign(b"again").expect_err("closed");
+    assert_eq!(kind_and_retry(&after), (ErrorKind::Closed, false));
+    let again = session.detach().expect_err("detached already");
+    assert_eq!(kind_and_retry(&again), (ErrorKind::Closed, false));
+    session
+        .close()
+        .expect("a close after a detach leaves the lease alone");
+    // Nothing of either election is left on the lease handed over.
+    for name in ["detach-a", "detach-b"] {
+        let keys = common::etcdctl_keys(&server.endpoint(), &format!("/coord/election/{name}/"));
+        assert!(
+            keys.iter()
+                .all(|k| !k.ends_with(&format!("{:x}", saved.lease))),
+            "{name}: {keys:?}"
+        );
+    }
+    held.resign().expect("resign");
+    drop(leadership);
+}
+
+/// `Session::detach` while etcd is cut off: the election's key cannot be
+/// deleted, so the lease is not handed over (it would carry the key).
+/// The detach fails, bounded, as `Unavailable` (retryable with a new
+/// session), saying so, and the session is closed. A detach before the
+/// session has a lease changes nothing and is `SessionLost` (retryable).
+#[test]
+fn a_detach_cut_off_from_etcd_hands_nothing_over_and_says_so() {
+    let server = start_etcd();
+    let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
+    let etcd = connect(&proxy.endpoint());
+    proxy.set_mode(Mode::Blackhole);
+    let session = Session::new(&etcd, Duration::from_secs(5)).expect("session");
+    let early = session.detach().expect_err("no lease yet");
+    assert_eq!(kind_and_retry(&early), (ErrorKind::SessionLost, true));
+    proxy.set_mode(Mode::Pass);
+    let election =
+        Election::with_session(&session, "cut", ElectionOptions::default()).expect("election");
+    let leadership = election.campaign(b"a").expect("elected");
+    proxy.set_mode(Mode::Blackhole);
+    let started = Instant::now();
+    let failed = session.detach().expect_err("nothing can be handed over");
+    let took = started.elapsed();
+    eprintln!(
+        "detach cut off: {failed} ({:?}, retryable {}) after {took:?}",
+        failed.kind(),
+        failed.is_retryable()
+    );
+    assert_eq!(kind_and_retry(&failed), (ErrorKind::Unavailable, true));
+    assert!(failed.to_string().contains("not handed over"), "{failed}");
+    assert!(!leadership.is_held(), "the leadership outlived the detach");
+    assert!(took < Duration::from_secs(22), "took {took:?}");
+    let again = session.detach().expect_err("closed");
+    assert_eq!(kind_and_retry(&again), (ErrorKind::Closed, false));
+    proxy.set_mode(Mode::Pass);
+    drop(leadership);
 }

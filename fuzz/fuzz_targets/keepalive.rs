@@ -31,7 +31,8 @@
 //!   hand over a detach is a stop;
 //! * resume (rule 11): registered on the point's lease, the successor
 //!   (`Keepalive::resume`) finds the model holding the key incarnation of
-//!   the point. (A refused resume registers afresh without `Lost`, but a
+//!   the point (in binding mode; a lease-only machine hands over and
+//!   resumes the lease alone). (A refused resume registers afresh without `Lost`, but a
 //!   proven lease whose resume transaction is unanswered at its deadline
 //!   is lost as any other, after only `Registering`: this target tells the
 //!   two apart only by the trust notices, which it does not keep.)
@@ -307,7 +308,8 @@ impl Run {
                         "notification after Stopped"
                     );
                     if let (Some(point), LivenessState::Registered { lease }) = (self.resumed, &n) {
-                        if *lease == point.lease {
+                        // Lease-only (a session): no key to prove.
+                        if *lease == point.lease && self.binding {
                             let created = self.etcd.get(KEY).map(|kv| kv.create_revision);
                             assert_eq!(
                                 created,
@@ -446,10 +448,14 @@ impl Run {
             }
             Op::Replace => {
                 if let Some(lease) = self.machine.lease() {
+                    // A point's lease a lease-only successor could not
+                    // prove is given up without `Lost`, and may still be
+                    // queued for its revoke.
                     let first_given_up = !self
                         .notifications
                         .iter()
-                        .any(|n| matches!(n, LivenessState::Lost { .. }));
+                        .any(|n| matches!(n, LivenessState::Lost { .. }))
+                        && self.handed.iter().all(|l| *l == lease);
                     self.machine
                         .handle(self.now, KeepaliveInput::Replace { lease });
                     self.drain();

@@ -104,7 +104,11 @@
 //!     [`ResumePoint`]: the lease, the key's create revision (which
 //!     incarnation of the key it is) and its mod revision as last written.
 //!     Leases retired earlier get their last revoke, as in a stop. With
-//!     nothing to hand over (registering, lost) a detach is a stop.
+//!     nothing to hand over (registering, lost) a detach is a stop. In
+//!     lease-only mode (a session) the lease is what is handed over,
+//!     whenever one is held (`Registered` or `Suspended`): the point names
+//!     it with both revisions 0, and every key bound to it stays, for the
+//!     next process's primitives to take over or delete.
 //! 11. Resume ([`Keepalive::resume`]) starts from a [`ResumePoint`]
 //!     instead of a grant. It first proves the lease alive: one renewal,
 //!     answered with a TTL above zero, gives the local deadline as a
@@ -126,8 +130,13 @@
 //!     revision: an earlier copy of the transaction applied) is the write.
 //!     Puts and copies of the resume transaction follow the put rules
 //!     (rules 4 to 6). A stop while the renewal is out revokes the point's
-//!     lease without a leave. In lease-only mode, or from a point without a
-//!     lease or create revision, a resume is a fresh registration.
+//!     lease without a leave. In lease-only mode there is no key to prove:
+//!     the answered renewal alone makes the machine `Registered` on the
+//!     resumed lease, and a refusal registers afresh as above (a lease that
+//!     may still be alive is revoked in the background at once, since no
+//!     key of this machine's waits to be written first). From a point
+//!     without a lease, or (binding mode) without a create revision, a
+//!     resume is a fresh registration.
 //!
 //! Backoff: registration (grant, put, an unproven lease lost) and renewal
 //! failures count separately, each with its own jitter seed derived from the
@@ -601,8 +610,10 @@ impl Keepalive {
     /// commands are `Notify(Registering)` and `Rpc(KeepAlive)` on
     /// `point.lease`, then the resume transaction; on any refusal it
     /// registers afresh (see "Resume" in the module docs). In lease-only
-    /// mode (no binding) there is no key incarnation to prove, and it
-    /// starts as [`Keepalive::with_first_rpc_id`] does.
+    /// mode (no binding) the renewal alone proves the point: answered with
+    /// a TTL above zero, the machine is `Registered` on `point.lease`. A
+    /// point without a lease (or, in binding mode, without a create
+    /// revision) starts as [`Keepalive::with_first_rpc_id`] does.
     pub fn resume(
         config: KeepaliveConfig,
         now: Instant,
@@ -610,7 +621,7 @@ impl Keepalive {
         first_rpc_id: u64,
         point: ResumePoint,
     ) -> Self {
-        if config.binding.is_none() || point.lease == 0 || point.create_revision <= 0 {
+        if point.lease == 0 || (config.binding.is_some() && point.create_revision <= 0) {
             return Self::with_first_rpc_id(config, now, seed, first_rpc_id);
         }
         let mut machine = Self::idle(config, now, seed, first_rpc_id);
@@ -661,10 +672,16 @@ impl Keepalive {
     }
 
     /// What a later machine needs to resume this registration
-    /// ([`Keepalive::resume`]): `Some` only in binding mode while the key
-    /// is written with the current lease and no stop is under way.
+    /// ([`Keepalive::resume`]): in binding mode `Some` only while the key
+    /// is written with the current lease; in lease-only mode while a lease
+    /// is held (both revisions 0); never once a stop is under way.
     pub fn resume_point(&self) -> Option<ResumePoint> {
         match &self.phase {
+            Phase::Leased(l) if self.binding.is_none() => Some(ResumePoint {
+                lease: l.id,
+                create_revision: 0,
+                key_revision: 0,
+            }),
             Phase::Leased(l)
                 if self.binding.is_some() && l.written.is_some() && self.key_created > 0 =>
             {
@@ -1209,10 +1226,18 @@ impl Keepalive {
             return;
         };
         self.phase = Phase::Leased(Lease::fresh(point.lease, trusted, deadline, sent, true));
+        self.arm(Timer::Deadline, deadline);
+        if self.binding.is_none() {
+            // No key to prove: the lease is held as if just granted.
+            self.register_backoff.reset();
+            self.schedule_renewal(now);
+            self.sync_state();
+            self.announce_trust();
+            return;
+        }
         self.key_revision = point.key_revision;
         self.key_created = point.create_revision;
         self.resuming = Some(point.create_revision);
-        self.arm(Timer::Deadline, deadline);
         self.schedule_renewal(now);
         self.send_put(now);
         self.announce_trust();

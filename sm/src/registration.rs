@@ -32,6 +32,24 @@
 //!    The lease is never revoked here: it is the session's.
 //! 4. [`SessionInput::Closed`] stops at once: the owner's revoke deletes
 //!    the key.
+//! 5. **Detach.** [`RegistrationInput::Detach`] hands the registration to
+//!    the next process, which resumes the session's lease: while the key
+//!    is written on the current lease, the machine stops *without* leaving
+//!    (no marker, no delete; a put in flight is canceled) and tells
+//!    [`RegistrationNotice::Detached`] with the lease and the key's mod
+//!    revision as last known. Otherwise there is nothing to hand over and
+//!    it stops as after `Closed`. Either way the lease is left alone.
+//! 6. **Resume.** [`Registration::resume`] starts from such a point: the
+//!    first write (rule 1) is guarded on the point's mod revision instead
+//!    of the key's absence, so it applies only if nobody wrote the key
+//!    since the earlier process detached. On the same lease that write
+//!    keeps the key where it is (watchers see at most an update of its
+//!    value, never a delete); on another lease (the session's resume was
+//!    refused) it moves the key there, or, if the key is gone (its lease
+//!    expired), the failed guard reads it absent and the next put creates
+//!    it (watchers saw the expiry, and see it come back). A canceled put
+//!    of the earlier process that lands late moves the mod revision, so
+//!    the guard fails, the key is read and taken over as in rule 1.
 
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::clock::Clock;
@@ -80,6 +98,8 @@ pub enum RegistrationInput {
     SetValue(Vec<u8>),
     /// Leave (rule 3).
     Stop,
+    /// Hand over to the next process without leaving (rule 5).
+    Detach,
 }
 
 impl From<RpcReply> for RegistrationInput {
@@ -102,6 +122,20 @@ pub enum RegistrationNotice {
     },
     /// What the session's owner must do to the lease (rule 3).
     SessionRequest(SessionRequest),
+    /// Detached (rule 5): where the next process's registration resumes
+    /// ([`Registration::resume`]). Told at most once, right before
+    /// `State(Stopped { revoked: false })`.
+    Detached(RegistrationPoint),
+}
+
+/// A registration handed from one process to the next on a resumed session
+/// lease (rules 5 and 6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegistrationPoint {
+    /// The session lease the key was written on.
+    pub lease: LeaseId,
+    /// The key's mod revision as the detached machine last knew it.
+    pub mod_revision: Revision,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,6 +188,19 @@ pub struct Registration {
 }
 
 impl Registration {
+    /// Resumes the registration a detached machine handed over at `point`
+    /// (rule 6); otherwise as [`Registration::new`].
+    pub fn resume(
+        config: RegistrationConfig,
+        now: Instant,
+        seed: u64,
+        point: RegistrationPoint,
+    ) -> Self {
+        let mut r = Self::new(config, now, seed);
+        r.known = point.mod_revision.max(0);
+        r
+    }
+
     /// Waits for the session's first lease (`Registering`).
     pub fn new(config: RegistrationConfig, now: Instant, seed: u64) -> Self {
         let mut r = Registration {
@@ -390,6 +437,28 @@ impl Registration {
         }
     }
 
+    /// Rule 5.
+    fn detach(&mut self) {
+        // A leave under way is not undone: the key may be deleted already.
+        if let (Some(lease), true, Phase::Running) =
+            (self.lease, self.written_on_lease(), self.phase)
+        {
+            // Canceled first: nothing of this machine's is in flight once
+            // the next one may take the key over.
+            if let Some(InFlight::Put { id, .. } | InFlight::Leave { id, .. }) =
+                self.in_flight.take()
+            {
+                self.outbox.cancel(id);
+            }
+            self.outbox
+                .notify(RegistrationNotice::Detached(RegistrationPoint {
+                    lease,
+                    mod_revision: self.known,
+                }));
+        }
+        self.finish();
+    }
+
     fn lost(&mut self, lease: LeaseId) {
         self.lease = None;
         // The key went with the lease.
@@ -422,6 +491,7 @@ impl Machine for Registration {
             RegistrationInput::Rpc(reply) => self.on_reply(reply),
             RegistrationInput::Session(input) => self.on_session(input),
             RegistrationInput::SetValue(value) => self.value = value,
+            RegistrationInput::Detach => self.detach(),
             RegistrationInput::Stop => {
                 self.phase = Phase::Leaving;
                 if let Some(at) = now.checked_add(self.give_up) {

@@ -124,6 +124,15 @@ impl<M: Machine> WeakInput<M> {
         let input_tx = self.input.upgrade().ok_or(Gone)?;
         input_tx.send(Control::Input(input)).map_err(|_| Gone)
     }
+
+    /// Ask the machine to stop, as [`MachineHandle::stop`] does, without
+    /// keeping it running: for an owner that must be able to end a
+    /// primitive it does not hold (a session detaching).
+    pub(crate) fn stop(&self) {
+        if let Some(input_tx) = self.input.upgrade() {
+            let _ = input_tx.send(Control::Stop);
+        }
+    }
 }
 
 /// A stop that was not confirmed in time.

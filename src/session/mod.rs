@@ -10,9 +10,9 @@ use crate::error::{etcd_kind, Error, ErrorKind, Result};
 use fleetcoord_sm::keepalive as sm;
 use std::time::Duration;
 
-mod shared;
+pub(crate) mod shared;
 
-pub(crate) use shared::Attachment;
+pub(crate) use shared::{Attachment, Departure};
 pub use shared::{Session, SessionOptions};
 
 /// Where a lease-bound registration stands: this host's

@@ -5,15 +5,16 @@ use super::{
     close_outcome, LivenessState, ATTEMPT_TIMEOUT, CLOSE_WAIT, DEFAULT_DRIFT_ALLOWANCE_PPM,
     DEFAULT_SAFETY_MARGIN,
 };
-use crate::driver::{rand_seed, MachineHandle, Notify};
-use crate::error::{Error, Result};
+use crate::driver::{rand_seed, Finished, MachineHandle, Notify};
+use crate::error::{Error, ErrorKind, Result};
 use crate::etcd::Etcd;
+use crate::resume::{HostResume, SessionResume};
 use crate::validate;
 use fleetcoord_sm::election::{SessionInput, SessionRequest};
 use fleetcoord_sm::keepalive::{
-    self as sm, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice,
+    self as sm, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, ResumePoint,
 };
-use fleetcoord_sm::BackoffConfig;
+use fleetcoord_sm::{BackoffConfig, Machine};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
@@ -123,6 +124,11 @@ impl SessionOptions {
 ///   [`Error::Closed`], beliefs end first), then revokes the lease, which
 ///   deletes every key on it. Dropping the last handle of the session and
 ///   of every primitive on it does the same without waiting.
+/// * **A restart need not be a flap.** [`Session::detach`] ends every
+///   leadership, lock and shard ownership on it (deleting their keys) and
+///   hands the lease, with the host registrations on it, to the next
+///   process ([`Session::resume`]): watchers see `Updated` for a restart
+///   within the TTL, exactly `Down(_, Expired)` + `Up` past it.
 ///
 /// ```
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -166,8 +172,13 @@ struct SessionInner {
     machine: MachineHandle<Keepalive>,
     hub: Arc<Mutex<Hub>>,
     states: crossbeam_channel::Receiver<LivenessState>,
+    /// Told the lease handed over by a detach (see `detach`).
+    detached: crossbeam_channel::Receiver<ResumePoint>,
     options: SessionOptions,
     closed: AtomicBool,
+    /// Set once a detach handed the lease over: a later close has nothing
+    /// of this process's to revoke.
+    handed_over: AtomicBool,
 }
 
 /// What the session's notice handler and the primitives on it share.
@@ -177,6 +188,9 @@ struct Hub {
     members: Vec<Member>,
     next_member: u64,
     closed: bool,
+    /// The lease a resume asked for and the host registrations it carried,
+    /// until a `HostLiveness::with_session` takes each over.
+    resumed: Option<(i64, Vec<HostResume>)>,
 }
 
 /// A primitive on the session, as the hub reaches it.
@@ -188,6 +202,41 @@ struct Member {
     /// Ends every belief of the primitive at once, on the calling thread:
     /// run before anything can free its keys.
     end_belief: Box<dyn Fn() + Send>,
+    departure: Departure,
+}
+
+/// How a primitive leaves a session that is detached (handed to the next
+/// process, [`Session::detach`]).
+#[derive(Clone)]
+pub(crate) enum Departure {
+    /// It ends: its machine is stopped, which on a shared session deletes
+    /// its keys (a leadership, a lock, a shard ownership is never handed
+    /// over), and `finished` tells when that is done.
+    End {
+        stop: Arc<dyn Fn() + Send + Sync>,
+        finished: crossbeam_channel::Receiver<Finished>,
+    },
+    /// It is handed over (a host registration): detaches its machine,
+    /// waiting until the instant given, and says on which lease its key
+    /// stands and how the next process takes it over.
+    HandOver(HandOver),
+}
+
+/// See [`Departure::HandOver`].
+pub(crate) type HandOver = Arc<dyn Fn(Instant) -> Option<(i64, HostResume)> + Send + Sync>;
+
+impl Departure {
+    /// A primitive that ends with its machine `machine`.
+    pub(crate) fn end<M: Machine + 'static>(machine: &MachineHandle<M>) -> Departure
+    where
+        M::Input: Send,
+    {
+        let weak = machine.downgrade();
+        Departure::End {
+            stop: Arc::new(move || weak.stop()),
+            finished: machine.finished().clone(),
+        }
+    }
 }
 
 /// A primitive's place on a session; leaving it frees its key prefix.
@@ -259,6 +308,19 @@ impl Hub {
     }
 }
 
+/// The error of a detach that could not hand the lease over (see
+/// [`Session::detach`]): `why`, and what became of the session.
+fn not_handed_over(why: &str) -> Error {
+    Error::etcd(
+        ErrorKind::Unavailable,
+        format!(
+            "the session's lease was not handed over: {why}; the session is closed \
+             (its lease revoked, or left to expire: watchers see its host Down); start \
+             the next process with a new session"
+        ),
+    )
+}
+
 impl Session {
     /// A session whose lease has `ttl` (other settings default). Returns at
     /// once; primitives on it wait for the first lease.
@@ -271,6 +333,72 @@ impl Session {
     /// [`Error::InvalidArgument`] names the first one out of range).
     pub fn with_options(etcd: &Etcd, options: SessionOptions) -> Result<Session> {
         crate::blocking::check()?;
+        Self::start(etcd, options, None)
+    }
+
+    /// Takes over the lease an earlier process handed over with
+    /// [`Session::detach`], so that watchers see no `Down` and no `Up` for
+    /// a restart within the TTL. Returns at once, like
+    /// [`Session::with_options`]; `options` are this session's from now on
+    /// (the lease keeps the TTL it was granted with).
+    ///
+    /// The lease is first proven alive by one renewal answered with a TTL
+    /// above zero, and only then reported `Registered` (until then the
+    /// session is `Registering` and primitives on it wait). If it is gone —
+    /// expired past its TTL, revoked — a new lease is granted, exactly as
+    /// for a new session; if the renewal fails otherwise, the saved lease
+    /// (which may still be alive) is revoked in the background and a new
+    /// one granted.
+    ///
+    /// Host registrations on the saved lease are taken over by
+    /// [`HostLiveness::with_session`](crate::HostLiveness::with_session)
+    /// on this session with the same host id and prefix: its first write is
+    /// guarded on the key being as the earlier process left it, so on the
+    /// resumed lease the key stays (watchers see at most
+    /// [`Updated`](crate::HostEvent::Updated)); if the lease expired, the
+    /// key went with it (watchers saw
+    /// [`Down(_, Expired)`](crate::DownReason::Expired)) and the host comes
+    /// back [`Up`](crate::HostEvent::Up). A saved host that nobody takes
+    /// over keeps its key, with its old metadata, for as long as the lease
+    /// lives. Leaderships, locks and shard ownerships were never carried:
+    /// campaign, lock and join again.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = fleetcoord::testing::EtcdServer::start()?;
+    /// use fleetcoord::{Etcd, HostLiveness, LivenessOptions, Session, SessionOptions, SessionResume};
+    /// use std::time::Duration;
+    ///
+    /// let options = SessionOptions::default().with_ttl(Duration::from_secs(5));
+    /// let host_id = uuid::Uuid::new_v4();
+    /// // The process that stops:
+    /// let etcd = Etcd::connect(&[server.endpoint()])?;
+    /// let session = Session::with_options(&etcd, options.clone())?;
+    /// let host = HostLiveness::with_session(&session, host_id, b"v1", LivenessOptions::default())?;
+    /// let saved = session.detach()?.to_string(); // e.g. into a state file
+    /// drop(host);
+    /// drop(etcd);
+    /// // The next process, within the TTL:
+    /// let etcd = Etcd::connect(&[server.endpoint()])?;
+    /// let saved: SessionResume = saved.parse()?;
+    /// let session = Session::resume(&etcd, saved.clone(), options)?;
+    /// let host = HostLiveness::with_session(&session, host_id, b"v2", LivenessOptions::default())?;
+    /// assert!(host.resumed()); // same lease, same key: watchers saw no Down
+    /// assert_eq!(host.lease(), Some(saved.lease));
+    /// # host.close()?;
+    /// # session.close()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn resume(etcd: &Etcd, resume: SessionResume, options: SessionOptions) -> Result<Session> {
+        crate::blocking::check()?;
+        Self::start(etcd, options, Some(resume))
+    }
+
+    fn start(
+        etcd: &Etcd,
+        options: SessionOptions,
+        resume: Option<SessionResume>,
+    ) -> Result<Session> {
         options.validate()?;
         let config = KeepaliveConfig {
             ttl_secs: options.ttl.as_secs() as i64,
@@ -281,7 +409,20 @@ impl Session {
             attempt_timeout: ATTEMPT_TIMEOUT.min(etcd.options().request_timeout),
             announce_trust: true,
         };
-        let mut machine = Keepalive::new(config, Instant::now(), rand_seed());
+        let mut machine = match &resume {
+            Some(r) => Keepalive::resume(
+                config,
+                Instant::now(),
+                rand_seed(),
+                0,
+                ResumePoint {
+                    lease: r.lease,
+                    create_revision: 0,
+                    key_revision: 0,
+                },
+            ),
+            None => Keepalive::new(config, Instant::now(), rand_seed()),
+        };
         machine.set_renewal_grid(Some(etcd.renewal_grid()));
         let hub = Arc::new(Mutex::new(Hub {
             state: sm::LivenessState::Registering,
@@ -289,7 +430,9 @@ impl Session {
             members: Vec::new(),
             next_member: 0,
             closed: false,
+            resumed: resume.map(|r| (r.lease, r.hosts)),
         }));
+        let (detached_tx, detached) = crossbeam_channel::bounded::<ResumePoint>(1);
         let (states_tx, states) = crossbeam_channel::unbounded();
         let oldest = states.clone();
         let handler_hub = hub.clone();
@@ -306,8 +449,12 @@ impl Session {
                         return true;
                     }
                     KeepaliveNotice::State(state) => state,
-                    // A session binds no key: no leave, no hand-over.
-                    KeepaliveNotice::Left { .. } | KeepaliveNotice::Detached(_) => return true,
+                    KeepaliveNotice::Detached(point) => {
+                        let _ = detached_tx.try_send(point);
+                        return true;
+                    }
+                    // A session binds no key: no leave.
+                    KeepaliveNotice::Left { .. } => return true,
                 };
                 let fact = match &state {
                     sm::LivenessState::Registering => None,
@@ -353,8 +500,10 @@ impl Session {
                 machine,
                 hub,
                 states,
+                detached,
                 options,
                 closed: AtomicBool::new(false),
+                handed_over: AtomicBool::new(false),
             }),
         })
     }
@@ -414,9 +563,14 @@ impl Session {
     /// deletes every key on it) and wait until etcd confirmed it; an error
     /// means the lease will instead expire after its TTL. Beliefs end
     /// before the revoke is sent. Primitives on the session answer every
-    /// later call with [`Error::Closed`]. Closing again is harmless.
+    /// later call with [`Error::Closed`]. Closing again is harmless, and so
+    /// is closing after [`Session::detach`] handed the lease over (it is
+    /// then the next process's, and left alone).
     pub fn close(&self) -> Result<()> {
         crate::blocking::check()?;
+        if self.inner.handed_over.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         {
             let mut hub = self.inner.hub.lock();
             self.inner.closed.store(true, Ordering::SeqCst);
@@ -437,15 +591,141 @@ impl Session {
         close_outcome(finished, revoked, || self.inner.etcd.gone())
     }
 
+    /// Hands the session's lease to the next process instead of revoking
+    /// it: what the process calls before it exits to be restarted, so that
+    /// watchers see no `Down` (give the result to [`Session::resume`]).
+    ///
+    /// In order, before it returns:
+    /// 1. Every leadership, lock and shard ownership on the session ends
+    ///    (`is_held()` false, `lost()` fired), and no new primitive may
+    ///    join the session.
+    /// 2. Every election, pool, mutex, semaphore and shard map on it stops
+    ///    and deletes its keys, as their `close` does; none is carried
+    ///    over, so the next process campaigns, locks and joins again.
+    ///    Later calls on them fail with [`Error::Closed`].
+    /// 3. Every host registration on it
+    ///    ([`HostLiveness::with_session`](crate::HostLiveness::with_session))
+    ///    stops *without* leaving: its key stays, on the lease, and watchers
+    ///    see nothing.
+    /// 4. Renewals stop; the lease is left to expire after its TTL unless
+    ///    the next process resumes it first.
+    ///
+    /// Errors:
+    /// * [`Error::SessionLost`] (retryable) when the session holds no lease
+    ///   at the call (it is being granted, or was just lost and is being
+    ///   granted again): nothing is changed, and a detach once the session
+    ///   is `Registered` again can succeed.
+    /// * [`ErrorKind::Unavailable`] (retryable, with a new session) when
+    ///   the lease could not be handed over after all: a primitive could
+    ///   not delete its keys within 10 s (handing the lease over would
+    ///   carry them; etcd is unreachable, say), or the lease was lost or
+    ///   given up meanwhile. The session is closed by then and its lease
+    ///   revoked or left to expire (watchers see the host
+    ///   `Down(_, Expired)`); start the next process with a new session.
+    ///   Returns within about 20 s.
+    /// * The refusal itself (e.g. [`ErrorKind::PermissionDenied`]) for a
+    ///   session etcd refused for good.
+    /// * [`Error::Closed`] for a session closed or detached already.
+    pub fn detach(&self) -> Result<SessionResume> {
+        crate::blocking::check()?;
+        let departures: Vec<Departure> = {
+            let mut hub = self.inner.hub.lock();
+            if hub.closed {
+                return Err(Error::Closed);
+            }
+            if let sm::LivenessState::Refused { error } = &hub.state {
+                // For good: no retry gets this session a lease.
+                return Err(Error::rpc(error.clone()));
+            }
+            if hub.current_lease().is_none() {
+                return Err(Error::SessionLost);
+            }
+            hub.closed = true;
+            self.inner.closed.store(true, Ordering::SeqCst);
+            // Nothing on the lease is believed in this process from here
+            // on, whoever holds it next.
+            if let Some(lease) = hub.current_lease() {
+                self.inner.dead.store(lease, Ordering::SeqCst);
+            }
+            hub.end_beliefs();
+            hub.members.iter().map(|m| m.departure.clone()).collect()
+        };
+        let deadline = Instant::now() + CLOSE_WAIT;
+        for departure in &departures {
+            if let Departure::End { stop, .. } = departure {
+                stop();
+            }
+        }
+        let ended = departures.iter().all(|departure| match departure {
+            // Disconnected: the machine task is gone already.
+            Departure::End { finished, .. } => !matches!(
+                finished.recv_deadline(deadline),
+                Ok(Finished::Abandoned) | Err(crossbeam_channel::RecvTimeoutError::Timeout)
+            ),
+            Departure::HandOver(_) => true,
+        });
+        if !ended {
+            let _ = self.inner.machine.stop_and_wait(CLOSE_WAIT);
+            return Err(not_handed_over(
+                "an election, lock or shard map on the session could not delete its keys \
+                 within 10 s, and handing the lease over would carry them",
+            ));
+        }
+        let hosts: Vec<(i64, HostResume)> = departures
+            .iter()
+            .filter_map(|departure| match departure {
+                Departure::HandOver(hand_over) => hand_over(deadline),
+                Departure::End { .. } => None,
+            })
+            .collect();
+        // Gone: the driver stopped, and the wait below says so.
+        let _ = self.inner.machine.send(KeepaliveInput::Detach);
+        let point = crossbeam_channel::select! {
+            recv(self.inner.detached) -> point => point.ok(),
+            recv(self.inner.machine.finished()) -> _ => self.inner.detached.try_recv().ok(),
+            default(deadline.saturating_duration_since(Instant::now())) => None,
+        };
+        let Some(point) = point else {
+            // The machine stopped as a close does: the lease was lost, or
+            // given up by a primitive that could not delete its keys.
+            return Err(not_handed_over(
+                "the session's lease was lost or given up while the session was handed over \
+                 (a key that could not be deleted gives the lease up)",
+            ));
+        };
+        self.inner.handed_over.store(true, Ordering::SeqCst);
+        Ok(SessionResume {
+            lease: point.lease,
+            ttl: self.inner.options.ttl,
+            hosts: hosts
+                .into_iter()
+                .filter(|(lease, _)| *lease == point.lease)
+                .map(|(_, host)| host)
+                .collect(),
+        })
+    }
+
+    /// The saved registration of host key `key`, if this session was
+    /// resumed from one that carried it and nobody took it over yet, with
+    /// the lease it was saved on.
+    pub(crate) fn take_host_resume(&self, key: &str) -> Option<(i64, HostResume)> {
+        let mut hub = self.inner.hub.lock();
+        let (lease, hosts) = hub.resumed.as_mut()?;
+        let at = hosts.iter().position(|h| h.key == key)?;
+        Some((*lease, hosts.swap_remove(at)))
+    }
+
     /// Puts a primitive on the session under `key` (its key prefix):
     /// refused while another primitive on it uses the same prefix, or once
     /// the session is closed. `input` feeds its machine; `end_belief` ends
-    /// its beliefs at once. The current facts are replayed to it first.
+    /// its beliefs at once; `departure` is how it leaves a detach. The
+    /// current facts are replayed to it first.
     pub(crate) fn attach(
         &self,
         key: &str,
         input: impl Fn(SessionInput) -> bool + Send + 'static,
         end_belief: impl Fn() + Send + 'static,
+        departure: Departure,
     ) -> Result<Attachment> {
         let mut hub = self.inner.hub.lock();
         if hub.closed {
@@ -472,6 +752,7 @@ impl Session {
             key: key.to_string(),
             input: Box::new(input),
             end_belief: Box::new(end_belief),
+            departure,
         });
         Ok(Attachment {
             session: self.clone(),

@@ -240,6 +240,7 @@ impl ShardMap {
             &prefix,
             move |fact| input.send(MemberInput::Session(fact)).is_ok(),
             move || lose.lose_all(),
+            crate::session::Departure::end(&machine),
         )?;
         Ok(ShardMap {
             etcd: etcd.clone(),

@@ -2150,13 +2150,18 @@ fn stop_while_resuming_revokes_the_saved_lease() {
 }
 
 #[test]
-fn resume_without_a_binding_or_with_a_nonsense_point_registers_afresh() {
+fn resume_from_a_point_without_a_lease_or_key_incarnation_registers_afresh() {
     let t0 = Instant::now();
     let nonsense = ResumePoint {
         create_revision: 0,
         ..POINT
     };
-    for (config, point) in [(config(false), POINT), (config(true), nonsense)] {
+    let no_lease = ResumePoint { lease: 0, ..POINT };
+    for (config, point) in [
+        (config(false), no_lease),
+        (config(true), no_lease),
+        (config(true), nonsense),
+    ] {
         let mut m = Keepalive::resume(config, t0, 1, 0, point);
         assert_eq!(
             drain(&mut m),
@@ -2267,5 +2272,134 @@ fn the_companion_is_put_in_the_resume_transaction() {
     assert_eq!(
         drain(&mut m),
         vec![with_companion_put(resume_txn(1, b"v1"))]
+    );
+}
+
+/// The point a lease-only machine hands over: the lease alone.
+const SESSION_POINT: ResumePoint = ResumePoint {
+    lease: LEASE,
+    create_revision: 0,
+    key_revision: 0,
+};
+
+#[test]
+fn a_session_detaches_its_lease_without_revoking_it() {
+    let t0 = Instant::now();
+    let mut m = granted(t0);
+    assert_eq!(m.resume_point(), Some(SESSION_POINT));
+    m.handle_timeout(t0 + s(3));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(1, Request::KeepAlive { lease: LEASE })]
+    );
+    m.handle(t0 + s(3), KeepaliveInput::Detach);
+    // The renewal in flight is canceled; the lease is left to the next
+    // process: no revoke, ever.
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Cancel { id: RpcId(1) },
+            Command::Notify(KeepaliveNotice::Detached(SESSION_POINT)),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Stopped {
+                revoked: false
+            })),
+        ]
+    );
+    assert!(m.is_finished());
+    m.handle(t0 + s(4), KeepaliveInput::Stop);
+    assert_eq!(drain(&mut m), vec![]);
+}
+
+#[test]
+fn a_session_with_no_lease_to_hand_over_detaches_as_a_stop() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(config(false), t0, 1);
+    let _ = drain(&mut m);
+    assert_eq!(m.resume_point(), None);
+    m.handle(t0 + ms(5), KeepaliveInput::Detach);
+    // The grant in flight is waited for, so the lease it makes is revoked.
+    assert_eq!(drain(&mut m), vec![]);
+    m.handle(t0 + ms(10), grant_reply());
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(1, Request::Revoke { lease: LEASE })]
+    );
+}
+
+#[test]
+fn a_session_resume_is_registered_on_the_renewal_that_proves_the_lease() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::resume(config(false), t0, 1, 0, SESSION_POINT);
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Notify(KeepaliveNotice::State(LivenessState::Registering)),
+            rpc(0, Request::KeepAlive { lease: LEASE }),
+        ]
+    );
+    assert_eq!(m.lease(), None, "not held before etcd says it lives");
+    m.handle(t0 + ms(10), ok(0, Response::KeptAlive { ttl_secs: TTL }));
+    // No key to prove: held from the renewal's send, renewed at a third.
+    assert_eq!(drain(&mut m), vec![registered()]);
+    assert_eq!(m.lease(), Some(LEASE));
+    assert_eq!(m.local_deadline(), Some(t0 + s(9)));
+    assert_eq!(m.poll_timeout(), Some(t0 + s(3)));
+    m.handle_timeout(t0 + s(3));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(1, Request::KeepAlive { lease: LEASE })]
+    );
+    // And handed on again as it was taken.
+    assert_eq!(m.resume_point(), Some(SESSION_POINT));
+}
+
+#[test]
+fn a_session_resume_refused_grants_afresh_and_revokes_a_lease_that_may_live() {
+    // Gone (past the TTL, revoked): a grant at once, nothing to revoke.
+    for reply in [
+        ok(0, Response::KeptAlive { ttl_secs: 0 }),
+        KeepaliveInput::Rpc(RpcReply {
+            id: RpcId(0),
+            result: Err(RpcError::LeaseNotFound),
+        }),
+    ] {
+        let t0 = Instant::now();
+        let mut m = Keepalive::resume(config(false), t0, 1, 0, SESSION_POINT);
+        let _ = drain(&mut m);
+        m.handle(t0 + ms(10), reply);
+        assert_eq!(
+            drain(&mut m),
+            vec![rpc(1, Request::Grant { ttl_secs: TTL })]
+        );
+        m.handle(
+            t0 + ms(20),
+            ok(
+                1,
+                Response::Granted {
+                    lease: 11,
+                    ttl_secs: TTL,
+                },
+            ),
+        );
+        assert_eq!(
+            drain(&mut m),
+            vec![Command::Notify(KeepaliveNotice::State(
+                LivenessState::Registered { lease: 11 }
+            ))],
+            "never `Lost`: the resumed lease was never reported held"
+        );
+    }
+    // A failed renewal: the lease may live on, holding every key on it,
+    // so it is revoked in the background (no key of this machine waits).
+    let t0 = Instant::now();
+    let mut m = Keepalive::resume(config(false), t0, 1, 0, SESSION_POINT);
+    let _ = drain(&mut m);
+    m.handle(t0 + ms(10), err(0));
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            rpc(1, Request::Revoke { lease: LEASE }),
+            rpc(2, Request::Grant { ttl_secs: TTL }),
+        ]
     );
 }

@@ -309,3 +309,138 @@ fn a_closed_session_stops_at_once() {
     );
     assert!(r.is_finished());
 }
+
+/// Detach hands the key over as it stands: no leave, no delete, the lease
+/// left alone, the put in flight canceled.
+#[test]
+fn detach_hands_the_key_over_without_leaving() {
+    let t0 = Instant::now();
+    let mut r = registered(t0);
+    r.handle(t0, RegistrationInput::SetValue(b"w".to_vec()));
+    let put_w = drain(&mut r);
+    assert_eq!(put_w, vec![rpc(1, put(5, b"w", L1))]);
+    assert_eq!(
+        handle(&mut r, t0, RegistrationInput::Detach),
+        vec![
+            Command::Cancel { id: RpcId(1) },
+            Command::Notify(RegistrationNotice::Detached(RegistrationPoint {
+                lease: L1,
+                mod_revision: 5,
+            })),
+            state(LivenessState::Stopped { revoked: false }),
+        ]
+    );
+    assert!(r.is_finished());
+    assert_eq!(handle(&mut r, t0, RegistrationInput::Stop), vec![]);
+}
+
+#[test]
+fn detach_with_nothing_written_or_while_leaving_hands_nothing_over() {
+    let t0 = Instant::now();
+    let mut r = registration(t0);
+    assert_eq!(
+        handle(&mut r, t0, RegistrationInput::Detach),
+        vec![state(LivenessState::Stopped { revoked: false })]
+    );
+    let mut r = registered(t0);
+    assert_eq!(
+        handle(&mut r, t0, RegistrationInput::Stop),
+        vec![rpc(1, leave(5, L1))]
+    );
+    // The leave may have deleted the key already: it is not undone.
+    assert_eq!(
+        handle(&mut r, t0, RegistrationInput::Detach),
+        vec![
+            Command::Cancel { id: RpcId(1) },
+            state(LivenessState::Stopped { revoked: false }),
+        ]
+    );
+}
+
+fn resumed(t0: Instant) -> Registration {
+    let mut r = Registration::resume(
+        RegistrationConfig {
+            key: KEY.to_vec(),
+            value: b"v".to_vec(),
+            leave_marker: Some(MARKER.to_vec()),
+            companion: Some((INCARNATION.to_vec(), b"1".to_vec())),
+            backoff: BackoffConfig::default(),
+            give_up: Duration::from_secs(9),
+        },
+        t0,
+        7,
+        RegistrationPoint {
+            lease: L1,
+            mod_revision: 5,
+        },
+    );
+    assert_eq!(drain(&mut r), vec![state(LivenessState::Registering)]);
+    r
+}
+
+/// On the resumed lease the first write is guarded on the point: the key
+/// stays (same create revision), watchers see at most its value change.
+#[test]
+fn resume_writes_the_key_guarded_on_where_the_earlier_process_left_it() {
+    let t0 = Instant::now();
+    let mut r = resumed(t0);
+    assert_eq!(handle(&mut r, t0, up(L1)), vec![rpc(0, put(5, b"v", L1))]);
+    assert_eq!(
+        handle(&mut r, t0, reply(0, written(9))),
+        vec![state(LivenessState::Registered { lease: L1 })]
+    );
+}
+
+/// Past the TTL the key is gone: the guard fails, the key reads absent,
+/// and the next put creates it on the new lease (watchers saw it expire).
+#[test]
+fn resume_after_the_key_expired_registers_again_on_the_new_lease() {
+    let t0 = Instant::now();
+    let mut r = resumed(t0);
+    assert_eq!(handle(&mut r, t0, up(L2)), vec![rpc(0, put(5, b"v", L2))]);
+    let absent = Ok(Response::Txn {
+        revision: 12,
+        succeeded: false,
+        responses: vec![TxnOpResponse::Range { kvs: vec![] }],
+    });
+    assert_eq!(
+        handle(&mut r, t0, reply(0, absent)),
+        vec![rpc(1, put(0, b"v", L2))]
+    );
+    assert_eq!(
+        handle(&mut r, t0, reply(1, written(13))),
+        vec![state(LivenessState::Registered { lease: L2 })]
+    );
+}
+
+/// A put the earlier process gave up at its detach lands after the
+/// resume was asked for: the guard on the saved mod revision fails, the
+/// key is read (still on the saved lease, with the earlier value) and
+/// written again guarded on what was read. Never a delete.
+#[test]
+fn resume_over_a_late_put_of_the_earlier_process_takes_the_key_over() {
+    let t0 = Instant::now();
+    let mut r = resumed(t0);
+    assert_eq!(handle(&mut r, t0, up(L1)), vec![rpc(0, put(5, b"v", L1))]);
+    let late = KeyValue {
+        key: KEY.to_vec(),
+        value: b"w".to_vec(),
+        create_revision: 3,
+        mod_revision: 6,
+        version: 3,
+        lease: L1,
+    };
+    let refused = Ok(Response::Txn {
+        revision: 6,
+        succeeded: false,
+        responses: vec![TxnOpResponse::Range { kvs: vec![late] }],
+    });
+    assert_eq!(
+        handle(&mut r, t0, reply(0, refused)),
+        vec![rpc(1, put(6, b"v", L1))]
+    );
+    assert_eq!(
+        handle(&mut r, t0, reply(1, written(8))),
+        vec![state(LivenessState::Registered { lease: L1 })]
+    );
+}
