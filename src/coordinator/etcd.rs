@@ -6,7 +6,7 @@
 use super::lane::{Dispatch, Lane, LaneMachine, LaneMsg, Lanes};
 use super::lifecycle::Lifecycle;
 use super::{
-    check_key, check_name, check_payload, pattern, plan_set, refused, Capabilities, Coordinator,
+    check_key, check_name, check_payload, check_set, pattern, refused, Capabilities, Coordinator,
     Feed, KvEntry, KvEvent, KvSetOptions, KvWatcher, Message, StreamEntry, StreamId,
     StreamPosition, StreamReader, Subscription,
 };
@@ -706,10 +706,7 @@ impl Coordinator for EtcdCoordinator {
     ) -> Result<u64> {
         crate::blocking::check()?;
         self.life.check_open()?;
-        check_name("bucket", bucket)?;
-        check_key(key)?;
-        check_payload("etcd", "value", value)?;
-        let plan = plan_set(options)?;
+        let plan = check_set("etcd", bucket, key, value, options)?;
         // An expected revision beyond etcd's (which are i64s) was not read
         // from etcd: sm's rule for a revision newer than the key's.
         let expected = match plan.condition.expected() {

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use super::{plan_set, refused, KvEntry, KvSetOptions, DEFAULT_FEED_CAPACITY};
+use super::{check_set, refused, KvEntry, KvSetOptions, DEFAULT_FEED_CAPACITY};
 
 /// The longest the expiry thread sleeps: a key set with a TTL while it
 /// sleeps towards a later deadline is expired at most this late, well
@@ -876,10 +876,7 @@ impl Coordinator for MemoryCoordinator {
         options: KvSetOptions,
     ) -> Result<u64> {
         self.life.check_open()?;
-        check_name("bucket", bucket)?;
-        check_key(key)?;
-        check_payload("memory", "value", value)?;
-        let plan = plan_set(options)?;
+        let plan = check_set("memory", bucket, key, value, options)?;
         let now = Instant::now();
         let expires = plan
             .ttl_secs

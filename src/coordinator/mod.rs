@@ -639,6 +639,22 @@ pub fn check_key(key: &str) -> Result<()> {
     crate::validate::segment("key", key)
 }
 
+/// The checks of every backend's `kv_set_with` before anything is sent:
+/// the bucket and key names, the value's size on `backend`
+/// ([`check_payload`]) and the options ([`plan_set`]).
+pub(crate) fn check_set(
+    backend: &'static str,
+    bucket: &str,
+    key: &str,
+    value: &[u8],
+    options: KvSetOptions,
+) -> Result<SetPlan> {
+    check_name("bucket", bucket)?;
+    check_key(key)?;
+    check_payload(backend, "value", value)?;
+    plan_set(options)
+}
+
 /// Checks a payload (`what` = `"payload"`) or a KV value (`"value"`)
 /// for `backend`, whose limit the error names: [`MAX_PAYLOAD`] on every
 /// backend, so that a payload one accepts works on all; etcd's says why

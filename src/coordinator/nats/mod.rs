@@ -131,7 +131,7 @@ mod stream;
 mod streams;
 
 use super::{
-    check_key, check_name, check_payload, pattern, plan_set, Capabilities, Coordinator, Feed,
+    check_key, check_name, check_payload, check_set, pattern, Capabilities, Coordinator, Feed,
     KvEntry, KvSetOptions, KvWatcher, StreamId, StreamPosition, StreamReader, Subscription,
     MAX_PAYLOAD,
 };
@@ -490,10 +490,7 @@ impl Coordinator for NatsCoordinator {
         options: KvSetOptions,
     ) -> Result<u64> {
         crate::blocking::check()?;
-        check_name("bucket", bucket)?;
-        check_key(key)?;
-        check_payload("nats", "value", value)?;
-        let plan = plan_set(options)?;
+        let plan = check_set("nats", bucket, key, value, options)?;
         self.life.check_open()?;
         // Room for the TTL and expected-sequence headers too.
         self.conn.check_fits("value", value.len(), 160)?;

@@ -246,7 +246,7 @@ use crate::coordinator::bridge::{self, Bridge, CallError};
 use crate::coordinator::lifecycle::Lifecycle;
 use crate::coordinator::write_ids::WriteIds;
 use crate::coordinator::{
-    check_key, check_name, check_payload, pattern, plan_set, refused, Capabilities, Coordinator,
+    check_key, check_name, check_payload, check_set, pattern, refused, Capabilities, Coordinator,
     KvEntry, KvSetOptions, KvWatcher, StreamId, StreamPosition, StreamReader, Subscription,
 };
 use crate::endpoints::Endpoints;
@@ -517,10 +517,7 @@ impl Coordinator for RedisCoordinator {
         options: KvSetOptions,
     ) -> Result<u64> {
         crate::blocking::check()?;
-        check_name("bucket", bucket)?;
-        check_key(key)?;
-        check_payload("redis", "value", value)?;
-        let plan = plan_set(options)?;
+        let plan = check_set("redis", bucket, key, value, options)?;
         let ttl_ms = plan.ttl_secs.map(|secs| secs.saturating_mul(1000));
         let expected = plan.condition.expected();
         match self.kv_write_with(bucket, key, Some(value.to_vec()), expected, ttl_ms)? {
