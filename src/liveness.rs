@@ -408,12 +408,7 @@ impl HostLiveness {
                 // Written with every write of the key, so a watcher reads
                 // both at one revision (see `HostInfo::incarnation`); only
                 // on request, since it is a second key under the prefix.
-                companion: options.publish_incarnation.then(|| {
-                    (
-                        incarnation_key(key.as_bytes()),
-                        incarnation.to_string().into_bytes(),
-                    )
-                }),
+                companion: companion(&options, &key, incarnation),
             }),
             backoff: BackoffConfig::default(),
             safety_margin: options.session.safety_margin,
@@ -537,12 +532,7 @@ impl HostLiveness {
             value: metadata.to_vec(),
             leave_marker: Some(leave_marker_key(key.as_bytes())),
             // As with an own lease (see `HostInfo::incarnation`).
-            companion: options.publish_incarnation.then(|| {
-                (
-                    incarnation_key(key.as_bytes()),
-                    incarnation.to_string().into_bytes(),
-                )
-            }),
+            companion: companion(&options, &key, incarnation),
             backoff: BackoffConfig::default(),
             give_up: ttl,
         };
@@ -899,3 +889,15 @@ impl StateSink {
 
 // Dropping the `MachineHandle` stops the keepalive without waiting; see
 // "Dropping" in the type's docs.
+
+/// The incarnation key and value written with every write of the host
+/// key `key`, when `options` publish it (see `HostInfo::incarnation`): one
+/// rule for a host on its own lease and one on a session.
+fn companion(options: &LivenessOptions, key: &str, incarnation: u64) -> Option<(Vec<u8>, Vec<u8>)> {
+    options.publish_incarnation.then(|| {
+        (
+            incarnation_key(key.as_bytes()),
+            incarnation.to_string().into_bytes(),
+        )
+    })
+}
