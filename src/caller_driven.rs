@@ -14,10 +14,19 @@
 //! What it guarantees, for every user of it:
 //!
 //! * **A lone call never crosses a thread.** [`Taken::run`] runs
-//!   the call in `Runtime::block_on` on the calling thread. Concurrent
-//!   callers take turns driving the connection (tokio hands the runtime's
-//!   core from one `block_on` to the next) and each polls its own call, so
-//!   they pipeline on the one connection.
+//!   the call in `Runtime::block_on` on the calling thread.
+//! * **A connection per concurrent caller, up to [`MAX_CONNS`].** A call
+//!   takes a built connection no other call is running on; when every one
+//!   is busy, it shares the least busy one, and one more connection starts
+//!   being built for the next. Callers sharing a connection take turns
+//!   driving it (tokio hands the runtime's core from one `block_on` to the
+//!   next) and each polls its own call, so they pipeline on it, but every
+//!   answer the driving thread reads for another caller costs a wake-up of
+//!   that caller, and the connection stalls while its core changes hands:
+//!   with a connection each, 4 callers went 1.6x faster (BENCHMARKS.md,
+//!   "Fourth round"). An extra connection unused for [`IDLE_FOR`] is ended
+//!   by the next call, so the pool shrinks to one when callers stop
+//!   overlapping.
 //! * **Nothing runs between calls.** Nobody drives the connection while no
 //!   call runs, so its client must not depend on background progress
 //!   (no pings it would have to answer in time). A connection that died
@@ -27,6 +36,9 @@
 //!   and the next call builds a new one.
 //! * **One connection per call.** A call runs on one connection, and
 //!   whatever it answers is the caller's: it is never run again on another.
+//!   Two calls of one thread may run on two connections; the second is
+//!   sent only after the first was answered, so the server has applied the
+//!   first before it reads the second.
 //! * **No call waits for a build.** The first call that finds no
 //!   connection (or one built for an older `epoch`) starts building one on
 //!   a thread of its own, within the connect timeout, and takes its
@@ -38,9 +50,9 @@
 //!   timeout, never a connect timeout on top.
 //! * **Tended, where the server insists.** A server that pings its clients
 //!   and drops those that do not answer (NATS) gets its answers from
-//!   [`CallerDriven::tend`]: a thread of its own that drives the
-//!   connection for [`TEND_FOR`] once per interval in which no call ran
-//!   (calls drive it anyway). Between those moments it sleeps, and a call
+//!   [`CallerDriven::tend`]: a thread of its own that drives each
+//!   connection for [`TEND_FOR`] once per interval in which no call ran on
+//!   it (calls drive it anyway). Between those moments it sleeps, and a call
 //!   that arrives during one is driven by the tender, at one wake-up more.
 //! * **Closing ends it.** After [`CallerDriven::close`] no call is taken,
 //!   and the runtime ends when the last call on it has, without blocking
@@ -49,6 +61,7 @@
 use crate::error::ErrorKind;
 use parking_lot::Mutex;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -61,6 +74,14 @@ pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// own), short enough that a call rarely finds the tender driving.
 #[cfg_attr(not(feature = "nats"), allow(dead_code))]
 pub(crate) const TEND_FOR: Duration = Duration::from_millis(2);
+
+/// The most connections one handle's callers drive at once: one per
+/// caller up to this many overlapping callers, shared beyond.
+pub(crate) const MAX_CONNS: usize = 4;
+
+/// How long an extra connection (any but the first) may go without a
+/// call before the next call ends it.
+pub(crate) const IDLE_FOR: Duration = Duration::from_secs(30);
 
 /// What a call's answer says of its connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,15 +167,51 @@ enum State<C> {
     Closed,
 }
 
-/// A lazily built client `C` on a runtime its callers drive.
+/// One connection of the pool and the calls running on it.
+struct Slot<C> {
+    state: Mutex<State<C>>,
+    /// Calls running on this slot's connection (claimed in
+    /// [`CallerDriven::take`], given back when the [`Taken`] drops).
+    running: AtomicUsize,
+    /// When a call on it last ended, in milliseconds since `born`.
+    last_call: AtomicU64,
+}
+
+impl<C> Slot<C> {
+    fn new() -> Slot<C> {
+        Slot {
+            state: Mutex::new(State::Idle { not_before: None }),
+            running: AtomicUsize::new(0),
+            last_call: AtomicU64::new(0),
+        }
+    }
+}
+
+/// A lazily built pool of up to [`MAX_CONNS`] clients `C`, each on a
+/// runtime its callers drive.
 pub(crate) struct CallerDriven<C> {
     connect_timeout: Duration,
-    state: Mutex<State<C>>,
+    /// `slots[0]` is built at the first call and kept; the others only
+    /// while callers overlap (see "A connection per concurrent caller").
+    slots: Vec<Slot<C>>,
+    /// [`IDLE_FOR`], shorter in tests.
+    idle_for: Duration,
+    closed: AtomicBool,
     /// The thread [`CallerDriven::tend`] started, woken at close.
     tender: std::sync::OnceLock<std::thread::Thread>,
-    /// When a call last ended, in milliseconds since `born`.
-    last_call: std::sync::atomic::AtomicU64,
     born: Instant,
+}
+
+/// What [`CallerDriven::take`] found in one slot.
+enum Found {
+    /// Nothing to run on, and nothing to build now.
+    Nothing,
+    /// A connection for the epoch, with this many calls on it.
+    Ready(usize),
+    /// Buildable: idle past its retry time, or built for an older epoch.
+    Buildable,
+    /// Being built.
+    Building,
 }
 
 impl<C: Clone> CallerDriven<C> {
@@ -162,20 +219,21 @@ impl<C: Clone> CallerDriven<C> {
     pub(crate) fn new(connect_timeout: Duration) -> CallerDriven<C> {
         CallerDriven {
             connect_timeout,
-            state: Mutex::new(State::Idle { not_before: None }),
+            slots: (0..MAX_CONNS).map(|_| Slot::new()).collect(),
+            idle_for: IDLE_FOR,
+            closed: AtomicBool::new(false),
             tender: std::sync::OnceLock::new(),
-            last_call: std::sync::atomic::AtomicU64::new(0),
             born: Instant::now(),
         }
     }
 
-    /// Starts a thread that drives the connection for [`TEND_FOR`] after
-    /// each `every` in which no call ran, while one is built, so that the
-    /// server's pings are answered between calls. It ends at [`close`](Self::close), or once `this` is
-    /// dropped (it holds it only while it drives). At most one per value;
-    /// an error only when the OS refuses a thread (then calls still work,
-    /// and the server may drop an idle connection, which the next call
-    /// builds anew).
+    /// Starts a thread that drives each built connection for [`TEND_FOR`]
+    /// after each `every` in which no call ran on it, so that the server's
+    /// pings are answered between calls. It ends at
+    /// [`close`](Self::close), or once `this` is dropped (it holds it only
+    /// while it drives). At most one per value; an error only when the OS
+    /// refuses a thread (then calls still work, and the server may drop an
+    /// idle connection, which the next call builds anew).
     #[cfg_attr(not(feature = "nats"), allow(dead_code))]
     pub(crate) fn tend(this: &Arc<Self>, every: Duration) -> std::io::Result<()>
     where
@@ -189,30 +247,37 @@ impl<C: Clone> CallerDriven<C> {
                 let Some(this) = weak.upgrade() else {
                     return;
                 };
-                let conn = match &*this.state.lock() {
-                    State::Closed => return,
-                    State::Ready(conn) => Some(conn.clone()),
-                    State::Idle { .. } | State::Building => None,
-                };
-                if this.since_last_call() < every {
-                    continue;
+                if this.closed.load(Ordering::Acquire) {
+                    return;
                 }
-                if let Some(rt) = conn.as_ref().and_then(|c| c.rt.0.as_ref()) {
-                    // While a caller drives, this only waits out the sleep.
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        rt.block_on(async { tokio::time::sleep(TEND_FOR).await })
-                    }));
+                for slot in &this.slots {
+                    let conn = match &*slot.state.lock() {
+                        State::Ready(conn) => Some(conn.clone()),
+                        State::Idle { .. } | State::Building | State::Closed => None,
+                    };
+                    if this.since(&slot.last_call) < every {
+                        continue;
+                    }
+                    if let Some(rt) = conn.as_ref().and_then(|c| c.rt.0.as_ref()) {
+                        // While a caller drives, this only waits out the sleep.
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            rt.block_on(async { tokio::time::sleep(TEND_FOR).await })
+                        }));
+                    }
                 }
             })?;
         let _ = this.tender.set(thread.thread().clone());
         Ok(())
     }
 
-    /// The connection built for `epoch`; `None` when there is none (or
-    /// only one for an older epoch), the call then taking its runtime
-    /// thread's path. When nobody is building one and no failed build is
-    /// within [`RETRY_AFTER`], a thread of its own starts building one
-    /// with `build`: no call ever waits for a connection to be built.
+    /// A connection built for `epoch` to run one call on: one no call is
+    /// running on if there is one, else the one with the fewest calls.
+    /// `None` when none is built (or only for an older epoch), the call
+    /// then taking its runtime thread's path. When every built connection
+    /// is busy (or none is built) and nobody is building one, a thread of
+    /// its own starts building one more with `build` (up to
+    /// [`MAX_CONNS`]; not within [`RETRY_AFTER`] of a failed build of that
+    /// slot): no call ever waits for a connection to be built.
     pub(crate) fn take<B, BFut>(this: &Arc<Self>, epoch: u64, build: B) -> Option<Taken<'_, C>>
     where
         C: Send + 'static,
@@ -221,25 +286,124 @@ impl<C: Clone> CallerDriven<C> {
     {
         // A runtime of our own may not be entered from inside another's
         // context (its workers, `block_in_place`, `spawn_blocking`).
-        if tokio::runtime::Handle::try_current().is_ok() {
+        if tokio::runtime::Handle::try_current().is_ok() || this.closed.load(Ordering::Acquire) {
             return None;
         }
-        {
-            let mut state = this.state.lock();
-            match &*state {
-                State::Ready(conn) if conn.epoch >= epoch => {
-                    return Some(Taken {
-                        owner: this,
-                        conn: conn.clone(),
-                    })
-                }
-                State::Ready(_) => {}
-                State::Idle { not_before } => {
-                    if not_before.is_some_and(|at| Instant::now() < at) {
-                        return None;
+        let now = Instant::now();
+        // Every slot is looked at (so that an idle extra one is ended
+        // whatever the call takes): the free ones, the least busy one, and
+        // the first one to build.
+        let mut free = [false; MAX_CONNS];
+        let mut least: Option<(usize, usize)> = None;
+        let mut to_build = None;
+        let mut building = false;
+        for (at, slot) in this.slots.iter().enumerate() {
+            match this.look(at, slot, epoch, now) {
+                Found::Ready(0) => free[at] = true,
+                Found::Ready(running) => {
+                    if least.is_none_or(|(_, fewest)| running < fewest) {
+                        least = Some((at, running));
                     }
                 }
-                State::Building | State::Closed => return None,
+                Found::Buildable => {
+                    if to_build.is_none() {
+                        to_build = Some(at);
+                    }
+                }
+                Found::Building => building = true,
+                Found::Nothing => {}
+            }
+        }
+        for (at, slot) in this.slots.iter().enumerate() {
+            // Claimed only if still free: a caller that raced us to it
+            // keeps it to itself.
+            if free[at]
+                && slot
+                    .running
+                    .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                if let Some(taken) = this.claimed(at, epoch) {
+                    return Some(taken);
+                }
+            }
+        }
+        if !building {
+            if let Some(at) = to_build {
+                Self::build_slot(this, at, epoch, build);
+            }
+        }
+        let (at, _) = least.or_else(|| free.iter().position(|&f| f).map(|at| (at, 0)))?;
+        this.slots[at].running.fetch_add(1, Ordering::AcqRel);
+        this.claimed(at, epoch)
+    }
+
+    /// What slot `at` offers a call for `epoch` at `now`; an extra slot
+    /// idle for [`IDLE_FOR`] is emptied here (its connection ends with its
+    /// last call), so a pool shrinks back once callers stop overlapping.
+    fn look(&self, at: usize, slot: &Slot<C>, epoch: u64, now: Instant) -> Found {
+        let mut state = slot.state.lock();
+        match &*state {
+            State::Ready(conn) if conn.epoch >= epoch => {
+                let running = slot.running.load(Ordering::Acquire);
+                if at > 0 && running == 0 && self.since(&slot.last_call) >= self.idle_for {
+                    *state = State::Idle { not_before: None };
+                    return Found::Nothing;
+                }
+                Found::Ready(running)
+            }
+            State::Ready(_) => Found::Buildable,
+            State::Idle { not_before } => {
+                if not_before.is_some_and(|at| now < at) {
+                    Found::Nothing
+                } else {
+                    Found::Buildable
+                }
+            }
+            State::Building => Found::Building,
+            State::Closed => Found::Nothing,
+        }
+    }
+
+    /// The call already counted in slot `at`'s `running`, on its
+    /// connection; `None` (the count given back) when the connection went
+    /// since it was looked at.
+    fn claimed(&self, at: usize, epoch: u64) -> Option<Taken<'_, C>> {
+        let slot = &self.slots[at];
+        let conn = match &*slot.state.lock() {
+            State::Ready(conn) if conn.epoch >= epoch => Some(conn.clone()),
+            _ => None,
+        };
+        match conn {
+            Some(conn) => Some(Taken {
+                owner: self,
+                at,
+                conn,
+            }),
+            None => {
+                slot.running.fetch_sub(1, Ordering::AcqRel);
+                None
+            }
+        }
+    }
+
+    /// Starts building slot `at` on a thread of its own, unless another
+    /// caller started since.
+    fn build_slot<B, BFut>(this: &Arc<Self>, at: usize, epoch: u64, build: B)
+    where
+        C: Send + 'static,
+        B: FnOnce() -> BFut + Send + 'static,
+        BFut: Future<Output = Result<C, String>>,
+    {
+        {
+            let mut state = this.slots[at].state.lock();
+            let buildable = match &*state {
+                State::Ready(conn) => conn.epoch < epoch,
+                State::Idle { not_before } => not_before.is_none_or(|t| Instant::now() >= t),
+                State::Building | State::Closed => false,
+            };
+            if !buildable {
+                return;
             }
             *state = State::Building;
         }
@@ -250,54 +414,66 @@ impl<C: Clone> CallerDriven<C> {
             .spawn(move || {
                 let built = build_conn(epoch, timeout, build);
                 if let Some(this) = weak.upgrade() {
-                    this.install(built);
+                    this.install(at, built);
                 }
             });
         if let Err(e) = started {
-            this.install(Err(format!("no thread to build it on: {e}")));
+            this.install(at, Err(format!("no thread to build it on: {e}")));
         }
-        None
     }
 
-    /// No call is taken any more; the connection ends with the last call
+    /// No call is taken any more; each connection ends with the last call
     /// running on it.
     pub(crate) fn close(&self) {
-        *self.state.lock() = State::Closed;
+        self.closed.store(true, Ordering::Release);
+        for slot in &self.slots {
+            *slot.state.lock() = State::Closed;
+        }
         if let Some(tender) = self.tender.get() {
             tender.unpark();
         }
     }
 
-    /// How long ago a call last ended (since creation when none has).
-    #[cfg_attr(not(feature = "nats"), allow(dead_code))]
-    fn since_last_call(&self) -> Duration {
-        let last = self.last_call.load(std::sync::atomic::Ordering::Relaxed);
+    /// How long ago `last` (a slot's `last_call`) was, since creation when
+    /// no call has ended.
+    fn since(&self, last: &AtomicU64) -> Duration {
+        let last = last.load(Ordering::Relaxed);
         self.born
             .elapsed()
             .saturating_sub(Duration::from_millis(last))
     }
 
-    /// Notes that a call just ended.
-    fn called(&self) {
-        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_call
-            .store(now, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Whether a connection is ready (for tests and metrics).
+    /// Whether slot 0's connection is ready (for tests).
     #[cfg(test)]
     pub(crate) fn is_ready(&self) -> bool {
-        matches!(*self.state.lock(), State::Ready(_))
+        self.ready() > 0
     }
 
-    /// Makes a finished build the connection (unless closed meanwhile).
-    fn install(&self, built: Result<Conn<C>, String>) {
-        let mut state = self.state.lock();
-        if matches!(*state, State::Closed) {
+    /// How many connections are ready (for tests).
+    #[cfg(test)]
+    pub(crate) fn ready(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|slot| matches!(*slot.state.lock(), State::Ready(_)))
+            .count()
+    }
+
+    /// Makes a finished build slot `at`'s connection (unless closed
+    /// meanwhile).
+    fn install(&self, at: usize, built: Result<Conn<C>, String>) {
+        let slot = &self.slots[at];
+        let mut state = slot.state.lock();
+        if matches!(*state, State::Closed) || self.closed.load(Ordering::Acquire) {
+            *state = State::Closed;
             return;
         }
         *state = match built {
-            Ok(conn) => State::Ready(conn),
+            Ok(conn) => {
+                // A fresh connection counts as just used, so that it is
+                // not emptied as idle before its first call.
+                slot.last_call.store(self.millis(), Ordering::Relaxed);
+                State::Ready(conn)
+            }
             Err(why) => {
                 log::debug!("calls stay on the runtime thread for now: {why}");
                 State::Idle {
@@ -307,12 +483,19 @@ impl<C: Clone> CallerDriven<C> {
         };
     }
 
-    /// Forgets `conn` (not a newer one another caller built since).
-    fn forget(&self, conn: &Conn<C>) {
-        let mut state = self.state.lock();
+    /// Forgets `conn` of slot `at` (not a newer one built since).
+    fn forget(&self, at: usize, conn: &Conn<C>) {
+        let mut state = self.slots[at].state.lock();
         if matches!(&*state, State::Ready(ready) if Arc::ptr_eq(&ready.rt, &conn.rt)) {
             *state = State::Idle { not_before: None };
         }
+    }
+}
+
+impl<C> CallerDriven<C> {
+    /// Milliseconds since creation.
+    fn millis(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 }
 
@@ -342,7 +525,17 @@ where
 /// A connection taken for one call.
 pub(crate) struct Taken<'a, C> {
     owner: &'a CallerDriven<C>,
+    /// The slot whose `running` counts this call, until it drops.
+    at: usize,
     conn: Conn<C>,
+}
+
+impl<C> Drop for Taken<'_, C> {
+    fn drop(&mut self) {
+        let slot = &self.owner.slots[self.at];
+        slot.last_call.store(self.owner.millis(), Ordering::Relaxed);
+        slot.running.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl<C: Clone> Taken<'_, C> {
@@ -361,11 +554,10 @@ impl<C: Clone> Taken<'_, C> {
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             rt.block_on(async { tokio::time::timeout(wait, call).await })
         }));
-        self.owner.called();
         match ran {
             Ok(Ok((out, health))) => {
                 if health == Health::Suspect {
-                    self.owner.forget(&self.conn);
+                    self.owner.forget(self.at, &self.conn);
                 }
                 Ran::Answer(out)
             }
@@ -373,7 +565,7 @@ impl<C: Clone> Taken<'_, C> {
             // connection (the call bounds itself by its request timeout).
             Ok(Err(_)) => Ran::Waited,
             Err(_) => {
-                self.owner.forget(&self.conn);
+                self.owner.forget(self.at, &self.conn);
                 Ran::Panicked
             }
         }
@@ -557,6 +749,118 @@ mod tests {
             seen_rx.recv_timeout(Duration::from_secs(5)).is_err(),
             "the task ended with the runtime"
         );
+    }
+
+    /// `n` calls held running at once, each on its own thread, each
+    /// answering the client it ran on; they end when `release` drops.
+    fn overlapping(
+        cd: &Arc<CallerDriven<usize>>,
+        counting: &Counting,
+        n: usize,
+    ) -> (
+        Vec<std::thread::JoinHandle<usize>>,
+        std::sync::mpsc::Sender<()>,
+    ) {
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let held = Arc::new(Mutex::new(held));
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let calls = (0..n)
+            .map(|_| {
+                let (cd, build, held, started_tx) = (
+                    cd.clone(),
+                    counting.build(),
+                    held.clone(),
+                    started_tx.clone(),
+                );
+                std::thread::spawn(move || {
+                    answer(call(&cd, 0, build, WAIT, move |c| async move {
+                        let _ = started_tx.send(());
+                        // Held until released: a tokio sleep loop, so the
+                        // thread keeps driving its runtime meanwhile.
+                        while held.lock().try_recv() == Err(std::sync::mpsc::TryRecvError::Empty) {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                        (c, Health::Sound)
+                    }))
+                })
+            })
+            .collect::<Vec<_>>();
+        for _ in 0..n {
+            started.recv_timeout(WAIT).expect("every call started");
+        }
+        (calls, release)
+    }
+
+    #[test]
+    fn overlapping_callers_get_a_connection_each_up_to_max_conns_then_share() {
+        let counting = Counting::default();
+        let cd: Arc<CallerDriven<usize>> = Arc::new(CallerDriven::new(WAIT));
+        answer(call(&cd, 0, counting.build(), WAIT, sound));
+        // Calls overlapping build the pool up, one connection per caller
+        // that found every one busy, then take a free one each.
+        let until = Instant::now() + Duration::from_secs(5);
+        while cd.ready() < MAX_CONNS {
+            let (calls, release) = overlapping(&cd, &counting, MAX_CONNS);
+            drop(release);
+            for c in calls {
+                c.join().expect("call");
+            }
+            assert!(
+                Instant::now() < until,
+                "the pool never grew: {}",
+                cd.ready()
+            );
+        }
+        assert_eq!(counting.builds(), MAX_CONNS, "one build per slot");
+        let (calls, release) = overlapping(&cd, &counting, MAX_CONNS);
+        drop(release);
+        let mut clients: Vec<usize> = calls.into_iter().map(|c| c.join().expect("call")).collect();
+        clients.sort_unstable();
+        assert_eq!(
+            clients,
+            (0..MAX_CONNS).collect::<Vec<_>>(),
+            "overlapping callers each drove a connection of their own"
+        );
+        // One more than the pool: two share one, nothing more is built.
+        let (calls, release) = overlapping(&cd, &counting, MAX_CONNS + 1);
+        drop(release);
+        let mut clients: Vec<usize> = calls.into_iter().map(|c| c.join().expect("call")).collect();
+        clients.sort_unstable();
+        clients.dedup();
+        assert_eq!(
+            clients.len(),
+            MAX_CONNS,
+            "every connection in use, one shared"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(counting.builds(), MAX_CONNS, "never more than MAX_CONNS");
+    }
+
+    #[test]
+    fn an_extra_connection_idle_for_idle_for_is_ended_by_the_next_call() {
+        let counting = Counting::default();
+        let mut cd: CallerDriven<usize> = CallerDriven::new(WAIT);
+        cd.idle_for = Duration::from_millis(200);
+        let cd = Arc::new(cd);
+        answer(call(&cd, 0, counting.build(), WAIT, sound));
+        let until = Instant::now() + Duration::from_secs(5);
+        while cd.ready() < 2 {
+            let (calls, release) = overlapping(&cd, &counting, 2);
+            drop(release);
+            for c in calls {
+                c.join().expect("call");
+            }
+            assert!(Instant::now() < until, "no second connection");
+        }
+        answer(call(&cd, 0, counting.build(), WAIT, sound));
+        assert_eq!(cd.ready(), 2, "not idle long enough yet");
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            answer(call(&cd, 0, counting.build(), WAIT, sound)),
+            0,
+            "the first stays"
+        );
+        assert_eq!(cd.ready(), 1, "the idle extra one was ended");
     }
 
     #[test]

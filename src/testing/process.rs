@@ -28,10 +28,41 @@ pub(crate) fn signal(pid: Option<u32>, sig: &str, what: &str) -> Result<()> {
     let status = Command::new("sh")
         .args(["-c", "kill -s \"$0\" \"$1\"", sig, &pid.to_string()])
         .status()?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(io::Error::other(format!("kill -s {sig} {pid} failed ({status})")).into())
+    if !status.success() {
+        return Err(io::Error::other(format!("kill -s {sig} {pid} failed ({status})")).into());
+    }
+    if sig == "STOP" {
+        wait_stopped(pid);
+    }
+    Ok(())
+}
+
+/// Waits (up to a second) until every thread of `pid` has stopped: `kill`
+/// returns once the signal is queued, and a thread running on another
+/// core may still answer a request or two before it stops, which a test
+/// of a paused server would read as the server answering while paused.
+/// Where `/proc` is not there to tell, returns at once.
+fn wait_stopped(pid: u32) {
+    let tasks = format!("/proc/{pid}/task");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    while std::time::Instant::now() < until {
+        let Ok(entries) = std::fs::read_dir(&tasks) else {
+            return;
+        };
+        let running = entries.flatten().any(|task| {
+            std::fs::read_to_string(task.path().join("stat"))
+                .ok()
+                .and_then(|stat| {
+                    // The state follows the parenthesised command name.
+                    let after = stat.rfind(')')?;
+                    stat[after..].chars().nth(2)
+                })
+                .is_some_and(|state| !matches!(state, 'T' | 't' | 'Z' | 'X'))
+        });
+        if !running {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
 
