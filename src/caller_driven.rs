@@ -15,18 +15,19 @@
 //!
 //! * **A lone call never crosses a thread.** [`Taken::run`] runs
 //!   the call in `Runtime::block_on` on the calling thread.
-//! * **A connection per concurrent caller, up to [`MAX_CONNS`].** A call
-//!   takes a built connection no other call is running on; when every one
-//!   is busy, it shares the least busy one, and one more connection starts
-//!   being built for the next. Callers sharing a connection take turns
-//!   driving it (tokio hands the runtime's core from one `block_on` to the
-//!   next) and each polls its own call, so they pipeline on it, but every
-//!   answer the driving thread reads for another caller costs a wake-up of
-//!   that caller, and the connection stalls while its core changes hands:
-//!   with a connection each, 4 callers went 1.6x faster (BENCHMARKS.md,
-//!   "Fourth round"). An extra connection unused for [`IDLE_FOR`] is ended
-//!   by the next call, so the pool shrinks to one when callers stop
-//!   overlapping.
+//! * **A connection per overlapping caller, up to [`MAX_CONNS`]; never
+//!   a queue.** A call takes a built connection no other call is running
+//!   on. When every one is busy it takes its runtime thread's path, and
+//!   one more connection starts being built for the next. Callers never
+//!   share one: on a shared connection every answer the driving thread
+//!   reads for another caller costs that caller a wake-up, and the
+//!   connection stalls while its core changes hands (BENCHMARKS.md,
+//!   "Fourth round": from 4 threads, a connection each went 1.6x faster
+//!   than one shared; past four, the runtime thread, which keeps driving
+//!   its connection, does better than sharing). A busy connection costs a
+//!   caller one atomic load, never a lock. An extra connection unused for
+//!   [`IDLE_FOR`] is ended when a call on the first one ends, so the pool
+//!   shrinks to one once callers stop overlapping.
 //! * **Nothing runs between calls.** Nobody drives the connection while no
 //!   call runs, so its client must not depend on background progress
 //!   (no pings it would have to answer in time). A connection that died
@@ -76,7 +77,8 @@ pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(1);
 pub(crate) const TEND_FOR: Duration = Duration::from_millis(2);
 
 /// The most connections one handle's callers drive at once: one per
-/// caller up to this many overlapping callers, shared beyond.
+/// caller up to this many overlapping callers; more go through the
+/// runtime thread.
 pub(crate) const MAX_CONNS: usize = 4;
 
 /// How long an extra connection (any but the first) may go without a
@@ -194,6 +196,8 @@ pub(crate) struct CallerDriven<C> {
     /// `slots[0]` is built at the first call and kept; the others only
     /// while callers overlap (see "A connection per concurrent caller").
     slots: Vec<Slot<C>>,
+    /// Whether a slot is being built: one build at a time.
+    building: AtomicBool,
     /// [`IDLE_FOR`], shorter in tests.
     idle_for: Duration,
     closed: AtomicBool,
@@ -202,24 +206,13 @@ pub(crate) struct CallerDriven<C> {
     born: Instant,
 }
 
-/// What [`CallerDriven::take`] found in one slot.
-enum Found {
-    /// Nothing to run on, and nothing to build now.
-    Nothing,
-    /// A connection for the epoch, with this many calls on it.
-    Ready(usize),
-    /// Buildable: idle past its retry time, or built for an older epoch.
-    Buildable,
-    /// Being built.
-    Building,
-}
-
 impl<C: Clone> CallerDriven<C> {
     /// Nothing built yet; a build may take `connect_timeout`.
     pub(crate) fn new(connect_timeout: Duration) -> CallerDriven<C> {
         CallerDriven {
             connect_timeout,
             slots: (0..MAX_CONNS).map(|_| Slot::new()).collect(),
+            building: AtomicBool::new(false),
             idle_for: IDLE_FOR,
             closed: AtomicBool::new(false),
             tender: std::sync::OnceLock::new(),
@@ -270,14 +263,14 @@ impl<C: Clone> CallerDriven<C> {
         Ok(())
     }
 
-    /// A connection built for `epoch` to run one call on: one no call is
-    /// running on if there is one, else the one with the fewest calls.
-    /// `None` when none is built (or only for an older epoch), the call
-    /// then taking its runtime thread's path. When every built connection
-    /// is busy (or none is built) and nobody is building one, a thread of
-    /// its own starts building one more with `build` (up to
-    /// [`MAX_CONNS`]; not within [`RETRY_AFTER`] of a failed build of that
-    /// slot): no call ever waits for a connection to be built.
+    /// A connection built for `epoch` that no other call is running on,
+    /// claimed for one call; `None` when there is none (none built, only
+    /// for an older epoch, or every one busy), the call then taking its
+    /// runtime thread's path. When none was free and nobody is building
+    /// one, a thread of its own starts building one more with `build` (up
+    /// to [`MAX_CONNS`]; not within [`RETRY_AFTER`] of a failed build of
+    /// that slot): no call ever waits for a connection to be built, nor
+    /// queues behind another call's.
     pub(crate) fn take<B, BFut>(this: &Arc<Self>, epoch: u64, build: B) -> Option<Taken<'_, C>>
     where
         C: Send + 'static,
@@ -289,100 +282,58 @@ impl<C: Clone> CallerDriven<C> {
         if tokio::runtime::Handle::try_current().is_ok() || this.closed.load(Ordering::Acquire) {
             return None;
         }
-        let now = Instant::now();
-        // Every slot is looked at (so that an idle extra one is ended
-        // whatever the call takes): the free ones, the least busy one, and
-        // the first one to build.
-        let mut free = [false; MAX_CONNS];
-        let mut least: Option<(usize, usize)> = None;
         let mut to_build = None;
-        let mut building = false;
         for (at, slot) in this.slots.iter().enumerate() {
-            match this.look(at, slot, epoch, now) {
-                Found::Ready(0) => free[at] = true,
-                Found::Ready(running) => {
-                    if least.is_none_or(|(_, fewest)| running < fewest) {
-                        least = Some((at, running));
-                    }
-                }
-                Found::Buildable => {
-                    if to_build.is_none() {
-                        to_build = Some(at);
-                    }
-                }
-                Found::Building => building = true,
-                Found::Nothing => {}
-            }
-        }
-        for (at, slot) in this.slots.iter().enumerate() {
-            // Claimed only if still free: a caller that raced us to it
-            // keeps it to itself.
-            if free[at]
-                && slot
+            // Claimed on the counter before its lock is taken, so that
+            // overlapping callers never queue on a slot's lock: a busy
+            // slot costs a caller one atomic load.
+            if slot.running.load(Ordering::Relaxed) != 0
+                || slot
                     .running
                     .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
+                    .is_err()
             {
-                if let Some(taken) = this.claimed(at, epoch) {
-                    return Some(taken);
-                }
+                continue;
+            }
+            match this.claimed(at, epoch) {
+                Ok(taken) => return Some(taken),
+                Err(true) if to_build.is_none() => to_build = Some(at),
+                Err(_) => {}
             }
         }
-        if !building {
-            if let Some(at) = to_build {
+        if let Some(at) = to_build {
+            if !this.building.swap(true, Ordering::AcqRel) {
                 Self::build_slot(this, at, epoch, build);
             }
         }
-        let (at, _) = least.or_else(|| free.iter().position(|&f| f).map(|at| (at, 0)))?;
-        this.slots[at].running.fetch_add(1, Ordering::AcqRel);
-        this.claimed(at, epoch)
+        None
     }
 
-    /// What slot `at` offers a call for `epoch` at `now`; an extra slot
-    /// idle for [`IDLE_FOR`] is emptied here (its connection ends with its
-    /// last call), so a pool shrinks back once callers stop overlapping.
-    fn look(&self, at: usize, slot: &Slot<C>, epoch: u64, now: Instant) -> Found {
-        let mut state = slot.state.lock();
-        match &*state {
-            State::Ready(conn) if conn.epoch >= epoch => {
-                let running = slot.running.load(Ordering::Acquire);
-                if at > 0 && running == 0 && self.since(&slot.last_call) >= self.idle_for {
-                    *state = State::Idle { not_before: None };
-                    return Found::Nothing;
-                }
-                Found::Ready(running)
-            }
-            State::Ready(_) => Found::Buildable,
-            State::Idle { not_before } => {
-                if not_before.is_some_and(|at| now < at) {
-                    Found::Nothing
-                } else {
-                    Found::Buildable
-                }
-            }
-            State::Building => Found::Building,
-            State::Closed => Found::Nothing,
-        }
-    }
-
-    /// The call already counted in slot `at`'s `running`, on its
-    /// connection; `None` (the count given back) when the connection went
-    /// since it was looked at.
-    fn claimed(&self, at: usize, epoch: u64) -> Option<Taken<'_, C>> {
+    /// The call counted in slot `at`'s `running`, on its connection if it
+    /// has one for `epoch`. Otherwise the count is given back, and the
+    /// error says whether the slot may be built; an extra slot idle for
+    /// [`IDLE_FOR`] is emptied here (its connection ends with its last
+    /// call), so a pool shrinks back once callers stop overlapping.
+    fn claimed(&self, at: usize, epoch: u64) -> Result<Taken<'_, C>, bool> {
         let slot = &self.slots[at];
-        let conn = match &*slot.state.lock() {
-            State::Ready(conn) if conn.epoch >= epoch => Some(conn.clone()),
-            _ => None,
+        let conn = {
+            let state = slot.state.lock();
+            match &*state {
+                State::Ready(conn) if conn.epoch >= epoch => Ok(conn.clone()),
+                State::Ready(_) => Err(true),
+                State::Idle { not_before } => Err(not_before.is_none_or(|t| Instant::now() >= t)),
+                State::Building | State::Closed => Err(false),
+            }
         };
         match conn {
-            Some(conn) => Some(Taken {
+            Ok(conn) => Ok(Taken {
                 owner: self,
                 at,
                 conn,
             }),
-            None => {
+            Err(buildable) => {
                 slot.running.fetch_sub(1, Ordering::AcqRel);
-                None
+                Err(buildable)
             }
         }
     }
@@ -403,6 +354,7 @@ impl<C: Clone> CallerDriven<C> {
                 State::Building | State::Closed => false,
             };
             if !buildable {
+                this.building.store(false, Ordering::Release);
                 return;
             }
             *state = State::Building;
@@ -434,15 +386,6 @@ impl<C: Clone> CallerDriven<C> {
         }
     }
 
-    /// How long ago `last` (a slot's `last_call`) was, since creation when
-    /// no call has ended.
-    fn since(&self, last: &AtomicU64) -> Duration {
-        let last = last.load(Ordering::Relaxed);
-        self.born
-            .elapsed()
-            .saturating_sub(Duration::from_millis(last))
-    }
-
     /// Whether slot 0's connection is ready (for tests).
     #[cfg(test)]
     pub(crate) fn is_ready(&self) -> bool {
@@ -461,6 +404,7 @@ impl<C: Clone> CallerDriven<C> {
     /// Makes a finished build slot `at`'s connection (unless closed
     /// meanwhile).
     fn install(&self, at: usize, built: Result<Conn<C>, String>) {
+        let _built = Building(&self.building);
         let slot = &self.slots[at];
         let mut state = slot.state.lock();
         if matches!(*state, State::Closed) || self.closed.load(Ordering::Acquire) {
@@ -492,7 +436,49 @@ impl<C: Clone> CallerDriven<C> {
     }
 }
 
+/// Clears a [`CallerDriven`]'s `building` flag when dropped.
+struct Building<'a>(&'a AtomicBool);
+
+impl Drop for Building<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 impl<C> CallerDriven<C> {
+    /// Ends the connections of extra slots no call has run on for
+    /// [`IDLE_FOR`] (each ends with its last call), so that the pool
+    /// shrinks back once callers stop overlapping.
+    fn shrink(&self) {
+        for slot in self.slots.iter().skip(1) {
+            if slot.running.load(Ordering::Relaxed) != 0
+                || self.since(&slot.last_call) < self.idle_for
+                || slot
+                    .running
+                    .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_err()
+            {
+                continue;
+            }
+            {
+                let mut state = slot.state.lock();
+                if matches!(*state, State::Ready(_)) {
+                    *state = State::Idle { not_before: None };
+                }
+            }
+            slot.running.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// How long ago `last` (a slot's `last_call`) was, since creation when
+    /// no call has ended.
+    fn since(&self, last: &AtomicU64) -> Duration {
+        let last = last.load(Ordering::Relaxed);
+        self.born
+            .elapsed()
+            .saturating_sub(Duration::from_millis(last))
+    }
+
     /// Milliseconds since creation.
     fn millis(&self) -> u64 {
         u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -535,6 +521,9 @@ impl<C> Drop for Taken<'_, C> {
         let slot = &self.owner.slots[self.at];
         slot.last_call.store(self.owner.millis(), Ordering::Relaxed);
         slot.running.fetch_sub(1, Ordering::AcqRel);
+        if self.at == 0 {
+            self.owner.shrink();
+        }
     }
 }
 
@@ -792,7 +781,7 @@ mod tests {
     }
 
     #[test]
-    fn overlapping_callers_get_a_connection_each_up_to_max_conns_then_share() {
+    fn overlapping_callers_get_a_connection_each_up_to_max_conns_and_no_more() {
         let counting = Counting::default();
         let cd: Arc<CallerDriven<usize>> = Arc::new(CallerDriven::new(WAIT));
         answer(call(&cd, 0, counting.build(), WAIT, sound));
@@ -821,17 +810,17 @@ mod tests {
             (0..MAX_CONNS).collect::<Vec<_>>(),
             "overlapping callers each drove a connection of their own"
         );
-        // One more than the pool: two share one, nothing more is built.
-        let (calls, release) = overlapping(&cd, &counting, MAX_CONNS + 1);
-        drop(release);
-        let mut clients: Vec<usize> = calls.into_iter().map(|c| c.join().expect("call")).collect();
-        clients.sort_unstable();
-        clients.dedup();
-        assert_eq!(
-            clients.len(),
-            MAX_CONNS,
-            "every connection in use, one shared"
+        // One more than the pool, while every connection is busy: not
+        // taken (the runtime thread's path), and nothing more is built.
+        let (calls, release) = overlapping(&cd, &counting, MAX_CONNS);
+        assert!(
+            CallerDriven::take(&cd, 0, counting.build()).is_none(),
+            "a caller never queues behind another's call"
         );
+        drop(release);
+        for c in calls {
+            c.join().expect("call");
+        }
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(counting.builds(), MAX_CONNS, "never more than MAX_CONNS");
     }
