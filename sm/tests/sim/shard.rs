@@ -192,7 +192,10 @@ impl Process {
                             }
                             LivenessState::Refused { error } => Some(SessionInput::Refused(error)),
                             LivenessState::Stopped { .. } => Some(SessionInput::Closed),
-                            LivenessState::Registering => None,
+                            // A lease-only session binds no key.
+                            LivenessState::Registering
+                            | LivenessState::Waiting { .. }
+                            | LivenessState::Duplicate { .. } => None,
                         },
                         Command::Notify(_) => None,
                     };
