@@ -38,14 +38,15 @@
 //!    after the embedding machine's backoff delay. None of these ever
 //!    fails the registration: a crashed predecessor is waited for.
 //!
-//! What an answer proves (`ETCD-NOTES.md`, "Lease answers that prove less
-//! than they seem", is about *renewal* answers, which can predate a revoke;
-//! a time-to-live look is a unary read through the raft leader and is not
-//! affected). Two limits remain: etcd extends every lease to a full TTL
-//! when its raft leader changes, so a crashed predecessor's lease seen
-//! across a leader change can read as renewed (the registration then fails
-//! as a duplicate; run again, it finds the lease gone); and the expiry
-//! bound trusts this machine's clock to run no more than [`DRIFT_PERCENT`]
+//! What an answer proves: a look is a unary request answered by etcd's
+//! raft leader from its lessor, not a renewal answer, so no keepalive
+//! response buffered before a revoke can stand in for it (etcd-io/etcd
+//! #21638 is about those). Two limits remain (docs/etcd-notes.md, "Server
+//! behaviour"): etcd extends every lease to a full TTL when its raft
+//! leader changes, so a crashed predecessor's lease seen across a leader
+//! change can read as renewed (the registration then fails as a
+//! duplicate; run again, it finds the lease gone); and the expiry bound
+//! trusts this machine's clock to run no more than [`DRIFT_PERCENT`]
 //! faster than etcd's.
 
 use crate::rpc::LeaseId;
