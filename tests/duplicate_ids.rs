@@ -241,3 +241,55 @@ fn a_duplicate_on_a_shared_session_fails_too() {
     );
     session.close().expect("close the session");
 }
+
+#[test]
+fn a_duplicate_shard_member_id_is_refused_and_the_first_keeps_its_shards() {
+    use fleetcoord::{ShardEvent, ShardMap, ShardOptions};
+    const SHARDS: u32 = 4;
+    let server = EtcdServer::start().expect("etcd");
+    let (etcd1, etcd2) = (connect(&server.endpoint()), connect(&server.endpoint()));
+    let options = || {
+        ShardOptions::default()
+            .with_member("worker-1")
+            .with_ttl(TTL)
+    };
+    let first = ShardMap::join(&etcd1, "jobs", SHARDS, options()).expect("first join");
+    for _ in 0..SHARDS {
+        match first.events().recv_timeout(Duration::from_secs(10)) {
+            Ok(ShardEvent::Acquired { .. }) => {}
+            other => panic!("expected the first member's shards, got {other:?}"),
+        }
+    }
+    let owned = first.owned();
+
+    let started = Instant::now();
+    let second = ShardMap::join(&etcd2, "jobs", SHARDS, options()).expect("second join");
+    let holder = match second.events().recv_timeout(Duration::from_secs(5)) {
+        Ok(ShardEvent::Waiting { holder }) => holder,
+        other => panic!("expected Waiting, got {other:?}"),
+    };
+    let refused = match second.events().recv_timeout(TTL + SLACK) {
+        Ok(ShardEvent::Duplicate { holder: h }) => {
+            assert_eq!(h, holder);
+            started.elapsed()
+        }
+        other => panic!("expected Duplicate within {:?}, got {other:?}", TTL + SLACK),
+    };
+    println!("duplicate member id refused in {refused:?}");
+    assert!(second.owned().is_empty());
+    let err = second
+        .leave()
+        .expect_err("a refused member's leave says why");
+    assert_eq!(err.kind(), ErrorKind::DuplicateId, "{err}");
+    println!("duplicate member leave: {err}");
+
+    // The first never noticed: same shards, same tokens, no event.
+    assert_eq!(first.owned(), owned);
+    assert!(
+        first.events().try_recv().is_err(),
+        "the first member was disturbed"
+    );
+    let members = ShardMap::members_of(&etcd1, "jobs", &ShardOptions::default()).expect("members");
+    assert_eq!(members.len(), 1);
+    first.leave().expect("leave");
+}

@@ -512,6 +512,15 @@ impl World {
                         }
                     }
                     ShardNotice::Lost { .. } => self.stats.lost += 1,
+                    // Every member has an id of its own; a restarted one
+                    // waits for its predecessor's key, never a duplicate.
+                    ShardNotice::Waiting { .. } => {}
+                    ShardNotice::Duplicate { holder } => {
+                        panic!(
+                            "member {:?} refused as a duplicate of lease {holder:x}",
+                            s.id
+                        )
+                    }
                 }
             }
             let map = s.harness.machine.machine.map();
