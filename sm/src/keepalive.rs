@@ -1301,7 +1301,15 @@ impl Keepalive {
                     .as_ref()
                     .map(|kv| kv.lease)
                     .filter(|h| *h != 0 && *h != lease && !self.held.contains(h));
-                if let Some(holder) = foreign.filter(|_| !take_over && self.resuming.is_none()) {
+                if let Some(holder) = foreign.filter(|_| !take_over) {
+                    if self.resuming.take().is_some() {
+                        // A refused resume: afresh, guarded on absence,
+                        // so the fresh put cannot land on the holder's
+                        // key either; it finds it and waits.
+                        self.key_revision = 0;
+                        self.key_created = 0;
+                        return self.abandon_resume(now, lease);
+                    }
                     // Not taken over: the guard stays on what this machine
                     // last wrote, so no later put lands on the holder's key.
                     return self.wait_on_holder(now, holder);

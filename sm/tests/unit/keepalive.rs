@@ -2664,3 +2664,36 @@ fn holder_check_judges_only_looks_sent_after_the_expiry_bound() {
     let mut big = HolderCheck::new(THEIRS);
     assert!(matches!(big.on_answer(t0, t0, i64::MAX), Step::LookAt(_)));
 }
+
+/// A resume whose key another process now holds (on a lease neither
+/// process held) is refused, and the fresh registration is guarded on
+/// absence, never on the holder's revision: it finds the key and waits.
+#[test]
+fn a_resume_refused_by_another_holder_registers_afresh_and_waits_on_it() {
+    let t0 = Instant::now();
+    let mut m = resumed_renewal(t0);
+    m.handle(
+        t0 + ms(20),
+        ok(1, guard_failed(15, Some(host_key(b"theirs", THEIRS, 15)))),
+    );
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(2, Request::Grant { ttl_secs: TTL })]
+    );
+    m.handle(
+        t0 + ms(30),
+        ok(
+            2,
+            Response::Granted {
+                lease: 11,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut m), vec![put_on(3, b"v1", 0, 11)]);
+    m.handle(
+        t0 + ms(40),
+        ok(3, guard_failed(15, Some(host_key(b"theirs", THEIRS, 15)))),
+    );
+    assert_eq!(drain(&mut m), vec![look(4), waiting()]);
+}
