@@ -207,6 +207,14 @@ impl LivenessOptions {
 ///   the two leaves a marker that expires with the lease. Nothing is ever
 ///   left behind. A host that never got its key written (still
 ///   registering) announces nothing.
+/// * A host key held on another process's lease is never written over
+///   (unless [`LivenessOptions::take_over`]): while that lease lives the
+///   state is [`LivenessState::Waiting`]; when etcd expires it (a crashed
+///   predecessor) the host registers, within that lease's remaining TTL
+///   plus about a second; when it is renewed past its TTL (a live
+///   duplicate) registering fails with [`Error::DuplicateId`], and a
+///   registration displaced later says [`LivenessState::Duplicate`] and
+///   never claims a leave.
 /// * [`HostLiveness::detach`] instead hands the registration to the next
 ///   process ([`HostLiveness::resume`]): nothing is announced or revoked,
 ///   so a restart within the TTL shows watchers at most an
