@@ -587,3 +587,37 @@ fn a_leave_that_finds_the_key_taken_over_says_so() {
         ]
     );
 }
+
+/// With `take_over`, a first registration writes over another process's
+/// key (guarded on what it read) and then revokes that process's lease
+/// once, so it learns it at its next renewal.
+#[test]
+fn take_over_writes_over_the_holder_then_revokes_its_lease() {
+    let t0 = Instant::now();
+    let mut r = Registration::new(
+        RegistrationConfig {
+            key: KEY.to_vec(),
+            value: b"v".to_vec(),
+            leave_marker: Some(MARKER.to_vec()),
+            companion: Some((INCARNATION.to_vec(), b"1".to_vec())),
+            backoff: BackoffConfig::default(),
+            give_up: Duration::from_secs(9),
+            take_over: true,
+        },
+        t0,
+        7,
+    );
+    let _ = drain(&mut r);
+    assert_eq!(handle(&mut r, t0, up(L1)), vec![rpc(0, put(0, b"v", L1))]);
+    assert_eq!(
+        handle(&mut r, t0, reply(0, theirs_at(4))),
+        vec![rpc(1, put(4, b"v", L1))]
+    );
+    assert_eq!(
+        handle(&mut r, t0, reply(1, written(6))),
+        vec![
+            rpc(2, Request::Revoke { lease: THEIRS }),
+            state(LivenessState::Registered { lease: L1 }),
+        ]
+    );
+}
