@@ -157,6 +157,27 @@ pub enum Error {
         /// it was absent.
         current: Option<u64>,
     },
+    /// Another live process holds this id's key: a host id
+    /// ([`HostLiveness`](crate::HostLiveness)) or a shard map member id
+    /// registered twice, typically two machines cloned from one image that
+    /// share `/etc/machine-id`. Its lease `holder` was seen renewed past
+    /// its TTL, so it is not a crashed predecessor (whose key is waited
+    /// for, never failed), or it took the key over from this process.
+    /// Not retryable: give each process its own id, or
+    /// take the key over on purpose
+    /// ([`LivenessOptions::take_over`](crate::LivenessOptions::take_over)).
+    #[error(
+        "duplicate id: {key} is held by another live process (lease {holder:x}); give each \
+         process its own id (clones sharing /etc/machine-id must regenerate it), or take the \
+         key over explicitly"
+    )]
+    DuplicateId {
+        /// The key both processes claim.
+        key: String,
+        /// The other process's lease, as etcd numbers it (printed in hex,
+        /// as `etcdctl` does).
+        holder: i64,
+    },
     /// A conditional KV write whose outcome is unknown: the request was
     /// sent and its answer lost (a connection cut, a server gone), and the
     /// backend could not learn whether it applied. Never reported as a
@@ -311,6 +332,9 @@ pub enum ErrorKind {
     Indeterminate,
     /// [`Error::Conflict`]: a conditional KV write lost to another write.
     Conflict,
+    /// [`Error::DuplicateId`]: another live process holds the same host
+    /// or member id.
+    DuplicateId,
 }
 
 impl ErrorKind {
@@ -343,7 +367,9 @@ impl ErrorKind {
             | ErrorKind::Io
             | ErrorKind::InsideAsyncRuntime
             // The same condition fails the same way: re-read the key first.
-            | ErrorKind::Conflict => false,
+            | ErrorKind::Conflict
+            // The other process keeps its key until it stops.
+            | ErrorKind::DuplicateId => false,
         }
     }
 }
@@ -419,6 +445,7 @@ impl Error {
     /// | [`Error::Indeterminate`] | no | the append may be stored: appending again could store it twice |
     /// | [`Error::Conflict`] | no | the key moved on: re-read it, decide again |
     /// | [`Error::KvIndeterminate`] | no | the write may have applied: re-read the key |
+    /// | [`Error::DuplicateId`] | no | another live process holds the id: give this one its own |
     ///
     /// ```
     /// use fleetcoord::Error;
@@ -465,6 +492,7 @@ impl Error {
             Error::InsideAsyncRuntime => ErrorKind::InsideAsyncRuntime,
             Error::Indeterminate { .. } | Error::KvIndeterminate { .. } => ErrorKind::Indeterminate,
             Error::Conflict { .. } => ErrorKind::Conflict,
+            Error::DuplicateId { .. } => ErrorKind::DuplicateId,
         }
     }
 }

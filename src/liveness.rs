@@ -73,6 +73,20 @@ pub struct LivenessOptions {
     /// (take only keys whose last segment is a UUID as hosts); the counter
     /// itself ([`HostLiveness::incarnation`]) is kept either way.
     pub publish_incarnation: bool,
+    /// What to do when the host key is already held on another process's
+    /// lease. `false` (the default): never write over it. A crashed
+    /// predecessor's key (its lease no longer renewed) is waited for,
+    /// [`LivenessState::Waiting`] meanwhile, and the host registers once
+    /// etcd expires it; a live duplicate's (its lease renewed past its
+    /// TTL) fails the registration with [`Error::DuplicateId`]. `true`:
+    /// a *first* registration writes over a live holder's key at once and
+    /// revokes the holder's lease (everything bound to it goes, its
+    /// elections and locks too if it is a session's), so the displaced
+    /// process learns it at its next renewal and ends with
+    /// [`LivenessState::Duplicate`] and [`Error::DuplicateId`]. Only for
+    /// replacing a running process on purpose; a registration that held
+    /// the key once never takes it back.
+    pub take_over: bool,
 }
 
 impl Default for LivenessOptions {
@@ -82,6 +96,7 @@ impl Default for LivenessOptions {
             session: SessionOptions::default().with_ttl(Duration::from_secs(5)),
             register_timeout: Duration::from_secs(10),
             publish_incarnation: false,
+            take_over: false,
         }
     }
 }
@@ -116,6 +131,16 @@ impl LivenessOptions {
     #[must_use]
     pub const fn with_published_incarnation(mut self, publish: bool) -> Self {
         self.publish_incarnation = publish;
+        self
+    }
+
+    /// These options with [`LivenessOptions::take_over`] set: whether a
+    /// first registration writes over another live process's key with the
+    /// same host id (and revokes its lease) instead of failing with
+    /// [`Error::DuplicateId`].
+    #[must_use]
+    pub const fn with_take_over(mut self, take_over: bool) -> Self {
+        self.take_over = take_over;
         self
     }
 
@@ -182,6 +207,14 @@ impl LivenessOptions {
 ///   the two leaves a marker that expires with the lease. Nothing is ever
 ///   left behind. A host that never got its key written (still
 ///   registering) announces nothing.
+/// * A host key held on another process's lease is never written over
+///   (unless [`LivenessOptions::take_over`]): while that lease lives the
+///   state is [`LivenessState::Waiting`]; when etcd expires it (a crashed
+///   predecessor) the host registers, within that lease's remaining TTL
+///   plus about a second; when it is renewed past its TTL (a live
+///   duplicate) registering fails with [`Error::DuplicateId`], and a
+///   registration displaced later says [`LivenessState::Duplicate`] and
+///   never claims a leave.
 /// * [`HostLiveness::detach`] instead hands the registration to the next
 ///   process ([`HostLiveness::resume`]): nothing is announced or revoked,
 ///   so a restart within the TTL shows watchers at most an
@@ -409,6 +442,7 @@ impl HostLiveness {
                 // both at one revision (see `HostInfo::incarnation`); only
                 // on request, since it is a second key under the prefix.
                 companion: companion(&options, &key, incarnation),
+                take_over: options.take_over,
             }),
             backoff: BackoffConfig::default(),
             safety_margin: options.session.safety_margin,
@@ -454,31 +488,67 @@ impl HostLiveness {
             ttl: options.session.ttl,
             etcd: etcd.clone(),
         };
-        let first = host.first_outcome(&first, options.register_timeout)?;
+        let first = host.first_outcome(&first, options.register_timeout, options.session.ttl)?;
         host.resumed = matches!((first, resume),
             (sm::LivenessState::Registered { lease }, Some(point)) if lease == point.lease);
         Ok(host)
     }
 
     /// Waits for the first outcome of registering: `Registered`, or the
-    /// error of a refusal or of a timeout (the host then leaves).
+    /// error of a refusal, of a live duplicate or of a timeout (the host
+    /// then leaves). While the key's previous holder is waited for
+    /// (`Waiting`), the wait is extended to two of this registration's
+    /// TTLs plus `timeout` from then: the machine decides within the
+    /// holder's remaining TTL plus about a second, and a process with the
+    /// same host id normally runs with the same TTL.
     fn first_outcome(
         &self,
         first: &crossbeam_channel::Receiver<sm::LivenessState>,
         timeout: Duration,
+        ttl: Duration,
     ) -> Result<sm::LivenessState> {
-        match first.recv_timeout(timeout) {
-            // Permission denied, say: no retry helps, so no waiting either.
-            Ok(sm::LivenessState::Refused { error }) => {
-                let _ = self.stop_and_wait();
-                Err(Error::rpc_in(format!("registering {}", self.key), error))
+        let mut deadline = Instant::now().checked_add(timeout);
+        let mut extended = false;
+        loop {
+            let wait = deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            match first.recv_timeout(wait) {
+                // Permission denied, say: no retry helps, so no waiting either.
+                Ok(sm::LivenessState::Refused { error }) => {
+                    let _ = self.stop_and_wait();
+                    return Err(Error::rpc_in(format!("registering {}", self.key), error));
+                }
+                Ok(sm::LivenessState::Duplicate { holder }) => {
+                    let _ = self.stop_and_wait();
+                    return Err(Error::DuplicateId {
+                        key: self.key.clone(),
+                        holder,
+                    });
+                }
+                Ok(sm::LivenessState::Waiting { holder }) => {
+                    log::info!(
+                        "{}: held by lease {holder:x} of another process; waiting for it to \
+                         expire (a crashed predecessor) or to be renewed (a duplicate)",
+                        self.key
+                    );
+                    if !extended {
+                        extended = true;
+                        deadline = ttl
+                            .checked_mul(2)
+                            .and_then(|t| t.checked_add(timeout))
+                            .and_then(|t| Instant::now().checked_add(t));
+                    }
+                }
+                Ok(first) => return Ok(first),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    let _ = self.stop_and_wait();
+                    return Err(Error::Timeout(timeout));
+                }
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    return Err(self.etcd.gone())
+                }
             }
-            Ok(first) => Ok(first),
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                let _ = self.stop_and_wait();
-                Err(Error::Timeout(timeout))
-            }
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(self.etcd.gone()),
         }
     }
 
@@ -535,6 +605,7 @@ impl HostLiveness {
             companion: companion(&options, &key, incarnation),
             backoff: BackoffConfig::default(),
             give_up: ttl,
+            take_over: options.take_over,
         };
         let machine = match &saved {
             Some((lease, host)) => Registration::resume(
@@ -620,7 +691,7 @@ impl HostLiveness {
             ttl,
             etcd,
         };
-        let first = host.first_outcome(&first, options.register_timeout)?;
+        let first = host.first_outcome(&first, options.register_timeout, ttl)?;
         host.resumed = matches!((first, &saved),
             (sm::LivenessState::Registered { lease }, Some((saved, _))) if lease == *saved);
         Ok(host)
@@ -702,7 +773,11 @@ impl HostLiveness {
     /// written (etcd unreachable, or the key is not this registration's any
     /// more) the revoke is waited for instead, and an error is returned
     /// when it could not be confirmed: the key then disappears when the
-    /// lease expires after its TTL, and watchers see `Expired`.
+    /// lease expires after its TTL, and watchers see `Expired`. When the
+    /// key turned out to be another live process's (it took the key over,
+    /// or holds the same host id: the state went
+    /// [`Duplicate`](LivenessState::Duplicate)), watchers saw nothing of
+    /// this registration's end, and the error is [`Error::DuplicateId`].
     pub fn close(self) -> Result<()> {
         crate::blocking::check()?;
         self.stop_and_wait()
@@ -744,6 +819,14 @@ impl HostLiveness {
         };
         // The machine may have told the leave just before it finished.
         let left = self.left.try_recv().is_ok();
+        // The key was another process's (taken over, or a duplicate): no
+        // leave of this one's can have been seen, whatever was revoked.
+        if let Some(holder) = self.status.lock().displaced {
+            return Err(Error::DuplicateId {
+                key: self.key.clone(),
+                holder,
+            });
+        }
         if let (Engine::Shared(..), Ok(_)) = (&self.machine, &finished) {
             // The lease is the session's: stopped is all there is to it.
             return Ok(left);
@@ -817,6 +900,9 @@ type SinkEnds = (
 struct Status {
     state: LivenessState,
     trust: Option<(i64, Instant)>,
+    /// The lease of another process told holding this host's key
+    /// (`Duplicate`), if any.
+    displaced: Option<i64>,
 }
 
 impl StateSink {
@@ -824,6 +910,7 @@ impl StateSink {
         let status = Arc::new(Mutex::new(Status {
             state: LivenessState::Registering,
             trust: None,
+            displaced: None,
         }));
         // Unbounded, with the bound kept below by hand: a `bounded(1024)`
         // channel allocates and touches all of its slots up front, 40 KiB
@@ -834,7 +921,7 @@ impl StateSink {
         let oldest = states.clone();
         // The first outcome keeps the machine's own state: a refusal's
         // `RpcError` becomes the error `with_options` returns.
-        let (first_tx, first) = crossbeam_channel::bounded::<sm::LivenessState>(1);
+        let (first_tx, first) = crossbeam_channel::bounded::<sm::LivenessState>(4);
         // Told once, when the leave transaction applied (`close`).
         let (left_tx, left) = crossbeam_channel::bounded::<()>(1);
         let sink = StateSink {
@@ -861,8 +948,21 @@ impl StateSink {
         let registering = self.first_tx.is_some();
         let outcome = matches!(
             machine_state,
-            sm::LivenessState::Registered { .. } | sm::LivenessState::Refused { .. }
+            sm::LivenessState::Registered { .. }
+                | sm::LivenessState::Refused { .. }
+                | sm::LivenessState::Duplicate { .. }
         );
+        if let sm::LivenessState::Duplicate { holder } = machine_state {
+            self.status.lock().displaced = Some(holder);
+        }
+        // Told to `register` as it happens, not an outcome: it extends the
+        // wait (see `first_outcome`).
+        // At most one queued, so the outcome always finds room.
+        if let (Some(tx), sm::LivenessState::Waiting { .. }) = (&self.first_tx, &machine_state) {
+            if tx.is_empty() {
+                let _ = tx.try_send(machine_state.clone());
+            }
+        }
         if registering && !outcome {
             // Over before `register` returns: `states()` starts with the
             // state it returned, not a replay.
@@ -881,7 +981,7 @@ impl StateSink {
         // `states()` must already start with it.
         if outcome {
             if let Some(tx) = self.first_tx.take() {
-                let _ = tx.send(machine_state);
+                let _ = tx.try_send(machine_state);
             }
         }
     }

@@ -198,6 +198,8 @@ mod on {
             LivenessState::Lost { .. } => "lost",
             LivenessState::Stopped { .. } => "stopped",
             LivenessState::Refused { .. } => "refused",
+            LivenessState::Waiting { .. } => "waiting",
+            LivenessState::Duplicate { .. } => "duplicate",
         };
         let registered = matches!(state, LivenessState::Registered { .. });
         metrics::gauge!("fleetcoord_liveness_registered", "key" => key.to_string())

@@ -65,6 +65,13 @@ pub struct AgentArgs {
     /// restarts); a second key per host under the prefix.
     #[arg(long)]
     publish_incarnation: bool,
+    /// When another live process holds this host id's key, write over it
+    /// and revoke that process's lease (it then stops, reporting the
+    /// duplicate) instead of failing. Without it, a key whose holder
+    /// crashed is waited for (at most its TTL plus about a second) and a
+    /// live holder's fails this agent with a duplicate-id error.
+    #[arg(long)]
+    take_over: bool,
 }
 
 impl PrefixArgs {
@@ -101,6 +108,7 @@ impl AgentArgs {
             .with_prefix(self.prefix.prefix.clone())
             .with_ttl(self.ttl)
             .with_published_incarnation(self.publish_incarnation)
+            .with_take_over(self.take_over)
     }
 }
 
@@ -238,6 +246,12 @@ fn state_record(host: Uuid, state: &LivenessState) -> (String, Value) {
         LivenessState::Lost { lease } => ("lost", Some(*lease), None),
         LivenessState::Stopped { revoked } => ("stopped", None, Some(*revoked)),
         LivenessState::Refused { .. } => ("refused", None, None),
+        LivenessState::Waiting { holder } => {
+            return held_record(host, "waiting", *holder, WAITING);
+        }
+        LivenessState::Duplicate { holder } => {
+            return held_record(host, "duplicate", *holder, DUPLICATE);
+        }
         #[allow(unreachable_patterns)]
         _ => ("unknown", None, None),
     };
@@ -257,6 +271,57 @@ fn state_record(host: Uuid, state: &LivenessState) -> (String, Value) {
             map.insert("revoked".into(), json!(revoked));
         }
     }
+    (human, value)
+}
+
+/// What `waiting` means, for people.
+const WAITING: &str = "another process's key: waiting for its lease to expire (a crashed \
+                       predecessor) or to be renewed (a duplicate)";
+
+/// What `duplicate` means, for people.
+const DUPLICATE: &str =
+    "another live process holds this host id: stopping without touching its key";
+
+/// A state about another process's lease `holder` on this host's key.
+fn held_record(host: Uuid, name: &str, holder: i64, meaning: &str) -> (String, Value) {
+    let human = format!(
+        "{host}: {name} (held by lease {}: {meaning})",
+        lease_hex(holder)
+    );
+    let value = object([
+        ("host_id", json!(host.to_string())),
+        ("state", json!(name)),
+        ("holder", lease_json(holder)),
+    ]);
+    (human, value)
+}
+
+/// The agent's error for a duplicate host id, with how to avoid it.
+fn duplicate_error(e: fleetcoord::Error) -> CliError {
+    if e.kind() != fleetcoord::ErrorKind::DuplicateId {
+        return e.into();
+    }
+    CliError::Hinted {
+        message: e.to_string(),
+        hint: "give every host its own --host-id (a clone must regenerate /etc/machine-id: \
+               `systemd-machine-id-setup` after emptying it), or pass --take-over to replace \
+               the running one"
+            .into(),
+    }
+}
+
+/// The agent's last record when its key was another process's: watchers
+/// saw nothing of this exit.
+fn displaced_record(host: Uuid) -> (String, Value) {
+    let human = format!(
+        "{host}: stopped (the key is another live process's: watchers see no change from this exit)"
+    );
+    let value = object([
+        ("host_id", json!(host.to_string())),
+        ("state", json!("stopped")),
+        ("left", json!(false)),
+        ("duplicate", json!(true)),
+    ]);
     (human, value)
 }
 
@@ -281,9 +346,10 @@ pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), 
         None => None,
     };
     let host = match saved {
-        Some(resume) => HostLiveness::resume(&ctx.etcd, resume, args.meta.as_bytes(), options)?,
-        None => HostLiveness::with_options(&ctx.etcd, args.host_id, args.meta.as_bytes(), options)?,
-    };
+        Some(resume) => HostLiveness::resume(&ctx.etcd, resume, args.meta.as_bytes(), options),
+        None => HostLiveness::with_options(&ctx.etcd, args.host_id, args.meta.as_bytes(), options),
+    }
+    .map_err(duplicate_error)?;
     let mut first = args
         .state_file
         .as_ref()
@@ -296,6 +362,7 @@ pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), 
     );
     // `states()` starts with the state `register` returned; every later
     // transition is printed below in order.
+    let mut duplicate = false;
     loop {
         select! {
             recv(host.states()) -> state => match state {
@@ -310,6 +377,12 @@ pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), 
                         map.insert("incarnation".into(), json!(incarnation));
                     }
                     ctx.out.emit(human, value)?;
+                    // Displaced by another process with this host id: the
+                    // registration is over, and the agent with it.
+                    if matches!(state, LivenessState::Duplicate { .. }) {
+                        duplicate = true;
+                        break;
+                    }
                 }
                 Err(_) => return Err(CliError::Message("the keepalive stopped unexpectedly".into())),
             },
@@ -324,6 +397,19 @@ pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), 
         ctx.out.emit(human, value)?;
         return Ok(());
     };
+    if duplicate {
+        // Nothing to hand over or leave: say what watchers saw, and fail.
+        let result = host.leave();
+        if let Some(path) = &args.state_file {
+            let _ = std::fs::remove_file(path);
+        }
+        let (human, value) = displaced_record(args.host_id);
+        ctx.out.emit(human, value)?;
+        return Err(match result {
+            Err(e) => duplicate_error(e),
+            Ok(_) => CliError::Message("another process took this host id's key".into()),
+        });
+    }
     if let Some(path) = &args.state_file {
         return detach(ctx, host, path);
     }
@@ -334,6 +420,12 @@ pub fn agent(ctx: &Ctx, args: AgentArgs, shutdown: &Receiver<()>) -> Result<(), 
     let (human, value) = match host.leave() {
         Ok(true) => left_record(args.host_id, true),
         Ok(false) => revoked_record(args.host_id),
+        // Found at the leave: another process had taken the key over.
+        Err(e) if e.kind() == fleetcoord::ErrorKind::DuplicateId => {
+            let (human, value) = displaced_record(args.host_id);
+            ctx.out.emit(human, value)?;
+            return Err(duplicate_error(e));
+        }
         Err(_) => left_record(args.host_id, false),
     };
     ctx.out.emit(human, value)?;

@@ -108,7 +108,10 @@ enum Command {
     /// state changes; exiting (Ctrl-C, SIGTERM) announces the leave and
     /// revokes the lease so watchers see Down (left) at once. With
     /// --state-file, exiting hands the registration to the next run instead
-    /// (a restart within the TTL is no Down for watchers).
+    /// (a restart within the TTL is no Down for watchers). A host id another
+    /// live agent holds is a duplicate: the agent fails within about one
+    /// TTL and the other is left alone; a crashed predecessor's key is
+    /// waited for (state `waiting`) and then registered.
     Agent(hosts::AgentArgs),
     /// Campaign in an election; print when leading (with the fencing token),
     /// hold until Ctrl-C, then resign. With `-- CMD ARGS...`: run CMD only

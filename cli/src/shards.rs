@@ -23,7 +23,7 @@
 //!   CMD obeyed, else with its status (`gated::finish_stopped`).
 
 use crate::gated::{exit_code, unix_micros};
-use crate::output::{event, lease_json, object, Out};
+use crate::output::{event, lease_hex, lease_json, object, Out};
 use crate::tether::{self, Tether};
 use crate::{duration, CliError, Ctx};
 use crossbeam_channel::{select, Receiver};
@@ -337,6 +337,9 @@ pub fn join(ctx: &Ctx, args: JoinArgs, shutdown: &Receiver<()>) -> Result<(), Cl
                             r.kill_now();
                         }
                     }
+                    // Another live process has this member id: the map
+                    // has stopped; so does the command, with its error.
+                    ShardEvent::Duplicate { .. } => stopping = true,
                     _ => {}
                 }
             }
@@ -454,6 +457,27 @@ fn report(out: &Out, name: &str, e: &ShardEvent) -> Result<(), CliError> {
         ShardEvent::Lost { shard } => (
             format!("{name}: lost shard {shard}"),
             event("lost", [("name", json!(name)), ("shard", json!(shard))]),
+        ),
+        ShardEvent::Waiting { holder } => (
+            format!(
+                "{name}: this member id's key is held by lease {} of another process: waiting \
+                 for it to expire (a crashed predecessor) or to be renewed (a duplicate)",
+                lease_hex(*holder)
+            ),
+            event(
+                "waiting",
+                [("name", json!(name)), ("holder", lease_json(*holder))],
+            ),
+        ),
+        ShardEvent::Duplicate { holder } => (
+            format!(
+                "{name}: another live process (lease {}) has this member id; stopping",
+                lease_hex(*holder)
+            ),
+            event(
+                "duplicate",
+                [("name", json!(name)), ("holder", lease_json(*holder))],
+            ),
         ),
         other => (
             format!("{name}: {other:?}"),

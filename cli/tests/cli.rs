@@ -1176,3 +1176,54 @@ fn completions_are_valid_bash_and_the_man_page_names_every_command() {
         "an unknown shell is a usage error"
     );
 }
+
+/// Issue 48, item 2, from the outside: a second agent with a live agent's
+/// host id fails (status 1, the duplicate named, how to fix it) within
+/// about one TTL and leaves the first registered; `--take-over` replaces
+/// the first, which says `duplicate` and exits 1 without claiming a leave.
+#[test]
+fn a_second_agent_with_the_same_host_id_fails_and_take_over_displaces_the_first() {
+    let server = start_etcd();
+    let id = "5d4c3b2a-1908-4f7e-8d6c-5b4a39281706";
+    let mut first = Running::start(&server, &["agent", "--host-id", id, "--ttl", "3s"]);
+    let registered = first.until("state", "registered");
+    let lease = registered["lease"].clone();
+
+    let started = Instant::now();
+    let second = cli()
+        .args(["--endpoints", &server.endpoint()])
+        .args(["agent", "--host-id", id, "--ttl", "3s"])
+        .output()
+        .expect("run the second agent");
+    let took = started.elapsed();
+    let err = String::from_utf8_lossy(&second.stderr);
+    println!(
+        "second agent exited {:?} after {took:?}: {err}",
+        second.status.code()
+    );
+    assert_eq!(second.status.code(), Some(1), "{err}");
+    assert!(err.contains("duplicate id") && err.contains(id), "{err}");
+    assert!(err.contains("--take-over"), "says how: {err}");
+    assert!(took < Duration::from_secs(3 + 3), "took {took:?}");
+    let hosts: Value =
+        serde_json::from_str(ok(&server, &["hosts", "--json"]).trim()).expect("json");
+    assert_eq!(
+        hosts["lease"], lease,
+        "the first still holds its key: {hosts}"
+    );
+
+    let mut third = Running::start(
+        &server,
+        &["agent", "--host-id", id, "--ttl", "3s", "--take-over"],
+    );
+    third.until("state", "registered");
+    let displaced = first.until("state", "duplicate");
+    println!("displaced: {displaced}");
+    let stopped = first.until("state", "stopped");
+    assert_eq!(stopped["duplicate"], true, "{stopped}");
+    assert_eq!(stopped["left"], false, "{stopped}");
+    assert_eq!(first.wait(), Some(1));
+    third.signal("-TERM");
+    assert_eq!(third.until("state", "stopped")["left"], true);
+    assert_eq!(third.wait(), Some(0));
+}

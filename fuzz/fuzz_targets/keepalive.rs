@@ -541,6 +541,9 @@ fuzz_target!(|input: Input| {
             value: b"0".to_vec(),
             leave_marker: input.leave_marker.then(|| MARKER.to_vec()),
             companion: None,
+            // Every successor resumes its predecessor's lease: no other
+            // holder of the key ever appears here.
+            take_over: false,
         }),
         backoff: BackoffConfig {
             initial: Duration::from_millis(u64::from(input.initial_ms)),

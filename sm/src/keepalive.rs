@@ -43,8 +43,9 @@
 //!    it applies only if nothing was written since it was sent. A failed
 //!    guard is answered with the key as it is: if it already holds the
 //!    current value on the current lease (an earlier copy applied), that is
-//!    the write; otherwise the put goes again at once, guarded on what was
-//!    read (a key another writer changed is taken over, as before). A grant or put
+//!    the write; on a lease this machine never held, rule 12 decides;
+//!    otherwise (absent, on a lease of this machine's, or on none) the put
+//!    goes again at once, guarded on what was read. A grant or put
 //!    refused with [`RpcError::PermissionDenied`] is reported as
 //!    [`LivenessState::Refused`] and the machine stops (revoking any lease it
 //!    holds): a user without the grant learns it at once instead of watching
@@ -137,6 +138,28 @@
 //!     key of this machine's waits to be written first). From a point
 //!     without a lease, or (binding mode) without a create revision, a
 //!     resume is a fresh registration.
+//! 12. Another holder (binding mode). A failed guard that reads the key
+//!     on a lease this machine never held (the last 8 granted or resumed
+//!     are remembered) means another process wrote it: a crashed
+//!     predecessor with the same key, whose lease runs out by itself, or a
+//!     live duplicate. The machine does not write over it: it waits in
+//!     [`LivenessState::Waiting`] `{ holder }`, renewing its own lease,
+//!     and looks at the holder's lease as [`crate::holder`] rules: gone,
+//!     the put goes again, guarded as before (the holder's key, if etcd
+//!     has not deleted it yet, fails the guard and is looked at again
+//!     after [`crate::holder::POLL`]); renewed past its remaining TTL, it
+//!     is a live duplicate, told [`LivenessState::Duplicate`] `{ holder }`,
+//!     and the machine stops, revoking its own lease (no leave: nothing of
+//!     it is on the key). A crashed predecessor is waited for, at most its
+//!     TTL plus a margin, and never failed. With [`Binding::take_over`],
+//!     and only before this machine first wrote the key, the key is
+//!     written over at once instead, and the holder's lease revoked in the
+//!     background once the key is this machine's (rule 7), so the displaced
+//!     holder's next renewal finds its lease gone: it re-registers, finds
+//!     the key on this machine's lease and, having written the key before,
+//!     never takes it back but waits as above and ends `Duplicate`. A key
+//!     this machine held and finds on another lease at the leave (rule 9)
+//!     is told `Duplicate` too, before `Stopped`: it was taken over.
 //!
 //! Backoff: registration (grant, put, an unproven lease lost) and renewal
 //! failures count separately, each with its own jitter seed derived from the
@@ -146,6 +169,7 @@
 
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::clock::Clock;
+use crate::holder::{HolderCheck, Step};
 use crate::outbox::Outbox;
 use crate::rpc::{
     Command, Compare, KeyRange, LeaseId, RangeRequest, Request, Response, Revision, RpcError,
@@ -182,6 +206,12 @@ pub struct Binding {
     /// [`incarnation_key`](crate::watch::incarnation_key)). Put before
     /// `key` in the transaction; never guarded, never read back.
     pub companion: Option<(Vec<u8>, Vec<u8>)>,
+    /// Take the key over from a live holder on another lease (and revoke
+    /// that lease) instead of waiting for it to expire and failing with
+    /// [`LivenessState::Duplicate`] when it does not: see "Another
+    /// holder" in the module docs. For an operator who means to replace
+    /// a running process; `false` otherwise.
+    pub take_over: bool,
 }
 
 /// The largest clock drift allowance the machine applies, in parts per
@@ -398,6 +428,24 @@ pub enum LivenessState {
         /// The lease that was lost.
         lease: LeaseId,
     },
+    /// The key is held on `holder`, a lease this machine never held: a
+    /// crashed predecessor's, expiring, or a live duplicate's. Nothing is
+    /// registered; the machine waits until that lease is gone (then
+    /// registers) or proven renewed (then `Duplicate`). See "Another
+    /// holder" in the module docs.
+    Waiting {
+        /// The lease the key is held on.
+        holder: LeaseId,
+    },
+    /// Another registration holds the key on `holder`, which is alive: it
+    /// was renewed past its TTL while this machine waited, or it took the
+    /// key over from this machine (found so at a write or at the leave).
+    /// No retry fixes it; the machine is stopping (never deleting that
+    /// key) and `Stopped` follows.
+    Duplicate {
+        /// The other registration's lease.
+        holder: LeaseId,
+    },
     /// etcd refused the grant or the write with permission denied, which no
     /// retry fixes; the machine is stopping and `Stopped` follows.
     Refused {
@@ -436,6 +484,23 @@ enum Timer {
     /// The revoke of the first retired lease has gone unanswered for its
     /// attempt timeout: send it again ([`Retired`]).
     RetireAttempt,
+    /// The next look at another holder's lease, or the give-up instant of
+    /// the outstanding one ([`Probe`]).
+    Look,
+}
+
+/// How many leases of this machine's are remembered as its own: a key
+/// found on one of them is this machine's earlier write, not another
+/// holder's.
+const MAX_HELD: usize = 8;
+
+/// Waiting on another holder of the key (see "Another holder" in the
+/// module docs).
+#[derive(Clone, Debug)]
+struct Probe {
+    check: HolderCheck,
+    /// The look in flight and its send time.
+    look: Option<(RpcId, Instant)>,
 }
 
 /// How many given-up leases are remembered for revoking at most; beyond
@@ -562,6 +627,14 @@ pub struct Keepalive {
     /// Copies sent again in a row since the last answer ([`Timer::Attempt`]).
     resent: u32,
     retired: Retired,
+    /// Leases this machine held (granted or resumed), newest last, at most
+    /// [`MAX_HELD`].
+    held: std::collections::VecDeque<LeaseId>,
+    /// Waiting on another holder of the key.
+    probe: Option<Probe>,
+    /// The key was written by this machine at least once: from then on a
+    /// key on another lease was taken from it, and is never taken back.
+    ever_written: bool,
     announce_trust: bool,
     renewal_grid: Option<RenewalGrid>,
     outbox: Outbox<KeepaliveNotice>,
@@ -625,6 +698,8 @@ impl Keepalive {
             return Self::with_first_rpc_id(config, now, seed, first_rpc_id);
         }
         let mut machine = Self::idle(config, now, seed, first_rpc_id);
+        // The key on it is this registration's, handed over.
+        machine.remember(point.lease);
         machine
             .outbox
             .notify(KeepaliveNotice::State(LivenessState::Registering));
@@ -663,6 +738,9 @@ impl Keepalive {
             renew_backoff: Backoff::new(config.backoff, renew_seed),
             attempt_timeout: config.attempt_timeout,
             retired: Retired::default(),
+            held: std::collections::VecDeque::new(),
+            probe: None,
+            ever_written: false,
             announce_trust: config.announce_trust,
             renewal_grid: None,
             resent: 0,
@@ -799,8 +877,111 @@ impl Keepalive {
 
     /// Stops the timers of the phase; a retired lease's revoke goes on.
     fn stop_phase_timers(&mut self) {
-        for timer in [Timer::Renew, Timer::Deadline, Timer::Retry, Timer::Attempt] {
+        for timer in [
+            Timer::Renew,
+            Timer::Deadline,
+            Timer::Retry,
+            Timer::Attempt,
+            Timer::Look,
+        ] {
             self.timers.stop(timer);
+        }
+    }
+
+    /// Remembers `lease` as this machine's own.
+    fn remember(&mut self, lease: LeaseId) {
+        if self.held.contains(&lease) {
+            return;
+        }
+        if self.held.len() >= MAX_HELD {
+            self.held.pop_front();
+        }
+        self.held.push_back(lease);
+    }
+
+    /// Ends the wait on another holder, canceling the look in flight.
+    fn end_probe(&mut self) {
+        if let Some(Probe {
+            look: Some((id, _)),
+            ..
+        }) = self.probe.take()
+        {
+            self.outbox.cancel(id);
+        }
+        self.timers.stop(Timer::Look);
+    }
+
+    /// A look at the other holder's lease, with its give-up instant.
+    fn send_look(&mut self, now: Instant) {
+        let Some(probe) = &self.probe else { return };
+        let lease = probe.check.holder();
+        let id = self.outbox.rpc(Request::LeaseTimeToLive { lease });
+        if let Some(probe) = &mut self.probe {
+            probe.look = Some((id, now));
+        }
+        let wait = if self.attempt_timeout.is_zero() {
+            self.request_timeout()
+        } else {
+            self.attempt_timeout
+        };
+        self.arm(Timer::Look, now.checked_add(wait).unwrap_or(now));
+    }
+
+    /// The put found the key on `holder`, a lease this machine never held
+    /// (see "Another holder" in the module docs): wait on it, or, on a
+    /// holder already judged gone whose key etcd has not deleted yet,
+    /// look again shortly.
+    fn wait_on_holder(&mut self, now: Instant, holder: LeaseId) {
+        if let Phase::Leased(l) = &mut self.phase {
+            // Whatever this machine wrote before is not the key any more.
+            l.written = None;
+        }
+        match &self.probe {
+            Some(p) if p.check.holder() == holder => {
+                let at = now.checked_add(crate::holder::POLL).unwrap_or(now);
+                self.arm(Timer::Look, at);
+            }
+            _ => {
+                self.end_probe();
+                self.probe = Some(Probe {
+                    check: HolderCheck::new(holder),
+                    look: None,
+                });
+                self.send_look(now);
+            }
+        }
+        self.sync_state();
+    }
+
+    /// The answer to a look at the other holder's lease.
+    fn on_look_reply(&mut self, now: Instant, sent: Instant, result: Result<Response, RpcError>) {
+        self.timers.stop(Timer::Look);
+        let step = {
+            let Some(probe) = &mut self.probe else { return };
+            probe.look = None;
+            match &result {
+                Ok(Response::LeaseTimeToLive { ttl_secs, .. }) => {
+                    Some(probe.check.on_answer(sent, now, *ttl_secs))
+                }
+                Err(RpcError::LeaseNotFound) => Some(Step::Gone),
+                _ => None,
+            }
+        };
+        match (step, result) {
+            (Some(Step::Gone), _) => self.send_put(now),
+            (Some(Step::Live), _) => {
+                let holder = self.probe.as_ref().map_or(0, |p| p.check.holder());
+                self.end_probe();
+                self.notify(LivenessState::Duplicate { holder });
+                // Nothing of this machine's is on the key: no leave.
+                self.stop(now, false);
+            }
+            (Some(Step::LookAt(at)), _) => self.arm(Timer::Look, at),
+            (None, Err(e)) if is_refusal(&e) => self.refuse(now, e),
+            (None, _) => {
+                let delay = self.register_backoff.next_delay();
+                self.arm(Timer::Look, now.checked_add(delay).unwrap_or(now));
+            }
         }
     }
 
@@ -879,7 +1060,12 @@ impl Keepalive {
             Phase::Granting { .. } | Phase::Resuming { .. } => LivenessState::Registering,
             Phase::Leased(l) => {
                 if self.binding.is_some() && l.written.is_none() {
-                    LivenessState::Registering
+                    match &self.probe {
+                        Some(p) => LivenessState::Waiting {
+                            holder: p.check.holder(),
+                        },
+                        None => LivenessState::Registering,
+                    }
                 } else if l.failing {
                     LivenessState::Suspended { lease: l.id }
                 } else {
@@ -938,6 +1124,7 @@ impl Keepalive {
             return;
         };
         self.phase = Phase::Leased(Lease::fresh(id, trusted, deadline, sent, false));
+        self.remember(id);
         self.arm(Timer::Deadline, deadline);
         self.schedule_renewal(now);
         if self.binding.is_some() {
@@ -1108,6 +1295,32 @@ impl Keepalive {
                 let Some(found) = found else {
                     return self.schedule_put(now);
                 };
+                let take_over =
+                    !self.ever_written && self.binding.as_ref().is_some_and(|b| b.take_over);
+                let foreign = found
+                    .as_ref()
+                    .map(|kv| kv.lease)
+                    .filter(|h| *h != 0 && *h != lease && !self.held.contains(h));
+                if let Some(holder) = foreign.filter(|_| !take_over) {
+                    if self.resuming.take().is_some() {
+                        // A refused resume: afresh, guarded on absence,
+                        // so the fresh put cannot land on the holder's
+                        // key either; it finds it and waits.
+                        self.key_revision = 0;
+                        self.key_created = 0;
+                        return self.abandon_resume(now, lease);
+                    }
+                    // Not taken over: the guard stays on what this machine
+                    // last wrote, so no later put lands on the holder's key.
+                    return self.wait_on_holder(now, holder);
+                }
+                if let Some(holder) = foreign.filter(|_| take_over) {
+                    // Taken over on purpose: the holder's lease goes once
+                    // the key is ours, so the holder learns it at its next
+                    // renewal (TTL 0) instead of believing it still holds
+                    // the key.
+                    self.retire(holder);
+                }
                 self.key_revision = found.as_ref().map_or(0, |kv| kv.mod_revision);
                 self.key_created = found.as_ref().map_or(0, |kv| kv.create_revision);
                 let current = self.binding.as_ref().is_some_and(|b| {
@@ -1163,6 +1376,8 @@ impl Keepalive {
             return;
         };
         l.written = Some(generation);
+        self.ever_written = true;
+        self.end_probe();
         self.sync_state();
         // The key is bound to this lease now: earlier ones may go.
         self.start_retiring();
@@ -1186,6 +1401,7 @@ impl Keepalive {
             }
         }
         self.stop_phase_timers();
+        self.end_probe();
         self.resent = 0;
         self.resuming = None;
         self.retire(lease);
@@ -1265,6 +1481,7 @@ impl Keepalive {
         if let Some(id) = self.retired.revoke.take() {
             self.outbox.cancel(id);
         }
+        self.end_probe();
         // Leases given up earlier hold nothing the next machine resumes.
         for lease in std::mem::take(&mut self.retired.leases) {
             let _ = self.outbox.rpc(Request::Revoke { lease });
@@ -1292,6 +1509,7 @@ impl Keepalive {
             self.outbox.cancel(*id);
         }
         self.stop_phase_timers();
+        self.end_probe();
         self.resent = 0;
         self.renew_backoff.reset();
         // A resume not confirmed by now is over: the next lease's puts are
@@ -1333,6 +1551,7 @@ impl Keepalive {
         if self.phase.is_stopping() {
             return;
         }
+        self.end_probe();
         self.timers.clear();
         self.resent = 0;
         // A last copy of each retired lease's revoke, answers not waited
@@ -1458,6 +1677,14 @@ impl Keepalive {
                         self.key_revision = kv.mod_revision;
                         self.send_leave(marker, lease);
                     }
+                    // Another registration's key: it took the key over
+                    // while this machine held it. Nothing of this
+                    // machine's is there to leave, and saying so is the
+                    // only way its user learns it.
+                    (Some(kv), _) if kv.lease != 0 && !self.held.contains(&kv.lease) => {
+                        self.notify(LivenessState::Duplicate { holder: kv.lease });
+                        self.after_leave(None, lease);
+                    }
                     _ => self.after_leave(None, lease),
                 }
             }
@@ -1509,6 +1736,13 @@ impl Keepalive {
                     self.on_renewal_reply(now, sent, result);
                 } else if let Some((_, generation)) = l.put.filter(|(p, _)| *p == id) {
                     self.on_put_reply(now, generation, result);
+                } else if let Some((_, sent)) = self
+                    .probe
+                    .as_ref()
+                    .and_then(|p| p.look)
+                    .filter(|(look, _)| *look == id)
+                {
+                    self.on_look_reply(now, sent, result);
                 }
             }
             Phase::Resuming {
@@ -1587,6 +1821,20 @@ impl Keepalive {
                 self.arm_attempt();
             }
             (Timer::Deadline, Phase::Leased(_)) => self.lose_at_deadline(now),
+            (Timer::Look, Phase::Leased(_)) => match self.probe.as_ref().and_then(|p| p.look) {
+                // Unanswered until its give-up: canceled, and looked at
+                // again after a backoff delay (a look is a read).
+                Some((id, _)) => {
+                    self.outbox.cancel(id);
+                    if let Some(p) = &mut self.probe {
+                        p.look = None;
+                    }
+                    let delay = self.register_backoff.next_delay();
+                    self.arm(Timer::Look, now.checked_add(delay).unwrap_or(now));
+                }
+                None if self.probe.is_some() => self.send_look(now),
+                None => {}
+            },
             // A copy of the revoke under way (it passed `start_retiring`'s
             // check when it began; the key has only moved on since).
             (Timer::RetireAttempt, _) => {
@@ -1672,8 +1920,13 @@ impl Machine for Keepalive {
                 self.value_gen = self.value_gen.wrapping_add(1);
                 // Written now only when nothing else is pending; otherwise the
                 // in-flight put or the scheduled retry picks the value up.
+                // While another holder is waited on, the put after the
+                // wait picks the value up.
                 if let Phase::Leased(l) = &self.phase {
-                    if l.put.is_none() && !self.timers.is_armed(Timer::Retry) {
+                    if l.put.is_none()
+                        && !self.timers.is_armed(Timer::Retry)
+                        && self.probe.is_none()
+                    {
                         self.send_put(now);
                     }
                 }

@@ -101,6 +101,7 @@
 pub mod backoff;
 pub mod clock;
 pub mod election;
+pub mod holder;
 pub mod keepalive;
 pub mod kv;
 pub mod mirror;

@@ -9,7 +9,9 @@
 //!    absent), and deletes the leave marker (a leave of an earlier
 //!    registration must not read as this one's). A failed guard is
 //!    answered with the key as it is: already the current value on L (an
-//!    earlier copy landed) counts as the write; anything else is taken
+//!    earlier copy landed) counts as the write; on a lease this machine
+//!    was never told by its session, rule 7 decides; anything else
+//!    (absent, on an earlier lease of the session's, on none) is taken
 //!    over by the next put, guarded on what was read. The
 //!    [`RegistrationConfig::companion`] key, if any, is put on L first in
 //!    the same transaction, so both carry one mod revision. A failed request is
@@ -50,19 +52,38 @@
 //!    it (watchers saw the expiry, and see it come back). A canceled put
 //!    of the earlier process that lands late moves the mod revision, so
 //!    the guard fails, the key is read and taken over as in rule 1.
+//! 7. **Another holder.** A failed guard that reads the key on a lease
+//!    the session never told this machine of (the last 8 are remembered)
+//!    was written by another process: a crashed predecessor's, expiring,
+//!    or a live duplicate's. The key is not written over: the state is
+//!    [`LivenessState::Waiting`] `{ holder }` while the holder's lease is
+//!    looked at as [`crate::holder`] rules. Gone, the put goes again,
+//!    guarded as before (a key etcd has not deleted yet is looked at again
+//!    after [`crate::holder::POLL`]); renewed past its remaining TTL, the
+//!    state is [`LivenessState::Duplicate`] `{ holder }` and the machine
+//!    stops (the session stays: it is shared). With
+//!    [`RegistrationConfig::take_over`], and only before this machine
+//!    first wrote the key, the key is written over at once and the
+//!    holder's lease revoked once (its answer not waited for) after the
+//!    write applied, so the displaced holder learns it at its next
+//!    renewal; one that wrote the key before never takes it back. A leave
+//!    that finds the key on such a lease tells `Duplicate` before
+//!    `Stopped`: the key was taken over.
 
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::clock::Clock;
 use crate::election::SessionRequest;
+use crate::holder::{HolderCheck, Step};
 use crate::keepalive::LivenessState;
 use crate::outbox::Outbox;
 use crate::rpc::{
-    Command, Compare, KeyRange, LeaseId, RangeRequest, Request, Response, Revision, RpcId,
-    RpcReply, Txn, TxnOp, TxnOpResponse,
+    Command, Compare, KeyRange, LeaseId, RangeRequest, Request, Response, Revision, RpcError,
+    RpcId, RpcReply, Txn, TxnOp, TxnOpResponse,
 };
 use crate::session::SessionInput;
 use crate::timer::TimerTable;
 use crate::Machine;
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// How a [`Registration`] behaves.
@@ -85,6 +106,10 @@ pub struct RegistrationConfig {
     /// How long a leave may fail before the lease is given up (one TTL
     /// serves).
     pub give_up: Duration,
+    /// Take the key over from a live holder on another lease (and revoke
+    /// that lease) instead of waiting and failing with
+    /// [`LivenessState::Duplicate`] (rule 7); `false` otherwise.
+    pub take_over: bool,
 }
 
 /// Inputs of a [`Registration`].
@@ -142,6 +167,20 @@ pub struct RegistrationPoint {
 enum Timer {
     Retry,
     GiveUp,
+    /// The next look at another holder's lease, or the give-up of the
+    /// one in flight (rule 7).
+    Look,
+}
+
+/// How many of the session's leases are remembered as this machine's.
+const MAX_HELD: usize = 8;
+
+/// Waiting on another holder of the key (rule 7).
+#[derive(Clone, Debug)]
+struct Probe {
+    check: HolderCheck,
+    /// The look in flight and its send time.
+    look: Option<(RpcId, Instant)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -179,6 +218,16 @@ pub struct Registration {
     /// The lease and value the key was last written with by this machine.
     written: Option<(LeaseId, Vec<u8>)>,
     in_flight: Option<InFlight>,
+    /// The session's leases as told, newest last (rule 7).
+    held: VecDeque<LeaseId>,
+    /// Waiting on another holder (rule 7).
+    probe: Option<Probe>,
+    take_over: bool,
+    /// Written at least once: a key on another lease was taken from this
+    /// machine, and is never taken back.
+    ever_written: bool,
+    /// A holder whose key was taken over, revoked after the write.
+    evict: Option<LeaseId>,
     phase: Phase,
     state: LivenessState,
     backoff: Backoff,
@@ -198,6 +247,7 @@ impl Registration {
     ) -> Self {
         let mut r = Self::new(config, now, seed);
         r.known = point.mod_revision.max(0);
+        r.remember(point.lease);
         r
     }
 
@@ -213,6 +263,11 @@ impl Registration {
             known: 0,
             written: None,
             in_flight: None,
+            held: VecDeque::new(),
+            probe: None,
+            take_over: config.take_over,
+            ever_written: false,
+            evict: None,
             phase: Phase::Running,
             state: LivenessState::Registering,
             backoff: Backoff::new(config.backoff, seed),
@@ -244,9 +299,108 @@ impl Registration {
         matches!((&self.written, self.lease), (Some((l, v)), Some(lease)) if *l == lease && *v == self.value)
     }
 
+    /// Remembers `lease` as one of the session's.
+    fn remember(&mut self, lease: LeaseId) {
+        if self.held.contains(&lease) {
+            return;
+        }
+        if self.held.len() >= MAX_HELD {
+            self.held.pop_front();
+        }
+        self.held.push_back(lease);
+    }
+
+    /// `lease` is another process's: not one the session told of.
+    fn is_foreign(&self, lease: LeaseId) -> bool {
+        lease != 0 && !self.held.contains(&lease)
+    }
+
+    /// Ends the wait on another holder (rule 7).
+    fn end_probe(&mut self) {
+        if let Some(Probe {
+            look: Some((id, _)),
+            ..
+        }) = self.probe.take()
+        {
+            self.outbox.cancel(id);
+        }
+        self.timers.stop(Timer::Look);
+    }
+
+    fn send_look(&mut self, now: Instant) {
+        let Some(probe) = &self.probe else { return };
+        let lease = probe.check.holder();
+        let id = self.outbox.rpc(Request::LeaseTimeToLive { lease });
+        if let Some(probe) = &mut self.probe {
+            probe.look = Some((id, now));
+        }
+        // A look is a read: given up after the leave's give-up, looked at
+        // again after a backoff delay.
+        self.timers
+            .set(Timer::Look, now.checked_add(self.give_up).unwrap_or(now));
+    }
+
+    /// Rule 7: the key is on `holder`, another process's lease.
+    fn wait_on_holder(&mut self, now: Instant, holder: LeaseId) {
+        self.written = None;
+        match &self.probe {
+            Some(p) if p.check.holder() == holder => {
+                let at = now.checked_add(crate::holder::POLL).unwrap_or(now);
+                self.timers.set(Timer::Look, at);
+            }
+            _ => {
+                self.end_probe();
+                self.probe = Some(Probe {
+                    check: HolderCheck::new(holder),
+                    look: None,
+                });
+                self.send_look(now);
+            }
+        }
+        self.notify(LivenessState::Waiting { holder });
+    }
+
+    fn on_look_reply(&mut self, now: Instant, sent: Instant, result: Result<Response, RpcError>) {
+        self.timers.stop(Timer::Look);
+        let Some(probe) = &mut self.probe else { return };
+        probe.look = None;
+        let holder = probe.check.holder();
+        let step = match &result {
+            Ok(Response::LeaseTimeToLive { ttl_secs, .. }) => {
+                Some(probe.check.on_answer(sent, now, *ttl_secs))
+            }
+            Err(RpcError::LeaseNotFound) => Some(Step::Gone),
+            _ => None,
+        };
+        match step {
+            // The put goes again (`sync`), guarded on what this machine
+            // last knew, never on the holder's key.
+            Some(Step::Gone) => {}
+            Some(Step::Live) => {
+                self.end_probe();
+                self.notify(LivenessState::Duplicate { holder });
+                self.finish();
+            }
+            Some(Step::LookAt(at)) => self.timers.set(Timer::Look, at),
+            None => {
+                let at = now.checked_add(self.backoff.next_delay()).unwrap_or(now);
+                self.timers.set(Timer::Look, at);
+            }
+        }
+    }
+
     /// Sends what rule 1 or 3 asks for, if nothing is in flight or waiting.
     fn sync(&mut self) {
         if self.in_flight.is_some() || self.timers.is_armed(Timer::Retry) {
+            return;
+        }
+        // Rule 7: nothing is written while another holder is looked at.
+        if self.phase == Phase::Running
+            && self
+                .probe
+                .as_ref()
+                .is_some_and(|p| p.look.is_some() || self.timers.is_armed(Timer::Look))
+        {
             return;
         }
         match self.phase {
@@ -315,7 +469,9 @@ impl Registration {
                 revision: self.known,
             }],
             success,
-            failure: vec![],
+            failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(
+                self.key.clone(),
+            )))],
         }));
         self.in_flight = Some(InFlight::Leave { id, lease });
     }
@@ -326,6 +482,7 @@ impl Registration {
 
     fn finish(&mut self) {
         self.phase = Phase::Done;
+        self.end_probe();
         self.timers.clear();
         if let Some(InFlight::Put { id, .. } | InFlight::Leave { id, .. }) = self.in_flight.take() {
             self.outbox.cancel(id);
@@ -340,6 +497,15 @@ impl Registration {
     }
 
     fn on_reply(&mut self, reply: RpcReply) {
+        if let Some((_, sent)) = self
+            .probe
+            .as_ref()
+            .and_then(|p| p.look)
+            .filter(|(id, _)| *id == reply.id)
+        {
+            let now = self.clock.now();
+            return self.on_look_reply(now, sent, reply.result);
+        }
         let Some(flight) = self.in_flight.clone() else {
             return;
         };
@@ -355,6 +521,13 @@ impl Registration {
                         self.known = revision;
                         self.backoff.reset();
                         self.written = Some((lease, value));
+                        self.ever_written = true;
+                        self.end_probe();
+                        if let Some(holder) = self.evict.take() {
+                            // Rule 7: the displaced holder learns it at
+                            // its next renewal.
+                            let _ = self.outbox.rpc(Request::Revoke { lease: holder });
+                        }
                         if self.lease == Some(lease) && self.phase == Phase::Running {
                             self.notify(LivenessState::Registered { lease });
                         }
@@ -368,6 +541,18 @@ impl Registration {
                             TxnOpResponse::Range { kvs } => kvs.first().cloned(),
                             _ => None,
                         });
+                        let foreign = kv
+                            .as_ref()
+                            .map(|kv| kv.lease)
+                            .filter(|h| *h != lease && self.is_foreign(*h));
+                        if let Some(holder) = foreign.filter(|_| self.phase == Phase::Running) {
+                            if self.take_over && !self.ever_written {
+                                self.evict = Some(holder);
+                            } else {
+                                let now = self.clock.now();
+                                return self.wait_on_holder(now, holder);
+                            }
+                        }
                         self.known = kv.as_ref().map_or(0, |kv| kv.mod_revision);
                         if let Some(kv) = kv.filter(|kv| kv.lease == lease) {
                             // An earlier copy of ours landed (or the value
@@ -394,7 +579,17 @@ impl Registration {
                         self.finish();
                     }
                     // Another writer's key now: nothing of ours to delete.
-                    Ok(Response::Txn { .. }) => self.finish(),
+                    Ok(Response::Txn { responses, .. }) => {
+                        let holder = responses.first().and_then(|r| match r {
+                            TxnOpResponse::Range { kvs } => kvs.first().map(|kv| kv.lease),
+                            _ => None,
+                        });
+                        if let Some(holder) = holder.filter(|h| self.is_foreign(*h)) {
+                            // Taken over while held (rule 7): say so.
+                            self.notify(LivenessState::Duplicate { holder });
+                        }
+                        self.finish();
+                    }
                     _ => self.fail(),
                 }
             }
@@ -405,6 +600,7 @@ impl Registration {
     fn on_session(&mut self, input: SessionInput) {
         match input {
             SessionInput::Up { lease } | SessionInput::Trusted { lease, .. } => {
+                self.remember(lease);
                 if self.lease != Some(lease) {
                     if let Some(old) = self.lease {
                         self.lost(old);
@@ -461,6 +657,8 @@ impl Registration {
 
     fn lost(&mut self, lease: LeaseId) {
         self.lease = None;
+        // Judged again on the next lease, from its own first look.
+        self.end_probe();
         // The key went with the lease.
         self.known = 0;
         if let Some(InFlight::Put { id, .. }) = self.in_flight.take() {
@@ -509,6 +707,20 @@ impl Machine for Registration {
         while let Some(timer) = self.timers.pop_expired(now) {
             match timer {
                 Timer::Retry => {}
+                Timer::Look => match self.probe.as_ref().and_then(|p| p.look) {
+                    Some((id, _)) => {
+                        self.outbox.cancel(id);
+                        if let Some(p) = &mut self.probe {
+                            p.look = None;
+                        }
+                        let at = now.checked_add(self.backoff.next_delay()).unwrap_or(now);
+                        self.timers.set(Timer::Look, at);
+                    }
+                    None if self.probe.is_some() && self.phase == Phase::Running => {
+                        self.send_look(now)
+                    }
+                    None => {}
+                },
                 Timer::GiveUp => {
                     if let Some(lease) = self.lease {
                         self.outbox.notify(RegistrationNotice::SessionRequest(

@@ -60,6 +60,27 @@ pub enum LivenessState {
         /// Whether etcd confirmed the revoke.
         revoked: bool,
     },
+    /// A [`HostLiveness`](crate::HostLiveness) found its host key held on
+    /// `holder`, a lease of another process (a crashed predecessor's, or a
+    /// duplicate's with the same host id), and waits, writing nothing,
+    /// until that lease expires (then it registers) or is seen renewed
+    /// past its TTL (then [`LivenessState::Duplicate`]). A restart after a
+    /// crash waits here for at most the old lease's remaining TTL plus
+    /// about a second.
+    Waiting {
+        /// The other process's lease, as etcd numbers it.
+        holder: i64,
+    },
+    /// Another live process holds this host's key on `holder`: it was
+    /// renewed past its TTL while this registration waited, or it took
+    /// the key over from this one ([`LivenessOptions::take_over`](crate::LivenessOptions::take_over)).
+    /// The registration is stopping without touching that key, and
+    /// `Stopped` follows; no retry fixes it: give each process its own
+    /// host id ([`Error::DuplicateId`]).
+    Duplicate {
+        /// The other process's lease, as etcd numbers it.
+        holder: i64,
+    },
 }
 
 impl LivenessState {
@@ -78,6 +99,8 @@ impl LivenessState {
                 message: error.to_string(),
             },
             sm::LivenessState::Stopped { revoked } => LivenessState::Stopped { revoked: *revoked },
+            sm::LivenessState::Waiting { holder } => LivenessState::Waiting { holder: *holder },
+            sm::LivenessState::Duplicate { holder } => LivenessState::Duplicate { holder: *holder },
         }
     }
 }

@@ -481,6 +481,9 @@ impl Session {
                         hub.end_beliefs();
                         Some(SessionInput::Closed)
                     }
+                    // About a bound key, which a session's keepalive has
+                    // not.
+                    sm::LivenessState::Waiting { .. } | sm::LivenessState::Duplicate { .. } => None,
                 };
                 hub.state = state.clone();
                 if let Some(fact) = fact {

@@ -37,6 +37,8 @@ struct State {
     events: Sender<ShardEvent>,
     /// Why etcd refused the session, once it did.
     refused: Option<String>,
+    /// The lease of a live process with the same member id, once found.
+    duplicate: Option<i64>,
     /// Whether the session's revoke was confirmed, once it stopped.
     revoked: Option<bool>,
     /// The lease of the last `Trusted`.
@@ -76,6 +78,7 @@ impl Beliefs {
             held: BTreeMap::new(),
             events,
             refused: None,
+            duplicate: None,
             revoked: None,
             lease: None,
             dead,
@@ -136,6 +139,13 @@ impl Beliefs {
             // already (handed back, or a refused fence told `Lost`).
             MemberNotice::Shard(ShardNotice::Lost { shard }) => {
                 s.held.remove(&shard).map(|_| ShardEvent::Lost { shard })
+            }
+            MemberNotice::Shard(ShardNotice::Waiting { holder }) => {
+                Some(ShardEvent::Waiting { holder })
+            }
+            MemberNotice::Shard(ShardNotice::Duplicate { holder }) => {
+                s.duplicate = Some(holder);
+                Some(ShardEvent::Duplicate { holder })
             }
         };
         match event {
@@ -228,6 +238,11 @@ impl Beliefs {
     /// Why etcd refused the session, if it did.
     pub(crate) fn refused(&self) -> Option<String> {
         self.0.lock().refused.clone()
+    }
+
+    /// The lease of a live process found with the same member id.
+    pub(crate) fn duplicate(&self) -> Option<i64> {
+        self.0.lock().duplicate
     }
 }
 

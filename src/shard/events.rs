@@ -42,6 +42,24 @@ pub enum ShardEvent {
         /// The shard.
         shard: u32,
     },
+    /// This member's key is held on `holder`, a lease of another process
+    /// with the same member id: a crashed predecessor's (its key goes when
+    /// the lease expires, then this member joins) or a live duplicate's
+    /// (then [`ShardEvent::Duplicate`]). No shard is taken meanwhile.
+    Waiting {
+        /// The other process's lease.
+        holder: i64,
+    },
+    /// Another live process joined with this member id (its lease
+    /// `holder` was renewed past its TTL): this member owns nothing and
+    /// has stopped, leaving that process's keys alone;
+    /// [`ShardMap::leave`](super::ShardMap::leave) returns
+    /// [`Error::DuplicateId`](crate::Error::DuplicateId). Give each member
+    /// its own id.
+    Duplicate {
+        /// The other process's lease.
+        holder: i64,
+    },
 }
 
 /// The owner of one shard as etcd has it (one read, no membership).

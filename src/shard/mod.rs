@@ -327,6 +327,12 @@ impl ShardMap {
             .send(MemberInput::Leave)
             .map_err(|_| self.etcd.gone())?;
         let finished = self.machine.wait_finished(CLOSE_WAIT);
+        if let Some(holder) = self.beliefs.duplicate() {
+            return Err(Error::DuplicateId {
+                key: format!("{}members/{}", self.prefix, self.member),
+                holder,
+            });
+        }
         if self.attachment.is_some() {
             // The session's lease stays: nothing was revoked.
             return close_outcome(finished, Some(true), || self.etcd.gone());

@@ -260,9 +260,13 @@ impl Member {
                                 .push_back(Command::Notify(MemberNotice::Refused(error)));
                             self.map.handle(now, ShardInput::Leave);
                         }
+                        // Waiting and Duplicate are about a bound key,
+                        // which a lease-only session has not.
                         LivenessState::Registering
                         | LivenessState::Registered { .. }
-                        | LivenessState::Suspended { .. } => {}
+                        | LivenessState::Suspended { .. }
+                        | LivenessState::Waiting { .. }
+                        | LivenessState::Duplicate { .. } => {}
                     },
                     Command::Notify(
                         KeepaliveNotice::Left { .. } | KeepaliveNotice::Detached(_),

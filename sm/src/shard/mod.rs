@@ -97,6 +97,18 @@
 //!     session is trusted, the view shows no key of this member. The
 //!     session lease is the driver's to revoke then. Kept by
 //!     `ShardMap::reconcile` and `ShardMap::left`.
+//! 12. **Another holder.** A member key the view shows on a lease this
+//!     member never held (the current one or the last 8) is another
+//!     process's with the same member id: a crashed predecessor's, or a
+//!     live duplicate's. It is never written over nor deleted, and no
+//!     shard is created meanwhile; [`ShardNotice::Waiting`] says so and
+//!     the holder's lease is looked at as [`crate::holder`] rules. A
+//!     crashed predecessor's key goes with its lease, the view shows the
+//!     delete, and rule 3 writes the key; a lease renewed past its
+//!     remaining TTL is a live duplicate: [`ShardNotice::Duplicate`],
+//!     every belief ends and the map is finished (rule 7's `Lost` for
+//!     anything owned). Kept by `ShardMap::held_elsewhere` and
+//!     `ShardMap::on_look`.
 //!
 //! # Guarantees
 //!
@@ -115,7 +127,8 @@
 //!   shards ([`placement`]); how many is binomially spread around
 //!   `shards / members` (no per-event bound: the hash decides).
 //! * Member ids must be unique among live members: the map tells members
-//!   apart by id alone.
+//!   apart by id alone. A second live member with an id in use is refused
+//!   within about one TTL of the first's lease (rule 12).
 
 pub mod keys;
 pub mod member;
@@ -213,5 +226,20 @@ pub enum ShardNotice {
     Lost {
         /// The shard.
         shard: u32,
+    },
+    /// The member key is on `holder`, a lease this member never held: a
+    /// crashed predecessor's with the same member id, expiring, or a live
+    /// duplicate's. Nothing is written and no shard taken until that
+    /// lease is gone or proven renewed (rule 12). Told once per holder.
+    Waiting {
+        /// The other process's lease.
+        holder: LeaseId,
+    },
+    /// Another live process holds this member id (its lease `holder` was
+    /// renewed past its TTL): every belief has ended and the map is
+    /// finished, without touching that process's keys (rule 12).
+    Duplicate {
+        /// The other process's lease.
+        holder: LeaseId,
     },
 }

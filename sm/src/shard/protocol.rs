@@ -6,6 +6,7 @@ use super::view::View;
 use super::{keys, placement, ShardConfig, ShardInput, ShardNotice};
 use crate::backoff::Backoff;
 use crate::clock::Clock;
+use crate::holder::{HolderCheck, Step, POLL};
 use crate::outbox::Outbox;
 use crate::rpc::{Command, Compare, LeaseId, Response, Revision, RpcError, RpcId, RpcReply};
 use crate::Machine;
@@ -33,6 +34,17 @@ enum Purpose {
     Delete {
         shard: u32,
     },
+    /// A look at the lease another process holds the member key on
+    /// (rule 12).
+    Look,
+}
+
+/// Rule 12: waiting on another process holding the member key.
+#[derive(Clone, Debug)]
+struct Holder {
+    check: HolderCheck,
+    /// When the next look goes (none while one is in flight).
+    next_look: Option<Instant>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -90,6 +102,8 @@ pub struct ShardMap {
     hold_until: Option<Instant>,
     leaving: bool,
     stopped: bool,
+    /// Rule 12: the member key is another process's.
+    holder: Option<Holder>,
     outbox: Outbox<ShardNotice>,
     clock: Clock,
 }
@@ -124,6 +138,7 @@ impl ShardMap {
             hold_until: None,
             leaving: false,
             stopped: false,
+            holder: None,
             outbox: Outbox::new(first_rpc_id),
             clock: Clock::new(now),
         };
@@ -385,16 +400,99 @@ impl ShardMap {
         }
     }
 
+    /// Rule 12: whether the member key, as the view shows it, is on a
+    /// lease this member never held; waits on that holder (looking at
+    /// its lease when due) if so.
+    fn held_elsewhere(&mut self, now: Instant, lease: LeaseId) -> bool {
+        let holder = self
+            .view
+            .as_ref()
+            .and_then(|v| v.members.get(&self.config.member))
+            .map(|seen| seen.lease)
+            .filter(|h| *h != 0 && *h != lease && !self.past_leases.contains(h));
+        let Some(holder) = holder else {
+            // Gone (or ours): the wait is over.
+            self.holder = None;
+            return false;
+        };
+        if self.holder.as_ref().map(|h| h.check.holder()) != Some(holder) {
+            self.holder = Some(Holder {
+                check: HolderCheck::new(holder),
+                next_look: Some(now),
+            });
+            self.outbox.notify(ShardNotice::Waiting { holder });
+        }
+        let due = self
+            .holder
+            .as_ref()
+            .and_then(|h| h.next_look)
+            .is_some_and(|at| at <= now);
+        if due && !self.is_sent(Purpose::Look) {
+            if let Some(h) = &mut self.holder {
+                h.next_look = None;
+            }
+            self.send(
+                now,
+                Purpose::Look,
+                crate::rpc::Request::LeaseTimeToLive { lease: holder },
+            );
+        }
+        true
+    }
+
+    /// Rule 12: the answer to a look at the other holder's lease.
+    fn on_look(&mut self, now: Instant, sent: Instant, result: Result<Response, RpcError>) {
+        let Some(h) = &mut self.holder else { return };
+        let step = match result {
+            Ok(Response::LeaseTimeToLive { ttl_secs, .. }) => {
+                h.check.on_answer(sent, now, ttl_secs)
+            }
+            Err(RpcError::LeaseNotFound) => Step::Gone,
+            _ => {
+                h.next_look = Some(now);
+                return self.fail(now);
+            }
+        };
+        match step {
+            // The view shows the key's delete soon (it went with the
+            // lease); until then, looked at again now and then.
+            Step::Gone => h.next_look = now.checked_add(POLL),
+            Step::LookAt(at) => h.next_look = Some(at),
+            Step::Live => {
+                let holder = h.check.holder();
+                self.holder = None;
+                self.outbox.notify(ShardNotice::Duplicate { holder });
+                // Refused for good: every belief ends, nothing of the
+                // other process's is touched, and the map is finished.
+                self.lose_all();
+                self.stopped = true;
+                let ids: Vec<RpcId> = self.in_flight.keys().copied().collect();
+                for id in ids {
+                    self.outbox.cancel(id);
+                }
+                self.in_flight.clear();
+                self.hold_until = None;
+            }
+        }
+    }
+
     /// Rule 3 (and 11): the member key on the current lease, or gone when
     /// leaving.
     fn register(&mut self, now: Instant, lease: LeaseId) {
         if self.unseen_write(None) {
             return;
         }
+        if !self.leaving && self.held_elsewhere(now, lease) {
+            return;
+        }
         let Some(view) = &self.view else { return };
         let seen = view.members.get(&self.config.member);
         if self.leaving {
-            if let Some(seen) = seen {
+            // Never another process's key (rule 12).
+            let ours = |s: &&super::view::Seen| {
+                s.lease == lease || s.lease == 0 || self.past_leases.contains(&s.lease)
+            };
+            if let Some(seen) = seen.filter(ours) {
                 if !self.is_sent(Purpose::Unregister) && !self.is_sent(Purpose::Register) {
                     let request =
                         keys::guarded_delete(self.member_key.clone(), seen.create_revision);
@@ -600,9 +698,14 @@ impl ShardMap {
             if write {
                 self.register(now, lease);
             }
-            if !self.leaving {
+            // Rule 12: no shard is taken while the member key is another
+            // process's (nor once refused).
+            if !self.leaving && self.holder.is_none() && !self.stopped {
                 self.acquire(now, lease, write);
             }
+        }
+        if self.stopped {
+            return;
         }
         if write {
             self.sweep(now);
@@ -645,6 +748,7 @@ impl ShardMap {
             Purpose::Read => self.on_read(now, reply.result),
             Purpose::Watch => self.on_events(now, reply.id, reply.result),
             Purpose::Create { shard, lease } => self.on_create(now, shard, lease, reply.result),
+            Purpose::Look => self.on_look(now, flight.sent, reply.result),
             Purpose::Register | Purpose::Unregister | Purpose::Delete { .. } => {
                 let target = match flight.purpose {
                     Purpose::Delete { shard } => Some(shard),
@@ -741,7 +845,8 @@ impl Machine for ShardMap {
                 .filter_map(|f| f.sent.checked_add(timeout))
                 .min()
         };
-        [trust, releases, attempts, self.hold_until]
+        let look = self.holder.as_ref().and_then(|h| h.next_look);
+        [trust, releases, attempts, self.hold_until, look]
             .into_iter()
             .flatten()
             .min()

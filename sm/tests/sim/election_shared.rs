@@ -163,7 +163,10 @@ impl Process {
                             self.tell(now, SessionInput::Refused(error))
                         }
                         LivenessState::Stopped { .. } => self.tell(now, SessionInput::Closed),
-                        LivenessState::Registering => {}
+                        // A lease-only session binds no key.
+                        LivenessState::Registering
+                        | LivenessState::Waiting { .. }
+                        | LivenessState::Duplicate { .. } => {}
                     },
                     Command::Notify(_) => {}
                 }

@@ -279,6 +279,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
             // Every other seed announces its leave.
             leave_marker: seed.is_multiple_of(2).then(|| MARKER.to_vec()),
             companion: None,
+            take_over: false,
         }),
         backoff: BackoffConfig::default(),
         // From the seed, not the schedule's RNG, so each seed's schedule

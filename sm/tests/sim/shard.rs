@@ -192,7 +192,10 @@ impl Process {
                             }
                             LivenessState::Refused { error } => Some(SessionInput::Refused(error)),
                             LivenessState::Stopped { .. } => Some(SessionInput::Closed),
-                            LivenessState::Registering => None,
+                            // A lease-only session binds no key.
+                            LivenessState::Registering
+                            | LivenessState::Waiting { .. }
+                            | LivenessState::Duplicate { .. } => None,
                         },
                         Command::Notify(_) => None,
                     };
@@ -509,6 +512,15 @@ impl World {
                         }
                     }
                     ShardNotice::Lost { .. } => self.stats.lost += 1,
+                    // Every member has an id of its own; a restarted one
+                    // waits for its predecessor's key, never a duplicate.
+                    ShardNotice::Waiting { .. } => {}
+                    ShardNotice::Duplicate { holder } => {
+                        panic!(
+                            "member {:?} refused as a duplicate of lease {holder:x}",
+                            s.id
+                        )
+                    }
                 }
             }
             let map = s.harness.machine.machine.map();

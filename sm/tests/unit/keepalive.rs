@@ -38,6 +38,7 @@ fn config(binding: bool) -> KeepaliveConfig {
             // `leave_*` tests set one.
             leave_marker: None,
             companion: None,
+            take_over: false,
         }),
         backoff: flat_backoff(),
         // The exact instants below trust a lease for its whole TTL; the
@@ -688,17 +689,18 @@ fn a_failed_guard_over_my_own_write_counts_as_written() {
     assert_eq!(drain(&mut m), vec![put_after(2, b"v2", 6)]);
 }
 
-/// A put's guard failed and the key is not mine as I would write it (an
-/// older value, another lease, another writer): put again at once,
-/// guarded on the revision read, so a copy of either put that lands
-/// later finds the key changed and writes nothing.
+/// A put's guard failed and the key is not mine as I would write it but
+/// on no other process's lease (an older value on this lease, a key on no
+/// lease at all): put again at once, guarded on the revision read, so a
+/// copy of either put that lands later finds the key changed and writes
+/// nothing. (A key on another process's lease waits: `another_holder_*`.)
 #[test]
 fn a_failed_guard_over_another_write_puts_again_guarded_on_what_it_read() {
     let t0 = Instant::now();
     let mut m = granted_with_put_in_flight(t0);
     m.handle(
         t0 + ms(1),
-        ok(1, guard_failed(8, Some(host_key(b"old", 99, 8)))),
+        ok(1, guard_failed(8, Some(host_key(b"old", 0, 8)))),
     );
     assert_eq!(drain(&mut m), vec![put_after(2, b"v1", 8)]);
     assert_eq!(m.state(), &LivenessState::Registering);
@@ -1669,8 +1671,16 @@ fn a_leave_whose_guard_failed_over_another_writer_deletes_nothing_and_revokes() 
         let mut m = registered_announcing(t0, ms(500));
         m.handle(t0 + s(1), KeepaliveInput::Stop);
         assert_eq!(drain(&mut m), vec![leave(2)], "{what}");
-        m.handle(t0 + s(1) + ms(2), ok(2, found(kv)));
-        assert_eq!(drain(&mut m), vec![revoke(3)], "{what}");
+        m.handle(t0 + s(1) + ms(2), ok(2, found(kv.clone())));
+        // Taken over by another lease: said so, before the revoke.
+        let mut expected = Vec::new();
+        if let Some(kv) = &kv {
+            expected.push(Command::Notify(KeepaliveNotice::State(
+                LivenessState::Duplicate { holder: kv.lease },
+            )));
+        }
+        expected.push(revoke(3));
+        assert_eq!(drain(&mut m), expected, "{what}");
         m.handle(t0 + s(1) + ms(3), ok(3, Response::Revoked));
         assert_eq!(
             drain(&mut m),
@@ -2402,4 +2412,288 @@ fn a_session_resume_refused_grants_afresh_and_revokes_a_lease_that_may_live() {
             rpc(2, Request::Grant { ttl_secs: TTL }),
         ]
     );
+}
+
+// Another holder of the key (module docs, rule 12; `fleetcoord_sm::holder`).
+
+/// The lease a predecessor or a duplicate wrote the key on.
+const THEIRS: LeaseId = 99;
+
+fn look(id: u64) -> Cmd {
+    rpc(id, Request::LeaseTimeToLive { lease: THEIRS })
+}
+
+fn ttl_left(id: u64, ttl_secs: i64) -> KeepaliveInput {
+    ok(
+        id,
+        Response::LeaseTimeToLive {
+            ttl_secs,
+            granted_secs: 9,
+        },
+    )
+}
+
+fn waiting() -> Cmd {
+    Command::Notify(KeepaliveNotice::State(LivenessState::Waiting {
+        holder: THEIRS,
+    }))
+}
+
+/// The first put (id 1) found the key on `THEIRS` at t0 + 1 ms: the first
+/// look goes out (id 2) and the machine says why it waits; nothing is put.
+fn waiting_on_theirs(config: KeepaliveConfig, t0: Instant) -> Keepalive {
+    let mut m = Keepalive::new(config, t0, 1);
+    let _ = drain(&mut m);
+    m.handle(t0, grant_reply());
+    assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
+    m.handle(
+        t0 + ms(1),
+        ok(1, guard_failed(8, Some(host_key(b"old", THEIRS, 8)))),
+    );
+    assert_eq!(drain(&mut m), vec![look(2), waiting()]);
+    assert_eq!(
+        m.state(),
+        &LivenessState::Waiting { holder: THEIRS },
+        "the state says why nothing is registered"
+    );
+    m
+}
+
+/// A crashed predecessor (systemd's `Restart=`): its lease has 1 s left
+/// and nobody renews it. The machine looks again at the expiry bound
+/// (answer + 1 s + 1 % + 100 ms), finds it at its end (TTL 0), looks every
+/// 250 ms until etcd says it is gone, then puts the key guarded on its
+/// absence, as it would have: registered, never failed.
+#[test]
+fn another_holder_that_crashed_is_waited_for_then_the_key_is_registered() {
+    let t0 = Instant::now();
+    let mut m = waiting_on_theirs(config(true), t0);
+    m.handle(t0 + ms(2), ttl_left(2, 1));
+    assert_eq!(drain(&mut m), vec![]);
+    let bound = t0 + ms(2) + ms(1010) + ms(100);
+    assert_eq!(m.poll_timeout(), Some(bound));
+    m.handle_timeout(bound);
+    assert_eq!(drain(&mut m), vec![look(3)]);
+    // At its end, not yet revoked by etcd's expiry loop.
+    m.handle(bound + ms(1), ttl_left(3, 0));
+    assert_eq!(drain(&mut m), vec![]);
+    assert_eq!(m.poll_timeout(), Some(bound + ms(251)));
+    m.handle_timeout(bound + ms(251));
+    assert_eq!(drain(&mut m), vec![look(4)]);
+    m.handle(bound + ms(252), ttl_left(4, -1));
+    assert_eq!(drain(&mut m), vec![put(5, b"v1")]);
+    m.handle(bound + ms(253), ok(5, written(12)));
+    assert_eq!(drain(&mut m), vec![registered()]);
+}
+
+/// A live duplicate: its lease still has time left at a look sent after
+/// the expiry bound of the first answer, so someone renewed it. The
+/// machine says `Duplicate`, writes nothing and stops, revoking its own
+/// lease (no leave: the key is not its own).
+#[test]
+fn another_holder_renewed_past_its_ttl_is_a_duplicate_and_the_machine_stops() {
+    let t0 = Instant::now();
+    let mut m = waiting_on_theirs(config(true), t0);
+    m.handle(t0 + ms(2), ttl_left(2, 1));
+    let bound = t0 + ms(2) + ms(1010) + ms(100);
+    m.handle_timeout(bound);
+    assert_eq!(drain(&mut m), vec![look(3)]);
+    m.handle(bound + ms(1), ttl_left(3, 1));
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            Command::Notify(KeepaliveNotice::State(LivenessState::Duplicate {
+                holder: THEIRS
+            })),
+            rpc(4, Request::Revoke { lease: LEASE }),
+        ]
+    );
+    m.handle(bound + ms(2), ok(4, Response::Revoked));
+    assert_eq!(
+        drain(&mut m),
+        vec![Command::Notify(KeepaliveNotice::State(
+            LivenessState::Stopped { revoked: true }
+        ))]
+    );
+    assert!(m.is_finished());
+}
+
+/// A failed look is looked at again after a backoff delay; it decides
+/// nothing.
+#[test]
+fn another_holder_failed_look_is_sent_again_after_a_backoff() {
+    let t0 = Instant::now();
+    let mut m = waiting_on_theirs(config(true), t0);
+    m.handle(t0 + ms(2), ttl_left(2, 1));
+    let bound = t0 + ms(2) + ms(1010) + ms(100);
+    // A look sent before the bound (a failed one, retried early).
+    m.handle_timeout(bound);
+    assert_eq!(drain(&mut m), vec![look(3)]);
+    m.handle(bound + ms(1), err(3));
+    assert_eq!(drain(&mut m), vec![]);
+    assert_eq!(
+        m.poll_timeout(),
+        Some(bound + ms(101)),
+        "after a backoff delay"
+    );
+    m.handle_timeout(bound + ms(101));
+    assert_eq!(drain(&mut m), vec![look(4)]);
+    m.handle(bound + ms(102), ttl_left(4, -1));
+    assert_eq!(drain(&mut m), vec![put(5, b"v1")]);
+}
+
+/// The key goes while the machine waits: etcd answers the look "no such
+/// lease" (-1) at once, and the put goes guarded on absence. If etcd has
+/// not deleted the key yet (its expiry loop lags), the put's guard fails
+/// on the same holder: looked at again after 250 ms, not put over.
+#[test]
+fn another_holder_gone_while_waiting_registers_and_a_lagging_delete_is_waited_for() {
+    let t0 = Instant::now();
+    let mut m = waiting_on_theirs(config(true), t0);
+    m.handle(t0 + ms(2), ttl_left(2, -1));
+    assert_eq!(drain(&mut m), vec![put(3, b"v1")]);
+    m.handle(
+        t0 + ms(3),
+        ok(3, guard_failed(9, Some(host_key(b"old", THEIRS, 8)))),
+    );
+    assert_eq!(drain(&mut m), vec![]);
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(253)));
+    m.handle_timeout(t0 + ms(253));
+    assert_eq!(drain(&mut m), vec![look(4)]);
+    m.handle(t0 + ms(254), ttl_left(4, -1));
+    assert_eq!(drain(&mut m), vec![put(5, b"v1")]);
+    m.handle(t0 + ms(255), ok(5, guard_failed(10, None)));
+    assert_eq!(drain(&mut m), vec![put(6, b"v1")]);
+    m.handle(t0 + ms(256), ok(6, written(11)));
+    assert_eq!(drain(&mut m), vec![registered()]);
+}
+
+fn taking_over() -> KeepaliveConfig {
+    let mut c = with_copies(true);
+    if let Some(b) = &mut c.binding {
+        b.take_over = true;
+    }
+    c
+}
+
+/// With `take_over`, a first registration writes over a live holder's key
+/// at once (guarded on what it read) and then revokes the holder's lease,
+/// so the displaced process learns it at its next renewal.
+#[test]
+fn take_over_writes_over_the_holder_then_revokes_its_lease() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(taking_over(), t0, 1);
+    let _ = drain(&mut m);
+    m.handle(t0, grant_reply());
+    assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
+    m.handle(
+        t0 + ms(1),
+        ok(1, guard_failed(8, Some(host_key(b"old", THEIRS, 8)))),
+    );
+    assert_eq!(drain(&mut m), vec![put_after(2, b"v1", 8)]);
+    m.handle(t0 + ms(2), ok(2, written(9)));
+    assert_eq!(
+        drain(&mut m),
+        vec![registered(), rpc(3, Request::Revoke { lease: THEIRS })]
+    );
+}
+
+/// A machine that wrote the key and finds it on another lease (a write
+/// after it was taken over) has lost it: `Waiting` on the taker, never
+/// taking it back, even with `take_over` (two such processes would take
+/// it from each other forever).
+#[test]
+fn a_displaced_holder_waits_on_the_taker_and_never_takes_the_key_back() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(taking_over(), t0, 1);
+    let _ = drain(&mut m);
+    m.handle(t0, grant_reply());
+    assert_eq!(drain(&mut m), vec![put(1, b"v1")]);
+    m.handle(t0 + ms(1), ok(1, written(5)));
+    assert_eq!(drain(&mut m), vec![registered()]);
+    m.handle(t0 + ms(2), KeepaliveInput::SetValue(b"v2".to_vec()));
+    assert_eq!(drain(&mut m), vec![put_after(2, b"v2", 5)]);
+    m.handle(
+        t0 + ms(3),
+        ok(2, guard_failed(8, Some(host_key(b"v1", THEIRS, 8)))),
+    );
+    assert_eq!(drain(&mut m), vec![look(3), waiting()]);
+    m.handle(t0 + ms(4), ttl_left(3, 1));
+    let bound = t0 + ms(4) + ms(1010) + ms(100);
+    m.handle_timeout(bound);
+    assert_eq!(drain(&mut m), vec![look(4)]);
+    m.handle(bound + ms(1), ttl_left(4, 8));
+    let commands = drain(&mut m);
+    assert_eq!(
+        commands.first(),
+        Some(&Command::Notify(KeepaliveNotice::State(
+            LivenessState::Duplicate { holder: THEIRS }
+        )))
+    );
+    assert_eq!(
+        commands.last(),
+        Some(&rpc(5, Request::Revoke { lease: LEASE })),
+        "its own lease is revoked, the taker's key left alone: {commands:?}"
+    );
+}
+
+/// The judge alone: only an answer above zero to a look *sent* at or after
+/// the expiry bound is a renewal; before it, or 0, looks again; -1 is gone.
+#[test]
+fn holder_check_judges_only_looks_sent_after_the_expiry_bound() {
+    use fleetcoord_sm::holder::{HolderCheck, Step, POLL};
+    let t0 = Instant::now();
+    let mut c = HolderCheck::new(THEIRS);
+    let bound = t0 + ms(3030) + ms(100);
+    assert_eq!(c.on_answer(t0, t0, 3), Step::LookAt(bound));
+    // Sent before the bound: the lease may simply not have run down.
+    assert_eq!(
+        c.on_answer(bound - ms(1), bound, 2),
+        Step::LookAt(bound + POLL)
+    );
+    assert_eq!(c.on_answer(t0 + s(1), t0 + s(1), 2), Step::LookAt(bound));
+    assert_eq!(
+        c.on_answer(bound, bound + ms(1), 0),
+        Step::LookAt(bound + ms(1) + POLL)
+    );
+    assert_eq!(c.on_answer(bound, bound + ms(1), 1), Step::Live);
+    assert_eq!(c.on_answer(bound, bound + ms(1), -1), Step::Gone);
+    // A lease etcd has no more, at the first look.
+    assert_eq!(HolderCheck::new(THEIRS).on_answer(t0, t0, -1), Step::Gone);
+    // Huge TTLs saturate instead of overflowing.
+    let mut big = HolderCheck::new(THEIRS);
+    assert!(matches!(big.on_answer(t0, t0, i64::MAX), Step::LookAt(_)));
+}
+
+/// A resume whose key another process now holds (on a lease neither
+/// process held) is refused, and the fresh registration is guarded on
+/// absence, never on the holder's revision: it finds the key and waits.
+#[test]
+fn a_resume_refused_by_another_holder_registers_afresh_and_waits_on_it() {
+    let t0 = Instant::now();
+    let mut m = resumed_renewal(t0);
+    m.handle(
+        t0 + ms(20),
+        ok(1, guard_failed(15, Some(host_key(b"theirs", THEIRS, 15)))),
+    );
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(2, Request::Grant { ttl_secs: TTL })]
+    );
+    m.handle(
+        t0 + ms(30),
+        ok(
+            2,
+            Response::Granted {
+                lease: 11,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    assert_eq!(drain(&mut m), vec![put_on(3, b"v1", 0, 11)]);
+    m.handle(
+        t0 + ms(40),
+        ok(3, guard_failed(15, Some(host_key(b"theirs", THEIRS, 15)))),
+    );
+    assert_eq!(drain(&mut m), vec![look(4), waiting()]);
 }

@@ -32,6 +32,7 @@ fn registration(t0: Instant) -> Registration {
                 jitter_percent: 0,
             },
             give_up: Duration::from_secs(9),
+            take_over: false,
         },
         t0,
         7,
@@ -95,7 +96,8 @@ fn leave(written: Revision, lease: LeaseId) -> Request {
             // The shared lease outlives the registration.
             TxnOp::Delete(KeyRange::Key(INCARNATION.to_vec())),
         ],
-        failure: vec![],
+        // Read back when the guard fails: whose key it is now (rule 7).
+        failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(KEY.to_vec())))],
     })
 }
 
@@ -167,8 +169,9 @@ fn a_new_lease_after_a_loss_registers_again() {
 }
 
 /// A failed guard shows the key as it is: ours already (an earlier copy
-/// landed) counts as written; another writer's is taken over, guarded on
-/// what was read.
+/// landed) counts as written; one on no lease is taken over, guarded on
+/// what was read (one on another process's lease waits: rule 7, the
+/// `another_holder_*` tests).
 #[test]
 fn a_failed_guard_adopts_an_earlier_copy_or_takes_the_key_over() {
     let t0 = Instant::now();
@@ -180,7 +183,7 @@ fn a_failed_guard_adopts_an_earlier_copy_or_takes_the_key_over() {
         create_revision: 3,
         mod_revision: 4,
         version: 1,
-        lease: 0x99,
+        lease: 0,
     };
     let refused = |kv: KeyValue| {
         Ok(Response::Txn {
@@ -366,6 +369,7 @@ fn resumed(t0: Instant) -> Registration {
             companion: Some((INCARNATION.to_vec(), b"1".to_vec())),
             backoff: BackoffConfig::default(),
             give_up: Duration::from_secs(9),
+            take_over: false,
         },
         t0,
         7,
@@ -442,5 +446,178 @@ fn resume_over_a_late_put_of_the_earlier_process_takes_the_key_over() {
     assert_eq!(
         handle(&mut r, t0, reply(1, written(8))),
         vec![state(LivenessState::Registered { lease: L1 })]
+    );
+}
+
+// Rule 7: another holder of the key.
+
+const THEIRS: LeaseId = 0x99;
+
+fn theirs_at(mod_revision: Revision) -> Result<Response, RpcError> {
+    Ok(Response::Txn {
+        revision: mod_revision + 1,
+        succeeded: false,
+        responses: vec![TxnOpResponse::Range {
+            kvs: vec![KeyValue {
+                key: KEY.to_vec(),
+                value: b"other".to_vec(),
+                create_revision: 3,
+                mod_revision,
+                version: 1,
+                lease: THEIRS,
+            }],
+        }],
+    })
+}
+
+fn ttl_left(ttl_secs: i64) -> Result<Response, RpcError> {
+    Ok(Response::LeaseTimeToLive {
+        ttl_secs,
+        granted_secs: 5,
+    })
+}
+
+fn look() -> Request {
+    Request::LeaseTimeToLive { lease: THEIRS }
+}
+
+/// The first put on L1 found the key on `THEIRS`: waiting, first look out.
+fn waiting_on_theirs(t0: Instant) -> Registration {
+    let mut r = registration(t0);
+    assert_eq!(handle(&mut r, t0, up(L1)), vec![rpc(0, put(0, b"v", L1))]);
+    assert_eq!(
+        handle(
+            &mut r,
+            t0 + Duration::from_millis(1),
+            reply(0, theirs_at(4))
+        ),
+        vec![
+            rpc(1, look()),
+            state(LivenessState::Waiting { holder: THEIRS })
+        ]
+    );
+    r
+}
+
+/// A crashed predecessor on a shared session: waited for, then the key is
+/// written guarded on what this machine last knew (absence), never on the
+/// holder's revision, and registered without any failure.
+#[test]
+fn another_holder_that_crashed_is_waited_for_then_registered() {
+    let t0 = Instant::now();
+    let mut r = waiting_on_theirs(t0);
+    let ms = Duration::from_millis;
+    assert_eq!(handle(&mut r, t0 + ms(2), reply(1, ttl_left(2))), vec![]);
+    let bound = t0 + ms(2) + ms(2020) + ms(100);
+    assert_eq!(r.poll_timeout(), Some(bound));
+    r.handle_timeout(bound);
+    assert_eq!(drain(&mut r), vec![rpc(2, look())]);
+    assert_eq!(
+        handle(&mut r, bound + ms(1), reply(2, ttl_left(-1))),
+        vec![rpc(3, put(0, b"v", L1))]
+    );
+    assert_eq!(
+        handle(&mut r, bound + ms(2), reply(3, written(9))),
+        vec![state(LivenessState::Registered { lease: L1 })]
+    );
+}
+
+/// A live duplicate: renewed past the bound. `Duplicate`, then `Stopped`
+/// (the session stays; nothing was written, so no leave).
+#[test]
+fn another_holder_renewed_past_its_ttl_is_a_duplicate() {
+    let t0 = Instant::now();
+    let mut r = waiting_on_theirs(t0);
+    let ms = Duration::from_millis;
+    assert_eq!(handle(&mut r, t0 + ms(2), reply(1, ttl_left(2))), vec![]);
+    let bound = t0 + ms(2) + ms(2020) + ms(100);
+    r.handle_timeout(bound);
+    assert_eq!(drain(&mut r), vec![rpc(2, look())]);
+    assert_eq!(
+        handle(&mut r, bound + ms(1), reply(2, ttl_left(4))),
+        vec![
+            state(LivenessState::Duplicate { holder: THEIRS }),
+            state(LivenessState::Stopped { revoked: false }),
+        ]
+    );
+    assert!(r.is_finished());
+}
+
+/// The key goes while waiting: the look says the lease is gone, the put
+/// goes at once; a key etcd has not deleted yet is looked at again.
+#[test]
+fn another_holder_gone_while_waiting_registers() {
+    let t0 = Instant::now();
+    let mut r = waiting_on_theirs(t0);
+    let ms = Duration::from_millis;
+    assert_eq!(
+        handle(&mut r, t0 + ms(2), reply(1, ttl_left(-1))),
+        vec![rpc(2, put(0, b"v", L1))]
+    );
+    // Still there (etcd's expiry loop lags): not put over, looked at again.
+    assert_eq!(handle(&mut r, t0 + ms(3), reply(2, theirs_at(4))), vec![]);
+    assert_eq!(r.poll_timeout(), Some(t0 + ms(253)));
+    r.handle_timeout(t0 + ms(253));
+    assert_eq!(drain(&mut r), vec![rpc(3, look())]);
+    assert_eq!(
+        handle(&mut r, t0 + ms(254), reply(3, ttl_left(-1))),
+        vec![rpc(4, put(0, b"v", L1))]
+    );
+    assert_eq!(
+        handle(&mut r, t0 + ms(255), reply(4, written(9))),
+        vec![state(LivenessState::Registered { lease: L1 })]
+    );
+}
+
+/// A leave whose guard finds the key on another process's lease: it was
+/// taken over; `Duplicate` says so before `Stopped`, and no `Left`.
+#[test]
+fn a_leave_that_finds_the_key_taken_over_says_so() {
+    let t0 = Instant::now();
+    let mut r = registered(t0);
+    assert_eq!(
+        handle(&mut r, t0, RegistrationInput::Stop),
+        vec![rpc(1, leave(5, L1))]
+    );
+    assert_eq!(
+        handle(&mut r, t0, reply(1, theirs_at(7))),
+        vec![
+            state(LivenessState::Duplicate { holder: THEIRS }),
+            state(LivenessState::Stopped { revoked: false }),
+        ]
+    );
+}
+
+/// With `take_over`, a first registration writes over another process's
+/// key (guarded on what it read) and then revokes that process's lease
+/// once, so it learns it at its next renewal.
+#[test]
+fn take_over_writes_over_the_holder_then_revokes_its_lease() {
+    let t0 = Instant::now();
+    let mut r = Registration::new(
+        RegistrationConfig {
+            key: KEY.to_vec(),
+            value: b"v".to_vec(),
+            leave_marker: Some(MARKER.to_vec()),
+            companion: Some((INCARNATION.to_vec(), b"1".to_vec())),
+            backoff: BackoffConfig::default(),
+            give_up: Duration::from_secs(9),
+            take_over: true,
+        },
+        t0,
+        7,
+    );
+    let _ = drain(&mut r);
+    assert_eq!(handle(&mut r, t0, up(L1)), vec![rpc(0, put(0, b"v", L1))]);
+    assert_eq!(
+        handle(&mut r, t0, reply(0, theirs_at(4))),
+        vec![rpc(1, put(4, b"v", L1))]
+    );
+    assert_eq!(
+        handle(&mut r, t0, reply(1, written(6))),
+        vec![
+            rpc(2, Request::Revoke { lease: THEIRS }),
+            state(LivenessState::Registered { lease: L1 }),
+        ]
     );
 }

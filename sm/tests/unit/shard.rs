@@ -795,3 +795,129 @@ fn foreign_keys_under_the_prefix_are_ignored_and_weight_zero_is_never_placed() {
     assert_eq!(m.owner_of(1), None);
     assert_eq!(m.placed_owner(1), Some(&b"a"[..]));
 }
+
+// Rule 12: another process holds this member id's key.
+
+const THEIRS: LeaseId = 0x99;
+
+/// Member `a` whose first read shows `a`'s key on `THEIRS` (revision 10):
+/// the session comes up, nothing is written and no shard created; the
+/// map says why and looks at the holder's lease (id 2).
+fn waiting_on_theirs(t0: Instant) -> ShardMap {
+    let mut m = ShardMap::new(config(), t0, 1);
+    assert_eq!(drain(&mut m), vec![rpc(0, keys_read())]);
+    assert_eq!(
+        answer(
+            &mut m,
+            t0,
+            0,
+            Response::Range {
+                revision: 10,
+                kvs: vec![member_kv(b"a", 10, THEIRS)]
+            }
+        ),
+        vec![rpc(1, watch(11))]
+    );
+    let up = ShardInput::SessionUp {
+        lease: LEASE,
+        trusted_until: t0 + TRUST,
+    };
+    assert_eq!(
+        input(&mut m, t0, up),
+        vec![
+            note(ShardNotice::Waiting { holder: THEIRS }),
+            rpc(2, Request::LeaseTimeToLive { lease: THEIRS }),
+        ]
+    );
+    m
+}
+
+fn ttl_left(ttl_secs: i64) -> Response {
+    Response::LeaseTimeToLive {
+        ttl_secs,
+        granted_secs: 5,
+    }
+}
+
+/// A crashed predecessor with this member id: its lease runs out, the
+/// watch shows its key deleted, and only then is the key written (guarded
+/// on absence) and shards created.
+#[test]
+fn another_holder_of_the_member_key_that_crashed_is_waited_for_then_joined() {
+    let t0 = Instant::now();
+    let mut m = waiting_on_theirs(t0);
+    assert_eq!(answer(&mut m, t0 + ms(1), 2, ttl_left(2)), vec![]);
+    let bound = t0 + ms(1) + ms(2020) + ms(100);
+    assert_eq!(m.poll_timeout(), Some(bound));
+    m.handle_timeout(bound);
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(3, Request::LeaseTimeToLive { lease: THEIRS })]
+    );
+    // At its end: looked at again, nothing written.
+    assert_eq!(answer(&mut m, bound + ms(1), 3, ttl_left(0)), vec![]);
+    // etcd expires it; the watch shows the key deleted: the key is written.
+    let member_key = keys::member_key(PREFIX, b"a");
+    assert_eq!(
+        answer(
+            &mut m,
+            bound + ms(2),
+            1,
+            events(vec![delete_event(keys::member_key(PREFIX, b"a"), 12)])
+        ),
+        vec![rpc(
+            4,
+            guarded(
+                create_rev(member_key.clone(), 0),
+                vec![TxnOp::Put {
+                    key: member_key,
+                    value: b"1".to_vec(),
+                    lease: LEASE
+                }]
+            )
+        )]
+    );
+}
+
+/// A live duplicate: renewed past the expiry bound. `Duplicate`, nothing
+/// of the other's touched, the map finished.
+#[test]
+fn another_live_holder_of_the_member_key_is_a_duplicate_and_the_map_ends() {
+    let t0 = Instant::now();
+    let mut m = waiting_on_theirs(t0);
+    assert_eq!(answer(&mut m, t0 + ms(1), 2, ttl_left(2)), vec![]);
+    let bound = t0 + ms(1) + ms(2020) + ms(100);
+    m.handle_timeout(bound);
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(3, Request::LeaseTimeToLive { lease: THEIRS })]
+    );
+    assert_eq!(
+        answer(&mut m, bound + ms(1), 3, ttl_left(4)),
+        vec![
+            note(ShardNotice::Duplicate { holder: THEIRS }),
+            Command::Cancel { id: RpcId(1) },
+        ]
+    );
+    assert!(m.is_finished());
+    assert!(m.owned().is_empty());
+}
+
+/// The key goes while waiting (the look says the lease is gone and the
+/// watch shows the delete): joined as usual.
+#[test]
+fn another_holder_of_the_member_key_gone_while_waiting_joins() {
+    let t0 = Instant::now();
+    let mut m = waiting_on_theirs(t0);
+    assert_eq!(answer(&mut m, t0 + ms(1), 2, ttl_left(-1)), vec![]);
+    let commands = answer(
+        &mut m,
+        t0 + ms(2),
+        1,
+        events(vec![delete_event(keys::member_key(PREFIX, b"a"), 11)]),
+    );
+    assert!(
+        matches!(commands.as_slice(), [Command::Rpc { id: RpcId(3), .. }]),
+        "the member key's put: {commands:?}"
+    );
+}

@@ -183,6 +183,7 @@ impl KeepaliveSetup {
                 value: value_of(0),
                 leave_marker: self.leave_marker.then(|| leave_marker_key(&key_of(m))),
                 companion: None,
+                take_over: false,
             }),
             backoff: BackoffConfig {
                 initial: Duration::from_millis(50),
@@ -499,7 +500,17 @@ impl KeepaliveWorld {
                     node.trusted = None;
                     self.marks |= STOPPED;
                 }
-                LivenessState::Registering | LivenessState::Refused { .. } => {}
+                // Every machine of this world has a key of its own, and a
+                // successor resumes its predecessor's lease: nobody else
+                // ever holds a machine's key, so it is never a duplicate.
+                LivenessState::Duplicate { holder } => {
+                    return Err(format!(
+                        "machine {m} took lease {holder:x} for a live duplicate of its key"
+                    ));
+                }
+                LivenessState::Registering
+                | LivenessState::Refused { .. }
+                | LivenessState::Waiting { .. } => {}
             },
         }
         Ok(())

@@ -412,6 +412,12 @@ impl ShardWorld {
                 member.releasing.remove(&shard);
                 self.marks |= LOST;
             }
+            // Every member of this world has an id of its own.
+            ShardNotice::Waiting { holder } | ShardNotice::Duplicate { holder } => {
+                return Err(format!(
+                    "member {m} found its key on lease {holder:x}, which it never held"
+                ));
+            }
         }
         Ok(())
     }
