@@ -86,6 +86,20 @@ impl Renewals {
     }
 }
 
+/// How long after a fault the stream may wait before it opens again
+/// (`fleetcoord_sm::renewals`, rule 12), picked per handle from a seed of
+/// its own. A member restart ends the streams of every handle connected
+/// to it at one instant, and each handle's keepalives retry within their
+/// first backoff (50-100 ms): without a spread, thousands of processes
+/// reopen their streams at the surviving members in the same 50 ms. Over
+/// 500 ms they arrive at a tenth of that rate. 500 ms is a tenth of the
+/// default 5 s TTL: a keepalive keeps at least half of a lease's remaining
+/// lifetime for its retries (`fleetcoord_sm::keepalive`, rule 1), so the
+/// wait costs a lease only where a stream breaks within a few hundred ms
+/// of its deadline anyway. The machine caps it at a quarter of the
+/// request timeout.
+pub(crate) const REOPEN_SPREAD: Duration = Duration::from_millis(500);
+
 type Opened = Result<(ec::LeaseKeeper, ec::LeaseKeepAliveStream), RpcError>;
 type Opening = Pin<Box<dyn Future<Output = Opened> + Send>>;
 
@@ -102,7 +116,8 @@ pub(crate) fn start(
     let renewer = Renewer {
         client,
         suspicion,
-        machine: renewals::Renewals::new(timeout, now),
+        machine: renewals::Renewals::new(timeout, now)
+            .with_reopen_spread(REOPEN_SPREAD, super::rand_seed()),
         last_now: now,
         keeper: None,
         responses: None,
