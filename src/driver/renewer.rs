@@ -603,6 +603,57 @@ mod tests {
         });
     }
 
+    /// Guarantee 6 of `fleetcoord_sm::renewals` against a real etcd: a
+    /// renewal etcd answers with a positive TTL before the lease's revoke,
+    /// the answer held up (a slow link) until after the revoke. The renewal
+    /// is answered at the forget, never with that TTL.
+    #[test]
+    fn an_answer_etcd_sent_before_the_revoke_never_reaches_the_renewal() {
+        const HOLD: Duration = Duration::from_millis(400);
+        let server = EtcdServer::start().expect("etcd");
+        let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
+        runtime().block_on(async {
+            let lease = grant(&server.endpoint()).await;
+            let mut direct = ec::Client::connect([server.endpoint()], None)
+                .await
+                .expect("connect");
+            let mut rig = Rig::start(&proxy.endpoint(), WAIT).await;
+            rig.renew(lease);
+            assert!(kept_alive(&rig.answer().await.1) > 0);
+
+            // Every byte now takes HOLD each way: the renewal reaches etcd
+            // HOLD after it is written, its answer HOLD after that.
+            proxy.set_mode(Mode::Delay(HOLD));
+            let stale = rig.renew(lease);
+            let written = tokio::time::Instant::now();
+            // etcd has renewed (and answered) by now; the answer is still
+            // on its way. The driver revokes: forget first, as it does.
+            tokio::time::sleep(HOLD + HOLD / 2).await;
+            let keys_before = direct
+                .lease_time_to_live(lease, None)
+                .await
+                .expect("ttl")
+                .ttl();
+            assert!(keys_before > 0, "the lease lives until the revoke");
+            rig.renewals.forget(lease);
+            direct.lease_revoke(lease).await.expect("revoke");
+            let (id, result) = rig.answer().await;
+            assert_eq!(id, stale);
+            assert_eq!(unavailable(result), "the lease is being revoked");
+            assert!(
+                written.elapsed() < HOLD * 2,
+                "answered at the forget, not when etcd's answer came"
+            );
+            // etcd's answer (TTL above zero, from before the revoke)
+            // arrives now and reaches nobody.
+            rig.silent_for(HOLD * 2).await;
+            // A renewal after the revoke gets etcd's answer to itself.
+            proxy.set_mode(Mode::Pass);
+            rig.renew(lease);
+            assert_eq!(kept_alive(&rig.answer().await.1), 0);
+        });
+    }
+
     #[test]
     fn a_burst_larger_than_the_stream_queue_is_answered_in_full() {
         let server = EtcdServer::start().expect("etcd");
