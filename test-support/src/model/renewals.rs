@@ -22,7 +22,7 @@
 //! 4. **Forget before revoke** (G3, rule 10): no renewal taken before a
 //!    `Forget` of its lease is written after it; after the `Forget` none
 //!    of them is left waiting, written or not (each was answered at once).
-//! 4a. **No stale renewal** (G6, rules 4 and 10): a renewal taken before a
+//!    **No stale renewal** (G6, rules 4 and 10): a renewal taken before a
 //!    `Forget` of its lease is never answered with a TTL, though etcd ran
 //!    the ones already written before the revoke and their replies, TTL
 //!    above zero, still come after it; each such reply is consumed in its
