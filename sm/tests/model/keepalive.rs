@@ -646,7 +646,7 @@ fn long_stale_renewal_answers() {
         "binding, late renewal answers, 1 value set, 1 early revocation, 1 lost, 2 delays, \
          1 stop",
         setup,
-        1,
+        2_175_050,
         &[
             "lease lost",
             "re-granted",
