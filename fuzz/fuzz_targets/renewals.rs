@@ -6,7 +6,8 @@
 //! room, and fires due timers before every input. After every step:
 //! * every renewal is answered at most once, and never after its deadline
 //!   (taken + the request timeout);
-//! * no renewal taken before a forget of its lease is written after it;
+//! * no renewal taken before a forget of its lease is written after it,
+//!   nor answered with a TTL above zero;
 //! * `Open` only when no stream is open or being opened, `Drop` only of one
 //!   that is;
 //! * `poll_timeout` is never earlier than the last `now`.
@@ -108,12 +109,18 @@ impl Driver {
                     self.stream = Stream::None;
                 }
                 RenewalsCommand::Suspect => {}
-                RenewalsCommand::Answer { token, .. } => {
+                RenewalsCommand::Answer { token, ttl } => {
                     let w = self
                         .waiting
                         .remove(&token)
                         .expect("answered once, and only what was asked");
                     assert!(self.now <= w.deadline, "answered after its deadline");
+                    // Guarantee 6: the reply may predate the revoke.
+                    assert!(
+                        !(w.forgotten && matches!(ttl, Ok(t) if t > 0)),
+                        "a renewal of lease {} taken before its forget answered {ttl:?}",
+                        w.lease
+                    );
                 }
             }
         }

@@ -160,6 +160,25 @@
 //!     never takes it back but waits as above and ends `Duplicate`. A key
 //!     this machine held and finds on another lease at the leave (rule 9)
 //!     is told `Duplicate` too, before `Stopped`: it was taken over.
+//! 13. Stale renewals: a renewal answer extends trust only if it cannot
+//!     predate the last revoke or re-grant of that lease this machine
+//!     made or learned of. Every renewal carries its own request id, and
+//!     the machine matches an answer to the one renewal in flight of the
+//!     lease it holds by that id alone. Each event that ends a lease's
+//!     generation — a grant of a new lease, a loss (deadline, TTL 0,
+//!     [`KeepaliveInput::LeaseGone`]), a [`KeepaliveInput::Replace`], a
+//!     stop or detach, a refused resume — cancels the renewal in flight
+//!     first. So an answer to a renewal sent before any of them (etcd may
+//!     have answered it before the revoke, and deliver it after:
+//!     etcd-io/etcd#21638) matches nothing and moves no deadline, whatever
+//!     TTL it carries. Why ids and not the answer's header revision: a
+//!     revoke of a lease with no key does not advance etcd's revision, so
+//!     no revision orders it against a renewal, and the loss evidence the
+//!     machine acts on (a TTL 0, a refused request, its own deadline)
+//!     carries none. The renewal stream keeps the same rule for revokes
+//!     (`crate::renewals`, rule 10), and trust is counted from the send
+//!     of the renewal (rule 1), so an answer that comes late only
+//!     shortens it.
 //!
 //! Backoff: registration (grant, put, an unproven lease lost) and renewal
 //! failures count separately, each with its own jitter seed derived from the
@@ -1732,6 +1751,9 @@ impl Keepalive {
                 self.on_grant_reply(now, sent, result);
             }
             Phase::Leased(l) => {
+                // Rule 13: only the renewal in flight on this lease, by
+                // its id; answers to renewals canceled at a revoke or
+                // re-grant fall through.
                 if let Some((_, sent)) = l.renewal.filter(|(r, _)| *r == id) {
                     self.on_renewal_reply(now, sent, result);
                 } else if let Some((_, generation)) = l.put.filter(|(p, _)| *p == id) {

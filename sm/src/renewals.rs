@@ -27,6 +27,15 @@
 //! 5. The health monitor is told ([`RenewalsCommand::Suspect`]) whenever a
 //!    renewal missed its deadline or a stream broke while reading: both
 //!    may mean a member went away.
+//! 6. **No stale renewal.** A renewal of a lease taken before that lease
+//!    is forgotten (its revoke) is never answered with a TTL: etcd may
+//!    have answered it before the revoke, and that answer can arrive
+//!    after it (etcd-io/etcd#21638), when a positive TTL proves nothing
+//!    about the lease any more (rule 10).
+//! 7. **No herd.** A stream given up for a fault is not opened again at
+//!    once but after a pick from the reopen window, seeded per machine
+//!    (rule 12): the handles of a fleet whose streams one member restart
+//!    broke together come back spread over the window, not in one burst.
 //!
 //! # Rules
 //!
@@ -38,7 +47,8 @@
 //! 1. **Take.** A renewal ([`RenewalsInput::Renew`]) gets its deadline,
 //!    `now` plus the request timeout, and joins the unsent queue.
 //! 2. **Open.** After every input and timer, if no stream is open or being
-//!    opened and a renewal is unsent, a stream is opened
+//!    opened, a renewal is unsent and no reopen wait runs (rule 12), a
+//!    stream is opened
 //!    ([`RenewalsCommand::Open`]) whose opening request renews the lease of
 //!    the oldest unsent renewal (etcd-client reads that reply itself; it
 //!    answers no renewal taken here). The opening gets a deadline of one
@@ -50,8 +60,9 @@
 //!    first lease's renewal is written again on the open stream and answered
 //!    by that write.
 //! 4. **Reply.** A reply for a lease answers the oldest sent renewal of
-//!    that lease with its TTL; a reply that matches no sent renewal is
-//!    ignored.
+//!    that lease with its TTL (unless that renewal was forgotten, rule 10:
+//!    then the reply is consumed and answers nothing); a reply that
+//!    matches no sent renewal is ignored.
 //! 5. **Missing first lease.** An opening refused with
 //!    [`RpcError::LeaseNotFound`] answers every unsent renewal of its first
 //!    lease with TTL 0, as etcd would on an open stream; the others wait
@@ -78,13 +89,30 @@
 //!    renewal `Unavailable("renewal stream closed")`, without telling the
 //!    monitor (reading finds out). Unsent renewals wait for a new stream
 //!    (rule 2).
-//! 10. **Forget.** Every unsent renewal of the lease is answered
-//!     `Unavailable("the lease is being revoked")` and never written; sent
-//!     ones are already on the wire and keep waiting for their replies.
+//! 10. **Forget.** Every renewal of the lease is answered
+//!     `Unavailable("the lease is being revoked")`: unsent ones are never
+//!     written; sent ones are already on the wire, so each keeps its place
+//!     in the sent queue, answered, and the reply etcd sends for it is
+//!     consumed there in order (rule 4) and answers nothing. Whatever TTL
+//!     that reply carries was granted before the revoke, or is a server's
+//!     mistake (etcd before 3.5.23 / 3.6.5 could answer a renewal of a
+//!     revoked lease with a positive TTL, etcd-io/etcd PR #20590): it
+//!     reaches nobody. A forgotten renewal has no deadline of its own; the
+//!     silence of its stream is judged by the renewals still waiting.
 //! 11. **Stop.** Every renewal, sent ones first, is answered
 //!     `Unavailable("the driver is shutting down")` and the stream is
 //!     dropped; renewals taken afterwards are answered the same at once, and
 //!     no stream is opened again.
+//! 12. **Reopen after a fault.** With a reopen window
+//!     ([`Renewals::with_reopen_spread`]), a stream given up for a fault —
+//!     an opening refused (rule 6) or past its deadline (rule 8), a silent
+//!     stream (rule 7), a broken one (rule 9) — is opened again (rule 2) no
+//!     earlier than a pick uniform in `0..=window` after the fault, a new
+//!     pick for every fault from the machine's seed; renewals taken
+//!     meanwhile wait unsent, their deadlines running. The window is capped
+//!     at a quarter of the request timeout, so the wait alone never costs a
+//!     renewal its deadline. Without a window (the default) a stream opens
+//!     at once, as rule 2 says.
 //!
 //! Stream inputs are those of the current stream: the driver discards a
 //! stream and everything still coming from it at `Drop`. An input for a
@@ -112,6 +140,7 @@
 //! It does not implement that trait: its commands drive one stream, not
 //! requests with ids.
 
+use crate::backoff::{Backoff, BackoffConfig};
 use crate::clock::Clock;
 use crate::rpc::{LeaseId, RpcError};
 use std::collections::VecDeque;
@@ -184,14 +213,22 @@ pub enum RenewalsCommand<T> {
     Suspect,
 }
 
-/// One renewal taken and not yet answered.
+/// One renewal taken and not yet answered, or (sent, `token` `None`)
+/// answered at its lease's forget and still owed a reply by the stream.
 #[derive(Clone, Debug)]
 struct Renewal<T> {
     lease: LeaseId,
-    token: T,
+    token: Option<T>,
     /// Taken + one request timeout; `None` if that is beyond what an
-    /// `Instant` can hold (never reached).
+    /// `Instant` can hold (never reached), and for a forgotten renewal.
     deadline: Option<Instant>,
+}
+
+impl<T> Renewal<T> {
+    /// Whether someone still waits for this renewal's answer.
+    fn waits(&self) -> bool {
+        self.token.is_some()
+    }
 }
 
 /// Where the stream is.
@@ -218,6 +255,11 @@ pub struct Renewals<T> {
     unsent: VecDeque<Renewal<T>>,
     sent: VecDeque<Renewal<T>>,
     commands: VecDeque<RenewalsCommand<T>>,
+    /// Picks the wait before a stream is opened again after a fault (rule
+    /// 12); `None` without a reopen window.
+    reopen: Option<Backoff>,
+    /// No stream is opened before this instant (rule 12).
+    reopen_at: Option<Instant>,
 }
 
 impl<T> Renewals<T> {
@@ -231,7 +273,31 @@ impl<T> Renewals<T> {
             unsent: VecDeque::new(),
             sent: VecDeque::new(),
             commands: VecDeque::new(),
+            reopen: None,
+            reopen_at: None,
         }
+    }
+
+    /// Spreads the reopening of a stream given up for a fault over
+    /// `0..=window` (rule 12), capped at a quarter of the request timeout;
+    /// each pick is a pure function of `seed` and how many faults came
+    /// before, so a driver seeds each machine apart (never one seed for a
+    /// fleet) and a test replays any schedule. A zero window opens at once.
+    #[must_use]
+    pub fn with_reopen_spread(mut self, window: Duration, seed: u64) -> Self {
+        let window = window.min(self.timeout / 4);
+        self.reopen = (!window.is_zero()).then(|| {
+            Backoff::new(
+                BackoffConfig {
+                    initial: window,
+                    max: window,
+                    multiplier: 1,
+                    jitter_percent: 100,
+                },
+                seed,
+            )
+        });
+        self
     }
 
     /// Feeds one input observed at `now`. Never fires a timer.
@@ -245,15 +311,19 @@ impl<T> Renewals<T> {
                     self.stream = Stream::Open;
                 }
             }
-            RenewalsInput::OpenFailed { error } => self.open_failed(error),
+            RenewalsInput::OpenFailed { error } => self.open_failed(now, error),
             RenewalsInput::Reply { lease, ttl_secs } => self.reply(lease, ttl_secs),
-            RenewalsInput::Ended => {
-                self.broken(true, RpcError::Unavailable("renewal stream ended".into()))
-            }
-            RenewalsInput::Failed { error } => self.broken(true, error),
-            RenewalsInput::Closed => {
-                self.broken(false, RpcError::Unavailable("renewal stream closed".into()))
-            }
+            RenewalsInput::Ended => self.broken(
+                now,
+                true,
+                RpcError::Unavailable("renewal stream ended".into()),
+            ),
+            RenewalsInput::Failed { error } => self.broken(now, true, error),
+            RenewalsInput::Closed => self.broken(
+                now,
+                false,
+                RpcError::Unavailable("renewal stream closed".into()),
+            ),
             RenewalsInput::Stop => self.stop(),
         }
         self.open_if_waiting(now);
@@ -265,7 +335,9 @@ impl<T> Renewals<T> {
     pub fn handle_timeout(&mut self, now: Instant) {
         let now = self.clock.observe(now);
         let due = |r: &Renewal<T>| r.deadline.is_some_and(|d| d <= now);
-        let silent = self.sent.front().is_some_and(due);
+        // The oldest renewal still waiting: a forgotten one (rule 10) has
+        // no deadline, and the stream owes it nothing anyone waits for.
+        let silent = self.sent.iter().find(|r| r.waits()).is_some_and(due);
         let late = self.unsent.iter().any(due);
         if silent || late {
             self.commands.push_back(RenewalsCommand::Suspect);
@@ -275,10 +347,12 @@ impl<T> Renewals<T> {
             self.answer_all(late, &error);
             if silent {
                 self.drop_stream();
+                self.fault(now);
                 let sent = std::mem::take(&mut self.sent);
                 self.answer_all(sent, &error);
             } else if self.unsent.is_empty() && matches!(self.stream, Stream::Opening { .. }) {
                 self.drop_stream();
+                self.fault(now);
             }
         }
         if let Stream::Opening {
@@ -287,6 +361,7 @@ impl<T> Renewals<T> {
         {
             if at <= now {
                 self.drop_stream();
+                self.fault(now);
                 let unsent = std::mem::take(&mut self.unsent);
                 self.answer_all(unsent, &self.no_answer());
             }
@@ -322,18 +397,26 @@ impl<T> Renewals<T> {
     }
 
     /// When [`Renewals::handle_timeout`] is next needed: the earliest
-    /// deadline of a renewal or of the opening, never earlier than the last
-    /// `now`; `None` when nothing waits.
+    /// deadline of a renewal or of the opening, or the instant a stream
+    /// may be opened again for the renewals waiting (rule 12), never
+    /// earlier than the last `now`; `None` when nothing waits.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         let opening = match self.stream {
             Stream::Opening { deadline, .. } => deadline,
             _ => None,
         };
+        let reopen = self
+            .reopen_at
+            .filter(|_| self.stream == Stream::None && !self.unsent.is_empty());
         [
-            self.sent.front().and_then(|r| r.deadline),
+            self.sent
+                .iter()
+                .find(|r| r.waits())
+                .and_then(|r| r.deadline),
             self.unsent.front().and_then(|r| r.deadline),
             opening,
+            reopen,
         ]
         .into_iter()
         .flatten()
@@ -343,7 +426,7 @@ impl<T> Renewals<T> {
 
     /// How many renewals are waiting for an answer, written or not.
     pub fn waiting(&self) -> usize {
-        self.sent.len() + self.unsent.len()
+        self.sent.iter().filter(|r| r.waits()).count() + self.unsent.len()
     }
 
     fn take(&mut self, now: Instant, lease: LeaseId, token: T) {
@@ -356,42 +439,58 @@ impl<T> Renewals<T> {
         }
         self.unsent.push_back(Renewal {
             lease,
-            token,
+            token: Some(token),
             deadline: now.checked_add(self.timeout),
         });
     }
 
+    /// Rule 10: every renewal of `lease` is answered now; the sent ones
+    /// keep their place for the replies etcd still owes them.
     fn forget(&mut self, lease: LeaseId) {
+        let error = RpcError::Unavailable("the lease is being revoked".into());
+        let mut answered = VecDeque::new();
+        for r in self.sent.iter_mut().filter(|r| r.lease == lease) {
+            if let Some(token) = r.token.take() {
+                answered.push_back(Renewal {
+                    lease,
+                    token: Some(token),
+                    deadline: r.deadline,
+                });
+            }
+            r.deadline = None;
+        }
         let (gone, keep): (VecDeque<_>, VecDeque<_>) =
             self.unsent.drain(..).partition(|r| r.lease == lease);
         self.unsent = keep;
-        self.answer_all(
-            gone,
-            &RpcError::Unavailable("the lease is being revoked".into()),
-        );
+        answered.extend(gone);
+        self.answer_all(answered, &error);
     }
 
-    fn open_failed(&mut self, error: RpcError) {
+    fn open_failed(&mut self, now: Instant, error: RpcError) {
         let Stream::Opening { first, .. } = self.stream else {
             return;
         };
         self.stream = Stream::None;
         if error == RpcError::LeaseNotFound {
+            // etcd answered: the first lease is missing, the way to etcd
+            // is fine, so nothing waits before the next opening.
             let (gone, keep): (VecDeque<_>, VecDeque<_>) =
                 self.unsent.drain(..).partition(|r| r.lease == first);
             self.unsent = keep;
-            for r in gone {
-                self.commands.push_back(RenewalsCommand::Answer {
-                    token: r.token,
-                    ttl: Ok(0),
-                });
+            for token in gone.into_iter().filter_map(|r| r.token) {
+                self.commands
+                    .push_back(RenewalsCommand::Answer { token, ttl: Ok(0) });
             }
         } else {
+            self.fault(now);
             let unsent = std::mem::take(&mut self.unsent);
             self.answer_all(unsent, &error);
         }
     }
 
+    /// Rule 4: the reply answers the oldest renewal of `lease` on the
+    /// stream; one forgotten since (rule 10) consumes it and answers
+    /// nothing.
     fn reply(&mut self, lease: LeaseId, ttl_secs: i64) {
         if self.stream != Stream::Open {
             return;
@@ -399,16 +498,16 @@ impl<T> Renewals<T> {
         let Some(at) = self.sent.iter().position(|r| r.lease == lease) else {
             return;
         };
-        if let Some(r) = self.sent.remove(at) {
+        if let Some(token) = self.sent.remove(at).and_then(|r| r.token) {
             self.commands.push_back(RenewalsCommand::Answer {
-                token: r.token,
+                token,
                 ttl: Ok(ttl_secs),
             });
         }
     }
 
     /// Rule 9: the open stream broke.
-    fn broken(&mut self, suspect: bool, error: RpcError) {
+    fn broken(&mut self, now: Instant, suspect: bool, error: RpcError) {
         if self.stream != Stream::Open {
             return;
         }
@@ -416,8 +515,17 @@ impl<T> Renewals<T> {
             self.commands.push_back(RenewalsCommand::Suspect);
         }
         self.drop_stream();
+        self.fault(now);
         let sent = std::mem::take(&mut self.sent);
         self.answer_all(sent, &error);
+    }
+
+    /// Rule 12: a stream was given up for a fault at `now`; the next one
+    /// opens after a pick from the reopen window, if there is one.
+    fn fault(&mut self, now: Instant) {
+        if let Some(reopen) = &mut self.reopen {
+            self.reopen_at = now.checked_add(reopen.next_delay());
+        }
     }
 
     fn stop(&mut self) {
@@ -433,13 +541,17 @@ impl<T> Renewals<T> {
         self.stream = Stream::Stopped;
     }
 
-    /// Rule 2.
+    /// Rules 2 and 12.
     fn open_if_waiting(&mut self, now: Instant) {
         if self.stream != Stream::None {
             return;
         }
+        if self.reopen_at.is_some_and(|at| now < at) {
+            return;
+        }
         if let Some(first) = self.unsent.front() {
             let lease = first.lease;
+            self.reopen_at = None;
             self.stream = Stream::Opening {
                 first: lease,
                 deadline: now.checked_add(self.timeout),
@@ -456,10 +568,11 @@ impl<T> Renewals<T> {
         }
     }
 
+    /// Answers every renewal of `renewals` still waiting with `error`.
     fn answer_all(&mut self, renewals: VecDeque<Renewal<T>>, error: &RpcError) {
-        for r in renewals {
+        for token in renewals.into_iter().filter_map(|r| r.token) {
             self.commands.push_back(RenewalsCommand::Answer {
-                token: r.token,
+                token,
                 ttl: Err(error.clone()),
             });
         }

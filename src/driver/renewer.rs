@@ -86,6 +86,20 @@ impl Renewals {
     }
 }
 
+/// How long after a fault the stream may wait before it opens again
+/// (`fleetcoord_sm::renewals`, rule 12), picked per handle from a seed of
+/// its own. A member restart ends the streams of every handle connected
+/// to it at one instant, and each handle's keepalives retry within their
+/// first backoff (50-100 ms): without a spread, thousands of processes
+/// reopen their streams at the surviving members in the same 50 ms. Over
+/// 500 ms they arrive at a tenth of that rate. 500 ms is a tenth of the
+/// default 5 s TTL: a keepalive keeps at least half of a lease's remaining
+/// lifetime for its retries (`fleetcoord_sm::keepalive`, rule 1), so the
+/// wait costs a lease only where a stream breaks within a few hundred ms
+/// of its deadline anyway. The machine caps it at a quarter of the
+/// request timeout.
+pub(crate) const REOPEN_SPREAD: Duration = Duration::from_millis(500);
+
 type Opened = Result<(ec::LeaseKeeper, ec::LeaseKeepAliveStream), RpcError>;
 type Opening = Pin<Box<dyn Future<Output = Opened> + Send>>;
 
@@ -102,7 +116,8 @@ pub(crate) fn start(
     let renewer = Renewer {
         client,
         suspicion,
-        machine: renewals::Renewals::new(timeout, now),
+        machine: renewals::Renewals::new(timeout, now)
+            .with_reopen_spread(REOPEN_SPREAD, super::rand_seed()),
         last_now: now,
         keeper: None,
         responses: None,
@@ -585,6 +600,57 @@ mod tests {
             let (id, result) = rig.answer().await;
             assert_eq!(id, late);
             assert_eq!(unavailable(result), "renewal stream closed");
+        });
+    }
+
+    /// Guarantee 6 of `fleetcoord_sm::renewals` against a real etcd: a
+    /// renewal etcd answers with a positive TTL before the lease's revoke,
+    /// the answer held up (a slow link) until after the revoke. The renewal
+    /// is answered at the forget, never with that TTL.
+    #[test]
+    fn an_answer_etcd_sent_before_the_revoke_never_reaches_the_renewal() {
+        const HOLD: Duration = Duration::from_millis(400);
+        let server = EtcdServer::start().expect("etcd");
+        let proxy = FaultProxy::start(&server.endpoint()).expect("proxy");
+        runtime().block_on(async {
+            let lease = grant(&server.endpoint()).await;
+            let mut direct = ec::Client::connect([server.endpoint()], None)
+                .await
+                .expect("connect");
+            let mut rig = Rig::start(&proxy.endpoint(), WAIT).await;
+            rig.renew(lease);
+            assert!(kept_alive(&rig.answer().await.1) > 0);
+
+            // Every byte now takes HOLD each way: the renewal reaches etcd
+            // HOLD after it is written, its answer HOLD after that.
+            proxy.set_mode(Mode::Delay(HOLD));
+            let stale = rig.renew(lease);
+            let written = tokio::time::Instant::now();
+            // etcd has renewed (and answered) by now; the answer is still
+            // on its way. The driver revokes: forget first, as it does.
+            tokio::time::sleep(HOLD + HOLD / 2).await;
+            let keys_before = direct
+                .lease_time_to_live(lease, None)
+                .await
+                .expect("ttl")
+                .ttl();
+            assert!(keys_before > 0, "the lease lives until the revoke");
+            rig.renewals.forget(lease);
+            direct.lease_revoke(lease).await.expect("revoke");
+            let (id, result) = rig.answer().await;
+            assert_eq!(id, stale);
+            assert_eq!(unavailable(result), "the lease is being revoked");
+            assert!(
+                written.elapsed() < HOLD * 2,
+                "answered at the forget, not when etcd's answer came"
+            );
+            // etcd's answer (TTL above zero, from before the revoke)
+            // arrives now and reaches nobody.
+            rig.silent_for(HOLD * 2).await;
+            // A renewal after the revoke gets etcd's answer to itself.
+            proxy.set_mode(Mode::Pass);
+            rig.renew(lease);
+            assert_eq!(kept_alive(&rig.answer().await.1), 0);
         });
     }
 

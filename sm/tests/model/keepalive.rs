@@ -97,6 +97,45 @@ fn an_early_revocation_is_noticed_at_the_first_renewal() {
     );
 }
 
+/// Renewals the machine gave up are still answered, late (the driver
+/// never aborts one): after a put refused for a lease etcd revoked early
+/// made the machine grant another, or after a stop. Rule 12: such an
+/// answer, whatever TTL it carries, is never told as trust and never
+/// moves a deadline.
+#[test]
+fn stale_renewal_answers_after_a_regrant_or_a_stop_extend_no_trust() {
+    let mut setup = world(
+        1,
+        true,
+        3,
+        Budget {
+            user: 1,
+            revoke_early: 1,
+            delay: 1,
+            stop: 1,
+            ..Budget::default()
+        },
+    );
+    setup.late_renewal_answers = true;
+    passes(
+        "binding, late renewal answers, 1 value set, 1 early revocation, 1 delay, 1 stop",
+        setup,
+        PINNED_STALE,
+        &[
+            "registered",
+            "lease lost",
+            "re-granted",
+            "revoked early",
+            "stopped",
+            "stale renewal answered",
+            "liveness checked",
+        ],
+    );
+}
+
+/// States of [`stale_renewal_answers_after_a_regrant_or_a_stop_extend_no_trust`].
+const PINNED_STALE: usize = 40_625;
+
 /// Grants, puts and revokes given up and landing late: a grant makes a
 /// lease nobody renews, a put writes the same value on the same lease
 /// again.
@@ -579,6 +618,41 @@ fn long_two_bound_machines_with_values_and_stops() {
             "value rewritten",
             "leave marker",
             "stopped",
+            "liveness checked",
+        ],
+    );
+}
+
+/// Stale renewal answers in a larger world: late answers after re-grants
+/// from refused puts and from deadlines, a lost message, a stop.
+#[test]
+#[ignore = "long: make model-check"]
+fn long_stale_renewal_answers() {
+    let mut setup = world(
+        1,
+        true,
+        3,
+        Budget {
+            user: 1,
+            revoke_early: 1,
+            lose: 1,
+            delay: 2,
+            stop: 1,
+            ..Budget::default()
+        },
+    );
+    setup.late_renewal_answers = true;
+    passes(
+        "binding, late renewal answers, 1 value set, 1 early revocation, 1 lost, 2 delays, \
+         1 stop",
+        setup,
+        2_175_050,
+        &[
+            "lease lost",
+            "re-granted",
+            "revoked early",
+            "stopped",
+            "stale renewal answered",
             "liveness checked",
         ],
     );

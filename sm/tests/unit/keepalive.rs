@@ -2697,3 +2697,138 @@ fn a_resume_refused_by_another_holder_registers_afresh_and_waits_on_it() {
     );
     assert_eq!(drain(&mut m), vec![look(4), waiting()]);
 }
+
+/// Rule 13, replayed: a renewal answer etcd sent before the lease was
+/// revoked and a new one granted, delivered after both. Its TTL proves
+/// nothing about any lease now: no trust is told, no deadline moves.
+#[test]
+fn stale_a_renewal_answer_that_predates_a_revoke_and_regrant_extends_no_trust() {
+    let t0 = Instant::now();
+    let config = KeepaliveConfig {
+        announce_trust: true,
+        ..config(false)
+    };
+    let mut m = Keepalive::new(config, t0, 1);
+    let _ = drain(&mut m);
+    m.handle(t0 + ms(10), grant_reply());
+    assert_eq!(drain(&mut m), vec![registered(), trusted(t0 + s(9))]);
+    m.handle_timeout(t0 + s(3));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(1, Request::KeepAlive { lease: LEASE })]
+    );
+    // The user gives the lease up while renewal 1 is out: it is revoked
+    // and a new lease granted.
+    m.handle(t0 + ms(3100), KeepaliveInput::Replace { lease: LEASE });
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            rpc(2, Request::Revoke { lease: LEASE }),
+            Command::Cancel { id: RpcId(1) },
+            Command::Notify(KeepaliveNotice::State(LivenessState::Lost { lease: LEASE })),
+            Command::Notify(KeepaliveNotice::State(LivenessState::Registering)),
+            rpc(3, Request::Grant { ttl_secs: TTL }),
+        ]
+    );
+    let new = 8;
+    m.handle(
+        t0 + ms(3200),
+        ok(
+            3,
+            Response::Granted {
+                lease: new,
+                ttl_secs: TTL,
+            },
+        ),
+    );
+    let regranted = drain(&mut m);
+    let until = t0 + ms(3100) + s(9);
+    assert_eq!(
+        regranted,
+        vec![
+            Command::Notify(KeepaliveNotice::State(LivenessState::Registered {
+                lease: new
+            })),
+            Command::Notify(KeepaliveNotice::Trusted { lease: new, until }),
+        ]
+    );
+    // Renewal 1's answer, TTL 9, arrives now (the driver delivers the
+    // answers of canceled renewals: `src/driver/runner.rs`). Matched by
+    // lease or by arrival, it would trust something until t0 + 12.3 s.
+    m.handle(t0 + ms(3300), ok(1, Response::KeptAlive { ttl_secs: TTL }));
+    assert_eq!(drain(&mut m), vec![], "a stale answer tells nothing");
+    assert_eq!(m.local_deadline(), Some(until));
+    assert_eq!(m.lease(), Some(new));
+    assert_eq!(
+        m.poll_timeout(),
+        Some(t0 + ms(3100) + s(3)),
+        "the new lease's renewal schedule is its own"
+    );
+}
+
+/// Rule 13 at a loss by the deadline: the renewal given up on the way
+/// (its answer held back past the lease's deadline) is answered after the
+/// re-grant; it moves nothing.
+#[test]
+fn stale_an_answer_held_past_the_deadline_moves_nothing_after_the_regrant() {
+    let t0 = Instant::now();
+    let mut m = granted(t0);
+    m.handle_timeout(t0 + s(3));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(1, Request::KeepAlive { lease: LEASE })]
+    );
+    // Unanswered: given up at t0 + 6 s, retried after 100 ms, unanswered
+    // again; the deadline (t0 + 9 s) passes.
+    m.handle_timeout(t0 + s(6));
+    let _ = drain(&mut m);
+    m.handle_timeout(t0 + ms(6100));
+    assert_eq!(
+        drain(&mut m),
+        vec![rpc(2, Request::KeepAlive { lease: LEASE })]
+    );
+    m.handle_timeout(t0 + s(9));
+    let lost = drain(&mut m);
+    assert!(
+        lost.contains(&Command::Notify(KeepaliveNotice::State(
+            LivenessState::Lost { lease: LEASE }
+        ))),
+        "{lost:?}"
+    );
+    let Some(Command::Rpc { id: grant, .. }) = lost
+        .iter()
+        .find(|c| {
+            matches!(
+                c,
+                Command::Rpc {
+                    request: Request::Grant { .. },
+                    ..
+                }
+            )
+        })
+        .cloned()
+    else {
+        panic!("no grant after the loss: {lost:?}");
+    };
+    let new = 8;
+    m.handle(
+        t0 + ms(9010),
+        KeepaliveInput::Rpc(RpcReply {
+            id: grant,
+            result: Ok(Response::Granted {
+                lease: new,
+                ttl_secs: TTL,
+            }),
+        }),
+    );
+    let _ = drain(&mut m);
+    let until = m.local_deadline();
+    assert_eq!(until, Some(t0 + s(9) + s(9)));
+    // Both old renewals are answered now, TTL 9: nothing moves.
+    for id in [1, 2] {
+        m.handle(t0 + ms(9020), ok(id, Response::KeptAlive { ttl_secs: TTL }));
+        assert_eq!(drain(&mut m), vec![]);
+        assert_eq!(m.local_deadline(), until);
+        assert_eq!(m.lease(), Some(new));
+    }
+}

@@ -2,7 +2,7 @@
 //! `fleetcoord_sm::renewals` (the rule numbers are its module docs').
 
 use fleetcoord_sm::renewals::{Renewals, RenewalsCommand, RenewalsInput};
-use fleetcoord_sm::{LeaseId, RpcError};
+use fleetcoord_sm::{Backoff, BackoffConfig, LeaseId, RpcError};
 use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -299,7 +299,7 @@ fn an_opening_past_its_deadline_fails_the_renewals_taken_since() {
 }
 
 #[test]
-fn forget_fails_unsent_renewals_of_its_lease_only_and_never_writes_them() {
+fn forget_fails_every_renewal_of_its_lease_only_and_never_writes_the_unsent() {
     let t0 = Instant::now();
     let mut m = open_stream(t0);
     m.handle(t0 + ms(10), renew(A, 2));
@@ -307,20 +307,84 @@ fn forget_fails_unsent_renewals_of_its_lease_only_and_never_writes_them() {
     m.handle(t0 + ms(11), renew(A, 3));
     m.handle(t0 + ms(12), renew(B, 4));
     m.handle(t0 + ms(13), renew(A, 5));
-    // Rule 10: 3 and 5 were not written: failed, never sent; 2 is on the
-    // wire and keeps waiting; B is another lease.
+    // Rule 10: 2 is on the wire, answered now all the same (its reply may
+    // predate the revoke); 3 and 5 were not written: failed, never sent;
+    // B is another lease.
     m.handle(t0 + ms(14), RenewalsInput::Forget { lease: A });
     assert_eq!(
         drain(&mut m),
         vec![
+            failed(2, "the lease is being revoked"),
             failed(3, "the lease is being revoked"),
             failed(5, "the lease is being revoked"),
         ]
     );
+    assert_eq!(m.waiting(), 1);
     assert_eq!(writes(&mut m), [B]);
+    // The reply etcd owed 2 is consumed in its place and answers nobody.
     m.handle(t0 + ms(15), reply(A, 30));
     m.handle(t0 + ms(16), reply(B, 30));
-    assert_eq!(drain(&mut m), vec![ttl(2, 30), ttl(4, 30)]);
+    assert_eq!(drain(&mut m), vec![ttl(4, 30)]);
+    assert_eq!(m.waiting(), 0);
+    assert_eq!(m.poll_timeout(), None);
+}
+
+/// Guarantee 6, replayed: a renewal written before its lease's revoke is
+/// answered by etcd with a positive TTL, and that answer arrives after the
+/// revoke (etcd-io/etcd#21638). It must reach nobody; a renewal of the
+/// same lease written after the revoke gets etcd's answer to itself (TTL
+/// 0), not the stale one.
+#[test]
+fn a_renewal_answer_that_predates_its_lease_revoke_is_never_handed_out() {
+    let t0 = Instant::now();
+    let mut m = open_stream(t0);
+    m.handle(t0 + ms(10), renew(A, 2));
+    m.handle(t0 + ms(10), renew(B, 3));
+    assert_eq!(writes(&mut m), [A, B]);
+    // The driver is about to revoke A: forget first (the revoke follows).
+    m.handle(t0 + ms(20), RenewalsInput::Forget { lease: A });
+    assert_eq!(drain(&mut m), vec![failed(2, "the lease is being revoked")]);
+    // A renewal of A after the revoke (another machine resuming it, say)
+    // is written behind the stale one.
+    m.handle(t0 + ms(30), renew(A, 4));
+    assert_eq!(writes(&mut m), [A]);
+    // The replies come in etcd's order: 2's (TTL 30, granted before the
+    // revoke), B's, then 4's (TTL 0: the lease is gone).
+    m.handle(t0 + ms(40), reply(A, 30));
+    assert_eq!(drain(&mut m), [], "the stale TTL reaches nobody");
+    m.handle(t0 + ms(41), reply(B, 30));
+    m.handle(t0 + ms(42), reply(A, 0));
+    assert_eq!(drain(&mut m), vec![ttl(3, 30), ttl(4, 0)]);
+    assert_eq!(m.waiting(), 0);
+}
+
+/// A forgotten renewal has no deadline: the stream is judged silent by the
+/// renewals still waiting, at their deadlines.
+#[test]
+fn a_forgotten_renewal_does_not_make_its_stream_silent() {
+    let t0 = Instant::now();
+    let mut m = open_stream(t0);
+    m.handle(t0 + ms(10), renew(A, 2));
+    assert_eq!(writes(&mut m), [A]);
+    m.handle(t0 + ms(20), RenewalsInput::Forget { lease: A });
+    let _ = drain(&mut m);
+    assert_eq!(m.poll_timeout(), None);
+    m.handle(t0 + ms(30), renew(B, 3));
+    assert_eq!(writes(&mut m), [B]);
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(30) + TIMEOUT));
+    // 2's own deadline (t0 + 10 ms + TIMEOUT) passes: nothing happens.
+    m.handle_timeout(t0 + ms(10) + TIMEOUT);
+    assert_eq!(drain(&mut m), []);
+    // 3's does: the stream owes it an answer and is silent.
+    m.handle_timeout(t0 + ms(30) + TIMEOUT);
+    assert_eq!(
+        drain(&mut m),
+        vec![
+            RenewalsCommand::Suspect,
+            RenewalsCommand::Drop,
+            failed(3, NO_ANSWER),
+        ]
+    );
 }
 
 #[test]
@@ -411,4 +475,168 @@ fn early_or_repeated_timeouts_do_nothing_and_deadlines_never_go_back() {
     // the deadline lifted to its `now`, never in the past.
     m.handle(t0 + TIMEOUT + ms(50), RenewalsInput::Forget { lease: B });
     assert_eq!(m.poll_timeout(), Some(t0 + TIMEOUT + ms(50)));
+}
+
+/// The pick of rule 12 for the `n`-th fault of a machine seeded `seed`:
+/// uniform in `0..=window`, a pure function of the three.
+fn pick(window: Duration, seed: u64, n: u32) -> Duration {
+    let shape = BackoffConfig {
+        initial: window,
+        max: window,
+        multiplier: 1,
+        jitter_percent: 100,
+    };
+    Backoff::new(shape, seed).delay_for(n)
+}
+
+fn broke() -> Input {
+    RenewalsInput::Failed {
+        error: RpcError::Unavailable("connection reset".into()),
+    }
+}
+
+/// A machine with a reopen window whose stream renewed `A` once and broke
+/// at `t0 + 10 ms`.
+fn broken_with_spread(t0: Instant, window: Duration, seed: u64) -> Renewals<u64> {
+    let mut m = Renewals::new(TIMEOUT, t0).with_reopen_spread(window, seed);
+    m.handle(t0, renew(A, 1));
+    assert_eq!(
+        drain(&mut m),
+        vec![open(A)],
+        "the first stream opens at once"
+    );
+    m.handle(t0 + ms(1), RenewalsInput::Opened);
+    assert_eq!(writes(&mut m), [A]);
+    m.handle(t0 + ms(2), reply(A, 30));
+    assert_eq!(drain(&mut m), vec![ttl(1, 30)]);
+    m.handle(t0 + ms(10), broke());
+    assert_eq!(
+        drain(&mut m),
+        vec![RenewalsCommand::Suspect, RenewalsCommand::Drop]
+    );
+    m
+}
+
+#[test]
+fn reopen_after_a_fault_waits_a_pick_from_the_window_and_every_fault_draws_anew() {
+    let t0 = Instant::now();
+    let window = ms(1000);
+    let seed = 7;
+    let first = pick(window, seed, 0);
+    assert!(
+        first > ms(20),
+        "seed {seed} picks {first:?}: choose another"
+    );
+    let mut m = broken_with_spread(t0, window, seed);
+    let fault = t0 + ms(10);
+    // Rule 12: the next renewal waits unsent for the pick, its deadline
+    // running, then the stream opens.
+    m.handle(t0 + ms(20), renew(A, 2));
+    assert_eq!(drain(&mut m), []);
+    assert_eq!(m.waiting(), 1);
+    assert_eq!(m.poll_timeout(), Some(fault + first));
+    m.handle_timeout(fault + first - Duration::from_nanos(1));
+    assert_eq!(drain(&mut m), []);
+    m.handle_timeout(fault + first);
+    assert_eq!(drain(&mut m), vec![open(A)]);
+    // A refused opening is a fault too: the second pick.
+    let refused = fault + first + ms(5);
+    m.handle(
+        refused,
+        RenewalsInput::OpenFailed {
+            error: RpcError::Unavailable("connection refused".into()),
+        },
+    );
+    assert_eq!(drain(&mut m), vec![failed(2, "connection refused")]);
+    let second = pick(window, seed, 1);
+    assert_ne!(first, second);
+    m.handle(refused, renew(A, 3));
+    assert_eq!(drain(&mut m), []);
+    assert_eq!(m.poll_timeout(), Some(refused + second));
+    m.handle_timeout(refused + second);
+    assert_eq!(drain(&mut m), vec![open(A)]);
+    // etcd answering that the first lease is missing is no fault: the
+    // next stream opens at once.
+    let missing = refused + second + ms(1);
+    m.handle(missing, renew(B, 4));
+    m.handle(
+        missing,
+        RenewalsInput::OpenFailed {
+            error: RpcError::LeaseNotFound,
+        },
+    );
+    assert_eq!(drain(&mut m), vec![ttl(3, 0), open(B)]);
+}
+
+#[test]
+fn the_reopen_window_is_at_most_a_quarter_of_the_request_timeout() {
+    let t0 = Instant::now();
+    let seed = 11;
+    let mut m = broken_with_spread(t0, Duration::from_secs(3600), seed);
+    m.handle(t0 + ms(10), renew(A, 2));
+    assert_eq!(
+        m.poll_timeout(),
+        Some(t0 + ms(10) + pick(TIMEOUT / 4, seed, 0))
+    );
+    // No window at all: at once, as without a spread.
+    let mut m = broken_with_spread(t0, Duration::ZERO, seed);
+    m.handle(t0 + ms(20), renew(A, 2));
+    assert_eq!(drain(&mut m), vec![open(A)]);
+}
+
+/// When a member restart breaks the streams of many handles at one
+/// instant, each handle's keepalives retry ~75 ms later (their first
+/// backoff), and without a window every handle reopens its stream in the
+/// same instant. With a 500 ms window and one seed per handle the reopens
+/// spread over the window: never all in the same 100 ms.
+#[test]
+fn handles_seeded_apart_spread_their_first_reopen_over_the_window() {
+    const HANDLES: u64 = 200;
+    let window = ms(500);
+    let t0 = Instant::now();
+    let fault = t0 + ms(10);
+    let retry = fault + ms(75);
+    let reopen_of = |spread: bool, seed: u64| -> Instant {
+        let mut m = broken_with_spread(t0, if spread { window } else { Duration::ZERO }, seed);
+        m.handle(retry, renew(A, 2));
+        let mut now = retry;
+        loop {
+            if drain(&mut m).contains(&open(A)) {
+                return now;
+            }
+            now = m.poll_timeout().expect("a renewal waits");
+            assert!(now < fault + TIMEOUT, "no reopen before the deadline");
+            m.handle_timeout(now);
+        }
+    };
+    let herd: Vec<Instant> = (0..HANDLES).map(|seed| reopen_of(false, seed)).collect();
+    assert!(
+        herd.iter().all(|at| *at == retry),
+        "without a window: one instant"
+    );
+
+    let mut spread: Vec<Instant> = (0..HANDLES).map(|seed| reopen_of(true, seed)).collect();
+    spread.sort();
+    let (first, last) = (spread[0], spread[spread.len() - 1]);
+    assert!(
+        first >= retry && last <= fault + window,
+        "{first:?}..{last:?}"
+    );
+    assert!(last - first > ms(350), "spread only {:?}", last - first);
+    // The busiest 100 ms holds at most a third of the handles (uniform over
+    // 425 ms of the window after the retry would put ~24 % there).
+    let busiest = spread
+        .iter()
+        .map(|from| {
+            spread
+                .iter()
+                .filter(|at| **at >= *from && **at < *from + ms(100))
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    assert!(
+        busiest <= (HANDLES as usize) / 3,
+        "{busiest} of {HANDLES} reopen within one 100 ms"
+    );
 }

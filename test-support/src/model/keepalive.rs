@@ -41,6 +41,14 @@
 //!    that lease trusted (a refused resume registers afresh without it),
 //!    and rules 1 and 2 hold for it as for any machine.
 //!
+//! 9. **No trust from a stale renewal** (rule 13): with late renewal
+//!    answers (`late_renewal_answers`, the wire's rule 6), a renewal the
+//!    machine canceled is still answered later. An answer to a renewal
+//!    sent before the machine's last re-grant (a `Grant` sent), a revoke
+//!    of that renewal's lease (a `Revoke` sent), a `Lost` of it, or a
+//!    stop or detach, never moves the local deadline later nor is told as
+//!    trust (`Trusted`) — whatever TTL it carries.
+//!
 //! Liveness, from every quiescent state (nothing in flight): with no
 //! further faults or user requests, messages delivered at once and time
 //! moving to each next deadline, within `liveness_bound` every running
@@ -150,6 +158,9 @@ pub struct KeepaliveSetup {
     /// must fail, on rule 2: nothing in the contract lets the machine see
     /// it).
     pub foreign_deletes: bool,
+    /// Canceled renewals stay on the wire and are answered late (the
+    /// wire's rule 6; rule 9 checks them).
+    pub late_renewal_answers: bool,
 }
 
 impl KeepaliveSetup {
@@ -172,6 +183,7 @@ impl KeepaliveSetup {
             renewal_ttl_bonus: 0,
             lose_regrant_replies: false,
             foreign_deletes: false,
+            late_renewal_answers: false,
         }
     }
 
@@ -250,6 +262,14 @@ struct Node {
     /// Machines this node has run (each successor's request ids are its
     /// own, so orphans of the one before cannot be mistaken for them).
     incarnation: u64,
+    /// Renewals sent and not yet answered, with the lease each names
+    /// (rule 9).
+    renewals: Vec<(RpcId, LeaseId)>,
+    /// Those of them sent before a later re-grant, revoke, loss, stop or
+    /// detach: their answers may predate it (rule 9).
+    stale: BTreeSet<RpcId>,
+    /// `Trusted` notices told so far (rule 9).
+    trust_told: u64,
 }
 
 impl Node {
@@ -289,16 +309,25 @@ const LIVENESS: u32 = 1 << 11;
 const DETACHED: u32 = 1 << 12;
 const RESUMED: u32 = 1 << 13;
 const RESUMED_AFRESH: u32 = 1 << 14;
+const STALE_ANSWER: u32 = 1 << 15;
 
 impl KeepaliveWorld {
     /// Every machine started at one instant, each registering.
     pub fn new(setup: KeepaliveSetup) -> Self {
         let start = Instant::now();
         let keep_orphans = setup.budget.land > 0;
+        let wire = || {
+            let wire = Wire::new(keep_orphans);
+            if setup.late_renewal_answers {
+                wire.with_late_renewal_answers()
+            } else {
+                wire
+            }
+        };
         let nodes = (0..setup.machines)
             .map(|m| Node {
                 machine: Keepalive::new(setup.config(m), start, SEED),
-                wire: Wire::new(keep_orphans),
+                wire: wire(),
                 trusted: None,
                 on_lease: Vec::new(),
                 value: 0,
@@ -309,6 +338,9 @@ impl KeepaliveWorld {
                 detached: None,
                 resumed: None,
                 incarnation: 0,
+                renewals: Vec::new(),
+                stale: BTreeSet::new(),
+                trust_told: 0,
             })
             .collect();
         let mut world = KeepaliveWorld {
@@ -333,12 +365,30 @@ impl KeepaliveWorld {
     /// Moves machine `m`'s commands onto its wire, checking rules 4 and 6.
     fn pump(&mut self, m: usize) -> Result<(), String> {
         let marker = leave_marker_key(&key_of(m));
+        // Rule 9 tracks renewals only where their answers come late; the
+        // other worlds keep their states as they were.
+        let late = self.setup.late_renewal_answers;
         while let Some(command) = self.nodes[m].machine.poll_command() {
             let node = &mut self.nodes[m];
             match &command {
                 Command::Rpc { id, request } => {
                     if let Request::KeepAlive { lease } | Request::Put { lease, .. } = request {
                         node.on_lease.push((*id, *lease));
+                    }
+                    // Rule 9: what a renewal sent before this may predate.
+                    match request {
+                        _ if !late => {}
+                        Request::KeepAlive { lease } => node.renewals.push((*id, *lease)),
+                        Request::Grant { .. } => {
+                            node.stale.extend(node.renewals.iter().map(|(r, _)| *r));
+                        }
+                        Request::Revoke { lease } => node.stale.extend(
+                            node.renewals
+                                .iter()
+                                .filter(|(_, l)| l == lease)
+                                .map(|(r, _)| *r),
+                        ),
+                        _ => {}
                     }
                     // The key's put: a transaction guarded on its revision.
                     if let Request::Txn(txn) = request {
@@ -388,6 +438,18 @@ impl KeepaliveWorld {
                     }
                 }
                 Command::Cancel { id } => node.on_lease.retain(|(r, _)| r != id),
+                Command::Notify(KeepaliveNotice::State(LivenessState::Lost { lease })) => {
+                    node.stale.extend(
+                        node.renewals
+                            .iter()
+                            .filter(|(_, l)| l == lease)
+                            .map(|(r, _)| *r),
+                    );
+                }
+                Command::Notify(
+                    KeepaliveNotice::State(LivenessState::Stopped { .. })
+                    | KeepaliveNotice::Detached(_),
+                ) => node.stale.extend(node.renewals.iter().map(|(r, _)| *r)),
                 Command::Notify(_) => {}
             }
             if let Some(notice) = self.nodes[m].wire.accept(command) {
@@ -412,6 +474,9 @@ impl KeepaliveWorld {
                     ));
                 }
                 node.trusted = Some(lease);
+                if self.setup.late_renewal_answers {
+                    node.trust_told += 1;
+                }
             }
             KeepaliveNotice::Left { lease } => {
                 // Told once etcd applied the leave: the key is gone and
@@ -643,9 +708,33 @@ impl KeepaliveWorld {
         let gone = named.filter(|l| evidence && held == Some(*l));
         if node.machine.poll_timeout().is_some_and(|t| t <= now) {
             node.machine.handle_timeout(now);
+            self.pump(m)?;
         }
+        let node = &mut self.nodes[m];
+        let renewal = node
+            .renewals
+            .iter()
+            .position(|(r, _)| *r == reply.id)
+            .map(|i| node.renewals.remove(i));
+        let stale = renewal.filter(|(r, _)| node.stale.remove(r));
+        let before = node.machine.local_deadline();
+        let told = node.trust_told;
         node.machine.handle(now, reply.into());
         self.pump(m)?;
+        if let Some((id, lease)) = stale {
+            self.marks |= STALE_ANSWER;
+            let after = self.nodes[m].machine.local_deadline();
+            let moved = after.is_some_and(|a| before.is_none_or(|b| a > b));
+            if moved || self.nodes[m].trust_told != told {
+                return Err(format!(
+                    "machine {m} told trust or moved its deadline (from {:?} to {:?}) on the \
+                     answer to renewal {id:?} of lease {lease:x}, sent before its last re-grant, \
+                     revoke, loss or stop: that answer may predate it",
+                    before.map(|t| t - self.start),
+                    after.map(|t| t - self.start)
+                ));
+            }
+        }
         if let Some(lease) = gone {
             let node = &self.nodes[m];
             if node.holding().and_then(|(l, _)| l) == Some(lease) {
@@ -724,6 +813,7 @@ impl World for KeepaliveWorld {
         "detached",
         "resumed on the same lease",
         "resumed afresh",
+        "stale renewal answered",
     ];
 
     fn actions(&self, out: &mut Vec<KeepaliveAction>) {

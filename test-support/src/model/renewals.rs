@@ -21,13 +21,21 @@
 //!    waiting (TTL 0 for a missing lease). Nothing else answers a TTL.
 //! 4. **Forget before revoke** (G3, rule 10): no renewal taken before a
 //!    `Forget` of its lease is written after it; after the `Forget` none
-//!    of them is left unwritten (each was answered at once).
-//! 5. **One stream** (G4, rules 2, 3, 9): `Open` only with no stream, for
-//!    the lease of the oldest unwritten renewal; `Drop` only of a stream
-//!    there is; writes only on an open stream, oldest renewal first; a
-//!    renewal written on a stream is answered when that stream is given
-//!    up (no renewal waits on a dropped stream); while renewals wait
-//!    unwritten and no stream exists, one is being opened.
+//!    of them is left waiting, written or not (each was answered at once).
+//!    **No stale renewal** (G6, rules 4 and 10): a renewal taken before a
+//!    `Forget` of its lease is never answered with a TTL, though etcd ran
+//!    the ones already written before the revoke and their replies, TTL
+//!    above zero, still come after it; each such reply is consumed in its
+//!    place, and the renewals behind it get their own replies.
+//! 5. **One stream** (G4, rules 2, 3, 9, 12): `Open` only with no stream,
+//!    for the lease of the oldest unwritten renewal; `Drop` only of a
+//!    stream there is; writes only on an open stream, oldest renewal
+//!    first; a renewal written on a stream is answered when that stream is
+//!    given up (no renewal waits on a dropped stream); while renewals wait
+//!    unwritten and no stream exists, one is being opened — or, with a
+//!    reopen window (`reopen_spread`), the window of the last fault (a
+//!    `Drop`, a refused opening) still runs: the machine's next timer then
+//!    lies within it.
 //! 6. **Reset on silence** (G4, rule 7): once a written renewal reaches
 //!    its deadline unanswered, the stream it was written on is gone.
 //! 7. **The monitor is told** (G5, rules 7, 9): a renewal answered for
@@ -102,7 +110,12 @@ pub struct RenewalsSetup {
     /// Every opening hangs, also in the fair continuation (a test that
     /// must fail, on liveness).
     pub openings_hang: bool,
+    /// The machine's reopen window (rule 12, seed [`SEED`]); zero: none.
+    pub reopen_spread: Duration,
 }
+
+/// The seed of the machine's reopen picks.
+pub const SEED: u64 = 5;
 
 impl RenewalsSetup {
     /// `leases` leases of 1 s plus a missing one, timeout 400 ms, no
@@ -118,6 +131,7 @@ impl RenewalsSetup {
             liveness_bound: Duration::from_millis(1_200),
             reorder_replies: false,
             openings_hang: false,
+            reopen_spread: Duration::ZERO,
         }
     }
 }
@@ -224,6 +238,9 @@ pub struct RenewalsWorld {
     seen: Seen,
     /// The last renewal answered with a TTL above zero (for liveness).
     positive: Option<u64>,
+    /// The last fault that gave a stream up: no stream need open before
+    /// it plus the reopen window (rule 12).
+    fault: Option<Instant>,
     marks: u32,
 }
 
@@ -238,6 +255,8 @@ const SUSPECT: u32 = 1 << 7;
 const STOPPED: u32 = 1 << 8;
 const LIVENESS: u32 = 1 << 9;
 const UNSENT_LATE: u32 = 1 << 10;
+const STALE_CONSUMED: u32 = 1 << 11;
+const REOPEN_WAITED: u32 = 1 << 12;
 
 fn no_answer(error: &RpcError) -> bool {
     matches!(error, RpcError::Unavailable(m) if m.starts_with("no renewal answer"))
@@ -265,7 +284,8 @@ impl RenewalsWorld {
             leases.push(MISSING);
         }
         RenewalsWorld {
-            machine: Renewals::new(setup.timeout, start),
+            machine: Renewals::new(setup.timeout, start)
+                .with_reopen_spread(setup.reopen_spread, SEED),
             budget: setup.budget.clone(),
             setup: Arc::new(setup),
             etcd,
@@ -280,8 +300,20 @@ impl RenewalsWorld {
             expect: Expect::Nothing,
             seen: Seen::default(),
             positive: None,
+            fault: None,
             marks: 0,
         }
+    }
+
+    /// The reopen window as the machine applies it (rule 12's cap).
+    fn window(&self) -> Duration {
+        self.setup.reopen_spread.min(self.setup.timeout / 4)
+    }
+
+    /// Whether rule 12 lets the machine wait before opening a stream now.
+    fn may_wait(&self) -> bool {
+        self.fault
+            .is_some_and(|f| !self.window().is_zero() && self.now < f + self.window())
     }
 
     fn at(&self, t: Instant) -> String {
@@ -324,6 +356,9 @@ impl RenewalsWorld {
                             "Open on lease {lease:x}, but the oldest unwritten renewal is {oldest:?}"
                         ));
                     }
+                    if self.may_wait() {
+                        self.marks |= REOPEN_WAITED;
+                    }
                     self.generation += 1;
                     self.stream = Stream::Opening {
                         lease,
@@ -339,6 +374,7 @@ impl RenewalsWorld {
                         return Err("Drop with no stream".into());
                     }
                     self.stream = Stream::None;
+                    self.fault = Some(self.now);
                 }
                 RenewalsCommand::Suspect => {
                     self.seen.suspects += 1;
@@ -360,6 +396,13 @@ impl RenewalsWorld {
                 "renewal {token} answered at {}, after its deadline {}",
                 self.at(self.now),
                 self.at(w.deadline)
+            ));
+        }
+        if w.forgotten && matches!(ttl, Ok(t) if t > 0) {
+            return Err(format!(
+                "renewal {token} of lease {:x}, taken before its lease was forgotten (revoked), \
+                 answered TTL {ttl:?}: that answer may predate the revoke",
+                w.lease
             ));
         }
         match ttl {
@@ -442,7 +485,15 @@ impl RenewalsWorld {
             expected = Some(expected.map_or(deadline, |e| e.min(deadline)));
         }
         let timeout = self.machine.poll_timeout();
-        if timeout != expected {
+        let unwritten = self.waiting.values().any(|w| w.written.is_none());
+        let reopening = self.stream == Stream::None && unwritten && self.may_wait();
+        // Rule 12: a reopen wait is the one other timer, within the window.
+        let early = reopening
+            && timeout.is_some_and(|t| {
+                expected.is_none_or(|e| t <= e)
+                    && self.fault.is_some_and(|f| t <= f + self.window())
+            });
+        if timeout != expected && !early {
             return Err(format!(
                 "the machine's next deadline is {:?}, but the renewals and the opening \
                  waiting make it {:?}",
@@ -450,9 +501,13 @@ impl RenewalsWorld {
                 expected.map(|t| self.at(t))
             ));
         }
-        let unwritten = self.waiting.values().any(|w| w.written.is_none());
-        if unwritten && self.stream == Stream::None {
-            return Err("renewals wait unwritten and no stream is being opened".into());
+        if unwritten && self.stream == Stream::None && !self.may_wait() {
+            return Err(format!(
+                "renewals wait unwritten and no stream is being opened (last fault {:?}, \
+                 window {:?})",
+                self.fault.map(|f| self.at(f)),
+                self.window()
+            ));
         }
         if self.stopped && (!self.waiting.is_empty() || self.stream != Stream::None) {
             return Err(format!(
@@ -529,13 +584,14 @@ impl RenewalsWorld {
             w.forgotten = true;
         }
         self.feed(RenewalsInput::Forget { lease }, Expect::Nothing)?;
-        if let Some((token, _)) = self
+        if let Some((token, w)) = self
             .waiting
             .iter()
-            .find(|(_, w)| w.lease == lease && w.forgotten && w.written.is_none())
+            .find(|(_, w)| w.lease == lease && w.forgotten)
         {
             return Err(format!(
-                "renewal {token} of forgotten lease {lease:x} still waits unwritten"
+                "renewal {token} of forgotten lease {lease:x} still waits (written on {:?})",
+                w.written
             ));
         }
         self.etcd.expire_lease(lease);
@@ -639,6 +695,10 @@ impl RenewalsWorld {
         let Some((token, lease, ttl_secs)) = replies.pop_front() else {
             return Ok(());
         };
+        if !self.waiting.contains_key(&token) {
+            // Answered at its lease's forget: this reply is stale.
+            self.marks |= STALE_CONSUMED;
+        }
         self.feed(
             RenewalsInput::Reply { lease, ttl_secs },
             Expect::Reply(token, ttl_secs),
@@ -701,6 +761,8 @@ impl World for RenewalsWorld {
         "stopped",
         "liveness checked",
         "unwritten renewal late",
+        "stale reply consumed",
+        "reopen waited",
     ];
 
     fn actions(&self, out: &mut Vec<RenewalsAction>) {
@@ -778,6 +840,7 @@ impl World for RenewalsWorld {
             OpenRefused => {
                 self.budget.open_fault -= 1;
                 self.stream = Stream::None;
+                self.fault = Some(self.now);
                 let error = RpcError::Unavailable("model: connection refused".into());
                 self.feed(RenewalsInput::OpenFailed { error }, Expect::Nothing)?;
             }
@@ -834,6 +897,9 @@ impl World for RenewalsWorld {
         hash_debug(&mut hasher, &self.generation);
         hash_debug(&mut hasher, &self.waiting);
         hash_debug(&mut hasher, &self.stopped);
+        // Only while it can still hold an opening back (rule 12).
+        let fault = self.fault.filter(|_| self.may_wait());
+        hash_debug(&mut hasher, &fault.map(|f| f - self.start));
         hasher.finish()
     }
 

@@ -24,6 +24,12 @@
 //!    it at etcd later, within a bound of time steps
 //!    ([`Wire::age_orphans`]), and its reply goes nowhere. That is what a paused etcd member, or a
 //!    request stuck in a proxy, does.
+//! 6. **A canceled renewal is still answered** (with
+//!    [`Wire::with_late_renewal_answers`]): the driver never aborts a
+//!    renewal (`src/driver/runner.rs`), so a renewal the machine gave up
+//!    stays on the keepalive stream in its place, runs at etcd, and its
+//!    answer is delivered to the machine later, in order — possibly after
+//!    the machine revoked that lease or granted another.
 
 use crate::ModelEtcd;
 use fleetcoord_sm::{
@@ -113,6 +119,8 @@ pub struct Wire {
     watches: Vec<OpenWatch>,
     orphans: Vec<Sent>,
     keep_orphans: bool,
+    /// Rule 6: cancels leave renewals on the wire.
+    late_renewal_answers: bool,
 }
 
 /// What taking a [`WireAction`] produced.
@@ -135,7 +143,16 @@ impl Wire {
             watches: Vec::new(),
             orphans: Vec::new(),
             keep_orphans,
+            late_renewal_answers: false,
         }
+    }
+
+    /// This wire with rule 6: a renewal the machine cancels is still run
+    /// and answered, in its place on the keepalive stream.
+    #[must_use]
+    pub fn with_late_renewal_answers(mut self) -> Self {
+        self.late_renewal_answers = true;
+        self
     }
 
     /// Takes one machine command: requests go on the wire, cancels take
@@ -151,6 +168,17 @@ impl Wire {
                 None
             }
             Command::Cancel { id } => {
+                let renewal = self
+                    .sent
+                    .iter()
+                    .any(|s| s.id == id && lane_of(&s.request) == Lane::KeepAlive)
+                    || self
+                        .replies
+                        .iter()
+                        .any(|r| r.id == id && r.lane == Lane::KeepAlive);
+                if renewal && self.late_renewal_answers {
+                    return None;
+                }
                 if let Some(i) = self.sent.iter().position(|s| s.id == id) {
                     let sent = self.sent.remove(i);
                     self.orphan(sent);
