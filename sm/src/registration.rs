@@ -50,6 +50,12 @@
 //!    it (watchers saw the expiry, and see it come back). A canceled put
 //!    of the earlier process that lands late moves the mod revision, so
 //!    the guard fails, the key is read and taken over as in rule 1.
+//! 7. **"Lease not found" is news for the session.** A put or a leave
+//!    answered so asks the session's owner to learn that its lease is gone
+//!    ([`SessionRequest::Gone`]) at once — the first evidence may be this
+//!    machine's, and every belief on the lease (a leadership, a shard on
+//!    it) must end at it, not at the next renewal — and is sent again
+//!    after a backoff delay, as any failed request.
 
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::clock::Clock;
@@ -57,8 +63,8 @@ use crate::election::SessionRequest;
 use crate::keepalive::LivenessState;
 use crate::outbox::Outbox;
 use crate::rpc::{
-    Command, Compare, KeyRange, LeaseId, RangeRequest, Request, Response, Revision, RpcId,
-    RpcReply, Txn, TxnOp, TxnOpResponse,
+    Command, Compare, KeyRange, LeaseId, RangeRequest, Request, Response, Revision, RpcError,
+    RpcId, RpcReply, Txn, TxnOp, TxnOpResponse,
 };
 use crate::session::SessionInput;
 use crate::timer::TimerTable;
@@ -381,6 +387,7 @@ impl Registration {
                             }
                         }
                     }
+                    Err(RpcError::LeaseNotFound) => self.lease_not_found(lease),
                     _ => self.fail(),
                 }
             }
@@ -395,11 +402,23 @@ impl Registration {
                     }
                     // Another writer's key now: nothing of ours to delete.
                     Ok(Response::Txn { .. }) => self.finish(),
+                    Err(RpcError::LeaseNotFound) => self.lease_not_found(lease),
                     _ => self.fail(),
                 }
             }
             _ => {}
         }
+    }
+
+    /// etcd said `lease`, which a request carried, is gone (rule 7): the
+    /// session's owner learns it now, the request is sent again after a
+    /// backoff (on the next lease, once told).
+    fn lease_not_found(&mut self, lease: LeaseId) {
+        self.outbox
+            .notify(RegistrationNotice::SessionRequest(SessionRequest::Gone(
+                lease,
+            )));
+        self.fail();
     }
 
     fn on_session(&mut self, input: SessionInput) {
