@@ -212,10 +212,10 @@ impl Process {
                     held.2 = *until;
                 }
             }
-            ElectionNotice::LeadershipLost { token } | ElectionNotice::Resigned { token } => {
-                if user.held.is_some_and(|h| h.0 == *token) {
-                    user.held = None;
-                }
+            ElectionNotice::LeadershipLost { token } | ElectionNotice::Resigned { token }
+                if user.held.is_some_and(|h| h.0 == *token) =>
+            {
+                user.held = None;
             }
             _ => {}
         }

@@ -676,10 +676,10 @@ impl SessionWorld {
                     held.until = until;
                 }
             }
-            ElectionNotice::LeadershipLost { token } | ElectionNotice::Resigned { token } => {
-                if self.held.as_ref().is_some_and(|h| h.token == token) {
-                    self.held = None;
-                }
+            ElectionNotice::LeadershipLost { token } | ElectionNotice::Resigned { token }
+                if self.held.as_ref().is_some_and(|h| h.token == token) =>
+            {
+                self.held = None;
             }
             ElectionNotice::Session(LivenessState::Stopped { .. }) => self.held = None,
             ElectionNotice::NotElected { .. } | ElectionNotice::CampaignFailed { .. } => {
