@@ -675,7 +675,7 @@ impl HostLiveness {
             },
             // A registration holds no belief a lost lease must end at once:
             // its state says `Lost` when the session tells it.
-            || {},
+            |_, _| {},
             Departure::HandOver(hand_over),
         )?;
         let mut host = HostLiveness {

@@ -5,7 +5,9 @@
 //! election, leader observation and sequence-numbered streams — lives here
 //! as a deterministic state machine; the bus's decisions that need no
 //! machine (when to retry a write, [`retry`]; which message a slow
-//! subscriber keeps, [`newest`]) are plain types beside them. This crate
+//! subscriber keeps, [`newest`]; how a shared session's facts reach the
+//! primitives on it and what they may believe, [`session`]) are plain
+//! types beside them. This crate
 //! does no I/O, reads no clock and uses no global random number generator:
 //! time comes in as `now`, randomness from a seed given to `new`, and etcd
 //! is reached only by emitting [`Command`]s that a driver executes. The same inputs always give the same

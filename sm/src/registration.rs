@@ -69,6 +69,12 @@
 //!    renewal; one that wrote the key before never takes it back. A leave
 //!    that finds the key on such a lease tells `Duplicate` before
 //!    `Stopped`: the key was taken over.
+//! 8. **"Lease not found" is news for the session.** A put or a leave
+//!    answered so asks the session's owner to learn that its lease is gone
+//!    ([`SessionRequest::Gone`]) at once — the first evidence may be this
+//!    machine's, and every belief on the lease (a leadership, a shard on
+//!    it) must end at it, not at the next renewal — and is sent again
+//!    after a backoff delay, as any failed request.
 
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::clock::Clock;
@@ -566,6 +572,7 @@ impl Registration {
                             }
                         }
                     }
+                    Err(RpcError::LeaseNotFound) => self.lease_not_found(lease),
                     _ => self.fail(),
                 }
             }
@@ -590,11 +597,23 @@ impl Registration {
                         }
                         self.finish();
                     }
+                    Err(RpcError::LeaseNotFound) => self.lease_not_found(lease),
                     _ => self.fail(),
                 }
             }
             _ => {}
         }
+    }
+
+    /// etcd said `lease`, which a request carried, is gone (rule 8): the
+    /// session's owner learns it now, the request is sent again after a
+    /// backoff (on the next lease, once told).
+    fn lease_not_found(&mut self, lease: LeaseId) {
+        self.outbox
+            .notify(RegistrationNotice::SessionRequest(SessionRequest::Gone(
+                lease,
+            )));
+        self.fail();
     }
 
     fn on_session(&mut self, input: SessionInput) {

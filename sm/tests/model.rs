@@ -22,5 +22,8 @@ mod watch;
 #[path = "model/renewals.rs"]
 mod renewals;
 
+#[path = "model/session.rs"]
+mod session;
+
 #[path = "model/shard.rs"]
 mod shard;

@@ -37,6 +37,8 @@ mod rpc;
 mod semaphore;
 #[path = "unit/session.rs"]
 mod session;
+#[path = "unit/session_hub.rs"]
+mod session_hub;
 #[path = "unit/shard.rs"]
 mod shard;
 #[path = "unit/shard_member.rs"]

@@ -267,10 +267,7 @@ impl Election {
                 machine
             }
         };
-        let state = Arc::new(Mutex::new(State {
-            dead_lease: session.map(|s| s.dead_lease()),
-            ..State::default()
-        }));
+        let state = Arc::new(Mutex::new(State::default()));
         let handler_state = state.clone();
         let (router, routes) = ops::routes();
         let metrics_prefix = prefix.clone();
@@ -321,7 +318,9 @@ impl Election {
                 Some(session.attach(
                     &prefix,
                     move |fact| input.send(ElectionInput::Session(fact)).is_ok(),
-                    move || notices::lose_all(&mut beliefs.lock()),
+                    move |lease, for_good| {
+                        notices::end_on_session(&mut beliefs.lock(), lease, for_good)
+                    },
                     crate::session::Departure::end(&machine),
                 )?)
             }

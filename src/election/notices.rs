@@ -10,9 +10,9 @@ use super::ops::{Answer, Router};
 use crate::driver::WeakInput;
 use fleetcoord_sm::election::{Election as ElectionMachine, ElectionInput, ElectionNotice, OpId};
 use fleetcoord_sm::keepalive::LivenessState;
-use fleetcoord_sm::session::is_dead;
+use fleetcoord_sm::session::SessionBelief;
+use fleetcoord_sm::LeaseId;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -28,11 +28,10 @@ pub(super) struct State {
     pub(super) session: Option<LivenessState>,
     /// The session lease last told trusted, and until when.
     pub(super) session_trust: Option<(i64, Instant)>,
-    /// On a shared session: the last lease the session gave up or lost
-    /// (see [`crate::Session`]). A win on it that arrives after the session
-    /// ended every belief on it is never believed: the lease's revoke may
-    /// already be freeing the key.
-    pub(super) dead_lease: Option<Arc<AtomicI64>>,
+    /// What may be believed on the session, as its hub's ending of
+    /// beliefs leaves it (`fleetcoord_sm::session::belief`): a win on a
+    /// lease the session ended every belief on arrives over.
+    pub(super) session_belief: SessionBelief,
 }
 
 /// The leadership the machine last reported, registered by the driver's
@@ -143,12 +142,9 @@ pub(super) fn handle_notice(
     } = &notice
     {
         // Read under the state lock, which the session's ending of every
-        // belief takes after marking the lease: either that ended this
+        // belief takes to mark the lease: either that ended this
         // leadership, or this sees the mark.
-        let dead = state
-            .dead_lease
-            .as_ref()
-            .is_some_and(|d| is_dead(*lease, d.load(Ordering::SeqCst)));
+        let dead = !state.session_belief.admits(*lease);
         // Registered before the waiter sees it, so a `LeadershipLost`
         // right behind it is never missed.
         if let Some(old) = state.held.take() {
@@ -193,9 +189,10 @@ pub(super) fn lose(state: &mut State, token: i64) {
     }
 }
 
-/// Ends whatever leadership is held, as lost: the shared session it runs
-/// on is lost, replaced or closed (see [`crate::Session`]).
-pub(super) fn lose_all(state: &mut State) {
+/// The shared session ended every belief on `lease` (for good or not: its
+/// hub's `EndBeliefs`): whatever leadership is held ends, as lost.
+pub(super) fn end_on_session(state: &mut State, lease: Option<LeaseId>, for_good: bool) {
+    state.session_belief.end(lease, for_good);
     if let Some(held) = state.held.take() {
         held.belief.end();
         let _ = held.lost.try_send(());
@@ -322,14 +319,12 @@ mod tests {
     #[test]
     fn a_win_on_a_lease_the_session_gave_up_is_not_believed() {
         let (handler, _machine, _inputs) = state();
-        let dead = Arc::new(AtomicI64::new(0));
-        handler.state.lock().dead_lease = Some(dead.clone());
         let rx = wait_for(&handler, 2);
         handle_notice(&handler, elected(2, 8));
         assert!(rx.try_recv().is_ok());
         let believed = |h: &Handler| h.state.lock().held.as_ref().map(|h| h.belief.holds());
         assert_eq!(believed(&handler), Some(true), "a live lease is believed");
-        dead.store(1, Ordering::SeqCst);
+        end_on_session(&mut handler.state.lock(), Some(1), false);
         let rx = wait_for(&handler, 3);
         handle_notice(&handler, elected(3, 9));
         assert!(rx.try_recv().is_ok());

@@ -5,18 +5,21 @@ use super::{
     close_outcome, LivenessState, ATTEMPT_TIMEOUT, CLOSE_WAIT, DEFAULT_DRIFT_ALLOWANCE_PPM,
     DEFAULT_SAFETY_MARGIN,
 };
-use crate::driver::{rand_seed, Finished, MachineHandle, Notify};
+use crate::driver::{rand_seed, Finished, MachineHandle, Notify, WeakInput};
 use crate::error::{Error, ErrorKind, Result};
 use crate::etcd::Etcd;
 use crate::resume::{HostResume, SessionResume};
 use crate::validate;
-use fleetcoord_sm::election::{SessionInput, SessionRequest};
 use fleetcoord_sm::keepalive::{
     self as sm, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, ResumePoint,
 };
-use fleetcoord_sm::{BackoffConfig, Machine};
+use fleetcoord_sm::session::{
+    AttachError, DetachError, HubCommand, MemberId, SessionHub, SessionInput, SessionRequest,
+};
+use fleetcoord_sm::{BackoffConfig, LeaseId, Machine};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -166,9 +169,6 @@ impl std::fmt::Debug for Session {
 
 struct SessionInner {
     etcd: Etcd,
-    /// The last lease given up or lost (0: none yet); marked before every
-    /// belief on it is ended, read by primitives under their own lock.
-    dead: Arc<AtomicI64>,
     machine: MachineHandle<Keepalive>,
     hub: Arc<Mutex<Hub>>,
     states: crossbeam_channel::Receiver<LivenessState>,
@@ -181,27 +181,31 @@ struct SessionInner {
     handed_over: AtomicBool,
 }
 
-/// What the session's notice handler and the primitives on it share.
+/// What the session's notice handler and the primitives on it share: the
+/// sm hub, which decides every order and every end of belief
+/// (`fleetcoord_sm::session::hub`), and what executes its commands.
 struct Hub {
-    state: sm::LivenessState,
-    trust: Option<(i64, Instant)>,
-    members: Vec<Member>,
-    next_member: u64,
-    closed: bool,
+    sm: SessionHub,
+    members: BTreeMap<MemberId, Member>,
+    /// The keepalive, for the hub's `Keepalive` commands; set once it runs.
+    keepalive: Option<WeakInput<Keepalive>>,
+    states_tx: crossbeam_channel::Sender<LivenessState>,
+    /// The states' receiving end, to drop the oldest when nobody reads.
+    oldest: crossbeam_channel::Receiver<LivenessState>,
+    detached_tx: crossbeam_channel::Sender<ResumePoint>,
     /// The lease a resume asked for and the host registrations it carried,
     /// until a `HostLiveness::with_session` takes each over.
     resumed: Option<(i64, Vec<HostResume>)>,
 }
 
-/// A primitive on the session, as the hub reaches it.
+/// A primitive on the session, as the hub's commands reach it.
 struct Member {
-    id: u64,
-    key: String,
     /// Feeds its machine a session fact; `false` once its machine is gone.
     input: Box<dyn Fn(SessionInput) -> bool + Send>,
-    /// Ends every belief of the primitive at once, on the calling thread:
-    /// run before anything can free its keys.
-    end_belief: Box<dyn Fn() + Send>,
+    /// Ends every belief of the primitive at once, on the calling thread,
+    /// founded on the lease given (marked dead), for good or not (the
+    /// hub's `EndBeliefs`).
+    end_belief: Box<dyn Fn(Option<LeaseId>, bool) + Send>,
     departure: Departure,
 }
 
@@ -242,17 +246,14 @@ impl Departure {
 /// A primitive's place on a session; leaving it frees its key prefix.
 pub(crate) struct Attachment {
     session: Session,
-    id: u64,
+    id: MemberId,
 }
 
 impl Drop for Attachment {
     fn drop(&mut self) {
-        self.session
-            .inner
-            .hub
-            .lock()
-            .members
-            .retain(|m| m.id != self.id);
+        let mut hub = self.session.inner.hub.lock();
+        hub.sm.leave(self.id);
+        hub.members.remove(&self.id);
     }
 }
 
@@ -264,47 +265,50 @@ impl Attachment {
 }
 
 impl Hub {
-    fn tell(&mut self, input: &SessionInput) {
-        self.members.retain(|m| (m.input)(input.clone()));
-    }
-
-    fn end_beliefs(&self) {
-        for m in &self.members {
-            (m.end_belief)();
-        }
-    }
-
-    /// The facts a primitive joining now must hear to know what the others
-    /// know.
-    fn replay(&self) -> Vec<SessionInput> {
-        match &self.state {
-            sm::LivenessState::Registered { lease } | sm::LivenessState::Suspended { lease } => {
-                let mut facts = vec![SessionInput::Up { lease: *lease }];
-                if let Some((trusted, until)) = self.trust {
-                    if trusted == *lease {
-                        facts.push(SessionInput::Trusted {
-                            lease: *lease,
-                            until,
-                        });
+    /// Executes every command the sm hub queued, in order, deciding
+    /// nothing; returns the members whose machine is gone (they have left
+    /// the hub by then).
+    fn run(&mut self) -> Vec<MemberId> {
+        let mut gone = Vec::new();
+        while let Some(command) = self.sm.poll_command() {
+            match command {
+                HubCommand::EndBeliefs {
+                    member,
+                    lease,
+                    for_good,
+                } => {
+                    if let Some(m) = self.members.get(&member) {
+                        (m.end_belief)(lease, for_good);
                     }
                 }
-                if matches!(self.state, sm::LivenessState::Suspended { .. }) {
-                    facts.push(SessionInput::Suspended { lease: *lease });
+                HubCommand::Tell { member, fact } => {
+                    if let Some(m) = self.members.get(&member) {
+                        if !(m.input)(fact) {
+                            self.members.remove(&member);
+                            self.sm.leave(member);
+                            gone.push(member);
+                        }
+                    }
                 }
-                facts
+                HubCommand::Keepalive(input) => {
+                    // Gone: the session is closing, and its revoke ends
+                    // the lease.
+                    if let Some(keepalive) = &self.keepalive {
+                        let _ = keepalive.send(input);
+                    }
+                }
+                HubCommand::State(state) => {
+                    if self.states_tx.len() >= MAX_QUEUED_STATES {
+                        let _ = self.oldest.try_recv();
+                    }
+                    let _ = self.states_tx.send(LivenessState::from_sm(&state));
+                }
+                HubCommand::Detached(point) => {
+                    let _ = self.detached_tx.try_send(point);
+                }
             }
-            sm::LivenessState::Refused { error } => vec![SessionInput::Refused(error.clone())],
-            _ => Vec::new(),
         }
-    }
-
-    fn current_lease(&self) -> Option<i64> {
-        match self.state {
-            sm::LivenessState::Registered { lease } | sm::LivenessState::Suspended { lease } => {
-                Some(lease)
-            }
-            _ => None,
-        }
+        gone
     }
 }
 
@@ -424,82 +428,31 @@ impl Session {
             None => Keepalive::new(config, Instant::now(), rand_seed()),
         };
         machine.set_renewal_grid(Some(etcd.renewal_grid()));
-        let hub = Arc::new(Mutex::new(Hub {
-            state: sm::LivenessState::Registering,
-            trust: None,
-            members: Vec::new(),
-            next_member: 0,
-            closed: false,
-            resumed: resume.map(|r| (r.lease, r.hosts)),
-        }));
         let (detached_tx, detached) = crossbeam_channel::bounded::<ResumePoint>(1);
         let (states_tx, states) = crossbeam_channel::unbounded();
-        let oldest = states.clone();
+        let hub = Arc::new(Mutex::new(Hub {
+            sm: SessionHub::new(),
+            members: BTreeMap::new(),
+            keepalive: None,
+            states_tx,
+            oldest: states.clone(),
+            detached_tx,
+            resumed: resume.map(|r| (r.lease, r.hosts)),
+        }));
         let handler_hub = hub.clone();
-        let dead = Arc::new(AtomicI64::new(0));
-        let handler_dead = dead.clone();
         let machine = etcd.run(
             machine,
             Notify(move |notice: KeepaliveNotice| {
                 let mut hub = handler_hub.lock();
-                let state = match notice {
-                    KeepaliveNotice::Trusted { lease, until } => {
-                        hub.trust = Some((lease, until));
-                        hub.tell(&SessionInput::Trusted { lease, until });
-                        return true;
-                    }
-                    KeepaliveNotice::State(state) => state,
-                    KeepaliveNotice::Detached(point) => {
-                        let _ = detached_tx.try_send(point);
-                        return true;
-                    }
-                    // A session binds no key: no leave.
-                    KeepaliveNotice::Left { .. } => return true,
-                };
-                let fact = match &state {
-                    sm::LivenessState::Registering => None,
-                    sm::LivenessState::Registered { lease } => {
-                        Some(SessionInput::Up { lease: *lease })
-                    }
-                    sm::LivenessState::Suspended { lease } => {
-                        Some(SessionInput::Suspended { lease: *lease })
-                    }
-                    sm::LivenessState::Lost { lease } => {
-                        handler_dead.store(*lease, Ordering::SeqCst);
-                        // Beliefs end here, before the next lease's
-                        // commands run (and before a replaced lease's
-                        // revoke can free a key): the primitives' own
-                        // machines hear it on their inputs right after.
-                        hub.end_beliefs();
-                        Some(SessionInput::Lost { lease: *lease })
-                    }
-                    sm::LivenessState::Refused { error } => {
-                        hub.end_beliefs();
-                        Some(SessionInput::Refused(error.clone()))
-                    }
-                    sm::LivenessState::Stopped { .. } => {
-                        hub.end_beliefs();
-                        Some(SessionInput::Closed)
-                    }
-                    // About a bound key, which a session's keepalive has
-                    // not.
-                    sm::LivenessState::Waiting { .. } | sm::LivenessState::Duplicate { .. } => None,
-                };
-                hub.state = state.clone();
-                if let Some(fact) = fact {
-                    hub.tell(&fact);
-                }
-                if states_tx.len() >= MAX_QUEUED_STATES {
-                    let _ = oldest.try_recv();
-                }
-                let _ = states_tx.send(LivenessState::from_sm(&state));
+                hub.sm.keepalive(notice);
+                hub.run();
                 true
             }),
         )?;
+        hub.lock().keepalive = Some(machine.downgrade());
         Ok(Session {
             inner: Arc::new(SessionInner {
                 etcd: etcd.clone(),
-                dead,
                 machine,
                 hub,
                 states,
@@ -513,25 +466,20 @@ impl Session {
 
     /// The latest state of the session's lease.
     pub fn state(&self) -> LivenessState {
-        LivenessState::from_sm(&self.inner.hub.lock().state)
+        LivenessState::from_sm(self.inner.hub.lock().sm.state())
     }
 
     /// The lease currently believed alive, if any: the lease id every key
     /// of a primitive on this session is bound to.
     pub fn lease(&self) -> Option<i64> {
-        self.inner.hub.lock().current_lease()
+        self.inner.hub.lock().sm.lease()
     }
 
     /// Until when the lease is trusted: its local deadline as of the last
     /// answered renewal, which passes before etcd can expire it. `None`
     /// unless the state is `Registered` or `Suspended`.
     pub fn trusted_until(&self) -> Option<Instant> {
-        let hub = self.inner.hub.lock();
-        let lease = hub.current_lease()?;
-        match hub.trust {
-            Some((trusted, until)) if trusted == lease => Some(until),
-            _ => None,
-        }
+        self.inner.hub.lock().sm.trusted_until()
     }
 
     /// Every state change of the lease, in order (the newest 1,024 are
@@ -549,12 +497,6 @@ impl Session {
     /// The etcd handle this session runs on.
     pub(crate) fn etcd(&self) -> &Etcd {
         &self.inner.etcd
-    }
-
-    /// The last lease the session gave up or lost, for primitives to
-    /// refuse belief in a win on it (see `election::notices`).
-    pub(crate) fn dead_lease(&self) -> Arc<AtomicI64> {
-        self.inner.dead.clone()
     }
 
     /// Whether [`Session::close`] was called.
@@ -577,17 +519,11 @@ impl Session {
         {
             let mut hub = self.inner.hub.lock();
             self.inner.closed.store(true, Ordering::SeqCst);
-            if !hub.closed {
-                hub.closed = true;
-                if let Some(lease) = hub.current_lease() {
-                    self.inner.dead.store(lease, Ordering::SeqCst);
-                }
-                hub.end_beliefs();
-                hub.tell(&SessionInput::Closed);
-            }
+            hub.sm.close();
+            hub.run();
         }
         let finished = self.inner.machine.stop_and_wait(CLOSE_WAIT);
-        let revoked = match self.inner.hub.lock().state {
+        let revoked = match *self.inner.hub.lock().sm.state() {
             sm::LivenessState::Stopped { revoked } => Some(revoked),
             _ => None,
         };
@@ -633,25 +569,21 @@ impl Session {
         crate::blocking::check()?;
         let departures: Vec<Departure> = {
             let mut hub = self.inner.hub.lock();
-            if hub.closed {
-                return Err(Error::Closed);
-            }
-            if let sm::LivenessState::Refused { error } = &hub.state {
+            let members = match hub.sm.detach() {
+                Ok(members) => members,
+                Err(DetachError::Closed) => return Err(Error::Closed),
                 // For good: no retry gets this session a lease.
-                return Err(Error::rpc(error.clone()));
-            }
-            if hub.current_lease().is_none() {
-                return Err(Error::SessionLost);
-            }
-            hub.closed = true;
+                Err(DetachError::Refused(error)) => return Err(Error::rpc(error)),
+                Err(DetachError::NoLease) => return Err(Error::SessionLost),
+            };
             self.inner.closed.store(true, Ordering::SeqCst);
             // Nothing on the lease is believed in this process from here
             // on, whoever holds it next.
-            if let Some(lease) = hub.current_lease() {
-                self.inner.dead.store(lease, Ordering::SeqCst);
-            }
-            hub.end_beliefs();
-            hub.members.iter().map(|m| m.departure.clone()).collect()
+            hub.run();
+            members
+                .iter()
+                .filter_map(|id| hub.members.get(id).map(|m| m.departure.clone()))
+                .collect()
         };
         let deadline = Instant::now() + CLOSE_WAIT;
         for departure in &departures {
@@ -721,66 +653,54 @@ impl Session {
     /// Puts a primitive on the session under `key` (its key prefix):
     /// refused while another primitive on it uses the same prefix, or once
     /// the session is closed. `input` feeds its machine; `end_belief` ends
-    /// its beliefs at once; `departure` is how it leaves a detach. The
-    /// current facts are replayed to it first.
+    /// its beliefs at once (on the lease given, for good or not: see
+    /// `HubCommand::EndBeliefs`); `departure` is how it leaves a detach.
+    /// The current facts are replayed to it first.
     pub(crate) fn attach(
         &self,
         key: &str,
         input: impl Fn(SessionInput) -> bool + Send + 'static,
-        end_belief: impl Fn() + Send + 'static,
+        end_belief: impl Fn(Option<LeaseId>, bool) + Send + 'static,
         departure: Departure,
     ) -> Result<Attachment> {
         let mut hub = self.inner.hub.lock();
-        if hub.closed {
-            return Err(Error::Closed);
-        }
-        if hub.members.iter().any(|m| m.key == key) {
-            return Err(Error::invalid(
-                "name",
-                format!(
-                    "{key} is already used by another primitive on this session: both would \
-                     share the key {key}<lease>; use another name or another session"
-                ),
-            ));
-        }
-        for fact in hub.replay() {
-            if !input(fact) {
-                return Err(self.inner.etcd.gone());
+        let id = match hub.sm.attach(key) {
+            Ok(id) => id,
+            Err(AttachError::Closed) => return Err(Error::Closed),
+            Err(AttachError::KeyInUse) => {
+                return Err(Error::invalid(
+                    "name",
+                    format!(
+                        "{key} is already used by another primitive on this session: both \
+                         would share the key {key}<lease>; use another name or another session"
+                    ),
+                ))
             }
-        }
-        let id = hub.next_member;
-        hub.next_member += 1;
-        hub.members.push(Member {
+        };
+        hub.members.insert(
             id,
-            key: key.to_string(),
-            input: Box::new(input),
-            end_belief: Box::new(end_belief),
-            departure,
-        });
+            Member {
+                input: Box::new(input),
+                end_belief: Box::new(end_belief),
+                departure,
+            },
+        );
+        if hub.run().contains(&id) {
+            return Err(self.inner.etcd.gone());
+        }
         Ok(Attachment {
             session: self.clone(),
             id,
         })
     }
 
-    /// What a primitive's machine asked of the lease. A replace ends every
-    /// belief on the session first: its revoke frees every key on it.
-    /// Never called with a primitive's own state locked.
+    /// What a primitive's machine asked of the lease, for the hub to
+    /// decide (a replace ends every belief on the session first: its
+    /// revoke frees every key on it). Never called with a primitive's own
+    /// state locked: ending beliefs locks each.
     pub(crate) fn request(&self, request: SessionRequest) {
-        let input = match request {
-            SessionRequest::Gone(lease) => KeepaliveInput::LeaseGone { lease },
-            SessionRequest::Replace(lease) => {
-                let hub = self.inner.hub.lock();
-                if hub.current_lease() != Some(lease) {
-                    // An old lease, given up already.
-                    return;
-                }
-                self.inner.dead.store(lease, Ordering::SeqCst);
-                hub.end_beliefs();
-                KeepaliveInput::Replace { lease }
-            }
-        };
-        // Gone: the session is closing, and its revoke ends the lease.
-        let _ = self.inner.machine.send(input);
+        let mut hub = self.inner.hub.lock();
+        hub.sm.request(request);
+        hub.run();
     }
 }

@@ -5,22 +5,22 @@
 //! The driver thread reports ownership changes, but a driver starved of
 //! CPU reports them late; so, as for an election's `Belief`, a shard is
 //! believed while its ownership has not ended (a `Lost`, a hand-back, a
-//! refused fence) *and* the caller's `Instant::now()` is before both the
-//! session's local deadline (moved only by answered renewals) and the
-//! shard's release deadline. A late notice can only make belief end
-//! early, never late. Events are sent under the same lock as the state
-//! they describe changes, so the order a consumer reads them in is the
-//! order beliefs changed in.
+//! refused fence) *and* the session's belief
+//! (`fleetcoord_sm::session::SessionBelief`, which keeps the dead-lease
+//! rule and belief by the caller's clock) has time left for it, counting
+//! its release deadline. A late notice can only make belief end early,
+//! never late. Events are sent under the same lock as the state they
+//! describe changes, so the order a consumer reads them in is the order
+//! beliefs changed in.
 
 use super::events::ShardEvent;
 use crossbeam_channel::Sender;
-use fleetcoord_sm::session::{is_dead, trust_left};
+use fleetcoord_sm::session::SessionBelief;
 use fleetcoord_sm::shard::member::MemberNotice;
 use fleetcoord_sm::shard::ShardNotice;
+use fleetcoord_sm::LeaseId;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug)]
@@ -31,8 +31,9 @@ struct Held {
 }
 
 struct State {
-    /// The session's local deadline; `None` while no session is trusted.
-    trusted_until: Option<Instant>,
+    /// What the session lets the user believe (its local deadline, the
+    /// lease it ended beliefs on).
+    session: SessionBelief,
     held: BTreeMap<u32, Held>,
     events: Sender<ShardEvent>,
     /// Why etcd refused the session, once it did.
@@ -41,21 +42,6 @@ struct State {
     duplicate: Option<i64>,
     /// Whether the session's revoke was confirmed, once it stopped.
     revoked: Option<bool>,
-    /// The lease of the last `Trusted`.
-    lease: Option<i64>,
-    /// On a shared session, the last lease it gave up or lost (marked
-    /// before the session ends beliefs): nothing on it is believed, even
-    /// when a notice about it arrives late.
-    dead: Option<Arc<AtomicI64>>,
-}
-
-impl State {
-    fn on_dead_lease(&self) -> bool {
-        match (&self.dead, self.lease) {
-            (Some(dead), Some(lease)) => is_dead(lease, dead.load(Ordering::SeqCst)),
-            _ => false,
-        }
-    }
 }
 
 /// Shared by the member's notice handler (driver thread) and the
@@ -64,24 +50,13 @@ pub(crate) struct Beliefs(Mutex<State>);
 
 impl Beliefs {
     pub(crate) fn new(events: Sender<ShardEvent>) -> Self {
-        Self::with_dead_lease(events, None)
-    }
-
-    /// Beliefs of a member on a shared session, whose last lost lease
-    /// `dead` names.
-    pub(crate) fn with_dead_lease(
-        events: Sender<ShardEvent>,
-        dead: Option<Arc<AtomicI64>>,
-    ) -> Self {
         Beliefs(Mutex::new(State {
-            trusted_until: None,
+            session: SessionBelief::new(),
             held: BTreeMap::new(),
             events,
             refused: None,
             duplicate: None,
             revoked: None,
-            lease: None,
-            dead,
         }))
     }
 
@@ -91,18 +66,17 @@ impl Beliefs {
         let mut s = self.0.lock();
         let event = match notice {
             MemberNotice::Trusted { lease, until } => {
-                s.lease = Some(lease);
-                s.trusted_until = (!s.on_dead_lease()).then_some(until);
+                s.session.trusted(lease, until);
                 None
             }
             // The facade's notice handler passes it to the session.
             MemberNotice::SessionRequest(_) => None,
             MemberNotice::SessionLost => {
-                s.trusted_until = None;
+                s.session.lost();
                 None
             }
             MemberNotice::Stopped { revoked } => {
-                s.trusted_until = None;
+                s.session.lost();
                 s.revoked = Some(revoked);
                 None
             }
@@ -113,7 +87,9 @@ impl Beliefs {
             // A late win on a lease the shared session has lost already:
             // the map hears the loss next and ends it; the user never
             // believes it.
-            MemberNotice::Shard(ShardNotice::Acquired { .. }) if s.on_dead_lease() => None,
+            MemberNotice::Shard(ShardNotice::Acquired { .. }) if !s.session.admits_current() => {
+                None
+            }
             MemberNotice::Shard(ShardNotice::Acquired { shard, token }) => {
                 s.held.insert(
                     shard,
@@ -159,21 +135,15 @@ impl Beliefs {
     pub(crate) fn remaining(&self, shard: u32) -> Option<(i64, Duration)> {
         let s = self.0.lock();
         let held = s.held.get(&shard)?;
-        if s.on_dead_lease() {
-            return None;
-        }
-        let until = match (s.trusted_until, held.release) {
-            (Some(t), Some(r)) => t.min(r),
-            (Some(t), None) => t,
-            (None, _) => return None,
-        };
-        trust_left(Instant::now(), until).map(|left| (held.token, left))
+        s.session
+            .left(Instant::now(), held.release)
+            .map(|left| (held.token, left))
     }
 
     /// The session's local deadline as last announced; `None` while no
     /// session is trusted.
     pub(crate) fn trusted_until(&self) -> Option<Instant> {
-        self.0.lock().trusted_until
+        self.0.lock().session.until()
     }
 
     /// Every shard believed owned now, with its token.
@@ -214,15 +184,16 @@ impl Beliefs {
     pub(crate) fn end_all(&self) {
         let mut s = self.0.lock();
         s.held.clear();
-        s.trusted_until = None;
+        s.session.lost();
     }
 
-    /// The shared session's lease is lost or given up: every belief ends
-    /// now, each owned shard told `Lost` (the map's own `Lost` for it,
-    /// when it hears the loss, is then not told again).
-    pub(crate) fn lose_all(&self) {
+    /// The shared session ended every belief on `lease` (for good or not:
+    /// its hub's `EndBeliefs`): each owned shard is told `Lost` now (the
+    /// map's own `Lost` for it, when it hears the loss, is then not told
+    /// again).
+    pub(crate) fn end_on_session(&self, lease: Option<LeaseId>, for_good: bool) {
         let mut s = self.0.lock();
-        s.trusted_until = None;
+        s.session.end(lease, for_good);
         let held = std::mem::take(&mut s.held);
         for shard in held.into_keys() {
             let _ = s.events.send(ShardEvent::Lost { shard });

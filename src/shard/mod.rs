@@ -215,10 +215,7 @@ impl ShardMap {
         let (prefix, member, map) = member_config(etcd, name, shards, &options)?;
         options.check_member()?;
         let (events_tx, events) = crossbeam_channel::unbounded();
-        let beliefs = Arc::new(Beliefs::with_dead_lease(
-            events_tx,
-            Some(session.dead_lease()),
-        ));
+        let beliefs = Arc::new(Beliefs::new(events_tx));
         let handler = beliefs.clone();
         // Requests for the shared lease go to the session before the
         // beliefs are locked: the session ends every primitive's beliefs.
@@ -239,7 +236,7 @@ impl ShardMap {
         let attachment = session.attach(
             &prefix,
             move |fact| input.send(MemberInput::Session(fact)).is_ok(),
-            move || lose.lose_all(),
+            move |lease, for_good| lose.end_on_session(lease, for_good),
             crate::session::Departure::end(&machine),
         )?;
         Ok(ShardMap {

@@ -33,19 +33,7 @@ pub(crate) enum SessionFact {
     Refused(RpcError),
 }
 
-/// What the election protocol asks of its session. An election on a
-/// shared session tells its owner ([`ElectionNotice::SessionRequest`]);
-/// one with its own session acts on it itself.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SessionRequest {
-    /// etcd refused a request naming this lease as not found: it is gone,
-    /// the session must learn it now rather than at its next renewal.
-    Gone(LeaseId),
-    /// A key of this lease could not be deleted (etcd refused it, or no
-    /// delete was confirmed within the withdraw limit): give the lease up,
-    /// so the key does not stay queued for as long as the session lives.
-    Replace(LeaseId),
-}
+pub use crate::session::SessionRequest;
 
 /// User requests, without the RPC replies.
 #[derive(Clone, Debug, PartialEq, Eq)]

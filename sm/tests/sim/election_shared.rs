@@ -1,8 +1,13 @@
 //! Elections on one shared session against the model etcd: process A runs
 //! a lease-only `Keepalive` and, on its lease (`Election::on_session`), two
-//! elections and a semaphore of two permits, composed as a driver would
-//! (the session's `Trusted` and states become the machines'
-//! `SessionInput`s, their `SessionRequest`s go to the session). Contenders
+//! elections and a semaphore of two permits, composed as the facade
+//! composes them: the keepalive's notices go to the production
+//! `SessionHub`, whose commands are executed in order (its facts told to
+//! the machines, its `EndBeliefs` ending what A's users believe, its
+//! keepalive inputs fed to the keepalive), and the machines'
+//! `SessionRequest`s go to the hub. What A's users believe is kept as the
+//! facade keeps it: a `SessionBelief` per machine and the leadership each
+//! last reported (`Elected`'s deadline, moved by `Trusted`). Contenders
 //! on their own sessions campaign on the same three names: one per
 //! election, two on the semaphore. Once A holds everything, it is cut off
 //! from etcd at a seeded instant (all its requests fail, its streams
@@ -13,6 +18,7 @@
 //! * no machine of A believes it holds once etcd no longer holds its key
 //!   with its token (the lease expired), and A's deadline read on etcd's
 //!   clock is at least the safety margin before etcd's expiry of the lease;
+//!   the same for what A's users believe;
 //! * when a contender is elected, no machine of A believes it holds
 //!   anything: the session's loss ends every leadership on it before
 //!   anyone else can win, not one name at a time.
@@ -23,11 +29,10 @@
 //! deadline a whole TTL late, and sees it caught.
 
 use fleetcoord_sm::election::{
-    Election, ElectionConfig, ElectionInput, ElectionNotice, OpId, SessionInput, SessionRequest,
+    Election, ElectionConfig, ElectionInput, ElectionNotice, OpId, SessionInput,
 };
-use fleetcoord_sm::keepalive::{
-    Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState,
-};
+use fleetcoord_sm::keepalive::{Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice};
+use fleetcoord_sm::session::{HubCommand, MemberId, SessionBelief, SessionHub};
 use fleetcoord_sm::{BackoffConfig, Command, Machine, RpcReply};
 use fleetcoord_test_support::*;
 use std::collections::VecDeque;
@@ -62,10 +67,31 @@ fn config(prefix: &[u8], permits: u32) -> ElectionConfig {
     }
 }
 
+/// What A's user of one machine believes, as the facade keeps it: the
+/// leadership last reported (token, lease, deadline, handed out over).
+#[derive(Clone, Debug, Default)]
+struct UserBelief {
+    session: SessionBelief,
+    held: Option<(i64, i64, Instant, bool)>,
+}
+
+impl UserBelief {
+    /// The token believed held at `now`, and its lease.
+    fn holds(&self, now: Instant) -> Option<(i64, i64)> {
+        self.held
+            .filter(|(_, _, until, over)| !over && now < *until)
+            .map(|(token, lease, _, _)| (token, lease))
+    }
+}
+
 /// Process A: one session, a machine per name on it.
 #[derive(Clone, Debug)]
 struct Process {
     session: Keepalive,
+    hub: SessionHub,
+    /// Each machine's place on the hub, in `machines` order.
+    members: Vec<MemberId>,
+    users: Vec<UserBelief>,
     machines: Vec<Election>,
     queue: VecDeque<Command<(usize, ElectionNotice)>>,
     /// The machine (if any) whose driver is broken in the checker's own
@@ -101,6 +127,14 @@ impl Process {
             seed,
             0,
         );
+        let mut hub = SessionHub::new();
+        let members = NAMES
+            .iter()
+            .map(|(prefix, _)| {
+                hub.attach(&String::from_utf8_lossy(prefix))
+                    .expect("one prefix each")
+            })
+            .collect();
         let machines = NAMES
             .iter()
             .enumerate()
@@ -111,6 +145,9 @@ impl Process {
             .collect();
         let mut p = Process {
             session,
+            hub,
+            members,
+            users: vec![UserBelief::default(); NAMES.len()],
             machines,
             queue: VecDeque::new(),
             deaf,
@@ -119,23 +156,74 @@ impl Process {
         p
     }
 
-    fn tell(&mut self, now: Instant, input: SessionInput) {
-        for (i, m) in self.machines.iter_mut().enumerate() {
-            let input = match (&input, self.deaf == Some(i)) {
-                (SessionInput::Lost { .. } | SessionInput::Suspended { .. }, true) => continue,
-                (SessionInput::Trusted { lease, until }, true) => SessionInput::Trusted {
-                    lease: *lease,
-                    until: *until + Duration::from_secs(TTL_SECS as u64),
-                },
-                (input, _) => input.clone(),
-            };
-            m.handle(now, ElectionInput::Session(input));
+    /// Tells machine `i` `input`, bent for the deaf machine.
+    fn tell(&mut self, now: Instant, i: usize, input: SessionInput) {
+        let input = match (&input, self.deaf == Some(i)) {
+            (SessionInput::Lost { .. } | SessionInput::Suspended { .. }, true) => return,
+            (SessionInput::Trusted { lease, until }, true) => SessionInput::Trusted {
+                lease: *lease,
+                until: *until + Duration::from_secs(TTL_SECS as u64),
+            },
+            (input, _) => input.clone(),
+        };
+        self.machines[i].handle(now, ElectionInput::Session(input));
+    }
+
+    /// Executes the hub's commands, as the facade does.
+    fn run_hub(&mut self, now: Instant) {
+        while let Some(command) = self.hub.poll_command() {
+            match command {
+                HubCommand::EndBeliefs {
+                    member,
+                    lease,
+                    for_good,
+                } => {
+                    if let Some(i) = self.members.iter().position(|m| *m == member) {
+                        self.users[i].session.end(lease, for_good);
+                        self.users[i].held = None;
+                    }
+                }
+                HubCommand::Tell { member, fact } => {
+                    if let Some(i) = self.members.iter().position(|m| *m == member) {
+                        self.tell(now, i, fact);
+                    }
+                }
+                HubCommand::Keepalive(input) => self.session.handle(now, input),
+                HubCommand::State(_) | HubCommand::Detached(_) => {}
+            }
+        }
+    }
+
+    /// What the facade's election handler does with machine `i`'s notice.
+    fn user(&mut self, i: usize, notice: &ElectionNotice) {
+        let user = &mut self.users[i];
+        match notice {
+            ElectionNotice::Elected {
+                token,
+                lease,
+                trusted_until,
+                ..
+            } => {
+                let over = !user.session.admits(*lease);
+                user.held = Some((*token, *lease, *trusted_until, over));
+            }
+            ElectionNotice::Trusted { token, until } => {
+                if let Some(held) = user.held.as_mut().filter(|h| h.0 == *token) {
+                    held.2 = *until;
+                }
+            }
+            ElectionNotice::LeadershipLost { token } | ElectionNotice::Resigned { token }
+                if user.held.is_some_and(|h| h.0 == *token) =>
+            {
+                user.held = None;
+            }
+            _ => {}
         }
     }
 
     /// Moves every part's commands into the queue, the session's notices
-    /// turned into the machines' session inputs and their requests into
-    /// the session's.
+    /// through the hub to the machines and their requests through the hub
+    /// to the session.
     fn pump(&mut self, now: Instant) {
         loop {
             let mut progressed = false;
@@ -146,28 +234,12 @@ impl Process {
                         self.queue.push_back(Command::Rpc { id, request })
                     }
                     Command::Cancel { id } => self.queue.push_back(Command::Cancel { id }),
-                    Command::Notify(KeepaliveNotice::Trusted { lease, until }) => {
-                        self.tell(now, SessionInput::Trusted { lease, until })
+                    Command::Notify(
+                        notice @ (KeepaliveNotice::Trusted { .. } | KeepaliveNotice::State(_)),
+                    ) => {
+                        self.hub.keepalive(notice);
+                        self.run_hub(now);
                     }
-                    Command::Notify(KeepaliveNotice::State(state)) => match state {
-                        LivenessState::Registered { lease } => {
-                            self.tell(now, SessionInput::Up { lease })
-                        }
-                        LivenessState::Suspended { lease } => {
-                            self.tell(now, SessionInput::Suspended { lease })
-                        }
-                        LivenessState::Lost { lease } => {
-                            self.tell(now, SessionInput::Lost { lease })
-                        }
-                        LivenessState::Refused { error } => {
-                            self.tell(now, SessionInput::Refused(error))
-                        }
-                        LivenessState::Stopped { .. } => self.tell(now, SessionInput::Closed),
-                        // A lease-only session binds no key.
-                        LivenessState::Registering
-                        | LivenessState::Waiting { .. }
-                        | LivenessState::Duplicate { .. } => {}
-                    },
                     Command::Notify(_) => {}
                 }
             }
@@ -180,13 +252,13 @@ impl Process {
                         }
                         Command::Cancel { id } => self.queue.push_back(Command::Cancel { id }),
                         Command::Notify(ElectionNotice::SessionRequest(request)) => {
-                            let input = match request {
-                                SessionRequest::Gone(lease) => KeepaliveInput::LeaseGone { lease },
-                                SessionRequest::Replace(lease) => KeepaliveInput::Replace { lease },
-                            };
-                            self.session.handle(now, input);
+                            self.hub.request(request);
+                            self.run_hub(now);
                         }
-                        Command::Notify(n) => self.queue.push_back(Command::Notify((i, n))),
+                        Command::Notify(n) => {
+                            self.user(i, &n);
+                            self.queue.push_back(Command::Notify((i, n)))
+                        }
                     }
                 }
             }
@@ -363,6 +435,16 @@ impl World {
                 ensure!(
                     at >= now,
                     "seed {seed}: A's machine {i} timeout {at:?} before now"
+                );
+            }
+            if let Some((token, lease)) = self.a.machine.users[i].holds(now) {
+                let key = [NAMES[i].0, format!("{lease:x}").as_bytes()].concat();
+                let kv = self.etcd.get(&key);
+                ensure!(
+                    kv.as_ref()
+                        .is_some_and(|kv| kv.create_revision == token && kv.lease == lease),
+                    "seed {seed}: A's user of machine {i} believes it holds {token} on lease \
+                     {lease:x} at {now:?}, but etcd has {kv:?}"
                 );
             }
             let Some(token) = m.token() else { continue };

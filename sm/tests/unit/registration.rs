@@ -213,6 +213,23 @@ fn a_failed_guard_adopts_an_earlier_copy_or_takes_the_key_over() {
     );
 }
 
+/// Rule 8: "lease not found" for a put is the session's news, told at
+/// once (as `Gone` of the lease the put carried); the put is sent again
+/// after the backoff, as any failed one.
+#[test]
+fn lease_not_found_asks_the_session_to_learn_it_and_retries() {
+    let t0 = Instant::now();
+    let mut r = registration(t0);
+    handle(&mut r, t0, up(L1));
+    assert_eq!(
+        handle(&mut r, t0, reply(0, Err(RpcError::LeaseNotFound))),
+        vec![Command::Notify(RegistrationNotice::SessionRequest(
+            SessionRequest::Gone(L1)
+        ))]
+    );
+    assert_eq!(r.poll_timeout(), Some(t0 + Duration::from_millis(100)));
+}
+
 /// A failed put is sent again after a backoff delay.
 #[test]
 fn a_failed_put_is_sent_again_after_a_backoff() {

@@ -39,6 +39,7 @@ pub mod election;
 pub mod keepalive;
 pub mod mirror;
 pub mod renewals;
+pub mod session;
 pub mod shard;
 pub mod stream;
 pub mod watch;

@@ -1,17 +1,39 @@
-//! The facts of a session lease, as its owner tells the machines that run
-//! on it without keeping a lease of their own: elections
-//! ([`Election::on_session`](crate::election::Election::on_session)) and
-//! host registrations ([`Registration`](crate::registration::Registration)).
-//! A driver with a lease-only [`Keepalive`](crate::keepalive::Keepalive)
-//! that announces trust feeds its `Trusted { lease, until }` as
-//! [`SessionInput::Trusted`] and its `Registered`, `Suspended`, `Lost`,
-//! `Refused` states as `Up`, `Suspended`, `Lost`, `Refused`, and
-//! [`SessionInput::Closed`] before it revokes the lease.
+//! A session lease shared by many machines, as one composition: its
+//! vocabulary, the hub that fans it out, and the belief rules every
+//! primitive on it applies.
 //!
-//! Also the two rules every driver applies to what its users may believe
-//! on a session, so that each is written once: [`trust_left`] (belief by
-//! the caller's clock) and [`is_dead`] (nothing on a lease the session
-//! gave up or lost).
+//! * **Vocabulary.** [`SessionInput`]: the facts of a session lease, as
+//!   its owner tells the machines that run on it without keeping a lease
+//!   of their own: elections
+//!   ([`Election::on_session`](crate::election::Election::on_session)),
+//!   shard members ([`Member::on_session`](crate::shard::member::Member::on_session))
+//!   and host registrations
+//!   ([`Registration`](crate::registration::Registration)).
+//!   [`SessionRequest`]: what such a machine asks of the lease.
+//! * **The hub** ([`SessionHub`], module [`hub`]): the owner's side. It
+//!   turns a lease-only [`Keepalive`](crate::keepalive::Keepalive)'s
+//!   notices into facts, replays them to a late joiner, marks a dead lease
+//!   and ends every belief on it before anything is told about the next
+//!   one, and drops a stale `Replace`. Its invariants are numbered in
+//!   [`hub`]'s docs; a driver executes its [`HubCommand`]s and decides
+//!   nothing.
+//! * **Belief** ([`SessionBelief`], module [`belief`]): what one primitive
+//!   on a session may believe, as the hub's `EndBeliefs` commands and the
+//!   primitive's own notices leave it: the dead-lease rule ([`is_dead`])
+//!   and belief by the caller's clock ([`trust_left`]) in one place.
+//!
+//! A driver with a lease-only keepalive that announces trust feeds its
+//! notices to the hub ([`SessionHub::keepalive`]); the hub tells each
+//! member `Trusted { lease, until }` as [`SessionInput::Trusted`], the
+//! `Registered`, `Suspended`, `Lost`, `Refused` states as `Up`,
+//! `Suspended`, `Lost`, `Refused`, and [`SessionInput::Closed`] before the
+//! lease is revoked.
+
+pub mod belief;
+pub mod hub;
+
+pub use belief::SessionBelief;
+pub use hub::{AttachError, DetachError, HubCommand, MemberId, SessionHub};
 
 use crate::rpc::{LeaseId, RpcError};
 use std::time::{Duration, Instant};
@@ -77,4 +99,19 @@ pub enum SessionInput {
     /// The owner closes the session and revokes its lease: stop, without
     /// deleting anything, since the revoke deletes every key of the lease.
     Closed,
+}
+
+/// What a machine on a shared session asks of its owner (an election's
+/// [`ElectionNotice::SessionRequest`](crate::election::ElectionNotice::SessionRequest),
+/// a shard member's, a registration's); one with its own session acts on
+/// it itself. The owner passes both to the hub ([`SessionHub::request`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionRequest {
+    /// etcd refused a request naming this lease as not found: it is gone,
+    /// the session must learn it now rather than at its next renewal.
+    Gone(LeaseId),
+    /// A key of this lease could not be deleted (etcd refused it, or no
+    /// delete was confirmed within the withdraw limit): give the lease up,
+    /// so the key does not stay queued for as long as the session lives.
+    Replace(LeaseId),
 }
