@@ -355,7 +355,13 @@ fn long_two_permits_with_a_restart() {
             },
         ),
         1_500,
-        166_077,
+        // 166,077 until the queue reads became keys-only (issue 47): that
+        // change alone took it to 77,077 (measured on the commits before
+        // and after it). The likely reason is that a semaphore's rank read
+        // no longer carries the waiters' values, so states that differed
+        // only in those are one now. Elections, restarts and liveness
+        // checks are still reached.
+        77_077,
         // The old lease expires beyond the horizon, in the liveness checks.
         &["elected", "restarted", "liveness checked"],
     );
