@@ -266,6 +266,28 @@ impl ModelEtcd {
         self.kvs.get(key).cloned()
     }
 
+    /// The store and its leases, for a model world's failure report:
+    /// every key with its value, lease and create revision, every lease
+    /// with its expiry, times as offsets from `start`.
+    pub fn describe(&self, start: Instant) -> String {
+        let at = |t: Instant| format!("+{} ms", (t - start).as_millis());
+        let mut out = format!("  etcd at revision {}:", self.revision());
+        for kv in self.range_prefix(b"") {
+            out += &format!(
+                "\n    {} = {} lease {:x} created {}",
+                String::from_utf8_lossy(&kv.key),
+                String::from_utf8_lossy(&kv.value),
+                kv.lease,
+                kv.create_revision
+            );
+        }
+        for lease in self.leases() {
+            let expiry = self.lease_deadline(lease).map(at);
+            out += &format!("\n    lease {lease:x} expires {expiry:?}");
+        }
+        out
+    }
+
     /// Every key starting with `prefix`, in key order.
     pub fn range_prefix(&self, prefix: &[u8]) -> Vec<KeyValue> {
         self.kvs

@@ -858,19 +858,7 @@ impl World for ElectionWorld {
 
     fn describe(&self) -> String {
         let at = |t: Instant| format!("+{} ms", (t - self.start).as_millis());
-        let mut out = format!("  etcd at revision {}:", self.etcd.revision());
-        for kv in self.etcd.range_prefix(b"") {
-            out += &format!(
-                "\n    {} created {} lease {:x}",
-                String::from_utf8_lossy(&kv.key),
-                kv.create_revision,
-                kv.lease
-            );
-        }
-        for lease in self.etcd.leases() {
-            let expiry = self.etcd.lease_deadline(lease).map(at);
-            out += &format!("\n    lease {lease:x} expires {expiry:?}");
-        }
+        let mut out = self.etcd.describe(self.start);
         for (c, cand) in self.candidates.iter().enumerate() {
             out += &format!(
                 "\n  candidate {c}: open {:?}, elected {:?}, holds {:?}, key {:?}, \

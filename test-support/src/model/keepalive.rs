@@ -1010,19 +1010,7 @@ impl World for KeepaliveWorld {
 
     fn describe(&self) -> String {
         let at = |t: Instant| format!("+{} ms", (t - self.start).as_millis());
-        let mut out = format!("  etcd at revision {}:", self.etcd.revision());
-        for kv in self.etcd.range_prefix(b"") {
-            out += &format!(
-                "\n    {} = {} lease {:x}",
-                String::from_utf8_lossy(&kv.key),
-                String::from_utf8_lossy(&kv.value),
-                kv.lease
-            );
-        }
-        for lease in self.etcd.leases() {
-            let expiry = self.etcd.lease_deadline(lease).map(at);
-            out += &format!("\n    lease {lease:x} expires {expiry:?}");
-        }
+        let mut out = self.etcd.describe(self.start);
         for (m, node) in self.nodes.iter().enumerate() {
             out += &format!(
                 "\n  machine {m}: {:?}, trusted lease {:?} until {:?}, value v{}, stopped {}, \

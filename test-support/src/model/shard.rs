@@ -832,20 +832,7 @@ impl World for ShardWorld {
 
     fn describe(&self) -> String {
         let at = |t: Instant| format!("+{} ms", (t - self.start).as_millis());
-        let mut out = format!("  etcd at revision {}:", self.etcd.revision());
-        for kv in self.etcd.range_prefix(b"") {
-            out += &format!(
-                "\n    {} = {} lease {:x} created {}",
-                String::from_utf8_lossy(&kv.key),
-                String::from_utf8_lossy(&kv.value),
-                kv.lease,
-                kv.create_revision
-            );
-        }
-        for lease in self.etcd.leases() {
-            let expiry = self.etcd.lease_deadline(lease).map(at);
-            out += &format!("\n    lease {lease:x} expires {expiry:?}");
-        }
+        let mut out = self.etcd.describe(self.start);
         for (m, member) in self.members.iter().enumerate() {
             out += &format!(
                 "\n  member {m}: lease {:x} trusted until {}, renewing {}, crashed {}, leaving \
