@@ -198,6 +198,9 @@ pub(crate) struct CallerDriven<C> {
     slots: Vec<Slot<C>>,
     /// Whether a slot is being built: one build at a time.
     building: AtomicBool,
+    /// How many slots but the first hold a connection, so that a call on
+    /// the first one ending looks for idle extras only when there are any.
+    extras: AtomicUsize,
     /// [`IDLE_FOR`], shorter in tests.
     idle_for: Duration,
     closed: AtomicBool,
@@ -213,6 +216,7 @@ impl<C: Clone> CallerDriven<C> {
             connect_timeout,
             slots: (0..MAX_CONNS).map(|_| Slot::new()).collect(),
             building: AtomicBool::new(false),
+            extras: AtomicUsize::new(0),
             idle_for: IDLE_FOR,
             closed: AtomicBool::new(false),
             tender: std::sync::OnceLock::new(),
@@ -349,7 +353,11 @@ impl<C: Clone> CallerDriven<C> {
         {
             let mut state = this.slots[at].state.lock();
             let buildable = match &*state {
-                State::Ready(conn) => conn.epoch < epoch,
+                State::Ready(conn) if conn.epoch < epoch => {
+                    this.emptied(at);
+                    true
+                }
+                State::Ready(_) => false,
                 State::Idle { not_before } => not_before.is_none_or(|t| Instant::now() >= t),
                 State::Building | State::Closed => false,
             };
@@ -416,6 +424,9 @@ impl<C: Clone> CallerDriven<C> {
                 // A fresh connection counts as just used, so that it is
                 // not emptied as idle before its first call.
                 slot.last_call.store(self.millis(), Ordering::Relaxed);
+                if at > 0 {
+                    self.extras.fetch_add(1, Ordering::AcqRel);
+                }
                 State::Ready(conn)
             }
             Err(why) => {
@@ -432,6 +443,7 @@ impl<C: Clone> CallerDriven<C> {
         let mut state = self.slots[at].state.lock();
         if matches!(&*state, State::Ready(ready) if Arc::ptr_eq(&ready.rt, &conn.rt)) {
             *state = State::Idle { not_before: None };
+            self.emptied(at);
         }
     }
 }
@@ -449,10 +461,14 @@ impl<C> CallerDriven<C> {
     /// Ends the connections of extra slots no call has run on for
     /// [`IDLE_FOR`] (each ends with its last call), so that the pool
     /// shrinks back once callers stop overlapping.
-    fn shrink(&self) {
-        for slot in self.slots.iter().skip(1) {
+    fn shrink(&self, now_ms: u64) {
+        if self.extras.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let idle_ms = u64::try_from(self.idle_for.as_millis()).unwrap_or(u64::MAX);
+        for (at, slot) in self.slots.iter().enumerate().skip(1) {
             if slot.running.load(Ordering::Relaxed) != 0
-                || self.since(&slot.last_call) < self.idle_for
+                || now_ms.saturating_sub(slot.last_call.load(Ordering::Relaxed)) < idle_ms
                 || slot
                     .running
                     .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
@@ -464,9 +480,18 @@ impl<C> CallerDriven<C> {
                 let mut state = slot.state.lock();
                 if matches!(*state, State::Ready(_)) {
                     *state = State::Idle { not_before: None };
+                    self.emptied(at);
                 }
             }
             slot.running.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Notes that slot `at` no longer holds a connection (its state lock
+    /// held by the caller).
+    fn emptied(&self, at: usize) {
+        if at > 0 {
+            self.extras.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
@@ -519,10 +544,11 @@ pub(crate) struct Taken<'a, C> {
 impl<C> Drop for Taken<'_, C> {
     fn drop(&mut self) {
         let slot = &self.owner.slots[self.at];
-        slot.last_call.store(self.owner.millis(), Ordering::Relaxed);
+        let now_ms = self.owner.millis();
+        slot.last_call.store(now_ms, Ordering::Relaxed);
         slot.running.fetch_sub(1, Ordering::AcqRel);
         if self.at == 0 {
-            self.owner.shrink();
+            self.owner.shrink(now_ms);
         }
     }
 }
