@@ -42,10 +42,16 @@ FUZZ_ENV := RUSTC_BOOTSTRAP=1
 
 .PHONY: test-matrix deps-matrix test readme-example package latest-deps soak model-check scale bench coverage deps-coverage fuzz lint public-api deps-public-api demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust deps-systemd cross deps-cross qemu-sm deps-qemu-sm qemu-lib deps-qemu-lib msrv
 
+# The test binaries (and the doctests) run TEST_JOBS at a time, longest
+# first (scripts/run-tests.py): most of them wait on servers, not the CPU,
+# so one after another the suite took the sum of ~90 binaries' times.
+# TEST_JOBS=1 runs them as `cargo test` would.
+TEST_JOBS ?= 3
+
 test: deps
 	$(CARGO) fmt --all --check
 	cd fuzz && $(CARGO) fmt --check
-	$(CARGO) test --workspace --all-features
+	CARGO=$(CARGO) python3 scripts/run-tests.py --jobs $(TEST_JOBS)
 	$(CARGO) build --quiet -p fleetcoord-cli --bin fleetcoord
 	scripts/readme-example.sh
 	$(CARGO) run --quiet -p fleetcoord-bench -- --quick all >/dev/null
@@ -195,8 +201,9 @@ endef
 
 # etcd-client's build script runs protoc on etcd's .proto files, which import
 # protobuf's well-known types (google/protobuf/descriptor.proto ...).
+# python3 runs the test binaries a few at a time (scripts/run-tests.py).
 deps-build:
-	$(call apt_install,protoc protobuf-compiler /usr/include/google/protobuf/descriptor.proto libprotobuf-dev cc gcc)
+	$(call apt_install,protoc protobuf-compiler /usr/include/google/protobuf/descriptor.proto libprotobuf-dev cc gcc python3 python3)
 
 # The etcd every target here runs its own servers of: 3.5.30, a maintained
 # etcd (3.4 is end-of-life since 2026-06 and has the early-revocation and
