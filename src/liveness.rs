@@ -835,7 +835,13 @@ impl HostLiveness {
             LivenessState::Stopped { revoked } => Some(revoked),
             _ => None,
         };
-        close_outcome(finished, revoked, || self.etcd.gone()).map(|()| left)
+        close_outcome(
+            finished,
+            revoked,
+            || self.etcd.gone(),
+            self.etcd.endpoints(),
+        )
+        .map(|()| left)
     }
 }
 

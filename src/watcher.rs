@@ -467,6 +467,7 @@ pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
     // Keyed by etcd key, so the list comes out in key order.
     let mut view: BTreeMap<Vec<u8>, (KeyValue, u64)> = BTreeMap::new();
     let mut incarnations = Incarnations::default();
+    let endpoints = etcd.endpoints().to_vec();
     let _machine = etcd.run(
         machine,
         Notify(move |notice| match incarnations.pair(notice) {
@@ -487,7 +488,7 @@ pub fn list_hosts(etcd: &Etcd, prefix: &str) -> Result<Vec<HostInfo>> {
                 false
             }
             Some((WatchNotice::Failed(e), _)) => {
-                let _ = done_tx.try_send(Err(Error::rpc(e)));
+                let _ = done_tx.try_send(Err(Error::rpc(e).with_endpoints(&endpoints)));
                 false
             }
             Some(_) => true,

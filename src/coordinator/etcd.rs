@@ -613,7 +613,8 @@ impl Coordinator for EtcdCoordinator {
             other => Err(Error::etcd(
                 ErrorKind::Unexpected,
                 format!("append to {stream:?}: unknown outcome {other:?}"),
-            )),
+            )
+            .with_endpoints(self.etcd.endpoints())),
         }
     }
 

@@ -219,7 +219,7 @@ impl Leadership {
             }
             Ok(Outcome::Answered(Err(error))) => {
                 self.belief.resume();
-                Err(election_error(error))
+                Err(election_error(error).with_endpoints(self.inner.etcd.endpoints()))
             }
             Ok(Outcome::TimedOut { .. }) => {
                 self.belief.end();
@@ -308,7 +308,9 @@ impl Leadership {
             Some(bound),
             |notice| match notice {
                 ElectionNotice::Proclaimed { .. } => Some(Ok(())),
-                ElectionNotice::ProclaimFailed { error, .. } => Some(Err(election_error(error))),
+                ElectionNotice::ProclaimFailed { error, .. } => Some(Err(
+                    election_error(error).with_endpoints(self.inner.etcd.endpoints())
+                )),
                 _ => None,
             },
         )?;

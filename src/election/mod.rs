@@ -512,7 +512,9 @@ impl Election {
                     };
                     Some(Ok(self.leadership(won, token, lease, key)))
                 }
-                ElectionNotice::CampaignFailed { error, .. } => Some(Err(election_error(error))),
+                ElectionNotice::CampaignFailed { error, .. } => Some(Err(
+                    election_error(error).with_endpoints(self.inner.etcd.endpoints())
+                )),
                 _ => None,
             },
         )?;
@@ -556,7 +558,9 @@ impl Election {
                 ElectionNotice::NotElected { leader, .. } => Some(Ok(TryCampaign::NotElected(
                     leader.as_ref().map(LeaderInfo::from_kv),
                 ))),
-                ElectionNotice::CampaignFailed { error, .. } => Some(Err(election_error(error))),
+                ElectionNotice::CampaignFailed { error, .. } => Some(Err(
+                    election_error(error).with_endpoints(self.inner.etcd.endpoints())
+                )),
                 _ => None,
             },
         )?;
@@ -650,7 +654,12 @@ impl Election {
             // Its keys are gone: the name is free on the session again.
             self.inner.attachment.lock().take();
         }
-        close_outcome(finished, revoked, || self.inner.etcd.gone())
+        close_outcome(
+            finished,
+            revoked,
+            || self.inner.etcd.gone(),
+            self.inner.etcd.endpoints(),
+        )
     }
 
     fn leadership(&self, won: Won, token: i64, lease: i64, key: Vec<u8>) -> Leadership {
@@ -872,8 +881,9 @@ pub(crate) fn current_leader(etcd: &Etcd, prefix: &str) -> Result<Option<LeaderI
     }
     Err(Error::etcd(
         ErrorKind::Unavailable,
-        "the election's leader changed between every read of its key and of its value;          try again",
-    ))
+        "the election's leader changed between every read of its key and of its value; try again",
+    )
+    .with_endpoints(etcd.endpoints()))
 }
 
 #[cfg(test)]

@@ -408,7 +408,9 @@ impl Shared {
                 "this campaign was won and an earlier wait returned its leadership",
             ),
             End::Canceled => Error::Canceled,
-            End::Failed(error) => election_error(error.clone()),
+            End::Failed(error) => {
+                election_error(error.clone()).with_endpoints(self.inner.etcd.endpoints())
+            }
             End::Gone => self.inner.gone(),
         }
     }

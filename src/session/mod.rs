@@ -150,6 +150,7 @@ pub(crate) fn close_outcome(
     finished: std::result::Result<Finished, WaitError>,
     revoked: Option<bool>,
     gone: impl FnOnce() -> Error,
+    endpoints: &[String],
 ) -> Result<()> {
     match (finished, revoked) {
         (Ok(_), Some(true)) => Ok(()),
@@ -158,7 +159,8 @@ pub(crate) fn close_outcome(
         (Ok(_), Some(false)) => Err(Error::etcd(
             ErrorKind::Unavailable,
             "the lease could not be revoked; it will expire after its TTL",
-        )),
+        )
+        .with_endpoints(endpoints)),
         // Cut short by the driver's shutdown before the revoke was answered.
         (Ok(_), None) => Err(gone()),
         (Err(WaitError::Timeout(after)), _) => Err(Error::Timeout(after)),
@@ -175,21 +177,32 @@ mod tests {
 
     #[test]
     fn close_reports_whether_the_revoke_was_confirmed() {
-        assert!(close_outcome(Ok(Finished::Done), Some(true), || Error::DriverGone).is_ok());
-        match close_outcome(Ok(Finished::Done), Some(false), || Error::DriverGone) {
-            Err(Error::Backend { kind, message, .. }) => {
+        assert!(close_outcome(Ok(Finished::Done), Some(true), || Error::DriverGone, &[]).is_ok());
+        let endpoints = ["http://127.0.0.1:2379".to_string()];
+        match close_outcome(
+            Ok(Finished::Done),
+            Some(false),
+            || Error::DriverGone,
+            &endpoints,
+        ) {
+            Err(e @ Error::Backend { .. }) => {
+                // The error names where it came from (issue 51).
+                assert!(e.to_string().contains("127.0.0.1:2379"), "{e}");
+                let Error::Backend { kind, message, .. } = e else {
+                    unreachable!()
+                };
                 assert_eq!(kind, ErrorKind::Unavailable);
                 assert!(message.contains("expire after its TTL"), "{message}");
             }
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            close_outcome(Ok(Finished::Abandoned), None, || Error::DriverGone),
+            close_outcome(Ok(Finished::Abandoned), None, || Error::DriverGone, &[]),
             Err(Error::DriverGone)
         ));
         let after = Duration::from_secs(10);
         assert!(matches!(
-            close_outcome(Err(WaitError::Timeout(after)), Some(true), || Error::DriverGone),
+            close_outcome(Err(WaitError::Timeout(after)), Some(true), || Error::DriverGone, &[]),
             Err(Error::Timeout(t)) if t == after
         ));
     }

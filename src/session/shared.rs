@@ -527,7 +527,12 @@ impl Session {
             sm::LivenessState::Stopped { revoked } => Some(revoked),
             _ => None,
         };
-        close_outcome(finished, revoked, || self.inner.etcd.gone())
+        close_outcome(
+            finished,
+            revoked,
+            || self.inner.etcd.gone(),
+            self.inner.etcd.endpoints(),
+        )
     }
 
     /// Hands the session's lease to the next process instead of revoking
@@ -573,7 +578,9 @@ impl Session {
                 Ok(members) => members,
                 Err(DetachError::Closed) => return Err(Error::Closed),
                 // For good: no retry gets this session a lease.
-                Err(DetachError::Refused(error)) => return Err(Error::rpc(error)),
+                Err(DetachError::Refused(error)) => {
+                    return Err(Error::rpc(error).with_endpoints(self.inner.etcd.endpoints()))
+                }
                 Err(DetachError::NoLease) => return Err(Error::SessionLost),
             };
             self.inner.closed.store(true, Ordering::SeqCst);
@@ -604,7 +611,8 @@ impl Session {
             return Err(not_handed_over(
                 "an election, lock or shard map on the session could not delete its keys \
                  within 10 s, and handing the lease over would carry them",
-            ));
+            )
+            .with_endpoints(self.inner.etcd.endpoints()));
         }
         let hosts: Vec<(i64, HostResume)> = departures
             .iter()
@@ -626,7 +634,8 @@ impl Session {
             return Err(not_handed_over(
                 "the session's lease was lost or given up while the session was handed over \
                  (a key that could not be deleted gives the lease up)",
-            ));
+            )
+            .with_endpoints(self.inner.etcd.endpoints()));
         };
         self.inner.handed_over.store(true, Ordering::SeqCst);
         Ok(SessionResume {

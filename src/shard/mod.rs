@@ -332,15 +332,26 @@ impl ShardMap {
         }
         if self.attachment.is_some() {
             // The session's lease stays: nothing was revoked.
-            return close_outcome(finished, Some(true), || self.etcd.gone());
+            return close_outcome(
+                finished,
+                Some(true),
+                || self.etcd.gone(),
+                self.etcd.endpoints(),
+            );
         }
         if let Some(why) = self.beliefs.refused() {
             return Err(Error::etcd(
                 ErrorKind::PermissionDenied,
                 format!("etcd refused the session: {why}"),
-            ));
+            )
+            .with_endpoints(self.etcd.endpoints()));
         }
-        close_outcome(finished, self.beliefs.revoked(), || self.etcd.gone())
+        close_outcome(
+            finished,
+            self.beliefs.revoked(),
+            || self.etcd.gone(),
+            self.etcd.endpoints(),
+        )
     }
 
     /// The owner of `shard` as etcd has it now (one linearizable read), or
