@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! fleetcoord-bench [--quick] [--pool-secs N] [--endpoints host:port] [FIGURE...]
-//! FIGURE: kv leave crash campaign handover semaphore elect-cli failover watch pool liveness coord idle-cost concurrency mass-failure rtt shards cas waiters ranges | all (default)
+//! FIGURE: kv leave crash campaign handover semaphore elect-cli failover watch pool liveness coord idle-cost concurrency mass-failure rtt shards cas waiters ranges fleet | all (default)
 //! ```
 //!
 //! `--quick` (or `BENCH_QUICK=1`) runs a few samples of every row in
@@ -20,6 +20,7 @@ mod concurrency;
 mod coord;
 mod cost;
 mod election;
+mod fleet;
 mod kv;
 mod liveness;
 mod mass;
@@ -62,7 +63,7 @@ impl Config {
 
 type Figure = fn(&Config) -> Res<Vec<Row>>;
 
-const FIGURES: [(&str, Figure); 20] = [
+const FIGURES: [(&str, Figure); 21] = [
     ("kv", kv::run),
     ("leave", liveness::leave),
     ("crash", liveness::crash),
@@ -83,6 +84,7 @@ const FIGURES: [(&str, Figure); 20] = [
     ("cas", cas::run),
     ("waiters", waiters::run),
     ("ranges", watch::compare_reads),
+    ("fleet", fleet::run),
 ];
 
 fn main() {
@@ -95,6 +97,7 @@ fn main() {
         Some("child-watch") => watch::child_watch(&args[1..]),
         Some("child-pool") => pool::child_pool(&args[1..]),
         Some("child-pool-memory") => pool::child_pool_memory(&args[1..]),
+        Some("child-fleet") => fleet::child_fleet(&args[1..]),
         _ => bench(&args),
     };
     if let Err(e) = result {

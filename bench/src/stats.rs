@@ -38,7 +38,13 @@ impl Summary {
 
 /// CPU time (user + system) this process has used so far.
 pub fn cpu_time() -> Res<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    cpu_time_of("self")
+}
+
+/// CPU time (user + system) process `pid` has used so far (`"self"` for
+/// this one).
+pub fn cpu_time_of(pid: &str) -> Res<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // The command name (field 2) may contain spaces; fields after its
     // closing parenthesis are plain numbers. utime and stime are fields 14
     // and 15, i.e. the 12th and 13th after the parenthesis.

@@ -316,6 +316,29 @@ impl EtcdServer {
         }
     }
 
+    /// The value of one unlabelled sample on this server's `/metrics` page
+    /// (e.g. `etcd_debugging_lease_renewed_total`, which only the raft
+    /// leader counts: followers forward renewals to it), or `None` when the
+    /// page has no such line.
+    pub fn metric(&self, name: &str) -> Result<Option<f64>> {
+        match net::http(
+            self.http_addr(),
+            "GET",
+            "/metrics",
+            "",
+            Duration::from_secs(2),
+        ) {
+            Ok((200, body)) => Ok(body.lines().find_map(|line| {
+                let (key, value) = line.split_once(' ')?;
+                (key == name).then(|| value.trim().parse().ok()).flatten()
+            })),
+            Ok((status, _)) => Err(Error::Io(std::io::Error::other(format!(
+                "test etcd: /metrics answered HTTP {status}"
+            )))),
+            Err(e) => Err(Error::Io(e)),
+        }
+    }
+
     /// The test certificates when this server speaks TLS.
     pub fn pki(&self) -> Option<&TestPki> {
         self.pki.as_deref()
