@@ -297,3 +297,131 @@ fn usage_errors_exit_2() {
         );
     }
 }
+
+/// `--shards-file`: shards gained while nothing is lost reach the running
+/// command by the file and a SIGHUP, not by a restart. A second member
+/// holds half the map, then leaves; the first member's command is the
+/// same process before and after (one `started`, one `passed`), it got
+/// SIGHUP, and the file names every shard with its token.
+#[test]
+fn gained_shards_are_passed_to_the_running_command() {
+    let server = start_etcd();
+    let dir = std::env::temp_dir().join(format!("shards-file-{}-{}", std::process::id(), now_us()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("shards");
+    let log = dir.join("log");
+    let join = |id: &str| {
+        let mut c = cli(&server.endpoint());
+        c.args([
+            "shards", "join", "gain-map", "--shards", "4", "--member", id,
+        ])
+        .args(["--ttl", "2s", "--drain", "1s"]);
+        c
+    };
+    // The other member first, without a command: it owns all four.
+    let mut other = join("other")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the other member");
+    let other_records = common::lines_of(other.stdout.take().expect("stdout"));
+    let other = ChildGuard(other);
+    let deadline = Instant::now() + WAIT;
+    let mut acquired = 0;
+    while acquired < 4 {
+        let left = deadline
+            .checked_duration_since(Instant::now())
+            .expect("the other member never owned all four shards");
+        if let Ok(line) = other_records.recv_timeout(left) {
+            acquired += usize::from(line.contains("\"acquired\""));
+        }
+    }
+
+    let script = format!(
+        "echo start >> {log}; trap 'cat {file} >> {log}; echo hup >> {log}' HUP; \
+         while :; do sleep 0.05; done",
+        log = log.display(),
+        file = file.display()
+    );
+    let mut ours = join("ours")
+        .arg("--shards-file")
+        .arg(&file)
+        .args(["--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn fleetcoord");
+    let mut member = Member {
+        id: "ours",
+        records: common::lines_of(ours.stderr.take().expect("stderr")),
+        child: ChildGuard(ours),
+        seen: Vec::new(),
+    };
+    // Half the map while the other member is there.
+    let deadline = Instant::now() + WAIT;
+    while member.current().is_none_or(|s| s.len() != 2) {
+        let left = deadline
+            .checked_duration_since(Instant::now())
+            .unwrap_or_else(|| panic!("never ran with two shards: {:?}", member.seen));
+        if let Ok(line) = member.records.recv_timeout(left) {
+            if let Ok(record) = serde_json::from_str::<Value>(&line) {
+                member.seen.push(record);
+            }
+        }
+    }
+
+    sigterm(&other);
+    let deadline = Instant::now() + WAIT;
+    while !member.seen.iter().any(|r| r["event"] == "passed") {
+        let left = deadline
+            .checked_duration_since(Instant::now())
+            .unwrap_or_else(|| panic!("gains never passed: {:?}", member.seen));
+        if let Ok(line) = member.records.recv_timeout(left) {
+            if let Ok(record) = serde_json::from_str::<Value>(&line) {
+                member.seen.push(record);
+            }
+        }
+    }
+    let all: BTreeSet<u64> = (0..4).collect();
+    let passed = member
+        .seen
+        .iter()
+        .find(|r| r["event"] == "passed")
+        .expect("passed");
+    assert_eq!(shards_of(passed), all, "{passed}");
+    // The handler runs within a sleep of the signal.
+    let deadline = Instant::now() + WAIT;
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("hup") {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no SIGHUP reached the command: {text:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(text.matches("start").count(), 1, "restarted: {text:?}");
+    assert!(text.contains("FLEETCOORD_SHARDS=0,1,2,3\n"), "{text:?}");
+    let tokens = text
+        .lines()
+        .find_map(|l| l.strip_prefix("FLEETCOORD_SHARD_TOKENS="))
+        .expect("tokens line");
+    assert_eq!(tokens.split(',').count(), 4, "{tokens}");
+    let started = member
+        .seen
+        .iter()
+        .filter(|r| r["event"] == "started")
+        .count();
+    assert_eq!(started, 1, "{:?}", member.seen);
+
+    sigterm(&member.child);
+    member.drain();
+    assert!(
+        member.seen.iter().any(|r| r["event"] == "left"),
+        "{:?}",
+        member.seen
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
