@@ -594,6 +594,9 @@ impl Protocol {
         self.end_attempt(Timer::Attempt);
         self.timers.stop(Timer::ProclaimRetry);
         self.end_attempt(Timer::ProclaimAttempt);
+        // Belief's end first, then the answers it decides: a user woken by
+        // `HandOverFailed { NotLeader }` (or `ProclaimFailed`) finds the
+        // leadership already over (documented on `HandOverFailed`).
         self.outbox
             .notify(ElectionNotice::LeadershipLost { token: l.token });
         if let Some(op) = hand_over {

@@ -3001,6 +3001,124 @@ fn a_hand_over_whose_target_left_keeps_the_leadership() {
     assert!(e.is_leader(), "the leadership is kept");
 }
 
+// The order of a leadership's end and its hand-over's answer, on every
+// path that ends a leadership while a user's hand-over runs: always
+// `LeadershipLost` first, `HandOverFailed { NotLeader }` right behind it
+// (documented on `ElectionNotice::HandOverFailed`). The facade ends belief
+// and fires `lost()` at the first, so the hand-over's caller, woken by the
+// second, finds the leadership over. The path by the hand-over's own
+// answer emitted them the other way round.
+
+/// A user's hand-over that has just begun (its queue read in flight as
+/// `P + 2`) on the leader of `elected`.
+fn handing_over(t0: Instant) -> Election {
+    let mut e = elected(t0);
+    e.handle(
+        t0,
+        ElectionInput::HandOver {
+            op: OpId(2),
+            token: 5,
+            to: b"d".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![rpc(P + 2, hand_over_read())]);
+    e
+}
+
+/// The hand-over's read shows my key gone.
+#[test]
+fn a_hand_over_that_finds_my_key_gone_tells_the_loss_before_the_failure() {
+    let t0 = Instant::now();
+    let mut e = handing_over(t0);
+    let other = kv(b"/e/d", b"d", 7);
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 2,
+            txn(
+                8,
+                true,
+                vec![
+                    TxnOpResponse::Range { kvs: vec![other] },
+                    TxnOpResponse::Range { kvs: vec![] },
+                ]
+            )
+        ),
+        vec![
+            cancel(P + 1),
+            note(ElectionNotice::LeadershipLost { token: 5 }),
+            note(ElectionNotice::HandOverFailed {
+                op: OpId(2),
+                error: ElectionError::NotLeader
+            }),
+        ]
+    );
+    assert!(!e.is_leader());
+}
+
+/// etcd answers the hand-over's read "lease not found".
+#[test]
+fn a_hand_over_refused_for_the_lease_tells_the_loss_before_the_failure() {
+    let t0 = Instant::now();
+    let mut e = handing_over(t0);
+    e.handle(
+        t0,
+        RpcReply {
+            id: RpcId(P + 2),
+            result: Err(RpcError::LeaseNotFound),
+        }
+        .into(),
+    );
+    let told = drain(&mut e);
+    let lost = told
+        .iter()
+        .position(|c| *c == note(ElectionNotice::LeadershipLost { token: 5 }));
+    let failed = told.iter().position(|c| {
+        *c == note(ElectionNotice::HandOverFailed {
+            op: OpId(2),
+            error: ElectionError::NotLeader,
+        })
+    });
+    assert!(
+        matches!((lost, failed), (Some(l), Some(f)) if f == l + 1),
+        "{told:?}"
+    );
+    assert!(
+        !told.contains(&cancel(P + 2)),
+        "the answered read is not canceled: {told:?}"
+    );
+}
+
+/// The own key's delete arrives on the leader's watch mid-hand-over (not
+/// the hand-over's own delete: that is not sent before the read's
+/// answer).
+#[test]
+fn a_delete_seen_mid_hand_over_read_tells_the_loss_before_the_failure() {
+    let t0 = Instant::now();
+    let mut e = handing_over(t0);
+    let deleted = delete_event(my_key(), 9);
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 1,
+            Response::WatchEvents {
+                events: vec![deleted]
+            }
+        ),
+        vec![
+            cancel(P + 1),
+            cancel(P + 2),
+            note(ElectionNotice::LeadershipLost { token: 5 }),
+            note(ElectionNotice::HandOverFailed {
+                op: OpId(2),
+                error: ElectionError::NotLeader
+            }),
+        ]
+    );
+}
+
 /// A campaign given up before its create was answered does not know
 /// whether its key exists, nor its revision: it reads the key and deletes
 /// only the incarnation it found. An unguarded delete held up somewhere
