@@ -17,15 +17,18 @@ use std::time::Duration;
 use super::Election;
 #[cfg(doc)]
 use crate::etcd::Etcd;
+#[cfg(doc)]
+use crate::LeaderObserver;
 
 /// Proof of leadership, returned by a successful campaign.
 ///
 /// [`Leadership::lost`] fires (and [`Leadership::is_held`] turns false)
 /// when leadership ends without a resign, at the first evidence: the
 /// session's local deadline passed, a renewal was answered "lease not
-/// found", the election's watch showed the candidate key deleted, or etcd
-/// refused a [`Leadership::txn_if_leader`] (then before that call
-/// returns). etcd can revoke a lease before its TTL (see the README's
+/// found", the election's watch showed the candidate key deleted (or any
+/// other watch of the same [`Etcd`] handle did: a [`LeaderObserver`]
+/// reporting the leader gone finds this already over), or etcd refused a
+/// [`Leadership::txn_if_leader`] (then before that call returns). etcd can revoke a lease before its TTL (see the README's
 /// guarantees), so belief is bounded by that evidence; exclusivity of
 /// effects comes from the fence, which holds whatever this process
 /// believes.
@@ -173,7 +176,9 @@ impl Leadership {
     /// * a candidate ahead of the target joined without a priority (it
     ///   may be a Go or `etcdctl` client, which would not notice losing
     ///   its place) → [`Error::InvalidArgument`], nothing deleted;
-    /// * this leadership is over → [`Error::NotLeader`].
+    /// * this leadership is over → [`Error::NotLeader`]; if it ended while
+    ///   the hand-over ran, [`Leadership::lost`] has fired before this
+    ///   returns.
     ///
     /// After `Ok(())` this handle is spent: `is_held` is false and drop
     /// does nothing. No answer within three request timeouts →

@@ -310,7 +310,11 @@ impl Election {
                 true
             }),
         )?;
-        state.lock().resigner = Some(machine.downgrade());
+        {
+            let mut state = state.lock();
+            state.resigner = Some(machine.downgrade());
+            state.holdings = Some(etcd.holdings().clone());
+        }
         let attachment = match session {
             Some(session) => {
                 let input = machine.downgrade();
