@@ -91,6 +91,7 @@ impl std::fmt::Debug for Leadership {
 pub(super) struct Won {
     pub(super) waited: Duration,
     pub(super) contended: bool,
+    pub(super) attempts: u32,
 }
 
 impl Leadership {
@@ -109,6 +110,15 @@ impl Leadership {
     /// in `fleetcoord_contended_total`.
     pub fn contended(&self) -> bool {
         self.won.contended
+    }
+
+    /// How often the campaign that won this leadership joined the queue:
+    /// 1, plus one for each time it started over (its session's lease was
+    /// lost while it waited, or its key vanished before it led). Counted
+    /// by the election machine; with [`Leadership::waited`], how hard the
+    /// win was to get.
+    pub fn attempts(&self) -> u32 {
+        self.won.attempts
     }
 
     /// The fencing token: the candidate key's create revision. Strictly

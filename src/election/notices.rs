@@ -313,6 +313,7 @@ mod tests {
             token,
             lease: 1,
             waited: false,
+            attempts: 1,
             trusted_until: *TRUSTED_UNTIL,
         }
     }

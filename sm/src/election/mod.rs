@@ -379,6 +379,10 @@ pub enum ElectionNotice {
         /// that a lock's or an election's metrics count. `false` when it
         /// led on its first look at the queue.
         waited: bool,
+        /// How often the campaign joined the queue before it won: 1, plus
+        /// one for each time it started over (its session's lease was lost
+        /// while it waited, or its key vanished before it led).
+        attempts: u32,
         /// The user may believe it leads until this instant (the session's
         /// local deadline when elected); [`ElectionNotice::Trusted`] moves it
         /// later. Compared with the user's own clock, belief ends on time

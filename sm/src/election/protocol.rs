@@ -169,6 +169,8 @@ struct Waiting {
     value: Vec<u8>,
     try_only: bool,
     rank: Option<Rank>,
+    /// How often this campaign joined the queue so far (0 before the first).
+    attempts: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -185,6 +187,10 @@ struct Campaign {
     /// Whether a key ahead of mine was found and waited for: the
     /// contention [`ElectionNotice::Elected`] reports.
     waited: bool,
+    /// How often this campaign joined the queue: 1, plus one for each
+    /// start over (on a new lease, or after its key vanished while it
+    /// waited). [`ElectionNotice::Elected`] reports it.
+    attempts: u32,
     step: Step,
     /// The request of `step` in flight; `None` while waiting for the backoff.
     pending: Option<RpcId>,
@@ -542,6 +548,7 @@ impl Protocol {
             value: c.value,
             try_only: c.try_only,
             rank: c.rank,
+            attempts: c.attempts,
         })
     }
 
@@ -707,6 +714,7 @@ impl Protocol {
             key: requests::candidate_key(&self.prefix, lease),
             token: 0,
             waited: false,
+            attempts: w.attempts.saturating_add(1),
             step: Step::Create,
             pending: None,
         })
@@ -960,6 +968,7 @@ impl Protocol {
                 {
                     // Gone while we waited (etcd #19597): queue up again, never claim.
                     c.token = 0;
+                    c.attempts = c.attempts.saturating_add(1);
                     c.step = Step::Create;
                     return self.send_step(c);
                 }
@@ -1147,6 +1156,7 @@ impl Protocol {
             token: c.token,
             lease: c.lease,
             waited: c.waited,
+            attempts: c.attempts,
             // The protocol does not own the lease's clock: it trusts
             // nothing past now, and the wrapper, which does, moves this to
             // the session's local deadline before the notice leaves.

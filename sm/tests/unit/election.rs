@@ -184,6 +184,7 @@ fn elected(t0: Instant) -> Election {
                 token: 5,
                 lease: LEASE,
                 waited: false,
+                attempts: 1,
                 trusted_until: until
             }),
             rpc(P + 1, watch(&my_key(), 6)),
@@ -297,6 +298,7 @@ fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
                 token: 7,
                 lease: LEASE,
                 waited: true,
+                attempts: 1,
                 trusted_until: until
             }),
             rpc(P + 4, watch(&my_key(), 13)),
@@ -453,6 +455,7 @@ fn a_retried_create_that_finds_its_key_first_in_line_leads_at_once() {
                 token: 3,
                 lease: LEASE,
                 waited: false,
+                attempts: 1,
                 trusted_until: until
             }),
             rpc(P + 1, watch(&my_key(), 9)),
@@ -564,6 +567,27 @@ fn session_loss_while_waiting_starts_the_campaign_over_on_the_next_lease() {
         }]
     );
     assert!(!e.is_leader());
+    // It wins there on its second attempt, and says so.
+    let id = joined
+        .iter()
+        .find_map(|c| match c {
+            Command::Rpc {
+                id,
+                request: Request::Txn(_),
+            } => Some(id.0),
+            _ => None,
+        })
+        .expect("the create's id");
+    let mine = KeyValue {
+        lease: NEXT,
+        ..kv(b"/e/2b00", b"a", 9)
+    };
+    let won = ok(&mut e, deadline, id, created_as(mine, vec![]));
+    let attempts = won.iter().find_map(|c| match c {
+        Command::Notify(ElectionNotice::Elected { attempts, .. }) => Some(*attempts),
+        _ => None,
+    });
+    assert_eq!(attempts, Some(2), "{won:?}");
 }
 
 #[test]
@@ -962,6 +986,7 @@ fn try_campaign_wins_when_first_in_line() {
                 token: 12,
                 lease: LEASE,
                 waited: false,
+                attempts: 1,
                 trusted_until: until
             }),
             rpc(P + 1, watch(&my_key(), 13)),
@@ -1560,6 +1585,7 @@ fn a_late_answer_to_a_canceled_campaign_names_it_not_the_next_one() {
                 token: 9,
                 lease: LEASE,
                 waited: false,
+                attempts: 1,
                 trusted_until: until
             }),
             rpc(P + 4, watch(&my_key(), 10)),
@@ -1854,6 +1880,7 @@ fn try_campaign_first_in_line_with_a_stale_value_fixes_it_then_leads() {
                 token: 3,
                 lease: LEASE,
                 waited: false,
+                attempts: 1,
                 trusted_until: until
             }),
             rpc(P + 2, watch(&my_key(), 10)),
@@ -2423,6 +2450,7 @@ fn a_ranked_join_publishes_its_priority_bumps_a_lower_waiter_and_hears_of_a_high
                 token: 9,
                 lease: LEASE,
                 waited: true,
+                attempts: 1,
                 trusted_until: until
             }),
             rpc(P + 5, watch(&my_key(), 15)),
@@ -2654,6 +2682,7 @@ fn a_ranked_leader_watches_its_key_and_the_priorities_and_its_resign_cancels_bot
                 token: 5,
                 lease: LEASE,
                 waited: false,
+                attempts: 1,
                 trusted_until: until
             }),
             rpc(P + 1, watch(&my_key(), 6)),
