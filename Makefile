@@ -40,7 +40,7 @@ FUZZ_SECONDS ?= 60
 # cargo-fuzz needs nightly flags; this lets the stable toolchain accept them.
 FUZZ_ENV := RUSTC_BOOTSTRAP=1
 
-.PHONY: test-matrix deps-matrix test readme-example package latest-deps soak model-check scale bench coverage deps-coverage fuzz lint public-api deps-public-api demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust deps-systemd cross deps-cross qemu-sm deps-qemu-sm qemu-lib deps-qemu-lib msrv
+.PHONY: test-matrix deps-matrix test readme-example package latest-deps soak model-check scale bench coverage deps-coverage fuzz lint public-api deps-public-api demo deps deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust deps-systemd deps-promtool cross deps-cross qemu-sm deps-qemu-sm qemu-lib deps-qemu-lib msrv
 
 # The test binaries (and the doctests) run TEST_JOBS at a time, longest
 # first (scripts/run-tests.py): most of them wait on servers, not the CPU,
@@ -157,7 +157,7 @@ demo: deps-build deps-etcd
 	$(CARGO) build --quiet -p fleetcoord-cli --bin fleetcoord --example demo
 	$(CARGO) run --quiet -p fleetcoord-cli --example demo $(if $(ENDPOINTS),-- --endpoints $(ENDPOINTS))
 
-deps: deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust deps-systemd
+deps: deps-build deps-etcd deps-nats deps-redis deps-fuzz deps-rust deps-systemd deps-promtool
 
 # apt_install(what package ...): installs the Debian package of every `what`
 # that is missing. A `what` starting with `/` is a file the build reads (a
@@ -230,6 +230,11 @@ deps-etcd:
 # `systemd-analyze verify`.
 deps-systemd:
 	$(call apt_install,systemd-analyze systemd)
+
+# tests/contention_metrics.rs lints the rendered metrics with
+# `promtool check metrics` (Debian's prometheus package ships promtool).
+deps-promtool:
+	$(call apt_install,promtool prometheus)
 
 # The NATS and Redis backends' tests start real servers (fleetcoord::testing);
 # redis-cli creates the test cluster.

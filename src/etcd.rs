@@ -1,6 +1,7 @@
 //! [`Etcd`]: the one connection every primitive shares.
 
 use crate::driver::handle::Sink;
+use crate::driver::holdings::Holdings;
 use crate::driver::runner::MachineTask;
 use crate::driver::{
     self, CallFailure, DriverHandle, DriverMsg, EtcdTarget, MachineHandle, StartError, UnaryError,
@@ -189,6 +190,8 @@ struct Inner {
     renewal_grid: RenewalGrid,
     /// See [`Etcd::server_versions`].
     versions: Arc<MemberVersions>,
+    /// The keys held on this handle (see [`Holdings`]).
+    holdings: Arc<Holdings>,
 }
 
 /// The spacing of the renewal grid every lease of one [`Etcd`] renews on:
@@ -257,6 +260,7 @@ impl Etcd {
         }
         options.check()?;
         let versions = Arc::new(MemberVersions::default());
+        let holdings = Arc::new(Holdings::default());
         let driver = driver::start(
             EtcdTarget {
                 endpoints: normalized.clone(),
@@ -267,6 +271,7 @@ impl Etcd {
                 user: options.user.clone(),
             },
             versions.clone(),
+            holdings.clone(),
         )
         .map_err(|e| match e {
             StartError::Io(e) => Error::Io(e),
@@ -288,6 +293,7 @@ impl Etcd {
                     step: RENEWAL_STEP,
                 },
                 versions,
+                holdings,
             }),
         })
     }
@@ -408,6 +414,13 @@ impl Etcd {
             Err(CallFailure::InsideAsyncRuntime) => Err(Error::InsideAsyncRuntime),
             Err(CallFailure::Gone) => Err(self.gone()),
         }
+    }
+
+    /// The keys held on this handle: a leadership, lock or permit
+    /// registers its key here, so that any watch of the handle that sees
+    /// it deleted ends it (see [`Holdings`]).
+    pub(crate) fn holdings(&self) -> &Arc<Holdings> {
+        &self.inner.holdings
     }
 
     /// Start `machine` on the driver; its notices go to `sink`. Returns the

@@ -16,16 +16,22 @@
 //! | `fleetcoord_contended_total` | counter | `election` | wins that found another holder ahead and waited for it to go ([`crate::Leadership::contended`]) |
 //! | `fleetcoord_hold_seconds` | histogram | `election` | how long each leadership, lock or permit was held, from the win to its resign or loss |
 //! | `fleetcoord_fence_refused_total` | counter | `election` | fenced writes (`txn_if_leader`, `txn_if_held`) etcd refused because the holder's key was gone |
+//! | `fleetcoord_refused_total` | counter | `election` | tries (`try_campaign`, `try_lock`, `try_acquire`) refused because another candidate led or held every permit |
 //! | `fleetcoord_host_events_total` | counter | `prefix`, `event`, `reason` | HostWatcher events delivered: `up`, `updated`, `down`, `synced`; `reason` is `left` or `expired` for `down` ([`crate::DownReason`]), empty otherwise |
 //! | `fleetcoord_watch_streams_opened_total` | counter | — | etcd watch streams opened by any watcher: the first, then one per resume or resync |
 //! | `fleetcoord_etcd_server_info` | gauge | `server_version` | 1, labelled with the etcd version a member reported when an [`crate::Etcd`] connected (see [`crate::Etcd::server_version`]); not recorded when the version cannot be read |
 //!
-//! The `election` label of the election, lock and semaphore metrics is the
-//! key prefix of one election, lock or semaphore (`/coord/elections/NAME/`,
-//! `/coord/locks/NAME/`, …): one series per name a process uses, so keep
-//! names to a fixed set (per role, not per job id) where these metrics
-//! are exported. Lost leaderships are `fleetcoord_election_transitions_total`
-//! with `event="lost"`.
+//! The `election` label of the election, lock, semaphore and pool metrics
+//! (the contention telemetry: waits, holds, contended wins, losses,
+//! refusals) is the key prefix of one election, lock, semaphore or pool
+//! name (`/coord/elections/NAME/`, `/coord/locks/NAME/`, …). Its
+//! cardinality is bounded per process: the first [`MAX_NAMES`] names a
+//! process uses get a label of their own, every later one is recorded
+//! under the fixed label `other` (a prefix always starts with `/`, so no
+//! name is confused with it), so a process that makes a lock per job id
+//! cannot grow the exporter without bound; keep names per role where
+//! the per-name series matter. Lost leaderships are
+//! `fleetcoord_election_transitions_total` with `event="lost"`.
 //!
 //! An exporter that prints help text (Prometheus's `# HELP`) learns it from
 //! [`describe`], called once after the recorder is installed; without it
@@ -105,6 +111,11 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "fenced writes etcd refused because the holder's key was gone",
     ),
     (
+        "fleetcoord_refused_total",
+        Kind::Counter,
+        "tries refused because another candidate led or held every permit",
+    ),
+    (
         "fleetcoord_host_events_total",
         Kind::Counter,
         "HostWatcher events delivered, by prefix, event and (for down) reason",
@@ -138,6 +149,61 @@ pub fn describe() {
             Kind::Gauge => metrics::describe_gauge!(*name, *help),
             Kind::Histogram => metrics::describe_histogram!(*name, *help),
         }
+    }
+}
+
+/// How many distinct names (election, lock, semaphore and pool key
+/// prefixes) one process records contention metrics under; later names
+/// share the label `other` (see the module docs).
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub const MAX_NAMES: usize = 64;
+
+/// The contention telemetry of one named primitive: what an election, a
+/// mutex, a semaphore or a pool name records, and what any other
+/// primitive that waits for and holds a key records the same way. Built
+/// once per primitive, it holds its `election` label, bounded as the
+/// module docs say. It only records: whether a win was contended, and
+/// whether a try was refused, is the protocol machine's word
+/// (`ElectionNotice::Elected { waited, .. }`, `ElectionNotice::NotElected`).
+#[derive(Clone, Debug)]
+pub(crate) struct Contention {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    label: String,
+}
+
+impl Contention {
+    /// The telemetry of the primitive with key prefix `name`.
+    pub(crate) fn new(name: &str) -> Contention {
+        Contention {
+            label: on::bounded_label(name),
+        }
+    }
+
+    /// A wait (campaign, lock, acquire) won after `waited`; `contended`
+    /// when it found another holder ahead and waited for it to go.
+    pub(crate) fn won(&self, waited: std::time::Duration, contended: bool) {
+        on::won(&self.label, waited, contended);
+    }
+
+    /// A holding of `held` ended (resigned, released, handed over, lost).
+    pub(crate) fn held(&self, held: std::time::Duration) {
+        on::held(&self.label, held);
+    }
+
+    /// A holding with fencing `token` changed: `elected`, `lost`, `resigned`.
+    pub(crate) fn transition(&self, event: &'static str, token: i64) {
+        on::election(&self.label, event, token);
+    }
+
+    /// A try was refused: another candidate led, or held every permit.
+    pub(crate) fn refused(&self) {
+        on::refused(&self.label);
+    }
+
+    /// etcd refused a fenced write: the holder's key was gone.
+    pub(crate) fn fence_refused(&self) {
+        on::fence_refused(&self.label);
     }
 }
 
@@ -260,6 +326,29 @@ mod on {
             .record(held.as_secs_f64());
     }
 
+    /// The names given a label of their own so far (at most `MAX_NAMES`).
+    static NAMED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+    /// `name` if it has a label of its own (already, or as one of the
+    /// first `MAX_NAMES`), else `other`.
+    pub(crate) fn bounded_label(name: &str) -> String {
+        let mut named = NAMED.lock().unwrap_or_else(|e| e.into_inner());
+        if named.iter().any(|n| n == name) {
+            return name.to_string();
+        }
+        if named.len() < super::MAX_NAMES {
+            named.push(name.to_string());
+            return name.to_string();
+        }
+        "other".to_string()
+    }
+
+    /// A try refused because another candidate led or held every permit.
+    pub(crate) fn refused(prefix: &str) {
+        metrics::counter!("fleetcoord_refused_total", "election" => prefix.to_string())
+            .increment(1);
+    }
+
     /// etcd refused a fenced write: the holder's key was gone.
     pub(crate) fn fence_refused(prefix: &str) {
         metrics::counter!("fleetcoord_fence_refused_total", "election" => prefix.to_string())
@@ -290,6 +379,31 @@ mod on {
     pub(crate) fn won(_: &str, _: Duration, _: bool) {}
     pub(crate) fn held(_: &str, _: Duration) {}
     pub(crate) fn fence_refused(_: &str) {}
+    pub(crate) fn refused(_: &str) {}
+    pub(crate) fn bounded_label(_: &str) -> String {
+        String::new()
+    }
 }
 
 pub(crate) use on::*;
+
+#[cfg(all(test, feature = "metrics"))]
+mod tests {
+    use super::*;
+
+    /// Past `MAX_NAMES` distinct names, new names share `other`; a name
+    /// that got a label keeps it. (Other tests of this binary may have
+    /// taken labels already, so only the bound is exact.)
+    #[test]
+    fn labels_are_bounded_per_process() {
+        let names: Vec<String> = (0..=MAX_NAMES).map(|i| format!("/bounded/{i}/")).collect();
+        let labels: Vec<String> = names.iter().map(|n| on::bounded_label(n)).collect();
+        assert_eq!(labels.last().map(String::as_str), Some("other"));
+        let own = labels.iter().zip(&names).filter(|(l, n)| l == n).count();
+        assert!(own <= MAX_NAMES);
+        for (label, name) in labels.iter().zip(&names) {
+            assert!(label == name || label == "other");
+            assert_eq!(&on::bounded_label(name), label, "a label is stable");
+        }
+    }
+}

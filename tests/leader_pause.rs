@@ -416,34 +416,29 @@ fn timeline(
         .join("\n")
 }
 
-/// The raft leader's index, asked up to three times: on a loaded machine
-/// a member's `/metrics` page can take longer than the harness waits for
-/// it, and a 20 s search then finds no leader although there is one.
+/// The raft leader's index ([`EtcdCluster::leader_index`]: every member's
+/// status, retried for the health timeout); when none is found, each
+/// member's answer, pid, health and log tail.
 fn raft_leader(cluster: &EtcdCluster) -> usize {
-    let mut last = None;
-    for _ in 0..3 {
-        match cluster.leader_index() {
-            Ok(m) => return m,
-            Err(e) => last = Some(e),
+    match cluster.leader_index() {
+        Ok(m) => m,
+        Err(e) => {
+            let members: Vec<String> = cluster
+                .members()
+                .iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    format!(
+                        "member {i}: pid {:?}, healthy {}; log tail:\n{}",
+                        m.pid(),
+                        m.is_healthy(),
+                        m.log_tail(15)
+                    )
+                })
+                .collect();
+            panic!("{e}\n{}", members.join("\n"))
         }
     }
-    let members: Vec<String> = cluster
-        .members()
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            format!(
-                "member {i}: pid {:?}, healthy {}; log tail:\n{}",
-                m.pid(),
-                m.is_healthy(),
-                m.log_tail(15)
-            )
-        })
-        .collect();
-    panic!(
-        "no raft leader found three times: {last:?}\n{}",
-        members.join("\n")
-    )
 }
 
 /// Pauses or kills the raft leader (`kill`), records etcd's outage until

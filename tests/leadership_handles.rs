@@ -326,3 +326,63 @@ fn a_fenced_write_waits_at_most_until_the_trusted_deadline() {
         again.elapsed()
     );
 }
+
+/// A delete of the holder's key that another watch of the same `Etcd`
+/// sees first (here the election's own observer: etcd orders events
+/// within one watch only) ends the holding before that watch's consumer
+/// hears of it: whoever reads "no leader" from the observer finds the
+/// leadership over, on every round, whichever watch etcd served first.
+#[test]
+fn a_delete_seen_by_another_watch_of_the_handle_ends_the_holding_first() {
+    const ROUNDS: usize = 100;
+    let server = common::start_etcd();
+    let endpoint = server.endpoint();
+    let etcd = common::connect(&endpoint);
+    let election = Election::new(&etcd, "foreign-delete").expect("election");
+    let observer = election.observe().expect("observe");
+    let leaders = observer.leaders();
+    assert!(leaders.recv_timeout(WAIT).expect("first answer").is_none());
+    let started = std::time::Instant::now();
+    let mut believed_after = 0;
+    for round in 0..ROUNDS {
+        let leadership = election.campaign(b"a").expect("campaign");
+        // Up to the observer's report of this leadership.
+        loop {
+            let seen = leaders.recv_timeout(WAIT).expect("observer: the leader");
+            if seen.is_some_and(|l| l.token == leadership.fencing_token()) {
+                break;
+            }
+        }
+        common::etcdctl(&endpoint, &["del", leadership.key()]);
+        let seen = leaders.recv_timeout(WAIT).expect("observer: the delete");
+        assert!(
+            seen.is_none(),
+            "round {round}: no candidate is left: {seen:?}"
+        );
+        // Read at once: the consumer of the other watch just heard of it.
+        let held = leadership.is_held();
+        let lost = leadership.lost().try_recv().is_ok();
+        if held || !lost {
+            believed_after += 1;
+            eprintln!("round {round}: held {held}, lost() fired {lost}");
+        }
+        // Liveness, had it not: the loss reaches the handle within WAIT.
+        let until = std::time::Instant::now() + WAIT;
+        while leadership.is_held() {
+            assert!(
+                std::time::Instant::now() < until,
+                "round {round}: the holding outlived the delete by {WAIT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    assert_eq!(
+        believed_after, 0,
+        "{believed_after} of {ROUNDS} rounds: the observer told the delete while the holder still believed"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{ROUNDS} rounds took {:?}",
+        started.elapsed()
+    );
+}

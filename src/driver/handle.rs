@@ -117,6 +117,14 @@ pub(crate) struct WeakInput<M: Machine> {
     input: mpsc::WeakUnboundedSender<Control<M::Input>>,
 }
 
+impl<M: Machine> Clone for WeakInput<M> {
+    fn clone(&self) -> Self {
+        WeakInput {
+            input: self.input.clone(),
+        }
+    }
+}
+
 impl<M: Machine> WeakInput<M> {
     /// Feed the machine one input; `Err(Gone)` once every
     /// [`MachineHandle`] is dropped or the machine task ended.

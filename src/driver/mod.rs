@@ -21,6 +21,7 @@ pub(crate) mod exec;
 mod explain;
 pub(crate) mod handle;
 pub(crate) mod health;
+pub(crate) mod holdings;
 pub(crate) mod renewer;
 pub(crate) mod runner;
 
@@ -86,6 +87,9 @@ pub(crate) struct Shared {
     /// Tells of each endpoint the health monitor takes out of use: reads
     /// in flight are then sent again ([`health::routed`]).
     pub removals: watch::Receiver<u64>,
+    /// The keys this handle holds, which every watch shows its events to
+    /// before handing them on ([`holdings`]).
+    pub holdings: std::sync::Arc<holdings::Holdings>,
 }
 
 /// A message from a user thread to the driver task (unary calls are
@@ -197,6 +201,7 @@ const SHUTDOWN_SLACK: Duration = Duration::from_secs(2);
 pub(crate) fn start(
     settings: EtcdTarget,
     versions: std::sync::Arc<crate::server_version::MemberVersions>,
+    holdings: std::sync::Arc<holdings::Holdings>,
 ) -> Result<DriverHandle, StartError> {
     let options = DriverOptions {
         request_timeout: settings.request_timeout,
@@ -236,6 +241,7 @@ pub(crate) fn start(
                 suspicion: suspicion.clone(),
                 renewals,
                 removals: in_use.removals(),
+                holdings,
             };
             let mut tasks: Vec<Job> = vec![Box::pin(renewer)];
             if connected.probes.len() > 1 {

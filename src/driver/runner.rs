@@ -9,6 +9,7 @@ use super::delivery::Delivery;
 use super::exec;
 use super::handle::{Control, Finished, MachineHandle, Sink};
 use super::health::{self, Suspicion};
+use super::holdings::Holdings;
 use super::{no_answer, Shared};
 use crate::feed_queue::{Offer, RELIEF_POLL};
 use etcd_client as ec;
@@ -260,12 +261,14 @@ fn start_rpc(
         } => {
             let client = shared.client.clone();
             let suspicion = shared.suspicion.clone();
+            let holdings = shared.holdings.clone();
             let handle = tokio::spawn(watch(
                 client,
                 id,
                 range,
                 start_revision,
                 suspicion,
+                holdings,
                 reply_tx,
             ));
             inflight.insert(id, handle.abort_handle());
@@ -308,13 +311,16 @@ fn start_rpc(
 /// is answered with the refusal as an error ([`exec::watch_refusal`]); one
 /// refused for an expired token is opened again once after logging in
 /// again, since etcd-client's token refresh never sees it
-/// (docs/etcd-notes.md, "Token expiry").
+/// (docs/etcd-notes.md, "Token expiry"). Every event is shown to the
+/// handle's [`Holdings`] before it is handed on, so a holding this watch
+/// shows over ends before this watch's consumer hears of it.
 async fn watch(
     client: ec::Client,
     id: RpcId,
     range: KeyRange,
     start_revision: i64,
     suspicion: Suspicion,
+    holdings: std::sync::Arc<Holdings>,
     reply_tx: mpsc::UnboundedSender<Delivery>,
 ) {
     let (key, options) = exec::watch_options(&range, start_revision);
@@ -352,6 +358,9 @@ async fn watch(
                     Some(refused) => (Err(refused), true),
                     None => {
                         let response = exec::watch_response(&r);
+                        if let Response::WatchEvents { events } = &response {
+                            holdings.saw(events);
+                        }
                         // etcd ends a watch by cancelling it; nothing follows.
                         let last = matches!(response, Response::WatchCanceled { .. });
                         (Ok(response), last)

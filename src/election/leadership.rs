@@ -17,15 +17,18 @@ use std::time::Duration;
 use super::Election;
 #[cfg(doc)]
 use crate::etcd::Etcd;
+#[cfg(doc)]
+use crate::LeaderObserver;
 
 /// Proof of leadership, returned by a successful campaign.
 ///
 /// [`Leadership::lost`] fires (and [`Leadership::is_held`] turns false)
 /// when leadership ends without a resign, at the first evidence: the
 /// session's local deadline passed, a renewal was answered "lease not
-/// found", the election's watch showed the candidate key deleted, or etcd
-/// refused a [`Leadership::txn_if_leader`] (then before that call
-/// returns). etcd can revoke a lease before its TTL (see the README's
+/// found", the election's watch showed the candidate key deleted (or any
+/// other watch of the same [`Etcd`] handle did: a [`LeaderObserver`]
+/// reporting the leader gone finds this already over), or etcd refused a
+/// [`Leadership::txn_if_leader`] (then before that call returns). etcd can revoke a lease before its TTL (see the README's
 /// guarantees), so belief is bounded by that evidence; exclusivity of
 /// effects comes from the fence, which holds whatever this process
 /// believes.
@@ -88,6 +91,7 @@ impl std::fmt::Debug for Leadership {
 pub(super) struct Won {
     pub(super) waited: Duration,
     pub(super) contended: bool,
+    pub(super) attempts: u32,
 }
 
 impl Leadership {
@@ -106,6 +110,15 @@ impl Leadership {
     /// in `fleetcoord_contended_total`.
     pub fn contended(&self) -> bool {
         self.won.contended
+    }
+
+    /// How often the campaign that won this leadership joined the queue:
+    /// 1, plus one for each time it started over (its session's lease was
+    /// lost while it waited, or its key vanished before it led). Counted
+    /// by the election machine; with [`Leadership::waited`], how hard the
+    /// win was to get.
+    pub fn attempts(&self) -> u32 {
+        self.won.attempts
     }
 
     /// The fencing token: the candidate key's create revision. Strictly
@@ -173,7 +186,9 @@ impl Leadership {
     /// * a candidate ahead of the target joined without a priority (it
     ///   may be a Go or `etcdctl` client, which would not notice losing
     ///   its place) → [`Error::InvalidArgument`], nothing deleted;
-    /// * this leadership is over → [`Error::NotLeader`].
+    /// * this leadership is over → [`Error::NotLeader`]; if it ended while
+    ///   the hand-over ran, [`Leadership::lost`] has fired before this
+    ///   returns.
     ///
     /// After `Ok(())` this handle is spent: `is_held` is false and drop
     /// does nothing. No answer within three request timeouts →

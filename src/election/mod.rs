@@ -149,6 +149,8 @@ struct Inner {
     state: Arc<Mutex<State>>,
     /// How campaigns join: `None` plain, else ranked.
     rank: Option<Rank>,
+    /// Its contention metrics, under its bounded label.
+    contention: crate::metrics::Contention,
     /// [`Election::close`] was called: calls fail with [`Error::Closed`].
     closed: AtomicBool,
     /// Its place on a shared session, if it runs on one (taken when the
@@ -270,7 +272,8 @@ impl Election {
         let state = Arc::new(Mutex::new(State::default()));
         let handler_state = state.clone();
         let (router, routes) = ops::routes();
-        let metrics_prefix = prefix.clone();
+        let contention = crate::metrics::Contention::new(&prefix);
+        let recorder = contention.clone();
         // Since when the leadership of this token is held, for its hold
         // time: the notices come in order on one thread.
         let mut held_since: Option<(i64, Instant)> = None;
@@ -290,27 +293,35 @@ impl Election {
                 match &notice {
                     ElectionNotice::Elected { token, .. } => {
                         held_since = Some((*token, Instant::now()));
-                        crate::metrics::election(&metrics_prefix, "elected", *token)
+                        recorder.transition("elected", *token)
                     }
                     ElectionNotice::LeadershipLost { token } => {
                         if let Some((_, since)) = held_since.take_if(|(t, _)| t == token) {
-                            crate::metrics::held(&metrics_prefix, since.elapsed());
+                            recorder.held(since.elapsed());
                         }
-                        crate::metrics::election(&metrics_prefix, "lost", *token)
+                        recorder.transition("lost", *token)
                     }
-                    ElectionNotice::Resigned { token } => {
+                    ElectionNotice::Resigned { token }
+                    | ElectionNotice::HandedOver { token, .. } => {
                         if let Some((_, since)) = held_since.take_if(|(t, _)| t == token) {
-                            crate::metrics::held(&metrics_prefix, since.elapsed());
+                            recorder.held(since.elapsed());
                         }
-                        crate::metrics::election(&metrics_prefix, "resigned", *token)
+                        recorder.transition("resigned", *token)
                     }
+                    // The machine's word: another candidate leads (or holds
+                    // every permit), and the try's key is withdrawn.
+                    ElectionNotice::NotElected { .. } => recorder.refused(),
                     _ => {}
                 }
                 handle_notice(&handler_state, &router, notice);
                 true
             }),
         )?;
-        state.lock().resigner = Some(machine.downgrade());
+        {
+            let mut state = state.lock();
+            state.resigner = Some(machine.downgrade());
+            state.holdings = Some(etcd.holdings().clone());
+        }
         let attachment = match session {
             Some(session) => {
                 let input = machine.downgrade();
@@ -333,6 +344,7 @@ impl Election {
                 ops: Ops::new(machine, routes),
                 state,
                 rank,
+                contention,
                 closed: AtomicBool::new(false),
                 shared: attachment.is_some(),
                 attachment: Mutex::new(attachment),
@@ -504,11 +516,13 @@ impl Election {
                     lease,
                     key,
                     waited,
+                    attempts,
                     ..
                 } => {
                     let won = Won {
                         waited: started.elapsed(),
                         contended: waited,
+                        attempts,
                     };
                     Some(Ok(self.leadership(won, token, lease, key)))
                 }
@@ -544,12 +558,17 @@ impl Election {
             Some(bound),
             |notice| match notice {
                 ElectionNotice::Elected {
-                    token, lease, key, ..
+                    token,
+                    lease,
+                    key,
+                    attempts,
+                    ..
                 } => {
                     // A try never waits behind anyone.
                     let won = Won {
                         waited: started.elapsed(),
                         contended: false,
+                        attempts,
                     };
                     Some(Ok(TryCampaign::Elected(
                         self.leadership(won, token, lease, key),
@@ -671,7 +690,7 @@ impl Election {
 /// notice handler registered it (or one that says it is over, when it was
 /// lost again before the caller got here).
 fn leadership_of(inner: &Arc<Inner>, won: Won, token: i64, lease: i64, key: Vec<u8>) -> Leadership {
-    crate::metrics::won(&inner.prefix, won.waited, won.contended);
+    inner.contention.won(won.waited, won.contended);
     let (belief, lost, step_down) = {
         let state = inner.state.lock();
         match state.held.as_ref().filter(|h| h.token == token) {
@@ -769,7 +788,7 @@ impl Inner {
     /// the machine is told so that it stops leading too, as its own watch
     /// would have told it, possibly later.
     fn fence_refused(&self, token: i64) {
-        crate::metrics::fence_refused(&self.prefix);
+        self.contention.fence_refused();
         notices::lose(&mut self.state.lock(), token);
         // Gone: the election is closing, and its stop ends the leadership.
         let _ = self

@@ -182,6 +182,12 @@ impl MutexGuard {
         self.leadership.contended()
     }
 
+    /// How often the call that took this lock joined the queue (see
+    /// [`Leadership::attempts`]).
+    pub fn attempts(&self) -> u32 {
+        self.leadership.attempts()
+    }
+
     /// The fencing token: this holder's key's create revision, strictly
     /// greater than every earlier holder's. Pass it with writes to
     /// resources that can refuse stale holders.

@@ -7,6 +7,7 @@
 
 use super::belief::Belief;
 use super::ops::{Answer, Router};
+use crate::driver::holdings::{Holdings, Registration};
 use crate::driver::WeakInput;
 use fleetcoord_sm::election::{Election as ElectionMachine, ElectionInput, ElectionNotice, OpId};
 use fleetcoord_sm::keepalive::LivenessState;
@@ -32,6 +33,10 @@ pub(super) struct State {
     /// beliefs leaves it (`fleetcoord_sm::session::belief`): a win on a
     /// lease the session ended every belief on arrives over.
     pub(super) session_belief: SessionBelief,
+    /// Where a leadership registers its key, so that another watch of the
+    /// same `Etcd` seeing it deleted ends it (`crate::driver::holdings`);
+    /// set once the machine runs.
+    pub(super) holdings: Option<Arc<Holdings>>,
 }
 
 /// The leadership the machine last reported, registered by the driver's
@@ -45,6 +50,9 @@ pub(super) struct Held {
     pub(super) lost_rx: crossbeam_channel::Receiver<()>,
     step_down: crossbeam_channel::Sender<()>,
     pub(super) step_down_rx: crossbeam_channel::Receiver<()>,
+    /// Its key in the handle's holdings, taken out when this is dropped
+    /// (the leadership ended, or a newer one replaced it).
+    _registered: Option<Registration>,
 }
 
 /// Every answer names its operation; a `Resigned` names its token instead,
@@ -152,17 +160,25 @@ pub(super) fn handle_notice(
         }
         let (lost, lost_rx) = crossbeam_channel::bounded(1);
         let (step_down, step_down_rx) = crossbeam_channel::bounded(1);
+        let belief = Arc::new(if dead {
+            Belief::over()
+        } else {
+            Belief::until(*trusted_until)
+        });
+        let registered = match (&state.holdings, &notice) {
+            (Some(holdings), ElectionNotice::Elected { key, .. }) if !dead => {
+                Some(register(holdings, key, *token, &belief, &lost, &state))
+            }
+            _ => None,
+        };
         state.held = Some(Held {
             token: *token,
-            belief: Arc::new(if dead {
-                Belief::over()
-            } else {
-                Belief::until(*trusted_until)
-            }),
+            belief,
             lost,
             lost_rx,
             step_down,
             step_down_rx,
+            _registered: registered,
         });
     }
     let token = match &notice {
@@ -175,6 +191,31 @@ pub(super) fn handle_notice(
     if let (Some(token), false) = (token, delivered) {
         resign_unwanted(&mut state, token);
     }
+}
+
+/// Registers the leadership `token` on `key` in the handle's holdings:
+/// when another watch of the handle shows the key deleted, belief ends and
+/// `lost()` fires at once, on the driver thread, before that watch's
+/// consumer hears of it; the machine is then told, as for a refused fenced
+/// write, and its `LeadershipLost` finds nothing left to end.
+fn register(
+    holdings: &Arc<Holdings>,
+    key: &[u8],
+    token: i64,
+    belief: &Arc<Belief>,
+    lost: &crossbeam_channel::Sender<()>,
+    state: &State,
+) -> Registration {
+    let belief = belief.clone();
+    let lost = lost.clone();
+    let machine = state.resigner.clone();
+    holdings.register(key, token, move || {
+        belief.end();
+        let _ = lost.try_send(());
+        if let Some(machine) = machine {
+            let _ = machine.send(ElectionInput::FenceRefused { token });
+        }
+    })
 }
 
 /// Ends the leadership `token`, if it is the one held, as lost: belief
@@ -272,6 +313,7 @@ mod tests {
             token,
             lease: 1,
             waited: false,
+            attempts: 1,
             trusted_until: *TRUSTED_UNTIL,
         }
     }

@@ -425,6 +425,7 @@ impl Shared {
                 lease,
                 key,
                 waited,
+                attempts,
                 ..
             } if op == self.op => {
                 let mut phase = self.phase.lock();
@@ -435,6 +436,7 @@ impl Shared {
                         let how = Won {
                             waited: self.started.elapsed(),
                             contended: waited,
+                            attempts,
                         };
                         let won = leadership_of(&self.inner, how, token, lease, key);
                         self.settle();

@@ -294,6 +294,12 @@ impl SemaphoreGuard {
         self.leadership.contended()
     }
 
+    /// How often the call that took this permit joined the queue (see
+    /// [`Leadership::attempts`]).
+    pub fn attempts(&self) -> u32 {
+        self.leadership.attempts()
+    }
+
     /// The fencing token: this holder's key's create revision. Unique to
     /// this holding, and greater than the token of every holder whose key
     /// was created before this one queued; up to `permits` tokens are

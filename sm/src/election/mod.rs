@@ -127,6 +127,24 @@ use std::time::{Duration, Instant};
 /// would have to issue 2^40 requests to reach the protocol's range.
 const PROTOCOL_FIRST_RPC_ID: u64 = 1 << 40;
 
+/// Whether the watch `event` shows that the holding of `key` with fencing
+/// `token` (its create revision) is over: a delete of `key`, or a put that
+/// made it again (another create revision), at a revision after `token`.
+///
+/// The rule for every watch that is not the holder's own (an observer, a
+/// host watcher, a bus watch of the same process covering the key: the
+/// driver ends the holding when one of them sees this, before that
+/// watch's consumer hears of it). The holder's own watch starts after
+/// `token` and applies the same rule without the revision test, which
+/// only ever passes there. The revision test keeps a lagging watch from
+/// ending a holding with an older incarnation's delete: a session that
+/// resigned and won again holds the same key name.
+pub fn ends_holding(key: &[u8], token: Revision, event: &crate::rpc::WatchEvent) -> bool {
+    event.kv.key == key
+        && event.kv.mod_revision > token
+        && (event.kind == crate::rpc::EventKind::Delete || event.kv.create_revision != token)
+}
+
 /// Names one user operation, so its answer can be told from the answers to
 /// other operations. Chosen by the caller (a counter serves); the machine
 /// only copies it into the answer and compares it in `CancelCampaign`.
@@ -361,6 +379,10 @@ pub enum ElectionNotice {
         /// that a lock's or an election's metrics count. `false` when it
         /// led on its first look at the queue.
         waited: bool,
+        /// How often the campaign joined the queue before it won: 1, plus
+        /// one for each time it started over (its session's lease was lost
+        /// while it waited, or its key vanished before it led).
+        attempts: u32,
         /// The user may believe it leads until this instant (the session's
         /// local deadline when elected); [`ElectionNotice::Trusted`] moves it
         /// later. Compared with the user's own clock, belief ends on time
@@ -445,7 +467,15 @@ pub enum ElectionNotice {
         to: KeyValue,
     },
     /// The hand-over `op` did not happen; the leadership is kept unless
-    /// `error` is `NotLeader` (a `LeadershipLost` then follows).
+    /// `error` is `NotLeader`.
+    ///
+    /// Order: when the hand-over fails because the leadership ended while
+    /// it ran (the session was lost, the own key was deleted, the machine
+    /// stopped), `LeadershipLost { token }` comes first and this
+    /// `HandOverFailed { op, NotLeader }` right behind it, with nothing in
+    /// between: whoever waits for the hand-over's answer finds the
+    /// leadership already ended. A hand-over asked when this machine does
+    /// not lead is answered `NotLeader` alone (no leadership to lose).
     HandOverFailed {
         /// The hand-over this answers.
         op: OpId,

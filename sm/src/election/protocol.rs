@@ -169,6 +169,8 @@ struct Waiting {
     value: Vec<u8>,
     try_only: bool,
     rank: Option<Rank>,
+    /// How often this campaign joined the queue so far (0 before the first).
+    attempts: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -185,6 +187,10 @@ struct Campaign {
     /// Whether a key ahead of mine was found and waited for: the
     /// contention [`ElectionNotice::Elected`] reports.
     waited: bool,
+    /// How often this campaign joined the queue: 1, plus one for each
+    /// start over (on a new lease, or after its key vanished while it
+    /// waited). [`ElectionNotice::Elected`] reports it.
+    attempts: u32,
     step: Step,
     /// The request of `step` in flight; `None` while waiting for the backoff.
     pending: Option<RpcId>,
@@ -542,6 +548,7 @@ impl Protocol {
             value: c.value,
             try_only: c.try_only,
             rank: c.rank,
+            attempts: c.attempts,
         })
     }
 
@@ -594,6 +601,9 @@ impl Protocol {
         self.end_attempt(Timer::Attempt);
         self.timers.stop(Timer::ProclaimRetry);
         self.end_attempt(Timer::ProclaimAttempt);
+        // Belief's end first, then the answers it decides: a user woken by
+        // `HandOverFailed { NotLeader }` (or `ProclaimFailed`) finds the
+        // leadership already over (documented on `HandOverFailed`).
         self.outbox
             .notify(ElectionNotice::LeadershipLost { token: l.token });
         if let Some(op) = hand_over {
@@ -704,6 +714,7 @@ impl Protocol {
             key: requests::candidate_key(&self.prefix, lease),
             token: 0,
             waited: false,
+            attempts: w.attempts.saturating_add(1),
             step: Step::Create,
             pending: None,
         })
@@ -957,6 +968,7 @@ impl Protocol {
                 {
                     // Gone while we waited (etcd #19597): queue up again, never claim.
                     c.token = 0;
+                    c.attempts = c.attempts.saturating_add(1);
                     c.step = Step::Create;
                     return self.send_step(c);
                 }
@@ -1144,6 +1156,7 @@ impl Protocol {
             token: c.token,
             lease: c.lease,
             waited: c.waited,
+            attempts: c.attempts,
             // The protocol does not own the lease's clock: it trusts
             // nothing past now, and the wrapper, which does, moves this to
             // the session's local deadline before the notice leaves.

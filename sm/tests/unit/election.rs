@@ -184,6 +184,7 @@ fn elected(t0: Instant) -> Election {
                 token: 5,
                 lease: LEASE,
                 waited: false,
+                attempts: 1,
                 trusted_until: until
             }),
             rpc(P + 1, watch(&my_key(), 6)),
@@ -297,6 +298,7 @@ fn campaign_waits_for_the_newest_older_key_to_be_deleted() {
                 token: 7,
                 lease: LEASE,
                 waited: true,
+                attempts: 1,
                 trusted_until: until
             }),
             rpc(P + 4, watch(&my_key(), 13)),
@@ -453,6 +455,7 @@ fn a_retried_create_that_finds_its_key_first_in_line_leads_at_once() {
                 token: 3,
                 lease: LEASE,
                 waited: false,
+                attempts: 1,
                 trusted_until: until
             }),
             rpc(P + 1, watch(&my_key(), 9)),
@@ -564,6 +567,27 @@ fn session_loss_while_waiting_starts_the_campaign_over_on_the_next_lease() {
         }]
     );
     assert!(!e.is_leader());
+    // It wins there on its second attempt, and says so.
+    let id = joined
+        .iter()
+        .find_map(|c| match c {
+            Command::Rpc {
+                id,
+                request: Request::Txn(_),
+            } => Some(id.0),
+            _ => None,
+        })
+        .expect("the create's id");
+    let mine = KeyValue {
+        lease: NEXT,
+        ..kv(b"/e/2b00", b"a", 9)
+    };
+    let won = ok(&mut e, deadline, id, created_as(mine, vec![]));
+    let attempts = won.iter().find_map(|c| match c {
+        Command::Notify(ElectionNotice::Elected { attempts, .. }) => Some(*attempts),
+        _ => None,
+    });
+    assert_eq!(attempts, Some(2), "{won:?}");
 }
 
 #[test]
@@ -962,6 +986,7 @@ fn try_campaign_wins_when_first_in_line() {
                 token: 12,
                 lease: LEASE,
                 waited: false,
+                attempts: 1,
                 trusted_until: until
             }),
             rpc(P + 1, watch(&my_key(), 13)),
@@ -1560,6 +1585,7 @@ fn a_late_answer_to_a_canceled_campaign_names_it_not_the_next_one() {
                 token: 9,
                 lease: LEASE,
                 waited: false,
+                attempts: 1,
                 trusted_until: until
             }),
             rpc(P + 4, watch(&my_key(), 10)),
@@ -1854,6 +1880,7 @@ fn try_campaign_first_in_line_with_a_stale_value_fixes_it_then_leads() {
                 token: 3,
                 lease: LEASE,
                 waited: false,
+                attempts: 1,
                 trusted_until: until
             }),
             rpc(P + 2, watch(&my_key(), 10)),
@@ -2423,6 +2450,7 @@ fn a_ranked_join_publishes_its_priority_bumps_a_lower_waiter_and_hears_of_a_high
                 token: 9,
                 lease: LEASE,
                 waited: true,
+                attempts: 1,
                 trusted_until: until
             }),
             rpc(P + 5, watch(&my_key(), 15)),
@@ -2654,6 +2682,7 @@ fn a_ranked_leader_watches_its_key_and_the_priorities_and_its_resign_cancels_bot
                 token: 5,
                 lease: LEASE,
                 waited: false,
+                attempts: 1,
                 trusted_until: until
             }),
             rpc(P + 1, watch(&my_key(), 6)),
@@ -2999,6 +3028,124 @@ fn a_hand_over_whose_target_left_keeps_the_leadership() {
         ]
     );
     assert!(e.is_leader(), "the leadership is kept");
+}
+
+// The order of a leadership's end and its hand-over's answer, on every
+// path that ends a leadership while a user's hand-over runs: always
+// `LeadershipLost` first, `HandOverFailed { NotLeader }` right behind it
+// (documented on `ElectionNotice::HandOverFailed`). The facade ends belief
+// and fires `lost()` at the first, so the hand-over's caller, woken by the
+// second, finds the leadership over. The path by the hand-over's own
+// answer emitted them the other way round.
+
+/// A user's hand-over that has just begun (its queue read in flight as
+/// `P + 2`) on the leader of `elected`.
+fn handing_over(t0: Instant) -> Election {
+    let mut e = elected(t0);
+    e.handle(
+        t0,
+        ElectionInput::HandOver {
+            op: OpId(2),
+            token: 5,
+            to: b"d".to_vec(),
+        },
+    );
+    assert_eq!(drain(&mut e), vec![rpc(P + 2, hand_over_read())]);
+    e
+}
+
+/// The hand-over's read shows my key gone.
+#[test]
+fn a_hand_over_that_finds_my_key_gone_tells_the_loss_before_the_failure() {
+    let t0 = Instant::now();
+    let mut e = handing_over(t0);
+    let other = kv(b"/e/d", b"d", 7);
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 2,
+            txn(
+                8,
+                true,
+                vec![
+                    TxnOpResponse::Range { kvs: vec![other] },
+                    TxnOpResponse::Range { kvs: vec![] },
+                ]
+            )
+        ),
+        vec![
+            cancel(P + 1),
+            note(ElectionNotice::LeadershipLost { token: 5 }),
+            note(ElectionNotice::HandOverFailed {
+                op: OpId(2),
+                error: ElectionError::NotLeader
+            }),
+        ]
+    );
+    assert!(!e.is_leader());
+}
+
+/// etcd answers the hand-over's read "lease not found".
+#[test]
+fn a_hand_over_refused_for_the_lease_tells_the_loss_before_the_failure() {
+    let t0 = Instant::now();
+    let mut e = handing_over(t0);
+    e.handle(
+        t0,
+        RpcReply {
+            id: RpcId(P + 2),
+            result: Err(RpcError::LeaseNotFound),
+        }
+        .into(),
+    );
+    let told = drain(&mut e);
+    let lost = told
+        .iter()
+        .position(|c| *c == note(ElectionNotice::LeadershipLost { token: 5 }));
+    let failed = told.iter().position(|c| {
+        *c == note(ElectionNotice::HandOverFailed {
+            op: OpId(2),
+            error: ElectionError::NotLeader,
+        })
+    });
+    assert!(
+        matches!((lost, failed), (Some(l), Some(f)) if f == l + 1),
+        "{told:?}"
+    );
+    assert!(
+        !told.contains(&cancel(P + 2)),
+        "the answered read is not canceled: {told:?}"
+    );
+}
+
+/// The own key's delete arrives on the leader's watch mid-hand-over (not
+/// the hand-over's own delete: that is not sent before the read's
+/// answer).
+#[test]
+fn a_delete_seen_mid_hand_over_read_tells_the_loss_before_the_failure() {
+    let t0 = Instant::now();
+    let mut e = handing_over(t0);
+    let deleted = delete_event(my_key(), 9);
+    assert_eq!(
+        ok(
+            &mut e,
+            t0,
+            P + 1,
+            Response::WatchEvents {
+                events: vec![deleted]
+            }
+        ),
+        vec![
+            cancel(P + 1),
+            cancel(P + 2),
+            note(ElectionNotice::LeadershipLost { token: 5 }),
+            note(ElectionNotice::HandOverFailed {
+                op: OpId(2),
+                error: ElectionError::NotLeader
+            }),
+        ]
+    );
 }
 
 /// A campaign given up before its create was answered does not know

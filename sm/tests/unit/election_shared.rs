@@ -118,6 +118,7 @@ fn elected(t0: Instant) -> Election {
                 token: 5,
                 lease: LEASE,
                 waited: false,
+                attempts: 1,
                 trusted_until: until,
             }),
             rpc(Q + 1, watch(&my_key(), 6)),
@@ -166,6 +167,7 @@ fn belief_needs_a_deadline_told_by_the_owner() {
             token: 5,
             lease: LEASE,
             waited: false,
+            attempts: 1,
             trusted_until: t1,
         })
     );

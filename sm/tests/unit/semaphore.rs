@@ -133,6 +133,7 @@ fn elected_after(
         token,
         lease: LEASE,
         waited,
+        attempts: 1,
         trusted_until: until,
     })
 }

@@ -279,15 +279,15 @@ impl Protocol {
         Op::Leading(l)
     }
 
-    /// My key is not what it was: the hand-over fails and the leadership
-    /// is lost. A yield's hand-over is not answered (see
+    /// My key is not what it was: the leadership is lost, then the
+    /// hand-over fails (`LeadershipLost` before `HandOverFailed`, the
+    /// order every loss keeps: [`Protocol::lose_leadership`] answers the
+    /// open hand-over). A yield's hand-over is not answered (see
     /// [`Protocol::end_ranked`]): `LeadershipLost` ends it.
     fn hand_over_lost(&mut self, mut l: Leading) -> Op {
-        if let Some(h) = l.hand_over.take().filter(|h| !h.yielding) {
-            self.outbox.notify(ElectionNotice::HandOverFailed {
-                op: h.op,
-                error: ElectionError::NotLeader,
-            });
+        // Called with the hand-over's answer: nothing of it to cancel.
+        if let Some(h) = l.hand_over.as_mut() {
+            h.pending = None;
         }
         self.lose_leadership(l, ElectionError::NotLeader);
         Op::Idle

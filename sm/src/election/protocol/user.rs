@@ -51,6 +51,7 @@ impl Protocol {
                     value,
                     try_only,
                     rank,
+                    attempts: 0,
                 };
                 match (self.session, &self.refused) {
                     (Session::Up(lease), _) => self.start_campaign(w, lease),
