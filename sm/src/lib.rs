@@ -104,6 +104,7 @@ pub mod backoff;
 pub mod clock;
 pub mod election;
 pub mod holder;
+pub mod host;
 pub mod keepalive;
 pub mod kv;
 pub mod mirror;
