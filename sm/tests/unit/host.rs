@@ -438,6 +438,21 @@ fn lease_not_found_on_the_write_loses_the_lease_at_once() {
 fn a_lease_found_gone_while_leaving_ends_the_host_without_a_new_lease() {
     let t0 = Instant::now();
     let mut h = registered(t0);
+    // A proven lease: one lost would be granted again at once.
+    h.handle_timeout(t0 + s(3));
+    assert_eq!(
+        drain(&mut h),
+        vec![rpc(1, Request::KeepAlive { lease: L1 })]
+    );
+    let t0 = t0 + s(3);
+    assert_eq!(
+        handle(
+            &mut h,
+            t0,
+            reply(1, Ok(Response::KeptAlive { ttl_secs: 9 }))
+        ),
+        vec![trusted(L1, t0 + s(9))]
+    );
     let _ = handle(&mut h, t0, HostInput::SetValue(b"w".to_vec()));
     // The key went (the lease was revoked behind the machine's back): the
     // write goes again, guarded on absence.
@@ -457,4 +472,44 @@ fn a_lease_found_gone_while_leaving_ends_the_host_without_a_new_lease() {
     );
     assert!(h.is_finished());
     assert_eq!(h.poll_timeout(), None);
+}
+
+#[test]
+fn a_resume_refused_by_a_key_written_since_registers_afresh_then_revokes_the_saved_lease() {
+    let t0 = Instant::now();
+    let point = RegistrationPoint {
+        lease: L1,
+        mod_revision: 5,
+        create_revision: 5,
+    };
+    let mut h = Host::resume(config(), t0, 1, point);
+    let _ = drain(&mut h);
+    assert_eq!(
+        handle(
+            &mut h,
+            t0,
+            reply(0, Ok(Response::KeptAlive { ttl_secs: 9 }))
+        ),
+        vec![trusted(L1, t0 + s(9)), rpc(R, put(5, L1))]
+    );
+    let mut other = key_on(L1, 7);
+    other.value = b"other".to_vec();
+    assert_eq!(
+        handle(&mut h, t0, reply(R, found(Some(other)))),
+        vec![rpc(1, Request::Grant { ttl_secs: 9 })],
+        "rule 7: the saved lease is given up, without Lost, and not revoked \
+         while it holds the key"
+    );
+    assert_eq!(
+        handle(&mut h, t0, reply(1, granted(L2))),
+        vec![trusted(L2, t0 + s(9)), rpc(R + 1, put(7, L2))],
+        "the key moved to the new lease, guarded on what was read"
+    );
+    assert_eq!(
+        handle(&mut h, t0, reply(R + 1, written(8))),
+        vec![
+            state(LivenessState::Registered { lease: L2 }),
+            rpc(2, Request::Revoke { lease: L1 }),
+        ]
+    );
 }
