@@ -10,9 +10,8 @@ use crate::session::{
     close_outcome, Departure, LivenessState, SessionOptions, ATTEMPT_TIMEOUT, CLOSE_WAIT,
 };
 use crate::validate;
-use fleetcoord_sm::keepalive::{
-    self as sm, Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, ResumePoint,
-};
+use fleetcoord_sm::host::{Host, HostConfig, HostInput, HostNotice};
+use fleetcoord_sm::keepalive::{self as sm, KeepaliveConfig};
 use fleetcoord_sm::registration::{
     Registration, RegistrationConfig, RegistrationInput, RegistrationNotice, RegistrationPoint,
 };
@@ -254,7 +253,7 @@ pub struct HostLiveness {
     /// Signalled when the leave transaction applied (see `close`).
     left: crossbeam_channel::Receiver<()>,
     /// Told the registration handed over by a detach (see `detach`).
-    detached: crossbeam_channel::Receiver<ResumePoint>,
+    detached: crossbeam_channel::Receiver<RegistrationPoint>,
     /// Which process of this registration this is (see `incarnation`).
     incarnation: u64,
     /// Whether the registration is a resumed one (see `resumed`).
@@ -312,9 +311,10 @@ impl HostLiveness {
     ///
     /// Resuming proves, before it reports `Registered`, that the lease is
     /// alive (one renewal answered with a TTL above zero) and that the key
-    /// is the incarnation the earlier process left: one transaction,
-    /// guarded on the key's create revision *and* its mod revision being
-    /// the ones in `resume`, writes the new metadata on the lease. If
+    /// is as the earlier process left it: one transaction, guarded on the
+    /// key's mod revision being the one in `resume` (a mod revision names
+    /// one write, so also one incarnation of the key), writes the new
+    /// metadata on the lease. If
     /// anything refuses — the lease expired or was revoked, the key was
     /// deleted, re-created or written by anyone since, or `resume` is for
     /// another key than `options` make (another host id or prefix) — the
@@ -335,10 +335,10 @@ impl HostLiveness {
     ) -> Result<HostLiveness> {
         crate::blocking::check()?;
         let key = format!("{}{}", options.prefix, resume.host_id.hyphenated());
-        let point = (key == resume.key).then_some(ResumePoint {
+        let point = (key == resume.key).then_some(RegistrationPoint {
             lease: resume.lease,
+            mod_revision: resume.mod_revision,
             create_revision: resume.create_revision,
-            key_revision: resume.mod_revision,
         });
         let incarnation = resume.incarnation.saturating_add(1);
         Self::start(etcd, resume.host_id, metadata, options, point, incarnation)
@@ -365,7 +365,7 @@ impl HostLiveness {
             ));
         };
         machine
-            .send(KeepaliveInput::Detach)
+            .send(HostInput::Detach)
             .map_err(|_| self.etcd.gone())?;
         let point = crossbeam_channel::select! {
             recv(self.detached) -> point => point.ok(),
@@ -378,7 +378,7 @@ impl HostLiveness {
                 key: self.key.clone(),
                 lease: point.lease,
                 create_revision: point.create_revision,
-                mod_revision: point.key_revision,
+                mod_revision: point.mod_revision,
                 incarnation: self.incarnation,
                 ttl: self.ttl,
             }),
@@ -418,7 +418,7 @@ impl HostLiveness {
         host_id: Uuid,
         metadata: &[u8],
         options: LivenessOptions,
-        resume: Option<ResumePoint>,
+        resume: Option<RegistrationPoint>,
         incarnation: u64,
     ) -> Result<HostLiveness> {
         crate::blocking::check()?;
@@ -430,45 +430,47 @@ impl HostLiveness {
             return Err(Error::invalid("host_id", "the nil UUID is not a host id"));
         }
         let key = format!("{}{}", options.prefix, host_id.hyphenated());
-        let config = KeepaliveConfig {
-            ttl_secs: options.session.ttl.as_secs() as i64,
-            binding: Some(Binding {
-                key: key.clone().into_bytes(),
-                value: metadata.to_vec(),
-                // Every stop announces the leave, so watchers can tell it
-                // from a crash (see `DownReason`).
-                leave_marker: Some(leave_marker_key(key.as_bytes())),
-                // Written with every write of the key, so a watcher reads
-                // both at one revision (see `HostInfo::incarnation`); only
-                // on request, since it is a second key under the prefix.
-                companion: companion(&options, &key, incarnation),
-                take_over: options.take_over,
-            }),
+        let config = HostConfig {
+            lease: KeepaliveConfig {
+                ttl_secs: options.session.ttl.as_secs() as i64,
+                binding: None,
+                backoff: BackoffConfig::default(),
+                safety_margin: options.session.safety_margin,
+                drift_allowance_ppm: options.session.drift_allowance_ppm,
+                attempt_timeout: ATTEMPT_TIMEOUT.min(etcd.options().request_timeout),
+                // For `trusted_until`: one notice per renewal, stored below.
+                announce_trust: true,
+            },
+            key: key.clone().into_bytes(),
+            value: metadata.to_vec(),
+            // Every stop announces the leave, so watchers can tell it
+            // from a crash (see `DownReason`).
+            leave_marker: Some(leave_marker_key(key.as_bytes())),
+            // Written with every write of the key, so a watcher reads
+            // both at one revision (see `HostInfo::incarnation`); only
+            // on request, since it is a second key under the prefix.
+            companion: companion(&options, &key, incarnation),
+            take_over: options.take_over,
             backoff: BackoffConfig::default(),
-            safety_margin: options.session.safety_margin,
-            drift_allowance_ppm: options.session.drift_allowance_ppm,
-            attempt_timeout: ATTEMPT_TIMEOUT.min(etcd.options().request_timeout),
-            // For `trusted_until`: one notice per renewal, stored below.
-            announce_trust: true,
         };
         let mut machine = match resume {
-            Some(point) => Keepalive::resume(config, Instant::now(), rand_seed(), 0, point),
-            None => Keepalive::new(config, Instant::now(), rand_seed()),
+            Some(point) => Host::resume(config, Instant::now(), rand_seed(), point),
+            None => Host::new(config, Instant::now(), rand_seed()),
         };
         machine.set_renewal_grid(Some(etcd.renewal_grid()));
         let (mut sink, first, left, status, states) = StateSink::new(key.clone());
-        let (detached_tx, detached) = crossbeam_channel::bounded::<ResumePoint>(1);
+        let (detached_tx, detached) = crossbeam_channel::bounded::<RegistrationPoint>(1);
         let shared_status = status.clone();
         let machine = etcd.run(
             machine,
-            Notify(move |notice: KeepaliveNotice| {
+            Notify(move |notice: HostNotice| {
                 match notice {
-                    KeepaliveNotice::State(state) => sink.state(state),
-                    KeepaliveNotice::Trusted { lease, until } => {
+                    HostNotice::State(state) => sink.state(state),
+                    HostNotice::Trusted { lease, until } => {
                         shared_status.lock().trust = Some((lease, until));
                     }
-                    KeepaliveNotice::Left { .. } => sink.left(),
-                    KeepaliveNotice::Detached(point) => {
+                    HostNotice::Left { .. } => sink.left(),
+                    HostNotice::Detached(point) => {
                         let _ = detached_tx.try_send(point);
                     }
                 }
@@ -615,6 +617,8 @@ impl HostLiveness {
                 RegistrationPoint {
                     lease: *lease,
                     mod_revision: host.mod_revision,
+                    // Not saved with a session's hosts; told, never guarded on.
+                    create_revision: 0,
                 },
             ),
             None => Registration::new(config, Instant::now(), rand_seed()),
@@ -755,7 +759,7 @@ impl HostLiveness {
         crate::blocking::check()?;
         validate::payload("metadata", metadata)?;
         let sent = match &self.machine {
-            Engine::Own(m) => m.send(KeepaliveInput::SetValue(metadata.to_vec())),
+            Engine::Own(m) => m.send(HostInput::SetValue(metadata.to_vec())),
             Engine::Shared(m, _) => m.send(RegistrationInput::SetValue(metadata.to_vec())),
         };
         sent.map_err(|_| self.etcd.gone())
@@ -848,7 +852,7 @@ impl HostLiveness {
 /// What a registration's machine runs on: its own keepalive, or a shared
 /// session (with its place there).
 enum Engine {
-    Own(MachineHandle<Keepalive>),
+    Own(MachineHandle<Host>),
     /// The attachment is held for its lifetime: dropping it frees the
     /// host key's place on the session.
     Shared(

@@ -67,12 +67,19 @@
 //!    unrevoked lease can outlive its TTL, and its keys with it, for as long
 //!    as leader changes keep coming. In binding mode a revoke starts only
 //!    once the key is written with the current lease, so it never takes the
-//!    key away. At most 8 such leases are remembered; a lease etcd said is
-//!    gone (TTL 0, not found) is not revoked.
+//!    key away; a lease-only machine told to hold them
+//!    ([`Keepalive::set_hold_retired`]: a host on its own lease,
+//!    [`crate::host`]) starts only once its user said its keys are written
+//!    on the current lease ([`KeepaliveInput::Settled`]). At most 8 such
+//!    leases are remembered; a lease etcd said is gone (TTL 0, not found)
+//!    is not revoked.
 //! 8. [`KeepaliveInput::Stop`] cancels everything and revokes the lease (and
 //!    sends one last revoke for each lease still being retired, not waited
 //!    for); no renewal, grant or put is ever sent afterwards (but the leave
-//!    transaction's, below).
+//!    transaction's, below). [`KeepaliveInput::Draining`] announces a stop
+//!    that comes once the user's own ending is done: the lease is still
+//!    renewed, but one lost meanwhile (or none held) stops the machine at
+//!    once, as a stop, instead of granting a lease only to revoke it.
 //! 9. Leave: with [`Binding::leave_marker`] set, a stop while the key is
 //!    written with the current lease first sends one transaction that puts
 //!    the marker key (empty value) on that lease and deletes the key, at one
@@ -403,6 +410,20 @@ pub enum KeepaliveInput {
         /// The lease to give up.
         lease: LeaseId,
     },
+    /// Everything the user keeps on the lease is written on `lease` now:
+    /// with [`Keepalive::set_hold_retired`], leases given up earlier may
+    /// be revoked from here on (their revoke can no longer take away
+    /// what the user still needs). Any other lease than the current one
+    /// changes nothing.
+    Settled {
+        /// The current lease.
+        lease: LeaseId,
+    },
+    /// A stop is coming once the user's own ending is done (a host's
+    /// leave, [`crate::host`]): until then the lease is kept and renewed,
+    /// but one lost is not replaced — the machine stops instead, as after
+    /// [`KeepaliveInput::Stop`], so no lease is granted only to be revoked.
+    Draining,
     /// Revoke the lease and stop for good. Repeated calls do nothing.
     Stop,
     /// Stop for good *without* leaving: no leave marker, no delete, no
@@ -655,6 +676,13 @@ pub struct Keepalive {
     /// key on another lease was taken from it, and is never taken back.
     ever_written: bool,
     announce_trust: bool,
+    /// Retired leases wait for [`KeepaliveInput::Settled`] on the current
+    /// one before they are revoked ([`Keepalive::set_hold_retired`]).
+    hold_retired: bool,
+    /// The lease the user last said was settled.
+    settled: Option<LeaseId>,
+    /// [`KeepaliveInput::Draining`] was told: a lost lease ends the machine.
+    draining: bool,
     renewal_grid: Option<RenewalGrid>,
     outbox: Outbox<KeepaliveNotice>,
     clock: Clock,
@@ -761,6 +789,9 @@ impl Keepalive {
             probe: None,
             ever_written: false,
             announce_trust: config.announce_trust,
+            hold_retired: false,
+            settled: None,
+            draining: false,
             renewal_grid: None,
             resent: 0,
             outbox: Outbox::new(first_rpc_id),
@@ -836,6 +867,18 @@ impl Keepalive {
     /// interval more often.
     pub fn set_renewal_grid(&mut self, grid: Option<RenewalGrid>) {
         self.renewal_grid = grid;
+    }
+
+    /// With `hold` true, a lease given up while etcd may still hold it
+    /// (rule 7) is revoked only once the user said its keys are written
+    /// on the current lease ([`KeepaliveInput::Settled`]), so the revoke
+    /// never takes away a key the user moves from lease to lease by its
+    /// own writes (a host registration, [`crate::host`]): watchers then
+    /// see the key move, not go and come back. `false` (the default)
+    /// revokes at once. A stop or detach still sends each retired lease
+    /// its last revoke.
+    pub fn set_hold_retired(&mut self, hold: bool) {
+        self.hold_retired = hold;
     }
 
     /// Whether `id` was issued by this machine (replies to it belong here).
@@ -1026,9 +1069,9 @@ impl Keepalive {
     fn start_retiring(&mut self) {
         let busy = self.retired.revoke.is_some() || self.timers.is_armed(Timer::RetireAttempt);
         let first = self.retired.leases.front();
-        let bound_elsewhere = self.binding.is_none()
+        let bound_elsewhere = (self.binding.is_none() && !self.hold_retired)
             || matches!(&self.phase, Phase::Leased(l)
-                if l.written.is_some() && Some(&l.id) != first);
+                if (l.written.is_some() || self.settled == Some(l.id)) && Some(&l.id) != first);
         if !busy && bound_elsewhere && !self.retired.leases.is_empty() {
             self.retired.resent = 0;
             self.send_retired_revoke();
@@ -1535,6 +1578,9 @@ impl Keepalive {
         // ordinary ones.
         self.resuming = None;
         self.notify(LivenessState::Lost { lease: l.id });
+        if self.draining {
+            return self.stop(now, true);
+        }
         self.sync_state();
         if failed || self.register_backoff.failures() > 0 {
             self.schedule_grant(now);
@@ -1967,6 +2013,19 @@ impl Machine for Keepalive {
                 if matches!(&self.phase, Phase::Leased(l) if l.id == lease) {
                     self.retire(lease);
                     self.lose(now, false);
+                }
+            }
+            KeepaliveInput::Settled { lease } => {
+                if matches!(&self.phase, Phase::Leased(l) if l.id == lease) {
+                    self.settled = Some(lease);
+                    self.start_retiring();
+                }
+            }
+            KeepaliveInput::Draining => {
+                self.draining = true;
+                // Nothing held to keep: the stop need not wait.
+                if matches!(self.phase, Phase::Granting { .. } | Phase::Resuming { .. }) {
+                    self.stop(now, true);
                 }
             }
             KeepaliveInput::Stop => self.stop(now, true),

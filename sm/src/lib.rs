@@ -1,10 +1,11 @@
 //! Sans-IO state machines behind fleetcoord.
 //!
-//! Every piece of fleetcoord's protocol logic — lease keepalive, many
-//! leases' renewals on one stream, prefix watching with resync, leader
-//! election, leader observation and sequence-numbered streams — lives here
-//! as a deterministic state machine; the bus's decisions that need no
-//! machine (when to retry a write, [`retry`]; which message a slow
+//! Every piece of fleetcoord's protocol logic — lease keepalive, a host
+//! key bound to a lease ([`registration`], on a lease of its own:
+//! [`host`]), many leases' renewals on one stream, prefix watching with
+//! resync, leader election, leader observation and sequence-numbered
+//! streams — lives here as a deterministic state machine; the bus's
+//! decisions that need no machine (when to retry a write, [`retry`]; which message a slow
 //! subscriber keeps, [`newest`]; how a shared session's facts reach the
 //! primitives on it and what they may believe, [`session`]) are plain
 //! types beside them. This crate
@@ -104,6 +105,7 @@ pub mod backoff;
 pub mod clock;
 pub mod election;
 pub mod holder;
+pub mod host;
 pub mod keepalive;
 pub mod kv;
 pub mod mirror;

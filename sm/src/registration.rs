@@ -52,6 +52,15 @@
 //!    it (watchers saw the expiry, and see it come back). A canceled put
 //!    of the earlier process that lands late moves the mod revision, so
 //!    the guard fails, the key is read and taken over as in rule 1.
+//!    On a lease of its own ([`Registration::set_own_lease`]), a failed
+//!    guard of that first write on the point's lease that does not read
+//!    the key as this machine would write it (the key was written,
+//!    deleted or re-created since the detach) refuses the resume: the
+//!    machine asks for the lease to be replaced
+//!    ([`SessionRequest::Replace`]), stops writing on it without telling
+//!    `Lost` (it never told it held), and writes the key on the next
+//!    lease guarded on what it read, so the key moves there and the
+//!    resumed lease can go.
 //! 7. **Another holder.** A failed guard that reads the key on a lease
 //!    the session never told this machine of (the last 8 are remembered)
 //!    was written by another process: a crashed predecessor's, expiring,
@@ -75,6 +84,16 @@
 //!    machine's, and every belief on the lease (a leadership, a shard on
 //!    it) must end at it, not at the next renewal — and is sent again
 //!    after a backoff delay, as any failed request.
+//! 9. **Refused.** A write refused with [`RpcError::PermissionDenied`]
+//!    (a user without a grant on the key) is told
+//!    [`LivenessState::Refused`] and the machine stops: no retry fixes
+//!    it, and a user learns it at once instead of watching a retry loop.
+//!    Nothing is left to delete (the key was never written by this user).
+//!
+//! Request ids start at 0 ([`Registration::new`]) or where the embedding
+//! machine says ([`Registration::with_first_rpc_id`]): a host on its own
+//! lease ([`crate::host`]) keeps its keepalive's ids and its
+//! registration's apart that way.
 
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::clock::Clock;
@@ -167,6 +186,11 @@ pub struct RegistrationPoint {
     pub lease: LeaseId,
     /// The key's mod revision as the detached machine last knew it.
     pub mod_revision: Revision,
+    /// The key's create revision as the detached machine last knew it
+    /// (0: unknown): which incarnation of the key the point is. Told, not
+    /// guarded on: a mod revision names one write, so the guard on it
+    /// (rule 6) already refuses any other incarnation.
+    pub create_revision: Revision,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -221,6 +245,14 @@ pub struct Registration {
     lease: Option<LeaseId>,
     /// The key's mod revision as this machine last knew it (0: absent).
     known: Revision,
+    /// The key's create revision as this machine last knew it (0:
+    /// absent or unknown), told with a detach.
+    created: Revision,
+    /// The lease of the point resumed from, until the first write on it
+    /// applied or another lease was told (rule 6).
+    resume_lease: Option<LeaseId>,
+    /// The lease is this registration's alone ([`Registration::set_own_lease`]).
+    own_lease: bool,
     /// The lease and value the key was last written with by this machine.
     written: Option<(LeaseId, Vec<u8>)>,
     in_flight: Option<InFlight>,
@@ -251,14 +283,35 @@ impl Registration {
         seed: u64,
         point: RegistrationPoint,
     ) -> Self {
-        let mut r = Self::new(config, now, seed);
-        r.known = point.mod_revision.max(0);
-        r.remember(point.lease);
-        r
+        Self::with_first_rpc_id(config, now, seed, 0, Some(point))
     }
 
     /// Waits for the session's first lease (`Registering`).
     pub fn new(config: RegistrationConfig, now: Instant, seed: u64) -> Self {
+        Self::with_first_rpc_id(config, now, seed, 0, None)
+    }
+
+    /// [`Registration::new`] (or, given a point, [`Registration::resume`])
+    /// with request ids starting at `first_rpc_id`, so a machine embedding
+    /// this one keeps id ranges disjoint.
+    pub fn with_first_rpc_id(
+        config: RegistrationConfig,
+        now: Instant,
+        seed: u64,
+        first_rpc_id: u64,
+        point: Option<RegistrationPoint>,
+    ) -> Self {
+        let mut r = Self::fresh(config, now, seed, first_rpc_id);
+        if let Some(point) = point {
+            r.known = point.mod_revision.max(0);
+            r.created = point.create_revision.max(0);
+            r.resume_lease = Some(point.lease);
+            r.remember(point.lease);
+        }
+        r
+    }
+
+    fn fresh(config: RegistrationConfig, now: Instant, seed: u64, first_rpc_id: u64) -> Self {
         let mut r = Registration {
             key: config.key,
             value: config.value,
@@ -267,6 +320,9 @@ impl Registration {
             give_up: config.give_up,
             lease: None,
             known: 0,
+            created: 0,
+            resume_lease: None,
+            own_lease: false,
             written: None,
             in_flight: None,
             held: VecDeque::new(),
@@ -278,7 +334,7 @@ impl Registration {
             state: LivenessState::Registering,
             backoff: Backoff::new(config.backoff, seed),
             timers: TimerTable::new(),
-            outbox: Outbox::default(),
+            outbox: Outbox::new(first_rpc_id),
             clock: Clock::new(now),
         };
         r.outbox
@@ -286,8 +342,41 @@ impl Registration {
         r
     }
 
-    /// The lease the key is written on, while registered.
+    /// With `own` true, the lease is this registration's alone (a host on
+    /// its own lease, [`crate::host`]): a resume whose first write finds
+    /// the key changed since the detach gives that lease up
+    /// ([`SessionRequest::Replace`]) and writes the key on the next one
+    /// instead of taking it over on the resumed lease (rule 6). `false`
+    /// (the default, a shared session) takes it over where it is.
+    pub fn set_own_lease(&mut self, own: bool) {
+        self.own_lease = own;
+    }
+
+    /// What a detach now would hand over (rule 5): the lease and the key's
+    /// revisions, while the key is written on the current lease and no
+    /// stop is under way.
+    pub fn resume_point(&self) -> Option<RegistrationPoint> {
+        match (self.lease, self.written_on_lease(), self.phase) {
+            (Some(lease), true, Phase::Running) => Some(RegistrationPoint {
+                lease,
+                mod_revision: self.known,
+                create_revision: self.created,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Whether `id` was issued by this machine (replies to it belong here).
+    pub fn owns(&self, id: RpcId) -> bool {
+        self.outbox.owns(id)
+    }
+
+    /// The lease the key is written on, while registered; `None` once a
+    /// stop is under way (its leave may have deleted the key already).
     pub fn lease(&self) -> Option<LeaseId> {
+        if self.phase != Phase::Running {
+            return None;
+        }
         match self.state {
             LivenessState::Registered { lease } | LivenessState::Suspended { lease } => Some(lease),
             _ => None,
@@ -524,6 +613,11 @@ impl Registration {
                         revision,
                         ..
                     }) => {
+                        if self.known == 0 {
+                            // Written over absence: this write created it.
+                            self.created = revision;
+                        }
+                        self.resume_lease = None;
                         self.known = revision;
                         self.backoff.reset();
                         self.written = Some((lease, value));
@@ -560,6 +654,21 @@ impl Registration {
                             }
                         }
                         self.known = kv.as_ref().map_or(0, |kv| kv.mod_revision);
+                        self.created = kv.as_ref().map_or(0, |kv| kv.create_revision);
+                        let ours = kv
+                            .as_ref()
+                            .is_some_and(|kv| kv.lease == lease && kv.value == value);
+                        if self.resume_lease == Some(lease) && self.own_lease && !ours {
+                            // Rule 6: the key changed since the detach; the
+                            // lease goes, the key is written afresh on the
+                            // next one, guarded on what was read.
+                            self.resume_lease = None;
+                            self.lease = None;
+                            self.outbox.notify(RegistrationNotice::SessionRequest(
+                                SessionRequest::Replace(lease),
+                            ));
+                            return;
+                        }
                         if let Some(kv) = kv.filter(|kv| kv.lease == lease) {
                             // An earlier copy of ours landed (or the value
                             // is already this one): that is the write.
@@ -573,6 +682,11 @@ impl Registration {
                         }
                     }
                     Err(RpcError::LeaseNotFound) => self.lease_not_found(lease),
+                    // Rule 9.
+                    Err(error @ RpcError::PermissionDenied(_)) => {
+                        self.notify(LivenessState::Refused { error });
+                        self.finish();
+                    }
                     _ => self.fail(),
                 }
             }
@@ -624,6 +738,10 @@ impl Registration {
                     if let Some(old) = self.lease {
                         self.lost(old);
                     }
+                    if self.resume_lease != Some(lease) {
+                        // Resumed elsewhere: an ordinary write (rule 6).
+                        self.resume_lease = None;
+                    }
                     self.lease = Some(lease);
                 } else if matches!(self.state, LivenessState::Suspended { .. }) && self.is_written()
                 {
@@ -669,6 +787,7 @@ impl Registration {
                 .notify(RegistrationNotice::Detached(RegistrationPoint {
                     lease,
                     mod_revision: self.known,
+                    create_revision: self.created,
                 }));
         }
         self.finish();
@@ -680,6 +799,7 @@ impl Registration {
         self.end_probe();
         // The key went with the lease.
         self.known = 0;
+        self.created = 0;
         if let Some(InFlight::Put { id, .. }) = self.in_flight.take() {
             self.outbox.cancel(id);
         }

@@ -13,6 +13,8 @@ mod election;
 mod election_shared;
 #[path = "unit/election_support.rs"]
 mod election_support;
+#[path = "unit/host.rs"]
+mod host;
 #[path = "unit/keepalive.rs"]
 mod keepalive;
 #[path = "unit/mirror.rs"]

@@ -3,7 +3,7 @@
 //! [`crate::HostWatcher`]; streams are sm's `Append` and `Reader` machines.
 //! All of them run on the driver; this file only maps names and notices.
 
-use super::lane::{Dispatch, Lane, LaneMachine, LaneMsg, Lanes};
+use super::lane::{Dispatch, Lane, LaneEngine, LaneMsg, Lanes};
 use super::lifecycle::Lifecycle;
 use super::{
     check_key, check_name, check_payload, check_set, pattern, refused, Capabilities, Coordinator,
@@ -475,7 +475,7 @@ fn remember_head(heads: &Mutex<HashMap<String, Head>>, stream: &str, head: Head)
 /// A lane's machine: an [`Append`] on the driver.
 struct LaneAppend(MachineHandle<Append>);
 
-impl LaneMachine for LaneAppend {
+impl LaneEngine for LaneAppend {
     fn append(&self, payload: Vec<u8>) -> bool {
         self.0.send(AppendInput::Append(payload)).is_ok()
     }

@@ -38,8 +38,13 @@ pub(crate) enum LaneMsg {
     GaveUp(AppendNotice),
 }
 
-/// The machine behind a lane, as the lane uses it.
-pub(crate) trait LaneMachine: Send {
+/// What runs a lane's appends, as the lane uses it: a handle to the
+/// stream's append machine on the driver. Not a machine itself: every
+/// decision about an append (which payloads share a transaction, their
+/// sequence numbers, when one is in doubt) is the append machine's
+/// (`fleetcoord_sm::stream`, `sm/src/stream/append.rs`); the lane only
+/// feeds it and hands its answers to the waiters in the order fed.
+pub(crate) trait LaneEngine: Send {
     /// Queue one more append; `false` if the machine is gone.
     fn append(&self, payload: Vec<u8>) -> bool;
     /// Stop: the machine answers every queued append.
@@ -56,7 +61,7 @@ struct LaneState {
     /// One per payload fed (or to be fed), in the same order.
     waiting: VecDeque<crossbeam_channel::Sender<LaneMsg>>,
     /// Set once the starter has the machine running; owning it keeps it.
-    machine: Option<Box<dyn LaneMachine>>,
+    machine: Option<Box<dyn LaneEngine>>,
     /// Payloads that joined before the machine was running.
     early: Vec<Vec<u8>>,
     closed: bool,
@@ -118,7 +123,7 @@ impl Lanes {
 
     /// The starter's machine runs: feed it what joined meanwhile, in order,
     /// and every later append directly.
-    pub(crate) fn started(&self, lane: &Lane, machine: Box<dyn LaneMachine>) {
+    pub(crate) fn started(&self, lane: &Lane, machine: Box<dyn LaneEngine>) {
         let mut state = lane.state.lock();
         if state.closed {
             // Already answered and closed (or gone): nothing more to feed.
@@ -157,7 +162,7 @@ fn close(
     stream: &str,
     lane: &Arc<Lane>,
     state: &mut LaneState,
-) -> Option<Box<dyn LaneMachine>> {
+) -> Option<Box<dyn LaneEngine>> {
     state.closed = true;
     if open.get(stream).is_some_and(|l| Arc::ptr_eq(l, lane)) {
         open.remove(stream);
@@ -245,7 +250,7 @@ mod tests {
         stopped: Arc<AtomicBool>,
     }
 
-    impl LaneMachine for Recorder {
+    impl LaneEngine for Recorder {
         fn append(&self, payload: Vec<u8>) -> bool {
             self.fed.lock().push(payload);
             true

@@ -190,7 +190,11 @@ fn values_set_while_requests_are_lost_and_held_up() {
                 ..Budget::default()
             },
         ),
-        32_129,
+        // Re-pinned when binding mode became the host composition
+        // (sm/src/host.rs): the key's writes are the registration's (no
+        // attempt-timeout copies, a leave that waits for the write in
+        // flight, renewals while the leave is out), so the schedules differ.
+        24_997,
         &["value rewritten", "suspended", "liveness checked"],
     );
 }
@@ -213,7 +217,11 @@ fn values_set_while_puts_land_late() {
                 ..Budget::default()
             },
         ),
-        4_454,
+        // Re-pinned when binding mode became the host composition
+        // (sm/src/host.rs): the key's writes are the registration's (no
+        // attempt-timeout copies, a leave that waits for the write in
+        // flight, renewals while the leave is out), so the schedules differ.
+        2_220,
         &["value rewritten", "landed late", "liveness checked"],
     );
 }
@@ -235,7 +243,11 @@ fn a_stop_at_any_point_announces_and_revokes() {
                 ..Budget::default()
             },
         ),
-        6_834,
+        // Re-pinned when binding mode became the host composition
+        // (sm/src/host.rs): the key's writes are the registration's (no
+        // attempt-timeout copies, a leave that waits for the write in
+        // flight, renewals while the leave is out), so the schedules differ.
+        9_122,
         &["leave marker", "stopped", "liveness checked"],
     );
     passes(
@@ -251,7 +263,11 @@ fn a_stop_at_any_point_announces_and_revokes() {
                 ..Budget::default()
             },
         ),
-        5_249,
+        // Re-pinned when binding mode became the host composition
+        // (sm/src/host.rs): the key's writes are the registration's (no
+        // attempt-timeout copies, a leave that waits for the write in
+        // flight, renewals while the leave is out), so the schedules differ.
+        7_384,
         &["leave marker", "stopped", "early revocation noticed"],
     );
 }
@@ -285,7 +301,11 @@ fn two_machines_on_one_etcd() {
                 ..Budget::default()
             },
         ),
-        21_093,
+        // Re-pinned when binding mode became the host composition
+        // (sm/src/host.rs): the key's writes are the registration's (no
+        // attempt-timeout copies, a leave that waits for the write in
+        // flight, renewals while the leave is out), so the schedules differ.
+        29_305,
         &["registered", "leave marker", "stopped"],
     );
 }
@@ -353,20 +373,26 @@ fn a_detached_registration_is_resumed_or_registered_afresh() {
 /// metadata, stale until it registers again). A lost put instead of the
 /// held-up one does the same (9 steps: lose, answer, set, retry, land).
 /// Fixed: every put of the key is guarded on its mod revision as the
-/// machine last saw it (sm/src/keepalive.rs), so a late copy applies only
-/// if nothing was written since it was sent.
+/// machine last saw it, so a late copy applies only if nothing was written
+/// since it was sent. The host's key is now written by its registration
+/// (sm/src/registration.rs, rule 1), which sends no copies of its own: the
+/// trace is the lost-put variant, in the host's request ids (the
+/// registration's start at 2^40).
 #[test]
 fn a_put_landing_late_leaves_the_old_value() {
     use KeepaliveAction::*;
     use WireAction::*;
+    const R: u64 = fleetcoord_sm::host::REGISTRATION_FIRST_RPC_ID;
     let trace = [
-        Wire(0, Run(RpcId(0))),     // +0 ms
-        Wire(0, Deliver(RpcId(0))), // +0 ms
-        SetValue(0),                // +0 ms
-        Delay,                      // +400 ms
-        Wire(0, Run(RpcId(2))),     // +400 ms
-        Wire(0, Deliver(RpcId(2))), // +400 ms
-        Wire(0, Land(RpcId(1))),    // +400 ms
+        Wire(0, Run(RpcId(0))),         // +0 ms: the grant
+        Wire(0, Deliver(RpcId(0))),     // +0 ms
+        Wire(0, Lose(RpcId(R))),        // +0 ms: the key's put, v0
+        Wire(0, Deliver(RpcId(R))),     // +0 ms: failed
+        SetValue(0),                    // +0 ms
+        Tick,                           // +50 ms: the retry, v1
+        Wire(0, Run(RpcId(R + 1))),     // +50 ms
+        Wire(0, Deliver(RpcId(R + 1))), // +50 ms
+        Wire(0, Land(RpcId(R))),        // +50 ms: v0 lands, guarded on absence
     ];
     let setup = world(
         1,
@@ -374,7 +400,7 @@ fn a_put_landing_late_leaves_the_old_value() {
         3,
         Budget {
             user: 1,
-            delay: 1,
+            lose: 1,
             land: 1,
             ..Budget::default()
         },
@@ -384,90 +410,15 @@ fn a_put_landing_late_leaves_the_old_value() {
     }
 }
 
-/// Found by this model check, in the keepalive as it was, in binding mode:
-/// etcd runs the renewals of lease A but their answers are lost, and the
-/// key's puts on A are lost before they run, until A's local deadline
-/// passes (A lives on in etcd, until +3.38 s, renewed by renewals the
-/// machine never heard of). The machine registers again on lease B and
-/// writes its key there; then the last put on A, lost at +1.55 s before it
-/// ran, lands at +2.7 s: the key is bound to A again. The machine is
-/// registered on B without its key on B (rule 2), and the key goes when A
-/// is revoked (the retiring revoke runs once its copy is sent again) or
-/// expires: a live host reads as down for as long as lease B lives, and
-/// nothing writes the key again.
-/// Fixed: every put of the key is guarded on its mod revision as the
-/// machine last saw it (sm/src/keepalive.rs), so a late copy applies only
-/// if nothing was written since it was sent.
-#[test]
-fn a_put_landing_late_on_a_given_up_lease_unbinds_the_key() {
-    use KeepaliveAction::*;
-    use WireAction::*;
-    #[rustfmt::skip]
-    let trace = [
-        Wire(0, Run(RpcId(0))), // +0 ms
-        Wire(0, Deliver(RpcId(0))), // +0 ms
-        Wire(0, Lose(RpcId(1))), // +0 ms
-        Wire(0, Deliver(RpcId(1))), // +0 ms
-        Tick, // +50 ms
-        Wire(0, Lose(RpcId(2))), // +50 ms
-        Wire(0, Deliver(RpcId(2))), // +50 ms
-        Tick, // +150 ms
-        Wire(0, Lose(RpcId(3))), // +150 ms
-        Wire(0, Deliver(RpcId(3))), // +150 ms
-        Tick, // +350 ms
-        Wire(0, Lose(RpcId(4))), // +350 ms
-        Wire(0, Deliver(RpcId(4))), // +350 ms
-        Tick, // +633 ms
-        Wire(0, Run(RpcId(5))), // +633 ms
-        Wire(0, Lose(RpcId(5))), // +633 ms
-        Wire(0, Deliver(RpcId(5))), // +633 ms
-        Tick, // +683 ms
-        Wire(0, Run(RpcId(6))), // +683 ms
-        Wire(0, Lose(RpcId(6))), // +683 ms
-        Wire(0, Deliver(RpcId(6))), // +683 ms
-        Tick, // +750 ms
-        Wire(0, Lose(RpcId(7))), // +750 ms
-        Wire(0, Deliver(RpcId(7))), // +750 ms
-        Tick, // +783 ms
-        Wire(0, Run(RpcId(8))), // +783 ms
-        Wire(0, Lose(RpcId(8))), // +783 ms
-        Wire(0, Deliver(RpcId(8))), // +783 ms
-        Tick, // +983 ms
-        Wire(0, Run(RpcId(9))), // +983 ms
-        Wire(0, Lose(RpcId(9))), // +983 ms
-        Wire(0, Deliver(RpcId(9))), // +983 ms
-        Tick, // +1383 ms
-        Wire(0, Run(RpcId(10))), // +1383 ms
-        Wire(0, Lose(RpcId(10))), // +1383 ms
-        Wire(0, Deliver(RpcId(10))), // +1383 ms
-        Tick, // +1550 ms
-        Wire(0, Lose(RpcId(11))), // +1550 ms
-        Wire(0, Deliver(RpcId(11))), // +1550 ms
-        Tick, // +1900 ms
-        Tick, // +2700 ms
-        Wire(0, Run(RpcId(12))), // +2700 ms
-        Wire(0, Deliver(RpcId(12))), // +2700 ms
-        Wire(0, Run(RpcId(13))), // +2700 ms
-        Wire(0, Deliver(RpcId(13))), // +2700 ms
-        Wire(0, Lose(RpcId(14))), // +2700 ms
-        Wire(0, Deliver(RpcId(14))), // +2700 ms
-        Wire(0, Land(RpcId(11))), // +2700 ms
-    ];
-    let mut setup = world(
-        1,
-        true,
-        4,
-        Budget {
-            lose: 12,
-            land: 1,
-            ..Budget::default()
-        },
-    );
-    setup.land_within = 2;
-    if let Err((at, message)) = replay(KeepaliveWorld::new(setup), &trace) {
-        panic!("action {at}: {message}");
-    }
-}
+// The replay of "a put landing late on a given-up lease unbinds the key"
+// (the keepalive's puts on lease A lost until A's local deadline, the key
+// written on lease B, then the last put on A landing) was in the
+// keepalive's request ids, which the host composition does not issue. The
+// same landing is explored by `given_up_requests_landing_late` (binding,
+// 2 lost, 1 late landing) and spelled out as exact commands in
+// sm/tests/unit/host.rs
+// (`a_lease_lost_at_its_deadline_is_revoked_only_once_the_key_moved_off_it`)
+// and sm/tests/unit/registration.rs (the guard of every write, rule 1).
 
 // ----- teeth ----------------------------------------------------------------
 
@@ -591,7 +542,11 @@ fn long_two_bound_machines_with_values_and_stops() {
                 ..Budget::default()
             },
         ),
-        263_041,
+        // Re-pinned when binding mode became the host composition
+        // (sm/src/host.rs): the key's writes are the registration's (no
+        // attempt-timeout copies, a leave that waits for the write in
+        // flight, renewals while the leave is out), so the schedules differ.
+        331_553,
         &[
             "value rewritten",
             "leave marker",

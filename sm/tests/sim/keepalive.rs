@@ -20,10 +20,11 @@
 //! * (e) after the faults stop, the machine ends Registered with the key
 //!   present in the model, holding the latest value; and Stop revokes.
 
+use fleetcoord_sm::host::{Host, HostConfig, HostInput, HostNotice};
 use fleetcoord_sm::keepalive::{
-    Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState,
+    Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState, ResumePoint,
 };
-use fleetcoord_sm::{BackoffConfig, Command, KeyRange, Machine, Request, Txn, TxnOp};
+use fleetcoord_sm::{BackoffConfig, Command, KeyRange, LeaseId, Machine, Request, Txn, TxnOp};
 use fleetcoord_test_support::*;
 use std::time::{Duration, Instant};
 
@@ -38,13 +39,116 @@ fn puts_marker(txn: &Txn) -> bool {
         .any(|op| matches!(op, TxnOp::Put { key, .. } if key.as_slice() == MARKER))
 }
 
+/// The machine under test: a lease-only keepalive, or in binding mode a
+/// host registration on its own lease (`sm/src/host.rs`), as
+/// `HostLiveness` runs it. Both are spoken to in the keepalive's words.
+enum Subject {
+    Lease(Box<Keepalive>),
+    Host(Box<Host>),
+}
+
+impl Subject {
+    fn handle(&mut self, now: Instant, input: KeepaliveInput) {
+        match self {
+            Subject::Lease(k) => k.handle(now, input),
+            Subject::Host(h) => {
+                let input = match input {
+                    KeepaliveInput::Rpc(r) => HostInput::Rpc(r),
+                    KeepaliveInput::SetValue(v) => HostInput::SetValue(v),
+                    KeepaliveInput::Stop => HostInput::Stop,
+                    KeepaliveInput::Detach => HostInput::Detach,
+                    _ => return,
+                };
+                h.handle(now, input)
+            }
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        match self {
+            Subject::Lease(k) => k.handle_timeout(now),
+            Subject::Host(h) => h.handle_timeout(now),
+        }
+    }
+
+    fn poll_command(&mut self) -> Option<Command<KeepaliveNotice>> {
+        match self {
+            Subject::Lease(k) => k.poll_command(),
+            Subject::Host(h) => Some(match h.poll_command()? {
+                Command::Rpc { id, request } => Command::Rpc { id, request },
+                Command::Cancel { id } => Command::Cancel { id },
+                Command::Notify(n) => Command::Notify(match n {
+                    HostNotice::State(s) => KeepaliveNotice::State(s),
+                    HostNotice::Trusted { lease, until } => {
+                        KeepaliveNotice::Trusted { lease, until }
+                    }
+                    HostNotice::Left { lease } => KeepaliveNotice::Left { lease },
+                    HostNotice::Detached(p) => KeepaliveNotice::Detached(ResumePoint {
+                        lease: p.lease,
+                        create_revision: p.create_revision,
+                        key_revision: p.mod_revision,
+                    }),
+                }),
+            }),
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        match self {
+            Subject::Lease(k) => k.poll_timeout(),
+            Subject::Host(h) => h.poll_timeout(),
+        }
+    }
+
+    fn is_finished(&self) -> bool {
+        match self {
+            Subject::Lease(k) => k.is_finished(),
+            Subject::Host(h) => h.is_finished(),
+        }
+    }
+
+    /// The lease registered (a host's: once its key is written).
+    fn lease(&self) -> Option<LeaseId> {
+        match self {
+            Subject::Lease(k) => k.lease(),
+            Subject::Host(h) => h.lease(),
+        }
+    }
+
+    /// The lease the keepalive holds, key written or not.
+    fn held(&self) -> Option<LeaseId> {
+        match self {
+            Subject::Lease(k) => k.lease(),
+            Subject::Host(h) => h.keepalive().lease(),
+        }
+    }
+
+    fn local_deadline(&self) -> Option<Instant> {
+        match self {
+            Subject::Lease(k) => k.local_deadline(),
+            Subject::Host(h) => h.local_deadline(),
+        }
+    }
+
+    fn state(&self) -> &LivenessState {
+        match self {
+            Subject::Lease(k) => k.state(),
+            Subject::Host(h) => h.state(),
+        }
+    }
+}
+
 /// Wraps the machine and checks (c) and (d) on every command and deadline.
 struct Spy {
-    machine: Keepalive,
+    machine: Subject,
+    /// The lease the keepalive held after the last input.
+    held: Option<LeaseId>,
     stop_requested: bool,
     revoke_sent: bool,
     /// The leave transaction went out (after Stop, before the revoke).
     marker_sent: bool,
+    /// A leave went out: the marker's, or a host's delete of its key.
+    leave_sent: bool,
     /// `Left` was told (once, after the leave, before the revoke).
     left_told: bool,
     /// Leases notified `Lost`: revoking them is retiring, allowed any time.
@@ -56,12 +160,24 @@ struct Spy {
     trusted_told: u64,
 }
 
+impl Spy {
+    /// A lease the keepalive held and holds no more was given up (a host
+    /// tells `Lost` only of a lease its key was written on).
+    fn note_held(&mut self) {
+        let held = self.machine.held();
+        if let Some(old) = self.held.filter(|old| held != Some(*old)) {
+            self.given_up.push(old);
+        }
+        self.held = held;
+    }
+}
+
 impl Machine for Spy {
     type Input = KeepaliveInput;
     type Notice = KeepaliveNotice;
 
     fn stop_input() -> KeepaliveInput {
-        Keepalive::stop_input()
+        KeepaliveInput::Stop
     }
 
     fn is_finished(&self) -> bool {
@@ -72,11 +188,13 @@ impl Machine for Spy {
         self.stop_requested |= input == KeepaliveInput::Stop;
         self.last_now = Some(now);
         self.machine.handle(now, input);
+        self.note_held();
     }
 
     fn handle_timeout(&mut self, now: Instant) {
         self.last_now = Some(now);
         self.machine.handle_timeout(now);
+        self.note_held();
     }
 
     fn poll_command(&mut self) -> Option<Command<KeepaliveNotice>> {
@@ -101,7 +219,7 @@ impl Machine for Spy {
             self.trusted_told += 1;
         }
         if let Command::Notify(KeepaliveNotice::Left { .. }) = &command {
-            assert!(self.marker_sent, "Left told without a leave sent");
+            assert!(self.leave_sent, "Left told without a leave sent");
             assert!(!self.revoke_sent, "Left told after the revoke");
             assert!(!self.left_told, "Left told twice");
             self.left_told = true;
@@ -114,8 +232,12 @@ impl Machine for Spy {
                 // Retiring a lease given up (revoked as it is given up, or
                 // one last time at stop): never the one it holds.
                 Request::Revoke { lease }
-                    if (!self.stop_requested && self.machine.lease() != Some(*lease))
+                    if (!self.stop_requested && self.machine.held() != Some(*lease))
                         || self.given_up.contains(lease) => {}
+                // A host keeps its lease alive while its leave is out
+                // (`sm/src/host.rs`, rule 4), never after the revoke.
+                Request::KeepAlive { .. }
+                    if matches!(self.machine, Subject::Host(_)) && !self.revoke_sent => {}
                 // The leave: the marker put and the key deleted in one
                 // transaction, after Stop, before the revoke (again only
                 // when a write of its own moved the key meanwhile).
@@ -128,6 +250,19 @@ impl Machine for Spy {
                         "a leave that does not delete the key"
                     );
                     self.marker_sent = true;
+                    self.leave_sent = true;
+                }
+                // A host without a leave marker still deletes its key
+                // when it stops (sm/src/registration.rs, rule 3): after
+                // Stop, before the revoke.
+                Request::Txn(txn)
+                    if txn
+                        .success
+                        .contains(&TxnOp::Delete(KeyRange::Key(KEY.to_vec()))) =>
+                {
+                    assert!(self.stop_requested, "delete without stop");
+                    assert!(!self.revoke_sent, "delete after the revoke");
+                    self.leave_sent = true;
                 }
                 Request::Put { key, .. } if key.as_slice() == MARKER => {
                     panic!("leave marker put outside the leave transaction")
@@ -273,14 +408,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
     let mut value = b"boot".to_vec();
     let config = KeepaliveConfig {
         ttl_secs: ttl,
-        binding: binding.then(|| Binding {
-            key: KEY.to_vec(),
-            value: value.clone(),
-            // Every other seed announces its leave.
-            leave_marker: seed.is_multiple_of(2).then(|| MARKER.to_vec()),
-            companion: None,
-            take_over: false,
-        }),
+        binding: None,
         backoff: BackoffConfig::default(),
         // From the seed, not the schedule's RNG, so each seed's schedule
         // stays what it was before margins existed.
@@ -294,11 +422,31 @@ fn run_seed(seed: u64, totals: &mut Totals) {
     let margin = config.safety_margin;
     let t0 = Instant::now();
     let announce_trust = config.announce_trust;
+    let machine = if binding {
+        Subject::Host(Box::new(Host::new(
+            HostConfig {
+                lease: config,
+                key: KEY.to_vec(),
+                value: value.clone(),
+                // Every other seed announces its leave.
+                leave_marker: seed.is_multiple_of(2).then(|| MARKER.to_vec()),
+                companion: None,
+                take_over: false,
+                backoff: BackoffConfig::default(),
+            },
+            t0,
+            seed,
+        )))
+    } else {
+        Subject::Lease(Box::new(Keepalive::new(config, t0, seed)))
+    };
     let spy = Spy {
-        machine: Keepalive::new(config, t0, seed),
+        machine,
+        held: None,
         stop_requested: false,
         revoke_sent: false,
         marker_sent: false,
+        leave_sent: false,
         left_told: false,
         given_up: Vec::new(),
         last_now: Some(t0),
@@ -437,7 +585,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
     );
     // etcd answers at once here, so every leave sent was told.
     assert_eq!(
-        w.h.machine.left_told, w.h.machine.marker_sent,
+        w.h.machine.left_told, w.h.machine.leave_sent,
         "seed {seed}: Left told"
     );
     // Later input changes nothing.

@@ -346,6 +346,8 @@ fn detach_hands_the_key_over_without_leaving() {
             Command::Notify(RegistrationNotice::Detached(RegistrationPoint {
                 lease: L1,
                 mod_revision: 5,
+                // The first write created the key.
+                create_revision: 5,
             })),
             state(LivenessState::Stopped { revoked: false }),
         ]
@@ -393,6 +395,7 @@ fn resumed(t0: Instant) -> Registration {
         RegistrationPoint {
             lease: L1,
             mod_revision: 5,
+            create_revision: 3,
         },
     );
     assert_eq!(drain(&mut r), vec![state(LivenessState::Registering)]);
@@ -636,5 +639,96 @@ fn take_over_writes_over_the_holder_then_revokes_its_lease() {
             rpc(2, Request::Revoke { lease: THEIRS }),
             state(LivenessState::Registered { lease: L1 }),
         ]
+    );
+}
+
+#[test]
+fn a_write_refused_for_permission_is_refused_and_stops() {
+    let t0 = Instant::now();
+    let mut r = registration(t0);
+    assert_eq!(handle(&mut r, t0, up(L1)), vec![rpc(0, put(0, b"v", L1))]);
+    let error = RpcError::PermissionDenied("no grant on /h/".into());
+    assert_eq!(
+        handle(&mut r, t0, reply(0, Err(error.clone()))),
+        vec![
+            state(LivenessState::Refused { error }),
+            state(LivenessState::Stopped { revoked: false }),
+        ],
+        "rule 9: no retry loop"
+    );
+    assert!(r.is_finished());
+}
+
+fn key_on(lease: LeaseId, value: &[u8], mod_revision: Revision) -> KeyValue {
+    KeyValue {
+        key: KEY.to_vec(),
+        value: value.to_vec(),
+        create_revision: 3,
+        mod_revision,
+        version: 2,
+        lease,
+    }
+}
+
+fn guard_failed(kv: Option<KeyValue>) -> Result<Response, RpcError> {
+    Ok(Response::Txn {
+        revision: 9,
+        succeeded: false,
+        responses: vec![TxnOpResponse::Range {
+            kvs: kv.into_iter().collect(),
+        }],
+    })
+}
+
+#[test]
+fn a_resume_on_an_own_lease_refused_by_a_changed_key_asks_for_a_new_lease() {
+    let t0 = Instant::now();
+    let mut r = resumed(t0);
+    r.set_own_lease(true);
+    assert_eq!(handle(&mut r, t0, up(L1)), vec![rpc(0, put(5, b"v", L1))]);
+    // Written by someone since the detach, on the same lease.
+    assert_eq!(
+        handle(
+            &mut r,
+            t0,
+            reply(0, guard_failed(Some(key_on(L1, b"other", 7))))
+        ),
+        vec![Command::Notify(RegistrationNotice::SessionRequest(
+            SessionRequest::Replace(L1)
+        ))],
+        "rule 6: not taken over on the resumed lease; no Lost either"
+    );
+    assert_eq!(
+        handle(
+            &mut r,
+            t0,
+            RegistrationInput::Session(SessionInput::Lost { lease: L1 })
+        ),
+        vec![]
+    );
+    assert_eq!(
+        handle(&mut r, t0, up(L2)),
+        vec![rpc(1, put(7, b"v", L2))],
+        "moved to the next lease, guarded on what was read"
+    );
+    assert_eq!(
+        handle(&mut r, t0, reply(1, written(8))),
+        vec![state(LivenessState::Registered { lease: L2 })]
+    );
+}
+
+#[test]
+fn a_resume_on_a_shared_lease_takes_a_changed_key_over_where_it_is() {
+    let t0 = Instant::now();
+    let mut r = resumed(t0);
+    assert_eq!(handle(&mut r, t0, up(L1)), vec![rpc(0, put(5, b"v", L1))]);
+    assert_eq!(
+        handle(
+            &mut r,
+            t0,
+            reply(0, guard_failed(Some(key_on(L1, b"other", 7))))
+        ),
+        vec![rpc(1, put(7, b"v", L1))],
+        "the session's lease is not this machine's to give up"
     );
 }

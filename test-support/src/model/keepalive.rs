@@ -1,8 +1,10 @@
-//! The keepalive world: one or two real [`Keepalive`] machines around the
-//! model etcd, each behind its own [`Wire`], in lease-only mode (an
-//! election session) or binding mode (a key bound to the lease, as
-//! `HostLiveness` uses it, leave marker included), with users who change
-//! the bound value and stop, and an etcd that may revoke a lease early.
+//! The keepalive world: one or two real machines around the model etcd,
+//! each behind its own [`Wire`]: in lease-only mode a [`Keepalive`] (an
+//! election session), in binding mode a [`Host`] (a key bound to the
+//! lease as `HostLiveness` runs it: the host registration on a lease-only
+//! keepalive, `sm/src/host.rs`, leave marker included), with users who
+//! change the bound value and stop, and an etcd that may revoke a lease
+//! early.
 //!
 //! Safety, checked after every action (etcd's time is the machines' time):
 //! 1. **Trust ends before etcd's expiry**: while a machine holds a lease
@@ -22,18 +24,22 @@
 //!    earlier than the current instant after a step.
 //! 6. **Revokes are the stop's or the given-up leases'**: a machine never
 //!    revokes the lease it holds before `Stop`, and after `Stop` sends no
-//!    grant, renewal or put but the leave transaction (the marker put and
-//!    the key deleted at one revision); the marker is never put alone, and
-//!    `Left` is told only while etcd holds the marker on that lease.
+//!    grant or put but the leave transaction (the marker put and the key
+//!    deleted at one revision), and no renewal but a host's while its
+//!    leave is out (the lease must live for it; never after the stop's
+//!    revoke); the marker is never put alone, and `Left` is told only
+//!    while etcd holds the marker on that lease.
 //! 7. **Detach leaves the registration as it is** (rule 10 of
-//!    `sm/src/keepalive.rs`): after `Detach` a machine sends nothing but
+//!    `sm/src/keepalive.rs`, rule 5 of `sm/src/registration.rs`, rule 6
+//!    of `sm/src/host.rs`): after `Detach` a machine sends nothing but
 //!    the last revokes of leases it gave up earlier — no leave, no delete,
 //!    no revoke of the lease it hands over; it tells `Detached` with the
 //!    point it had (`resume_point()`), naming the lease and the key's
 //!    create revision as etcd holds them and a mod revision no later than
 //!    etcd's (a put whose answer was lost may have applied; unless etcd
 //!    revoked that lease early), then `Stopped` without a revoke.
-//! 8. **Resume takes over or starts afresh** (rule 11): a machine resumed
+//! 8. **Resume takes over or starts afresh** (keepalive rule 11,
+//!    registration rule 6, host rule 7): a machine resumed
 //!    from a point is `Registering` until it registers; registered on the
 //!    point's lease, etcd holds the key incarnation of the point (the same
 //!    create revision: watchers see no `Down`/`Up`); before that first
@@ -61,10 +67,11 @@
 use super::wire::{Bends, Taken, Wire, WireAction};
 use super::{debug_hash, hash_debug, World};
 use crate::ModelEtcd;
+use fleetcoord_sm::host::{Host, HostConfig, HostInput, HostNotice};
 use fleetcoord_sm::keepalive::{
-    Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState,
-    ResumePoint,
+    Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState, ResumePoint,
 };
+use fleetcoord_sm::registration::RegistrationPoint;
 use fleetcoord_sm::watch::leave_marker_key;
 use fleetcoord_sm::{
     BackoffConfig, Command, LeaseId, Machine, Request, Response, RpcError, RpcId, TxnOp,
@@ -187,29 +194,211 @@ impl KeepaliveSetup {
         }
     }
 
-    fn config(&self, m: usize) -> KeepaliveConfig {
+    fn backoff() -> BackoffConfig {
+        BackoffConfig {
+            initial: Duration::from_millis(50),
+            max: Duration::from_millis(800),
+            multiplier: 2,
+            // No jitter: the seed then decides nothing.
+            jitter_percent: 0,
+        }
+    }
+
+    /// Machine `m`, its first request id `first`, resumed from `point`
+    /// if given: a lease-only keepalive, or in binding mode a host (its
+    /// registration on its own keepalive, `sm/src/host.rs`).
+    fn machine(&self, m: usize, now: Instant, first: u64, point: Option<Point>) -> Subject {
+        if !self.binding {
+            let config = self.config();
+            return Subject::Lease(Box::new(match point {
+                Some(p) => Keepalive::resume(
+                    config,
+                    now,
+                    SEED,
+                    first,
+                    ResumePoint {
+                        lease: p.lease,
+                        create_revision: 0,
+                        key_revision: 0,
+                    },
+                ),
+                None => Keepalive::with_first_rpc_id(config, now, SEED, first),
+            }));
+        }
+        let config = HostConfig {
+            lease: self.config(),
+            key: key_of(m),
+            value: value_of(0),
+            leave_marker: self.leave_marker.then(|| leave_marker_key(&key_of(m))),
+            companion: None,
+            take_over: false,
+            backoff: Self::backoff(),
+        };
+        let point = point.map(|p| RegistrationPoint {
+            lease: p.lease,
+            mod_revision: p.mod_revision,
+            create_revision: p.create_revision,
+        });
+        Subject::Host(Box::new(Host::with_first_rpc_id(
+            config, now, SEED, first, point,
+        )))
+    }
+
+    fn config(&self) -> KeepaliveConfig {
         KeepaliveConfig {
             ttl_secs: self.ttl_secs,
-            binding: self.binding.then(|| Binding {
-                key: key_of(m),
-                value: value_of(0),
-                leave_marker: self.leave_marker.then(|| leave_marker_key(&key_of(m))),
-                companion: None,
-                take_over: false,
-            }),
-            backoff: BackoffConfig {
-                initial: Duration::from_millis(50),
-                max: Duration::from_millis(800),
-                multiplier: 2,
-                // No jitter: the seed then decides nothing.
-                jitter_percent: 0,
-            },
+            binding: None,
+            backoff: Self::backoff(),
             safety_margin: self.safety_margin,
             drift_allowance_ppm: 0,
             attempt_timeout: self.attempt_timeout,
             // As HostLiveness: the Trusted notices name the lease held
             // (rules 2 and 4).
             announce_trust: true,
+        }
+    }
+}
+
+/// What a machine hands over at a detach, in either mode (a lease-only
+/// keepalive's revisions are 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Point {
+    lease: LeaseId,
+    create_revision: i64,
+    mod_revision: i64,
+}
+
+/// A notice of either machine, as the world reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Told {
+    State(LivenessState),
+    Trusted { lease: LeaseId, until: Instant },
+    Left { lease: LeaseId },
+    Detached(Point),
+}
+
+/// `command` with its notice, if any, turned by `f`.
+fn map_notice<N, M>(command: Command<N>, f: impl FnOnce(N) -> M) -> Command<M> {
+    match command {
+        Command::Rpc { id, request } => Command::Rpc { id, request },
+        Command::Cancel { id } => Command::Cancel { id },
+        Command::Notify(n) => Command::Notify(f(n)),
+    }
+}
+
+/// The machine under test: a lease-only keepalive (an election session)
+/// or a host registration on its own lease (`HostLiveness`).
+#[derive(Clone, Debug)]
+enum Subject {
+    Lease(Box<Keepalive>),
+    Host(Box<Host>),
+}
+
+/// The inputs the world gives a machine.
+enum Give {
+    Rpc(fleetcoord_sm::RpcReply),
+    SetValue(Vec<u8>),
+    Stop,
+    Detach,
+}
+
+impl Subject {
+    fn handle(&mut self, now: Instant, input: Give) {
+        match self {
+            Subject::Lease(k) => k.handle(
+                now,
+                match input {
+                    Give::Rpc(r) => KeepaliveInput::Rpc(r),
+                    Give::SetValue(v) => KeepaliveInput::SetValue(v),
+                    Give::Stop => KeepaliveInput::Stop,
+                    Give::Detach => KeepaliveInput::Detach,
+                },
+            ),
+            Subject::Host(h) => h.handle(
+                now,
+                match input {
+                    Give::Rpc(r) => HostInput::Rpc(r),
+                    Give::SetValue(v) => HostInput::SetValue(v),
+                    Give::Stop => HostInput::Stop,
+                    Give::Detach => HostInput::Detach,
+                },
+            ),
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        match self {
+            Subject::Lease(k) => k.handle_timeout(now),
+            Subject::Host(h) => h.handle_timeout(now),
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        match self {
+            Subject::Lease(k) => k.poll_timeout(),
+            Subject::Host(h) => h.poll_timeout(),
+        }
+    }
+
+    fn poll_command(&mut self) -> Option<Command<Told>> {
+        let command = match self {
+            Subject::Lease(k) => map_notice(k.poll_command()?, |n| match n {
+                KeepaliveNotice::State(s) => Told::State(s),
+                KeepaliveNotice::Trusted { lease, until } => Told::Trusted { lease, until },
+                KeepaliveNotice::Left { lease } => Told::Left { lease },
+                KeepaliveNotice::Detached(p) => Told::Detached(Point {
+                    lease: p.lease,
+                    create_revision: p.create_revision,
+                    mod_revision: p.key_revision,
+                }),
+            }),
+            Subject::Host(h) => map_notice(h.poll_command()?, |n| match n {
+                HostNotice::State(s) => Told::State(s),
+                HostNotice::Trusted { lease, until } => Told::Trusted { lease, until },
+                HostNotice::Left { lease } => Told::Left { lease },
+                HostNotice::Detached(p) => Told::Detached(Point {
+                    lease: p.lease,
+                    create_revision: p.create_revision,
+                    mod_revision: p.mod_revision,
+                }),
+            }),
+        };
+        Some(command)
+    }
+
+    fn local_deadline(&self) -> Option<Instant> {
+        match self {
+            Subject::Lease(k) => k.local_deadline(),
+            Subject::Host(h) => h.local_deadline(),
+        }
+    }
+
+    fn lease(&self) -> Option<LeaseId> {
+        match self {
+            Subject::Lease(k) => k.lease(),
+            Subject::Host(h) => h.lease(),
+        }
+    }
+
+    fn state(&self) -> &LivenessState {
+        match self {
+            Subject::Lease(k) => k.state(),
+            Subject::Host(h) => h.state(),
+        }
+    }
+
+    fn resume_point(&self) -> Option<Point> {
+        match self {
+            Subject::Lease(k) => k.resume_point().map(|p| Point {
+                lease: p.lease,
+                create_revision: p.create_revision,
+                mod_revision: p.key_revision,
+            }),
+            Subject::Host(h) => h.resume_point().map(|p| Point {
+                lease: p.lease,
+                create_revision: p.create_revision,
+                mod_revision: p.mod_revision,
+            }),
         }
     }
 }
@@ -239,7 +428,7 @@ pub enum KeepaliveAction {
 
 #[derive(Clone, Debug)]
 struct Node {
-    machine: Keepalive,
+    machine: Subject,
     wire: Wire,
     /// The lease the last `Trusted` notice named, until `Lost`.
     trusted: Option<LeaseId>,
@@ -253,12 +442,14 @@ struct Node {
     stopped: bool,
     /// The leave transaction went out.
     marker_sent: bool,
+    /// The stop's revoke of the lease held went out: no renewal after it.
+    stop_revoked: bool,
     /// The user detached the machine: the point it must tell.
-    detaching: Option<ResumePoint>,
+    detaching: Option<Point>,
     /// Told `Detached` with this point; the successor is not resumed yet.
-    detached: Option<ResumePoint>,
+    detached: Option<Point>,
     /// The machine was resumed from this point and has not registered yet.
-    resumed: Option<ResumePoint>,
+    resumed: Option<Point>,
     /// Machines this node has run (each successor's request ids are its
     /// own, so orphans of the one before cannot be mistaken for them).
     incarnation: u64,
@@ -326,7 +517,7 @@ impl KeepaliveWorld {
         };
         let nodes = (0..setup.machines)
             .map(|m| Node {
-                machine: Keepalive::new(setup.config(m), start, SEED),
+                machine: setup.machine(m, start, 0, None),
                 wire: wire(),
                 trusted: None,
                 on_lease: Vec::new(),
@@ -334,6 +525,7 @@ impl KeepaliveWorld {
                 lost_before: false,
                 stopped: false,
                 marker_sent: false,
+                stop_revoked: false,
                 detaching: None,
                 detached: None,
                 resumed: None,
@@ -430,7 +622,15 @@ impl KeepaliveWorld {
                                     "machine {m} revokes lease {lease:x}, which it holds, before Stop"
                                 ));
                             }
+                            if node.stopped && held == Some(*lease) {
+                                node.stop_revoked = true;
+                            }
                         }
+                        // A host keeps its lease alive for its leave
+                        // (`sm/src/host.rs`, rule 4): renewals until the
+                        // stop's revoke, never after it.
+                        Request::KeepAlive { .. }
+                            if node.stopped && self.setup.binding && !node.stop_revoked => {}
                         other if node.stopped => {
                             return Err(format!("machine {m} sent {other:?} after Stop"));
                         }
@@ -438,7 +638,7 @@ impl KeepaliveWorld {
                     }
                 }
                 Command::Cancel { id } => node.on_lease.retain(|(r, _)| r != id),
-                Command::Notify(KeepaliveNotice::State(LivenessState::Lost { lease })) => {
+                Command::Notify(Told::State(LivenessState::Lost { lease })) => {
                     node.stale.extend(
                         node.renewals
                             .iter()
@@ -446,10 +646,9 @@ impl KeepaliveWorld {
                             .map(|(r, _)| *r),
                     );
                 }
-                Command::Notify(
-                    KeepaliveNotice::State(LivenessState::Stopped { .. })
-                    | KeepaliveNotice::Detached(_),
-                ) => node.stale.extend(node.renewals.iter().map(|(r, _)| *r)),
+                Command::Notify(Told::State(LivenessState::Stopped { .. }) | Told::Detached(_)) => {
+                    node.stale.extend(node.renewals.iter().map(|(r, _)| *r))
+                }
                 Command::Notify(_) => {}
             }
             if let Some(notice) = self.nodes[m].wire.accept(command) {
@@ -460,10 +659,10 @@ impl KeepaliveWorld {
     }
 
     /// Rule 4, and what the notices tell the world.
-    fn notice(&mut self, m: usize, notice: KeepaliveNotice) -> Result<(), String> {
+    fn notice(&mut self, m: usize, notice: Told) -> Result<(), String> {
         let node = &mut self.nodes[m];
         match notice {
-            KeepaliveNotice::Trusted { lease, until } => {
+            Told::Trusted { lease, until } => {
                 if node.machine.local_deadline() != Some(until) || until <= self.now {
                     return Err(format!(
                         "machine {m} told lease {lease:x} trusted until +{:?}, but its deadline \
@@ -478,7 +677,7 @@ impl KeepaliveWorld {
                     node.trust_told += 1;
                 }
             }
-            KeepaliveNotice::Left { lease } => {
+            Told::Left { lease } => {
                 // Told once etcd applied the leave: the key is gone and
                 // the marker is bound to the lease (until its revoke).
                 let marker = self.etcd.get(&leave_marker_key(&key_of(m)));
@@ -493,7 +692,7 @@ impl KeepaliveWorld {
                     ));
                 }
             }
-            KeepaliveNotice::Detached(point) => {
+            Told::Detached(point) => {
                 if node.detaching != Some(point) {
                     return Err(format!(
                         "machine {m} detached at {point:?}, asked at {:?}",
@@ -507,7 +706,7 @@ impl KeepaliveWorld {
                 let held = kv.as_ref().is_some_and(|kv| {
                     kv.lease == point.lease
                         && kv.create_revision == point.create_revision
-                        && kv.mod_revision >= point.key_revision
+                        && kv.mod_revision >= point.mod_revision
                 });
                 if !held && !self.revoked_early.contains(&point.lease) {
                     return Err(format!(
@@ -517,7 +716,7 @@ impl KeepaliveWorld {
                 node.detached = Some(point);
                 self.marks |= DETACHED;
             }
-            KeepaliveNotice::State(state) => match state {
+            Told::State(state) => match state {
                 LivenessState::Registered { lease } => {
                     self.marks |= REGISTERED;
                     if node.lost_before {
@@ -719,7 +918,7 @@ impl KeepaliveWorld {
         let stale = renewal.filter(|(r, _)| node.stale.remove(r));
         let before = node.machine.local_deadline();
         let told = node.trust_told;
-        node.machine.handle(now, reply.into());
+        node.machine.handle(now, Give::Rpc(reply));
         self.pump(m)?;
         if let Some((id, lease)) = stale {
             self.marks |= STALE_ANSWER;
@@ -899,34 +1098,34 @@ impl World for KeepaliveWorld {
                 let node = &mut self.nodes[m];
                 node.value += 1;
                 let value = value_of(node.value);
-                node.machine.handle(now, KeepaliveInput::SetValue(value));
+                node.machine.handle(now, Give::SetValue(value));
                 self.pump(m)?;
             }
             KeepaliveAction::Stop(m) => {
                 self.budget.stop -= 1;
                 let node = &mut self.nodes[m];
                 node.stopped = true;
-                node.machine.handle(now, KeepaliveInput::Stop);
+                node.machine.handle(now, Give::Stop);
                 self.pump(m)?;
             }
             KeepaliveAction::Detach(m) => {
                 self.budget.detach -= 1;
                 let node = &mut self.nodes[m];
                 node.detaching = node.machine.resume_point();
-                node.machine.handle(now, KeepaliveInput::Detach);
+                node.machine.handle(now, Give::Detach);
                 self.pump(m)?;
                 if self.nodes[m].detached.is_none() {
                     return Err(format!("machine {m} did not tell Detached"));
                 }
             }
             KeepaliveAction::Resume(m) => {
-                let config = self.setup.config(m);
+                let setup = self.setup.clone();
                 let node = &mut self.nodes[m];
                 let Some(point) = node.detached.take() else {
                     return Err(format!("machine {m} resumed with nothing detached"));
                 };
                 node.incarnation += 1;
-                node.machine = Keepalive::resume(config, now, SEED, node.incarnation << 20, point);
+                node.machine = setup.machine(m, now, node.incarnation << 20, Some(point));
                 node.detaching = None;
                 // The successor writes its own initial value.
                 node.value = 0;
