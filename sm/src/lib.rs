@@ -110,6 +110,7 @@ pub mod mirror;
 pub mod newest;
 pub mod observe;
 pub mod outbox;
+pub mod ratelimit;
 pub mod registration;
 pub mod renewals;
 pub mod retry;
