@@ -240,6 +240,13 @@ impl<Id: Ord + Clone> RateShare<Id> {
         self.until = Some(until);
     }
 
+    /// No deadline is known now (the session is between states): nothing
+    /// is granted until the next [`RateShare::trusted`], and the join
+    /// stands (invariant 4).
+    pub fn untrusted(&mut self) {
+        self.until = None;
+    }
+
     /// The lease is gone, or the member is leaving: nothing is granted
     /// until the next [`RateShare::registered`] (invariant 5).
     pub fn lost(&mut self) {
