@@ -99,15 +99,39 @@ impl RateLimitOptions {
         self
     }
 
-    /// The checks every constructor makes of `name`, `permits` and these
-    /// options before sending anything: `Ok` here means they will not be
-    /// refused as [`Error::InvalidArgument`].
+    /// The checks [`RateLimit::with_options`] makes of `name`, `permits`
+    /// and these options before sending anything (the window must also be
+    /// shorter than the session's trusted lifetime less a third of its
+    /// TTL): `Ok` here means they will not be refused as
+    /// [`Error::InvalidArgument`].
     pub fn check(&self, name: &str, permits: u32) -> Result<()> {
         validate::election_name("name", name)?;
         validate::prefix("prefix", &self.prefix)?;
         validate::timeout("register_timeout", self.register_timeout)?;
         self.session.validate()?;
-        self.config(permits).map(|_| ())
+        self.config(permits)?;
+        self.fits(&self.session)
+    }
+
+    /// The window against the session it runs on: a member grants only
+    /// while its lease is trusted for a window more, and a renewal comes
+    /// every third of the TTL, so a window not shorter than the trusted
+    /// lifetime less a third of the TTL would grant only now and then, or
+    /// never (an acquire that waits forever).
+    fn fits(&self, session: &SessionOptions) -> Result<()> {
+        let room = session.trusted_lifetime().saturating_sub(session.ttl / 3);
+        if self.window >= room {
+            return Err(Error::invalid(
+                "window",
+                format!(
+                    "{:?} must be shorter than {room:?}, the session's trusted lifetime less \
+                     a third of its TTL of {:?}: a member grants only while its lease is \
+                     trusted for a window more; raise the TTL or shorten the window",
+                    self.window, session.ttl
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn config(&self, permits: u32) -> Result<RateConfig> {
@@ -263,7 +287,11 @@ impl RateLimit {
         options: RateLimitOptions,
     ) -> Result<RateLimit> {
         crate::blocking::check()?;
-        options.check(name, permits)?;
+        validate::election_name("name", name)?;
+        validate::prefix("prefix", &options.prefix)?;
+        validate::timeout("register_timeout", options.register_timeout)?;
+        options.config(permits)?;
+        options.fits(session.options())?;
         let (id, liveness_options, value) = member(name, permits, &options);
         let liveness = HostLiveness::with_session(session, id, value.as_bytes(), liveness_options)?;
         Self::start(session.etcd(), id, permits, &options, liveness, value)
@@ -342,17 +370,17 @@ impl RateLimit {
     /// Blocks until this member may grant a permit.
     pub fn acquire(&self) -> Result<Permit> {
         crate::blocking::check()?;
-        self.wait(None)
+        self.wait(None, Duration::MAX)
     }
 
     /// [`RateLimit::acquire`], giving up after `timeout` with
     /// [`Error::Timeout`] (`Duration::MAX` means no timeout).
     pub fn acquire_timeout(&self, timeout: Duration) -> Result<Permit> {
         crate::blocking::check()?;
-        self.wait(Instant::now().checked_add(timeout))
+        self.wait(Instant::now().checked_add(timeout), timeout)
     }
 
-    fn wait(&self, deadline: Option<Instant>) -> Result<Permit> {
+    fn wait(&self, deadline: Option<Instant>, timeout: Duration) -> Result<Permit> {
         let mut state = self.shared.state.lock();
         loop {
             let (permit, retry) = self.ask(&mut state)?;
@@ -361,9 +389,7 @@ impl RateLimit {
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| d <= now) {
-                return Err(Error::Timeout(
-                    deadline.map_or(Duration::ZERO, |d| d.saturating_duration_since(now)),
-                ));
+                return Err(Error::Timeout(timeout));
             }
             // A fact may change without a notice (the trust moves at each
             // renewal): look again at least every 100 ms.
@@ -414,10 +440,18 @@ impl RateLimit {
     /// others take the share back without overshooting.
     pub fn close(mut self) -> Result<()> {
         crate::blocking::check()?;
-        self.shutdown()
+        let release = self.stop_granting();
+        if let Some(at) = release {
+            std::thread::sleep(at.saturating_duration_since(Instant::now()));
+        }
+        let left = self.liveness.take().map_or(Ok(()), HostLiveness::close);
+        let watched = self.watcher.take().map_or(Ok(()), HostWatcher::close);
+        left.and(watched)
     }
 
-    fn shutdown(&mut self) -> Result<()> {
+    /// Ends every grant and the pump; when the key may go
+    /// ([`RateShare::release_at`]).
+    fn stop_granting(&mut self) -> Option<Instant> {
         let release = {
             let mut state = self.shared.state.lock();
             state.closed = true;
@@ -425,28 +459,48 @@ impl RateLimit {
             state.share.release_at()
         };
         self.shared.changed.notify_all();
-        if let Some(at) = release {
-            let left = at.saturating_duration_since(Instant::now());
-            std::thread::sleep(left);
-        }
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
         if let Some(pump) = self.pump.take() {
+            // It returns at the stop: it never blocks but on the lock.
             let _ = pump.join();
         }
-        let left = self.liveness.take().map_or(Ok(()), HostLiveness::close);
-        let watched = self.watcher.take().map_or(Ok(()), HostWatcher::close);
-        left.and(watched)
+        release.filter(|&at| at > Instant::now())
     }
 }
 
 impl Drop for RateLimit {
-    /// [`RateLimit::close`], ignoring errors: it blocks for at most one
-    /// window (the wait before the key may go).
+    /// Stops granting at once and returns without waiting: the key is
+    /// deleted (and the lease revoked) a window after the last grant by a
+    /// thread of its own, as [`RateLimit::close`] would; should the
+    /// process end first, the lease expires, which is no earlier (every
+    /// grant was made while the lease was trusted for a window more).
     fn drop(&mut self) {
-        if self.liveness.is_some() {
-            let _ = self.shutdown();
+        if self.liveness.is_none() {
+            return;
+        }
+        let release = self.stop_granting();
+        let liveness = self.liveness.take();
+        let watcher = self.watcher.take();
+        match release {
+            Some(at) => {
+                let parts = Arc::new(Mutex::new(Some((liveness, watcher))));
+                let theirs = parts.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("fleetcoord-ratelimit-leave".into())
+                    .spawn(move || {
+                        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+                        drop(theirs.lock().take());
+                    });
+                if spawned.is_err() {
+                    // No thread to leave on: wait here (at most a window)
+                    // rather than delete the key early.
+                    std::thread::sleep(at.saturating_duration_since(Instant::now()));
+                    drop(parts.lock().take());
+                }
+            }
+            None => drop((liveness, watcher)),
         }
     }
 }

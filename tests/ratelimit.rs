@@ -280,3 +280,63 @@ fn long_five_members_for_a_minute() {
         Duration::from_secs(20),
     );
 }
+
+/// Leaving: `close` waits until a window after the last grant before the
+/// key goes (the others then take the share back), `drop` returns at
+/// once and the key still goes a window after the last grant; on a
+/// `Session` only the key goes.
+#[test]
+fn leaving_waits_a_window_after_the_last_grant() {
+    let server = EtcdServer::start().expect("etcd");
+    let etcd = connect(&server.endpoint());
+    let window = Duration::from_millis(800);
+    let quick = options().with_window(window).with_lag(Duration::ZERO);
+    let stays = RateLimit::with_options(&etcd, "leave", 10, quick.clone()).expect("member");
+    let count = |n: usize| {
+        wait_for("members counted", Duration::from_secs(10), || {
+            stays.members() == n
+        })
+    };
+
+    let leaving = RateLimit::with_options(&etcd, "leave", 10, quick.clone()).expect("member");
+    count(2);
+    let last = leaving.acquire().expect("acquire").granted_at();
+    leaving.close().expect("close");
+    assert!(
+        last.elapsed() >= window,
+        "closed {:?} after the last grant",
+        last.elapsed()
+    );
+    count(1);
+
+    let dropped = RateLimit::with_options(&etcd, "leave", 10, quick.clone()).expect("member");
+    count(2);
+    let last = dropped.acquire().expect("acquire").granted_at();
+    let started = Instant::now();
+    drop(dropped);
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "drop took {:?}",
+        started.elapsed()
+    );
+    count(1);
+    assert!(
+        last.elapsed() >= window,
+        "key gone {:?} after the last grant",
+        last.elapsed()
+    );
+
+    let session = fleetcoord::Session::new(&etcd, Duration::from_secs(5)).expect("session");
+    let on_session = RateLimit::with_session(&session, "leave", 10, quick).expect("member");
+    count(2);
+    wait_for("the new member sees both", Duration::from_secs(10), || {
+        on_session.members() == 2
+    });
+    assert_eq!(on_session.share() + stays.share(), 10);
+    on_session.acquire().expect("acquire on a session");
+    on_session.close().expect("close");
+    count(1);
+    assert!(session.lease().is_some(), "the session lives on");
+    session.close().expect("close session");
+    stays.close().expect("close");
+}
