@@ -130,6 +130,12 @@ fn no_grant_whose_window_outlives_the_trust() {
     share.trusted(start + W + ms(10));
     assert_eq!(share.try_acquire(start + ms(1)), Grant::Granted);
     assert_eq!(share.try_acquire(start + ms(11)), Grant::Fact);
+    // No deadline known (the session between states): nothing, and the
+    // join stands once it is known again.
+    share.untrusted();
+    assert_eq!(share.try_acquire(start + ms(12)), Grant::Fact);
+    share.trusted(start + ms(5_000));
+    assert_eq!(share.try_acquire(start + ms(12)), Grant::Granted);
 }
 
 /// Joins shrink the share, leaves grow it, with the member's rank.
