@@ -66,10 +66,13 @@ test: deps
 
 # A long randomized fault run on a 3-member etcd cluster with a history
 # checker (tests/soak); `make test` runs 6 rounds of it. About 2 s a round;
-# SOAK_SEED=<n> replays a run (each run prints its seed).
+# SOAK_SEED=<n> replays a run (each run prints its seed). Then the
+# RateLimit workload of issue 49 for 60 s (tests/ratelimit.rs: five
+# members, one SIGKILLed and one cut off; `make test` runs 11 s of it).
 SOAK_ROUNDS ?= 1000
 soak: deps-build deps-etcd
 	SOAK_ROUNDS=$(SOAK_ROUNDS) $(CARGO) test --all-features --test soak -- --nocapture
+	$(CARGO) test --all-features --test ratelimit -- --ignored --exact long_five_members_for_a_minute --nocapture
 
 # Exhaustive bounded model checking (sm/tests/model.rs, a test of
 # fleetcoord-test-support: see its Cargo.toml): the long set of worlds, in

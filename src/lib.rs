@@ -19,6 +19,9 @@
 //! * [`Semaphore`] (acquire, try_acquire, a fenced [`SemaphoreGuard`]): at
 //!   most N holders at once, on the same protocol with N permits; a
 //!   release wakes only the waiters it can let in.
+//! * [`RateLimit`] (acquire, try_acquire, acquire_timeout): N processes
+//!   share R permits per window, each process's share on its lease, with
+//!   a documented overshoot bound during joins, leaves and partitions.
 //! * [`coordinator`]: pub/sub, streams and KV with pattern watches, on etcd,
 //!   in memory, or noop (and NATS or Redis behind features), with a public
 //!   `conformance` suite (feature `conformance`); [`coordinator::from_env`]
@@ -84,6 +87,7 @@ mod liveness;
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
+mod ratelimit;
 mod resume;
 mod runtime;
 mod server_version;
@@ -110,6 +114,7 @@ pub use endpoints::Endpoints;
 pub use error::{Error, ErrorKind, Result};
 pub use etcd::{Etcd, EtcdOptions, LeaseTtl};
 pub use liveness::{HostLiveness, LivenessOptions, DEFAULT_HOSTS_PREFIX};
+pub use ratelimit::{Permit, RateLimit, RateLimitOptions, DEFAULT_RATELIMIT_PREFIX};
 pub use resume::{HostResume, Resume, SessionResume};
 pub use server_version::{etcd_defects, KnownDefect, ServerVersion};
 pub use session::{LivenessState, Session, SessionOptions};

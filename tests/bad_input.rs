@@ -501,3 +501,95 @@ fn largest_payload_fits_beside_the_longest_keys() {
         .publish(&longest_name, &largest)
         .expect("publish");
 }
+
+/// `RateLimit`: names with '/', rates of 0 or past the maximum, windows,
+/// lags and TTLs out of range are refused naming the field and the
+/// allowed form, before anything is written; a huge acquire timeout means
+/// no deadline, never a panic.
+#[test]
+fn rate_limit_arguments() {
+    use fleetcoord::{RateLimit, RateLimitOptions, Session};
+    let server = EtcdServer::start().expect("etcd");
+    let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    let ok = RateLimitOptions::default;
+    for name in ["a/b", "", "nul\0"] {
+        invalid(RateLimit::new(&etcd, name, 10), "name");
+    }
+    let why = invalid(RateLimit::new(&etcd, "r", 0), "permits");
+    assert!(why.contains("1 to 1,000,000"), "{why}");
+    invalid(RateLimit::new(&etcd, "r", 1_000_001), "permits");
+    invalid(RateLimit::new(&etcd, "r", u32::MAX), "permits");
+    let why = invalid(
+        RateLimit::with_options(&etcd, "r", 10, ok().with_window(Duration::ZERO)),
+        "window",
+    );
+    assert!(why.contains("10 ms to 1 h"), "{why}");
+    invalid(
+        RateLimit::with_options(&etcd, "r", 10, ok().with_window(Duration::MAX)),
+        "window",
+    );
+    invalid(
+        RateLimit::with_options(&etcd, "r", 10, ok().with_lag(Duration::MAX)),
+        "lag",
+    );
+    invalid(
+        RateLimit::with_options(&etcd, "r", 10, ok().with_ttl(Duration::ZERO)),
+        "ttl",
+    );
+    invalid(
+        RateLimit::with_options(&etcd, "r", 10, ok().with_ttl(Duration::from_millis(1500))),
+        "ttl",
+    );
+    invalid(
+        RateLimit::with_options(&etcd, "r", 10, ok().with_prefix("no-slash")),
+        "prefix",
+    );
+    invalid(
+        RateLimit::with_options(&etcd, "r", 10, ok().with_register_timeout(Duration::ZERO)),
+        "register_timeout",
+    );
+    let session = Session::new(&etcd, Duration::from_secs(5)).expect("session");
+    invalid(RateLimit::with_session(&session, "a/b", 10, ok()), "name");
+    invalid(RateLimit::with_session(&session, "r", 0, ok()), "permits");
+    // Nothing was written by any refused constructor.
+    let hosts = list_hosts(&etcd, fleetcoord::DEFAULT_RATELIMIT_PREFIX).expect("list");
+    assert!(hosts.is_empty(), "{hosts:?}");
+
+    // A valid one: a huge timeout is no deadline, and closing works.
+    let limit = RateLimit::with_session(
+        &session,
+        "r",
+        10,
+        ok().with_window(Duration::from_millis(10))
+            .with_lag(Duration::ZERO),
+    )
+    .expect("rate limit");
+    limit.acquire_timeout(Duration::MAX).expect("acquire");
+    limit.close().expect("close");
+    session.close().expect("close session");
+}
+
+/// A window that the session's lease cannot cover (a member grants only
+/// while its lease is trusted for a window more) would wait forever: it
+/// is refused naming the window, on an own lease and on a session.
+#[test]
+fn rate_limit_window_longer_than_the_lease_is_refused() {
+    use fleetcoord::{RateLimit, RateLimitOptions, Session};
+    let server = EtcdServer::start().expect("etcd");
+    let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    let long = RateLimitOptions::default().with_window(Duration::from_secs(4));
+    let why = invalid(
+        RateLimit::with_options(&etcd, "r", 10, long.clone()),
+        "window",
+    );
+    assert!(why.contains("raise the TTL"), "{why}");
+    let session = Session::new(&etcd, Duration::from_secs(5)).expect("session");
+    invalid(
+        RateLimit::with_session(&session, "r", 10, long.clone()),
+        "window",
+    );
+    // A TTL that covers it is accepted.
+    let fits = long.with_ttl(Duration::from_secs(10));
+    assert!(fits.check("r", 10).is_ok());
+    session.close().expect("close session");
+}

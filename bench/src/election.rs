@@ -9,7 +9,9 @@ use crate::report::{latency_row, Row};
 use crate::stats::interleave;
 use crate::{Config, Res};
 use etcd_client::{LeaderKey, ResignOptions};
-use fleetcoord::{Election, ElectionOptions, Etcd, EtcdOptions, Semaphore};
+use fleetcoord::{
+    Election, ElectionOptions, Etcd, EtcdOptions, RateLimit, RateLimitOptions, Semaphore,
+};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -307,6 +309,46 @@ pub fn semaphore(cfg: &Config) -> Res<Vec<Row>> {
             &handover_anchor,
         )?,
     ])
+}
+
+/// What one permit of a fleet-wide rate limit costs the caller: a
+/// `RateLimit` grants from its share without asking etcd, against the
+/// cheapest raw equivalent of a limiter that does ask etcd, one put per
+/// permit (a shared counter, unguarded: a real one needs a compare too).
+pub fn ratelimit(cfg: &Config) -> Res<Vec<Row>> {
+    let n = cfg.samples(1000, 100);
+    let etcd = Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let options = RateLimitOptions::default()
+        .with_window(Duration::from_millis(100))
+        .with_lag(Duration::ZERO)
+        .with_ttl(Duration::from_secs(10));
+    // A share no sample can exhaust: the row is the grant's cost, not a wait.
+    let limit = RateLimit::with_options(&etcd, "bench-ratelimit", 1_000_000, options)?;
+    // Not timed: the first acquire waits for the join (a window).
+    limit.acquire()?;
+    let raw = Raw::connect(&cfg.endpoint)?;
+    let mut client = raw.client();
+    let (grant, anchor) = interleave(
+        n,
+        |_| {
+            let t = Instant::now();
+            limit.acquire()?;
+            Ok(t.elapsed())
+        },
+        |i| {
+            let t = Instant::now();
+            raw.block_on(client.put("/bench/raw-ratelimit", i.to_string(), None))?;
+            Ok(t.elapsed())
+        },
+    )?;
+    limit.close()?;
+    Ok(vec![latency_row(
+        "RateLimit grant cost per permit (in process)",
+        "RateLimit::acquire returns (share of 1,000,000 per 100 ms)",
+        &grant,
+        "one etcd put per permit (the cheapest limiter that asks etcd)",
+        &anchor,
+    )?])
 }
 
 /// Process level: leader process gets SIGINT (both resign on it) while a

@@ -7,7 +7,8 @@
 //! streams — lives here as a deterministic state machine; the bus's
 //! decisions that need no machine (when to retry a write, [`retry`]; which message a slow
 //! subscriber keeps, [`newest`]; how a shared session's facts reach the
-//! primitives on it and what they may believe, [`session`]) are plain
+//! primitives on it and what they may believe, [`session`]; how much of a
+//! fleet-wide rate one member may spend, [`ratelimit`]) are plain
 //! types beside them. This crate
 //! does no I/O, reads no clock and uses no global random number generator:
 //! time comes in as `now`, randomness from a seed given to `new`, and etcd
@@ -112,6 +113,7 @@ pub mod mirror;
 pub mod newest;
 pub mod observe;
 pub mod outbox;
+pub mod ratelimit;
 pub mod registration;
 pub mod renewals;
 pub mod retry;

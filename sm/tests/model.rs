@@ -19,6 +19,9 @@ mod keepalive;
 #[path = "model/watch.rs"]
 mod watch;
 
+#[path = "model/ratelimit.rs"]
+mod ratelimit;
+
 #[path = "model/renewals.rs"]
 mod renewals;
 

@@ -27,6 +27,8 @@ mod observe;
 mod outbox;
 #[path = "unit/plumbing.rs"]
 mod plumbing;
+#[path = "unit/ratelimit.rs"]
+mod ratelimit;
 #[path = "unit/registration.rs"]
 mod registration;
 #[path = "unit/renewals.rs"]

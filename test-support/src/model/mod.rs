@@ -38,6 +38,7 @@ mod wire;
 pub mod election;
 pub mod keepalive;
 pub mod mirror;
+pub mod ratelimit;
 pub mod renewals;
 pub mod session;
 pub mod shard;
