@@ -467,7 +467,13 @@ impl HostLiveness {
                 match notice {
                     HostNotice::State(state) => sink.state(state),
                     HostNotice::Trusted { lease, until } => {
-                        shared_status.lock().trust = Some((lease, until));
+                        let mut status = shared_status.lock();
+                        status.trust = Some((lease, until));
+                        // A grant answered: no failure stands.
+                        status.grant_failure = None;
+                    }
+                    HostNotice::GrantFailed { error } => {
+                        shared_status.lock().grant_failure = Some(error);
                     }
                     HostNotice::Left { .. } => sink.left(),
                     HostNotice::Detached(point) => {
@@ -545,7 +551,20 @@ impl HostLiveness {
                 Ok(first) => return Ok(first),
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                     let _ = self.stop_and_wait();
-                    return Err(Error::Timeout(timeout));
+                    // Out of space is not a slow etcd: say so, under its
+                    // own kind (issue 48, item 3).
+                    let failure = self.status.lock().grant_failure.take();
+                    return Err(match failure {
+                        Some(e @ fleetcoord_sm::RpcError::NoSpace(_)) => Error::rpc_in(
+                            format!(
+                                "registering {}: no lease granted within {timeout:?}",
+                                self.key
+                            ),
+                            e,
+                        )
+                        .with_endpoints(self.etcd.endpoints()),
+                        _ => Error::Timeout(timeout),
+                    });
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
                     return Err(self.etcd.gone())
@@ -913,6 +932,10 @@ struct Status {
     /// The lease of another process told holding this host's key
     /// (`Duplicate`), if any.
     displaced: Option<i64>,
+    /// Why the last lease grant failed, while none has succeeded since:
+    /// what a registration that gives up waiting reports (etcd out of
+    /// space refuses every grant, yet not for good).
+    grant_failure: Option<fleetcoord_sm::RpcError>,
 }
 
 impl StateSink {
@@ -920,6 +943,7 @@ impl StateSink {
         let status = Arc::new(Mutex::new(Status {
             state: LivenessState::Registering,
             trust: None,
+            grant_failure: None,
             displaced: None,
         }));
         // Unbounded, with the bound kept below by hand: a `bounded(1024)`

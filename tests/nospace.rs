@@ -97,7 +97,7 @@ fn a_full_etcd_refuses_writes_by_name_keeps_leases_and_recovers_when_disarmed() 
     );
     println!("kv_set: {set}\nappend_stream: {append}");
     // A new registration (its lease grant refused) keeps trying, and gives
-    // up at its register timeout, leaving nothing behind.
+    // up at its register timeout saying why, leaving nothing behind.
     let started = Instant::now();
     let options = LivenessOptions::default()
         .with_ttl(TTL)
@@ -113,7 +113,14 @@ fn a_full_etcd_refuses_writes_by_name_keeps_leases_and_recovers_when_disarmed() 
         "{:?}",
         started.elapsed()
     );
-    assert_eq!(late.kind(), ErrorKind::Timeout, "{late:?}");
+    // Named, not a bare timeout: the grants were refused for space.
+    assert_eq!(late.kind(), ErrorKind::NoSpace, "{late:?}");
+    assert!(late.is_retryable(), "{late:?}");
+    let text = late.to_string();
+    assert!(
+        text.contains("no lease granted within 3s") && text.contains("out of space"),
+        "{text}"
+    );
     // A campaign needs a lease grant (a new session) and a put.
     let started = Instant::now();
     let other = Election::new(&etcd, "full-other").expect("election");

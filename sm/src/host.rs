@@ -69,7 +69,7 @@ use crate::keepalive::{LivenessState, ResumePoint};
 use crate::registration::{
     Registration, RegistrationConfig, RegistrationInput, RegistrationNotice, RegistrationPoint,
 };
-use crate::rpc::{Command, LeaseId, RpcId, RpcReply};
+use crate::rpc::{Command, LeaseId, RpcError, RpcId, RpcReply};
 use crate::session::{HubCommand, MemberId, SessionHub, SessionRequest};
 use crate::Machine;
 use std::collections::VecDeque;
@@ -142,6 +142,12 @@ pub enum HostNotice {
     /// ([`Host::resume`]). Told at most once, before
     /// `State(Stopped { revoked: false })`.
     Detached(RegistrationPoint),
+    /// A lease grant failed and will be tried again
+    /// ([`KeepaliveNotice::GrantFailed`]): why nothing is registered yet.
+    GrantFailed {
+        /// What etcd (or the connection) answered.
+        error: RpcError,
+    },
 }
 
 /// A host registration on its own lease; see the module docs.
@@ -223,6 +229,8 @@ impl Host {
         };
         // Rule 3.
         keepalive.set_hold_retired(true);
+        // Why nothing is registered yet, for a user who gives up waiting.
+        keepalive.set_announce_failures(true);
         let mut registration = Registration::with_first_rpc_id(
             registration,
             now,
@@ -310,6 +318,12 @@ impl Host {
                                 lease: *lease,
                                 until: *until,
                             }));
+                        }
+                        if let KeepaliveNotice::GrantFailed { error } = &notice {
+                            self.queue
+                                .push_back(Command::Notify(HostNotice::GrantFailed {
+                                    error: error.clone(),
+                                }));
                         }
                         self.hub.keepalive(notice);
                     }

@@ -343,6 +343,16 @@ pub enum KeepaliveNotice {
     /// [resume](Keepalive::resume) from this point. Told at most once,
     /// right before `Stopped { revoked: false }`.
     Detached(ResumePoint),
+    /// A lease grant failed with `error` and will be tried again after a
+    /// backoff delay: what a user waiting for the first lease is told when
+    /// it gives up waiting (etcd out of space, say, refuses every grant
+    /// but does not refuse for good). Only with
+    /// [`Keepalive::set_announce_failures`]; never for a refusal, which
+    /// ends in `Refused`.
+    GrantFailed {
+        /// What etcd (or the connection) answered.
+        error: RpcError,
+    },
 }
 
 /// A registration handed from one machine to the next (a process restart):
@@ -676,6 +686,8 @@ pub struct Keepalive {
     /// key on another lease was taken from it, and is never taken back.
     ever_written: bool,
     announce_trust: bool,
+    /// [`Keepalive::set_announce_failures`].
+    announce_failures: bool,
     /// Retired leases wait for [`KeepaliveInput::Settled`] on the current
     /// one before they are revoked ([`Keepalive::set_hold_retired`]).
     hold_retired: bool,
@@ -789,6 +801,7 @@ impl Keepalive {
             probe: None,
             ever_written: false,
             announce_trust: config.announce_trust,
+            announce_failures: false,
             hold_retired: false,
             settled: None,
             draining: false,
@@ -867,6 +880,12 @@ impl Keepalive {
     /// interval more often.
     pub fn set_renewal_grid(&mut self, grid: Option<RenewalGrid>) {
         self.renewal_grid = grid;
+    }
+
+    /// With `announce` true, every failed grant that is tried again is
+    /// told ([`KeepaliveNotice::GrantFailed`]). Off by default.
+    pub fn set_announce_failures(&mut self, announce: bool) {
+        self.announce_failures = announce;
     }
 
     /// With `hold` true, a lease given up while etcd may still hold it
@@ -1177,6 +1196,10 @@ impl Keepalive {
                 // This grant is answered: nothing to wait for when stopping.
                 self.phase = Phase::Granting { grant: None };
                 return self.refuse(now, e.clone());
+            }
+            if self.announce_failures {
+                self.outbox
+                    .notify(KeepaliveNotice::GrantFailed { error: e.clone() });
             }
         }
         let Some((id, trusted, deadline)) = granted else {

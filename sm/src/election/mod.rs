@@ -747,7 +747,9 @@ impl Election {
                     // A session binds no key, so it never announces a leave
                     // and has no registration to hand over.
                     Command::Notify(
-                        KeepaliveNotice::Left { .. } | KeepaliveNotice::Detached(_),
+                        KeepaliveNotice::Left { .. }
+                        | KeepaliveNotice::Detached(_)
+                        | KeepaliveNotice::GrantFailed { .. },
                     ) => {}
                     Command::Notify(KeepaliveNotice::State(state)) => {
                         let fact = match &state {

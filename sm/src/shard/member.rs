@@ -269,7 +269,9 @@ impl Member {
                         | LivenessState::Duplicate { .. } => {}
                     },
                     Command::Notify(
-                        KeepaliveNotice::Left { .. } | KeepaliveNotice::Detached(_),
+                        KeepaliveNotice::Left { .. }
+                        | KeepaliveNotice::Detached(_)
+                        | KeepaliveNotice::GrantFailed { .. },
                     ) => {}
                 }
             }

@@ -83,6 +83,7 @@ impl Subject {
                         KeepaliveNotice::Trusted { lease, until }
                     }
                     HostNotice::Left { lease } => KeepaliveNotice::Left { lease },
+                    HostNotice::GrantFailed { error } => KeepaliveNotice::GrantFailed { error },
                     HostNotice::Detached(p) => KeepaliveNotice::Detached(ResumePoint {
                         lease: p.lease,
                         create_revision: p.create_revision,

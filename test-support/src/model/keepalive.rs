@@ -272,9 +272,17 @@ struct Point {
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Told {
     State(LivenessState),
-    Trusted { lease: LeaseId, until: Instant },
-    Left { lease: LeaseId },
+    Trusted {
+        lease: LeaseId,
+        until: Instant,
+    },
+    Left {
+        lease: LeaseId,
+    },
     Detached(Point),
+    /// A failed grant reported: why nothing is registered yet. It claims
+    /// nothing about etcd, so there is nothing to check.
+    GrantFailed,
 }
 
 /// `command` with its notice, if any, turned by `f`.
@@ -346,6 +354,7 @@ impl Subject {
                 KeepaliveNotice::State(s) => Told::State(s),
                 KeepaliveNotice::Trusted { lease, until } => Told::Trusted { lease, until },
                 KeepaliveNotice::Left { lease } => Told::Left { lease },
+                KeepaliveNotice::GrantFailed { .. } => Told::GrantFailed,
                 KeepaliveNotice::Detached(p) => Told::Detached(Point {
                     lease: p.lease,
                     create_revision: p.create_revision,
@@ -356,6 +365,7 @@ impl Subject {
                 HostNotice::State(s) => Told::State(s),
                 HostNotice::Trusted { lease, until } => Told::Trusted { lease, until },
                 HostNotice::Left { lease } => Told::Left { lease },
+                HostNotice::GrantFailed { .. } => Told::GrantFailed,
                 HostNotice::Detached(p) => Told::Detached(Point {
                     lease: p.lease,
                     create_revision: p.create_revision,
@@ -692,6 +702,7 @@ impl KeepaliveWorld {
                     ));
                 }
             }
+            Told::GrantFailed => {}
             Told::Detached(point) => {
                 if node.detaching != Some(point) {
                     return Err(format!(
