@@ -424,6 +424,31 @@ pub fn check(
     let mut settles = Vec::new();
     for c in &record.changes {
         let Some(took) = c.took else {
+            // What the members were told and which faults ran meanwhile:
+            // the evidence for why it did not settle.
+            let until = c.at + c.bound + GIVE_UP;
+            for (t, who, e) in log
+                .events
+                .iter()
+                .filter(|(t, _, _)| c.at <= *t && *t <= until)
+            {
+                println!(
+                    "soak: shard map: unsettled {}: {} {who} {e:?}",
+                    c.what,
+                    belief::secs(*t, origin)
+                );
+            }
+            for o in faults.iter().chain(leaderless) {
+                if o.to >= c.at && o.from <= until {
+                    println!(
+                        "soak: shard map: unsettled {}: fault {} from {} to {}",
+                        c.what,
+                        o.what,
+                        belief::secs(o.from, origin),
+                        belief::secs(o.to, origin)
+                    );
+                }
+            }
             violations.push(format!(
                 "shard map: {} at {} never settled ({:?} + {GIVE_UP:?}): {}",
                 c.what,

@@ -88,9 +88,15 @@
 //!     canceled and counts as failed (those given up together as one); a
 //!     failure (or a failed guard) holds back every read and write for one
 //!     backoff delay, reset by the next success; an adoption (rule 6) sends
-//!     nothing and is never held back. Every write is guarded, so a copy
-//!     applies at most once. Kept by `ShardMap::expire_attempts` and
-//!     `ShardMap::fail`.
+//!     nothing and is never held back. A failure of a request sent no
+//!     later than the failure that last advanced the backoff is that same
+//!     outage told again (a broken connection or a lost lease fails every
+//!     request on it at once): it neither advances the backoff nor moves
+//!     the hold. Counted one by one, the 16 creates and deletes of a member
+//!     that lost its lease took the delay to its cap in one instant, and a
+//!     few such losses in a row kept a member without its key for longer
+//!     than 20 s. Every write is guarded, so a copy applies at most once.
+//!     Kept by `ShardMap::expire_attempts` and `ShardMap::fail`.
 //! 11. **Leave.** [`ShardInput::Leave`] deletes the member key (guarded)
 //!     and releases every owned shard as in rule 8; the machine is
 //!     finished once nothing is owned, no write is in flight and, while the

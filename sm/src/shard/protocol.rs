@@ -100,6 +100,9 @@ pub struct ShardMap {
     backoff: Backoff,
     /// Writes and reads wait until then after a failure (rule 10).
     hold_until: Option<Instant>,
+    /// When the last failure that advanced the backoff was taken (rule
+    /// 10): a request sent until then that fails is part of that outage.
+    failed_at: Option<Instant>,
     leaving: bool,
     stopped: bool,
     /// Rule 12: the member key is another process's.
@@ -136,6 +139,7 @@ impl ShardMap {
             in_flight: BTreeMap::new(),
             written: BTreeMap::new(),
             hold_until: None,
+            failed_at: None,
             leaving: false,
             stopped: false,
             holder: None,
@@ -247,10 +251,16 @@ impl ShardMap {
         self.hold_until.is_some_and(|at| now < at)
     }
 
-    /// Rule 10: a failure holds every new request back for one backoff
-    /// delay.
-    fn fail(&mut self, now: Instant) {
+    /// Rule 10: a failure of a request sent at `sent` holds every new
+    /// request back for one backoff delay, unless the request was sent
+    /// before the failure that last did: then it is the same outage
+    /// reported again, and the hold stays as it is.
+    fn fail(&mut self, now: Instant, sent: Instant) {
+        if self.failed_at.is_some_and(|at| sent <= at) {
+            return;
+        }
         let delay = self.backoff.next_delay();
+        self.failed_at = Some(now);
         self.hold_until = Some(now.checked_add(delay).unwrap_or(now));
     }
 
@@ -260,17 +270,17 @@ impl ShardMap {
         if timeout.is_zero() {
             return;
         }
-        let expired: Vec<(RpcId, Purpose)> = self
+        let expired: Vec<(RpcId, Purpose, Instant)> = self
             .in_flight
             .iter()
             .filter(|(_, f)| f.purpose != Purpose::Watch)
             .filter(|(_, f)| f.sent.checked_add(timeout).is_some_and(|at| at <= now))
-            .map(|(id, f)| (*id, f.purpose))
+            .map(|(id, f)| (*id, f.purpose, f.sent))
             .collect();
-        if expired.is_empty() {
+        let Some(last_sent) = expired.iter().map(|(_, _, sent)| *sent).max() else {
             return;
-        }
-        for (id, purpose) in expired {
+        };
+        for (id, purpose, _) in expired {
             self.in_flight.remove(&id);
             self.outbox.cancel(id);
             if purpose == Purpose::Read {
@@ -279,7 +289,7 @@ impl ShardMap {
             }
         }
         // Requests sent together and lost together are one failure.
-        self.fail(now);
+        self.fail(now, last_sent);
     }
 
     /// Rule 7: every belief ends at once.
@@ -334,7 +344,7 @@ impl ShardMap {
     }
 
     /// Rule 2: the read's answer becomes the view; the watch follows it.
-    fn on_read(&mut self, now: Instant, result: Result<Response, RpcError>) {
+    fn on_read(&mut self, now: Instant, sent: Instant, result: Result<Response, RpcError>) {
         match result {
             Ok(Response::Range { revision, kvs }) => {
                 self.view = Some(View::read(
@@ -348,13 +358,19 @@ impl ShardMap {
                 let request = keys::watch(&self.config.prefix, start);
                 self.send(now, Purpose::Watch, request);
             }
-            _ => self.fail(now),
+            _ => self.fail(now, sent),
         }
     }
 
     /// Rule 2: watch events move the view on; anything else ends the watch
     /// and the view with it.
-    fn on_events(&mut self, now: Instant, id: RpcId, result: Result<Response, RpcError>) {
+    fn on_events(
+        &mut self,
+        now: Instant,
+        id: RpcId,
+        sent: Instant,
+        result: Result<Response, RpcError>,
+    ) {
         match (result, self.view.as_mut()) {
             (Ok(Response::WatchEvents { events }), Some(view)) => {
                 self.in_flight.insert(
@@ -376,7 +392,7 @@ impl ShardMap {
                 self.outbox.cancel(id);
                 self.view = None;
                 self.place();
-                self.fail(now);
+                self.fail(now, sent);
             }
         }
     }
@@ -450,7 +466,7 @@ impl ShardMap {
             Err(RpcError::LeaseNotFound) => Step::Gone,
             _ => {
                 h.next_look = Some(now);
-                return self.fail(now);
+                return self.fail(now, sent);
             }
         };
         match step {
@@ -559,6 +575,7 @@ impl ShardMap {
     fn on_create(
         &mut self,
         now: Instant,
+        sent: Instant,
         shard: u32,
         lease: LeaseId,
         result: Result<Response, RpcError>,
@@ -569,7 +586,7 @@ impl ShardMap {
                 revision,
                 ..
             }) => revision,
-            _ => return self.fail(now),
+            _ => return self.fail(now, sent),
         };
         self.backoff.reset();
         self.written.insert(Some(shard), revision);
@@ -745,9 +762,11 @@ impl ShardMap {
             return;
         };
         match flight.purpose {
-            Purpose::Read => self.on_read(now, reply.result),
-            Purpose::Watch => self.on_events(now, reply.id, reply.result),
-            Purpose::Create { shard, lease } => self.on_create(now, shard, lease, reply.result),
+            Purpose::Read => self.on_read(now, flight.sent, reply.result),
+            Purpose::Watch => self.on_events(now, reply.id, flight.sent, reply.result),
+            Purpose::Create { shard, lease } => {
+                self.on_create(now, flight.sent, shard, lease, reply.result)
+            }
             Purpose::Look => self.on_look(now, flight.sent, reply.result),
             Purpose::Register | Purpose::Unregister | Purpose::Delete { .. } => {
                 let target = match flight.purpose {
@@ -763,7 +782,7 @@ impl ShardMap {
                         self.backoff.reset();
                         self.written.insert(target, revision);
                     }
-                    _ => self.fail(now),
+                    _ => self.fail(now, flight.sent),
                 }
             }
         }

@@ -312,6 +312,34 @@ fn a_failed_create_guard_acquires_nothing_and_backs_off() {
 }
 
 #[test]
+fn requests_failing_together_are_one_failure_and_hold_back_once() {
+    let t0 = Instant::now();
+    let mut m = joined(t0);
+    // The connection breaks: the four creates sent at t0 fail together.
+    let t1 = t0 + ms(10);
+    for id in 3..=6 {
+        assert_eq!(fail(&mut m, t1, id), vec![]);
+    }
+    // One outage, one delay (100 ms), not four (100 + 200 + 400 + 800).
+    assert_eq!(m.poll_timeout(), Some(t1 + ms(100)));
+    m.handle_timeout(t1 + ms(100));
+    assert_eq!(
+        drain(&mut m),
+        (0..SHARDS)
+            .map(|s| rpc(7 + u64::from(s), create(s, LEASE)))
+            .collect::<Vec<_>>()
+    );
+    // A request sent after that failure failing is a new failure: the
+    // delay doubles.
+    let t2 = t1 + ms(150);
+    assert_eq!(fail(&mut m, t2, 7), vec![]);
+    assert_eq!(m.poll_timeout(), Some(t2 + ms(200)));
+    // Its companions, sent with it, fail with it.
+    assert_eq!(fail(&mut m, t2 + ms(1), 8), vec![]);
+    assert_eq!(m.poll_timeout(), Some(t2 + ms(200)));
+}
+
+#[test]
 fn a_join_releases_exactly_the_shards_placed_on_the_joiner() {
     let t0 = Instant::now();
     let mut m = owning_all(t0);
