@@ -119,9 +119,10 @@ enum Command {
     /// before leadership can pass on, exit with its status.
     Elect(election::ElectArgs),
     /// Take a distributed lock (compatible with `etcdctl lock` under
-    /// `--prefix ''`), or with `--permits N` one of N permits of a
-    /// semaphore; hold it until Ctrl-C, or run `-- CMD ARGS...` while
-    /// holding it, as `elect` does.
+    /// `--prefix ''`), with `--permits N` one of N permits of a
+    /// semaphore, or with `--read`/`--write` one side of a read-write lock
+    /// (Go's `recipes.RWMutex` layout); hold it until Ctrl-C, or run
+    /// `-- CMD ARGS...` while holding it, as `elect` does.
     Lock(lock::LockArgs),
     /// Print the current leader of an election.
     Leader(election::NameArgs),

@@ -178,6 +178,14 @@ const EXAMPLES: [(&str, &[(&str, &str)]); 10] = [
                 "fleetcoord lock --permits 2 uploads -- ./upload.sh",
                 "At most two uploads at once.",
             ),
+            (
+                "fleetcoord lock --read catalog -- ./serve-reports.sh",
+                "Read under a shared lock: readers run together, never beside a writer.",
+            ),
+            (
+                "fleetcoord lock --write catalog -- ./rebuild-catalog.sh",
+                "Rebuild alone: waits for the readers ahead, and readers that come later wait for it.",
+            ),
         ],
     ),
     (

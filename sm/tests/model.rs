@@ -7,6 +7,9 @@
 #[path = "model/election.rs"]
 mod election;
 
+#[path = "model/rwlock.rs"]
+mod rwlock;
+
 #[path = "model/stream.rs"]
 mod stream;
 
