@@ -112,6 +112,21 @@ fn barrier_key(name: &str, options: &LockOptions) -> Result<String> {
 }
 
 impl DoubleBarrier {
+    /// The checks [`DoubleBarrier::with_options`] makes of `name`, `count`
+    /// and `options` before sending anything, without a connection.
+    ///
+    /// ```
+    /// use fleetcoord::{DoubleBarrier, LockOptions};
+    ///
+    /// assert!(DoubleBarrier::check("batch", 3, &LockOptions::default()).is_ok());
+    /// assert!(DoubleBarrier::check("batch", 0, &LockOptions::default()).is_err());
+    /// assert!(DoubleBarrier::check("a/b", 3, &LockOptions::default()).is_err());
+    /// ```
+    pub fn check(name: &str, count: u32, options: &LockOptions) -> Result<()> {
+        check_count(count)?;
+        barrier_key(name, options).map(drop)
+    }
+
     /// The barrier `name` (one key segment, as election names) of `count`
     /// participants under [`DEFAULT_BARRIER_PREFIX`], on a 10 s session of
     /// its own. `count` 0 or above [`MAX_BARRIER_COUNT`] is

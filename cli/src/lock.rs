@@ -138,9 +138,10 @@ impl Locker {
 
 pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
     let options = args.options();
+    let mode = args.rw_mode();
     let name = args.name;
     let trusted = options.trusted_lifetime();
-    let mutex = Arc::new(match (args.permits, args.rw_mode()) {
+    let mutex = Arc::new(match (args.permits, mode) {
         (_, Some(mode)) => Locker::Rw(RwLock::with_options(&ctx.etcd, &name, options)?, mode),
         (Some(permits), None) => {
             Locker::Semaphore(Semaphore::with_options(&ctx.etcd, &name, permits, options)?)

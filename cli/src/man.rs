@@ -103,7 +103,7 @@ pub const EXIT_STATUSES: [(&str, &str); 6] = [
 ];
 
 /// Examples per page, keyed by the page's name; (command, what it does).
-const EXAMPLES: [(&str, &[(&str, &str)]); 10] = [
+const EXAMPLES: [(&str, &[(&str, &str)]); 11] = [
     (
         "fleetcoord",
         &[
@@ -185,6 +185,19 @@ const EXAMPLES: [(&str, &[(&str, &str)]); 10] = [
             (
                 "fleetcoord lock --write catalog -- ./rebuild-catalog.sh",
                 "Rebuild alone: waits for the readers ahead, and readers that come later wait for it.",
+            ),
+        ],
+    ),
+    (
+        "fleetcoord-barrier",
+        &[
+            (
+                "fleetcoord barrier nightly-batch --count 3 -- ./batch-step.sh",
+                "Start the step once all three hosts arrived; exit once all three finished it.",
+            ),
+            (
+                "fleetcoord barrier deploy-wave --count 5",
+                "A rendezvous: return once five processes arrived and all passed.",
             ),
         ],
     ),
@@ -472,7 +485,8 @@ mod tests {
     use super::ENVIRONMENT;
 
     /// The sources, for the check below; a new file joins the list.
-    const SOURCES: [&str; 16] = [
+    const SOURCES: [&str; 17] = [
+        include_str!("barrier.rs"),
         include_str!("bus.rs"),
         include_str!("duration.rs"),
         include_str!("election.rs"),

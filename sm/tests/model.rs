@@ -4,6 +4,9 @@
 //! `make test`; `make model-check` runs the long set (the `#[ignore]`d
 //! tests, in release).
 
+#[path = "model/barrier.rs"]
+mod barrier;
+
 #[path = "model/election.rs"]
 mod election;
 
