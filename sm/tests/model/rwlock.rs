@@ -95,26 +95,7 @@ fn teeth_writers_queueing_as_readers_are_caught() {
     );
 }
 
-// ----- the long set (make model-check) --------------------------------------
-
-/// Two of each, a restart (the dead process's lease lives until etcd
-/// expires it) and a lost message.
-#[test]
-#[ignore = "long: make model-check"]
-fn long_two_writers_two_readers_with_a_restart_and_a_lost_message() {
-    let mut setup = world(
-        vec![Read, Write, Read, Write],
-        Budget {
-            restart: 1,
-            lose: 1,
-            ..Budget::default()
-        },
-    );
-    setup.horizon = Duration::from_millis(4_000);
-    passes(
-        "rwlock: 2 writers, 2 readers, 1 restart, 1 lost",
-        setup,
-        0,
-        &["elected", "restarted", "lease expired", "liveness checked"],
-    );
-}
+// The long set (make model-check) has no read-write world yet: two writers
+// and two readers with a restart and a lost message had not finished after
+// 13 minutes in a debug build (a probe capped at 2,000,000 states), so it
+// could not be pinned here; it needs a release-build probe.
