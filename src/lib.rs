@@ -70,6 +70,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
+mod barrier;
 mod blocking;
 mod caller_driven;
 pub mod coordinator;
@@ -103,8 +104,10 @@ mod watcher;
 
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
+pub use barrier::{DoubleBarrier, DEFAULT_BARRIER_PREFIX, MAX_BARRIER_COUNT};
 pub use coordinator::conformance;
 pub use election::mutex::{Mutex, MutexGuard, DEFAULT_LOCK_PREFIX};
+pub use election::rwlock::{RwLock, RwLockGuard, RwMode, DEFAULT_RWLOCK_PREFIX};
 pub use election::semaphore::{Semaphore, SemaphoreGuard, DEFAULT_SEMAPHORE_PREFIX};
 pub use election::{
     Canceller, Election, ElectionOptions, ElectionPool, LeaderInfo, LeaderObserver, Leadership,

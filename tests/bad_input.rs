@@ -6,7 +6,8 @@ use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, EtcdCoordinatorOptio
 use fleetcoord::testing::EtcdServer;
 use fleetcoord::{
     list_hosts, Election, ElectionOptions, ElectionPool, Error, Etcd, EtcdOptions, HostLiveness,
-    HostWatcher, LivenessOptions, TryCampaign, WatcherOptions, DEFAULT_HOSTS_PREFIX,
+    HostWatcher, LivenessOptions, LockOptions, RwLock, TryCampaign, WatcherOptions,
+    DEFAULT_HOSTS_PREFIX, DEFAULT_LOCK_PREFIX,
 };
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -592,4 +593,68 @@ fn rate_limit_window_longer_than_the_lease_is_refused() {
     let fits = long.with_ttl(Duration::from_secs(10));
     assert!(fits.check("r", 10).is_ok());
     session.close().expect("close session");
+}
+
+/// `RwLock` takes what a mutex takes: one-segment names, its own
+/// namespace, a session TTL of whole seconds (at least one), a margin
+/// and drift allowance in range; all refused before a lease is granted.
+#[test]
+fn rwlock_arguments() {
+    let server = EtcdServer::start().expect("etcd");
+    let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    for name in ["", "a/b", "/lead", "trail/", "nul\0byte", &"n".repeat(2000)] {
+        let why = invalid(RwLock::new(&etcd, name), "name");
+        assert!(!why.is_empty());
+        invalid(LockOptions::default().check_rwlock(name), "name");
+    }
+    for prefix in ["no-slashes", "/no-trailing", DEFAULT_LOCK_PREFIX] {
+        let options = LockOptions::default().with_prefix(prefix);
+        invalid(RwLock::with_options(&etcd, "r", options), "prefix");
+    }
+    for ttl in [
+        Duration::ZERO,
+        Duration::from_millis(999),
+        Duration::from_millis(2500),
+        Duration::MAX,
+    ] {
+        let options = LockOptions::default().with_ttl(ttl);
+        invalid(RwLock::with_options(&etcd, "r", options), "ttl");
+    }
+    let options = LockOptions::default().with_drift_allowance_ppm(u32::MAX);
+    invalid(
+        RwLock::with_options(&etcd, "r", options),
+        "drift_allowance_ppm",
+    );
+    let session = fleetcoord::Session::new(&etcd, Duration::from_secs(5)).expect("session");
+    invalid(
+        RwLock::with_session(&session, "a/b", LockOptions::default()),
+        "name",
+    );
+    let first = RwLock::with_session(&session, "twice", LockOptions::default()).expect("first");
+    // One key per name and session: a second handle would share it.
+    invalid(
+        RwLock::with_session(&session, "twice", LockOptions::default()),
+        "name",
+    );
+    // Nothing was written by any refused call; the valid one still works.
+    let out = std::process::Command::new("etcdctl")
+        .args([
+            "--endpoints",
+            &server.endpoint(),
+            "get",
+            "",
+            "--prefix",
+            "--keys-only",
+        ])
+        .output()
+        .expect("etcdctl");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).trim().is_empty(),
+        "keys left: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let guard = first.write().expect("write");
+    assert!(guard.is_held());
+    guard.unlock().expect("unlock");
+    session.close().expect("close");
 }

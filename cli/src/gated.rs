@@ -164,6 +164,21 @@ impl Held for fleetcoord::MutexGuard {
     }
 }
 
+impl Held for fleetcoord::RwLockGuard {
+    fn token(&self) -> i64 {
+        self.fencing_token()
+    }
+    fn lost(&self) -> &Receiver<()> {
+        fleetcoord::RwLockGuard::lost(self)
+    }
+    fn is_held(&self) -> bool {
+        fleetcoord::RwLockGuard::is_held(self)
+    }
+    fn release(self: Box<Self>) -> Result<(), fleetcoord::Error> {
+        self.unlock()
+    }
+}
+
 impl Held for fleetcoord::SemaphoreGuard {
     fn token(&self) -> i64 {
         self.fencing_token()

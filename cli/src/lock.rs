@@ -7,7 +7,7 @@ use crate::gated::{self, Ended, GateArgs};
 use crate::output::event;
 use crate::{duration, CliError, Ctx};
 use crossbeam_channel::{select, Receiver};
-use fleetcoord::{LivenessState, LockOptions, Mutex, Semaphore};
+use fleetcoord::{LivenessState, LockOptions, Mutex, RwLock, RwMode, Semaphore};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,8 +21,9 @@ pub struct LockArgs {
     #[arg(long, default_value = "10s", value_parser = duration::ttl)]
     ttl: Duration,
     /// Key prefix of the lock's waiters (default /coord/lock/, or
-    /// /coord/semaphore/ with --permits); `--prefix ''` shares the lock
-    /// with `etcdctl lock NAME`.
+    /// /coord/semaphore/ with --permits, /coord/rwlock/ with --read or
+    /// --write); `--prefix ''` shares the lock with `etcdctl lock NAME`
+    /// (with --read/--write: with Go's `recipe.NewRWMutex(s, "NAME")`).
     #[arg(long)]
     prefix: Option<String>,
     /// Hold one of N permits of a semaphore instead of the lock: at most N
@@ -31,6 +32,16 @@ pub struct LockArgs {
     /// live under /coord/semaphore/), not the etcdctl-compatible lock.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     permits: Option<u32>,
+    /// Take a shared read of the read-write lock NAME (keys under
+    /// /coord/rwlock/NAME/read/): other readers may hold at the same time,
+    /// no writer. Waits for every writer that queued before it.
+    #[arg(long, conflicts_with_all = ["permits", "write"])]
+    read: bool,
+    /// Take the exclusive write of the read-write lock NAME (keys under
+    /// /coord/rwlock/NAME/write/): waits for every reader and writer that
+    /// queued before it; readers that come later wait for it.
+    #[arg(long, conflicts_with_all = ["permits", "read"])]
+    write: bool,
     #[command(flatten)]
     gate: GateArgs,
 }
@@ -46,7 +57,19 @@ impl LockArgs {
 
     /// What the library would refuse, found before connecting.
     pub fn check(&self) -> fleetcoord::Result<()> {
+        if self.rw_mode().is_some() {
+            return self.options().check_rwlock(&self.name);
+        }
         self.options().check(&self.name, self.permits.is_some())
+    }
+
+    /// The side of a read-write lock asked for, if any.
+    fn rw_mode(&self) -> Option<RwMode> {
+        match (self.read, self.write) {
+            (true, _) => Some(RwMode::Read),
+            (_, true) => Some(RwMode::Write),
+            _ => None,
+        }
     }
 }
 
@@ -66,10 +89,12 @@ fn lost_lock(name: &str, gated: bool) -> CliError {
     }
 }
 
-/// The lock, or a semaphore's permit with `--permits`.
+/// The lock, a semaphore's permit with `--permits`, or one side of a
+/// read-write lock with `--read`/`--write`.
 enum Locker {
     Mutex(Mutex),
     Semaphore(Semaphore),
+    Rw(RwLock, RwMode),
 }
 
 impl Locker {
@@ -86,6 +111,11 @@ impl Locker {
                 let key = guard.key().to_string();
                 (Box::new(guard), key)
             }
+            Locker::Rw(l, mode) => {
+                let guard = l.lock(*mode, None)?;
+                let key = guard.key().to_string();
+                (Box::new(guard), key)
+            }
         })
     }
 
@@ -93,6 +123,7 @@ impl Locker {
         match self {
             Locker::Mutex(m) => m.session(),
             Locker::Semaphore(s) => s.session(),
+            Locker::Rw(l, _) => l.session(),
         }
     }
 
@@ -100,19 +131,22 @@ impl Locker {
         match self {
             Locker::Mutex(m) => m.session_trusted_until(),
             Locker::Semaphore(s) => s.session_trusted_until(),
+            Locker::Rw(l, _) => l.session_trusted_until(),
         }
     }
 }
 
 pub fn lock(ctx: &Ctx, args: LockArgs, shutdown: &Receiver<()>) -> Result<(), CliError> {
     let options = args.options();
+    let mode = args.rw_mode();
     let name = args.name;
     let trusted = options.trusted_lifetime();
-    let mutex = Arc::new(match args.permits {
-        Some(permits) => {
+    let mutex = Arc::new(match (args.permits, mode) {
+        (_, Some(mode)) => Locker::Rw(RwLock::with_options(&ctx.etcd, &name, options)?, mode),
+        (Some(permits), None) => {
             Locker::Semaphore(Semaphore::with_options(&ctx.etcd, &name, permits, options)?)
         }
-        None => Locker::Mutex(Mutex::with_options(&ctx.etcd, &name, options)?),
+        (None, None) => Locker::Mutex(Mutex::with_options(&ctx.etcd, &name, options)?),
     });
     let watched = Arc::downgrade(&mutex);
     ctx.watchdog(

@@ -12,6 +12,7 @@
 // (`tether`, which allows it for itself).
 #![deny(unsafe_code)]
 
+mod barrier;
 mod bus;
 mod duration;
 mod election;
@@ -119,10 +120,15 @@ enum Command {
     /// before leadership can pass on, exit with its status.
     Elect(election::ElectArgs),
     /// Take a distributed lock (compatible with `etcdctl lock` under
-    /// `--prefix ''`), or with `--permits N` one of N permits of a
-    /// semaphore; hold it until Ctrl-C, or run `-- CMD ARGS...` while
-    /// holding it, as `elect` does.
+    /// `--prefix ''`), with `--permits N` one of N permits of a
+    /// semaphore, or with `--read`/`--write` one side of a read-write lock
+    /// (Go's `recipes.RWMutex` layout); hold it until Ctrl-C, or run
+    /// `-- CMD ARGS...` while holding it, as `elect` does.
     Lock(lock::LockArgs),
+    /// Wait until N processes entered the barrier NAME (Go's
+    /// `recipes.DoubleBarrier` layout), run `-- CMD ARGS...` if given, then
+    /// leave, waiting until all N left; exits with CMD's status.
+    Barrier(barrier::BarrierArgs),
     /// Print the current leader of an election.
     Leader(election::NameArgs),
     /// Stream the leader of an election as it changes.
@@ -288,6 +294,7 @@ fn precheck(command: &Command) -> Result<(), CliError> {
         Command::Agent(a) => ("agent", a.check()),
         Command::Elect(a) => (a.path(), a.check()),
         Command::Lock(a) => ("lock", a.check()),
+        Command::Barrier(a) => ("barrier", a.check()),
         Command::Leader(a) => ("leader", a.check()),
         Command::Observe(a) => ("observe", a.check()),
         Command::Shards(a) => (a.path(), a.check()),
@@ -417,6 +424,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Agent(a) => hosts::agent(&ctx, a, &shutdown),
         Command::Elect(a) => election::elect(&ctx, a, &shutdown),
         Command::Lock(a) => lock::lock(&ctx, a, &shutdown),
+        Command::Barrier(a) => barrier::barrier(&ctx, a),
         Command::Leader(a) => election::leader(&ctx, a),
         Command::Observe(a) => election::observe(&ctx, a, &shutdown),
         Command::Shards(a) => shards::shards(&ctx, a, &shutdown),

@@ -103,7 +103,7 @@ pub const EXIT_STATUSES: [(&str, &str); 6] = [
 ];
 
 /// Examples per page, keyed by the page's name; (command, what it does).
-const EXAMPLES: [(&str, &[(&str, &str)]); 10] = [
+const EXAMPLES: [(&str, &[(&str, &str)]); 11] = [
     (
         "fleetcoord",
         &[
@@ -177,6 +177,27 @@ const EXAMPLES: [(&str, &[(&str, &str)]); 10] = [
             (
                 "fleetcoord lock --permits 2 uploads -- ./upload.sh",
                 "At most two uploads at once.",
+            ),
+            (
+                "fleetcoord lock --read catalog -- ./serve-reports.sh",
+                "Read under a shared lock: readers run together, never beside a writer.",
+            ),
+            (
+                "fleetcoord lock --write catalog -- ./rebuild-catalog.sh",
+                "Rebuild alone: waits for the readers ahead, and readers that come later wait for it.",
+            ),
+        ],
+    ),
+    (
+        "fleetcoord-barrier",
+        &[
+            (
+                "fleetcoord barrier nightly-batch --count 3 -- ./batch-step.sh",
+                "Start the step once all three hosts arrived; exit once all three finished it.",
+            ),
+            (
+                "fleetcoord barrier deploy-wave --count 5",
+                "A rendezvous: return once five processes arrived and all passed.",
             ),
         ],
     ),
@@ -464,7 +485,8 @@ mod tests {
     use super::ENVIRONMENT;
 
     /// The sources, for the check below; a new file joins the list.
-    const SOURCES: [&str; 16] = [
+    const SOURCES: [&str; 17] = [
+        include_str!("barrier.rs"),
         include_str!("bus.rs"),
         include_str!("duration.rs"),
         include_str!("election.rs"),

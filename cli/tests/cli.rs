@@ -182,6 +182,13 @@ fn usage_errors_exit_2_with_a_message() {
         ],
         &["kv", "get", "only-a-bucket"],
         &["stream", "read", "s", "--from", "middle"],
+        // A read-write lock: one side, no permits, a one-segment name, a
+        // lease TTL of whole seconds.
+        &["lock", "--read", "--write", "rw"],
+        &["lock", "--read", "--permits", "2", "rw"],
+        &["lock", "--write", "a/b"],
+        &["lock", "--read", "rw", "--ttl", "500ms"],
+        &["lock", "--write", "rw", "--prefix", "/coord/lock/"],
     ] {
         let output = cli().args(args).output().expect("spawn fleetcoord");
         assert_eq!(output.status.code(), Some(2), "{args:?}");
@@ -196,6 +203,18 @@ fn usage_errors_exit_2_with_a_message() {
         stderr(&junk).contains("not a duration") && stderr(&junk).contains("1m30s"),
         "{}",
         stderr(&junk)
+    );
+    // A read-write lock's name: refused before connecting, the allowed
+    // form named.
+    let slash = cli()
+        .args(["lock", "--read", "a/b", "--", "true"])
+        .output()
+        .expect("spawn");
+    assert_eq!(slash.status.code(), Some(2));
+    assert!(
+        stderr(&slash).contains("name") && stderr(&slash).contains('/'),
+        "{}",
+        stderr(&slash)
     );
     // A duration, but not one a lease can have.
     let fraction = cli()

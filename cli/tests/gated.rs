@@ -574,3 +574,45 @@ fn zombie(pid: u64) -> bool {
         })
         .unwrap_or(false)
 }
+
+/// `lock --read` and `lock --write`: two readers run their commands at
+/// once; a writer's command starts only once both have exited, and a
+/// reader that comes while the writer waits starts after the writer.
+#[test]
+fn readers_run_together_and_a_writer_runs_alone() {
+    let server = start_etcd();
+    let endpoint = server.endpoint();
+    let reader = |name| Gated::start(&endpoint, &["lock", "--read", name, "--", "sleep", "1000"]);
+    let (mut a, mut b) = (reader("rwc"), reader("rwc"));
+    a.expect("started");
+    b.expect("started");
+    let mut writer = Gated::start(&endpoint, &["lock", "--write", "rwc", "--", "true"]);
+    writer.expect("waiting");
+    assert!(
+        writer.next("started", Duration::from_millis(700)).is_none(),
+        "the writer's command started beside two readers"
+    );
+    let mut late = Gated::start(&endpoint, &["lock", "--read", "rwc", "--", "true"]);
+    late.expect("waiting");
+    assert!(
+        late.next("started", Duration::from_millis(500)).is_none(),
+        "a reader started although a writer waited ahead of it"
+    );
+    a.signal("-INT");
+    assert_eq!(a.wait(), Some(0), "a clean stop");
+    assert!(
+        writer.next("started", Duration::from_millis(500)).is_none(),
+        "the writer's command started beside a reader"
+    );
+    b.signal("-INT");
+    assert_eq!(b.wait(), Some(0));
+    let started = writer.expect("started");
+    assert!(started["token"].as_i64().unwrap() > 0);
+    assert_eq!(writer.wait(), Some(0));
+    late.expect("started");
+    assert_eq!(late.wait(), Some(0));
+    assert!(
+        etcdctl_keys(&endpoint, "/coord/rwlock/rwc/").is_empty(),
+        "every side released its key"
+    );
+}

@@ -30,6 +30,7 @@ fn each_subcommand_lists_its_own_options_before_the_global_ones() {
         (&["leader"], "--prefix"),
         (&["observe"], "--count"),
         (&["lock"], "--permits"),
+        (&["barrier"], "--count"),
         (&["agent"], "--host-id"),
         (&["watch-hosts"], "--prefix"),
         (&["kv", "watch"], "--count"),
@@ -193,6 +194,7 @@ fn every_argument_says_what_it_is() {
         &["leader"],
         &["observe"],
         &["lock"],
+        &["barrier"],
         &["completions"],
         &["man"],
     ] {

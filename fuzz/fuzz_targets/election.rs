@@ -555,6 +555,7 @@ fuzz_target!(|input: Input| {
         // From the seed's top bits: a quarter of the inputs run the
         // election (1 permit), the rest a semaphore of 2 to 4.
         permits: 1 + (input.seed >> 62) as u32,
+        rw: None,
     };
     let permits = 1 + (input.seed >> 62) as usize;
     let mut fuzz = Fuzz {

@@ -103,6 +103,7 @@
 #![warn(missing_docs)]
 
 pub mod backoff;
+pub mod barrier;
 pub mod clock;
 pub mod election;
 pub mod holder;

@@ -4,8 +4,14 @@
 //! `make test`; `make model-check` runs the long set (the `#[ignore]`d
 //! tests, in release).
 
+#[path = "model/barrier.rs"]
+mod barrier;
+
 #[path = "model/election.rs"]
 mod election;
+
+#[path = "model/rwlock.rs"]
+mod rwlock;
 
 #[path = "model/stream.rs"]
 mod stream;

@@ -5,6 +5,8 @@
 //! clock, not even in tests; here `Instant::now()` only provides a base
 //! instant that every expectation is relative to.
 
+#[path = "unit/barrier.rs"]
+mod barrier;
 #[path = "unit/clock.rs"]
 mod clock;
 #[path = "unit/election.rs"]
@@ -37,6 +39,8 @@ mod renewals;
 mod retry;
 #[path = "unit/rpc.rs"]
 mod rpc;
+#[path = "unit/rwlock.rs"]
+mod rwlock;
 #[path = "unit/semaphore.rs"]
 mod semaphore;
 #[path = "unit/session.rs"]

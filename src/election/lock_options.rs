@@ -1,4 +1,5 @@
-//! [`LockOptions`]: how a [`Mutex`] or a [`Semaphore`] is configured. Not
+//! [`LockOptions`]: how a [`Mutex`], a [`Semaphore`] or an [`RwLock`] is
+//! configured. Not
 //! [`ElectionOptions`]: a lock made with election options took their
 //! prefix, the elections' namespace, where it queued behind the election
 //! of the same name. A lock's options have no prefix of their own unless
@@ -6,6 +7,7 @@
 //!
 //! [`Mutex`]: crate::Mutex
 //! [`Semaphore`]: crate::Semaphore
+//! [`RwLock`]: crate::RwLock
 
 use super::options::{ElectionOptions, DEFAULT_ELECTION_PREFIX};
 use crate::error::{Error, Result};
@@ -14,6 +16,7 @@ use crate::session::SessionOptions;
 use std::time::Duration;
 
 use super::mutex::DEFAULT_LOCK_PREFIX;
+use super::rwlock::DEFAULT_RWLOCK_PREFIX;
 use super::semaphore::DEFAULT_SEMAPHORE_PREFIX;
 
 /// Settings of a [`Mutex`](crate::Mutex) or a
@@ -123,6 +126,20 @@ impl LockOptions {
         self.to_election(own)?.check(name)
     }
 
+    /// The checks [`crate::RwLock::with_options`] makes of `name` and these
+    /// options before sending anything, without a connection, as
+    /// [`LockOptions::check`] for the other locks.
+    ///
+    /// ```
+    /// use fleetcoord::LockOptions;
+    ///
+    /// assert!(LockOptions::default().check_rwlock("catalog").is_ok());
+    /// assert!(LockOptions::default().check_rwlock("cat/alog").is_err());
+    /// ```
+    pub fn check_rwlock(&self, name: &str) -> Result<()> {
+        self.to_election(DEFAULT_RWLOCK_PREFIX)?.check(name)
+    }
+
     /// The election options of the lock protocol, in the namespace
     /// `own` (the primitive's default prefix) unless a prefix was given;
     /// a given prefix that is another primitive's default namespace is
@@ -134,6 +151,7 @@ impl LockOptions {
                 DEFAULT_HOSTS_PREFIX,
                 DEFAULT_LOCK_PREFIX,
                 DEFAULT_SEMAPHORE_PREFIX,
+                DEFAULT_RWLOCK_PREFIX,
             ];
             if let Some(taken) = others.iter().find(|p| **p != own && **p == prefix) {
                 return Err(Error::invalid(
@@ -184,6 +202,8 @@ mod tests {
             (DEFAULT_LOCK_PREFIX, DEFAULT_HOSTS_PREFIX),
             (DEFAULT_SEMAPHORE_PREFIX, DEFAULT_ELECTION_PREFIX),
             (DEFAULT_SEMAPHORE_PREFIX, DEFAULT_LOCK_PREFIX),
+            (DEFAULT_RWLOCK_PREFIX, DEFAULT_LOCK_PREFIX),
+            (DEFAULT_LOCK_PREFIX, DEFAULT_RWLOCK_PREFIX),
         ] {
             match LockOptions::default().with_prefix(other).to_election(own) {
                 Err(Error::InvalidArgument { what: "prefix", .. }) => {}

@@ -38,6 +38,7 @@ mod ops;
 mod options;
 mod pending;
 mod pool;
+pub(crate) mod rwlock;
 pub(crate) mod semaphore;
 
 pub use leadership::Leadership;
@@ -208,7 +209,7 @@ impl Election {
         name: &str,
         options: ElectionOptions,
     ) -> Result<Election> {
-        Self::open(session.etcd(), Some(session), name, options, 1)
+        Self::open(session.etcd(), Some(session), name, options, 1, None)
     }
 
     /// [`Election::with_options`] where `permits` candidates hold at once
@@ -219,20 +220,29 @@ impl Election {
         options: ElectionOptions,
         permits: u32,
     ) -> Result<Election> {
-        Self::open(etcd, None, name, options, permits)
+        Self::open(etcd, None, name, options, permits, None)
     }
 
-    /// The election, on its own session or on `session`.
+    /// The election, on its own session or on `session`; with `rw`, one
+    /// side of the read-write lock whose root is `<prefix><name>/` (its
+    /// keys, metrics and place on the session are those of the side's
+    /// directory, `<root>read/` or `<root>write/`).
     pub(crate) fn open(
         etcd: &Etcd,
         session: Option<&crate::Session>,
         name: &str,
         options: ElectionOptions,
         permits: u32,
+        rw: Option<fleetcoord_sm::election::RwRole>,
     ) -> Result<Election> {
         crate::blocking::check()?;
         let options_permits = permits.max(1);
         let prefix = election_prefix(name, &options)?;
+        let place = match rw {
+            None => prefix.clone(),
+            Some(fleetcoord_sm::election::RwRole::Read) => format!("{prefix}read/"),
+            Some(fleetcoord_sm::election::RwRole::Write) => format!("{prefix}write/"),
+        };
         let rank = options.rank();
         let (ttl, safety_margin, drift_allowance_ppm) = match session {
             Some(session) => {
@@ -260,6 +270,7 @@ impl Election {
             // For `session_trusted_until`: one notice per renewal.
             announce_session_trust: true,
             permits: options_permits,
+            rw,
         };
         let machine = match session {
             Some(_) => ElectionMachine::on_session(config, Instant::now(), rand_seed(), 0),
@@ -272,7 +283,8 @@ impl Election {
         let state = Arc::new(Mutex::new(State::default()));
         let handler_state = state.clone();
         let (router, routes) = ops::routes();
-        let contention = crate::metrics::Contention::new(&prefix);
+        // A read-write lock's sides count apart (their keys' places).
+        let contention = crate::metrics::Contention::new(&place);
         let recorder = contention.clone();
         // Since when the leadership of this token is held, for its hold
         // time: the notices come in order on one thread.
@@ -327,7 +339,7 @@ impl Election {
                 let input = machine.downgrade();
                 let beliefs = state.clone();
                 Some(session.attach(
-                    &prefix,
+                    &place,
                     move |fact| input.send(ElectionInput::Session(fact)).is_ok(),
                     move |lease, for_good| {
                         notices::end_on_session(&mut beliefs.lock(), lease, for_good)

@@ -135,7 +135,7 @@ impl Semaphore {
         let prefix = super::options::election_prefix(name, &options)?;
         check_permits(etcd, &prefix, permits)?;
         Ok(Semaphore {
-            election: Election::open(etcd, Some(session), name, options, permits)?,
+            election: Election::open(etcd, Some(session), name, options, permits, None)?,
             permits,
         })
     }

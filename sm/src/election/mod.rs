@@ -205,6 +205,22 @@ pub struct ElectionConfig {
     /// permits (a candidate holds while fewer than N keys are older than
     /// its own). 0 counts as 1.
     pub permits: u32,
+    /// `None` for an election or a semaphore. `Some(role)`: a reader or a
+    /// writer of the read-write lock whose root is `prefix` (`<name>/`),
+    /// on the key layout of Go's `recipes.RWMutex` (see the module docs);
+    /// `permits` is then ignored (one holder per key, as an election).
+    pub rw: Option<RwRole>,
+}
+
+/// Which side of a read-write lock an [`Election`] queues on (see
+/// [`ElectionConfig::rw`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "fuzzing", derive(arbitrary::Arbitrary))]
+pub enum RwRole {
+    /// Key `<root>read/<lease hex>`; holds once no writer key is older.
+    Read,
+    /// Key `<root>write/<lease hex>`; holds once no key at all is older.
+    Write,
 }
 
 /// Inputs of an [`Election`].
@@ -509,6 +525,7 @@ pub enum ElectionNotice {
 #[derive(Clone, Debug)]
 pub struct Election {
     prefix: Vec<u8>,
+    rw: Option<RwRole>,
     session: Part,
     announce_session_trust: bool,
     protocol: Protocol,
@@ -634,9 +651,13 @@ impl Election {
             protocol_first_rpc_id,
         );
         let mut protocol = protocol;
-        protocol.set_permits(config.permits);
+        match config.rw {
+            Some(rw) => protocol.set_rw(Some(rw)),
+            None => protocol.set_permits(config.permits),
+        }
         let mut election = Election {
             prefix: config.prefix,
+            rw: config.rw,
             session,
             announce_session_trust: config.announce_session_trust,
             protocol,
@@ -697,11 +718,13 @@ impl Election {
         matches!(self.session, Part::Shared(_))
     }
 
-    /// The candidate key of the current session: prefix + lowercase hex lease id.
+    /// The candidate key of the current session: prefix + lowercase hex
+    /// lease id (for a read-write lock, prefix + `read/` or `write/` +
+    /// lowercase hex lease id).
     pub fn my_key(&self) -> Option<Vec<u8>> {
         self.session
             .lease()
-            .map(|lease| requests::candidate_key(&self.prefix, lease))
+            .map(|lease| requests::own_key(&self.prefix, self.rw, lease))
     }
 
     /// Hands the session what the protocol asked of it, if anything:

@@ -4,7 +4,7 @@
 //! in [`user`], one function per phase.
 
 use super::requests;
-use super::{ElectionError, ElectionNotice, OpId, Rank};
+use super::{ElectionError, ElectionNotice, OpId, Rank, RwRole};
 use crate::backoff::{Backoff, BackoffConfig};
 use crate::clock::Clock;
 use crate::outbox::Outbox;
@@ -287,6 +287,12 @@ pub(crate) struct Protocol {
     /// How many candidates hold at once: 1 for an election, more for a
     /// semaphore ([`Protocol::set_permits`]).
     permits: u32,
+    /// The side of a read-write lock this machine queues on, `None` for an
+    /// election or a semaphore ([`Protocol::set_rw`]).
+    rw: Option<RwRole>,
+    /// The keys that may keep mine from holding ([`requests::queue_prefix`]):
+    /// the prefix itself but for a read-write lock's reader.
+    queue: Vec<u8>,
     /// The watches of a [`Step::WatchOlders`] but its first (which is the
     /// campaign's `pending`, canceled wherever a campaign ends): whatever
     /// ends that step elsewhere, [`Protocol::settle_watches`] cancels these.
@@ -318,6 +324,8 @@ impl Protocol {
         first_id: u64,
     ) -> Self {
         Protocol {
+            queue: prefix.clone(),
+            rw: None,
             prefix,
             attempt_timeout,
             withdraw_limit,
@@ -344,6 +352,20 @@ impl Protocol {
     /// protocol is the election, request for request.
     pub(crate) fn set_permits(&mut self, permits: u32) {
         self.permits = permits.max(1);
+    }
+
+    /// Queue as a reader or a writer of the read-write lock whose root is
+    /// the prefix (see the module docs); `None` is the election.
+    pub(crate) fn set_rw(&mut self, rw: Option<RwRole>) {
+        self.rw = rw;
+        self.queue = requests::queue_prefix(&self.prefix, rw);
+    }
+
+    /// Whether a ranked campaign or a hand-over may run: they order one
+    /// leader among candidates of one kind, so a semaphore and a
+    /// read-write lock refuse them.
+    pub(crate) fn single_kind_leader(&self) -> bool {
+        self.permits <= 1 && self.rw.is_none()
     }
 
     /// Cancels the extra watches of a [`Step::WatchOlders`] that is no
@@ -711,7 +733,7 @@ impl Protocol {
             try_only: w.try_only,
             rank: w.rank,
             lease,
-            key: requests::candidate_key(&self.prefix, lease),
+            key: requests::own_key(&self.prefix, self.rw, lease),
             token: 0,
             waited: false,
             attempts: w.attempts.saturating_add(1),
@@ -737,11 +759,13 @@ impl Protocol {
                 requests::bump(&self.prefix, (&oldest.0, oldest.1), victims)
             }
             (Step::Create, None) if c.try_only => {
-                requests::try_create(&self.prefix, &c.key, &c.value, c.lease)
+                requests::try_create(&self.queue, &c.key, &c.value, c.lease)
             }
-            (Step::Create, None) => requests::create(&self.prefix, &c.key, &c.value, c.lease),
+            (Step::Create, None) => requests::create(&self.queue, &c.key, &c.value, c.lease),
             (Step::FixValue, _) => requests::guarded_put(&c.key, &c.value, c.lease, c.token),
-            (Step::FindOlder, None) => requests::older_and_mine(&self.prefix, &c.key, c.token),
+            (Step::FindOlder, None) => requests::older_and_mine(&self.queue, &c.key, c.token),
+            // The prefix holds the queue and my key (a reader's key lies
+            // outside its queue, beside it under the lock's root).
             (
                 Step::WatchOlder {
                     from, only: true, ..
@@ -1078,12 +1102,19 @@ impl Protocol {
         }
         // The first-created key, read in the revision my key was seen in.
         let first = ahead.first().cloned();
-        // With `permits` holders the read has the oldest `permits` keys:
-        // mine among them means fewer than `permits` are older.
-        let first_is_mine = ahead
+        // With `permits` holders the read has the oldest `permits` keys of
+        // the queue: fewer than `permits` of them older than mine means
+        // fewer than `permits` are older at all (mine among them, or, for
+        // a reader, whose key is not in its queue of writers, newer keys
+        // among them). With one permit: the first key is mine, or (a
+        // reader) no writer is older.
+        let permits = usize::try_from(self.permits).unwrap_or(usize::MAX);
+        let older = ahead
             .iter()
-            .take(usize::try_from(self.permits).unwrap_or(usize::MAX))
-            .any(|kv| kv.key == c.key && kv.create_revision == c.token);
+            .take(permits)
+            .filter(|kv| kv.create_revision < c.token && kv.key != c.key)
+            .count();
+        let first_is_mine = older < permits;
         if c.try_only && !first_is_mine {
             let then = vec![ElectionNotice::NotElected {
                 op: c.op,

@@ -1,6 +1,7 @@
 //! The etcd requests of the election protocol, in one place so the key
 //! layout and guards stay Go-compatible (`clientv3/concurrency`).
 
+use super::RwRole;
 use crate::rpc::{
     Compare, KeyRange, LeaseId, RangeRequest, Request, Revision, SortOrder, Txn, TxnOp,
 };
@@ -11,6 +12,39 @@ pub(crate) fn candidate_key(prefix: &[u8], lease: LeaseId) -> Vec<u8> {
     let mut key = prefix.to_vec();
     key.extend_from_slice(format!("{lease:x}").as_bytes());
     key
+}
+
+/// The own key of a read-write lock's reader or writer under the lock's
+/// `root` (`<name>/`, ending with `/`): `<root>read/<lease hex>` or
+/// `<root>write/<lease hex>`. Go's `recipes.RWMutex` puts its keys at
+/// `<name>/read/<unique>` and `<name>/write/<unique>` and orders them by
+/// revision only, so any unique last segment shares its queue; the lease
+/// id is unique per session, as [`candidate_key`]'s is.
+pub(crate) fn own_key(root: &[u8], rw: Option<RwRole>, lease: LeaseId) -> Vec<u8> {
+    let mut dir = root.to_vec();
+    match rw {
+        None => {}
+        Some(RwRole::Read) => dir.extend_from_slice(RW_READ),
+        Some(RwRole::Write) => dir.extend_from_slice(RW_WRITE),
+    }
+    candidate_key(&dir, lease)
+}
+
+/// The directory of a read-write lock's readers, below its root.
+pub(crate) const RW_READ: &[u8] = b"read/";
+/// The directory of a read-write lock's writers, below its root.
+pub(crate) const RW_WRITE: &[u8] = b"write/";
+
+/// The keys that may keep the own key of `rw` under `root` from holding:
+/// for a reader only the writers (`<root>write/`, what Go's `RLock`
+/// waits on), for a writer and an election candidate every key under the
+/// root (what Go's `Lock` and `Campaign` wait on).
+pub(crate) fn queue_prefix(root: &[u8], rw: Option<RwRole>) -> Vec<u8> {
+    let mut queue = root.to_vec();
+    if rw == Some(RwRole::Read) {
+        queue.extend_from_slice(RW_WRITE);
+    }
+    queue
 }
 
 fn create_rev_is(key: &[u8], revision: Revision) -> Compare {

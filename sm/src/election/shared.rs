@@ -296,7 +296,7 @@ impl Election {
     }
 
     fn send_stop_delete(&mut self, now: Instant) {
-        let prefix = self.prefix.clone();
+        let (prefix, rw) = (self.prefix.clone(), self.rw);
         let Some(s) = self.shared() else { return };
         let Stop::Deleting { lease, id } = &mut s.stop else {
             return;
@@ -308,7 +308,7 @@ impl Election {
         let request = crate::rpc::Request::Txn(Txn {
             compare: vec![],
             success: vec![
-                TxnOp::Delete(KeyRange::Key(requests::candidate_key(&prefix, lease))),
+                TxnOp::Delete(KeyRange::Key(requests::own_key(&prefix, rw, lease))),
                 TxnOp::Delete(KeyRange::Key(requests::priority_key(&prefix, lease))),
             ],
             failure: vec![],

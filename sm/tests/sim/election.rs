@@ -63,6 +63,7 @@ fn config(permits: u32) -> ElectionConfig {
         // As the library runs every election.
         announce_session_trust: true,
         permits,
+        rw: None,
     }
 }
 

@@ -64,6 +64,7 @@ fn config(prefix: &[u8], permits: u32) -> ElectionConfig {
         attempt_timeout: ATTEMPT_TIMEOUT,
         announce_session_trust: true,
         permits,
+        rw: None,
     }
 }
 

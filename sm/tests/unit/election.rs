@@ -1481,6 +1481,7 @@ fn an_absurd_backoff_does_not_panic() {
         attempt_timeout: Duration::MAX,
         announce_session_trust: false,
         permits: 1,
+        rw: None,
     };
     let mut e = Election::new(config, t0, 1);
     let mut ids = Vec::new();

@@ -39,6 +39,7 @@ pub fn election_config(prefix: &[u8], permits: u32) -> ElectionConfig {
         // deadline moves.
         announce_session_trust: false,
         permits,
+        rw: None,
     }
 }
 

@@ -21,6 +21,12 @@
 //! 7. **Deadlines never lie in the past**: `poll_timeout()` is never
 //!    earlier than the current instant after a step.
 //!
+//! As a read-write lock (`roles` not empty: candidate `i` is a reader or
+//! a writer, [`ElectionConfig::rw`]), rule 1 reads: **no writer holds
+//! while any other candidate holds; readers may hold together** (with
+//! the same exception), and rule 4 drops "they rise" (readers released
+//! by one writer's delete may hear in any order).
+//!
 //! Liveness, from every quiescent state (nothing in flight): with no
 //! further faults or user requests, messages delivered at once and time
 //! moving to each next deadline, within `liveness_bound` either nobody
@@ -31,7 +37,9 @@
 use super::wire::{Bends, Taken, Wire, WireAction};
 use super::{debug_hash, hash_debug, World};
 use crate::ModelEtcd;
-use fleetcoord_sm::election::{Election, ElectionConfig, ElectionInput, ElectionNotice, OpId};
+use fleetcoord_sm::election::{
+    Election, ElectionConfig, ElectionInput, ElectionNotice, OpId, RwRole,
+};
 use fleetcoord_sm::observe::{Observe, ObserveConfig, ObserveNotice};
 use fleetcoord_sm::{BackoffConfig, EventKind, LeaseId, Machine, Response, Revision};
 use std::collections::BTreeSet;
@@ -107,6 +115,13 @@ pub struct ElectionSetup {
     /// Watches never deliver the deletes of expired leases (a test that
     /// must fail, on liveness).
     pub withhold_expiry_deletes: bool,
+    /// Empty: an election or a semaphore. Else one role per candidate: a
+    /// read-write lock, judged by rule 1's read-write form.
+    pub roles: Vec<RwRole>,
+    /// A seeded bug for the read-write world (a test that must fail):
+    /// writers queue as readers (they wait for older writers only) while
+    /// the world still judges them as writers.
+    pub writers_queue_as_readers: bool,
 }
 
 impl ElectionSetup {
@@ -131,6 +146,39 @@ impl ElectionSetup {
             liveness_bound: Duration::from_secs(6),
             strip_delete_guards: false,
             withhold_expiry_deletes: false,
+            roles: Vec::new(),
+            writers_queue_as_readers: false,
+        }
+    }
+
+    /// A read-write lock of `roles.len()` candidates, one permit each.
+    pub fn rwlock(roles: Vec<RwRole>) -> Self {
+        ElectionSetup {
+            roles,
+            ..ElectionSetup::new(0, 1)
+        }
+        .sized()
+    }
+
+    fn sized(mut self) -> Self {
+        self.candidates = self.roles.len();
+        self
+    }
+
+    /// The role candidate `c` is judged by.
+    fn role(&self, c: usize) -> Option<RwRole> {
+        self.roles.get(c).copied()
+    }
+
+    /// Candidate `c`'s machine configuration.
+    fn config_of(&self, c: usize) -> ElectionConfig {
+        let rw = match self.role(c) {
+            Some(RwRole::Write) if self.writers_queue_as_readers => Some(RwRole::Read),
+            role => role,
+        };
+        ElectionConfig {
+            rw,
+            ..self.config()
         }
     }
 
@@ -144,6 +192,7 @@ impl ElectionSetup {
             attempt_timeout: self.attempt_timeout,
             announce_session_trust: false,
             permits: self.permits,
+            rw: None,
         }
     }
 }
@@ -189,6 +238,9 @@ pub enum ElectionAction {
 
 #[derive(Clone, Debug)]
 struct Candidate {
+    /// Its role in a read-write lock (part of the state: candidates of
+    /// different roles are not interchangeable).
+    role: Option<RwRole>,
     machine: Election,
     wire: Wire,
     /// The campaign asked for and not yet answered.
@@ -235,16 +287,17 @@ const REVOKED_EARLY: u32 = 1 << 6;
 const OVERLAP: u32 = 1 << 7;
 const LIVENESS: u32 = 1 << 8;
 const RESIGNED: u32 = 1 << 9;
+const READERS_SHARED: u32 = 1 << 10;
 
 impl ElectionWorld {
     /// Every candidate started at one instant, each campaigning.
     pub fn new(setup: ElectionSetup) -> Self {
         let start = Instant::now();
-        let config = setup.config();
         let keep_orphans = setup.budget.land > 0;
         let candidates = (0..setup.candidates)
-            .map(|_| Candidate {
-                machine: Election::new(config.clone(), start, SEED),
+            .map(|c| Candidate {
+                role: setup.role(c),
+                machine: Election::new(setup.config_of(c), start, SEED),
                 wire: Wire::new(keep_orphans),
                 open: None,
                 elected: None,
@@ -393,7 +446,7 @@ impl ElectionWorld {
                     "candidate {c} elected with token {token}, handed out before"
                 ));
             }
-            if self.setup.permits <= 1 && token <= newest {
+            if self.setup.permits <= 1 && self.setup.roles.is_empty() && token <= newest {
                 return Err(format!(
                     "candidate {c} elected with token {token}, not above the last token {newest}"
                 ));
@@ -412,6 +465,7 @@ impl ElectionWorld {
     fn check(&mut self) -> Result<(), String> {
         let mut holders = 0;
         let mut believers = 0;
+        let mut writers = Vec::new();
         for (c, cand) in self.candidates.iter().enumerate() {
             if cand.machine.poll_timeout().is_some_and(|t| t < self.now) {
                 return Err(format!("candidate {c}'s next deadline is in the past"));
@@ -429,6 +483,9 @@ impl ElectionWorld {
                 continue;
             }
             holders += 1;
+            if cand.role == Some(RwRole::Write) {
+                writers.push(c);
+            }
             let key = cand.machine.my_key().unwrap_or_default();
             match self.etcd.get(&key) {
                 Some(kv) if kv.create_revision == token && kv.lease == lease => {}
@@ -453,6 +510,18 @@ impl ElectionWorld {
                     self.setup.required_margin
                 ));
             }
+        }
+        if !self.setup.roles.is_empty() {
+            if let Some(w) = writers.first().filter(|_| holders > 1) {
+                return Err(format!(
+                    "writer {w} holds while {} other candidates hold",
+                    holders - 1
+                ));
+            }
+            if holders > 1 {
+                self.marks |= READERS_SHARED;
+            }
+            return Ok(());
         }
         if holders > self.setup.allowed_holders {
             return Err(format!(
@@ -634,6 +703,7 @@ impl World for ElectionWorld {
         "overlap after early revocation",
         "liveness checked",
         "resigned",
+        "readers shared",
     ];
 
     fn actions(&self, out: &mut Vec<ElectionAction>) {
@@ -747,7 +817,7 @@ impl World for ElectionWorld {
             ElectionAction::Restart(c) => {
                 self.budget.restart -= 1;
                 self.marks |= RESTARTED;
-                let config = self.setup.config();
+                let config = self.setup.config_of(c);
                 let cand = &mut self.candidates[c];
                 cand.wire.reset();
                 cand.machine = Election::new(config, now, SEED);

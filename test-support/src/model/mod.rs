@@ -35,6 +35,7 @@
 
 mod wire;
 
+pub mod barrier;
 pub mod election;
 pub mod keepalive;
 pub mod mirror;

@@ -273,6 +273,7 @@ impl SessionWorld {
             attempt_timeout: setup.attempt_timeout,
             announce_session_trust: false,
             permits: 1,
+            rw: None,
         };
         let shard = ShardConfig {
             prefix: SHARDS.to_vec(),

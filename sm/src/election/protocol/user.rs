@@ -37,7 +37,7 @@ impl Protocol {
                 try_only,
                 rank,
             } => {
-                if rank.is_some() && self.permits > 1 {
+                if rank.is_some() && !self.single_kind_leader() {
                     self.outbox.notify(ElectionNotice::CampaignFailed {
                         op,
                         error: ElectionError::NotWithPermits,
@@ -122,7 +122,7 @@ impl Protocol {
             // (its leadership lost, a newer campaign running or won) must not
             // end what came after it.
             UserRequest::Resign { token } if l.token == token => self.resign(l),
-            UserRequest::HandOver { op, .. } if self.permits > 1 => {
+            UserRequest::HandOver { op, .. } if !self.single_kind_leader() => {
                 self.outbox.notify(ElectionNotice::HandOverFailed {
                     op,
                     error: ElectionError::NotWithPermits,
