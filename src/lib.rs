@@ -102,9 +102,9 @@ mod txn;
 mod validate;
 mod watcher;
 
+pub use barrier::{DoubleBarrier, DEFAULT_BARRIER_PREFIX, MAX_BARRIER_COUNT};
 #[cfg(feature = "conformance")]
 #[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
-pub use barrier::{DoubleBarrier, DEFAULT_BARRIER_PREFIX, MAX_BARRIER_COUNT};
 pub use coordinator::conformance;
 pub use election::mutex::{Mutex, MutexGuard, DEFAULT_LOCK_PREFIX};
 pub use election::rwlock::{RwLock, RwLockGuard, RwMode, DEFAULT_RWLOCK_PREFIX};
