@@ -321,6 +321,8 @@ impl Run {
                     }
                     self.notifications.push(n);
                 }
+                // A report of a failed grant; it claims nothing.
+                Command::Notify(KeepaliveNotice::GrantFailed { .. }) => {}
             }
         }
         panic!("more than {MAX_COMMANDS_PER_STEP} commands in one step");
