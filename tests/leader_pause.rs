@@ -612,8 +612,18 @@ fn a_paused_raft_leader_makes_no_belief_overlap_but_a_server_early_revocation() 
             ));
         }
     }
+    // A belief in an overlap etcd's early revocation caused may be of a
+    // key etcd had already deleted (elected on a read from before the
+    // delete, ended at the delete): its token may then be below the
+    // leader's before it. That regression is the overlap's, already
+    // classified above; every other one is a violation.
+    let excused: std::collections::BTreeSet<i64> = found
+        .iter()
+        .filter(|o| o.early_revocation)
+        .flat_map(|o| o.holders.iter().map(|&i| beliefs[i].token))
+        .collect();
     for pair in tenures.windows(2) {
-        if pair[1].token <= pair[0].token {
+        if pair[1].token <= pair[0].token && !excused.contains(&pair[1].token) {
             violations.push(format!(
                 "token regression: {} elected after {}",
                 pair[1].token, pair[0].token
