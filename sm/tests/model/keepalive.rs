@@ -568,7 +568,12 @@ fn long_two_bound_machines_with_values_and_stops() {
                 ..Budget::default()
             },
         ),
-        816_280,
+        // 816,280 before the host ran as its registration on a lease-only
+        // keepalive (sm/src/host.rs): the key's writes, leave and revoke
+        // are ordered by the composition now, so the schedules differ
+        // (measured with and without the grant-failure notice: the same
+        // count, so that notice adds no state here).
+        991_843,
         &[
             "value rewritten",
             "leave marker",
