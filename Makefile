@@ -461,7 +461,24 @@ readme-example: deps-build deps-etcd
 # PACKAGE_ARGS=--allow-dirty packages uncommitted changes too.
 PACKAGE_CRATES := fleetcoord-sm fleetcoord fleetcoord-cli
 PACKAGE_ARGS ?=
+# cargo verifies fleetcoord against the fleetcoord-sm it just packaged,
+# through a local registry: it unpacks that crate under CARGO_HOME once per
+# version and builds it into the target directory once per version, since a
+# registry crate of a given version never changes. With the version
+# unchanged, a later `make package` compiled fleetcoord against the sm of
+# the first run. So the unpacked copies of our own crates go first, and so
+# do their builds (found by their dep-info naming such a copy).
 package: deps-build
+	@rm -rf "$${CARGO_HOME:-$$HOME/.cargo}"/registry/src/-*/fleetcoord-* \
+	  "$${CARGO_TARGET_DIR:-target}/package"
+	@for d in "$${CARGO_TARGET_DIR:-target}"/debug/deps/fleetcoord*.d; do \
+	  if [ -e "$$d" ] && grep -q 'registry/src/-' "$$d"; then \
+	    unit=$$(basename "$${d%.d}"); \
+	    rm -rf "$${d%.d}".d "$${d%.d}".rlib "$${d%.d}".rmeta \
+	      "$$(dirname "$$d")"/lib"$$unit".rlib "$$(dirname "$$d")"/lib"$$unit".rmeta \
+	      "$$(dirname "$$d")"/../.fingerprint/"$$(echo "$$unit" | tr _ -)"; \
+	  fi; \
+	done
 	@log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
 	$(CARGO) package $(foreach c,$(PACKAGE_CRATES),-p $(c)) $(PACKAGE_ARGS) 2>&1 | tee "$$log"; \
 	if grep -q '^warning' "$$log"; then \
