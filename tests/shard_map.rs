@@ -127,8 +127,16 @@ fn settle(
     let want = shards::placed(live, SHARDS);
     let give_up = since + bound + Duration::from_secs(10);
     loop {
-        let owners =
-            ShardMap::owners_of(etcd, MAP, SHARDS, &ShardOptions::default()).expect("read owners");
+        // The reader shares the faults: a read cut off by one is asked
+        // again (the bound below still holds).
+        let owners = match ShardMap::owners_of(etcd, MAP, SHARDS, &ShardOptions::default()) {
+            Ok(owners) => owners,
+            Err(e) if e.is_retryable() && Instant::now() < give_up => {
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+            Err(e) => panic!("read owners: {e:?}"),
+        };
         let now = Instant::now();
         let have: Vec<String> = owners.iter().map(|o| o.member.clone()).collect();
         // And every member believes exactly what etcd shows it owning.

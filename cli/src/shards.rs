@@ -8,9 +8,7 @@
 //!   token in `FLEETCOORD_SHARD_TOKENS` (`1=812,5=815,9=820`);
 //! * when the set changes, CMD is stopped (SIGTERM, SIGKILL after
 //!   `--kill-grace`) and started again with the new set, once the set has
-//!   not changed for [`SETTLE`]; with `--shards-file PATH`, a change that
-//!   only adds shards is passed to the running CMD instead: PATH is
-//!   rewritten (whole, by a rename) and CMD's process group gets SIGHUP;
+//!   not changed for [`SETTLE`];
 //! * a shard placed elsewhere (`Release`) is handed back only once CMD is
 //!   dead; CMD is SIGKILLed before the release deadline at the latest;
 //! * a shard lost, or the session's local deadline passing by this
@@ -91,12 +89,9 @@ pub enum ShardsAction {
     /// set, a shard gained as well as one lost or placed elsewhere. The
     /// old CMD gets SIGTERM (SIGKILL after --kill-grace); once it is dead
     /// and the set has not changed for 300 ms, CMD starts again with the
-    /// new FLEETCOORD_SHARDS and FLEETCOORD_SHARD_TOKENS. With
-    /// --shards-file, shards gained (and nothing lost) are passed to the
-    /// running CMD instead: the file is rewritten and CMD gets SIGHUP. A
-    /// shard lost or placed elsewhere always restarts CMD: a shard is
-    /// released only once CMD no longer uses it, and only its exit proves
-    /// that.
+    /// new FLEETCOORD_SHARDS and FLEETCOORD_SHARD_TOKENS. Changes are never
+    /// handed to a running CMD: a shard is released only once CMD no
+    /// longer uses it, and only its exit proves that.
     Join(JoinArgs),
 }
 
@@ -139,14 +134,6 @@ pub struct JoinArgs {
     /// When CMD exits by itself, start it again instead of leaving.
     #[arg(long, requires = "command")]
     restart: bool,
-    /// Keep the owned set in PATH too (two lines, FLEETCOORD_SHARDS=1,5
-    /// and FLEETCOORD_SHARD_TOKENS=1=812,5=815, replaced whole by a rename),
-    /// and pass shards gained to the running CMD by rewriting PATH and
-    /// sending SIGHUP to its process group, instead of restarting it.
-    /// Losing a shard still restarts CMD. CMD must catch SIGHUP: by default
-    /// it ends a process, which then counts as CMD exiting by itself.
-    #[arg(long, value_name = "PATH", requires = "command")]
-    shards_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     prefix: ShardPrefixArgs,
     /// The command to run with the owned shards, after `--`; restarted
@@ -379,21 +366,9 @@ pub fn join(ctx: &Ctx, args: JoinArgs, shutdown: &Receiver<()>) -> Result<(), Cl
                     r.term((now + args.kill_grace).min(by));
                 }
             }
-            let want: BTreeSet<u32> = tokens.keys().copied().collect();
-            if r.shards != want && now.duration_since(changed_at) >= SETTLE {
-                match args.shards_file.as_deref() {
-                    // Only gains, to a CMD that reads them: no restart.
-                    Some(path) if !r.termed && r.shards.is_subset(&want) => {
-                        let owned: BTreeMap<u32, i64> = map.owned().into_iter().collect();
-                        if owned.keys().copied().eq(want.iter().copied()) {
-                            write_shards_file(path, &owned)?;
-                            r.signal(Signal::SIGHUP);
-                            r.shards = want;
-                            passed(&out, &name, &owned)?;
-                        }
-                    }
-                    _ => r.term(now + args.kill_grace),
-                }
+            let restart = r.shards != tokens.keys().copied().collect::<BTreeSet<u32>>();
+            if restart && now.duration_since(changed_at) >= SETTLE {
+                r.term(now + args.kill_grace);
             }
             if stopping {
                 r.term(now + args.kill_grace);
@@ -450,9 +425,6 @@ pub fn join(ctx: &Ctx, args: JoinArgs, shutdown: &Receiver<()>) -> Result<(), Cl
             // Only what is believed now, by this thread's clock.
             let owned: BTreeMap<u32, i64> = map.owned().into_iter().collect();
             if owned.len() == tokens.len() {
-                if let Some(path) = args.shards_file.as_deref() {
-                    write_shards_file(path, &owned)?;
-                }
                 running = Some(spawn(&out, &name, &args.command, &owned)?);
             }
         }
@@ -525,9 +497,10 @@ fn spawn(
     let Some((program, rest)) = command.split_first() else {
         return Err(CliError::Message("no command to run".into()));
     };
-    let (shards, tokens) = shard_values(owned);
+    let shards: Vec<String> = owned.keys().map(u32::to_string).collect();
     // Before the spawn: CMD cannot start earlier.
     let starting_at = unix_micros();
+    let tokens: Vec<String> = owned.iter().map(|(s, t)| format!("{s}={t}")).collect();
     let tether = Tether::new().map_err(|e| {
         CliError::Message(format!(
             "cannot start {program:?}: cannot fork its watchdog: {e}"
@@ -535,8 +508,8 @@ fn spawn(
     })?;
     let mut cmd = Command::new(program);
     cmd.args(rest)
-        .env(SHARDS_VAR, &shards)
-        .env(TOKENS_VAR, tokens)
+        .env(SHARDS_VAR, shards.join(","))
+        .env(TOKENS_VAR, tokens.join(","))
         .process_group(0);
     tether.arm(&mut cmd);
     let child = match cmd.spawn() {
@@ -548,8 +521,9 @@ fn spawn(
     };
     out.emit(
         format!(
-            "{name}: started {program} (pid {}) with shards {shards}",
+            "{name}: started {program} (pid {}) with shards {}",
             child.id(),
+            shards.join(",")
         ),
         event(
             "started",
@@ -567,42 +541,6 @@ fn spawn(
         termed: false,
         kill_at: None,
     })
-}
-
-/// The owned set as `FLEETCOORD_SHARDS` and `FLEETCOORD_SHARD_TOKENS`
-/// lines, the variables' own values, written beside `path` and renamed over
-/// it, so CMD never reads half a file.
-fn write_shards_file(path: &std::path::Path, owned: &BTreeMap<u32, i64>) -> Result<(), CliError> {
-    let (shards, tokens) = shard_values(owned);
-    let text = format!("{SHARDS_VAR}={shards}\n{TOKENS_VAR}={tokens}\n");
-    let mut partial = path.as_os_str().to_owned();
-    partial.push(".partial");
-    let partial = std::path::PathBuf::from(partial);
-    std::fs::write(&partial, text)
-        .and_then(|()| std::fs::rename(&partial, path))
-        .map_err(|e| CliError::Message(format!("cannot write the shards file {path:?}: {e}")))
-}
-
-/// `1,5,9` and `1=812,5=815,9=820`.
-fn shard_values(owned: &BTreeMap<u32, i64>) -> (String, String) {
-    let shards: Vec<String> = owned.keys().map(u32::to_string).collect();
-    let tokens: Vec<String> = owned.iter().map(|(s, t)| format!("{s}={t}")).collect();
-    (shards.join(","), tokens.join(","))
-}
-
-fn passed(out: &Out, name: &str, owned: &BTreeMap<u32, i64>) -> Result<(), CliError> {
-    let (shards, _) = shard_values(owned);
-    out.emit(
-        format!("{name}: passed shards {shards} to the command (SIGHUP)"),
-        event(
-            "passed",
-            [
-                ("name", json!(name)),
-                ("shards", json!(owned.keys().collect::<Vec<_>>())),
-            ],
-        ),
-    )?;
-    Ok(())
 }
 
 fn exited(out: &Out, name: &str, status: ExitStatus) -> Result<(), CliError> {
