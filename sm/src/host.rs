@@ -38,7 +38,11 @@
 //!    while the leave is out, but a lease lost meanwhile is not replaced
 //!    ([`KeepaliveInput::Draining`]): the keepalive stops, and the
 //!    registration, told the loss, ends without a leave (the key went
-//!    with the lease).
+//!    with the lease). Once the leave is confirmed the lease holds only
+//!    the marker, so its revoke is sent once and waited for one attempt
+//!    timeout at most ([`Keepalive::set_revoke_once`]): a member gone
+//!    silent costs an exit that attempt timeout, not copy after copy of a
+//!    revoke that only ends the marker a TTL early.
 //! 5. **The registration ends, the lease goes.** Whenever the
 //!    registration ends on its own (a live duplicate, a refusal), the
 //!    keepalive is stopped and revokes the lease: nothing of this host's is
@@ -410,9 +414,12 @@ impl Host {
                 }
                 self.tell(state);
             }
-            RegistrationNotice::Left { lease } => self
-                .queue
-                .push_back(Command::Notify(HostNotice::Left { lease })),
+            RegistrationNotice::Left { lease } => {
+                // Rule 4: watchers saw the leave; the revoke is a courtesy.
+                self.keepalive.set_revoke_once(true);
+                self.queue
+                    .push_back(Command::Notify(HostNotice::Left { lease }));
+            }
             RegistrationNotice::SessionRequest(request) => match request {
                 SessionRequest::Gone(_) => self.hub.request(request),
                 // At the leave's give-up, right before the registration

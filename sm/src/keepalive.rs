@@ -76,7 +76,10 @@
 //! 8. [`KeepaliveInput::Stop`] cancels everything and revokes the lease (and
 //!    sends one last revoke for each lease still being retired, not waited
 //!    for); no renewal, grant or put is ever sent afterwards (but the leave
-//!    transaction's, below). [`KeepaliveInput::Draining`] announces a stop
+//!    transaction's, below). The revoke is sent again after each attempt
+//!    timeout until answered or the stop's give-up, unless the user said
+//!    the lease holds nothing that matters any more
+//!    ([`Keepalive::set_revoke_once`]): then one copy, one attempt timeout. [`KeepaliveInput::Draining`] announces a stop
 //!    that comes once the user's own ending is done: the lease is still
 //!    renewed, but one lost meanwhile (or none held) stops the machine at
 //!    once, as a stop, instead of granting a lease only to revoke it.
@@ -691,6 +694,8 @@ pub struct Keepalive {
     /// Retired leases wait for [`KeepaliveInput::Settled`] on the current
     /// one before they are revoked ([`Keepalive::set_hold_retired`]).
     hold_retired: bool,
+    /// Set by [`Keepalive::set_revoke_once`].
+    revoke_once: bool,
     /// The lease the user last said was settled.
     settled: Option<LeaseId>,
     /// [`KeepaliveInput::Draining`] was told: a lost lease ends the machine.
@@ -803,6 +808,7 @@ impl Keepalive {
             announce_trust: config.announce_trust,
             announce_failures: false,
             hold_retired: false,
+            revoke_once: false,
             settled: None,
             draining: false,
             renewal_grid: None,
@@ -898,6 +904,18 @@ impl Keepalive {
     /// its last revoke.
     pub fn set_hold_retired(&mut self, hold: bool) {
         self.hold_retired = hold;
+    }
+
+    /// With `once` true, the stop's revoke is sent once and waited for one
+    /// attempt timeout at most: unanswered or failed, the machine stops
+    /// (`Stopped { revoked: false }`) and the lease expires after its TTL.
+    /// For a lease whose keys are gone already (a host that left: only
+    /// its leave marker is on it), where a copy of the revoke would only
+    /// hold up the process's exit, behind a member gone silent, for what
+    /// the TTL does anyway. `false` (the default) sends copies until the
+    /// stop's give-up (rule 8).
+    pub fn set_revoke_once(&mut self, once: bool) {
+        self.revoke_once = once;
     }
 
     /// Whether `id` was issued by this machine (replies to it belong here).
@@ -1853,7 +1871,9 @@ impl Keepalive {
                 Ok(Response::Revoked) | Err(RpcError::LeaseNotFound) => self.finish(true),
                 // A broken connection in a raft leader change: another copy
                 // after an attempt timeout, until the TTL give-up.
-                Err(e) if e.is_retryable() && !self.attempt_timeout.is_zero() => {
+                Err(e)
+                    if e.is_retryable() && !self.attempt_timeout.is_zero() && !self.revoke_once =>
+                {
                     self.resent = self.resent.saturating_add(1);
                     self.arm_attempt();
                 }
@@ -1901,6 +1921,11 @@ impl Keepalive {
             (Timer::Attempt, Phase::Leaving { txn, lease }) => {
                 let (txn, lease) = (*txn, *lease);
                 self.after_leave(Some(txn), lease);
+            }
+            (Timer::Attempt, Phase::Stopping { revoke, .. }) if self.revoke_once => {
+                let old = *revoke;
+                self.outbox.cancel(old);
+                self.finish(false);
             }
             (Timer::Attempt, Phase::Stopping { revoke, lease }) => {
                 let (old, lease) = (*revoke, *lease);

@@ -233,6 +233,57 @@ fn an_unanswered_leave_is_given_up_after_one_attempt_timeout_and_the_lease_revok
     );
 }
 
+/// Rule 4: after a confirmed leave only the marker is on the lease, so a
+/// revoke gone to a silent member is not sent again: the host stops one
+/// attempt timeout later, and the lease expires with its TTL.
+#[test]
+fn after_a_confirmed_leave_the_revoke_is_sent_once() {
+    let t0 = Instant::now();
+    let mut h = registered(t0);
+    let _ = handle(&mut h, t0, HostInput::Stop);
+    let _ = handle(&mut h, t0, reply(R + 1, written(6)));
+    let at = t0 + Duration::from_millis(500);
+    assert_eq!(h.poll_timeout(), Some(at));
+    h.handle_timeout(at);
+    assert_eq!(
+        drain(&mut h),
+        vec![
+            Command::Cancel { id: RpcId(1) },
+            state(LivenessState::Stopped { revoked: false }),
+        ],
+        "no copy of the revoke: stopped, the marker left to the TTL"
+    );
+    assert!(h.is_finished());
+}
+
+/// Without a leave the revoke is what makes the host Down at once, so it
+/// is sent again after each attempt timeout (keepalive rule 8).
+#[test]
+fn without_a_leave_the_revoke_is_sent_again() {
+    let t0 = Instant::now();
+    let mut h = registered(t0);
+    let _ = handle(&mut h, t0, HostInput::Stop);
+    let half = Duration::from_millis(500);
+    h.handle_timeout(t0 + half);
+    assert_eq!(
+        drain(&mut h),
+        vec![
+            Command::Cancel { id: RpcId(R + 1) },
+            rpc(1, Request::Revoke { lease: L1 }),
+        ]
+    );
+    h.handle_timeout(t0 + half + half);
+    assert_eq!(
+        drain(&mut h),
+        vec![
+            Command::Cancel { id: RpcId(1) },
+            rpc(2, Request::Revoke { lease: L1 }),
+        ],
+        "a copy of the revoke, not a stop"
+    );
+    assert!(!h.is_finished());
+}
+
 #[test]
 fn a_lease_lost_at_its_deadline_is_revoked_only_once_the_key_moved_off_it() {
     let t0 = Instant::now();
