@@ -136,7 +136,14 @@ fn a_full_etcd_refuses_writes_by_name_keeps_leases_and_recovers_when_disarmed() 
         "{:?}",
         started.elapsed()
     );
-    assert_eq!(campaign.kind(), ErrorKind::Timeout, "{campaign:?}");
+    // Named too: the session's grants were refused for space.
+    assert_eq!(campaign.kind(), ErrorKind::NoSpace, "{campaign:?}");
+    assert!(campaign.is_retryable(), "{campaign:?}");
+    let text = campaign.to_string();
+    assert!(
+        text.contains("no session lease granted within 2s") && text.contains("out of space"),
+        "{text}"
+    );
     let held_until = Instant::now() + 3 * TTL;
     while Instant::now() < held_until {
         assert!(

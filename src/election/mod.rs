@@ -497,7 +497,10 @@ impl Election {
     }
 
     /// [`Election::campaign`], giving up after `timeout`: returns
-    /// [`Error::Timeout`] at the deadline, whatever etcd does, and the
+    /// [`Error::Timeout`] at the deadline, whatever etcd does (or, on a
+    /// session of the election's own whose lease grants etcd refused for
+    /// want of space meanwhile, an error of kind
+    /// [`ErrorKind::NoSpace`](crate::ErrorKind::NoSpace) that says so), and the
     /// driver removes the candidate key in the background (retrying until
     /// etcd confirms, or the session ends and the key with it), so a
     /// candidate that gave up never holds the queue. A campaign started
@@ -548,7 +551,7 @@ impl Election {
             Outcome::Answered(answer) => answer,
             Outcome::TimedOut { op, unread } => {
                 self.inner.give_up(op, unread);
-                Err(Error::Timeout(timeout.unwrap_or_default()))
+                Err(self.inner.campaign_timed_out(timeout.unwrap_or_default()))
             }
         }
     }
@@ -599,7 +602,7 @@ impl Election {
             Outcome::Answered(answer) => answer,
             Outcome::TimedOut { op, unread } => {
                 self.inner.give_up(op, unread);
-                Err(Error::Timeout(bound))
+                Err(self.inner.campaign_timed_out(bound))
             }
         }
     }
@@ -739,6 +742,24 @@ impl Drop for Election {
 }
 
 impl Inner {
+    /// The error of a campaign that waited `bound` in vain: etcd out of
+    /// space when that is why the session has no lease (its grants were
+    /// refused for it: [`ErrorKind::NoSpace`](crate::ErrorKind::NoSpace),
+    /// naming the election), else [`Error::Timeout`].
+    fn campaign_timed_out(&self, bound: Duration) -> Error {
+        match self.state.lock().grant_failure.clone() {
+            Some(e @ fleetcoord_sm::RpcError::NoSpace(_)) => Error::rpc_in(
+                format!(
+                    "campaigning in election {:?}: no session lease granted within {bound:?}",
+                    self.prefix
+                ),
+                e,
+            )
+            .with_endpoints(self.etcd.endpoints()),
+            _ => Error::Timeout(bound),
+        }
+    }
+
     /// [`Ops::call`], with a machine that ended reported as this handle's
     /// error ([`Error::Closed`] after a close, else [`Error::DriverGone`]).
     fn call<T>(

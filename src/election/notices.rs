@@ -29,6 +29,9 @@ pub(super) struct State {
     pub(super) session: Option<LivenessState>,
     /// The session lease last told trusted, and until when.
     pub(super) session_trust: Option<(i64, Instant)>,
+    /// The last failed grant of the election's own session, until a grant
+    /// is answered: what a campaign that times out meanwhile waited on.
+    pub(super) grant_failure: Option<fleetcoord_sm::RpcError>,
     /// What may be believed on the session, as its hub's ending of
     /// beliefs leaves it (`fleetcoord_sm::session::belief`): a win on a
     /// lease the session ended every belief on arrives over.
@@ -110,9 +113,17 @@ pub(super) fn handle_notice(
         }
         ElectionNotice::SessionTrusted { lease, until } => {
             state.session_trust = Some((*lease, *until));
+            state.grant_failure = None;
+            return;
+        }
+        ElectionNotice::GrantFailed { error } => {
+            state.grant_failure = Some(error.clone());
             return;
         }
         ElectionNotice::Session(s) => {
+            if let LivenessState::Registered { .. } = s {
+                state.grant_failure = None;
+            }
             if let LivenessState::Stopped { .. } = s {
                 if let Some(held) = state.held.take() {
                     held.belief.end();

@@ -516,6 +516,15 @@ pub enum ElectionNotice {
         /// Its local deadline now.
         until: Instant,
     },
+    /// On a session of its own: a lease grant failed and is tried again
+    /// (the keepalive's [`KeepaliveNotice::GrantFailed`]), so a campaign
+    /// that times out meanwhile can say why (etcd out of space, say)
+    /// instead of only that it waited. Cleared by the next
+    /// [`ElectionNotice::SessionTrusted`] or `Session(Registered)`.
+    GrantFailed {
+        /// Why etcd refused the grant, or why it could not be sent.
+        error: RpcError,
+    },
 }
 
 /// The election state machine. See the module docs for its guarantees.
@@ -598,7 +607,8 @@ impl Election {
             attempt_timeout: config.attempt_timeout,
             announce_trust: config.announce_session_trust,
         };
-        let session = Keepalive::with_first_rpc_id(session_config, now, seed, 0);
+        let mut session = Keepalive::with_first_rpc_id(session_config, now, seed, 0);
+        session.set_announce_failures(true);
         Self::with_part(
             config,
             Part::Own(Box::new(session)),
@@ -767,12 +777,13 @@ impl Election {
                         self.outbox
                             .notify(ElectionNotice::SessionTrusted { lease, until });
                     }
+                    Command::Notify(KeepaliveNotice::GrantFailed { error }) => {
+                        self.outbox.notify(ElectionNotice::GrantFailed { error });
+                    }
                     // A session binds no key, so it never announces a leave
                     // and has no registration to hand over.
                     Command::Notify(
-                        KeepaliveNotice::Left { .. }
-                        | KeepaliveNotice::Detached(_)
-                        | KeepaliveNotice::GrantFailed { .. },
+                        KeepaliveNotice::Left { .. } | KeepaliveNotice::Detached(_),
                     ) => {}
                     Command::Notify(KeepaliveNotice::State(state)) => {
                         let fact = match &state {

@@ -3360,3 +3360,41 @@ fn a_campaign_asked_at_the_deadline_runs_on_the_next_lease() {
         "nothing of the campaign before the loss: {seen:?}"
     );
 }
+
+/// A grant of the election's own session refused for space is told, so a
+/// campaign timing out meanwhile can say why; the grant is tried again
+/// and the answered grant registers as usual.
+#[test]
+fn a_refused_session_grant_is_told_and_tried_again() {
+    let t0 = Instant::now();
+    let mut e = Election::new(election_config(b"/e/", 1), t0, 7);
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            note(ElectionNotice::Session(LivenessState::Registering)),
+            rpc(0, Request::Grant { ttl_secs: 9 })
+        ]
+    );
+    let full = RpcError::NoSpace("etcdserver: mvcc: database space exceeded".into());
+    e.handle(
+        t0,
+        RpcReply {
+            id: RpcId(0),
+            result: Err(full.clone()),
+        }
+        .into(),
+    );
+    assert_eq!(
+        drain(&mut e),
+        vec![note(ElectionNotice::GrantFailed { error: full })]
+    );
+    let again = e.poll_timeout().expect("the grant is tried again");
+    e.handle_timeout(again);
+    assert_eq!(drain(&mut e), vec![rpc(1, Request::Grant { ttl_secs: 9 })]);
+    assert_eq!(
+        answer_grant(&mut e, again, 1, LEASE),
+        vec![note(ElectionNotice::Session(LivenessState::Registered {
+            lease: LEASE
+        }))]
+    );
+}
