@@ -1,10 +1,13 @@
 //! Sans-IO state machines behind fleetcoord.
 //!
-//! Every piece of fleetcoord's protocol logic — lease keepalive, a host
-//! key bound to a lease ([`registration`], on a lease of its own:
-//! [`host`]), many leases' renewals on one stream, prefix watching with
-//! resync, leader election, leader observation and sequence-numbered
-//! streams — lives here as a deterministic state machine; the bus's
+//! Every piece of fleetcoord's protocol logic — lease keepalive
+//! ([`keepalive`]), a host key bound to a lease ([`registration`], on a
+//! lease of its own: [`host`]), many leases' renewals on one stream
+//! ([`renewals`]), prefix watching with resync ([`watch`]), elections,
+//! mutexes, semaphores and read-write locks ([`election`]), leader
+//! observation ([`observe`]), shard map members ([`shard`]), double
+//! barriers ([`barrier`]) and sequence-numbered streams ([`stream`]) —
+//! lives here as a deterministic state machine; the bus's
 //! decisions that need no machine (when to retry a write, [`retry`]; which message a slow
 //! subscriber keeps, [`newest`]; how a shared session's facts reach the
 //! primitives on it and what they may believe, [`session`]; how much of a
@@ -16,6 +19,10 @@
 //! outputs, which is what lets `tests/sim.rs` and the fuzz targets sample
 //! faults, and `tests/model.rs` visit every schedule of small worlds
 //! (machines are `Clone`, so a world forks at every choice).
+//!
+//! **Stability:** the types here follow fleetcoord's needs and may change
+//! in any minor version before 1.0; fleetcoord's public API exposes none
+//! of them.
 //!
 //! # The machine contract
 //!
