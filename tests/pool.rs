@@ -128,7 +128,7 @@ fn release_revokes_the_session_and_a_later_campaign_starts_a_new_one() {
     let other = pool.campaign("keep", b"me").unwrap();
     wait_for_leases(&server.endpoint(), &[old, other.lease()]);
 
-    pool.release("rel").unwrap();
+    pool.close_election("rel").unwrap();
     // Revoked at once, not left to expire: the list changes well within
     // the 5 s TTL.
     let t = Instant::now();
@@ -177,7 +177,7 @@ fn release_leaves_a_shared_election_to_its_holder() {
     let pool = ElectionPool::new(&etcd);
     let shared = pool.election("kept").expect("election");
     assert_eq!(format!("{pool:?}"), "ElectionPool { names: 1 }");
-    pool.release("kept").expect("release");
+    pool.close_election("kept").expect("release");
     assert_eq!(format!("{pool:?}"), "ElectionPool { names: 0 }");
     let held = shared
         .campaign(b"me")

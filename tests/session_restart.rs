@@ -112,7 +112,7 @@ fn rival(endpoint: String, beliefs: Beliefs, stop: Arc<AtomicBool>) -> thread::J
         let election =
             Election::with_session(&session, ELECTION, Default::default()).expect("b election");
         let map = Arc::new(
-            ShardMap::join_with_session(
+            ShardMap::with_session(
                 &session,
                 MAP,
                 SHARDS,
@@ -232,7 +232,7 @@ fn start_agent(endpoint: &str, id: Uuid, saved: Option<SessionResume>, n: usize)
     let election =
         Election::with_session(&session, ELECTION, Default::default()).expect("a election");
     let mutex = Mutex::with_session(&session, LOCK, Default::default()).expect("a mutex");
-    let map = ShardMap::join_with_session(
+    let map = ShardMap::with_session(
         &session,
         MAP,
         SHARDS,

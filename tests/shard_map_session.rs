@@ -1,4 +1,4 @@
-//! `ShardMap::join_with_session` against a real etcd: a shard map on a
+//! `ShardMap::with_session` against a real etcd: a shard map on a
 //! `Session` it shares with an election.
 //!
 //! * Two members, each with a session holding an election and the map;
@@ -79,14 +79,14 @@ fn a_session_cut_off_ends_its_shards_and_its_leadership_before_another_member_ta
         let at = Instant::now();
         (at, leadership, election_b)
     });
-    let map_a = ShardMap::join_with_session(
+    let map_a = ShardMap::with_session(
         &session_a,
         MAP,
         SHARDS,
         ShardOptions::default().with_member("a"),
     )
     .expect("a joins");
-    let map_b = ShardMap::join_with_session(
+    let map_b = ShardMap::with_session(
         &session_b,
         MAP,
         SHARDS,
@@ -189,9 +189,8 @@ fn one_map_per_name_per_session_and_leaving_keeps_the_session() {
     let session = Session::new(&etcd, TTL).expect("session");
     let election = Election::with_session(&session, "lead", Default::default()).expect("election");
     let leadership = election.campaign(b"a").expect("elected");
-    let map =
-        ShardMap::join_with_session(&session, MAP, 2, ShardOptions::default()).expect("joins");
-    match ShardMap::join_with_session(&session, MAP, 2, ShardOptions::default()) {
+    let map = ShardMap::with_session(&session, MAP, 2, ShardOptions::default()).expect("joins");
+    match ShardMap::with_session(&session, MAP, 2, ShardOptions::default()) {
         Err(Error::InvalidArgument { .. }) => {}
         other => panic!("a second map of one name on one session: {other:?}"),
     }
@@ -217,8 +216,8 @@ fn one_map_per_name_per_session_and_leaving_keeps_the_session() {
     assert!(leadership.is_held(), "leaving the map keeps the session");
     assert_eq!(session.lease(), Some(leadership.lease()));
     // The name is free again on this session.
-    let again = ShardMap::join_with_session(&session, MAP, 2, ShardOptions::default())
-        .expect("joins again");
+    let again =
+        ShardMap::with_session(&session, MAP, 2, ShardOptions::default()).expect("joins again");
     drop(again);
     session.close().expect("close");
 }

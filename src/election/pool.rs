@@ -13,7 +13,7 @@ use std::time::Duration;
 ///
 /// The first campaign on a name creates its [`Election`] (and session);
 /// later campaigns on that name reuse it, so a campaign/resign cycle costs
-/// no lease grant or revoke. Each session self-heals. [`ElectionPool::release`]
+/// no lease grant or revoke. Each session self-heals. [`ElectionPool::close_election`]
 /// ends one name's session, [`ElectionPool::close`] all of them and waits
 /// for the revokes; dropping the pool asks for the same without waiting.
 ///
@@ -76,7 +76,7 @@ impl ElectionPool {
 
     /// A pool whose elections all run on `session` (see
     /// [`Election::with_session`]): one lease for every name instead of one
-    /// per name. [`ElectionPool::release`] and [`ElectionPool::close`]
+    /// per name. [`ElectionPool::close_election`] and [`ElectionPool::close`]
     /// delete the names' keys and leave the session running.
     pub fn with_session(session: &crate::Session, options: ElectionOptions) -> ElectionPool {
         ElectionPool {
@@ -125,7 +125,7 @@ impl ElectionPool {
 
     /// Start a campaign on `name` and return at once; see
     /// [`Election::start_campaign`] and [`Pending`]. [`ElectionPool::close`]
-    /// or [`ElectionPool::release`] of `name` ends it ([`Error::Closed`]).
+    /// or [`ElectionPool::close_election`] of `name` ends it ([`Error::Closed`]).
     pub fn start_campaign(&self, name: &str, value: &[u8]) -> Result<Pending<Leadership>> {
         crate::blocking::check()?;
         self.election(name)?.start_campaign(value)
@@ -149,9 +149,12 @@ impl ElectionPool {
         self.election(name)?.try_campaign(value)
     }
 
-    /// End the session for `name` (revoking its lease). A later campaign on
-    /// `name` starts a new session.
-    pub fn release(&self, name: &str) -> Result<()> {
+    /// Close the election for `name`, as [`Election::close`] would: its
+    /// own session ends (its lease revoked), or on a shared session its
+    /// keys are deleted and the session left running. A later campaign on
+    /// `name` starts afresh. (Not `release`: elsewhere that hands back
+    /// what a holder holds, a permit or a shard, and nothing more.)
+    pub fn close_election(&self, name: &str) -> Result<()> {
         crate::blocking::check()?;
         let election = self.elections.lock().remove(name);
         match election.map(Arc::try_unwrap) {

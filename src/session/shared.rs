@@ -101,7 +101,7 @@ impl SessionOptions {
 
 /// One lease, kept alive in the background, that elections, pools,
 /// mutexes, semaphores (`with_session` on each) and shard maps
-/// ([`ShardMap::join_with_session`](crate::ShardMap::join_with_session))
+/// ([`ShardMap::with_session`](crate::ShardMap::with_session))
 /// of this process share:
 /// etcd then renews one lease for all of them instead of one each.
 ///

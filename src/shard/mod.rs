@@ -187,7 +187,7 @@ impl ShardMap {
     /// let etcd = Etcd::connect(&server.endpoint())?;
     /// let session = Session::new(&etcd, Duration::from_secs(5))?;
     /// let election = Election::with_session(&session, "scheduler", Default::default())?;
-    /// let map = ShardMap::join_with_session(&session, "jobs", 4, ShardOptions::default())?;
+    /// let map = ShardMap::with_session(&session, "jobs", 4, ShardOptions::default())?;
     /// // One lease for the election and the map: both end together.
     /// let leadership = election.campaign(b"host-a")?;
     /// for _ in 0..4 {
@@ -201,7 +201,7 @@ impl ShardMap {
     /// session.close()?;
     /// # Ok(()) }
     /// ```
-    pub fn join_with_session(
+    pub fn with_session(
         session: &Session,
         name: &str,
         shards: u32,
