@@ -410,6 +410,27 @@ impl Error {
         Error::etcd(etcd_kind(&e), format!("{context}: {e}"))
     }
 
+    /// A wait of `bound` for a lease grant that never came: when etcd
+    /// refused the last grant for want of space (`failure`), an error of
+    /// kind [`ErrorKind::NoSpace`] saying `doing` got no lease within
+    /// `bound` and why, naming `endpoints`; otherwise [`Error::Timeout`].
+    /// Out of space is not a slow etcd, and must not read as one.
+    pub(crate) fn no_lease_within(
+        doing: impl std::fmt::Display,
+        bound: std::time::Duration,
+        failure: Option<RpcError>,
+        endpoints: &[String],
+    ) -> Self {
+        match failure {
+            Some(e @ RpcError::NoSpace(_)) => Error::rpc_in(
+                format_args!("{doing}: no lease granted within {bound:?}"),
+                e,
+            )
+            .with_endpoints(endpoints),
+            _ => Error::Timeout(bound),
+        }
+    }
+
     /// Whether making the same call again, unchanged, may succeed.
     ///
     /// It does not say whether the failed call had an effect: a write that

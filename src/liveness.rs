@@ -554,17 +554,12 @@ impl HostLiveness {
                     // Out of space is not a slow etcd: say so, under its
                     // own kind (issue 48, item 3).
                     let failure = self.status.lock().grant_failure.take();
-                    return Err(match failure {
-                        Some(e @ fleetcoord_sm::RpcError::NoSpace(_)) => Error::rpc_in(
-                            format!(
-                                "registering {}: no lease granted within {timeout:?}",
-                                self.key
-                            ),
-                            e,
-                        )
-                        .with_endpoints(self.etcd.endpoints()),
-                        _ => Error::Timeout(timeout),
-                    });
+                    return Err(Error::no_lease_within(
+                        format_args!("registering {}", self.key),
+                        timeout,
+                        failure,
+                        self.etcd.endpoints(),
+                    ));
                 }
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
                     return Err(self.etcd.gone())

@@ -141,7 +141,7 @@ fn a_full_etcd_refuses_writes_by_name_keeps_leases_and_recovers_when_disarmed() 
     assert!(campaign.is_retryable(), "{campaign:?}");
     let text = campaign.to_string();
     assert!(
-        text.contains("no session lease granted within 2s") && text.contains("out of space"),
+        text.contains("its session: no lease granted within 2s") && text.contains("out of space"),
         "{text}"
     );
     let held_until = Instant::now() + 3 * TTL;

@@ -747,17 +747,13 @@ impl Inner {
     /// refused for it: [`ErrorKind::NoSpace`](crate::ErrorKind::NoSpace),
     /// naming the election), else [`Error::Timeout`].
     fn campaign_timed_out(&self, bound: Duration) -> Error {
-        match self.state.lock().grant_failure.clone() {
-            Some(e @ fleetcoord_sm::RpcError::NoSpace(_)) => Error::rpc_in(
-                format!(
-                    "campaigning in election {:?}: no session lease granted within {bound:?}",
-                    self.prefix
-                ),
-                e,
-            )
-            .with_endpoints(self.etcd.endpoints()),
-            _ => Error::Timeout(bound),
-        }
+        let failure = self.state.lock().grant_failure.clone();
+        Error::no_lease_within(
+            format_args!("campaigning in election {:?}: its session", self.prefix),
+            bound,
+            failure,
+            self.etcd.endpoints(),
+        )
     }
 
     /// [`Ops::call`], with a machine that ended reported as this handle's
