@@ -65,7 +65,7 @@ test: deps
 	done
 
 # A long randomized fault run on a 3-member etcd cluster with a history
-# checker (tests/soak); `make test` runs 6 rounds of it. About 2 s a round;
+# checker (tests/soak; RwLock among its workloads); `make test` runs 6 rounds of it. About 2 s a round;
 # SOAK_SEED=<n> replays a run (each run prints its seed). Then the
 # RateLimit workload of issue 49 for 60 s (tests/ratelimit.rs: five
 # members, one SIGKILLed and one cut off; `make test` runs 11 s of it).

@@ -24,7 +24,10 @@
 //! The `election` label of the election, lock, semaphore and pool metrics
 //! (the contention telemetry: waits, holds, contended wins, losses,
 //! refusals) is the key prefix of one election, lock, semaphore or pool
-//! name (`/coord/elections/NAME/`, `/coord/locks/NAME/`, …). Its
+//! name (`/coord/elections/NAME/`, `/coord/locks/NAME/`, …; a read-write
+//! lock's readers and writers wait apart and are labelled apart,
+//! `/coord/rwlock/NAME/read/` and `/coord/rwlock/NAME/write/`, two names
+//! of the bound below). Its
 //! cardinality is bounded per process: the first [`MAX_NAMES`] names a
 //! process uses get a label of their own, every later one is recorded
 //! under the fixed label `other` (a prefix always starts with `/`, so no

@@ -5,9 +5,9 @@
 use fleetcoord::coordinator::{Coordinator, EtcdCoordinator, EtcdCoordinatorOptions};
 use fleetcoord::testing::EtcdServer;
 use fleetcoord::{
-    list_hosts, Election, ElectionOptions, ElectionPool, Error, Etcd, EtcdOptions, HostLiveness,
-    HostWatcher, LivenessOptions, LockOptions, RwLock, TryCampaign, WatcherOptions,
-    DEFAULT_HOSTS_PREFIX, DEFAULT_LOCK_PREFIX,
+    list_hosts, DoubleBarrier, Election, ElectionOptions, ElectionPool, Error, Etcd, EtcdOptions,
+    HostLiveness, HostWatcher, LivenessOptions, LockOptions, RwLock, TryCampaign, WatcherOptions,
+    DEFAULT_HOSTS_PREFIX, DEFAULT_LOCK_PREFIX, MAX_BARRIER_COUNT,
 };
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -657,4 +657,77 @@ fn rwlock_arguments() {
     assert!(guard.is_held());
     guard.unlock().expect("unlock");
     session.close().expect("close");
+}
+
+/// `DoubleBarrier`: sizes of 0 or above `MAX_BARRIER_COUNT`, names that
+/// are not one key segment, bad prefixes and TTLs, each refused naming its
+/// field and the allowed form before a lease is granted; the same checks
+/// without a connection (`DoubleBarrier::check`); nothing left in etcd.
+#[test]
+fn double_barrier_arguments() {
+    let server = EtcdServer::start().expect("etcd");
+    let etcd = Etcd::with_options(&[server.endpoint()], EtcdOptions::default()).expect("connect");
+    for count in [0, MAX_BARRIER_COUNT + 1, u32::MAX] {
+        let why = invalid(DoubleBarrier::new(&etcd, "b", count), "count");
+        assert!(
+            why.contains(&format!("1 to {MAX_BARRIER_COUNT}")) && why.contains(&count.to_string()),
+            "names the allowed range and the value: {why}"
+        );
+        invalid(
+            DoubleBarrier::check("b", count, &LockOptions::default()),
+            "count",
+        );
+    }
+    for name in ["", "a/b", "/lead", "trail/", "nul\0byte", &"n".repeat(2000)] {
+        invalid(DoubleBarrier::new(&etcd, name, 2), "name");
+        invalid(
+            DoubleBarrier::check(name, 2, &LockOptions::default()),
+            "name",
+        );
+    }
+    let why = invalid(DoubleBarrier::new(&etcd, "a/b", 2), "name");
+    assert!(why.contains("\"a/b\""), "names the name: {why}");
+    for prefix in ["no-slashes", "/no-trailing"] {
+        let options = LockOptions::default().with_prefix(prefix);
+        invalid(
+            DoubleBarrier::with_options(&etcd, "b", 2, options),
+            "prefix",
+        );
+    }
+    for ttl in [Duration::ZERO, Duration::from_millis(999), Duration::MAX] {
+        let options = LockOptions::default().with_ttl(ttl);
+        invalid(DoubleBarrier::with_options(&etcd, "b", 2, options), "ttl");
+    }
+    let session = fleetcoord::Session::new(&etcd, Duration::from_secs(5)).expect("session");
+    invalid(
+        DoubleBarrier::with_session(&session, "b", 0, LockOptions::default()),
+        "count",
+    );
+    invalid(
+        DoubleBarrier::with_session(&session, "a/b", 2, LockOptions::default()),
+        "name",
+    );
+    session.close().expect("close");
+    // Nothing was written by any refused call.
+    let out = std::process::Command::new("etcdctl")
+        .args([
+            "--endpoints",
+            &server.endpoint(),
+            "get",
+            "",
+            "--prefix",
+            "--keys-only",
+        ])
+        .output()
+        .expect("etcdctl");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).trim().is_empty(),
+        "keys left: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // A valid one of a single participant passes at once.
+    let one = DoubleBarrier::new(&etcd, "b", 1).expect("barrier of 1");
+    one.enter_timeout(Duration::from_secs(10)).expect("enter");
+    one.leave_timeout(Duration::from_secs(10)).expect("leave");
+    one.close().expect("close");
 }

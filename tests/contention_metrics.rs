@@ -132,7 +132,53 @@ fn a_contended_lock_shows_in_the_wait_histogram_and_the_registry_lints_clean() {
     drop(second);
     drop(first);
 
+    // A read-write lock records the same, under one label per side
+    // (`<root>read/`, `<root>write/`): a reader holds, a try of the write
+    // is refused, a write waits for the reader's release.
+    let reader = fleetcoord::RwLock::new(&etcd, "contended-rw").expect("rwlock");
+    let writer = fleetcoord::RwLock::new(&etcd, "contended-rw").expect("rwlock");
+    let write_label = format!("election=\"{}write/\"", writer.key_prefix());
+    let read = reader.read().expect("read");
+    assert_eq!(read.attempts(), 1);
+    assert!(writer.try_write().expect("try_write").is_none());
+    let started = Instant::now();
+    let waiter = std::thread::spawn(move || {
+        let guard = writer.write_timeout(WAIT).expect("write");
+        (guard, writer)
+    });
+    std::thread::sleep(HOLD);
+    read.unlock().expect("unlock");
+    let (write, writer) = waiter.join().expect("writer");
+    assert!(
+        started.elapsed() < WAIT,
+        "the contended write took {WAIT:?}"
+    );
+    assert!(write.contended(), "the write waited behind the reader");
+    assert_eq!(write.attempts(), 1);
+    assert!(write.waited() >= HOLD - Duration::from_millis(50));
+    write.unlock().expect("unlock");
+    drop(writer);
+    drop(reader);
+
     let text = handle.render();
+    assert_eq!(
+        sample(&text, "fleetcoord_wait_seconds_count", &write_label),
+        Some(1.0),
+        "the write's wait:\n{text}"
+    );
+    assert!(
+        sample(&text, "fleetcoord_wait_seconds_sum", &write_label)
+            .is_some_and(|s| s >= (HOLD - Duration::from_millis(50)).as_secs_f64()),
+        "the write's contended wait is not in the histogram:\n{text}"
+    );
+    for name in ["fleetcoord_refused_total", "fleetcoord_contended_total"] {
+        assert_eq!(
+            sample(&text, name, &write_label),
+            Some(1.0),
+            "{name}:\n{text}"
+        );
+    }
+
     let count = sample(&text, "fleetcoord_wait_seconds_count", &label);
     let sum = sample(&text, "fleetcoord_wait_seconds_sum", &label);
     assert_eq!(count, Some(2.0), "two wins recorded:\n{text}");

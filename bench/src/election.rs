@@ -5,13 +5,16 @@
 
 use crate::process::{self, Spawned};
 use crate::raw::{self, Raw};
-use crate::report::{latency_row, Row};
+use crate::report::{latency_row, Row, Side};
 use crate::stats::interleave;
 use crate::{Config, Res};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 use etcd_client::{LeaderKey, ResignOptions};
 use fleetcoord::{
-    Election, ElectionOptions, Etcd, EtcdOptions, RateLimit, RateLimitOptions, Semaphore,
+    Election, ElectionOptions, Etcd, EtcdOptions, LockOptions, RateLimit, RateLimitOptions, RwLock,
+    Semaphore,
 };
+use std::io::{Read as _, Write as _};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -311,12 +314,152 @@ pub fn semaphore(cfg: &Config) -> Res<Vec<Row>> {
     ])
 }
 
+/// Every message etcd's gRPC server received, over all methods (a unary
+/// call is one, a keepalive or watch request on a stream one each), from
+/// its `/metrics` on the client port: what a block of operations cost
+/// etcd in requests, taken before and after it.
+pub(crate) fn etcd_requests(endpoint: &str) -> Res<u64> {
+    let host = endpoint
+        .split(',')
+        .next()
+        .unwrap_or(endpoint)
+        .trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(host)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET /metrics HTTP/1.0\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut body = String::new();
+    s.read_to_string(&mut body)?;
+    let mut total = 0u64;
+    let mut seen = false;
+    for line in body.lines() {
+        let Some(rest) = line.strip_prefix("grpc_server_msg_received_total{") else {
+            continue;
+        };
+        let value = rest.rsplit(' ').next().unwrap_or("");
+        let n = value
+            .parse::<f64>()
+            .map_err(|e| format!("grpc_server_msg_received_total {value:?}: {e}"))?;
+        total = total.saturating_add(n as u64);
+        seen = true;
+    }
+    if !seen {
+        return Err("etcd's /metrics has no grpc_server_msg_received_total".into());
+    }
+    Ok(total)
+}
+
+/// etcd requests per operation: `ops` run `k` times alone, counted by
+/// etcd (a session renewal falling inside adds a little: k is large
+/// enough that it stays in the second decimal).
+fn requests_per_op(cfg: &Config, k: usize, mut op: impl FnMut(usize) -> Res<()>) -> Res<f64> {
+    let before = etcd_requests(&cfg.endpoint)?;
+    for i in 0..k {
+        op(i)?;
+    }
+    let after = etcd_requests(&cfg.endpoint)?;
+    Ok(after.saturating_sub(before) as f64 / k as f64)
+}
+
+/// A read acquire and release of a read-write lock nobody writes: from
+/// the call of `RwLock::read` to the return of `RwLockGuard::unlock`,
+/// sessions granted beforehand on both sides. The anchor is what a user
+/// writes with etcd-client for the same work, Go's `RWMutex.RLock` and
+/// `RUnlock`: put the own key under `<root>read/` on the lease, range
+/// `<root>write/` for the newest writer created before it (the filter
+/// Go's `waitOnLastRev` uses; none here, so no wait), delete the key.
+/// Both sides' etcd requests per acquire + release are counted too.
+pub fn rwlock(cfg: &Config) -> Res<Vec<Row>> {
+    let n = cfg.samples(500, 20);
+    let k = cfg.samples(200, 20);
+    let etcd = Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
+    let options = LockOptions::default().with_ttl(Duration::from_secs(10));
+    let lock = RwLock::with_options(&etcd, "bench-rwlock", options)?;
+    let raw = Raw::connect(&cfg.endpoint)?;
+    let (lease, keeper) = raw_session(&raw, 10)?;
+    let root = "/bench/raw-rwlock/";
+    let own = format!("{root}read/{lease:x}");
+    let writers = format!("{root}write/");
+    // Not timed: the first read waits for the session's lease grant,
+    // which the raw side did in `raw_session`.
+    lock.read()?.unlock()?;
+    let ours = || -> Res<()> {
+        lock.read()?.unlock()?;
+        Ok(())
+    };
+    let anchor = || -> Res<()> {
+        let mut c = raw.client();
+        raw.block_on(async {
+            let put = c
+                .put(own.as_str(), "", Some(PutOptions::new().with_lease(lease)))
+                .await?;
+            let created = put.header().map_or(0, |h| h.revision());
+            let newest_writer = c
+                .get(
+                    writers.as_str(),
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_sort(SortTarget::Create, SortOrder::Descend)
+                            .with_limit(1)
+                            .with_max_create_revision(created - 1),
+                    ),
+                )
+                .await?;
+            if !newest_writer.kvs().is_empty() {
+                return Err::<(), crate::BoxError>("a writer in the raw anchor's lock".into());
+            }
+            c.delete(own.as_str(), None).await?;
+            Ok(())
+        })
+    };
+    let (read, read_anchor) = interleave(
+        n,
+        |_| {
+            let t = Instant::now();
+            ours()?;
+            Ok(t.elapsed())
+        },
+        |_| {
+            let t = Instant::now();
+            anchor()?;
+            Ok(t.elapsed())
+        },
+    )?;
+    let ours_requests = requests_per_op(cfg, k, |_| ours())?;
+    let anchor_requests = requests_per_op(cfg, k, |_| anchor())?;
+    keeper.abort();
+    lock.close()?;
+    Ok(vec![
+        latency_row(
+            "RwLock read acquire + release, uncontended (in process)",
+            "RwLock::read → RwLockGuard::unlock returns",
+            &read,
+            "etcd-client put own key on lease, range older writers, delete (Go's RLock/RUnlock)",
+            &read_anchor,
+        )?,
+        Row::new(
+            "RwLock read acquire + release: etcd requests per pair",
+            Side::amount("RwLock read + unlock", ours_requests, "req"),
+            Some(Side::amount("put + range + delete", anchor_requests, "req")),
+        ),
+    ])
+}
+
 /// What one permit of a fleet-wide rate limit costs the caller: a
-/// `RateLimit` grants from its share without asking etcd, against the
-/// cheapest raw equivalent of a limiter that does ask etcd, one put per
-/// permit (a shared counter, unguarded: a real one needs a compare too).
+/// `RateLimit` grants from its share without asking etcd. The anchor is
+/// the equal-work limiter that does ask etcd per permit, a shared
+/// counter of permits left, decremented under a guard: read the counter,
+/// then a txn that writes the count less one if the counter's
+/// mod-revision is still the one read (2 requests per permit,
+/// uncontended; a real one also refills it). etcd's requests per permit
+/// are counted on both sides: a `RateLimit`'s traffic is its membership
+/// (a lease renewal every TTL/3 and a watch), not its permits.
 pub fn ratelimit(cfg: &Config) -> Res<Vec<Row>> {
     let n = cfg.samples(1000, 100);
+    let k = cfg.samples(1000, 100);
     let etcd = Etcd::with_options(&[cfg.endpoint.as_str()], EtcdOptions::default())?;
     let options = RateLimitOptions::default()
         .with_window(Duration::from_millis(100))
@@ -327,28 +470,66 @@ pub fn ratelimit(cfg: &Config) -> Res<Vec<Row>> {
     // Not timed: the first acquire waits for the join (a window).
     limit.acquire()?;
     let raw = Raw::connect(&cfg.endpoint)?;
-    let mut client = raw.client();
-    let (grant, anchor) = interleave(
+    let counter = "/bench/raw-ratelimit";
+    {
+        let mut c = raw.client();
+        raw.block_on(c.put(counter, u64::MAX.to_string(), None))?;
+    }
+    let anchor = || -> Res<()> {
+        let mut c = raw.client();
+        raw.block_on(async {
+            let got = c.get(counter, None).await?;
+            let kv = got.kvs().first().ok_or("the raw counter is gone")?;
+            let left: u64 = kv.value_str()?.parse()?;
+            let next = left.checked_sub(1).ok_or("the raw counter ran out")?;
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    counter,
+                    CompareOp::Equal,
+                    kv.mod_revision(),
+                )])
+                .and_then([TxnOp::put(counter, next.to_string(), None)]);
+            if !c.txn(txn).await?.succeeded() {
+                return Err::<(), crate::BoxError>(
+                    "the raw counter changed under the bench".into(),
+                );
+            }
+            Ok(())
+        })
+    };
+    let (grant, grant_anchor) = interleave(
         n,
         |_| {
             let t = Instant::now();
             limit.acquire()?;
             Ok(t.elapsed())
         },
-        |i| {
+        |_| {
             let t = Instant::now();
-            raw.block_on(client.put("/bench/raw-ratelimit", i.to_string(), None))?;
+            anchor()?;
             Ok(t.elapsed())
         },
     )?;
+    let ours_requests = requests_per_op(cfg, k, |_| {
+        limit.acquire()?;
+        Ok(())
+    })?;
+    let anchor_requests = requests_per_op(cfg, k, |_| anchor())?;
     limit.close()?;
-    Ok(vec![latency_row(
-        "RateLimit grant cost per permit (in process)",
-        "RateLimit::acquire returns (share of 1,000,000 per 100 ms)",
-        &grant,
-        "one etcd put per permit (the cheapest limiter that asks etcd)",
-        &anchor,
-    )?])
+    Ok(vec![
+        latency_row(
+            "RateLimit grant cost per permit (in process)",
+            "RateLimit::acquire returns (share of 1,000,000 per 100 ms)",
+            &grant,
+            "etcd-client guarded counter decrement per permit (get + txn on mod revision)",
+            &grant_anchor,
+        )?,
+        Row::new(
+            "RateLimit: etcd requests per permit",
+            Side::amount("RateLimit::acquire", ours_requests, "req"),
+            Some(Side::amount("get + guarded txn", anchor_requests, "req")),
+        ),
+    ])
 }
 
 /// Process level: leader process gets SIGINT (both resign on it) while a

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! fleetcoord-bench [--quick] [--pool-secs N] [--endpoints host:port] [FIGURE...]
-//! FIGURE: kv leave crash campaign handover semaphore ratelimit elect-cli failover watch pool liveness coord idle-cost concurrency mass-failure rtt shards cas waiters ranges fleet | all (default)
+//! FIGURE: kv leave crash campaign handover semaphore rwlock ratelimit elect-cli failover watch pool liveness coord idle-cost concurrency mass-failure rtt shards cas waiters ranges fleet | all (default)
 //! ```
 //!
 //! `--quick` (or `BENCH_QUICK=1`) runs a few samples of every row in
@@ -63,13 +63,14 @@ impl Config {
 
 type Figure = fn(&Config) -> Res<Vec<Row>>;
 
-const FIGURES: [(&str, Figure); 22] = [
+const FIGURES: [(&str, Figure); 23] = [
     ("kv", kv::run),
     ("leave", liveness::leave),
     ("crash", liveness::crash),
     ("campaign", election::campaign),
     ("handover", election::handover),
     ("semaphore", election::semaphore),
+    ("rwlock", election::rwlock),
     ("ratelimit", election::ratelimit),
     ("elect-cli", election::elect_cli),
     ("failover", election::failover),

@@ -115,6 +115,12 @@ fn a_slash_in_a_name_is_reported_with_that_name_and_command() {
             "elect hand-over: ",
         ),
         (&["lock", "--permits", "2", "foo/bar"], "lock: "),
+        (&["lock", "--read", "foo/bar"], "lock: "),
+        (&["barrier", "foo/bar", "--count", "2"], "barrier: "),
+        (
+            &["barrier", "foo/bar", "--count", "2", "--", "true"],
+            "barrier: ",
+        ),
     ];
     for (args, command) in cases {
         let output = at("127.0.0.1:1").args(*args).output().expect("spawn");
@@ -268,6 +274,13 @@ fn what_the_tool_rejects_before_connecting_is_a_usage_error() {
             &[],
             "99999",
         ),
+        // A barrier without a name, or on a prefix without its slash.
+        (&["barrier", "", "--count", "2"], &[], "name"),
+        (
+            &["barrier", "b", "--count", "2", "--prefix", "no-slash"],
+            &[],
+            "prefix",
+        ),
         // Pages that do not exist.
         (&["man", "no-such-command"], &[], "no-such-command"),
         (&["man", "kv", "nope"], &[], "nope"),
@@ -308,6 +321,16 @@ fn what_clap_rejects_is_a_usage_error_too() {
         (&["elect", "hand-over", "db", "--to", ""], "--to"),
         (&["elect", "db", "--ttl", "500ms"], "one second"),
         (&["lock", "--permits", "0", "db"], "--permits"),
+        // Barrier sizes: none, above the most, beyond u32.
+        (&["barrier", "b", "--count", "0"], "--count"),
+        (&["barrier", "b", "--count", "10001"], "--count"),
+        (&["barrier", "b", "--count", "99999999999"], "--count"),
+        (&["barrier", "b", "--count", "-1"], "'-1'"),
+        (&["barrier", "b"], "required arguments"),
+        (
+            &["barrier", "b", "--count", "2", "--ttl", "500ms"],
+            "one second",
+        ),
         (&["--coord", "bogus", "sub", "t"], "etcd, nats, redis"),
         (&["--endpoints", "", "hosts"], "names no endpoint"),
     ];

@@ -268,6 +268,12 @@ impl RwLockGuard {
         self.leadership.contended()
     }
 
+    /// How often the call that took this guard joined the queue: 1, plus
+    /// one for each time it started over (see [`Leadership::attempts`]).
+    pub fn attempts(&self) -> u32 {
+        self.leadership.attempts()
+    }
+
     /// The fencing token: this holder's key's create revision, unique to
     /// this hold; a writer's is greater than every earlier holder's.
     pub fn fencing_token(&self) -> i64 {

@@ -15,7 +15,12 @@
 //!   one off too) and one on the churner's, that acquire with a timeout,
 //!   hold for a random while and release;
 //! * a shard map whose members join, leave and crash one at a time, each
-//!   behind its own proxies, with its own checker (`shard_workload.rs`).
+//!   behind its own proxies, with its own checker (`shard_workload.rs`);
+//! * four handles of one read-write lock, on the contenders' connections,
+//!   taking reads and the write at random with fenced writes, and a final
+//!   bounded acquire each once the faults stopped, with their own checker
+//!   (`rwlock_workload.rs`: writers exclude every holder, by effects and
+//!   by beliefs apart; readers share; stale guards refused; liveness).
 //!
 //! The nemesis picks one fault per round (seeded; `SOAK_SEED` replays a
 //! run): partition a candidate (past the TTL or not), partition the
@@ -53,6 +58,7 @@ mod history;
 mod liveness;
 #[path = "../common/raw_history.rs"]
 mod raw_history;
+mod rwlock_workload;
 mod shard_workload;
 #[path = "../common/shards.rs"]
 mod shards;
@@ -649,14 +655,17 @@ fn soak() {
     let election_prefix = format!("{}soak/", ElectionOptions::default().prefix);
     let semaphore_prefix = format!("{DEFAULT_SEMAPHORE_PREFIX}soak/");
     let shards_prefix = shard_workload::shards_prefix();
+    let rwlock_prefix = rwlock_workload::prefix();
     let watches = RawHistory::start(
         &cluster.endpoints(),
         &[
             election_prefix.as_str(),
             semaphore_prefix.as_str(),
             shards_prefix.as_str(),
+            rwlock_prefix.as_str(),
         ],
     );
+    let rw = Arc::new(rwlock_workload::Control::new());
 
     let shared = Arc::new(Shared {
         stop: AtomicBool::new(false),
@@ -699,6 +708,14 @@ fn soak() {
         let net = candidate_nets.get(i).unwrap_or(&churner_net);
         let (endpoints, shared, s) = (net.endpoints(), shared.clone(), rng.next_u64());
         threads.push(thread::spawn(move || contender(i, endpoints, shared, s)));
+    }
+    for i in 0..rwlock_workload::ACTORS {
+        let net = candidate_nets.get(i).unwrap_or(&churner_net);
+        let (endpoints, shared, rw, s) =
+            (net.endpoints(), shared.clone(), rw.clone(), rng.next_u64());
+        threads.push(thread::spawn(move || {
+            rwlock_workload::actor(i, endpoints, shared, rw, s)
+        }));
     }
     {
         let (etcd, shared) = (direct.clone(), shared.clone());
@@ -850,6 +867,17 @@ fn soak() {
         }
     }
 
+    // The faults have stopped (the last one healed, the watcher
+    // converged): each read-write lock handle takes the write and a read
+    // once more, bounded.
+    rw.final_phase.store(true, Ordering::SeqCst);
+    let finals_from = Instant::now();
+    while rw.finished.load(Ordering::SeqCst) < rwlock_workload::ACTORS
+        && finals_from.elapsed() < rwlock_workload::FINAL * 3 + CAMPAIGN * 2
+    {
+        thread::sleep(Duration::from_millis(20));
+    }
+
     // Wind down: appenders first, then readers catch up with every
     // acknowledged append before they stop.
     let end = Instant::now();
@@ -924,6 +952,36 @@ fn soak() {
         }
     }
     violations.extend(safety);
+    {
+        let report = rwlock_workload::check(&rw.record.lock(), &history.changes, origin);
+        println!("soak: {}", report.summary);
+        for o in &report.overlaps {
+            let class = if o.early_revocation {
+                "server early revocation"
+            } else {
+                "fleetcoord bug"
+            };
+            let at = report.beliefs[o.newest].from;
+            println!(
+                "soak: overlap of rwlock holds ({class}): {}\n  faults and candidates around it:\n{}",
+                o.report,
+                timeline_between(
+                    &shared.timeline.lock(),
+                    at,
+                    Duration::from_secs(4),
+                    at + Duration::from_millis(300)
+                )
+            );
+        }
+        println!(
+            "soak: {}",
+            belief::signed_distribution(
+                "rwlock holds: refused fenced call -> last belief",
+                &belief::refusal_to_belief_end(&report.beliefs)
+            )
+        );
+        violations.extend(report.violations);
+    }
     {
         let timeline = shared.timeline.lock();
         violations.extend(shard_workload::check(

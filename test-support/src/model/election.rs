@@ -122,6 +122,12 @@ pub struct ElectionSetup {
     /// writers queue as readers (they wait for older writers only) while
     /// the world still judges them as writers.
     pub writers_queue_as_readers: bool,
+    /// A seeded bug for the read-write world (a test that must fail):
+    /// readers wait for no writer, older or not (their queue is a
+    /// directory no writer's key is in: the root's `readers-elsewhere/`,
+    /// their own keys still under the root, so writers still wait for
+    /// them).
+    pub readers_ignore_writers: bool,
 }
 
 impl ElectionSetup {
@@ -148,6 +154,7 @@ impl ElectionSetup {
             withhold_expiry_deletes: false,
             roles: Vec::new(),
             writers_queue_as_readers: false,
+            readers_ignore_writers: false,
         }
     }
 
@@ -176,10 +183,14 @@ impl ElectionSetup {
             Some(RwRole::Write) if self.writers_queue_as_readers => Some(RwRole::Read),
             role => role,
         };
-        ElectionConfig {
+        let mut config = ElectionConfig {
             rw,
             ..self.config()
+        };
+        if rw == Some(RwRole::Read) && self.readers_ignore_writers {
+            config.prefix.extend_from_slice(b"readers-elsewhere/");
         }
+        config
     }
 
     fn config(&self) -> ElectionConfig {
