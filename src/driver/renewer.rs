@@ -145,19 +145,35 @@ impl Renewer {
         mut rx: mpsc::UnboundedReceiver<Message>,
         mut shutdown: watch::Receiver<bool>,
     ) {
+        // Kept across turns (see `runner::run`): a turn per reply would
+        // otherwise register a fresh shutdown waiter and timer each time.
+        let stopped = async move {
+            loop {
+                // An error means the sender is gone: a shutdown as well.
+                if shutdown.changed().await.is_err() || *shutdown.borrow() {
+                    break;
+                }
+            }
+        };
+        tokio::pin!(stopped);
+        let timer = tokio::time::sleep_until(tokio::time::Instant::now());
+        tokio::pin!(timer);
+        let mut armed: Option<Instant> = None;
         loop {
             self.execute();
             if self.write() {
                 self.execute();
             }
             let deadline = self.machine.poll_timeout();
+            if deadline != armed {
+                if let Some(at) = deadline {
+                    timer.as_mut().reset(tokio::time::Instant::from_std(at));
+                }
+                armed = deadline;
+            }
             tokio::select! {
                 biased;
-                changed = shutdown.changed() => {
-                    if changed.is_err() || *shutdown.borrow() {
-                        break;
-                    }
-                }
+                () = &mut stopped => break,
                 message = rx.recv() => {
                     let Some(message) = message else { break };
                     self.take(message);
@@ -178,13 +194,29 @@ impl Renewer {
                         Err(error) => self.feed(RenewalsInput::OpenFailed { error }),
                     }
                 }
-                reply = message(&mut self.responses) => self.feed(match reply {
-                    Ok(Some(r)) => RenewalsInput::Reply { lease: r.id(), ttl_secs: r.ttl() },
-                    Ok(None) => RenewalsInput::Ended,
-                    Err(e) => RenewalsInput::Failed { error: exec::rpc_error(e) },
-                }),
+                reply = message(&mut self.responses) => {
+                    let mut reply = Some(reply);
+                    // Replies come in bursts (a grid step's renewals were
+                    // written together): take every one already read
+                    // before turning again, as with renewals above.
+                    while let Some(r) = reply.take() {
+                        let more = matches!(r, Ok(Some(_)));
+                        self.feed(match r {
+                            Ok(Some(r)) => RenewalsInput::Reply { lease: r.id(), ttl_secs: r.ttl() },
+                            Ok(None) => RenewalsInput::Ended,
+                            Err(e) => RenewalsInput::Failed { error: exec::rpc_error(e) },
+                        });
+                        // Answered now, not at the next turn: the machine
+                        // may have dropped the stream (then none is read).
+                        self.execute();
+                        if more {
+                            reply = ready_message(&mut self.responses).await;
+                        }
+                    }
+                }
                 () = room(&self.keeper), if self.machine.wants_to_write() => {}
-                () = sleep(deadline) => {
+                () = &mut timer, if armed.is_some() => {
+                    armed = None;
                     let now = self.now();
                     self.machine.handle_timeout(now);
                 }
@@ -325,11 +357,20 @@ async fn room(keeper: &Option<ec::LeaseKeeper>) {
     }
 }
 
-async fn sleep(until: Option<Instant>) {
-    match until {
-        Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
-        None => std::future::pending().await,
-    }
+/// The open stream's next reply if it is already read, without waiting:
+/// polled once with this task's waker, so a `None` leaves the stream
+/// registered to wake the task as [`message`] would.
+async fn ready_message(
+    responses: &mut Option<ec::LeaseKeepAliveStream>,
+) -> Option<Result<Option<ec::LeaseKeepAliveResponse>, ec::Error>> {
+    let stream = responses.as_mut()?;
+    let next = stream.message();
+    tokio::pin!(next);
+    std::future::poll_fn(|cx| match next.as_mut().poll(cx) {
+        std::task::Poll::Ready(reply) => std::task::Poll::Ready(Some(reply)),
+        std::task::Poll::Pending => std::task::Poll::Ready(None),
+    })
+    .await
 }
 
 /// The renewer against a real etcd, alone on a runtime of its own: each

@@ -92,7 +92,24 @@ where
     } = task;
     let (reply_tx, mut replies) = mpsc::unbounded_channel::<Delivery>();
     let mut inflight: HashMap<RpcId, AbortHandle> = HashMap::new();
+    // Kept across the loop's turns, not built anew in each: a fresh
+    // `changed()` registers with (and on drop leaves) the watch's waiter
+    // list under its lock, a fresh `Sleep` enters (and leaves) the timer
+    // wheel, and a runner turns twice per renewal (its timer, the answer).
+    // One shutdown future and one `Sleep`, reset only when the instant to
+    // sleep until changes, cost that once per change instead.
     let mut shutdown = shared.shutdown.clone();
+    let shutdown_changed = async move {
+        // An error means the handle's driver is gone: a stop as well.
+        let _ = shutdown.changed().await;
+    };
+    tokio::pin!(shutdown_changed);
+    let mut shutdown_seen = false;
+    let timer = tokio::time::sleep_until(tokio::time::Instant::now());
+    tokio::pin!(timer);
+    // The instant `timer` is armed for; `None` when it is not (it fired,
+    // or the machine wants no timer).
+    let mut armed: Option<tokio::time::Instant> = None;
     let mut stop_deadline: Option<tokio::time::Instant> = None;
     let mut paused = false;
     let mut last_now = Instant::now();
@@ -171,6 +188,12 @@ where
             (Some(t), None) => Some(tokio::time::Instant::from_std(t)),
             (None, d) => d,
         };
+        if sleep_until != armed {
+            if let Some(at) = sleep_until {
+                timer.as_mut().reset(at);
+            }
+            armed = sleep_until;
+        }
         tokio::select! {
             biased;
             delivery = replies.recv() => {
@@ -192,7 +215,9 @@ where
                     Some(Control::Stop) | None => stop(&mut machine, last_now, &mut stop_deadline),
                 }
             }
-            _ = shutdown.changed(), if stop_deadline.is_none() => {
+            () = &mut shutdown_changed, if stop_deadline.is_none() && !shutdown_seen => {
+                // The future is done; it must not be polled again.
+                shutdown_seen = true;
                 last_now = Instant::now().max(last_now);
                 stop(&mut machine, last_now, &mut stop_deadline);
             }
@@ -214,7 +239,10 @@ where
                     }
                 }
             }
-            _ = sleep(sleep_until) => {
+            () = &mut timer, if armed.is_some() => {
+                // Fired: armed again from `poll_timeout` next turn, even
+                // for the same instant.
+                armed = None;
                 last_now = Instant::now().max(last_now);
                 machine.handle_timeout(last_now);
             }
@@ -236,13 +264,6 @@ where
 fn fire_due_timers<M: Machine>(machine: &mut M, now: Instant) {
     if machine.poll_timeout().is_some_and(|at| at <= now) {
         machine.handle_timeout(now);
-    }
-}
-
-async fn sleep(until: Option<tokio::time::Instant>) {
-    match until {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 
