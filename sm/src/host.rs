@@ -45,11 +45,11 @@
 //!    left on it.
 //! 6. **Detach.** [`HostInput::Detach`] detaches the registration (no
 //!    leave; registration rule 5) and then the keepalive (no revoke;
-//!    keepalive rule 10). [`HostNotice::Detached`] is told when both
+//!    keepalive rule 8). [`HostNotice::Detached`] is told when both
 //!    handed over the same lease; a registration with nothing to hand over
 //!    makes the keepalive stop instead (revoking), as rule 5 says.
 //! 7. **Resume.** [`Host::resume`] resumes the keepalive on the point's
-//!    lease (the renewal that proves it, keepalive rule 11) and the
+//!    lease (the renewal that proves it, keepalive rule 9) and the
 //!    registration from the point (its first write guarded on the point's
 //!    mod revision, registration rule 6). A refused resume — the lease
 //!    not proven alive, or the key written, deleted or re-created since
@@ -219,11 +219,7 @@ impl Host {
                 now,
                 seed,
                 first_rpc_id,
-                ResumePoint {
-                    lease: p.lease,
-                    create_revision: 0,
-                    key_revision: 0,
-                },
+                ResumePoint { lease: p.lease },
             ),
             None => Keepalive::with_first_rpc_id(lease, now, seed, first_rpc_id),
         };

@@ -591,7 +591,6 @@ impl Election {
     pub fn new(config: ElectionConfig, now: Instant, seed: u64) -> Self {
         let session_config = KeepaliveConfig {
             ttl_secs: config.ttl_secs,
-            binding: None,
             backoff: config.backoff.clone(),
             safety_margin: config.safety_margin,
             drift_allowance_ppm: config.drift_allowance_ppm,
@@ -767,12 +766,10 @@ impl Election {
                         self.outbox
                             .notify(ElectionNotice::SessionTrusted { lease, until });
                     }
-                    // A session binds no key, so it never announces a leave
-                    // and has no registration to hand over.
+                    // An election's own session is never detached, and a
+                    // failed grant is for a user waiting on one.
                     Command::Notify(
-                        KeepaliveNotice::Left { .. }
-                        | KeepaliveNotice::Detached(_)
-                        | KeepaliveNotice::GrantFailed { .. },
+                        KeepaliveNotice::Detached(_) | KeepaliveNotice::GrantFailed { .. },
                     ) => {}
                     Command::Notify(KeepaliveNotice::State(state)) => {
                         let fact = match &state {

@@ -36,7 +36,6 @@ fn config() -> HostConfig {
     HostConfig {
         lease: KeepaliveConfig {
             ttl_secs: 9,
-            binding: None,
             backoff: backoff.clone(),
             safety_margin: Duration::ZERO,
             drift_allowance_ppm: 0,

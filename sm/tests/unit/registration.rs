@@ -732,3 +732,40 @@ fn a_resume_on_a_shared_lease_takes_a_changed_key_over_where_it_is() {
         "the session's lease is not this machine's to give up"
     );
 }
+
+/// The judge alone: only an answer above zero to a look *sent* at or after
+/// the expiry bound is a renewal; before it, or 0, looks again; -1 is gone.
+#[test]
+fn holder_check_judges_only_looks_sent_after_the_expiry_bound() {
+    use fleetcoord_sm::holder::{HolderCheck, Step, POLL};
+    let t0 = Instant::now();
+    let mut c = HolderCheck::new(THEIRS);
+    let bound = t0 + Duration::from_millis(3030) + Duration::from_millis(100);
+    assert_eq!(c.on_answer(t0, t0, 3), Step::LookAt(bound));
+    // Sent before the bound: the lease may simply not have run down.
+    assert_eq!(
+        c.on_answer(bound - Duration::from_millis(1), bound, 2),
+        Step::LookAt(bound + POLL)
+    );
+    assert_eq!(
+        c.on_answer(t0 + Duration::from_secs(1), t0 + Duration::from_secs(1), 2),
+        Step::LookAt(bound)
+    );
+    assert_eq!(
+        c.on_answer(bound, bound + Duration::from_millis(1), 0),
+        Step::LookAt(bound + Duration::from_millis(1) + POLL)
+    );
+    assert_eq!(
+        c.on_answer(bound, bound + Duration::from_millis(1), 1),
+        Step::Live
+    );
+    assert_eq!(
+        c.on_answer(bound, bound + Duration::from_millis(1), -1),
+        Step::Gone
+    );
+    // A lease etcd has no more, at the first look.
+    assert_eq!(HolderCheck::new(THEIRS).on_answer(t0, t0, -1), Step::Gone);
+    // Huge TTLs saturate instead of overflowing.
+    let mut big = HolderCheck::new(THEIRS);
+    assert!(matches!(big.on_answer(t0, t0, i64::MAX), Step::LookAt(_)));
+}
