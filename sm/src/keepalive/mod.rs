@@ -130,6 +130,11 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 use std::time::{Duration, Instant};
 
+mod resume;
+mod retire;
+
+use retire::Retired;
+
 /// The largest TTL the machine believes, in seconds (etcd's own maximum).
 /// Larger replies are clamped down, which only makes the local deadline
 /// earlier and therefore stays safe.
@@ -414,26 +419,6 @@ enum Timer {
     RetireAttempt,
 }
 
-/// How many given-up leases are remembered for revoking at most; beyond
-/// that the oldest is left to expire by itself.
-const MAX_RETIRED: usize = 8;
-
-/// Leases given up while etcd may still hold them (rule 6), revoked one
-/// after another in the background, copy after copy, until etcd answers.
-/// Nobody renews them, but etcd extends every lease to a full TTL at each
-/// raft leader change: while leader changes come faster than the TTL, an
-/// unrevoked lease lives on, and with it any key bound to it (an election
-/// candidate's key at the front of the queue stalled an election for 30 s,
-/// `tests/member_restarts.rs`).
-#[derive(Clone, Debug, Default)]
-struct Retired {
-    leases: std::collections::VecDeque<LeaseId>,
-    /// The revoke in flight, of `leases[0]`.
-    revoke: Option<RpcId>,
-    /// Copies sent again in a row since the last answer.
-    resent: u32,
-}
-
 /// One held lease.
 #[derive(Clone, Debug)]
 struct Lease {
@@ -562,41 +547,6 @@ impl Keepalive {
         machine
     }
 
-    /// Starts at `now` by resuming the lease `point` that an earlier
-    /// machine detached ([`KeepaliveInput::Detach`]): the first commands
-    /// are `Notify(Registering)` and `Rpc(KeepAlive)` on `point.lease`;
-    /// answered with a TTL above zero, the machine is `Registered` on it,
-    /// and on any refusal it registers afresh (see "Resume" in the module
-    /// docs). A point without a lease starts as
-    /// [`Keepalive::with_first_rpc_id`] does.
-    pub fn resume(
-        config: KeepaliveConfig,
-        now: Instant,
-        seed: u64,
-        first_rpc_id: u64,
-        point: ResumePoint,
-    ) -> Self {
-        if point.lease == 0 {
-            return Self::with_first_rpc_id(config, now, seed, first_rpc_id);
-        }
-        let mut machine = Self::idle(config, now, seed, first_rpc_id);
-        machine
-            .outbox
-            .notify(KeepaliveNotice::State(LivenessState::Registering));
-        let renewal = machine
-            .outbox
-            .rpc(Request::KeepAlive { lease: point.lease });
-        machine.phase = Phase::Resuming {
-            point,
-            renewal: (renewal, now),
-        };
-        // Unanswered for one requested TTL: the lease cannot be proven in
-        // time, and a fresh registration is the only way forward.
-        let at = now.checked_add(machine.request_timeout()).unwrap_or(now);
-        machine.arm(Timer::Retry, at);
-        machine
-    }
-
     /// The machine before its first request.
     fn idle(config: KeepaliveConfig, now: Instant, seed: u64, first_rpc_id: u64) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -622,16 +572,6 @@ impl Keepalive {
             resent: 0,
             outbox: Outbox::new(first_rpc_id),
             clock: Clock::new(now),
-        }
-    }
-
-    /// What a later machine needs to resume this lease
-    /// ([`Keepalive::resume`]): `Some` while a lease is held, never once a
-    /// stop is under way.
-    pub fn resume_point(&self) -> Option<ResumePoint> {
-        match &self.phase {
-            Phase::Leased(l) => Some(ResumePoint { lease: l.id }),
-            _ => None,
         }
     }
 
@@ -752,75 +692,6 @@ impl Keepalive {
     fn stop_phase_timers(&mut self) {
         for timer in [Timer::Renew, Timer::Deadline, Timer::Retry, Timer::Attempt] {
             self.timers.stop(timer);
-        }
-    }
-
-    /// Revoke `lease` in the background ([`Retired`]).
-    fn retire(&mut self, lease: LeaseId) {
-        if self.retired.leases.contains(&lease) {
-            return;
-        }
-        if self.retired.leases.len() >= MAX_RETIRED {
-            // The oldest, unless its revoke is in flight.
-            let at = usize::from(self.retired.revoke.is_some());
-            let _ = self.retired.leases.remove(at);
-        }
-        self.retired.leases.push_back(lease);
-        self.start_retiring();
-    }
-
-    /// Starts revoking the first retired lease when nothing of it is under
-    /// way and, when told to hold them, once the user settled on the
-    /// current lease (another one): the revoke then never takes away what
-    /// the user still keeps on the retired lease (a host key: a watcher
-    /// would see the host `Down`, then `Up` again).
-    fn start_retiring(&mut self) {
-        let busy = self.retired.revoke.is_some() || self.timers.is_armed(Timer::RetireAttempt);
-        let first = self.retired.leases.front();
-        let released = !self.hold_retired
-            || matches!(&self.phase, Phase::Leased(l)
-                if self.settled == Some(l.id) && Some(&l.id) != first);
-        if !busy && released && !self.retired.leases.is_empty() {
-            self.retired.resent = 0;
-            self.send_retired_revoke();
-        }
-    }
-
-    /// A copy of the revoke of the first retired lease, and its copy timer.
-    fn send_retired_revoke(&mut self) {
-        let Some(&lease) = self.retired.leases.front() else {
-            return;
-        };
-        self.retired.revoke = Some(self.outbox.rpc(Request::Revoke { lease }));
-        self.arm_copy(Timer::RetireAttempt, self.retired.resent);
-    }
-
-    /// The answer to a retired lease's revoke: done with it when etcd
-    /// revoked it, does not have it, or refuses for good; another copy
-    /// (when its timer fires) after a broken connection.
-    fn on_retired_reply(&mut self, result: Result<Response, RpcError>) {
-        self.retired.revoke = None;
-        match result {
-            Err(e) if e.is_retryable() && !self.attempt_timeout.is_zero() => {
-                self.retired.resent = self.retired.resent.saturating_add(1);
-                self.arm_copy(Timer::RetireAttempt, self.retired.resent);
-            }
-            _ => {
-                self.timers.stop(Timer::RetireAttempt);
-                self.retired.leases.pop_front();
-                self.start_retiring();
-            }
-        }
-    }
-
-    /// One last revoke of every retired lease, answers not waited for: a
-    /// stop or detach must not wait on leases given up earlier.
-    fn last_retired_revokes(&mut self) {
-        if let Some(id) = self.retired.revoke.take() {
-            self.outbox.cancel(id);
-        }
-        for lease in std::mem::take(&mut self.retired.leases) {
-            let _ = self.outbox.rpc(Request::Revoke { lease });
         }
     }
 
@@ -1100,69 +971,6 @@ impl Keepalive {
         self.resent = 0;
         self.phase = Phase::Stopped;
         self.notify(LivenessState::Stopped { revoked });
-    }
-
-    /// The answer to the renewal that opens a resume: a TTL above zero
-    /// proves the lease, held from then on as if just granted; anything
-    /// else registers afresh (rule 9).
-    fn on_resume_renewal(
-        &mut self,
-        now: Instant,
-        point: ResumePoint,
-        sent: Instant,
-        result: Result<Response, RpcError>,
-    ) {
-        self.timers.stop(Timer::Retry);
-        let proven = match result {
-            Ok(Response::KeptAlive { ttl_secs }) if ttl_secs > 0 => {
-                let trusted = self.trusted(ttl_secs);
-                sent.checked_add(trusted)
-                    .filter(|d| *d > now)
-                    .map(|d| (trusted, d))
-            }
-            _ => None,
-        };
-        let gone = matches!(
-            result,
-            Ok(Response::KeptAlive { ttl_secs: ..=0 }) | Err(RpcError::LeaseNotFound)
-        );
-        let Some((trusted, deadline)) = proven else {
-            self.phase = Phase::Granting { grant: None };
-            if !gone {
-                // Maybe alive still (rule 6).
-                self.retire(point.lease);
-            }
-            self.send_grant(now);
-            return;
-        };
-        self.phase = Phase::Leased(Lease::fresh(point.lease, trusted, deadline, sent, true));
-        self.arm(Timer::Deadline, deadline);
-        self.register_backoff.reset();
-        self.schedule_renewal(now);
-        self.sync_state();
-        self.announce_trust();
-    }
-
-    /// Stops for good without revoking (rule 8).
-    fn detach(&mut self, now: Instant) {
-        if self.phase.is_stopping() {
-            return;
-        }
-        let Some(point) = self.resume_point() else {
-            return self.stop(now);
-        };
-        if let Phase::Leased(Lease {
-            renewal: Some((id, _)),
-            ..
-        }) = &self.phase
-        {
-            let id = *id;
-            self.outbox.cancel(id);
-        }
-        // Leases given up earlier hold nothing the next machine resumes.
-        self.last_retired_revokes();
-        self.outbox.notify(KeepaliveNotice::Detached(point));
-        self.finish(false);
     }
 
     fn on_reply(&mut self, now: Instant, reply: RpcReply) {
