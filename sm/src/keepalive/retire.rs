@@ -31,8 +31,13 @@ impl Keepalive {
             return;
         }
         if self.retired.leases.len() >= MAX_RETIRED {
-            // The oldest, unless its revoke is in flight.
-            let at = usize::from(self.retired.revoke.is_some());
+            // The oldest, unless its revoke is under way: in flight, or
+            // its next copy waiting on `Timer::RetireAttempt`. That copy
+            // goes to the first lease without a new check, so the first
+            // must stay the lease that passed `start_retiring`'s.
+            let under_way =
+                self.retired.revoke.is_some() || self.timers.is_armed(Timer::RetireAttempt);
+            let at = usize::from(under_way);
             let _ = self.retired.leases.remove(at);
         }
         self.retired.leases.push_back(lease);

@@ -1044,6 +1044,92 @@ fn retire_a_lease_lost_at_its_deadline_is_revoked_until_not_found() {
     assert_eq!(revokes_until(&mut m, now, now + s(60), 0, LEASE).0, vec![]);
 }
 
+/// The id of the one grant among `commands`.
+fn grant_id(commands: &[Cmd]) -> u64 {
+    let ids: Vec<u64> = commands
+        .iter()
+        .filter_map(|c| match c {
+            Command::Rpc {
+                id,
+                request: Request::Grant { .. },
+            } => Some(id.0),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids.len(), 1, "one grant in {commands:?}");
+    ids[0]
+}
+
+/// At most 8 retired leases are remembered, a ninth evicting the oldest —
+/// never the one whose revoke is under way, also while only its next copy
+/// waits for its timer: that copy goes to the first lease without a new
+/// check, so evicting it sent a held lease its first revoke before the
+/// user settled elsewhere (found by the fuzz target `keepalive`).
+#[test]
+fn retire_never_evicts_the_lease_whose_revoke_copy_waits() {
+    let t0 = Instant::now();
+    let mut m = Keepalive::new(with_copies(), t0, 1);
+    m.set_hold_retired(true);
+    let _ = drain(&mut m);
+    let granted = |lease: LeaseId, id: u64| {
+        ok(
+            id,
+            Response::Granted {
+                lease,
+                ttl_secs: TTL,
+            },
+        )
+    };
+    m.handle(t0, granted(100, 0));
+    let _ = drain(&mut m);
+    m.handle(t0, KeepaliveInput::Replace { lease: 100 });
+    let id = grant_id(&drain(&mut m));
+    m.handle(t0, granted(101, id));
+    let _ = drain(&mut m);
+    // Settled on 101: 100's revoke goes, fails, and its copy waits.
+    m.handle(t0, KeepaliveInput::Settled { lease: 101 });
+    let revoke = drain(&mut m);
+    let [Command::Rpc {
+        id: RpcId(r),
+        request: Request::Revoke { lease: 100 },
+    }] = revoke.as_slice()
+    else {
+        panic!("{revoke:?}");
+    };
+    m.handle(t0, err(*r));
+    assert_eq!(m.poll_timeout(), Some(t0 + ms(500)));
+    // Eight more leases given up, none settled on: the ninth retired one
+    // evicts an old lease, not 100.
+    for lease in 101..=108 {
+        m.handle(t0, KeepaliveInput::Replace { lease });
+        let commands = drain(&mut m);
+        assert!(
+            !commands.iter().any(|c| matches!(
+                c,
+                Command::Rpc {
+                    request: Request::Revoke { .. },
+                    ..
+                }
+            )),
+            "nothing settled on: no revoke, {commands:?}"
+        );
+        m.handle(t0, granted(lease + 1, grant_id(&commands)));
+        let _ = drain(&mut m);
+    }
+    m.handle_timeout(t0 + ms(500));
+    let copy = drain(&mut m);
+    assert!(
+        matches!(
+            copy.as_slice(),
+            [Command::Rpc {
+                request: Request::Revoke { lease: 100 },
+                ..
+            }]
+        ),
+        "the copy is 100's, not a held lease's first revoke: {copy:?}"
+    );
+}
+
 /// A machine told to hold retired leases (a host on its own lease) keeps
 /// one presumed lost at its deadline until its user settled on the new
 /// lease: the revoke never takes away a key still on the old one.
