@@ -15,10 +15,10 @@
 //!   that lease, its expiry is not before the keepalive's local deadline,
 //!   and the key is bound to it: no key on a dead lease is believed;
 //! * at most one renewal is outstanding;
-//! * after `Stop` no grant goes out; the leave (the marker put and the key
-//!   deleted in one transaction, only with a marker configured) goes out
-//!   before the revoke of the lease it is written on, `Left` is told only
-//!   after one; after the revoke only revokes go out, of that lease (one
+//! * after `Stop` no grant goes out; the leave (the key deleted, in one
+//!   transaction with the marker put exactly when one is configured) goes
+//!   out before the revoke, of the lease the marker is written on; `Left`
+//!   is told only after a leave and before the revoke; after the revoke only revokes go out, of that lease (one
 //!   outstanding at a time) or of leases the keepalive gave up; once
 //!   `Stopped`, `poll_timeout` is `None` and `Stopped` is the last
 //!   notification;
@@ -118,15 +118,17 @@ enum Op {
     Resume,
 }
 
-/// Whether `txn` is a leave: the marker put and the key deleted.
+/// Whether `txn` is a leave: the key deleted, with the marker put when
+/// one is configured.
 fn is_leave(txn: &fleetcoord_sm::Txn) -> bool {
     txn.success
         .iter()
-        .any(|op| matches!(op, TxnOp::Put { key, .. } if key.as_slice() == MARKER))
-        && txn
-            .success
-            .iter()
-            .any(|op| matches!(op, TxnOp::Delete(KeyRange::Key(k)) if k.as_slice() == KEY))
+        .any(|op| matches!(op, TxnOp::Delete(KeyRange::Key(k)) if k.as_slice() == KEY))
+        && txn.success.iter().all(|op| match op {
+            TxnOp::Delete(KeyRange::Key(k)) => k.as_slice() == KEY,
+            TxnOp::Put { key, .. } => key.as_slice() == MARKER,
+            _ => false,
+        })
 }
 
 struct Run {
@@ -141,7 +143,9 @@ struct Run {
     /// The stop's revoke went out, of this lease.
     revoked: Option<LeaseId>,
     leave_marker: bool,
-    /// The lease a leave was written on.
+    /// A leave went out.
+    leave_sent: bool,
+    /// The lease a leave's marker was written on.
     leave_lease: Option<LeaseId>,
     config: HostConfig,
     seed: u64,
@@ -169,12 +173,14 @@ impl Run {
     /// die at once.
     fn process(&mut self, request: &Request, ttl: Option<u8>) -> Result<Response, RpcError> {
         match request {
-            // The key (and nothing else) put guarded, or the leave.
+            // The key put guarded (an earlier leave's marker deleted with
+            // it), or the leave.
             Request::Txn(txn) => assert!(
-                txn.success
-                    .iter()
-                    .all(|op| matches!(op, TxnOp::Put { key, .. } if key.as_slice() == KEY))
-                    || is_leave(txn),
+                txn.success.iter().all(|op| match op {
+                    TxnOp::Put { key, .. } => key.as_slice() == KEY,
+                    TxnOp::Delete(KeyRange::Key(key)) => key.as_slice() == MARKER,
+                    _ => false,
+                }) || is_leave(txn),
                 "a txn {txn:?}"
             ),
             Request::Grant { .. }
@@ -248,7 +254,11 @@ impl Run {
                     assert!(until > self.now, "told a deadline already past");
                 }
                 Command::Notify(HostNotice::Left { lease }) => {
-                    assert_eq!(self.leave_lease, Some(lease), "Left without a leave on it");
+                    assert!(self.leave_sent, "Left without a leave");
+                    assert!(
+                        self.leave_lease.is_none_or(|l| l == lease),
+                        "Left on another lease than its marker's"
+                    );
                     assert!(self.revoked.is_none(), "Left after the revoke");
                 }
                 Command::Notify(HostNotice::Detached(point)) => {
@@ -290,7 +300,6 @@ impl Run {
         match request {
             Request::Grant { .. } => panic!("a grant after stop"),
             Request::Txn(txn) if is_leave(txn) => {
-                assert!(self.leave_marker, "a marker nobody asked for");
                 assert!(self.revoked.is_none(), "a leave after the revoke");
                 let lease = txn.success.iter().find_map(|op| match op {
                     TxnOp::Put { key, lease, .. } if key.as_slice() == MARKER => Some(*lease),
@@ -300,6 +309,12 @@ impl Run {
                     self.leave_lease.is_none() || self.leave_lease == lease,
                     "leaves on two leases"
                 );
+                assert_eq!(
+                    lease.is_some(),
+                    self.leave_marker,
+                    "a marker iff configured"
+                );
+                self.leave_sent = true;
                 self.leave_lease = lease;
             }
             Request::Revoke { lease } if !self.given_up.contains(lease) => {
@@ -478,6 +493,7 @@ impl Run {
                 // A stop asked of the detached machine was not this one's.
                 self.stop_requested = false;
                 self.revoked = None;
+                self.leave_sent = false;
                 self.leave_lease = None;
                 self.resumed = Some(point);
                 self.held = None;
@@ -524,6 +540,7 @@ fuzz_target!(|input: Input| {
         stop_requested: false,
         revoked: None,
         leave_marker: input.leave_marker,
+        leave_sent: false,
         leave_lease: None,
         config,
         seed: input.seed,
