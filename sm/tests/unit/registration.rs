@@ -168,6 +168,45 @@ fn a_new_lease_after_a_loss_registers_again() {
     );
 }
 
+/// A new value is written at once while nothing is in flight, else after
+/// the write in flight, each write guarded on the revision the one before
+/// wrote; the next lease's registration writes the latest value. Ported
+/// from the keepalive's binding mode
+/// (`set_value_puts_now_or_after_the_put_in_flight`).
+#[test]
+fn set_value_writes_now_or_after_the_write_in_flight() {
+    let t0 = Instant::now();
+    let mut r = registration(t0);
+    assert_eq!(handle(&mut r, t0, up(L1)), vec![rpc(0, put(0, b"v", L1))]);
+    assert_eq!(
+        handle(&mut r, t0, RegistrationInput::SetValue(b"v2".to_vec())),
+        vec![],
+        "waits for the write in flight"
+    );
+    assert_eq!(
+        handle(&mut r, t0, reply(0, written(2))),
+        vec![
+            state(LivenessState::Registered { lease: L1 }),
+            rpc(1, put(2, b"v2", L1))
+        ]
+    );
+    assert_eq!(handle(&mut r, t0, reply(1, written(3))), vec![]);
+    assert_eq!(
+        handle(&mut r, t0, RegistrationInput::SetValue(b"v3".to_vec())),
+        vec![rpc(2, put(3, b"v3", L1))]
+    );
+    assert_eq!(handle(&mut r, t0, reply(2, written(4))), vec![]);
+    assert_eq!(
+        handle(
+            &mut r,
+            t0,
+            RegistrationInput::Session(SessionInput::Lost { lease: L1 })
+        ),
+        vec![state(LivenessState::Lost { lease: L1 })]
+    );
+    assert_eq!(handle(&mut r, t0, up(L2)), vec![rpc(3, put(0, b"v3", L2))]);
+}
+
 /// A failed guard shows the key as it is: ours already (an earlier copy
 /// landed) counts as written; one on no lease is taken over, guarded on
 /// what was read (one on another process's lease waits: rule 7, the
