@@ -35,7 +35,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 
 CARGO ?= cargo
-FUZZ_TARGETS := keepalive watch election stream mirror place renewals shard
+FUZZ_TARGETS := keepalive host watch election stream mirror place renewals shard
 FUZZ_SECONDS ?= 60
 # cargo-fuzz needs nightly flags; this lets the stable toolchain accept them.
 FUZZ_ENV := RUSTC_BOOTSTRAP=1

@@ -433,7 +433,6 @@ impl HostLiveness {
         let config = HostConfig {
             lease: KeepaliveConfig {
                 ttl_secs: options.session.ttl.as_secs() as i64,
-                binding: None,
                 backoff: BackoffConfig::default(),
                 safety_margin: options.session.safety_margin,
                 drift_allowance_ppm: options.session.drift_allowance_ppm,

@@ -7,66 +7,65 @@
 //! the lease that long), with a failure, a lost reply (executed, then an
 //! error), a "lease not found", a TTL of 0, or a reply of the wrong variant;
 //! it advances time (expiring leases), breaks the renewal stream, extends
-//! every lease (an etcd leader change), changes the value, stops, and feeds
-//! stray replies. After every step:
+//! every lease (an etcd leader change), settles on a lease, stops, and
+//! feeds stray replies. The machine is lease-only: a key bound to its
+//! lease is the host's, fuzzed by `host.rs` on the composition that runs
+//! it. After every step:
 //! * while `lease()` is `Some`, the model etcd still has that lease and its
-//!   expiry is not before the machine's local deadline; in binding mode the
-//!   key is bound to it once registered;
+//!   expiry is not before the machine's local deadline;
 //! * at most one renewal is outstanding;
+//! * the machine sends only grants, renewals and revokes;
 //! * nothing but Revokes of one lease, one outstanding at a time, are
 //!   issued after `Stop`, besides one last revoke of each lease given up
-//!   earlier and, with a leave marker configured, the leave transactions
-//!   (the marker put and the key deleted), before the revoke and on the
-//!   lease it revokes, `Left` told only after one; once `Stopped`,
-//!   `poll_timeout` is `None` and `Stopped` is the last notification;
+//!   earlier; once `Stopped`, `poll_timeout` is `None` and `Stopped` is
+//!   the last notification;
+//! * told to hold retired leases (`set_hold_retired`), a lease given up is
+//!   revoked only while the user settled on the current one, never that
+//!   one (the revoke must not take away what the user keeps on it);
 //! * consecutive notifications differ;
 //! * a told deadline (`Trusted`, with `announce_trust`, which odd TTLs
 //!   ask for) is the machine's local deadline at that moment, later than
 //!   `now`, and never told unasked;
 //! * `poll_timeout` is never before `now`; draining commands terminates;
-//! * detach (rule 10 of `sm/src/keepalive.rs`): after `Detach` with a
-//!   registration to hand over, nothing is sent but last revokes of other
-//!   leases (no leave, no revoke of the point's lease), and `Detached`
-//!   tells the point `resume_point()` gave, then `Stopped`; with nothing to
-//!   hand over a detach is a stop;
-//! * resume (rule 11): registered on the point's lease, the successor
-//!   (`Keepalive::resume`) finds the model holding the key incarnation of
-//!   the point (in binding mode; a lease-only machine hands over and
-//!   resumes the lease alone). (A refused resume registers afresh without `Lost`, but a
-//!   proven lease whose resume transaction is unanswered at its deadline
-//!   is lost as any other, after only `Registering`: this target tells the
-//!   two apart only by the trust notices, which it does not keep.)
+//! * detach (rule 8 of `sm/src/keepalive.rs`): after `Detach` with a
+//!   lease to hand over, nothing is sent but last revokes of other leases
+//!   (no revoke of the point's lease), and `Detached` tells the point
+//!   `resume_point()` gave, then `Stopped`; with nothing to hand over a
+//!   detach is a stop;
+//! * resume (rule 9): the successor (`Keepalive::resume`) registered on
+//!   the point's lease holds it in the model (the check above); a refused
+//!   resume registers afresh without `Lost`.
 
 #![no_main]
 
 use arbitrary::Arbitrary;
 use fleetcoord_sm::keepalive::{
-    Binding, Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState,
-    ResumePoint,
+    Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState, ResumePoint,
 };
 use fleetcoord_sm::{
-    BackoffConfig, Command, LeaseId, Machine, Request, Response, RpcError, RpcId, RpcReply, TxnOp,
+    BackoffConfig, Command, LeaseId, Machine, Request, Response, RpcError, RpcId, RpcReply,
 };
 use fleetcoord_test_support::ModelEtcd;
 use libfuzzer_sys::fuzz_target;
 use std::time::{Duration, Instant};
 
 const MAX_COMMANDS_PER_STEP: usize = 1_000;
-const KEY: &[u8] = b"/coord/hosts/h";
-const MARKER: &[u8] = b"/coord/hosts/h/left";
 
 #[derive(Arbitrary, Debug)]
 struct Input {
     ttl_secs: i8,
-    binding: bool,
-    /// With a binding: announce a leave marker on stop.
-    leave_marker: bool,
+    /// Hold retired leases until settled (`Keepalive::set_hold_retired`,
+    /// as a host does). Where the binding mode's flag was, so the
+    /// committed corpus keeps its layout.
+    hold_retired: bool,
+    /// Tell failed grants (`Keepalive::set_announce_failures`).
+    announce_failures: bool,
     seed: u64,
     initial_ms: u16,
     max_ms: u16,
     multiplier: u8,
     jitter_percent: u8,
-    /// 0 sends no copies of unanswered grants, puts and revokes.
+    /// 0 sends no copies of unanswered grants and revokes.
     attempt_ms: u16,
     margin_ms: u16,
     drift_allowance_ppm: u32,
@@ -109,7 +108,10 @@ enum Op {
     DropStream,
     /// The model extends every lease by a full TTL (leader change).
     ExtendLeases,
-    SetValue(u8),
+    /// The user says what it keeps is written on a lease: the current
+    /// one for an even byte, else the last one it held before (where the
+    /// binding mode's value change was, so the corpus keeps its layout).
+    Settle(u8),
     Stop,
     /// A reply to an id the machine is not waiting for.
     Stray(RpcReply),
@@ -117,9 +119,9 @@ enum Op {
     Replace,
     /// The user says etcd refused the current lease as not found.
     Gone,
-    /// The user detaches the machine (a restart, rule 10).
+    /// The user detaches the machine (a restart, rule 8).
     Detach,
-    /// A successor resumes from the detached point (rule 11).
+    /// A successor resumes from the detached point (rule 9).
     Resume,
 }
 
@@ -127,16 +129,22 @@ struct Run {
     machine: Keepalive,
     etcd: ModelEtcd,
     now: Instant,
-    binding: bool,
+    /// `Keepalive::set_hold_retired` was set.
+    hold_retired: bool,
+    /// `Keepalive::set_announce_failures` was set.
+    announce_failures: bool,
+    /// The lease the user last settled on.
+    settled: Option<LeaseId>,
+    /// Leases the machine held, newest last.
+    held: Vec<LeaseId>,
+    /// Held retired leases whose revoke started.
+    revoking: Vec<LeaseId>,
     outstanding: Vec<(RpcId, Request)>,
     notifications: Vec<LivenessState>,
     /// The machine was asked to tell its deadline's moves.
     announce_trust: bool,
     stop_requested: bool,
     revoked: Option<i64>,
-    leave_marker: bool,
-    marker_sent: bool,
-    marker_lease: Option<i64>,
     config: KeepaliveConfig,
     seed: u64,
     /// Detach asked with this point to hand over.
@@ -160,25 +168,8 @@ impl Run {
     /// die at once.
     fn process(&mut self, request: &Request, ttl: Option<u8>) -> Result<Response, RpcError> {
         match request {
-            // The leave marker: a plain put.
-            Request::Put { key, .. } => assert!(key.as_slice() == MARKER, "a put of {key:?}"),
-            // The key: a put guarded on its mod revision (and, resuming,
-            // its create revision), reading it when the guard fails; or
-            // the leave: the marker put and the key deleted.
-            Request::Txn(txn) => {
-                assert!(
-                    (txn.success.iter().all(|op| {
-                        matches!(op, TxnOp::Put { key, .. } if key.as_slice() == KEY)
-                    }) || txn.success.iter().all(|op| match op {
-                        TxnOp::Put { key, .. } => key.as_slice() == MARKER,
-                        TxnOp::Delete(fleetcoord_sm::KeyRange::Key(key)) => key.as_slice() == KEY,
-                        _ => false,
-                    })) && (1..=2).contains(&txn.compare.len()),
-                    "a txn {txn:?}"
-                )
-            }
             Request::Grant { .. } | Request::KeepAlive { .. } | Request::Revoke { .. } => {}
-            other => panic!("keepalive never sends {other:?}"),
+            other => panic!("a lease-only keepalive never sends {other:?}"),
         }
         let truth = self.etcd.execute(self.now, request)?;
         let Some(ttl) = ttl.map(i64::from) else {
@@ -216,36 +207,24 @@ impl Run {
                             "{request:?} after Detach at {point:?}"
                         );
                     }
-                    if self.stop_requested {
-                        // The leave: the marker put on the lease being
-                        // stopped and the key deleted, in one transaction,
-                        // before that lease's revoke (again only when a
-                        // write of its own moved the key meanwhile).
-                        if let Request::Txn(txn) = &request {
-                            let lease = txn.success.iter().find_map(|op| match op {
-                                TxnOp::Put { key, lease, .. } if key.as_slice() == MARKER => {
-                                    Some(*lease)
-                                }
-                                _ => None,
-                            });
-                            let Some(lease) = lease else {
-                                panic!("{request:?} after stop");
-                            };
-                            assert!(self.leave_marker, "a marker nobody asked for");
-                            assert!(self.revoked.is_none(), "leave after the revoke");
+                    if let Request::Revoke { lease } = request {
+                        // A held retired lease's first revoke goes only
+                        // once the user settled on another, current lease
+                        // (rule 6; its copies follow on their own); a stop
+                        // or detach sends its last revoke anyway.
+                        if self.hold_retired
+                            && !self.stop_requested
+                            && self.detaching.is_none()
+                            && !self.revoking.contains(&lease)
+                        {
                             assert!(
-                                self.marker_lease.is_none_or(|l| l == lease),
-                                "leaves on two leases"
+                                self.settled.is_some_and(|s| s != lease),
+                                "a held lease {lease} revoked before the user settled elsewhere"
                             );
-                            assert!(
-                                txn.success.iter().any(|op| matches!(op, TxnOp::Delete(_))),
-                                "a leave that deletes nothing"
-                            );
-                            self.marker_sent = true;
-                            self.marker_lease = Some(lease);
-                            self.outstanding.push((id, request));
-                            continue;
+                            self.revoking.push(lease);
                         }
+                    }
+                    if self.stop_requested {
                         assert!(
                             matches!(request, Request::Revoke { .. }),
                             "{request:?} after stop"
@@ -261,10 +240,6 @@ impl Run {
                             assert!(
                                 self.revoked.is_none_or(|l| l == lease),
                                 "a revoke of another lease"
-                            );
-                            assert!(
-                                self.marker_lease.is_none_or(|l| l == lease),
-                                "the leave marker went on another lease"
                             );
                             self.revoked = Some(lease);
                             assert!(
@@ -288,11 +263,6 @@ impl Run {
                     );
                     assert!(until > self.now, "told a deadline already past");
                 }
-                Command::Notify(KeepaliveNotice::Left { lease }) => {
-                    assert!(self.marker_sent, "Left without a leave sent");
-                    assert_eq!(self.marker_lease, Some(lease), "Left on another lease");
-                    assert!(self.revoked.is_none(), "Left after the revoke");
-                }
                 Command::Notify(KeepaliveNotice::Detached(point)) => {
                     assert_eq!(self.detaching, Some(point), "detached at another point");
                     assert!(self.detached.is_none(), "detached twice");
@@ -307,22 +277,26 @@ impl Run {
                         ),
                         "notification after Stopped"
                     );
-                    if let (Some(point), LivenessState::Registered { lease }) = (self.resumed, &n) {
-                        // Lease-only (a session): no key to prove.
-                        if *lease == point.lease && self.binding {
-                            let created = self.etcd.get(KEY).map(|kv| kv.create_revision);
-                            assert_eq!(
-                                created,
-                                Some(point.create_revision),
-                                "resumed on the point's lease with another key"
-                            );
-                        }
+                    if let (Some(_), LivenessState::Registered { .. }) = (self.resumed, &n) {
                         self.resumed = None;
+                    }
+                    if let LivenessState::Registered { lease } = &n {
+                        if self.held.last() != Some(lease) {
+                            self.held.push(*lease);
+                        }
+                    }
+                    // Settled on a lease no longer current: not settled.
+                    let still = matches!(&n, LivenessState::Registered { lease }
+                        | LivenessState::Suspended { lease } if self.settled == Some(*lease));
+                    if !still {
+                        self.settled = None;
                     }
                     self.notifications.push(n);
                 }
                 // A report of a failed grant; it claims nothing.
-                Command::Notify(KeepaliveNotice::GrantFailed { .. }) => {}
+                Command::Notify(KeepaliveNotice::GrantFailed { .. }) => {
+                    assert!(self.announce_failures, "a failed grant told unasked");
+                }
             }
         }
         panic!("more than {MAX_COMMANDS_PER_STEP} commands in one step");
@@ -361,10 +335,6 @@ impl Run {
                 local > self.now,
                 "a lease past its local deadline is still held"
             );
-            if self.binding {
-                let bound = self.etcd.get(KEY).map(|kv| kv.lease);
-                assert_eq!(bound, Some(lease), "registered but the key is not bound");
-            }
         }
         if matches!(self.machine.state(), LivenessState::Stopped { .. }) {
             assert_eq!(self.machine.poll_timeout(), None);
@@ -397,10 +367,7 @@ impl Run {
             }
             Outcome::LeaseNotFound => Err(RpcError::LeaseNotFound),
             Outcome::TtlZero => Ok(Response::KeptAlive { ttl_secs: 0 }),
-            Outcome::WrongVariant => Ok(match request {
-                Request::Put { .. } | Request::Txn(_) => Response::Revoked,
-                _ => Response::Put { revision: 1 },
-            }),
+            Outcome::WrongVariant => Ok(Response::Put { revision: 1 }),
         };
         // Time passes (and timers fire) between processing and delivery.
         self.advance(Duration::from_millis(u64::from(latency_ms)));
@@ -435,9 +402,26 @@ impl Run {
                 }
             }
             Op::ExtendLeases => self.etcd.extend_all_leases(self.now),
-            Op::SetValue(v) => {
-                self.machine
-                    .handle(self.now, KeepaliveInput::SetValue(vec![v]));
+            Op::Settle(pick) => {
+                let current = self.machine.lease();
+                let lease = match pick % 2 {
+                    0 => current,
+                    _ => self
+                        .held
+                        .iter()
+                        .rev()
+                        .find(|l| Some(**l) != current)
+                        .copied(),
+                };
+                if let Some(lease) = lease {
+                    // Only the current lease is settled on (the input's
+                    // contract); another changes nothing.
+                    if Some(lease) == current {
+                        self.settled = Some(lease);
+                    }
+                    self.machine
+                        .handle(self.now, KeepaliveInput::Settled { lease });
+                }
             }
             Op::Stop => {
                 self.stop_requested = true;
@@ -461,12 +445,11 @@ impl Run {
                     self.machine
                         .handle(self.now, KeepaliveInput::Replace { lease });
                     self.drain();
-                    // Lease-only, nothing else being retired: revoked at
+                    // Not held, nothing else being retired: revoked at
                     // once. (Otherwise it may queue behind an earlier one,
-                    // and with a binding it waits until the key is written
-                    // with a new lease.)
+                    // or wait until the user settled on a new lease.)
                     assert!(
-                        self.binding
+                        self.hold_retired
                             || !first_given_up
                             || self
                                 .outstanding
@@ -525,8 +508,9 @@ impl Run {
                 // A stop asked of the detached machine was not this one's.
                 self.stop_requested = false;
                 self.revoked = None;
-                self.marker_sent = false;
-                self.marker_lease = None;
+                self.machine.set_hold_retired(self.hold_retired);
+                self.machine.set_announce_failures(self.announce_failures);
+                self.settled = None;
                 self.resumed = Some(point);
                 self.handed.push(point.lease);
             }
@@ -538,15 +522,6 @@ fuzz_target!(|input: Input| {
     let now = Instant::now();
     let config = KeepaliveConfig {
         ttl_secs: i64::from(input.ttl_secs),
-        binding: input.binding.then(|| Binding {
-            key: KEY.to_vec(),
-            value: b"0".to_vec(),
-            leave_marker: input.leave_marker.then(|| MARKER.to_vec()),
-            companion: None,
-            // Every successor resumes its predecessor's lease: no other
-            // holder of the key ever appears here.
-            take_over: false,
-        }),
         backoff: BackoffConfig {
             initial: Duration::from_millis(u64::from(input.initial_ms)),
             max: Duration::from_millis(u64::from(input.max_ms)),
@@ -561,19 +536,23 @@ fuzz_target!(|input: Input| {
         announce_trust: input.ttl_secs & 1 == 1,
     };
     let announce_trust = config.announce_trust;
+    let mut machine = Keepalive::new(config.clone(), now, input.seed);
+    machine.set_hold_retired(input.hold_retired);
+    machine.set_announce_failures(input.announce_failures);
     let mut run = Run {
-        machine: Keepalive::new(config.clone(), now, input.seed),
+        machine,
         etcd: ModelEtcd::new(),
         now,
-        binding: input.binding,
+        hold_retired: input.hold_retired,
+        announce_failures: input.announce_failures,
+        settled: None,
+        held: Vec::new(),
+        revoking: Vec::new(),
         outstanding: Vec::new(),
         notifications: Vec::new(),
         announce_trust,
         stop_requested: false,
         revoked: None,
-        leave_marker: input.binding && input.leave_marker,
-        marker_sent: false,
-        marker_lease: None,
         config,
         seed: input.seed,
         detaching: None,

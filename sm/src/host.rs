@@ -39,21 +39,21 @@
 //!    ([`KeepaliveInput::Draining`]): the keepalive stops, and the
 //!    registration, told the loss, ends without a leave (the key went
 //!    with the lease). Once the leave is confirmed the lease holds only
-//!    the marker, so its revoke is sent once and waited for one attempt
-//!    timeout at most ([`Keepalive::set_revoke_once`]): a member gone
-//!    silent costs an exit that attempt timeout, not copy after copy of a
-//!    revoke that only ends the marker a TTL early.
+//!    the marker, so its revoke gets one copy and is given up two attempt
+//!    timeouts after it was sent ([`Keepalive::set_brief_revoke`]): a member gone
+//!    silent costs an exit those two attempt timeouts at most, not copy
+//!    after copy of a revoke that only ends the marker a TTL early.
 //! 5. **The registration ends, the lease goes.** Whenever the
 //!    registration ends on its own (a live duplicate, a refusal), the
 //!    keepalive is stopped and revokes the lease: nothing of this host's is
 //!    left on it.
 //! 6. **Detach.** [`HostInput::Detach`] detaches the registration (no
 //!    leave; registration rule 5) and then the keepalive (no revoke;
-//!    keepalive rule 10). [`HostNotice::Detached`] is told when both
+//!    keepalive rule 8). [`HostNotice::Detached`] is told when both
 //!    handed over the same lease; a registration with nothing to hand over
 //!    makes the keepalive stop instead (revoking), as rule 5 says.
 //! 7. **Resume.** [`Host::resume`] resumes the keepalive on the point's
-//!    lease (the renewal that proves it, keepalive rule 11) and the
+//!    lease (the renewal that proves it, keepalive rule 9) and the
 //!    registration from the point (its first write guarded on the point's
 //!    mod revision, registration rule 6). A refused resume — the lease
 //!    not proven alive, or the key written, deleted or re-created since
@@ -223,11 +223,7 @@ impl Host {
                 now,
                 seed,
                 first_rpc_id,
-                ResumePoint {
-                    lease: p.lease,
-                    create_revision: 0,
-                    key_revision: 0,
-                },
+                ResumePoint { lease: p.lease },
             ),
             None => Keepalive::with_first_rpc_id(lease, now, seed, first_rpc_id),
         };
@@ -416,7 +412,7 @@ impl Host {
             }
             RegistrationNotice::Left { lease } => {
                 // Rule 4: watchers saw the leave; the revoke is a courtesy.
-                self.keepalive.set_revoke_once(true);
+                self.keepalive.set_brief_revoke(true);
                 self.queue
                     .push_back(Command::Notify(HostNotice::Left { lease }));
             }

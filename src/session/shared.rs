@@ -406,7 +406,6 @@ impl Session {
         options.validate()?;
         let config = KeepaliveConfig {
             ttl_secs: options.ttl.as_secs() as i64,
-            binding: None,
             backoff: BackoffConfig::default(),
             safety_margin: options.safety_margin,
             drift_allowance_ppm: options.drift_allowance_ppm,
@@ -419,11 +418,7 @@ impl Session {
                 Instant::now(),
                 rand_seed(),
                 0,
-                ResumePoint {
-                    lease: r.lease,
-                    create_revision: 0,
-                    key_revision: 0,
-                },
+                ResumePoint { lease: r.lease },
             ),
             None => Keepalive::new(config, Instant::now(), rand_seed()),
         };

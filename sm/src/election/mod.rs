@@ -600,7 +600,6 @@ impl Election {
     pub fn new(config: ElectionConfig, now: Instant, seed: u64) -> Self {
         let session_config = KeepaliveConfig {
             ttl_secs: config.ttl_secs,
-            binding: None,
             backoff: config.backoff.clone(),
             safety_margin: config.safety_margin,
             drift_allowance_ppm: config.drift_allowance_ppm,
@@ -780,11 +779,8 @@ impl Election {
                     Command::Notify(KeepaliveNotice::GrantFailed { error }) => {
                         self.outbox.notify(ElectionNotice::GrantFailed { error });
                     }
-                    // A session binds no key, so it never announces a leave
-                    // and has no registration to hand over.
-                    Command::Notify(
-                        KeepaliveNotice::Left { .. } | KeepaliveNotice::Detached(_),
-                    ) => {}
+                    // An election's own session is never detached.
+                    Command::Notify(KeepaliveNotice::Detached(_)) => {}
                     Command::Notify(KeepaliveNotice::State(state)) => {
                         let fact = match &state {
                             LivenessState::Registered { lease } => {

@@ -265,9 +265,9 @@ impl SessionHub {
             KeepaliveNotice::Detached(point) => {
                 self.queue.push_back(HubCommand::Detached(point));
             }
-            // A session binds no key: it leaves nothing. Failed grants are
-            // for a user waiting on a grant, which the hub is not.
-            KeepaliveNotice::Left { .. } | KeepaliveNotice::GrantFailed { .. } => {}
+            // Failed grants are for a user waiting on a grant, which the
+            // hub is not.
+            KeepaliveNotice::GrantFailed { .. } => {}
         }
     }
 

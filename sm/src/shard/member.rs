@@ -269,9 +269,7 @@ impl Member {
                         | LivenessState::Duplicate { .. } => {}
                     },
                     Command::Notify(
-                        KeepaliveNotice::Left { .. }
-                        | KeepaliveNotice::Detached(_)
-                        | KeepaliveNotice::GrantFailed { .. },
+                        KeepaliveNotice::Detached(_) | KeepaliveNotice::GrantFailed { .. },
                     ) => {}
                 }
             }

@@ -19,10 +19,10 @@ use fleetcoord_test_support::model::keepalive::{
 use fleetcoord_test_support::model::{check_fails, check_pinned, replay, Report, WireAction};
 use std::time::Duration;
 
-/// `machines` in lease-only or binding mode, a `horizon_secs` horizon,
+/// `machines` in lease-only or host mode, a `horizon_secs` horizon,
 /// faults `budget`.
-fn world(machines: usize, binding: bool, horizon_secs: u64, budget: Budget) -> KeepaliveSetup {
-    let mut setup = KeepaliveSetup::new(machines, binding);
+fn world(machines: usize, hosts: bool, horizon_secs: u64, budget: Budget) -> KeepaliveSetup {
+    let mut setup = KeepaliveSetup::new(machines, hosts);
     setup.horizon = Duration::from_secs(horizon_secs);
     setup.budget = budget;
     setup
@@ -118,7 +118,7 @@ fn stale_renewal_answers_after_a_regrant_or_a_stop_extend_no_trust() {
     );
     setup.late_renewal_answers = true;
     passes(
-        "binding, late renewal answers, 1 value set, 1 early revocation, 1 delay, 1 stop",
+        "host, late renewal answers, 1 value set, 1 early revocation, 1 delay, 1 stop",
         setup,
         PINNED_STALE,
         &[
@@ -158,7 +158,7 @@ fn given_up_requests_landing_late() {
         &["landed late", "re-granted"],
     );
     passes(
-        "binding, 2 lost, 1 delay, 1 late landing",
+        "host, 2 lost, 1 delay, 1 late landing",
         world(
             1,
             true,
@@ -178,7 +178,7 @@ fn given_up_requests_landing_late() {
 #[test]
 fn values_set_while_requests_are_lost_and_held_up() {
     passes(
-        "binding, 2 values set, 1 delay, 1 lost",
+        "host, 2 values set, 1 delay, 1 lost",
         world(
             1,
             true,
@@ -190,7 +190,7 @@ fn values_set_while_requests_are_lost_and_held_up() {
                 ..Budget::default()
             },
         ),
-        // Re-pinned when binding mode became the host composition
+        // Re-pinned when host mode became the host composition
         // (sm/src/host.rs): the key's writes are the registration's (no
         // attempt-timeout copies, a leave that waits for the write in
         // flight, renewals while the leave is out), so the schedules differ.
@@ -205,7 +205,7 @@ fn values_set_while_requests_are_lost_and_held_up() {
 #[test]
 fn values_set_while_puts_land_late() {
     passes(
-        "binding, 2 values set, 1 delay, 1 late landing",
+        "host, 2 values set, 1 delay, 1 late landing",
         world(
             1,
             true,
@@ -217,7 +217,7 @@ fn values_set_while_puts_land_late() {
                 ..Budget::default()
             },
         ),
-        // Re-pinned when binding mode became the host composition
+        // Re-pinned when host mode became the host composition
         // (sm/src/host.rs): the key's writes are the registration's (no
         // attempt-timeout copies, a leave that waits for the write in
         // flight, renewals while the leave is out), so the schedules differ.
@@ -231,7 +231,7 @@ fn values_set_while_puts_land_late() {
 #[test]
 fn a_stop_at_any_point_announces_and_revokes() {
     passes(
-        "binding, 1 stop, 1 lost, 1 delay",
+        "host, 1 stop, 1 lost, 1 delay",
         world(
             1,
             true,
@@ -243,7 +243,7 @@ fn a_stop_at_any_point_announces_and_revokes() {
                 ..Budget::default()
             },
         ),
-        // Re-pinned when binding mode became the host composition
+        // Re-pinned when host mode became the host composition
         // (sm/src/host.rs): the key's writes are the registration's (no
         // attempt-timeout copies, a leave that waits for the write in
         // flight, renewals while the leave is out), so the schedules differ.
@@ -251,7 +251,7 @@ fn a_stop_at_any_point_announces_and_revokes() {
         &["leave marker", "stopped", "liveness checked"],
     );
     passes(
-        "binding, 1 stop, 1 early revocation, 1 lost",
+        "host, 1 stop, 1 early revocation, 1 lost",
         world(
             1,
             true,
@@ -263,7 +263,7 @@ fn a_stop_at_any_point_announces_and_revokes() {
                 ..Budget::default()
             },
         ),
-        // Re-pinned when binding mode became the host composition
+        // Re-pinned when host mode became the host composition
         // (sm/src/host.rs): the key's writes are the registration's (no
         // attempt-timeout copies, a leave that waits for the write in
         // flight, renewals while the leave is out), so the schedules differ.
@@ -290,7 +290,7 @@ fn two_machines_on_one_etcd() {
         &["revoked early", "re-granted"],
     );
     passes(
-        "2 binding, 1 stop, 1 lost",
+        "2 hosts, 1 stop, 1 lost",
         world(
             2,
             true,
@@ -301,7 +301,7 @@ fn two_machines_on_one_etcd() {
                 ..Budget::default()
             },
         ),
-        // Re-pinned when binding mode became the host composition
+        // Re-pinned when host mode became the host composition
         // (sm/src/host.rs): the key's writes are the registration's (no
         // attempt-timeout copies, a leave that waits for the write in
         // flight, renewals while the leave is out), so the schedules differ.
@@ -310,7 +310,7 @@ fn two_machines_on_one_etcd() {
     );
 }
 
-/// Detach and resume (rules 10 and 11 of sm/src/keepalive.rs): a restart
+/// Detach and resume (keepalive rules 8 and 9, host rules 6 and 7): a restart
 /// hands the registration over at any point, the successor resumed at once
 /// or after time passed (the lease may expire in between, or a put land
 /// late): registered on the same lease only with the same key incarnation,
@@ -318,7 +318,7 @@ fn two_machines_on_one_etcd() {
 #[test]
 fn a_detached_registration_is_resumed_or_registered_afresh() {
     passes(
-        "binding, 1 detach, 1 value set, 1 lost",
+        "host, 1 detach, 1 value set, 1 lost",
         world(
             1,
             true,
@@ -339,7 +339,7 @@ fn a_detached_registration_is_resumed_or_registered_afresh() {
         ],
     );
     passes(
-        "binding, 1 detach, 1 early revocation, 1 delay, 1 late landing",
+        "host, 1 detach, 1 early revocation, 1 delay, 1 late landing",
         world(
             1,
             true,
@@ -503,7 +503,7 @@ fn long_lease_only_with_five_faults() {
 #[ignore = "long: make model-check"]
 fn long_two_detaches_with_faults() {
     passes(
-        "binding, 2 detaches, 1 value set, 1 lost, 1 delay",
+        "host, 2 detaches, 1 value set, 1 lost, 1 delay",
         world(
             1,
             true,
@@ -526,11 +526,16 @@ fn long_two_detaches_with_faults() {
     );
 }
 
+/// Two hosts on their own leases (`sm/src/host.rs`: a registration on a
+/// lease-only keepalive, as `HostLiveness` runs it), then one host with
+/// more faults: values set, leases lost, stops. Checked: no key on a dead
+/// lease believed (rules 1 and 2), the leave marker only on a stop with
+/// the key deleted at its revision (rule 6), liveness.
 #[test]
 #[ignore = "long: make model-check"]
-fn long_two_bound_machines_with_values_and_stops() {
+fn long_two_hosts_on_their_own_leases_with_values_losses_and_stops() {
     passes(
-        "2 binding, 1 value set, 1 stop, 1 lost",
+        "2 hosts, 1 value set, 1 stop, 1 lost",
         world(
             2,
             true,
@@ -542,7 +547,7 @@ fn long_two_bound_machines_with_values_and_stops() {
                 ..Budget::default()
             },
         ),
-        // Re-pinned when binding mode became the host composition
+        // Re-pinned when host mode became the host composition
         // (sm/src/host.rs): the key's writes are the registration's (no
         // attempt-timeout copies, a leave that waits for the write in
         // flight, renewals while the leave is out), so the schedules differ.
@@ -555,7 +560,7 @@ fn long_two_bound_machines_with_values_and_stops() {
         ],
     );
     passes(
-        "binding, 2 values set, 1 stop, 2 lost, 1 delay",
+        "host, 2 values set, 1 stop, 2 lost, 1 delay",
         world(
             1,
             true,
@@ -603,7 +608,7 @@ fn long_stale_renewal_answers() {
     );
     setup.late_renewal_answers = true;
     passes(
-        "binding, late renewal answers, 1 value set, 1 early revocation, 1 lost, 2 delays, \
+        "host, late renewal answers, 1 value set, 1 early revocation, 1 lost, 2 delays, \
          1 stop",
         setup,
         2_175_050,

@@ -117,7 +117,6 @@ impl Process {
         let session = Keepalive::with_first_rpc_id(
             KeepaliveConfig {
                 ttl_secs: TTL_SECS,
-                binding: None,
                 backoff: backoff(),
                 safety_margin: SAFETY_MARGIN,
                 drift_allowance_ppm: 0,

@@ -8,7 +8,7 @@
 //!
 //! * (a) while the machine holds a lease it believes in (`lease()` is
 //!   `Some`), the model still has that lease and the local deadline is at
-//!   least the (seeded) safety margin before the model's expiry; in binding
+//!   least the (seeded) safety margin before the model's expiry; in host
 //!   mode the key exists, bound to that lease;
 //! * (b) in a run without faults the lease is never lost and, once
 //!   registered, the key never disappears;
@@ -22,8 +22,9 @@
 
 use fleetcoord_sm::host::{Host, HostConfig, HostInput, HostNotice};
 use fleetcoord_sm::keepalive::{
-    Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState, ResumePoint,
+    Keepalive, KeepaliveConfig, KeepaliveInput, KeepaliveNotice, LivenessState,
 };
+use fleetcoord_sm::registration::RegistrationPoint;
 use fleetcoord_sm::{BackoffConfig, Command, KeyRange, LeaseId, Machine, Request, Txn, TxnOp};
 use fleetcoord_test_support::*;
 use std::time::{Duration, Instant};
@@ -39,28 +40,29 @@ fn puts_marker(txn: &Txn) -> bool {
         .any(|op| matches!(op, TxnOp::Put { key, .. } if key.as_slice() == MARKER))
 }
 
-/// The machine under test: a lease-only keepalive, or in binding mode a
+/// The machine under test: a lease-only keepalive, or in host mode a
 /// host registration on its own lease (`sm/src/host.rs`), as
-/// `HostLiveness` runs it. Both are spoken to in the keepalive's words.
+/// `HostLiveness` runs it. Both are spoken to in the host's words, the
+/// keepalive's a subset of them.
 enum Subject {
     Lease(Box<Keepalive>),
     Host(Box<Host>),
 }
 
 impl Subject {
-    fn handle(&mut self, now: Instant, input: KeepaliveInput) {
+    fn handle(&mut self, now: Instant, input: HostInput) {
         match self {
-            Subject::Lease(k) => k.handle(now, input),
-            Subject::Host(h) => {
+            Subject::Lease(k) => {
                 let input = match input {
-                    KeepaliveInput::Rpc(r) => HostInput::Rpc(r),
-                    KeepaliveInput::SetValue(v) => HostInput::SetValue(v),
-                    KeepaliveInput::Stop => HostInput::Stop,
-                    KeepaliveInput::Detach => HostInput::Detach,
-                    _ => return,
+                    HostInput::Rpc(r) => KeepaliveInput::Rpc(r),
+                    HostInput::Stop => KeepaliveInput::Stop,
+                    HostInput::Detach => KeepaliveInput::Detach,
+                    // A lease-only keepalive keeps no value.
+                    HostInput::SetValue(_) => return,
                 };
-                h.handle(now, input)
+                k.handle(now, input)
             }
+            Subject::Host(h) => h.handle(now, input),
         }
     }
 
@@ -71,26 +73,25 @@ impl Subject {
         }
     }
 
-    fn poll_command(&mut self) -> Option<Command<KeepaliveNotice>> {
+    fn poll_command(&mut self) -> Option<Command<HostNotice>> {
         match self {
-            Subject::Lease(k) => k.poll_command(),
-            Subject::Host(h) => Some(match h.poll_command()? {
+            Subject::Lease(k) => Some(match k.poll_command()? {
                 Command::Rpc { id, request } => Command::Rpc { id, request },
                 Command::Cancel { id } => Command::Cancel { id },
                 Command::Notify(n) => Command::Notify(match n {
-                    HostNotice::State(s) => KeepaliveNotice::State(s),
-                    HostNotice::Trusted { lease, until } => {
-                        KeepaliveNotice::Trusted { lease, until }
+                    KeepaliveNotice::State(s) => HostNotice::State(s),
+                    KeepaliveNotice::Trusted { lease, until } => {
+                        HostNotice::Trusted { lease, until }
                     }
-                    HostNotice::Left { lease } => KeepaliveNotice::Left { lease },
-                    HostNotice::GrantFailed { error } => KeepaliveNotice::GrantFailed { error },
-                    HostNotice::Detached(p) => KeepaliveNotice::Detached(ResumePoint {
+                    KeepaliveNotice::GrantFailed { error } => HostNotice::GrantFailed { error },
+                    KeepaliveNotice::Detached(p) => HostNotice::Detached(RegistrationPoint {
                         lease: p.lease,
-                        create_revision: p.create_revision,
-                        key_revision: p.mod_revision,
+                        mod_revision: 0,
+                        create_revision: 0,
                     }),
                 }),
             }),
+            Subject::Host(h) => h.poll_command(),
         }
     }
 
@@ -174,19 +175,19 @@ impl Spy {
 }
 
 impl Machine for Spy {
-    type Input = KeepaliveInput;
-    type Notice = KeepaliveNotice;
+    type Input = HostInput;
+    type Notice = HostNotice;
 
-    fn stop_input() -> KeepaliveInput {
-        KeepaliveInput::Stop
+    fn stop_input() -> HostInput {
+        HostInput::Stop
     }
 
     fn is_finished(&self) -> bool {
         self.machine.is_finished()
     }
 
-    fn handle(&mut self, now: Instant, input: KeepaliveInput) {
-        self.stop_requested |= input == KeepaliveInput::Stop;
+    fn handle(&mut self, now: Instant, input: HostInput) {
+        self.stop_requested |= input == HostInput::Stop;
         self.last_now = Some(now);
         self.machine.handle(now, input);
         self.note_held();
@@ -198,9 +199,9 @@ impl Machine for Spy {
         self.note_held();
     }
 
-    fn poll_command(&mut self) -> Option<Command<KeepaliveNotice>> {
+    fn poll_command(&mut self) -> Option<Command<HostNotice>> {
         let command = self.machine.poll_command()?;
-        if let Command::Notify(KeepaliveNotice::Trusted { lease, until }) = &command {
+        if let Command::Notify(HostNotice::Trusted { lease, until }) = &command {
             assert!(self.announce_trust, "(e) trust told unasked");
             assert_eq!(
                 self.machine.local_deadline(),
@@ -219,13 +220,13 @@ impl Machine for Spy {
             );
             self.trusted_told += 1;
         }
-        if let Command::Notify(KeepaliveNotice::Left { .. }) = &command {
+        if let Command::Notify(HostNotice::Left { .. }) = &command {
             assert!(self.leave_sent, "Left told without a leave sent");
             assert!(!self.revoke_sent, "Left told after the revoke");
             assert!(!self.left_told, "Left told twice");
             self.left_told = true;
         }
-        if let Command::Notify(KeepaliveNotice::State(LivenessState::Lost { lease })) = &command {
+        if let Command::Notify(HostNotice::State(LivenessState::Lost { lease })) = &command {
             self.given_up.push(*lease);
         }
         if let Command::Rpc { request, .. } = &command {
@@ -312,7 +313,7 @@ struct World {
     margin: Duration,
     faults: Faults,
     now: Instant,
-    binding: bool,
+    host_mode: bool,
     /// The run injects no faults at all: (b) applies.
     clean: bool,
     /// The key was seen registered at least once (for (b)).
@@ -336,7 +337,7 @@ impl World {
                 "(a) local deadline {local:?} not {:?} before the model's {server:?}",
                 self.margin
             );
-            if self.binding {
+            if self.host_mode {
                 let kv = self.etcd.get(KEY);
                 assert_eq!(
                     kv.map(|kv| kv.lease),
@@ -349,15 +350,15 @@ impl World {
         if self.clean && !self.h.machine.stop_requested {
             for (_, n) in &self.h.notifications {
                 assert!(
-                    !matches!(n, KeepaliveNotice::State(LivenessState::Lost { .. })),
+                    !matches!(n, HostNotice::State(LivenessState::Lost { .. })),
                     "(b) healthy run lost its lease"
                 );
                 assert!(
-                    !matches!(n, KeepaliveNotice::State(LivenessState::Suspended { .. })),
+                    !matches!(n, HostNotice::State(LivenessState::Suspended { .. })),
                     "(b) healthy run suspended"
                 );
             }
-            if self.registered_once && self.binding {
+            if self.registered_once && self.host_mode {
                 assert!(
                     self.etcd.get(KEY).is_some(),
                     "(b) key vanished in a healthy run"
@@ -404,12 +405,11 @@ struct Totals {
 fn run_seed(seed: u64, totals: &mut Totals) {
     let mut rng = rng(seed);
     let ttl = 2 + pick(&mut rng, 9) as i64;
-    let binding = pick(&mut rng, 4) != 0;
+    let host_mode = pick(&mut rng, 4) != 0;
     let clean = seed.is_multiple_of(10);
     let mut value = b"boot".to_vec();
     let config = KeepaliveConfig {
         ttl_secs: ttl,
-        binding: None,
         backoff: BackoffConfig::default(),
         // From the seed, not the schedule's RNG, so each seed's schedule
         // stays what it was before margins existed.
@@ -423,7 +423,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
     let margin = config.safety_margin;
     let t0 = Instant::now();
     let announce_trust = config.announce_trust;
-    let machine = if binding {
+    let machine = if host_mode {
         Subject::Host(Box::new(Host::new(
             HostConfig {
                 lease: config,
@@ -461,7 +461,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
         margin,
         faults: Faults::none(),
         now: t0,
-        binding,
+        host_mode,
         clean,
         registered_once: false,
         steps: 0,
@@ -529,8 +529,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
                 for _ in 0..1 + pick(&mut w.rng, 3) {
                     value = format!("v{}", pick(&mut w.rng, 1_000_000)).into_bytes();
                     let now = w.now;
-                    w.h.machine
-                        .handle(now, KeepaliveInput::SetValue(value.clone()));
+                    w.h.machine.handle(now, HostInput::SetValue(value.clone()));
                     w.pump();
                 }
             }
@@ -551,23 +550,21 @@ fn run_seed(seed: u64, totals: &mut Totals) {
         "(e) seed {seed}: not registered after the faults: {:?}",
         m.state()
     );
-    if binding {
+    if host_mode {
         let kv = w.etcd.get(KEY).expect("(e) key present");
         assert_eq!(kv.value, value, "(e) seed {seed}: latest value");
         assert_eq!(Some(kv.lease), lease);
     }
 
     let now = w.now;
-    w.h.machine.handle(now, KeepaliveInput::Stop);
+    w.h.machine.handle(now, HostInput::Stop);
     w.pump();
     let until = w.now + 2 * ttl_d;
     w.run_until(until);
     let last = w.h.notifications.last().map(|(_, n)| n.clone());
     assert_eq!(
         last,
-        Some(KeepaliveNotice::State(LivenessState::Stopped {
-            revoked: true
-        })),
+        Some(HostNotice::State(LivenessState::Stopped { revoked: true })),
         "seed {seed}"
     );
     assert_eq!(w.h.machine.poll_timeout(), None);
@@ -581,7 +578,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
     // Registered when stopped, so a marker-writing machine announced it.
     assert_eq!(
         w.h.machine.marker_sent,
-        binding && seed.is_multiple_of(2),
+        host_mode && seed.is_multiple_of(2),
         "seed {seed}: leave marker"
     );
     // etcd answers at once here, so every leave sent was told.
@@ -590,7 +587,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
         "seed {seed}: Left told"
     );
     // Later input changes nothing.
-    w.h.machine.handle(until, KeepaliveInput::Stop);
+    w.h.machine.handle(until, HostInput::Stop);
     w.h.machine.handle_timeout(until + ttl_d);
     w.pump();
 
@@ -600,7 +597,7 @@ fn run_seed(seed: u64, totals: &mut Totals) {
     totals.losses +=
         w.h.notifications
             .iter()
-            .filter(|(_, n)| matches!(n, KeepaliveNotice::State(LivenessState::Lost { .. })))
+            .filter(|(_, n)| matches!(n, HostNotice::State(LivenessState::Lost { .. })))
             .count() as u64;
     // Every renewal the model answered in time moved the deadline: a
     // machine that tells the moves told at least one per registration.

@@ -101,7 +101,6 @@ struct Owner {
 fn session_config() -> KeepaliveConfig {
     KeepaliveConfig {
         ttl_secs: TTL_SECS,
-        binding: None,
         backoff: backoff(),
         safety_margin: Duration::from_millis(100),
         drift_allowance_ppm: DRIFT_PPM as u32,

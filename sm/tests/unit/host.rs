@@ -36,7 +36,6 @@ fn config() -> HostConfig {
     HostConfig {
         lease: KeepaliveConfig {
             ttl_secs: 9,
-            binding: None,
             backoff: backoff.clone(),
             safety_margin: Duration::ZERO,
             drift_allowance_ppm: 0,
@@ -234,30 +233,66 @@ fn an_unanswered_leave_is_given_up_after_one_attempt_timeout_and_the_lease_revok
 }
 
 /// Rule 4: after a confirmed leave only the marker is on the lease, so a
-/// revoke gone to a silent member is not sent again: the host stops one
-/// attempt timeout later, and the lease expires with its TTL.
+/// revoke gone to a silent member gets one copy: the host stops two
+/// attempt timeouts after the first, and the lease expires with its TTL.
 #[test]
-fn after_a_confirmed_leave_the_revoke_is_sent_once() {
+fn after_a_confirmed_leave_the_revoke_gets_one_copy() {
     let t0 = Instant::now();
     let mut h = registered(t0);
     let _ = handle(&mut h, t0, HostInput::Stop);
     let _ = handle(&mut h, t0, reply(R + 1, written(6)));
-    let at = t0 + Duration::from_millis(500);
-    assert_eq!(h.poll_timeout(), Some(at));
-    h.handle_timeout(at);
+    let half = Duration::from_millis(500);
+    assert_eq!(h.poll_timeout(), Some(t0 + half));
+    h.handle_timeout(t0 + half);
     assert_eq!(
         drain(&mut h),
         vec![
             Command::Cancel { id: RpcId(1) },
+            rpc(2, Request::Revoke { lease: L1 }),
+        ],
+        "one copy, once the probes could route around a silent member"
+    );
+    assert_eq!(h.poll_timeout(), Some(t0 + half + half));
+    h.handle_timeout(t0 + half + half);
+    assert_eq!(
+        drain(&mut h),
+        vec![
+            Command::Cancel { id: RpcId(2) },
             state(LivenessState::Stopped { revoked: false }),
         ],
-        "no copy of the revoke: stopped, the marker left to the TTL"
+        "no second copy: stopped, the marker left to the TTL"
+    );
+    assert!(h.is_finished());
+}
+
+/// The same when the first revoke fails rather than going unanswered: the
+/// copy still goes at the attempt timeout, and a second failure stops.
+#[test]
+fn after_a_confirmed_leave_a_failed_revoke_gets_one_copy() {
+    let t0 = Instant::now();
+    let mut h = registered(t0);
+    let _ = handle(&mut h, t0, HostInput::Stop);
+    let _ = handle(&mut h, t0, reply(R + 1, written(6)));
+    let down = Err(RpcError::Unavailable("down".into()));
+    assert_eq!(handle(&mut h, t0, reply(1, down.clone())), vec![]);
+    let half = Duration::from_millis(500);
+    h.handle_timeout(t0 + half);
+    assert_eq!(
+        drain(&mut h),
+        vec![
+            Command::Cancel { id: RpcId(1) },
+            rpc(2, Request::Revoke { lease: L1 }),
+        ]
+    );
+    assert_eq!(
+        handle(&mut h, t0 + half, reply(2, down)),
+        vec![state(LivenessState::Stopped { revoked: false })]
     );
     assert!(h.is_finished());
 }
 
 /// Without a leave the revoke is what makes the host Down at once, so it
-/// is sent again after each attempt timeout (keepalive rule 8).
+/// is sent again after each attempt timeout (keepalive rule 7).
 #[test]
 fn without_a_leave_the_revoke_is_sent_again() {
     let t0 = Instant::now();

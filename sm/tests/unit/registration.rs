@@ -168,6 +168,45 @@ fn a_new_lease_after_a_loss_registers_again() {
     );
 }
 
+/// A new value is written at once while nothing is in flight, else after
+/// the write in flight, each write guarded on the revision the one before
+/// wrote; the next lease's registration writes the latest value. Ported
+/// from the keepalive's binding mode
+/// (`set_value_puts_now_or_after_the_put_in_flight`).
+#[test]
+fn set_value_writes_now_or_after_the_write_in_flight() {
+    let t0 = Instant::now();
+    let mut r = registration(t0);
+    assert_eq!(handle(&mut r, t0, up(L1)), vec![rpc(0, put(0, b"v", L1))]);
+    assert_eq!(
+        handle(&mut r, t0, RegistrationInput::SetValue(b"v2".to_vec())),
+        vec![],
+        "waits for the write in flight"
+    );
+    assert_eq!(
+        handle(&mut r, t0, reply(0, written(2))),
+        vec![
+            state(LivenessState::Registered { lease: L1 }),
+            rpc(1, put(2, b"v2", L1))
+        ]
+    );
+    assert_eq!(handle(&mut r, t0, reply(1, written(3))), vec![]);
+    assert_eq!(
+        handle(&mut r, t0, RegistrationInput::SetValue(b"v3".to_vec())),
+        vec![rpc(2, put(3, b"v3", L1))]
+    );
+    assert_eq!(handle(&mut r, t0, reply(2, written(4))), vec![]);
+    assert_eq!(
+        handle(
+            &mut r,
+            t0,
+            RegistrationInput::Session(SessionInput::Lost { lease: L1 })
+        ),
+        vec![state(LivenessState::Lost { lease: L1 })]
+    );
+    assert_eq!(handle(&mut r, t0, up(L2)), vec![rpc(3, put(0, b"v3", L2))]);
+}
+
 /// A failed guard shows the key as it is: ours already (an earlier copy
 /// landed) counts as written; one on no lease is taken over, guarded on
 /// what was read (one on another process's lease waits: rule 7, the
@@ -731,4 +770,41 @@ fn a_resume_on_a_shared_lease_takes_a_changed_key_over_where_it_is() {
         vec![rpc(1, put(7, b"v", L1))],
         "the session's lease is not this machine's to give up"
     );
+}
+
+/// The judge alone: only an answer above zero to a look *sent* at or after
+/// the expiry bound is a renewal; before it, or 0, looks again; -1 is gone.
+#[test]
+fn holder_check_judges_only_looks_sent_after_the_expiry_bound() {
+    use fleetcoord_sm::holder::{HolderCheck, Step, POLL};
+    let t0 = Instant::now();
+    let mut c = HolderCheck::new(THEIRS);
+    let bound = t0 + Duration::from_millis(3030) + Duration::from_millis(100);
+    assert_eq!(c.on_answer(t0, t0, 3), Step::LookAt(bound));
+    // Sent before the bound: the lease may simply not have run down.
+    assert_eq!(
+        c.on_answer(bound - Duration::from_millis(1), bound, 2),
+        Step::LookAt(bound + POLL)
+    );
+    assert_eq!(
+        c.on_answer(t0 + Duration::from_secs(1), t0 + Duration::from_secs(1), 2),
+        Step::LookAt(bound)
+    );
+    assert_eq!(
+        c.on_answer(bound, bound + Duration::from_millis(1), 0),
+        Step::LookAt(bound + Duration::from_millis(1) + POLL)
+    );
+    assert_eq!(
+        c.on_answer(bound, bound + Duration::from_millis(1), 1),
+        Step::Live
+    );
+    assert_eq!(
+        c.on_answer(bound, bound + Duration::from_millis(1), -1),
+        Step::Gone
+    );
+    // A lease etcd has no more, at the first look.
+    assert_eq!(HolderCheck::new(THEIRS).on_answer(t0, t0, -1), Step::Gone);
+    // Huge TTLs saturate instead of overflowing.
+    let mut big = HolderCheck::new(THEIRS);
+    assert!(matches!(big.on_answer(t0, t0, i64::MAX), Step::LookAt(_)));
 }

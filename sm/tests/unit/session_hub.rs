@@ -279,11 +279,7 @@ fn a_detach_ends_beliefs_for_good_and_names_the_members() {
         vec![end(0, Some(7), true), end(1, Some(7), true)]
     );
     assert_eq!(hub.attach("/h/c"), Err(AttachError::Closed));
-    let point = ResumePoint {
-        lease: 7,
-        create_revision: 0,
-        key_revision: 0,
-    };
+    let point = ResumePoint { lease: 7 };
     hub.keepalive(KeepaliveNotice::Detached(point));
     assert_eq!(drain(&mut hub), vec![HubCommand::Detached(point)]);
     // A refused session says so.

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 fn member(now: Instant) -> Member {
     let session = KeepaliveConfig {
         ttl_secs: 5,
-        binding: None,
         backoff: Default::default(),
         safety_margin: Duration::from_millis(250),
         drift_allowance_ppm: 10_000,

@@ -1,6 +1,6 @@
 //! The keepalive world: one or two real machines around the model etcd,
 //! each behind its own [`Wire`]: in lease-only mode a [`Keepalive`] (an
-//! election session), in binding mode a [`Host`] (a key bound to the
+//! election session), in host mode a [`Host`] (a key bound to the
 //! lease as `HostLiveness` runs it: the host registration on a lease-only
 //! keepalive, `sm/src/host.rs`, leave marker included), with users who
 //! change the bound value and stop, and an etcd that may revoke a lease
@@ -13,7 +13,7 @@
 //!    — unless etcd revoked it early (`RevokeEarly`, etcd's own bug, which
 //!    no deadline survives; rule 3 judges that case).
 //! 2. **Registered means registered**: `lease()` names the lease the
-//!    machine's last `Trusted` notice named; in binding mode, unless etcd
+//!    machine's last `Trusted` notice named; in host mode, unless etcd
 //!    revoked that lease early, the key exists bound to it.
 //! 3. **Belief ends at the first evidence**: a machine handed a renewal
 //!    answered TTL 0, or a put refused `LeaseNotFound`, for the lease it
@@ -29,7 +29,7 @@
 //!    leave is out (the lease must live for it; never after the stop's
 //!    revoke); the marker is never put alone, and `Left` is told only
 //!    while etcd holds the marker on that lease.
-//! 7. **Detach leaves the registration as it is** (rule 10 of
+//! 7. **Detach leaves the registration as it is** (rule 8 of
 //!    `sm/src/keepalive.rs`, rule 5 of `sm/src/registration.rs`, rule 6
 //!    of `sm/src/host.rs`): after `Detach` a machine sends nothing but
 //!    the last revokes of leases it gave up earlier — no leave, no delete,
@@ -38,7 +38,7 @@
 //!    create revision as etcd holds them and a mod revision no later than
 //!    etcd's (a put whose answer was lost may have applied; unless etcd
 //!    revoked that lease early), then `Stopped` without a revoke.
-//! 8. **Resume takes over or starts afresh** (keepalive rule 11,
+//! 8. **Resume takes over or starts afresh** (keepalive rule 9,
 //!    registration rule 6, host rule 7): a machine resumed
 //!    from a point is `Registering` until it registers; registered on the
 //!    point's lease, etcd holds the key incarnation of the point (the same
@@ -47,7 +47,7 @@
 //!    that lease trusted (a refused resume registers afresh without it),
 //!    and rules 1 and 2 hold for it as for any machine.
 //!
-//! 9. **No trust from a stale renewal** (rule 13): with late renewal
+//! 9. **No trust from a stale renewal** (keepalive rule 10): with late renewal
 //!    answers (`late_renewal_answers`, the wire's rule 6), a renewal the
 //!    machine canceled is still answered later. An answer to a renewal
 //!    sent before the machine's last re-grant (a `Grant` sent), a revoke
@@ -59,7 +59,7 @@
 //! further faults or user requests, messages delivered at once and time
 //! moving to each next deadline, within `liveness_bound` every running
 //! machine is `Registered` on a lease etcd has (a lost lease is granted
-//! again), in binding mode with its key bound to that lease and holding
+//! again), in host mode with its key bound to that lease and holding
 //! the latest value; every stopped machine has told `Stopped` and its
 //! key and leave marker are gone from etcd. A detached machine's successor
 //! is resumed at once in the continuation.
@@ -84,7 +84,7 @@ use std::time::{Duration, Instant};
 /// Every machine gets the same seed (no jitter: it decides nothing).
 const SEED: u64 = 11;
 
-/// The key machine `m` binds to its lease (binding mode).
+/// The key machine `m` binds to its lease (host mode).
 fn key_of(m: usize) -> Vec<u8> {
     format!("/h/{m}").into_bytes()
 }
@@ -110,7 +110,7 @@ fn value_of(n: u32) -> Vec<u8> {
 /// How many faults and requests of each kind one path may contain.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Budget {
-    /// Values set by users (binding mode), all machines together.
+    /// Values set by users (host mode), all machines together.
     pub user: u32,
     /// Machines stopped by their users.
     pub stop: u32,
@@ -123,7 +123,7 @@ pub struct Budget {
     /// Leases etcd revokes before their expiry (etcd's own bug on 3.4 and
     /// 3.5 when a paused raft leader resumes).
     pub revoke_early: u32,
-    /// Machines detached by their users (binding mode), each resumed by a
+    /// Machines detached by their users (host mode), each resumed by a
     /// successor (a process restart within the TTL, or past it).
     pub detach: u32,
 }
@@ -133,9 +133,9 @@ pub struct Budget {
 pub struct KeepaliveSetup {
     /// Machines, each registering from the start.
     pub machines: usize,
-    /// Binding mode: machine `m` binds `/h/<m>` to its lease.
-    pub binding: bool,
-    /// In binding mode, a stop first writes the leave marker.
+    /// Host mode: machine `m` binds `/h/<m>` to its lease.
+    pub hosts: bool,
+    /// In host mode, a stop first writes the leave marker.
     pub leave_marker: bool,
     /// The requested TTL.
     pub ttl_secs: i64,
@@ -171,14 +171,14 @@ pub struct KeepaliveSetup {
 }
 
 impl KeepaliveSetup {
-    /// `machines` in lease-only mode (`binding` false) or binding mode with
+    /// `machines` in lease-only mode (`hosts` false) or host mode with
     /// a leave marker, TTL 2 s, margin 100 ms, attempt timeout 400 ms, no
     /// faults, a 3 s horizon, liveness within 2 × TTL + 1 s.
-    pub fn new(machines: usize, binding: bool) -> Self {
+    pub fn new(machines: usize, hosts: bool) -> Self {
         KeepaliveSetup {
             machines,
-            binding,
-            leave_marker: binding,
+            hosts,
+            leave_marker: hosts,
             ttl_secs: 2,
             safety_margin: Duration::from_millis(100),
             required_margin: Duration::from_millis(100),
@@ -205,23 +205,15 @@ impl KeepaliveSetup {
     }
 
     /// Machine `m`, its first request id `first`, resumed from `point`
-    /// if given: a lease-only keepalive, or in binding mode a host (its
+    /// if given: a lease-only keepalive, or in host mode a host (its
     /// registration on its own keepalive, `sm/src/host.rs`).
     fn machine(&self, m: usize, now: Instant, first: u64, point: Option<Point>) -> Subject {
-        if !self.binding {
+        if !self.hosts {
             let config = self.config();
             return Subject::Lease(Box::new(match point {
-                Some(p) => Keepalive::resume(
-                    config,
-                    now,
-                    SEED,
-                    first,
-                    ResumePoint {
-                        lease: p.lease,
-                        create_revision: 0,
-                        key_revision: 0,
-                    },
-                ),
+                Some(p) => {
+                    Keepalive::resume(config, now, SEED, first, ResumePoint { lease: p.lease })
+                }
                 None => Keepalive::with_first_rpc_id(config, now, SEED, first),
             }));
         }
@@ -247,7 +239,6 @@ impl KeepaliveSetup {
     fn config(&self) -> KeepaliveConfig {
         KeepaliveConfig {
             ttl_secs: self.ttl_secs,
-            binding: None,
             backoff: Self::backoff(),
             safety_margin: self.safety_margin,
             drift_allowance_ppm: 0,
@@ -317,7 +308,8 @@ impl Subject {
                 now,
                 match input {
                     Give::Rpc(r) => KeepaliveInput::Rpc(r),
-                    Give::SetValue(v) => KeepaliveInput::SetValue(v),
+                    // A lease-only keepalive keeps no value.
+                    Give::SetValue(_) => return,
                     Give::Stop => KeepaliveInput::Stop,
                     Give::Detach => KeepaliveInput::Detach,
                 },
@@ -353,12 +345,11 @@ impl Subject {
             Subject::Lease(k) => map_notice(k.poll_command()?, |n| match n {
                 KeepaliveNotice::State(s) => Told::State(s),
                 KeepaliveNotice::Trusted { lease, until } => Told::Trusted { lease, until },
-                KeepaliveNotice::Left { lease } => Told::Left { lease },
                 KeepaliveNotice::GrantFailed { .. } => Told::GrantFailed,
                 KeepaliveNotice::Detached(p) => Told::Detached(Point {
                     lease: p.lease,
-                    create_revision: p.create_revision,
-                    mod_revision: p.key_revision,
+                    create_revision: 0,
+                    mod_revision: 0,
                 }),
             }),
             Subject::Host(h) => map_notice(h.poll_command()?, |n| match n {
@@ -401,8 +392,8 @@ impl Subject {
         match self {
             Subject::Lease(k) => k.resume_point().map(|p| Point {
                 lease: p.lease,
-                create_revision: p.create_revision,
-                mod_revision: p.key_revision,
+                create_revision: 0,
+                mod_revision: 0,
             }),
             Subject::Host(h) => h.resume_point().map(|p| Point {
                 lease: p.lease,
@@ -424,15 +415,15 @@ pub enum KeepaliveAction {
     Delay,
     /// etcd revokes machine `.0`'s lease early (etcd's bug, not ours).
     RevokeEarly(usize),
-    /// Machine `.0`'s user sets the next value (binding mode).
+    /// Machine `.0`'s user sets the next value (host mode).
     SetValue(usize),
     /// Machine `.0`'s user stops it.
     Stop(usize),
     /// Another client deletes machine `.0`'s key (a bend).
     DeleteKey(usize),
-    /// Machine `.0`'s user detaches it (a restart: rule 10).
+    /// Machine `.0`'s user detaches it (a restart: keepalive rule 8).
     Detach(usize),
-    /// Machine `.0`'s successor resumes from the detached point (rule 11).
+    /// Machine `.0`'s successor resumes from the detached point (keepalive rule 9).
     Resume(usize),
 }
 
@@ -640,7 +631,7 @@ impl KeepaliveWorld {
                         // (`sm/src/host.rs`, rule 4): renewals until the
                         // stop's revoke, never after it.
                         Request::KeepAlive { .. }
-                            if node.stopped && self.setup.binding && !node.stop_revoked => {}
+                            if node.stopped && self.setup.hosts && !node.stop_revoked => {}
                         other if node.stopped => {
                             return Err(format!("machine {m} sent {other:?} after Stop"));
                         }
@@ -713,7 +704,7 @@ impl KeepaliveWorld {
                 let kv = self.etcd.get(&key_of(m));
                 // A put whose answer was lost may have moved the key on
                 // since the machine last knew it: the successor's guard
-                // then fails and it registers afresh (rule 11).
+                // then fails and it registers afresh (keepalive rule 9).
                 let held = kv.as_ref().is_some_and(|kv| {
                     kv.lease == point.lease
                         && kv.create_revision == point.create_revision
@@ -824,7 +815,7 @@ impl KeepaliveWorld {
                     self.setup.required_margin
                 ));
             }
-            if self.setup.binding && registered.is_some() {
+            if self.setup.hosts && registered.is_some() {
                 let kv = self.etcd.get(&key_of(m));
                 if kv.as_ref().is_none_or(|kv| kv.lease != lease) {
                     return Err(format!(
@@ -995,7 +986,7 @@ impl KeepaliveWorld {
             return false;
         };
         self.etcd.lease_exists(lease)
-            && (!self.setup.binding
+            && (!self.setup.hosts
                 || key.is_some_and(|kv| kv.lease == lease && kv.value == value_of(node.value)))
     }
 
@@ -1046,7 +1037,7 @@ impl World for KeepaliveWorld {
             if b.revoke_early > 0 && held.is_some_and(|l| self.etcd.lease_exists(l)) {
                 out.push(KeepaliveAction::RevokeEarly(m));
             }
-            if b.user > 0 && self.setup.binding {
+            if b.user > 0 && self.setup.hosts {
                 out.push(KeepaliveAction::SetValue(m));
             }
             if b.stop > 0 {
@@ -1160,7 +1151,7 @@ impl World for KeepaliveWorld {
         hash_debug(&mut hasher, &(self.now - self.start));
         hash_debug(&mut hasher, &self.budget);
         hash_debug(&mut hasher, &self.revoked_early);
-        // A machine's key (binding mode) is in its state: permuting
+        // A machine's key (host mode) is in its state: permuting
         // machines merges states only when they are truly alike.
         let mut nodes: Vec<u64> = self.nodes.iter().map(debug_hash).collect();
         nodes.sort_unstable();
