@@ -117,6 +117,7 @@ pub mod holder;
 pub mod host;
 pub mod keepalive;
 pub mod kv;
+pub mod liveness;
 pub mod mirror;
 pub mod newest;
 pub mod observe;

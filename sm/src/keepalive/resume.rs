@@ -9,7 +9,7 @@ use std::time::Instant;
 
 impl Keepalive {
     /// Starts at `now` by resuming the lease `point` that an earlier
-    /// machine detached ([`KeepaliveInput::Detach`]): the first commands
+    /// machine detached ([`KeepaliveInput::Detach`](super::KeepaliveInput::Detach)): the first commands
     /// are `Notify(Registering)` and `Rpc(KeepAlive)` on `point.lease`;
     /// answered with a TTL above zero, the machine is `Registered` on it,
     /// and on any refusal it registers afresh (see "Resume" in the module
