@@ -469,3 +469,74 @@ fn every_close_is_bounded_with_a_silent_member() {
     }
     println!("worst close, total of closes per round (silent from start?): {summary:?}");
 }
+
+/// A watch whose stream is on the member that goes silent moves with the
+/// rest of the handle. Endpoint `b` is silent at connect, so the watcher's
+/// stream opens on `a`; `b` answers again and is back in use; then `a`
+/// goes silent and a read routes around it (the health monitor takes `a`
+/// out of use). The watch ends with that removal and the watcher reads and
+/// watches again on `b`, so a host registered then is seen within a few
+/// hundred milliseconds of the silence. Before, the stream stayed on `a`,
+/// which delivered nothing until the HTTP/2 pings called the connection
+/// dead, 5-10 s later (the default keepalive interval, 5 s, twice): in the
+/// soak, a shard member's view stood still that long while its writes went
+/// to the members that answered, and its member key stayed unwritten.
+#[test]
+fn a_watch_on_a_member_that_goes_silent_moves_with_the_reads() {
+    /// From the silence: the first slow read (about 0.75 s, see
+    /// `a_member_that_goes_silent_costs_one_read_under_a_second`), the
+    /// watcher's read and watch again, the registration; slack for load,
+    /// and still below the pings' 5 s.
+    const SEEN_BOUND: Duration = Duration::from_secs(3);
+    const ROUNDS: usize = 3;
+
+    let server = fleetcoord::testing::EtcdServer::start().expect("etcd");
+    let observer = Etcd::connect(&[server.endpoint()]).expect("observer");
+    let mut took = Vec::new();
+    for round in 0..ROUNDS {
+        let a = FaultProxy::start(&server.endpoint()).expect("proxy");
+        let b = FaultProxy::start(&server.endpoint()).expect("proxy");
+        b.set_mode(Mode::Blackhole);
+        let etcd = Etcd::connect(&[a.endpoint(), b.endpoint()]).expect("connect");
+        let watcher = HostWatcher::watch(&etcd).expect("watch");
+        loop {
+            if watcher.events().recv_timeout(WAIT).expect("Synced") == HostEvent::Synced {
+                break;
+            }
+        }
+        // `b` answers again; out of use, it is probed every second.
+        b.set_mode(Mode::Pass);
+        b.reset_all();
+        std::thread::sleep(Duration::from_millis(2500));
+
+        a.set_mode(Mode::Blackhole);
+        let silent = Instant::now();
+        // Reads until the monitor has taken `a` out of use: the one that
+        // went there took the probes' round.
+        for _ in 0..4 {
+            fleetcoord::list_hosts(&etcd, fleetcoord::DEFAULT_HOSTS_PREFIX).expect("read");
+        }
+        let id = Uuid::new_v4();
+        let host = HostLiveness::register(&observer, id, b"h", TTL).expect("register");
+        let seen = loop {
+            let left = (silent + WAIT).saturating_duration_since(Instant::now());
+            match watcher.events().recv_timeout(left) {
+                Ok(HostEvent::Up(info)) if info.id == id => break silent.elapsed(),
+                Ok(_) => {}
+                Err(e) => panic!("round {round}: no Up within {WAIT:?} of the silence: {e}"),
+            }
+        };
+        println!("round {round}: the host was seen {seen:?} after the watch's member went silent");
+        assert!(
+            seen < SEEN_BOUND,
+            "round {round}: the watcher saw the host {seen:?} after the silence"
+        );
+        took.push(seen);
+        host.close().expect("close host");
+        let t = Instant::now();
+        etcd.close().expect("close");
+        assert!(t.elapsed() < WAIT, "close took {:?}", t.elapsed());
+    }
+    let (p50, max) = p50_max(&mut took);
+    println!("a watch's member went silent: host seen p50 {p50:?} max {max:?} after");
+}
