@@ -8,9 +8,11 @@
 use super::delivery::Delivery;
 use super::exec;
 use super::handle::{Control, Finished, MachineHandle, Sink};
-use super::health;
+use super::health::{self, Suspicion};
+use super::holdings::Holdings;
 use super::{no_answer, Shared};
 use crate::feed_queue::{Offer, RELIEF_POLL};
+use etcd_client as ec;
 use fleetcoord_sm::{Command, KeyRange, Machine, Request, Response, RpcError, RpcId, RpcReply};
 use std::collections::HashMap;
 use std::future::Future;
@@ -257,7 +259,18 @@ fn start_rpc(
             range,
             start_revision,
         } => {
-            let handle = tokio::spawn(watch(shared.clone(), id, range, start_revision, reply_tx));
+            let client = shared.client.clone();
+            let suspicion = shared.suspicion.clone();
+            let holdings = shared.holdings.clone();
+            let handle = tokio::spawn(watch(
+                client,
+                id,
+                range,
+                start_revision,
+                suspicion,
+                holdings,
+                reply_tx,
+            ));
             inflight.insert(id, handle.abort_handle());
         }
         // Renewals are not tracked in flight: the renewer answers each
@@ -293,20 +306,8 @@ fn start_rpc(
     }
 }
 
-/// Why a watch ended when the health monitor took an endpoint out of use.
-const ENDPOINT_REMOVED: &str =
-    "an etcd endpoint stopped answering and went out of use; the watch may have been on it";
-
 /// One watch: forwards every response until etcd cancels it, the stream
-/// breaks, the health monitor takes an endpoint out of use, or the machine
-/// cancels it (abort). A removal ends the watch with
-/// [`RpcError::Unavailable`] whichever member its stream is on (the
-/// balancer does not say): a stream stays on the connection it opened on,
-/// and a member that stopped answering (paused, cut off from its peers)
-/// sends that stream nothing, for as long as the HTTP/2 pings take to call
-/// the connection dead (up to two keepalive intervals, 10 s by default),
-/// while everything else of the handle has moved to the members that
-/// answer. The machine then reads and watches again, on those. A watch etcd refuses at once
+/// breaks, or the machine cancels it (abort). A watch etcd refuses at once
 /// is answered with the refusal as an error ([`exec::watch_refusal`]); one
 /// refused for an expired token is opened again once after logging in
 /// again, since etcd-client's token refresh never sees it
@@ -314,22 +315,14 @@ const ENDPOINT_REMOVED: &str =
 /// handle's [`Holdings`] before it is handed on, so a holding this watch
 /// shows over ends before this watch's consumer hears of it.
 async fn watch(
-    shared: Shared,
+    client: ec::Client,
     id: RpcId,
     range: KeyRange,
     start_revision: i64,
+    suspicion: Suspicion,
+    holdings: std::sync::Arc<Holdings>,
     reply_tx: mpsc::UnboundedSender<Delivery>,
 ) {
-    let Shared {
-        client,
-        suspicion,
-        mut removals,
-        holdings,
-        ..
-    } = shared;
-    // Only removals from now on: the stream opens on the endpoints in use.
-    removals.borrow_and_update();
-    let mut monitored = true;
     let (key, options) = exec::watch_options(&range, start_revision);
     let mut watches = client
         .watch_client()
@@ -353,26 +346,7 @@ async fn watch(
             }
         };
         loop {
-            let message = tokio::select! {
-                message = stream.message() => message,
-                changed = removals.changed(), if monitored => {
-                    if changed.is_err() {
-                        // The monitor is gone (the handle is closing): no
-                        // removal can come any more.
-                        monitored = false;
-                        continue;
-                    }
-                    let _ = reply_tx.send(Delivery {
-                        reply: RpcReply {
-                            id,
-                            result: Err(RpcError::Unavailable(ENDPOINT_REMOVED.into())),
-                        },
-                        last: true,
-                    });
-                    return;
-                }
-            };
-            let (result, last) = match message {
+            let (result, last) = match stream.message().await {
                 Ok(Some(r)) => match exec::watch_refusal(&r) {
                     Some(RpcError::Unauthenticated(_)) if !logged_in_again => {
                         logged_in_again = true;
