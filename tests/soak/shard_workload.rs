@@ -20,7 +20,7 @@
 //!   after a newer owner's (a stale token let through);
 //! * liveness: every change settled within its bound (a join or a leave
 //!   [`GRACEFUL`], a crash or a cut-off TTL + [`GRACEFUL`], a return
-//!   [`BACK`]) beyond the time the
+//!   [`BACK`] from when the proxies pass again) beyond the time the
 //!   windows of faults that touch etcd or the members' connections
 //!   overlapped it (and a TTL for every raft leader elected meanwhile: each
 //!   extends every lease, the crashed member's too);
@@ -46,9 +46,12 @@ pub const SLOTS: usize = 3;
 /// The bound after a join or a graceful leave: round trips and the
 /// hand-back.
 const GRACEFUL: Duration = Duration::from_secs(1);
-/// The bound of a cut-off member's return: a reconnect and a session
-/// grant that may wait out the backoff of the failed attempts (at most
-/// 5 s), then a join.
+/// The bound of a cut-off member's return, from the moment its proxies
+/// pass again: a reconnect and a session grant that may wait out the
+/// backoff of the failed attempts (at most 5 s), then a join. (It was
+/// timed from the start of the cut-off, so the cut-off itself, TTL plus
+/// up to 1.5 s, and any time the others took to settle without the
+/// member, which keeps it cut off, counted against it.)
 const BACK: Duration = Duration::from_secs(6);
 /// How long past its bound a change is waited for before it counts as
 /// never settled.
@@ -168,7 +171,8 @@ fn settle(
 /// A member cut off (its proxies blackholed, like SIGSTOP) past its TTL
 /// by `beyond`: the others settle without it within TTL + [`GRACEFUL`],
 /// and a fenced write with each of its old ownerships is refused. Then
-/// its proxies pass again; the change returned after is its return.
+/// its proxies pass again; the change returned after is its return, timed
+/// from the instant returned (`None`: stopped meanwhile).
 #[allow(clippy::too_many_arguments)]
 fn cut_off(
     id: &str,
@@ -181,7 +185,7 @@ fn cut_off(
     record: &Mutex<Record>,
     stop: &AtomicBool,
     beyond: Duration,
-) {
+) -> Option<Instant> {
     let stale: Vec<u32> = member.map.owned().into_iter().map(|(s, _)| s).collect();
     net.set(fleetcoord::testing::Mode::Blackhole);
     let at = Instant::now();
@@ -189,7 +193,7 @@ fn cut_off(
     let bound = TTL + GRACEFUL;
     let settled = settle(observer, members, live, at + bound + GIVE_UP, stop);
     if stop.load(Ordering::SeqCst) {
-        return;
+        return None;
     }
     let took = Instant::now() - at;
     record.lock().changes.push(Settle {
@@ -215,6 +219,7 @@ fn cut_off(
     // Bytes dropped mid-stream leave the connections broken: start afresh.
     net.reset();
     live.insert(id.to_string());
+    Some(Instant::now())
 }
 
 /// The workload until `stop`: membership changes one at a time, each
@@ -258,7 +263,7 @@ pub fn run(
             (true, _) => 1 + rng.next_u64() % 3,
             (false, _) => rng.next_u64() % 4,
         };
-        let at = Instant::now();
+        let mut at = Instant::now();
         let (what, bound) = match action {
             0 => {
                 let slot = free[(rng.next_u64() % free.len() as u64) as usize];
@@ -291,7 +296,7 @@ pub fn run(
             2 => {
                 let slot = present[(rng.next_u64() % present.len() as u64) as usize];
                 let member = members[slot].as_ref().expect("present");
-                cut_off(
+                let Some(passed) = cut_off(
                     &ids[slot],
                     member,
                     &nets[slot],
@@ -302,7 +307,10 @@ pub fn run(
                     &record,
                     stop,
                     between(&mut rng, 300, 1500),
-                );
+                ) else {
+                    break;
+                };
+                at = passed;
                 (format!("return of {} after a cut-off", ids[slot]), BACK)
             }
             _ => {

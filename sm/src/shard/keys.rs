@@ -72,9 +72,16 @@ pub(crate) fn watch(prefix: &[u8], start_revision: Revision) -> Request {
     }
 }
 
-/// Write `key = value` on `lease` if the key's create revision is still
-/// `create_revision` and its mod revision `mod_revision` (0, 0: absent):
-/// a copy that lands late applies only if nothing changed since.
+/// What a guarded write does when its guard fails: read the key, so the
+/// member learns how it is now without waiting for its view (rules 3
+/// and 9).
+fn read_back(key: Vec<u8>) -> Vec<TxnOp> {
+    vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(key)))]
+}
+
+/// Write `key = value` on `lease` if the key's mod revision is still
+/// `mod_revision` (0: the key is absent): a copy that lands late applies
+/// only if nothing changed since. A failed guard reads the key.
 pub(crate) fn guarded_put(
     key: Vec<u8>,
     value: Vec<u8>,
@@ -94,20 +101,25 @@ pub(crate) fn guarded_put(
     };
     Request::Txn(Txn {
         compare: vec![compare],
-        success: vec![TxnOp::Put { key, value, lease }],
-        failure: vec![],
+        success: vec![TxnOp::Put {
+            key: key.clone(),
+            value,
+            lease,
+        }],
+        failure: read_back(key),
     })
 }
 
 /// Delete `key` only if its create revision is `create_revision`: only
-/// the incarnation it names, never a successor's key.
+/// the incarnation it names, never a successor's key. A failed guard reads
+/// the key.
 pub(crate) fn guarded_delete(key: Vec<u8>, create_revision: Revision) -> Request {
     Request::Txn(Txn {
         compare: vec![Compare::CreateRevisionEquals {
             key: key.clone(),
             revision: create_revision,
         }],
-        success: vec![TxnOp::Delete(KeyRange::Key(key))],
-        failure: vec![],
+        success: vec![TxnOp::Delete(KeyRange::Key(key.clone()))],
+        failure: read_back(key),
     })
 }

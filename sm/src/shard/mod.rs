@@ -47,8 +47,16 @@
 //!    it (absent, or its mod revision), so a copy that lands late never
 //!    overwrites a newer write. No key is written again before the view
 //!    shows this member's last successful write to it (until then the view
-//!    shows the key as it was before). Kept by `ShardMap::register` and
-//!    `ShardMap::unseen_write`.
+//!    shows the key as it was before). A failed guard reads the key (the
+//!    txn's failure branch): the view is behind etcd, so the next put is
+//!    guarded on what was read, at once, until the view reaches that
+//!    read's revision; a key read on a lease this member never held is
+//!    not written over (rule 12 decides once the view shows it). Guarded
+//!    on the view again, the put failed for as long as the view stood
+//!    still (a lost lease revoked the key, and the watch was on a member
+//!    that had stopped answering): a soak member went 8 s without its key.
+//!    Kept by `ShardMap::register`, `ShardMap::unseen_write` and
+//!    `ShardMap::on_failed_guard`.
 //! 4. **Placement.** A shard belongs to the member [`placement::owner`]
 //!    names among the members of the view; a leaving member counts itself
 //!    out. Kept by `ShardMap::placed_here`.
@@ -83,11 +91,17 @@
 //!    guarded on their create revision: those on a lease it held before
 //!    (remembered, the last 8), and those on its current lease that
 //!    placement does not name it for or whose delete failed. No other
-//!    member's key is ever deleted. Kept by `ShardMap::sweep`.
+//!    member's key is ever deleted. A delete whose guard fails reads the
+//!    key: the incarnation it named is gone already, and nothing more is
+//!    written to that key before the view reaches the read's revision (as
+//!    after a write of this member's, rule 3). Kept by `ShardMap::sweep`
+//!    and `ShardMap::on_failed_guard`.
 //! 10. **Attempts.** A request unanswered for `attempt_timeout` is
 //!     canceled and counts as failed (those given up together as one); a
-//!     failure (or a failed guard) holds back every read and write for one
-//!     backoff delay, reset by the next success; an adoption (rule 6) sends
+//!     failure (or a create's failed guard) holds back every read and write
+//!     for one backoff delay, reset by the next success. The failed guard
+//!     of a member key write or of a delete is no failure: etcd answered,
+//!     with the key as it is (rules 3 and 9). An adoption (rule 6) sends
 //!     nothing and is never held back. A failure of a request sent no
 //!     later than the failure that last advanced the backoff is that same
 //!     outage told again (a broken connection or a lost lease fails every
@@ -98,7 +112,11 @@
 //!     than 20 s. Every write is guarded, so a copy applies at most once.
 //!     Kept by `ShardMap::expire_attempts` and `ShardMap::fail`.
 //! 11. **Leave.** [`ShardInput::Leave`] deletes the member key (guarded)
-//!     and releases every owned shard as in rule 8; the machine is
+//!     and releases every owned shard as in rule 8, at once even while an
+//!     earlier failure holds writes back (rule 10): the others take the
+//!     leaver's shards only once its member key is gone, and a hold of up
+//!     to the backoff's cap would delay that for as long (later attempts
+//!     are held back as rule 10 says); the machine is
 //!     finished once nothing is owned, no write is in flight and, while the
 //!     session is trusted, the view shows no key of this member. The
 //!     session lease is the driver's to revoke then. Kept by

@@ -2,13 +2,15 @@
 //! [`shard`](super), all driven by `reconcile`, which compares what the
 //! view shows with what this member believes and sends what is missing.
 
-use super::view::View;
+use super::view::{Seen, View};
 use super::{keys, placement, ShardConfig, ShardInput, ShardNotice};
 use crate::backoff::Backoff;
 use crate::clock::Clock;
 use crate::holder::{HolderCheck, Step, POLL};
 use crate::outbox::Outbox;
-use crate::rpc::{Command, Compare, LeaseId, Response, Revision, RpcError, RpcId, RpcReply};
+use crate::rpc::{
+    Command, Compare, LeaseId, Response, Revision, RpcError, RpcId, RpcReply, TxnOpResponse,
+};
 use crate::Machine;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -97,6 +99,10 @@ pub struct ShardMap {
     /// the revision of the write: until the view reaches it, the view
     /// shows the key as it was before, so nothing new is written to it.
     written: BTreeMap<Option<u32>, Revision>,
+    /// The member key as the failure branch of its last put read it, and
+    /// the revision of that read: newer than the view until the view
+    /// reaches that revision, so the next put is guarded on it (rule 3).
+    member_read: Option<(Revision, Option<Seen>)>,
     backoff: Backoff,
     /// Writes and reads wait until then after a failure (rule 10).
     hold_until: Option<Instant>,
@@ -138,6 +144,7 @@ impl ShardMap {
             doomed: BTreeMap::new(),
             in_flight: BTreeMap::new(),
             written: BTreeMap::new(),
+            member_read: None,
             hold_until: None,
             failed_at: None,
             leaving: false,
@@ -502,7 +509,18 @@ impl ShardMap {
             return;
         }
         let Some(view) = &self.view else { return };
-        let seen = view.members.get(&self.config.member);
+        // Rule 3: what a failed guard read is newer than the view.
+        let seen = match &self.member_read {
+            Some((at, read)) if *at > view.revision => read.as_ref(),
+            _ => view.members.get(&self.config.member),
+        };
+        let foreign =
+            |s: &Seen| s.lease != 0 && s.lease != lease && !self.past_leases.contains(&s.lease);
+        if seen.is_some_and(foreign) {
+            // Read on a lease this member never held: written over by no
+            // one here; rule 12 decides once the view shows it.
+            return;
+        }
         if self.leaving {
             // Never another process's key (rule 12).
             let ours = |s: &&super::view::Seen| {
@@ -704,6 +722,9 @@ impl ShardMap {
         if let Some(view) = &self.view {
             let seen = view.revision;
             self.written.retain(|_, at| seen < *at);
+            if self.member_read.as_ref().is_some_and(|(at, _)| seen >= *at) {
+                self.member_read = None;
+            }
         }
         self.check_keys();
         // Without a view placement is unknown, not changed: nothing moves.
@@ -757,6 +778,37 @@ impl ShardMap {
         })
     }
 
+    /// Rules 3 and 9: a guarded write of the member key or a delete whose
+    /// guard failed, answered with the key as it was at `revision` (the
+    /// failure branch's read). etcd answered: no backoff delay. The view
+    /// is behind: a put of the member key goes again at once, guarded on
+    /// what was read; a delete's incarnation is gone already, and nothing
+    /// more is written to that key before the view reaches `revision`
+    /// and shows it as it is.
+    fn on_failed_guard(
+        &mut self,
+        now: Instant,
+        sent: Instant,
+        purpose: Purpose,
+        target: Option<u32>,
+        revision: Revision,
+        responses: &[TxnOpResponse],
+    ) {
+        let read = responses.first().and_then(|r| match r {
+            TxnOpResponse::Range { kvs } => Some(kvs.first().map(Seen::of)),
+            _ => None,
+        });
+        match (purpose, read) {
+            (Purpose::Register, Some(read)) => self.member_read = Some((revision, read)),
+            (Purpose::Unregister | Purpose::Delete { .. }, Some(_)) => {
+                let at = self.written.entry(target).or_insert(revision);
+                *at = (*at).max(revision);
+            }
+            // An answer without the read: a failure (rule 10).
+            _ => self.fail(now, sent),
+        }
+    }
+
     fn reply(&mut self, now: Instant, reply: RpcReply) {
         let Some(flight) = self.in_flight.remove(&reply.id) else {
             return;
@@ -782,6 +834,18 @@ impl ShardMap {
                         self.backoff.reset();
                         self.written.insert(target, revision);
                     }
+                    Ok(Response::Txn {
+                        succeeded: false,
+                        revision,
+                        responses,
+                    }) => self.on_failed_guard(
+                        now,
+                        flight.sent,
+                        flight.purpose,
+                        target,
+                        revision,
+                        &responses,
+                    ),
                     _ => self.fail(now, flight.sent),
                 }
             }
@@ -812,6 +876,9 @@ impl Machine for ShardMap {
             }
             ShardInput::Leave => {
                 self.leaving = true;
+                // Rule 11: the leave's writes go now, whatever hold an
+                // earlier failure left.
+                self.hold_until = None;
                 self.place();
             }
         }

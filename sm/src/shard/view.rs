@@ -15,7 +15,7 @@ pub(crate) struct Seen {
 }
 
 impl Seen {
-    fn of(kv: &KeyValue) -> Self {
+    pub fn of(kv: &KeyValue) -> Self {
         Seen {
             value: kv.value.clone(),
             lease: kv.lease,

@@ -98,11 +98,19 @@ fn events(events: Vec<WatchEvent>) -> Response {
     Response::WatchEvents { events }
 }
 
+/// A guarded write of the map: a failed guard reads the key (rules 3
+/// and 9).
 fn guarded(compare: Compare, success: Vec<TxnOp>) -> Request {
+    let key = match &compare {
+        Compare::CreateRevisionEquals { key, .. } | Compare::ModRevisionEquals { key, .. } => {
+            key.clone()
+        }
+        other => panic!("no guard of the map: {other:?}"),
+    };
     Request::Txn(Txn {
         compare: vec![compare],
         success,
-        failure: vec![],
+        failure: vec![TxnOp::Range(RangeRequest::all(KeyRange::Key(key)))],
     })
 }
 
@@ -337,6 +345,116 @@ fn requests_failing_together_are_one_failure_and_hold_back_once() {
     // Its companions, sent with it, fail with it.
     assert_eq!(fail(&mut m, t2 + ms(1), 8), vec![]);
     assert_eq!(m.poll_timeout(), Some(t2 + ms(200)));
+}
+
+/// A guarded write whose guard failed, answered with its key as the
+/// failure branch read it at `revision`.
+fn txn_failed(revision: Revision, read: Option<KeyValue>) -> Response {
+    Response::Txn {
+        revision,
+        succeeded: false,
+        responses: vec![TxnOpResponse::Range {
+            kvs: read.into_iter().collect(),
+        }],
+    }
+}
+
+/// The member key's put on `lease`, guarded on its mod revision (0: absent).
+fn register(lease: LeaseId, mod_revision: Revision) -> Request {
+    let key = keys::member_key(PREFIX, b"a");
+    let compare = if mod_revision == 0 {
+        create_rev(key.clone(), 0)
+    } else {
+        Compare::ModRevisionEquals {
+            key: key.clone(),
+            revision: mod_revision,
+        }
+    };
+    guarded(
+        compare,
+        vec![TxnOp::Put {
+            key,
+            value: b"1".to_vec(),
+            lease,
+        }],
+    )
+}
+
+/// Rules 3 and 9 with a view that stands still (its watch on a member that
+/// went silent): the lease was lost and revoked, which deleted every key of
+/// the member at revision 20, and the view still shows them. The deletes
+/// and the member key's put, guarded on what the view shows, fail; their
+/// failure branches read the keys as they are. Neither is an outage: the
+/// put goes again at once, guarded on the key's absence, and no delete is
+/// sent again before the view reaches revision 20. Before, each failed
+/// guard held everything back for a backoff delay, and the put went again
+/// guarded on the view's stale mod revision, failing until the view moved
+/// (in the soak: 8 s without a member key).
+#[test]
+fn failed_guards_read_their_key_and_the_member_key_is_put_on_what_was_read() {
+    const LEASE2: LeaseId = 0x52;
+    let t0 = Instant::now();
+    let mut m = owning_all(t0);
+    let t1 = t0 + ms(10);
+    let lost = input(&mut m, t1, ShardInput::SessionLost);
+    assert_eq!(lost.len(), 2 * SHARDS as usize);
+    let up = ShardInput::SessionUp {
+        lease: LEASE2,
+        trusted_until: t1 + TRUST,
+    };
+    assert_eq!(input(&mut m, t1, up), vec![rpc(11, register(LEASE2, 11))]);
+    // The sweep's deletes (ids 7..=10) find their keys gone.
+    for id in 7..=10 {
+        assert_eq!(answer(&mut m, t1, id, txn_failed(20, None)), vec![]);
+    }
+    // The put finds the member key gone too, and goes again at once on
+    // that.
+    assert_eq!(
+        answer(&mut m, t1, 11, txn_failed(20, None)),
+        vec![rpc(12, register(LEASE2, 0))]
+    );
+    assert_eq!(answer(&mut m, t1, 12, txn_ok(21)), vec![]);
+    // Nothing held back, nothing sent again while the view stands still.
+    assert_eq!(m.poll_timeout(), None);
+    m.handle_timeout(t1 + ms(500));
+    assert_eq!(drain(&mut m), vec![]);
+    // The view catches up: every shard is created on the new lease, and
+    // no delete goes again.
+    let caught_up = (0..SHARDS)
+        .map(|s| delete_event(keys::shard_key(PREFIX, s), 20))
+        .chain([
+            delete_event(keys::member_key(PREFIX, b"a"), 20),
+            put_event(member_kv(b"a", 21, LEASE2)),
+        ])
+        .collect();
+    let t2 = t1 + ms(600);
+    assert_eq!(
+        answer(&mut m, t2, 1, events(caught_up)),
+        (0..SHARDS)
+            .map(|s| rpc(13 + u64::from(s), create(s, LEASE2)))
+            .collect::<Vec<_>>()
+    );
+}
+
+/// Rule 3: a put whose failure branch reads the member key on a lease
+/// this member never held does not write over it; the view decides
+/// (rule 12).
+#[test]
+fn a_failed_member_key_guard_that_reads_another_holder_writes_nothing() {
+    const LEASE2: LeaseId = 0x52;
+    let t0 = Instant::now();
+    let mut m = owning_all(t0);
+    let t1 = t0 + ms(10);
+    let _ = input(&mut m, t1, ShardInput::SessionLost);
+    let up = ShardInput::SessionUp {
+        lease: LEASE2,
+        trusted_until: t1 + TRUST,
+    };
+    assert_eq!(input(&mut m, t1, up), vec![rpc(11, register(LEASE2, 11))]);
+    let theirs = member_kv(b"a", 20, 0x99);
+    assert_eq!(answer(&mut m, t1, 11, txn_failed(20, Some(theirs))), vec![]);
+    m.handle_timeout(t1 + ms(500));
+    assert_eq!(drain(&mut m), vec![]);
 }
 
 #[test]
@@ -714,6 +832,29 @@ fn leave_releases_everything_then_deletes_the_member_key() {
         vec![Command::Cancel { id: RpcId(1) }]
     );
     assert!(m.is_finished());
+}
+
+/// Rule 11: a leave deletes the member key at once, even while a failure
+/// holds writes back (rule 10). Before, the delete waited out the hold,
+/// and the others went on placing shards on the leaver meanwhile.
+#[test]
+fn a_leave_deletes_the_member_key_at_once_during_a_hold() {
+    let t0 = Instant::now();
+    let mut m = joined(t0);
+    let t1 = t0 + ms(10);
+    assert_eq!(fail(&mut m, t1, 3), vec![]);
+    assert_eq!(m.poll_timeout(), Some(t1 + ms(100)));
+    let member_key = keys::member_key(PREFIX, b"a");
+    assert_eq!(
+        input(&mut m, t1 + ms(1), ShardInput::Leave),
+        vec![rpc(
+            7,
+            guarded(
+                create_rev(member_key.clone(), 11),
+                vec![TxnOp::Delete(KeyRange::Key(member_key))]
+            )
+        )]
+    );
 }
 
 #[test]
